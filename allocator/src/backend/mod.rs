@@ -1,0 +1,345 @@
+//! The device seam: a real NVIDIA GPU through the CUDA driver API ([`CudaBackend`]) or a
+//! simulated device ([`SimBackend`]).
+//!
+//! Everything above this module talks to a `&'static dyn Backend` and never learns which one
+//! it is. The process-wide backend is picked on first use from `RMM_BACKEND`
+//! (`cuda`, `sim` or `auto`, the default); see [`global`].
+//!
+//! Device pointers are plain `u64` addresses ([`DevicePtr`]); streams, events and
+//! stream-ordered memory pools are opaque `u64` handles whose meaning belongs to the backend.
+//! Handle `0` is the device's default stream, as in CUDA.
+
+mod cuda;
+pub mod host;
+pub mod sim;
+
+use std::fmt;
+use std::sync::OnceLock;
+
+pub use cuda::CudaBackend;
+pub use sim::{SimBackend, SimConfig, SimMemoryMode};
+
+use crate::error::{Error, Result};
+
+/// A device address. Null (`0`) is what a zero-byte allocation returns.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The null device pointer.
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// True for the null pointer.
+    pub const fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The address as an integer.
+    pub const fn addr(self) -> u64 {
+        self.0
+    }
+
+    /// This pointer moved forward by `bytes`.
+    pub const fn offset(self, bytes: usize) -> DevicePtr {
+        DevicePtr(self.0 + bytes as u64)
+    }
+}
+
+impl fmt::Debug for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DevicePtr({:#x})", self.0)
+    }
+}
+
+impl fmt::Display for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// Opaque handle of a stream as the backend knows it. `0` is the default stream.
+pub type RawStream = u64;
+/// Opaque handle of an event as the backend knows it.
+pub type RawEvent = u64;
+/// Opaque handle of a stream-ordered memory pool (`cuMemPoolCreate`).
+pub type RawMemPool = u64;
+
+/// Which kind of backend is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// A real NVIDIA GPU through the CUDA driver API.
+    Cuda,
+    /// The simulated device.
+    Sim,
+}
+
+impl BackendKind {
+    /// `"cuda"` or `"sim"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cuda => "cuda",
+            BackendKind::Sim => "sim",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Static facts about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceProperties {
+    /// Device ordinal.
+    pub ordinal: u32,
+    /// Marketing name, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Total device memory in bytes.
+    pub total_memory: usize,
+    /// The device's UUID in the `GPU-xxxxxxxx-xxxx-…` form that `nvidia-smi -L` prints.
+    pub uuid: String,
+    /// Compute capability (major, minor); the simulated device reports (9, 0).
+    pub compute_capability: (u32, u32),
+    /// Whether the device supports stream-ordered allocation (`cuMemAllocAsync`).
+    pub supports_memory_pools: bool,
+    /// Whether the device supports managed memory.
+    pub supports_managed_memory: bool,
+}
+
+/// Free and total memory of a device, as `cuMemGetInfo` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Free bytes.
+    pub free: usize,
+    /// Total bytes.
+    pub total: usize,
+}
+
+/// What every backend provides. All methods name the device explicitly; the backend makes it
+/// current where the driver needs that.
+///
+/// Methods that read or write host memory through raw pointers are `unsafe`: the caller
+/// guarantees the host range is valid for the whole operation (for the `_async` forms, until
+/// the stream reaches the copy). Device pointers are checked by the driver (or the simulator).
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+    /// A one-line description, e.g. `cuda (driver 13.0)` or `sim (2 devices × 24.00 GiB, backed)`.
+    fn describe(&self) -> String;
+    /// Number of devices.
+    fn device_count(&self) -> u32;
+    /// Static properties of device `dev`.
+    fn properties(&self, dev: u32) -> Result<DeviceProperties>;
+    /// Free and total memory of device `dev`.
+    fn mem_info(&self, dev: u32) -> Result<MemInfo>;
+
+    /// Synchronous device allocation (`cuMemAlloc`). `bytes` > 0.
+    fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
+    /// Frees what [`Backend::malloc`] or [`Backend::malloc_managed`] returned (`cuMemFree`).
+    fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
+    /// Managed (unified) allocation attached globally (`cuMemAllocManaged`). `bytes` > 0.
+    fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
+
+    /// Creates a stream-ordered memory pool on `dev` (`cuMemPoolCreate`), keeping up to
+    /// `release_threshold` bytes cached across synchronizations.
+    fn mem_pool_create(&self, dev: u32, release_threshold: u64) -> Result<RawMemPool>;
+    /// Destroys a pool made by [`Backend::mem_pool_create`].
+    fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()>;
+    /// Releases cached memory of the pool down to `keep_bytes` (`cuMemPoolTrimTo`).
+    fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, keep_bytes: usize) -> Result<()>;
+    /// Bytes the pool currently holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64>;
+    /// Stream-ordered allocation from `pool` (`cuMemAllocFromPoolAsync`). `bytes` > 0.
+    fn malloc_async(
+        &self,
+        dev: u32,
+        pool: RawMemPool,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<DevicePtr>;
+    /// Stream-ordered free (`cuMemFreeAsync`).
+    fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()>;
+
+    /// Page-locked host allocation, portable across devices, not write-combined
+    /// (`cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE)`). `bytes` > 0.
+    fn malloc_host(&self, bytes: usize) -> Result<*mut u8>;
+    /// Frees what [`Backend::malloc_host`] returned.
+    ///
+    /// # Safety
+    /// `ptr` came from `malloc_host` of this backend and is not used afterwards.
+    unsafe fn free_host(&self, ptr: *mut u8) -> Result<()>;
+    /// Page-locks an existing host range (`cuMemHostRegister(PORTABLE)`).
+    ///
+    /// # Safety
+    /// `[ptr, ptr + bytes)` is a live host allocation that outlives the registration.
+    unsafe fn host_register(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
+    /// Undoes [`Backend::host_register`].
+    ///
+    /// # Safety
+    /// `ptr` was registered with `host_register` and no copy using it is in flight.
+    unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()>;
+
+    /// Copies `src` to device memory at `dst` and waits for the copy.
+    fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()>;
+    /// Copies device memory at `src` into `dst` and waits for the copy.
+    fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()>;
+    /// Copies `bytes` between device ranges (same or different devices) and waits.
+    fn memcpy_dtod(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
+    /// Sets `bytes` of device memory to `value` and waits.
+    fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
+    /// Enqueues a host → device copy on `stream`.
+    ///
+    /// # Safety
+    /// `[src, src + bytes)` stays valid and unchanged until the stream has run the copy.
+    unsafe fn memcpy_htod_async(
+        &self,
+        dev: u32,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+    /// Enqueues a device → host copy on `stream`.
+    ///
+    /// # Safety
+    /// `[dst, dst + bytes)` stays valid, and is neither read nor written by the host, until
+    /// the stream has run the copy.
+    unsafe fn memcpy_dtoh_async(
+        &self,
+        dev: u32,
+        dst: *mut u8,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+    /// Enqueues a device → device copy on `stream`.
+    fn memcpy_dtod_async(
+        &self,
+        dev: u32,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+    /// Enqueues a memset on `stream`.
+    fn memset_async(
+        &self,
+        dev: u32,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()>;
+
+    /// Creates a non-blocking stream on `dev`.
+    fn stream_create(&self, dev: u32) -> Result<RawStream>;
+    /// Destroys a stream made by [`Backend::stream_create`] (work already queued completes).
+    fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()>;
+    /// Waits until all work queued on `stream` has completed.
+    fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()>;
+    /// True when all work queued on `stream` has completed.
+    fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool>;
+    /// Makes later work on `stream` wait until `event` has completed.
+    fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()>;
+    /// Creates an event without timing.
+    fn event_create(&self, dev: u32) -> Result<RawEvent>;
+    /// Destroys an event.
+    fn event_destroy(&self, dev: u32, event: RawEvent) -> Result<()>;
+    /// Records `event` at the current end of `stream`.
+    fn event_record(&self, dev: u32, event: RawEvent, stream: RawStream) -> Result<()>;
+    /// True when the work captured by the last record of `event` has completed.
+    fn event_query(&self, dev: u32, event: RawEvent) -> Result<bool>;
+    /// Waits until the work captured by the last record of `event` has completed.
+    fn event_synchronize(&self, dev: u32, event: RawEvent) -> Result<()>;
+    /// Waits until all work on `dev` has completed.
+    fn device_synchronize(&self, dev: u32) -> Result<()>;
+}
+
+/// How the process-wide backend is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The CUDA driver; fails if there is none.
+    Cuda,
+    /// The simulated device, configured from the environment ([`SimConfig::from_env`]).
+    Sim,
+    /// CUDA when a driver and at least one device are present, else the simulated device.
+    Auto,
+}
+
+impl BackendChoice {
+    /// Parses `cuda`, `sim` or `auto` (case-insensitive); `source_name` goes into the error.
+    pub fn parse(value: &str, source_name: &'static str) -> Result<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "cuda" | "gpu" => Ok(BackendChoice::Cuda),
+            "sim" | "simulated" => Ok(BackendChoice::Sim),
+            "auto" | "" => Ok(BackendChoice::Auto),
+            _ => Err(Error::UnknownBackend {
+                value: value.to_string(),
+                source_name,
+            }),
+        }
+    }
+
+    /// Reads `RMM_BACKEND` (default `auto`).
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("RMM_BACKEND") {
+            Ok(v) => Self::parse(&v, "RMM_BACKEND"),
+            Err(_) => Ok(BackendChoice::Auto),
+        }
+    }
+}
+
+/// Builds a backend for `choice`. Each call makes a new one; most code wants [`global`].
+pub fn open(choice: BackendChoice) -> Result<&'static dyn Backend> {
+    match choice {
+        BackendChoice::Cuda => Ok(CudaBackend::load()?),
+        BackendChoice::Sim => Ok(SimBackend::leak(SimConfig::from_env()?)?),
+        BackendChoice::Auto => match CudaBackend::load() {
+            Ok(cuda) if cuda.device_count() > 0 => Ok(cuda),
+            Ok(_) => {
+                tracing::warn!(
+                    "CUDA driver present but no device visible; using the simulated device \
+                     (set RMM_BACKEND=cuda to make this an error)"
+                );
+                Ok(SimBackend::leak(SimConfig::from_env()?)?)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "no usable CUDA driver ({e}); using the simulated device \
+                     (set RMM_BACKEND=cuda to make this an error)"
+                );
+                Ok(SimBackend::leak(SimConfig::from_env()?)?)
+            }
+        },
+    }
+}
+
+static GLOBAL: OnceLock<std::result::Result<&'static dyn Backend, Error>> = OnceLock::new();
+
+/// The process-wide backend, chosen on first use from `RMM_BACKEND`.
+///
+/// The choice is made once; a failure (e.g. `RMM_BACKEND=cuda` with no driver) is returned
+/// to every caller.
+pub fn global() -> Result<&'static dyn Backend> {
+    GLOBAL
+        .get_or_init(|| BackendChoice::from_env().and_then(open))
+        .clone()
+}
+
+/// Installs `backend` as the process-wide backend. Returns the backend already installed
+/// (as an error) if one was chosen before.
+pub fn install_global(backend: &'static dyn Backend) -> std::result::Result<(), &'static dyn Backend> {
+    let mut installed = false;
+    let current = GLOBAL.get_or_init(|| {
+        installed = true;
+        Ok(backend)
+    });
+    match (installed, current) {
+        (true, _) => Ok(()),
+        (false, Ok(existing)) => Err(*existing),
+        (false, Err(_)) => Err(backend),
+    }
+}

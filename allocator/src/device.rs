@@ -1,0 +1,183 @@
+//! Devices: a backend plus an ordinal, and the thread's current device.
+
+use std::cell::Cell;
+use std::fmt;
+
+use crate::backend::{self, Backend, DeviceProperties, DevicePtr, MemInfo};
+use crate::error::{Error, Result};
+use crate::stream::StreamView;
+
+/// One device of one backend. Cheap to copy; every operation goes to its backend.
+#[derive(Clone, Copy)]
+pub struct Device {
+    backend: &'static dyn Backend,
+    ordinal: u32,
+}
+
+impl Device {
+    /// Device `ordinal` of the process-wide backend ([`backend::global`]).
+    pub fn new(ordinal: u32) -> Result<Device> {
+        Device::on(backend::global()?, ordinal)
+    }
+
+    /// Device `ordinal` of `backend`.
+    pub fn on(backend: &'static dyn Backend, ordinal: u32) -> Result<Device> {
+        let count = backend.device_count();
+        if ordinal >= count {
+            return Err(Error::NoSuchDevice {
+                requested: ordinal,
+                count,
+                backend: backend.kind().name(),
+            });
+        }
+        Ok(Device { backend, ordinal })
+    }
+
+    /// The calling thread's current device of the process-wide backend (device 0 unless
+    /// [`set_current_device`] said otherwise).
+    pub fn current() -> Result<Device> {
+        Device::new(current_device())
+    }
+
+    /// Every device of the process-wide backend.
+    pub fn all() -> Result<Vec<Device>> {
+        let b = backend::global()?;
+        (0..b.device_count()).map(|d| Device::on(b, d)).collect()
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(self) -> u32 {
+        self.ordinal
+    }
+
+    /// The backend the device belongs to.
+    pub fn backend(self) -> &'static dyn Backend {
+        self.backend
+    }
+
+    /// Name, memory, UUID and capabilities.
+    pub fn properties(self) -> Result<DeviceProperties> {
+        self.backend.properties(self.ordinal)
+    }
+
+    /// Free and total memory.
+    pub fn mem_info(self) -> Result<MemInfo> {
+        self.backend.mem_info(self.ordinal)
+    }
+
+    /// Waits for all work on the device.
+    pub fn synchronize(self) -> Result<()> {
+        self.backend.device_synchronize(self.ordinal)
+    }
+
+    /// Copies `src` to device memory at `dst` and waits.
+    pub fn copy_to_device(self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.backend.memcpy_htod(self.ordinal, dst, src)
+    }
+
+    /// Copies device memory at `src` into `dst` and waits.
+    pub fn copy_to_host(self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.backend.memcpy_dtoh(self.ordinal, dst, src)
+    }
+
+    /// Copies `bytes` between device ranges and waits.
+    pub fn copy_device_to_device(self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.backend.memcpy_dtod(self.ordinal, dst, src, bytes)
+    }
+
+    /// Enqueues a device → device copy on `stream`.
+    pub fn copy_device_to_device_async(
+        self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: StreamView,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.backend
+            .memcpy_dtod_async(self.ordinal, dst, src, bytes, stream.raw())
+    }
+
+    /// Sets `bytes` of device memory to `value` and waits.
+    pub fn memset(self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.backend.memset(self.ordinal, dst, value, bytes)
+    }
+
+    /// Enqueues a memset on `stream`.
+    pub fn memset_async(self, dst: DevicePtr, value: u8, bytes: usize, stream: StreamView) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.backend
+            .memset_async(self.ordinal, dst, value, bytes, stream.raw())
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.ordinal == other.ordinal
+            && std::ptr::addr_eq(self.backend as *const dyn Backend, other.backend as *const dyn Backend)
+    }
+}
+
+impl Eq for Device {}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({} {})", self.backend.kind(), self.ordinal)
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} device {}", self.backend.kind(), self.ordinal)
+    }
+}
+
+thread_local! {
+    static CURRENT_DEVICE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The calling thread's current device ordinal (0 until set), as `cudaGetDevice` reports it.
+pub fn current_device() -> u32 {
+    CURRENT_DEVICE.with(Cell::get)
+}
+
+/// Makes `ordinal` the calling thread's current device; returns the previous one.
+pub fn set_current_device(ordinal: u32) -> Result<u32> {
+    let b = backend::global()?;
+    if ordinal >= b.device_count() {
+        return Err(Error::NoSuchDevice {
+            requested: ordinal,
+            count: b.device_count(),
+            backend: b.kind().name(),
+        });
+    }
+    Ok(CURRENT_DEVICE.with(|c| c.replace(ordinal)))
+}
+
+/// Runs `f` with `ordinal` as the thread's current device, restoring the previous one after.
+pub fn with_device<R>(ordinal: u32, f: impl FnOnce() -> R) -> Result<R> {
+    struct Restore(u32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT_DEVICE.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(set_current_device(ordinal)?);
+    Ok(f())
+}

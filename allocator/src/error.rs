@@ -1,0 +1,241 @@
+//! The error type of the allocator crate.
+//!
+//! Every message says what failed, with which value, and what the user can do about it.
+
+use std::fmt;
+
+/// Result alias used throughout the allocator crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Usage figures of a pool, attached to an out-of-memory error raised by a pool resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolUsage {
+    /// Bytes the pool holds from its upstream.
+    pub pool_size: usize,
+    /// Bytes handed out and not yet freed.
+    pub in_use: usize,
+    /// The largest free block the pool holds.
+    pub largest_free: usize,
+    /// The pool's maximum size, if it has one.
+    pub maximum_size: Option<usize>,
+}
+
+/// Every failure the allocator crate can report.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A device allocation could not be satisfied.
+    #[error(
+        "out of memory on device {device}: {resource} could not allocate {} ({requested} bytes); \
+         device has {} free of {}{}. Free or spill live buffers, lower the pool size, \
+         or use a limit/spilling adaptor",
+        fmt_bytes(*.requested), fmt_bytes(*.free), fmt_bytes(*.total), fmt_pool(.pool)
+    )]
+    OutOfMemory {
+        /// Bytes requested.
+        requested: usize,
+        /// Device ordinal.
+        device: u32,
+        /// Free device memory at the time of the failure.
+        free: usize,
+        /// Total device memory.
+        total: usize,
+        /// The resource that failed (e.g. `CudaMemoryResource`).
+        resource: &'static str,
+        /// Pool figures when the failing resource is a pool.
+        pool: Option<PoolUsage>,
+    },
+
+    /// A host allocation (pinned or pageable) could not be satisfied.
+    #[error(
+        "out of host memory: {resource} could not allocate {} ({requested} bytes). \
+         Lower the host pool size or free pinned buffers",
+        fmt_bytes(*.requested)
+    )]
+    HostOutOfMemory {
+        /// Bytes requested.
+        requested: usize,
+        /// The resource that failed.
+        resource: &'static str,
+    },
+
+    /// A CUDA driver call returned an error.
+    #[error("CUDA driver call {call} failed on device {device}: {name} ({code}): {description}")]
+    Driver {
+        /// The driver entry point, e.g. `cuMemAlloc_v2`.
+        call: &'static str,
+        /// Device ordinal the call was made for.
+        device: u32,
+        /// The CUDA error name, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+        name: String,
+        /// The numeric CUresult.
+        code: u32,
+        /// The driver's description of the error.
+        description: String,
+    },
+
+    /// The CUDA driver library could not be loaded or initialized.
+    #[error(
+        "no CUDA driver found: {detail}. Install the NVIDIA driver (libcuda.so.1 must be \
+         loadable), or run on the simulated device with RMM_BACKEND=sim"
+    )]
+    NoDriver {
+        /// What was tried and what went wrong.
+        detail: String,
+    },
+
+    /// A device ordinal that does not exist was named.
+    #[error(
+        "device {requested} does not exist: the {backend} backend has {count} device(s) \
+         (ordinals 0..{count})"
+    )]
+    NoSuchDevice {
+        /// The ordinal asked for.
+        requested: u32,
+        /// How many devices the backend has.
+        count: u32,
+        /// The backend's name.
+        backend: &'static str,
+    },
+
+    /// An argument was out of its valid range.
+    #[error("invalid argument {what} = {value}: expected {expected}")]
+    InvalidArgument {
+        /// The argument's name.
+        what: &'static str,
+        /// The value given.
+        value: String,
+        /// What would have been accepted.
+        expected: String,
+    },
+
+    /// A pointer handed back to a resource or the device was not one it knows.
+    #[error(
+        "invalid pointer {ptr:#x} ({bytes} bytes) given to {resource}: it was not allocated \
+         there or was already freed"
+    )]
+    InvalidPointer {
+        /// The pointer.
+        ptr: u64,
+        /// The size given with it.
+        bytes: usize,
+        /// Who rejected it.
+        resource: &'static str,
+    },
+
+    /// `RMM_BACKEND` (or a configured backend name) is not one of the known ones.
+    #[error("unknown backend {value:?} (from {source_name}): expected \"cuda\", \"sim\" or \"auto\"")]
+    UnknownBackend {
+        /// The value given.
+        value: String,
+        /// Where it came from (e.g. `RMM_BACKEND`).
+        source_name: &'static str,
+    },
+
+    /// The backend cannot do what was asked (e.g. managed memory on a device without it).
+    #[error("{what} is not supported by the {backend} backend{}", if .hint.is_empty() { String::new() } else { format!(": {}", .hint) })]
+    Unsupported {
+        /// What was asked.
+        what: &'static str,
+        /// Backend name.
+        backend: &'static str,
+        /// What to do instead.
+        hint: String,
+    },
+
+    /// A failure injected on purpose by the simulated device's fault injection.
+    #[error("simulated fault: {what} on device {device} (fault injection is configured on this simulated device)")]
+    InjectedFault {
+        /// What failed.
+        what: &'static str,
+        /// Device ordinal.
+        device: u32,
+    },
+}
+
+impl Error {
+    /// True for [`Error::OutOfMemory`] and [`Error::HostOutOfMemory`].
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory { .. } | Error::HostOutOfMemory { .. })
+    }
+
+    /// True when the error is a driver error carrying `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub fn is_driver_out_of_memory(&self) -> bool {
+        matches!(self, Error::Driver { name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY")
+    }
+
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid_argument(
+        what: &'static str,
+        value: impl fmt::Display,
+        expected: impl Into<String>,
+    ) -> Self {
+        Error::InvalidArgument {
+            what,
+            value: value.to_string(),
+            expected: expected.into(),
+        }
+    }
+}
+
+/// Formats a byte count for people: `1.50 GiB (1610612736 B)` style, without the raw count.
+pub fn fmt_bytes(bytes: usize) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+fn fmt_pool(pool: &Option<PoolUsage>) -> String {
+    match pool {
+        None => String::new(),
+        Some(p) => format!(
+            "; pool holds {} with {} in use, largest free block {}{}",
+            fmt_bytes(p.pool_size),
+            fmt_bytes(p.in_use),
+            fmt_bytes(p.largest_free),
+            match p.maximum_size {
+                Some(m) => format!(", maximum {}", fmt_bytes(m)),
+                None => String::new(),
+            }
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_formatted_for_people() {
+        assert_eq!(fmt_bytes(0), "0 B");
+        assert_eq!(fmt_bytes(255), "255 B");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(1 << 30), "1.00 GiB");
+    }
+
+    #[test]
+    fn out_of_memory_message_names_the_values() {
+        let e = Error::OutOfMemory {
+            requested: 3 << 30,
+            device: 1,
+            free: 1 << 30,
+            total: 2 << 30,
+            resource: "CudaMemoryResource",
+            pool: None,
+        };
+        let s = e.to_string();
+        assert!(s.contains("device 1"), "{s}");
+        assert!(s.contains("3.00 GiB (3221225472 bytes)"), "{s}");
+        assert!(s.contains("1.00 GiB free of 2.00 GiB"), "{s}");
+        assert!(e.is_out_of_memory());
+    }
+}

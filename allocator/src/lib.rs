@@ -1,0 +1,22 @@
+//! rmm-rs allocator: backends, memory resources, adaptors and containers.
+//!
+//! The layers, bottom to top: [`backend`] (a real GPU through the CUDA driver API, or a
+//! simulated device), [`resource`] (the [`DeviceMemoryResource`] and [`HostMemoryResource`]
+//! traits and their implementations) and the per-device current resource
+//! ([`per_device`]), as RAPIDS RMM has them.
+
+pub mod backend;
+pub mod device;
+pub mod error;
+pub mod per_device;
+pub mod resource;
+pub mod stream;
+
+pub use backend::{Backend, BackendKind, DevicePtr};
+pub use device::Device;
+pub use error::{Error, Result};
+pub use resource::{DeviceMemoryResource, HostMemoryResource};
+pub use stream::{Event, Stream, StreamView};
+
+/// Every device allocation is aligned to at least this many bytes (RMM's guarantee).
+pub const ALLOCATION_ALIGNMENT: usize = 256;

@@ -1,0 +1,92 @@
+//! The current resource of each device, as RMM's `get/set_current_device_resource` and
+//! `get/set_per_device_resource`.
+//!
+//! The table is process-wide and keyed by device ordinal of the process-wide backend. Reads
+//! are lock-free (`arc-swap`), so containers can look the resource up on every construction.
+//! The initial resource of each device is a [`CudaMemoryResource`].
+
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwapOption;
+
+use crate::backend;
+use crate::device::{Device, current_device};
+use crate::error::{Error, Result};
+use crate::resource::{CudaMemoryResource, DeviceMemoryResource};
+
+/// A shared device memory resource.
+pub type SharedResource = Arc<dyn DeviceMemoryResource>;
+
+// `ArcSwap` needs a sized payload, hence the inner Arc.
+static TABLE: OnceLock<Vec<ArcSwapOption<SharedResource>>> = OnceLock::new();
+
+fn slot(device_id: u32) -> Result<&'static ArcSwapOption<SharedResource>> {
+    let table = match TABLE.get() {
+        Some(t) => t,
+        None => {
+            let count = backend::global()?.device_count();
+            TABLE.get_or_init(|| (0..count).map(|_| ArcSwapOption::empty()).collect())
+        }
+    };
+    table.get(device_id as usize).ok_or_else(|| {
+        let b = backend::global().map(|b| b.kind().name()).unwrap_or("unknown");
+        Error::NoSuchDevice {
+            requested: device_id,
+            count: table.len() as u32,
+            backend: b,
+        }
+    })
+}
+
+fn initial(device_id: u32) -> Result<SharedResource> {
+    Ok(Arc::new(CudaMemoryResource::new(Device::new(device_id)?)))
+}
+
+/// The resource of device `device_id` (its initial [`CudaMemoryResource`] until one is set).
+pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
+    let slot = slot(device_id)?;
+    if let Some(r) = slot.load().as_deref() {
+        return Ok(Arc::clone(r));
+    }
+    let fresh = Arc::new(initial(device_id)?);
+    // Install the initial resource unless another thread got there first.
+    let prev = slot.compare_and_swap(&None::<Arc<SharedResource>>, Some(Arc::clone(&fresh)));
+    Ok(match prev.as_deref() {
+        Some(existing) => Arc::clone(existing),
+        None => Arc::clone(&fresh),
+    })
+}
+
+/// Makes `resource` the resource of device `device_id`; returns the previous one.
+///
+/// The resource must allocate on that device. The caller keeps memory allocated from the
+/// previous resource valid by keeping the returned `Arc` (or its owners) alive.
+pub fn set_per_device_resource(device_id: u32, resource: SharedResource) -> Result<SharedResource> {
+    let slot = slot(device_id)?;
+    let on = resource.device();
+    if on.ordinal() != device_id || !std::ptr::addr_eq(on.backend(), backend::global()?) {
+        return Err(Error::invalid_argument(
+            "resource",
+            format!("{} on {on}", resource.name()),
+            format!("a resource of device {device_id} of the process-wide backend"),
+        ));
+    }
+    let previous = get_per_device_resource(device_id)?;
+    let old = slot.swap(Some(Arc::new(resource)));
+    Ok(old.as_deref().cloned().unwrap_or(previous))
+}
+
+/// Puts device `device_id` back on a fresh [`CudaMemoryResource`]; returns the previous one.
+pub fn reset_per_device_resource(device_id: u32) -> Result<SharedResource> {
+    set_per_device_resource(device_id, initial(device_id)?)
+}
+
+/// The resource of the calling thread's current device.
+pub fn get_current_device_resource() -> Result<SharedResource> {
+    get_per_device_resource(current_device())
+}
+
+/// Sets the resource of the calling thread's current device; returns the previous one.
+pub fn set_current_device_resource(resource: SharedResource) -> Result<SharedResource> {
+    set_per_device_resource(current_device(), resource)
+}

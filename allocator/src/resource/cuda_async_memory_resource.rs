@@ -1,0 +1,112 @@
+//! [`CudaAsyncMemoryResource`]: `cuMemAllocFromPoolAsync` on a pool of its own, RMM's
+//! `cuda_async_memory_resource`.
+
+use std::any::Any;
+
+use super::{DeviceMemoryResource, map_oom};
+use crate::backend::{DevicePtr, MemInfo, RawMemPool};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::stream::StreamView;
+
+/// Stream-ordered allocation from a driver memory pool (`cuMemPoolCreate`) owned by this
+/// resource. By default the pool keeps everything it has taken (release threshold
+/// `u64::MAX`), as RMM does, so steady-state allocation never goes back to the driver's
+/// slow path; [`CudaAsyncMemoryResource::release`] gives the cache back.
+#[derive(Debug)]
+pub struct CudaAsyncMemoryResource {
+    device: Device,
+    pool: RawMemPool,
+    release_threshold: u64,
+}
+
+impl CudaAsyncMemoryResource {
+    /// A resource with its own pool on `device` that keeps all memory it takes.
+    pub fn new(device: Device) -> Result<Self> {
+        Self::with_release_threshold(device, u64::MAX)
+    }
+
+    /// A resource whose pool releases cached memory above `release_threshold` bytes at each
+    /// synchronization.
+    pub fn with_release_threshold(device: Device, release_threshold: u64) -> Result<Self> {
+        if !device.properties()?.supports_memory_pools {
+            return Err(Error::Unsupported {
+                what: "stream-ordered allocation (cuMemAllocAsync)",
+                backend: device.backend().kind().name(),
+                hint: format!("{device} has no memory pool support; use CudaMemoryResource or a pool"),
+            });
+        }
+        let pool = device
+            .backend()
+            .mem_pool_create(device.ordinal(), release_threshold)?;
+        tracing::debug!(device = device.ordinal(), release_threshold, "created CUDA async memory pool");
+        Ok(CudaAsyncMemoryResource { device, pool, release_threshold })
+    }
+
+    /// The configured release threshold in bytes.
+    pub fn release_threshold(&self) -> u64 {
+        self.release_threshold
+    }
+
+    /// Bytes the driver pool currently holds (in use plus cached).
+    pub fn reserved_bytes(&self) -> Result<u64> {
+        self.device
+            .backend()
+            .mem_pool_reserved(self.device.ordinal(), self.pool)
+    }
+
+    /// Waits for the device, then gives every cached, unused byte back to the driver.
+    pub fn release(&self) -> Result<()> {
+        let _span = tracing::debug_span!("CudaAsyncMemoryResource::release", device = self.device.ordinal()).entered();
+        self.device.synchronize()?;
+        self.device
+            .backend()
+            .mem_pool_trim(self.device.ordinal(), self.pool, 0)
+    }
+}
+
+impl DeviceMemoryResource for CudaAsyncMemoryResource {
+    fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        self.device
+            .backend()
+            .malloc_async(self.device.ordinal(), self.pool, bytes, stream.raw())
+            .map_err(|e| map_oom(e, self.device, bytes, self.name()))
+    }
+
+    fn deallocate(&self, ptr: DevicePtr, _bytes: usize, stream: StreamView) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.device
+            .backend()
+            .free_async(self.device.ordinal(), ptr, stream.raw())
+    }
+
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn name(&self) -> &'static str {
+        "CudaAsyncMemoryResource"
+    }
+
+    fn memory_info(&self) -> Result<MemInfo> {
+        self.device.mem_info()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for CudaAsyncMemoryResource {
+    fn drop(&mut self) {
+        // The driver frees the pool once its outstanding allocations are freed.
+        if let Err(e) = self.device.backend().mem_pool_destroy(self.device.ordinal(), self.pool) {
+            tracing::error!("destroying the CUDA async memory pool of {}: {e}", self.device);
+        }
+    }
+}

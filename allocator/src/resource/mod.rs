@@ -1,0 +1,119 @@
+//! Memory resources: the [`DeviceMemoryResource`] and [`HostMemoryResource`] interfaces and
+//! the resources that talk to the device directly.
+//!
+//! As in RMM, every device allocation is aligned to at least 256 bytes, every allocation and
+//! deallocation names a stream, and memory freed on a stream may be reused on that stream at
+//! once, on another only after the freeing stream's earlier work has completed.
+
+mod cuda_async_memory_resource;
+mod cuda_memory_resource;
+mod managed_memory_resource;
+mod new_delete_resource;
+mod pinned_host_memory_resource;
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+pub use cuda_async_memory_resource::CudaAsyncMemoryResource;
+pub use cuda_memory_resource::CudaMemoryResource;
+pub use managed_memory_resource::ManagedMemoryResource;
+pub use new_delete_resource::NewDeleteResource;
+pub use pinned_host_memory_resource::PinnedHostMemoryResource;
+
+pub use crate::backend::host::HostBlock;
+use crate::backend::{DevicePtr, MemInfo};
+use crate::device::Device;
+use crate::error::{Error, PoolUsage, Result};
+use crate::stream::StreamView;
+
+/// A source of device memory (RMM's `device_memory_resource`).
+///
+/// Implementations are shared between threads (`Send + Sync`), hand out pointers aligned to
+/// at least [`crate::ALLOCATION_ALIGNMENT`], return [`DevicePtr::NULL`] for zero bytes, and
+/// report exhaustion as [`Error::OutOfMemory`].
+pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
+    /// Allocates at least `bytes`, usable in stream order on `stream`.
+    fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr>;
+
+    /// Gives back `ptr`, which `allocate(bytes, _)` of this resource returned, in stream
+    /// order on `stream`: the memory may be reused once the stream's earlier work completes.
+    fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()>;
+
+    /// The device the memory lives on.
+    fn device(&self) -> Device;
+
+    /// The resource's type name, for errors and reports (e.g. `"CudaMemoryResource"`).
+    fn name(&self) -> &'static str;
+
+    /// True when memory allocated by `self` can be deallocated by `other` and vice versa.
+    /// By default only the same object is equal to itself.
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        std::ptr::addr_eq(self as *const Self, other as *const dyn DeviceMemoryResource)
+    }
+
+    /// Free and total memory as this resource sees it (by default, the device's).
+    fn memory_info(&self) -> Result<MemInfo> {
+        self.device().mem_info()
+    }
+
+    /// Lets [`DeviceMemoryResource::is_equal`] implementations look at the concrete type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A source of host memory (RMM's `host_memory_resource`).
+pub trait HostMemoryResource: Send + Sync + fmt::Debug + 'static {
+    /// Allocates at least `bytes` aligned to `alignment` (a power of two).
+    fn allocate(&self, bytes: usize, alignment: usize) -> Result<HostBlock>;
+    /// Gives a block back.
+    fn deallocate(&self, block: HostBlock) -> Result<()>;
+    /// The resource's type name.
+    fn name(&self) -> &'static str;
+}
+
+impl<T: DeviceMemoryResource + ?Sized> DeviceMemoryResource for Arc<T> {
+    fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
+        (**self).allocate(bytes, stream)
+    }
+    fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
+        (**self).deallocate(ptr, bytes, stream)
+    }
+    fn device(&self) -> Device {
+        (**self).device()
+    }
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        (**self).is_equal(other)
+    }
+    fn memory_info(&self) -> Result<MemInfo> {
+        (**self).memory_info()
+    }
+    fn as_any(&self) -> &dyn Any {
+        (**self).as_any()
+    }
+}
+
+/// Builds the out-of-memory error for `resource` on `device`, with the device's free memory.
+pub fn out_of_memory(device: Device, requested: usize, resource: &'static str, pool: Option<PoolUsage>) -> Error {
+    let info = device.mem_info().unwrap_or(MemInfo { free: 0, total: 0 });
+    tracing::debug!(device = device.ordinal(), requested, resource, free = info.free, "out of memory");
+    Error::OutOfMemory {
+        requested,
+        device: device.ordinal(),
+        free: info.free,
+        total: info.total,
+        resource,
+        pool,
+    }
+}
+
+/// Maps a driver out-of-memory error to [`Error::OutOfMemory`]; other errors pass through.
+pub(crate) fn map_oom(e: Error, device: Device, requested: usize, resource: &'static str) -> Error {
+    if e.is_driver_out_of_memory() {
+        out_of_memory(device, requested, resource, None)
+    } else {
+        e
+    }
+}

@@ -1,0 +1,47 @@
+//! [`PinnedHostMemoryResource`]: page-locked host memory, RMM's `pinned_memory_resource`.
+
+use crate::backend::{Backend, host};
+use crate::error::{Error, Result};
+
+use super::{HostBlock, HostMemoryResource};
+
+/// Page-locked host memory from `cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE)`: usable by every
+/// device for fast asynchronous copies, and not write-combined, so the host reads it at full
+/// speed. Allocation is slow (the driver pins page by page); reuse blocks.
+#[derive(Debug, Clone, Copy)]
+pub struct PinnedHostMemoryResource {
+    backend: &'static dyn Backend,
+}
+
+impl PinnedHostMemoryResource {
+    /// A resource on the process-wide backend.
+    pub fn new() -> Result<Self> {
+        Ok(Self::on(crate::backend::global()?))
+    }
+
+    /// A resource on `backend`.
+    pub fn on(backend: &'static dyn Backend) -> Self {
+        PinnedHostMemoryResource { backend }
+    }
+}
+
+impl HostMemoryResource for PinnedHostMemoryResource {
+    fn allocate(&self, bytes: usize, alignment: usize) -> Result<HostBlock> {
+        if !alignment.is_power_of_two() || alignment > 4096 {
+            return Err(Error::invalid_argument(
+                "alignment",
+                alignment,
+                "a power of two up to 4096 (pinned blocks are page-aligned)",
+            ));
+        }
+        host::alloc_pinned(self.backend, bytes)
+    }
+
+    fn deallocate(&self, block: HostBlock) -> Result<()> {
+        host::free(block)
+    }
+
+    fn name(&self) -> &'static str {
+        "PinnedHostMemoryResource"
+    }
+}

@@ -1,0 +1,155 @@
+//! Streams and events, as RMM's `cuda_stream_view` / `cuda_stream` and CUDA events.
+
+use std::fmt;
+
+use crate::backend::{RawEvent, RawStream};
+use crate::device::Device;
+use crate::error::Result;
+
+/// A non-owning, copyable view of a stream (RMM's `cuda_stream_view`). The default is the
+/// device's default stream.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct StreamView(RawStream);
+
+impl StreamView {
+    /// The default stream.
+    pub const DEFAULT: StreamView = StreamView(0);
+
+    /// Wraps a backend stream handle.
+    pub const fn from_raw(raw: RawStream) -> StreamView {
+        StreamView(raw)
+    }
+
+    /// The backend's handle.
+    pub const fn raw(self) -> RawStream {
+        self.0
+    }
+
+    /// True for the default stream.
+    pub const fn is_default(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Debug for StreamView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == 0 {
+            f.write_str("StreamView(default)")
+        } else {
+            write!(f, "StreamView({:#x})", self.0)
+        }
+    }
+}
+
+/// An owned, non-blocking stream of one device; destroyed on drop (queued work still runs).
+#[derive(Debug)]
+pub struct Stream {
+    device: Device,
+    raw: RawStream,
+}
+
+impl Stream {
+    /// Creates a stream on `device`.
+    pub fn new(device: Device) -> Result<Stream> {
+        let raw = device.backend().stream_create(device.ordinal())?;
+        Ok(Stream { device, raw })
+    }
+
+    /// The view to pass to allocations and copies.
+    pub fn view(&self) -> StreamView {
+        StreamView(self.raw)
+    }
+
+    /// The device the stream belongs to.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Waits for all work queued so far.
+    pub fn synchronize(&self) -> Result<()> {
+        synchronize(self.device, self.view())
+    }
+
+    /// True when all queued work has completed.
+    pub fn is_idle(&self) -> Result<bool> {
+        self.device.backend().stream_query(self.device.ordinal(), self.raw)
+    }
+
+    /// Makes later work on this stream wait for `event`.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        event.wait_on(self.view())
+    }
+}
+
+impl From<&Stream> for StreamView {
+    fn from(s: &Stream) -> StreamView {
+        s.view()
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Err(e) = self.device.backend().stream_destroy(self.device.ordinal(), self.raw) {
+            tracing::error!("destroying stream {:#x} on {}: {e}", self.raw, self.device);
+        }
+    }
+}
+
+/// Waits for all work queued on `stream` of `device`.
+pub fn synchronize(device: Device, stream: StreamView) -> Result<()> {
+    device.backend().stream_synchronize(device.ordinal(), stream.raw())
+}
+
+/// An event without timing, owned; destroyed on drop.
+#[derive(Debug)]
+pub struct Event {
+    device: Device,
+    raw: RawEvent,
+}
+
+impl Event {
+    /// Creates an event on `device`.
+    pub fn new(device: Device) -> Result<Event> {
+        let raw = device.backend().event_create(device.ordinal())?;
+        Ok(Event { device, raw })
+    }
+
+    /// The backend's handle.
+    pub fn raw(&self) -> RawEvent {
+        self.raw
+    }
+
+    /// Captures the work queued on `stream` so far.
+    pub fn record(&self, stream: StreamView) -> Result<()> {
+        self.device
+            .backend()
+            .event_record(self.device.ordinal(), self.raw, stream.raw())
+    }
+
+    /// True when the captured work has completed (or the event was never recorded).
+    pub fn is_complete(&self) -> Result<bool> {
+        self.device.backend().event_query(self.device.ordinal(), self.raw)
+    }
+
+    /// Waits for the captured work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.device
+            .backend()
+            .event_synchronize(self.device.ordinal(), self.raw)
+    }
+
+    /// Makes later work on `stream` wait for the captured work.
+    pub fn wait_on(&self, stream: StreamView) -> Result<()> {
+        self.device
+            .backend()
+            .stream_wait_event(self.device.ordinal(), stream.raw(), self.raw)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Err(e) = self.device.backend().event_destroy(self.device.ordinal(), self.raw) {
+            tracing::error!("destroying event {:#x} on {}: {e}", self.raw, self.device);
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! rmm-rs runtime.
