@@ -118,7 +118,13 @@ impl Device {
     }
 
     /// Enqueues a memset on `stream`.
-    pub fn memset_async(self, dst: DevicePtr, value: u8, bytes: usize, stream: StreamView) -> Result<()> {
+    pub fn memset_async(
+        self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: StreamView,
+    ) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
@@ -130,7 +136,10 @@ impl Device {
 impl PartialEq for Device {
     fn eq(&self, other: &Self) -> bool {
         self.ordinal == other.ordinal
-            && std::ptr::addr_eq(self.backend as *const dyn Backend, other.backend as *const dyn Backend)
+            && std::ptr::addr_eq(
+                self.backend as *const dyn Backend,
+                other.backend as *const dyn Backend,
+            )
     }
 }
 

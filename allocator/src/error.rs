@@ -124,7 +124,9 @@ pub enum Error {
     },
 
     /// `RMM_BACKEND` (or a configured backend name) is not one of the known ones.
-    #[error("unknown backend {value:?} (from {source_name}): expected \"cuda\", \"sim\" or \"auto\"")]
+    #[error(
+        "unknown backend {value:?} (from {source_name}): expected \"cuda\", \"sim\" or \"auto\""
+    )]
     UnknownBackend {
         /// The value given.
         value: String,
@@ -144,7 +146,9 @@ pub enum Error {
     },
 
     /// A failure injected on purpose by the simulated device's fault injection.
-    #[error("simulated fault: {what} on device {device} (fault injection is configured on this simulated device)")]
+    #[error(
+        "simulated fault: {what} on device {device} (fault injection is configured on this simulated device)"
+    )]
     InjectedFault {
         /// What failed.
         what: &'static str,
@@ -156,7 +160,10 @@ pub enum Error {
 impl Error {
     /// True for [`Error::OutOfMemory`] and [`Error::HostOutOfMemory`].
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, Error::OutOfMemory { .. } | Error::HostOutOfMemory { .. })
+        matches!(
+            self,
+            Error::OutOfMemory { .. } | Error::HostOutOfMemory { .. }
+        )
     }
 
     /// True when the error is a driver error carrying `CUDA_ERROR_OUT_OF_MEMORY`.

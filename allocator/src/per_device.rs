@@ -29,7 +29,9 @@ fn slot(device_id: u32) -> Result<&'static ArcSwapOption<SharedResource>> {
         }
     };
     table.get(device_id as usize).ok_or_else(|| {
-        let b = backend::global().map(|b| b.kind().name()).unwrap_or("unknown");
+        let b = backend::global()
+            .map(|b| b.kind().name())
+            .unwrap_or("unknown");
         Error::NoSuchDevice {
             requested: device_id,
             count: table.len() as u32,

@@ -72,7 +72,9 @@ impl Stream {
 
     /// True when all queued work has completed.
     pub fn is_idle(&self) -> Result<bool> {
-        self.device.backend().stream_query(self.device.ordinal(), self.raw)
+        self.device
+            .backend()
+            .stream_query(self.device.ordinal(), self.raw)
     }
 
     /// Makes later work on this stream wait for `event`.
@@ -89,7 +91,11 @@ impl From<&Stream> for StreamView {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if let Err(e) = self.device.backend().stream_destroy(self.device.ordinal(), self.raw) {
+        if let Err(e) = self
+            .device
+            .backend()
+            .stream_destroy(self.device.ordinal(), self.raw)
+        {
             tracing::error!("destroying stream {:#x} on {}: {e}", self.raw, self.device);
         }
     }
@@ -97,7 +103,9 @@ impl Drop for Stream {
 
 /// Waits for all work queued on `stream` of `device`.
 pub fn synchronize(device: Device, stream: StreamView) -> Result<()> {
-    device.backend().stream_synchronize(device.ordinal(), stream.raw())
+    device
+        .backend()
+        .stream_synchronize(device.ordinal(), stream.raw())
 }
 
 /// An event without timing, owned; destroyed on drop.
@@ -128,7 +136,9 @@ impl Event {
 
     /// True when the captured work has completed (or the event was never recorded).
     pub fn is_complete(&self) -> Result<bool> {
-        self.device.backend().event_query(self.device.ordinal(), self.raw)
+        self.device
+            .backend()
+            .event_query(self.device.ordinal(), self.raw)
     }
 
     /// Waits for the captured work.
@@ -148,7 +158,11 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        if let Err(e) = self.device.backend().event_destroy(self.device.ordinal(), self.raw) {
+        if let Err(e) = self
+            .device
+            .backend()
+            .event_destroy(self.device.ordinal(), self.raw)
+        {
             tracing::error!("destroying event {:#x} on {}: {e}", self.raw, self.device);
         }
     }

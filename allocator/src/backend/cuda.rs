@@ -10,7 +10,9 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
-use super::{Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawStream};
+use super::{
+    Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawStream,
+};
 use crate::error::{Error, Result};
 
 /// Every driver entry point the backend uses; checked at load time.
@@ -176,20 +178,36 @@ impl CudaBackend {
         unsafe {
             if let Err(e) = check("cuInit", 0, sys::cuInit(0)) {
                 if matches!(&e, Error::Driver { name, .. } if name == "CUDA_ERROR_NO_DEVICE") {
-                    return Ok(CudaBackend { devices: Vec::new(), driver_version: 0 });
+                    return Ok(CudaBackend {
+                        devices: Vec::new(),
+                        driver_version: 0,
+                    });
                 }
-                return Err(Error::NoDriver { detail: format!("the driver did not initialize: {e}") });
+                return Err(Error::NoDriver {
+                    detail: format!("the driver did not initialize: {e}"),
+                });
             }
             let mut version = 0;
-            check("cuDriverGetVersion", 0, sys::cuDriverGetVersion(&mut version))?;
+            check(
+                "cuDriverGetVersion",
+                0,
+                sys::cuDriverGetVersion(&mut version),
+            )?;
             let mut count = 0;
             check("cuDeviceGetCount", 0, sys::cuDeviceGetCount(&mut count))?;
             let mut devices = Vec::with_capacity(count.max(0) as usize);
             for ordinal in 0..count.max(0) as u32 {
                 devices.push(Self::open_device(ordinal)?);
             }
-            tracing::debug!(driver_version = version, devices = devices.len(), "CUDA driver loaded");
-            Ok(CudaBackend { devices, driver_version: version })
+            tracing::debug!(
+                driver_version = version,
+                devices = devices.len(),
+                "CUDA driver loaded"
+            );
+            Ok(CudaBackend {
+                devices,
+                driver_version: version,
+            })
         }
     }
 
@@ -204,16 +222,38 @@ impl CudaBackend {
         let attr = |a: sys::CUdevice_attribute, dev: sys::CUdevice| -> Result<i32> {
             let mut v = 0;
             // SAFETY: valid out-pointer; `dev` came from cuDeviceGet.
-            check("cuDeviceGetAttribute", ordinal, unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) })?;
+            check("cuDeviceGetAttribute", ordinal, unsafe {
+                sys::cuDeviceGetAttribute(&mut v, a, dev)
+            })?;
             Ok(v)
         };
         // SAFETY: valid out-pointers and lengths; the ordinal is in range.
         unsafe {
-            check("cuDeviceGet", ordinal, sys::cuDeviceGet(&mut dev, ordinal as i32))?;
-            check("cuDevicePrimaryCtxRetain", ordinal, sys::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
-            check("cuDeviceGetName", ordinal, sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev))?;
-            check("cuDeviceGetUuid", ordinal, sys::cuDeviceGetUuid(&mut uuid, dev))?;
-            check("cuDeviceTotalMem_v2", ordinal, sys::cuDeviceTotalMem_v2(&mut total, dev))?;
+            check(
+                "cuDeviceGet",
+                ordinal,
+                sys::cuDeviceGet(&mut dev, ordinal as i32),
+            )?;
+            check(
+                "cuDevicePrimaryCtxRetain",
+                ordinal,
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+            )?;
+            check(
+                "cuDeviceGetName",
+                ordinal,
+                sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev),
+            )?;
+            check(
+                "cuDeviceGetUuid",
+                ordinal,
+                sys::cuDeviceGetUuid(&mut uuid, dev),
+            )?;
+            check(
+                "cuDeviceTotalMem_v2",
+                ordinal,
+                sys::cuDeviceTotalMem_v2(&mut total, dev),
+            )?;
         }
         use sys::CUdevice_attribute::*;
         let major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)?;
@@ -221,7 +261,9 @@ impl CudaBackend {
         let pools = attr(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev)?;
         let managed = attr(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, dev)?;
         // SAFETY: the driver wrote a NUL-terminated name into the buffer.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
         Ok(CudaDevice {
             ctx,
             props: DeviceProperties {
@@ -245,7 +287,9 @@ impl CudaBackend {
         })?;
         if BOUND_CONTEXT.with(Cell::get) != d.ctx as usize {
             // SAFETY: `ctx` is a retained primary context, valid for the process's life.
-            check("cuCtxSetCurrent", dev, unsafe { sys::cuCtxSetCurrent(d.ctx) })?;
+            check("cuCtxSetCurrent", dev, unsafe {
+                sys::cuCtxSetCurrent(d.ctx)
+            })?;
             BOUND_CONTEXT.with(|c| c.set(d.ctx as usize));
         }
         Ok(d)
@@ -256,7 +300,22 @@ fn format_uuid(bytes: &[std::ffi::c_char; 16]) -> String {
     let b: Vec<u8> = bytes.iter().map(|&c| c as u8).collect();
     format!(
         "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]
+        b[0],
+        b[1],
+        b[2],
+        b[3],
+        b[4],
+        b[5],
+        b[6],
+        b[7],
+        b[8],
+        b[9],
+        b[10],
+        b[11],
+        b[12],
+        b[13],
+        b[14],
+        b[15]
     )
 }
 
@@ -283,14 +342,20 @@ impl Backend for CudaBackend {
         self.devices
             .get(dev as usize)
             .map(|d| d.props.clone())
-            .ok_or(Error::NoSuchDevice { requested: dev, count: self.devices.len() as u32, backend: "cuda" })
+            .ok_or(Error::NoSuchDevice {
+                requested: dev,
+                count: self.devices.len() as u32,
+                backend: "cuda",
+            })
     }
 
     fn mem_info(&self, dev: u32) -> Result<MemInfo> {
         self.bind(dev)?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; the device's context is current.
-        check("cuMemGetInfo_v2", dev, unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        check("cuMemGetInfo_v2", dev, unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
         Ok(MemInfo { free, total })
     }
 
@@ -298,7 +363,9 @@ impl Backend for CudaBackend {
         self.bind(dev)?;
         let mut p = 0;
         // SAFETY: valid out-pointer; context current.
-        check("cuMemAlloc_v2", dev, unsafe { sys::cuMemAlloc_v2(&mut p, bytes) })?;
+        check("cuMemAlloc_v2", dev, unsafe {
+            sys::cuMemAlloc_v2(&mut p, bytes)
+        })?;
         Ok(DevicePtr(p))
     }
 
@@ -313,7 +380,9 @@ impl Backend for CudaBackend {
         let mut p = 0;
         let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
         // SAFETY: valid out-pointer; context current.
-        check("cuMemAllocManaged", dev, unsafe { sys::cuMemAllocManaged(&mut p, bytes, flags) })?;
+        check("cuMemAllocManaged", dev, unsafe {
+            sys::cuMemAllocManaged(&mut p, bytes, flags)
+        })?;
         Ok(DevicePtr(p))
     }
 
@@ -329,7 +398,11 @@ impl Backend for CudaBackend {
         let mut threshold = release_threshold;
         // SAFETY: valid pointers to initialized locals.
         unsafe {
-            check("cuMemPoolCreate", dev, sys::cuMemPoolCreate(&mut pool, &props))?;
+            check(
+                "cuMemPoolCreate",
+                dev,
+                sys::cuMemPoolCreate(&mut pool, &props),
+            )?;
             check(
                 "cuMemPoolSetAttribute",
                 dev,
@@ -346,13 +419,17 @@ impl Backend for CudaBackend {
     fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the driver validates the handle.
-        check("cuMemPoolDestroy", dev, unsafe { sys::cuMemPoolDestroy(pool_handle(pool)) })
+        check("cuMemPoolDestroy", dev, unsafe {
+            sys::cuMemPoolDestroy(pool_handle(pool))
+        })
     }
 
     fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, keep_bytes: usize) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the driver validates the handle.
-        check("cuMemPoolTrimTo", dev, unsafe { sys::cuMemPoolTrimTo(pool_handle(pool), keep_bytes) })
+        check("cuMemPoolTrimTo", dev, unsafe {
+            sys::cuMemPoolTrimTo(pool_handle(pool), keep_bytes)
+        })
     }
 
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64> {
@@ -369,7 +446,13 @@ impl Backend for CudaBackend {
         Ok(v)
     }
 
-    fn malloc_async(&self, dev: u32, pool: RawMemPool, bytes: usize, stream: RawStream) -> Result<DevicePtr> {
+    fn malloc_async(
+        &self,
+        dev: u32,
+        pool: RawMemPool,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<DevicePtr> {
         self.bind(dev)?;
         let mut p = 0;
         // SAFETY: valid out-pointer; the driver validates pool and stream.
@@ -382,7 +465,9 @@ impl Backend for CudaBackend {
     fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the driver validates pointer and stream.
-        check("cuMemFreeAsync", dev, unsafe { sys::cuMemFreeAsync(ptr.0, stream_handle(stream)) })
+        check("cuMemFreeAsync", dev, unsafe {
+            sys::cuMemFreeAsync(ptr.0, stream_handle(stream))
+        })
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {
@@ -390,14 +475,18 @@ impl Backend for CudaBackend {
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer. PORTABLE: usable from every context; no write-combining,
         // which would make host reads very slow.
-        check("cuMemHostAlloc", 0, unsafe { sys::cuMemHostAlloc(&mut p, bytes, sys::CU_MEMHOSTALLOC_PORTABLE) })?;
+        check("cuMemHostAlloc", 0, unsafe {
+            sys::cuMemHostAlloc(&mut p, bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
+        })?;
         Ok(p.cast())
     }
 
     unsafe fn free_host(&self, ptr: *mut u8) -> Result<()> {
         self.bind(0)?;
         // SAFETY: the caller passes a pointer from `malloc_host`.
-        check("cuMemFreeHost", 0, unsafe { sys::cuMemFreeHost(ptr.cast()) })
+        check("cuMemFreeHost", 0, unsafe {
+            sys::cuMemFreeHost(ptr.cast())
+        })
     }
 
     unsafe fn host_register(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
@@ -411,26 +500,34 @@ impl Backend for CudaBackend {
     unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()> {
         self.bind(0)?;
         // SAFETY: the caller guarantees `ptr` was registered and no copy uses it.
-        check("cuMemHostUnregister", 0, unsafe { sys::cuMemHostUnregister(ptr.cast()) })
+        check("cuMemHostUnregister", 0, unsafe {
+            sys::cuMemHostUnregister(ptr.cast())
+        })
     }
 
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: `src` is a live slice for the duration of this synchronous copy.
-        check("cuMemcpyHtoD_v2", dev, unsafe { sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len()) })
+        check("cuMemcpyHtoD_v2", dev, unsafe {
+            sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len())
+        })
     }
 
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: `dst` is an exclusive live slice for the duration of this synchronous copy.
-        check("cuMemcpyDtoH_v2", dev, unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len()) })
+        check("cuMemcpyDtoH_v2", dev, unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len())
+        })
     }
 
     fn memcpy_dtod(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: device pointers are validated by the driver; unified addressing lets the
         // ranges live on different devices.
-        check("cuMemcpyDtoD_v2", dev, unsafe { sys::cuMemcpyDtoD_v2(dst.0, src.0, bytes) })?;
+        check("cuMemcpyDtoD_v2", dev, unsafe {
+            sys::cuMemcpyDtoD_v2(dst.0, src.0, bytes)
+        })?;
         // SAFETY: plain synchronization of the current context.
         check("cuCtxSynchronize", dev, unsafe { sys::cuCtxSynchronize() })
     }
@@ -438,7 +535,9 @@ impl Backend for CudaBackend {
     fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the driver validates the device range.
-        check("cuMemsetD8_v2", dev, unsafe { sys::cuMemsetD8_v2(dst.0, value, bytes) })?;
+        check("cuMemsetD8_v2", dev, unsafe {
+            sys::cuMemsetD8_v2(dst.0, value, bytes)
+        })?;
         // SAFETY: plain synchronization of the current context.
         check("cuCtxSynchronize", dev, unsafe { sys::cuCtxSynchronize() })
     }
@@ -473,7 +572,14 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn memcpy_dtod_async(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: RawStream) -> Result<()> {
+    fn memcpy_dtod_async(
+        &self,
+        dev: u32,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: device pointers and stream are validated by the driver.
         check("cuMemcpyDtoDAsync_v2", dev, unsafe {
@@ -481,10 +587,19 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn memset_async(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize, stream: RawStream) -> Result<()> {
+    fn memset_async(
+        &self,
+        dev: u32,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: device pointer and stream are validated by the driver.
-        check("cuMemsetD8Async", dev, unsafe { sys::cuMemsetD8Async(dst.0, value, bytes, stream_handle(stream)) })
+        check("cuMemsetD8Async", dev, unsafe {
+            sys::cuMemsetD8Async(dst.0, value, bytes, stream_handle(stream))
+        })
     }
 
     fn stream_create(&self, dev: u32) -> Result<RawStream> {
@@ -492,20 +607,26 @@ impl Backend for CudaBackend {
         let mut s: sys::CUstream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: valid out-pointer; context current.
-        check("cuStreamCreate", dev, unsafe { sys::cuStreamCreate(&mut s, flags) })?;
+        check("cuStreamCreate", dev, unsafe {
+            sys::cuStreamCreate(&mut s, flags)
+        })?;
         Ok(s as usize as RawStream)
     }
 
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the driver validates the handle; queued work still completes.
-        check("cuStreamDestroy_v2", dev, unsafe { sys::cuStreamDestroy_v2(stream_handle(stream)) })
+        check("cuStreamDestroy_v2", dev, unsafe {
+            sys::cuStreamDestroy_v2(stream_handle(stream))
+        })
     }
 
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the driver validates the handle.
-        check("cuStreamSynchronize", dev, unsafe { sys::cuStreamSynchronize(stream_handle(stream)) })
+        check("cuStreamSynchronize", dev, unsafe {
+            sys::cuStreamSynchronize(stream_handle(stream))
+        })
     }
 
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool> {
@@ -531,20 +652,26 @@ impl Backend for CudaBackend {
         let mut e: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: valid out-pointer; context current.
-        check("cuEventCreate", dev, unsafe { sys::cuEventCreate(&mut e, flags) })?;
+        check("cuEventCreate", dev, unsafe {
+            sys::cuEventCreate(&mut e, flags)
+        })?;
         Ok(e as usize as RawEvent)
     }
 
     fn event_destroy(&self, dev: u32, event: RawEvent) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the driver validates the handle.
-        check("cuEventDestroy_v2", dev, unsafe { sys::cuEventDestroy_v2(event_handle(event)) })
+        check("cuEventDestroy_v2", dev, unsafe {
+            sys::cuEventDestroy_v2(event_handle(event))
+        })
     }
 
     fn event_record(&self, dev: u32, event: RawEvent, stream: RawStream) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the driver validates both handles.
-        check("cuEventRecord", dev, unsafe { sys::cuEventRecord(event_handle(event), stream_handle(stream)) })
+        check("cuEventRecord", dev, unsafe {
+            sys::cuEventRecord(event_handle(event), stream_handle(stream))
+        })
     }
 
     fn event_query(&self, dev: u32, event: RawEvent) -> Result<bool> {
@@ -560,7 +687,9 @@ impl Backend for CudaBackend {
     fn event_synchronize(&self, dev: u32, event: RawEvent) -> Result<()> {
         self.bind(dev)?;
         // SAFETY: the driver validates the handle.
-        check("cuEventSynchronize", dev, unsafe { sys::cuEventSynchronize(event_handle(event)) })
+        check("cuEventSynchronize", dev, unsafe {
+            sys::cuEventSynchronize(event_handle(event))
+        })
     }
 
     fn device_synchronize(&self, dev: u32) -> Result<()> {

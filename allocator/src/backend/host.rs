@@ -85,7 +85,7 @@ impl fmt::Debug for HostBlock {
 
 fn empty(alignment: usize) -> HostBlock {
     HostBlock {
-        // SAFETY-free: an aligned dangling pointer is valid for zero-length slices.
+        // An aligned, dangling pointer is valid for zero-length slices.
         ptr: NonNull::new(alignment as *mut u8).unwrap_or(NonNull::dangling()),
         len: 0,
         origin: Origin::Empty,
@@ -95,7 +95,11 @@ fn empty(alignment: usize) -> HostBlock {
 /// Allocates `bytes` of zeroed pageable memory aligned to `alignment` (a power of two).
 pub fn alloc_pageable(bytes: usize, alignment: usize) -> Result<HostBlock> {
     let layout = Layout::from_size_align(bytes, alignment.max(1)).map_err(|_| {
-        Error::invalid_argument("alignment", alignment, "a power of two, with size + alignment below isize::MAX")
+        Error::invalid_argument(
+            "alignment",
+            alignment,
+            "a power of two, with size + alignment below isize::MAX",
+        )
     })?;
     if bytes == 0 {
         return Ok(empty(layout.align()));
@@ -106,7 +110,11 @@ pub fn alloc_pageable(bytes: usize, alignment: usize) -> Result<HostBlock> {
         requested: bytes,
         resource: "NewDeleteResource",
     })?;
-    Ok(HostBlock { ptr, len: bytes, origin: Origin::Pageable(layout) })
+    Ok(HostBlock {
+        ptr,
+        len: bytes,
+        origin: Origin::Pageable(layout),
+    })
 }
 
 /// Allocates `bytes` of page-locked memory from `backend` (page-aligned).
@@ -115,25 +123,31 @@ pub fn alloc_pinned(backend: &'static dyn Backend, bytes: usize) -> Result<HostB
         return Ok(empty(4096));
     }
     let p = backend.malloc_host(bytes).map_err(|e| match e {
-        Error::Driver { ref name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY" => Error::HostOutOfMemory {
-            requested: bytes,
-            resource: "PinnedHostMemoryResource",
-        },
+        Error::Driver { ref name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY" => {
+            Error::HostOutOfMemory {
+                requested: bytes,
+                resource: "PinnedHostMemoryResource",
+            }
+        }
         other => other,
     })?;
     let ptr = NonNull::new(p).ok_or(Error::HostOutOfMemory {
         requested: bytes,
         resource: "PinnedHostMemoryResource",
     })?;
-    Ok(HostBlock { ptr, len: bytes, origin: Origin::Pinned(backend) })
+    Ok(HostBlock {
+        ptr,
+        len: bytes,
+        origin: Origin::Pinned(backend),
+    })
 }
 
 /// Frees `block` with the deallocator that made it.
 pub fn free(block: HostBlock) -> Result<()> {
     match block.origin {
         Origin::Empty => Ok(()),
-        // SAFETY: the block was allocated with exactly this layout and is consumed here.
         Origin::Pageable(layout) => {
+            // SAFETY: the block was allocated with exactly this layout and is consumed here.
             unsafe { std::alloc::dealloc(block.ptr.as_ptr(), layout) };
             Ok(())
         }

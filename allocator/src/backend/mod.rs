@@ -331,7 +331,9 @@ pub fn global() -> Result<&'static dyn Backend> {
 
 /// Installs `backend` as the process-wide backend. Returns the backend already installed
 /// (as an error) if one was chosen before.
-pub fn install_global(backend: &'static dyn Backend) -> std::result::Result<(), &'static dyn Backend> {
+pub fn install_global(
+    backend: &'static dyn Backend,
+) -> std::result::Result<(), &'static dyn Backend> {
     let mut installed = false;
     let current = GLOBAL.get_or_init(|| {
         installed = true;

@@ -33,14 +33,24 @@ impl CudaAsyncMemoryResource {
             return Err(Error::Unsupported {
                 what: "stream-ordered allocation (cuMemAllocAsync)",
                 backend: device.backend().kind().name(),
-                hint: format!("{device} has no memory pool support; use CudaMemoryResource or a pool"),
+                hint: format!(
+                    "{device} has no memory pool support; use CudaMemoryResource or a pool"
+                ),
             });
         }
         let pool = device
             .backend()
             .mem_pool_create(device.ordinal(), release_threshold)?;
-        tracing::debug!(device = device.ordinal(), release_threshold, "created CUDA async memory pool");
-        Ok(CudaAsyncMemoryResource { device, pool, release_threshold })
+        tracing::debug!(
+            device = device.ordinal(),
+            release_threshold,
+            "created CUDA async memory pool"
+        );
+        Ok(CudaAsyncMemoryResource {
+            device,
+            pool,
+            release_threshold,
+        })
     }
 
     /// The configured release threshold in bytes.
@@ -57,7 +67,11 @@ impl CudaAsyncMemoryResource {
 
     /// Waits for the device, then gives every cached, unused byte back to the driver.
     pub fn release(&self) -> Result<()> {
-        let _span = tracing::debug_span!("CudaAsyncMemoryResource::release", device = self.device.ordinal()).entered();
+        let _span = tracing::debug_span!(
+            "CudaAsyncMemoryResource::release",
+            device = self.device.ordinal()
+        )
+        .entered();
         self.device.synchronize()?;
         self.device
             .backend()
@@ -105,8 +119,15 @@ impl DeviceMemoryResource for CudaAsyncMemoryResource {
 impl Drop for CudaAsyncMemoryResource {
     fn drop(&mut self) {
         // The driver frees the pool once its outstanding allocations are freed.
-        if let Err(e) = self.device.backend().mem_pool_destroy(self.device.ordinal(), self.pool) {
-            tracing::error!("destroying the CUDA async memory pool of {}: {e}", self.device);
+        if let Err(e) = self
+            .device
+            .backend()
+            .mem_pool_destroy(self.device.ordinal(), self.pool)
+        {
+            tracing::error!(
+                "destroying the CUDA async memory pool of {}: {e}",
+                self.device
+            );
         }
     }
 }

@@ -49,7 +49,10 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// True when memory allocated by `self` can be deallocated by `other` and vice versa.
     /// By default only the same object is equal to itself.
     fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        std::ptr::addr_eq(self as *const Self, other as *const dyn DeviceMemoryResource)
+        std::ptr::addr_eq(
+            self as *const Self,
+            other as *const dyn DeviceMemoryResource,
+        )
     }
 
     /// Free and total memory as this resource sees it (by default, the device's).
@@ -96,9 +99,20 @@ impl<T: DeviceMemoryResource + ?Sized> DeviceMemoryResource for Arc<T> {
 }
 
 /// Builds the out-of-memory error for `resource` on `device`, with the device's free memory.
-pub fn out_of_memory(device: Device, requested: usize, resource: &'static str, pool: Option<PoolUsage>) -> Error {
+pub fn out_of_memory(
+    device: Device,
+    requested: usize,
+    resource: &'static str,
+    pool: Option<PoolUsage>,
+) -> Error {
     let info = device.mem_info().unwrap_or(MemInfo { free: 0, total: 0 });
-    tracing::debug!(device = device.ordinal(), requested, resource, free = info.free, "out of memory");
+    tracing::debug!(
+        device = device.ordinal(),
+        requested,
+        resource,
+        free = info.free,
+        "out of memory"
+    );
     Error::OutOfMemory {
         requested,
         device: device.ordinal(),

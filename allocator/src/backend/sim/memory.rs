@@ -22,8 +22,12 @@ const UNBACKED_BASE: u64 = 1 << 46;
 /// writes into released host memory.
 #[derive(Debug)]
 pub(crate) struct Backing {
+    /// The start of the block, aligned as asked.
     ptr: *mut u8,
+    /// What was allocated: `len + align` bytes at the allocator's minimum alignment.
+    base: *mut u8,
     layout: Layout,
+    len: usize,
 }
 
 // SAFETY: `Backing` owns a plain heap block; access to its bytes goes through raw pointers whose
@@ -33,13 +37,29 @@ unsafe impl Send for Backing {}
 unsafe impl Sync for Backing {}
 
 impl Backing {
-    /// Allocates `bytes` (> 0) of zeroed host memory aligned to `align`. Large blocks come
-    /// from `calloc`'s fresh mappings, so untouched pages use no memory.
+    /// Allocates `bytes` (> 0) of zeroed host memory aligned to `align` (a power of two).
+    ///
+    /// The block is over-allocated at the allocator's minimum alignment and aligned by hand:
+    /// that keeps large blocks on `calloc`'s fresh, lazily zeroed mappings (an aligned
+    /// `alloc_zeroed` would write every byte), so a 1 GiB simulated allocation costs nothing
+    /// until it is touched.
     pub(crate) fn new(bytes: usize, align: usize) -> Option<Backing> {
-        let layout = Layout::from_size_align(bytes.max(1), align).ok()?;
+        let len = bytes.max(1);
+        let layout = Layout::from_size_align(len.checked_add(align)?, 16).ok()?;
         // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        (!ptr.is_null()).then_some(Backing { ptr, layout })
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        if base.is_null() {
+            return None;
+        }
+        let offset = base.align_offset(align);
+        // SAFETY: `offset < align`, so the aligned start plus `len` stays inside the block.
+        let ptr = unsafe { base.add(offset) };
+        Some(Backing {
+            ptr,
+            base,
+            layout,
+            len,
+        })
     }
 
     pub(crate) fn addr(&self) -> u64 {
@@ -51,14 +71,14 @@ impl Backing {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.layout.size()
+        self.len
     }
 }
 
 impl Drop for Backing {
     fn drop(&mut self) {
-        // SAFETY: `ptr` was allocated with `layout` in `Backing::new` and is freed only here.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+        // SAFETY: `base` was allocated with `layout` in `Backing::new` and is freed only here.
+        unsafe { std::alloc::dealloc(self.base, self.layout) }
     }
 }
 
@@ -167,7 +187,12 @@ impl AllocationTable {
     }
 
     /// Checks that `[ptr, ptr + len)` lies inside one live allocation.
-    pub(crate) fn resolve(&self, ptr: DevicePtr, len: usize, what: &'static str) -> Result<Resolved> {
+    pub(crate) fn resolve(
+        &self,
+        ptr: DevicePtr,
+        len: usize,
+        what: &'static str,
+    ) -> Result<Resolved> {
         let addr = ptr.addr();
         let found = self
             .live

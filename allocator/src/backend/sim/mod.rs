@@ -21,10 +21,14 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
-use self::memory::{AllocKind, Allocation, AllocationTable, Backing, DEVICE_ALIGNMENT, HOST_ALIGNMENT};
-use self::stream::{SimEvent, SimStream};
+use self::memory::{
+    AllocKind, Allocation, AllocationTable, Backing, DEVICE_ALIGNMENT, HOST_ALIGNMENT,
+};
 pub use self::stream::StreamGate;
-use super::{Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawStream};
+use self::stream::{SimEvent, SimStream};
+use super::{
+    Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawStream,
+};
 use crate::error::{Error, Result, fmt_bytes};
 
 /// Whether simulated device memory holds data.
@@ -101,7 +105,9 @@ impl SimConfig {
 /// Parses `123`, `80GiB`, `512 MB`, `1.5GB` into bytes.
 fn parse_capacity(text: &str) -> Option<usize> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let value: f64 = num.parse().ok()?;
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
@@ -117,7 +123,7 @@ fn parse_capacity(text: &str) -> Option<usize> {
         _ => return None,
     };
     let bytes = value * scale;
-    (bytes >= 1.0 && bytes < 1e18).then_some(bytes as usize)
+    (1.0..1e18).contains(&bytes).then_some(bytes as usize)
 }
 
 /// Faults to inject on one device.
@@ -332,30 +338,56 @@ impl SimBackend {
             device: dev,
             name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
             code: 2,
-            description: format!("out of memory (simulated: {} requested, {reason})", fmt_bytes(bytes)),
+            description: format!(
+                "out of memory (simulated: {} requested, {reason})",
+                fmt_bytes(bytes)
+            ),
         }
     }
 
-    fn allocate(&self, dev: u32, bytes: usize, kind: AllocKind, call: &'static str) -> Result<DevicePtr> {
+    fn allocate(
+        &self,
+        dev: u32,
+        bytes: usize,
+        kind: AllocKind,
+        call: &'static str,
+    ) -> Result<DevicePtr> {
         let d = self.device(dev)?;
         if bytes == 0 {
-            return Err(Error::invalid_argument("bytes", 0, "a size of at least one byte"));
+            return Err(Error::invalid_argument(
+                "bytes",
+                0,
+                "a size of at least one byte",
+            ));
         }
         let n = d.faults.allocs.fetch_add(1, Ordering::SeqCst) + 1;
         if d.faults.fail_alloc_at.load(Ordering::SeqCst) == n {
-            return Err(Self::oom(dev, call, bytes, "injected failure of this allocation"));
+            return Err(Self::oom(
+                dev,
+                call,
+                bytes,
+                "injected failure of this allocation",
+            ));
         }
         if bytes > d.faults.fail_alloc_above.load(Ordering::SeqCst) {
             return Err(Self::oom(dev, call, bytes, "injected failure above a size"));
         }
         let len = bytes.next_multiple_of(DEVICE_ALIGNMENT);
         // Reserve capacity first so concurrent allocations cannot overshoot it.
-        let reserved = d.used.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
-            used.checked_add(len).filter(|&u| u <= self.config.capacity)
-        });
+        let reserved = d
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(len).filter(|&u| u <= self.config.capacity)
+            });
         if reserved.is_err() {
-            let free = self.config.capacity - d.used.load(Ordering::SeqCst).min(self.config.capacity);
-            return Err(Self::oom(dev, call, bytes, &format!("{} free", fmt_bytes(free))));
+            let free =
+                self.config.capacity - d.used.load(Ordering::SeqCst).min(self.config.capacity);
+            return Err(Self::oom(
+                dev,
+                call,
+                bytes,
+                &format!("{} free", fmt_bytes(free)),
+            ));
         }
         let result = match self.config.mode {
             SimMemoryMode::Backed => match Backing::new(len, DEVICE_ALIGNMENT) {
@@ -363,7 +395,12 @@ impl SimBackend {
                     let addr = b.addr();
                     self.table.lock().insert(
                         addr,
-                        Allocation { device: dev, len, kind, backing: Some(Arc::new(b)) },
+                        Allocation {
+                            device: dev,
+                            len,
+                            kind,
+                            backing: Some(Arc::new(b)),
+                        },
                     );
                     Some(addr)
                 }
@@ -372,7 +409,15 @@ impl SimBackend {
             SimMemoryMode::Unbacked => {
                 let mut table = self.table.lock();
                 table.reserve_unbacked(dev, len).inspect(|&addr| {
-                    table.insert(addr, Allocation { device: dev, len, kind, backing: None });
+                    table.insert(
+                        addr,
+                        Allocation {
+                            device: dev,
+                            len,
+                            kind,
+                            backing: None,
+                        },
+                    );
                 })
             }
         };
@@ -388,11 +433,15 @@ impl SimBackend {
     fn release(&self, dev: u32, ptr: DevicePtr, expect_pool: bool) -> Result<()> {
         let d = self.device(dev)?;
         let mut table = self.table.lock();
-        let ok = table
-            .get(ptr.addr())
-            .is_some_and(|a| a.device == dev && matches!(a.kind, AllocKind::Pool(_)) == expect_pool);
+        let ok = table.get(ptr.addr()).is_some_and(|a| {
+            a.device == dev && matches!(a.kind, AllocKind::Pool(_)) == expect_pool
+        });
         if !ok {
-            return Err(Error::InvalidPointer { ptr: ptr.addr(), bytes: 0, resource: "the simulated device" });
+            return Err(Error::InvalidPointer {
+                ptr: ptr.addr(),
+                bytes: 0,
+                resource: "the simulated device",
+            });
         }
         if let Some(a) = table.remove(ptr.addr()) {
             d.used.fetch_sub(a.len, Ordering::SeqCst);
@@ -409,7 +458,10 @@ impl SimBackend {
         let f = &self.device(dev)?.faults;
         let n = f.copies.fetch_add(1, Ordering::SeqCst) + 1;
         if f.fail_copy_at.load(Ordering::SeqCst) == n {
-            return Err(Error::InjectedFault { what: "copy", device: dev });
+            return Err(Error::InjectedFault {
+                what: "copy",
+                device: dev,
+            });
         }
         Ok(())
     }
@@ -498,7 +550,13 @@ impl Backend for SimBackend {
     fn mem_pool_create(&self, dev: u32, _release_threshold: u64) -> Result<RawMemPool> {
         self.device(dev)?;
         let h = self.handle();
-        self.pools.write().insert(h, Arc::new(SimPool { device: dev, reserved: AtomicU64::new(0) }));
+        self.pools.write().insert(
+            h,
+            Arc::new(SimPool {
+                device: dev,
+                reserved: AtomicU64::new(0),
+            }),
+        );
         Ok(h)
     }
 
@@ -509,7 +567,11 @@ impl Backend for SimBackend {
                 pools.remove(&pool);
                 Ok(())
             }
-            _ => Err(Error::invalid_argument("memory pool", format!("{pool:#x}"), "a live pool of this device")),
+            _ => Err(Error::invalid_argument(
+                "memory pool",
+                format!("{pool:#x}"),
+                "a live pool of this device",
+            )),
         }
     }
 
@@ -521,20 +583,37 @@ impl Backend for SimBackend {
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64> {
         match self.pools.read().get(&pool) {
             Some(p) if p.device == dev => Ok(p.reserved.load(Ordering::SeqCst)),
-            _ => Err(Error::invalid_argument("memory pool", format!("{pool:#x}"), "a live pool of this device")),
+            _ => Err(Error::invalid_argument(
+                "memory pool",
+                format!("{pool:#x}"),
+                "a live pool of this device",
+            )),
         }
     }
 
-    fn malloc_async(&self, dev: u32, pool: RawMemPool, bytes: usize, stream: RawStream) -> Result<DevicePtr> {
+    fn malloc_async(
+        &self,
+        dev: u32,
+        pool: RawMemPool,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<DevicePtr> {
         self.stream(dev, stream)?;
         let p = match self.pools.read().get(&pool) {
             Some(p) if p.device == dev => Arc::clone(p),
             _ => {
-                return Err(Error::invalid_argument("memory pool", format!("{pool:#x}"), "a live pool of this device"));
+                return Err(Error::invalid_argument(
+                    "memory pool",
+                    format!("{pool:#x}"),
+                    "a live pool of this device",
+                ));
             }
         };
         let ptr = self.allocate(dev, bytes, AllocKind::Pool(pool), "cuMemAllocFromPoolAsync")?;
-        p.reserved.fetch_add(bytes.next_multiple_of(DEVICE_ALIGNMENT) as u64, Ordering::SeqCst);
+        p.reserved.fetch_add(
+            bytes.next_multiple_of(DEVICE_ALIGNMENT) as u64,
+            Ordering::SeqCst,
+        );
         Ok(ptr)
     }
 
@@ -567,7 +646,11 @@ impl Backend for SimBackend {
 
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {
         if bytes == 0 {
-            return Err(Error::invalid_argument("bytes", 0, "a size of at least one byte"));
+            return Err(Error::invalid_argument(
+                "bytes",
+                0,
+                "a size of at least one byte",
+            ));
         }
         let b = Backing::new(bytes, HOST_ALIGNMENT).ok_or(Error::HostOutOfMemory {
             requested: bytes,
@@ -585,7 +668,11 @@ impl Backend for SimBackend {
                 host.remove(&(ptr as u64));
                 Ok(())
             }
-            _ => Err(Error::InvalidPointer { ptr: ptr as u64, bytes: 0, resource: "simulated cuMemFreeHost" }),
+            _ => Err(Error::InvalidPointer {
+                ptr: ptr as u64,
+                bytes: 0,
+                resource: "simulated cuMemFreeHost",
+            }),
         }
     }
 
@@ -616,13 +703,20 @@ impl Backend for SimBackend {
                 host.remove(&(ptr as u64));
                 Ok(())
             }
-            _ => Err(Error::InvalidPointer { ptr: ptr as u64, bytes: 0, resource: "simulated cuMemHostUnregister" }),
+            _ => Err(Error::InvalidPointer {
+                ptr: ptr as u64,
+                bytes: 0,
+                resource: "simulated cuMemHostUnregister",
+            }),
         }
     }
 
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.count_copy(dev)?;
-        let d = self.table.lock().resolve(dst, src.len(), "simulated cuMemcpyHtoD")?;
+        let d = self
+            .table
+            .lock()
+            .resolve(dst, src.len(), "simulated cuMemcpyHtoD")?;
         // SAFETY: `d` was validated for `src.len()` bytes and its backing is kept alive by `d`.
         unsafe { move_bytes(d.host_ptr(), Some(src.as_ptr()), src.len()) };
         Ok(())
@@ -630,7 +724,10 @@ impl Backend for SimBackend {
 
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         self.count_copy(dev)?;
-        let s = self.table.lock().resolve(src, dst.len(), "simulated cuMemcpyDtoH")?;
+        let s = self
+            .table
+            .lock()
+            .resolve(src, dst.len(), "simulated cuMemcpyDtoH")?;
         let src_ptr = s.host_ptr().map(|p| p as *const u8);
         // SAFETY: `s` was validated for `dst.len()` bytes; `dst` is an exclusive slice.
         unsafe { move_bytes(Some(dst.as_mut_ptr()), src_ptr, dst.len()) };
@@ -641,7 +738,10 @@ impl Backend for SimBackend {
         self.count_copy(dev)?;
         let (d, s) = {
             let t = self.table.lock();
-            (t.resolve(dst, bytes, "simulated cuMemcpyDtoD")?, t.resolve(src, bytes, "simulated cuMemcpyDtoD")?)
+            (
+                t.resolve(dst, bytes, "simulated cuMemcpyDtoD")?,
+                t.resolve(src, bytes, "simulated cuMemcpyDtoD")?,
+            )
         };
         // SAFETY: both ranges were validated for `bytes` and their backings are alive.
         unsafe { move_bytes(d.host_ptr(), s.host_ptr().map(|p| p as *const u8), bytes) };
@@ -650,7 +750,10 @@ impl Backend for SimBackend {
 
     fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         self.count_copy(dev)?;
-        let d = self.table.lock().resolve(dst, bytes, "simulated cuMemsetD8")?;
+        let d = self
+            .table
+            .lock()
+            .resolve(dst, bytes, "simulated cuMemsetD8")?;
         if let Some(p) = d.host_ptr() {
             // SAFETY: validated for `bytes`.
             unsafe { std::ptr::write_bytes(p, value, bytes) };
@@ -668,7 +771,10 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let s = self.stream(dev, stream)?;
         self.count_copy(dev)?;
-        let d = self.table.lock().resolve(dst, bytes, "simulated cuMemcpyHtoDAsync")?;
+        let d = self
+            .table
+            .lock()
+            .resolve(dst, bytes, "simulated cuMemcpyHtoDAsync")?;
         let src = src as usize;
         s.submit(move || {
             // SAFETY: the caller keeps `src` valid until the stream runs this job; `d` keeps
@@ -688,12 +794,21 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let s = self.stream(dev, stream)?;
         self.count_copy(dev)?;
-        let r = self.table.lock().resolve(src, bytes, "simulated cuMemcpyDtoHAsync")?;
+        let r = self
+            .table
+            .lock()
+            .resolve(src, bytes, "simulated cuMemcpyDtoHAsync")?;
         let dst = dst as usize;
         s.submit(move || {
             // SAFETY: the caller keeps `dst` valid and untouched until the stream runs this
             // job; `r` keeps the source's backing alive.
-            unsafe { move_bytes(Some(dst as *mut u8), r.host_ptr().map(|p| p as *const u8), bytes) }
+            unsafe {
+                move_bytes(
+                    Some(dst as *mut u8),
+                    r.host_ptr().map(|p| p as *const u8),
+                    bytes,
+                )
+            }
         });
         Ok(())
     }
@@ -722,10 +837,20 @@ impl Backend for SimBackend {
         Ok(())
     }
 
-    fn memset_async(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize, stream: RawStream) -> Result<()> {
+    fn memset_async(
+        &self,
+        dev: u32,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
         let s = self.stream(dev, stream)?;
         self.count_copy(dev)?;
-        let d = self.table.lock().resolve(dst, bytes, "simulated cuMemsetD8Async")?;
+        let d = self
+            .table
+            .lock()
+            .resolve(dst, bytes, "simulated cuMemsetD8Async")?;
         s.submit(move || {
             if let Some(p) = d.host_ptr() {
                 // SAFETY: validated for `bytes`; `d` keeps the backing alive.
@@ -738,14 +863,19 @@ impl Backend for SimBackend {
     fn stream_create(&self, dev: u32) -> Result<RawStream> {
         self.device(dev)?;
         let h = self.handle();
-        let s = SimStream::spawn(dev, format!("sim-dev{dev}-stream{h:x}")).map_err(|e| spawn_error(dev, e))?;
+        let s = SimStream::spawn(dev, format!("sim-dev{dev}-stream{h:x}"))
+            .map_err(|e| spawn_error(dev, e))?;
         self.streams.write().insert(h, s);
         Ok(h)
     }
 
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()> {
         if stream == 0 {
-            return Err(Error::invalid_argument("stream", 0, "a stream made by stream_create (the default stream cannot be destroyed)"));
+            return Err(Error::invalid_argument(
+                "stream",
+                0,
+                "a stream made by stream_create (the default stream cannot be destroyed)",
+            ));
         }
         let s = self.stream(dev, stream)?;
         self.streams.write().remove(&stream);
@@ -800,8 +930,13 @@ impl Backend for SimBackend {
     }
 
     fn device_synchronize(&self, dev: u32) -> Result<()> {
-        let mut all: Vec<Arc<SimStream>> =
-            self.streams.read().values().filter(|s| s.device == dev).cloned().collect();
+        let mut all: Vec<Arc<SimStream>> = self
+            .streams
+            .read()
+            .values()
+            .filter(|s| s.device == dev)
+            .cloned()
+            .collect();
         all.push(self.stream(dev, 0)?);
         for s in all {
             s.synchronize();

@@ -1,0 +1,31 @@
+//! Helpers shared by the allocator's integration tests.
+#![allow(dead_code)]
+
+use rmm_allocator::Device;
+use rmm_allocator::backend::{self, BackendKind};
+
+/// Device 0 of the process-wide backend (`RMM_BACKEND` picks it: sim in CI, cuda on a GPU).
+pub fn device() -> Device {
+    Device::new(0).expect("device 0 of the process-wide backend")
+}
+
+/// True when the process-wide backend is the simulated device.
+pub fn on_sim() -> bool {
+    backend::global().expect("backend").kind() == BackendKind::Sim
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+pub const GIB: usize = 1 << 30;
+pub const MIB: usize = 1 << 20;

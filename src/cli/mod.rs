@@ -1,0 +1,43 @@
+//! Command-line interface of `rmm`.
+
+mod info;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// rmm-rs: a memory runtime for multi-GPU worker processes.
+#[derive(Debug, Parser)]
+#[command(name = "rmm", version, about)]
+pub struct Cli {
+    /// Log filter (tracing `EnvFilter` syntax); `RMM_LOG` is read when this is absent.
+    #[arg(long, global = true)]
+    pub log: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show the backend, every device with its memory, and the effective configuration.
+    Info,
+}
+
+/// Installs the `tracing` subscriber that prints to standard error.
+pub fn init_logging(cli: &Cli) {
+    let filter = cli
+        .log
+        .clone()
+        .or_else(|| std::env::var("RMM_LOG").ok())
+        .unwrap_or_else(|| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("warn")))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs the parsed command.
+pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    match cli.command {
+        Command::Info => info::run(),
+    }
+}
