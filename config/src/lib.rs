@@ -1,1 +1,146 @@
-//! rmm-rs configuration (in progress).
+//! rmm-rs configuration: `rmm.toml`, environment overrides, overrides in code, validation.
+//!
+//! ```no_run
+//! use rmm_config::{ConfigLoader, DeviceFacts, render};
+//!
+//! // Defaults, then RMM_CONFIG or ./rmm.toml, then RMM_* variables, then code.
+//! let config = ConfigLoader::new().set("pool.enabled", true).load()?;
+//! print!("{}", render(&config.effective_values()));    // `rmm info`
+//!
+//! let facts = [DeviceFacts {
+//!     ordinal: 0,
+//!     uuid: "GPU-0".into(),
+//!     total_memory: 80 << 30,
+//!     free_memory: 79 << 30,
+//! }];
+//! let resolved = config.resolve(&facts)?; // bytes per selected device
+//! # Ok::<(), rmm_config::Error>(())
+//! ```
+//!
+//! # Layers
+//!
+//! Later layers win key by key ([`ConfigLoader`]): built-in defaults; the file named in code,
+//! else by `RMM_CONFIG` (an error if missing), else `./rmm.toml` (skipped if missing); the
+//! environment; overrides in code. [`Config::effective_values`] tells, for every key, which
+//! layer its value came from ([`Source`]).
+//!
+//! # Keys and environment variables
+//!
+//! A key `section.name` is set by `RMM_SECTION__NAME` (double underscore between parts).
+//! Environment text is read as TOML would read the value, plus: booleans also as `1`/`0`,
+//! `yes`/`no`, `on`/`off`; `devices` as a comma-separated list (`0,1` or `GPU-…`).
+//!
+//! | key | environment | default | accepts |
+//! |---|---|---|---|
+//! | `backend` | `RMM_BACKEND` | `"auto"` | `"auto"`, `"cuda"`, `"sim"` |
+//! | `devices` | `RMM_DEVICES` | `[0]` | `"all"`, ordinals, UUIDs (`"GPU-…"`, `"MIG-…"`) |
+//! | `workers_per_device` | `RMM_WORKERS_PER_DEVICE` | `1` | integer ≥ 1 |
+//! | `pool.enabled` | `RMM_POOL__ENABLED` | `false` | bool |
+//! | `pool.managed` | `RMM_POOL__MANAGED` | `false` | bool |
+//! | `pool.async` | `RMM_POOL__ASYNC` | `false` | bool |
+//! | `pool.initial_size` | `RMM_POOL__INITIAL_SIZE` | `"auto"` (half the free memory) | size or `"auto"` |
+//! | `pool.maximum_size` | `RMM_POOL__MAXIMUM_SIZE` | `"none"` | size or `"none"` |
+//! | `pool.release_threshold` | `RMM_POOL__RELEASE_THRESHOLD` | `"none"` | size or `"none"` |
+//! | `logging.enabled` | `RMM_LOGGING__ENABLED` | `false` | bool |
+//! | `logging.directory` | `RMM_LOGGING__DIRECTORY` | `"."` | path |
+//! | `logging.level` | `RMM_LOGGING__LEVEL` | `"info"` | `trace` … `error`, `off` |
+//! | `limits.device_memory_limit` | `RMM_LIMITS__DEVICE_MEMORY_LIMIT` | `"none"` | size or `"none"` |
+//! | `spill.enabled` | `RMM_SPILL__ENABLED` | `false` | bool |
+//! | `spill.device_memory_limit` | `RMM_SPILL__DEVICE_MEMORY_LIMIT` | `"80%"` | size |
+//! | `spill.host_pool_size` | `RMM_SPILL__HOST_POOL_SIZE` | `"none"` | size or `"none"` |
+//! | `spill.on_demand` | `RMM_SPILL__ON_DEMAND` | `true` | bool |
+//! | `spill.eager_unspill` | `RMM_SPILL__EAGER_UNSPILL` | `false` | bool |
+//! | `spill.disk_directory` | `RMM_SPILL__DISK_DIRECTORY` | `"none"` | path or `"none"` |
+//! | `stats.enabled` | `RMM_STATS__ENABLED` | `false` | bool |
+//! | `tracking.enabled` | `RMM_TRACKING__ENABLED` | `false` | bool |
+//! | `tracking.backtraces` | `RMM_TRACKING__BACKTRACES` | `false` | bool |
+//! | `device.N.<size key>` | `RMM_DEVICE__N__POOL__INITIAL_SIZE`, … | (global value) | as the key |
+//!
+//! A `[device.N]` table overrides, for device N only, the size keys: `pool.initial_size`,
+//! `pool.maximum_size`, `pool.release_threshold`, `limits.device_memory_limit`,
+//! `spill.device_memory_limit`, `spill.host_pool_size`.
+//!
+//! Not keys, and left alone ([`ENV_NOT_KEYS`]): `RMM_CONFIG` (the file), `RMM_SIM_*` (the
+//! simulated device, read by `rmm-allocator`), `RMM_LOG` (the CLI's log filter),
+//! `RMM_BENCH_*` (benchmarks). Any other `RMM_*` variable is an error, with a suggestion when
+//! it looks like a misspelt key.
+//!
+//! # Sizes
+//!
+//! See [`Size`]: bytes, `"2GiB"`, `"512MB"`, `"1.5 GB"`, or a fraction of the device's total
+//! memory (`"50%"`, `0.5`). Resolved sizes are rounded **down** to a multiple of 256 bytes.
+//!
+//! # Errors
+//!
+//! One [`Error`] type. Loading reports every bad key and value together, each naming its
+//! file or variable, key, value and the accepted forms, e.g.
+//! `rmm.toml: pool.initial_size = "2GB0": expected bytes, "2GiB", "50%" or "auto"` or
+//! `rmm.toml: unknown key pool.intial_size; did you mean pool.initial_size?`.
+
+mod config;
+mod error;
+mod loader;
+mod resolve;
+mod schema;
+mod size;
+mod types;
+
+pub use config::{EffectiveValue, render};
+pub use error::{Error, Result, Setting, Source};
+pub use loader::{CONFIG_PATH_VAR, ConfigLoader, DEFAULT_FILE};
+pub use resolve::{DeviceFacts, ResolvedConfig, ResolvedDevice, ResolvedPool, ResolvedSpill};
+pub use schema::{ENV_NOT_KEYS, ENV_PREFIX, env_var_name, keys, per_device_keys};
+pub use size::{ALIGNMENT, ParseSizeError, Size, align_down};
+pub use types::{
+    Backend, Config, DeviceOverride, DeviceSelector, Devices, LimitsConfig, LimitsOverride,
+    LogLevel, LoggingConfig, PoolConfig, PoolOverride, SpillConfig, SpillOverride, StatsConfig,
+    TrackingConfig,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// `schema::KEYS` and the `Config` struct name the same keys.
+    #[test]
+    fn schema_matches_the_struct() {
+        let value = toml::Value::try_from(Config::default()).expect("defaults serialize");
+        let mut flat = BTreeMap::new();
+        loader::flatten(&value, "", &mut flat);
+        let from_struct: Vec<&str> = flat.keys().map(String::as_str).collect();
+        let mut from_schema: Vec<&str> = keys().collect();
+        from_schema.sort_unstable();
+        assert_eq!(from_struct, from_schema);
+    }
+
+    /// Every key has a display value, and it is the serialized value (strings unquoted).
+    #[test]
+    fn effective_values_cover_every_key() {
+        let value = toml::Value::try_from(Config::default()).expect("defaults serialize");
+        let mut flat = BTreeMap::new();
+        loader::flatten(&value, "", &mut flat);
+        let rows = Config::default().effective_values();
+        assert_eq!(rows.len(), keys().count());
+        for row in rows {
+            let serialized = &flat[&row.key];
+            let want = match serialized {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Float(f) => Size::Fraction(*f).to_string(),
+                other => other.to_string(),
+            };
+            assert_eq!(row.value, want, "{}", row.key);
+            assert_eq!(row.source, Source::Default);
+        }
+    }
+
+    /// The key table in the crate docs lists every key and its variable.
+    #[test]
+    fn docs_list_every_environment_variable() {
+        let docs = include_str!("lib.rs");
+        for key in keys() {
+            let line = format!("| `{key}` | `{}` |", env_var_name(key));
+            assert!(docs.contains(&line), "missing doc row: {line}");
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! Layering: built-in defaults, then the file, then the environment, then code overrides.
+//!
+//! Each layer is checked key by key against the schema (so that an error can name its file or
+//! variable, key and value), merged into one flat `key → value` map, and the map is then
+//! deserialized into [`Config`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result, Source};
+use crate::schema::{self, ENV_PREFIX, KeySpec, Lookup};
+use crate::types::{Config, Provenance};
+
+/// Builds a [`Config`] from layers, later layers winning key by key:
+///
+/// 1. built-in defaults ([`Config::default`]);
+/// 2. a TOML file: the one given to [`file`](Self::file) / [`optional_file`](Self::optional_file)
+///    / [`toml_str`](Self::toml_str), else the path in `RMM_CONFIG` (must exist), else
+///    `./rmm.toml` (skipped when missing);
+/// 3. environment variables `RMM_<SECTION>__<KEY>` (see [`crate::env_var_name`]), from the
+///    process or from [`env_from`](Self::env_from);
+/// 4. overrides in code, in call order: [`set`](Self::set) (a TOML value) and
+///    [`set_str`](Self::set_str) (text, read as an environment value would be).
+///
+/// ```
+/// use rmm_config::ConfigLoader;
+/// let config = ConfigLoader::new()
+///     .no_file()
+///     .env_from([("RMM_POOL__INITIAL_SIZE", "2GiB")])
+///     .set("pool.enabled", true)
+///     .set_str("devices", "0,1")
+///     .load()?;
+/// assert!(config.pool.enabled);
+/// # Ok::<(), rmm_config::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConfigLoader {
+    file: FileChoice,
+    /// `None`: the process environment, read by `load`.
+    env: Option<Vec<(String, String)>>,
+    overrides: Vec<(String, Override)>,
+}
+
+#[derive(Debug, Clone)]
+enum FileChoice {
+    /// `RMM_CONFIG`, else `./rmm.toml` if present.
+    Auto,
+    Required(PathBuf),
+    Optional(PathBuf),
+    Text {
+        name: PathBuf,
+        text: String,
+    },
+    Skip,
+}
+
+#[derive(Debug, Clone)]
+enum Override {
+    Toml(toml::Value),
+    Text(String),
+}
+
+/// The name of the variable that names the configuration file.
+pub const CONFIG_PATH_VAR: &str = "RMM_CONFIG";
+
+/// The file read when neither code nor `RMM_CONFIG` names one.
+pub const DEFAULT_FILE: &str = "rmm.toml";
+
+impl Default for ConfigLoader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ConfigLoader {
+    /// Defaults + (`RMM_CONFIG` or `./rmm.toml`) + the process environment.
+    pub fn new() -> Self {
+        ConfigLoader {
+            file: FileChoice::Auto,
+            env: None,
+            overrides: Vec::new(),
+        }
+    }
+
+    /// Reads this file; an error if it is missing. Takes precedence over `RMM_CONFIG`.
+    pub fn file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.file = FileChoice::Required(path.into());
+        self
+    }
+
+    /// Reads this file if it exists. Takes precedence over `RMM_CONFIG`.
+    pub fn optional_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.file = FileChoice::Optional(path.into());
+        self
+    }
+
+    /// Uses `text` as the file; `name` stands for it in messages and sources.
+    pub fn toml_str(mut self, name: impl Into<PathBuf>, text: impl Into<String>) -> Self {
+        self.file = FileChoice::Text {
+            name: name.into(),
+            text: text.into(),
+        };
+        self
+    }
+
+    /// Reads no file (not even `RMM_CONFIG`).
+    pub fn no_file(mut self) -> Self {
+        self.file = FileChoice::Skip;
+        self
+    }
+
+    /// Uses these variables instead of the process environment (also for `RMM_CONFIG`), so
+    /// that tests never change the process environment. Names without the `RMM_` prefix are
+    /// ignored, as in the process environment.
+    pub fn env_from<I, K, V>(mut self, vars: I) -> Self
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        self.env = Some(
+            vars.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        );
+        self
+    }
+
+    /// Reads no environment variable.
+    pub fn no_env(self) -> Self {
+        self.env_from(std::iter::empty::<(String, String)>())
+    }
+
+    /// Overrides a key (`"pool.enabled"`, `"device.1.pool.initial_size"`) or a whole table
+    /// (`"pool"`) with a TOML value: `true`, `2`, `"2GiB"`, `0.5`, an array or a table.
+    /// Checked, like every layer, by [`load`](Self::load).
+    pub fn set(mut self, key: impl Into<String>, value: impl Into<toml::Value>) -> Self {
+        self.overrides
+            .push((key.into(), Override::Toml(value.into())));
+        self
+    }
+
+    /// Overrides a key with text read as an environment value would be (`"true"`, `"0,1"`,
+    /// `"2GiB"`): for a CLI's `--set key=value`.
+    pub fn set_str(mut self, key: impl Into<String>, text: impl Into<String>) -> Self {
+        self.overrides
+            .push((key.into(), Override::Text(text.into())));
+        self
+    }
+
+    /// Reads and checks every layer. Reports every bad key and value at once
+    /// ([`Error::Several`] when there is more than one), then conflicts between keys.
+    pub fn load(&self) -> Result<Config> {
+        let env = self.env_vars();
+        let mut layers = Layers::default();
+        self.read_file(&env, &mut layers)?;
+        read_env(&env, &mut layers);
+        for (key, value) in &self.overrides {
+            match value {
+                Override::Toml(value) => {
+                    let table = toml::Table::from_iter([(key.clone(), value.clone())]);
+                    layers.walk(&table, "", &Source::Code);
+                }
+                Override::Text(text) => {
+                    layers.text(&schema::canonical_path(key), text, Source::Code);
+                }
+            }
+        }
+        Error::from_list(layers.errors)?;
+        let config = merge(layers.entries)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The `RMM_*` variables, sorted by name so that errors come in a stable order.
+    fn env_vars(&self) -> Vec<(String, String)> {
+        let mut vars: Vec<(String, String)> = match &self.env {
+            Some(vars) => vars.clone(),
+            None => std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.to_string_lossy().into())))
+                .collect(),
+        };
+        vars.retain(|(name, _)| name.starts_with(ENV_PREFIX));
+        vars.sort();
+        vars
+    }
+
+    fn read_file(&self, env: &[(String, String)], layers: &mut Layers) -> Result<()> {
+        let from_env = || {
+            env.iter()
+                .find(|(name, value)| name == CONFIG_PATH_VAR && !value.is_empty())
+                .map(|(_, value)| PathBuf::from(value))
+        };
+        let (path, required, named_by_env) = match &self.file {
+            FileChoice::Skip => return Ok(()),
+            FileChoice::Text { name, text } => return layers.parse(name, text),
+            FileChoice::Required(path) => (path.clone(), true, false),
+            FileChoice::Optional(path) => (path.clone(), false, false),
+            FileChoice::Auto => match from_env() {
+                Some(path) => (path, true, true),
+                None => (PathBuf::from(DEFAULT_FILE), false, false),
+            },
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => layers.parse(&path, &text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && named_by_env => {
+                Err(Error::ConfigFileMissing { path })
+            }
+            Err(source) => Err(Error::ReadFile { path, source }),
+        }
+    }
+}
+
+/// A checked value and where it came from.
+struct Entry {
+    key: String,
+    value: toml::Value,
+    origin: Source,
+}
+
+#[derive(Default)]
+struct Layers {
+    entries: Vec<Entry>,
+    errors: Vec<Error>,
+}
+
+impl Layers {
+    fn parse(&mut self, path: &Path, text: &str) -> Result<()> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| Error::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        self.walk(&table, "", &Source::File(path.to_path_buf()));
+        Ok(())
+    }
+
+    /// Checks a TOML table against the schema, below the dotted `prefix`.
+    fn walk(&mut self, table: &toml::Table, prefix: &str, origin: &Source) {
+        for (name, value) in table {
+            let path = match prefix {
+                "" => schema::canonical_path(name),
+                prefix => schema::canonical_path(&format!("{prefix}.{name}")),
+            };
+            match schema::lookup(&path) {
+                Lookup::Leaf(spec) => {
+                    let shown = value.to_string();
+                    self.check(spec, path, value.clone(), shown, origin.clone(), false);
+                }
+                Lookup::Section => match value.as_table() {
+                    Some(table) => self.walk(table, &path, origin),
+                    None => self.errors.push(Error::InvalidValue {
+                        origin: origin.clone(),
+                        value: value.to_string(),
+                        problem: match path.as_str() {
+                            "device" => "expected tables keyed by ordinal, e.g. [device.1]".into(),
+                            path => format!("expected a table, e.g. [{path}]"),
+                        },
+                        key: path,
+                    }),
+                },
+                Lookup::Unknown => self.errors.push(Error::UnknownKey {
+                    origin: origin.clone(),
+                    suggestions: schema::suggest(&path),
+                    hint: schema::hint(&path),
+                    key: path,
+                }),
+            }
+        }
+    }
+
+    /// A value given as text (environment, [`ConfigLoader::set_str`]).
+    fn text(&mut self, path: &str, text: &str, origin: Source) {
+        match schema::lookup(path) {
+            Lookup::Leaf(spec) => {
+                let value = spec.kind.parse_text(text);
+                self.check(
+                    spec,
+                    path.into(),
+                    value,
+                    format!("\"{text}\""),
+                    origin,
+                    true,
+                );
+            }
+            Lookup::Section | Lookup::Unknown => {
+                let suggestions = match &origin {
+                    Source::Env(name) => schema::suggest_env(name, path).into_iter().collect(),
+                    _ => schema::suggest(path),
+                };
+                self.errors.push(Error::UnknownKey {
+                    origin,
+                    key: path.into(),
+                    suggestions,
+                    hint: schema::hint(path),
+                });
+            }
+        }
+    }
+
+    fn check(
+        &mut self,
+        spec: &KeySpec,
+        key: String,
+        value: toml::Value,
+        shown: String,
+        origin: Source,
+        text: bool,
+    ) {
+        match spec.kind.check(&value, text) {
+            Ok(()) => self.entries.push(Entry { key, value, origin }),
+            Err(problem) => self.errors.push(Error::InvalidValue {
+                origin,
+                key,
+                value: shown,
+                problem,
+            }),
+        }
+    }
+}
+
+fn read_env(env: &[(String, String)], layers: &mut Layers) {
+    for (name, text) in env {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        if schema::env_is_not_a_key(name) {
+            continue;
+        }
+        let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
+        let path = schema::canonical_path(&path.join("."));
+        layers.text(&path, text, Source::Env(name.clone()));
+    }
+}
+
+/// Defaults overlaid with the entries in order, deserialized into a [`Config`].
+fn merge(entries: Vec<Entry>) -> Result<Config> {
+    let defaults = toml::Value::try_from(Config::default())
+        .map_err(|e| Error::Internal(format!("serializing the defaults: {e}")))?;
+    let mut flat = BTreeMap::new();
+    flatten(&defaults, "", &mut flat);
+    let mut sources = BTreeMap::new();
+    for entry in entries {
+        flat.insert(entry.key.clone(), entry.value);
+        sources.insert(entry.key, entry.origin);
+    }
+    let mut root = toml::Table::new();
+    for (key, value) in flat {
+        insert_dotted(&mut root, &key, value)?;
+    }
+    let mut config: Config = toml::Value::Table(root)
+        .try_into()
+        .map_err(|e| Error::Internal(format!("deserializing checked values: {e}")))?;
+    config.sources = Provenance(sources);
+    Ok(config)
+}
+
+pub(crate) fn flatten(value: &toml::Value, prefix: &str, out: &mut BTreeMap<String, toml::Value>) {
+    match value {
+        toml::Value::Table(table) => {
+            for (name, value) in table {
+                let key = match prefix {
+                    "" => name.clone(),
+                    prefix => format!("{prefix}.{name}"),
+                };
+                flatten(value, &key, out);
+            }
+        }
+        leaf => {
+            out.insert(prefix.to_string(), leaf.clone());
+        }
+    }
+}
+
+fn insert_dotted(root: &mut toml::Table, key: &str, value: toml::Value) -> Result<()> {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let leaf = parts.pop().unwrap_or(key);
+    let mut table = root;
+    for part in parts {
+        table = table
+            .entry(part)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .ok_or_else(|| Error::Internal(format!("{key}: {part} is both a value and a table")))?;
+    }
+    table.insert(leaf.to_string(), value);
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! Resolution against the devices present: device selection and concrete byte sizes.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::config::{EffectiveSize, SizeKey};
+use crate::error::{Error, Result, Setting};
+use crate::size::{Size, align_down, human};
+use crate::types::{Backend, Config, DeviceSelector, Devices, LogLevel};
+
+/// What the backend reports about one device; the runtime fills this in (this crate does not
+/// talk to devices).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceFacts {
+    /// The CUDA ordinal.
+    pub ordinal: u32,
+    /// The UUID as `nvidia-smi -L` prints it, e.g. `GPU-8932f937-…`.
+    pub uuid: String,
+    /// Total device memory in bytes.
+    pub total_memory: u64,
+    /// Free device memory in bytes, now.
+    pub free_memory: u64,
+}
+
+/// The configuration with devices chosen and every size in bytes (multiples of 256).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResolvedConfig {
+    /// The backend to open.
+    pub backend: Backend,
+    /// Worker threads per device.
+    pub workers_per_device: u32,
+    /// The selected devices, in the order `devices` lists them (`all`: the facts' order).
+    pub devices: Vec<ResolvedDevice>,
+    /// Level of the allocation log (used where [`ResolvedDevice::log_file`] is set).
+    pub logging_level: LogLevel,
+    /// Collect allocation statistics.
+    pub stats: bool,
+    /// Track live allocations.
+    pub tracking: bool,
+    /// Record a backtrace per tracked allocation (only when `tracking`).
+    pub backtraces: bool,
+}
+
+/// One selected device and its settings in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResolvedDevice {
+    /// The CUDA ordinal.
+    pub ordinal: u32,
+    /// The device UUID.
+    pub uuid: String,
+    /// Total memory in bytes.
+    pub total_memory: u64,
+    /// Free memory in bytes when resolved.
+    pub free_memory: u64,
+    /// The memory resource to build.
+    pub pool: ResolvedPool,
+    /// Hard cap on allocated bytes (`limits.device_memory_limit`).
+    pub memory_limit: Option<u64>,
+    /// Spilling, when enabled.
+    pub spill: Option<ResolvedSpill>,
+    /// The CSV allocation log, when logging is enabled: `<directory>/rmm_log.dev<N>.csv`.
+    pub log_file: Option<PathBuf>,
+}
+
+/// The memory resource for one device.
+///
+/// Upstream memory comes from `cuMemAlloc`, or `cuMemAllocManaged` (`managed`), or
+/// `cuMemAllocAsync` (`use_async`); with `enabled`, a pool suballocates from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResolvedPool {
+    /// Suballocate from a pool.
+    pub enabled: bool,
+    /// Upstream is managed memory.
+    pub managed: bool,
+    /// Upstream is CUDA's stream-ordered allocator.
+    pub use_async: bool,
+    /// With `enabled`: always set (default: half the free memory, capped by the maximum and
+    /// the hard limit). With only `use_async`: the async pool's initial reservation, if set.
+    /// Otherwise `None`.
+    pub initial_size: Option<u64>,
+    /// The most the pool may hold (with `enabled` or `use_async`).
+    pub maximum_size: Option<u64>,
+    /// Bytes the async pool keeps on synchronization (with `use_async` only).
+    pub release_threshold: Option<u64>,
+}
+
+/// Spilling for one device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResolvedSpill {
+    /// Spill when the device holds more than this many bytes.
+    pub threshold: u64,
+    /// Size of the pinned host pool; `None`: pin as needed.
+    pub host_pool_size: Option<u64>,
+    /// Spill and retry on out-of-memory.
+    pub on_demand: bool,
+    /// Unspill as soon as memory allows.
+    pub eager_unspill: bool,
+    /// Where host memory spills to; `None`: no disk tier.
+    pub disk_directory: Option<PathBuf>,
+}
+
+impl Config {
+    /// Chooses the devices and turns every size into bytes for each, checking what needs the
+    /// device facts: devices that are not present, sizes larger than a device, sizes that
+    /// round to zero, an initial pool size above the maximum or the hard limit.
+    ///
+    /// Sizes of features that are off are ignored (e.g. pool sizes with the pool off), so that
+    /// turning a feature off from the environment needs no other change.
+    pub fn resolve(&self, present: &[DeviceFacts]) -> Result<ResolvedConfig> {
+        self.validate()?;
+        let selected = self.select(present)?;
+        let mut errors = Vec::new();
+        for &ordinal in self.device.keys() {
+            if !present.iter().any(|d| d.ordinal == ordinal) {
+                let prefix = format!("device.{ordinal}.");
+                let origin = self
+                    .sources
+                    .0
+                    .iter()
+                    .find(|(key, _)| key.starts_with(&prefix))
+                    .map(|(_, origin)| origin.clone())
+                    .unwrap_or(crate::Source::Code);
+                errors.push(Error::DeviceNotPresent {
+                    key: format!("device.{ordinal}"),
+                    origin,
+                    selector: ordinal.to_string(),
+                    present: list_present(present),
+                    remedy: "remove the table or correct its ordinal",
+                });
+            }
+        }
+        let mut devices = Vec::with_capacity(selected.len());
+        for facts in selected {
+            match self.resolve_device(facts) {
+                Ok(device) => devices.push(device),
+                Err(mut more) => errors.append(&mut more),
+            }
+        }
+        Error::from_list(errors)?;
+        Ok(ResolvedConfig {
+            backend: self.backend,
+            workers_per_device: self.workers_per_device,
+            devices,
+            logging_level: self.logging.level,
+            stats: self.stats.enabled,
+            tracking: self.tracking.enabled,
+            backtraces: self.tracking.enabled && self.tracking.backtraces,
+        })
+    }
+
+    fn select<'a>(&self, present: &'a [DeviceFacts]) -> Result<Vec<&'a DeviceFacts>> {
+        let origin = self.source("devices");
+        let list = match &self.devices {
+            Devices::All if present.is_empty() => return Err(Error::NoDevices { origin }),
+            Devices::All => return Ok(present.iter().collect()),
+            Devices::List(list) => list,
+        };
+        let mut errors = Vec::new();
+        let mut selected: Vec<&DeviceFacts> = Vec::with_capacity(list.len());
+        for selector in list {
+            let found = present.iter().find(|d| match selector {
+                DeviceSelector::Ordinal(n) => d.ordinal == *n,
+                DeviceSelector::Uuid(uuid) => d.uuid.eq_ignore_ascii_case(uuid),
+            });
+            match found {
+                Some(d) if selected.iter().any(|s| s.ordinal == d.ordinal) => {
+                    errors.push(Error::DeviceSelectedTwice {
+                        ordinal: d.ordinal,
+                        origin: origin.clone(),
+                    });
+                }
+                Some(d) => selected.push(d),
+                None => errors.push(Error::DeviceNotPresent {
+                    key: "devices".into(),
+                    origin: origin.clone(),
+                    selector: selector.to_string(),
+                    present: list_present(present),
+                    remedy: "choose from those, or use \"all\"",
+                }),
+            }
+        }
+        Error::from_list(errors)?;
+        Ok(selected)
+    }
+
+    fn resolve_device(&self, facts: &DeviceFacts) -> Result<ResolvedDevice, Vec<Error>> {
+        let mut errors = Vec::new();
+        let ordinal = facts.ordinal;
+        let mut bytes = |key: SizeKey| -> Option<u64> {
+            let effective = self.effective_size(Some(ordinal), key);
+            match self.to_bytes(facts, &effective, key != SizeKey::HostPool) {
+                Ok(n) => n,
+                Err(e) => {
+                    errors.push(e);
+                    None
+                }
+            }
+        };
+        let pool = &self.pool;
+        let pool_in_use = pool.enabled || pool.use_async;
+        let limit = bytes(SizeKey::Limit);
+        let initial = pool_in_use.then(|| bytes(SizeKey::PoolInitial)).flatten();
+        let maximum = pool_in_use.then(|| bytes(SizeKey::PoolMaximum)).flatten();
+        let release = pool
+            .use_async
+            .then(|| bytes(SizeKey::ReleaseThreshold))
+            .flatten();
+        let spill = self.spill.enabled.then(|| ResolvedSpill {
+            // Only `None` after an error, which `errors` holds.
+            threshold: bytes(SizeKey::SpillThreshold).unwrap_or(0),
+            host_pool_size: bytes(SizeKey::HostPool),
+            on_demand: self.spill.on_demand,
+            eager_unspill: self.spill.eager_unspill,
+            disk_directory: self.spill.disk_directory.clone(),
+        });
+
+        if let Some(initial) = initial {
+            let shown = |key: SizeKey, n: u64| Box::new(self.resolved_setting(ordinal, key, n));
+            if let Some(maximum) = maximum.filter(|&m| initial > m) {
+                errors.push(Error::InitialAboveMaximum {
+                    device: Some(ordinal),
+                    initial: shown(SizeKey::PoolInitial, initial),
+                    maximum: shown(SizeKey::PoolMaximum, maximum),
+                });
+            }
+            if let Some(limit) = limit.filter(|&l| initial > l) {
+                errors.push(Error::InitialAboveLimit {
+                    device: ordinal,
+                    initial: shown(SizeKey::PoolInitial, initial),
+                    limit: shown(SizeKey::Limit, limit),
+                });
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        // RMM's default initial pool: half the free memory, here also kept within the
+        // maximum and the hard limit since the user did not ask for more.
+        let initial = match (pool.enabled, initial) {
+            (true, None) => [Some(align_down(facts.free_memory / 2)), maximum, limit]
+                .into_iter()
+                .flatten()
+                .min(),
+            (_, initial) => initial,
+        };
+        Ok(ResolvedDevice {
+            ordinal,
+            uuid: facts.uuid.clone(),
+            total_memory: facts.total_memory,
+            free_memory: facts.free_memory,
+            pool: ResolvedPool {
+                enabled: pool.enabled,
+                managed: pool.managed,
+                use_async: pool.use_async,
+                initial_size: initial,
+                maximum_size: maximum,
+                release_threshold: release,
+            },
+            memory_limit: limit,
+            spill,
+            log_file: self.logging.enabled.then(|| {
+                self.logging
+                    .directory
+                    .join(format!("rmm_log.dev{ordinal}.csv"))
+            }),
+        })
+    }
+
+    /// Bytes for an effective size on `facts`' device; `device_bound`: may not exceed it.
+    fn to_bytes(
+        &self,
+        facts: &DeviceFacts,
+        effective: &EffectiveSize,
+        device_bound: bool,
+    ) -> Result<Option<u64>> {
+        let Some(size) = effective.size else {
+            return Ok(None);
+        };
+        let setting = || Box::new(self.setting(&effective.key, size.to_string()));
+        let wanted = size.unaligned(facts.total_memory);
+        if device_bound && wanted > facts.total_memory {
+            return Err(Error::LargerThanDevice {
+                device: facts.ordinal,
+                setting: setting(),
+                total_memory: facts.total_memory,
+            });
+        }
+        match size.resolve(facts.total_memory) {
+            0 => Err(Error::RoundsToZero {
+                device: facts.ordinal,
+                setting: setting(),
+            }),
+            n => Ok(Some(n)),
+        }
+    }
+
+    /// `key = 50% = 40GiB (source)` for messages about resolved sizes.
+    fn resolved_setting(&self, ordinal: u32, key: SizeKey, bytes: u64) -> Setting {
+        let effective = self.effective_size(Some(ordinal), key);
+        let value = match effective.size {
+            Some(size @ Size::Fraction(_)) => format!("{size} = {}", human(bytes)),
+            Some(size) => size.to_string(),
+            None => human(bytes),
+        };
+        self.setting(&effective.key, value)
+    }
+}
+
+fn list_present(present: &[DeviceFacts]) -> String {
+    if present.is_empty() {
+        return "none".into();
+    }
+    present
+        .iter()
+        .map(|d| format!("{} ({})", d.ordinal, d.uuid))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,373 @@
+//! Every key, its value kind, and the key and value checks that give the error messages.
+
+use crate::size::{ParseSizeError, Size};
+use crate::types::{Backend, Devices, LogLevel, parse_opt_size};
+
+/// The prefix of every environment variable the loader reads.
+pub const ENV_PREFIX: &str = "RMM_";
+
+/// `RMM_*` variables that are not configuration keys and are left alone: the file path, the
+/// simulated device's settings (read by `rmm-allocator`), the CLI's log filter and the
+/// benchmarks' knobs. A crate that reads a new `RMM_*` variable of its own adds it here.
+pub const ENV_NOT_KEYS: &[&str] = &["RMM_CONFIG", "RMM_SIM_*", "RMM_LOG", "RMM_BENCH_*"];
+
+/// The value a key takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Backend,
+    Devices,
+    /// A whole number ≥ 1.
+    Count,
+    Bool,
+    Size,
+    /// A size or the keyword (case-insensitive), which means "not set".
+    OptSize(&'static str),
+    Path,
+    /// A path or `"none"`.
+    OptPath,
+    Level,
+}
+
+/// One key of the configuration.
+#[derive(Debug)]
+pub(crate) struct KeySpec {
+    /// The dotted TOML key, e.g. `pool.initial_size`.
+    pub key: &'static str,
+    pub kind: Kind,
+    /// Whether `[device.N]` tables may override it.
+    pub per_device: bool,
+}
+
+const fn key(key: &'static str, kind: Kind) -> KeySpec {
+    KeySpec {
+        key,
+        kind,
+        per_device: false,
+    }
+}
+
+const fn device_key(key: &'static str, kind: Kind) -> KeySpec {
+    KeySpec {
+        key,
+        kind,
+        per_device: true,
+    }
+}
+
+/// Every key, in the order `rmm info` lists them. A test checks this against `Config`.
+pub(crate) const KEYS: &[KeySpec] = &[
+    key("backend", Kind::Backend),
+    key("devices", Kind::Devices),
+    key("workers_per_device", Kind::Count),
+    key("pool.enabled", Kind::Bool),
+    key("pool.managed", Kind::Bool),
+    key("pool.async", Kind::Bool),
+    device_key("pool.initial_size", Kind::OptSize("auto")),
+    device_key("pool.maximum_size", Kind::OptSize("none")),
+    device_key("pool.release_threshold", Kind::OptSize("none")),
+    key("logging.enabled", Kind::Bool),
+    key("logging.directory", Kind::Path),
+    key("logging.level", Kind::Level),
+    device_key("limits.device_memory_limit", Kind::OptSize("none")),
+    key("spill.enabled", Kind::Bool),
+    device_key("spill.device_memory_limit", Kind::Size),
+    device_key("spill.host_pool_size", Kind::OptSize("none")),
+    key("spill.on_demand", Kind::Bool),
+    key("spill.eager_unspill", Kind::Bool),
+    key("spill.disk_directory", Kind::OptPath),
+    key("stats.enabled", Kind::Bool),
+    key("tracking.enabled", Kind::Bool),
+    key("tracking.backtraces", Kind::Bool),
+];
+
+/// Every configuration key (dotted TOML form), in listing order. Keys marked per-device may
+/// also appear as `device.N.<key>`.
+pub fn keys() -> impl Iterator<Item = &'static str> {
+    KEYS.iter().map(|k| k.key)
+}
+
+/// The keys a `[device.N]` table may set (without the `device.N.` prefix).
+pub fn per_device_keys() -> impl Iterator<Item = &'static str> {
+    KEYS.iter().filter(|k| k.per_device).map(|k| k.key)
+}
+
+/// The environment variable for a dotted key: `pool.initial_size` → `RMM_POOL__INITIAL_SIZE`,
+/// `device.1.pool.initial_size` → `RMM_DEVICE__1__POOL__INITIAL_SIZE`.
+pub fn env_var_name(key: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        key.replace('.', "__").to_ascii_uppercase()
+    )
+}
+
+/// Whether an `RMM_*` variable is one of [`ENV_NOT_KEYS`].
+pub(crate) fn env_is_not_a_key(name: &str) -> bool {
+    ENV_NOT_KEYS
+        .iter()
+        .any(|pattern| match pattern.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == *pattern,
+        })
+}
+
+/// An ordinal written as decimal digits only (so `+1` or `1.0` are not ordinals).
+pub(crate) fn parse_ordinal(text: &str) -> Option<u32> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// What a dotted path names.
+pub(crate) enum Lookup {
+    Leaf(&'static KeySpec),
+    /// A table: `pool`, `device`, `device.1`, `device.1.pool`.
+    Section,
+    Unknown,
+}
+
+pub(crate) fn lookup(path: &str) -> Lookup {
+    if path == "device" {
+        return Lookup::Section;
+    }
+    if let Some(rest) = path.strip_prefix("device.") {
+        let (ordinal, tail) = rest.split_once('.').unwrap_or((rest, ""));
+        return match (parse_ordinal(ordinal), tail) {
+            (None, _) => Lookup::Unknown,
+            (Some(_), "") => Lookup::Section,
+            (Some(_), tail) => lookup_in(tail, true),
+        };
+    }
+    lookup_in(path, false)
+}
+
+fn lookup_in(path: &str, per_device: bool) -> Lookup {
+    let specs = || KEYS.iter().filter(move |k| !per_device || k.per_device);
+    if let Some(spec) = specs().find(|k| k.key == path) {
+        return Lookup::Leaf(spec);
+    }
+    let is_section = specs().any(|k| {
+        k.key
+            .strip_prefix(path)
+            .is_some_and(|rest| rest.starts_with('.'))
+    });
+    if is_section {
+        Lookup::Section
+    } else {
+        Lookup::Unknown
+    }
+}
+
+/// Rewrites `device.01.x` as `device.1.x` so that one device has one spelling.
+pub(crate) fn canonical_path(path: &str) -> String {
+    if let Some(rest) = path.strip_prefix("device.") {
+        let (ordinal, tail) = rest.split_once('.').unwrap_or((rest, ""));
+        if let Some(n) = parse_ordinal(ordinal) {
+            return match tail {
+                "" => format!("device.{n}"),
+                tail => format!("device.{n}.{tail}"),
+            };
+        }
+    }
+    path.to_string()
+}
+
+/// Valid dotted names near `path` (leaves and tables), for "did you mean".
+fn candidates(path: &str) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for spec in KEYS {
+        let mut parts: Vec<&str> = spec.key.split('.').collect();
+        while !parts.is_empty() {
+            names.push(parts.join("."));
+            parts.pop();
+        }
+    }
+    names.push("device".into());
+    // Inside `device.N`, offer that device's keys.
+    if let Some(rest) = path.strip_prefix("device.")
+        && let Some((ordinal, _)) = rest.split_once('.')
+        && let Some(n) = parse_ordinal(ordinal)
+    {
+        names.extend(per_device_keys().map(|k| format!("device.{n}.{k}")));
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Suggestions for an unknown dotted key: the keys with the same last component when there
+/// are one or two (`pool.device_memory_limit` → limits.… and spill.…), else the closest name.
+pub(crate) fn suggest(path: &str) -> Vec<String> {
+    let mut scope_prefix = String::new();
+    if let Some(rest) = path.strip_prefix("device.") {
+        let (ordinal, tail) = rest.split_once('.').unwrap_or((rest, ""));
+        match parse_ordinal(ordinal) {
+            // A global-only key or a bad ordinal: the hint says more than a guess.
+            Some(_) if KEYS.iter().any(|k| k.key == tail) => return Vec::new(),
+            None => return Vec::new(),
+            Some(n) => scope_prefix = format!("device.{n}."),
+        }
+    }
+    let leaf = path.rsplit('.').next().unwrap_or(path);
+    let same_leaf: Vec<String> = KEYS
+        .iter()
+        .filter(|k| scope_prefix.is_empty() || k.per_device)
+        .filter(|k| k.key.rsplit('.').next() == Some(leaf))
+        .map(|k| format!("{scope_prefix}{}", k.key))
+        .collect();
+    if (1..=2).contains(&same_leaf.len()) {
+        return same_leaf;
+    }
+    candidates(path)
+        .into_iter()
+        .map(|name| (strsim::normalized_damerau_levenshtein(path, &name), name))
+        .filter(|(score, _)| *score >= 0.7)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, name)| name)
+        .into_iter()
+        .collect()
+}
+
+/// A hint for an unknown key when there is no suggestion.
+pub(crate) fn hint(path: &str) -> String {
+    if let Some(rest) = path.strip_prefix("device.") {
+        let (ordinal, tail) = rest.split_once('.').unwrap_or((rest, ""));
+        if parse_ordinal(ordinal).is_none() {
+            return "per-device tables are keyed by ordinal, e.g. [device.1]".into();
+        }
+        let settable = per_device_keys().collect::<Vec<_>>().join(", ");
+        return if KEYS.iter().any(|k| k.key == tail) {
+            format!("{tail} cannot be set per device; a [device.N] table takes {settable}")
+        } else {
+            format!("a [device.N] table takes {settable}")
+        };
+    }
+    let (section, _) = path.rsplit_once('.').unwrap_or(("", path));
+    let in_section: Vec<&str> = KEYS
+        .iter()
+        .filter_map(|k| {
+            let (s, leaf) = k.key.rsplit_once('.').unwrap_or(("", k.key));
+            (s == section).then_some(leaf)
+        })
+        .collect();
+    match (section, in_section.is_empty()) {
+        (_, true) => "see the example rmm.toml for every key".into(),
+        ("", false) => format!(
+            "the top-level keys are {} and the tables [pool], [logging], [limits], [spill], \
+             [stats], [tracking], [device.N]",
+            in_section.join(", ")
+        ),
+        (section, false) => format!("[{section}] takes {}", in_section.join(", ")),
+    }
+}
+
+/// Environment names near `name` (an unknown `RMM_*` variable).
+pub(crate) fn suggest_env(name: &str, path: &str) -> Option<String> {
+    let mut names: Vec<String> = KEYS.iter().map(|k| env_var_name(k.key)).collect();
+    if let Some(rest) = path.strip_prefix("device.")
+        && let Some((ordinal, _)) = rest.split_once('.')
+        && let Some(n) = parse_ordinal(ordinal)
+    {
+        names.extend(per_device_keys().map(|k| env_var_name(&format!("device.{n}.{k}"))));
+    }
+    names
+        .into_iter()
+        .map(|candidate| {
+            let score = strsim::normalized_damerau_levenshtein(name, &candidate);
+            (score, candidate)
+        })
+        .filter(|(score, _)| *score >= 0.7)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, candidate)| candidate)
+}
+
+impl Kind {
+    /// The accepted forms, for "expected …" in errors. `env` selects the text forms.
+    pub(crate) fn expected(self, env: bool) -> String {
+        let forms = match self {
+            Kind::Backend => r#""auto", "cuda" or "sim""#.to_string(),
+            Kind::Devices if env => {
+                r#""all" or ordinals and UUIDs separated by commas, e.g. "0,1" or "GPU-8932f937-…""#
+                    .to_string()
+            }
+            Kind::Devices => {
+                r#""all", an ordinal, or a list of ordinals and UUIDs, e.g. [0, 1] or ["GPU-8932f937-…"]"#
+                    .to_string()
+            }
+            Kind::Count => "a whole number of at least 1".to_string(),
+            Kind::Bool if env => "true or false (or 1/0, yes/no, on/off)".to_string(),
+            Kind::Bool => "true or false".to_string(),
+            Kind::Size => r#"bytes, "2GiB" or "50%""#.to_string(),
+            Kind::OptSize(keyword) => format!(r#"bytes, "2GiB", "50%" or "{keyword}""#),
+            Kind::Path => "a directory path".to_string(),
+            Kind::OptPath => r#"a directory path or "none""#.to_string(),
+            Kind::Level => r#""trace", "debug", "info", "warn", "error" or "off""#.to_string(),
+        };
+        format!("expected {forms}")
+    }
+
+    /// Checks a value; the error is the whole problem text (reason and expected form).
+    pub(crate) fn check(self, value: &toml::Value, env: bool) -> Result<(), String> {
+        let valid = |ok: bool| if ok { Ok(()) } else { Err(None) };
+        let string = value.as_str();
+        let result: Result<(), Option<String>> = match self {
+            Kind::Backend => valid(string.and_then(Backend::parse).is_some()),
+            Kind::Level => valid(string.and_then(LogLevel::parse).is_some()),
+            Kind::Bool => valid(value.is_bool()),
+            Kind::Count => valid(
+                value
+                    .as_integer()
+                    .is_some_and(|n| n >= 1 && n <= u32::MAX.into()),
+            ),
+            Kind::Path | Kind::OptPath => valid(string.is_some_and(|s| !s.trim().is_empty())),
+            Kind::Devices => Devices::from_toml(value).map(drop),
+            Kind::Size => Size::from_toml(value).map(drop).map_err(size_reason),
+            Kind::OptSize(keyword) => parse_opt_size(value, keyword)
+                .map(drop)
+                .map_err(size_reason),
+        };
+        result.map_err(|reason| match reason {
+            None => self.expected(env),
+            Some(reason) => format!("{reason}; {}", self.expected(env)),
+        })
+    }
+
+    /// Turns environment text into the TOML value it stands for; [`Kind::check`] then judges it.
+    pub(crate) fn parse_text(self, text: &str) -> toml::Value {
+        let trimmed = text.trim();
+        let as_string = || toml::Value::String(text.to_string());
+        match self {
+            Kind::Bool => match trimmed.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => toml::Value::Boolean(true),
+                "false" | "0" | "no" | "off" => toml::Value::Boolean(false),
+                _ => as_string(),
+            },
+            Kind::Count => trimmed
+                .parse()
+                .map(toml::Value::Integer)
+                .unwrap_or_else(|_| as_string()),
+            Kind::Devices if trimmed.eq_ignore_ascii_case("all") => as_string(),
+            Kind::Devices => toml::Value::Array(
+                trimmed
+                    .split(',')
+                    .map(|item| {
+                        let item = item.trim();
+                        match parse_ordinal(item) {
+                            Some(n) => toml::Value::Integer(n.into()),
+                            None => toml::Value::String(item.to_string()),
+                        }
+                    })
+                    .collect(),
+            ),
+            _ => as_string(),
+        }
+    }
+}
+
+/// The reason worth stating before "expected …"; none for plain malformed input.
+fn size_reason(error: ParseSizeError) -> Option<String> {
+    match error {
+        ParseSizeError::Malformed => None,
+        other => Some(other.to_string()),
+    }
+}

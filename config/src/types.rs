@@ -1,0 +1,611 @@
+//! The configuration as serde structs. Field docs give the TOML key and the default.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::Source;
+use crate::size::Size;
+
+/// Which device backend the runtime opens (`backend`, env `RMM_BACKEND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// CUDA when a driver and a device are present, else the simulated device.
+    #[default]
+    Auto,
+    /// The CUDA driver; an error when there is none.
+    Cuda,
+    /// The simulated device (configured by `RMM_SIM_*`, read by `rmm-allocator`).
+    Sim,
+}
+
+impl Backend {
+    /// Parses `auto`, `cuda` or `sim`, case-insensitively, with the aliases that
+    /// `rmm-allocator` accepts for `RMM_BACKEND` (`gpu`, `simulated`, empty = `auto`).
+    pub(crate) fn parse(text: &str) -> Option<Backend> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Some(Backend::Auto),
+            "cuda" | "gpu" => Some(Backend::Cuda),
+            "sim" | "simulated" => Some(Backend::Sim),
+            _ => None,
+        }
+    }
+
+    /// The canonical name: `auto`, `cuda` or `sim`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Cuda => "cuda",
+            Backend::Sim => "sim",
+        }
+    }
+}
+
+/// Level of the allocation log (`logging.level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum LogLevel {
+    /// Everything.
+    Trace,
+    /// Debugging detail.
+    Debug,
+    /// Normal operation (RMM's default).
+    #[default]
+    Info,
+    /// Warnings.
+    Warn,
+    /// Errors only.
+    Error,
+    /// Nothing.
+    Off,
+}
+
+impl LogLevel {
+    pub(crate) fn parse(text: &str) -> Option<LogLevel> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "trace" => Some(LogLevel::Trace),
+            "debug" => Some(LogLevel::Debug),
+            "info" => Some(LogLevel::Info),
+            "warn" => Some(LogLevel::Warn),
+            "error" => Some(LogLevel::Error),
+            "off" => Some(LogLevel::Off),
+            _ => None,
+        }
+    }
+
+    /// The canonical lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+            LogLevel::Off => "off",
+        }
+    }
+}
+
+macro_rules! keyword_serde {
+    ($ty:ty, $parse:path, $what:literal) => {
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                $parse(&text)
+                    .ok_or_else(|| serde::de::Error::custom(format!("{text:?} is not {}", $what)))
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+keyword_serde!(Backend, Backend::parse, "a backend (auto, cuda or sim)");
+keyword_serde!(LogLevel, LogLevel::parse, "a log level");
+
+/// One entry of `devices`: an ordinal or a device UUID.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DeviceSelector {
+    /// A CUDA device ordinal (`0`).
+    Ordinal(u32),
+    /// A UUID as `nvidia-smi -L` prints it (`"GPU-8932f937-…"` or `"MIG-…"`), matched
+    /// case-insensitively.
+    Uuid(String),
+}
+
+impl fmt::Display for DeviceSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSelector::Ordinal(n) => write!(f, "{n}"),
+            DeviceSelector::Uuid(uuid) => f.write_str(uuid),
+        }
+    }
+}
+
+/// The devices the runtime uses (`devices`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Devices {
+    /// Every device the backend reports (`"all"`).
+    All,
+    /// These devices, in this order (`[0, 1]`, `["GPU-…"]`, or a single `0`).
+    List(Vec<DeviceSelector>),
+}
+
+impl Default for Devices {
+    /// Device 0, as RMM's `reinitialize(devices=0)`.
+    fn default() -> Self {
+        Devices::List(vec![DeviceSelector::Ordinal(0)])
+    }
+}
+
+impl Devices {
+    /// Parses `"all"`, an ordinal, a UUID string or a non-empty array of ordinals and UUIDs.
+    /// The error is the reason, when there is one more precise than the expected form.
+    pub(crate) fn from_toml(value: &toml::Value) -> Result<Devices, Option<String>> {
+        if let toml::Value::String(s) = value
+            && s.trim().eq_ignore_ascii_case("all")
+        {
+            return Ok(Devices::All);
+        }
+        let items = match value {
+            toml::Value::Array(items) if items.is_empty() => {
+                return Err(Some("the list is empty".into()));
+            }
+            toml::Value::Array(items) => items.as_slice(),
+            single => std::slice::from_ref(single),
+        };
+        let mut list: Vec<DeviceSelector> = Vec::with_capacity(items.len());
+        for item in items {
+            let selector = match item {
+                toml::Value::Integer(i) => u32::try_from(*i)
+                    .map(DeviceSelector::Ordinal)
+                    .map_err(|_| Some(format!("{i} is not a device ordinal")))?,
+                toml::Value::String(s) if is_uuid(s) => DeviceSelector::Uuid(s.trim().into()),
+                _ => return Err(None),
+            };
+            if list.iter().any(|seen| same_selector(seen, &selector)) {
+                return Err(Some(format!("device {selector} is listed twice")));
+            }
+            list.push(selector);
+        }
+        Ok(Devices::List(list))
+    }
+
+    fn to_toml(&self) -> toml::Value {
+        match self {
+            Devices::All => toml::Value::String("all".into()),
+            Devices::List(list) => toml::Value::Array(
+                list.iter()
+                    .map(|s| match s {
+                        DeviceSelector::Ordinal(n) => toml::Value::Integer(i64::from(*n)),
+                        DeviceSelector::Uuid(u) => toml::Value::String(u.clone()),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+}
+
+fn is_uuid(text: &str) -> bool {
+    let text = text.trim();
+    text.len() > 4
+        && text.is_char_boundary(4)
+        && ["gpu-", "mig-"].contains(&text[..4].to_ascii_lowercase().as_str())
+}
+
+fn same_selector(a: &DeviceSelector, b: &DeviceSelector) -> bool {
+    match (a, b) {
+        (DeviceSelector::Uuid(a), DeviceSelector::Uuid(b)) => a.eq_ignore_ascii_case(b),
+        _ => a == b,
+    }
+}
+
+impl fmt::Display for Devices {
+    /// `all` or the TOML list, e.g. `[0, "GPU-…"]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Devices::All => f.write_str("all"),
+            list => write!(f, "{}", list.to_toml()),
+        }
+    }
+}
+
+impl Serialize for Devices {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_toml().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Devices {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Devices, D::Error> {
+        let value = toml::Value::deserialize(deserializer)?;
+        Devices::from_toml(&value).map_err(|reason| {
+            serde::de::Error::custom(reason.unwrap_or_else(|| "not a device list".into()))
+        })
+    }
+}
+
+/// `[pool]`: the device memory pool (RMM's `pool_allocator`, `managed_memory`, …).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolConfig {
+    /// `pool.enabled` (default `false`): suballocate from a pool instead of calling the
+    /// driver for every allocation.
+    pub enabled: bool,
+    /// `pool.managed` (default `false`): the memory comes from `cuMemAllocManaged`.
+    pub managed: bool,
+    /// `pool.async` (default `false`): the memory comes from CUDA's stream-ordered allocator
+    /// (`cuMemAllocAsync`); conflicts with `managed`.
+    #[serde(rename = "async")]
+    pub use_async: bool,
+    /// `pool.initial_size` (default `"auto"` = `None`: half of the device's free memory when
+    /// the pool starts, as RMM; with only `async`, the driver's default).
+    #[serde(with = "auto_size")]
+    pub initial_size: Option<Size>,
+    /// `pool.maximum_size` (default `"none"` = `None`: grow while the device has memory).
+    #[serde(with = "none_size")]
+    pub maximum_size: Option<Size>,
+    /// `pool.release_threshold` (default `"none"`): memory the async pool keeps when
+    /// synchronizing; used only with `async`.
+    #[serde(with = "none_size")]
+    pub release_threshold: Option<Size>,
+}
+
+/// `[logging]`: the allocation log, one CSV file per device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoggingConfig {
+    /// `logging.enabled` (default `false`).
+    pub enabled: bool,
+    /// `logging.directory` (default `"."`, relative to the working directory): device N logs
+    /// to `rmm_log.devN.csv` in it.
+    pub directory: PathBuf,
+    /// `logging.level` (default `"info"`).
+    pub level: LogLevel,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        LoggingConfig {
+            enabled: false,
+            directory: PathBuf::from("."),
+            level: LogLevel::Info,
+        }
+    }
+}
+
+/// `[limits]`: hard caps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// `limits.device_memory_limit` (default `"none"`): allocations beyond this many bytes on
+    /// one device fail (RMM's limiting adaptor).
+    #[serde(with = "none_size")]
+    pub device_memory_limit: Option<Size>,
+}
+
+/// `[spill]`: spilling device buffers to pinned host memory (and on to disk).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpillConfig {
+    /// `spill.enabled` (default `false`).
+    pub enabled: bool,
+    /// `spill.device_memory_limit` (default `"80%"`): start spilling when a device holds more
+    /// than this (dask-cuda's default threshold).
+    pub device_memory_limit: Size,
+    /// `spill.host_pool_size` (default `"none"`: pinned host memory is allocated as needed).
+    /// A fraction is taken of the *device's* total memory, since the pool serves that device.
+    #[serde(with = "none_size")]
+    pub host_pool_size: Option<Size>,
+    /// `spill.on_demand` (default `true`): on an out-of-memory error, spill and retry.
+    pub on_demand: bool,
+    /// `spill.eager_unspill` (default `false`): move data back as soon as memory allows,
+    /// instead of when it is next used.
+    pub eager_unspill: bool,
+    /// `spill.disk_directory` (default `"none"` = no disk tier): where host memory spills to.
+    #[serde(with = "none_path")]
+    pub disk_directory: Option<PathBuf>,
+}
+
+impl Default for SpillConfig {
+    fn default() -> Self {
+        SpillConfig {
+            enabled: false,
+            device_memory_limit: Size::Fraction(0.8),
+            host_pool_size: None,
+            on_demand: true,
+            eager_unspill: false,
+            disk_directory: None,
+        }
+    }
+}
+
+/// `[stats]`: allocation statistics (RMM's statistics adaptor).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StatsConfig {
+    /// `stats.enabled` (default `false`).
+    pub enabled: bool,
+}
+
+/// `[tracking]`: tracking of live allocations (RMM's tracking adaptor).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrackingConfig {
+    /// `tracking.enabled` (default `false`).
+    pub enabled: bool,
+    /// `tracking.backtraces` (default `false`): record a backtrace per allocation (slow);
+    /// used only when tracking is enabled.
+    pub backtraces: bool,
+}
+
+/// `[device.N.pool]`: per-device pool sizes. `None` = not overridden; `Some(None)` = set to
+/// `"auto"`/`"none"` for this device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PoolOverride {
+    /// Overrides `pool.initial_size`.
+    #[serde(with = "auto_size_override", skip_serializing_if = "Option::is_none")]
+    pub initial_size: Option<Option<Size>>,
+    /// Overrides `pool.maximum_size`.
+    #[serde(with = "none_size_override", skip_serializing_if = "Option::is_none")]
+    pub maximum_size: Option<Option<Size>>,
+    /// Overrides `pool.release_threshold`.
+    #[serde(with = "none_size_override", skip_serializing_if = "Option::is_none")]
+    pub release_threshold: Option<Option<Size>>,
+}
+
+/// `[device.N.limits]`: per-device hard cap.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsOverride {
+    /// Overrides `limits.device_memory_limit`.
+    #[serde(with = "none_size_override", skip_serializing_if = "Option::is_none")]
+    pub device_memory_limit: Option<Option<Size>>,
+}
+
+/// `[device.N.spill]`: per-device spill sizes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpillOverride {
+    /// Overrides `spill.device_memory_limit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory_limit: Option<Size>,
+    /// Overrides `spill.host_pool_size`.
+    #[serde(with = "none_size_override", skip_serializing_if = "Option::is_none")]
+    pub host_pool_size: Option<Option<Size>>,
+}
+
+/// `[device.N]`: sizes that differ on device N (e.g. `[device.1] pool.initial_size = "8GiB"`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeviceOverride {
+    /// Pool sizes for this device.
+    #[serde(skip_serializing_if = "PoolOverride::is_empty")]
+    pub pool: PoolOverride,
+    /// Hard cap for this device.
+    #[serde(skip_serializing_if = "LimitsOverride::is_empty")]
+    pub limits: LimitsOverride,
+    /// Spill sizes for this device.
+    #[serde(skip_serializing_if = "SpillOverride::is_empty")]
+    pub spill: SpillOverride,
+}
+
+impl PoolOverride {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl LimitsOverride {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl SpillOverride {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl DeviceOverride {
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The whole runtime configuration, as read by [`crate::ConfigLoader`].
+///
+/// `Default` is RMM's Python `reinitialize()` default: no pool, no managed memory, device 0,
+/// no logging; plus one worker per device and every optional feature off.
+///
+/// Equality compares the values only, not where they came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// `backend` (default `"auto"`).
+    pub backend: Backend,
+    /// `devices` (default `[0]`): `"all"`, ordinals, UUIDs.
+    pub devices: Devices,
+    /// `workers_per_device` (default `1`): worker threads per device, at least 1.
+    pub workers_per_device: u32,
+    /// `[pool]`.
+    pub pool: PoolConfig,
+    /// `[logging]`.
+    pub logging: LoggingConfig,
+    /// `[limits]`.
+    pub limits: LimitsConfig,
+    /// `[spill]`.
+    pub spill: SpillConfig,
+    /// `[stats]`.
+    pub stats: StatsConfig,
+    /// `[tracking]`.
+    pub tracking: TrackingConfig,
+    /// `[device.N]` tables, by ordinal.
+    #[serde(with = "ordinal_map", skip_serializing_if = "BTreeMap::is_empty")]
+    pub device: BTreeMap<u32, DeviceOverride>,
+    /// Where each non-default key came from; filled by the loader.
+    #[serde(skip)]
+    pub(crate) sources: Provenance,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            backend: Backend::Auto,
+            devices: Devices::default(),
+            workers_per_device: 1,
+            pool: PoolConfig::default(),
+            logging: LoggingConfig::default(),
+            limits: LimitsConfig::default(),
+            spill: SpillConfig::default(),
+            stats: StatsConfig::default(),
+            tracking: TrackingConfig::default(),
+            device: BTreeMap::new(),
+            sources: Provenance::default(),
+        }
+    }
+}
+
+/// Key → source for keys not at their default. Not part of a config's value: always equal.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Provenance(pub(crate) BTreeMap<String, Source>);
+
+impl PartialEq for Provenance {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// `keyword` (case-insensitive) → `None`, anything else → a size.
+pub(crate) fn parse_opt_size(
+    value: &toml::Value,
+    keyword: &str,
+) -> Result<Option<Size>, crate::size::ParseSizeError> {
+    match value {
+        toml::Value::String(s) if s.trim().eq_ignore_ascii_case(keyword) => Ok(None),
+        other => Size::from_toml(other).map(Some),
+    }
+}
+
+fn serialize_opt_size<S: Serializer>(
+    value: &Option<Size>,
+    keyword: &str,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(size) => size.serialize(serializer),
+        None => serializer.serialize_str(keyword),
+    }
+}
+
+fn deserialize_opt_size<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    keyword: &str,
+) -> Result<Option<Size>, D::Error> {
+    let value = toml::Value::deserialize(deserializer)?;
+    parse_opt_size(&value, keyword).map_err(serde::de::Error::custom)
+}
+
+/// Serde helpers for `Option<Size>` written as a size or a keyword, and for the per-device
+/// `Option<Option<Size>>` (outer `None` = key absent, skipped when serializing).
+macro_rules! opt_size_modules {
+    ($plain:ident, $overridden:ident, $keyword:literal) => {
+        mod $plain {
+            use super::*;
+            pub(crate) fn serialize<S: Serializer>(
+                v: &Option<Size>,
+                s: S,
+            ) -> Result<S::Ok, S::Error> {
+                serialize_opt_size(v, $keyword, s)
+            }
+            pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+                d: D,
+            ) -> Result<Option<Size>, D::Error> {
+                deserialize_opt_size(d, $keyword)
+            }
+        }
+
+        mod $overridden {
+            use super::*;
+            pub(crate) fn serialize<S: Serializer>(
+                v: &Option<Option<Size>>,
+                s: S,
+            ) -> Result<S::Ok, S::Error> {
+                match v {
+                    Some(inner) => serialize_opt_size(inner, $keyword, s),
+                    None => s.serialize_none(),
+                }
+            }
+            pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+                d: D,
+            ) -> Result<Option<Option<Size>>, D::Error> {
+                deserialize_opt_size(d, $keyword).map(Some)
+            }
+        }
+    };
+}
+
+opt_size_modules!(auto_size, auto_size_override, "auto");
+opt_size_modules!(none_size, none_size_override, "none");
+
+/// `Option<PathBuf>` written as a path or `"none"`.
+mod none_path {
+    use super::*;
+
+    pub(crate) fn serialize<S: Serializer>(v: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(path) => path.serialize(s),
+            None => s.serialize_str("none"),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<PathBuf>, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok((!text.trim().eq_ignore_ascii_case("none")).then(|| PathBuf::from(text)))
+    }
+}
+
+/// `BTreeMap<u32, _>` with string keys, as TOML tables need; empty overrides are skipped.
+mod ordinal_map {
+    use super::*;
+
+    pub(crate) fn serialize<S: Serializer>(
+        map: &BTreeMap<u32, DeviceOverride>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.collect_map(
+            map.iter()
+                .filter(|(_, o)| !o.is_empty())
+                .map(|(n, o)| (n.to_string(), o)),
+        )
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<u32, DeviceOverride>, D::Error> {
+        BTreeMap::<String, DeviceOverride>::deserialize(d)?
+            .into_iter()
+            .map(|(key, o)| match crate::schema::parse_ordinal(&key) {
+                Some(n) => Ok((n, o)),
+                None => Err(serde::de::Error::custom(format!(
+                    "[device.{key}]: device tables are keyed by ordinal, e.g. [device.1]"
+                ))),
+            })
+            .collect()
+    }
+}

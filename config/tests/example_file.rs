@@ -1,0 +1,46 @@
+//! The repository's rmm.toml: every key, each at its default, and it loads.
+
+mod common;
+
+use rmm_config::{Config, ConfigLoader, Source};
+
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../rmm.toml");
+
+#[test]
+fn example_sets_every_key_to_its_default() {
+    let config = ConfigLoader::new().no_env().file(EXAMPLE).load().unwrap();
+    assert_eq!(config, Config::default());
+    // Every key is present: each effective value came from the file.
+    for row in config.effective_values() {
+        assert_eq!(
+            row.source,
+            Source::File(EXAMPLE.into()),
+            "{} is not in rmm.toml",
+            row.key
+        );
+    }
+}
+
+#[test]
+fn example_device_table_is_valid_when_uncommented() {
+    let text = std::fs::read_to_string(EXAMPLE).unwrap();
+    let start = text
+        .find("# [device.1]")
+        .expect("the example has a [device.1] table");
+    let uncommented: String = text[start..]
+        .lines()
+        .map(|line| line.strip_prefix("# ").unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = common::load(&format!("{}{uncommented}", &text[..start])).unwrap();
+    let keys: Vec<String> = config
+        .effective_values()
+        .into_iter()
+        .filter(|row| row.key.starts_with("device.1."))
+        .map(|row| row.key)
+        .collect();
+    let want: Vec<String> = rmm_config::per_device_keys()
+        .map(|k| format!("device.1.{k}"))
+        .collect();
+    assert_eq!(keys, want);
+}
