@@ -155,6 +155,22 @@ pub enum Error {
         /// Device ordinal.
         device: u32,
     },
+
+    /// An element index was outside a container (e.g. `DeviceUVector::element`).
+    #[error(
+        "index {index} is out of range for a {container}<{element_type}> of {len} element(s) \
+         (valid indices are 0..{len}); check the index against len(), or resize the container first"
+    )]
+    IndexOutOfRange {
+        /// The index asked for.
+        index: usize,
+        /// The container's length at the time.
+        len: usize,
+        /// The container, e.g. `DeviceUVector`.
+        container: &'static str,
+        /// The element type, e.g. `u32`.
+        element_type: &'static str,
+    },
 }
 
 impl Error {

@@ -6,6 +6,7 @@
 //! ([`per_device`]), as RAPIDS RMM has them.
 
 pub mod backend;
+pub mod container;
 pub mod device;
 pub mod error;
 pub mod per_device;
@@ -13,6 +14,7 @@ pub mod resource;
 pub mod stream;
 
 pub use backend::{Backend, BackendKind, DevicePtr};
+pub use container::{DeviceBuffer, DeviceScalar, DeviceUVector};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use resource::{DeviceMemoryResource, HostMemoryResource};

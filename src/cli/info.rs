@@ -17,8 +17,16 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
             d.compute_capability.1,
             fmt_bytes(d.total_memory),
             fmt_bytes(d.free_memory),
-            if d.supports_memory_pools { ", memory pools" } else { "" },
-            if d.supports_managed_memory { ", managed memory" } else { "" },
+            if d.supports_memory_pools {
+                ", memory pools"
+            } else {
+                ""
+            },
+            if d.supports_managed_memory {
+                ", managed memory"
+            } else {
+                ""
+            },
         );
     }
     Ok(())

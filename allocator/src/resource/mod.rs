@@ -5,21 +5,28 @@
 //! deallocation names a stream, and memory freed on a stream may be reused on that stream at
 //! once, on another only after the freeing stream's earlier work has completed.
 
+mod binning_memory_resource;
 mod cuda_async_memory_resource;
 mod cuda_memory_resource;
+pub mod fixed_size_memory_resource;
 mod managed_memory_resource;
 mod new_delete_resource;
 mod pinned_host_memory_resource;
+mod pool_memory_resource;
+mod stream_arenas;
 
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
+pub use binning_memory_resource::BinningMemoryResource;
 pub use cuda_async_memory_resource::CudaAsyncMemoryResource;
 pub use cuda_memory_resource::CudaMemoryResource;
+pub use fixed_size_memory_resource::FixedSizeMemoryResource;
 pub use managed_memory_resource::ManagedMemoryResource;
 pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;
+pub use pool_memory_resource::{PoolBuilder, PoolMemoryResource, PoolSize, PoolSnapshot};
 
 pub use crate::backend::host::HostBlock;
 use crate::backend::{DevicePtr, MemInfo};

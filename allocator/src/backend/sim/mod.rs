@@ -635,12 +635,18 @@ impl Backend for SimBackend {
         };
         let table = Arc::clone(&self.table);
         let used = Arc::clone(&self.device(dev)?.used);
-        s.submit(move || {
+        let release = move || {
             if let Some(a) = table.lock().remove(ptr.addr()) {
                 used.fetch_sub(a.len, Ordering::SeqCst);
                 pool.reserved.fetch_sub(a.len as u64, Ordering::SeqCst);
             }
-        });
+        };
+        // With nothing queued, the stream has already reached the free.
+        if s.is_idle() {
+            release();
+        } else {
+            s.submit(release);
+        }
         Ok(())
     }
 

@@ -1,0 +1,393 @@
+//! [`DeviceUVector`]: an uninitialized vector of plain-old-data elements, RMM's
+//! `device_uvector<T>`.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::size_of;
+
+use bytemuck::Pod;
+
+use super::staging::Staging;
+use super::{DeviceBuffer, ResourceHandle};
+use crate::backend::DevicePtr;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::per_device::{SharedResource, get_current_device_resource};
+use crate::stream::StreamView;
+
+/// An uninitialized vector of `T` in device memory (RMM's `device_uvector<T>`).
+///
+/// `T` is plain old data ([`bytemuck::Pod`]: `Copy`, no padding, every bit pattern valid), the
+/// Rust counterpart of C++'s "trivially copyable": elements move as bytes. Elements are not
+/// initialized; every operation that allocates, copies or sets takes a stream. Storage is a
+/// [`DeviceBuffer`], so allocation, growth and deallocation follow its rules (the deallocation
+/// stream is the one most recently set; see [`DeviceBuffer`]).
+///
+/// ```
+/// use rmm_allocator::container::DeviceUVector;
+/// use rmm_allocator::{Device, Stream};
+///
+/// let stream = Stream::new(Device::current()?)?;
+/// let s = stream.view();
+/// let mut v = DeviceUVector::<u32>::from_host(&[1, 2, 3], s)?;
+/// v.set_element_async(0, 10, s)?; // the value is staged: no borrow outlives the call
+/// v.resize(4, s)?;                // beyond capacity: reallocates, copies on `s`
+/// v.set_element_to_zero_async(3, s)?;
+/// assert_eq!(v.to_vec(s)?, [10, 2, 3, 0]);
+/// assert!(v.element(4, s).is_err()); // out of range is an error, not undefined behaviour
+/// # Ok::<(), rmm_allocator::Error>(())
+/// ```
+///
+/// `R` is how the vector holds its resource, as for [`DeviceBuffer`]: an owning
+/// [`SharedResource`] by default, or a borrow (see [`ResourceHandle`]).
+///
+/// # Threads
+/// `DeviceUVector<T>` is `Send` and `Sync` for every `T: Pod` (with the default or a borrowed
+/// handle). It never holds a `T` on the host: values are copied in and out as bytes, and a
+/// `Pod` value may be made from bytes on any thread. Its storage is a [`DeviceBuffer`]
+/// (`Send + Sync`), and its staging slot is owned memory plus an event handle, changed only
+/// through `&mut self`; shared access only reads.
+pub struct DeviceUVector<T: Pod, R: ResourceHandle = SharedResource> {
+    // Declared (and so dropped) before `storage`: dropping the slot waits for a pending
+    // staged copy, so the copy never writes to memory already given back. Boxed: the slot is
+    // made on the first staged set only, and a pointer keeps the vector small to move.
+    staging: Option<Box<Staging>>,
+    storage: DeviceBuffer<R>,
+    // The vector holds no `T` on the host; `fn() -> T` keeps it Send + Sync for any `T`.
+    _element: PhantomData<fn() -> T>,
+}
+
+impl<T: Pod> DeviceUVector<T> {
+    /// Room for `len` uninitialized elements from the current device's resource, allocated
+    /// on `stream`.
+    pub fn new(len: usize, stream: StreamView) -> Result<Self> {
+        Self::new_in(len, stream, get_current_device_resource()?)
+    }
+
+    /// A vector holding a copy of `src`, from the current device's resource. The copy is
+    /// ordered after the work queued on `stream` and has completed when this returns.
+    pub fn from_host(src: &[T], stream: StreamView) -> Result<Self> {
+        Self::from_host_in(src, stream, get_current_device_resource()?)
+    }
+}
+
+impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
+    /// Bytes per element. Zero-sized element types are refused at compile time.
+    const ELEMENT: usize = {
+        assert!(
+            size_of::<T>() > 0,
+            "DeviceUVector needs an element type of at least one byte"
+        );
+        size_of::<T>()
+    };
+
+    /// Room for `len` uninitialized elements from `resource`, allocated on `stream`.
+    ///
+    /// Fails with [`Error::InvalidArgument`] when `len` elements do not fit in `usize` bytes.
+    #[inline]
+    pub fn new_in(len: usize, stream: StreamView, resource: R) -> Result<Self> {
+        let bytes = Self::bytes_for("len", len)?;
+        Ok(Self::wrap(DeviceBuffer::new_in(bytes, stream, resource)?))
+    }
+
+    /// A vector holding a copy of `src`, from `resource`; see
+    /// [`from_host`](DeviceUVector::from_host).
+    pub fn from_host_in(src: &[T], stream: StreamView, resource: R) -> Result<Self> {
+        let storage = DeviceBuffer::from_host_in(bytemuck::cast_slice(src), stream, resource)?;
+        Ok(Self::wrap(storage))
+    }
+
+    /// Takes over `buffer` as a vector of `T` (the inverse of [`release`](Self::release)).
+    ///
+    /// Fails with [`Error::InvalidArgument`] when the buffer's size or capacity is not a whole
+    /// number of elements; the buffer is then dropped (given back).
+    pub fn from_buffer(buffer: DeviceBuffer<R>) -> Result<Self> {
+        for (what, bytes) in [
+            ("buffer size", buffer.size()),
+            ("buffer capacity", buffer.capacity()),
+        ] {
+            if !bytes.is_multiple_of(Self::ELEMENT) {
+                return Err(Error::invalid_argument(
+                    what,
+                    format!("{bytes} bytes"),
+                    format!(
+                        "a multiple of size_of::<{}>() = {} bytes",
+                        std::any::type_name::<T>(),
+                        Self::ELEMENT
+                    ),
+                ));
+            }
+        }
+        Ok(Self::wrap(buffer))
+    }
+
+    #[inline]
+    fn wrap(storage: DeviceBuffer<R>) -> Self {
+        DeviceUVector {
+            staging: None,
+            storage,
+            _element: PhantomData,
+        }
+    }
+
+    /// A deep copy of the elements (capacity = len) from the current device's resource,
+    /// copied on `stream`; see [`DeviceBuffer::deep_copy_in`] for the ordering guarantees.
+    pub fn deep_copy(&self, stream: StreamView) -> Result<DeviceUVector<T>> {
+        self.deep_copy_in(stream, get_current_device_resource()?)
+    }
+
+    /// A deep copy of the elements (capacity = len) from `resource`, copied on `stream`
+    /// after this vector's own pending asynchronous sets.
+    pub fn deep_copy_in<R2: ResourceHandle>(
+        &self,
+        stream: StreamView,
+        resource: R2,
+    ) -> Result<DeviceUVector<T, R2>> {
+        self.order_after_sets(stream)?;
+        Ok(DeviceUVector::wrap(
+            self.storage.deep_copy_in(stream, resource)?,
+        ))
+    }
+
+    /// Gives up the storage as an untyped [`DeviceBuffer`] holding the same allocation, size
+    /// and stream (RMM's `release`). A pending asynchronous set is waited for first.
+    pub fn release(mut self) -> DeviceBuffer<R> {
+        // Dropping the slot waits for the last staged copy (or leaks the slot if it cannot).
+        self.staging = None;
+        self.storage
+    }
+
+    /// Number of elements.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.storage.size() / Self::ELEMENT
+    }
+
+    /// True when there are no elements.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.storage.is_empty()
+    }
+
+    /// Number of elements the current allocation can hold.
+    #[inline]
+    pub fn capacity(&self) -> usize {
+        self.storage.capacity() / Self::ELEMENT
+    }
+
+    /// The device address of the first element (null when nothing is allocated).
+    #[inline]
+    pub fn data(&self) -> DevicePtr {
+        self.storage.data()
+    }
+
+    /// The device address of element `index`; [`Error::IndexOutOfRange`] unless
+    /// `index < len()`.
+    pub fn element_ptr(&self, index: usize) -> Result<DevicePtr> {
+        self.check_index(index)?;
+        Ok(self.storage.data().offset(index * Self::ELEMENT))
+    }
+
+    /// The stream most recently set; the one the memory is given back on.
+    #[inline]
+    pub fn stream(&self) -> StreamView {
+        self.storage.stream()
+    }
+
+    /// Sets the stream the memory is given back on (until another reallocating call names
+    /// another stream).
+    #[inline]
+    pub fn set_stream(&mut self, stream: StreamView) {
+        self.storage.set_stream(stream);
+    }
+
+    /// The handle of the resource that allocated the memory and will take it back.
+    #[inline]
+    pub fn memory_resource(&self) -> &R {
+        self.storage.memory_resource()
+    }
+
+    /// The device the elements live on.
+    #[inline]
+    pub fn device(&self) -> Device {
+        self.storage.device()
+    }
+
+    /// Element `index`, copied to the host after the work queued on `stream` (and after this
+    /// vector's own asynchronous sets). Synchronizes `stream`.
+    pub fn element(&self, index: usize, stream: StreamView) -> Result<T> {
+        let at = self.element_ptr(index)?;
+        self.order_after_sets(stream)?;
+        crate::stream::synchronize(self.device(), stream)?;
+        let mut value = T::zeroed();
+        self.device()
+            .copy_to_host(bytemuck::bytes_of_mut(&mut value), at)?;
+        Ok(value)
+    }
+
+    /// The first element; [`Error::IndexOutOfRange`] when empty. Synchronizes `stream`.
+    pub fn front_element(&self, stream: StreamView) -> Result<T> {
+        self.element(0, stream)
+    }
+
+    /// The last element; [`Error::IndexOutOfRange`] when empty. Synchronizes `stream`.
+    pub fn back_element(&self, stream: StreamView) -> Result<T> {
+        self.element(self.len().saturating_sub(1), stream)
+    }
+
+    /// Writes `value` to element `index` after the work queued on `stream`; the write has
+    /// completed when this returns.
+    pub fn set_element(&mut self, index: usize, value: T, stream: StreamView) -> Result<()> {
+        let at = self.element_ptr(index)?;
+        self.order_after_sets(stream)?;
+        crate::stream::synchronize(self.device(), stream)?;
+        self.device().copy_to_device(at, bytemuck::bytes_of(&value))
+    }
+
+    /// Enqueues a write of `value` to element `index` on `stream` and returns without waiting.
+    ///
+    /// Unlike RMM, the value is taken by value and staged in a page-locked slot that the
+    /// vector owns, so nothing the caller holds needs to outlive the copy. An all-zero value
+    /// takes the memset fast path (no staging). The slot holds one value: a second staged set
+    /// waits (on the host) until the first copy has run. The first staged set makes the slot
+    /// (a pinned allocation and an event), which is slow; later ones reuse it.
+    pub fn set_element_async(&mut self, index: usize, value: T, stream: StreamView) -> Result<()> {
+        let at = self.element_ptr(index)?;
+        let bytes = bytemuck::bytes_of(&value);
+        if bytes.iter().all(|&b| b == 0) {
+            self.order_after_sets(stream)?;
+            return self.device().memset_async(at, 0, Self::ELEMENT, stream);
+        }
+        let device = self.device();
+        let staging = match &mut self.staging {
+            Some(staging) => staging,
+            empty => empty.insert(Box::new(Staging::new(device, Self::ELEMENT)?)),
+        };
+        staging.upload(bytes, at, stream)
+    }
+
+    /// Enqueues a memset of element `index` to zero bytes on `stream` and returns without
+    /// waiting.
+    pub fn set_element_to_zero_async(&mut self, index: usize, stream: StreamView) -> Result<()> {
+        let at = self.element_ptr(index)?;
+        self.order_after_sets(stream)?;
+        self.device().memset_async(at, 0, Self::ELEMENT, stream)
+    }
+
+    /// Sets the length to `new_len` elements on `stream`; see [`DeviceBuffer::resize`]
+    /// (within capacity nothing is allocated or copied; new elements are uninitialized).
+    pub fn resize(&mut self, new_len: usize, stream: StreamView) -> Result<()> {
+        let bytes = Self::bytes_for("new_len", new_len)?;
+        self.order_after_sets(stream)?;
+        self.storage.resize(bytes, stream)
+    }
+
+    /// Makes the capacity at least `new_capacity` elements on `stream`; see
+    /// [`DeviceBuffer::reserve`].
+    pub fn reserve(&mut self, new_capacity: usize, stream: StreamView) -> Result<()> {
+        let bytes = Self::bytes_for("new_capacity", new_capacity)?;
+        self.order_after_sets(stream)?;
+        self.storage.reserve(bytes, stream)
+    }
+
+    /// Reallocates to exactly `len()` elements and copies them on `stream`; see
+    /// [`DeviceBuffer::shrink_to_fit`].
+    pub fn shrink_to_fit(&mut self, stream: StreamView) -> Result<()> {
+        self.order_after_sets(stream)?;
+        self.storage.shrink_to_fit(stream)
+    }
+
+    /// Copies `src` into the vector after the work queued on `stream`; the copy has completed
+    /// when this returns. `src.len()` must equal [`len`](Self::len).
+    pub fn copy_from_host(&mut self, src: &[T], stream: StreamView) -> Result<()> {
+        self.check_host_len("src.len()", src.len())?;
+        self.order_after_sets(stream)?;
+        self.storage
+            .copy_from_host(bytemuck::cast_slice(src), stream)
+    }
+
+    /// Copies the vector into `dst` after the work queued on `stream`; the copy has completed
+    /// when this returns. `dst.len()` must equal [`len`](Self::len).
+    pub fn copy_to_host(&self, dst: &mut [T], stream: StreamView) -> Result<()> {
+        self.check_host_len("dst.len()", dst.len())?;
+        self.order_after_sets(stream)?;
+        self.storage
+            .copy_to_host(bytemuck::cast_slice_mut(dst), stream)
+    }
+
+    /// The elements, copied to the host after the work queued on `stream`.
+    pub fn to_vec(&self, stream: StreamView) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); self.len()];
+        self.copy_to_host(&mut out, stream)?;
+        Ok(out)
+    }
+
+    /// Makes later work on `stream` wait for this vector's pending staged copy, if any.
+    #[inline]
+    fn order_after_sets(&self, stream: StreamView) -> Result<()> {
+        match &self.staging {
+            Some(staging) if staging.is_pending() => staging.order_before(stream),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_index(&self, index: usize) -> Result<()> {
+        let len = self.len();
+        if index < len {
+            Ok(())
+        } else {
+            Err(Error::IndexOutOfRange {
+                index,
+                len,
+                container: "DeviceUVector",
+                element_type: std::any::type_name::<T>(),
+            })
+        }
+    }
+
+    fn check_host_len(&self, what: &'static str, len: usize) -> Result<()> {
+        if len == self.len() {
+            Ok(())
+        } else {
+            Err(Error::invalid_argument(
+                what,
+                len,
+                format!(
+                    "the vector's length, {} elements (resize the vector or slice the host data)",
+                    self.len()
+                ),
+            ))
+        }
+    }
+
+    #[inline]
+    fn bytes_for(what: &'static str, len: usize) -> Result<usize> {
+        len.checked_mul(Self::ELEMENT).ok_or_else(|| {
+            Error::invalid_argument(
+                what,
+                len,
+                format!(
+                    "at most {} elements of {} ({} bytes each): the size in bytes overflows usize",
+                    usize::MAX / Self::ELEMENT,
+                    std::any::type_name::<T>(),
+                    Self::ELEMENT
+                ),
+            )
+        })
+    }
+}
+
+impl<T: Pod, R: ResourceHandle> fmt::Debug for DeviceUVector<T, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceUVector")
+            .field("element_type", &std::any::type_name::<T>())
+            .field("len", &self.len())
+            .field("capacity", &self.capacity())
+            .field("storage", &self.storage)
+            .field(
+                "set_pending",
+                &self.staging.as_ref().is_some_and(|s| s.is_pending()),
+            )
+            .finish()
+    }
+}

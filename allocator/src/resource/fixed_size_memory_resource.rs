@@ -1,0 +1,230 @@
+//! [`FixedSizeMemoryResource`]: blocks of one size from per-stream free lists, RMM's
+//! `fixed_size_memory_resource`.
+
+use parking_lot::Mutex;
+use std::any::Any;
+
+use super::stream_arenas::StreamArenas;
+use super::{DeviceMemoryResource, out_of_memory};
+use crate::backend::{DevicePtr, RawStream};
+use crate::device::Device;
+use crate::error::{Error, Result, fmt_bytes};
+use crate::per_device::SharedResource;
+use crate::stream::StreamView;
+
+/// Default block size (1 MiB), as RMM.
+pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
+/// Default number of blocks taken from the upstream at a time, as RMM.
+pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
+/// Blocks moved from the shared list to a stream's list at a time.
+const REFILL: usize = 32;
+
+#[derive(Debug)]
+struct FixedArena {
+    stream: RawStream,
+    free: Mutex<Vec<u64>>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// Blocks not owned by any stream (fresh, or reclaimed after their stream finished).
+    free: Vec<u64>,
+    /// Upstream chunks (address, bytes).
+    chunks: Vec<(u64, usize)>,
+}
+
+/// Serves requests of up to `block_size` bytes with whole blocks of that size. Blocks freed
+/// on a stream are reused by that stream at once; blocks move to another stream only after
+/// the first stream's work has completed. Memory is returned to the upstream when the
+/// resource is dropped.
+pub struct FixedSizeMemoryResource {
+    upstream: SharedResource,
+    device: Device,
+    block_size: usize,
+    blocks_per_chunk: usize,
+    arenas: StreamArenas<FixedArena>,
+    shared: Mutex<Shared>,
+}
+
+impl std::fmt::Debug for FixedSizeMemoryResource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FixedSizeMemoryResource")
+            .field("device", &self.device)
+            .field("block_size", &self.block_size)
+            .field("blocks_per_chunk", &self.blocks_per_chunk)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FixedSizeMemoryResource {
+    /// Blocks of `block_size` bytes (rounded up to 256), taken from `upstream`
+    /// `blocks_to_preallocate` at a time; one chunk is taken at construction.
+    pub fn new(
+        upstream: SharedResource,
+        block_size: usize,
+        blocks_to_preallocate: usize,
+    ) -> Result<Self> {
+        if block_size == 0 || blocks_to_preallocate == 0 {
+            return Err(Error::invalid_argument(
+                "block_size / blocks_to_preallocate",
+                format!("{block_size} / {blocks_to_preallocate}"),
+                "both at least 1",
+            ));
+        }
+        let block_size = block_size.next_multiple_of(crate::ALLOCATION_ALIGNMENT);
+        let r = FixedSizeMemoryResource {
+            device: upstream.device(),
+            upstream,
+            block_size,
+            blocks_per_chunk: blocks_to_preallocate,
+            arenas: StreamArenas::new(),
+            shared: Mutex::new(Shared::default()),
+        };
+        r.grow(&mut r.shared.lock(), StreamView::DEFAULT)?;
+        Ok(r)
+    }
+
+    /// A resource with RMM's defaults: 1 MiB blocks, 128 at a time.
+    pub fn with_defaults(upstream: SharedResource) -> Result<Self> {
+        Self::new(upstream, DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE)
+    }
+
+    /// The size of every block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    #[inline]
+    fn arena(&self, stream: StreamView) -> Result<&FixedArena> {
+        self.arenas.get(stream.raw(), || FixedArena {
+            stream: stream.raw(),
+            free: Mutex::new(Vec::with_capacity(REFILL * 4)),
+        })
+    }
+
+    fn grow(&self, shared: &mut Shared, stream: StreamView) -> Result<()> {
+        let bytes = self.block_size * self.blocks_per_chunk;
+        let p = self.upstream.allocate(bytes, stream)?;
+        shared.chunks.push((p.addr(), bytes));
+        shared.free.extend(
+            (0..self.blocks_per_chunk)
+                .rev()
+                .map(|i| p.addr() + (i * self.block_size) as u64),
+        );
+        tracing::debug!(
+            device = self.device.ordinal(),
+            bytes,
+            "fixed-size resource grew"
+        );
+        Ok(())
+    }
+
+    #[cold]
+    fn allocate_slow(
+        &self,
+        arena: &FixedArena,
+        bytes: usize,
+        stream: StreamView,
+    ) -> Result<DevicePtr> {
+        let mut shared = self.shared.lock();
+        if shared.free.is_empty() {
+            let grown = self.grow(&mut shared, stream);
+            if let Err(e) = grown {
+                if !e.is_out_of_memory() {
+                    return Err(e);
+                }
+                // Take back blocks other streams are not using, once their work is done.
+                let backend = self.device.backend();
+                for other in self.arenas.all() {
+                    if other.stream == arena.stream {
+                        continue;
+                    }
+                    let mut list = other.free.lock();
+                    if !list.is_empty() {
+                        backend.stream_synchronize(self.device.ordinal(), other.stream)?;
+                        shared.free.append(&mut list);
+                    }
+                }
+                if shared.free.is_empty() {
+                    return Err(out_of_memory(
+                        self.device,
+                        bytes,
+                        "FixedSizeMemoryResource",
+                        None,
+                    ));
+                }
+            }
+        }
+        let take = shared.free.len().min(REFILL);
+        let at = shared.free.len() - take;
+        let mut list = arena.free.lock();
+        list.extend(shared.free.drain(at..));
+        list.pop()
+            .map(DevicePtr)
+            .ok_or_else(|| out_of_memory(self.device, bytes, "FixedSizeMemoryResource", None))
+    }
+}
+
+impl DeviceMemoryResource for FixedSizeMemoryResource {
+    #[inline]
+    fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        if bytes > self.block_size {
+            return Err(Error::invalid_argument(
+                "bytes",
+                fmt_bytes(bytes),
+                format!(
+                    "at most the block size {} of this FixedSizeMemoryResource",
+                    fmt_bytes(self.block_size)
+                ),
+            ));
+        }
+        let arena = self.arena(stream)?;
+        if let Some(p) = arena.free.lock().pop() {
+            return Ok(DevicePtr(p));
+        }
+        self.allocate_slow(arena, bytes, stream)
+    }
+
+    #[inline]
+    fn deallocate(&self, ptr: DevicePtr, _bytes: usize, stream: StreamView) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        self.arena(stream)?.free.lock().push(ptr.addr());
+        Ok(())
+    }
+
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn name(&self) -> &'static str {
+        "FixedSizeMemoryResource"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for FixedSizeMemoryResource {
+    fn drop(&mut self) {
+        if let Err(e) = self.device.synchronize() {
+            tracing::error!(
+                "synchronizing {} before releasing fixed-size blocks: {e}",
+                self.device
+            );
+        }
+        for (addr, bytes) in std::mem::take(&mut self.shared.lock().chunks) {
+            if let Err(e) = self
+                .upstream
+                .deallocate(DevicePtr(addr), bytes, StreamView::DEFAULT)
+            {
+                tracing::error!("returning {bytes} bytes at {addr:#x} upstream: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! One stream's share of a pool: two TLSF heaps (small and large requests), the live blocks,
+//! and blocks freed on other streams that wait for an event before they can be reused.
+
+use crate::backend::{Backend, RawEvent, RawStream};
+use crate::error::Result;
+
+use super::ptr_map::PtrMap;
+use super::tlsf::Heap;
+
+/// Requests up to this size go to the small heap, so they do not fragment large regions.
+pub(crate) const SMALL_LIMIT: u64 = 1 << 20;
+/// Tag bit of a live block that lives in the small heap.
+const SMALL_TAG: u32 = 1 << 31;
+
+/// A block freed on another stream: reusable once `event` (recorded on that stream at the
+/// free) has completed.
+#[derive(Debug)]
+struct Pending {
+    tag: u32,
+    size: u64,
+    event: RawEvent,
+}
+
+/// The bookkeeping of one arena; always used under the arena's lock.
+#[derive(Debug)]
+pub(crate) struct ArenaState {
+    small: Heap,
+    large: Heap,
+    live: PtrMap,
+    pending: Vec<Pending>,
+    spare_events: Vec<RawEvent>,
+    pub(crate) in_use: u64,
+    pub(crate) pending_bytes: u64,
+}
+
+/// One stream's arena.
+#[derive(Debug)]
+pub(crate) struct Arena {
+    pub(crate) stream: RawStream,
+    pub(crate) state: parking_lot::Mutex<ArenaState>,
+}
+
+impl Arena {
+    pub(crate) fn new(stream: RawStream) -> Arena {
+        Arena {
+            stream,
+            state: parking_lot::Mutex::new(ArenaState {
+                small: Heap::new(),
+                large: Heap::new(),
+                live: PtrMap::with_capacity(4096),
+                pending: Vec::new(),
+                spare_events: Vec::new(),
+                in_use: 0,
+                pending_bytes: 0,
+            }),
+        }
+    }
+}
+
+/// Heap figures of one arena.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ArenaFigures {
+    pub(crate) region_bytes: u64,
+    pub(crate) free_bytes: u64,
+    pub(crate) in_use: u64,
+    pub(crate) pending_bytes: u64,
+    pub(crate) largest_free: u64,
+    pub(crate) regions: usize,
+    pub(crate) free_blocks: usize,
+    pub(crate) live_blocks: usize,
+}
+
+impl ArenaState {
+    /// Serves `size` (a multiple of 256) from the arena's heaps, if they can.
+    #[inline]
+    pub(crate) fn try_alloc(&mut self, size: u64) -> Option<u64> {
+        let (heap, tag_bit) = if size <= SMALL_LIMIT {
+            (&mut self.small, SMALL_TAG)
+        } else {
+            (&mut self.large, 0)
+        };
+        let idx = heap.alloc(size)?;
+        let addr = heap.block(idx).addr;
+        self.live.insert(addr, idx | tag_bit);
+        self.in_use += size;
+        Some(addr)
+    }
+
+    /// Frees the live block at `addr`, which this arena's stream is done with. Returns false
+    /// when the block is not this arena's.
+    #[inline]
+    pub(crate) fn free_local(&mut self, addr: u64) -> bool {
+        match self.live.remove(addr) {
+            Some(tag) => {
+                self.release(tag);
+                true
+            }
+            None => false,
+        }
+    }
+
+    #[inline]
+    fn release(&mut self, tag: u32) {
+        let heap = if tag & SMALL_TAG != 0 {
+            &mut self.small
+        } else {
+            &mut self.large
+        };
+        let idx = tag & !SMALL_TAG;
+        self.in_use -= heap.block(idx).size;
+        heap.free(idx);
+    }
+
+    /// Takes the live block at `addr` out of service until work queued on `stream` (another
+    /// stream) completes. Returns false when the block is not this arena's.
+    pub(crate) fn free_deferred(
+        &mut self,
+        backend: &dyn Backend,
+        dev: u32,
+        addr: u64,
+        stream: RawStream,
+    ) -> Result<bool> {
+        let Some(tag) = self.live.get(addr) else {
+            return Ok(false);
+        };
+        let event = match self.spare_events.pop() {
+            Some(e) => e,
+            None => backend.event_create(dev)?,
+        };
+        if let Err(e) = backend.event_record(dev, event, stream) {
+            self.spare_events.push(event);
+            return Err(e);
+        }
+        self.live.remove(addr);
+        let heap = if tag & SMALL_TAG != 0 {
+            &self.small
+        } else {
+            &self.large
+        };
+        let size = heap.block(tag & !SMALL_TAG).size;
+        self.in_use -= size;
+        self.pending_bytes += size;
+        self.pending.push(Pending { tag, size, event });
+        Ok(true)
+    }
+
+    /// Returns blocks whose events have completed to the heaps; with `wait`, waits for all.
+    pub(crate) fn settle_pending(
+        &mut self,
+        backend: &dyn Backend,
+        dev: u32,
+        wait: bool,
+    ) -> Result<()> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let event = self.pending[i].event;
+            let done = if wait {
+                backend.event_synchronize(dev, event)?;
+                true
+            } else {
+                backend.event_query(dev, event)?
+            };
+            if done {
+                let p = self.pending.swap_remove(i);
+                self.pending_bytes -= p.size;
+                self.in_use += p.size;
+                self.release(p.tag);
+                self.spare_events.push(p.event);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Adds a granted range to the heap that serves requests of `size`.
+    pub(crate) fn add_grant(&mut self, for_size: u64, addr: u64, len: u64) {
+        if for_size <= SMALL_LIMIT {
+            self.small.add_region(addr, len);
+        } else {
+            self.large.add_region(addr, len);
+        }
+    }
+
+    /// Removes every region that is entirely free, for the pool to reuse elsewhere.
+    pub(crate) fn take_free_regions(&mut self, out: &mut Vec<(u64, u64)>) {
+        self.small.take_free_regions(out);
+        self.large.take_free_regions(out);
+    }
+
+    /// Takes one free block of at least `size` bytes out of either heap (see [`Heap::steal`]).
+    pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
+        self.large.steal(size).or_else(|| self.small.steal(size))
+    }
+
+    /// Live blocks as (address, size).
+    pub(crate) fn live_blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.live.iter().map(|(addr, tag)| {
+            let heap = if tag & SMALL_TAG != 0 {
+                &self.small
+            } else {
+                &self.large
+            };
+            (addr, heap.block(tag & !SMALL_TAG).size)
+        })
+    }
+
+    pub(crate) fn figures(&self) -> ArenaFigures {
+        ArenaFigures {
+            region_bytes: self.small.region_bytes() + self.large.region_bytes(),
+            free_bytes: self.small.free_bytes() + self.large.free_bytes(),
+            in_use: self.in_use,
+            pending_bytes: self.pending_bytes,
+            largest_free: self.small.largest_free().max(self.large.largest_free()),
+            regions: self.small.regions() + self.large.regions(),
+            free_blocks: self.small.free_blocks() + self.large.free_blocks(),
+            live_blocks: self.live.len(),
+        }
+    }
+
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        self.small.check().map_err(|e| format!("small heap: {e}"))?;
+        self.large.check().map_err(|e| format!("large heap: {e}"))
+    }
+
+    /// Destroys the arena's events (at pool teardown).
+    pub(crate) fn destroy_events(&mut self, backend: &dyn Backend, dev: u32) {
+        for e in self
+            .spare_events
+            .drain(..)
+            .chain(self.pending.drain(..).map(|p| p.event))
+        {
+            let _ = backend.event_destroy(dev, e);
+        }
+    }
+}

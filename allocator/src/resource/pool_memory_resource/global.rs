@@ -1,0 +1,156 @@
+//! Memory the pool holds from its upstream but has not granted to any stream's arena.
+//!
+//! Free ranges are kept by address (to merge neighbours) and by size (best fit in
+//! O(log n)). Ranges never merge across the start of an upstream chunk, so every range
+//! handed out lies inside one upstream allocation. Everything here is a slow path.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Debug, Default)]
+pub(crate) struct FreeSpace {
+    by_addr: BTreeMap<u64, u64>,
+    by_size: BTreeSet<(u64, u64)>,
+    /// Upstream chunks: start → size.
+    chunks: BTreeMap<u64, u64>,
+    free_bytes: u64,
+}
+
+impl FreeSpace {
+    pub(crate) fn free_bytes(&self) -> u64 {
+        self.free_bytes
+    }
+
+    pub(crate) fn pool_size(&self) -> u64 {
+        self.chunks.values().sum()
+    }
+
+    pub(crate) fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    pub(crate) fn fragments(&self) -> usize {
+        self.by_addr.len()
+    }
+
+    pub(crate) fn largest_free(&self) -> u64 {
+        self.by_size.last().map_or(0, |(s, _)| *s)
+    }
+
+    pub(crate) fn chunks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.chunks.iter().map(|(a, s)| (*a, *s))
+    }
+
+    /// Adds a new upstream chunk, all free.
+    pub(crate) fn add_chunk(&mut self, addr: u64, size: u64) {
+        self.chunks.insert(addr, size);
+        self.insert(addr, size);
+    }
+
+    fn is_chunk_start(&self, addr: u64) -> bool {
+        self.chunks.contains_key(&addr)
+    }
+
+    fn put(&mut self, addr: u64, size: u64) {
+        self.by_addr.insert(addr, size);
+        self.by_size.insert((size, addr));
+        self.free_bytes += size;
+    }
+
+    fn remove(&mut self, addr: u64, size: u64) {
+        self.by_addr.remove(&addr);
+        self.by_size.remove(&(size, addr));
+        self.free_bytes -= size;
+    }
+
+    /// Gives `[addr, addr + size)` back, merging with free neighbours in the same chunk.
+    pub(crate) fn insert(&mut self, mut addr: u64, mut size: u64) {
+        if !self.is_chunk_start(addr)
+            && let Some((&pa, &ps)) = self.by_addr.range(..addr).next_back()
+            && pa + ps == addr
+        {
+            self.remove(pa, ps);
+            addr = pa;
+            size += ps;
+        }
+        let end = addr + size;
+        if !self.is_chunk_start(end)
+            && let Some(&ns) = self.by_addr.get(&end)
+        {
+            self.remove(end, ns);
+            size += ns;
+        }
+        self.put(addr, size);
+    }
+
+    /// Takes a range of `want` bytes if one fits, else of at least `need` bytes (all of the
+    /// best-fitting range, up to `want`). Returns (address, size).
+    pub(crate) fn take(&mut self, need: u64, want: u64) -> Option<(u64, u64)> {
+        let (size, addr) = self
+            .by_size
+            .range((want, 0)..)
+            .next()
+            .or_else(|| self.by_size.range((need, 0)..).next())
+            .copied()?;
+        let take = size.min(want.max(need));
+        self.remove(addr, size);
+        if size > take {
+            self.put(addr + take, size - take);
+        }
+        Some((addr, take))
+    }
+
+    /// Removes and returns the chunks that are entirely free, largest first, until the pool
+    /// would be no larger than `target` bytes.
+    pub(crate) fn take_free_chunks(&mut self, target: u64) -> Vec<(u64, u64)> {
+        let mut free_chunks: Vec<(u64, u64)> = self
+            .chunks
+            .iter()
+            .filter(|(a, s)| self.by_addr.get(a) == Some(s))
+            .map(|(a, s)| (*a, *s))
+            .collect();
+        free_chunks.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
+        let mut pool = self.pool_size();
+        let mut out = Vec::new();
+        for (a, s) in free_chunks {
+            if pool <= target {
+                break;
+            }
+            self.remove(a, s);
+            self.chunks.remove(&a);
+            pool -= s;
+            out.push((a, s));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_inside_a_chunk_but_not_across_chunks() {
+        let mut f = FreeSpace::default();
+        f.add_chunk(0, 1000);
+        f.add_chunk(1000, 1000);
+        assert_eq!(f.fragments(), 2);
+        let (a, s) = f.take(300, 300).unwrap();
+        assert_eq!((a, s), (0, 300));
+        f.insert(a, s);
+        assert_eq!(f.fragments(), 2, "merged back within chunk 0 only");
+        assert_eq!(f.take(1500, 1500), None);
+        assert_eq!(f.take_free_chunks(0).len(), 2);
+        assert_eq!(f.pool_size(), 0);
+    }
+
+    #[test]
+    fn take_prefers_want_then_falls_back_to_need() {
+        let mut f = FreeSpace::default();
+        f.add_chunk(0, 100);
+        f.add_chunk(1000, 50);
+        assert_eq!(f.take(40, 80), Some((0, 80)));
+        assert_eq!(f.take(40, 80), Some((1000, 50)));
+        assert_eq!(f.take(40, 80), None);
+        assert_eq!(f.take(20, 80), Some((80, 20)));
+    }
+}

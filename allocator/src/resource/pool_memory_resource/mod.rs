@@ -1,0 +1,641 @@
+//! [`PoolMemoryResource`]: a stream-ordered, coalescing, multi-thread-scalable pool
+//! sub-allocator over any upstream resource (RMM's `pool_memory_resource`, rebuilt for
+//! many workers).
+//!
+//! # Design
+//! * Memory comes from the upstream in large *chunks* (the initial size, then growth toward
+//!   the maximum, falling back to smaller tries when the upstream refuses).
+//! * Each stream has an *arena* that owns the ranges granted to it: a TLSF heap for requests
+//!   above 1 MiB and one for small requests (so small objects never fragment large regions).
+//!   Blocks split on allocation and merge with free neighbours on free, in O(1).
+//! * A thread finds its stream's arena in a thread-local cache; workers on their own streams
+//!   never share a lock, a cache line or a driver call on the fast path.
+//! * Stream order: a block freed on the stream that owns it is reusable by that stream at
+//!   once. A block freed on another stream waits for an event recorded on the freeing stream.
+//!   Memory moves between streams only through the pool's slow path, after the giving
+//!   stream's queued work has completed.
+//! * Out of memory: grant from the pool's free space, grow, reclaim every arena's free
+//!   regions, give entirely free chunks back to the upstream and grow again; only then fail,
+//!   with the pool's figures in the error.
+
+mod arena;
+mod global;
+mod ptr_map;
+mod tlsf;
+
+use std::any::Any;
+
+use parking_lot::Mutex;
+
+use self::arena::{Arena, SMALL_LIMIT};
+use self::global::FreeSpace;
+use self::tlsf::GRANULE;
+use super::stream_arenas::StreamArenas;
+use super::{DeviceMemoryResource, out_of_memory};
+use crate::backend::{DevicePtr, MemInfo};
+use crate::device::Device;
+use crate::error::{Error, PoolUsage, Result, fmt_bytes};
+use crate::per_device::SharedResource;
+use crate::stream::StreamView;
+
+/// A size given in bytes or as a fraction of the device's total memory.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PoolSize {
+    /// Exactly this many bytes (rounded to 256).
+    Bytes(usize),
+    /// This fraction (0, 1] of the device's total memory.
+    Fraction(f64),
+}
+
+impl PoolSize {
+    /// The size in bytes on a device of `total` bytes, rounded down to 256 bytes.
+    pub fn resolve(self, total: usize, what: &'static str) -> Result<u64> {
+        let bytes = match self {
+            PoolSize::Bytes(b) => b as u64,
+            PoolSize::Fraction(f) if f > 0.0 && f <= 1.0 => (total as f64 * f) as u64,
+            PoolSize::Fraction(f) => {
+                return Err(Error::invalid_argument(
+                    what,
+                    f,
+                    "a fraction in (0, 1] of device memory",
+                ));
+            }
+        };
+        Ok(bytes / GRANULE * GRANULE)
+    }
+}
+
+/// Smallest range granted to an arena for large requests.
+const LARGE_GRANT: u64 = 64 << 20;
+/// Range granted to an arena for small requests.
+const SMALL_GRANT: u64 = 16 << 20;
+/// Smallest growth of the pool.
+const MIN_GROWTH: u64 = 64 << 20;
+
+/// Builds a [`PoolMemoryResource`].
+#[derive(Debug, Clone)]
+pub struct PoolBuilder {
+    upstream: SharedResource,
+    initial: Option<PoolSize>,
+    maximum: Option<PoolSize>,
+}
+
+impl PoolBuilder {
+    /// Memory taken from the upstream at construction (default: half of the device's free
+    /// memory, as RMM's Python `reinitialize` does). `Bytes(0)` starts empty.
+    pub fn initial_size(mut self, size: PoolSize) -> Self {
+        self.initial = Some(size);
+        self
+    }
+
+    /// The most memory the pool may hold (default: the device's total memory).
+    pub fn maximum_size(mut self, size: PoolSize) -> Self {
+        self.maximum = Some(size);
+        self
+    }
+
+    /// Takes the initial memory and builds the pool.
+    pub fn build(self) -> Result<PoolMemoryResource> {
+        let device = self.upstream.device();
+        let info = device.mem_info()?;
+        let maximum = match self.maximum {
+            Some(m) => m.resolve(info.total, "maximum_size")?,
+            None => info.total as u64 / GRANULE * GRANULE,
+        };
+        let initial = match self.initial {
+            Some(s) => s.resolve(info.total, "initial_size")?,
+            None => (info.free as u64 / 2 / GRANULE * GRANULE).min(maximum),
+        };
+        if initial > maximum {
+            return Err(Error::invalid_argument(
+                "initial_size",
+                fmt_bytes(initial as usize),
+                format!("at most the maximum size {}", fmt_bytes(maximum as usize)),
+            ));
+        }
+        let pool = PoolMemoryResource {
+            upstream: self.upstream,
+            device,
+            maximum,
+            arenas: StreamArenas::new(),
+            global: Mutex::new(FreeSpace::default()),
+        };
+        if initial > 0 {
+            let mut g = pool.global.lock();
+            let p = pool
+                .upstream
+                .allocate(initial as usize, StreamView::DEFAULT)?;
+            g.add_chunk(p.addr(), initial);
+        }
+        tracing::debug!(
+            device = device.ordinal(),
+            initial,
+            maximum,
+            upstream = pool.upstream.name(),
+            "pool created"
+        );
+        Ok(pool)
+    }
+}
+
+/// Figures of a pool at one moment, with the result of its structural checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolSnapshot {
+    /// Bytes held from the upstream.
+    pub pool_size: u64,
+    /// Bytes handed out and not freed.
+    pub in_use: u64,
+    /// Bytes free in the pool (arenas and unassigned).
+    pub free: u64,
+    /// Bytes freed on a stream other than their arena's, waiting for that stream.
+    pub pending: u64,
+    /// The largest free block.
+    pub largest_free: u64,
+    /// Upstream chunks.
+    pub chunks: usize,
+    /// Streams with an arena.
+    pub arenas: usize,
+    /// Live blocks.
+    pub live_blocks: usize,
+    /// Free blocks in arenas plus free ranges not granted to any arena.
+    pub free_blocks: usize,
+    /// True when nothing is in use and every granted region is one free block.
+    pub fully_coalesced: bool,
+}
+
+/// The pool. See the module documentation for the design.
+pub struct PoolMemoryResource {
+    upstream: SharedResource,
+    device: Device,
+    maximum: u64,
+    arenas: StreamArenas<Arena>,
+    global: Mutex<FreeSpace>,
+}
+
+impl std::fmt::Debug for PoolMemoryResource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolMemoryResource")
+            .field("device", &self.device)
+            .field("upstream", &self.upstream.name())
+            .field("maximum", &self.maximum)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PoolMemoryResource {
+    /// A builder over `upstream`.
+    pub fn builder(upstream: SharedResource) -> PoolBuilder {
+        PoolBuilder {
+            upstream,
+            initial: None,
+            maximum: None,
+        }
+    }
+
+    /// A pool over `upstream` with the given initial and maximum sizes in bytes.
+    pub fn new(upstream: SharedResource, initial: usize, maximum: Option<usize>) -> Result<Self> {
+        let mut b = Self::builder(upstream).initial_size(PoolSize::Bytes(initial));
+        if let Some(m) = maximum {
+            b = b.maximum_size(PoolSize::Bytes(m));
+        }
+        b.build()
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &SharedResource {
+        &self.upstream
+    }
+
+    /// The maximum size in bytes.
+    pub fn maximum_size(&self) -> u64 {
+        self.maximum
+    }
+
+    /// Bytes currently held from the upstream.
+    pub fn pool_size(&self) -> u64 {
+        self.global.lock().pool_size()
+    }
+
+    #[inline]
+    fn arena(&self, stream: StreamView) -> Result<&Arena> {
+        self.arenas.get(stream.raw(), || Arena::new(stream.raw()))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn allocate_slow(
+        &self,
+        arena: &Arena,
+        size: u64,
+        bytes: usize,
+        stream: StreamView,
+    ) -> Result<DevicePtr> {
+        let backend = self.device.backend();
+        let dev = self.device.ordinal();
+        {
+            let mut st = arena.state.lock();
+            if st.has_pending() {
+                st.settle_pending(backend, dev, false)?;
+                if let Some(addr) = st.try_alloc(size) {
+                    return Ok(DevicePtr(addr));
+                }
+            }
+        }
+        let (need, want) = if size <= SMALL_LIMIT {
+            (size, SMALL_GRANT)
+        } else {
+            (size, size.max(LARGE_GRANT))
+        };
+        // A grant can be raced away by nothing (the arena is this stream's), but the slow path
+        // of another thread on the same stream may use it first: try a few times.
+        for _ in 0..4 {
+            match self.grant(need, want, stream)? {
+                Some((addr, len)) => {
+                    let mut st = arena.state.lock();
+                    st.add_grant(size, addr, len);
+                    if let Some(addr) = st.try_alloc(size) {
+                        return Ok(DevicePtr(addr));
+                    }
+                }
+                None => break,
+            }
+        }
+        let usage = self.usage();
+        tracing::warn!(
+            device = dev,
+            requested = bytes,
+            pool_size = usage.pool_size,
+            in_use = usage.in_use,
+            largest_free = usage.largest_free,
+            "pool out of memory"
+        );
+        Err(out_of_memory(
+            self.device,
+            bytes,
+            "PoolMemoryResource",
+            Some(usage),
+        ))
+    }
+
+    /// Finds a range of at least `need` bytes (preferably `want`) for an arena.
+    fn grant(&self, need: u64, want: u64, stream: StreamView) -> Result<Option<(u64, u64)>> {
+        let mut g = self.global.lock();
+        if let Some(r) = g.take(need, want) {
+            return Ok(Some(r));
+        }
+        let _span = tracing::debug_span!("pool grow/reclaim", device = self.device.ordinal(), need)
+            .entered();
+        if self.grow(&mut g, need, want, stream)? {
+            return Ok(g.take(need, want));
+        }
+        self.reclaim(&mut g)?;
+        if let Some(r) = g.take(need, want) {
+            return Ok(Some(r));
+        }
+        // Free memory is scattered over arenas: move one large enough free block.
+        if self.steal(&mut g, need)? {
+            return Ok(g.take(need, need));
+        }
+        // Give entirely free chunks back so the upstream can hand out one large enough.
+        let freed = g.take_free_chunks(0);
+        if !freed.is_empty() {
+            self.device.synchronize()?;
+            for (addr, size) in freed {
+                self.upstream
+                    .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)?;
+            }
+            if self.grow(&mut g, need, want, stream)? {
+                return Ok(g.take(need, want));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Takes a new chunk from the upstream: at least `need`, preferably the pool's size again
+    /// (or `want`), halving on refusal. Returns false when the pool cannot grow.
+    fn grow(&self, g: &mut FreeSpace, need: u64, want: u64, stream: StreamView) -> Result<bool> {
+        let pool = g.pool_size();
+        let room = self.maximum.saturating_sub(pool);
+        if room < need {
+            return Ok(false);
+        }
+        let mut size = want.max(pool).max(MIN_GROWTH).min(room);
+        loop {
+            match self.upstream.allocate(size as usize, stream) {
+                Ok(p) => {
+                    tracing::debug!(
+                        device = self.device.ordinal(),
+                        grew_by = size,
+                        pool_size = pool + size,
+                        "pool grew"
+                    );
+                    g.add_chunk(p.addr(), size);
+                    return Ok(true);
+                }
+                Err(e) if e.is_out_of_memory() => {
+                    if size <= need {
+                        return Ok(false);
+                    }
+                    size = (size / 2 / GRANULE * GRANULE).max(need);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Moves every arena's entirely free regions back to the pool's free space, after the
+    /// arena's stream has finished the work queued before those frees.
+    fn reclaim(&self, g: &mut FreeSpace) -> Result<()> {
+        let backend = self.device.backend();
+        let dev = self.device.ordinal();
+        let mut regions = Vec::new();
+        for arena in self.arenas.all() {
+            let mut st = arena.state.lock();
+            st.settle_pending(backend, dev, true)?;
+            let before = regions.len();
+            st.take_free_regions(&mut regions);
+            if regions.len() > before {
+                backend.stream_synchronize(dev, arena.stream)?;
+            }
+        }
+        for (addr, size) in regions {
+            g.insert(addr, size);
+        }
+        Ok(())
+    }
+
+    /// Waits for every block freed on a foreign stream and returns it to its arena, so that
+    /// [`PoolMemoryResource::validate`] sees the pool as it is once all streams are idle.
+    pub fn synchronize(&self) -> Result<()> {
+        let backend = self.device.backend();
+        let dev = self.device.ordinal();
+        for arena in self.arenas.all() {
+            arena.state.lock().settle_pending(backend, dev, true)?;
+        }
+        Ok(())
+    }
+
+    /// Moves one free block of at least `need` bytes from some arena to the free space, after
+    /// that arena's stream has finished the work queued before the block was freed.
+    fn steal(&self, g: &mut FreeSpace, need: u64) -> Result<bool> {
+        let backend = self.device.backend();
+        let dev = self.device.ordinal();
+        for arena in self.arenas.all() {
+            let mut st = arena.state.lock();
+            if let Some((addr, size)) = st.steal(need) {
+                backend.stream_synchronize(dev, arena.stream)?;
+                g.insert(addr, size);
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Gives unused memory back to the upstream until the pool holds at most `to_bytes`
+    /// (never less than what is in use). Returns the bytes released.
+    pub fn trim(&self, to_bytes: u64) -> Result<u64> {
+        let _span =
+            tracing::debug_span!("pool trim", device = self.device.ordinal(), to_bytes).entered();
+        let mut g = self.global.lock();
+        self.reclaim(&mut g)?;
+        let freed = g.take_free_chunks(to_bytes);
+        let mut released = 0;
+        for (addr, size) in freed {
+            self.upstream
+                .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)?;
+            released += size;
+        }
+        tracing::debug!(
+            device = self.device.ordinal(),
+            released,
+            pool_size = g.pool_size(),
+            "pool trimmed"
+        );
+        Ok(released)
+    }
+
+    /// Gives every unused chunk back to the upstream. Returns the bytes released.
+    pub fn release(&self) -> Result<u64> {
+        self.trim(0)
+    }
+
+    /// The figures the out-of-memory error reports.
+    pub fn usage(&self) -> PoolUsage {
+        let s = self.snapshot_figures();
+        PoolUsage {
+            pool_size: s.pool_size as usize,
+            in_use: s.in_use as usize,
+            largest_free: s.largest_free as usize,
+            maximum_size: Some(self.maximum as usize),
+        }
+    }
+
+    fn snapshot_figures(&self) -> PoolSnapshot {
+        let g = self.global.lock();
+        let mut s = PoolSnapshot {
+            pool_size: g.pool_size(),
+            free: g.free_bytes(),
+            largest_free: g.largest_free(),
+            chunks: g.chunk_count(),
+            free_blocks: g.fragments(),
+            fully_coalesced: true,
+            ..PoolSnapshot::default()
+        };
+        for arena in self.arenas.all() {
+            let f = arena.state.lock().figures();
+            s.arenas += 1;
+            s.in_use += f.in_use;
+            s.free += f.free_bytes;
+            s.pending += f.pending_bytes;
+            s.largest_free = s.largest_free.max(f.largest_free);
+            s.live_blocks += f.live_blocks;
+            s.free_blocks += f.free_blocks;
+            s.fully_coalesced &= f.free_blocks == f.regions;
+        }
+        s.fully_coalesced &= s.in_use == 0 && s.pending == 0;
+        s
+    }
+
+    /// Checks the pool's structure and accounting: every heap's lists and bitmaps, live blocks
+    /// aligned to 256 bytes and disjoint, and pool size = in use + pending + free. Takes every
+    /// lock in turn: for tests and diagnostics, not for hot paths.
+    pub fn validate(&self) -> Result<PoolSnapshot> {
+        let fail = |what: String| {
+            Error::invalid_argument(
+                "pool state",
+                what,
+                "a consistent pool (this is a bug in rmm-rs)",
+            )
+        };
+        let g = self.global.lock();
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        let mut granted = 0u64;
+        for arena in self.arenas.all() {
+            let st = arena.state.lock();
+            st.check().map_err(fail)?;
+            let f = st.figures();
+            if f.region_bytes != f.free_bytes + f.in_use + f.pending_bytes {
+                return Err(fail(format!(
+                    "arena of stream {:#x}: regions {} B != free {} + in use {} + pending {}",
+                    arena.stream, f.region_bytes, f.free_bytes, f.in_use, f.pending_bytes
+                )));
+            }
+            granted += f.region_bytes;
+            live.extend(st.live_blocks());
+        }
+        if g.pool_size() != g.free_bytes() + granted {
+            return Err(fail(format!(
+                "pool size {} != unassigned {} + granted {}",
+                g.pool_size(),
+                g.free_bytes(),
+                granted
+            )));
+        }
+        live.sort_unstable();
+        for &(addr, size) in &live {
+            if addr % GRANULE != 0 || size % GRANULE != 0 {
+                return Err(fail(format!(
+                    "live block {addr:#x}+{size} is not 256-byte aligned"
+                )));
+            }
+            let inside = g.chunks().any(|(c, cs)| addr >= c && addr + size <= c + cs);
+            if !inside {
+                return Err(fail(format!(
+                    "live block {addr:#x}+{size} lies outside every chunk"
+                )));
+            }
+        }
+        for w in live.windows(2) {
+            if w[0].0 + w[0].1 > w[1].0 {
+                return Err(fail(format!(
+                    "live blocks {:#x}+{} and {:#x} overlap",
+                    w[0].0, w[0].1, w[1].0
+                )));
+            }
+        }
+        drop(g);
+        Ok(self.snapshot_figures())
+    }
+}
+
+impl DeviceMemoryResource for PoolMemoryResource {
+    #[inline]
+    fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        let Some(size) = (bytes as u64).checked_next_multiple_of(GRANULE) else {
+            return Err(out_of_memory(
+                self.device,
+                bytes,
+                "PoolMemoryResource",
+                None,
+            ));
+        };
+        let arena = self.arena(stream)?;
+        if let Some(addr) = arena.state.lock().try_alloc(size) {
+            return Ok(DevicePtr(addr));
+        }
+        if size > self.maximum {
+            return Err(out_of_memory(
+                self.device,
+                bytes,
+                "PoolMemoryResource",
+                Some(self.usage()),
+            ));
+        }
+        self.allocate_slow(arena, size, bytes, stream)
+    }
+
+    #[inline]
+    fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let arena = self.arena(stream)?;
+        if arena.state.lock().free_local(ptr.addr()) {
+            return Ok(());
+        }
+        self.deallocate_foreign(ptr, bytes, stream)
+    }
+
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn name(&self) -> &'static str {
+        "PoolMemoryResource"
+    }
+
+    fn memory_info(&self) -> Result<MemInfo> {
+        let s = self.snapshot_figures();
+        Ok(MemInfo {
+            free: (s.free + self.maximum.saturating_sub(s.pool_size)) as usize,
+            total: self.maximum as usize,
+        })
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl PoolMemoryResource {
+    /// A block freed on a stream other than the one it was allocated on.
+    #[cold]
+    #[inline(never)]
+    fn deallocate_foreign(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
+        let backend = self.device.backend();
+        let dev = self.device.ordinal();
+        for arena in self.arenas.all() {
+            if arena.stream == stream.raw() {
+                continue;
+            }
+            let mut st = arena.state.lock();
+            if st.free_deferred(backend, dev, ptr.addr(), stream.raw())? {
+                return Ok(());
+            }
+        }
+        Err(Error::InvalidPointer {
+            ptr: ptr.addr(),
+            bytes,
+            resource: "PoolMemoryResource",
+        })
+    }
+}
+
+impl Drop for PoolMemoryResource {
+    fn drop(&mut self) {
+        let backend = self.device.backend();
+        let dev = self.device.ordinal();
+        let s = self.snapshot_figures();
+        if s.in_use > 0 {
+            tracing::warn!(
+                device = dev,
+                in_use = s.in_use,
+                live_blocks = s.live_blocks,
+                "pool dropped with live allocations; their memory is returned to the upstream"
+            );
+        }
+        if let Err(e) = self.device.synchronize() {
+            tracing::error!(
+                "synchronizing {} before releasing the pool: {e}",
+                self.device
+            );
+        }
+        for arena in self.arenas.all() {
+            arena.state.lock().destroy_events(backend, dev);
+        }
+        let chunks: Vec<(u64, u64)> = self.global.lock().chunks().collect();
+        for (addr, size) in chunks {
+            if let Err(e) =
+                self.upstream
+                    .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)
+            {
+                tracing::error!(
+                    "returning a pool chunk of {size} bytes at {addr:#x} upstream: {e}"
+                );
+            }
+        }
+    }
+}

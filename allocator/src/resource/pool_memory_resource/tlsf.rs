@@ -1,0 +1,484 @@
+//! A two-level segregated-fit heap over device addresses (TLSF, Masmano et al. 2004).
+//!
+//! Free blocks sit in size classes: the first level is the power of two of the size, the
+//! second splits each power of two into 32 linear classes. Two bitmaps find the smallest
+//! non-empty class that fits in O(1); the head of the request's own class is tried first, so
+//! the choice is within 1/32 of best fit. Blocks split on allocation and merge with free
+//! physical neighbours on free; regions (memory handed to the heap in one piece) never merge
+//! with each other, so a block never spans two upstream allocations.
+//!
+//! Block descriptors live in a slab indexed by `u32`; nothing here touches device memory and
+//! nothing allocates on the host except when the slab grows.
+
+/// "No block".
+pub(crate) const NIL: u32 = u32::MAX;
+/// `next_free` of a block that is not free (keeps descriptors at 32 bytes, two per line).
+const USED: u32 = u32::MAX - 1;
+/// Every size and address is a multiple of this (RMM's 256-byte alignment).
+pub(crate) const GRANULE: u64 = 256;
+const SL_BITS: u32 = 5;
+const SL_COUNT: usize = 1 << SL_BITS;
+/// Sizes are counted in granules; 2^48 bytes / 256 = 2^40 granules, so 41 first-level classes.
+const FL_COUNT: usize = 41;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Block {
+    pub(crate) addr: u64,
+    pub(crate) size: u64,
+    prev_phys: u32,
+    next_phys: u32,
+    prev_free: u32,
+    next_free: u32,
+}
+
+impl Block {
+    #[inline]
+    fn is_free(&self) -> bool {
+        self.next_free != USED
+    }
+}
+
+/// One TLSF heap.
+#[derive(Debug)]
+pub(crate) struct Heap {
+    blocks: Vec<Block>,
+    /// Recycled descriptor slots.
+    spare: Vec<u32>,
+    fl_bitmap: u64,
+    sl_bitmap: [u32; FL_COUNT],
+    heads: [[u32; SL_COUNT]; FL_COUNT],
+    free_bytes: u64,
+    free_blocks: usize,
+    regions: usize,
+    region_bytes: u64,
+}
+
+/// (first level, second level) of a size in granules.
+#[inline]
+fn class_of(granules: u64) -> (usize, usize) {
+    if granules < SL_COUNT as u64 {
+        (0, granules as usize)
+    } else {
+        let msb = 63 - granules.leading_zeros();
+        let fl = (msb - SL_BITS + 1) as usize;
+        let sl = ((granules >> (msb - SL_BITS)) as usize) ^ SL_COUNT;
+        (fl, sl)
+    }
+}
+
+/// The class whose every block fits `granules`: the size rounded up to the next class start.
+#[inline]
+fn class_fitting(granules: u64) -> (usize, usize) {
+    if granules < SL_COUNT as u64 {
+        (0, granules as usize)
+    } else {
+        let msb = 63 - granules.leading_zeros();
+        let round = (1u64 << (msb - SL_BITS)) - 1;
+        class_of(granules + round)
+    }
+}
+
+impl Heap {
+    pub(crate) fn new() -> Heap {
+        Heap {
+            blocks: Vec::with_capacity(1024),
+            spare: Vec::with_capacity(256),
+            fl_bitmap: 0,
+            sl_bitmap: [0; FL_COUNT],
+            heads: [[NIL; SL_COUNT]; FL_COUNT],
+            free_bytes: 0,
+            free_blocks: 0,
+            regions: 0,
+            region_bytes: 0,
+        }
+    }
+
+    pub(crate) fn block(&self, idx: u32) -> &Block {
+        &self.blocks[idx as usize]
+    }
+
+    pub(crate) fn free_bytes(&self) -> u64 {
+        self.free_bytes
+    }
+
+    pub(crate) fn free_blocks(&self) -> usize {
+        self.free_blocks
+    }
+
+    pub(crate) fn regions(&self) -> usize {
+        self.regions
+    }
+
+    /// Bytes of all regions, free or not.
+    pub(crate) fn region_bytes(&self) -> u64 {
+        self.region_bytes
+    }
+
+    fn new_block(&mut self, b: Block) -> u32 {
+        match self.spare.pop() {
+            Some(i) => {
+                self.blocks[i as usize] = b;
+                i
+            }
+            None => {
+                self.blocks.push(b);
+                (self.blocks.len() - 1) as u32
+            }
+        }
+    }
+
+    fn link(&mut self, idx: u32) {
+        let (fl, sl) = class_of(self.blocks[idx as usize].size / GRANULE);
+        let head = self.heads[fl][sl];
+        {
+            let b = &mut self.blocks[idx as usize];
+            b.prev_free = NIL;
+            b.next_free = head;
+        }
+        if head != NIL {
+            self.blocks[head as usize].prev_free = idx;
+        }
+        self.heads[fl][sl] = idx;
+        self.fl_bitmap |= 1 << fl;
+        self.sl_bitmap[fl] |= 1 << sl;
+        self.free_bytes += self.blocks[idx as usize].size;
+        self.free_blocks += 1;
+    }
+
+    fn unlink(&mut self, idx: u32) {
+        let b = self.blocks[idx as usize];
+        let (fl, sl) = class_of(b.size / GRANULE);
+        if b.prev_free != NIL {
+            self.blocks[b.prev_free as usize].next_free = b.next_free;
+        } else {
+            self.heads[fl][sl] = b.next_free;
+            if b.next_free == NIL {
+                self.sl_bitmap[fl] &= !(1 << sl);
+                if self.sl_bitmap[fl] == 0 {
+                    self.fl_bitmap &= !(1 << fl);
+                }
+            }
+        }
+        if b.next_free != NIL {
+            self.blocks[b.next_free as usize].prev_free = b.prev_free;
+        }
+        self.blocks[idx as usize].next_free = USED;
+        self.free_bytes -= b.size;
+        self.free_blocks -= 1;
+    }
+
+    /// Hands `[addr, addr + size)` to the heap as a new region of one free block.
+    pub(crate) fn add_region(&mut self, addr: u64, size: u64) {
+        debug_assert!(addr.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
+        let idx = self.new_block(Block {
+            addr,
+            size,
+            prev_phys: NIL,
+            next_phys: NIL,
+            prev_free: NIL,
+            next_free: USED,
+        });
+        self.regions += 1;
+        self.region_bytes += size;
+        self.link(idx);
+    }
+
+    /// Finds a free block of at least `size` bytes (a multiple of [`GRANULE`]).
+    #[inline]
+    fn find(&self, size: u64) -> u32 {
+        let granules = size / GRANULE;
+        // The head of the request's own class often fits: closer to best fit, same cost.
+        let (fl0, sl0) = class_of(granules);
+        let head = self.heads[fl0][sl0];
+        if head != NIL && self.blocks[head as usize].size >= size {
+            return head;
+        }
+        let (fl, sl) = class_fitting(granules);
+        if fl >= FL_COUNT {
+            return NIL;
+        }
+        let sl_map = self.sl_bitmap[fl] & (!0u32 << sl);
+        let (fl, sl) = if sl_map != 0 {
+            (fl, sl_map.trailing_zeros() as usize)
+        } else {
+            let fl_map = self.fl_bitmap & (!0u64).checked_shl(fl as u32 + 1).unwrap_or(0);
+            if fl_map == 0 {
+                return NIL;
+            }
+            let fl = fl_map.trailing_zeros() as usize;
+            (fl, self.sl_bitmap[fl].trailing_zeros() as usize)
+        };
+        self.heads[fl][sl]
+    }
+
+    /// Allocates `size` bytes (a non-zero multiple of [`GRANULE`]); returns the block.
+    #[inline]
+    pub(crate) fn alloc(&mut self, size: u64) -> Option<u32> {
+        let idx = self.find(size);
+        if idx == NIL {
+            return None;
+        }
+        self.unlink(idx);
+        let b = self.blocks[idx as usize];
+        if b.size > size {
+            // Split: the tail stays free.
+            let rest = self.new_block(Block {
+                addr: b.addr + size,
+                size: b.size - size,
+                prev_phys: idx,
+                next_phys: b.next_phys,
+                prev_free: NIL,
+                next_free: USED,
+            });
+            if b.next_phys != NIL {
+                self.blocks[b.next_phys as usize].prev_phys = rest;
+            }
+            let blk = &mut self.blocks[idx as usize];
+            blk.size = size;
+            blk.next_phys = rest;
+            self.link(rest);
+        }
+        Some(idx)
+    }
+
+    /// Frees block `idx`, merging it with free physical neighbours. Returns the merged block.
+    #[inline]
+    pub(crate) fn free(&mut self, idx: u32) -> u32 {
+        let mut idx = idx;
+        let b = self.blocks[idx as usize];
+        debug_assert!(!b.is_free(), "double free of block {idx}");
+        if b.next_phys != NIL && self.blocks[b.next_phys as usize].is_free() {
+            let n = b.next_phys;
+            self.unlink(n);
+            let nb = self.blocks[n as usize];
+            let blk = &mut self.blocks[idx as usize];
+            blk.size += nb.size;
+            blk.next_phys = nb.next_phys;
+            if nb.next_phys != NIL {
+                self.blocks[nb.next_phys as usize].prev_phys = idx;
+            }
+            self.spare.push(n);
+        }
+        let b = self.blocks[idx as usize];
+        if b.prev_phys != NIL && self.blocks[b.prev_phys as usize].is_free() {
+            let p = b.prev_phys;
+            self.unlink(p);
+            let blk = &mut self.blocks[p as usize];
+            blk.size += b.size;
+            blk.next_phys = b.next_phys;
+            if b.next_phys != NIL {
+                self.blocks[b.next_phys as usize].prev_phys = p;
+            }
+            self.spare.push(idx);
+            idx = p;
+        }
+        self.link(idx);
+        idx
+    }
+
+    /// Removes every region that is one whole free block; returns their ranges.
+    pub(crate) fn take_free_regions(&mut self, out: &mut Vec<(u64, u64)>) {
+        let mut candidates = Vec::new();
+        for fl in 0..FL_COUNT {
+            for sl in 0..SL_COUNT {
+                let mut i = self.heads[fl][sl];
+                while i != NIL {
+                    let b = &self.blocks[i as usize];
+                    if b.prev_phys == NIL && b.next_phys == NIL {
+                        candidates.push(i);
+                    }
+                    i = b.next_free;
+                }
+            }
+        }
+        for i in candidates {
+            self.unlink(i);
+            let b = self.blocks[i as usize];
+            self.spare.push(i);
+            self.regions -= 1;
+            self.region_bytes -= b.size;
+            out.push((b.addr, b.size));
+        }
+    }
+
+    /// Takes a free block of at least `size` bytes out of the heap, splitting its region
+    /// around it; returns its range. Used to move memory between arenas under pressure.
+    pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
+        let idx = self.find(size);
+        if idx == NIL {
+            return None;
+        }
+        self.unlink(idx);
+        let b = self.blocks[idx as usize];
+        match (b.prev_phys != NIL, b.next_phys != NIL) {
+            (true, true) => self.regions += 1,
+            (false, false) => self.regions -= 1,
+            _ => {}
+        }
+        if b.prev_phys != NIL {
+            self.blocks[b.prev_phys as usize].next_phys = NIL;
+        }
+        if b.next_phys != NIL {
+            self.blocks[b.next_phys as usize].prev_phys = NIL;
+        }
+        self.region_bytes -= b.size;
+        self.spare.push(idx);
+        Some((b.addr, b.size))
+    }
+
+    /// The size of the largest free block (scans the largest non-empty class).
+    pub(crate) fn largest_free(&self) -> u64 {
+        if self.fl_bitmap == 0 {
+            return 0;
+        }
+        let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
+        let sl = 31 - self.sl_bitmap[fl].leading_zeros() as usize;
+        let mut i = self.heads[fl][sl];
+        let mut best = 0;
+        while i != NIL {
+            best = best.max(self.blocks[i as usize].size);
+            i = self.blocks[i as usize].next_free;
+        }
+        best
+    }
+
+    /// Checks the heap's structure; returns a description of the first fault found.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let mut free_bytes = 0;
+        let mut free_blocks = 0;
+        for fl in 0..FL_COUNT {
+            for sl in 0..SL_COUNT {
+                let mut i = self.heads[fl][sl];
+                let nonempty = i != NIL;
+                if nonempty != (self.sl_bitmap[fl] & (1 << sl) != 0) {
+                    return Err(format!("bitmap disagrees with class ({fl}, {sl})"));
+                }
+                while i != NIL {
+                    let b = &self.blocks[i as usize];
+                    if !b.is_free() {
+                        return Err(format!("block {i} on a free list is not free"));
+                    }
+                    if class_of(b.size / GRANULE) != (fl, sl) {
+                        return Err(format!(
+                            "block {i} of {} bytes in class ({fl}, {sl})",
+                            b.size
+                        ));
+                    }
+                    if b.next_phys != NIL && self.blocks[b.next_phys as usize].is_free() {
+                        return Err(format!("free block {i} has a free next neighbour"));
+                    }
+                    if b.next_phys != NIL
+                        && self.blocks[b.next_phys as usize].addr != b.addr + b.size
+                    {
+                        return Err(format!("block {i} and its next neighbour are not adjacent"));
+                    }
+                    free_bytes += b.size;
+                    free_blocks += 1;
+                    i = b.next_free;
+                }
+            }
+        }
+        if free_bytes != self.free_bytes || free_blocks != self.free_blocks {
+            return Err(format!(
+                "free counters {} B / {} blocks, lists hold {free_bytes} B / {free_blocks} blocks",
+                self.free_bytes, self.free_blocks
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_monotonic_and_fitting_rounds_up() {
+        let mut last = (0, 0);
+        for g in 1..100_000u64 {
+            let c = class_of(g);
+            assert!(c >= last, "class of {g} went backwards");
+            last = c;
+            let f = class_fitting(g);
+            assert!(f >= c);
+            // Every size in the fitting class is at least g.
+            let mut probe = g;
+            while class_of(probe) < f {
+                probe += 1;
+            }
+            assert!(probe >= g);
+        }
+    }
+
+    #[test]
+    fn split_and_merge_restore_one_block() {
+        let mut h = Heap::new();
+        h.add_region(1 << 20, 64 << 20);
+        let a = h.alloc(256).unwrap();
+        let b = h.alloc(1 << 20).unwrap();
+        let c = h.alloc(768).unwrap();
+        assert_eq!(h.block(a).addr, 1 << 20);
+        assert_eq!(h.block(b).addr, (1 << 20) + 256);
+        assert_eq!(h.free_bytes(), (64 << 20) - 256 - (1 << 20) - 768);
+        h.free(b);
+        h.free(a);
+        h.check().unwrap();
+        h.free(c);
+        h.check().unwrap();
+        assert_eq!(h.free_blocks(), 1);
+        assert_eq!(h.free_bytes(), 64 << 20);
+        let mut out = Vec::new();
+        h.take_free_regions(&mut out);
+        assert_eq!(out, vec![(1 << 20, 64 << 20)]);
+        assert_eq!(h.regions(), 0);
+    }
+
+    #[test]
+    fn regions_do_not_merge() {
+        let mut h = Heap::new();
+        h.add_region(0x10000, 4096);
+        h.add_region(0x10000 + 4096, 4096);
+        assert!(h.alloc(8192).is_none(), "a block spanning two regions");
+        let a = h.alloc(4096).unwrap();
+        let b = h.alloc(4096).unwrap();
+        h.free(a);
+        h.free(b);
+        assert_eq!(h.free_blocks(), 2);
+        h.check().unwrap();
+    }
+
+    #[test]
+    fn exhaustion_and_largest_free() {
+        let mut h = Heap::new();
+        h.add_region(0, 10 * 256);
+        let blocks: Vec<u32> = (0..10).map(|_| h.alloc(256).unwrap()).collect();
+        assert!(h.alloc(256).is_none());
+        assert_eq!(h.largest_free(), 0);
+        h.free(blocks[3]);
+        h.free(blocks[4]);
+        assert_eq!(h.largest_free(), 512);
+        assert!(h.alloc(768).is_none());
+        assert!(h.alloc(512).is_some());
+    }
+
+    #[test]
+    fn stealing_a_free_block_splits_its_region() {
+        let mut h = Heap::new();
+        h.add_region(0, 30 * 256);
+        let a = h.alloc(10 * 256).unwrap();
+        let b = h.alloc(10 * 256).unwrap();
+        let c = h.alloc(10 * 256).unwrap();
+        h.free(b);
+        assert_eq!(h.steal(5 * 256), Some((10 * 256, 10 * 256)));
+        assert_eq!(h.regions(), 2);
+        assert_eq!(h.region_bytes(), 20 * 256);
+        h.free(a);
+        h.free(c);
+        h.check().unwrap();
+        assert_eq!(h.free_blocks(), 2, "the two halves no longer merge");
+        let mut out = Vec::new();
+        h.take_free_regions(&mut out);
+        out.sort();
+        assert_eq!(out, vec![(0, 10 * 256), (20 * 256, 10 * 256)]);
+    }
+}

@@ -1,0 +1,213 @@
+//! PoolMemoryResource: sizes, alignment, data, growth, out-of-memory, release and trim.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{GIB, MIB, device, pattern};
+use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
+use rmm_allocator::{ALLOCATION_ALIGNMENT, Device, DeviceMemoryResource, Error, StreamView};
+
+fn cuda(d: Device) -> SharedResource {
+    Arc::new(CudaMemoryResource::new(d))
+}
+
+fn sim_backend(capacity: usize) -> (&'static SimBackend, Device) {
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity,
+        mode: SimMemoryMode::Unbacked,
+    })
+    .unwrap();
+    (b, Device::on(b, 0).unwrap())
+}
+
+fn sim(capacity: usize) -> Device {
+    sim_backend(capacity).1
+}
+
+#[test]
+fn sizes_alignment_and_data() {
+    let d = device();
+    let pool = PoolMemoryResource::new(cuda(d), 2 * GIB, None).unwrap();
+    assert!(pool.allocate(0, StreamView::DEFAULT).unwrap().is_null());
+    let mut live = Vec::new();
+    for (i, bytes) in [1usize, 255, 256, 257, 4095, MIB, MIB + 1, 3 * MIB + 5, GIB]
+        .into_iter()
+        .enumerate()
+    {
+        let p = pool.allocate(bytes, StreamView::DEFAULT).unwrap();
+        assert_eq!(
+            p.addr() % ALLOCATION_ALIGNMENT as u64,
+            0,
+            "{bytes} B at {p}"
+        );
+        let n = bytes.min(1 << 16);
+        let data = pattern(n, i as u64);
+        d.copy_to_device(p, &data).unwrap();
+        let mut back = vec![0u8; n];
+        d.copy_to_host(&mut back, p).unwrap();
+        assert_eq!(back, data);
+        live.push((p, bytes));
+    }
+    let snap = pool.validate().unwrap();
+    assert_eq!(snap.live_blocks, live.len());
+    for (p, b) in live {
+        pool.deallocate(p, b, StreamView::DEFAULT).unwrap();
+    }
+    let snap = pool.validate().unwrap();
+    assert_eq!(snap.in_use, 0);
+    assert!(snap.fully_coalesced, "{snap:?}");
+}
+
+#[test]
+fn out_of_memory_names_the_pool_figures() {
+    let d = device();
+    let pool = PoolMemoryResource::new(cuda(d), 32 * MIB, Some(64 * MIB)).unwrap();
+    let a = pool.allocate(40 * MIB, StreamView::DEFAULT).unwrap();
+    let e = pool.allocate(40 * MIB, StreamView::DEFAULT).unwrap_err();
+    match &e {
+        Error::OutOfMemory {
+            requested,
+            resource,
+            pool: Some(u),
+            ..
+        } => {
+            assert_eq!(*requested, 40 * MIB);
+            assert_eq!(*resource, "PoolMemoryResource");
+            assert_eq!(u.in_use, 40 * MIB);
+            assert!(u.pool_size <= 64 * MIB);
+            assert_eq!(u.maximum_size, Some(64 * MIB));
+        }
+        other => panic!("expected OutOfMemory with pool figures, got {other:?}"),
+    }
+    let msg = e.to_string();
+    assert!(
+        msg.contains("pool holds") && msg.contains("largest free block"),
+        "{msg}"
+    );
+    // Larger than the maximum: refused at once.
+    assert!(
+        pool.allocate(65 * MIB, StreamView::DEFAULT)
+            .unwrap_err()
+            .is_out_of_memory()
+    );
+    pool.deallocate(a, 40 * MIB, StreamView::DEFAULT).unwrap();
+    let b = pool.allocate(60 * MIB, StreamView::DEFAULT).unwrap();
+    pool.deallocate(b, 60 * MIB, StreamView::DEFAULT).unwrap();
+}
+
+#[test]
+fn grows_toward_the_maximum_and_falls_back_when_the_upstream_refuses() {
+    let (b, d) = sim_backend(8 * GIB);
+    let pool = PoolMemoryResource::builder(cuda(d))
+        .initial_size(PoolSize::Bytes(0))
+        .maximum_size(PoolSize::Fraction(0.5))
+        .build()
+        .unwrap();
+    assert_eq!(pool.pool_size(), 0);
+    assert_eq!(pool.maximum_size(), 4 * GIB as u64);
+    let a = pool.allocate(100 * MIB, StreamView::DEFAULT).unwrap();
+    let first = pool.pool_size();
+    assert!(first >= 100 * MIB as u64);
+    // The upstream now refuses anything above 150 MiB: growth halves its try until it fits.
+    b.fail_allocations_above(0, 150 * MIB).unwrap();
+    let big = pool.allocate(140 * MIB, StreamView::DEFAULT).unwrap();
+    let grown = pool.pool_size() - first;
+    assert!(
+        (140 * MIB as u64..=150 * MIB as u64).contains(&grown),
+        "grew by {grown}"
+    );
+    // Nothing above 150 MiB can come from the upstream now.
+    assert!(
+        pool.allocate(200 * MIB, StreamView::DEFAULT)
+            .unwrap_err()
+            .is_out_of_memory()
+    );
+    b.clear_faults(0).unwrap();
+    pool.deallocate(big, 140 * MIB, StreamView::DEFAULT)
+        .unwrap();
+    pool.deallocate(a, 100 * MIB, StreamView::DEFAULT).unwrap();
+    // Past the maximum: out of memory, not a panic.
+    let e = pool.allocate(5 * GIB, StreamView::DEFAULT).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    pool.validate().unwrap();
+}
+
+#[test]
+fn release_gives_everything_unused_back_and_trim_keeps_a_floor() {
+    let d = sim(4 * GIB);
+    let pool = PoolMemoryResource::new(cuda(d), GIB, None).unwrap();
+    assert_eq!(d.mem_info().unwrap().free, 3 * GIB);
+    let s1 = rmm_allocator::Stream::new(d).unwrap();
+    let keep = pool.allocate(10 * MIB, s1.view()).unwrap();
+    let extra: Vec<_> = (0..40)
+        .map(|_| pool.allocate(60 * MIB, StreamView::DEFAULT).unwrap())
+        .collect();
+    let grown = pool.pool_size();
+    assert!(grown > GIB as u64, "the pool grew past its initial size");
+    for p in extra {
+        pool.deallocate(p, 60 * MIB, StreamView::DEFAULT).unwrap();
+    }
+    // Trim to the initial size: the grown chunk goes back, the in-use one stays.
+    let released = pool.trim(GIB as u64).unwrap();
+    assert!(released > 0);
+    assert!(pool.pool_size() <= grown - released);
+    pool.deallocate(keep, 10 * MIB, s1.view()).unwrap();
+    pool.release().unwrap();
+    assert_eq!(pool.pool_size(), 0);
+    assert_eq!(
+        d.mem_info().unwrap().free,
+        4 * GIB,
+        "all memory back with the upstream"
+    );
+    // The pool still works after a release.
+    let p = pool.allocate(MIB, StreamView::DEFAULT).unwrap();
+    pool.deallocate(p, MIB, StreamView::DEFAULT).unwrap();
+}
+
+#[test]
+fn dropping_the_pool_returns_its_memory() {
+    let d = sim(2 * GIB);
+    {
+        let pool = PoolMemoryResource::new(cuda(d), GIB, None).unwrap();
+        let p = pool.allocate(MIB, StreamView::DEFAULT).unwrap();
+        pool.deallocate(p, MIB, StreamView::DEFAULT).unwrap();
+        assert_eq!(d.mem_info().unwrap().free, GIB);
+    }
+    assert_eq!(d.mem_info().unwrap().free, 2 * GIB);
+}
+
+#[test]
+fn a_pointer_the_pool_never_gave_is_an_error() {
+    let d = sim(GIB);
+    let pool = PoolMemoryResource::new(cuda(d), 64 * MIB, None).unwrap();
+    let e = pool
+        .deallocate(rmm_allocator::DevicePtr(0x1000), 256, StreamView::DEFAULT)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidPointer { ptr: 0x1000, .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn fraction_sizes_are_checked() {
+    let d = sim(GIB);
+    let e = PoolMemoryResource::builder(cuda(d))
+        .initial_size(PoolSize::Fraction(1.5))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("fraction"), "{e}");
+    let e = PoolMemoryResource::builder(cuda(d))
+        .initial_size(PoolSize::Bytes(512 * MIB))
+        .maximum_size(PoolSize::Bytes(256 * MIB))
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("initial_size"), "{e}");
+    // Default initial size: half of the free memory.
+    let pool = PoolMemoryResource::builder(cuda(d)).build().unwrap();
+    assert_eq!(pool.pool_size(), (GIB / 2) as u64);
+}

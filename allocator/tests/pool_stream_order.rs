@@ -1,0 +1,136 @@
+//! Stream order in the pool: memory freed on one stream is not handed to another stream
+//! before the first stream's earlier work has completed.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{MIB, device, on_sim};
+use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
+use rmm_allocator::{Device, DeviceMemoryResource, Stream};
+
+#[test]
+fn a_block_freed_on_a_held_stream_waits_for_it_before_another_stream_gets_it() {
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Backed,
+    })
+    .unwrap();
+    let d = Device::on(b, 0).unwrap();
+    // A pool that cannot grow: the second stream can only get memory the first gave back.
+    let pool = Arc::new(
+        PoolMemoryResource::new(
+            Arc::new(CudaMemoryResource::new(d)),
+            64 * MIB,
+            Some(64 * MIB),
+        )
+        .unwrap(),
+    );
+    let a = Stream::new(d).unwrap();
+    let bstream = Stream::new(d).unwrap();
+    let p = pool.allocate(60 * MIB, a.view()).unwrap();
+    // Work queued on A before the free, held back.
+    let gate = b.hold_stream(0, a.view().raw()).unwrap();
+    d.memset_async(p, 7, 60 * MIB, a.view()).unwrap();
+    pool.deallocate(p, 60 * MIB, a.view()).unwrap();
+    // Stream A may reuse it at once.
+    let again = pool.allocate(60 * MIB, a.view()).unwrap();
+    assert_eq!(again, p, "the freeing stream reuses its block at once");
+    pool.deallocate(again, 60 * MIB, a.view()).unwrap();
+
+    let done = Arc::new(AtomicBool::new(false));
+    let (pool2, done2, bview) = (Arc::clone(&pool), Arc::clone(&done), bstream.view());
+    let taker = std::thread::spawn(move || {
+        let q = pool2.allocate(60 * MIB, bview).unwrap();
+        done2.store(true, Ordering::SeqCst);
+        q
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "stream B got A's block while A's work was pending"
+    );
+    assert!(!a.is_idle().unwrap());
+    gate.open();
+    let q = taker.join().unwrap();
+    assert_eq!(q, p, "B gets the block once A is done");
+    assert!(
+        a.is_idle().unwrap(),
+        "A's earlier work completed before B got the block"
+    );
+    let mut back = vec![0u8; 8];
+    d.copy_to_host(&mut back, q).unwrap();
+    assert_eq!(back, vec![7u8; 8]);
+    pool.deallocate(q, 60 * MIB, bview).unwrap();
+    pool.validate().unwrap();
+}
+
+#[test]
+fn a_block_freed_on_another_stream_is_not_reused_before_that_stream_catches_up() {
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Backed,
+    })
+    .unwrap();
+    let d = Device::on(b, 0).unwrap();
+    let pool = PoolMemoryResource::new(
+        Arc::new(CudaMemoryResource::new(d)),
+        64 * MIB,
+        Some(64 * MIB),
+    )
+    .unwrap();
+    let a = Stream::new(d).unwrap();
+    let other = Stream::new(d).unwrap();
+    let p = pool.allocate(40 * MIB, a.view()).unwrap();
+    let gate = b.hold_stream(0, other.view().raw()).unwrap();
+    // Freed on `other` while `other` still has work queued: pending.
+    pool.deallocate(p, 40 * MIB, other.view()).unwrap();
+    let snap = pool.validate().unwrap();
+    assert_eq!(snap.pending, 40 * MIB as u64);
+    let q = pool.allocate(20 * MIB, a.view()).unwrap();
+    assert!(
+        q.addr() >= p.addr() + 40 * MIB as u64 || q.addr() + 20 * MIB as u64 <= p.addr(),
+        "pending block reused early"
+    );
+    gate.open();
+    other.synchronize().unwrap();
+    pool.synchronize().unwrap();
+    assert_eq!(pool.validate().unwrap().pending, 0);
+    let r = pool.allocate(40 * MIB, a.view()).unwrap();
+    assert_eq!(r, p, "the block comes back once the freeing stream is done");
+    pool.deallocate(q, 20 * MIB, a.view()).unwrap();
+    pool.deallocate(r, 40 * MIB, a.view()).unwrap();
+    assert!(pool.validate().unwrap().fully_coalesced);
+}
+
+#[test]
+fn on_the_process_backend_reclaim_waits_for_the_giving_stream() {
+    // On a GPU: a long run of memsets on A, then B needs A's memory: when B's allocation
+    // returns, A's work must be complete. On the simulator the same with a delayed stream.
+    let d = device();
+    let pool = Arc::new(
+        PoolMemoryResource::new(Arc::new(CudaMemoryResource::new(d)), 1 << 30, Some(1 << 30))
+            .unwrap(),
+    );
+    let a = Stream::new(d).unwrap();
+    let bstream = Stream::new(d).unwrap();
+    let p = pool.allocate(1000 * MIB, a.view()).unwrap();
+    // About 70 ms of work on an H200; the simulator's host memsets are slower, so fewer.
+    let rounds = if on_sim() { 3 } else { 200 };
+    for _ in 0..rounds {
+        d.memset_async(p, 1, 1000 * MIB, a.view()).unwrap();
+    }
+    pool.deallocate(p, 1000 * MIB, a.view()).unwrap();
+    let q = pool.allocate(1000 * MIB, bstream.view()).unwrap();
+    assert!(
+        a.is_idle().unwrap(),
+        "B got A's memory while A's memsets were still running"
+    );
+    assert_eq!(q, p);
+    pool.deallocate(q, 1000 * MIB, bstream.view()).unwrap();
+}

@@ -1,0 +1,135 @@
+//! 16 threads, each on its own stream, allocate and free at random, hand some blocks to the
+//! next thread to free on its stream, and check that no block is ever handed out twice or
+//! lost.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+
+use common::{MIB, device};
+use crossbeam_channel::unbounded;
+use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::{BinningMemoryResource, CudaMemoryResource, PoolMemoryResource};
+use rmm_allocator::{DeviceMemoryResource, DevicePtr, Stream};
+
+const THREADS: usize = 16;
+
+fn stress(mr: SharedResource, steps: usize) {
+    let d = device();
+    let handed_out = Arc::new(Mutex::new(HashSet::<u64>::new()));
+    let channels: Vec<_> = (0..THREADS)
+        .map(|_| unbounded::<(DevicePtr, usize)>())
+        .collect();
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let running = Arc::new(AtomicUsize::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let mr = Arc::clone(&mr);
+            let handed_out = Arc::clone(&handed_out);
+            let barrier = Arc::clone(&barrier);
+            let running = Arc::clone(&running);
+            let inbox = channels[t].1.clone();
+            let next = channels[(t + 1) % THREADS].0.clone();
+            std::thread::spawn(move || {
+                let stream = Stream::new(d).unwrap();
+                let mut x = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let mut live: Vec<(DevicePtr, usize, u64)> = Vec::new();
+                barrier.wait();
+                for step in 0..steps {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if live.len() < 64 && (!x.is_multiple_of(3) || live.is_empty()) {
+                        let size = 16 + (x >> 20) as usize % (2 * MIB);
+                        let p = mr.allocate(size, stream.view()).unwrap();
+                        assert!(
+                            handed_out.lock().unwrap().insert(p.addr()),
+                            "{p} handed out twice"
+                        );
+                        let tag = (t as u64) << 32 | step as u64;
+                        if step % 16 == 0 {
+                            d.copy_to_device(p, &tag.to_le_bytes()).unwrap();
+                        }
+                        live.push((p, size, tag));
+                    } else {
+                        let (p, size, tag) = live.swap_remove((x >> 8) as usize % live.len());
+                        if (tag as u32).is_multiple_of(16) {
+                            let mut back = [0u8; 8];
+                            d.copy_to_host(&mut back, p).unwrap();
+                            assert_eq!(
+                                u64::from_le_bytes(back),
+                                tag,
+                                "{p} was overwritten by another owner"
+                            );
+                        }
+                        assert!(handed_out.lock().unwrap().remove(&p.addr()), "{p} lost");
+                        if x.is_multiple_of(5) {
+                            next.send((p, size)).unwrap();
+                        } else {
+                            mr.deallocate(p, size, stream.view()).unwrap();
+                        }
+                    }
+                    while let Ok((p, size)) = inbox.try_recv() {
+                        mr.deallocate(p, size, stream.view()).unwrap();
+                    }
+                }
+                for (p, size, _) in live {
+                    assert!(handed_out.lock().unwrap().remove(&p.addr()));
+                    mr.deallocate(p, size, stream.view()).unwrap();
+                }
+                // Keep freeing what the previous thread hands over until every thread is done.
+                running.fetch_sub(1, Ordering::SeqCst);
+                while running.load(Ordering::SeqCst) > 0 {
+                    while let Ok((p, size)) = inbox.try_recv() {
+                        mr.deallocate(p, size, stream.view()).unwrap();
+                    }
+                    std::thread::yield_now();
+                }
+                while let Ok((p, size)) = inbox.try_recv() {
+                    mr.deallocate(p, size, stream.view()).unwrap();
+                }
+                stream.synchronize().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(handed_out.lock().unwrap().is_empty());
+}
+
+#[test]
+fn sixteen_threads_on_the_pool_lose_and_duplicate_nothing() {
+    let pool = Arc::new(
+        PoolMemoryResource::new(
+            Arc::new(CudaMemoryResource::new(device())),
+            512 * MIB,
+            Some(2048 * MIB),
+        )
+        .unwrap(),
+    );
+    stress(Arc::clone(&pool) as SharedResource, 20_000);
+    pool.synchronize().unwrap();
+    let snap = pool.validate().unwrap();
+    assert_eq!(snap.in_use, 0, "{snap:?}");
+    assert_eq!(snap.pending, 0, "{snap:?}");
+    assert!(snap.fully_coalesced, "{snap:?}");
+}
+
+#[test]
+fn sixteen_threads_on_binning_over_the_pool() {
+    let pool = Arc::new(
+        PoolMemoryResource::new(
+            Arc::new(CudaMemoryResource::new(device())),
+            512 * MIB,
+            Some(2048 * MIB),
+        )
+        .unwrap(),
+    );
+    let bins = Arc::new(
+        BinningMemoryResource::with_bins(Arc::clone(&pool) as SharedResource, 10, 18).unwrap(),
+    );
+    stress(bins, 10_000);
+}
