@@ -14,8 +14,18 @@ build)
     mkdir -p .gpu/bin
     cargo nextest archive --workspace --cargo-profile gpu-test --archive-file .gpu/tests.tar.zst
     cp "$(command -v cargo-nextest)" .gpu/cargo-nextest
-    cargo build --release --bins
-    for b in rmm; do cp "target/release/$b" .gpu/bin/ && strip ".gpu/bin/$b"; done
+    cargo build --release --bins --examples
+    cp target/release/rmm .gpu/bin/
+    for e in examples/*.rs; do n=$(basename "$e" .rs); cp "target/release/examples/$n" .gpu/bin/; done
+    # Benchmarks (harness = false): one executable each, named after the bench.
+    cargo bench --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "bench" in m["target"]["kind"]:
+        shutil.copy(m["executable"], ".gpu/bin/bench-" + m["target"]["name"])
+'
+    strip .gpu/bin/*
     du -sh .gpu .gpu/*
     ;;
 run)
@@ -30,6 +40,13 @@ run)
     status=${PIPESTATUS[0]}
     set -e
     echo "tests exit status: $status"
+    if [ "${BENCH:-1}" = 1 ]; then
+        for e in .gpu/bin/device_*; do [ -x "$e" ] && "$e" > "$out/example-$(basename "$e").txt" 2>&1 && echo "example $(basename "$e"): ok"; done
+        for b in .gpu/bin/bench-*; do
+            echo "== $(basename "$b")"
+            "$b" 2>&1 | tee "$out/$(basename "$b").txt" | tail -30
+        done
+    fi
     exit "$status"
     ;;
 *)

@@ -57,6 +57,7 @@ fn sizes_alignment_and_data() {
     for (p, b) in live {
         pool.deallocate(p, b, StreamView::DEFAULT).unwrap();
     }
+    pool.synchronize().unwrap();
     let snap = pool.validate().unwrap();
     assert_eq!(snap.in_use, 0);
     assert!(snap.fully_coalesced, "{snap:?}");

@@ -105,6 +105,7 @@ fn a_block_freed_on_another_stream_is_not_reused_before_that_stream_catches_up()
     assert_eq!(r, p, "the block comes back once the freeing stream is done");
     pool.deallocate(q, 20 * MIB, a.view()).unwrap();
     pool.deallocate(r, 40 * MIB, a.view()).unwrap();
+    pool.synchronize().unwrap();
     assert!(pool.validate().unwrap().fully_coalesced);
 }
 

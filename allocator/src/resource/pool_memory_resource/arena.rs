@@ -4,6 +4,7 @@
 use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::Result;
 
+use super::bins::{BIN_LIMIT, Bins};
 use super::ptr_map::PtrMap;
 use super::tlsf::Heap;
 
@@ -16,7 +17,9 @@ const SMALL_TAG: u32 = 1 << 31;
 /// free) has completed.
 #[derive(Debug)]
 struct Pending {
-    tag: u32,
+    addr: u64,
+    /// The heap tag, or `None` for a block of the bins.
+    tag: Option<u32>,
     size: u64,
     event: RawEvent,
 }
@@ -24,6 +27,7 @@ struct Pending {
 /// The bookkeeping of one arena; always used under the arena's lock.
 #[derive(Debug)]
 pub(crate) struct ArenaState {
+    bins: Bins,
     small: Heap,
     large: Heap,
     live: PtrMap,
@@ -45,6 +49,7 @@ impl Arena {
         Arena {
             stream,
             state: parking_lot::Mutex::new(ArenaState {
+                bins: Bins::new(),
                 small: Heap::new(),
                 large: Heap::new(),
                 live: PtrMap::with_capacity(4096),
@@ -74,6 +79,9 @@ impl ArenaState {
     /// Serves `size` (a multiple of 256) from the arena's heaps, if they can.
     #[inline]
     pub(crate) fn try_alloc(&mut self, size: u64) -> Option<u64> {
+        if size <= BIN_LIMIT {
+            return self.bins.alloc(size, &mut self.small).map(|(addr, _)| addr);
+        }
         let (heap, tag_bit) = if size <= SMALL_LIMIT {
             (&mut self.small, SMALL_TAG)
         } else {
@@ -95,7 +103,7 @@ impl ArenaState {
                 self.release(tag);
                 true
             }
-            None => false,
+            None => self.bins.free(addr),
         }
     }
 
@@ -120,9 +128,15 @@ impl ArenaState {
         addr: u64,
         stream: RawStream,
     ) -> Result<bool> {
-        let Some(tag) = self.live.get(addr) else {
-            return Ok(false);
+        let tag = self.live.get(addr);
+        let bin_size = if tag.is_none() {
+            self.bins.block_size(addr)
+        } else {
+            None
         };
+        if tag.is_none() && bin_size.is_none() {
+            return Ok(false);
+        }
         let event = match self.spare_events.pop() {
             Some(e) => e,
             None => backend.event_create(dev)?,
@@ -131,16 +145,28 @@ impl ArenaState {
             self.spare_events.push(event);
             return Err(e);
         }
-        self.live.remove(addr);
-        let heap = if tag & SMALL_TAG != 0 {
-            &self.small
-        } else {
-            &self.large
+        let size = match tag {
+            Some(tag) => {
+                self.live.remove(addr);
+                let heap = if tag & SMALL_TAG != 0 {
+                    &self.small
+                } else {
+                    &self.large
+                };
+                let size = heap.block(tag & !SMALL_TAG).size;
+                self.in_use -= size;
+                size
+            }
+            // A binned block stays marked as handed out until the event completes.
+            None => bin_size.unwrap_or(0),
         };
-        let size = heap.block(tag & !SMALL_TAG).size;
-        self.in_use -= size;
         self.pending_bytes += size;
-        self.pending.push(Pending { tag, size, event });
+        self.pending.push(Pending {
+            addr,
+            tag,
+            size,
+            event,
+        });
         Ok(true)
     }
 
@@ -163,12 +189,22 @@ impl ArenaState {
             if done {
                 let p = self.pending.swap_remove(i);
                 self.pending_bytes -= p.size;
-                self.in_use += p.size;
-                self.release(p.tag);
+                match p.tag {
+                    Some(tag) => {
+                        self.in_use += p.size;
+                        self.release(tag);
+                    }
+                    None => {
+                        self.bins.free(p.addr);
+                    }
+                }
                 self.spare_events.push(p.event);
             } else {
                 i += 1;
             }
+        }
+        if wait {
+            self.bins.release_empty(&mut self.small);
         }
         Ok(())
     }
@@ -188,41 +224,67 @@ impl ArenaState {
 
     /// Removes every region that is entirely free, for the pool to reuse elsewhere.
     pub(crate) fn take_free_regions(&mut self, out: &mut Vec<(u64, u64)>) {
+        self.bins.release_empty(&mut self.small);
         self.small.take_free_regions(out);
         self.large.take_free_regions(out);
     }
 
     /// Takes one free block of at least `size` bytes out of either heap (see [`Heap::steal`]).
     pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
+        self.bins.release_empty(&mut self.small);
         self.large.steal(size).or_else(|| self.small.steal(size))
     }
 
     /// Live blocks as (address, size).
     pub(crate) fn live_blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.live.iter().map(|(addr, tag)| {
-            let heap = if tag & SMALL_TAG != 0 {
-                &self.small
-            } else {
-                &self.large
-            };
-            (addr, heap.block(tag & !SMALL_TAG).size)
-        })
+        let pending_bins: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|p| p.tag.is_none())
+            .map(|p| p.addr)
+            .collect();
+        self.live
+            .iter()
+            .map(|(addr, tag)| {
+                let heap = if tag & SMALL_TAG != 0 {
+                    &self.small
+                } else {
+                    &self.large
+                };
+                (addr, heap.block(tag & !SMALL_TAG).size)
+            })
+            .chain(
+                self.bins
+                    .live_blocks()
+                    .filter(move |(a, _)| !pending_bins.contains(a)),
+            )
     }
 
     pub(crate) fn figures(&self) -> ArenaFigures {
         ArenaFigures {
             region_bytes: self.small.region_bytes() + self.large.region_bytes(),
-            free_bytes: self.small.free_bytes() + self.large.free_bytes(),
-            in_use: self.in_use,
+            free_bytes: self.small.free_bytes() + self.large.free_bytes() + self.bins.free_bytes,
+            // The bins' slabs are allocated heap blocks; count their handed-out blocks, not them.
+            in_use: self.in_use + self.bins.live_bytes - self.pending_bin_bytes(),
             pending_bytes: self.pending_bytes,
             largest_free: self.small.largest_free().max(self.large.largest_free()),
             regions: self.small.regions() + self.large.regions(),
             free_blocks: self.small.free_blocks() + self.large.free_blocks(),
-            live_blocks: self.live.len(),
+            live_blocks: self.live.len() + self.bins.live_count
+                - self.pending.iter().filter(|p| p.tag.is_none()).count(),
         }
     }
 
+    fn pending_bin_bytes(&self) -> u64 {
+        self.pending
+            .iter()
+            .filter(|p| p.tag.is_none())
+            .map(|p| p.size)
+            .sum()
+    }
+
     pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        self.bins.check().map_err(|e| format!("bins: {e}"))?;
         self.small.check().map_err(|e| format!("small heap: {e}"))?;
         self.large.check().map_err(|e| format!("large heap: {e}"))
     }

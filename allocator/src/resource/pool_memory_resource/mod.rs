@@ -19,6 +19,7 @@
 //!   with the pool's figures in the error.
 
 mod arena;
+mod bins;
 mod global;
 mod ptr_map;
 mod tlsf;
@@ -28,6 +29,7 @@ use std::any::Any;
 use parking_lot::Mutex;
 
 use self::arena::{Arena, SMALL_LIMIT};
+use self::bins::BIN_LIMIT;
 use self::global::FreeSpace;
 use self::tlsf::GRANULE;
 use super::stream_arenas::StreamArenas;
@@ -159,7 +161,8 @@ pub struct PoolSnapshot {
     pub live_blocks: usize,
     /// Free blocks in arenas plus free ranges not granted to any arena.
     pub free_blocks: usize,
-    /// True when nothing is in use and every granted region is one free block.
+    /// True when nothing is in use and every granted region is one free block (empty bin
+    /// slabs go back to their heap in [`PoolMemoryResource::synchronize`]).
     pub fully_coalesced: bool,
 }
 
@@ -241,7 +244,9 @@ impl PoolMemoryResource {
                 }
             }
         }
-        let (need, want) = if size <= SMALL_LIMIT {
+        let (need, want) = if size <= BIN_LIMIT {
+            (bins::class_of(size).1, SMALL_GRANT)
+        } else if size <= SMALL_LIMIT {
             (size, SMALL_GRANT)
         } else {
             (size, size.max(LARGE_GRANT))
