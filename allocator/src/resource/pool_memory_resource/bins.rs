@@ -144,7 +144,7 @@ impl Bins {
         let (base, sid) = *self.order.get(at.checked_sub(1)?)?;
         let slab = &self.slabs[sid as usize];
         let offset = addr - base;
-        if offset >= slab.block * slab.count as u64 || offset % slab.block != 0 {
+        if offset >= slab.block * slab.count as u64 || !offset.is_multiple_of(slab.block) {
             return None;
         }
         let i = (offset / slab.block) as usize;
