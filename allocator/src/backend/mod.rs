@@ -307,9 +307,12 @@ pub fn open(choice: BackendChoice) -> Result<&'static dyn Backend> {
                 Ok(SimBackend::leak(SimConfig::from_env()?)?)
             }
             Err(e) => {
+                let why = match &e {
+                    Error::NoDriver { detail } => detail.clone(),
+                    other => other.to_string(),
+                };
                 tracing::warn!(
-                    "no usable CUDA driver ({e}); using the simulated device \
-                     (set RMM_BACKEND=cuda to make this an error)"
+                    "no CUDA driver ({why}): using the simulated device; RMM_BACKEND=cuda makes this an error"
                 );
                 Ok(SimBackend::leak(SimConfig::from_env()?)?)
             }
