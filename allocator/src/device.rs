@@ -162,6 +162,7 @@ thread_local! {
 }
 
 /// The calling thread's current device ordinal (0 until set), as `cudaGetDevice` reports it.
+#[inline]
 pub fn current_device() -> u32 {
     CURRENT_DEVICE.with(Cell::get)
 }

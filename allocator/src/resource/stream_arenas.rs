@@ -42,7 +42,8 @@ static NEXT_REGISTRY: AtomicU64 = AtomicU64::new(1);
 /// The arenas of one resource, one per stream.
 pub(crate) struct StreamArenas<A> {
     id: u64,
-    slots: Box<[OnceLock<A>]>,
+    /// Boxed so that an unused slot costs a pointer, not a whole arena.
+    slots: Box<[OnceLock<Box<A>>]>,
     index: Mutex<HashMap<RawStream, u32>>,
 }
 
@@ -75,7 +76,7 @@ impl<A> StreamArenas<A> {
         if let Some(slot) = hit
             && let Some(a) = self.slots[slot as usize].get()
         {
-            return Ok(a);
+            return Ok(&**a);
         }
         self.get_slow(stream, make)
     }
@@ -95,7 +96,7 @@ impl<A> StreamArenas<A> {
                             format!("at most {MAX_STREAMS} distinct streams per resource"),
                         ));
                     }
-                    let _ = self.slots[next].set(make());
+                    let _ = self.slots[next].set(Box::new(make()));
                     index.insert(stream, next as u32);
                     next as u32
                 }
@@ -113,18 +114,21 @@ impl<A> StreamArenas<A> {
                 slot,
             });
         });
-        self.slots[slot as usize].get().ok_or_else(|| {
-            Error::invalid_argument(
-                "stream",
-                format!("{stream:#x}"),
-                "a stream whose arena was set up",
-            )
-        })
+        self.slots[slot as usize]
+            .get()
+            .map(|a| &**a)
+            .ok_or_else(|| {
+                Error::invalid_argument(
+                    "stream",
+                    format!("{stream:#x}"),
+                    "a stream whose arena was set up",
+                )
+            })
     }
 
     /// Every arena, for slow paths that look across streams.
     pub(crate) fn all(&self) -> impl Iterator<Item = &A> {
         let n = self.index.lock().len();
-        self.slots[..n].iter().filter_map(OnceLock::get)
+        self.slots[..n].iter().filter_map(|s| s.get().map(|a| &**a))
     }
 }
