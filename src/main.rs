@@ -1,4 +1,5 @@
-//! The `rmm` command: `rmm info` shows the backend, the devices and their memory.
+//! The `rmm` command: `rmm info` shows the backend, the devices and their memory; `rmm replay`
+//! plays a memory event log against a resource.
 
 mod cli;
 

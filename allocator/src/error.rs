@@ -171,14 +171,53 @@ pub enum Error {
         /// The element type, e.g. `u32`.
         element_type: &'static str,
     },
+
+    /// A limiting adaptor refused an allocation that would take the bytes in use past its
+    /// limit (an out-of-memory condition: [`Error::is_out_of_memory`] is true).
+    #[error(
+        "out of memory on device {device}: {resource} refused {} ({requested} bytes): {} in use \
+         + this request would exceed its limit of {} ({limit_source}). Raise the limit, free or \
+         spill live buffers, or enable spilling",
+        fmt_bytes(*.requested), fmt_bytes(*.in_use), fmt_bytes(*.limit)
+    )]
+    LimitExceeded {
+        /// Bytes requested (before rounding to the allocation alignment).
+        requested: usize,
+        /// Device ordinal.
+        device: u32,
+        /// Bytes in use through the adaptor when the request came (rounded sizes).
+        in_use: usize,
+        /// The limit in bytes.
+        limit: usize,
+        /// How the limit was given, e.g. `"50.0% of 80.00 GiB"` or `"2147483648 bytes"`.
+        limit_source: String,
+        /// The adaptor that refused, e.g. `LimitingResourceAdaptor`.
+        resource: &'static str,
+    },
+
+    /// A memory event log (RMM's CSV format) could not be read, parsed or written.
+    #[error(
+        "memory event log {path}{}: {problem}. {hint}",
+        match .line { Some(l) => format!(" line {l}"), None => String::new() }
+    )]
+    EventLog {
+        /// The log file (or a description of the source, e.g. `<memory>`).
+        path: String,
+        /// 1-based line number, when the problem is on one line.
+        line: Option<usize>,
+        /// What was wrong: what was found and what was expected.
+        problem: String,
+        /// What the user can do.
+        hint: String,
+    },
 }
 
 impl Error {
-    /// True for [`Error::OutOfMemory`] and [`Error::HostOutOfMemory`].
+    /// True for [`Error::OutOfMemory`], [`Error::HostOutOfMemory`] and [`Error::LimitExceeded`].
     pub fn is_out_of_memory(&self) -> bool {
         matches!(
             self,
-            Error::OutOfMemory { .. } | Error::HostOutOfMemory { .. }
+            Error::OutOfMemory { .. } | Error::HostOutOfMemory { .. } | Error::LimitExceeded { .. }
         )
     }
 

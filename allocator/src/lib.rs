@@ -3,8 +3,10 @@
 //! The layers, bottom to top: [`backend`] (a real GPU through the CUDA driver API, or a
 //! simulated device), [`resource`] (the [`DeviceMemoryResource`] and [`HostMemoryResource`]
 //! traits and their implementations) and the per-device current resource
-//! ([`per_device`]), as RAPIDS RMM has them.
+//! ([`per_device`]), as RAPIDS RMM has them, and the [`adaptor`]s that stack on any resource
+//! (statistics, limits, tracking, event logs and replay, memory hooks, failure callbacks).
 
+pub mod adaptor;
 pub mod backend;
 pub mod container;
 pub mod device;

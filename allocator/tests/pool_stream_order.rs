@@ -135,3 +135,28 @@ fn on_the_process_backend_reclaim_waits_for_the_giving_stream() {
     assert_eq!(q, p);
     pool.deallocate(q, 1000 * MIB, bstream.view()).unwrap();
 }
+
+#[test]
+fn memory_of_a_destroyed_stream_is_reclaimed() {
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Unbacked,
+    })
+    .unwrap();
+    let d = Device::on(b, 0).unwrap();
+    let pool = PoolMemoryResource::new(
+        Arc::new(CudaMemoryResource::new(d)),
+        64 * MIB,
+        Some(64 * MIB),
+    )
+    .unwrap();
+    {
+        let gone = Stream::new(d).unwrap();
+        let p = pool.allocate(60 * MIB, gone.view()).unwrap();
+        pool.deallocate(p, 60 * MIB, gone.view()).unwrap();
+    }
+    let s = Stream::new(d).unwrap();
+    let q = pool.allocate(60 * MIB, s.view()).unwrap();
+    pool.deallocate(q, 60 * MIB, s.view()).unwrap();
+}

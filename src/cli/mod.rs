@@ -1,6 +1,7 @@
 //! Command-line interface of `rmm`.
 
 mod info;
+mod replay;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -20,6 +21,9 @@ pub struct Cli {
 enum Command {
     /// Show the backend, every device with its memory, and the effective configuration.
     Info,
+    /// Replay a memory event log (RMM's CSV format) against a resource: time, peak bytes and
+    /// whether it fit.
+    Replay(replay::ReplayArgs),
 }
 
 /// Installs the `tracing` subscriber that prints to standard error.
@@ -39,5 +43,6 @@ pub fn init_logging(cli: &Cli) {
 pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Info => info::run(),
+        Command::Replay(args) => replay::run(args),
     }
 }

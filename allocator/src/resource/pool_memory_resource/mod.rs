@@ -34,6 +34,7 @@ use self::global::FreeSpace;
 use self::tlsf::GRANULE;
 use super::stream_arenas::StreamArenas;
 use super::{DeviceMemoryResource, out_of_memory};
+use crate::adaptor::hooks;
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
 use crate::error::{Error, PoolUsage, Result, fmt_bytes};
@@ -326,7 +327,9 @@ impl PoolMemoryResource {
         }
         let mut size = want.max(pool).max(MIN_GROWTH).min(room);
         loop {
-            match self.upstream.allocate(size as usize, stream) {
+            match hooks::alloc_from_upstream(self, size as usize, stream, || {
+                self.upstream.allocate(size as usize, stream)
+            }) {
                 Ok(p) => {
                     tracing::debug!(
                         device = self.device.ordinal(),
@@ -360,7 +363,7 @@ impl PoolMemoryResource {
             let before = regions.len();
             st.take_free_regions(&mut regions);
             if regions.len() > before {
-                backend.stream_synchronize(dev, arena.stream)?;
+                sync_stream_or_device(backend, dev, arena.stream)?;
             }
         }
         for (addr, size) in regions {
@@ -388,7 +391,7 @@ impl PoolMemoryResource {
         for arena in self.arenas.all() {
             let mut st = arena.state.lock();
             if let Some((addr, size)) = st.steal(need) {
-                backend.stream_synchronize(dev, arena.stream)?;
+                sync_stream_or_device(backend, dev, arena.stream)?;
                 g.insert(addr, size);
                 return Ok(true);
             }
@@ -523,9 +526,34 @@ impl PoolMemoryResource {
     }
 }
 
+/// Waits for `stream`; when the stream no longer exists (destroyed by its owner after it last
+/// used the pool), waits for the whole device instead, which covers its work too.
+fn sync_stream_or_device(
+    backend: &dyn crate::backend::Backend,
+    dev: u32,
+    stream: crate::backend::RawStream,
+) -> Result<()> {
+    match backend.stream_synchronize(dev, stream) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            tracing::debug!(
+                device = dev,
+                stream,
+                "stream gone ({e}); synchronizing the device"
+            );
+            backend.device_synchronize(dev)
+        }
+    }
+}
+
 impl DeviceMemoryResource for PoolMemoryResource {
     #[inline]
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
+        if hooks::active()
+            && let Some(r) = hooks::dispatch_malloc(self, bytes, GRANULE as usize, stream)
+        {
+            return r;
+        }
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
         }
@@ -554,6 +582,11 @@ impl DeviceMemoryResource for PoolMemoryResource {
 
     #[inline]
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
+        if hooks::active()
+            && let Some(r) = hooks::dispatch_free(self, ptr, bytes, GRANULE as usize, stream)
+        {
+            return r;
+        }
         if ptr.is_null() {
             return Ok(());
         }

@@ -1,0 +1,337 @@
+//! StatisticsResourceAdaptor: counters, peaks, RMM's counter scopes, the PyTorch-style report,
+//! and exact peaks across threads.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+
+use common::{MIB, device};
+use rmm_allocator::adaptor::{Counter, MemoryReport, StatisticsResourceAdaptor};
+use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
+use rmm_allocator::{DeviceMemoryResource, Error, Stream, StreamView};
+
+const S: StreamView = StreamView::DEFAULT;
+
+fn cuda() -> SharedResource {
+    Arc::new(CudaMemoryResource::new(device()))
+}
+
+fn pool(initial: usize, maximum: usize) -> SharedResource {
+    Arc::new(PoolMemoryResource::new(cuda(), initial, Some(maximum)).unwrap())
+}
+
+fn c(value: i64, peak: i64, total: i64) -> Counter {
+    Counter { value, peak, total }
+}
+
+#[test]
+fn counts_current_peak_and_total_bytes_and_allocations() {
+    let stats = StatisticsResourceAdaptor::new(pool(64 * MIB, 256 * MIB));
+    assert_eq!(stats.bytes_counter(), Counter::default());
+    let a = stats.allocate(1000, S).unwrap();
+    let b = stats.allocate(3 * MIB, S).unwrap();
+    assert_eq!(
+        stats.bytes_counter(),
+        c(
+            1000 + 3 * MIB as i64,
+            1000 + 3 * MIB as i64,
+            1000 + 3 * MIB as i64
+        )
+    );
+    assert_eq!(stats.allocations_counter(), c(2, 2, 2));
+    stats.deallocate(b, 3 * MIB, S).unwrap();
+    let d = stats.allocate(500, S).unwrap();
+    assert_eq!(
+        stats.bytes_counter(),
+        c(1500, 1000 + 3 * MIB as i64, 1500 + 3 * MIB as i64)
+    );
+    assert_eq!(stats.allocations_counter(), c(2, 2, 3));
+    stats.deallocate(a, 1000, S).unwrap();
+    stats.deallocate(d, 500, S).unwrap();
+    assert_eq!(stats.bytes_counter().value, 0);
+    assert_eq!(stats.allocations_counter().value, 0);
+    // Zero-byte allocations hand out null and are not counted.
+    let z = stats.allocate(0, S).unwrap();
+    assert!(z.is_null());
+    stats.deallocate(z, 0, S).unwrap();
+    assert_eq!(stats.allocations_counter(), c(0, 2, 3));
+}
+
+#[test]
+fn counter_scopes_follow_rmm() {
+    let stats = StatisticsResourceAdaptor::new(pool(16 * MIB, 64 * MIB));
+    let a = stats.allocate(100 * 256, S).unwrap();
+    // Push: returns the outer counters, starts zeroed ones.
+    let (outer_bytes, outer_allocs) = stats.push_counters();
+    assert_eq!(outer_bytes, c(25_600, 25_600, 25_600));
+    assert_eq!(outer_allocs, c(1, 1, 1));
+    assert_eq!(stats.bytes_counter(), Counter::default());
+    assert_eq!(stats.scope_depth(), 2);
+    let b = stats.allocate(50 * 256, S).unwrap();
+    stats.deallocate(a, 100 * 256, S).unwrap();
+    // Inside the scope: +50, -100 (freed memory allocated outside it).
+    assert_eq!(stats.bytes_counter(), c(-12_800, 12_800, 12_800));
+    assert_eq!(stats.allocations_counter(), c(0, 1, 1));
+    let (inner_bytes, inner_allocs) = stats.pop_counters().unwrap();
+    assert_eq!(inner_bytes, c(-12_800, 12_800, 12_800));
+    assert_eq!(inner_allocs, c(0, 1, 1));
+    // The outer scope takes the inner's figures over: peak = max(100, 100 + 50).
+    assert_eq!(stats.bytes_counter(), c(12_800, 38_400, 38_400));
+    assert_eq!(stats.allocations_counter(), c(1, 2, 2));
+    stats.deallocate(b, 50 * 256, S).unwrap();
+    // The outermost scope cannot be popped.
+    match stats.pop_counters() {
+        Err(Error::InvalidArgument { what, .. }) => assert_eq!(what, "pop_counters"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    assert_eq!(stats.lifetime_bytes(), c(0, 38_400, 38_400));
+}
+
+#[test]
+fn nested_scopes_and_measure() {
+    let stats = StatisticsResourceAdaptor::new(pool(16 * MIB, 64 * MIB));
+    let keep = stats.allocate(MIB, S).unwrap();
+    let (_, bytes, allocs) = stats.measure(|| {
+        let x = stats.allocate(2 * MIB, S).unwrap();
+        let (_, inner, _) = stats.measure(|| {
+            let y = stats.allocate(4 * MIB, S).unwrap();
+            stats.deallocate(y, 4 * MIB, S).unwrap();
+        });
+        assert_eq!(inner, c(0, 4 * MIB as i64, 4 * MIB as i64));
+        stats.deallocate(x, 2 * MIB, S).unwrap();
+    });
+    assert_eq!(bytes, c(0, 6 * MIB as i64, 6 * MIB as i64));
+    assert_eq!(allocs, c(0, 2, 2));
+    assert_eq!(
+        stats.bytes_counter(),
+        c(MIB as i64, 7 * MIB as i64, 7 * MIB as i64)
+    );
+    stats.deallocate(keep, MIB, S).unwrap();
+}
+
+fn peak_across_threads(tolerance: usize, each: usize) {
+    const THREADS: usize = 4;
+    let stats = Arc::new(StatisticsResourceAdaptor::with_peak_tolerance(
+        pool(THREADS * each + 16 * MIB, THREADS * each + 64 * MIB),
+        tolerance,
+    ));
+    let all_allocated = Arc::new(Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let stats = Arc::clone(&stats);
+            let all_allocated = Arc::clone(&all_allocated);
+            std::thread::spawn(move || {
+                let stream = Stream::new(device()).unwrap();
+                let p = stats.allocate(each, stream.view()).unwrap();
+                all_allocated.wait();
+                stats.deallocate(p, each, stream.view()).unwrap();
+                stream.synchronize().unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let bytes = stats.bytes_counter();
+    assert_eq!(bytes.value, 0);
+    assert_eq!(bytes.total, (THREADS * each) as i64);
+    // Every thread had its block when the last one allocated: the peak is all of them.
+    assert_eq!(bytes.peak, (THREADS * each) as i64, "tolerance {tolerance}");
+    assert_eq!(
+        stats.allocations_counter(),
+        c(0, THREADS as i64, THREADS as i64)
+    );
+    assert_eq!(stats.report().threads, THREADS as u64);
+}
+
+#[test]
+fn exact_peak_across_threads_with_zero_tolerance() {
+    peak_across_threads(0, 3 * MIB);
+}
+
+#[test]
+fn peak_across_threads_is_exact_for_blocks_above_the_tolerance() {
+    peak_across_threads(4 * MIB, 8 * MIB);
+}
+
+#[test]
+fn many_threads_sum_exactly() {
+    let stats = Arc::new(StatisticsResourceAdaptor::new(pool(64 * MIB, 256 * MIB)));
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            let stats = Arc::clone(&stats);
+            std::thread::spawn(move || {
+                let stream = Stream::new(device()).unwrap();
+                let mut live = Vec::new();
+                for i in 0..500usize {
+                    let bytes = 256 + (i * 997 + t * 131) % 20_000;
+                    live.push((stats.allocate(bytes, stream.view()).unwrap(), bytes));
+                    if i % 3 == 0 {
+                        let (p, b) = live.swap_remove(i % live.len());
+                        stats.deallocate(p, b, stream.view()).unwrap();
+                    }
+                }
+                let kept: usize = live.iter().map(|x| x.1).sum();
+                // Leave some allocated to be freed by the main thread (cross-thread frees).
+                (live, kept, stream)
+            })
+        })
+        .collect();
+    let mut expected = 0i64;
+    let mut leftovers = Vec::new();
+    for h in handles {
+        let (live, kept, stream) = h.join().unwrap();
+        stream.synchronize().unwrap();
+        expected += kept as i64;
+        leftovers.extend(live);
+    }
+    assert_eq!(stats.bytes_counter().value, expected);
+    assert_eq!(stats.allocations_counter().value, leftovers.len() as i64);
+    assert_eq!(stats.allocations_counter().total, 8 * 500);
+    assert!(stats.bytes_counter().peak >= expected);
+    for (p, b) in leftovers {
+        stats.deallocate(p, b, S).unwrap();
+    }
+    assert_eq!(stats.bytes_counter().value, 0);
+}
+
+#[test]
+fn report_has_pool_figures_and_round_trips_through_json() {
+    let stats = StatisticsResourceAdaptor::new(pool(32 * MIB, 64 * MIB));
+    let a = stats.allocate(10 * MIB, S).unwrap();
+    let b = stats.allocate(1000, S).unwrap();
+    // Over the pool's maximum: out of memory, counted.
+    let e = stats.allocate(100 * MIB, S).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    let r = stats.report();
+    assert_eq!(r.device, 0);
+    assert_eq!(
+        r.resource,
+        "StatisticsResourceAdaptor > PoolMemoryResource > CudaMemoryResource"
+    );
+    assert_eq!(r.allocated_bytes.value, (10 * MIB + 1000) as i64);
+    assert_eq!(r.allocations.value, 2);
+    assert_eq!(r.num_ooms, 1);
+    assert_eq!(r.num_alloc_retries, 0);
+    // The pool took 32 MiB at construction and may have grown up to its maximum.
+    let reserved = r.reserved_bytes.unwrap();
+    assert!(
+        (32 * MIB as u64..=64 * MIB as u64).contains(&reserved),
+        "{reserved}"
+    );
+    assert_eq!(r.reserved_maximum_bytes, Some(64 * MIB as u64));
+    // The pool rounds (and may carve small blocks from slabs): in use is at least what was
+    // asked for, and cached is the rest of what it holds.
+    let in_use = r.pool_in_use_bytes.unwrap();
+    assert!(
+        (10 * MIB as u64 + 1000..=11 * MIB as u64 + 65_536).contains(&in_use),
+        "{in_use}"
+    );
+    assert_eq!(r.cached_free_bytes, Some(reserved - in_use));
+    let largest = r.largest_free_block.unwrap();
+    assert!(largest > 0 && largest <= reserved - in_use, "{largest}");
+    let json = r.to_json();
+    let back: MemoryReport = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, r);
+    let stats_map = r.memory_stats();
+    assert_eq!(
+        stats_map["allocated_bytes.all.current"],
+        (10 * MIB + 1000) as i64
+    );
+    assert_eq!(stats_map["reserved_bytes.all.current"], reserved as i64);
+    assert_eq!(stats_map["num_ooms"], 1);
+    assert_eq!(stats_map["allocation.all.allocated"], 2);
+    let text = r.to_string();
+    assert!(text.contains("out-of-memory 1"), "{text}");
+    stats.deallocate(a, 10 * MIB, S).unwrap();
+    stats.deallocate(b, 1000, S).unwrap();
+    assert_eq!(stats.out_of_memory_count(), 1);
+}
+
+#[test]
+fn report_without_a_pool_has_no_reserved_figures() {
+    let stats = StatisticsResourceAdaptor::new(cuda());
+    let p = stats.allocate(4096, S).unwrap();
+    let r = stats.report();
+    assert_eq!(r.reserved_bytes, None);
+    assert_eq!(r.largest_free_block, None);
+    assert!(!r.memory_stats().contains_key("reserved_bytes.all.current"));
+    stats.deallocate(p, 4096, S).unwrap();
+}
+
+#[test]
+fn equality_follows_the_upstream() {
+    let up = pool(16 * MIB, 32 * MIB);
+    let a = StatisticsResourceAdaptor::new(Arc::clone(&up));
+    let b = StatisticsResourceAdaptor::new(Arc::clone(&up));
+    let other = StatisticsResourceAdaptor::new(pool(16 * MIB, 32 * MIB));
+    assert!(a.is_equal(&a));
+    assert!(a.is_equal(&b));
+    assert!(!a.is_equal(&other));
+    assert!(!a.is_equal(&*up));
+}
+
+#[test]
+fn more_threads_than_shards_still_count_exactly() {
+    use rmm_allocator::adaptor::statistics::MAX_SHARDS;
+    let stats = Arc::new(StatisticsResourceAdaptor::new(cuda()));
+    let threads = MAX_SHARDS + 8;
+    let all_allocated = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let stats = Arc::clone(&stats);
+            let all_allocated = Arc::clone(&all_allocated);
+            std::thread::spawn(move || {
+                let p = stats.allocate(4096, S).unwrap();
+                all_allocated.wait();
+                let q = stats.allocate(256, S).unwrap();
+                stats.deallocate(p, 4096, S).unwrap();
+                q
+            })
+        })
+        .collect();
+    let left: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(stats.bytes_counter().value, (threads * 256) as i64);
+    assert_eq!(stats.bytes_counter().total, (threads * (4096 + 256)) as i64);
+    assert_eq!(
+        stats.allocations_counter(),
+        c(
+            threads as i64,
+            stats.allocations_counter().peak,
+            2 * threads as i64
+        )
+    );
+    // Every thread held its 4 KiB block at the barrier: with the default tolerance the peak
+    // may under-read by up to 64 allocations per thread, never over-read.
+    let peak = stats.bytes_counter().peak;
+    assert!(
+        peak >= (threads * 256) as i64 && peak <= (threads * (4096 + 256)) as i64,
+        "{peak}"
+    );
+    assert_eq!(stats.report().threads, threads as u64);
+    for q in left {
+        stats.deallocate(q, 256, S).unwrap();
+    }
+    assert_eq!(stats.bytes_counter().value, 0);
+    assert_eq!(stats.allocations_counter().value, 0);
+}
+
+#[test]
+fn a_concrete_pool_upstream_is_called_directly_and_still_found() {
+    let pool = Arc::new(PoolMemoryResource::new(cuda(), 16 * MIB, Some(64 * MIB)).unwrap());
+    let stats: StatisticsResourceAdaptor<PoolMemoryResource> =
+        StatisticsResourceAdaptor::new(Arc::clone(&pool));
+    let p = stats.allocate(MIB, S).unwrap();
+    assert_eq!(stats.bytes_counter(), c(MIB as i64, MIB as i64, MIB as i64));
+    let r = stats.report();
+    assert_eq!(
+        r.resource,
+        "StatisticsResourceAdaptor > PoolMemoryResource > CudaMemoryResource"
+    );
+    assert!(r.reserved_bytes.is_some());
+    // As a shared resource it stacks like any other.
+    let shared: SharedResource = Arc::new(stats);
+    assert!(rmm_allocator::adaptor::find_in_chain::<PoolMemoryResource>(&*shared).is_some());
+    shared.deallocate(p, MIB, S).unwrap();
+}
