@@ -29,61 +29,13 @@ use rmm::allocator::adaptor::{
     FailureAction, FailureCallbackResourceAdaptor, HookedResourceAdaptor, LimitingResourceAdaptor,
     LoggingResourceAdaptor, StatisticsResourceAdaptor, TrackingResourceAdaptor,
 };
-use rmm::allocator::backend::{
-    self, Backend, BackendChoice, CudaBackend, SimBackend, SimConfig, SimMemoryMode,
-};
 use rmm::allocator::per_device::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
 use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, Stream, StreamView};
 
-const MIB: usize = 1 << 20;
-const GIB: usize = 1 << 30;
+mod common;
 
-#[derive(Clone, Copy)]
-enum Op {
-    Alloc(usize),
-    /// Free the live block at this index (swap-remove).
-    Free(usize),
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-fn random_trace(steps: usize, lo: usize, hi: usize, cap: usize, seed: u64) -> Vec<Op> {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let (llo, lhi) = ((lo as f64).ln(), (hi as f64).ln());
-    let mut live: Vec<usize> = Vec::new();
-    let mut live_bytes = 0usize;
-    let mut ops = Vec::with_capacity(steps + steps / 2);
-    for _ in 0..steps {
-        let size = (llo + rng.unit() * (lhi - llo)).exp() as usize;
-        if live.is_empty() || (rng.unit() < 0.55 && live_bytes + size <= cap) {
-            ops.push(Op::Alloc(size));
-            live.push(size);
-            live_bytes += size;
-        } else {
-            let i = (rng.next() % live.len() as u64) as usize;
-            live_bytes -= live.swap_remove(i);
-            ops.push(Op::Free(i));
-        }
-    }
-    while !live.is_empty() {
-        live.pop();
-        ops.push(Op::Free(live.len()));
-    }
-    ops
-}
+use common::{GIB, MIB, Op, backend_for_bench, random_trace};
 
 /// Replays `ops`; returns ns per operation.
 fn replay(mr: &dyn DeviceMemoryResource, ops: &[Op], stream: StreamView) -> Result<f64, String> {
@@ -182,29 +134,6 @@ impl DeviceMemoryResource for NullResource {
     }
 }
 
-fn backend_for_bench() -> &'static dyn Backend {
-    let choice = BackendChoice::from_env().expect("RMM_BACKEND");
-    let cuda = match choice {
-        BackendChoice::Sim => None,
-        _ => CudaBackend::load().ok().filter(|b| b.device_count() > 0),
-    };
-    let b: &'static dyn Backend = match (choice, cuda) {
-        (_, Some(c)) => c,
-        (BackendChoice::Cuda, None) => panic!("RMM_BACKEND=cuda but no CUDA device"),
-        _ => SimBackend::leak(SimConfig {
-            devices: 1,
-            capacity: 80 * GIB,
-            mode: SimMemoryMode::Unbacked,
-        })
-        .expect("sim backend"),
-    };
-    if backend::install_global(b).is_err() {
-        panic!("backend chosen twice");
-    }
-    b
-}
-
-/// A hook that does nothing: measures the dispatch itself.
 struct NoOp;
 impl MemoryHook for NoOp {
     fn malloc_preprocess(&self, e: &HookEvent) {

@@ -17,9 +17,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use rmm::allocator::backend::{
-    self, Backend, BackendChoice, BackendKind, CudaBackend, SimBackend, SimConfig, SimMemoryMode,
-};
+use rmm::allocator::backend::BackendKind;
 use rmm::allocator::per_device::SharedResource;
 use rmm::allocator::resource::{
     BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource,
@@ -27,61 +25,9 @@ use rmm::allocator::resource::{
 };
 use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, Stream, StreamView};
 
-const MIB: usize = 1 << 20;
-const GIB: usize = 1 << 30;
+mod common;
 
-#[derive(Clone, Copy)]
-enum Op {
-    Alloc(usize),
-    /// Free the live block at this index (swap-remove).
-    Free(usize),
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-fn churn_trace(iterations: usize) -> Vec<Op> {
-    (0..iterations)
-        .flat_map(|_| [Op::Alloc(MIB), Op::Free(0)])
-        .collect()
-}
-
-fn random_trace(steps: usize, lo: usize, hi: usize, cap: usize, seed: u64) -> Vec<Op> {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let (llo, lhi) = ((lo as f64).ln(), (hi as f64).ln());
-    let mut live: Vec<usize> = Vec::new();
-    let mut live_bytes = 0usize;
-    let mut ops = Vec::with_capacity(steps + steps / 2);
-    for _ in 0..steps {
-        let size = (llo + rng.unit() * (lhi - llo)).exp() as usize;
-        if live.is_empty() || (rng.unit() < 0.55 && live_bytes + size <= cap) {
-            ops.push(Op::Alloc(size));
-            live.push(size);
-            live_bytes += size;
-        } else {
-            let i = (rng.next() % live.len() as u64) as usize;
-            live_bytes -= live.swap_remove(i);
-            ops.push(Op::Free(i));
-        }
-    }
-    while !live.is_empty() {
-        let i = live.len() - 1;
-        live.pop();
-        ops.push(Op::Free(i));
-    }
-    ops
-}
+use common::{GIB, MIB, Op, backend_for_bench, churn_trace, random_trace};
 
 /// Replays `ops`; returns elapsed nanoseconds.
 fn replay(mr: &dyn DeviceMemoryResource, ops: &[Op], stream: StreamView) -> Result<f64, String> {
@@ -178,28 +124,6 @@ fn multi(
 struct Row {
     name: &'static str,
     cells: [Option<f64>; 5],
-}
-
-fn backend_for_bench() -> &'static dyn Backend {
-    let choice = BackendChoice::from_env().expect("RMM_BACKEND");
-    let cuda = match choice {
-        BackendChoice::Sim => None,
-        _ => CudaBackend::load().ok().filter(|b| b.device_count() > 0),
-    };
-    let b: &'static dyn Backend = match (choice, cuda) {
-        (_, Some(c)) => c,
-        (BackendChoice::Cuda, None) => panic!("RMM_BACKEND=cuda but no CUDA device"),
-        _ => SimBackend::leak(SimConfig {
-            devices: 1,
-            capacity: 80 * GIB,
-            mode: SimMemoryMode::Unbacked,
-        })
-        .expect("sim backend"),
-    };
-    if backend::install_global(b).is_err() {
-        panic!("backend chosen twice");
-    }
-    b
 }
 
 fn main() {

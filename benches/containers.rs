@@ -40,9 +40,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use rmm_allocator::backend::{
-    self, Backend, BackendChoice, CudaBackend, SimBackend, SimConfig, SimMemoryMode,
-};
 use rmm_allocator::per_device::{SharedResource, set_current_device_resource};
 use rmm_allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
@@ -52,9 +49,12 @@ use rmm_allocator::{
     StreamView,
 };
 
+mod common;
+
+use common::backend_for_bench;
+
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
-const GIB: usize = 1 << 30;
 /// Sizes in bytes (multiples of 4, so the u32 vector has the same size).
 const SIZES: [usize; 4] = [256, 64 * KIB, MIB, 16 * MIB];
 /// Rounds per measurement; the fastest round is reported.
@@ -90,31 +90,6 @@ impl DeviceMemoryResource for NullResource {
     }
 }
 
-/// The process-wide backend for this run: the GPU when there is one (or `RMM_BACKEND=cuda`),
-/// else an unbacked simulated device.
-fn backend_for_bench() -> &'static dyn Backend {
-    let choice = BackendChoice::from_env().expect("RMM_BACKEND");
-    let cuda = match choice {
-        BackendChoice::Sim => None,
-        _ => CudaBackend::load().ok().filter(|b| b.device_count() > 0),
-    };
-    let b: &'static dyn Backend = match (choice, cuda) {
-        (_, Some(c)) => c,
-        (BackendChoice::Cuda, None) => panic!("RMM_BACKEND=cuda but no CUDA device is visible"),
-        _ => SimBackend::leak(SimConfig {
-            devices: 1,
-            capacity: 80 * GIB,
-            mode: SimMemoryMode::Unbacked,
-        })
-        .expect("simulated backend"),
-    };
-    if backend::install_global(b).is_err() {
-        panic!("the process-wide backend was chosen before the benchmark could pick it");
-    }
-    b
-}
-
-/// The resources to measure, in table order. Add a line here to measure another one.
 fn resources(device: Device) -> Vec<(&'static str, SharedResource)> {
     let cuda: SharedResource = Arc::new(CudaMemoryResource::new(device));
     let mut list: Vec<(&'static str, SharedResource)> = vec![
