@@ -16,12 +16,22 @@ use rmm_allocator::per_device::{
 use rmm_allocator::resource::{CudaAsyncMemoryResource, CudaMemoryResource};
 use rmm_allocator::{Device, DeviceMemoryResource, Error, StreamView};
 
+/// The per-device table is process-wide: under `cargo test` (one process, many threads) these
+/// tests would see each other's resources, so they take turns. nextest runs each in its own
+/// process anyway.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn id(r: &SharedResource) -> usize {
     Arc::as_ptr(r) as *const () as usize
 }
 
 #[test]
 fn the_initial_resource_is_the_plain_cuda_resource() {
+    let _serial = serial();
     let r = get_current_device_resource().unwrap();
     assert_eq!(r.name(), "CudaMemoryResource");
     assert_eq!(r.device(), device());
@@ -33,6 +43,7 @@ fn the_initial_resource_is_the_plain_cuda_resource() {
 
 #[test]
 fn set_returns_the_previous_resource() {
+    let _serial = serial();
     let initial = get_current_device_resource().unwrap();
     let mine: SharedResource = Arc::new(CudaAsyncMemoryResource::new(device()).unwrap());
     let prev = set_current_device_resource(Arc::clone(&mine)).unwrap();
@@ -48,6 +59,7 @@ fn set_returns_the_previous_resource() {
 
 #[test]
 fn a_resource_of_another_device_is_refused() {
+    let _serial = serial();
     let count = backend::global().unwrap().device_count();
     if count < 2 {
         eprintln!("only one device: checking the out-of-range ordinal instead");
@@ -75,6 +87,7 @@ fn a_resource_of_another_device_is_refused() {
 
 #[test]
 fn each_device_has_its_own_resource_and_current_device_is_per_thread() {
+    let _serial = serial();
     let count = backend::global().unwrap().device_count();
     for d in 0..count {
         let r = get_per_device_resource(d).unwrap();
@@ -92,6 +105,7 @@ fn each_device_has_its_own_resource_and_current_device_is_per_thread() {
 
 #[test]
 fn set_and_get_from_many_threads_lose_nothing() {
+    let _serial = serial();
     const THREADS: usize = 16;
     const ROUNDS: usize = 200;
     let d = device();
