@@ -510,6 +510,13 @@ impl Backend for CudaBackend {
         // SAFETY: `src` is a live slice for the duration of this synchronous copy.
         check("cuMemcpyHtoD_v2", dev, unsafe {
             sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len())
+        })?;
+        // From pageable memory the call returns once the bytes are staged, before the DMA to
+        // the device has finished on the legacy stream, which non-blocking streams do not wait
+        // for: wait for it, so that a synchronous copy means the bytes are on the device.
+        // SAFETY: synchronizes the legacy default stream of the current context.
+        check("cuStreamSynchronize", dev, unsafe {
+            sys::cuStreamSynchronize(std::ptr::null_mut())
         })
     }
 
