@@ -35,31 +35,7 @@ use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, Stream, StreamView
 
 mod common;
 
-use common::{GIB, MIB, Op, backend_for_bench, random_trace};
-
-/// Replays `ops`; returns ns per operation.
-fn replay(mr: &dyn DeviceMemoryResource, ops: &[Op], stream: StreamView) -> Result<f64, String> {
-    let mut live: Vec<(DevicePtr, usize)> = Vec::with_capacity(1 << 16);
-    let start = Instant::now();
-    for op in ops {
-        match *op {
-            Op::Alloc(size) => {
-                let p = mr.allocate(size, stream).map_err(|e| e.to_string())?;
-                live.push((p, size));
-            }
-            Op::Free(i) => {
-                let (p, size) = live.swap_remove(i);
-                mr.deallocate(p, size, stream).map_err(|e| e.to_string())?;
-            }
-        }
-    }
-    let ns = start.elapsed().as_nanos() as f64 / ops.len() as f64;
-    // A partial trace (warm-up) leaves blocks live: give them back, untimed.
-    for (p, size) in live {
-        mr.deallocate(p, size, stream).map_err(|e| e.to_string())?;
-    }
-    Ok(ns)
-}
+use common::{GIB, MIB, Op, backend_for_bench, random_trace, replay};
 
 /// `streams.len()` threads, each its own trace and stream, over `mr`. The streams outlive the
 /// run (as workers' streams do): a pool keeps per-stream state.

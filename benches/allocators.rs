@@ -23,44 +23,20 @@ use rmm::allocator::resource::{
     BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource,
     PoolSize,
 };
-use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, Stream, StreamView};
+use rmm::allocator::{Device, DeviceMemoryResource, Stream};
 
 mod common;
 
-use common::{GIB, MIB, Op, backend_for_bench, churn_trace, random_trace};
-
-/// Replays `ops`; returns elapsed nanoseconds.
-fn replay(mr: &dyn DeviceMemoryResource, ops: &[Op], stream: StreamView) -> Result<f64, String> {
-    let mut live: Vec<(DevicePtr, usize)> = Vec::with_capacity(1 << 16);
-    let start = Instant::now();
-    for op in ops {
-        match *op {
-            Op::Alloc(size) => {
-                let p = mr.allocate(size, stream).map_err(|e| e.to_string())?;
-                live.push((p, size));
-            }
-            Op::Free(i) => {
-                let (p, size) = live.swap_remove(i);
-                mr.deallocate(p, size, stream).map_err(|e| e.to_string())?;
-            }
-        }
-    }
-    let ns = start.elapsed().as_nanos() as f64;
-    // A prefix (the warm-up) can leave blocks live: free them outside the timed region.
-    for (p, size) in live {
-        mr.deallocate(p, size, stream).map_err(|e| e.to_string())?;
-    }
-    Ok(ns)
-}
+use common::{GIB, MIB, Op, backend_for_bench, churn_trace, random_trace, replay};
 
 fn single(mr: &dyn DeviceMemoryResource, ops: &[Op], stream: &Stream) -> Option<f64> {
     // Warm-up pass (pool growth, arena creation, driver pool), then the timed pass.
     let run = || -> Result<f64, String> {
         replay(mr, &ops[..ops.len().min(20_000)], stream.view())?;
         stream.synchronize().map_err(|e| e.to_string())?;
-        let ns = replay(mr, ops, stream.view())?;
+        let ns_per_op = replay(mr, ops, stream.view())?;
         stream.synchronize().map_err(|e| e.to_string())?;
-        Ok(ns / ops.len() as f64)
+        Ok(ns_per_op)
     };
     run().map_err(|e| eprintln!("{}: {e}", mr.name())).ok()
 }

@@ -1,9 +1,12 @@
 //! Shared by the benchmarks: the workload traces of ANCHORS.md and the choice of backend.
 #![allow(dead_code)]
 
+use std::time::Instant;
+
 use rmm::allocator::backend::{
     self, Backend, BackendChoice, CudaBackend, SimBackend, SimConfig, SimMemoryMode,
 };
+use rmm::allocator::{DeviceMemoryResource, DevicePtr, StreamView};
 
 /// 1 MiB.
 pub const MIB: usize = 1 << 20;
@@ -85,4 +88,32 @@ pub fn backend_for_bench() -> &'static dyn Backend {
         panic!("the process-wide backend was chosen before the benchmark could pick it");
     }
     b
+}
+
+/// Replays `ops`; returns ns per operation.
+pub fn replay(
+    mr: &dyn DeviceMemoryResource,
+    ops: &[Op],
+    stream: StreamView,
+) -> Result<f64, String> {
+    let mut live: Vec<(DevicePtr, usize)> = Vec::with_capacity(1 << 16);
+    let start = Instant::now();
+    for op in ops {
+        match *op {
+            Op::Alloc(size) => {
+                let p = mr.allocate(size, stream).map_err(|e| e.to_string())?;
+                live.push((p, size));
+            }
+            Op::Free(i) => {
+                let (p, size) = live.swap_remove(i);
+                mr.deallocate(p, size, stream).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    let ns = start.elapsed().as_nanos() as f64 / ops.len() as f64;
+    // A partial trace (warm-up) leaves blocks live: give them back, untimed.
+    for (p, size) in live {
+        mr.deallocate(p, size, stream).map_err(|e| e.to_string())?;
+    }
+    Ok(ns)
 }
