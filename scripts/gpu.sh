@@ -5,6 +5,9 @@
 #   scripts/gpu.sh build   # here: archive the test binaries and release binaries into .gpu/
 #   scripts/gpu.sh run     # there: run everything with RMM_BACKEND=cuda, logs into $OUT (or ./gpu-out)
 #
+# Environment of `run`: TEST_THREADS (default 4); BENCH=0 skips examples and benchmarks;
+# BENCHES="runtime allocators" runs only those benchmarks (default: all); TESTS=0 skips tests.
+#
 # .gpu/ is ignored by git; carry it to the GPU machine with the working tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,15 +37,20 @@ run)
     export RMM_BACKEND=cuda
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv | tee "$out/gpu.txt" || true
     .gpu/bin/rmm info 2>&1 | tee "$out/info.txt"
-    set +e
-    .gpu/cargo-nextest nextest run --archive-file .gpu/tests.tar.zst --workspace-remap . \
-        --no-fail-fast --test-threads "${TEST_THREADS:-4}" 2>&1 | tee "$out/tests.txt"
-    status=${PIPESTATUS[0]}
-    set -e
+    status=0
+    if [ "${TESTS:-1}" = 1 ]; then
+        set +e
+        .gpu/cargo-nextest nextest run --archive-file .gpu/tests.tar.zst --workspace-remap . \
+            --no-fail-fast --test-threads "${TEST_THREADS:-4}" 2>&1 | tee "$out/tests.txt"
+        status=${PIPESTATUS[0]}
+        set -e
+    fi
     echo "tests exit status: $status"
     if [ "${BENCH:-1}" = 1 ]; then
         for e in .gpu/bin/device_*; do [ -x "$e" ] && "$e" > "$out/example-$(basename "$e").txt" 2>&1 && echo "example $(basename "$e"): ok"; done
         for b in .gpu/bin/bench-*; do
+            name=$(basename "$b"); name=${name#bench-}
+            if [ -n "${BENCHES:-}" ] && ! [[ " $BENCHES " == *" $name "* ]]; then continue; fi
             echo "== $(basename "$b")"
             "$b" 2>&1 | tee "$out/$(basename "$b").txt" | tail -30
         done

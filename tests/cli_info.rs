@@ -42,7 +42,11 @@ fn info_prints_devices_and_every_value_with_its_source() {
         stdout.contains("pool.initial_size") && stdout.contains("default"),
         "{stdout}"
     );
-    assert!(stdout.contains("pool over cuMemAlloc"), "{stdout}");
+    assert!(
+        stdout.contains("StatisticsResourceAdaptor > PoolMemoryResource(initial "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("> CudaMemoryResource"), "{stdout}");
 }
 
 #[test]

@@ -9,18 +9,22 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
 use common::{MIB, device};
-use crossbeam_channel::unbounded;
+use crossbeam_channel::bounded;
 use rmm_allocator::per_device::SharedResource;
 use rmm_allocator::resource::{BinningMemoryResource, CudaMemoryResource, PoolMemoryResource};
 use rmm_allocator::{DeviceMemoryResource, DevicePtr, Stream};
 
 const THREADS: usize = 16;
+/// Blocks in transit to one thread at most. Bounded so that a thread starved of CPU does not
+/// collect an unbounded amount of live memory in its inbox: at most 16 × (64 live + 16 in
+/// transit) blocks of ≤ 2 MiB, 2.5 GiB, are live at once, whatever the scheduling.
+const IN_TRANSIT: usize = 16;
 
 fn stress(mr: SharedResource, steps: usize) {
     let d = device();
     let handed_out = Arc::new(Mutex::new(HashSet::<u64>::new()));
     let channels: Vec<_> = (0..THREADS)
-        .map(|_| unbounded::<(DevicePtr, usize)>())
+        .map(|_| bounded::<(DevicePtr, usize)>(IN_TRANSIT))
         .collect();
     let barrier = Arc::new(Barrier::new(THREADS));
     let running = Arc::new(AtomicUsize::new(THREADS));
@@ -33,6 +37,15 @@ fn stress(mr: SharedResource, steps: usize) {
             let inbox = channels[t].1.clone();
             let next = channels[(t + 1) % THREADS].0.clone();
             std::thread::spawn(move || {
+                // Counts this thread out even if it panics, so the others stop waiting for it
+                // and the join below reports the panic instead of the test hanging.
+                struct Done(Arc<AtomicUsize>);
+                impl Drop for Done {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+                let done = Done(Arc::clone(&running));
                 let stream = Stream::new(d).unwrap();
                 let mut x = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
                 let mut live: Vec<(DevicePtr, usize, u64)> = Vec::new();
@@ -65,9 +78,12 @@ fn stress(mr: SharedResource, steps: usize) {
                             );
                         }
                         assert!(handed_out.lock().unwrap().remove(&p.addr()), "{p} lost");
-                        if x.is_multiple_of(5) {
-                            next.send((p, size)).unwrap();
+                        let keep = if x.is_multiple_of(5) {
+                            next.try_send((p, size)).err().map(|e| e.into_inner())
                         } else {
+                            Some((p, size))
+                        };
+                        if let Some((p, size)) = keep {
                             mr.deallocate(p, size, stream.view()).unwrap();
                         }
                     }
@@ -80,7 +96,7 @@ fn stress(mr: SharedResource, steps: usize) {
                     mr.deallocate(p, size, stream.view()).unwrap();
                 }
                 // Keep freeing what the previous thread hands over until every thread is done.
-                running.fetch_sub(1, Ordering::SeqCst);
+                drop(done);
                 while running.load(Ordering::SeqCst) > 0 {
                     while let Ok((p, size)) = inbox.try_recv() {
                         mr.deallocate(p, size, stream.view()).unwrap();
@@ -106,7 +122,7 @@ fn sixteen_threads_on_the_pool_lose_and_duplicate_nothing() {
         PoolMemoryResource::new(
             Arc::new(CudaMemoryResource::new(device())),
             512 * MIB,
-            Some(2048 * MIB),
+            Some(4096 * MIB),
         )
         .unwrap(),
     );
@@ -124,7 +140,7 @@ fn sixteen_threads_on_binning_over_the_pool() {
         PoolMemoryResource::new(
             Arc::new(CudaMemoryResource::new(device())),
             512 * MIB,
-            Some(2048 * MIB),
+            Some(4096 * MIB),
         )
         .unwrap(),
     );

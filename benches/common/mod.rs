@@ -69,6 +69,11 @@ pub fn random_trace(steps: usize, lo: usize, hi: usize, cap: usize, seed: u64) -
 /// The process-wide backend for this run: the GPU when there is one (or `RMM_BACKEND=cuda`),
 /// else an unbacked simulated device of 80 GiB, so that allocator bookkeeping is measured.
 pub fn backend_for_bench() -> &'static dyn Backend {
+    backend_for_bench_with(1)
+}
+
+/// As [`backend_for_bench`], with `sim_devices` simulated devices when there is no GPU.
+pub fn backend_for_bench_with(sim_devices: u32) -> &'static dyn Backend {
     let choice = BackendChoice::from_env().expect("RMM_BACKEND");
     let cuda = match choice {
         BackendChoice::Sim => None,
@@ -78,7 +83,7 @@ pub fn backend_for_bench() -> &'static dyn Backend {
         (_, Some(c)) => c,
         (BackendChoice::Cuda, None) => panic!("RMM_BACKEND=cuda but no CUDA device is visible"),
         _ => SimBackend::leak(SimConfig {
-            devices: 1,
+            devices: sim_devices,
             capacity: 80 * GIB,
             mode: SimMemoryMode::Unbacked,
         })

@@ -2,19 +2,30 @@
 
 mod common;
 
+use std::path::PathBuf;
+
 use rmm_config::{Config, ConfigLoader, Source};
 
-const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../rmm.toml");
+/// The repository's rmm.toml, found at run time: nextest sets `CARGO_MANIFEST_DIR` to where
+/// the crate is now (after `--workspace-remap` on another machine), while `env!` would give
+/// the path it was built at.
+fn example() -> PathBuf {
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    dir.join("../rmm.toml")
+}
 
 #[test]
 fn example_sets_every_key_to_its_default() {
-    let config = ConfigLoader::new().no_env().file(EXAMPLE).load().unwrap();
+    let example = example();
+    let config = ConfigLoader::new().no_env().file(&example).load().unwrap();
     assert_eq!(config, Config::default());
     // Every key is present: each effective value came from the file.
     for row in config.effective_values() {
         assert_eq!(
             row.source,
-            Source::File(EXAMPLE.into()),
+            Source::File(example.clone()),
             "{} is not in rmm.toml",
             row.key
         );
@@ -23,7 +34,7 @@ fn example_sets_every_key_to_its_default() {
 
 #[test]
 fn example_device_table_is_valid_when_uncommented() {
-    let text = std::fs::read_to_string(EXAMPLE).unwrap();
+    let text = std::fs::read_to_string(example()).unwrap();
     let start = text
         .find("# [device.1]")
         .expect("the example has a [device.1] table");

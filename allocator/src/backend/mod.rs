@@ -332,6 +332,12 @@ pub fn global() -> Result<&'static dyn Backend> {
         .clone()
 }
 
+/// The process-wide backend if one has been chosen (by [`global`] or [`install_global`]);
+/// unlike [`global`], never chooses one.
+pub fn installed() -> Option<&'static dyn Backend> {
+    GLOBAL.get().and_then(|r| r.as_ref().ok().copied())
+}
+
 /// Installs `backend` as the process-wide backend. Returns the backend already installed
 /// (as an error) if one was chosen before.
 pub fn install_global(

@@ -53,6 +53,18 @@ impl CudaAsyncMemoryResource {
         })
     }
 
+    /// Primes the driver pool with `bytes` (RMM's `initial_pool_size`): allocates and frees
+    /// them on the default stream and waits, so the pool holds them while the release
+    /// threshold allows.
+    pub fn reserve(&self, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let ptr = self.allocate(bytes, StreamView::DEFAULT)?;
+        self.deallocate(ptr, bytes, StreamView::DEFAULT)?;
+        crate::stream::synchronize(self.device, StreamView::DEFAULT)
+    }
+
     /// The configured release threshold in bytes.
     pub fn release_threshold(&self) -> u64 {
         self.release_threshold

@@ -1,0 +1,284 @@
+//! The runtime's costs: an empty task's round trip and aggregate task throughput (beside
+//! `rayon::spawn` plus a latch, measured in the same run), and start-up and reinitialize on
+//! 1, 2, 4 … devices (issue goals: round trip ≤ 2 µs, ≥ 1 M tasks/s with 8 workers, N
+//! devices ≤ 1.3× one device).
+//!
+//! `RMM_BENCH_POOL` (default `32GiB`): the pool size of the start-up and reinitialize runs.
+//! `RMM_BENCH_ROUNDS` (default 5): rounds per figure (the median is reported).
+//! `RMM_BENCH_TASKS` (default 200000): tasks in the throughput runs.
+//! Without a GPU, an unbacked simulated backend of `RMM_BENCH_DEVICES` (default 4) devices.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use common::backend_for_bench_with;
+use rmm::config::{Config, ConfigLoader};
+use rmm::runtime::{Runtime, TaskHandle};
+
+fn env_usize(key: &str, default: usize) -> usize {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn config(devices: u32, workers: u32, pool: Option<&str>) -> Config {
+    let list: Vec<i64> = (0..devices as i64).collect();
+    let mut l = ConfigLoader::new()
+        .no_file()
+        .no_env()
+        .set("devices", list)
+        .set("workers_per_device", i64::from(workers));
+    if let Some(size) = pool {
+        l = l
+            .set("pool.enabled", true)
+            .set("pool.initial_size", size)
+            .set("pool.maximum_size", size);
+    }
+    l.load().expect("bench configuration")
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A one-shot latch: set by the task, waited for by the submitter (spin, then park), the way
+/// a `TaskHandle` waits.
+struct Latch {
+    set: AtomicBool,
+    waiter: Thread,
+}
+
+impl Latch {
+    fn new() -> Arc<Latch> {
+        Arc::new(Latch {
+            set: AtomicBool::new(false),
+            waiter: std::thread::current(),
+        })
+    }
+    fn set(&self) {
+        self.set.store(true, Ordering::Release);
+        self.waiter.unpark();
+    }
+    fn wait(&self) {
+        let spin_until = Instant::now() + Duration::from_micros(20);
+        while !self.set.load(Ordering::Acquire) {
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+            } else {
+                std::thread::park();
+            }
+        }
+    }
+}
+
+/// Counts down to zero, then wakes the waiter.
+struct CountLatch {
+    left: AtomicUsize,
+    waiter: Thread,
+}
+
+fn round_trip_runtime(tasks: usize) -> f64 {
+    let rt = Runtime::start(&config(1, 1, None)).expect("runtime");
+    for _ in 0..1000 {
+        rt.submit(|_| ()).wait().expect("warm-up");
+    }
+    let start = Instant::now();
+    for _ in 0..tasks {
+        rt.submit(|_| ()).wait().expect("task");
+    }
+    start.elapsed().as_nanos() as f64 / tasks as f64
+}
+
+fn round_trip_rayon(pool: &rayon::ThreadPool, tasks: usize) -> f64 {
+    let run = |n: usize| {
+        for _ in 0..n {
+            let latch = Latch::new();
+            let l = Arc::clone(&latch);
+            pool.spawn(move || l.set());
+            latch.wait();
+        }
+    };
+    run(1000);
+    let start = Instant::now();
+    run(tasks);
+    start.elapsed().as_nanos() as f64 / tasks as f64
+}
+
+fn throughput_runtime(workers: u32, tasks: usize) -> f64 {
+    let rt = Runtime::start(&config(1, workers, None)).expect("runtime");
+    let run = |n: usize| {
+        let handles: Vec<TaskHandle<()>> = (0..n).map(|_| rt.submit(|_| ())).collect();
+        for h in handles {
+            h.wait().expect("task");
+        }
+    };
+    run(10_000);
+    let start = Instant::now();
+    run(tasks);
+    tasks as f64 / start.elapsed().as_secs_f64()
+}
+
+fn throughput_rayon(pool: &rayon::ThreadPool, tasks: usize) -> f64 {
+    let run = |n: usize| {
+        let latch = Arc::new(CountLatch {
+            left: AtomicUsize::new(n),
+            waiter: std::thread::current(),
+        });
+        for _ in 0..n {
+            let l = Arc::clone(&latch);
+            pool.spawn(move || {
+                if l.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    l.waiter.unpark();
+                }
+            });
+        }
+        while latch.left.load(Ordering::Acquire) > 0 {
+            std::thread::park();
+        }
+    };
+    run(10_000);
+    let start = Instant::now();
+    run(tasks);
+    tasks as f64 / start.elapsed().as_secs_f64()
+}
+
+struct Lifecycle {
+    start: f64,
+    pool_to_pool: f64,
+    pool_to_cuda: f64,
+    cuda_to_pool: f64,
+    shutdown: f64,
+}
+
+fn lifecycle(devices: u32, pool: &str, rounds: usize) -> Lifecycle {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (mut s, mut pp, mut pc, mut cp, mut sd) = (vec![], vec![], vec![], vec![], vec![]);
+    let pooled = config(devices, 1, Some(pool));
+    let plain = config(devices, 1, None);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let rt = Runtime::start(&pooled).expect("start");
+        s.push(ms(t.elapsed()));
+        pp.push(ms(rt.reinitialize(&pooled).expect("pool → pool").total));
+        pc.push(ms(rt.reinitialize(&plain).expect("pool → cuda").total));
+        cp.push(ms(rt.reinitialize(&pooled).expect("cuda → pool").total));
+        let t = Instant::now();
+        rt.shutdown().expect("shutdown");
+        sd.push(ms(t.elapsed()));
+    }
+    Lifecycle {
+        start: median(s),
+        pool_to_pool: median(pp),
+        pool_to_cuda: median(pc),
+        cuda_to_pool: median(cp),
+        shutdown: median(sd),
+    }
+}
+
+fn main() {
+    let sim_devices = env_usize("RMM_BENCH_DEVICES", 4) as u32;
+    let b = backend_for_bench_with(sim_devices);
+    let rounds = env_usize("RMM_BENCH_ROUNDS", 5).max(1);
+    let tasks = env_usize("RMM_BENCH_TASKS", 200_000).max(1000);
+    let pool = std::env::var("RMM_BENCH_POOL").unwrap_or_else(|_| "32GiB".into());
+    println!("backend: {}", b.describe());
+    for d in 0..b.device_count() {
+        if let Ok(p) = b.properties(d) {
+            println!(
+                "device {d}: {} ({:.1} GiB)",
+                p.name,
+                p.total_memory as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
+    println!(
+        "cores: {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!();
+
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("rayon pool");
+    let eight = rayon::ThreadPoolBuilder::new()
+        .num_threads(8)
+        .build()
+        .expect("rayon pool");
+    let rt_rt = median(
+        (0..rounds)
+            .map(|_| round_trip_runtime(tasks / 10))
+            .collect(),
+    );
+    let ry_rt = median(
+        (0..rounds)
+            .map(|_| round_trip_rayon(&one, tasks / 10))
+            .collect(),
+    );
+    let rt_tp = median((0..rounds).map(|_| throughput_runtime(8, tasks)).collect());
+    let ry_tp = median(
+        (0..rounds)
+            .map(|_| throughput_rayon(&eight, tasks))
+            .collect(),
+    );
+    println!("## Tasks (median of {rounds} rounds)");
+    println!();
+    println!("| measure | runtime | rayon::spawn + latch | runtime / rayon |");
+    println!("|---|---|---|---|");
+    println!(
+        "| empty task round trip, 1 worker (µs) | {:.2} | {:.2} | {:.2}× |",
+        rt_rt / 1e3,
+        ry_rt / 1e3,
+        rt_rt / ry_rt
+    );
+    println!(
+        "| empty tasks/s, 8 workers (M/s) | {:.2} | {:.2} | {:.2}× slower |",
+        rt_tp / 1e6,
+        ry_tp / 1e6,
+        ry_tp / rt_tp
+    );
+    println!();
+
+    let mut counts = vec![1u32];
+    let mut k = 2;
+    while k <= b.device_count() {
+        counts.push(k);
+        k *= 2;
+    }
+    println!("## Start-up and reinitialize, pool {pool} per device, ms (median of {rounds})");
+    println!();
+    println!("| devices | start | pool → pool | pool → cuda | cuda → pool | shutdown |");
+    println!("|---|---|---|---|---|---|");
+    let mut base: Option<Lifecycle> = None;
+    for &n in &counts {
+        let l = lifecycle(n, &pool, rounds);
+        let ratio = |a: f64, b: Option<f64>| match b {
+            Some(b) if n > 1 && b > 0.0 => format!(" ({:.2}×)", a / b),
+            _ => String::new(),
+        };
+        println!(
+            "| {n} | {:.1}{} | {:.1}{} | {:.1}{} | {:.1}{} | {:.1}{} |",
+            l.start,
+            ratio(l.start, base.as_ref().map(|b| b.start)),
+            l.pool_to_pool,
+            ratio(l.pool_to_pool, base.as_ref().map(|b| b.pool_to_pool)),
+            l.pool_to_cuda,
+            ratio(l.pool_to_cuda, base.as_ref().map(|b| b.pool_to_cuda)),
+            l.cuda_to_pool,
+            ratio(l.cuda_to_pool, base.as_ref().map(|b| b.cuda_to_pool)),
+            l.shutdown,
+            ratio(l.shutdown, base.as_ref().map(|b| b.shutdown)),
+        );
+        if base.is_none() {
+            base = Some(l);
+        }
+    }
+    println!();
+    println!("(ratios: against 1 device in this run; goal ≤ 1.3×)");
+}

@@ -1,0 +1,183 @@
+//! The runtime's errors: what failed, on which device, and what to do about it.
+
+use std::fmt;
+use std::time::Duration;
+
+use rmm_allocator::error::fmt_bytes;
+
+use crate::worker::WorkerId;
+
+/// Result of runtime operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors of the runtime (start-up, reinitialize, shutdown). Task failures are
+/// [`TaskError`]s, delivered through their handles.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration did not load or resolve against the devices present.
+    #[error(transparent)]
+    Config(#[from] rmm_config::Error),
+
+    /// The device layer failed outside any one device's set-up (e.g. opening the backend).
+    #[error(transparent)]
+    Allocator(#[from] rmm_allocator::Error),
+
+    /// Building or installing one device's resource stack failed.
+    #[error("setting up device {device}: {source}")]
+    DeviceSetup {
+        /// The device ordinal.
+        device: u32,
+        /// What failed.
+        #[source]
+        source: rmm_allocator::Error,
+    },
+
+    /// The configuration names a backend other than the one this process already uses.
+    #[error(
+        "backend = \"{requested}\" but this process already uses the {active} backend \
+         (chosen by RMM_BACKEND or an earlier start); set backend = \"auto\" or \"{active}\""
+    )]
+    BackendMismatch {
+        /// The backend the configuration asks for.
+        requested: &'static str,
+        /// The backend in use.
+        active: &'static str,
+    },
+
+    /// Another runtime in this process manages a device this one was asked to use.
+    #[error(
+        "device {device} is already managed by another runtime in this process; shut that \
+         runtime down first, or leave the device out of `devices`"
+    )]
+    DeviceInUse {
+        /// The device ordinal.
+        device: u32,
+    },
+
+    /// reinitialize found allocations it cannot move off a device (RMM leaves using them
+    /// undefined; the runtime refuses and keeps the old stacks).
+    #[error("{}", LiveList(.0))]
+    LiveAllocations(Vec<LiveMemory>),
+
+    /// reinitialize or shutdown was called from one of the runtime's own workers, which
+    /// would wait for itself.
+    #[error(
+        "{what} called from inside a task on worker {worker}: it waits for every task to \
+         finish, its own included; call it from outside the runtime's workers"
+    )]
+    InsideWorker {
+        /// `reinitialize` or `shutdown`.
+        what: &'static str,
+        /// The calling worker.
+        worker: WorkerId,
+    },
+
+    /// In-flight tasks did not finish in time.
+    #[error(
+        "{what}: {tasks} task(s) still queued or running after {waited:?}; let them finish \
+         (or raise the timeout) and try again"
+    )]
+    DrainTimeout {
+        /// `reinitialize` or `shutdown`.
+        what: &'static str,
+        /// Tasks still queued or running.
+        tasks: usize,
+        /// How long it waited.
+        waited: Duration,
+    },
+
+    /// The runtime has been shut down.
+    #[error("the runtime has been shut down; start a new one")]
+    ShutDown,
+
+    /// A worker thread could not be started.
+    #[error("starting worker thread {worker}: {source}")]
+    Spawn {
+        /// The worker that could not start.
+        worker: WorkerId,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Live memory of one device that blocks a reinitialize.
+#[derive(Debug, Clone)]
+pub struct LiveMemory {
+    /// The device ordinal.
+    pub device: u32,
+    /// Live allocations.
+    pub count: u64,
+    /// Their bytes (requested sizes).
+    pub bytes: u64,
+    /// With tracking on, each allocation with its thread, age and (with backtraces) site.
+    pub allocations: Vec<String>,
+}
+
+struct LiveList<'a>(&'a [LiveMemory]);
+
+impl fmt::Display for LiveList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "reinitialize refused, nothing changed: ")?;
+        for (i, live) in self.0.iter().enumerate() {
+            if i > 0 {
+                write!(f, "; ")?;
+            }
+            write!(
+                f,
+                "device {} has {} allocation(s) of {} still live that cannot be spilled",
+                live.device,
+                live.count,
+                fmt_bytes(live.bytes as usize)
+            )?;
+            for a in live.allocations.iter().take(16) {
+                write!(f, "\n  {a}")?;
+            }
+            if live.allocations.len() > 16 {
+                write!(f, "\n  … and {} more", live.allocations.len() - 16)?;
+            }
+        }
+        write!(
+            f,
+            ". Drop those buffers (or make them spillable) before reinitialize; \
+             tracking.enabled = true lists where each was allocated"
+        )
+    }
+}
+
+/// Why a task produced no value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaskError {
+    /// The task panicked; the worker caught it and lives on.
+    #[error("task panicked on worker {worker}: {message}")]
+    Panicked {
+        /// The worker it ran on.
+        worker: WorkerId,
+        /// The panic message.
+        message: String,
+    },
+    /// The task never ran: the runtime shut down, or its target is gone.
+    #[error("task cancelled before it ran: {reason}")]
+    Cancelled {
+        /// Why.
+        reason: String,
+    },
+    /// The task was submitted to a device or worker the runtime does not have.
+    #[error("no {target} in this runtime (it has {have}); submit to one of those")]
+    NoSuchTarget {
+        /// The device or worker asked for.
+        target: String,
+        /// What the runtime has.
+        have: String,
+    },
+    /// The task was submitted after shutdown.
+    #[error("the runtime has been shut down; the task was not run")]
+    ShutDown,
+    /// [`TaskHandle::wait_timeout`](crate::TaskHandle::wait_timeout) ran out; the task
+    /// goes on and the handle can be waited on again.
+    #[error("the task did not finish within {0:?}; it is still queued or running")]
+    Timeout(Duration),
+    /// The result was already taken by an earlier wait.
+    #[error("the task's result was already taken by an earlier wait")]
+    AlreadyTaken,
+}

@@ -1,0 +1,199 @@
+//! What the runtime reports: per worker, per device, per reinitialize and at shutdown. Each
+//! prints as a table and serializes to JSON (durations in seconds).
+
+use std::fmt;
+use std::time::Duration;
+
+use rmm_allocator::adaptor::MemoryReport;
+use rmm_allocator::error::fmt_bytes;
+use serde::{Serialize, Serializer};
+
+use crate::error::LiveMemory;
+use crate::worker::WorkerId;
+
+fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+/// One worker's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerReport {
+    /// The worker.
+    pub id: WorkerId,
+    /// Tasks it has run (panicked ones included).
+    pub tasks_run: u64,
+    /// Time spent running tasks.
+    #[serde(serialize_with = "secs")]
+    pub busy: Duration,
+    /// Tasks queued for it, plus the one it runs.
+    pub queued: usize,
+    /// Tasks that panicked.
+    pub panics: u64,
+}
+
+/// One device's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceReport {
+    /// The device ordinal.
+    pub device: u32,
+    /// Its stack, top first.
+    pub stack: String,
+    /// Live allocations through the stack.
+    pub live_allocations: u64,
+    /// Their bytes.
+    pub live_bytes: u64,
+    /// Bytes the stack holds from the device (the pool's size, …).
+    pub reserved_bytes: u64,
+    /// The statistics report, with `stats.enabled`.
+    pub statistics: Option<MemoryReport>,
+}
+
+/// The time of each step of one reinitialize.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReinitReport {
+    /// The devices after it.
+    pub devices: Vec<u32>,
+    /// Loading and resolving the new configuration.
+    #[serde(serialize_with = "secs")]
+    pub resolve: Duration,
+    /// Holding submissions and waiting for queued and running tasks.
+    #[serde(serialize_with = "secs")]
+    pub drain: Duration,
+    /// Looking for live allocations.
+    #[serde(serialize_with = "secs")]
+    pub check: Duration,
+    /// Giving the old stacks' cached memory back.
+    #[serde(serialize_with = "secs")]
+    pub release: Duration,
+    /// Building the new stacks (all devices in parallel).
+    #[serde(serialize_with = "secs")]
+    pub build: Duration,
+    /// Installing them (and re-spawning workers when the layout changed).
+    #[serde(serialize_with = "secs")]
+    pub install: Duration,
+    /// Everything.
+    #[serde(serialize_with = "secs")]
+    pub total: Duration,
+    /// Bytes the old pools gave back.
+    pub released_bytes: u64,
+    /// True when the workers were re-spawned (devices or workers per device changed).
+    pub respawned: bool,
+}
+
+impl fmt::Display for ReinitReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "reinitialize {}: resolve {}, drain {}, check {}, release {} ({}), build {}, install {}{}",
+            ms(self.total),
+            ms(self.resolve),
+            ms(self.drain),
+            ms(self.check),
+            ms(self.release),
+            fmt_bytes(self.released_bytes as usize),
+            ms(self.build),
+            ms(self.install),
+            if self.respawned {
+                " (workers re-spawned)"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// What a shutdown found.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShutdownReport {
+    /// True when every task finished within the timeout (else the queued ones were cancelled).
+    pub drained: bool,
+    /// Allocations still live per device (leaks).
+    #[serde(skip)]
+    pub leaks: Vec<LiveMemory>,
+    /// How long it took.
+    #[serde(serialize_with = "secs")]
+    pub elapsed: Duration,
+}
+
+/// The runtime's figures at one moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct RuntimeReport {
+    /// The backend.
+    pub backend: String,
+    /// Time since start.
+    #[serde(serialize_with = "secs")]
+    pub uptime: Duration,
+    /// Every worker.
+    pub workers: Vec<WorkerReport>,
+    /// Every device.
+    pub devices: Vec<DeviceReport>,
+    /// Reinitializations done.
+    pub reinitializations: u64,
+    /// The last one.
+    pub last_reinitialize: Option<ReinitReport>,
+}
+
+impl RuntimeReport {
+    /// Pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("{{\"error\": \"serializing the report: {e}\"}}"))
+    }
+}
+
+impl fmt::Display for RuntimeReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "backend: {}; up {:.3} s",
+            self.backend,
+            self.uptime.as_secs_f64()
+        )?;
+        writeln!(
+            f,
+            "{:<8} {:>12} {:>12} {:>8} {:>8}",
+            "worker", "tasks", "busy", "queued", "panics"
+        )?;
+        for w in &self.workers {
+            writeln!(
+                f,
+                "{:<8} {:>12} {:>12} {:>8} {:>8}",
+                w.id.to_string(),
+                w.tasks_run,
+                format!("{:.3} s", w.busy.as_secs_f64()),
+                w.queued,
+                w.panics
+            )?;
+        }
+        writeln!(
+            f,
+            "{:<8} {:>12} {:>12} {:>12}  stack",
+            "device", "live", "live bytes", "reserved"
+        )?;
+        for d in &self.devices {
+            writeln!(
+                f,
+                "{:<8} {:>12} {:>12} {:>12}  {}",
+                d.device,
+                d.live_allocations,
+                fmt_bytes(d.live_bytes as usize),
+                fmt_bytes(d.reserved_bytes as usize),
+                d.stack
+            )?;
+            if let Some(s) = &d.statistics {
+                for line in s.to_string().lines() {
+                    writeln!(f, "         {line}")?;
+                }
+            }
+        }
+        write!(f, "reinitializations: {}", self.reinitializations)?;
+        if let Some(r) = &self.last_reinitialize {
+            write!(f, "; last: {r}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1007 @@
+//! The runtime: workers × devices, task submission, reinitialize, shutdown.
+//!
+//! # Life of a runtime
+//! [`Runtime::start`] resolves the configuration against the devices present, builds every
+//! device's [`DeviceStack`] in parallel (rayon) with its workers' streams, installs each stack
+//! as its device's current resource and starts `workers_per_device` threads per device. If any
+//! device fails, everything built is freed and no worker starts.
+//!
+//! [`RuntimeHandle::reinitialize`] is a transaction over all devices: resolve (a bad
+//! configuration changes nothing) → hold new submissions → let queued and running tasks
+//! finish → refuse if allocations are still live → release the old stacks' cached memory →
+//! build the new stacks (in parallel; a failure keeps the old ones) → install → re-spawn
+//! workers if the device list or `workers_per_device` changed → submit what was held.
+//!
+//! # Submission
+//! Every worker has its own channel and a load count (queued + running). A task goes to the
+//! least-loaded worker overall ([`RuntimeHandle::submit`]) or of one device
+//! ([`RuntimeHandle::submit_to_device`]), to one worker, or to every worker
+//! ([`RuntimeHandle::run_on_all`]). While a reinitialize is in progress, submissions from
+//! outside the runtime are held and sent on afterwards; submissions from inside a task go
+//! straight through, since the task that makes them may wait for them.
+
+use std::collections::BTreeMap;
+use std::ops::{Deref, Range};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arc_swap::{ArcSwap, Guard};
+use parking_lot::Mutex;
+use rayon::prelude::*;
+use rmm_allocator::backend::{self, Backend, BackendChoice, BackendKind};
+use rmm_allocator::{Device, Stream};
+use rmm_config::{Config, ConfigLoader, DeviceFacts, ResolvedConfig};
+
+use crate::error::{Error, LiveMemory, Result, TaskError};
+use crate::inventory::Inventory;
+use crate::report::{DeviceReport, ReinitReport, RuntimeReport, ShutdownReport, WorkerReport};
+use crate::stack::{DeviceStack, StackPlan};
+use crate::task::{self, Job, TaskContext, TaskHandle};
+use crate::worker::{self, Msg, WorkerId, WorkerShared};
+
+/// How long reinitialize and shutdown wait for queued and running tasks by default.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// Device ordinal → id of the runtime that manages it.
+static OWNERS: LazyLock<Mutex<BTreeMap<u32, u64>>> = LazyLock::new(Default::default);
+
+/// Opens the backend `choice` names as the process-wide one, or checks that the one already
+/// in use agrees with it (`auto` accepts any).
+pub fn open_backend(choice: rmm_config::Backend) -> Result<&'static dyn Backend> {
+    let wanted = match choice {
+        rmm_config::Backend::Auto => None,
+        rmm_config::Backend::Cuda => Some(BackendKind::Cuda),
+        rmm_config::Backend::Sim => Some(BackendKind::Sim),
+    };
+    let check = |b: &'static dyn Backend| match wanted {
+        Some(kind) if b.kind() != kind => Err(Error::BackendMismatch {
+            requested: kind.name(),
+            active: b.kind().name(),
+        }),
+        _ => Ok(b),
+    };
+    if let Some(b) = backend::installed() {
+        return check(b);
+    }
+    let b = match wanted {
+        None => return Ok(backend::global()?),
+        Some(BackendKind::Cuda) => backend::open(BackendChoice::Cuda)?,
+        Some(BackendKind::Sim) => backend::open(BackendChoice::Sim)?,
+    };
+    match backend::install_global(b) {
+        Ok(()) => Ok(b),
+        Err(existing) => check(existing),
+    }
+}
+
+/// What the devices of `backend` report, for resolving a configuration.
+pub fn device_facts(backend: &'static dyn Backend) -> Result<Vec<DeviceFacts>> {
+    Ok(Inventory::of(backend)?
+        .devices
+        .into_iter()
+        .map(|d| DeviceFacts {
+            ordinal: d.ordinal,
+            uuid: d.uuid,
+            total_memory: d.total_memory as u64,
+            free_memory: d.free_memory as u64,
+        })
+        .collect())
+}
+
+/// Where a task goes.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Any,
+    Device(u32),
+    Worker(WorkerId),
+}
+
+/// One configuration's devices, stacks and workers.
+pub(crate) struct Generation {
+    pub(crate) config: ResolvedConfig,
+    pub(crate) stacks: Vec<Arc<DeviceStack>>,
+    workers: Vec<Arc<WorkerShared>>,
+    /// Indices into `workers` of each device (same order as `stacks`).
+    by_device: Vec<Range<usize>>,
+}
+
+impl Generation {
+    fn empty(config: ResolvedConfig) -> Generation {
+        Generation {
+            config,
+            stacks: Vec::new(),
+            workers: Vec::new(),
+            by_device: Vec::new(),
+        }
+    }
+
+    fn pick(&self, target: Target) -> std::result::Result<&Arc<WorkerShared>, TaskError> {
+        let range = match target {
+            Target::Any => 0..self.workers.len(),
+            Target::Device(d) => self
+                .stacks
+                .iter()
+                .position(|s| s.device().ordinal() == d)
+                .map(|i| self.by_device[i].clone())
+                .ok_or_else(|| TaskError::NoSuchTarget {
+                    target: format!("device {d}"),
+                    have: self.describe_devices(),
+                })?,
+            Target::Worker(id) => {
+                return self.workers.iter().find(|w| w.id == id).ok_or_else(|| {
+                    TaskError::NoSuchTarget {
+                        target: format!("worker {id}"),
+                        have: format!(
+                            "workers {}",
+                            self.workers
+                                .iter()
+                                .map(|w| w.id.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    }
+                });
+            }
+        };
+        least_loaded(&self.workers[range]).ok_or_else(|| TaskError::NoSuchTarget {
+            target: "worker".into(),
+            have: "no workers".into(),
+        })
+    }
+
+    fn describe_devices(&self) -> String {
+        let list: Vec<String> = self
+            .stacks
+            .iter()
+            .map(|s| s.device().ordinal().to_string())
+            .collect();
+        format!("devices {}", list.join(", "))
+    }
+
+    fn layout(&self) -> (Vec<u32>, u32) {
+        (
+            self.config.devices.iter().map(|d| d.ordinal).collect(),
+            self.config.workers_per_device,
+        )
+    }
+
+    fn queued(&self) -> usize {
+        self.workers
+            .iter()
+            .map(|w| w.load.load(Ordering::SeqCst))
+            .sum()
+    }
+}
+
+thread_local! {
+    /// Rotates the scan start so that ties spread over the workers.
+    static ROTATE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn least_loaded(workers: &[Arc<WorkerShared>]) -> Option<&Arc<WorkerShared>> {
+    let n = workers.len();
+    if n == 0 {
+        return None;
+    }
+    let start = ROTATE.with(|r| {
+        let v = r.get().wrapping_add(1);
+        r.set(v);
+        v
+    });
+    let mut best = &workers[start % n];
+    let mut best_load = best.load.load(Ordering::Relaxed);
+    for i in 1..n {
+        if best_load == 0 {
+            break;
+        }
+        let w = &workers[(start + i) % n];
+        let l = w.load.load(Ordering::Relaxed);
+        if l < best_load {
+            best = w;
+            best_load = l;
+        }
+    }
+    Some(best)
+}
+
+struct Control {
+    threads: Vec<JoinHandle<()>>,
+    reinitializations: u64,
+    last_reinitialize: Option<ReinitReport>,
+}
+
+pub(crate) struct Shared {
+    id: u64,
+    backend: &'static dyn Backend,
+    generation: ArcSwap<Generation>,
+    /// True while a reinitialize holds outside submissions.
+    holding: AtomicBool,
+    /// Outside submitters between their checks and their send.
+    entering: AtomicUsize,
+    held: Mutex<Vec<(Target, Box<dyn Job>)>>,
+    shut_down: AtomicBool,
+    /// Set when a shutdown gave up waiting: workers cancel what is still queued.
+    cancel: AtomicBool,
+    control: Mutex<Control>,
+    drain_timeout: Duration,
+    started: Instant,
+}
+
+impl Shared {
+    pub(crate) fn generation(&self) -> Guard<Arc<Generation>> {
+        self.generation.load()
+    }
+
+    pub(crate) fn cancelling(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+
+    fn dispatch(&self, target: Target, job: Box<dyn Job>) {
+        let inside = worker::current().is_some_and(|(id, _)| id == self.id);
+        if inside {
+            // Part of the work of a running task: never held (the task may wait for it).
+            return self.send(target, job);
+        }
+        self.entering.fetch_add(1, Ordering::SeqCst);
+        if self.shut_down.load(Ordering::SeqCst) {
+            self.entering.fetch_sub(1, Ordering::SeqCst);
+            return job.cancel(TaskError::ShutDown);
+        }
+        if self.holding.load(Ordering::SeqCst) {
+            let mut held = self.held.lock();
+            if self.holding.load(Ordering::SeqCst) {
+                held.push((target, job));
+                self.entering.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+        }
+        self.send(target, job);
+        self.entering.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn send(&self, target: Target, job: Box<dyn Job>) {
+        let generation = self.generation.load();
+        match generation.pick(target) {
+            Ok(w) => w.send(job),
+            Err(e) => job.cancel(e),
+        }
+    }
+
+    /// Stops outside submissions from reaching workers.
+    fn hold(&self) {
+        self.holding.store(true, Ordering::SeqCst);
+    }
+
+    /// Sends on what was held.
+    fn resume(&self) {
+        let held = {
+            let mut held = self.held.lock();
+            self.holding.store(false, Ordering::SeqCst);
+            std::mem::take(&mut *held)
+        };
+        for (target, job) in held {
+            self.send(target, job);
+        }
+    }
+
+    /// Waits until no outside submitter is mid-send and no task is queued or running.
+    fn drain(&self, what: &'static str, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut rounds = 0u32;
+        loop {
+            let generation = self.generation.load();
+            if self.entering.load(Ordering::SeqCst) == 0 && generation.queued() == 0 {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::DrainTimeout {
+                    what,
+                    tasks: generation.queued(),
+                    waited: start.elapsed(),
+                });
+            }
+            rounds += 1;
+            if rounds < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn check_outside(&self, what: &'static str) -> Result<()> {
+        match worker::current() {
+            Some((id, worker)) if id == self.id => Err(Error::InsideWorker { what, worker }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Claims `devices` for runtime `id`; fails if another runtime has one.
+fn claim(id: u64, devices: &[u32]) -> Result<()> {
+    let mut owners = OWNERS.lock();
+    if let Some(&device) = devices
+        .iter()
+        .find(|d| owners.get(d).is_some_and(|&o| o != id))
+    {
+        return Err(Error::DeviceInUse { device });
+    }
+    owners.retain(|_, o| *o != id);
+    for &d in devices {
+        owners.insert(d, id);
+    }
+    Ok(())
+}
+
+fn unclaim(id: u64) {
+    OWNERS.lock().retain(|_, o| *o != id);
+}
+
+/// One device set up: its stack and its workers' streams.
+struct DeviceSetup {
+    stack: Arc<DeviceStack>,
+    streams: Vec<Stream>,
+}
+
+/// Builds every device's stack (and `streams_per_device` streams) in parallel. All or
+/// nothing: on any failure everything built is dropped (freed) and the first failing device
+/// is named.
+fn set_up_devices(config: &ResolvedConfig, streams_per_device: u32) -> Result<Vec<DeviceSetup>> {
+    let results: Vec<Result<DeviceSetup>> = config
+        .devices
+        .par_iter()
+        .map(|device| {
+            let fail = |source| Error::DeviceSetup {
+                device: device.ordinal,
+                source,
+            };
+            let stack = StackPlan::new(config, device).build().map_err(fail)?;
+            let dev = stack.device();
+            let streams = (0..streams_per_device)
+                .map(|_| Stream::new(dev))
+                .collect::<rmm_allocator::Result<Vec<_>>>()
+                .map_err(fail)?;
+            Ok(DeviceSetup {
+                stack: Arc::new(stack),
+                streams,
+            })
+        })
+        .collect();
+    // Collecting into Result drops every built stack on the first error.
+    results.into_iter().collect()
+}
+
+/// Resolves `config` against the devices present; with `held`, a device's free memory counts
+/// what the stack in `held` would give back, so `"auto"` sizes see the device as it will be.
+fn resolve(
+    backend: &'static dyn Backend,
+    config: &Config,
+    held: Option<&Generation>,
+) -> Result<ResolvedConfig> {
+    let mut facts = device_facts(backend)?;
+    if let Some(generation) = held {
+        for f in &mut facts {
+            if let Some(s) = generation
+                .stacks
+                .iter()
+                .find(|s| s.device().ordinal() == f.ordinal)
+            {
+                let live = s.live().bytes;
+                let held_back = s.reserved_bytes().saturating_sub(live);
+                f.free_memory = (f.free_memory + held_back).min(f.total_memory);
+            }
+        }
+    }
+    Ok(config.resolve(&facts)?)
+}
+
+/// Starts a runtime from code: the configuration comes from a [`ConfigLoader`] (by default
+/// `./rmm.toml` or `RMM_CONFIG`, then `RMM_*` variables) or a ready [`Config`], with overrides.
+///
+/// ```no_run
+/// let runtime = rmm_runtime::Runtime::builder()
+///     .set("pool.enabled", true)
+///     .set("workers_per_device", 4)
+///     .start()?;
+/// let bytes = runtime.submit(|ctx| ctx.device().ordinal()).wait()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct RuntimeBuilder {
+    loader: ConfigLoader,
+    config: Option<Config>,
+    drain_timeout: Duration,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        RuntimeBuilder {
+            loader: ConfigLoader::new(),
+            config: None,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    /// Loads the configuration with `loader` (replacing the default one).
+    pub fn loader(mut self, loader: ConfigLoader) -> Self {
+        self.loader = loader;
+        self
+    }
+
+    /// Uses `config` as loaded; [`RuntimeBuilder::set`] overrides are then ignored.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// Overrides one key in code (e.g. `"pool.initial_size"`, `"8GiB"`).
+    pub fn set(mut self, key: impl Into<String>, value: impl Into<toml::Value>) -> Self {
+        self.loader = self.loader.set(key, value);
+        self
+    }
+
+    /// How long reinitialize and shutdown wait for tasks (default 60 s).
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Loads the configuration and starts the runtime.
+    pub fn start(self) -> Result<Runtime> {
+        let config = match self.config {
+            Some(c) => c,
+            None => self.loader.load()?,
+        };
+        Runtime::start_with(&config, self.drain_timeout)
+    }
+}
+
+/// The runtime: workers on every configured device, each with its device's stack current.
+/// Dropping it shuts it down ([`Runtime::shutdown`]). Submission and reinitialize are on
+/// [`RuntimeHandle`], which it dereferences to and which tasks receive.
+#[derive(Debug)]
+pub struct Runtime {
+    handle: RuntimeHandle,
+}
+
+/// A cheap, clonable handle for submitting tasks to a runtime and reinitializing it. Tasks get
+/// one through [`TaskContext::runtime`]. After shutdown, submissions fail with
+/// [`TaskError::ShutDown`].
+#[derive(Clone)]
+pub struct RuntimeHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for RuntimeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeHandle")
+            .field("id", &self.shared.id)
+            .field("workers", &self.workers().len())
+            .finish()
+    }
+}
+
+impl Deref for Runtime {
+    type Target = RuntimeHandle;
+    fn deref(&self) -> &RuntimeHandle {
+        &self.handle
+    }
+}
+
+impl Runtime {
+    /// A builder (configuration from `./rmm.toml` / `RMM_CONFIG` and the environment unless
+    /// told otherwise).
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// Starts the runtime `config` describes.
+    pub fn start(config: &Config) -> Result<Runtime> {
+        Runtime::start_with(config, DEFAULT_DRAIN_TIMEOUT)
+    }
+
+    fn start_with(config: &Config, drain_timeout: Duration) -> Result<Runtime> {
+        let started = Instant::now();
+        let _span = tracing::info_span!("runtime start").entered();
+        let backend = open_backend(config.backend)?;
+        let resolved = resolve(backend, config, None)?;
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let ordinals: Vec<u32> = resolved.devices.iter().map(|d| d.ordinal).collect();
+        claim(id, &ordinals)?;
+        let shared = Arc::new(Shared {
+            id,
+            backend,
+            generation: ArcSwap::from_pointee(Generation::empty(resolved.clone())),
+            holding: AtomicBool::new(false),
+            entering: AtomicUsize::new(0),
+            held: Mutex::new(Vec::new()),
+            shut_down: AtomicBool::new(false),
+            cancel: AtomicBool::new(false),
+            control: Mutex::new(Control {
+                threads: Vec::new(),
+                reinitializations: 0,
+                last_reinitialize: None,
+            }),
+            drain_timeout,
+            started,
+        });
+        let handle = RuntimeHandle { shared };
+        let result = set_up_devices(&resolved, resolved.workers_per_device)
+            .and_then(|setups| handle.install_and_spawn(resolved, setups));
+        if let Err(e) = result {
+            unclaim(id);
+            return Err(e);
+        }
+        tracing::info!(
+            devices = ?ordinals,
+            workers = handle.workers().len(),
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "runtime started"
+        );
+        Ok(Runtime { handle })
+    }
+
+    /// Another handle on this runtime.
+    pub fn handle(&self) -> RuntimeHandle {
+        self.handle.clone()
+    }
+
+    /// Waits up to the drain timeout for queued and running tasks, cancels what is left,
+    /// stops and joins the workers, reports live allocations as leaks (through `tracing`,
+    /// with their sites when tracking is on), gives every pool's memory back and puts each
+    /// device back on a plain `CudaMemoryResource`.
+    pub fn shutdown(self) -> Result<ShutdownReport> {
+        let timeout = self.handle.shared.drain_timeout;
+        self.handle.shutdown_inner(timeout)
+    }
+
+    /// As [`Runtime::shutdown`] with a drain timeout of its own.
+    pub fn shutdown_timeout(self, timeout: Duration) -> Result<ShutdownReport> {
+        self.handle.shutdown_inner(timeout)
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if !self.handle.shared.shut_down.load(Ordering::SeqCst)
+            && let Err(e) = self.handle.shutdown_inner(self.handle.shared.drain_timeout)
+        {
+            tracing::error!("shutting the runtime down: {e}");
+        }
+    }
+}
+
+impl RuntimeHandle {
+    pub(crate) fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Runs `f` on the least-loaded worker of any device.
+    pub fn submit<F, T>(&self, f: F) -> TaskHandle<T>
+    where
+        F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let (job, handle) = task::job(f);
+        self.shared.dispatch(Target::Any, job);
+        handle
+    }
+
+    /// Runs `f` on the least-loaded worker of device `device` (an ordinal).
+    pub fn submit_to_device<F, T>(&self, device: u32, f: F) -> TaskHandle<T>
+    where
+        F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let (job, handle) = task::job(f);
+        self.shared.dispatch(Target::Device(device), job);
+        handle
+    }
+
+    /// Runs `f` on worker `worker`.
+    pub fn submit_to_worker<F, T>(&self, worker: WorkerId, f: F) -> TaskHandle<T>
+    where
+        F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let (job, handle) = task::job(f);
+        self.shared.dispatch(Target::Worker(worker), job);
+        handle
+    }
+
+    /// Runs `f` once on every worker (Dask's `client.run`); the handles are in the order of
+    /// [`RuntimeHandle::workers`].
+    pub fn run_on_all<F, T>(&self, f: F) -> Vec<TaskHandle<T>>
+    where
+        F: Fn(&TaskContext<'_>) -> T + Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        let f = Arc::new(f);
+        self.workers()
+            .into_iter()
+            .map(|id| {
+                let f = Arc::clone(&f);
+                self.submit_to_worker(id, move |ctx| f(ctx))
+            })
+            .collect()
+    }
+
+    /// Runs `f` on each item, each as its own task on the least-loaded worker; the handles
+    /// are in the items' order.
+    pub fn map<I, F, T>(&self, items: impl IntoIterator<Item = I>, f: F) -> Vec<TaskHandle<T>>
+    where
+        I: Send + 'static,
+        F: Fn(&TaskContext<'_>, I) -> T + Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        let f = Arc::new(f);
+        items
+            .into_iter()
+            .map(|item| {
+                let f = Arc::clone(&f);
+                self.submit(move |ctx| f(ctx, item))
+            })
+            .collect()
+    }
+
+    /// Every worker, device by device.
+    pub fn workers(&self) -> Vec<WorkerId> {
+        self.shared
+            .generation()
+            .workers
+            .iter()
+            .map(|w| w.id)
+            .collect()
+    }
+
+    /// The devices in use, as configured.
+    pub fn devices(&self) -> Vec<u32> {
+        self.shared
+            .generation()
+            .stacks
+            .iter()
+            .map(|s| s.device().ordinal())
+            .collect()
+    }
+
+    /// The configuration in force, resolved.
+    pub fn config(&self) -> ResolvedConfig {
+        self.shared.generation().config.clone()
+    }
+
+    /// The stack of device `device`, if the runtime uses that device.
+    pub fn stack(&self, device: u32) -> Option<Arc<DeviceStack>> {
+        self.shared
+            .generation()
+            .stacks
+            .iter()
+            .find(|s| s.device().ordinal() == device)
+            .cloned()
+    }
+
+    /// Loads the configuration with `loader` and reinitializes to it.
+    pub fn reinitialize_with(&self, loader: &ConfigLoader) -> Result<ReinitReport> {
+        self.reinitialize(&loader.load()?)
+    }
+
+    /// Switches every device to the stack `config` describes, keeping the runtime running:
+    /// see the module documentation for the steps. A configuration that does not resolve,
+    /// live allocations, or a device whose new stack cannot be built leave the runtime as it
+    /// was (old stacks installed and working) and return the error.
+    pub fn reinitialize(&self, config: &Config) -> Result<ReinitReport> {
+        let shared = &*self.shared;
+        shared.check_outside("reinitialize")?;
+        let mut control = shared.control.lock();
+        if shared.shut_down.load(Ordering::SeqCst) {
+            return Err(Error::ShutDown);
+        }
+        let _span = tracing::info_span!("reinitialize").entered();
+        let mut report = ReinitReport::default();
+        let total = Instant::now();
+        let t = Instant::now();
+        let old = shared.generation();
+        if let rmm_config::Backend::Cuda | rmm_config::Backend::Sim = config.backend {
+            open_backend(config.backend)?;
+        }
+        let resolved = resolve(shared.backend, config, Some(&old))?;
+        let ordinals: Vec<u32> = resolved.devices.iter().map(|d| d.ordinal).collect();
+        claim(shared.id, &ordinals)?;
+        report.resolve = t.elapsed();
+
+        let t = Instant::now();
+        shared.hold();
+        let result = self.switch(&mut control, &old, resolved, &mut report, t);
+        shared.resume();
+        if result.is_err() {
+            // Give the devices of the old configuration back to this runtime alone.
+            let old_ordinals: Vec<u32> = old.stacks.iter().map(|s| s.device().ordinal()).collect();
+            let _ = claim(shared.id, &old_ordinals);
+        }
+        result?;
+        report.total = total.elapsed();
+        report.devices = ordinals;
+        control.reinitializations += 1;
+        control.last_reinitialize = Some(report.clone());
+        tracing::info!(total_ms = report.total.as_secs_f64() * 1e3, "reinitialized");
+        Ok(report)
+    }
+
+    /// The part of reinitialize that runs with submissions held.
+    fn switch(
+        &self,
+        control: &mut Control,
+        old: &Generation,
+        resolved: ResolvedConfig,
+        report: &mut ReinitReport,
+        drain_start: Instant,
+    ) -> Result<()> {
+        let shared = &*self.shared;
+        shared.drain("reinitialize", shared.drain_timeout)?;
+        report.drain = drain_start.elapsed();
+
+        let t = Instant::now();
+        let live: Vec<LiveMemory> = old
+            .stacks
+            .par_iter()
+            .map(|s| s.live())
+            .filter(|l| l.count > 0)
+            .collect();
+        if !live.is_empty() {
+            return Err(Error::LiveAllocations(live));
+        }
+        report.check = t.elapsed();
+
+        let t = Instant::now();
+        let released: Vec<rmm_allocator::Result<u64>> =
+            old.stacks.par_iter().map(|s| s.release()).collect();
+        for (s, r) in old.stacks.iter().zip(released) {
+            match r {
+                Ok(bytes) => report.released_bytes += bytes,
+                Err(source) => {
+                    return Err(Error::DeviceSetup {
+                        device: s.device().ordinal(),
+                        source,
+                    });
+                }
+            }
+        }
+        report.release = t.elapsed();
+
+        let t = Instant::now();
+        let respawn = old.layout()
+            != (
+                resolved.devices.iter().map(|d| d.ordinal).collect(),
+                resolved.workers_per_device,
+            );
+        let streams = if respawn {
+            resolved.workers_per_device
+        } else {
+            0
+        };
+        let setups = set_up_devices(&resolved, streams)?;
+        report.build = t.elapsed();
+
+        let t = Instant::now();
+        if respawn {
+            report.respawned = true;
+            for w in &old.workers {
+                // Drained: every worker is idle, so Stop is the next thing it reads.
+                let _ = w.tx.send(Msg::Stop);
+            }
+            for thread in control.threads.drain(..) {
+                let _ = thread.join();
+            }
+            for s in &old.stacks {
+                if !setups.iter().any(|n| n.stack.device() == s.device()) {
+                    s.uninstall()?;
+                }
+            }
+            self.install_and_spawn_locked(control, resolved, setups)?;
+        } else {
+            let stacks: Vec<Arc<DeviceStack>> = setups.into_iter().map(|s| s.stack).collect();
+            install(&stacks)?;
+            shared.generation.store(Arc::new(Generation {
+                config: resolved,
+                stacks,
+                workers: old.workers.clone(),
+                by_device: old.by_device.clone(),
+            }));
+        }
+        report.install = t.elapsed();
+        Ok(())
+    }
+
+    fn install_and_spawn(&self, resolved: ResolvedConfig, setups: Vec<DeviceSetup>) -> Result<()> {
+        let mut control = self.shared.control.lock();
+        self.install_and_spawn_locked(&mut control, resolved, setups)
+    }
+
+    /// Installs the stacks, publishes a generation with fresh workers and starts them.
+    fn install_and_spawn_locked(
+        &self,
+        control: &mut Control,
+        resolved: ResolvedConfig,
+        setups: Vec<DeviceSetup>,
+    ) -> Result<()> {
+        let mut stacks = Vec::with_capacity(setups.len());
+        let mut workers = Vec::new();
+        let mut receivers = Vec::new();
+        let mut by_device = Vec::with_capacity(setups.len());
+        for (slot, setup) in setups.into_iter().enumerate() {
+            let device = setup.stack.device().ordinal();
+            let first = workers.len();
+            for (index, stream) in setup.streams.into_iter().enumerate() {
+                let id = WorkerId {
+                    device,
+                    index: index as u32,
+                };
+                let (w, rx) = WorkerShared::new(id, slot);
+                workers.push(w);
+                receivers.push((rx, stream));
+            }
+            by_device.push(first..workers.len());
+            stacks.push(setup.stack);
+        }
+        install(&stacks)?;
+        self.shared.generation.store(Arc::new(Generation {
+            config: resolved,
+            stacks,
+            workers: workers.clone(),
+            by_device,
+        }));
+        for (w, (rx, stream)) in workers.into_iter().zip(receivers) {
+            let id = w.id;
+            match worker::spawn(self.clone(), w, rx, stream) {
+                Ok(thread) => control.threads.push(thread),
+                Err(source) => {
+                    self.stop_workers(control);
+                    let generation = self.shared.generation();
+                    for s in &generation.stacks {
+                        let _ = s.uninstall();
+                    }
+                    let config = generation.config.clone();
+                    self.shared
+                        .generation
+                        .store(Arc::new(Generation::empty(config)));
+                    return Err(Error::Spawn { worker: id, source });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn stop_workers(&self, control: &mut Control) {
+        for w in &self.shared.generation().workers {
+            let _ = w.tx.send(Msg::Stop);
+        }
+        for thread in control.threads.drain(..) {
+            if thread.join().is_err() {
+                tracing::error!("a worker thread panicked outside a task");
+            }
+        }
+    }
+
+    fn shutdown_inner(&self, timeout: Duration) -> Result<ShutdownReport> {
+        let shared = &*self.shared;
+        shared.check_outside("shutdown")?;
+        let start = Instant::now();
+        let mut control = shared.control.lock();
+        if shared.shut_down.swap(true, Ordering::SeqCst) {
+            return Err(Error::ShutDown);
+        }
+        let _span = tracing::info_span!("runtime shutdown").entered();
+        let drained = shared.drain("shutdown", timeout);
+        if let Err(e) = &drained {
+            tracing::warn!("{e}; cancelling the queued tasks");
+            shared.cancel.store(true, Ordering::SeqCst);
+        }
+        self.stop_workers(&mut control);
+        let generation = shared.generation();
+        let mut leaks = Vec::new();
+        for s in &generation.stacks {
+            let live = s.live();
+            if live.count > 0 {
+                tracing::warn!(
+                    device = live.device,
+                    allocations = live.count,
+                    bytes = live.bytes,
+                    sites = %live.allocations.join("\n"),
+                    "runtime shut down with live allocations (leaked; their memory goes back \
+                     to the device when their last owner drops)"
+                );
+                leaks.push(live);
+            }
+            if let Err(e) = s.release() {
+                tracing::error!("releasing device {}: {e}", s.device().ordinal());
+            }
+            if let Err(e) = s.uninstall() {
+                tracing::error!("uninstalling device {}'s stack: {e}", s.device().ordinal());
+            }
+        }
+        let config = generation.config.clone();
+        drop(generation);
+        // Dropping the last reference to each stack frees its pool.
+        shared.generation.store(Arc::new(Generation::empty(config)));
+        unclaim(shared.id);
+        Ok(ShutdownReport {
+            drained: drained.is_ok(),
+            leaks,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Tasks run, busy time and queue length per worker; per device the stack and its
+    /// live, reserved and (with `stats.enabled`) statistics figures.
+    pub fn report(&self) -> RuntimeReport {
+        let shared = &*self.shared;
+        let generation = shared.generation();
+        let control = shared.control.lock();
+        let workers = generation
+            .workers
+            .iter()
+            .map(|w| {
+                let load = w.load.load(Ordering::Relaxed);
+                WorkerReport {
+                    id: w.id,
+                    tasks_run: w.tasks_run.load(Ordering::Relaxed),
+                    busy: Duration::from_nanos(w.busy_ns.load(Ordering::Relaxed)),
+                    queued: load,
+                    panics: w.panics.load(Ordering::Relaxed),
+                }
+            })
+            .collect();
+        let devices = generation
+            .stacks
+            .iter()
+            .map(|s| {
+                let live = s.live();
+                DeviceReport {
+                    device: s.device().ordinal(),
+                    stack: s.describe(),
+                    live_allocations: live.count,
+                    live_bytes: live.bytes,
+                    reserved_bytes: s.reserved_bytes(),
+                    statistics: s.plan().report_statistics.then(|| s.memory_report()),
+                }
+            })
+            .collect();
+        RuntimeReport {
+            backend: shared.backend.describe(),
+            uptime: shared.started.elapsed(),
+            workers,
+            devices,
+            reinitializations: control.reinitializations,
+            last_reinitialize: control.last_reinitialize.clone(),
+        }
+    }
+
+    /// The backend the runtime runs on.
+    pub fn backend(&self) -> &'static dyn Backend {
+        self.shared.backend
+    }
+
+    /// Device `ordinal` of the runtime's backend.
+    pub fn device(&self, ordinal: u32) -> Result<Device> {
+        Ok(Device::on(self.shared.backend, ordinal)?)
+    }
+}
+
+/// Installs every stack as its device's current resource.
+fn install(stacks: &[Arc<DeviceStack>]) -> Result<()> {
+    for s in stacks {
+        s.install().map_err(|source| Error::DeviceSetup {
+            device: s.device().ordinal(),
+            source,
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,392 @@
+//! Device stacks: one device's memory resource, built exactly as `rmm.toml` configures it.
+//!
+//! A [`StackPlan`] is what one [`ResolvedDevice`] asks for, layer by layer; [`StackPlan::build`]
+//! turns it into a [`DeviceStack`]; [`DeviceStack::install`] makes it the device's current
+//! resource. The runtime, `rmm info` and the Python package all go through these, so the stack
+//! a worker gets is the one `rmm info` describes.
+//!
+//! Layers, bottom to top:
+//!
+//! | layer | when |
+//! |---|---|
+//! | `CudaMemoryResource`, `ManagedMemoryResource` or `CudaAsyncMemoryResource` | always one: `pool.managed`, `pool.async`, else plain |
+//! | `PoolMemoryResource` (initial, maximum) | `pool.enabled` |
+//! | `LimitingResourceAdaptor` | `limits.device_memory_limit` |
+//! | `TrackingResourceAdaptor` | `tracking.enabled` (`tracking.backtraces`) |
+//! | `LoggingResourceAdaptor` (one CSV per device in `logging.directory`) | `logging.enabled` and a level other than `off` |
+//! | `StatisticsResourceAdaptor` | always |
+//!
+//! The statistics adaptor is always on top: it counts the live allocations that make a
+//! reinitialize refuse and a shutdown report leaks, at a few nanoseconds per operation.
+//! `stats.enabled` decides whether its full report (peaks, totals, reserved bytes) is part
+//! of the runtime report.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rmm_allocator::Device;
+use rmm_allocator::adaptor::{
+    LimitingResourceAdaptor, LoggingResourceAdaptor, MemoryReport, StatisticsResourceAdaptor,
+    TrackingResourceAdaptor, chain_names,
+};
+use rmm_allocator::error::fmt_bytes;
+use rmm_allocator::per_device::{self, SharedResource};
+use rmm_allocator::resource::{
+    CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource, PoolMemoryResource,
+};
+use rmm_config::{LogLevel, ResolvedConfig, ResolvedDevice};
+use serde::Serialize;
+
+use crate::error::LiveMemory;
+
+/// Where a stack's memory comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum UpstreamPlan {
+    /// `cuMemAlloc` ([`CudaMemoryResource`]).
+    Cuda,
+    /// `cuMemAllocManaged` ([`ManagedMemoryResource`]).
+    Managed,
+    /// `cuMemAllocAsync` on a pool of its own ([`CudaAsyncMemoryResource`]).
+    Async {
+        /// Bytes the driver pool keeps at synchronization (`None`: everything).
+        release_threshold: Option<u64>,
+        /// Bytes reserved at construction (only when no `PoolMemoryResource` sits above).
+        initial_size: Option<u64>,
+    },
+}
+
+/// The `PoolMemoryResource` layer of a stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PoolPlan {
+    /// Bytes taken at construction.
+    pub initial_size: u64,
+    /// The most the pool may hold (`None`: the device's total memory).
+    pub maximum_size: Option<u64>,
+}
+
+/// The resource stack one device is configured for, layer by layer, before anything is
+/// allocated. Display gives the chain top first, as [`DeviceStack::describe`] does for a
+/// built one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StackPlan {
+    /// The device ordinal.
+    pub device: u32,
+    /// The bottom layer.
+    pub upstream: UpstreamPlan,
+    /// A pool over the upstream.
+    pub pool: Option<PoolPlan>,
+    /// A hard cap on bytes in use.
+    pub limit: Option<u64>,
+    /// Track every live allocation (`Some(true)`: with backtraces).
+    pub tracking: Option<bool>,
+    /// The CSV event log.
+    pub log_file: Option<PathBuf>,
+    /// The statistics report is part of the runtime report (the adaptor is always there).
+    pub report_statistics: bool,
+}
+
+impl StackPlan {
+    /// The plan for `device` of `config`.
+    pub fn new(config: &ResolvedConfig, device: &ResolvedDevice) -> StackPlan {
+        let p = &device.pool;
+        let upstream = if p.use_async {
+            UpstreamPlan::Async {
+                release_threshold: p.release_threshold,
+                initial_size: if p.enabled { None } else { p.initial_size },
+            }
+        } else if p.managed {
+            UpstreamPlan::Managed
+        } else {
+            UpstreamPlan::Cuda
+        };
+        let pool = p.enabled.then(|| PoolPlan {
+            // Resolution always sets the initial size of an enabled pool.
+            initial_size: p.initial_size.unwrap_or(0),
+            maximum_size: p.maximum_size,
+        });
+        StackPlan {
+            device: device.ordinal,
+            upstream,
+            pool,
+            limit: device.memory_limit,
+            tracking: config.tracking.then_some(config.backtraces),
+            log_file: device
+                .log_file
+                .clone()
+                .filter(|_| config.logging_level != LogLevel::Off),
+            report_statistics: config.stats,
+        }
+    }
+
+    /// The layers, top first, each with its settings.
+    pub fn layers(&self) -> Vec<String> {
+        let mut out = vec!["StatisticsResourceAdaptor".to_string()];
+        if let Some(path) = &self.log_file {
+            out.push(format!("LoggingResourceAdaptor({})", path.display()));
+        }
+        match self.tracking {
+            Some(true) => out.push("TrackingResourceAdaptor(backtraces)".into()),
+            Some(false) => out.push("TrackingResourceAdaptor".into()),
+            None => {}
+        }
+        if let Some(limit) = self.limit {
+            out.push(format!(
+                "LimitingResourceAdaptor({})",
+                fmt_bytes(limit as usize)
+            ));
+        }
+        if let Some(pool) = &self.pool {
+            out.push(format!(
+                "PoolMemoryResource(initial {}, maximum {})",
+                fmt_bytes(pool.initial_size as usize),
+                pool.maximum_size
+                    .map_or("the device".into(), |m| fmt_bytes(m as usize))
+            ));
+        }
+        out.push(match &self.upstream {
+            UpstreamPlan::Cuda => "CudaMemoryResource".into(),
+            UpstreamPlan::Managed => "ManagedMemoryResource".into(),
+            UpstreamPlan::Async {
+                release_threshold,
+                initial_size,
+            } => {
+                let mut s = "CudaAsyncMemoryResource(".to_string();
+                s += &release_threshold.map_or("keeps all".into(), |t| {
+                    format!("release threshold {}", fmt_bytes(t as usize))
+                });
+                if let Some(i) = initial_size {
+                    s += &format!(", initial {}", fmt_bytes(*i as usize));
+                }
+                s + ")"
+            }
+        });
+        out
+    }
+
+    /// Builds the stack on device `self.device` of the process-wide backend. Nothing is
+    /// installed; on error everything built so far is freed.
+    pub fn build(&self) -> rmm_allocator::Result<DeviceStack> {
+        let device = Device::new(self.device)?;
+        let _span = tracing::debug_span!("build device stack", device = self.device).entered();
+        let mut async_resource = None;
+        let mut resource: SharedResource = match &self.upstream {
+            UpstreamPlan::Cuda => Arc::new(CudaMemoryResource::new(device)),
+            UpstreamPlan::Managed => Arc::new(ManagedMemoryResource::new(device)?),
+            UpstreamPlan::Async {
+                release_threshold,
+                initial_size,
+            } => {
+                let r = Arc::new(match release_threshold {
+                    Some(t) => CudaAsyncMemoryResource::with_release_threshold(device, *t)?,
+                    None => CudaAsyncMemoryResource::new(device)?,
+                });
+                if let Some(bytes) = initial_size {
+                    r.reserve(*bytes as usize)?;
+                }
+                async_resource = Some(Arc::clone(&r));
+                r
+            }
+        };
+        let mut pool = None;
+        if let Some(plan) = &self.pool {
+            let p = Arc::new(PoolMemoryResource::new(
+                resource,
+                plan.initial_size as usize,
+                plan.maximum_size.map(|m| m as usize),
+            )?);
+            pool = Some(Arc::clone(&p));
+            resource = p;
+        }
+        if let Some(limit) = self.limit {
+            resource = Arc::new(LimitingResourceAdaptor::with_bytes(
+                resource,
+                limit as usize,
+            ));
+        }
+        let mut tracking = None;
+        if let Some(backtraces) = self.tracking {
+            let t = Arc::new(if backtraces {
+                TrackingResourceAdaptor::with_backtraces(resource)
+            } else {
+                TrackingResourceAdaptor::new(resource)
+            });
+            tracking = Some(Arc::clone(&t));
+            resource = t;
+        }
+        let mut logging = None;
+        if let Some(path) = &self.log_file {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    rmm_allocator::Error::invalid_argument(
+                        "logging.directory",
+                        dir.display(),
+                        format!("a directory that can be created ({e})"),
+                    )
+                })?;
+            }
+            let l = Arc::new(LoggingResourceAdaptor::new(resource, path)?);
+            logging = Some(Arc::clone(&l));
+            resource = l;
+        }
+        let statistics = Arc::new(StatisticsResourceAdaptor::new(resource));
+        Ok(DeviceStack {
+            device,
+            plan: self.clone(),
+            top: statistics.clone(),
+            statistics,
+            tracking,
+            logging,
+            pool,
+            async_resource,
+        })
+    }
+}
+
+impl fmt::Display for StackPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.layers().join(" > "))
+    }
+}
+
+/// One device's built resource stack: the resource its workers allocate from, with handles
+/// on the layers the runtime reads (statistics, tracking, pool).
+pub struct DeviceStack {
+    device: Device,
+    plan: StackPlan,
+    top: SharedResource,
+    statistics: Arc<StatisticsResourceAdaptor>,
+    tracking: Option<Arc<TrackingResourceAdaptor>>,
+    logging: Option<Arc<LoggingResourceAdaptor>>,
+    pool: Option<Arc<PoolMemoryResource>>,
+    async_resource: Option<Arc<CudaAsyncMemoryResource>>,
+}
+
+impl fmt::Debug for DeviceStack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceStack")
+            .field("device", &self.device)
+            .field("stack", &self.describe())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds the stack `config` asks for on `device` (see [`StackPlan`]); nothing is installed.
+/// This is the entry point for code that sets up a device without the runtime (the Python
+/// package's Dask plugin).
+pub fn build_device_stack(
+    config: &ResolvedConfig,
+    device: &ResolvedDevice,
+) -> rmm_allocator::Result<DeviceStack> {
+    StackPlan::new(config, device).build()
+}
+
+impl DeviceStack {
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The plan it was built from.
+    pub fn plan(&self) -> &StackPlan {
+        &self.plan
+    }
+
+    /// The top of the stack: what the device's workers allocate from.
+    pub fn resource(&self) -> &SharedResource {
+        &self.top
+    }
+
+    /// The statistics adaptor on top.
+    pub fn statistics(&self) -> &StatisticsResourceAdaptor {
+        &self.statistics
+    }
+
+    /// The tracking adaptor, with `tracking.enabled`.
+    pub fn tracking(&self) -> Option<&TrackingResourceAdaptor> {
+        self.tracking.as_deref()
+    }
+
+    /// The pool, with `pool.enabled`.
+    pub fn pool(&self) -> Option<&PoolMemoryResource> {
+        self.pool.as_deref()
+    }
+
+    /// The chain as built, top first (e.g. `StatisticsResourceAdaptor > PoolMemoryResource
+    /// > CudaMemoryResource`).
+    pub fn describe(&self) -> String {
+        chain_names(&*self.top)
+    }
+
+    /// The statistics report (peaks, totals, the pool's reserved bytes).
+    pub fn memory_report(&self) -> MemoryReport {
+        self.statistics.report()
+    }
+
+    /// Allocations made through the stack and not freed; with tracking on, each is listed.
+    pub fn live(&self) -> LiveMemory {
+        let count = self.statistics.lifetime_allocations().value.max(0) as u64;
+        let bytes = self.statistics.lifetime_bytes().value.max(0) as u64;
+        let allocations = match &self.tracking {
+            Some(t) if count > 0 => t.outstanding().iter().map(ToString::to_string).collect(),
+            _ => Vec::new(),
+        };
+        LiveMemory {
+            device: self.device.ordinal(),
+            count,
+            bytes,
+            allocations,
+        }
+    }
+
+    /// Makes this stack device `self.device()`'s current resource; returns the previous one.
+    pub fn install(&self) -> rmm_allocator::Result<SharedResource> {
+        per_device::set_per_device_resource(self.device.ordinal(), Arc::clone(&self.top))
+    }
+
+    /// True when this stack is the device's current resource.
+    pub fn is_installed(&self) -> bool {
+        per_device::get_per_device_resource(self.device.ordinal())
+            .is_ok_and(|r| Arc::ptr_eq(&r, &self.top))
+    }
+
+    /// Puts the device back on a plain `CudaMemoryResource` if this stack is its current
+    /// resource.
+    pub fn uninstall(&self) -> rmm_allocator::Result<()> {
+        if self.is_installed() {
+            per_device::reset_per_device_resource(self.device.ordinal())?;
+        }
+        Ok(())
+    }
+
+    /// Gives every cached, unused byte back to the driver (the pool's free chunks, the async
+    /// pool's cache) and flushes the event log. The stack keeps working: a pool grows again
+    /// on demand. Returns the bytes the pool released.
+    pub fn release(&self) -> rmm_allocator::Result<u64> {
+        let mut released = 0;
+        if let Some(pool) = &self.pool {
+            released = pool.release()?;
+        }
+        if let Some(a) = &self.async_resource {
+            a.release()?;
+        }
+        if let Some(l) = &self.logging {
+            l.flush()?;
+        }
+        Ok(released)
+    }
+
+    /// Bytes held from the device: the pool's size, else the async pool's reservation, else
+    /// the bytes in use.
+    pub fn reserved_bytes(&self) -> u64 {
+        if let Some(p) = &self.pool {
+            return p.pool_size();
+        }
+        if let Some(a) = &self.async_resource
+            && let Ok(r) = a.reserved_bytes()
+        {
+            return r;
+        }
+        self.statistics.lifetime_bytes().value.max(0) as u64
+    }
+}

@@ -1,0 +1,91 @@
+//! Helpers shared by the runtime's integration tests.
+#![allow(dead_code)]
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use rmm_allocator::backend::{self, Backend, BackendKind, SimBackend, SimConfig, SimMemoryMode};
+use rmm_config::{Config, ConfigLoader};
+
+/// Devices of the simulated backend these tests install (when not on a GPU).
+pub const SIM_DEVICES: u32 = 4;
+/// Memory of each simulated device.
+pub const SIM_MEMORY: usize = 2 << 30;
+
+static SIM: OnceLock<Option<&'static SimBackend>> = OnceLock::new();
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Under `cargo test` the tests of one file share a process, and with it the per-device
+/// resource table: each test takes this lock (under nextest each test is its own process).
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Installs the process-wide backend: the GPU when `RMM_BACKEND=cuda`, else a backed
+/// simulated backend of [`SIM_DEVICES`] devices. Returns the simulated backend, if that is it.
+pub fn sim() -> Option<&'static SimBackend> {
+    *SIM.get_or_init(|| {
+        if std::env::var("RMM_BACKEND").is_ok_and(|v| v.eq_ignore_ascii_case("cuda")) {
+            backend::global().expect("RMM_BACKEND=cuda needs a CUDA driver and a GPU");
+            return None;
+        }
+        let sim = SimBackend::leak(SimConfig {
+            devices: SIM_DEVICES,
+            capacity: SIM_MEMORY,
+            mode: SimMemoryMode::Backed,
+        })
+        .expect("simulated backend");
+        match backend::install_global(sim) {
+            Ok(()) => Some(sim),
+            Err(existing) => {
+                assert_eq!(
+                    existing.kind(),
+                    BackendKind::Sim,
+                    "another backend installed"
+                );
+                None
+            }
+        }
+    })
+}
+
+/// The process-wide backend, installed by [`sim`].
+pub fn backend() -> &'static dyn Backend {
+    sim();
+    backend::global().expect("backend")
+}
+
+/// Device count of the backend.
+pub fn device_count() -> u32 {
+    backend().device_count()
+}
+
+/// The first `n` devices (fewer on a machine that has fewer), as a `devices` list.
+pub fn devices(n: u32) -> Vec<i64> {
+    (0..n.min(device_count())).map(i64::from).collect()
+}
+
+/// A configuration from code only (no file, no environment), with `settings` applied.
+pub fn config(settings: &[(&str, toml::Value)]) -> Config {
+    let mut loader = ConfigLoader::new().no_file().no_env();
+    for (key, value) in settings {
+        loader = loader.set(*key, value.clone());
+    }
+    loader.load().expect("test configuration loads")
+}
+
+/// `devices = [0..n)`, `workers_per_device = w`, pool of 64 MiB, and `more`.
+pub fn pooled(n: u32, w: i64, more: &[(&str, toml::Value)]) -> Config {
+    let mut settings = vec![
+        ("devices", toml::Value::from(devices(n))),
+        ("workers_per_device", toml::Value::from(w)),
+        ("pool.enabled", toml::Value::from(true)),
+        ("pool.initial_size", toml::Value::from("64MiB")),
+    ];
+    settings.extend(more.iter().cloned());
+    config(&settings)
+}
+
+/// Live device allocations on `device` as the simulated device counts them (`None` on a GPU).
+pub fn sim_live(device: u32) -> Option<usize> {
+    sim().map(|s| s.live_allocations(device))
+}

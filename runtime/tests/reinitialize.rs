@@ -1,0 +1,271 @@
+//! reinitialize: switches every device's stack while the runtime runs; loses no task, runs
+//! none twice; refuses (changing nothing) on a bad configuration, on live allocations, from
+//! inside a task, and when a device's new stack cannot be built.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use common::{config, device_count, devices, pooled, serial, sim, sim_live};
+use rmm_allocator::DeviceBuffer;
+use rmm_allocator::per_device::get_per_device_resource;
+use rmm_runtime::{Error, Runtime, TaskHandle};
+
+fn chain(rt: &Runtime, device: u32) -> String {
+    rt.stack(device).unwrap().describe()
+}
+
+#[test]
+fn pool_managed_async_pool_while_other_threads_submit() {
+    let _s = serial();
+    let n = device_count().min(3);
+    let rt = Runtime::start(&pooled(3, 2, &[])).unwrap();
+    // Each submitter keeps submitting until every phase is done; task ids are t + 2k.
+    const MAX: usize = 400_000;
+    let runs: Arc<Vec<AtomicU32>> = Arc::new((0..MAX).map(|_| AtomicU32::new(0)).collect());
+    let stop = AtomicBool::new(false);
+    let phases = [
+        config(&[
+            ("devices", devices(3).into()),
+            ("workers_per_device", 2.into()),
+            ("pool.managed", true.into()),
+        ]),
+        config(&[
+            ("devices", devices(3).into()),
+            ("workers_per_device", 2.into()),
+            ("pool.async", true.into()),
+        ]),
+        pooled(3, 2, &[("pool.initial_size", "32MiB".into())]),
+    ];
+    let expected = [
+        "StatisticsResourceAdaptor > ManagedMemoryResource",
+        "StatisticsResourceAdaptor > CudaAsyncMemoryResource",
+        "StatisticsResourceAdaptor > PoolMemoryResource > CudaMemoryResource",
+    ];
+    let submitted = std::thread::scope(|s| {
+        let submitters: Vec<_> = (0..2)
+            .map(|t| {
+                let h = rt.handle();
+                let runs = Arc::clone(&runs);
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut handles = Vec::new();
+                    let mut i = t;
+                    while !stop.load(Ordering::SeqCst) && i < MAX {
+                        let runs = Arc::clone(&runs);
+                        handles.push(h.submit(move |ctx| {
+                            let b = DeviceBuffer::new(4096 + i, ctx.stream())?;
+                            runs[i].fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, rmm_allocator::Error>(b.size())
+                        }));
+                        i += 2;
+                        if handles.len() % 256 == 0 {
+                            std::thread::yield_now();
+                        }
+                    }
+                    let n = handles.len();
+                    for (k, h) in handles.into_iter().enumerate() {
+                        assert_eq!(h.wait().unwrap().unwrap(), 4096 + t + 2 * k);
+                    }
+                    n
+                })
+            })
+            .collect();
+        for (phase, want) in phases.iter().zip(expected) {
+            std::thread::sleep(Duration::from_millis(20));
+            let report = rt.reinitialize(phase).unwrap();
+            assert!(!report.respawned);
+            for d in 0..n {
+                assert_eq!(chain(&rt, d), want);
+                assert!(Arc::ptr_eq(
+                    &get_per_device_resource(d).unwrap(),
+                    rt.stack(d).unwrap().resource()
+                ));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        stop.store(true, Ordering::SeqCst);
+        submitters
+            .into_iter()
+            .map(|s| s.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    for (t, &count) in submitted.iter().enumerate() {
+        assert!(count > 100, "submitter {t} submitted only {count} tasks");
+        for k in 0..count {
+            let i = t + 2 * k;
+            let r = runs[i].load(Ordering::SeqCst);
+            assert_eq!(r, 1, "task {i} ran {r} times");
+        }
+    }
+    let total: usize = submitted.iter().sum();
+    let ran: u32 = runs.iter().map(|r| r.load(Ordering::SeqCst)).sum();
+    assert_eq!(ran as usize, total, "a task that was never submitted ran");
+    assert_eq!(rt.report().reinitializations, 3);
+}
+
+#[test]
+fn a_bad_configuration_keeps_the_old_runtime_working() {
+    let _s = serial();
+    let rt = Runtime::start(&pooled(2, 1, &[])).unwrap();
+    let before = Arc::clone(rt.stack(0).unwrap().resource());
+    // Larger than the device: resolution fails before anything is touched.
+    let err = rt
+        .reinitialize(&pooled(2, 1, &[("pool.initial_size", "100000GiB".into())]))
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(err.to_string().contains("pool.initial_size"), "{err}");
+    // A device that does not exist.
+    let err = rt
+        .reinitialize(&config(&[("devices", vec![60i64].into())]))
+        .unwrap_err();
+    assert!(err.to_string().contains("60"), "{err}");
+    assert!(Arc::ptr_eq(&before, rt.stack(0).unwrap().resource()));
+    assert!(rt.submit(|ctx| ctx.device().ordinal()).wait().unwrap() < 2);
+    assert_eq!(rt.report().reinitializations, 0);
+}
+
+#[test]
+fn live_non_spillable_memory_makes_reinitialize_refuse_and_change_nothing() {
+    let _s = serial();
+    let rt = Runtime::start(&pooled(2, 1, &[("tracking.enabled", true.into())])).unwrap();
+    let before = Arc::clone(rt.stack(0).unwrap().resource());
+    let buf = rt
+        .submit_to_device(0, |ctx| DeviceBuffer::new(3 << 20, ctx.stream()).unwrap())
+        .wait()
+        .unwrap();
+    let err = rt.reinitialize(&pooled(2, 1, &[])).unwrap_err();
+    let Error::LiveAllocations(live) = &err else {
+        panic!("expected LiveAllocations, got {err}");
+    };
+    assert_eq!(live.len(), 1);
+    assert_eq!(
+        (live[0].device, live[0].count, live[0].bytes),
+        (0, 1, 3 << 20)
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("device 0 has 1 allocation(s) of 3.00 MiB"),
+        "{text}"
+    );
+    assert!(
+        text.contains("rmm-worker-0.0"),
+        "the tracked allocation is listed: {text}"
+    );
+    assert!(Arc::ptr_eq(&before, rt.stack(0).unwrap().resource()));
+    assert!(Arc::ptr_eq(&before, &get_per_device_resource(0).unwrap()));
+    // The runtime still runs tasks, and the buffer is still good.
+    assert_eq!(rt.submit(|_| 3).wait().unwrap(), 3);
+    drop(buf);
+    rt.reinitialize(&pooled(2, 1, &[])).unwrap();
+    assert!(!Arc::ptr_eq(&before, rt.stack(0).unwrap().resource()));
+}
+
+#[test]
+fn reinitialize_inside_a_task_is_an_error_not_a_deadlock() {
+    let _s = serial();
+    let rt = Runtime::start(&pooled(1, 1, &[])).unwrap();
+    let cfg = pooled(1, 1, &[]);
+    let err = rt
+        .submit(move |ctx| ctx.runtime().reinitialize(&cfg).map(|_| ()))
+        .wait()
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, Error::InsideWorker { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("reinitialize called from inside a task on worker 0.0")
+    );
+}
+
+#[test]
+fn changing_devices_or_workers_respawns_and_delivers_held_tasks() {
+    let _s = serial();
+    let n = device_count().min(2);
+    let rt = Runtime::start(&pooled(1, 1, &[])).unwrap();
+    assert_eq!(rt.workers().len(), 1);
+    let report = rt.reinitialize(&pooled(2, 3, &[])).unwrap();
+    assert!(report.respawned);
+    assert_eq!(rt.workers().len() as u32, n * 3);
+    let seen = TaskHandle::wait_all(rt.run_on_all(|ctx| ctx.worker())).unwrap();
+    assert_eq!(seen, rt.workers());
+    // Tasks submitted while a reinitialize runs are held, then run on the new workers.
+    let h = rt.handle();
+    let during = std::thread::scope(|s| {
+        let submitter = s.spawn(move || {
+            (0..500)
+                .map(|i| h.submit(move |ctx| (i, ctx.worker())))
+                .collect::<Vec<_>>()
+        });
+        rt.reinitialize(&pooled(1, 2, &[])).unwrap();
+        submitter.join().unwrap()
+    });
+    for (i, h) in during.into_iter().enumerate() {
+        let (got, _) = h.wait().unwrap();
+        assert_eq!(got, i);
+    }
+    assert_eq!(rt.workers().len(), 2);
+    if n > 1 {
+        // Device 1 left the runtime: back on its initial resource, nothing allocated.
+        assert_eq!(
+            get_per_device_resource(1).unwrap().name(),
+            "CudaMemoryResource"
+        );
+        if let Some(live) = sim_live(1) {
+            assert_eq!(live, 0);
+        }
+    }
+}
+
+#[test]
+fn a_device_whose_new_stack_fails_keeps_every_old_stack() {
+    let _s = serial();
+    let Some(sim) = sim() else {
+        return; // fault injection needs the simulated device
+    };
+    let rt = Runtime::start(&pooled(2, 1, &[])).unwrap();
+    let before: Vec<_> = (0..2)
+        .map(|d| Arc::clone(rt.stack(d).unwrap().resource()))
+        .collect();
+    sim.fail_nth_allocation(1, 1).unwrap();
+    let err = rt
+        .reinitialize(&pooled(2, 1, &[("pool.initial_size", "16MiB".into())]))
+        .unwrap_err();
+    sim.clear_faults(1).unwrap();
+    assert!(matches!(err, Error::DeviceSetup { device: 1, .. }), "{err}");
+    for d in 0..2 {
+        assert!(Arc::ptr_eq(
+            &before[d as usize],
+            rt.stack(d).unwrap().resource()
+        ));
+    }
+    // The old stacks still serve allocations (their pools grow back on demand).
+    let sizes = TaskHandle::wait_all(
+        rt.run_on_all(|ctx| DeviceBuffer::new(8 << 20, ctx.stream()).map(|b| b.size())),
+    )
+    .unwrap();
+    assert!(sizes.into_iter().all(|s| s.unwrap() == 8 << 20));
+}
+
+#[test]
+fn the_report_times_each_phase_and_serializes() {
+    let _s = serial();
+    let rt = Runtime::start(&pooled(2, 2, &[("stats.enabled", true.into())])).unwrap();
+    let r = rt.reinitialize(&pooled(2, 2, &[])).unwrap();
+    assert!(r.total >= r.build);
+    assert!(r.released_bytes >= 64 << 20, "{r}");
+    assert!(r.to_string().starts_with("reinitialize "));
+    let report = rt.report();
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["reinitializations"], 1);
+    assert_eq!(
+        json["workers"].as_array().unwrap().len(),
+        rt.workers().len()
+    );
+    assert!(json["last_reinitialize"]["build"].as_f64().unwrap() >= 0.0);
+    let table = report.to_string();
+    assert!(table.contains("worker"), "{table}");
+    assert!(table.contains("PoolMemoryResource"), "{table}");
+}
