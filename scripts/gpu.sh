@@ -47,7 +47,7 @@ run)
     fi
     echo "tests exit status: $status"
     if [ "${BENCH:-1}" = 1 ]; then
-        for e in .gpu/bin/device_*; do [ -x "$e" ] && "$e" > "$out/example-$(basename "$e").txt" 2>&1 && echo "example $(basename "$e"): ok"; done
+        for e in .gpu/bin/device_* .gpu/bin/workers; do [ -x "$e" ] && "$e" > "$out/example-$(basename "$e").txt" 2>&1 && echo "example $(basename "$e"): ok"; done
         for b in .gpu/bin/bench-*; do
             name=$(basename "$b"); name=${name#bench-}
             if [ -n "${BENCHES:-}" ] && ! [[ " $BENCHES " == *" $name "* ]]; then continue; fi

@@ -212,3 +212,68 @@ fn fraction_sizes_are_checked() {
     let pool = PoolMemoryResource::builder(cuda(d)).build().unwrap();
     assert_eq!(pool.pool_size(), (GIB / 2) as u64);
 }
+
+/// A pool over plain CUDA memory, on `device()`.
+fn cuda_pool(initial: usize) -> Arc<PoolMemoryResource> {
+    Arc::new(
+        PoolMemoryResource::new(Arc::new(CudaMemoryResource::new(device())), initial, None)
+            .unwrap(),
+    )
+}
+
+#[test]
+fn a_new_pool_adopts_the_free_chunks_of_the_pool_it_replaces() {
+    let old = cuda_pool(64 * MIB);
+    // Used whole and freed: the chunk is entirely free again, in an arena.
+    let p = old.allocate(64 * MIB, StreamView::DEFAULT).unwrap();
+    old.deallocate(p, 64 * MIB, StreamView::DEFAULT).unwrap();
+    let new = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
+        .initial_size(PoolSize::Bytes(64 * MIB))
+        .adopt_from(Arc::clone(&old))
+        .build()
+        .unwrap();
+    assert_eq!(new.pool_size(), (64 * MIB) as u64);
+    assert_eq!(old.pool_size(), 0, "the chunk moved");
+    // The very same memory: no new device memory was taken for it.
+    let q = new.allocate(64 * MIB, StreamView::DEFAULT).unwrap();
+    assert_eq!(q, p);
+    device().memset(q, 7, 64 * MIB).unwrap();
+    new.deallocate(q, 64 * MIB, StreamView::DEFAULT).unwrap();
+    // The old pool still works: it grows again.
+    let r = old.allocate(MIB, StreamView::DEFAULT).unwrap();
+    old.deallocate(r, MIB, StreamView::DEFAULT).unwrap();
+    assert!(new.validate().unwrap().fully_coalesced);
+}
+
+#[test]
+fn adoption_takes_only_what_fits_and_only_from_an_equal_upstream() {
+    // A 64 MiB chunk does not fit a 32 MiB pool: nothing moves.
+    let old = cuda_pool(64 * MIB);
+    let small = Arc::new(
+        PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
+            .initial_size(PoolSize::Bytes(32 * MIB))
+            .adopt_from(Arc::clone(&old))
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(small.pool_size(), (32 * MIB) as u64);
+    assert_eq!(old.pool_size(), (64 * MIB) as u64);
+    // A live block keeps its chunk in the old pool.
+    let p = old.allocate(MIB, StreamView::DEFAULT).unwrap();
+    let other = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
+        .initial_size(PoolSize::Bytes(64 * MIB))
+        .adopt_from(Arc::clone(&old))
+        .build()
+        .unwrap();
+    assert_eq!(old.pool_size(), (64 * MIB) as u64);
+    assert_eq!(other.pool_size(), (64 * MIB) as u64);
+    old.deallocate(p, MIB, StreamView::DEFAULT).unwrap();
+    // A pool over another pool's memory cannot free cuMemAlloc chunks: nothing moves.
+    let layered = PoolMemoryResource::builder(Arc::clone(&small) as SharedResource)
+        .initial_size(PoolSize::Bytes(16 * MIB))
+        .adopt_from(Arc::clone(&old))
+        .build()
+        .unwrap();
+    assert_eq!(old.pool_size(), (64 * MIB) as u64);
+    assert_eq!(layered.pool_size(), (16 * MIB) as u64);
+}

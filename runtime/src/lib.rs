@@ -27,6 +27,7 @@ pub mod inventory;
 pub mod report;
 pub mod runtime;
 pub mod stack;
+mod streams;
 pub mod task;
 pub mod worker;
 

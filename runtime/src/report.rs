@@ -66,10 +66,8 @@ pub struct ReinitReport {
     /// Looking for live allocations.
     #[serde(serialize_with = "secs")]
     pub check: Duration,
-    /// Giving the old stacks' cached memory back.
-    #[serde(serialize_with = "secs")]
-    pub release: Duration,
-    /// Building the new stacks (all devices in parallel).
+    /// Replacing the stacks, all devices in parallel: the old ones give their cached memory
+    /// back (or hand it to the new pools), the new ones are built.
     #[serde(serialize_with = "secs")]
     pub build: Duration,
     /// Installing them (and re-spawning workers when the layout changed).
@@ -78,8 +76,10 @@ pub struct ReinitReport {
     /// Everything.
     #[serde(serialize_with = "secs")]
     pub total: Duration,
-    /// Bytes the old pools gave back.
+    /// Bytes the old pools gave back to the driver.
     pub released_bytes: u64,
+    /// Bytes the new pools took over from the old ones (no driver call).
+    pub adopted_bytes: u64,
     /// True when the workers were re-spawned (devices or workers per device changed).
     pub respawned: bool,
 }
@@ -88,14 +88,14 @@ impl fmt::Display for ReinitReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reinitialize {}: resolve {}, drain {}, check {}, release {} ({}), build {}, install {}{}",
+            "reinitialize {}: resolve {}, drain {}, check {}, build {} ({} adopted, {} released), install {}{}",
             ms(self.total),
             ms(self.resolve),
             ms(self.drain),
             ms(self.check),
-            ms(self.release),
-            fmt_bytes(self.released_bytes as usize),
             ms(self.build),
+            fmt_bytes(self.adopted_bytes as usize),
+            fmt_bytes(self.released_bytes as usize),
             ms(self.install),
             if self.respawned {
                 " (workers re-spawned)"

@@ -30,16 +30,17 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, Guard};
 use parking_lot::Mutex;
 use rayon::prelude::*;
+use rmm_allocator::Device;
 use rmm_allocator::backend::{self, Backend, BackendChoice, BackendKind};
-use rmm_allocator::{Device, Stream};
 use rmm_config::{Config, ConfigLoader, DeviceFacts, ResolvedConfig};
 
 use crate::error::{Error, LiveMemory, Result, TaskError};
 use crate::inventory::Inventory;
 use crate::report::{DeviceReport, ReinitReport, RuntimeReport, ShutdownReport, WorkerReport};
 use crate::stack::{DeviceStack, StackPlan};
+use crate::streams::WorkerStream;
 use crate::task::{self, Job, TaskContext, TaskHandle};
-use crate::worker::{self, Msg, WorkerId, WorkerShared};
+use crate::worker::{self, Queued, Target, WorkerId, WorkerShared};
 
 /// How long reinitialize and shutdown wait for queued and running tasks by default.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -89,14 +90,6 @@ pub fn device_facts(backend: &'static dyn Backend) -> Result<Vec<DeviceFacts>> {
             free_memory: d.free_memory as u64,
         })
         .collect())
-}
-
-/// Where a task goes.
-#[derive(Debug, Clone, Copy)]
-enum Target {
-    Any,
-    Device(u32),
-    Worker(WorkerId),
 }
 
 /// One configuration's devices, stacks and workers.
@@ -168,10 +161,19 @@ impl Generation {
         )
     }
 
+    /// Tasks queued or running on every worker.
     fn queued(&self) -> usize {
         self.workers
             .iter()
             .map(|w| w.load.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// Tasks running, and children of running tasks queued, on every worker.
+    fn active(&self) -> usize {
+        self.workers
+            .iter()
+            .map(|w| w.active.load(Ordering::SeqCst))
             .sum()
     }
 }
@@ -207,8 +209,15 @@ fn least_loaded(workers: &[Arc<WorkerShared>]) -> Option<&Arc<WorkerShared>> {
     Some(best)
 }
 
+/// Held by reinitialize and shutdown for their whole run (they exclude each other).
 struct Control {
-    threads: Vec<JoinHandle<()>>,
+    threads: Vec<JoinHandle<Option<Queued>>>,
+}
+
+/// What the report tells of past reinitializes. Apart from [`Control`] so that a task can
+/// ask for a report while a reinitialize waits for it to finish.
+#[derive(Default)]
+struct History {
     reinitializations: u64,
     last_reinitialize: Option<ReinitReport>,
 }
@@ -219,13 +228,14 @@ pub(crate) struct Shared {
     generation: ArcSwap<Generation>,
     /// True while a reinitialize holds outside submissions.
     holding: AtomicBool,
+    /// True while a reinitialize switches stacks: workers start no top-level task.
+    paused: AtomicBool,
     /// Outside submitters between their checks and their send.
     entering: AtomicUsize,
     held: Mutex<Vec<(Target, Box<dyn Job>)>>,
     shut_down: AtomicBool,
-    /// Set when a shutdown gave up waiting: workers cancel what is still queued.
-    cancel: AtomicBool,
     control: Mutex<Control>,
+    history: Mutex<History>,
     drain_timeout: Duration,
     started: Instant,
 }
@@ -235,15 +245,19 @@ impl Shared {
         self.generation.load()
     }
 
-    pub(crate) fn cancelling(&self) -> bool {
-        self.cancel.load(Ordering::Relaxed)
+    pub(crate) fn paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
     }
 
     fn dispatch(&self, target: Target, job: Box<dyn Job>) {
         let inside = worker::current().is_some_and(|(id, _)| id == self.id);
         if inside {
-            // Part of the work of a running task: never held (the task may wait for it).
-            return self.send(target, job);
+            // A child of a running task: never held or paused (the task may wait for it).
+            let generation = self.generation.load();
+            return match generation.pick(target) {
+                Ok(w) => w.send_nested(target, job),
+                Err(e) => job.cancel(e),
+            };
         }
         self.entering.fetch_add(1, Ordering::SeqCst);
         if self.shut_down.load(Ordering::SeqCst) {
@@ -265,18 +279,20 @@ impl Shared {
     fn send(&self, target: Target, job: Box<dyn Job>) {
         let generation = self.generation.load();
         match generation.pick(target) {
-            Ok(w) => w.send(job),
+            Ok(w) => w.send(target, job),
             Err(e) => job.cancel(e),
         }
     }
 
-    /// Stops outside submissions from reaching workers.
-    fn hold(&self) {
+    /// Holds outside submissions and stops workers from starting top-level tasks.
+    fn pause(&self) {
         self.holding.store(true, Ordering::SeqCst);
+        self.paused.store(true, Ordering::SeqCst);
     }
 
-    /// Sends on what was held.
+    /// Lets workers start tasks again and sends on what was held.
     fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
         let held = {
             let mut held = self.held.lock();
             self.holding.store(false, Ordering::SeqCst);
@@ -287,19 +303,26 @@ impl Shared {
         }
     }
 
-    /// Waits until no outside submitter is mid-send and no task is queued or running.
-    fn drain(&self, what: &'static str, timeout: Duration) -> Result<()> {
+    /// Waits until no outside submitter is mid-send and `busy(generation)` is 0: for
+    /// reinitialize, the running tasks and their queued children ([`Generation::active`]);
+    /// for shutdown, everything queued too ([`Generation::queued`]).
+    fn drain(
+        &self,
+        what: &'static str,
+        timeout: Duration,
+        busy: fn(&Generation) -> usize,
+    ) -> Result<()> {
         let start = Instant::now();
         let mut rounds = 0u32;
         loop {
             let generation = self.generation.load();
-            if self.entering.load(Ordering::SeqCst) == 0 && generation.queued() == 0 {
+            if self.entering.load(Ordering::SeqCst) == 0 && busy(&generation) == 0 {
                 return Ok(());
             }
             if start.elapsed() > timeout {
                 return Err(Error::DrainTimeout {
                     what,
-                    tasks: generation.queued(),
+                    tasks: busy(&generation),
                     waited: start.elapsed(),
                 });
             }
@@ -340,16 +363,22 @@ fn unclaim(id: u64) {
     OWNERS.lock().retain(|_, o| *o != id);
 }
 
-/// One device set up: its stack and its workers' streams.
+/// One device set up: its stack, its workers' streams, and what the stack it replaced gave
+/// back to the driver.
 struct DeviceSetup {
     stack: Arc<DeviceStack>,
-    streams: Vec<Stream>,
+    streams: Vec<WorkerStream>,
+    released: u64,
 }
 
-/// Builds every device's stack (and `streams_per_device` streams) in parallel. All or
-/// nothing: on any failure everything built is dropped (freed) and the first failing device
-/// is named.
-fn set_up_devices(config: &ResolvedConfig, streams_per_device: u32) -> Result<Vec<DeviceSetup>> {
+/// Builds every device's stack (and `streams_per_device` streams) in parallel, each
+/// replacing its device's stack in `previous` if there is one. All or nothing: on any
+/// failure everything built is dropped (freed) and the first failing device is named.
+fn set_up_devices(
+    config: &ResolvedConfig,
+    streams_per_device: u32,
+    previous: Option<&Generation>,
+) -> Result<Vec<DeviceSetup>> {
     let results: Vec<Result<DeviceSetup>> = config
         .devices
         .par_iter()
@@ -358,15 +387,25 @@ fn set_up_devices(config: &ResolvedConfig, streams_per_device: u32) -> Result<Ve
                 device: device.ordinal,
                 source,
             };
-            let stack = StackPlan::new(config, device).build().map_err(fail)?;
+            let replaced = previous.and_then(|g| {
+                g.stacks
+                    .iter()
+                    .find(|s| s.device().ordinal() == device.ordinal)
+            });
+            let plan = StackPlan::new(config, device);
+            let (stack, released) = match replaced {
+                Some(previous) => plan.replace(previous).map_err(fail)?,
+                None => (plan.build().map_err(fail)?, 0),
+            };
             let dev = stack.device();
             let streams = (0..streams_per_device)
-                .map(|_| Stream::new(dev))
+                .map(|_| WorkerStream::take(dev))
                 .collect::<rmm_allocator::Result<Vec<_>>>()
                 .map_err(fail)?;
             Ok(DeviceSetup {
                 stack: Arc::new(stack),
                 streams,
+                released,
             })
         })
         .collect();
@@ -518,20 +557,19 @@ impl Runtime {
             backend,
             generation: ArcSwap::from_pointee(Generation::empty(resolved.clone())),
             holding: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
             entering: AtomicUsize::new(0),
             held: Mutex::new(Vec::new()),
             shut_down: AtomicBool::new(false),
-            cancel: AtomicBool::new(false),
             control: Mutex::new(Control {
                 threads: Vec::new(),
-                reinitializations: 0,
-                last_reinitialize: None,
             }),
+            history: Mutex::new(History::default()),
             drain_timeout,
             started,
         });
         let handle = RuntimeHandle { shared };
-        let result = set_up_devices(&resolved, resolved.workers_per_device)
+        let result = set_up_devices(&resolved, resolved.workers_per_device, None)
             .and_then(|setups| handle.install_and_spawn(resolved, setups));
         if let Err(e) = result {
             unclaim(id);
@@ -718,7 +756,7 @@ impl RuntimeHandle {
         report.resolve = t.elapsed();
 
         let t = Instant::now();
-        shared.hold();
+        shared.pause();
         let result = self.switch(&mut control, &old, resolved, &mut report, t);
         shared.resume();
         if result.is_err() {
@@ -729,8 +767,10 @@ impl RuntimeHandle {
         result?;
         report.total = total.elapsed();
         report.devices = ordinals;
-        control.reinitializations += 1;
-        control.last_reinitialize = Some(report.clone());
+        let mut history = shared.history.lock();
+        history.reinitializations += 1;
+        history.last_reinitialize = Some(report.clone());
+        drop(history);
         tracing::info!(total_ms = report.total.as_secs_f64() * 1e3, "reinitialized");
         Ok(report)
     }
@@ -745,7 +785,7 @@ impl RuntimeHandle {
         drain_start: Instant,
     ) -> Result<()> {
         let shared = &*self.shared;
-        shared.drain("reinitialize", shared.drain_timeout)?;
+        shared.drain("reinitialize", shared.drain_timeout, Generation::active)?;
         report.drain = drain_start.elapsed();
 
         let t = Instant::now();
@@ -760,22 +800,9 @@ impl RuntimeHandle {
         }
         report.check = t.elapsed();
 
-        let t = Instant::now();
-        let released: Vec<rmm_allocator::Result<u64>> =
-            old.stacks.par_iter().map(|s| s.release()).collect();
-        for (s, r) in old.stacks.iter().zip(released) {
-            match r {
-                Ok(bytes) => report.released_bytes += bytes,
-                Err(source) => {
-                    return Err(Error::DeviceSetup {
-                        device: s.device().ordinal(),
-                        source,
-                    });
-                }
-            }
-        }
-        report.release = t.elapsed();
-
+        // Per device, in parallel: the old stack gives back what the new one cannot take
+        // over, the new pool adopts the rest of the old pool's memory (no driver call), the
+        // old stack gives back what is left.
         let t = Instant::now();
         let respawn = old.layout()
             != (
@@ -787,25 +814,40 @@ impl RuntimeHandle {
         } else {
             0
         };
-        let setups = set_up_devices(&resolved, streams)?;
+        let held_before: u64 = old.stacks.iter().map(|s| s.reserved_bytes()).sum();
+        let setups = set_up_devices(&resolved, streams, Some(old))?;
+        // Devices that leave the runtime give everything back.
+        for s in &old.stacks {
+            if !setups.iter().any(|n| n.stack.device() == s.device()) {
+                report.released_bytes += s.release().map_err(|source| Error::DeviceSetup {
+                    device: s.device().ordinal(),
+                    source,
+                })?;
+            }
+        }
+        report.released_bytes += setups.iter().map(|s| s.released).sum::<u64>();
+        let held_after: u64 = old.stacks.iter().map(|s| s.reserved_bytes()).sum();
+        report.adopted_bytes = held_before
+            .saturating_sub(held_after)
+            .saturating_sub(report.released_bytes);
         report.build = t.elapsed();
 
         let t = Instant::now();
         if respawn {
             report.respawned = true;
-            for w in &old.workers {
-                // Drained: every worker is idle, so Stop is the next thing it reads.
-                let _ = w.tx.send(Msg::Stop);
-            }
-            for thread in control.threads.drain(..) {
-                let _ = thread.join();
-            }
+            // Paused and drained: no worker runs a task, so each stops at once. What was
+            // queued for them goes to the new workers by the rule it was sent with.
+            let queued = self.stop_workers(control);
             for s in &old.stacks {
                 if !setups.iter().any(|n| n.stack.device() == s.device()) {
                     s.uninstall()?;
                 }
             }
-            self.install_and_spawn_locked(control, resolved, setups)?;
+            let spawned = self.install_and_spawn_locked(control, resolved, setups);
+            for (target, job) in queued {
+                shared.send(target, job);
+            }
+            spawned?;
         } else {
             let stacks: Vec<Arc<DeviceStack>> = setups.into_iter().map(|s| s.stack).collect();
             install(&stacks)?;
@@ -834,7 +876,7 @@ impl RuntimeHandle {
     ) -> Result<()> {
         let mut stacks = Vec::with_capacity(setups.len());
         let mut workers = Vec::new();
-        let mut receivers = Vec::new();
+        let mut queues = Vec::new();
         let mut by_device = Vec::with_capacity(setups.len());
         for (slot, setup) in setups.into_iter().enumerate() {
             let device = setup.stack.device().ordinal();
@@ -844,9 +886,9 @@ impl RuntimeHandle {
                     device,
                     index: index as u32,
                 };
-                let (w, rx) = WorkerShared::new(id, slot);
+                let (w, q) = WorkerShared::new(id, slot);
                 workers.push(w);
-                receivers.push((rx, stream));
+                queues.push((q, stream));
             }
             by_device.push(first..workers.len());
             stacks.push(setup.stack);
@@ -858,12 +900,16 @@ impl RuntimeHandle {
             workers: workers.clone(),
             by_device,
         }));
-        for (w, (rx, stream)) in workers.into_iter().zip(receivers) {
+        for (w, (q, stream)) in workers.into_iter().zip(queues) {
             let id = w.id;
-            match worker::spawn(self.clone(), w, rx, stream) {
+            match worker::spawn(self.clone(), w, q, stream) {
                 Ok(thread) => control.threads.push(thread),
                 Err(source) => {
-                    self.stop_workers(control);
+                    for (_, job) in self.stop_workers(control) {
+                        job.cancel(TaskError::Cancelled {
+                            reason: format!("worker {id} could not be started"),
+                        });
+                    }
                     let generation = self.shared.generation();
                     for s in &generation.stacks {
                         let _ = s.uninstall();
@@ -879,15 +925,23 @@ impl RuntimeHandle {
         Ok(())
     }
 
-    fn stop_workers(&self, control: &mut Control) {
-        for w in &self.shared.generation().workers {
-            let _ = w.tx.send(Msg::Stop);
+    /// Stops and joins every worker; returns the top-level tasks they had not started.
+    fn stop_workers(&self, control: &mut Control) -> Vec<Queued> {
+        let generation = self.shared.generation();
+        for w in &generation.workers {
+            w.stop();
         }
+        let mut left = Vec::new();
         for thread in control.threads.drain(..) {
-            if thread.join().is_err() {
-                tracing::error!("a worker thread panicked outside a task");
+            match thread.join() {
+                Ok(aside) => left.extend(aside),
+                Err(_) => tracing::error!("a worker thread panicked outside a task"),
             }
         }
+        for w in &generation.workers {
+            left.extend(w.take_queued());
+        }
+        left
     }
 
     fn shutdown_inner(&self, timeout: Duration) -> Result<ShutdownReport> {
@@ -899,12 +953,15 @@ impl RuntimeHandle {
             return Err(Error::ShutDown);
         }
         let _span = tracing::info_span!("runtime shutdown").entered();
-        let drained = shared.drain("shutdown", timeout);
+        let drained = shared.drain("shutdown", timeout, Generation::queued);
         if let Err(e) = &drained {
             tracing::warn!("{e}; cancelling the queued tasks");
-            shared.cancel.store(true, Ordering::SeqCst);
         }
-        self.stop_workers(&mut control);
+        for (_, job) in self.stop_workers(&mut control) {
+            job.cancel(TaskError::Cancelled {
+                reason: "the runtime shut down before it ran".into(),
+            });
+        }
         let generation = shared.generation();
         let mut leaks = Vec::new();
         for s in &generation.stacks {
@@ -944,7 +1001,7 @@ impl RuntimeHandle {
     pub fn report(&self) -> RuntimeReport {
         let shared = &*self.shared;
         let generation = shared.generation();
-        let control = shared.control.lock();
+        let history = shared.history.lock();
         let workers = generation
             .workers
             .iter()
@@ -979,8 +1036,8 @@ impl RuntimeHandle {
             uptime: shared.started.elapsed(),
             workers,
             devices,
-            reinitializations: control.reinitializations,
-            last_reinitialize: control.last_reinitialize.clone(),
+            reinitializations: history.reinitializations,
+            last_reinitialize: history.last_reinitialize.clone(),
         }
     }
 

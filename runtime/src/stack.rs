@@ -34,6 +34,7 @@ use rmm_allocator::error::fmt_bytes;
 use rmm_allocator::per_device::{self, SharedResource};
 use rmm_allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource, PoolMemoryResource,
+    PoolSize,
 };
 use rmm_config::{LogLevel, ResolvedConfig, ResolvedDevice};
 use serde::Serialize;
@@ -167,6 +168,40 @@ impl StackPlan {
     /// Builds the stack on device `self.device` of the process-wide backend. Nothing is
     /// installed; on error everything built so far is freed.
     pub fn build(&self) -> rmm_allocator::Result<DeviceStack> {
+        self.build_replacing(None)
+    }
+
+    /// Bytes of `previous`'s pool this plan's pool can take over (its initial size, when both
+    /// pools take memory from `cuMemAlloc`); 0 when nothing can move.
+    pub fn adoptable_from(&self, previous: &DeviceStack) -> u64 {
+        match (&self.pool, &previous.pool) {
+            (Some(plan), Some(_))
+                if self.upstream == UpstreamPlan::Cuda
+                    && previous.plan.upstream == UpstreamPlan::Cuda =>
+            {
+                plan.initial_size
+            }
+            _ => 0,
+        }
+    }
+
+    /// Builds the stack that replaces `previous` on its device (a reinitialize): `previous`
+    /// first gives back what the new stack cannot take over, the new pool then adopts the
+    /// previous pool's free memory ([`StackPlan::adoptable_from`]) instead of allocating it
+    /// again, and `previous` gives back the rest. Returns the stack and the bytes `previous`
+    /// gave back to the driver. On error `previous` is still a working stack (its pool grows
+    /// again on demand).
+    pub fn replace(&self, previous: &DeviceStack) -> rmm_allocator::Result<(DeviceStack, u64)> {
+        let mut released = previous.release_keeping(self.adoptable_from(previous))?;
+        let stack = self.build_replacing(Some(previous))?;
+        released += previous.release()?;
+        Ok((stack, released))
+    }
+
+    fn build_replacing(
+        &self,
+        previous: Option<&DeviceStack>,
+    ) -> rmm_allocator::Result<DeviceStack> {
         let device = Device::new(self.device)?;
         let _span = tracing::debug_span!("build device stack", device = self.device).entered();
         let mut async_resource = None;
@@ -190,11 +225,15 @@ impl StackPlan {
         };
         let mut pool = None;
         if let Some(plan) = &self.pool {
-            let p = Arc::new(PoolMemoryResource::new(
-                resource,
-                plan.initial_size as usize,
-                plan.maximum_size.map(|m| m as usize),
-            )?);
+            let mut builder = PoolMemoryResource::builder(resource)
+                .initial_size(PoolSize::Bytes(plan.initial_size as usize));
+            if let Some(m) = plan.maximum_size {
+                builder = builder.maximum_size(PoolSize::Bytes(m as usize));
+            }
+            if let Some(donor) = previous.and_then(|p| p.pool.clone()) {
+                builder = builder.adopt_from(donor);
+            }
+            let p = Arc::new(builder.build()?);
             pool = Some(Arc::clone(&p));
             resource = p;
         }
@@ -363,9 +402,15 @@ impl DeviceStack {
     /// pool's cache) and flushes the event log. The stack keeps working: a pool grows again
     /// on demand. Returns the bytes the pool released.
     pub fn release(&self) -> rmm_allocator::Result<u64> {
+        self.release_keeping(0)
+    }
+
+    /// As [`DeviceStack::release`], keeping at most `keep` bytes in the pool (for a new pool
+    /// to adopt).
+    pub fn release_keeping(&self, keep: u64) -> rmm_allocator::Result<u64> {
         let mut released = 0;
         if let Some(pool) = &self.pool {
-            released = pool.release()?;
+            released = pool.trim(keep)?;
         }
         if let Some(a) = &self.async_resource {
             a.release()?;

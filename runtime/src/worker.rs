@@ -1,8 +1,13 @@
-//! Worker threads: one device each, its own stream, a queue of tasks.
+//! Worker threads: one device each, its own stream, two queues.
 //!
 //! A worker makes its device the thread's current device, so the device's stack is what
-//! `get_current_device_resource()` returns there. It takes tasks from its own crossbeam
-//! channel; after a task it spins briefly before blocking, so a stream of small tasks does not
+//! `get_current_device_resource()` returns there. Tasks submitted from outside the runtime go
+//! to its *top* queue; tasks submitted by a running task (its children) go to its *nested*
+//! queue, which it always serves first. While a reinitialize has the runtime paused, workers
+//! start no top-level task (one they take meanwhile is kept aside until the runtime resumes)
+//! but still run children, so a running task that waits for its children can finish.
+//!
+//! After a task a worker spins briefly before blocking, so a stream of small tasks does not
 //! pay a thread wake-up each. A task waiting on a handle runs the worker's queued tasks while
 //! it waits ([`wait_for`]), so tasks may wait on tasks they submitted.
 
@@ -15,18 +20,18 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use rmm_allocator::Stream;
 use rmm_allocator::device::set_current_device;
 use serde::Serialize;
 
 use crate::error::TaskError;
 use crate::runtime::RuntimeHandle;
+use crate::streams::WorkerStream;
 use crate::task::{Job, TaskContext};
 
 /// How long an idle worker (or a waiter) spins before it blocks.
 const SPIN: Duration = Duration::from_micros(20);
-/// How long a waiting worker blocks on its queue before it looks at the awaited task again.
-const HELP_SLICE: Duration = Duration::from_micros(100);
+/// How long a waiting or paused worker blocks on its queues before it looks around again.
+const POLL: Duration = Duration::from_micros(100);
 
 /// A worker: device ordinal and index among that device's workers (`0.1` is device 0's
 /// second worker).
@@ -44,59 +49,127 @@ impl fmt::Display for WorkerId {
     }
 }
 
+/// Where a task was sent; kept with it so a task queued for a worker that goes away (its
+/// device left the configuration) can be sent on, or refused, by the same rule.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Target {
+    Any,
+    Device(u32),
+    Worker(WorkerId),
+}
+
 pub(crate) enum Msg {
-    Run(Box<dyn Job>),
+    Run(Target, Box<dyn Job>),
     Stop,
 }
 
-/// The part of a worker that submitters and reports see.
+/// A task queued or set aside, with where it was sent.
+pub(crate) type Queued = (Target, Box<dyn Job>);
+
+/// The part of a worker that submitters, reinitialize and reports see.
 pub(crate) struct WorkerShared {
     pub(crate) id: WorkerId,
     /// Index of its device in the generation's stacks.
     pub(crate) slot: usize,
-    pub(crate) tx: Sender<Msg>,
-    /// Tasks queued for it plus the one it runs: the routing load, and what drains wait on.
+    top: Sender<Msg>,
+    nested: Sender<Msg>,
+    /// A second receiver of the top queue: what is still queued when the worker goes away.
+    top_rx: Receiver<Msg>,
+    /// Tasks queued for it (both queues, set aside included) plus the ones it runs: the
+    /// routing load, and what shutdown waits for.
     pub(crate) load: AtomicUsize,
+    /// Tasks it runs plus children queued for it: what reinitialize waits for.
+    pub(crate) active: AtomicUsize,
     pub(crate) tasks_run: AtomicU64,
     pub(crate) busy_ns: AtomicU64,
     pub(crate) panics: AtomicU64,
 }
 
+/// The worker thread's ends of its queues.
+pub(crate) struct Queues {
+    top: Receiver<Msg>,
+    nested: Receiver<Msg>,
+}
+
 impl WorkerShared {
-    pub(crate) fn new(id: WorkerId, slot: usize) -> (Arc<WorkerShared>, Receiver<Msg>) {
-        let (tx, rx) = crossbeam_channel::unbounded();
+    pub(crate) fn new(id: WorkerId, slot: usize) -> (Arc<WorkerShared>, Queues) {
+        let (top, top_rx) = crossbeam_channel::unbounded();
+        let (nested, nested_rx) = crossbeam_channel::unbounded();
         let w = Arc::new(WorkerShared {
             id,
             slot,
-            tx,
+            top,
+            nested,
+            top_rx: top_rx.clone(),
             load: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
             tasks_run: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             panics: AtomicU64::new(0),
         });
-        (w, rx)
+        (
+            w,
+            Queues {
+                top: top_rx,
+                nested: nested_rx,
+            },
+        )
     }
 
-    /// Queues `job`; on a closed queue the job is cancelled.
-    pub(crate) fn send(&self, job: Box<dyn Job>) {
+    /// Queues a top-level task.
+    pub(crate) fn send(&self, target: Target, job: Box<dyn Job>) {
         self.load.fetch_add(1, Ordering::SeqCst);
-        if let Err(e) = self.tx.send(Msg::Run(job)) {
+        if let Err(e) = self.top.send(Msg::Run(target, job)) {
             self.load.fetch_sub(1, Ordering::SeqCst);
-            if let Msg::Run(job) = e.into_inner() {
-                job.cancel(TaskError::Cancelled {
-                    reason: format!("worker {} has stopped", self.id),
-                });
+            self.refuse(e.into_inner());
+        }
+    }
+
+    /// Queues a child of a running task.
+    pub(crate) fn send_nested(&self, target: Target, job: Box<dyn Job>) {
+        self.load.fetch_add(1, Ordering::SeqCst);
+        self.active.fetch_add(1, Ordering::SeqCst);
+        if let Err(e) = self.nested.send(Msg::Run(target, job)) {
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            self.load.fetch_sub(1, Ordering::SeqCst);
+            self.refuse(e.into_inner());
+        }
+    }
+
+    fn refuse(&self, msg: Msg) {
+        if let Msg::Run(_, job) = msg {
+            job.cancel(TaskError::Cancelled {
+                reason: format!("worker {} has stopped", self.id),
+            });
+        }
+    }
+
+    /// Asks the worker to stop after the task it runs (ahead of queued top-level tasks).
+    pub(crate) fn stop(&self) {
+        let _ = self.nested.send(Msg::Stop);
+    }
+
+    /// Top-level tasks still queued: call once the worker has stopped.
+    pub(crate) fn take_queued(&self) -> Vec<Queued> {
+        let mut out = Vec::new();
+        while let Ok(msg) = self.top_rx.try_recv() {
+            if let Msg::Run(target, job) = msg {
+                self.load.fetch_sub(1, Ordering::SeqCst);
+                out.push((target, job));
             }
         }
+        out
     }
 }
 
 /// What the worker thread keeps for itself (and for tasks that wait inside it).
 struct Local {
     me: Arc<WorkerShared>,
-    rx: Receiver<Msg>,
-    stream: Stream,
+    queues: Queues,
+    stream: WorkerStream,
     runtime: RuntimeHandle,
+    /// A top-level task taken while the runtime was paused.
+    aside: RefCell<Option<Queued>>,
     stop_seen: Cell<bool>,
 }
 
@@ -113,13 +186,14 @@ pub(crate) fn current() -> Option<(u64, WorkerId)> {
     })
 }
 
-/// Starts the thread of worker `me`, which owns `stream` on its device.
+/// Starts the thread of worker `me`, which uses `stream` on its device. The thread returns
+/// the top-level task it had set aside, if any, when it stops.
 pub(crate) fn spawn(
     runtime: RuntimeHandle,
     me: Arc<WorkerShared>,
-    rx: Receiver<Msg>,
-    stream: Stream,
-) -> std::io::Result<JoinHandle<()>> {
+    queues: Queues,
+    stream: WorkerStream,
+) -> std::io::Result<JoinHandle<Option<Queued>>> {
     let name = format!("rmm-worker-{}", me.id);
     std::thread::Builder::new().name(name).spawn(move || {
         let device = me.id.device;
@@ -129,52 +203,121 @@ pub(crate) fn spawn(
         }
         let local = Rc::new(Local {
             me,
-            rx,
+            queues,
             stream,
             runtime,
+            aside: RefCell::new(None),
             stop_seen: Cell::new(false),
         });
         LOCAL.with(|l| *l.borrow_mut() = Some(Rc::clone(&local)));
         tracing::debug!(worker = %local.me.id, "worker started");
         while !local.stop_seen.get() {
-            match next_message(&local.rx) {
-                Some(Msg::Run(job)) => local.run(job),
-                Some(Msg::Stop) | None => break,
-            }
+            local.step();
         }
         tracing::debug!(worker = %local.me.id, "worker stopped");
         LOCAL.with(|l| l.borrow_mut().take());
+        local.aside.borrow_mut().take()
     })
 }
 
-/// The next message: spins for [`SPIN`] first, then blocks. `None` when the queue closed.
-fn next_message(rx: &Receiver<Msg>) -> Option<Msg> {
-    let start = Instant::now();
-    let mut spins = 0u32;
-    loop {
-        match rx.try_recv() {
-            Ok(m) => return Some(m),
-            Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) => {}
-        }
-        spins += 1;
-        if spins.is_multiple_of(64) && start.elapsed() > SPIN {
-            return rx.recv().ok();
-        }
-        std::hint::spin_loop();
-    }
-}
-
 impl Local {
+    /// Runs one task (or waits for one), children first, no top-level task while paused.
+    fn step(&self) {
+        if self.run_nested() {
+            return;
+        }
+        let paused = self.runtime.shared().paused();
+        if paused {
+            match self.queues.nested.recv_timeout(POLL) {
+                Ok(msg) => self.handle_nested(msg),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => self.stop_seen.set(true),
+            }
+            return;
+        }
+        let aside = self.aside.borrow_mut().take();
+        if let Some((target, job)) = aside {
+            return self.start_top(target, job);
+        }
+        // Spin briefly, then block on both queues.
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if self.run_nested() {
+                return;
+            }
+            match self.queues.top.try_recv() {
+                Ok(msg) => return self.handle_top(msg),
+                Err(TryRecvError::Disconnected) => return self.stop_seen.set(true),
+                Err(TryRecvError::Empty) => {}
+            }
+            spins += 1;
+            if spins.is_multiple_of(64) && start.elapsed() > SPIN {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        crossbeam_channel::select! {
+            recv(self.queues.nested) -> msg => match msg {
+                Ok(msg) => self.handle_nested(msg),
+                Err(_) => self.stop_seen.set(true),
+            },
+            recv(self.queues.top) -> msg => match msg {
+                Ok(msg) => self.handle_top(msg),
+                Err(_) => self.stop_seen.set(true),
+            },
+        }
+    }
+
+    /// Runs a queued child, if there is one.
+    fn run_nested(&self) -> bool {
+        match self.queues.nested.try_recv() {
+            Ok(msg) => {
+                self.handle_nested(msg);
+                true
+            }
+            Err(TryRecvError::Empty) => false,
+            Err(TryRecvError::Disconnected) => {
+                self.stop_seen.set(true);
+                true
+            }
+        }
+    }
+
+    fn handle_nested(&self, msg: Msg) {
+        match msg {
+            // Counted active when it was queued.
+            Msg::Run(_, job) => self.run(job),
+            Msg::Stop => self.stop_seen.set(true),
+        }
+    }
+
+    fn handle_top(&self, msg: Msg) {
+        match msg {
+            Msg::Run(target, job) => self.start_top(target, job),
+            Msg::Stop => self.stop_seen.set(true),
+        }
+    }
+
+    /// Runs a top-level task unless the runtime is paused; then sets it aside.
+    fn start_top(&self, target: Target, job: Box<dyn Job>) {
+        let shared = self.runtime.shared();
+        // Active before the check: a reinitialize either sees this task running and waits
+        // for it, or this worker sees the pause (both SeqCst).
+        self.me.active.fetch_add(1, Ordering::SeqCst);
+        if shared.paused() {
+            self.me.active.fetch_sub(1, Ordering::SeqCst);
+            *self.aside.borrow_mut() = Some((target, job));
+            return;
+        }
+        self.run(job);
+    }
+
+    /// Runs a task counted active, then counts it out.
     fn run(&self, job: Box<dyn Job>) {
         let start = Instant::now();
-        let shared = self.runtime.shared();
-        if shared.cancelling() {
-            job.cancel(TaskError::Cancelled {
-                reason: "the runtime shut down before it ran".into(),
-            });
-        } else {
-            let generation = shared.generation();
+        {
+            let generation = self.runtime.shared().generation();
             let ctx = TaskContext {
                 worker: self.me.id,
                 stream: self.stream.view(),
@@ -187,7 +330,25 @@ impl Local {
         self.me
             .busy_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.me.active.fetch_sub(1, Ordering::SeqCst);
         self.me.load.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Runs one queued task if there is one it may start now; true if it did.
+    fn help(&self) -> bool {
+        if self.run_nested() {
+            return true;
+        }
+        if self.runtime.shared().paused() || self.aside.borrow().is_some() {
+            return false;
+        }
+        match self.queues.top.try_recv() {
+            Ok(msg) => {
+                self.handle_top(msg);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -201,8 +362,9 @@ pub(crate) fn note_panic() {
 }
 
 /// Waits until `done()` or `deadline`; true when done. Outside a worker it spins briefly,
-/// then `park(until)` blocks. Inside a worker it runs the worker's queued tasks meanwhile,
-/// so a task can wait for tasks queued behind it.
+/// then `park(until)` blocks. Inside a worker it runs the worker's queued tasks meanwhile
+/// (children always; top-level ones unless the runtime is paused), so a task can wait for
+/// tasks queued behind it.
 pub(crate) fn wait_for(
     done: impl Fn() -> bool,
     park: impl Fn(Instant) -> bool,
@@ -218,15 +380,10 @@ pub(crate) fn wait_for(
         if done() {
             return true;
         }
-        if let Some(local) = &local {
-            match local.rx.try_recv() {
-                Ok(Msg::Run(job)) => {
-                    local.run(job);
-                    continue;
-                }
-                Ok(Msg::Stop) => local.stop_seen.set(true),
-                Err(_) => {}
-            }
+        if let Some(local) = &local
+            && local.help()
+        {
+            continue;
         }
         spins += 1;
         if !spins.is_multiple_of(32) {
@@ -238,21 +395,19 @@ pub(crate) fn wait_for(
             return done();
         }
         if now < spin_until {
-            std::hint::spin_loop();
             continue;
         }
         match &local {
             None => {
-                let until = deadline.unwrap_or(now + Duration::from_secs(3600));
-                if park(until) {
+                if park(deadline.unwrap_or(now + Duration::from_secs(3600))) {
                     return true;
                 }
             }
             Some(local) => {
-                let slice = deadline.map_or(HELP_SLICE, |d| (d - now).min(HELP_SLICE));
-                match local.rx.recv_timeout(slice) {
-                    Ok(Msg::Run(job)) => local.run(job),
-                    Ok(Msg::Stop) => local.stop_seen.set(true),
+                // Wake for a child at once; look at the awaited task every POLL.
+                let slice = deadline.map_or(POLL, |d| (d - now).min(POLL));
+                match local.queues.nested.recv_timeout(slice) {
+                    Ok(msg) => local.handle_nested(msg),
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => {
                         if park(deadline.unwrap_or(now + Duration::from_secs(3600))) {

@@ -51,23 +51,33 @@ fn pool_managed_async_pool_while_other_threads_submit() {
                 let runs = Arc::clone(&runs);
                 let stop = &stop;
                 s.spawn(move || {
-                    let mut handles = Vec::new();
+                    // At most 256 tasks outstanding: a client with back-pressure, so the
+                    // test measures correctness, not how fast a device allocates.
+                    let mut handles = std::collections::VecDeque::new();
                     let mut i = t;
+                    let mut n = 0;
+                    let check = |(i, h): (usize, TaskHandle<_>)| {
+                        let got: rmm_allocator::Result<usize> = h.wait().unwrap();
+                        assert_eq!(got.unwrap(), 4096 + i);
+                    };
                     while !stop.load(Ordering::SeqCst) && i < MAX {
                         let runs = Arc::clone(&runs);
-                        handles.push(h.submit(move |ctx| {
-                            let b = DeviceBuffer::new(4096 + i, ctx.stream())?;
-                            runs[i].fetch_add(1, Ordering::SeqCst);
-                            Ok::<_, rmm_allocator::Error>(b.size())
-                        }));
+                        handles.push_back((
+                            i,
+                            h.submit(move |ctx| {
+                                let b = DeviceBuffer::new(4096 + i, ctx.stream())?;
+                                runs[i].fetch_add(1, Ordering::SeqCst);
+                                Ok::<_, rmm_allocator::Error>(b.size())
+                            }),
+                        ));
                         i += 2;
-                        if handles.len() % 256 == 0 {
-                            std::thread::yield_now();
+                        n += 1;
+                        if handles.len() > 256 {
+                            check(handles.pop_front().unwrap());
                         }
                     }
-                    let n = handles.len();
-                    for (k, h) in handles.into_iter().enumerate() {
-                        assert_eq!(h.wait().unwrap().unwrap(), 4096 + t + 2 * k);
+                    for pending in handles {
+                        check(pending);
                     }
                     n
                 })
@@ -253,13 +263,40 @@ fn a_device_whose_new_stack_fails_keeps_every_old_stack() {
 fn the_report_times_each_phase_and_serializes() {
     let _s = serial();
     let rt = Runtime::start(&pooled(2, 2, &[("stats.enabled", true.into())])).unwrap();
+    let n = rt.devices().len() as u64;
+    let live = |d| sim_live(d).unwrap_or(0);
+    let before: Vec<usize> = (0..n as u32).map(live).collect();
+    // Pool → pool of the same size: the new pools take the old pools' memory over.
     let r = rt.reinitialize(&pooled(2, 2, &[])).unwrap();
     assert!(r.total >= r.build);
-    assert!(r.released_bytes >= 64 << 20, "{r}");
+    assert_eq!(r.adopted_bytes, n * (64 << 20), "{r}");
+    assert_eq!(r.released_bytes, 0, "{r}");
+    assert_eq!(
+        (0..n as u32).map(live).collect::<Vec<_>>(),
+        before,
+        "no driver call"
+    );
+    // Pool → plain: everything goes back.
+    let r = rt
+        .reinitialize(&config(&[
+            ("devices", devices(2).into()),
+            ("workers_per_device", 2.into()),
+            ("stats.enabled", true.into()),
+        ]))
+        .unwrap();
+    assert_eq!(r.released_bytes, n * (64 << 20), "{r}");
+    assert_eq!(r.adopted_bytes, 0, "{r}");
+    for d in 0..n as u32 {
+        if let Some(l) = sim_live(d) {
+            assert_eq!(l, 0);
+        }
+    }
+    rt.reinitialize(&pooled(2, 2, &[("stats.enabled", true.into())]))
+        .unwrap();
     assert!(r.to_string().starts_with("reinitialize "));
     let report = rt.report();
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
-    assert_eq!(json["reinitializations"], 1);
+    assert_eq!(json["reinitializations"], 3);
     assert_eq!(
         json["workers"].as_array().unwrap().len(),
         rt.workers().len()
@@ -268,4 +305,93 @@ fn the_report_times_each_phase_and_serializes() {
     let table = report.to_string();
     assert!(table.contains("worker"), "{table}");
     assert!(table.contains("PoolMemoryResource"), "{table}");
+}
+
+#[test]
+fn a_task_may_ask_for_the_report_while_a_reinitialize_waits_for_it() {
+    let _s = serial();
+    let rt = Runtime::start(&pooled(1, 1, &[])).unwrap();
+    let started = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&started);
+    let task = rt.submit(move |ctx| {
+        s2.store(true, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(50));
+        ctx.runtime().report().workers.len()
+    });
+    while !started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    let r = rt.reinitialize(&pooled(1, 1, &[])).unwrap();
+    assert!(r.drain >= Duration::from_millis(20), "{r}");
+    assert_eq!(task.wait().unwrap(), 1);
+}
+
+#[test]
+fn reinitialize_waits_for_running_tasks_not_queued_ones_which_then_use_the_new_stack() {
+    let _s = serial();
+    let rt = Runtime::start(&pooled(1, 1, &[])).unwrap();
+    let started = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&started);
+    let running = rt.submit(move |ctx| {
+        s2.store(true, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(100));
+        ctx.stack().describe()
+    });
+    // Two seconds of queued work behind it.
+    let queued: Vec<_> = (0..200)
+        .map(|_| {
+            rt.submit(|ctx| {
+                std::thread::sleep(Duration::from_millis(10));
+                ctx.stack().describe()
+            })
+        })
+        .collect();
+    while !started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    let r = rt
+        .reinitialize(&config(&[("pool.managed", true.into())]))
+        .unwrap();
+    assert!(
+        r.drain < Duration::from_secs(1),
+        "waited for queued tasks: {r}"
+    );
+    assert_eq!(
+        running.wait().unwrap(),
+        "StatisticsResourceAdaptor > PoolMemoryResource > CudaMemoryResource"
+    );
+    let after = TaskHandle::wait_all(queued).unwrap();
+    // A task the worker had already taken off its queue when the pause began may have been
+    // set aside; every one of them ran after the switch, on the new stack.
+    assert!(
+        after
+            .iter()
+            .all(|s| s == "StatisticsResourceAdaptor > ManagedMemoryResource"),
+        "{after:?}"
+    );
+}
+
+#[test]
+fn children_of_a_running_task_run_while_reinitialize_waits() {
+    let _s = serial();
+    let rt = Runtime::start(&pooled(2, 1, &[])).unwrap();
+    let started = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&started);
+    let parent = rt.submit_to_device(0, move |ctx| {
+        s2.store(true, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(30));
+        // Children sent to every worker (one on another device) while the runtime pauses.
+        let children: Vec<_> = ctx
+            .runtime()
+            .workers()
+            .into_iter()
+            .map(|w| ctx.runtime().submit_to_worker(w, |ctx| ctx.worker()))
+            .collect();
+        TaskHandle::wait_all(children).unwrap().len()
+    });
+    while !started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    rt.reinitialize(&pooled(2, 1, &[])).unwrap();
+    assert_eq!(parent.wait().unwrap(), rt.workers().len());
 }

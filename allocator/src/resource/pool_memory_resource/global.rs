@@ -101,6 +101,29 @@ impl FreeSpace {
 
     /// Removes and returns the chunks that are entirely free, largest first, until the pool
     /// would be no larger than `target` bytes.
+    /// Removes entirely free chunks, largest first, whose sizes add up to at most `budget`,
+    /// and returns them (for another pool to adopt).
+    pub(crate) fn take_free_chunks_within(&mut self, budget: u64) -> Vec<(u64, u64)> {
+        let mut free_chunks: Vec<(u64, u64)> = self
+            .chunks
+            .iter()
+            .filter(|(a, s)| self.by_addr.get(a) == Some(s))
+            .map(|(a, s)| (*a, *s))
+            .collect();
+        free_chunks.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
+        let mut left = budget;
+        let mut out = Vec::new();
+        for (a, s) in free_chunks {
+            if s <= left {
+                self.remove(a, s);
+                self.chunks.remove(&a);
+                left -= s;
+                out.push((a, s));
+            }
+        }
+        out
+    }
+
     pub(crate) fn take_free_chunks(&mut self, target: u64) -> Vec<(u64, u64)> {
         let mut free_chunks: Vec<(u64, u64)> = self
             .chunks

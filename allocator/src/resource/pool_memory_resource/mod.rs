@@ -25,6 +25,7 @@ mod ptr_map;
 mod tlsf;
 
 use std::any::Any;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -81,6 +82,7 @@ pub struct PoolBuilder {
     upstream: SharedResource,
     initial: Option<PoolSize>,
     maximum: Option<PoolSize>,
+    donor: Option<Arc<PoolMemoryResource>>,
 }
 
 impl PoolBuilder {
@@ -94,6 +96,17 @@ impl PoolBuilder {
     /// The most memory the pool may hold (default: the device's total memory).
     pub fn maximum_size(mut self, size: PoolSize) -> Self {
         self.maximum = Some(size);
+        self
+    }
+
+    /// Takes the initial memory from `donor`'s entirely free upstream chunks where it can,
+    /// instead of from the upstream: a pool replacing another one of the same device (a
+    /// `reinitialize` from pool to pool) then makes no driver call for the memory both want.
+    /// Chunks move only when `donor`'s upstream and this one can free each other's memory
+    /// ([`DeviceMemoryResource::is_equal`]), and only as many as fit in the initial size;
+    /// the donor keeps working and grows again on demand.
+    pub fn adopt_from(mut self, donor: Arc<PoolMemoryResource>) -> Self {
+        self.donor = Some(donor);
         self
     }
 
@@ -123,16 +136,27 @@ impl PoolBuilder {
             arenas: StreamArenas::new(),
             global: Mutex::new(FreeSpace::default()),
         };
-        if initial > 0 {
+        let mut adopted = 0;
+        if let Some(donor) = self
+            .donor
+            .filter(|d| d.device == device && d.upstream.is_equal(&*pool.upstream) && initial > 0)
+        {
+            let chunks = donor.give_chunks(initial)?;
             let mut g = pool.global.lock();
-            let p = pool
-                .upstream
-                .allocate(initial as usize, StreamView::DEFAULT)?;
-            g.add_chunk(p.addr(), initial);
+            for (addr, size) in chunks {
+                g.add_chunk(addr, size);
+                adopted += size;
+            }
+        }
+        if initial > adopted {
+            let rest = initial - adopted;
+            let p = pool.upstream.allocate(rest as usize, StreamView::DEFAULT)?;
+            pool.global.lock().add_chunk(p.addr(), rest);
         }
         tracing::debug!(
             device = device.ordinal(),
             initial,
+            adopted,
             maximum,
             upstream = pool.upstream.name(),
             "pool created"
@@ -193,6 +217,7 @@ impl PoolMemoryResource {
             upstream,
             initial: None,
             maximum: None,
+            donor: None,
         }
     }
 
@@ -420,6 +445,14 @@ impl PoolMemoryResource {
             "pool trimmed"
         );
         Ok(released)
+    }
+
+    /// Removes entirely free chunks adding up to at most `budget` bytes (after waiting for
+    /// the streams that freed into them) and hands them over to an adopting pool.
+    fn give_chunks(&self, budget: u64) -> Result<Vec<(u64, u64)>> {
+        let mut g = self.global.lock();
+        self.reclaim(&mut g)?;
+        Ok(g.take_free_chunks_within(budget))
     }
 
     /// Gives every unused chunk back to the upstream. Returns the bytes released.
