@@ -16,6 +16,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use common::backend_for_bench_with;
+use rmm::allocator::DeviceMemoryResource;
 use rmm::config::{Config, ConfigLoader};
 use rmm::runtime::{Runtime, TaskHandle};
 
@@ -165,6 +166,9 @@ fn lifecycle(devices: u32, pool: &str, rounds: usize) -> Lifecycle {
         let t = Instant::now();
         let rt = Runtime::start(&pooled).expect("start");
         s.push(ms(t.elapsed()));
+        if std::env::var_os("RMM_BENCH_VERBOSE").is_some() {
+            eprintln!("{devices} device(s), start {:.1} ms", s[s.len() - 1]);
+        }
         pp.push(ms(rt.reinitialize(&pooled).expect("pool → pool").total));
         pc.push(ms(rt.reinitialize(&plain).expect("pool → cuda").total));
         cp.push(ms(rt.reinitialize(&pooled).expect("cuda → pool").total));
@@ -179,6 +183,42 @@ fn lifecycle(devices: u32, pool: &str, rounds: usize) -> Lifecycle {
         cuda_to_pool: median(cp),
         shutdown: median(sd),
     }
+}
+
+/// Allocates and then frees `bytes` with `cuMemAlloc`/`cuMemFree` on each of `devices` at
+/// once, one thread per device; returns the slowest thread's (allocate, free) in ms. With one
+/// device this is the driver's own cost; with several, whether the driver serializes them.
+fn driver_alloc_free(devices: u32, bytes: usize) -> (f64, f64) {
+    let barrier = std::sync::Barrier::new(devices as usize);
+    let times: Vec<(f64, f64)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..devices)
+            .map(|d| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let device = rmm::allocator::Device::new(d).expect("device");
+                    let r = rmm::allocator::resource::CudaMemoryResource::new(device);
+                    barrier.wait();
+                    let t = Instant::now();
+                    let p = r
+                        .allocate(bytes, rmm::allocator::StreamView::DEFAULT)
+                        .expect("cuMemAlloc");
+                    let alloc = t.elapsed().as_secs_f64() * 1e3;
+                    barrier.wait();
+                    let t = Instant::now();
+                    r.deallocate(p, bytes, rmm::allocator::StreamView::DEFAULT)
+                        .expect("cuMemFree");
+                    (alloc, t.elapsed().as_secs_f64() * 1e3)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    times
+        .into_iter()
+        .fold((0.0, 0.0), |(a, f), (x, y)| (a.max(x), f.max(y)))
 }
 
 fn main() {
@@ -281,4 +321,24 @@ fn main() {
     }
     println!();
     println!("(ratios: against 1 device in this run; goal ≤ 1.3×)");
+    println!();
+    println!(
+        "## The driver alone: cuMemAlloc then cuMemFree of {pool} per device, one thread each, ms (median of {rounds})"
+    );
+    println!();
+    println!("| devices at once | cuMemAlloc | cuMemFree |");
+    println!("|---|---|---|");
+    let total = b.properties(0).map_or(0, |p| p.total_memory as u64);
+    let bytes = pool
+        .parse::<rmm::config::Size>()
+        .map_or(32 << 30, |s| s.resolve(total)) as usize;
+    for &n in &counts {
+        let (mut a, mut f) = (vec![], vec![]);
+        for _ in 0..rounds {
+            let (x, y) = driver_alloc_free(n, bytes);
+            a.push(x);
+            f.push(y);
+        }
+        println!("| {n} | {:.1} | {:.1} |", median(a), median(f));
+    }
 }

@@ -24,7 +24,7 @@ fn ms(d: Duration) -> String {
 pub struct WorkerReport {
     /// The worker.
     pub id: WorkerId,
-    /// Tasks it has run (panicked ones included).
+    /// Tasks it has started (panicked ones included).
     pub tasks_run: u64,
     /// Time spent running tasks.
     #[serde(serialize_with = "secs")]

@@ -316,6 +316,9 @@ impl Local {
     /// Runs a task counted active, then counts it out.
     fn run(&self, job: Box<dyn Job>) {
         let start = Instant::now();
+        // Counted before the result is delivered, so a report made by whoever waited for it
+        // includes it.
+        self.me.tasks_run.fetch_add(1, Ordering::Relaxed);
         {
             let generation = self.runtime.shared().generation();
             let ctx = TaskContext {
@@ -326,7 +329,6 @@ impl Local {
             };
             job.run(&ctx);
         }
-        self.me.tasks_run.fetch_add(1, Ordering::Relaxed);
         self.me
             .busy_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
