@@ -167,7 +167,7 @@ fn lifecycle(devices: u32, pool: &str, rounds: usize) -> Lifecycle {
         let rt = Runtime::start(&pooled).expect("start");
         s.push(ms(t.elapsed()));
         if std::env::var_os("RMM_BENCH_VERBOSE").is_some() {
-            eprintln!("{devices} device(s), start {:.1} ms", s[s.len() - 1]);
+            eprintln!("{devices} device(s): {}", rt.report().start);
         }
         pp.push(ms(rt.reinitialize(&pooled).expect("pool → pool").total));
         pc.push(ms(rt.reinitialize(&plain).expect("pool → cuda").total));

@@ -106,6 +106,36 @@ impl fmt::Display for ReinitReport {
     }
 }
 
+/// The time of each step of start-up.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StartReport {
+    /// Opening the backend, taking the devices' inventory and resolving the configuration.
+    #[serde(serialize_with = "secs")]
+    pub resolve: Duration,
+    /// Building every device's stack and its workers' streams (all devices in parallel).
+    #[serde(serialize_with = "secs")]
+    pub build: Duration,
+    /// Installing the stacks and starting the workers.
+    #[serde(serialize_with = "secs")]
+    pub install: Duration,
+    /// Everything.
+    #[serde(serialize_with = "secs")]
+    pub total: Duration,
+}
+
+impl fmt::Display for StartReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "start {}: resolve {}, build {}, install {}",
+            ms(self.total),
+            ms(self.resolve),
+            ms(self.build),
+            ms(self.install)
+        )
+    }
+}
+
 /// What a shutdown found.
 #[derive(Debug, Clone, Serialize)]
 pub struct ShutdownReport {
@@ -131,6 +161,8 @@ pub struct RuntimeReport {
     pub workers: Vec<WorkerReport>,
     /// Every device.
     pub devices: Vec<DeviceReport>,
+    /// Start-up.
+    pub start: StartReport,
     /// Reinitializations done.
     pub reinitializations: u64,
     /// The last one.
@@ -190,6 +222,7 @@ impl fmt::Display for RuntimeReport {
                 }
             }
         }
+        writeln!(f, "{}", self.start)?;
         write!(f, "reinitializations: {}", self.reinitializations)?;
         if let Some(r) = &self.last_reinitialize {
             write!(f, "; last: {r}")?;

@@ -36,7 +36,9 @@ use rmm_config::{Config, ConfigLoader, DeviceFacts, ResolvedConfig};
 
 use crate::error::{Error, LiveMemory, Result, TaskError};
 use crate::inventory::Inventory;
-use crate::report::{DeviceReport, ReinitReport, RuntimeReport, ShutdownReport, WorkerReport};
+use crate::report::{
+    DeviceReport, ReinitReport, RuntimeReport, ShutdownReport, StartReport, WorkerReport,
+};
 use crate::stack::{DeviceStack, StackPlan};
 use crate::streams::WorkerStream;
 use crate::task::{self, Job, TaskContext, TaskHandle};
@@ -218,6 +220,7 @@ struct Control {
 /// ask for a report while a reinitialize waits for it to finish.
 #[derive(Default)]
 struct History {
+    start: StartReport,
     reinitializations: u64,
     last_reinitialize: Option<ReinitReport>,
 }
@@ -549,6 +552,10 @@ impl Runtime {
         let _span = tracing::info_span!("runtime start").entered();
         let backend = open_backend(config.backend)?;
         let resolved = resolve(backend, config, None)?;
+        let mut start = StartReport {
+            resolve: started.elapsed(),
+            ..StartReport::default()
+        };
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let ordinals: Vec<u32> = resolved.devices.iter().map(|d| d.ordinal).collect();
         claim(id, &ordinals)?;
@@ -569,12 +576,21 @@ impl Runtime {
             started,
         });
         let handle = RuntimeHandle { shared };
-        let result = set_up_devices(&resolved, resolved.workers_per_device, None)
-            .and_then(|setups| handle.install_and_spawn(resolved, setups));
+        let t = Instant::now();
+        let result = set_up_devices(&resolved, resolved.workers_per_device, None).and_then(|s| {
+            start.build = t.elapsed();
+            let t = Instant::now();
+            handle.install_and_spawn(resolved, s)?;
+            start.install = t.elapsed();
+            Ok(())
+        });
         if let Err(e) = result {
             unclaim(id);
             return Err(e);
         }
+        start.total = started.elapsed();
+        tracing::debug!("{start}");
+        handle.shared.history.lock().start = start;
         tracing::info!(
             devices = ?ordinals,
             workers = handle.workers().len(),
@@ -1036,6 +1052,7 @@ impl RuntimeHandle {
             uptime: shared.started.elapsed(),
             workers,
             devices,
+            start: history.start.clone(),
             reinitializations: history.reinitializations,
             last_reinitialize: history.last_reinitialize.clone(),
         }
