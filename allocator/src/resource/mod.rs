@@ -12,6 +12,7 @@ pub mod fixed_size_memory_resource;
 mod managed_memory_resource;
 mod new_delete_resource;
 mod pinned_host_memory_resource;
+mod pinned_host_pool;
 mod pool_memory_resource;
 mod stream_arenas;
 
@@ -26,9 +27,10 @@ pub use fixed_size_memory_resource::FixedSizeMemoryResource;
 pub use managed_memory_resource::ManagedMemoryResource;
 pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;
+pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool};
 pub use pool_memory_resource::{PoolBuilder, PoolMemoryResource, PoolSize, PoolSnapshot};
 
-pub use crate::backend::host::HostBlock;
+pub use crate::backend::host::{HostBlock, PinnedSlice};
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
 use crate::error::{Error, PoolUsage, Result};

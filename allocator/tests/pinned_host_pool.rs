@@ -1,0 +1,131 @@
+//! The pinned host pool: pinned once, slices carved and given back, never overlapping, full
+//! is an error, data round-trips through the device.
+
+mod common;
+
+use common::{MIB, device, pattern};
+use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::{PINNED_ALIGNMENT, PinnedHostPool};
+use rmm_allocator::{DeviceMemoryResource, Error, StreamView};
+
+#[test]
+fn the_pool_pins_once_and_gives_slices_back_merged() {
+    let pool = PinnedHostPool::new(64 * MIB).unwrap();
+    assert!(pool.capacity() >= 64 * MIB);
+    assert_eq!(pool.max_slice(), pool.capacity(), "one chunk below 256 MiB");
+    let quarter = pool.capacity() / 4;
+    let mut slices: Vec<_> = (0..4).map(|_| pool.allocate(quarter).unwrap()).collect();
+    assert_eq!(pool.used(), pool.capacity());
+    let err = pool.allocate(1).unwrap_err();
+    assert!(
+        matches!(err, Error::HostOutOfMemory { requested: 256, .. }),
+        "{err}"
+    );
+    // Distinct contents in each: no two slices overlap.
+    for (i, s) in slices.iter_mut().enumerate() {
+        s.as_mut_slice()
+            .copy_from_slice(&pattern(quarter, i as u64 + 1));
+    }
+    for (i, s) in slices.iter().enumerate() {
+        assert!(
+            s.as_slice() == pattern(quarter, i as u64 + 1).as_slice(),
+            "slice {i}"
+        );
+    }
+    // Free the two middle ones: they merge into one range of half the pool.
+    let last = slices.pop().unwrap();
+    let third = slices.pop().unwrap();
+    let second = slices.pop().unwrap();
+    drop(second);
+    drop(third);
+    let half = pool.allocate(2 * quarter).unwrap();
+    assert_eq!(half.len(), 2 * quarter);
+    assert_eq!(pool.used(), pool.capacity());
+    assert_eq!(pool.peak(), pool.capacity());
+    drop((half, last, slices));
+    assert_eq!(pool.used(), 0);
+    assert_eq!(pool.largest_free(), pool.capacity());
+}
+
+#[test]
+fn sizes_round_up_to_the_alignment() {
+    let pool = PinnedHostPool::new(4 * MIB).unwrap();
+    let a = pool.allocate(1).unwrap();
+    let b = pool.allocate(300).unwrap();
+    assert_eq!(a.len(), PINNED_ALIGNMENT);
+    assert_eq!(b.len(), 2 * PINNED_ALIGNMENT);
+    assert_eq!(b.as_ptr() as usize % PINNED_ALIGNMENT, 0);
+}
+
+#[test]
+fn data_round_trips_between_a_slice_and_the_device() {
+    let pool = PinnedHostPool::new(32 * MIB).unwrap();
+    let d = device();
+    let mr = rmm_allocator::resource::CudaMemoryResource::new(d);
+    let n = 8 * MIB;
+    let mut slice = pool.allocate(n).unwrap();
+    let data = pattern(n, 42);
+    slice.as_mut_slice().copy_from_slice(&data);
+    let p = mr.allocate(n, StreamView::DEFAULT).unwrap();
+    d.copy_to_device(p, slice.as_slice()).unwrap();
+    let mut back = pool.allocate(n).unwrap();
+    d.copy_to_host(back.as_mut_slice(), p).unwrap();
+    assert!(back.as_slice() == data.as_slice());
+    mr.deallocate(p, n, StreamView::DEFAULT).unwrap();
+}
+
+#[test]
+fn eight_threads_share_the_pool_without_overlap() {
+    let pool = PinnedHostPool::new(64 * MIB).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let pool = pool.clone();
+            s.spawn(move || {
+                let mut x = t + 1;
+                let mut live = Vec::new();
+                for step in 0..2000u64 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if live.len() < 8 && x % 3 != 0 {
+                        let len = 256 + (x as usize % (512 * 1024));
+                        if let Ok(mut s) = pool.allocate(len) {
+                            let tag = (t << 32 | step) as u8;
+                            s.as_mut_slice().fill(tag);
+                            live.push((s, tag));
+                        }
+                    } else if !live.is_empty() {
+                        let (s, tag) = live.swap_remove(x as usize % live.len());
+                        assert!(s.as_slice().iter().all(|&b| b == tag), "overwritten");
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(pool.used(), 0);
+    assert_eq!(pool.largest_free(), pool.capacity());
+}
+
+#[test]
+fn the_region_is_registered_while_the_pool_lives_and_released_after() {
+    let sim = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Backed,
+    })
+    .unwrap();
+    let pool = PinnedHostPool::on(sim, 600 * MIB).unwrap();
+    assert_eq!(sim.pinned_host_bytes(), pool.capacity());
+    // Several registered chunks of at least 256 MiB (fewer on a machine with fewer cores).
+    assert!(pool.max_slice() >= 256 * MIB);
+    let slice = pool.allocate(pool.max_slice()).unwrap();
+    assert!(
+        pool.allocate(pool.max_slice() + PINNED_ALIGNMENT).is_err(),
+        "no slice crosses a chunk"
+    );
+    drop(pool);
+    // A live slice keeps the region.
+    assert!(sim.pinned_host_bytes() > 0);
+    drop(slice);
+    assert_eq!(sim.pinned_host_bytes(), 0);
+}
