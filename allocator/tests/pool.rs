@@ -277,3 +277,27 @@ fn adoption_takes_only_what_fits_and_only_from_an_equal_upstream() {
     assert_eq!(old.pool_size(), (64 * MIB) as u64);
     assert_eq!(layered.pool_size(), (16 * MIB) as u64);
 }
+
+#[test]
+fn before_adoption_the_old_pool_keeps_the_chunks_that_fit_and_releases_the_rest() {
+    let old = cuda_pool(32 * MIB);
+    // A request larger than the first chunk makes the pool grow a second, larger one.
+    let p = old.allocate(100 * MIB, StreamView::DEFAULT).unwrap();
+    old.deallocate(p, 100 * MIB, StreamView::DEFAULT).unwrap();
+    let big = old.pool_size() - (32 * MIB) as u64;
+    assert!(big >= (100 * MIB) as u64);
+    // A new pool of `big` bytes would adopt the big chunk: the small one goes back.
+    let released = old.release_except_adoptable(big).unwrap();
+    assert_eq!(released, (32 * MIB) as u64);
+    assert_eq!(old.pool_size(), big);
+    let new = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
+        .initial_size(PoolSize::Bytes(big as usize))
+        .adopt_from(Arc::clone(&old))
+        .build()
+        .unwrap();
+    assert_eq!(old.pool_size(), 0);
+    assert_eq!(new.pool_size(), big);
+    let q = new.allocate(100 * MIB, StreamView::DEFAULT).unwrap();
+    assert_eq!(q, p, "the same memory");
+    new.deallocate(q, 100 * MIB, StreamView::DEFAULT).unwrap();
+}

@@ -7,13 +7,22 @@
 //! device fails, everything built is freed and no worker starts.
 //!
 //! [`RuntimeHandle::reinitialize`] is a transaction over all devices: resolve (a bad
-//! configuration changes nothing) → hold new submissions → let queued and running tasks
-//! finish → refuse if allocations are still live → release the old stacks' cached memory →
-//! build the new stacks (in parallel; a failure keeps the old ones) → install → re-spawn
-//! workers if the device list or `workers_per_device` changed → submit what was held.
+//! configuration changes nothing) → hold new submissions from outside and pause the workers
+//! (no queued top-level task starts) → let running tasks and the children they submit finish
+//! → refuse if allocations are still live → per device, in parallel: the old stack gives back
+//! what the new one cannot take over, the new stack is built (its pool adopting the old
+//! pool's free memory), the old one gives back the rest; a failure keeps the old stacks
+//! installed (they grow again on demand) → install → re-spawn workers if the device list or
+//! `workers_per_device` changed (queued tasks move to the new workers) → resume, send on what
+//! was held. Queued tasks then run on the new stacks.
+//!
+//! A running task that waits for a queued top-level task (one submitted from outside, or
+//! from a thread the task started) cannot finish while the runtime is paused: reinitialize
+//! then fails with [`Error::DrainTimeout`] after the drain timeout and changes nothing.
 //!
 //! # Submission
-//! Every worker has its own channel and a load count (queued + running). A task goes to the
+//! Every worker has two queues (top-level tasks, and children of running tasks, served
+//! first) and a load count (queued + running). A task goes to the
 //! least-loaded worker overall ([`RuntimeHandle::submit`]) or of one device
 //! ([`RuntimeHandle::submit_to_device`]), to one worker, or to every worker
 //! ([`RuntimeHandle::run_on_all`]). While a reinitialize is in progress, submissions from
@@ -171,12 +180,12 @@ impl Generation {
             .sum()
     }
 
-    /// Tasks running, and children of running tasks queued, on every worker.
+    /// Tasks running, and children of running tasks queued, on every worker (one counter
+    /// shared by all of them).
     fn active(&self) -> usize {
         self.workers
-            .iter()
-            .map(|w| w.active.load(Ordering::SeqCst))
-            .sum()
+            .first()
+            .map_or(0, |w| w.active.load(Ordering::SeqCst))
     }
 }
 
@@ -235,6 +244,8 @@ pub(crate) struct Shared {
     paused: AtomicBool,
     /// Outside submitters between their checks and their send.
     entering: AtomicUsize,
+    /// Running tasks plus queued children, all workers (see [`WorkerShared::active`]).
+    active: Arc<AtomicUsize>,
     held: Mutex<Vec<(Target, Box<dyn Job>)>>,
     shut_down: AtomicBool,
     control: Mutex<Control>,
@@ -448,7 +459,7 @@ fn resolve(
 ///     .set("pool.enabled", true)
 ///     .set("workers_per_device", 4)
 ///     .start()?;
-/// let bytes = runtime.submit(|ctx| ctx.device().ordinal()).wait()?;
+/// let device = runtime.submit(|ctx| ctx.device().ordinal()).wait()?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -566,6 +577,7 @@ impl Runtime {
             holding: AtomicBool::new(false),
             paused: AtomicBool::new(false),
             entering: AtomicUsize::new(0),
+            active: Arc::new(AtomicUsize::new(0)),
             held: Mutex::new(Vec::new()),
             shut_down: AtomicBool::new(false),
             control: Mutex::new(Control {
@@ -768,17 +780,31 @@ impl RuntimeHandle {
         }
         let resolved = resolve(shared.backend, config, Some(&old))?;
         let ordinals: Vec<u32> = resolved.devices.iter().map(|d| d.ordinal).collect();
-        claim(shared.id, &ordinals)?;
+        let old_ordinals: Vec<u32> = old.stacks.iter().map(|s| s.device().ordinal()).collect();
+        // Old and new devices both belong to this runtime until the switch is decided.
+        let both: Vec<u32> = old_ordinals
+            .iter()
+            .chain(&ordinals)
+            .copied()
+            .collect::<std::collections::BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        claim(shared.id, &both)?;
         report.resolve = t.elapsed();
 
         let t = Instant::now();
         shared.pause();
         let result = self.switch(&mut control, &old, resolved, &mut report, t);
         shared.resume();
-        if result.is_err() {
-            // Give the devices of the old configuration back to this runtime alone.
-            let old_ordinals: Vec<u32> = old.stacks.iter().map(|s| s.device().ordinal()).collect();
-            let _ = claim(shared.id, &old_ordinals);
+        // Keep the devices of the configuration now in force (a subset of what is claimed,
+        // so this cannot conflict).
+        let keep = if result.is_ok() {
+            &ordinals
+        } else {
+            &old_ordinals
+        };
+        if let Err(e) = claim(shared.id, keep) {
+            tracing::error!("narrowing the devices this runtime claims: {e}");
         }
         result?;
         report.total = total.elapsed();
@@ -824,7 +850,9 @@ impl RuntimeHandle {
             != (
                 resolved.devices.iter().map(|d| d.ordinal).collect(),
                 resolved.workers_per_device,
-            );
+            )
+            // A generation left without workers by a failed start of its threads.
+            || old.workers.len() != old.stacks.len() * old.config.workers_per_device as usize;
         let streams = if respawn {
             resolved.workers_per_device
         } else {
@@ -853,12 +881,16 @@ impl RuntimeHandle {
             report.respawned = true;
             // Paused and drained: no worker runs a task, so each stops at once. What was
             // queued for them goes to the new workers by the rule it was sent with.
-            let queued = self.stop_workers(control);
+            let queued = self.stop_workers(control, None);
             for s in &old.stacks {
-                if !setups.iter().any(|n| n.stack.device() == s.device()) {
-                    s.uninstall()?;
+                if !setups.iter().any(|n| n.stack.device() == s.device())
+                    && let Err(e) = s.uninstall()
+                {
+                    tracing::error!("uninstalling device {}'s stack: {e}", s.device().ordinal());
                 }
             }
+            // From here on the old workers are gone: on failure the generation is left
+            // empty, so these tasks (and later ones) are refused rather than stranded.
             let spawned = self.install_and_spawn_locked(control, resolved, setups);
             for (target, job) in queued {
                 shared.send(target, job);
@@ -866,7 +898,7 @@ impl RuntimeHandle {
             spawned?;
         } else {
             let stacks: Vec<Arc<DeviceStack>> = setups.into_iter().map(|s| s.stack).collect();
-            install(&stacks)?;
+            install(&stacks, &old.stacks)?;
             shared.generation.store(Arc::new(Generation {
                 config: resolved,
                 stacks,
@@ -902,14 +934,20 @@ impl RuntimeHandle {
                     device,
                     index: index as u32,
                 };
-                let (w, q) = WorkerShared::new(id, slot);
+                let (w, q) = WorkerShared::new(id, slot, Arc::clone(&self.shared.active));
                 workers.push(w);
                 queues.push((q, stream));
             }
             by_device.push(first..workers.len());
             stacks.push(setup.stack);
         }
-        install(&stacks)?;
+        if let Err(e) = install(&stacks, &[]) {
+            let config = resolved.clone();
+            self.shared
+                .generation
+                .store(Arc::new(Generation::empty(config)));
+            return Err(e);
+        }
         self.shared.generation.store(Arc::new(Generation {
             config: resolved,
             stacks,
@@ -921,9 +959,10 @@ impl RuntimeHandle {
             match worker::spawn(self.clone(), w, q, stream) {
                 Ok(thread) => control.threads.push(thread),
                 Err(source) => {
-                    for (_, job) in self.stop_workers(control) {
+                    let why = format!("worker {id} could not be started");
+                    for (_, job) in self.stop_workers(control, Some(&why)) {
                         job.cancel(TaskError::Cancelled {
-                            reason: format!("worker {id} could not be started"),
+                            reason: why.clone(),
                         });
                     }
                     let generation = self.shared.generation();
@@ -941,13 +980,24 @@ impl RuntimeHandle {
         Ok(())
     }
 
-    /// Stops and joins every worker; returns the top-level tasks they had not started.
-    fn stop_workers(&self, control: &mut Control) -> Vec<Queued> {
+    /// Stops and joins every worker; returns the top-level tasks they had not started, or
+    /// with `cancel`, cancels them (with `why`) before joining, so that a running task
+    /// waiting for one of them finishes instead of waiting for a worker that has stopped.
+    fn stop_workers(&self, control: &mut Control, cancel: Option<&str>) -> Vec<Queued> {
         let generation = self.shared.generation();
         for w in &generation.workers {
             w.stop();
         }
-        let mut left = Vec::new();
+        let mut left: Vec<Queued> = generation
+            .workers
+            .iter()
+            .flat_map(|w| w.take_queued())
+            .collect();
+        if let Some(why) = cancel {
+            for (_, job) in left.drain(..) {
+                job.cancel(TaskError::Cancelled { reason: why.into() });
+            }
+        }
         for thread in control.threads.drain(..) {
             match thread.join() {
                 Ok(aside) => left.extend(aside),
@@ -973,10 +1023,9 @@ impl RuntimeHandle {
         if let Err(e) = &drained {
             tracing::warn!("{e}; cancelling the queued tasks");
         }
-        for (_, job) in self.stop_workers(&mut control) {
-            job.cancel(TaskError::Cancelled {
-                reason: "the runtime shut down before it ran".into(),
-            });
+        let why = "the runtime shut down before it ran";
+        for (_, job) in self.stop_workers(&mut control, Some(why)) {
+            job.cancel(TaskError::Cancelled { reason: why.into() });
         }
         let generation = shared.generation();
         let mut leaks = Vec::new();
@@ -1069,13 +1118,26 @@ impl RuntimeHandle {
     }
 }
 
-/// Installs every stack as its device's current resource.
-fn install(stacks: &[Arc<DeviceStack>]) -> Result<()> {
-    for s in stacks {
-        s.install().map_err(|source| Error::DeviceSetup {
-            device: s.device().ordinal(),
-            source,
-        })?;
+/// Installs every stack as its device's current resource. On failure the devices already
+/// switched get back their stack from `previous` (or their initial resource), so no device is
+/// left with a stack the runtime does not use.
+fn install(stacks: &[Arc<DeviceStack>], previous: &[Arc<DeviceStack>]) -> Result<()> {
+    for (i, s) in stacks.iter().enumerate() {
+        if let Err(source) = s.install() {
+            for done in &stacks[..i] {
+                let restored = match previous.iter().find(|p| p.device() == done.device()) {
+                    Some(p) => p.install().map(|_| ()),
+                    None => done.uninstall(),
+                };
+                if let Err(e) = restored {
+                    tracing::error!("restoring device {}: {e}", done.device().ordinal());
+                }
+            }
+            return Err(Error::DeviceSetup {
+                device: s.device().ordinal(),
+                source,
+            });
+        }
     }
     Ok(())
 }

@@ -405,12 +405,12 @@ impl DeviceStack {
         self.release_keeping(0)
     }
 
-    /// As [`DeviceStack::release`], keeping at most `keep` bytes in the pool (for a new pool
-    /// to adopt).
+    /// As [`DeviceStack::release`], keeping the free chunks a new pool of initial size
+    /// `keep` would adopt from this one.
     pub fn release_keeping(&self, keep: u64) -> rmm_allocator::Result<u64> {
         let mut released = 0;
         if let Some(pool) = &self.pool {
-            released = pool.trim(keep)?;
+            released = pool.release_except_adoptable(keep)?;
         }
         if let Some(a) = &self.async_resource {
             a.release()?;

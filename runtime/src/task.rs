@@ -208,8 +208,11 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 
 /// The result of a submitted task, to wait for.
 ///
-/// Waiting from inside one of the runtime's workers never deadlocks: while it waits, the
-/// worker runs the tasks queued for it (the awaited one among them, if it was sent there).
+/// Waiting from inside one of the runtime's workers does not block the worker: while it waits,
+/// the worker runs the tasks queued for it (the awaited one among them, if it was sent
+/// there), so tasks can wait on tasks they submit. Exceptions: while a reinitialize has the
+/// runtime paused, queued top-level tasks do not start (children of running tasks do); and
+/// past 1 024 nested waits on one worker, a wait only waits.
 #[must_use = "a task's result (and its panic, if any) is only seen through its handle"]
 pub struct TaskHandle<T> {
     slot: Arc<Slot<T>>,
@@ -235,8 +238,8 @@ impl<T> TaskHandle<T> {
         self.slot.take()
     }
 
-    /// Waits at most `timeout`. On [`TaskError::Timeout`] the task goes on and the handle can
-    /// be waited on again; after a value or another error, later waits return
+    /// Waits at most `timeout` (inside a worker, plus the rest of a task it ran meanwhile).
+    /// On [`TaskError::Timeout`] the task goes on and the handle can be waited on again; after a value or another error, later waits return
     /// [`TaskError::AlreadyTaken`].
     pub fn wait_timeout(&self, timeout: Duration) -> Result<T, TaskError> {
         if self.wait_until(Some(Instant::now() + timeout)) {

@@ -32,6 +32,14 @@ use crate::task::{Job, TaskContext};
 const SPIN: Duration = Duration::from_micros(20);
 /// How long a waiting or paused worker blocks on its queues before it looks around again.
 const POLL: Duration = Duration::from_micros(100);
+/// Waits nested deeper than this inside one worker block instead of running more tasks, so
+/// that chains of tasks waiting on tasks cannot exhaust the thread's stack. A task at that
+/// depth waiting for a task queued on its own worker then waits until the chain unwinds
+/// elsewhere: chains that deep need several workers.
+const MAX_HELP_DEPTH: u32 = 1024;
+/// Stack of a worker thread: room for [`MAX_HELP_DEPTH`] nested tasks (only the pages used
+/// are committed).
+const WORKER_STACK: usize = 256 << 20;
 
 /// A worker: device ordinal and index among that device's workers (`0.1` is device 0's
 /// second worker).
@@ -78,8 +86,11 @@ pub(crate) struct WorkerShared {
     /// Tasks queued for it (both queues, set aside included) plus the ones it runs: the
     /// routing load, and what shutdown waits for.
     pub(crate) load: AtomicUsize,
-    /// Tasks it runs plus children queued for it: what reinitialize waits for.
-    pub(crate) active: AtomicUsize,
+    /// Tasks running plus children queued, over every worker of the runtime: what
+    /// reinitialize waits for. One counter for all workers: a child is counted before the
+    /// parent that sent it is counted out, so it never reads 0 while work remains (a sum of
+    /// per-worker counters read one by one could).
+    pub(crate) active: Arc<AtomicUsize>,
     pub(crate) tasks_run: AtomicU64,
     pub(crate) busy_ns: AtomicU64,
     pub(crate) panics: AtomicU64,
@@ -92,7 +103,11 @@ pub(crate) struct Queues {
 }
 
 impl WorkerShared {
-    pub(crate) fn new(id: WorkerId, slot: usize) -> (Arc<WorkerShared>, Queues) {
+    pub(crate) fn new(
+        id: WorkerId,
+        slot: usize,
+        active: Arc<AtomicUsize>,
+    ) -> (Arc<WorkerShared>, Queues) {
         let (top, top_rx) = crossbeam_channel::unbounded();
         let (nested, nested_rx) = crossbeam_channel::unbounded();
         let w = Arc::new(WorkerShared {
@@ -102,7 +117,7 @@ impl WorkerShared {
             nested,
             top_rx: top_rx.clone(),
             load: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
+            active,
             tasks_run: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             panics: AtomicU64::new(0),
@@ -175,6 +190,8 @@ struct Local {
 
 thread_local! {
     static LOCAL: RefCell<Option<Rc<Local>>> = const { RefCell::new(None) };
+    /// Waits in progress on this thread that run other tasks meanwhile.
+    static HELP_DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
 /// The runtime id and worker of the calling thread, if it is a runtime worker.
@@ -195,29 +212,32 @@ pub(crate) fn spawn(
     stream: WorkerStream,
 ) -> std::io::Result<JoinHandle<Option<Queued>>> {
     let name = format!("rmm-worker-{}", me.id);
-    std::thread::Builder::new().name(name).spawn(move || {
-        let device = me.id.device;
-        if let Err(e) = set_current_device(device) {
-            // Cannot happen for a device the runtime resolved; the tasks would fail anyway.
-            tracing::error!("worker {}: making device {device} current: {e}", me.id);
-        }
-        let local = Rc::new(Local {
-            me,
-            queues,
-            stream,
-            runtime,
-            aside: RefCell::new(None),
-            stop_seen: Cell::new(false),
-        });
-        LOCAL.with(|l| *l.borrow_mut() = Some(Rc::clone(&local)));
-        tracing::debug!(worker = %local.me.id, "worker started");
-        while !local.stop_seen.get() {
-            local.step();
-        }
-        tracing::debug!(worker = %local.me.id, "worker stopped");
-        LOCAL.with(|l| l.borrow_mut().take());
-        local.aside.borrow_mut().take()
-    })
+    std::thread::Builder::new()
+        .name(name)
+        .stack_size(WORKER_STACK)
+        .spawn(move || {
+            let device = me.id.device;
+            if let Err(e) = set_current_device(device) {
+                // Cannot happen for a device the runtime resolved; the tasks would fail anyway.
+                tracing::error!("worker {}: making device {device} current: {e}", me.id);
+            }
+            let local = Rc::new(Local {
+                me,
+                queues,
+                stream,
+                runtime,
+                aside: RefCell::new(None),
+                stop_seen: Cell::new(false),
+            });
+            LOCAL.with(|l| *l.borrow_mut() = Some(Rc::clone(&local)));
+            tracing::debug!(worker = %local.me.id, "worker started");
+            while !local.stop_seen.get() {
+                local.step();
+            }
+            tracing::debug!(worker = %local.me.id, "worker stopped");
+            LOCAL.with(|l| l.borrow_mut().take());
+            local.aside.borrow_mut().take()
+        })
 }
 
 impl Local {
@@ -341,8 +361,14 @@ impl Local {
         if self.run_nested() {
             return true;
         }
-        if self.runtime.shared().paused() || self.aside.borrow().is_some() {
+        if self.runtime.shared().paused() {
             return false;
+        }
+        // A task set aside during a pause that has ended comes first.
+        let aside = self.aside.borrow_mut().take();
+        if let Some((target, job)) = aside {
+            self.start_top(target, job);
+            return true;
         }
         match self.queues.top.try_recv() {
             Ok(msg) => {
@@ -376,13 +402,30 @@ pub(crate) fn wait_for(
         return true;
     }
     let local = LOCAL.with(|l| l.borrow().clone());
+    // Deep inside nested waits, only wait: the tasks below finish on their own workers or,
+    // once this chain unwinds, on this one.
+    let helping = local.is_some() && HELP_DEPTH.with(Cell::get) < MAX_HELP_DEPTH;
+    struct Depth;
+    impl Drop for Depth {
+        fn drop(&mut self) {
+            HELP_DEPTH.with(|d| d.set(d.get() - 1));
+        }
+    }
+    let _depth = helping.then(|| {
+        HELP_DEPTH.with(|d| d.set(d.get() + 1));
+        Depth
+    });
     let spin_until = Instant::now() + SPIN;
     let mut spins = 0u32;
     loop {
         if done() {
             return true;
         }
-        if let Some(local) = &local
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return done();
+        }
+        if helping
+            && let Some(local) = &local
             && local.help()
         {
             continue;
@@ -402,6 +445,11 @@ pub(crate) fn wait_for(
         match &local {
             None => {
                 if park(deadline.unwrap_or(now + Duration::from_secs(3600))) {
+                    return true;
+                }
+            }
+            Some(_) if !helping => {
+                if park(deadline.map_or(now + POLL, |d| d.min(now + POLL))) {
                     return true;
                 }
             }

@@ -207,3 +207,26 @@ fn plans_for_managed_and_async_name_their_upstream() {
         );
     }
 }
+
+#[test]
+fn shutdown_cancels_a_queued_task_that_a_running_task_waits_for() {
+    let _s = serial();
+    let rt = Runtime::start(&pooled(1, 2, &[])).unwrap();
+    let (a, b) = (rt.workers()[0], rt.workers()[1]);
+    // Worker b is busy for a while; the awaited task waits in its queue behind that.
+    let busy = rt.submit_to_worker(b, |_| {
+        std::thread::sleep(std::time::Duration::from_millis(500))
+    });
+    let awaited = rt.submit_to_worker(b, |_| 1u32);
+    let (tx, rx) = crossbeam_channel::bounded::<rmm_runtime::TaskHandle<u32>>(1);
+    tx.send(awaited).unwrap();
+    let waiter = rt.submit_to_worker(a, move |_| rx.recv().unwrap().wait());
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let report = rt
+        .shutdown_timeout(std::time::Duration::from_millis(100))
+        .unwrap();
+    assert!(!report.drained);
+    busy.wait().unwrap();
+    let got = waiter.wait().unwrap();
+    assert!(matches!(got, Err(TaskError::Cancelled { .. })), "{got:?}");
+}

@@ -395,3 +395,37 @@ fn children_of_a_running_task_run_while_reinitialize_waits() {
     rt.reinitialize(&pooled(2, 1, &[])).unwrap();
     assert_eq!(parent.wait().unwrap(), rt.workers().len());
 }
+
+#[test]
+fn a_task_waiting_on_a_queued_task_makes_reinitialize_time_out_then_finishes() {
+    let _s = serial();
+    let rt = Runtime::builder()
+        .config(pooled(1, 1, &[]))
+        .drain_timeout(Duration::from_millis(300))
+        .start()
+        .unwrap();
+    let (tx, rx) = crossbeam_channel::bounded::<TaskHandle<u32>>(1);
+    let started = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&started);
+    let waiter = rt.submit(move |_| {
+        s2.store(true, Ordering::SeqCst);
+        let awaited = rx.recv().unwrap();
+        awaited.wait().unwrap() + 1
+    });
+    while !started.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    // Queued behind the waiter on the only worker: a top-level task.
+    let awaited = rt.submit(|_| 41);
+    std::thread::scope(|s| {
+        let reinit = s.spawn(|| rt.reinitialize(&pooled(1, 1, &[])));
+        std::thread::sleep(Duration::from_millis(50));
+        tx.send(awaited).unwrap();
+        let err = reinit.join().unwrap().unwrap_err();
+        assert!(matches!(err, Error::DrainTimeout { .. }), "{err}");
+    });
+    // Resumed: the waiter runs the awaited task and finishes; the runtime works.
+    assert_eq!(waiter.wait_timeout(Duration::from_secs(30)), Ok(42));
+    assert_eq!(rt.submit(|_| 5).wait().unwrap(), 5);
+    assert_eq!(rt.report().reinitializations, 0);
+}

@@ -99,11 +99,9 @@ impl FreeSpace {
         Some((addr, take))
     }
 
-    /// Removes and returns the chunks that are entirely free, largest first, until the pool
-    /// would be no larger than `target` bytes.
-    /// Removes entirely free chunks, largest first, whose sizes add up to at most `budget`,
-    /// and returns them (for another pool to adopt).
-    pub(crate) fn take_free_chunks_within(&mut self, budget: u64) -> Vec<(u64, u64)> {
+    /// The entirely free chunks another pool would adopt within `budget` bytes: largest
+    /// first, each that still fits.
+    pub(crate) fn adoptable_chunks(&self, budget: u64) -> Vec<(u64, u64)> {
         let mut free_chunks: Vec<(u64, u64)> = self
             .chunks
             .iter()
@@ -112,18 +110,41 @@ impl FreeSpace {
             .collect();
         free_chunks.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
         let mut left = budget;
-        let mut out = Vec::new();
-        for (a, s) in free_chunks {
-            if s <= left {
-                self.remove(a, s);
-                self.chunks.remove(&a);
-                left -= s;
-                out.push((a, s));
-            }
-        }
-        out
+        free_chunks
+            .into_iter()
+            .filter(|&(_, s)| {
+                let fits = s <= left;
+                if fits {
+                    left -= s;
+                }
+                fits
+            })
+            .collect()
     }
 
+    /// Removes `chunks` (entirely free ones, from [`FreeSpace::adoptable_chunks`]) and
+    /// returns them.
+    pub(crate) fn take_chunks(&mut self, chunks: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        for &(a, s) in chunks {
+            self.remove(a, s);
+            self.chunks.remove(&a);
+        }
+        chunks.to_vec()
+    }
+
+    /// Removes and returns the entirely free chunks not in `keep`.
+    pub(crate) fn take_free_chunks_except(&mut self, keep: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        let others: Vec<(u64, u64)> = self
+            .chunks
+            .iter()
+            .filter(|(a, s)| self.by_addr.get(a) == Some(s) && !keep.contains(&(**a, **s)))
+            .map(|(a, s)| (*a, *s))
+            .collect();
+        self.take_chunks(&others)
+    }
+
+    /// Removes and returns the chunks that are entirely free, largest first, until the pool
+    /// would be no larger than `target` bytes.
     pub(crate) fn take_free_chunks(&mut self, target: u64) -> Vec<(u64, u64)> {
         let mut free_chunks: Vec<(u64, u64)> = self
             .chunks

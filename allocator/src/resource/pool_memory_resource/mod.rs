@@ -452,7 +452,25 @@ impl PoolMemoryResource {
     fn give_chunks(&self, budget: u64) -> Result<Vec<(u64, u64)>> {
         let mut g = self.global.lock();
         self.reclaim(&mut g)?;
-        Ok(g.take_free_chunks_within(budget))
+        let chunks = g.adoptable_chunks(budget);
+        Ok(g.take_chunks(&chunks))
+    }
+
+    /// Gives back to the upstream every unused chunk except those a pool of initial size
+    /// `budget` would adopt from this one ([`PoolBuilder::adopt_from`]): the step before a
+    /// replacement pool is built, so that the device has room for what it must allocate
+    /// anew while the memory it can take over stays. Returns the bytes released.
+    pub fn release_except_adoptable(&self, budget: u64) -> Result<u64> {
+        let mut g = self.global.lock();
+        self.reclaim(&mut g)?;
+        let keep = g.adoptable_chunks(budget);
+        let mut released = 0;
+        for (addr, size) in g.take_free_chunks_except(&keep) {
+            self.upstream
+                .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)?;
+            released += size;
+        }
+        Ok(released)
     }
 
     /// Gives every unused chunk back to the upstream. Returns the bytes released.
