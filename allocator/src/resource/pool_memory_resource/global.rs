@@ -99,18 +99,23 @@ impl FreeSpace {
         Some((addr, take))
     }
 
-    /// The entirely free chunks another pool would adopt within `budget` bytes: largest
-    /// first, each that still fits.
-    pub(crate) fn adoptable_chunks(&self, budget: u64) -> Vec<(u64, u64)> {
-        let mut free_chunks: Vec<(u64, u64)> = self
+    /// The chunks that are entirely free, largest first.
+    fn free_chunks(&self) -> Vec<(u64, u64)> {
+        let mut free: Vec<(u64, u64)> = self
             .chunks
             .iter()
             .filter(|(a, s)| self.by_addr.get(a) == Some(s))
             .map(|(a, s)| (*a, *s))
             .collect();
-        free_chunks.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
+        free.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
+        free
+    }
+
+    /// The entirely free chunks another pool would adopt within `budget` bytes: largest
+    /// first, each that still fits.
+    pub(crate) fn adoptable_chunks(&self, budget: u64) -> Vec<(u64, u64)> {
         let mut left = budget;
-        free_chunks
+        self.free_chunks()
             .into_iter()
             .filter(|&(_, s)| {
                 let fits = s <= left;
@@ -122,8 +127,7 @@ impl FreeSpace {
             .collect()
     }
 
-    /// Removes `chunks` (entirely free ones, from [`FreeSpace::adoptable_chunks`]) and
-    /// returns them.
+    /// Removes `chunks` (entirely free ones) and returns them.
     pub(crate) fn take_chunks(&mut self, chunks: &[(u64, u64)]) -> Vec<(u64, u64)> {
         for &(a, s) in chunks {
             self.remove(a, s);
@@ -135,10 +139,9 @@ impl FreeSpace {
     /// Removes and returns the entirely free chunks not in `keep`.
     pub(crate) fn take_free_chunks_except(&mut self, keep: &[(u64, u64)]) -> Vec<(u64, u64)> {
         let others: Vec<(u64, u64)> = self
-            .chunks
-            .iter()
-            .filter(|(a, s)| self.by_addr.get(a) == Some(s) && !keep.contains(&(**a, **s)))
-            .map(|(a, s)| (*a, *s))
+            .free_chunks()
+            .into_iter()
+            .filter(|c| !keep.contains(c))
             .collect();
         self.take_chunks(&others)
     }
@@ -146,25 +149,19 @@ impl FreeSpace {
     /// Removes and returns the chunks that are entirely free, largest first, until the pool
     /// would be no larger than `target` bytes.
     pub(crate) fn take_free_chunks(&mut self, target: u64) -> Vec<(u64, u64)> {
-        let mut free_chunks: Vec<(u64, u64)> = self
-            .chunks
-            .iter()
-            .filter(|(a, s)| self.by_addr.get(a) == Some(s))
-            .map(|(a, s)| (*a, *s))
-            .collect();
-        free_chunks.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
         let mut pool = self.pool_size();
-        let mut out = Vec::new();
-        for (a, s) in free_chunks {
-            if pool <= target {
-                break;
-            }
-            self.remove(a, s);
-            self.chunks.remove(&a);
-            pool -= s;
-            out.push((a, s));
-        }
-        out
+        let taken: Vec<(u64, u64)> = self
+            .free_chunks()
+            .into_iter()
+            .take_while(|&(_, s)| {
+                let over = pool > target;
+                if over {
+                    pool -= s;
+                }
+                over
+            })
+            .collect();
+        self.take_chunks(&taken)
     }
 }
 
