@@ -160,3 +160,30 @@ fn memory_of_a_destroyed_stream_is_reclaimed() {
     let q = pool.allocate(60 * MIB, s.view()).unwrap();
     pool.deallocate(q, 60 * MIB, s.view()).unwrap();
 }
+
+/// The same on the process-wide backend (the GPU under `RMM_BACKEND=cuda`): reclaiming the
+/// arena of a destroyed stream must not touch the dangling stream handle.
+#[test]
+fn memory_of_a_destroyed_stream_is_reclaimed_on_the_process_backend() {
+    let d = common::device();
+    let pool = PoolMemoryResource::new(
+        Arc::new(CudaMemoryResource::new(d)),
+        64 * MIB,
+        Some(64 * MIB),
+    )
+    .unwrap();
+    for _ in 0..4 {
+        let gone = Stream::new(d).unwrap();
+        let p = pool.allocate(60 * MIB, gone.view()).unwrap();
+        d.memset_async(p, 1, 60 * MIB, gone.view()).unwrap();
+        pool.deallocate(p, 60 * MIB, gone.view()).unwrap();
+        drop(gone);
+        // Another stream needs the memory: the pool must take it from the dead stream's arena.
+        let s = Stream::new(d).unwrap();
+        let q = pool.allocate(60 * MIB, s.view()).unwrap();
+        pool.deallocate(q, 60 * MIB, s.view()).unwrap();
+        s.synchronize().unwrap();
+    }
+    pool.synchronize().unwrap();
+    assert!(pool.validate().unwrap().fully_coalesced);
+}

@@ -76,6 +76,11 @@ struct CudaDevice {
 pub struct CudaBackend {
     devices: Vec<CudaDevice>,
     driver_version: i32,
+    /// Streams this backend destroyed (and the driver has not handed out again). A destroyed
+    /// handle dangles: waiting on it would make the driver read freed memory. A pool that
+    /// still has an arena for such a stream asks to synchronize it, gets an error, and waits
+    /// for the whole device instead.
+    destroyed: parking_lot::Mutex<std::collections::HashSet<RawStream>>,
 }
 
 // SAFETY: the only non-Send/Sync fields are primary-context handles, which the driver allows
@@ -185,6 +190,7 @@ impl CudaBackend {
                     return Ok(CudaBackend {
                         devices: Vec::new(),
                         driver_version: 0,
+                        destroyed: Default::default(),
                     });
                 }
                 return Err(Error::NoDriver {
@@ -211,6 +217,7 @@ impl CudaBackend {
             Ok(CudaBackend {
                 devices,
                 driver_version: version,
+                destroyed: Default::default(),
             })
         }
     }
@@ -627,7 +634,10 @@ impl Backend for CudaBackend {
         check("cuStreamCreate", dev, unsafe {
             sys::cuStreamCreate(&mut s, flags)
         })?;
-        Ok(s as usize as RawStream)
+        let raw = s as usize as RawStream;
+        // The driver may hand a destroyed stream's handle out again.
+        self.destroyed.lock().remove(&raw);
+        Ok(raw)
     }
 
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()> {
@@ -635,12 +645,22 @@ impl Backend for CudaBackend {
         // SAFETY: the driver validates the handle; queued work still completes.
         check("cuStreamDestroy_v2", dev, unsafe {
             sys::cuStreamDestroy_v2(stream_handle(stream))
-        })
+        })?;
+        self.destroyed.lock().insert(stream);
+        Ok(())
     }
 
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()> {
         self.bind(dev)?;
-        // SAFETY: the driver validates the handle.
+        if self.destroyed.lock().contains(&stream) {
+            return Err(Error::invalid_argument(
+                "stream",
+                format!("{stream:#x}"),
+                "a stream that has not been destroyed",
+            ));
+        }
+        // SAFETY: the handle is the default stream, a live stream, or one the driver validates
+        // (not one this backend destroyed: checked above).
         check("cuStreamSynchronize", dev, unsafe {
             sys::cuStreamSynchronize(stream_handle(stream))
         })
