@@ -26,6 +26,7 @@ pub mod error;
 pub mod inventory;
 pub mod report;
 pub mod runtime;
+pub mod spill;
 pub mod stack;
 mod streams;
 pub mod task;

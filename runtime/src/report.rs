@@ -9,6 +9,7 @@ use rmm_allocator::error::fmt_bytes;
 use serde::{Serialize, Serializer};
 
 use crate::error::LiveMemory;
+use crate::spill::SpillStatistics;
 use crate::worker::WorkerId;
 
 fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -50,6 +51,8 @@ pub struct DeviceReport {
     pub reserved_bytes: u64,
     /// The statistics report, with `stats.enabled`.
     pub statistics: Option<MemoryReport>,
+    /// Spill figures, with `spill.enabled`.
+    pub spill: Option<SpillStatistics>,
 }
 
 /// The time of each step of one reinitialize.
@@ -63,6 +66,13 @@ pub struct ReinitReport {
     /// Holding submissions and waiting for queued and running tasks.
     #[serde(serialize_with = "secs")]
     pub drain: Duration,
+    /// Spilling every spillable buffer not in use to host memory.
+    #[serde(serialize_with = "secs")]
+    pub spill: Duration,
+    /// Device bytes spilled for the switch.
+    pub spilled_bytes: u64,
+    /// Device bytes brought back after it (`spill.eager_unspill`).
+    pub unspilled_bytes: u64,
     /// Looking for live allocations.
     #[serde(serialize_with = "secs")]
     pub check: Duration,
@@ -88,10 +98,12 @@ impl fmt::Display for ReinitReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reinitialize {}: resolve {}, drain {}, check {}, build {} ({} adopted, {} released), install {}{}",
+            "reinitialize {}: resolve {}, drain {}, spill {} ({}), check {}, build {} ({} adopted, {} released), install {}{}",
             ms(self.total),
             ms(self.resolve),
             ms(self.drain),
+            ms(self.spill),
+            fmt_bytes(self.spilled_bytes as usize),
             ms(self.check),
             ms(self.build),
             fmt_bytes(self.adopted_bytes as usize),

@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, Guard};
 use parking_lot::Mutex;
 use rayon::prelude::*;
-use rmm_allocator::Device;
 use rmm_allocator::backend::{self, Backend, BackendChoice, BackendKind};
+use rmm_allocator::{Device, StreamView};
 use rmm_config::{Config, ConfigLoader, DeviceFacts, ResolvedConfig};
 
 use crate::error::{Error, LiveMemory, Result, TaskError};
@@ -48,6 +48,7 @@ use crate::inventory::Inventory;
 use crate::report::{
     DeviceReport, ReinitReport, RuntimeReport, ShutdownReport, StartReport, WorkerReport,
 };
+use crate::spill::SpillManager;
 use crate::stack::{DeviceStack, StackPlan};
 use crate::streams::WorkerStream;
 use crate::task::{self, Job, TaskContext, TaskHandle};
@@ -107,6 +108,8 @@ pub fn device_facts(backend: &'static dyn Backend) -> Result<Vec<DeviceFacts>> {
 pub(crate) struct Generation {
     pub(crate) config: ResolvedConfig,
     pub(crate) stacks: Vec<Arc<DeviceStack>>,
+    /// Each device's spill manager, when it spills (same order as `stacks`).
+    pub(crate) managers: Vec<Option<Arc<SpillManager>>>,
     workers: Vec<Arc<WorkerShared>>,
     /// Indices into `workers` of each device (same order as `stacks`).
     by_device: Vec<Range<usize>>,
@@ -117,6 +120,7 @@ impl Generation {
         Generation {
             config,
             stacks: Vec::new(),
+            managers: Vec::new(),
             workers: Vec::new(),
             by_device: Vec::new(),
         }
@@ -250,6 +254,8 @@ pub(crate) struct Shared {
     shut_down: AtomicBool,
     control: Mutex<Control>,
     history: Mutex<History>,
+    /// Spill managers by device, kept across reinitializes with their buffers.
+    managers: Mutex<BTreeMap<u32, Arc<SpillManager>>>,
     drain_timeout: Duration,
     started: Instant,
 }
@@ -584,6 +590,7 @@ impl Runtime {
                 threads: Vec::new(),
             }),
             history: Mutex::new(History::default()),
+            managers: Mutex::new(BTreeMap::new()),
             drain_timeout,
             started,
         });
@@ -830,6 +837,20 @@ impl RuntimeHandle {
         shared.drain("reinitialize", shared.drain_timeout, Generation::active)?;
         report.drain = drain_start.elapsed();
 
+        // Spillable data moves to host memory: it survives the switch and comes back, into
+        // the new stacks, on next use. A buffer in use stays, and counts as live below.
+        let t = Instant::now();
+        let managers: Vec<Arc<SpillManager>> = shared.managers.lock().values().cloned().collect();
+        let spilled: Vec<rmm_allocator::Result<u64>> =
+            managers.par_iter().map(|m| m.spill_all()).collect();
+        for (m, r) in managers.iter().zip(spilled) {
+            report.spilled_bytes += r.map_err(|source| Error::DeviceSetup {
+                device: m.device().ordinal(),
+                source,
+            })?;
+        }
+        report.spill = t.elapsed();
+
         let t = Instant::now();
         let live: Vec<LiveMemory> = old
             .stacks
@@ -898,16 +919,59 @@ impl RuntimeHandle {
             spawned?;
         } else {
             let stacks: Vec<Arc<DeviceStack>> = setups.into_iter().map(|s| s.stack).collect();
+            let managers = self.managers_for(&resolved)?;
             install(&stacks, &old.stacks)?;
             shared.generation.store(Arc::new(Generation {
                 config: resolved,
                 stacks,
+                managers,
                 workers: old.workers.clone(),
                 by_device: old.by_device.clone(),
             }));
         }
         report.install = t.elapsed();
+
+        // With `spill.eager_unspill`, spilled data comes back now (up to each limit).
+        let generation = shared.generation();
+        for m in generation.managers.iter().flatten() {
+            if m.eager_unspill() {
+                report.unspilled_bytes +=
+                    m.unspill_all(StreamView::DEFAULT)
+                        .map_err(|source| Error::DeviceSetup {
+                            device: m.device().ordinal(),
+                            source,
+                        })?;
+            }
+        }
         Ok(())
+    }
+
+    /// Each device's spill manager under `resolved` (made, and its host memory pinned, the
+    /// first time a device spills; reconfigured after).
+    fn managers_for(&self, resolved: &ResolvedConfig) -> Result<Vec<Option<Arc<SpillManager>>>> {
+        let mut map = self.shared.managers.lock();
+        resolved
+            .devices
+            .iter()
+            .map(|d| {
+                let Some(spill) = &d.spill else {
+                    return Ok(None);
+                };
+                if let Some(m) = map.get(&d.ordinal) {
+                    m.reconfigure(spill);
+                    return Ok(Some(Arc::clone(m)));
+                }
+                let device = Device::on(self.shared.backend, d.ordinal)?;
+                let m = Arc::new(SpillManager::new(device, spill).map_err(|source| {
+                    Error::DeviceSetup {
+                        device: d.ordinal,
+                        source,
+                    }
+                })?);
+                map.insert(d.ordinal, Arc::clone(&m));
+                Ok(Some(m))
+            })
+            .collect()
     }
 
     fn install_and_spawn(&self, resolved: ResolvedConfig, setups: Vec<DeviceSetup>) -> Result<()> {
@@ -941,6 +1005,15 @@ impl RuntimeHandle {
             by_device.push(first..workers.len());
             stacks.push(setup.stack);
         }
+        let managers = match self.managers_for(&resolved) {
+            Ok(m) => m,
+            Err(e) => {
+                self.shared
+                    .generation
+                    .store(Arc::new(Generation::empty(resolved)));
+                return Err(e);
+            }
+        };
         if let Err(e) = install(&stacks, &[]) {
             let config = resolved.clone();
             self.shared
@@ -951,6 +1024,7 @@ impl RuntimeHandle {
         self.shared.generation.store(Arc::new(Generation {
             config: resolved,
             stacks,
+            managers,
             workers: workers.clone(),
             by_device,
         }));
@@ -1084,9 +1158,15 @@ impl RuntimeHandle {
         let devices = generation
             .stacks
             .iter()
-            .map(|s| {
+            .enumerate()
+            .map(|(i, s)| {
                 let live = s.live();
                 DeviceReport {
+                    spill: generation
+                        .managers
+                        .get(i)
+                        .and_then(|m| m.as_ref())
+                        .map(|m| m.statistics()),
                     device: s.device().ordinal(),
                     stack: s.describe(),
                     live_allocations: live.count,
@@ -1104,6 +1184,22 @@ impl RuntimeHandle {
             start: history.start.clone(),
             reinitializations: history.reinitializations,
             last_reinitialize: history.last_reinitialize.clone(),
+        }
+    }
+
+    /// The spill manager of device `device`, when it spills (`spill.enabled`).
+    pub fn spill_manager(&self, device: u32) -> Option<Arc<SpillManager>> {
+        self.shared.managers.lock().get(&device).cloned()
+    }
+
+    /// Spills every spillable buffer of device `device` that is not in use; returns the
+    /// device bytes freed (0 when the device does not spill).
+    pub fn spill_all(&self, device: u32) -> Result<u64> {
+        match self.spill_manager(device) {
+            Some(m) => m
+                .spill_all()
+                .map_err(|source| Error::DeviceSetup { device, source }),
+            None => Ok(0),
         }
     }
 

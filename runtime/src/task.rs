@@ -14,6 +14,7 @@ use rmm_allocator::{Device, StreamView};
 
 use crate::error::TaskError;
 use crate::runtime::RuntimeHandle;
+use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
 use crate::worker::{self, WorkerId};
 
@@ -26,6 +27,7 @@ pub struct TaskContext<'a> {
     pub(crate) worker: WorkerId,
     pub(crate) stream: StreamView,
     pub(crate) stack: &'a DeviceStack,
+    pub(crate) spill: Option<&'a SpillManager>,
     pub(crate) runtime: &'a RuntimeHandle,
 }
 
@@ -67,6 +69,12 @@ impl<'a> TaskContext<'a> {
     /// The statistics adaptor on top of the device's stack.
     pub fn statistics(&self) -> &'a StatisticsResourceAdaptor {
         self.stack.statistics()
+    }
+
+    /// The device's spill manager, when it spills (`spill.enabled`): spillable buffers
+    /// made through it stay under the device limit and survive a reinitialize.
+    pub fn spill_manager(&self) -> Option<&'a SpillManager> {
+        self.spill
     }
 
     /// The runtime, to submit more tasks from inside this one.

@@ -345,6 +345,10 @@ impl Local {
                 worker: self.me.id,
                 stream: self.stream.view(),
                 stack: &generation.stacks[self.me.slot],
+                spill: generation
+                    .managers
+                    .get(self.me.slot)
+                    .and_then(|m| m.as_deref()),
                 runtime: &self.runtime,
             };
             job.run(&ctx);

@@ -1,0 +1,216 @@
+//! Spilling: buffers stay under the device limit, data survives spills, unspills and
+//! reinitializes (into the new stack), buffers in use are never spilled, failures leave data
+//! where it was.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{config, devices, serial};
+use rmm_allocator::StreamView;
+use rmm_allocator::container::SpillableBuffer;
+use rmm_runtime::{Error, Runtime};
+
+const MIB: usize = 1 << 20;
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn spilling(more: &[(&str, toml::Value)]) -> rmm_config::Config {
+    let mut settings = vec![
+        ("devices", toml::Value::from(devices(1))),
+        ("workers_per_device", toml::Value::from(2)),
+        ("pool.enabled", toml::Value::from(true)),
+        ("pool.initial_size", toml::Value::from("256MiB")),
+        ("spill.enabled", toml::Value::from(true)),
+        ("spill.device_memory_limit", toml::Value::from("64MiB")),
+        ("spill.host_pool_size", toml::Value::from("512MiB")),
+    ];
+    settings.extend(more.iter().cloned());
+    config(&settings)
+}
+
+/// Reads a buffer through the device: unspills it if needed.
+fn read_on_device(b: &SpillableBuffer, stream: StreamView) -> Vec<u8> {
+    let guard = b.device_view(stream).unwrap();
+    let mut out = vec![0u8; b.size()];
+    b.device().copy_to_host(&mut out, guard.ptr()).unwrap();
+    out
+}
+
+#[test]
+fn buffers_stay_under_the_limit_and_keep_every_byte() {
+    let _s = serial();
+    let rt = Runtime::start(&spilling(&[])).unwrap();
+    let ok = rt
+        .submit(|ctx| {
+            let m = ctx.spill_manager().expect("spilling is on");
+            let stream = ctx.stream();
+            let sizes = [16 * MIB, 3 * MIB, 9 * MIB, MIB + 17, 20 * MIB, 7 * MIB];
+            let mut live: Vec<(Arc<SpillableBuffer>, Vec<u8>)> = Vec::new();
+            for i in 0..24u64 {
+                let data = pattern(sizes[i as usize % sizes.len()], i);
+                live.push((m.from_host(&data, stream).unwrap(), data));
+                let s = m.statistics();
+                assert!(s.tracked_bytes <= s.limit, "{s:?}");
+            }
+            // Random accesses: every one brings its buffer back with every byte intact.
+            let mut x = 7u64;
+            for _ in 0..200 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let (b, data) = &live[(x % live.len() as u64) as usize];
+                assert!(
+                    read_on_device(b, stream) == *data,
+                    "buffer {} changed",
+                    b.id()
+                );
+                let s = m.statistics();
+                assert!(s.tracked_bytes <= s.limit, "{s:?}");
+            }
+            for (b, data) in &live {
+                assert!(b.to_vec().unwrap() == *data);
+            }
+            let s = m.statistics();
+            assert!(s.spilled_count > 0 && s.unspilled_count > 0, "{s:?}");
+            assert!(s.peak_tracked_bytes <= s.limit);
+            drop(live);
+            let s = m.statistics();
+            assert_eq!((s.tracked_bytes, s.host_bytes), (0, 0), "{s:?}");
+            true
+        })
+        .wait()
+        .unwrap();
+    assert!(ok);
+    let report = rt.report();
+    assert!(report.devices[0].spill.as_ref().unwrap().spilled_bytes > 0);
+}
+
+#[test]
+fn live_spillable_data_survives_pool_managed_pool() {
+    let _s = serial();
+    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
+    let m = rt.spill_manager(rt.devices()[0]).unwrap();
+    let data: Vec<Vec<u8>> = (0..8)
+        .map(|i| pattern(5 * MIB + i * 4096, i as u64))
+        .collect();
+    let buffers: Vec<Arc<SpillableBuffer>> = data
+        .iter()
+        .map(|d| m.from_host(d, StreamView::DEFAULT).unwrap())
+        .collect();
+    let phases = [
+        spilling(&[
+            ("spill.device_memory_limit", "1GiB".into()),
+            ("pool.enabled", false.into()),
+            ("pool.managed", true.into()),
+        ]),
+        spilling(&[("spill.device_memory_limit", "1GiB".into())]),
+    ];
+    for phase in &phases {
+        let r = rt.reinitialize(phase).unwrap();
+        assert!(r.spilled_bytes > 0, "{r}");
+        assert!(buffers.iter().all(|b| b.is_spilled()));
+        // Back on first use, into the new stack: it counts them.
+        let stack = rt.stack(rt.devices()[0]).unwrap();
+        for (b, d) in buffers.iter().zip(&data) {
+            assert!(read_on_device(b, StreamView::DEFAULT) == *d);
+        }
+        assert_eq!(stack.live().count, buffers.len() as u64);
+        assert_eq!(
+            m.statistics().tracked_bytes,
+            stack.live().bytes,
+            "tracked bytes agree with the stack's statistics"
+        );
+    }
+}
+
+#[test]
+fn eager_unspill_brings_data_back_at_once() {
+    let _s = serial();
+    let cfg = spilling(&[
+        ("spill.device_memory_limit", "1GiB".into()),
+        ("spill.eager_unspill", true.into()),
+    ]);
+    let rt = Runtime::start(&cfg).unwrap();
+    let m = rt.spill_manager(rt.devices()[0]).unwrap();
+    let d = pattern(3 * MIB, 9);
+    let b = m.from_host(&d, StreamView::DEFAULT).unwrap();
+    let r = rt.reinitialize(&cfg).unwrap();
+    assert_eq!(r.unspilled_bytes, 3 * MIB as u64, "{r}");
+    assert!(!b.is_spilled());
+    assert!(b.to_vec().unwrap() == d);
+}
+
+#[test]
+fn a_buffer_in_use_is_not_spilled_and_blocks_reinitialize() {
+    let _s = serial();
+    let rt = Runtime::start(&spilling(&[])).unwrap();
+    let m = rt.spill_manager(rt.devices()[0]).unwrap();
+    let b = m.from_host(&pattern(MIB, 1), StreamView::DEFAULT).unwrap();
+    let guard = b.device_view(StreamView::DEFAULT).unwrap();
+    assert_eq!(b.spill().unwrap(), 0);
+    assert_eq!(rt.spill_all(rt.devices()[0]).unwrap(), 0);
+    let err = rt.reinitialize(&spilling(&[])).unwrap_err();
+    assert!(matches!(err, Error::LiveAllocations(_)), "{err}");
+    drop(guard);
+    rt.reinitialize(&spilling(&[])).unwrap();
+    assert!(b.to_vec().unwrap() == pattern(MIB, 1));
+}
+
+#[test]
+fn a_full_host_pool_leaves_the_buffer_on_the_device() {
+    let _s = serial();
+    let rt = Runtime::start(&spilling(&[("spill.host_pool_size", "4MiB".into())])).unwrap();
+    let m = rt.spill_manager(rt.devices()[0]).unwrap();
+    let data = pattern(8 * MIB, 3);
+    let b = m.from_host(&data, StreamView::DEFAULT).unwrap();
+    let err = b.spill().unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert!(!b.is_spilled());
+    assert!(b.to_vec().unwrap() == data);
+    assert_eq!(
+        m.statistics().host_bytes,
+        0,
+        "nothing leaked in the host pool"
+    );
+}
+
+#[test]
+fn eight_workers_share_buffers_while_the_manager_spills() {
+    let _s = serial();
+    let rt = Runtime::start(&spilling(&[("workers_per_device", 8.into())])).unwrap();
+    let m = rt.spill_manager(rt.devices()[0]).unwrap();
+    let data: Arc<Vec<Vec<u8>>> = Arc::new((0..16).map(|i| pattern(6 * MIB, i)).collect());
+    let buffers: Arc<Vec<Arc<SpillableBuffer>>> = Arc::new(
+        data.iter()
+            .map(|d| m.from_host(d, StreamView::DEFAULT).unwrap())
+            .collect(),
+    );
+    let handles = rt.run_on_all(move |ctx| {
+        let mut x = u64::from(ctx.worker().index) + 1;
+        for _ in 0..60 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x % buffers.len() as u64) as usize;
+            let got = read_on_device(&buffers[i], ctx.stream());
+            assert!(got == data[i], "buffer {i} changed");
+        }
+    });
+    for h in handles {
+        h.wait_timeout(Duration::from_secs(120)).unwrap();
+    }
+    let s = m.statistics();
+    assert!(s.spilled_count > 0, "{s:?}");
+}
