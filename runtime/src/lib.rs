@@ -40,6 +40,7 @@ pub use report::{
 pub use runtime::{
     DEFAULT_DRAIN_TIMEOUT, Runtime, RuntimeBuilder, RuntimeHandle, device_facts, open_backend,
 };
-pub use stack::{DeviceStack, PoolPlan, StackPlan, UpstreamPlan, build_device_stack};
+pub use spill::{SpillManager, SpillStatistics};
+pub use stack::{DeviceStack, OomHandler, PoolPlan, StackPlan, UpstreamPlan, build_device_stack};
 pub use task::{TaskContext, TaskHandle};
 pub use worker::WorkerId;

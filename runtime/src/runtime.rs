@@ -398,11 +398,14 @@ fn set_up_devices(
     config: &ResolvedConfig,
     streams_per_device: u32,
     previous: Option<&Generation>,
+    managers: &[Option<Arc<SpillManager>>],
 ) -> Result<Vec<DeviceSetup>> {
     let results: Vec<Result<DeviceSetup>> = config
         .devices
         .par_iter()
-        .map(|device| {
+        .zip(managers.par_iter())
+        .map(|(device, manager)| {
+            let on_oom = manager.as_ref().map(|m| m.oom_handler());
             let fail = |source| Error::DeviceSetup {
                 device: device.ordinal,
                 source,
@@ -414,8 +417,8 @@ fn set_up_devices(
             });
             let plan = StackPlan::new(config, device);
             let (stack, released) = match replaced {
-                Some(previous) => plan.replace(previous).map_err(fail)?,
-                None => (plan.build().map_err(fail)?, 0),
+                Some(previous) => plan.replace(previous, on_oom).map_err(fail)?,
+                None => (plan.build_with(on_oom).map_err(fail)?, 0),
             };
             let dev = stack.device();
             let streams = (0..streams_per_device)
@@ -596,10 +599,11 @@ impl Runtime {
         });
         let handle = RuntimeHandle { shared };
         let t = Instant::now();
-        let result = set_up_devices(&resolved, resolved.workers_per_device, None).and_then(|s| {
+        let result = handle.managers_for(&resolved).and_then(|managers| {
+            let s = set_up_devices(&resolved, resolved.workers_per_device, None, &managers)?;
             start.build = t.elapsed();
             let t = Instant::now();
-            handle.install_and_spawn(resolved, s)?;
+            handle.install_and_spawn(resolved, s, managers)?;
             start.install = t.elapsed();
             Ok(())
         });
@@ -880,7 +884,8 @@ impl RuntimeHandle {
             0
         };
         let held_before: u64 = old.stacks.iter().map(|s| s.reserved_bytes()).sum();
-        let setups = set_up_devices(&resolved, streams, Some(old))?;
+        let managers = self.managers_for(&resolved)?;
+        let setups = set_up_devices(&resolved, streams, Some(old), &managers)?;
         // Devices that leave the runtime give everything back.
         for s in &old.stacks {
             if !setups.iter().any(|n| n.stack.device() == s.device()) {
@@ -912,14 +917,13 @@ impl RuntimeHandle {
             }
             // From here on the old workers are gone: on failure the generation is left
             // empty, so these tasks (and later ones) are refused rather than stranded.
-            let spawned = self.install_and_spawn_locked(control, resolved, setups);
+            let spawned = self.install_and_spawn_locked(control, resolved, setups, managers);
             for (target, job) in queued {
                 shared.send(target, job);
             }
             spawned?;
         } else {
             let stacks: Vec<Arc<DeviceStack>> = setups.into_iter().map(|s| s.stack).collect();
-            let managers = self.managers_for(&resolved)?;
             install(&stacks, &old.stacks)?;
             shared.generation.store(Arc::new(Generation {
                 config: resolved,
@@ -974,9 +978,14 @@ impl RuntimeHandle {
             .collect()
     }
 
-    fn install_and_spawn(&self, resolved: ResolvedConfig, setups: Vec<DeviceSetup>) -> Result<()> {
+    fn install_and_spawn(
+        &self,
+        resolved: ResolvedConfig,
+        setups: Vec<DeviceSetup>,
+        managers: Vec<Option<Arc<SpillManager>>>,
+    ) -> Result<()> {
         let mut control = self.shared.control.lock();
-        self.install_and_spawn_locked(&mut control, resolved, setups)
+        self.install_and_spawn_locked(&mut control, resolved, setups, managers)
     }
 
     /// Installs the stacks, publishes a generation with fresh workers and starts them.
@@ -985,6 +994,7 @@ impl RuntimeHandle {
         control: &mut Control,
         resolved: ResolvedConfig,
         setups: Vec<DeviceSetup>,
+        managers: Vec<Option<Arc<SpillManager>>>,
     ) -> Result<()> {
         let mut stacks = Vec::with_capacity(setups.len());
         let mut workers = Vec::new();
@@ -1005,15 +1015,6 @@ impl RuntimeHandle {
             by_device.push(first..workers.len());
             stacks.push(setup.stack);
         }
-        let managers = match self.managers_for(&resolved) {
-            Ok(m) => m,
-            Err(e) => {
-                self.shared
-                    .generation
-                    .store(Arc::new(Generation::empty(resolved)));
-                return Err(e);
-            }
-        };
         if let Err(e) = install(&stacks, &[]) {
             let config = resolved.clone();
             self.shared
@@ -1127,6 +1128,8 @@ impl RuntimeHandle {
         drop(generation);
         // Dropping the last reference to each stack frees its pool.
         shared.generation.store(Arc::new(Generation::empty(config)));
+        // Their pinned host pools go once the last spillable buffer using them does.
+        shared.managers.lock().clear();
         unclaim(shared.id);
         Ok(ShutdownReport {
             drained: drained.is_ok(),

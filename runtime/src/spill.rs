@@ -260,6 +260,22 @@ impl SpillManager {
         lru.entries.insert(b.id(), (tick, Arc::downgrade(b)));
     }
 
+    /// The out-of-memory handler for the device's stack (`spill.on_demand`): spills least
+    /// recently used buffers not in use for the request, and asks for a retry if it freed
+    /// anything.
+    pub fn oom_handler(&self) -> crate::stack::OomHandler {
+        let tracker = Arc::clone(&self.tracker);
+        Arc::new(
+            move |bytes| match tracker.spill_oldest(bytes as u64, None) {
+                Ok(freed) => freed > 0,
+                Err(e) => {
+                    tracing::warn!("spilling after an out-of-memory error for {bytes} bytes: {e}");
+                    false
+                }
+            },
+        )
+    }
+
     /// Spills every buffer not in use; returns the device bytes freed.
     pub fn spill_all(&self) -> rmm_allocator::Result<u64> {
         self.tracker.spill_oldest(u64::MAX, None)

@@ -12,6 +12,7 @@
 //! | `CudaMemoryResource`, `ManagedMemoryResource` or `CudaAsyncMemoryResource` | always one: `pool.managed`, `pool.async`, else plain |
 //! | `PoolMemoryResource` (initial, maximum) | `pool.enabled` |
 //! | `LimitingResourceAdaptor` | `limits.device_memory_limit` |
+//! | `FailureCallbackResourceAdaptor` (spill and retry on out-of-memory) | `spill.enabled` and `spill.on_demand` |
 //! | `TrackingResourceAdaptor` | `tracking.enabled` (`tracking.backtraces`) |
 //! | `LoggingResourceAdaptor` (one CSV per device in `logging.directory`) | `logging.enabled` and a level other than `off` |
 //! | `StatisticsResourceAdaptor` | always |
@@ -27,8 +28,8 @@ use std::sync::Arc;
 
 use rmm_allocator::Device;
 use rmm_allocator::adaptor::{
-    LimitingResourceAdaptor, LoggingResourceAdaptor, MemoryReport, StatisticsResourceAdaptor,
-    TrackingResourceAdaptor, chain_names,
+    FailureCallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor, MemoryReport,
+    StatisticsResourceAdaptor, TrackingResourceAdaptor, chain_names,
 };
 use rmm_allocator::error::fmt_bytes;
 use rmm_allocator::per_device::{self, SharedResource};
@@ -85,7 +86,14 @@ pub struct StackPlan {
     pub log_file: Option<PathBuf>,
     /// The statistics report is part of the runtime report (the adaptor is always there).
     pub report_statistics: bool,
+    /// An allocation that runs out of memory spills and retries (`spill.on_demand`); the
+    /// device's spill manager provides the handler ([`StackPlan::build_with`]).
+    pub spill_on_demand: bool,
 }
+
+/// What the stack calls when an allocation runs out of memory: frees device memory for
+/// `bytes` (the spill manager spills) and says whether retrying may succeed.
+pub type OomHandler = Arc<dyn Fn(usize) -> bool + Send + Sync>;
 
 impl StackPlan {
     /// The plan for `device` of `config`.
@@ -117,6 +125,7 @@ impl StackPlan {
                 .clone()
                 .filter(|_| config.logging_level != LogLevel::Off),
             report_statistics: config.stats,
+            spill_on_demand: device.spill.as_ref().is_some_and(|s| s.on_demand),
         }
     }
 
@@ -130,6 +139,9 @@ impl StackPlan {
             Some(true) => out.push("TrackingResourceAdaptor(backtraces)".into()),
             Some(false) => out.push("TrackingResourceAdaptor".into()),
             None => {}
+        }
+        if self.spill_on_demand {
+            out.push("FailureCallbackResourceAdaptor(spill and retry)".into());
         }
         if let Some(limit) = self.limit {
             out.push(format!(
@@ -166,9 +178,15 @@ impl StackPlan {
     }
 
     /// Builds the stack on device `self.device` of the process-wide backend. Nothing is
-    /// installed; on error everything built so far is freed.
+    /// installed; on error everything built so far is freed. A plan that spills on demand
+    /// needs its handler: use [`StackPlan::build_with`].
     pub fn build(&self) -> rmm_allocator::Result<DeviceStack> {
-        self.build_replacing(None)
+        self.build_replacing(None, None)
+    }
+
+    /// As [`StackPlan::build`], with the out-of-memory handler of the device's spill manager.
+    pub fn build_with(&self, on_oom: Option<OomHandler>) -> rmm_allocator::Result<DeviceStack> {
+        self.build_replacing(None, on_oom)
     }
 
     /// Bytes of `previous`'s pool this plan's pool can take over (its initial size, when both
@@ -191,9 +209,13 @@ impl StackPlan {
     /// again, and `previous` gives back the rest. Returns the stack and the bytes `previous`
     /// gave back to the driver. On error `previous` is still a working stack (its pool grows
     /// again on demand).
-    pub fn replace(&self, previous: &DeviceStack) -> rmm_allocator::Result<(DeviceStack, u64)> {
+    pub fn replace(
+        &self,
+        previous: &DeviceStack,
+        on_oom: Option<OomHandler>,
+    ) -> rmm_allocator::Result<(DeviceStack, u64)> {
         let mut released = previous.release_keeping(self.adoptable_from(previous))?;
-        let stack = self.build_replacing(Some(previous))?;
+        let stack = self.build_replacing(Some(previous), on_oom)?;
         released += previous.release()?;
         Ok((stack, released))
     }
@@ -201,7 +223,15 @@ impl StackPlan {
     fn build_replacing(
         &self,
         previous: Option<&DeviceStack>,
+        on_oom: Option<OomHandler>,
     ) -> rmm_allocator::Result<DeviceStack> {
+        if self.spill_on_demand && on_oom.is_none() {
+            return Err(rmm_allocator::Error::invalid_argument(
+                "on_oom",
+                "none",
+                "the spill manager's handler for a stack with spill.on_demand",
+            ));
+        }
         let device = Device::new(self.device)?;
         let _span = tracing::debug_span!("build device stack", device = self.device).entered();
         let mut async_resource = None;
@@ -241,6 +271,12 @@ impl StackPlan {
             resource = Arc::new(LimitingResourceAdaptor::with_bytes(
                 resource,
                 limit as usize,
+            ));
+        }
+        if let Some(handler) = on_oom.filter(|_| self.spill_on_demand) {
+            resource = Arc::new(FailureCallbackResourceAdaptor::from_bytes_fn(
+                resource,
+                move |bytes| handler(bytes),
             ));
         }
         let mut tracking = None;

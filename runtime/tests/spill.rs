@@ -214,3 +214,44 @@ fn eight_workers_share_buffers_while_the_manager_spills() {
     let s = m.statistics();
     assert!(s.spilled_count > 0, "{s:?}");
 }
+
+#[test]
+fn an_allocation_that_runs_out_of_memory_spills_and_retries() {
+    let _s = serial();
+    // The pool cannot grow past 128 MiB; the spill limit alone would never spill.
+    let rt = Runtime::start(&spilling(&[
+        ("pool.initial_size", "128MiB".into()),
+        ("pool.maximum_size", "128MiB".into()),
+        ("spill.device_memory_limit", "1GiB".into()),
+    ]))
+    .unwrap();
+    let d = rt.devices()[0];
+    assert!(
+        rt.stack(d)
+            .unwrap()
+            .describe()
+            .contains("FailureCallbackResourceAdaptor > PoolMemoryResource"),
+        "{}",
+        rt.stack(d).unwrap().describe()
+    );
+    let m = rt.spill_manager(d).unwrap();
+    let data: Vec<Vec<u8>> = (0..6).map(|i| pattern(16 * MIB, i)).collect();
+    let buffers: Vec<_> = data
+        .iter()
+        .map(|x| m.from_host(x, StreamView::DEFAULT).unwrap())
+        .collect();
+    assert_eq!(m.statistics().spilled_count, 0);
+    // 64 MiB more than the pool has left: the stack spills and retries.
+    let big = rt
+        .submit_to_device(d, |ctx| {
+            rmm_allocator::DeviceBuffer::new(64 * MIB, ctx.stream()).map(|b| b.size())
+        })
+        .wait()
+        .unwrap()
+        .unwrap();
+    assert_eq!(big, 64 * MIB);
+    assert!(m.statistics().spilled_count > 0, "{:?}", m.statistics());
+    for (b, x) in buffers.iter().zip(&data) {
+        assert!(read_on_device(b, StreamView::DEFAULT) == *x);
+    }
+}
