@@ -244,11 +244,14 @@ impl SpillManager {
         bytes: &[u8],
         stream: StreamView,
     ) -> rmm_allocator::Result<Arc<SpillableBuffer>> {
-        let b = self.buffer(bytes.len(), stream)?;
-        {
-            let guard = b.device_view(stream)?;
-            self.device.copy_to_device(guard.ptr(), bytes)?;
-        }
+        let b = SpillableBuffer::from_host(
+            self.device,
+            bytes,
+            stream,
+            self.host.clone(),
+            Some(Arc::clone(&self.tracker) as Arc<dyn SpillObserver>),
+        )?;
+        self.register(&b);
         Ok(b)
     }
 

@@ -89,13 +89,6 @@ fn a_failed_device_set_up_leaves_nothing_running_or_allocated() {
         let r = get_per_device_resource(d).unwrap();
         assert_eq!(r.name(), "CudaMemoryResource", "device {d} untouched");
     }
-    assert!(
-        !std::thread::current()
-            .name()
-            .unwrap_or("")
-            .starts_with("rmm-worker"),
-        "sanity"
-    );
     // Nothing claimed the devices: a runtime starts on them now.
     let rt = Runtime::start(&pooled(3, 2, &[])).unwrap();
     assert_eq!(rt.workers().len(), 6);

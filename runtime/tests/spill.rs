@@ -7,24 +7,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config, devices, serial};
+use common::{config, devices, pattern, serial};
 use rmm_allocator::StreamView;
 use rmm_allocator::container::SpillableBuffer;
 use rmm_runtime::{Error, Runtime};
 
 const MIB: usize = 1 << 20;
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 fn spilling(more: &[(&str, toml::Value)]) -> rmm_config::Config {
     let mut settings = vec![

@@ -85,6 +85,19 @@ pub fn pooled(n: u32, w: i64, more: &[(&str, toml::Value)]) -> Config {
     config(&settings)
 }
 
+/// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
 /// Live device allocations on `device` as the simulated device counts them (`None` on a GPU).
 pub fn sim_live(device: u32) -> Option<usize> {
     sim().map(|s| s.live_allocations(device))
