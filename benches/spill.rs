@@ -1,19 +1,25 @@
-//! The host side of spilling, on the current backend: how fast the pinned host pool is made
-//! (beside `cuMemHostAlloc`), and copy bandwidth between the device and pinned or pageable
-//! host memory, in the same run (issue goals: pin at ≥ 10 GB/s; spill at ≥ 90 % of the
-//! pinned bandwidth measured here).
+//! Spilling, on the current backend, all in one run: how fast the pinned host pool is made
+//! (beside `cuMemHostAlloc`); copy bandwidth between the device and pinned or pageable host
+//! memory; spill and unspill of `SpillableBuffer`s through a runtime's spill manager, as a
+//! fraction of that pinned bandwidth; and reinitialize pool → pool keeping live spillable
+//! data (issue goals: pin at ≥ 10 GB/s; spill and unspill of ≥ 64 MiB at ≥ 90 % of the pinned
+//! bandwidth; reinitialize keeping 8 GiB within 22 ms plus the time to copy 16 GiB).
 //!
 //! `RMM_BENCH_HOST_POOL` (default `8GiB`; `512MiB` on the simulated device): the pool size.
 //! `RMM_BENCH_COPY` (default `1GiB`): bytes per copy. `RMM_BENCH_ROUNDS` (default 5).
+//! `RMM_BENCH_LIVE` (default `8GiB`; `512MiB` simulated): live spillable data across the
+//! reinitialize. `RMM_BENCH_DISK` (default: a temporary directory): the disk tier's directory.
 
 mod common;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::{GIB, MIB, backend_for_bench};
 use rmm::allocator::backend::BackendKind;
 use rmm::allocator::resource::{CudaMemoryResource, PinnedHostMemoryResource, PinnedHostPool};
 use rmm::allocator::{Device, DeviceMemoryResource, HostMemoryResource, StreamView};
+use rmm::config::{Config, ConfigLoader};
+use rmm::runtime::Runtime;
 
 fn size(key: &str, default: usize) -> usize {
     std::env::var(key)
@@ -134,8 +140,138 @@ fn main() {
         h2d_pinned / h2d_pageable
     );
     mr.deallocate(dev, copy, StreamView::DEFAULT).expect("free");
+    drop(pinned);
+    drop(pool);
+
+    let live = size("RMM_BENCH_LIVE", if sim { 512 * MIB } else { 8 * GIB });
+    spill_unspill(sim, rounds, live, (d2h_pinned, h2d_pinned));
     if sim {
         println!();
         println!("(simulated device: copies move no bytes; the figures measure bookkeeping only)");
     }
+}
+
+/// One device, a 32 GiB pool (2 GiB simulated), spilling with a fixed host pool of
+/// `host_pool` bytes, eager unspilling, and a disk tier when `disk` is given.
+fn spilling(sim: bool, host_pool: usize, disk: Option<&std::path::Path>) -> Config {
+    let pool = if sim { "2GiB" } else { "32GiB" };
+    let mut l = ConfigLoader::new()
+        .no_file()
+        .no_env()
+        .set("devices", vec![0i64])
+        .set("workers_per_device", 1i64)
+        .set("pool.enabled", true)
+        .set("pool.initial_size", pool)
+        .set("pool.maximum_size", pool)
+        .set("spill.enabled", true)
+        .set("spill.device_memory_limit", pool)
+        .set("spill.eager_unspill", true)
+        .set("spill.host_pool_size", format!("{}MiB", host_pool / MIB));
+    if let Some(d) = disk {
+        l = l.set("spill.disk_directory", d.display().to_string());
+    }
+    l.load().expect("bench configuration")
+}
+
+/// Spill and unspill bandwidth through the spill manager, then reinitialize with `live`
+/// bytes of spillable data; `pinned` is the (device → host, host → device) pinned copy
+/// bandwidth of this run.
+fn spill_unspill(sim: bool, rounds: usize, live: usize, pinned: (f64, f64)) {
+    let s = StreamView::DEFAULT;
+    let host_pool = live + GIB;
+    let rt = Runtime::start(&spilling(sim, host_pool, None)).expect("runtime");
+    let m = rt.spill_manager(0).expect("spill manager");
+    println!();
+    println!(
+        "## Spill and unspill through the spill manager (median of {rounds}), GB/s and share of the pinned copy bandwidth above"
+    );
+    println!();
+    println!("| buffer | spill (device → host) | | unspill (host → device) | |");
+    println!("|---|---|---|---|---|");
+    for bytes in [64 * MIB, 256 * MIB, GIB] {
+        let b = m.buffer(bytes, s).expect("spillable buffer");
+        let (mut out, mut back) = (Vec::new(), Vec::new());
+        for _ in 0..=rounds {
+            let t = Instant::now();
+            assert_eq!(b.spill().expect("spill"), bytes);
+            out.push(gbps(bytes, t.elapsed().as_secs_f64()));
+            let t = Instant::now();
+            drop(b.device_view(s).expect("unspill"));
+            back.push(gbps(bytes, t.elapsed().as_secs_f64()));
+        }
+        // The first round warms up.
+        let (o, i) = (median(out[1..].to_vec()), median(back[1..].to_vec()));
+        println!(
+            "| {} MiB | {o:.1} | {:.0} % | {i:.1} | {:.0} % |",
+            bytes / MIB,
+            100.0 * o / pinned.0,
+            100.0 * i / pinned.1
+        );
+    }
+
+    // Reinitialize pool → pool with `live` bytes of spillable data in 256 MiB buffers: they
+    // go to the host, the pools switch, and (eager) they come back into the new pool.
+    let piece = (256 * MIB).min(live);
+    let buffers: Vec<_> = (0..live / piece)
+        .map(|_| m.buffer(piece, s).expect("spillable buffer"))
+        .collect();
+    let cfg = spilling(sim, host_pool, None);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (mut total, mut spill, mut unspill, mut rest) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        let r = rt.reinitialize(&cfg).expect("reinitialize");
+        assert_eq!(r.spilled_bytes as usize, buffers.len() * piece, "{r}");
+        assert_eq!(r.unspilled_bytes as usize, buffers.len() * piece, "{r}");
+        total.push(ms(r.total));
+        spill.push(ms(r.spill));
+        unspill.push(ms(r.unspill));
+        rest.push(ms(r.total - r.spill - r.unspill));
+    }
+    let bytes = (buffers.len() * piece) as f64;
+    let copy_ms = (bytes / (pinned.0 * 1e9) + bytes / (pinned.1 * 1e9)) * 1e3;
+    println!();
+    println!(
+        "## reinitialize pool → pool keeping {} MiB of live spillable data ({} buffers, eager unspill; median of {rounds}), ms",
+        buffers.len() * piece / MIB,
+        buffers.len()
+    );
+    println!();
+    println!("| total | spill | unspill | everything else | goal: 22 + copy at pinned bandwidth |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| {:.1} | {:.1} | {:.1} | {:.1} | {:.1} (copy {copy_ms:.1}) |",
+        median(total),
+        median(spill),
+        median(unspill),
+        median(rest),
+        22.0 + copy_ms
+    );
+    drop(buffers);
+    rt.shutdown().expect("shutdown");
+
+    // The disk tier, for scale: a host pool of 64 MiB, so 1 GiB goes straight to disk.
+    let dir = std::env::var_os("RMM_BENCH_DISK")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("rmm-bench-spill-{}", std::process::id()))
+        });
+    let rt = Runtime::start(&spilling(sim, 64 * MIB, Some(&dir))).expect("runtime");
+    let m = rt.spill_manager(0).expect("spill manager");
+    let bytes = GIB.min(live);
+    let b = m.buffer(bytes, s).expect("spillable buffer");
+    let t = Instant::now();
+    b.spill().expect("spill to disk");
+    let out = gbps(bytes, t.elapsed().as_secs_f64());
+    let t = Instant::now();
+    drop(b.device_view(s).expect("unspill from disk"));
+    let back = gbps(bytes, t.elapsed().as_secs_f64());
+    println!();
+    println!(
+        "## Disk tier ({}): {} MiB device → disk {out:.2} GB/s, disk → device {back:.2} GB/s (page cache included)",
+        dir.display(),
+        bytes / MIB
+    );
+    drop(b);
+    rt.shutdown().expect("shutdown");
+    let _ = std::fs::remove_dir(&dir);
 }

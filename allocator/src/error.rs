@@ -195,6 +195,20 @@ pub enum Error {
         resource: &'static str,
     },
 
+    /// A spill file under `spill.disk_directory` could not be created, written or read.
+    #[error(
+        "spill file {path}: {operation} failed: {problem}. Check that spill.disk_directory \
+         exists, is writable and has free space, or set it to \"none\" to spill to host memory only"
+    )]
+    SpillFile {
+        /// The file.
+        path: String,
+        /// What was done: `create`, `write`, `read`.
+        operation: &'static str,
+        /// The operating system's message.
+        problem: String,
+    },
+
     /// A memory event log (RMM's CSV format) could not be read, parsed or written.
     #[error(
         "memory event log {path}{}: {problem}. {hint}",

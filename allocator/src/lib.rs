@@ -13,6 +13,7 @@ pub mod device;
 pub mod error;
 pub mod per_device;
 pub mod resource;
+pub mod spill;
 pub mod stream;
 
 pub use backend::{Backend, BackendKind, DevicePtr};

@@ -73,6 +73,9 @@ pub struct ReinitReport {
     pub spilled_bytes: u64,
     /// Device bytes brought back after it (`spill.eager_unspill`).
     pub unspilled_bytes: u64,
+    /// Bringing them back.
+    #[serde(serialize_with = "secs")]
+    pub unspill: Duration,
     /// Looking for live allocations.
     #[serde(serialize_with = "secs")]
     pub check: Duration,
@@ -98,7 +101,7 @@ impl fmt::Display for ReinitReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reinitialize {}: resolve {}, drain {}, spill {} ({}), check {}, build {} ({} adopted, {} released), install {}{}",
+            "reinitialize {}: resolve {}, drain {}, spill {} ({}), check {}, build {} ({} adopted, {} released), install {}, unspill {} ({}){}",
             ms(self.total),
             ms(self.resolve),
             ms(self.drain),
@@ -109,6 +112,8 @@ impl fmt::Display for ReinitReport {
             fmt_bytes(self.adopted_bytes as usize),
             fmt_bytes(self.released_bytes as usize),
             ms(self.install),
+            ms(self.unspill),
+            fmt_bytes(self.unspilled_bytes as usize),
             if self.respawned {
                 " (workers re-spawned)"
             } else {

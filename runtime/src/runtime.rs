@@ -936,17 +936,25 @@ impl RuntimeHandle {
         report.install = t.elapsed();
 
         // With `spill.eager_unspill`, spilled data comes back now (up to each limit).
+        let t = Instant::now();
         let generation = shared.generation();
-        for m in generation.managers.iter().flatten() {
-            if m.eager_unspill() {
-                report.unspilled_bytes +=
-                    m.unspill_all(StreamView::DEFAULT)
-                        .map_err(|source| Error::DeviceSetup {
-                            device: m.device().ordinal(),
-                            source,
-                        })?;
-            }
+        let eager: Vec<&Arc<SpillManager>> = generation
+            .managers
+            .iter()
+            .flatten()
+            .filter(|m| m.eager_unspill())
+            .collect();
+        let back: Vec<rmm_allocator::Result<u64>> = eager
+            .par_iter()
+            .map(|m| m.unspill_all(StreamView::DEFAULT))
+            .collect();
+        for (m, r) in eager.iter().zip(back) {
+            report.unspilled_bytes += r.map_err(|source| Error::DeviceSetup {
+                device: m.device().ordinal(),
+                source,
+            })?;
         }
+        report.unspill = t.elapsed();
         Ok(())
     }
 

@@ -1,22 +1,52 @@
 //! Spilling policy: one [`SpillManager`] per device keeps the device bytes of its
 //! [`SpillableBuffer`]s under `spill.device_memory_limit`, spilling the least recently used
-//! buffers not in use to its pinned host pool, and spills everything before a reinitialize so
+//! buffers not in use to its pinned host pool (and, when that is full, the least recently used
+//! host data on to `spill.disk_directory`), and spills everything before a reinitialize so
 //! that live data survives the switch (it comes back, into the new stack, on next use).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use bytemuck::Pod;
 use parking_lot::Mutex;
-use rmm_allocator::container::{SpillObserver, SpillableBuffer};
 use rmm_allocator::resource::PinnedHostPool;
+use rmm_allocator::spill::{SpillObserver, SpillStore, SpillableBuffer, SpillableVector, Tier};
 use rmm_allocator::{Device, StreamView};
 use rmm_config::ResolvedSpill;
 use serde::Serialize;
 
-/// The pinned host pool when `spill.host_pool_size` is `"none"`.
-pub const DEFAULT_HOST_POOL: u64 = 2 << 30;
+/// Moves into and out of one lower tier (host or disk).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TierStatistics {
+    /// Moves into the tier (from the device, or from the host into disk), and their bytes.
+    pub spilled_count: u64,
+    /// See `spilled_count`.
+    pub spilled_bytes: u64,
+    /// Time spent on them.
+    pub spill_seconds: f64,
+    /// Moves out of the tier (back to the device, or from disk to the host), and their bytes.
+    pub unspilled_count: u64,
+    /// See `unspilled_count`.
+    pub unspilled_bytes: u64,
+    /// Time spent on them.
+    pub unspill_seconds: f64,
+    /// Bytes of spilled data the tier holds now.
+    pub held_bytes: u64,
+}
+
+impl TierStatistics {
+    /// Bandwidth into the tier in GB/s (0 when nothing moved).
+    pub fn spill_gbps(&self) -> f64 {
+        rate(self.spilled_bytes, self.spill_seconds)
+    }
+
+    /// Bandwidth out of the tier in GB/s.
+    pub fn unspill_gbps(&self) -> f64 {
+        rate(self.unspilled_bytes, self.unspill_seconds)
+    }
+}
 
 /// Spill figures of one device.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -29,31 +59,37 @@ pub struct SpillStatistics {
     pub tracked_bytes: u64,
     /// See `tracked_bytes`.
     pub peak_tracked_bytes: u64,
-    /// Buffers moved to host memory, and their bytes.
+    /// Buffers moved off the device (to host or disk), and their bytes.
     pub spilled_count: u64,
     /// See `spilled_count`.
     pub spilled_bytes: u64,
-    /// Time spent spilling.
+    /// Time spent moving data off the device.
     pub spill_seconds: f64,
-    /// Buffers brought back, and their bytes.
+    /// Buffers brought back to the device, and their bytes.
     pub unspilled_count: u64,
     /// See `unspilled_count`.
     pub unspilled_bytes: u64,
     /// Time spent bringing data back.
     pub unspill_seconds: f64,
-    /// Pinned host bytes holding spilled data, and the pool's size.
+    /// Pinned host bytes holding spilled data, and the pool's size now.
     pub host_bytes: u64,
     /// See `host_bytes`.
     pub host_pool_bytes: u64,
+    /// Bytes held in spill files.
+    pub disk_bytes: u64,
+    /// The host tier's moves.
+    pub host: TierStatistics,
+    /// The disk tier's moves (all zero without `spill.disk_directory`).
+    pub disk: TierStatistics,
 }
 
 impl SpillStatistics {
-    /// Spill bandwidth in GB/s (0 when nothing was spilled).
+    /// Bandwidth off the device in GB/s (0 when nothing was spilled).
     pub fn spill_gbps(&self) -> f64 {
         rate(self.spilled_bytes, self.spill_seconds)
     }
 
-    /// Unspill bandwidth in GB/s.
+    /// Bandwidth back to the device in GB/s.
     pub fn unspill_gbps(&self) -> f64 {
         rate(self.unspilled_bytes, self.unspill_seconds)
     }
@@ -64,6 +100,33 @@ fn rate(bytes: u64, secs: f64) -> f64 {
         bytes as f64 / secs / 1e9
     } else {
         0.0
+    }
+}
+
+/// Count, bytes and time of one kind of move.
+#[derive(Default)]
+struct Moves {
+    count: AtomicU64,
+    bytes: AtomicU64,
+    nanos: AtomicU64,
+}
+
+impl Moves {
+    fn add(&self, bytes: usize, nanos: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// (count, bytes, seconds) summed over `moves`.
+    fn sum<'a>(moves: impl IntoIterator<Item = &'a Moves>) -> (u64, u64, f64) {
+        moves.into_iter().fold((0, 0, 0.0), |(c, b, s), m| {
+            (
+                c + m.count.load(Ordering::Relaxed),
+                b + m.bytes.load(Ordering::Relaxed),
+                s + Duration::from_nanos(m.nanos.load(Ordering::Relaxed)).as_secs_f64(),
+            )
+        })
     }
 }
 
@@ -83,47 +146,63 @@ struct Tracker {
     limit: AtomicU64,
     tracked: AtomicI64,
     peak: AtomicI64,
-    spilled: AtomicU64,
-    spilled_bytes: AtomicU64,
-    spill_ns: AtomicU64,
-    unspilled: AtomicU64,
-    unspilled_bytes: AtomicU64,
-    unspill_ns: AtomicU64,
+    /// Moves by (from, to) tier: `moves[from as usize][to as usize]`.
+    moves: [[Moves; 3]; 3],
+    /// The host tier, when a disk tier is behind it (else nothing is ever moved off it).
+    host_over_disk: Option<PinnedHostPool>,
 }
 
 impl Tracker {
+    /// Live buffers in least-recently-used order (not `except`), taken under the lock and
+    /// looked at after it (a buffer may be moving: its owner holds its lock while it asks
+    /// for room).
+    fn oldest_first(&self, except: Option<u64>) -> Vec<Arc<SpillableBuffer>> {
+        let lru = self.lru.lock();
+        lru.order
+            .values()
+            .filter(|id| Some(**id) != except)
+            .filter_map(|id| lru.entries.get(id).and_then(|(_, w)| w.upgrade()))
+            .collect()
+    }
+
     /// Spills least recently used buffers (not `except`) until `need` device bytes are freed
     /// or nothing more can go; returns the bytes freed.
     fn spill_oldest(&self, need: u64, except: Option<u64>) -> rmm_allocator::Result<u64> {
-        let candidates: Vec<Arc<SpillableBuffer>> = {
-            let lru = self.lru.lock();
-            lru.order
-                .values()
-                .filter(|id| Some(**id) != except)
-                .filter_map(|id| lru.entries.get(id).and_then(|(_, w)| w.upgrade()))
-                .collect()
-        };
         let mut freed = 0;
-        for b in candidates {
+        for b in self.oldest_first(except) {
             if freed >= need {
                 break;
             }
-            // No blocking look at the buffer here: its owner may be moving it while making
-            // room (holding its lock), and `spill` skips busy and spilled buffers itself.
-            if b.is_in_use() {
-                continue;
-            }
-            let start = Instant::now();
-            let n = b.spill()? as u64;
-            if n > 0 {
-                freed += n;
-                self.spilled.fetch_add(1, Ordering::Relaxed);
-                self.spilled_bytes.fetch_add(n, Ordering::Relaxed);
-                self.spill_ns
-                    .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            // `spill` skips buffers in use, busy or already spilled, without waiting.
+            if b.tier() == Tier::Device && !b.is_in_use() {
+                freed += b.spill()? as u64;
             }
         }
         Ok(freed)
+    }
+
+    /// Moves least recently used host data (not `except`'s) to disk until `host` can hand
+    /// out `need` bytes (in slices of at most its largest); returns the bytes moved.
+    fn demote_oldest(
+        &self,
+        host: &PinnedHostPool,
+        need: usize,
+        except: u64,
+    ) -> rmm_allocator::Result<u64> {
+        let contiguous = need.min(host.max_slice());
+        let fits = || {
+            host.capacity().saturating_sub(host.used()) >= need && host.largest_free() >= contiguous
+        };
+        let mut moved = 0;
+        for b in self.oldest_first(Some(except)) {
+            if fits() {
+                break;
+            }
+            if b.tier() == Tier::Host {
+                moved += b.spill_to_disk()? as u64;
+            }
+        }
+        Ok(moved)
     }
 }
 
@@ -152,16 +231,26 @@ impl SpillObserver for Tracker {
         }
     }
 
+    fn make_host_room(&self, id: u64, bytes: usize) {
+        let Some(host) = &self.host_over_disk else {
+            return;
+        };
+        // Data larger than a fixed pool goes straight to disk: moving others would not help.
+        if !host.is_growable() && bytes > host.capacity() {
+            return;
+        }
+        if let Err(e) = self.demote_oldest(host, bytes, id) {
+            tracing::warn!("moving host data to disk to make room for {bytes} bytes: {e}");
+        }
+    }
+
     fn resident(&self, _id: u64, delta: i64) {
         let now = self.tracked.fetch_add(delta, Ordering::Relaxed) + delta;
         self.peak.fetch_max(now, Ordering::Relaxed);
     }
 
-    fn unspilled(&self, _id: u64, bytes: usize, nanos: u64) {
-        self.unspilled.fetch_add(1, Ordering::Relaxed);
-        self.unspilled_bytes
-            .fetch_add(bytes as u64, Ordering::Relaxed);
-        self.unspill_ns.fetch_add(nanos, Ordering::Relaxed);
+    fn moved(&self, _id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64) {
+        self.moves[from as usize][to as usize].add(bytes, nanos);
     }
 
     fn dropped(&self, id: u64) {
@@ -174,8 +263,7 @@ impl SpillObserver for Tracker {
 
 /// Spilling for one device: see the module documentation.
 pub struct SpillManager {
-    device: Device,
-    host: PinnedHostPool,
+    store: Arc<SpillStore>,
     tracker: Arc<Tracker>,
     eager_unspill: std::sync::atomic::AtomicBool,
 }
@@ -183,32 +271,36 @@ pub struct SpillManager {
 impl std::fmt::Debug for SpillManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SpillManager")
-            .field("device", &self.device)
+            .field("device", &self.device())
             .field("statistics", &self.statistics())
             .finish()
     }
 }
 
 impl SpillManager {
-    /// A manager for `device` as `spill` configures it; pins its host pool now
-    /// (`spill.host_pool_size`, or [`DEFAULT_HOST_POOL`]).
+    /// A manager for `device` as `spill` configures it: a pinned host pool of
+    /// `spill.host_pool_size`, pinned now (or, with `"none"`, pinned as needed), and a disk
+    /// tier under `spill.disk_directory`.
     pub fn new(device: Device, spill: &ResolvedSpill) -> rmm_allocator::Result<SpillManager> {
-        let host = PinnedHostPool::on(
-            device.backend(),
-            spill.host_pool_size.unwrap_or(DEFAULT_HOST_POOL) as usize,
-        )?;
-        let tracker = Arc::new(Tracker::default());
+        let host = match spill.host_pool_size {
+            Some(bytes) => PinnedHostPool::on(device.backend(), bytes as usize)?,
+            None => PinnedHostPool::growable(device.backend(), None),
+        };
+        let store = SpillStore::new(device, host, spill.disk_directory.as_deref())?;
+        let tracker = Arc::new(Tracker {
+            host_over_disk: store.has_disk().then(|| store.host().clone()),
+            ..Tracker::default()
+        });
         tracker.limit.store(spill.threshold, Ordering::Relaxed);
         Ok(SpillManager {
-            device,
-            host,
+            store,
             tracker,
             eager_unspill: spill.eager_unspill.into(),
         })
     }
 
-    /// Takes the settings of a new configuration (limit, eager unspilling); the host pool
-    /// and the buffers stay.
+    /// Takes the settings of a new configuration (limit, eager unspilling); the host pool,
+    /// the disk tier and the buffers stay.
     pub fn reconfigure(&self, spill: &ResolvedSpill) {
         self.tracker.limit.store(spill.threshold, Ordering::Relaxed);
         self.eager_unspill
@@ -217,7 +309,16 @@ impl SpillManager {
 
     /// The device.
     pub fn device(&self) -> Device {
-        self.device
+        self.store.device()
+    }
+
+    /// Where spilled data goes.
+    pub fn store(&self) -> &Arc<SpillStore> {
+        &self.store
+    }
+
+    fn observer(&self) -> Option<Arc<dyn SpillObserver>> {
+        Some(Arc::clone(&self.tracker) as Arc<dyn SpillObserver>)
     }
 
     /// `size` uninitialized bytes on the device, spillable, used on `stream`; older buffers
@@ -227,13 +328,7 @@ impl SpillManager {
         size: usize,
         stream: StreamView,
     ) -> rmm_allocator::Result<Arc<SpillableBuffer>> {
-        let b = SpillableBuffer::new(
-            self.device,
-            size,
-            stream,
-            self.host.clone(),
-            Some(Arc::clone(&self.tracker) as Arc<dyn SpillObserver>),
-        )?;
+        let b = SpillableBuffer::new(&self.store, size, stream, self.observer())?;
         self.register(&b);
         Ok(b)
     }
@@ -244,15 +339,31 @@ impl SpillManager {
         bytes: &[u8],
         stream: StreamView,
     ) -> rmm_allocator::Result<Arc<SpillableBuffer>> {
-        let b = SpillableBuffer::from_host(
-            self.device,
-            bytes,
-            stream,
-            self.host.clone(),
-            Some(Arc::clone(&self.tracker) as Arc<dyn SpillObserver>),
-        )?;
+        let b = SpillableBuffer::from_host(&self.store, bytes, stream, self.observer())?;
         self.register(&b);
         Ok(b)
+    }
+
+    /// `len` uninitialized elements on the device, spillable, used on `stream`.
+    pub fn vector<T: Pod>(
+        &self,
+        len: usize,
+        stream: StreamView,
+    ) -> rmm_allocator::Result<SpillableVector<T>> {
+        let v = SpillableVector::new(&self.store, len, stream, self.observer())?;
+        self.register(v.buffer());
+        Ok(v)
+    }
+
+    /// A spillable copy of `data`.
+    pub fn vector_from_slice<T: Pod>(
+        &self,
+        data: &[T],
+        stream: StreamView,
+    ) -> rmm_allocator::Result<SpillableVector<T>> {
+        let v = SpillableVector::from_slice(&self.store, data, stream, self.observer())?;
+        self.register(v.buffer());
+        Ok(v)
     }
 
     fn register(&self, b: &Arc<SpillableBuffer>) {
@@ -284,15 +395,11 @@ impl SpillManager {
         self.tracker.spill_oldest(u64::MAX, None)
     }
 
-    /// Brings every spilled buffer back (up to the limit, oldest first) on `stream`.
+    /// Brings spilled buffers back (up to the limit, most recently used first) on `stream`;
+    /// returns the bytes brought back.
     pub fn unspill_all(&self, stream: StreamView) -> rmm_allocator::Result<u64> {
-        let buffers: Vec<Arc<SpillableBuffer>> = {
-            let lru = self.tracker.lru.lock();
-            lru.entries
-                .values()
-                .filter_map(|(_, w)| w.upgrade())
-                .collect()
-        };
+        let mut buffers = self.tracker.oldest_first(None);
+        buffers.reverse();
         let mut back = 0;
         for b in buffers {
             let room = self.tracker.limit.load(Ordering::Relaxed) as i64
@@ -313,20 +420,41 @@ impl SpillManager {
     /// The figures so far.
     pub fn statistics(&self) -> SpillStatistics {
         let t = &self.tracker;
-        let secs = |ns: &AtomicU64| Duration::from_nanos(ns.load(Ordering::Relaxed)).as_secs_f64();
+        let m = |from: Tier, to: Tier| &t.moves[from as usize][to as usize];
+        let (d, h, k) = (Tier::Device, Tier::Host, Tier::Disk);
+        let (spilled_count, spilled_bytes, spill_seconds) = Moves::sum([m(d, h), m(d, k)]);
+        let (unspilled_count, unspilled_bytes, unspill_seconds) = Moves::sum([m(h, d), m(k, d)]);
+        let tier = |into: [&Moves; 2], out: [&Moves; 2], held: u64| {
+            let (spilled_count, spilled_bytes, spill_seconds) = Moves::sum(into);
+            let (unspilled_count, unspilled_bytes, unspill_seconds) = Moves::sum(out);
+            TierStatistics {
+                spilled_count,
+                spilled_bytes,
+                spill_seconds,
+                unspilled_count,
+                unspilled_bytes,
+                unspill_seconds,
+                held_bytes: held,
+            }
+        };
+        let host_bytes = self.store.host().used() as u64;
+        let disk_bytes = self.store.disk_bytes();
         SpillStatistics {
-            device: self.device.ordinal(),
+            device: self.device().ordinal(),
             limit: t.limit.load(Ordering::Relaxed),
             tracked_bytes: t.tracked.load(Ordering::Relaxed).max(0) as u64,
             peak_tracked_bytes: t.peak.load(Ordering::Relaxed).max(0) as u64,
-            spilled_count: t.spilled.load(Ordering::Relaxed),
-            spilled_bytes: t.spilled_bytes.load(Ordering::Relaxed),
-            spill_seconds: secs(&t.spill_ns),
-            unspilled_count: t.unspilled.load(Ordering::Relaxed),
-            unspilled_bytes: t.unspilled_bytes.load(Ordering::Relaxed),
-            unspill_seconds: secs(&t.unspill_ns),
-            host_bytes: self.host.used() as u64,
-            host_pool_bytes: self.host.capacity() as u64,
+            spilled_count,
+            spilled_bytes,
+            spill_seconds,
+            unspilled_count,
+            unspilled_bytes,
+            unspill_seconds,
+            host_bytes,
+            host_pool_bytes: self.store.host().capacity() as u64,
+            disk_bytes,
+            host: tier([m(d, h), m(k, h)], [m(h, d), m(h, k)], host_bytes),
+            disk: tier([m(d, k), m(h, k)], [m(k, d), m(k, h)], disk_bytes),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{config, devices, pattern, serial};
 use rmm_allocator::StreamView;
-use rmm_allocator::container::SpillableBuffer;
+use rmm_allocator::spill::SpillableBuffer;
 use rmm_runtime::{Error, Runtime};
 
 const MIB: usize = 1 << 20;

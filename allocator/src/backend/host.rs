@@ -348,8 +348,8 @@ impl Drop for PinnedRegion {
 
 /// Gives a slice's range back to whoever carved it.
 pub trait SliceOwner: Send + Sync {
-    /// `offset..offset + len` of the region is free again.
-    fn give_back(&self, offset: usize, len: usize);
+    /// `offset..offset + len` of `region` is free again.
+    fn give_back(&self, region: &PinnedRegion, offset: usize, len: usize);
 }
 
 /// A range of a [`PinnedRegion`] owned by one holder; given back to its owner on drop.
@@ -422,6 +422,6 @@ impl PinnedSlice {
 
 impl Drop for PinnedSlice {
     fn drop(&mut self) {
-        self.owner.give_back(self.offset, self.len);
+        self.owner.give_back(&self.region, self.offset, self.len);
     }
 }

@@ -47,14 +47,12 @@
 mod device_buffer;
 mod device_scalar;
 mod device_uvector;
-mod spillable_buffer;
 mod staging;
 
 pub use bytemuck::{Pod, Zeroable};
 pub use device_buffer::DeviceBuffer;
 pub use device_scalar::DeviceScalar;
 pub use device_uvector::DeviceUVector;
-pub use spillable_buffer::{DeviceGuard, SpillObserver, SpillableBuffer};
 
 use std::sync::Arc;
 

@@ -5,14 +5,18 @@
 //! slower still from several threads at once). The pool instead maps anonymous memory, faults
 //! it in on several threads and registers it with `cuMemHostRegister` in chunks, also on
 //! several threads ([`PinnedRegion`]: 8 GiB at 15.7 GB/s on an H200 machine), then hands out
-//! [`PinnedSlice`]s of it: a first-fit
-//! free list per chunk, neighbours merged on return. A slice never crosses a chunk (each chunk
-//! is one registration), so the largest slice is [`PinnedHostPool::max_slice`]; larger data
-//! is stored as several slices.
+//! [`PinnedSlice`]s of it: a first-fit free list per chunk, neighbours merged on return. A
+//! slice never crosses a chunk (each chunk is one registration), so the largest slice is
+//! [`PinnedHostPool::max_slice`]; larger data is stored as several slices.
+//!
+//! A pool is either fixed ([`PinnedHostPool::new`]: everything pinned up front, the
+//! `spill.host_pool_size` case) or growable ([`PinnedHostPool::growable`]: pins another
+//! region when a request does not fit, up to an optional maximum; `host_pool_size = "none"`).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -27,6 +31,8 @@ pub const PINNED_ALIGNMENT: usize = 256;
 const MIN_CHUNK: usize = 256 << 20;
 /// Threads that pre-fault and register at most.
 const MAX_THREADS: usize = 8;
+/// A growable pool pins at least this much at a time (fewer, larger registrations).
+pub const GROWTH_STEP: usize = 256 << 20;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
 #[derive(Clone)]
@@ -34,13 +40,26 @@ pub struct PinnedHostPool {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+/// One registered chunk and its free ranges (offsets within its region).
+struct Chunk {
     region: Arc<PinnedRegion>,
-    /// Per chunk: free ranges, offset → length.
-    free: Mutex<Vec<BTreeMap<usize, usize>>>,
-    used: std::sync::atomic::AtomicUsize,
-    peak: std::sync::atomic::AtomicUsize,
-    pinning: Duration,
+    start: usize,
+    len: usize,
+    free: BTreeMap<usize, usize>,
+}
+
+struct Inner {
+    backend: &'static dyn Backend,
+    chunks: Mutex<Vec<Chunk>>,
+    /// Held while pinning another region, so that two threads short of memory pin once.
+    growing: Mutex<()>,
+    /// `None`: fixed size. `Some(max)`: grows up to `max` bytes (`usize::MAX`: no maximum).
+    grow_limit: Option<usize>,
+    capacity: AtomicUsize,
+    max_slice: AtomicUsize,
+    used: AtomicUsize,
+    peak: AtomicUsize,
+    pinning_ns: AtomicU64,
 }
 
 impl fmt::Debug for PinnedHostPool {
@@ -48,129 +67,190 @@ impl fmt::Debug for PinnedHostPool {
         f.debug_struct("PinnedHostPool")
             .field("capacity", &self.capacity())
             .field("used", &self.used())
+            .field("growable", &self.inner.grow_limit.is_some())
             .finish()
     }
 }
 
+fn pinning_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_THREADS)
+}
+
 impl PinnedHostPool {
-    /// Pins `bytes` (rounded up to 2 MiB) through the process-wide backend.
+    /// Pins `bytes` (rounded up to 2 MiB) through the process-wide backend; the pool never
+    /// grows.
     pub fn new(bytes: usize) -> Result<PinnedHostPool> {
         Self::on(backend::global()?, bytes)
     }
 
-    /// Pins `bytes` (rounded up to 2 MiB) through `backend`.
+    /// Pins `bytes` (rounded up to 2 MiB) through `backend`; the pool never grows.
     pub fn on(backend: &'static dyn Backend, bytes: usize) -> Result<PinnedHostPool> {
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(MAX_THREADS);
-        let start = Instant::now();
-        let region = PinnedRegion::new(backend, bytes, threads, MIN_CHUNK)?;
-        let pinning = start.elapsed();
-        let free = region
-            .chunks()
-            .iter()
-            .map(|&(o, l)| BTreeMap::from([(o, l)]))
-            .collect();
-        tracing::debug!(
-            bytes = region.len(),
-            chunks = region.chunks().len(),
-            ms = pinning.as_secs_f64() * 1e3,
-            "pinned host pool made"
-        );
-        Ok(PinnedHostPool {
+        let pool = Self::empty(backend, None);
+        pool.inner.grow(bytes)?;
+        Ok(pool)
+    }
+
+    /// A pool that starts empty and pins another region (at least [`GROWTH_STEP`]) whenever a
+    /// request does not fit, while its capacity stays within `maximum` bytes (`None`: no
+    /// maximum; pinning then fails only when the host runs out of memory).
+    pub fn growable(backend: &'static dyn Backend, maximum: Option<usize>) -> PinnedHostPool {
+        Self::empty(backend, Some(maximum.unwrap_or(usize::MAX)))
+    }
+
+    fn empty(backend: &'static dyn Backend, grow_limit: Option<usize>) -> PinnedHostPool {
+        PinnedHostPool {
             inner: Arc::new(Inner {
-                region: Arc::new(region),
-                free: Mutex::new(free),
+                backend,
+                chunks: Mutex::new(Vec::new()),
+                growing: Mutex::new(()),
+                grow_limit,
+                capacity: 0.into(),
+                max_slice: 0.into(),
                 used: 0.into(),
                 peak: 0.into(),
-                pinning,
+                pinning_ns: 0.into(),
             }),
-        })
+        }
     }
 
     /// Bytes pinned.
     pub fn capacity(&self) -> usize {
-        self.inner.region.len()
+        self.inner.capacity.load(Ordering::Relaxed)
+    }
+
+    /// True when the pool pins more memory as needed.
+    pub fn is_growable(&self) -> bool {
+        self.inner.grow_limit.is_some()
     }
 
     /// Bytes handed out in live slices.
     pub fn used(&self) -> usize {
-        self.inner.used.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.used.load(Ordering::Relaxed)
     }
 
     /// The most bytes handed out at once.
     pub fn peak(&self) -> usize {
-        self.inner.peak.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.peak.load(Ordering::Relaxed)
     }
 
-    /// The largest slice the pool can ever hand out (one registered chunk).
+    /// The largest slice the pool can hand out without growing (one registered chunk); a
+    /// growable pool pins chunks of at least [`GROWTH_STEP`].
     pub fn max_slice(&self) -> usize {
-        self.inner
-            .region
-            .chunks()
-            .iter()
-            .map(|c| c.1)
-            .max()
-            .unwrap_or(0)
+        let m = self.inner.max_slice.load(Ordering::Relaxed);
+        if self.is_growable() {
+            m.max(GROWTH_STEP)
+        } else {
+            m
+        }
     }
 
-    /// The largest slice it can hand out now.
+    /// The largest slice it can hand out now without growing.
     pub fn largest_free(&self) -> usize {
         self.inner
-            .free
+            .chunks
             .lock()
             .iter()
-            .flat_map(|m| m.values())
+            .flat_map(|c| c.free.values())
             .copied()
             .max()
             .unwrap_or(0)
     }
 
-    /// How long pinning took.
+    /// Time spent pinning so far.
     pub fn pinning_time(&self) -> Duration {
-        self.inner.pinning
+        Duration::from_nanos(self.inner.pinning_ns.load(Ordering::Relaxed))
     }
 
-    /// A slice of `bytes` (rounded up to [`PINNED_ALIGNMENT`]), first fit. Fails with
-    /// [`Error::HostOutOfMemory`] when no free range is large enough.
+    /// A slice of `bytes` (rounded up to [`PINNED_ALIGNMENT`]), first fit; a growable pool
+    /// pins more when nothing fits. Fails with [`Error::HostOutOfMemory`] when no free range
+    /// is large enough and the pool cannot grow.
     pub fn allocate(&self, bytes: usize) -> Result<PinnedSlice> {
         let len = bytes.max(1).next_multiple_of(PINNED_ALIGNMENT);
-        let mut free = self.inner.free.lock();
-        let found = free.iter_mut().find_map(|ranges| {
-            let (&offset, &size) = ranges.iter().find(|(_, s)| **s >= len)?;
-            ranges.remove(&offset);
-            if size > len {
-                ranges.insert(offset + len, size - len);
+        if let Some(s) = self.try_allocate(len) {
+            return Ok(s);
+        }
+        if let Some(limit) = self.inner.grow_limit {
+            let _one_grower = self.inner.growing.lock();
+            // Another thread may have grown the pool (or freed memory) meanwhile.
+            if let Some(s) = self.try_allocate(len) {
+                return Ok(s);
             }
-            Some(offset)
-        });
-        drop(free);
-        let Some(offset) = found else {
-            tracing::debug!(
-                requested = len,
-                used = self.used(),
-                capacity = self.capacity(),
-                "pinned host pool full"
-            );
-            return Err(Error::HostOutOfMemory {
-                requested: len,
-                resource: "PinnedHostPool",
-            });
-        };
-        let used = self
-            .inner
-            .used
-            .fetch_add(len, std::sync::atomic::Ordering::Relaxed)
-            + len;
-        self.inner
-            .peak
-            .fetch_max(used, std::sync::atomic::Ordering::Relaxed);
-        Ok(PinnedSlice::carve(
-            Arc::clone(&self.inner.region),
+            let step = len.max(GROWTH_STEP);
+            if self.capacity().saturating_add(step) <= limit {
+                self.inner.grow(step)?;
+                if let Some(s) = self.try_allocate(len) {
+                    return Ok(s);
+                }
+            }
+        }
+        tracing::debug!(
+            requested = len,
+            used = self.used(),
+            capacity = self.capacity(),
+            "pinned host pool full"
+        );
+        Err(Error::HostOutOfMemory {
+            requested: len,
+            resource: "PinnedHostPool",
+        })
+    }
+
+    fn try_allocate(&self, len: usize) -> Option<PinnedSlice> {
+        let mut chunks = self.inner.chunks.lock();
+        let (region, offset) = chunks.iter_mut().find_map(|c| {
+            let (&offset, &size) = c.free.iter().find(|(_, s)| **s >= len)?;
+            c.free.remove(&offset);
+            if size > len {
+                c.free.insert(offset + len, size - len);
+            }
+            Some((Arc::clone(&c.region), offset))
+        })?;
+        drop(chunks);
+        let used = self.inner.used.fetch_add(len, Ordering::Relaxed) + len;
+        self.inner.peak.fetch_max(used, Ordering::Relaxed);
+        Some(PinnedSlice::carve(
+            region,
             Arc::clone(&self.inner) as Arc<dyn SliceOwner>,
             offset,
             len,
         ))
+    }
+}
+
+impl Inner {
+    /// Pins a region of `bytes` and adds its chunks.
+    fn grow(&self, bytes: usize) -> Result<()> {
+        let start = Instant::now();
+        let region = Arc::new(PinnedRegion::new(
+            self.backend,
+            bytes,
+            pinning_threads(),
+            MIN_CHUNK,
+        )?);
+        let took = start.elapsed();
+        self.pinning_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        let mut chunks = self.chunks.lock();
+        for &(o, l) in region.chunks() {
+            chunks.push(Chunk {
+                region: Arc::clone(&region),
+                start: o,
+                len: l,
+                free: BTreeMap::from([(o, l)]),
+            });
+            self.max_slice.fetch_max(l, Ordering::Relaxed);
+        }
+        drop(chunks);
+        self.capacity.fetch_add(region.len(), Ordering::Relaxed);
+        tracing::debug!(
+            bytes = region.len(),
+            chunks = region.chunks().len(),
+            ms = took.as_secs_f64() * 1e3,
+            "pinned host memory added to the pool"
+        );
+        Ok(())
     }
 }
 
@@ -188,12 +268,14 @@ impl fmt::Display for PinnedHostPool {
 }
 
 impl SliceOwner for Inner {
-    fn give_back(&self, offset: usize, len: usize) {
-        let chunks = self.region.chunks();
-        let Some(c) = chunks
-            .iter()
-            .position(|&(o, l)| offset >= o && offset < o + l)
-        else {
+    fn give_back(&self, region: &PinnedRegion, offset: usize, len: usize) {
+        let mut chunks = self.chunks.lock();
+        let Some(chunk) = chunks.iter_mut().find(|c| {
+            std::ptr::eq(Arc::as_ptr(&c.region), region)
+                && offset >= c.start
+                && offset < c.start + c.len
+        }) else {
+            drop(chunks);
             tracing::error!(
                 offset,
                 len,
@@ -201,8 +283,7 @@ impl SliceOwner for Inner {
             );
             return;
         };
-        let mut free = self.free.lock();
-        let ranges = &mut free[c];
+        let ranges = &mut chunk.free;
         let (mut start, mut size) = (offset, len);
         // Merge with the free range just before, then the one just after.
         if let Some((&o, &l)) = ranges.range(..start).next_back()
@@ -216,8 +297,7 @@ impl SliceOwner for Inner {
             size += l;
         }
         ranges.insert(start, size);
-        drop(free);
-        self.used
-            .fetch_sub(len, std::sync::atomic::Ordering::Relaxed);
+        drop(chunks);
+        self.used.fetch_sub(len, Ordering::Relaxed);
     }
 }

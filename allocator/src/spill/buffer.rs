@@ -1,0 +1,686 @@
+//! [`SpillableBuffer`]: device bytes that may move to pinned host memory, and on to disk,
+//! while nobody uses them, and come back on the next use.
+//!
+//! Device access goes through a [`DeviceGuard`]: getting one brings the data back if it was
+//! spilled (into the device's *current* resource, which after a `reinitialize` is the new
+//! stack), and while a guard lives the buffer is never spilled. Host access goes through a
+//! [`HostGuard`], which brings the data to the host tier and holds it there. A
+//! [`SpillObserver`] (the runtime's spill manager) hears of every use and every move, and is
+//! asked to make room before data comes back or lands on the host.
+//!
+//! Copies run on the store's copy streams, ordered after the work queued on the buffer's
+//! stream, in chunks of at most one pinned slice, and are waited for before the source is
+//! given back: a spill returns with the data safe in its new tier and the old memory freed;
+//! a failed move leaves the buffer where it was, valid, and frees what the move took.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use super::copy::Direction;
+use super::disk::DiskFile;
+use super::store::SpillStore;
+use crate::backend::DevicePtr;
+use crate::backend::host::PinnedSlice;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::per_device::{SharedResource, get_per_device_resource};
+use crate::stream::{StreamView, synchronize};
+
+/// Where a buffer's data is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Device memory.
+    Device,
+    /// The pinned host pool.
+    Host,
+    /// A file under `spill.disk_directory`.
+    Disk,
+}
+
+impl Tier {
+    fn from_u8(v: u8) -> Tier {
+        match v {
+            0 => Tier::Device,
+            1 => Tier::Host,
+            _ => Tier::Disk,
+        }
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Device => "device",
+            Tier::Host => "host",
+            Tier::Disk => "disk",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Told by buffers what happens to them; the runtime's spill manager implements it.
+pub trait SpillObserver: Send + Sync {
+    /// Buffer `id` was used (least-recently-used order).
+    fn touched(&self, id: u64);
+    /// `bytes` are about to be allocated on the device for buffer `id`: spill others (not
+    /// `id`) if that would take the tracked bytes over the limit.
+    fn make_room(&self, id: u64, bytes: usize);
+    /// The host tier has no room for `bytes` of buffer `id`: move other buffers' host data
+    /// on to disk if there is a disk tier. Called with `id`'s own lock held.
+    fn make_host_room(&self, id: u64, bytes: usize) {
+        let _ = (id, bytes);
+    }
+    /// Buffer `id` now holds `bytes` more (or, negative, fewer) bytes on the device.
+    fn resident(&self, id: u64, delta: i64);
+    /// Buffer `id` moved `bytes` from `from` to `to`, taking `nanos`.
+    fn moved(&self, id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64);
+    /// Buffer `id` is gone.
+    fn dropped(&self, id: u64);
+}
+
+enum State {
+    Device {
+        ptr: DevicePtr,
+        resource: SharedResource,
+        stream: StreamView,
+    },
+    Host(Vec<PinnedSlice>),
+    Disk(DiskFile),
+}
+
+impl State {
+    fn tier(&self) -> Tier {
+        match self {
+            State::Device { .. } => Tier::Device,
+            State::Host(_) => Tier::Host,
+            State::Disk(_) => Tier::Disk,
+        }
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Device bytes that can be spilled to pinned host memory and disk. Share it with `Arc`; see
+/// the module documentation.
+pub struct SpillableBuffer {
+    id: u64,
+    size: usize,
+    store: Arc<SpillStore>,
+    observer: Option<Arc<dyn SpillObserver>>,
+    state: Mutex<State>,
+    /// The state's tier, readable without the lock.
+    tier: AtomicU8,
+    /// Live device guards.
+    pins: AtomicUsize,
+}
+
+impl fmt::Debug for SpillableBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpillableBuffer")
+            .field("id", &self.id)
+            .field("size", &self.size)
+            .field("tier", &self.tier())
+            .finish()
+    }
+}
+
+/// Access to a buffer's device memory; the buffer stays on the device while it lives.
+pub struct DeviceGuard<'a> {
+    buffer: &'a SpillableBuffer,
+    ptr: DevicePtr,
+}
+
+impl DeviceGuard<'_> {
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.buffer.size
+    }
+
+    /// True for a zero-byte buffer.
+    pub fn is_empty(&self) -> bool {
+        self.buffer.size == 0
+    }
+}
+
+impl Drop for DeviceGuard<'_> {
+    fn drop(&mut self) {
+        self.buffer.pins.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// Access to a buffer's bytes in pinned host memory. The buffer stays on the host while it
+/// lives, and every other access to the buffer waits: do not take a device view of the same
+/// buffer on the same thread while holding one.
+pub struct HostGuard<'a> {
+    size: usize,
+    state: MutexGuard<'a, State>,
+}
+
+impl HostGuard<'_> {
+    fn slices(&self) -> &[PinnedSlice] {
+        match &*self.state {
+            State::Host(s) => s,
+            _ => &[],
+        }
+    }
+
+    /// The bytes, in order, as one or more contiguous pieces (one per pinned slice).
+    pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
+        let mut left = self.size;
+        self.slices().iter().map(move |s| {
+            let n = left.min(s.len());
+            left -= n;
+            &s.as_slice()[..n]
+        })
+    }
+
+    /// The bytes, writable, in order (changes stay with the buffer).
+    pub fn chunks_mut(&mut self) -> impl Iterator<Item = &mut [u8]> {
+        let mut left = self.size;
+        let slices: &mut [PinnedSlice] = match &mut *self.state {
+            State::Host(s) => s,
+            _ => &mut [],
+        };
+        slices.iter_mut().map(move |s| {
+            let n = left.min(s.len());
+            left -= n;
+            &mut s.as_mut_slice()[..n]
+        })
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.size
+    }
+
+    /// True for a zero-byte buffer.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// A copy of the bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.size);
+        self.chunks().for_each(|c| out.extend_from_slice(c));
+        out
+    }
+}
+
+/// Time since `start` in nanoseconds.
+fn nanos_since(start: Instant) -> u64 {
+    start.elapsed().as_nanos() as u64
+}
+
+impl SpillableBuffer {
+    /// `size` uninitialized bytes on the store's device, from the device's current resource,
+    /// used on `stream`; spilled data goes to `store`.
+    pub fn new(
+        store: &Arc<SpillStore>,
+        size: usize,
+        stream: StreamView,
+        observer: Option<Arc<dyn SpillObserver>>,
+    ) -> Result<Arc<SpillableBuffer>> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = &observer {
+            o.make_room(id, size);
+        }
+        let resource = get_per_device_resource(store.device().ordinal())?;
+        let ptr = resource.allocate(size, stream)?;
+        if let Some(o) = &observer {
+            o.resident(id, size as i64);
+            o.touched(id);
+        }
+        Ok(Arc::new(SpillableBuffer {
+            id,
+            size,
+            store: Arc::clone(store),
+            observer,
+            state: Mutex::new(State::Device {
+                ptr,
+                resource,
+                stream,
+            }),
+            tier: AtomicU8::new(Tier::Device as u8),
+            pins: AtomicUsize::new(0),
+        }))
+    }
+
+    /// A buffer holding a copy of `bytes` (the copy is complete when this returns).
+    pub fn from_host(
+        store: &Arc<SpillStore>,
+        bytes: &[u8],
+        stream: StreamView,
+        observer: Option<Arc<dyn SpillObserver>>,
+    ) -> Result<Arc<SpillableBuffer>> {
+        let buffer = Self::new(store, bytes.len(), stream, observer)?;
+        {
+            let guard = buffer.device_view(stream)?;
+            synchronize(buffer.device(), stream)?;
+            buffer.device().copy_to_device(guard.ptr(), bytes)?;
+        }
+        Ok(buffer)
+    }
+
+    /// The buffer's identity (for the observer).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.store.device()
+    }
+
+    /// The store spilled data goes to.
+    pub fn store(&self) -> &Arc<SpillStore> {
+        &self.store
+    }
+
+    /// Where the data is now (without waiting for a move in progress).
+    pub fn tier(&self) -> Tier {
+        Tier::from_u8(self.tier.load(Ordering::Acquire))
+    }
+
+    /// True while the data is off the device.
+    pub fn is_spilled(&self) -> bool {
+        self.tier() != Tier::Device
+    }
+
+    /// True while a device guard is alive.
+    pub fn is_in_use(&self) -> bool {
+        self.pins.load(Ordering::Acquire) > 0
+    }
+
+    /// The data on the device for use on `stream`, brought back first if it was spilled
+    /// (into the device's current resource). The buffer is not spilled while the guard lives.
+    pub fn device_view(&self, stream: StreamView) -> Result<DeviceGuard<'_>> {
+        let mut state = self.state.lock();
+        if !matches!(*state, State::Device { .. }) {
+            self.to_device(&mut state, stream)?;
+        }
+        let State::Device { ptr, stream: s, .. } = &mut *state else {
+            return Err(Error::invalid_argument(
+                "buffer",
+                self.id,
+                "a buffer on the device",
+            ));
+        };
+        *s = stream;
+        let ptr = *ptr;
+        self.pins.fetch_add(1, Ordering::Acquire);
+        drop(state);
+        if let Some(o) = &self.observer {
+            o.touched(self.id);
+        }
+        Ok(DeviceGuard { buffer: self, ptr })
+    }
+
+    /// The data in pinned host memory, moved there first (from the device, after the work
+    /// queued on its stream, or from disk). Fails when a device guard is alive (the data is
+    /// in use there; [`to_vec`](Self::to_vec) copies instead) or the host tier is full.
+    pub fn host_view(&self) -> Result<HostGuard<'_>> {
+        let mut state = self.state.lock();
+        match &*state {
+            State::Host(_) => {}
+            State::Device { .. } => {
+                if self.is_in_use() {
+                    return Err(Error::invalid_argument(
+                        "buffer",
+                        self.id,
+                        "a buffer not in use on the device (drop its DeviceGuard first, or \
+                         copy it with to_vec)",
+                    ));
+                }
+                self.device_to_host(&mut state)?;
+            }
+            State::Disk(_) => self.disk_to_host(&mut state)?,
+        }
+        if let Some(o) = &self.observer {
+            o.touched(self.id);
+        }
+        Ok(HostGuard {
+            size: self.size,
+            state,
+        })
+    }
+
+    /// A copy of the data, wherever it is (it does not move).
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let state = self.state.lock();
+        match &*state {
+            State::Device { ptr, stream, .. } => {
+                synchronize(self.device(), *stream)?;
+                let mut out = vec![0u8; self.size];
+                self.device().copy_to_host(&mut out, *ptr)?;
+                Ok(out)
+            }
+            State::Host(slices) => {
+                let mut out = Vec::with_capacity(self.size);
+                for s in slices {
+                    let take = (self.size - out.len()).min(s.len());
+                    out.extend_from_slice(&s.as_slice()[..take]);
+                }
+                Ok(out)
+            }
+            State::Disk(file) => self.disk()?.read_vec(file),
+        }
+    }
+
+    /// Moves the data off the device: to the pinned host pool, or to disk when the host tier
+    /// is full and there is a disk tier. Returns the device bytes freed (0 when the buffer is
+    /// in use, busy, already spilled, or empty). On error (a full host pool without a disk
+    /// tier, a failed copy or write) the buffer stays on the device, valid.
+    pub fn spill(&self) -> Result<usize> {
+        let Some(mut state) = self.lock_idle() else {
+            return Ok(0);
+        };
+        if !matches!(*state, State::Device { .. }) {
+            return Ok(0);
+        }
+        match self.device_to_host(&mut state) {
+            Ok(()) => Ok(self.size),
+            Err(Error::HostOutOfMemory { .. }) if self.store.has_disk() => {
+                self.device_to_disk(&mut state)?;
+                Ok(self.size)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Moves the data to the disk tier from the host or the device; returns the bytes moved
+    /// (0 when in use, busy, already on disk, or empty). Fails without a disk tier; on error
+    /// the buffer stays where it was, valid.
+    pub fn spill_to_disk(&self) -> Result<usize> {
+        self.disk()?;
+        let Some(mut state) = self.lock_idle() else {
+            return Ok(0);
+        };
+        match &*state {
+            State::Device { .. } => self.device_to_disk(&mut state)?,
+            State::Host(_) => self.host_to_disk(&mut state)?,
+            State::Disk(_) => return Ok(0),
+        }
+        Ok(self.size)
+    }
+
+    /// The state, locked, when the buffer is non-empty, not in use and not busy.
+    ///
+    /// Busy (being read, brought back or spilled by another thread) is not waited for:
+    /// waiting could deadlock two threads that each make room by spilling the other's buffer.
+    fn lock_idle(&self) -> Option<MutexGuard<'_, State>> {
+        if self.size == 0 || self.is_in_use() {
+            return None;
+        }
+        let state = self.state.try_lock()?;
+        // Checked again under the lock: guards are taken under it.
+        (!self.is_in_use()).then_some(state)
+    }
+
+    fn disk(&self) -> Result<&super::disk::DiskStore> {
+        self.store.disk().ok_or_else(|| {
+            Error::invalid_argument(
+                "spill.disk_directory",
+                "none",
+                "a directory, to spill to disk",
+            )
+        })
+    }
+
+    /// Records a move: new state, observer, trace event.
+    fn moved(&self, state: &mut State, new: State, start: Instant) {
+        let from = state.tier();
+        let to = new.tier();
+        *state = new;
+        self.tier.store(to as u8, Ordering::Release);
+        let nanos = nanos_since(start);
+        if let Some(o) = &self.observer {
+            match (from, to) {
+                (Tier::Device, _) => o.resident(self.id, -(self.size as i64)),
+                (_, Tier::Device) => o.resident(self.id, self.size as i64),
+                _ => {}
+            }
+            o.moved(self.id, from, to, self.size, nanos);
+        }
+        tracing::debug!(
+            target: "rmm::spill",
+            id = self.id,
+            bytes = self.size,
+            from = from.name(),
+            to = to.name(),
+            micros = nanos / 1000,
+            "buffer moved"
+        );
+    }
+
+    /// Pinned slices for the whole buffer; asks the observer for room once if the host tier
+    /// is full.
+    fn host_slices(&self) -> Result<Vec<PinnedSlice>> {
+        match self.try_host_slices() {
+            Err(Error::HostOutOfMemory { .. }) if self.observer.is_some() => {
+                if let Some(o) = &self.observer {
+                    o.make_host_room(self.id, self.size);
+                }
+                self.try_host_slices()
+            }
+            other => other,
+        }
+    }
+
+    fn try_host_slices(&self) -> Result<Vec<PinnedSlice>> {
+        let host = self.store.host();
+        let chunk = host.max_slice().max(1);
+        let mut slices = Vec::with_capacity(self.size.div_ceil(chunk));
+        let mut left = self.size;
+        while left > 0 {
+            let n = left.min(chunk);
+            slices.push(host.allocate(n)?);
+            left -= n;
+        }
+        Ok(slices)
+    }
+
+    fn device_to_host(&self, state: &mut State) -> Result<()> {
+        let start = Instant::now();
+        let State::Device {
+            ptr,
+            resource,
+            stream,
+        } = &*state
+        else {
+            return Ok(());
+        };
+        let (ptr, stream) = (*ptr, *stream);
+        let mut slices = self.host_slices()?;
+        self.copy_out(ptr, &mut slices, stream)?;
+        resource.deallocate(ptr, self.size, stream)?;
+        self.moved(state, State::Host(slices), start);
+        Ok(())
+    }
+
+    fn device_to_disk(&self, state: &mut State) -> Result<()> {
+        let start = Instant::now();
+        let State::Device {
+            ptr,
+            resource,
+            stream,
+        } = &*state
+        else {
+            return Ok(());
+        };
+        let (ptr, stream) = (*ptr, *stream);
+        let file =
+            self.disk()?
+                .write_from_device(self.store.copies(), self.id, ptr, self.size, stream)?;
+        resource.deallocate(ptr, self.size, stream)?;
+        self.moved(state, State::Disk(file), start);
+        Ok(())
+    }
+
+    fn host_to_disk(&self, state: &mut State) -> Result<()> {
+        let start = Instant::now();
+        let State::Host(slices) = &*state else {
+            return Ok(());
+        };
+        let file = self.disk()?.write_slices(self.id, slices, self.size)?;
+        self.moved(state, State::Disk(file), start);
+        Ok(())
+    }
+
+    fn disk_to_host(&self, state: &mut State) -> Result<()> {
+        let start = Instant::now();
+        let State::Disk(file) = &*state else {
+            return Ok(());
+        };
+        let mut slices = self.host_slices()?;
+        self.disk()?.read_slices(file, &mut slices)?;
+        self.moved(state, State::Host(slices), start);
+        Ok(())
+    }
+
+    /// Brings host or disk data back into the device's current resource, for `stream`.
+    fn to_device(&self, state: &mut State, stream: StreamView) -> Result<()> {
+        let start = Instant::now();
+        if let Some(o) = &self.observer {
+            o.make_room(self.id, self.size);
+        }
+        let resource = get_per_device_resource(self.device().ordinal())?;
+        let ptr = resource.allocate(self.size, stream)?;
+        let copied = match &*state {
+            State::Host(slices) => self.copy_in(ptr, slices, stream),
+            State::Disk(file) => self
+                .disk()
+                .and_then(|d| d.read_to_device(self.store.copies(), file, ptr, stream)),
+            State::Device { .. } => Ok(()),
+        };
+        if let Err(e) = copied {
+            if let Err(free) = resource.deallocate(ptr, self.size, stream) {
+                tracing::error!(
+                    "freeing after a failed unspill of buffer {}: {free}",
+                    self.id
+                );
+            }
+            return Err(e);
+        }
+        self.moved(
+            state,
+            State::Device {
+                ptr,
+                resource,
+                stream,
+            },
+            start,
+        );
+        Ok(())
+    }
+
+    /// Copies the device bytes at `ptr` into `slices` on the copy stream, after the work
+    /// queued on `after`, and waits.
+    fn copy_out(
+        &self,
+        ptr: DevicePtr,
+        slices: &mut [PinnedSlice],
+        after: StreamView,
+    ) -> Result<()> {
+        let copies = self.store.copies();
+        let (b, d) = (self.device().backend(), self.device().ordinal());
+        let stream = copies.stream(Direction::ToHost);
+        copies.wait_for(Direction::ToHost, after)?;
+        let done = copies.event()?;
+        let mut offset = 0;
+        let enqueued = slices.iter_mut().try_for_each(|s| {
+            let n = (self.size - offset).min(s.len());
+            // SAFETY: the slice is owned here and not touched by the host until the copy
+            // stream has run the copy (waited for below, on success and on failure); the
+            // device range lies in the buffer.
+            let r =
+                unsafe { b.memcpy_dtoh_async(d, s.as_mut_ptr(), ptr.offset(offset), n, stream) };
+            offset += n;
+            r
+        });
+        finish_copies(enqueued, &done, stream, self.device())
+    }
+
+    /// Copies `slices` to the device bytes at `ptr` on the copy stream, after the work queued
+    /// on `after` (which covers the allocation of `ptr`), and waits.
+    fn copy_in(&self, ptr: DevicePtr, slices: &[PinnedSlice], after: StreamView) -> Result<()> {
+        let copies = self.store.copies();
+        let (b, d) = (self.device().backend(), self.device().ordinal());
+        let stream = copies.stream(Direction::ToDevice);
+        copies.wait_for(Direction::ToDevice, after)?;
+        let done = copies.event()?;
+        let mut offset = 0;
+        let enqueued = slices.iter().try_for_each(|s| {
+            let n = (self.size - offset).min(s.len());
+            // SAFETY: the slices stay alive and unchanged (borrowed) until the copy stream has
+            // run the copy (waited for below); the device range lies in the new allocation.
+            let r = unsafe { b.memcpy_htod_async(d, ptr.offset(offset), s.as_ptr(), n, stream) };
+            offset += n;
+            r
+        });
+        finish_copies(enqueued, &done, stream, self.device())
+    }
+}
+
+/// Waits for the copies enqueued on `stream`: through `done` when all were enqueued, through
+/// the whole stream when one failed (so no copy still runs into memory about to be freed).
+fn finish_copies(
+    enqueued: Result<()>,
+    done: &super::copy::PooledEvent<'_>,
+    stream: crate::backend::RawStream,
+    device: Device,
+) -> Result<()> {
+    match enqueued.and_then(|()| done.record(stream)) {
+        Ok(()) => done.synchronize(),
+        Err(e) => {
+            if let Err(sync) = device
+                .backend()
+                .stream_synchronize(device.ordinal(), stream)
+            {
+                tracing::error!("waiting for spill copies after an error ({e}): {sync}");
+            }
+            Err(e)
+        }
+    }
+}
+
+impl Drop for SpillableBuffer {
+    fn drop(&mut self) {
+        let state = std::mem::replace(&mut *self.state.get_mut(), State::Host(Vec::new()));
+        if let State::Device {
+            ptr,
+            resource,
+            stream,
+        } = state
+        {
+            if let Err(e) = resource.deallocate(ptr, self.size, stream) {
+                tracing::error!("freeing a spillable buffer of {} bytes: {e}", self.size);
+            }
+            if let Some(o) = &self.observer {
+                o.resident(self.id, -(self.size as i64));
+            }
+        }
+        // Host slices and disk files go back as the state drops.
+        if let Some(o) = &self.observer {
+            o.dropped(self.id);
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! The disk tier: one file per spilled buffer under `spill.disk_directory`.
+//!
+//! Data reaches a file from the host tier (pinned slices written out) or straight from the
+//! device when the host tier is full. Device traffic goes through two pinned staging slots
+//! the store pinned when it was made (so the disk tier works exactly when host memory is
+//! short), in a pipeline: while one slot's bytes are written to (or read from) the file, the
+//! next chunk is copied into (or out of) the other slot on the copy stream.
+//!
+//! Files are created new (`O_EXCL`, mode 0600, never following a planted link) and removed
+//! when the buffer leaves the disk tier or is dropped; a failed write removes its file.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use super::copy::{CopyStreams, Direction};
+use crate::backend::DevicePtr;
+use crate::backend::host::PinnedSlice;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::resource::PinnedHostPool;
+use crate::stream::StreamView;
+
+/// Bytes per staging slot (two slots per device).
+pub(crate) const STAGING: usize = 32 << 20;
+
+/// Spill files of one device.
+pub(crate) struct DiskStore {
+    directory: PathBuf,
+    prefix: String,
+    /// Two pinned slots; holding the lock serializes a device's traffic with its disk.
+    staging: Mutex<[PinnedSlice; 2]>,
+    held: Arc<AtomicU64>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for DiskStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskStore")
+            .field("directory", &self.directory)
+            .field("held", &self.held.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// One buffer's bytes in a file; the file is removed on drop.
+pub(crate) struct DiskFile {
+    path: PathBuf,
+    len: usize,
+    held: Arc<AtomicU64>,
+}
+
+impl Drop for DiskFile {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::error!("removing spill file {}: {e}", self.path.display());
+        }
+        self.held.fetch_sub(self.len as u64, Ordering::Relaxed);
+    }
+}
+
+fn io_error(path: &Path, operation: &'static str, e: std::io::Error) -> Error {
+    Error::SpillFile {
+        path: path.display().to_string(),
+        operation,
+        problem: e.to_string(),
+    }
+}
+
+impl DiskStore {
+    /// Spill files of `device` under `directory` (created if missing); pins the staging
+    /// slots through `device`'s backend.
+    pub(crate) fn new(device: Device, directory: &Path) -> Result<DiskStore> {
+        std::fs::create_dir_all(directory).map_err(|e| io_error(directory, "create", e))?;
+        let staging_pool = PinnedHostPool::on(device.backend(), 2 * STAGING)?;
+        let staging = [
+            staging_pool.allocate(STAGING)?,
+            staging_pool.allocate(STAGING)?,
+        ];
+        Ok(DiskStore {
+            directory: directory.to_path_buf(),
+            prefix: format!("rmm-spill-{}-dev{}", std::process::id(), device.ordinal()),
+            staging: Mutex::new(staging),
+            held: Arc::new(AtomicU64::new(0)),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// The directory.
+    pub(crate) fn directory(&self) -> &Path {
+        &self.directory
+    }
+
+    /// Bytes held in files now.
+    pub(crate) fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// A new, empty file for `len` bytes (removed again if the caller fails).
+    fn create(&self, id: u64, len: usize) -> Result<(File, DiskFile)> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let path = self.directory.join(format!("{}-{id}-{n}.bin", self.prefix));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| io_error(&path, "create", e))?;
+        self.held.fetch_add(len as u64, Ordering::Relaxed);
+        Ok((
+            file,
+            DiskFile {
+                path,
+                len,
+                held: Arc::clone(&self.held),
+            },
+        ))
+    }
+
+    /// Writes the first `len` bytes held in `slices` to a new file for buffer `id`.
+    pub(crate) fn write_slices(
+        &self,
+        id: u64,
+        slices: &[PinnedSlice],
+        len: usize,
+    ) -> Result<DiskFile> {
+        let (mut file, disk) = self.create(id, len)?;
+        let mut left = len;
+        for s in slices {
+            let n = left.min(s.len());
+            file.write_all(&s.as_slice()[..n])
+                .map_err(|e| io_error(&disk.path, "write", e))?;
+            left -= n;
+        }
+        finish(file, &disk)?;
+        Ok(disk)
+    }
+
+    /// Reads `disk` into `slices` (which hold at least its length).
+    pub(crate) fn read_slices(&self, disk: &DiskFile, slices: &mut [PinnedSlice]) -> Result<()> {
+        let mut file = File::open(&disk.path).map_err(|e| io_error(&disk.path, "read", e))?;
+        let mut left = disk.len;
+        for s in slices {
+            let n = left.min(s.len());
+            file.read_exact(&mut s.as_mut_slice()[..n])
+                .map_err(|e| io_error(&disk.path, "read", e))?;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// The file's bytes in a new vector.
+    pub(crate) fn read_vec(&self, disk: &DiskFile) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; disk.len];
+        File::open(&disk.path)
+            .and_then(|mut f| f.read_exact(&mut out))
+            .map_err(|e| io_error(&disk.path, "read", e))?;
+        Ok(out)
+    }
+
+    /// Writes `len` device bytes at `src` of `device` to a new file for buffer `id`, after
+    /// the work queued on `after`; returns when the file holds them.
+    pub(crate) fn write_from_device(
+        &self,
+        copies: &CopyStreams,
+        id: u64,
+        src: DevicePtr,
+        len: usize,
+        after: StreamView,
+    ) -> Result<DiskFile> {
+        let device = copies.device();
+        let (b, d) = (device.backend(), device.ordinal());
+        let (mut file, disk) = self.create(id, len)?;
+        let mut staging = self.staging.lock();
+        let stream = copies.stream(Direction::ToHost);
+        copies.wait_for(Direction::ToHost, after)?;
+        let events = [copies.event()?, copies.event()?];
+        let chunks = len.div_ceil(STAGING);
+        // Chunk i goes through slot i % 2: copy chunk i + 1 while chunk i is written.
+        let enqueue = |staging: &mut [PinnedSlice; 2], i: usize| -> Result<()> {
+            let off = i * STAGING;
+            let n = (len - off).min(STAGING);
+            let slot = &mut staging[i % 2];
+            // SAFETY: the slot is not read by the host until its event (recorded right after)
+            // has completed, and the loop below waits for it before writing the slot out; the
+            // device range lies inside the `len` bytes at `src`.
+            unsafe { b.memcpy_dtoh_async(d, slot.as_mut_ptr(), src.offset(off), n, stream)? };
+            events[i % 2].record(stream)
+        };
+        let result = (|| {
+            if chunks > 0 {
+                enqueue(&mut staging, 0)?;
+            }
+            for i in 0..chunks {
+                events[i % 2].synchronize()?;
+                if i + 1 < chunks {
+                    enqueue(&mut staging, i + 1)?;
+                }
+                let n = (len - i * STAGING).min(STAGING);
+                file.write_all(&staging[i % 2].as_slice()[..n])
+                    .map_err(|e| io_error(&disk.path, "write", e))?;
+            }
+            Ok(())
+        })();
+        // Never hand the slots to another user while a copy into them may still run.
+        let drained = events.iter().try_for_each(|e| e.synchronize());
+        drop(staging);
+        result.and(drained)?;
+        finish(file, &disk)?;
+        Ok(disk)
+    }
+
+    /// Copies `disk` to `len` device bytes at `dst` of `device`, after the work queued on
+    /// `after`; returns when the device holds them.
+    pub(crate) fn read_to_device(
+        &self,
+        copies: &CopyStreams,
+        disk: &DiskFile,
+        dst: DevicePtr,
+        after: StreamView,
+    ) -> Result<()> {
+        let device = copies.device();
+        let (b, d) = (device.backend(), device.ordinal());
+        let len = disk.len;
+        let mut file = File::open(&disk.path).map_err(|e| io_error(&disk.path, "read", e))?;
+        let mut staging = self.staging.lock();
+        let stream = copies.stream(Direction::ToDevice);
+        copies.wait_for(Direction::ToDevice, after)?;
+        let events = [copies.event()?, copies.event()?];
+        let chunks = len.div_ceil(STAGING);
+        let result = (|| {
+            for i in 0..chunks {
+                // The slot's previous copy (chunk i - 2) must be done before it is refilled.
+                if i >= 2 {
+                    events[i % 2].synchronize()?;
+                }
+                let off = i * STAGING;
+                let n = (len - off).min(STAGING);
+                let slot = &mut staging[i % 2];
+                file.read_exact(&mut slot.as_mut_slice()[..n])
+                    .map_err(|e| io_error(&disk.path, "read", e))?;
+                // SAFETY: the slot is not written by the host again until its event (recorded
+                // right after) has completed; the device range lies inside the destination.
+                unsafe { b.memcpy_htod_async(d, dst.offset(off), slot.as_ptr(), n, stream)? };
+                events[i % 2].record(stream)?;
+            }
+            Ok(())
+        })();
+        let drained = events.iter().try_for_each(|e| e.synchronize());
+        drop(staging);
+        result.and(drained)
+    }
+}
+
+/// Flushes `file` to the operating system (not to stable storage: spill files do not outlive
+/// the process).
+fn finish(mut file: File, disk: &DiskFile) -> Result<()> {
+    file.flush().map_err(|e| io_error(&disk.path, "write", e))
+}

@@ -1,0 +1,22 @@
+//! Spillable containers and the tiers their data moves through: device memory, a pinned
+//! host pool, and files on disk.
+//!
+//! * [`SpillableBuffer`]: untyped bytes; [`SpillableVector`]: typed plain-old-data elements.
+//!   Device access through a [`DeviceGuard`], host access through a [`HostGuard`]; either
+//!   brings the data to its tier and holds it there while the guard lives.
+//! * [`SpillStore`]: one device's lower tiers and the copy streams that move data.
+//! * [`SpillObserver`]: the policy hook (the runtime's spill manager): least-recently-used
+//!   order, the device limit, making room, statistics.
+//!
+//! The policy (when to spill what) lives in the runtime; this module only moves data,
+//! correctly: a buffer in use is never moved, and a failed move leaves it where it was.
+
+mod buffer;
+mod copy;
+mod disk;
+mod store;
+mod vector;
+
+pub use buffer::{DeviceGuard, HostGuard, SpillObserver, SpillableBuffer, Tier};
+pub use store::SpillStore;
+pub use vector::SpillableVector;
