@@ -238,6 +238,11 @@ impl fmt::Display for RuntimeReport {
                     writeln!(f, "         {line}")?;
                 }
             }
+            if let Some(s) = &d.spill {
+                for line in s.to_string().lines() {
+                    writeln!(f, "         {line}")?;
+                }
+            }
         }
         writeln!(f, "{}", self.start)?;
         write!(f, "reinitializations: {}", self.reinitializations)?;

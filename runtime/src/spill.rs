@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytemuck::Pod;
 use parking_lot::Mutex;
+use rmm_allocator::error::fmt_bytes;
 use rmm_allocator::resource::PinnedHostPool;
 use rmm_allocator::spill::{SpillObserver, SpillStore, SpillableBuffer, SpillableVector, Tier};
 use rmm_allocator::{Device, StreamView};
@@ -92,6 +93,46 @@ impl SpillStatistics {
     /// Bandwidth back to the device in GB/s.
     pub fn unspill_gbps(&self) -> f64 {
         rate(self.unspilled_bytes, self.unspill_seconds)
+    }
+}
+
+impl std::fmt::Display for SpillStatistics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let b = |x: u64| fmt_bytes(x as usize);
+        writeln!(
+            f,
+            "spill: limit {}, tracked {} (peak {}); off the device {} buffers, {} at {:.1} GB/s; back {} buffers, {} at {:.1} GB/s",
+            b(self.limit),
+            b(self.tracked_bytes),
+            b(self.peak_tracked_bytes),
+            self.spilled_count,
+            b(self.spilled_bytes),
+            self.spill_gbps(),
+            self.unspilled_count,
+            b(self.unspilled_bytes),
+            self.unspill_gbps()
+        )?;
+        for (name, t, extra) in [
+            (
+                "host",
+                &self.host,
+                format!(" of a {} pool", b(self.host_pool_bytes)),
+            ),
+            ("disk", &self.disk, String::new()),
+        ] {
+            writeln!(
+                f,
+                "  {name}: holds {}{extra}; in {} ({}, {:.1} GB/s), out {} ({}, {:.1} GB/s)",
+                b(t.held_bytes),
+                t.spilled_count,
+                b(t.spilled_bytes),
+                t.spill_gbps(),
+                t.unspilled_count,
+                b(t.unspilled_bytes),
+                t.unspill_gbps()
+            )?;
+        }
+        Ok(())
     }
 }
 

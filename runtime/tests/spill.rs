@@ -83,6 +83,11 @@ fn buffers_stay_under_the_limit_and_keep_every_byte() {
     assert!(ok);
     let report = rt.report();
     assert!(report.devices[0].spill.as_ref().unwrap().spilled_bytes > 0);
+    let table = report.to_string();
+    assert!(
+        table.contains("spill: limit 64.00 MiB") && table.contains("host: holds"),
+        "{table}"
+    );
 }
 
 #[test]
