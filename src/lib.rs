@@ -6,3 +6,7 @@
 pub use rmm_allocator as allocator;
 pub use rmm_config as config;
 pub use rmm_runtime as runtime;
+
+pub mod bench;
+pub mod demo;
+pub mod timeline;

@@ -153,3 +153,145 @@ fn a_malformed_log_names_the_file_and_line() {
         text(&out).1
     );
 }
+
+/// The sample log shipped with the allocator's tests, found at run time.
+fn sample_log() -> PathBuf {
+    let root = std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR at run time");
+    PathBuf::from(root).join("allocator/tests/data/rmm_log_sample.csv")
+}
+
+fn pickle_dict(path: &std::path::Path) -> serde_pickle::Value {
+    let bytes = std::fs::read(path).unwrap();
+    serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).unwrap()
+}
+
+fn key<'a>(v: &'a serde_pickle::Value, k: &str) -> &'a serde_pickle::Value {
+    match v {
+        serde_pickle::Value::Dict(d) => d
+            .get(&serde_pickle::HashableValue::String(k.into()))
+            .unwrap_or_else(|| panic!("no {k:?} in {v:?}")),
+        _ => panic!("not a dict: {v:?}"),
+    }
+}
+
+fn items(v: &serde_pickle::Value) -> &[serde_pickle::Value] {
+    match v {
+        serde_pickle::Value::List(l) => l,
+        _ => panic!("not a list: {v:?}"),
+    }
+}
+
+fn actions(snapshot: &serde_pickle::Value) -> Vec<String> {
+    let traces = items(key(snapshot, "device_traces"));
+    assert_eq!(traces.len(), 1, "one device");
+    items(&traces[0])
+        .iter()
+        .map(|e| match key(e, "action") {
+            serde_pickle::Value::String(s) => s.clone(),
+            other => panic!("action {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn plot_and_torch_snapshot_of_the_sample_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (svg, pickle) = (tmp.path().join("t.svg"), tmp.path().join("t.pickle"));
+    let log = sample_log();
+    let out = rmm(&[
+        "replay",
+        log.to_str().unwrap(),
+        "--simulate-capacity",
+        "8GiB",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--torch-snapshot",
+        pickle.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("plot:       {}", svg.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("snapshot:   {}", pickle.display())),
+        "{stdout}"
+    );
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg"), "{plot}");
+    assert!(plot.trim_end().ends_with("</svg>"));
+    assert!(plot.contains("rmm_log_sample.csv") && plot.contains("device 0"));
+    // The pool's events: its initial chunk, then the log's 4 allocations and 4 frees.
+    let snapshot = pickle_dict(&pickle);
+    let got = actions(&snapshot);
+    assert_eq!(
+        got.first().map(String::as_str),
+        Some("segment_alloc"),
+        "{got:?}"
+    );
+    assert_eq!(got.iter().filter(|a| *a == "alloc").count(), 4, "{got:?}");
+    assert_eq!(got.iter().filter(|a| *a == "free_completed").count(), 4);
+    let segments = items(key(&snapshot, "segments"));
+    assert_eq!(segments.len(), 1, "the pool's chunk");
+    assert_eq!(
+        key(&segments[0], "total_size"),
+        &serde_pickle::Value::I64(4 << 30),
+        "half of the free memory"
+    );
+
+    // A resource without hooks: the log's own events, with its logged failure.
+    let out = rmm(&[
+        "replay",
+        log.to_str().unwrap(),
+        "--simulate-capacity",
+        "8GiB",
+        "--resource",
+        "cuda",
+        "--torch-snapshot",
+        pickle.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("from the log's events"), "{stdout}");
+    let got = actions(&pickle_dict(&pickle));
+    assert_eq!(got.iter().filter(|a| *a == "alloc").count(), 4, "{got:?}");
+    assert_eq!(got.iter().filter(|a| *a == "oom").count(), 1, "{got:?}");
+}
+
+#[test]
+fn a_replay_that_does_not_fit_is_plotted_with_its_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let svg = tmp.path().join("too_big.svg");
+    let log = write_log("too_big_plot.csv", 50);
+    let out = rmm(&[
+        "replay",
+        log.to_str().unwrap(),
+        "--simulate-capacity",
+        "40GiB",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("did not fit"), "{stderr}");
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.contains("out of memory"), "{plot}");
+
+    // A file that cannot be written is an error naming it.
+    let bad = tmp.path().join("no-such-dir").join("t.svg");
+    let out = rmm(&[
+        "replay",
+        sample_log().to_str().unwrap(),
+        "--simulate-capacity",
+        "8GiB",
+        "--plot",
+        bad.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stderr.contains(&format!("rmm: writing the SVG plot to {}", bad.display())),
+        "{stderr}"
+    );
+}

@@ -129,3 +129,31 @@ fn the_region_is_registered_while_the_pool_lives_and_released_after() {
     drop(slice);
     assert_eq!(sim.pinned_host_bytes(), 0);
 }
+
+#[test]
+fn a_growable_pool_pins_as_needed_and_stops_at_its_maximum() {
+    let sim = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Backed,
+    })
+    .unwrap();
+    let pool = PinnedHostPool::growable(sim, Some(160 * MIB));
+    assert!(pool.is_growable());
+    assert_eq!((pool.capacity(), sim.pinned_host_bytes()), (0, 0));
+    let a = pool.allocate(3 * MIB).unwrap();
+    assert_eq!(pool.capacity(), 32 * MIB, "the first step is the smallest");
+    // A request larger than any chunk so far gets a chunk of its own, in one slice.
+    let mut b = pool.allocate(100 * MIB).unwrap();
+    assert_eq!(b.len(), 100 * MIB);
+    b.as_mut_slice()[100 * MIB - 1] = 7;
+    assert_eq!(pool.capacity(), 132 * MIB);
+    assert_eq!(sim.pinned_host_bytes(), pool.capacity());
+    // Growing again would pass the maximum.
+    let err = pool.allocate(40 * MIB).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    // What is free is still handed out.
+    let c = pool.allocate(20 * MIB).unwrap();
+    drop((a, b, c));
+    assert_eq!(pool.used(), 0);
+}

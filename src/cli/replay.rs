@@ -1,20 +1,30 @@
 //! `rmm replay`: plays a memory event log (RMM's CSV format) against a resource and says how
-//! long it took, the peak bytes in use and whether every allocation fit.
+//! long it took, the peak bytes in use and whether every allocation fit; `--plot` and
+//! `--torch-snapshot` write its memory over time as an SVG plot and as a PyTorch memory
+//! snapshot.
 
+use std::any::Any;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use clap::{Args, ValueEnum};
+use rmm::allocator::adaptor::replay::{LogAction, ReplayReport};
 use rmm::allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, replay};
-use rmm::allocator::backend::{self, SimBackend, SimConfig, SimMemoryMode};
+use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::error::fmt_bytes;
 use rmm::allocator::per_device::SharedResource;
 use rmm::allocator::resource::{
     BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource,
     PoolMemoryResource, PoolSize,
 };
-use rmm::allocator::{Device, DeviceMemoryResource};
+use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, StreamView};
 use rmm::config::Size;
+use rmm::timeline::{
+    Action, DeviceTimeline, Mark, MarkKind, MemoryEvent, Recorder, Timeline, samples_from_events,
+    write_svg, write_torch_snapshot,
+};
 
 /// The resource to replay against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -66,6 +76,13 @@ pub struct ReplayArgs {
     /// Device ordinal to replay on.
     #[arg(long, default_value_t = 0)]
     pub device: u32,
+    /// Write the replay's memory over time (bytes in use and reserved) to this SVG file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Write the replay's allocator events as a PyTorch memory snapshot (a pickle) to this
+    /// file, for https://pytorch.org/memory_viz or torch.cuda._memory_viz.
+    #[arg(long, value_name = "FILE")]
+    pub torch_snapshot: Option<PathBuf>,
 }
 
 fn parse_size(text: &str) -> Result<Size, String> {
@@ -95,17 +112,106 @@ fn pool_size(s: Size) -> PoolSize {
     }
 }
 
-fn build(args: &ReplayArgs, device: Device) -> Result<SharedResource, Box<dyn std::error::Error>> {
+/// A pool's upstream while a timeline is recorded: records the chunks the pool takes at
+/// construction and every chunk it gives back as segment events, which no memory hook
+/// reports (the pool's growth is reported by its own `alloc_*` hooks, which the recorder
+/// sees). Otherwise it is its inner resource: same name, same memory.
+#[derive(Debug)]
+struct ChunkTap {
+    inner: SharedResource,
+    recorder: Arc<Recorder>,
+    constructing: AtomicBool,
+}
+
+impl ChunkTap {
+    fn record(&self, action: Action, ptr: DevicePtr, bytes: usize, stream: StreamView) {
+        self.recorder.record(
+            self.inner.device().ordinal(),
+            MemoryEvent {
+                t: self.recorder.now(),
+                action,
+                addr: ptr.0,
+                size: bytes as u64,
+                stream: stream.raw(),
+            },
+        );
+    }
+}
+
+impl DeviceMemoryResource for ChunkTap {
+    fn allocate(&self, bytes: usize, stream: StreamView) -> rmm::allocator::Result<DevicePtr> {
+        let p = self.inner.allocate(bytes, stream)?;
+        if self.constructing.load(Ordering::Relaxed) && !p.is_null() {
+            self.record(Action::SegmentAlloc, p, bytes, stream);
+        }
+        Ok(p)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: StreamView,
+    ) -> rmm::allocator::Result<()> {
+        self.inner.deallocate(ptr, bytes, stream)?;
+        self.record(Action::SegmentFree, ptr, bytes, stream);
+        Ok(())
+    }
+
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
+        match other.as_any().downcast_ref::<ChunkTap>() {
+            Some(o) => self.inner.is_equal(&*o.inner),
+            None => self.inner.is_equal(other),
+        }
+    }
+
+    fn memory_info(&self) -> rmm::allocator::Result<MemInfo> {
+        self.inner.memory_info()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn build(
+    args: &ReplayArgs,
+    device: Device,
+    recorder: Option<&Arc<Recorder>>,
+) -> Result<SharedResource, Box<dyn std::error::Error>> {
     let cuda: SharedResource = Arc::new(CudaMemoryResource::new(device));
     let pool = || -> Result<SharedResource, Box<dyn std::error::Error>> {
-        let mut b = PoolMemoryResource::builder(Arc::clone(&cuda));
+        let tap = recorder.map(|r| {
+            Arc::new(ChunkTap {
+                inner: Arc::clone(&cuda),
+                recorder: Arc::clone(r),
+                constructing: AtomicBool::new(true),
+            })
+        });
+        let upstream: SharedResource = match &tap {
+            Some(t) => Arc::clone(t) as SharedResource,
+            None => Arc::clone(&cuda),
+        };
+        let mut b = PoolMemoryResource::builder(upstream);
         if let Some(s) = args.pool_initial {
             b = b.initial_size(pool_size(s));
         }
         if let Some(s) = args.pool_maximum {
             b = b.maximum_size(pool_size(s));
         }
-        Ok(Arc::new(b.build()?))
+        let pool = b.build()?;
+        if let Some(t) = tap {
+            t.constructing.store(false, Ordering::Relaxed);
+        }
+        Ok(Arc::new(pool))
     };
     Ok(match args.resource {
         ResourceKind::Cuda => Arc::clone(&cuda),
@@ -135,7 +241,10 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let total = device.mem_info()?.total;
     println!("backend:    {}", b.describe());
     println!("device:     {} ({} total)", args.device, fmt_bytes(total));
-    let resource = build(&args, device)?;
+    let recorder = (args.plot.is_some() || args.torch_snapshot.is_some())
+        .then(|| Arc::new(Recorder::new(Instant::now())));
+    let guard = recorder.as_ref().map(Recorder::register);
+    let resource = build(&args, device, recorder.as_ref())?;
     let options = ReplayOptions {
         order: match args.order {
             Order::Logged => ReplayOrder::Logged,
@@ -144,7 +253,23 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         default_stream_only: false,
     };
     let report = replay(&log, &*resource, &options)?;
+    drop(guard);
     println!("{report}");
+    if let Some(recorder) = &recorder {
+        let (timeline, source) = timeline(&args, &log, &report, recorder, total as u64);
+        if let Some(path) = &args.plot {
+            write_svg(&timeline, path)?;
+            println!("plot:       {} ({source})", path.display());
+        }
+        if let Some(path) = &args.torch_snapshot {
+            write_torch_snapshot(&timeline, path)?;
+            println!(
+                "snapshot:   {} (PyTorch memory snapshot {source}; open it at \
+                 https://pytorch.org/memory_viz)",
+                path.display()
+            );
+        }
+    }
     match &report.failure {
         None => Ok(()),
         Some(f) => Err(format!(
@@ -161,5 +286,138 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             fmt_bytes(log.peak_bytes as usize),
         )
         .into()),
+    }
+}
+
+/// Seconds of each log event since the first timed one (untimed events take the time before
+/// them; a log that crosses midnight keeps counting).
+fn log_times(log: &EventLog) -> Vec<f64> {
+    const DAY_US: u64 = 86_400_000_000;
+    let mut first = None;
+    let (mut last, mut wrap, mut t) = (0u64, 0u64, 0.0);
+    log.events
+        .iter()
+        .map(|e| {
+            if let Some(us) = e.time_us {
+                let start = *first.get_or_insert(us);
+                if us < last {
+                    wrap += DAY_US;
+                }
+                last = us;
+                t = (us + wrap).saturating_sub(start) as f64 / 1e6;
+            }
+            t
+        })
+        .collect()
+}
+
+/// The log's own events as allocator events: allocations, frees of allocations the log made
+/// (others are skipped, as the replay skips them) and logged failures as out-of-memory.
+fn log_events(log: &EventLog, times: &[f64]) -> Vec<MemoryEvent> {
+    log.events
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| {
+            let (action, addr, size) = match (e.action, log.freed_allocation[i]) {
+                (LogAction::Allocate, _) if e.ptr != 0 && e.size != 0 => {
+                    (Action::Alloc, e.ptr, e.size)
+                }
+                (LogAction::Free, Some(a)) => (Action::FreeCompleted, e.ptr, log.events[a].size),
+                (LogAction::AllocateFailure, _) => (Action::Oom, 0, e.size),
+                _ => return None,
+            };
+            Some(MemoryEvent {
+                t: times[i],
+                action,
+                addr,
+                size: size as u64,
+                stream: e.stream,
+            })
+        })
+        .collect()
+}
+
+/// The replay's timeline: from the recorder's events (a pool reports them through its
+/// hooks), or from the log's own events, on the log's clock, when the resource reported none.
+/// Returns it with a few words on where the events came from.
+fn timeline(
+    args: &ReplayArgs,
+    log: &EventLog,
+    report: &ReplayReport,
+    recorder: &Recorder,
+    total: u64,
+) -> (Timeline, &'static str) {
+    let recorded = recorder.events(args.device);
+    let from_hooks = recorded
+        .iter()
+        .any(|e| matches!(e.action, Action::Alloc | Action::Oom));
+    let (events, source, oom_t) = if from_hooks {
+        let oom_t = report.failure.as_ref().map(|f| {
+            let ooms = || recorded.iter().filter(|e| e.action == Action::Oom);
+            ooms()
+                .find(|e| e.size == f.bytes as u64)
+                .or_else(|| ooms().next_back())
+                .or(recorded.last())
+                .map_or(0.0, |e| e.t)
+        });
+        (recorded, "from the pool's events", oom_t)
+    } else {
+        let times = log_times(log);
+        let oom_t = report.failure.as_ref().map(|f| {
+            log.events
+                .iter()
+                .position(|e| e.line == f.line)
+                .map_or(0.0, |i| times[i])
+        });
+        (
+            log_events(log, &times),
+            "from the log's events: the resource reports none",
+            oom_t,
+        )
+    };
+    let marks = match (&report.failure, oom_t) {
+        (Some(f), Some(t)) => vec![Mark {
+            t,
+            device: Some(args.device),
+            kind: MarkKind::OutOfMemory,
+            label: format!("out of memory: {} (line {})", fmt_bytes(f.bytes), f.line),
+        }],
+        _ => Vec::new(),
+    };
+    let name = args.file.file_name().map_or_else(
+        || args.file.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let timeline = Timeline {
+        title: format!("rmm replay {name}: {}", report.resource),
+        devices: vec![DeviceTimeline {
+            device: args.device,
+            total_memory: Some(total),
+            samples: samples_from_events(&events),
+            events,
+        }],
+        marks,
+    };
+    (timeline, source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_times_are_seconds_since_the_first_and_cross_midnight() {
+        let text = "Thread,Time,Action,Pointer,Size,Stream\n\
+                    1,23:59:59.500000,allocate,0x100,256,0x0\n\
+                    1,23:59:59.750000,allocate failure,0x0,512,0x0\n\
+                    1,00:00:00.250000,free,0x100,256,0x0\n";
+        let log = EventLog::parse(text, "t.csv").unwrap();
+        let times = log_times(&log);
+        assert_eq!(times, vec![0.0, 0.25, 0.75]);
+        let events = log_events(&log, &times);
+        let actions: Vec<Action> = events.iter().map(|e| e.action).collect();
+        assert_eq!(actions, [Action::Alloc, Action::Oom, Action::FreeCompleted]);
+        assert_eq!(events[2].size, 256);
+        assert_eq!(events[1].size, 512);
     }
 }

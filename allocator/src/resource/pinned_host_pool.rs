@@ -31,8 +31,11 @@ pub const PINNED_ALIGNMENT: usize = 256;
 const MIN_CHUNK: usize = 256 << 20;
 /// Threads that pre-fault and register at most.
 const MAX_THREADS: usize = 8;
-/// A growable pool pins at least this much at a time (fewer, larger registrations).
-pub const GROWTH_STEP: usize = 256 << 20;
+/// A growable pool pins at least this much at a time, and at most [`MAX_GROWTH_STEP`] (unless
+/// one request needs more): each step is the pool's capacity so far, so the pool doubles.
+pub const GROWTH_STEP: usize = 32 << 20;
+/// See [`GROWTH_STEP`].
+pub const MAX_GROWTH_STEP: usize = 1 << 30;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
 #[derive(Clone)]
@@ -88,7 +91,7 @@ impl PinnedHostPool {
     /// Pins `bytes` (rounded up to 2 MiB) through `backend`; the pool never grows.
     pub fn on(backend: &'static dyn Backend, bytes: usize) -> Result<PinnedHostPool> {
         let pool = Self::empty(backend, None);
-        pool.inner.grow(bytes)?;
+        pool.inner.grow(bytes, MIN_CHUNK)?;
         Ok(pool)
     }
 
@@ -177,9 +180,10 @@ impl PinnedHostPool {
             if let Some(s) = self.try_allocate(len) {
                 return Ok(s);
             }
-            let step = len.max(GROWTH_STEP);
+            let step = len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP));
             if self.capacity().saturating_add(step) <= limit {
-                self.inner.grow(step)?;
+                // Chunks at least as large as the request, so that it fits in one.
+                self.inner.grow(step, len.max(MIN_CHUNK))?;
                 if let Some(s) = self.try_allocate(len) {
                     return Ok(s);
                 }
@@ -220,14 +224,14 @@ impl PinnedHostPool {
 }
 
 impl Inner {
-    /// Pins a region of `bytes` and adds its chunks.
-    fn grow(&self, bytes: usize) -> Result<()> {
+    /// Pins a region of `bytes` in chunks of at least `min_chunk` and adds them.
+    fn grow(&self, bytes: usize, min_chunk: usize) -> Result<()> {
         let start = Instant::now();
         let region = Arc::new(PinnedRegion::new(
             self.backend,
             bytes,
             pinning_threads(),
-            MIN_CHUNK,
+            min_chunk,
         )?);
         let took = start.elapsed();
         self.pinning_ns

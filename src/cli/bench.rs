@@ -1,0 +1,138 @@
+//! `rmm bench`: the allocator benchmark of `cargo bench --bench allocators` (`rmm::bench`) on
+//! the current backend, as a markdown table or JSON.
+
+use clap::Args;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use rmm::allocator::Device;
+use rmm::allocator::backend::{self, Backend, BackendKind, SimBackend, SimConfig, SimMemoryMode};
+use rmm::allocator::error::fmt_bytes;
+use rmm::bench::{AllocatorBenchOptions, Resource, Scale, Shape, run_allocators_with};
+
+/// Arguments of `rmm bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// How many operations: tiny (1 %: a smoke test of seconds, even without a GPU), small
+    /// (10 %) or full (a million steps per single-thread trace, as `cargo bench --bench
+    /// allocators` runs).
+    #[arg(
+        long,
+        value_name = "SCALE",
+        default_value = "small",
+        value_parser = PossibleValuesParser::new(["tiny", "small", "full"])
+            .try_map(|s| s.parse::<Scale>()),
+    )]
+    pub scale: Scale,
+    /// Print the result as JSON (ns/op per resource and shape, the same-run speed-ups, the
+    /// failures, the device and the options) instead of the tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Device ordinal to run on.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub device: u32,
+    /// Resources to measure (table rows), comma-separated: cuda (cuMemAlloc per request), async
+    /// (cuMemAllocAsync), pool (our PoolMemoryResource), binning (bins in front of the pool).
+    /// Default: all.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_parser = PossibleValuesParser::new(["cuda", "async", "pool", "binning"])
+            .try_map(|s| s.parse::<Resource>()),
+    )]
+    pub resources: Vec<Resource>,
+    /// Workload shapes to run (table columns), comma-separated: churn (1 MiB allocate/free),
+    /// random (256 B – 16 MiB under a cap), small (8 B – 64 KiB), mt8 and mt16 (random on 8 or
+    /// 16 threads). Default: all.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_parser = PossibleValuesParser::new(["churn", "random", "small", "mt8", "mt16"])
+            .try_map(|s| s.parse::<Shape>()),
+    )]
+    pub shapes: Vec<Shape>,
+    /// Timed passes per measurement, after one warm-up pass; the best is reported.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub rounds: u32,
+}
+
+/// The backend to measure: the process-wide one (`RMM_BACKEND`), except that a simulated
+/// device is made unbacked (addresses only) unless `RMM_SIM_MODE` asks otherwise, so that the
+/// figures are the resources' bookkeeping rather than the host's `calloc`.
+fn bench_backend() -> Result<&'static dyn Backend, Box<dyn std::error::Error>> {
+    let b = backend::global()?;
+    if b.kind() != BackendKind::Sim || std::env::var_os("RMM_SIM_MODE").is_some() {
+        return Ok(b);
+    }
+    Ok(SimBackend::leak(SimConfig {
+        mode: SimMemoryMode::Unbacked,
+        ..SimConfig::from_env()?
+    })?)
+}
+
+/// Runs `rmm bench`.
+pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let b = bench_backend()?;
+    let props = Device::on(b, args.device)?.properties()?;
+    let mut options = AllocatorBenchOptions {
+        scale: args.scale.factor(),
+        rounds: usize::try_from(args.rounds)?,
+        device: args.device,
+        ..AllocatorBenchOptions::default()
+    };
+    if !args.resources.is_empty() {
+        options.resources = args.resources;
+    }
+    if !args.shapes.is_empty() {
+        options.shapes = args.shapes;
+    }
+    let default_cap = options.cap;
+    let options = options.fitted_to(props.total_memory);
+    let simulated = b.kind() != BackendKind::Cuda;
+    let note = "simulated device: the figures measure the resources' bookkeeping only (no \
+                driver latency); run on a GPU for real costs";
+    if args.json {
+        if simulated {
+            eprintln!("{note}");
+        }
+    } else {
+        println!("backend: {}", b.describe());
+        println!(
+            "device:  {} {} ({})",
+            args.device,
+            props.name,
+            fmt_bytes(props.total_memory)
+        );
+        if simulated {
+            println!("{note}");
+        }
+        if options.cap < default_cap {
+            println!(
+                "caps:    {} (random, mt8, mt16) and {} (small), fitted to the device",
+                fmt_bytes(options.cap),
+                fmt_bytes(options.small_cap)
+            );
+        }
+    }
+    let total = options.resources.len();
+    let mut done = 0;
+    let report = run_allocators_with(b, &options, |row, failures| {
+        done += 1;
+        for f in failures {
+            eprintln!("rmm bench: {f}");
+        }
+        eprintln!("measured {} ({done}/{total})", row.resource);
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!();
+        print!("{report}");
+    }
+    match report.failures.len() {
+        0 => Ok(()),
+        n => {
+            Err(format!("{n} measurement(s) failed (see above); the table shows them as –").into())
+        }
+    }
+}

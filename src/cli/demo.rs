@@ -1,0 +1,126 @@
+//! `rmm demo`: the main job. Runs a Dask-shaped workload through the runtime on every
+//! configured device, with spilling and reinitialize between phases, checks its own results,
+//! and prints a table per device (or JSON); optionally a timeline picture and a PyTorch
+//! memory snapshot.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use parking_lot::Mutex;
+use rmm::config::ConfigLoader;
+use rmm::demo::{DemoOptions, DemoSize, Progress};
+
+/// How much work (`--size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Size {
+    /// 32 MiB of results per device: a smoke run in seconds.
+    Tiny,
+    /// 256 MiB of results per device; under a minute without a GPU.
+    Small,
+    /// 2 GiB of results per device.
+    Medium,
+    /// 24 GiB of results per device: for real GPUs (about 30 GB of host memory per device
+    /// holds the spilled data).
+    Large,
+}
+
+/// Arguments of `rmm demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How much work: results per device, and the spill limit (half of that) the demo sets.
+    #[arg(long, value_enum, default_value_t = Size::Small)]
+    pub size: Size,
+    /// Print the results as JSON on standard output instead of a table (progress still goes
+    /// to standard error).
+    #[arg(long)]
+    pub json: bool,
+    /// Draw bytes in use and reserved over time per device, with phases, spills and
+    /// reinitializes marked, as an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Write the allocator's events as a PyTorch memory snapshot (a pickle), to open in
+    /// PyTorch's memory_viz (https://pytorch.org/memory_viz) or `torch.cuda._memory_viz`.
+    #[arg(long, value_name = "FILE.pickle")]
+    pub torch_snapshot: Option<PathBuf>,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// A progress bar per phase on a terminal; one line per phase otherwise.
+struct Bars {
+    terminal: bool,
+    bar: Mutex<Option<ProgressBar>>,
+}
+
+impl Progress for Bars {
+    fn phase(&self, name: &str, steps: u64) {
+        if self.terminal {
+            let bar = ProgressBar::new(steps);
+            if let Ok(style) =
+                ProgressStyle::with_template("{msg:>14} [{bar:40}] {pos}/{len} {elapsed_precise}")
+            {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar.set_message(name.to_string());
+            *self.bar.lock() = Some(bar);
+        } else {
+            eprintln!("phase {name}: {steps} steps");
+        }
+    }
+
+    fn step(&self) {
+        if let Some(b) = &*self.bar.lock() {
+            b.inc(1);
+        }
+    }
+
+    fn finish(&self, summary: &str) {
+        if let Some(b) = self.bar.lock().take() {
+            b.finish_and_clear();
+        }
+        eprintln!("{summary}");
+    }
+}
+
+/// Runs `rmm demo`.
+pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let progress: Arc<dyn Progress> = if args.quiet {
+        Arc::new(rmm::demo::NoProgress)
+    } else {
+        Arc::new(Bars {
+            terminal: std::io::stderr().is_terminal(),
+            bar: Mutex::new(None),
+        })
+    };
+    let report = rmm::demo::run(DemoOptions {
+        size: match args.size {
+            Size::Tiny => DemoSize::Tiny,
+            Size::Small => DemoSize::Small,
+            Size::Medium => DemoSize::Medium,
+            Size::Large => DemoSize::Large,
+        },
+        loader: ConfigLoader::new(),
+        progress,
+        sample_every: Duration::from_millis(10),
+        record_events: args.torch_snapshot.is_some(),
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{report}");
+    }
+    if let Some(path) = &args.plot {
+        rmm::timeline::svg::write_svg(&report.timeline, path)?;
+        eprintln!("timeline: {}", path.display());
+    }
+    if let Some(path) = &args.torch_snapshot {
+        rmm::timeline::torch::write_torch_snapshot(&report.timeline, path)?;
+        eprintln!("PyTorch memory snapshot: {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,607 @@
+//! `rmm demo`: a Dask-shaped workload through the runtime, on every configured device.
+//!
+//! Three phases with a reinitialize between each, data kept across both:
+//!
+//! 1. **pooled**: many tasks per worker, each making an input, transforming it on the device
+//!    into a spillable result and freeing its temporaries; the results add up to twice the
+//!    spill limit the demo sets, so the spill manager spills all along.
+//! 2. **plain**: reinitialize to plain `cuMemAlloc` (no pool): every result is spilled to
+//!    host memory first, then each worker fills its share of most of the device with plain
+//!    allocations, checks them and frees them: the phase that needs the pool's memory back.
+//! 3. **pooled again**: reinitialize back to the pool; every result comes back (into the new
+//!    pool) on first use, is checked, and is transformed again; at the end every result is
+//!    checked wherever it is.
+//!
+//! Everything is checked against hashes the host computes from the same seeds; a mismatch
+//! fails the run. The configuration is `rmm.toml` (and the environment) with the pool and
+//! spilling settings each phase needs put on top.
+
+mod sampler;
+mod workload;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::allocator::backend::{self, Backend, CudaBackend, SimBackend, SimConfig};
+use crate::allocator::error::fmt_bytes;
+use crate::config::{Config, ConfigLoader};
+use crate::runtime::{Runtime, SpillStatistics, TaskHandle};
+use serde::Serialize;
+
+use crate::timeline::Timeline;
+use sampler::Sampler;
+use workload::Kept;
+
+/// A task that makes one result (and counts its allocations).
+type Produced = TaskHandle<Result<(Kept, u64), DemoError>>;
+
+/// How much work the demo does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DemoSize {
+    /// 32 MiB of results per device (simulated: 256 MiB devices): a smoke run in seconds.
+    Tiny,
+    /// 256 MiB of results per device (a simulated device of 1 GiB): under a minute on a
+    /// 2-core machine without a GPU.
+    Small,
+    /// 2 GiB of results per device (simulated: 8 GiB devices).
+    Medium,
+    /// 24 GiB of results per device (simulated: 32 GiB devices): for real GPUs.
+    Large,
+}
+
+/// The sizes behind a [`DemoSize`].
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Scale {
+    /// Bytes of results per device.
+    pub results_per_device: u64,
+    /// The spill limit the demo sets (half the results).
+    pub spill_limit: u64,
+    /// Smallest and largest result.
+    pub min_result: usize,
+    /// See `min_result`.
+    pub max_result: usize,
+    /// Plain allocations of phase 2 are this large.
+    pub plain_chunk: usize,
+    /// Memory of each simulated device when the demo makes the simulated backend.
+    pub sim_memory: usize,
+}
+
+impl DemoSize {
+    /// The sizes.
+    pub fn scale(self) -> Scale {
+        const MIB: usize = 1 << 20;
+        let (results, min, max, chunk, sim) = match self {
+            DemoSize::Tiny => (32 * MIB, 16 << 10, 2 * MIB, 16 * MIB, 256 * MIB),
+            DemoSize::Small => (256 * MIB, 64 << 10, 8 * MIB, 64 * MIB, 1024 * MIB),
+            DemoSize::Medium => (2048 * MIB, 256 << 10, 32 * MIB, 256 * MIB, 8192 * MIB),
+            DemoSize::Large => (24576 * MIB, MIB, 128 * MIB, 1024 * MIB, 32768 * MIB),
+        };
+        Scale {
+            results_per_device: results as u64,
+            spill_limit: results as u64 / 2,
+            min_result: min,
+            max_result: max,
+            plain_chunk: chunk,
+            sim_memory: sim,
+        }
+    }
+}
+
+/// Told how the demo goes (the CLI draws progress bars).
+pub trait Progress: Send + Sync {
+    /// A phase with `steps` steps begins.
+    fn phase(&self, name: &str, steps: u64);
+    /// One step is done.
+    fn step(&self);
+    /// The phase is over.
+    fn finish(&self, summary: &str);
+}
+
+/// No progress output.
+#[derive(Debug, Default)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn phase(&self, _name: &str, _steps: u64) {}
+    fn step(&self) {}
+    fn finish(&self, _summary: &str) {}
+}
+
+/// What went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    /// The configuration could not be loaded or resolved.
+    #[error(transparent)]
+    Config(#[from] crate::config::Error),
+    /// The runtime failed.
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::Error),
+    /// A device operation failed.
+    #[error(transparent)]
+    Allocator(#[from] crate::allocator::Error),
+    /// A task panicked or was cancelled.
+    #[error("a demo task failed: {0}")]
+    Task(#[from] crate::runtime::TaskError),
+    /// A result did not hold the expected bytes, or a phase could not run as planned.
+    #[error("demo check failed: {0}")]
+    Check(String),
+}
+
+/// Options of a run.
+pub struct DemoOptions {
+    /// How much work.
+    pub size: DemoSize,
+    /// The configuration loader (file and environment); the demo adds its overrides.
+    pub loader: ConfigLoader,
+    /// Progress output.
+    pub progress: Arc<dyn Progress>,
+    /// Sample memory every this often for the timeline.
+    pub sample_every: Duration,
+    /// Record allocator events (for a PyTorch memory snapshot).
+    pub record_events: bool,
+}
+
+/// One phase on one device.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PhaseDevice {
+    /// The device.
+    pub device: u32,
+    /// Tasks run on it.
+    pub tasks: u64,
+    /// Device allocations made by the tasks.
+    pub allocations: u64,
+    /// Allocations per second over the phase.
+    pub allocations_per_second: f64,
+    /// Most bytes in use at once (the statistics adaptor's peak).
+    pub peak_in_use: u64,
+    /// Most bytes reserved from the device at once (sampled).
+    pub peak_reserved: u64,
+    /// Bytes moved off the device during the phase, and the bandwidth.
+    pub spilled_bytes: u64,
+    /// See `spilled_bytes`.
+    pub spill_gbps: f64,
+    /// Bytes brought back during the phase, and the bandwidth.
+    pub unspilled_bytes: u64,
+    /// See `unspilled_bytes`.
+    pub unspill_gbps: f64,
+}
+
+/// One phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseReport {
+    /// Its name.
+    pub name: String,
+    /// Wall time in seconds.
+    pub seconds: f64,
+    /// Per device.
+    pub devices: Vec<PhaseDevice>,
+}
+
+/// One reinitialize between phases.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReinitSummary {
+    /// From which phase to which.
+    pub transition: String,
+    /// Milliseconds in all.
+    pub total_ms: f64,
+    /// Of which spilling.
+    pub spill_ms: f64,
+    /// Bytes spilled for it.
+    pub spilled_bytes: u64,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct DemoReport {
+    /// The backend, e.g. `"cuda (driver API 13.0, 2 devices)"`.
+    pub backend: String,
+    /// The size chosen, and its sizes.
+    pub size: DemoSize,
+    /// See `size`.
+    pub scale: Scale,
+    /// Devices used.
+    pub devices: Vec<u32>,
+    /// Workers per device.
+    pub workers_per_device: u32,
+    /// The phases.
+    pub phases: Vec<PhaseReport>,
+    /// The reinitializes.
+    pub reinitializes: Vec<ReinitSummary>,
+    /// Results checked (each once after coming back into the new pool, once at the end).
+    pub checked: u64,
+    /// Seconds in all.
+    pub seconds: f64,
+    /// Memory over time (not in the JSON: written as a picture or a snapshot).
+    #[serde(skip)]
+    pub timeline: Timeline,
+}
+
+/// Makes the process-wide backend: the GPU if the configuration (or `auto`) finds one, else
+/// a simulated backend whose devices are sized for `scale` unless `RMM_SIM_MEMORY` says.
+fn open_backend(config: &Config, scale: &Scale) -> Result<&'static dyn Backend, DemoError> {
+    if let Some(b) = backend::installed() {
+        return Ok(b);
+    }
+    let sim = match config.backend {
+        crate::config::Backend::Sim => true,
+        crate::config::Backend::Cuda => false,
+        crate::config::Backend::Auto => CudaBackend::load()
+            .ok()
+            .is_none_or(|b| b.device_count() == 0),
+    };
+    if !sim {
+        return Ok(crate::runtime::open_backend(config.backend)?);
+    }
+    let mut sim_config = SimConfig::from_env()?;
+    if std::env::var_os("RMM_SIM_MEMORY").is_none() {
+        sim_config.capacity = scale.sim_memory;
+    }
+    let b = SimBackend::leak(sim_config)?;
+    Ok(match backend::install_global(b) {
+        Ok(()) => b,
+        Err(existing) => existing,
+    })
+}
+
+/// Result sizes for one device: log-uniform between the scale's bounds, adding up to its
+/// results per device.
+fn result_sizes(scale: &Scale, device: u32) -> Vec<(usize, u64)> {
+    let mut x = 0x1234_5678_9ABC_DEF1u64 ^ u64::from(device).wrapping_mul(0x9E37_79B9);
+    let (lo, hi) = (
+        (scale.min_result as f64).ln(),
+        (scale.max_result as f64).ln(),
+    );
+    let mut sizes = Vec::new();
+    let mut sum = 0u64;
+    while sum < scale.results_per_device {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+        let size = ((lo + u * (hi - lo)).exp() as usize).next_multiple_of(8);
+        sizes.push((size, x));
+        sum += size as u64;
+    }
+    sizes
+}
+
+/// Runs the demo; `Err` when anything failed, a check included.
+pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
+    let started = Instant::now();
+    let scale = options.size.scale();
+    let base = options.loader.load()?;
+    let b = open_backend(&base, &scale)?;
+    let pooled = options
+        .loader
+        .clone()
+        .set("pool.enabled", true)
+        .set("pool.managed", false)
+        .set("pool.async", false)
+        .set("spill.enabled", true)
+        .set("spill.eager_unspill", false)
+        .set("spill.device_memory_limit", scale.spill_limit as i64);
+    let plain = pooled
+        .clone()
+        .set("pool.enabled", false)
+        .set("limits.device_memory_limit", "none");
+    let pooled_config = pooled.load()?;
+    let plain_config = plain.load()?;
+    let rt = Runtime::start(&pooled_config)?;
+    let devices = rt.devices();
+    let workers = pooled_config.workers_per_device;
+    let sampler = Sampler::start(
+        rt.handle(),
+        started,
+        options.sample_every,
+        options.record_events,
+    );
+    let progress = &options.progress;
+    let mut phases = Vec::new();
+    let mut reinitializes = Vec::new();
+
+    // Phase 1: produce results, spilling all along.
+    sampler.phase("pooled");
+    let mut phase = PhaseRun::begin(&rt, &devices);
+    let plan: Vec<(u32, usize, u64)> = devices
+        .iter()
+        .flat_map(|&d| {
+            result_sizes(&scale, d)
+                .into_iter()
+                .map(move |(s, x)| (d, s, x))
+        })
+        .collect();
+    progress.phase("pooled", plan.len() as u64);
+    let handles: Vec<(u32, Produced)> = plan
+        .iter()
+        .map(|&(d, size, seed)| {
+            let p = Arc::clone(progress);
+            let h = rt.submit_to_device(d, move |ctx| {
+                let r = workload::produce(ctx, size, seed);
+                p.step();
+                r
+            });
+            (d, h)
+        })
+        .collect();
+    let mut kept: Vec<(u32, Kept)> = Vec::with_capacity(handles.len());
+    for (d, h) in handles {
+        let (k, allocations) = h.wait()??;
+        phase.task(d, allocations);
+        kept.push((d, k));
+    }
+    phases.push(phase.end(&rt, "pooled", &sampler));
+    progress.finish(&phase_line(phases.last()));
+
+    // Reinitialize to plain allocations: results go to host memory.
+    sampler.mark_reinitialize("pooled → plain");
+    let r = rt.reinitialize(&plain_config)?;
+    reinitializes.push(summary("pooled → plain", &r));
+    sampler.segments_released(&devices);
+
+    // Phase 2: most of every device in plain allocations.
+    sampler.phase("plain");
+    let mut phase = PhaseRun::begin(&rt, &devices);
+    let mut shares = Vec::new();
+    for &d in &devices {
+        let info = crate::allocator::Device::on(b, d)?.mem_info()?;
+        let share = (info.free as f64 * 0.85) as usize / workers as usize;
+        let share = share / scale.plain_chunk * scale.plain_chunk;
+        if share == 0 {
+            return Err(DemoError::Check(format!(
+                "device {d} has {} free: too little for the plain phase",
+                fmt_bytes(info.free)
+            )));
+        }
+        shares.push((d, share));
+    }
+    let steps: u64 = shares
+        .iter()
+        .map(|(_, s)| (s / scale.plain_chunk) as u64 * u64::from(workers))
+        .sum();
+    progress.phase("plain", steps);
+    let mut handles = Vec::new();
+    for &(d, share) in &shares {
+        for w in 0..workers {
+            let p = Arc::clone(progress);
+            let chunk = scale.plain_chunk;
+            let h = rt.submit_to_worker(
+                crate::runtime::WorkerId {
+                    device: d,
+                    index: w,
+                },
+                move |ctx| workload::fill_device(ctx, share, chunk, &|| p.step()),
+            );
+            handles.push((d, h));
+        }
+    }
+    for (d, h) in handles {
+        let allocations = h.wait()??;
+        phase.task(d, allocations);
+    }
+    phases.push(phase.end(&rt, "plain", &sampler));
+    progress.finish(&phase_line(phases.last()));
+
+    // Back to the pool; results come back on first use.
+    sampler.mark_reinitialize("plain → pooled");
+    let r = rt.reinitialize(&pooled_config)?;
+    reinitializes.push(summary("plain → pooled", &r));
+
+    // Phase 3: check every result in the new pool, transform it again.
+    sampler.phase("pooled again");
+    let mut phase = PhaseRun::begin(&rt, &devices);
+    progress.phase("pooled again", kept.len() as u64);
+    let handles: Vec<(u32, Produced)> = kept
+        .into_iter()
+        .map(|(d, k)| {
+            let p = Arc::clone(progress);
+            let h = rt.submit_to_device(d, move |ctx| {
+                let r = workload::transform_again(ctx, &k);
+                p.step();
+                r
+            });
+            (d, h)
+        })
+        .collect();
+    let mut results = Vec::with_capacity(handles.len());
+    for (d, h) in handles {
+        let (k, allocations) = h.wait()??;
+        phase.task(d, allocations);
+        results.push(k);
+    }
+    let checked_in_phase = results.len() as u64;
+    for k in &results {
+        workload::check(k)?;
+    }
+    phases.push(phase.end(&rt, "pooled again", &sampler));
+    progress.finish(&phase_line(phases.last()));
+    drop(results);
+
+    let timeline = sampler.finish(
+        &rt,
+        &devices,
+        format!("rmm demo --size {}", options.size.name()),
+    );
+    rt.shutdown()?;
+    Ok(DemoReport {
+        backend: b.describe(),
+        size: options.size,
+        scale,
+        devices,
+        workers_per_device: workers,
+        phases,
+        reinitializes,
+        checked: checked_in_phase * 2,
+        seconds: started.elapsed().as_secs_f64(),
+        timeline,
+    })
+}
+
+impl DemoSize {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DemoSize::Tiny => "tiny",
+            DemoSize::Small => "small",
+            DemoSize::Medium => "medium",
+            DemoSize::Large => "large",
+        }
+    }
+}
+
+fn summary(transition: &str, r: &crate::runtime::ReinitReport) -> ReinitSummary {
+    ReinitSummary {
+        transition: transition.into(),
+        total_ms: r.total.as_secs_f64() * 1e3,
+        spill_ms: r.spill.as_secs_f64() * 1e3,
+        spilled_bytes: r.spilled_bytes,
+    }
+}
+
+fn phase_line(p: Option<&PhaseReport>) -> String {
+    p.map_or(String::new(), |p| {
+        format!(
+            "{}: {} tasks in {:.2} s",
+            p.name,
+            p.devices.iter().map(|d| d.tasks).sum::<u64>(),
+            p.seconds
+        )
+    })
+}
+
+/// Counts of one phase while it runs.
+struct PhaseRun {
+    start: Instant,
+    spill_before: Vec<SpillStatistics>,
+    counts: Vec<(u32, u64, u64)>,
+}
+
+impl PhaseRun {
+    fn begin(rt: &Runtime, devices: &[u32]) -> PhaseRun {
+        PhaseRun {
+            start: Instant::now(),
+            spill_before: devices
+                .iter()
+                .map(|&d| {
+                    rt.spill_manager(d)
+                        .map(|m| m.statistics())
+                        .unwrap_or_default()
+                })
+                .collect(),
+            counts: devices.iter().map(|&d| (d, 0, 0)).collect(),
+        }
+    }
+
+    fn task(&mut self, device: u32, allocations: u64) {
+        if let Some(c) = self.counts.iter_mut().find(|c| c.0 == device) {
+            c.1 += 1;
+            c.2 += allocations;
+        }
+    }
+
+    fn end(self, rt: &Runtime, name: &str, sampler: &Sampler) -> PhaseReport {
+        let seconds = self.start.elapsed().as_secs_f64();
+        let devices = self
+            .counts
+            .into_iter()
+            .zip(self.spill_before)
+            .map(|((device, tasks, allocations), before)| {
+                let after = rt
+                    .spill_manager(device)
+                    .map(|m| m.statistics())
+                    .unwrap_or_default();
+                let spilled = after.spilled_bytes - before.spilled_bytes;
+                let spill_s = after.spill_seconds - before.spill_seconds;
+                let unspilled = after.unspilled_bytes - before.unspilled_bytes;
+                let unspill_s = after.unspill_seconds - before.unspill_seconds;
+                let peak_in_use = rt
+                    .stack(device)
+                    .map_or(0, |s| s.statistics().lifetime_bytes().peak.max(0) as u64);
+                PhaseDevice {
+                    device,
+                    tasks,
+                    allocations,
+                    allocations_per_second: allocations as f64 / seconds.max(1e-9),
+                    peak_in_use,
+                    peak_reserved: sampler.peak_reserved(device, self.start),
+                    spilled_bytes: spilled,
+                    spill_gbps: gbps(spilled, spill_s),
+                    unspilled_bytes: unspilled,
+                    unspill_gbps: gbps(unspilled, unspill_s),
+                }
+            })
+            .collect();
+        PhaseReport {
+            name: name.into(),
+            seconds,
+            devices,
+        }
+    }
+}
+
+fn gbps(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 / secs / 1e9
+    } else {
+        0.0
+    }
+}
+
+impl fmt::Display for DemoReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = |x: u64| fmt_bytes(x as usize);
+        writeln!(f, "backend: {}", self.backend)?;
+        writeln!(
+            f,
+            "devices: {:?}, {} worker(s) each; size {}: {} of results per device, spill limit {}",
+            self.devices,
+            self.workers_per_device,
+            self.size.name(),
+            b(self.scale.results_per_device),
+            b(self.scale.spill_limit)
+        )?;
+        writeln!(f)?;
+        writeln!(
+            f,
+            "| device | phase | tasks | allocations/s | peak in use | peak reserved | spilled | unspilled |"
+        )?;
+        writeln!(f, "|---|---|---|---|---|---|---|---|")?;
+        for &d in &self.devices {
+            for p in &self.phases {
+                let Some(x) = p.devices.iter().find(|x| x.device == d) else {
+                    continue;
+                };
+                writeln!(
+                    f,
+                    "| {d} | {} | {} | {:.0} | {} | {} | {} ({:.1} GB/s) | {} ({:.1} GB/s) |",
+                    p.name,
+                    x.tasks,
+                    x.allocations_per_second,
+                    b(x.peak_in_use),
+                    b(x.peak_reserved),
+                    b(x.spilled_bytes),
+                    x.spill_gbps,
+                    b(x.unspilled_bytes),
+                    x.unspill_gbps
+                )?;
+            }
+        }
+        writeln!(f)?;
+        for r in &self.reinitializes {
+            writeln!(
+                f,
+                "reinitialize {}: {:.1} ms (spilling {} took {:.1} ms)",
+                r.transition,
+                r.total_ms,
+                b(r.spilled_bytes),
+                r.spill_ms
+            )?;
+        }
+        write!(
+            f,
+            "checked: {} results, every byte as expected; {:.1} s in all",
+            self.checked, self.seconds
+        )
+    }
+}

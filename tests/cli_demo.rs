@@ -1,0 +1,120 @@
+//! `rmm demo` as a process on the simulated device: it passes its own checks, spills,
+//! reinitializes twice, writes its timeline picture and PyTorch snapshot; a bad rmm.toml is
+//! one clear line and a non-zero exit.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn rmm(args: &[&str], config: &Path) -> Output {
+    // At run time where the runner says (nextest archives move binaries), else where cargo
+    // built it.
+    let exe = std::env::var("NEXTEST_BIN_EXE_rmm")
+        .or_else(|_| std::env::var("CARGO_BIN_EXE_rmm"))
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_rmm").to_string());
+    Command::new(exe)
+        .args(args)
+        .env("RMM_CONFIG", config)
+        .env("RMM_BACKEND", "sim")
+        .env_remove("RMM_SIM_MEMORY")
+        .env_remove("RMM_DEVICES")
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn a_tiny_demo_on_two_simulated_devices_checks_itself_and_reports_spilling() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "devices = [0, 1]\nworkers_per_device = 2\n").unwrap();
+    let svg = dir.path().join("timeline.svg");
+    let snapshot = dir.path().join("snapshot.pickle");
+    let out = rmm(
+        &[
+            "demo",
+            "--size",
+            "tiny",
+            "--json",
+            "--plot",
+            svg.to_str().unwrap(),
+            "--torch-snapshot",
+            snapshot.to_str().unwrap(),
+        ],
+        &config,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["devices"], serde_json::json!([0, 1]));
+    let phases = report["phases"].as_array().unwrap();
+    assert_eq!(
+        phases
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["pooled", "plain", "pooled again"]
+    );
+    for d in phases[0]["devices"].as_array().unwrap() {
+        assert!(d["tasks"].as_u64().unwrap() > 0, "{d}");
+        assert!(
+            d["spilled_bytes"].as_u64().unwrap() > 0,
+            "spilling happened: {d}"
+        );
+    }
+    for d in phases[2]["devices"].as_array().unwrap() {
+        assert!(
+            d["unspilled_bytes"].as_u64().unwrap() > 0,
+            "data came back: {d}"
+        );
+    }
+    let reinit = report["reinitializes"].as_array().unwrap();
+    assert_eq!(reinit.len(), 2);
+    assert!(reinit[0]["spilled_bytes"].as_u64().unwrap() > 0);
+    assert!(report["checked"].as_u64().unwrap() > 0);
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.starts_with("<svg") && picture.trim_end().ends_with("</svg>"));
+    let pickle = std::fs::read(&snapshot).unwrap();
+    let value: serde_pickle::Value =
+        serde_pickle::value_from_slice(&pickle, serde_pickle::DeOptions::new()).unwrap();
+    let text = format!("{value:?}");
+    assert!(text.contains("device_traces") && text.contains("segment_alloc"));
+}
+
+#[test]
+fn the_table_names_every_phase_and_reinitialize() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "devices = [0]\n").unwrap();
+    let out = rmm(&["demo", "--size", "tiny", "--quiet"], &config);
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    for needle in [
+        "| 0 | pooled |",
+        "| 0 | plain |",
+        "| 0 | pooled again |",
+        "reinitialize pooled → plain",
+        "reinitialize plain → pooled",
+        "every byte as expected",
+    ] {
+        assert!(all.contains(needle), "{needle:?} missing in:\n{all}");
+    }
+}
+
+#[test]
+fn a_bad_rmm_toml_is_one_line_and_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "[pool]\ninitial_size = \"lots\"\n").unwrap();
+    let out = rmm(&["demo", "--size", "tiny"], &config);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("rmm: ")).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("pool.initial_size"), "{stderr}");
+}
