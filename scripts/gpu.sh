@@ -47,7 +47,31 @@ run)
     fi
     echo "tests exit status: $status"
     if [ "${BENCH:-1}" = 1 ]; then
-        for e in .gpu/bin/device_* .gpu/bin/workers; do [ -x "$e" ] && "$e" > "$out/example-$(basename "$e").txt" 2>&1 && echo "example $(basename "$e"): ok"; done
+        # Every example `build` copied: the binaries of .gpu/bin named after an examples/*.rs
+        # (not the rmm binary, not the bench-* executables), each with its output in
+        # $out/example-NAME.txt. A failed or missing example makes the exit status non-zero.
+        failed=0
+        for src in examples/*.rs; do
+            name=$(basename "$src" .rs)
+            e=.gpu/bin/$name
+            if ! [ -f "$e" ] || ! [ -x "$e" ]; then
+                echo "example $name: FAILED (not in .gpu/bin: run '$0 build' first)"
+                failed=$((failed + 1))
+                continue
+            fi
+            rc=0
+            "$e" > "$out/example-$name.txt" 2>&1 || rc=$?
+            if [ "$rc" = 0 ]; then
+                echo "example $name: ok"
+            else
+                echo "example $name: FAILED (exit $rc)"
+                failed=$((failed + 1))
+            fi
+        done
+        if [ "$failed" -gt 0 ]; then
+            echo "examples: $failed failed (output in $out/example-*.txt)"
+            if [ "$status" = 0 ]; then status=1; fi
+        fi
         for b in .gpu/bin/bench-*; do
             name=$(basename "$b"); name=${name#bench-}
             if [ -n "${BENCHES:-}" ] && ! [[ " $BENCHES " == *" $name "* ]]; then continue; fi
