@@ -15,8 +15,9 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
 build)
     mkdir -p .gpu/bin
-    cargo nextest archive --workspace --cargo-profile gpu-test --archive-file .gpu/tests.tar.zst
+    cargo nextest archive --workspace --exclude xtask --cargo-profile gpu-test --archive-file .gpu/tests.tar.zst
     cp "$(command -v cargo-nextest)" .gpu/cargo-nextest
+    strip .gpu/cargo-nextest
     cargo build --release --bins --examples
     cp target/release/rmm .gpu/bin/
     for e in examples/*.rs; do n=$(basename "$e" .rs); cp "target/release/examples/$n" .gpu/bin/; done

@@ -25,13 +25,13 @@ pub struct TierStatistics {
     pub spilled_count: u64,
     /// See `spilled_count`.
     pub spilled_bytes: u64,
-    /// Time spent on them.
+    /// Wall time during which they ran (overlapping moves counted once).
     pub spill_seconds: f64,
     /// Moves out of the tier (back to the device, or from disk to the host), and their bytes.
     pub unspilled_count: u64,
     /// See `unspilled_count`.
     pub unspilled_bytes: u64,
-    /// Time spent on them.
+    /// Wall time during which they ran (overlapping moves counted once).
     pub unspill_seconds: f64,
     /// Bytes of spilled data the tier holds now.
     pub held_bytes: u64,
@@ -64,18 +64,20 @@ pub struct SpillStatistics {
     pub spilled_count: u64,
     /// See `spilled_count`.
     pub spilled_bytes: u64,
-    /// Time spent moving data off the device.
+    /// Wall time during which data moved off the device (overlapping moves counted once).
     pub spill_seconds: f64,
     /// Buffers brought back to the device, and their bytes.
     pub unspilled_count: u64,
     /// See `unspilled_count`.
     pub unspilled_bytes: u64,
-    /// Time spent bringing data back.
+    /// Wall time during which data came back (overlapping moves counted once).
     pub unspill_seconds: f64,
     /// Pinned host bytes holding spilled data, and the pool's size now.
     pub host_bytes: u64,
     /// See `host_bytes`.
     pub host_pool_bytes: u64,
+    /// Time spent pinning the host pool (at start, or as it grew).
+    pub host_pinning_seconds: f64,
     /// Bytes held in spill files.
     pub disk_bytes: u64,
     /// The host tier's moves.
@@ -145,18 +147,40 @@ fn rate(bytes: u64, secs: f64) -> f64 {
 }
 
 /// Count, bytes and time of one kind of move.
+///
+/// The time is wall time during which at least one such move was copying (the union of the
+/// moves' intervals): moves that overlap share one copy engine and wait for one another, so
+/// adding their own durations would count the same seconds several times.
 #[derive(Default)]
 struct Moves {
     count: AtomicU64,
     bytes: AtomicU64,
     nanos: AtomicU64,
+    /// The latest end of a move so far, in ns since the process's epoch.
+    busy_until: Mutex<u64>,
+}
+
+/// Nanoseconds since the first call (a monotonic clock for the intervals above).
+fn clock_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
 }
 
 impl Moves {
+    /// A move of `bytes` that ended now after `nanos`.
     fn add(&self, bytes: usize, nanos: u64) {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+        let end = clock_ns();
+        let start = end.saturating_sub(nanos);
+        let mut until = self.busy_until.lock();
+        let new = end.saturating_sub(start.max(*until));
+        *until = (*until).max(end);
+        drop(until);
+        self.nanos.fetch_add(new, Ordering::Relaxed);
     }
 
     /// (count, bytes, seconds) summed over `moves`.
@@ -493,6 +517,7 @@ impl SpillManager {
             unspill_seconds,
             host_bytes,
             host_pool_bytes: self.store.host().capacity() as u64,
+            host_pinning_seconds: self.store.host().pinning_time().as_secs_f64(),
             disk_bytes,
             host: tier([m(d, h), m(k, h)], [m(h, d), m(h, k)], host_bytes),
             disk: tier([m(d, k), m(h, k)], [m(k, d), m(k, h)], disk_bytes),

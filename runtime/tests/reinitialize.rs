@@ -312,15 +312,21 @@ fn a_task_may_ask_for_the_report_while_a_reinitialize_waits_for_it() {
     let _s = serial();
     let rt = Runtime::start(&pooled(1, 1, &[])).unwrap();
     let started = Arc::new(AtomicBool::new(false));
-    let s2 = Arc::clone(&started);
+    let reinitializing = Arc::new(AtomicBool::new(false));
+    let (s2, r2) = (Arc::clone(&started), Arc::clone(&reinitializing));
     let task = rt.submit(move |ctx| {
         s2.store(true, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_millis(50));
+        while !r2.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // Long past resolving (tens of ms on a GPU machine): reinitialize is draining.
+        std::thread::sleep(Duration::from_millis(400));
         ctx.runtime().report().workers.len()
     });
     while !started.load(Ordering::SeqCst) {
         std::thread::yield_now();
     }
+    reinitializing.store(true, Ordering::SeqCst);
     let r = rt.reinitialize(&pooled(1, 1, &[])).unwrap();
     assert!(r.drain >= Duration::from_millis(20), "{r}");
     assert_eq!(task.wait().unwrap(), 1);

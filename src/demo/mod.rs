@@ -27,6 +27,7 @@ use crate::allocator::backend::{self, Backend, CudaBackend, SimBackend, SimConfi
 use crate::allocator::error::fmt_bytes;
 use crate::config::{Config, ConfigLoader};
 use crate::runtime::{Runtime, SpillStatistics, TaskHandle};
+use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::timeline::Timeline;
@@ -211,6 +212,8 @@ pub struct DemoReport {
     pub reinitializes: Vec<ReinitSummary>,
     /// Results checked (each once after coming back into the new pool, once at the end).
     pub checked: u64,
+    /// Each device's spill figures at the end (all phases).
+    pub spill: Vec<SpillStatistics>,
     /// Seconds in all.
     pub seconds: f64,
     /// Memory over time (not in the JSON: written as a picture or a snapshot).
@@ -411,13 +414,18 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
         results.push(k);
     }
     let checked_in_phase = results.len() as u64;
-    for k in &results {
-        workload::check(k)?;
-    }
+    // Every result, wherever it is now (device, host or disk), on all cores.
+    results
+        .par_iter()
+        .try_for_each(|k| workload::check(k).map(|()| progress.step()))?;
     phases.push(phase.end(&rt, "pooled again", &sampler));
     progress.finish(&phase_line(phases.last()));
     drop(results);
 
+    let spill = devices
+        .iter()
+        .filter_map(|&d| rt.spill_manager(d).map(|m| m.statistics()))
+        .collect();
     let timeline = sampler.finish(
         &rt,
         &devices,
@@ -433,6 +441,7 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
         phases,
         reinitializes,
         checked: checked_in_phase * 2,
+        spill,
         seconds: started.elapsed().as_secs_f64(),
         timeline,
     })
@@ -524,7 +533,8 @@ impl PhaseRun {
                     allocations,
                     allocations_per_second: allocations as f64 / seconds.max(1e-9),
                     peak_in_use,
-                    peak_reserved: sampler.peak_reserved(device, self.start),
+                    // Samples can miss a short peak; reserved is never below in use.
+                    peak_reserved: sampler.peak_reserved(device, self.start).max(peak_in_use),
                     spilled_bytes: spilled,
                     spill_gbps: gbps(spilled, spill_s),
                     unspilled_bytes: unspilled,
@@ -596,6 +606,19 @@ impl fmt::Display for DemoReport {
                 r.total_ms,
                 b(r.spilled_bytes),
                 r.spill_ms
+            )?;
+        }
+        for s in &self.spill {
+            writeln!(
+                f,
+                "device {}: host pool {} pinned in {:.2} s; {} spilled at {:.1} GB/s, {} back at {:.1} GB/s (copies)",
+                s.device,
+                b(s.host_pool_bytes),
+                s.host_pinning_seconds,
+                b(s.spilled_bytes),
+                s.spill_gbps(),
+                b(s.unspilled_bytes),
+                s.unspill_gbps()
             )?;
         }
         write!(

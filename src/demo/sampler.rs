@@ -29,7 +29,8 @@ struct Inner {
     start: Instant,
     stop: AtomicBool,
     samples: Mutex<BTreeMap<u32, Vec<Sample>>>,
-    marks: Mutex<Vec<Mark>>,
+    /// Marks, with the bytes a spill or unspill mark stands for.
+    marks: Mutex<Vec<(Mark, u64)>>,
     spill: Mutex<BTreeMap<u32, SpillSeen>>,
 }
 
@@ -64,12 +65,15 @@ impl Inner {
                     let (pending, last) = &mut e.pending[i];
                     *pending += deltas[i];
                     if *pending > 0 && t - *last >= MERGE_SPILL_MARKS {
-                        self.marks.lock().push(Mark {
-                            t,
-                            device: Some(d),
-                            kind,
-                            label: fmt_bytes(*pending as usize),
-                        });
+                        self.marks.lock().push((
+                            Mark {
+                                t,
+                                device: Some(d),
+                                kind,
+                                label: fmt_bytes(*pending as usize),
+                            },
+                            *pending,
+                        ));
                         *pending = 0;
                         *last = t;
                     }
@@ -129,12 +133,15 @@ impl Sampler {
     }
 
     fn mark(&self, kind: MarkKind, label: &str) {
-        self.inner.marks.lock().push(Mark {
-            t: self.inner.now(),
-            device: None,
-            kind,
-            label: label.into(),
-        });
+        self.inner.marks.lock().push((
+            Mark {
+                t: self.inner.now(),
+                device: None,
+                kind,
+                label: label.into(),
+            },
+            0,
+        ));
     }
 
     /// A phase begins.
@@ -189,7 +196,7 @@ impl Sampler {
             r
         });
         let mut samples = std::mem::take(&mut *self.inner.samples.lock());
-        let marks = std::mem::take(&mut *self.inner.marks.lock());
+        let marks = coalesce(std::mem::take(&mut *self.inner.marks.lock()), t / 80.0);
         Timeline {
             title,
             devices: devices
@@ -207,6 +214,35 @@ impl Sampler {
             marks,
         }
     }
+}
+
+/// Merges spill and unspill marks of one device closer than `window` seconds into one (the
+/// first's time, the bytes summed), so a long run's picture stays readable.
+fn coalesce(marks: Vec<(Mark, u64)>, window: f64) -> Vec<Mark> {
+    let mut out: Vec<Mark> = Vec::with_capacity(marks.len());
+    // The mark being merged into and its bytes, per (device, kind).
+    let mut open: BTreeMap<(Option<u32>, bool), (usize, u64)> = BTreeMap::new();
+    for (m, bytes) in marks {
+        let spill = match m.kind {
+            MarkKind::Spill => true,
+            MarkKind::Unspill => false,
+            _ => {
+                out.push(m);
+                continue;
+            }
+        };
+        match open.get_mut(&(m.device, spill)) {
+            Some((i, total)) if m.t - out[*i].t < window => {
+                *total += bytes;
+                out[*i].label = fmt_bytes(*total as usize);
+            }
+            _ => {
+                open.insert((m.device, spill), (out.len(), bytes));
+                out.push(m);
+            }
+        }
+    }
+    out
 }
 
 impl Drop for Sampler {

@@ -35,7 +35,7 @@ const MAX_THREADS: usize = 8;
 /// one request needs more): each step is the pool's capacity so far, so the pool doubles.
 pub const GROWTH_STEP: usize = 32 << 20;
 /// See [`GROWTH_STEP`].
-pub const MAX_GROWTH_STEP: usize = 1 << 30;
+pub const MAX_GROWTH_STEP: usize = 4 << 30;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
 #[derive(Clone)]

@@ -81,7 +81,8 @@ pub trait SpillObserver: Send + Sync {
     }
     /// Buffer `id` now holds `bytes` more (or, negative, fewer) bytes on the device.
     fn resident(&self, id: u64, delta: i64);
-    /// Buffer `id` moved `bytes` from `from` to `to`, taking `nanos`.
+    /// Buffer `id` moved `bytes` from `from` to `to`; the copy (and file I/O) took `nanos`,
+    /// not counting getting the destination memory (making room, pinning more host memory).
     fn moved(&self, id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64);
     /// Buffer `id` is gone.
     fn dropped(&self, id: u64);
@@ -499,7 +500,6 @@ impl SpillableBuffer {
     }
 
     fn device_to_host(&self, state: &mut State) -> Result<()> {
-        let start = Instant::now();
         let State::Device {
             ptr,
             resource,
@@ -510,6 +510,7 @@ impl SpillableBuffer {
         };
         let (ptr, stream) = (*ptr, *stream);
         let mut slices = self.host_slices()?;
+        let start = Instant::now();
         self.copy_out(ptr, &mut slices, stream)?;
         resource.deallocate(ptr, self.size, stream)?;
         self.moved(state, State::Host(slices), start);
@@ -546,11 +547,11 @@ impl SpillableBuffer {
     }
 
     fn disk_to_host(&self, state: &mut State) -> Result<()> {
-        let start = Instant::now();
         let State::Disk(file) = &*state else {
             return Ok(());
         };
         let mut slices = self.host_slices()?;
+        let start = Instant::now();
         self.disk()?.read_slices(file, &mut slices)?;
         self.moved(state, State::Host(slices), start);
         Ok(())
@@ -558,12 +559,12 @@ impl SpillableBuffer {
 
     /// Brings host or disk data back into the device's current resource, for `stream`.
     fn to_device(&self, state: &mut State, stream: StreamView) -> Result<()> {
-        let start = Instant::now();
         if let Some(o) = &self.observer {
             o.make_room(self.id, self.size);
         }
         let resource = get_per_device_resource(self.device().ordinal())?;
         let ptr = resource.allocate(self.size, stream)?;
+        let start = Instant::now();
         let copied = match &*state {
             State::Host(slices) => self.copy_in(ptr, slices, stream),
             State::Disk(file) => self
