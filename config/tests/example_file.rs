@@ -55,3 +55,18 @@ fn example_device_table_is_valid_when_uncommented() {
         .collect();
     assert_eq!(keys, want);
 }
+
+#[test]
+fn the_readme_tour_of_rmm_toml_loads() {
+    let readme = example().with_file_name("README.md");
+    let text = std::fs::read_to_string(&readme).unwrap();
+    let start = text.find("```toml\n").expect("a toml block in the README") + 8;
+    let block = &text[start..start + text[start..].find("```").unwrap()];
+    let config = ConfigLoader::new()
+        .no_env()
+        .toml_str("README.md", block)
+        .load()
+        .unwrap_or_else(|e| panic!("the README's rmm.toml tour does not load: {e}"));
+    assert!(config.spill.enabled && config.pool.enabled);
+    assert_eq!(config.workers_per_device, 4);
+}
