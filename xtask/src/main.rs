@@ -1,11 +1,15 @@
 //! `cargo xtask`: the project's tasks, so that a fresh machine with only a Rust toolchain
 //! runs everything with one command.
 //!
-//! * `cargo xtask test [ARGS…]`: installs cargo-nextest when it is missing, then runs every
-//!   test of the workspace (`cargo nextest run --workspace ARGS…`).
+//! * `cargo xtask test [ARGS…]`: installs cargo-nextest when it is missing, runs every Rust
+//!   test of the workspace (`cargo nextest run --workspace ARGS…`), then the Python package's:
+//!   a virtual environment under `target/xtask-venv` with maturin, pytest and distributed from
+//!   the package index, the `rmm_rs` wheel built and installed there, and pytest on
+//!   `python/tests` (no tests collected is a failure). `--rust-only` skips the Python part.
 //! * `cargo xtask lint`: `cargo fmt --check` and `cargo clippy --all-targets -D warnings`.
 //! * `cargo xtask ci`: `lint`, then `test` (what `.ci/run` runs).
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 /// The cargo that runs this task (so a toolchain override applies to every step).
@@ -54,10 +58,79 @@ fn ensure_nextest() -> Result<(), String> {
 }
 
 fn test(args: &[String]) -> Result<(), String> {
+    let rust_only = args.iter().any(|a| a == "--rust-only");
+    let nextest_args: Vec<&String> = args.iter().filter(|a| *a != "--rust-only").collect();
     ensure_nextest()?;
     let mut cmd = cargo();
-    cmd.args(["nextest", "run", "--workspace"]).args(args);
-    run(cmd, "cargo nextest run --workspace")
+    cmd.args(["nextest", "run", "--workspace"])
+        .args(nextest_args);
+    run(cmd, "cargo nextest run --workspace")?;
+    if rust_only {
+        return Ok(());
+    }
+    python_tests()
+}
+
+/// The workspace root (xtask's parent directory).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Builds the wheel into a fresh virtual environment's reach and runs pytest.
+fn python_tests() -> Result<(), String> {
+    let root = root();
+    let venv = root.join("target/xtask-venv");
+    let bin = venv.join("bin");
+    let python = std::env::var_os("PYTHON").unwrap_or_else(|| "python3".into());
+    if !bin.join("python").exists() {
+        let mut mk = Command::new(&python);
+        mk.arg("-m").arg("venv").arg(&venv);
+        run(
+            mk,
+            "creating the Python virtual environment target/xtask-venv",
+        )?;
+    }
+    let mut pip = Command::new(bin.join("python"));
+    pip.args(["-m", "pip", "install", "--quiet", "--upgrade"])
+        .args(["pip", "maturin", "pytest", "distributed"]);
+    run(pip, "pip install maturin pytest distributed")?;
+    let wheels = root.join("target/xtask-wheels");
+    let _ = std::fs::remove_dir_all(&wheels);
+    let mut build = Command::new(bin.join("maturin"));
+    build
+        .args(["build", "--release", "--quiet", "-m"])
+        .arg(root.join("python/Cargo.toml"))
+        .arg("-o")
+        .arg(&wheels);
+    run(build, "maturin build (the rmm_rs wheel)")?;
+    let wheel = std::fs::read_dir(&wheels)
+        .map_err(|e| format!("reading {}: {e}", wheels.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or_else(|| format!("maturin built no wheel into {}", wheels.display()))?;
+    let mut install = Command::new(bin.join("python"));
+    install
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--force-reinstall",
+            "--no-deps",
+        ])
+        .arg(&wheel);
+    run(install, "pip install the rmm_rs wheel")?;
+    let mut pytest = Command::new(bin.join("python"));
+    pytest
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(root.join("python/tests"))
+        // The package's source directory must not shadow the installed wheel.
+        .current_dir(root.join("target"))
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    // pytest exits 5 when it collects no tests: a failure like any other non-zero status.
+    run(pytest, "pytest python/tests")
 }
 
 fn lint() -> Result<(), String> {
@@ -76,8 +149,9 @@ fn lint() -> Result<(), String> {
     run(clippy, "cargo clippy -D warnings")
 }
 
-const USAGE: &str = "usage: cargo xtask <test [ARGS…] | lint | ci>
-  test   install cargo-nextest if missing, run every test (ARGS go to cargo nextest run)
+const USAGE: &str = "usage: cargo xtask <test [--rust-only] [ARGS…] | lint | ci>
+  test   install cargo-nextest if missing, run every Rust test (ARGS go to cargo nextest
+         run), then build the Python wheel in target/xtask-venv and run pytest python/tests
   lint   cargo fmt --check and cargo clippy --all-targets -D warnings
   ci     lint, then test";
 

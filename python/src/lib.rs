@@ -1,0 +1,203 @@
+//! `rmm_rs._rmm_rs`: the Python bindings of rmm-rs.
+//!
+//! Everything here calls the Rust crates; the Python package (`python/rmm_rs/`) only wraps it
+//! for Dask, CuPy and PyTorch. One runtime per process (a Dask worker process drives one GPU):
+//! `initialize` starts it from an rmm.toml path, a dict of settings or the defaults (./rmm.toml
+//! and `RMM_*` variables), which makes each configured device's stack its current resource;
+//! `reinitialize` switches every device to a new configuration keeping spillable data;
+//! `finalize` gives everything back.
+
+mod allocators;
+mod buffers;
+mod settings;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use rmm_runtime::Runtime;
+
+// Module "rmm_rs", where the package re-exports it, so that it pickles (Dask sends errors
+// from workers to the client).
+pyo3::create_exception!(
+    rmm_rs,
+    RmmError,
+    pyo3::exceptions::PyRuntimeError,
+    "An rmm-rs operation failed; the message says what, with which value, and what to do."
+);
+
+/// The process's runtime, once initialized.
+static RUNTIME: Mutex<Option<Runtime>> = Mutex::new(None);
+
+/// A Python exception carrying `e`'s message (the CLI prints the same text).
+pub(crate) fn error(e: impl std::fmt::Display) -> PyErr {
+    RmmError::new_err(e.to_string())
+}
+
+/// Runs `f` with the runtime, or fails when there is none.
+pub(crate) fn with_runtime<T>(f: impl FnOnce(&Runtime) -> PyResult<T>) -> PyResult<T> {
+    match &*RUNTIME.lock() {
+        Some(rt) => f(rt),
+        None => Err(error(
+            "rmm_rs is not initialized: call rmm_rs.initialize(config) first",
+        )),
+    }
+}
+
+/// Parses JSON made by the runtime into Python objects (dicts, lists, numbers).
+fn json_to_py(py: Python<'_>, text: &str) -> PyResult<Py<PyAny>> {
+    let json = py.import("json")?;
+    Ok(json.call_method1("loads", (text,))?.unbind())
+}
+
+/// Starts rmm-rs on the configured devices: `config` is a path to an rmm.toml, a dict of
+/// settings (`{"pool": {"enabled": True}}` or `{"pool.enabled": True}`), or None for
+/// ./rmm.toml (or `RMM_CONFIG`) and the `RMM_*` environment; `overrides`, a dict of settings
+/// applied on top. Fails if already initialized.
+#[pyfunction]
+#[pyo3(signature = (config=None, overrides=None))]
+fn initialize(
+    py: Python<'_>,
+    config: Option<&Bound<'_, PyAny>>,
+    overrides: Option<&Bound<'_, PyDict>>,
+) -> PyResult<()> {
+    let config = settings::load(config, overrides)?;
+    let mut slot = RUNTIME.lock();
+    if slot.is_some() {
+        return Err(error(
+            "rmm_rs is already initialized: call rmm_rs.reinitialize(config) to change the \
+             configuration, or rmm_rs.finalize() first",
+        ));
+    }
+    let rt = py.detach(|| Runtime::start(&config)).map_err(error)?;
+    *slot = Some(rt);
+    Ok(())
+}
+
+/// Switches every device to `config` (as for `initialize`; starts rmm-rs if it is not
+/// running). Spillable buffers are spilled first and keep their bytes; live device buffers
+/// make it refuse, naming them. Returns the report of each step as a dict.
+#[pyfunction]
+#[pyo3(signature = (config=None, overrides=None))]
+fn reinitialize(
+    py: Python<'_>,
+    config: Option<&Bound<'_, PyAny>>,
+    overrides: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Py<PyAny>> {
+    let config = settings::load(config, overrides)?;
+    let mut slot = RUNTIME.lock();
+    let text = match &*slot {
+        Some(rt) => {
+            let report = py.detach(|| rt.reinitialize(&config)).map_err(error)?;
+            serde_json::to_string(&report).map_err(error)?
+        }
+        None => {
+            let rt = py.detach(|| Runtime::start(&config)).map_err(error)?;
+            let text = serde_json::to_string(&rt.report().start).map_err(error)?;
+            *slot = Some(rt);
+            text
+        }
+    };
+    json_to_py(py, &text)
+}
+
+/// Gives every pool back and puts each device back on plain `cuMemAlloc`. Live buffers are
+/// reported as leaks (through logging); using them afterwards is an error.
+#[pyfunction]
+fn finalize(py: Python<'_>) -> PyResult<()> {
+    let rt = RUNTIME.lock().take();
+    if let Some(rt) = rt {
+        py.detach(|| rt.shutdown()).map_err(error)?;
+    }
+    Ok(())
+}
+
+/// True while rmm-rs is initialized in this process.
+#[pyfunction]
+fn is_initialized() -> bool {
+    RUNTIME.lock().is_some()
+}
+
+/// The runtime's report: backend, workers, and per device its stack, live and reserved bytes
+/// and statistics (the statistics adaptor's counters; no tracking adaptor needed).
+#[pyfunction]
+fn report(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    let text = with_runtime(|rt| Ok(rt.report().to_json()))?;
+    json_to_py(py, &text)
+}
+
+/// Per device: bytes in use and reserved, allocations, peaks and totals, as dicts keyed by
+/// device ordinal.
+#[pyfunction]
+fn statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    let text = with_runtime(|rt| {
+        let out: serde_json::Map<String, serde_json::Value> = rt
+            .devices()
+            .into_iter()
+            .filter_map(|d| {
+                let stack = rt.stack(d)?;
+                let s = stack.statistics();
+                let bytes = s.lifetime_bytes();
+                let count = s.lifetime_allocations();
+                Some((
+                    d.to_string(),
+                    serde_json::json!({
+                        "device": d,
+                        "bytes_in_use": bytes.value.max(0),
+                        "peak_bytes_in_use": bytes.peak.max(0),
+                        "total_bytes": bytes.total.max(0),
+                        "allocations_in_use": count.value.max(0),
+                        "peak_allocations": count.peak.max(0),
+                        "total_allocations": count.total.max(0),
+                        "reserved_bytes": stack.reserved_bytes(),
+                        "out_of_memory_errors": s.out_of_memory_count(),
+                        "stack": stack.describe(),
+                    }),
+                ))
+            })
+            .collect();
+        serde_json::to_string(&out).map_err(error)
+    })?;
+    json_to_py(py, &text)
+}
+
+/// Per device with spilling on: bytes and counts spilled and unspilled per tier, time,
+/// bandwidth, host and disk bytes held, tracked device bytes.
+#[pyfunction]
+fn spill_statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    let text = with_runtime(|rt| {
+        let out: serde_json::Map<String, serde_json::Value> = rt
+            .devices()
+            .into_iter()
+            .filter_map(|d| {
+                let s = rt.spill_manager(d)?.statistics();
+                Some((d.to_string(), serde_json::to_value(s).ok()?))
+            })
+            .collect();
+        serde_json::to_string(&out).map_err(error)
+    })?;
+    json_to_py(py, &text)
+}
+
+/// The devices rmm-rs runs on.
+#[pyfunction]
+fn devices() -> PyResult<Vec<u32>> {
+    with_runtime(|rt| Ok(rt.devices()))
+}
+
+/// The Python module.
+#[pymodule]
+fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("RmmError", m.py().get_type::<RmmError>())?;
+    m.add_function(wrap_pyfunction!(initialize, m)?)?;
+    m.add_function(wrap_pyfunction!(reinitialize, m)?)?;
+    m.add_function(wrap_pyfunction!(finalize, m)?)?;
+    m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
+    m.add_function(wrap_pyfunction!(report, m)?)?;
+    m.add_function(wrap_pyfunction!(statistics, m)?)?;
+    m.add_function(wrap_pyfunction!(spill_statistics, m)?)?;
+    m.add_function(wrap_pyfunction!(devices, m)?)?;
+    settings::register(m)?;
+    buffers::register(m)?;
+    allocators::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,105 @@
+"""initialize / reinitialize / finalize, statistics, buffers and errors."""
+
+import pytest
+
+import rmm_rs
+
+POOLED = {"pool": {"enabled": True, "initial_size": "64MiB"}, "spill": {"enabled": True}}
+
+
+def test_initialize_from_a_dict_builds_the_stack_and_counts():
+    rmm_rs.initialize(POOLED)
+    assert rmm_rs.is_initialized()
+    assert rmm_rs.devices() == [0]
+    stats = rmm_rs.statistics()["0"]
+    assert "PoolMemoryResource" in stats["stack"]
+    assert stats["reserved_bytes"] == 64 << 20
+    buf = rmm_rs.DeviceBuffer(1 << 20)
+    stats = rmm_rs.statistics()["0"]
+    assert stats["bytes_in_use"] == 1 << 20
+    assert stats["allocations_in_use"] == 1
+    buf.free()
+    assert rmm_rs.statistics()["0"]["bytes_in_use"] == 0
+    assert rmm_rs.statistics()["0"]["total_allocations"] == 1
+
+
+def test_initialize_from_an_rmm_toml_path(tmp_path):
+    path = tmp_path / "rmm.toml"
+    path.write_text('[pool]\nenabled = true\ninitial_size = "32MiB"\n')
+    rmm_rs.initialize(str(path))
+    assert rmm_rs.statistics()["0"]["reserved_bytes"] == 32 << 20
+    rmm_rs.finalize()
+    rmm_rs.initialize(path)  # a pathlib.Path works too
+    assert rmm_rs.is_initialized()
+
+
+def test_nested_and_dotted_keys_are_the_same_settings():
+    a = rmm_rs.describe({"pool": {"enabled": True, "initial_size": "16MiB"}})
+    b = rmm_rs.describe({"pool.enabled": True, "pool.initial_size": "16MiB"})
+    assert a == b and "PoolMemoryResource" in a
+
+
+def test_device_buffer_round_trips_and_exposes_the_cuda_array_interface():
+    rmm_rs.initialize(POOLED)
+    data = bytes(range(256)) * 17
+    buf = rmm_rs.DeviceBuffer.from_bytes(data)
+    assert len(buf) == buf.size == len(data)
+    assert buf.to_bytes() == data
+    cai = buf.__cuda_array_interface__
+    assert cai["shape"] == (len(data),)
+    assert cai["typestr"] == "|u1"
+    assert cai["data"] == (buf.ptr, False)
+    assert cai["version"] == 3
+    buf.copy_from_host(bytes(len(data)))
+    assert buf.to_bytes() == bytes(len(data))
+    with pytest.raises(rmm_rs.RmmError, match="give exactly its size"):
+        buf.copy_from_host(b"short")
+    buf.free()
+    with pytest.raises(rmm_rs.RmmError, match="was freed"):
+        buf.to_bytes()
+
+
+def test_reinitialize_keeps_spillable_bytes_and_refuses_live_buffers():
+    rmm_rs.initialize(POOLED)
+    data = b"spill me" * 100_000
+    kept = rmm_rs.SpillableBuffer(data)
+    live = rmm_rs.DeviceBuffer(4096)
+    plain = {"pool": {"enabled": False}, "spill": {"enabled": True}}
+    with pytest.raises(rmm_rs.RmmError, match="reinitialize refused, nothing changed"):
+        rmm_rs.reinitialize(plain)
+    # Spilling comes first (the data stays valid on the host), then the check that refused.
+    assert kept.tier == "host"
+    assert kept.to_bytes() == data
+    live.free()
+    rmm_rs.reinitialize(plain)
+    assert kept.tier == "host"
+    assert "PoolMemoryResource" not in rmm_rs.statistics()["0"]["stack"]
+    kept.unspill()
+    assert kept.tier == "device"
+    assert rmm_rs.statistics()["0"]["bytes_in_use"] == len(data)
+    assert kept.to_bytes() == data
+    spill = rmm_rs.spill_statistics()["0"]
+    assert spill["spilled_bytes"] >= len(data) and spill["unspilled_bytes"] == len(data)
+
+
+def test_errors_are_python_exceptions_with_the_cli_messages():
+    with pytest.raises(rmm_rs.RmmError, match="not initialized"):
+        rmm_rs.statistics()
+    with pytest.raises(rmm_rs.RmmError, match='pool.initial_size = "lots"'):
+        rmm_rs.initialize({"pool": {"initial_size": "lots"}})
+    with pytest.raises(rmm_rs.RmmError, match="unknown key pool.intial_size"):
+        rmm_rs.initialize({"pool": {"intial_size": "1GiB"}})
+    with pytest.raises(rmm_rs.RmmError, match="path to an rmm.toml, a dict"):
+        rmm_rs.initialize(42)
+    rmm_rs.initialize({})
+    with pytest.raises(rmm_rs.RmmError, match="already initialized"):
+        rmm_rs.initialize({})
+    with pytest.raises(rmm_rs.RmmError, match="does not spill"):
+        rmm_rs.SpillableBuffer(b"x")
+    assert issubclass(rmm_rs.RmmError, RuntimeError)
+
+
+def test_reinitialize_starts_rmm_rs_when_it_is_not_running():
+    rmm_rs.reinitialize(POOLED)
+    assert rmm_rs.is_initialized()
+    assert rmm_rs.report()["devices"][0]["device"] == 0

@@ -1,0 +1,93 @@
+"""RMMRsPlugin on a real distributed.LocalCluster of 2 worker processes on loopback (the
+simulated device in each)."""
+
+import sys
+import time
+
+import cloudpickle
+import pytest
+from distributed import Client, LocalCluster
+
+import rmm_rs
+from rmm_rs.dask import RMMRsPlugin
+
+# Functions of this module run on the workers: send them by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+DATA = bytes(range(251)) * 4001
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        worker_dashboard_address=None,
+    ) as cluster, Client(cluster) as c:
+        yield c
+
+
+def keep(dask_worker):
+    dask_worker.rmm_rs_kept = rmm_rs.SpillableBuffer(DATA)
+    return dask_worker.rmm_rs_kept.tier
+
+
+def kept(dask_worker):
+    b = dask_worker.rmm_rs_kept
+    return b.tier, b.to_bytes() == DATA
+
+
+def stack(dask_worker):
+    return rmm_rs.statistics()["0"]["stack"]
+
+
+def rmm_metric(dask_worker):
+    return dask_worker.metrics["rmm"](dask_worker)
+
+
+def test_the_plugin_sets_up_every_worker_with_dask_cuda_options(client):
+    client.register_plugin(RMMRsPlugin({"spill": {"enabled": True}}, rmm_pool_size="64MiB"))
+    assert list(client.run(rmm_rs.is_initialized).values()) == [True, True]
+    for s in client.run(stack).values():
+        assert "PoolMemoryResource" in s
+    stats = client.run(rmm_rs.statistics)
+    assert len(stats) == 2
+    assert all(s["0"]["reserved_bytes"] == 64 << 20 for s in stats.values())
+
+
+def test_reinitialize_through_client_run_keeps_spillable_data(client):
+    client.register_plugin(RMMRsPlugin({"spill": {"enabled": True}}, rmm_pool_size="64MiB"))
+    assert set(client.run(keep).values()) == {"device"}
+    reports = client.run(rmm_rs.reinitialize, {"spill": {"enabled": True}})
+    assert all(r["spilled_bytes"] == len(DATA) for r in reports.values())
+    for s in client.run(stack).values():
+        assert "PoolMemoryResource" not in s
+    assert list(client.run(kept).values()) == [("host", True), ("host", True)]
+
+
+def test_statistics_reach_the_dashboards_rmm_metric(client):
+    client.register_plugin(RMMRsPlugin(rmm_pool_size="32MiB"))
+    for m in client.run(rmm_metric).values():
+        assert m == {"rmm-used": 0, "rmm-total": 32 << 20}
+
+    # The scheduler sees it with the next heartbeat.
+    def scheduler_metrics(dask_scheduler):
+        return [ws.metrics.get("rmm") for ws in dask_scheduler.workers.values()]
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        seen = client.run_on_scheduler(scheduler_metrics)
+        if all(m and m["rmm-total"] == 32 << 20 for m in seen):
+            break
+        time.sleep(0.2)
+    assert all(m and m["rmm-total"] == 32 << 20 for m in seen), seen
+
+
+def test_a_bad_configuration_raises_in_the_client_with_its_message(client):
+    with pytest.raises(rmm_rs.RmmError, match='pool.initial_size = "lots"'):
+        client.register_plugin(RMMRsPlugin({"pool": {"initial_size": "lots"}}))
+    with pytest.raises(rmm_rs.RmmError, match="unknown libraries"):
+        RMMRsPlugin(rmm_allocator_external_lib_list=["tensorflow"])
