@@ -28,7 +28,15 @@ fn text(out: &Output) -> (String, String) {
 }
 
 const RESOURCES: [&str; 4] = ["cuda", "async", "pool", "binning(pool)"];
-const SHAPES: [&str; 5] = ["churn", "random", "small", "mt8", "mt16"];
+const SHAPES: [&str; 7] = [
+    "churn",
+    "random",
+    "small",
+    "mt8",
+    "mt16",
+    "mt8-shared",
+    "mt16-shared",
+];
 
 #[test]
 fn bench_tiny_prints_a_row_per_resource_and_the_ratios() {
@@ -43,7 +51,7 @@ fn bench_tiny_prints_a_row_per_resource_and_the_ratios() {
     );
     assert!(
         stdout.contains(
-            "| resource | churn | random | small | mt8 | mt16 |\n|---|---|---|---|---|---|\n"
+            "| resource | churn | random | small | mt8 | mt16 | mt8-shared | mt16-shared |\n|---|---|---|---|---|---|---|---|\n"
         ),
         "{stdout}"
     );
@@ -98,7 +106,11 @@ fn bench_tiny_json_has_the_expected_fields() {
         let measured = cells
             .values()
             .filter(|c| c.as_f64().is_some_and(|x| x > 0.0));
-        let expected = if row["resource"] == "cuda" { 2 } else { 5 };
+        let expected = if row["resource"] == "cuda" {
+            2
+        } else {
+            SHAPES.len()
+        };
         assert_eq!(measured.count(), expected, "{row}");
     }
     let speedups = v["speedups"].as_array().unwrap();

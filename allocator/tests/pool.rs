@@ -301,3 +301,20 @@ fn before_adoption_the_old_pool_keeps_the_chunks_that_fit_and_releases_the_rest(
     assert_eq!(q, p, "the same memory");
     new.deallocate(q, 100 * MIB, StreamView::DEFAULT).unwrap();
 }
+
+#[test]
+fn a_request_beyond_every_size_class_is_out_of_memory_not_a_panic() {
+    let d = rmm_allocator::Device::new(0).unwrap();
+    let cuda: rmm_allocator::per_device::SharedResource =
+        std::sync::Arc::new(rmm_allocator::resource::CudaMemoryResource::new(d));
+    let pool = rmm_allocator::resource::PoolMemoryResource::new(cuda, 16 << 20, None).unwrap();
+    for bytes in [1usize << 55, usize::MAX / 2, usize::MAX] {
+        let err = rmm_allocator::DeviceMemoryResource::allocate(
+            &pool,
+            bytes,
+            rmm_allocator::StreamView::DEFAULT,
+        )
+        .unwrap_err();
+        assert!(err.is_out_of_memory(), "{err}");
+    }
+}

@@ -14,6 +14,32 @@ use rmm_allocator::{Device, StreamView};
 
 use crate::{error, with_runtime};
 
+/// The bytes of `data`: `bytes` without a copy, anything else with the buffer protocol
+/// (bytearray, memoryview, a contiguous NumPy array) copied once.
+fn host_bytes<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<std::borrow::Cow<'a, [u8]>> {
+    if let Ok(b) = data.cast::<PyBytes>() {
+        return Ok(std::borrow::Cow::Borrowed(b.as_bytes()));
+    }
+    // The limited API (abi3 for 3.9) has no buffer protocol: memoryview(x).tobytes() copies.
+    let copied = data
+        .py()
+        .import("builtins")?
+        .getattr("memoryview")?
+        .call1((data,))
+        .and_then(|view| view.call_method0("tobytes"))
+        .map_err(|_| {
+            error(format!(
+                "expected bytes or an object with the buffer protocol (bytearray, memoryview, \
+                 a NumPy array of bytes); got {}",
+                data.get_type()
+                    .name()
+                    .map_or_else(|_| "?".into(), |n| n.to_string())
+            ))
+        })?;
+    let copied = copied.cast::<PyBytes>().map_err(|e| error(e.to_string()))?;
+    Ok(std::borrow::Cow::Owned(copied.as_bytes().to_vec()))
+}
+
 /// Device bytes from the device's current resource (the rmm-rs stack once initialized).
 /// Contents start uninitialized. Freed when the object is collected, on the default stream.
 #[pyclass(module = "rmm_rs")]
@@ -54,12 +80,17 @@ impl DeviceBuffer {
     /// bytearray, memoryview, a NumPy array).
     #[staticmethod]
     #[pyo3(signature = (data, device=0))]
-    fn from_bytes(data: &[u8], device: u32) -> PyResult<Self> {
-        let b = with_device(device, || {
-            rmm_allocator::DeviceBuffer::from_host(data, StreamView::DEFAULT)
-        })
-        .map_err(error)?
-        .map_err(error)?;
+    fn from_bytes(data: &Bound<'_, PyAny>, device: u32) -> PyResult<Self> {
+        let bytes = host_bytes(data)?;
+        let b = data
+            .py()
+            .detach(|| {
+                with_device(device, || {
+                    rmm_allocator::DeviceBuffer::from_host(&bytes, StreamView::DEFAULT)
+                })
+            })
+            .map_err(error)?
+            .map_err(error)?;
         Ok(DeviceBuffer {
             inner: Some(b),
             device,
@@ -91,12 +122,14 @@ impl DeviceBuffer {
     /// A copy of the bytes.
     fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let b = self.buffer()?;
-        let bytes = b.to_vec(StreamView::DEFAULT).map_err(error)?;
+        let bytes = py.detach(|| b.to_vec(StreamView::DEFAULT)).map_err(error)?;
         Ok(PyBytes::new(py, &bytes))
     }
 
-    /// Copies `data` (exactly `size` bytes) into the buffer.
-    fn copy_from_host(&self, data: &[u8]) -> PyResult<()> {
+    /// Copies `data` (exactly `size` bytes; bytes or the buffer protocol) into the buffer.
+    fn copy_from_host(&self, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let py = data.py();
+        let data = host_bytes(data)?;
         let b = self.buffer()?;
         if data.len() != b.size() {
             return Err(error(format!(
@@ -106,8 +139,12 @@ impl DeviceBuffer {
             )));
         }
         let device = Device::new(self.device).map_err(error)?;
-        synchronize(device, StreamView::DEFAULT).map_err(error)?;
-        device.copy_to_device(b.data(), data).map_err(error)
+        let ptr = b.data();
+        py.detach(|| {
+            synchronize(device, StreamView::DEFAULT)
+                .and_then(|()| device.copy_to_device(ptr, &data))
+        })
+        .map_err(error)
     }
 
     /// Frees the device memory now (instead of when the object is collected).
@@ -154,22 +191,26 @@ pub struct SpillableBuffer {
 
 #[pymethods]
 impl SpillableBuffer {
-    /// A spillable copy of `data` on `device`.
+    /// A spillable copy of `data` (bytes or the buffer protocol) on `device`.
     #[new]
     #[pyo3(signature = (data, device=0))]
-    fn new(data: &[u8], device: u32) -> PyResult<Self> {
-        with_runtime(|rt| {
-            let m = rt.spill_manager(device).ok_or_else(|| {
+    fn new(data: &Bound<'_, PyAny>, device: u32) -> PyResult<Self> {
+        let bytes = host_bytes(data)?;
+        let m = with_runtime(|rt| {
+            rt.spill_manager(device).ok_or_else(|| {
                 error(format!(
                     "device {device} does not spill: set spill.enabled = true (or \
                      {{\"spill\": {{\"enabled\": True}}}}) in the configuration"
                 ))
-            })?;
-            let inner = with_device(device, || m.from_host(data, StreamView::DEFAULT))
-                .map_err(error)?
-                .map_err(error)?;
-            Ok(SpillableBuffer { inner })
-        })
+            })
+        })?;
+        // Making room may spill other buffers (to disk, even): without the GIL.
+        let inner = data
+            .py()
+            .detach(|| with_device(device, || m.from_host(&bytes, StreamView::DEFAULT)))
+            .map_err(error)?
+            .map_err(error)?;
+        Ok(SpillableBuffer { inner })
     }
 
     /// Bytes.
@@ -190,20 +231,20 @@ impl SpillableBuffer {
 
     /// A copy of the bytes, wherever they are (they do not move).
     fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let bytes = self.inner.to_vec().map_err(error)?;
+        let bytes = py.detach(|| self.inner.to_vec()).map_err(error)?;
         Ok(PyBytes::new(py, &bytes))
     }
 
     /// Moves the data off the device now; returns the device bytes freed (0 when already
     /// spilled).
-    fn spill(&self) -> PyResult<usize> {
-        self.inner.spill().map_err(error)
+    fn spill(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| self.inner.spill()).map_err(error)
     }
 
     /// Brings the data back to the device (into its current stack) now.
-    fn unspill(&self) -> PyResult<()> {
-        drop(self.inner.device_view(StreamView::DEFAULT).map_err(error)?);
-        Ok(())
+    fn unspill(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.device_view(StreamView::DEFAULT).map(drop))
+            .map_err(error)
     }
 
     fn __len__(&self) -> usize {

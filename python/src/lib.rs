@@ -11,6 +11,8 @@ mod allocators;
 mod buffers;
 mod settings;
 
+use std::sync::Arc;
+
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -25,8 +27,15 @@ pyo3::create_exception!(
     "An rmm-rs operation failed; the message says what, with which value, and what to do."
 );
 
-/// The process's runtime, once initialized.
-static RUNTIME: Mutex<Option<Runtime>> = Mutex::new(None);
+/// The process's runtime, once initialized. The lock is only ever held for a moment (to clone
+/// or swap the `Arc`), never across a call into the runtime: a thread that waits for it holds
+/// the GIL, and a long call runs without the GIL.
+static RUNTIME: Mutex<Option<Arc<Runtime>>> = Mutex::new(None);
+
+/// The runtime, if any (a clone of the `Arc`; the lock is released at once).
+fn current() -> Option<Arc<Runtime>> {
+    RUNTIME.lock().clone()
+}
 
 /// A Python exception carrying `e`'s message (the CLI prints the same text).
 pub(crate) fn error(e: impl std::fmt::Display) -> PyErr {
@@ -35,8 +44,8 @@ pub(crate) fn error(e: impl std::fmt::Display) -> PyErr {
 
 /// Runs `f` with the runtime, or fails when there is none.
 pub(crate) fn with_runtime<T>(f: impl FnOnce(&Runtime) -> PyResult<T>) -> PyResult<T> {
-    match &*RUNTIME.lock() {
-        Some(rt) => f(rt),
+    match current() {
+        Some(rt) => f(&rt),
         None => Err(error(
             "rmm_rs is not initialized: call rmm_rs.initialize(config) first",
         )),
@@ -61,15 +70,16 @@ fn initialize(
     overrides: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<()> {
     let config = settings::load(config, overrides)?;
-    let mut slot = RUNTIME.lock();
-    if slot.is_some() {
+    if current().is_some() {
         return Err(error(
             "rmm_rs is already initialized: call rmm_rs.reinitialize(config) to change the \
              configuration, or rmm_rs.finalize() first",
         ));
     }
     let rt = py.detach(|| Runtime::start(&config)).map_err(error)?;
-    *slot = Some(rt);
+    // Two threads racing to initialize: the runtime claims its devices, so the second start
+    // fails above; this only publishes the one that started.
+    *RUNTIME.lock() = Some(Arc::new(rt));
     Ok(())
 }
 
@@ -84,8 +94,7 @@ fn reinitialize(
     overrides: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<PyAny>> {
     let config = settings::load(config, overrides)?;
-    let mut slot = RUNTIME.lock();
-    let text = match &*slot {
+    let text = match current() {
         Some(rt) => {
             let report = py.detach(|| rt.reinitialize(&config)).map_err(error)?;
             serde_json::to_string(&report).map_err(error)?
@@ -93,7 +102,7 @@ fn reinitialize(
         None => {
             let rt = py.detach(|| Runtime::start(&config)).map_err(error)?;
             let text = serde_json::to_string(&rt.report().start).map_err(error)?;
-            *slot = Some(rt);
+            *RUNTIME.lock() = Some(Arc::new(rt));
             text
         }
     };
@@ -106,7 +115,13 @@ fn reinitialize(
 fn finalize(py: Python<'_>) -> PyResult<()> {
     let rt = RUNTIME.lock().take();
     if let Some(rt) = rt {
-        py.detach(|| rt.shutdown()).map_err(error)?;
+        match Arc::try_unwrap(rt) {
+            Ok(rt) => {
+                py.detach(|| rt.shutdown()).map_err(error)?;
+            }
+            // Another thread is using it right now: it shuts down when that call returns.
+            Err(shared) => py.detach(move || drop(shared)),
+        }
     }
     Ok(())
 }
@@ -114,7 +129,7 @@ fn finalize(py: Python<'_>) -> PyResult<()> {
 /// True while rmm-rs is initialized in this process.
 #[pyfunction]
 fn is_initialized() -> bool {
-    RUNTIME.lock().is_some()
+    current().is_some()
 }
 
 /// The runtime's report: backend, workers, and per device its stack, live and reserved bytes

@@ -103,3 +103,45 @@ def test_reinitialize_starts_rmm_rs_when_it_is_not_running():
     rmm_rs.reinitialize(POOLED)
     assert rmm_rs.is_initialized()
     assert rmm_rs.report()["devices"][0]["device"] == 0
+
+
+def test_buffers_take_bytes_bytearray_and_memoryview():
+    rmm_rs.initialize(POOLED)
+    data = bytes(range(200))
+    for source in (data, bytearray(data), memoryview(data)):
+        assert rmm_rs.DeviceBuffer.from_bytes(source).to_bytes() == data
+        assert rmm_rs.SpillableBuffer(source).to_bytes() == data
+    with pytest.raises(rmm_rs.RmmError, match="buffer protocol"):
+        rmm_rs.DeviceBuffer.from_bytes(12)
+
+
+def test_other_threads_may_call_in_while_a_reinitialize_runs():
+    import threading
+
+    rmm_rs.initialize(POOLED)
+    stop = threading.Event()
+    calls = []
+
+    def poll():
+        while not stop.is_set():
+            calls.append(rmm_rs.is_initialized())
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        for _ in range(20):
+            rmm_rs.reinitialize(POOLED)
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert not t.is_alive() and all(calls)
+
+
+def test_finalize_spills_live_spillable_data_so_the_old_pool_goes():
+    rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "1GiB"}, "spill": {"enabled": True}})
+    kept = rmm_rs.SpillableBuffer(b"k" * 4096)
+    rmm_rs.finalize()
+    assert kept.tier == "host"
+    # The 1 GiB pool is gone although a buffer made from it lives: another fits.
+    rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "1GiB"}, "spill": {"enabled": True}})
+    assert kept.to_bytes() == b"k" * 4096

@@ -886,6 +886,13 @@ impl RuntimeHandle {
         let held_before: u64 = old.stacks.iter().map(|s| s.reserved_bytes()).sum();
         let managers = self.managers_for(&resolved)?;
         let setups = set_up_devices(&resolved, streams, Some(old), &managers)?;
+        // The new spill settings apply once the new stacks exist: a failed reinitialize leaves
+        // the runtime as it was, limits included.
+        for (d, m) in resolved.devices.iter().zip(&managers) {
+            if let (Some(spill), Some(m)) = (&d.spill, m) {
+                m.reconfigure(spill);
+            }
+        }
         // Devices that leave the runtime give everything back.
         for s in &old.stacks {
             if !setups.iter().any(|n| n.stack.device() == s.device()) {
@@ -969,8 +976,8 @@ impl RuntimeHandle {
                 let Some(spill) = &d.spill else {
                     return Ok(None);
                 };
+                // An existing manager keeps its settings until the caller reconfigures it.
                 if let Some(m) = map.get(&d.ordinal) {
-                    m.reconfigure(spill);
                     return Ok(Some(Arc::clone(m)));
                 }
                 let device = Device::on(self.shared.backend, d.ordinal)?;
@@ -1109,6 +1116,18 @@ impl RuntimeHandle {
         let why = "the runtime shut down before it ran";
         for (_, job) in self.stop_workers(&mut control, Some(why)) {
             job.cancel(TaskError::Cancelled { reason: why.into() });
+        }
+        // Live spillable data moves to host memory first: it stays valid, and does not keep
+        // the old stacks' pools alive (it comes back into whatever the device's resource is
+        // when next used).
+        let managers: Vec<Arc<SpillManager>> = shared.managers.lock().values().cloned().collect();
+        for m in managers {
+            if let Err(e) = m.spill_all() {
+                tracing::warn!(
+                    device = m.device().ordinal(),
+                    "spilling before shutdown: {e}; unspilled buffers keep their pool alive"
+                );
+            }
         }
         let generation = shared.generation();
         let mut leaks = Vec::new();

@@ -156,8 +156,8 @@ struct Moves {
     count: AtomicU64,
     bytes: AtomicU64,
     nanos: AtomicU64,
-    /// The latest end of a move so far, in ns since the process's epoch.
-    busy_until: Mutex<u64>,
+    /// The merged interval of the latest moves, (start, end) in ns since the process's epoch.
+    busy: Mutex<(u64, u64)>,
 }
 
 /// Nanoseconds since the first call (a monotonic clock for the intervals above).
@@ -176,10 +176,18 @@ impl Moves {
         self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         let end = clock_ns();
         let start = end.saturating_sub(nanos);
-        let mut until = self.busy_until.lock();
-        let new = end.saturating_sub(start.max(*until));
-        *until = (*until).max(end);
-        drop(until);
+        let mut busy = self.busy.lock();
+        let (from, until) = *busy;
+        let new = if start >= until {
+            // Disjoint from what came before: a new interval.
+            *busy = (start, end);
+            nanos
+        } else {
+            // Overlapping: only the parts outside the merged interval are new.
+            *busy = (from.min(start), until.max(end));
+            end.saturating_sub(until) + from.saturating_sub(start)
+        };
+        drop(busy);
         self.nanos.fetch_add(new, Ordering::Relaxed);
     }
 
@@ -234,16 +242,27 @@ impl Tracker {
     /// or nothing more can go; returns the bytes freed.
     fn spill_oldest(&self, need: u64, except: Option<u64>) -> rmm_allocator::Result<u64> {
         let mut freed = 0;
+        let mut first_error = None;
         for b in self.oldest_first(except) {
             if freed >= need {
                 break;
             }
-            // `spill` skips buffers in use, busy or already spilled, without waiting.
+            // `spill` skips buffers in use, busy or already spilled, without waiting. One that
+            // cannot move (e.g. larger than a full host pool) does not stop the others.
             if b.tier() == Tier::Device && !b.is_in_use() {
-                freed += b.spill()? as u64;
+                match b.spill() {
+                    Ok(n) => freed += n as u64,
+                    Err(e) => {
+                        tracing::debug!(id = b.id(), "a buffer could not be spilled: {e}");
+                        first_error.get_or_insert(e);
+                    }
+                }
             }
         }
-        Ok(freed)
+        match first_error {
+            Some(e) if freed < need => Err(e),
+            _ => Ok(freed),
+        }
     }
 
     /// Moves least recently used host data (not `except`'s) to disk until `host` can hand
@@ -329,6 +348,8 @@ impl SpillObserver for Tracker {
 /// Spilling for one device: see the module documentation.
 pub struct SpillManager {
     store: Arc<SpillStore>,
+    /// `spill.host_pool_size` and `spill.disk_directory` as made (they cannot change later).
+    made_with: (Option<u64>, Option<std::path::PathBuf>),
     tracker: Arc<Tracker>,
     eager_unspill: std::sync::atomic::AtomicBool,
 }
@@ -358,6 +379,7 @@ impl SpillManager {
         });
         tracker.limit.store(spill.threshold, Ordering::Relaxed);
         Ok(SpillManager {
+            made_with: (spill.host_pool_size, spill.disk_directory.clone()),
             store,
             tracker,
             eager_unspill: spill.eager_unspill.into(),
@@ -365,8 +387,18 @@ impl SpillManager {
     }
 
     /// Takes the settings of a new configuration (limit, eager unspilling); the host pool,
-    /// the disk tier and the buffers stay.
+    /// the disk tier and the buffers stay (a change of `spill.host_pool_size` or
+    /// `spill.disk_directory` is logged and takes effect in a new runtime).
     pub fn reconfigure(&self, spill: &ResolvedSpill) {
+        if (spill.host_pool_size, spill.disk_directory.clone()) != self.made_with {
+            tracing::warn!(
+                device = self.device().ordinal(),
+                "spill.host_pool_size and spill.disk_directory keep the values the runtime \
+                 started with ({:?}, {:?}); a new runtime takes the new ones",
+                self.made_with.0,
+                self.made_with.1
+            );
+        }
         self.tracker.limit.store(spill.threshold, Ordering::Relaxed);
         self.eager_unspill
             .store(spill.eager_unspill, Ordering::Relaxed);

@@ -120,16 +120,24 @@ pub enum Shape {
     Mt8,
     /// `random` on 16 threads, each with its own seed, stream and share of the cap.
     Mt16,
+    /// `mt8` with every thread on one shared stream (as Dask's threads on the default stream).
+    #[serde(rename = "mt8-shared")]
+    Mt8Shared,
+    /// `mt16` with every thread on one shared stream.
+    #[serde(rename = "mt16-shared")]
+    Mt16Shared,
 }
 
 impl Shape {
     /// Every shape, in table order.
-    pub const ALL: [Shape; 5] = [
+    pub const ALL: [Shape; 7] = [
         Shape::Churn,
         Shape::Random,
         Shape::Small,
         Shape::Mt8,
         Shape::Mt16,
+        Shape::Mt8Shared,
+        Shape::Mt16Shared,
     ];
 
     /// The column name: `churn`, `random`, `small`, `mt8`, `mt16`.
@@ -140,14 +148,16 @@ impl Shape {
             Shape::Small => "small",
             Shape::Mt8 => "mt8",
             Shape::Mt16 => "mt16",
+            Shape::Mt8Shared => "mt8-shared",
+            Shape::Mt16Shared => "mt16-shared",
         }
     }
 
     /// The number of threads of a multi-thread shape.
     pub fn threads(self) -> Option<usize> {
         match self {
-            Shape::Mt8 => Some(8),
-            Shape::Mt16 => Some(16),
+            Shape::Mt8 | Shape::Mt8Shared => Some(8),
+            Shape::Mt16 | Shape::Mt16Shared => Some(16),
             _ => None,
         }
     }
@@ -170,7 +180,9 @@ impl FromStr for Shape {
             .ok_or_else(|| {
                 BenchError::invalid(
                     "shape",
-                    format!("{s:?} is none of churn, random, small, mt8, mt16"),
+                    format!(
+                        "{s:?} is none of churn, random, small, mt8, mt16, mt8-shared, mt16-shared"
+                    ),
                 )
             })
     }
@@ -490,10 +502,11 @@ pub fn run_with(
                         Shape::Churn => Some(single(&**mr, &churn, &stream, o.rounds)),
                         Shape::Random => Some(single(&**mr, &random, &stream, o.rounds)),
                         Shape::Small => Some(single(&**mr, &small, &stream, o.rounds)),
-                        Shape::Mt8 | Shape::Mt16 => {
+                        Shape::Mt8 | Shape::Mt16 | Shape::Mt8Shared | Shape::Mt16Shared => {
                             let threads = shape.threads().unwrap_or(1);
                             let steps = o.n(2_000_000 / threads);
-                            Some(multi(mr, device, threads, steps, o.cap, o.rounds))
+                            let shared = matches!(shape, Shape::Mt8Shared | Shape::Mt16Shared);
+                            Some(multi(mr, device, threads, steps, o.cap, o.rounds, shared))
                         }
                     }
                 } else {
@@ -545,6 +558,21 @@ pub fn run_with(
         failures,
         options,
     })
+}
+
+/// A worker's stream: its own, or the one all workers share.
+enum OwnOrShared {
+    Own(Stream),
+    Shared(crate::allocator::StreamView),
+}
+
+impl OwnOrShared {
+    fn view(&self) -> crate::allocator::StreamView {
+        match self {
+            OwnOrShared::Own(s) => s.view(),
+            OwnOrShared::Shared(v) => *v,
+        }
+    }
 }
 
 fn dedup<T: PartialEq + Copy>(v: &mut Vec<T>) {
@@ -688,6 +716,7 @@ type Passes = Vec<(Instant, Instant)>;
 /// time runs from the first thread's start to the last thread's end (taken by the workers, so
 /// that a descheduled coordinator cannot shorten it); the best round's wall time over all
 /// threads' operations.
+#[allow(clippy::too_many_arguments)]
 fn multi(
     mr: &SharedResource,
     device: Device,
@@ -695,7 +724,15 @@ fn multi(
     steps: usize,
     cap: usize,
     rounds: usize,
+    shared: bool,
 ) -> Result<f64, BenchError> {
+    // With `shared`, every thread uses this one stream (kept alive until they are done).
+    let one_stream = if shared {
+        Some(Stream::new(device)?)
+    } else {
+        None
+    };
+    let one_view = one_stream.as_ref().map(Stream::view);
     let traces: Vec<Vec<Op>> = (0..threads)
         .map(|t| random_trace(steps, 256, 16 * MIB, cap / threads, 1000 + t as u64))
         .collect();
@@ -715,9 +752,13 @@ fn multi(
                     return Ok(Vec::new());
                 }
                 let warm = &ops[..ops.len().min(5_000)];
-                let mut outcome = Stream::new(device).and_then(|s| {
+                let mut outcome = match one_view {
+                    Some(v) => Ok(OwnOrShared::Shared(v)),
+                    None => Stream::new(device).map(OwnOrShared::Own),
+                }
+                .and_then(|s| {
                     replay(&**mr, warm, s.view())?;
-                    s.synchronize()?;
+                    crate::allocator::stream::synchronize(device, s.view())?;
                     Ok(s)
                 });
                 let mut passes = Vec::with_capacity(rounds);

@@ -42,12 +42,21 @@ pub struct BenchArgs {
     pub resources: Vec<Resource>,
     /// Workload shapes to run (table columns), comma-separated: churn (1 MiB allocate/free),
     /// random (256 B – 16 MiB under a cap), small (8 B – 64 KiB), mt8 and mt16 (random on 8 or
-    /// 16 threads). Default: all.
+    /// 16 threads, each on its own stream), mt8-shared and mt16-shared (the same threads on one
+    /// shared stream). Default: all.
     #[arg(
         long,
         value_name = "LIST",
         value_delimiter = ',',
-        value_parser = PossibleValuesParser::new(["churn", "random", "small", "mt8", "mt16"])
+        value_parser = PossibleValuesParser::new([
+            "churn",
+            "random",
+            "small",
+            "mt8",
+            "mt16",
+            "mt8-shared",
+            "mt16-shared",
+        ])
             .try_map(|s| s.parse::<Shape>()),
     )]
     pub shapes: Vec<Shape>,

@@ -19,7 +19,7 @@ use rmm::demo::{DemoOptions, DemoSize, Progress};
 pub enum Size {
     /// 32 MiB of results per device: a smoke run in seconds.
     Tiny,
-    /// 256 MiB of results per device; under a minute without a GPU.
+    /// 256 MiB of results per device; seconds without a GPU.
     Small,
     /// 2 GiB of results per device.
     Medium,

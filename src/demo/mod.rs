@@ -43,8 +43,8 @@ type Produced = TaskHandle<Result<(Kept, u64), DemoError>>;
 pub enum DemoSize {
     /// 32 MiB of results per device (simulated: 256 MiB devices): a smoke run in seconds.
     Tiny,
-    /// 256 MiB of results per device (a simulated device of 1 GiB): under a minute on a
-    /// 2-core machine without a GPU.
+    /// 256 MiB of results per device (a simulated device of 1 GiB): seconds on a 2-core
+    /// machine without a GPU.
     Small,
     /// 2 GiB of results per device (simulated: 8 GiB devices).
     Medium,
@@ -394,7 +394,8 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
     // Phase 3: check every result in the new pool, transform it again.
     sampler.phase("pooled again");
     let mut phase = PhaseRun::begin(&rt, &devices);
-    progress.phase("pooled again", kept.len() as u64);
+    // Each result is a step twice: transformed again, then checked at the end.
+    progress.phase("pooled again", 2 * kept.len() as u64);
     let handles: Vec<(u32, Produced)> = kept
         .into_iter()
         .map(|(d, k)| {

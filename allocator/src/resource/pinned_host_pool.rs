@@ -180,12 +180,27 @@ impl PinnedHostPool {
             if let Some(s) = self.try_allocate(len) {
                 return Ok(s);
             }
-            let step = len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP));
-            if self.capacity().saturating_add(step) <= limit {
-                // Chunks at least as large as the request, so that it fits in one.
-                self.inner.grow(step, len.max(MIN_CHUNK))?;
-                if let Some(s) = self.try_allocate(len) {
-                    return Ok(s);
+            let room = limit.saturating_sub(self.capacity());
+            // Double (within the step bounds), but never past the maximum when the request
+            // still fits below it.
+            let step = len
+                .max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP))
+                .min(room);
+            if step >= len {
+                // Chunks at least as large as the request, so that it fits in one. Failing to
+                // pin more is running out of host memory, whatever the driver said: callers
+                // fall back (to disk) on that.
+                match self.inner.grow(step, len.max(MIN_CHUNK)) {
+                    Ok(()) => {
+                        if let Some(s) = self.try_allocate(len) {
+                            return Ok(s);
+                        }
+                    }
+                    Err(e) => tracing::warn!(
+                        requested = len,
+                        capacity = self.capacity(),
+                        "pinning more host memory failed: {e}"
+                    ),
                 }
             }
         }

@@ -1,9 +1,14 @@
 //! Per-stream state for stream-ordered resources, found without a global lock.
 //!
-//! Each resource keeps its per-stream arenas in an append-only table. Every thread caches
-//! the (resource, stream) → slot pairs it used last, so the allocation fast path is a
-//! thread-local lookup and an index: workers on their own streams never touch shared state.
-//! Arenas live as long as their resource; nothing is reference-counted on the fast path.
+//! Each resource keeps its arenas in an append-only table, one per (stream, *lane*): every
+//! thread has a lane (threads are numbered round-robin over [`LANES`] lanes), so threads that
+//! share one stream (as Dask's threads share the default stream) still get arenas of their
+//! own and do not contend on one lock. Work on one stream is ordered, so any of the stream's
+//! arenas may serve it: a block one lane freed is reusable by the stream at once, and a block
+//! freed by another lane of the same stream goes straight back to its arena, with no event.
+//! Every thread caches the (resource, stream) → slot pairs it used last, so the allocation
+//! fast path is a thread-local lookup and an index. Arenas live as long as their resource;
+//! nothing is reference-counted on the fast path.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -15,8 +20,10 @@ use parking_lot::Mutex;
 use crate::backend::RawStream;
 use crate::error::{Error, Result};
 
-/// Most streams one resource serves.
-pub(crate) const MAX_STREAMS: usize = 1024;
+/// Most arenas (streams × lanes in use) one resource has.
+pub(crate) const MAX_ARENAS: usize = 4096;
+/// Lanes per stream: threads beyond this many on one stream share arenas.
+pub(crate) const LANES: u32 = 16;
 const CACHE_SLOTS: usize = 8;
 
 #[derive(Clone, Copy)]
@@ -32,7 +39,11 @@ const EMPTY_ENTRY: CacheEntry = CacheEntry {
     slot: 0,
 };
 
+static NEXT_LANE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 thread_local! {
+    /// This thread's lane.
+    static LANE: u32 = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES;
     static CACHE: [Cell<CacheEntry>; CACHE_SLOTS] = const { [const { Cell::new(EMPTY_ENTRY) }; CACHE_SLOTS] };
     static NEXT_VICTIM: Cell<usize> = const { Cell::new(0) };
 }
@@ -44,7 +55,8 @@ pub(crate) struct StreamArenas<A> {
     id: u64,
     /// Boxed so that an unused slot costs a pointer, not a whole arena.
     slots: Box<[OnceLock<Box<A>>]>,
-    index: Mutex<HashMap<RawStream, u32>>,
+    /// (stream, lane) → slot.
+    index: Mutex<HashMap<(RawStream, u32), u32>>,
 }
 
 impl<A> std::fmt::Debug for StreamArenas<A> {
@@ -59,12 +71,12 @@ impl<A> StreamArenas<A> {
     pub(crate) fn new() -> Self {
         StreamArenas {
             id: NEXT_REGISTRY.fetch_add(1, Ordering::Relaxed),
-            slots: (0..MAX_STREAMS).map(|_| OnceLock::new()).collect(),
+            slots: (0..MAX_ARENAS).map(|_| OnceLock::new()).collect(),
             index: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The arena of `stream`, made with `make` on first use.
+    /// The calling thread's arena of `stream`, made with `make` on first use.
     #[inline]
     pub(crate) fn get(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
         let hit = CACHE.with(|c| {
@@ -83,21 +95,25 @@ impl<A> StreamArenas<A> {
 
     #[cold]
     fn get_slow(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
+        let lane = LANE.with(|l| *l);
         let slot = {
             let mut index = self.index.lock();
             let next = index.len();
-            match index.get(&stream) {
+            match index.get(&(stream, lane)) {
                 Some(&s) => s,
                 None => {
-                    if next >= MAX_STREAMS {
+                    if next >= MAX_ARENAS {
                         return Err(Error::invalid_argument(
                             "stream",
-                            format!("{stream:#x} (stream number {})", next + 1),
-                            format!("at most {MAX_STREAMS} distinct streams per resource"),
+                            format!("{stream:#x} (arena number {})", next + 1),
+                            format!(
+                                "at most {MAX_ARENAS} arenas (distinct streams × up to {LANES} \
+                                 threads each) per resource"
+                            ),
                         ));
                     }
                     let _ = self.slots[next].set(Box::new(make()));
-                    index.insert(stream, next as u32);
+                    index.insert((stream, lane), next as u32);
                     next as u32
                 }
             }
@@ -126,7 +142,7 @@ impl<A> StreamArenas<A> {
             })
     }
 
-    /// Every arena, for slow paths that look across streams.
+    /// Every arena, for slow paths that look across streams and lanes.
     pub(crate) fn all(&self) -> impl Iterator<Item = &A> {
         let n = self.index.lock().len();
         self.slots[..n].iter().filter_map(|s| s.get().map(|a| &**a))

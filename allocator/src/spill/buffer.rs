@@ -511,7 +511,13 @@ impl SpillableBuffer {
         let (ptr, stream) = (*ptr, *stream);
         let mut slices = self.host_slices()?;
         let start = Instant::now();
-        self.copy_out(ptr, &mut slices, stream)?;
+        if let Err(CopyError { error, in_flight }) = self.copy_out(ptr, &mut slices, stream) {
+            if in_flight {
+                // A copy may still write into them: they must never be handed out again.
+                std::mem::forget(slices);
+            }
+            return Err(error);
+        }
         resource.deallocate(ptr, self.size, stream)?;
         self.moved(state, State::Host(slices), start);
         Ok(())
@@ -569,10 +575,26 @@ impl SpillableBuffer {
             State::Host(slices) => self.copy_in(ptr, slices, stream),
             State::Disk(file) => self
                 .disk()
-                .and_then(|d| d.read_to_device(self.store.copies(), file, ptr, stream)),
+                .and_then(|d| d.read_to_device(self.store.copies(), file, ptr, stream))
+                .map_err(|error| CopyError {
+                    error,
+                    in_flight: false,
+                }),
             State::Device { .. } => Ok(()),
         };
-        if let Err(e) = copied {
+        if let Err(CopyError {
+            error: e,
+            in_flight,
+        }) = copied
+        {
+            if in_flight {
+                tracing::error!(
+                    "unspilling buffer {}: {e}; its new device memory is left allocated, a \
+                     copy may still write into it",
+                    self.id
+                );
+                return Err(e);
+            }
             if let Err(free) = resource.deallocate(ptr, self.size, stream) {
                 tracing::error!(
                     "freeing after a failed unspill of buffer {}: {free}",
@@ -600,12 +622,18 @@ impl SpillableBuffer {
         ptr: DevicePtr,
         slices: &mut [PinnedSlice],
         after: StreamView,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), CopyError> {
         let copies = self.store.copies();
         let (b, d) = (self.device().backend(), self.device().ordinal());
         let stream = copies.stream(Direction::ToHost);
-        copies.wait_for(Direction::ToHost, after)?;
-        let done = copies.event()?;
+        let not_started = |error| CopyError {
+            error,
+            in_flight: false,
+        };
+        copies
+            .wait_for(Direction::ToHost, after)
+            .map_err(not_started)?;
+        let done = copies.event().map_err(not_started)?;
         let mut offset = 0;
         let enqueued = slices.iter_mut().try_for_each(|s| {
             let n = (self.size - offset).min(s.len());
@@ -622,12 +650,23 @@ impl SpillableBuffer {
 
     /// Copies `slices` to the device bytes at `ptr` on the copy stream, after the work queued
     /// on `after` (which covers the allocation of `ptr`), and waits.
-    fn copy_in(&self, ptr: DevicePtr, slices: &[PinnedSlice], after: StreamView) -> Result<()> {
+    fn copy_in(
+        &self,
+        ptr: DevicePtr,
+        slices: &[PinnedSlice],
+        after: StreamView,
+    ) -> std::result::Result<(), CopyError> {
         let copies = self.store.copies();
         let (b, d) = (self.device().backend(), self.device().ordinal());
         let stream = copies.stream(Direction::ToDevice);
-        copies.wait_for(Direction::ToDevice, after)?;
-        let done = copies.event()?;
+        let not_started = |error| CopyError {
+            error,
+            in_flight: false,
+        };
+        copies
+            .wait_for(Direction::ToDevice, after)
+            .map_err(not_started)?;
+        let done = copies.event().map_err(not_started)?;
         let mut offset = 0;
         let enqueued = slices.iter().try_for_each(|s| {
             let n = (self.size - offset).min(s.len());
@@ -641,24 +680,42 @@ impl SpillableBuffer {
     }
 }
 
+/// A failed copy; `in_flight` when some of its copies may still be running (waiting for the
+/// stream failed too): their source and destination must then never be reused.
+struct CopyError {
+    error: Error,
+    in_flight: bool,
+}
+
 /// Waits for the copies enqueued on `stream`: through `done` when all were enqueued, through
-/// the whole stream when one failed (so no copy still runs into memory about to be freed).
+/// the whole stream when one failed or `done` could not be waited for (so no copy still runs
+/// into memory about to be freed, unless the device cannot even say: `in_flight`).
 fn finish_copies(
     enqueued: Result<()>,
     done: &super::copy::PooledEvent<'_>,
     stream: crate::backend::RawStream,
     device: Device,
-) -> Result<()> {
-    match enqueued.and_then(|()| done.record(stream)) {
-        Ok(()) => done.synchronize(),
-        Err(e) => {
-            if let Err(sync) = device
+) -> std::result::Result<(), CopyError> {
+    let waited = enqueued
+        .and_then(|()| done.record(stream))
+        .and_then(|()| done.synchronize());
+    match waited {
+        Ok(()) => Ok(()),
+        Err(error) => {
+            let in_flight = match device
                 .backend()
                 .stream_synchronize(device.ordinal(), stream)
             {
-                tracing::error!("waiting for spill copies after an error ({e}): {sync}");
-            }
-            Err(e)
+                Ok(()) => false,
+                Err(sync) => {
+                    tracing::error!(
+                        "waiting for spill copies after an error ({error}): {sync}; their \
+                         memory is left alone for good"
+                    );
+                    true
+                }
+            };
+            Err(CopyError { error, in_flight })
         }
     }
 }

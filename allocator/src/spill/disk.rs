@@ -189,7 +189,8 @@ impl DiskStore {
             let n = (len - off).min(STAGING);
             let slot = &mut staging[i % 2];
             // SAFETY: the slot is not read by the host until its event (recorded right after)
-            // has completed, and the loop below waits for it before writing the slot out; the
+            // has completed (or, after an error, the whole copy stream: `drain`), and the loop
+            // below waits for it before writing the slot out; the
             // device range lies inside the `len` bytes at `src`.
             unsafe { b.memcpy_dtoh_async(d, slot.as_mut_ptr(), src.offset(off), n, stream)? };
             events[i % 2].record(stream)
@@ -210,7 +211,7 @@ impl DiskStore {
             Ok(())
         })();
         // Never hand the slots to another user while a copy into them may still run.
-        let drained = events.iter().try_for_each(|e| e.synchronize());
+        let drained = drain(copies, stream, &events, result.is_err());
         drop(staging);
         result.and(drained)?;
         finish(file, &disk)?;
@@ -253,9 +254,40 @@ impl DiskStore {
             }
             Ok(())
         })();
-        let drained = events.iter().try_for_each(|e| e.synchronize());
+        let drained = drain(copies, stream, &events, result.is_err());
         drop(staging);
         result.and(drained)
+    }
+}
+
+/// Waits until no copy of a pipeline runs on `stream`: through its two events, or, after an
+/// error (an event may not have been recorded behind a queued copy), through the whole
+/// stream.
+fn drain(
+    copies: &CopyStreams,
+    stream: crate::backend::RawStream,
+    events: &[super::copy::PooledEvent<'_>; 2],
+    failed: bool,
+) -> Result<()> {
+    let by_events = if failed {
+        None
+    } else {
+        Some(events.iter().try_for_each(|e| e.synchronize()))
+    };
+    match by_events {
+        Some(Ok(())) => Ok(()),
+        _ => {
+            let d = copies.device();
+            d.backend()
+                .stream_synchronize(d.ordinal(), stream)
+                .inspect_err(|e| {
+                    tracing::error!(
+                        "waiting for the disk tier's copies on device {}: {e}; its staging \
+                         memory may still be written",
+                        d.ordinal()
+                    );
+                })
+        }
     }
 }
 

@@ -9,7 +9,10 @@
 //!   above 1 MiB and one for small requests (so small objects never fragment large regions).
 //!   Blocks split on allocation and merge with free neighbours on free, in O(1).
 //! * A thread finds its stream's arena in a thread-local cache; workers on their own streams
-//!   never share a lock, a cache line or a driver call on the fast path.
+//!   never share a lock, a cache line or a driver call on the fast path. Threads sharing one
+//!   stream get one arena each (up to 16 per stream): the stream's work is ordered, so any of
+//!   its arenas may serve it, and a block freed by another thread of the same stream goes
+//!   straight back to its owner.
 //! * Stream order: a block freed on the stream that owns it is reusable by that stream at
 //!   once. A block freed on another stream waits for an event recorded on the freeing stream.
 //!   Memory moves between streams only through the pool's slow path, after the giving
@@ -180,7 +183,7 @@ pub struct PoolSnapshot {
     pub largest_free: u64,
     /// Upstream chunks.
     pub chunks: usize,
-    /// Streams with an arena.
+    /// Arenas (one per stream and thread lane).
     pub arenas: usize,
     /// Live blocks.
     pub live_blocks: usize,
@@ -670,12 +673,19 @@ impl DeviceMemoryResource for PoolMemoryResource {
 }
 
 impl PoolMemoryResource {
-    /// A block freed on a stream other than the one it was allocated on.
+    /// A block this thread's arena of `stream` does not own: another thread's arena of the
+    /// same stream (freed at once: the stream's work is ordered), or another stream's (reused
+    /// once an event recorded on `stream` has completed).
     #[cold]
     #[inline(never)]
     fn deallocate_foreign(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
         let backend = self.device.backend();
         let dev = self.device.ordinal();
+        for arena in self.arenas.all() {
+            if arena.stream == stream.raw() && arena.state.lock().free_local(ptr.addr()) {
+                return Ok(());
+            }
+        }
         for arena in self.arenas.all() {
             if arena.stream == stream.raw() {
                 continue;

@@ -189,6 +189,10 @@ impl Heap {
         let granules = size / GRANULE;
         // The head of the request's own class often fits: closer to best fit, same cost.
         let (fl0, sl0) = class_of(granules);
+        // A request beyond every class (larger than any region could be) fits nowhere.
+        if fl0 >= FL_COUNT {
+            return NIL;
+        }
         let head = self.heads[fl0][sl0];
         if head != NIL && self.blocks[head as usize].size >= size {
             return head;
