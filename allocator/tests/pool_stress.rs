@@ -1,6 +1,6 @@
-//! 16 threads, each on its own stream, allocate and free at random, hand some blocks to the
-//! next thread to free on its stream, and check that no block is ever handed out twice or
-//! lost.
+//! 16 threads, each on its own stream (or all on one shared stream), allocate and free at
+//! random, hand some blocks to the next thread to free on its stream, and check that no block
+//! is ever handed out twice or lost, and that no block's data is overwritten by another owner.
 
 mod common;
 
@@ -20,8 +20,10 @@ const THREADS: usize = 16;
 /// transit) blocks of ≤ 2 MiB, 2.5 GiB, are live at once, whatever the scheduling.
 const IN_TRANSIT: usize = 16;
 
-fn stress(mr: SharedResource, steps: usize) {
+fn stress(mr: SharedResource, steps: usize, shared: bool) {
     let d = device();
+    // With `shared`, every thread works on this one stream (as Dask's threads on one stream).
+    let one = Arc::new(Stream::new(d).unwrap());
     let handed_out = Arc::new(Mutex::new(HashSet::<u64>::new()));
     let channels: Vec<_> = (0..THREADS)
         .map(|_| bounded::<(DevicePtr, usize)>(IN_TRANSIT))
@@ -35,6 +37,7 @@ fn stress(mr: SharedResource, steps: usize) {
             let barrier = Arc::clone(&barrier);
             let running = Arc::clone(&running);
             let inbox = channels[t].1.clone();
+            let one = Arc::clone(&one);
             let next = channels[(t + 1) % THREADS].0.clone();
             std::thread::spawn(move || {
                 // Counts this thread out even if it panics, so the others stop waiting for it
@@ -46,7 +49,8 @@ fn stress(mr: SharedResource, steps: usize) {
                     }
                 }
                 let done = Done(Arc::clone(&running));
-                let stream = Stream::new(d).unwrap();
+                let own = Stream::new(d).unwrap();
+                let stream = if shared { &*one } else { &own };
                 let mut x = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
                 let mut live: Vec<(DevicePtr, usize, u64)> = Vec::new();
                 barrier.wait();
@@ -126,7 +130,7 @@ fn sixteen_threads_on_the_pool_lose_and_duplicate_nothing() {
         )
         .unwrap(),
     );
-    stress(Arc::clone(&pool) as SharedResource, 20_000);
+    stress(Arc::clone(&pool) as SharedResource, 20_000, false);
     pool.synchronize().unwrap();
     let snap = pool.validate().unwrap();
     assert_eq!(snap.in_use, 0, "{snap:?}");
@@ -147,5 +151,61 @@ fn sixteen_threads_on_binning_over_the_pool() {
     let bins = Arc::new(
         BinningMemoryResource::with_bins(Arc::clone(&pool) as SharedResource, 10, 18).unwrap(),
     );
-    stress(bins, 10_000);
+    stress(bins, 10_000, false);
+}
+
+#[test]
+fn sixteen_threads_sharing_one_stream_lose_and_duplicate_nothing() {
+    let pool = Arc::new(
+        PoolMemoryResource::new(
+            Arc::new(CudaMemoryResource::new(device())),
+            512 * MIB,
+            Some(4096 * MIB),
+        )
+        .unwrap(),
+    );
+    stress(Arc::clone(&pool) as SharedResource, 20_000, true);
+    pool.synchronize().unwrap();
+    let snap = pool.validate().unwrap();
+    assert_eq!(snap.in_use, 0, "{snap:?}");
+    assert_eq!(snap.pending, 0, "{snap:?}");
+    assert!(snap.fully_coalesced, "{snap:?}");
+}
+
+#[test]
+fn memory_one_thread_freed_on_a_shared_stream_serves_another_when_the_pool_is_full() {
+    let pool = Arc::new(
+        PoolMemoryResource::new(
+            Arc::new(CudaMemoryResource::new(device())),
+            256 * MIB,
+            Some(256 * MIB),
+        )
+        .unwrap(),
+    );
+    let s = Arc::new(Stream::new(device()).unwrap());
+    // One thread takes most of the pool into its arena, in pieces, and frees it all: the free
+    // memory stays with that thread's arena.
+    {
+        let (pool, s) = (Arc::clone(&pool), Arc::clone(&s));
+        std::thread::spawn(move || {
+            let blocks: Vec<_> = (0..60)
+                .map(|_| pool.allocate(4 * MIB, s.view()).unwrap())
+                .collect();
+            for p in blocks {
+                pool.deallocate(p, 4 * MIB, s.view()).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    // Another thread on the same stream needs one block of 200 MiB: the pool cannot grow, so
+    // only the first thread's freed memory can serve it.
+    let (pool2, s2) = (Arc::clone(&pool), Arc::clone(&s));
+    let p = std::thread::spawn(move || pool2.allocate(200 * MIB, s2.view()))
+        .join()
+        .unwrap()
+        .unwrap();
+    pool.deallocate(p, 200 * MIB, s.view()).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(pool.pool_size(), 256 * MIB as u64);
 }

@@ -1,478 +1,18 @@
-//! Memory hooks, as CuPy's `cupy.cuda.MemoryHook`: callbacks before and after memory is
-//! taken from the device, served by a pool, and given back to a pool.
-//!
-//! # Events and their order
-//! | event | fires | fields |
-//! |---|---|---|
-//! | `malloc_preprocess` | before a pool looks for a block | `size` (requested), `mem_size` (rounded) |
-//! | `alloc_preprocess` | before the pool takes a chunk from its upstream (growth) | `mem_size` (chunk) |
-//! | `alloc_postprocess` | after that upstream allocation | `mem_size`, `ptr` (null on failure) |
-//! | `malloc_postprocess` | after the pool served the request | `size`, `mem_size`, `ptr` (null on failure) |
-//! | `free_preprocess` | before a block goes back to the pool | `size`, `mem_size`, `ptr` |
-//! | `free_postprocess` | after it went back | `size`, `mem_size`, `ptr` |
-//!
-//! So a request the pool serves from its cache fires `malloc_pre, malloc_post`; one that makes
-//! the pool grow fires `malloc_pre, alloc_pre, alloc_post, malloc_post` (one `alloc` pair per
-//! upstream attempt: the pool halves its try when the upstream refuses). As in CuPy, giving
-//! cached chunks back to the device ([`PoolMemoryResource::release`] / `trim`) is not an
-//! event, and neither is the chunk a pool takes at construction. Every event carries the
-//! device ordinal, the stream, and the name and identity ([`resource_id`]) of the resource
-//! that fired it.
-//!
-//! [`PoolMemoryResource`] fires all six. For other resources wrap them in a
-//! [`HookedResourceAdaptor`], which fires `malloc_*` and `free_*` around its upstream.
-//!
-//! # Registration
-//! A hook is registered for the calling thread ([`register_thread_hook`], or
-//! [`with_thread_hook`] for a closure, as CuPy's `with hook:`) or for the whole process
-//! ([`register_process_hook`]); it stays registered until its guard drops. Process-wide hooks
-//! run first, then the thread's, each in registration order, for pre and post events alike.
-//!
-//! # Cost
-//! With no hook registered for the process or the calling thread, a hooked operation costs one
-//! relaxed atomic load and one thread-local load ([`active`]); dispatch is out of line
-//! (`#[cold]`). In benches/adaptors.rs the pool with a hook registered on another thread (so
-//! this thread's list is empty) runs within noise of the bare pool; a registered no-op hook
-//! costs about 100 ns per operation there (two events, each a dynamic call per hook, plus the
-//! bookkeeping that keeps hooks from recursing). Hooks run on the allocating thread, inside the
-//! allocation: keep them short,
-//! do not panic, and do not allocate from a hooked pool inside a hook (events raised while a
-//! hook runs are not dispatched, so there is no recursion, but the pool may hold a lock).
-//!
-//! [`PoolMemoryResource`]: crate::resource::PoolMemoryResource
-//! [`PoolMemoryResource::release`]: crate::resource::PoolMemoryResource::release
+//! The adaptor side of memory hooks: [`HookedResourceAdaptor`] (fires `malloc_*` and
+//! `free_*` around any upstream) and [`allocate_here`]. The registry, the events and their
+//! dispatch live below the resources, in [`crate::hooks`] (a pool fires hooks itself); this
+//! module re-exports them, so `adaptor::hooks::*` is the whole hook API.
 
 use std::any::Any;
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-use std::fmt;
-use std::marker::PhantomData;
-use std::panic::Location;
-use std::rc::Rc;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::{Mutex, RwLock, const_rwlock};
-use serde::Serialize;
+pub use crate::hooks::*;
 
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
-use crate::error::{Result, fmt_bytes};
+use crate::error::Result;
 use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
 use crate::stream::StreamView;
-
-/// Which of the six hook points an event is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub enum HookPoint {
-    /// Before memory is taken from the upstream (the device, for a pool over CUDA).
-    AllocPre,
-    /// After memory was taken from the upstream.
-    AllocPost,
-    /// Before a pool serves a request.
-    MallocPre,
-    /// After a pool served a request.
-    MallocPost,
-    /// Before a block goes back to a pool.
-    FreePre,
-    /// After a block went back to a pool.
-    FreePost,
-}
-
-impl HookPoint {
-    /// CuPy's method name, e.g. `"malloc_preprocess"`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            HookPoint::AllocPre => "alloc_preprocess",
-            HookPoint::AllocPost => "alloc_postprocess",
-            HookPoint::MallocPre => "malloc_preprocess",
-            HookPoint::MallocPost => "malloc_postprocess",
-            HookPoint::FreePre => "free_preprocess",
-            HookPoint::FreePost => "free_postprocess",
-        }
-    }
-}
-
-impl fmt::Display for HookPoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// One hook event. See the module documentation for which fields each point fills.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HookEvent {
-    /// The hook point.
-    pub point: HookPoint,
-    /// Device ordinal (CuPy's `device_id`).
-    pub device: u32,
-    /// Bytes requested by the caller (`malloc_*`, `free_*`); for `alloc_*`, the chunk size.
-    pub size: usize,
-    /// Bytes after rounding (CuPy's `mem_size`): the block the pool hands out or takes back,
-    /// or the chunk taken from the upstream.
-    pub mem_size: usize,
-    /// The pointer (CuPy's `mem_ptr`): null in pre events other than `free_preprocess`, and
-    /// in post events whose operation failed.
-    pub ptr: DevicePtr,
-    /// The stream of the operation.
-    pub stream: StreamView,
-    /// Name of the resource that fired the event, e.g. `"PoolMemoryResource"`.
-    pub resource: &'static str,
-    /// Identity of the resource that fired the event (see [`resource_id`]), so a hook can tell
-    /// two pools apart (CuPy's `pmem_id` plays a similar role).
-    pub resource_id: usize,
-}
-
-/// A set of callbacks, as CuPy's `MemoryHook`. Every method does nothing by default.
-pub trait MemoryHook: Send + Sync + 'static {
-    /// A name for reports.
-    fn name(&self) -> &str {
-        "MemoryHook"
-    }
-    /// Before memory is taken from the upstream.
-    fn alloc_preprocess(&self, _event: &HookEvent) {}
-    /// After memory was taken from the upstream (`event.ptr` is null on failure).
-    fn alloc_postprocess(&self, _event: &HookEvent) {}
-    /// Before a pool serves a request.
-    fn malloc_preprocess(&self, _event: &HookEvent) {}
-    /// After a pool served a request (`event.ptr` is null on failure).
-    fn malloc_postprocess(&self, _event: &HookEvent) {}
-    /// Before a block goes back to a pool.
-    fn free_preprocess(&self, _event: &HookEvent) {}
-    /// After a block went back to a pool.
-    fn free_postprocess(&self, _event: &HookEvent) {}
-}
-
-fn deliver(hook: &dyn MemoryHook, e: &HookEvent) {
-    match e.point {
-        HookPoint::AllocPre => hook.alloc_preprocess(e),
-        HookPoint::AllocPost => hook.alloc_postprocess(e),
-        HookPoint::MallocPre => hook.malloc_preprocess(e),
-        HookPoint::MallocPost => hook.malloc_postprocess(e),
-        HookPoint::FreePre => hook.free_preprocess(e),
-        HookPoint::FreePost => hook.free_postprocess(e),
-    }
-}
-
-type HookList = Vec<(u64, Arc<dyn MemoryHook>)>;
-
-/// Process-wide hooks registered (the fast-path check reads only this count).
-static PROCESS_HOOK_COUNT: AtomicUsize = AtomicUsize::new(0);
-static PROCESS_HOOKS: RwLock<Option<Arc<HookList>>> = const_rwlock(None);
-static NEXT_HOOK_ID: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// Hooks registered on this thread (the fast-path check reads only this count).
-    static THREAD_HOOK_COUNT: Cell<usize> = const { Cell::new(0) };
-    static THREAD_HOOKS: RefCell<Option<Rc<HookList>>> = const { RefCell::new(None) };
-    /// True while a hook runs on this thread: events raised meanwhile are not dispatched.
-    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
-    /// The resource whose allocate/deallocate is being dispatched on this thread: its inner
-    /// call runs the plain path.
-    static SERVING: Cell<usize> = const { Cell::new(0) };
-    /// The call site set by [`allocate_here`] / [`at_call_site`].
-    static CALL_SITE: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };
-}
-
-/// True when any hook is registered for the process or for the calling thread. This is the
-/// whole cost of hooks on a hot path when none is: one relaxed atomic load and one
-/// thread-local load.
-#[inline(always)]
-pub fn active() -> bool {
-    PROCESS_HOOK_COUNT.load(Ordering::Relaxed) != 0 || THREAD_HOOK_COUNT.with(Cell::get) != 0
-}
-
-/// The identity of a resource as hook events carry it ([`HookEvent::resource_id`]): its
-/// address. For a resource in an `Arc`, `resource_id(&*arc)`.
-pub fn resource_id<R: ?Sized>(resource: &R) -> usize {
-    (resource as *const R).cast::<()>() as usize
-}
-
-/// Removes a process-wide hook when dropped. Keep it alive as long as the hook should run.
-#[must_use = "the hook is removed when the guard drops"]
-pub struct ProcessHookGuard {
-    id: u64,
-}
-
-impl fmt::Debug for ProcessHookGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ProcessHookGuard({})", self.id)
-    }
-}
-
-/// Registers `hook` for every thread of the process until the guard drops.
-pub fn register_process_hook(hook: Arc<dyn MemoryHook>) -> ProcessHookGuard {
-    let id = NEXT_HOOK_ID.fetch_add(1, Ordering::Relaxed);
-    let mut list = PROCESS_HOOKS.write();
-    let mut next: HookList = list.as_deref().cloned().unwrap_or_default();
-    next.push((id, hook));
-    *list = Some(Arc::new(next));
-    PROCESS_HOOK_COUNT.fetch_add(1, Ordering::Release);
-    ProcessHookGuard { id }
-}
-
-impl Drop for ProcessHookGuard {
-    fn drop(&mut self) {
-        let mut list = PROCESS_HOOKS.write();
-        let mut next: HookList = list.as_deref().cloned().unwrap_or_default();
-        let before = next.len();
-        next.retain(|(id, _)| *id != self.id);
-        if next.len() < before {
-            PROCESS_HOOK_COUNT.fetch_sub(1, Ordering::Release);
-        }
-        *list = if next.is_empty() {
-            None
-        } else {
-            Some(Arc::new(next))
-        };
-    }
-}
-
-/// Removes a thread hook when dropped; it cannot leave its thread.
-#[must_use = "the hook is removed when the guard drops"]
-pub struct ThreadHookGuard {
-    id: u64,
-    _not_send: PhantomData<*const ()>,
-}
-
-impl fmt::Debug for ThreadHookGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ThreadHookGuard({})", self.id)
-    }
-}
-
-/// Registers `hook` for the calling thread until the guard drops (CuPy registers hooks per
-/// thread, too).
-pub fn register_thread_hook(hook: Arc<dyn MemoryHook>) -> ThreadHookGuard {
-    let id = NEXT_HOOK_ID.fetch_add(1, Ordering::Relaxed);
-    THREAD_HOOKS.with(|l| {
-        let mut l = l.borrow_mut();
-        let mut next: HookList = l.as_deref().cloned().unwrap_or_default();
-        next.push((id, hook));
-        *l = Some(Rc::new(next));
-    });
-    THREAD_HOOK_COUNT.with(|c| c.set(c.get() + 1));
-    ThreadHookGuard {
-        id,
-        _not_send: PhantomData,
-    }
-}
-
-impl Drop for ThreadHookGuard {
-    fn drop(&mut self) {
-        // During thread teardown the lists may already be gone: nothing is left to remove.
-        let _ = THREAD_HOOKS.try_with(|l| {
-            let Ok(mut l) = l.try_borrow_mut() else {
-                return;
-            };
-            let mut next: HookList = l.as_deref().cloned().unwrap_or_default();
-            let before = next.len();
-            next.retain(|(id, _)| *id != self.id);
-            if next.len() < before {
-                THREAD_HOOK_COUNT.with(|c| c.set(c.get().saturating_sub(1)));
-            }
-            *l = if next.is_empty() {
-                None
-            } else {
-                Some(Rc::new(next))
-            };
-        });
-    }
-}
-
-/// Runs `f` with `hook` registered for the calling thread (CuPy's `with hook:`).
-pub fn with_thread_hook<R>(hook: Arc<dyn MemoryHook>, f: impl FnOnce() -> R) -> R {
-    let _guard = register_thread_hook(hook);
-    f()
-}
-
-/// Restores a thread-local cell when dropped (also on unwind).
-struct Restore<T: Copy + 'static> {
-    cell: &'static std::thread::LocalKey<Cell<T>>,
-    old: T,
-}
-
-impl<T: Copy + 'static> Drop for Restore<T> {
-    fn drop(&mut self) {
-        let old = self.old;
-        let _ = self.cell.try_with(|c| c.set(old));
-    }
-}
-
-fn set_local<T: Copy + 'static>(
-    cell: &'static std::thread::LocalKey<Cell<T>>,
-    value: T,
-) -> Restore<T> {
-    Restore {
-        cell,
-        old: cell.with(|c| c.replace(value)),
-    }
-}
-
-/// Delivers `event` to every registered hook (process-wide first, then the thread's).
-#[cold]
-#[inline(never)]
-pub fn fire(event: &HookEvent) {
-    if IN_HOOK.with(Cell::get) {
-        return;
-    }
-    let _in_hook = set_local(&IN_HOOK, true);
-    if PROCESS_HOOK_COUNT.load(Ordering::Acquire) != 0 {
-        let list = PROCESS_HOOKS.read().clone();
-        for (_, h) in list.iter().flat_map(|l| l.iter()) {
-            deliver(&**h, event);
-        }
-    }
-    if THREAD_HOOK_COUNT.with(Cell::get) != 0 {
-        let list = THREAD_HOOKS
-            .try_with(|l| l.try_borrow().ok().and_then(|l| l.clone()))
-            .ok()
-            .flatten();
-        for (_, h) in list.iter().flat_map(|l| l.iter()) {
-            deliver(&**h, event);
-        }
-    }
-}
-
-#[inline]
-fn rounded(bytes: usize, granule: usize) -> usize {
-    if granule.is_power_of_two() {
-        bytes
-            .checked_add(granule - 1)
-            .map_or(bytes, |b| b & !(granule - 1))
-    } else {
-        bytes
-            .checked_next_multiple_of(granule.max(1))
-            .unwrap_or(bytes)
-    }
-}
-
-/// For resources with built-in hooks: fires `malloc_preprocess`, runs `resource.allocate`
-/// (whose nested call takes the plain path), fires `malloc_postprocess`. Returns `None` when
-/// the plain path should run instead: inside that nested call, inside a hook, or for zero
-/// bytes. Call it only when [`active`] is true:
-///
-/// ```ignore
-/// if hooks::active() && let Some(r) = hooks::dispatch_malloc(self, bytes, 256, stream) {
-///     return r;
-/// }
-/// ```
-#[cold]
-#[inline(never)]
-pub fn dispatch_malloc<R: DeviceMemoryResource + ?Sized>(
-    resource: &R,
-    bytes: usize,
-    granule: usize,
-    stream: StreamView,
-) -> Option<Result<DevicePtr>> {
-    let id = resource_id(resource);
-    if bytes == 0 || SERVING.with(Cell::get) == id || IN_HOOK.with(Cell::get) {
-        return None;
-    }
-    let event = HookEvent {
-        point: HookPoint::MallocPre,
-        device: resource.device().ordinal(),
-        size: bytes,
-        mem_size: rounded(bytes, granule),
-        ptr: DevicePtr::NULL,
-        stream,
-        resource: resource.name(),
-        resource_id: id,
-    };
-    fire(&event);
-    let result = {
-        let _serving = set_local(&SERVING, id);
-        resource.allocate(bytes, stream)
-    };
-    fire(&HookEvent {
-        point: HookPoint::MallocPost,
-        ptr: result.as_ref().map_or(DevicePtr::NULL, |p| *p),
-        ..event
-    });
-    Some(result)
-}
-
-/// For resources with built-in hooks: fires `free_preprocess`, runs `resource.deallocate`
-/// (whose nested call takes the plain path), fires `free_postprocess`. Returns `None` when
-/// the plain path should run instead (see [`dispatch_malloc`]), or for a null pointer.
-#[cold]
-#[inline(never)]
-pub fn dispatch_free<R: DeviceMemoryResource + ?Sized>(
-    resource: &R,
-    ptr: DevicePtr,
-    bytes: usize,
-    granule: usize,
-    stream: StreamView,
-) -> Option<Result<()>> {
-    let id = resource_id(resource);
-    if ptr.is_null() || SERVING.with(Cell::get) == id || IN_HOOK.with(Cell::get) {
-        return None;
-    }
-    let event = HookEvent {
-        point: HookPoint::FreePre,
-        device: resource.device().ordinal(),
-        size: bytes,
-        mem_size: rounded(bytes, granule),
-        ptr,
-        stream,
-        resource: resource.name(),
-        resource_id: id,
-    };
-    fire(&event);
-    let result = {
-        let _serving = set_local(&SERVING, id);
-        resource.deallocate(ptr, bytes, stream)
-    };
-    fire(&HookEvent {
-        point: HookPoint::FreePost,
-        ..event
-    });
-    Some(result)
-}
-
-/// For pools: wraps the upstream allocation `allocate` of a `mem_size`-byte chunk in
-/// `alloc_preprocess` / `alloc_postprocess` events when hooks are [`active`].
-#[inline]
-pub fn alloc_from_upstream<R: DeviceMemoryResource + ?Sized>(
-    resource: &R,
-    mem_size: usize,
-    stream: StreamView,
-    allocate: impl FnOnce() -> Result<DevicePtr>,
-) -> Result<DevicePtr> {
-    if active() {
-        alloc_hooked(resource, mem_size, stream, allocate)
-    } else {
-        allocate()
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn alloc_hooked<R: DeviceMemoryResource + ?Sized>(
-    resource: &R,
-    mem_size: usize,
-    stream: StreamView,
-    allocate: impl FnOnce() -> Result<DevicePtr>,
-) -> Result<DevicePtr> {
-    let event = HookEvent {
-        point: HookPoint::AllocPre,
-        device: resource.device().ordinal(),
-        size: mem_size,
-        mem_size,
-        ptr: DevicePtr::NULL,
-        stream,
-        resource: resource.name(),
-        resource_id: resource_id(resource),
-    };
-    fire(&event);
-    let result = allocate();
-    fire(&HookEvent {
-        point: HookPoint::AllocPost,
-        ptr: result.as_ref().map_or(DevicePtr::NULL, |p| *p),
-        ..event
-    });
-    result
-}
 
 /// Fires `malloc_*` and `free_*` around any upstream, for resources without built-in hooks
 /// (every resource but [`crate::resource::PoolMemoryResource`], which fires them itself: do
@@ -493,65 +33,45 @@ impl HookedResourceAdaptor {
         &self.upstream
     }
 
-    #[cold]
-    #[inline(never)]
-    fn allocate_hooked(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
-        let event = HookEvent {
-            point: HookPoint::MallocPre,
-            device: self.upstream.device().ordinal(),
-            size: bytes,
-            mem_size: rounded(bytes, crate::ALLOCATION_ALIGNMENT),
-            ptr: DevicePtr::NULL,
-            stream,
-            resource: self.name(),
-            resource_id: resource_id(self),
-        };
-        fire(&event);
-        let result = self.upstream.allocate(bytes, stream);
-        fire(&HookEvent {
-            point: HookPoint::MallocPost,
-            ptr: result.as_ref().map_or(DevicePtr::NULL, |p| *p),
-            ..event
-        });
-        result
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn deallocate_hooked(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
-        let event = HookEvent {
-            point: HookPoint::FreePre,
-            device: self.upstream.device().ordinal(),
-            size: bytes,
-            mem_size: rounded(bytes, crate::ALLOCATION_ALIGNMENT),
-            ptr,
-            stream,
-            resource: self.name(),
-            resource_id: resource_id(self),
-        };
-        fire(&event);
-        let result = self.upstream.deallocate(ptr, bytes, stream);
-        fire(&HookEvent {
-            point: HookPoint::FreePost,
-            ..event
-        });
-        result
+    fn source(&self) -> Source {
+        Source::of(
+            self,
+            self.upstream.device().ordinal(),
+            "HookedResourceAdaptor",
+        )
     }
 }
 
 impl DeviceMemoryResource for HookedResourceAdaptor {
     #[inline]
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
-        if active() && bytes != 0 {
-            return self.allocate_hooked(bytes, stream);
+        if active()
+            && let Some(r) = dispatch_malloc(
+                self.source(),
+                bytes,
+                crate::ALLOCATION_ALIGNMENT,
+                stream,
+                || self.upstream.allocate(bytes, stream),
+            )
+        {
+            return r;
         }
         self.upstream.allocate(bytes, stream)
     }
 
     #[inline]
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
-        if active() && !ptr.is_null() {
-            return self.deallocate_hooked(ptr, bytes, stream);
+        if active()
+            && let Some(r) = dispatch_free(
+                self.source(),
+                ptr,
+                bytes,
+                crate::ALLOCATION_ALIGNMENT,
+                stream,
+                || self.upstream.deallocate(ptr, bytes, stream),
+            )
+        {
+            return r;
         }
         self.upstream.deallocate(ptr, bytes, stream)
     }
@@ -577,49 +97,6 @@ impl DeviceMemoryResource for HookedResourceAdaptor {
     }
 }
 
-/// Logs every event with `tracing::debug!` (target `rmm_allocator::adaptor::hooks`).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TracingHook;
-
-impl TracingHook {
-    fn log(e: &HookEvent) {
-        tracing::debug!(
-            event = e.point.name(),
-            device = e.device,
-            size = e.size,
-            mem_size = e.mem_size,
-            ptr = %e.ptr,
-            stream = e.stream.raw(),
-            resource = e.resource,
-            "memory hook"
-        );
-    }
-}
-
-impl MemoryHook for TracingHook {
-    fn name(&self) -> &str {
-        "TracingHook"
-    }
-    fn alloc_preprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn alloc_postprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn malloc_preprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn malloc_postprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn free_preprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn free_postprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-}
-
 /// Allocates from `resource` with the caller's source line as the call site that
 /// [`LineProfileHook`] (and [`current_call_site`]) sees. `#[track_caller]` makes the site a
 /// compile-time constant: this costs two thread-local stores.
@@ -629,128 +106,6 @@ pub fn allocate_here(
     bytes: usize,
     stream: StreamView,
 ) -> Result<DevicePtr> {
-    let _site = set_local(&CALL_SITE, Some(Location::caller()));
-    resource.allocate(bytes, stream)
-}
-
-/// Runs `f` with the caller's source line as the call site of every allocation inside it
-/// (the innermost `at_call_site` or [`allocate_here`] wins).
-#[track_caller]
-pub fn at_call_site<R>(f: impl FnOnce() -> R) -> R {
-    let _site = set_local(&CALL_SITE, Some(Location::caller()));
-    f()
-}
-
-/// The call site set by [`allocate_here`] / [`at_call_site`] on this thread, if any.
-pub fn current_call_site() -> Option<&'static Location<'static>> {
-    CALL_SITE.with(Cell::get)
-}
-
-/// What one call site allocated, as CuPy's `LineProfileHook` reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SiteProfile {
-    /// `file:line:column`, or `<unattributed>` for allocations made outside
-    /// [`allocate_here`] / [`at_call_site`].
-    pub site: String,
-    /// Requests a pool served (`malloc_postprocess` with a pointer).
-    pub malloc_count: u64,
-    /// Bytes those requests used, rounded (CuPy's `used_bytes`).
-    pub used_bytes: u64,
-    /// Chunks taken from the upstream while serving them (`alloc_postprocess` with a pointer).
-    pub alloc_count: u64,
-    /// Bytes of those chunks (CuPy's `acquired_bytes`).
-    pub acquired_bytes: u64,
-}
-
-/// Aggregates bytes and counts by call site (CuPy's `LineProfileHook`).
-///
-/// The call site is the source line given by [`allocate_here`] or [`at_call_site`]
-/// (`#[track_caller]`: free at run time). Capturing a backtrace per event instead would
-/// attribute every allocation but costs microseconds each, so it is not done here; use a
-/// [`crate::adaptor::TrackingResourceAdaptor`] with backtraces for that.
-#[derive(Debug, Default)]
-pub struct LineProfileHook {
-    sites: Mutex<HashMap<Option<&'static Location<'static>>, SiteProfile>>,
-}
-
-const UNATTRIBUTED: &str = "<unattributed>";
-
-impl LineProfileHook {
-    /// An empty profile.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn with_site(&self, f: impl FnOnce(&mut SiteProfile)) {
-        let site = current_call_site();
-        let mut sites = self.sites.lock();
-        let entry = sites.entry(site).or_insert_with(|| SiteProfile {
-            site: site.map_or_else(|| UNATTRIBUTED.to_string(), |l| l.to_string()),
-            malloc_count: 0,
-            used_bytes: 0,
-            alloc_count: 0,
-            acquired_bytes: 0,
-        });
-        f(entry);
-    }
-
-    /// Every call site seen so far, most bytes used first.
-    pub fn report(&self) -> Vec<SiteProfile> {
-        let mut v: Vec<SiteProfile> = self.sites.lock().values().cloned().collect();
-        v.sort_by(|a, b| {
-            b.used_bytes
-                .cmp(&a.used_bytes)
-                .then_with(|| a.site.cmp(&b.site))
-        });
-        v
-    }
-
-    /// Forgets everything seen so far.
-    pub fn clear(&self) {
-        self.sites.lock().clear();
-    }
-}
-
-impl MemoryHook for LineProfileHook {
-    fn name(&self) -> &str {
-        "LineProfileHook"
-    }
-    fn alloc_postprocess(&self, e: &HookEvent) {
-        if !e.ptr.is_null() {
-            self.with_site(|s| {
-                s.alloc_count += 1;
-                s.acquired_bytes += e.mem_size as u64;
-            });
-        }
-    }
-    fn malloc_postprocess(&self, e: &HookEvent) {
-        if !e.ptr.is_null() {
-            self.with_site(|s| {
-                s.malloc_count += 1;
-                s.used_bytes += e.mem_size as u64;
-            });
-        }
-    }
-}
-
-impl fmt::Display for LineProfileHook {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "{:<48} {:>10} {:>12} {:>8} {:>12}",
-            "call site", "mallocs", "used", "allocs", "acquired"
-        )?;
-        for s in self.report() {
-            writeln!(
-                f,
-                "{:<48} {:>10} {:>12} {:>8} {:>12}",
-                s.site,
-                s.malloc_count,
-                fmt_bytes(s.used_bytes as usize),
-                s.alloc_count,
-                fmt_bytes(s.acquired_bytes as usize)
-            )?;
-        }
-        Ok(())
-    }
+    // `at_call_site` is `#[track_caller]` too: the site is this function's caller.
+    at_call_site(|| resource.allocate(bytes, stream))
 }

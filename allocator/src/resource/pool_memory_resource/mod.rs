@@ -38,10 +38,10 @@ use self::global::FreeSpace;
 use self::tlsf::GRANULE;
 use super::stream_arenas::StreamArenas;
 use super::{DeviceMemoryResource, out_of_memory};
-use crate::adaptor::hooks;
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
 use crate::error::{Error, PoolUsage, Result, fmt_bytes};
+use crate::hooks;
 use crate::per_device::SharedResource;
 use crate::stream::StreamView;
 
@@ -248,6 +248,11 @@ impl PoolMemoryResource {
         self.global.lock().pool_size()
     }
 
+    /// This pool as the source of hook events.
+    fn hook_source(&self) -> hooks::Source {
+        hooks::Source::of(self, self.device.ordinal(), "PoolMemoryResource")
+    }
+
     #[inline]
     fn arena(&self, stream: StreamView) -> Result<&Arena> {
         self.arenas.get(stream.raw(), || Arena::new(stream.raw()))
@@ -355,7 +360,7 @@ impl PoolMemoryResource {
         }
         let mut size = want.max(pool).max(MIN_GROWTH).min(room);
         loop {
-            match hooks::alloc_from_upstream(self, size as usize, stream, || {
+            match hooks::alloc_from_upstream(self.hook_source(), size as usize, stream, || {
                 self.upstream.allocate(size as usize, stream)
             }) {
                 Ok(p) => {
@@ -604,7 +609,10 @@ impl DeviceMemoryResource for PoolMemoryResource {
     #[inline]
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
         if hooks::active()
-            && let Some(r) = hooks::dispatch_malloc(self, bytes, GRANULE as usize, stream)
+            && let Some(r) =
+                hooks::dispatch_malloc(self.hook_source(), bytes, GRANULE as usize, stream, || {
+                    self.allocate(bytes, stream)
+                })
         {
             return r;
         }
@@ -637,7 +645,14 @@ impl DeviceMemoryResource for PoolMemoryResource {
     #[inline]
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
         if hooks::active()
-            && let Some(r) = hooks::dispatch_free(self, ptr, bytes, GRANULE as usize, stream)
+            && let Some(r) = hooks::dispatch_free(
+                self.hook_source(),
+                ptr,
+                bytes,
+                GRANULE as usize,
+                stream,
+                || self.deallocate(ptr, bytes, stream),
+            )
         {
             return r;
         }
