@@ -9,7 +9,7 @@ use common::{MIB, device};
 use rmm_allocator::adaptor::{Counter, MemoryReport, StatisticsResourceAdaptor};
 use rmm_allocator::per_device::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-use rmm_allocator::{DeviceMemoryResource, Error, Stream, StreamView};
+use rmm_allocator::{DeviceMemoryResource, DevicePtr, Error, Stream, StreamView};
 
 const S: StreamView = StreamView::DEFAULT;
 
@@ -334,4 +334,355 @@ fn a_concrete_pool_upstream_is_called_directly_and_still_found() {
     let shared: SharedResource = Arc::new(stats);
     assert!(rmm_allocator::adaptor::find_in_chain::<PoolMemoryResource>(&*shared).is_some());
     shared.deallocate(p, MIB, S).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// The exact peak across threads (the default): barriers that fix the live sum, and a
+// reference computed under a lock below the adaptor.
+
+/// Hands out distinct fake pointers and tracks the true live sum under a lock: the reference
+/// the statistics adaptor above it is checked against.
+///
+/// Each operation is an *event* under the lock. Between its event and the return of the
+/// adaptor's call, an operation is *pending*: the adaptor counts it at some instant in that
+/// window. So at each instant the adaptor's sum lies between `live - pending allocations` and
+/// `live + pending frees`, and its peak between the maxima of those two envelopes. When the
+/// callers hold the lock across the adaptor's call (it is reentrant), nothing else happens in
+/// the window and the envelopes meet: the peak must equal the reference exactly.
+#[derive(Debug)]
+struct Reference {
+    state: parking_lot::ReentrantMutex<std::cell::RefCell<RefState>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct RefState {
+    live: [i64; 2],
+    pending_allocs: [i64; 2],
+    pending_frees: [i64; 2],
+    /// Maxima of `live`, `live - pending allocations` and `live + pending frees`.
+    max: [i64; 2],
+    low: [i64; 2],
+    high: [i64; 2],
+}
+
+impl RefState {
+    fn seen(&mut self) {
+        for k in 0..2 {
+            self.max[k] = self.max[k].max(self.live[k]);
+            self.low[k] = self.low[k].max(self.live[k] - self.pending_allocs[k]);
+            self.high[k] = self.high[k].max(self.live[k] + self.pending_frees[k]);
+        }
+    }
+}
+
+impl Reference {
+    fn new() -> Self {
+        Reference {
+            state: parking_lot::ReentrantMutex::new(Default::default()),
+            next: std::sync::atomic::AtomicU64::new(1 << 20),
+        }
+    }
+
+    /// The adaptor's call for an allocation of `bytes` returned.
+    fn allocated(&self, bytes: usize) {
+        let g = self.state.lock();
+        let mut s = g.borrow_mut();
+        s.pending_allocs[0] -= bytes as i64;
+        s.pending_allocs[1] -= 1;
+        s.seen();
+    }
+
+    /// The adaptor's call for a free of `bytes` returned.
+    fn freed(&self, bytes: usize) {
+        let g = self.state.lock();
+        let mut s = g.borrow_mut();
+        s.pending_frees[0] -= bytes as i64;
+        s.pending_frees[1] -= 1;
+        s.seen();
+    }
+
+    /// (peak, lowest and highest peak the adaptor may report) for bytes (0) or counts (1).
+    fn peaks(&self, k: usize) -> (i64, i64, i64) {
+        let g = self.state.lock();
+        let s = g.borrow();
+        (s.max[k], s.low[k], s.high[k])
+    }
+}
+
+impl DeviceMemoryResource for Reference {
+    fn allocate(&self, bytes: usize, _: StreamView) -> rmm_allocator::Result<DevicePtr> {
+        let g = self.state.lock();
+        let mut s = g.borrow_mut();
+        s.live[0] += bytes as i64;
+        s.live[1] += 1;
+        s.pending_allocs[0] += bytes as i64;
+        s.pending_allocs[1] += 1;
+        s.seen();
+        let p = self
+            .next
+            .fetch_add(256, std::sync::atomic::Ordering::Relaxed);
+        Ok(DevicePtr(p))
+    }
+
+    fn deallocate(&self, _: DevicePtr, bytes: usize, _: StreamView) -> rmm_allocator::Result<()> {
+        let g = self.state.lock();
+        let mut s = g.borrow_mut();
+        s.live[0] -= bytes as i64;
+        s.live[1] -= 1;
+        s.pending_frees[0] += bytes as i64;
+        s.pending_frees[1] += 1;
+        s.seen();
+        Ok(())
+    }
+
+    fn device(&self) -> rmm_allocator::Device {
+        device()
+    }
+
+    fn name(&self) -> &'static str {
+        "Reference"
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// xorshift64*, for reproducible workloads.
+fn rng(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+}
+
+#[test]
+fn the_default_peak_is_exact() {
+    let stats = StatisticsResourceAdaptor::new(cuda());
+    assert_eq!(stats.peak_tolerance(), 0);
+    assert_eq!(stats.report().peak_tolerance_bytes, 0);
+}
+
+/// 8 threads in rounds separated by barriers. In each round every thread first only
+/// allocates (many blocks, so that headroom runs out and is traded and frozen), so that at the
+/// round's barrier the live sum is exactly the sum of what the threads hold, then frees and
+/// reallocates without ever holding more than at the barrier, and frees blocks of other
+/// threads. The peak is the largest barrier sum, exactly; a scope pushed between rounds sees
+/// the peak of its own rounds.
+#[test]
+fn exact_peak_is_the_live_sum_at_a_barrier_across_8_threads() {
+    const THREADS: usize = 8;
+    // Per round and thread: the blocks held at the barrier. Round 2 holds less than round 1,
+    // round 3 more (the peak rises again), round 4 less.
+    let plan = |round: usize, t: usize| -> Vec<usize> {
+        let n = [40, 25, 60, 10][round];
+        (0..n)
+            .map(|i| 256 * (1 + (i * 7 + t * 13 + round * 5) % 50))
+            .collect()
+    };
+    let expected: Vec<(i64, i64)> = (0..4)
+        .map(|r| {
+            (0..THREADS).fold((0, 0), |(b, c), t| {
+                let p = plan(r, t);
+                (b + p.iter().sum::<usize>() as i64, c + p.len() as i64)
+            })
+        })
+        .collect();
+    let stats = Arc::new(StatisticsResourceAdaptor::new(
+        Arc::new(Reference::new()) as SharedResource
+    ));
+    let barrier = Arc::new(Barrier::new(THREADS + 1));
+    let exchange = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (stats, barrier, exchange) = (
+                Arc::clone(&stats),
+                Arc::clone(&barrier),
+                Arc::clone(&exchange),
+            );
+            std::thread::spawn(move || {
+                for round in 0..4 {
+                    barrier.wait(); // the main thread may have pushed a scope
+                    let mut held: Vec<_> = plan(round, t)
+                        .into_iter()
+                        .map(|b| (stats.allocate(b, S).unwrap(), b))
+                        .collect();
+                    barrier.wait(); // every thread holds its plan: the peak
+                    barrier.wait(); // the main thread has read the counters
+                    // Free and reallocate, never above what this thread held.
+                    for blk in &mut held {
+                        let (p, b) = *blk;
+                        stats.deallocate(p, b, S).unwrap();
+                        let smaller = (b / 2).max(1);
+                        *blk = (stats.allocate(smaller, S).unwrap(), smaller);
+                    }
+                    // Hand half to another thread and free it there.
+                    let give = held.split_off(held.len() / 2);
+                    exchange.lock().unwrap().push(((t + 1) % THREADS, give));
+                    barrier.wait();
+                    let mine: Vec<_> = {
+                        let mut ex = exchange.lock().unwrap();
+                        let i = ex.iter().position(|(to, _)| *to == t).unwrap();
+                        ex.swap_remove(i).1
+                    };
+                    for (p, b) in mine.into_iter().chain(held) {
+                        stats.deallocate(p, b, S).unwrap();
+                    }
+                    barrier.wait(); // everything freed
+                }
+            })
+        })
+        .collect();
+    let mut peak = (0i64, 0i64);
+    for (round, &(bytes, count)) in expected.iter().enumerate() {
+        // A scope for rounds 2 and 3 together.
+        if round == 2 {
+            stats.push_counters();
+        }
+        barrier.wait();
+        barrier.wait(); // all hold their plan
+        peak = (peak.0.max(bytes), peak.1.max(count));
+        let b = stats.bytes_counter();
+        let a = stats.allocations_counter();
+        assert_eq!(b.value, bytes, "round {round}");
+        assert_eq!(a.value, count, "round {round}");
+        if round < 2 {
+            assert_eq!((b.peak, a.peak), peak, "round {round}");
+        }
+        barrier.wait();
+        barrier.wait();
+        barrier.wait();
+        assert_eq!(stats.bytes_counter().value, 0);
+        if round == 3 {
+            let (sb, sa) = stats.pop_counters().unwrap();
+            let scope = (
+                expected[2].0.max(expected[3].0),
+                expected[2].1.max(expected[3].1),
+            );
+            assert_eq!((sb.peak, sa.peak), scope, "the scope's peak");
+            assert_eq!((sb.value, sa.value), (0, 0));
+        }
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    let b = stats.bytes_counter();
+    let a = stats.allocations_counter();
+    assert_eq!((b.peak, a.peak), peak);
+    assert_eq!(stats.lifetime_bytes().peak, peak.0);
+    assert_eq!(stats.lifetime_allocations().peak, peak.1);
+    assert!(peak.0 > expected[0].0, "round 3 raised the peak");
+}
+
+/// Runs 8 threads of random allocations and frees (some handed to other threads) through a
+/// statistics adaptor over a [`Reference`]; returns the adaptor and the reference.
+fn stress(
+    serialize: bool,
+    ops_per_thread: usize,
+) -> (Arc<StatisticsResourceAdaptor>, Arc<Reference>) {
+    const THREADS: usize = 8;
+    let reference = Arc::new(Reference::new());
+    let stats = Arc::new(StatisticsResourceAdaptor::new(
+        Arc::clone(&reference) as SharedResource
+    ));
+    let exchange = Arc::new(std::sync::Mutex::new(Vec::<(DevicePtr, usize)>::new()));
+    let start = Arc::new(Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (stats, reference, exchange, start) = (
+                Arc::clone(&stats),
+                Arc::clone(&reference),
+                Arc::clone(&exchange),
+                Arc::clone(&start),
+            );
+            std::thread::spawn(move || {
+                let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) * 0x1234_5678_9ABC_DEF1);
+                let cap = 64 * MIB;
+                let mut live: Vec<(DevicePtr, usize)> = Vec::new();
+                let mut live_bytes = 0usize;
+                start.wait();
+                for _ in 0..ops_per_thread {
+                    let r = rng(&mut seed);
+                    // Log-uniform 256 B .. 4 MiB.
+                    let size = 256usize << (r % 15);
+                    let size = size + (r >> 32) as usize % size;
+                    let alloc = live.is_empty() || (r >> 16) % 100 < 52 && live_bytes + size <= cap;
+                    let _serial = serialize.then(|| reference.state.lock());
+                    if alloc {
+                        let p = stats.allocate(size, S).unwrap();
+                        reference.allocated(size);
+                        live.push((p, size));
+                        live_bytes += size;
+                    } else if (r >> 8).is_multiple_of(16) {
+                        // Hand a block to whichever thread frees from the exchange next.
+                        let i = (r >> 24) as usize % live.len();
+                        let blk = live.swap_remove(i);
+                        live_bytes -= blk.1;
+                        exchange.lock().unwrap().push(blk);
+                    } else {
+                        let theirs = if (r >> 8) % 4 == 1 {
+                            exchange.lock().unwrap().pop()
+                        } else {
+                            None
+                        };
+                        let (p, b) = theirs.unwrap_or_else(|| {
+                            let i = (r >> 24) as usize % live.len();
+                            let blk = live.swap_remove(i);
+                            live_bytes -= blk.1;
+                            blk
+                        });
+                        stats.deallocate(p, b, S).unwrap();
+                        reference.freed(b);
+                    }
+                }
+                for (p, b) in live {
+                    let _serial = serialize.then(|| reference.state.lock());
+                    stats.deallocate(p, b, S).unwrap();
+                    reference.freed(b);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    for (p, b) in exchange.lock().unwrap().drain(..) {
+        stats.deallocate(p, b, S).unwrap();
+        reference.freed(b);
+    }
+    (stats, reference)
+}
+
+/// With the reference's lock held across each adaptor call, the order of the operations is
+/// the lock's: the peaks must equal the reference's exactly.
+#[test]
+fn exact_peak_equals_a_locked_reference_under_8_threads() {
+    let (stats, reference) = stress(true, 20_000);
+    let bytes = stats.bytes_counter();
+    let allocs = stats.allocations_counter();
+    assert_eq!((bytes.value, allocs.value), (0, 0));
+    assert_eq!(bytes.peak, reference.peaks(0).0, "bytes");
+    assert_eq!(allocs.peak, reference.peaks(1).0, "allocations");
+    assert_eq!(stats.lifetime_bytes().peak, reference.peaks(0).0);
+    assert!(stats.report().threads >= 8);
+}
+
+/// Free-running threads: the peak lies between the reference's envelopes (see
+/// [`Reference`]), which differ only by the operations in flight at each instant.
+#[test]
+fn exact_peak_stays_within_the_reference_envelopes_under_8_free_running_threads() {
+    for _ in 0..3 {
+        let (stats, reference) = stress(false, 50_000);
+        let bytes = stats.bytes_counter();
+        let allocs = stats.allocations_counter();
+        assert_eq!((bytes.value, allocs.value), (0, 0));
+        for (k, peak) in [(0, bytes.peak), (1, allocs.peak)] {
+            let (max, low, high) = reference.peaks(k);
+            assert!(
+                low <= peak && peak <= high,
+                "{k}: peak {peak}, reference {max} in [{low}, {high}]"
+            );
+        }
+    }
 }

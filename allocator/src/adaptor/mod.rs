@@ -17,8 +17,9 @@
 //! resource whose memory it can free (e.g. above the pool, so spilling frees pool blocks).
 //!
 //! Hot paths: no adaptor takes a global lock, allocates or emits a `tracing` event on a
-//! successful allocation or deallocation, except the logging adaptor (one buffered line under
-//! a lock, as RMM's) and the tracking adaptor (one sharded map insert).
+//! successful allocation or deallocation. The logging adaptor appends a binary record to the
+//! calling thread's buffer (a background thread writes RMM's CSV); the tracking adaptor does
+//! one sharded map insert.
 
 pub mod failure_callback;
 pub mod hooks;

@@ -1,38 +1,74 @@
 //! [`StatisticsResourceAdaptor`]: current, peak and total bytes and allocation counts, with
 //! RMM's counter scopes and a report in the shape PyTorch's `memory_stats` has.
 //!
-//! # How it stays cheap
-//! Every thread that uses an adaptor gets its own cache-line-sized *shard* of counters, found
-//! through a small thread-local cache; only that thread writes it (two plain loads and stores
-//! per operation, no read-modify-write), so 16 workers never bounce a shared line. Current and
-//! total figures are the sums of the shards, read when asked for: they are exact.
+//! # Current and total figures
+//! Every thread that uses an adaptor gets its own cache-line-sized *shard*, found through a
+//! small thread-local cache. Only that thread writes the shard's counters (bytes and
+//! allocations handed out and given back: plain loads and stores, no read-modify-write).
+//! Current and total figures are the sums of the shards, read when asked for: they are exact.
 //!
-//! The peak is a maximum of a sum, which no shard sees alone. Each shard adds what changed
-//! since it last published (its *pending* delta) to one shared figure, then raises the shared
-//! peak with `fetch_max` when the figure passed it:
+//! # The exact peak (the default, as in RMM)
+//! A peak is the maximum of a sum that no shard sees alone. Rather than one shared counter
+//! (one contended cache line written by every operation of every thread), the adaptor keeps
+//! the *headroom* `peak − current`, split between the threads and a pool:
+//!
+//! * each shard holds a headroom word (bytes and allocations, packed in one `u64`). An
+//!   allocation takes its bytes and one allocation from its thread's word, a free gives them
+//!   back: one compare-and-swap on the thread's own cache line, nothing shared.
+//! * the rest of the headroom sits in a pool behind a spin lock. A thread whose headroom is
+//!   short (or that holds more than 4 times its last share, and over 16 MiB or 256
+//!   allocations, after frees) takes the lock, puts its word into the pool and draws a new
+//!   share: the pool divided by the number of threads (16 at most).
+//! * when the pool is short as well, the thread *freezes* every shard's word: swapping a
+//!   marker in collects the headroom into the pool and makes each owner's next operation wait
+//!   for the lock. The pool then holds all of the headroom, so the current value is exactly
+//!   `peak − pool`; if the allocation still does not fit, the peak is raised by the shortfall,
+//!   to exactly the current value after the allocation. The words are thawed (empty) before
+//!   the lock is released.
+//!
+//! Invariant, for bytes and for allocations alike: current + headroom held by the threads +
+//! pool = peak, with every term non-negative.
+//!
+//! **Guarantee.** Every allocation and free takes effect at one instant inside the adaptor's
+//! call (after the upstream returned): its compare-and-swap, or a point under the lock. These
+//! instants order the operations consistently with real time (one that returned before another
+//! was called takes effect first; an owner that meets a frozen word waits, so no operation
+//! that takes effect after a freeze is counted before one that took effect before it). The
+//! peak is the maximum of the live sum over that order: never lower than the sum at any
+//! instant (a sum above the peak would need negative headroom), and never higher than a sum
+//! that held at one instant (a raise sets the peak to the exact current value, with every
+//! thread's headroom collected). This is RMM's exact peak, whose order is that of its mutex.
+//! A peak read while other threads allocate is the peak at some instant during the read.
+//!
+//! **Cost.** One uncontended compare-and-swap per operation on the thread's own line (a few
+//! ns) besides the counting; the lock only when a thread's share runs out. How often depends
+//! on how close the live sum runs to its peak: on `benches/adaptors.rs`'s 8-thread random
+//! workload, which hovers within a few percent of its peak, about 4% of operations take the
+//! lock and 0.4% freeze. A freeze touches every shard (one cache line per thread that used the
+//! adaptor) twice. Measured there (simulated device, on the H200 machine's host): 14 ns per
+//! operation at 8 threads against 10 for the approximate peak and 57–72 for the shared counter
+//! this replaced; single-threaded, 3–4 ns more than the approximate peak.
+//!
+//! # The approximate peak
+//! [`StatisticsResourceAdaptor::with_peak_tolerance`] with a non-zero tolerance keeps no
+//! headroom: each shard adds what changed since it last published (its *pending* delta) to one
+//! shared figure, then raises the shared peak with `fetch_max` when the figure passed it:
 //! * while a single thread uses the adaptor, only on an allocation that takes the figure past
-//!   the current peak. The peak is exact and the shared line is written only while the peak
-//!   climbs;
-//! * once several threads use it, when a shard's pending delta reaches the *peak tolerance*
-//!   (default [`DEFAULT_PEAK_TOLERANCE`] bytes, or 64 allocations) either way. The shared
-//!   figure is then within `threads × tolerance` of the true sum, so the peak may read that
-//!   much low or high (never above the sum of each thread's own peak); a tolerance of 0
-//!   ([`StatisticsResourceAdaptor::with_peak_tolerance`]) makes it exact at the cost of one
-//!   shared atomic add per operation (which 16 threads contend on).
+//!   the current peak (exact);
+//! * once several threads use it, when a shard's pending delta reaches the tolerance (or 64
+//!   allocations) either way. The shared figure is then within `threads × tolerance` of the
+//!   true sum, so the peak may read that much low or high (never above the sum of each
+//!   thread's own peak).
 //!
-//! Cost (benches/adaptors.rs, simulated device, 2.5 GHz Xeon VM): about 10 ns per operation
-//! of counting on top of the ≈ 4–11 ns that any adaptor layer costs (one more dynamic call and
-//! result check; compare the failure-callback row).
-//!
-//! Threads beyond [`MAX_SHARDS`] share one overflow shard with atomic adds and publish every
-//! change (still correct, slower).
+//! Threads beyond [`MAX_SHARDS`] share one overflow shard with atomic adds and trade with the
+//! pool (or publish) at every operation: still exact, slower.
 
 use std::any::Any;
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::thread::ThreadId;
 
 use parking_lot::Mutex;
@@ -48,12 +84,36 @@ use crate::stream::StreamView;
 
 /// Threads with a shard of their own; more share an overflow shard.
 pub const MAX_SHARDS: usize = 128;
-/// Default peak tolerance in bytes once several threads use one adaptor.
+/// A peak tolerance for [`StatisticsResourceAdaptor::with_peak_tolerance`] when an
+/// approximate peak is enough (it was the default before the exact peak was cheap).
 pub const DEFAULT_PEAK_TOLERANCE: usize = 16 << 20;
 /// Pending allocation-count delta that makes a shard publish, with a non-zero tolerance.
 const COUNT_TOLERANCE: i64 = 64;
 const OVERFLOW: u32 = u32::MAX;
 const CACHE_SLOTS: usize = 4;
+
+// A shard's headroom word (exact peak): bytes in bits 0..48, allocations in bits 48..63 and
+// `FROZEN` in bit 63. A frozen word holds no headroom and fails both fast paths.
+const HR_BYTES: u64 = (1 << 48) - 1;
+const HR_ONE: u64 = 1 << 48;
+const HR_COUNT_MAX: u64 = (1 << 15) - 1;
+const FROZEN: u64 = 1 << 63;
+/// A share drawn from the pool is at most the pool over this many threads...
+const SHARES_MAX: i64 = 16;
+/// ...and at most this large (so that `KEEP_FACTOR` times it fits its field).
+const GRANT_BYTES_MAX: i64 = 1 << 44;
+const GRANT_COUNT_MAX: i64 = 4095;
+/// A thread returns headroom to the pool when frees take it past this many times its last
+/// share, or past the floors below, whichever is more.
+const KEEP_FACTOR: i64 = 4;
+const KEEP_FLOOR_BYTES: i64 = 16 << 20;
+const KEEP_FLOOR_COUNT: i64 = 256;
+/// Busy-wait rounds on the pool's lock before yielding the processor between looks.
+const SPINS: u32 = 64;
+
+const fn hr_pack(bytes: i64, count: i64) -> u64 {
+    ((count as u64) << 48) | bytes as u64
+}
 
 /// RMM's `counter`: a current value, its peak, and the sum of everything added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -75,9 +135,15 @@ struct Shard {
     alloc_count: AtomicI64,
     freed_bytes: AtomicI64,
     freed_count: AtomicI64,
-    /// The current figures as last added to the shared ones.
+    /// Approximate peak: the current figures as last added to the shared ones.
     published_bytes: AtomicI64,
     published_count: AtomicI64,
+    /// Exact peak: this thread's headroom word. The owner changes it with compare-and-swap
+    /// (never when frozen); the holder of the pool's lock swaps or stores it.
+    headroom: AtomicU64,
+    /// Exact peak: the headroom (same packing) past which a free trades with the pool.
+    /// Written by the owner under the pool's lock, read by the owner.
+    keep: AtomicU64,
 }
 
 impl Shard {
@@ -120,6 +186,89 @@ struct Frame {
     saved_peak_count: i64,
 }
 
+/// Exact peak: the headroom no thread holds (a copy, taken under the pool's lock).
+#[derive(Debug, Default)]
+struct Pool {
+    bytes: i64,
+    count: i64,
+}
+
+/// The pool and the lock that guards it, on one cache line: a spin lock, as every critical
+/// section is short and bounded (at most two stores per shard, no allocation, no system call),
+/// so waiting threads must not be parked and woken (microseconds each, which piled up into
+/// convoys under 8 threads with a parking mutex). A waiter yields the processor after a few
+/// dozen rounds, should the holder have been descheduled.
+#[derive(Debug, Default)]
+struct PoolLock {
+    locked: AtomicBool,
+    bytes: AtomicI64,
+    count: AtomicI64,
+}
+
+impl PoolLock {
+    fn lock(&self) -> PoolGuard<'_> {
+        let mut spins = 0;
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            while self.locked.load(Ordering::Relaxed) {
+                if spins < SPINS {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        PoolGuard {
+            pool: Pool {
+                bytes: self.bytes.load(Ordering::Relaxed),
+                count: self.count.load(Ordering::Relaxed),
+            },
+            lock: self,
+        }
+    }
+}
+
+/// Holds the pool's lock; the pool is written back when it is dropped.
+struct PoolGuard<'a> {
+    lock: &'a PoolLock,
+    pool: Pool,
+}
+
+impl std::ops::Deref for PoolGuard<'_> {
+    type Target = Pool;
+    fn deref(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl std::ops::DerefMut for PoolGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Pool {
+        &mut self.pool
+    }
+}
+
+impl Drop for PoolGuard<'_> {
+    fn drop(&mut self) {
+        self.lock.bytes.store(self.pool.bytes, Ordering::Relaxed);
+        self.lock.count.store(self.pool.count, Ordering::Relaxed);
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}
+
+impl Pool {
+    /// Adds a headroom word taken from a shard (a frozen one holds nothing).
+    fn take(&mut self, word: u64) {
+        if word & FROZEN == 0 {
+            self.bytes += (word & HR_BYTES) as i64;
+            self.count += (word >> 48) as i64;
+        }
+    }
+}
+
 thread_local! {
     static SLOT_CACHE: [Cell<(u64, u32)>; CACHE_SLOTS] =
         const { [const { Cell::new((0, 0)) }; CACHE_SLOTS] };
@@ -129,7 +278,7 @@ thread_local! {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Counts bytes and allocations through it (RMM's `statistics_resource_adaptor`). See the
-/// module documentation for the counting scheme and the peak's accuracy.
+/// module documentation for the counting scheme and the peak's guarantee.
 ///
 /// The upstream is usually a [`SharedResource`](crate::per_device::SharedResource)
 /// (`Arc<dyn DeviceMemoryResource>`, the default type parameter). Given an `Arc` of a concrete
@@ -141,14 +290,16 @@ pub struct StatisticsResourceAdaptor<U: Upstream + ?Sized = dyn DeviceMemoryReso
     upstream: Arc<U>,
     shards: Box<[Shard]>,
     id: u64,
-    /// Threads that have used the adaptor.
+    /// Threads that have used the adaptor (changed under the pool's lock).
     threads: AtomicUsize,
+    /// 0: exact peak.
     tolerance_bytes: i64,
     tolerance_count: i64,
-    /// Peak since the innermost scope was pushed (absolute units).
+    /// Peak since the innermost scope was pushed (absolute units). With the exact peak,
+    /// written only under the pool's lock.
     run_peak_bytes: AtomicI64,
     run_peak_count: AtomicI64,
-    // Written when shards publish: a block of its own.
+    // Written when shards publish or trade: a block of its own.
     shared: Shared,
     overflow: Shard,
     registry: Mutex<HashMap<ThreadId, u32>>,
@@ -157,11 +308,13 @@ pub struct StatisticsResourceAdaptor<U: Upstream + ?Sized = dyn DeviceMemoryReso
     failures: AtomicU64,
 }
 
-/// The figures shards publish to, apart from the read-mostly fields.
+/// The figures shards publish or trade with, apart from the read-mostly fields.
 #[derive(Default)]
 #[repr(align(128))]
 struct Shared {
-    /// Sum of the figures the shards published.
+    /// Exact peak: the pool of headroom. Its lock also orders thread registration.
+    pool: PoolLock,
+    /// Approximate peak: sum of the figures the shards published.
     published_bytes: AtomicI64,
     published_count: AtomicI64,
     /// Peak since the adaptor was made.
@@ -180,13 +333,15 @@ impl<U: Upstream + ?Sized> fmt::Debug for StatisticsResourceAdaptor<U> {
 }
 
 impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
-    /// Counts what goes through to `upstream`, with the default peak tolerance.
+    /// Counts what goes through to `upstream`, with an exact peak (see the module
+    /// documentation).
     pub fn new(upstream: Arc<U>) -> Self {
-        Self::with_peak_tolerance(upstream, DEFAULT_PEAK_TOLERANCE)
+        Self::with_peak_tolerance(upstream, 0)
     }
 
-    /// As [`StatisticsResourceAdaptor::new`], with a peak tolerance of `bytes` once several
-    /// threads use the adaptor (0: exact peak, one shared atomic add per operation).
+    /// As [`StatisticsResourceAdaptor::new`], with a peak that may be off by up to `bytes`
+    /// per thread once several threads use the adaptor (0: the exact peak of
+    /// [`StatisticsResourceAdaptor::new`]). See the module documentation.
     pub fn with_peak_tolerance(upstream: Arc<U>, bytes: usize) -> Self {
         let tolerance_bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
         StatisticsResourceAdaptor {
@@ -216,9 +371,14 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         &self.upstream
     }
 
-    /// The peak tolerance in bytes (see the module documentation).
+    /// The peak tolerance in bytes: 0 for the exact peak (see the module documentation).
     pub fn peak_tolerance(&self) -> usize {
         self.tolerance_bytes as usize
+    }
+
+    #[inline(always)]
+    fn exact(&self) -> bool {
+        self.tolerance_bytes == 0
     }
 
     /// This thread's shard (`None`: the overflow shard).
@@ -238,13 +398,21 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.shards.get(slot as usize)
     }
 
-    /// Counts an allocation: two plain stores to this thread's shard, and a shared write only
-    /// when the figures must be published (see the module documentation).
+    /// Counts an allocation: with the exact peak, one compare-and-swap on this thread's
+    /// headroom and two plain stores; else two plain stores and a shared write only when the
+    /// figures must be published (see the module documentation).
     #[inline(always)]
     fn record_alloc(&self, bytes: i64) {
         let Some(s) = self.shard() else {
             return self.update_overflow(bytes, 1);
         };
+        if self.exact() {
+            // Headroom first: the shard's current figure never runs ahead of the peak.
+            self.take_headroom(s, bytes);
+            bump(&s.alloc_bytes, bytes);
+            bump(&s.alloc_count, 1);
+            return;
+        }
         let cur_bytes = bump(&s.alloc_bytes, bytes) - s.freed_bytes.load(Ordering::Relaxed);
         let cur_count = bump(&s.alloc_count, 1) - s.freed_count.load(Ordering::Relaxed);
         let publish = if self.threads.load(Ordering::Relaxed) <= 1 {
@@ -259,7 +427,8 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// Counts a free: two plain stores; nothing shared while one thread uses the adaptor.
+    /// Counts a free: two plain stores, and with the exact peak one compare-and-swap on this
+    /// thread's headroom; nothing shared while one thread uses an approximate adaptor.
     #[inline(always)]
     fn record_free(&self, bytes: i64) {
         let Some(s) = self.shard() else {
@@ -267,13 +436,150 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         };
         let freed_bytes = bump(&s.freed_bytes, bytes);
         let freed_count = bump(&s.freed_count, 1);
-        if self.threads.load(Ordering::Relaxed) > 1 {
+        if self.exact() {
+            self.give_headroom(s, bytes);
+        } else if self.threads.load(Ordering::Relaxed) > 1 {
             let cur_bytes = s.alloc_bytes.load(Ordering::Relaxed) - freed_bytes;
             let cur_count = s.alloc_count.load(Ordering::Relaxed) - freed_count;
             if self.past_tolerance(s, cur_bytes, cur_count) {
                 self.publish(s, cur_bytes, cur_count);
             }
         }
+    }
+
+    /// Exact peak: takes `bytes` and one allocation from this thread's headroom, or trades
+    /// with the pool when it holds too little (or is frozen).
+    #[inline(always)]
+    fn take_headroom(&self, s: &Shard, bytes: i64) {
+        let b = bytes as u64;
+        let mut w = s.headroom.load(Ordering::Relaxed);
+        loop {
+            // The count field must be in 1..=HR_COUNT_MAX: not empty, not frozen.
+            if (w >> 48).wrapping_sub(1) >= HR_COUNT_MAX || (w & HR_BYTES) < b {
+                return self.trade(Some(s), bytes, true);
+            }
+            match s.headroom.compare_exchange_weak(
+                w,
+                w - b - HR_ONE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// Exact peak: gives `bytes` and one allocation back to this thread's headroom, or trades
+    /// with the pool when that would take it past its keep limit (or it is frozen).
+    #[inline(always)]
+    fn give_headroom(&self, s: &Shard, bytes: i64) {
+        let b = bytes as u64;
+        let keep = s.keep.load(Ordering::Relaxed);
+        let mut w = s.headroom.load(Ordering::Relaxed);
+        loop {
+            // A frozen word's count field is above any keep limit.
+            if (w & HR_BYTES) + b > (keep & HR_BYTES) || (w >> 48) >= (keep >> 48) {
+                return self.trade(Some(s), bytes, false);
+            }
+            match s.headroom.compare_exchange_weak(
+                w,
+                w + b + HR_ONE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// Exact peak, under the pool's lock: puts this thread's headroom into the pool, applies
+    /// the operation to the pool (freezing every shard and raising the peak when an
+    /// allocation does not fit), and draws a new share. `shard` is `None` for the overflow
+    /// shard, which holds no headroom.
+    #[cold]
+    #[inline(never)]
+    fn trade(&self, shard: Option<&Shard>, bytes: i64, alloc: bool) {
+        let mut pool = self.shared.pool.lock();
+        if let Some(s) = shard {
+            // Words are frozen only while the lock is held: this one is not.
+            pool.take(s.headroom.swap(0, Ordering::Relaxed));
+        }
+        if alloc {
+            if pool.bytes < bytes || pool.count < 1 {
+                let frozen = self.freeze_all(&mut pool);
+                self.raise_to_fit(&mut pool, bytes, 1);
+                self.thaw(frozen);
+            }
+            pool.bytes -= bytes;
+            pool.count -= 1;
+        } else {
+            pool.bytes = pool.bytes.saturating_add(bytes);
+            pool.count += 1;
+        }
+        if let Some(s) = shard {
+            self.draw_share(&mut pool, s);
+        }
+    }
+
+    /// Freezes every shard's headroom word, moving what the words held into the pool, and
+    /// returns how many shards it froze (the first ones). The pool then holds all the
+    /// headroom: peak − pool is the exact current value. An owner that meets its frozen word
+    /// waits for the lock; [`Self::thaw`] empties the words before the lock is released.
+    fn freeze_all(&self, pool: &mut Pool) -> usize {
+        // Registration takes the pool's lock too: no shard appears during the freeze.
+        let n = self.threads.load(Ordering::Relaxed).min(MAX_SHARDS);
+        for s in &self.shards[..n] {
+            pool.take(s.headroom.swap(FROZEN, Ordering::Relaxed));
+        }
+        n
+    }
+
+    /// Thaws the first `n` shards' words, empty: their owners' frees go on without the lock,
+    /// their allocations draw a new share.
+    fn thaw(&self, n: usize) {
+        for s in &self.shards[..n] {
+            s.headroom.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// With every shard frozen, raises the peak just enough for the pool to hold `bytes`
+    /// and `count` more: to exactly the current value after the allocation.
+    fn raise_to_fit(&self, pool: &mut Pool, bytes: i64, count: i64) {
+        if pool.bytes < bytes {
+            let peak = self.run_peak_bytes.load(Ordering::Relaxed) + (bytes - pool.bytes);
+            self.run_peak_bytes.store(peak, Ordering::Relaxed);
+            self.shared
+                .life_peak_bytes
+                .fetch_max(peak, Ordering::Relaxed);
+            pool.bytes = bytes;
+        }
+        if pool.count < count {
+            let peak = self.run_peak_count.load(Ordering::Relaxed) + (count - pool.count);
+            self.run_peak_count.store(peak, Ordering::Relaxed);
+            self.shared
+                .life_peak_count
+                .fetch_max(peak, Ordering::Relaxed);
+            pool.count = count;
+        }
+    }
+
+    /// Gives this thread's (emptied) word a share of the pool and sets its keep limit.
+    fn draw_share(&self, pool: &mut Pool, s: &Shard) {
+        let shares = (self.threads.load(Ordering::Relaxed) as i64).clamp(1, SHARES_MAX);
+        let bytes = (pool.bytes / shares).clamp(0, GRANT_BYTES_MAX);
+        let count = (pool.count / shares).clamp(0, GRANT_COUNT_MAX);
+        pool.bytes -= bytes;
+        pool.count -= count;
+        s.keep.store(
+            hr_pack(
+                (bytes * KEEP_FACTOR).max(KEEP_FLOOR_BYTES),
+                (count * KEEP_FACTOR).max(KEEP_FLOOR_COUNT),
+            ),
+            Ordering::Relaxed,
+        );
+        s.headroom.store(hr_pack(bytes, count), Ordering::Relaxed);
     }
 
     #[inline(always)]
@@ -306,19 +612,29 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// Threads beyond [`MAX_SHARDS`] share one shard: atomic adds, published at once.
+    /// Threads beyond [`MAX_SHARDS`] share one shard: atomic adds, and a trade with the pool
+    /// (or a publication) at every operation. `count` is 1 for an allocation, -1 for a free.
     #[cold]
     #[inline(never)]
     fn update_overflow(&self, bytes: i64, count: i64) {
         let s = &self.overflow;
-        if bytes > 0 {
+        let exact = self.exact();
+        if count > 0 {
+            if exact {
+                self.trade(None, bytes, true);
+            }
             s.alloc_bytes.fetch_add(bytes, Ordering::Relaxed);
             s.alloc_count.fetch_add(count, Ordering::Relaxed);
         } else {
             s.freed_bytes.fetch_add(-bytes, Ordering::Relaxed);
             s.freed_count.fetch_add(-count, Ordering::Relaxed);
+            if exact {
+                self.trade(None, -bytes, false);
+            }
         }
-        self.publish_delta(bytes, count);
+        if !exact {
+            self.publish_delta(bytes, count);
+        }
     }
 
     #[cold]
@@ -326,6 +642,8 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     fn register_thread(&self) -> u32 {
         let me = std::thread::current().id();
         let slot = {
+            // The pool's lock first: a freeze sees a fixed set of shards.
+            let _pool = self.shared.pool.lock();
             let mut reg = self.registry.lock();
             let n = reg.len();
             *reg.entry(me).or_insert_with(|| {
@@ -362,8 +680,13 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     }
 
     fn counters_of(&self, frame: &Frame, now: &Sums) -> (Counter, Counter) {
-        let peak_bytes = self.run_peak_bytes.load(Ordering::Relaxed).max(now.bytes);
-        let peak_count = self.run_peak_count.load(Ordering::Relaxed).max(now.count);
+        let mut peak_bytes = self.run_peak_bytes.load(Ordering::Relaxed);
+        let mut peak_count = self.run_peak_count.load(Ordering::Relaxed);
+        if !self.exact() {
+            // The published figure may lag the shards.
+            peak_bytes = peak_bytes.max(now.bytes);
+            peak_count = peak_count.max(now.count);
+        }
         (
             Counter {
                 value: now.bytes - frame.base.bytes,
@@ -395,16 +718,21 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.top().1
     }
 
+    /// The peak since the adaptor was made, from its two figures (`now`: the current value,
+    /// which only the approximate peak may lag).
+    fn life_peak(&self, life: &AtomicI64, run: &AtomicI64, now: i64) -> i64 {
+        let peak = life
+            .load(Ordering::Relaxed)
+            .max(run.load(Ordering::Relaxed));
+        if self.exact() { peak } else { peak.max(now) }
+    }
+
     /// Bytes since the adaptor was made, whatever scopes were pushed.
     pub fn lifetime_bytes(&self) -> Counter {
         let s = self.sums();
         Counter {
             value: s.bytes,
-            peak: self
-                .shared
-                .life_peak_bytes
-                .load(Ordering::Relaxed)
-                .max(s.bytes),
+            peak: self.life_peak(&self.shared.life_peak_bytes, &self.run_peak_bytes, s.bytes),
             total: s.total_bytes,
         }
     }
@@ -414,35 +742,52 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         let s = self.sums();
         Counter {
             value: s.count,
-            peak: self
-                .shared
-                .life_peak_count
-                .load(Ordering::Relaxed)
-                .max(s.count),
+            peak: self.life_peak(&self.shared.life_peak_count, &self.run_peak_count, s.count),
             total: s.total_count,
         }
     }
 
     /// Starts a new innermost scope of zeroed counters; returns the (bytes, allocations)
     /// counters of the scope that was innermost before (RMM's `push_counters`).
+    ///
+    /// With the exact peak this freezes every thread's headroom (see the module
+    /// documentation), so that the scope starts from the exact current value.
     pub fn push_counters(&self) -> (Counter, Counter) {
         let mut scopes = self.scopes.lock();
-        let now = self.sums();
         let frame = scopes.last().copied().unwrap_or_default();
-        let before = self.counters_of(&frame, &now);
+        let mut now = self.sums();
+        let (before, saved_peak_bytes, saved_peak_count);
+        if self.exact() {
+            let mut pool = self.shared.pool.lock();
+            let frozen = self.freeze_all(&mut pool);
+            saved_peak_bytes = self.run_peak_bytes.load(Ordering::Relaxed);
+            saved_peak_count = self.run_peak_count.load(Ordering::Relaxed);
+            // All the headroom is in the pool: these are the current values at this instant.
+            now.bytes = saved_peak_bytes - pool.bytes;
+            now.count = saved_peak_count - pool.count;
+            before = self.counters_of(&frame, &now);
+            self.run_peak_bytes.store(now.bytes, Ordering::Relaxed);
+            self.run_peak_count.store(now.count, Ordering::Relaxed);
+            *pool = Pool::default();
+            self.thaw(frozen);
+        } else {
+            before = self.counters_of(&frame, &now);
+            saved_peak_bytes = self.run_peak_bytes.load(Ordering::Relaxed).max(now.bytes);
+            saved_peak_count = self.run_peak_count.load(Ordering::Relaxed).max(now.count);
+            self.shared
+                .life_peak_bytes
+                .fetch_max(now.bytes, Ordering::Relaxed);
+            self.shared
+                .life_peak_count
+                .fetch_max(now.count, Ordering::Relaxed);
+            self.run_peak_bytes.store(now.bytes, Ordering::Relaxed);
+            self.run_peak_count.store(now.count, Ordering::Relaxed);
+        }
         scopes.push(Frame {
             base: now,
-            saved_peak_bytes: self.run_peak_bytes.load(Ordering::Relaxed).max(now.bytes),
-            saved_peak_count: self.run_peak_count.load(Ordering::Relaxed).max(now.count),
+            saved_peak_bytes,
+            saved_peak_count,
         });
-        self.shared
-            .life_peak_bytes
-            .fetch_max(now.bytes, Ordering::Relaxed);
-        self.shared
-            .life_peak_count
-            .fetch_max(now.count, Ordering::Relaxed);
-        self.run_peak_bytes.store(now.bytes, Ordering::Relaxed);
-        self.run_peak_count.store(now.count, Ordering::Relaxed);
         before
     }
 
@@ -460,10 +805,25 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         let now = self.sums();
         let frame = scopes.pop().unwrap_or_default();
         let popped = self.counters_of(&frame, &now);
-        self.run_peak_bytes
-            .fetch_max(frame.saved_peak_bytes.max(now.bytes), Ordering::Relaxed);
-        self.run_peak_count
-            .fetch_max(frame.saved_peak_count.max(now.count), Ordering::Relaxed);
+        if self.exact() {
+            // The enclosing scope's peak is the higher of the two; the pool grows with it.
+            let mut pool = self.shared.pool.lock();
+            let bytes = self.run_peak_bytes.load(Ordering::Relaxed);
+            let count = self.run_peak_count.load(Ordering::Relaxed);
+            let (new_bytes, new_count) = (
+                bytes.max(frame.saved_peak_bytes),
+                count.max(frame.saved_peak_count),
+            );
+            pool.bytes += new_bytes - bytes;
+            pool.count += new_count - count;
+            self.run_peak_bytes.store(new_bytes, Ordering::Relaxed);
+            self.run_peak_count.store(new_count, Ordering::Relaxed);
+        } else {
+            self.run_peak_bytes
+                .fetch_max(frame.saved_peak_bytes.max(now.bytes), Ordering::Relaxed);
+            self.run_peak_count
+                .fetch_max(frame.saved_peak_count.max(now.count), Ordering::Relaxed);
+        }
         Ok(popped)
     }
 
