@@ -169,6 +169,37 @@ fn pool_million_operations_over_four_streams() {
 }
 
 #[test]
+fn pool_million_operations_from_four_threads_sharing_one_stream() {
+    let p = pool(1 << 30);
+    let shared = Stream::new(device()).unwrap();
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            let (p, shared) = (&p, &shared);
+            scope.spawn(move || {
+                // Each thread exercises the pool on the one stream (its own arena lane).
+                let one = std::slice::from_ref(shared);
+                exercise(
+                    &**p,
+                    one,
+                    Plan {
+                        ops: 250_000,
+                        max_size: 8 * MIB,
+                        cap: 128 * MIB,
+                        seed: 7 + t,
+                        check_every: usize::MAX,
+                    },
+                    &|| {},
+                );
+            });
+        }
+    });
+    p.synchronize().unwrap();
+    let snap = p.validate().unwrap();
+    assert_eq!((snap.in_use, snap.pending), (0, 0), "{snap:?}");
+    assert_eq!(snap.free, snap.pool_size);
+}
+
+#[test]
 fn fixed_size_million_operations_over_four_streams() {
     let upstream: SharedResource = Arc::new(CudaMemoryResource::new(device()));
     let fixed = FixedSizeMemoryResource::new(upstream, 64 * 1024, 256).unwrap();
