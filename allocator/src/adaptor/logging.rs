@@ -250,28 +250,11 @@ fn now_ns() -> u64 {
         .wrapping_add(u64::from(d.subsec_nanos()))
 }
 
-/// Nanoseconds since the epoch, from the kernel's coarse real-time clock: the time of the
-/// last timer tick (every 1 to 10 ms), a few ns to read where the precise clock takes tens.
-#[cfg(target_os = "linux")]
+/// Nanoseconds since the epoch, from the kernel's coarse real-time clock (the last timer
+/// tick), a few ns to read where the precise clock takes tens.
+#[inline]
 fn coarse_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `clock_gettime` writes one `timespec` through the pointer, which points to a
-    // live, writable local; CLOCK_REALTIME_COARSE exists on every supported Linux. On an
-    // error `ts` stays zeroed, which makes the record precise (it differs from the thread's
-    // last coarse time) rather than wrong.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
-}
-
-/// Elsewhere, the precise clock: every record is then precise.
-#[cfg(not(target_os = "linux"))]
-fn coarse_ns() -> u64 {
-    now_ns()
+    crate::backend::clock::coarse_realtime_ns()
 }
 
 impl Shared {

@@ -46,7 +46,7 @@ use std::sync::{Arc, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, lock_api};
+use parking_lot::Mutex;
 
 use super::same_adaptor;
 use crate::backend::{DevicePtr, MemInfo};
@@ -145,78 +145,14 @@ impl fmt::Display for LeakReport {
     }
 }
 
-/// The shard maps' lock: a spin lock, one compare-and-swap to take and a plain store to
-/// release (a parking mutex releases with a second read-modify-write, several ns on the hot
-/// path). Critical sections are a map insert or remove; a waiter yields the processor after a
-/// few dozen rounds, should the holder have been descheduled.
-struct SpinLock(AtomicBool);
-
-// SAFETY: mutual exclusion: `lock` and `try_lock` return (true) only after this thread changed
-// the flag from false to true with acquire ordering, and `unlock`, which lock_api calls only
-// for the holder, sets it back to false with release ordering.
-unsafe impl lock_api::RawMutex for SpinLock {
-    #[allow(clippy::declare_interior_mutable_const)]
-    const INIT: SpinLock = SpinLock(AtomicBool::new(false));
-    type GuardMarker = lock_api::GuardSend;
-
-    fn lock(&self) {
-        let mut spins = 0;
-        while !self.try_lock_weak() {
-            while self.0.load(Ordering::Relaxed) {
-                if spins < 64 {
-                    spins += 1;
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-        }
-    }
-
-    fn try_lock(&self) -> bool {
-        self.0
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    unsafe fn unlock(&self) {
-        self.0.store(false, Ordering::Release);
-    }
-}
-
-impl SpinLock {
-    #[inline(always)]
-    fn try_lock_weak(&self) -> bool {
-        self.0
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-}
-
-type SpinMutex<T> = lock_api::Mutex<SpinLock, T>;
+/// The shard maps' lock (uncontended: one compare-and-swap to take, one to release).
+type SpinMutex<T> = parking_lot::Mutex<T>;
 
 /// The coarse monotonic clock in nanoseconds (the same clock as [`Instant`], read at the
 /// kernel's tick): a few ns where `Instant::now()` takes tens.
-#[cfg(target_os = "linux")]
+#[inline]
 fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `clock_gettime` writes one `timespec` through the pointer, which points to a
-    // live, writable local; CLOCK_MONOTONIC_COARSE exists on every supported Linux. On an
-    // error `ts` stays zeroed, which only makes the record look old.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
-}
-
-/// Elsewhere, nanoseconds since the first call (as precise as `Instant`, and as costly).
-#[cfg(not(target_os = "linux"))]
-fn coarse_now_ns() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    crate::backend::clock::coarse_monotonic_ns()
 }
 
 /// The time records carry: the coarse clock as a background thread (`rmm-tracking-clock`)

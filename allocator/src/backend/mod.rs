@@ -9,6 +9,7 @@
 //! stream-ordered memory pools are opaque `u64` handles whose meaning belongs to the backend.
 //! Handle `0` is the device's default stream, as in CUDA.
 
+pub mod clock;
 mod cuda;
 pub mod host;
 pub mod sim;
