@@ -1,15 +1,12 @@
 //! `rmm bench` on the simulated device: the table has a row per resource and the speed-up
 //! tables; `--json` gives the same as JSON; selections and bad arguments behave.
 
-use std::process::{Command, Output};
+mod common;
+
+use std::process::Output;
 
 fn rmm(args: &[&str]) -> Output {
-    // At run time where the runner says (nextest archives move binaries), else where cargo
-    // built it.
-    let exe = std::env::var("NEXTEST_BIN_EXE_rmm")
-        .or_else(|_| std::env::var("CARGO_BIN_EXE_rmm"))
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_rmm").to_string());
-    Command::new(exe)
+    common::rmm_command()
         .args(args)
         .env_remove("RMM_CONFIG")
         .env_remove("RMM_SIM_MODE")

@@ -2,16 +2,13 @@
 //! reinitializes twice, writes its timeline picture and PyTorch snapshot; a bad rmm.toml is
 //! one clear line and a non-zero exit.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn rmm(args: &[&str], config: &Path) -> Output {
-    // At run time where the runner says (nextest archives move binaries), else where cargo
-    // built it.
-    let exe = std::env::var("NEXTEST_BIN_EXE_rmm")
-        .or_else(|_| std::env::var("CARGO_BIN_EXE_rmm"))
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_rmm").to_string());
-    Command::new(exe)
+    common::rmm_command()
         .args(args)
         .env("RMM_CONFIG", config)
         .env("RMM_BACKEND", "sim")

@@ -1,14 +1,12 @@
 //! `rmm info`: prints the backend, the devices and every configuration value with its
 //! source; a bad configuration makes it exit non-zero with that one error.
 
+mod common;
+
 use std::process::Command;
 
 fn rmm() -> Command {
-    // From a nextest archive (the GPU machine) the binary is where nextest says, not where
-    // it was built.
-    let exe = std::env::var("NEXTEST_BIN_EXE_rmm")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_rmm").to_string());
-    let mut c = Command::new(exe);
+    let mut c = common::rmm_command();
     // Run from an empty directory so no ./rmm.toml is picked up unless a test names one.
     let dir = std::env::temp_dir().join(format!("rmm-cli-info-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

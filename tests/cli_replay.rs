@@ -2,9 +2,11 @@
 //! the time, the peak and whether it fit; exits non-zero when it did not fit or the log is
 //! malformed.
 
+mod common;
+
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 const GIB: u64 = 1 << 30;
 
@@ -36,12 +38,7 @@ fn write_log(name: &str, peak_gib: u64) -> PathBuf {
 }
 
 fn rmm(args: &[&str]) -> Output {
-    // At run time where the runner says (nextest archives move binaries), else where cargo
-    // built it.
-    let exe = std::env::var("NEXTEST_BIN_EXE_rmm")
-        .or_else(|_| std::env::var("CARGO_BIN_EXE_rmm"))
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_rmm").to_string());
-    Command::new(exe)
+    common::rmm_command()
         .args(args)
         .env_remove("RMM_CONFIG")
         .output()

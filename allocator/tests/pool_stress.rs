@@ -120,16 +120,21 @@ fn stress(mr: SharedResource, steps: usize, shared: bool) {
     assert!(handed_out.lock().unwrap().is_empty());
 }
 
-#[test]
-fn sixteen_threads_on_the_pool_lose_and_duplicate_nothing() {
-    let pool = Arc::new(
+/// A pool of 512 MiB that may grow to 4 GiB.
+fn pool_512m_to_4g() -> Arc<PoolMemoryResource> {
+    Arc::new(
         PoolMemoryResource::new(
             Arc::new(CudaMemoryResource::new(device())),
             512 * MIB,
             Some(4096 * MIB),
         )
         .unwrap(),
-    );
+    )
+}
+
+#[test]
+fn sixteen_threads_on_the_pool_lose_and_duplicate_nothing() {
+    let pool = pool_512m_to_4g();
     stress(Arc::clone(&pool) as SharedResource, 20_000, false);
     pool.synchronize().unwrap();
     let snap = pool.validate().unwrap();
@@ -140,14 +145,7 @@ fn sixteen_threads_on_the_pool_lose_and_duplicate_nothing() {
 
 #[test]
 fn sixteen_threads_on_binning_over_the_pool() {
-    let pool = Arc::new(
-        PoolMemoryResource::new(
-            Arc::new(CudaMemoryResource::new(device())),
-            512 * MIB,
-            Some(4096 * MIB),
-        )
-        .unwrap(),
-    );
+    let pool = pool_512m_to_4g();
     let bins = Arc::new(
         BinningMemoryResource::with_bins(Arc::clone(&pool) as SharedResource, 10, 18).unwrap(),
     );
@@ -156,14 +154,7 @@ fn sixteen_threads_on_binning_over_the_pool() {
 
 #[test]
 fn sixteen_threads_sharing_one_stream_lose_and_duplicate_nothing() {
-    let pool = Arc::new(
-        PoolMemoryResource::new(
-            Arc::new(CudaMemoryResource::new(device())),
-            512 * MIB,
-            Some(4096 * MIB),
-        )
-        .unwrap(),
-    );
+    let pool = pool_512m_to_4g();
     stress(Arc::clone(&pool) as SharedResource, 20_000, true);
     pool.synchronize().unwrap();
     let snap = pool.validate().unwrap();
