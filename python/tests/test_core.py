@@ -138,10 +138,12 @@ def test_other_threads_may_call_in_while_a_reinitialize_runs():
 
 
 def test_finalize_spills_live_spillable_data_so_the_old_pool_goes():
-    rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "1GiB"}, "spill": {"enabled": True}})
+    # Two pools of 1200 MiB do not fit on the 2 GiB simulated device at once.
+    big = {"pool": {"enabled": True, "initial_size": "1200MiB"}, "spill": {"enabled": True}}
+    rmm_rs.initialize(big)
     kept = rmm_rs.SpillableBuffer(b"k" * 4096)
     rmm_rs.finalize()
     assert kept.tier == "host"
-    # The 1 GiB pool is gone although a buffer made from it lives: another fits.
-    rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "1GiB"}, "spill": {"enabled": True}})
+    # The first pool is gone although a buffer made from it lives: another fits.
+    rmm_rs.initialize(big)
     assert kept.to_bytes() == b"k" * 4096

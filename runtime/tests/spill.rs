@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config, devices, pattern, serial};
+use common::{config, devices, pattern, read_on_device, serial};
 use rmm_allocator::StreamView;
 use rmm_allocator::spill::SpillableBuffer;
 use rmm_runtime::{Error, Runtime};
@@ -26,14 +26,6 @@ fn spilling(more: &[(&str, toml::Value)]) -> rmm_config::Config {
     ];
     settings.extend(more.iter().cloned());
     config(&settings)
-}
-
-/// Reads a buffer through the device: unspills it if needed.
-fn read_on_device(b: &SpillableBuffer, stream: StreamView) -> Vec<u8> {
-    let guard = b.device_view(stream).unwrap();
-    let mut out = vec![0u8; b.size()];
-    b.device().copy_to_host(&mut out, guard.ptr()).unwrap();
-    out
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config, devices, pattern, serial, sim};
+use common::{config, devices, pattern, read_on_device, serial, sim};
 use proptest::prelude::*;
 use rmm_allocator::spill::{SpillableBuffer, Tier};
 use rmm_allocator::{Error as AllocError, StreamView};
@@ -53,15 +53,6 @@ fn manager(rt: &Runtime) -> Arc<SpillManager> {
     rt.spill_manager(rt.devices()[0]).expect("spilling is on")
 }
 
-/// Reads a buffer through the device: brings it back if needed.
-fn read_on_device(b: &SpillableBuffer) -> Vec<u8> {
-    let guard = b.device_view(S).unwrap();
-    let mut out = vec![0u8; b.size()];
-    rmm_allocator::stream::synchronize(b.device(), S).unwrap();
-    b.device().copy_to_host(&mut out, guard.ptr()).unwrap();
-    out
-}
-
 fn files_in(dir: &Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |d| d.count())
 }
@@ -81,7 +72,7 @@ fn a_full_host_pool_moves_the_oldest_host_data_on_to_disk() {
     );
     assert_eq!(files_in(dir.path()), 1);
     // The oldest comes back from disk; the newest goes to the host, pushing the other on.
-    assert!(read_on_device(&b[0]) == data[0]);
+    assert!(read_on_device(&b[0], S) == data[0]);
     assert_eq!(
         [b[0].tier(), b[1].tier(), b[2].tier()],
         [Tier::Device, Tier::Disk, Tier::Host]
@@ -121,7 +112,7 @@ fn a_buffer_larger_than_the_host_pool_goes_straight_to_disk_and_back() {
     assert_eq!(b.tier(), Tier::Disk);
     assert_eq!(m.statistics().host_bytes, 0);
     assert!(b.to_vec().unwrap() == data);
-    assert!(read_on_device(&b) == data);
+    assert!(read_on_device(&b, S) == data);
     assert_eq!(b.tier(), Tier::Device);
     let s = m.statistics();
     assert_eq!(s.disk.spilled_bytes, data.len() as u64, "{s:?}");
@@ -151,7 +142,7 @@ fn a_host_view_brings_data_to_the_host_and_changes_stay() {
     assert_eq!(b.tier(), Tier::Disk);
     assert!(b.host_view().unwrap().to_vec() == data);
     assert_eq!(b.tier(), Tier::Host);
-    assert!(read_on_device(&b) == data);
+    assert!(read_on_device(&b, S) == data);
     // In use on the device: no host view (the data cannot move), but a copy.
     let guard = b.device_view(S).unwrap();
     assert!(b.host_view().is_err());
@@ -202,7 +193,7 @@ fn host_pool_none_pins_host_memory_as_needed() {
         "{s:?}"
     );
     for (x, d) in b.iter().zip(&data) {
-        assert!(read_on_device(x) == *d);
+        assert!(read_on_device(x, S) == *d);
     }
 }
 
@@ -260,7 +251,7 @@ fn a_failing_unspill_copy_leaves_the_buffer_spilled_and_frees_its_new_memory() {
         assert_eq!(m.statistics().tracked_bytes, 0);
         assert!(b.to_vec().unwrap() == data);
     }
-    assert!(read_on_device(&b) == data);
+    assert!(read_on_device(&b, S) == data);
 }
 
 #[test]
@@ -356,7 +347,7 @@ fn a_failing_disk_write_leaves_the_buffer_where_it_was() {
     // With room again, both go to disk.
     assert_eq!(d.spill().unwrap(), on_device.len());
     assert_eq!(h.spill_to_disk().unwrap(), on_host.len());
-    assert!(read_on_device(&d) == on_device && read_on_device(&h) == on_host);
+    assert!(read_on_device(&d, S) == on_device && read_on_device(&h, S) == on_host);
 }
 
 #[test]
@@ -441,7 +432,7 @@ proptest! {
                 Op::Drop(i) if n > 0 => { live.swap_remove(i % n); }
                 Op::ReadDevice(i) if n > 0 => {
                     let (b, d) = &live[i % n];
-                    prop_assert!(read_on_device(b) == *d, "buffer {} changed", b.id());
+                    prop_assert!(read_on_device(b, S) == *d, "buffer {} changed", b.id());
                 }
                 Op::ReadHost(i) if n > 0 => {
                     let (b, d) = &live[i % n];
@@ -507,13 +498,7 @@ fn eight_workers_share_buffers_while_data_moves_through_every_tier() {
                     // In use on the device by another worker right now.
                     Err(_) => b.to_vec().unwrap(),
                 },
-                _ => {
-                    let g = b.device_view(ctx.stream()).unwrap();
-                    let mut out = vec![0u8; b.size()];
-                    rmm_allocator::stream::synchronize(b.device(), ctx.stream()).unwrap();
-                    b.device().copy_to_host(&mut out, g.ptr()).unwrap();
-                    out
-                }
+                _ => read_on_device(b, ctx.stream()),
             };
             assert!(got == data[i], "buffer {i} changed");
         }

@@ -251,7 +251,9 @@ fn open_backend(config: &Config, scale: &Scale) -> Result<&'static dyn Backend, 
 /// Result sizes for one device: log-uniform between the scale's bounds, adding up to its
 /// results per device.
 fn result_sizes(scale: &Scale, device: u32) -> Vec<(usize, u64)> {
-    let mut x = 0x1234_5678_9ABC_DEF1u64 ^ u64::from(device).wrapping_mul(0x9E37_79B9);
+    let mut rng = crate::bench::traces::Rng(
+        0x1234_5678_9ABC_DEF1u64 ^ u64::from(device).wrapping_mul(0x9E37_79B9),
+    );
     let (lo, hi) = (
         (scale.min_result as f64).ln(),
         (scale.max_result as f64).ln(),
@@ -259,12 +261,8 @@ fn result_sizes(scale: &Scale, device: u32) -> Vec<(usize, u64)> {
     let mut sizes = Vec::new();
     let mut sum = 0u64;
     while sum < scale.results_per_device {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-        let size = ((lo + u * (hi - lo)).exp() as usize).next_multiple_of(8);
-        sizes.push((size, x));
+        let size = ((lo + rng.unit() * (hi - lo)).exp() as usize).next_multiple_of(8);
+        sizes.push((size, rng.next()));
         sum += size as u64;
     }
     sizes

@@ -14,17 +14,14 @@ use crate::runtime::TaskContext;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::DemoError;
+use crate::bench::traces::Rng;
 
-/// Deterministic pseudo-random bytes (xorshift64*, eight bytes per step).
+/// Deterministic pseudo-random bytes (the benchmarks' xorshift64*, eight bytes per step).
 pub(crate) fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut out = vec![0u8; len];
     for chunk in out.chunks_mut(8) {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        let w = x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
-        chunk.copy_from_slice(&w[..chunk.len()]);
+        chunk.copy_from_slice(&rng.next().to_le_bytes()[..chunk.len()]);
     }
     out
 }

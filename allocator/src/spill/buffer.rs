@@ -615,6 +615,25 @@ impl SpillableBuffer {
         Ok(())
     }
 
+    /// Runs `enqueue` (which queues copies on the copy stream of `direction`) after the work
+    /// queued on `after`, and waits for the copies.
+    fn copy(
+        &self,
+        direction: Direction,
+        after: StreamView,
+        enqueue: impl FnOnce(crate::backend::RawStream) -> Result<()>,
+    ) -> std::result::Result<(), CopyError> {
+        let copies = self.store.copies();
+        let stream = copies.stream(direction);
+        let not_started = |error| CopyError {
+            error,
+            in_flight: false,
+        };
+        copies.wait_for(direction, after).map_err(not_started)?;
+        let done = copies.event().map_err(not_started)?;
+        finish_copies(enqueue(stream), &done, stream, self.device())
+    }
+
     /// Copies the device bytes at `ptr` into `slices` on the copy stream, after the work
     /// queued on `after`, and waits.
     fn copy_out(
@@ -623,29 +642,21 @@ impl SpillableBuffer {
         slices: &mut [PinnedSlice],
         after: StreamView,
     ) -> std::result::Result<(), CopyError> {
-        let copies = self.store.copies();
         let (b, d) = (self.device().backend(), self.device().ordinal());
-        let stream = copies.stream(Direction::ToHost);
-        let not_started = |error| CopyError {
-            error,
-            in_flight: false,
-        };
-        copies
-            .wait_for(Direction::ToHost, after)
-            .map_err(not_started)?;
-        let done = copies.event().map_err(not_started)?;
-        let mut offset = 0;
-        let enqueued = slices.iter_mut().try_for_each(|s| {
-            let n = (self.size - offset).min(s.len());
-            // SAFETY: the slice is owned here and not touched by the host until the copy
-            // stream has run the copy (waited for below, on success and on failure); the
-            // device range lies in the buffer.
-            let r =
-                unsafe { b.memcpy_dtoh_async(d, s.as_mut_ptr(), ptr.offset(offset), n, stream) };
-            offset += n;
-            r
-        });
-        finish_copies(enqueued, &done, stream, self.device())
+        self.copy(Direction::ToHost, after, |stream| {
+            let mut offset = 0;
+            slices.iter_mut().try_for_each(|s| {
+                let n = (self.size - offset).min(s.len());
+                // SAFETY: the slice is owned here and not touched by the host until the copy
+                // stream has run the copy (waited for in `copy`, on success and on failure);
+                // the device range lies in the buffer.
+                let r = unsafe {
+                    b.memcpy_dtoh_async(d, s.as_mut_ptr(), ptr.offset(offset), n, stream)
+                };
+                offset += n;
+                r
+            })
+        })
     }
 
     /// Copies `slices` to the device bytes at `ptr` on the copy stream, after the work queued
@@ -656,27 +667,20 @@ impl SpillableBuffer {
         slices: &[PinnedSlice],
         after: StreamView,
     ) -> std::result::Result<(), CopyError> {
-        let copies = self.store.copies();
         let (b, d) = (self.device().backend(), self.device().ordinal());
-        let stream = copies.stream(Direction::ToDevice);
-        let not_started = |error| CopyError {
-            error,
-            in_flight: false,
-        };
-        copies
-            .wait_for(Direction::ToDevice, after)
-            .map_err(not_started)?;
-        let done = copies.event().map_err(not_started)?;
-        let mut offset = 0;
-        let enqueued = slices.iter().try_for_each(|s| {
-            let n = (self.size - offset).min(s.len());
-            // SAFETY: the slices stay alive and unchanged (borrowed) until the copy stream has
-            // run the copy (waited for below); the device range lies in the new allocation.
-            let r = unsafe { b.memcpy_htod_async(d, ptr.offset(offset), s.as_ptr(), n, stream) };
-            offset += n;
-            r
-        });
-        finish_copies(enqueued, &done, stream, self.device())
+        self.copy(Direction::ToDevice, after, |stream| {
+            let mut offset = 0;
+            slices.iter().try_for_each(|s| {
+                let n = (self.size - offset).min(s.len());
+                // SAFETY: the slices stay alive and unchanged (borrowed) until the copy stream
+                // has run the copy (waited for in `copy`); the device range lies in the new
+                // allocation.
+                let r =
+                    unsafe { b.memcpy_htod_async(d, ptr.offset(offset), s.as_ptr(), n, stream) };
+                offset += n;
+                r
+            })
+        })
     }
 }
 

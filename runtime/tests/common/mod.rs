@@ -102,3 +102,16 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 pub fn sim_live(device: u32) -> Option<usize> {
     sim().map(|s| s.live_allocations(device))
 }
+
+/// Reads a spillable buffer through the device for work on `stream`: brings it back if it
+/// was spilled, then copies its bytes out.
+pub fn read_on_device(
+    b: &rmm_allocator::spill::SpillableBuffer,
+    stream: rmm_allocator::StreamView,
+) -> Vec<u8> {
+    let guard = b.device_view(stream).unwrap();
+    let mut out = vec![0u8; b.size()];
+    rmm_allocator::stream::synchronize(b.device(), stream).unwrap();
+    b.device().copy_to_host(&mut out, guard.ptr()).unwrap();
+    out
+}
