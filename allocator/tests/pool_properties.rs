@@ -81,7 +81,13 @@ struct Plan {
     cap: usize,
     seed: u64,
     check_every: usize,
+    /// Sizes from a short list instead of log-uniform ones, so that most requests are served
+    /// by the arenas' caches of freed blocks.
+    few_sizes: bool,
 }
+
+/// The sizes of a few-sizes plan.
+const FEW_SIZES: [usize; 5] = [100, 4096, 300_000, MIB, 5 * MIB + 3];
 
 /// Runs random operations against `mr` over `streams`; `check` runs every few steps.
 fn exercise(mr: &dyn DeviceMemoryResource, streams: &[Stream], plan: Plan, check: &dyn Fn()) {
@@ -91,7 +97,11 @@ fn exercise(mr: &dyn DeviceMemoryResource, streams: &[Stream], plan: Plan, check
     for step in 0..plan.ops {
         let alloc = shadow.is_empty() || (rng.below(100) < 52 && shadow.bytes < plan.cap);
         if alloc {
-            let size = ((rng.below(1 << 20) as f64 / (1 << 20) as f64) * log_max).exp() as usize;
+            let size = if plan.few_sizes {
+                FEW_SIZES[rng.below(FEW_SIZES.len() as u64) as usize]
+            } else {
+                ((rng.below(1 << 20) as f64 / (1 << 20) as f64) * log_max).exp() as usize
+            };
             let s = rng.below(streams.len() as u64) as usize;
             let p = mr
                 .allocate(size, streams[s].view())
@@ -154,6 +164,7 @@ fn pool_million_operations_over_four_streams() {
             cap: 512 * MIB,
             seed: 42,
             check_every: 4096,
+            few_sizes: false,
         },
         &check,
     );
@@ -176,7 +187,8 @@ fn pool_million_operations_from_four_threads_sharing_one_stream() {
         for t in 0..4u64 {
             let (p, shared) = (&p, &shared);
             scope.spawn(move || {
-                // Each thread exercises the pool on the one stream (its own arena lane).
+                // Each thread exercises the pool on the one stream (its own arena lane); two
+                // of them with a few sizes, mostly through their arenas' block caches.
                 let one = std::slice::from_ref(shared);
                 exercise(
                     &**p,
@@ -187,6 +199,7 @@ fn pool_million_operations_from_four_threads_sharing_one_stream() {
                         cap: 128 * MIB,
                         seed: 7 + t,
                         check_every: usize::MAX,
+                        few_sizes: t % 2 == 0,
                     },
                     &|| {},
                 );
@@ -197,6 +210,41 @@ fn pool_million_operations_from_four_threads_sharing_one_stream() {
     let snap = p.validate().unwrap();
     assert_eq!((snap.in_use, snap.pending), (0, 0), "{snap:?}");
     assert_eq!(snap.free, snap.pool_size);
+}
+
+#[test]
+fn pool_operations_with_a_few_sizes_over_four_streams() {
+    let p = pool(1 << 30);
+    let s = streams(4);
+    let check = || {
+        let snap = p.validate().unwrap();
+        assert_eq!(
+            snap.pool_size,
+            snap.in_use + snap.free + snap.pending,
+            "{snap:?}"
+        );
+    };
+    exercise(
+        &*p,
+        &s,
+        Plan {
+            ops: 400_000,
+            max_size: 8 * MIB,
+            cap: 512 * MIB,
+            seed: 9,
+            check_every: 4096,
+            few_sizes: true,
+        },
+        &check,
+    );
+    p.synchronize().unwrap();
+    let snap = p.validate().unwrap();
+    assert_eq!(
+        (snap.in_use, snap.cached, snap.pending),
+        (0, 0, 0),
+        "{snap:?}"
+    );
+    assert!(snap.fully_coalesced, "{snap:?}");
 }
 
 #[test]
@@ -213,6 +261,7 @@ fn fixed_size_million_operations_over_four_streams() {
             cap: 256 * MIB,
             seed: 7,
             check_every: 1 << 20,
+            few_sizes: false,
         },
         &|| {},
     );
@@ -235,6 +284,7 @@ fn binning_over_pool_million_operations_over_four_streams() {
             cap: 512 * MIB,
             seed: 99,
             check_every: 8192,
+            few_sizes: false,
         },
         &check,
     );

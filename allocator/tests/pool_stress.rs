@@ -1,6 +1,7 @@
 //! 16 threads, each on its own stream (or all on one shared stream), allocate and free at
 //! random, hand some blocks to the next thread to free on its stream, and check that no block
 //! is ever handed out twice or lost, and that no block's data is overwritten by another owner.
+//! With a few sizes only, most requests are served from the arenas' caches of freed blocks.
 
 mod common;
 
@@ -20,7 +21,10 @@ const THREADS: usize = 16;
 /// transit) blocks of ≤ 2 MiB, 2.5 GiB, are live at once, whatever the scheduling.
 const IN_TRANSIT: usize = 16;
 
-fn stress(mr: SharedResource, steps: usize, shared: bool) {
+/// The sizes of the few-sizes runs: a binned size, two small-heap sizes, a large-heap size.
+const FEW_SIZES: [usize; 4] = [200, 70_000, MIB, 3 * MIB + 100];
+
+fn stress(mr: SharedResource, steps: usize, shared: bool, few_sizes: bool) {
     let d = device();
     // With `shared`, every thread works on this one stream (as Dask's threads on one stream).
     let one = Arc::new(Stream::new(d).unwrap());
@@ -59,7 +63,11 @@ fn stress(mr: SharedResource, steps: usize, shared: bool) {
                     x ^= x >> 7;
                     x ^= x << 17;
                     if live.len() < 64 && (!x.is_multiple_of(3) || live.is_empty()) {
-                        let size = 16 + (x >> 20) as usize % (2 * MIB);
+                        let size = if few_sizes {
+                            FEW_SIZES[(x >> 20) as usize % FEW_SIZES.len()]
+                        } else {
+                            16 + (x >> 20) as usize % (2 * MIB)
+                        };
                         let p = mr.allocate(size, stream.view()).unwrap();
                         assert!(
                             handed_out.lock().unwrap().insert(p.addr()),
@@ -135,7 +143,7 @@ fn pool_512m_to_4g() -> Arc<PoolMemoryResource> {
 #[test]
 fn sixteen_threads_on_the_pool_lose_and_duplicate_nothing() {
     let pool = pool_512m_to_4g();
-    stress(Arc::clone(&pool) as SharedResource, 20_000, false);
+    stress(Arc::clone(&pool) as SharedResource, 20_000, false, false);
     pool.synchronize().unwrap();
     let snap = pool.validate().unwrap();
     assert_eq!(snap.in_use, 0, "{snap:?}");
@@ -149,18 +157,34 @@ fn sixteen_threads_on_binning_over_the_pool() {
     let bins = Arc::new(
         BinningMemoryResource::with_bins(Arc::clone(&pool) as SharedResource, 10, 18).unwrap(),
     );
-    stress(bins, 10_000, false);
+    stress(bins, 10_000, false, false);
 }
 
 #[test]
 fn sixteen_threads_sharing_one_stream_lose_and_duplicate_nothing() {
     let pool = pool_512m_to_4g();
-    stress(Arc::clone(&pool) as SharedResource, 20_000, true);
+    stress(Arc::clone(&pool) as SharedResource, 20_000, true, false);
     pool.synchronize().unwrap();
     let snap = pool.validate().unwrap();
     assert_eq!(snap.in_use, 0, "{snap:?}");
     assert_eq!(snap.pending, 0, "{snap:?}");
     assert!(snap.fully_coalesced, "{snap:?}");
+}
+
+#[test]
+fn sixteen_threads_with_a_few_sizes_through_the_block_caches() {
+    for shared in [false, true] {
+        let pool = pool_512m_to_4g();
+        stress(Arc::clone(&pool) as SharedResource, 20_000, shared, true);
+        pool.synchronize().unwrap();
+        let snap = pool.validate().unwrap();
+        assert_eq!(
+            (snap.in_use, snap.cached, snap.pending),
+            (0, 0, 0),
+            "{snap:?}"
+        );
+        assert!(snap.fully_coalesced, "shared {shared}: {snap:?}");
+    }
 }
 
 #[test]

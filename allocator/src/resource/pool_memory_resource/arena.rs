@@ -5,6 +5,7 @@ use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::Result;
 
 use super::bins::{BIN_LIMIT, Bins};
+use super::block_cache::{BlockCache, Cached};
 use super::ptr_map::PtrMap;
 use super::tlsf::Heap;
 
@@ -31,28 +32,37 @@ pub(crate) struct ArenaState {
     small: Heap,
     large: Heap,
     live: PtrMap,
+    /// Heap blocks freed here lately, kept whole for the next request of their size.
+    cache: BlockCache,
     pending: Vec<Pending>,
     spare_events: Vec<RawEvent>,
     pub(crate) in_use: u64,
     pub(crate) pending_bytes: u64,
 }
 
+/// The lock of an arena's bookkeeping: a spin lock whose release is a plain store (one
+/// atomic read-modify-write per operation instead of parking_lot's two), which is a fifth of
+/// an allocation's cost. Contention is rare by design (an arena is one thread's on one
+/// stream), waiters yield their core, and nothing waits for the device while holding it.
+pub(crate) type ArenaLock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
+
 /// One stream's arena.
 #[derive(Debug)]
 pub(crate) struct Arena {
     pub(crate) stream: RawStream,
-    pub(crate) state: parking_lot::Mutex<ArenaState>,
+    pub(crate) state: ArenaLock<ArenaState>,
 }
 
 impl Arena {
     pub(crate) fn new(stream: RawStream) -> Arena {
         Arena {
             stream,
-            state: parking_lot::Mutex::new(ArenaState {
+            state: ArenaLock::new(ArenaState {
                 bins: Bins::new(),
                 small: Heap::new(),
                 large: Heap::new(),
                 live: PtrMap::with_capacity(4096),
+                cache: BlockCache::default(),
                 pending: Vec::new(),
                 spare_events: Vec::new(),
                 in_use: 0,
@@ -67,6 +77,8 @@ impl Arena {
 pub(crate) struct ArenaFigures {
     pub(crate) region_bytes: u64,
     pub(crate) free_bytes: u64,
+    /// Of `free_bytes`, those in the block cache.
+    pub(crate) cached_bytes: u64,
     pub(crate) in_use: u64,
     pub(crate) pending_bytes: u64,
     pub(crate) largest_free: u64,
@@ -82,16 +94,41 @@ impl ArenaState {
         if size <= BIN_LIMIT {
             return self.bins.alloc(size, &mut self.small).map(|(addr, _)| addr);
         }
-        let (heap, tag_bit) = if size <= SMALL_LIMIT {
-            (&mut self.small, SMALL_TAG)
-        } else {
-            (&mut self.large, 0)
+        if let Some(b) = self.cache.take(size) {
+            self.live.insert(b.addr, b.tag);
+            self.in_use += size;
+            return Some(b.addr);
+        }
+        let tag_bit = if size <= SMALL_LIMIT { SMALL_TAG } else { 0 };
+        let idx = match self.heap_of(tag_bit).alloc(size) {
+            Some(idx) => idx,
+            None if !self.cache.is_empty() => {
+                // The cached blocks may be what the heap lacks, once merged back.
+                self.flush_cache();
+                self.heap_of(tag_bit).alloc(size)?
+            }
+            None => return None,
         };
-        let idx = heap.alloc(size)?;
-        let addr = heap.block(idx).addr;
+        let addr = self.heap_of(tag_bit).block(idx).addr;
         self.live.insert(addr, idx | tag_bit);
         self.in_use += size;
         Some(addr)
+    }
+
+    /// Gives every cached block back to its heap, where it merges with its free neighbours.
+    pub(crate) fn flush_cache(&mut self) {
+        for b in self.cache.drain() {
+            self.heap_of(b.tag).free(b.tag & !SMALL_TAG);
+        }
+    }
+
+    #[inline]
+    fn heap_of(&mut self, tag: u32) -> &mut Heap {
+        if tag & SMALL_TAG != 0 {
+            &mut self.small
+        } else {
+            &mut self.large
+        }
     }
 
     /// Frees the live block at `addr`, which this arena's stream is done with. Returns false
@@ -107,16 +144,20 @@ impl ArenaState {
         }
     }
 
+    /// Takes a live heap block out of use: into the cache, whose oldest block (or this one,
+    /// when too large to cache) goes back to the heap.
     #[inline]
     fn release(&mut self, tag: u32) {
-        let heap = if tag & SMALL_TAG != 0 {
-            &mut self.small
-        } else {
-            &mut self.large
-        };
         let idx = tag & !SMALL_TAG;
-        self.in_use -= heap.block(idx).size;
-        heap.free(idx);
+        let block = *self.heap_of(tag).block(idx);
+        self.in_use -= block.size;
+        if let Some(out) = self.cache.put(Cached {
+            addr: block.addr,
+            size: block.size,
+            tag,
+        }) {
+            self.heap_of(out.tag).free(out.tag & !SMALL_TAG);
+        }
     }
 
     /// Takes the live block at `addr` out of service until work queued on `stream` (another
@@ -170,23 +211,24 @@ impl ArenaState {
         Ok(true)
     }
 
-    /// Returns blocks whose events have completed to the heaps; with `wait`, waits for all.
+    /// The events the pending blocks wait for, to be waited on without the arena's lock.
+    pub(crate) fn pending_events(&self) -> Vec<RawEvent> {
+        self.pending.iter().map(|p| p.event).collect()
+    }
+
+    /// Returns blocks whose events have completed to the heaps. With `idle` (the caller has
+    /// waited for the pending events), also gives empty bin slabs and cached blocks back to
+    /// their heap.
     pub(crate) fn settle_pending(
         &mut self,
         backend: &dyn Backend,
         dev: u32,
-        wait: bool,
+        idle: bool,
     ) -> Result<()> {
         let mut i = 0;
         while i < self.pending.len() {
             let event = self.pending[i].event;
-            let done = if wait {
-                backend.event_synchronize(dev, event)?;
-                true
-            } else {
-                backend.event_query(dev, event)?
-            };
-            if done {
+            if backend.event_query(dev, event)? {
                 let p = self.pending.swap_remove(i);
                 self.pending_bytes -= p.size;
                 match p.tag {
@@ -203,8 +245,9 @@ impl ArenaState {
                 i += 1;
             }
         }
-        if wait {
+        if idle {
             self.bins.release_empty(&mut self.small);
+            self.flush_cache();
         }
         Ok(())
     }
@@ -224,6 +267,7 @@ impl ArenaState {
 
     /// Removes every region that is entirely free, for the pool to reuse elsewhere.
     pub(crate) fn take_free_regions(&mut self, out: &mut Vec<(u64, u64)>) {
+        self.flush_cache();
         self.bins.release_empty(&mut self.small);
         self.small.take_free_regions(out);
         self.large.take_free_regions(out);
@@ -231,6 +275,7 @@ impl ArenaState {
 
     /// Takes one free block of at least `size` bytes out of either heap (see [`Heap::steal`]).
     pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
+        self.flush_cache();
         self.bins.release_empty(&mut self.small);
         self.large.steal(size).or_else(|| self.small.steal(size))
     }
@@ -263,7 +308,11 @@ impl ArenaState {
     pub(crate) fn figures(&self) -> ArenaFigures {
         ArenaFigures {
             region_bytes: self.small.region_bytes() + self.large.region_bytes(),
-            free_bytes: self.small.free_bytes() + self.large.free_bytes() + self.bins.free_bytes,
+            free_bytes: self.small.free_bytes()
+                + self.large.free_bytes()
+                + self.bins.free_bytes
+                + self.cache.bytes(),
+            cached_bytes: self.cache.bytes(),
             // The bins' slabs are allocated heap blocks; count their handed-out blocks, not them.
             in_use: self.in_use + self.bins.live_bytes - self.pending_bin_bytes(),
             pending_bytes: self.pending_bytes,
@@ -284,6 +333,20 @@ impl ArenaState {
     }
 
     pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        for b in self.cache.iter() {
+            let heap = if b.tag & SMALL_TAG != 0 {
+                &self.small
+            } else {
+                &self.large
+            };
+            let block = heap.block(b.tag & !SMALL_TAG);
+            if block.is_free() || block.addr != b.addr || self.live.get(b.addr).is_some() {
+                return Err(format!(
+                    "cached block {:#x}+{} is free in its heap, moved, or also live",
+                    b.addr, b.size
+                ));
+            }
+        }
         self.bins.check().map_err(|e| format!("bins: {e}"))?;
         self.small.check().map_err(|e| format!("small heap: {e}"))?;
         self.large.check().map_err(|e| format!("large heap: {e}"))

@@ -13,6 +13,12 @@
 //!   stream get one arena each (up to 16 per stream): the stream's work is ordered, so any of
 //!   its arenas may serve it, and a block freed by another thread of the same stream goes
 //!   straight back to its owner.
+//! * Each arena keeps its four most recently freed blocks (up to 16 MiB each) whole, for the
+//!   next request of the same size on its stream (a thread cache, as in tcmalloc): a thread
+//!   that frees and allocates one size again and again costs a lookup, not a split and a
+//!   merge. Cached blocks go back to their heap when it cannot serve a request, and from
+//!   every arena on `trim`, `release`, `synchronize`, `validate` and before the pool fails
+//!   for lack of memory.
 //! * Stream order: a block freed on the stream that owns it is reusable by that stream at
 //!   once. A block freed on another stream waits for an event recorded on the freeing stream.
 //!   Memory moves between streams only through the pool's slow path, after the giving
@@ -23,6 +29,7 @@
 
 mod arena;
 mod bins;
+mod block_cache;
 mod global;
 mod ptr_map;
 mod tlsf;
@@ -175,8 +182,10 @@ pub struct PoolSnapshot {
     pub pool_size: u64,
     /// Bytes handed out and not freed.
     pub in_use: u64,
-    /// Bytes free in the pool (arenas and unassigned).
+    /// Bytes free in the pool (arenas and unassigned), `cached` included.
     pub free: u64,
+    /// Bytes of freed blocks the arenas' caches keep whole for their next requests.
+    pub cached: u64,
     /// Bytes freed on a stream other than their arena's, waiting for that stream.
     pub pending: u64,
     /// The largest free block.
@@ -189,8 +198,9 @@ pub struct PoolSnapshot {
     pub live_blocks: usize,
     /// Free blocks in arenas plus free ranges not granted to any arena.
     pub free_blocks: usize,
-    /// True when nothing is in use and every granted region is one free block (empty bin
-    /// slabs go back to their heap in [`PoolMemoryResource::synchronize`]).
+    /// True when nothing is in use or cached and every granted region is one free block
+    /// (empty bin slabs and cached blocks go back to their heap in
+    /// [`PoolMemoryResource::synchronize`]).
     pub fully_coalesced: bool,
 }
 
@@ -391,10 +401,9 @@ impl PoolMemoryResource {
         let dev = self.device.ordinal();
         let mut regions = Vec::new();
         for arena in self.arenas.all() {
-            let mut st = arena.state.lock();
-            st.settle_pending(backend, dev, true)?;
+            self.settle_idle(arena)?;
             let before = regions.len();
-            st.take_free_regions(&mut regions);
+            arena.state.lock().take_free_regions(&mut regions);
             if regions.len() > before {
                 sync_stream_or_device(backend, dev, arena.stream)?;
             }
@@ -405,15 +414,27 @@ impl PoolMemoryResource {
         Ok(())
     }
 
-    /// Waits for every block freed on a foreign stream and returns it to its arena, so that
+    /// Waits for every block freed on a foreign stream and returns it to its arena, and gives
+    /// every arena's cached blocks back to its heaps, so that
     /// [`PoolMemoryResource::validate`] sees the pool as it is once all streams are idle.
     pub fn synchronize(&self) -> Result<()> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
         for arena in self.arenas.all() {
-            arena.state.lock().settle_pending(backend, dev, true)?;
+            self.settle_idle(arena)?;
         }
         Ok(())
+    }
+
+    /// Waits (without the arena's lock) for the events of `arena`'s blocks freed on other
+    /// streams, then returns those blocks, empty bin slabs and cached blocks to the heaps.
+    fn settle_idle(&self, arena: &Arena) -> Result<()> {
+        let backend = self.device.backend();
+        let dev = self.device.ordinal();
+        let events = arena.state.lock().pending_events();
+        for event in events {
+            // An event settled and reused meanwhile is waited for too: harmless.
+            backend.event_synchronize(dev, event)?;
+        }
+        arena.state.lock().settle_pending(backend, dev, true)
     }
 
     /// Moves one free block of at least `need` bytes from some arena to the free space, after
@@ -422,8 +443,8 @@ impl PoolMemoryResource {
         let backend = self.device.backend();
         let dev = self.device.ordinal();
         for arena in self.arenas.all() {
-            let mut st = arena.state.lock();
-            if let Some((addr, size)) = st.steal(need) {
+            let stolen = arena.state.lock().steal(need);
+            if let Some((addr, size)) = stolen {
                 sync_stream_or_device(backend, dev, arena.stream)?;
                 g.insert(addr, size);
                 return Ok(true);
@@ -513,19 +534,22 @@ impl PoolMemoryResource {
             s.arenas += 1;
             s.in_use += f.in_use;
             s.free += f.free_bytes;
+            s.cached += f.cached_bytes;
             s.pending += f.pending_bytes;
             s.largest_free = s.largest_free.max(f.largest_free);
             s.live_blocks += f.live_blocks;
             s.free_blocks += f.free_blocks;
             s.fully_coalesced &= f.free_blocks == f.regions;
         }
-        s.fully_coalesced &= s.in_use == 0 && s.pending == 0;
+        s.fully_coalesced &= s.in_use == 0 && s.cached == 0 && s.pending == 0;
         s
     }
 
-    /// Checks the pool's structure and accounting: every heap's lists and bitmaps, live blocks
-    /// aligned to 256 bytes and disjoint, and pool size = in use + pending + free. Takes every
-    /// lock in turn: for tests and diagnostics, not for hot paths.
+    /// Checks the pool's structure and accounting: every heap's lists and bitmaps, the
+    /// cached blocks, live blocks aligned to 256 bytes and disjoint, and pool size = in use +
+    /// pending + free. Takes every lock in turn: for tests and diagnostics, not for hot
+    /// paths. Cached blocks are checked, not flushed: [`PoolMemoryResource::synchronize`]
+    /// flushes them.
     pub fn validate(&self) -> Result<PoolSnapshot> {
         let fail = |what: String| {
             Error::invalid_argument(

@@ -33,7 +33,7 @@ pub(crate) struct Block {
 
 impl Block {
     #[inline]
-    fn is_free(&self) -> bool {
+    pub(crate) fn is_free(&self) -> bool {
         self.next_free != USED
     }
 }

@@ -1,0 +1,151 @@
+//! A small cache of freed heap blocks in front of an arena's heaps (deferred coalescing).
+//!
+//! An arena belongs to one stream and, through its lane, to one thread (up to 16 threads
+//! per stream). A block freed on that stream may be handed out again at once to the next
+//! request of the same size on the stream (the stream's work is ordered), so the arena keeps
+//! its most recently freed blocks whole instead of merging them into the heap, as tcmalloc's
+//! and mimalloc's thread caches do for CPU memory: an allocate + free pair of one size then
+//! costs a lookup and a pointer-map update instead of a split and a merge.
+//!
+//! The cache lives under the arena's lock, so every free is still checked against the
+//! arena's live blocks (a double free or a foreign pointer is an error, never a cached
+//! block). It is bounded ([`SLOTS`] blocks of at most [`MAX_BLOCK`] bytes); a full cache
+//! gives its oldest block back to the heap. The arena flushes it when its heaps cannot serve
+//! a request, and the pool flushes every arena's cache on `trim`, `release`, `synchronize`,
+//! `validate` and before it fails for lack of memory.
+
+/// Blocks one cache holds.
+pub(crate) const SLOTS: usize = 4;
+/// The largest block a cache holds: larger ones go back to the heap at once, where they can
+/// merge with their neighbours.
+pub(crate) const MAX_BLOCK: u64 = 16 << 20;
+
+/// A freed heap block: where, how large, and its heap tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Cached {
+    pub(crate) addr: u64,
+    pub(crate) size: u64,
+    pub(crate) tag: u32,
+}
+
+/// See the module documentation. Oldest block first.
+#[derive(Debug, Default)]
+pub(crate) struct BlockCache {
+    blocks: [Cached; SLOTS],
+    len: usize,
+    bytes: u64,
+}
+
+impl BlockCache {
+    /// Keeps `block`; returns the block it evicted when it was full, which the caller gives
+    /// back to its heap. A block larger than [`MAX_BLOCK`] is returned as it came.
+    #[inline]
+    pub(crate) fn put(&mut self, block: Cached) -> Option<Cached> {
+        if block.size > MAX_BLOCK {
+            return Some(block);
+        }
+        let evicted = if self.len == SLOTS {
+            let oldest = self.blocks[0];
+            self.blocks.copy_within(1.., 0);
+            self.len -= 1;
+            self.bytes -= oldest.size;
+            Some(oldest)
+        } else {
+            None
+        };
+        self.blocks[self.len] = block;
+        self.len += 1;
+        self.bytes += block.size;
+        evicted
+    }
+
+    /// The most recently cached block of exactly `size` bytes, taken out.
+    #[inline]
+    pub(crate) fn take(&mut self, size: u64) -> Option<Cached> {
+        let i = self.blocks[..self.len]
+            .iter()
+            .rposition(|b| b.size == size)?;
+        let block = self.blocks[i];
+        self.blocks.copy_within(i + 1..self.len, i);
+        self.len -= 1;
+        self.bytes -= size;
+        Some(block)
+    }
+
+    /// Whether no block is cached.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes cached.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Cached blocks, oldest first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Cached> + '_ {
+        self.blocks[..self.len].iter().copied()
+    }
+
+    /// Takes every cached block out.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = Cached> + use<> {
+        let (blocks, len) = (self.blocks, self.len);
+        self.len = 0;
+        self.bytes = 0;
+        blocks.into_iter().take(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(addr: u64, size: u64) -> Cached {
+        Cached {
+            addr,
+            size,
+            tag: addr as u32,
+        }
+    }
+
+    #[test]
+    fn a_block_comes_back_for_its_own_size_only_newest_first() {
+        let mut c = BlockCache::default();
+        assert_eq!(c.put(block(0x100, 1 << 20)), None);
+        assert_eq!(c.put(block(0x200, 2 << 20)), None);
+        assert_eq!(c.put(block(0x300, 1 << 20)), None);
+        assert_eq!(c.bytes(), 4 << 20);
+        assert_eq!(c.take(3 << 20), None);
+        assert_eq!(c.take(1 << 20).map(|b| b.addr), Some(0x300));
+        assert_eq!(c.take(1 << 20).map(|b| b.addr), Some(0x100));
+        assert_eq!(c.take(1 << 20), None);
+        assert_eq!(c.iter().map(|b| b.addr).collect::<Vec<_>>(), vec![0x200]);
+        assert_eq!(c.bytes(), 2 << 20);
+    }
+
+    #[test]
+    fn a_full_cache_evicts_its_oldest_block_and_large_blocks_pass_through() {
+        let mut c = BlockCache::default();
+        for i in 0..SLOTS as u64 {
+            assert_eq!(c.put(block(0x1000 * (i + 1), 4096)), None);
+        }
+        assert_eq!(c.put(block(0x9000, 512)).map(|b| b.addr), Some(0x1000));
+        assert_eq!(c.bytes(), (SLOTS as u64 - 1) * 4096 + 512);
+        let big = block(0xA000, MAX_BLOCK + 256);
+        assert_eq!(c.put(big), Some(big));
+        assert!(c.put(block(0xB000, MAX_BLOCK)).is_some(), "full: evicts");
+    }
+
+    #[test]
+    fn drain_empties_the_cache() {
+        let mut c = BlockCache::default();
+        c.put(block(0x100, 256));
+        c.put(block(0x200, 512));
+        let got: Vec<_> = c.drain().map(|b| (b.addr, b.size)).collect();
+        assert_eq!(got, vec![(0x100, 256), (0x200, 512)]);
+        assert!(c.is_empty());
+        assert_eq!(c.bytes(), 0);
+        assert_eq!(c.drain().count(), 0);
+    }
+}
