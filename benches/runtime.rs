@@ -3,7 +3,11 @@
 //! 1, 2, 4 … devices (issue goals: round trip ≤ 2 µs, ≥ 1 M tasks/s with 8 workers, N
 //! devices ≤ 1.3× one device).
 //!
+//! Reinitialize also runs pool → pool keeping live spillable data on every device (spilled to
+//! pinned host memory and brought back into the new pools, eagerly).
+//!
 //! `RMM_BENCH_POOL` (default `32GiB`): the pool size of the start-up and reinitialize runs.
+//! `RMM_BENCH_LIVE` (default `8GiB`, simulated `512MiB`): live spillable data per device.
 //! `RMM_BENCH_ROUNDS` (default 5): rounds per figure (the median is reported).
 //! `RMM_BENCH_TASKS` (default 200000): tasks in the throughput runs.
 //! Without a GPU, an unbacked simulated backend of `RMM_BENCH_DEVICES` (default 4) devices.
@@ -41,6 +45,29 @@ fn config(devices: u32, workers: u32, pool: Option<&str>) -> Config {
             .set("pool.maximum_size", size);
     }
     l.load().expect("bench configuration")
+}
+
+/// `config(devices, 1, Some(pool))` with spilling on: eager unspill, a fixed pinned host pool
+/// of `live` + 1 GiB per device, no device limit below the pool.
+fn spilling_config(devices: u32, pool: &str, live: usize) -> Config {
+    let list: Vec<i64> = (0..devices as i64).collect();
+    ConfigLoader::new()
+        .no_file()
+        .no_env()
+        .set("devices", list)
+        .set("workers_per_device", 1i64)
+        .set("pool.enabled", true)
+        .set("pool.initial_size", pool)
+        .set("pool.maximum_size", pool)
+        .set("spill.enabled", true)
+        .set("spill.device_memory_limit", pool)
+        .set("spill.eager_unspill", true)
+        .set(
+            "spill.host_pool_size",
+            format!("{}MiB", (live >> 20) + 1024),
+        )
+        .load()
+        .expect("bench configuration")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -185,6 +212,43 @@ fn lifecycle(devices: u32, pool: &str, rounds: usize) -> Lifecycle {
     }
 }
 
+/// Reinitialize pool → pool on `devices` devices with `live` bytes of spillable data on each
+/// (256 MiB buffers): medians of (total, spill, unspill) in ms.
+fn reinit_keeping(devices: u32, pool: &str, live: usize, rounds: usize) -> (f64, f64, f64) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let cfg = spilling_config(devices, pool, live);
+    let rt = Runtime::start(&cfg).expect("start with spilling");
+    let piece = (256usize << 20).min(live).max(1);
+    let mut buffers = Vec::new();
+    for d in 0..devices {
+        let m = rt.spill_manager(d).expect("spill manager");
+        for _ in 0..live / piece {
+            buffers.push(
+                m.buffer(piece, rmm::allocator::StreamView::DEFAULT)
+                    .expect("spillable buffer"),
+            );
+        }
+    }
+    let expect = (buffers.len() * piece) as u64;
+    let (mut total, mut spill, mut unspill) = (vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        let r = rt
+            .reinitialize(&cfg)
+            .expect("reinitialize keeping live data");
+        assert_eq!(
+            (r.spilled_bytes, r.unspilled_bytes),
+            (expect, expect),
+            "{r}"
+        );
+        total.push(ms(r.total));
+        spill.push(ms(r.spill));
+        unspill.push(ms(r.unspill));
+    }
+    drop(buffers);
+    rt.shutdown().expect("shutdown");
+    (median(total), median(spill), median(unspill))
+}
+
 /// Allocates and then frees `bytes` with `cuMemAlloc`/`cuMemFree` on each of `devices` at
 /// once, one thread per device; returns the slowest thread's (allocate, free) in ms. With one
 /// device this is the driver's own cost; with several, whether the driver serializes them.
@@ -291,6 +355,9 @@ fn main() {
         counts.push(k);
         k *= 2;
     }
+    // One untimed round on every device first, so that one-time driver costs (contexts,
+    // first mappings) fall on no row of the table.
+    lifecycle(*counts.last().unwrap_or(&1), &pool, 1);
     println!("## Start-up and reinitialize, pool {pool} per device, ms (median of {rounds})");
     println!();
     println!("| devices | start | pool → pool | pool → cuda | cuda → pool | shutdown |");
@@ -321,6 +388,36 @@ fn main() {
     }
     println!();
     println!("(ratios: against 1 device in this run; goal ≤ 1.3×)");
+    println!();
+    let sim = b.kind() == rmm::allocator::backend::BackendKind::Sim;
+    let live = std::env::var("RMM_BENCH_LIVE")
+        .ok()
+        .and_then(|v| v.parse::<rmm::config::Size>().ok())
+        .map_or(if sim { 512 << 20 } else { 8 << 30 }, |s| {
+            s.resolve(0) as usize
+        });
+    println!(
+        "## Reinitialize pool → pool keeping {} MiB of live spillable data per device (eager unspill), ms (median of {rounds})",
+        live >> 20
+    );
+    println!();
+    println!("| devices | total | spill | unspill |");
+    println!("|---|---|---|---|");
+    let mut base: Option<(f64, f64, f64)> = None;
+    for &n in &counts {
+        let (t, sp, un) = reinit_keeping(n, &pool, live, rounds);
+        let ratio = |a: f64, b: Option<f64>| match b {
+            Some(b) if n > 1 && b > 0.0 => format!(" ({:.2}×)", a / b),
+            _ => String::new(),
+        };
+        println!(
+            "| {n} | {t:.1}{} | {sp:.1}{} | {un:.1}{} |",
+            ratio(t, base.map(|b| b.0)),
+            ratio(sp, base.map(|b| b.1)),
+            ratio(un, base.map(|b| b.2)),
+        );
+        base.get_or_insert((t, sp, un));
+    }
     println!();
     println!(
         "## The driver alone: cuMemAlloc then cuMemFree of {pool} per device, one thread each, ms (median of {rounds})"

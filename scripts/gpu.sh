@@ -4,6 +4,7 @@
 #
 #   scripts/gpu.sh build   # here: archive the test binaries and release binaries into .gpu/
 #   scripts/gpu.sh run     # there: run everything with RMM_BACKEND=cuda, logs into $OUT (or ./gpu-out)
+#   scripts/gpu.sh multi   # there, on several GPUs: tests, runtime benchmark, demo on all (issue 15)
 #
 # Environment of `run`: TEST_THREADS (default 4); BENCH=0 skips examples and benchmarks;
 # BENCHES="runtime allocators" runs only those benchmarks (default: all); TESTS=0 skips tests.
@@ -82,8 +83,37 @@ run)
     fi
     exit "$status"
     ;;
+multi)
+    # Issue 15's one call on a machine with several GPUs (nvidia-h200-x4, or -x2 when that is
+    # what is lent), after `build`: the whole test suite with every GPU visible, the runtime
+    # benchmark (start-up and reinitialize on 1, 2, 4 … devices, with and without live
+    # spillable data), and `rmm demo --size large` on all devices. Logs in $OUT.
+    #   run(kind="nvidia-h200-x4", carry=[".gpu"], command="bash scripts/gpu.sh multi")
+    out="${OUT:-gpu-out}"
+    mkdir -p "$out"
+    export RMM_BACKEND=cuda
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv | tee "$out/gpu.txt" || true
+    nvidia-smi topo -m > "$out/topology.txt" 2>&1 || true
+    nproc | tee "$out/cores.txt"
+    status=0
+    set +e
+    .gpu/cargo-nextest nextest run --archive-file .gpu/tests.tar.zst --workspace-remap . \
+        --no-fail-fast --test-threads "${TEST_THREADS:-8}" > "$out/tests.txt" 2>&1
+    rc=$?; [ "$rc" = 0 ] || status=$rc
+    grep -E "^\s+FAIL|Summary" "$out/tests.txt" | tail -20
+    RMM_BENCH_VERBOSE=1 .gpu/bin/bench-runtime > "$out/bench-runtime.txt" 2>&1
+    rc=$?; [ "$rc" = 0 ] || status=$rc
+    cat "$out/bench-runtime.txt"
+    RMM_DEVICES=all RMM_WORKERS_PER_DEVICE=4 .gpu/bin/rmm demo --size large \
+        --plot "$out/demo-large.svg" > "$out/demo-large.txt" 2>&1
+    rc=$?; [ "$rc" = 0 ] || status=$rc
+    tail -30 "$out/demo-large.txt"
+    set -e
+    echo "multi exit status: $status"
+    exit "$status"
+    ;;
 *)
-    echo "usage: $0 build|run" >&2
+    echo "usage: $0 build|run|multi" >&2
     exit 2
     ;;
 esac
