@@ -5,10 +5,13 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use common::{MIB, device};
+use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-use rmm_allocator::{DeviceMemoryResource, Error, Stream, StreamView};
+use rmm_allocator::{Device, DeviceMemoryResource, Error, Stream, StreamView};
 
 /// A pool of exactly `bytes` that cannot grow.
 fn fixed_pool(bytes: usize) -> Arc<PoolMemoryResource> {
@@ -86,9 +89,17 @@ fn a_full_cache_gives_its_oldest_block_back_and_large_blocks_are_not_cached() {
 
 #[test]
 fn the_own_heap_takes_cached_blocks_back_when_it_cannot_serve_a_request() {
-    // Four 16 MiB blocks fill the pool; freed, they are all cached. One thread then asks
-    // for the whole pool on the same stream: only merged back can they serve it.
-    let pool = fixed_pool(64 * MIB);
+    // Four 16 MiB blocks fill the pool's 64 MiB; freed, they are all cached. The same thread
+    // then asks for 64 MiB on the same stream: merged back, they serve it, and the pool does
+    // not grow although it may.
+    let pool = Arc::new(
+        PoolMemoryResource::new(
+            Arc::new(CudaMemoryResource::new(device())),
+            64 * MIB,
+            Some(1024 * MIB),
+        )
+        .unwrap(),
+    );
     let s = Stream::new(device()).unwrap();
     let blocks: Vec<_> = (0..4)
         .map(|_| pool.allocate(16 * MIB, s.view()).unwrap())
@@ -98,6 +109,7 @@ fn the_own_heap_takes_cached_blocks_back_when_it_cannot_serve_a_request() {
     }
     assert_eq!(pool.validate().unwrap().cached, 64 * MIB as u64);
     let all = pool.allocate(64 * MIB, s.view()).unwrap();
+    assert_eq!(pool.pool_size(), 64 * MIB as u64, "the pool grew instead");
     pool.deallocate(all, 64 * MIB, s.view()).unwrap();
     pool.synchronize().unwrap();
     assert!(pool.validate().unwrap().fully_coalesced);
@@ -156,6 +168,30 @@ fn an_allocation_on_the_same_stream_gets_memory_from_another_threads_cache() {
 }
 
 #[test]
+fn a_small_request_takes_cached_blocks_back_before_the_pool_grows() {
+    // Sixteen 1 MiB blocks fill the pool; four are freed (cached in the small heap). A 4 KiB
+    // request needs a new bin slab: the cached blocks serve it, the pool does not grow.
+    let pool = PoolMemoryResource::new(
+        Arc::new(CudaMemoryResource::new(device())),
+        16 * MIB,
+        Some(1024 * MIB),
+    )
+    .unwrap();
+    let s = StreamView::DEFAULT;
+    let blocks: Vec<_> = (0..16).map(|_| pool.allocate(MIB, s).unwrap()).collect();
+    for &p in &blocks[..4] {
+        pool.deallocate(p, MIB, s).unwrap();
+    }
+    assert_eq!(pool.validate().unwrap().cached, 4 * MIB as u64);
+    let small = pool.allocate(4096, s).unwrap();
+    assert_eq!(pool.pool_size(), 16 * MIB as u64, "the pool grew instead");
+    pool.deallocate(small, 4096, s).unwrap();
+    for &p in &blocks[4..] {
+        pool.deallocate(p, MIB, s).unwrap();
+    }
+}
+
+#[test]
 fn trim_gives_cached_blocks_back_upstream() {
     let pool = PoolMemoryResource::new(
         Arc::new(CudaMemoryResource::new(device())),
@@ -172,19 +208,52 @@ fn trim_gives_cached_blocks_back_upstream() {
 }
 
 #[test]
-fn a_block_freed_on_another_stream_is_not_cached_but_waits_for_that_stream() {
-    let pool = fixed_pool(64 * MIB);
-    let (a, b) = (
-        Stream::new(device()).unwrap(),
-        Stream::new(device()).unwrap(),
+fn a_block_freed_on_another_stream_is_not_cached_and_waits_for_that_stream() {
+    // A simulated device whose stream B can be held back: the block A allocated and B freed
+    // is pending, not cached, and A gets it only once B's work is done.
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Backed,
+    })
+    .unwrap();
+    let d = Device::on(b, 0).unwrap();
+    let pool = Arc::new(
+        PoolMemoryResource::new(
+            Arc::new(CudaMemoryResource::new(d)),
+            64 * MIB,
+            Some(64 * MIB),
+        )
+        .unwrap(),
     );
+    let (a, bs) = (Stream::new(d).unwrap(), Stream::new(d).unwrap());
     let p = pool.allocate(MIB, a.view()).unwrap();
-    pool.deallocate(p, MIB, b.view()).unwrap();
+    let gate = b.hold_stream(0, bs.view().raw()).unwrap();
+    d.memset_async(p, 7, MIB, bs.view()).unwrap();
+    pool.deallocate(p, MIB, bs.view()).unwrap();
     let snap = pool.validate().unwrap();
     assert_eq!((snap.cached, snap.pending), (0, MIB as u64), "{snap:?}");
-    assert_ne!(
-        pool.allocate(MIB, a.view()).unwrap(),
-        p,
-        "A must not get the block before B's work is done"
+    let early = pool.allocate(MIB, a.view()).unwrap();
+    assert_ne!(early, p, "A got the block early");
+    pool.deallocate(early, MIB, a.view()).unwrap();
+    // The whole pool on A needs that block.
+    let done = Arc::new(AtomicBool::new(false));
+    let (pool2, done2, av) = (Arc::clone(&pool), Arc::clone(&done), a.view());
+    let taker = std::thread::spawn(move || {
+        let all = pool2.allocate(64 * MIB, av);
+        done2.store(true, Ordering::SeqCst);
+        all
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "A got B's block while B's work was pending"
     );
+    gate.open();
+    let all = taker.join().unwrap().unwrap();
+    assert!(
+        bs.is_idle().unwrap(),
+        "B's work completed before A got its block"
+    );
+    pool.deallocate(all, 64 * MIB, a.view()).unwrap();
 }

@@ -43,7 +43,9 @@ pub(crate) struct ArenaState {
 /// The lock of an arena's bookkeeping: a spin lock whose release is a plain store (one
 /// atomic read-modify-write per operation instead of parking_lot's two), which is a fifth of
 /// an allocation's cost. Contention is rare by design (an arena is one thread's on one
-/// stream), waiters yield their core, and nothing waits for the device while holding it.
+/// stream; threads beyond 16 on one stream share lanes), waiters yield their core, and
+/// nothing waits for the device while holding it: the only driver calls under it are the
+/// event create/record/query of frees across streams.
 pub(crate) type ArenaLock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
 
 /// One stream's arena.
@@ -92,6 +94,14 @@ impl ArenaState {
     #[inline]
     pub(crate) fn try_alloc(&mut self, size: u64) -> Option<u64> {
         if size <= BIN_LIMIT {
+            if let Some((addr, _)) = self.bins.alloc(size, &mut self.small) {
+                return Some(addr);
+            }
+            if self.cache.is_empty() {
+                return None;
+            }
+            // A new slab may fit once the cached small-heap blocks are merged back.
+            self.flush_cache();
             return self.bins.alloc(size, &mut self.small).map(|(addr, _)| addr);
         }
         if let Some(b) = self.cache.take(size) {
@@ -211,9 +221,17 @@ impl ArenaState {
         Ok(true)
     }
 
-    /// The events the pending blocks wait for, to be waited on without the arena's lock.
-    pub(crate) fn pending_events(&self) -> Vec<RawEvent> {
-        self.pending.iter().map(|p| p.event).collect()
+    /// The pending blocks and their events, to be waited on without the arena's lock.
+    pub(crate) fn pending_events(&self) -> Vec<(u64, RawEvent)> {
+        self.pending.iter().map(|p| (p.addr, p.event)).collect()
+    }
+
+    /// Whether the block at `addr` still waits for `event` (an event settled meanwhile may
+    /// have been recorded again for another free, which need not be waited for).
+    pub(crate) fn still_pending(&self, addr: u64, event: RawEvent) -> bool {
+        self.pending
+            .iter()
+            .any(|p| p.addr == addr && p.event == event)
     }
 
     /// Returns blocks whose events have completed to the heaps. With `idle` (the caller has
@@ -333,19 +351,30 @@ impl ArenaState {
     }
 
     pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        let mut cached = 0;
         for b in self.cache.iter() {
             let heap = if b.tag & SMALL_TAG != 0 {
                 &self.small
             } else {
                 &self.large
             };
-            let block = heap.block(b.tag & !SMALL_TAG);
-            if block.is_free() || block.addr != b.addr || self.live.get(b.addr).is_some() {
+            let fine = heap.get_block(b.tag & !SMALL_TAG).is_some_and(|block| {
+                !block.is_free() && block.addr == b.addr && block.size == b.size
+            });
+            if !fine || self.live.get(b.addr).is_some() {
                 return Err(format!(
-                    "cached block {:#x}+{} is free in its heap, moved, or also live",
+                    "cached block {:#x}+{} is not its heap's allocated block of that size, \
+                     or is also live",
                     b.addr, b.size
                 ));
             }
+            cached += b.size;
+        }
+        if cached != self.cache.bytes() {
+            return Err(format!(
+                "cached blocks add up to {cached} B, the cache counts {} B",
+                self.cache.bytes()
+            ));
         }
         self.bins.check().map_err(|e| format!("bins: {e}"))?;
         self.small.check().map_err(|e| format!("small heap: {e}"))?;

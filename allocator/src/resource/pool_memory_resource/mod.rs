@@ -17,7 +17,7 @@
 //!   next request of the same size on its stream (a thread cache, as in tcmalloc): a thread
 //!   that frees and allocates one size again and again costs a lookup, not a split and a
 //!   merge. Cached blocks go back to their heap when it cannot serve a request, and from
-//!   every arena on `trim`, `release`, `synchronize`, `validate` and before the pool fails
+//!   every arena on `trim`, `release`, `synchronize` and before the pool fails
 //!   for lack of memory.
 //! * Stream order: a block freed on the stream that owns it is reusable by that stream at
 //!   once. A block freed on another stream waits for an event recorded on the freeing stream.
@@ -430,9 +430,10 @@ impl PoolMemoryResource {
         let backend = self.device.backend();
         let dev = self.device.ordinal();
         let events = arena.state.lock().pending_events();
-        for event in events {
-            // An event settled and reused meanwhile is waited for too: harmless.
-            backend.event_synchronize(dev, event)?;
+        for (addr, event) in events {
+            if arena.state.lock().still_pending(addr, event) {
+                backend.event_synchronize(dev, event)?;
+            }
         }
         arena.state.lock().settle_pending(backend, dev, true)
     }

@@ -97,6 +97,11 @@ impl Heap {
         &self.blocks[idx as usize]
     }
 
+    /// The block at `idx`, if there is one (for checks of indices kept elsewhere).
+    pub(crate) fn get_block(&self, idx: u32) -> Option<&Block> {
+        self.blocks.get(idx as usize)
+    }
+
     pub(crate) fn free_bytes(&self) -> u64 {
         self.free_bytes
     }
