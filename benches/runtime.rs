@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use common::backend_for_bench_with;
+use common::{backend_for_bench_with, spilling_config};
 use rmm::allocator::DeviceMemoryResource;
 use rmm::config::{Config, ConfigLoader};
 use rmm::runtime::{Runtime, TaskHandle};
@@ -45,29 +45,6 @@ fn config(devices: u32, workers: u32, pool: Option<&str>) -> Config {
             .set("pool.maximum_size", size);
     }
     l.load().expect("bench configuration")
-}
-
-/// `config(devices, 1, Some(pool))` with spilling on: eager unspill, a fixed pinned host pool
-/// of `live` + 1 GiB per device, no device limit below the pool.
-fn spilling_config(devices: u32, pool: &str, live: usize) -> Config {
-    let list: Vec<i64> = (0..devices as i64).collect();
-    ConfigLoader::new()
-        .no_file()
-        .no_env()
-        .set("devices", list)
-        .set("workers_per_device", 1i64)
-        .set("pool.enabled", true)
-        .set("pool.initial_size", pool)
-        .set("pool.maximum_size", pool)
-        .set("spill.enabled", true)
-        .set("spill.device_memory_limit", pool)
-        .set("spill.eager_unspill", true)
-        .set(
-            "spill.host_pool_size",
-            format!("{}MiB", (live >> 20) + 1024),
-        )
-        .load()
-        .expect("bench configuration")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -216,7 +193,7 @@ fn lifecycle(devices: u32, pool: &str, rounds: usize) -> Lifecycle {
 /// (256 MiB buffers): medians of (total, spill, unspill) in ms.
 fn reinit_keeping(devices: u32, pool: &str, live: usize, rounds: usize) -> (f64, f64, f64) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let cfg = spilling_config(devices, pool, live);
+    let cfg = spilling_config(devices, pool, live + (1 << 30), None);
     let rt = Runtime::start(&cfg).expect("start with spilling");
     let piece = (256usize << 20).min(live).max(1);
     let mut buffers = Vec::new();

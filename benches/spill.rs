@@ -14,11 +14,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{GIB, MIB, backend_for_bench};
+use common::{GIB, MIB, backend_for_bench, spilling_config};
 use rmm::allocator::backend::BackendKind;
 use rmm::allocator::resource::{CudaMemoryResource, PinnedHostMemoryResource, PinnedHostPool};
 use rmm::allocator::{Device, DeviceMemoryResource, HostMemoryResource, StreamView};
-use rmm::config::{Config, ConfigLoader};
+use rmm::config::Config;
 use rmm::runtime::Runtime;
 
 fn size(key: &str, default: usize) -> usize {
@@ -154,23 +154,7 @@ fn main() {
 /// One device, a 32 GiB pool (2 GiB simulated), spilling with a fixed host pool of
 /// `host_pool` bytes, eager unspilling, and a disk tier when `disk` is given.
 fn spilling(sim: bool, host_pool: usize, disk: Option<&std::path::Path>) -> Config {
-    let pool = if sim { "2GiB" } else { "32GiB" };
-    let mut l = ConfigLoader::new()
-        .no_file()
-        .no_env()
-        .set("devices", vec![0i64])
-        .set("workers_per_device", 1i64)
-        .set("pool.enabled", true)
-        .set("pool.initial_size", pool)
-        .set("pool.maximum_size", pool)
-        .set("spill.enabled", true)
-        .set("spill.device_memory_limit", pool)
-        .set("spill.eager_unspill", true)
-        .set("spill.host_pool_size", format!("{}MiB", host_pool / MIB));
-    if let Some(d) = disk {
-        l = l.set("spill.disk_directory", d.display().to_string());
-    }
-    l.load().expect("bench configuration")
+    spilling_config(1, if sim { "2GiB" } else { "32GiB" }, host_pool, disk)
 }
 
 /// Spill and unspill bandwidth through the spill manager, then reinitialize with `live`

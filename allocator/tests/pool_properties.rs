@@ -143,18 +143,21 @@ fn pool(initial: usize) -> Arc<PoolMemoryResource> {
     )
 }
 
+/// Validates the pool and checks pool size = in use + free + pending.
+fn accounts_add_up(p: &PoolMemoryResource) {
+    let snap = p.validate().unwrap();
+    assert_eq!(
+        snap.pool_size,
+        snap.in_use + snap.free + snap.pending,
+        "{snap:?}"
+    );
+}
+
 #[test]
 fn pool_million_operations_over_four_streams() {
     let p = pool(1 << 30);
     let s = streams(4);
-    let check = || {
-        let snap = p.validate().unwrap();
-        assert_eq!(
-            snap.pool_size,
-            snap.in_use + snap.free + snap.pending,
-            "{snap:?}"
-        );
-    };
+    let check = || accounts_add_up(&p);
     exercise(
         &*p,
         &s,
@@ -216,14 +219,7 @@ fn pool_million_operations_from_four_threads_sharing_one_stream() {
 fn pool_operations_with_a_few_sizes_over_four_streams() {
     let p = pool(1 << 30);
     let s = streams(4);
-    let check = || {
-        let snap = p.validate().unwrap();
-        assert_eq!(
-            snap.pool_size,
-            snap.in_use + snap.free + snap.pending,
-            "{snap:?}"
-        );
-    };
+    let check = || accounts_add_up(&p);
     exercise(
         &*p,
         &s,

@@ -140,15 +140,23 @@ fn pool_512m_to_4g() -> Arc<PoolMemoryResource> {
     )
 }
 
+/// After a stress run: nothing in use, cached or pending, and every region one free block.
+fn assert_all_back(pool: &PoolMemoryResource) {
+    pool.synchronize().unwrap();
+    let snap = pool.validate().unwrap();
+    assert_eq!(
+        (snap.in_use, snap.cached, snap.pending),
+        (0, 0, 0),
+        "{snap:?}"
+    );
+    assert!(snap.fully_coalesced, "{snap:?}");
+}
+
 #[test]
 fn sixteen_threads_on_the_pool_lose_and_duplicate_nothing() {
     let pool = pool_512m_to_4g();
     stress(Arc::clone(&pool) as SharedResource, 20_000, false, false);
-    pool.synchronize().unwrap();
-    let snap = pool.validate().unwrap();
-    assert_eq!(snap.in_use, 0, "{snap:?}");
-    assert_eq!(snap.pending, 0, "{snap:?}");
-    assert!(snap.fully_coalesced, "{snap:?}");
+    assert_all_back(&pool);
 }
 
 #[test]
@@ -164,11 +172,7 @@ fn sixteen_threads_on_binning_over_the_pool() {
 fn sixteen_threads_sharing_one_stream_lose_and_duplicate_nothing() {
     let pool = pool_512m_to_4g();
     stress(Arc::clone(&pool) as SharedResource, 20_000, true, false);
-    pool.synchronize().unwrap();
-    let snap = pool.validate().unwrap();
-    assert_eq!(snap.in_use, 0, "{snap:?}");
-    assert_eq!(snap.pending, 0, "{snap:?}");
-    assert!(snap.fully_coalesced, "{snap:?}");
+    assert_all_back(&pool);
 }
 
 #[test]
@@ -176,14 +180,7 @@ fn sixteen_threads_with_a_few_sizes_through_the_block_caches() {
     for shared in [false, true] {
         let pool = pool_512m_to_4g();
         stress(Arc::clone(&pool) as SharedResource, 20_000, shared, true);
-        pool.synchronize().unwrap();
-        let snap = pool.validate().unwrap();
-        assert_eq!(
-            (snap.in_use, snap.cached, snap.pending),
-            (0, 0, 0),
-            "{snap:?}"
-        );
-        assert!(snap.fully_coalesced, "shared {shared}: {snap:?}");
+        assert_all_back(&pool);
     }
 }
 
