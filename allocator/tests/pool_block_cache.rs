@@ -5,13 +5,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use common::{MIB, device};
-use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-use rmm_allocator::{Device, DeviceMemoryResource, Error, Stream, StreamView};
+use rmm_allocator::{DeviceMemoryResource, Error, Stream, StreamView};
 
 /// A pool of exactly `bytes` that cannot grow.
 fn fixed_pool(bytes: usize) -> Arc<PoolMemoryResource> {
@@ -205,55 +202,4 @@ fn trim_gives_cached_blocks_back_upstream() {
     assert!(pool.pool_size() > 0);
     pool.release().unwrap();
     assert_eq!(pool.pool_size(), 0, "cached memory stayed in the pool");
-}
-
-#[test]
-fn a_block_freed_on_another_stream_is_not_cached_and_waits_for_that_stream() {
-    // A simulated device whose stream B can be held back: the block A allocated and B freed
-    // is pending, not cached, and A gets it only once B's work is done.
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 1 << 30,
-        mode: SimMemoryMode::Backed,
-    })
-    .unwrap();
-    let d = Device::on(b, 0).unwrap();
-    let pool = Arc::new(
-        PoolMemoryResource::new(
-            Arc::new(CudaMemoryResource::new(d)),
-            64 * MIB,
-            Some(64 * MIB),
-        )
-        .unwrap(),
-    );
-    let (a, bs) = (Stream::new(d).unwrap(), Stream::new(d).unwrap());
-    let p = pool.allocate(MIB, a.view()).unwrap();
-    let gate = b.hold_stream(0, bs.view().raw()).unwrap();
-    d.memset_async(p, 7, MIB, bs.view()).unwrap();
-    pool.deallocate(p, MIB, bs.view()).unwrap();
-    let snap = pool.validate().unwrap();
-    assert_eq!((snap.cached, snap.pending), (0, MIB as u64), "{snap:?}");
-    let early = pool.allocate(MIB, a.view()).unwrap();
-    assert_ne!(early, p, "A got the block early");
-    pool.deallocate(early, MIB, a.view()).unwrap();
-    // The whole pool on A needs that block.
-    let done = Arc::new(AtomicBool::new(false));
-    let (pool2, done2, av) = (Arc::clone(&pool), Arc::clone(&done), a.view());
-    let taker = std::thread::spawn(move || {
-        let all = pool2.allocate(64 * MIB, av);
-        done2.store(true, Ordering::SeqCst);
-        all
-    });
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(
-        !done.load(Ordering::SeqCst),
-        "A got B's block while B's work was pending"
-    );
-    gate.open();
-    let all = taker.join().unwrap().unwrap();
-    assert!(
-        bs.is_idle().unwrap(),
-        "B's work completed before A got its block"
-    );
-    pool.deallocate(all, 64 * MIB, a.view()).unwrap();
 }

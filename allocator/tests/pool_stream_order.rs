@@ -12,24 +12,30 @@ use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm_allocator::{Device, DeviceMemoryResource, Stream};
 
-#[test]
-fn a_block_freed_on_a_held_stream_waits_for_it_before_another_stream_gets_it() {
+/// A simulated device of 1 GiB (its streams can be held back) and a pool of 64 MiB on it that
+/// cannot grow.
+fn fixed_sim_pool(mode: SimMemoryMode) -> (&'static SimBackend, Device, PoolMemoryResource) {
     let b = SimBackend::leak(SimConfig {
         devices: 1,
         capacity: 1 << 30,
-        mode: SimMemoryMode::Backed,
+        mode,
     })
     .unwrap();
     let d = Device::on(b, 0).unwrap();
+    let pool = PoolMemoryResource::new(
+        Arc::new(CudaMemoryResource::new(d)),
+        64 * MIB,
+        Some(64 * MIB),
+    )
+    .unwrap();
+    (b, d, pool)
+}
+
+#[test]
+fn a_block_freed_on_a_held_stream_waits_for_it_before_another_stream_gets_it() {
     // A pool that cannot grow: the second stream can only get memory the first gave back.
-    let pool = Arc::new(
-        PoolMemoryResource::new(
-            Arc::new(CudaMemoryResource::new(d)),
-            64 * MIB,
-            Some(64 * MIB),
-        )
-        .unwrap(),
-    );
+    let (b, d, pool) = fixed_sim_pool(SimMemoryMode::Backed);
+    let pool = Arc::new(pool);
     let a = Stream::new(d).unwrap();
     let bstream = Stream::new(d).unwrap();
     let p = pool.allocate(60 * MIB, a.view()).unwrap();
@@ -71,40 +77,30 @@ fn a_block_freed_on_a_held_stream_waits_for_it_before_another_stream_gets_it() {
 
 #[test]
 fn a_block_freed_on_another_stream_is_not_reused_before_that_stream_catches_up() {
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 1 << 30,
-        mode: SimMemoryMode::Backed,
-    })
-    .unwrap();
-    let d = Device::on(b, 0).unwrap();
-    let pool = PoolMemoryResource::new(
-        Arc::new(CudaMemoryResource::new(d)),
-        64 * MIB,
-        Some(64 * MIB),
-    )
-    .unwrap();
+    let (b, d, pool) = fixed_sim_pool(SimMemoryMode::Backed);
     let a = Stream::new(d).unwrap();
     let other = Stream::new(d).unwrap();
-    let p = pool.allocate(40 * MIB, a.view()).unwrap();
+    let p = pool.allocate(8 * MIB, a.view()).unwrap();
     let gate = b.hold_stream(0, other.view().raw()).unwrap();
-    // Freed on `other` while `other` still has work queued: pending.
-    pool.deallocate(p, 40 * MIB, other.view()).unwrap();
+    // Freed on `other` while `other` still has work queued: pending, not in any arena's
+    // cache of freed blocks (8 MiB is a cacheable size).
+    pool.deallocate(p, 8 * MIB, other.view()).unwrap();
     let snap = pool.validate().unwrap();
-    assert_eq!(snap.pending, 40 * MIB as u64);
-    let q = pool.allocate(20 * MIB, a.view()).unwrap();
+    assert_eq!((snap.pending, snap.cached), (8 * MIB as u64, 0), "{snap:?}");
+    let q = pool.allocate(4 * MIB, a.view()).unwrap();
     assert!(
-        q.addr() >= p.addr() + 40 * MIB as u64 || q.addr() + 20 * MIB as u64 <= p.addr(),
+        q.addr() >= p.addr() + 8 * MIB as u64 || q.addr() + 4 * MIB as u64 <= p.addr(),
         "pending block reused early"
     );
     gate.open();
     other.synchronize().unwrap();
     pool.synchronize().unwrap();
     assert_eq!(pool.validate().unwrap().pending, 0);
-    let r = pool.allocate(40 * MIB, a.view()).unwrap();
+    let r = pool.allocate(8 * MIB, a.view()).unwrap();
     assert_eq!(r, p, "the block comes back once the freeing stream is done");
-    pool.deallocate(q, 20 * MIB, a.view()).unwrap();
-    pool.deallocate(r, 40 * MIB, a.view()).unwrap();
+    assert_eq!(pool.validate().unwrap().cached, 0);
+    pool.deallocate(q, 4 * MIB, a.view()).unwrap();
+    pool.deallocate(r, 8 * MIB, a.view()).unwrap();
     pool.synchronize().unwrap();
     assert!(pool.validate().unwrap().fully_coalesced);
 }
@@ -138,19 +134,7 @@ fn on_the_process_backend_reclaim_waits_for_the_giving_stream() {
 
 #[test]
 fn memory_of_a_destroyed_stream_is_reclaimed() {
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 1 << 30,
-        mode: SimMemoryMode::Unbacked,
-    })
-    .unwrap();
-    let d = Device::on(b, 0).unwrap();
-    let pool = PoolMemoryResource::new(
-        Arc::new(CudaMemoryResource::new(d)),
-        64 * MIB,
-        Some(64 * MIB),
-    )
-    .unwrap();
+    let (_, d, pool) = fixed_sim_pool(SimMemoryMode::Unbacked);
     {
         let gone = Stream::new(d).unwrap();
         let p = pool.allocate(60 * MIB, gone.view()).unwrap();

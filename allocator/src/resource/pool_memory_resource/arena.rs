@@ -40,10 +40,11 @@ pub(crate) struct ArenaState {
     pub(crate) pending_bytes: u64,
 }
 
-/// The lock of an arena's bookkeeping: a spin lock whose release is a plain store (one
-/// atomic read-modify-write per operation instead of parking_lot's two), which is a fifth of
-/// an allocation's cost. Contention is rare by design (an arena is one thread's on one
-/// stream; threads beyond 16 on one stream share lanes), waiters yield their core, and
+/// The lock of an arena's bookkeeping: a spin lock whose release is a plain store, so one
+/// atomic read-modify-write per operation instead of parking_lot's two (about 5 ns per
+/// operation on the churn shape, measured on the simulated device). Contention is rare by
+/// design (an arena is one thread's on one stream; threads beyond 16 on one stream share
+/// lanes), waiters yield their core, and
 /// nothing waits for the device while holding it: the only driver calls under it are the
 /// event create/record/query of frees across streams.
 pub(crate) type ArenaLock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
