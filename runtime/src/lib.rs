@@ -40,7 +40,9 @@ pub use report::{
 pub use runtime::{
     DEFAULT_DRAIN_TIMEOUT, Runtime, RuntimeBuilder, RuntimeHandle, device_facts, open_backend,
 };
-pub use spill::{SpillManager, SpillStatistics, TierStatistics};
+pub use spill::{
+    ForeignData, ForeignOwner, OwnerAccess, SpillManager, SpillStatistics, TierStatistics,
+};
 pub use stack::{DeviceStack, OomHandler, PoolPlan, StackPlan, UpstreamPlan, build_device_stack};
 pub use task::{TaskContext, TaskHandle};
 pub use worker::WorkerId;

@@ -89,9 +89,11 @@ pub trait SpillObserver: Send + Sync {
 }
 
 enum State {
+    /// On the device. `resource` made the memory and takes it back; `None` for memory the
+    /// buffer only borrows while it copies it off the device ([`SpillableBuffer::from_device`]).
     Device {
         ptr: DevicePtr,
-        resource: SharedResource,
+        resource: Option<SharedResource>,
         stream: StreamView,
     },
     Host(Vec<PinnedSlice>),
@@ -160,6 +162,51 @@ impl DeviceGuard<'_> {
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
         self.buffer.pins.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A [`DeviceGuard`] that holds its buffer (`Arc`) instead of borrowing it, for holders whose
+/// lifetime no borrow can describe: a Python object wrapping the device memory, say. The
+/// buffer stays on the device, at [`ptr`](Self::ptr), while the guard lives.
+pub struct SharedDeviceGuard {
+    buffer: Arc<SpillableBuffer>,
+    ptr: DevicePtr,
+}
+
+impl SharedDeviceGuard {
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.buffer.size
+    }
+
+    /// True for a zero-byte buffer.
+    pub fn is_empty(&self) -> bool {
+        self.buffer.size == 0
+    }
+
+    /// The buffer.
+    pub fn buffer(&self) -> &Arc<SpillableBuffer> {
+        &self.buffer
+    }
+}
+
+impl Drop for SharedDeviceGuard {
+    fn drop(&mut self) {
+        self.buffer.pins.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl fmt::Debug for SharedDeviceGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedDeviceGuard")
+            .field("buffer", &self.buffer.id)
+            .field("ptr", &self.ptr)
+            .finish()
     }
 }
 
@@ -252,12 +299,49 @@ impl SpillableBuffer {
             observer,
             state: Mutex::new(State::Device {
                 ptr,
-                resource,
+                resource: Some(resource),
                 stream,
             }),
             tier: AtomicU8::new(Tier::Device as u8),
             pins: AtomicUsize::new(0),
         }))
+    }
+
+    /// A spilled copy of `size` device bytes at `ptr`, memory this buffer does not own (another
+    /// library's allocation, say): the bytes are copied, after the work queued on `stream`, to
+    /// the store's host tier (or to disk when the host tier is full and there is a disk tier),
+    /// as a spill moves them, and the copy is complete when this returns. `ptr` must stay
+    /// valid until then; the buffer never frees it. On use the data comes back into the
+    /// device's current resource like any spilled buffer's.
+    ///
+    /// # Errors
+    /// As [`spill`](Self::spill): a full host pool without a disk tier
+    /// ([`Error::HostOutOfMemory`]), a failed copy or file write. Nothing is kept then.
+    pub fn from_device(
+        store: &Arc<SpillStore>,
+        ptr: DevicePtr,
+        size: usize,
+        stream: StreamView,
+        observer: Option<Arc<dyn SpillObserver>>,
+    ) -> Result<Arc<SpillableBuffer>> {
+        let buffer = Arc::new(SpillableBuffer {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            size,
+            store: Arc::clone(store),
+            observer,
+            state: Mutex::new(State::Device {
+                ptr,
+                resource: None,
+                stream,
+            }),
+            tier: AtomicU8::new(Tier::Device as u8),
+            pins: AtomicUsize::new(0),
+        });
+        {
+            let mut state = buffer.state.lock();
+            buffer.spill_locked(&mut state)?;
+        }
+        Ok(buffer)
     }
 
     /// A buffer holding a copy of `bytes` (the copy is complete when this returns).
@@ -335,6 +419,21 @@ impl SpillableBuffer {
         Ok(DeviceGuard { buffer: self, ptr })
     }
 
+    /// [`device_view`](Self::device_view) as a guard that holds the buffer.
+    ///
+    /// # Errors
+    /// As `device_view`: bringing the data back failed (the device is full, a copy failed).
+    pub fn shared_device_view(self: &Arc<Self>, stream: StreamView) -> Result<SharedDeviceGuard> {
+        let guard = self.device_view(stream)?;
+        let ptr = guard.ptr();
+        // The pin the guard took now belongs to the shared guard, which gives it back.
+        std::mem::forget(guard);
+        Ok(SharedDeviceGuard {
+            buffer: Arc::clone(self),
+            ptr,
+        })
+    }
+
     /// The data in pinned host memory, moved there first (from the device, after the work
     /// queued on its stream, or from disk). Fails when a device guard is alive (the data is
     /// in use there; [`to_vec`](Self::to_vec) copies instead) or the host tier is full.
@@ -394,13 +493,18 @@ impl SpillableBuffer {
         let Some(mut state) = self.lock_idle() else {
             return Ok(0);
         };
+        self.spill_locked(&mut state)
+    }
+
+    /// [`spill`](Self::spill) with the state locked.
+    fn spill_locked(&self, state: &mut State) -> Result<usize> {
         if !matches!(*state, State::Device { .. }) {
             return Ok(0);
         }
-        match self.device_to_host(&mut state) {
+        match self.device_to_host(state) {
             Ok(()) => Ok(self.size),
             Err(Error::HostOutOfMemory { .. }) if self.store.has_disk() => {
-                self.device_to_disk(&mut state)?;
+                self.device_to_disk(state)?;
                 Ok(self.size)
             }
             Err(e) => Err(e),
@@ -450,12 +554,14 @@ impl SpillableBuffer {
     fn moved(&self, state: &mut State, new: State, start: Instant) {
         let from = state.tier();
         let to = new.tier();
+        // Borrowed device memory was never counted as the buffer's.
+        let owned = !matches!(state, State::Device { resource: None, .. });
         *state = new;
         self.tier.store(to as u8, Ordering::Release);
         let nanos = nanos_since(start);
         if let Some(o) = &self.observer {
             match (from, to) {
-                (Tier::Device, _) => o.resident(self.id, -(self.size as i64)),
+                (Tier::Device, _) if owned => o.resident(self.id, -(self.size as i64)),
                 (_, Tier::Device) => o.resident(self.id, self.size as i64),
                 _ => {}
             }
@@ -518,7 +624,9 @@ impl SpillableBuffer {
             }
             return Err(error);
         }
-        resource.deallocate(ptr, self.size, stream)?;
+        if let Some(resource) = resource {
+            resource.deallocate(ptr, self.size, stream)?;
+        }
         self.moved(state, State::Host(slices), start);
         Ok(())
     }
@@ -537,7 +645,9 @@ impl SpillableBuffer {
         let file =
             self.disk()?
                 .write_from_device(self.store.copies(), self.id, ptr, self.size, stream)?;
-        resource.deallocate(ptr, self.size, stream)?;
+        if let Some(resource) = resource {
+            resource.deallocate(ptr, self.size, stream)?;
+        }
         self.moved(state, State::Disk(file), start);
         Ok(())
     }
@@ -607,7 +717,7 @@ impl SpillableBuffer {
             state,
             State::Device {
                 ptr,
-                resource,
+                resource: Some(resource),
                 stream,
             },
             start,
@@ -729,7 +839,7 @@ impl Drop for SpillableBuffer {
         let state = std::mem::replace(&mut *self.state.get_mut(), State::Host(Vec::new()));
         if let State::Device {
             ptr,
-            resource,
+            resource: Some(resource),
             stream,
         } = state
         {

@@ -17,6 +17,6 @@ mod disk;
 mod store;
 mod vector;
 
-pub use buffer::{DeviceGuard, HostGuard, SpillObserver, SpillableBuffer, Tier};
+pub use buffer::{DeviceGuard, HostGuard, SharedDeviceGuard, SpillObserver, SpillableBuffer, Tier};
 pub use store::SpillStore;
 pub use vector::SpillableVector;

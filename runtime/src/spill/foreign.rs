@@ -1,0 +1,294 @@
+//! Adopted values: device memory that another library owns (a CuPy array, a PyTorch tensor,
+//! a task result of a Dask worker) kept under the spill manager's limit.
+//!
+//! An adopted value stays as it is, counted in its device bytes (an allocation several values
+//! view counted once), in the same least-recently-used order as the manager's own buffers.
+//! Spilling it copies each of its allocations into a [`SpillableBuffer`] in the host tier (or
+//! on disk), then drops its [`ForeignOwner`], which gives the memory back to the library that
+//! owns it. From then on it is spilled data like any other: its buffers come back into the
+//! device's current resource when used, and move on to disk or back like the manager's own.
+//! A value whose owner says it is in use is never spilled; a failed copy leaves it on the
+//! device, as it was.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use rmm_allocator::spill::{SharedDeviceGuard, SpillObserver, SpillableBuffer, Tier};
+use rmm_allocator::{DevicePtr, StreamView};
+
+use super::tracker::{Spillable, Tracker};
+
+/// What keeps an adopted value's device memory alive; dropping it gives the memory back to
+/// its owner.
+pub trait ForeignOwner: Send + Sync {
+    /// True while something besides the spill manager uses the memory (a running task holds
+    /// the value, say): the value is not spilled then.
+    fn is_in_use(&self) -> bool;
+}
+
+enum State<O> {
+    /// On the device, in the owner's memory.
+    Device(O),
+    /// Copied off the device: one buffer per allocation.
+    Spilled(Vec<Arc<SpillableBuffer>>),
+}
+
+/// Adopted ids have the top bit set, so they never meet the ids of buffers in the order.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// An adopted value: see the module documentation. Made by
+/// [`SpillManager::adopt`](super::SpillManager::adopt); dropping it drops the owner (or the
+/// spilled copies).
+pub struct ForeignData<O: ForeignOwner> {
+    id: u64,
+    allocations: Vec<(DevicePtr, usize)>,
+    size: usize,
+    stream: StreamView,
+    tracker: Arc<Tracker>,
+    store: Arc<rmm_allocator::spill::SpillStore>,
+    state: Mutex<State<O>>,
+}
+
+/// What [`ForeignData::owner`] found.
+#[derive(Debug)]
+pub enum OwnerAccess<R> {
+    /// The value is on the device, in its owner's memory: what the closure returned.
+    Device(R),
+    /// The value was spilled: its data is in its buffers ([`ForeignData::device_views`]).
+    Spilled,
+    /// A move is in progress; wait ([`ForeignData::wait`]) and ask again.
+    Busy,
+}
+
+impl<O: ForeignOwner + 'static> ForeignData<O> {
+    pub(crate) fn adopt(
+        tracker: &Arc<Tracker>,
+        store: &Arc<rmm_allocator::spill::SpillStore>,
+        allocations: &[(DevicePtr, usize)],
+        stream: StreamView,
+        owner: O,
+    ) -> Arc<ForeignData<O>> {
+        // One value viewing the same allocation twice holds it once.
+        let mut distinct: Vec<(DevicePtr, usize)> = Vec::with_capacity(allocations.len());
+        for &(ptr, size) in allocations {
+            match distinct.iter_mut().find(|(p, _)| *p == ptr) {
+                Some(a) => a.1 = a.1.max(size),
+                None => distinct.push((ptr, size)),
+            }
+        }
+        let data = Arc::new(ForeignData {
+            id: (1 << 63) | NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            size: distinct.iter().map(|a| a.1).sum(),
+            allocations: distinct,
+            stream,
+            tracker: Arc::clone(tracker),
+            store: Arc::clone(store),
+            state: Mutex::new(State::Device(owner)),
+        });
+        tracker.hold_foreign(&data.allocations);
+        let weak: std::sync::Weak<dyn Spillable> =
+            Arc::downgrade(&(Arc::clone(&data) as Arc<dyn Spillable>));
+        tracker.lru.lock().insert(data.id, weak, None);
+        data
+    }
+
+    /// Device bytes of the value's distinct allocations.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The value's distinct allocations: (device address, bytes).
+    pub fn allocations(&self) -> &[(DevicePtr, usize)] {
+        &self.allocations
+    }
+
+    /// Where the data is now: the device while the owner holds it (or every spilled buffer is
+    /// back on the device), disk when every buffer is there, else the host.
+    pub fn tier(&self) -> Tier {
+        let Some(state) = self.state.try_lock() else {
+            // Moving: still on the device until the move ends.
+            return Tier::Device;
+        };
+        match &*state {
+            State::Device(_) => Tier::Device,
+            State::Spilled(buffers) => tier_of(buffers),
+        }
+    }
+
+    /// True once the value was spilled (its owner is gone; its data lives in buffers).
+    pub fn is_spilled(&self) -> bool {
+        matches!(self.owner(|_| ()), OwnerAccess::Spilled)
+    }
+
+    /// Runs `f` with the owner while the value is on the device in the owner's memory,
+    /// without waiting for a move in progress (see [`OwnerAccess`]).
+    pub fn owner<R>(&self, f: impl FnOnce(&O) -> R) -> OwnerAccess<R> {
+        match self.state.try_lock() {
+            None => OwnerAccess::Busy,
+            Some(state) => match &*state {
+                State::Device(owner) => OwnerAccess::Device(f(owner)),
+                State::Spilled(_) => OwnerAccess::Spilled,
+            },
+        }
+    }
+
+    /// Waits until no move is in progress.
+    pub fn wait(&self) {
+        drop(self.state.lock());
+    }
+
+    /// Marks the value as used now (least recently used values spill first).
+    pub fn touch(&self) {
+        self.tracker.touched(self.id);
+        if let Some(state) = self.state.try_lock()
+            && let State::Spilled(buffers) = &*state
+        {
+            buffers.iter().for_each(|b| self.tracker.touched(b.id()));
+        }
+    }
+
+    /// Device views of a spilled value's buffers, one per allocation in the order of
+    /// [`allocations`](Self::allocations), each bringing its data back into the device's
+    /// current resource first (for `stream`). Each buffer stays on the device while its
+    /// view lives. `None` while the value is still in its owner's memory.
+    ///
+    /// # Errors
+    /// Bringing data back failed (the device is full even after spilling, a copy failed); the
+    /// data stays where it was.
+    pub fn device_views(
+        &self,
+        stream: StreamView,
+    ) -> rmm_allocator::Result<Option<Vec<SharedDeviceGuard>>> {
+        let buffers = match &*self.state.lock() {
+            State::Device(_) => return Ok(None),
+            State::Spilled(buffers) => buffers.clone(),
+        };
+        buffers
+            .iter()
+            .map(|b| b.shared_device_view(stream))
+            .collect::<rmm_allocator::Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// Copies of the spilled data (one per allocation), wherever it is; `None` while the
+    /// value is in its owner's memory.
+    ///
+    /// # Errors
+    /// A failed copy or file read.
+    pub fn spilled_bytes(&self) -> rmm_allocator::Result<Option<Vec<Vec<u8>>>> {
+        let buffers = match &*self.state.lock() {
+            State::Device(_) => return Ok(None),
+            State::Spilled(buffers) => buffers.clone(),
+        };
+        buffers
+            .iter()
+            .map(|b| b.to_vec())
+            .collect::<rmm_allocator::Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// Moves the value off the device: copies its allocations into buffers in the host tier
+    /// (or on disk), then drops the owner. Returns the device bytes no value holds any more
+    /// (0 when in use, busy or already spilled).
+    ///
+    /// # Errors
+    /// A copy failed, or the host tier is full and there is no disk tier: the value stays on
+    /// the device, as it was, and nothing is kept of the copies.
+    pub fn spill(&self) -> rmm_allocator::Result<usize> {
+        let Some(mut state) = self.state.try_lock() else {
+            return Ok(0);
+        };
+        let State::Device(owner) = &*state else {
+            return Ok(0);
+        };
+        if owner.is_in_use() {
+            return Ok(0);
+        }
+        let observer = Some(Arc::clone(&self.tracker) as Arc<dyn SpillObserver>);
+        let buffers = self
+            .allocations
+            .iter()
+            .map(|&(ptr, size)| {
+                SpillableBuffer::from_device(&self.store, ptr, size, self.stream, observer.clone())
+            })
+            .collect::<rmm_allocator::Result<Vec<_>>>()?;
+        {
+            // The buffers take the value's place in the order.
+            let mut lru = self.tracker.lru.lock();
+            let tick = lru.remove(self.id);
+            for b in &buffers {
+                let weak: std::sync::Weak<dyn Spillable> =
+                    Arc::downgrade(&(Arc::clone(b) as Arc<dyn Spillable>));
+                lru.insert(b.id(), weak, tick);
+            }
+        }
+        let old = std::mem::replace(&mut *state, State::Spilled(buffers));
+        let freed = self.tracker.release_foreign(&self.allocations);
+        // The owner goes without the lock held: dropping it may need other locks (a
+        // language's interpreter lock, the owner's allocator).
+        drop(state);
+        drop(old);
+        tracing::debug!(
+            target: "rmm::spill",
+            id = self.id,
+            bytes = self.size,
+            freed,
+            "adopted value spilled"
+        );
+        Ok(freed)
+    }
+}
+
+/// The tier of a spilled value's data: see [`ForeignData::tier`].
+fn tier_of(buffers: &[Arc<SpillableBuffer>]) -> Tier {
+    let tiers = || buffers.iter().map(|b| b.tier());
+    if tiers().all(|t| t == Tier::Device) {
+        Tier::Device
+    } else if tiers().all(|t| t == Tier::Disk) {
+        Tier::Disk
+    } else {
+        Tier::Host
+    }
+}
+
+impl<O: ForeignOwner + 'static> Spillable for ForeignData<O> {
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn tier(&self) -> Tier {
+        // In the order only while on the device, in the owner's memory.
+        Tier::Device
+    }
+    fn is_in_use(&self) -> bool {
+        false
+    }
+    fn spill(&self) -> rmm_allocator::Result<usize> {
+        ForeignData::spill(self)
+    }
+    fn spill_to_disk(&self) -> rmm_allocator::Result<usize> {
+        Ok(0)
+    }
+    fn unspill(&self, _stream: StreamView) -> rmm_allocator::Result<()> {
+        Ok(())
+    }
+}
+
+impl<O: ForeignOwner> Drop for ForeignData<O> {
+    fn drop(&mut self) {
+        self.tracker.lru.lock().remove(self.id);
+        if matches!(self.state.get_mut(), State::Device(_)) {
+            self.tracker.release_foreign(&self.allocations);
+        }
+    }
+}
+
+impl<O: ForeignOwner> std::fmt::Debug for ForeignData<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForeignData")
+            .field("id", &self.id)
+            .field("size", &self.size)
+            .field("allocations", &self.allocations.len())
+            .finish()
+    }
+}

@@ -1,0 +1,268 @@
+//! [`SpillManager`]: one device's spilling policy (see the module documentation of `spill`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytemuck::Pod;
+use rmm_allocator::resource::PinnedHostPool;
+use rmm_allocator::spill::{SpillObserver, SpillStore, SpillableBuffer, SpillableVector, Tier};
+use rmm_allocator::{Device, DevicePtr, StreamView};
+use rmm_config::ResolvedSpill;
+
+use super::foreign::{ForeignData, ForeignOwner};
+use super::statistics::{Moves, SpillStatistics, TierStatistics};
+use super::tracker::{Spillable, Tracker};
+
+/// Spilling for one device: see the module documentation.
+pub struct SpillManager {
+    store: Arc<SpillStore>,
+    /// `spill.host_pool_size` and `spill.disk_directory` as made (they cannot change later).
+    made_with: (Option<u64>, Option<std::path::PathBuf>),
+    tracker: Arc<Tracker>,
+    eager_unspill: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for SpillManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpillManager")
+            .field("device", &self.device())
+            .field("statistics", &self.statistics())
+            .finish()
+    }
+}
+
+impl SpillManager {
+    /// A manager for `device` as `spill` configures it: a pinned host pool of
+    /// `spill.host_pool_size`, pinned now (or, with `"none"`, pinned as needed), and a disk
+    /// tier under `spill.disk_directory`.
+    pub fn new(device: Device, spill: &ResolvedSpill) -> rmm_allocator::Result<SpillManager> {
+        let host = match spill.host_pool_size {
+            Some(bytes) => PinnedHostPool::on(device.backend(), bytes as usize)?,
+            None => PinnedHostPool::growable(device.backend(), None),
+        };
+        let store = SpillStore::new(device, host, spill.disk_directory.as_deref())?;
+        let tracker = Arc::new(Tracker {
+            host_over_disk: store.has_disk().then(|| store.host().clone()),
+            ..Tracker::default()
+        });
+        tracker.limit.store(spill.threshold, Ordering::Relaxed);
+        Ok(SpillManager {
+            made_with: (spill.host_pool_size, spill.disk_directory.clone()),
+            store,
+            tracker,
+            eager_unspill: spill.eager_unspill.into(),
+        })
+    }
+
+    /// Takes the settings of a new configuration (limit, eager unspilling); the host pool,
+    /// the disk tier and the buffers stay (a change of `spill.host_pool_size` or
+    /// `spill.disk_directory` is logged and takes effect in a new runtime).
+    pub fn reconfigure(&self, spill: &ResolvedSpill) {
+        if (spill.host_pool_size, spill.disk_directory.clone()) != self.made_with {
+            tracing::warn!(
+                device = self.device().ordinal(),
+                "spill.host_pool_size and spill.disk_directory keep the values the runtime \
+                 started with ({:?}, {:?}); a new runtime takes the new ones",
+                self.made_with.0,
+                self.made_with.1
+            );
+        }
+        self.tracker.limit.store(spill.threshold, Ordering::Relaxed);
+        self.eager_unspill
+            .store(spill.eager_unspill, Ordering::Relaxed);
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.store.device()
+    }
+
+    /// Where spilled data goes.
+    pub fn store(&self) -> &Arc<SpillStore> {
+        &self.store
+    }
+
+    fn observer(&self) -> Option<Arc<dyn SpillObserver>> {
+        Some(Arc::clone(&self.tracker) as Arc<dyn SpillObserver>)
+    }
+
+    /// `size` uninitialized bytes on the device, spillable, used on `stream`; older buffers
+    /// are spilled first if the limit requires.
+    pub fn buffer(
+        &self,
+        size: usize,
+        stream: StreamView,
+    ) -> rmm_allocator::Result<Arc<SpillableBuffer>> {
+        let b = SpillableBuffer::new(&self.store, size, stream, self.observer())?;
+        self.register(&b);
+        Ok(b)
+    }
+
+    /// A spillable copy of `bytes`.
+    pub fn from_host(
+        &self,
+        bytes: &[u8],
+        stream: StreamView,
+    ) -> rmm_allocator::Result<Arc<SpillableBuffer>> {
+        let b = SpillableBuffer::from_host(&self.store, bytes, stream, self.observer())?;
+        self.register(&b);
+        Ok(b)
+    }
+
+    /// `len` uninitialized elements on the device, spillable, used on `stream`.
+    pub fn vector<T: Pod>(
+        &self,
+        len: usize,
+        stream: StreamView,
+    ) -> rmm_allocator::Result<SpillableVector<T>> {
+        let v = SpillableVector::new(&self.store, len, stream, self.observer())?;
+        self.register(v.buffer());
+        Ok(v)
+    }
+
+    /// A spillable copy of `data`.
+    pub fn vector_from_slice<T: Pod>(
+        &self,
+        data: &[T],
+        stream: StreamView,
+    ) -> rmm_allocator::Result<SpillableVector<T>> {
+        let v = SpillableVector::from_slice(&self.store, data, stream, self.observer())?;
+        self.register(v.buffer());
+        Ok(v)
+    }
+
+    fn register(&self, b: &Arc<SpillableBuffer>) {
+        let weak: std::sync::Weak<dyn Spillable> =
+            Arc::downgrade(&(Arc::clone(b) as Arc<dyn Spillable>));
+        self.tracker.lru.lock().insert(b.id(), weak, None);
+    }
+
+    /// Adopts a value whose device memory `owner` holds (another library's allocations,
+    /// `allocations` as (address, bytes), used on `stream`): the manager counts it in its
+    /// device bytes, and may spill it when it is the least recently used and the owner says
+    /// it is not in use (see [`ForeignData`]). Least recently used data is spilled at once
+    /// if the device now holds more than the limit.
+    pub fn adopt<O: ForeignOwner + 'static>(
+        &self,
+        allocations: &[(DevicePtr, usize)],
+        stream: StreamView,
+        owner: O,
+    ) -> Arc<ForeignData<O>> {
+        let data = ForeignData::adopt(&self.tracker, &self.store, allocations, stream, owner);
+        self.tracker.enforce_limit(None, 0);
+        data
+    }
+
+    /// Spills least recently used data not in use until the device holds no more than the
+    /// limit; returns the device bytes freed.
+    ///
+    /// # Errors
+    /// Nothing could be spilled for lack of room on the host without a disk tier, or a copy
+    /// failed (what could move has moved).
+    pub fn enforce_limit(&self) -> rmm_allocator::Result<u64> {
+        let over = self.tracker.tracked.load(Ordering::Relaxed)
+            - self.tracker.limit.load(Ordering::Relaxed) as i64;
+        if over <= 0 {
+            return Ok(0);
+        }
+        self.tracker.spill_oldest(over as u64, None)
+    }
+
+    /// The out-of-memory handler for the device's stack (`spill.on_demand`): spills least
+    /// recently used buffers not in use for the request, and asks for a retry if it freed
+    /// anything.
+    pub fn oom_handler(&self) -> crate::stack::OomHandler {
+        let tracker = Arc::clone(&self.tracker);
+        Arc::new(
+            move |bytes| match tracker.spill_oldest(bytes as u64, None) {
+                Ok(freed) => freed > 0,
+                Err(e) => {
+                    tracing::warn!("spilling after an out-of-memory error for {bytes} bytes: {e}");
+                    false
+                }
+            },
+        )
+    }
+
+    /// Spills every buffer not in use; returns the device bytes freed.
+    pub fn spill_all(&self) -> rmm_allocator::Result<u64> {
+        self.tracker.spill_oldest(u64::MAX, None)
+    }
+
+    /// Brings spilled buffers back (up to the limit, most recently used first) on `stream`;
+    /// returns the bytes brought back.
+    pub fn unspill_all(&self, stream: StreamView) -> rmm_allocator::Result<u64> {
+        let mut buffers = self.tracker.oldest_first(None);
+        buffers.reverse();
+        let mut back = 0;
+        for b in buffers {
+            let room = self.tracker.limit.load(Ordering::Relaxed) as i64
+                - self.tracker.tracked.load(Ordering::Relaxed);
+            if b.tier() != Tier::Device && (b.size() as i64) <= room {
+                b.unspill(stream)?;
+                back += b.size() as u64;
+            }
+        }
+        Ok(back)
+    }
+
+    /// True when a reinitialize should bring spilled data back at once.
+    pub fn eager_unspill(&self) -> bool {
+        self.eager_unspill.load(Ordering::Relaxed)
+    }
+
+    /// The figures so far.
+    pub fn statistics(&self) -> SpillStatistics {
+        let t = &self.tracker;
+        let m = |from: Tier, to: Tier| &t.moves[from as usize][to as usize];
+        let (d, h, k) = (Tier::Device, Tier::Host, Tier::Disk);
+        let (spilled_count, spilled_bytes, spill_seconds) = Moves::sum([m(d, h), m(d, k)]);
+        let (unspilled_count, unspilled_bytes, unspill_seconds) = Moves::sum([m(h, d), m(k, d)]);
+        let counts = t.counts();
+        let tier = |into: [&Moves; 2], out: [&Moves; 2], held: u64, held_count: u64| {
+            let (spilled_count, spilled_bytes, spill_seconds) = Moves::sum(into);
+            let (unspilled_count, unspilled_bytes, unspill_seconds) = Moves::sum(out);
+            TierStatistics {
+                spilled_count,
+                spilled_bytes,
+                spill_seconds,
+                unspilled_count,
+                unspilled_bytes,
+                unspill_seconds,
+                held_bytes: held,
+                held_count,
+            }
+        };
+        let host_bytes = self.store.host().used() as u64;
+        let disk_bytes = self.store.disk_bytes();
+        SpillStatistics {
+            device: self.device().ordinal(),
+            limit: t.limit.load(Ordering::Relaxed),
+            tracked_bytes: t.tracked.load(Ordering::Relaxed).max(0) as u64,
+            peak_tracked_bytes: t.peak.load(Ordering::Relaxed).max(0) as u64,
+            tracked_count: counts[Tier::Device as usize],
+            spilled_count,
+            spilled_bytes,
+            spill_seconds,
+            unspilled_count,
+            unspilled_bytes,
+            unspill_seconds,
+            host_bytes,
+            host_pool_bytes: self.store.host().capacity() as u64,
+            host_pinning_seconds: self.store.host().pinning_time().as_secs_f64(),
+            disk_bytes,
+            host: tier(
+                [m(d, h), m(k, h)],
+                [m(h, d), m(h, k)],
+                host_bytes,
+                counts[Tier::Host as usize],
+            ),
+            disk: tier(
+                [m(d, k), m(h, k)],
+                [m(k, d), m(k, h)],
+                disk_bytes,
+                counts[Tier::Disk as usize],
+            ),
+        }
+    }
+}

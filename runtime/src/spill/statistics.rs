@@ -1,0 +1,197 @@
+//! Spill figures: moves per tier with their bytes and wall time, and what each tier holds.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rmm_allocator::error::fmt_bytes;
+use serde::Serialize;
+
+/// Moves into and out of one lower tier (host or disk).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TierStatistics {
+    /// Moves into the tier (from the device, or from the host into disk), and their bytes.
+    pub spilled_count: u64,
+    /// See `spilled_count`.
+    pub spilled_bytes: u64,
+    /// Wall time during which they ran (overlapping moves counted once).
+    pub spill_seconds: f64,
+    /// Moves out of the tier (back to the device, or from disk to the host), and their bytes.
+    pub unspilled_count: u64,
+    /// See `unspilled_count`.
+    pub unspilled_bytes: u64,
+    /// Wall time during which they ran (overlapping moves counted once).
+    pub unspill_seconds: f64,
+    /// Bytes of spilled data the tier holds now.
+    pub held_bytes: u64,
+    /// Buffers whose data the tier holds now.
+    pub held_count: u64,
+}
+
+impl TierStatistics {
+    /// Bandwidth into the tier in GB/s (0 when nothing moved).
+    pub fn spill_gbps(&self) -> f64 {
+        rate(self.spilled_bytes, self.spill_seconds)
+    }
+
+    /// Bandwidth out of the tier in GB/s.
+    pub fn unspill_gbps(&self) -> f64 {
+        rate(self.unspilled_bytes, self.unspill_seconds)
+    }
+}
+
+/// Spill figures of one device.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SpillStatistics {
+    /// The device.
+    pub device: u32,
+    /// Device bytes the manager keeps its buffers under.
+    pub limit: u64,
+    /// Device bytes of tracked buffers now, and the most at once.
+    pub tracked_bytes: u64,
+    /// See `tracked_bytes`.
+    pub peak_tracked_bytes: u64,
+    /// Buffers and adopted values whose data is on the device now.
+    pub tracked_count: u64,
+    /// Buffers moved off the device (to host or disk), and their bytes.
+    pub spilled_count: u64,
+    /// See `spilled_count`.
+    pub spilled_bytes: u64,
+    /// Wall time during which data moved off the device (overlapping moves counted once).
+    pub spill_seconds: f64,
+    /// Buffers brought back to the device, and their bytes.
+    pub unspilled_count: u64,
+    /// See `unspilled_count`.
+    pub unspilled_bytes: u64,
+    /// Wall time during which data came back (overlapping moves counted once).
+    pub unspill_seconds: f64,
+    /// Pinned host bytes holding spilled data, and the pool's size now.
+    pub host_bytes: u64,
+    /// See `host_bytes`.
+    pub host_pool_bytes: u64,
+    /// Time spent pinning the host pool (at start, or as it grew).
+    pub host_pinning_seconds: f64,
+    /// Bytes held in spill files.
+    pub disk_bytes: u64,
+    /// The host tier's moves.
+    pub host: TierStatistics,
+    /// The disk tier's moves (all zero without `spill.disk_directory`).
+    pub disk: TierStatistics,
+}
+
+impl SpillStatistics {
+    /// Bandwidth off the device in GB/s (0 when nothing was spilled).
+    pub fn spill_gbps(&self) -> f64 {
+        rate(self.spilled_bytes, self.spill_seconds)
+    }
+
+    /// Bandwidth back to the device in GB/s.
+    pub fn unspill_gbps(&self) -> f64 {
+        rate(self.unspilled_bytes, self.unspill_seconds)
+    }
+}
+
+impl std::fmt::Display for SpillStatistics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let b = |x: u64| fmt_bytes(x as usize);
+        writeln!(
+            f,
+            "spill: limit {}, tracked {} (peak {}); off the device {} buffers, {} at {:.1} GB/s; back {} buffers, {} at {:.1} GB/s",
+            b(self.limit),
+            b(self.tracked_bytes),
+            b(self.peak_tracked_bytes),
+            self.spilled_count,
+            b(self.spilled_bytes),
+            self.spill_gbps(),
+            self.unspilled_count,
+            b(self.unspilled_bytes),
+            self.unspill_gbps()
+        )?;
+        for (name, t, extra) in [
+            (
+                "host",
+                &self.host,
+                format!(" of a {} pool", b(self.host_pool_bytes)),
+            ),
+            ("disk", &self.disk, String::new()),
+        ] {
+            writeln!(
+                f,
+                "  {name}: holds {}{extra}; in {} ({}, {:.1} GB/s), out {} ({}, {:.1} GB/s)",
+                b(t.held_bytes),
+                t.spilled_count,
+                b(t.spilled_bytes),
+                t.spill_gbps(),
+                t.unspilled_count,
+                b(t.unspilled_bytes),
+                t.unspill_gbps()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn rate(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 / secs / 1e9
+    } else {
+        0.0
+    }
+}
+
+/// Count, bytes and time of one kind of move.
+///
+/// The time is wall time during which at least one such move was copying (the union of the
+/// moves' intervals): moves that overlap share one copy engine and wait for one another, so
+/// adding their own durations would count the same seconds several times.
+#[derive(Default)]
+pub(crate) struct Moves {
+    count: AtomicU64,
+    bytes: AtomicU64,
+    nanos: AtomicU64,
+    /// The merged interval of the latest moves, (start, end) in ns since the process's epoch.
+    busy: Mutex<(u64, u64)>,
+}
+
+/// Nanoseconds since the first call (a monotonic clock for the intervals above).
+fn clock_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}
+
+impl Moves {
+    /// A move of `bytes` that ended now after `nanos`.
+    pub(crate) fn add(&self, bytes: usize, nanos: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        let end = clock_ns();
+        let start = end.saturating_sub(nanos);
+        let mut busy = self.busy.lock();
+        let (from, until) = *busy;
+        let new = if start >= until {
+            // Disjoint from what came before: a new interval.
+            *busy = (start, end);
+            nanos
+        } else {
+            // Overlapping: only the parts outside the merged interval are new.
+            *busy = (from.min(start), until.max(end));
+            end.saturating_sub(until) + from.saturating_sub(start)
+        };
+        drop(busy);
+        self.nanos.fetch_add(new, Ordering::Relaxed);
+    }
+
+    /// (count, bytes, seconds) summed over `moves`.
+    pub(crate) fn sum<'a>(moves: impl IntoIterator<Item = &'a Moves>) -> (u64, u64, f64) {
+        moves.into_iter().fold((0, 0, 0.0), |(c, b, s), m| {
+            (
+                c + m.count.load(Ordering::Relaxed),
+                b + m.bytes.load(Ordering::Relaxed),
+                s + Duration::from_nanos(m.nanos.load(Ordering::Relaxed)).as_secs_f64(),
+            )
+        })
+    }
+}

@@ -1,0 +1,279 @@
+//! The bookkeeping a device's spillable data reports to: least-recently-used order, device
+//! bytes against the limit, moves per tier, and making room.
+//!
+//! Two kinds of entry share one order: the spill manager's own [`SpillableBuffer`]s, and
+//! adopted values ([`ForeignData`](super::ForeignData): device memory that another library
+//! owns). Both are [`Spillable`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use rmm_allocator::resource::PinnedHostPool;
+use rmm_allocator::spill::{SpillObserver, SpillableBuffer, Tier};
+use rmm_allocator::{DevicePtr, StreamView};
+
+use super::statistics::Moves;
+
+/// An entry of the least-recently-used order: something whose device bytes can move off the
+/// device.
+pub(crate) trait Spillable: Send + Sync {
+    /// Device bytes it frees when spilled (its size).
+    fn size(&self) -> usize;
+    /// Where its data is now (without waiting for a move in progress).
+    fn tier(&self) -> Tier;
+    /// True while it is in use on the device (a cheap check; `spill` may find more).
+    fn is_in_use(&self) -> bool;
+    /// Moves it off the device; the device bytes freed (0 when in use, busy or spilled).
+    fn spill(&self) -> rmm_allocator::Result<usize>;
+    /// Moves host data on to disk; the bytes moved.
+    fn spill_to_disk(&self) -> rmm_allocator::Result<usize>;
+    /// Brings spilled data back to the device on `stream`.
+    fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()>;
+}
+
+impl Spillable for SpillableBuffer {
+    fn size(&self) -> usize {
+        SpillableBuffer::size(self)
+    }
+    fn tier(&self) -> Tier {
+        SpillableBuffer::tier(self)
+    }
+    fn is_in_use(&self) -> bool {
+        SpillableBuffer::is_in_use(self)
+    }
+    fn spill(&self) -> rmm_allocator::Result<usize> {
+        SpillableBuffer::spill(self)
+    }
+    fn spill_to_disk(&self) -> rmm_allocator::Result<usize> {
+        SpillableBuffer::spill_to_disk(self)
+    }
+    fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()> {
+        self.device_view(stream).map(drop)
+    }
+}
+
+/// Least-recently-used order: (tick, id) pairs, oldest first. Entries that took the place of
+/// another (the buffers of a spilled adopted value) share its tick.
+#[derive(Default)]
+pub(crate) struct Lru {
+    next: u64,
+    order: BTreeSet<(u64, u64)>,
+    /// Id → (tick, entry).
+    entries: HashMap<u64, (u64, Weak<dyn Spillable>)>,
+}
+
+impl Lru {
+    /// A new tick (the most recent use).
+    fn tick(&mut self) -> u64 {
+        let t = self.next;
+        self.next += 1;
+        t
+    }
+
+    /// Adds `entry` as used at `tick` (now, when `None`).
+    pub(crate) fn insert(&mut self, id: u64, entry: Weak<dyn Spillable>, tick: Option<u64>) {
+        let tick = tick.unwrap_or_else(|| self.tick());
+        if let Some((old, _)) = self.entries.insert(id, (tick, entry)) {
+            self.order.remove(&(old, id));
+        }
+        self.order.insert((tick, id));
+    }
+
+    /// Removes `id`; its tick, if it was there.
+    pub(crate) fn remove(&mut self, id: u64) -> Option<u64> {
+        let (tick, _) = self.entries.remove(&id)?;
+        self.order.remove(&(tick, id));
+        Some(tick)
+    }
+
+    /// Marks `id` as used now.
+    fn touch(&mut self, id: u64) {
+        let tick = self.tick();
+        if let Some(e) = self.entries.get_mut(&id) {
+            let old = std::mem::replace(&mut e.0, tick);
+            self.order.remove(&(old, id));
+            self.order.insert((tick, id));
+        }
+    }
+}
+
+/// The bookkeeping buffers and adopted values report to.
+#[derive(Default)]
+pub(crate) struct Tracker {
+    pub(crate) lru: Mutex<Lru>,
+    pub(crate) limit: AtomicU64,
+    pub(crate) tracked: AtomicI64,
+    pub(crate) peak: AtomicI64,
+    /// Moves by (from, to) tier: `moves[from as usize][to as usize]`.
+    pub(crate) moves: [[Moves; 3]; 3],
+    /// The host tier, when a disk tier is behind it (else nothing is ever moved off it).
+    pub(crate) host_over_disk: Option<PinnedHostPool>,
+    /// Adopted device allocations on the device: address → (bytes, values holding it). An
+    /// allocation that several values view is counted once.
+    pub(crate) foreign: Mutex<HashMap<u64, (usize, usize)>>,
+}
+
+impl Tracker {
+    /// Live entries in least-recently-used order (not `except`), taken under the lock and
+    /// looked at after it (an entry may be moving: its owner holds its lock while it asks
+    /// for room).
+    pub(crate) fn oldest_first(&self, except: Option<u64>) -> Vec<Arc<dyn Spillable>> {
+        let lru = self.lru.lock();
+        lru.order
+            .iter()
+            .filter(|(_, id)| Some(*id) != except)
+            .filter_map(|(_, id)| lru.entries.get(id).and_then(|(_, w)| w.upgrade()))
+            .collect()
+    }
+
+    /// Spills least recently used entries (not `except`) until `need` device bytes are freed
+    /// or nothing more can go; returns the bytes freed.
+    pub(crate) fn spill_oldest(
+        &self,
+        need: u64,
+        except: Option<u64>,
+    ) -> rmm_allocator::Result<u64> {
+        let mut freed = 0;
+        let mut first_error = None;
+        for b in self.oldest_first(except) {
+            if freed >= need {
+                break;
+            }
+            // `spill` skips entries in use, busy or already spilled, without waiting. One that
+            // cannot move (e.g. larger than a full host pool) does not stop the others.
+            if b.tier() == Tier::Device && !b.is_in_use() {
+                match b.spill() {
+                    Ok(n) => freed += n as u64,
+                    Err(e) => {
+                        tracing::debug!("an entry of {} bytes could not be spilled: {e}", b.size());
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        match first_error {
+            Some(e) if freed < need => Err(e),
+            _ => Ok(freed),
+        }
+    }
+
+    /// Spills least recently used entries (not `except`) while the device holds more than
+    /// the limit plus `bytes` allows.
+    pub(crate) fn enforce_limit(&self, except: Option<u64>, bytes: usize) {
+        let limit = self.limit.load(Ordering::Relaxed) as i64;
+        let over = self.tracked.load(Ordering::Relaxed) + bytes as i64 - limit;
+        if over > 0
+            && let Err(e) = self.spill_oldest(over as u64, except)
+        {
+            // The allocation goes ahead; if the device is really full it fails on its own.
+            tracing::warn!("spilling to make room for {bytes} bytes: {e}");
+        }
+    }
+
+    /// Moves least recently used host data (not `except`'s) to disk until `host` can hand
+    /// out `need` bytes (in slices of at most its largest); returns the bytes moved.
+    fn demote_oldest(
+        &self,
+        host: &PinnedHostPool,
+        need: usize,
+        except: u64,
+    ) -> rmm_allocator::Result<u64> {
+        let contiguous = need.min(host.max_slice());
+        let fits = || {
+            host.capacity().saturating_sub(host.used()) >= need && host.largest_free() >= contiguous
+        };
+        let mut moved = 0;
+        for b in self.oldest_first(Some(except)) {
+            if fits() {
+                break;
+            }
+            if b.tier() == Tier::Host {
+                moved += b.spill_to_disk()? as u64;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Counts adopted `allocations` as on the device (each once, however many values view
+    /// it); returns the bytes newly counted.
+    pub(crate) fn hold_foreign(&self, allocations: &[(DevicePtr, usize)]) -> usize {
+        let mut foreign = self.foreign.lock();
+        let mut added = 0;
+        for &(ptr, size) in allocations {
+            let e = foreign.entry(ptr.addr()).or_insert((size, 0));
+            e.1 += 1;
+            if e.1 == 1 {
+                added += e.0;
+            }
+        }
+        drop(foreign);
+        self.resident(0, added as i64);
+        added
+    }
+
+    /// Undoes [`hold_foreign`](Self::hold_foreign) for one value whose data left the device
+    /// (or was dropped); returns the bytes no value holds any more.
+    pub(crate) fn release_foreign(&self, allocations: &[(DevicePtr, usize)]) -> usize {
+        let mut foreign = self.foreign.lock();
+        let mut freed = 0;
+        for &(ptr, _) in allocations {
+            if let Some(e) = foreign.get_mut(&ptr.addr()) {
+                e.1 -= 1;
+                if e.1 == 0 {
+                    freed += e.0;
+                    foreign.remove(&ptr.addr());
+                }
+            }
+        }
+        drop(foreign);
+        self.resident(0, -(freed as i64));
+        freed
+    }
+
+    /// Entries whose data is on the device, on the host and on disk now.
+    pub(crate) fn counts(&self) -> [u64; 3] {
+        let mut counts = [0; 3];
+        for e in self.oldest_first(None) {
+            counts[e.tier() as usize] += 1;
+        }
+        counts
+    }
+}
+
+impl SpillObserver for Tracker {
+    fn touched(&self, id: u64) {
+        self.lru.lock().touch(id);
+    }
+
+    fn make_room(&self, id: u64, bytes: usize) {
+        self.enforce_limit(Some(id), bytes);
+    }
+
+    fn make_host_room(&self, id: u64, bytes: usize) {
+        let Some(host) = &self.host_over_disk else {
+            return;
+        };
+        // Data larger than a fixed pool goes straight to disk: moving others would not help.
+        if !host.is_growable() && bytes > host.capacity() {
+            return;
+        }
+        if let Err(e) = self.demote_oldest(host, bytes, id) {
+            tracing::warn!("moving host data to disk to make room for {bytes} bytes: {e}");
+        }
+    }
+
+    fn resident(&self, _id: u64, delta: i64) {
+        let now = self.tracked.fetch_add(delta, Ordering::Relaxed) + delta;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    fn moved(&self, _id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64) {
+        self.moves[from as usize][to as usize].add(bytes, nanos);
+    }
+
+    fn dropped(&self, id: u64) {
+        self.lru.lock().remove(id);
+    }
+}

@@ -1,0 +1,296 @@
+//! Adopted values (`SpillManager::adopt`): device memory another library owns, kept under the
+//! spill limit beside the manager's own buffers, spilled only when its owner says it is not
+//! in use, counted once per allocation, and brought back into the current stack on use.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use common::{config, devices, pattern, serial, sim};
+use rmm_allocator::per_device::get_per_device_resource;
+use rmm_allocator::spill::Tier;
+use rmm_allocator::{DevicePtr, Error as AllocError, StreamView};
+use rmm_runtime::{ForeignOwner, OwnerAccess, Runtime, SpillManager};
+
+const MIB: usize = 1 << 20;
+const S: StreamView = StreamView::DEFAULT;
+
+/// Device memory of "another library": allocated from the device's current resource, freed
+/// when the owner drops; in use while `in_use` says so.
+struct Owner {
+    device: u32,
+    ptr: DevicePtr,
+    size: usize,
+    in_use: Arc<AtomicBool>,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl ForeignOwner for Owner {
+    fn is_in_use(&self) -> bool {
+        self.in_use.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let r = get_per_device_resource(self.device).expect("the device's resource");
+        r.deallocate(self.ptr, self.size, S).expect("free");
+        self.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A library's allocation holding `bytes`.
+fn library_value(device: u32, bytes: &[u8], dropped: &Arc<AtomicUsize>) -> Owner {
+    let r = get_per_device_resource(device).expect("the device's resource");
+    let ptr = r.allocate(bytes.len(), S).expect("allocate");
+    rmm_allocator::Device::new(device)
+        .unwrap()
+        .copy_to_device(ptr, bytes)
+        .unwrap();
+    Owner {
+        device,
+        ptr,
+        size: bytes.len(),
+        in_use: Arc::new(AtomicBool::new(false)),
+        dropped: Arc::clone(dropped),
+    }
+}
+
+fn spilling(limit: &str, host: &str, disk: Option<&Path>) -> rmm_config::Config {
+    let mut settings = vec![
+        ("devices", toml::Value::from(devices(1))),
+        ("pool.enabled", toml::Value::from(true)),
+        ("pool.initial_size", toml::Value::from("128MiB")),
+        ("spill.enabled", toml::Value::from(true)),
+        ("spill.device_memory_limit", toml::Value::from(limit)),
+        ("spill.host_pool_size", toml::Value::from(host)),
+    ];
+    if let Some(d) = disk {
+        settings.push((
+            "spill.disk_directory",
+            toml::Value::from(d.to_str().expect("a UTF-8 temporary path")),
+        ));
+    }
+    config(&settings)
+}
+
+fn manager(rt: &Runtime) -> Arc<SpillManager> {
+    rt.spill_manager(rt.devices()[0]).expect("spilling is on")
+}
+
+/// The bytes of an adopted value, read through device views (bringing it back if spilled).
+fn read_back<O: ForeignOwner + 'static>(v: &rmm_runtime::ForeignData<O>) -> Vec<Vec<u8>> {
+    match v.device_views(S).unwrap() {
+        Some(views) => views
+            .iter()
+            .map(|g| {
+                let mut out = vec![0u8; g.len()];
+                rmm_allocator::stream::synchronize(g.buffer().device(), S).unwrap();
+                g.buffer().device().copy_to_host(&mut out, g.ptr()).unwrap();
+                out
+            })
+            .collect(),
+        None => panic!("the value was not spilled"),
+    }
+}
+
+#[test]
+fn the_least_recently_used_value_spills_over_the_limit_and_comes_back_intact() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("8MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let data: Vec<Vec<u8>> = (0..3).map(|i| pattern(3 * MIB, i)).collect();
+    let values: Vec<_> = data
+        .iter()
+        .map(|d| {
+            let o = library_value(0, d, &dropped);
+            m.adopt(&[(o.ptr, o.size)], S, o)
+        })
+        .collect();
+    // 9 MiB over an 8 MiB limit: the oldest went to the host and its owner was dropped.
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        [values[0].tier(), values[1].tier(), values[2].tier()],
+        [Tier::Host, Tier::Device, Tier::Device]
+    );
+    let s = m.statistics();
+    assert_eq!(s.tracked_bytes, 6 * MIB as u64);
+    assert_eq!((s.tracked_count, s.host.held_count), (2, 1));
+    assert_eq!(s.spilled_bytes, 3 * MIB as u64);
+    assert_eq!(s.host_bytes, 3 * MIB as u64);
+    assert!(matches!(values[0].owner(|_| ()), OwnerAccess::Spilled));
+    assert!(matches!(values[1].owner(|_| ()), OwnerAccess::Device(())));
+    assert_eq!(
+        values[0].spilled_bytes().unwrap().unwrap(),
+        vec![data[0].clone()]
+    );
+    // Back on the device (pushing the next oldest off), every byte as it was.
+    assert_eq!(read_back(&values[0]), vec![data[0].clone()]);
+    assert_eq!(values[0].tier(), Tier::Device);
+    assert_eq!(values[1].tier(), Tier::Host);
+    assert_eq!(dropped.load(Ordering::SeqCst), 2);
+    drop(values);
+    let s = m.statistics();
+    assert_eq!((s.tracked_bytes, s.host_bytes), (0, 0));
+    assert_eq!(dropped.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn a_value_in_use_is_never_spilled() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("4MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let busy = library_value(0, &pattern(3 * MIB, 1), &dropped);
+    let in_use = Arc::clone(&busy.in_use);
+    in_use.store(true, Ordering::SeqCst);
+    let first = m.adopt(&[(busy.ptr, busy.size)], S, busy);
+    let other = library_value(0, &pattern(3 * MIB, 2), &dropped);
+    let second = m.adopt(&[(other.ptr, other.size)], S, other);
+    // Over the limit, and the older value is in use: the new one goes (the limit holds).
+    assert_eq!((first.tier(), second.tier()), (Tier::Device, Tier::Host));
+    assert_eq!(m.spill_all().unwrap(), 0);
+    assert_eq!(first.tier(), Tier::Device);
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    // Done with it: now it goes.
+    in_use.store(false, Ordering::SeqCst);
+    assert_eq!(m.spill_all().unwrap(), 3 * MIB as u64);
+    assert_eq!(first.tier(), Tier::Host);
+    assert_eq!(dropped.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn views_of_one_allocation_are_counted_once_and_freed_with_the_last() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("64MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let owner = library_value(0, &pattern(4 * MIB, 3), &dropped);
+    let (ptr, size) = (owner.ptr, owner.size);
+    let whole = m.adopt(&[(ptr, size)], S, owner);
+    // A second value viewing the same allocation (held by a second handle to it).
+    struct View(Arc<AtomicBool>);
+    impl ForeignOwner for View {
+        fn is_in_use(&self) -> bool {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+    let view = m.adopt(&[(ptr, size), (ptr, size)], S, View(Arc::default()));
+    assert_eq!(view.size(), size);
+    assert_eq!(m.statistics().tracked_bytes, size as u64);
+    assert_eq!(m.statistics().tracked_count, 2);
+    // Spilling one view frees nothing yet; the second frees the allocation.
+    assert_eq!(view.spill().unwrap(), 0);
+    assert_eq!(m.statistics().tracked_bytes, size as u64);
+    assert_eq!(whole.spill().unwrap(), size);
+    assert_eq!(m.statistics().tracked_bytes, 0);
+}
+
+#[test]
+fn a_failed_spill_leaves_the_value_on_the_device_as_it_was() {
+    let _s = serial();
+    sim();
+    // A 2 MiB host pool and no disk tier: a 3 MiB value cannot go anywhere.
+    let rt = Runtime::start(&spilling("1MiB", "2MiB", None)).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let data = pattern(3 * MIB, 4);
+    let o = library_value(0, &data, &dropped);
+    let v = m.adopt(&[(o.ptr, o.size)], S, o);
+    assert_eq!(v.tier(), Tier::Device);
+    assert!(matches!(v.spill(), Err(AllocError::HostOutOfMemory { .. })));
+    assert_eq!(v.tier(), Tier::Device);
+    assert_eq!(dropped.load(Ordering::SeqCst), 0);
+    let s = m.statistics();
+    assert_eq!((s.tracked_bytes, s.host_bytes), (3 * MIB as u64, 0));
+    // The owner's memory still holds the data.
+    let bytes = v.owner(|o| {
+        let mut out = vec![0u8; o.size];
+        rmm_allocator::Device::new(0)
+            .unwrap()
+            .copy_to_host(&mut out, o.ptr)
+            .unwrap();
+        out
+    });
+    assert!(matches!(bytes, OwnerAccess::Device(b) if b == data));
+}
+
+#[test]
+fn values_go_on_to_disk_when_the_host_is_full_and_come_back() {
+    let _s = serial();
+    sim();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::start(&spilling("4MiB", "4MiB", Some(dir.path()))).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let data: Vec<Vec<u8>> = (0..4).map(|i| pattern(3 * MIB, 10 + i)).collect();
+    let values: Vec<_> = data
+        .iter()
+        .map(|d| {
+            let o = library_value(0, d, &dropped);
+            m.adopt(&[(o.ptr, o.size)], S, o)
+        })
+        .collect();
+    let tiers: Vec<Tier> = values.iter().map(|v| v.tier()).collect();
+    assert_eq!(tiers, [Tier::Disk, Tier::Disk, Tier::Host, Tier::Device]);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    for (v, d) in values.iter().zip(&data).take(3) {
+        assert_eq!(v.spilled_bytes().unwrap().unwrap(), vec![d.clone()]);
+    }
+    assert_eq!(read_back(&values[0]), vec![data[0].clone()]);
+    drop(values);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    assert_eq!(m.statistics().disk_bytes, 0);
+}
+
+#[test]
+fn adopted_values_survive_a_reinitialize() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("64MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let data = pattern(5 * MIB, 20);
+    let o = library_value(0, &data, &dropped);
+    let v = m.adopt(&[(o.ptr, o.size)], S, o);
+    let report = rt
+        .reinitialize(&config(&[
+            ("devices", toml::Value::from(devices(1))),
+            ("spill.enabled", toml::Value::from(true)),
+            ("spill.host_pool_size", toml::Value::from("64MiB")),
+        ]))
+        .unwrap();
+    assert_eq!(report.spilled_bytes, 5 * MIB as u64);
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    assert_eq!(v.tier(), Tier::Host);
+    // Back into the new (plain) stack.
+    assert_eq!(read_back(&v), vec![data]);
+}
+
+#[test]
+fn a_spilled_value_in_use_on_the_device_stays_there() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("64MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let o = library_value(0, &pattern(2 * MIB, 30), &dropped);
+    let v = m.adopt(&[(o.ptr, o.size)], S, o);
+    assert_eq!(v.spill().unwrap(), 2 * MIB);
+    let views = v.device_views(S).unwrap().expect("spilled");
+    assert_eq!(
+        m.spill_all().unwrap(),
+        0,
+        "a view holds the data on the device"
+    );
+    assert_eq!(v.tier(), Tier::Device);
+    drop(views);
+    assert_eq!(m.spill_all().unwrap(), 2 * MIB as u64);
+    assert_eq!(v.tier(), Tier::Host);
+}
