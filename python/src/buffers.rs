@@ -10,9 +10,12 @@ use pyo3::types::{PyBytes, PyDict};
 use rmm_allocator::device::with_device;
 use rmm_allocator::spill::Tier;
 use rmm_allocator::stream::synchronize;
-use rmm_allocator::{Device, StreamView};
+use rmm_allocator::{Device, DevicePtr, StreamView};
 
 use crate::{error, with_runtime};
+
+/// What `__reduce__` returns: a callable and its arguments (the bytes and the device).
+type Reduced<'py> = (Bound<'py, PyAny>, (Bound<'py, PyBytes>, u32));
 
 /// The bytes of `data`: `bytes` without a copy, anything else with the buffer protocol
 /// (bytearray, memoryview, a contiguous NumPy array) copied once.
@@ -40,19 +43,63 @@ fn host_bytes<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<std::borrow::Cow<'a, [
     Ok(std::borrow::Cow::Owned(copied.as_bytes().to_vec()))
 }
 
+/// A `DeviceBuffer`'s memory: its own allocation, or a view of spilled data back on the
+/// device (a value of a Dask device store rebuilt without a copy).
+enum Memory {
+    Owned(rmm_allocator::DeviceBuffer),
+    View(crate::store::DeviceView),
+}
+
+impl Memory {
+    fn data(&self) -> DevicePtr {
+        match self {
+            Memory::Owned(b) => b.data(),
+            Memory::View(v) => DevicePtr(v.address()),
+        }
+    }
+
+    fn size(&self) -> usize {
+        match self {
+            Memory::Owned(b) => b.size(),
+            Memory::View(v) => v.len(),
+        }
+    }
+
+    /// A copy of the bytes, after the default stream's work.
+    fn to_vec(&self, device: u32) -> rmm_allocator::Result<Vec<u8>> {
+        match self {
+            Memory::Owned(b) => b.to_vec(StreamView::DEFAULT),
+            Memory::View(v) => {
+                let d = Device::new(device)?;
+                synchronize(d, StreamView::DEFAULT)?;
+                let mut out = vec![0u8; v.len()];
+                d.copy_to_host(&mut out, DevicePtr(v.address()))?;
+                Ok(out)
+            }
+        }
+    }
+}
+
 /// Device bytes from the device's current resource (the rmm-rs stack once initialized).
 /// Contents start uninitialized. Freed when the object is collected, on the default stream.
 #[pyclass(module = "rmm_rs")]
 pub struct DeviceBuffer {
-    inner: Option<rmm_allocator::DeviceBuffer>,
+    inner: Option<Memory>,
     device: u32,
 }
 
 impl DeviceBuffer {
-    fn buffer(&self) -> PyResult<&rmm_allocator::DeviceBuffer> {
+    fn buffer(&self) -> PyResult<&Memory> {
         self.inner
             .as_ref()
             .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))
+    }
+
+    fn owned(b: rmm_allocator::DeviceBuffer, device: u32) -> Self {
+        DeviceBuffer {
+            inner: Some(Memory::Owned(b)),
+            device,
+        }
     }
 }
 
@@ -70,10 +117,7 @@ impl DeviceBuffer {
             })
             .map_err(error)?
             .map_err(error)?;
-        Ok(DeviceBuffer {
-            inner: Some(b),
-            device,
-        })
+        Ok(DeviceBuffer::owned(b, device))
     }
 
     /// A buffer holding a copy of `data` (any object with the buffer protocol: bytes,
@@ -91,10 +135,53 @@ impl DeviceBuffer {
             })
             .map_err(error)?
             .map_err(error)?;
-        Ok(DeviceBuffer {
-            inner: Some(b),
+        Ok(DeviceBuffer::owned(b, device))
+    }
+
+    /// A buffer holding a copy of `nbytes` device bytes at address `ptr` on `device` (memory
+    /// of another library: a received CuPy or RMM buffer, say), copied on the device after
+    /// the default stream's work.
+    #[staticmethod]
+    #[pyo3(signature = (ptr, nbytes, device=0))]
+    fn copy_of_device(py: Python<'_>, ptr: u64, nbytes: usize, device: u32) -> PyResult<Self> {
+        let b = py
+            .detach(|| {
+                with_device(device, || {
+                    let b = rmm_allocator::DeviceBuffer::new(nbytes, StreamView::DEFAULT)?;
+                    let d = Device::new(device)?;
+                    synchronize(d, StreamView::DEFAULT)?;
+                    if nbytes > 0 {
+                        d.copy_device_to_device(b.data(), rmm_allocator::DevicePtr(ptr), nbytes)?;
+                    }
+                    Ok::<_, rmm_allocator::Error>(b)
+                })
+            })
+            .map_err(error)?
+            .map_err(error)?;
+        Ok(DeviceBuffer::owned(b, device))
+    }
+
+    /// A buffer over a `DeviceView` (spilled data back on the device), without a copy: the
+    /// data stays on the device while the buffer lives.
+    #[staticmethod]
+    #[pyo3(signature = (view, device=0))]
+    fn over_view(view: &crate::store::DeviceView, device: u32) -> Self {
+        DeviceBuffer {
+            inner: Some(Memory::View(view.clone())),
             device,
-        })
+        }
+    }
+
+    /// Pickles through host bytes (as RAPIDS RMM's `DeviceBuffer` does): unpickling makes a
+    /// new buffer on the same device ordinal of the receiving process.
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<Reduced<'py>> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let bytes = this.to_bytes(py)?;
+        let from_bytes = py.get_type::<DeviceBuffer>().getattr("from_bytes")?;
+        Ok((from_bytes, (bytes, this.device)))
     }
 
     /// Bytes.
@@ -122,7 +209,8 @@ impl DeviceBuffer {
     /// A copy of the bytes.
     fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let b = self.buffer()?;
-        let bytes = py.detach(|| b.to_vec(StreamView::DEFAULT)).map_err(error)?;
+        let device = self.device;
+        let bytes = py.detach(|| b.to_vec(device)).map_err(error)?;
         Ok(PyBytes::new(py, &bytes))
     }
 
@@ -196,14 +284,7 @@ impl SpillableBuffer {
     #[pyo3(signature = (data, device=0))]
     fn new(data: &Bound<'_, PyAny>, device: u32) -> PyResult<Self> {
         let bytes = host_bytes(data)?;
-        let m = with_runtime(|rt| {
-            rt.spill_manager(device).ok_or_else(|| {
-                error(format!(
-                    "device {device} does not spill: set spill.enabled = true (or \
-                     {{\"spill\": {{\"enabled\": True}}}}) in the configuration"
-                ))
-            })
-        })?;
+        let m = spill_manager(device)?;
         // Making room may spill other buffers (to disk, even): without the GIL.
         let inner = data
             .py()
@@ -211,6 +292,67 @@ impl SpillableBuffer {
             .map_err(error)?
             .map_err(error)?;
         Ok(SpillableBuffer { inner })
+    }
+
+    /// A spillable copy of `nbytes` device bytes at address `ptr` on `device` (memory of
+    /// another library), copied on the device after the default stream's work.
+    #[staticmethod]
+    #[pyo3(signature = (ptr, nbytes, device=0))]
+    fn copy_of_device(py: Python<'_>, ptr: u64, nbytes: usize, device: u32) -> PyResult<Self> {
+        let m = spill_manager(device)?;
+        let inner = py
+            .detach(|| {
+                with_device(device, || {
+                    let b = m.buffer(nbytes, StreamView::DEFAULT)?;
+                    {
+                        let view = b.device_view(StreamView::DEFAULT)?;
+                        let d = b.device();
+                        synchronize(d, StreamView::DEFAULT)?;
+                        if nbytes > 0 {
+                            d.copy_device_to_device(
+                                view.ptr(),
+                                rmm_allocator::DevicePtr(ptr),
+                                nbytes,
+                            )?;
+                        }
+                    }
+                    Ok::<_, rmm_allocator::Error>(b)
+                })
+            })
+            .map_err(error)?
+            .map_err(error)?;
+        Ok(SpillableBuffer { inner })
+    }
+
+    /// The data on the device (brought back first if it was spilled) as a zero-copy
+    /// `__cuda_array_interface__` object; the buffer is not spilled while it lives.
+    fn device_view(&self, py: Python<'_>) -> PyResult<crate::store::DeviceView> {
+        let guard = py
+            .detach(|| self.inner.shared_device_view(StreamView::DEFAULT))
+            .map_err(error)?;
+        Ok(crate::store::DeviceView::new(
+            Arc::new(guard),
+            0,
+            self.inner.size(),
+        ))
+    }
+
+    /// Pickles through host bytes: unpickling makes a new spillable buffer on the same
+    /// device ordinal of the receiving process (whose rmm_rs must spill).
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<Reduced<'py>> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let bytes = this.to_bytes(py)?;
+        let device = this.inner.device().ordinal();
+        Ok((py.get_type::<SpillableBuffer>().into_any(), (bytes, device)))
+    }
+
+    /// The device ordinal.
+    #[getter]
+    fn device(&self) -> u32 {
+        self.inner.device().ordinal()
     }
 
     /// Bytes.
@@ -258,6 +400,18 @@ impl SpillableBuffer {
             self.tier()
         )
     }
+}
+
+/// The spill manager of `device`, or an error saying how to turn spilling on.
+pub(crate) fn spill_manager(device: u32) -> PyResult<Arc<rmm_runtime::SpillManager>> {
+    with_runtime(|rt| {
+        rt.spill_manager(device).ok_or_else(|| {
+            error(format!(
+                "device {device} does not spill: set spill.enabled = true (or \
+                 {{\"spill\": {{\"enabled\": True}}}}) in the configuration"
+            ))
+        })
+    })
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

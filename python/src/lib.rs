@@ -10,6 +10,7 @@
 mod allocators;
 mod buffers;
 mod settings;
+mod store;
 
 use std::sync::Arc;
 
@@ -214,5 +215,6 @@ fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     settings::register(m)?;
     buffers::register(m)?;
     allocators::register(m)?;
+    store::register(m)?;
     Ok(())
 }

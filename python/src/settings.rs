@@ -11,7 +11,7 @@ use crate::error;
 
 /// A Python value as a TOML value: bool, int, float, str, a list or tuple of those, or None
 /// (the string `"none"`, which every size key accepts).
-fn to_toml(key: &str, value: &Bound<'_, PyAny>) -> PyResult<toml::Value> {
+pub(crate) fn to_toml(key: &str, value: &Bound<'_, PyAny>) -> PyResult<toml::Value> {
     if value.is_none() {
         return Ok(toml::Value::String("none".into()));
     }
@@ -223,7 +223,19 @@ fn describe(config: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
         .join("\n"))
 }
 
+/// Checks that `config` with `overrides` on top loads (every key known, every value valid),
+/// as `initialize` would load it; raises `RmmError` with the same message otherwise.
+#[pyfunction]
+#[pyo3(signature = (config=None, overrides=None))]
+fn validate_config(
+    config: Option<&Bound<'_, PyAny>>,
+    overrides: Option<&Bound<'_, PyDict>>,
+) -> PyResult<()> {
+    load(config, overrides).map(drop)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(validate_config, m)?)?;
     m.add_function(wrap_pyfunction!(config_from_dask_cuda, m)?)?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     Ok(())

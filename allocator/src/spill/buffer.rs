@@ -390,6 +390,15 @@ impl SpillableBuffer {
         self.tier() != Tier::Device
     }
 
+    /// The data's device address while it is on the device and not moving (without waiting
+    /// or pinning it: it may move once this returns, unless a guard holds it).
+    pub fn device_ptr(&self) -> Option<DevicePtr> {
+        match &*self.state.try_lock()? {
+            State::Device { ptr, .. } => Some(*ptr),
+            _ => None,
+        }
+    }
+
     /// True while a device guard is alive.
     pub fn is_in_use(&self) -> bool {
         self.pins.load(Ordering::Acquire) > 0

@@ -103,6 +103,22 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         &self.allocations
     }
 
+    /// Where each allocation's data is on the device now, without waiting or pinning: the
+    /// adopted allocation while the owner holds it, the buffer's address once spilled and
+    /// back on the device; `None` for data off the device or moving.
+    pub fn device_allocations(&self) -> Vec<Option<(DevicePtr, usize)>> {
+        let Some(state) = self.state.try_lock() else {
+            return vec![None; self.allocations.len()];
+        };
+        match &*state {
+            State::Device(_) => self.allocations.iter().copied().map(Some).collect(),
+            State::Spilled(buffers) => buffers
+                .iter()
+                .map(|b| b.device_ptr().map(|p| (p, b.size())))
+                .collect(),
+        }
+    }
+
     /// Where the data is now: the device while the owner holds it (or every spilled buffer is
     /// back on the device), disk when every buffer is there, else the host.
     pub fn tier(&self) -> Tier {
@@ -189,8 +205,9 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     }
 
     /// Moves the value off the device: copies its allocations into buffers in the host tier
-    /// (or on disk), then drops the owner. Returns the device bytes no value holds any more
-    /// (0 when in use, busy or already spilled).
+    /// (or on disk), then drops the owner; once spilled, spills those of its buffers that came
+    /// back and are not in use. Returns the device bytes no value holds any more (0 when in
+    /// use, busy or already off the device).
     ///
     /// # Errors
     /// A copy failed, or the host tier is full and there is no disk tier: the value stays on
@@ -199,8 +216,13 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         let Some(mut state) = self.state.try_lock() else {
             return Ok(0);
         };
-        let State::Device(owner) = &*state else {
-            return Ok(0);
+        let owner = match &*state {
+            State::Device(owner) => owner,
+            State::Spilled(buffers) => {
+                let buffers = buffers.clone();
+                drop(state);
+                return buffers.iter().map(|b| b.spill()).sum();
+            }
         };
         if owner.is_in_use() {
             return Ok(0);

@@ -20,6 +20,8 @@ pub struct SpillManager {
     made_with: (Option<u64>, Option<std::path::PathBuf>),
     tracker: Arc<Tracker>,
     eager_unspill: std::sync::atomic::AtomicBool,
+    /// Set by [`fix_limit`](Self::fix_limit): a reinitialize keeps the limit.
+    limit_fixed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for SpillManager {
@@ -51,6 +53,7 @@ impl SpillManager {
             store,
             tracker,
             eager_unspill: spill.eager_unspill.into(),
+            limit_fixed: false.into(),
         })
     }
 
@@ -67,9 +70,29 @@ impl SpillManager {
                 self.made_with.1
             );
         }
-        self.tracker.limit.store(spill.threshold, Ordering::Relaxed);
+        if !self.limit_fixed.load(Ordering::Relaxed) {
+            self.tracker.limit.store(spill.threshold, Ordering::Relaxed);
+        }
         self.eager_unspill
             .store(spill.eager_unspill, Ordering::Relaxed);
+    }
+
+    /// Sets the device limit to `bytes` and keeps it across reinitializations (whose
+    /// `spill.device_memory_limit` then no longer applies to this device): what a Dask
+    /// worker's device store does with its `device_memory_limit`. Spills at once if the
+    /// device now holds more.
+    ///
+    /// # Errors
+    /// As [`enforce_limit`](Self::enforce_limit); the limit is set regardless.
+    pub fn fix_limit(&self, bytes: u64) -> rmm_allocator::Result<u64> {
+        self.tracker.limit.store(bytes, Ordering::Relaxed);
+        self.limit_fixed.store(true, Ordering::Relaxed);
+        self.enforce_limit()
+    }
+
+    /// The device limit now.
+    pub fn limit(&self) -> u64 {
+        self.tracker.limit.load(Ordering::Relaxed)
     }
 
     /// The device.

@@ -1,0 +1,228 @@
+"""``RMMRsPlugin``: rmm-rs on every Dask worker, as a ``distributed.WorkerPlugin``.
+
+At worker set-up the plugin builds the rmm-rs stack for the worker's GPU (device 0 of the
+process: the first of ``CUDA_VISIBLE_DEVICES``, as dask-cuda sets it) from an rmm.toml path, a
+dict of settings, or the defaults, with dask-cuda's option names accepted on top, so a
+``LocalCUDACluster(rmm_pool_size="24GB")`` user switches with one line::
+
+    client.register_plugin(RMMRsPlugin(rmm_pool_size="24GB"))
+
+It installs the allocators of ``rmm_allocator_external_lib_list`` ("cupy", "torch"), puts the
+worker's data on rmm-rs with ``device_memory_limit`` (a :class:`DeviceStore`, when the
+worker's store is empty), and reports into the worker's metrics: ``rmm-used`` and
+``rmm-total`` (which Dask's dashboard shows), ``rmm_rs`` with every counter, and
+``rmm-rs-spill`` with the device store's values and bytes per tier.
+
+Replacing a plugin is safe: a new plugin's options are checked in the client, and on each
+worker the new set-up is applied before the old one is let go; if it fails, the worker keeps
+the old set-up (and the old plugin) and the error reaches the client. Unregistering the plugin
+gives the memory back.
+"""
+
+import asyncio
+import importlib.util
+import logging
+
+from distributed import WorkerPlugin
+
+import rmm_rs
+
+from .. import _rmm_rs
+from .store import DeviceStore
+
+logger = logging.getLogger("rmm_rs.dask")
+
+_LIBRARIES = {"cupy": "CuPy", "torch": "PyTorch"}
+
+# The plugin whose set-up is in force in this process, if any.
+_owner = None
+
+
+def _metrics(worker):
+    """The worker metric Dask's dashboard reads for RMM: bytes in use and reserved."""
+    stats = rmm_rs.statistics() if rmm_rs.is_initialized() else {}
+    return {
+        "rmm-used": sum(s["bytes_in_use"] for s in stats.values()),
+        "rmm-total": sum(s["reserved_bytes"] for s in stats.values()),
+    }
+
+
+def _all_metrics(worker):
+    """Every counter, per device."""
+    return rmm_rs.statistics() if rmm_rs.is_initialized() else {}
+
+
+def _spill_metrics(worker):
+    """The device store's values and bytes per tier, and the device's spill figures."""
+    data = worker.data
+    if isinstance(data, DeviceStore) and rmm_rs.is_initialized():
+        return data.statistics()
+    return {}
+
+
+def _libraries(libs):
+    if libs is None:
+        return []
+    if isinstance(libs, str):
+        libs = [s.strip() for s in libs.split(",") if s.strip()]
+    unknown = sorted(set(libs) - set(_LIBRARIES))
+    if unknown:
+        raise rmm_rs.RmmError(
+            f"rmm_allocator_external_lib_list: unknown libraries {unknown}; "
+            "rmm-rs provides allocators for 'cupy' and 'torch'"
+        )
+    return list(dict.fromkeys(libs))
+
+
+class RMMRsPlugin(WorkerPlugin):
+    """Sets up rmm-rs on each Dask worker; see the module documentation.
+
+    ``config``: a path to an rmm.toml, a dict of settings, or None (the worker's ./rmm.toml or
+    ``RMM_CONFIG``, and its ``RMM_*`` environment). dask-cuda's ``rmm_*`` options, when given,
+    are applied on top (``rmm_rs.config_from_dask_cuda`` maps them). ``device_memory_limit``
+    (bytes, a size or a fraction of the device) turns spilling on and puts the worker's data
+    in a :class:`DeviceStore` under that limit.
+    """
+
+    name = "rmm-rs"
+
+    def __init__(
+        self,
+        config=None,
+        *,
+        rmm_pool_size=None,
+        rmm_maximum_pool_size=None,
+        rmm_managed_memory=False,
+        rmm_async=False,
+        rmm_release_threshold=None,
+        rmm_log_directory=None,
+        rmm_track_allocations=False,
+        rmm_allocator_external_lib_list=None,
+        device_memory_limit=None,
+    ):
+        self.config = config
+        # Mapped and checked now, so a bad option fails in the client, not on every worker.
+        self.overrides = _rmm_rs.config_from_dask_cuda(
+            rmm_pool_size=rmm_pool_size,
+            rmm_maximum_pool_size=rmm_maximum_pool_size,
+            rmm_managed_memory=rmm_managed_memory,
+            rmm_async=rmm_async,
+            rmm_release_threshold=rmm_release_threshold,
+            rmm_log_directory=rmm_log_directory,
+            rmm_track_allocations=rmm_track_allocations,
+        )
+        self.external_libs = _libraries(rmm_allocator_external_lib_list)
+        self.device_memory_limit = device_memory_limit
+        if device_memory_limit is not None:
+            self.overrides["spill.enabled"] = True
+        # A dict configuration is complete here: check it as the workers will read it. (A
+        # path or the environment is the workers' own.)
+        if config is None or isinstance(config, dict):
+            _rmm_rs.validate_config(config if isinstance(config, dict) else {}, self.overrides)
+
+    def settings(self, worker=None):
+        """The overrides applied over ``config`` on each worker: the dask-cuda options, the
+        worker's one device, one rmm-rs worker thread (Dask runs the tasks), and what the
+        worker's device store needs."""
+        s = {**self.overrides, "devices": [0], "workers_per_device": 1}
+        data = getattr(worker, "data", None)
+        if isinstance(data, DeviceStore):
+            s.update(data.settings())
+        return s
+
+    def setup(self, worker):
+        global _owner
+        previous = _owner
+        # Nothing changes unless everything needed is there.
+        for lib in self.external_libs:
+            if importlib.util.find_spec(lib) is None:
+                raise rmm_rs.RmmError(
+                    f"rmm_allocator_external_lib_list names {lib!r}, which this worker cannot "
+                    f"import: install {_LIBRARIES[lib]} on the workers, or leave {lib!r} out "
+                    "(the worker keeps its set-up)"
+                )
+        try:
+            if rmm_rs.is_initialized():
+                rmm_rs.reinitialize(self.config, self.settings(worker))
+            else:
+                rmm_rs.initialize(self.config, self.settings(worker))
+            self._install_allocators()
+            self._install_store(worker)
+        except Exception:
+            self._roll_back(worker, previous)
+            raise
+        _owner = self
+        worker.metrics["rmm"] = _metrics
+        worker.metrics["rmm_rs"] = _all_metrics
+        worker.metrics["rmm-rs-spill"] = _spill_metrics
+
+    def _install_allocators(self):
+        for lib in self.external_libs:
+            if lib == "cupy":
+                from ..allocators import cupy
+
+                cupy.install()
+            elif lib == "torch":
+                from ..allocators import torch
+
+                torch.install()
+
+    def _install_store(self, worker):
+        if self.device_memory_limit is None:
+            return
+        data = worker.data
+        if isinstance(data, DeviceStore):
+            data.limit = _rmm_rs.set_device_memory_limit(self.device_memory_limit, data.device_id)
+        elif len(data) == 0:
+            store = DeviceStore(
+                self.device_memory_limit,
+                worker_local_directory=getattr(worker, "local_directory", None),
+            )
+            worker.memory_manager.data = store
+            worker.state.data = store
+        else:
+            logger.warning(
+                "rmm-rs: the worker already holds %d values in a %s; its data stays there "
+                "(device_memory_limit applies to a new worker)",
+                len(data),
+                type(data).__name__,
+            )
+
+    def _roll_back(self, worker, previous):
+        """Puts back the set-up in force before (the previous plugin's), or none."""
+        global _owner
+        try:
+            if previous is not None:
+                rmm_rs.reinitialize(previous.config, previous.settings(worker))
+                worker.plugins[self.name] = previous
+                worker.metrics["rmm"] = _metrics
+                worker.metrics["rmm_rs"] = _all_metrics
+                worker.metrics["rmm-rs-spill"] = _spill_metrics
+                _owner = previous
+            elif isinstance(worker.data, DeviceStore):
+                store = worker.data
+                rmm_rs.reinitialize(store.config, store.settings())
+            elif rmm_rs.is_initialized():
+                rmm_rs.finalize()
+        except Exception as e:  # noqa: BLE001 - the set-up error is the one to report
+            logger.error("rmm-rs: restoring the previous set-up failed: %s", e)
+
+    def teardown(self, worker):
+        global _owner
+        for m in ("rmm", "rmm_rs", "rmm-rs-spill"):
+            worker.metrics.pop(m, None)
+        if _owner is not self:
+            return
+        # A plugin of the same name replacing this one is set up right after this returns,
+        # before the event loop runs again: let it take over the running runtime (or put
+        # this one back if it fails). Only when none did is the memory given back.
+        _owner = None
+        try:
+            asyncio.get_running_loop().call_soon(_finalize_if_unowned, worker)
+        except RuntimeError:
+            _finalize_if_unowned(worker)
+
+
+def _finalize_if_unowned(worker):
+    if _owner is None and not isinstance(getattr(worker, "data", None), DeviceStore):
+        rmm_rs.finalize()

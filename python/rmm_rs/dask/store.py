@@ -1,0 +1,350 @@
+"""``DeviceStore``: a Dask worker's ``data`` with device values under rmm-rs's spill manager.
+
+A value that lives on the device (anything Dask serializes with its "cuda" family: CuPy,
+Numba, PyTorch, RAPIDS RMM and rmm-rs buffers, cuDF; collections of them too) is kept as it
+is and handed to the device's spill manager, which counts its real device bytes (views of one
+allocation once) in the same least-recently-used order as rmm-rs's own spillable buffers.
+Over ``device_memory_limit`` the least recently used values nothing else holds are spilled:
+their device frames are copied into the pinned host pool on the manager's copy streams (and
+on to ``spill.disk_directory`` past the host pool), and the value is let go, which frees its
+device memory. On access a spilled value is rebuilt over its data brought back into the
+current rmm-rs stack, without a device copy; a value in use by a running task is never
+spilled. Host values go to Dask's usual host store. Values survive
+``client.run(rmm_rs.reinitialize, …)``.
+
+The policy is the runtime's (Rust); this module only finds a value's device frames and
+rebuilds it.
+"""
+
+import atexit
+import os
+import threading
+import weakref
+from collections.abc import MutableMapping
+
+from distributed.protocol import deserialize, serialize
+
+import rmm_rs
+
+from .. import _rmm_rs
+from .serialize import device_extent
+
+_KINDS = ("device", "host", "disk")
+
+
+def is_device_object(obj):
+    """True for values the store keeps under the spill manager: objects exposing
+    ``__cuda_array_interface__``, and the device types Dask's "cuda" family serializes (cuDF
+    frames expose ``__cuda_array_interface__`` on their columns, not themselves)."""
+    if hasattr(obj, "__cuda_array_interface__"):
+        return True
+    module = type(obj).__module__.partition(".")[0]
+    return module in ("cudf", "dask_cudf", "rmm")
+
+
+def _allocation_of(frame):
+    """``(address, bytes)`` of the allocation a device frame lies in: the whole memory of a
+    CuPy array, a PyTorch tensor's storage, a rebuilt view's buffer; the frame's own extent
+    for other objects."""
+    if isinstance(frame, _rmm_rs.DeviceView):
+        return frame.allocation
+    mem = getattr(getattr(frame, "data", None), "mem", None)  # CuPy
+    if mem is not None and getattr(mem, "ptr", 0):
+        return int(mem.ptr), int(mem.size)
+    storage = getattr(frame, "untyped_storage", None)  # PyTorch
+    if callable(storage):
+        s = storage()
+        return int(s.data_ptr()), int(s.nbytes())
+    return device_extent(frame)
+
+
+class _DeviceEntry:
+    """A device value in the store: its serialization header, its frames (host frames as
+    they are, device frames as ``(allocation, offset, nbytes)``), and the adopted value."""
+
+    __slots__ = ("header", "frames", "adopted", "nbytes", "__weakref__")
+
+    def __init__(self, header, frames, adopted, nbytes):
+        self.header = header
+        self.frames = frames
+        self.adopted = adopted
+        self.nbytes = nbytes
+
+    def get(self, homes):
+        value = self.adopted.value()
+        if value is not None:
+            return value
+        specs = [f for f in self.frames if isinstance(f, tuple)]
+        views = self.adopted.device_frames(specs)
+        for v in views:
+            # A value made of these views and stored again is this entry's data.
+            homes[v.allocation[0]] = self.adopted
+        views = iter(views)
+        frames = [next(views) if isinstance(f, tuple) else f for f in self.frames]
+        return deserialize(self.header, frames, deserializers=("cuda",))
+
+
+class DeviceStore(MutableMapping):
+    """A Dask worker's ``data`` that keeps device values under rmm-rs's spill manager.
+
+    ``device_memory_limit``: bytes, a size ("8GB") or a fraction of the device (0.8, "80%");
+    None leaves the runtime's ``spill.device_memory_limit``. It stays in force across
+    reinitializations. ``memory_limit``: host bytes for host values before Dask's host store
+    spills them to ``worker_local_directory`` (None: a plain dict). ``disk_directory``: where
+    device values go past the pinned host pool (``spill.disk_directory``; by default
+    ``<worker_local_directory>/rmm-rs-spill`` when the store starts rmm-rs itself).
+
+    When rmm-rs is not running yet in the process, the store starts it on ``device`` with one
+    worker thread and spilling on, from ``config`` (an rmm.toml path, a dict of settings, or
+    None for ./rmm.toml and ``RMM_*``); an ``RMMRsPlugin`` may reinitialize it later, keeping
+    the store's values. Running rmm-rs must spill on ``device``.
+
+    dask-cuda's form: ``LocalCUDACluster(data=DeviceStore.factory(device_memory_limit=…))``.
+    """
+
+    def __init__(
+        self,
+        device_memory_limit=None,
+        memory_limit=None,
+        worker_local_directory=None,
+        *,
+        config=None,
+        disk_directory=None,
+        device=0,
+    ):
+        self.device_id = int(device)
+        self.config = config
+        if disk_directory is None and worker_local_directory is not None:
+            disk_directory = os.path.join(worker_local_directory, "rmm-rs-spill")
+        self.disk_directory = None if disk_directory is None else os.fspath(disk_directory)
+        if not rmm_rs.is_initialized():
+            rmm_rs.initialize(config, self.settings())
+        self.limit = None
+        if device_memory_limit is not None:
+            self.limit = _rmm_rs.set_device_memory_limit(device_memory_limit, self.device_id)
+        else:
+            self._check_spilling()
+        self._device = {}
+        # id(value) → its entry, while some key holds it: one object under several keys is
+        # adopted once (else each adoption would see the others as users).
+        self._by_object = weakref.WeakValueDictionary()
+        # Device address → the spilled value whose data came back there: a value rebuilt
+        # from it and stored again (a task returning its input) shares its data.
+        self._homes = weakref.WeakValueDictionary()
+        self._host = self._host_store(memory_limit, worker_local_directory)
+        self._lock = threading.RLock()
+        self.unspillable = {}
+        _LIVE.append(weakref.ref(self))
+
+    @classmethod
+    def factory(cls, device_memory_limit=None, memory_limit=None, **kwargs):
+        """The ``data=`` argument of a Dask worker, ``LocalCluster`` or dask-cuda's
+        ``LocalCUDACluster``: ``(DeviceStore, {options})``, made on each worker (with its
+        local directory)."""
+        return (
+            cls,
+            {"device_memory_limit": device_memory_limit, "memory_limit": memory_limit, **kwargs},
+        )
+
+    def settings(self):
+        """The settings this store needs of rmm-rs: its device, one worker thread, spilling
+        on (and its disk directory)."""
+        s = {"devices": [self.device_id], "workers_per_device": 1, "spill.enabled": True}
+        if self.disk_directory is not None:
+            s["spill.disk_directory"] = self.disk_directory
+        return s
+
+    def _check_spilling(self):
+        if str(self.device_id) not in rmm_rs.spill_statistics():
+            raise rmm_rs.RmmError(
+                f"device {self.device_id} does not spill: the device store needs spilling on; "
+                'start rmm_rs with {"spill": {"enabled": True}} (spill.enabled = true)'
+            )
+
+    @staticmethod
+    def _host_store(memory_limit, local_directory):
+        if memory_limit is None or local_directory is None:
+            return {}
+        from dask.utils import parse_bytes
+        from distributed.spill import SpillBuffer
+
+        return SpillBuffer(
+            os.path.join(local_directory, "storage"), target=parse_bytes(memory_limit)
+        )
+
+    # The mapping.
+
+    def __setitem__(self, key, value):
+        with self._lock:
+            self._discard(key)
+            entry = self._adopt(value) if is_device_object(value) else None
+            if entry is not None:
+                self._device[key] = entry
+            else:
+                self._host[key] = value
+
+    def __getitem__(self, key):
+        entry = self._device.get(key)
+        if entry is None:
+            return self._host[key]
+        return entry.get(self._homes)
+
+    def __delitem__(self, key):
+        with self._lock:
+            if key in self._device:
+                del self._device[key]
+                self.unspillable.pop(key, None)
+            else:
+                del self._host[key]
+
+    def __contains__(self, key):
+        return key in self._device or key in self._host
+
+    def __iter__(self):
+        yield from list(self._device)
+        yield from list(self._host)
+
+    def __len__(self):
+        return len(self._device) + len(self._host)
+
+    def _discard(self, key):
+        self._device.pop(key, None)
+        self.unspillable.pop(key, None)
+        if key in self._host:
+            del self._host[key]
+
+    def _adopt(self, value):
+        """The entry of a device value, or None when Dask cannot serialize it (it then stays
+        in the host store as it is: counted nowhere, never spilled, named in
+        ``unspillable``)."""
+        prior = self._by_object.get(id(value))
+        if prior is not None and prior.adopted.value() is value:
+            return prior
+        try:
+            header, frames = serialize(value, serializers=("cuda",), on_error="raise")
+        except Exception as e:  # noqa: BLE001 - any failure means "cannot spill"
+            self.unspillable[type(value).__name__] = str(e)
+            return None
+        allocations, specs, extents = [], [], []
+        for f in frames:
+            if not hasattr(f, "__cuda_array_interface__"):
+                specs.append(f)
+                continue
+            ptr, nbytes = device_extent(f)
+            base, size = _allocation_of(f)
+            if not (base <= ptr and ptr + nbytes <= base + size):
+                base, size = ptr, nbytes
+            extents.append((ptr, nbytes, base))
+            for i, (b, _) in enumerate(allocations):
+                if b == base:
+                    break
+            else:
+                i = len(allocations)
+                allocations.append((base, size))
+            specs.append((i, ptr - base, nbytes))
+        # The frames view the value's memory: only the value may keep it alive.
+        del frames
+        shared = self._shared_entry(header, specs, extents)
+        if shared is not None:
+            return shared
+        adopted = _rmm_rs.adopt(value, allocations, self.device_id)
+        entry = _DeviceEntry(header, specs, adopted, sum(n for _, n in allocations))
+        self._by_object[id(value)] = entry
+        return entry
+
+    def _shared_entry(self, header, specs, extents):
+        """An entry over the data of the spilled value that every device frame lies in (the
+        value was rebuilt from it), or None."""
+        if not extents:
+            return None
+        home = self._homes.get(extents[0][2])
+        if home is None:
+            return None
+        now = home.device_allocations()
+        device_specs = iter(extents)
+        out = []
+        for spec in specs:
+            if not isinstance(spec, tuple):
+                out.append(spec)
+                continue
+            ptr, nbytes, _ = next(device_specs)
+            for i, a in enumerate(now):
+                if a is not None and a[0] <= ptr and ptr + nbytes <= a[0] + a[1]:
+                    out.append((i, ptr - a[0], nbytes))
+                    break
+            else:
+                return None
+        return _DeviceEntry(header, out, home, home.size)
+
+    # Dask's memory manager spills host values through these (a SpillBuffer's).
+
+    @property
+    def fast(self):
+        """Host values in memory (Dask's memory manager evicts from them)."""
+        return getattr(self._host, "fast", self._host)
+
+    def evict(self):
+        """Moves the least recently used host value to disk; its bytes, or -1 when the host
+        store cannot (a plain dict)."""
+        evict = getattr(self._host, "evict", None)
+        return evict() if evict is not None else -1
+
+    # Figures and control.
+
+    def tier(self, key):
+        """Where a value is: "device", "host" (pinned host memory), "disk", or "host-store"
+        for a host value."""
+        entry = self._device.get(key)
+        return "host-store" if entry is None else entry.adopted.tier
+
+    def spill(self, key):
+        """Spills one device value now if nothing else holds it; the device bytes freed."""
+        return self._device[key].adopted.spill()
+
+    def statistics(self):
+        """Values and bytes per tier (this store's), and the device's spill figures."""
+        out = {f"{k}_count": 0 for k in _KINDS}
+        out.update({f"{k}_bytes": 0 for k in _KINDS})
+        for entry in {id(e.adopted): e for e in list(self._device.values())}.values():
+            t = entry.adopted.tier
+            out[f"{t}_count"] += 1
+            out[f"{t}_bytes"] += entry.nbytes
+        out["host_store_count"] = len(self._host)
+        out["spill"] = rmm_rs.spill_statistics().get(str(self.device_id), {})
+        return out
+
+    def clear(self):
+        """Drops every value (spilled copies and their files go with them)."""
+        with self._lock:
+            self._device.clear()
+            self.unspillable.clear()
+            self._host.clear()
+
+    def close(self):
+        """As ``clear``, and closes the host store."""
+        self.clear()
+        close = getattr(self._host, "close", None)
+        if close is not None:
+            close()
+
+    def __repr__(self):
+        return (
+            f"<DeviceStore: {len(self._device)} device values, {len(self._host)} host values, "
+            f"device {self.device_id}>"
+        )
+
+
+# Stores alive in this process: their spill files go at exit even if nothing closed them.
+_LIVE = []
+
+
+@atexit.register
+def _close_all():
+    for ref in _LIVE:
+        store = ref()
+        if store is None:
+            continue
+        try:
+            store.clear()
+        except Exception:  # noqa: BLE001 - at exit, nothing to report to
+            pass

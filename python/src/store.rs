@@ -1,0 +1,328 @@
+//! Python values adopted by a device's spill manager: what `rmm_rs.dask.DeviceStore` keeps
+//! for each device value of a Dask worker (a CuPy array, a PyTorch tensor, …).
+//!
+//! `adopt(value, allocations)` hands the value to the spill manager as it is: its device
+//! allocations count toward the limit (each once, however many values view it), in the
+//! manager's least-recently-used order. The manager spills it when it must and nothing but
+//! the store holds the value (its reference count says so): the allocations are copied to
+//! pinned host memory (or disk), then the store's reference goes, which frees the memory in
+//! the library that owns it. A spilled value's data comes back, on use, into the device's
+//! current rmm-rs stack as [`DeviceView`]s: zero-copy `__cuda_array_interface__` objects that
+//! hold their buffer on the device for as long as anything uses them.
+//!
+//! The policy (limit, order, tiers, statistics) is the runtime's; this file only says when a
+//! Python value is in use and lets it go.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use rmm_allocator::spill::{SharedDeviceGuard, Tier};
+use rmm_allocator::{Device, DevicePtr, StreamView};
+use rmm_runtime::{ForeignData, ForeignOwner, OwnerAccess};
+
+use crate::error;
+
+/// A Python value's reference, held by the spill manager while the value is on the device.
+struct PyOwner(Option<Py<PyAny>>);
+
+impl ForeignOwner for PyOwner {
+    fn is_in_use(&self) -> bool {
+        // Anything besides this reference (a running task, a view of it) means in use. While
+        // the interpreter shuts down nothing is spilled.
+        Python::try_attach(|py| self.0.as_ref().is_some_and(|v| v.get_refcnt(py) > 1))
+            .unwrap_or(true)
+    }
+}
+
+impl Drop for PyOwner {
+    fn drop(&mut self) {
+        // The reference goes with the interpreter attached, so the memory is freed now (not
+        // when some thread next attaches). During shutdown it is left to the interpreter.
+        let mut value = self.0.take();
+        Python::try_attach(|_py| drop(value.take()));
+        if let Some(v) = value {
+            std::mem::forget(v);
+        }
+    }
+}
+
+/// A device value adopted by the spill manager; see the module documentation. Made by
+/// `adopt`.
+#[pyclass(module = "rmm_rs", frozen, weakref)]
+pub struct AdoptedValue {
+    inner: Arc<ForeignData<PyOwner>>,
+    device: u32,
+}
+
+/// Device memory of a spilled value, back on the device: `nbytes` bytes at an offset into one
+/// of its buffers, as a one-dimensional byte array (`__cuda_array_interface__`). The buffer
+/// stays on the device while this object lives.
+#[pyclass(module = "rmm_rs", frozen)]
+#[derive(Clone)]
+pub struct DeviceView {
+    guard: Arc<SharedDeviceGuard>,
+    offset: usize,
+    nbytes: usize,
+}
+
+#[pymethods]
+impl AdoptedValue {
+    /// The value itself while it is on the device in its own memory; None once it was
+    /// spilled (rebuild it from `device_frames`). Marks it as used now.
+    fn value(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.inner.touch();
+        loop {
+            match self.inner.owner(|o| o.0.as_ref().map(|v| v.clone_ref(py))) {
+                OwnerAccess::Device(v) => return v,
+                OwnerAccess::Spilled => return None,
+                // Being spilled right now: wait without the GIL (the move needs it at its end).
+                OwnerAccess::Busy => py.detach(|| self.inner.wait()),
+            }
+        }
+    }
+
+    /// Zero-copy device views of a spilled value's data: one per `(allocation, offset,
+    /// nbytes)` asked for, `allocation` indexing the value's allocations as adopted (after
+    /// duplicates were merged: see `allocations`). Brings the data back into the device's
+    /// current stack first.
+    fn device_frames(
+        &self,
+        py: Python<'_>,
+        frames: Vec<(usize, usize, usize)>,
+    ) -> PyResult<Vec<DeviceView>> {
+        let guards = py
+            .detach(|| self.inner.device_views(StreamView::DEFAULT))
+            .map_err(error)?
+            .ok_or_else(|| {
+                error("device_frames: the value is still in its own memory: use value()")
+            })?;
+        let guards: Vec<Arc<SharedDeviceGuard>> = guards.into_iter().map(Arc::new).collect();
+        frames
+            .into_iter()
+            .map(|(i, offset, nbytes)| {
+                let guard = guards.get(i).ok_or_else(|| {
+                    error(format!(
+                        "device_frames: allocation {i} of a value of {} allocations",
+                        guards.len()
+                    ))
+                })?;
+                if offset
+                    .checked_add(nbytes)
+                    .is_none_or(|end| end > guard.len())
+                {
+                    return Err(error(format!(
+                        "device_frames: {nbytes} bytes at offset {offset} of an allocation of \
+                         {} bytes",
+                        guard.len()
+                    )));
+                }
+                Ok(DeviceView {
+                    guard: Arc::clone(guard),
+                    offset,
+                    nbytes,
+                })
+            })
+            .collect()
+    }
+
+    /// Copies of a spilled value's allocations (bytes, wherever the data is; it does not
+    /// move); None while the value is in its own memory.
+    fn spilled_bytes<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
+        let bytes = py.detach(|| self.inner.spilled_bytes()).map_err(error)?;
+        Ok(bytes.map(|all| all.iter().map(|b| PyBytes::new(py, b)).collect()))
+    }
+
+    /// Spills the value now if nothing else holds it; returns the device bytes freed (0 when
+    /// it is in use, already spilled, or its allocations are also held by other values).
+    fn spill(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| self.inner.spill()).map_err(error)
+    }
+
+    /// Marks the value as used now.
+    fn touch(&self) {
+        self.inner.touch();
+    }
+
+    /// Where the data is: "device", "host" or "disk".
+    #[getter]
+    fn tier(&self) -> &'static str {
+        tier_name(self.inner.tier())
+    }
+
+    /// True once the value was spilled (it is rebuilt from `device_frames` from then on).
+    #[getter]
+    fn is_spilled(&self) -> bool {
+        self.inner.is_spilled()
+    }
+
+    /// Device bytes of the value's distinct allocations.
+    #[getter]
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    /// The value's distinct allocations, `(address, bytes)`, in the order `device_frames`
+    /// indexes them.
+    #[getter]
+    fn allocations(&self) -> Vec<(u64, usize)> {
+        self.inner
+            .allocations()
+            .iter()
+            .map(|(p, n)| (p.addr(), *n))
+            .collect()
+    }
+
+    /// Where each allocation's data is on the device now, `(address, bytes)`, or None when
+    /// it is off the device (or moving); nothing is pinned.
+    fn device_allocations(&self) -> Vec<Option<(u64, usize)>> {
+        self.inner
+            .device_allocations()
+            .into_iter()
+            .map(|a| a.map(|(p, n)| (p.addr(), n)))
+            .collect()
+    }
+
+    /// The device ordinal.
+    #[getter]
+    fn device(&self) -> u32 {
+        self.device
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "AdoptedValue(size={}, tier={}, device={})",
+            self.inner.size(),
+            self.tier(),
+            self.device
+        )
+    }
+}
+
+impl DeviceView {
+    /// `nbytes` bytes at `offset` into the buffer `guard` holds on the device.
+    pub(crate) fn new(guard: Arc<SharedDeviceGuard>, offset: usize, nbytes: usize) -> Self {
+        DeviceView {
+            guard,
+            offset,
+            nbytes,
+        }
+    }
+
+    /// The device address of the first byte.
+    pub(crate) fn address(&self) -> u64 {
+        self.guard.ptr().addr() + self.offset as u64
+    }
+
+    /// Bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.nbytes
+    }
+}
+
+#[pymethods]
+impl DeviceView {
+    /// Bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    /// The device address of the first byte.
+    #[getter]
+    fn ptr(&self) -> u64 {
+        self.address()
+    }
+
+    /// The whole buffer this view is part of: `(address, bytes)` (the allocation that stays
+    /// on the device while the view lives).
+    #[getter]
+    fn allocation(&self) -> (u64, usize) {
+        (self.guard.ptr().addr(), self.guard.len())
+    }
+
+    fn __len__(&self) -> usize {
+        self.nbytes
+    }
+
+    /// CUDA Array Interface version 3: a one-dimensional array of bytes (the data is ready:
+    /// it came back on a copy stream that was waited for).
+    #[getter]
+    fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("shape", (self.nbytes,))?;
+        d.set_item("strides", py.None())?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("data", (self.ptr(), false))?;
+        d.set_item("version", 3)?;
+        d.set_item("stream", py.None())?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("DeviceView(nbytes={}, ptr={:#x})", self.nbytes, self.ptr())
+    }
+}
+
+fn tier_name(t: Tier) -> &'static str {
+    match t {
+        Tier::Device => "device",
+        Tier::Host => "host",
+        Tier::Disk => "disk",
+    }
+}
+
+/// Hands `value`, whose device memory is `allocations` (`(address, bytes)` of each
+/// allocation it holds), to `device`'s spill manager; returns the `AdoptedValue` to keep in
+/// its place. Least recently used data is spilled at once if the device now holds more than
+/// the limit.
+#[pyfunction]
+#[pyo3(signature = (value, allocations, device=0))]
+fn adopt(
+    py: Python<'_>,
+    value: Py<PyAny>,
+    allocations: Vec<(u64, usize)>,
+    device: u32,
+) -> PyResult<AdoptedValue> {
+    let m = crate::buffers::spill_manager(device)?;
+    let allocations: Vec<(DevicePtr, usize)> = allocations
+        .into_iter()
+        .map(|(p, n)| (DevicePtr(p), n))
+        .collect();
+    let owner = PyOwner(Some(value));
+    // Making room spills other values, whose owners go with the interpreter attached: no GIL
+    // held while waiting for their copies.
+    let inner = py.detach(|| m.adopt(&allocations, StreamView::DEFAULT, owner));
+    Ok(AdoptedValue { inner, device })
+}
+
+/// Sets `device`'s spill limit to `limit` (bytes, a size such as "8GB", or a fraction of the
+/// device's memory such as 0.5 or "50%") and keeps it across reinitializations; spills at
+/// once if the device holds more. Returns the limit in bytes.
+#[pyfunction]
+#[pyo3(signature = (limit, device=0))]
+fn set_device_memory_limit(py: Python<'_>, limit: &Bound<'_, PyAny>, device: u32) -> PyResult<u64> {
+    let m = crate::buffers::spill_manager(device)?;
+    let value = crate::settings::to_toml("device_memory_limit", limit)?;
+    let size = rmm_config::Size::from_toml(&value).map_err(|e| {
+        error(format!(
+            "device_memory_limit = {value}: {e}; give bytes, a size such as \"8GB\", or a \
+             fraction of the device such as 0.8 or \"80%\""
+        ))
+    })?;
+    let total = Device::new(device)
+        .and_then(|d| d.mem_info())
+        .map_err(error)?
+        .total as u64;
+    let bytes = size.resolve(total);
+    py.detach(|| m.fix_limit(bytes)).map_err(error)?;
+    Ok(bytes)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<AdoptedValue>()?;
+    m.add_class::<DeviceView>()?;
+    m.add_function(wrap_pyfunction!(adopt, m)?)?;
+    m.add_function(wrap_pyfunction!(set_device_memory_limit, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,245 @@
+"""rmm_rs.dask.DeviceStore in one process, on the simulated device with DeviceBuffer values
+(CuPy is absent here; the GPU run adds CuPy and PyTorch)."""
+
+import gc
+import os
+import pickle
+import random
+
+import pytest
+from distributed.protocol import deserialize, serialize
+from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
+
+import rmm_rs
+from rmm_rs.dask import DeviceStore
+
+MIB = 1 << 20
+
+
+def data(n, seed):
+    return random.Random(seed).randbytes(n)
+
+
+def store_with(limit="8MiB", host="64MiB", disk=None, pool=None):
+    spill = {"enabled": True, "host_pool_size": host}
+    if disk is not None:
+        spill["disk_directory"] = str(disk)
+    config = {"spill": spill}
+    if pool is not None:
+        config["pool"] = pool
+    return DeviceStore(device_memory_limit=limit, config=config)
+
+
+def put(store, n, size=2 * MIB, seed=0):
+    """Stores n DeviceBuffers that nothing else holds; returns their bytes by key."""
+    expected = {}
+    for i in range(n):
+        b = data(size, seed + i)
+        store[f"x{i}"] = rmm_rs.DeviceBuffer.from_bytes(b)
+        expected[f"x{i}"] = b
+    return expected
+
+
+def test_values_over_the_limit_spill_and_come_back_byte_for_byte():
+    store = store_with("8MiB")
+    expected = put(store, 10)
+    stats = store.statistics()
+    assert stats["device_count"] == 4 and stats["host_count"] == 6
+    assert stats["device_bytes"] == 8 * MIB and stats["host_bytes"] == 12 * MIB
+    assert stats["spill"]["tracked_bytes"] <= 8 * MIB
+    # The oldest went first.
+    assert [store.tier(f"x{i}") for i in range(10)] == ["host"] * 6 + ["device"] * 4
+    for k, b in expected.items():
+        v = store[k]
+        assert isinstance(v, rmm_rs.DeviceBuffer)
+        assert v.to_bytes() == b
+        del v
+    assert store.statistics()["spill"]["tracked_bytes"] <= 8 * MIB
+    assert len(store) == 10 and set(store) == set(expected)
+
+
+def test_a_rebuilt_value_is_a_view_of_the_unspilled_data_not_a_copy():
+    store = store_with("64MiB")
+    expected = put(store, 1)
+    assert store.spill("x0") == 2 * MIB
+    v = store["x0"]
+    spill = store.statistics()["spill"]
+    # One allocation came back (the unspill); making the value copied nothing on the device.
+    assert spill["unspilled_count"] == 1 and spill["tracked_bytes"] == 2 * MIB
+    assert "DeviceBuffer(size=2097152" in repr(v)
+    assert v.to_bytes() == expected["x0"]
+
+
+def test_a_value_held_by_a_task_is_never_spilled():
+    store = store_with("4MiB")
+    held = rmm_rs.DeviceBuffer.from_bytes(data(3 * MIB, 1))
+    store["held"] = held  # `held` stays referenced here, as by a running task
+    put(store, 4, seed=10)
+    assert store.tier("held") == "device"
+    del held
+    put(store, 4, seed=20)
+    assert store.tier("held") == "host"
+    # A rebuilt value in use holds its data on the device too.
+    again = store["held"]
+    put(store, 4, seed=30)
+    assert store.tier("held") == "device"
+    assert again.to_bytes() == data(3 * MIB, 1)
+    del again
+    put(store, 4, seed=40)
+    assert store.tier("held") == "host"
+
+
+def test_one_object_under_two_keys_is_counted_and_spilled_once():
+    store = store_with("64MiB")
+    b = rmm_rs.DeviceBuffer.from_bytes(data(4 * MIB, 2))
+    store["a"] = b
+    store["b"] = b
+    del b
+    assert store.statistics()["spill"]["tracked_bytes"] == 4 * MIB
+    assert store.statistics()["device_count"] == 1
+    assert store.spill("a") == 4 * MIB
+    assert store.tier("b") == "host" and store.spill("b") == 0
+    assert store.statistics()["spill"]["tracked_bytes"] == 0
+    assert store["a"].to_bytes() == store["b"].to_bytes() == data(4 * MIB, 2)
+    del store["a"]
+    assert store["b"].to_bytes() == data(4 * MIB, 2)
+
+
+def test_a_rebuilt_value_stored_again_shares_its_data_and_still_spills():
+    store = store_with("64MiB")
+    store["b"] = rmm_rs.DeviceBuffer.from_bytes(data(4 * MIB, 3))
+    assert store.spill("b") == 4 * MIB
+    # A task returning its input: the rebuilt object stored under new keys.
+    store["v1"] = store["b"]
+    store["v2"] = store["b"]
+    stats = store.statistics()
+    assert stats["spill"]["tracked_bytes"] == 4 * MIB and stats["device_count"] == 1
+    # Nothing holds the rebuilt objects now: the shared data spills once, for every key.
+    assert rmm_rs.spill_statistics()["0"]["tracked_bytes"] == 4 * MIB
+    assert store.spill("v1") == 4 * MIB
+    assert [store.tier(k) for k in ("b", "v1", "v2")] == ["host"] * 3
+    assert store["v2"].to_bytes() == store["b"].to_bytes() == data(4 * MIB, 3)
+
+
+class Whole:
+    """Another object over a DeviceBuffer's memory (as two CuPy views of one array are)."""
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    @property
+    def __cuda_array_interface__(self):
+        return self.buf.__cuda_array_interface__
+
+
+cuda_serialize.register(Whole)(lambda x: ({}, [x]))
+cuda_deserialize.register(Whole)(
+    lambda header, frames: Whole(rmm_rs.DeviceBuffer.over_view(frames[0]))
+)
+
+
+def test_two_objects_viewing_one_allocation_are_counted_once_and_freed_with_the_last():
+    store = store_with("64MiB")
+    b = rmm_rs.DeviceBuffer.from_bytes(data(4 * MIB, 4))
+    store["v1"] = Whole(b)
+    store["v2"] = Whole(b)
+    del b
+    assert store.statistics()["spill"]["tracked_bytes"] == 4 * MIB
+    assert store.statistics()["device_count"] == 2
+    assert store.spill("v1") == 0  # v2 still holds the allocation
+    assert store.spill("v2") == 4 * MIB
+    assert store.statistics()["spill"]["tracked_bytes"] == 0
+    for k in ("v1", "v2"):
+        v = store[k]
+        assert isinstance(v, Whole) and v.buf.to_bytes() == data(4 * MIB, 4)
+
+
+def test_host_values_go_to_the_host_store():
+    store = store_with()
+    store["h"] = b"on the host"
+    store["n"] = [1, 2, 3]
+    assert store.tier("h") == "host-store" and store["n"] == [1, 2, 3]
+    assert store.statistics()["host_store_count"] == 2
+    del store["h"]
+    assert "h" not in store and len(store) == 1
+
+
+def test_past_the_host_pool_values_go_to_disk_and_nothing_stays_there(tmp_path):
+    store = store_with("4MiB", host="8MiB", disk=tmp_path)
+    expected = put(store, 12)
+    tiers = [store.tier(k) for k in expected]
+    assert tiers.count("disk") >= 4 and tiers.count("host") >= 1, tiers
+    assert os.listdir(tmp_path)
+    for k, b in expected.items():
+        assert store[k].to_bytes() == b
+    store.clear()
+    gc.collect()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_full_host_pool_without_disk_keeps_values_on_the_device_and_says_so():
+    store = store_with("2MiB", host="4MiB")
+    expected = put(store, 4)
+    tiers = [store.tier(k) for k in expected]
+    assert tiers.count("host") == 2 and tiers.count("device") == 2
+    with pytest.raises(rmm_rs.RmmError, match="host"):
+        store.spill("x3")
+    assert store.tier("x3") == "device"
+    for k, b in expected.items():
+        assert store[k].to_bytes() == b
+
+
+def test_values_survive_reinitialize_into_a_pool():
+    store = store_with("64MiB")
+    expected = put(store, 5)
+    report = rmm_rs.reinitialize(
+        {"spill": {"enabled": True}, "pool": {"enabled": True, "initial_size": "64MiB"}}
+    )
+    assert report["spilled_bytes"] == 10 * MIB
+    assert "PoolMemoryResource" in rmm_rs.statistics()["0"]["stack"]
+    # The store's limit stays in force across the reinitialize.
+    assert rmm_rs.spill_statistics()["0"]["limit"] == 64 * MIB
+    for k, b in expected.items():
+        assert store[k].to_bytes() == b
+
+
+def test_an_out_of_memory_allocation_spills_store_values_first():
+    # A pool that cannot grow past 32 MiB, a store limit above it: only running out spills.
+    store = store_with("1GiB", pool={"enabled": True, "initial_size": "32MiB",
+                                     "maximum_size": "32MiB"})
+    expected = put(store, 12)  # 24 MiB of values
+    assert all(store.tier(k) == "device" for k in expected)
+    big = rmm_rs.DeviceBuffer(16 * MIB)
+    assert big.size == 16 * MIB
+    assert any(store.tier(k) == "host" for k in expected)
+    for k, b in expected.items():
+        assert store[k].to_bytes() == b
+
+
+def test_the_store_needs_spilling_and_a_valid_limit():
+    rmm_rs.initialize({"spill": {"enabled": False}})
+    with pytest.raises(rmm_rs.RmmError, match="spill.enabled"):
+        DeviceStore()
+    rmm_rs.finalize()
+    with pytest.raises(rmm_rs.RmmError, match='"80%"'):
+        DeviceStore(device_memory_limit="lots", config={"spill": {"enabled": True}})
+
+
+def test_factory_is_daskcudas_data_form():
+    cls, kwargs = DeviceStore.factory(device_memory_limit="1GB", memory_limit="2GB")
+    assert cls is DeviceStore and kwargs["device_memory_limit"] == "1GB"
+    assert pickle.loads(pickle.dumps((cls, kwargs))) == (cls, kwargs)
+
+
+def test_buffers_pickle_and_serialize_with_every_family():
+    rmm_rs.initialize({"spill": {"enabled": True}})
+    b = rmm_rs.DeviceBuffer.from_bytes(b"device bytes")
+    assert pickle.loads(pickle.dumps(b)).to_bytes() == b"device bytes"
+    s = rmm_rs.SpillableBuffer(b"spillable bytes")
+    s2 = pickle.loads(pickle.dumps(s))
+    assert isinstance(s2, rmm_rs.SpillableBuffer) and s2.to_bytes() == b"spillable bytes"
+    for family in ("cuda", "dask", "pickle"):
+        for x, raw in ((b, b"device bytes"), (s, b"spillable bytes")):
+            header, frames = serialize(x, serializers=(family,), on_error="raise")
+            y = deserialize(header, frames, deserializers=(family,))
+            assert type(y) is type(x) and y.to_bytes() == raw, family
