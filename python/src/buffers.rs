@@ -174,9 +174,7 @@ impl DeviceBuffer {
 
     /// Pickles through host bytes (as RAPIDS RMM's `DeviceBuffer` does): unpickling makes a
     /// new buffer on the same device ordinal of the receiving process.
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-    ) -> PyResult<Reduced<'py>> {
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
         let py = slf.py();
         let this = slf.borrow();
         let bytes = this.to_bytes(py)?;
@@ -339,9 +337,7 @@ impl SpillableBuffer {
 
     /// Pickles through host bytes: unpickling makes a new spillable buffer on the same
     /// device ordinal of the receiving process (whose rmm_rs must spill).
-    fn __reduce__<'py>(
-        slf: &Bound<'py, Self>,
-    ) -> PyResult<Reduced<'py>> {
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
         let py = slf.py();
         let this = slf.borrow();
         let bytes = this.to_bytes(py)?;

@@ -1,6 +1,7 @@
 """RMMRsPlugin on a real distributed.LocalCluster of 2 worker processes on loopback (the
 simulated device in each)."""
 
+import importlib.util
 import sys
 import time
 
@@ -87,7 +88,58 @@ def test_statistics_reach_the_dashboards_rmm_metric(client):
 
 
 def test_a_bad_configuration_raises_in_the_client_with_its_message(client):
+    client.register_plugin(RMMRsPlugin(rmm_pool_size="32MiB"))
     with pytest.raises(rmm_rs.RmmError, match='pool.initial_size = "lots"'):
         client.register_plugin(RMMRsPlugin({"pool": {"initial_size": "lots"}}))
+    # Raised before anything reached the workers: they keep their set-up.
+    assert list(client.run(rmm_rs.is_initialized).values()) == [True, True]
+    for s in client.run(stack).values():
+        assert "PoolMemoryResource" in s
     with pytest.raises(rmm_rs.RmmError, match="unknown libraries"):
         RMMRsPlugin(rmm_allocator_external_lib_list=["tensorflow"])
+
+
+def reserved(dask_worker):
+    return rmm_rs.statistics()["0"]["reserved_bytes"] if rmm_rs.is_initialized() else None
+
+
+def plugin_libraries(dask_worker):
+    return dask_worker.plugins["rmm-rs"].external_libs
+
+
+def eventually(client, f, expected, timeout=10):
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = list(client.run(f).values())
+        if seen == expected or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.1)
+
+
+def test_a_rejected_plugin_leaves_the_working_set_up(client):
+    client.register_plugin(RMMRsPlugin(rmm_pool_size="64MiB"))
+    with pytest.raises(rmm_rs.RmmError, match='"lots"'):
+        client.register_plugin(RMMRsPlugin(rmm_pool_size="lots"))
+    assert list(client.run(reserved).values()) == [64 << 20, 64 << 20]
+    for s in client.run(stack).values():
+        assert "PoolMemoryResource" in s
+
+
+def test_a_plugin_naming_a_missing_library_changes_nothing(client):
+    missing = [lib for lib in ("cupy", "torch") if importlib.util.find_spec(lib) is None]
+    if not missing:
+        pytest.skip("CuPy and PyTorch are both installed: no missing library to name")
+    name = {"cupy": "CuPy", "torch": "PyTorch"}[missing[0]]
+    client.register_plugin(RMMRsPlugin(rmm_pool_size="64MiB"))
+    bad = RMMRsPlugin(rmm_pool_size="32MiB", rmm_allocator_external_lib_list=missing)
+    with pytest.raises(rmm_rs.RmmError, match=f"install {name}"):
+        client.register_plugin(bad)
+    # Every worker keeps the old set-up, and the old plugin to tear it down later.
+    assert list(client.run(reserved).values()) == [64 << 20, 64 << 20]
+    assert list(client.run(plugin_libraries).values()) == [[], []]
+    client.unregister_worker_plugin("rmm-rs")
+    assert eventually(client, reserved, [None, None]) == [None, None]
+    # On workers without rmm-rs, a failed set-up leaves nothing half done.
+    with pytest.raises(rmm_rs.RmmError, match=f"install {name}"):
+        client.register_plugin(bad)
+    assert list(client.run(rmm_rs.is_initialized).values()) == [False, False]

@@ -86,6 +86,9 @@ pub trait SpillObserver: Send + Sync {
     fn moved(&self, id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64);
     /// Buffer `id` is gone.
     fn dropped(&self, id: u64);
+    /// The last device guard of buffer `id` is gone: it may be spilled again (data held over
+    /// the limit while in use can go now).
+    fn released(&self, _id: u64) {}
 }
 
 enum State {
@@ -161,7 +164,7 @@ impl DeviceGuard<'_> {
 
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
-        self.buffer.pins.fetch_sub(1, Ordering::Release);
+        self.buffer.unpin();
     }
 }
 
@@ -197,7 +200,7 @@ impl SharedDeviceGuard {
 
 impl Drop for SharedDeviceGuard {
     fn drop(&mut self) {
-        self.buffer.pins.fetch_sub(1, Ordering::Release);
+        self.buffer.unpin();
     }
 }
 
@@ -396,6 +399,15 @@ impl SpillableBuffer {
         match &*self.state.try_lock()? {
             State::Device { ptr, .. } => Some(*ptr),
             _ => None,
+        }
+    }
+
+    /// Drops one device guard's pin; the last tells the observer the buffer may move again.
+    fn unpin(&self) {
+        if self.pins.fetch_sub(1, Ordering::Release) == 1
+            && let Some(o) = &self.observer
+        {
+            o.released(self.id);
         }
     }
 

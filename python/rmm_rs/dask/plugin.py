@@ -34,8 +34,10 @@ logger = logging.getLogger("rmm_rs.dask")
 
 _LIBRARIES = {"cupy": "CuPy", "torch": "PyTorch"}
 
-# The plugin whose set-up is in force in this process, if any.
+# The plugin whose set-up is in force in this process, if any; and one torn down just now
+# whose set-up is still in force until the event loop runs (a replacement may take over).
 _owner = None
+_retiring = None
 
 
 def _metrics(worker):
@@ -131,17 +133,19 @@ class RMMRsPlugin(WorkerPlugin):
         return s
 
     def setup(self, worker):
-        global _owner
-        previous = _owner
-        # Nothing changes unless everything needed is there.
-        for lib in self.external_libs:
-            if importlib.util.find_spec(lib) is None:
-                raise rmm_rs.RmmError(
-                    f"rmm_allocator_external_lib_list names {lib!r}, which this worker cannot "
-                    f"import: install {_LIBRARIES[lib]} on the workers, or leave {lib!r} out "
-                    "(the worker keeps its set-up)"
-                )
+        global _owner, _retiring
+        previous = _owner if _owner is not None else _retiring
+        changed = False
         try:
+            # Nothing changes unless everything needed is there.
+            for lib in self.external_libs:
+                if importlib.util.find_spec(lib) is None:
+                    raise rmm_rs.RmmError(
+                        f"rmm_allocator_external_lib_list names {lib!r}, which this worker "
+                        f"cannot import: install {_LIBRARIES[lib]} on the workers, or leave "
+                        f"{lib!r} out (the worker keeps its set-up)"
+                    )
+            changed = True
             if rmm_rs.is_initialized():
                 rmm_rs.reinitialize(self.config, self.settings(worker))
             else:
@@ -149,9 +153,9 @@ class RMMRsPlugin(WorkerPlugin):
             self._install_allocators()
             self._install_store(worker)
         except Exception:
-            self._roll_back(worker, previous)
+            self._roll_back(worker, previous, changed)
             raise
-        _owner = self
+        _owner, _retiring = self, None
         worker.metrics["rmm"] = _metrics
         worker.metrics["rmm_rs"] = _all_metrics
         worker.metrics["rmm-rs-spill"] = _spill_metrics
@@ -188,17 +192,21 @@ class RMMRsPlugin(WorkerPlugin):
                 type(data).__name__,
             )
 
-    def _roll_back(self, worker, previous):
-        """Puts back the set-up in force before (the previous plugin's), or none."""
-        global _owner
+    def _roll_back(self, worker, previous, changed):
+        """Puts back the set-up in force before (the previous plugin's), or none; `changed`
+        when this plugin's set-up had begun to apply."""
+        global _owner, _retiring
         try:
             if previous is not None:
-                rmm_rs.reinitialize(previous.config, previous.settings(worker))
+                if changed:
+                    rmm_rs.reinitialize(previous.config, previous.settings(worker))
                 worker.plugins[self.name] = previous
                 worker.metrics["rmm"] = _metrics
                 worker.metrics["rmm_rs"] = _all_metrics
                 worker.metrics["rmm-rs-spill"] = _spill_metrics
-                _owner = previous
+                _owner, _retiring = previous, None
+            elif not changed:
+                pass
             elif isinstance(worker.data, DeviceStore):
                 store = worker.data
                 rmm_rs.reinitialize(store.config, store.settings())
@@ -208,7 +216,7 @@ class RMMRsPlugin(WorkerPlugin):
             logger.error("rmm-rs: restoring the previous set-up failed: %s", e)
 
     def teardown(self, worker):
-        global _owner
+        global _owner, _retiring
         for m in ("rmm", "rmm_rs", "rmm-rs-spill"):
             worker.metrics.pop(m, None)
         if _owner is not self:
@@ -216,7 +224,7 @@ class RMMRsPlugin(WorkerPlugin):
         # A plugin of the same name replacing this one is set up right after this returns,
         # before the event loop runs again: let it take over the running runtime (or put
         # this one back if it fails). Only when none did is the memory given back.
-        _owner = None
+        _owner, _retiring = None, self
         try:
             asyncio.get_running_loop().call_soon(_finalize_if_unowned, worker)
         except RuntimeError:
@@ -224,5 +232,8 @@ class RMMRsPlugin(WorkerPlugin):
 
 
 def _finalize_if_unowned(worker):
-    if _owner is None and not isinstance(getattr(worker, "data", None), DeviceStore):
-        rmm_rs.finalize()
+    global _retiring
+    if _owner is None:
+        _retiring = None
+        if not isinstance(getattr(worker, "data", None), DeviceStore):
+            rmm_rs.finalize()

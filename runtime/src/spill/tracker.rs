@@ -168,7 +168,10 @@ impl Tracker {
             && let Err(e) = self.spill_oldest(over as u64, except)
         {
             // The allocation goes ahead; if the device is really full it fails on its own.
-            tracing::warn!("spilling to make room for {bytes} bytes: {e}");
+            tracing::warn!(
+                "spilling to keep the device under its spill limit ({bytes} bytes more asked \
+                 for): {e}"
+            );
         }
     }
 
@@ -275,5 +278,9 @@ impl SpillObserver for Tracker {
 
     fn dropped(&self, id: u64) {
         self.lru.lock().remove(id);
+    }
+
+    fn released(&self, _id: u64) {
+        self.enforce_limit(None, 0);
     }
 }
