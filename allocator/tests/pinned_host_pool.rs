@@ -157,3 +157,55 @@ fn a_growable_pool_pins_as_needed_and_stops_at_its_maximum() {
     drop((a, b, c));
     assert_eq!(pool.used(), 0);
 }
+
+/// Waits (up to 10 s) until `pool` is not pinning ahead; its capacity then.
+fn settled(pool: &PinnedHostPool) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pool.is_pinning_ahead() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(!pool.is_pinning_ahead(), "still pinning after 10 s");
+    pool.capacity()
+}
+
+#[test]
+fn a_growable_pool_keeps_memory_pinned_ahead_of_demand_within_its_maximum() {
+    let sim = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Backed,
+    })
+    .unwrap();
+    let pool = PinnedHostPool::growable(sim, Some(300 * MIB));
+    pool.keep_free(100 * MIB);
+    // Pinned in the background before anything asked.
+    assert!(settled(&pool) >= 100 * MIB);
+    let before = pool.pinning_time();
+    // A request within the headroom is served from what was pinned ahead.
+    let a = pool.allocate(90 * MIB).unwrap();
+    // and the pool pins again behind it, to keep 100 MiB free.
+    let capacity = settled(&pool);
+    assert!(capacity - pool.used() >= 100 * MIB, "{capacity} pinned");
+    assert!(pool.pinning_time() > before);
+    // Never past the maximum, however much it is asked to keep free.
+    pool.keep_free(1 << 30);
+    assert_eq!(settled(&pool), 300 * MIB);
+    assert_eq!(sim.pinned_host_bytes(), 300 * MIB);
+    // (Slices never cross a registered chunk: large data takes several.)
+    let b: Vec<_> = [100, 90, 10]
+        .iter()
+        .map(|n| pool.allocate(n * MIB).unwrap())
+        .collect();
+    assert_eq!(pool.used(), 290 * MIB);
+    drop((a, b));
+    assert_eq!(pool.used(), 0);
+}
+
+#[test]
+fn a_fixed_pool_ignores_pinning_ahead() {
+    let pool = PinnedHostPool::new(32 * MIB).unwrap();
+    pool.keep_free(1 << 30);
+    assert!(!pool.is_pinning_ahead());
+    assert_eq!(pool.capacity(), 32 * MIB);
+    assert_eq!(pool.headroom(), 0);
+}

@@ -12,11 +12,14 @@
 //! A pool is either fixed ([`PinnedHostPool::new`]: everything pinned up front, the
 //! `spill.host_pool_size` case) or growable ([`PinnedHostPool::growable`]: pins another
 //! region when a request does not fit, up to an optional maximum; `host_pool_size = "none"`).
+//! A growable pool can also keep some memory pinned ahead of demand
+//! ([`PinnedHostPool::keep_free`]): a background thread pins more whenever less is free, so
+//! that a large spill does not wait for pinning.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -63,6 +66,10 @@ struct Inner {
     used: AtomicUsize,
     peak: AtomicUsize,
     pinning_ns: AtomicU64,
+    /// Free bytes a growable pool keeps pinned ahead of demand (0: none).
+    headroom: AtomicUsize,
+    /// True while a background thread pins ahead.
+    pinning_ahead: AtomicBool,
 }
 
 impl fmt::Debug for PinnedHostPool {
@@ -114,6 +121,8 @@ impl PinnedHostPool {
                 used: 0.into(),
                 peak: 0.into(),
                 pinning_ns: 0.into(),
+                headroom: 0.into(),
+                pinning_ahead: false.into(),
             }),
         }
     }
@@ -161,6 +170,27 @@ impl PinnedHostPool {
             .unwrap_or(0)
     }
 
+    /// Keeps at least `bytes` free and pinned ahead of demand (within the maximum; a growable
+    /// pool only, a fixed one ignores it): a background thread pins more now, and again
+    /// whenever slices handed out leave less free. 0 stops pinning ahead (memory pinned stays).
+    pub fn keep_free(&self, bytes: usize) {
+        if !self.is_growable() {
+            return;
+        }
+        self.inner.headroom.store(bytes, Ordering::Relaxed);
+        Inner::pin_ahead(&self.inner);
+    }
+
+    /// The free bytes kept pinned ahead of demand ([`keep_free`](Self::keep_free)).
+    pub fn headroom(&self) -> usize {
+        self.inner.headroom.load(Ordering::Relaxed)
+    }
+
+    /// True while a background thread is pinning ahead of demand.
+    pub fn is_pinning_ahead(&self) -> bool {
+        self.inner.pinning_ahead.load(Ordering::Acquire)
+    }
+
     /// Time spent pinning so far.
     pub fn pinning_time(&self) -> Duration {
         Duration::from_nanos(self.inner.pinning_ns.load(Ordering::Relaxed))
@@ -172,6 +202,7 @@ impl PinnedHostPool {
     pub fn allocate(&self, bytes: usize) -> Result<PinnedSlice> {
         let len = bytes.max(1).next_multiple_of(PINNED_ALIGNMENT);
         if let Some(s) = self.try_allocate(len) {
+            Inner::pin_ahead(&self.inner);
             return Ok(s);
         }
         if let Some(limit) = self.inner.grow_limit {
@@ -193,6 +224,7 @@ impl PinnedHostPool {
                 match self.inner.grow(step, len.max(MIN_CHUNK)) {
                     Ok(()) => {
                         if let Some(s) = self.try_allocate(len) {
+                            Inner::pin_ahead(&self.inner);
                             return Ok(s);
                         }
                     }
@@ -239,6 +271,56 @@ impl PinnedHostPool {
 }
 
 impl Inner {
+    /// Bytes pinned and not handed out.
+    fn free(&self) -> usize {
+        self.capacity
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.used.load(Ordering::Relaxed))
+    }
+
+    /// What to pin ahead now: the step toward the headroom within the maximum, or `None`.
+    fn ahead_step(&self) -> Option<usize> {
+        let want = self.headroom.load(Ordering::Relaxed);
+        let free = self.free();
+        let room = self
+            .grow_limit?
+            .saturating_sub(self.capacity.load(Ordering::Relaxed));
+        (want > free && room > 0)
+            .then(|| (want - free).clamp(GROWTH_STEP, MAX_GROWTH_STEP).min(room))
+    }
+
+    /// Starts a background thread pinning toward the headroom, unless one runs or none is
+    /// needed. A failure to pin is logged and ends it: a request then pins (or fails) itself.
+    fn pin_ahead(self: &Arc<Self>) {
+        if self.ahead_step().is_none() || self.pinning_ahead.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let inner = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("rmm-pin-ahead".into())
+            .spawn(move || {
+                while let Some(step) = inner.ahead_step() {
+                    // One pinner at a time: a request short of memory waits, then finds it.
+                    let _one_grower = inner.growing.lock();
+                    let Some(step) = inner.ahead_step().map(|s| s.min(step)) else {
+                        break;
+                    };
+                    if let Err(e) = inner.grow(step, MIN_CHUNK) {
+                        tracing::warn!(
+                            bytes = step,
+                            "pinning host memory ahead of demand failed: {e}"
+                        );
+                        break;
+                    }
+                }
+                inner.pinning_ahead.store(false, Ordering::Release);
+            });
+        if let Err(e) = spawned {
+            self.pinning_ahead.store(false, Ordering::Release);
+            tracing::warn!("no thread to pin host memory ahead of demand: {e}");
+        }
+    }
+
     /// Pins a region of `bytes` in chunks of at least `min_chunk` and adds them.
     fn grow(&self, bytes: usize, min_chunk: usize) -> Result<()> {
         let start = Instant::now();

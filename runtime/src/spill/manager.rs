@@ -13,6 +13,10 @@ use super::foreign::{ForeignData, ForeignOwner};
 use super::statistics::{Moves, SpillStatistics, TierStatistics};
 use super::tracker::{Spillable, Tracker};
 
+/// The most pinned host memory a growable host pool (`spill.host_pool_size = "none"`) keeps
+/// free ahead of demand: it keeps the device limit's worth, up to this.
+pub const PIN_AHEAD_MAX: u64 = 16 << 30;
+
 /// Spilling for one device: see the module documentation.
 pub struct SpillManager {
     store: Arc<SpillStore>,
@@ -48,6 +52,9 @@ impl SpillManager {
             ..Tracker::default()
         });
         tracker.limit.store(spill.threshold, Ordering::Relaxed);
+        store
+            .host()
+            .keep_free(spill.threshold.min(PIN_AHEAD_MAX) as usize);
         Ok(SpillManager {
             made_with: (spill.host_pool_size, spill.disk_directory.clone()),
             store,
@@ -71,7 +78,7 @@ impl SpillManager {
             );
         }
         if !self.limit_fixed.load(Ordering::Relaxed) {
-            self.tracker.limit.store(spill.threshold, Ordering::Relaxed);
+            self.set_limit(spill.threshold);
         }
         self.eager_unspill
             .store(spill.eager_unspill, Ordering::Relaxed);
@@ -85,9 +92,17 @@ impl SpillManager {
     /// # Errors
     /// As [`enforce_limit`](Self::enforce_limit); the limit is set regardless.
     pub fn fix_limit(&self, bytes: u64) -> rmm_allocator::Result<u64> {
-        self.tracker.limit.store(bytes, Ordering::Relaxed);
+        self.set_limit(bytes);
         self.limit_fixed.store(true, Ordering::Relaxed);
         self.enforce_limit()
+    }
+
+    /// The limit, and the host memory pinned ahead of demand that goes with it.
+    fn set_limit(&self, bytes: u64) {
+        self.tracker.limit.store(bytes, Ordering::Relaxed);
+        self.store
+            .host()
+            .keep_free(bytes.min(PIN_AHEAD_MAX) as usize);
     }
 
     /// The device limit now.
