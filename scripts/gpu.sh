@@ -5,6 +5,8 @@
 #   scripts/gpu.sh build   # here: archive the test binaries and release binaries into .gpu/
 #   scripts/gpu.sh run     # there: run everything with RMM_BACKEND=cuda, logs into $OUT (or ./gpu-out)
 #   scripts/gpu.sh multi   # there, on several GPUs: tests, runtime benchmark, demo on all (issue 15)
+#   scripts/gpu.sh wheels  # here: the rmm_rs wheel and Dask's, dask-cuda's wheels into .whl/
+#   scripts/gpu.sh python  # there: the Python tests (CuPy, PyTorch, Dask) and benchmarks
 #
 # Environment of `run`: TEST_THREADS (default 4); BENCH=0 skips examples and benchmarks;
 # BENCHES="runtime allocators" runs only those benchmarks (default: all); TESTS=0 skips tests.
@@ -112,8 +114,47 @@ multi)
     echo "multi exit status: $status"
     exit "$status"
     ;;
+wheels)
+    # The GPU machine has CuPy, PyTorch and Numba but no Dask: dask-cuda 26.10 and the Dask
+    # it pins travel as wheels, with the rmm_rs wheel built here.
+    mkdir -p .whl
+    rm -f .whl/rmm_rs-*.whl
+    python3 -m pip install -q maturin
+    python3 -m maturin build --release --quiet -m python/Cargo.toml -o .whl
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform any -d .whl \
+        dask==2026.7.1 distributed==2026.7.1 dask-cuda==26.10.0 rapids-dask-dependency==26.10.0 \
+        partd locket tblib tornado zict
+    du -sh .whl
+    ;;
+python)
+    # After `wheels` here: carry .whl; PYTEST=0 skips the tests, BENCH=0 the benchmarks.
+    out="${OUT:-gpu-out}"
+    mkdir -p "$out"
+    repo=$(pwd)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site RMM_BACKEND=cuda PYTHONUNBUFFERED=1
+    status=0
+    if [ "${PYTEST:-1}" = 1 ]; then
+        set +e
+        (cd /tmp && python3 -m pytest -q -p no:cacheprovider -rs "$repo/python/tests" \
+            > "$out/pytest.txt" 2>&1)
+        status=$?
+        set -e
+        tail -15 "$out/pytest.txt"
+    fi
+    if [ "${BENCH:-1}" = 1 ]; then
+        python3 python/bench/device_store.py --json "$out/device_store.json" 2>"$out/bench-device-store.err" \
+            | tee "$out/bench-device-store.txt" || status=1
+        python3 python/bench/allocators.py --calls 20000 --rounds 6 2>&1 \
+            | tee "$out/bench-python-allocators.txt" || status=1
+    fi
+    exit "$status"
+    ;;
 *)
-    echo "usage: $0 build|run|multi" >&2
+    echo "usage: $0 build|run|multi|wheels|python" >&2
     exit 2
     ;;
 esac

@@ -36,7 +36,8 @@ def cupy_rounds(calls, rounds):
 
     rmm_rs.initialize(CONFIG)
     pool = cupy.cuda.MemoryPool()
-    ours = rmm_cupy.allocator()
+    # What install() sets: the C functions with CuPy's out-of-memory error on failure.
+    ours = rmm_cupy.checked(rmm_cupy.allocator())
 
     def one():
         x = cupy.empty(MIB, dtype=cupy.uint8)
@@ -46,7 +47,7 @@ def cupy_rounds(calls, rounds):
     for _ in range(rounds):
         cupy.cuda.set_allocator(pool.malloc)
         results["cupy MemoryPool"].append(per_call_us(one, calls))
-        cupy.cuda.set_allocator(ours.malloc)
+        cupy.cuda.set_allocator(ours)
         results["rmm-rs"].append(per_call_us(one, calls))
     cupy.cuda.set_allocator(pool.malloc)
     return {k: statistics.median(v) for k, v in results.items()}
