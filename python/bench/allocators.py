@@ -43,12 +43,15 @@ def cupy_rounds(calls, rounds):
         x = cupy.empty(MIB, dtype=cupy.uint8)
         del x
 
-    results = {"cupy MemoryPool": [], "rmm-rs": []}
+    unchecked = ours.allocator.malloc
+    results = {"cupy MemoryPool": [], "rmm-rs": [], "rmm-rs (C functions alone)": []}
     for _ in range(rounds):
         cupy.cuda.set_allocator(pool.malloc)
         results["cupy MemoryPool"].append(per_call_us(one, calls))
         cupy.cuda.set_allocator(ours)
         results["rmm-rs"].append(per_call_us(one, calls))
+        cupy.cuda.set_allocator(unchecked)
+        results["rmm-rs (C functions alone)"].append(per_call_us(one, calls))
     cupy.cuda.set_allocator(pool.malloc)
     return {k: statistics.median(v) for k, v in results.items()}
 

@@ -243,3 +243,27 @@ def test_buffers_pickle_and_serialize_with_every_family():
             header, frames = serialize(x, serializers=(family,), on_error="raise")
             y = deserialize(header, frames, deserializers=(family,))
             assert type(y) is type(x) and y.to_bytes() == raw, family
+
+
+class Opaque:
+    """A device object Dask has no serializer for."""
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    @property
+    def __cuda_array_interface__(self):
+        return self.buf.__cuda_array_interface__
+
+
+def test_a_value_that_cannot_be_serialized_stays_as_it_is_and_is_named():
+    store = store_with("1MiB")
+    value = Opaque(rmm_rs.DeviceBuffer.from_bytes(data(2 * MIB, 5)))
+    store["opaque"] = value
+    assert store["opaque"] is value
+    assert store.tier("opaque") == "host-store"
+    assert "Opaque" in store.unspillable["opaque"]
+    put(store, 2)  # pressure spills the others, never it
+    assert store["opaque"].buf.to_bytes() == data(2 * MIB, 5)
+    del store["opaque"]
+    assert store.unspillable == {}

@@ -99,6 +99,12 @@ def test_a_failed_cupy_allocation_raises_cupys_out_of_memory_error(cupy_on_rmm_r
     assert float(x.sum()) == 1024.0
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="PyTorch's CUDAPluggableAllocator does not check the pointer its allocation "
+    "function returns, and a C function cannot raise into it: a failed allocation becomes a "
+    "tensor at address 0 (known limitation; fails loudly here once PyTorch checks it)",
+)
 def test_a_failed_torch_allocation_through_rmm_rs():
     pytest.importorskip("torch")
     code = textwrap.dedent(

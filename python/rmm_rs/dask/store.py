@@ -177,7 +177,7 @@ class DeviceStore(MutableMapping):
     def __setitem__(self, key, value):
         with self._lock:
             self._discard(key)
-            entry = self._adopt(value) if is_device_object(value) else None
+            entry = self._adopt(key, value) if is_device_object(value) else None
             if entry is not None:
                 self._device[key] = entry
             else:
@@ -193,9 +193,9 @@ class DeviceStore(MutableMapping):
         with self._lock:
             if key in self._device:
                 del self._device[key]
-                self.unspillable.pop(key, None)
             else:
                 del self._host[key]
+            self.unspillable.pop(key, None)
 
     def __contains__(self, key):
         return key in self._device or key in self._host
@@ -213,17 +213,17 @@ class DeviceStore(MutableMapping):
         if key in self._host:
             del self._host[key]
 
-    def _adopt(self, value):
+    def _adopt(self, key, value):
         """The entry of a device value, or None when Dask cannot serialize it (it then stays
-        in the host store as it is: counted nowhere, never spilled, named in
-        ``unspillable``)."""
+        in the host store as it is: counted nowhere, never spilled, and ``unspillable[key]``
+        says why)."""
         prior = self._by_object.get(id(value))
         if prior is not None and prior.adopted.value() is value:
             return prior
         try:
             header, frames = serialize(value, serializers=("cuda",), on_error="raise")
         except Exception as e:  # noqa: BLE001 - any failure means "cannot spill"
-            self.unspillable[type(value).__name__] = str(e)
+            self.unspillable[key] = f"{type(value).__name__}: {e}"
             return None
         allocations, specs, extents = [], [], []
         for f in frames:
