@@ -127,6 +127,23 @@ def test_a_failed_torch_allocation_through_rmm_rs():
     assert "OOM" in out.stdout and "after 1024.0" in out.stdout, out.stdout + out.stderr[-2000:]
 
 
+def test_the_torch_mem_pool_path_keeps_statistics_and_raises_torchs_out_of_memory():
+    torch = pytest.importorskip("torch")
+    from rmm_rs.allocators import torch as rmm_torch
+
+    rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "2GiB", "maximum_size": "2GiB"}})
+    pool = rmm_torch.mem_pool()
+    before = rmm_rs.statistics()["0"]["total_bytes"]
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
+        assert torch.cuda.memory_stats()["allocated_bytes.all.current"] >= 64 << 20
+        assert rmm_rs.statistics()["0"]["total_bytes"] >= before + (64 << 20)
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
+        assert int(t.sum()) == 64 << 20
+    del t
+
+
 def cupy_cluster_run(client):
     futures = client.map(make_cupy, range(16), pure=False)
     assert all(client.gather(client.map(check_cupy, futures, range(16))))
