@@ -28,7 +28,9 @@ pub use managed_memory_resource::ManagedMemoryResource;
 pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;
 pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool};
-pub use pool_memory_resource::{PoolBuilder, PoolMemoryResource, PoolSize, PoolSnapshot};
+pub use pool_memory_resource::{
+    DEFAULT_GROWTH, PoolBuilder, PoolMemoryResource, PoolSize, PoolSnapshot,
+};
 
 pub use crate::backend::host::{HostBlock, PinnedSlice};
 use crate::backend::{DevicePtr, MemInfo};

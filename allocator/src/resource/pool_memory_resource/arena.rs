@@ -299,6 +299,15 @@ impl ArenaState {
         self.large.steal(size).or_else(|| self.small.steal(size))
     }
 
+    /// Takes every free block out of both heaps (after flushing the cache and the empty bin
+    /// slabs), for the pool to merge with free neighbours of other arenas.
+    pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
+        self.flush_cache();
+        self.bins.release_empty(&mut self.small);
+        self.small.take_free_blocks(out);
+        self.large.take_free_blocks(out);
+    }
+
     /// Live blocks as (address, size).
     pub(crate) fn live_blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let pending_bins: Vec<u64> = self
