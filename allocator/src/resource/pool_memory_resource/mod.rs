@@ -3,8 +3,8 @@
 //! many workers).
 //!
 //! # Design
-//! * Memory comes from the upstream in large *chunks* (the initial size, then growth toward
-//!   the maximum, falling back to smaller tries when the upstream refuses).
+//! * Memory comes from the upstream in large *chunks* (the initial size, then growth by what
+//!   requests need, falling back to smaller tries when the upstream refuses).
 //! * Each stream has an *arena* that owns the ranges granted to it: a TLSF heap for requests
 //!   above 1 MiB and one for small requests (so small objects never fragment large regions).
 //!   Blocks split on allocation and merge with free neighbours on free, in O(1).
@@ -17,21 +17,26 @@
 //!   next request of the same size on its stream (a thread cache, as in tcmalloc): a thread
 //!   that frees and allocates one size again and again costs a lookup, not a split and a
 //!   merge. Cached blocks go back to their heap when it cannot serve a request, and from
-//!   every arena on `trim`, `release`, `synchronize` and before the pool fails
+//!   every arena on `trim`, `release`, `synchronize` and before the pool grows or fails
 //!   for lack of memory.
 //! * Stream order: a block freed on the stream that owns it is reusable by that stream at
 //!   once. A block freed on another stream waits for an event recorded on the freeing stream.
 //!   Memory moves between streams only through the pool's slow path, after the giving
 //!   stream's queued work has completed.
-//! * Out of memory: grant from the pool's free space, grow, reclaim every arena's free
-//!   regions, give entirely free chunks back to the upstream and grow again; only then fail,
-//!   with the pool's figures in the error.
+//! * A request an arena cannot serve takes, in order: the pool's free space; every arena's
+//!   idle memory (whole free regions, cached blocks, settled cross-stream frees, after the
+//!   owning stream's queued work); growth by the request's need rounded up to the growth
+//!   step (`pool.growth`, 1 GiB by default), never past the maximum; one large enough free
+//!   block of some arena; every arena's free blocks, merged across arenas; entirely free
+//!   chunks given back and growth again (see `growth.rs`). Only then does it fail, with the
+//!   pool's figures and what to try in the error (see `oom_report.rs`).
 
 mod arena;
 mod bins;
 mod block_cache;
 mod global;
 mod growth;
+mod oom_report;
 mod ptr_map;
 mod reclaim;
 mod tlsf;
@@ -45,12 +50,13 @@ use self::arena::{Arena, SMALL_LIMIT};
 use self::bins::BIN_LIMIT;
 use self::global::FreeSpace;
 pub use self::growth::DEFAULT_GROWTH;
+pub use self::oom_report::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use self::tlsf::GRANULE;
 use super::stream_arenas::StreamArenas;
 use super::{DeviceMemoryResource, out_of_memory};
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
-use crate::error::{Error, PoolUsage, Result, fmt_bytes};
+use crate::error::{Error, Result, fmt_bytes};
 use crate::hooks;
 use crate::per_device::SharedResource;
 use crate::stream::StreamView;
@@ -225,6 +231,19 @@ pub struct PoolSnapshot {
     pub fully_coalesced: bool,
 }
 
+impl PoolSnapshot {
+    /// Bytes reserved from the upstream (the pool's size).
+    pub fn reserved(&self) -> u64 {
+        self.pool_size
+    }
+
+    /// 1 − largest free block / free bytes: 0 when the free memory is one block, toward 1
+    /// when it is in many small pieces (0 when nothing is free).
+    pub fn fragmentation(&self) -> f64 {
+        oom_report::fragmentation(self.largest_free, self.free)
+    }
+}
+
 /// The pool. See the module documentation for the design.
 pub struct PoolMemoryResource {
     upstream: SharedResource,
@@ -344,7 +363,10 @@ impl PoolMemoryResource {
             requested = bytes,
             pool_size = usage.pool_size,
             in_use = usage.in_use,
+            free = usage.free,
             largest_free = usage.largest_free,
+            cached = usage.cached,
+            arenas = usage.arenas,
             "pool out of memory"
         );
         Err(out_of_memory(
@@ -417,17 +439,6 @@ impl PoolMemoryResource {
     /// Gives every unused chunk back to the upstream. Returns the bytes released.
     pub fn release(&self) -> Result<u64> {
         self.trim(0)
-    }
-
-    /// The figures the out-of-memory error reports.
-    pub fn usage(&self) -> PoolUsage {
-        let s = self.snapshot_figures();
-        PoolUsage {
-            pool_size: s.pool_size as usize,
-            in_use: s.in_use as usize,
-            largest_free: s.largest_free as usize,
-            maximum_size: Some(self.maximum as usize),
-        }
     }
 
     fn snapshot_figures(&self) -> PoolSnapshot {
