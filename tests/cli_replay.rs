@@ -76,6 +76,11 @@ fn a_log_that_fits_prints_time_peak_and_fit() {
     );
     assert!(stdout.contains("2 thread(s)"), "{stdout}");
     assert!(stdout.contains("fit:        yes"), "{stdout}");
+    // The pool's figures after the replay: reserved against in use, and fragmentation.
+    assert!(
+        stdout.contains("pool:       reserved ") && stdout.contains("fragmentation"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use rmm::allocator::adaptor::replay::{LogAction, ReplayReport};
-use rmm::allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, replay};
+use rmm::allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, find_in_chain, replay};
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::error::fmt_bytes;
 use rmm::allocator::per_device::SharedResource;
@@ -255,6 +255,9 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let report = replay(&log, &*resource, &options)?;
     drop(guard);
     println!("{report}");
+    if let Some(pool) = find_in_chain::<PoolMemoryResource>(&*resource) {
+        println!("pool:       {}", pool.usage().summary());
+    }
     if let Some(recorder) = &recorder {
         let (timeline, source) = timeline(&args, &log, &report, recorder, total as u64);
         if let Some(path) = &args.plot {

@@ -72,6 +72,25 @@ impl PoolUsage {
         fragmentation(self.largest_free as u64, self.free as u64)
     }
 
+    /// One line for people: reserved, in use, free, largest free block, fragmentation and
+    /// arenas (what `rmm replay` and the runtime report print for a pool).
+    pub fn summary(&self) -> String {
+        format!(
+            "reserved {}{}, in use {}, free {} (largest block {}, fragmentation {:.1}%), \
+             {} arenas",
+            fmt_bytes(self.pool_size),
+            match self.maximum_size {
+                Some(m) => format!(" of maximum {}", fmt_bytes(m)),
+                None => String::new(),
+            },
+            fmt_bytes(self.in_use),
+            fmt_bytes(self.free),
+            fmt_bytes(self.largest_free),
+            self.fragmentation() * 100.0,
+            self.arenas
+        )
+    }
+
     /// The pool figures and the advice of an out-of-memory error for a request of
     /// `requested` bytes (the text after the device figures).
     pub fn explain(&self, requested: usize) -> String {
@@ -273,6 +292,15 @@ mod tests {
         ] {
             assert!(s.contains(part), "{part:?} missing from {s}");
         }
+    }
+
+    #[test]
+    fn the_summary_shows_reserved_against_in_use_and_the_fragmentation() {
+        assert_eq!(
+            usage().summary(),
+            "reserved 256.00 MiB of maximum 256.00 MiB, in use 160.00 MiB, free 96.00 MiB \
+             (largest block 48.00 MiB, fragmentation 50.0%), 3 arenas"
+        );
     }
 
     #[test]
