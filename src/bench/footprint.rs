@@ -12,11 +12,14 @@
 //!
 //! Every thread replays the `random` trace (sizes log-uniform 256 B – 16 MiB, allocate with
 //! p = 0.55 while its live bytes stay under its share of the cap, else free a random live
-//! block; everything freed at the end). After each phase the report holds the bytes the
-//! resource reserves and the peak of the live bytes (all threads together) so far. A pool
+//! block; everything freed at the end). A phase's threads start together and, before freeing
+//! what they hold at the end, wait for each other, so that their live sets (near their
+//! shares of the cap) coexist. After each phase the report holds the bytes the resource
+//! reserves and the peak of the live bytes (all threads together) so far. A pool
 //! that keeps what idle streams hold for itself grows with every phase; one that reuses it
 //! stays near the peak.
 
+use parking_lot::{Condvar, Mutex};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -132,6 +135,48 @@ impl Live {
     }
 }
 
+/// A reusable meeting point of `n` threads (a barrier that can be called off).
+struct Meet {
+    n: usize,
+    /// (threads waiting, meetings held, called off)
+    state: Mutex<(usize, u64, bool)>,
+    changed: Condvar,
+}
+
+impl Meet {
+    fn new(n: usize) -> Meet {
+        Meet {
+            n,
+            state: Mutex::new((0, 0, false)),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Waits until all `n` threads wait here (or the meetings are called off).
+    fn wait(&self) {
+        let mut s = self.state.lock();
+        if s.2 {
+            return;
+        }
+        s.0 += 1;
+        if s.0 == self.n {
+            *s = (0, s.1 + 1, false);
+            self.changed.notify_all();
+            return;
+        }
+        let held = s.1;
+        while s.1 == held && !s.2 {
+            self.changed.wait(&mut s);
+        }
+    }
+
+    /// Releases every waiting thread, now and later.
+    fn call_off(&self) {
+        self.state.lock().2 = true;
+        self.changed.notify_all();
+    }
+}
+
 /// The phases of one round: name, threads, whether they share one stream.
 const PHASES: [(&str, usize, bool); 4] = [
     ("1 stream", 1, false),
@@ -179,30 +224,33 @@ pub fn run(
                     .collect::<AllocResult<_>>()?
             };
             let seed = (round * 100 + p * 20) as u64;
+            let steps = (options.steps / threads).max(1);
             let traces: Vec<Vec<Op>> = (0..threads)
-                .map(|t| {
-                    random_trace(
-                        options.steps / threads,
-                        256,
-                        16 * MIB,
-                        options.cap / threads,
-                        seed + t as u64,
-                    )
-                })
+                .map(|t| random_trace(steps, 256, 16 * MIB, options.cap / threads, seed + t as u64))
                 .collect();
             let live = Live::default();
+            // Every thread reaches both meetings, failed or not; when a thread cannot be
+            // spawned the meetings are called off, so that none waits forever.
+            let barrier = Meet::new(threads);
             std::thread::scope(|scope| -> Result<(), BenchError> {
                 let handles: Vec<_> = traces
                     .iter()
                     .zip(&views)
                     .map(|(ops, &view)| {
-                        let (mr, live) = (&**mr, &live);
+                        let (mr, live, barrier) = (&**mr, &live, &barrier);
                         std::thread::Builder::new()
                             .name("rmm-footprint".into())
-                            .spawn_scoped(scope, move || replay_counted(mr, ops, view, live))
+                            .spawn_scoped(scope, move || {
+                                barrier.wait();
+                                // The trace's first `steps` operations, then its frees of
+                                // what is still live.
+                                let (body, tail) = ops.split_at(steps.min(ops.len()));
+                                replay_counted(mr, body, tail, view, live, barrier)
+                            })
                             .map_err(BenchError::Spawn)
                     })
-                    .collect::<Result<_, _>>()?;
+                    .collect::<Result<_, _>>()
+                    .inspect_err(|_| barrier.call_off())?;
                 let mut first = Ok(());
                 for h in handles {
                     let r = h
@@ -235,16 +283,24 @@ pub fn run(
     })
 }
 
-/// Replays `ops` on `stream`, counting live bytes in `live`; frees what is live on error.
+/// Replays `body` then (after every thread of the phase has replayed its body) `tail` on
+/// `stream`, counting live bytes in `live`; frees what is live on error.
 fn replay_counted(
     mr: &dyn rmm_allocator::DeviceMemoryResource,
-    ops: &[Op],
+    body: &[Op],
+    tail: &[Op],
     stream: StreamView,
     live: &Live,
+    barrier: &Meet,
 ) -> AllocResult<()> {
     let mut blocks: Vec<(DevicePtr, usize)> = Vec::with_capacity(1 << 12);
     let mut failed = None;
-    for op in ops {
+    let mut at_tail = false;
+    for (i, op) in body.iter().chain(tail).enumerate() {
+        if i == body.len() {
+            barrier.wait();
+            at_tail = true;
+        }
         match *op {
             Op::Alloc(size) => match mr.allocate(size, stream) {
                 Ok(p) => {
@@ -266,6 +322,9 @@ fn replay_counted(
             }
             Op::Free(_) => {}
         }
+    }
+    if !at_tail {
+        barrier.wait();
     }
     for (p, size) in blocks {
         live.sub(size);
