@@ -70,6 +70,10 @@ pub struct ReplayArgs {
     /// Maximum pool size (default: the device's memory).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub pool_maximum: Option<Size>,
+    /// Pool growth step: the pool grows by what a request needs rounded up to this (default
+    /// 1GiB; a share of device memory such as 5% works too).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub pool_growth: Option<Size>,
     /// Order of events across threads.
     #[arg(long, value_enum, default_value_t = Order::Logged)]
     pub order: Order,
@@ -206,6 +210,9 @@ fn build(
         }
         if let Some(s) = args.pool_maximum {
             b = b.maximum_size(pool_size(s));
+        }
+        if let Some(s) = args.pool_growth {
+            b = b.growth(s.resolve(device.mem_info()?.total as u64));
         }
         let pool = b.build()?;
         if let Some(t) = tap {

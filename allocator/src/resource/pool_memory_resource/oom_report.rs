@@ -6,7 +6,10 @@
 //! bytes in use and free, the largest free block and the fragmentation (1 − largest free /
 //! free), where the free bytes are (the pool's unassigned free space, the streams' arenas and
 //! their block caches, blocks waiting for another stream), and then what to try: a larger
-//! `pool.maximum_size`, `trim` of idle pools, fewer streams or threads per stream.
+//! `pool.maximum_size`, `trim` of idle pools, fewer streams or threads per stream. The
+//! figures are taken after the pool's own attempts (reclaim, stealing, gathering free blocks),
+//! so free memory an arena still holds is what those could not move: bin slots of partly used
+//! slabs, blocks waiting for another stream.
 
 use std::fmt::Write as _;
 
