@@ -94,6 +94,53 @@ fn memory_idle_on_other_streams_serves_a_request_before_the_pool_grows() {
 }
 
 #[test]
+fn memory_of_an_idle_stream_serves_a_request_without_waiting_for_a_busy_one() {
+    let (b, d) = sim(8 * GIB);
+    let pool = Arc::new(pool(d, 256 * MIB, None));
+    let idle = Stream::new(d).unwrap();
+    let busy = Stream::new(d).unwrap();
+    // Each stream takes half of the pool in 64 MiB regions and frees it: all of it idle in
+    // their arenas, but the busy stream still has work queued before its frees.
+    let take_half = |s: &Stream| -> Vec<DevicePtr> {
+        (0..2)
+            .map(|_| pool.allocate(64 * MIB, s.view()).unwrap())
+            .collect()
+    };
+    let mine = take_half(&idle);
+    let theirs = take_half(&busy);
+    let gate = b.hold_stream(0, busy.view().raw()).unwrap();
+    d.memset_async(theirs[0], 1, 64 * MIB, busy.view()).unwrap();
+    for (p, s) in mine
+        .iter()
+        .map(|p| (p, &idle))
+        .chain(theirs.iter().map(|p| (p, &busy)))
+    {
+        pool.deallocate(*p, 64 * MIB, s.view()).unwrap();
+    }
+    // 100 MiB on a third stream: the idle stream's two regions, side by side, are enough.
+    let third = Stream::new(d).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (pool2, view) = (Arc::clone(&pool), third.view());
+    let taker = std::thread::spawn(move || {
+        let q = pool2.allocate(100 * MIB, view).unwrap();
+        let _ = tx.send(());
+        q
+    });
+    let served = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+    let busy_was_busy = !busy.is_idle().unwrap();
+    gate.open();
+    let q = taker.join().unwrap();
+    assert!(
+        served && busy_was_busy,
+        "the request waited for the busy stream although an idle one had enough"
+    );
+    assert_eq!(pool.pool_size(), 256 * MIB as u64, "the pool grew");
+    assert_eq!(q, mine[0], "served from the idle stream's regions");
+    pool.deallocate(q, 100 * MIB, view).unwrap();
+    pool.validate().unwrap();
+}
+
+#[test]
 fn a_pool_grows_by_the_need_rounded_to_its_growth_step_not_by_its_size() {
     let (_, d) = sim(64 * GIB);
     let pool = pool(d, 0, None);

@@ -4,8 +4,9 @@
 //! Order (each step only when the ones before found nothing):
 //! 1. the pool's free space (memory not granted to any arena);
 //! 2. every arena's idle memory: entirely free regions, cached blocks, empty bin slabs and
-//!    blocks freed on other streams whose work is done, after the owning stream's queued
-//!    work ([`PoolMemoryResource::reclaim`]);
+//!    blocks freed on other streams whose work is done: first from arenas whose streams are
+//!    idle, without waiting ([`PoolMemoryResource::reclaim_idle`]), then from all, after the
+//!    owning stream's queued work ([`PoolMemoryResource::reclaim`]);
 //! 3. growth by what the request needs, rounded up to the pool's growth step and never past
 //!    the maximum size ([`growth_size`]);
 //! 4. one free block large enough, taken out of some arena's partly used region;
@@ -55,6 +56,12 @@ impl PoolMemoryResource {
         }
         let _span = tracing::debug_span!("pool reclaim/grow", device = self.device.ordinal(), need)
             .entered();
+        // Idle streams' memory first (no wait), then every stream's, after its queued work.
+        if self.reclaim_idle(&mut g)? > 0
+            && let Some(r) = g.take(need, want)
+        {
+            return Ok(Some(r));
+        }
         self.reclaim(&mut g)?;
         if let Some(r) = g.take(need, want) {
             return Ok(Some(r));

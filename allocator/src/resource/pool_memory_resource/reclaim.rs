@@ -12,6 +12,44 @@ use super::global::FreeSpace;
 use crate::error::Result;
 
 impl PoolMemoryResource {
+    /// Moves the entirely free regions of every arena whose stream is idle to the pool's free
+    /// space, without waiting for anything: blocks freed on other streams are settled only
+    /// when their events have completed, and an arena whose stream still has work queued
+    /// (checked after its regions were taken, so no work queued before their frees can be
+    /// pending) keeps them. Returns the bytes moved. The first step before the pool grows:
+    /// cheap when idle streams hold enough, and it never stalls behind a busy stream.
+    pub(super) fn reclaim_idle(&self, g: &mut FreeSpace) -> Result<u64> {
+        let backend = self.device.backend();
+        let dev = self.device.ordinal();
+        let (mut small, mut large) = (Vec::new(), Vec::new());
+        let mut moved = 0;
+        for arena in self.arenas.all() {
+            small.clear();
+            large.clear();
+            {
+                let mut st = arena.state.lock();
+                if st.has_pending() {
+                    st.settle_pending(backend, dev, false)?;
+                }
+                st.take_free_regions_by_heap(&mut small, &mut large);
+            }
+            if small.is_empty() && large.is_empty() {
+                continue;
+            }
+            // A stream that is gone or fails the query counts as busy: the blocking reclaim
+            // deals with it.
+            if backend.stream_query(dev, arena.stream).unwrap_or(false) {
+                for &(addr, size) in small.iter().chain(&large) {
+                    g.insert(addr, size);
+                    moved += size;
+                }
+            } else {
+                arena.state.lock().give_back_regions(&small, &large);
+            }
+        }
+        Ok(moved)
+    }
+
     /// Moves every arena's entirely free regions back to the pool's free space, after the
     /// arena's stream has finished the work queued before those frees.
     pub(super) fn reclaim(&self, g: &mut FreeSpace) -> Result<()> {
