@@ -62,6 +62,8 @@ fn a_log_that_fits_prints_time_peak_and_fit() {
         "40GiB",
         "--pool-initial",
         "0",
+        "--pool-growth",
+        "512MiB",
     ]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -76,6 +78,13 @@ fn a_log_that_fits_prints_time_peak_and_fit() {
     );
     assert!(stdout.contains("2 thread(s)"), "{stdout}");
     assert!(stdout.contains("fit:        yes"), "{stdout}");
+    // The pool's figures after the replay: reserved against in use, and fragmentation. Grown
+    // by each 1 GiB request's need (a whole number of 512 MiB steps), it holds the peak.
+    assert!(
+        stdout.contains("pool:       reserved 30.00 GiB of maximum 40.00 GiB, in use 0 B")
+            && stdout.contains("fragmentation"),
+        "{stdout}"
+    );
 }
 
 #[test]

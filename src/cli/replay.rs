@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use rmm::allocator::adaptor::replay::{LogAction, ReplayReport};
-use rmm::allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, replay};
+use rmm::allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, find_in_chain, replay};
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::error::fmt_bytes;
 use rmm::allocator::per_device::SharedResource;
@@ -70,6 +70,10 @@ pub struct ReplayArgs {
     /// Maximum pool size (default: the device's memory).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub pool_maximum: Option<Size>,
+    /// Pool growth step: the pool grows by what a request needs rounded up to this (default
+    /// 1GiB; a share of device memory such as 5% works too).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub pool_growth: Option<Size>,
     /// Order of events across threads.
     #[arg(long, value_enum, default_value_t = Order::Logged)]
     pub order: Order,
@@ -207,6 +211,9 @@ fn build(
         if let Some(s) = args.pool_maximum {
             b = b.maximum_size(pool_size(s));
         }
+        if let Some(s) = args.pool_growth {
+            b = b.growth(s.resolve(device.mem_info()?.total as u64));
+        }
         let pool = b.build()?;
         if let Some(t) = tap {
             t.constructing.store(false, Ordering::Relaxed);
@@ -255,6 +262,9 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let report = replay(&log, &*resource, &options)?;
     drop(guard);
     println!("{report}");
+    if let Some(pool) = find_in_chain::<PoolMemoryResource>(&*resource) {
+        println!("pool:       {}", pool.usage().summary());
+    }
     if let Some(recorder) = &recorder {
         let (timeline, source) = timeline(&args, &log, &report, recorder, total as u64);
         if let Some(path) = &args.plot {
