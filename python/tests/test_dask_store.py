@@ -36,7 +36,9 @@ def check(x, i):
 
 
 def statistics(dask_worker):
-    return dask_worker.data.statistics()
+    stats = dask_worker.data.statistics()
+    stats["keys"] = [k for k in dask_worker.data if dask_worker.data.tier(k) != "host-store"]
+    return stats
 
 
 def hold(x, i, key):
@@ -92,8 +94,11 @@ def results(client):
 def test_results_three_times_the_limit_spill_to_host_and_disk_and_read_back(client, results):
     assert all(client.gather(client.map(check, results, range(N))))
     stats = list(client.run(statistics).values())
-    assert sum(s["device_count"] + s["host_count"] + s["disk_count"] for s in stats) == N
-    assert sum(s["device_bytes"] + s["host_bytes"] + s["disk_bytes"] for s in stats) == N * SIZE
+    # Every result is held (a worker may also hold a replica of another's, fetched for a task).
+    assert {k for s in stats for k in s["keys"]} == {f.key for f in results}
+    for s in stats:
+        assert s["device_count"] + s["host_count"] + s["disk_count"] == len(s["keys"])
+        assert s["device_bytes"] + s["host_bytes"] + s["disk_bytes"] == len(s["keys"]) * SIZE
     # Reading everything back brought data to the device; released, it went off again.
     assert all(s["spill"]["tracked_bytes"] <= 16 * MIB for s in stats), stats
     assert sum(s["host_count"] for s in stats) > 0
@@ -114,6 +119,19 @@ def test_a_tasks_input_is_not_spilled_while_it_runs(client, results):
         for i, f in enumerate(results[:4])
     ]
     assert client.gather(futures) == [("device", True)] * 4
+
+
+def test_a_task_reads_a_buffer_made_on_another_worker(client, results):
+    # Each check runs on the worker that does not hold its input: the buffer travels.
+    workers = sorted(client.scheduler_info()["workers"])
+    who_has = client.who_has(results[:6])
+    futures = []
+    for i, f in enumerate(results[:6]):
+        other = [w for w in workers if w not in who_has[f.key]]
+        futures.append(
+            client.submit(check, f, i, workers=other, allow_other_workers=False, pure=False)
+        )
+    assert client.gather(futures, errors="raise") == [True] * 6
 
 
 def test_values_survive_reinitialize_through_client_run(client, results):

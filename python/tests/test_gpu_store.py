@@ -144,9 +144,26 @@ def test_the_torch_mem_pool_path_keeps_statistics_and_raises_torchs_out_of_memor
     del t
 
 
+def make_tensor(i):
+    import torch
+
+    return torch.full((4 << 20,), float(i), device="cuda")
+
+
+def check_tensor(t, i):
+    return t.is_cuda and t.shape == (4 << 20,) and bool((t == float(i)).all())
+
+
 def cupy_cluster_run(client):
     futures = client.map(make_cupy, range(16), pure=False)
     assert all(client.gather(client.map(check_cupy, futures, range(16))))
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        tensors = None
+    else:
+        tensors = client.map(make_tensor, range(8), pure=False)
+        assert all(client.gather(client.map(check_tensor, tensors, range(8))))
     stats = list(client.run(lambda dask_worker: dask_worker.data.statistics()).values())
     assert sum(s["host_count"] + s["disk_count"] for s in stats) > 0, stats
     client.run(
@@ -154,6 +171,8 @@ def cupy_cluster_run(client):
         {"spill": {"enabled": True}, "pool": {"enabled": True, "initial_size": "2GiB"}},
     )
     assert all(client.gather(client.map(check_cupy, futures, range(16), pure=False)))
+    if tensors is not None:
+        assert all(client.gather(client.map(check_tensor, tensors, range(8), pure=False)))
 
 
 def test_a_local_cuda_cluster_with_the_store_and_the_cupy_allocator():

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use common::{config, devices, pattern, serial, sim};
+use common::{FileSizeCap, config, devices, pattern, serial, sim};
 use rmm_allocator::per_device::get_per_device_resource;
 use rmm_allocator::spill::Tier;
 use rmm_allocator::{DevicePtr, Error as AllocError, StreamView};
@@ -293,4 +293,36 @@ fn a_spilled_value_in_use_on_the_device_stays_there() {
     drop(views);
     assert_eq!(m.spill_all().unwrap(), 2 * MIB as u64);
     assert_eq!(v.tier(), Tier::Host);
+}
+
+#[test]
+fn a_failing_disk_write_leaves_the_value_on_the_device_and_no_file() {
+    let _s = serial();
+    sim();
+    let dir = tempfile::tempdir().unwrap();
+    // A 4 MiB host pool: a 40 MiB value goes straight to disk, where writes fail past 1 MiB.
+    let rt = Runtime::start(&spilling("1GiB", "4MiB", Some(dir.path()))).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let data = pattern(40 * MIB, 40);
+    let o = library_value(0, &data, &dropped);
+    let v = m.adopt(&[(o.ptr, o.size)], S, o);
+    {
+        let _cap = FileSizeCap::new(MIB as u64);
+        let err = v.spill().unwrap_err();
+        assert!(matches!(err, AllocError::SpillFile { .. }), "{err}");
+    }
+    assert_eq!(v.tier(), Tier::Device);
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        0,
+        "the owner keeps the memory"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    let s = m.statistics();
+    assert_eq!((s.tracked_bytes, s.disk_bytes), (40 * MIB as u64, 0));
+    // Without the cap it goes, and comes back intact.
+    assert_eq!(v.spill().unwrap(), 40 * MIB);
+    assert_eq!(v.tier(), Tier::Disk);
+    assert_eq!(read_back(&v), vec![data]);
 }

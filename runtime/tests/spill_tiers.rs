@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config, devices, pattern, read_on_device, serial, sim};
+use common::{FileSizeCap, config, devices, pattern, read_on_device, serial, sim};
 use proptest::prelude::*;
 use rmm_allocator::spill::{SpillableBuffer, Tier};
 use rmm_allocator::{Error as AllocError, StreamView};
@@ -273,39 +273,6 @@ fn a_full_host_pool_without_a_disk_tier_is_an_error_and_nothing_leaks() {
         "only the first buffer's bytes"
     );
     assert!(b.spill_to_disk().is_err(), "no disk tier");
-}
-
-/// Caps the size of files this process writes while alive (writes past it fail with EFBIG
-/// instead of raising SIGXFSZ).
-struct FileSizeCap {
-    old: libc::rlimit,
-}
-
-impl FileSizeCap {
-    fn new(bytes: u64) -> FileSizeCap {
-        let mut old = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: plain system calls on valid, owned structures.
-        unsafe {
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut old), 0);
-            let cap = libc::rlimit {
-                rlim_cur: bytes,
-                rlim_max: old.rlim_max,
-            };
-            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &cap), 0);
-        }
-        FileSizeCap { old }
-    }
-}
-
-impl Drop for FileSizeCap {
-    fn drop(&mut self) {
-        // SAFETY: restores the limit read in `new`.
-        unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &self.old) };
-    }
 }
 
 #[test]

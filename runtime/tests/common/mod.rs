@@ -115,3 +115,37 @@ pub fn read_on_device(
     b.device().copy_to_host(&mut out, guard.ptr()).unwrap();
     out
 }
+
+/// Caps the size of files this process writes while alive (writes past it fail with EFBIG
+/// instead of raising SIGXFSZ).
+pub struct FileSizeCap {
+    old: libc::rlimit,
+}
+
+impl FileSizeCap {
+    /// Caps files at `bytes` until dropped.
+    pub fn new(bytes: u64) -> FileSizeCap {
+        let mut old = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: plain system calls on valid, owned structures.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut old), 0);
+            let cap = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: old.rlim_max,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &cap), 0);
+        }
+        FileSizeCap { old }
+    }
+}
+
+impl Drop for FileSizeCap {
+    fn drop(&mut self) {
+        // SAFETY: restores the limit read in `new`.
+        unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &self.old) };
+    }
+}
