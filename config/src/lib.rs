@@ -87,7 +87,7 @@ mod types;
 
 pub use config::{EffectiveValue, render};
 pub use error::{Error, Result, Setting, Source};
-pub use loader::{CONFIG_PATH_VAR, ConfigLoader, DEFAULT_FILE};
+pub use loader::{CONFIG_PATH_VAR, ConfigLoader, DEFAULT_FILE, MAX_NESTING};
 pub use resolve::{DeviceFacts, ResolvedConfig, ResolvedDevice, ResolvedPool, ResolvedSpill};
 pub use schema::{ENV_NOT_KEYS, ENV_PREFIX, env_var_name, keys, per_device_keys};
 pub use size::{ALIGNMENT, ParseSizeError, Size, align_down};
