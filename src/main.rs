@@ -12,8 +12,10 @@ fn main() -> ExitCode {
     cli::init_logging(&args);
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of standard output went away (`rmm info | head -1`): nothing to say.
+        Err(e) if cli::is_broken_pipe(&*e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rmm: {e}");
+            cli::errln!("rmm: {e}");
             ExitCode::FAILURE
         }
     }

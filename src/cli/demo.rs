@@ -69,7 +69,7 @@ impl Progress for Bars {
             bar.set_message(name.to_string());
             *self.bar.lock() = Some(bar);
         } else {
-            eprintln!("phase {name}: {steps} steps");
+            errln!("phase {name}: {steps} steps");
         }
     }
 
@@ -83,7 +83,7 @@ impl Progress for Bars {
         if let Some(b) = self.bar.lock().take() {
             b.finish_and_clear();
         }
-        eprintln!("{summary}");
+        errln!("{summary}");
     }
 }
 
@@ -110,17 +110,17 @@ pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         record_events: args.torch_snapshot.is_some(),
     })?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!("{report}");
+        outln!("{report}")?;
     }
     if let Some(path) = &args.plot {
         rmm::timeline::svg::write_svg(&report.timeline, path)?;
-        eprintln!("timeline: {}", path.display());
+        errln!("timeline: {}", path.display());
     }
     if let Some(path) = &args.torch_snapshot {
         rmm::timeline::torch::write_torch_snapshot(&report.timeline, path)?;
-        eprintln!("PyTorch memory snapshot: {}", path.display());
+        errln!("PyTorch memory snapshot: {}", path.display());
     }
     Ok(())
 }

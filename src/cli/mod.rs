@@ -1,9 +1,42 @@
 //! Command-line interface of `rmm`.
+//!
+//! Output goes through [`outln!`] and [`errln!`], never `println!`: a closed pipe
+//! (`rmm info | head -1`) ends the command quietly (see [`is_broken_pipe`]) instead of
+//! panicking.
+
+/// `println!` that returns the write's `io::Result` instead of panicking when standard
+/// output is gone (a closed pipe).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!` that returns the write's `io::Result` (see [`outln!`]).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `eprintln!` that drops the line when standard error is gone, instead of panicking.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+pub(crate) use errln;
 
 mod bench;
 mod demo;
 mod info;
 mod replay;
+
+use std::io::IsTerminal;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -40,7 +73,24 @@ enum Command {
     Replay(replay::ReplayArgs),
 }
 
-/// Installs the `tracing` subscriber that prints to standard error.
+/// Whether `e` (or an error it wraps) is a write to a closed pipe: the reader went away
+/// (`rmm info | head -1`), so the command ends quietly.
+pub fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// Installs the `tracing` subscriber that prints to standard error, in colour only when
+/// standard error is a terminal (and `NO_COLOR` is unset): a log file or a pipe gets plain
+/// text.
 pub fn init_logging(cli: &Cli) {
     let filter = cli
         .log
@@ -50,6 +100,7 @@ pub fn init_logging(cli: &Cli) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("warn")))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .try_init();
 }
 

@@ -239,8 +239,8 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let b = backend::global()?;
     let device = Device::new(args.device)?;
     let total = device.mem_info()?.total;
-    println!("backend:    {}", b.describe());
-    println!("device:     {} ({} total)", args.device, fmt_bytes(total));
+    outln!("backend:    {}", b.describe())?;
+    outln!("device:     {} ({} total)", args.device, fmt_bytes(total))?;
     let recorder = (args.plot.is_some() || args.torch_snapshot.is_some())
         .then(|| Arc::new(Recorder::new(Instant::now())));
     let guard = recorder.as_ref().map(Recorder::register);
@@ -254,20 +254,20 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let report = replay(&log, &*resource, &options)?;
     drop(guard);
-    println!("{report}");
+    outln!("{report}")?;
     if let Some(recorder) = &recorder {
         let (timeline, source) = timeline(&args, &log, &report, recorder, total as u64);
         if let Some(path) = &args.plot {
             write_svg(&timeline, path)?;
-            println!("plot:       {} ({source})", path.display());
+            outln!("plot:       {} ({source})", path.display())?;
         }
         if let Some(path) = &args.torch_snapshot {
             write_torch_snapshot(&timeline, path)?;
-            println!(
+            outln!(
                 "snapshot:   {} (PyTorch memory snapshot {source}; open it at \
                  https://pytorch.org/memory_viz)",
                 path.display()
-            );
+            )?;
         }
     }
     match &report.failure {
