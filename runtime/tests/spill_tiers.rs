@@ -512,3 +512,28 @@ fn eight_workers_share_buffers_while_data_moves_through_every_tier() {
         "{s:?}"
     );
 }
+
+#[test]
+fn a_disk_directory_that_cannot_hold_files_fails_at_start_up() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    for bad in [Path::new("/proc"), file.as_path(), &file.join("below")] {
+        let err = Runtime::start(&tiers("1GiB", "4MiB", Some(bad)))
+            .err()
+            .unwrap_or_else(|| panic!("{} was accepted", bad.display()));
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("spill.disk_directory = {}", bad.display()))
+                && text.contains("a writable directory")
+                && text.contains("\"none\""),
+            "{text}"
+        );
+    }
+    // A missing directory is created, and the probe leaves nothing behind.
+    let fresh = dir.path().join("new").join("spill");
+    let rt = Runtime::start(&tiers("1GiB", "4MiB", Some(&fresh))).unwrap();
+    assert_eq!(files_in(&fresh), 0);
+    rt.shutdown().unwrap();
+}

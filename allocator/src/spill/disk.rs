@@ -74,11 +74,48 @@ fn io_error(path: &Path, operation: &'static str, e: std::io::Error) -> Error {
     }
 }
 
+/// Checks at start-up that `directory` is (or can be made) a directory this process can
+/// create files in, by creating and removing a probe file: a bad `spill.disk_directory`
+/// (`/proc`, a file, a read-only mount) fails here, not at the first spill.
+fn check_directory(directory: &Path) -> Result<()> {
+    let bad = |problem: String| {
+        Error::invalid_argument(
+            "spill.disk_directory",
+            directory.display(),
+            format!(
+                "a writable directory, but {problem}; create it, choose another directory, \
+                 or set spill.disk_directory = \"none\" to spill to host memory only"
+            ),
+        )
+    };
+    std::fs::create_dir_all(directory).map_err(|e| bad(format!("it cannot be created ({e})")))?;
+    match std::fs::metadata(directory) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Err(bad("it is not a directory".into())),
+        Err(e) => return Err(bad(format!("it cannot be read ({e})"))),
+    }
+    // Unique within the process: the devices' stores start in parallel.
+    static PROBES: AtomicU64 = AtomicU64::new(0);
+    let probe = directory.join(format!(
+        "rmm-spill-{}-probe{}.tmp",
+        std::process::id(),
+        PROBES.fetch_add(1, Ordering::Relaxed)
+    ));
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&probe)
+        .and_then(|mut f| f.write_all(b"rmm"))
+        .map_err(|e| bad(format!("no file can be written in it ({e})")))?;
+    std::fs::remove_file(&probe).map_err(|e| bad(format!("a file in it cannot be removed ({e})")))
+}
+
 impl DiskStore {
     /// Spill files of `device` under `directory` (created if missing); pins the staging
     /// slots through `device`'s backend.
     pub(crate) fn new(device: Device, directory: &Path) -> Result<DiskStore> {
-        std::fs::create_dir_all(directory).map_err(|e| io_error(directory, "create", e))?;
+        check_directory(directory)?;
         let staging_pool = PinnedHostPool::on(device.backend(), 2 * STAGING)?;
         let staging = [
             staging_pool.allocate(STAGING)?,
