@@ -10,6 +10,7 @@ use clap::Parser;
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     cli::init_logging(&args);
+    cli::handle_signals();
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         // The reader of standard output went away (`rmm info | head -1`): nothing to say.

@@ -37,6 +37,11 @@ mod info;
 mod replay;
 
 use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGXFSZ};
+use signal_hook::iterator::Signals;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -86,6 +91,49 @@ pub fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
         next = e.source();
     }
     false
+}
+
+/// Signals that end `rmm` after it removed its spill files.
+const ENDING: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
+
+/// Makes every way out of `rmm` leave no spill file behind:
+///
+/// * SIGINT, SIGTERM and SIGHUP: a thread removes this process's spill files (new ones can no
+///   longer be created), then exits with status 128 + the signal, as the shell reports a
+///   process killed by it;
+/// * SIGXFSZ (a write past `ulimit -f`): handled instead of fatal, so that the write fails
+///   with EFBIG and the spill reports an error (and removes its file).
+///
+/// A handler that cannot be installed is logged; the command runs on without it.
+pub fn handle_signals() {
+    if let Err(e) = signal_hook::flag::register(SIGXFSZ, Arc::new(AtomicBool::new(false))) {
+        tracing::warn!("cannot handle SIGXFSZ ({e}): a write past `ulimit -f` kills rmm");
+    }
+    let mut signals = match Signals::new(ENDING) {
+        Ok(signals) => signals,
+        Err(e) => {
+            tracing::warn!(
+                "cannot handle SIGINT/SIGTERM ({e}): interrupting rmm may leave spill files, \
+                 which the next run in that directory removes"
+            );
+            return;
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("rmm-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                let removed = rmm::allocator::spill::remove_files_for_exit();
+                errln!(
+                    "rmm: stopped by {}; removed {removed} spill file(s)",
+                    signal_hook::low_level::signal_name(signal).unwrap_or("a signal")
+                );
+                std::process::exit(128 + signal);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the signal-handling thread ({e})");
+    }
 }
 
 /// Installs the `tracing` subscriber that prints to standard error, in colour only when
