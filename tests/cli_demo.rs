@@ -209,3 +209,33 @@ fn a_file_size_limit_makes_a_spill_write_an_error_not_a_kill() {
     assert!(stderr.contains("File too large"), "{stderr}");
     assert_eq!(spill_files(&dir.path().join("spill")), Vec::<String>::new());
 }
+
+#[test]
+fn output_paths_that_cannot_be_written_fail_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "devices = [0]\n").unwrap();
+    let cases = [
+        ("--plot", "/nonexistent/x.svg".to_string()),
+        ("--torch-snapshot", dir.path().display().to_string()),
+    ];
+    for (option, path) in cases {
+        // A size whose run takes far longer than this test allows, were it started.
+        let started = std::time::Instant::now();
+        let out = rmm(&["demo", "--size", "large", option, &path], &config);
+        let all = text(&out);
+        assert!(!out.status.success(), "{all}");
+        assert!(all.contains(&format!("{option} {path}")), "{all}");
+        assert!(all.contains("writable directory"), "{all}");
+        assert!(!all.contains("phase "), "the run started: {all}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    }
+    // A good path that the run never writes (a failed run) is not left behind.
+    let svg = dir.path().join("t.svg");
+    let out = rmm(
+        &["demo", "--size", "tiny", "--plot", svg.to_str().unwrap()],
+        &dir.path().join("missing.toml"),
+    );
+    assert!(!out.status.success());
+    assert!(!svg.exists(), "{}", text(&out));
+}

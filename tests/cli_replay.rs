@@ -292,3 +292,26 @@ fn a_replay_that_does_not_fit_is_plotted_with_its_failure() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_unwritable_plot_path_fails_before_the_replay() {
+    let log = write_log("unwritable-plot.csv", 2);
+    for option in ["--plot", "--torch-snapshot"] {
+        let out = rmm(&[
+            "replay",
+            log.to_str().unwrap(),
+            "--simulate-capacity",
+            "40GiB",
+            option,
+            "/proc/rmm-replay.svg",
+        ]);
+        let (stdout, stderr) = text(&out);
+        assert!(!out.status.success(), "{stdout}{stderr}");
+        assert!(
+            stderr.contains(&format!("{option} /proc/rmm-replay.svg: cannot be written")),
+            "{stderr}"
+        );
+        // Nothing was replayed: the report's first line never came.
+        assert!(!stdout.contains("backend:"), "{stdout}");
+    }
+}

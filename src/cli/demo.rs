@@ -14,6 +14,8 @@ use parking_lot::Mutex;
 use rmm::config::ConfigLoader;
 use rmm::demo::{DemoOptions, DemoSize, Progress};
 
+use super::output::OutputFile;
+
 /// How much work (`--size`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Size {
@@ -89,6 +91,17 @@ impl Progress for Bars {
 
 /// Runs `rmm demo`.
 pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // Output paths first: a bad one fails now, not after the whole run.
+    let plot = args
+        .plot
+        .as_deref()
+        .map(|p| OutputFile::open("--plot", p))
+        .transpose()?;
+    let snapshot = args
+        .torch_snapshot
+        .as_deref()
+        .map(|p| OutputFile::open("--torch-snapshot", p))
+        .transpose()?;
     let progress: Arc<dyn Progress> = if args.quiet {
         Arc::new(rmm::demo::NoProgress)
     } else {
@@ -114,12 +127,14 @@ pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         outln!("{report}")?;
     }
-    if let Some(path) = &args.plot {
-        rmm::timeline::svg::write_svg(&report.timeline, path)?;
+    if let Some(file) = plot {
+        let path = file.path().to_path_buf();
+        file.write(rmm::timeline::render_svg(&report.timeline)?.as_bytes())?;
         errln!("timeline: {}", path.display());
     }
-    if let Some(path) = &args.torch_snapshot {
-        rmm::timeline::torch::write_torch_snapshot(&report.timeline, path)?;
+    if let Some(file) = snapshot {
+        let path = file.path().to_path_buf();
+        file.write(&rmm::timeline::torch_snapshot_bytes(&report.timeline)?)?;
         errln!("PyTorch memory snapshot: {}", path.display());
     }
     Ok(())

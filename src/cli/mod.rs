@@ -34,6 +34,7 @@ pub(crate) use errln;
 mod bench;
 mod demo;
 mod info;
+mod output;
 mod replay;
 
 use std::io::IsTerminal;

@@ -22,9 +22,11 @@ use rmm::allocator::resource::{
 use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, StreamView};
 use rmm::config::Size;
 use rmm::timeline::{
-    Action, DeviceTimeline, Mark, MarkKind, MemoryEvent, Recorder, Timeline, samples_from_events,
-    write_svg, write_torch_snapshot,
+    Action, DeviceTimeline, Mark, MarkKind, MemoryEvent, Recorder, Timeline, render_svg,
+    samples_from_events, torch_snapshot_bytes,
 };
+
+use super::output::OutputFile;
 
 /// The resource to replay against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -224,7 +226,18 @@ fn build(
 
 /// Runs `rmm replay`.
 pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
-    // Parse first: a malformed log is reported before any device is touched.
+    // Output paths first, then the log: a bad path or a malformed log is reported before
+    // any device is touched.
+    let plot = args
+        .plot
+        .as_deref()
+        .map(|p| OutputFile::open("--plot", p))
+        .transpose()?;
+    let snapshot = args
+        .torch_snapshot
+        .as_deref()
+        .map(|p| OutputFile::open("--torch-snapshot", p))
+        .transpose()?;
     let log = EventLog::read(&args.file)?;
     if let Some(capacity) = args.simulate_capacity {
         let sim = SimBackend::leak(SimConfig {
@@ -257,12 +270,14 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     outln!("{report}")?;
     if let Some(recorder) = &recorder {
         let (timeline, source) = timeline(&args, &log, &report, recorder, total as u64);
-        if let Some(path) = &args.plot {
-            write_svg(&timeline, path)?;
+        if let Some(file) = plot {
+            let path = file.path().to_path_buf();
+            file.write(render_svg(&timeline)?.as_bytes())?;
             outln!("plot:       {} ({source})", path.display())?;
         }
-        if let Some(path) = &args.torch_snapshot {
-            write_torch_snapshot(&timeline, path)?;
+        if let Some(file) = snapshot {
+            let path = file.path().to_path_buf();
+            file.write(&torch_snapshot_bytes(&timeline)?)?;
             outln!(
                 "snapshot:   {} (PyTorch memory snapshot {source}; open it at \
                  https://pytorch.org/memory_viz)",
