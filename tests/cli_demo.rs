@@ -239,3 +239,46 @@ fn output_paths_that_cannot_be_written_fail_before_the_run() {
     assert!(!out.status.success());
     assert!(!svg.exists(), "{}", text(&out));
 }
+
+#[test]
+fn too_many_workers_is_one_clear_error_and_threads_that_cannot_start_are_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "devices = [0]\n").unwrap();
+    let out = common::rmm_command()
+        .args(["demo", "--size", "tiny", "--quiet"])
+        .env("RMM_CONFIG", &config)
+        .env("RMM_BACKEND", "sim")
+        .env("RMM_WORKERS_PER_DEVICE", "100000")
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains(
+            "environment RMM_WORKERS_PER_DEVICE = \"100000\": expected a whole number from 1 \
+             to 256"
+        ),
+        "{all}"
+    );
+    assert!(!all.contains("panicked"), "{all}");
+    // 256 workers of 256 MiB stacks do not fit in 3 GB of address space: the threads that
+    // cannot start are an error, with no panic on the way.
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 3000000 && exec \"$0\" \"$@\"")
+        .arg(common::rmm_command().get_program())
+        .args(["demo", "--size", "tiny", "--quiet"])
+        .env("RMM_CONFIG", &config)
+        .env("RMM_BACKEND", "sim")
+        .env("RMM_WORKERS_PER_DEVICE", "256")
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("could not start") || all.contains("worker thread"),
+        "{all}"
+    );
+    assert!(!all.contains("panicked"), "{all}");
+}

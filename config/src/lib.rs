@@ -34,7 +34,7 @@
 //! |---|---|---|---|
 //! | `backend` | `RMM_BACKEND` | `"auto"` | `"auto"`, `"cuda"`, `"sim"` |
 //! | `devices` | `RMM_DEVICES` | `[0]` | `"all"`, ordinals, UUIDs (`"GPU-…"`, `"MIG-…"`) |
-//! | `workers_per_device` | `RMM_WORKERS_PER_DEVICE` | `1` | integer ≥ 1 |
+//! | `workers_per_device` | `RMM_WORKERS_PER_DEVICE` | `1` | integer 1 ..= 256 ([`MAX_WORKERS_PER_DEVICE`]) |
 //! | `pool.enabled` | `RMM_POOL__ENABLED` | `false` | bool |
 //! | `pool.managed` | `RMM_POOL__MANAGED` | `false` | bool |
 //! | `pool.async` | `RMM_POOL__ASYNC` | `false` | bool |
@@ -76,6 +76,12 @@
 //! file or variable, key, value and the accepted forms, e.g.
 //! `rmm.toml: pool.initial_size = "2GB0": expected bytes, "2GiB", "50%" or "auto"` or
 //! `rmm.toml: unknown key pool.intial_size; did you mean pool.initial_size?`.
+
+/// The most worker threads per device `workers_per_device` accepts: each worker is a thread
+/// with its own stream, and a GPU's work is done by a handful per device (Dask runs one);
+/// 256 leaves ample room while a typo (`100000`) is an error naming the key instead of
+/// thousands of threads that the system may refuse to start.
+pub const MAX_WORKERS_PER_DEVICE: u32 = 256;
 
 mod config;
 mod error;

@@ -81,7 +81,11 @@ fn bad_values_name_file_key_value_and_expected_form() {
         ),
         (
             "workers_per_device = 0",
-            "rmm.toml: workers_per_device = 0: expected a whole number of at least 1",
+            "rmm.toml: workers_per_device = 0: expected a whole number from 1 to 256",
+        ),
+        (
+            "workers_per_device = 100000",
+            "rmm.toml: workers_per_device = 100000: expected a whole number from 1 to 256",
         ),
         (
             "[logging]\nlevel = \"loud\"",
@@ -178,7 +182,7 @@ fn environment_errors_name_the_variable() {
     );
     assert_eq!(
         env_error(&[("RMM_WORKERS_PER_DEVICE", "-2")]),
-        r#"environment RMM_WORKERS_PER_DEVICE = "-2": expected a whole number of at least 1"#
+        r#"environment RMM_WORKERS_PER_DEVICE = "-2": expected a whole number from 1 to 256"#
     );
     assert_eq!(
         env_error(&[("RMM_SPILL__DEVICE_MEMORY_LIMIT", "120%")]),
@@ -370,4 +374,16 @@ fn deep_toml_files_are_refused_cleanly() {
     assert!(load_error(&text).contains("not valid TOML"));
     let text = format!("{} = 1", vec!["a"; 200_000].join("."));
     assert!(load_error(&text).contains("not valid TOML"));
+}
+
+#[test]
+fn workers_per_device_set_in_code_past_the_bound_is_refused_by_validate() {
+    let mut config = rmm_config::Config::default();
+    config.workers_per_device = 100_000;
+    assert_eq!(
+        config.validate().unwrap_err().to_string(),
+        "default workers_per_device = 100000: expected a whole number from 1 to 256"
+    );
+    config.workers_per_device = rmm_config::MAX_WORKERS_PER_DEVICE;
+    config.validate().unwrap();
 }

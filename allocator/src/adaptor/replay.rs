@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{chain_names, find_in_chain};
@@ -743,21 +743,60 @@ pub fn replay(
     )
     .entered();
     let busy: Vec<&Vec<Step>> = per_thread.iter().filter(|s| !s.is_empty()).collect();
-    let barrier = Barrier::new(busy.len() + 1);
+    // The threads wait at this gate until every one has started: `Some(true)` runs them,
+    // `Some(false)` (a thread could not be started) sends them home.
+    let gate = (Mutex::new(None::<bool>), Condvar::new());
+    let open = |go: bool| {
+        *gate
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(go);
+        gate.1.notify_all();
+    };
     let mut start = Instant::now();
-    std::thread::scope(|scope| {
-        for steps in &busy {
+    let spawned: std::io::Result<()> = std::thread::scope(|scope| {
+        for (n, steps) in busy.iter().enumerate() {
             let shared = &shared;
-            let barrier = &barrier;
+            let gate = &gate;
             let order = options.order;
-            scope.spawn(move || {
-                barrier.wait();
-                shared.run(steps, order);
-            });
+            let thread = std::thread::Builder::new()
+                .name(format!("rmm-replay-{n}"))
+                .spawn_scoped(scope, move || {
+                    let mut go = gate
+                        .0
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    while go.is_none() {
+                        go = gate
+                            .1
+                            .wait(go)
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    }
+                    let run = *go == Some(true);
+                    drop(go);
+                    if run {
+                        shared.run(steps, order);
+                    }
+                });
+            if let Err(e) = thread {
+                open(false);
+                return Err(e);
+            }
         }
-        barrier.wait();
         start = Instant::now();
+        open(true);
+        Ok(())
     });
+    if let Err(e) = spawned {
+        return Err(Error::invalid_argument(
+            "replay threads",
+            busy.len(),
+            format!(
+                "as many threads as the log has ({e}); replay it where more threads can start, \
+                 or a log of fewer threads"
+            ),
+        ));
+    }
     let elapsed = start.elapsed();
     // Synchronize so the last frees have settled before the pool is measured.
     for s in &owned {
