@@ -282,3 +282,41 @@ fn too_many_workers_is_one_clear_error_and_threads_that_cannot_start_are_errors_
     );
     assert!(!all.contains("panicked"), "{all}");
 }
+
+#[test]
+fn an_unbacked_device_and_too_many_workers_are_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "devices = [0]\n").unwrap();
+    let demo = |size: &str, vars: &[(&str, &str)]| {
+        let mut c = common::rmm_command();
+        c.args(["demo", "--size", size, "--quiet"])
+            .env("RMM_CONFIG", &config)
+            .env("RMM_BACKEND", "sim")
+            .env_remove("RMM_SIM_MEMORY")
+            .env_remove("RMM_SIM_MODE");
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let out = demo("tiny", &[("RMM_SIM_MODE", "unbacked")]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("the simulated device is unbacked"), "{all}");
+    assert!(all.contains("RMM_SIM_MODE=backed"), "{all}");
+    assert!(!all.contains("does not hold"), "reads as corruption: {all}");
+    let out = demo(
+        "small",
+        &[
+            ("RMM_SIM_MEMORY", "256MiB"),
+            ("RMM_WORKERS_PER_DEVICE", "16"),
+        ],
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("but each of its 16 workers needs one: lower workers_per_device to at most"),
+        "{all}"
+    );
+}
