@@ -275,7 +275,7 @@ fn a_replay_that_does_not_fit_is_plotted_with_its_failure() {
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.contains("out of memory"), "{plot}");
 
-    // A file that cannot be written is an error naming it.
+    // A file that cannot be written is an error naming it, before the replay.
     let bad = tmp.path().join("no-such-dir").join("t.svg");
     let out = rmm(&[
         "replay",
@@ -288,9 +288,10 @@ fn a_replay_that_does_not_fit_is_plotted_with_its_failure() {
     let (stdout, stderr) = text(&out);
     assert!(!out.status.success(), "{stdout}");
     assert!(
-        stderr.contains(&format!("rmm: writing the SVG plot to {}", bad.display())),
+        stderr.contains(&format!("rmm: --plot {}: cannot be written", bad.display())),
         "{stderr}"
     );
+    assert!(!stdout.contains("backend:"), "the replay ran: {stdout}");
 }
 
 #[test]
