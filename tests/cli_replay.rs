@@ -55,6 +55,7 @@ fn text(out: &Output) -> (String, String) {
 #[test]
 fn a_log_that_fits_prints_time_peak_and_fit() {
     let log = write_log("fits.csv", 30);
+    // Logged order reproduces the logged peak exactly (concurrent, the default, may not).
     let out = rmm(&[
         "replay",
         log.to_str().unwrap(),
@@ -62,6 +63,8 @@ fn a_log_that_fits_prints_time_peak_and_fit() {
         "40GiB",
         "--pool-initial",
         "0",
+        "--order",
+        "logged",
     ]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -74,7 +77,7 @@ fn a_log_that_fits_prints_time_peak_and_fit() {
         stdout.contains("peak:       30.00 GiB (32212254720 bytes)"),
         "{stdout}"
     );
-    assert!(stdout.contains("2 thread(s)"), "{stdout}");
+    assert!(stdout.contains("1 thread(s)"), "{stdout}");
     assert!(stdout.contains("fit:        yes"), "{stdout}");
 }
 
@@ -89,6 +92,8 @@ fn a_log_that_does_not_fit_exits_non_zero() {
             "40GiB",
             "--resource",
             resource,
+            "--order",
+            "logged",
         ]);
         let (stdout, stderr) = text(&out);
         assert!(!out.status.success(), "{resource}: {stdout}\n{stderr}");
@@ -315,4 +320,38 @@ fn an_unwritable_plot_path_fails_before_the_replay() {
         // Nothing was replayed: the report's first line never came.
         assert!(!stdout.contains("backend:"), "{stdout}");
     }
+}
+
+#[test]
+fn a_multi_thread_log_is_replayed_concurrently_by_default_as_it_is_read() {
+    let log = write_log("default-order.csv", 8);
+    let out = rmm(&[
+        "replay",
+        log.to_str().unwrap(),
+        "--simulate-capacity",
+        "40GiB",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("2 thread(s), 0 stream(s), concurrent order"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("fit:        yes"), "{stdout}");
+    // Logged order is one thread replaying the log as written.
+    let out = rmm(&[
+        "replay",
+        log.to_str().unwrap(),
+        "--simulate-capacity",
+        "40GiB",
+        "--order",
+        "logged",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("1 thread(s), 0 stream(s), logged order"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("peak:       8.00 GiB"), "{stdout}");
 }

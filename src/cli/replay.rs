@@ -11,7 +11,9 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use rmm::allocator::adaptor::replay::{LogAction, ReplayReport};
-use rmm::allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, replay};
+use rmm::allocator::adaptor::{
+    EventLog, LogFile, ReplayOptions, ReplayOrder, replay, replay_streamed,
+};
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::error::fmt_bytes;
 use rmm::allocator::per_device::SharedResource;
@@ -46,9 +48,11 @@ pub enum ResourceKind {
 /// The order of events across threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Order {
-    /// Every event after the one before it in the log (the logged peak is reproduced).
+    /// Every event after the one before it in the log, on one thread (the logged peak is
+    /// reproduced).
     Logged,
-    /// Each thread in its own order; cross-thread frees wait for their allocation.
+    /// One thread per logged thread, each in its own order; cross-thread frees wait for
+    /// their allocation (the default: times the resource as the threads used it).
     Concurrent,
 }
 
@@ -72,8 +76,10 @@ pub struct ReplayArgs {
     /// Maximum pool size (default: the device's memory).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub pool_maximum: Option<Size>,
-    /// Order of events across threads.
-    #[arg(long, value_enum, default_value_t = Order::Logged)]
+    /// Order of events across threads. The log is read as it is replayed (memory does not
+    /// grow with its length), except with --plot or --torch-snapshot, which draw from the
+    /// whole log.
+    #[arg(long, value_enum, default_value_t = Order::Concurrent)]
     pub order: Order,
     /// Device ordinal to replay on.
     #[arg(long, default_value_t = 0)]
@@ -224,6 +230,12 @@ fn build(
     })
 }
 
+/// The log: whole in memory (for a timeline), or scanned and read again as it is replayed.
+enum Source {
+    Whole(EventLog),
+    Streamed(LogFile),
+}
+
 /// Runs `rmm replay`.
 pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Output paths first, then the log: a bad path or a malformed log is reported before
@@ -238,7 +250,13 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         .as_deref()
         .map(|p| OutputFile::open("--torch-snapshot", p))
         .transpose()?;
-    let log = EventLog::read(&args.file)?;
+    // With a plot or snapshot the whole log is kept (the timeline may be drawn from its
+    // events); otherwise it is only scanned now, and read again as it is replayed.
+    let log = if plot.is_some() || snapshot.is_some() {
+        Source::Whole(EventLog::read(&args.file)?)
+    } else {
+        Source::Streamed(LogFile::scan(&args.file)?)
+    };
     if let Some(capacity) = args.simulate_capacity {
         let sim = SimBackend::leak(SimConfig {
             devices: 1,
@@ -265,11 +283,14 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         },
         default_stream_only: false,
     };
-    let report = replay(&log, &*resource, &options)?;
+    let report = match &log {
+        Source::Whole(log) => replay(log, &*resource, &options)?,
+        Source::Streamed(file) => replay_streamed(file, &*resource, &options)?,
+    };
     drop(guard);
     outln!("{report}")?;
-    if let Some(recorder) = &recorder {
-        let (timeline, source) = timeline(&args, &log, &report, recorder, total as u64);
+    if let (Some(recorder), Source::Whole(log)) = (&recorder, &log) {
+        let (timeline, source) = timeline(&args, log, &report, recorder, total as u64);
         if let Some(file) = plot {
             let path = file.path().to_path_buf();
             file.write(render_svg(&timeline)?.as_bytes())?;
@@ -298,7 +319,7 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             f.line,
             fmt_bytes(f.bytes),
             fmt_bytes(f.live_bytes as usize),
-            fmt_bytes(log.peak_bytes as usize),
+            fmt_bytes(report.logged_peak_bytes as usize),
         )
         .into()),
     }
