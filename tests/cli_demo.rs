@@ -115,3 +115,208 @@ fn a_bad_rmm_toml_is_one_line_and_a_failure() {
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(lines[0].contains("pool.initial_size"), "{stderr}");
 }
+
+/// An rmm.toml in `dir` whose host tier is tiny, so that the demo spills to `dir/spill`.
+fn disk_spilling_config(dir: &Path) -> std::path::PathBuf {
+    let config = dir.join("rmm.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "devices = [0]\n[spill]\nhost_pool_size = \"1MiB\"\ndisk_directory = \"{}\"\n",
+            dir.join("spill").display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// The names of the spill files in `dir`.
+fn spill_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("rmm-spill-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn sigint_or_sigterm_while_spilling_to_disk_leaves_no_spill_file() {
+    for (signal, number) in [("TERM", 15), ("INT", 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = disk_spilling_config(dir.path());
+        let spill = dir.path().join("spill");
+        let mut child = common::rmm_command()
+            .args(["demo", "--size", "small", "--quiet"])
+            .env("RMM_CONFIG", &config)
+            .env("RMM_BACKEND", "sim")
+            .env_remove("RMM_SIM_MEMORY")
+            .env_remove("RMM_DEVICES")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while spill_files(&spill).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+                "the demo spilled nothing to {}",
+                spill.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let sent = std::process::Command::new("kill")
+            .args(["-s", signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(128 + number),
+            "SIG{signal}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("stopped by SIG{signal}")),
+            "{stderr}"
+        );
+        assert_eq!(spill_files(&spill), Vec::<String>::new(), "SIG{signal}");
+    }
+}
+
+#[test]
+fn a_file_size_limit_makes_a_spill_write_an_error_not_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = disk_spilling_config(dir.path());
+    // Standard output and error are pipes, which the limit does not cover.
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -f 256 && exec \"$0\" \"$@\"")
+        .arg(common::rmm_command().get_program())
+        .args(["demo", "--size", "small", "--quiet"])
+        .env("RMM_CONFIG", &config)
+        .env("RMM_BACKEND", "sim")
+        .env_remove("RMM_SIM_MEMORY")
+        .env_remove("RMM_DEVICES")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Not killed by SIGXFSZ: the write failed with EFBIG, which was reported.
+    assert!(out.status.code().is_some(), "{:?}", out.status);
+    assert!(stderr.contains("File too large"), "{stderr}");
+    assert_eq!(spill_files(&dir.path().join("spill")), Vec::<String>::new());
+}
+
+#[test]
+fn output_paths_that_cannot_be_written_fail_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "devices = [0]\n").unwrap();
+    let cases = [
+        ("--plot", "/nonexistent/x.svg".to_string()),
+        ("--torch-snapshot", dir.path().display().to_string()),
+    ];
+    for (option, path) in cases {
+        // A size whose run takes far longer than this test allows, were it started.
+        let started = std::time::Instant::now();
+        let out = rmm(&["demo", "--size", "large", option, &path], &config);
+        let all = text(&out);
+        assert!(!out.status.success(), "{all}");
+        assert!(all.contains(&format!("{option} {path}")), "{all}");
+        assert!(all.contains("writable directory"), "{all}");
+        assert!(!all.contains("phase "), "the run started: {all}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    }
+    // A good path that the run never writes (a failed run) is not left behind.
+    let svg = dir.path().join("t.svg");
+    let out = rmm(
+        &["demo", "--size", "tiny", "--plot", svg.to_str().unwrap()],
+        &dir.path().join("missing.toml"),
+    );
+    assert!(!out.status.success());
+    assert!(!svg.exists(), "{}", text(&out));
+}
+
+#[test]
+fn too_many_workers_is_one_clear_error_and_threads_that_cannot_start_are_errors_not_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "devices = [0]\n").unwrap();
+    let out = common::rmm_command()
+        .args(["demo", "--size", "tiny", "--quiet"])
+        .env("RMM_CONFIG", &config)
+        .env("RMM_BACKEND", "sim")
+        .env("RMM_WORKERS_PER_DEVICE", "100000")
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains(
+            "environment RMM_WORKERS_PER_DEVICE = \"100000\": expected a whole number from 1 \
+             to 256"
+        ),
+        "{all}"
+    );
+    assert!(!all.contains("panicked"), "{all}");
+    // 256 workers of 256 MiB stacks do not fit in 3 GB of address space: the threads that
+    // cannot start are an error, with no panic on the way.
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 3000000 && exec \"$0\" \"$@\"")
+        .arg(common::rmm_command().get_program())
+        .args(["demo", "--size", "tiny", "--quiet"])
+        .env("RMM_CONFIG", &config)
+        .env("RMM_BACKEND", "sim")
+        .env("RMM_WORKERS_PER_DEVICE", "256")
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("could not start") || all.contains("worker thread"),
+        "{all}"
+    );
+    assert!(!all.contains("panicked"), "{all}");
+}
+
+#[test]
+fn an_unbacked_device_and_too_many_workers_are_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "devices = [0]\n").unwrap();
+    let demo = |size: &str, vars: &[(&str, &str)]| {
+        let mut c = common::rmm_command();
+        c.args(["demo", "--size", size, "--quiet"])
+            .env("RMM_CONFIG", &config)
+            .env("RMM_BACKEND", "sim")
+            .env_remove("RMM_SIM_MEMORY")
+            .env_remove("RMM_SIM_MODE");
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let out = demo("tiny", &[("RMM_SIM_MODE", "unbacked")]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("the simulated device is unbacked"), "{all}");
+    assert!(all.contains("RMM_SIM_MODE=backed"), "{all}");
+    assert!(!all.contains("does not hold"), "reads as corruption: {all}");
+    let out = demo(
+        "small",
+        &[
+            ("RMM_SIM_MEMORY", "256MiB"),
+            ("RMM_WORKERS_PER_DEVICE", "16"),
+        ],
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("but each of its 16 workers needs one: lower workers_per_device to at most"),
+        "{all}"
+    );
+}

@@ -78,3 +78,39 @@ fn asking_for_cuda_without_a_driver_is_a_clear_error() {
         assert!(stderr.contains("no CUDA driver found: "), "{stderr}");
     }
 }
+
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    // The reading end is closed before `rmm` writes: every write fails with EPIPE.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = rmm()
+        .arg("info")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
+#[test]
+fn log_lines_carry_no_colour_codes_when_standard_error_is_not_a_terminal() {
+    let out = rmm()
+        .args(["--log", "debug", "info"])
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("DEBUG") || stderr.contains("WARN"),
+        "no log line: {stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "colour codes in a pipe: {stderr:?}"
+    );
+}

@@ -55,6 +55,7 @@ fn text(out: &Output) -> (String, String) {
 #[test]
 fn a_log_that_fits_prints_time_peak_and_fit() {
     let log = write_log("fits.csv", 30);
+    // Logged order reproduces the logged peak exactly (concurrent, the default, may not).
     let out = rmm(&[
         "replay",
         log.to_str().unwrap(),
@@ -64,6 +65,8 @@ fn a_log_that_fits_prints_time_peak_and_fit() {
         "0",
         "--pool-growth",
         "512MiB",
+        "--order",
+        "logged",
     ]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -76,7 +79,7 @@ fn a_log_that_fits_prints_time_peak_and_fit() {
         stdout.contains("peak:       30.00 GiB (32212254720 bytes)"),
         "{stdout}"
     );
-    assert!(stdout.contains("2 thread(s)"), "{stdout}");
+    assert!(stdout.contains("1 thread(s)"), "{stdout}");
     assert!(stdout.contains("fit:        yes"), "{stdout}");
     // The pool's figures after the replay: reserved against in use, and fragmentation. Grown
     // by each 1 GiB request's need (a whole number of 512 MiB steps), it holds the peak.
@@ -98,6 +101,8 @@ fn a_log_that_does_not_fit_exits_non_zero() {
             "40GiB",
             "--resource",
             resource,
+            "--order",
+            "logged",
         ]);
         let (stdout, stderr) = text(&out);
         assert!(!out.status.success(), "{resource}: {stdout}\n{stderr}");
@@ -284,7 +289,7 @@ fn a_replay_that_does_not_fit_is_plotted_with_its_failure() {
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.contains("out of memory"), "{plot}");
 
-    // A file that cannot be written is an error naming it.
+    // A file that cannot be written is an error naming it, before the replay.
     let bad = tmp.path().join("no-such-dir").join("t.svg");
     let out = rmm(&[
         "replay",
@@ -297,7 +302,65 @@ fn a_replay_that_does_not_fit_is_plotted_with_its_failure() {
     let (stdout, stderr) = text(&out);
     assert!(!out.status.success(), "{stdout}");
     assert!(
-        stderr.contains(&format!("rmm: writing the SVG plot to {}", bad.display())),
+        stderr.contains(&format!("rmm: --plot {}: cannot be written", bad.display())),
         "{stderr}"
     );
+    assert!(!stdout.contains("backend:"), "the replay ran: {stdout}");
+}
+
+#[test]
+fn an_unwritable_plot_path_fails_before_the_replay() {
+    let log = write_log("unwritable-plot.csv", 2);
+    for option in ["--plot", "--torch-snapshot"] {
+        let out = rmm(&[
+            "replay",
+            log.to_str().unwrap(),
+            "--simulate-capacity",
+            "40GiB",
+            option,
+            "/proc/rmm-replay.svg",
+        ]);
+        let (stdout, stderr) = text(&out);
+        assert!(!out.status.success(), "{stdout}{stderr}");
+        assert!(
+            stderr.contains(&format!("{option} /proc/rmm-replay.svg: cannot be written")),
+            "{stderr}"
+        );
+        // Nothing was replayed: the report's first line never came.
+        assert!(!stdout.contains("backend:"), "{stdout}");
+    }
+}
+
+#[test]
+fn a_multi_thread_log_is_replayed_concurrently_by_default_as_it_is_read() {
+    let log = write_log("default-order.csv", 8);
+    let out = rmm(&[
+        "replay",
+        log.to_str().unwrap(),
+        "--simulate-capacity",
+        "40GiB",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("2 thread(s), 0 stream(s), concurrent order"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("fit:        yes"), "{stdout}");
+    // Logged order is one thread replaying the log as written.
+    let out = rmm(&[
+        "replay",
+        log.to_str().unwrap(),
+        "--simulate-capacity",
+        "40GiB",
+        "--order",
+        "logged",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("1 thread(s), 0 stream(s), logged order"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("peak:       8.00 GiB"), "{stdout}");
 }

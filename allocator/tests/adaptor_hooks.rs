@@ -300,12 +300,69 @@ fn pool_over_pool_fires_for_both() {
     outer.deallocate(p, MIB, S).unwrap();
 }
 
+/// Log output captured in memory, for a `tracing` subscriber.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
 #[test]
-fn tracing_hook_runs() {
+fn tracing_hook_logs_every_hook_point_with_its_fields() {
     let pool = empty_pool();
-    let _guard = hooks::register_thread_hook(Arc::new(TracingHook));
-    let p = pool.allocate(MIB, S).unwrap();
-    pool.deallocate(p, MIB, S).unwrap();
+    let out = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(out.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    let p = tracing::subscriber::with_default(subscriber, || {
+        let _guard = hooks::register_thread_hook(Arc::new(TracingHook));
+        let p = pool.allocate(MIB, S).unwrap();
+        pool.deallocate(p, MIB, S).unwrap();
+        p
+    });
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("memory hook")).collect();
+    // The pool grows (alloc_*: its upstream), serves (malloc_*), takes the block back (free_*).
+    for point in [
+        "alloc_preprocess",
+        "alloc_postprocess",
+        "malloc_preprocess",
+        "malloc_postprocess",
+        "free_preprocess",
+        "free_postprocess",
+    ] {
+        let line = lines
+            .iter()
+            .find(|l| l.contains(&format!("event=\"{point}\"")))
+            .unwrap_or_else(|| panic!("no {point} line in:\n{text}"));
+        assert!(line.contains("device=0"), "{line}");
+        assert!(line.contains("resource="), "{line}");
+    }
+    let served = lines
+        .iter()
+        .find(|l| l.contains("event=\"malloc_postprocess\""))
+        .unwrap();
+    assert!(served.contains(&format!("size={MIB}")), "{served}");
+    assert!(served.contains(&format!("ptr={p}")), "{served}");
 }
 
 #[test]

@@ -251,3 +251,214 @@ fn an_inconsistent_hand_built_log_is_refused_not_replayed() {
     log.threads.pop();
     assert!(replay(&log, &pool, &ReplayOptions::default()).is_err());
 }
+
+/// A log of `threads` threads, `allocations` allocations in all: each thread allocates, and
+/// frees (one free in three is another thread's allocation), on two streams and the default
+/// one; with a zero-byte allocation, a free of a pointer never allocated and a logged
+/// failure. Written to a file line by line.
+fn write_mixed_log(name: &str, threads: u64, allocations: u64) -> std::path::PathBuf {
+    use std::io::Write as _;
+    let dir = std::env::temp_dir().join(format!("rmm-adaptor-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    writeln!(f, "Thread,Time,Action,Pointer,Size,Stream").unwrap();
+    writeln!(f, "1,10:00:00.000000,free,0xdead0000,256,0x0").unwrap();
+    writeln!(f, "1,10:00:00.000000,allocate,0xbeef0000,0,0x0").unwrap();
+    writeln!(
+        f,
+        "1,10:00:00.000000,allocate failure,0x0,1099511627776,0x0"
+    )
+    .unwrap();
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for i in 0..allocations {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let thread = 1 + x % threads;
+        let size = 256 << (x % 8);
+        let stream = [0u64, 0x51, 0x52][(x % 3) as usize];
+        let ptr = 0x1_0000_0000 + i * 0x10_0000;
+        writeln!(
+            f,
+            "{thread},10:00:00.000001,allocate,{ptr:#x},{size},{stream:#x}"
+        )
+        .unwrap();
+        live.push((ptr, size));
+        if live.len() > 16 {
+            let (p, s) = live.remove((x % 16) as usize);
+            // One free in three on the next thread: a cross-thread free.
+            let by = if x.is_multiple_of(3) {
+                1 + (thread % threads)
+            } else {
+                thread
+            };
+            writeln!(f, "{by},10:00:00.000002,free,{p:#x},{s},{stream:#x}").unwrap();
+        }
+    }
+    // The last 10 stay live (unfreed in the log).
+    for (p, s) in live.drain(10..) {
+        writeln!(f, "1,10:00:00.000003,free,{p:#x},{s},0x0").unwrap();
+    }
+    f.flush().unwrap();
+    path
+}
+
+#[test]
+fn a_streamed_replay_matches_the_in_memory_one() {
+    use rmm_allocator::adaptor::{LogFile, replay_streamed};
+    let path = write_mixed_log("mixed.csv", 4, 3000);
+    let log = EventLog::read(&path).unwrap();
+    let file = LogFile::scan(&path).unwrap();
+    assert_eq!(file.events, log.events.len());
+    assert_eq!(file.threads, log.threads);
+    let mut streams = file.streams.clone();
+    streams.sort_unstable();
+    assert_eq!(streams, vec![0x51, 0x52]);
+    assert_eq!(file.peak_bytes, log.peak_bytes);
+    assert_eq!(
+        (file.unmatched_frees, file.logged_failures, file.unfreed),
+        (log.unmatched_frees, log.logged_failures, log.unfreed)
+    );
+    // Unfreed: the ten left live, and the zero-byte allocation (never replayed).
+    assert_eq!(
+        (file.unmatched_frees, file.logged_failures, file.unfreed),
+        (1, 1, 11)
+    );
+    for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
+        let options = ReplayOptions {
+            order,
+            ..Default::default()
+        };
+        let pool = pool_on(device(), 64 * MIB);
+        let whole = replay(&log, &pool, &options).unwrap();
+        assert_eq!(pool.validate().unwrap().in_use, 0);
+        let streamed = replay_streamed(&file, &pool, &options).unwrap();
+        assert_eq!(pool.validate().unwrap().in_use, 0, "all given back");
+        assert!(whole.fits() && streamed.fits(), "{streamed}");
+        assert_eq!(
+            (streamed.allocations, streamed.frees, streamed.streams),
+            (whole.allocations, whole.frees, whole.streams)
+        );
+        assert_eq!(streamed.events, whole.events);
+        assert_eq!(streamed.logged_peak_bytes, whole.logged_peak_bytes);
+        assert_eq!(streamed.order, order);
+        match order {
+            // One thread in log order: exactly the logged peak.
+            ReplayOrder::Logged => {
+                assert_eq!(streamed.threads, 1);
+                assert_eq!(streamed.peak_bytes, log.peak_bytes);
+                assert_eq!(streamed.peak_allocations, whole.peak_allocations);
+            }
+            ReplayOrder::Concurrent => assert_eq!(streamed.threads, 4),
+        }
+    }
+}
+
+#[test]
+fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
+    use rmm_allocator::adaptor::{LogFile, replay_streamed};
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 40 * GIB,
+        mode: SimMemoryMode::Unbacked,
+    })
+    .unwrap();
+    let d = Device::on(b, 0).unwrap();
+    let dir = std::env::temp_dir().join(format!("rmm-adaptor-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("climb50.csv");
+    std::fs::write(&path, climbing_log(50)).unwrap();
+    let file = LogFile::scan(&path).unwrap();
+    for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
+        let pool = pool_on(d, 0);
+        let r = replay_streamed(
+            &file,
+            &pool,
+            &ReplayOptions {
+                order,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(!r.fits(), "{r}");
+        let f = r.failure.clone().unwrap();
+        assert_eq!((f.action, f.bytes), (LogAction::Allocate, GIB));
+        assert!((40..=42).contains(&f.line), "{r}");
+        assert_eq!(r.logged_peak_bytes, 50 * GIB as u64);
+        assert_eq!(pool.validate().unwrap().in_use, 0, "{order}");
+    }
+    // A malformed line fails the scan, naming it, before anything is replayed.
+    let bad = dir.join("bad-stream.csv");
+    std::fs::write(
+        &bad,
+        "Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.0,allocate,0x100,256,0x0\n1,x,allocate\n",
+    )
+    .unwrap();
+    let err = LogFile::scan(&bad).unwrap_err().to_string();
+    assert!(
+        err.contains("bad-stream.csv line 3") && err.contains("found 3 field(s)"),
+        "{err}"
+    );
+    let err = LogFile::scan(dir.join("missing.csv"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("missing.csv") && err.contains("reading the log failed"),
+        "{err}"
+    );
+}
+
+/// The process's peak resident memory (`VmHWM`), in KiB.
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
+    use rmm_allocator::adaptor::{LogFile, replay_streamed};
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 40 * GIB,
+        mode: SimMemoryMode::Unbacked,
+    })
+    .unwrap();
+    let d = Device::on(b, 0).unwrap();
+    // 600 000 lines (about 30 MB of text); at most 17 allocations live at once. The replay's
+    // own memory (queues, thread stacks and their malloc arenas) does not depend on that.
+    let path = write_mixed_log("long.csv", 8, 300_000);
+    let before = peak_rss_kib();
+    let file = LogFile::scan(&path).unwrap();
+    let pool = pool_on(d, 64 * MIB);
+    let r = replay_streamed(
+        &file,
+        &pool,
+        &ReplayOptions {
+            order: ReplayOrder::Concurrent,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(r.fits(), "{r}");
+    assert_eq!(r.allocations, 300_000);
+    let streamed_kib = peak_rss_kib().saturating_sub(before);
+    assert!(
+        streamed_kib < 40 << 10,
+        "the streamed replay grew the process by {streamed_kib} KiB"
+    );
+    // The control: the whole log in memory takes far more, so the measure can fail.
+    let after_stream = peak_rss_kib();
+    let log = EventLog::read(&path).unwrap();
+    let whole_kib = peak_rss_kib().saturating_sub(after_stream);
+    assert_eq!(log.events.len(), file.events);
+    assert!(
+        whole_kib > 2 * streamed_kib.max(8 << 10),
+        "reading the whole log grew the process by only {whole_kib} KiB (streamed: {streamed_kib})"
+    );
+}

@@ -326,7 +326,10 @@ fn memory_goes_back_on_the_stream_most_recently_set() {
 fn memory_goes_back_with_the_device_recorded_at_construction_made_current() {
     let count = backend::global().unwrap().device_count();
     if count < 2 {
-        eprintln!("only {count} device: nothing to switch between, skipping");
+        common::skip(
+            "memory_goes_back_with_the_device_recorded_at_construction_made_current",
+            &format!("needs 2 devices to switch between; the backend has {count}"),
+        );
         return;
     }
     let d1 = Device::new(1).unwrap();
@@ -381,7 +384,10 @@ fn memory_goes_back_with_the_device_recorded_at_construction_made_current() {
 fn the_default_resource_follows_the_current_device() {
     let count = backend::global().unwrap().device_count();
     if count < 2 {
-        eprintln!("only {count} device: skipping");
+        common::skip(
+            "the_default_resource_follows_the_current_device",
+            &format!("needs 2 devices; the backend has {count}"),
+        );
         return;
     }
     set_current_device(1).unwrap();

@@ -110,10 +110,34 @@ fn pinned_staging_round_trips_asynchronously() {
 #[test]
 fn host_register_pins_existing_memory() {
     let d = device();
-    let mut v = vec![0u8; 1 << 20];
-    // SAFETY: `v` outlives the registration, which is undone below.
+    let b = d.backend();
+    let len = 1 << 20;
+    let data = pattern(len, 11);
+    let mr = CudaMemoryResource::new(d);
+    let src = mr.allocate(len, StreamView::DEFAULT).unwrap();
+    b.memcpy_htod(d.ordinal(), src, &data).unwrap();
+    let stream = Stream::new(d).unwrap();
+    let mut v = vec![0u8; len];
+    let ptr = v.as_mut_ptr();
+    // SAFETY: `v` outlives the registration, which is undone below, and is not touched by
+    // the host while the copy into it runs (until the stream is synchronized).
     unsafe {
-        d.backend().host_register(v.as_mut_ptr(), v.len()).unwrap();
-        d.backend().host_unregister(v.as_mut_ptr()).unwrap();
+        b.host_register(ptr, len).unwrap();
+        // The registration took: the same range cannot be registered twice.
+        assert!(b.host_register(ptr, len).is_err());
+        // An asynchronous copy lands in the registered memory.
+        b.memcpy_dtoh_async(d.ordinal(), ptr, src, len, stream.view().raw())
+            .unwrap();
     }
+    stream.synchronize().unwrap();
+    assert!(v == data, "the copy into registered memory arrived");
+    // SAFETY: as above; the range is registered once at a time.
+    unsafe {
+        b.host_unregister(ptr).unwrap();
+        // Undone: a second unregister is refused, and the range can be registered again.
+        assert!(b.host_unregister(ptr).is_err());
+        b.host_register(ptr, len).unwrap();
+        b.host_unregister(ptr).unwrap();
+    }
+    mr.deallocate(src, len, StreamView::DEFAULT).unwrap();
 }

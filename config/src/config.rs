@@ -150,6 +150,15 @@ impl Config {
     /// and [`Config::resolve`] call it; call it after changing fields in code.
     pub fn validate(&self) -> Result<()> {
         let mut errors = Vec::new();
+        // Loaded values are checked by the loader; this catches a field set in code.
+        if !(1..=crate::MAX_WORKERS_PER_DEVICE).contains(&self.workers_per_device) {
+            errors.push(Error::InvalidValue {
+                origin: self.source("workers_per_device"),
+                key: "workers_per_device".into(),
+                value: self.workers_per_device.to_string(),
+                problem: crate::schema::Kind::Count.expected(false),
+            });
+        }
         if self.pool.use_async && self.pool.managed {
             errors.push(Error::AsyncWithManaged {
                 async_origin: self.source("pool.async"),

@@ -203,6 +203,20 @@ pub enum Error {
         /// The size.
         setting: Box<Setting>,
     },
+    /// A value nests tables or arrays deeper than [`crate::MAX_NESTING`] levels (or contains
+    /// itself, which a caller reports as this too).
+    #[error(
+        "{origin}: {key} nests tables or arrays deeper than {limit} levels (the limit); a \
+         configuration value needs at most a few (e.g. device.1.pool.initial_size): flatten it"
+    )]
+    TooDeep {
+        /// Where it was written.
+        origin: Source,
+        /// The dotted key path to the first value past the limit, e.g. `devices[0][0]`.
+        key: String,
+        /// The limit, [`crate::MAX_NESTING`].
+        limit: usize,
+    },
     /// More than one problem; each is listed.
     #[error("{} problems in the configuration:{}", .0.len(), list(.0))]
     Several(Vec<Error>),

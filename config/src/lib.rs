@@ -34,7 +34,7 @@
 //! |---|---|---|---|
 //! | `backend` | `RMM_BACKEND` | `"auto"` | `"auto"`, `"cuda"`, `"sim"` |
 //! | `devices` | `RMM_DEVICES` | `[0]` | `"all"`, ordinals, UUIDs (`"GPU-…"`, `"MIG-…"`) |
-//! | `workers_per_device` | `RMM_WORKERS_PER_DEVICE` | `1` | integer ≥ 1 |
+//! | `workers_per_device` | `RMM_WORKERS_PER_DEVICE` | `1` | integer 1 ..= 256 ([`MAX_WORKERS_PER_DEVICE`]) |
 //! | `pool.enabled` | `RMM_POOL__ENABLED` | `false` | bool |
 //! | `pool.managed` | `RMM_POOL__MANAGED` | `false` | bool |
 //! | `pool.async` | `RMM_POOL__ASYNC` | `false` | bool |
@@ -78,6 +78,12 @@
 //! `rmm.toml: pool.initial_size = "2GB0": expected bytes, "2GiB", "50%" or "auto"` or
 //! `rmm.toml: unknown key pool.intial_size; did you mean pool.initial_size?`.
 
+/// The most worker threads per device `workers_per_device` accepts: each worker is a thread
+/// with its own stream, and a GPU's work is done by a handful per device (Dask runs one);
+/// 256 leaves ample room while a typo (`100000`) is an error naming the key instead of
+/// thousands of threads that the system may refuse to start.
+pub const MAX_WORKERS_PER_DEVICE: u32 = 256;
+
 mod config;
 mod error;
 mod loader;
@@ -88,7 +94,7 @@ mod types;
 
 pub use config::{EffectiveValue, render};
 pub use error::{Error, Result, Setting, Source};
-pub use loader::{CONFIG_PATH_VAR, ConfigLoader, DEFAULT_FILE};
+pub use loader::{CONFIG_PATH_VAR, ConfigLoader, DEFAULT_FILE, MAX_NESTING};
 pub use resolve::{DeviceFacts, ResolvedConfig, ResolvedDevice, ResolvedPool, ResolvedSpill};
 pub use schema::{ENV_NOT_KEYS, ENV_PREFIX, env_var_name, keys, per_device_keys};
 pub use size::{ALIGNMENT, ParseSizeError, Size, align_down};

@@ -60,6 +60,41 @@ enum Override {
     Text(String),
 }
 
+/// How deeply a configuration value may nest tables and arrays (the value of a top-level
+/// key counts as level 1). The schema needs four levels (`device.1.pool.initial_size`), so
+/// 32 leaves ample room; anything deeper is refused with [`Error::TooDeep`] before any
+/// recursive walk of it, so that hostile or cyclic input (from Python, say) cannot
+/// overflow the stack.
+pub const MAX_NESTING: usize = 32;
+
+/// The path (`key`, `key.name`, `key[0]`) of the first table or array in `value` that lies
+/// deeper than `limit` levels, if any. Iterative: the depth of `value` is not trusted.
+pub(crate) fn too_deep(key: &str, value: &toml::Value, limit: usize) -> Option<String> {
+    let mut stack: Vec<(String, &toml::Value, usize)> = vec![(key.to_string(), value, 1)];
+    while let Some((path, value, depth)) = stack.pop() {
+        match value {
+            toml::Value::Table(table) => {
+                if depth > limit {
+                    return Some(path);
+                }
+                for (name, inner) in table {
+                    stack.push((format!("{path}.{name}"), inner, depth + 1));
+                }
+            }
+            toml::Value::Array(items) => {
+                if depth > limit {
+                    return Some(path);
+                }
+                for (i, inner) in items.iter().enumerate() {
+                    stack.push((format!("{path}[{i}]"), inner, depth + 1));
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// The name of the variable that names the configuration file.
 pub const CONFIG_PATH_VAR: &str = "RMM_CONFIG";
 
@@ -158,6 +193,14 @@ impl ConfigLoader {
         for (key, value) in &self.overrides {
             match value {
                 Override::Toml(value) => {
+                    if let Some(path) = too_deep(key, value, MAX_NESTING) {
+                        layers.errors.push(Error::TooDeep {
+                            origin: Source::Code,
+                            key: path,
+                            limit: MAX_NESTING,
+                        });
+                        continue;
+                    }
                     let table = toml::Table::from_iter([(key.clone(), value.clone())]);
                     layers.walk(&table, "", &Source::Code);
                 }
@@ -231,7 +274,18 @@ impl Layers {
             path: path.to_path_buf(),
             message: e.to_string().trim_end().to_string(),
         })?;
-        self.walk(&table, "", &Source::File(path.to_path_buf()));
+        let origin = Source::File(path.to_path_buf());
+        // The TOML parser stops at its own depth (80); the schema's walk stays shallower.
+        for (key, value) in &table {
+            if let Some(deep) = too_deep(key, value, MAX_NESTING) {
+                return Err(Error::TooDeep {
+                    origin,
+                    key: deep,
+                    limit: MAX_NESTING,
+                });
+            }
+        }
+        self.walk(&table, "", &origin);
         Ok(())
     }
 

@@ -16,7 +16,7 @@ pub const ENV_NOT_KEYS: &[&str] = &["RMM_CONFIG", "RMM_SIM_*", "RMM_LOG", "RMM_B
 pub(crate) enum Kind {
     Backend,
     Devices,
-    /// A whole number ≥ 1.
+    /// A whole number from 1 to [`crate::MAX_WORKERS_PER_DEVICE`].
     Count,
     Bool,
     Size,
@@ -295,7 +295,10 @@ impl Kind {
                 r#""all", an ordinal, or a list of ordinals and UUIDs, e.g. [0, 1] or ["GPU-8932f937-…"]"#
                     .to_string()
             }
-            Kind::Count => "a whole number of at least 1".to_string(),
+            Kind::Count => format!(
+                "a whole number from 1 to {}",
+                crate::MAX_WORKERS_PER_DEVICE
+            ),
             Kind::Bool if env => "true or false (or 1/0, yes/no, on/off)".to_string(),
             Kind::Bool => "true or false".to_string(),
             Kind::Size => r#"bytes, "2GiB" or "50%""#.to_string(),
@@ -318,7 +321,7 @@ impl Kind {
             Kind::Count => valid(
                 value
                     .as_integer()
-                    .is_some_and(|n| n >= 1 && n <= u32::MAX.into()),
+                    .is_some_and(|n| n >= 1 && n <= i64::from(crate::MAX_WORKERS_PER_DEVICE)),
             ),
             Kind::Path | Kind::OptPath => valid(string.is_some_and(|s| !s.trim().is_empty())),
             Kind::Devices => Devices::from_toml(value).map(drop),

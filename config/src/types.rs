@@ -463,7 +463,8 @@ pub struct Config {
     pub backend: Backend,
     /// `devices` (default `[0]`): `"all"`, ordinals, UUIDs.
     pub devices: Devices,
-    /// `workers_per_device` (default `1`): worker threads per device, at least 1.
+    /// `workers_per_device` (default `1`): worker threads per device, from 1 to
+    /// [`MAX_WORKERS_PER_DEVICE`](crate::MAX_WORKERS_PER_DEVICE).
     pub workers_per_device: u32,
     /// `[pool]`.
     pub pool: PoolConfig,

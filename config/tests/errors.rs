@@ -81,7 +81,11 @@ fn bad_values_name_file_key_value_and_expected_form() {
         ),
         (
             "workers_per_device = 0",
-            "rmm.toml: workers_per_device = 0: expected a whole number of at least 1",
+            "rmm.toml: workers_per_device = 0: expected a whole number from 1 to 256",
+        ),
+        (
+            "workers_per_device = 100000",
+            "rmm.toml: workers_per_device = 100000: expected a whole number from 1 to 256",
         ),
         (
             "[logging]\nlevel = \"loud\"",
@@ -178,7 +182,7 @@ fn environment_errors_name_the_variable() {
     );
     assert_eq!(
         env_error(&[("RMM_WORKERS_PER_DEVICE", "-2")]),
-        r#"environment RMM_WORKERS_PER_DEVICE = "-2": expected a whole number of at least 1"#
+        r#"environment RMM_WORKERS_PER_DEVICE = "-2": expected a whole number from 1 to 256"#
     );
     assert_eq!(
         env_error(&[("RMM_SPILL__DEVICE_MEMORY_LIMIT", "120%")]),
@@ -308,4 +312,78 @@ fn file_errors() {
         ),
         "{err}"
     );
+}
+
+/// A value nested `depth` arrays deep around `1`.
+fn nested_array(depth: usize) -> toml::Value {
+    (0..depth).fold(toml::Value::Integer(1), |v, _| toml::Value::Array(vec![v]))
+}
+
+#[test]
+fn values_nested_past_the_limit_are_refused_with_the_key_path_and_the_limit() {
+    use rmm_config::MAX_NESTING;
+    let deep = ConfigLoader::new()
+        .no_file()
+        .no_env()
+        .set("devices", nested_array(1000))
+        .load()
+        .unwrap_err();
+    let path = format!("devices{}", "[0]".repeat(MAX_NESTING));
+    assert_eq!(
+        deep.to_string(),
+        format!(
+            "code: {path} nests tables or arrays deeper than 32 levels (the limit); a \
+             configuration value needs at most a few (e.g. device.1.pool.initial_size): \
+             flatten it"
+        )
+    );
+    // Exactly at the limit, the value is judged as a value (and is not a device list).
+    let at_limit = ConfigLoader::new()
+        .no_file()
+        .no_env()
+        .set("devices", nested_array(MAX_NESTING - 1))
+        .load()
+        .unwrap_err();
+    assert!(matches!(at_limit, Error::InvalidValue { .. }), "{at_limit}");
+    // A whole table given as one override counts its own levels.
+    let mut table = toml::Table::new();
+    table.insert("initial_size".into(), nested_array(40));
+    let err = ConfigLoader::new()
+        .no_file()
+        .no_env()
+        .set("pool", table)
+        .load()
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("code: pool.initial_size[0]"),
+        "{err}"
+    );
+}
+
+#[test]
+fn deep_toml_files_are_refused_cleanly() {
+    // Past the schema's limit but within the TOML parser's own: our limit.
+    let text = format!("devices = {}1{}", "[".repeat(40), "]".repeat(40));
+    assert!(
+        load_error(&text).starts_with("file rmm.toml: devices[0]"),
+        "{}",
+        load_error(&text)
+    );
+    // Far past both (200 000 levels): the TOML parser's recursion limit, never a crash.
+    let text = format!("devices = {}1{}", "[".repeat(200_000), "]".repeat(200_000));
+    assert!(load_error(&text).contains("not valid TOML"));
+    let text = format!("{} = 1", vec!["a"; 200_000].join("."));
+    assert!(load_error(&text).contains("not valid TOML"));
+}
+
+#[test]
+fn workers_per_device_set_in_code_past_the_bound_is_refused_by_validate() {
+    let mut config = rmm_config::Config::default();
+    config.workers_per_device = 100_000;
+    assert_eq!(
+        config.validate().unwrap_err().to_string(),
+        "default workers_per_device = 100000: expected a whole number from 1 to 256"
+    );
+    config.workers_per_device = rmm_config::MAX_WORKERS_PER_DEVICE;
+    config.validate().unwrap();
 }

@@ -13,6 +13,7 @@ mod settings;
 mod store;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -32,6 +33,47 @@ pyo3::create_exception!(
 /// or swap the `Arc`), never across a call into the runtime: a thread that waits for it holds
 /// the GIL, and a long call runs without the GIL.
 static RUNTIME: Mutex<Option<Arc<Runtime>>> = Mutex::new(None);
+
+/// True while a thread starts a runtime (between its check that there is none and its
+/// publishing of the new one). Set and cleared under [`RUNTIME`]'s lock, so that checking
+/// and publishing are one step for every other thread: one runtime per process.
+static STARTING: AtomicBool = AtomicBool::new(false);
+
+/// Clears [`STARTING`] when the start it stands for ends, however it ends.
+struct Starting;
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        let _published = RUNTIME.lock();
+        STARTING.store(false, Ordering::Release);
+    }
+}
+
+/// Starts a runtime from `config` and publishes it, unless one runs or is being started by
+/// another thread (then an error that says so, and nothing is started).
+fn start(py: Python<'_>, config: &rmm_config::Config) -> PyResult<Arc<Runtime>> {
+    let claim = {
+        let rt = RUNTIME.lock();
+        if rt.is_some() {
+            return Err(error(
+                "rmm_rs is already initialized: call rmm_rs.reinitialize(config) to change \
+                 the configuration, or rmm_rs.finalize() first",
+            ));
+        }
+        if STARTING.swap(true, Ordering::AcqRel) {
+            return Err(error(
+                "rmm_rs is being initialized by another thread right now (one runtime per \
+                 process): wait for that call, then use rmm_rs.reinitialize(config) to change \
+                 the configuration",
+            ));
+        }
+        Starting
+    };
+    let rt = Arc::new(py.detach(|| Runtime::start(config)).map_err(error)?);
+    *RUNTIME.lock() = Some(Arc::clone(&rt));
+    drop(claim);
+    Ok(rt)
+}
 
 /// The runtime, if any (a clone of the `Arc`; the lock is released at once).
 fn current() -> Option<Arc<Runtime>> {
@@ -71,17 +113,7 @@ fn initialize(
     overrides: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<()> {
     let config = settings::load(config, overrides)?;
-    if current().is_some() {
-        return Err(error(
-            "rmm_rs is already initialized: call rmm_rs.reinitialize(config) to change the \
-             configuration, or rmm_rs.finalize() first",
-        ));
-    }
-    let rt = py.detach(|| Runtime::start(&config)).map_err(error)?;
-    // Two threads racing to initialize: the runtime claims its devices, so the second start
-    // fails above; this only publishes the one that started.
-    *RUNTIME.lock() = Some(Arc::new(rt));
-    Ok(())
+    start(py, &config).map(drop)
 }
 
 /// Switches every device to `config` (as for `initialize`; starts rmm-rs if it is not
@@ -101,10 +133,8 @@ fn reinitialize(
             serde_json::to_string(&report).map_err(error)?
         }
         None => {
-            let rt = py.detach(|| Runtime::start(&config)).map_err(error)?;
-            let text = serde_json::to_string(&rt.report().start).map_err(error)?;
-            *RUNTIME.lock() = Some(Arc::new(rt));
-            text
+            let rt = start(py, &config)?;
+            serde_json::to_string(&rt.report().start).map_err(error)?
         }
     };
     json_to_py(py, &text)

@@ -5,13 +5,55 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use rmm_config::{Config, ConfigLoader};
+use rmm_config::{Config, ConfigLoader, MAX_NESTING};
 
 use crate::error;
 
+/// The dicts and lists on the way from the settings dict to the value being converted:
+/// bounds the depth ([`MAX_NESTING`], as for TOML files) and finds cycles
+/// (`l = []; l.append(l)`), so that no input can overflow the stack.
+#[derive(Default)]
+struct Path {
+    /// The addresses of the containers being converted, outermost first.
+    open: Vec<usize>,
+}
+
+impl Path {
+    /// Enters container `value` at `key`; fails on a cycle or past the depth limit.
+    fn enter(&mut self, key: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = value.as_ptr() as usize;
+        if self.open.contains(&id) {
+            return Err(error(format!(
+                "setting {key}: the {} contains itself (a cycle); configuration values are \
+                 plain nested dicts and lists: pass a copy without the self-reference",
+                value.get_type().name()?
+            )));
+        }
+        if self.open.len() > MAX_NESTING {
+            return Err(error(format!(
+                "setting {key}: dicts and lists nested deeper than {MAX_NESTING} levels (the \
+                 limit); a configuration needs at most a few, e.g. \
+                 {{\"device\": {{\"1\": {{\"pool\": {{\"initial_size\": \"2GiB\"}}}}}}}}"
+            )));
+        }
+        self.open.push(id);
+        Ok(())
+    }
+
+    /// Leaves the container entered last.
+    fn leave(&mut self) {
+        self.open.pop();
+    }
+}
+
+/// One Python value (`key`'s) as a TOML value, as in a dict of settings.
+pub(crate) fn value_to_toml(key: &str, value: &Bound<'_, PyAny>) -> PyResult<toml::Value> {
+    to_toml(key, value, &mut Path::default())
+}
+
 /// A Python value as a TOML value: bool, int, float, str, a list or tuple of those, or None
 /// (the string `"none"`, which every size key accepts).
-pub(crate) fn to_toml(key: &str, value: &Bound<'_, PyAny>) -> PyResult<toml::Value> {
+fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<toml::Value> {
     if value.is_none() {
         return Ok(toml::Value::String("none".into()));
     }
@@ -33,12 +75,16 @@ pub(crate) fn to_toml(key: &str, value: &Bound<'_, PyAny>) -> PyResult<toml::Val
         return Ok(toml::Value::String(p.display().to_string()));
     }
     if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
+        path.enter(key, value)?;
         let items: Vec<Bound<'_, PyAny>> = value.extract()?;
-        return items
+        let array = items
             .iter()
-            .map(|v| to_toml(key, v))
+            .enumerate()
+            .map(|(i, v)| to_toml(&format!("{key}[{i}]"), v, path))
             .collect::<PyResult<Vec<_>>>()
             .map(toml::Value::Array);
+        path.leave();
+        return array;
     }
     Err(error(format!(
         "setting {key}: a value of type {} cannot be a configuration value; use a bool, an \
@@ -51,8 +97,17 @@ pub(crate) fn to_toml(key: &str, value: &Bound<'_, PyAny>) -> PyResult<toml::Val
 fn flatten(
     prefix: &str,
     dict: &Bound<'_, PyDict>,
+    path: &mut Path,
     out: &mut Vec<(String, toml::Value)>,
 ) -> PyResult<()> {
+    path.enter(
+        if prefix.is_empty() {
+            "(the dict)"
+        } else {
+            prefix
+        },
+        dict.as_any(),
+    )?;
     for (k, v) in dict.iter() {
         let k: String = k.extract().map_err(|_| {
             error(format!(
@@ -66,17 +121,18 @@ fn flatten(
             format!("{prefix}.{k}")
         };
         match v.cast::<PyDict>() {
-            Ok(inner) => flatten(&key, inner, out)?,
-            Err(_) => out.push((key.clone(), to_toml(&key, &v)?)),
+            Ok(inner) => flatten(&key, inner, path, out)?,
+            Err(_) => out.push((key.clone(), to_toml(&key, &v, path)?)),
         }
     }
+    path.leave();
     Ok(())
 }
 
 /// The settings of a dict, as dotted keys and TOML values.
 pub(crate) fn settings_of(dict: &Bound<'_, PyDict>) -> PyResult<Vec<(String, toml::Value)>> {
     let mut out = Vec::new();
-    flatten("", dict, &mut out)?;
+    flatten("", dict, &mut Path::default(), &mut out)?;
     Ok(out)
 }
 

@@ -303,7 +303,7 @@ fn adopt(
 #[pyo3(signature = (limit, device=0))]
 fn set_device_memory_limit(py: Python<'_>, limit: &Bound<'_, PyAny>, device: u32) -> PyResult<u64> {
     let m = crate::buffers::spill_manager(device)?;
-    let value = crate::settings::to_toml("device_memory_limit", limit)?;
+    let value = crate::settings::value_to_toml("device_memory_limit", limit)?;
     let size = rmm_config::Size::from_toml(&value).map_err(|e| {
         error(format!(
             "device_memory_limit = {value}: {e}; give bytes, a size such as \"8GB\", or a \

@@ -120,21 +120,33 @@ def test_other_threads_may_call_in_while_a_reinitialize_runs():
 
     rmm_rs.initialize(POOLED)
     stop = threading.Event()
-    calls = []
+    reinitializing = threading.Event()
+    calls = []  # (answer, whether a reinitialize ran before and after the call)
 
     def poll():
         while not stop.is_set():
-            calls.append(rmm_rs.is_initialized())
+            before = reinitializing.is_set()
+            answer = rmm_rs.is_initialized()
+            calls.append((answer, before and reinitializing.is_set()))
 
     t = threading.Thread(target=poll)
     t.start()
     try:
-        for _ in range(20):
+        # Until the poller has called in while a reinitialize ran (at most 200 of them).
+        for _ in range(200):
+            reinitializing.set()
             rmm_rs.reinitialize(POOLED)
+            reinitializing.clear()
+            if sum(during for _, during in calls) >= 3:
+                break
     finally:
+        reinitializing.clear()
         stop.set()
         t.join(timeout=30)
-    assert not t.is_alive() and all(calls)
+    assert not t.is_alive()
+    during = [answer for answer, d in calls if d]
+    assert len(during) >= 3, f"the poller never called in during a reinitialize: {len(calls)} calls"
+    assert all(answer for answer, _ in calls)
 
 
 def test_finalize_spills_live_spillable_data_so_the_old_pool_goes():

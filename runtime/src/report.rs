@@ -69,6 +69,73 @@ impl fmt::Display for PoolFigures {
     }
 }
 
+/// One device's allocation figures over one phase: from the start (phase 0) or the n-th
+/// reinitialize (phase n) to the next reinitialize, or to now for the current phase. Each
+/// phase has its own stack, whose statistics start at zero: the ended phases' figures are
+/// kept by the runtime so that a report made right after a reinitialize still shows the
+/// phase that just ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PhaseStatistics {
+    /// The phase: 0 from the start, n after the n-th reinitialize (for totals: the current).
+    pub phase: u64,
+    /// Highest bytes in use at once.
+    pub peak_bytes: u64,
+    /// Bytes allocated in all.
+    pub total_bytes: u64,
+    /// Highest number of allocations live at once.
+    pub peak_allocations: u64,
+    /// Allocations made in all.
+    pub total_allocations: u64,
+    /// Allocations refused for lack of memory.
+    pub out_of_memory_errors: u64,
+}
+
+impl PhaseStatistics {
+    /// The figures of `stack` so far, as phase `phase`.
+    pub(crate) fn of(phase: u64, stack: &crate::stack::DeviceStack) -> PhaseStatistics {
+        let s = stack.statistics();
+        let (bytes, count) = (s.lifetime_bytes(), s.lifetime_allocations());
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        PhaseStatistics {
+            phase,
+            peak_bytes: n(bytes.peak),
+            total_bytes: n(bytes.total),
+            peak_allocations: n(count.peak),
+            total_allocations: n(count.total),
+            out_of_memory_errors: s.out_of_memory_count(),
+        }
+    }
+
+    /// The figures over all of `phases`: the highest peaks, the sums of the totals; `phase`
+    /// is the last one's.
+    pub fn combined(phases: &[PhaseStatistics]) -> PhaseStatistics {
+        phases
+            .iter()
+            .fold(PhaseStatistics::default(), |a, p| PhaseStatistics {
+                phase: p.phase,
+                peak_bytes: a.peak_bytes.max(p.peak_bytes),
+                total_bytes: a.total_bytes + p.total_bytes,
+                peak_allocations: a.peak_allocations.max(p.peak_allocations),
+                total_allocations: a.total_allocations + p.total_allocations,
+                out_of_memory_errors: a.out_of_memory_errors + p.out_of_memory_errors,
+            })
+    }
+}
+
+impl fmt::Display for PhaseStatistics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "peak {} ({} allocations), total {} ({} allocations), {} out of memory",
+            fmt_bytes(self.peak_bytes as usize),
+            self.peak_allocations,
+            fmt_bytes(self.total_bytes as usize),
+            self.total_allocations,
+            self.out_of_memory_errors
+        )
+    }
+}
+
 /// One device's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceReport {
@@ -88,6 +155,11 @@ pub struct DeviceReport {
     pub statistics: Option<MemoryReport>,
     /// Spill figures, with `spill.enabled`.
     pub spill: Option<SpillStatistics>,
+    /// Allocation figures per phase, oldest first: the phases that reinitializes ended on
+    /// this device, then the current one.
+    pub phases: Vec<PhaseStatistics>,
+    /// The figures over all of `phases` (highest peaks, summed totals).
+    pub totals: PhaseStatistics,
 }
 
 /// The time of each step of one reinitialize.
@@ -270,6 +342,12 @@ impl fmt::Display for RuntimeReport {
             )?;
             if let Some(p) = &d.pool {
                 writeln!(f, "         {p}")?;
+            }
+            if d.phases.len() > 1 {
+                for p in &d.phases {
+                    writeln!(f, "         phase {}: {p}", p.phase)?;
+                }
+                writeln!(f, "         all phases: {}", d.totals)?;
             }
             if let Some(s) = &d.statistics {
                 for line in s.to_string().lines() {

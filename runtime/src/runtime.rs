@@ -46,7 +46,8 @@ use rmm_config::{Config, ConfigLoader, DeviceFacts, ResolvedConfig};
 use crate::error::{Error, LiveMemory, Result, TaskError};
 use crate::inventory::Inventory;
 use crate::report::{
-    DeviceReport, ReinitReport, RuntimeReport, ShutdownReport, StartReport, WorkerReport,
+    DeviceReport, PhaseStatistics, ReinitReport, RuntimeReport, ShutdownReport, StartReport,
+    WorkerReport,
 };
 use crate::spill::SpillManager;
 use crate::stack::{DeviceStack, StackPlan};
@@ -236,6 +237,9 @@ struct History {
     start: StartReport,
     reinitializations: u64,
     last_reinitialize: Option<ReinitReport>,
+    /// Per device, the allocation figures of the phases reinitializes ended (their stacks
+    /// are gone, and with them their statistics).
+    phases: BTreeMap<u32, Vec<PhaseStatistics>>,
 }
 
 pub(crate) struct Shared {
@@ -821,6 +825,15 @@ impl RuntimeHandle {
         report.total = total.elapsed();
         report.devices = ordinals;
         let mut history = shared.history.lock();
+        // The old stacks served their last allocation: their figures end their phase.
+        let ended = history.reinitializations;
+        for s in &old.stacks {
+            history
+                .phases
+                .entry(s.device().ordinal())
+                .or_default()
+                .push(PhaseStatistics::of(ended, s));
+        }
         history.reinitializations += 1;
         history.last_reinitialize = Some(report.clone());
         drop(history);
@@ -1191,7 +1204,15 @@ impl RuntimeHandle {
             .enumerate()
             .map(|(i, s)| {
                 let live = s.live();
+                let mut phases = history
+                    .phases
+                    .get(&s.device().ordinal())
+                    .cloned()
+                    .unwrap_or_default();
+                phases.push(PhaseStatistics::of(history.reinitializations, s));
                 DeviceReport {
+                    totals: PhaseStatistics::combined(&phases),
+                    phases,
                     spill: generation
                         .managers
                         .get(i)

@@ -233,7 +233,11 @@ fn changing_devices_or_workers_respawns_and_delivers_held_tasks() {
 fn a_device_whose_new_stack_fails_keeps_every_old_stack() {
     let _s = serial();
     let Some(sim) = sim() else {
-        return; // fault injection needs the simulated device
+        common::skip(
+            "a_device_whose_new_stack_fails_keeps_every_old_stack",
+            "fault injection needs the simulated device (RMM_BACKEND=cuda runs on a GPU)",
+        );
+        return;
     };
     let rt = Runtime::start(&pooled(2, 1, &[])).unwrap();
     let before: Vec<_> = (0..2)
@@ -434,4 +438,61 @@ fn a_task_waiting_on_a_queued_task_makes_reinitialize_time_out_then_finishes() {
     assert_eq!(waiter.wait_timeout(Duration::from_secs(30)), Ok(42));
     assert_eq!(rt.submit(|_| 5).wait().unwrap(), 5);
     assert_eq!(rt.report().reinitializations, 0);
+}
+
+#[test]
+fn a_report_right_after_a_reinitialize_shows_the_phase_that_just_ran_and_the_totals() {
+    let _s = serial();
+    let rt = Runtime::start(&pooled(1, 1, &[])).unwrap();
+    let d = rt.devices()[0];
+    // Phase 0: 3 × 1 MiB at once.
+    rt.submit_to_device(d, |ctx| {
+        let held: Vec<DeviceBuffer> = (0..3)
+            .map(|_| DeviceBuffer::new(1 << 20, ctx.stream()))
+            .collect::<rmm_allocator::Result<_>>()?;
+        Ok::<_, rmm_allocator::Error>(held.len())
+    })
+    .wait()
+    .unwrap()
+    .unwrap();
+    rt.reinitialize(&pooled(1, 1, &[("pool.initial_size", "32MiB".into())]))
+        .unwrap();
+    let report = rt.report();
+    let dev = &report.devices[0];
+    assert_eq!(dev.phases.len(), 2, "{:?}", dev.phases);
+    let before = dev.phases[0];
+    assert_eq!(before.phase, 0);
+    assert_eq!(before.peak_bytes, 3 << 20, "{before:?}");
+    assert_eq!(before.total_bytes, 3 << 20, "{before:?}");
+    assert_eq!(before.total_allocations, 3, "{before:?}");
+    assert_eq!(before.peak_allocations, 3, "{before:?}");
+    // The new phase starts at zero; the totals carry the one before.
+    assert_eq!(dev.phases[1].phase, 1);
+    assert_eq!(dev.phases[1].total_bytes, 0);
+    assert_eq!(dev.totals.peak_bytes, 3 << 20);
+    assert_eq!(dev.totals.total_bytes, 3 << 20);
+    // Phase 1: one 2 MiB allocation; the totals add up, the peak is the highest.
+    rt.submit_to_device(d, |ctx| {
+        DeviceBuffer::new(2 << 20, ctx.stream()).map(|b| b.size())
+    })
+    .wait()
+    .unwrap()
+    .unwrap();
+    let report = rt.report();
+    let dev = &report.devices[0];
+    assert_eq!(dev.phases[1].peak_bytes, 2 << 20);
+    assert_eq!(dev.totals.total_bytes, 5 << 20);
+    assert_eq!(dev.totals.total_allocations, 4);
+    assert_eq!(dev.totals.peak_bytes, 3 << 20);
+    let text = report.to_string();
+    assert!(
+        text.contains("phase 0: peak 3.00 MiB (3 allocations)"),
+        "{text}"
+    );
+    assert!(text.contains("all phases: peak 3.00 MiB"), "{text}");
+    let json = report.to_json();
+    assert!(
+        json.contains("\"phases\"") && json.contains("\"totals\""),
+        "{json}"
+    );
 }

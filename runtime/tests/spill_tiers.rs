@@ -479,3 +479,116 @@ fn eight_workers_share_buffers_while_data_moves_through_every_tier() {
         "{s:?}"
     );
 }
+
+#[test]
+fn a_disk_directory_that_cannot_hold_files_fails_at_start_up() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    for bad in [Path::new("/proc"), file.as_path(), &file.join("below")] {
+        let err = Runtime::start(&tiers("1GiB", "4MiB", Some(bad)))
+            .err()
+            .unwrap_or_else(|| panic!("{} was accepted", bad.display()));
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("spill.disk_directory = {}", bad.display()))
+                && text.contains("a writable directory")
+                && text.contains("\"none\""),
+            "{text}"
+        );
+    }
+    // A missing directory is created, and the probe leaves nothing behind.
+    let fresh = dir.path().join("new").join("spill");
+    let rt = Runtime::start(&tiers("1GiB", "4MiB", Some(&fresh))).unwrap();
+    assert_eq!(files_in(&fresh), 0);
+    rt.shutdown().unwrap();
+}
+
+/// Names the directory [`spilling_child_of_the_kill_test`] spills to (no `RMM_` prefix: the
+/// configuration would read that as a key).
+const KILL_CHILD_DIR: &str = "SPILL_KILL_TEST_CHILD_DIR";
+
+/// The spill files (`rmm-spill-<pid>-…`) in `dir` and the pids they name.
+fn spill_files(dir: &Path) -> Vec<(String, u32)> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().into_string().ok()?;
+                    let pid = name
+                        .strip_prefix("rmm-spill-")?
+                        .split('-')
+                        .next()?
+                        .parse()
+                        .ok()?;
+                    Some((name, pid))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Not a test of its own: the child process of
+/// [`a_process_killed_while_spilling_to_disk_leaves_nothing_the_next_start_keeps`], which
+/// spills to disk without end (keeping the last eight buffers' files) until it is killed.
+#[test]
+#[ignore = "run as the child process of the kill test"]
+fn spilling_child_of_the_kill_test() {
+    let dir = std::env::var_os(KILL_CHILD_DIR).expect("run by the kill test");
+    let rt = Runtime::start(&tiers("1GiB", "2MiB", Some(Path::new(&dir)))).unwrap();
+    let m = manager(&rt);
+    let mut kept = std::collections::VecDeque::new();
+    for seed in 0.. {
+        let b = m.from_host(&pattern(MIB, seed), S).unwrap();
+        b.spill_to_disk().unwrap();
+        kept.push_back(b);
+        if kept.len() > 8 {
+            kept.pop_front();
+        }
+    }
+}
+
+#[test]
+fn a_process_killed_while_spilling_to_disk_leaves_nothing_the_next_start_keeps() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "spilling_child_of_the_kill_test",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(KILL_CHILD_DIR, dir.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while spill_files(dir.path()).len() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "the child spilled nothing to {}",
+            dir.path().display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL, in the middle of spilling
+    child.wait().unwrap();
+    let left = spill_files(dir.path());
+    assert!(
+        !left.is_empty() && left.iter().all(|(_, pid)| *pid == child.id()),
+        "a killed process leaves its files: {left:?}"
+    );
+    // A file of a live process (pid 1, always there) is not touched.
+    let live = dir.path().join("rmm-spill-1-dev0-0-0.bin");
+    std::fs::write(&live, b"x").unwrap();
+    // The next disk tier in that directory sweeps the dead process's files.
+    let rt = Runtime::start(&tiers("1GiB", "4MiB", Some(dir.path()))).unwrap();
+    assert_eq!(
+        spill_files(dir.path()),
+        vec![("rmm-spill-1-dev0-0-0.bin".to_string(), 1)],
+        "swept at start-up, but for the live process's file"
+    );
+    rt.shutdown().unwrap();
+}

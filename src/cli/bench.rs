@@ -102,25 +102,25 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
                 driver latency); run on a GPU for real costs";
     if args.json {
         if simulated {
-            eprintln!("{note}");
+            errln!("{note}");
         }
     } else {
-        println!("backend: {}", b.describe());
-        println!(
+        outln!("backend: {}", b.describe())?;
+        outln!(
             "device:  {} {} ({})",
             args.device,
             props.name,
             fmt_bytes(props.total_memory)
-        );
+        )?;
         if simulated {
-            println!("{note}");
+            outln!("{note}")?;
         }
         if options.cap < default_cap {
-            println!(
+            outln!(
                 "caps:    {} (random, mt8, mt16) and {} (small), fitted to the device",
                 fmt_bytes(options.cap),
                 fmt_bytes(options.small_cap)
-            );
+            )?;
         }
     }
     let total = options.resources.len();
@@ -128,15 +128,15 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let report = run_allocators_with(b, &options, |row, failures| {
         done += 1;
         for f in failures {
-            eprintln!("rmm bench: {f}");
+            errln!("rmm bench: {f}");
         }
-        eprintln!("measured {} ({done}/{total})", row.resource);
+        errln!("measured {} ({done}/{total})", row.resource);
     })?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!();
-        print!("{report}");
+        outln!()?;
+        out!("{report}")?;
     }
     match report.failures.len() {
         0 => Ok(()),

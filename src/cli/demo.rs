@@ -14,6 +14,8 @@ use parking_lot::Mutex;
 use rmm::config::ConfigLoader;
 use rmm::demo::{DemoOptions, DemoSize, Progress};
 
+use super::output::OutputFile;
+
 /// How much work (`--size`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Size {
@@ -69,7 +71,7 @@ impl Progress for Bars {
             bar.set_message(name.to_string());
             *self.bar.lock() = Some(bar);
         } else {
-            eprintln!("phase {name}: {steps} steps");
+            errln!("phase {name}: {steps} steps");
         }
     }
 
@@ -83,12 +85,23 @@ impl Progress for Bars {
         if let Some(b) = self.bar.lock().take() {
             b.finish_and_clear();
         }
-        eprintln!("{summary}");
+        errln!("{summary}");
     }
 }
 
 /// Runs `rmm demo`.
 pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // Output paths first: a bad one fails now, not after the whole run.
+    let plot = args
+        .plot
+        .as_deref()
+        .map(|p| OutputFile::open("--plot", p))
+        .transpose()?;
+    let snapshot = args
+        .torch_snapshot
+        .as_deref()
+        .map(|p| OutputFile::open("--torch-snapshot", p))
+        .transpose()?;
     let progress: Arc<dyn Progress> = if args.quiet {
         Arc::new(rmm::demo::NoProgress)
     } else {
@@ -110,17 +123,19 @@ pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         record_events: args.torch_snapshot.is_some(),
     })?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
-        println!("{report}");
+        outln!("{report}")?;
     }
-    if let Some(path) = &args.plot {
-        rmm::timeline::svg::write_svg(&report.timeline, path)?;
-        eprintln!("timeline: {}", path.display());
+    if let Some(file) = plot {
+        let path = file.path().to_path_buf();
+        file.write(rmm::timeline::render_svg(&report.timeline)?.as_bytes())?;
+        errln!("timeline: {}", path.display());
     }
-    if let Some(path) = &args.torch_snapshot {
-        rmm::timeline::torch::write_torch_snapshot(&report.timeline, path)?;
-        eprintln!("PyTorch memory snapshot: {}", path.display());
+    if let Some(file) = snapshot {
+        let path = file.path().to_path_buf();
+        file.write(&rmm::timeline::torch_snapshot_bytes(&report.timeline)?)?;
+        errln!("PyTorch memory snapshot: {}", path.display());
     }
     Ok(())
 }

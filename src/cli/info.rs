@@ -10,10 +10,10 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = ConfigLoader::new().load()?;
     let b = open_backend(config.backend)?;
     let inv = Inventory::of(b)?;
-    println!("backend: {}", inv.backend);
-    println!("devices: {}", inv.devices.len());
+    outln!("backend: {}", inv.backend)?;
+    outln!("devices: {}", inv.devices.len())?;
     for d in &inv.devices {
-        println!(
+        outln!(
             "  [{}] {} ({}) compute {}.{}: {} total, {} free{}{}",
             d.ordinal,
             d.name,
@@ -32,30 +32,30 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 ""
             },
-        );
+        )?;
     }
     let facts = device_facts(b)?;
     let resolved = config.resolve(&facts)?;
-    println!();
-    println!("configuration (every effective value and where it came from):");
-    print!("{}", render(&config.effective_values()));
-    println!();
-    println!(
+    outln!()?;
+    outln!("configuration (every effective value and where it came from):")?;
+    out!("{}", render(&config.effective_values()))?;
+    outln!()?;
+    outln!(
         "selected devices ({} worker(s) each):",
         resolved.workers_per_device
-    );
+    )?;
     let opt = |v: Option<u64>| v.map_or("none".to_string(), |b| fmt_bytes(b as usize));
     for d in &resolved.devices {
         // The same plan the runtime builds each device's stack from.
-        println!("  [{}] {}", d.ordinal, StackPlan::new(&resolved, d));
-        println!(
+        outln!("  [{}] {}", d.ordinal, StackPlan::new(&resolved, d))?;
+        outln!(
             "      spill {}",
             d.spill.as_ref().map_or("off".into(), |s| format!(
                 "above {}, host pool {}",
                 fmt_bytes(s.threshold as usize),
                 opt(s.host_pool_size)
             )),
-        );
+        )?;
     }
     Ok(())
 }

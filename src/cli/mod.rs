@@ -1,9 +1,48 @@
 //! Command-line interface of `rmm`.
+//!
+//! Output goes through [`outln!`] and [`errln!`], never `println!`: a closed pipe
+//! (`rmm info | head -1`) ends the command quietly (see [`is_broken_pipe`]) instead of
+//! panicking.
+
+/// `println!` that returns the write's `io::Result` instead of panicking when standard
+/// output is gone (a closed pipe).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!` that returns the write's `io::Result` (see [`outln!`]).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `eprintln!` that drops the line when standard error is gone, instead of panicking.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
+pub(crate) use errln;
 
 mod bench;
 mod demo;
 mod info;
+mod output;
 mod replay;
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGXFSZ};
+use signal_hook::iterator::Signals;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -40,7 +79,67 @@ enum Command {
     Replay(replay::ReplayArgs),
 }
 
-/// Installs the `tracing` subscriber that prints to standard error.
+/// Whether `e` (or an error it wraps) is a write to a closed pipe: the reader went away
+/// (`rmm info | head -1`), so the command ends quietly.
+pub fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// Signals that end `rmm` after it removed its spill files.
+const ENDING: [i32; 3] = [SIGINT, SIGTERM, SIGHUP];
+
+/// Makes every way out of `rmm` leave no spill file behind:
+///
+/// * SIGINT, SIGTERM and SIGHUP: a thread removes this process's spill files (new ones can no
+///   longer be created), then exits with status 128 + the signal, as the shell reports a
+///   process killed by it;
+/// * SIGXFSZ (a write past `ulimit -f`): handled instead of fatal, so that the write fails
+///   with EFBIG and the spill reports an error (and removes its file).
+///
+/// A handler that cannot be installed is logged; the command runs on without it.
+pub fn handle_signals() {
+    if let Err(e) = signal_hook::flag::register(SIGXFSZ, Arc::new(AtomicBool::new(false))) {
+        tracing::warn!("cannot handle SIGXFSZ ({e}): a write past `ulimit -f` kills rmm");
+    }
+    let mut signals = match Signals::new(ENDING) {
+        Ok(signals) => signals,
+        Err(e) => {
+            tracing::warn!(
+                "cannot handle SIGINT/SIGTERM ({e}): interrupting rmm may leave spill files, \
+                 which the next run in that directory removes"
+            );
+            return;
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("rmm-signals".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                let removed = rmm::allocator::spill::remove_files_for_exit();
+                errln!(
+                    "rmm: stopped by {}; removed {removed} spill file(s)",
+                    signal_hook::low_level::signal_name(signal).unwrap_or("a signal")
+                );
+                std::process::exit(128 + signal);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the signal-handling thread ({e})");
+    }
+}
+
+/// Installs the `tracing` subscriber that prints to standard error, in colour only when
+/// standard error is a terminal (and `NO_COLOR` is unset): a log file or a pipe gets plain
+/// text.
 pub fn init_logging(cli: &Cli) {
     let filter = cli
         .log
@@ -50,6 +149,7 @@ pub fn init_logging(cli: &Cli) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("warn")))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .try_init();
 }
 

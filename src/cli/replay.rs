@@ -11,7 +11,9 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use rmm::allocator::adaptor::replay::{LogAction, ReplayReport};
-use rmm::allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, find_in_chain, replay};
+use rmm::allocator::adaptor::{
+    EventLog, LogFile, ReplayOptions, ReplayOrder, find_in_chain, replay, replay_streamed,
+};
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::error::fmt_bytes;
 use rmm::allocator::per_device::SharedResource;
@@ -22,9 +24,11 @@ use rmm::allocator::resource::{
 use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, StreamView};
 use rmm::config::Size;
 use rmm::timeline::{
-    Action, DeviceTimeline, Mark, MarkKind, MemoryEvent, Recorder, Timeline, samples_from_events,
-    write_svg, write_torch_snapshot,
+    Action, DeviceTimeline, Mark, MarkKind, MemoryEvent, Recorder, Timeline, render_svg,
+    samples_from_events, torch_snapshot_bytes,
 };
+
+use super::output::OutputFile;
 
 /// The resource to replay against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -44,9 +48,11 @@ pub enum ResourceKind {
 /// The order of events across threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Order {
-    /// Every event after the one before it in the log (the logged peak is reproduced).
+    /// Every event after the one before it in the log, on one thread (the logged peak is
+    /// reproduced).
     Logged,
-    /// Each thread in its own order; cross-thread frees wait for their allocation.
+    /// One thread per logged thread, each in its own order; cross-thread frees wait for
+    /// their allocation (the default: times the resource as the threads used it).
     Concurrent,
 }
 
@@ -74,8 +80,10 @@ pub struct ReplayArgs {
     /// 1GiB; a share of device memory such as 5% works too).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub pool_growth: Option<Size>,
-    /// Order of events across threads.
-    #[arg(long, value_enum, default_value_t = Order::Logged)]
+    /// Order of events across threads. The log is read as it is replayed (memory does not
+    /// grow with its length), except with --plot or --torch-snapshot, which draw from the
+    /// whole log.
+    #[arg(long, value_enum, default_value_t = Order::Concurrent)]
     pub order: Order,
     /// Device ordinal to replay on.
     #[arg(long, default_value_t = 0)]
@@ -229,10 +237,33 @@ fn build(
     })
 }
 
+/// The log: whole in memory (for a timeline), or scanned and read again as it is replayed.
+enum Source {
+    Whole(EventLog),
+    Streamed(LogFile),
+}
+
 /// Runs `rmm replay`.
 pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
-    // Parse first: a malformed log is reported before any device is touched.
-    let log = EventLog::read(&args.file)?;
+    // Output paths first, then the log: a bad path or a malformed log is reported before
+    // any device is touched.
+    let plot = args
+        .plot
+        .as_deref()
+        .map(|p| OutputFile::open("--plot", p))
+        .transpose()?;
+    let snapshot = args
+        .torch_snapshot
+        .as_deref()
+        .map(|p| OutputFile::open("--torch-snapshot", p))
+        .transpose()?;
+    // With a plot or snapshot the whole log is kept (the timeline may be drawn from its
+    // events); otherwise it is only scanned now, and read again as it is replayed.
+    let log = if plot.is_some() || snapshot.is_some() {
+        Source::Whole(EventLog::read(&args.file)?)
+    } else {
+        Source::Streamed(LogFile::scan(&args.file)?)
+    };
     if let Some(capacity) = args.simulate_capacity {
         let sim = SimBackend::leak(SimConfig {
             devices: 1,
@@ -246,8 +277,8 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let b = backend::global()?;
     let device = Device::new(args.device)?;
     let total = device.mem_info()?.total;
-    println!("backend:    {}", b.describe());
-    println!("device:     {} ({} total)", args.device, fmt_bytes(total));
+    outln!("backend:    {}", b.describe())?;
+    outln!("device:     {} ({} total)", args.device, fmt_bytes(total))?;
     let recorder = (args.plot.is_some() || args.torch_snapshot.is_some())
         .then(|| Arc::new(Recorder::new(Instant::now())));
     let guard = recorder.as_ref().map(Recorder::register);
@@ -259,25 +290,30 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         },
         default_stream_only: false,
     };
-    let report = replay(&log, &*resource, &options)?;
+    let report = match &log {
+        Source::Whole(log) => replay(log, &*resource, &options)?,
+        Source::Streamed(file) => replay_streamed(file, &*resource, &options)?,
+    };
     drop(guard);
-    println!("{report}");
+    outln!("{report}")?;
     if let Some(pool) = find_in_chain::<PoolMemoryResource>(&*resource) {
-        println!("pool:       {}", pool.usage().summary());
+        outln!("pool:       {}", pool.usage().summary())?;
     }
-    if let Some(recorder) = &recorder {
-        let (timeline, source) = timeline(&args, &log, &report, recorder, total as u64);
-        if let Some(path) = &args.plot {
-            write_svg(&timeline, path)?;
-            println!("plot:       {} ({source})", path.display());
+    if let (Some(recorder), Source::Whole(log)) = (&recorder, &log) {
+        let (timeline, source) = timeline(&args, log, &report, recorder, total as u64);
+        if let Some(file) = plot {
+            let path = file.path().to_path_buf();
+            file.write(render_svg(&timeline)?.as_bytes())?;
+            outln!("plot:       {} ({source})", path.display())?;
         }
-        if let Some(path) = &args.torch_snapshot {
-            write_torch_snapshot(&timeline, path)?;
-            println!(
+        if let Some(file) = snapshot {
+            let path = file.path().to_path_buf();
+            file.write(&torch_snapshot_bytes(&timeline)?)?;
+            outln!(
                 "snapshot:   {} (PyTorch memory snapshot {source}; open it at \
                  https://pytorch.org/memory_viz)",
                 path.display()
-            );
+            )?;
         }
     }
     match &report.failure {
@@ -293,7 +329,7 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             f.line,
             fmt_bytes(f.bytes),
             fmt_bytes(f.live_bytes as usize),
-            fmt_bytes(log.peak_bytes as usize),
+            fmt_bytes(report.logged_peak_bytes as usize),
         )
         .into()),
     }

@@ -128,6 +128,10 @@ pub enum DemoError {
     /// A result did not hold the expected bytes, or a phase could not run as planned.
     #[error("demo check failed: {0}")]
     Check(String),
+    /// The demo cannot run as configured (an unbacked device, too many workers for the
+    /// memory): what is wrong and what to do.
+    #[error("the demo cannot run: {0}")]
+    Setup(String),
 }
 
 /// Options of a run.
@@ -274,6 +278,14 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
     let scale = options.size.scale();
     let base = options.loader.load()?;
     let b = open_backend(&base, &scale)?;
+    if !b.holds_data() {
+        return Err(DemoError::Setup(format!(
+            "the simulated device is unbacked ({}): its memory is addresses only and holds no bytes, \
+             while the demo computes results in device memory and checks them; run it with \
+             RMM_SIM_MODE=backed (the default) or on a GPU",
+            b.describe()
+        )));
+    }
     let pooled = options
         .loader
         .clone()
@@ -347,12 +359,26 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
     let mut shares = Vec::new();
     for &d in &devices {
         let info = crate::allocator::Device::on(b, d)?.mem_info()?;
-        let share = (info.free as f64 * 0.85) as usize / workers as usize;
+        let usable = (info.free as f64 * 0.85) as usize;
+        let share = usable / workers as usize;
         let share = share / scale.plain_chunk * scale.plain_chunk;
+        let chunks = usable / scale.plain_chunk;
+        if share == 0 && chunks > 0 {
+            // Memory for some workers' allocations, not for one each: the worker count.
+            return Err(DemoError::Setup(format!(
+                "device {d} has {} free, room for {chunks} plain allocation(s) of {} in the \
+                 plain phase, but each of its {workers} workers needs one: lower \
+                 workers_per_device to at most {chunks}, or run a smaller --size",
+                fmt_bytes(info.free),
+                fmt_bytes(scale.plain_chunk)
+            )));
+        }
         if share == 0 {
-            return Err(DemoError::Check(format!(
-                "device {d} has {} free: too little for the plain phase",
-                fmt_bytes(info.free)
+            return Err(DemoError::Setup(format!(
+                "device {d} has {} free: too little for the plain phase, whose allocations \
+                 are {} each; free memory on it, or run a smaller --size",
+                fmt_bytes(info.free),
+                fmt_bytes(scale.plain_chunk)
             )));
         }
         shares.push((d, share));

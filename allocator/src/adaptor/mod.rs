@@ -33,7 +33,9 @@ pub use failure_callback::{AllocationFailure, FailureAction, FailureCallbackReso
 pub use hooks::{HookEvent, HookPoint, HookedResourceAdaptor, LineProfileHook, MemoryHook};
 pub use limiting::{LimitingResourceAdaptor, MemoryLimit};
 pub use logging::{LOG_HEADER, LoggingResourceAdaptor, log_file_path};
-pub use replay::{EventLog, ReplayOptions, ReplayOrder, ReplayReport, replay};
+pub use replay::{
+    EventLog, LogFile, ReplayOptions, ReplayOrder, ReplayReport, replay, replay_streamed,
+};
 pub use statistics::{Counter, MemoryReport, StatisticsResourceAdaptor};
 pub use tracking::{AllocationRecord, LeakReport, TrackingResourceAdaptor};
 

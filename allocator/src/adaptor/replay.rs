@@ -14,6 +14,10 @@
 //!   replayed (the log's order says which allocation a free belongs to). Times the resource
 //!   under contention; the peak may differ from the logged one.
 //!
+//! [`replay`] holds the whole [`EventLog`] in memory; [`replay_streamed`] reads a
+//! [`LogFile`] as it replays it (memory independent of the log's length; in logged order on
+//! one thread), which is what `rmm replay` uses.
+//!
 //! Logged streams are mapped to streams created for the replay (the default stream stays the
 //! default stream), so cross-stream frees stay cross-stream. `allocate failure` lines are
 //! counted and skipped, as are frees of pointers the log never allocated (a log that starts
@@ -23,7 +27,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{chain_names, find_in_chain};
@@ -33,6 +37,9 @@ use crate::resource::{DeviceMemoryResource, PoolMemoryResource};
 use crate::stream::{Stream, StreamView};
 
 use super::logging::LOG_HEADER;
+
+mod stream;
+pub use stream::{LogFile, replay_streamed};
 
 /// What a log line records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,14 +140,286 @@ fn parse_time(text: &str) -> Option<u64> {
     if parts.next().is_some() || h > 23 || m > 59 || s > 60 {
         return None;
     }
-    let us = if frac.is_empty() {
+    // Up to six digits of the fraction (microseconds), without allocating: logs have
+    // millions of lines.
+    let digits = &frac.as_bytes()[..frac.len().min(6)];
+    let us = if digits.is_empty() {
         0
     } else {
-        let digits: String = frac.chars().take(6).collect();
-        let v: u64 = digits.parse().ok()?;
+        let v: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
         v * 10u64.pow(6 - digits.len() as u32)
     };
     Some(((h * 60 + m) * 60 + s) * 1_000_000 + us)
+}
+
+/// The most columns a log's header may have (RMM's has six).
+const MAX_COLUMNS: usize = 16;
+
+/// The allocation a free line frees.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Freed {
+    /// Index of the allocation's event.
+    pub(crate) event: usize,
+    /// Its size.
+    pub(crate) size: usize,
+}
+
+/// A live allocation while parsing.
+#[derive(Debug, Clone, Copy)]
+struct LiveAllocation {
+    event: usize,
+    line: usize,
+    size: usize,
+}
+
+/// Reads a log one line at a time, checking each as [`EventLog::parse`] does, and keeps only
+/// what it needs to (the threads, the live allocations, the counts): its memory grows with
+/// the live allocations, not with the length of the log.
+#[derive(Debug)]
+pub(crate) struct LineParser {
+    source: String,
+    /// Columns of Thread, Time, Action, Pointer, Size, Stream.
+    columns: [usize; 6],
+    names: Vec<String>,
+    thread_index: HashMap<String, usize>,
+    /// The logged thread ids, in order of first appearance.
+    pub(crate) threads: Vec<String>,
+    live: HashMap<u64, LiveAllocation>,
+    live_bytes: u64,
+    /// Events read so far.
+    pub(crate) events: usize,
+    /// Peak of the bytes live in log order.
+    pub(crate) peak_bytes: u64,
+    /// Frees of pointers the log never allocated.
+    pub(crate) unmatched_frees: usize,
+    /// `allocate failure` lines.
+    pub(crate) logged_failures: usize,
+}
+
+impl LineParser {
+    /// The error for a log without a header.
+    pub(crate) fn empty(source: &str) -> Error {
+        Error::EventLog {
+            path: source.to_string(),
+            line: None,
+            problem: "the log is empty".to_string(),
+            hint: format!("A log starts with the header `{LOG_HEADER}`"),
+        }
+    }
+
+    fn err(&self, line: usize, problem: String, hint: &str) -> Error {
+        Error::EventLog {
+            path: self.source.clone(),
+            line: Some(line),
+            problem,
+            hint: hint.to_string(),
+        }
+    }
+
+    /// A parser for the log whose header (at `header_line`) is `header`.
+    pub(crate) fn new(source: &str, header_line: usize, header: &str) -> Result<LineParser> {
+        let names: Vec<String> = header.split(',').map(|n| n.trim().to_string()).collect();
+        let column = |name: &str| names.iter().position(|n| n == name);
+        let mut parser = LineParser {
+            source: source.to_string(),
+            columns: [0; 6],
+            names: Vec::new(),
+            thread_index: HashMap::new(),
+            threads: Vec::new(),
+            live: HashMap::new(),
+            live_bytes: 0,
+            events: 0,
+            peak_bytes: 0,
+            unmatched_frees: 0,
+            logged_failures: 0,
+        };
+        let (
+            Some(c_thread),
+            Some(c_time),
+            Some(c_action),
+            Some(c_ptr),
+            Some(c_size),
+            Some(c_stream),
+        ) = (
+            column("Thread"),
+            column("Time"),
+            column("Action"),
+            column("Pointer"),
+            column("Size"),
+            column("Stream"),
+        )
+        else {
+            return Err(parser.err(
+                header_line,
+                format!("found header `{header}`, expected `{LOG_HEADER}`"),
+                "Give a log written by RMM's logging_resource_adaptor or rmm-rs's \
+                 LoggingResourceAdaptor",
+            ));
+        };
+        if names.len() > MAX_COLUMNS {
+            return Err(parser.err(
+                header_line,
+                format!(
+                    "found a header of {} columns, expected at most {MAX_COLUMNS} (`{LOG_HEADER}`)",
+                    names.len()
+                ),
+                FORMAT_HINT,
+            ));
+        }
+        parser.columns = [c_thread, c_time, c_action, c_ptr, c_size, c_stream];
+        parser.names = names;
+        Ok(parser)
+    }
+
+    /// Allocations live at this point of the log.
+    pub(crate) fn live_allocations(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Parses and checks line `line_no` (not blank, without its line end): the event, and
+    /// for a free of an allocation the log made, that allocation.
+    pub(crate) fn line(&mut self, line_no: usize, line: &str) -> Result<(LogEvent, Option<Freed>)> {
+        let [c_thread, c_time, c_action, c_ptr, c_size, c_stream] = self.columns;
+        // The fields, without allocating (the header has at most MAX_COLUMNS).
+        let mut fields = [""; MAX_COLUMNS];
+        let mut count = 0;
+        for field in line.split(',') {
+            if let Some(slot) = fields.get_mut(count) {
+                *slot = field.trim();
+            }
+            count += 1;
+        }
+        if count != self.names.len() {
+            return Err(self.err(
+                line_no,
+                format!(
+                    "found {} field(s) in `{line}`, expected {} ({})",
+                    count,
+                    self.names.len(),
+                    self.names.join(",")
+                ),
+                FORMAT_HINT,
+            ));
+        }
+        let thread_text = fields[c_thread];
+        if thread_text.is_empty() {
+            return Err(self.err(
+                line_no,
+                format!("found an empty Thread field in `{line}`, expected a thread id"),
+                FORMAT_HINT,
+            ));
+        }
+        let action = match fields[c_action] {
+            "allocate" => LogAction::Allocate,
+            "free" => LogAction::Free,
+            "allocate failure" => LogAction::AllocateFailure,
+            other => {
+                return Err(self.err(
+                    line_no,
+                    format!(
+                        "found action `{other}`, expected `allocate`, `free` or \
+                         `allocate failure`"
+                    ),
+                    FORMAT_HINT,
+                ));
+            }
+        };
+        let ptr = parse_hex(fields[c_ptr]).ok_or_else(|| {
+            self.err(
+                line_no,
+                format!(
+                    "found pointer `{}`, expected a hexadecimal address such as \
+                     0x7f5a2c000000",
+                    fields[c_ptr]
+                ),
+                FORMAT_HINT,
+            )
+        })?;
+        let size: usize = fields[c_size].parse().map_err(|_| {
+            self.err(
+                line_no,
+                format!(
+                    "found size `{}`, expected a byte count in decimal",
+                    fields[c_size]
+                ),
+                FORMAT_HINT,
+            )
+        })?;
+        let stream = parse_hex(fields[c_stream]).ok_or_else(|| {
+            self.err(
+                line_no,
+                format!(
+                    "found stream `{}`, expected a hexadecimal stream handle such as 0x0",
+                    fields[c_stream]
+                ),
+                FORMAT_HINT,
+            )
+        })?;
+        let thread = match self.thread_index.get(thread_text) {
+            Some(&t) => t,
+            None => {
+                let t = self.threads.len();
+                self.thread_index.insert(thread_text.to_string(), t);
+                self.threads.push(thread_text.to_string());
+                t
+            }
+        };
+        let index = self.events;
+        let mut freed = None;
+        match action {
+            LogAction::Allocate if ptr != 0 => {
+                if let Some(prev) = self.live.get(&ptr) {
+                    return Err(self.err(
+                        line_no,
+                        format!(
+                            "allocate returned {ptr:#x}, which is still live (allocated at \
+                             line {} and not freed since), expected every pointer to be \
+                             freed before it is handed out again",
+                            prev.line
+                        ),
+                        "Is the log truncated in the middle, or two logs merged? Replay \
+                         one complete log per device",
+                    ));
+                }
+                self.live.insert(
+                    ptr,
+                    LiveAllocation {
+                        event: index,
+                        line: line_no,
+                        size,
+                    },
+                );
+                self.live_bytes += size as u64;
+                self.peak_bytes = self.peak_bytes.max(self.live_bytes);
+            }
+            LogAction::Allocate => {}
+            LogAction::Free => match self.live.remove(&ptr) {
+                Some(a) => {
+                    self.live_bytes -= a.size as u64;
+                    freed = Some(Freed {
+                        event: a.event,
+                        size: a.size,
+                    });
+                }
+                None if ptr == 0 => {}
+                None => self.unmatched_frees += 1,
+            },
+            LogAction::AllocateFailure => self.logged_failures += 1,
+        }
+        self.events += 1;
+        Ok((
+            LogEvent {
+                line: line_no,
+                thread,
+                time_us: parse_time(fields[c_time]),
+                action,
+                ptr,
+                size,
+                stream,
+            },
+            freed,
+        ))
+    }
 }
 
 impl EventLog {
@@ -159,185 +438,32 @@ impl EventLog {
     /// Parses `text`; `source` names it in errors.
     pub fn parse(text: &str, source: impl Into<String>) -> Result<EventLog> {
         let source = source.into();
-        let err = |line: usize, problem: String, hint: &str| Error::EventLog {
-            path: source.clone(),
-            line: Some(line),
-            problem,
-            hint: hint.to_string(),
-        };
         let mut lines = text
             .lines()
             .enumerate()
             .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
             .filter(|(_, l)| !l.trim().is_empty());
         let Some((header_line, header)) = lines.next() else {
-            return Err(Error::EventLog {
-                path: source.clone(),
-                line: None,
-                problem: "the log is empty".to_string(),
-                hint: format!("A log starts with the header `{LOG_HEADER}`"),
-            });
+            return Err(LineParser::empty(&source));
         };
-        let names: Vec<&str> = header.split(',').map(str::trim).collect();
-        let column = |name: &str| names.iter().position(|n| *n == name);
-        let (
-            Some(c_thread),
-            Some(c_time),
-            Some(c_action),
-            Some(c_ptr),
-            Some(c_size),
-            Some(c_stream),
-        ) = (
-            column("Thread"),
-            column("Time"),
-            column("Action"),
-            column("Pointer"),
-            column("Size"),
-            column("Stream"),
-        )
-        else {
-            return Err(err(
-                header_line,
-                format!("found header `{header}`, expected `{LOG_HEADER}`"),
-                "Give a log written by RMM's logging_resource_adaptor or rmm-rs's \
-                 LoggingResourceAdaptor",
-            ));
-        };
-
-        let mut log = EventLog {
-            source: source.clone(),
-            events: Vec::new(),
-            threads: Vec::new(),
-            freed_allocation: Vec::new(),
-            peak_bytes: 0,
-            unmatched_frees: 0,
-            logged_failures: 0,
-            unfreed: 0,
-        };
-        let mut thread_index: HashMap<String, usize> = HashMap::new();
-        // Live pointer → index of its allocation event.
-        let mut live: HashMap<u64, usize> = HashMap::new();
-        let mut live_bytes = 0u64;
+        let mut parser = LineParser::new(&source, header_line, header)?;
+        let mut events = Vec::new();
+        let mut freed_allocation = Vec::new();
         for (line_no, line) in lines {
-            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-            if fields.len() != names.len() {
-                return Err(err(
-                    line_no,
-                    format!(
-                        "found {} field(s) in `{line}`, expected {} ({})",
-                        fields.len(),
-                        names.len(),
-                        names.join(",")
-                    ),
-                    FORMAT_HINT,
-                ));
-            }
-            let thread_text = fields[c_thread];
-            if thread_text.is_empty() {
-                return Err(err(
-                    line_no,
-                    format!("found an empty Thread field in `{line}`, expected a thread id"),
-                    FORMAT_HINT,
-                ));
-            }
-            let action = match fields[c_action] {
-                "allocate" => LogAction::Allocate,
-                "free" => LogAction::Free,
-                "allocate failure" => LogAction::AllocateFailure,
-                other => {
-                    return Err(err(
-                        line_no,
-                        format!(
-                            "found action `{other}`, expected `allocate`, `free` or \
-                             `allocate failure`"
-                        ),
-                        FORMAT_HINT,
-                    ));
-                }
-            };
-            let ptr = parse_hex(fields[c_ptr]).ok_or_else(|| {
-                err(
-                    line_no,
-                    format!(
-                        "found pointer `{}`, expected a hexadecimal address such as \
-                         0x7f5a2c000000",
-                        fields[c_ptr]
-                    ),
-                    FORMAT_HINT,
-                )
-            })?;
-            let size: usize = fields[c_size].parse().map_err(|_| {
-                err(
-                    line_no,
-                    format!(
-                        "found size `{}`, expected a byte count in decimal",
-                        fields[c_size]
-                    ),
-                    FORMAT_HINT,
-                )
-            })?;
-            let stream = parse_hex(fields[c_stream]).ok_or_else(|| {
-                err(
-                    line_no,
-                    format!(
-                        "found stream `{}`, expected a hexadecimal stream handle such as 0x0",
-                        fields[c_stream]
-                    ),
-                    FORMAT_HINT,
-                )
-            })?;
-            let next = thread_index.len();
-            let thread = *thread_index
-                .entry(thread_text.to_string())
-                .or_insert_with(|| {
-                    log.threads.push(thread_text.to_string());
-                    next
-                });
-            let index = log.events.len();
-            let mut freed = None;
-            match action {
-                LogAction::Allocate if ptr != 0 => {
-                    if let Some(&prev) = live.get(&ptr) {
-                        return Err(err(
-                            line_no,
-                            format!(
-                                "allocate returned {ptr:#x}, which is still live (allocated at \
-                                 line {} and not freed since), expected every pointer to be \
-                                 freed before it is handed out again",
-                                log.events[prev].line
-                            ),
-                            "Is the log truncated in the middle, or two logs merged? Replay \
-                             one complete log per device",
-                        ));
-                    }
-                    live.insert(ptr, index);
-                    live_bytes += size as u64;
-                    log.peak_bytes = log.peak_bytes.max(live_bytes);
-                }
-                LogAction::Allocate => {}
-                LogAction::Free => match live.remove(&ptr) {
-                    Some(a) => {
-                        live_bytes -= log.events[a].size as u64;
-                        freed = Some(a);
-                    }
-                    None if ptr == 0 => {}
-                    None => log.unmatched_frees += 1,
-                },
-                LogAction::AllocateFailure => log.logged_failures += 1,
-            }
-            log.events.push(LogEvent {
-                line: line_no,
-                thread,
-                time_us: parse_time(fields[c_time]),
-                action,
-                ptr,
-                size,
-                stream,
-            });
-            log.freed_allocation.push(freed);
+            let (event, freed) = parser.line(line_no, line)?;
+            events.push(event);
+            freed_allocation.push(freed.map(|f| f.event));
         }
-        log.unfreed = live.len();
-        Ok(log)
+        Ok(EventLog {
+            source,
+            events,
+            freed_allocation,
+            peak_bytes: parser.peak_bytes,
+            unmatched_frees: parser.unmatched_frees,
+            logged_failures: parser.logged_failures,
+            unfreed: parser.live.len(),
+            threads: parser.threads,
+        })
     }
 
     /// Checks that the public fields agree with each other (as [`EventLog::parse`] makes
@@ -743,21 +869,60 @@ pub fn replay(
     )
     .entered();
     let busy: Vec<&Vec<Step>> = per_thread.iter().filter(|s| !s.is_empty()).collect();
-    let barrier = Barrier::new(busy.len() + 1);
+    // The threads wait at this gate until every one has started: `Some(true)` runs them,
+    // `Some(false)` (a thread could not be started) sends them home.
+    let gate = (Mutex::new(None::<bool>), Condvar::new());
+    let open = |go: bool| {
+        *gate
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(go);
+        gate.1.notify_all();
+    };
     let mut start = Instant::now();
-    std::thread::scope(|scope| {
-        for steps in &busy {
+    let spawned: std::io::Result<()> = std::thread::scope(|scope| {
+        for (n, steps) in busy.iter().enumerate() {
             let shared = &shared;
-            let barrier = &barrier;
+            let gate = &gate;
             let order = options.order;
-            scope.spawn(move || {
-                barrier.wait();
-                shared.run(steps, order);
-            });
+            let thread = std::thread::Builder::new()
+                .name(format!("rmm-replay-{n}"))
+                .spawn_scoped(scope, move || {
+                    let mut go = gate
+                        .0
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    while go.is_none() {
+                        go = gate
+                            .1
+                            .wait(go)
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    }
+                    let run = *go == Some(true);
+                    drop(go);
+                    if run {
+                        shared.run(steps, order);
+                    }
+                });
+            if let Err(e) = thread {
+                open(false);
+                return Err(e);
+            }
         }
-        barrier.wait();
         start = Instant::now();
+        open(true);
+        Ok(())
     });
+    if let Err(e) = spawned {
+        return Err(Error::invalid_argument(
+            "replay threads",
+            busy.len(),
+            format!(
+                "as many threads as the log has ({e}); replay it where more threads can start, \
+                 or a log of fewer threads"
+            ),
+        ));
+    }
     let elapsed = start.elapsed();
     // Synchronize so the last frees have settled before the pool is measured.
     for s in &owned {

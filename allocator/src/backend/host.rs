@@ -250,39 +250,51 @@ impl PinnedRegion {
             .collect();
         let base = ptr.as_ptr() as usize;
         // Fault every page in, one thread per chunk, before the driver locks them: one write
-        // of a zero per 4 KiB page (the pages are zero already, so nothing changes).
+        // of a zero per 4 KiB page (the pages are zero already, so nothing changes). A thread
+        // that cannot be started leaves its chunk to this one: slower, never a panic.
+        let touch = move |o: usize, l: usize| {
+            for page in (o..o + l).step_by(4096) {
+                // SAFETY: each thread writes inside its own disjoint chunk of the mapping;
+                // volatile so that the write is not elided.
+                unsafe { std::ptr::write_volatile((base + page) as *mut u8, 0) };
+            }
+        };
         std::thread::scope(|s| {
             for &(o, l) in &chunks {
-                s.spawn(move || {
-                    for page in (o..o + l).step_by(4096) {
-                        // SAFETY: each thread writes inside its own disjoint chunk of the
-                        // mapping; volatile so that the write is not elided.
-                        unsafe { std::ptr::write_volatile((base + page) as *mut u8, 0) };
-                    }
-                });
+                if std::thread::Builder::new()
+                    .spawn_scoped(s, move || touch(o, l))
+                    .is_err()
+                {
+                    touch(o, l);
+                }
             }
         });
+        let register = move |o: usize, l: usize| {
+            // SAFETY: the chunk lies inside the live allocation, which outlives the
+            // registration (unregistered in drop, before deallocation).
+            unsafe { backend.host_register((base + o) as *mut u8, l) }
+        };
         let results: Vec<Result<()>> = std::thread::scope(|s| {
             let handles: Vec<_> = chunks
                 .iter()
                 .map(|&(o, l)| {
-                    s.spawn(move || {
-                        // SAFETY: the chunk lies inside the live allocation, which outlives
-                        // the registration (unregistered in drop, before deallocation).
-                        unsafe { backend.host_register((base + o) as *mut u8, l) }
-                    })
+                    std::thread::Builder::new()
+                        .spawn_scoped(s, move || register(o, l))
+                        .map_err(|_| (o, l))
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
+                .map(|h| match h {
+                    Ok(h) => h.join().unwrap_or_else(|_| {
                         Err(Error::invalid_argument(
                             "host_register",
                             "a panic",
                             "no panic",
                         ))
-                    })
+                    }),
+                    // No thread for it: registered here.
+                    Err((o, l)) => register(o, l),
                 })
                 .collect()
         });

@@ -130,6 +130,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn kind(&self) -> BackendKind;
     /// A one-line description, e.g. `cuda (driver 13.0)` or `sim (2 devices × 24.00 GiB, backed)`.
     fn describe(&self) -> String;
+    /// Whether device memory holds the bytes written to it: true for a GPU and the backed
+    /// simulated device; false for the unbacked simulated device, whose memory is addresses
+    /// only (for "would it fit" questions), so that work that reads its data back can say so
+    /// up front instead of reporting wrong bytes.
+    fn holds_data(&self) -> bool {
+        true
+    }
     /// Number of devices.
     fn device_count(&self) -> u32;
     /// Static properties of device `dev`.

@@ -8,6 +8,11 @@
 //!
 //! Files are created new (`O_EXCL`, mode 0600, never following a planted link) and removed
 //! when the buffer leaves the disk tier or is dropped; a failed write removes its file.
+//!
+//! Files a process leaves behind when it dies (SIGKILL, a crash) are removed by the next disk
+//! tier that starts in that directory: every file is named `rmm-spill-<pid>-…`, and the files
+//! of a pid that is no longer alive are swept. A process that ends on a signal it handles
+//! (the `rmm` CLI on SIGINT and SIGTERM) removes its own with [`remove_files_for_exit`].
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -16,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::copy::{CopyStreams, Direction};
 use crate::backend::DevicePtr;
@@ -25,6 +30,120 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::PinnedHostPool;
 use crate::stream::StreamView;
+
+/// The prefix of every spill file's name: `rmm-spill-<pid>-…`.
+const FILE_PREFIX: &str = "rmm-spill-";
+
+/// The directories disk tiers of this process use, and whether new files may still be
+/// created there (not once [`remove_files_for_exit`] ran). A file is created under the read
+/// lock, so that the removal at exit (under the write lock) sees every file.
+static DIRECTORIES: RwLock<Directories> = RwLock::new(Directories {
+    closed: false,
+    list: Vec::new(),
+});
+
+struct Directories {
+    closed: bool,
+    list: Vec<PathBuf>,
+}
+
+/// The pid a spill file's name carries (`rmm-spill-<pid>-…`), if it is one.
+fn owner_of(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(FILE_PREFIX)?;
+    let (pid, _) = rest.split_once('-')?;
+    pid.parse().ok()
+}
+
+/// Whether process `pid` is alive; `None` when this system cannot tell (no `/proc`).
+fn alive(pid: u32) -> Option<bool> {
+    let proc = Path::new("/proc");
+    if !proc.join("self").exists() {
+        return None;
+    }
+    Some(proc.join(pid.to_string()).exists())
+}
+
+/// Removes the spill files in `directory` of processes that are no longer alive (and, with
+/// `own`, of this process's pid: files left by an earlier process that had it). Returns how
+/// many were removed. Failures are logged: sweeping is best effort.
+fn sweep(directory: &Path, own: bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(directory) else {
+        return 0;
+    };
+    let me = std::process::id();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(owner_of) else {
+            continue;
+        };
+        let stale = if pid == me {
+            own
+        } else {
+            alive(pid) == Some(false)
+        };
+        if !stale || !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(
+                "removing {} (left by process {pid}, which is gone): {e}",
+                entry.path().display()
+            ),
+        }
+    }
+    if removed > 0 {
+        tracing::info!(
+            "removed {removed} spill file(s) left in {} by processes that are gone",
+            directory.display()
+        );
+    }
+    removed
+}
+
+/// Registers `directory` as used by a disk tier of this process, sweeping the files that
+/// processes no longer alive left there first.
+fn register(directory: &Path) {
+    let key = std::fs::canonicalize(directory).unwrap_or_else(|_| directory.to_path_buf());
+    let mut dirs = DIRECTORIES.write();
+    // The first store of this process here: no file of this process can be in it yet, so
+    // one with this pid is an earlier process's (pids are reused).
+    let first = !dirs.list.contains(&key);
+    sweep(directory, first);
+    if first {
+        dirs.list.push(key);
+    }
+}
+
+/// Removes every spill file this process has in the directories its disk tiers use, and
+/// makes later attempts to create one fail: for a process about to exit without unwinding
+/// (on SIGINT or SIGTERM, from a signal-handling thread), so that it leaves no file behind.
+/// Returns how many files were removed. Buffers whose data was on disk lose it: call it only
+/// on the way out.
+pub fn remove_files_for_exit() -> usize {
+    let mut dirs = DIRECTORIES.write();
+    dirs.closed = true;
+    let prefix = format!("{FILE_PREFIX}{}-", std::process::id());
+    let mut removed = 0;
+    for dir in &dirs.list {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+                && std::fs::remove_file(entry.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
 
 /// Bytes per staging slot (two slots per device).
 pub(crate) const STAGING: usize = 32 << 20;
@@ -74,11 +193,49 @@ fn io_error(path: &Path, operation: &'static str, e: std::io::Error) -> Error {
     }
 }
 
+/// Checks at start-up that `directory` is (or can be made) a directory this process can
+/// create files in, by creating and removing a probe file: a bad `spill.disk_directory`
+/// (`/proc`, a file, a read-only mount) fails here, not at the first spill.
+fn check_directory(directory: &Path) -> Result<()> {
+    let bad = |problem: String| {
+        Error::invalid_argument(
+            "spill.disk_directory",
+            directory.display(),
+            format!(
+                "a writable directory, but {problem}; create it, choose another directory, \
+                 or set spill.disk_directory = \"none\" to spill to host memory only"
+            ),
+        )
+    };
+    std::fs::create_dir_all(directory).map_err(|e| bad(format!("it cannot be created ({e})")))?;
+    match std::fs::metadata(directory) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Err(bad("it is not a directory".into())),
+        Err(e) => return Err(bad(format!("it cannot be read ({e})"))),
+    }
+    // Unique within the process: the devices' stores start in parallel.
+    static PROBES: AtomicU64 = AtomicU64::new(0);
+    let probe = directory.join(format!(
+        "{FILE_PREFIX}{}-probe{}.tmp",
+        std::process::id(),
+        PROBES.fetch_add(1, Ordering::Relaxed)
+    ));
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&probe)
+        .and_then(|mut f| f.write_all(b"rmm"))
+        .map_err(|e| bad(format!("no file can be written in it ({e})")))?;
+    std::fs::remove_file(&probe).map_err(|e| bad(format!("a file in it cannot be removed ({e})")))
+}
+
 impl DiskStore {
     /// Spill files of `device` under `directory` (created if missing); pins the staging
     /// slots through `device`'s backend.
     pub(crate) fn new(device: Device, directory: &Path) -> Result<DiskStore> {
-        std::fs::create_dir_all(directory).map_err(|e| io_error(directory, "create", e))?;
+        check_directory(directory)?;
+        register(directory);
         let staging_pool = PinnedHostPool::on(device.backend(), 2 * STAGING)?;
         let staging = [
             staging_pool.allocate(STAGING)?,
@@ -86,7 +243,11 @@ impl DiskStore {
         ];
         Ok(DiskStore {
             directory: directory.to_path_buf(),
-            prefix: format!("rmm-spill-{}-dev{}", std::process::id(), device.ordinal()),
+            prefix: format!(
+                "{FILE_PREFIX}{}-dev{}",
+                std::process::id(),
+                device.ordinal()
+            ),
             staging: Mutex::new(staging),
             held: Arc::new(AtomicU64::new(0)),
             next: AtomicU64::new(0),
@@ -107,12 +268,22 @@ impl DiskStore {
     fn create(&self, id: u64, len: usize) -> Result<(File, DiskFile)> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let path = self.directory.join(format!("{}-{id}-{n}.bin", self.prefix));
+        // Held while the file is made, so that the removal at exit sees it.
+        let dirs = DIRECTORIES.read();
+        if dirs.closed {
+            return Err(io_error(
+                &path,
+                "create",
+                std::io::Error::other("the process is exiting and has removed its spill files"),
+            ));
+        }
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(&path)
             .map_err(|e| io_error(&path, "create", e))?;
+        drop(dirs);
         self.held.fetch_add(len as u64, Ordering::Relaxed);
         Ok((
             file,

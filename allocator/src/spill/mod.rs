@@ -18,5 +18,6 @@ mod store;
 mod vector;
 
 pub use buffer::{DeviceGuard, HostGuard, SharedDeviceGuard, SpillObserver, SpillableBuffer, Tier};
+pub use disk::remove_files_for_exit;
 pub use store::SpillStore;
 pub use vector::SpillableVector;

@@ -116,6 +116,13 @@ pub fn read_on_device(
     out
 }
 
+/// Says on standard error that `test` checks nothing in this environment, and why, as one
+/// `SKIP <test>: <why>` line (the nextest configuration shows these tests' output even when
+/// they pass): a test that cannot run must never pass silently.
+pub fn skip(test: &str, why: &str) {
+    eprintln!("SKIP {test}: {why}");
+}
+
 /// Caps the size of files this process writes while alive (writes past it fail with EFBIG
 /// instead of raising SIGXFSZ).
 pub struct FileSizeCap {

@@ -497,6 +497,10 @@ impl Backend for SimBackend {
         BackendKind::Sim
     }
 
+    fn holds_data(&self) -> bool {
+        self.config.mode == SimMemoryMode::Backed
+    }
+
     fn describe(&self) -> String {
         format!(
             "sim ({} device{} × {}, {})",
