@@ -59,21 +59,17 @@ fn library_value(device: u32, bytes: &[u8], dropped: &Arc<AtomicUsize>) -> Owner
 }
 
 fn spilling(limit: &str, host: &str, disk: Option<&Path>) -> rmm_config::Config {
-    let mut settings = vec![
-        ("devices", toml::Value::from(devices(1))),
-        ("pool.enabled", toml::Value::from(true)),
-        ("pool.initial_size", toml::Value::from("128MiB")),
-        ("spill.enabled", toml::Value::from(true)),
-        ("spill.device_memory_limit", toml::Value::from(limit)),
-        ("spill.host_pool_size", toml::Value::from(host)),
-    ];
-    if let Some(d) = disk {
-        settings.push((
-            "spill.disk_directory",
-            toml::Value::from(d.to_str().expect("a UTF-8 temporary path")),
-        ));
-    }
-    config(&settings)
+    common::spilling(limit, host, disk, &[])
+}
+
+/// A library's allocation holding `bytes`, adopted by `m`.
+fn adopt_bytes(
+    m: &SpillManager,
+    bytes: &[u8],
+    dropped: &Arc<AtomicUsize>,
+) -> Arc<rmm_runtime::ForeignData<Owner>> {
+    let o = library_value(0, bytes, dropped);
+    m.adopt(&[(o.ptr, o.size)], S, o)
 }
 
 fn manager(rt: &Runtime) -> Arc<SpillManager> {
@@ -104,13 +100,7 @@ fn the_least_recently_used_value_spills_over_the_limit_and_comes_back_intact() {
     let m = manager(&rt);
     let dropped = Arc::new(AtomicUsize::new(0));
     let data: Vec<Vec<u8>> = (0..3).map(|i| pattern(3 * MIB, i)).collect();
-    let values: Vec<_> = data
-        .iter()
-        .map(|d| {
-            let o = library_value(0, d, &dropped);
-            m.adopt(&[(o.ptr, o.size)], S, o)
-        })
-        .collect();
+    let values: Vec<_> = data.iter().map(|d| adopt_bytes(&m, d, &dropped)).collect();
     // 9 MiB over an 8 MiB limit: the oldest went to the host and its owner was dropped.
     assert_eq!(dropped.load(Ordering::SeqCst), 1);
     assert_eq!(
@@ -150,8 +140,7 @@ fn a_value_in_use_is_never_spilled() {
     let in_use = Arc::clone(&busy.in_use);
     in_use.store(true, Ordering::SeqCst);
     let first = m.adopt(&[(busy.ptr, busy.size)], S, busy);
-    let other = library_value(0, &pattern(3 * MIB, 2), &dropped);
-    let second = m.adopt(&[(other.ptr, other.size)], S, other);
+    let second = adopt_bytes(&m, &pattern(3 * MIB, 2), &dropped);
     // Over the limit, and the older value is in use: the new one goes (the limit holds).
     assert_eq!((first.tier(), second.tier()), (Tier::Device, Tier::Host));
     assert_eq!(m.spill_all().unwrap(), 0);
@@ -201,8 +190,7 @@ fn a_failed_spill_leaves_the_value_on_the_device_as_it_was() {
     let m = manager(&rt);
     let dropped = Arc::new(AtomicUsize::new(0));
     let data = pattern(3 * MIB, 4);
-    let o = library_value(0, &data, &dropped);
-    let v = m.adopt(&[(o.ptr, o.size)], S, o);
+    let v = adopt_bytes(&m, &data, &dropped);
     assert_eq!(v.tier(), Tier::Device);
     assert!(matches!(v.spill(), Err(AllocError::HostOutOfMemory { .. })));
     assert_eq!(v.tier(), Tier::Device);
@@ -230,13 +218,7 @@ fn values_go_on_to_disk_when_the_host_is_full_and_come_back() {
     let m = manager(&rt);
     let dropped = Arc::new(AtomicUsize::new(0));
     let data: Vec<Vec<u8>> = (0..4).map(|i| pattern(3 * MIB, 10 + i)).collect();
-    let values: Vec<_> = data
-        .iter()
-        .map(|d| {
-            let o = library_value(0, d, &dropped);
-            m.adopt(&[(o.ptr, o.size)], S, o)
-        })
-        .collect();
+    let values: Vec<_> = data.iter().map(|d| adopt_bytes(&m, d, &dropped)).collect();
     let tiers: Vec<Tier> = values.iter().map(|v| v.tier()).collect();
     assert_eq!(tiers, [Tier::Disk, Tier::Disk, Tier::Host, Tier::Device]);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
@@ -257,8 +239,7 @@ fn adopted_values_survive_a_reinitialize() {
     let m = manager(&rt);
     let dropped = Arc::new(AtomicUsize::new(0));
     let data = pattern(5 * MIB, 20);
-    let o = library_value(0, &data, &dropped);
-    let v = m.adopt(&[(o.ptr, o.size)], S, o);
+    let v = adopt_bytes(&m, &data, &dropped);
     let report = rt
         .reinitialize(&config(&[
             ("devices", toml::Value::from(devices(1))),
@@ -280,8 +261,7 @@ fn a_spilled_value_in_use_on_the_device_stays_there() {
     let rt = Runtime::start(&spilling("64MiB", "64MiB", None)).unwrap();
     let m = manager(&rt);
     let dropped = Arc::new(AtomicUsize::new(0));
-    let o = library_value(0, &pattern(2 * MIB, 30), &dropped);
-    let v = m.adopt(&[(o.ptr, o.size)], S, o);
+    let v = adopt_bytes(&m, &pattern(2 * MIB, 30), &dropped);
     assert_eq!(v.spill().unwrap(), 2 * MIB);
     let views = v.device_views(S).unwrap().expect("spilled");
     assert_eq!(
@@ -305,8 +285,7 @@ fn a_failing_disk_write_leaves_the_value_on_the_device_and_no_file() {
     let m = manager(&rt);
     let dropped = Arc::new(AtomicUsize::new(0));
     let data = pattern(40 * MIB, 40);
-    let o = library_value(0, &data, &dropped);
-    let v = m.adopt(&[(o.ptr, o.size)], S, o);
+    let v = adopt_bytes(&m, &data, &dropped);
     {
         let _cap = FileSizeCap::new(MIB as u64);
         let err = v.spill().unwrap_err();

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{FileSizeCap, config, devices, pattern, read_on_device, serial, sim};
+use common::{FileSizeCap, config, devices, pattern, read_on_device, serial, sim, spilling};
 use proptest::prelude::*;
 use rmm_allocator::spill::{SpillableBuffer, Tier};
 use rmm_allocator::{Error as AllocError, StreamView};
@@ -20,7 +20,7 @@ const S: StreamView = StreamView::DEFAULT;
 /// One device, a pool, spilling with a `limit` device limit, a `host` pinned pool, and a
 /// disk tier under `disk` when given.
 fn tiers(limit: &str, host: &str, disk: Option<&Path>) -> rmm_config::Config {
-    tiers_with(limit, host, disk, &[])
+    spilling(limit, host, disk, &[])
 }
 
 /// [`tiers`] with `more` settings.
@@ -30,23 +30,7 @@ fn tiers_with(
     disk: Option<&Path>,
     more: &[(&str, toml::Value)],
 ) -> rmm_config::Config {
-    let mut settings = vec![
-        ("devices", toml::Value::from(devices(1))),
-        ("workers_per_device", toml::Value::from(2)),
-        ("pool.enabled", toml::Value::from(true)),
-        ("pool.initial_size", toml::Value::from("256MiB")),
-        ("spill.enabled", toml::Value::from(true)),
-        ("spill.device_memory_limit", toml::Value::from(limit)),
-        ("spill.host_pool_size", toml::Value::from(host)),
-    ];
-    if let Some(d) = disk {
-        settings.push((
-            "spill.disk_directory",
-            toml::Value::from(d.to_str().expect("a UTF-8 temporary path")),
-        ));
-    }
-    settings.extend(more.iter().cloned());
-    config(&settings)
+    spilling(limit, host, disk, more)
 }
 
 fn manager(rt: &Runtime) -> Arc<SpillManager> {

@@ -85,6 +85,33 @@ pub fn pooled(n: u32, w: i64, more: &[(&str, toml::Value)]) -> Config {
     config(&settings)
 }
 
+/// One device, a pool of 256 MiB, two workers, spilling with a `limit` device limit, a `host`
+/// pinned pool, a disk tier under `disk` when given, and `more` settings.
+pub fn spilling(
+    limit: &str,
+    host: &str,
+    disk: Option<&std::path::Path>,
+    more: &[(&str, toml::Value)],
+) -> Config {
+    let mut settings = vec![
+        ("devices", toml::Value::from(devices(1))),
+        ("workers_per_device", toml::Value::from(2)),
+        ("pool.enabled", toml::Value::from(true)),
+        ("pool.initial_size", toml::Value::from("256MiB")),
+        ("spill.enabled", toml::Value::from(true)),
+        ("spill.device_memory_limit", toml::Value::from(limit)),
+        ("spill.host_pool_size", toml::Value::from(host)),
+    ];
+    if let Some(d) = disk {
+        settings.push((
+            "spill.disk_directory",
+            toml::Value::from(d.to_str().expect("a UTF-8 temporary path")),
+        ));
+    }
+    settings.extend(more.iter().cloned());
+    config(&settings)
+}
+
 /// Deterministic pseudo-random bytes (xorshift), so failures reproduce.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
