@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{FileSizeCap, config, devices, pattern, read_on_device, serial, sim, spilling};
+use common::{FileSizeCap, pattern, read_on_device, serial, sim, spilling};
 use proptest::prelude::*;
 use rmm_allocator::spill::{SpillableBuffer, Tier};
 use rmm_allocator::{Error as AllocError, StreamView};
