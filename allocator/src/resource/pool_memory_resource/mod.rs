@@ -24,8 +24,8 @@
 //!   Memory moves between streams only through the pool's slow path, after the giving
 //!   stream's queued work has completed.
 //! * A request an arena cannot serve takes, in order: the pool's free space; every arena's
-//!   idle memory (whole free regions, cached blocks, settled cross-stream frees; first from
-//!   streams with no queued work, then from the others after their queued work); growth by the request's need rounded up to the growth
+//!   idle memory (whole free regions, cached blocks, settled cross-stream frees, after the
+//!   owning stream's queued work); growth by the request's need rounded up to the growth
 //!   step (`pool.growth`, 1 GiB by default), never past the maximum; one large enough free
 //!   block of some arena; every arena's free blocks, merged across arenas; entirely free
 //!   chunks given back and growth again (see `growth.rs`). Only then does it fail, with the
@@ -163,10 +163,7 @@ impl PoolBuilder {
                 "a growth step of at least 256 bytes, e.g. 1 GiB (pool.growth)",
             ));
         }
-        let growth = self
-            .growth
-            .checked_next_multiple_of(GRANULE)
-            .unwrap_or(u64::MAX / GRANULE * GRANULE);
+        let growth = self.growth.next_multiple_of(GRANULE);
         let pool = PoolMemoryResource {
             upstream: self.upstream,
             device,
