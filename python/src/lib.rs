@@ -171,9 +171,8 @@ fn report(py: Python<'_>) -> PyResult<Py<PyAny>> {
     json_to_py(py, &text)
 }
 
-/// Per device: bytes in use and reserved, allocations, peaks and totals, and the pool's
-/// figures (`pool`: reserved, in use, free, largest free block, fragmentation; `None` without
-/// a pool), as dicts keyed by device ordinal.
+/// Per device: bytes in use and reserved, allocations, peaks and totals, as dicts keyed by
+/// device ordinal.
 #[pyfunction]
 fn statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
     let text = with_runtime(|rt| {
@@ -196,14 +195,6 @@ fn statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
                         "peak_allocations": count.peak.max(0),
                         "total_allocations": count.total.max(0),
                         "reserved_bytes": stack.reserved_bytes(),
-                        "pool": stack.pool_figures().map(|p| serde_json::json!({
-                            "reserved_bytes": p.reserved_bytes,
-                            "in_use_bytes": p.in_use_bytes,
-                            "free_bytes": p.free_bytes,
-                            "largest_free_block": p.largest_free_block,
-                            "fragmentation": p.fragmentation,
-                            "arenas": p.arenas,
-                        })),
                         "out_of_memory_errors": s.out_of_memory_count(),
                         "stack": stack.describe(),
                     }),
