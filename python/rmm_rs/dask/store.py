@@ -155,7 +155,7 @@ class DeviceStore(MutableMapping):
         return s
 
     def _check_spilling(self):
-        if str(self.device_id) not in rmm_rs.spill_statistics():
+        if int(self.device_id) not in rmm_rs.spill_statistics():
             raise rmm_rs.RmmError(
                 f"device {self.device_id} does not spill: the device store needs spilling on; "
                 'start rmm_rs with {"spill": {"enabled": True}} (spill.enabled = true)'
@@ -310,7 +310,7 @@ class DeviceStore(MutableMapping):
             out[f"{t}_count"] += 1
             out[f"{t}_bytes"] += entry.nbytes
         out["host_store_count"] = len(self._host)
-        out["spill"] = rmm_rs.spill_statistics().get(str(self.device_id), {})
+        out["spill"] = rmm_rs.spill_statistics().get(int(self.device_id), {})
         return out
 
     def clear(self):
