@@ -109,7 +109,9 @@ fn cuda_array(obj: &Bound<'_, PyAny>) -> PyResult<(u64, usize, Option<u64>)> {
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| bad(format!("typestr {typestr:?} has no item size")))?;
     if field("mask").is_some() {
-        return Err(bad("masked arrays cannot be copied: pass the data alone".into()));
+        return Err(bad(
+            "masked arrays cannot be copied: pass the data alone".into()
+        ));
     }
     if let Some(strides) = field("strides") {
         let strides: Vec<isize> = strides

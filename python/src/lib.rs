@@ -117,9 +117,9 @@ fn is_out_of_memory(e: &dyn Any) -> bool {
         return a.is_out_of_memory();
     }
     match e.downcast_ref::<rmm_runtime::Error>() {
-        Some(rmm_runtime::Error::Allocator(a) | rmm_runtime::Error::DeviceSetup { source: a, .. }) => {
-            a.is_out_of_memory()
-        }
+        Some(
+            rmm_runtime::Error::Allocator(a) | rmm_runtime::Error::DeviceSetup { source: a, .. },
+        ) => a.is_out_of_memory(),
         _ => false,
     }
 }

@@ -295,11 +295,7 @@ pub(crate) fn load_call(
         return load(config, overrides);
     };
     if config.is_some_and(|c| !c.is_none()) || overrides.is_some() {
-        let names: Vec<String> = rmm
-            .keys()
-            .iter()
-            .map(|k| k.to_string())
-            .collect::<Vec<_>>();
+        let names: Vec<String> = rmm.keys().iter().map(|k| k.to_string()).collect::<Vec<_>>();
         return Err(error(format!(
             "RAPIDS RMM keywords ({}) cannot be combined with config or overrides: pass either \
              an rmm.toml path or dict of settings, or only RMM's keywords",
@@ -308,7 +304,9 @@ pub(crate) fn load_call(
     }
     rmm_keywords(rmm)?
         .into_iter()
-        .fold(ConfigLoader::new().no_file().no_env(), |l, (k, v)| l.set(k, v))
+        .fold(ConfigLoader::new().no_file().no_env(), |l, (k, v)| {
+            l.set(k, v)
+        })
         .load()
         .map_err(error)
 }
