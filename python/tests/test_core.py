@@ -90,7 +90,7 @@ def test_errors_are_python_exceptions_with_the_cli_messages():
     with pytest.raises(rmm_rs.RmmError, match="unknown key pool.intial_size"):
         rmm_rs.initialize({"pool": {"intial_size": "1GiB"}})
     with pytest.raises(rmm_rs.RmmError, match="path to an rmm.toml, a dict"):
-        rmm_rs.initialize(42)
+        rmm_rs.initialize(42)  # type: ignore[arg-type]
     rmm_rs.initialize({})
     with pytest.raises(rmm_rs.RmmError, match="already initialized"):
         rmm_rs.initialize({})

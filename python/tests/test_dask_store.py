@@ -7,6 +7,7 @@ module."""
 import os
 import random
 import sys
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -43,7 +44,7 @@ def statistics(dask_worker):
 
 def hold(x, i, key):
     """Holds its input while it puts 32 MiB of new values straight into the store."""
-    store = get_worker().data
+    store: Any = get_worker().data
     for j in range(8):
         store[f"pressure-{key}-{j}"] = rmm_rs.DeviceBuffer.from_bytes(data(SIZE, 1000 + j))
     tier = store.tier(key)

@@ -54,13 +54,13 @@ def test_mixing_the_keyword_form_with_a_config_is_an_error(call):
 
 def test_bad_rmm_keywords_name_the_value_and_the_remedy():
     with pytest.raises(rmm_rs.RmmError, match=r"unknown keyword argument pool_size=.*the keywords"):
-        rmm_rs.reinitialize(pool_size=MIB)
+        rmm_rs.reinitialize(pool_size=MIB)  # type: ignore[call-arg]
     with pytest.raises(rmm_rs.RmmError, match="needs pool_allocator=True"):
         rmm_rs.reinitialize(initial_pool_size=MIB)
     with pytest.raises(rmm_rs.RmmError, match="needs logging=True"):
         rmm_rs.reinitialize(log_file_name="x.txt")
     with pytest.raises(rmm_rs.RmmError, match="pool_allocator='yes': expected True or False"):
-        rmm_rs.reinitialize(pool_allocator="yes")
+        rmm_rs.reinitialize(pool_allocator="yes")  # type: ignore[arg-type]
     with pytest.raises(rmm_rs.RmmError, match="initial_size"):
         rmm_rs.reinitialize(pool_allocator=True, initial_pool_size="lots")
     assert not rmm_rs.is_initialized()
@@ -129,3 +129,33 @@ def test_describe_shows_the_running_stack():
     text = rmm_rs.describe()
     assert text.startswith("device 0: ") and "PoolMemoryResource" in text
     assert "PoolMemoryResource" not in rmm_rs.describe({})
+
+
+# 6. type stubs
+
+
+def test_the_stubs_ship_and_cover_every_export():
+    import ast
+    import importlib.resources
+
+    from rmm_rs import _rmm_rs
+
+    files = importlib.resources.files("rmm_rs")
+    assert files.joinpath("py.typed").is_file()
+    tree = ast.parse(files.joinpath("_rmm_rs.pyi").read_text())
+    stubbed = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            members = set()
+            if isinstance(node, ast.ClassDef):
+                members = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            stubbed[node.name] = members
+    exported = [n for n in dir(_rmm_rs) if not n.startswith("_")]
+    missing = [n for n in exported if n not in stubbed]
+    assert not missing, f"not in _rmm_rs.pyi: {missing}"
+    for name in exported:
+        obj = getattr(_rmm_rs, name)
+        if isinstance(obj, type) and not issubclass(obj, BaseException):
+            own = [m for m in vars(obj) if not m.startswith("_") or m == "__cuda_array_interface__"]
+            absent = [m for m in own if m not in stubbed[name]]
+            assert not absent, f"{name} members not in _rmm_rs.pyi: {absent}"
