@@ -8,6 +8,7 @@ The memory runtime is Rust (the same code as the ``rmm`` command); this package 
   ``reinitialize`` keeps spillable data and refuses while device buffers are live.
 * ``statistics()``, ``spill_statistics()``, ``report()``: counters per device, keyed by
   device number (``statistics()[0]``). ``describe()``: the running stack per device.
+  ``validate_config(config)``: checks a configuration as ``initialize`` would load it.
 * ``DeviceBuffer`` (with ``__cuda_array_interface__``) and ``SpillableBuffer``.
 * ``rmm_rs.dask.RMMRsPlugin`` (a Dask ``WorkerPlugin``) and ``rmm_rs.dask.DeviceStore`` (a
   worker's data on rmm-rs, spilling task results).
@@ -36,6 +37,7 @@ from ._rmm_rs import (
     report,
     spill_statistics,
     statistics,
+    validate_config,
 )
 
 import importlib as _importlib
@@ -73,4 +75,5 @@ __all__ = [
     "report",
     "spill_statistics",
     "statistics",
+    "validate_config",
 ]

@@ -159,3 +159,19 @@ def test_the_stubs_ship_and_cover_every_export():
             own = [m for m in vars(obj) if not m.startswith("_") or m == "__cuda_array_interface__"]
             absent = [m for m in own if m not in stubbed[name]]
             assert not absent, f"{name} members not in _rmm_rs.pyi: {absent}"
+
+
+# 7. RAPIDS RMM's environment variables
+
+
+def test_rapids_rmms_environment_variables_do_not_stop_rmm_rs(tmp_path):
+    import os
+
+    env = dict(os.environ, RMM_DEBUG_LOG_FILE=str(tmp_path / "rmm.log"))
+    code = "import rmm_rs; rmm_rs.validate_config(); rmm_rs.initialize(); rmm_rs.finalize()"
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
+    env = dict(os.environ, RMM_DEBUG_LOG_FILES="x")
+    bad = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "unknown setting debug_log_files" in bad.stderr
