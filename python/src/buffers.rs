@@ -344,8 +344,8 @@ impl DeviceBuffer {
         self.size()
     }
 
-    /// Bytes allocated: at least `size` (more after `reserve`, or a `resize` that shrank).
-    #[getter]
+    /// Bytes allocated: at least `size` (more after `reserve`, or a `resize` that shrank). A
+    /// method, as in RAPIDS RMM (`buf.capacity()`).
     fn capacity(&self) -> PyResult<usize> {
         Ok(self.buffer()?.capacity())
     }

@@ -154,6 +154,13 @@ pub(crate) fn load(
                     .fold(ConfigLoader::new().no_file().no_env(), |l, (k, v)| {
                         l.set(k, v)
                     }),
+                Err(_) if c.is_instance_of::<pyo3::types::PyBool>() => {
+                    return Err(error(format!(
+                        "config must be a path to an rmm.toml, a dict of settings, or None; got \
+                         {c}: RAPIDS RMM's reinitialize(pool_allocator, …) is taken by keyword \
+                         here: reinitialize(pool_allocator={c}, …)"
+                    )));
+                }
                 Err(_) => {
                     let path: PathBuf = c.extract().map_err(|_| {
                     error(format!(

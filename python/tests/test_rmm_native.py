@@ -61,6 +61,8 @@ def test_bad_rmm_keywords_name_the_value_and_the_remedy():
         rmm_rs.reinitialize(log_file_name="x.txt")
     with pytest.raises(rmm_rs.RmmError, match="pool_allocator='yes': expected True or False"):
         rmm_rs.reinitialize(pool_allocator="yes")  # type: ignore[arg-type]
+    with pytest.raises(rmm_rs.RmmError, match=r"taken by keyword here: reinitialize\(pool_allocator=True"):
+        rmm_rs.reinitialize(True)  # type: ignore[arg-type]
     with pytest.raises(rmm_rs.RmmError, match="initial_size"):
         rmm_rs.reinitialize(pool_allocator=True, initial_pool_size="lots")
     assert not rmm_rs.is_initialized()
