@@ -440,8 +440,8 @@ impl DeviceBuffer {
         Ok(ary)
     }
 
-    /// Copies `data` (exactly `size` bytes; bytes or the buffer protocol) into the buffer,
-    /// after the work queued on `stream`.
+    /// Copies `data` (bytes or the buffer protocol; at most `size` bytes, as in RAPIDS RMM:
+    /// they fill the first bytes) into the buffer, after the work queued on `stream`.
     #[pyo3(signature = (data, stream=None))]
     fn copy_from_host(
         &self,
@@ -452,9 +452,10 @@ impl DeviceBuffer {
         let py = data.py();
         let data = host_bytes(data)?;
         let b = self.buffer()?;
-        if data.len() != b.size() {
+        if data.len() > b.size() {
             return Err(error(format!(
-                "copy_from_host: {} bytes into a DeviceBuffer of {}: give exactly its size",
+                "copy_from_host: {} bytes into a DeviceBuffer of {}: give at most its size \
+                 (resize() it first to hold more)",
                 data.len(),
                 b.size()
             )));
@@ -466,8 +467,9 @@ impl DeviceBuffer {
     }
 
     /// Copies the bytes of `cai_obj` (any contiguous array with `__cuda_array_interface__`:
-    /// CuPy, PyTorch, Numba, a DeviceBuffer; exactly `size` bytes) into the buffer, device to
-    /// device, after the work queued on `stream` and on the array's own stream.
+    /// CuPy, PyTorch, Numba, a DeviceBuffer; at most `size` bytes, filling the first ones, as
+    /// in RAPIDS RMM) into the buffer, device to device, after the work queued on `stream` and
+    /// on the array's own stream.
     #[pyo3(signature = (cai_obj, stream=None))]
     fn copy_from_device(
         &self,
@@ -478,10 +480,10 @@ impl DeviceBuffer {
         let stream = stream_of(stream)?;
         let (src, nbytes, src_stream) = cuda_array(cai_obj)?;
         let b = self.buffer()?;
-        if nbytes != b.size() {
+        if nbytes > b.size() {
             return Err(error(format!(
-                "copy_from_device: {nbytes} bytes into a DeviceBuffer of {}: give exactly its \
-                 size",
+                "copy_from_device: {nbytes} bytes into a DeviceBuffer of {}: give at most its \
+                 size (resize() it first to hold more)",
                 b.size()
             )));
         }

@@ -43,8 +43,11 @@ def test_device_buffer_copy_errors_are_clear():
         buf.copy_to_host(bytearray(8))
     with pytest.raises(rmm_rs.RmmError, match="__cuda_array_interface__"):
         buf.copy_from_device(b"not on a device")
-    with pytest.raises(rmm_rs.RmmError, match="give exactly its size"):
-        buf.copy_from_device(rmm_rs.DeviceBuffer(8))
+    with pytest.raises(rmm_rs.RmmError, match="give at most its size"):
+        buf.copy_from_device(rmm_rs.DeviceBuffer(65))
+    buf.copy_from_host(bytes(64))
+    buf.copy_from_device(rmm_rs.DeviceBuffer.to_device(b"abc"))
+    assert buf.tobytes() == b"abc" + bytes(61)
     with pytest.raises(rmm_rs.RmmError, match="stream='s': expected None or an int"):
         buf.tobytes(stream="s")  # type: ignore[arg-type]
 
