@@ -62,8 +62,10 @@
 //!
 //! Not keys, and left alone ([`ENV_NOT_KEYS`]): `RMM_CONFIG` (the file), `RMM_SIM_*` (the
 //! simulated device, read by `rmm-allocator`), `RMM_LOG` (the CLI's log filter),
-//! `RMM_BENCH_*` (benchmarks). Any other `RMM_*` variable is an error, with a suggestion when
-//! it looks like a misspelt key.
+//! `RMM_BENCH_*` (benchmarks). RAPIDS RMM's own variables ([`ENV_RAPIDS_IGNORED`]:
+//! `RMM_DEBUG_LOG_FILE`, `RMM_LOG_FILE`, …) are ignored with a warning (through `tracing`).
+//! Any other `RMM_*` variable is an error, with a suggestion when it looks like a misspelt
+//! key.
 //!
 //! # Sizes
 //!
@@ -95,7 +97,9 @@ pub use config::{EffectiveValue, render};
 pub use error::{Error, Result, Setting, Source};
 pub use loader::{CONFIG_PATH_VAR, ConfigLoader, DEFAULT_FILE, MAX_NESTING};
 pub use resolve::{DeviceFacts, ResolvedConfig, ResolvedDevice, ResolvedPool, ResolvedSpill};
-pub use schema::{ENV_NOT_KEYS, ENV_PREFIX, env_var_name, keys, per_device_keys};
+pub use schema::{
+    ENV_NOT_KEYS, ENV_PREFIX, ENV_RAPIDS_IGNORED, env_var_name, keys, per_device_keys,
+};
 pub use size::{ALIGNMENT, ParseSizeError, Size, align_down};
 pub use types::{
     Backend, Config, DeviceOverride, DeviceSelector, Devices, LimitsConfig, LimitsOverride,

@@ -381,6 +381,13 @@ fn read_env(env: &[(String, String)], layers: &mut Layers) {
         if schema::env_is_not_a_key(name) {
             continue;
         }
+        if schema::env_is_rapids(name) {
+            tracing::warn!(
+                "environment {name} is RAPIDS RMM's, not an rmm-rs setting: ignored (rmm-rs \
+                 logs allocations with logging.enabled and logging.directory)"
+            );
+            continue;
+        }
         let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
         let path = schema::canonical_path(&path.join("."));
         layers.text(&path, text, Source::Env(name.clone()));

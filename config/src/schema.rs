@@ -11,6 +11,17 @@ pub const ENV_PREFIX: &str = "RMM_";
 /// benchmarks' knobs. A crate that reads a new `RMM_*` variable of its own adds it here.
 pub const ENV_NOT_KEYS: &[&str] = &["RMM_CONFIG", "RMM_SIM_*", "RMM_LOG", "RMM_BENCH_*"];
 
+/// RAPIDS RMM's own `RMM_*` environment variables (its debug log's file and level), which a
+/// RAPIDS environment may carry: rmm-rs does not read them and, rather than refusing to start
+/// with "unknown setting", notes once per load that it ignores them. Any other unknown
+/// `RMM_*` variable is still an error.
+pub const ENV_RAPIDS_IGNORED: &[&str] = &[
+    "RMM_DEBUG_LOG_FILE",
+    "RMM_LOG_FILE",
+    "RMM_LOGGING_LEVEL",
+    "RMM_DEFAULT_LOGGING_LEVEL",
+];
+
 /// The value a key takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -108,6 +119,11 @@ pub(crate) fn env_is_not_a_key(name: &str) -> bool {
             Some(prefix) => name.starts_with(prefix),
             None => name == *pattern,
         })
+}
+
+/// Whether an `RMM_*` variable is one of RAPIDS RMM's, [`ENV_RAPIDS_IGNORED`].
+pub(crate) fn env_is_rapids(name: &str) -> bool {
+    ENV_RAPIDS_IGNORED.contains(&name)
 }
 
 /// An ordinal written as decimal digits only (so `+1` or `1.0` are not ordinals).

@@ -387,3 +387,26 @@ fn workers_per_device_set_in_code_past_the_bound_is_refused_by_validate() {
     config.workers_per_device = rmm_config::MAX_WORKERS_PER_DEVICE;
     config.validate().unwrap();
 }
+
+#[test]
+fn rapids_rmms_own_variables_are_ignored_but_other_unknown_ones_are_errors() {
+    for name in rmm_config::ENV_RAPIDS_IGNORED {
+        let config = ConfigLoader::new()
+            .no_file()
+            .env_from([(*name, "/tmp/rmm_debug.log"), ("RMM_POOL__ENABLED", "true")])
+            .load();
+        assert!(
+            config.as_ref().is_ok_and(|c| c.pool.enabled),
+            "{name}: {config:?}"
+        );
+    }
+    let err = ConfigLoader::new()
+        .no_file()
+        .env_from([("RMM_DEBUG_LOG_FILES", "x")])
+        .load()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("unknown setting debug_log_files"),
+        "{err}"
+    );
+}

@@ -3,19 +3,28 @@
 The memory runtime is Rust (the same code as the ``rmm`` command); this package wraps it:
 
 * ``initialize(config)`` / ``reinitialize(config)`` / ``finalize()``: the device stacks of an
-  rmm.toml path, a dict of settings, or the defaults (./rmm.toml and ``RMM_*`` variables).
+  rmm.toml path, a dict of settings, or the defaults (./rmm.toml and ``RMM_*`` variables);
+  or RAPIDS RMM's keywords: ``reinitialize(pool_allocator=True, initial_pool_size=2**30)``.
   ``reinitialize`` keeps spillable data and refuses while device buffers are live.
-* ``statistics()``, ``spill_statistics()``, ``report()``: counters per device.
+* ``statistics()``, ``spill_statistics()``, ``report()``: counters per device, keyed by
+  device number (``statistics()[0]``). ``describe()``: the running stack per device.
+  ``validate_config(config)``: checks a configuration as ``initialize`` would load it.
 * ``DeviceBuffer`` (with ``__cuda_array_interface__``) and ``SpillableBuffer``.
 * ``rmm_rs.dask.RMMRsPlugin`` (a Dask ``WorkerPlugin``) and ``rmm_rs.dask.DeviceStore`` (a
   worker's data on rmm-rs, spilling task results).
 * ``rmm_rs.allocators.cupy.install()`` / ``rmm_rs.allocators.torch.install()``.
 
-Errors are raised as ``RmmError`` with the same messages as the CLI.
+Errors are raised as ``RmmError`` with the same messages as the CLI; an allocation that
+finds no memory raises ``OutOfMemoryError``, which is also a ``MemoryError``.
+
+``rmm_rs.allocators`` is imported with ``rmm_rs`` (its ``cupy`` and ``torch`` modules on first
+use, and CuPy or PyTorch only when their functions run); ``rmm_rs.dask`` on first use (it
+imports distributed).
 """
 
 from ._rmm_rs import (
     DeviceBuffer,
+    OutOfMemoryError,
     RmmError,
     SpillableBuffer,
     config_from_dask_cuda,
@@ -28,18 +37,33 @@ from ._rmm_rs import (
     report,
     spill_statistics,
     statistics,
+    validate_config,
 )
 
+import importlib as _importlib
 import sys as _sys
+
+from . import allocators
 
 # In a Dask process, the serializers of rmm-rs's buffers are registered as soon as rmm_rs is
 # imported (a worker imports it when it unpickles the type of a value it receives).
 if "distributed.protocol" in _sys.modules:
     from .dask import serialize as _serialize  # noqa: F401
 
+
+
+def __getattr__(name):
+    """``rmm_rs.dask`` on first use (it imports distributed and click)."""
+    if name == "dask":
+        return _importlib.import_module(".dask", __name__)
+    raise AttributeError(f"module 'rmm_rs' has no attribute {name!r}")
+
+
 __all__ = [
     "DeviceBuffer",
+    "OutOfMemoryError",
     "RmmError",
+    "allocators",
     "SpillableBuffer",
     "config_from_dask_cuda",
     "describe",
@@ -51,4 +75,5 @@ __all__ = [
     "report",
     "spill_statistics",
     "statistics",
+    "validate_config",
 ]

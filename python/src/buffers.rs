@@ -43,6 +43,100 @@ fn host_bytes<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<std::borrow::Cow<'a, [
     Ok(std::borrow::Cow::Owned(copied.as_bytes().to_vec()))
 }
 
+/// The stream of a `stream=` argument: None (the default stream) or an int handle (a
+/// `cudaStream_t`, e.g. CuPy's `stream.ptr`).
+fn stream_of(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamView> {
+    match stream {
+        None => Ok(StreamView::DEFAULT),
+        Some(s) if s.is_none() => Ok(StreamView::DEFAULT),
+        Some(s) => s.extract::<u64>().map(StreamView::from_raw).map_err(|_| {
+            error(format!(
+                "stream={}: expected None or an int stream handle (a cudaStream_t such as \
+                 CuPy's stream.ptr)",
+                s.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+            ))
+        }),
+    }
+}
+
+/// Waits for the work queued so far on `stream` (when it is not the default stream) and on
+/// the default stream of `device`: what a `stream=` argument orders the operation after.
+fn settle(device: Device, stream: StreamView) -> rmm_allocator::Result<()> {
+    if !stream.is_default() {
+        synchronize(device, stream)?;
+    }
+    synchronize(device, StreamView::DEFAULT)
+}
+
+/// A short description of `v` for error messages.
+fn repr_of(v: &Bound<'_, PyAny>) -> String {
+    v.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+}
+
+/// `(address, bytes, stream)` of the contiguous device array `obj` describes through
+/// `__cuda_array_interface__` (its `stream` is None when it has none).
+fn cuda_array(obj: &Bound<'_, PyAny>) -> PyResult<(u64, usize, Option<u64>)> {
+    let cai = obj.getattr("__cuda_array_interface__").map_err(|_| {
+        error(format!(
+            "expected an object with __cuda_array_interface__ (a CuPy array, a PyTorch CUDA \
+             tensor, a DeviceBuffer); got {}",
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })?;
+    let field = |name: &str| cai.get_item(name).ok().filter(|v| !v.is_none());
+    let bad = |what: String| {
+        error(format!(
+            "__cuda_array_interface__ {}: {what}",
+            repr_of(&cai)
+        ))
+    };
+    let (ptr, _readonly): (u64, bool) = field("data")
+        .ok_or_else(|| bad("no data".into()))?
+        .extract()
+        .map_err(|_| bad("data is not (address, read-only)".into()))?;
+    let shape: Vec<usize> = field("shape")
+        .ok_or_else(|| bad("no shape".into()))?
+        .extract()
+        .map_err(|_| bad("shape is not a tuple of ints".into()))?;
+    let typestr: String = field("typestr")
+        .ok_or_else(|| bad("no typestr".into()))?
+        .extract()
+        .map_err(|_| bad("typestr is not a string".into()))?;
+    let itemsize: usize = typestr
+        .get(2..)
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| bad(format!("typestr {typestr:?} has no item size")))?;
+    if field("mask").is_some() {
+        return Err(bad(
+            "masked arrays cannot be copied: pass the data alone".into()
+        ));
+    }
+    if let Some(strides) = field("strides") {
+        let strides: Vec<isize> = strides
+            .extract()
+            .map_err(|_| bad("strides is not a tuple of ints".into()))?;
+        let mut expected = itemsize as isize;
+        for (dim, stride) in shape.iter().zip(&strides).rev() {
+            if *dim > 1 && *stride != expected {
+                return Err(bad(
+                    "the array is not C-contiguous: copy it into a contiguous array first \
+                     (e.g. cupy.ascontiguousarray)"
+                        .into(),
+                ));
+            }
+            expected *= *dim as isize;
+        }
+    }
+    let nbytes = shape
+        .iter()
+        .try_fold(itemsize, |n, d| n.checked_mul(*d))
+        .ok_or_else(|| bad("the size overflows".into()))?;
+    let stream = field("stream").and_then(|s| s.extract::<u64>().ok());
+    Ok((ptr, nbytes, stream))
+}
+
 /// A `DeviceBuffer`'s memory: its own allocation, or a view of spilled data back on the
 /// device (a value of a Dask device store rebuilt without a copy).
 enum Memory {
@@ -65,18 +159,45 @@ impl Memory {
         }
     }
 
-    /// A copy of the bytes, after the default stream's work.
-    fn to_vec(&self, device: u32) -> rmm_allocator::Result<Vec<u8>> {
+    /// Bytes allocated (at least [`size`](Self::size)).
+    fn capacity(&self) -> usize {
         match self {
-            Memory::Owned(b) => b.to_vec(StreamView::DEFAULT),
-            Memory::View(v) => {
-                let d = Device::new(device)?;
-                synchronize(d, StreamView::DEFAULT)?;
-                let mut out = vec![0u8; v.len()];
-                d.copy_to_host(&mut out, DevicePtr(v.address()))?;
-                Ok(out)
-            }
+            Memory::Owned(b) => b.capacity(),
+            Memory::View(v) => v.len(),
         }
+    }
+
+    /// A copy of the bytes, after the work queued so far on `stream` and the default stream.
+    fn to_vec(&self, device: u32, stream: StreamView) -> rmm_allocator::Result<Vec<u8>> {
+        let d = Device::new(device)?;
+        settle(d, stream)?;
+        let mut out = vec![0u8; self.size()];
+        if !out.is_empty() {
+            d.copy_to_host(&mut out, self.data())?;
+        }
+        Ok(out)
+    }
+
+    /// A new allocation of `size` bytes (at least `capacity`) on `device` holding the first
+    /// bytes of this memory, on `stream`.
+    fn copied(
+        &self,
+        device: u32,
+        size: usize,
+        capacity: usize,
+        stream: StreamView,
+    ) -> rmm_allocator::Result<rmm_allocator::DeviceBuffer> {
+        with_device(device, || {
+            let d = Device::new(device)?;
+            let mut b = rmm_allocator::DeviceBuffer::new(size, stream)?;
+            b.reserve(capacity, stream)?;
+            settle(d, stream)?;
+            let n = size.min(self.size());
+            if n > 0 {
+                d.copy_device_to_device(b.data(), self.data(), n)?;
+            }
+            Ok(b)
+        })?
     }
 }
 
@@ -105,16 +226,20 @@ impl DeviceBuffer {
 
 #[pymethods]
 impl DeviceBuffer {
-    /// `size` bytes on `device` (default 0: in a Dask worker, the one GPU it sees).
+    /// `size` bytes on `device` (default 0: in a Dask worker, the one GPU it sees), allocated
+    /// on `stream` (None for the default stream, or an int stream handle; the buffer is freed
+    /// on it).
     #[new]
-    #[pyo3(signature = (size, device=0))]
-    fn new(py: Python<'_>, size: usize, device: u32) -> PyResult<Self> {
+    #[pyo3(signature = (size=0, device=0, *, stream=None))]
+    fn new(
+        py: Python<'_>,
+        size: usize,
+        device: u32,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let stream = stream_of(stream)?;
         let b = py
-            .detach(|| {
-                with_device(device, || {
-                    rmm_allocator::DeviceBuffer::new(size, StreamView::DEFAULT)
-                })
-            })
+            .detach(|| with_device(device, || rmm_allocator::DeviceBuffer::new(size, stream)))
             .map_err(error)?
             .map_err(error)?;
         Ok(DeviceBuffer::owned(b, device))
@@ -161,6 +286,31 @@ impl DeviceBuffer {
         Ok(DeviceBuffer::owned(b, device))
     }
 
+    /// RAPIDS RMM's `DeviceBuffer.to_device`: a new buffer holding a copy of `data` (bytes or
+    /// any object with the buffer protocol) on `device`, after the work queued on `stream`.
+    #[staticmethod]
+    #[pyo3(signature = (data, stream=None, device=0))]
+    fn to_device(
+        data: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+        device: u32,
+    ) -> PyResult<Self> {
+        let stream = stream_of(stream)?;
+        let bytes = host_bytes(data)?;
+        let b = data
+            .py()
+            .detach(|| {
+                with_device(device, || {
+                    let d = Device::new(device)?;
+                    settle(d, stream)?;
+                    rmm_allocator::DeviceBuffer::from_host(&bytes, stream)
+                })
+            })
+            .map_err(error)?
+            .map_err(error)?;
+        Ok(DeviceBuffer::owned(b, device))
+    }
+
     /// A buffer over a `DeviceView` (spilled data back on the device), without a copy: the
     /// data stays on the device while the buffer lives.
     #[staticmethod]
@@ -177,7 +327,7 @@ impl DeviceBuffer {
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
         let py = slf.py();
         let this = slf.borrow();
-        let bytes = this.to_bytes(py)?;
+        let bytes = this.to_bytes(py, None)?;
         let from_bytes = py.get_type::<DeviceBuffer>().getattr("from_bytes")?;
         Ok((from_bytes, (bytes, this.device)))
     }
@@ -186,6 +336,18 @@ impl DeviceBuffer {
     #[getter]
     fn size(&self) -> PyResult<usize> {
         Ok(self.buffer()?.size())
+    }
+
+    /// Bytes (the same as `size`, as RMM's `DeviceBuffer.nbytes`).
+    #[getter]
+    fn nbytes(&self) -> PyResult<usize> {
+        self.size()
+    }
+
+    /// Bytes allocated: at least `size` (more after `reserve`, or a `resize` that shrank). A
+    /// method, as in RAPIDS RMM (`buf.capacity()`).
+    fn capacity(&self) -> PyResult<usize> {
+        Ok(self.buffer()?.capacity())
     }
 
     /// The device address of the first byte.
@@ -204,33 +366,233 @@ impl DeviceBuffer {
         self.size()
     }
 
-    /// A copy of the bytes.
-    fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+    /// A copy of the bytes (after the work queued on `stream`: None for the default stream,
+    /// or an int stream handle).
+    #[pyo3(signature = (stream=None))]
+    fn to_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let stream = stream_of(stream)?;
         let b = self.buffer()?;
         let device = self.device;
-        let bytes = py.detach(|| b.to_vec(device)).map_err(error)?;
+        let bytes = py.detach(|| b.to_vec(device, stream)).map_err(error)?;
         Ok(PyBytes::new(py, &bytes))
     }
 
-    /// Copies `data` (exactly `size` bytes; bytes or the buffer protocol) into the buffer.
-    fn copy_from_host(&self, data: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// A copy of the bytes, as RMM's `DeviceBuffer.tobytes` (the same as `to_bytes`).
+    #[pyo3(signature = (stream=None))]
+    fn tobytes<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        self.to_bytes(py, stream)
+    }
+
+    /// Copies the bytes to host memory, after the work queued on `stream`: into `ary` (a
+    /// writable, C-contiguous object with the buffer protocol of at least `size` bytes:
+    /// bytearray, memoryview, a NumPy array), which is returned; with no `ary`, into a new
+    /// `bytearray` (no NumPy needed).
+    #[pyo3(signature = (ary=None, stream=None))]
+    fn copy_to_host<'py>(
+        &self,
+        py: Python<'py>,
+        ary: Option<Bound<'py, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let bytes = self.to_bytes(py, stream)?;
+        let builtins = py.import("builtins")?;
+        let Some(ary) = ary.filter(|a| !a.is_none()) else {
+            return builtins.getattr("bytearray")?.call1((bytes,));
+        };
+        let view = builtins
+            .getattr("memoryview")?
+            .call1((&ary,))
+            .map_err(|_| {
+                error(format!(
+                    "copy_to_host: ary must have the buffer protocol (bytearray, memoryview, a \
+                     NumPy array); got {}",
+                    ary.get_type()
+                        .name()
+                        .map_or_else(|_| "?".into(), |n| n.to_string())
+                ))
+            })?;
+        if view.getattr("readonly")?.is_truthy()? {
+            return Err(error(
+                "copy_to_host: ary is read-only: pass a writable buffer (a bytearray, a \
+                 writable NumPy array) or no ary",
+            ));
+        }
+        let view = view.call_method1("cast", ("B",)).map_err(|_| {
+            error("copy_to_host: ary is not C-contiguous: pass a contiguous buffer or no ary")
+        })?;
+        let room: usize = view.len()?;
+        let n = bytes.as_bytes().len();
+        if room < n {
+            return Err(error(format!(
+                "copy_to_host: ary holds {room} bytes but the DeviceBuffer has {n}: pass one \
+                 of at least {n} bytes"
+            )));
+        }
+        view.set_item(pyo3::types::PySlice::new(py, 0, n as isize, 1), bytes)?;
+        Ok(ary)
+    }
+
+    /// Copies `data` (bytes or the buffer protocol; at most `size` bytes, as in RAPIDS RMM:
+    /// they fill the first bytes) into the buffer, after the work queued on `stream`.
+    #[pyo3(signature = (data, stream=None))]
+    fn copy_from_host(
+        &self,
+        data: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let stream = stream_of(stream)?;
         let py = data.py();
         let data = host_bytes(data)?;
         let b = self.buffer()?;
-        if data.len() != b.size() {
+        if data.len() > b.size() {
             return Err(error(format!(
-                "copy_from_host: {} bytes into a DeviceBuffer of {}: give exactly its size",
+                "copy_from_host: {} bytes into a DeviceBuffer of {}: give at most its size \
+                 (resize() it first to hold more)",
                 data.len(),
                 b.size()
             )));
         }
         let device = Device::new(self.device).map_err(error)?;
         let ptr = b.data();
+        py.detach(|| settle(device, stream).and_then(|()| device.copy_to_device(ptr, &data)))
+            .map_err(error)
+    }
+
+    /// Copies the bytes of `cai_obj` (any contiguous array with `__cuda_array_interface__`:
+    /// CuPy, PyTorch, Numba, a DeviceBuffer; at most `size` bytes, filling the first ones, as
+    /// in RAPIDS RMM) into the buffer, device to device, after the work queued on `stream` and
+    /// on the array's own stream.
+    #[pyo3(signature = (cai_obj, stream=None))]
+    fn copy_from_device(
+        &self,
+        py: Python<'_>,
+        cai_obj: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let stream = stream_of(stream)?;
+        let (src, nbytes, src_stream) = cuda_array(cai_obj)?;
+        let b = self.buffer()?;
+        if nbytes > b.size() {
+            return Err(error(format!(
+                "copy_from_device: {nbytes} bytes into a DeviceBuffer of {}: give at most its \
+                 size (resize() it first to hold more)",
+                b.size()
+            )));
+        }
+        let device = Device::new(self.device).map_err(error)?;
+        let dst = b.data();
         py.detach(|| {
-            synchronize(device, StreamView::DEFAULT)
-                .and_then(|()| device.copy_to_device(ptr, &data))
+            if let Some(s) = src_stream.filter(|s| *s != 0) {
+                synchronize(device, StreamView::from_raw(s))?;
+            }
+            settle(device, stream)?;
+            if nbytes > 0 {
+                device.copy_device_to_device(dst, DevicePtr(src), nbytes)?;
+            }
+            Ok::<_, rmm_allocator::Error>(())
         })
         .map_err(error)
+    }
+
+    /// A new buffer with a copy of the bytes (device to device), on the same device.
+    #[pyo3(signature = (stream=None))]
+    fn copy(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let stream = stream_of(stream)?;
+        let b = self.buffer()?;
+        let device = self.device;
+        let size = b.size();
+        let copy = py
+            .detach(|| b.copied(device, size, size, stream))
+            .map_err(error)?;
+        Ok(DeviceBuffer::owned(copy, device))
+    }
+
+    fn __copy__(&self, py: Python<'_>) -> PyResult<Self> {
+        self.copy(py, None)
+    }
+
+    fn __deepcopy__(&self, py: Python<'_>, _memo: &Bound<'_, PyAny>) -> PyResult<Self> {
+        self.copy(py, None)
+    }
+
+    /// Sets the size to `new_size` bytes keeping the first bytes (those past the old size are
+    /// uninitialized). Within the capacity nothing moves; beyond it the data moves to a new
+    /// allocation made on `stream` (so `ptr` changes).
+    #[pyo3(signature = (new_size, stream=None))]
+    fn resize(
+        &mut self,
+        py: Python<'_>,
+        new_size: usize,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let stream = stream_of(stream)?;
+        let device = self.device;
+        let memory = self
+            .inner
+            .as_mut()
+            .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))?;
+        let replaced = py
+            .detach(|| match memory {
+                Memory::Owned(b) => with_device(device, || b.resize(new_size, stream))
+                    .and_then(|r| r)
+                    .map(|()| None),
+                Memory::View(_) => memory.copied(device, new_size, new_size, stream).map(Some),
+            })
+            .map_err(error)?;
+        if let Some(b) = replaced {
+            self.inner = Some(Memory::Owned(b));
+        }
+        Ok(())
+    }
+
+    /// Makes the capacity at least `new_capacity` bytes, keeping the size and contents (a
+    /// larger capacity moves the data to a new allocation made on `stream`).
+    #[pyo3(signature = (new_capacity, stream=None))]
+    fn reserve(
+        &mut self,
+        py: Python<'_>,
+        new_capacity: usize,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let stream = stream_of(stream)?;
+        let device = self.device;
+        let memory = self
+            .inner
+            .as_mut()
+            .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))?;
+        let replaced = py
+            .detach(|| match memory {
+                Memory::Owned(b) => with_device(device, || b.reserve(new_capacity, stream))
+                    .and_then(|r| r)
+                    .map(|()| None),
+                Memory::View(v) if new_capacity > v.len() => {
+                    let size = v.len();
+                    memory.copied(device, size, new_capacity, stream).map(Some)
+                }
+                Memory::View(_) => Ok(None),
+            })
+            .map_err(error)?;
+        if let Some(b) = replaced {
+            self.inner = Some(Memory::Owned(b));
+        }
+        Ok(())
+    }
+
+    /// RMM's `prefetch(device=None, stream=None)`: moves managed (unified) memory to the
+    /// device ahead of use. A no-op here: rmm-rs does not prefetch (managed memory migrates
+    /// on first touch instead), and on non-managed memory there is nothing to move.
+    #[pyo3(signature = (device=None, stream=None))]
+    fn prefetch(&self, device: Option<u32>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let _ = (device, stream_of(stream)?);
+        self.buffer().map(drop)
     }
 
     /// Frees the device memory now (instead of when the object is collected).

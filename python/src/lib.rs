@@ -12,12 +12,14 @@ mod buffers;
 mod settings;
 mod store;
 
+use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
 use rmm_runtime::Runtime;
 
 // Module "rmm_rs", where the package re-exports it, so that it pickles (Dask sends errors
@@ -80,9 +82,60 @@ fn current() -> Option<Arc<Runtime>> {
     RUNTIME.lock().clone()
 }
 
-/// A Python exception carrying `e`'s message (the CLI prints the same text).
-pub(crate) fn error(e: impl std::fmt::Display) -> PyErr {
-    RmmError::new_err(e.to_string())
+/// `rmm_rs.OutOfMemoryError(RmmError, MemoryError)`, made once at import (`create_exception!`
+/// takes a single base class).
+static OUT_OF_MEMORY_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// The `OutOfMemoryError` class: a subclass of both `RmmError` and `MemoryError`, in module
+/// "rmm_rs" (where the package re-exports it) so that it pickles.
+fn out_of_memory_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    OUT_OF_MEMORY_ERROR
+        .get_or_try_init(py, || {
+            let ns = PyDict::new(py);
+            ns.set_item("__module__", "rmm_rs")?;
+            ns.set_item(
+                "__doc__",
+                "An rmm-rs allocation failed for lack of device (or pinned host) memory, or \
+                 over a configured limit; a MemoryError and an RmmError.",
+            )?;
+            let bases = (
+                py.get_type::<RmmError>(),
+                py.get_type::<pyo3::exceptions::PyMemoryError>(),
+            );
+            let ty = py
+                .get_type::<PyType>()
+                .call1(("OutOfMemoryError", bases, ns))?;
+            Ok::<_, PyErr>(ty.cast_into::<PyType>()?.unbind())
+        })
+        .map(|t| t.bind(py))
+}
+
+/// True when `e` is an rmm-rs error saying an allocation found no memory
+/// ([`rmm_allocator::Error::is_out_of_memory`]), directly or inside a runtime error.
+fn is_out_of_memory(e: &dyn Any) -> bool {
+    if let Some(a) = e.downcast_ref::<rmm_allocator::Error>() {
+        return a.is_out_of_memory();
+    }
+    match e.downcast_ref::<rmm_runtime::Error>() {
+        Some(
+            rmm_runtime::Error::Allocator(a) | rmm_runtime::Error::DeviceSetup { source: a, .. },
+        ) => a.is_out_of_memory(),
+        _ => false,
+    }
+}
+
+/// A Python exception carrying `e`'s message (the CLI prints the same text):
+/// `rmm_rs.OutOfMemoryError` when `e` is an allocation that found no memory, `RmmError`
+/// otherwise.
+pub(crate) fn error<E: std::fmt::Display + 'static>(e: E) -> PyErr {
+    let message = e.to_string();
+    if is_out_of_memory(&e) {
+        return Python::attach(|py| match out_of_memory_error(py) {
+            Ok(ty) => PyErr::from_type(ty.clone(), message),
+            Err(err) => err,
+        });
+    }
+    RmmError::new_err(message)
 }
 
 /// Runs `f` with the runtime, or fails when there is none.
@@ -104,29 +157,35 @@ fn json_to_py(py: Python<'_>, text: &str) -> PyResult<Py<PyAny>> {
 /// Starts rmm-rs on the configured devices: `config` is a path to an rmm.toml, a dict of
 /// settings (`{"pool": {"enabled": True}}` or `{"pool.enabled": True}`), or None for
 /// ./rmm.toml (or `RMM_CONFIG`) and the `RMM_*` environment; `overrides`, a dict of settings
-/// applied on top. Fails if already initialized.
+/// applied on top. Or RAPIDS RMM's keywords instead (`pool_allocator`, `managed_memory`,
+/// `initial_pool_size`, `maximum_pool_size`, `devices`, `logging`, `log_file_name`), mapped
+/// onto rmm.toml keys over the defaults; mixing both forms is an error. Fails if already
+/// initialized.
 #[pyfunction]
-#[pyo3(signature = (config=None, overrides=None))]
+#[pyo3(signature = (config=None, overrides=None, **rmm_keywords))]
 fn initialize(
     py: Python<'_>,
     config: Option<&Bound<'_, PyAny>>,
     overrides: Option<&Bound<'_, PyDict>>,
+    rmm_keywords: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<()> {
-    let config = settings::load(config, overrides)?;
+    let config = settings::load_call(config, overrides, rmm_keywords)?;
     start(py, &config).map(drop)
 }
 
-/// Switches every device to `config` (as for `initialize`; starts rmm-rs if it is not
+/// Switches every device to `config` (as for `initialize`, RAPIDS RMM's keywords included:
+/// `reinitialize(pool_allocator=True, initial_pool_size=2**30)`; starts rmm-rs if it is not
 /// running). Spillable buffers are spilled first and keep their bytes; live device buffers
 /// make it refuse, naming them. Returns the report of each step as a dict.
 #[pyfunction]
-#[pyo3(signature = (config=None, overrides=None))]
+#[pyo3(signature = (config=None, overrides=None, **rmm_keywords))]
 fn reinitialize(
     py: Python<'_>,
     config: Option<&Bound<'_, PyAny>>,
     overrides: Option<&Bound<'_, PyDict>>,
+    rmm_keywords: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<PyAny>> {
-    let config = settings::load(config, overrides)?;
+    let config = settings::load_call(config, overrides, rmm_keywords)?;
     let text = match current() {
         Some(rt) => {
             let report = py.detach(|| rt.reinitialize(&config)).map_err(error)?;
@@ -171,12 +230,22 @@ fn report(py: Python<'_>) -> PyResult<Py<PyAny>> {
     json_to_py(py, &text)
 }
 
+/// A dict keyed by device number (int) of the JSON values in `per_device`.
+fn by_device(py: Python<'_>, per_device: Vec<(u32, serde_json::Value)>) -> PyResult<Py<PyAny>> {
+    let out = PyDict::new(py);
+    for (d, v) in per_device {
+        let text = serde_json::to_string(&v).map_err(error)?;
+        out.set_item(d, json_to_py(py, &text)?)?;
+    }
+    Ok(out.into_any().unbind())
+}
+
 /// Per device: bytes in use and reserved, allocations, peaks and totals, as dicts keyed by
-/// device ordinal.
+/// device number (an int: `statistics()[0]`).
 #[pyfunction]
 fn statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
-    let text = with_runtime(|rt| {
-        let out: serde_json::Map<String, serde_json::Value> = rt
+    let per_device = with_runtime(|rt| {
+        let out: Vec<(u32, serde_json::Value)> = rt
             .devices()
             .into_iter()
             .filter_map(|d| {
@@ -185,7 +254,7 @@ fn statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
                 let bytes = s.lifetime_bytes();
                 let count = s.lifetime_allocations();
                 Some((
-                    d.to_string(),
+                    d,
                     serde_json::json!({
                         "device": d,
                         "bytes_in_use": bytes.value.max(0),
@@ -201,27 +270,28 @@ fn statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
                 ))
             })
             .collect();
-        serde_json::to_string(&out).map_err(error)
+        Ok(out)
     })?;
-    json_to_py(py, &text)
+    by_device(py, per_device)
 }
 
 /// Per device with spilling on: bytes and counts spilled and unspilled per tier, time,
-/// bandwidth, host and disk bytes held, tracked device bytes.
+/// bandwidth, host and disk bytes held, tracked device bytes; keyed by device number (an
+/// int: `spill_statistics()[0]`).
 #[pyfunction]
 fn spill_statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
-    let text = with_runtime(|rt| {
-        let out: serde_json::Map<String, serde_json::Value> = rt
+    let per_device = with_runtime(|rt| {
+        let out: Vec<(u32, serde_json::Value)> = rt
             .devices()
             .into_iter()
             .filter_map(|d| {
                 let s = rt.spill_manager(d)?.statistics();
-                Some((d.to_string(), serde_json::to_value(s).ok()?))
+                Some((d, serde_json::to_value(s).ok()?))
             })
             .collect();
-        serde_json::to_string(&out).map_err(error)
+        Ok(out)
     })?;
-    json_to_py(py, &text)
+    by_device(py, per_device)
 }
 
 /// The devices rmm-rs runs on.
@@ -234,6 +304,7 @@ fn devices() -> PyResult<Vec<u32>> {
 #[pymodule]
 fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RmmError", m.py().get_type::<RmmError>())?;
+    m.add("OutOfMemoryError", out_of_memory_error(m.py())?)?;
     m.add_function(wrap_pyfunction!(initialize, m)?)?;
     m.add_function(wrap_pyfunction!(reinitialize, m)?)?;
     m.add_function(wrap_pyfunction!(finalize, m)?)?;

@@ -154,6 +154,13 @@ pub(crate) fn load(
                     .fold(ConfigLoader::new().no_file().no_env(), |l, (k, v)| {
                         l.set(k, v)
                     }),
+                Err(_) if c.is_instance_of::<pyo3::types::PyBool>() => {
+                    return Err(error(format!(
+                        "config must be a path to an rmm.toml, a dict of settings, or None; got \
+                         {c}: RAPIDS RMM's reinitialize(pool_allocator, …) is taken by keyword \
+                         here: reinitialize(pool_allocator={c}, …)"
+                    )));
+                }
                 Err(_) => {
                     let path: PathBuf = c.extract().map_err(|_| {
                     error(format!(
@@ -172,6 +179,143 @@ pub(crate) fn load(
         None => loader,
     };
     loader.load().map_err(error)
+}
+
+/// RAPIDS RMM's `rmm.reinitialize` keywords, in the order RMM documents them.
+const RMM_KEYWORDS: &[&str] = &[
+    "pool_allocator",
+    "managed_memory",
+    "initial_pool_size",
+    "maximum_pool_size",
+    "devices",
+    "logging",
+    "log_file_name",
+];
+
+/// RAPIDS RMM's `rmm.reinitialize(pool_allocator=…, …)` keywords as rmm.toml settings over
+/// the defaults (no file, no environment, as for a dict):
+///
+/// | RMM keyword | rmm.toml |
+/// |---|---|
+/// | `pool_allocator` | `pool.enabled` |
+/// | `managed_memory` | `pool.managed` |
+/// | `initial_pool_size` | `pool.initial_size` (None: `"auto"`) |
+/// | `maximum_pool_size` | `pool.maximum_size` (None: `"none"`) |
+/// | `devices` | `devices` (an ordinal or a list of them) |
+/// | `logging` | `logging.enabled` |
+/// | `log_file_name` | `logging.directory` = the file's directory (rmm-rs names the files `rmm_log.dev<N>.csv`) |
+///
+/// Unknown keywords, and pool sizes without `pool_allocator=True` or a log file without
+/// `logging=True` (which RMM would silently ignore), are errors naming the keyword.
+pub(crate) fn rmm_keywords(kwargs: &Bound<'_, PyDict>) -> PyResult<Vec<(String, toml::Value)>> {
+    let mut given: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
+    for (k, v) in kwargs.iter() {
+        let k: String = k.extract()?;
+        if !RMM_KEYWORDS.contains(&k.as_str()) {
+            return Err(error(format!(
+                "unknown keyword argument {k}={}: the keywords are RAPIDS RMM's ({}); pass \
+                 other settings as a dict or an rmm.toml instead",
+                v.repr().map_or_else(|_| "?".into(), |r| r.to_string()),
+                RMM_KEYWORDS.join(", ")
+            )));
+        }
+        given.push((k, v));
+    }
+    let get = |name: &str| given.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+    let flag = |name: &str| -> PyResult<bool> {
+        match get(name) {
+            None => Ok(false),
+            Some(v) if v.is_none() => Ok(false),
+            Some(v) => v.extract::<bool>().map_err(|_| {
+                error(format!(
+                    "{name}={}: expected True or False",
+                    v.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+                ))
+            }),
+        }
+    };
+    let pool = flag("pool_allocator")?;
+    let logging = flag("logging")?;
+    let mut out = vec![("pool.enabled".to_string(), toml::Value::Boolean(pool))];
+    if flag("managed_memory")? {
+        out.push(("pool.managed".into(), toml::Value::Boolean(true)));
+    }
+    for (name, key) in [
+        ("initial_pool_size", "pool.initial_size"),
+        ("maximum_pool_size", "pool.maximum_size"),
+    ] {
+        match get(name) {
+            Some(v) if !v.is_none() => {
+                if !pool {
+                    return Err(error(format!(
+                        "{name}={} needs pool_allocator=True (without a pool there is no \
+                         pool size): add pool_allocator=True or drop {name}",
+                        v.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+                    )));
+                }
+                out.push((key.into(), value_to_toml(name, v)?));
+            }
+            _ => {}
+        }
+    }
+    if let Some(v) = get("devices")
+        && !v.is_none()
+    {
+        out.push(("devices".into(), value_to_toml("devices", v)?));
+    }
+    if logging {
+        out.push(("logging.enabled".into(), toml::Value::Boolean(true)));
+    }
+    if let Some(v) = get("log_file_name")
+        && !v.is_none()
+    {
+        let file: PathBuf = v.extract().map_err(|_| {
+            error(format!(
+                "log_file_name={}: expected a path (str or os.PathLike)",
+                v.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+            ))
+        })?;
+        if !logging {
+            return Err(error(format!(
+                "log_file_name={} needs logging=True: add logging=True or drop log_file_name",
+                file.display()
+            )));
+        }
+        let dir = match file.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.display().to_string(),
+            _ => ".".into(),
+        };
+        out.push(("logging.directory".into(), toml::Value::String(dir)));
+    }
+    Ok(out)
+}
+
+/// The configuration of an `initialize`/`reinitialize` call: `config` and `overrides`
+/// (see [`load`]) or RAPIDS RMM's keywords ([`rmm_keywords`]); both forms at once is an
+/// error.
+pub(crate) fn load_call(
+    config: Option<&Bound<'_, PyAny>>,
+    overrides: Option<&Bound<'_, PyDict>>,
+    rmm: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Config> {
+    let Some(rmm) = rmm.filter(|k| !k.is_empty()) else {
+        return load(config, overrides);
+    };
+    if config.is_some_and(|c| !c.is_none()) || overrides.is_some() {
+        let names: Vec<String> = rmm.keys().iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        return Err(error(format!(
+            "RAPIDS RMM keywords ({}) cannot be combined with config or overrides: pass either \
+             an rmm.toml path or dict of settings, or only RMM's keywords",
+            names.join(", ")
+        )));
+    }
+    rmm_keywords(rmm)?
+        .into_iter()
+        .fold(ConfigLoader::new().no_file().no_env(), |l, (k, v)| {
+            l.set(k, v)
+        })
+        .load()
+        .map_err(error)
 }
 
 /// dask-cuda's `LocalCUDACluster` / `dask cuda worker` RMM options as rmm.toml settings (a
@@ -255,14 +399,26 @@ fn config_from_dask_cuda<'py>(
     Ok(out)
 }
 
-/// The resolved configuration, per device, as `rmm info` shows it (for checks and logs).
+/// Per device, its stack top first with each layer's settings (as `rmm info` shows it): with
+/// no argument, the stack running now when rmm_rs is initialized (else the one the default
+/// configuration, ./rmm.toml and `RMM_*`, would build); with `config` (a path or a dict of
+/// settings), the one that configuration would build.
 #[pyfunction]
 #[pyo3(signature = (config=None))]
 fn describe(config: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
-    let config = load(config, None)?;
-    let b = rmm_runtime::open_backend(config.backend).map_err(error)?;
-    let facts = rmm_runtime::device_facts(b).map_err(error)?;
-    let resolved = config.resolve(&facts).map_err(error)?;
+    let running = match config {
+        Some(c) if !c.is_none() => None,
+        _ => crate::current().map(|rt| rt.config()),
+    };
+    let resolved = match running {
+        Some(resolved) => resolved,
+        None => {
+            let config = load(config, None)?;
+            let b = rmm_runtime::open_backend(config.backend).map_err(error)?;
+            let facts = rmm_runtime::device_facts(b).map_err(error)?;
+            config.resolve(&facts).map_err(error)?
+        }
+    };
     Ok(resolved
         .devices
         .iter()

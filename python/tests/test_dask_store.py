@@ -7,6 +7,7 @@ module."""
 import os
 import random
 import sys
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -43,7 +44,7 @@ def statistics(dask_worker):
 
 def hold(x, i, key):
     """Holds its input while it puts 32 MiB of new values straight into the store."""
-    store = get_worker().data
+    store: Any = get_worker().data
     for j in range(8):
         store[f"pressure-{key}-{j}"] = rmm_rs.DeviceBuffer.from_bytes(data(SIZE, 1000 + j))
     tier = store.tier(key)
@@ -143,7 +144,7 @@ def test_values_survive_reinitialize_through_client_run(client, results):
         },
     )
     assert len(reports) == 2
-    for s in client.run(lambda dask_worker: rmm_rs.statistics()["0"]["stack"]).values():
+    for s in client.run(lambda dask_worker: rmm_rs.statistics()[0]["stack"]).values():
         assert "PoolMemoryResource" in s
     assert all(client.gather(client.map(check, results, range(N), pure=False)))
 
@@ -154,7 +155,7 @@ def test_the_preload_module_puts_worker_data_on_rmm_rs():
     ) as c, Client(c) as client:
         kinds = client.run(lambda dask_worker: type(dask_worker.data).__name__)
         assert list(kinds.values()) == ["DeviceStore", "DeviceStore"]
-        limits = client.run(lambda dask_worker: rmm_rs.spill_statistics()["0"]["limit"])
+        limits = client.run(lambda dask_worker: rmm_rs.spill_statistics()[0]["limit"])
         assert list(limits.values()) == [8 * MIB, 8 * MIB]
         futures = client.map(make, range(8))
         assert all(client.gather(client.map(check, futures, range(8))))

@@ -115,7 +115,7 @@ def test_a_rebuilt_value_stored_again_shares_its_data_and_still_spills():
     stats = store.statistics()
     assert stats["spill"]["tracked_bytes"] == 4 * MIB and stats["device_count"] == 1
     # Nothing holds the rebuilt objects now: the shared data spills once, for every key.
-    assert rmm_rs.spill_statistics()["0"]["tracked_bytes"] == 4 * MIB
+    assert rmm_rs.spill_statistics()[0]["tracked_bytes"] == 4 * MIB
     assert store.spill("v1") == 4 * MIB
     assert [store.tier(k) for k in ("b", "v1", "v2")] == ["host"] * 3
     assert store["v2"].to_bytes() == store["b"].to_bytes() == data(4 * MIB, 3)
@@ -196,9 +196,9 @@ def test_values_survive_reinitialize_into_a_pool():
         {"spill": {"enabled": True}, "pool": {"enabled": True, "initial_size": "64MiB"}}
     )
     assert report["spilled_bytes"] == 10 * MIB
-    assert "PoolMemoryResource" in rmm_rs.statistics()["0"]["stack"]
+    assert "PoolMemoryResource" in rmm_rs.statistics()[0]["stack"]
     # The store's limit stays in force across the reinitialize.
-    assert rmm_rs.spill_statistics()["0"]["limit"] == 64 * MIB
+    assert rmm_rs.spill_statistics()[0]["limit"] == 64 * MIB
     for k, b in expected.items():
         assert store[k].to_bytes() == b
 

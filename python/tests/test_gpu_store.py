@@ -133,11 +133,11 @@ def test_the_torch_mem_pool_path_keeps_statistics_and_raises_torchs_out_of_memor
 
     rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "2GiB", "maximum_size": "2GiB"}})
     pool = rmm_torch.mem_pool()
-    before = rmm_rs.statistics()["0"]["total_bytes"]
+    before = rmm_rs.statistics()[0]["total_bytes"]
     with torch.cuda.use_mem_pool(pool):
         t = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
         assert torch.cuda.memory_stats()["allocated_bytes.all.current"] >= 64 << 20
-        assert rmm_rs.statistics()["0"]["total_bytes"] >= before + (64 << 20)
+        assert rmm_rs.statistics()[0]["total_bytes"] >= before + (64 << 20)
         with pytest.raises(torch.OutOfMemoryError):
             torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
         assert int(t.sum()) == 64 << 20

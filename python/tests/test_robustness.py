@@ -72,7 +72,7 @@ def test_cyclic_and_deep_settings_are_errors_naming_the_key_and_the_limit():
 def test_settings_nested_within_the_limit_still_load():
     rmm_rs.initialize({"device": {"0": {"pool": {"initial_size": "16MiB"}}},
                        "pool": {"enabled": True}, "devices": [0]})
-    assert rmm_rs.statistics()["0"]["reserved_bytes"] == 16 << 20
+    assert rmm_rs.statistics()[0]["reserved_bytes"] == 16 << 20
 
 
 def test_two_threads_initializing_different_devices_start_one_runtime():

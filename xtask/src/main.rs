@@ -3,9 +3,10 @@
 //!
 //! * `cargo xtask test [ARGS…]`: installs cargo-nextest when it is missing, runs every Rust
 //!   test of the workspace (`cargo nextest run --workspace ARGS…`), then the Python package's:
-//!   a virtual environment under `target/xtask-venv` with maturin, pytest and distributed from
-//!   the package index, the `rmm_rs` wheel built and installed there, and pytest on
-//!   `python/tests` (no tests collected is a failure). `--rust-only` skips the Python part.
+//!   a virtual environment under `target/xtask-venv` with maturin, pytest, distributed and
+//!   mypy from the package index, mypy over `python/rmm_rs` and `python/tests` (any error
+//!   fails), the `rmm_rs` wheel built and installed there, and pytest on `python/tests` (no
+//!   tests collected is a failure). `--rust-only` skips the Python part.
 //! * `cargo xtask lint`: `cargo fmt --check` and `cargo clippy --all-targets -D warnings`.
 //! * `cargo xtask ci`: `lint`, then `test` (what `.ci/run` runs).
 
@@ -94,8 +95,9 @@ fn python_tests() -> Result<(), String> {
     }
     let mut pip = Command::new(bin.join("python"));
     pip.args(["-m", "pip", "install", "--quiet", "--upgrade"])
-        .args(["pip", "maturin", "pytest", "distributed"]);
-    run(pip, "pip install maturin pytest distributed")?;
+        .args(["pip", "maturin", "pytest", "distributed", "mypy"]);
+    run(pip, "pip install maturin pytest distributed mypy")?;
+    type_check(&root, &bin)?;
     let wheels = root.join("target/xtask-wheels");
     let _ = std::fs::remove_dir_all(&wheels);
     let mut build = Command::new(bin.join("maturin"));
@@ -133,6 +135,24 @@ fn python_tests() -> Result<(), String> {
     run(pytest, "pytest python/tests")
 }
 
+/// mypy over the package and its tests (the extension through its stubs,
+/// `python/rmm_rs/_rmm_rs.pyi`): untyped functions' bodies are checked too, and an error
+/// fails the task. Its cache lives under `target/`.
+fn type_check(root: &Path, bin: &Path) -> Result<(), String> {
+    let mut mypy = Command::new(bin.join("python"));
+    mypy.args([
+        "-m",
+        "mypy",
+        "--ignore-missing-imports",
+        "--check-untyped-defs",
+    ])
+    .args(["--warn-unused-ignores", "--cache-dir"])
+    .arg(root.join("target/mypy-cache"))
+    .args(["rmm_rs", "tests"])
+    .current_dir(root.join("python"));
+    run(mypy, "mypy python/rmm_rs python/tests")
+}
+
 fn lint() -> Result<(), String> {
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
@@ -151,7 +171,8 @@ fn lint() -> Result<(), String> {
 
 const USAGE: &str = "usage: cargo xtask <test [--rust-only] [ARGS…] | lint | ci>
   test   install cargo-nextest if missing, run every Rust test (ARGS go to cargo nextest
-         run), then build the Python wheel in target/xtask-venv and run pytest python/tests
+         run), then mypy python/rmm_rs python/tests, build the Python wheel in
+         target/xtask-venv and run pytest python/tests
   lint   cargo fmt --check and cargo clippy --all-targets -D warnings
   ci     lint, then test";
 

@@ -34,7 +34,7 @@ def checked(alloc):
             raise OutOfMemoryError(size, in_use)
         return mem
 
-    malloc.allocator = alloc  # keeps the C functions' owner alive with the function
+    malloc.allocator = alloc  # type: ignore[attr-defined]  # keeps the C functions' owner alive with the function
     return malloc
 
 
@@ -43,6 +43,6 @@ def install():
     import cupy
 
     malloc = checked(allocator())
-    install.current = malloc
+    install.current = malloc  # type: ignore[attr-defined]
     cupy.cuda.set_allocator(malloc)
     return malloc.allocator

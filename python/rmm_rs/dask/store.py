@@ -21,6 +21,7 @@ import os
 import threading
 import weakref
 from collections.abc import MutableMapping
+from typing import Any, Dict, List, Tuple
 
 from distributed.protocol import deserialize, serialize
 
@@ -49,7 +50,7 @@ def _allocation_of(frame):
     if isinstance(frame, _rmm_rs.DeviceView):
         return frame.allocation
     mem = getattr(getattr(frame, "data", None), "mem", None)  # CuPy
-    if mem is not None and getattr(mem, "ptr", 0):
+    if mem is not None and getattr(mem, "ptr", None):
         return int(mem.ptr), int(mem.size)
     storage = getattr(frame, "untyped_storage", None)  # PyTorch
     if callable(storage):
@@ -127,10 +128,10 @@ class DeviceStore(MutableMapping):
         self._device = {}
         # id(value) → its entry, while some key holds it: one object under several keys is
         # adopted once (else each adoption would see the others as users).
-        self._by_object = weakref.WeakValueDictionary()
+        self._by_object: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         # Device address → the spilled value whose data came back there: a value rebuilt
         # from it and stored again (a task returning its input) shares its data.
-        self._homes = weakref.WeakValueDictionary()
+        self._homes: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._host = self._host_store(memory_limit, worker_local_directory)
         self._lock = threading.RLock()
         self.unspillable = {}
@@ -155,7 +156,7 @@ class DeviceStore(MutableMapping):
         return s
 
     def _check_spilling(self):
-        if str(self.device_id) not in rmm_rs.spill_statistics():
+        if int(self.device_id) not in rmm_rs.spill_statistics():
             raise rmm_rs.RmmError(
                 f"device {self.device_id} does not spill: the device store needs spilling on; "
                 'start rmm_rs with {"spill": {"enabled": True}} (spill.enabled = true)'
@@ -225,7 +226,9 @@ class DeviceStore(MutableMapping):
         except Exception as e:  # noqa: BLE001 - any failure means "cannot spill"
             self.unspillable[key] = f"{type(value).__name__}: {e}"
             return None
-        allocations, specs, extents = [], [], []
+        allocations: List[Tuple[int, int]] = []
+        specs: List[Any] = []
+        extents: List[Tuple[int, int, int]] = []
         for f in frames:
             if not hasattr(f, "__cuda_array_interface__"):
                 specs.append(f)
@@ -303,14 +306,14 @@ class DeviceStore(MutableMapping):
 
     def statistics(self):
         """Values and bytes per tier (this store's), and the device's spill figures."""
-        out = {f"{k}_count": 0 for k in _KINDS}
+        out: Dict[str, Any] = {f"{k}_count": 0 for k in _KINDS}
         out.update({f"{k}_bytes": 0 for k in _KINDS})
         for entry in {id(e.adopted): e for e in list(self._device.values())}.values():
             t = entry.adopted.tier
             out[f"{t}_count"] += 1
             out[f"{t}_bytes"] += entry.nbytes
         out["host_store_count"] = len(self._host)
-        out["spill"] = rmm_rs.spill_statistics().get(str(self.device_id), {})
+        out["spill"] = rmm_rs.spill_statistics().get(int(self.device_id), {})
         return out
 
     def clear(self):
@@ -335,7 +338,7 @@ class DeviceStore(MutableMapping):
 
 
 # Stores alive in this process: their spill files go at exit even if nothing closed them.
-_LIVE = []
+_LIVE: List["weakref.ReferenceType[DeviceStore]"] = []
 
 
 @atexit.register

@@ -1,0 +1,88 @@
+"""DeviceBuffer with RAPIDS RMM's API: nbytes, capacity, tobytes, copy_to_host,
+copy_from_device, copy, to_device, resize, reserve, prefetch, stream=."""
+
+import pickle
+
+import pytest
+
+import rmm_rs
+
+
+def test_device_buffer_has_rmms_properties_and_copies():
+    rmm_rs.initialize({})
+    data = bytes(range(256)) * 4
+    buf = rmm_rs.DeviceBuffer.to_device(data)
+    assert buf.nbytes == buf.size == len(data) == buf.capacity()
+    assert isinstance(buf.ptr, int) and buf.ptr
+    assert buf.tobytes() == data == buf.tobytes(stream=0)
+    host = buf.copy_to_host()
+    assert isinstance(host, bytearray) and host == data
+    target = bytearray(len(data) + 10)
+    assert buf.copy_to_host(target) is target
+    assert target[: len(data)] == data and target[len(data) :] == bytes(10)
+    mv = memoryview(bytearray(len(data)))
+    buf.copy_to_host(mv, stream=None)
+    assert mv.tobytes() == data
+    other = buf.copy()
+    assert other.ptr != buf.ptr and other.tobytes() == data
+    buf.copy_from_host(bytes(len(data)))
+    assert other.tobytes() == data and buf.tobytes() == bytes(len(data))
+    buf.copy_from_device(other)
+    assert buf.tobytes() == data
+    buf.prefetch()
+    assert rmm_rs.DeviceBuffer().size == 0
+    assert rmm_rs.DeviceBuffer(size=16, stream=0).nbytes == 16
+
+
+def test_device_buffer_copy_errors_are_clear():
+    rmm_rs.initialize({})
+    buf = rmm_rs.DeviceBuffer(64)
+    with pytest.raises(rmm_rs.RmmError, match="read-only"):
+        buf.copy_to_host(b"x" * 64)
+    with pytest.raises(rmm_rs.RmmError, match="holds 8 bytes but the DeviceBuffer has 64"):
+        buf.copy_to_host(bytearray(8))
+    with pytest.raises(rmm_rs.RmmError, match="__cuda_array_interface__"):
+        buf.copy_from_device(b"not on a device")
+    with pytest.raises(rmm_rs.RmmError, match="give at most its size"):
+        buf.copy_from_device(rmm_rs.DeviceBuffer(65))
+    buf.copy_from_host(bytes(64))
+    buf.copy_from_device(rmm_rs.DeviceBuffer.to_device(b"abc"))
+    assert buf.tobytes() == b"abc" + bytes(61)
+    with pytest.raises(rmm_rs.RmmError, match="stream='s': expected None or an int"):
+        buf.tobytes(stream="s")  # type: ignore[arg-type]
+
+
+def test_resize_keeps_the_first_bytes_and_reserve_the_contents():
+    rmm_rs.initialize({})
+    data = bytes(range(100))
+    buf = rmm_rs.DeviceBuffer.to_device(data)
+    buf.reserve(1000)
+    assert buf.capacity() >= 1000 and buf.size == 100 and buf.tobytes() == data
+    ptr = buf.ptr
+    buf.resize(500)
+    assert buf.ptr == ptr, "within the capacity nothing moves"
+    assert buf.size == 500 and buf.tobytes()[:100] == data
+    buf.resize(40)
+    assert buf.tobytes() == data[:40]
+    buf.resize(5000, stream=0)
+    assert buf.size == 5000 and buf.tobytes()[:40] == data[:40]
+
+
+def test_resize_of_a_buffer_over_a_view_copies_it():
+    rmm_rs.initialize({"spill": {"enabled": True}})
+    sb = rmm_rs.SpillableBuffer(bytes(range(64)))
+    buf = rmm_rs.DeviceBuffer.over_view(sb.device_view())
+    buf.resize(128)
+    assert buf.size == 128 and buf.tobytes()[:64] == bytes(range(64))
+    buf2 = rmm_rs.DeviceBuffer.over_view(sb.device_view())
+    buf2.reserve(256)
+    assert buf2.capacity() >= 256 and buf2.tobytes() == bytes(range(64))
+
+
+def test_existing_buffer_api_still_works():
+    rmm_rs.initialize({})
+    buf = rmm_rs.DeviceBuffer.from_bytes(b"abc")
+    assert pickle.loads(pickle.dumps(buf)).to_bytes() == b"abc"
+    assert rmm_rs.DeviceBuffer.copy_of_device(buf.ptr, 3).to_bytes() == b"abc"
+
+
