@@ -63,6 +63,8 @@ fn a_log_that_fits_prints_time_peak_and_fit() {
         "40GiB",
         "--pool-initial",
         "0",
+        "--pool-growth",
+        "512MiB",
         "--order",
         "logged",
     ]);
@@ -79,6 +81,13 @@ fn a_log_that_fits_prints_time_peak_and_fit() {
     );
     assert!(stdout.contains("1 thread(s)"), "{stdout}");
     assert!(stdout.contains("fit:        yes"), "{stdout}");
+    // The pool's figures after the replay: reserved against in use, and fragmentation. Grown
+    // by each 1 GiB request's need (a whole number of 512 MiB steps), it holds the peak.
+    assert!(
+        stdout.contains("pool:       reserved 30.00 GiB of maximum 40.00 GiB, in use 0 B")
+            && stdout.contains("fragmentation"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -7,18 +7,7 @@ use std::fmt;
 /// Result alias used throughout the allocator crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Usage figures of a pool, attached to an out-of-memory error raised by a pool resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PoolUsage {
-    /// Bytes the pool holds from its upstream.
-    pub pool_size: usize,
-    /// Bytes handed out and not yet freed.
-    pub in_use: usize,
-    /// The largest free block the pool holds.
-    pub largest_free: usize,
-    /// The pool's maximum size, if it has one.
-    pub maximum_size: Option<usize>,
-}
+pub use crate::resource::{PoolUsage, StreamUsage};
 
 /// Every failure the allocator crate can report.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -27,9 +16,9 @@ pub enum Error {
     /// A device allocation could not be satisfied.
     #[error(
         "out of memory on device {device}: {resource} could not allocate {} ({requested} bytes); \
-         device has {} free of {}{}. Free or spill live buffers, lower the pool size, \
-         or use a limit/spilling adaptor",
-        fmt_bytes(*.requested), fmt_bytes(*.free), fmt_bytes(*.total), fmt_pool(.pool)
+         device has {} free of {}{}",
+        fmt_bytes(*.requested), fmt_bytes(*.free), fmt_bytes(*.total),
+        fmt_pool(.pool.as_deref(), *.requested)
     )]
     OutOfMemory {
         /// Bytes requested.
@@ -42,8 +31,9 @@ pub enum Error {
         total: usize,
         /// The resource that failed (e.g. `CudaMemoryResource`).
         resource: &'static str,
-        /// Pool figures when the failing resource is a pool.
-        pool: Option<PoolUsage>,
+        /// Pool figures when the failing resource is a pool (boxed: they are many, and the
+        /// error travels in every allocation's `Result`).
+        pool: Option<Box<PoolUsage>>,
     },
 
     /// A host allocation (pinned or pageable) could not be satisfied.
@@ -270,19 +260,13 @@ pub fn fmt_bytes(bytes: usize) -> String {
     }
 }
 
-fn fmt_pool(pool: &Option<PoolUsage>) -> String {
+/// The pool's figures and what to try, or the general advice when no pool failed.
+fn fmt_pool(pool: Option<&PoolUsage>, requested: usize) -> String {
     match pool {
-        None => String::new(),
-        Some(p) => format!(
-            "; pool holds {} with {} in use, largest free block {}{}",
-            fmt_bytes(p.pool_size),
-            fmt_bytes(p.in_use),
-            fmt_bytes(p.largest_free),
-            match p.maximum_size {
-                Some(m) => format!(", maximum {}", fmt_bytes(m)),
-                None => String::new(),
-            }
-        ),
+        None => ". Free or spill live buffers, lower the pool size, or use a limit/spilling \
+                 adaptor"
+            .to_string(),
+        Some(p) => format!("{}; or use a limit/spilling adaptor", p.explain(requested)),
     }
 }
 

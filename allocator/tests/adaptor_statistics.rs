@@ -231,6 +231,12 @@ fn report_has_pool_figures_and_round_trips_through_json() {
     assert_eq!(r.cached_free_bytes, Some(reserved - in_use));
     let largest = r.largest_free_block.unwrap();
     assert!(largest > 0 && largest <= reserved - in_use, "{largest}");
+    // Free (nothing waits for another stream here) and fragmentation = 1 − largest / free.
+    let free = r.pool_free_bytes.unwrap();
+    assert_eq!(free, reserved - in_use);
+    let fragmentation = r.fragmentation().unwrap();
+    let expected = 1.0 - largest as f64 / free as f64;
+    assert!((fragmentation - expected).abs() <= 0.001, "{fragmentation}");
     let json = r.to_json();
     let back: MemoryReport = serde_json::from_str(&json).unwrap();
     assert_eq!(back, r);
@@ -244,6 +250,8 @@ fn report_has_pool_figures_and_round_trips_through_json() {
     assert_eq!(stats_map["allocation.all.allocated"], 2);
     let text = r.to_string();
     assert!(text.contains("out-of-memory 1"), "{text}");
+    assert!(text.contains("fragmentation "), "{text}");
+    assert!(stats_map.contains_key("fragmentation_permille"));
     stats.deallocate(a, 10 * MIB, S).unwrap();
     stats.deallocate(b, 1000, S).unwrap();
     assert_eq!(stats.out_of_memory_count(), 1);

@@ -106,13 +106,18 @@ fn grows_toward_the_maximum_and_falls_back_when_the_upstream_refuses() {
     let pool = PoolMemoryResource::builder(cuda(d))
         .initial_size(PoolSize::Bytes(0))
         .maximum_size(PoolSize::Fraction(0.5))
+        .growth(64 * MIB as u64)
         .build()
         .unwrap();
     assert_eq!(pool.pool_size(), 0);
     assert_eq!(pool.maximum_size(), 4 * GIB as u64);
     let a = pool.allocate(100 * MIB, StreamView::DEFAULT).unwrap();
     let first = pool.pool_size();
-    assert!(first >= 100 * MIB as u64);
+    assert_eq!(
+        first,
+        128 * MIB as u64,
+        "100 MiB rounded up to the 64 MiB growth step"
+    );
     // The upstream now refuses anything above 150 MiB: growth halves its try until it fits.
     b.fail_allocations_above(0, 150 * MIB).unwrap();
     let big = pool.allocate(140 * MIB, StreamView::DEFAULT).unwrap();

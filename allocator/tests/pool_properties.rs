@@ -12,6 +12,7 @@ use proptest::prelude::*;
 use rmm_allocator::per_device::SharedResource;
 use rmm_allocator::resource::{
     BinningMemoryResource, CudaMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
+    PoolSize,
 };
 use rmm_allocator::{ALLOCATION_ALIGNMENT, DeviceMemoryResource, DevicePtr, Stream};
 
@@ -184,6 +185,45 @@ fn pool_over_four_streams(ops: usize, seed: u64, few_sizes: bool) {
         snap.fully_coalesced,
         "not coalesced after everything was freed: {snap:?}"
     );
+}
+
+/// Random operations over four streams on a pool that starts empty, grows in 64 MiB steps and
+/// may hold at most 1 GiB for a live set of at most 512 MiB: the grant path runs all the time
+/// (reclaim from other streams' arenas, growth, stealing and gathering scattered free
+/// blocks at the maximum), and the accounts add up after every 4096 steps.
+#[test]
+fn pool_growing_from_empty_in_small_steps_over_four_streams() {
+    let p = Arc::new(
+        PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
+            .initial_size(PoolSize::Bytes(0))
+            .maximum_size(PoolSize::Bytes(1 << 30))
+            .growth(64 * MIB as u64)
+            .build()
+            .unwrap(),
+    );
+    let s = streams(4);
+    let check = || accounts_add_up(&p);
+    exercise(
+        &*p,
+        &s,
+        Plan {
+            ops: 300_000,
+            max_size: 8 * MIB,
+            cap: 512 * MIB,
+            seed: 7,
+            check_every: 4096,
+            few_sizes: false,
+        },
+        &check,
+    );
+    p.synchronize().unwrap();
+    let snap = p.validate().unwrap();
+    assert_eq!(
+        (snap.in_use, snap.cached, snap.pending),
+        (0, 0, 0),
+        "{snap:?}"
+    );
+    assert!(snap.pool_size <= 1 << 30, "{snap:?}");
 }
 
 #[test]

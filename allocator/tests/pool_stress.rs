@@ -12,7 +12,9 @@ use std::sync::{Arc, Barrier, Mutex};
 use common::{MIB, device};
 use crossbeam_channel::bounded;
 use rmm_allocator::per_device::SharedResource;
-use rmm_allocator::resource::{BinningMemoryResource, CudaMemoryResource, PoolMemoryResource};
+use rmm_allocator::resource::{
+    BinningMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
+};
 use rmm_allocator::{DeviceMemoryResource, DevicePtr, Stream};
 
 const THREADS: usize = 16;
@@ -157,6 +159,24 @@ fn sixteen_threads_on_the_pool_lose_and_duplicate_nothing() {
     let pool = pool_512m_to_4g();
     stress(Arc::clone(&pool) as SharedResource, 20_000, false, false);
     assert_all_back(&pool);
+}
+
+#[test]
+fn sixteen_threads_on_an_empty_pool_growing_in_small_steps() {
+    // Every thread's arena starts empty and the pool grows 64 MiB at a time: the grant path
+    // (reclaim from other arenas, growth) runs concurrently with the others' fast paths.
+    let pool = Arc::new(
+        PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
+            .initial_size(PoolSize::Bytes(0))
+            .maximum_size(PoolSize::Bytes(4096 * MIB))
+            .growth(64 * MIB as u64)
+            .build()
+            .unwrap(),
+    );
+    for shared in [false, true] {
+        stress(Arc::clone(&pool) as SharedResource, 20_000, shared, false);
+        assert_all_back(&pool);
+    }
 }
 
 #[test]

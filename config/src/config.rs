@@ -14,16 +14,18 @@ pub(crate) enum SizeKey {
     PoolInitial,
     PoolMaximum,
     ReleaseThreshold,
+    PoolGrowth,
     Limit,
     SpillThreshold,
     HostPool,
 }
 
 impl SizeKey {
-    pub(crate) const ALL: [SizeKey; 6] = [
+    pub(crate) const ALL: [SizeKey; 7] = [
         SizeKey::PoolInitial,
         SizeKey::PoolMaximum,
         SizeKey::ReleaseThreshold,
+        SizeKey::PoolGrowth,
         SizeKey::Limit,
         SizeKey::SpillThreshold,
         SizeKey::HostPool,
@@ -34,6 +36,7 @@ impl SizeKey {
             SizeKey::PoolInitial => "pool.initial_size",
             SizeKey::PoolMaximum => "pool.maximum_size",
             SizeKey::ReleaseThreshold => "pool.release_threshold",
+            SizeKey::PoolGrowth => "pool.growth",
             SizeKey::Limit => "limits.device_memory_limit",
             SizeKey::SpillThreshold => "spill.device_memory_limit",
             SizeKey::HostPool => "spill.host_pool_size",
@@ -199,6 +202,7 @@ impl Config {
             SizeKey::PoolInitial => self.pool.initial_size,
             SizeKey::PoolMaximum => self.pool.maximum_size,
             SizeKey::ReleaseThreshold => self.pool.release_threshold,
+            SizeKey::PoolGrowth => Some(self.pool.growth),
             SizeKey::Limit => self.limits.device_memory_limit,
             SizeKey::SpillThreshold => Some(self.spill.device_memory_limit),
             SizeKey::HostPool => self.spill.host_pool_size,
@@ -212,6 +216,7 @@ impl Config {
             SizeKey::PoolInitial => o.pool.initial_size,
             SizeKey::PoolMaximum => o.pool.maximum_size,
             SizeKey::ReleaseThreshold => o.pool.release_threshold,
+            SizeKey::PoolGrowth => o.pool.growth.map(Some),
             SizeKey::Limit => o.limits.device_memory_limit,
             SizeKey::SpillThreshold => o.spill.device_memory_limit.map(Some),
             SizeKey::HostPool => o.spill.host_pool_size,

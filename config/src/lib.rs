@@ -41,6 +41,7 @@
 //! | `pool.initial_size` | `RMM_POOL__INITIAL_SIZE` | `"auto"` (half the free memory) | size or `"auto"` |
 //! | `pool.maximum_size` | `RMM_POOL__MAXIMUM_SIZE` | `"none"` | size or `"none"` |
 //! | `pool.release_threshold` | `RMM_POOL__RELEASE_THRESHOLD` | `"none"` | size or `"none"` |
+//! | `pool.growth` | `RMM_POOL__GROWTH` | `"1GiB"` | size |
 //! | `logging.enabled` | `RMM_LOGGING__ENABLED` | `false` | bool |
 //! | `logging.directory` | `RMM_LOGGING__DIRECTORY` | `"."` | path |
 //! | `logging.level` | `RMM_LOGGING__LEVEL` | `"info"` | `trace` … `error`, `off` |
@@ -57,8 +58,8 @@
 //! | `device.N.<size key>` | `RMM_DEVICE__N__POOL__INITIAL_SIZE`, … | (global value) | as the key |
 //!
 //! A `[device.N]` table overrides, for device N only, the size keys: `pool.initial_size`,
-//! `pool.maximum_size`, `pool.release_threshold`, `limits.device_memory_limit`,
-//! `spill.device_memory_limit`, `spill.host_pool_size`.
+//! `pool.maximum_size`, `pool.release_threshold`, `pool.growth`,
+//! `limits.device_memory_limit`, `spill.device_memory_limit`, `spill.host_pool_size`.
 //!
 //! Not keys, and left alone ([`ENV_NOT_KEYS`]): `RMM_CONFIG` (the file), `RMM_SIM_*` (the
 //! simulated device, read by `rmm-allocator`), `RMM_LOG` (the CLI's log filter),

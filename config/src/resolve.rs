@@ -83,6 +83,9 @@ pub struct ResolvedPool {
     pub maximum_size: Option<u64>,
     /// Bytes the async pool keeps on synchronization (with `use_async` only).
     pub release_threshold: Option<u64>,
+    /// The pool's growth step (with `enabled` only): it grows by what a request needs
+    /// rounded up to a multiple of this.
+    pub growth: Option<u64>,
 }
 
 /// Spilling for one device.
@@ -189,7 +192,10 @@ impl Config {
         let ordinal = facts.ordinal;
         let mut bytes = |key: SizeKey| -> Option<u64> {
             let effective = self.effective_size(Some(ordinal), key);
-            match self.to_bytes(facts, &effective, key != SizeKey::HostPool) {
+            // The host pool is host memory; a growth step above the device's memory only
+            // means "grow by what is needed, up to the maximum".
+            let device_bound = !matches!(key, SizeKey::HostPool | SizeKey::PoolGrowth);
+            match self.to_bytes(facts, &effective, device_bound) {
                 Ok(n) => n,
                 Err(e) => {
                     errors.push(e);
@@ -202,6 +208,7 @@ impl Config {
         let limit = bytes(SizeKey::Limit);
         let initial = pool_in_use.then(|| bytes(SizeKey::PoolInitial)).flatten();
         let maximum = pool_in_use.then(|| bytes(SizeKey::PoolMaximum)).flatten();
+        let growth = pool.enabled.then(|| bytes(SizeKey::PoolGrowth)).flatten();
         let release = pool
             .use_async
             .then(|| bytes(SizeKey::ReleaseThreshold))
@@ -256,6 +263,7 @@ impl Config {
                 initial_size: initial,
                 maximum_size: maximum,
                 release_threshold: release,
+                growth,
             },
             memory_limit: limit,
             spill,

@@ -76,6 +76,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
     device_key("pool.initial_size", Kind::OptSize("auto")),
     device_key("pool.maximum_size", Kind::OptSize("none")),
     device_key("pool.release_threshold", Kind::OptSize("none")),
+    device_key("pool.growth", Kind::Size),
     key("logging.enabled", Kind::Bool),
     key("logging.directory", Kind::Path),
     key("logging.level", Kind::Level),

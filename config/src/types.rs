@@ -237,7 +237,7 @@ impl<'de> Deserialize<'de> for Devices {
 }
 
 /// `[pool]`: the device memory pool (RMM's `pool_allocator`, `managed_memory`, …).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
     /// `pool.enabled` (default `false`): suballocate from a pool instead of calling the
@@ -260,6 +260,27 @@ pub struct PoolConfig {
     /// synchronizing; used only with `async`.
     #[serde(with = "none_size")]
     pub release_threshold: Option<Size>,
+    /// `pool.growth` (default `"1GiB"`): when nothing the pool holds can serve a request, it
+    /// grows by what the request needs rounded up to a multiple of this, never past the
+    /// maximum size. Used only with `enabled`.
+    pub growth: Size,
+}
+
+/// The default of `pool.growth`: 1 GiB.
+pub const DEFAULT_POOL_GROWTH: u64 = 1 << 30;
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            enabled: false,
+            managed: false,
+            use_async: false,
+            initial_size: None,
+            maximum_size: None,
+            release_threshold: None,
+            growth: Size::Bytes(DEFAULT_POOL_GROWTH),
+        }
+    }
 }
 
 /// `[logging]`: the allocation log, one CSV file per device.
@@ -364,6 +385,9 @@ pub struct PoolOverride {
     /// Overrides `pool.release_threshold`.
     #[serde(with = "none_size_override", skip_serializing_if = "Option::is_none")]
     pub release_threshold: Option<Option<Size>>,
+    /// Overrides `pool.growth`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub growth: Option<Size>,
 }
 
 /// `[device.N.limits]`: per-device hard cap.

@@ -44,14 +44,14 @@ fn unknown_key_without_a_close_match_lists_the_valid_keys() {
     assert_eq!(
         load_error("[pool]\ncolour = \"blue\""),
         "rmm.toml: unknown key pool.colour; [pool] takes enabled, managed, async, \
-         initial_size, maximum_size, release_threshold"
+         initial_size, maximum_size, release_threshold, growth"
     );
     assert_eq!(
         load_error("[device.1]\npool.enabled = true"),
         "rmm.toml: unknown key device.1.pool.enabled; pool.enabled cannot be set per device; \
          a [device.N] table takes pool.initial_size, pool.maximum_size, \
-         pool.release_threshold, limits.device_memory_limit, spill.device_memory_limit, \
-         spill.host_pool_size"
+         pool.release_threshold, pool.growth, limits.device_memory_limit, \
+         spill.device_memory_limit, spill.host_pool_size"
     );
     assert_eq!(
         load_error("[device.gpu0]\npool.initial_size = 1024"),

@@ -21,6 +21,7 @@ async = true
 initial_size = "2GiB"
 maximum_size = "50%"
 release_threshold = 1073741824
+growth = "256MiB"
 
 [logging]
 enabled = true
@@ -49,6 +50,7 @@ backtraces = true
 pool.initial_size = "8GiB"
 pool.maximum_size = "none"
 pool.release_threshold = "512MB"
+pool.growth = "5%"
 limits.device_memory_limit = "70%"
 spill.device_memory_limit = 0.6
 spill.host_pool_size = "1GiB"
@@ -65,6 +67,7 @@ const EVERY_VAR: &[(&str, &str)] = &[
     ("RMM_POOL__INITIAL_SIZE", "2GiB"),
     ("RMM_POOL__MAXIMUM_SIZE", "50%"),
     ("RMM_POOL__RELEASE_THRESHOLD", "1073741824"),
+    ("RMM_POOL__GROWTH", "256MiB"),
     ("RMM_LOGGING__ENABLED", "on"),
     ("RMM_LOGGING__DIRECTORY", "/tmp/rmm-logs"),
     ("RMM_LOGGING__LEVEL", "DEBUG"),
@@ -81,6 +84,7 @@ const EVERY_VAR: &[(&str, &str)] = &[
     ("RMM_DEVICE__1__POOL__INITIAL_SIZE", "8GiB"),
     ("RMM_DEVICE__1__POOL__MAXIMUM_SIZE", "none"),
     ("RMM_DEVICE__1__POOL__RELEASE_THRESHOLD", "512MB"),
+    ("RMM_DEVICE__1__POOL__GROWTH", "5%"),
     ("RMM_DEVICE__1__LIMITS__DEVICE_MEMORY_LIMIT", "70%"),
     ("RMM_DEVICE__1__SPILL__DEVICE_MEMORY_LIMIT", "0.6"),
     ("RMM_DEVICE__1__SPILL__HOST_POOL_SIZE", "1GiB"),
@@ -105,6 +109,7 @@ fn every_key_expected() -> Config {
     c.pool.initial_size = Some(Size::Bytes(2 * GIB));
     c.pool.maximum_size = Some(Size::Fraction(0.5));
     c.pool.release_threshold = Some(Size::Bytes(GIB));
+    c.pool.growth = Size::Bytes(GIB / 4);
     c.logging.enabled = true;
     c.logging.directory = "/tmp/rmm-logs".into();
     c.logging.level = LogLevel::Debug;
@@ -122,6 +127,7 @@ fn every_key_expected() -> Config {
     one.pool.initial_size = Some(Some(Size::Bytes(8 * GIB)));
     one.pool.maximum_size = Some(None);
     one.pool.release_threshold = Some(Some(Size::Bytes(512_000_000)));
+    one.pool.growth = Some(Size::Fraction(0.05));
     one.limits.device_memory_limit = Some(Some(Size::Fraction(0.7)));
     one.spill.device_memory_limit = Some(Size::Fraction(0.6));
     one.spill.host_pool_size = Some(Some(Size::Bytes(GIB)));

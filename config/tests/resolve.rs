@@ -24,6 +24,7 @@ fn defaults_resolve_to_device_0_with_plain_cuda() {
             initial_size: None,
             maximum_size: None,
             release_threshold: None,
+            growth: None,
         }
     );
     assert_eq!(
@@ -31,6 +32,31 @@ fn defaults_resolve_to_device_0_with_plain_cuda() {
         (None, &None, &None)
     );
     assert_eq!(r.workers_per_device, 1);
+}
+
+#[test]
+fn pool_growth_defaults_to_1_gib_and_takes_sizes_fractions_and_device_overrides() {
+    let r = resolve("devices = \"all\"\n[pool]\nenabled = true");
+    assert_eq!(r.devices[0].pool.growth, Some(GIB));
+    let r = resolve(
+        "devices = \"all\"\n[pool]\nenabled = true\ngrowth = \"256MiB\"\n\
+         [device.1]\npool.growth = \"10%\"",
+    );
+    assert_eq!(r.devices[0].pool.growth, Some(GIB / 4));
+    assert_eq!(r.devices[1].pool.growth, Some(4 * GIB), "10% of 40 GiB");
+    // Without the pool it is not used.
+    assert_eq!(
+        resolve("[pool]\ngrowth = \"2GiB\"").devices[0].pool.growth,
+        None
+    );
+    // A growth of nothing is refused, naming the key; one above the device is fine (the
+    // pool grows by what is needed, up to its maximum).
+    let e = load("[pool]\nenabled = true\ngrowth = 0")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pool.growth"), "{e}");
+    let r = resolve("[pool]\nenabled = true\ngrowth = \"100GiB\"");
+    assert_eq!(r.devices[0].pool.growth, Some(100 * GIB));
 }
 
 #[test]

@@ -240,8 +240,9 @@ fn by_device(py: Python<'_>, per_device: Vec<(u32, serde_json::Value)>) -> PyRes
     Ok(out.into_any().unbind())
 }
 
-/// Per device: bytes in use and reserved, allocations, peaks and totals, as dicts keyed by
-/// device number (an int: `statistics()[0]`).
+/// Per device: bytes in use and reserved, allocations, peaks and totals, and the pool's
+/// figures (`pool`: reserved, in use, free, largest free block, fragmentation; `None` without
+/// a pool), as dicts keyed by device number (an int: `statistics()[0]`).
 #[pyfunction]
 fn statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
     let per_device = with_runtime(|rt| {
@@ -264,6 +265,14 @@ fn statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
                         "peak_allocations": count.peak.max(0),
                         "total_allocations": count.total.max(0),
                         "reserved_bytes": stack.reserved_bytes(),
+                        "pool": stack.pool_figures().map(|p| serde_json::json!({
+                            "reserved_bytes": p.reserved_bytes,
+                            "in_use_bytes": p.in_use_bytes,
+                            "free_bytes": p.free_bytes,
+                            "largest_free_block": p.largest_free_block,
+                            "fragmentation": p.fragmentation,
+                            "arenas": p.arenas,
+                        })),
                         "out_of_memory_errors": s.out_of_memory_count(),
                         "stack": stack.describe(),
                     }),

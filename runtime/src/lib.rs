@@ -35,8 +35,8 @@ pub mod worker;
 pub use error::{Error, LiveMemory, Result, TaskError};
 pub use inventory::{DeviceSummary, Inventory};
 pub use report::{
-    DeviceReport, PhaseStatistics, ReinitReport, RuntimeReport, ShutdownReport, StartReport,
-    WorkerReport,
+    DeviceReport, PhaseStatistics, PoolFigures, ReinitReport, RuntimeReport, ShutdownReport,
+    StartReport, WorkerReport,
 };
 pub use runtime::{
     DEFAULT_DRAIN_TIMEOUT, Runtime, RuntimeBuilder, RuntimeHandle, device_facts, open_backend,

@@ -36,6 +36,39 @@ pub struct WorkerReport {
     pub panics: u64,
 }
 
+/// A pool's figures at one moment: what it reserves against what is in use, and how its free
+/// memory is split.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PoolFigures {
+    /// Bytes the pool holds from the device.
+    pub reserved_bytes: u64,
+    /// Bytes handed out and not freed (as the pool rounds them).
+    pub in_use_bytes: u64,
+    /// Bytes free in the pool, ready for requests (arenas, caches and unassigned space).
+    pub free_bytes: u64,
+    /// The largest free block: the largest request served without growing.
+    pub largest_free_block: u64,
+    /// 1 − largest free block / free bytes: 0 when the free memory is one block.
+    pub fragmentation: f64,
+    /// Arenas (streams × thread lanes) the pool has.
+    pub arenas: usize,
+}
+
+impl fmt::Display for PoolFigures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "pool: reserved {}, in use {}, free {} (largest block {}, fragmentation {:.1}%), {} arenas",
+            fmt_bytes(self.reserved_bytes as usize),
+            fmt_bytes(self.in_use_bytes as usize),
+            fmt_bytes(self.free_bytes as usize),
+            fmt_bytes(self.largest_free_block as usize),
+            self.fragmentation * 100.0,
+            self.arenas
+        )
+    }
+}
+
 /// One device's allocation figures over one phase: from the start (phase 0) or the n-th
 /// reinitialize (phase n) to the next reinitialize, or to now for the current phase. Each
 /// phase has its own stack, whose statistics start at zero: the ended phases' figures are
@@ -116,6 +149,8 @@ pub struct DeviceReport {
     pub live_bytes: u64,
     /// Bytes the stack holds from the device (the pool's size, …).
     pub reserved_bytes: u64,
+    /// The pool's figures, when the stack has a pool.
+    pub pool: Option<PoolFigures>,
     /// The statistics report, with `stats.enabled`.
     pub statistics: Option<MemoryReport>,
     /// Spill figures, with `spill.enabled`.
@@ -305,6 +340,9 @@ impl fmt::Display for RuntimeReport {
                 fmt_bytes(d.reserved_bytes as usize),
                 d.stack
             )?;
+            if let Some(p) = &d.pool {
+                writeln!(f, "         {p}")?;
+            }
             if d.phases.len() > 1 {
                 for p in &d.phases {
                     writeln!(f, "         phase {}: {p}", p.phase)?;

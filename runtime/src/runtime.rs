@@ -1223,6 +1223,7 @@ impl RuntimeHandle {
                     live_allocations: live.count,
                     live_bytes: live.bytes,
                     reserved_bytes: s.reserved_bytes(),
+                    pool: s.pool_figures(),
                     statistics: s.plan().report_statistics.then(|| s.memory_report()),
                 }
             })

@@ -34,13 +34,14 @@ use rmm_allocator::adaptor::{
 use rmm_allocator::error::fmt_bytes;
 use rmm_allocator::per_device::{self, SharedResource};
 use rmm_allocator::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource, PoolMemoryResource,
-    PoolSize,
+    CudaAsyncMemoryResource, CudaMemoryResource, DEFAULT_GROWTH, ManagedMemoryResource,
+    PoolMemoryResource, PoolSize,
 };
 use rmm_config::{LogLevel, ResolvedConfig, ResolvedDevice};
 use serde::Serialize;
 
 use crate::error::LiveMemory;
+use crate::report::PoolFigures;
 
 /// Where a stack's memory comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -65,6 +66,9 @@ pub struct PoolPlan {
     pub initial_size: u64,
     /// The most the pool may hold (`None`: the device's total memory).
     pub maximum_size: Option<u64>,
+    /// The growth step (`pool.growth`): the pool grows by what a request needs rounded up
+    /// to a multiple of this.
+    pub growth: u64,
 }
 
 /// The resource stack one device is configured for, layer by layer, before anything is
@@ -113,6 +117,7 @@ impl StackPlan {
             // Resolution always sets the initial size of an enabled pool.
             initial_size: p.initial_size.unwrap_or(0),
             maximum_size: p.maximum_size,
+            growth: p.growth.unwrap_or(DEFAULT_GROWTH),
         });
         StackPlan {
             device: device.ordinal,
@@ -151,10 +156,11 @@ impl StackPlan {
         }
         if let Some(pool) = &self.pool {
             out.push(format!(
-                "PoolMemoryResource(initial {}, maximum {})",
+                "PoolMemoryResource(initial {}, maximum {}, growth {})",
                 fmt_bytes(pool.initial_size as usize),
                 pool.maximum_size
-                    .map_or("the device".into(), |m| fmt_bytes(m as usize))
+                    .map_or("the device".into(), |m| fmt_bytes(m as usize)),
+                fmt_bytes(pool.growth as usize)
             ));
         }
         out.push(match &self.upstream {
@@ -256,7 +262,8 @@ impl StackPlan {
         let mut pool = None;
         if let Some(plan) = &self.pool {
             let mut builder = PoolMemoryResource::builder(resource)
-                .initial_size(PoolSize::Bytes(plan.initial_size as usize));
+                .initial_size(PoolSize::Bytes(plan.initial_size as usize))
+                .growth(plan.growth);
             if let Some(m) = plan.maximum_size {
                 builder = builder.maximum_size(PoolSize::Bytes(m as usize));
             }
@@ -455,6 +462,20 @@ impl DeviceStack {
             l.flush()?;
         }
         Ok(released)
+    }
+
+    /// The pool's figures (reserved, in use, free, largest free block, fragmentation), when
+    /// the stack has a pool. Takes the pool's locks in turn: not for hot paths.
+    pub fn pool_figures(&self) -> Option<PoolFigures> {
+        let u = self.pool.as_ref()?.usage();
+        Some(PoolFigures {
+            reserved_bytes: u.pool_size as u64,
+            in_use_bytes: u.in_use as u64,
+            free_bytes: u.free as u64,
+            largest_free_block: u.largest_free as u64,
+            fragmentation: u.fragmentation(),
+            arenas: u.arenas,
+        })
     }
 
     /// Bytes held from the device: the pool's size, else the async pool's reservation, else

@@ -137,7 +137,7 @@ fn the_stack_is_built_as_configured() {
             "{plan}"
         );
         assert!(
-            plan.contains("LimitingResourceAdaptor(128.00 MiB) > PoolMemoryResource(initial 32.00 MiB, maximum 256.00 MiB) > CudaMemoryResource"),
+            plan.contains("LimitingResourceAdaptor(128.00 MiB) > PoolMemoryResource(initial 32.00 MiB, maximum 256.00 MiB, growth 1.00 GiB) > CudaMemoryResource"),
             "{plan}"
         );
         assert_eq!(stack.pool().unwrap().pool_size(), 32 << 20);

@@ -140,6 +140,19 @@ fn map_keeps_the_items_order_and_tasks_allocate_from_their_stack() {
         .sum();
     assert!(total >= 64, "statistics counted {total} allocations");
     assert_eq!(report.workers.iter().map(|w| w.tasks_run).sum::<u64>(), 64);
+    // Every pooled device reports its pool: reserved against in use, and fragmentation.
+    for d in &report.devices {
+        let p = d.pool.expect("a pooled device reports its pool's figures");
+        assert_eq!(p.reserved_bytes, d.reserved_bytes);
+        assert_eq!(p.in_use_bytes + p.free_bytes, p.reserved_bytes, "{p:?}");
+        assert!(p.largest_free_block <= p.free_bytes);
+        assert!((0.0..=1.0).contains(&p.fragmentation), "{p:?}");
+    }
+    let text = report.to_string();
+    assert!(
+        text.contains("pool: reserved") && text.contains("fragmentation"),
+        "{text}"
+    );
 }
 
 #[test]

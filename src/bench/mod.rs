@@ -3,7 +3,9 @@
 //! - [`traces`]: the workload traces of the anchors document (`churn`, `random`, `small`) and
 //!   [`replay`], which times a trace against a resource;
 //! - [`allocators`]: every resource on every workload shape in one run, as an
-//!   [`AllocatorReport`] that prints as the markdown table and serializes to JSON.
+//!   [`AllocatorReport`] that prints as the markdown table and serializes to JSON;
+//! - [`footprint`]: what a resource reserves, phase by phase, for a multi-stream workload
+//!   whose live set stays under a cap.
 //!
 //! ```no_run
 //! use rmm::bench::{AllocatorBenchOptions, Scale, run_allocators};
@@ -15,6 +17,7 @@
 //! ```
 
 pub mod allocators;
+pub mod footprint;
 pub mod traces;
 
 pub use allocators::{

@@ -12,7 +12,7 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use rmm::allocator::adaptor::replay::{LogAction, ReplayReport};
 use rmm::allocator::adaptor::{
-    EventLog, LogFile, ReplayOptions, ReplayOrder, replay, replay_streamed,
+    EventLog, LogFile, ReplayOptions, ReplayOrder, find_in_chain, replay, replay_streamed,
 };
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::error::fmt_bytes;
@@ -76,6 +76,10 @@ pub struct ReplayArgs {
     /// Maximum pool size (default: the device's memory).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub pool_maximum: Option<Size>,
+    /// Pool growth step: the pool grows by what a request needs rounded up to this (default
+    /// 1GiB; a share of device memory such as 5% works too).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub pool_growth: Option<Size>,
     /// Order of events across threads. The log is read as it is replayed (memory does not
     /// grow with its length), except with --plot or --torch-snapshot, which draw from the
     /// whole log.
@@ -215,6 +219,9 @@ fn build(
         if let Some(s) = args.pool_maximum {
             b = b.maximum_size(pool_size(s));
         }
+        if let Some(s) = args.pool_growth {
+            b = b.growth(s.resolve(device.mem_info()?.total as u64));
+        }
         let pool = b.build()?;
         if let Some(t) = tap {
             t.constructing.store(false, Ordering::Relaxed);
@@ -289,6 +296,9 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     drop(guard);
     outln!("{report}")?;
+    if let Some(pool) = find_in_chain::<PoolMemoryResource>(&*resource) {
+        outln!("pool:       {}", pool.usage().summary())?;
+    }
     if let (Some(recorder), Source::Whole(log)) = (&recorder, &log) {
         let (timeline, source) = timeline(&args, log, &report, recorder, total as u64);
         if let Some(file) = plot {

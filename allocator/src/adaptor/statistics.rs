@@ -867,11 +867,17 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             resource: chain_names(self),
             allocated_bytes: self.lifetime_bytes(),
             allocations: self.lifetime_allocations(),
-            reserved_bytes: pool.map(|p| p.pool_size as u64),
-            reserved_maximum_bytes: pool.and_then(|p| p.maximum_size.map(|m| m as u64)),
-            pool_in_use_bytes: pool.map(|p| p.in_use as u64),
-            cached_free_bytes: pool.map(|p| p.pool_size.saturating_sub(p.in_use) as u64),
-            largest_free_block: pool.map(|p| p.largest_free as u64),
+            reserved_bytes: pool.as_ref().map(|p| p.pool_size as u64),
+            reserved_maximum_bytes: pool.as_ref().and_then(|p| p.maximum_size.map(|m| m as u64)),
+            pool_in_use_bytes: pool.as_ref().map(|p| p.in_use as u64),
+            cached_free_bytes: pool
+                .as_ref()
+                .map(|p| p.pool_size.saturating_sub(p.in_use) as u64),
+            pool_free_bytes: pool.as_ref().map(|p| p.free as u64),
+            largest_free_block: pool.as_ref().map(|p| p.largest_free as u64),
+            fragmentation_permille: pool
+                .as_ref()
+                .map(|p| (p.fragmentation() * 1000.0).round() as u64),
             num_alloc_retries: retries,
             num_ooms: self.out_of_memory_count(),
             num_failed_allocations: self.failed_allocation_count(),
@@ -963,8 +969,16 @@ pub struct MemoryReport {
     pub pool_in_use_bytes: Option<u64>,
     /// Reserved but not in use: cached by the pool.
     pub cached_free_bytes: Option<u64>,
+    /// Bytes free in that pool, ready for requests (reserved − in use − blocks waiting for
+    /// another stream's work).
+    #[serde(default)]
+    pub pool_free_bytes: Option<u64>,
     /// The largest free block of that pool: the largest request it can serve without growing.
     pub largest_free_block: Option<u64>,
+    /// That pool's fragmentation in thousandths: 1000 × (1 − largest free block / free
+    /// bytes); 0 when its free memory is one block ([`MemoryReport::fragmentation`]).
+    #[serde(default)]
+    pub fragmentation_permille: Option<u64>,
     /// Retries made by failure-callback adaptors in the chain (PyTorch's `num_alloc_retries`).
     pub num_alloc_retries: u64,
     /// Allocations that failed with out-of-memory (PyTorch's `num_ooms`).
@@ -978,6 +992,12 @@ pub struct MemoryReport {
 }
 
 impl MemoryReport {
+    /// The pool's fragmentation, 1 − largest free block / free bytes, from 0 (all free
+    /// memory in one block) toward 1 (many small pieces); `None` without a pool.
+    pub fn fragmentation(&self) -> Option<f64> {
+        self.fragmentation_permille.map(|f| f as f64 / 1000.0)
+    }
+
     /// Pretty-printed JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self)
@@ -1008,6 +1028,12 @@ impl MemoryReport {
         }
         if let Some(l) = self.largest_free_block {
             m.insert("largest_free_block".into(), l as i64);
+        }
+        if let Some(f) = self.pool_free_bytes {
+            m.insert("pool_free_bytes".into(), f as i64);
+        }
+        if let Some(f) = self.fragmentation_permille {
+            m.insert("fragmentation_permille".into(), f as i64);
         }
         m
     }
@@ -1042,12 +1068,16 @@ impl fmt::Display for MemoryReport {
         )?;
         writeln!(
             f,
-            "  reserved   {} (maximum {}), in use {}, cached {}, largest free block {}",
+            "  reserved   {} (maximum {}), in use {}, cached {}, free {}, largest free block {}, \
+             fragmentation {}",
             opt(self.reserved_bytes),
             opt(self.reserved_maximum_bytes),
             opt(self.pool_in_use_bytes),
             opt(self.cached_free_bytes),
-            opt(self.largest_free_block)
+            opt(self.pool_free_bytes),
+            opt(self.largest_free_block),
+            self.fragmentation()
+                .map_or_else(|| "-".to_string(), |f| format!("{:.1}%", f * 100.0))
         )?;
         write!(
             f,

@@ -28,12 +28,15 @@ pub use managed_memory_resource::ManagedMemoryResource;
 pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;
 pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool};
-pub use pool_memory_resource::{PoolBuilder, PoolMemoryResource, PoolSize, PoolSnapshot};
+pub use pool_memory_resource::{
+    DEFAULT_GROWTH, LISTED_STREAMS, PoolBuilder, PoolMemoryResource, PoolSize, PoolSnapshot,
+    PoolUsage, StreamUsage,
+};
 
 pub use crate::backend::host::{HostBlock, PinnedSlice};
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
-use crate::error::{Error, PoolUsage, Result};
+use crate::error::{Error, Result};
 use crate::stream::StreamView;
 
 /// A source of device memory (RMM's `device_memory_resource`).
@@ -128,7 +131,7 @@ pub fn out_of_memory(
         free: info.free,
         total: info.total,
         resource,
-        pool,
+        pool: pool.map(Box::new),
     }
 }
 

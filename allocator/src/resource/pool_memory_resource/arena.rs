@@ -292,11 +292,43 @@ impl ArenaState {
         self.large.take_free_regions(out);
     }
 
+    /// As [`ArenaState::take_free_regions`], keeping the small heap's regions apart from the
+    /// large heap's, so that [`ArenaState::give_back_regions`] can undo it.
+    pub(crate) fn take_free_regions_by_heap(
+        &mut self,
+        small: &mut Vec<(u64, u64)>,
+        large: &mut Vec<(u64, u64)>,
+    ) {
+        self.flush_cache();
+        self.bins.release_empty(&mut self.small);
+        self.small.take_free_regions(small);
+        self.large.take_free_regions(large);
+    }
+
+    /// Returns regions taken by [`ArenaState::take_free_regions_by_heap`] to their heaps.
+    pub(crate) fn give_back_regions(&mut self, small: &[(u64, u64)], large: &[(u64, u64)]) {
+        for &(addr, len) in small {
+            self.small.add_region(addr, len);
+        }
+        for &(addr, len) in large {
+            self.large.add_region(addr, len);
+        }
+    }
+
     /// Takes one free block of at least `size` bytes out of either heap (see [`Heap::steal`]).
     pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
         self.flush_cache();
         self.bins.release_empty(&mut self.small);
         self.large.steal(size).or_else(|| self.small.steal(size))
+    }
+
+    /// Takes every free block out of both heaps (after flushing the cache and the empty bin
+    /// slabs), for the pool to merge with free neighbours of other arenas.
+    pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
+        self.flush_cache();
+        self.bins.release_empty(&mut self.small);
+        self.small.take_free_blocks(out);
+        self.large.take_free_blocks(out);
     }
 
     /// Live blocks as (address, size).

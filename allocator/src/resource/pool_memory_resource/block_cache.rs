@@ -12,7 +12,8 @@
 //! block). It is bounded ([`SLOTS`] blocks of at most [`MAX_BLOCK`] bytes); a full cache
 //! gives its oldest block back to the heap. The arena flushes it when its heaps cannot serve
 //! a request, and the pool flushes every arena's cache on `trim`, `release`, `synchronize`
-//! and before it fails for lack of memory (`validate` checks the cached blocks in place).
+//! and before it grows or fails for lack of memory (`validate` checks the cached blocks in
+//! place).
 
 /// Blocks one cache holds.
 pub(crate) const SLOTS: usize = 4;

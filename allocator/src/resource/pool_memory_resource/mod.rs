@@ -3,8 +3,8 @@
 //! many workers).
 //!
 //! # Design
-//! * Memory comes from the upstream in large *chunks* (the initial size, then growth toward
-//!   the maximum, falling back to smaller tries when the upstream refuses).
+//! * Memory comes from the upstream in large *chunks* (the initial size, then growth by what
+//!   requests need, falling back to smaller tries when the upstream refuses).
 //! * Each stream has an *arena* that owns the ranges granted to it: a TLSF heap for requests
 //!   above 1 MiB and one for small requests (so small objects never fragment large regions).
 //!   Blocks split on allocation and merge with free neighbours on free, in O(1).
@@ -17,21 +17,28 @@
 //!   next request of the same size on its stream (a thread cache, as in tcmalloc): a thread
 //!   that frees and allocates one size again and again costs a lookup, not a split and a
 //!   merge. Cached blocks go back to their heap when it cannot serve a request, and from
-//!   every arena on `trim`, `release`, `synchronize` and before the pool fails
+//!   every arena on `trim`, `release`, `synchronize` and before the pool grows or fails
 //!   for lack of memory.
 //! * Stream order: a block freed on the stream that owns it is reusable by that stream at
 //!   once. A block freed on another stream waits for an event recorded on the freeing stream.
 //!   Memory moves between streams only through the pool's slow path, after the giving
 //!   stream's queued work has completed.
-//! * Out of memory: grant from the pool's free space, grow, reclaim every arena's free
-//!   regions, give entirely free chunks back to the upstream and grow again; only then fail,
-//!   with the pool's figures in the error.
+//! * A request an arena cannot serve takes, in order: the pool's free space; every arena's
+//!   idle memory (whole free regions, cached blocks, settled cross-stream frees, after the
+//!   owning stream's queued work); growth by the request's need rounded up to the growth
+//!   step (`pool.growth`, 1 GiB by default), never past the maximum; one large enough free
+//!   block of some arena; every arena's free blocks, merged across arenas; entirely free
+//!   chunks given back and growth again (see `growth.rs`). Only then does it fail, with the
+//!   pool's figures and what to try in the error (see `oom_report.rs`).
 
 mod arena;
 mod bins;
 mod block_cache;
 mod global;
+mod growth;
+mod oom_report;
 mod ptr_map;
+mod reclaim;
 mod tlsf;
 
 use std::any::Any;
@@ -42,12 +49,14 @@ use parking_lot::Mutex;
 use self::arena::{Arena, SMALL_LIMIT};
 use self::bins::BIN_LIMIT;
 use self::global::FreeSpace;
+pub use self::growth::DEFAULT_GROWTH;
+pub use self::oom_report::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use self::tlsf::GRANULE;
 use super::stream_arenas::StreamArenas;
 use super::{DeviceMemoryResource, out_of_memory};
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
-use crate::error::{Error, PoolUsage, Result, fmt_bytes};
+use crate::error::{Error, Result, fmt_bytes};
 use crate::hooks;
 use crate::per_device::SharedResource;
 use crate::stream::StreamView;
@@ -83,8 +92,6 @@ impl PoolSize {
 const LARGE_GRANT: u64 = 64 << 20;
 /// Range granted to an arena for small requests.
 const SMALL_GRANT: u64 = 16 << 20;
-/// Smallest growth of the pool.
-const MIN_GROWTH: u64 = 64 << 20;
 
 /// Builds a [`PoolMemoryResource`].
 #[derive(Debug, Clone)]
@@ -92,6 +99,7 @@ pub struct PoolBuilder {
     upstream: SharedResource,
     initial: Option<PoolSize>,
     maximum: Option<PoolSize>,
+    growth: u64,
     donor: Option<Arc<PoolMemoryResource>>,
 }
 
@@ -106,6 +114,15 @@ impl PoolBuilder {
     /// The most memory the pool may hold (default: the device's total memory).
     pub fn maximum_size(mut self, size: PoolSize) -> Self {
         self.maximum = Some(size);
+        self
+    }
+
+    /// The growth step (default [`DEFAULT_GROWTH`], 1 GiB): when nothing the pool holds can
+    /// serve a request, it grows by what the request needs rounded up to a multiple of this,
+    /// never past the maximum size. Smaller steps keep the pool closer to what is in use at
+    /// the price of more upstream allocations; 0 is refused by [`PoolBuilder::build`].
+    pub fn growth(mut self, bytes: u64) -> Self {
+        self.growth = bytes;
         self
     }
 
@@ -139,10 +156,19 @@ impl PoolBuilder {
                 format!("at most the maximum size {}", fmt_bytes(maximum as usize)),
             ));
         }
+        if self.growth == 0 {
+            return Err(Error::invalid_argument(
+                "pool growth",
+                "0 B",
+                "a growth step of at least 256 bytes, e.g. 1 GiB (pool.growth)",
+            ));
+        }
+        let growth = self.growth.next_multiple_of(GRANULE);
         let pool = PoolMemoryResource {
             upstream: self.upstream,
             device,
             maximum,
+            growth,
             arenas: StreamArenas::new(),
             global: Mutex::new(FreeSpace::default()),
         };
@@ -168,6 +194,7 @@ impl PoolBuilder {
             initial,
             adopted,
             maximum,
+            growth,
             upstream = pool.upstream.name(),
             "pool created"
         );
@@ -204,11 +231,26 @@ pub struct PoolSnapshot {
     pub fully_coalesced: bool,
 }
 
+impl PoolSnapshot {
+    /// Bytes reserved from the upstream (the pool's size).
+    pub fn reserved(&self) -> u64 {
+        self.pool_size
+    }
+
+    /// 1 − largest free block / free bytes: 0 when the free memory is one block, toward 1
+    /// when it is in many small pieces (0 when nothing is free).
+    pub fn fragmentation(&self) -> f64 {
+        oom_report::fragmentation(self.largest_free, self.free)
+    }
+}
+
 /// The pool. See the module documentation for the design.
 pub struct PoolMemoryResource {
     upstream: SharedResource,
     device: Device,
     maximum: u64,
+    /// The growth step in bytes (a multiple of 256).
+    growth: u64,
     arenas: StreamArenas<Arena>,
     global: Mutex<FreeSpace>,
 }
@@ -230,6 +272,7 @@ impl PoolMemoryResource {
             upstream,
             initial: None,
             maximum: None,
+            growth: DEFAULT_GROWTH,
             donor: None,
         }
     }
@@ -251,6 +294,11 @@ impl PoolMemoryResource {
     /// The maximum size in bytes.
     pub fn maximum_size(&self) -> u64 {
         self.maximum
+    }
+
+    /// The growth step in bytes ([`PoolBuilder::growth`]).
+    pub fn growth(&self) -> u64 {
+        self.growth
     }
 
     /// Bytes currently held from the upstream.
@@ -315,7 +363,10 @@ impl PoolMemoryResource {
             requested = bytes,
             pool_size = usage.pool_size,
             in_use = usage.in_use,
+            free = usage.free,
             largest_free = usage.largest_free,
+            cached = usage.cached,
+            arenas = usage.arenas,
             "pool out of memory"
         );
         Err(out_of_memory(
@@ -326,94 +377,6 @@ impl PoolMemoryResource {
         ))
     }
 
-    /// Finds a range of at least `need` bytes (preferably `want`) for an arena.
-    fn grant(&self, need: u64, want: u64, stream: StreamView) -> Result<Option<(u64, u64)>> {
-        let mut g = self.global.lock();
-        if let Some(r) = g.take(need, want) {
-            return Ok(Some(r));
-        }
-        let _span = tracing::debug_span!("pool grow/reclaim", device = self.device.ordinal(), need)
-            .entered();
-        if self.grow(&mut g, need, want, stream)? {
-            return Ok(g.take(need, want));
-        }
-        self.reclaim(&mut g)?;
-        if let Some(r) = g.take(need, want) {
-            return Ok(Some(r));
-        }
-        // Free memory is scattered over arenas: move one large enough free block.
-        if self.steal(&mut g, need)? {
-            return Ok(g.take(need, need));
-        }
-        // Give entirely free chunks back so the upstream can hand out one large enough.
-        let freed = g.take_free_chunks(0);
-        if !freed.is_empty() {
-            self.device.synchronize()?;
-            for (addr, size) in freed {
-                self.upstream
-                    .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)?;
-            }
-            if self.grow(&mut g, need, want, stream)? {
-                return Ok(g.take(need, want));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Takes a new chunk from the upstream: at least `need`, preferably the pool's size again
-    /// (or `want`), halving on refusal. Returns false when the pool cannot grow.
-    fn grow(&self, g: &mut FreeSpace, need: u64, want: u64, stream: StreamView) -> Result<bool> {
-        let pool = g.pool_size();
-        let room = self.maximum.saturating_sub(pool);
-        if room < need {
-            return Ok(false);
-        }
-        let mut size = want.max(pool).max(MIN_GROWTH).min(room);
-        loop {
-            match hooks::alloc_from_upstream(self.hook_source(), size as usize, stream, || {
-                self.upstream.allocate(size as usize, stream)
-            }) {
-                Ok(p) => {
-                    tracing::debug!(
-                        device = self.device.ordinal(),
-                        grew_by = size,
-                        pool_size = pool + size,
-                        "pool grew"
-                    );
-                    g.add_chunk(p.addr(), size);
-                    return Ok(true);
-                }
-                Err(e) if e.is_out_of_memory() => {
-                    if size <= need {
-                        return Ok(false);
-                    }
-                    size = (size / 2 / GRANULE * GRANULE).max(need);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Moves every arena's entirely free regions back to the pool's free space, after the
-    /// arena's stream has finished the work queued before those frees.
-    fn reclaim(&self, g: &mut FreeSpace) -> Result<()> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
-        let mut regions = Vec::new();
-        for arena in self.arenas.all() {
-            self.settle_idle(arena)?;
-            let before = regions.len();
-            arena.state.lock().take_free_regions(&mut regions);
-            if regions.len() > before {
-                sync_stream_or_device(backend, dev, arena.stream)?;
-            }
-        }
-        for (addr, size) in regions {
-            g.insert(addr, size);
-        }
-        Ok(())
-    }
-
     /// Waits for every block freed on a foreign stream and returns it to its arena, and gives
     /// every arena's cached blocks back to its heaps, so that
     /// [`PoolMemoryResource::validate`] sees the pool as it is once all streams are idle.
@@ -422,36 +385,6 @@ impl PoolMemoryResource {
             self.settle_idle(arena)?;
         }
         Ok(())
-    }
-
-    /// Waits (without the arena's lock) for the events of `arena`'s blocks freed on other
-    /// streams, then returns those blocks, empty bin slabs and cached blocks to the heaps.
-    fn settle_idle(&self, arena: &Arena) -> Result<()> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
-        let events = arena.state.lock().pending_events();
-        for (addr, event) in events {
-            if arena.state.lock().still_pending(addr, event) {
-                backend.event_synchronize(dev, event)?;
-            }
-        }
-        arena.state.lock().settle_pending(backend, dev, true)
-    }
-
-    /// Moves one free block of at least `need` bytes from some arena to the free space, after
-    /// that arena's stream has finished the work queued before the block was freed.
-    fn steal(&self, g: &mut FreeSpace, need: u64) -> Result<bool> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
-        for arena in self.arenas.all() {
-            let stolen = arena.state.lock().steal(need);
-            if let Some((addr, size)) = stolen {
-                sync_stream_or_device(backend, dev, arena.stream)?;
-                g.insert(addr, size);
-                return Ok(true);
-            }
-        }
-        Ok(false)
     }
 
     /// Gives unused memory back to the upstream until the pool holds at most `to_bytes`
@@ -506,17 +439,6 @@ impl PoolMemoryResource {
     /// Gives every unused chunk back to the upstream. Returns the bytes released.
     pub fn release(&self) -> Result<u64> {
         self.trim(0)
-    }
-
-    /// The figures the out-of-memory error reports.
-    pub fn usage(&self) -> PoolUsage {
-        let s = self.snapshot_figures();
-        PoolUsage {
-            pool_size: s.pool_size as usize,
-            in_use: s.in_use as usize,
-            largest_free: s.largest_free as usize,
-            maximum_size: Some(self.maximum as usize),
-        }
     }
 
     fn snapshot_figures(&self) -> PoolSnapshot {
@@ -607,26 +529,6 @@ impl PoolMemoryResource {
         }
         drop(g);
         Ok(self.snapshot_figures())
-    }
-}
-
-/// Waits for `stream`; when the stream no longer exists (destroyed by its owner after it last
-/// used the pool), waits for the whole device instead, which covers its work too.
-fn sync_stream_or_device(
-    backend: &dyn crate::backend::Backend,
-    dev: u32,
-    stream: crate::backend::RawStream,
-) -> Result<()> {
-    match backend.stream_synchronize(dev, stream) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            tracing::debug!(
-                device = dev,
-                stream,
-                "stream gone ({e}); synchronizing the device"
-            );
-            backend.device_synchronize(dev)
-        }
     }
 }
 

@@ -317,6 +317,30 @@ impl Heap {
         if idx == NIL {
             return None;
         }
+        Some(self.remove_free(idx))
+    }
+
+    /// Takes every free block out of the heap, splitting regions around them; pushes their
+    /// ranges to `out`. Used when free memory is scattered over arenas and only merging
+    /// neighbours of different arenas can serve a request.
+    pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
+        let mut all = Vec::with_capacity(self.free_blocks);
+        for fl in 0..FL_COUNT {
+            for sl in 0..SL_COUNT {
+                let mut i = self.heads[fl][sl];
+                while i != NIL {
+                    all.push(i);
+                    i = self.blocks[i as usize].next_free;
+                }
+            }
+        }
+        for i in all {
+            out.push(self.remove_free(i));
+        }
+    }
+
+    /// Removes the free block `idx` from the heap (its region splits around it).
+    fn remove_free(&mut self, idx: u32) -> (u64, u64) {
         self.unlink(idx);
         let b = self.blocks[idx as usize];
         match (b.prev_phys != NIL, b.next_phys != NIL) {
@@ -332,7 +356,7 @@ impl Heap {
         }
         self.region_bytes -= b.size;
         self.spare.push(idx);
-        Some((b.addr, b.size))
+        (b.addr, b.size)
     }
 
     /// The size of the largest free block (scans the largest non-empty class).
@@ -489,5 +513,31 @@ mod tests {
         h.take_free_regions(&mut out);
         out.sort();
         assert_eq!(out, vec![(0, 10 * 256), (20 * 256, 10 * 256)]);
+    }
+
+    #[test]
+    fn taking_every_free_block_leaves_only_live_blocks() {
+        let mut h = Heap::new();
+        h.add_region(0, 40 * 256);
+        let a = h.alloc(10 * 256).unwrap();
+        let b = h.alloc(10 * 256).unwrap();
+        let c = h.alloc(10 * 256).unwrap();
+        h.free(a);
+        h.free(c);
+        let mut out = Vec::new();
+        h.take_free_blocks(&mut out);
+        out.sort();
+        assert_eq!(out, vec![(0, 10 * 256), (20 * 256, 20 * 256)]);
+        assert_eq!(h.free_bytes(), 0);
+        assert_eq!(h.free_blocks(), 0);
+        assert_eq!(
+            h.region_bytes(),
+            10 * 256,
+            "only the live block's region is left"
+        );
+        h.check().unwrap();
+        h.free(b);
+        h.check().unwrap();
+        assert_eq!(h.free_blocks(), 1);
     }
 }

@@ -1,0 +1,174 @@
+//! Where an arena's new range comes from when its own heaps cannot serve a request, and how
+//! much the pool grows when nothing it holds can.
+//!
+//! Order (each step only when the ones before found nothing):
+//! 1. the pool's free space (memory not granted to any arena);
+//! 2. every arena's idle memory: entirely free regions, cached blocks, empty bin slabs and
+//!    blocks freed on other streams whose work is done: first from arenas whose streams are
+//!    idle, without waiting ([`PoolMemoryResource::reclaim_idle`]), then from all, after the
+//!    owning stream's queued work ([`PoolMemoryResource::reclaim`]);
+//! 3. growth by what the request needs, rounded up to the pool's growth step and never past
+//!    the maximum size ([`growth_size`]);
+//! 4. one free block large enough, taken out of some arena's partly used region;
+//! 5. every free block of every arena, so that free pieces of different arenas that lie side
+//!    by side merge in the free space;
+//! 6. entirely free chunks given back to the upstream, then growth again (the upstream may
+//!    have one large range where the pool had several small ones).
+//!
+//! A pool that starts empty therefore holds about what its streams use at their peak, not
+//! a doubling of it per stream that ever ran: memory idle on one stream serves the next.
+//! Everything here is a slow path (a span, never on the allocate or free fast path).
+
+use super::PoolMemoryResource;
+use super::global::FreeSpace;
+use super::tlsf::GRANULE;
+use crate::error::Result;
+use crate::hooks;
+use crate::stream::StreamView;
+
+/// The default growth step: the pool grows by what a request needs rounded up to this.
+pub const DEFAULT_GROWTH: u64 = 1 << 30;
+
+/// Bytes to ask the upstream for: `max(need, want)` rounded up to a multiple of `step`, within
+/// the `room` left under the maximum size; `None` when not even `need` fits.
+pub(crate) fn growth_size(need: u64, want: u64, step: u64, room: u64) -> Option<u64> {
+    if room < need {
+        return None;
+    }
+    let step = step.max(GRANULE);
+    let target = need.max(want);
+    let rounded = target.div_ceil(step).saturating_mul(step);
+    Some(rounded.min(room).max(need))
+}
+
+impl PoolMemoryResource {
+    /// Finds a range of at least `need` bytes (preferably `want`) for an arena, in the order
+    /// of the module documentation.
+    pub(super) fn grant(
+        &self,
+        need: u64,
+        want: u64,
+        stream: StreamView,
+    ) -> Result<Option<(u64, u64)>> {
+        let mut g = self.global.lock();
+        if let Some(r) = g.take(need, want) {
+            return Ok(Some(r));
+        }
+        let _span = tracing::debug_span!("pool reclaim/grow", device = self.device.ordinal(), need)
+            .entered();
+        // Idle streams' memory first (no wait), then every stream's, after its queued work.
+        if self.reclaim_idle(&mut g)? > 0
+            && let Some(r) = g.take(need, want)
+        {
+            return Ok(Some(r));
+        }
+        self.reclaim(&mut g)?;
+        if let Some(r) = g.take(need, want) {
+            return Ok(Some(r));
+        }
+        if self.grow(&mut g, need, want, stream)? {
+            return Ok(g.take(need, want));
+        }
+        // Free memory is scattered over arenas: move one large enough free block.
+        if self.steal(&mut g, need)? {
+            return Ok(g.take(need, need));
+        }
+        // Free pieces of several arenas may lie side by side: gather them all.
+        if self.scavenge(&mut g)? > 0
+            && let Some(r) = g.take(need, need)
+        {
+            return Ok(Some(r));
+        }
+        // Give entirely free chunks back so the upstream can hand out one large enough.
+        let freed = g.take_free_chunks(0);
+        if !freed.is_empty() {
+            self.device.synchronize()?;
+            for (addr, size) in freed {
+                self.upstream.deallocate(
+                    crate::backend::DevicePtr(addr),
+                    size as usize,
+                    StreamView::DEFAULT,
+                )?;
+            }
+            if self.grow(&mut g, need, want, stream)? {
+                return Ok(g.take(need, want));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Takes a new chunk from the upstream: `max(need, want)` rounded up to the growth step
+    /// (see [`growth_size`]), halving toward `need` when the upstream refuses. Returns false
+    /// when the pool cannot grow.
+    pub(super) fn grow(
+        &self,
+        g: &mut FreeSpace,
+        need: u64,
+        want: u64,
+        stream: StreamView,
+    ) -> Result<bool> {
+        let pool = g.pool_size();
+        let room = self.maximum.saturating_sub(pool);
+        let Some(mut size) = growth_size(need, want, self.growth, room) else {
+            return Ok(false);
+        };
+        loop {
+            match hooks::alloc_from_upstream(self.hook_source(), size as usize, stream, || {
+                self.upstream.allocate(size as usize, stream)
+            }) {
+                Ok(p) => {
+                    tracing::debug!(
+                        device = self.device.ordinal(),
+                        need,
+                        grew_by = size,
+                        pool_size = pool + size,
+                        "pool grew"
+                    );
+                    g.add_chunk(p.addr(), size);
+                    return Ok(true);
+                }
+                Err(e) if e.is_out_of_memory() => {
+                    if size <= need {
+                        return Ok(false);
+                    }
+                    size = (size / 2 / GRANULE * GRANULE).max(need);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn growth_rounds_the_need_up_to_the_step() {
+        assert_eq!(growth_size(MIB, 64 * MIB, GIB, 100 * GIB), Some(GIB));
+        assert_eq!(growth_size(GIB + 1, GIB + 1, GIB, 100 * GIB), Some(2 * GIB));
+        assert_eq!(growth_size(3 * GIB, 3 * GIB, GIB, 100 * GIB), Some(3 * GIB));
+        assert_eq!(
+            growth_size(100 * MIB, 100 * MIB, 64 * MIB, GIB),
+            Some(128 * MIB)
+        );
+    }
+
+    #[test]
+    fn growth_stops_at_the_maximum_and_refuses_what_does_not_fit() {
+        assert_eq!(growth_size(MIB, 64 * MIB, GIB, 300 * MIB), Some(300 * MIB));
+        assert_eq!(
+            growth_size(200 * MIB, 200 * MIB, GIB, 200 * MIB),
+            Some(200 * MIB)
+        );
+        assert_eq!(growth_size(201 * MIB, 201 * MIB, GIB, 200 * MIB), None);
+    }
+
+    #[test]
+    fn a_step_below_the_granule_counts_as_one_granule() {
+        assert_eq!(growth_size(1000, 1000, 0, GIB), Some(1024));
+    }
+}
