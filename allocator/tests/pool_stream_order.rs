@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{MIB, device, on_sim};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
 use rmm_allocator::{Device, DeviceMemoryResource, Stream};
 
 /// A simulated device of 1 GiB (its streams can be held back) and a pool of 64 MiB on it that
@@ -170,4 +170,50 @@ fn memory_of_a_destroyed_stream_is_reclaimed_on_the_process_backend() {
     }
     pool.synchronize().unwrap();
     assert!(pool.validate().unwrap().fully_coalesced);
+}
+
+/// The pattern that crashed the 16-thread stress test on an H200: streams die while their
+/// arenas hold entirely free regions, the driver hands out new streams and events
+/// meanwhile, and every later request that the pool's free space cannot serve first takes
+/// the regions of idle streams without waiting, which asks the backend whether each arena's
+/// stream is idle. For a destroyed stream that question must be an error (the stream then
+/// counts as busy and the blocking reclaim waits for the device), never a `cuStreamQuery` on
+/// the dangling handle: that read freed driver memory and died with SIGSEGV. Runs on the
+/// process-wide backend (the GPU under `RMM_BACKEND=cuda`).
+#[test]
+fn idle_first_reclaim_never_queries_a_destroyed_stream_on_the_process_backend() {
+    const STREAMS: usize = 16;
+    let d = common::device();
+    let pool = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(PoolSize::Bytes(0))
+        .maximum_size(PoolSize::Bytes(STREAMS * 64 * MIB))
+        .growth(64 * MIB as u64)
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        // Each stream takes a 64 MiB region into its arena, frees into it and dies.
+        for _ in 0..STREAMS {
+            let gone = Stream::new(d).unwrap();
+            let p = pool.allocate(48 * MIB, gone.view()).unwrap();
+            d.memset_async(p, 1, MIB, gone.view()).unwrap();
+            pool.deallocate(p, 48 * MIB, gone.view()).unwrap();
+            drop(gone);
+        }
+        // New streams (the driver may reuse the dead ones' memory, or their handles): the
+        // pool is at its maximum, so their memory comes from the dead streams' arenas.
+        let live: Vec<Stream> = (0..STREAMS).map(|_| Stream::new(d).unwrap()).collect();
+        let blocks: Vec<_> = live
+            .iter()
+            .map(|s| pool.allocate(48 * MIB, s.view()).unwrap())
+            .collect();
+        for (s, p) in live.iter().zip(blocks) {
+            d.memset_async(p, 2, MIB, s.view()).unwrap();
+            pool.deallocate(p, 48 * MIB, s.view()).unwrap();
+            s.synchronize().unwrap();
+        }
+    }
+    pool.synchronize().unwrap();
+    let snap = pool.validate().unwrap();
+    assert_eq!(snap.pool_size, (STREAMS * 64 * MIB) as u64, "{snap:?}");
+    assert!(snap.fully_coalesced, "{snap:?}");
 }

@@ -77,9 +77,10 @@ pub struct CudaBackend {
     devices: Vec<CudaDevice>,
     driver_version: i32,
     /// Streams this backend destroyed (and the driver has not handed out again). A destroyed
-    /// handle dangles: waiting on it would make the driver read freed memory. A pool that
-    /// still has an arena for such a stream asks to synchronize it, gets an error, and waits
-    /// for the whole device instead.
+    /// handle dangles: waiting on it or querying it would make the driver read freed memory
+    /// (a SIGSEGV on an H200). A pool that still has an arena for such a stream asks to
+    /// synchronize or query it, gets an error, and waits for the whole device instead (or,
+    /// for a query, treats the stream as busy).
     destroyed: parking_lot::Mutex<std::collections::HashSet<RawStream>>,
 }
 
@@ -287,6 +288,19 @@ impl CudaBackend {
                 supports_managed_memory: managed != 0,
             },
         })
+    }
+
+    /// An error for a stream this backend destroyed: its handle dangles, and the driver would
+    /// read freed memory through it (see [`CudaBackend::destroyed`]).
+    fn refuse_destroyed(&self, stream: RawStream) -> Result<()> {
+        if self.destroyed.lock().contains(&stream) {
+            return Err(Error::invalid_argument(
+                "stream",
+                format!("{stream:#x}"),
+                "a stream that has not been destroyed",
+            ));
+        }
+        Ok(())
     }
 
     /// Makes `dev`'s primary context current on this thread (skipped when it already is).
@@ -652,13 +666,7 @@ impl Backend for CudaBackend {
 
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()> {
         self.bind(dev)?;
-        if self.destroyed.lock().contains(&stream) {
-            return Err(Error::invalid_argument(
-                "stream",
-                format!("{stream:#x}"),
-                "a stream that has not been destroyed",
-            ));
-        }
+        self.refuse_destroyed(stream)?;
         // SAFETY: the handle is the default stream, a live stream, or one the driver validates
         // (not one this backend destroyed: checked above).
         check("cuStreamSynchronize", dev, unsafe {
@@ -668,7 +676,10 @@ impl Backend for CudaBackend {
 
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool> {
         self.bind(dev)?;
-        // SAFETY: the driver validates the handle.
+        self.refuse_destroyed(stream)?;
+        // SAFETY: the handle is the default stream, a live stream, or one the driver validates
+        // (not one this backend destroyed: checked above). The pool's idle-first reclaim
+        // queries the stream of every arena, those of streams destroyed since included.
         let r = unsafe { sys::cuStreamQuery(stream_handle(stream)) };
         if r == sys::CUresult::CUDA_ERROR_NOT_READY {
             return Ok(false);

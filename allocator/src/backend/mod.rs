@@ -246,9 +246,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn stream_create(&self, dev: u32) -> Result<RawStream>;
     /// Destroys a stream made by [`Backend::stream_create`] (work already queued completes).
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()>;
-    /// Waits until all work queued on `stream` has completed.
+    /// Waits until all work queued on `stream` has completed. A stream already destroyed is
+    /// an error, never a driver call on its dangling handle: pools keep the arenas of
+    /// destroyed streams and ask about them.
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()>;
-    /// True when all work queued on `stream` has completed.
+    /// True when all work queued on `stream` has completed. A stream already destroyed is an
+    /// error, as for [`Backend::stream_synchronize`].
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool>;
     /// Makes later work on `stream` wait until `event` has completed.
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()>;
