@@ -216,6 +216,28 @@ impl DeviceBuffer {
             .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))
     }
 
+    /// Runs `change` on the memory without the GIL; a buffer it returns replaces the memory
+    /// (a view that had to be copied to grow).
+    fn change_memory(
+        &mut self,
+        py: Python<'_>,
+        change: impl FnOnce(
+            &mut Memory,
+            u32,
+        ) -> rmm_allocator::Result<Option<rmm_allocator::DeviceBuffer>>
+        + Send,
+    ) -> PyResult<()> {
+        let device = self.device;
+        let memory = self
+            .inner
+            .as_mut()
+            .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))?;
+        if let Some(b) = py.detach(|| change(memory, device)).map_err(error)? {
+            self.inner = Some(Memory::Owned(b));
+        }
+        Ok(())
+    }
+
     fn owned(b: rmm_allocator::DeviceBuffer, device: u32) -> Self {
         DeviceBuffer {
             inner: Some(Memory::Owned(b)),
@@ -534,23 +556,12 @@ impl DeviceBuffer {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let stream = stream_of(stream)?;
-        let device = self.device;
-        let memory = self
-            .inner
-            .as_mut()
-            .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))?;
-        let replaced = py
-            .detach(|| match memory {
-                Memory::Owned(b) => with_device(device, || b.resize(new_size, stream))
-                    .and_then(|r| r)
-                    .map(|()| None),
-                Memory::View(_) => memory.copied(device, new_size, new_size, stream).map(Some),
-            })
-            .map_err(error)?;
-        if let Some(b) = replaced {
-            self.inner = Some(Memory::Owned(b));
-        }
-        Ok(())
+        self.change_memory(py, |memory, device| match memory {
+            Memory::Owned(b) => with_device(device, || b.resize(new_size, stream))
+                .and_then(|r| r)
+                .map(|()| None),
+            Memory::View(_) => memory.copied(device, new_size, new_size, stream).map(Some),
+        })
     }
 
     /// Makes the capacity at least `new_capacity` bytes, keeping the size and contents (a
@@ -563,27 +574,16 @@ impl DeviceBuffer {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let stream = stream_of(stream)?;
-        let device = self.device;
-        let memory = self
-            .inner
-            .as_mut()
-            .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))?;
-        let replaced = py
-            .detach(|| match memory {
-                Memory::Owned(b) => with_device(device, || b.reserve(new_capacity, stream))
-                    .and_then(|r| r)
-                    .map(|()| None),
-                Memory::View(v) if new_capacity > v.len() => {
-                    let size = v.len();
-                    memory.copied(device, size, new_capacity, stream).map(Some)
-                }
-                Memory::View(_) => Ok(None),
-            })
-            .map_err(error)?;
-        if let Some(b) = replaced {
-            self.inner = Some(Memory::Owned(b));
-        }
-        Ok(())
+        self.change_memory(py, |memory, device| match memory {
+            Memory::Owned(b) => with_device(device, || b.reserve(new_capacity, stream))
+                .and_then(|r| r)
+                .map(|()| None),
+            Memory::View(v) if new_capacity > v.len() => {
+                let size = v.len();
+                memory.copied(device, size, new_capacity, stream).map(Some)
+            }
+            Memory::View(_) => Ok(None),
+        })
     }
 
     /// RMM's `prefetch(device=None, stream=None)`: moves managed (unified) memory to the

@@ -23,16 +23,6 @@ fn tiers(limit: &str, host: &str, disk: Option<&Path>) -> rmm_config::Config {
     spilling(limit, host, disk, &[])
 }
 
-/// [`tiers`] with `more` settings.
-fn tiers_with(
-    limit: &str,
-    host: &str,
-    disk: Option<&Path>,
-    more: &[(&str, toml::Value)],
-) -> rmm_config::Config {
-    spilling(limit, host, disk, more)
-}
-
 fn manager(rt: &Runtime) -> Arc<SpillManager> {
     rt.spill_manager(rt.devices()[0]).expect("spilling is on")
 }
@@ -422,7 +412,7 @@ proptest! {
 fn eight_workers_share_buffers_while_data_moves_through_every_tier() {
     let _s = serial();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = tiers_with(
+    let cfg = spilling(
         "24MiB",
         "24MiB",
         Some(dir.path()),

@@ -22,6 +22,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::copy::Direction;
 use super::disk::DiskFile;
+use super::guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 use super::store::SpillStore;
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
@@ -91,7 +92,7 @@ pub trait SpillObserver: Send + Sync {
     fn released(&self, _id: u64) {}
 }
 
-enum State {
+pub(super) enum State {
     /// On the device. `resource` made the memory and takes it back; `None` for memory the
     /// buffer only borrows while it copies it off the device ([`SpillableBuffer::from_device`]).
     Device {
@@ -119,14 +120,14 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// the module documentation.
 pub struct SpillableBuffer {
     id: u64,
-    size: usize,
+    pub(super) size: usize,
     store: Arc<SpillStore>,
     observer: Option<Arc<dyn SpillObserver>>,
     state: Mutex<State>,
     /// The state's tier, readable without the lock.
     tier: AtomicU8,
     /// Live device guards.
-    pins: AtomicUsize,
+    pub(super) pins: AtomicUsize,
 }
 
 impl fmt::Debug for SpillableBuffer {
@@ -136,138 +137,6 @@ impl fmt::Debug for SpillableBuffer {
             .field("size", &self.size)
             .field("tier", &self.tier())
             .finish()
-    }
-}
-
-/// Access to a buffer's device memory; the buffer stays on the device while it lives.
-pub struct DeviceGuard<'a> {
-    buffer: &'a SpillableBuffer,
-    ptr: DevicePtr,
-}
-
-impl DeviceGuard<'_> {
-    /// The device address of the first byte.
-    pub fn ptr(&self) -> DevicePtr {
-        self.ptr
-    }
-
-    /// Bytes.
-    pub fn len(&self) -> usize {
-        self.buffer.size
-    }
-
-    /// True for a zero-byte buffer.
-    pub fn is_empty(&self) -> bool {
-        self.buffer.size == 0
-    }
-}
-
-impl Drop for DeviceGuard<'_> {
-    fn drop(&mut self) {
-        self.buffer.unpin();
-    }
-}
-
-/// A [`DeviceGuard`] that holds its buffer (`Arc`) instead of borrowing it, for holders whose
-/// lifetime no borrow can describe: a Python object wrapping the device memory, say. The
-/// buffer stays on the device, at [`ptr`](Self::ptr), while the guard lives.
-pub struct SharedDeviceGuard {
-    buffer: Arc<SpillableBuffer>,
-    ptr: DevicePtr,
-}
-
-impl SharedDeviceGuard {
-    /// The device address of the first byte.
-    pub fn ptr(&self) -> DevicePtr {
-        self.ptr
-    }
-
-    /// Bytes.
-    pub fn len(&self) -> usize {
-        self.buffer.size
-    }
-
-    /// True for a zero-byte buffer.
-    pub fn is_empty(&self) -> bool {
-        self.buffer.size == 0
-    }
-
-    /// The buffer.
-    pub fn buffer(&self) -> &Arc<SpillableBuffer> {
-        &self.buffer
-    }
-}
-
-impl Drop for SharedDeviceGuard {
-    fn drop(&mut self) {
-        self.buffer.unpin();
-    }
-}
-
-impl fmt::Debug for SharedDeviceGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedDeviceGuard")
-            .field("buffer", &self.buffer.id)
-            .field("ptr", &self.ptr)
-            .finish()
-    }
-}
-
-/// Access to a buffer's bytes in pinned host memory. The buffer stays on the host while it
-/// lives, and every other access to the buffer waits: do not take a device view of the same
-/// buffer on the same thread while holding one.
-pub struct HostGuard<'a> {
-    size: usize,
-    state: MutexGuard<'a, State>,
-}
-
-impl HostGuard<'_> {
-    fn slices(&self) -> &[PinnedSlice] {
-        match &*self.state {
-            State::Host(s) => s,
-            _ => &[],
-        }
-    }
-
-    /// The bytes, in order, as one or more contiguous pieces (one per pinned slice).
-    pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
-        let mut left = self.size;
-        self.slices().iter().map(move |s| {
-            let n = left.min(s.len());
-            left -= n;
-            &s.as_slice()[..n]
-        })
-    }
-
-    /// The bytes, writable, in order (changes stay with the buffer).
-    pub fn chunks_mut(&mut self) -> impl Iterator<Item = &mut [u8]> {
-        let mut left = self.size;
-        let slices: &mut [PinnedSlice] = match &mut *self.state {
-            State::Host(s) => s,
-            _ => &mut [],
-        };
-        slices.iter_mut().map(move |s| {
-            let n = left.min(s.len());
-            left -= n;
-            &mut s.as_mut_slice()[..n]
-        })
-    }
-
-    /// Bytes.
-    pub fn len(&self) -> usize {
-        self.size
-    }
-
-    /// True for a zero-byte buffer.
-    pub fn is_empty(&self) -> bool {
-        self.size == 0
-    }
-
-    /// A copy of the bytes.
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.size);
-        self.chunks().for_each(|c| out.extend_from_slice(c));
-        out
     }
 }
 
@@ -403,7 +272,7 @@ impl SpillableBuffer {
     }
 
     /// Drops one device guard's pin; the last tells the observer the buffer may move again.
-    fn unpin(&self) {
+    pub(super) fn unpin(&self) {
         if self.pins.fetch_sub(1, Ordering::Release) == 1
             && let Some(o) = &self.observer
         {

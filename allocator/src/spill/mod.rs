@@ -14,10 +14,12 @@
 mod buffer;
 mod copy;
 mod disk;
+mod guard;
 mod store;
 mod vector;
 
-pub use buffer::{DeviceGuard, HostGuard, SharedDeviceGuard, SpillObserver, SpillableBuffer, Tier};
+pub use buffer::{SpillObserver, SpillableBuffer, Tier};
 pub use disk::remove_files_for_exit;
+pub use guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 pub use store::SpillStore;
 pub use vector::SpillableVector;

@@ -105,11 +105,6 @@ impl SpillManager {
             .keep_free(bytes.min(PIN_AHEAD_MAX) as usize);
     }
 
-    /// The device limit now.
-    pub fn limit(&self) -> u64 {
-        self.tracker.limit.load(Ordering::Relaxed)
-    }
-
     /// The device.
     pub fn device(&self) -> Device {
         self.store.device()

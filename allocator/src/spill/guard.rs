@@ -1,0 +1,143 @@
+//! Guards over a [`SpillableBuffer`]'s data: [`DeviceGuard`] and [`SharedDeviceGuard`] hold it
+//! on the device, [`HostGuard`] in pinned host memory, for as long as they live.
+
+use std::fmt;
+use std::sync::Arc;
+
+use parking_lot::MutexGuard;
+
+use super::buffer::{SpillableBuffer, State};
+use crate::backend::DevicePtr;
+use crate::backend::host::PinnedSlice;
+
+/// Access to a buffer's device memory; the buffer stays on the device while it lives.
+pub struct DeviceGuard<'a> {
+    pub(super) buffer: &'a SpillableBuffer,
+    pub(super) ptr: DevicePtr,
+}
+
+impl DeviceGuard<'_> {
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.buffer.size
+    }
+
+    /// True for a zero-byte buffer.
+    pub fn is_empty(&self) -> bool {
+        self.buffer.size == 0
+    }
+}
+
+impl Drop for DeviceGuard<'_> {
+    fn drop(&mut self) {
+        self.buffer.unpin();
+    }
+}
+
+/// A [`DeviceGuard`] that holds its buffer (`Arc`) instead of borrowing it, for holders whose
+/// lifetime no borrow can describe: a Python object wrapping the device memory, say. The
+/// buffer stays on the device, at [`ptr`](Self::ptr), while the guard lives.
+pub struct SharedDeviceGuard {
+    pub(super) buffer: Arc<SpillableBuffer>,
+    pub(super) ptr: DevicePtr,
+}
+
+impl SharedDeviceGuard {
+    /// The device address of the first byte.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.buffer.size
+    }
+
+    /// True for a zero-byte buffer.
+    pub fn is_empty(&self) -> bool {
+        self.buffer.size == 0
+    }
+
+    /// The buffer.
+    pub fn buffer(&self) -> &Arc<SpillableBuffer> {
+        &self.buffer
+    }
+}
+
+impl Drop for SharedDeviceGuard {
+    fn drop(&mut self) {
+        self.buffer.unpin();
+    }
+}
+
+impl fmt::Debug for SharedDeviceGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedDeviceGuard")
+            .field("buffer", &self.buffer.id())
+            .field("ptr", &self.ptr)
+            .finish()
+    }
+}
+
+/// Access to a buffer's bytes in pinned host memory. The buffer stays on the host while it
+/// lives, and every other access to the buffer waits: do not take a device view of the same
+/// buffer on the same thread while holding one.
+pub struct HostGuard<'a> {
+    pub(super) size: usize,
+    pub(super) state: MutexGuard<'a, State>,
+}
+
+impl HostGuard<'_> {
+    fn slices(&self) -> &[PinnedSlice] {
+        match &*self.state {
+            State::Host(s) => s,
+            _ => &[],
+        }
+    }
+
+    /// The bytes, in order, as one or more contiguous pieces (one per pinned slice).
+    pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
+        let mut left = self.size;
+        self.slices().iter().map(move |s| {
+            let n = left.min(s.len());
+            left -= n;
+            &s.as_slice()[..n]
+        })
+    }
+
+    /// The bytes, writable, in order (changes stay with the buffer).
+    pub fn chunks_mut(&mut self) -> impl Iterator<Item = &mut [u8]> {
+        let mut left = self.size;
+        let slices: &mut [PinnedSlice] = match &mut *self.state {
+            State::Host(s) => s,
+            _ => &mut [],
+        };
+        slices.iter_mut().map(move |s| {
+            let n = left.min(s.len());
+            left -= n;
+            &mut s.as_mut_slice()[..n]
+        })
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.size
+    }
+
+    /// True for a zero-byte buffer.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// A copy of the bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.size);
+        self.chunks().for_each(|c| out.extend_from_slice(c));
+        out
+    }
+}
