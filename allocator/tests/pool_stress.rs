@@ -241,3 +241,53 @@ fn memory_one_thread_freed_on_a_shared_stream_serves_another_when_the_pool_is_fu
     s.synchronize().unwrap();
     assert_eq!(pool.pool_size(), 256 * MIB as u64);
 }
+
+#[test]
+fn threads_destroy_their_streams_while_others_reclaim_from_their_arenas() {
+    // Threads of different lengths each destroy their stream as soon as they finish, while
+    // the others keep asking the pool for memory it must reclaim from arenas (the pool is
+    // small and grows in small steps): the reclaim must never touch a destroyed stream's
+    // handle (on a GPU, a SIGSEGV in the driver).
+    let pool = Arc::new(
+        PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
+            .initial_size(PoolSize::Bytes(0))
+            .maximum_size(PoolSize::Bytes(2048 * MIB))
+            .growth(16 * MIB as u64)
+            .build()
+            .unwrap(),
+    );
+    for round in 0..3u64 {
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (pool, barrier) = (Arc::clone(&pool), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    let stream = Stream::new(device()).unwrap();
+                    barrier.wait();
+                    let mut x = (round * 97 + t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    let mut live = Vec::new();
+                    for _ in 0..200 * (t + 1) {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        if live.len() < 8 {
+                            let size = MIB + (x >> 20) as usize % (8 * MIB);
+                            live.push((pool.allocate(size, stream.view()).unwrap(), size));
+                        } else {
+                            let (p, size) = live.swap_remove((x >> 8) as usize % live.len());
+                            pool.deallocate(p, size, stream.view()).unwrap();
+                        }
+                    }
+                    for (p, size) in live {
+                        pool.deallocate(p, size, stream.view()).unwrap();
+                    }
+                    // `stream` is destroyed here, while longer threads still run.
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_all_back(&pool);
+    }
+}

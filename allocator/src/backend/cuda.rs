@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+use super::stream_registry::StreamRegistry;
 use super::{
     Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawStream,
 };
@@ -76,12 +77,9 @@ struct CudaDevice {
 pub struct CudaBackend {
     devices: Vec<CudaDevice>,
     driver_version: i32,
-    /// Streams this backend destroyed (and the driver has not handed out again). A destroyed
-    /// handle dangles: waiting on it or querying it would make the driver read freed memory
-    /// (a SIGSEGV on an H200). A pool that still has an arena for such a stream asks to
-    /// synchronize or query it, gets an error, and waits for the whole device instead (or,
-    /// for a query, treats the stream as busy).
-    destroyed: parking_lot::Mutex<std::collections::HashSet<RawStream>>,
+    /// Streams this backend made and destroyed: a destroyed handle dangles, and the pools ask
+    /// about other threads' streams (see [`StreamRegistry`]).
+    streams: StreamRegistry,
 }
 
 // SAFETY: the only non-Send/Sync fields are primary-context handles, which the driver allows
@@ -132,6 +130,17 @@ fn check(call: &'static str, device: u32, r: sys::CUresult) -> Result<()> {
 
 fn stream_handle(raw: RawStream) -> sys::CUstream {
     raw as usize as sys::CUstream
+}
+
+/// `cuStreamQuery`: true when `stream`'s queued work has completed.
+fn query_stream(dev: u32, stream: RawStream) -> Result<bool> {
+    // SAFETY: callers go through the stream registry, which refuses destroyed streams and
+    // holds destruction off until the call returns.
+    let r = unsafe { sys::cuStreamQuery(stream_handle(stream)) };
+    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    check("cuStreamQuery", dev, r).map(|_| true)
 }
 
 fn event_handle(raw: RawEvent) -> sys::CUevent {
@@ -191,7 +200,7 @@ impl CudaBackend {
                     return Ok(CudaBackend {
                         devices: Vec::new(),
                         driver_version: 0,
-                        destroyed: Default::default(),
+                        streams: StreamRegistry::default(),
                     });
                 }
                 return Err(Error::NoDriver {
@@ -218,7 +227,7 @@ impl CudaBackend {
             Ok(CudaBackend {
                 devices,
                 driver_version: version,
-                destroyed: Default::default(),
+                streams: StreamRegistry::default(),
             })
         }
     }
@@ -288,19 +297,6 @@ impl CudaBackend {
                 supports_managed_memory: managed != 0,
             },
         })
-    }
-
-    /// An error for a stream this backend destroyed: its handle dangles, and the driver would
-    /// read freed memory through it (see [`CudaBackend::destroyed`]).
-    fn refuse_destroyed(&self, stream: RawStream) -> Result<()> {
-        if self.destroyed.lock().contains(&stream) {
-            return Err(Error::invalid_argument(
-                "stream",
-                format!("{stream:#x}"),
-                "a stream that has not been destroyed",
-            ));
-        }
-        Ok(())
     }
 
     /// Makes `dev`'s primary context current on this thread (skipped when it already is).
@@ -649,42 +645,61 @@ impl Backend for CudaBackend {
             sys::cuStreamCreate(&mut s, flags)
         })?;
         let raw = s as usize as RawStream;
-        // The driver may hand a destroyed stream's handle out again.
-        self.destroyed.lock().remove(&raw);
+        self.streams.created(raw);
         Ok(raw)
     }
 
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()> {
         self.bind(dev)?;
-        // SAFETY: the driver validates the handle; queued work still completes.
-        check("cuStreamDestroy_v2", dev, unsafe {
-            sys::cuStreamDestroy_v2(stream_handle(stream))
-        })?;
-        self.destroyed.lock().insert(stream);
-        Ok(())
+        self.streams.destroy(stream, || {
+            // SAFETY: the driver validates the handle; queued work still completes. No other
+            // call through the registry is using the handle (it holds them off).
+            check("cuStreamDestroy_v2", dev, unsafe {
+                sys::cuStreamDestroy_v2(stream_handle(stream))
+            })
+        })
     }
 
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()> {
         self.bind(dev)?;
-        self.refuse_destroyed(stream)?;
-        // SAFETY: the handle is the default stream, a live stream, or one the driver validates
-        // (not one this backend destroyed: checked above).
-        check("cuStreamSynchronize", dev, unsafe {
-            sys::cuStreamSynchronize(stream_handle(stream))
+        self.streams.unless_destroyed(stream, || {
+            // SAFETY: the handle is a default stream, a live stream of this backend, or the
+            // caller's own stream (not one this backend destroyed: the registry checked, and
+            // holds destruction off until the call returns).
+            check("cuStreamSynchronize", dev, unsafe {
+                sys::cuStreamSynchronize(stream_handle(stream))
+            })
         })
     }
 
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool> {
         self.bind(dev)?;
-        self.refuse_destroyed(stream)?;
-        // SAFETY: the handle is the default stream, a live stream, or one the driver validates
-        // (not one this backend destroyed: checked above). The pool's idle-first reclaim
-        // queries the stream of every arena, those of streams destroyed since included.
-        let r = unsafe { sys::cuStreamQuery(stream_handle(stream)) };
-        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
-            return Ok(false);
-        }
-        check("cuStreamQuery", dev, r).map(|_| true)
+        self.streams
+            .unless_destroyed(stream, || query_stream(dev, stream))
+    }
+
+    fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>> {
+        self.bind(dev)?;
+        self.streams.if_alive(stream, || query_stream(dev, stream))
+    }
+
+    fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool> {
+        self.bind(dev)?;
+        // Record an event of our own while the registry vouches for the stream, then wait on
+        // the event with the registry released: a long wait never holds a destroy off.
+        let event = self.event_create(dev)?;
+        let recorded = self
+            .streams
+            .if_alive(stream, || self.event_record(dev, event, stream));
+        let waited = match recorded {
+            Ok(Some(())) => self.event_synchronize(dev, event).map(|()| true),
+            Ok(None) => Ok(false),
+            Err(e) => Err(e),
+        };
+        let destroyed = self.event_destroy(dev, event);
+        let waited = waited?;
+        destroyed?;
+        Ok(waited)
     }
 
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()> {

@@ -13,6 +13,7 @@ pub mod clock;
 mod cuda;
 pub mod host;
 pub mod sim;
+mod stream_registry;
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -246,13 +247,23 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn stream_create(&self, dev: u32) -> Result<RawStream>;
     /// Destroys a stream made by [`Backend::stream_create`] (work already queued completes).
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()>;
-    /// Waits until all work queued on `stream` has completed. A stream already destroyed is
-    /// an error, never a driver call on its dangling handle: pools keep the arenas of
-    /// destroyed streams and ask about them.
+    /// Waits until all work queued on `stream` has completed. For the stream's owner: a
+    /// stream this backend already destroyed is an error, never a driver call on its
+    /// dangling handle.
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()>;
-    /// True when all work queued on `stream` has completed. A stream already destroyed is an
-    /// error, as for [`Backend::stream_synchronize`].
+    /// True when all work queued on `stream` has completed. For the stream's owner; a
+    /// destroyed stream is an error, as for [`Backend::stream_synchronize`].
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool>;
+    /// As [`Backend::stream_query`], for a caller that does not own `stream` (a pool asking
+    /// about another thread's arena): `None`, without touching the handle, unless the
+    /// backend knows the stream is alive (a default stream, or one it made and has not
+    /// destroyed), and no destroy runs while the query does. A library's own stream (CuPy's,
+    /// PyTorch's) is `None`: it may be gone without the backend knowing.
+    fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>>;
+    /// As [`Backend::stream_synchronize`], for a caller that does not own `stream`: false,
+    /// without waiting or touching the handle, unless the backend knows the stream is alive
+    /// (see [`Backend::stream_query_if_alive`]); the caller then waits for the whole device.
+    fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool>;
     /// Makes later work on `stream` wait until `event` has completed.
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()>;
     /// Creates an event without timing.

@@ -141,7 +141,11 @@ impl FixedSizeMemoryResource {
                     }
                     let mut list = other.free.lock();
                     if !list.is_empty() {
-                        backend.stream_synchronize(self.device.ordinal(), other.stream)?;
+                        let dev = self.device.ordinal();
+                        // Another thread's stream: it may be gone (then the whole device).
+                        if !backend.stream_synchronize_if_alive(dev, other.stream)? {
+                            backend.device_synchronize(dev)?;
+                        }
                         shared.free.append(&mut list);
                     }
                 }

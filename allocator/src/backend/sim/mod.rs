@@ -902,6 +902,21 @@ impl Backend for SimBackend {
         Ok(self.stream(dev, stream)?.is_idle())
     }
 
+    fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>> {
+        // Simulated streams are reference-counted: one found is alive for the whole query.
+        Ok(self.stream(dev, stream).ok().map(|s| s.is_idle()))
+    }
+
+    fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool> {
+        match self.stream(dev, stream) {
+            Ok(s) => {
+                s.synchronize();
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()> {
         let s = self.stream(dev, stream)?;
         let e = self.event(dev, event)?;

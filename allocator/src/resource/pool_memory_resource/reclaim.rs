@@ -36,9 +36,9 @@ impl PoolMemoryResource {
             if small.is_empty() && large.is_empty() {
                 continue;
             }
-            // A stream that is gone or fails the query counts as busy: the blocking reclaim
-            // deals with it.
-            if backend.stream_query(dev, arena.stream).unwrap_or(false) {
+            // A stream the backend cannot vouch for (destroyed, or a library's own stream),
+            // or one that fails the query, counts as busy: the blocking reclaim deals with it.
+            if let Ok(Some(true)) = backend.stream_query_if_alive(dev, arena.stream) {
                 for &(addr, size) in small.iter().chain(&large) {
                     g.insert(addr, size);
                     moved += size;
@@ -126,20 +126,29 @@ impl PoolMemoryResource {
     }
 }
 
-/// Waits for `stream`; when the stream no longer exists (destroyed by its owner after it last
-/// used the pool), waits for the whole device instead, which covers its work too.
+/// Waits for `stream`, which may be another thread's; when the backend cannot vouch that it
+/// still exists (destroyed by its owner after it last used the pool, or a library's own
+/// stream), waits for the whole device instead, which covers its work too.
 pub(super) fn sync_stream_or_device(
     backend: &dyn crate::backend::Backend,
     dev: u32,
     stream: crate::backend::RawStream,
 ) -> Result<()> {
-    match backend.stream_synchronize(dev, stream) {
-        Ok(()) => Ok(()),
+    match backend.stream_synchronize_if_alive(dev, stream) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            tracing::debug!(
+                device = dev,
+                stream,
+                "stream not known alive; synchronizing the device"
+            );
+            backend.device_synchronize(dev)
+        }
         Err(e) => {
             tracing::debug!(
                 device = dev,
                 stream,
-                "stream gone ({e}); synchronizing the device"
+                "stream wait failed ({e}); synchronizing the device"
             );
             backend.device_synchronize(dev)
         }
