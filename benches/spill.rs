@@ -58,7 +58,8 @@ fn main() {
     );
     println!();
 
-    // Pinning: the pool (pre-fault + register on several threads) against cuMemHostAlloc.
+    // Pinning: the pool (pre-fault on several threads, register chunk by chunk) against
+    // cuMemHostAlloc.
     let mut pool_rates = Vec::new();
     let mut pool = None;
     for _ in 0..rounds.min(3) {

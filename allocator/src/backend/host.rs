@@ -157,9 +157,9 @@ pub fn free(block: HostBlock) -> Result<()> {
 }
 
 /// Host memory pinned once for reuse: an anonymous mapping (huge pages advised), faulted in on
-/// several threads, then page-locked in chunks with `cuMemHostRegister`, also on several
-/// threads. On an H200 machine this pinned 8 GiB at 15.7 GB/s, where one `cuMemHostAlloc` of
-/// 1 GiB ran at 2.7 GB/s. Each chunk is one registration: a copy must not cross from one
+/// several threads, then page-locked in chunks with `cuMemHostRegister`, one chunk at a time
+/// (much faster than `cuMemHostAlloc`, which faults and locks page by page inside the
+/// driver; `bench-spill` measures both). Each chunk is one registration: a copy must not cross from one
 /// chunk into the next (the driver would not see it as one pinned range), so users carve
 /// slices inside a chunk ([`PinnedRegion::chunks`]).
 pub struct PinnedRegion {
@@ -186,8 +186,9 @@ impl fmt::Debug for PinnedRegion {
 }
 
 impl PinnedRegion {
-    /// Pins `bytes` (rounded up to 2 MiB) using `threads` threads, in chunks of at least
-    /// `min_chunk` bytes (one registration each).
+    /// Pins `bytes` (rounded up to 2 MiB): faulted in on `threads` threads, then registered
+    /// in chunks of `min_chunk` bytes (rounded up to 2 MiB; one registration each, the last
+    /// chunk possibly shorter).
     pub fn new(
         backend: &'static dyn Backend,
         bytes: usize,
@@ -238,29 +239,23 @@ impl PinnedRegion {
                 resource: "PinnedHostPool",
             });
         };
-        let threads = threads.max(1);
-        let chunk = len
-            .div_ceil(threads)
-            .max(min_chunk)
-            .next_multiple_of(HUGE)
-            .min(len);
-        let chunks: Vec<(usize, usize)> = (0..len)
-            .step_by(chunk)
-            .map(|o| (o, chunk.min(len - o)))
-            .collect();
         let base = ptr.as_ptr() as usize;
-        // Fault every page in, one thread per chunk, before the driver locks them: one write
-        // of a zero per 4 KiB page (the pages are zero already, so nothing changes). A thread
-        // that cannot be started leaves its chunk to this one: slower, never a panic.
+        // Fault every page in, one thread per part, before the driver locks them: one write
+        // of a zero per 4 KiB page (the pages are zero already, so nothing changes). Faulting
+        // scales with threads and leaves the driver alone. A thread that cannot be started
+        // leaves its part to this one: slower, never a panic.
+        let threads = threads.max(1);
+        let part = len.div_ceil(threads).next_multiple_of(HUGE).min(len);
         let touch = move |o: usize, l: usize| {
             for page in (o..o + l).step_by(4096) {
-                // SAFETY: each thread writes inside its own disjoint chunk of the mapping;
+                // SAFETY: each thread writes inside its own disjoint part of the mapping;
                 // volatile so that the write is not elided.
                 unsafe { std::ptr::write_volatile((base + page) as *mut u8, 0) };
             }
         };
         std::thread::scope(|s| {
-            for &(o, l) in &chunks {
+            for o in (0..len).step_by(part) {
+                let l = part.min(len - o);
                 if std::thread::Builder::new()
                     .spawn_scoped(s, move || touch(o, l))
                     .is_err()
@@ -269,42 +264,22 @@ impl PinnedRegion {
                 }
             }
         });
-        let register = move |o: usize, l: usize| {
-            // SAFETY: the chunk lies inside the live allocation, which outlives the
-            // registration (unregistered in drop, before deallocation).
-            unsafe { backend.host_register((base + o) as *mut u8, l) }
-        };
-        let results: Vec<Result<()>> = std::thread::scope(|s| {
-            let handles: Vec<_> = chunks
-                .iter()
-                .map(|&(o, l)| {
-                    std::thread::Builder::new()
-                        .spawn_scoped(s, move || register(o, l))
-                        .map_err(|_| (o, l))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| match h {
-                    Ok(h) => h.join().unwrap_or_else(|_| {
-                        Err(Error::invalid_argument(
-                            "host_register",
-                            "a panic",
-                            "no panic",
-                        ))
-                    }),
-                    // No thread for it: registered here.
-                    Err((o, l)) => register(o, l),
-                })
-                .collect()
-        });
+        // Register in chunks of `min_chunk`, one after another on this thread: the driver
+        // holds a lock that stalls the process's other driver calls (copies, launches) for
+        // as long as one registration runs, so registrations in parallel or of large chunks
+        // stall them for longer, and gain nothing once the pages are faulted in.
+        let chunk = min_chunk.max(HUGE).next_multiple_of(HUGE).min(len);
         let mut registered = Vec::new();
         let mut first_error = None;
-        for (r, &c) in results.into_iter().zip(&chunks) {
-            match r {
-                Ok(()) => registered.push(c),
+        for o in (0..len).step_by(chunk) {
+            let l = chunk.min(len - o);
+            // SAFETY: the chunk lies inside the live allocation, which outlives the
+            // registration (unregistered in drop, before deallocation).
+            match unsafe { backend.host_register((base + o) as *mut u8, l) } {
+                Ok(()) => registered.push((o, l)),
                 Err(e) => {
-                    first_error.get_or_insert(e);
+                    first_error = Some(e);
+                    break;
                 }
             }
         }

@@ -14,10 +14,10 @@
 //! region when a request does not fit, up to an optional maximum; `host_pool_size = "none"`).
 //! A growable pool can also keep some memory pinned ahead of demand
 //! ([`PinnedHostPool::keep_free`]): a background thread pins more whenever less is free, so
-//! that a large spill does not wait for pinning. It pins only while nobody asks the pool
-//! for memory ([`QUIET`]): registering memory with the driver stalls the process's other
-//! driver calls, so topping up in the middle of a burst of spills would slow the burst it
-//! is meant to serve. A request that finds nothing free meanwhile pins just what it needs.
+//! that a large spill does not wait for pinning. It pins in steps of at most 1 GiB, each
+//! registered chunk by chunk (see [`PinnedRegion`]), so that a burst of spills running
+//! meanwhile is stalled by one chunk's registration at most; a request that finds nothing
+//! free pins just what it needs.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -42,13 +42,9 @@ const MAX_THREADS: usize = 8;
 pub const GROWTH_STEP: usize = 32 << 20;
 /// See [`GROWTH_STEP`].
 pub const MAX_GROWTH_STEP: usize = 4 << 30;
-/// Pinning ahead waits until the pool has had no request for this long.
-pub const QUIET: Duration = Duration::from_millis(50);
 /// Pinning ahead pins at most this much at a time (a request short of memory waits for at
 /// most one such step).
 const AHEAD_STEP: usize = 1 << 30;
-/// `last_demand_ns` before the first request.
-const NEVER: u64 = u64::MAX;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
 #[derive(Clone)]
@@ -80,10 +76,6 @@ struct Inner {
     headroom: AtomicUsize,
     /// True while a background thread pins ahead.
     pinning_ahead: AtomicBool,
-    /// When the pool was made: the origin of `last_demand_ns`.
-    epoch: Instant,
-    /// Nanoseconds after `epoch` of the last request ([`NEVER`]: none yet).
-    last_demand_ns: AtomicU64,
 }
 
 impl fmt::Debug for PinnedHostPool {
@@ -137,8 +129,6 @@ impl PinnedHostPool {
                 pinning_ns: 0.into(),
                 headroom: 0.into(),
                 pinning_ahead: false.into(),
-                epoch: Instant::now(),
-                last_demand_ns: NEVER.into(),
             }),
         }
     }
@@ -217,7 +207,6 @@ impl PinnedHostPool {
     /// is large enough and the pool cannot grow.
     pub fn allocate(&self, bytes: usize) -> Result<PinnedSlice> {
         let len = bytes.max(1).next_multiple_of(PINNED_ALIGNMENT);
-        self.inner.note_demand();
         if let Some(s) = self.try_allocate(len) {
             Inner::pin_ahead(&self.inner);
             return Ok(s);
@@ -291,31 +280,7 @@ impl PinnedHostPool {
     }
 }
 
-/// How long pinning ahead must still wait for the pool to be quiet ([`QUIET`] since the
-/// last request, `last` and `now` in nanoseconds since the pool was made; [`NEVER`]: no
-/// request yet); `None` to pin now.
-fn quiet_wait(last: u64, now: u64) -> Option<Duration> {
-    if last == NEVER {
-        return None;
-    }
-    let quiet = QUIET.as_nanos() as u64;
-    let idle = now.saturating_sub(last);
-    (idle < quiet).then(|| Duration::from_nanos(quiet - idle))
-}
-
 impl Inner {
-    /// Records a request (for [`quiet_wait`]).
-    fn note_demand(&self) {
-        let now = self.epoch.elapsed().as_nanos() as u64;
-        self.last_demand_ns.store(now, Ordering::Relaxed);
-    }
-
-    /// See [`quiet_wait`].
-    fn quiet_wait(&self) -> Option<Duration> {
-        let now = self.epoch.elapsed().as_nanos() as u64;
-        quiet_wait(self.last_demand_ns.load(Ordering::Relaxed), now)
-    }
-
     /// Bytes pinned and not handed out.
     fn free(&self) -> usize {
         self.capacity
@@ -345,10 +310,6 @@ impl Inner {
             .name("rmm-pin-ahead".into())
             .spawn(move || {
                 while inner.ahead_step().is_some() {
-                    if let Some(wait) = inner.quiet_wait() {
-                        std::thread::sleep(wait);
-                        continue;
-                    }
                     // One pinner at a time: a request short of memory waits, then finds it.
                     let _one_grower = inner.growing.lock();
                     let Some(step) = inner.ahead_step().map(|s| s.min(AHEAD_STEP)) else {
@@ -449,23 +410,5 @@ impl SliceOwner for Inner {
         ranges.insert(start, size);
         drop(chunks);
         self.used.fetch_sub(len, Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pinning_ahead_waits_for_a_quiet_pool() {
-        let ms = |n: u64| n * 1_000_000;
-        assert_eq!(quiet_wait(NEVER, ms(1)), None, "no request yet");
-        assert_eq!(quiet_wait(ms(100), ms(100)), Some(QUIET));
-        assert_eq!(
-            quiet_wait(ms(100), ms(130)),
-            Some(QUIET - Duration::from_millis(30))
-        );
-        assert_eq!(quiet_wait(ms(100), ms(100) + QUIET.as_nanos() as u64), None);
-        assert_eq!(quiet_wait(ms(100), ms(10_000)), None);
     }
 }
