@@ -624,12 +624,13 @@ impl SpillableBuffer {
         enqueue: impl FnOnce(crate::backend::RawStream) -> Result<()>,
     ) -> std::result::Result<(), CopyError> {
         let copies = self.store.copies();
-        let stream = copies.stream(direction);
         let not_started = |error| CopyError {
             error,
             in_flight: false,
         };
-        copies.wait_for(direction, after).map_err(not_started)?;
+        let stream = copies
+            .ordered_after(direction, after)
+            .map_err(not_started)?;
         let done = copies.event().map_err(not_started)?;
         finish_copies(enqueue(stream), &done, stream, self.device())
     }

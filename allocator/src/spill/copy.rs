@@ -1,10 +1,16 @@
 //! [`CopyStreams`]: the streams a device's spills and unspills copy on.
 //!
-//! Copies run on two streams of their own per device (device → host and host → device, so a
-//! spill and an unspill use both copy engines at once), ordered after the work already
-//! queued on the buffer's stream by an event, and waited for through another event. Work
-//! queued on the buffer's stream afterwards does not queue behind the copy, and a copy does
-//! not wait for unrelated work queued later.
+//! Copies run on streams of their own per device, [`LANES`] per direction (device → host and
+//! host → device, so a spill and an unspill use both copy engines at once), each ordered
+//! after the work already queued on the buffer's stream by an event, and waited for through
+//! another event. Work queued on the buffer's stream afterwards does not queue behind the
+//! copy, and a copy does not wait for unrelated work queued later.
+//!
+//! A copy waits (on the device) for its buffer's stream; on one shared copy stream, every
+//! copy queued behind it would wait too, for work on a stream that is not theirs (several
+//! workers' small moves finishing together 100 ms late). So the lane is picked by the
+//! buffer's stream: copies after the same stream share a lane (they would wait for the same
+//! work anyway), and each of the last [`LANES`] buffer streams seen has a lane of its own.
 
 use parking_lot::Mutex;
 
@@ -22,11 +28,19 @@ pub(crate) enum Direction {
     ToDevice,
 }
 
-/// Two copy streams of one device and a few reusable events.
+/// Copy streams per direction.
+pub(crate) const LANES: usize = 4;
+
+/// The copy streams of one device and a few reusable events.
 pub(crate) struct CopyStreams {
     device: Device,
-    to_host: RawStream,
-    to_device: RawStream,
+    to_host: [RawStream; LANES],
+    to_device: [RawStream; LANES],
+    /// The buffer stream each lane serves and when it was last picked (a counter from 1; 0:
+    /// never).
+    assigned: Mutex<[(RawStream, u64); LANES]>,
+    /// The counter of `assigned`.
+    picks: std::sync::atomic::AtomicU64,
     events: Mutex<Vec<RawEvent>>,
 }
 
@@ -65,21 +79,31 @@ impl Drop for PooledEvent<'_> {
 }
 
 impl CopyStreams {
-    /// Creates the two streams of `device`.
+    /// Creates the copy streams of `device` (none is left behind on failure).
     pub(crate) fn new(device: Device) -> Result<CopyStreams> {
-        let b = device.backend();
-        let to_host = b.stream_create(device.ordinal())?;
-        let to_device = match b.stream_create(device.ordinal()) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = b.stream_destroy(device.ordinal(), to_host);
-                return Err(e);
+        let (b, d) = (device.backend(), device.ordinal());
+        let mut made = Vec::with_capacity(2 * LANES);
+        for _ in 0..2 * LANES {
+            match b.stream_create(d) {
+                Ok(s) => made.push(s),
+                Err(e) => {
+                    for s in made {
+                        let _ = b.stream_destroy(d, s);
+                    }
+                    return Err(e);
+                }
             }
-        };
+        }
+        let mut to_host = [0; LANES];
+        let mut to_device = [0; LANES];
+        to_host.copy_from_slice(&made[..LANES]);
+        to_device.copy_from_slice(&made[LANES..]);
         Ok(CopyStreams {
             device,
             to_host,
             to_device,
+            assigned: Mutex::new([(RawStream::MAX, 0); LANES]),
+            picks: 0.into(),
             events: Mutex::new(Vec::new()),
         })
     }
@@ -89,11 +113,25 @@ impl CopyStreams {
         self.device
     }
 
-    /// The stream for copies in `direction`.
-    pub(crate) fn stream(&self, direction: Direction) -> RawStream {
+    /// The copy stream for copies in `direction` after work on `after`: the lane that serves
+    /// `after`, or else the least recently picked one, which then serves `after`.
+    fn lane(&self, direction: Direction, after: StreamView) -> RawStream {
+        let now = self
+            .picks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let lane = {
+            let mut assigned = self.assigned.lock();
+            let lane = assigned
+                .iter()
+                .position(|&(s, _)| s == after.raw())
+                .unwrap_or_else(|| (0..LANES).min_by_key(|&i| assigned[i].1).unwrap_or(0));
+            assigned[lane] = (after.raw(), now);
+            lane
+        };
         match direction {
-            Direction::ToHost => self.to_host,
-            Direction::ToDevice => self.to_device,
+            Direction::ToHost => self.to_host[lane],
+            Direction::ToDevice => self.to_device[lane],
         }
     }
 
@@ -106,23 +144,28 @@ impl CopyStreams {
         Ok(PooledEvent { owner: self, raw })
     }
 
-    /// Orders later copies in `direction` after the work queued on `stream` so far.
-    pub(crate) fn wait_for(&self, direction: Direction, stream: StreamView) -> Result<()> {
+    /// The copy stream for a copy in `direction` of a buffer used on `after`, ordered after
+    /// the work queued on `after` so far.
+    pub(crate) fn ordered_after(
+        &self,
+        direction: Direction,
+        after: StreamView,
+    ) -> Result<RawStream> {
+        let stream = self.lane(direction, after);
         let e = self.event()?;
-        e.record(stream.raw())?;
-        self.device.backend().stream_wait_event(
-            self.device.ordinal(),
-            self.stream(direction),
-            e.raw,
-        )
+        e.record(after.raw())?;
+        self.device
+            .backend()
+            .stream_wait_event(self.device.ordinal(), stream, e.raw)?;
         // The event may go back to the pool at once: the wait captured its state.
+        Ok(stream)
     }
 }
 
 impl Drop for CopyStreams {
     fn drop(&mut self) {
         let (b, d) = (self.device.backend(), self.device.ordinal());
-        for s in [self.to_host, self.to_device] {
+        for &s in self.to_host.iter().chain(&self.to_device) {
             // Every copy is waited for before its call returns; this only makes sure.
             if let Err(e) = b
                 .stream_synchronize(d, s)
@@ -136,5 +179,29 @@ impl Drop for CopyStreams {
                 tracing::error!("destroying a spill copy event on device {d}: {err}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{SimBackend, SimConfig};
+
+    #[test]
+    fn each_recent_buffer_stream_has_a_lane_of_its_own() {
+        let backend = SimBackend::leak(SimConfig::default()).unwrap();
+        let copies = CopyStreams::new(Device::on(backend, 0).unwrap()).unwrap();
+        let view = |raw| StreamView::from_raw(raw);
+        let lanes: Vec<RawStream> = (1..=LANES as u64)
+            .map(|s| copies.lane(Direction::ToHost, view(s * 16)))
+            .collect();
+        let distinct: std::collections::HashSet<_> = lanes.iter().collect();
+        assert_eq!(distinct.len(), LANES, "{lanes:?}");
+        // The same buffer stream keeps its lane, in both directions' sets.
+        assert_eq!(copies.lane(Direction::ToHost, view(16)), lanes[0]);
+        let down = copies.lane(Direction::ToDevice, view(16));
+        assert!(copies.to_device.contains(&down));
+        // A new stream takes the least recently picked lane (stream 32's, the second).
+        assert_eq!(copies.lane(Direction::ToHost, view(999)), lanes[1]);
     }
 }

@@ -350,8 +350,7 @@ impl DiskStore {
         let (b, d) = (device.backend(), device.ordinal());
         let (mut file, disk) = self.create(id, len)?;
         let mut staging = self.staging.lock();
-        let stream = copies.stream(Direction::ToHost);
-        copies.wait_for(Direction::ToHost, after)?;
+        let stream = copies.ordered_after(Direction::ToHost, after)?;
         let events = [copies.event()?, copies.event()?];
         let chunks = len.div_ceil(STAGING);
         // Chunk i goes through slot i % 2: copy chunk i + 1 while chunk i is written.
@@ -403,8 +402,7 @@ impl DiskStore {
         let len = disk.len;
         let mut file = File::open(&disk.path).map_err(|e| io_error(&disk.path, "read", e))?;
         let mut staging = self.staging.lock();
-        let stream = copies.stream(Direction::ToDevice);
-        copies.wait_for(Direction::ToDevice, after)?;
+        let stream = copies.ordered_after(Direction::ToDevice, after)?;
         let events = [copies.event()?, copies.event()?];
         let chunks = len.div_ceil(STAGING);
         let result = (|| {
