@@ -209,3 +209,39 @@ fn a_fixed_pool_ignores_pinning_ahead() {
     assert_eq!(pool.capacity(), 32 * MIB);
     assert_eq!(pool.headroom(), 0);
 }
+
+#[test]
+fn requests_and_pinning_ahead_together_never_pin_past_the_maximum() {
+    let sim = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Backed,
+    })
+    .unwrap();
+    let pool = PinnedHostPool::growable(sim, Some(256 * MIB));
+    // Pinning ahead and four threads asking for memory at once, all racing for the room.
+    pool.keep_free(200 * MIB);
+    let served: Vec<usize> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut held = Vec::new();
+                    for _ in 0..2 {
+                        if let Ok(slice) = pool.allocate(20 * MIB) {
+                            held.push(slice);
+                        }
+                    }
+                    held.len()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let capacity = settled(&pool);
+    assert!(capacity <= 256 * MIB, "{capacity} pinned, maximum 256 MiB");
+    assert_eq!(sim.pinned_host_bytes(), capacity);
+    // 8 × 20 MiB fit under the maximum with room to spare: every request was served (none
+    // gave up while the room was being pinned ahead).
+    assert_eq!(served, vec![2; 4]);
+    assert_eq!(pool.used(), 0, "the slices went back when their threads ended");
+}

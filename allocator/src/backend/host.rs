@@ -186,6 +186,9 @@ impl fmt::Debug for PinnedRegion {
 }
 
 impl PinnedRegion {
+    /// Regions are whole multiples of this (2 MiB, a huge page).
+    pub const ALIGNMENT: usize = 2 << 20;
+
     /// Pins `bytes` (rounded up to 2 MiB): faulted in on `threads` threads, then registered
     /// in chunks of `min_chunk` bytes (rounded up to 2 MiB; one registration each, the last
     /// chunk possibly shorter).
@@ -195,7 +198,7 @@ impl PinnedRegion {
         threads: usize,
         min_chunk: usize,
     ) -> Result<PinnedRegion> {
-        const HUGE: usize = 2 << 20;
+        const HUGE: usize = PinnedRegion::ALIGNMENT;
         let len = bytes.max(1).next_multiple_of(HUGE);
         // Straight from the kernel: an anonymous mapping is zero-filled by contract, so one
         // touch per page (below) backs it without writing every byte, and 2 MiB alignment with

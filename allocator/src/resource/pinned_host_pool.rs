@@ -42,8 +42,8 @@ const MAX_THREADS: usize = 8;
 pub const GROWTH_STEP: usize = 32 << 20;
 /// See [`GROWTH_STEP`].
 pub const MAX_GROWTH_STEP: usize = 4 << 30;
-/// Pinning ahead pins at most this much at a time (a request short of memory waits for at
-/// most one such step).
+/// Pinning ahead pins at most this much at a time (a step's region is added when all of it
+/// is pinned).
 const AHEAD_STEP: usize = 1 << 30;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
@@ -68,6 +68,8 @@ struct Inner {
     /// `None`: fixed size. `Some(max)`: grows up to `max` bytes (`usize::MAX`: no maximum).
     grow_limit: Option<usize>,
     capacity: AtomicUsize,
+    /// Bytes being pinned now (by requests or ahead of demand), counted against the maximum.
+    pinning: AtomicUsize,
     max_slice: AtomicUsize,
     used: AtomicUsize,
     peak: AtomicUsize,
@@ -108,7 +110,7 @@ impl PinnedHostPool {
         Ok(pool)
     }
 
-    /// A pool that starts empty and pins another region (at least [`GROWTH_STEP`]) whenever a
+    /// A pool that starts empty and pins another region (at least `GROWTH_STEP`) whenever a
     /// request does not fit, while its capacity stays within `maximum` bytes (`None`: no
     /// maximum; pinning then fails only when the host runs out of memory).
     pub fn growable(backend: &'static dyn Backend, maximum: Option<usize>) -> PinnedHostPool {
@@ -123,6 +125,7 @@ impl PinnedHostPool {
                 growing: Mutex::new(()),
                 grow_limit,
                 capacity: 0.into(),
+                pinning: 0.into(),
                 max_slice: 0.into(),
                 used: 0.into(),
                 peak: 0.into(),
@@ -154,7 +157,7 @@ impl PinnedHostPool {
     }
 
     /// The largest slice the pool can hand out without growing (one registered chunk); a
-    /// growable pool pins chunks of at least [`GROWTH_STEP`].
+    /// growable pool pins chunks of at least `GROWTH_STEP`.
     pub fn max_slice(&self) -> usize {
         let m = self.inner.max_slice.load(Ordering::Relaxed);
         if self.is_growable() {
@@ -211,39 +214,44 @@ impl PinnedHostPool {
             Inner::pin_ahead(&self.inner);
             return Ok(s);
         }
-        if let Some(limit) = self.inner.grow_limit {
+        if self.inner.grow_limit.is_some() {
             let _one_grower = self.inner.growing.lock();
-            // Another thread may have grown the pool (or freed memory) meanwhile.
-            if let Some(s) = self.try_allocate(len) {
-                return Ok(s);
-            }
-            let room = limit.saturating_sub(self.capacity());
-            // Double (within the step bounds), but never past the maximum when the request
-            // still fits below it. A pool that pins ahead pins only what this request needs
-            // here: the rest is pinned ahead once requests pause.
-            let step = if self.headroom() > 0 {
-                len.max(MIN_CHUNK)
-            } else {
-                len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP))
-            }
-            .min(room);
-            if step >= len {
-                // Chunks at least as large as the request, so that it fits in one. Failing to
-                // pin more is running out of host memory, whatever the driver said: callers
-                // fall back (to disk) on that.
-                match self.inner.grow(step, len.max(MIN_CHUNK)) {
-                    Ok(()) => {
-                        if let Some(s) = self.try_allocate(len) {
-                            Inner::pin_ahead(&self.inner);
-                            return Ok(s);
+            loop {
+                // Another thread may have grown the pool (or freed memory) meanwhile.
+                if let Some(s) = self.try_allocate(len) {
+                    return Ok(s);
+                }
+                // Double (within the step bounds), but never past the maximum when the
+                // request still fits below it. A pool that pins ahead pins only what this
+                // request needs here: the rest is pinned ahead in the background.
+                let step = if self.headroom() > 0 {
+                    len.max(MIN_CHUNK)
+                } else {
+                    len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP))
+                }
+                .min(self.inner.room());
+                if step >= len {
+                    // Chunks at least as large as the request, so that it fits in one.
+                    // Failing to pin more is running out of host memory, whatever the driver
+                    // said: callers fall back (to disk) on that.
+                    match self.inner.grow(step, len.max(MIN_CHUNK)) {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(
+                                requested = len,
+                                capacity = self.capacity(),
+                                "pinning more host memory failed: {e}"
+                            );
+                            break;
                         }
                     }
-                    Err(e) => tracing::warn!(
-                        requested = len,
-                        capacity = self.capacity(),
-                        "pinning more host memory failed: {e}"
-                    ),
                 }
+                if self.inner.pinning.load(Ordering::Acquire) == 0 {
+                    break;
+                }
+                // The room left is being pinned ahead of demand: it is ours once pinned.
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
         tracing::debug!(
@@ -292,9 +300,8 @@ impl Inner {
     fn ahead_step(&self) -> Option<usize> {
         let want = self.headroom.load(Ordering::Relaxed);
         let free = self.free();
-        let room = self
-            .grow_limit?
-            .saturating_sub(self.capacity.load(Ordering::Relaxed));
+        self.grow_limit?;
+        let room = self.room();
         (want > free && room > 0)
             .then(|| (want - free).clamp(GROWTH_STEP, MAX_GROWTH_STEP).min(room))
     }
@@ -309,18 +316,20 @@ impl Inner {
         let spawned = std::thread::Builder::new()
             .name("rmm-pin-ahead".into())
             .spawn(move || {
-                while inner.ahead_step().is_some() {
-                    // One pinner at a time: a request short of memory waits, then finds it.
-                    let _one_grower = inner.growing.lock();
-                    let Some(step) = inner.ahead_step().map(|s| s.min(AHEAD_STEP)) else {
-                        break;
-                    };
-                    if let Err(e) = inner.grow(step, MIN_CHUNK) {
-                        tracing::warn!(
-                            bytes = step,
-                            "pinning host memory ahead of demand failed: {e}"
-                        );
-                        break;
+                // Without the requests' `growing` lock: a request short of memory pins what
+                // it needs itself rather than wait for a step pinned for later.
+                while let Some(step) = inner.ahead_step() {
+                    match inner.grow(step.min(AHEAD_STEP), MIN_CHUNK) {
+                        Ok(true) => {}
+                        // A request took the room meanwhile.
+                        Ok(false) => break,
+                        Err(e) => {
+                            tracing::warn!(
+                                bytes = step,
+                                "pinning host memory ahead of demand failed: {e}"
+                            );
+                            break;
+                        }
                     }
                 }
                 inner.pinning_ahead.store(false, Ordering::Release);
@@ -331,15 +340,38 @@ impl Inner {
         }
     }
 
-    /// Pins a region of `bytes` in chunks of at least `min_chunk` and adds them.
-    fn grow(&self, bytes: usize, min_chunk: usize) -> Result<()> {
+    /// Bytes the pool may still pin under its maximum (those being pinned counted).
+    fn room(&self) -> usize {
+        self.grow_limit.unwrap_or(usize::MAX).saturating_sub(
+            self.capacity.load(Ordering::Acquire) + self.pinning.load(Ordering::Acquire),
+        )
+    }
+
+    /// Pins a region of `bytes` in chunks of at least `min_chunk` and adds them; false (and
+    /// nothing pinned) when `bytes` no longer fit under the maximum.
+    fn grow(&self, bytes: usize, min_chunk: usize) -> Result<bool> {
+        // Reserve the bytes (as the region rounds them) against the maximum first, so that a
+        // request and the thread pinning ahead never pin past it together.
+        let bytes = bytes.max(1).next_multiple_of(PinnedRegion::ALIGNMENT);
+        let reserved = self
+            .pinning
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                let capacity = self.capacity.load(Ordering::Acquire);
+                let limit = self.grow_limit.unwrap_or(usize::MAX);
+                (capacity.saturating_add(p).saturating_add(bytes) <= limit).then_some(p + bytes)
+            });
+        if reserved.is_err() {
+            return Ok(false);
+        }
         let start = Instant::now();
-        let region = Arc::new(PinnedRegion::new(
-            self.backend,
-            bytes,
-            pinning_threads(),
-            min_chunk,
-        )?);
+        let region = PinnedRegion::new(self.backend, bytes, pinning_threads(), min_chunk);
+        let region = match region {
+            Ok(r) => Arc::new(r),
+            Err(e) => {
+                self.pinning.fetch_sub(bytes, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
         let took = start.elapsed();
         self.pinning_ns
             .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
@@ -354,14 +386,15 @@ impl Inner {
             self.max_slice.fetch_max(l, Ordering::Relaxed);
         }
         drop(chunks);
-        self.capacity.fetch_add(region.len(), Ordering::Relaxed);
+        self.capacity.fetch_add(region.len(), Ordering::AcqRel);
+        self.pinning.fetch_sub(bytes, Ordering::AcqRel);
         tracing::debug!(
             bytes = region.len(),
             chunks = region.chunks().len(),
             ms = took.as_secs_f64() * 1e3,
             "pinned host memory added to the pool"
         );
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -628,11 +628,31 @@ impl SpillableBuffer {
             error,
             in_flight: false,
         };
+        let t0 = Instant::now();
+        let after_busy = tracing::enabled!(target: "rmm::spill::copy", tracing::Level::TRACE)
+            && !self
+                .device()
+                .backend()
+                .stream_query(self.device().ordinal(), after.raw())
+                .unwrap_or(true);
         let stream = copies
             .ordered_after(direction, after)
             .map_err(not_started)?;
         let done = copies.event().map_err(not_started)?;
-        finish_copies(enqueue(stream), &done, stream, self.device())
+        let enqueued = enqueue(stream);
+        let t1 = Instant::now();
+        let r = finish_copies(enqueued, &done, stream, self.device());
+        tracing::trace!(
+            target: "rmm::spill::copy",
+            id = self.id,
+            bytes = self.size,
+            ?direction,
+            after_busy,
+            enqueue_us = (t1 - t0).as_micros() as u64,
+            wait_us = t1.elapsed().as_micros() as u64,
+            "copy"
+        );
+        r
     }
 
     /// Copies the device bytes at `ptr` into `slices` on the copy stream, after the work
