@@ -41,6 +41,7 @@ from typing import (
     Callable,
     Dict,
     Iterator,
+    Literal,
     Optional,
     Tuple,
     TypeVar,
@@ -240,7 +241,9 @@ class ProfilerRecords:
         with self._lock:
             return dict(self._records)
 
-    def report(self, ordered_by: str = "memory_peak") -> str:
+    def report(
+        self, ordered_by: Literal["num_calls", "memory_peak", "memory_total"] = "memory_peak"
+    ) -> str:
         """The records as a table, one row per name, largest ``ordered_by`` first.
 
         Parameters
@@ -355,7 +358,7 @@ class ProfilerContext:
         stack.append(self._push())
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> "Literal[False]":
         if self._pushed.stack.pop():
             self._pop(self._name)
         return False
