@@ -8,6 +8,10 @@ The memory runtime is Rust (the same code as the ``rmm`` command); this package 
   ``reinitialize`` keeps spillable data and refuses while device buffers are live.
 * ``statistics()``, ``spill_statistics()``, ``report()``: counters per device, keyed by
   device number (``statistics()[0]``). ``describe()``: the running stack per device.
+* ``rmm_rs.statistics`` is also RAPIDS RMM's ``rmm.statistics`` module (the call above is
+  its ``__call__``): ``enable_statistics()``, ``get_statistics()``, ``push_statistics()`` /
+  ``pop_statistics()``, the ``statistics()`` context manager, and ``profiler`` (a decorator
+  and context manager) with ``ProfilerRecords.report()``, over the statistics adaptor.
   ``validate_config(config)``: checks a configuration as ``initialize`` would load it.
 * ``DeviceBuffer`` (with ``__cuda_array_interface__``) and ``SpillableBuffer``.
 * ``rmm_rs.dask.RMMRsPlugin`` (a Dask ``WorkerPlugin``) and ``rmm_rs.dask.DeviceStore`` (a
@@ -36,7 +40,6 @@ from ._rmm_rs import (
     reinitialize,
     report,
     spill_statistics,
-    statistics,
     validate_config,
 )
 
@@ -44,6 +47,7 @@ import importlib as _importlib
 import sys as _sys
 
 from . import allocators
+from .statistics import _this_module as statistics
 
 # In a Dask process, the serializers of rmm-rs's buffers are registered as soon as rmm_rs is
 # imported (a worker imports it when it unpickles the type of a value it receives).

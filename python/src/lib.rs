@@ -9,6 +9,7 @@
 
 mod allocators;
 mod buffers;
+mod counters;
 mod settings;
 mod store;
 
@@ -324,6 +325,7 @@ fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     settings::register(m)?;
     buffers::register(m)?;
+    counters::register(m)?;
     allocators::register(m)?;
     store::register(m)?;
     Ok(())
