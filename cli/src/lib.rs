@@ -3,7 +3,7 @@
 //!
 //! - [`demo`]: `rmm demo`, a Dask-shaped workload through the runtime with reinitializes and
 //!   spilling, checked end to end;
-//! - [`bench`]: the allocator benchmarks of `rmm bench` and `cargo bench --bench allocators`
+//! - [`bench`](mod@bench): the allocator benchmarks of `rmm bench` and `cargo bench --bench allocators`
 //!   (the workload traces, every resource on every shape, the pool's footprint);
 //! - [`timeline`]: memory over time per device, drawn as an SVG picture or written as a
 //!   PyTorch memory snapshot (`--plot`, `--torch-snapshot`).
