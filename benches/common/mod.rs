@@ -1,16 +1,15 @@
-//! Shared by the benchmarks: the workload traces of ANCHORS.md (from `rmm::bench`) and the
-//! choice of backend.
+//! Shared by the library's benchmarks: the choice of backend and the spilling configuration.
+//! (The benchmarks of the ANCHORS.md workload traces are the CLI crate's, `cli/benches`.)
 #![allow(dead_code)]
 
 use rmm::allocator::backend::{
     self, Backend, BackendChoice, CudaBackend, SimBackend, SimConfig, SimMemoryMode,
 };
-use rmm::allocator::{DeviceMemoryResource, StreamView};
 
-// The traces live in the library (`rmm::bench`), shared with `rmm bench`; each bench uses
-// some of them.
-#[allow(unused_imports)]
-pub use rmm::bench::{GIB, MIB, Op, Rng, churn_trace, random_trace};
+/// One mebibyte.
+pub const MIB: usize = 1 << 20;
+/// One gibibyte.
+pub const GIB: usize = 1 << 30;
 
 /// The process-wide backend for this run: the GPU when there is one (or `RMM_BACKEND=cuda`),
 /// else an unbacked simulated device of 80 GiB, so that allocator bookkeeping is measured.
@@ -39,15 +38,6 @@ pub fn backend_for_bench_with(sim_devices: u32) -> &'static dyn Backend {
         panic!("the process-wide backend was chosen before the benchmark could pick it");
     }
     b
-}
-
-/// Replays `ops`; returns ns per operation ([`rmm::bench::replay`] with the error as text).
-pub fn replay(
-    mr: &dyn DeviceMemoryResource,
-    ops: &[Op],
-    stream: StreamView,
-) -> Result<f64, String> {
-    rmm::bench::replay(mr, ops, stream).map_err(|e| e.to_string())
 }
 
 /// `devices` devices (0, 1, …), one worker each, a pool of exactly `pool` per device, and

@@ -1,7 +1,8 @@
 //! rmm-rs configuration: `rmm.toml`, environment overrides, overrides in code, validation.
 //!
 //! ```no_run
-//! use rmm_config::{ConfigLoader, DeviceFacts, render};
+//! # mod rmm { pub use rmm_config as config; }
+//! use rmm::config::{ConfigLoader, DeviceFacts, render};
 //!
 //! // Defaults, then RMM_CONFIG or ./rmm.toml, then RMM_* variables, then code.
 //! let config = ConfigLoader::new().set("pool.enabled", true).load()?;
@@ -14,7 +15,7 @@
 //!     free_memory: 79 << 30,
 //! }];
 //! let resolved = config.resolve(&facts)?; // bytes per selected device
-//! # Ok::<(), rmm_config::Error>(())
+//! # Ok::<(), rmm::config::Error>(())
 //! ```
 //!
 //! # Layers

@@ -23,7 +23,8 @@ use crate::types::{Config, Provenance};
 ///    [`set_str`](Self::set_str) (text, read as an environment value would be).
 ///
 /// ```
-/// use rmm_config::ConfigLoader;
+/// # mod rmm { pub use rmm_config as config; }
+/// use rmm::config::ConfigLoader;
 /// let config = ConfigLoader::new()
 ///     .no_file()
 ///     .env_from([("RMM_POOL__INITIAL_SIZE", "2GiB")])
@@ -31,7 +32,7 @@ use crate::types::{Config, Provenance};
 ///     .set_str("devices", "0,1")
 ///     .load()?;
 /// assert!(config.pool.enabled);
-/// # Ok::<(), rmm_config::Error>(())
+/// # Ok::<(), rmm::config::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct ConfigLoader {

@@ -1,23 +1,31 @@
 //! rmm-rs runtime: workers on every configured device, each with its device's resource stack
 //! current; task submission; `reinitialize` between workloads; shutdown with leak reports.
 //!
-//! The data path: `rmm.toml` → [`rmm_config`] (resolved per device) → [`StackPlan`] /
-//! [`DeviceStack`] (one device's resource, built as configured) → [`Runtime`] (device stacks
-//! installed, workers started) → tasks allocate through their device's stack.
+//! Programs use this crate through the `rmm` facade, as `rmm::runtime` (its crate page has
+//! the quick start, and `rmm::prelude` the everyday types); the paths below are the facade's.
+//!
+//! The data path: `rmm.toml` → [`rmm_config`] (`rmm::config`, resolved per device) →
+//! [`StackPlan`] / [`DeviceStack`] (one device's resource, built as configured) → [`Runtime`]
+//! (device stacks installed, workers started) → tasks allocate through their device's stack.
 //!
 //! ```no_run
-//! use rmm_runtime::Runtime;
+//! # mod rmm {
+//! #     pub use rmm_allocator as allocator;
+//! #     pub use rmm_config as config;
+//! #     pub use rmm_runtime as runtime;
+//! # }
+//! use rmm::runtime::Runtime;
 //!
 //! let runtime = Runtime::builder().set("pool.enabled", true).start()?;
 //! let sums = runtime.run_on_all(|ctx| {
 //!     // The worker's device is current; its stack is the current resource.
-//!     let buf = rmm_allocator::DeviceBuffer::new(1 << 20, ctx.stream())?;
-//!     Ok::<_, rmm_allocator::Error>(buf.size())
+//!     let buf = rmm::allocator::DeviceBuffer::new(1 << 20, ctx.stream())?;
+//!     Ok::<_, rmm::allocator::Error>(buf.size())
 //! });
 //! for handle in sums {
 //!     handle.wait()??;
 //! }
-//! let phase_two = rmm_config::ConfigLoader::new().set("pool.enabled", false).load()?;
+//! let phase_two = rmm::config::ConfigLoader::new().set("pool.enabled", false).load()?;
 //! println!("{}", runtime.reinitialize(&phase_two)?);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

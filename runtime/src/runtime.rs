@@ -468,7 +468,8 @@ fn resolve(
 /// `./rmm.toml` or `RMM_CONFIG`, then `RMM_*` variables) or a ready [`Config`], with overrides.
 ///
 /// ```no_run
-/// let runtime = rmm_runtime::Runtime::builder()
+/// # mod rmm { pub use rmm_runtime as runtime; }
+/// let runtime = rmm::runtime::Runtime::builder()
 ///     .set("pool.enabled", true)
 ///     .set("workers_per_device", 4)
 ///     .start()?;

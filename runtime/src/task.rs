@@ -21,8 +21,9 @@ use crate::worker::{self, WorkerId};
 /// What a task sees while it runs: its worker, device, stream and the device's resource.
 ///
 /// The worker's device is the thread's current device, so
-/// `rmm_allocator::per_device::get_current_device_resource()` returns [`TaskContext::resource`]
-/// too, and containers built without an explicit resource use it.
+/// [`get_current_device_resource`](rmm_allocator::per_device::get_current_device_resource)
+/// (`rmm::allocator::per_device`) returns [`TaskContext::resource`] too, and containers built
+/// without an explicit resource use it.
 pub struct TaskContext<'a> {
     pub(crate) worker: WorkerId,
     pub(crate) stream: StreamView,

@@ -9,7 +9,8 @@
 //!
 //! After a task a worker spins briefly before blocking, so a stream of small tasks does not
 //! pay a thread wake-up each. A task waiting on a handle runs the worker's queued tasks while
-//! it waits ([`wait_for`]), so tasks may wait on tasks they submitted.
+//! it waits ([`TaskHandle::wait`](crate::TaskHandle::wait)), so tasks may wait on tasks they
+//! submitted.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;

@@ -2,12 +2,15 @@
 //! runs everything with one command.
 //!
 //! * `cargo xtask test [ARGS…]`: installs cargo-nextest when it is missing, runs every Rust
-//!   test of the workspace (`cargo nextest run --workspace ARGS…`), then the Python package's:
+//!   test of the workspace (`cargo nextest run --workspace ARGS…`) and the doctests (`cargo
+//!   test --workspace --doc`), then the Python package's:
 //!   a virtual environment under `target/xtask-venv` with maturin, pytest, distributed and
 //!   mypy from the package index, mypy over `python/rmm_rs` and `python/tests` (any error
 //!   fails), the `rmm_rs` wheel built and installed there, and pytest on `python/tests` (no
 //!   tests collected is a failure). `--rust-only` skips the Python part.
-//! * `cargo xtask lint`: `cargo fmt --check` and `cargo clippy --all-targets -D warnings`.
+//! * `cargo xtask lint`: `cargo fmt --check`, `cargo clippy --all-targets -D warnings` and
+//!   `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-D warnings` (broken intra-doc
+//!   links, links to private items, bad code blocks fail).
 //! * `cargo xtask ci`: `lint`, then `test` (what `.ci/run` runs).
 
 use std::path::{Path, PathBuf};
@@ -66,6 +69,11 @@ fn test(args: &[String]) -> Result<(), String> {
     cmd.args(["nextest", "run", "--workspace"])
         .args(nextest_args);
     run(cmd, "cargo nextest run --workspace")?;
+    // nextest runs no doctests: the examples in the documentation (the `rmm` crate page's
+    // quick start among them, on the simulated device without a GPU) run here.
+    let mut doc = cargo();
+    doc.args(["test", "--workspace", "--doc"]);
+    run(doc, "cargo test --workspace --doc")?;
     if rust_only {
         return Ok(());
     }
@@ -166,14 +174,22 @@ fn lint() -> Result<(), String> {
         "-D",
         "warnings",
     ]);
-    run(clippy, "cargo clippy -D warnings")
+    run(clippy, "cargo clippy -D warnings")?;
+    let mut doc = cargo();
+    doc.args(["doc", "--workspace", "--no-deps"])
+        .env("RUSTDOCFLAGS", "-D warnings");
+    run(
+        doc,
+        "cargo doc --workspace --no-deps (RUSTDOCFLAGS=-D warnings)",
+    )
 }
 
 const USAGE: &str = "usage: cargo xtask <test [--rust-only] [ARGS…] | lint | ci>
   test   install cargo-nextest if missing, run every Rust test (ARGS go to cargo nextest
-         run), then mypy python/rmm_rs python/tests, build the Python wheel in
+         run) and the doctests, then mypy python/rmm_rs python/tests, build the Python wheel in
          target/xtask-venv and run pytest python/tests
-  lint   cargo fmt --check and cargo clippy --all-targets -D warnings
+  lint   cargo fmt --check, cargo clippy --all-targets -D warnings and cargo doc
+         --workspace --no-deps with RUSTDOCFLAGS=-D warnings
   ci     lint, then test";
 
 fn main() -> ExitCode {

@@ -16,10 +16,10 @@
 //! `RMM_BENCH_ROUNDS` (default 1) is the number of timed passes per cell, of which the best is
 //! shown.
 //!
-//! The implementation is `rmm::bench` (shared with `rmm bench`); this is its `cargo bench`
+//! The implementation is `rmm_cli::bench` (shared with `rmm bench`); this is its `cargo bench`
 //! front end.
 
-use rmm::bench::{AllocatorBenchOptions, Resource, run_allocators_with};
+use rmm_cli::bench::{AllocatorBenchOptions, Resource, run_allocators_with};
 
 mod common;
 

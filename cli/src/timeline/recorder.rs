@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use rmm_allocator::adaptor::hooks::{
+use rmm::allocator::adaptor::hooks::{
     HookEvent, MemoryHook, ProcessHookGuard, register_process_hook,
 };
 
@@ -76,7 +76,7 @@ impl DeviceLog {
 /// ```no_run
 /// # use std::sync::Arc;
 /// # use std::time::Instant;
-/// use rmm::timeline::Recorder;
+/// use rmm_cli::timeline::Recorder;
 ///
 /// let recorder = Arc::new(Recorder::new(Instant::now()));
 /// let guard = recorder.register();
@@ -216,11 +216,11 @@ impl MemoryHook for Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rmm_allocator::adaptor::hooks::register_thread_hook;
-    use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-    use rmm_allocator::per_device::SharedResource;
-    use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-    use rmm_allocator::{Device, DeviceMemoryResource, StreamView};
+    use rmm::allocator::adaptor::hooks::register_thread_hook;
+    use rmm::allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+    use rmm::allocator::per_device::SharedResource;
+    use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource};
+    use rmm::allocator::{Device, DeviceMemoryResource, StreamView};
 
     const MIB: usize = 1 << 20;
 

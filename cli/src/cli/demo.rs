@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 use rmm::config::ConfigLoader;
-use rmm::demo::{DemoOptions, DemoSize, Progress};
+use rmm_cli::demo::{DemoOptions, DemoSize, Progress};
 
 use super::output::OutputFile;
 
@@ -103,14 +103,14 @@ pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         .map(|p| OutputFile::open("--torch-snapshot", p))
         .transpose()?;
     let progress: Arc<dyn Progress> = if args.quiet {
-        Arc::new(rmm::demo::NoProgress)
+        Arc::new(rmm_cli::demo::NoProgress)
     } else {
         Arc::new(Bars {
             terminal: std::io::stderr().is_terminal(),
             bar: Mutex::new(None),
         })
     };
-    let report = rmm::demo::run(DemoOptions {
+    let report = rmm_cli::demo::run(DemoOptions {
         size: match args.size {
             Size::Tiny => DemoSize::Tiny,
             Size::Small => DemoSize::Small,
@@ -129,12 +129,12 @@ pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(file) = plot {
         let path = file.path().to_path_buf();
-        file.write(rmm::timeline::render_svg(&report.timeline)?.as_bytes())?;
+        file.write(rmm_cli::timeline::render_svg(&report.timeline)?.as_bytes())?;
         errln!("timeline: {}", path.display());
     }
     if let Some(file) = snapshot {
         let path = file.path().to_path_buf();
-        file.write(&rmm::timeline::torch_snapshot_bytes(&report.timeline)?)?;
+        file.write(&rmm_cli::timeline::torch_snapshot_bytes(&report.timeline)?)?;
         errln!("PyTorch memory snapshot: {}", path.display());
     }
     Ok(())

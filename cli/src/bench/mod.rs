@@ -8,7 +8,7 @@
 //!   whose live set stays under a cap.
 //!
 //! ```no_run
-//! use rmm::bench::{AllocatorBenchOptions, Scale, run_allocators};
+//! use rmm_cli::bench::{AllocatorBenchOptions, Scale, run_allocators};
 //!
 //! let backend = rmm::allocator::backend::global()?;
 //! let report = run_allocators(backend, &AllocatorBenchOptions::at_scale(Scale::Tiny))?;
@@ -40,7 +40,7 @@ pub enum BenchError {
     },
     /// The device, a stream or a resource failed.
     #[error(transparent)]
-    Allocator(#[from] rmm_allocator::Error),
+    Allocator(#[from] rmm::allocator::Error),
     /// A benchmark thread could not be started.
     #[error("could not start a benchmark thread: {0}")]
     Spawn(std::io::Error),

@@ -1,5 +1,5 @@
 //! The pool's footprint on the multi-stream workload of the footprint benchmark
-//! (`rmm::bench::footprint`), on a simulated H200 in unbacked mode: a pool that starts empty
+//! (`rmm_cli::bench::footprint`), on a simulated H200 in unbacked mode: a pool that starts empty
 //! reserves at most 1.5 × the peak live bytes (8 GiB live → at most 12 GiB) after every phase
 //! of three rounds, because memory idle on earlier streams serves the later ones before the
 //! pool grows.
@@ -10,8 +10,8 @@ use rmm::allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::per_device::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
 use rmm::allocator::{Device, DeviceMemoryResource};
-use rmm::bench::GIB;
-use rmm::bench::footprint::{FootprintOptions, run};
+use rmm_cli::bench::GIB;
+use rmm_cli::bench::footprint::{FootprintOptions, run};
 
 /// An H200's memory (141 GB ≈ 140 GiB), unbacked: addresses only, nothing touched.
 fn simulated_h200() -> Device {

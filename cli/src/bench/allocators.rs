@@ -27,13 +27,13 @@ use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
-use rmm_allocator::backend::{Backend, BackendKind};
-use rmm_allocator::per_device::SharedResource;
-use rmm_allocator::resource::{
+use rmm::allocator::backend::{Backend, BackendKind};
+use rmm::allocator::per_device::SharedResource;
+use rmm::allocator::resource::{
     BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource,
     PoolSize,
 };
-use rmm_allocator::{Device, DeviceMemoryResource, Stream};
+use rmm::allocator::{Device, DeviceMemoryResource, Stream};
 use serde::{Deserialize, Serialize};
 
 use super::BenchError;
@@ -563,11 +563,11 @@ pub fn run_with(
 /// A worker's stream: its own, or the one all workers share.
 enum OwnOrShared {
     Own(Stream),
-    Shared(crate::allocator::StreamView),
+    Shared(rmm::allocator::StreamView),
 }
 
 impl OwnOrShared {
-    fn view(&self) -> crate::allocator::StreamView {
+    fn view(&self) -> rmm::allocator::StreamView {
         match self {
             OwnOrShared::Own(s) => s.view(),
             OwnOrShared::Shared(v) => *v,
@@ -758,7 +758,7 @@ fn multi(
                 }
                 .and_then(|s| {
                     replay(&**mr, warm, s.view())?;
-                    crate::allocator::stream::synchronize(device, s.view())?;
+                    rmm::allocator::stream::synchronize(device, s.view())?;
                     Ok(s)
                 });
                 let mut passes = Vec::with_capacity(rounds);
@@ -817,7 +817,7 @@ fn multi(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+    use rmm::allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 
     fn sim() -> &'static dyn Backend {
         match SimBackend::leak(SimConfig {

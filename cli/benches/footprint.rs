@@ -1,5 +1,5 @@
 //! Footprint benchmark: what a resource reserves, phase by phase, for the multi-stream
-//! workload of `rmm::bench::footprint` (one stream, then 8 and 16 threads on streams of their
+//! workload of `rmm_cli::bench::footprint` (one stream, then 8 and 16 threads on streams of their
 //! own, then 8 threads sharing one stream; three rounds; streams kept alive; 8 GiB live at
 //! most). Prints, per phase, the bytes reserved against the peak of the live bytes.
 //!
@@ -24,7 +24,7 @@ use rmm::allocator::per_device::SharedResource;
 use rmm::allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
 };
-use rmm::bench::footprint::{FootprintOptions, FootprintReport, run};
+use rmm_cli::bench::footprint::{FootprintOptions, FootprintReport, run};
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! `rmm bench`: the allocator benchmark of `cargo bench --bench allocators` (`rmm::bench`) on
+//! `rmm bench`: the allocator benchmark of `cargo bench --bench allocators` (`rmm_cli::bench`) on
 //! the current backend, as a markdown table or JSON.
 
 use clap::Args;
@@ -6,7 +6,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use rmm::allocator::Device;
 use rmm::allocator::backend::{self, Backend, BackendKind, SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::error::fmt_bytes;
-use rmm::bench::{AllocatorBenchOptions, Resource, Scale, Shape, run_allocators_with};
+use rmm_cli::bench::{AllocatorBenchOptions, Resource, Scale, Shape, run_allocators_with};
 
 /// Arguments of `rmm bench`.
 #[derive(Debug, Args)]

@@ -23,11 +23,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::allocator::backend::{self, Backend, CudaBackend, SimBackend, SimConfig};
-use crate::allocator::error::fmt_bytes;
-use crate::config::{Config, ConfigLoader};
-use crate::runtime::{Runtime, SpillStatistics, TaskHandle};
 use rayon::prelude::*;
+use rmm::allocator::backend::{self, Backend, CudaBackend, SimBackend, SimConfig};
+use rmm::allocator::error::fmt_bytes;
+use rmm::config::{Config, ConfigLoader};
+use rmm::runtime::{Runtime, SpillStatistics, TaskHandle};
 use serde::Serialize;
 
 use crate::timeline::Timeline;
@@ -115,16 +115,16 @@ impl Progress for NoProgress {
 pub enum DemoError {
     /// The configuration could not be loaded or resolved.
     #[error(transparent)]
-    Config(#[from] crate::config::Error),
+    Config(#[from] rmm::config::Error),
     /// The runtime failed.
     #[error(transparent)]
-    Runtime(#[from] crate::runtime::Error),
+    Runtime(#[from] rmm::runtime::Error),
     /// A device operation failed.
     #[error(transparent)]
-    Allocator(#[from] crate::allocator::Error),
+    Allocator(#[from] rmm::allocator::Error),
     /// A task panicked or was cancelled.
     #[error("a demo task failed: {0}")]
-    Task(#[from] crate::runtime::TaskError),
+    Task(#[from] rmm::runtime::TaskError),
     /// A result did not hold the expected bytes, or a phase could not run as planned.
     #[error("demo check failed: {0}")]
     Check(String),
@@ -232,14 +232,14 @@ fn open_backend(config: &Config, scale: &Scale) -> Result<&'static dyn Backend, 
         return Ok(b);
     }
     let sim = match config.backend {
-        crate::config::Backend::Sim => true,
-        crate::config::Backend::Cuda => false,
-        crate::config::Backend::Auto => CudaBackend::load()
+        rmm::config::Backend::Sim => true,
+        rmm::config::Backend::Cuda => false,
+        rmm::config::Backend::Auto => CudaBackend::load()
             .ok()
             .is_none_or(|b| b.device_count() == 0),
     };
     if !sim {
-        return Ok(crate::runtime::open_backend(config.backend)?);
+        return Ok(rmm::runtime::open_backend(config.backend)?);
     }
     let mut sim_config = SimConfig::from_env()?;
     if std::env::var_os("RMM_SIM_MEMORY").is_none() {
@@ -358,7 +358,7 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
     let mut phase = PhaseRun::begin(&rt, &devices);
     let mut shares = Vec::new();
     for &d in &devices {
-        let info = crate::allocator::Device::on(b, d)?.mem_info()?;
+        let info = rmm::allocator::Device::on(b, d)?.mem_info()?;
         let usable = (info.free as f64 * 0.85) as usize;
         let share = usable / workers as usize;
         let share = share / scale.plain_chunk * scale.plain_chunk;
@@ -394,7 +394,7 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
             let p = Arc::clone(progress);
             let chunk = scale.plain_chunk;
             let h = rt.submit_to_worker(
-                crate::runtime::WorkerId {
+                rmm::runtime::WorkerId {
                     device: d,
                     index: w,
                 },
@@ -484,7 +484,7 @@ impl DemoSize {
     }
 }
 
-fn summary(transition: &str, r: &crate::runtime::ReinitReport) -> ReinitSummary {
+fn summary(transition: &str, r: &rmm::runtime::ReinitReport) -> ReinitSummary {
     ReinitSummary {
         transition: transition.into(),
         total_ms: r.total.as_secs_f64() * 1e3,

@@ -201,7 +201,7 @@ struct LegendEntry {
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
 fn fmt_bytes(bytes: u64) -> String {
-    rmm_allocator::error::fmt_bytes(usize::try_from(bytes).unwrap_or(usize::MAX))
+    rmm::allocator::error::fmt_bytes(usize::try_from(bytes).unwrap_or(usize::MAX))
 }
 
 fn draw_panel(

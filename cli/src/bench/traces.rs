@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use rmm_allocator::{DeviceMemoryResource, DevicePtr, Result, StreamView};
+use rmm::allocator::{DeviceMemoryResource, DevicePtr, Result, StreamView};
 
 /// 1 MiB.
 pub const MIB: usize = 1 << 20;

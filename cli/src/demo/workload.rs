@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 
-use crate::allocator::DeviceBuffer;
-use crate::allocator::spill::SpillableBuffer;
-use crate::allocator::stream::synchronize;
-use crate::runtime::TaskContext;
+use rmm::allocator::DeviceBuffer;
+use rmm::allocator::spill::SpillableBuffer;
+use rmm::allocator::stream::synchronize;
+use rmm::runtime::TaskContext;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::DemoError;
@@ -71,8 +71,8 @@ impl Transform {
     pub(crate) fn enqueue(
         &self,
         ctx: &TaskContext<'_>,
-        dst: crate::allocator::DevicePtr,
-        src: crate::allocator::DevicePtr,
+        dst: rmm::allocator::DevicePtr,
+        src: rmm::allocator::DevicePtr,
         len: usize,
     ) -> Result<(), DemoError> {
         if len == 0 {

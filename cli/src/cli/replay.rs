@@ -23,7 +23,7 @@ use rmm::allocator::resource::{
 };
 use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, StreamView};
 use rmm::config::Size;
-use rmm::timeline::{
+use rmm_cli::timeline::{
     Action, DeviceTimeline, Mark, MarkKind, MemoryEvent, Recorder, Timeline, render_svg,
     samples_from_events, torch_snapshot_bytes,
 };

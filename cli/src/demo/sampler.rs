@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::allocator::error::fmt_bytes;
-use crate::runtime::{Runtime, RuntimeHandle};
 use parking_lot::Mutex;
+use rmm::allocator::error::fmt_bytes;
+use rmm::runtime::{Runtime, RuntimeHandle};
 
 use crate::timeline::recorder::Recorder;
 use crate::timeline::{DeviceTimeline, Mark, MarkKind, Sample, Timeline};
@@ -89,7 +89,7 @@ pub(crate) struct Sampler {
     thread: Option<JoinHandle<()>>,
     recorder: Option<(
         Arc<Recorder>,
-        crate::allocator::adaptor::hooks::ProcessHookGuard,
+        rmm::allocator::adaptor::hooks::ProcessHookGuard,
     )>,
 }
 
@@ -203,7 +203,7 @@ impl Sampler {
                 .iter()
                 .map(|&d| DeviceTimeline {
                     device: d,
-                    total_memory: crate::allocator::Device::on(rt.backend(), d)
+                    total_memory: rmm::allocator::Device::on(rt.backend(), d)
                         .and_then(|x| x.mem_info())
                         .ok()
                         .map(|m| m.total as u64),
