@@ -243,5 +243,9 @@ fn requests_and_pinning_ahead_together_never_pin_past_the_maximum() {
     // 8 × 20 MiB fit under the maximum with room to spare: every request was served (none
     // gave up while the room was being pinned ahead).
     assert_eq!(served, vec![2; 4]);
-    assert_eq!(pool.used(), 0, "the slices went back when their threads ended");
+    assert_eq!(
+        pool.used(),
+        0,
+        "the slices went back when their threads ended"
+    );
 }

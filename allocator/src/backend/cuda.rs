@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
+use super::staged_copy;
 use super::stream_registry::StreamRegistry;
 use super::{
     Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawStream,
@@ -80,6 +81,8 @@ pub struct CudaBackend {
     /// Streams this backend made and destroyed: a destroyed handle dangles, and the pools ask
     /// about other threads' streams (see [`StreamRegistry`]).
     streams: StreamRegistry,
+    /// Pinned staging for large synchronous copies into pageable memory.
+    stagers: staged_copy::Stagers,
 }
 
 // SAFETY: the only non-Send/Sync fields are primary-context handles, which the driver allows
@@ -201,6 +204,7 @@ impl CudaBackend {
                         devices: Vec::new(),
                         driver_version: 0,
                         streams: StreamRegistry::default(),
+                        stagers: Default::default(),
                     });
                 }
                 return Err(Error::NoDriver {
@@ -228,6 +232,7 @@ impl CudaBackend {
                 devices,
                 driver_version: version,
                 streams: StreamRegistry::default(),
+                stagers: Default::default(),
             })
         }
     }
@@ -549,6 +554,12 @@ impl Backend for CudaBackend {
 
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         self.bind(dev)?;
+        if dst.len() >= staged_copy::STAGED_FROM {
+            // Large copies: through pinned staging, not holding the driver's lock throughout.
+            return self
+                .stagers
+                .copy_dtoh(dev, dst, src, |call, r| check(call, dev, r));
+        }
         // SAFETY: `dst` is an exclusive live slice for the duration of this synchronous copy.
         check("cuMemcpyDtoH_v2", dev, unsafe {
             sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len())

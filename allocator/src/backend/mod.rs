@@ -13,6 +13,7 @@ pub mod clock;
 mod cuda;
 pub mod host;
 pub mod sim;
+mod staged_copy;
 mod stream_registry;
 
 use std::fmt;

@@ -23,14 +23,15 @@ use crate::stream::{self, Event, StreamView};
 /// ([`to_vec`](Self::to_vec), [`copy_to_host`](Self::copy_to_host)).
 ///
 /// ```
-/// use rmm_allocator::container::DeviceBuffer;
-/// use rmm_allocator::{Device, Stream};
+/// # mod rmm { pub use rmm_allocator as allocator; }
+/// use rmm::allocator::container::DeviceBuffer;
+/// use rmm::allocator::{Device, Stream};
 ///
 /// let stream = Stream::new(Device::current()?)?;
 /// let mut buf = DeviceBuffer::from_host(b"hello device", stream.view())?;
 /// buf.resize(5, stream.view())?; // within capacity: nothing is allocated or copied
 /// assert_eq!(buf.to_vec(stream.view())?, b"hello");
-/// # Ok::<(), rmm_allocator::Error>(())
+/// # Ok::<(), rmm::allocator::Error>(())
 /// ```
 ///
 /// # Resource handle

@@ -15,8 +15,9 @@ use crate::stream::StreamView;
 /// [`DeviceUVector`], whose rules it follows.
 ///
 /// ```
-/// use rmm_allocator::container::DeviceScalar;
-/// use rmm_allocator::{Device, Stream};
+/// # mod rmm { pub use rmm_allocator as allocator; }
+/// use rmm::allocator::container::DeviceScalar;
+/// use rmm::allocator::{Device, Stream};
 ///
 /// let stream = Stream::new(Device::current()?)?;
 /// let s = stream.view();
@@ -24,7 +25,7 @@ use crate::stream::StreamView;
 /// let next = counter.value(s)? + 1; // copies back and synchronizes `s`
 /// counter.set_value_async(next, s)?; // staged: `next` may change right away
 /// assert_eq!(counter.value(s)?, 42);
-/// # Ok::<(), rmm_allocator::Error>(())
+/// # Ok::<(), rmm::allocator::Error>(())
 /// ```
 ///
 /// `R` is how the scalar holds its resource, as for [`DeviceBuffer`]: an owning

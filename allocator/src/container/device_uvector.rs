@@ -24,8 +24,9 @@ use crate::stream::StreamView;
 /// stream is the one most recently set; see [`DeviceBuffer`]).
 ///
 /// ```
-/// use rmm_allocator::container::DeviceUVector;
-/// use rmm_allocator::{Device, Stream};
+/// # mod rmm { pub use rmm_allocator as allocator; }
+/// use rmm::allocator::container::DeviceUVector;
+/// use rmm::allocator::{Device, Stream};
 ///
 /// let stream = Stream::new(Device::current()?)?;
 /// let s = stream.view();
@@ -35,7 +36,7 @@ use crate::stream::StreamView;
 /// v.set_element_to_zero_async(3, s)?;
 /// assert_eq!(v.to_vec(s)?, [10, 2, 3, 0]);
 /// assert!(v.element(4, s).is_err()); // out of range is an error, not undefined behaviour
-/// # Ok::<(), rmm_allocator::Error>(())
+/// # Ok::<(), rmm::allocator::Error>(())
 /// ```
 ///
 /// `R` is how the vector holds its resource, as for [`DeviceBuffer`]: an owning

@@ -722,6 +722,8 @@ impl Backend for SimBackend {
     }
 
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        // As in CUDA: ordered after the work queued on the (legacy) default stream.
+        self.stream(dev, 0)?.synchronize();
         self.count_copy(dev)?;
         let d = self
             .table
@@ -733,6 +735,8 @@ impl Backend for SimBackend {
     }
 
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        // As in CUDA: ordered after the work queued on the (legacy) default stream.
+        self.stream(dev, 0)?.synchronize();
         self.count_copy(dev)?;
         let s = self
             .table
@@ -745,6 +749,8 @@ impl Backend for SimBackend {
     }
 
     fn memcpy_dtod(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        // As in CUDA: ordered after the work queued on the (legacy) default stream.
+        self.stream(dev, 0)?.synchronize();
         self.count_copy(dev)?;
         let (d, s) = {
             let t = self.table.lock();
