@@ -35,18 +35,19 @@
 //! reused) when they outnumber the others, so a program that starts many short-lived threads
 //! does not grow the table without bound.
 
+mod shards;
+mod threads;
+
 use std::any::Any;
 use std::backtrace::Backtrace;
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use shards::{Maps, Rec, Shard, SpinMutex};
+use threads::{CACHE_SLOTS, NEXT_VICTIM, REGISTRATIONS, SLOT_CACHE, ThreadTable};
 
 use super::same_adaptor;
 use crate::backend::{DevicePtr, MemInfo};
@@ -59,9 +60,6 @@ use crate::stream::StreamView;
 // Independently locked maps the records are spread over.
 const SHARDS: usize = 64;
 const SHARD_BITS: u32 = SHARDS.trailing_zeros();
-const CACHE_SLOTS: usize = 4;
-/// Exited threads in the table before it is pruned (and at least as many as the others).
-const PRUNE_MIN: usize = 64;
 
 /// One outstanding allocation.
 #[derive(Debug, Clone)]
@@ -145,12 +143,6 @@ impl fmt::Display for LeakReport {
     }
 }
 
-/// The shard maps' lock: a spin lock (the `spin` crate), one compare-and-swap to take and a
-/// plain store to release (a parking mutex releases with a second read-modify-write, several
-/// ns on the hot path). Critical sections are one map insert or remove; a waiter yields the
-/// processor between tries, should the holder have been descheduled.
-type SpinMutex<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
-
 /// The coarse monotonic clock in nanoseconds (the same clock as [`Instant`], read at the
 /// kernel's tick): a few ns where `Instant::now()` takes tens.
 #[inline]
@@ -227,240 +219,6 @@ mod clock {
             }
         }
     }
-}
-
-/// Hashes a pointer for the shard maps: multiplicative, with the high half folded into the
-/// low bits the map indexes with (aligned pointers have zero low bits).
-#[derive(Default, Clone, Copy)]
-struct PtrHasher(u64);
-
-impl Hasher for PtrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Not used by `u64` keys; a plain multiplicative fold for completeness.
-        for &b in bytes {
-            self.write_u64(self.0 ^ u64::from(b));
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        let h = (x ^ self.0).wrapping_mul(0xD6E8_FEB8_6659_FD93);
-        self.0 = h ^ (h >> 32);
-    }
-}
-
-#[derive(Default, Clone, Copy)]
-struct BuildPtrHasher;
-
-impl BuildHasher for BuildPtrHasher {
-    type Hasher = PtrHasher;
-
-    fn build_hasher(&self) -> PtrHasher {
-        PtrHasher(0)
-    }
-}
-
-/// A record as stored (24 bytes; the pointer is the key, the backtrace if any is in a map of
-/// its own).
-#[derive(Debug, Clone, Copy)]
-struct Rec {
-    size: usize,
-    stream: StreamView,
-    /// The time ([`clock::now_ns`] in units of 2^20 ns, about 1 ms) in bits 24..64 and the
-    /// allocating thread's slot in the adaptor's thread table in bits 0..24.
-    tag: u64,
-}
-
-/// Slots a thread table can hold; [`SLOT_UNKNOWN`] is the last.
-const SLOTS_MAX: usize = 1 << 24;
-/// The slot of allocations made when the table is full of threads that have exited leaving
-/// allocations (16 million of them): reported as made by the reporting thread.
-const SLOT_UNKNOWN: u32 = (SLOTS_MAX - 1) as u32;
-const TIME_SHIFT: u32 = 20;
-
-impl Rec {
-    fn new(size: usize, stream: StreamView, at_ns: u64, slot: u32) -> Rec {
-        Rec {
-            size,
-            stream,
-            tag: (at_ns >> TIME_SHIFT) << 24 | u64::from(slot),
-        }
-    }
-
-    fn slot(&self) -> u32 {
-        (self.tag & (SLOTS_MAX as u64 - 1)) as u32
-    }
-
-    fn at_ns(&self) -> u64 {
-        (self.tag >> 24) << TIME_SHIFT
-    }
-}
-
-#[cfg(target_pointer_width = "64")]
-const _: () = assert!(std::mem::size_of::<Rec>() == 24);
-
-/// A shard's records, and the backtraces of those that have one.
-#[derive(Default)]
-struct Maps {
-    records: HashMap<u64, Rec, BuildPtrHasher>,
-    backtraces: HashMap<u64, Arc<Backtrace>, BuildPtrHasher>,
-}
-
-impl Maps {
-    /// Removes `addr`'s record and backtrace.
-    #[inline(always)]
-    fn remove(&mut self, addr: u64) -> (Option<Rec>, Option<Arc<Backtrace>>) {
-        let rec = self.records.remove(&addr);
-        let bt = if self.backtraces.is_empty() {
-            None
-        } else {
-            self.backtraces.remove(&addr)
-        };
-        (rec, bt)
-    }
-
-    /// Records `addr`; returns what it replaces.
-    #[inline(always)]
-    fn insert(
-        &mut self,
-        addr: u64,
-        rec: Rec,
-        bt: Option<Arc<Backtrace>>,
-    ) -> (Option<Rec>, Option<Arc<Backtrace>>) {
-        let old = self.records.insert(addr, rec);
-        let old_bt = match bt {
-            Some(bt) => self.backtraces.insert(addr, bt),
-            None if self.backtraces.is_empty() => None,
-            None => self.backtraces.remove(&addr),
-        };
-        (old, old_bt)
-    }
-}
-
-/// One lock, its map and its share of the outstanding bytes, on cache lines of their own.
-#[repr(align(128))]
-struct Shard {
-    map: SpinMutex<Maps>,
-    /// Bytes outstanding in this shard (written under the lock, read without it).
-    bytes: AtomicUsize,
-}
-
-/// The threads that allocated through one adaptor.
-#[derive(Default)]
-struct ThreadTable {
-    slots: Mutex<Slots>,
-}
-
-#[derive(Default)]
-struct Slots {
-    entries: Vec<Option<SlotEntry>>,
-    free: Vec<u32>,
-    exited: usize,
-    prune_at: usize,
-}
-
-struct SlotEntry {
-    thread: Thread,
-    exited: bool,
-}
-
-impl ThreadTable {
-    /// A slot for `thread`, pruning the table first when exited threads fill it.
-    fn register(&self, thread: Thread, shards: &[Shard]) -> u32 {
-        let mut slots = self.slots.lock();
-        let full = slots.free.is_empty() && slots.entries.len() >= SLOTS_MAX - 1;
-        if full || slots.exited >= slots.prune_at.max(PRUNE_MIN) && 2 * slots.exited >= slots.live()
-        {
-            Self::prune(&mut slots, shards);
-            if slots.free.is_empty() && slots.entries.len() >= SLOTS_MAX - 1 {
-                return SLOT_UNKNOWN;
-            }
-        }
-        let entry = Some(SlotEntry {
-            thread,
-            exited: false,
-        });
-        match slots.free.pop() {
-            Some(i) => {
-                slots.entries[i as usize] = entry;
-                i
-            }
-            None => {
-                slots.entries.push(entry);
-                (slots.entries.len() - 1) as u32
-            }
-        }
-    }
-
-    /// Drops the handles of exited threads that no record refers to. A slot is marked exited
-    /// only after the last record naming it was inserted, so a slot found unreferenced here
-    /// stays so.
-    fn prune(slots: &mut Slots, shards: &[Shard]) {
-        let mut referenced = vec![false; slots.entries.len()];
-        for shard in shards {
-            for rec in shard.map.lock().records.values() {
-                if let Some(r) = referenced.get_mut(rec.slot() as usize) {
-                    *r = true;
-                }
-            }
-        }
-        for (i, referenced) in referenced.into_iter().enumerate() {
-            let slot = &mut slots.entries[i];
-            if !referenced && slot.as_ref().is_some_and(|e| e.exited) {
-                *slot = None;
-                slots.free.push(i as u32);
-                slots.exited -= 1;
-            }
-        }
-        // Exited threads still owning allocations stay: prune again only when as many more
-        // have exited.
-        slots.prune_at = 2 * slots.exited;
-    }
-
-    /// The thread of `slot` has exited.
-    fn exited(&self, slot: u32) {
-        let mut slots = self.slots.lock();
-        if let Some(Some(e)) = slots.entries.get_mut(slot as usize)
-            && !e.exited
-        {
-            e.exited = true;
-            slots.exited += 1;
-        }
-    }
-}
-
-impl Slots {
-    fn live(&self) -> usize {
-        self.entries.len() - self.free.len()
-    }
-}
-
-/// This thread's registrations with tracking adaptors; dropped when the thread exits, which
-/// marks its slots exited. Allocations made later in the thread's teardown register a slot
-/// each, marked exited once their record is in.
-struct Registrations(Vec<(u64, u32, Weak<ThreadTable>)>);
-
-impl Drop for Registrations {
-    fn drop(&mut self) {
-        let _ = SLOT_CACHE.try_with(|c| c.iter().for_each(|e| e.set((0, 0))));
-        for (_, slot, table) in self.0.drain(..) {
-            if let Some(table) = table.upgrade() {
-                table.exited(slot);
-            }
-        }
-    }
-}
-
-thread_local! {
-    /// (adaptor id, slot) of the adaptors this thread used last.
-    static SLOT_CACHE: [Cell<(u64, u32)>; CACHE_SLOTS] =
-        const { [const { Cell::new((0, 0)) }; CACHE_SLOTS] };
-    static NEXT_VICTIM: Cell<usize> = const { Cell::new(0) };
-    static REGISTRATIONS: RefCell<Registrations> = const { RefCell::new(Registrations(Vec::new())) };
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
