@@ -11,7 +11,6 @@ pub mod backend;
 pub mod container;
 pub mod device;
 pub mod error;
-pub mod hooks;
 pub mod per_device;
 pub mod resource;
 pub mod spill;

@@ -21,18 +21,19 @@
 //! calling thread's buffer (a background thread writes RMM's CSV); the tracking adaptor does
 //! one sharded map insert.
 
-pub mod failure_callback;
+mod failure_callback;
+mod hooked;
 pub mod hooks;
-pub mod limiting;
-pub mod logging;
+mod limiting;
+mod logging;
 pub mod replay;
 pub mod statistics;
-pub mod tracking;
+mod tracking;
 
 pub use failure_callback::{AllocationFailure, FailureAction, FailureCallbackResourceAdaptor};
-pub use hooks::{HookEvent, HookPoint, HookedResourceAdaptor, LineProfileHook, MemoryHook};
+pub use hooked::HookedResourceAdaptor;
 pub use limiting::{LimitingResourceAdaptor, MemoryLimit};
-pub use logging::{LOG_HEADER, LoggingResourceAdaptor, log_file_path};
+pub use logging::{LOG_HEADER, LoggingResourceAdaptor, log_file_path, log_thread_id};
 pub use replay::{
     EventLog, LogFile, ReplayOptions, ReplayOrder, ReplayReport, replay, replay_streamed,
 };

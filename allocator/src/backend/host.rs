@@ -22,7 +22,7 @@ enum Origin {
 }
 
 /// An owned block of host memory. Dropping it leaks the memory; give it back to the resource
-/// that made it (or [`free`]).
+/// that made it.
 pub struct HostBlock {
     ptr: NonNull<u8>,
     len: usize,
@@ -326,11 +326,6 @@ impl PinnedRegion {
         self.len
     }
 
-    /// True for an empty region (never: regions are at least 2 MiB).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// (offset, length) of each registered chunk.
     pub fn chunks(&self) -> &[(usize, usize)] {
         &self.chunks
@@ -364,7 +359,7 @@ pub trait SliceOwner: Send + Sync {
     fn give_back(&self, region: &PinnedRegion, offset: usize, len: usize);
 }
 
-/// A range of a [`PinnedRegion`] owned by one holder; given back to its owner on drop.
+/// A range of a pinned region owned by one holder; given back to its owner on drop.
 pub struct PinnedSlice {
     region: std::sync::Arc<PinnedRegion>,
     owner: std::sync::Arc<dyn SliceOwner>,

@@ -11,15 +11,15 @@
 
 pub mod clock;
 mod cuda;
-pub mod host;
-pub mod sim;
+pub(crate) mod host;
+mod sim;
 mod stream_registry;
 
 use std::fmt;
 use std::sync::OnceLock;
 
 pub use cuda::CudaBackend;
-pub use sim::{SimBackend, SimConfig, SimMemoryMode};
+pub use sim::{SimBackend, SimConfig, SimMemoryMode, StreamGate};
 
 use crate::error::{Error, Result};
 

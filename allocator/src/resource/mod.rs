@@ -8,7 +8,7 @@
 mod binning_memory_resource;
 mod cuda_async_memory_resource;
 mod cuda_memory_resource;
-pub mod fixed_size_memory_resource;
+mod fixed_size_memory_resource;
 mod managed_memory_resource;
 mod new_delete_resource;
 mod pinned_host_memory_resource;
@@ -23,7 +23,9 @@ use std::sync::Arc;
 pub use binning_memory_resource::BinningMemoryResource;
 pub use cuda_async_memory_resource::CudaAsyncMemoryResource;
 pub use cuda_memory_resource::CudaMemoryResource;
-pub use fixed_size_memory_resource::FixedSizeMemoryResource;
+pub use fixed_size_memory_resource::{
+    DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE, FixedSizeMemoryResource,
+};
 pub use managed_memory_resource::ManagedMemoryResource;
 pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;

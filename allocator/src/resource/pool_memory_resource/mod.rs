@@ -54,10 +54,10 @@ pub use self::oom_report::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use self::tlsf::GRANULE;
 use super::stream_arenas::StreamArenas;
 use super::{DeviceMemoryResource, out_of_memory};
+use crate::adaptor::hooks;
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
 use crate::error::{Error, Result, fmt_bytes};
-use crate::hooks;
 use crate::per_device::SharedResource;
 use crate::stream::StreamView;
 
