@@ -15,6 +15,7 @@ pub mod per_device;
 pub mod resource;
 pub mod spill;
 pub mod stream;
+mod sync;
 
 pub use backend::{Backend, BackendKind, DevicePtr};
 pub use container::{DeviceBuffer, DeviceScalar, DeviceUVector};

@@ -9,7 +9,7 @@
 //! stream-ordered memory pools are opaque `u64` handles whose meaning belongs to the backend.
 //! Handle `0` is the device's default stream, as in CUDA.
 
-pub mod clock;
+pub(crate) mod clock;
 mod cuda;
 pub(crate) mod host;
 mod sim;

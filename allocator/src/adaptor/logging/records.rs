@@ -4,11 +4,12 @@
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
 use super::writer::Msg;
+use crate::sync::clock::{coarse_realtime_ns, realtime_ns};
 
 thread_local! {
     static LOG_THREAD_ID: Cell<u64> = const { Cell::new(0) };
@@ -115,23 +116,6 @@ thread_local! {
     pub(super) static LOCALS: RefCell<Vec<Local>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Nanoseconds since the epoch, from the system clock.
-pub(super) fn now_ns() -> u64 {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    d.as_secs()
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(u64::from(d.subsec_nanos()))
-}
-
-/// Nanoseconds since the epoch, from the kernel's coarse real-time clock (the last timer
-/// tick), a few ns to read where the precise clock takes tens.
-#[inline]
-pub(super) fn coarse_ns() -> u64 {
-    crate::backend::clock::coarse_realtime_ns()
-}
-
 impl RecordQueue {
     /// Writes one record into `local`'s chunk and publishes it. Returns its sequence number.
     #[inline]
@@ -144,10 +128,10 @@ impl RecordQueue {
         stream: u64,
     ) -> u64 {
         let seq = self.seq.0.fetch_add(1, Ordering::Relaxed);
-        let coarse = coarse_ns();
+        let coarse = coarse_realtime_ns();
         let (time, precise) = if seq.is_multiple_of(PRECISE_EVERY) || coarse != local.coarse {
             local.coarse = coarse;
-            (now_ns(), TAG_PRECISE)
+            (realtime_ns(), TAG_PRECISE)
         } else {
             (coarse, 0)
         };
@@ -224,7 +208,7 @@ impl RecordQueue {
             seq << TAG_SEQ_SHIFT | TAG_PRECISE | action,
             Ordering::Relaxed,
         );
-        r[1].store(now_ns(), Ordering::Relaxed);
+        r[1].store(realtime_ns(), Ordering::Relaxed);
         r[2].store(ptr, Ordering::Relaxed);
         r[3].store(size, Ordering::Relaxed);
         r[4].store(stream, Ordering::Relaxed);

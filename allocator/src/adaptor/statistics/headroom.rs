@@ -40,10 +40,12 @@
 //! counter it replaced, and single-threaded close to the approximate peak
 //! (`benches/adaptors.rs` measures both).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::{MAX_SHARDS, Shard, StatisticsResourceAdaptor};
 use crate::adaptor::Upstream;
+#[cfg(doc)]
+use crate::sync::SpinLock;
 
 // A shard's headroom word (exact peak): bytes in bits 0..48, allocations in bits 48..63 and
 // `FROZEN` in bit 63. A frozen word holds no headroom and fails both fast paths.
@@ -61,84 +63,17 @@ pub(super) const GRANT_COUNT_MAX: i64 = 4095;
 pub(super) const KEEP_FACTOR: i64 = 4;
 pub(super) const KEEP_FLOOR_BYTES: i64 = 16 << 20;
 pub(super) const KEEP_FLOOR_COUNT: i64 = 256;
-/// Busy-wait rounds on the reserve's lock before yielding the processor between looks.
-pub(super) const SPINS: u32 = 64;
 
 pub(super) const fn hr_pack(bytes: i64, count: i64) -> u64 {
     ((count as u64) << 48) | bytes as u64
 }
 
-/// Exact peak: the headroom no thread holds (a copy, taken under the reserve's lock).
+/// Exact peak: the headroom no thread holds. It sits behind a [`SpinLock`] (every critical
+/// section is short and bounded: at most two stores per shard, no allocation, no system call).
 #[derive(Debug, Default)]
 pub(super) struct Reserve {
     pub(super) bytes: i64,
     pub(super) count: i64,
-}
-
-/// The reserve and the lock that guards it, on one cache line: a spin lock, as every critical
-/// section is short and bounded (at most two stores per shard, no allocation, no system call),
-/// so waiting threads must not be parked and woken (microseconds each, which piled up into
-/// convoys under 8 threads with a parking mutex). A waiter yields the processor after a few
-/// dozen rounds, should the holder have been descheduled.
-#[derive(Debug, Default)]
-pub(super) struct ReserveLock {
-    pub(super) locked: AtomicBool,
-    pub(super) bytes: AtomicI64,
-    pub(super) count: AtomicI64,
-}
-
-impl ReserveLock {
-    pub(super) fn lock(&self) -> ReserveGuard<'_> {
-        let mut spins = 0;
-        while self
-            .locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            while self.locked.load(Ordering::Relaxed) {
-                if spins < SPINS {
-                    spins += 1;
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-        }
-        ReserveGuard {
-            reserve: Reserve {
-                bytes: self.bytes.load(Ordering::Relaxed),
-                count: self.count.load(Ordering::Relaxed),
-            },
-            lock: self,
-        }
-    }
-}
-
-/// Holds the reserve's lock; the reserve is written back when it is dropped.
-pub(super) struct ReserveGuard<'a> {
-    pub(super) lock: &'a ReserveLock,
-    pub(super) reserve: Reserve,
-}
-
-impl std::ops::Deref for ReserveGuard<'_> {
-    type Target = Reserve;
-    fn deref(&self) -> &Reserve {
-        &self.reserve
-    }
-}
-
-impl std::ops::DerefMut for ReserveGuard<'_> {
-    fn deref_mut(&mut self) -> &mut Reserve {
-        &mut self.reserve
-    }
-}
-
-impl Drop for ReserveGuard<'_> {
-    fn drop(&mut self) {
-        self.lock.bytes.store(self.reserve.bytes, Ordering::Relaxed);
-        self.lock.count.store(self.reserve.count, Ordering::Relaxed);
-        self.lock.locked.store(false, Ordering::Release);
-    }
 }
 
 impl Reserve {

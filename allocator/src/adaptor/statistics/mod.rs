@@ -31,7 +31,6 @@ mod headroom;
 mod report;
 
 use std::any::Any;
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -41,7 +40,7 @@ use std::thread::ThreadId;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use headroom::{Reserve, ReserveLock};
+use headroom::Reserve;
 pub use report::MemoryReport;
 
 use super::{Upstream, same_adaptor};
@@ -50,6 +49,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::DeviceMemoryResource;
 use crate::stream::StreamView;
+use crate::sync::{SlotCache, SpinLock};
 
 /// Threads with a shard of their own; more share an overflow shard.
 pub const MAX_SHARDS: usize = 128;
@@ -59,7 +59,6 @@ pub const DEFAULT_PEAK_TOLERANCE: usize = 16 << 20;
 /// Pending allocation-count delta that makes a shard publish, with a non-zero tolerance.
 const COUNT_TOLERANCE: i64 = 64;
 const OVERFLOW: u32 = u32::MAX;
-const CACHE_SLOTS: usize = 4;
 
 /// RMM's `counter`: a current value, its peak, and the sum of everything added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -133,9 +132,8 @@ struct Frame {
 }
 
 thread_local! {
-    static SLOT_CACHE: [Cell<(u64, u32)>; CACHE_SLOTS] =
-        const { [const { Cell::new((0, 0)) }; CACHE_SLOTS] };
-    static NEXT_VICTIM: Cell<usize> = const { Cell::new(0) };
+    /// (adaptor id, shard) of the adaptors this thread used last.
+    static SLOTS: SlotCache<u64, 4> = const { SlotCache::new() };
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -176,7 +174,7 @@ pub struct StatisticsResourceAdaptor<U: Upstream + ?Sized = dyn DeviceMemoryReso
 #[repr(align(128))]
 struct TradedFigures {
     /// Exact peak: the reserve of headroom. Its lock also orders thread registration.
-    reserve: ReserveLock,
+    reserve: SpinLock<Reserve>,
     /// Approximate peak: sum of the figures the shards published.
     published_bytes: AtomicI64,
     published_count: AtomicI64,
@@ -247,14 +245,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     /// This thread's shard (`None`: the overflow shard).
     #[inline(always)]
     fn shard(&self) -> Option<&Shard> {
-        let id = self.id;
-        let slot = SLOT_CACHE.with(|c| {
-            c.iter().find_map(|e| {
-                let (i, s) = e.get();
-                (i == id).then_some(s)
-            })
-        });
-        let slot = match slot {
+        let slot = match SLOTS.with(|c| c.get(self.id)) {
             Some(s) => s,
             None => self.register_thread(),
         };
@@ -387,15 +378,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
                 if n < MAX_SHARDS { n as u32 } else { OVERFLOW }
             })
         };
-        let id = self.id;
-        SLOT_CACHE.with(|c| {
-            let victim = NEXT_VICTIM.with(|v| {
-                let i = v.get();
-                v.set((i + 1) % CACHE_SLOTS);
-                i
-            });
-            c[victim].set((id, slot));
-        });
+        SLOTS.with(|c| c.insert(self.id, slot));
         slot
     }
 

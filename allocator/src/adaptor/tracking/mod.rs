@@ -46,8 +46,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use shards::{Maps, Rec, Shard, SpinMutex};
-use threads::{CACHE_SLOTS, NEXT_VICTIM, REGISTRATIONS, SLOT_CACHE, ThreadTable};
+use shards::{Maps, Rec, Shard};
+use threads::{REGISTRATIONS, SLOTS, ThreadTable};
 
 use super::same_adaptor;
 use crate::backend::{DevicePtr, MemInfo};
@@ -56,6 +56,8 @@ use crate::error::{Result, fmt_bytes};
 use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
 use crate::stream::StreamView;
+use crate::sync::SpinLock;
+use crate::sync::clock::{Ticker, ticking_monotonic_ns};
 
 // Independently locked maps the records are spread over.
 const SHARDS: usize = 64;
@@ -143,84 +145,6 @@ impl fmt::Display for LeakReport {
     }
 }
 
-/// The coarse monotonic clock in nanoseconds (the same clock as [`Instant`], read at the
-/// kernel's tick): a few ns where `Instant::now()` takes tens.
-#[inline]
-fn coarse_now_ns() -> u64 {
-    crate::backend::clock::coarse_monotonic_ns()
-}
-
-/// The time records carry: the coarse clock as a background thread (`rmm-tracking-clock`)
-/// stores it every [`TICK`] while a tracking adaptor exists, so that an allocation reads one
-/// atomic instead of calling the clock (several ns). Where that thread could not be started,
-/// the clock is read directly.
-mod clock {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::time::Duration;
-
-    use parking_lot::Mutex;
-
-    use super::coarse_now_ns;
-
-    /// How often the clock thread stores the time (the coarse clock itself moves every 1 to
-    /// 10 ms, with the kernel's tick).
-    pub(super) const TICK: Duration = Duration::from_millis(1);
-
-    static NOW_NS: AtomicU64 = AtomicU64::new(0);
-    static TICKING: AtomicBool = AtomicBool::new(false);
-    /// (adaptors alive, clock thread running).
-    static STATE: Mutex<(usize, bool)> = Mutex::new((0, false));
-
-    /// The coarse time in nanoseconds, as recently as [`TICK`] (plus scheduling delays).
-    #[inline(always)]
-    pub(super) fn now_ns() -> u64 {
-        if TICKING.load(Ordering::Relaxed) {
-            NOW_NS.load(Ordering::Relaxed)
-        } else {
-            coarse_now_ns()
-        }
-    }
-
-    /// Keeps the clock thread running while it lives.
-    pub(super) struct User(());
-
-    impl User {
-        pub(super) fn new() -> User {
-            let mut state = STATE.lock();
-            state.0 += 1;
-            if !state.1 {
-                NOW_NS.store(coarse_now_ns(), Ordering::Relaxed);
-                let spawned = std::thread::Builder::new()
-                    .name("rmm-tracking-clock".into())
-                    .spawn(tick);
-                state.1 = spawned.is_ok();
-                TICKING.store(state.1, Ordering::Relaxed);
-            }
-            User(())
-        }
-    }
-
-    impl Drop for User {
-        fn drop(&mut self) {
-            STATE.lock().0 -= 1;
-        }
-    }
-
-    fn tick() {
-        loop {
-            NOW_NS.store(coarse_now_ns(), Ordering::Relaxed);
-            std::thread::sleep(TICK);
-            let mut state = STATE.lock();
-            if state.0 == 0 {
-                // The last adaptor is gone; the next one starts a new thread.
-                state.1 = false;
-                TICKING.store(false, Ordering::Relaxed);
-                return;
-            }
-        }
-    }
-}
-
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Records every allocation until it is freed. See the module documentation for the design
@@ -231,11 +155,11 @@ pub struct TrackingResourceAdaptor {
     shards: Box<[Shard]>,
     threads: Arc<ThreadTable>,
     id: u64,
-    /// [`clock::now_ns`] and [`Instant::now`] read together when the adaptor was made: the
+    /// [`ticking_monotonic_ns`] and [`Instant::now`] read together when the adaptor was made: the
     /// clock's origin for reports.
     base_ns: u64,
     base: Instant,
-    _clock: clock::User,
+    _clock: Ticker,
 }
 
 impl fmt::Debug for TrackingResourceAdaptor {
@@ -256,14 +180,14 @@ impl TrackingResourceAdaptor {
             backtraces: AtomicBool::new(false),
             shards: (0..SHARDS)
                 .map(|_| Shard {
-                    map: SpinMutex::new(Maps::default()),
+                    map: SpinLock::new(Maps::default()),
                     bytes: AtomicUsize::new(0),
                 })
                 .collect(),
             threads: Arc::new(ThreadTable::default()),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            _clock: clock::User::new(),
-            base_ns: clock::now_ns(),
+            _clock: Ticker::start(),
+            base_ns: ticking_monotonic_ns(),
             base: Instant::now(),
         }
     }
@@ -298,13 +222,7 @@ impl TrackingResourceAdaptor {
     #[inline(always)]
     fn who(&self) -> (u32, bool) {
         let id = self.id;
-        let cached = SLOT_CACHE.with(|c| {
-            c.iter().find_map(|e| {
-                let (i, s) = e.get();
-                (i == id).then_some(s)
-            })
-        });
-        match cached {
+        match SLOTS.with(|c| c.get(id)) {
             Some(slot) => (slot, false),
             None => self.register_thread(),
         }
@@ -329,14 +247,7 @@ impl TrackingResourceAdaptor {
             let slot = self.threads.register(std::thread::current(), &self.shards);
             return (slot, true);
         };
-        SLOT_CACHE.with(|c| {
-            let victim = NEXT_VICTIM.with(|v| {
-                let i = v.get();
-                v.set((i + 1) % CACHE_SLOTS);
-                i
-            });
-            c[victim].set((id, slot));
-        });
+        SLOTS.with(|c| c.insert(id, slot));
         (slot, false)
     }
 
@@ -461,7 +372,7 @@ impl DeviceMemoryResource for TrackingResourceAdaptor {
             .load(Ordering::Relaxed)
             .then(|| Arc::new(Backtrace::force_capture()));
         let (slot, teardown) = self.who();
-        let rec = Rec::new(bytes, stream, clock::now_ns(), slot);
+        let rec = Rec::new(bytes, stream, ticking_monotonic_ns(), slot);
         let shard = self.shard(ptr);
         let (old, old_bt) = {
             let mut maps = shard.map.lock();

@@ -8,12 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use crate::stream::StreamView;
-
-/// The shard maps' lock: a spin lock (the `spin` crate), one compare-and-swap to take and a
-/// plain store to release (a parking mutex releases with a second read-modify-write, several
-/// ns on the hot path). Critical sections are one map insert or remove; a waiter yields the
-/// processor between tries, should the holder have been descheduled.
-pub(super) type SpinMutex<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
+use crate::sync::SpinLock;
 
 /// Hashes a pointer for the shard maps: multiplicative, with the high half folded into the
 /// low bits the map indexes with (aligned pointers have zero low bits).
@@ -56,7 +51,7 @@ impl BuildHasher for BuildPtrHasher {
 pub(super) struct Rec {
     pub(super) size: usize,
     pub(super) stream: StreamView,
-    /// The time ([`clock::now_ns`] in units of 2^20 ns, about 1 ms) in bits 24..64 and the
+    /// The time ([`ticking_monotonic_ns`](crate::sync::clock::ticking_monotonic_ns) in units of 2^20 ns, about 1 ms) in bits 24..64 and the
     /// allocating thread's slot in the adaptor's thread table in bits 0..24.
     pub(super) tag: u64,
 }
@@ -130,7 +125,8 @@ impl Maps {
 /// One lock, its map and its share of the outstanding bytes, on cache lines of their own.
 #[repr(align(128))]
 pub(super) struct Shard {
-    pub(super) map: SpinMutex<Maps>,
+    /// Critical sections are one map insert or remove.
+    pub(super) map: SpinLock<Maps>,
     /// Bytes outstanding in this shard (written under the lock, read without it).
     pub(super) bytes: AtomicUsize,
 }

@@ -1,16 +1,15 @@
 //! The threads that allocated through an adaptor: a table of slots that records point into,
 //! pruned of exited threads, and each thread's cache of its slots.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::sync::Weak;
 use std::thread::Thread;
 
 use parking_lot::Mutex;
 
 use super::shards::{SLOT_UNKNOWN, SLOTS_MAX, Shard};
+use crate::sync::SlotCache;
 
-/// Adaptors whose slot a thread remembers.
-pub(super) const CACHE_SLOTS: usize = 4;
 /// Exited threads in the table before it is pruned (and at least as many as the others).
 const PRUNE_MIN: usize = 64;
 
@@ -111,7 +110,7 @@ pub(super) struct Registrations(pub(super) Vec<(u64, u32, Weak<ThreadTable>)>);
 
 impl Drop for Registrations {
     fn drop(&mut self) {
-        let _ = SLOT_CACHE.try_with(|c| c.iter().for_each(|e| e.set((0, 0))));
+        let _ = SLOTS.try_with(SlotCache::clear);
         for (_, slot, table) in self.0.drain(..) {
             if let Some(table) = table.upgrade() {
                 table.exited(slot);
@@ -122,8 +121,6 @@ impl Drop for Registrations {
 
 thread_local! {
     /// (adaptor id, slot) of the adaptors this thread used last.
-    pub(super) static SLOT_CACHE: [Cell<(u64, u32)>; CACHE_SLOTS] =
-        const { [const { Cell::new((0, 0)) }; CACHE_SLOTS] };
-    pub(super) static NEXT_VICTIM: Cell<usize> = const { Cell::new(0) };
+    pub(super) static SLOTS: SlotCache<u64, 4> = const { SlotCache::new() };
     pub(super) static REGISTRATIONS: RefCell<Registrations> = const { RefCell::new(Registrations(Vec::new())) };
 }
