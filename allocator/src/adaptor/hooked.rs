@@ -1,12 +1,9 @@
 //! [`HookedResourceAdaptor`]: fires the memory [`hooks`](super::hooks)' `malloc_*` and
 //! `free_*` events around any upstream (a pool fires its own).
 
-use std::any::Any;
-
 use super::hooks::{Source, active, dispatch_free, dispatch_malloc};
 
-use crate::backend::{DevicePtr, MemInfo};
-use crate::device::Device;
+use crate::backend::DevicePtr;
 use crate::error::Result;
 use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
@@ -74,23 +71,5 @@ impl DeviceMemoryResource for HookedResourceAdaptor {
         self.upstream.deallocate(ptr, bytes, stream)
     }
 
-    fn device(&self) -> Device {
-        self.upstream.device()
-    }
-
-    fn name(&self) -> &'static str {
-        "HookedResourceAdaptor"
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        super::same_adaptor(self, other, |a: &Self| &a.upstream)
-    }
-
-    fn memory_info(&self) -> Result<MemInfo> {
-        self.upstream.memory_info()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    crate::adaptor::upstream_tail!("HookedResourceAdaptor");
 }

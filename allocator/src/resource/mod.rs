@@ -76,6 +76,13 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
 
     /// Lets [`DeviceMemoryResource::is_equal`] implementations look at the concrete type.
     fn as_any(&self) -> &dyn Any;
+
+    /// The resource this one passes requests to: `Some` for the adaptors and the pool, `None`
+    /// (the default) for resources that talk to the device or have several upstreams (like
+    /// binning). [`crate::adaptor::chain`] follows it.
+    fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
+        None
+    }
 }
 
 /// A source of host memory (RMM's `host_memory_resource`).
@@ -109,6 +116,9 @@ impl<T: DeviceMemoryResource + ?Sized> DeviceMemoryResource for Arc<T> {
     }
     fn as_any(&self) -> &dyn Any {
         (**self).as_any()
+    }
+    fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
+        (**self).upstream()
     }
 }
 

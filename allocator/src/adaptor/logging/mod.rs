@@ -74,7 +74,6 @@ mod csv;
 mod records;
 mod writer;
 
-use std::any::Any;
 use std::fmt;
 use std::fs::File;
 use std::io::Write;
@@ -93,9 +92,7 @@ use records::{
 };
 use writer::{FlushError, Msg, OUT_BUFFER, Writer};
 
-use super::same_adaptor;
-use crate::backend::{DevicePtr, MemInfo};
-use crate::device::Device;
+use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
 use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
@@ -330,25 +327,7 @@ impl DeviceMemoryResource for LoggingResourceAdaptor {
         self.upstream.deallocate(ptr, bytes, stream)
     }
 
-    fn device(&self) -> Device {
-        self.upstream.device()
-    }
-
-    fn name(&self) -> &'static str {
-        "LoggingResourceAdaptor"
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_adaptor(self, other, |a: &Self| &a.upstream)
-    }
-
-    fn memory_info(&self) -> Result<MemInfo> {
-        self.upstream.memory_info()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    crate::adaptor::upstream_tail!("LoggingResourceAdaptor");
 }
 
 impl Drop for LoggingResourceAdaptor {

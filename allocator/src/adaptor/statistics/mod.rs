@@ -30,7 +30,6 @@
 mod headroom;
 mod report;
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -43,9 +42,8 @@ use serde::{Deserialize, Serialize};
 use headroom::Reserve;
 pub use report::MemoryReport;
 
-use super::{Upstream, same_adaptor};
-use crate::backend::{DevicePtr, MemInfo};
-use crate::device::Device;
+use super::Upstream;
+use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
 use crate::resource::DeviceMemoryResource;
 use crate::stream::StreamView;
@@ -612,23 +610,5 @@ impl<U: Upstream + ?Sized> DeviceMemoryResource for StatisticsResourceAdaptor<U>
         r
     }
 
-    fn device(&self) -> Device {
-        self.upstream.device()
-    }
-
-    fn name(&self) -> &'static str {
-        "StatisticsResourceAdaptor"
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_adaptor(self, other, |a: &Self| &a.upstream)
-    }
-
-    fn memory_info(&self) -> Result<MemInfo> {
-        self.upstream.memory_info()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    crate::adaptor::upstream_tail!("StatisticsResourceAdaptor");
 }

@@ -38,7 +38,6 @@
 mod shards;
 mod threads;
 
-use std::any::Any;
 use std::backtrace::Backtrace;
 use std::fmt;
 use std::sync::Arc;
@@ -49,9 +48,7 @@ use std::time::{Duration, Instant};
 use shards::{Maps, Rec, Shard};
 use threads::{REGISTRATIONS, SLOTS, ThreadTable};
 
-use super::same_adaptor;
-use crate::backend::{DevicePtr, MemInfo};
-use crate::device::Device;
+use crate::backend::DevicePtr;
 use crate::error::{Result, fmt_bytes};
 use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
@@ -435,25 +432,7 @@ impl DeviceMemoryResource for TrackingResourceAdaptor {
         Ok(())
     }
 
-    fn device(&self) -> Device {
-        self.upstream.device()
-    }
-
-    fn name(&self) -> &'static str {
-        "TrackingResourceAdaptor"
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_adaptor(self, other, |a: &Self| &a.upstream)
-    }
-
-    fn memory_info(&self) -> Result<MemInfo> {
-        self.upstream.memory_info()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    crate::adaptor::upstream_tail!("TrackingResourceAdaptor");
 }
 
 impl Drop for TrackingResourceAdaptor {

@@ -612,6 +612,10 @@ impl DeviceMemoryResource for PoolMemoryResource {
     fn as_any(&self) -> &dyn Any {
         self
     }
+
+    fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
+        Some(&*self.upstream)
+    }
 }
 
 impl PoolMemoryResource {
