@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// What the callback wants done after an out-of-memory failure.

@@ -5,8 +5,8 @@ use super::hooks::{Source, active, dispatch_free, dispatch_malloc};
 
 use crate::backend::DevicePtr;
 use crate::error::Result;
-use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// Fires `malloc_*` and `free_*` around any upstream, for resources without built-in hooks

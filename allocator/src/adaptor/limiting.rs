@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::ALLOCATION_ALIGNMENT;
 use crate::backend::{DevicePtr, MemInfo};
 use crate::error::{Error, Result, fmt_bytes};
-use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// A limit in bytes or as a fraction of the device's total memory.

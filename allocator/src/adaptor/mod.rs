@@ -1,5 +1,5 @@
 //! Resource adaptors: each wraps an upstream
-//! [`SharedResource`](crate::per_device::SharedResource) and is itself a
+//! [`SharedResource`](crate::resource::SharedResource) and is itself a
 //! [`DeviceMemoryResource`], so they stack in any order (RMM's `*_resource_adaptor`s).
 //!
 //! | adaptor | what it adds |

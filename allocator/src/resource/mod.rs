@@ -85,6 +85,10 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// A shared device memory resource: what adaptors, pools and containers hold, and what
+/// [`crate::per_device`] keeps per device.
+pub type SharedResource = Arc<dyn DeviceMemoryResource>;
+
 /// A source of host memory (RMM's `host_memory_resource`).
 pub trait HostMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes` aligned to `alignment` (a power of two).

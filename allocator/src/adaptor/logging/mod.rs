@@ -94,8 +94,8 @@ use writer::{FlushError, Msg, OUT_BUFFER, Writer};
 
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// The first line of every log, RMM's header.

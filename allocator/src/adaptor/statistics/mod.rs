@@ -139,7 +139,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Counts bytes and allocations through it (RMM's `statistics_resource_adaptor`). See the
 /// module documentation for the counting scheme and the peak's guarantee.
 ///
-/// The upstream is usually a [`SharedResource`](crate::per_device::SharedResource)
+/// The upstream is usually a [`SharedResource`](crate::resource::SharedResource)
 /// (`Arc<dyn DeviceMemoryResource>`, the default type parameter). Given an `Arc` of a concrete
 /// resource, e.g. `Arc<PoolMemoryResource>`, the adaptor calls it without dynamic dispatch,
 /// which saves the cost of one adaptor layer on the hot path.

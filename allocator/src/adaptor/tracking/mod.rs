@@ -50,8 +50,8 @@ use threads::{REGISTRATIONS, SLOTS, ThreadTable};
 
 use crate::backend::DevicePtr;
 use crate::error::{Result, fmt_bytes};
-use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 use crate::sync::SpinLock;
 use crate::sync::clock::{Ticker, ticking_monotonic_ns};

@@ -58,7 +58,7 @@ use crate::adaptor::hooks;
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
 use crate::error::{Error, Result, fmt_bytes};
-use crate::per_device::SharedResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// A size given in bytes or as a fraction of the device's total memory.
