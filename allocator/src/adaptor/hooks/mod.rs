@@ -31,12 +31,11 @@
 //! # Cost
 //! With no hook registered for the process or the calling thread, a hooked operation costs one
 //! relaxed atomic load and one thread-local load ([`active`]); dispatch is out of line
-//! (`#[cold]`). In benches/adaptors.rs the pool with a hook registered on another thread (so
-//! this thread's list is empty) runs within noise of the bare pool; a registered no-op hook
-//! costs about 100 ns per operation there (two events, each a dynamic call per hook, plus the
-//! bookkeeping that keeps hooks from recursing). Hooks run on the allocating thread, inside the
-//! allocation: keep them short,
-//! do not panic, and do not allocate from a hooked pool inside a hook (events raised while a
+//! (`#[cold]`), so a hook registered on another thread leaves this thread's operations at the
+//! bare pool's cost. A registered hook costs two events per operation, each a dynamic call per
+//! hook, plus the bookkeeping that keeps hooks from recursing (benches/adaptors.rs measures
+//! both). Hooks run on the allocating thread, inside the allocation: keep them short, do not
+//! panic, and do not allocate from a hooked pool inside a hook (events raised while a
 //! hook runs are not dispatched, so there is no recursion, but the pool may hold a lock).
 //!
 //! [`PoolMemoryResource`]: crate::resource::PoolMemoryResource

@@ -38,8 +38,7 @@
 //!   that order, merging the threads' chunks (each thread's records are already in order).
 //!   The file therefore has the same guarantee as RMM's (and the previous, synchronous
 //!   version's) line order. Nothing depends on the times.
-//! * **Times.** Reading the precise clock costs 40–70 ns in an allocation's context on the
-//!   virtual machines measured (H100 and H200 hosts; 15–40 ns alone): alone more than this
+//! * **Times.** Reading the precise clock on every record would alone cost more than this
 //!   adaptor's budget. So a record carries the kernel's coarse clock (`CLOCK_REALTIME_COARSE`:
 //!   the time of the last timer tick, 1–10 ms old, a few ns to read), and reads the precise
 //!   clock only when its sequence number is a multiple of 16 or its thread's coarse time has

@@ -25,10 +25,8 @@
 //!   upstream (and puts the record back if that fails): a thread handed the same address right
 //!   after the upstream took it back records its own allocation, which the free can't remove.
 //!
-//! Cost (benches/adaptors.rs, simulated device, on the H200 machine's host): 15–25 ns per
-//! operation over a no-op upstream and about 28 over the pool (75 and 75 before issue 14): one
-//! lock, one map insert or remove and the bookkeeping around them. With backtraces, capture
-//! dominates (microseconds).
+//! Cost (benches/adaptors.rs measures it): one lock, one map insert or remove and the
+//! bookkeeping around them. With backtraces, capture dominates.
 //!
 //! The thread table keeps one handle per thread that allocated through the adaptor; handles of
 //! threads that have exited and own no outstanding allocation are dropped (and their slots

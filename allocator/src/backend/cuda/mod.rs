@@ -262,11 +262,11 @@ impl Backend for CudaBackend {
 
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
         self.bind(dev)?;
-        // Large allocations on several devices at once contend inside the driver: on two
-        // H200s, two concurrent 32 GiB cuMemAlloc calls took 11.1 ms against 3.2 ms for one
-        // (worse than one after the other). Every allocation of 1 GiB or more (pool chunks,
-        // large plain allocations: slow paths, tens of ms in the driver) therefore goes to the
-        // driver one at a time; smaller ones never wait here.
+        // Large allocations on several devices at once contend inside the driver: two
+        // concurrent large cuMemAlloc calls take longer than one after the other. Every
+        // allocation of 1 GiB or more (pool chunks, large plain allocations: slow paths, slow
+        // in the driver anyway) therefore goes to the driver one at a time; smaller ones
+        // never wait here.
         let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
         let mut p = 0;
         // SAFETY: valid out-pointer; context current.
