@@ -11,11 +11,11 @@ pub mod backend;
 pub mod container;
 pub mod device;
 pub mod error;
-pub mod hooks;
 pub mod per_device;
 pub mod resource;
 pub mod spill;
 pub mod stream;
+mod sync;
 
 pub use backend::{Backend, BackendKind, DevicePtr};
 pub use container::{DeviceBuffer, DeviceScalar, DeviceUVector};

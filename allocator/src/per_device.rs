@@ -12,10 +12,10 @@ use arc_swap::ArcSwapOption;
 use crate::backend;
 use crate::device::{Device, current_device};
 use crate::error::{Error, Result};
-use crate::resource::{CudaMemoryResource, DeviceMemoryResource};
-
-/// A shared device memory resource.
-pub type SharedResource = Arc<dyn DeviceMemoryResource>;
+use crate::resource::CudaMemoryResource;
+/// Re-exported for the current-resource functions' callers (containers, spilling, the
+/// runtime); defined in [`crate::resource`].
+pub use crate::resource::SharedResource;
 
 // `ArcSwap` needs a sized payload, hence the inner Arc.
 static TABLE: OnceLock<Vec<ArcSwapOption<SharedResource>>> = OnceLock::new();

@@ -7,8 +7,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::{MIB, device};
+use rmm_allocator::adaptor::HookedResourceAdaptor;
 use rmm_allocator::adaptor::hooks::{
-    self, HookEvent, HookPoint, HookedResourceAdaptor, LineProfileHook, MemoryHook, TracingHook,
+    self, HookEvent, HookPoint, LineProfileHook, MemoryHook, TracingHook,
 };
 use rmm_allocator::per_device::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};

@@ -128,3 +128,18 @@ fn equality_of_stacked_adaptors() {
     assert!(!a.is_equal(&l));
     assert!(!l.is_equal(&a));
 }
+
+#[test]
+fn every_adaptor_names_its_upstream() {
+    let cuda = cuda();
+    assert!(cuda.upstream().is_none());
+    let typed_pool = Arc::new(PoolMemoryResource::new(cuda.clone(), 32 * MIB, None).unwrap());
+    let typed_stats = StatisticsResourceAdaptor::new(typed_pool);
+    assert_eq!(
+        adaptor::chain_names(&typed_stats),
+        "StatisticsResourceAdaptor > PoolMemoryResource > CudaMemoryResource"
+    );
+    let hooked = HookedResourceAdaptor::new(cuda.clone());
+    let up = DeviceMemoryResource::upstream(&hooked).expect("an adaptor has an upstream");
+    assert!(up.is_equal(&*cuda));
+}

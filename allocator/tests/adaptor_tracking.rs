@@ -92,7 +92,7 @@ fn thread_names_and_leaks_at_drop() {
     assert!(text.contains("worker-7"), "{text}");
     // Dropping with an allocation outstanding logs the report (and does not panic). Free the
     // memory through the upstream afterwards so the device is left clean.
-    let upstream = Arc::clone(t.upstream());
+    let upstream = Arc::clone(TrackingResourceAdaptor::upstream(&t));
     drop(t);
     upstream.deallocate(p, 2048, StreamView::DEFAULT).unwrap();
 }

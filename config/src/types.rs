@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
+use rmm_allocator::backend::BackendChoice;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::Source;
@@ -22,15 +23,15 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// Parses `auto`, `cuda` or `sim`, case-insensitively, with the aliases that
-    /// `rmm-allocator` accepts for `RMM_BACKEND` (`gpu`, `simulated`, empty = `auto`).
+    /// Parses a backend name as `RMM_BACKEND` is parsed: `auto`, `cuda` or `sim`,
+    /// case-insensitively, with the aliases `gpu`, `simulated` and empty (= `auto`). The
+    /// names are `rmm-allocator`'s ([`BackendChoice::from_name`]), so the two cannot drift.
     pub(crate) fn parse(text: &str) -> Option<Backend> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "auto" | "" => Some(Backend::Auto),
-            "cuda" | "gpu" => Some(Backend::Cuda),
-            "sim" | "simulated" => Some(Backend::Sim),
-            _ => None,
-        }
+        BackendChoice::from_name(text).map(|choice| match choice {
+            BackendChoice::Auto => Backend::Auto,
+            BackendChoice::Cuda => Backend::Cuda,
+            BackendChoice::Sim => Backend::Sim,
+        })
     }
 
     /// The canonical name: `auto`, `cuda` or `sim`.

@@ -7,16 +7,13 @@
 //! [`FailureAction::Fail`] (use [`AllocationFailure::attempt`] to bound the retries). Errors
 //! other than out-of-memory go straight back to the caller, without the callback.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::same_adaptor;
-use crate::backend::{DevicePtr, MemInfo};
-use crate::device::Device;
+use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// What the callback wants done after an out-of-memory failure.
@@ -177,23 +174,5 @@ impl DeviceMemoryResource for FailureCallbackResourceAdaptor {
         self.upstream.deallocate(ptr, bytes, stream)
     }
 
-    fn device(&self) -> Device {
-        self.upstream.device()
-    }
-
-    fn name(&self) -> &'static str {
-        "FailureCallbackResourceAdaptor"
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_adaptor(self, other, |a: &Self| &a.upstream)
-    }
-
-    fn memory_info(&self) -> Result<MemInfo> {
-        self.upstream.memory_info()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    crate::adaptor::upstream_tail!("FailureCallbackResourceAdaptor");
 }

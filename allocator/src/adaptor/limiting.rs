@@ -10,17 +10,14 @@
 //! A hard cap needs one figure every thread agrees on: each allocation and free is one atomic
 //! add on a shared counter (unlike the statistics adaptor's per-thread shards).
 
-use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::same_adaptor;
 use crate::ALLOCATION_ALIGNMENT;
 use crate::backend::{DevicePtr, MemInfo};
-use crate::device::Device;
 use crate::error::{Error, Result, fmt_bytes};
-use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// A limit in bytes or as a fraction of the device's total memory.
@@ -166,18 +163,6 @@ impl DeviceMemoryResource for LimitingResourceAdaptor {
         Ok(())
     }
 
-    fn device(&self) -> Device {
-        self.upstream.device()
-    }
-
-    fn name(&self) -> &'static str {
-        "LimitingResourceAdaptor"
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_adaptor(self, other, |a: &Self| &a.upstream)
-    }
-
     /// What may still be allocated before the limit (at most what the upstream reports
     /// free), of the limit.
     fn memory_info(&self) -> Result<MemInfo> {
@@ -188,7 +173,5 @@ impl DeviceMemoryResource for LimitingResourceAdaptor {
         })
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    crate::adaptor::upstream_tail!("LimitingResourceAdaptor", own memory_info);
 }

@@ -1,5 +1,5 @@
 //! Resource adaptors: each wraps an upstream
-//! [`SharedResource`](crate::per_device::SharedResource) and is itself a
+//! [`SharedResource`](crate::resource::SharedResource) and is itself a
 //! [`DeviceMemoryResource`], so they stack in any order (RMM's `*_resource_adaptor`s).
 //!
 //! | adaptor | what it adds |
@@ -21,18 +21,19 @@
 //! calling thread's buffer (a background thread writes RMM's CSV); the tracking adaptor does
 //! one sharded map insert.
 
-pub mod failure_callback;
+mod failure_callback;
+mod hooked;
 pub mod hooks;
-pub mod limiting;
-pub mod logging;
+mod limiting;
+mod logging;
 pub mod replay;
 pub mod statistics;
-pub mod tracking;
+mod tracking;
 
 pub use failure_callback::{AllocationFailure, FailureAction, FailureCallbackResourceAdaptor};
-pub use hooks::{HookEvent, HookPoint, HookedResourceAdaptor, LineProfileHook, MemoryHook};
+pub use hooked::HookedResourceAdaptor;
 pub use limiting::{LimitingResourceAdaptor, MemoryLimit};
-pub use logging::{LOG_HEADER, LoggingResourceAdaptor, log_file_path};
+pub use logging::{LOG_HEADER, LoggingResourceAdaptor, log_file_path, log_thread_id};
 pub use replay::{
     EventLog, LogFile, ReplayOptions, ReplayOrder, ReplayReport, replay, replay_streamed,
 };
@@ -41,7 +42,7 @@ pub use tracking::{AllocationRecord, LeakReport, TrackingResourceAdaptor};
 
 use std::sync::Arc;
 
-use crate::resource::{DeviceMemoryResource, PoolMemoryResource};
+use crate::resource::DeviceMemoryResource;
 
 /// A resource an adaptor can wrap: any [`DeviceMemoryResource`], sized or `dyn`.
 pub trait Upstream: DeviceMemoryResource {
@@ -61,6 +62,42 @@ impl Upstream for dyn DeviceMemoryResource {
     }
 }
 
+/// The part of an adaptor's [`DeviceMemoryResource`] implementation that every adaptor shares,
+/// written once: `device`, `is_equal` ([`same_adaptor`]), `memory_info` (unless the adaptor says
+/// `own memory_info`), `as_any` and `upstream` all go to the `upstream` field; `name` is the
+/// given name.
+macro_rules! upstream_tail {
+    ($name:literal) => {
+        fn memory_info(&self) -> $crate::error::Result<$crate::backend::MemInfo> {
+            self.upstream.memory_info()
+        }
+
+        $crate::adaptor::upstream_tail!($name, own memory_info);
+    };
+    ($name:literal, own memory_info) => {
+        fn device(&self) -> $crate::device::Device {
+            self.upstream.device()
+        }
+
+        fn name(&self) -> &'static str {
+            $name
+        }
+
+        fn is_equal(&self, other: &dyn $crate::resource::DeviceMemoryResource) -> bool {
+            $crate::adaptor::same_adaptor(self, other, |a: &Self| &a.upstream)
+        }
+
+        fn as_any(&self) -> &dyn ::std::any::Any {
+            self
+        }
+
+        fn upstream(&self) -> Option<&dyn $crate::resource::DeviceMemoryResource> {
+            Some($crate::adaptor::Upstream::as_dyn(&*self.upstream))
+        }
+    };
+}
+pub(crate) use upstream_tail;
+
 /// RMM's adaptor equality: the same object, or an adaptor of the same type over an equal
 /// upstream.
 pub(crate) fn same_adaptor<A: DeviceMemoryResource, U: Upstream + ?Sized>(
@@ -75,44 +112,13 @@ pub(crate) fn same_adaptor<A: DeviceMemoryResource, U: Upstream + ?Sized>(
             .is_some_and(|o| upstream(this).is_equal((**upstream(o)).as_dyn()))
 }
 
-/// The upstream of `resource` when it is one of this crate's adaptors or a pool; `None` for
-/// resources that talk to the device (or have several upstreams, like binning).
-pub fn upstream_of(resource: &dyn DeviceMemoryResource) -> Option<&dyn DeviceMemoryResource> {
-    let any = resource.as_any();
-    if let Some(r) = any.downcast_ref::<PoolMemoryResource>() {
-        return Some(&**r.upstream());
-    }
-    if let Some(r) = any.downcast_ref::<StatisticsResourceAdaptor>() {
-        return Some(&**r.upstream());
-    }
-    if let Some(r) = any.downcast_ref::<StatisticsResourceAdaptor<PoolMemoryResource>>() {
-        return Some(&**r.upstream());
-    }
-    if let Some(r) = any.downcast_ref::<LimitingResourceAdaptor>() {
-        return Some(&**r.upstream());
-    }
-    if let Some(r) = any.downcast_ref::<TrackingResourceAdaptor>() {
-        return Some(&**r.upstream());
-    }
-    if let Some(r) = any.downcast_ref::<LoggingResourceAdaptor>() {
-        return Some(&**r.upstream());
-    }
-    if let Some(r) = any.downcast_ref::<FailureCallbackResourceAdaptor>() {
-        return Some(&**r.upstream());
-    }
-    if let Some(r) = any.downcast_ref::<HookedResourceAdaptor>() {
-        return Some(&**r.upstream());
-    }
-    None
-}
-
-/// `resource` and its upstreams, top first, as far as [`upstream_of`] can see.
+/// `resource` and its upstreams, top first, following [`DeviceMemoryResource::upstream`].
 pub fn chain(resource: &dyn DeviceMemoryResource) -> Vec<&dyn DeviceMemoryResource> {
     let mut out = vec![resource];
     let mut cur = resource;
     // Bounded: a chain is a handful of adaptors; the bound guards against cycles.
     while out.len() < 64 {
-        match upstream_of(cur) {
+        match cur.upstream() {
             Some(up) => {
                 cur = up;
                 out.push(cur);

@@ -1,6 +1,6 @@
-//! The kernel's coarse clocks: the time of the last timer tick (every 1 to 10 ms), a few ns to
-//! read where the precise clocks take tens. Adaptors that stamp every operation (logging,
-//! tracking) read these.
+//! The kernel's coarse clocks: the time of the last timer tick (every 1 to 10 ms), cheaper to
+//! read than the precise clocks. This is the system call only; the allocator reads its clocks
+//! through `crate::sync::clock`.
 
 /// Nanoseconds since the Unix epoch, from `CLOCK_REALTIME_COARSE` (elsewhere than Linux, the
 /// precise system clock).

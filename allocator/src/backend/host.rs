@@ -22,7 +22,7 @@ enum Origin {
 }
 
 /// An owned block of host memory. Dropping it leaks the memory; give it back to the resource
-/// that made it (or [`free`]).
+/// that made it.
 pub struct HostBlock {
     ptr: NonNull<u8>,
     len: usize,
@@ -158,8 +158,8 @@ pub fn free(block: HostBlock) -> Result<()> {
 
 /// Host memory pinned once for reuse: an anonymous mapping (huge pages advised), faulted in on
 /// several threads, then page-locked in chunks with `cuMemHostRegister`, one chunk at a time
-/// (much faster than `cuMemHostAlloc`, which faults and locks page by page inside the
-/// driver; `bench-spill` measures both). Each chunk is one registration: a copy must not cross from one
+/// (far faster than `cuMemHostAlloc`, which faults and locks page by page inside the
+/// driver). Each chunk is one registration: a copy must not cross from one
 /// chunk into the next (the driver would not see it as one pinned range), so users carve
 /// slices inside a chunk ([`PinnedRegion::chunks`]).
 pub struct PinnedRegion {
@@ -304,11 +304,6 @@ impl PinnedRegion {
         self.len
     }
 
-    /// True for an empty region (never: regions are at least 2 MiB).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// (offset, length) of each registered chunk.
     pub fn chunks(&self) -> &[(usize, usize)] {
         &self.chunks
@@ -342,7 +337,7 @@ pub trait SliceOwner: Send + Sync {
     fn give_back(&self, region: &PinnedRegion, offset: usize, len: usize);
 }
 
-/// A range of a [`PinnedRegion`] owned by one holder; given back to its owner on drop.
+/// A range of a pinned region owned by one holder; given back to its owner on drop.
 pub struct PinnedSlice {
     region: std::sync::Arc<PinnedRegion>,
     owner: std::sync::Arc<dyn SliceOwner>,

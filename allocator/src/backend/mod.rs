@@ -9,18 +9,17 @@
 //! stream-ordered memory pools are opaque `u64` handles whose meaning belongs to the backend.
 //! Handle `0` is the device's default stream, as in CUDA.
 
-pub mod clock;
+pub(crate) mod clock;
 mod cuda;
-pub mod host;
-pub mod sim;
-mod staged_copy;
+pub(crate) mod host;
+mod sim;
 mod stream_registry;
 
 use std::fmt;
 use std::sync::OnceLock;
 
 pub use cuda::CudaBackend;
-pub use sim::{SimBackend, SimConfig, SimMemoryMode};
+pub use sim::{SimBackend, SimConfig, SimMemoryMode, StreamGate};
 
 use crate::error::{Error, Result};
 
@@ -293,17 +292,24 @@ pub enum BackendChoice {
 }
 
 impl BackendChoice {
-    /// Parses `cuda`, `sim` or `auto` (case-insensitive); `source_name` goes into the error.
-    pub fn parse(value: &str, source_name: &'static str) -> Result<Self> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "cuda" | "gpu" => Ok(BackendChoice::Cuda),
-            "sim" | "simulated" => Ok(BackendChoice::Sim),
-            "auto" | "" => Ok(BackendChoice::Auto),
-            _ => Err(Error::UnknownBackend {
-                value: value.to_string(),
-                source_name,
-            }),
+    /// The backend a name selects: `cuda` (or `gpu`), `sim` (or `simulated`), `auto` (or
+    /// empty), case-insensitive, surrounding white space ignored; `None` for anything else.
+    /// The one parser of backend names: `RMM_BACKEND` and rmm-config's `backend` key use it.
+    pub fn from_name(text: &str) -> Option<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "cuda" | "gpu" => Some(BackendChoice::Cuda),
+            "sim" | "simulated" => Some(BackendChoice::Sim),
+            "auto" | "" => Some(BackendChoice::Auto),
+            _ => None,
         }
+    }
+
+    /// Parses a backend name ([`BackendChoice::from_name`]); `source_name` goes into the error.
+    pub fn parse(value: &str, source_name: &'static str) -> Result<Self> {
+        Self::from_name(value).ok_or_else(|| Error::UnknownBackend {
+            value: value.to_string(),
+            source_name,
+        })
     }
 
     /// Reads `RMM_BACKEND` (default `auto`).

@@ -8,7 +8,7 @@ use super::{DeviceMemoryResource, FixedSizeMemoryResource};
 use crate::backend::DevicePtr;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::per_device::SharedResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// Routes each request to the smallest bin that holds it; larger requests go to the

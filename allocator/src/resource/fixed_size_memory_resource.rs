@@ -9,14 +9,14 @@ use super::{DeviceMemoryResource, out_of_memory};
 use crate::backend::{DevicePtr, RawStream};
 use crate::device::Device;
 use crate::error::{Error, Result, fmt_bytes};
-use crate::per_device::SharedResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// Default block size (1 MiB), as RMM.
 pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
 /// Default number of blocks taken from the upstream at a time, as RMM.
 pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
-/// Blocks moved from the shared list to a stream's list at a time.
+/// Blocks moved from the stock list to a stream's list at a time.
 const REFILL: usize = 32;
 
 #[derive(Debug)]
@@ -25,8 +25,9 @@ struct FixedArena {
     free: Mutex<Vec<u64>>,
 }
 
+/// The blocks no stream owns and the upstream chunks all blocks were cut from.
 #[derive(Debug, Default)]
-struct Shared {
+struct BlockStock {
     /// Blocks not owned by any stream (fresh, or reclaimed after their stream finished).
     free: Vec<u64>,
     /// Upstream chunks (address, bytes).
@@ -43,7 +44,7 @@ pub struct FixedSizeMemoryResource {
     block_size: usize,
     blocks_per_chunk: usize,
     arenas: StreamArenas<FixedArena>,
-    shared: Mutex<Shared>,
+    stock: Mutex<BlockStock>,
 }
 
 impl std::fmt::Debug for FixedSizeMemoryResource {
@@ -78,9 +79,9 @@ impl FixedSizeMemoryResource {
             block_size,
             blocks_per_chunk: blocks_to_preallocate,
             arenas: StreamArenas::new(),
-            shared: Mutex::new(Shared::default()),
+            stock: Mutex::new(BlockStock::default()),
         };
-        r.grow(&mut r.shared.lock(), StreamView::DEFAULT)?;
+        r.grow(&mut r.stock.lock(), StreamView::DEFAULT)?;
         Ok(r)
     }
 
@@ -102,11 +103,11 @@ impl FixedSizeMemoryResource {
         })
     }
 
-    fn grow(&self, shared: &mut Shared, stream: StreamView) -> Result<()> {
+    fn grow(&self, stock: &mut BlockStock, stream: StreamView) -> Result<()> {
         let bytes = self.block_size * self.blocks_per_chunk;
         let p = self.upstream.allocate(bytes, stream)?;
-        shared.chunks.push((p.addr(), bytes));
-        shared.free.extend(
+        stock.chunks.push((p.addr(), bytes));
+        stock.free.extend(
             (0..self.blocks_per_chunk)
                 .rev()
                 .map(|i| p.addr() + (i * self.block_size) as u64),
@@ -126,9 +127,9 @@ impl FixedSizeMemoryResource {
         bytes: usize,
         stream: StreamView,
     ) -> Result<DevicePtr> {
-        let mut shared = self.shared.lock();
-        if shared.free.is_empty() {
-            let grown = self.grow(&mut shared, stream);
+        let mut stock = self.stock.lock();
+        if stock.free.is_empty() {
+            let grown = self.grow(&mut stock, stream);
             if let Err(e) = grown {
                 if !e.is_out_of_memory() {
                     return Err(e);
@@ -146,10 +147,10 @@ impl FixedSizeMemoryResource {
                         if !backend.stream_synchronize_if_alive(dev, other.stream)? {
                             backend.device_synchronize(dev)?;
                         }
-                        shared.free.append(&mut list);
+                        stock.free.append(&mut list);
                     }
                 }
-                if shared.free.is_empty() {
+                if stock.free.is_empty() {
                     return Err(out_of_memory(
                         self.device,
                         bytes,
@@ -159,10 +160,10 @@ impl FixedSizeMemoryResource {
                 }
             }
         }
-        let take = shared.free.len().min(REFILL);
-        let at = shared.free.len() - take;
+        let take = stock.free.len().min(REFILL);
+        let at = stock.free.len() - take;
         let mut list = arena.free.lock();
-        list.extend(shared.free.drain(at..));
+        list.extend(stock.free.drain(at..));
         list.pop()
             .map(DevicePtr)
             .ok_or_else(|| out_of_memory(self.device, bytes, "FixedSizeMemoryResource", None))
@@ -222,7 +223,7 @@ impl Drop for FixedSizeMemoryResource {
                 self.device
             );
         }
-        for (addr, bytes) in std::mem::take(&mut self.shared.lock().chunks) {
+        for (addr, bytes) in std::mem::take(&mut self.stock.lock().chunks) {
             if let Err(e) = self
                 .upstream
                 .deallocate(DevicePtr(addr), bytes, StreamView::DEFAULT)

@@ -8,7 +8,7 @@
 mod binning_memory_resource;
 mod cuda_async_memory_resource;
 mod cuda_memory_resource;
-pub mod fixed_size_memory_resource;
+mod fixed_size_memory_resource;
 mod managed_memory_resource;
 mod new_delete_resource;
 mod pinned_host_memory_resource;
@@ -23,7 +23,9 @@ use std::sync::Arc;
 pub use binning_memory_resource::BinningMemoryResource;
 pub use cuda_async_memory_resource::CudaAsyncMemoryResource;
 pub use cuda_memory_resource::CudaMemoryResource;
-pub use fixed_size_memory_resource::FixedSizeMemoryResource;
+pub use fixed_size_memory_resource::{
+    DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE, FixedSizeMemoryResource,
+};
 pub use managed_memory_resource::ManagedMemoryResource;
 pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;
@@ -74,7 +76,18 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
 
     /// Lets [`DeviceMemoryResource::is_equal`] implementations look at the concrete type.
     fn as_any(&self) -> &dyn Any;
+
+    /// The resource this one passes requests to: `Some` for the adaptors and the pool, `None`
+    /// (the default) for resources that talk to the device or have several upstreams (like
+    /// binning). [`crate::adaptor::chain`] follows it.
+    fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
+        None
+    }
 }
+
+/// A shared device memory resource: what adaptors, pools and containers hold, and what
+/// [`crate::per_device`] keeps per device.
+pub type SharedResource = Arc<dyn DeviceMemoryResource>;
 
 /// A source of host memory (RMM's `host_memory_resource`).
 pub trait HostMemoryResource: Send + Sync + fmt::Debug + 'static {
@@ -107,6 +120,9 @@ impl<T: DeviceMemoryResource + ?Sized> DeviceMemoryResource for Arc<T> {
     }
     fn as_any(&self) -> &dyn Any {
         (**self).as_any()
+    }
+    fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
+        (**self).upstream()
     }
 }
 

@@ -1,10 +1,10 @@
 //! [`PinnedHostPool`]: a pool of page-locked host memory, pinned once and reused: the host
 //! side of spilling.
 //!
-//! `cuMemHostAlloc` pins page by page inside the driver (431 ms for 1 GiB on an H200, and
-//! slower still from several threads at once). The pool instead maps anonymous memory, faults
+//! `cuMemHostAlloc` pins page by page inside the driver (slow, and slower still from several
+//! threads at once). The pool instead maps anonymous memory, faults
 //! it in on several threads and registers it with `cuMemHostRegister` in chunks, also on
-//! several threads ([`PinnedRegion`]: 8 GiB at 15.7 GB/s on an H200 machine), then hands out
+//! several threads ([`PinnedRegion`]), which is far faster, then hands out
 //! [`PinnedSlice`]s of it: a first-fit free list per chunk, neighbours merged on return. A
 //! slice never crosses a chunk (each chunk is one registration), so the largest slice is
 //! [`PinnedHostPool::max_slice`]; larger data is stored as several slices.

@@ -10,7 +10,6 @@
 //! fast path is a thread-local lookup and an index. Arenas live as long as their resource;
 //! nothing is reference-counted on the fast path.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,33 +18,20 @@ use parking_lot::Mutex;
 
 use crate::backend::RawStream;
 use crate::error::{Error, Result};
+use crate::sync::SlotCache;
 
 /// Most arenas (streams × lanes in use) one resource has.
 pub(crate) const MAX_ARENAS: usize = 4096;
 /// Lanes per stream: threads beyond this many on one stream share arenas.
 pub(crate) const LANES: u32 = 16;
-const CACHE_SLOTS: usize = 8;
-
-#[derive(Clone, Copy)]
-struct CacheEntry {
-    registry: u64,
-    stream: RawStream,
-    slot: u32,
-}
-
-const EMPTY_ENTRY: CacheEntry = CacheEntry {
-    registry: 0,
-    stream: 0,
-    slot: 0,
-};
 
 static NEXT_LANE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 thread_local! {
     /// This thread's lane.
     static LANE: u32 = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES;
-    static CACHE: [Cell<CacheEntry>; CACHE_SLOTS] = const { [const { Cell::new(EMPTY_ENTRY) }; CACHE_SLOTS] };
-    static NEXT_VICTIM: Cell<usize> = const { Cell::new(0) };
+    /// ((resource's arenas, stream), slot) of the streams this thread used last.
+    static CACHE: SlotCache<(u64, RawStream), 8> = const { SlotCache::new() };
 }
 
 static NEXT_REGISTRY: AtomicU64 = AtomicU64::new(1);
@@ -79,12 +65,7 @@ impl<A> StreamArenas<A> {
     /// The calling thread's arena of `stream`, made with `make` on first use.
     #[inline]
     pub(crate) fn get(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
-        let hit = CACHE.with(|c| {
-            c.iter()
-                .map(Cell::get)
-                .find(|e| e.registry == self.id && e.stream == stream)
-                .map(|e| e.slot)
-        });
+        let hit = CACHE.with(|c| c.get((self.id, stream)));
         if let Some(slot) = hit
             && let Some(a) = self.slots[slot as usize].get()
         {
@@ -118,18 +99,7 @@ impl<A> StreamArenas<A> {
                 }
             }
         };
-        CACHE.with(|c| {
-            let victim = NEXT_VICTIM.with(|v| {
-                let i = v.get();
-                v.set((i + 1) % CACHE_SLOTS);
-                i
-            });
-            c[victim].set(CacheEntry {
-                registry: self.id,
-                stream,
-                slot,
-            });
-        });
+        CACHE.with(|c| c.insert((self.id, stream), slot));
         self.slots[slot as usize]
             .get()
             .map(|a| &**a)

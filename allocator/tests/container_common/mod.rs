@@ -157,7 +157,7 @@ pub fn private_sim() -> (&'static SimBackend, Device) {
 
 /// Opens `gate` from another thread after `ms` milliseconds.
 pub fn open_later(
-    gate: rmm_allocator::backend::sim::StreamGate,
+    gate: rmm_allocator::backend::StreamGate,
     ms: u64,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {

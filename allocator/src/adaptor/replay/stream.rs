@@ -23,7 +23,8 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::{LineParser, LogAction, ReplayFailure, ReplayOptions, ReplayOrder, ReplayReport};
+use super::event_log::LineParser;
+use super::{LogAction, ReplayFailure, ReplayOptions, ReplayOrder, ReplayReport};
 use crate::adaptor::{chain_names, find_in_chain};
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};

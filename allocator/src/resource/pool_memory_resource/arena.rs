@@ -8,6 +8,7 @@ use super::bins::{BIN_LIMIT, Bins};
 use super::block_cache::{BlockCache, Cached};
 use super::ptr_map::PtrMap;
 use super::tlsf::Heap;
+use crate::sync::SpinLock;
 
 /// Requests up to this size go to the small heap, so they do not fragment large regions.
 pub(crate) const SMALL_LIMIT: u64 = 1 << 20;
@@ -40,14 +41,12 @@ pub(crate) struct ArenaState {
     pub(crate) pending_bytes: u64,
 }
 
-/// The lock of an arena's bookkeeping: a spin lock whose release is a plain store, so one
-/// atomic read-modify-write per operation instead of parking_lot's two (about 5 ns per
-/// operation on the churn shape, measured on the simulated device). Contention is rare by
+/// The lock of an arena's bookkeeping: a [`SpinLock`], whose release is a plain store, so one
+/// atomic read-modify-write per operation instead of parking_lot's two. Contention is rare by
 /// design (an arena is one thread's on one stream; threads beyond 16 on one stream share
-/// lanes), waiters yield their core, and
-/// nothing waits for the device while holding it: the only driver calls under it are the
-/// event create/record/query of frees across streams.
-pub(crate) type ArenaLock<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
+/// lanes), and nothing waits for the device while holding it: the only driver calls under it
+/// are the event create/record/query of frees across streams.
+pub(crate) type ArenaLock<T> = SpinLock<T>;
 
 /// One stream's arena.
 #[derive(Debug)]

@@ -22,8 +22,8 @@
 use super::PoolMemoryResource;
 use super::global::FreeSpace;
 use super::tlsf::GRANULE;
+use crate::adaptor::hooks;
 use crate::error::Result;
-use crate::hooks;
 use crate::stream::StreamView;
 
 /// The default growth step: the pool grows by what a request needs rounded up to this.

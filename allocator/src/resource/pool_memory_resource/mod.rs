@@ -54,11 +54,11 @@ pub use self::oom_report::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use self::tlsf::GRANULE;
 use super::stream_arenas::StreamArenas;
 use super::{DeviceMemoryResource, out_of_memory};
+use crate::adaptor::hooks;
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
 use crate::error::{Error, Result, fmt_bytes};
-use crate::hooks;
-use crate::per_device::SharedResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// A size given in bytes or as a fraction of the device's total memory.
@@ -611,6 +611,10 @@ impl DeviceMemoryResource for PoolMemoryResource {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+
+    fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
+        Some(&*self.upstream)
     }
 }
 

@@ -4,68 +4,23 @@
 //! this backend calls is looked up before the first call (so a too-old driver is an error,
 //! not a panic), and each device's primary context is retained for the life of the process.
 
+mod result;
+mod staged_copy;
+
 use std::cell::Cell;
 use std::ffi::{CStr, c_void};
 use std::sync::OnceLock;
 
 use cudarc::driver::sys;
+use result::{
+    REQUIRED_SYMBOLS, check, event_handle, format_uuid, pool_handle, query_stream, stream_handle,
+};
 
-use super::staged_copy;
 use super::stream_registry::StreamRegistry;
 use super::{
     Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawStream,
 };
 use crate::error::{Error, Result};
-
-/// Every driver entry point the backend uses; checked at load time.
-const REQUIRED_SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuDriverGetVersion",
-    "cuDeviceGetCount",
-    "cuDeviceGet",
-    "cuDeviceGetName",
-    "cuDeviceGetUuid",
-    "cuDeviceTotalMem_v2",
-    "cuDeviceGetAttribute",
-    "cuDevicePrimaryCtxRetain",
-    "cuCtxSetCurrent",
-    "cuCtxSynchronize",
-    "cuGetErrorName",
-    "cuGetErrorString",
-    "cuMemGetInfo_v2",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemAllocManaged",
-    "cuMemHostAlloc",
-    "cuMemFreeHost",
-    "cuMemHostRegister_v2",
-    "cuMemHostUnregister",
-    "cuMemPoolCreate",
-    "cuMemPoolDestroy",
-    "cuMemPoolSetAttribute",
-    "cuMemPoolGetAttribute",
-    "cuMemPoolTrimTo",
-    "cuMemAllocFromPoolAsync",
-    "cuMemFreeAsync",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemcpyDtoD_v2",
-    "cuMemcpyHtoDAsync_v2",
-    "cuMemcpyDtoHAsync_v2",
-    "cuMemcpyDtoDAsync_v2",
-    "cuMemsetD8_v2",
-    "cuMemsetD8Async",
-    "cuStreamCreate",
-    "cuStreamDestroy_v2",
-    "cuStreamSynchronize",
-    "cuStreamQuery",
-    "cuStreamWaitEvent",
-    "cuEventCreate",
-    "cuEventDestroy_v2",
-    "cuEventRecord",
-    "cuEventQuery",
-    "cuEventSynchronize",
-];
 
 #[derive(Debug)]
 struct CudaDevice {
@@ -101,58 +56,6 @@ const LARGE_ALLOCATION: usize = 1 << 30;
 static LARGE_ALLOCATIONS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 static LOADED: OnceLock<std::result::Result<&'static CudaBackend, Error>> = OnceLock::new();
-
-/// Turns a `CUresult` into a `Result`, with the error's name and description.
-fn check(call: &'static str, device: u32, r: sys::CUresult) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        return Ok(());
-    }
-    let mut name: *const std::ffi::c_char = std::ptr::null();
-    let mut desc: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: both out-pointers are valid; the driver writes pointers to static strings.
-    unsafe {
-        let _ = sys::cuGetErrorName(r, &mut name);
-        let _ = sys::cuGetErrorString(r, &mut desc);
-    }
-    let text = |p: *const std::ffi::c_char| {
-        if p.is_null() {
-            "unknown".to_string()
-        } else {
-            // SAFETY: the driver returned a NUL-terminated static string.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        }
-    };
-    Err(Error::Driver {
-        call,
-        device,
-        name: text(name),
-        code: r as u32,
-        description: text(desc),
-    })
-}
-
-fn stream_handle(raw: RawStream) -> sys::CUstream {
-    raw as usize as sys::CUstream
-}
-
-/// `cuStreamQuery`: true when `stream`'s queued work has completed.
-fn query_stream(dev: u32, stream: RawStream) -> Result<bool> {
-    // SAFETY: callers go through the stream registry, which refuses destroyed streams and
-    // holds destruction off until the call returns.
-    let r = unsafe { sys::cuStreamQuery(stream_handle(stream)) };
-    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
-        return Ok(false);
-    }
-    check("cuStreamQuery", dev, r).map(|_| true)
-}
-
-fn event_handle(raw: RawEvent) -> sys::CUevent {
-    raw as usize as sys::CUevent
-}
-
-fn pool_handle(raw: RawMemPool) -> sys::CUmemoryPool {
-    raw as usize as sys::CUmemoryPool
-}
 
 impl CudaBackend {
     /// Loads the driver (once per process) and opens every visible device.
@@ -322,29 +225,6 @@ impl CudaBackend {
     }
 }
 
-fn format_uuid(bytes: &[std::ffi::c_char; 16]) -> String {
-    let b: Vec<u8> = bytes.iter().map(|&c| c as u8).collect();
-    format!(
-        "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-        b[0],
-        b[1],
-        b[2],
-        b[3],
-        b[4],
-        b[5],
-        b[6],
-        b[7],
-        b[8],
-        b[9],
-        b[10],
-        b[11],
-        b[12],
-        b[13],
-        b[14],
-        b[15]
-    )
-}
-
 impl Backend for CudaBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Cuda
@@ -387,11 +267,11 @@ impl Backend for CudaBackend {
 
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
         self.bind(dev)?;
-        // Large allocations on several devices at once contend inside the driver: on two
-        // H200s, two concurrent 32 GiB cuMemAlloc calls took 11.1 ms against 3.2 ms for one
-        // (worse than one after the other). Every allocation of 1 GiB or more (pool chunks,
-        // large plain allocations: slow paths, tens of ms in the driver) therefore goes to the
-        // driver one at a time; smaller ones never wait here.
+        // Large allocations on several devices at once contend inside the driver: two
+        // concurrent large cuMemAlloc calls take longer than one after the other. Every
+        // allocation of 1 GiB or more (pool chunks, large plain allocations: slow paths, slow
+        // in the driver anyway) therefore goes to the driver one at a time; smaller ones
+        // never wait here.
         let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
         let mut p = 0;
         // SAFETY: valid out-pointer; context current.

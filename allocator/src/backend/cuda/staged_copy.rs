@@ -14,7 +14,7 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 
-use super::DevicePtr;
+use crate::backend::DevicePtr;
 use crate::error::Result;
 
 /// Bytes per staging buffer.

@@ -25,43 +25,38 @@
 //!   upstream (and puts the record back if that fails): a thread handed the same address right
 //!   after the upstream took it back records its own allocation, which the free can't remove.
 //!
-//! Cost (benches/adaptors.rs, simulated device, on the H200 machine's host): 15–25 ns per
-//! operation over a no-op upstream and about 28 over the pool (75 and 75 before issue 14): one
-//! lock, one map insert or remove and the bookkeeping around them. With backtraces, capture
-//! dominates (microseconds).
+//! Cost (benches/adaptors.rs measures it): one lock, one map insert or remove and the
+//! bookkeeping around them. With backtraces, capture dominates.
 //!
 //! The thread table keeps one handle per thread that allocated through the adaptor; handles of
 //! threads that have exited and own no outstanding allocation are dropped (and their slots
 //! reused) when they outnumber the others, so a program that starts many short-lived threads
 //! does not grow the table without bound.
 
-use std::any::Any;
+mod shards;
+mod threads;
+
 use std::backtrace::Backtrace;
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use shards::{Maps, Rec, Shard};
+use threads::{REGISTRATIONS, SLOTS, ThreadTable};
 
-use super::same_adaptor;
-use crate::backend::{DevicePtr, MemInfo};
-use crate::device::Device;
+use crate::backend::DevicePtr;
 use crate::error::{Result, fmt_bytes};
-use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
+use crate::sync::SpinLock;
+use crate::sync::clock::{Ticker, ticking_monotonic_ns};
 
 // Independently locked maps the records are spread over.
 const SHARDS: usize = 64;
 const SHARD_BITS: u32 = SHARDS.trailing_zeros();
-const CACHE_SLOTS: usize = 4;
-/// Exited threads in the table before it is pruned (and at least as many as the others).
-const PRUNE_MIN: usize = 64;
 
 /// One outstanding allocation.
 #[derive(Debug, Clone)]
@@ -145,324 +140,6 @@ impl fmt::Display for LeakReport {
     }
 }
 
-/// The shard maps' lock: a spin lock (the `spin` crate), one compare-and-swap to take and a
-/// plain store to release (a parking mutex releases with a second read-modify-write, several
-/// ns on the hot path). Critical sections are one map insert or remove; a waiter yields the
-/// processor between tries, should the holder have been descheduled.
-type SpinMutex<T> = spin::mutex::SpinMutex<T, spin::relax::Yield>;
-
-/// The coarse monotonic clock in nanoseconds (the same clock as [`Instant`], read at the
-/// kernel's tick): a few ns where `Instant::now()` takes tens.
-#[inline]
-fn coarse_now_ns() -> u64 {
-    crate::backend::clock::coarse_monotonic_ns()
-}
-
-/// The time records carry: the coarse clock as a background thread (`rmm-tracking-clock`)
-/// stores it every [`TICK`] while a tracking adaptor exists, so that an allocation reads one
-/// atomic instead of calling the clock (several ns). Where that thread could not be started,
-/// the clock is read directly.
-mod clock {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::time::Duration;
-
-    use parking_lot::Mutex;
-
-    use super::coarse_now_ns;
-
-    /// How often the clock thread stores the time (the coarse clock itself moves every 1 to
-    /// 10 ms, with the kernel's tick).
-    pub(super) const TICK: Duration = Duration::from_millis(1);
-
-    static NOW_NS: AtomicU64 = AtomicU64::new(0);
-    static TICKING: AtomicBool = AtomicBool::new(false);
-    /// (adaptors alive, clock thread running).
-    static STATE: Mutex<(usize, bool)> = Mutex::new((0, false));
-
-    /// The coarse time in nanoseconds, as recently as [`TICK`] (plus scheduling delays).
-    #[inline(always)]
-    pub(super) fn now_ns() -> u64 {
-        if TICKING.load(Ordering::Relaxed) {
-            NOW_NS.load(Ordering::Relaxed)
-        } else {
-            coarse_now_ns()
-        }
-    }
-
-    /// Keeps the clock thread running while it lives.
-    pub(super) struct User(());
-
-    impl User {
-        pub(super) fn new() -> User {
-            let mut state = STATE.lock();
-            state.0 += 1;
-            if !state.1 {
-                NOW_NS.store(coarse_now_ns(), Ordering::Relaxed);
-                let spawned = std::thread::Builder::new()
-                    .name("rmm-tracking-clock".into())
-                    .spawn(tick);
-                state.1 = spawned.is_ok();
-                TICKING.store(state.1, Ordering::Relaxed);
-            }
-            User(())
-        }
-    }
-
-    impl Drop for User {
-        fn drop(&mut self) {
-            STATE.lock().0 -= 1;
-        }
-    }
-
-    fn tick() {
-        loop {
-            NOW_NS.store(coarse_now_ns(), Ordering::Relaxed);
-            std::thread::sleep(TICK);
-            let mut state = STATE.lock();
-            if state.0 == 0 {
-                // The last adaptor is gone; the next one starts a new thread.
-                state.1 = false;
-                TICKING.store(false, Ordering::Relaxed);
-                return;
-            }
-        }
-    }
-}
-
-/// Hashes a pointer for the shard maps: multiplicative, with the high half folded into the
-/// low bits the map indexes with (aligned pointers have zero low bits).
-#[derive(Default, Clone, Copy)]
-struct PtrHasher(u64);
-
-impl Hasher for PtrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Not used by `u64` keys; a plain multiplicative fold for completeness.
-        for &b in bytes {
-            self.write_u64(self.0 ^ u64::from(b));
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        let h = (x ^ self.0).wrapping_mul(0xD6E8_FEB8_6659_FD93);
-        self.0 = h ^ (h >> 32);
-    }
-}
-
-#[derive(Default, Clone, Copy)]
-struct BuildPtrHasher;
-
-impl BuildHasher for BuildPtrHasher {
-    type Hasher = PtrHasher;
-
-    fn build_hasher(&self) -> PtrHasher {
-        PtrHasher(0)
-    }
-}
-
-/// A record as stored (24 bytes; the pointer is the key, the backtrace if any is in a map of
-/// its own).
-#[derive(Debug, Clone, Copy)]
-struct Rec {
-    size: usize,
-    stream: StreamView,
-    /// The time ([`clock::now_ns`] in units of 2^20 ns, about 1 ms) in bits 24..64 and the
-    /// allocating thread's slot in the adaptor's thread table in bits 0..24.
-    tag: u64,
-}
-
-/// Slots a thread table can hold; [`SLOT_UNKNOWN`] is the last.
-const SLOTS_MAX: usize = 1 << 24;
-/// The slot of allocations made when the table is full of threads that have exited leaving
-/// allocations (16 million of them): reported as made by the reporting thread.
-const SLOT_UNKNOWN: u32 = (SLOTS_MAX - 1) as u32;
-const TIME_SHIFT: u32 = 20;
-
-impl Rec {
-    fn new(size: usize, stream: StreamView, at_ns: u64, slot: u32) -> Rec {
-        Rec {
-            size,
-            stream,
-            tag: (at_ns >> TIME_SHIFT) << 24 | u64::from(slot),
-        }
-    }
-
-    fn slot(&self) -> u32 {
-        (self.tag & (SLOTS_MAX as u64 - 1)) as u32
-    }
-
-    fn at_ns(&self) -> u64 {
-        (self.tag >> 24) << TIME_SHIFT
-    }
-}
-
-#[cfg(target_pointer_width = "64")]
-const _: () = assert!(std::mem::size_of::<Rec>() == 24);
-
-/// A shard's records, and the backtraces of those that have one.
-#[derive(Default)]
-struct Maps {
-    records: HashMap<u64, Rec, BuildPtrHasher>,
-    backtraces: HashMap<u64, Arc<Backtrace>, BuildPtrHasher>,
-}
-
-impl Maps {
-    /// Removes `addr`'s record and backtrace.
-    #[inline(always)]
-    fn remove(&mut self, addr: u64) -> (Option<Rec>, Option<Arc<Backtrace>>) {
-        let rec = self.records.remove(&addr);
-        let bt = if self.backtraces.is_empty() {
-            None
-        } else {
-            self.backtraces.remove(&addr)
-        };
-        (rec, bt)
-    }
-
-    /// Records `addr`; returns what it replaces.
-    #[inline(always)]
-    fn insert(
-        &mut self,
-        addr: u64,
-        rec: Rec,
-        bt: Option<Arc<Backtrace>>,
-    ) -> (Option<Rec>, Option<Arc<Backtrace>>) {
-        let old = self.records.insert(addr, rec);
-        let old_bt = match bt {
-            Some(bt) => self.backtraces.insert(addr, bt),
-            None if self.backtraces.is_empty() => None,
-            None => self.backtraces.remove(&addr),
-        };
-        (old, old_bt)
-    }
-}
-
-/// One lock, its map and its share of the outstanding bytes, on cache lines of their own.
-#[repr(align(128))]
-struct Shard {
-    map: SpinMutex<Maps>,
-    /// Bytes outstanding in this shard (written under the lock, read without it).
-    bytes: AtomicUsize,
-}
-
-/// The threads that allocated through one adaptor.
-#[derive(Default)]
-struct ThreadTable {
-    slots: Mutex<Slots>,
-}
-
-#[derive(Default)]
-struct Slots {
-    entries: Vec<Option<SlotEntry>>,
-    free: Vec<u32>,
-    exited: usize,
-    prune_at: usize,
-}
-
-struct SlotEntry {
-    thread: Thread,
-    exited: bool,
-}
-
-impl ThreadTable {
-    /// A slot for `thread`, pruning the table first when exited threads fill it.
-    fn register(&self, thread: Thread, shards: &[Shard]) -> u32 {
-        let mut slots = self.slots.lock();
-        let full = slots.free.is_empty() && slots.entries.len() >= SLOTS_MAX - 1;
-        if full || slots.exited >= slots.prune_at.max(PRUNE_MIN) && 2 * slots.exited >= slots.live()
-        {
-            Self::prune(&mut slots, shards);
-            if slots.free.is_empty() && slots.entries.len() >= SLOTS_MAX - 1 {
-                return SLOT_UNKNOWN;
-            }
-        }
-        let entry = Some(SlotEntry {
-            thread,
-            exited: false,
-        });
-        match slots.free.pop() {
-            Some(i) => {
-                slots.entries[i as usize] = entry;
-                i
-            }
-            None => {
-                slots.entries.push(entry);
-                (slots.entries.len() - 1) as u32
-            }
-        }
-    }
-
-    /// Drops the handles of exited threads that no record refers to. A slot is marked exited
-    /// only after the last record naming it was inserted, so a slot found unreferenced here
-    /// stays so.
-    fn prune(slots: &mut Slots, shards: &[Shard]) {
-        let mut referenced = vec![false; slots.entries.len()];
-        for shard in shards {
-            for rec in shard.map.lock().records.values() {
-                if let Some(r) = referenced.get_mut(rec.slot() as usize) {
-                    *r = true;
-                }
-            }
-        }
-        for (i, referenced) in referenced.into_iter().enumerate() {
-            let slot = &mut slots.entries[i];
-            if !referenced && slot.as_ref().is_some_and(|e| e.exited) {
-                *slot = None;
-                slots.free.push(i as u32);
-                slots.exited -= 1;
-            }
-        }
-        // Exited threads still owning allocations stay: prune again only when as many more
-        // have exited.
-        slots.prune_at = 2 * slots.exited;
-    }
-
-    /// The thread of `slot` has exited.
-    fn exited(&self, slot: u32) {
-        let mut slots = self.slots.lock();
-        if let Some(Some(e)) = slots.entries.get_mut(slot as usize)
-            && !e.exited
-        {
-            e.exited = true;
-            slots.exited += 1;
-        }
-    }
-}
-
-impl Slots {
-    fn live(&self) -> usize {
-        self.entries.len() - self.free.len()
-    }
-}
-
-/// This thread's registrations with tracking adaptors; dropped when the thread exits, which
-/// marks its slots exited. Allocations made later in the thread's teardown register a slot
-/// each, marked exited once their record is in.
-struct Registrations(Vec<(u64, u32, Weak<ThreadTable>)>);
-
-impl Drop for Registrations {
-    fn drop(&mut self) {
-        let _ = SLOT_CACHE.try_with(|c| c.iter().for_each(|e| e.set((0, 0))));
-        for (_, slot, table) in self.0.drain(..) {
-            if let Some(table) = table.upgrade() {
-                table.exited(slot);
-            }
-        }
-    }
-}
-
-thread_local! {
-    /// (adaptor id, slot) of the adaptors this thread used last.
-    static SLOT_CACHE: [Cell<(u64, u32)>; CACHE_SLOTS] =
-        const { [const { Cell::new((0, 0)) }; CACHE_SLOTS] };
-    static NEXT_VICTIM: Cell<usize> = const { Cell::new(0) };
-    static REGISTRATIONS: RefCell<Registrations> = const { RefCell::new(Registrations(Vec::new())) };
-}
-
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Records every allocation until it is freed. See the module documentation for the design
@@ -473,11 +150,11 @@ pub struct TrackingResourceAdaptor {
     shards: Box<[Shard]>,
     threads: Arc<ThreadTable>,
     id: u64,
-    /// [`clock::now_ns`] and [`Instant::now`] read together when the adaptor was made: the
+    /// [`ticking_monotonic_ns`] and [`Instant::now`] read together when the adaptor was made: the
     /// clock's origin for reports.
     base_ns: u64,
     base: Instant,
-    _clock: clock::User,
+    _clock: Ticker,
 }
 
 impl fmt::Debug for TrackingResourceAdaptor {
@@ -498,14 +175,14 @@ impl TrackingResourceAdaptor {
             backtraces: AtomicBool::new(false),
             shards: (0..SHARDS)
                 .map(|_| Shard {
-                    map: SpinMutex::new(Maps::default()),
+                    map: SpinLock::new(Maps::default()),
                     bytes: AtomicUsize::new(0),
                 })
                 .collect(),
             threads: Arc::new(ThreadTable::default()),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            _clock: clock::User::new(),
-            base_ns: clock::now_ns(),
+            _clock: Ticker::start(),
+            base_ns: ticking_monotonic_ns(),
             base: Instant::now(),
         }
     }
@@ -540,13 +217,7 @@ impl TrackingResourceAdaptor {
     #[inline(always)]
     fn who(&self) -> (u32, bool) {
         let id = self.id;
-        let cached = SLOT_CACHE.with(|c| {
-            c.iter().find_map(|e| {
-                let (i, s) = e.get();
-                (i == id).then_some(s)
-            })
-        });
-        match cached {
+        match SLOTS.with(|c| c.get(id)) {
             Some(slot) => (slot, false),
             None => self.register_thread(),
         }
@@ -571,14 +242,7 @@ impl TrackingResourceAdaptor {
             let slot = self.threads.register(std::thread::current(), &self.shards);
             return (slot, true);
         };
-        SLOT_CACHE.with(|c| {
-            let victim = NEXT_VICTIM.with(|v| {
-                let i = v.get();
-                v.set((i + 1) % CACHE_SLOTS);
-                i
-            });
-            c[victim].set((id, slot));
-        });
+        SLOTS.with(|c| c.insert(id, slot));
         (slot, false)
     }
 
@@ -703,7 +367,7 @@ impl DeviceMemoryResource for TrackingResourceAdaptor {
             .load(Ordering::Relaxed)
             .then(|| Arc::new(Backtrace::force_capture()));
         let (slot, teardown) = self.who();
-        let rec = Rec::new(bytes, stream, clock::now_ns(), slot);
+        let rec = Rec::new(bytes, stream, ticking_monotonic_ns(), slot);
         let shard = self.shard(ptr);
         let (old, old_bt) = {
             let mut maps = shard.map.lock();
@@ -766,25 +430,7 @@ impl DeviceMemoryResource for TrackingResourceAdaptor {
         Ok(())
     }
 
-    fn device(&self) -> Device {
-        self.upstream.device()
-    }
-
-    fn name(&self) -> &'static str {
-        "TrackingResourceAdaptor"
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        same_adaptor(self, other, |a: &Self| &a.upstream)
-    }
-
-    fn memory_info(&self) -> Result<MemInfo> {
-        self.upstream.memory_info()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
+    crate::adaptor::upstream_tail!("TrackingResourceAdaptor");
 }
 
 impl Drop for TrackingResourceAdaptor {

@@ -31,19 +31,19 @@
 //! # Cost
 //! With no hook registered for the process or the calling thread, a hooked operation costs one
 //! relaxed atomic load and one thread-local load ([`active`]); dispatch is out of line
-//! (`#[cold]`). In benches/adaptors.rs the pool with a hook registered on another thread (so
-//! this thread's list is empty) runs within noise of the bare pool; a registered no-op hook
-//! costs about 100 ns per operation there (two events, each a dynamic call per hook, plus the
-//! bookkeeping that keeps hooks from recursing). Hooks run on the allocating thread, inside the
-//! allocation: keep them short,
-//! do not panic, and do not allocate from a hooked pool inside a hook (events raised while a
+//! (`#[cold]`), so a hook registered on another thread leaves this thread's operations at the
+//! bare pool's cost. A registered hook costs two events per operation, each a dynamic call per
+//! hook, plus the bookkeeping that keeps hooks from recursing (benches/adaptors.rs measures
+//! both). Hooks run on the allocating thread, inside the allocation: keep them short, do not
+//! panic, and do not allocate from a hooked pool inside a hook (events raised while a
 //! hook runs are not dispatched, so there is no recursion, but the pool may hold a lock).
 //!
 //! [`PoolMemoryResource`]: crate::resource::PoolMemoryResource
 //! [`PoolMemoryResource::release`]: crate::resource::PoolMemoryResource::release
 
+mod profile;
+
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::panic::Location;
@@ -51,11 +51,15 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::{Mutex, RwLock, const_rwlock};
+use parking_lot::{RwLock, const_rwlock};
 use serde::Serialize;
 
+pub use profile::{
+    LineProfileHook, SiteProfile, TracingHook, allocate_here, at_call_site, current_call_site,
+};
+
 use crate::backend::DevicePtr;
-use crate::error::{Result, fmt_bytes};
+use crate::error::Result;
 use crate::stream::StreamView;
 
 /// Which of the six hook points an event is.
@@ -499,169 +503,4 @@ fn alloc_hooked(
         ..event
     });
     result
-}
-
-/// Logs every event with `tracing::debug!` (target `rmm_allocator::hooks`).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TracingHook;
-
-impl TracingHook {
-    fn log(e: &HookEvent) {
-        tracing::debug!(
-            event = e.point.name(),
-            device = e.device,
-            size = e.size,
-            mem_size = e.mem_size,
-            ptr = %e.ptr,
-            stream = e.stream.raw(),
-            resource = e.resource,
-            "memory hook"
-        );
-    }
-}
-
-impl MemoryHook for TracingHook {
-    fn name(&self) -> &str {
-        "TracingHook"
-    }
-    fn alloc_preprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn alloc_postprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn malloc_preprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn malloc_postprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn free_preprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn free_postprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-}
-
-/// Runs `f` with the caller's source line as the call site of every allocation inside it
-/// (the innermost `at_call_site` or [`allocate_here`](crate::adaptor::hooks::allocate_here) wins).
-#[track_caller]
-pub fn at_call_site<R>(f: impl FnOnce() -> R) -> R {
-    let _site = set_local(&CALL_SITE, Some(Location::caller()));
-    f()
-}
-
-/// The call site set by [`allocate_here`](crate::adaptor::hooks::allocate_here) / [`at_call_site`] on this thread, if any.
-pub fn current_call_site() -> Option<&'static Location<'static>> {
-    CALL_SITE.with(Cell::get)
-}
-
-/// What one call site allocated, as CuPy's `LineProfileHook` reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SiteProfile {
-    /// `file:line:column`, or `<unattributed>` for allocations made outside
-    /// [`allocate_here`](crate::adaptor::hooks::allocate_here) / [`at_call_site`].
-    pub site: String,
-    /// Requests a pool served (`malloc_postprocess` with a pointer).
-    pub malloc_count: u64,
-    /// Bytes those requests used, rounded (CuPy's `used_bytes`).
-    pub used_bytes: u64,
-    /// Chunks taken from the upstream while serving them (`alloc_postprocess` with a pointer).
-    pub alloc_count: u64,
-    /// Bytes of those chunks (CuPy's `acquired_bytes`).
-    pub acquired_bytes: u64,
-}
-
-/// Aggregates bytes and counts by call site (CuPy's `LineProfileHook`).
-///
-/// The call site is the source line given by [`allocate_here`](crate::adaptor::hooks::allocate_here) or [`at_call_site`]
-/// (`#[track_caller]`: free at run time). Capturing a backtrace per event instead would
-/// attribute every allocation but costs microseconds each, so it is not done here; use a
-/// [`crate::adaptor::TrackingResourceAdaptor`] with backtraces for that.
-#[derive(Debug, Default)]
-pub struct LineProfileHook {
-    sites: Mutex<HashMap<Option<&'static Location<'static>>, SiteProfile>>,
-}
-
-const UNATTRIBUTED: &str = "<unattributed>";
-
-impl LineProfileHook {
-    /// An empty profile.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn with_site(&self, f: impl FnOnce(&mut SiteProfile)) {
-        let site = current_call_site();
-        let mut sites = self.sites.lock();
-        let entry = sites.entry(site).or_insert_with(|| SiteProfile {
-            site: site.map_or_else(|| UNATTRIBUTED.to_string(), |l| l.to_string()),
-            malloc_count: 0,
-            used_bytes: 0,
-            alloc_count: 0,
-            acquired_bytes: 0,
-        });
-        f(entry);
-    }
-
-    /// Every call site seen so far, most bytes used first.
-    pub fn report(&self) -> Vec<SiteProfile> {
-        let mut v: Vec<SiteProfile> = self.sites.lock().values().cloned().collect();
-        v.sort_by(|a, b| {
-            b.used_bytes
-                .cmp(&a.used_bytes)
-                .then_with(|| a.site.cmp(&b.site))
-        });
-        v
-    }
-
-    /// Forgets everything seen so far.
-    pub fn clear(&self) {
-        self.sites.lock().clear();
-    }
-}
-
-impl MemoryHook for LineProfileHook {
-    fn name(&self) -> &str {
-        "LineProfileHook"
-    }
-    fn alloc_postprocess(&self, e: &HookEvent) {
-        if !e.ptr.is_null() {
-            self.with_site(|s| {
-                s.alloc_count += 1;
-                s.acquired_bytes += e.mem_size as u64;
-            });
-        }
-    }
-    fn malloc_postprocess(&self, e: &HookEvent) {
-        if !e.ptr.is_null() {
-            self.with_site(|s| {
-                s.malloc_count += 1;
-                s.used_bytes += e.mem_size as u64;
-            });
-        }
-    }
-}
-
-impl fmt::Display for LineProfileHook {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "{:<48} {:>10} {:>12} {:>8} {:>12}",
-            "call site", "mallocs", "used", "allocs", "acquired"
-        )?;
-        for s in self.report() {
-            writeln!(
-                f,
-                "{:<48} {:>10} {:>12} {:>8} {:>12}",
-                s.site,
-                s.malloc_count,
-                fmt_bytes(s.used_bytes as usize),
-                s.alloc_count,
-                fmt_bytes(s.acquired_bytes as usize)
-            )?;
-        }
-        Ok(())
-    }
 }

@@ -1,17 +1,12 @@
-//! The adaptor side of memory hooks: [`HookedResourceAdaptor`] (fires `malloc_*` and
-//! `free_*` around any upstream) and [`allocate_here`]. The registry, the events and their
-//! dispatch live below the resources, in [`crate::hooks`] (a pool fires hooks itself); this
-//! module re-exports them, so `adaptor::hooks::*` is the whole hook API.
+//! [`HookedResourceAdaptor`]: fires the memory [`hooks`](super::hooks)' `malloc_*` and
+//! `free_*` events around any upstream (a pool fires its own).
 
-use std::any::Any;
+use super::hooks::{Source, active, dispatch_free, dispatch_malloc};
 
-pub use crate::hooks::*;
-
-use crate::backend::{DevicePtr, MemInfo};
-use crate::device::Device;
+use crate::backend::DevicePtr;
 use crate::error::Result;
-use crate::per_device::SharedResource;
 use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// Fires `malloc_*` and `free_*` around any upstream, for resources without built-in hooks
@@ -76,36 +71,5 @@ impl DeviceMemoryResource for HookedResourceAdaptor {
         self.upstream.deallocate(ptr, bytes, stream)
     }
 
-    fn device(&self) -> Device {
-        self.upstream.device()
-    }
-
-    fn name(&self) -> &'static str {
-        "HookedResourceAdaptor"
-    }
-
-    fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        super::same_adaptor(self, other, |a: &Self| &a.upstream)
-    }
-
-    fn memory_info(&self) -> Result<MemInfo> {
-        self.upstream.memory_info()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-/// Allocates from `resource` with the caller's source line as the call site that
-/// [`LineProfileHook`] (and [`current_call_site`]) sees. `#[track_caller]` makes the site a
-/// compile-time constant: this costs two thread-local stores.
-#[track_caller]
-pub fn allocate_here(
-    resource: &dyn DeviceMemoryResource,
-    bytes: usize,
-    stream: StreamView,
-) -> Result<DevicePtr> {
-    // `at_call_site` is `#[track_caller]` too: the site is this function's caller.
-    at_call_site(|| resource.allocate(bytes, stream))
+    crate::adaptor::upstream_tail!("HookedResourceAdaptor");
 }

@@ -1,0 +1,345 @@
+//! [`LoggingResourceAdaptor`]: a CSV log of every allocation and free in RMM's format, which
+//! [`super::replay()`] (and RMM's own replay benchmark) can play back.
+//!
+//! The format is RMM's `logging_resource_adaptor`:
+//! ```text
+//! Thread,Time,Action,Pointer,Size,Stream
+//! 140204,14:03:22.123456,allocate,0x7f5a2c000000,1048576,0x0
+//! 140204,14:03:22.123502,free,0x7f5a2c000000,1048576,0x0
+//! 140207,14:03:22.124010,allocate failure,0x0,85899345920,0x5581e2c0
+//! ```
+//! * `Thread`: the OS thread id (what spdlog's `%t` prints; on systems without
+//!   `/proc/thread-self`, a process-unique thread number);
+//! * `Time`: `HH:MM:SS.ffffff`, microseconds (spdlog's `%H:%M:%S.%f`), in UTC where spdlog
+//!   uses local time (see *Times* below for how precise);
+//! * `Action`: `allocate`, `free` or `allocate failure`;
+//! * `Pointer` and `Stream`: hexadecimal with `0x` (fmt's pointer format; a null pointer or the
+//!   default stream is `0x0`);
+//! * `Size`: bytes requested, in decimal.
+//!
+//! As in RMM, a free is logged before the upstream sees it and an allocation after it
+//! returned, so the log's line order is an order in which every pointer is freed before it
+//! is handed out again, whatever the threads did ([`super::replay::EventLog::parse`] relies
+//! on it).
+//!
+//! # Design: binary records on the hot path, CSV on a writer thread
+//!
+//! * **Records.** An allocation or free appends one fixed-size binary record (sequence
+//!   number, action and whether the time is precise; time in nanoseconds; pointer; size;
+//!   stream: 40 bytes) to a *chunk* of 1024 records owned by the calling thread for this
+//!   adaptor. The chunk lives in a thread-local list keyed by the adaptor's id (several
+//!   adaptors, e.g. one per device, each get their own chunks). The hot path takes no lock,
+//!   allocates nothing and makes no system call: one atomic increment of the adaptor's
+//!   sequence counter, a read of the coarse clock, five plain stores and one release store of
+//!   the chunk's length, which *publishes* the record.
+//! * **Order.** The sequence number is taken where RMM takes its lock (before the upstream
+//!   frees, after it allocated), so sequence order is an order in which every pointer is freed
+//!   before it is handed out again. The numbers are dense: the writer emits records in exactly
+//!   that order, merging the threads' chunks (each thread's records are already in order).
+//!   The file therefore has the same guarantee as RMM's (and the previous, synchronous
+//!   version's) line order. Nothing depends on the times.
+//! * **Times.** Reading the precise clock on every record would alone cost more than this
+//!   adaptor's budget. So a record carries the kernel's coarse clock (`CLOCK_REALTIME_COARSE`:
+//!   the time of the last timer tick, 1–10 ms old, a few ns to read), and reads the precise
+//!   clock only when its sequence number is a multiple of 16 or its thread's coarse time has
+//!   changed since that thread's last precise record. The writer gives a record without a
+//!   precise time the later of its coarse time and the time of the last precise record
+//!   before it (in sequence order): a lower bound, off by at most the time since that record
+//!   (at most 15 records back) and never by more than a tick. Every 16th record, and a
+//!   thread's first record in each tick (every record of a thread that logs less often), is
+//!   exact; under load the others are within microseconds.
+//! * **Writer thread.** Each adaptor has one writer thread. A thread announces every chunk it
+//!   starts to the writer over a channel (that message also says its previous chunk is full)
+//!   *before* it writes a record into it, so the writer holds every chunk and reads published
+//!   records directly, including those of partly filled chunks and of threads that have
+//!   exited: nothing depends on a thread handing its buffer over. The writer formats the CSV
+//!   into a 64 KiB buffer and writes it to the sink when the buffer fills, every 100 ms while
+//!   records trickle in, and on [`LoggingResourceAdaptor::flush`]. Consumed chunks go back to
+//!   a free list, so a busy thread reuses chunks rather than allocating them.
+//! * **Flush and drop.** `flush()` asks the writer to write every record whose sequence number
+//!   was taken before the call (so everything every thread logged before it, in whatever
+//!   chunk), to flush the sink and to answer; dropping the adaptor flushes, stops the writer
+//!   and joins it, so a normal end of the process loses nothing.
+//! * **Bounds.** At most 1024 chunks (40 MiB, about a million records) may wait for the
+//!   writer; a thread that needs a chunk beyond that waits for the writer to catch up (rather
+//!   than memory growing without bound). A thread that logs while its thread-local storage is
+//!   being torn down (a thread-local buffer freed at thread exit) logs through a one-record
+//!   chunk of its own: slower, but not lost.
+//! * **Errors.** A write error is reported through `tracing` once, stops the writing (records
+//!   are still consumed, so allocations go on at full speed) and is returned by every later
+//!   `flush()`; a failing flush of the sink is returned by that `flush()`.
+
+mod csv;
+mod records;
+mod writer;
+
+use std::fmt;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use std::collections::{BinaryHeap, HashMap};
+
+pub use records::log_thread_id;
+use records::{
+    ACTION_ALLOCATE, ACTION_FAILURE, ACTION_FREE, FREE_CHUNKS, LOCALS, Local, NEXT_ADAPTOR_ID,
+    NEXT_PRODUCER_ID, RecordQueue, SeqCounter,
+};
+use writer::{FlushError, Msg, OUT_BUFFER, Writer};
+
+use crate::backend::DevicePtr;
+use crate::error::{Error, Result};
+use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
+use crate::stream::StreamView;
+
+/// The first line of every log, RMM's header.
+pub const LOG_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+
+/// `<dir>/rmm_log.dev<device>.csv`: one log file per device.
+pub fn log_file_path(dir: impl AsRef<Path>, device: u32) -> PathBuf {
+    dir.as_ref().join(format!("rmm_log.dev{device}.csv"))
+}
+
+/// Logs every allocation and free through it to a CSV file in RMM's format (see the module
+/// documentation). The calling thread appends a binary record to a buffer of its own; a writer
+/// thread formats and writes the lines. [`LoggingResourceAdaptor::flush`] writes out
+/// everything logged so far, and dropping the adaptor flushes. A write error stops the logging
+/// (allocations go on) and is returned by the next `flush`.
+pub struct LoggingResourceAdaptor {
+    upstream: SharedResource,
+    path: Option<PathBuf>,
+    auto_flush: bool,
+    /// Keys the thread-local chunks.
+    id: u64,
+    queue: Arc<RecordQueue>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for LoggingResourceAdaptor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoggingResourceAdaptor")
+            .field("upstream", &self.upstream.name())
+            .field("path", &self.path)
+            .field("auto_flush", &self.auto_flush)
+            .finish()
+    }
+}
+
+fn io_error(path: &Path, what: &str, e: std::io::Error) -> Error {
+    Error::EventLog {
+        path: path.display().to_string(),
+        line: None,
+        problem: format!("{what} failed: {e}"),
+        hint: "Check that the directory exists and is writable, or log to another path".to_string(),
+    }
+}
+
+impl LoggingResourceAdaptor {
+    /// Logs to the file at `path`, created or truncated, starting with the header.
+    pub fn new(upstream: SharedResource, path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let file = File::create(path).map_err(|e| io_error(path, "creating the log", e))?;
+        Self::start(upstream, Box::new(file), Some(path.to_path_buf()))
+    }
+
+    /// Logs to `<dir>/rmm_log.dev<N>.csv`, N being the upstream's device ([`log_file_path`]).
+    pub fn in_dir(upstream: SharedResource, dir: impl AsRef<Path>) -> Result<Self> {
+        let path = log_file_path(dir, upstream.device().ordinal());
+        Self::new(upstream, path)
+    }
+
+    /// Logs to `writer`, starting with the header. The adaptor buffers what it writes (64 KiB
+    /// at a time), so `writer` needs no buffer of its own; it is written from the adaptor's
+    /// writer thread.
+    pub fn to_writer(
+        upstream: SharedResource,
+        writer: impl Write + Send + 'static,
+    ) -> Result<Self> {
+        Self::start(upstream, Box::new(writer), None)
+    }
+
+    fn start(
+        upstream: SharedResource,
+        mut sink: Box<dyn Write + Send>,
+        path: Option<PathBuf>,
+    ) -> Result<Self> {
+        let name = path
+            .as_deref()
+            .unwrap_or(Path::new("<writer>"))
+            .to_path_buf();
+        writeln!(sink, "{LOG_HEADER}").map_err(|e| io_error(&name, "writing the header", e))?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (free_tx, free_rx) = crossbeam_channel::bounded(FREE_CHUNKS);
+        let queue = Arc::new(RecordQueue {
+            seq: SeqCounter(AtomicU64::new(0)),
+            tx,
+            free_rx,
+            outstanding: AtomicUsize::new(0),
+            writer_alive: AtomicBool::new(true),
+            auto_flush: AtomicBool::new(false),
+        });
+        let writer = Writer {
+            rx,
+            free_tx,
+            queue: Arc::clone(&queue),
+            sink,
+            out: Vec::with_capacity(OUT_BUFFER + 256),
+            error: None,
+            producers: HashMap::new(),
+            heap: BinaryHeap::new(),
+            next_seq: 0,
+            flushes: Vec::new(),
+            shutdown: None,
+            last_progress: Instant::now(),
+            read_all: false,
+            second: (u64::MAX, [0; 9]),
+            precise: 0,
+        };
+        let handle = std::thread::Builder::new()
+            .name("rmm-log-writer".to_string())
+            .spawn(move || writer.run())
+            .map_err(|e| io_error(&name, "starting the log writer thread", e))?;
+        Ok(LoggingResourceAdaptor {
+            upstream,
+            path,
+            auto_flush: false,
+            id: NEXT_ADAPTOR_ID.fetch_add(1, Ordering::Relaxed),
+            queue,
+            writer: Some(handle),
+        })
+    }
+
+    /// When `on`, every allocation and free waits until its line is written and the sink
+    /// flushed (slow: as RMM's `auto_flush`, the log is complete even if the process dies).
+    pub fn auto_flush(mut self, on: bool) -> Self {
+        self.auto_flush = on;
+        self.queue.auto_flush.store(on, Ordering::Relaxed);
+        self
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &SharedResource {
+        &self.upstream
+    }
+
+    /// The log file, when logging to a file.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Writes out everything logged so far, by every thread (those that have exited too), and
+    /// flushes the file. Returns the first write error, if logging stopped, or the error of
+    /// flushing.
+    pub fn flush(&self) -> Result<()> {
+        self.flush_to(self.queue.seq.0.load(Ordering::SeqCst))
+    }
+
+    /// Writes out the records with sequence numbers below `target` and flushes.
+    fn flush_to(&self, target: u64) -> Result<()> {
+        let path = self.path.as_deref().unwrap_or(Path::new("<writer>"));
+        let gone = || Error::EventLog {
+            path: path.display().to_string(),
+            line: None,
+            problem: "the log's writer thread has stopped".to_string(),
+            hint: "See the error logged before this one".to_string(),
+        };
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.queue
+            .tx
+            .send(Msg::Flush { target, reply })
+            .map_err(|_| gone())?;
+        match answer.recv() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(FlushError::Stopped(e))) => Err(Error::EventLog {
+                path: path.display().to_string(),
+                line: None,
+                problem: format!("a write failed and logging stopped: {e}"),
+                hint: "Free space on the log's file system or log to another path".to_string(),
+            }),
+            Ok(Err(FlushError::Flush(e))) => Err(io_error(path, "flushing the log", e)),
+            Err(_) => Err(gone()),
+        }
+    }
+
+    #[inline]
+    fn log(&self, action: u64, ptr: DevicePtr, size: usize, stream: StreamView) {
+        let (ptr, size, stream) = (ptr.addr(), size as u64, stream.raw());
+        let seq = LOCALS
+            .try_with(|locals| {
+                let mut locals = locals.try_borrow_mut().ok()?;
+                let i = match locals.iter().position(|l| l.adaptor == self.id) {
+                    Some(i) => i,
+                    None => self.register(&mut locals),
+                };
+                Some(self.queue.push(&mut locals[i], action, ptr, size, stream))
+            })
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| self.queue.push_alone(action, ptr, size, stream));
+        if self.auto_flush {
+            // Errors are logged by the writer and returned by the next `flush`.
+            let _ = self.flush_to(seq + 1);
+        }
+    }
+
+    /// Adds this adaptor's chunk to the calling thread's list (dropping those of adaptors
+    /// that are gone). Returns its index.
+    #[cold]
+    #[inline(never)]
+    fn register(&self, locals: &mut Vec<Local>) -> usize {
+        locals.retain(|l| l.queue.strong_count() > 0);
+        let producer = NEXT_PRODUCER_ID.fetch_add(1, Ordering::Relaxed);
+        let chunk = self.queue.take_chunk(producer, log_thread_id());
+        let _ = self.queue.tx.send(Msg::Chunk(Arc::clone(&chunk)));
+        locals.push(Local {
+            adaptor: self.id,
+            queue: Arc::downgrade(&self.queue),
+            chunk,
+            len: 0,
+            coarse: 0,
+        });
+        locals.len() - 1
+    }
+}
+
+impl DeviceMemoryResource for LoggingResourceAdaptor {
+    fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
+        match self.upstream.allocate(bytes, stream) {
+            Ok(p) => {
+                self.log(ACTION_ALLOCATE, p, bytes, stream);
+                Ok(p)
+            }
+            Err(e) => {
+                self.log(ACTION_FAILURE, DevicePtr::NULL, bytes, stream);
+                Err(e)
+            }
+        }
+    }
+
+    fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
+        self.log(ACTION_FREE, ptr, bytes, stream);
+        self.upstream.deallocate(ptr, bytes, stream)
+    }
+
+    crate::adaptor::upstream_tail!("LoggingResourceAdaptor");
+}
+
+impl Drop for LoggingResourceAdaptor {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::error!("{e}");
+        }
+        let target = self.queue.seq.0.load(Ordering::SeqCst);
+        let _ = self.queue.tx.send(Msg::Shutdown { target });
+        if let Some(h) = self.writer.take()
+            && h.join().is_err()
+        {
+            tracing::error!("memory event log: the writer thread panicked");
+        }
+    }
+}

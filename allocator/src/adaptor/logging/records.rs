@@ -1,0 +1,218 @@
+//! The hot path's side of the log: per-thread chunks of fixed-size binary records, the
+//! sequence counter that orders them, and the clocks a record's time comes from.
+
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::writer::Msg;
+use crate::sync::clock::{coarse_realtime_ns, realtime_ns};
+
+thread_local! {
+    static LOG_THREAD_ID: Cell<u64> = const { Cell::new(0) };
+}
+
+static NEXT_THREAD_NUMBER: AtomicU64 = AtomicU64::new(1);
+
+/// The calling thread's id as logs show it: the OS thread id where `/proc/thread-self`
+/// exists, else a process-unique number. Read once per thread.
+pub fn log_thread_id() -> u64 {
+    LOG_THREAD_ID.with(|c| {
+        if c.get() == 0 {
+            let tid = std::fs::read_link("/proc/thread-self")
+                .ok()
+                .and_then(|p| p.file_name()?.to_str()?.parse::<u64>().ok())
+                .filter(|&t| t != 0)
+                .unwrap_or_else(|| NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed));
+            c.set(tid);
+        }
+        c.get()
+    })
+}
+
+/// Records per chunk (40 KiB).
+pub(super) const CHUNK_RECORDS: usize = 1024;
+/// Chunks that may be waiting for the writer, per adaptor, before logging threads wait.
+pub(super) const MAX_CHUNKS: usize = 1024;
+/// Consumed chunks kept for reuse.
+pub(super) const FREE_CHUNKS: usize = 64;
+
+/// Every this many records (by sequence number) read the precise clock.
+pub(super) const PRECISE_EVERY: u64 = 16;
+
+/// A record's first word: `sequence << TAG_SEQ_SHIFT | TAG_PRECISE? | action`.
+pub(super) const TAG_SEQ_SHIFT: u32 = 3;
+/// The time is the precise clock's (else the coarse clock's).
+pub(super) const TAG_PRECISE: u64 = 4;
+pub(super) const ACTION_ALLOCATE: u64 = 0;
+pub(super) const ACTION_FREE: u64 = 1;
+pub(super) const ACTION_FAILURE: u64 = 2;
+
+pub(super) static NEXT_ADAPTOR_ID: AtomicU64 = AtomicU64::new(1);
+pub(super) static NEXT_PRODUCER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One record: `[tag (sequence number, precise, action), time (ns since the epoch), pointer,
+/// size, stream]`.
+/// Atomics only so that the writer may read a chunk the owner is still filling; the owner's
+/// stores are plain (relaxed) stores, published by the release store of [`Chunk::len`].
+pub(super) type Record = [AtomicU64; 5];
+
+/// A run of records of one thread for one adaptor.
+pub(super) struct Chunk {
+    /// The (thread, adaptor) pair that fills it.
+    pub(super) producer: u64,
+    /// The thread's id as the log shows it.
+    pub(super) thread: u64,
+    /// Records published (written completely); only the owner stores, with `Release`.
+    pub(super) len: AtomicUsize,
+    pub(super) records: Box<[Record]>,
+}
+
+impl Chunk {
+    pub(super) fn new(capacity: usize, producer: u64, thread: u64) -> Chunk {
+        Chunk {
+            producer,
+            thread,
+            len: AtomicUsize::new(0),
+            records: (0..capacity)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+}
+
+/// The adaptor's sequence counter, on a cache line of its own.
+#[repr(align(128))]
+pub(super) struct SeqCounter(pub(super) AtomicU64);
+
+/// What the adaptor, its writer and (weakly) the logging threads share.
+pub(super) struct RecordQueue {
+    pub(super) seq: SeqCounter,
+    pub(super) tx: Sender<Msg>,
+    pub(super) free_rx: Receiver<Arc<Chunk>>,
+    /// Chunks allocated and not yet dropped (in use, waiting or free).
+    pub(super) outstanding: AtomicUsize,
+    /// False once the writer thread has ended (then records are dropped).
+    pub(super) writer_alive: AtomicBool,
+    pub(super) auto_flush: AtomicBool,
+}
+
+/// A thread's chunk for one adaptor.
+pub(super) struct Local {
+    pub(super) adaptor: u64,
+    /// For pruning: dead once the adaptor and its writer are gone.
+    pub(super) queue: Weak<RecordQueue>,
+    pub(super) chunk: Arc<Chunk>,
+    /// Records written into `chunk` (the owner's copy of `chunk.len`).
+    pub(super) len: usize,
+    /// The coarse time of this thread's last precise record.
+    pub(super) coarse: u64,
+}
+
+thread_local! {
+    pub(super) static LOCALS: RefCell<Vec<Local>> = const { RefCell::new(Vec::new()) };
+}
+
+impl RecordQueue {
+    /// Writes one record into `local`'s chunk and publishes it. Returns its sequence number.
+    #[inline]
+    pub(super) fn push(
+        &self,
+        local: &mut Local,
+        action: u64,
+        ptr: u64,
+        size: u64,
+        stream: u64,
+    ) -> u64 {
+        let seq = self.seq.0.fetch_add(1, Ordering::Relaxed);
+        let coarse = coarse_realtime_ns();
+        let (time, precise) = if seq.is_multiple_of(PRECISE_EVERY) || coarse != local.coarse {
+            local.coarse = coarse;
+            (realtime_ns(), TAG_PRECISE)
+        } else {
+            (coarse, 0)
+        };
+        let r = &local.chunk.records[local.len];
+        r[0].store(seq << TAG_SEQ_SHIFT | precise | action, Ordering::Relaxed);
+        r[1].store(time, Ordering::Relaxed);
+        r[2].store(ptr, Ordering::Relaxed);
+        r[3].store(size, Ordering::Relaxed);
+        r[4].store(stream, Ordering::Relaxed);
+        local.len += 1;
+        local.chunk.len.store(local.len, Ordering::Release);
+        if local.len == local.chunk.records.len() {
+            self.replace_chunk(local);
+        }
+        seq
+    }
+
+    /// A chunk for `producer`: a free one, a new one, or (past [`MAX_CHUNKS`]) the next one
+    /// the writer frees.
+    pub(super) fn take_chunk(&self, producer: u64, thread: u64) -> Arc<Chunk> {
+        loop {
+            let recycled = match self.free_rx.try_recv() {
+                Ok(c) => Some(c),
+                Err(_) => {
+                    let n = self.outstanding.fetch_add(1, Ordering::Relaxed);
+                    if n < MAX_CHUNKS || !self.writer_alive.load(Ordering::Relaxed) {
+                        return Arc::new(Chunk::new(CHUNK_RECORDS, producer, thread));
+                    }
+                    self.outstanding.fetch_sub(1, Ordering::Relaxed);
+                    // The writer is behind: wake it and wait for a chunk it frees.
+                    let _ = self.tx.send(Msg::Wake);
+                    self.free_rx.recv_timeout(Duration::from_millis(10)).ok()
+                }
+            };
+            if let Some(mut c) = recycled
+                && let Some(m) = Arc::get_mut(&mut c)
+            {
+                m.producer = producer;
+                m.thread = thread;
+                *m.len.get_mut() = 0;
+                return c;
+            }
+        }
+    }
+
+    /// Gives `local` a fresh chunk (its chunk is full) and announces it.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn replace_chunk(&self, local: &mut Local) {
+        local.len = 0;
+        if !self.writer_alive.load(Ordering::Relaxed)
+            && let Some(c) = Arc::get_mut(&mut local.chunk)
+        {
+            // Nobody reads the records any more: reuse the chunk.
+            *c.len.get_mut() = 0;
+            return;
+        }
+        let chunk = self.take_chunk(local.chunk.producer, local.chunk.thread);
+        let _ = self.tx.send(Msg::Chunk(Arc::clone(&chunk)));
+        local.chunk = chunk;
+    }
+
+    /// Logs one record through a one-record chunk of its own (the thread-local list is not
+    /// available: the thread is tearing it down, or logging re-entered itself).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn push_alone(&self, action: u64, ptr: u64, size: u64, stream: u64) -> u64 {
+        let producer = NEXT_PRODUCER_ID.fetch_add(1, Ordering::Relaxed);
+        let chunk = Arc::new(Chunk::new(1, producer, log_thread_id()));
+        let _ = self.tx.send(Msg::Chunk(Arc::clone(&chunk)));
+        let seq = self.seq.0.fetch_add(1, Ordering::Relaxed);
+        let r = &chunk.records[0];
+        r[0].store(
+            seq << TAG_SEQ_SHIFT | TAG_PRECISE | action,
+            Ordering::Relaxed,
+        );
+        r[1].store(realtime_ns(), Ordering::Relaxed);
+        r[2].store(ptr, Ordering::Relaxed);
+        r[3].store(size, Ordering::Relaxed);
+        r[4].store(stream, Ordering::Relaxed);
+        chunk.len.store(1, Ordering::Release);
+        seq
+    }
+}

@@ -1,0 +1,485 @@
+//! The log side of replay: RMM's CSV parsed into an [`EventLog`] (each free tied to the
+//! allocation it frees), by a line parser that [`super::replay_streamed`] shares.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::adaptor::logging::LOG_HEADER;
+use crate::error::{Error, Result};
+
+/// What a log line records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogAction {
+    /// A successful allocation.
+    Allocate,
+    /// A free.
+    Free,
+    /// A failed allocation (`allocate failure`).
+    AllocateFailure,
+}
+
+impl LogAction {
+    /// The text in the log.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LogAction::Allocate => "allocate",
+            LogAction::Free => "free",
+            LogAction::AllocateFailure => "allocate failure",
+        }
+    }
+}
+
+impl fmt::Display for LogAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One line of a log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEvent {
+    /// 1-based line number in the file.
+    pub line: usize,
+    /// Index into [`EventLog::threads`].
+    pub thread: usize,
+    /// Microseconds since midnight, when the `Time` field is `HH:MM:SS.ffffff`.
+    pub time_us: Option<u64>,
+    /// What happened.
+    pub action: LogAction,
+    /// The pointer (0 for failures).
+    pub ptr: u64,
+    /// Bytes.
+    pub size: usize,
+    /// The logged stream handle.
+    pub stream: u64,
+}
+
+/// A parsed, checked log.
+#[derive(Debug, Clone)]
+pub struct EventLog {
+    /// Where it came from (the path, or the name given to [`EventLog::parse`]).
+    pub source: String,
+    /// Every event, in log order.
+    pub events: Vec<LogEvent>,
+    /// The logged thread ids, in order of first appearance.
+    pub threads: Vec<String>,
+    /// For each event: for a free, the index of the allocation it frees (`None` when the log
+    /// never allocated that pointer); for other events, `None`.
+    pub freed_allocation: Vec<Option<usize>>,
+    /// Peak of the bytes live in log order.
+    pub peak_bytes: u64,
+    /// Frees of pointers the log never allocated.
+    pub unmatched_frees: usize,
+    /// `allocate failure` lines.
+    pub logged_failures: usize,
+    /// Allocations never freed by the end of the log.
+    pub unfreed: usize,
+}
+
+const FORMAT_HINT: &str = "Every line must be Thread,Time,Action,Pointer,Size,Stream as RMM's \
+     logging_resource_adaptor (or rmm-rs's LoggingResourceAdaptor) writes it; fix or remove \
+     the line";
+
+fn parse_hex(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let digits = t
+        .strip_prefix("0x")
+        .or_else(|| t.strip_prefix("0X"))
+        .unwrap_or(t);
+    if digits.is_empty() {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
+}
+
+/// `HH:MM:SS.ffffff` (or `HH:MM:SS:ffffff`, or without fraction) → microseconds since midnight.
+fn parse_time(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let (hms, frac) = match t.rfind(['.', ':']) {
+        Some(i) if t[..i].matches(':').count() == 2 => (&t[..i], &t[i + 1..]),
+        _ => (t, ""),
+    };
+    let mut parts = hms.split(':');
+    let h: u64 = parts.next()?.parse().ok()?;
+    let m: u64 = parts.next()?.parse().ok()?;
+    let s: u64 = parts.next()?.parse().ok()?;
+    if parts.next().is_some() || h > 23 || m > 59 || s > 60 {
+        return None;
+    }
+    // Up to six digits of the fraction (microseconds), without allocating: logs have
+    // millions of lines.
+    let digits = &frac.as_bytes()[..frac.len().min(6)];
+    let us = if digits.is_empty() {
+        0
+    } else {
+        let v: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+        v * 10u64.pow(6 - digits.len() as u32)
+    };
+    Some(((h * 60 + m) * 60 + s) * 1_000_000 + us)
+}
+
+/// The most columns a log's header may have (RMM's has six).
+const MAX_COLUMNS: usize = 16;
+
+/// The allocation a free line frees.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Freed {
+    /// Index of the allocation's event.
+    pub(crate) event: usize,
+    /// Its size.
+    pub(crate) size: usize,
+}
+
+/// A live allocation while parsing.
+#[derive(Debug, Clone, Copy)]
+struct LiveAllocation {
+    event: usize,
+    line: usize,
+    size: usize,
+}
+
+/// Reads a log one line at a time, checking each as [`EventLog::parse`] does, and keeps only
+/// what it needs to (the threads, the live allocations, the counts): its memory grows with
+/// the live allocations, not with the length of the log.
+#[derive(Debug)]
+pub(crate) struct LineParser {
+    source: String,
+    /// Columns of Thread, Time, Action, Pointer, Size, Stream.
+    columns: [usize; 6],
+    names: Vec<String>,
+    thread_index: HashMap<String, usize>,
+    /// The logged thread ids, in order of first appearance.
+    pub(crate) threads: Vec<String>,
+    live: HashMap<u64, LiveAllocation>,
+    live_bytes: u64,
+    /// Events read so far.
+    pub(crate) events: usize,
+    /// Peak of the bytes live in log order.
+    pub(crate) peak_bytes: u64,
+    /// Frees of pointers the log never allocated.
+    pub(crate) unmatched_frees: usize,
+    /// `allocate failure` lines.
+    pub(crate) logged_failures: usize,
+}
+
+impl LineParser {
+    /// The error for a log without a header.
+    pub(crate) fn empty(source: &str) -> Error {
+        Error::EventLog {
+            path: source.to_string(),
+            line: None,
+            problem: "the log is empty".to_string(),
+            hint: format!("A log starts with the header `{LOG_HEADER}`"),
+        }
+    }
+
+    fn err(&self, line: usize, problem: String, hint: &str) -> Error {
+        Error::EventLog {
+            path: self.source.clone(),
+            line: Some(line),
+            problem,
+            hint: hint.to_string(),
+        }
+    }
+
+    /// A parser for the log whose header (at `header_line`) is `header`.
+    pub(crate) fn new(source: &str, header_line: usize, header: &str) -> Result<LineParser> {
+        let names: Vec<String> = header.split(',').map(|n| n.trim().to_string()).collect();
+        let column = |name: &str| names.iter().position(|n| n == name);
+        let mut parser = LineParser {
+            source: source.to_string(),
+            columns: [0; 6],
+            names: Vec::new(),
+            thread_index: HashMap::new(),
+            threads: Vec::new(),
+            live: HashMap::new(),
+            live_bytes: 0,
+            events: 0,
+            peak_bytes: 0,
+            unmatched_frees: 0,
+            logged_failures: 0,
+        };
+        let (
+            Some(c_thread),
+            Some(c_time),
+            Some(c_action),
+            Some(c_ptr),
+            Some(c_size),
+            Some(c_stream),
+        ) = (
+            column("Thread"),
+            column("Time"),
+            column("Action"),
+            column("Pointer"),
+            column("Size"),
+            column("Stream"),
+        )
+        else {
+            return Err(parser.err(
+                header_line,
+                format!("found header `{header}`, expected `{LOG_HEADER}`"),
+                "Give a log written by RMM's logging_resource_adaptor or rmm-rs's \
+                 LoggingResourceAdaptor",
+            ));
+        };
+        if names.len() > MAX_COLUMNS {
+            return Err(parser.err(
+                header_line,
+                format!(
+                    "found a header of {} columns, expected at most {MAX_COLUMNS} (`{LOG_HEADER}`)",
+                    names.len()
+                ),
+                FORMAT_HINT,
+            ));
+        }
+        parser.columns = [c_thread, c_time, c_action, c_ptr, c_size, c_stream];
+        parser.names = names;
+        Ok(parser)
+    }
+
+    /// Allocations live at this point of the log.
+    pub(crate) fn live_allocations(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Parses and checks line `line_no` (not blank, without its line end): the event, and
+    /// for a free of an allocation the log made, that allocation.
+    pub(crate) fn line(&mut self, line_no: usize, line: &str) -> Result<(LogEvent, Option<Freed>)> {
+        let [c_thread, c_time, c_action, c_ptr, c_size, c_stream] = self.columns;
+        // The fields, without allocating (the header has at most MAX_COLUMNS).
+        let mut fields = [""; MAX_COLUMNS];
+        let mut count = 0;
+        for field in line.split(',') {
+            if let Some(slot) = fields.get_mut(count) {
+                *slot = field.trim();
+            }
+            count += 1;
+        }
+        if count != self.names.len() {
+            return Err(self.err(
+                line_no,
+                format!(
+                    "found {} field(s) in `{line}`, expected {} ({})",
+                    count,
+                    self.names.len(),
+                    self.names.join(",")
+                ),
+                FORMAT_HINT,
+            ));
+        }
+        let thread_text = fields[c_thread];
+        if thread_text.is_empty() {
+            return Err(self.err(
+                line_no,
+                format!("found an empty Thread field in `{line}`, expected a thread id"),
+                FORMAT_HINT,
+            ));
+        }
+        let action = match fields[c_action] {
+            "allocate" => LogAction::Allocate,
+            "free" => LogAction::Free,
+            "allocate failure" => LogAction::AllocateFailure,
+            other => {
+                return Err(self.err(
+                    line_no,
+                    format!(
+                        "found action `{other}`, expected `allocate`, `free` or \
+                         `allocate failure`"
+                    ),
+                    FORMAT_HINT,
+                ));
+            }
+        };
+        let ptr = parse_hex(fields[c_ptr]).ok_or_else(|| {
+            self.err(
+                line_no,
+                format!(
+                    "found pointer `{}`, expected a hexadecimal address such as \
+                     0x7f5a2c000000",
+                    fields[c_ptr]
+                ),
+                FORMAT_HINT,
+            )
+        })?;
+        let size: usize = fields[c_size].parse().map_err(|_| {
+            self.err(
+                line_no,
+                format!(
+                    "found size `{}`, expected a byte count in decimal",
+                    fields[c_size]
+                ),
+                FORMAT_HINT,
+            )
+        })?;
+        let stream = parse_hex(fields[c_stream]).ok_or_else(|| {
+            self.err(
+                line_no,
+                format!(
+                    "found stream `{}`, expected a hexadecimal stream handle such as 0x0",
+                    fields[c_stream]
+                ),
+                FORMAT_HINT,
+            )
+        })?;
+        let thread = match self.thread_index.get(thread_text) {
+            Some(&t) => t,
+            None => {
+                let t = self.threads.len();
+                self.thread_index.insert(thread_text.to_string(), t);
+                self.threads.push(thread_text.to_string());
+                t
+            }
+        };
+        let index = self.events;
+        let mut freed = None;
+        match action {
+            LogAction::Allocate if ptr != 0 => {
+                if let Some(prev) = self.live.get(&ptr) {
+                    return Err(self.err(
+                        line_no,
+                        format!(
+                            "allocate returned {ptr:#x}, which is still live (allocated at \
+                             line {} and not freed since), expected every pointer to be \
+                             freed before it is handed out again",
+                            prev.line
+                        ),
+                        "Is the log truncated in the middle, or two logs merged? Replay \
+                         one complete log per device",
+                    ));
+                }
+                self.live.insert(
+                    ptr,
+                    LiveAllocation {
+                        event: index,
+                        line: line_no,
+                        size,
+                    },
+                );
+                self.live_bytes += size as u64;
+                self.peak_bytes = self.peak_bytes.max(self.live_bytes);
+            }
+            LogAction::Allocate => {}
+            LogAction::Free => match self.live.remove(&ptr) {
+                Some(a) => {
+                    self.live_bytes -= a.size as u64;
+                    freed = Some(Freed {
+                        event: a.event,
+                        size: a.size,
+                    });
+                }
+                None if ptr == 0 => {}
+                None => self.unmatched_frees += 1,
+            },
+            LogAction::AllocateFailure => self.logged_failures += 1,
+        }
+        self.events += 1;
+        Ok((
+            LogEvent {
+                line: line_no,
+                thread,
+                time_us: parse_time(fields[c_time]),
+                action,
+                ptr,
+                size,
+                stream,
+            },
+            freed,
+        ))
+    }
+}
+
+impl EventLog {
+    /// Reads and parses the log at `path`.
+    pub fn read(path: impl AsRef<Path>) -> Result<EventLog> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::EventLog {
+            path: path.display().to_string(),
+            line: None,
+            problem: format!("reading the log failed: {e}"),
+            hint: "Check the path; logs are text files such as rmm_log.dev0.csv".to_string(),
+        })?;
+        Self::parse(&text, path.display().to_string())
+    }
+
+    /// Parses `text`; `source` names it in errors.
+    pub fn parse(text: &str, source: impl Into<String>) -> Result<EventLog> {
+        let source = source.into();
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
+            .filter(|(_, l)| !l.trim().is_empty());
+        let Some((header_line, header)) = lines.next() else {
+            return Err(LineParser::empty(&source));
+        };
+        let mut parser = LineParser::new(&source, header_line, header)?;
+        let mut events = Vec::new();
+        let mut freed_allocation = Vec::new();
+        for (line_no, line) in lines {
+            let (event, freed) = parser.line(line_no, line)?;
+            events.push(event);
+            freed_allocation.push(freed.map(|f| f.event));
+        }
+        Ok(EventLog {
+            source,
+            events,
+            freed_allocation,
+            peak_bytes: parser.peak_bytes,
+            unmatched_frees: parser.unmatched_frees,
+            logged_failures: parser.logged_failures,
+            unfreed: parser.live.len(),
+            threads: parser.threads,
+        })
+    }
+
+    /// Checks that the public fields agree with each other (as [`EventLog::parse`] makes
+    /// them), so that a log assembled or edited by hand cannot make a replay go wrong.
+    pub fn check(&self) -> Result<()> {
+        let bad = |problem: String| Error::EventLog {
+            path: self.source.clone(),
+            line: None,
+            problem,
+            hint: "Build logs with EventLog::parse or EventLog::read".to_string(),
+        };
+        if self.freed_allocation.len() != self.events.len() {
+            return Err(bad(format!(
+                "found {} freed_allocation entries for {} events, expected one per event",
+                self.freed_allocation.len(),
+                self.events.len()
+            )));
+        }
+        for (i, e) in self.events.iter().enumerate() {
+            if e.thread >= self.threads.len() {
+                return Err(bad(format!(
+                    "event {i} (line {}) names thread index {}, expected one below {}",
+                    e.line,
+                    e.thread,
+                    self.threads.len()
+                )));
+            }
+            if let Some(a) = self.freed_allocation[i] {
+                let ok = e.action == LogAction::Free
+                    && a < i
+                    && self.events[a].action == LogAction::Allocate;
+                if !ok {
+                    return Err(bad(format!(
+                        "event {i} (line {}) frees event {a}, expected a free of an earlier \
+                         allocation",
+                        e.line
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Time from the first to the last logged event, when the times parse (and the log does
+    /// not cross midnight).
+    pub fn logged_duration(&self) -> Option<Duration> {
+        let first = self.events.first()?.time_us?;
+        let last = self.events.last()?.time_us?;
+        last.checked_sub(first).map(Duration::from_micros)
+    }
+}

@@ -1,0 +1,224 @@
+//! The exact peak (the default, as in RMM): headroom split between the threads and a reserve.
+//!
+//! A peak is the maximum of a sum that no shard sees alone. Rather than one shared counter
+//! (one contended cache line written by every operation of every thread), the adaptor keeps
+//! the *headroom* `peak − current`, split between the threads and a reserve:
+//!
+//! * each shard holds a headroom word (bytes and allocations, packed in one `u64`). An
+//!   allocation takes its bytes and one allocation from its thread's word, a free gives them
+//!   back: one compare-and-swap on the thread's own cache line, nothing shared.
+//! * the rest of the headroom sits in a reserve behind a spin lock. A thread whose headroom is
+//!   short (or that holds more than 4 times its last share, and over 16 MiB or 256
+//!   allocations, after frees) takes the lock, puts its word into the reserve and draws a new
+//!   share: the reserve divided by the number of threads (16 at most).
+//! * when the reserve is short as well, the thread *freezes* every shard's word: swapping a
+//!   marker in collects the headroom into the reserve and makes each owner's next operation wait
+//!   for the lock. The reserve then holds all of the headroom, so the current value is exactly
+//!   `peak − reserve`; if the allocation still does not fit, the peak is raised by the shortfall,
+//!   to exactly the current value after the allocation. The words are thawed (empty) before
+//!   the lock is released.
+//!
+//! Invariant, for bytes and for allocations alike: current + headroom held by the threads +
+//! reserve = peak, with every term non-negative.
+//!
+//! **Guarantee.** Every allocation and free takes effect at one instant inside the adaptor's
+//! call (after the upstream returned): its compare-and-swap, or a point under the lock. These
+//! instants order the operations consistently with real time (one that returned before another
+//! was called takes effect first; an owner that meets a frozen word waits, so no operation
+//! that takes effect after a freeze is counted before one that took effect before it). The
+//! peak is the maximum of the live sum over that order: never lower than the sum at any
+//! instant (a sum above the peak would need negative headroom), and never higher than a sum
+//! that held at one instant (a raise sets the peak to the exact current value, with every
+//! thread's headroom collected). This is RMM's exact peak, whose order is that of its mutex.
+//! A peak read while other threads allocate is the peak at some instant during the read.
+//!
+//! **Cost.** One uncontended compare-and-swap per operation on the thread's own line besides
+//! the counting; the lock only when a thread's share runs out. How often depends on how close
+//! the live sum runs to its peak: a workload that hovers near its peak takes the lock more
+//! often, and freezes now and then. A freeze touches every shard (one cache line per thread
+//! that used the adaptor) twice. Under several threads this is far cheaper than the one shared
+//! counter it replaced, and single-threaded close to the approximate peak
+//! (`benches/adaptors.rs` measures both).
+
+use std::sync::atomic::Ordering;
+
+use super::{MAX_SHARDS, Shard, StatisticsResourceAdaptor};
+use crate::adaptor::Upstream;
+#[cfg(doc)]
+use crate::sync::SpinLock;
+
+// A shard's headroom word (exact peak): bytes in bits 0..48, allocations in bits 48..63 and
+// `FROZEN` in bit 63. A frozen word holds no headroom and fails both fast paths.
+pub(super) const HR_BYTES: u64 = (1 << 48) - 1;
+pub(super) const HR_ONE: u64 = 1 << 48;
+pub(super) const HR_COUNT_MAX: u64 = (1 << 15) - 1;
+pub(super) const FROZEN: u64 = 1 << 63;
+/// A share drawn from the reserve is at most the reserve over this many threads...
+pub(super) const SHARES_MAX: i64 = 16;
+/// ...and at most this large (so that `KEEP_FACTOR` times it fits its field).
+pub(super) const GRANT_BYTES_MAX: i64 = 1 << 44;
+pub(super) const GRANT_COUNT_MAX: i64 = 4095;
+/// A thread returns headroom to the reserve when frees take it past this many times its last
+/// share, or past the floors below, whichever is more.
+pub(super) const KEEP_FACTOR: i64 = 4;
+pub(super) const KEEP_FLOOR_BYTES: i64 = 16 << 20;
+pub(super) const KEEP_FLOOR_COUNT: i64 = 256;
+
+pub(super) const fn hr_pack(bytes: i64, count: i64) -> u64 {
+    ((count as u64) << 48) | bytes as u64
+}
+
+/// Exact peak: the headroom no thread holds. It sits behind a [`SpinLock`] (every critical
+/// section is short and bounded: at most two stores per shard, no allocation, no system call).
+#[derive(Debug, Default)]
+pub(super) struct Reserve {
+    pub(super) bytes: i64,
+    pub(super) count: i64,
+}
+
+impl Reserve {
+    /// Adds a headroom word taken from a shard (a frozen one holds nothing).
+    pub(super) fn take(&mut self, word: u64) {
+        if word & FROZEN == 0 {
+            self.bytes += (word & HR_BYTES) as i64;
+            self.count += (word >> 48) as i64;
+        }
+    }
+}
+
+impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
+    /// Exact peak: takes `bytes` and one allocation from this thread's headroom, or trades
+    /// with the reserve when it holds too little (or is frozen).
+    #[inline(always)]
+    pub(super) fn take_headroom(&self, s: &Shard, bytes: i64) {
+        let b = bytes as u64;
+        let mut w = s.headroom.load(Ordering::Relaxed);
+        loop {
+            // The count field must be in 1..=HR_COUNT_MAX: not empty, not frozen.
+            if (w >> 48).wrapping_sub(1) >= HR_COUNT_MAX || (w & HR_BYTES) < b {
+                return self.trade(Some(s), bytes, true);
+            }
+            match s.headroom.compare_exchange_weak(
+                w,
+                w - b - HR_ONE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// Exact peak: gives `bytes` and one allocation back to this thread's headroom, or trades
+    /// with the reserve when that would take it past its keep limit (or it is frozen).
+    #[inline(always)]
+    pub(super) fn give_headroom(&self, s: &Shard, bytes: i64) {
+        let b = bytes as u64;
+        let keep = s.keep.load(Ordering::Relaxed);
+        let mut w = s.headroom.load(Ordering::Relaxed);
+        loop {
+            // A frozen word's count field is above any keep limit.
+            if (w & HR_BYTES) + b > (keep & HR_BYTES) || (w >> 48) >= (keep >> 48) {
+                return self.trade(Some(s), bytes, false);
+            }
+            match s.headroom.compare_exchange_weak(
+                w,
+                w + b + HR_ONE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// Exact peak, under the reserve's lock: puts this thread's headroom into the reserve, applies
+    /// the operation to the reserve (freezing every shard and raising the peak when an
+    /// allocation does not fit), and draws a new share. `shard` is `None` for the overflow
+    /// shard, which holds no headroom.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn trade(&self, shard: Option<&Shard>, bytes: i64, alloc: bool) {
+        let mut reserve = self.figures.reserve.lock();
+        if let Some(s) = shard {
+            // Words are frozen only while the lock is held: this one is not.
+            reserve.take(s.headroom.swap(0, Ordering::Relaxed));
+        }
+        if alloc {
+            if reserve.bytes < bytes || reserve.count < 1 {
+                let frozen = self.freeze_all(&mut reserve);
+                self.raise_to_fit(&mut reserve, bytes, 1);
+                self.thaw(frozen);
+            }
+            reserve.bytes -= bytes;
+            reserve.count -= 1;
+        } else {
+            reserve.bytes = reserve.bytes.saturating_add(bytes);
+            reserve.count += 1;
+        }
+        if let Some(s) = shard {
+            self.draw_share(&mut reserve, s);
+        }
+    }
+
+    /// Freezes every shard's headroom word, moving what the words held into the reserve, and
+    /// returns how many shards it froze (the first ones). The reserve then holds all the
+    /// headroom: peak − reserve is the exact current value. An owner that meets its frozen word
+    /// waits for the lock; [`Self::thaw`] empties the words before the lock is released.
+    pub(super) fn freeze_all(&self, reserve: &mut Reserve) -> usize {
+        // Registration takes the reserve's lock too: no shard appears during the freeze.
+        let n = self.threads.load(Ordering::Relaxed).min(MAX_SHARDS);
+        for s in &self.shards[..n] {
+            reserve.take(s.headroom.swap(FROZEN, Ordering::Relaxed));
+        }
+        n
+    }
+
+    /// Thaws the first `n` shards' words, empty: their owners' frees go on without the lock,
+    /// their allocations draw a new share.
+    pub(super) fn thaw(&self, n: usize) {
+        for s in &self.shards[..n] {
+            s.headroom.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// With every shard frozen, raises the peak just enough for the reserve to hold `bytes`
+    /// and `count` more: to exactly the current value after the allocation.
+    pub(super) fn raise_to_fit(&self, reserve: &mut Reserve, bytes: i64, count: i64) {
+        if reserve.bytes < bytes {
+            let peak = self.run_peak_bytes.load(Ordering::Relaxed) + (bytes - reserve.bytes);
+            self.run_peak_bytes.store(peak, Ordering::Relaxed);
+            self.figures
+                .life_peak_bytes
+                .fetch_max(peak, Ordering::Relaxed);
+            reserve.bytes = bytes;
+        }
+        if reserve.count < count {
+            let peak = self.run_peak_count.load(Ordering::Relaxed) + (count - reserve.count);
+            self.run_peak_count.store(peak, Ordering::Relaxed);
+            self.figures
+                .life_peak_count
+                .fetch_max(peak, Ordering::Relaxed);
+            reserve.count = count;
+        }
+    }
+
+    /// Gives this thread's (emptied) word a share of the reserve and sets its keep limit.
+    pub(super) fn draw_share(&self, reserve: &mut Reserve, s: &Shard) {
+        let shares = (self.threads.load(Ordering::Relaxed) as i64).clamp(1, SHARES_MAX);
+        let bytes = (reserve.bytes / shares).clamp(0, GRANT_BYTES_MAX);
+        let count = (reserve.count / shares).clamp(0, GRANT_COUNT_MAX);
+        reserve.bytes -= bytes;
+        reserve.count -= count;
+        s.keep.store(
+            hr_pack(
+                (bytes * KEEP_FACTOR).max(KEEP_FLOOR_BYTES),
+                (count * KEEP_FACTOR).max(KEEP_FLOOR_COUNT),
+            ),
+            Ordering::Relaxed,
+        );
+        s.headroom.store(hr_pack(bytes, count), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,189 @@
+//! [`MemoryReport`]: one statistics adaptor's figures in the shape of PyTorch's
+//! `torch.cuda.memory_stats()`, with the pool and failure-callback figures of its chain.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::Ordering;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Counter, StatisticsResourceAdaptor};
+use crate::adaptor::failure_callback::FailureCallbackResourceAdaptor;
+use crate::adaptor::{Upstream, chain, chain_names, find_in_chain};
+use crate::error::fmt_bytes;
+use crate::resource::PoolMemoryResource;
+
+impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
+    /// A report in the shape PyTorch users know: allocated vs reserved bytes (reserved from
+    /// the first pool in the upstream chain), retries (by failure-callback adaptors in the
+    /// chain) and out-of-memory errors.
+    pub fn report(&self) -> MemoryReport {
+        let pool =
+            find_in_chain::<PoolMemoryResource>((*self.upstream).as_dyn()).map(|p| p.usage());
+        let retries = chain((*self.upstream).as_dyn())
+            .into_iter()
+            .filter_map(|r| r.as_any().downcast_ref::<FailureCallbackResourceAdaptor>())
+            .map(|f| f.retry_count())
+            .sum();
+        MemoryReport {
+            device: self.upstream.device().ordinal(),
+            resource: chain_names(self),
+            allocated_bytes: self.lifetime_bytes(),
+            allocations: self.lifetime_allocations(),
+            reserved_bytes: pool.as_ref().map(|p| p.pool_size as u64),
+            reserved_maximum_bytes: pool.as_ref().and_then(|p| p.maximum_size.map(|m| m as u64)),
+            pool_in_use_bytes: pool.as_ref().map(|p| p.in_use as u64),
+            cached_free_bytes: pool
+                .as_ref()
+                .map(|p| p.pool_size.saturating_sub(p.in_use) as u64),
+            pool_free_bytes: pool.as_ref().map(|p| p.free as u64),
+            largest_free_block: pool.as_ref().map(|p| p.largest_free as u64),
+            fragmentation_permille: pool
+                .as_ref()
+                .map(|p| (p.fragmentation() * 1000.0).round() as u64),
+            num_alloc_retries: retries,
+            num_ooms: self.out_of_memory_count(),
+            num_failed_allocations: self.failed_allocation_count(),
+            peak_tolerance_bytes: self.tolerance_bytes as u64,
+            threads: self.threads.load(Ordering::Relaxed) as u64,
+        }
+    }
+}
+
+/// Memory figures of one statistics adaptor, in the shape of PyTorch's
+/// `torch.cuda.memory_stats()` (see [`MemoryReport::memory_stats`] for its key names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// Device ordinal.
+    pub device: u32,
+    /// The resource chain, e.g. `StatisticsResourceAdaptor > PoolMemoryResource > CudaMemoryResource`.
+    pub resource: String,
+    /// Bytes handed out through the adaptor (requested sizes): current, peak, total.
+    pub allocated_bytes: Counter,
+    /// Allocations through the adaptor: current, peak, total.
+    pub allocations: Counter,
+    /// Bytes the first pool in the chain holds from its upstream (PyTorch's reserved bytes).
+    pub reserved_bytes: Option<u64>,
+    /// That pool's maximum size.
+    pub reserved_maximum_bytes: Option<u64>,
+    /// Bytes in use in that pool, rounded as the pool hands them out (all its users).
+    pub pool_in_use_bytes: Option<u64>,
+    /// Reserved but not in use: cached by the pool.
+    pub cached_free_bytes: Option<u64>,
+    /// Bytes free in that pool, ready for requests (reserved − in use − blocks waiting for
+    /// another stream's work).
+    #[serde(default)]
+    pub pool_free_bytes: Option<u64>,
+    /// The largest free block of that pool: the largest request it can serve without growing.
+    pub largest_free_block: Option<u64>,
+    /// That pool's fragmentation in thousandths: 1000 × (1 − largest free block / free
+    /// bytes); 0 when its free memory is one block ([`MemoryReport::fragmentation`]).
+    #[serde(default)]
+    pub fragmentation_permille: Option<u64>,
+    /// Retries made by failure-callback adaptors in the chain (PyTorch's `num_alloc_retries`).
+    pub num_alloc_retries: u64,
+    /// Allocations that failed with out-of-memory (PyTorch's `num_ooms`).
+    pub num_ooms: u64,
+    /// Allocations that failed otherwise.
+    pub num_failed_allocations: u64,
+    /// The peak tolerance in bytes (0: exact peaks).
+    pub peak_tolerance_bytes: u64,
+    /// Threads that used the adaptor.
+    pub threads: u64,
+}
+
+impl MemoryReport {
+    /// The pool's fragmentation, 1 − largest free block / free bytes, from 0 (all free
+    /// memory in one block) toward 1 (many small pieces); `None` without a pool.
+    pub fn fragmentation(&self) -> Option<f64> {
+        self.fragmentation_permille.map(|f| f as f64 / 1000.0)
+    }
+
+    /// Pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("{{\"error\": \"serializing the report: {e}\"}}"))
+    }
+
+    /// The figures under PyTorch's `memory_stats()` key names (`allocated_bytes.all.current`,
+    /// `reserved_bytes.all.current`, `num_ooms`, ...); pool figures only when there is a pool.
+    pub fn memory_stats(&self) -> BTreeMap<String, i64> {
+        let mut m = BTreeMap::new();
+        let b = self.allocated_bytes;
+        let a = self.allocations;
+        m.insert("allocated_bytes.all.current".into(), b.value);
+        m.insert("allocated_bytes.all.peak".into(), b.peak);
+        m.insert("allocated_bytes.all.allocated".into(), b.total);
+        m.insert("allocated_bytes.all.freed".into(), b.total - b.value);
+        m.insert("allocation.all.current".into(), a.value);
+        m.insert("allocation.all.peak".into(), a.peak);
+        m.insert("allocation.all.allocated".into(), a.total);
+        m.insert("allocation.all.freed".into(), a.total - a.value);
+        m.insert("num_alloc_retries".into(), self.num_alloc_retries as i64);
+        m.insert("num_ooms".into(), self.num_ooms as i64);
+        if let Some(r) = self.reserved_bytes {
+            m.insert("reserved_bytes.all.current".into(), r as i64);
+        }
+        if let Some(c) = self.cached_free_bytes {
+            m.insert("inactive_split_bytes.all.current".into(), c as i64);
+        }
+        if let Some(l) = self.largest_free_block {
+            m.insert("largest_free_block".into(), l as i64);
+        }
+        if let Some(f) = self.pool_free_bytes {
+            m.insert("pool_free_bytes".into(), f as i64);
+        }
+        if let Some(f) = self.fragmentation_permille {
+            m.insert("fragmentation_permille".into(), f as i64);
+        }
+        m
+    }
+}
+
+impl fmt::Display for MemoryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let bytes = |v: i64| {
+            if v < 0 {
+                format!("-{}", fmt_bytes(v.unsigned_abs() as usize))
+            } else {
+                fmt_bytes(v as usize)
+            }
+        };
+        let opt = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| fmt_bytes(v as usize));
+        writeln!(
+            f,
+            "memory report, device {}: {}",
+            self.device, self.resource
+        )?;
+        writeln!(
+            f,
+            "  allocated  {} current, {} peak, {} total",
+            bytes(self.allocated_bytes.value),
+            bytes(self.allocated_bytes.peak),
+            bytes(self.allocated_bytes.total)
+        )?;
+        writeln!(
+            f,
+            "  allocations {} current, {} peak, {} total",
+            self.allocations.value, self.allocations.peak, self.allocations.total
+        )?;
+        writeln!(
+            f,
+            "  reserved   {} (maximum {}), in use {}, cached {}, free {}, largest free block {}, \
+             fragmentation {}",
+            opt(self.reserved_bytes),
+            opt(self.reserved_maximum_bytes),
+            opt(self.pool_in_use_bytes),
+            opt(self.cached_free_bytes),
+            opt(self.pool_free_bytes),
+            opt(self.largest_free_block),
+            self.fragmentation()
+                .map_or_else(|| "-".to_string(), |f| format!("{:.1}%", f * 100.0))
+        )?;
+        write!(
+            f,
+            "  retries {}, out-of-memory {}, other failures {}",
+            self.num_alloc_retries, self.num_ooms, self.num_failed_allocations
+        )
+    }
+}

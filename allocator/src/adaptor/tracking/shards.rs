@@ -1,0 +1,132 @@
+//! The record maps: 64 shards picked by a hash of the address, each a spin-locked map of
+//! small records (and of backtraces, when captured) with its share of the outstanding bytes.
+
+use std::backtrace::Backtrace;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use crate::stream::StreamView;
+use crate::sync::SpinLock;
+
+/// Hashes a pointer for the shard maps: multiplicative, with the high half folded into the
+/// low bits the map indexes with (aligned pointers have zero low bits).
+#[derive(Default, Clone, Copy)]
+pub(super) struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not used by `u64` keys; a plain multiplicative fold for completeness.
+        for &b in bytes {
+            self.write_u64(self.0 ^ u64::from(b));
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        let h = (x ^ self.0).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+        self.0 = h ^ (h >> 32);
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+pub(super) struct BuildPtrHasher;
+
+impl BuildHasher for BuildPtrHasher {
+    type Hasher = PtrHasher;
+
+    fn build_hasher(&self) -> PtrHasher {
+        PtrHasher(0)
+    }
+}
+
+/// A record as stored (24 bytes; the pointer is the key, the backtrace if any is in a map of
+/// its own).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Rec {
+    pub(super) size: usize,
+    pub(super) stream: StreamView,
+    /// The time ([`ticking_monotonic_ns`](crate::sync::clock::ticking_monotonic_ns) in units of 2^20 ns, about 1 ms) in bits 24..64 and the
+    /// allocating thread's slot in the adaptor's thread table in bits 0..24.
+    pub(super) tag: u64,
+}
+
+/// Slots a thread table can hold; [`SLOT_UNKNOWN`] is the last.
+pub(super) const SLOTS_MAX: usize = 1 << 24;
+/// The slot of allocations made when the table is full of threads that have exited leaving
+/// allocations (16 million of them): reported as made by the reporting thread.
+pub(super) const SLOT_UNKNOWN: u32 = (SLOTS_MAX - 1) as u32;
+pub(super) const TIME_SHIFT: u32 = 20;
+
+impl Rec {
+    pub(super) fn new(size: usize, stream: StreamView, at_ns: u64, slot: u32) -> Rec {
+        Rec {
+            size,
+            stream,
+            tag: (at_ns >> TIME_SHIFT) << 24 | u64::from(slot),
+        }
+    }
+
+    pub(super) fn slot(&self) -> u32 {
+        (self.tag & (SLOTS_MAX as u64 - 1)) as u32
+    }
+
+    pub(super) fn at_ns(&self) -> u64 {
+        (self.tag >> 24) << TIME_SHIFT
+    }
+}
+
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Rec>() == 24);
+
+/// A shard's records, and the backtraces of those that have one.
+#[derive(Default)]
+pub(super) struct Maps {
+    pub(super) records: HashMap<u64, Rec, BuildPtrHasher>,
+    pub(super) backtraces: HashMap<u64, Arc<Backtrace>, BuildPtrHasher>,
+}
+
+impl Maps {
+    /// Removes `addr`'s record and backtrace.
+    #[inline(always)]
+    pub(super) fn remove(&mut self, addr: u64) -> (Option<Rec>, Option<Arc<Backtrace>>) {
+        let rec = self.records.remove(&addr);
+        let bt = if self.backtraces.is_empty() {
+            None
+        } else {
+            self.backtraces.remove(&addr)
+        };
+        (rec, bt)
+    }
+
+    /// Records `addr`; returns what it replaces.
+    #[inline(always)]
+    pub(super) fn insert(
+        &mut self,
+        addr: u64,
+        rec: Rec,
+        bt: Option<Arc<Backtrace>>,
+    ) -> (Option<Rec>, Option<Arc<Backtrace>>) {
+        let old = self.records.insert(addr, rec);
+        let old_bt = match bt {
+            Some(bt) => self.backtraces.insert(addr, bt),
+            None if self.backtraces.is_empty() => None,
+            None => self.backtraces.remove(&addr),
+        };
+        (old, old_bt)
+    }
+}
+
+/// One lock, its map and its share of the outstanding bytes, on cache lines of their own.
+#[repr(align(128))]
+pub(super) struct Shard {
+    /// Critical sections are one map insert or remove.
+    pub(super) map: SpinLock<Maps>,
+    /// Bytes outstanding in this shard (written under the lock, read without it).
+    pub(super) bytes: AtomicUsize,
+}

@@ -1,0 +1,135 @@
+//! The driver's result layer: the entry points the backend needs (checked at load time),
+//! [`check`] (a `CUresult` as a [`Result`]) and the conversions between this crate's raw
+//! handles and the driver's.
+
+use std::ffi::CStr;
+
+use cudarc::driver::sys;
+
+use crate::backend::{RawEvent, RawMemPool, RawStream};
+use crate::error::{Error, Result};
+
+/// Every driver entry point the backend uses; checked at load time.
+pub(super) const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetUuid",
+    "cuDeviceTotalMem_v2",
+    "cuDeviceGetAttribute",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxSetCurrent",
+    "cuCtxSynchronize",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuMemGetInfo_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemAllocManaged",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuMemPoolSetAttribute",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolTrimTo",
+    "cuMemAllocFromPoolAsync",
+    "cuMemFreeAsync",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoD_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemsetD8_v2",
+    "cuMemsetD8Async",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamQuery",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+];
+
+/// Turns a `CUresult` into a `Result`, with the error's name and description.
+pub(super) fn check(call: &'static str, device: u32, r: sys::CUresult) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    let mut desc: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: both out-pointers are valid; the driver writes pointers to static strings.
+    unsafe {
+        let _ = sys::cuGetErrorName(r, &mut name);
+        let _ = sys::cuGetErrorString(r, &mut desc);
+    }
+    let text = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            "unknown".to_string()
+        } else {
+            // SAFETY: the driver returned a NUL-terminated static string.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    };
+    Err(Error::Driver {
+        call,
+        device,
+        name: text(name),
+        code: r as u32,
+        description: text(desc),
+    })
+}
+
+pub(super) fn stream_handle(raw: RawStream) -> sys::CUstream {
+    raw as usize as sys::CUstream
+}
+
+/// `cuStreamQuery`: true when `stream`'s queued work has completed.
+pub(super) fn query_stream(dev: u32, stream: RawStream) -> Result<bool> {
+    // SAFETY: callers go through the stream registry, which refuses destroyed streams and
+    // holds destruction off until the call returns.
+    let r = unsafe { sys::cuStreamQuery(stream_handle(stream)) };
+    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    check("cuStreamQuery", dev, r).map(|_| true)
+}
+
+pub(super) fn event_handle(raw: RawEvent) -> sys::CUevent {
+    raw as usize as sys::CUevent
+}
+
+pub(super) fn pool_handle(raw: RawMemPool) -> sys::CUmemoryPool {
+    raw as usize as sys::CUmemoryPool
+}
+
+pub(super) fn format_uuid(bytes: &[std::ffi::c_char; 16]) -> String {
+    let b: Vec<u8> = bytes.iter().map(|&c| c as u8).collect();
+    format!(
+        "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+        b[0],
+        b[1],
+        b[2],
+        b[3],
+        b[4],
+        b[5],
+        b[6],
+        b[7],
+        b[8],
+        b[9],
+        b[10],
+        b[11],
+        b[12],
+        b[13],
+        b[14],
+        b[15]
+    )
+}

@@ -1,0 +1,512 @@
+//! The [`Backend`] calls, answered by the simulated device: memory, copies, stream-ordered
+//! pools, streams and events.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::memory::{AllocKind, Backing, DEVICE_ALIGNMENT, HOST_ALIGNMENT};
+use super::stream::{SimEvent, SimStream};
+use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, spawn_error};
+use crate::backend::{
+    Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawStream,
+};
+use crate::error::{Error, Result, fmt_bytes};
+
+/// Copies `bytes` between two resolved ranges (either may be unbacked).
+///
+/// # Safety
+/// Host pointers, when given, are valid for `bytes`.
+unsafe fn move_bytes(dst: Option<*mut u8>, src: Option<*const u8>, bytes: usize) {
+    match (dst, src) {
+        // SAFETY: the caller guarantees both ranges are valid; `copy` allows overlap.
+        (Some(d), Some(s)) => unsafe { std::ptr::copy(s, d, bytes) },
+        // Unbacked source: the destination reads as zeros.
+        // SAFETY: the caller guarantees `d` is valid for `bytes`.
+        (Some(d), None) => unsafe { std::ptr::write_bytes(d, 0, bytes) },
+        _ => {}
+    }
+}
+
+impl Backend for SimBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sim
+    }
+
+    fn holds_data(&self) -> bool {
+        self.config.mode == SimMemoryMode::Backed
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "sim ({} device{} × {}, {})",
+            self.config.devices,
+            if self.config.devices == 1 { "" } else { "s" },
+            fmt_bytes(self.config.capacity),
+            match self.config.mode {
+                SimMemoryMode::Backed => "backed",
+                SimMemoryMode::Unbacked => "unbacked",
+            }
+        )
+    }
+
+    fn device_count(&self) -> u32 {
+        self.config.devices
+    }
+
+    fn properties(&self, dev: u32) -> Result<DeviceProperties> {
+        self.device(dev)?;
+        Ok(DeviceProperties {
+            ordinal: dev,
+            name: "rmm-rs simulated GPU".into(),
+            total_memory: self.config.capacity,
+            uuid: format!("GPU-5111a7ed-0000-4000-8000-{:012x}", dev),
+            compute_capability: (9, 0),
+            supports_memory_pools: true,
+            supports_managed_memory: true,
+        })
+    }
+
+    fn mem_info(&self, dev: u32) -> Result<MemInfo> {
+        let used = self.device(dev)?.used.load(Ordering::SeqCst);
+        Ok(MemInfo {
+            free: self.config.capacity.saturating_sub(used),
+            total: self.config.capacity,
+        })
+    }
+
+    fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
+        self.allocate(dev, bytes, AllocKind::Device, "cuMemAlloc_v2")
+    }
+
+    fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
+        self.release(dev, ptr, false)
+    }
+
+    fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
+        self.allocate(dev, bytes, AllocKind::Managed, "cuMemAllocManaged")
+    }
+
+    fn mem_pool_create(&self, dev: u32, _release_threshold: u64) -> Result<RawMemPool> {
+        self.device(dev)?;
+        let h = self.handle();
+        self.pools.write().insert(
+            h,
+            Arc::new(SimPool {
+                device: dev,
+                reserved: AtomicU64::new(0),
+            }),
+        );
+        Ok(h)
+    }
+
+    fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()> {
+        let mut pools = self.pools.write();
+        match pools.get(&pool) {
+            Some(p) if p.device == dev => {
+                pools.remove(&pool);
+                Ok(())
+            }
+            _ => Err(Error::invalid_argument(
+                "memory pool",
+                format!("{pool:#x}"),
+                "a live pool of this device",
+            )),
+        }
+    }
+
+    fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, _keep_bytes: usize) -> Result<()> {
+        // Nothing is cached: freed blocks go back to the device when the stream reaches them.
+        self.mem_pool_reserved(dev, pool).map(|_| ())
+    }
+
+    fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64> {
+        match self.pools.read().get(&pool) {
+            Some(p) if p.device == dev => Ok(p.reserved.load(Ordering::SeqCst)),
+            _ => Err(Error::invalid_argument(
+                "memory pool",
+                format!("{pool:#x}"),
+                "a live pool of this device",
+            )),
+        }
+    }
+
+    fn malloc_async(
+        &self,
+        dev: u32,
+        pool: RawMemPool,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<DevicePtr> {
+        self.stream(dev, stream)?;
+        let p = match self.pools.read().get(&pool) {
+            Some(p) if p.device == dev => Arc::clone(p),
+            _ => {
+                return Err(Error::invalid_argument(
+                    "memory pool",
+                    format!("{pool:#x}"),
+                    "a live pool of this device",
+                ));
+            }
+        };
+        let ptr = self.allocate(dev, bytes, AllocKind::Pool(pool), "cuMemAllocFromPoolAsync")?;
+        p.reserved.fetch_add(
+            bytes.next_multiple_of(DEVICE_ALIGNMENT) as u64,
+            Ordering::SeqCst,
+        );
+        Ok(ptr)
+    }
+
+    fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()> {
+        let s = self.stream(dev, stream)?;
+        let pool = match self.table.lock().get(ptr.addr()) {
+            Some(a) if a.device == dev => match a.kind {
+                AllocKind::Pool(p) => self.pools.read().get(&p).cloned(),
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some(pool) = pool else {
+            return Err(Error::InvalidPointer {
+                ptr: ptr.addr(),
+                bytes: 0,
+                resource: "simulated cuMemFreeAsync",
+            });
+        };
+        let table = Arc::clone(&self.table);
+        let used = Arc::clone(&self.device(dev)?.used);
+        let release = move || {
+            if let Some(a) = table.lock().remove(ptr.addr()) {
+                used.fetch_sub(a.len, Ordering::SeqCst);
+                pool.reserved.fetch_sub(a.len as u64, Ordering::SeqCst);
+            }
+        };
+        // With nothing queued, the stream has already reached the free.
+        if s.is_idle() {
+            release();
+        } else {
+            s.submit(release);
+        }
+        Ok(())
+    }
+
+    fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {
+        if bytes == 0 {
+            return Err(Error::invalid_argument(
+                "bytes",
+                0,
+                "a size of at least one byte",
+            ));
+        }
+        let b = Backing::new(bytes, HOST_ALIGNMENT).ok_or(Error::HostOutOfMemory {
+            requested: bytes,
+            resource: "simulated cuMemHostAlloc",
+        })?;
+        let ptr = b.ptr();
+        self.host.lock().insert(ptr as u64, HostBlock::Pinned(b));
+        Ok(ptr)
+    }
+
+    unsafe fn free_host(&self, ptr: *mut u8) -> Result<()> {
+        let mut host = self.host.lock();
+        match host.get(&(ptr as u64)) {
+            Some(HostBlock::Pinned(_)) => {
+                host.remove(&(ptr as u64));
+                Ok(())
+            }
+            _ => Err(Error::InvalidPointer {
+                ptr: ptr as u64,
+                bytes: 0,
+                resource: "simulated cuMemFreeHost",
+            }),
+        }
+    }
+
+    unsafe fn host_register(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        if ptr.is_null() || bytes == 0 {
+            return Err(Error::invalid_argument(
+                "host range",
+                format!("{ptr:p} + {bytes}"),
+                "a non-null pointer and a non-zero length",
+            ));
+        }
+        let mut host = self.host.lock();
+        if host.contains_key(&(ptr as u64)) {
+            return Err(Error::invalid_argument(
+                "host range",
+                format!("{ptr:p}"),
+                "a range not already registered (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)",
+            ));
+        }
+        host.insert(ptr as u64, HostBlock::Registered { bytes });
+        Ok(())
+    }
+
+    unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()> {
+        let mut host = self.host.lock();
+        match host.get(&(ptr as u64)) {
+            Some(HostBlock::Registered { .. }) => {
+                host.remove(&(ptr as u64));
+                Ok(())
+            }
+            _ => Err(Error::InvalidPointer {
+                ptr: ptr as u64,
+                bytes: 0,
+                resource: "simulated cuMemHostUnregister",
+            }),
+        }
+    }
+
+    fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        // As in CUDA: ordered after the work queued on the (legacy) default stream.
+        self.stream(dev, 0)?.synchronize();
+        self.count_copy(dev)?;
+        let d = self
+            .table
+            .lock()
+            .resolve(dst, src.len(), "simulated cuMemcpyHtoD")?;
+        // SAFETY: `d` was validated for `src.len()` bytes and its backing is kept alive by `d`.
+        unsafe { move_bytes(d.host_ptr(), Some(src.as_ptr()), src.len()) };
+        Ok(())
+    }
+
+    fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        // As in CUDA: ordered after the work queued on the (legacy) default stream.
+        self.stream(dev, 0)?.synchronize();
+        self.count_copy(dev)?;
+        let s = self
+            .table
+            .lock()
+            .resolve(src, dst.len(), "simulated cuMemcpyDtoH")?;
+        let src_ptr = s.host_ptr().map(|p| p as *const u8);
+        // SAFETY: `s` was validated for `dst.len()` bytes; `dst` is an exclusive slice.
+        unsafe { move_bytes(Some(dst.as_mut_ptr()), src_ptr, dst.len()) };
+        Ok(())
+    }
+
+    fn memcpy_dtod(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        // As in CUDA: ordered after the work queued on the (legacy) default stream.
+        self.stream(dev, 0)?.synchronize();
+        self.count_copy(dev)?;
+        let (d, s) = {
+            let t = self.table.lock();
+            (
+                t.resolve(dst, bytes, "simulated cuMemcpyDtoD")?,
+                t.resolve(src, bytes, "simulated cuMemcpyDtoD")?,
+            )
+        };
+        // SAFETY: both ranges were validated for `bytes` and their backings are alive.
+        unsafe { move_bytes(d.host_ptr(), s.host_ptr().map(|p| p as *const u8), bytes) };
+        Ok(())
+    }
+
+    fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+        self.count_copy(dev)?;
+        let d = self
+            .table
+            .lock()
+            .resolve(dst, bytes, "simulated cuMemsetD8")?;
+        if let Some(p) = d.host_ptr() {
+            // SAFETY: validated for `bytes`.
+            unsafe { std::ptr::write_bytes(p, value, bytes) };
+        }
+        Ok(())
+    }
+
+    unsafe fn memcpy_htod_async(
+        &self,
+        dev: u32,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let s = self.stream(dev, stream)?;
+        self.count_copy(dev)?;
+        let d = self
+            .table
+            .lock()
+            .resolve(dst, bytes, "simulated cuMemcpyHtoDAsync")?;
+        let src = src as usize;
+        s.submit(move || {
+            // SAFETY: the caller keeps `src` valid until the stream runs this job; `d` keeps
+            // the destination's backing alive.
+            unsafe { move_bytes(d.host_ptr(), Some(src as *const u8), bytes) }
+        });
+        Ok(())
+    }
+
+    unsafe fn memcpy_dtoh_async(
+        &self,
+        dev: u32,
+        dst: *mut u8,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let s = self.stream(dev, stream)?;
+        self.count_copy(dev)?;
+        let r = self
+            .table
+            .lock()
+            .resolve(src, bytes, "simulated cuMemcpyDtoHAsync")?;
+        let dst = dst as usize;
+        s.submit(move || {
+            // SAFETY: the caller keeps `dst` valid and untouched until the stream runs this
+            // job; `r` keeps the source's backing alive.
+            unsafe {
+                move_bytes(
+                    Some(dst as *mut u8),
+                    r.host_ptr().map(|p| p as *const u8),
+                    bytes,
+                )
+            }
+        });
+        Ok(())
+    }
+
+    fn memcpy_dtod_async(
+        &self,
+        dev: u32,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let s = self.stream(dev, stream)?;
+        self.count_copy(dev)?;
+        let (d, r) = {
+            let t = self.table.lock();
+            (
+                t.resolve(dst, bytes, "simulated cuMemcpyDtoDAsync")?,
+                t.resolve(src, bytes, "simulated cuMemcpyDtoDAsync")?,
+            )
+        };
+        s.submit(move || {
+            // SAFETY: both ranges were validated and their backings are kept alive by `d`, `r`.
+            unsafe { move_bytes(d.host_ptr(), r.host_ptr().map(|p| p as *const u8), bytes) }
+        });
+        Ok(())
+    }
+
+    fn memset_async(
+        &self,
+        dev: u32,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let s = self.stream(dev, stream)?;
+        self.count_copy(dev)?;
+        let d = self
+            .table
+            .lock()
+            .resolve(dst, bytes, "simulated cuMemsetD8Async")?;
+        s.submit(move || {
+            if let Some(p) = d.host_ptr() {
+                // SAFETY: validated for `bytes`; `d` keeps the backing alive.
+                unsafe { std::ptr::write_bytes(p, value, bytes) }
+            }
+        });
+        Ok(())
+    }
+
+    fn stream_create(&self, dev: u32) -> Result<RawStream> {
+        self.device(dev)?;
+        let h = self.handle();
+        let s = SimStream::spawn(dev, format!("sim-dev{dev}-stream{h:x}"))
+            .map_err(|e| spawn_error(dev, e))?;
+        self.streams.write().insert(h, s);
+        Ok(h)
+    }
+
+    fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()> {
+        if stream == 0 {
+            return Err(Error::invalid_argument(
+                "stream",
+                0,
+                "a stream made by stream_create (the default stream cannot be destroyed)",
+            ));
+        }
+        let s = self.stream(dev, stream)?;
+        self.streams.write().remove(&stream);
+        s.close();
+        Ok(())
+    }
+
+    fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()> {
+        self.stream(dev, stream)?.synchronize();
+        Ok(())
+    }
+
+    fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool> {
+        Ok(self.stream(dev, stream)?.is_idle())
+    }
+
+    fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>> {
+        // Simulated streams are reference-counted: one found is alive for the whole query.
+        Ok(self.stream(dev, stream).ok().map(|s| s.is_idle()))
+    }
+
+    fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool> {
+        match self.stream(dev, stream) {
+            Ok(s) => {
+                s.synchronize();
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+
+    fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()> {
+        let s = self.stream(dev, stream)?;
+        let e = self.event(dev, event)?;
+        if let Some((progress, target)) = e.target() {
+            s.submit(move || progress.wait_for(target));
+        }
+        Ok(())
+    }
+
+    fn event_create(&self, dev: u32) -> Result<RawEvent> {
+        self.device(dev)?;
+        let h = self.handle();
+        self.events.write().insert(h, Arc::new(SimEvent::new(dev)));
+        Ok(h)
+    }
+
+    fn event_destroy(&self, dev: u32, event: RawEvent) -> Result<()> {
+        self.event(dev, event)?;
+        self.events.write().remove(&event);
+        Ok(())
+    }
+
+    fn event_record(&self, dev: u32, event: RawEvent, stream: RawStream) -> Result<()> {
+        let s = self.stream(dev, stream)?;
+        self.event(dev, event)?.record(&s);
+        Ok(())
+    }
+
+    fn event_query(&self, dev: u32, event: RawEvent) -> Result<bool> {
+        Ok(self.event(dev, event)?.is_complete())
+    }
+
+    fn event_synchronize(&self, dev: u32, event: RawEvent) -> Result<()> {
+        self.event(dev, event)?.synchronize();
+        Ok(())
+    }
+
+    fn device_synchronize(&self, dev: u32) -> Result<()> {
+        let mut all: Vec<Arc<SimStream>> = self
+            .streams
+            .read()
+            .values()
+            .filter(|s| s.device == dev)
+            .cloned()
+            .collect();
+        all.push(self.stream(dev, 0)?);
+        for s in all {
+            s.synchronize();
+        }
+        Ok(())
+    }
+}

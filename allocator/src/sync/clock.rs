@@ -1,0 +1,95 @@
+//! The one clock of the allocator's records: the kernel's coarse clocks (the time of the last
+//! timer tick, a few ns to read where the precise clocks take tens; read through
+//! [`crate::backend`], which makes the system call), the precise real-time clock, and a
+//! *ticking* coarse monotonic clock: while a user ([`Ticker`]) lives, a background thread
+//! (`rmm-tracking-clock`) stores the coarse time every [`TICK`], so that a hot path reads one
+//! atomic instead of calling the clock. Where that thread could not be started, the clock is
+//! read directly.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+
+/// Nanoseconds since the Unix epoch, from the precise system clock.
+pub(crate) fn realtime_ns() -> u64 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    d.as_secs()
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(u64::from(d.subsec_nanos()))
+}
+
+/// Nanoseconds since the Unix epoch, from the kernel's coarse real-time clock (the last timer
+/// tick, 1 to 10 ms old).
+#[inline]
+pub(crate) fn coarse_realtime_ns() -> u64 {
+    crate::backend::clock::coarse_realtime_ns()
+}
+
+/// Nanoseconds of the coarse monotonic clock (the clock [`std::time::Instant`] reads
+/// precisely), at the kernel's last tick.
+#[inline]
+pub(crate) fn coarse_monotonic_ns() -> u64 {
+    crate::backend::clock::coarse_monotonic_ns()
+}
+
+/// How often the clock thread stores the time (the coarse clock itself moves every 1 to
+/// 10 ms, with the kernel's tick).
+pub(crate) const TICK: Duration = Duration::from_millis(1);
+
+static NOW_NS: AtomicU64 = AtomicU64::new(0);
+static TICKING: AtomicBool = AtomicBool::new(false);
+/// (adaptors alive, clock thread running).
+static STATE: Mutex<(usize, bool)> = Mutex::new((0, false));
+
+/// The coarse time in nanoseconds, as recently as [`TICK`] (plus scheduling delays).
+#[inline(always)]
+pub(crate) fn ticking_monotonic_ns() -> u64 {
+    if TICKING.load(Ordering::Relaxed) {
+        NOW_NS.load(Ordering::Relaxed)
+    } else {
+        coarse_monotonic_ns()
+    }
+}
+
+/// Keeps the clock thread running while it lives (one per tracking adaptor).
+pub(crate) struct Ticker(());
+
+impl Ticker {
+    /// Starts the clock thread, unless one runs.
+    pub(crate) fn start() -> Ticker {
+        let mut state = STATE.lock();
+        state.0 += 1;
+        if !state.1 {
+            NOW_NS.store(coarse_monotonic_ns(), Ordering::Relaxed);
+            let spawned = std::thread::Builder::new()
+                .name("rmm-tracking-clock".into())
+                .spawn(tick);
+            state.1 = spawned.is_ok();
+            TICKING.store(state.1, Ordering::Relaxed);
+        }
+        Ticker(())
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        STATE.lock().0 -= 1;
+    }
+}
+
+fn tick() {
+    loop {
+        NOW_NS.store(coarse_monotonic_ns(), Ordering::Relaxed);
+        std::thread::sleep(TICK);
+        let mut state = STATE.lock();
+        if state.0 == 0 {
+            // The last adaptor is gone; the next one starts a new thread.
+            state.1 = false;
+            TICKING.store(false, Ordering::Relaxed);
+            return;
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! [`SpinLock`]: a lock for short, bounded critical sections on hot paths (a few stores or one
+//! map operation; no allocation, no system call, no driver wait): one compare-and-swap to take
+//! it and a plain store to release it, where a parking mutex releases with a second
+//! read-modify-write. Waiters must not be parked and woken (microseconds each, which pile up
+//! into convoys under several threads), so a waiter spins a few dozen rounds and then yields
+//! the processor between looks, should the holder have been descheduled.
+
+use std::fmt;
+
+use spin::mutex::{SpinMutex, SpinMutexGuard};
+
+/// Busy-wait rounds before a waiter yields the processor between looks.
+const SPINS: u32 = 64;
+
+/// A spin-then-yield lock around `T` (see the module documentation).
+#[derive(Default)]
+pub(crate) struct SpinLock<T>(SpinMutex<T, spin::relax::Loop>);
+
+impl<T> SpinLock<T> {
+    /// A lock around `value`.
+    pub(crate) const fn new(value: T) -> Self {
+        SpinLock(SpinMutex::new(value))
+    }
+
+    /// Takes the lock: one compare-and-swap when it is free.
+    #[inline(always)]
+    pub(crate) fn lock(&self) -> SpinMutexGuard<'_, T> {
+        match self.0.try_lock_weak() {
+            Some(guard) => guard,
+            None => self.lock_contended(),
+        }
+    }
+
+    /// Waits for the lock: spins, then yields between looks.
+    #[cold]
+    #[inline(never)]
+    fn lock_contended(&self) -> SpinMutexGuard<'_, T> {
+        let mut spins = 0;
+        loop {
+            while self.0.is_locked() {
+                if spins < SPINS {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            if let Some(guard) = self.0.try_lock_weak() {
+                return guard;
+            }
+        }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for SpinLock<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
