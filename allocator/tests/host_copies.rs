@@ -31,7 +31,10 @@ fn large_copies_to_host_arrive_whole_at_odd_sizes() {
         // Work queued on the default stream before the copy is seen by it.
         d.memset_async(p, 0xAB, len, StreamView::DEFAULT).unwrap();
         d.copy_to_host(&mut back, p).unwrap();
-        assert!(back.iter().all(|&b| b == 0xAB), "{len} bytes: the memset was not seen");
+        assert!(
+            back.iter().all(|&b| b == 0xAB),
+            "{len} bytes: the memset was not seen"
+        );
         mr.deallocate(p, len, StreamView::DEFAULT).unwrap();
     }
 }

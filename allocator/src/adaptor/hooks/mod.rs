@@ -33,7 +33,7 @@
 //! relaxed atomic load and one thread-local load ([`active`]); dispatch is out of line
 //! (`#[cold]`), so a hook registered on another thread leaves this thread's operations at the
 //! bare pool's cost. A registered hook costs two events per operation, each a dynamic call per
-//! hook, plus the bookkeeping that keeps hooks from recursing (benches/adaptors.rs measures
+//! hook, plus the bookkeeping that keeps hooks from recursing (cli/benches/adaptors.rs measures
 //! both). Hooks run on the allocating thread, inside the allocation: keep them short, do not
 //! panic, and do not allocate from a hooked pool inside a hook (events raised while a
 //! hook runs are not dispatched, so there is no recursion, but the pool may hold a lock).

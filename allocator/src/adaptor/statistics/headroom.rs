@@ -38,7 +38,7 @@
 //! often, and freezes now and then. A freeze touches every shard (one cache line per thread
 //! that used the adaptor) twice. Under several threads this is far cheaper than the one shared
 //! counter it replaced, and single-threaded close to the approximate peak
-//! (`benches/adaptors.rs` measures both).
+//! (`cli/benches/adaptors.rs` measures both).
 
 use std::sync::atomic::Ordering;
 

@@ -25,7 +25,7 @@
 //!   upstream (and puts the record back if that fails): a thread handed the same address right
 //!   after the upstream took it back records its own allocation, which the free can't remove.
 //!
-//! Cost (benches/adaptors.rs measures it): one lock, one map insert or remove and the
+//! Cost (cli/benches/adaptors.rs measures it): one lock, one map insert or remove and the
 //! bookkeeping around them. With backtraces, capture dominates.
 //!
 //! The thread table keeps one handle per thread that allocated through the adaptor; handles of
