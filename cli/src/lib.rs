@@ -13,4 +13,5 @@
 
 pub mod bench;
 pub mod demo;
+pub mod plural;
 pub mod timeline;

@@ -161,7 +161,10 @@ fn host_pool_none_pins_host_memory_as_needed() {
     // Nothing pinned up front beyond what is pinned ahead of demand in the background: the
     // device limit's worth, in steps of at least 32 MiB (it may not have started yet).
     let up_front = m.statistics().host_pool_bytes;
-    assert!(up_front <= 32 * MIB as u64, "{up_front} bytes pinned up front");
+    assert!(
+        up_front <= 32 * MIB as u64,
+        "{up_front} bytes pinned up front"
+    );
     let data: Vec<Vec<u8>> = (0..8).map(|i| pattern(6 * MIB, i + 40)).collect();
     let b: Vec<_> = data.iter().map(|d| m.from_host(d, S).unwrap()).collect();
     let s = m.statistics();

@@ -41,8 +41,8 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
     out!("{}", render(&config.effective_values()))?;
     outln!()?;
     outln!(
-        "selected devices ({} worker(s) each):",
-        resolved.workers_per_device
+        "selected devices ({} each):",
+        rmm_cli::plural::count(resolved.workers_per_device, "worker", "workers")
     )?;
     let opt = |v: Option<u64>| v.map_or("none".to_string(), |b| fmt_bytes(b as usize));
     for d in &resolved.devices {

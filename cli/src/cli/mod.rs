@@ -32,6 +32,7 @@ macro_rules! errln {
 pub(crate) use errln;
 
 mod bench;
+mod completions;
 mod demo;
 mod info;
 mod output;
@@ -68,6 +69,8 @@ enum Command {
     /// RMM_SIM_MODE says otherwise), where the figures measure bookkeeping only. The caps
     /// shrink on a device under 24 GiB, so that the pool (3 × 4 GiB) takes at most half of it.
     Bench(bench::BenchArgs),
+    /// Print the shell completion script for rmm (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
     /// The main job: a Dask-shaped workload on every configured device (rmm.toml), with
     /// spilling under a limit and reinitialize between phases (pooled → plain allocations →
     /// pooled, data kept across); checks its own results and prints a table per device.
@@ -126,8 +129,9 @@ pub fn handle_signals() {
             if let Some(signal) = signals.forever().next() {
                 let removed = rmm::allocator::spill::remove_files_for_exit();
                 errln!(
-                    "rmm: stopped by {}; removed {removed} spill file(s)",
-                    signal_hook::low_level::signal_name(signal).unwrap_or("a signal")
+                    "rmm: stopped by {}; removed {}",
+                    signal_hook::low_level::signal_name(signal).unwrap_or("a signal"),
+                    rmm_cli::plural::count(removed as u64, "spill file", "spill files")
                 );
                 std::process::exit(128 + signal);
             }
@@ -157,6 +161,7 @@ pub fn init_logging(cli: &Cli) {
 pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Bench(args) => bench::run(args),
+        Command::Completions(args) => completions::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Info => info::run(),
         Command::Replay(args) => replay::run(args),

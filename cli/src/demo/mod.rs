@@ -496,9 +496,13 @@ fn summary(transition: &str, r: &rmm::runtime::ReinitReport) -> ReinitSummary {
 fn phase_line(p: Option<&PhaseReport>) -> String {
     p.map_or(String::new(), |p| {
         format!(
-            "{}: {} tasks in {:.2} s",
+            "{}: {} in {:.2} s",
             p.name,
-            p.devices.iter().map(|d| d.tasks).sum::<u64>(),
+            crate::plural::count(
+                p.devices.iter().map(|d| d.tasks).sum::<u64>(),
+                "task",
+                "tasks"
+            ),
             p.seconds
         )
     })
@@ -589,9 +593,9 @@ impl fmt::Display for DemoReport {
         writeln!(f, "backend: {}", self.backend)?;
         writeln!(
             f,
-            "devices: {:?}, {} worker(s) each; size {}: {} of results per device, spill limit {}",
+            "devices: {:?}, {} each; size {}: {} of results per device, spill limit {}",
             self.devices,
-            self.workers_per_device,
+            crate::plural::count(self.workers_per_device, "worker", "workers"),
             self.size.name(),
             b(self.scale.results_per_device),
             b(self.scale.spill_limit)
