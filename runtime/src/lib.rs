@@ -33,7 +33,7 @@
 pub mod error;
 pub mod inventory;
 pub mod report;
-pub mod runtime;
+mod runtime;
 pub mod spill;
 pub mod stack;
 mod streams;

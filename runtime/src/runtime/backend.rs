@@ -1,0 +1,76 @@
+//! Backend choice: the process-wide backend a configuration asks for, and the facts of its
+//! devices that a configuration resolves against.
+
+use rmm_allocator::backend::{self, Backend, BackendChoice, BackendKind};
+use rmm_config::{Config, DeviceFacts, ResolvedConfig};
+
+use super::Generation;
+use crate::error::{Error, Result};
+use crate::inventory::Inventory;
+
+/// Opens the backend `choice` names as the process-wide one, or checks that the one already
+/// in use agrees with it (`auto` accepts any).
+pub fn open_backend(choice: rmm_config::Backend) -> Result<&'static dyn Backend> {
+    let wanted = match choice {
+        rmm_config::Backend::Auto => None,
+        rmm_config::Backend::Cuda => Some(BackendKind::Cuda),
+        rmm_config::Backend::Sim => Some(BackendKind::Sim),
+    };
+    let check = |b: &'static dyn Backend| match wanted {
+        Some(kind) if b.kind() != kind => Err(Error::BackendMismatch {
+            requested: kind.name(),
+            active: b.kind().name(),
+        }),
+        _ => Ok(b),
+    };
+    if let Some(b) = backend::installed() {
+        return check(b);
+    }
+    let b = match wanted {
+        None => return Ok(backend::global()?),
+        Some(BackendKind::Cuda) => backend::open(BackendChoice::Cuda)?,
+        Some(BackendKind::Sim) => backend::open(BackendChoice::Sim)?,
+    };
+    match backend::install_global(b) {
+        Ok(()) => Ok(b),
+        Err(existing) => check(existing),
+    }
+}
+
+/// What the devices of `backend` report, for resolving a configuration.
+pub fn device_facts(backend: &'static dyn Backend) -> Result<Vec<DeviceFacts>> {
+    Ok(Inventory::of(backend)?
+        .devices
+        .into_iter()
+        .map(|d| DeviceFacts {
+            ordinal: d.ordinal,
+            uuid: d.uuid,
+            total_memory: d.total_memory as u64,
+            free_memory: d.free_memory as u64,
+        })
+        .collect())
+}
+
+/// Resolves `config` against the devices present; with `held`, a device's free memory counts
+/// what the stack in `held` would give back, so `"auto"` sizes see the device as it will be.
+pub(super) fn resolve(
+    backend: &'static dyn Backend,
+    config: &Config,
+    held: Option<&Generation>,
+) -> Result<ResolvedConfig> {
+    let mut facts = device_facts(backend)?;
+    if let Some(generation) = held {
+        for f in &mut facts {
+            if let Some(s) = generation
+                .stacks
+                .iter()
+                .find(|s| s.device().ordinal() == f.ordinal)
+            {
+                let live = s.live().bytes;
+                let held_back = s.reserved_bytes().saturating_sub(live);
+                f.free_memory = (f.free_memory + held_back).min(f.total_memory);
+            }
+        }
+    }
+    Ok(config.resolve(&facts)?)
+}

@@ -1,0 +1,260 @@
+//! Reinitialize: switching every device to a new configuration while the runtime runs.
+//!
+//! [`RuntimeHandle::reinitialize`] is a transaction over all devices, in these steps:
+//!
+//! 1. Resolve the new configuration against the devices present (a device's free memory
+//!    counts what its current stack would give back). A configuration that does not resolve
+//!    changes nothing. Old and new devices are both claimed until the switch is decided.
+//! 2. Hold new submissions from outside the runtime and pause the workers: no queued
+//!    top-level task starts.
+//! 3. Let running tasks, and the children they submit, finish (up to the drain timeout).
+//! 4. Spill every spill manager's data not in use to host memory: it survives the switch
+//!    and comes back, into the new stacks, on next use.
+//! 5. Refuse if allocations are still live (listing them), changing nothing.
+//! 6. Per device, in parallel: the old stack gives back what the new one cannot take over,
+//!    the new stack is built (its pool adopting the old pool's free memory, without a driver
+//!    call), and the old one gives back the rest; devices that leave the runtime give
+//!    everything back. A failure keeps the old stacks installed (they grow again on demand).
+//! 7. Install the new stacks as their devices' current resources.
+//! 8. Re-spawn the workers if the device list or `workers_per_device` changed (the tasks
+//!    queued for the old workers move to the new ones by the rule they were sent with);
+//!    otherwise the workers stay and only the stacks change.
+//! 9. With `spill.eager_unspill`, bring spilled data back now (up to each limit).
+//! 10. Resume: workers start tasks again and what was held is sent on; queued tasks then run
+//!     on the new stacks. The devices of the configuration now in force stay claimed.
+//!
+//! A running task that waits for a queued top-level task (one submitted from outside, or
+//! from a thread the task started) cannot finish while the runtime is paused: reinitialize
+//! then fails with [`Error::DrainTimeout`] after the drain timeout and changes nothing.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use rayon::prelude::*;
+use rmm_allocator::StreamView;
+use rmm_config::{Config, ConfigLoader, ResolvedConfig};
+
+use super::backend::{open_backend, resolve};
+use super::claims::claim;
+use super::setup::{install, set_up_devices};
+use super::{Control, Generation, RuntimeHandle};
+use crate::error::{Error, LiveMemory, Result};
+use crate::report::{PhaseStatistics, ReinitReport};
+use crate::spill::SpillManager;
+use crate::stack::DeviceStack;
+
+impl RuntimeHandle {
+    /// Loads the configuration with `loader` and reinitializes to it.
+    pub fn reinitialize_with(&self, loader: &ConfigLoader) -> Result<ReinitReport> {
+        self.reinitialize(&loader.load()?)
+    }
+
+    /// Switches every device to the stack `config` describes, keeping the runtime running:
+    /// resolve the configuration, hold outside submissions and pause the workers, let running
+    /// tasks finish, spill what can be spilled, refuse live allocations, build the new stacks
+    /// (all devices in parallel, each adopting its old pool's memory), install them, re-spawn
+    /// the workers if the device list or `workers_per_device` changed, and resume, sending on
+    /// what was held. A configuration that does not resolve,
+    /// live allocations, or a device whose new stack cannot be built leave the runtime as it
+    /// was (old stacks installed and working) and return the error.
+    pub fn reinitialize(&self, config: &Config) -> Result<ReinitReport> {
+        let shared = &*self.shared;
+        shared.check_outside("reinitialize")?;
+        let mut control = shared.control.lock();
+        if shared.shut_down.load(Ordering::SeqCst) {
+            return Err(Error::ShutDown);
+        }
+        let _span = tracing::info_span!("reinitialize").entered();
+        let mut report = ReinitReport::default();
+        let total = Instant::now();
+        let t = Instant::now();
+        let old = shared.generation();
+        if let rmm_config::Backend::Cuda | rmm_config::Backend::Sim = config.backend {
+            open_backend(config.backend)?;
+        }
+        let resolved = resolve(shared.backend, config, Some(&old))?;
+        let ordinals: Vec<u32> = resolved.devices.iter().map(|d| d.ordinal).collect();
+        let old_ordinals: Vec<u32> = old.stacks.iter().map(|s| s.device().ordinal()).collect();
+        // Old and new devices both belong to this runtime until the switch is decided.
+        let both: Vec<u32> = old_ordinals
+            .iter()
+            .chain(&ordinals)
+            .copied()
+            .collect::<std::collections::BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        claim(shared.id, &both)?;
+        report.resolve = t.elapsed();
+
+        let t = Instant::now();
+        shared.pause();
+        let result = self.switch(&mut control, &old, resolved, &mut report, t);
+        shared.resume();
+        // Keep the devices of the configuration now in force (a subset of what is claimed,
+        // so this cannot conflict).
+        let keep = if result.is_ok() {
+            &ordinals
+        } else {
+            &old_ordinals
+        };
+        if let Err(e) = claim(shared.id, keep) {
+            tracing::error!("narrowing the devices this runtime claims: {e}");
+        }
+        result?;
+        report.total = total.elapsed();
+        report.devices = ordinals;
+        let mut history = shared.history.lock();
+        // The old stacks served their last allocation: their figures end their phase.
+        let ended = history.reinitializations;
+        for s in &old.stacks {
+            history
+                .phases
+                .entry(s.device().ordinal())
+                .or_default()
+                .push(PhaseStatistics::of(ended, s));
+        }
+        history.reinitializations += 1;
+        history.last_reinitialize = Some(report.clone());
+        drop(history);
+        tracing::info!(total_ms = report.total.as_secs_f64() * 1e3, "reinitialized");
+        Ok(report)
+    }
+
+    /// The part of reinitialize that runs with submissions held.
+    fn switch(
+        &self,
+        control: &mut Control,
+        old: &Generation,
+        resolved: ResolvedConfig,
+        report: &mut ReinitReport,
+        drain_start: Instant,
+    ) -> Result<()> {
+        let shared = &*self.shared;
+        shared.drain("reinitialize", shared.drain_timeout, Generation::active)?;
+        report.drain = drain_start.elapsed();
+
+        // Spillable data moves to host memory: it survives the switch and comes back, into
+        // the new stacks, on next use. A buffer in use stays, and counts as live below.
+        let t = Instant::now();
+        let managers: Vec<Arc<SpillManager>> = shared.managers.lock().values().cloned().collect();
+        let spilled: Vec<rmm_allocator::Result<u64>> =
+            managers.par_iter().map(|m| m.spill_all()).collect();
+        for (m, r) in managers.iter().zip(spilled) {
+            report.spilled_bytes += r.map_err(|source| Error::DeviceSetup {
+                device: m.device().ordinal(),
+                source,
+            })?;
+        }
+        report.spill = t.elapsed();
+
+        let t = Instant::now();
+        let live: Vec<LiveMemory> = old
+            .stacks
+            .par_iter()
+            .map(|s| s.live())
+            .filter(|l| l.count > 0)
+            .collect();
+        if !live.is_empty() {
+            return Err(Error::LiveAllocations(live));
+        }
+        report.check = t.elapsed();
+
+        // Per device, in parallel: the old stack gives back what the new one cannot take
+        // over, the new pool adopts the rest of the old pool's memory (no driver call), the
+        // old stack gives back what is left.
+        let t = Instant::now();
+        let respawn = old.layout()
+            != (
+                resolved.devices.iter().map(|d| d.ordinal).collect(),
+                resolved.workers_per_device,
+            )
+            // A generation left without workers by a failed start of its threads.
+            || old.workers.len() != old.stacks.len() * old.config.workers_per_device as usize;
+        let streams = if respawn {
+            resolved.workers_per_device
+        } else {
+            0
+        };
+        let held_before: u64 = old.stacks.iter().map(|s| s.reserved_bytes()).sum();
+        let managers = self.managers_for(&resolved)?;
+        let setups = set_up_devices(&resolved, streams, Some(old), &managers)?;
+        // The new spill settings apply once the new stacks exist: a failed reinitialize leaves
+        // the runtime as it was, limits included.
+        for (d, m) in resolved.devices.iter().zip(&managers) {
+            if let (Some(spill), Some(m)) = (&d.spill, m) {
+                m.reconfigure(spill);
+            }
+        }
+        // Devices that leave the runtime give everything back.
+        for s in &old.stacks {
+            if !setups.iter().any(|n| n.stack.device() == s.device()) {
+                report.released_bytes += s.release().map_err(|source| Error::DeviceSetup {
+                    device: s.device().ordinal(),
+                    source,
+                })?;
+            }
+        }
+        report.released_bytes += setups.iter().map(|s| s.released).sum::<u64>();
+        let held_after: u64 = old.stacks.iter().map(|s| s.reserved_bytes()).sum();
+        report.adopted_bytes = held_before
+            .saturating_sub(held_after)
+            .saturating_sub(report.released_bytes);
+        report.build = t.elapsed();
+
+        let t = Instant::now();
+        if respawn {
+            report.respawned = true;
+            // Paused and drained: no worker runs a task, so each stops at once. What was
+            // queued for them goes to the new workers by the rule it was sent with.
+            let queued = self.stop_workers(control, None);
+            for s in &old.stacks {
+                if !setups.iter().any(|n| n.stack.device() == s.device())
+                    && let Err(e) = s.uninstall()
+                {
+                    tracing::error!("uninstalling device {}'s stack: {e}", s.device().ordinal());
+                }
+            }
+            // From here on the old workers are gone: on failure the generation is left
+            // empty, so these tasks (and later ones) are refused rather than stranded.
+            let spawned = self.install_and_spawn_locked(control, resolved, setups, managers);
+            for (target, job) in queued {
+                shared.send(target, job);
+            }
+            spawned?;
+        } else {
+            let stacks: Vec<Arc<DeviceStack>> = setups.into_iter().map(|s| s.stack).collect();
+            install(&stacks, &old.stacks)?;
+            shared.generation.store(Arc::new(Generation {
+                config: resolved,
+                stacks,
+                managers,
+                workers: old.workers.clone(),
+                by_device: old.by_device.clone(),
+            }));
+        }
+        report.install = t.elapsed();
+
+        // With `spill.eager_unspill`, spilled data comes back now (up to each limit).
+        let t = Instant::now();
+        let generation = shared.generation();
+        let eager: Vec<&Arc<SpillManager>> = generation
+            .managers
+            .iter()
+            .flatten()
+            .filter(|m| m.eager_unspill())
+            .collect();
+        let back: Vec<rmm_allocator::Result<u64>> = eager
+            .par_iter()
+            .map(|m| m.unspill_all(StreamView::DEFAULT))
+            .collect();
+        for (m, r) in eager.iter().zip(back) {
+            report.unspilled_bytes += r.map_err(|source| Error::DeviceSetup {
+                device: m.device().ordinal(),
+                source,
+            })?;
+        }
+        report.unspill = t.elapsed();
+        Ok(())
+    }
+}

@@ -1,0 +1,233 @@
+//! Setting devices up: building every device's stack (replacing the previous one's, when
+//! there is one) and its workers' streams, installing the stacks as their devices' current
+//! resources, publishing a generation with fresh workers, and stopping workers.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use rmm_allocator::Device;
+use rmm_config::ResolvedConfig;
+
+use super::{Control, Generation, RuntimeHandle};
+use crate::error::{Error, Result, TaskError};
+use crate::spill::SpillManager;
+use crate::stack::{DeviceStack, StackPlan};
+use crate::streams::WorkerStream;
+use crate::worker::{self, Queued, WorkerId, WorkerShared};
+
+/// One device set up: its stack, its workers' streams, and what the stack it replaced gave
+/// back to the driver.
+pub(super) struct DeviceSetup {
+    pub(super) stack: Arc<DeviceStack>,
+    pub(super) streams: Vec<WorkerStream>,
+    pub(super) released: u64,
+}
+
+/// Builds every device's stack (and `streams_per_device` streams) in parallel, each
+/// replacing its device's stack in `previous` if there is one. All or nothing: on any
+/// failure everything built is dropped (freed) and the first failing device is named.
+pub(super) fn set_up_devices(
+    config: &ResolvedConfig,
+    streams_per_device: u32,
+    previous: Option<&Generation>,
+    managers: &[Option<Arc<SpillManager>>],
+) -> Result<Vec<DeviceSetup>> {
+    let results: Vec<Result<DeviceSetup>> = config
+        .devices
+        .par_iter()
+        .zip(managers.par_iter())
+        .map(|(device, manager)| {
+            let on_oom = manager.as_ref().map(|m| m.oom_handler());
+            let fail = |source| Error::DeviceSetup {
+                device: device.ordinal,
+                source,
+            };
+            let replaced = previous.and_then(|g| {
+                g.stacks
+                    .iter()
+                    .find(|s| s.device().ordinal() == device.ordinal)
+            });
+            let plan = StackPlan::new(config, device);
+            let (stack, released) = match replaced {
+                Some(previous) => plan.replace(previous, on_oom).map_err(fail)?,
+                None => (plan.build_with(on_oom).map_err(fail)?, 0),
+            };
+            let dev = stack.device();
+            let streams = (0..streams_per_device)
+                .map(|_| WorkerStream::take(dev))
+                .collect::<rmm_allocator::Result<Vec<_>>>()
+                .map_err(fail)?;
+            Ok(DeviceSetup {
+                stack: Arc::new(stack),
+                streams,
+                released,
+            })
+        })
+        .collect();
+    // Collecting into Result drops every built stack on the first error.
+    results.into_iter().collect()
+}
+
+impl RuntimeHandle {
+    /// Each device's spill manager under `resolved` (made, and its host memory pinned, the
+    /// first time a device spills; reconfigured after).
+    pub(super) fn managers_for(
+        &self,
+        resolved: &ResolvedConfig,
+    ) -> Result<Vec<Option<Arc<SpillManager>>>> {
+        let mut map = self.shared.managers.lock();
+        resolved
+            .devices
+            .iter()
+            .map(|d| {
+                let Some(spill) = &d.spill else {
+                    return Ok(None);
+                };
+                // An existing manager keeps its settings until the caller reconfigures it.
+                if let Some(m) = map.get(&d.ordinal) {
+                    return Ok(Some(Arc::clone(m)));
+                }
+                let device = Device::on(self.shared.backend, d.ordinal)?;
+                let m = Arc::new(SpillManager::new(device, spill).map_err(|source| {
+                    Error::DeviceSetup {
+                        device: d.ordinal,
+                        source,
+                    }
+                })?);
+                map.insert(d.ordinal, Arc::clone(&m));
+                Ok(Some(m))
+            })
+            .collect()
+    }
+
+    pub(super) fn install_and_spawn(
+        &self,
+        resolved: ResolvedConfig,
+        setups: Vec<DeviceSetup>,
+        managers: Vec<Option<Arc<SpillManager>>>,
+    ) -> Result<()> {
+        let mut control = self.shared.control.lock();
+        self.install_and_spawn_locked(&mut control, resolved, setups, managers)
+    }
+
+    /// Installs the stacks, publishes a generation with fresh workers and starts them.
+    pub(super) fn install_and_spawn_locked(
+        &self,
+        control: &mut Control,
+        resolved: ResolvedConfig,
+        setups: Vec<DeviceSetup>,
+        managers: Vec<Option<Arc<SpillManager>>>,
+    ) -> Result<()> {
+        let mut stacks = Vec::with_capacity(setups.len());
+        let mut workers = Vec::new();
+        let mut queues = Vec::new();
+        let mut by_device = Vec::with_capacity(setups.len());
+        for (slot, setup) in setups.into_iter().enumerate() {
+            let device = setup.stack.device().ordinal();
+            let first = workers.len();
+            for (index, stream) in setup.streams.into_iter().enumerate() {
+                let id = WorkerId {
+                    device,
+                    index: index as u32,
+                };
+                let (w, q) = WorkerShared::new(id, slot, Arc::clone(&self.shared.active));
+                workers.push(w);
+                queues.push((q, stream));
+            }
+            by_device.push(first..workers.len());
+            stacks.push(setup.stack);
+        }
+        if let Err(e) = install(&stacks, &[]) {
+            let config = resolved.clone();
+            self.shared
+                .generation
+                .store(Arc::new(Generation::empty(config)));
+            return Err(e);
+        }
+        self.shared.generation.store(Arc::new(Generation {
+            config: resolved,
+            stacks,
+            managers,
+            workers: workers.clone(),
+            by_device,
+        }));
+        for (w, (q, stream)) in workers.into_iter().zip(queues) {
+            let id = w.id;
+            match worker::spawn(self.clone(), w, q, stream) {
+                Ok(thread) => control.threads.push(thread),
+                Err(source) => {
+                    let why = format!("worker {id} could not be started");
+                    for (_, job) in self.stop_workers(control, Some(&why)) {
+                        job.cancel(TaskError::Cancelled {
+                            reason: why.clone(),
+                        });
+                    }
+                    let generation = self.shared.generation();
+                    for s in &generation.stacks {
+                        let _ = s.uninstall();
+                    }
+                    let config = generation.config.clone();
+                    self.shared
+                        .generation
+                        .store(Arc::new(Generation::empty(config)));
+                    return Err(Error::Spawn { worker: id, source });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops and joins every worker; returns the top-level tasks they had not started, or
+    /// with `cancel`, cancels them (with `why`) before joining, so that a running task
+    /// waiting for one of them finishes instead of waiting for a worker that has stopped.
+    pub(super) fn stop_workers(&self, control: &mut Control, cancel: Option<&str>) -> Vec<Queued> {
+        let generation = self.shared.generation();
+        for w in &generation.workers {
+            w.stop();
+        }
+        let mut left: Vec<Queued> = generation
+            .workers
+            .iter()
+            .flat_map(|w| w.take_queued())
+            .collect();
+        if let Some(why) = cancel {
+            for (_, job) in left.drain(..) {
+                job.cancel(TaskError::Cancelled { reason: why.into() });
+            }
+        }
+        for thread in control.threads.drain(..) {
+            match thread.join() {
+                Ok(aside) => left.extend(aside),
+                Err(_) => tracing::error!("a worker thread panicked outside a task"),
+            }
+        }
+        for w in &generation.workers {
+            left.extend(w.take_queued());
+        }
+        left
+    }
+}
+
+/// Installs every stack as its device's current resource. On failure the devices already
+/// switched get back their stack from `previous` (or their initial resource), so no device is
+/// left with a stack the runtime does not use.
+pub(super) fn install(stacks: &[Arc<DeviceStack>], previous: &[Arc<DeviceStack>]) -> Result<()> {
+    for (i, s) in stacks.iter().enumerate() {
+        if let Err(source) = s.install() {
+            for done in &stacks[..i] {
+                let restored = match previous.iter().find(|p| p.device() == done.device()) {
+                    Some(p) => p.install().map(|_| ()),
+                    None => done.uninstall(),
+                };
+                if let Err(e) = restored {
+                    tracing::error!("restoring device {}: {e}", done.device().ordinal());
+                }
+            }
+            return Err(Error::DeviceSetup {
+                device: s.device().ordinal(),
+                source,
+            });
+        }
+    }
+    Ok(())
+}
