@@ -17,7 +17,10 @@ fn completion_scripts_name_every_subcommand() {
         );
         let script = String::from_utf8_lossy(&out.stdout);
         for sub in ["bench", "completions", "demo", "info", "replay"] {
-            assert!(script.contains(sub), "{shell} script lacks {sub}:\n{script}");
+            assert!(
+                script.contains(sub),
+                "{shell} script lacks {sub}:\n{script}"
+            );
         }
     }
 }

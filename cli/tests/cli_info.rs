@@ -47,8 +47,7 @@ fn info_prints_devices_and_every_value_with_its_source() {
     assert!(stdout.contains("> CudaMemoryResource"), "{stdout}");
     // Counts in the right number: "1 worker each", never "1 worker(s)".
     assert!(
-        stdout.contains("selected devices (1 worker each):")
-            || stdout.contains("workers each):"),
+        stdout.contains("selected devices (1 worker each):") || stdout.contains("workers each):"),
         "{stdout}"
     );
     assert!(!stdout.contains("(s)"), "{stdout}");
