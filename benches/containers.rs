@@ -40,7 +40,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use rmm_allocator::per_device::{SharedResource, set_current_device_resource};
+use rmm_allocator::per_device::set_current_device_resource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
 };

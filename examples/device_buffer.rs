@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use rmm::allocator::per_device::SharedResource;
 use rmm::allocator::resource::CudaAsyncMemoryResource;
+use rmm::allocator::resource::SharedResource;
 use rmm::allocator::{Device, DeviceBuffer, Result, Stream};
 
 fn main() -> Result<()> {

@@ -16,7 +16,7 @@ use rmm::allocator::adaptor::hooks::{
 };
 use rmm::allocator::adaptor::{Counter, StatisticsResourceAdaptor};
 use rmm::allocator::error::fmt_bytes;
-use rmm::allocator::per_device::SharedResource;
+use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
 use rmm::allocator::{
     Device, DeviceBuffer, DeviceMemoryResource, DeviceScalar, DeviceUVector, Stream, StreamView,

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::resource::CudaMemoryResource;
 /// Re-exported for the current-resource functions' callers (containers, spilling, the
 /// runtime); defined in [`crate::resource`].
-pub use crate::resource::SharedResource;
+use crate::resource::SharedResource;
 
 // `ArcSwap` needs a sized payload, hence the inner Arc.
 static TABLE: OnceLock<Vec<ArcSwapOption<SharedResource>>> = OnceLock::new();

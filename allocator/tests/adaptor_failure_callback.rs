@@ -12,8 +12,8 @@ use rmm_allocator::adaptor::{
     FailureAction, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
 };
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-use rmm_allocator::per_device::SharedResource;
 use rmm_allocator::resource::CudaMemoryResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::{Device, DeviceMemoryResource, DevicePtr, Error, Result, StreamView};
 
 const S: StreamView = StreamView::DEFAULT;

@@ -11,7 +11,7 @@ use rmm_allocator::adaptor::HookedResourceAdaptor;
 use rmm_allocator::adaptor::hooks::{
     self, HookEvent, HookPoint, LineProfileHook, MemoryHook, TracingHook,
 };
-use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
 use rmm_allocator::{DeviceMemoryResource, StreamView};
 

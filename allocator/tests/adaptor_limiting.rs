@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::{MIB, device};
 use rmm_allocator::adaptor::{LimitingResourceAdaptor, MemoryLimit};
-use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
 use rmm_allocator::{DeviceMemoryResource, Error, StreamView};
 

@@ -12,7 +12,7 @@ use rmm_allocator::adaptor::{
     EventLog, LOG_HEADER, LimitingResourceAdaptor, LoggingResourceAdaptor, ReplayOptions,
     ReplayOrder, StatisticsResourceAdaptor, log_file_path, replay,
 };
-use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm_allocator::{DeviceMemoryResource, DevicePtr, Stream, StreamView};
 

@@ -14,7 +14,7 @@ use crossbeam_channel::bounded;
 use rmm_allocator::adaptor::log_thread_id;
 use rmm_allocator::adaptor::replay::LogAction;
 use rmm_allocator::adaptor::{EventLog, LOG_HEADER, LoggingResourceAdaptor};
-use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm_allocator::{DeviceMemoryResource, DevicePtr, StreamView};
 

@@ -10,7 +10,7 @@ use common::{GIB, MIB, device};
 use rmm_allocator::adaptor::replay::LogAction;
 use rmm_allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, replay};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
 use rmm_allocator::{Device, Error};
 

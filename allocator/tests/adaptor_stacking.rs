@@ -10,7 +10,8 @@ use rmm_allocator::adaptor::{
     LimitingResourceAdaptor, LoggingResourceAdaptor, StatisticsResourceAdaptor,
     TrackingResourceAdaptor,
 };
-use rmm_allocator::per_device::{self, SharedResource};
+use rmm_allocator::per_device;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm_allocator::{DeviceMemoryResource, StreamView};
 

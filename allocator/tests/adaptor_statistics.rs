@@ -7,7 +7,7 @@ use std::sync::{Arc, Barrier};
 
 use common::{MIB, device};
 use rmm_allocator::adaptor::{Counter, MemoryReport, StatisticsResourceAdaptor};
-use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm_allocator::{DeviceMemoryResource, DevicePtr, Error, Stream, StreamView};
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use common::{MIB, device};
 use rmm_allocator::adaptor::TrackingResourceAdaptor;
-use rmm_allocator::per_device::SharedResource;
 use rmm_allocator::resource::CudaMemoryResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::{DeviceMemoryResource, DevicePtr, Stream, StreamView};
 
 fn cuda() -> SharedResource {

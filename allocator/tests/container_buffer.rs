@@ -11,7 +11,8 @@ use common::{MIB, device, pattern};
 use container_common::{Recording, assert_send_sync, private_sim};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::device::{current_device, set_current_device};
-use rmm_allocator::per_device::{SharedResource, get_current_device_resource};
+use rmm_allocator::per_device::get_current_device_resource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaAsyncMemoryResource, CudaMemoryResource};
 use rmm_allocator::{
     ALLOCATION_ALIGNMENT, Device, DeviceBuffer, DevicePtr, Error, Stream, StreamView, backend,

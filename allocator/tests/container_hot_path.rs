@@ -8,7 +8,8 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rmm_allocator::per_device::{SharedResource, get_current_device_resource};
+use rmm_allocator::per_device::get_current_device_resource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::{
     Device, DeviceBuffer, DeviceMemoryResource, DevicePtr, DeviceScalar, DeviceUVector, Result,
     StreamView,

@@ -12,8 +12,9 @@ use bytemuck::{Pod, Zeroable};
 use common::{device, pattern};
 use container_common::{Recording, assert_send_sync, open_later, private_sim};
 use rmm_allocator::device::current_device;
-use rmm_allocator::per_device::{SharedResource, get_current_device_resource};
+use rmm_allocator::per_device::get_current_device_resource;
 use rmm_allocator::resource::CudaMemoryResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::{ALLOCATION_ALIGNMENT, DeviceBuffer, DeviceUVector, Error, Stream, StreamView};
 
 #[derive(Debug, Clone, Copy, PartialEq, Pod, Zeroable)]

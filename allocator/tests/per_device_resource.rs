@@ -10,10 +10,10 @@ use common::device;
 use rmm_allocator::backend;
 use rmm_allocator::device::{set_current_device, with_device};
 use rmm_allocator::per_device::{
-    SharedResource, get_current_device_resource, get_per_device_resource,
-    reset_per_device_resource, set_current_device_resource, set_per_device_resource,
+    get_current_device_resource, get_per_device_resource, reset_per_device_resource,
+    set_current_device_resource, set_per_device_resource,
 };
-use rmm_allocator::resource::{CudaAsyncMemoryResource, CudaMemoryResource};
+use rmm_allocator::resource::{CudaAsyncMemoryResource, CudaMemoryResource, SharedResource};
 use rmm_allocator::{Device, DeviceMemoryResource, Error, StreamView};
 
 /// The per-device table is process-wide: under `cargo test` (one process, many threads) these

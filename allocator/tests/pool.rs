@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use common::{GIB, MIB, device, pattern};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
 use rmm_allocator::{ALLOCATION_ALIGNMENT, Device, DeviceMemoryResource, Error, StreamView};
 
@@ -310,7 +310,7 @@ fn before_adoption_the_old_pool_keeps_the_chunks_that_fit_and_releases_the_rest(
 #[test]
 fn a_request_beyond_every_size_class_is_out_of_memory_not_a_panic() {
     let d = rmm_allocator::Device::new(0).unwrap();
-    let cuda: rmm_allocator::per_device::SharedResource =
+    let cuda: rmm_allocator::resource::SharedResource =
         std::sync::Arc::new(rmm_allocator::resource::CudaMemoryResource::new(d));
     let pool = rmm_allocator::resource::PoolMemoryResource::new(cuda, 16 << 20, None).unwrap();
     for bytes in [1usize << 55, usize::MAX / 2, usize::MAX] {

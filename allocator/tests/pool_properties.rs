@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::{MIB, device};
 use proptest::prelude::*;
-use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     BinningMemoryResource, CudaMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
     PoolSize,

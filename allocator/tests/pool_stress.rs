@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier, Mutex};
 
 use common::{MIB, device};
 use crossbeam_channel::bounded;
-use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     BinningMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
 };

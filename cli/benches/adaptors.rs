@@ -34,7 +34,7 @@ use rmm::allocator::adaptor::{
     FailureAction, FailureCallbackResourceAdaptor, HookedResourceAdaptor, LimitingResourceAdaptor,
     LoggingResourceAdaptor, StatisticsResourceAdaptor, TrackingResourceAdaptor,
 };
-use rmm::allocator::per_device::SharedResource;
+use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
 use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, Stream, StreamView};
 

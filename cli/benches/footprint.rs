@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use rmm::allocator::Device;
-use rmm::allocator::per_device::SharedResource;
+use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
 };

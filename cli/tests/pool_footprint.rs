@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use rmm::allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-use rmm::allocator::per_device::SharedResource;
+use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
 use rmm::allocator::{Device, DeviceMemoryResource};
 use rmm_cli::bench::GIB;

@@ -20,7 +20,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use rmm_allocator::per_device::{SharedResource, get_per_device_resource};
+use rmm_allocator::per_device::get_per_device_resource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::{DevicePtr, StreamView};
 
 /// Live allocations: address → (size, the resource that made it), in shards by address. A

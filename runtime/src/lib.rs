@@ -30,15 +30,15 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod error;
-pub mod inventory;
-pub mod report;
+mod error;
+mod inventory;
+mod report;
 mod runtime;
-pub mod spill;
-pub mod stack;
+mod spill;
+mod stack;
 mod streams;
-pub mod task;
-pub mod worker;
+mod task;
+mod worker;
 
 pub use error::{Error, LiveMemory, Result, TaskError};
 pub use inventory::{DeviceSummary, Inventory};
@@ -50,7 +50,8 @@ pub use runtime::{
     DEFAULT_DRAIN_TIMEOUT, Runtime, RuntimeBuilder, RuntimeHandle, device_facts, open_backend,
 };
 pub use spill::{
-    ForeignData, ForeignOwner, OwnerAccess, SpillManager, SpillStatistics, TierStatistics,
+    ForeignData, ForeignOwner, OwnerAccess, PIN_AHEAD_MAX, SpillManager, SpillStatistics,
+    TierStatistics,
 };
 pub use stack::{DeviceStack, OomHandler, PoolPlan, StackPlan, UpstreamPlan, build_device_stack};
 pub use task::{TaskContext, TaskHandle};

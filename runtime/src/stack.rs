@@ -32,7 +32,8 @@ use rmm_allocator::adaptor::{
     StatisticsResourceAdaptor, TrackingResourceAdaptor, chain_names,
 };
 use rmm_allocator::error::fmt_bytes;
-use rmm_allocator::per_device::{self, SharedResource};
+use rmm_allocator::per_device;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, DEFAULT_GROWTH, ManagedMemoryResource,
     PoolMemoryResource, PoolSize,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rmm_allocator::adaptor::StatisticsResourceAdaptor;
-use rmm_allocator::per_device::SharedResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::{Device, StreamView};
 
 use crate::error::TaskError;

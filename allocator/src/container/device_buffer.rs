@@ -7,7 +7,8 @@ use crate::DeviceMemoryResource;
 use crate::backend::DevicePtr;
 use crate::device::{Device, current_device};
 use crate::error::{Error, Result};
-use crate::per_device::{SharedResource, get_current_device_resource};
+use crate::per_device::get_current_device_resource;
+use crate::resource::SharedResource;
 use crate::stream::{self, Event, StreamView};
 
 /// An owned, untyped, uninitialized device allocation with a size and a capacity

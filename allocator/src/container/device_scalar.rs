@@ -8,7 +8,8 @@ use super::{DeviceBuffer, DeviceUVector, ResourceHandle};
 use crate::backend::DevicePtr;
 use crate::device::Device;
 use crate::error::Result;
-use crate::per_device::{SharedResource, get_current_device_resource};
+use crate::per_device::get_current_device_resource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// A single `T` in device memory (RMM's `device_scalar<T>`), stored as a one-element

@@ -12,7 +12,8 @@ use super::{DeviceBuffer, ResourceHandle};
 use crate::backend::DevicePtr;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::per_device::{SharedResource, get_current_device_resource};
+use crate::per_device::get_current_device_resource;
+use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
 /// An uninitialized vector of `T` in device memory (RMM's `device_uvector<T>`).

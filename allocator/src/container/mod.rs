@@ -9,7 +9,7 @@
 //! * Memory comes from a [`DeviceMemoryResource`], by default the
 //!   current device's ([`get_current_device_resource`](crate::per_device::get_current_device_resource));
 //!   the `*_in` constructors take one explicitly. By default containers own a
-//!   [`SharedResource`](crate::per_device::SharedResource), so the resource lives as long as
+//!   [`SharedResource`](crate::resource::SharedResource), so the resource lives as long as
 //!   they do; they can also borrow it (`&'a dyn DeviceMemoryResource`, like RMM's non-owning
 //!   `device_async_resource_ref` but checked by the compiler): see [`ResourceHandle`].
 //! * Contents are uninitialized. Every operation that allocates or copies takes a stream.
@@ -64,7 +64,7 @@ use crate::stream::StreamView;
 
 /// How a container holds its memory resource.
 ///
-/// * [`SharedResource`](crate::per_device::SharedResource) (`Arc<dyn DeviceMemoryResource>`,
+/// * [`SharedResource`](crate::resource::SharedResource) (`Arc<dyn DeviceMemoryResource>`,
 ///   the default type parameter): the container owns a reference, so the resource lives at
 ///   least as long as the container. Costs one reference-count increment and decrement per
 ///   container (two atomic operations).

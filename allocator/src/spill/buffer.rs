@@ -28,7 +28,8 @@ use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::per_device::{SharedResource, get_per_device_resource};
+use crate::per_device::get_per_device_resource;
+use crate::resource::SharedResource;
 use crate::stream::{StreamView, synchronize};
 
 /// Where a buffer's data is.

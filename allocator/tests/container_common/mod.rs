@@ -9,8 +9,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::device::current_device;
-use rmm_allocator::per_device::SharedResource;
 use rmm_allocator::resource::CudaMemoryResource;
+use rmm_allocator::resource::SharedResource;
 use rmm_allocator::{Device, DeviceMemoryResource, DevicePtr, Error, Result, StreamView};
 
 /// One call a container made on a [`Recording`] resource.

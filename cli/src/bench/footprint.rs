@@ -23,7 +23,7 @@ use parking_lot::{Condvar, Mutex};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rmm::allocator::per_device::SharedResource;
+use rmm::allocator::resource::SharedResource;
 use rmm::allocator::{Device, DevicePtr, Result as AllocResult, Stream, StreamView};
 use serde::Serialize;
 

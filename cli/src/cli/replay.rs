@@ -16,7 +16,7 @@ use rmm::allocator::adaptor::{
 };
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::error::fmt_bytes;
-use rmm::allocator::per_device::SharedResource;
+use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{
     BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource,
     PoolMemoryResource, PoolSize,

@@ -218,7 +218,7 @@ mod tests {
     use super::*;
     use rmm::allocator::adaptor::hooks::register_thread_hook;
     use rmm::allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-    use rmm::allocator::per_device::SharedResource;
+    use rmm::allocator::resource::SharedResource;
     use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource};
     use rmm::allocator::{Device, DeviceMemoryResource, StreamView};
 

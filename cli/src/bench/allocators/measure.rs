@@ -5,7 +5,7 @@ use std::sync::Barrier;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
-use rmm::allocator::per_device::SharedResource;
+use rmm::allocator::resource::SharedResource;
 use rmm::allocator::{Device, DeviceMemoryResource, Stream};
 
 use crate::bench::BenchError;

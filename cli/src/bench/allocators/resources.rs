@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use rmm::allocator::Device;
-use rmm::allocator::per_device::SharedResource;
+use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{
     BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource,
     PoolSize,
