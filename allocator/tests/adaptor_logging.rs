@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use common::{MIB, device};
-use rmm_allocator::adaptor::replay::LogAction;
+use rmm_allocator::adaptor::LogAction;
 use rmm_allocator::adaptor::{
     EventLog, LOG_HEADER, LimitingResourceAdaptor, LoggingResourceAdaptor, ReplayOptions,
     ReplayOrder, StatisticsResourceAdaptor, log_file_path, replay,

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use common::{GIB, MIB, device};
-use rmm_allocator::adaptor::replay::LogAction;
+use rmm_allocator::adaptor::LogAction;
 use rmm_allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, replay};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::SharedResource;

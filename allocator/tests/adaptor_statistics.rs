@@ -282,7 +282,7 @@ fn equality_follows_the_upstream() {
 
 #[test]
 fn more_threads_than_shards_still_count_exactly() {
-    use rmm_allocator::adaptor::statistics::MAX_SHARDS;
+    use rmm_allocator::adaptor::MAX_SHARDS;
     let stats = Arc::new(StatisticsResourceAdaptor::new(cuda()));
     let threads = MAX_SHARDS + 8;
     let all_allocated = Arc::new(Barrier::new(threads));

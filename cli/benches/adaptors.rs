@@ -28,8 +28,8 @@
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
+use rmm::allocator::adaptor::DEFAULT_PEAK_TOLERANCE;
 use rmm::allocator::adaptor::hooks::{self, HookEvent, MemoryHook};
-use rmm::allocator::adaptor::statistics::DEFAULT_PEAK_TOLERANCE;
 use rmm::allocator::adaptor::{
     FailureAction, FailureCallbackResourceAdaptor, HookedResourceAdaptor, LimitingResourceAdaptor,
     LoggingResourceAdaptor, StatisticsResourceAdaptor, TrackingResourceAdaptor,

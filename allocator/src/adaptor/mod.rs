@@ -26,8 +26,8 @@ mod hooked;
 pub mod hooks;
 mod limiting;
 mod logging;
-pub mod replay;
-pub mod statistics;
+mod replay;
+mod statistics;
 mod tracking;
 
 pub use failure_callback::{AllocationFailure, FailureAction, FailureCallbackResourceAdaptor};
@@ -35,9 +35,12 @@ pub use hooked::HookedResourceAdaptor;
 pub use limiting::{LimitingResourceAdaptor, MemoryLimit};
 pub use logging::{LOG_HEADER, LoggingResourceAdaptor, log_file_path, log_thread_id};
 pub use replay::{
-    EventLog, LogFile, ReplayOptions, ReplayOrder, ReplayReport, replay, replay_streamed,
+    EventLog, LogAction, LogEvent, LogFile, ReplayFailure, ReplayOptions, ReplayOrder,
+    ReplayReport, replay, replay_streamed,
 };
-pub use statistics::{Counter, MemoryReport, StatisticsResourceAdaptor};
+pub use statistics::{
+    Counter, DEFAULT_PEAK_TOLERANCE, MAX_SHARDS, MemoryReport, StatisticsResourceAdaptor,
+};
 pub use tracking::{AllocationRecord, LeakReport, TrackingResourceAdaptor};
 
 use std::sync::Arc;

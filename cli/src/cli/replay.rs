@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use rmm::allocator::adaptor::replay::{LogAction, ReplayReport};
 use rmm::allocator::adaptor::{
     EventLog, LogFile, ReplayOptions, ReplayOrder, find_in_chain, replay, replay_streamed,
 };
+use rmm::allocator::adaptor::{LogAction, ReplayReport};
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::error::fmt_bytes;
 use rmm::allocator::resource::SharedResource;
