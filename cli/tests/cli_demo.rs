@@ -73,6 +73,16 @@ fn a_tiny_demo_on_two_simulated_devices_checks_itself_and_reports_spilling() {
     let reinit = report["reinitializes"].as_array().unwrap();
     assert_eq!(reinit.len(), 2);
     assert!(reinit[0]["spilled_bytes"].as_u64().unwrap() > 0);
+    // Durations in seconds, as the phases' (no field in milliseconds beside them).
+    for r in reinit {
+        let (total, spill) = (
+            r["seconds"].as_f64().unwrap(),
+            r["spill_seconds"].as_f64().unwrap(),
+        );
+        assert!(total > 0.0 && spill >= 0.0 && spill <= total, "{r}");
+        assert!(r.get("total_ms").is_none(), "{r}");
+    }
+    assert!(report["phases"][0]["seconds"].as_f64().unwrap() > 0.0);
     assert!(report["checked"].as_u64().unwrap() > 0);
     let picture = std::fs::read_to_string(&svg).unwrap();
     assert!(picture.starts_with("<svg") && picture.trim_end().ends_with("</svg>"));

@@ -189,10 +189,10 @@ pub struct PhaseReport {
 pub struct ReinitSummary {
     /// From which phase to which.
     pub transition: String,
-    /// Milliseconds in all.
-    pub total_ms: f64,
-    /// Of which spilling.
-    pub spill_ms: f64,
+    /// Wall time in seconds, as every other duration in the report.
+    pub seconds: f64,
+    /// Of which spilling, in seconds.
+    pub spill_seconds: f64,
     /// Bytes spilled for it.
     pub spilled_bytes: u64,
 }
@@ -487,8 +487,8 @@ impl DemoSize {
 fn summary(transition: &str, r: &rmm::runtime::ReinitReport) -> ReinitSummary {
     ReinitSummary {
         transition: transition.into(),
-        total_ms: r.total.as_secs_f64() * 1e3,
-        spill_ms: r.spill.as_secs_f64() * 1e3,
+        seconds: r.total.as_secs_f64(),
+        spill_seconds: r.spill.as_secs_f64(),
         spilled_bytes: r.spilled_bytes,
     }
 }
@@ -632,9 +632,9 @@ impl fmt::Display for DemoReport {
                 f,
                 "reinitialize {}: {:.1} ms (spilling {} took {:.1} ms)",
                 r.transition,
-                r.total_ms,
+                r.seconds * 1e3,
                 b(r.spilled_bytes),
-                r.spill_ms
+                r.spill_seconds * 1e3
             )?;
         }
         for s in &self.spill {
