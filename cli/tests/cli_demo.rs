@@ -330,3 +330,25 @@ fn an_unbacked_device_and_too_many_workers_are_named_as_such() {
         "{all}"
     );
 }
+
+#[test]
+fn progress_away_from_a_terminal_counts_tasks_allocations_and_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "devices = [0]\n").unwrap();
+    let out = rmm(&["demo", "--size", "tiny"], &config);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", text(&out));
+    let line = |prefix: &str, unit: &str| {
+        stderr.lines().any(|l| {
+            l.strip_prefix(prefix)
+                .and_then(|rest| rest.strip_suffix(unit))
+                .is_some_and(|n| n.trim().parse::<u64>().is_ok_and(|n| n > 0))
+        })
+    };
+    assert!(line("pooled: ", " tasks"), "{stderr}");
+    assert!(line("plain: ", " allocations"), "{stderr}");
+    assert!(line("pooled again: ", " tasks"), "{stderr}");
+    assert!(line("checking: ", " results"), "{stderr}");
+    assert!(!stderr.contains(" steps"), "{stderr}");
+}

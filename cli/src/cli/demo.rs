@@ -60,18 +60,22 @@ struct Bars {
 }
 
 impl Progress for Bars {
-    fn phase(&self, name: &str, steps: u64) {
+    fn phase(&self, name: &str, total: u64, unit: &str) {
         if self.terminal {
-            let bar = ProgressBar::new(steps);
-            if let Ok(style) =
-                ProgressStyle::with_template("{msg:>14} [{bar:40}] {pos}/{len} {elapsed_precise}")
-            {
+            if let Some(previous) = self.bar.lock().take() {
+                previous.finish_and_clear();
+            }
+            let bar = ProgressBar::new(total);
+            if let Ok(style) = ProgressStyle::with_template(
+                "{msg:>14} [{bar:40}] {pos}/{len} {prefix} {elapsed_precise}",
+            ) {
                 bar.set_style(style.progress_chars("=> "));
             }
             bar.set_message(name.to_string());
+            bar.set_prefix(unit.to_string());
             *self.bar.lock() = Some(bar);
         } else {
-            errln!("phase {name}: {steps} steps");
+            errln!("{name}: {total} {unit}");
         }
     }
 

@@ -92,9 +92,10 @@ impl DemoSize {
 
 /// Told how the demo goes (the CLI draws progress bars).
 pub trait Progress: Send + Sync {
-    /// A phase with `steps` steps begins.
-    fn phase(&self, name: &str, steps: u64);
-    /// One step is done.
+    /// A phase (or a part of one) of `total` units begins; `unit` names them in the plural
+    /// ("tasks", "allocations", "results").
+    fn phase(&self, name: &str, total: u64, unit: &str);
+    /// One unit is done.
     fn step(&self);
     /// The phase is over.
     fn finish(&self, summary: &str);
@@ -105,7 +106,7 @@ pub trait Progress: Send + Sync {
 pub struct NoProgress;
 
 impl Progress for NoProgress {
-    fn phase(&self, _name: &str, _steps: u64) {}
+    fn phase(&self, _name: &str, _total: u64, _unit: &str) {}
     fn step(&self) {}
     fn finish(&self, _summary: &str) {}
 }
@@ -325,7 +326,7 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
                 .map(move |(s, x)| (d, s, x))
         })
         .collect();
-    progress.phase("pooled", plan.len() as u64);
+    progress.phase("pooled", plan.len() as u64, "tasks");
     let handles: Vec<(u32, Produced)> = plan
         .iter()
         .map(|&(d, size, seed)| {
@@ -387,7 +388,7 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
         .iter()
         .map(|(_, s)| (s / scale.plain_chunk) as u64 * u64::from(workers))
         .sum();
-    progress.phase("plain", steps);
+    progress.phase("plain", steps, "allocations");
     let mut handles = Vec::new();
     for &(d, share) in &shares {
         for w in 0..workers {
@@ -418,8 +419,7 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
     // Phase 3: check every result in the new pool, transform it again.
     sampler.phase("pooled again");
     let mut phase = PhaseRun::begin(&rt, &devices);
-    // Each result is a step twice: transformed again, then checked at the end.
-    progress.phase("pooled again", 2 * kept.len() as u64);
+    progress.phase("pooled again", kept.len() as u64, "tasks");
     let handles: Vec<(u32, Produced)> = kept
         .into_iter()
         .map(|(d, k)| {
@@ -440,6 +440,7 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
     }
     let checked_in_phase = results.len() as u64;
     // Every result, wherever it is now (device, host or disk), on all cores.
+    progress.phase("checking", results.len() as u64, "results");
     results
         .par_iter()
         .try_for_each(|k| workload::check(k).map(|()| progress.step()))?;
