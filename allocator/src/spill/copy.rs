@@ -7,9 +7,8 @@
 //! copy, and a copy does not wait for unrelated work queued later.
 //!
 //! A copy waits (on the device) for its buffer's stream; on one shared copy stream, every
-//! copy queued behind it would wait too, for work on a stream that is not theirs (several
-//! workers' small moves finishing together 100 ms late). So the lane is picked by the
-//! buffer's stream: copies after the same stream share a lane (they would wait for the same
+//! copy queued behind it would wait too, for work on a stream that is not theirs. So the
+//! lane is picked by the buffer's stream: copies after the same stream share a lane (they would wait for the same
 //! work anyway), and each of the last [`LANES`] buffer streams seen has a lane of its own.
 
 use parking_lot::Mutex;

@@ -96,16 +96,8 @@ impl Progress for Bars {
 /// Runs `rmm demo`.
 pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Output paths first: a bad one fails now, not after the whole run.
-    let plot = args
-        .plot
-        .as_deref()
-        .map(|p| OutputFile::open("--plot", p))
-        .transpose()?;
-    let snapshot = args
-        .torch_snapshot
-        .as_deref()
-        .map(|p| OutputFile::open("--torch-snapshot", p))
-        .transpose()?;
+    let plot = OutputFile::open_optional("--plot", args.plot.as_deref())?;
+    let snapshot = OutputFile::open_optional("--torch-snapshot", args.torch_snapshot.as_deref())?;
     let progress: Arc<dyn Progress> = if args.quiet {
         Arc::new(rmm_cli::demo::NoProgress)
     } else {

@@ -42,6 +42,11 @@ impl OutputFile {
         })
     }
 
+    /// [`OutputFile::open`] when `path` is given (an optional `option` such as `--plot`).
+    pub fn open_optional(option: &str, path: Option<&Path>) -> Result<Option<OutputFile>, String> {
+        path.map(|p| OutputFile::open(option, p)).transpose()
+    }
+
     /// The path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -247,16 +247,8 @@ enum Source {
 pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Output paths first, then the log: a bad path or a malformed log is reported before
     // any device is touched.
-    let plot = args
-        .plot
-        .as_deref()
-        .map(|p| OutputFile::open("--plot", p))
-        .transpose()?;
-    let snapshot = args
-        .torch_snapshot
-        .as_deref()
-        .map(|p| OutputFile::open("--torch-snapshot", p))
-        .transpose()?;
+    let plot = OutputFile::open_optional("--plot", args.plot.as_deref())?;
+    let snapshot = OutputFile::open_optional("--torch-snapshot", args.torch_snapshot.as_deref())?;
     // With a plot or snapshot the whole log is kept (the timeline may be drawn from its
     // events); otherwise it is only scanned now, and read again as it is replayed.
     let log = if plot.is_some() || snapshot.is_some() {
