@@ -60,12 +60,6 @@ pub(crate) struct CopyFailed<M> {
     pub(crate) event: Option<Event>,
 }
 
-impl<M> From<CopyFailed<M>> for Error {
-    fn from(f: CopyFailed<M>) -> Error {
-        f.error
-    }
-}
-
 /// Copies between `bytes` of device memory and a run of pinned host memory, in flight on one
 /// stream; see the module documentation.
 pub(crate) struct PinnedCopy<M: PinnedMemory> {
@@ -90,13 +84,13 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         src: DevicePtr,
         bytes: usize,
         mut memory: Vec<M>,
-    ) -> std::result::Result<PinnedCopy<M>, CopyFailed<M>> {
+    ) -> std::result::Result<PinnedCopy<M>, Box<CopyFailed<M>>> {
         if let Err(error) = check_room(&memory, bytes) {
-            return Err(CopyFailed {
+            return Err(Box::new(CopyFailed {
                 error,
                 memory: Some(memory),
                 event: Some(event),
-            });
+            }));
         }
         let (b, d) = (device.backend(), device.ordinal());
         let mut offset = 0;
@@ -129,13 +123,13 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         mut memory: Vec<M>,
         dst: DevicePtr,
         bytes: usize,
-    ) -> std::result::Result<PinnedCopy<M>, CopyFailed<M>> {
+    ) -> std::result::Result<PinnedCopy<M>, Box<CopyFailed<M>>> {
         if let Err(error) = check_room(&memory, bytes) {
-            return Err(CopyFailed {
+            return Err(Box::new(CopyFailed {
                 error,
                 memory: Some(memory),
                 event: Some(event),
-            });
+            }));
         }
         let (b, d) = (device.backend(), device.ordinal());
         let mut offset = 0;
@@ -160,7 +154,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         event: Event,
         memory: Vec<M>,
         enqueued: Result<()>,
-    ) -> std::result::Result<PinnedCopy<M>, CopyFailed<M>> {
+    ) -> std::result::Result<PinnedCopy<M>, Box<CopyFailed<M>>> {
         let copy = PinnedCopy {
             device,
             stream,
@@ -182,9 +176,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
     }
 
     /// True once the copies have completed (`wait` will not block).
-    ///
-    /// # Errors
-    /// The driver could not say.
+    #[cfg(test)]
     pub(crate) fn is_complete(&self) -> Result<bool> {
         match &self.event {
             Some(e) => e.is_complete(),
@@ -209,7 +201,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
     /// # Errors
     /// Waiting failed: the memory comes back if the stream could be waited for instead, and
     /// is leaked otherwise (see [`CopyFailed`]).
-    pub(crate) fn wait(mut self) -> std::result::Result<(Vec<M>, Event), CopyFailed<M>> {
+    pub(crate) fn wait(mut self) -> std::result::Result<(Vec<M>, Event), Box<CopyFailed<M>>> {
         let waited = match &self.event {
             Some(e) => e.synchronize(),
             None => Ok(()),
@@ -219,7 +211,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                 let memory = self.memory.take().unwrap_or_default();
                 match self.event.take() {
                     Some(event) => Ok((memory, event)),
-                    None => Err(CopyFailed {
+                    None => Err(Box::new(CopyFailed {
                         error: Error::invalid_argument(
                             "pinned copy",
                             "without its event",
@@ -227,7 +219,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                         ),
                         memory: Some(memory),
                         event: None,
-                    }),
+                    })),
                 }
             }
             Err(error) => Err(self.settle_after(error)),
@@ -236,14 +228,14 @@ impl<M: PinnedMemory> PinnedCopy<M> {
 
     /// After `error`, waits for the whole stream; gives the memory back if that worked, leaks
     /// it otherwise.
-    fn settle_after(mut self, error: Error) -> CopyFailed<M> {
+    fn settle_after(mut self, error: Error) -> Box<CopyFailed<M>> {
         let (b, d) = (self.device.backend(), self.device.ordinal());
         match b.stream_synchronize(d, self.stream) {
-            Ok(()) => CopyFailed {
+            Ok(()) => Box::new(CopyFailed {
                 error,
                 memory: self.memory.take(),
                 event: self.event.take(),
-            },
+            }),
             Err(sync) => {
                 tracing::error!(
                     "waiting for copies between {} and pinned host memory after an error \
@@ -252,11 +244,11 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                     self.device
                 );
                 self.leak();
-                CopyFailed {
+                Box::new(CopyFailed {
                     error,
                     memory: None,
                     event: None,
-                }
+                })
             }
         }
     }
@@ -310,9 +302,9 @@ fn check_room<M: PinnedMemory>(memory: &[M], bytes: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::HostMemoryResource;
     use crate::backend::{SimBackend, SimConfig};
     use crate::resource::PinnedHostMemoryResource;
-    use crate::HostMemoryResource;
 
     fn sim() -> (&'static SimBackend, Device) {
         let backend = SimBackend::leak(SimConfig::default()).unwrap();
@@ -338,11 +330,14 @@ mod tests {
         for (i, b) in up.iter_mut().enumerate() {
             b.as_mut_slice().fill(i as u8 + 7);
         }
-        let copy =
-            PinnedCopy::to_device(d, stream, Event::new(d).unwrap(), up, dev, 3000).ok().unwrap();
+        let copy = PinnedCopy::to_device(d, stream, Event::new(d).unwrap(), up, dev, 3000)
+            .ok()
+            .unwrap();
         let (_, event) = copy.wait().ok().unwrap();
         let down = vec![block(d, 2500), block(d, 500)];
-        let copy = PinnedCopy::to_host(d, stream, event, dev, 3000, down).ok().unwrap();
+        let copy = PinnedCopy::to_host(d, stream, event, dev, 3000, down)
+            .ok()
+            .unwrap();
         let (down, _) = copy.wait().ok().unwrap();
         let bytes: Vec<u8> = down.iter().flat_map(|b| b.as_slice().to_vec()).collect();
         assert!(bytes[..1000].iter().all(|&x| x == 7));
@@ -355,13 +350,17 @@ mod tests {
     fn too_little_host_memory_is_refused_and_handed_back() {
         let d = device();
         let dev = d.backend().malloc(d.ordinal(), 4096).unwrap();
-        let failed = match PinnedCopy::to_host(d, 0, Event::new(d).unwrap(), dev, 4096, vec![
-            block(d, 100),
-        ]) {
-            Err(f) => f,
-            Ok(_) => panic!("a copy of 4096 bytes into 100 was enqueued"),
-        };
-        assert!(failed.error.to_string().contains("4096 bytes"), "{}", failed.error);
+        let failed =
+            match PinnedCopy::to_host(d, 0, Event::new(d).unwrap(), dev, 4096, vec![block(d, 100)])
+            {
+                Err(f) => f,
+                Ok(_) => panic!("a copy of 4096 bytes into 100 was enqueued"),
+            };
+        assert!(
+            failed.error.to_string().contains("4096 bytes"),
+            "{}",
+            failed.error
+        );
         assert_eq!(failed.memory.map(|m| m.len()), Some(1));
         assert!(failed.event.is_some());
         d.backend().free(d.ordinal(), dev).unwrap();
@@ -374,12 +373,21 @@ mod tests {
         let dev = d.backend().malloc(d.ordinal(), 64).unwrap();
         d.backend().memset(d.ordinal(), dev, 3, 64).unwrap();
         let gate = sim.hold_stream(d.ordinal(), stream).unwrap();
-        let copy =
-            PinnedCopy::to_host(d, stream, Event::new(d).unwrap(), dev, 64, vec![block(d, 64)])
-                .ok()
-                .unwrap();
+        let copy = PinnedCopy::to_host(
+            d,
+            stream,
+            Event::new(d).unwrap(),
+            dev,
+            64,
+            vec![block(d, 64)],
+        )
+        .ok()
+        .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(!copy.is_complete().unwrap(), "the copy ran behind a held stream");
+        assert!(
+            !copy.is_complete().unwrap(),
+            "the copy ran behind a held stream"
+        );
         let opener = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(20));
             gate.open();
@@ -396,10 +404,16 @@ mod tests {
         let stream = d.backend().stream_create(d.ordinal()).unwrap();
         let dev = d.backend().malloc(d.ordinal(), 64).unwrap();
         let gate = sim.hold_stream(d.ordinal(), stream).unwrap();
-        let copy =
-            PinnedCopy::to_host(d, stream, Event::new(d).unwrap(), dev, 64, vec![block(d, 64)])
-                .ok()
-                .unwrap();
+        let copy = PinnedCopy::to_host(
+            d,
+            stream,
+            Event::new(d).unwrap(),
+            dev,
+            64,
+            vec![block(d, 64)],
+        )
+        .ok()
+        .unwrap();
         let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = std::sync::Arc::clone(&opened);
         let opener = std::thread::spawn(move || {

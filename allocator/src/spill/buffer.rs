@@ -606,16 +606,17 @@ impl SpillableBuffer {
         let ptr = resource.allocate(self.size, stream)?;
         let start = Instant::now();
         let copied = match std::mem::replace(state, State::Host(Vec::new())) {
-            State::Host(slices) => self
-                .copy_in(ptr, slices, stream)
-                .map(drop)
-                .map_err(|(e, slices)| {
-                    // The data stays on the host when the copy's memory came back.
-                    if let Some(slices) = slices {
-                        *state = State::Host(slices);
-                    }
-                    e
-                }),
+            State::Host(slices) => {
+                self.copy_in(ptr, slices, stream)
+                    .map(drop)
+                    .map_err(|(e, slices)| {
+                        // The data stays on the host when the copy's memory came back.
+                        if let Some(slices) = slices {
+                            *state = State::Host(slices);
+                        }
+                        e
+                    })
+            }
             State::Disk(file) => {
                 let read = self
                     .disk()
@@ -677,7 +678,7 @@ impl SpillableBuffer {
             crate::stream::Event,
         ) -> std::result::Result<
             PinnedCopy<PinnedSlice>,
-            CopyFailed<PinnedSlice>,
+            Box<CopyFailed<PinnedSlice>>,
         >,
     ) -> std::result::Result<PinnedCopy<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
         let copies = self.store.copies();
@@ -689,7 +690,7 @@ impl SpillableBuffer {
             // Nothing was enqueued: `enqueue` (and the memory it owns) is dropped unused.
             Err(e) => return Err((e, None)),
         };
-        enqueue(self.device(), lane, event).map_err(|f| self.settle(f))
+        enqueue(self.device(), lane, event).map_err(|f| self.settle(*f))
     }
 
     /// Waits for `copy`; its memory back, or the error and the memory when it came back.
@@ -715,7 +716,7 @@ impl SpillableBuffer {
                 self.store.copies().recycle(event);
                 Ok(memory)
             }
-            Err(f) => Err(self.settle(f)),
+            Err(f) => Err(self.settle(*f)),
         }
     }
 

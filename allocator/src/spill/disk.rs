@@ -14,8 +14,8 @@
 //! of a pid that is no longer alive are swept. A process that ends on a signal it handles
 //! (the `rmm` CLI on SIGINT and SIGTERM) removes its own with [`remove_files_for_exit`].
 
-use std::fs::{File, OpenOptions};
 use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -376,14 +376,14 @@ impl DiskStore {
                     };
                     let copy =
                         PinnedCopy::to_host(device, stream, event, src.offset(off), n, vec![slot])
-                            .map_err(|f| reclaim(copies, &mut free, f))?;
+                            .map_err(|f| reclaim(copies, &mut free, *f))?;
                     pending.push_back((n, copy));
                     next += 1;
                 }
                 let Some((n, copy)) = pending.pop_front() else {
                     return Ok(());
                 };
-                let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, f))?;
+                let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, *f))?;
                 copies.recycle(event);
                 let written = slots
                     .first()
@@ -420,8 +420,7 @@ impl DiskStore {
                 if free.is_empty()
                     && let Some((_, copy)) = pending.pop_front()
                 {
-                    let (slots, event) =
-                        copy.wait().map_err(|f| reclaim(copies, &mut free, f))?;
+                    let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, *f))?;
                     copies.recycle(event);
                     free.extend(slots);
                 }
@@ -446,11 +445,11 @@ impl DiskStore {
                 };
                 let copy =
                     PinnedCopy::to_device(device, stream, event, vec![slot], dst.offset(off), n)
-                        .map_err(|f| reclaim(copies, &mut free, f))?;
+                        .map_err(|f| reclaim(copies, &mut free, *f))?;
                 pending.push_back((n, copy));
             }
             while let Some((_, copy)) = pending.pop_front() {
-                let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, f))?;
+                let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, *f))?;
                 copies.recycle(event);
                 free.extend(slots);
             }
@@ -485,7 +484,7 @@ impl DiskStore {
                     free.extend(slots);
                 }
                 Err(f) => {
-                    let e = reclaim(copies, &mut free, f);
+                    let e = reclaim(copies, &mut free, *f);
                     tracing::error!(
                         "waiting for the disk tier's copies on {}: {e}",
                         copies.device()
