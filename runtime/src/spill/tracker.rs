@@ -14,6 +14,7 @@ use rmm_allocator::resource::PinnedHostPool;
 use rmm_allocator::spill::{PendingSpill, SpillObserver, SpillStep, SpillableBuffer, Tier};
 use rmm_allocator::{DevicePtr, StreamView};
 
+use super::background::Background;
 use super::statistics::Moves;
 
 /// An entry of the least-recently-used order: something whose device bytes can move off the
@@ -127,6 +128,8 @@ pub(crate) struct Tracker {
     /// Adopted device allocations on the device: address → (bytes, values holding it). An
     /// allocation that several values view is counted once.
     pub(crate) foreign: Mutex<HashMap<u64, (usize, usize)>>,
+    /// The limit enforced off the adopting thread.
+    pub(crate) background: Background,
 }
 
 /// The most spills whose copies are in flight at once when making room.
