@@ -21,6 +21,7 @@ import time
 import cloudpickle
 from dask.utils import format_bytes, parse_bytes
 from distributed import Client, wait
+from rmm_rs.dask import DeviceStore
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -37,25 +38,21 @@ def check(x, i):
     return bool((x == i).all())
 
 
-def timed_store():
+class TimedDeviceStore(DeviceStore):
     """DeviceStore that also counts the time spent storing values (on the worker's event
     loop, where Dask stores a task's result before it runs the next task)."""
-    from rmm_rs.dask import DeviceStore
 
-    class TimedDeviceStore(DeviceStore):
-        setitem_seconds = 0.0
+    setitem_seconds = 0.0
 
-        def __setitem__(self, key, value):
-            t = time.perf_counter()
-            super().__setitem__(key, value)
-            self.setitem_seconds += time.perf_counter() - t
+    def __setitem__(self, key, value):
+        t = time.perf_counter()
+        super().__setitem__(key, value)
+        self.setitem_seconds += time.perf_counter() - t
 
-        def statistics(self):
-            out = super().statistics()
-            out["setitem_seconds"] = self.setitem_seconds
-            return out
-
-    return TimedDeviceStore
+    def statistics(self):
+        out = super().statistics()
+        out["setitem_seconds"] = self.setitem_seconds
+        return out
 
 
 def worker_spill(dask_worker):
@@ -98,7 +95,7 @@ def run(kind, arrays, size, limit, threads):
 
         host = kind.split("host=", 1)[1] if "host=" in kind else "none"
         cluster = LocalCUDACluster(
-            data=timed_store().factory(
+            data=TimedDeviceStore.factory(
                 device_memory_limit=limit,
                 config={"spill": {"enabled": True, "host_pool_size": host}},
             ),

@@ -60,6 +60,13 @@ pub(crate) struct CopyFailed<M> {
     pub(crate) event: Option<Event>,
 }
 
+/// Which way a copy goes.
+#[derive(Clone, Copy)]
+enum Toward {
+    Host,
+    Device,
+}
+
 /// Copies between `bytes` of device memory and a run of pinned host memory, in flight on one
 /// stream; see the module documentation.
 pub(crate) struct PinnedCopy<M: PinnedMemory> {
@@ -83,32 +90,9 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         event: Event,
         src: DevicePtr,
         bytes: usize,
-        mut memory: Vec<M>,
+        memory: Vec<M>,
     ) -> std::result::Result<PinnedCopy<M>, Box<CopyFailed<M>>> {
-        if let Err(error) = check_room(&memory, bytes) {
-            return Err(Box::new(CopyFailed {
-                error,
-                memory: Some(memory),
-                event: Some(event),
-            }));
-        }
-        let (b, d) = (device.backend(), device.ordinal());
-        let mut offset = 0;
-        let enqueued = memory.iter_mut().try_for_each(|m| {
-            let n = (bytes - offset).min(m.byte_len());
-            if n == 0 {
-                return Ok(());
-            }
-            // SAFETY: `m` is pinned memory of at least `n` bytes that stays at its address
-            // while owned. It is owned by the returned `PinnedCopy` (or the `CopyFailed`),
-            // which hands it back only after the event recorded behind this copy, or the
-            // whole stream, has completed, and leaks it when neither can be established; until
-            // then no host code can reach it.
-            let r = unsafe { b.memcpy_dtoh_async(d, m.start(), src.offset(offset), n, stream) };
-            offset += n;
-            r
-        });
-        PinnedCopy::started(device, stream, event, memory, enqueued)
+        PinnedCopy::enqueue(device, stream, event, memory, src, bytes, Toward::Host)
     }
 
     /// Enqueues copies of the first `bytes` of `memory` (taken in order) to the device bytes
@@ -120,9 +104,23 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         device: Device,
         stream: RawStream,
         event: Event,
-        mut memory: Vec<M>,
+        memory: Vec<M>,
         dst: DevicePtr,
         bytes: usize,
+    ) -> std::result::Result<PinnedCopy<M>, Box<CopyFailed<M>>> {
+        PinnedCopy::enqueue(device, stream, event, memory, dst, bytes, Toward::Device)
+    }
+
+    /// Enqueues the copies between `memory` and the `bytes` device bytes at `at`, one per
+    /// piece of memory, and records the event behind them.
+    fn enqueue(
+        device: Device,
+        stream: RawStream,
+        event: Event,
+        mut memory: Vec<M>,
+        at: DevicePtr,
+        bytes: usize,
+        toward: Toward,
     ) -> std::result::Result<PinnedCopy<M>, Box<CopyFailed<M>>> {
         if let Err(error) = check_room(&memory, bytes) {
             return Err(Box::new(CopyFailed {
@@ -138,11 +136,20 @@ impl<M: PinnedMemory> PinnedCopy<M> {
             if n == 0 {
                 return Ok(());
             }
-            // SAFETY: as in `to_host`: the memory is owned by the copy until the copy is known
-            // to be complete, so it stays valid and unchanged while the stream reads it.
-            let r = unsafe { b.memcpy_htod_async(d, dst.offset(offset), m.start(), n, stream) };
+            let device_side = at.offset(offset);
             offset += n;
-            r
+            // SAFETY: `m` is pinned memory of at least `n` bytes that stays at its address
+            // while owned. It is owned by the returned `PinnedCopy` (or the `CopyFailed`),
+            // which hands it back only after the event recorded behind this copy, or the
+            // whole stream, has completed, and leaks it when neither can be established; until
+            // then no host code can reach it, so the copy alone reads or writes it. The device
+            // range is the caller's.
+            unsafe {
+                match toward {
+                    Toward::Host => b.memcpy_dtoh_async(d, m.start(), device_side, n, stream),
+                    Toward::Device => b.memcpy_htod_async(d, device_side, m.start(), n, stream),
+                }
+            }
         });
         PinnedCopy::started(device, stream, event, memory, enqueued)
     }

@@ -198,9 +198,7 @@ impl SpillManager {
         owner: O,
     ) -> Arc<ForeignData<O>> {
         let data = ForeignData::adopt(&self.tracker, &self.store, allocations, stream, owner);
-        let over = self.tracker.tracked.load(Ordering::Relaxed)
-            > self.tracker.limit.load(Ordering::Relaxed) as i64;
-        if over {
+        if self.tracker.is_over_limit() {
             self.tracker.background.request(&self.tracker);
         }
         data

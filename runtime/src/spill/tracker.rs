@@ -221,6 +221,11 @@ impl Tracker {
         }
     }
 
+    /// True while the device holds more than the limit.
+    pub(crate) fn is_over_limit(&self) -> bool {
+        self.tracked.load(Ordering::Relaxed) > self.limit.load(Ordering::Relaxed) as i64
+    }
+
     /// Spills least recently used entries (not `except`) while the device holds more than
     /// the limit plus `bytes` allows.
     pub(crate) fn enforce_limit(&self, except: Option<u64>, bytes: usize) {
