@@ -283,7 +283,6 @@ fn tier_name(t: Tier) -> &'static str {
 #[pyfunction]
 #[pyo3(signature = (value, allocations, device=0))]
 fn adopt(
-    py: Python<'_>,
     value: Py<PyAny>,
     allocations: Vec<(u64, usize)>,
     device: u32,
@@ -294,7 +293,10 @@ fn adopt(
         .map(|(p, n)| (DevicePtr(p), n))
         .collect();
     let owner = PyOwner(Some(value));
-    let inner = py.detach(|| m.adopt_in_background(&allocations, StreamView::DEFAULT, owner));
+    // Nothing here waits for a copy (the spilling runs on the manager's thread), so the
+    // interpreter stays attached: letting it go would cost a wait to take it back from the
+    // threads running tasks.
+    let inner = m.adopt_in_background(&allocations, StreamView::DEFAULT, owner);
     Ok(AdoptedValue { inner, device })
 }
 
