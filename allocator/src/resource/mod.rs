@@ -32,7 +32,7 @@ pub use pinned_host_memory_resource::PinnedHostMemoryResource;
 pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool};
 pub use pool_memory_resource::{
     DEFAULT_GROWTH, LISTED_STREAMS, PoolBuilder, PoolMemoryResource, PoolSize, PoolSnapshot,
-    PoolUsage, StreamUsage,
+    PoolUsage, StreamUsage, VirtualMemory,
 };
 
 pub use crate::backend::host::{HostBlock, PinnedSlice};

@@ -34,12 +34,14 @@
 mod arena;
 mod bins;
 mod block_cache;
+mod chunks;
 mod global;
 mod growth;
 mod oom_report;
 mod ptr_map;
 mod reclaim;
 mod tlsf;
+mod vmm;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -48,6 +50,8 @@ use parking_lot::Mutex;
 
 use self::arena::{Arena, SMALL_LIMIT};
 use self::bins::BIN_LIMIT;
+use self::chunks::ChunkSource;
+pub use self::chunks::VirtualMemory;
 use self::global::FreeSpace;
 pub use self::growth::DEFAULT_GROWTH;
 pub use self::oom_report::{LISTED_STREAMS, PoolUsage, StreamUsage};
@@ -101,9 +105,21 @@ pub struct PoolBuilder {
     maximum: Option<PoolSize>,
     growth: u64,
     donor: Option<Arc<PoolMemoryResource>>,
+    virtual_memory: VirtualMemory,
 }
 
 impl PoolBuilder {
+    /// Whether chunks are mapped through CUDA's virtual memory API (default
+    /// [`VirtualMemory::Auto`]: over a [`CudaMemoryResource`](crate::resource::CudaMemoryResource)
+    /// on a device that supports it, with a maximum size of at least 64 granules). Mapped
+    /// chunks lie side by side in one address range per device, so free space stays in one
+    /// piece across growth and entirely free chunks go back to the device one by one; sizes
+    /// are then multiples of the device's granularity (2 MiB on current GPUs).
+    pub fn virtual_memory(mut self, mode: VirtualMemory) -> Self {
+        self.virtual_memory = mode;
+        self
+    }
+
     /// Memory taken from the upstream at construction (default: half of the device's free
     /// memory, as RMM's Python `reinitialize` does). `Bytes(0)` starts empty.
     pub fn initial_size(mut self, size: PoolSize) -> Self {
@@ -164,19 +180,45 @@ impl PoolBuilder {
             ));
         }
         let growth = self.growth.next_multiple_of(GRANULE);
+        let mut mode = self.virtual_memory;
+        // A pool too small for whole granules is better served by the upstream.
+        if mode == VirtualMemory::Auto && maximum < vmm::AUTO_MINIMUM {
+            mode = VirtualMemory::Off;
+        }
+        let source = ChunkSource::choose(mode, &self.upstream)?;
+        let (maximum, initial) = match &source {
+            ChunkSource::Mapped(space) => {
+                let g = space.granularity();
+                let rounded = maximum / g * g;
+                if rounded == 0 {
+                    return Err(Error::invalid_argument(
+                        "maximum_size",
+                        fmt_bytes(maximum as usize),
+                        format!(
+                            "at least the device's allocation granularity ({}) with virtual memory",
+                            fmt_bytes(g as usize)
+                        ),
+                    ));
+                }
+                (rounded, initial.next_multiple_of(g).min(rounded))
+            }
+            _ => (maximum, initial),
+        };
         let pool = PoolMemoryResource {
             upstream: self.upstream,
             device,
             maximum,
             growth,
             arenas: StreamArenas::new(),
-            global: Mutex::new(FreeSpace::default()),
+            global: Mutex::new(source.free_space()),
+            source,
         };
         let mut adopted = 0;
-        if let Some(donor) = self
-            .donor
-            .filter(|d| d.device == device && d.upstream.is_equal(&*pool.upstream) && initial > 0)
-        {
+        if let Some(donor) = self.donor.filter(|d| {
+            d.device == device
+                && d.source.can_swap(&d.upstream, &pool.source, &pool.upstream)
+                && initial > 0
+        }) {
             let chunks = donor.give_chunks(initial)?;
             let mut g = pool.global.lock();
             for (addr, size) in chunks {
@@ -186,8 +228,8 @@ impl PoolBuilder {
         }
         if initial > adopted {
             let rest = initial - adopted;
-            let p = pool.upstream.allocate(rest as usize, StreamView::DEFAULT)?;
-            pool.global.lock().add_chunk(p.addr(), rest);
+            let mut g = pool.global.lock();
+            pool.add_memory(&mut g, rest, None, StreamView::DEFAULT, false)?;
         }
         tracing::debug!(
             device = device.ordinal(),
@@ -196,6 +238,7 @@ impl PoolBuilder {
             maximum,
             growth,
             upstream = pool.upstream.name(),
+            chunks = pool.chunk_source(),
             "pool created"
         );
         Ok(pool)
@@ -253,6 +296,8 @@ pub struct PoolMemoryResource {
     growth: u64,
     arenas: StreamArenas<Arena>,
     global: Mutex<FreeSpace>,
+    /// Where chunks come from and go back to.
+    source: ChunkSource,
 }
 
 impl std::fmt::Debug for PoolMemoryResource {
@@ -261,6 +306,7 @@ impl std::fmt::Debug for PoolMemoryResource {
             .field("device", &self.device)
             .field("upstream", &self.upstream.name())
             .field("maximum", &self.maximum)
+            .field("chunks", &self.chunk_source())
             .finish_non_exhaustive()
     }
 }
@@ -274,6 +320,7 @@ impl PoolMemoryResource {
             maximum: None,
             growth: DEFAULT_GROWTH,
             donor: None,
+            virtual_memory: VirtualMemory::default(),
         }
     }
 
@@ -397,8 +444,7 @@ impl PoolMemoryResource {
         let freed = g.take_free_chunks(to_bytes);
         let mut released = 0;
         for (addr, size) in freed {
-            self.upstream
-                .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)?;
+            self.return_chunk(addr, size)?;
             released += size;
         }
         tracing::debug!(
@@ -429,8 +475,7 @@ impl PoolMemoryResource {
         let keep = g.adoptable_chunks(budget);
         let mut released = 0;
         for (addr, size) in g.take_free_chunks_except(&keep) {
-            self.upstream
-                .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)?;
+            self.return_chunk(addr, size)?;
             released += size;
         }
         Ok(released)
@@ -512,7 +557,15 @@ impl PoolMemoryResource {
                     "live block {addr:#x}+{size} is not 256-byte aligned"
                 )));
             }
-            let inside = g.chunks().any(|(c, cs)| addr >= c && addr + size <= c + cs);
+            // Inside one chunk, or (mapped side by side) chunks that follow each other.
+            let mut at = addr;
+            while let Some((c, cs)) = g.chunk_of(at).filter(|_| at < addr + size) {
+                at = c + cs;
+                if !self.uses_virtual_memory() {
+                    break;
+                }
+            }
+            let inside = at >= addr + size;
             if !inside {
                 return Err(fail(format!(
                     "live block {addr:#x}+{size} lies outside every chunk"
@@ -673,10 +726,7 @@ impl Drop for PoolMemoryResource {
         }
         let chunks: Vec<(u64, u64)> = self.global.lock().chunks().collect();
         for (addr, size) in chunks {
-            if let Err(e) =
-                self.upstream
-                    .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)
-            {
+            if let Err(e) = self.return_chunk(addr, size) {
                 tracing::error!(
                     "returning a pool chunk of {size} bytes at {addr:#x} upstream: {e}"
                 );
