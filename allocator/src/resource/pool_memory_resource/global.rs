@@ -128,6 +128,36 @@ impl FreeSpace {
         self.put(addr, size);
     }
 
+    /// Takes exactly `[addr, addr + size)`, which is free, out of the free space (the free
+    /// range around it stays free). Returns false when it is not all free.
+    pub(crate) fn take_exact(&mut self, addr: u64, size: u64) -> bool {
+        let Some((fa, fs)) = self.free_range_holding(addr, size) else {
+            return false;
+        };
+        self.remove(fa, fs);
+        if addr > fa {
+            self.put(fa, addr - fa);
+        }
+        if fa + fs > addr + size {
+            self.put(addr + size, fa + fs - (addr + size));
+        }
+        true
+    }
+
+    /// The chunks `[addr, addr + size)` overlaps, in address order.
+    pub(crate) fn chunks_under(&self, addr: u64, size: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        if let Some(c) = self.chunk_of(addr) {
+            out.push(c);
+        }
+        out.extend(
+            self.chunks
+                .range(addr + 1..addr + size)
+                .map(|(a, s)| (*a, *s)),
+        );
+        out
+    }
+
     /// Takes a range of `want` bytes if one fits, else of at least `need` bytes (all of the
     /// best-fitting range, up to `want`). Returns (address, size).
     pub(crate) fn take(&mut self, need: u64, want: u64) -> Option<(u64, u64)> {
@@ -146,7 +176,7 @@ impl FreeSpace {
     }
 
     /// The chunks that are entirely free, largest first.
-    fn free_chunks(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn free_chunks(&self) -> Vec<(u64, u64)> {
         let mut free: Vec<(u64, u64)> = self
             .chunks
             .iter()
@@ -171,6 +201,38 @@ impl FreeSpace {
                 fits
             })
             .collect()
+    }
+
+    /// Forgets a chunk handed back (to the pool it came from) with whatever part of it is
+    /// free here: [`FreeSpace::take_chunks`] for a chunk that may hold live blocks of the
+    /// other pool.
+    pub(crate) fn forget_chunk(&mut self, addr: u64, size: u64) {
+        let free: Vec<(u64, u64)> = self
+            .by_addr
+            .range(addr..addr + size)
+            .map(|(a, s)| (*a, *s))
+            .collect();
+        for (a, s) in free {
+            self.remove(a, s);
+            let end = (a + s).min(addr + size);
+            if a + s > end {
+                self.put(end, a + s - end);
+            }
+        }
+        if let Some((a, s)) = self
+            .by_addr
+            .range(..addr)
+            .next_back()
+            .map(|(a, s)| (*a, *s))
+            && a + s > addr
+        {
+            self.remove(a, s);
+            self.put(a, addr - a);
+            if a + s > addr + size {
+                self.put(addr + size, a + s - (addr + size));
+            }
+        }
+        self.chunks.remove(&addr);
     }
 
     /// Removes `chunks` (entirely free ones) and returns them; the free space around each

@@ -37,6 +37,7 @@ mod block_cache;
 mod chunks;
 mod global;
 mod growth;
+mod handover;
 mod oom_report;
 mod ptr_map;
 mod reclaim;
@@ -54,6 +55,7 @@ use self::chunks::ChunkSource;
 pub use self::chunks::VirtualMemory;
 use self::global::FreeSpace;
 pub use self::growth::DEFAULT_GROWTH;
+pub use self::handover::LiveBlock;
 pub use self::oom_report::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use self::tlsf::GRANULE;
 use super::stream_arenas::StreamArenas;
@@ -105,6 +107,7 @@ pub struct PoolBuilder {
     maximum: Option<PoolSize>,
     growth: u64,
     donor: Option<Arc<PoolMemoryResource>>,
+    live: Vec<LiveBlock>,
     virtual_memory: VirtualMemory,
 }
 
@@ -150,6 +153,18 @@ impl PoolBuilder {
     /// the donor keeps working and grows again on demand.
     pub fn adopt_from(mut self, donor: Arc<PoolMemoryResource>) -> Self {
         self.donor = Some(donor);
+        self
+    }
+
+    /// With [`PoolBuilder::adopt_from`]: also takes over these live allocations of the donor
+    /// with the chunks that hold them, data in place, as allocations of the new pool (freed
+    /// to it, on their stream). A block moves only when every chunk it lies in holds nothing
+    /// else live and fits in the initial size (chunks holding blocks go first); blocks of 64
+    /// KiB or less never move (they share slabs). [`PoolMemoryResource::adopted_blocks`]
+    /// lists those that moved; the others stay the donor's. The caller must not free a moved
+    /// block to the donor.
+    pub fn adopt_live(mut self, blocks: Vec<LiveBlock>) -> Self {
+        self.live = blocks;
         self
     }
 
@@ -204,7 +219,7 @@ impl PoolBuilder {
             }
             _ => (maximum, initial),
         };
-        let pool = PoolMemoryResource {
+        let mut pool = PoolMemoryResource {
             upstream: self.upstream,
             device,
             maximum,
@@ -212,29 +227,67 @@ impl PoolBuilder {
             arenas: StreamArenas::new(),
             global: Mutex::new(source.free_space()),
             source,
+            adopted: Vec::new(),
         };
         let mut adopted = 0;
+        let mut handed = None;
         if let Some(donor) = self.donor.filter(|d| {
             d.device == device
                 && d.source.can_swap(&d.upstream, &pool.source, &pool.upstream)
                 && initial > 0
         }) {
-            let chunks = donor.give_chunks(initial)?;
+            let h = if self.live.is_empty() {
+                handover::Handover {
+                    chunks: donor.give_chunks(initial)?,
+                    blocks: Vec::new(),
+                }
+            } else {
+                donor.hand_over(&self.live, initial)?
+            };
             let mut g = pool.global.lock();
-            for (addr, size) in chunks {
+            for &(addr, size) in &h.chunks {
                 g.add_chunk(addr, size);
                 adopted += size;
             }
+            drop(g);
+            handed = Some((donor, h));
         }
-        if initial > adopted {
-            let rest = initial - adopted;
+        let rest = initial.saturating_sub(adopted);
+        let made = if rest > 0 {
             let mut g = pool.global.lock();
-            pool.add_memory(&mut g, rest, None, StreamView::DEFAULT, false)?;
+            pool.add_memory(&mut g, rest, None, StreamView::DEFAULT, false)
+                .map(drop)
+        } else {
+            Ok(())
+        };
+        let made = made.and_then(|()| match &handed {
+            Some((_, h)) => {
+                let mut g = pool.global.lock();
+                h.blocks.iter().try_for_each(|b| pool.relive(&mut g, b))
+            }
+            None => Ok(()),
+        });
+        if let Err(e) = made {
+            // The donor gets its chunks and blocks back, data in place; this pool gives back
+            // only what it took itself.
+            if let Some((donor, h)) = &handed {
+                let mut g = pool.global.lock();
+                for &(a, s) in &h.chunks {
+                    g.forget_chunk(a, s);
+                }
+                drop(g);
+                donor.take_back(h)?;
+            }
+            return Err(e);
+        }
+        if let Some((_, h)) = handed {
+            pool.adopted = h.blocks;
         }
         tracing::debug!(
             device = device.ordinal(),
             initial,
             adopted,
+            adopted_blocks = pool.adopted.len(),
             maximum,
             growth,
             upstream = pool.upstream.name(),
@@ -298,6 +351,8 @@ pub struct PoolMemoryResource {
     global: Mutex<FreeSpace>,
     /// Where chunks come from and go back to.
     source: ChunkSource,
+    /// Live blocks taken over from the pool this one replaced.
+    adopted: Vec<LiveBlock>,
 }
 
 impl std::fmt::Debug for PoolMemoryResource {
@@ -320,6 +375,7 @@ impl PoolMemoryResource {
             maximum: None,
             growth: DEFAULT_GROWTH,
             donor: None,
+            live: Vec::new(),
             virtual_memory: VirtualMemory::default(),
         }
     }
