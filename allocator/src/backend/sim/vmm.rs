@@ -82,7 +82,7 @@ fn bad(what: &'static str, value: impl std::fmt::Display, expected: &str) -> Err
 }
 
 fn check_granule(what: &'static str, value: u64) -> Result<()> {
-    if value == 0 || value % GRANULARITY as u64 != 0 {
+    if value == 0 || !value.is_multiple_of(GRANULARITY as u64) {
         return Err(bad(
             what,
             value,

@@ -108,10 +108,10 @@ impl AddressSpace {
         let free_at = |at: u64| {
             at >= base
                 && at + len <= end
-                && !mapped
+                && mapped
                     .range(..at + len)
                     .next_back()
-                    .is_some_and(|(s, (l, _))| s + l > at)
+                    .is_none_or(|(s, (l, _))| s + l <= at)
         };
         if let Some(h) = hint.filter(|&h| free_at(h)) {
             return Some(h);
