@@ -7,7 +7,7 @@ use std::sync::Arc;
 use common::{GIB, MIB, device, pattern};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize, VirtualMemory};
 use rmm_allocator::{ALLOCATION_ALIGNMENT, Device, DeviceMemoryResource, Error, StreamView};
 
 fn cuda(d: Device) -> SharedResource {
@@ -103,10 +103,12 @@ fn out_of_memory_names_the_pool_figures() {
 #[test]
 fn grows_toward_the_maximum_and_falls_back_when_the_upstream_refuses() {
     let (b, d) = sim_backend(8 * GIB);
+    // Upstream chunks (one allocation per growth), whose size the injected fault limits.
     let pool = PoolMemoryResource::builder(cuda(d))
         .initial_size(PoolSize::Bytes(0))
         .maximum_size(PoolSize::Fraction(0.5))
         .growth(64 * MIB as u64)
+        .virtual_memory(VirtualMemory::Off)
         .build()
         .unwrap();
     assert_eq!(pool.pool_size(), 0);
@@ -285,7 +287,15 @@ fn adoption_takes_only_what_fits_and_only_from_an_equal_upstream() {
 
 #[test]
 fn before_adoption_the_old_pool_keeps_the_chunks_that_fit_and_releases_the_rest() {
-    let old = cuda_pool(32 * MIB);
+    // cuMemAlloc chunks: the 100 MiB block lies in the second chunk alone (mapped chunks side
+    // by side would let it span both: see pool_vmm.rs).
+    let old = Arc::new(
+        PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
+            .initial_size(PoolSize::Bytes(32 * MIB))
+            .virtual_memory(VirtualMemory::Off)
+            .build()
+            .unwrap(),
+    );
     // A request larger than the first chunk makes the pool grow a second, larger one.
     let p = old.allocate(100 * MIB, StreamView::DEFAULT).unwrap();
     old.deallocate(p, 100 * MIB, StreamView::DEFAULT).unwrap();
@@ -297,6 +307,7 @@ fn before_adoption_the_old_pool_keeps_the_chunks_that_fit_and_releases_the_rest(
     assert_eq!(old.pool_size(), big);
     let new = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
         .initial_size(PoolSize::Bytes(big as usize))
+        .virtual_memory(VirtualMemory::Off)
         .adopt_from(Arc::clone(&old))
         .build()
         .unwrap();

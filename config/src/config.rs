@@ -127,6 +127,7 @@ impl Config {
             "pool.enabled" => on(self.pool.enabled),
             "pool.managed" => on(self.pool.managed),
             "pool.async" => on(self.pool.use_async),
+            "pool.vmm" => self.pool.vmm.to_string(),
             "logging.enabled" => on(self.logging.enabled),
             "logging.directory" => self.logging.directory.display().to_string(),
             "logging.level" => self.logging.level.to_string(),

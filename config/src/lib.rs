@@ -43,6 +43,7 @@
 //! | `pool.maximum_size` | `RMM_POOL__MAXIMUM_SIZE` | `"none"` | size or `"none"` |
 //! | `pool.release_threshold` | `RMM_POOL__RELEASE_THRESHOLD` | `"none"` | size or `"none"` |
 //! | `pool.growth` | `RMM_POOL__GROWTH` | `"1GiB"` | size |
+//! | `pool.vmm` | `RMM_POOL__VMM` | `"auto"` | `true`, `false` or `"auto"` |
 //! | `logging.enabled` | `RMM_LOGGING__ENABLED` | `false` | bool |
 //! | `logging.directory` | `RMM_LOGGING__DIRECTORY` | `"."` | path |
 //! | `logging.level` | `RMM_LOGGING__LEVEL` | `"info"` | `trace` … `error`, `off` |
@@ -106,7 +107,7 @@ pub use size::{ALIGNMENT, ParseSizeError, Size, align_down};
 pub use types::{
     Backend, Config, DeviceOverride, DeviceSelector, Devices, LimitsConfig, LimitsOverride,
     LogLevel, LoggingConfig, PoolConfig, PoolOverride, SpillConfig, SpillOverride, StatsConfig,
-    TrackingConfig,
+    Switch, TrackingConfig,
 };
 
 #[cfg(test)]

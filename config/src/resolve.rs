@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::config::{EffectiveSize, SizeKey};
 use crate::error::{Error, Result, Setting};
 use crate::size::{Size, align_down, human};
-use crate::types::{Backend, Config, DeviceSelector, Devices, LogLevel};
+use crate::types::{Backend, Config, DeviceSelector, Devices, LogLevel, Switch};
 
 /// What the backend reports about one device; the runtime fills this in (this crate does not
 /// talk to devices).
@@ -86,6 +86,9 @@ pub struct ResolvedPool {
     /// The pool's growth step (with `enabled` only): it grows by what a request needs
     /// rounded up to a multiple of this.
     pub growth: Option<u64>,
+    /// Whether the pool maps its chunks through CUDA's virtual memory API (`pool.vmm`, with
+    /// `enabled` only).
+    pub vmm: Switch,
 }
 
 /// Spilling for one device.
@@ -264,6 +267,7 @@ impl Config {
                 maximum_size: maximum,
                 release_threshold: release,
                 growth,
+                vmm: pool.vmm,
             },
             memory_limit: limit,
             spill,

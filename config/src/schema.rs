@@ -30,6 +30,8 @@ pub(crate) enum Kind {
     /// A whole number from 1 to [`crate::MAX_WORKERS_PER_DEVICE`].
     Count,
     Bool,
+    /// `true`, `false` or `"auto"`.
+    Switch,
     Size,
     /// A size or the keyword (case-insensitive), which means "not set".
     OptSize(&'static str),
@@ -77,6 +79,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
     device_key("pool.maximum_size", Kind::OptSize("none")),
     device_key("pool.release_threshold", Kind::OptSize("none")),
     device_key("pool.growth", Kind::Size),
+    key("pool.vmm", Kind::Switch),
     key("logging.enabled", Kind::Bool),
     key("logging.directory", Kind::Path),
     key("logging.level", Kind::Level),
@@ -317,6 +320,8 @@ impl Kind {
             ),
             Kind::Bool if env => "true or false (or 1/0, yes/no, on/off)".to_string(),
             Kind::Bool => "true or false".to_string(),
+            Kind::Switch if env => "true, false or auto (or 1/0, yes/no, on/off)".to_string(),
+            Kind::Switch => r#"true, false or "auto""#.to_string(),
             Kind::Size => r#"bytes, "2GiB" or "50%""#.to_string(),
             Kind::OptSize(keyword) => format!(r#"bytes, "2GiB", "50%" or "{keyword}""#),
             Kind::Path => "a directory path".to_string(),
@@ -334,6 +339,7 @@ impl Kind {
             Kind::Backend => valid(string.and_then(Backend::parse).is_some()),
             Kind::Level => valid(string.and_then(LogLevel::parse).is_some()),
             Kind::Bool => valid(value.is_bool()),
+            Kind::Switch => valid(crate::types::Switch::from_toml(value).is_some()),
             Kind::Count => valid(
                 value
                     .as_integer()
@@ -357,7 +363,7 @@ impl Kind {
         let trimmed = text.trim();
         let as_string = || toml::Value::String(text.to_string());
         match self {
-            Kind::Bool => match trimmed.to_ascii_lowercase().as_str() {
+            Kind::Bool | Kind::Switch => match trimmed.to_ascii_lowercase().as_str() {
                 "true" | "1" | "yes" | "on" => toml::Value::Boolean(true),
                 "false" | "0" | "no" | "off" => toml::Value::Boolean(false),
                 _ => as_string(),

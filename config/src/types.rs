@@ -112,6 +112,65 @@ macro_rules! keyword_serde {
     };
 }
 
+/// A switch that may also be left to rmm-rs (`pool.vmm`): `true`, `false` or `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Switch {
+    /// `false`.
+    Off,
+    /// `true`.
+    On,
+    /// `"auto"`: on where it can be, else off.
+    #[default]
+    Auto,
+}
+
+impl Switch {
+    /// A switch from TOML: a bool or the string `"auto"` (or `"true"`/`"false"`),
+    /// case-insensitive.
+    pub(crate) fn from_toml(value: &toml::Value) -> Option<Switch> {
+        match value {
+            toml::Value::Boolean(true) => Some(Switch::On),
+            toml::Value::Boolean(false) => Some(Switch::Off),
+            toml::Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
+                "auto" => Some(Switch::Auto),
+                "true" => Some(Switch::On),
+                "false" => Some(Switch::Off),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Switch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Switch::Off => "false",
+            Switch::On => "true",
+            Switch::Auto => "auto",
+        })
+    }
+}
+
+impl Serialize for Switch {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Switch::Off => serializer.serialize_bool(false),
+            Switch::On => serializer.serialize_bool(true),
+            Switch::Auto => serializer.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Switch {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Switch, D::Error> {
+        let value = toml::Value::deserialize(deserializer)?;
+        Switch::from_toml(&value).ok_or_else(|| {
+            serde::de::Error::custom(format!("{value} is not true, false or \"auto\""))
+        })
+    }
+}
+
 keyword_serde!(Backend, Backend::parse, "a backend (auto, cuda or sim)");
 keyword_serde!(LogLevel, LogLevel::parse, "a log level");
 
@@ -265,6 +324,12 @@ pub struct PoolConfig {
     /// grows by what the request needs rounded up to a multiple of this, never past the
     /// maximum size. Used only with `enabled`.
     pub growth: Size,
+    /// `pool.vmm` (default `"auto"`): map the pool's chunks through CUDA's virtual memory
+    /// API into one address range per device, so free space stays in one piece as the pool
+    /// grows and entirely free chunks go back to the device one by one; `"auto"` does where
+    /// the memory is plain device memory and the device supports it, else takes `cuMemAlloc`
+    /// chunks. Used only with `enabled`.
+    pub vmm: Switch,
 }
 
 /// The default of `pool.growth`: 1 GiB.
@@ -280,6 +345,7 @@ impl Default for PoolConfig {
             maximum_size: None,
             release_threshold: None,
             growth: Size::Bytes(DEFAULT_POOL_GROWTH),
+            vmm: Switch::Auto,
         }
     }
 }

@@ -44,7 +44,7 @@ fn unknown_key_without_a_close_match_lists_the_valid_keys() {
     assert_eq!(
         load_error("[pool]\ncolour = \"blue\""),
         "rmm.toml: unknown key pool.colour; [pool] takes enabled, managed, async, \
-         initial_size, maximum_size, release_threshold, growth"
+         initial_size, maximum_size, release_threshold, growth, vmm"
     );
     assert_eq!(
         load_error("[device.1]\npool.enabled = true"),

@@ -5,7 +5,7 @@ mod common;
 use common::{GIB, load, load_env};
 use rmm_config::{
     Backend, Config, ConfigLoader, DeviceOverride, DeviceSelector, Devices, LogLevel, Size, Source,
-    render,
+    Switch, render,
 };
 
 /// Every key set to a value other than its default.
@@ -22,6 +22,7 @@ initial_size = "2GiB"
 maximum_size = "50%"
 release_threshold = 1073741824
 growth = "256MiB"
+vmm = false
 
 [logging]
 enabled = true
@@ -68,6 +69,7 @@ const EVERY_VAR: &[(&str, &str)] = &[
     ("RMM_POOL__MAXIMUM_SIZE", "50%"),
     ("RMM_POOL__RELEASE_THRESHOLD", "1073741824"),
     ("RMM_POOL__GROWTH", "256MiB"),
+    ("RMM_POOL__VMM", "off"),
     ("RMM_LOGGING__ENABLED", "on"),
     ("RMM_LOGGING__DIRECTORY", "/tmp/rmm-logs"),
     ("RMM_LOGGING__LEVEL", "DEBUG"),
@@ -110,6 +112,7 @@ fn every_key_expected() -> Config {
     c.pool.maximum_size = Some(Size::Fraction(0.5));
     c.pool.release_threshold = Some(Size::Bytes(GIB));
     c.pool.growth = Size::Bytes(GIB / 4);
+    c.pool.vmm = Switch::Off;
     c.logging.enabled = true;
     c.logging.directory = "/tmp/rmm-logs".into();
     c.logging.level = LogLevel::Debug;

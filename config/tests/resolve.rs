@@ -3,7 +3,7 @@
 mod common;
 
 use common::{GIB, load, resolve_error, two_devices};
-use rmm_config::{Config, DeviceFacts, ResolvedPool, ResolvedSpill};
+use rmm_config::{Config, DeviceFacts, ResolvedPool, ResolvedSpill, Switch};
 
 fn resolve(text: &str) -> rmm_config::ResolvedConfig {
     load(text).unwrap().resolve(&two_devices()).unwrap()
@@ -25,6 +25,7 @@ fn defaults_resolve_to_device_0_with_plain_cuda() {
             maximum_size: None,
             release_threshold: None,
             growth: None,
+            vmm: Switch::Auto,
         }
     );
     assert_eq!(
@@ -251,4 +252,20 @@ fn resolve_reports_every_device_problem() {
         messages[1]
             .starts_with("pool.initial_size = 60GiB (file rmm.toml) is larger than device 1's")
     );
+}
+
+#[test]
+fn pool_vmm_is_true_false_or_auto() {
+    assert_eq!(resolve("").devices[0].pool.vmm, Switch::Auto);
+    for (text, want) in [
+        ("false", Switch::Off),
+        ("true", Switch::On),
+        ("\"auto\"", Switch::Auto),
+        ("\"AUTO\"", Switch::Auto),
+    ] {
+        let r = resolve(&format!("[pool]\nenabled = true\nvmm = {text}"));
+        assert_eq!(r.devices[0].pool.vmm, want, "{text}");
+    }
+    let e = load("[pool]\nvmm = \"sometimes\"").unwrap_err().to_string();
+    assert!(e.contains("pool.vmm") && e.contains("auto"), "{e}");
 }

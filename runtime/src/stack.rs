@@ -36,9 +36,9 @@ use rmm_allocator::per_device;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, DEFAULT_GROWTH, ManagedMemoryResource,
-    PoolMemoryResource, PoolSize,
+    PoolMemoryResource, PoolSize, VirtualMemory,
 };
-use rmm_config::{LogLevel, ResolvedConfig, ResolvedDevice};
+use rmm_config::{LogLevel, ResolvedConfig, ResolvedDevice, Switch};
 use serde::Serialize;
 
 use crate::error::LiveMemory;
@@ -70,6 +70,8 @@ pub struct PoolPlan {
     /// The growth step (`pool.growth`): the pool grows by what a request needs rounded up
     /// to a multiple of this.
     pub growth: u64,
+    /// Whether the pool maps its chunks through CUDA's virtual memory API (`pool.vmm`).
+    pub vmm: Switch,
 }
 
 /// The resource stack one device is configured for, layer by layer, before anything is
@@ -119,6 +121,7 @@ impl StackPlan {
             initial_size: p.initial_size.unwrap_or(0),
             maximum_size: p.maximum_size,
             growth: p.growth.unwrap_or(DEFAULT_GROWTH),
+            vmm: p.vmm,
         });
         StackPlan {
             device: device.ordinal,
@@ -156,8 +159,14 @@ impl StackPlan {
             ));
         }
         if let Some(pool) = &self.pool {
+            // `pool.vmm` shows when set; "auto" is the default (the built pool's
+            // `chunk_source` says what it chose).
+            let vmm = match pool.vmm {
+                Switch::Auto => String::new(),
+                set => format!(", vmm {set}"),
+            };
             out.push(format!(
-                "PoolMemoryResource(initial {}, maximum {}, growth {})",
+                "PoolMemoryResource(initial {}, maximum {}, growth {}{vmm})",
                 fmt_bytes(pool.initial_size as usize),
                 pool.maximum_size
                     .map_or("the device".into(), |m| fmt_bytes(m as usize)),
@@ -264,7 +273,12 @@ impl StackPlan {
         if let Some(plan) = &self.pool {
             let mut builder = PoolMemoryResource::builder(resource)
                 .initial_size(PoolSize::Bytes(plan.initial_size as usize))
-                .growth(plan.growth);
+                .growth(plan.growth)
+                .virtual_memory(match plan.vmm {
+                    Switch::On => VirtualMemory::On,
+                    Switch::Off => VirtualMemory::Off,
+                    Switch::Auto => VirtualMemory::Auto,
+                });
             if let Some(m) = plan.maximum_size {
                 builder = builder.maximum_size(PoolSize::Bytes(m as usize));
             }

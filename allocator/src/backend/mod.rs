@@ -67,6 +67,8 @@ pub type RawStream = u64;
 pub type RawEvent = u64;
 /// Opaque handle of a stream-ordered memory pool (`cuMemPoolCreate`).
 pub type RawMemPool = u64;
+/// Opaque handle of physical device memory made by [`Backend::mem_create`] (`cuMemCreate`).
+pub type RawPhysical = u64;
 
 /// Which kind of backend is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -110,6 +112,10 @@ pub struct DeviceProperties {
     pub supports_memory_pools: bool,
     /// Whether the device supports managed memory.
     pub supports_managed_memory: bool,
+    /// Whether the device supports CUDA's virtual memory management API
+    /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`: [`Backend::mem_create`],
+    /// [`Backend::mem_map`] and the calls beside them).
+    pub supports_virtual_memory: bool,
 }
 
 /// Free and total memory of a device, as `cuMemGetInfo` reports them.
@@ -145,6 +151,32 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn properties(&self, dev: u32) -> Result<DeviceProperties>;
     /// Free and total memory of device `dev`.
     fn mem_info(&self, dev: u32) -> Result<MemInfo>;
+
+    /// The granularity of [`Backend::mem_create`] and [`Backend::mem_map`] on `dev`: sizes
+    /// and mapping addresses are multiples of it (`cuMemGetAllocationGranularity`, minimum
+    /// granularity, pinned device memory).
+    fn mem_granularity(&self, dev: u32) -> Result<usize>;
+    /// Reserves `bytes` (a multiple of the granularity) of virtual address space for `dev`,
+    /// backed by nothing until [`Backend::mem_map`] (`cuMemAddressReserve`).
+    fn mem_address_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
+    /// Gives back a range [`Backend::mem_address_reserve`] returned, whole, once nothing in
+    /// it is mapped (`cuMemAddressFree`).
+    fn mem_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
+    /// Allocates `bytes` (a multiple of the granularity) of physical memory on `dev`, not yet
+    /// addressable (`cuMemCreate`, pinned device memory). Counts as device memory in use.
+    fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical>;
+    /// Releases a handle from [`Backend::mem_create`] (`cuMemRelease`); the memory goes
+    /// back to the device once no mapping of it is left.
+    fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()>;
+    /// Maps all of `handle`'s `bytes` at `ptr`, inside a reserved range (`cuMemMap`). The
+    /// range is not accessible until [`Backend::mem_set_access`].
+    fn mem_map(&self, dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()>;
+    /// Unmaps `[ptr, ptr + bytes)`, which covers whole mappings (`cuMemUnmap`). The caller
+    /// makes sure no queued work still uses the range.
+    fn mem_unmap(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
+    /// Makes the mapped range `[ptr, ptr + bytes)` readable and writable from `dev`
+    /// (`cuMemSetAccess`); the range may span several mappings.
+    fn mem_set_access(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
 
     /// Synchronous device allocation (`cuMemAlloc`). `bytes` > 0.
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;

@@ -6,6 +6,7 @@
 
 mod result;
 mod staged_copy;
+mod vmm;
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_void};
@@ -18,7 +19,8 @@ use result::{
 
 use super::stream_registry::StreamRegistry;
 use super::{
-    Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawStream,
+    Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawPhysical,
+    RawStream,
 };
 use crate::error::{Error, Result};
 
@@ -189,6 +191,10 @@ impl CudaBackend {
         let minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)?;
         let pools = attr(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev)?;
         let managed = attr(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, dev)?;
+        let vmm = attr(
+            CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+            dev,
+        )?;
         // SAFETY: the driver wrote a NUL-terminated name into the buffer.
         let name = unsafe { CStr::from_ptr(name.as_ptr()) }
             .to_string_lossy()
@@ -203,6 +209,7 @@ impl CudaBackend {
                 compute_capability: (major as u32, minor as u32),
                 supports_memory_pools: pools != 0,
                 supports_managed_memory: managed != 0,
+                supports_virtual_memory: vmm != 0,
             },
         })
     }
@@ -263,6 +270,48 @@ impl Backend for CudaBackend {
             sys::cuMemGetInfo_v2(&mut free, &mut total)
         })?;
         Ok(MemInfo { free, total })
+    }
+
+    fn mem_granularity(&self, dev: u32) -> Result<usize> {
+        self.bind(dev)?;
+        vmm::granularity(dev)
+    }
+
+    fn mem_address_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
+        self.bind(dev)?;
+        vmm::address_reserve(dev, bytes)
+    }
+
+    fn mem_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.bind(dev)?;
+        vmm::address_free(dev, ptr, bytes)
+    }
+
+    fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical> {
+        self.bind(dev)?;
+        // As for cuMemAlloc: large physical allocations go to the driver one at a time.
+        let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
+        vmm::create(dev, bytes)
+    }
+
+    fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()> {
+        self.bind(dev)?;
+        vmm::release(dev, handle)
+    }
+
+    fn mem_map(&self, dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()> {
+        self.bind(dev)?;
+        vmm::map(dev, ptr, bytes, handle)
+    }
+
+    fn mem_unmap(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.bind(dev)?;
+        vmm::unmap(dev, ptr, bytes)
+    }
+
+    fn mem_set_access(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.bind(dev)?;
+        vmm::set_access(dev, ptr, bytes)
     }
 
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {

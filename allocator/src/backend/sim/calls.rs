@@ -4,26 +4,64 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::memory::{AllocKind, Backing, DEVICE_ALIGNMENT, HOST_ALIGNMENT};
+use super::memory::{AllocKind, Backing, DEVICE_ALIGNMENT, HOST_ALIGNMENT, Resolved};
 use super::stream::{SimEvent, SimStream};
 use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, spawn_error};
 use crate::backend::{
-    Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawStream,
+    Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawPhysical,
+    RawStream,
 };
 use crate::error::{Error, Result, fmt_bytes};
 
-/// Copies `bytes` between two resolved ranges (either may be unbacked).
+/// Copies between two ranges given as pieces (host address, or `None` where unbacked, and
+/// length; both add up to the same length). An unbacked source reads as zeros.
 ///
 /// # Safety
-/// Host pointers, when given, are valid for `bytes`.
-unsafe fn move_bytes(dst: Option<*mut u8>, src: Option<*const u8>, bytes: usize) {
-    match (dst, src) {
-        // SAFETY: the caller guarantees both ranges are valid; `copy` allows overlap.
-        (Some(d), Some(s)) => unsafe { std::ptr::copy(s, d, bytes) },
-        // Unbacked source: the destination reads as zeros.
-        // SAFETY: the caller guarantees `d` is valid for `bytes`.
-        (Some(d), None) => unsafe { std::ptr::write_bytes(d, 0, bytes) },
-        _ => {}
+/// Host addresses, when given, are valid for their pieces' lengths.
+unsafe fn move_bytes(dst: &[(Option<*mut u8>, usize)], src: &[(Option<*const u8>, usize)]) {
+    let (mut i, mut j, mut di, mut sj) = (0, 0, 0, 0);
+    while i < dst.len() && j < src.len() {
+        let (d, dl) = dst[i];
+        let (s, sl) = src[j];
+        let n = (dl - di).min(sl - sj);
+        // SAFETY: `di + n <= dl` and `sj + n <= sl`: inside both pieces.
+        let (d, s) = unsafe { (d.map(|p| p.add(di)), s.map(|p| p.add(sj))) };
+        match (d, s) {
+            // SAFETY: the caller guarantees both pieces are valid; `copy` allows overlap.
+            (Some(d), Some(s)) => unsafe { std::ptr::copy(s, d, n) },
+            // SAFETY: the caller guarantees `d` is valid for its piece.
+            (Some(d), None) => unsafe { std::ptr::write_bytes(d, 0, n) },
+            _ => {}
+        }
+        di += n;
+        sj += n;
+        if di == dl {
+            (i, di) = (i + 1, 0);
+        }
+        if sj == sl {
+            (j, sj) = (j + 1, 0);
+        }
+    }
+}
+
+/// A resolved range's pieces as sources.
+fn sources(r: &Resolved) -> Vec<(Option<*const u8>, usize)> {
+    r.pieces()
+        .into_iter()
+        .map(|(p, n)| (p.map(|p| p as *const u8), n))
+        .collect()
+}
+
+/// Sets every byte of a resolved range to `value` (nothing where unbacked).
+///
+/// # Safety
+/// The range's backings are alive (`r` keeps them).
+unsafe fn fill(r: &Resolved, value: u8) {
+    for (p, n) in r.pieces() {
+        if let Some(p) = p {
+            // SAFETY: validated for `n` bytes; `r` keeps the backing alive.
+            unsafe { std::ptr::write_bytes(p, value, n) };
+        }
     }
 }
 
@@ -63,6 +101,7 @@ impl Backend for SimBackend {
             compute_capability: (9, 0),
             supports_memory_pools: true,
             supports_managed_memory: true,
+            supports_virtual_memory: self.vmm_supported(),
         })
     }
 
@@ -72,6 +111,39 @@ impl Backend for SimBackend {
             free: self.config.capacity.saturating_sub(used),
             total: self.config.capacity,
         })
+    }
+
+    fn mem_granularity(&self, dev: u32) -> Result<usize> {
+        self.device(dev)?;
+        Ok(super::vmm::GRANULARITY)
+    }
+
+    fn mem_address_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
+        self.vmm_reserve(dev, bytes)
+    }
+
+    fn mem_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.vmm_address_free(dev, ptr, bytes)
+    }
+
+    fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical> {
+        self.vmm_create(dev, bytes)
+    }
+
+    fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()> {
+        self.vmm_release(dev, handle)
+    }
+
+    fn mem_map(&self, dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()> {
+        self.vmm_map(dev, ptr, bytes, handle)
+    }
+
+    fn mem_unmap(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.vmm_unmap(dev, ptr, bytes)
+    }
+
+    fn mem_set_access(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.vmm_set_access(dev, ptr, bytes)
     }
 
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
@@ -265,7 +337,7 @@ impl Backend for SimBackend {
             .lock()
             .resolve(dst, src.len(), "simulated cuMemcpyHtoD")?;
         // SAFETY: `d` was validated for `src.len()` bytes and its backing is kept alive by `d`.
-        unsafe { move_bytes(d.host_ptr(), Some(src.as_ptr()), src.len()) };
+        unsafe { move_bytes(&d.pieces(), &[(Some(src.as_ptr()), src.len())]) };
         Ok(())
     }
 
@@ -277,9 +349,8 @@ impl Backend for SimBackend {
             .table
             .lock()
             .resolve(src, dst.len(), "simulated cuMemcpyDtoH")?;
-        let src_ptr = s.host_ptr().map(|p| p as *const u8);
         // SAFETY: `s` was validated for `dst.len()` bytes; `dst` is an exclusive slice.
-        unsafe { move_bytes(Some(dst.as_mut_ptr()), src_ptr, dst.len()) };
+        unsafe { move_bytes(&[(Some(dst.as_mut_ptr()), dst.len())], &sources(&s)) };
         Ok(())
     }
 
@@ -295,7 +366,7 @@ impl Backend for SimBackend {
             )
         };
         // SAFETY: both ranges were validated for `bytes` and their backings are alive.
-        unsafe { move_bytes(d.host_ptr(), s.host_ptr().map(|p| p as *const u8), bytes) };
+        unsafe { move_bytes(&d.pieces(), &sources(&s)) };
         Ok(())
     }
 
@@ -305,10 +376,8 @@ impl Backend for SimBackend {
             .table
             .lock()
             .resolve(dst, bytes, "simulated cuMemsetD8")?;
-        if let Some(p) = d.host_ptr() {
-            // SAFETY: validated for `bytes`.
-            unsafe { std::ptr::write_bytes(p, value, bytes) };
-        }
+        // SAFETY: validated for `bytes`; `d` keeps the backings alive.
+        unsafe { fill(&d, value) };
         Ok(())
     }
 
@@ -330,7 +399,7 @@ impl Backend for SimBackend {
         s.submit(move || {
             // SAFETY: the caller keeps `src` valid until the stream runs this job; `d` keeps
             // the destination's backing alive.
-            unsafe { move_bytes(d.host_ptr(), Some(src as *const u8), bytes) }
+            unsafe { move_bytes(&d.pieces(), &[(Some(src as *const u8), bytes)]) }
         });
         Ok(())
     }
@@ -353,13 +422,7 @@ impl Backend for SimBackend {
         s.submit(move || {
             // SAFETY: the caller keeps `dst` valid and untouched until the stream runs this
             // job; `r` keeps the source's backing alive.
-            unsafe {
-                move_bytes(
-                    Some(dst as *mut u8),
-                    r.host_ptr().map(|p| p as *const u8),
-                    bytes,
-                )
-            }
+            unsafe { move_bytes(&[(Some(dst as *mut u8), bytes)], &sources(&r)) }
         });
         Ok(())
     }
@@ -383,7 +446,7 @@ impl Backend for SimBackend {
         };
         s.submit(move || {
             // SAFETY: both ranges were validated and their backings are kept alive by `d`, `r`.
-            unsafe { move_bytes(d.host_ptr(), r.host_ptr().map(|p| p as *const u8), bytes) }
+            unsafe { move_bytes(&d.pieces(), &sources(&r)) }
         });
         Ok(())
     }
@@ -403,10 +466,8 @@ impl Backend for SimBackend {
             .lock()
             .resolve(dst, bytes, "simulated cuMemsetD8Async")?;
         s.submit(move || {
-            if let Some(p) = d.host_ptr() {
-                // SAFETY: validated for `bytes`; `d` keeps the backing alive.
-                unsafe { std::ptr::write_bytes(p, value, bytes) }
-            }
+            // SAFETY: validated for `bytes`; `d` keeps the backings alive.
+            unsafe { fill(&d, value) }
         });
         Ok(())
     }

@@ -89,6 +89,12 @@ pub(crate) enum AllocKind {
     Managed,
     /// From a stream-ordered pool (the pool's handle).
     Pool(u64),
+    /// Physical memory (`handle`) mapped into a reserved address range; readable and
+    /// writable once `accessible` (`cuMemSetAccess`).
+    Mapped {
+        handle: u64,
+        accessible: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -99,21 +105,39 @@ pub(crate) struct Allocation {
     pub(crate) backing: Option<Arc<Backing>>,
 }
 
-/// A validated device range: where to read or write, if anywhere (unbacked mode has no bytes).
+/// One piece of a validated device range: inside one allocation.
+#[derive(Debug, Clone)]
+struct Part {
+    backing: Option<Arc<Backing>>,
+    /// Offset of the piece inside `backing`.
+    offset: usize,
+    len: usize,
+}
+
+/// A validated device range: where to read or write, if anywhere (unbacked mode has no
+/// bytes). One piece, or several when the range crosses side-by-side mappings of a reserved
+/// address range (as on a GPU, where a virtual range may span several physical chunks).
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {
-    pub(crate) backing: Option<Arc<Backing>>,
-    /// Offset of the range inside `backing`.
-    pub(crate) offset: usize,
+    parts: Vec<Part>,
 }
 
 impl Resolved {
-    /// Host address of the range's first byte, when backed.
-    pub(crate) fn host_ptr(&self) -> Option<*mut u8> {
-        self.backing
-            .as_ref()
-            // SAFETY: `offset` was checked against the allocation's length in `resolve`.
-            .map(|b| unsafe { b.ptr().add(self.offset) })
+    /// The range as (host address of the piece's first byte when backed, length) pieces.
+    /// The addresses stay valid while `self` lives.
+    pub(crate) fn pieces(&self) -> Vec<(Option<*mut u8>, usize)> {
+        self.parts
+            .iter()
+            .map(|p| {
+                let host = p
+                    .backing
+                    .as_ref()
+                    // SAFETY: `offset + len` was checked against the allocation's length in
+                    // `resolve`.
+                    .map(|b| unsafe { b.ptr().add(p.offset) });
+                (host, p.len)
+            })
+            .collect()
     }
 }
 
@@ -186,34 +210,87 @@ impl AllocationTable {
         self.live.get(&addr)
     }
 
-    /// Checks that `[ptr, ptr + len)` lies inside one live allocation.
+    /// Checks that `[ptr, ptr + len)` lies inside one live allocation, or inside mappings
+    /// of a reserved range that follow each other without a gap, all accessible.
     pub(crate) fn resolve(
         &self,
         ptr: DevicePtr,
         len: usize,
         what: &'static str,
     ) -> Result<Resolved> {
+        let invalid = || Error::InvalidPointer {
+            ptr: ptr.addr(),
+            bytes: len,
+            resource: what,
+        };
         let addr = ptr.addr();
-        let found = self
-            .live
-            .range(..=addr)
-            .next_back()
-            .filter(|(start, a)| addr + len as u64 <= **start + a.len as u64);
-        match found {
-            Some((start, a)) => Ok(Resolved {
+        let end = addr.checked_add(len as u64).ok_or_else(invalid)?;
+        let (start, first) = self.live.range(..=addr).next_back().ok_or_else(invalid)?;
+        let mut parts = Vec::with_capacity(1);
+        let (mut at, mut start, mut a) = (addr, *start, first);
+        loop {
+            let a_end = start + a.len as u64;
+            if at >= a_end
+                || matches!(
+                    a.kind,
+                    AllocKind::Mapped {
+                        accessible: false,
+                        ..
+                    }
+                )
+            {
+                return Err(invalid());
+            }
+            let piece_end = a_end.min(end);
+            parts.push(Part {
                 backing: a.backing.clone(),
-                offset: (addr - start) as usize,
-            }),
-            None => Err(Error::InvalidPointer {
-                ptr: addr,
-                bytes: len,
-                resource: what,
-            }),
+                offset: (at - start) as usize,
+                len: (piece_end - at) as usize,
+            });
+            if piece_end == end {
+                return Ok(Resolved { parts });
+            }
+            // The range goes on past this allocation: only into the next mapping of the same
+            // reserved range, right after it.
+            let next = self.live.get(&a_end).filter(|n| {
+                matches!(a.kind, AllocKind::Mapped { .. })
+                    && matches!(n.kind, AllocKind::Mapped { .. })
+                    && n.device == a.device
+            });
+            match next {
+                Some(n) => (at, start, a) = (a_end, a_end, n),
+                None => return Err(invalid()),
+            }
         }
     }
 
-    /// Live allocations of `device` (for leak reports in tests).
+    /// The allocations that start in `[addr, addr + len)`, in address order.
+    pub(crate) fn starting_in(&self, addr: u64, len: u64) -> Vec<(u64, &Allocation)> {
+        self.live
+            .range(addr..addr.saturating_add(len))
+            .map(|(a, x)| (*a, x))
+            .collect()
+    }
+
+    /// The allocation that starts exactly at `addr`, to change.
+    pub(crate) fn get_mut(&mut self, addr: u64) -> Option<&mut Allocation> {
+        self.live.get_mut(&addr)
+    }
+
+    /// Whether any allocation overlaps `[addr, addr + len)`.
+    pub(crate) fn overlaps(&self, addr: u64, len: u64) -> bool {
+        self.live
+            .range(..addr + len)
+            .next_back()
+            .is_some_and(|(s, a)| s + a.len as u64 > addr)
+    }
+
+    /// Live allocations of `device` (for leak reports in tests), mappings not counted (their
+    /// physical memory is counted where it is kept).
     pub(crate) fn count_on(&self, device: u32) -> usize {
-        self.live.values().filter(|a| a.device == device).count()
+        self.live
+            .values()
+            .filter(|a| a.device == device && !matches!(a.kind, AllocKind::Mapped { .. }))
+            .count()
     }
 }

@@ -14,11 +14,12 @@ mod calls;
 mod config;
 mod memory;
 mod stream;
+mod vmm;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -66,6 +67,10 @@ pub struct SimBackend {
     streams: RwLock<HashMap<u64, Arc<SimStream>>>,
     events: RwLock<HashMap<u64, Arc<SimEvent>>>,
     pools: RwLock<HashMap<u64, Arc<SimPool>>>,
+    /// Reserved address ranges and physical memory of the virtual memory API.
+    vmm: Mutex<vmm::VmmState>,
+    /// Whether the devices report virtual memory management support.
+    vmm_supported: AtomicBool,
     next_handle: AtomicU64,
 }
 
@@ -104,12 +109,14 @@ impl SimBackend {
             .collect();
         Ok(SimBackend {
             table: Arc::new(Mutex::new(AllocationTable::new(config.devices))),
+            vmm: Mutex::new(vmm::VmmState::new(config.devices)),
             config,
             devices,
             host: Mutex::new(HashMap::new()),
             streams: RwLock::new(HashMap::new()),
             events: RwLock::new(HashMap::new()),
             pools: RwLock::new(HashMap::new()),
+            vmm_supported: AtomicBool::new(true),
             next_handle: AtomicU64::new(0x1000),
         })
     }
@@ -188,9 +195,18 @@ impl SimBackend {
             .sum()
     }
 
-    /// Number of live device, managed and pool allocations on `dev`.
+    /// Number of live device, managed and pool allocations on `dev`, physical memory of the
+    /// virtual memory API not yet released included.
     pub fn live_allocations(&self, dev: u32) -> usize {
-        self.table.lock().count_on(dev)
+        self.table.lock().count_on(dev) + self.vmm.lock().physical_on(dev)
+    }
+
+    /// Makes the devices report virtual memory management as supported or not
+    /// ([`DeviceProperties::supports_virtual_memory`](crate::backend::DeviceProperties)), as
+    /// a GPU without it would (the calls themselves keep working): for testing the fallback
+    /// of resources that use it when they can.
+    pub fn set_virtual_memory_supported(&self, supported: bool) {
+        self.vmm_supported.store(supported, Ordering::SeqCst);
     }
 
     fn device(&self, dev: u32) -> Result<&SimDevice> {
@@ -264,35 +280,7 @@ impl SimBackend {
                 "a size of at least one byte",
             ));
         }
-        let n = d.faults.allocs.fetch_add(1, Ordering::SeqCst) + 1;
-        if d.faults.fail_alloc_at.load(Ordering::SeqCst) == n {
-            return Err(Self::oom(
-                dev,
-                call,
-                bytes,
-                "injected failure of this allocation",
-            ));
-        }
-        if bytes > d.faults.fail_alloc_above.load(Ordering::SeqCst) {
-            return Err(Self::oom(dev, call, bytes, "injected failure above a size"));
-        }
-        let len = bytes.next_multiple_of(DEVICE_ALIGNMENT);
-        // Reserve capacity first so concurrent allocations cannot overshoot it.
-        let reserved = d
-            .used
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
-                used.checked_add(len).filter(|&u| u <= self.config.capacity)
-            });
-        if reserved.is_err() {
-            let free =
-                self.config.capacity - d.used.load(Ordering::SeqCst).min(self.config.capacity);
-            return Err(Self::oom(
-                dev,
-                call,
-                bytes,
-                &format!("{} free", fmt_bytes(free)),
-            ));
-        }
+        let len = self.charge(dev, bytes, call)?;
         let result = match self.config.mode {
             SimMemoryMode::Backed => match Backing::new(len, DEVICE_ALIGNMENT) {
                 Some(b) => {
@@ -334,11 +322,52 @@ impl SimBackend {
         }
     }
 
+    /// Counts one device allocation of `bytes` on `dev` (injected faults, then capacity) and
+    /// takes its rounded length from the free memory. Returns that length.
+    fn charge(&self, dev: u32, bytes: usize, call: &'static str) -> Result<usize> {
+        let d = self.device(dev)?;
+        let n = d.faults.allocs.fetch_add(1, Ordering::SeqCst) + 1;
+        if d.faults.fail_alloc_at.load(Ordering::SeqCst) == n {
+            return Err(Self::oom(
+                dev,
+                call,
+                bytes,
+                "injected failure of this allocation",
+            ));
+        }
+        if bytes > d.faults.fail_alloc_above.load(Ordering::SeqCst) {
+            return Err(Self::oom(dev, call, bytes, "injected failure above a size"));
+        }
+        let len = bytes.next_multiple_of(DEVICE_ALIGNMENT);
+        // Reserve capacity first so concurrent allocations cannot overshoot it.
+        let reserved = d
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(len).filter(|&u| u <= self.config.capacity)
+            });
+        if reserved.is_err() {
+            let free =
+                self.config.capacity - d.used.load(Ordering::SeqCst).min(self.config.capacity);
+            return Err(Self::oom(
+                dev,
+                call,
+                bytes,
+                &format!("{} free", fmt_bytes(free)),
+            ));
+        }
+        Ok(len)
+    }
+
     fn release(&self, dev: u32, ptr: DevicePtr, expect_pool: bool) -> Result<()> {
         let d = self.device(dev)?;
         let mut table = self.table.lock();
         let ok = table.get(ptr.addr()).is_some_and(|a| {
-            a.device == dev && matches!(a.kind, AllocKind::Pool(_)) == expect_pool
+            a.device == dev
+                && match a.kind {
+                    AllocKind::Pool(_) => expect_pool,
+                    AllocKind::Device | AllocKind::Managed => !expect_pool,
+                    AllocKind::Mapped { .. } => false,
+                }
         });
         if !ok {
             return Err(Error::InvalidPointer {

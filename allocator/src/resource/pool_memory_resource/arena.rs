@@ -283,6 +283,15 @@ impl ArenaState {
         }
     }
 
+    /// Takes `[addr, addr + size)` over as a live block of a region of its own (a block of
+    /// another pool that this one adopts with its data): freed here later like any block.
+    pub(crate) fn adopt_live(&mut self, addr: u64, size: u64) {
+        let tag_bit = if size <= SMALL_LIMIT { SMALL_TAG } else { 0 };
+        let idx = self.heap_of(tag_bit).add_live_region(addr, size);
+        self.live.insert(addr, idx | tag_bit);
+        self.in_use += size;
+    }
+
     /// Removes every region that is entirely free, for the pool to reuse elsewhere.
     pub(crate) fn take_free_regions(&mut self, out: &mut Vec<(u64, u64)>) {
         self.flush_cache();

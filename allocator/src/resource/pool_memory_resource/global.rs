@@ -1,8 +1,10 @@
 //! Memory the pool holds from its upstream but has not granted to any stream's arena.
 //!
 //! Free ranges are kept by address (to merge neighbours) and by size (best fit in
-//! O(log n)). Ranges never merge across the start of an upstream chunk, so every range
-//! handed out lies inside one upstream allocation. Everything here is a slow path.
+//! O(log n)). Over an upstream's allocations ranges never merge across the start of a
+//! chunk, so every range handed out lies inside one upstream allocation; over chunks mapped
+//! side by side in a reserved address range ([`FreeSpace::contiguous`]) they do, so free
+//! space stays in one piece across growth. Everything here is a slow path.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,9 +15,52 @@ pub(crate) struct FreeSpace {
     /// Upstream chunks: start → size.
     chunks: BTreeMap<u64, u64>,
     free_bytes: u64,
+    /// Free ranges merge across chunk starts (chunks mapped into one address range).
+    merge_across_chunks: bool,
 }
 
 impl FreeSpace {
+    /// Free space over chunks that lie side by side in one address range: free ranges merge
+    /// across chunk boundaries.
+    pub(crate) fn contiguous() -> Self {
+        FreeSpace {
+            merge_across_chunks: true,
+            ..FreeSpace::default()
+        }
+    }
+
+    /// The chunk that holds `addr`: (start, size).
+    pub(crate) fn chunk_of(&self, addr: u64) -> Option<(u64, u64)> {
+        self.chunks
+            .range(..=addr)
+            .next_back()
+            .filter(|(a, s)| addr < **a + **s)
+            .map(|(a, s)| (*a, *s))
+    }
+
+    /// The end of the highest chunk (0 with none).
+    pub(crate) fn top(&self) -> u64 {
+        self.chunks.iter().next_back().map_or(0, |(a, s)| a + s)
+    }
+
+    /// The free range that ends at `end`, if any: its size.
+    pub(crate) fn free_ending_at(&self, end: u64) -> u64 {
+        self.by_addr
+            .range(..end)
+            .next_back()
+            .filter(|(a, s)| **a + **s == end)
+            .map_or(0, |(_, s)| *s)
+    }
+
+    /// The free range that holds all of `[addr, addr + size)`: (start, size).
+    fn free_range_holding(&self, addr: u64, size: u64) -> Option<(u64, u64)> {
+        self.by_addr
+            .range(..=addr)
+            .next_back()
+            .filter(|(a, s)| addr + size <= **a + **s)
+            .map(|(a, s)| (*a, *s))
+    }
+
     pub(crate) fn free_bytes(&self) -> u64 {
         self.free_bytes
     }
@@ -46,8 +91,9 @@ impl FreeSpace {
         self.insert(addr, size);
     }
 
+    /// Whether free ranges must not merge across `addr`.
     fn is_chunk_start(&self, addr: u64) -> bool {
-        self.chunks.contains_key(&addr)
+        !self.merge_across_chunks && self.chunks.contains_key(&addr)
     }
 
     fn put(&mut self, addr: u64, size: u64) {
@@ -82,6 +128,36 @@ impl FreeSpace {
         self.put(addr, size);
     }
 
+    /// Takes exactly `[addr, addr + size)`, which is free, out of the free space (the free
+    /// range around it stays free). Returns false when it is not all free.
+    pub(crate) fn take_exact(&mut self, addr: u64, size: u64) -> bool {
+        let Some((fa, fs)) = self.free_range_holding(addr, size) else {
+            return false;
+        };
+        self.remove(fa, fs);
+        if addr > fa {
+            self.put(fa, addr - fa);
+        }
+        if fa + fs > addr + size {
+            self.put(addr + size, fa + fs - (addr + size));
+        }
+        true
+    }
+
+    /// The chunks `[addr, addr + size)` overlaps, in address order.
+    pub(crate) fn chunks_under(&self, addr: u64, size: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        if let Some(c) = self.chunk_of(addr) {
+            out.push(c);
+        }
+        out.extend(
+            self.chunks
+                .range(addr + 1..addr + size)
+                .map(|(a, s)| (*a, *s)),
+        );
+        out
+    }
+
     /// Takes a range of `want` bytes if one fits, else of at least `need` bytes (all of the
     /// best-fitting range, up to `want`). Returns (address, size).
     pub(crate) fn take(&mut self, need: u64, want: u64) -> Option<(u64, u64)> {
@@ -100,11 +176,11 @@ impl FreeSpace {
     }
 
     /// The chunks that are entirely free, largest first.
-    fn free_chunks(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn free_chunks(&self) -> Vec<(u64, u64)> {
         let mut free: Vec<(u64, u64)> = self
             .chunks
             .iter()
-            .filter(|(a, s)| self.by_addr.get(a) == Some(s))
+            .filter(|(a, s)| self.free_range_holding(**a, **s).is_some())
             .map(|(a, s)| (*a, *s))
             .collect();
         free.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
@@ -127,10 +203,51 @@ impl FreeSpace {
             .collect()
     }
 
-    /// Removes `chunks` (entirely free ones) and returns them.
+    /// Forgets a chunk handed back (to the pool it came from) with whatever part of it is
+    /// free here: [`FreeSpace::take_chunks`] for a chunk that may hold live blocks of the
+    /// other pool.
+    pub(crate) fn forget_chunk(&mut self, addr: u64, size: u64) {
+        let free: Vec<(u64, u64)> = self
+            .by_addr
+            .range(addr..addr + size)
+            .map(|(a, s)| (*a, *s))
+            .collect();
+        for (a, s) in free {
+            self.remove(a, s);
+            let end = (a + s).min(addr + size);
+            if a + s > end {
+                self.put(end, a + s - end);
+            }
+        }
+        if let Some((a, s)) = self
+            .by_addr
+            .range(..addr)
+            .next_back()
+            .map(|(a, s)| (*a, *s))
+            && a + s > addr
+        {
+            self.remove(a, s);
+            self.put(a, addr - a);
+            if a + s > addr + size {
+                self.put(addr + size, a + s - (addr + size));
+            }
+        }
+        self.chunks.remove(&addr);
+    }
+
+    /// Removes `chunks` (entirely free ones) and returns them; the free space around each
+    /// stays free.
     pub(crate) fn take_chunks(&mut self, chunks: &[(u64, u64)]) -> Vec<(u64, u64)> {
         for &(a, s) in chunks {
-            self.remove(a, s);
+            if let Some((fa, fs)) = self.free_range_holding(a, s) {
+                self.remove(fa, fs);
+                if a > fa {
+                    self.put(fa, a - fa);
+                }
+                if fa + fs > a + s {
+                    self.put(a + s, fa + fs - (a + s));
+                }
+            }
             self.chunks.remove(&a);
         }
         chunks.to_vec()
@@ -182,6 +299,31 @@ mod tests {
         assert_eq!(f.take(1500, 1500), None);
         assert_eq!(f.take_free_chunks(0).len(), 2);
         assert_eq!(f.pool_size(), 0);
+    }
+
+    #[test]
+    fn contiguous_chunks_merge_and_go_back_one_by_one() {
+        let mut f = FreeSpace::contiguous();
+        f.add_chunk(0, 1000);
+        f.add_chunk(1000, 1000);
+        f.add_chunk(2000, 1000);
+        assert_eq!(f.fragments(), 1, "side by side chunks are one free range");
+        assert_eq!(f.largest_free(), 3000);
+        assert_eq!(f.top(), 3000);
+        assert_eq!(f.free_ending_at(3000), 3000);
+        // A range across the first two chunks: only the third is entirely free.
+        assert_eq!(f.take(1500, 1500), Some((0, 1500)));
+        assert_eq!(f.adoptable_chunks(u64::MAX), vec![(2000, 1000)]);
+        f.insert(0, 1500);
+        // Give the middle chunk back: the free space either side stays.
+        assert_eq!(f.take_chunks(&[(1000, 1000)]), vec![(1000, 1000)]);
+        assert_eq!(f.pool_size(), 2000);
+        assert_eq!(f.free_bytes(), 2000);
+        assert_eq!(f.fragments(), 2);
+        assert_eq!(f.chunk_of(2500), Some((2000, 1000)));
+        assert_eq!(f.chunk_of(1500), None);
+        assert_eq!(f.take_free_chunks(0).len(), 2);
+        assert_eq!((f.pool_size(), f.free_bytes(), f.fragments()), (0, 0, 0));
     }
 
     #[test]

@@ -22,7 +22,6 @@
 use super::PoolMemoryResource;
 use super::global::FreeSpace;
 use super::tlsf::GRANULE;
-use crate::adaptor::hooks;
 use crate::error::Result;
 use crate::stream::StreamView;
 
@@ -84,11 +83,7 @@ impl PoolMemoryResource {
         if !freed.is_empty() {
             self.device.synchronize()?;
             for (addr, size) in freed {
-                self.upstream.deallocate(
-                    crate::backend::DevicePtr(addr),
-                    size as usize,
-                    StreamView::DEFAULT,
-                )?;
+                self.return_chunk(addr, size)?;
             }
             if self.grow(&mut g, need, want, stream)? {
                 return Ok(g.take(need, want));
@@ -97,9 +92,10 @@ impl PoolMemoryResource {
         Ok(None)
     }
 
-    /// Takes a new chunk from the upstream: `max(need, want)` rounded up to the growth step
-    /// (see [`growth_size`]), halving toward `need` when the upstream refuses. Returns false
-    /// when the pool cannot grow.
+    /// Takes new chunks: `max(need, want)` rounded up to the growth step (see
+    /// [`growth_size`]), halving toward `need` when the device refuses. With mapped chunks,
+    /// a free range at the top of the pool counts toward the need when the new chunks can go
+    /// right after it. Returns false when the pool cannot grow.
     pub(super) fn grow(
         &self,
         g: &mut FreeSpace,
@@ -109,33 +105,61 @@ impl PoolMemoryResource {
     ) -> Result<bool> {
         let pool = g.pool_size();
         let room = self.maximum.saturating_sub(pool);
-        let Some(mut size) = growth_size(need, want, self.growth, room) else {
+        if self.uses_virtual_memory() {
+            let top = g.top();
+            let tail = g.free_ending_at(top);
+            if tail > 0 && tail < need {
+                let (n, w) = (need - tail, want.saturating_sub(tail));
+                if let Some(size) =
+                    growth_size(n, w, self.growth, room).and_then(|s| self.chunk_round(s, n, room))
+                    && self.try_add(g, size, n, Some(top), stream)?
+                {
+                    return Ok(true);
+                }
+            }
+        }
+        let Some(mut size) = growth_size(need, want, self.growth, room)
+            .and_then(|s| self.chunk_round(s, need, room))
+        else {
             return Ok(false);
         };
         loop {
-            match hooks::alloc_from_upstream(self.hook_source(), size as usize, stream, || {
-                self.upstream.allocate(size as usize, stream)
-            }) {
-                Ok(p) => {
-                    tracing::debug!(
-                        device = self.device.ordinal(),
-                        need,
-                        grew_by = size,
-                        pool_size = pool + size,
-                        "pool grew"
-                    );
-                    g.add_chunk(p.addr(), size);
-                    return Ok(true);
-                }
+            match self.try_add(g, size, need, None, stream) {
+                Ok(added) => return Ok(added),
                 Err(e) if e.is_out_of_memory() => {
-                    if size <= need {
-                        return Ok(false);
+                    let half = (size / 2 / GRANULE * GRANULE).max(need);
+                    match self.chunk_round(half, need, room) {
+                        Some(s) if s < size => size = s,
+                        _ => return Ok(false),
                     }
-                    size = (size / 2 / GRANULE * GRANULE).max(need);
                 }
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Adds `size` bytes of chunks (at `at` for mapped chunks, when given); logs the growth.
+    fn try_add(
+        &self,
+        g: &mut FreeSpace,
+        size: u64,
+        need: u64,
+        at: Option<u64>,
+        stream: StreamView,
+    ) -> Result<bool> {
+        let pool = g.pool_size();
+        let added = self.add_memory(g, size, at, stream, true)?;
+        if added {
+            tracing::debug!(
+                device = self.device.ordinal(),
+                need,
+                grew_by = size,
+                pool_size = pool + size,
+                chunks = self.chunk_source(),
+                "pool grew"
+            );
+        }
+        Ok(added)
     }
 }
 

@@ -34,12 +34,15 @@
 mod arena;
 mod bins;
 mod block_cache;
+mod chunks;
 mod global;
 mod growth;
+mod handover;
 mod oom_report;
 mod ptr_map;
 mod reclaim;
 mod tlsf;
+mod vmm;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -48,8 +51,11 @@ use parking_lot::Mutex;
 
 use self::arena::{Arena, SMALL_LIMIT};
 use self::bins::BIN_LIMIT;
+use self::chunks::ChunkSource;
+pub use self::chunks::VirtualMemory;
 use self::global::FreeSpace;
 pub use self::growth::DEFAULT_GROWTH;
+pub use self::handover::LiveBlock;
 pub use self::oom_report::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use self::tlsf::GRANULE;
 use super::stream_arenas::StreamArenas;
@@ -101,9 +107,22 @@ pub struct PoolBuilder {
     maximum: Option<PoolSize>,
     growth: u64,
     donor: Option<Arc<PoolMemoryResource>>,
+    live: Vec<LiveBlock>,
+    virtual_memory: VirtualMemory,
 }
 
 impl PoolBuilder {
+    /// Whether chunks are mapped through CUDA's virtual memory API (default
+    /// [`VirtualMemory::Auto`]: over a [`CudaMemoryResource`](crate::resource::CudaMemoryResource)
+    /// on a device that supports it, with a maximum size of at least 64 granules). Mapped
+    /// chunks lie side by side in one address range per device, so free space stays in one
+    /// piece across growth and entirely free chunks go back to the device one by one; sizes
+    /// are then multiples of the device's granularity (2 MiB on current GPUs).
+    pub fn virtual_memory(mut self, mode: VirtualMemory) -> Self {
+        self.virtual_memory = mode;
+        self
+    }
+
     /// Memory taken from the upstream at construction (default: half of the device's free
     /// memory, as RMM's Python `reinitialize` does). `Bytes(0)` starts empty.
     pub fn initial_size(mut self, size: PoolSize) -> Self {
@@ -137,6 +156,18 @@ impl PoolBuilder {
         self
     }
 
+    /// With [`PoolBuilder::adopt_from`]: also takes over these live allocations of the donor
+    /// with the chunks that hold them, data in place, as allocations of the new pool (freed
+    /// to it, on their stream). A block moves only when every chunk it lies in holds nothing
+    /// else live and fits in the initial size (chunks holding blocks go first); blocks of 64
+    /// KiB or less never move (they share slabs). [`PoolMemoryResource::adopted_blocks`]
+    /// lists those that moved; the others stay the donor's. The caller must not free a moved
+    /// block to the donor.
+    pub fn adopt_live(mut self, blocks: Vec<LiveBlock>) -> Self {
+        self.live = blocks;
+        self
+    }
+
     /// Takes the initial memory and builds the pool.
     pub fn build(self) -> Result<PoolMemoryResource> {
         let device = self.upstream.device();
@@ -164,38 +195,103 @@ impl PoolBuilder {
             ));
         }
         let growth = self.growth.next_multiple_of(GRANULE);
-        let pool = PoolMemoryResource {
+        let mut mode = self.virtual_memory;
+        // A pool too small for whole granules is better served by the upstream.
+        if mode == VirtualMemory::Auto && maximum < vmm::AUTO_MINIMUM {
+            mode = VirtualMemory::Off;
+        }
+        let source = ChunkSource::choose(mode, &self.upstream)?;
+        let (maximum, initial) = match &source {
+            ChunkSource::Mapped(space) => {
+                let g = space.granularity();
+                let rounded = maximum / g * g;
+                if rounded == 0 {
+                    return Err(Error::invalid_argument(
+                        "maximum_size",
+                        fmt_bytes(maximum as usize),
+                        format!(
+                            "at least the device's allocation granularity ({}) with virtual memory",
+                            fmt_bytes(g as usize)
+                        ),
+                    ));
+                }
+                (rounded, initial.next_multiple_of(g).min(rounded))
+            }
+            _ => (maximum, initial),
+        };
+        let mut pool = PoolMemoryResource {
             upstream: self.upstream,
             device,
             maximum,
             growth,
             arenas: StreamArenas::new(),
-            global: Mutex::new(FreeSpace::default()),
+            global: Mutex::new(source.free_space()),
+            source,
+            adopted: Vec::new(),
         };
         let mut adopted = 0;
-        if let Some(donor) = self
-            .donor
-            .filter(|d| d.device == device && d.upstream.is_equal(&*pool.upstream) && initial > 0)
-        {
-            let chunks = donor.give_chunks(initial)?;
+        let mut handed = None;
+        if let Some(donor) = self.donor.filter(|d| {
+            d.device == device
+                && d.source.can_swap(&d.upstream, &pool.source, &pool.upstream)
+                && initial > 0
+        }) {
+            let h = if self.live.is_empty() {
+                handover::Handover {
+                    chunks: donor.give_chunks(initial)?,
+                    blocks: Vec::new(),
+                }
+            } else {
+                donor.hand_over(&self.live, initial)?
+            };
             let mut g = pool.global.lock();
-            for (addr, size) in chunks {
+            for &(addr, size) in &h.chunks {
                 g.add_chunk(addr, size);
                 adopted += size;
             }
+            drop(g);
+            handed = Some((donor, h));
         }
-        if initial > adopted {
-            let rest = initial - adopted;
-            let p = pool.upstream.allocate(rest as usize, StreamView::DEFAULT)?;
-            pool.global.lock().add_chunk(p.addr(), rest);
+        let rest = initial.saturating_sub(adopted);
+        let made = if rest > 0 {
+            let mut g = pool.global.lock();
+            pool.add_memory(&mut g, rest, None, StreamView::DEFAULT, false)
+                .map(drop)
+        } else {
+            Ok(())
+        };
+        let made = made.and_then(|()| match &handed {
+            Some((_, h)) => {
+                let mut g = pool.global.lock();
+                h.blocks.iter().try_for_each(|b| pool.relive(&mut g, b))
+            }
+            None => Ok(()),
+        });
+        if let Err(e) = made {
+            // The donor gets its chunks and blocks back, data in place; this pool gives back
+            // only what it took itself.
+            if let Some((donor, h)) = &handed {
+                let mut g = pool.global.lock();
+                for &(a, s) in &h.chunks {
+                    g.forget_chunk(a, s);
+                }
+                drop(g);
+                donor.take_back(h)?;
+            }
+            return Err(e);
+        }
+        if let Some((_, h)) = handed {
+            pool.adopted = h.blocks;
         }
         tracing::debug!(
             device = device.ordinal(),
             initial,
             adopted,
+            adopted_blocks = pool.adopted.len(),
             maximum,
             growth,
             upstream = pool.upstream.name(),
+            chunks = pool.chunk_source(),
             "pool created"
         );
         Ok(pool)
@@ -253,6 +349,10 @@ pub struct PoolMemoryResource {
     growth: u64,
     arenas: StreamArenas<Arena>,
     global: Mutex<FreeSpace>,
+    /// Where chunks come from and go back to.
+    source: ChunkSource,
+    /// Live blocks taken over from the pool this one replaced.
+    adopted: Vec<LiveBlock>,
 }
 
 impl std::fmt::Debug for PoolMemoryResource {
@@ -261,6 +361,7 @@ impl std::fmt::Debug for PoolMemoryResource {
             .field("device", &self.device)
             .field("upstream", &self.upstream.name())
             .field("maximum", &self.maximum)
+            .field("chunks", &self.chunk_source())
             .finish_non_exhaustive()
     }
 }
@@ -274,6 +375,8 @@ impl PoolMemoryResource {
             maximum: None,
             growth: DEFAULT_GROWTH,
             donor: None,
+            live: Vec::new(),
+            virtual_memory: VirtualMemory::default(),
         }
     }
 
@@ -397,8 +500,7 @@ impl PoolMemoryResource {
         let freed = g.take_free_chunks(to_bytes);
         let mut released = 0;
         for (addr, size) in freed {
-            self.upstream
-                .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)?;
+            self.return_chunk(addr, size)?;
             released += size;
         }
         tracing::debug!(
@@ -429,8 +531,7 @@ impl PoolMemoryResource {
         let keep = g.adoptable_chunks(budget);
         let mut released = 0;
         for (addr, size) in g.take_free_chunks_except(&keep) {
-            self.upstream
-                .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)?;
+            self.return_chunk(addr, size)?;
             released += size;
         }
         Ok(released)
@@ -512,7 +613,15 @@ impl PoolMemoryResource {
                     "live block {addr:#x}+{size} is not 256-byte aligned"
                 )));
             }
-            let inside = g.chunks().any(|(c, cs)| addr >= c && addr + size <= c + cs);
+            // Inside one chunk, or (mapped side by side) chunks that follow each other.
+            let mut at = addr;
+            while let Some((c, cs)) = g.chunk_of(at).filter(|_| at < addr + size) {
+                at = c + cs;
+                if !self.uses_virtual_memory() {
+                    break;
+                }
+            }
+            let inside = at >= addr + size;
             if !inside {
                 return Err(fail(format!(
                     "live block {addr:#x}+{size} lies outside every chunk"
@@ -673,10 +782,7 @@ impl Drop for PoolMemoryResource {
         }
         let chunks: Vec<(u64, u64)> = self.global.lock().chunks().collect();
         for (addr, size) in chunks {
-            if let Err(e) =
-                self.upstream
-                    .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT)
-            {
+            if let Err(e) = self.return_chunk(addr, size) {
                 tracing::error!(
                     "returning a pool chunk of {size} bytes at {addr:#x} upstream: {e}"
                 );

@@ -188,6 +188,23 @@ impl Heap {
         self.link(idx);
     }
 
+    /// Hands `[addr, addr + size)` to the heap as a new region of one live block (memory
+    /// already in use, taken over from another pool); returns the block.
+    pub(crate) fn add_live_region(&mut self, addr: u64, size: u64) -> u32 {
+        debug_assert!(addr.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
+        let idx = self.new_block(Block {
+            addr,
+            size,
+            prev_phys: NIL,
+            next_phys: NIL,
+            prev_free: NIL,
+            next_free: USED,
+        });
+        self.regions += 1;
+        self.region_bytes += size;
+        idx
+    }
+
     /// Finds a free block of at least `size` bytes (a multiple of [`GRANULE`]).
     #[inline]
     fn find(&self, size: u64) -> u32 {

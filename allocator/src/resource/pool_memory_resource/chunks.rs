@@ -1,0 +1,181 @@
+//! Where the pool's chunks come from and where they go back: the upstream resource
+//! (`cuMemAlloc` chunks, one allocation each), or physical memory mapped side by side into
+//! the device's reserved address range (CUDA's virtual memory API, see `vmm.rs`), chosen
+//! when the pool is built ([`VirtualMemory`]). Slow paths only.
+
+use std::sync::Arc;
+
+use super::PoolMemoryResource;
+use super::global::FreeSpace;
+use super::vmm::AddressSpace;
+use crate::adaptor::hooks;
+use crate::backend::DevicePtr;
+use crate::error::{Error, Result};
+use crate::resource::{CudaMemoryResource, DeviceMemoryResource, SharedResource};
+use crate::stream::StreamView;
+
+/// Whether a pool maps its memory through CUDA's virtual memory API (`pool.vmm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VirtualMemory {
+    /// Chunks are allocations of the upstream resource.
+    Off,
+    /// Chunks are mapped into one reserved address range per device; building the pool
+    /// fails where that is impossible (an upstream other than [`CudaMemoryResource`], or a
+    /// device without virtual memory management).
+    On,
+    /// As [`VirtualMemory::On`] where possible, else as [`VirtualMemory::Off`] (the pool's
+    /// description says which: [`PoolMemoryResource::chunk_source`]).
+    #[default]
+    Auto,
+}
+
+/// Where one pool's chunks come from.
+#[derive(Debug)]
+pub(super) enum ChunkSource {
+    /// The upstream resource's allocations.
+    Upstream,
+    /// Mapped into the device's reserved address range.
+    Mapped(Arc<AddressSpace>),
+    /// The upstream, because the device does not support virtual memory management although
+    /// the pool would have used it.
+    UpstreamNoVmm,
+}
+
+impl ChunkSource {
+    /// The source `mode` asks for over `upstream`.
+    pub(super) fn choose(mode: VirtualMemory, upstream: &SharedResource) -> Result<ChunkSource> {
+        if mode == VirtualMemory::Off {
+            return Ok(ChunkSource::Upstream);
+        }
+        let device = upstream.device();
+        let plain = upstream
+            .as_any()
+            .downcast_ref::<CudaMemoryResource>()
+            .is_some();
+        let supported = device.properties()?.supports_virtual_memory;
+        match (plain, supported, mode) {
+            (true, true, _) => Ok(ChunkSource::Mapped(AddressSpace::of(device)?)),
+            (true, false, VirtualMemory::Auto) => Ok(ChunkSource::UpstreamNoVmm),
+            (false, _, VirtualMemory::Auto) => Ok(ChunkSource::Upstream),
+            (false, _, _) => Err(Error::invalid_argument(
+                "pool.vmm",
+                "true",
+                format!(
+                    "a pool over CudaMemoryResource for virtual memory (this one is over {}); \
+                     set pool.vmm = \"auto\" or false",
+                    upstream.name()
+                ),
+            )),
+            (true, false, _) => Err(Error::invalid_argument(
+                "pool.vmm",
+                "true",
+                format!(
+                    "a device with virtual memory management ({device} reports none); set \
+                     pool.vmm = \"auto\" or false"
+                ),
+            )),
+        }
+    }
+
+    /// The free space this source's chunks need.
+    pub(super) fn free_space(&self) -> FreeSpace {
+        match self {
+            ChunkSource::Mapped(_) => FreeSpace::contiguous(),
+            _ => FreeSpace::default(),
+        }
+    }
+
+    /// Whether chunks of `self` and `other` can move between their pools.
+    pub(super) fn can_swap(
+        &self,
+        mine: &SharedResource,
+        other: &ChunkSource,
+        theirs: &SharedResource,
+    ) -> bool {
+        match (self, other) {
+            (ChunkSource::Mapped(a), ChunkSource::Mapped(b)) => Arc::ptr_eq(a, b),
+            (ChunkSource::Mapped(_), _) | (_, ChunkSource::Mapped(_)) => false,
+            _ => mine.is_equal(&**theirs),
+        }
+    }
+}
+
+impl PoolMemoryResource {
+    /// Where this pool's chunks come from, for its description: `"virtual memory"`,
+    /// `"upstream"`, or `"upstream (no virtual memory on this device)"`.
+    pub fn chunk_source(&self) -> &'static str {
+        match &self.source {
+            ChunkSource::Mapped(_) => "virtual memory",
+            ChunkSource::Upstream => "upstream",
+            ChunkSource::UpstreamNoVmm => "upstream (no virtual memory on this device)",
+        }
+    }
+
+    /// Whether the pool maps its chunks through CUDA's virtual memory API.
+    pub fn uses_virtual_memory(&self) -> bool {
+        matches!(self.source, ChunkSource::Mapped(_))
+    }
+
+    /// Takes `size` bytes of new chunks and adds them to `g` (through the upstream hooks
+    /// when `hooked`). Mapped chunks go at `at` when given (returning false, with nothing
+    /// taken, when those addresses are not free), else wherever the address range has room;
+    /// `size` is split in chunks of the growth step.
+    pub(super) fn add_memory(
+        &self,
+        g: &mut FreeSpace,
+        size: u64,
+        at: Option<u64>,
+        stream: StreamView,
+        hooked: bool,
+    ) -> Result<bool> {
+        let mut added = Vec::new();
+        let mut take = || -> Result<DevicePtr> {
+            match &self.source {
+                ChunkSource::Mapped(space) => match space.map(size, self.growth, at)? {
+                    Some(chunks) => {
+                        let start = chunks.first().map_or(0, |c| c.0);
+                        added = chunks;
+                        Ok(DevicePtr(start))
+                    }
+                    None => Ok(DevicePtr::NULL),
+                },
+                ChunkSource::Upstream | ChunkSource::UpstreamNoVmm => {
+                    let p = self.upstream.allocate(size as usize, stream)?;
+                    added = vec![(p.addr(), size)];
+                    Ok(p)
+                }
+            }
+        };
+        if hooked {
+            hooks::alloc_from_upstream(self.hook_source(), size as usize, stream, take)?;
+        } else {
+            take()?;
+        }
+        let placed = !added.is_empty();
+        for (a, s) in added {
+            g.add_chunk(a, s);
+        }
+        Ok(placed)
+    }
+
+    /// `size` rounded up to what the source can take, within `room` (rounded down there):
+    /// `None` when that leaves less than `need`.
+    pub(super) fn chunk_round(&self, size: u64, need: u64, room: u64) -> Option<u64> {
+        let g = match &self.source {
+            ChunkSource::Mapped(space) => space.granularity(),
+            _ => return (size >= need && size <= room).then_some(size),
+        };
+        let size = size.next_multiple_of(g).min(room / g * g);
+        (size >= need && size > 0).then_some(size)
+    }
+
+    /// Gives one chunk, already out of the free space, back to where it came from.
+    pub(super) fn return_chunk(&self, addr: u64, size: u64) -> Result<()> {
+        match &self.source {
+            ChunkSource::Mapped(space) => space.unmap(addr, size),
+            _ => self
+                .upstream
+                .deallocate(DevicePtr(addr), size as usize, StreamView::DEFAULT),
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! The pool over CUDA's virtual memory API, on the simulated device: chunks mapped side by
+//! side (free space in one piece across growth), trim giving entirely free chunks back one
+//! by one, data across chunk boundaries, adoption of mapped chunks, the fallback where the
+//! device has no virtual memory management, and the backend calls' rules.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{GIB, MIB, pattern};
+use rmm_allocator::backend::{Backend, DevicePtr, SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::{
+    CudaMemoryResource, ManagedMemoryResource, PoolMemoryResource, PoolSize, SharedResource,
+    VirtualMemory,
+};
+use rmm_allocator::{Device, DeviceMemoryResource, StreamView};
+
+fn sim(mode: SimMemoryMode, capacity: usize) -> (&'static SimBackend, Device) {
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity,
+        mode,
+    })
+    .unwrap();
+    (b, Device::on(b, 0).unwrap())
+}
+
+fn pool(d: Device, initial: usize, growth: usize) -> PoolMemoryResource {
+    PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(PoolSize::Bytes(initial))
+        .growth(growth as u64)
+        .virtual_memory(VirtualMemory::On)
+        .build()
+        .unwrap()
+}
+
+fn used(d: Device) -> usize {
+    let i = d.mem_info().unwrap();
+    i.total - i.free
+}
+
+#[test]
+fn free_space_stays_in_one_piece_across_growth() {
+    let (_, d) = sim(SimMemoryMode::Unbacked, 80 * GIB);
+    let p = pool(d, 0, GIB);
+    assert!(p.uses_virtual_memory());
+    assert_eq!(p.chunk_source(), "virtual memory");
+    let s = StreamView::DEFAULT;
+    let a = p.allocate(512 * MIB, s).unwrap();
+    assert_eq!(p.pool_size(), GIB as u64);
+    // 512 MiB are free at the top: the pool maps what the request lacks right after them.
+    let b = p.allocate(GIB, s).unwrap();
+    assert_eq!(p.pool_size(), 2 * GIB as u64, "one more chunk, not two");
+    assert_eq!(
+        b.addr(),
+        a.addr() + (512 * MIB) as u64,
+        "the block spans both chunks"
+    );
+    p.deallocate(a, 512 * MIB, s).unwrap();
+    p.deallocate(b, GIB, s).unwrap();
+    p.synchronize().unwrap();
+    // Both chunks are one free range: 2 GiB fit without growing.
+    let c = p.allocate(2 * GIB, s).unwrap();
+    assert_eq!(p.pool_size(), 2 * GIB as u64);
+    let snap = p.validate().unwrap();
+    assert_eq!(snap.chunks, 2);
+    assert_eq!(snap.in_use, 2 * GIB as u64);
+    p.deallocate(c, 2 * GIB, s).unwrap();
+    p.synchronize().unwrap();
+    assert!(p.validate().unwrap().fully_coalesced);
+}
+
+#[test]
+fn trim_gives_entirely_free_chunks_back_one_by_one() {
+    let (b, d) = sim(SimMemoryMode::Unbacked, 80 * GIB);
+    let before = used(d);
+    let p = pool(d, 9 * GIB, GIB);
+    assert_eq!(p.validate().unwrap().chunks, 9);
+    assert_eq!(used(d) - before, 9 * GIB);
+    let s = StreamView::DEFAULT;
+    // One live block holds the first chunk; the other eight are entirely free.
+    let live = p.allocate(100 * MIB, s).unwrap();
+    let released = p.trim(0).unwrap();
+    assert_eq!(released, 8 * GIB as u64);
+    assert_eq!(p.pool_size(), GIB as u64);
+    assert_eq!(used(d) - before, GIB, "the device has the memory back");
+    assert_eq!(b.live_allocations(0), 1, "one physical chunk left");
+    p.validate().unwrap();
+    // The pool grows again into the same range and still works.
+    let big = p.allocate(3 * GIB, s).unwrap();
+    assert_eq!(p.pool_size(), 4 * GIB as u64);
+    p.deallocate(big, 3 * GIB, s).unwrap();
+    p.deallocate(live, 100 * MIB, s).unwrap();
+    assert_eq!(p.release().unwrap(), 4 * GIB as u64);
+    assert_eq!(used(d), before);
+    drop(p);
+    assert_eq!(b.live_allocations(0), 0);
+}
+
+#[test]
+fn data_round_trips_across_chunk_boundaries() {
+    let (_, d) = sim(SimMemoryMode::Backed, GIB);
+    // 2 MiB chunks (the granularity): an 8 MiB block spans four of them.
+    let p = pool(d, 8 * MIB, 2 * MIB);
+    assert_eq!(p.validate().unwrap().chunks, 4);
+    let s = StreamView::DEFAULT;
+    let n = 8 * MIB;
+    let a = p.allocate(n, s).unwrap();
+    let data = pattern(n, 7);
+    d.copy_to_device(a, &data).unwrap();
+    let mut back = vec![0u8; n];
+    d.copy_to_host(&mut back, a).unwrap();
+    assert!(back == data, "bytes across chunk boundaries round-trip");
+    // A device-to-device copy across boundaries, into a block of a second growth.
+    let b = p.allocate(n, s).unwrap();
+    d.copy_device_to_device(b, a.offset(MIB), n - MIB).unwrap();
+    let mut out = vec![0u8; n - MIB];
+    d.copy_to_host(&mut out, b).unwrap();
+    assert!(out[..] == data[MIB..]);
+    d.memset(a, 0xab, n).unwrap();
+    d.copy_to_host(&mut back, a).unwrap();
+    assert!(back.iter().all(|&x| x == 0xab));
+    p.deallocate(a, n, s).unwrap();
+    p.deallocate(b, n, s).unwrap();
+}
+
+#[test]
+fn a_replacing_pool_adopts_mapped_chunks_without_new_memory() {
+    let (b, d) = sim(SimMemoryMode::Unbacked, 80 * GIB);
+    let old = Arc::new(pool(d, 4 * GIB, GIB));
+    let chunks_before = b.live_allocations(0);
+    let used_before = used(d);
+    let new = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(PoolSize::Bytes(4 * GIB))
+        .virtual_memory(VirtualMemory::On)
+        .adopt_from(Arc::clone(&old))
+        .build()
+        .unwrap();
+    assert_eq!(old.pool_size(), 0);
+    assert_eq!(new.pool_size(), 4 * GIB as u64);
+    assert_eq!(
+        b.live_allocations(0),
+        chunks_before,
+        "no physical memory made"
+    );
+    assert_eq!(used(d), used_before);
+    // The adopted chunks are one free range in the new pool, and are its to give back.
+    let x = new.allocate(4 * GIB, StreamView::DEFAULT).unwrap();
+    new.deallocate(x, 4 * GIB, StreamView::DEFAULT).unwrap();
+    drop(old);
+    assert_eq!(new.release().unwrap(), 4 * GIB as u64);
+    assert_eq!(b.live_allocations(0), 0);
+}
+
+#[test]
+fn a_pool_that_cannot_map_falls_back_to_upstream_chunks_and_says_so() {
+    let (b, d) = sim(SimMemoryMode::Unbacked, 80 * GIB);
+    b.set_virtual_memory_supported(false);
+    let auto = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(PoolSize::Bytes(GIB))
+        .build()
+        .unwrap();
+    assert!(!auto.uses_virtual_memory());
+    assert_eq!(
+        auto.chunk_source(),
+        "upstream (no virtual memory on this device)"
+    );
+    let err = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(PoolSize::Bytes(GIB))
+        .virtual_memory(VirtualMemory::On)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("pool.vmm"), "{err}");
+    b.set_virtual_memory_supported(true);
+    // Managed memory is not mapped: auto keeps the upstream, on is refused.
+    let managed: SharedResource = Arc::new(ManagedMemoryResource::new(d).unwrap());
+    let m = PoolMemoryResource::builder(Arc::clone(&managed))
+        .initial_size(PoolSize::Bytes(GIB))
+        .build()
+        .unwrap();
+    assert_eq!(m.chunk_source(), "upstream");
+    assert!(
+        PoolMemoryResource::builder(managed)
+            .virtual_memory(VirtualMemory::On)
+            .build()
+            .is_err()
+    );
+    // Off keeps cuMemAlloc chunks on a device that could map.
+    let off = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(PoolSize::Bytes(GIB))
+        .virtual_memory(VirtualMemory::Off)
+        .build()
+        .unwrap();
+    assert!(!off.uses_virtual_memory());
+}
+
+#[test]
+fn the_simulated_virtual_memory_calls_keep_cudas_rules() {
+    let (b, d) = sim(SimMemoryMode::Backed, GIB);
+    let g = b.mem_granularity(0).unwrap();
+    assert_eq!(g, 2 * MIB);
+    assert!(
+        b.mem_address_reserve(0, g + 1).is_err(),
+        "sizes in granules"
+    );
+    let base = b.mem_address_reserve(0, 4 * g).unwrap();
+    let h = b.mem_create(0, g).unwrap();
+    assert_eq!(used(d), g, "physical memory counts as used");
+    assert!(b.mem_map(0, DevicePtr(base.addr() + 1), g, h).is_err());
+    b.mem_map(0, base, g, h).unwrap();
+    // Not accessible before cuMemSetAccess.
+    assert!(d.copy_to_device(base, &[1, 2, 3]).is_err());
+    b.mem_set_access(0, base, g).unwrap();
+    d.copy_to_device(base, &[1, 2, 3]).unwrap();
+    // Reading past the mapping is an error; so is freeing it with cuMemFree.
+    let mut two = vec![0u8; 2 * g];
+    assert!(d.copy_to_host(&mut two, base).is_err());
+    assert!(b.free(0, base).is_err());
+    // Released while mapped: the memory stays until unmapped, then goes back.
+    b.mem_release(0, h).unwrap();
+    assert_eq!(used(d), g);
+    let mut three = [0u8; 3];
+    d.copy_to_host(&mut three, base).unwrap();
+    assert_eq!(three, [1, 2, 3]);
+    assert!(
+        b.mem_address_free(0, base, 4 * g).is_err(),
+        "a range with a mapping in it"
+    );
+    b.mem_unmap(0, base, g).unwrap();
+    assert_eq!(used(d), 0);
+    assert_eq!(b.live_allocations(0), 0);
+    b.mem_address_free(0, base, 4 * g).unwrap();
+    // Physical memory fails as cuMemAlloc does when the device is full.
+    assert!(b.mem_create(0, 2 * GIB).is_err());
+}
