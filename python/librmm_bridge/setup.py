@@ -67,6 +67,11 @@ def cuda_include():
 
 
 includes, libdir = librmm_dirs()
+# RMM's Python extensions use CPython's limited API (abi3): their types are heap types, whose
+# instances hold a reference to their type. A subclass must be a heap type too (a static type
+# would lose a reference at every instance's deallocation), so this extension is built for
+# the limited API as well, as an abi3 wheel for Python 3.11 and later (what RMM's wheels need).
+LIMITED_API = 0x030B0000
 extension = Extension(
     "rmm_rs_librmm._bridge",
     sources=["rmm_rs_librmm/_bridge.pyx"],
@@ -75,9 +80,12 @@ extension = Extension(
     library_dirs=[libdir],
     libraries=["rmm"],
     extra_compile_args=["-std=c++17", "-O2", "-Wno-deprecated-declarations"],
+    define_macros=[("Py_LIMITED_API", hex(LIMITED_API))],
+    py_limited_api=True,
 )
 
 setup(
     ext_modules=cythonize([extension], language_level=3, compiler_directives={"binding": True}),
     package_data={"rmm_rs_librmm": ["*.pyi", "py.typed", "*.hpp"]},
+    options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )
