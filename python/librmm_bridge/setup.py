@@ -4,8 +4,8 @@ It needs, in the build environment (``pip install --no-build-isolation``): RAPID
 wheels (``rmm-cu13`` with ``librmm-cu13``, or the ``-cu12`` pair: their headers, the CCCL
 headers they ship, and the ``.pxd`` files), CUDA's runtime headers (``cuda_runtime_api.h``:
 the toolkit's, found through ``CUDA_HOME``/``CUDA_PATH`` or ``/usr/local/cuda``, else the
-``nvidia-cuda-runtime`` wheel's), Cython 3 and a C++17 compiler. The extension links
-``librmm.so``, which ``import rmm`` loads at run time.
+``nvidia-cuda-runtime`` and ``nvidia-cuda-crt`` wheels'), Cython 3 and a C++20 compiler
+(g++ 11 or later). The extension links ``librmm.so``, which ``import rmm`` loads at run time.
 """
 
 import glob
@@ -79,7 +79,7 @@ extension = Extension(
     include_dirs=["rmm_rs_librmm", *includes, cuda_include()],
     library_dirs=[libdir],
     libraries=["rmm"],
-    extra_compile_args=["-std=c++17", "-O2", "-Wno-deprecated-declarations"],
+    extra_compile_args=["-std=c++20", "-O2", "-Wno-deprecated-declarations"],
     define_macros=[("Py_LIMITED_API", hex(LIMITED_API))],
     py_limited_api=True,
 )
