@@ -87,5 +87,7 @@ extension = Extension(
 setup(
     ext_modules=cythonize([extension], language_level=3, compiler_directives={"binding": True}),
     package_data={"rmm_rs_librmm": ["*.pyi", "py.typed", "*.hpp"]},
+    # The generated C++ and the Cython source are not part of the installed package.
+    exclude_package_data={"rmm_rs_librmm": ["*.cpp", "*.pyx"]},
     options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )
