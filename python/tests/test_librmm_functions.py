@@ -142,3 +142,15 @@ def test_allocations_from_many_threads_all_come_back():
     assert not errors
     assert rmm_rs.statistics()[0]["bytes_in_use"] == 0
     assert _rmm_rs.live_allocations() == 0
+
+
+def test_the_rmm_module_is_reachable_without_importing_rmm():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rmm_rs\n"
+        "assert rmm_rs.allocators.rmm.install and rmm_rs.allocators.rmm.resource\n"
+        "assert 'rmm' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

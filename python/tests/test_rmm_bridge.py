@@ -250,3 +250,44 @@ def test_install_before_initialize_is_device_0_and_a_bad_device_is_refused(no_br
     with pytest.raises(ValueError, match="device=-2"):
         rr.install(-2)
     assert not rr.is_installed(1)
+
+
+# The Dask plugin
+
+
+def librmm_resource_on_worker(dask_worker=None):
+    import rmm.mr as mr_
+
+    import rmm_rs as r
+
+    mr = mr_.get_per_device_resource(0)
+    before = r.statistics()[0]["total_allocations"]
+    mr.deallocate(mr.allocate(MIB), MIB)
+    return type(mr).__name__, r.statistics()[0]["total_allocations"] - before
+
+
+def test_the_plugin_installs_rmms_resource_on_every_worker_and_keeps_it_across_a_new_plugin():
+    import cloudpickle
+    from distributed import Client, LocalCluster
+
+    from rmm_rs.dask import RMMRsPlugin
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    expected = "CallbackMemoryResource" if rr.bridge_error() else "RmmRsMemoryResource"
+    with LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        worker_dashboard_address=None,
+    ) as cluster, Client(cluster) as client:
+        client.register_plugin(
+            RMMRsPlugin(rmm_pool_size="64MiB", rmm_allocator_external_lib_list=["rmm"])
+        )
+        assert list(client.run(librmm_resource_on_worker).values()) == [(expected, 1)] * 2
+        # A new plugin reinitializes each worker: the installed resource follows it.
+        client.register_plugin(
+            RMMRsPlugin(rmm_pool_size="32MiB", rmm_allocator_external_lib_list="rmm")
+        )
+        assert list(client.run(librmm_resource_on_worker).values()) == [(expected, 1)] * 2
