@@ -12,9 +12,10 @@ import pytest
 
 if os.environ.get("RMM_BACKEND", "").lower() != "cuda":
     pytest.skip("needs a GPU: run with RMM_BACKEND=cuda", allow_module_level=True)
-rmm = pytest.importorskip("rmm", reason="RAPIDS RMM is not installed")
+pytest.importorskip("rmm", reason="RAPIDS RMM is not installed")
 
 import cloudpickle  # noqa: E402
+import rmm  # noqa: E402
 import rmm.mr  # noqa: E402
 
 import rmm_rs  # noqa: E402
