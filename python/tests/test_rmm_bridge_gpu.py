@@ -195,6 +195,34 @@ def test_torch_mem_pool_keeps_memory_stats_and_allocates_from_rmm_rs():
     assert "ok" in out
 
 
+def test_torch_mem_pool_serves_cuda_graph_capture():
+    out = torch_check(
+        """
+        import torch, rmm_rs
+        from rmm_rs.allocators import torch as rmm_torch
+        rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "1GiB"}})
+        pool = rmm_torch.mem_pool()
+        x = torch.ones(1 << 20, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):  # warm-up, as capture requires
+                y = x * 2
+        torch.cuda.current_stream().wait_stream(s)
+        before = rmm_rs.statistics()[0]["total_allocations"]
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool.id):
+            y = x * 2
+        g.replay()
+        torch.cuda.synchronize()
+        assert float(y.sum()) == 2 * (1 << 20)
+        assert rmm_rs.statistics()[0]["total_allocations"] > before
+        print("ok")
+        """
+    )
+    assert "ok" in out
+
+
 def test_torch_mem_pool_out_of_memory_is_torchs_own_error():
     out = torch_check(
         """
