@@ -27,7 +27,7 @@ wheels)
         --platform manylinux2014_x86_64 --platform any -d .whl-bridge \
         rmm-cu13==26.10.0 librmm-cu13==26.10.0 rapids-logger==0.3.0 \
         cuda-bindings cuda-pathfinder nvidia-cuda-runtime nvidia-cuda-crt \
-        "cython>=3.1" "setuptools>=64" wheel
+        "cython>=3.1" "setuptools>=77" wheel
     du -sh .whl .whl-bridge
     ;;
 run)
@@ -67,7 +67,7 @@ run)
     done
     g++ -std=c++20 -O2 -shared -fPIC -o "$client" python/librmm_bridge/bench/librmm_client.cpp \
         "${inc[@]}" -L"$site/librmm/lib64" -lrmm 2>&1 | tee "$out/build-client.txt"
-    export RMM_BACKEND=cuda RMM_RS_REQUIRE_BRIDGE=1 RMM_RS_LIBRMM_CLIENT="$client"
+    export RMM_BACKEND=cuda LIBRMM_BRIDGE_REQUIRED=1 LIBRMM_BRIDGE_CLIENT="$client"
     if [ "${PYTEST:-1}" = 1 ]; then
         set +e
         (cd /tmp && python3 -m pytest -q -p no:cacheprovider -rs \

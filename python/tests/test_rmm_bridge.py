@@ -3,7 +3,7 @@
 A resource's ``allocate`` calls no CUDA function, so these run on the simulated device.
 
 Skipped, saying so, where RMM's wheels are not installed. Where the bridge is expected (the
-test task built it: ``RMM_RS_REQUIRE_BRIDGE=1``), a bridge that does not import fails."""
+test task built it: ``LIBRMM_BRIDGE_REQUIRED=1``), a bridge that does not import fails."""
 
 import ctypes
 import os
@@ -32,8 +32,8 @@ def bridge():
         import rmm_rs_librmm
 
         return rmm_rs_librmm
-    if os.environ.get("RMM_RS_REQUIRE_BRIDGE") == "1":
-        pytest.fail(f"RMM_RS_REQUIRE_BRIDGE=1 but rmm_rs_librmm does not import: {error}")
+    if os.environ.get("LIBRMM_BRIDGE_REQUIRED") == "1":
+        pytest.fail(f"LIBRMM_BRIDGE_REQUIRED=1 but rmm_rs_librmm does not import: {error}")
     pytest.skip(f"the bridge rmm_rs_librmm is not built here ({error})")
 
 

@@ -1,6 +1,6 @@
 """RAPIDS RMM, CuPy (through RMM's allocator), a C++ librmm client and PyTorch's MemPool on
 rmm-rs, on a GPU (RMM_BACKEND=cuda). Skipped, saying so, where a GPU or RMM is absent (as in
-CI); the C++ client's test needs ``RMM_RS_LIBRMM_CLIENT``, the path of the client library
+CI); the C++ client's test needs ``LIBRMM_BRIDGE_CLIENT``, the path of the client library
 that scripts/gpu_bridge.sh builds (python/librmm_bridge/bench/librmm_client.cpp)."""
 
 import ctypes
@@ -91,9 +91,9 @@ def test_rmms_cupy_allocator_allocates_from_rmm_rs():
 
 
 def client():
-    path = os.environ.get("RMM_RS_LIBRMM_CLIENT")
+    path = os.environ.get("LIBRMM_BRIDGE_CLIENT")
     if not path:
-        pytest.skip("RMM_RS_LIBRMM_CLIENT is not set: scripts/gpu_bridge.sh builds the client")
+        pytest.skip("LIBRMM_BRIDGE_CLIENT is not set: scripts/gpu_bridge.sh builds the client")
     lib = ctypes.CDLL(path)
     lib.client_run.argtypes = [
         ctypes.c_int,

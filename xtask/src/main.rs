@@ -137,8 +137,9 @@ fn python_tests() -> Result<(), String> {
     let bridge = librmm_bridge(&root, &bin)?;
     let mut pytest = Command::new(bin.join("python"));
     if bridge {
-        // Built: its tests must find it (a bridge that does not import fails them).
-        pytest.env("RMM_RS_REQUIRE_BRIDGE", "1");
+        // Built: its tests must find it (a bridge that does not import fails them). Not an
+        // RMM_ name: rmm-rs reads those as settings.
+        pytest.env("LIBRMM_BRIDGE_REQUIRED", "1");
     }
     pytest
         .args(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"])
@@ -157,14 +158,16 @@ fn python_tests() -> Result<(), String> {
 /// tests then skip); an error when they install but the bridge does not build.
 fn librmm_bridge(root: &Path, bin: &Path) -> Result<bool, String> {
     let mut rmm = Command::new(bin.join("python"));
-    rmm.args(["-m", "pip", "install", "--quiet"]).args([
-        "rmm-cu13",
-        "nvidia-cuda-runtime",
-        "nvidia-cuda-crt",
-        "cython>=3",
-        "setuptools>=64",
-        "wheel",
-    ]);
+    rmm.args(["-m", "pip", "install", "--quiet", "--upgrade"])
+        .args([
+            "rmm-cu13",
+            "nvidia-cuda-runtime",
+            "nvidia-cuda-crt",
+            "cython>=3.1",
+            // The bridge's pyproject.toml states its licence as an SPDX expression.
+            "setuptools>=77",
+            "wheel",
+        ]);
     if let Err(e) = run(rmm, "pip install rmm-cu13 and CUDA's runtime headers") {
         eprintln!(
             "xtask: RAPIDS RMM's wheels could not be installed ({e}): the librmm bridge is \
