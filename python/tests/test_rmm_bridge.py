@@ -151,13 +151,15 @@ def test_out_of_memory_through_the_bridge_is_a_memory_error():
         mr.allocate(1 << 50)
 
 
-def test_an_alignment_rmm_rs_cannot_give_is_refused():
-    # rmm.mr's Python allocate always asks for 256 bytes: only C++ can ask for more, so this
-    # only checks that the default passes.
+def test_an_odd_size_is_served_with_rmms_default_alignment():
+    # rmm.mr's Python allocate always asks for 256-byte alignment (only C++ can ask for more,
+    # which the bridge refuses above 256).
     bridge()
     rmm_rs.initialize(POOL)
     mr = rr.resource(0)
-    mr.deallocate(mr.allocate(1000), 1000)
+    p = mr.allocate(1000)
+    assert p % 256 == 0 and in_use() == 1000
+    mr.deallocate(p, 1000)
     assert in_use() == 0
 
 
