@@ -1,4 +1,4 @@
-//! Allocators for CuPy and PyTorch, as C functions: no Python on the allocation path.
+//! Allocators for CuPy, PyTorch and librmm, as C functions: no Python on the allocation path.
 //!
 //! * CuPy: `cupy.cuda.memory.CFunctionAllocator(param, malloc, free, owner)` calls
 //!   `void* malloc(void* param, size_t size, int device)` and
@@ -9,10 +9,18 @@
 //! * PyTorch: `torch.cuda.memory.CUDAPluggableAllocator(path, "rmm_rs_torch_alloc",
 //!   "rmm_rs_torch_free")` calls `void* alloc(ssize_t size, int device, cudaStream_t)` and
 //!   `void free(void* ptr, ssize_t size, int device, cudaStream_t)` from this very library.
+//! * librmm (RAPIDS RMM's C++ library, through the `rmm_rs_librmm` bridge package): a
+//!   resource of librmm's calls `void* allocate(size_t size, int device, cudaStream_t)`,
+//!   `void deallocate(void* ptr, size_t size, int device, cudaStream_t)` and, for librmm's
+//!   synchronous variants, `int synchronize(int device, cudaStream_t)` (0 on success), with
+//!   the stream librmm passes: memory stays ordered on that stream in rmm-rs's pool.
 //!
 //! Each call goes to the device's current resource: the rmm-rs stack once initialized (plain
-//! `cuMemAlloc` before). A failed allocation returns null, which both libraries report as out
-//! of memory; failures are also logged through `tracing`.
+//! `cuMemAlloc` before). An allocation that finds no memory runs the stack's out-of-memory
+//! handler first (with `spill.enabled` and `spill.on_demand`, the spill manager spills least
+//! recently used buffers, the Dask device store's values among them, and retries); only then
+//! does it return null, which each library reports as its own out-of-memory error. Failures
+//! are also logged through `tracing`.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -22,7 +30,8 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use rmm_allocator::per_device::get_per_device_resource;
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::{DevicePtr, StreamView};
+use rmm_allocator::stream::synchronize;
+use rmm_allocator::{Device, DevicePtr, StreamView};
 
 /// Live allocations: address → (size, the resource that made it), in shards by address. A
 /// block goes back to the resource that made it even after a reinitialize or `finalize`
@@ -71,6 +80,12 @@ fn allocate(size: usize, device: c_int, stream: StreamView) -> *mut c_void {
 }
 
 fn deallocate(ptr: *mut c_void, stream: StreamView) {
+    deallocate_sized(ptr, None, stream);
+}
+
+/// Frees `ptr` into the resource that allocated it; `expected`, the size the caller says it
+/// allocated (a mismatch is logged; the size allocated is what is freed).
+fn deallocate_sized(ptr: *mut c_void, expected: Option<usize>, stream: StreamView) {
     if ptr.is_null() {
         return;
     }
@@ -79,6 +94,12 @@ fn deallocate(ptr: *mut c_void, stream: StreamView) {
         tracing::error!("rmm_rs allocator: freeing {p}, which it did not allocate (ignored)");
         return;
     };
+    if let Some(expected) = expected.filter(|&e| e != size) {
+        tracing::error!(
+            "rmm_rs allocator: freeing {p} as {expected} bytes, but it was allocated as {size} \
+             bytes (freed as {size})"
+        );
+    }
     if let Err(e) = resource.deallocate(p, size, stream) {
         tracing::error!("rmm_rs allocator: freeing {size} bytes at {p}: {e}");
     }
@@ -134,6 +155,71 @@ pub extern "C" fn rmm_rs_torch_free(
     });
 }
 
+/// librmm's `allocate`: `size` bytes on `device`, ordered on `stream` (a `cudaStream_t`;
+/// null is the default stream). Null when rmm-rs has no memory for it (after spilling).
+// SAFETY: as above.
+#[unsafe(no_mangle)]
+pub extern "C" fn rmm_rs_librmm_allocate(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    guarded("allocate", std::ptr::null_mut(), || {
+        allocate(size, device, StreamView::from_raw(stream as u64))
+    })
+}
+
+/// librmm's `deallocate`: frees `ptr` (of `size` bytes) on `stream` into the resource that
+/// allocated it.
+// SAFETY: as above.
+#[unsafe(no_mangle)]
+pub extern "C" fn rmm_rs_librmm_deallocate(
+    ptr: *mut c_void,
+    size: usize,
+    _device: c_int,
+    stream: *mut c_void,
+) {
+    guarded("deallocate", (), || {
+        deallocate_sized(ptr, Some(size), StreamView::from_raw(stream as u64))
+    });
+}
+
+/// Waits for the work queued on `stream` of `device` (librmm's `allocate_sync` and
+/// `deallocate_sync` run on the default stream, then wait for it). 0 on success, -1 on a
+/// failure (logged).
+// SAFETY: as above.
+#[unsafe(no_mangle)]
+pub extern "C" fn rmm_rs_librmm_synchronize(device: c_int, stream: *mut c_void) -> c_int {
+    guarded("synchronize", -1, || {
+        let synced = u32::try_from(device)
+            .map_err(|_| {
+                rmm_allocator::Error::invalid_argument("device", device, "a device ordinal")
+            })
+            .and_then(Device::new)
+            .and_then(|d| synchronize(d, StreamView::from_raw(stream as u64)));
+        match synced {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::error!(
+                    "rmm_rs allocator: synchronizing stream {stream:?} of device {device}: {e}"
+                );
+                -1
+            }
+        }
+    })
+}
+
+/// `(allocate, deallocate, synchronize)`: the addresses of librmm's three functions, for the
+/// `rmm_rs_librmm` bridge (and, through ctypes, RMM's `CallbackMemoryResource`).
+#[pyfunction]
+fn librmm_functions() -> (usize, usize, usize) {
+    (
+        rmm_rs_librmm_allocate as *const () as usize,
+        rmm_rs_librmm_deallocate as *const () as usize,
+        rmm_rs_librmm_synchronize as *const () as usize,
+    )
+}
+
 /// `(malloc, free)`: the addresses of CuPy's two functions, for `CFunctionAllocator`.
 #[pyfunction]
 fn cupy_functions() -> (usize, usize) {
@@ -150,7 +236,7 @@ fn torch_functions() -> (&'static str, &'static str) {
     ("rmm_rs_torch_alloc", "rmm_rs_torch_free")
 }
 
-/// Live allocations made through the CuPy and PyTorch functions.
+/// Live allocations made through the CuPy, PyTorch and librmm functions.
 #[pyfunction]
 fn live_allocations() -> usize {
     LIVE.shards.iter().map(|s| s.lock().len()).sum()
@@ -159,6 +245,7 @@ fn live_allocations() -> usize {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cupy_functions, m)?)?;
     m.add_function(wrap_pyfunction!(torch_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(librmm_functions, m)?)?;
     m.add_function(wrap_pyfunction!(live_allocations, m)?)?;
     Ok(())
 }

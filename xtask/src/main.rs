@@ -6,8 +6,10 @@
 //!   test --workspace --doc`), then the Python package's:
 //!   a virtual environment under `target/xtask-venv` with maturin, pytest, distributed and
 //!   mypy from the package index, mypy over `python/rmm_rs` and `python/tests` (any error
-//!   fails), the `rmm_rs` wheel built and installed there, and pytest on `python/tests` (no
-//!   tests collected is a failure). `--rust-only` skips the Python part.
+//!   fails), the `rmm_rs` wheel built and installed there, RAPIDS RMM's wheels and the
+//!   librmm bridge (`python/librmm_bridge`, built against them) where the package index has
+//!   them (else the bridge's tests skip, saying why), and pytest on `python/tests` (no tests
+//!   collected is a failure). `--rust-only` skips the Python part.
 //! * `cargo xtask lint`: `cargo fmt --check`, `cargo clippy --all-targets -D warnings` and
 //!   `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-D warnings` (broken intra-doc
 //!   links, links to private items, bad code blocks fail).
@@ -132,15 +134,64 @@ fn python_tests() -> Result<(), String> {
         ])
         .arg(&wheel);
     run(install, "pip install the rmm_rs wheel")?;
+    let bridge = librmm_bridge(&root, &bin)?;
     let mut pytest = Command::new(bin.join("python"));
+    if bridge {
+        // Built: its tests must find it (a bridge that does not import fails them). Not an
+        // RMM_ name: rmm-rs reads those as settings.
+        pytest.env("LIBRMM_BRIDGE_REQUIRED", "1");
+    }
     pytest
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .args(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"])
         .arg(root.join("python/tests"))
         // The package's source directory must not shadow the installed wheel.
         .current_dir(root.join("target"))
         .env("PYTHONDONTWRITEBYTECODE", "1");
     // pytest exits 5 when it collects no tests: a failure like any other non-zero status.
     run(pytest, "pytest python/tests")
+}
+
+/// RAPIDS RMM's wheels (CUDA 13: `rmm-cu13`, with `librmm-cu13`), CUDA's runtime headers
+/// (`nvidia-cuda-runtime`, `nvidia-cuda-crt`) and Cython from the package index, then the
+/// librmm bridge (`python/librmm_bridge`) built against them. True when the bridge is
+/// installed; false, saying so, when RMM's wheels cannot be installed here (the bridge's
+/// tests then skip); an error when they install but the bridge does not build.
+fn librmm_bridge(root: &Path, bin: &Path) -> Result<bool, String> {
+    let mut rmm = Command::new(bin.join("python"));
+    rmm.args(["-m", "pip", "install", "--quiet", "--upgrade"])
+        .args([
+            "rmm-cu13",
+            "nvidia-cuda-runtime",
+            "nvidia-cuda-crt",
+            "cython>=3.1",
+            // The bridge's pyproject.toml states its licence as an SPDX expression.
+            "setuptools>=77",
+            "wheel",
+        ]);
+    if let Err(e) = run(rmm, "pip install rmm-cu13 and CUDA's runtime headers") {
+        eprintln!(
+            "xtask: RAPIDS RMM's wheels could not be installed ({e}): the librmm bridge is \
+             not built, and its tests skip"
+        );
+        return Ok(false);
+    }
+    let mut build = Command::new(bin.join("python"));
+    build
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--force-reinstall",
+            "--no-deps",
+            "--no-build-isolation",
+        ])
+        .arg(root.join("python/librmm_bridge"));
+    run(
+        build,
+        "pip install python/librmm_bridge (the librmm bridge)",
+    )?;
+    Ok(true)
 }
 
 /// mypy over the package and its tests (the extension through its stubs,
@@ -156,9 +207,12 @@ fn type_check(root: &Path, bin: &Path) -> Result<(), String> {
     ])
     .args(["--warn-unused-ignores", "--cache-dir"])
     .arg(root.join("target/mypy-cache"))
-    .args(["rmm_rs", "tests"])
+    .args(["rmm_rs", "tests", "librmm_bridge/rmm_rs_librmm"])
     .current_dir(root.join("python"));
-    run(mypy, "mypy python/rmm_rs python/tests")
+    run(
+        mypy,
+        "mypy python/rmm_rs python/tests python/librmm_bridge/rmm_rs_librmm",
+    )
 }
 
 /// Where library code may use `unsafe`: the backend (driver calls, pinned memory), the
@@ -253,7 +307,8 @@ fn lint() -> Result<(), String> {
 const USAGE: &str = "usage: cargo xtask <test [--rust-only] [ARGS…] | lint | ci>
   test   install cargo-nextest if missing, run every Rust test (ARGS go to cargo nextest
          run) and the doctests, then mypy python/rmm_rs python/tests, build the Python wheel in
-         target/xtask-venv and run pytest python/tests
+         target/xtask-venv, build the librmm bridge where RMM's wheels install, and run pytest
+         python/tests
   lint   cargo fmt --check, cargo clippy --all-targets -D warnings and cargo doc
          --workspace --no-deps with RUSTDOCFLAGS=-D warnings
   ci     lint, then test";

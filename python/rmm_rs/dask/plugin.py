@@ -7,7 +7,9 @@ dict of settings, or the defaults, with dask-cuda's option names accepted on top
 
     client.register_plugin(RMMRsPlugin(rmm_pool_size="24GB"))
 
-It installs the allocators of ``rmm_allocator_external_lib_list`` ("cupy", "torch"), puts the
+It installs the allocators of ``rmm_allocator_external_lib_list`` ("cupy", "torch", and "rmm":
+RAPIDS RMM's current device resource, so cuDF, cuML, XGBoost and ``rmm.DeviceBuffer``
+allocate from rmm-rs; see :mod:`rmm_rs.allocators.rmm`), puts the
 worker's data on rmm-rs with ``device_memory_limit`` (a :class:`DeviceStore`, when the
 worker's store is empty), and reports into the worker's metrics: ``rmm-used`` and
 ``rmm-total`` (which Dask's dashboard shows), ``rmm_rs`` with every counter, and
@@ -32,7 +34,7 @@ from .store import DeviceStore
 
 logger = logging.getLogger("rmm_rs.dask")
 
-_LIBRARIES = {"cupy": "CuPy", "torch": "PyTorch"}
+_LIBRARIES = {"cupy": "CuPy", "torch": "PyTorch", "rmm": "RAPIDS RMM"}
 
 # The plugin whose set-up is in force in this process, if any; and one torn down just now
 # whose set-up is still in force until the event loop runs (a replacement may take over).
@@ -71,7 +73,7 @@ def _libraries(libs):
     if unknown:
         raise rmm_rs.RmmError(
             f"rmm_allocator_external_lib_list: unknown libraries {unknown}; "
-            "rmm-rs provides allocators for 'cupy' and 'torch'"
+            "rmm-rs provides allocators for 'cupy', 'torch' and 'rmm'"
         )
     return list(dict.fromkeys(libs))
 
@@ -170,6 +172,13 @@ class RMMRsPlugin(WorkerPlugin):
                 from ..allocators import torch
 
                 torch.install()
+            elif lib == "rmm":
+                from ..allocators import rmm
+
+                # The worker's one device (0 of the process). The resource looks up rmm-rs's
+                # current resource per allocation: it survives this plugin's reinitialize.
+                if not rmm.is_installed(0):
+                    rmm.install(0)
 
     def _install_store(self, worker):
         if self.device_memory_limit is None:
