@@ -514,6 +514,7 @@ impl SpillableBuffer {
         let State::Device { ptr, stream, .. } = state else {
             return Ok(None);
         };
+        let asked = Instant::now();
         let slices = self.host_slices()?;
         let start = Instant::now();
         let copy = self
@@ -525,6 +526,7 @@ impl SpillableBuffer {
             copy,
             start,
             enqueued: Instant::now(),
+            host_wait: start - asked,
         }))
     }
 
@@ -803,11 +805,13 @@ impl SpillableBuffer {
     }
 }
 
-/// A copy to the host in flight, with when it started and was enqueued.
+/// A copy to the host in flight, with when it started and was enqueued, and how long getting
+/// its host memory took before.
 struct Outbound {
     copy: PinnedCopy<PinnedSlice>,
     start: Instant,
     enqueued: Instant,
+    host_wait: std::time::Duration,
 }
 
 /// What [`SpillableBuffer::begin_spill`] did.
@@ -833,6 +837,17 @@ impl PendingSpill<'_> {
     /// The buffer's bytes.
     pub fn size(&self) -> usize {
         self.buffer.size
+    }
+
+    /// When its copies started (after its host memory was had).
+    pub fn started(&self) -> Instant {
+        self.out.start
+    }
+
+    /// How long getting its host memory took (pinning more, making room on the host): time
+    /// a batch does not charge to its moves.
+    pub fn host_wait(&self) -> std::time::Duration {
+        self.out.host_wait
     }
 
     /// Waits for the copies, frees the device memory and records the move; the device bytes

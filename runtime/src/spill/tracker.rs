@@ -138,13 +138,15 @@ pub(crate) const BATCH_ENTRIES: usize = 64;
 pub(crate) const BATCH_BYTES: u64 = 1 << 30;
 
 /// Completes the spills of `batch` in order; the device bytes freed. Each move's time runs
-/// from the end of the one before, so a batch's moves add up to its wall time.
+/// from the end of the one before, so a batch's moves add up to its wall time, less the time
+/// the entries after the first waited for host memory (pinning is not copying).
 fn finish_batch(
     batch: &mut Vec<PendingSpill<'_>>,
     first_error: &mut Option<rmm_allocator::Error>,
 ) -> u64 {
     let mut freed = 0;
-    let mut since = None;
+    let waits: std::time::Duration = batch.iter().skip(1).map(PendingSpill::host_wait).sum();
+    let mut since = batch.first().map(|p| p.started() + waits);
     for p in batch.drain(..) {
         let size = p.size();
         match p.finish(since) {
