@@ -30,9 +30,10 @@ pub fn bytes_at_rate(n: u64, seconds: f64) -> String {
     }
 }
 
-/// A duration for a table: milliseconds below 10 s (`"812.4 ms"`), seconds above.
+/// A duration for a table: milliseconds below a second (`"812.4 ms"`), seconds above
+/// (`"2.29 s"`).
 pub fn duration(seconds: f64) -> String {
-    if seconds < 10.0 {
+    if seconds < 1.0 {
         format!("{:.1} ms", seconds * 1e3)
     } else {
         format!("{seconds:.2} s")
@@ -52,6 +53,6 @@ mod tests {
         assert_eq!(bytes_at_rate(1 << 30, 0.0), "1.00 GiB");
         assert_eq!(gib_per_second(1 << 30, 0.0), None);
         assert_eq!(duration(0.0125), "12.5 ms");
-        assert_eq!(duration(12.0), "12.00 s");
+        assert_eq!(duration(2.2866), "2.29 s");
     }
 }

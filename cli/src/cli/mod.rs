@@ -75,7 +75,8 @@ enum Command {
     Completions(completions::CompletionsArgs),
     /// The main job: a Dask-shaped workload on every configured device (rmm.toml), with
     /// spilling under a limit and reinitialize between phases (pooled → plain allocations →
-    /// pooled, data kept across); checks its own results and prints a table per device.
+    /// pooled, data kept across); checks its own results and prints its tables (phases per
+    /// device, reinitializes, spill tiers).
     Demo(demo::DemoArgs),
     /// Show the backend, every device with its memory, and the effective configuration.
     Info(info::InfoArgs),
