@@ -435,8 +435,14 @@ fn json_quiet_markdown_and_a_png_on_the_logs_clock() {
     // the replay takes milliseconds) and the 4 GiB in use get their own axis beside the
     // 32 GiB pool.
     let png = tmp.path().join("replay.png");
-    let out = run(&["--plot", png.to_str().unwrap()]);
+    let out = run(&["--plot", png.to_str().unwrap(), "--json"]);
     assert!(out.status.success(), "{:?}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["plot"]["path"], serde_json::json!(png), "{v}");
+    assert!(
+        v["plot"]["about"].as_str().unwrap().contains("log's clock"),
+        "{v}"
+    );
     let bytes = std::fs::read(&png).unwrap();
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"));
     let svg = tmp.path().join("replay.svg");

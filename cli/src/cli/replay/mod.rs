@@ -301,7 +301,8 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     drop(guard);
     let pool = find_in_chain::<PoolMemoryResource>(&*resource).map(|p| p.usage().summary());
-    let mut written = Vec::new();
+    // Files written: (what, path, where the events came from).
+    let mut written: Vec<(&str, PathBuf, String)> = Vec::new();
     if let (Some(recorder), Source::Whole(log)) = (&recorder, &log) {
         let recorded = recorder.events(args.device);
         let name = args.file.file_name().map_or_else(
@@ -313,7 +314,7 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
                 clock::plot_timeline(log, &name, args.device, total as u64, &report, &recorded);
             let path = file.path().to_path_buf();
             file.write(&render(&timeline, format)?)?;
-            written.push(("plot", format!("{} ({source})", path.display())));
+            written.push(("plot", path, source.to_string()));
         }
         if let Some(file) = snapshot {
             let (timeline, source) =
@@ -322,18 +323,17 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             file.write(&torch_snapshot_bytes(&timeline)?)?;
             written.push((
                 "snapshot",
+                path,
                 format!(
-                    "{} (PyTorch memory snapshot {source}; open it at \
-                     https://pytorch.org/memory_viz)",
-                    path.display()
+                    "PyTorch memory snapshot {source}; open it at https://pytorch.org/memory_viz"
                 ),
             ));
         }
     }
     if out.json {
         let mut doc = report::json(&report, total as u64, &b.describe());
-        for (what, path) in &written {
-            doc[*what] = serde_json::Value::String(path.clone());
+        for (what, path, about) in &written {
+            doc[*what] = serde_json::json!({ "path": path, "about": about });
         }
         outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else if out.text() {
@@ -342,8 +342,8 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         outln!("units:   binary (1 GiB = 1024³ bytes)")?;
         outln!()?;
         let mut table = report::table(&report, pool.as_deref());
-        for (what, path) in &written {
-            table.row([what.to_string(), path.clone()]);
+        for (what, path, about) in &written {
+            table.row([what.to_string(), format!("{} ({about})", path.display())]);
         }
         outln!("{}", out.table(&table))?;
     }
