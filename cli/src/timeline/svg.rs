@@ -40,8 +40,10 @@ const LEGEND_WIDTH: u32 = 200;
 const TITLE_HEIGHT: u32 = 40;
 const CAPTION_HEIGHT: u32 = 24;
 const PLOT_HEIGHT: u32 = 260;
-/// The rug of spills and unspills, and the time axis under it.
+/// The rug of spills and unspills, and the time axis under it; a timeline without spills
+/// (a replay) keeps only a sliver of it above the axis.
 const RUG_HEIGHT: u32 = 34;
+const NO_RUG_HEIGHT: u32 = 8;
 const X_AXIS_HEIGHT: u32 = 40;
 const PANEL_GAP: u32 = 12;
 /// Left and right margins of the plots, and the room for their y axes.
@@ -137,6 +139,8 @@ struct Panel<'a> {
     /// panel's lane top).
     labels: Vec<Placed>,
     rows: usize,
+    /// Whether the timeline has spills or unspills to show in a rug.
+    rug: bool,
 }
 
 impl Panel<'_> {
@@ -183,7 +187,8 @@ impl Panel<'_> {
     }
 
     fn height(&self) -> u32 {
-        CAPTION_HEIGHT + self.lane_height() + PLOT_HEIGHT + RUG_HEIGHT + X_AXIS_HEIGHT
+        let rug = if self.rug { RUG_HEIGHT } else { NO_RUG_HEIGHT };
+        CAPTION_HEIGHT + self.lane_height() + PLOT_HEIGHT + rug + X_AXIS_HEIGHT
     }
 }
 
@@ -236,6 +241,10 @@ pub fn render_svg_with_layout(timeline: &Timeline) -> Result<(String, Layout), T
     let (x0, x1) = time_range(timeline);
     let columns = plot_columns();
     let to_px = |t: f64| columns.start + (t - x0) / (x1 - x0) * (columns.end - columns.start);
+    let rug = timeline
+        .marks
+        .iter()
+        .any(|m| matches!(m.kind, MarkKind::Spill | MarkKind::Unspill));
     let panels: Vec<Panel<'_>> = timeline
         .devices
         .iter()
@@ -253,6 +262,7 @@ pub fn render_svg_with_layout(timeline: &Timeline) -> Result<(String, Layout), T
                 marks,
                 labels,
                 rows,
+                rug,
             }
         })
         .collect();
@@ -569,12 +579,20 @@ fn draw_rug(
         ChartBuilder::on(area)
             .margin_left(MARGIN)
             .margin_right(MARGIN)
-            .margin_top(4)
+            .margin_top(if panel.rug { 4 } else { 0 })
             .x_label_area_size(X_AXIS_HEIGHT)
             .y_label_area_size(Y_AXIS_WIDTH)
             .right_y_label_area_size(RIGHT_AXIS_WIDTH)
             .build_cartesian_2d(x0..x1, 0.0..2.0),
     )?;
+    let rows: &[(MarkKind, f64, &str)] = if panel.rug {
+        &[
+            (MarkKind::Spill, 1.0, "spills"),
+            (MarkKind::Unspill, 0.0, "unspills"),
+        ]
+    } else {
+        &[]
+    };
     let xd = decimals(x1 - x0);
     let x_fmt = |x: &f64| format!("{x:.xd$}");
     render_err(
@@ -588,10 +606,7 @@ fn draw_rug(
             .label_style((FAMILY, 12))
             .draw(),
     )?;
-    for (kind, row, name) in [
-        (MarkKind::Spill, 1.0, "spills"),
-        (MarkKind::Unspill, 0.0, "unspills"),
-    ] {
+    for &(kind, row, name) in rows {
         let color = mark_color(kind);
         let times: Vec<f64> = panel
             .marks
