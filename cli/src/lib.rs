@@ -14,4 +14,6 @@
 pub mod bench;
 pub mod demo;
 pub mod plural;
+pub mod table;
 pub mod timeline;
+pub mod units;

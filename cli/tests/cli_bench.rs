@@ -35,9 +35,14 @@ const SHAPES: [&str; 7] = [
     "mt16-shared",
 ];
 
+/// The cells of a markdown table row, trimmed.
+fn cells(line: &str) -> Vec<&str> {
+    line.trim_matches('|').split('|').map(str::trim).collect()
+}
+
 #[test]
 fn bench_tiny_prints_a_row_per_resource_and_the_ratios() {
-    let out = rmm(&["bench", "--scale", "tiny"]);
+    let out = rmm(&["bench", "--scale", "tiny", "--format", "markdown"]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("backend: sim"), "{stdout}");
@@ -46,26 +51,45 @@ fn bench_tiny_prints_a_row_per_resource_and_the_ratios() {
         stdout.contains("ns per operation (rmm-rs simulated GPU; lower is better)"),
         "{stdout}"
     );
+    let lines: Vec<&str> = stdout.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.starts_with("| resource "))
+        .unwrap();
+    let mut expected = vec!["resource"];
+    expected.extend(SHAPES);
+    assert_eq!(cells(lines[header]), expected, "{stdout}");
+    // Numbers right-aligned.
     assert!(
-        stdout.contains(
-            "| resource | churn | random | small | mt8 | mt16 | mt8-shared | mt16-shared |\n|---|---|---|---|---|---|---|---|\n"
-        ),
+        cells(lines[header + 1])[1..]
+            .iter()
+            .all(|c| c.ends_with(':')),
         "{stdout}"
     );
+    let rows = |name: &str| {
+        lines
+            .iter()
+            .filter(|l| l.starts_with('|') && cells(l)[0] == name)
+            .count()
+    };
     for name in RESOURCES {
-        let row = format!("\n| {name} | ");
         // Once in the ns/op table, and in each speed-up table it is not the baseline of.
         let expected = if name == "cuda" || name == "async" {
             2
         } else {
             3
         };
-        assert_eq!(stdout.matches(&row).count(), expected, "{name}: {stdout}");
+        assert_eq!(rows(name), expected, "{name}: {stdout}");
     }
-    // cuda runs churn and random only; the pool every shape.
-    assert!(stdout.contains(" | – | – | – |\n"), "{stdout}");
-    let pool = stdout.lines().find(|l| l.starts_with("| pool | ")).unwrap();
-    assert!(!pool.contains('–'), "{pool}");
+    // cuda runs churn and random only; the pool every shape; nothing else is "—".
+    let cuda = lines.iter().find(|l| l.starts_with("| cuda ")).unwrap();
+    assert_eq!(
+        cells(cuda).iter().filter(|c| **c == "—").count(),
+        5,
+        "{cuda}"
+    );
+    let pool = lines.iter().find(|l| l.starts_with("| pool ")).unwrap();
+    assert!(!pool.contains('—'), "{pool}");
     for base in ["async", "cuda"] {
         assert!(
             stdout.contains(&format!(
@@ -75,6 +99,51 @@ fn bench_tiny_prints_a_row_per_resource_and_the_ratios() {
         );
     }
     assert!(stdout.contains('×'), "{stdout}");
+}
+
+#[test]
+fn bench_prints_aligned_tables_by_default_and_nothing_with_quiet() {
+    let args = [
+        "bench",
+        "--scale",
+        "tiny",
+        "--resources",
+        "pool",
+        "--shapes",
+        "churn,small",
+    ];
+    let out = rmm(&args);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let header = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("resource "))
+        .unwrap();
+    let row = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("pool"))
+        .unwrap();
+    assert!(!stdout.contains('|'), "{stdout}");
+    // The numbers end under the end of their column titles.
+    assert_eq!(header.trim_end().len(), row.trim_end().len(), "{stdout}");
+    assert!(stderr.contains("measured pool (1/1)"), "{stderr}");
+
+    let out = rmm(&[&args[..], &["--quiet"]].concat());
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(!stderr.contains("measured"), "{stderr}");
+
+    // --json with --quiet or --format is a usage error.
+    for extra in [["--quiet", "--json"], ["--format", "markdown"]] {
+        let mut a = args.to_vec();
+        a.extend(extra);
+        if extra[0] == "--format" {
+            a.push("--json");
+        }
+        let out = rmm(&a);
+        assert_eq!(out.status.code(), Some(2), "{a:?}: {}", text(&out).1);
+    }
 }
 
 #[test]
@@ -141,13 +210,25 @@ fn bench_runs_only_the_selected_resources_and_shapes() {
     ]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("| resource | small | mt8 |\n|---|---|---|\n"),
+    let names: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let header = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("resource "))
+        .unwrap();
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>(),
+        ["resource", "small", "mt8"],
         "{stdout}"
     );
-    assert!(stdout.contains("\n| pool | ") && stdout.contains("\n| binning(pool) | "));
     assert!(
-        !stdout.contains("| cuda |") && !stdout.contains("speed-up"),
+        names.contains(&"pool") && names.contains(&"binning(pool)"),
+        "{stdout}"
+    );
+    assert!(
+        !names.contains(&"cuda") && !stdout.contains("speed-up"),
         "{stdout}"
     );
 }

@@ -94,22 +94,98 @@ fn a_tiny_demo_on_two_simulated_devices_checks_itself_and_reports_spilling() {
 }
 
 #[test]
-fn the_table_names_every_phase_and_reinitialize() {
+fn the_tables_name_every_phase_and_reinitialize() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("rmm.toml");
     std::fs::write(&config, "devices = [0]\n").unwrap();
-    let out = rmm(&["demo", "--size", "tiny", "--quiet"], &config);
+    let out = rmm(&["demo", "--size", "tiny", "--format", "markdown"], &config);
     let all = text(&out);
     assert!(out.status.success(), "{all}");
-    for needle in [
-        "| 0 | pooled |",
-        "| 0 | plain |",
-        "| 0 | pooled again |",
-        "reinitialize pooled → plain",
-        "reinitialize plain → pooled",
-        "every byte as expected",
-    ] {
-        assert!(all.contains(needle), "{needle:?} missing in:\n{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let cells = |l: &str| -> Vec<String> {
+        l.trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let rows: Vec<Vec<String>> = stdout
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .map(cells)
+        .collect();
+    for phase in ["pooled", "plain", "pooled again"] {
+        assert!(
+            rows.iter().any(|r| r[0] == "0" && r[1] == phase),
+            "{phase:?} missing in:\n{stdout}"
+        );
+    }
+    for transition in ["pooled → plain", "plain → pooled"] {
+        assert!(
+            rows.iter().any(|r| r[0] == transition),
+            "{transition:?}:\n{stdout}"
+        );
+    }
+    // Nothing moved is "—", not "0 B (0.0 GB/s)"; rates in GiB/s (binary, as the sizes).
+    assert!(
+        !stdout.contains("0 B") && !stdout.contains("GB/s"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(" GiB/s") && stdout.contains("—"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("units:   binary"), "{stdout}");
+    assert!(stdout.contains("every byte as expected"), "{stdout}");
+    // Progress counts tasks, on standard error.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("pooled: ") && stderr.contains(" tasks"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn quiet_prints_nothing_and_a_png_plot_is_a_png() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "devices = [0]\n").unwrap();
+    let png = dir.path().join("timeline.png");
+    let out = rmm(
+        &[
+            "demo",
+            "--size",
+            "tiny",
+            "--quiet",
+            "--plot",
+            png.to_str().unwrap(),
+        ],
+        &config,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.stdout.is_empty(), "{}", text(&out));
+    assert!(out.stderr.is_empty(), "{}", text(&out));
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+
+    // Another extension: refused at once, before any work.
+    let gif = dir.path().join("timeline.gif");
+    let out = rmm(
+        &["demo", "--size", "tiny", "--plot", gif.to_str().unwrap()],
+        &config,
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot write a .gif picture"), "{stderr}");
+    assert!(!stderr.contains("pooled"), "the demo ran: {stderr}");
+    assert!(!gif.exists());
+
+    // --json excludes --quiet and --format (usage errors).
+    for extra in [["--json", "--quiet"], ["--json", "--format=markdown"]] {
+        let out = rmm(
+            &[&["demo", "--size", "tiny"][..], &extra[..]].concat(),
+            &config,
+        );
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", text(&out));
     }
 }
 

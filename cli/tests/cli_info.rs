@@ -20,6 +20,64 @@ fn rmm() -> Command {
 }
 
 #[test]
+fn info_as_json_markdown_and_quiet() {
+    let out = rmm().args(["info", "--json"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert!(v["backend"].is_string(), "{v}");
+    let d0 = &v["devices"][0];
+    assert_eq!(d0["ordinal"], 0, "{v}");
+    assert!(d0["total_memory"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        v["configuration"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["key"] == "pool.enabled" && c["source"] == "default"),
+        "{v}"
+    );
+    assert!(
+        v["selected"][0]["stack"]
+            .as_str()
+            .unwrap()
+            .contains("MemoryResource"),
+        "{v}"
+    );
+
+    let out = rmm()
+        .args(["info", "--format", "markdown"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("| key ") && l.contains("| source ")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.lines().any(|l| l.starts_with("| pool.enabled ")),
+        "{stdout}"
+    );
+
+    let out = rmm().args(["info", "--quiet"]).output().unwrap();
+    assert!(out.status.success() && out.stdout.is_empty());
+    // Quiet still fails on a bad configuration, with the error on standard error.
+    let out = rmm()
+        .args(["info", "--quiet"])
+        .env("RMM_POOL__ENABLED", "perhaps")
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RMM_POOL__ENABLED"));
+}
+
+#[test]
 fn info_prints_devices_and_every_value_with_its_source() {
     let out = rmm()
         .arg("info")
@@ -33,7 +91,21 @@ fn info_prints_devices_and_every_value_with_its_source() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("backend: "), "{stdout}");
-    assert!(stdout.contains("[0] "), "{stdout}");
+    // The device table: a row for device 0 with its memory in binary units.
+    let header = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("device "))
+        .unwrap();
+    assert!(
+        header.contains("total") && header.contains("free"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("0 ") && l.contains(" GiB")),
+        "{stdout}"
+    );
     assert!(stdout.contains("pool.enabled"), "{stdout}");
     assert!(stdout.contains("environment RMM_POOL__ENABLED"), "{stdout}");
     assert!(

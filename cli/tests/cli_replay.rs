@@ -45,6 +45,15 @@ fn rmm(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The value of the figure `name` in the replay's table (aligned text), or "" without one.
+fn figure(stdout: &str, name: &str) -> String {
+    stdout
+        .lines()
+        .map(str::trim_start)
+        .find_map(|l| l.strip_prefix(name).filter(|rest| rest.starts_with("  ")))
+        .map_or_else(String::new, |rest| rest.trim().to_string())
+}
+
 fn text(out: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -74,18 +83,23 @@ fn a_log_that_fits_prints_time_peak_and_fit() {
         stdout.contains("sim (1 device × 40.00 GiB, unbacked)"),
         "{stdout}"
     );
-    assert!(stdout.contains("time:"), "{stdout}");
+    assert!(figure(&stdout, "time").ends_with(" ms"), "{stdout}");
     assert!(
-        stdout.contains("peak:       30.00 GiB (32212254720 bytes)"),
+        figure(&stdout, "peak").starts_with("30.00 GiB in 30 live allocations"),
         "{stdout}"
     );
-    assert!(stdout.contains("1 thread(s)"), "{stdout}");
-    assert!(stdout.contains("fit:        yes"), "{stdout}");
+    assert!(
+        figure(&stdout, "threads").starts_with("1 thread, "),
+        "{stdout}"
+    );
+    assert_eq!(figure(&stdout, "fit"), "yes", "{stdout}");
+    assert!(stdout.contains("units:   binary"), "{stdout}");
     // The pool's figures after the replay: reserved against in use, and fragmentation. Grown
     // by each 1 GiB request's need (a whole number of 512 MiB steps), it holds the peak.
+    let pool = figure(&stdout, "pool");
     assert!(
-        stdout.contains("pool:       reserved 30.00 GiB of maximum 40.00 GiB, in use 0 B")
-            && stdout.contains("fragmentation"),
+        pool.starts_with("reserved 30.00 GiB of maximum 40.00 GiB, in use 0 B")
+            && pool.contains("fragmentation"),
         "{stdout}"
     );
 }
@@ -106,7 +120,10 @@ fn a_log_that_does_not_fit_exits_non_zero() {
         ]);
         let (stdout, stderr) = text(&out);
         assert!(!out.status.success(), "{resource}: {stdout}\n{stderr}");
-        assert!(stdout.contains("fit:        NO"), "{resource}: {stdout}");
+        assert!(
+            figure(&stdout, "fit").starts_with("NO: "),
+            "{resource}: {stdout}"
+        );
         assert!(
             stderr.contains("did not fit on device 0 (40.00 GiB total)"),
             "{stderr}"
@@ -222,11 +239,11 @@ fn plot_and_torch_snapshot_of_the_sample_log() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
-        stdout.contains(&format!("plot:       {}", svg.display())),
+        figure(&stdout, "plot").starts_with(&format!("{} (on the log's clock", svg.display())),
         "{stdout}"
     );
     assert!(
-        stdout.contains(&format!("snapshot:   {}", pickle.display())),
+        figure(&stdout, "snapshot").starts_with(&pickle.display().to_string()),
         "{stdout}"
     );
     let plot = std::fs::read_to_string(&svg).unwrap();
@@ -346,11 +363,12 @@ fn a_multi_thread_log_is_replayed_concurrently_by_default_as_it_is_read() {
     ]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("2 thread(s), 0 stream(s), concurrent order"),
+    assert_eq!(
+        figure(&stdout, "threads"),
+        "2 threads, 0 streams, concurrent order",
         "{stdout}"
     );
-    assert!(stdout.contains("fit:        yes"), "{stdout}");
+    assert_eq!(figure(&stdout, "fit"), "yes", "{stdout}");
     // Logged order is one thread replaying the log as written.
     let out = rmm(&[
         "replay",
@@ -362,9 +380,90 @@ fn a_multi_thread_log_is_replayed_concurrently_by_default_as_it_is_read() {
     ]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains("1 thread(s), 0 stream(s), logged order"),
+    assert_eq!(
+        figure(&stdout, "threads"),
+        "1 thread, 0 streams, logged order",
         "{stdout}"
     );
-    assert!(stdout.contains("peak:       8.00 GiB"), "{stdout}");
+    assert!(figure(&stdout, "peak").starts_with("8.00 GiB"), "{stdout}");
+}
+
+#[test]
+fn json_quiet_markdown_and_a_png_on_the_logs_clock() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = write_log("outputs.csv", 4);
+    let base = [
+        "replay",
+        log.to_str().unwrap(),
+        "--simulate-capacity",
+        "40GiB",
+        "--pool-initial",
+        "32GiB",
+    ];
+    let run = |extra: &[&str]| rmm(&[&base[..], extra].concat());
+
+    // JSON: raw bytes and seconds, and nothing else on standard output.
+    let out = run(&["--json"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON document");
+    assert_eq!(v["peak_bytes"], serde_json::json!(4 * GIB));
+    assert_eq!(v["total_memory"], serde_json::json!(40 * GIB));
+    assert_eq!(v["fit"], serde_json::json!(true));
+    assert!(v["seconds"].as_f64().unwrap() > 0.0);
+
+    // Quiet: nothing on standard output, success in the exit status.
+    let out = run(&["--quiet"]);
+    assert!(
+        out.status.success() && out.stdout.is_empty(),
+        "{:?}",
+        text(&out)
+    );
+
+    // Markdown: the figures as a two-column table.
+    let out = run(&["--format", "markdown"]);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("| figure "), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("| fit ") && l.contains("yes")),
+        "{stdout}"
+    );
+
+    // A PNG when the name says so; the plot is on the log's clock (it spans a second, where
+    // the replay takes milliseconds) and the 4 GiB in use get their own axis beside the
+    // 32 GiB pool.
+    let png = tmp.path().join("replay.png");
+    let out = run(&["--plot", png.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["plot"]["path"], serde_json::json!(png), "{v}");
+    assert!(
+        v["plot"]["about"].as_str().unwrap().contains("log's clock"),
+        "{v}"
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"));
+    let svg = tmp.path().join("replay.svg");
+    let out = run(&["--plot", svg.to_str().unwrap()]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.contains("in use (right axis)"), "no right axis");
+    assert!(
+        picture.contains("\n1.0\n"),
+        "the x axis reaches the log's 1 s"
+    );
+
+    // Another extension is refused before the replay (nothing on standard output).
+    let jpg = tmp.path().join("replay.jpg");
+    let out = run(&["--plot", jpg.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("cannot write a .jpg picture; name the file .svg (vector) or .png"),
+        "{stderr}"
+    );
+    assert!(!jpg.exists());
 }

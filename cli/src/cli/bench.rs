@@ -1,12 +1,14 @@
 //! `rmm bench`: the allocator benchmark of `cargo bench --bench allocators` (`rmm_cli::bench`) on
-//! the current backend, as a markdown table or JSON.
+//! the current backend, as aligned tables, markdown or JSON.
 
 use clap::Args;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use rmm::allocator::Device;
 use rmm::allocator::backend::{self, Backend, BackendKind, SimBackend, SimConfig, SimMemoryMode};
-use rmm::allocator::error::fmt_bytes;
 use rmm_cli::bench::{AllocatorBenchOptions, Resource, Scale, Shape, run_allocators_with};
+use rmm_cli::units::bytes;
+
+use super::format::OutputArgs;
 
 /// Arguments of `rmm bench`.
 #[derive(Debug, Args)]
@@ -22,10 +24,10 @@ pub struct BenchArgs {
             .try_map(|s| s.parse::<Scale>()),
     )]
     pub scale: Scale,
-    /// Print the result as JSON (ns/op per resource and shape, the same-run speed-ups, the
-    /// failures, the device and the options) instead of the tables.
-    #[arg(long)]
-    pub json: bool,
+    /// --json (ns/op per resource and shape, the same-run speed-ups, the failures, the device
+    /// and the options), --quiet, --format.
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Device ordinal to run on.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub device: u32,
@@ -100,28 +102,27 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let simulated = b.kind() != BackendKind::Cuda;
     let note = "simulated device: the figures measure the resources' bookkeeping only (no \
                 driver latency); run on a GPU for real costs";
-    if args.json {
-        if simulated {
-            errln!("{note}");
-        }
-    } else {
+    let out = args.output;
+    if out.text() {
         outln!("backend: {}", b.describe())?;
         outln!(
             "device:  {} {} ({})",
             args.device,
             props.name,
-            fmt_bytes(props.total_memory)
+            bytes(props.total_memory as u64)
         )?;
         if simulated {
-            outln!("{note}")?;
+            outln!("note:    {note}")?;
         }
         if options.cap < default_cap {
             outln!(
                 "caps:    {} (random, mt8, mt16) and {} (small), fitted to the device",
-                fmt_bytes(options.cap),
-                fmt_bytes(options.small_cap)
+                bytes(options.cap as u64),
+                bytes(options.small_cap as u64)
             )?;
         }
+    } else if simulated && out.progress() {
+        errln!("{note}");
     }
     let total = options.resources.len();
     let mut done = 0;
@@ -130,18 +131,23 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         for f in failures {
             errln!("rmm bench: {f}");
         }
-        errln!("measured {} ({done}/{total})", row.resource);
+        if out.progress() {
+            errln!("measured {} ({done}/{total})", row.resource);
+        }
     })?;
-    if args.json {
+    if out.json {
         outln!("{}", serde_json::to_string_pretty(&report)?)?;
-    } else {
+    } else if out.text() {
         outln!()?;
-        out!("{report}")?;
+        out!("{}", report.render(out.table_format()))?;
     }
     match report.failures.len() {
         0 => Ok(()),
-        n => {
-            Err(format!("{n} measurement(s) failed (see above); the table shows them as –").into())
-        }
+        n => Err(format!(
+            "{} failed (see above); the table shows them as {}",
+            rmm_cli::plural::count(n as u64, "measurement", "measurements"),
+            rmm_cli::table::NONE
+        )
+        .into()),
     }
 }

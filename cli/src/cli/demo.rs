@@ -1,6 +1,6 @@
 //! `rmm demo`: the main job. Runs a Dask-shaped workload through the runtime on every
 //! configured device, with spilling and reinitialize between phases, checks its own results,
-//! and prints a table per device (or JSON); optionally a timeline picture and a PyTorch
+//! and prints its tables (or JSON); optionally a timeline picture (SVG or PNG) and a PyTorch
 //! memory snapshot.
 
 use std::io::IsTerminal;
@@ -13,7 +13,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 use rmm::config::ConfigLoader;
 use rmm_cli::demo::{DemoOptions, DemoSize, Progress};
+use rmm_cli::timeline::PlotFormat;
 
+use super::format::OutputArgs;
 use super::output::OutputFile;
 
 /// How much work (`--size`).
@@ -36,21 +38,19 @@ pub struct DemoArgs {
     /// How much work: results per device, and the spill limit (half of that) the demo sets.
     #[arg(long, value_enum, default_value_t = Size::Small)]
     pub size: Size,
-    /// Print the results as JSON on standard output instead of a table (progress still goes
-    /// to standard error).
-    #[arg(long)]
-    pub json: bool,
-    /// Draw bytes in use and reserved over time per device, with phases, spills and
-    /// reinitializes marked, as an SVG file.
-    #[arg(long, value_name = "FILE.svg")]
+    /// Draw memory over time per device (bytes in use on the device, spilled to pinned host
+    /// memory and to disk, reserved), with the phases, reinitializes, spills and unspills: a
+    /// PNG file when FILE ends in .png, else SVG.
+    #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
     /// Write the allocator's events as a PyTorch memory snapshot (a pickle), to open in
     /// PyTorch's memory_viz (https://pytorch.org/memory_viz) or `torch.cuda._memory_viz`.
     #[arg(long, value_name = "FILE.pickle")]
     pub torch_snapshot: Option<PathBuf>,
-    /// No progress output.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// --json (sizes in bytes, durations in seconds), --quiet (no progress, no report: the
+    /// exit status says whether every check passed), --format.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// A progress bar per phase on a terminal; one line per phase otherwise.
@@ -96,9 +96,15 @@ impl Progress for Bars {
 /// Runs `rmm demo`.
 pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Output paths first: a bad one fails now, not after the whole run.
+    let plot_format = args
+        .plot
+        .as_deref()
+        .map(|p| PlotFormat::from_path("--plot", p))
+        .transpose()?;
     let plot = OutputFile::open_optional("--plot", args.plot.as_deref())?;
     let snapshot = OutputFile::open_optional("--torch-snapshot", args.torch_snapshot.as_deref())?;
-    let progress: Arc<dyn Progress> = if args.quiet {
+    let out = args.output;
+    let progress: Arc<dyn Progress> = if !out.progress() {
         Arc::new(rmm_cli::demo::NoProgress)
     } else {
         Arc::new(Bars {
@@ -118,20 +124,24 @@ pub fn run(args: DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         sample_every: Duration::from_millis(10),
         record_events: args.torch_snapshot.is_some(),
     })?;
-    if args.json {
+    if out.json {
         outln!("{}", serde_json::to_string_pretty(&report)?)?;
-    } else {
-        outln!("{report}")?;
+    } else if out.text() {
+        outln!("{}", report.render(out.table_format()))?;
     }
-    if let Some(file) = plot {
+    if let (Some(file), Some(format)) = (plot, plot_format) {
         let path = file.path().to_path_buf();
-        file.write(rmm_cli::timeline::render_svg(&report.timeline)?.as_bytes())?;
-        errln!("timeline: {}", path.display());
+        file.write(&rmm_cli::timeline::render(&report.timeline, format)?)?;
+        if out.progress() {
+            errln!("timeline: {}", path.display());
+        }
     }
     if let Some(file) = snapshot {
         let path = file.path().to_path_buf();
         file.write(&rmm_cli::timeline::torch_snapshot_bytes(&report.timeline)?)?;
-        errln!("PyTorch memory snapshot: {}", path.display());
+        if out.progress() {
+            errln!("PyTorch memory snapshot: {}", path.display());
+        }
     }
     Ok(())
 }

@@ -34,6 +34,7 @@ pub(crate) use errln;
 mod bench;
 mod completions;
 mod demo;
+mod format;
 mod info;
 mod output;
 mod replay;
@@ -64,7 +65,8 @@ enum Command {
     /// Measure allocate/free cost per operation: cuMemAlloc, cuMemAllocAsync, pool, binning.
     ///
     /// Runs the workload shapes churn, random, small, mt8 and mt16 through each resource and
-    /// prints ns/op with same-run speed-ups (markdown tables), or JSON with --json. Runs on the
+    /// prints ns/op with same-run speed-ups (aligned tables, markdown with --format markdown,
+    /// or JSON with --json). Runs on the
     /// GPU if there is one (RMM_BACKEND), else on the simulated device (unbacked unless
     /// RMM_SIM_MODE says otherwise), where the figures measure bookkeeping only. The caps
     /// shrink on a device under 24 GiB, so that the pool (3 × 4 GiB) takes at most half of it.
@@ -73,10 +75,11 @@ enum Command {
     Completions(completions::CompletionsArgs),
     /// The main job: a Dask-shaped workload on every configured device (rmm.toml), with
     /// spilling under a limit and reinitialize between phases (pooled → plain allocations →
-    /// pooled, data kept across); checks its own results and prints a table per device.
+    /// pooled, data kept across); checks its own results and prints its tables (phases per
+    /// device, reinitializes, spill tiers).
     Demo(demo::DemoArgs),
     /// Show the backend, every device with its memory, and the effective configuration.
-    Info,
+    Info(info::InfoArgs),
     /// Replay a memory event log (RMM's CSV format) against a resource: time, peak bytes and
     /// whether it fit.
     Replay(replay::ReplayArgs),
@@ -163,7 +166,7 @@ pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Bench(args) => bench::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Demo(args) => demo::run(args),
-        Command::Info => info::run(),
+        Command::Info(args) => info::run(args),
         Command::Replay(args) => replay::run(args),
     }
 }

@@ -16,10 +16,10 @@
 //! fails the run. The configuration is `rmm.toml` (and the environment) with the pool and
 //! spilling settings each phase needs put on top.
 
+mod report;
 mod sampler;
 mod workload;
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -164,14 +164,15 @@ pub struct PhaseDevice {
     pub peak_in_use: u64,
     /// Most bytes reserved from the device at once (sampled).
     pub peak_reserved: u64,
-    /// Bytes moved off the device during the phase, and the bandwidth.
+    /// Bytes moved off the device during the phase, and the seconds the moves took
+    /// (overlapping moves counted once).
     pub spilled_bytes: u64,
     /// See `spilled_bytes`.
-    pub spill_gbps: f64,
-    /// Bytes brought back during the phase, and the bandwidth.
+    pub spill_seconds: f64,
+    /// Bytes brought back during the phase, and the seconds the moves took.
     pub unspilled_bytes: u64,
     /// See `unspilled_bytes`.
-    pub unspill_gbps: f64,
+    pub unspill_seconds: f64,
 }
 
 /// One phase.
@@ -566,9 +567,9 @@ impl PhaseRun {
                     // Samples can miss a short peak; reserved is never below in use.
                     peak_reserved: sampler.peak_reserved(device, self.start).max(peak_in_use),
                     spilled_bytes: spilled,
-                    spill_gbps: gbps(spilled, spill_s),
+                    spill_seconds: spill_s,
                     unspilled_bytes: unspilled,
-                    unspill_gbps: gbps(unspilled, unspill_s),
+                    unspill_seconds: unspill_s,
                 }
             })
             .collect();
@@ -577,84 +578,5 @@ impl PhaseRun {
             seconds,
             devices,
         }
-    }
-}
-
-fn gbps(bytes: u64, secs: f64) -> f64 {
-    if secs > 0.0 {
-        bytes as f64 / secs / 1e9
-    } else {
-        0.0
-    }
-}
-
-impl fmt::Display for DemoReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = |x: u64| fmt_bytes(x as usize);
-        writeln!(f, "backend: {}", self.backend)?;
-        writeln!(
-            f,
-            "devices: {:?}, {} each; size {}: {} of results per device, spill limit {}",
-            self.devices,
-            crate::plural::count(self.workers_per_device, "worker", "workers"),
-            self.size.name(),
-            b(self.scale.results_per_device),
-            b(self.scale.spill_limit)
-        )?;
-        writeln!(f)?;
-        writeln!(
-            f,
-            "| device | phase | tasks | allocations/s | peak in use | peak reserved | spilled | unspilled |"
-        )?;
-        writeln!(f, "|---|---|---|---|---|---|---|---|")?;
-        for &d in &self.devices {
-            for p in &self.phases {
-                let Some(x) = p.devices.iter().find(|x| x.device == d) else {
-                    continue;
-                };
-                writeln!(
-                    f,
-                    "| {d} | {} | {} | {:.0} | {} | {} | {} ({:.1} GB/s) | {} ({:.1} GB/s) |",
-                    p.name,
-                    x.tasks,
-                    x.allocations_per_second,
-                    b(x.peak_in_use),
-                    b(x.peak_reserved),
-                    b(x.spilled_bytes),
-                    x.spill_gbps,
-                    b(x.unspilled_bytes),
-                    x.unspill_gbps
-                )?;
-            }
-        }
-        writeln!(f)?;
-        for r in &self.reinitializes {
-            writeln!(
-                f,
-                "reinitialize {}: {:.1} ms (spilling {} took {:.1} ms)",
-                r.transition,
-                r.seconds * 1e3,
-                b(r.spilled_bytes),
-                r.spill_seconds * 1e3
-            )?;
-        }
-        for s in &self.spill {
-            writeln!(
-                f,
-                "device {}: host pool {} pinned in {:.2} s; {} spilled at {:.1} GB/s, {} back at {:.1} GB/s (copies)",
-                s.device,
-                b(s.host_pool_bytes),
-                s.host_pinning_seconds,
-                b(s.spilled_bytes),
-                s.spill_gbps(),
-                b(s.unspilled_bytes),
-                s.unspill_gbps()
-            )?;
-        }
-        write!(
-            f,
-            "checked: {} results, every byte as expected; {:.1} s in all",
-            self.checked, self.seconds
-        )
     }
 }

@@ -1,4 +1,5 @@
-//! Samples every device's bytes in use and reserved while the demo runs, and marks phases,
+//! Samples every device's bytes in use and reserved, and its spilled bytes in pinned host
+//! memory and on disk, while the demo runs, and marks phases,
 //! reinitializes and spilling: the demo's [`Timeline`].
 
 use std::collections::BTreeMap;
@@ -42,6 +43,7 @@ impl Inner {
     fn sample(&self, rt: &RuntimeHandle) {
         let t = self.now();
         for d in rt.devices() {
+            let spill = rt.spill_manager(d).map(|m| m.statistics());
             if let Some(stack) = rt.stack(d) {
                 let in_use = stack.statistics().lifetime_bytes().value.max(0) as u64;
                 let reserved = stack.reserved_bytes().max(in_use);
@@ -49,10 +51,11 @@ impl Inner {
                     t,
                     in_use,
                     reserved,
+                    host: spill.as_ref().map_or(0, |s| s.host_bytes),
+                    disk: spill.as_ref().map_or(0, |s| s.disk_bytes),
                 });
             }
-            if let Some(m) = rt.spill_manager(d) {
-                let s = m.statistics();
+            if let Some(s) = spill {
                 let mut seen = self.spill.lock();
                 let e = seen.entry(d).or_default();
                 let deltas = [

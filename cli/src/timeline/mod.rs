@@ -1,7 +1,8 @@
-//! Memory over time, per device: what `rmm demo --plot` and `rmm replay --plot` draw, and what
-//! `--torch-snapshot` writes as a PyTorch memory snapshot.
+//! Memory over time, per device: what `rmm demo --plot` and `rmm replay --plot` draw (SVG or
+//! PNG), and what `--torch-snapshot` writes as a PyTorch memory snapshot.
 //!
-//! A [`Timeline`] holds, per device, samples of bytes in use and reserved, the allocator's
+//! A [`Timeline`] holds, per device, samples of bytes in use and reserved (and of spilled bytes
+//! in pinned host memory and on disk), the allocator's
 //! events (block allocations and frees, segments taken from and given back to the device,
 //! out-of-memory errors) when they were recorded, and marks (phases, spills, reinitializes).
 
@@ -10,12 +11,17 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+pub mod font;
+pub mod format;
+pub mod labels;
+pub mod png;
 pub mod recorder;
 pub mod svg;
 pub mod torch;
 
+pub use format::PlotFormat;
 pub use recorder::Recorder;
-pub use svg::{render_svg, write_svg};
+pub use svg::{Layout, render, render_svg, render_svg_with_layout};
 pub use torch::{torch_snapshot_bytes, write_torch_snapshot};
 
 /// What can go wrong rendering or writing a timeline.
@@ -145,6 +151,7 @@ pub fn samples_from_events(events: &[MemoryEvent]) -> Vec<Sample> {
             t: e.t,
             in_use,
             reserved: if has_segments { reserved } else { in_use },
+            ..Sample::default()
         });
     }
     out
@@ -183,6 +190,10 @@ pub struct Sample {
     pub in_use: u64,
     /// Bytes held from the device (the pool's size, or `in_use` without a pool).
     pub reserved: u64,
+    /// Bytes of this device's spilled data in pinned host memory.
+    pub host: u64,
+    /// Bytes of this device's spilled data in spill files on disk.
+    pub disk: u64,
 }
 
 /// What a mark marks.

@@ -17,8 +17,9 @@
 //! `cuda` (a `cuMemAlloc` per request) runs `churn` and `random` only, on short traces when
 //! the device is a GPU: each call costs tens of microseconds.
 //!
-//! [`run`] returns an [`AllocatorReport`]; its [`Display`](std::fmt::Display) is the markdown table
-//! `cargo bench --bench allocators` and `rmm bench` print, and it serializes to JSON.
+//! [`run`] returns an [`AllocatorReport`]; [`AllocatorReport::render`] gives its tables as aligned
+//! text (`rmm bench`) or markdown (`rmm bench --format markdown`, `cargo bench --bench
+//! allocators`), and it serializes to JSON.
 //!
 //! One idea per file: [`Resource`]s and how they are built, the [`Shape`]s and [`Scale`]s of
 //! a run, the [`AllocatorBenchOptions`], the measurements (one thread, many threads), and the

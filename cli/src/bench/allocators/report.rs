@@ -1,5 +1,5 @@
-//! The result of a run: rows, same-run speed-ups, failures, and the markdown tables its
-//! `Display` writes.
+//! The result of a run: rows, same-run speed-ups, failures, and their tables (aligned text or
+//! markdown; `Display` writes markdown).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -7,6 +7,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::{AllocatorBenchOptions, Resource, Shape};
+use crate::table::{Align, NONE, Table, TableFormat};
 
 /// One row of the table: a resource's ns per operation on every shape of the run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,8 +58,8 @@ impl fmt::Display for Failure {
 
 /// The result of [`run`](super::run): ns per operation per resource × shape and the same-run ratios.
 ///
-/// `Display` writes the markdown tables (ns per operation, then the speed-ups over `async` and
-/// over `cuda` where those ran); `serde` gives the same as JSON.
+/// [`AllocatorReport::render`] writes the tables (ns per operation, then the speed-ups over
+/// `async` and over `cuda` where those ran); `serde` gives the same as JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AllocatorReport {
     /// The backend, as [`Backend::describe`](rmm::allocator::backend::Backend::describe) says it.
@@ -87,57 +88,59 @@ impl AllocatorReport {
         self.rows.iter().find(|r| r.resource == resource)
     }
 
-    fn write_table<'a>(
+    fn table<'a>(
         &self,
-        f: &mut fmt::Formatter<'_>,
         rows: impl Iterator<Item = (Resource, &'a BTreeMap<Shape, Option<f64>>)>,
         cell: impl Fn(f64) -> String,
-    ) -> fmt::Result {
+    ) -> Table {
         let shapes = &self.options.shapes;
-        let heads: Vec<&str> = shapes.iter().map(|s| s.name()).collect();
-        writeln!(f, "| resource | {} |", heads.join(" | "))?;
-        writeln!(f, "|---|{}", "---|".repeat(shapes.len()))?;
+        let mut t = Table::new(
+            std::iter::once(("resource", Align::Left))
+                .chain(shapes.iter().map(|s| (s.name(), Align::Right))),
+        );
         for (resource, cells) in rows {
-            let cells: Vec<String> = shapes
-                .iter()
-                .map(|s| {
+            t.row(
+                std::iter::once(resource.to_string()).chain(shapes.iter().map(|s| {
                     cells
                         .get(s)
                         .copied()
                         .flatten()
-                        .map_or_else(|| "–".to_string(), &cell)
-                })
-                .collect();
-            writeln!(f, "| {resource} | {} |", cells.join(" | "))?;
+                        .map_or_else(|| NONE.to_string(), &cell)
+                })),
+            );
         }
-        Ok(())
+        t
+    }
+
+    /// The tables (ns per operation, then the speed-ups over `async` and over `cuda` where
+    /// those ran) with their titles, in `format`; ends with a newline.
+    pub fn render(&self, format: TableFormat) -> String {
+        let mut out = format!(
+            "ns per operation ({}; lower is better)\n{}\n",
+            self.device_name,
+            self.table(self.rows.iter().map(|r| (r.resource, &r.ns_per_op)), |x| {
+                format!("{x:.0}")
+            })
+            .render(format)
+        );
+        for s in &self.speedups {
+            out.push_str(&format!(
+                "\nspeed-up over {} (its ns/op ÷ resource's ns/op, same run)\n{}\n",
+                s.baseline,
+                self.table(s.rows.iter().map(|r| (r.resource, &r.ratio)), |x| {
+                    format!("{x:.1}×")
+                })
+                .render(format)
+            ));
+        }
+        out
     }
 }
 
 impl fmt::Display for AllocatorReport {
+    /// The tables as markdown ([`AllocatorReport::render`]), as `cargo bench` prints them.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "ns per operation ({}; lower is better)",
-            self.device_name
-        )?;
-        self.write_table(
-            f,
-            self.rows.iter().map(|r| (r.resource, &r.ns_per_op)),
-            |x| format!("{x:.0}"),
-        )?;
-        for s in &self.speedups {
-            writeln!(f)?;
-            writeln!(
-                f,
-                "speed-up over {} (its ns/op ÷ resource's ns/op, same run)",
-                s.baseline
-            )?;
-            self.write_table(f, s.rows.iter().map(|r| (r.resource, &r.ratio)), |x| {
-                format!("{x:.1}×")
-            })?;
-        }
-        Ok(())
+        f.write_str(&self.render(TableFormat::Markdown))
     }
 }
 

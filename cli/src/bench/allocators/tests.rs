@@ -45,10 +45,44 @@ fn a_tiny_run_fills_every_cell_it_should() {
         text.starts_with("ns per operation (rmm-rs simulated GPU; lower is better)\n"),
         "{text}"
     );
-    assert!(text.contains("| resource | churn | random | small | mt8 | mt16 |"));
-    assert!(text.contains("|---|---|---|---|---|---|"));
-    assert!(text.contains("| binning(pool) | "));
-    assert!(text.contains("| cuda | ") && text.contains(" | – | – | – |"));
+    let header = text.lines().find(|l| l.starts_with("| resource ")).unwrap();
+    let heads: Vec<&str> = header
+        .split('|')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .collect();
+    assert_eq!(
+        heads,
+        [
+            "resource",
+            "churn",
+            "random",
+            "small",
+            "mt8",
+            "mt16",
+            "mt8-shared",
+            "mt16-shared"
+        ]
+    );
+    // Numbers are right-aligned in markdown.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("| ---") && l.ends_with(": |")),
+        "{text}"
+    );
+    assert!(text.contains("| binning(pool) "));
+    let cuda = text.lines().find(|l| l.starts_with("| cuda ")).unwrap();
+    assert_eq!(
+        cuda.matches(crate::table::NONE).count(),
+        Shape::ALL.len() - 2,
+        "{cuda}"
+    );
+    // The same tables as aligned text.
+    let aligned = report.render(crate::table::TableFormat::Text);
+    assert!(
+        !aligned.contains('|') && aligned.contains("binning(pool)"),
+        "{aligned}"
+    );
     assert!(text.contains("speed-up over async (its ns/op ÷ resource's ns/op, same run)"));
     assert!(text.contains("speed-up over cuda"));
     assert!(text.contains('×'));
@@ -71,8 +105,16 @@ fn a_selection_runs_only_its_rows_and_columns() {
         assert!(row.ns_per_op.values().all(Option::is_some));
     }
     let text = report.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let cells = |l: &str| -> Vec<String> {
+        l.split('|')
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+            .collect()
+    };
+    assert_eq!(cells(lines[1]), ["resource", "small", "mt8"], "{text}");
     assert!(
-        text.contains("| resource | small | mt8 |\n|---|---|---|\n"),
+        lines[2].starts_with("| ---") && lines[2].ends_with("-: |"),
         "{text}"
     );
     let json = serde_json::to_value(&report).unwrap();
@@ -94,7 +136,10 @@ fn a_pool_that_does_not_fit_is_a_failure_not_an_error() {
     assert_eq!(report.failures.len(), 2, "{:?}", report.failures);
     assert!(report.failures.iter().all(|f| f.shape.is_none()));
     assert!(report.failures[1].error.contains("its pool"));
-    assert!(report.to_string().contains("| pool | – |"));
+    assert!(
+        report.to_string().contains("| pool          |     — |"),
+        "{report}"
+    );
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! `rmm replay`: plays a memory event log (RMM's CSV format) against a resource and says how
 //! long it took, the peak bytes in use and whether every allocation fit; `--plot` and
-//! `--torch-snapshot` write its memory over time as an SVG plot and as a PyTorch memory
-//! snapshot.
+//! `--torch-snapshot` write its memory over time as a picture (SVG or PNG, on the log's clock)
+//! and as a PyTorch memory snapshot.
 
 use std::any::Any;
 use std::path::PathBuf;
@@ -10,12 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
+use rmm::allocator::adaptor::ReplayReport;
 use rmm::allocator::adaptor::{
     EventLog, LogFile, ReplayOptions, ReplayOrder, find_in_chain, replay, replay_streamed,
 };
-use rmm::allocator::adaptor::{LogAction, ReplayReport};
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
-use rmm::allocator::error::fmt_bytes;
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{
     BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource,
@@ -24,11 +23,16 @@ use rmm::allocator::resource::{
 use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, StreamView};
 use rmm::config::Size;
 use rmm_cli::timeline::{
-    Action, DeviceTimeline, Mark, MarkKind, MemoryEvent, Recorder, Timeline, render_svg,
+    Action, DeviceTimeline, MemoryEvent, PlotFormat, Recorder, Timeline, render,
     samples_from_events, torch_snapshot_bytes,
 };
+use rmm_cli::units::bytes;
 
+use super::format::OutputArgs;
 use super::output::OutputFile;
+
+mod clock;
+mod report;
 
 /// The resource to replay against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -88,13 +92,18 @@ pub struct ReplayArgs {
     /// Device ordinal to replay on.
     #[arg(long, default_value_t = 0)]
     pub device: u32,
-    /// Write the replay's memory over time (bytes in use and reserved) to this SVG file.
+    /// Draw the replay's memory over time (bytes in use and reserved) on the log's clock: a
+    /// PNG file when FILE ends in .png, else SVG.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
     /// Write the replay's allocator events as a PyTorch memory snapshot (a pickle) to this
     /// file, for https://pytorch.org/memory_viz or torch.cuda._memory_viz.
     #[arg(long, value_name = "FILE")]
     pub torch_snapshot: Option<PathBuf>,
+    /// --json (sizes in bytes, the time in seconds), --quiet (the exit status says whether
+    /// the log fit), --format.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 fn parse_size(text: &str) -> Result<Size, String> {
@@ -245,11 +254,17 @@ enum Source {
 
 /// Runs `rmm replay`.
 pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let out = args.output;
     // Output paths first, then the log: a bad path or a malformed log is reported before
     // any device is touched.
+    let plot_format = args
+        .plot
+        .as_deref()
+        .map(|p| PlotFormat::from_path("--plot", p))
+        .transpose()?;
     let plot = OutputFile::open_optional("--plot", args.plot.as_deref())?;
     let snapshot = OutputFile::open_optional("--torch-snapshot", args.torch_snapshot.as_deref())?;
-    // With a plot or snapshot the whole log is kept (the timeline may be drawn from its
+    // With a plot or snapshot the whole log is kept (the timeline is drawn from its
     // events); otherwise it is only scanned now, and read again as it is replayed.
     let log = if plot.is_some() || snapshot.is_some() {
         Source::Whole(EventLog::read(&args.file)?)
@@ -269,8 +284,6 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let b = backend::global()?;
     let device = Device::new(args.device)?;
     let total = device.mem_info()?.total;
-    outln!("backend:    {}", b.describe())?;
-    outln!("device:     {} ({} total)", args.device, fmt_bytes(total))?;
     let recorder = (args.plot.is_some() || args.torch_snapshot.is_some())
         .then(|| Arc::new(Recorder::new(Instant::now())));
     let guard = recorder.as_ref().map(Recorder::register);
@@ -287,26 +300,52 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         Source::Streamed(file) => replay_streamed(file, &*resource, &options)?,
     };
     drop(guard);
-    outln!("{report}")?;
-    if let Some(pool) = find_in_chain::<PoolMemoryResource>(&*resource) {
-        outln!("pool:       {}", pool.usage().summary())?;
-    }
+    let pool = find_in_chain::<PoolMemoryResource>(&*resource).map(|p| p.usage().summary());
+    // Files written: (what, path, where the events came from).
+    let mut written: Vec<(&str, PathBuf, String)> = Vec::new();
     if let (Some(recorder), Source::Whole(log)) = (&recorder, &log) {
-        let (timeline, source) = timeline(&args, log, &report, recorder, total as u64);
-        if let Some(file) = plot {
+        let recorded = recorder.events(args.device);
+        let name = args.file.file_name().map_or_else(
+            || args.file.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        if let (Some(file), Some(format)) = (plot, plot_format) {
+            let (timeline, source) =
+                clock::plot_timeline(log, &name, args.device, total as u64, &report, &recorded);
             let path = file.path().to_path_buf();
-            file.write(render_svg(&timeline)?.as_bytes())?;
-            outln!("plot:       {} ({source})", path.display())?;
+            file.write(&render(&timeline, format)?)?;
+            written.push(("plot", path, source.to_string()));
         }
         if let Some(file) = snapshot {
+            let (timeline, source) =
+                snapshot_timeline(&args, &name, log, &report, &recorded, total as u64);
             let path = file.path().to_path_buf();
             file.write(&torch_snapshot_bytes(&timeline)?)?;
-            outln!(
-                "snapshot:   {} (PyTorch memory snapshot {source}; open it at \
-                 https://pytorch.org/memory_viz)",
-                path.display()
-            )?;
+            written.push((
+                "snapshot",
+                path,
+                format!(
+                    "PyTorch memory snapshot {source}; open it at https://pytorch.org/memory_viz"
+                ),
+            ));
         }
+    }
+    if out.json {
+        let mut doc = report::json(&report, total as u64, &b.describe());
+        for (what, path, about) in &written {
+            doc[*what] = serde_json::json!({ "path": path, "about": about });
+        }
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
+    } else if out.text() {
+        outln!("backend: {}", b.describe())?;
+        outln!("device:  {} ({} total)", args.device, bytes(total as u64))?;
+        outln!("units:   binary (1 GiB = 1024³ bytes)")?;
+        outln!()?;
+        let mut table = report::table(&report, pool.as_deref());
+        for (what, path, about) in &written {
+            table.row([what.to_string(), format!("{} ({about})", path.display())]);
+        }
+        outln!("{}", out.table(&table))?;
     }
     match &report.failure {
         None => Ok(()),
@@ -316,116 +355,39 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
              or lower the workload's peak (the log's is {})",
             args.file.display(),
             args.device,
-            fmt_bytes(total),
+            bytes(total as u64),
             resource.name(),
             f.line,
-            fmt_bytes(f.bytes),
-            fmt_bytes(f.live_bytes as usize),
-            fmt_bytes(report.logged_peak_bytes as usize),
+            bytes(f.bytes as u64),
+            bytes(f.live_bytes),
+            bytes(report.logged_peak_bytes),
         )
         .into()),
     }
 }
 
-/// Seconds of each log event since the first timed one (untimed events take the time before
-/// them; a log that crosses midnight keeps counting).
-fn log_times(log: &EventLog) -> Vec<f64> {
-    const DAY_US: u64 = 86_400_000_000;
-    let mut first = None;
-    let (mut last, mut wrap, mut t) = (0u64, 0u64, 0.0);
-    log.events
-        .iter()
-        .map(|e| {
-            if let Some(us) = e.time_us {
-                let start = *first.get_or_insert(us);
-                if us < last {
-                    wrap += DAY_US;
-                }
-                last = us;
-                t = (us + wrap).saturating_sub(start) as f64 / 1e6;
-            }
-            t
-        })
-        .collect()
-}
-
-/// The log's own events as allocator events: allocations, frees of allocations the log made
-/// (others are skipped, as the replay skips them) and logged failures as out-of-memory.
-fn log_events(log: &EventLog, times: &[f64]) -> Vec<MemoryEvent> {
-    log.events
-        .iter()
-        .enumerate()
-        .filter_map(|(i, e)| {
-            let (action, addr, size) = match (e.action, log.freed_allocation[i]) {
-                (LogAction::Allocate, _) if e.ptr != 0 && e.size != 0 => {
-                    (Action::Alloc, e.ptr, e.size)
-                }
-                (LogAction::Free, Some(a)) => (Action::FreeCompleted, e.ptr, log.events[a].size),
-                (LogAction::AllocateFailure, _) => (Action::Oom, 0, e.size),
-                _ => return None,
-            };
-            Some(MemoryEvent {
-                t: times[i],
-                action,
-                addr,
-                size: size as u64,
-                stream: e.stream,
-            })
-        })
-        .collect()
-}
-
-/// The replay's timeline: from the recorder's events (a pool reports them through its
-/// hooks), or from the log's own events, on the log's clock, when the resource reported none.
-/// Returns it with a few words on where the events came from.
-fn timeline(
+/// The PyTorch snapshot's timeline: the pool's own events (block and segment addresses that
+/// agree, on the replay's clock), or the log's events when the resource reported none.
+fn snapshot_timeline(
     args: &ReplayArgs,
+    name: &str,
     log: &EventLog,
     report: &ReplayReport,
-    recorder: &Recorder,
+    recorded: &[MemoryEvent],
     total: u64,
 ) -> (Timeline, &'static str) {
-    let recorded = recorder.events(args.device);
     let from_hooks = recorded
         .iter()
         .any(|e| matches!(e.action, Action::Alloc | Action::Oom));
-    let (events, source, oom_t) = if from_hooks {
-        let oom_t = report.failure.as_ref().map(|f| {
-            let ooms = || recorded.iter().filter(|e| e.action == Action::Oom);
-            ooms()
-                .find(|e| e.size == f.bytes as u64)
-                .or_else(|| ooms().next_back())
-                .or(recorded.last())
-                .map_or(0.0, |e| e.t)
-        });
-        (recorded, "from the pool's events", oom_t)
+    let (events, source) = if from_hooks {
+        (recorded.to_vec(), "from the pool's events")
     } else {
-        let times = log_times(log);
-        let oom_t = report.failure.as_ref().map(|f| {
-            log.events
-                .iter()
-                .position(|e| e.line == f.line)
-                .map_or(0.0, |i| times[i])
-        });
+        let times = clock::log_times(log);
         (
-            log_events(log, &times),
+            clock::log_events(log, &times),
             "from the log's events: the resource reports none",
-            oom_t,
         )
     };
-    let marks = match (&report.failure, oom_t) {
-        (Some(f), Some(t)) => vec![Mark {
-            t,
-            device: Some(args.device),
-            kind: MarkKind::OutOfMemory,
-            label: format!("out of memory: {} (line {})", fmt_bytes(f.bytes), f.line),
-        }],
-        _ => Vec::new(),
-    };
-    let name = args.file.file_name().map_or_else(
-        || args.file.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
     let timeline = Timeline {
         title: format!("rmm replay {name}: {}", report.resource),
         devices: vec![DeviceTimeline {
@@ -434,28 +396,7 @@ fn timeline(
             samples: samples_from_events(&events),
             events,
         }],
-        marks,
+        marks: Vec::new(),
     };
     (timeline, source)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn log_times_are_seconds_since_the_first_and_cross_midnight() {
-        let text = "Thread,Time,Action,Pointer,Size,Stream\n\
-                    1,23:59:59.500000,allocate,0x100,256,0x0\n\
-                    1,23:59:59.750000,allocate failure,0x0,512,0x0\n\
-                    1,00:00:00.250000,free,0x100,256,0x0\n";
-        let log = EventLog::parse(text, "t.csv").unwrap();
-        let times = log_times(&log);
-        assert_eq!(times, vec![0.0, 0.25, 0.75]);
-        let events = log_events(&log, &times);
-        let actions: Vec<Action> = events.iter().map(|e| e.action).collect();
-        assert_eq!(actions, [Action::Alloc, Action::Oom, Action::FreeCompleted]);
-        assert_eq!(events[2].size, 256);
-        assert_eq!(events[1].size, 512);
-    }
 }
