@@ -119,7 +119,10 @@ fn is_out_of_memory(e: &dyn Any) -> bool {
     }
     match e.downcast_ref::<rmm_runtime::Error>() {
         Some(
-            rmm_runtime::Error::Allocator(a) | rmm_runtime::Error::DeviceSetup { source: a, .. },
+            rmm_runtime::Error::Allocator(a)
+            | rmm_runtime::Error::DeviceSetup { source: a, .. }
+            | rmm_runtime::Error::SpillTiers { source: a, .. }
+            | rmm_runtime::Error::SpillBeforeSwitch { source: a, .. },
         ) => a.is_out_of_memory(),
         _ => false,
     }

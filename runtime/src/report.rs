@@ -203,7 +203,8 @@ pub struct ReinitReport {
     /// True when the workers were re-spawned (devices or workers per device changed).
     pub respawned: bool,
     /// What changed for data still alive: a device left the runtime, or stopped spilling,
-    /// while spillable data of it was alive (where that data now goes).
+    /// while spillable data of it was alive (where that data now goes); spilled data that
+    /// `spill.eager_unspill` could not bring back (it comes back on use).
     pub notes: Vec<String>,
 }
 

@@ -150,6 +150,7 @@ pub(crate) const STAGING: usize = 32 << 20;
 
 /// Spill files of one device.
 pub(crate) struct DiskStore {
+    device: Device,
     directory: PathBuf,
     prefix: String,
     /// Two pinned slots; holding the lock serializes a device's traffic with its disk.
@@ -242,6 +243,7 @@ impl DiskStore {
             staging_pool.allocate(STAGING)?,
         ];
         Ok(DiskStore {
+            device,
             directory: directory.to_path_buf(),
             prefix: format!(
                 "{FILE_PREFIX}{}-dev{}",
@@ -252,6 +254,13 @@ impl DiskStore {
             held: Arc::new(AtomicU64::new(0)),
             next: AtomicU64::new(0),
         })
+    }
+
+    /// The backend's fault-injection point before a write to a spill file.
+    fn before_write(&self) -> Result<()> {
+        self.device
+            .backend()
+            .before_file_write(self.device.ordinal())
     }
 
     /// The directory.
@@ -306,6 +315,7 @@ impl DiskStore {
         let mut left = len;
         for s in slices {
             let n = left.min(s.len());
+            self.before_write()?;
             file.write_all(&s.as_slice()[..n])
                 .map_err(|e| io_error(&disk.path, "write", e))?;
             left -= n;
@@ -375,6 +385,7 @@ impl DiskStore {
                     enqueue(&mut staging, i + 1)?;
                 }
                 let n = (len - i * STAGING).min(STAGING);
+                self.before_write()?;
                 file.write_all(&staging[i % 2].as_slice()[..n])
                     .map_err(|e| io_error(&disk.path, "write", e))?;
             }
