@@ -29,9 +29,21 @@ fn manager(rt: &Runtime) -> Arc<SpillManager> {
 /// Ten spillable buffers of 4 MiB with distinct contents: more than the device limit and
 /// the host pool together hold, so some stay on the device over the limit.
 fn ten_buffers(m: &SpillManager) -> (Vec<Arc<SpillableBuffer>>, Vec<Vec<u8>>) {
-    let data: Vec<Vec<u8>> = (0..10).map(|i| pattern(4 * MIB, 100 + i)).collect();
+    let data: Vec<Vec<u8>> = (0..10).map(|i| contents(4 * MIB, 100 + i)).collect();
     let buffers = data.iter().map(|d| m.from_host(d, S).unwrap()).collect();
     (buffers, data)
+}
+
+/// `len` bytes distinct per `seed` and per 64 KiB block (a misplaced block shows), quick to
+/// make in a debug build.
+fn contents(len: usize, seed: u64) -> Vec<u8> {
+    let block = pattern(64 << 10, seed);
+    let mut out = block.repeat(len.div_ceil(block.len()));
+    out.truncate(len);
+    for (i, b) in out.iter_mut().enumerate() {
+        *b ^= (i >> 16) as u8;
+    }
+    out
 }
 
 fn on_device(buffers: &[Arc<SpillableBuffer>]) -> usize {
@@ -269,4 +281,34 @@ fn a_reinitialize_that_drops_a_device_or_its_spilling_says_so_for_live_data() {
     drop((b0, b1));
     let report = rt.reinitialize(&config).unwrap();
     assert!(report.notes.is_empty(), "{report}");
+}
+
+#[test]
+fn a_fixed_disk_directory_stays_across_a_reinitialize_that_names_none() {
+    // A Dask worker's device store keeps its worker's directory as the disk tier, as it
+    // keeps its device limit, whatever configuration a later reinitialize brings.
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::start(&small_host(&[])).unwrap();
+    let m = manager(&rt);
+    m.fix_disk_directory(dir.path()).unwrap();
+    assert_eq!(m.store().disk_directory().as_deref(), Some(dir.path()));
+    let (buffers, data) = ten_buffers(&m);
+    assert!(
+        files_in(dir.path()) > 0,
+        "past the host pool, data goes to disk"
+    );
+    // No disk directory in the new configuration: the fixed one stays, and takes what the
+    // full host pool cannot.
+    rt.reinitialize(&small_host(&[])).unwrap();
+    assert_eq!(on_device(&buffers), 0);
+    assert_eq!(m.store().disk_directory().as_deref(), Some(dir.path()));
+    assert_intact(&buffers, &data);
+    // A directory that cannot be used is refused and changes nothing.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let err = m.fix_disk_directory(file.path()).unwrap_err();
+    assert!(err.to_string().contains("spill.disk_directory"), "{err}");
+    assert_eq!(m.store().disk_directory().as_deref(), Some(dir.path()));
+    drop(buffers);
+    assert_eq!(files_in(dir.path()), 0);
 }

@@ -61,6 +61,8 @@ pub struct SpillManager {
     eager_unspill: std::sync::atomic::AtomicBool,
     /// Set by [`fix_limit`](Self::fix_limit): a reinitialize keeps the limit.
     limit_fixed: std::sync::atomic::AtomicBool,
+    /// Set by [`fix_disk_directory`](Self::fix_disk_directory): a reinitialize keeps it.
+    disk_fixed: Mutex<Option<std::path::PathBuf>>,
 }
 
 impl std::fmt::Debug for SpillManager {
@@ -93,6 +95,7 @@ impl SpillManager {
             tracker,
             eager_unspill: spill.eager_unspill.into(),
             limit_fixed: false.into(),
+            disk_fixed: Mutex::new(None),
         })
     }
 
@@ -106,8 +109,15 @@ impl SpillManager {
     /// The new host pool cannot be pinned or the new disk directory cannot be used; nothing
     /// changed then.
     pub fn replace_tiers(&self, spill: &ResolvedSpill) -> rmm_allocator::Result<Option<TierUndo>> {
+        let mut new = TierSettings::of(spill);
+        if let Some(dir) = &*self.disk_fixed.lock() {
+            new.disk_directory = Some(dir.clone());
+        }
+        self.replace_tiers_with(new)
+    }
+
+    fn replace_tiers_with(&self, new: TierSettings) -> rmm_allocator::Result<Option<TierUndo>> {
         let mut made_with = self.tiers_made_with.lock();
-        let new = TierSettings::of(spill);
         if new == *made_with {
             return Ok(None);
         }
@@ -179,6 +189,25 @@ impl SpillManager {
         self.set_limit(bytes);
         self.limit_fixed.store(true, Ordering::Relaxed);
         self.enforce_limit()
+    }
+
+    /// Makes `directory` (created if missing) this device's disk tier and keeps it across
+    /// reinitializations (whose `spill.disk_directory` then no longer applies to this
+    /// device): what a Dask worker's device store does with its worker's directory. Data
+    /// already on disk elsewhere stays there until used.
+    ///
+    /// # Errors
+    /// The directory cannot be used (not writable, not a directory) or the disk tier's
+    /// staging memory cannot be pinned; nothing changed then.
+    pub fn fix_disk_directory(&self, directory: &std::path::Path) -> rmm_allocator::Result<()> {
+        let mut fixed = self.disk_fixed.lock();
+        let host_pool_size = self.tiers_made_with.lock().host_pool_size;
+        self.replace_tiers_with(TierSettings {
+            host_pool_size,
+            disk_directory: Some(directory.to_path_buf()),
+        })?;
+        *fixed = Some(directory.to_path_buf());
+        Ok(())
     }
 
     /// The limit, and the host memory pinned ahead of demand that goes with it.
