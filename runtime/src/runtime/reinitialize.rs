@@ -8,8 +8,11 @@
 //! 2. Hold new submissions from outside the runtime and pause the workers: no queued
 //!    top-level task starts.
 //! 3. Let running tasks, and the children they submit, finish (up to the drain timeout).
-//! 4. Spill every spill manager's data not in use to host memory: it survives the switch
-//!    and comes back, into the new stacks, on next use.
+//! 4. Make each spilling device's new host pool and disk tier (where `spill.host_pool_size`
+//!    or `spill.disk_directory` change) the tiers new spills go to, then spill every spill
+//!    manager's data not in use into them: it survives the switch and comes back, into the
+//!    new stacks, on next use (data spilled before stays in the old tiers until used). A
+//!    failure before the new stacks are installed puts the old tiers back.
 //! 5. Refuse if allocations are still live (listing them), changing nothing.
 //! 6. Per device, in parallel: the old stack gives back what the new one cannot take over,
 //!    the new stack is built (its pool adopting the old pool's free memory, without a driver
@@ -19,7 +22,8 @@
 //! 8. Re-spawn the workers if the device list or `workers_per_device` changed (the tasks
 //!    queued for the old workers move to the new ones by the rule they were sent with);
 //!    otherwise the workers stay and only the stacks change.
-//! 9. With `spill.eager_unspill`, bring spilled data back now (up to each limit).
+//! 9. With `spill.eager_unspill`, bring spilled data back now (up to each limit); what
+//!    cannot come back stays spilled, and the report's notes say so.
 //! 10. Resume: workers start tasks again and what was held is sent on; queued tasks then run
 //!     on the new stacks. The devices of the configuration now in force stay claimed.
 //!
