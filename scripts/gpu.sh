@@ -22,8 +22,9 @@ build)
     cp "$(command -v cargo-nextest)" .gpu/cargo-nextest
     strip .gpu/cargo-nextest
     cargo build --release --bins --examples
-    cp target/release/rmm .gpu/bin/
-    for e in examples/*.rs; do n=$(basename "$e" .rs); cp "target/release/examples/$n" .gpu/bin/; done
+    target="${CARGO_TARGET_DIR:-target}"
+    cp "$target/release/rmm" .gpu/bin/
+    for e in examples/*.rs; do n=$(basename "$e" .rs); cp "$target/release/examples/$n" .gpu/bin/; done
     # Benchmarks (harness = false): one executable each, named after the bench.
     cargo bench --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, shutil, sys

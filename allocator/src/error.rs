@@ -199,6 +199,21 @@ pub enum Error {
         problem: String,
     },
 
+    /// A spillable buffer's data was lost: a copy of it could not be waited for after a driver
+    /// error, so its host memory had to be abandoned to the copy.
+    #[error(
+        "the data of spillable buffer {id} ({bytes} bytes) was lost: {detail}. The CUDA \
+         context is likely unusable; restart the process"
+    )]
+    DataLost {
+        /// The buffer's id.
+        id: u64,
+        /// Its size.
+        bytes: usize,
+        /// The failure that lost it.
+        detail: String,
+    },
+
     /// A memory event log (RMM's CSV format) could not be read, parsed or written.
     #[error(
         "memory event log {path}{}: {problem}. {hint}",

@@ -37,6 +37,27 @@ def check(x, i):
     return bool((x == i).all())
 
 
+def timed_store():
+    """DeviceStore that also counts the time spent storing values (on the worker's event
+    loop, where Dask stores a task's result before it runs the next task)."""
+    from rmm_rs.dask import DeviceStore
+
+    class TimedDeviceStore(DeviceStore):
+        setitem_seconds = 0.0
+
+        def __setitem__(self, key, value):
+            t = time.perf_counter()
+            super().__setitem__(key, value)
+            self.setitem_seconds += time.perf_counter() - t
+
+        def statistics(self):
+            out = super().statistics()
+            out["setitem_seconds"] = self.setitem_seconds
+            return out
+
+    return TimedDeviceStore
+
+
 def worker_spill(dask_worker):
     """The device store's figures (rmm-rs), or nothing (dask-cuda)."""
     data = dask_worker.data
@@ -73,11 +94,11 @@ def run(kind, arrays, size, limit, threads):
     if kind == "dask-cuda":
         cluster = LocalCUDACluster(device_memory_limit=limit, **kwargs)
     else:
-        from rmm_rs.dask import DeviceStore, RMMRsPlugin
+        from rmm_rs.dask import RMMRsPlugin
 
         host = kind.split("host=", 1)[1] if "host=" in kind else "none"
         cluster = LocalCUDACluster(
-            data=DeviceStore.factory(
+            data=timed_store().factory(
                 device_memory_limit=limit,
                 config={"spill": {"enabled": True, "host_pool_size": host}},
             ),
@@ -130,7 +151,10 @@ def main():
         results.append(r)
         sp = r["spill"].get("spill", {})
         pinning = (f"   host pool {format_bytes(sp['host_pool_bytes'])} pinned in "
-                   f"{sp['host_pinning_seconds']:.2f} s" if sp else "")
+                   f"{sp['host_pinning_seconds']:.2f} s; storing values took "
+                   f"{r['spill'].get('setitem_seconds', 0):.2f} s, spilling "
+                   f"{sp['spill_seconds']:.2f} s ({format_bytes(sp['spilled_bytes'])})"
+                   if sp else "")
         print(f"{kind:22s} make {r['make_s']:6.2f} s   read back {r['read_s']:6.2f} s{pinning}",
               flush=True)
     # Spilling while 4 tasks run at once (rmm-rs): bandwidth against the pinned copy.

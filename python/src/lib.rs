@@ -313,7 +313,11 @@ fn spill_statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
             .devices()
             .into_iter()
             .filter_map(|d| {
-                let s = rt.spill_manager(d)?.statistics();
+                let m = rt.spill_manager(d)?;
+                // Spilling under way in the background ends first; it needs the interpreter
+                // to let values go.
+                py.detach(|| m.settle());
+                let s = m.statistics();
                 Some((d, serde_json::to_value(s).ok()?))
             })
             .collect();

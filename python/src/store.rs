@@ -145,9 +145,12 @@ impl AdoptedValue {
         self.inner.touch();
     }
 
-    /// Where the data is: "device", "host" or "disk".
+    /// Where the data is: "device", "host" or "disk" (once the spilling under way in the
+    /// background is done).
     #[getter]
-    fn tier(&self) -> &'static str {
+    fn tier(&self, py: Python<'_>) -> &'static str {
+        // The spilling thread needs the interpreter to let values go: wait without it.
+        py.detach(|| self.inner.settle());
         tier_name(self.inner.tier())
     }
 
@@ -194,7 +197,7 @@ impl AdoptedValue {
         format!(
             "AdoptedValue(size={}, tier={}, device={})",
             self.inner.size(),
-            self.tier(),
+            tier_name(self.inner.tier()),
             self.device
         )
     }
@@ -275,8 +278,9 @@ fn tier_name(t: Tier) -> &'static str {
 
 /// Hands `value`, whose device memory is `allocations` (`(address, bytes)` of each
 /// allocation it holds), to `device`'s spill manager; returns the `AdoptedValue` to keep in
-/// its place. Least recently used data is spilled at once if the device now holds more than
-/// the limit.
+/// its place. If the device now holds more than the limit, least recently used data is
+/// spilled on the manager's background thread (this returns at once; `tier`, the store's
+/// statistics and `spill_statistics` wait for it).
 #[pyfunction]
 #[pyo3(signature = (value, allocations, device=0))]
 fn adopt(
@@ -291,9 +295,7 @@ fn adopt(
         .map(|(p, n)| (DevicePtr(p), n))
         .collect();
     let owner = PyOwner(Some(value));
-    // Making room spills other values, whose owners go with the interpreter attached: no GIL
-    // held while waiting for their copies.
-    let inner = py.detach(|| m.adopt(&allocations, StreamView::DEFAULT, owner));
+    let inner = py.detach(|| m.adopt_in_background(&allocations, StreamView::DEFAULT, owner));
     Ok(AdoptedValue { inner, device })
 }
 

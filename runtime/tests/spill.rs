@@ -240,3 +240,55 @@ fn an_allocation_that_runs_out_of_memory_spills_and_retries() {
         assert!(read_on_device(b, StreamView::DEFAULT) == *x);
     }
 }
+
+#[test]
+fn making_room_has_the_copies_of_many_buffers_in_flight_at_once() {
+    let _s = serial();
+    let Some(sim) = common::sim() else {
+        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
+        return;
+    };
+    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
+    let d = rt.devices()[0];
+    let m = rt.spill_manager(d).unwrap();
+    let stream = rmm_allocator::backend::Backend::stream_create(sim, d).unwrap();
+    let view = StreamView::from_raw(stream);
+    let data: Vec<Vec<u8>> = (0..12)
+        .map(|i| pattern(2 * MIB + 4096 * i, i as u64))
+        .collect();
+    let buffers: Vec<_> = data.iter().map(|x| m.from_host(x, view).unwrap()).collect();
+    let total: usize = data.iter().map(Vec::len).sum();
+    // The copies are ordered after the buffers' stream: held back, none can run.
+    let gate = sim.hold_stream(d, stream).unwrap();
+    let spiller = {
+        let m = Arc::clone(&m);
+        std::thread::spawn(move || m.spill_all())
+    };
+    // One buffer at a time would take host memory for the first and wait for its copy;
+    // batched, every buffer's copy is enqueued (its host memory taken) before any wait.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while (m.statistics().host_bytes as usize) < total && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let in_flight = m.statistics().host_bytes as usize;
+    assert_eq!(
+        m.statistics().spilled_count,
+        0,
+        "a spill ended behind a held stream"
+    );
+    gate.open();
+    let freed = spiller.join().unwrap().unwrap();
+    assert_eq!(
+        in_flight, total,
+        "host memory taken while the stream was held"
+    );
+    assert_eq!(freed as usize, total);
+    let s = m.statistics();
+    assert_eq!(s.spilled_count, 12, "{s:?}");
+    for (b, x) in buffers.iter().zip(&data) {
+        assert!(b.is_spilled());
+        assert!(b.to_vec().unwrap() == *x, "buffer {} changed", b.id());
+    }
+    drop(buffers);
+    rmm_allocator::backend::Backend::stream_destroy(sim, d, stream).unwrap();
+}

@@ -305,3 +305,61 @@ fn a_failing_disk_write_leaves_the_value_on_the_device_and_no_file() {
     assert_eq!(v.tier(), Tier::Disk);
     assert_eq!(read_back(&v), vec![data]);
 }
+
+#[test]
+fn adopting_in_the_background_returns_before_the_spill_it_causes_ends() {
+    let _s = serial();
+    let Some(sim) = sim() else {
+        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
+        return;
+    };
+    let rt = Runtime::start(&spilling("8MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let held = rmm_allocator::backend::Backend::stream_create(sim, 0).unwrap();
+    let first_bytes = pattern(6 * MIB, 1);
+    let first = {
+        let o = library_value(0, &first_bytes, &dropped);
+        m.adopt_in_background(&[(o.ptr, o.size)], StreamView::from_raw(held), o)
+    };
+    // The first value's copy must wait for its stream, held back here: a synchronous spill
+    // would block the next adoption until the gate opens.
+    let gate = sim.hold_stream(0, held).unwrap();
+    let second_bytes = pattern(6 * MIB, 2);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let second = {
+        let m = Arc::clone(&m);
+        let dropped = Arc::clone(&dropped);
+        std::thread::spawn(move || {
+            let o = library_value(0, &second_bytes, &dropped);
+            let v = m.adopt_in_background(&[(o.ptr, o.size)], S, o);
+            tx.send(()).unwrap();
+            v
+        })
+    };
+    let returned = rx.recv_timeout(std::time::Duration::from_secs(5));
+    assert!(
+        returned.is_ok(),
+        "adopt_in_background waited for a spill held back on its stream"
+    );
+    assert_eq!(
+        first.tier(),
+        Tier::Device,
+        "the spill finished behind a held stream"
+    );
+    assert_eq!(dropped.load(Ordering::SeqCst), 0);
+    gate.open();
+    m.settle();
+    let second = second.join().unwrap();
+    assert_eq!(first.tier(), Tier::Host);
+    assert_eq!(second.tier(), Tier::Device);
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the spilled value's memory was let go"
+    );
+    assert!(m.statistics().tracked_bytes <= 8 * MIB as u64);
+    assert_eq!(read_back(&first), vec![first_bytes]);
+    drop((first, second));
+    rmm_allocator::backend::Backend::stream_destroy(sim, 0, held).unwrap();
+}

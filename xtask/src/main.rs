@@ -161,7 +161,73 @@ fn type_check(root: &Path, bin: &Path) -> Result<(), String> {
     run(mypy, "mypy python/rmm_rs python/tests")
 }
 
+/// Where library code may use `unsafe`: the backend (driver calls, pinned memory), the
+/// containers (raw views of device memory), and the exported C entry points of the Python
+/// package (`#[unsafe(no_mangle)]`: Rust 2024 spells exporting a symbol `unsafe`, as its name
+/// is global). Tests and benches are not library code.
+const UNSAFE_ALLOWED: [&str; 2] = ["allocator/src/backend/", "allocator/src/container/"];
+
+/// Fails when `unsafe` appears in library code outside [`UNSAFE_ALLOWED`] (comments aside).
+fn unsafe_fence(root: &Path) -> Result<(), String> {
+    eprintln!("xtask: unsafe only in allocator/src/backend/ and allocator/src/container/");
+    let mut found = Vec::new();
+    let mut stack: Vec<PathBuf> = ["allocator", "config", "runtime", "src", "cli", "python"]
+        .iter()
+        .map(|c| root.join(c))
+        .collect();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .replace('\\', "/");
+            if path.is_dir() {
+                let name = entry.file_name();
+                if !matches!(
+                    name.to_str(),
+                    Some("tests" | "benches" | "target" | "examples")
+                ) {
+                    stack.push(path);
+                }
+                continue;
+            }
+            if !rel.ends_with(".rs") || UNSAFE_ALLOWED.iter().any(|a| rel.starts_with(a)) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("reading {rel}: {e}"))?;
+            let mut in_tests = false;
+            for (i, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                // Unit tests at the end of a file (`#[cfg(test)] mod tests`) are test code.
+                if line.trim_start().starts_with("#[cfg(test)]") {
+                    in_tests = true;
+                }
+                let export = code.trim_start().starts_with("#[unsafe(no_mangle)]")
+                    && rel == "python/src/allocators.rs";
+                if !in_tests && !export && code.contains("unsafe") {
+                    found.push(format!("{rel}:{}: {}", i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    if found.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`unsafe` outside allocator/src/backend/ and allocator/src/container/ (wrap the \
+             operation in a safe type there):\n  {}",
+            found.join("\n  ")
+        ))
+    }
+}
+
 fn lint() -> Result<(), String> {
+    unsafe_fence(&root())?;
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
     run(fmt, "cargo fmt --check")?;

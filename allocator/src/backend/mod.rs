@@ -12,6 +12,7 @@
 pub(crate) mod clock;
 mod cuda;
 pub(crate) mod host;
+pub(crate) mod pinned_copy;
 mod sim;
 mod stream_registry;
 

@@ -2,39 +2,47 @@
 //!
 //! `cuMemcpyHtoDAsync` reads its source when the stream reaches the copy, not when it is
 //! enqueued. RMM leaves the source's lifetime to the caller; here the container owns the
-//! source: the value is copied into a pinned slot, the copy is enqueued from the slot, and an
-//! event is recorded behind it. The slot is overwritten or freed only after that event has
-//! completed. If the completion cannot be established (a driver failure), the slot is leaked
-//! rather than freed, so a copy still queued can never read freed memory.
+//! source: the value is copied into a pinned slot, and the slot moves into a
+//! [`PinnedCopy`], which holds it until the copy is known to be complete (and leaks it when
+//! that cannot be established), so a queued copy can never read memory that is rewritten or
+//! freed.
 
 use crate::HostMemoryResource;
 use crate::backend::DevicePtr;
 use crate::backend::host::HostBlock;
+use crate::backend::pinned_copy::PinnedCopy;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::PinnedHostMemoryResource;
 use crate::stream::{Event, StreamView};
 
-/// Whether a copy may still read the slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SlotState {
+/// The slot and what may use it.
+#[derive(Default)]
+enum Slot {
     /// No copy reads the slot.
-    Idle,
-    /// The last copy from the slot is captured by `event`.
-    InFlight,
-    /// A copy may read the slot and nothing tracks it: the slot must never be reused or freed.
-    Lost,
+    Idle(HostBlock, Event),
+    /// The last copy from the slot may still be running.
+    InFlight(PinnedCopy<HostBlock>),
+    /// No slot (a copy that could not be waited for kept the last one): made anew on use.
+    #[default]
+    Empty,
 }
 
-/// A pinned slot of a fixed size plus the event that tracks the last copy out of it.
-#[derive(Debug)]
+/// A pinned slot of a fixed size and the copy out of it that may still run.
 pub(crate) struct Staging {
     device: Device,
     bytes: usize,
-    /// `None` once a lost slot has been abandoned and before its replacement is made.
-    block: Option<HostBlock>,
-    event: Event,
-    state: SlotState,
+    slot: Slot,
+}
+
+impl std::fmt::Debug for Staging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("device", &self.device)
+            .field("bytes", &self.bytes)
+            .field("pending", &self.is_pending())
+            .finish()
+    }
 }
 
 impl Staging {
@@ -42,37 +50,34 @@ impl Staging {
     /// allocates page-locked memory; containers make it on first use only.
     #[cold]
     pub(crate) fn new(device: Device, bytes: usize) -> Result<Staging> {
-        // The event first: if the block cannot be had, nothing pinned is left behind.
-        let event = Event::new(device)?;
         let bytes = bytes.max(1);
-        let block = Self::allocate(device, bytes)?;
+        let (block, event) = Self::make(device, bytes)?;
         Ok(Staging {
             device,
             bytes,
-            block: Some(block),
-            event,
-            state: SlotState::Idle,
+            slot: Slot::Idle(block, event),
         })
     }
 
-    fn allocate(device: Device, bytes: usize) -> Result<HostBlock> {
-        PinnedHostMemoryResource::on(device.backend()).allocate(bytes, 1)
+    fn make(device: Device, bytes: usize) -> Result<(HostBlock, Event)> {
+        // The event first: if the block cannot be had, nothing pinned is left behind.
+        let event = Event::new(device)?;
+        let block = PinnedHostMemoryResource::on(device.backend()).allocate(bytes, 1)?;
+        Ok((block, event))
     }
 
-    /// True when a copy out of the slot may not have run yet.
+    /// True when a copy out of the slot may not have run yet (not asking the device: until
+    /// the slot is next used).
     pub(crate) fn is_pending(&self) -> bool {
-        self.state != SlotState::Idle
+        matches!(self.slot, Slot::InFlight(_))
     }
 
     /// Makes later work on `stream` wait for the last copy out of the slot (device-side; the
     /// host does not block). A no-op when no copy is pending.
     pub(crate) fn order_before(&self, stream: StreamView) -> Result<()> {
-        match self.state {
-            SlotState::Idle => Ok(()),
-            SlotState::InFlight => self.event.wait_on(stream),
-            // Nothing tracks the lost copy; the best that can be done is to wait for the
-            // whole device.
-            SlotState::Lost => self.device.synchronize(),
+        match &self.slot {
+            Slot::InFlight(copy) => copy.order_before(stream),
+            _ => Ok(()),
         }
     }
 
@@ -91,90 +96,74 @@ impl Staging {
                 format!("at most the staging slot's {} bytes", self.bytes),
             ));
         }
-        let block = self.ready()?;
+        let (mut block, event) = self.ready()?;
         block.as_mut_slice()[..value.len()].copy_from_slice(value);
-        let src = block.as_ptr();
-        // SAFETY: `src` points at `value.len()` bytes of the pinned block owned by `self`. The
-        // block is not written again until `ready()` has seen the event recorded below complete,
-        // and it is not freed (Drop) before that either; if the copy's completion cannot be
-        // tracked, the state becomes `Lost` and the block is leaked instead of reused or freed.
-        unsafe {
-            self.device.backend().memcpy_htod_async(
-                self.device.ordinal(),
-                dst,
-                src,
-                value.len(),
-                stream.raw(),
-            )
-        }?;
-        // From here on the copy may read the slot at any time.
-        self.state = SlotState::Lost;
-        match self.event.record(stream) {
-            Ok(()) => {
-                self.state = SlotState::InFlight;
+        match PinnedCopy::to_device(
+            self.device,
+            stream.raw(),
+            event,
+            vec![block],
+            dst,
+            value.len(),
+        ) {
+            Ok(copy) => {
+                self.slot = Slot::InFlight(copy);
                 Ok(())
             }
-            Err(record_error) => {
-                // The event does not capture the copy: wait for the stream instead.
-                match crate::stream::synchronize(self.device, stream) {
-                    Ok(()) => {
-                        self.state = SlotState::Idle;
-                        Ok(())
-                    }
-                    Err(_) => Err(record_error),
+            Err(failed) => {
+                if let (Some(block), Some(event)) =
+                    (failed.memory.and_then(|mut m| m.pop()), failed.event)
+                {
+                    self.slot = Slot::Idle(block, event);
                 }
+                Err(failed.error)
             }
         }
     }
 
-    /// The slot, once no copy reads it (waiting for the last one if needed).
-    fn ready(&mut self) -> Result<&mut HostBlock> {
-        if self.state == SlotState::InFlight {
-            self.event.synchronize()?;
-            self.state = SlotState::Idle;
-        }
-        if self.state == SlotState::Lost {
-            // Abandon (leak) the slot a copy may still read, and start on a fresh one.
-            if let Some(lost) = self.block.take() {
-                tracing::warn!(
-                    "abandoning a {}-byte pinned staging slot whose last copy to {} could not be \
-                     tracked; it is leaked so that the copy cannot read freed memory",
-                    lost.len(),
-                    self.device
-                );
-            }
-            self.state = SlotState::Idle;
-        }
-        match &mut self.block {
-            Some(block) => Ok(block),
-            empty => Ok(empty.insert(Self::allocate(self.device, self.bytes)?)),
+    /// The slot and its event, once no copy reads the slot (waiting for the last one if
+    /// needed); a new slot when the last one was lost to a copy.
+    fn ready(&mut self) -> Result<(HostBlock, Event)> {
+        match std::mem::take(&mut self.slot) {
+            Slot::Idle(block, event) => Ok((block, event)),
+            Slot::InFlight(copy) => match copy.wait() {
+                Ok((mut memory, event)) => match memory.pop() {
+                    Some(block) => Ok((block, event)),
+                    None => Self::make(self.device, self.bytes),
+                },
+                Err(failed) => {
+                    if let (Some(block), Some(event)) =
+                        (failed.memory.and_then(|mut m| m.pop()), failed.event)
+                    {
+                        return Ok((block, event));
+                    }
+                    tracing::warn!(
+                        "abandoning a {}-byte pinned staging slot whose last copy to {} could \
+                         not be waited for ({}); a new one is made",
+                        self.bytes,
+                        self.device,
+                        failed.error
+                    );
+                    Self::make(self.device, self.bytes)
+                }
+            },
+            Slot::Empty => Self::make(self.device, self.bytes),
         }
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        if self.state == SlotState::InFlight {
-            match self.event.synchronize() {
-                Ok(()) => self.state = SlotState::Idle,
-                Err(e) => {
-                    tracing::error!(
-                        "waiting for the last staged copy to {} failed: {e}; the pinned staging \
-                         slot is leaked so that the copy cannot read freed memory",
-                        self.device
-                    );
-                    return;
-                }
-            }
-        }
-        if self.state == SlotState::Lost {
-            tracing::error!(
-                "a staged copy to {} could not be tracked; the pinned staging slot is leaked",
-                self.device
-            );
-            return;
-        }
-        if let Some(block) = self.block.take()
+        let block = match std::mem::take(&mut self.slot) {
+            Slot::Idle(block, _) => Some(block),
+            Slot::InFlight(copy) => match copy.wait() {
+                Ok((mut memory, _)) => memory.pop(),
+                // The copy kept (leaked) the slot, or gave it back after waiting.
+                Err(failed) => failed.memory.and_then(|mut m| m.pop()),
+            },
+            Slot::Empty => None,
+        };
+        if let Some(block) = block
             && let Err(e) = PinnedHostMemoryResource::on(self.device.backend()).deallocate(block)
         {
             tracing::error!("freeing a pinned staging slot of {}: {e}", self.device);

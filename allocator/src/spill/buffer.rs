@@ -15,7 +15,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -26,6 +26,7 @@ use super::guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 use super::store::SpillStore;
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
+use crate::backend::pinned_copy::{CopyFailed, PinnedCopy};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::per_device::get_per_device_resource;
@@ -131,6 +132,8 @@ pub struct SpillableBuffer {
     tier: AtomicU8,
     /// Live device guards.
     pub(super) pins: AtomicUsize,
+    /// Set when the data was lost to a copy that could not be waited for.
+    lost: AtomicBool,
 }
 
 impl fmt::Debug for SpillableBuffer {
@@ -179,6 +182,7 @@ impl SpillableBuffer {
             }),
             tier: AtomicU8::new(Tier::Device as u8),
             pins: AtomicUsize::new(0),
+            lost: AtomicBool::new(false),
         }))
     }
 
@@ -211,6 +215,7 @@ impl SpillableBuffer {
             }),
             tier: AtomicU8::new(Tier::Device as u8),
             pins: AtomicUsize::new(0),
+            lost: AtomicBool::new(false),
         });
         {
             let mut state = buffer.state.lock();
@@ -500,6 +505,42 @@ impl SpillableBuffer {
     }
 
     fn device_to_host(&self, state: &mut State) -> Result<()> {
+        match self.start_to_host(state)? {
+            Some(out) => self.complete_to_host(state, out, None),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes pinned slices for the data and enqueues its copy into them, after the work
+    /// queued on the buffer's stream; `None` when the data is not on the device.
+    fn start_to_host(&self, state: &State) -> Result<Option<Outbound>> {
+        let State::Device { ptr, stream, .. } = state else {
+            return Ok(None);
+        };
+        let slices = self.host_slices()?;
+        let start = Instant::now();
+        let copy = self
+            .start_copy(Direction::ToHost, *stream, |device, lane, event| {
+                PinnedCopy::to_host(device, lane, event, *ptr, self.size, slices)
+            })
+            .map_err(|(error, _)| error)?;
+        Ok(Some(Outbound {
+            copy,
+            start,
+            enqueued: Instant::now(),
+        }))
+    }
+
+    /// Waits for the copy `out` started, frees the device memory and records the move (its
+    /// time counted from `since` when that is later than the copy's start).
+    fn complete_to_host(
+        &self,
+        state: &mut State,
+        out: Outbound,
+        since: Option<Instant>,
+    ) -> Result<()> {
+        let slices = self.finish_copy(Direction::ToHost, out.copy, out.enqueued, out.start);
+        let slices = slices.map_err(|(error, _)| error)?;
         let State::Device {
             ptr,
             resource,
@@ -508,19 +549,10 @@ impl SpillableBuffer {
         else {
             return Ok(());
         };
-        let (ptr, stream) = (*ptr, *stream);
-        let mut slices = self.host_slices()?;
-        let start = Instant::now();
-        if let Err(CopyError { error, in_flight }) = self.copy_out(ptr, &mut slices, stream) {
-            if in_flight {
-                // A copy may still write into them: they must never be handed out again.
-                std::mem::forget(slices);
-            }
-            return Err(error);
-        }
         if let Some(resource) = resource {
-            resource.deallocate(ptr, self.size, stream)?;
+            resource.deallocate(*ptr, self.size, *stream)?;
         }
+        let start = since.map_or(out.start, |s| s.max(out.start));
         self.moved(state, State::Host(slices), start);
         Ok(())
     }
@@ -569,33 +601,38 @@ impl SpillableBuffer {
 
     /// Brings host or disk data back into the device's current resource, for `stream`.
     fn to_device(&self, state: &mut State, stream: StreamView) -> Result<()> {
+        self.check_not_lost()?;
         if let Some(o) = &self.observer {
             o.make_room(self.id, self.size);
         }
         let resource = get_per_device_resource(self.device().ordinal())?;
         let ptr = resource.allocate(self.size, stream)?;
         let start = Instant::now();
-        let copied = match &*state {
-            State::Host(slices) => self.copy_in(ptr, slices, stream),
-            State::Disk(file, disk) => disk
-                .read_to_device(self.store.copies(), file, ptr, stream)
-                .map_err(|error| CopyError {
-                    error,
-                    in_flight: false,
-                }),
-            State::Device { .. } => Ok(()),
+        let copied = match std::mem::replace(state, State::Host(Vec::new())) {
+            State::Host(slices) => {
+                self.copy_in(ptr, slices, stream)
+                    .map(drop)
+                    .map_err(|(e, slices)| {
+                        // The data stays on the host when the copy's memory came back.
+                        if let Some(slices) = slices {
+                            *state = State::Host(slices);
+                        }
+                        e
+                    })
+            }
+            State::Disk(file, disk) => {
+                let read = disk.read_to_device(self.store.copies(), &file, ptr, stream);
+                *state = State::Disk(file, disk);
+                read
+            }
+            device @ State::Device { .. } => {
+                *state = device;
+                Ok(())
+            }
         };
-        if let Err(CopyError {
-            error: e,
-            in_flight,
-        }) = copied
-        {
-            if in_flight {
-                tracing::error!(
-                    "unspilling buffer {}: {e}; its new device memory is left allocated, a \
-                     copy may still write into it",
-                    self.id
-                );
+        if let Err(e) = copied {
+            if matches!(e, Error::DataLost { .. }) {
+                // A copy may still write into the new memory: it is left allocated.
                 return Err(e);
             }
             if let Err(free) = resource.deallocate(ptr, self.size, stream) {
@@ -618,133 +655,198 @@ impl SpillableBuffer {
         Ok(())
     }
 
-    /// Runs `enqueue` (which queues copies on the copy stream of `direction`) after the work
-    /// queued on `after`, and waits for the copies.
-    fn copy(
+    /// An error when the data was lost to a failed copy (see [`Error::DataLost`]).
+    fn check_not_lost(&self) -> Result<()> {
+        if self.lost.load(Ordering::Acquire) {
+            return Err(Error::DataLost {
+                id: self.id,
+                bytes: self.size,
+                detail: "an earlier unspill could not wait for its copy".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts a copy in `direction` on a copy stream ordered after the work queued on
+    /// `after`, through `enqueue` (given the device, the copy stream and an event).
+    fn start_copy(
         &self,
         direction: Direction,
         after: StreamView,
-        enqueue: impl FnOnce(crate::backend::RawStream) -> Result<()>,
-    ) -> std::result::Result<(), CopyError> {
+        enqueue: impl FnOnce(
+            Device,
+            crate::backend::RawStream,
+            crate::stream::Event,
+        ) -> std::result::Result<
+            PinnedCopy<PinnedSlice>,
+            Box<CopyFailed<PinnedSlice>>,
+        >,
+    ) -> std::result::Result<PinnedCopy<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
         let copies = self.store.copies();
-        let not_started = |error| CopyError {
-            error,
-            in_flight: false,
-        };
-        let t0 = Instant::now();
-        let after_busy = tracing::enabled!(target: "rmm::spill::copy", tracing::Level::TRACE)
-            && !self
-                .device()
-                .backend()
-                .stream_query(self.device().ordinal(), after.raw())
-                .unwrap_or(true);
-        let stream = copies
+        let prepared = copies
             .ordered_after(direction, after)
-            .map_err(not_started)?;
-        let done = copies.event().map_err(not_started)?;
-        let enqueued = enqueue(stream);
-        let t1 = Instant::now();
-        let r = finish_copies(enqueued, &done, stream, self.device());
+            .and_then(|lane| copies.event().map(|event| (lane, event)));
+        let (lane, event) = match prepared {
+            Ok(p) => p,
+            // Nothing was enqueued: `enqueue` (and the memory it owns) is dropped unused.
+            Err(e) => return Err((e, None)),
+        };
+        enqueue(self.device(), lane, event).map_err(|f| self.settle(*f))
+    }
+
+    /// Waits for `copy`; its memory back, or the error and the memory when it came back.
+    fn finish_copy(
+        &self,
+        direction: Direction,
+        copy: PinnedCopy<PinnedSlice>,
+        enqueued: Instant,
+        start: Instant,
+    ) -> std::result::Result<Vec<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
+        let waited = copy.wait();
         tracing::trace!(
             target: "rmm::spill::copy",
             id = self.id,
             bytes = self.size,
             ?direction,
-            after_busy,
-            enqueue_us = (t1 - t0).as_micros() as u64,
-            wait_us = t1.elapsed().as_micros() as u64,
+            enqueue_us = (enqueued - start).as_micros() as u64,
+            wait_us = enqueued.elapsed().as_micros() as u64,
             "copy"
         );
-        r
+        match waited {
+            Ok((memory, event)) => {
+                self.store.copies().recycle(event);
+                Ok(memory)
+            }
+            Err(f) => Err(self.settle(*f)),
+        }
     }
 
-    /// Copies the device bytes at `ptr` into `slices` on the copy stream, after the work
-    /// queued on `after`, and waits.
-    fn copy_out(
-        &self,
-        ptr: DevicePtr,
-        slices: &mut [PinnedSlice],
-        after: StreamView,
-    ) -> std::result::Result<(), CopyError> {
-        let (b, d) = (self.device().backend(), self.device().ordinal());
-        self.copy(Direction::ToHost, after, |stream| {
-            let mut offset = 0;
-            slices.iter_mut().try_for_each(|s| {
-                let n = (self.size - offset).min(s.len());
-                // SAFETY: the slice is owned here and not touched by the host until the copy
-                // stream has run the copy (waited for in `copy`, on success and on failure);
-                // the device range lies in the buffer.
-                let r = unsafe {
-                    b.memcpy_dtoh_async(d, s.as_mut_ptr(), ptr.offset(offset), n, stream)
-                };
-                offset += n;
-                r
-            })
-        })
+    /// A failed copy's event back in the pool; its error and memory (when it came back).
+    fn settle(&self, f: CopyFailed<PinnedSlice>) -> (Error, Option<Vec<PinnedSlice>>) {
+        if let Some(event) = f.event {
+            self.store.copies().recycle(event);
+        }
+        (f.error, f.memory)
     }
 
-    /// Copies `slices` to the device bytes at `ptr` on the copy stream, after the work queued
-    /// on `after` (which covers the allocation of `ptr`), and waits.
+    /// Copies `slices` to the device bytes at `ptr` on a copy stream, after the work queued
+    /// on `after` (which covers the allocation of `ptr`), and waits; the slices come back.
+    /// On error they come back too unless a copy may still read them: the data is then lost
+    /// ([`Error::DataLost`]).
     fn copy_in(
         &self,
         ptr: DevicePtr,
-        slices: &[PinnedSlice],
+        slices: Vec<PinnedSlice>,
         after: StreamView,
-    ) -> std::result::Result<(), CopyError> {
-        let (b, d) = (self.device().backend(), self.device().ordinal());
-        self.copy(Direction::ToDevice, after, |stream| {
-            let mut offset = 0;
-            slices.iter().try_for_each(|s| {
-                let n = (self.size - offset).min(s.len());
-                // SAFETY: the slices stay alive and unchanged (borrowed) until the copy stream
-                // has run the copy (waited for in `copy`); the device range lies in the new
-                // allocation.
-                let r =
-                    unsafe { b.memcpy_htod_async(d, ptr.offset(offset), s.as_ptr(), n, stream) };
-                offset += n;
-                r
-            })
-        })
+    ) -> std::result::Result<Vec<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
+        let start = Instant::now();
+        // Kept aside: a copy that fails before it starts drops what it owns.
+        let mut kept = Some(slices);
+        let copy = self.start_copy(Direction::ToDevice, after, |device, lane, event| {
+            let slices = kept.take().unwrap_or_default();
+            PinnedCopy::to_device(device, lane, event, slices, ptr, self.size)
+        });
+        let copy = match copy {
+            Ok(c) => c,
+            Err((e, memory)) => return Err(self.lost_unless(e, memory.or(kept))),
+        };
+        let enqueued = Instant::now();
+        self.finish_copy(Direction::ToDevice, copy, enqueued, start)
+            .map_err(|(e, memory)| self.lost_unless(e, memory))
+    }
+
+    /// `error` with the memory when it came back; [`Error::DataLost`] (and the buffer marked
+    /// lost) when it did not.
+    fn lost_unless(
+        &self,
+        error: Error,
+        memory: Option<Vec<PinnedSlice>>,
+    ) -> (Error, Option<Vec<PinnedSlice>>) {
+        if memory.is_some() {
+            return (error, memory);
+        }
+        self.lost.store(true, Ordering::Release);
+        tracing::error!("unspilling buffer {}: {error}; its data is lost", self.id);
+        (
+            Error::DataLost {
+                id: self.id,
+                bytes: self.size,
+                detail: error.to_string(),
+            },
+            None,
+        )
+    }
+
+    /// Starts moving the data to the pinned host pool: its copies are enqueued and the move
+    /// completes with [`PendingSpill::finish`], so that a caller making room can have the
+    /// copies of many buffers in flight at once and wait once. When the host tier has no room
+    /// and there is a disk tier, the data goes to disk now ([`SpillStep::Done`]).
+    ///
+    /// # Errors
+    /// As [`spill`](Self::spill); the buffer stays on the device, valid.
+    pub fn begin_spill(&self) -> Result<SpillStep<'_>> {
+        let Some(mut state) = self.lock_idle() else {
+            return Ok(SpillStep::Skipped);
+        };
+        match self.start_to_host(&state) {
+            Ok(Some(out)) => Ok(SpillStep::Pending(PendingSpill {
+                buffer: self,
+                state,
+                out,
+            })),
+            Ok(None) => Ok(SpillStep::Skipped),
+            Err(Error::HostOutOfMemory { .. }) if self.store.has_disk() => {
+                self.device_to_disk(&mut state)?;
+                Ok(SpillStep::Done(self.size))
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
-/// A failed copy; `in_flight` when some of its copies may still be running (waiting for the
-/// stream failed too): their source and destination must then never be reused.
-struct CopyError {
-    error: Error,
-    in_flight: bool,
+/// A copy to the host in flight, with when it started and was enqueued.
+struct Outbound {
+    copy: PinnedCopy<PinnedSlice>,
+    start: Instant,
+    enqueued: Instant,
 }
 
-/// Waits for the copies enqueued on `stream`: through `done` when all were enqueued, through
-/// the whole stream when one failed or `done` could not be waited for (so no copy still runs
-/// into memory about to be freed, unless the device cannot even say: `in_flight`).
-fn finish_copies(
-    enqueued: Result<()>,
-    done: &super::copy::PooledEvent<'_>,
-    stream: crate::backend::RawStream,
-    device: Device,
-) -> std::result::Result<(), CopyError> {
-    let waited = enqueued
-        .and_then(|()| done.record(stream))
-        .and_then(|()| done.synchronize());
-    match waited {
-        Ok(()) => Ok(()),
-        Err(error) => {
-            let in_flight = match device
-                .backend()
-                .stream_synchronize(device.ordinal(), stream)
-            {
-                Ok(()) => false,
-                Err(sync) => {
-                    tracing::error!(
-                        "waiting for spill copies after an error ({error}): {sync}; their \
-                         memory is left alone for good"
-                    );
-                    true
-                }
-            };
-            Err(CopyError { error, in_flight })
-        }
+/// What [`SpillableBuffer::begin_spill`] did.
+pub enum SpillStep<'a> {
+    /// Nothing: the buffer is in use, busy, already spilled or empty.
+    Skipped,
+    /// The data moved (to disk); the device bytes freed.
+    Done(usize),
+    /// The copies to the host are in flight: [`PendingSpill::finish`] completes the move.
+    Pending(PendingSpill<'a>),
+}
+
+/// A spill whose copies are in flight; the buffer is locked (not used, moved or dropped)
+/// until it completes. Dropping it without [`finish`](Self::finish) waits for the copies and
+/// leaves the data on the device.
+pub struct PendingSpill<'a> {
+    buffer: &'a SpillableBuffer,
+    state: MutexGuard<'a, State>,
+    out: Outbound,
+}
+
+impl PendingSpill<'_> {
+    /// The buffer's bytes.
+    pub fn size(&self) -> usize {
+        self.buffer.size
+    }
+
+    /// Waits for the copies, frees the device memory and records the move; the device bytes
+    /// freed. `since`: the moment from which the move's time is counted when it is later
+    /// than the copies' start (the end of the previous move of a batch, so that the moves
+    /// of a batch add up to its wall time, not to more).
+    ///
+    /// # Errors
+    /// A copy failed: the buffer stays on the device, valid.
+    pub fn finish(mut self, since: Option<Instant>) -> Result<usize> {
+        let buffer = self.buffer;
+        buffer.complete_to_host(&mut self.state, self.out, since)?;
+        Ok(buffer.size)
     }
 }
 

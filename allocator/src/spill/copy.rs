@@ -13,10 +13,10 @@
 
 use parking_lot::Mutex;
 
-use crate::backend::{RawEvent, RawStream};
+use crate::backend::RawStream;
 use crate::device::Device;
 use crate::error::Result;
-use crate::stream::StreamView;
+use crate::stream::{Event, StreamView};
 
 /// Direction of a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,8 @@ pub(crate) struct CopyStreams {
     assigned: Mutex<[(RawStream, u64); LANES]>,
     /// The counter of `assigned`.
     picks: std::sync::atomic::AtomicU64,
-    events: Mutex<Vec<RawEvent>>,
+    /// Events free for the next copy.
+    events: Mutex<Vec<Event>>,
 }
 
 impl std::fmt::Debug for CopyStreams {
@@ -48,32 +49,6 @@ impl std::fmt::Debug for CopyStreams {
         f.debug_struct("CopyStreams")
             .field("device", &self.device)
             .finish()
-    }
-}
-
-/// An event borrowed from [`CopyStreams`]; goes back on drop.
-pub(crate) struct PooledEvent<'a> {
-    owner: &'a CopyStreams,
-    raw: RawEvent,
-}
-
-impl PooledEvent<'_> {
-    /// Captures the work queued on `stream` so far.
-    pub(crate) fn record(&self, stream: RawStream) -> Result<()> {
-        let d = self.owner.device;
-        d.backend().event_record(d.ordinal(), self.raw, stream)
-    }
-
-    /// Waits on the host for the captured work.
-    pub(crate) fn synchronize(&self) -> Result<()> {
-        let d = self.owner.device;
-        d.backend().event_synchronize(d.ordinal(), self.raw)
-    }
-}
-
-impl Drop for PooledEvent<'_> {
-    fn drop(&mut self) {
-        self.owner.events.lock().push(self.raw);
     }
 }
 
@@ -134,13 +109,18 @@ impl CopyStreams {
         }
     }
 
-    /// An event (reused when one is free).
-    pub(crate) fn event(&self) -> Result<PooledEvent<'_>> {
-        let raw = match self.events.lock().pop() {
-            Some(e) => e,
-            None => self.device.backend().event_create(self.device.ordinal())?,
-        };
-        Ok(PooledEvent { owner: self, raw })
+    /// An event for one copy (a free one when there is one); give it back with
+    /// [`recycle`](Self::recycle).
+    pub(crate) fn event(&self) -> Result<Event> {
+        match self.events.lock().pop() {
+            Some(e) => Ok(e),
+            None => Event::new(self.device),
+        }
+    }
+
+    /// Takes back an event no copy waits on any more.
+    pub(crate) fn recycle(&self, event: Event) {
+        self.events.lock().push(event);
     }
 
     /// The copy stream for a copy in `direction` of a buffer used on `after`, ordered after
@@ -152,11 +132,12 @@ impl CopyStreams {
     ) -> Result<RawStream> {
         let stream = self.lane(direction, after);
         let e = self.event()?;
-        e.record(after.raw())?;
+        e.record(after)?;
         self.device
             .backend()
-            .stream_wait_event(self.device.ordinal(), stream, e.raw)?;
+            .stream_wait_event(self.device.ordinal(), stream, e.raw())?;
         // The event may go back to the pool at once: the wait captured its state.
+        self.recycle(e);
         Ok(stream)
     }
 }
@@ -173,11 +154,7 @@ impl Drop for CopyStreams {
                 tracing::error!("destroying a spill copy stream on device {d}: {e}");
             }
         }
-        for e in self.events.get_mut().drain(..) {
-            if let Err(err) = b.event_destroy(d, e) {
-                tracing::error!("destroying a spill copy event on device {d}: {err}");
-            }
-        }
+        // The events are destroyed as they drop.
     }
 }
 

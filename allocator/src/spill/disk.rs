@@ -14,6 +14,7 @@
 //! of a pid that is no longer alive are swept. A process that ends on a signal it handles
 //! (the `rmm` CLI on SIGINT and SIGTERM) removes its own with [`remove_files_for_exit`].
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -26,6 +27,7 @@ use parking_lot::{Mutex, RwLock};
 use super::copy::{CopyStreams, Direction};
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
+use crate::backend::pinned_copy::{CopyFailed, PinnedCopy};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::PinnedHostPool;
@@ -154,7 +156,9 @@ pub(crate) struct DiskStore {
     directory: PathBuf,
     prefix: String,
     /// Two pinned slots; holding the lock serializes a device's traffic with its disk.
-    staging: Mutex<[PinnedSlice; 2]>,
+    staging: Mutex<Vec<PinnedSlice>>,
+    /// Where the slots come from (and a lost one's replacement).
+    staging_pool: PinnedHostPool,
     held: Arc<AtomicU64>,
     next: AtomicU64,
 }
@@ -238,7 +242,7 @@ impl DiskStore {
         check_directory(directory)?;
         register(directory);
         let staging_pool = PinnedHostPool::on(device.backend(), 2 * STAGING)?;
-        let staging = [
+        let staging = vec![
             staging_pool.allocate(STAGING)?,
             staging_pool.allocate(STAGING)?,
         ];
@@ -251,6 +255,7 @@ impl DiskStore {
                 device.ordinal()
             ),
             staging: Mutex::new(staging),
+            staging_pool,
             held: Arc::new(AtomicU64::new(0)),
             next: AtomicU64::new(0),
         })
@@ -357,44 +362,51 @@ impl DiskStore {
         after: StreamView,
     ) -> Result<DiskFile> {
         let device = copies.device();
-        let (b, d) = (device.backend(), device.ordinal());
         let (mut file, disk) = self.create(id, len)?;
         let mut staging = self.staging.lock();
-        let stream = copies.ordered_after(Direction::ToHost, after)?;
-        let events = [copies.event()?, copies.event()?];
-        let chunks = len.div_ceil(STAGING);
-        // Chunk i goes through slot i % 2: copy chunk i + 1 while chunk i is written.
-        let enqueue = |staging: &mut [PinnedSlice; 2], i: usize| -> Result<()> {
-            let off = i * STAGING;
-            let n = (len - off).min(STAGING);
-            let slot = &mut staging[i % 2];
-            // SAFETY: the slot is not read by the host until its event (recorded right after)
-            // has completed (or, after an error, the whole copy stream: `drain`), and the loop
-            // below waits for it before writing the slot out; the
-            // device range lies inside the `len` bytes at `src`.
-            unsafe { b.memcpy_dtoh_async(d, slot.as_mut_ptr(), src.offset(off), n, stream)? };
-            events[i % 2].record(stream)
-        };
-        let result = (|| {
-            if chunks > 0 {
-                enqueue(&mut staging, 0)?;
-            }
-            for i in 0..chunks {
-                events[i % 2].synchronize()?;
-                if i + 1 < chunks {
-                    enqueue(&mut staging, i + 1)?;
+        let mut free = self.take_slots(&mut staging)?;
+        let mut pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)> = VecDeque::new();
+        // Chunks are copied into the free slots while the oldest copied chunk is written out.
+        let result = (|| -> Result<()> {
+            let stream = copies.ordered_after(Direction::ToHost, after)?;
+            let chunks = len.div_ceil(STAGING);
+            let mut next = 0;
+            loop {
+                while next < chunks
+                    && let Some(slot) = free.pop()
+                {
+                    let off = next * STAGING;
+                    let n = (len - off).min(STAGING);
+                    let event = match copies.event() {
+                        Ok(e) => e,
+                        Err(e) => {
+                            free.push(slot);
+                            return Err(e);
+                        }
+                    };
+                    let copy =
+                        PinnedCopy::to_host(device, stream, event, src.offset(off), n, vec![slot])
+                            .map_err(|f| reclaim(copies, &mut free, *f))?;
+                    pending.push_back((n, copy));
+                    next += 1;
                 }
-                let n = (len - i * STAGING).min(STAGING);
-                self.before_write()?;
-                file.write_all(&staging[i % 2].as_slice()[..n])
-                    .map_err(|e| io_error(&disk.path, "write", e))?;
+                let Some((n, copy)) = pending.pop_front() else {
+                    return Ok(());
+                };
+                let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, *f))?;
+                copies.recycle(event);
+                let written = self.before_write().and_then(|()| {
+                    slots.first().map_or(Ok(()), |slot| {
+                        file.write_all(&slot.as_slice()[..n])
+                            .map_err(|e| io_error(&disk.path, "write", e))
+                    })
+                });
+                free.extend(slots);
+                written?;
             }
-            Ok(())
         })();
-        // Never hand the slots to another user while a copy into them may still run.
-        let drained = drain(copies, stream, &events, result.is_err());
-        drop(staging);
-        result.and(drained)?;
+        self.put_back(copies, &mut staging, free, pending);
+        result?;
         finish(file, &disk)?;
         Ok(disk)
     }
@@ -409,66 +421,108 @@ impl DiskStore {
         after: StreamView,
     ) -> Result<()> {
         let device = copies.device();
-        let (b, d) = (device.backend(), device.ordinal());
         let len = disk.len;
         let mut file = File::open(&disk.path).map_err(|e| io_error(&disk.path, "read", e))?;
         let mut staging = self.staging.lock();
-        let stream = copies.ordered_after(Direction::ToDevice, after)?;
-        let events = [copies.event()?, copies.event()?];
-        let chunks = len.div_ceil(STAGING);
-        let result = (|| {
-            for i in 0..chunks {
-                // The slot's previous copy (chunk i - 2) must be done before it is refilled.
-                if i >= 2 {
-                    events[i % 2].synchronize()?;
+        let mut free = self.take_slots(&mut staging)?;
+        let mut pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)> = VecDeque::new();
+        // Each chunk is read into a free slot while the slots read before are copied out.
+        let result = (|| -> Result<()> {
+            let stream = copies.ordered_after(Direction::ToDevice, after)?;
+            for i in 0..len.div_ceil(STAGING) {
+                if free.is_empty()
+                    && let Some((_, copy)) = pending.pop_front()
+                {
+                    let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, *f))?;
+                    copies.recycle(event);
+                    free.extend(slots);
                 }
+                let Some(mut slot) = free.pop() else {
+                    return Err(Error::HostOutOfMemory {
+                        requested: STAGING,
+                        resource: "the disk tier's staging slots",
+                    });
+                };
                 let off = i * STAGING;
                 let n = (len - off).min(STAGING);
-                let slot = &mut staging[i % 2];
-                file.read_exact(&mut slot.as_mut_slice()[..n])
-                    .map_err(|e| io_error(&disk.path, "read", e))?;
-                // SAFETY: the slot is not written by the host again until its event (recorded
-                // right after) has completed; the device range lies inside the destination.
-                unsafe { b.memcpy_htod_async(d, dst.offset(off), slot.as_ptr(), n, stream)? };
-                events[i % 2].record(stream)?;
+                if let Err(e) = file.read_exact(&mut slot.as_mut_slice()[..n]) {
+                    free.push(slot);
+                    return Err(io_error(&disk.path, "read", e));
+                }
+                let event = match copies.event() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        free.push(slot);
+                        return Err(e);
+                    }
+                };
+                let copy =
+                    PinnedCopy::to_device(device, stream, event, vec![slot], dst.offset(off), n)
+                        .map_err(|f| reclaim(copies, &mut free, *f))?;
+                pending.push_back((n, copy));
+            }
+            while let Some((_, copy)) = pending.pop_front() {
+                let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, *f))?;
+                copies.recycle(event);
+                free.extend(slots);
             }
             Ok(())
         })();
-        let drained = drain(copies, stream, &events, result.is_err());
-        drop(staging);
-        result.and(drained)
+        self.put_back(copies, &mut staging, free, pending);
+        result
+    }
+
+    /// The staging slots, out of the store for one pipeline (a slot lost to a copy that could
+    /// not be waited for is replaced first, if the staging pool still can).
+    fn take_slots(&self, staging: &mut Vec<PinnedSlice>) -> Result<Vec<PinnedSlice>> {
+        while staging.len() < 2 {
+            staging.push(self.staging_pool.allocate(STAGING)?);
+        }
+        Ok(std::mem::take(staging))
+    }
+
+    /// Puts a pipeline's slots back, waiting first for the copies still in flight (after an
+    /// error); a slot a copy may still use is leaked by its copy, not put back.
+    fn put_back(
+        &self,
+        copies: &CopyStreams,
+        staging: &mut Vec<PinnedSlice>,
+        mut free: Vec<PinnedSlice>,
+        pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)>,
+    ) {
+        for (_, copy) in pending {
+            match copy.wait() {
+                Ok((slots, event)) => {
+                    copies.recycle(event);
+                    free.extend(slots);
+                }
+                Err(f) => {
+                    let e = reclaim(copies, &mut free, *f);
+                    tracing::error!(
+                        "waiting for the disk tier's copies on {}: {e}",
+                        copies.device()
+                    );
+                }
+            }
+        }
+        *staging = free;
     }
 }
 
-/// Waits until no copy of a pipeline runs on `stream`: through its two events, or, after an
-/// error (an event may not have been recorded behind a queued copy), through the whole
-/// stream.
-fn drain(
+/// A failed copy's memory back among `free` and its event back in the pool, when they came
+/// back; its error.
+fn reclaim(
     copies: &CopyStreams,
-    stream: crate::backend::RawStream,
-    events: &[super::copy::PooledEvent<'_>; 2],
-    failed: bool,
-) -> Result<()> {
-    let by_events = if failed {
-        None
-    } else {
-        Some(events.iter().try_for_each(|e| e.synchronize()))
-    };
-    match by_events {
-        Some(Ok(())) => Ok(()),
-        _ => {
-            let d = copies.device();
-            d.backend()
-                .stream_synchronize(d.ordinal(), stream)
-                .inspect_err(|e| {
-                    tracing::error!(
-                        "waiting for the disk tier's copies on device {}: {e}; its staging \
-                         memory may still be written",
-                        d.ordinal()
-                    );
-                })
-        }
+    free: &mut Vec<PinnedSlice>,
+    failed: CopyFailed<PinnedSlice>,
+) -> Error {
+    if let Some(memory) = failed.memory {
+        free.extend(memory);
     }
+    if let Some(event) = failed.event {
+        copies.recycle(event);
+    }
+    failed.error
 }
 
 /// Flushes `file` to the operating system (not to stable storage: spill files do not outlive

@@ -132,6 +132,13 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         }
     }
 
+    /// Waits until the spilling asked for in the background so far is done (see
+    /// [`SpillManager::settle`](super::SpillManager::settle)): a tier read after it is
+    /// settled.
+    pub fn settle(&self) {
+        self.tracker.background.settle();
+    }
+
     /// True once the value was spilled (its owner is gone; its data lives in buffers).
     pub fn is_spilled(&self) -> bool {
         matches!(self.owner(|_| ()), OwnerAccess::Spilled)

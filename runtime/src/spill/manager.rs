@@ -299,6 +299,32 @@ impl SpillManager {
         data
     }
 
+    /// [`adopt`](Self::adopt), with the least recently used data spilled on the manager's
+    /// background thread rather than before this returns: the caller goes on while the
+    /// copies run (the device may hold more than the limit meanwhile; an allocation that
+    /// fails for it spills at once through the out-of-memory handler). [`settle`](Self::settle)
+    /// waits for that spilling.
+    pub fn adopt_in_background<O: ForeignOwner + 'static>(
+        &self,
+        allocations: &[(DevicePtr, usize)],
+        stream: StreamView,
+        owner: O,
+    ) -> Arc<ForeignData<O>> {
+        let data = ForeignData::adopt(&self.tracker, &self.store, allocations, stream, owner);
+        let over = self.tracker.tracked.load(Ordering::Relaxed)
+            > self.tracker.limit.load(Ordering::Relaxed) as i64;
+        if over {
+            self.tracker.background.request(&self.tracker);
+        }
+        data
+    }
+
+    /// Waits until the spilling that [`adopt_in_background`](Self::adopt_in_background)
+    /// asked for so far is done (what statistics and tiers are read after).
+    pub fn settle(&self) {
+        self.tracker.background.settle();
+    }
+
     /// Spills least recently used data not in use until the device holds no more than the
     /// limit; returns the device bytes freed.
     ///

@@ -9,9 +9,11 @@
 //! * `manager`: the [`SpillManager`] (making buffers, adopting values, the out-of-memory
 //!   handler, spilling and unspilling everything, statistics);
 //! * `tracker`: the least-recently-used order and the device bytes against the limit;
+//! * `background`: the limit enforced on a thread of its own after adoptions;
 //! * `foreign`: adopted values ([`ForeignData`], [`ForeignOwner`]);
 //! * `statistics`: the figures ([`SpillStatistics`], [`TierStatistics`]).
 
+mod background;
 mod foreign;
 mod manager;
 mod statistics;

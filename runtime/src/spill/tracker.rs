@@ -11,9 +11,12 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use rmm_allocator::resource::PinnedHostPool;
-use rmm_allocator::spill::{SpillObserver, SpillStore, SpillableBuffer, Tier};
+use rmm_allocator::spill::{
+    PendingSpill, SpillObserver, SpillStep, SpillStore, SpillableBuffer, Tier,
+};
 use rmm_allocator::{DevicePtr, StreamView};
 
+use super::background::Background;
 use super::statistics::Moves;
 
 /// An entry of the least-recently-used order: something whose device bytes can move off the
@@ -27,6 +30,17 @@ pub(crate) trait Spillable: Send + Sync {
     fn is_in_use(&self) -> bool;
     /// Moves it off the device; the device bytes freed (0 when in use, busy or spilled).
     fn spill(&self) -> rmm_allocator::Result<usize>;
+    /// Starts moving it off the device, so that the copies of several entries run at once
+    /// (see [`SpillableBuffer::begin_spill`]); by default the whole move, at once.
+    fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>> {
+        self.spill().map(|n| {
+            if n > 0 {
+                SpillStep::Done(n)
+            } else {
+                SpillStep::Skipped
+            }
+        })
+    }
     /// Moves host data on to disk; the bytes moved.
     fn spill_to_disk(&self) -> rmm_allocator::Result<usize>;
     /// Brings spilled data back to the device on `stream`.
@@ -45,6 +59,9 @@ impl Spillable for SpillableBuffer {
     }
     fn spill(&self) -> rmm_allocator::Result<usize> {
         SpillableBuffer::spill(self)
+    }
+    fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>> {
+        SpillableBuffer::begin_spill(self)
     }
     fn spill_to_disk(&self) -> rmm_allocator::Result<usize> {
         SpillableBuffer::spill_to_disk(self)
@@ -114,6 +131,35 @@ pub(crate) struct Tracker {
     /// Adopted device allocations on the device: address → (bytes, values holding it). An
     /// allocation that several values view is counted once.
     pub(crate) foreign: Mutex<HashMap<u64, (usize, usize)>>,
+    /// The limit enforced off the adopting thread.
+    pub(crate) background: Background,
+}
+
+/// The most spills whose copies are in flight at once when making room.
+pub(crate) const BATCH_ENTRIES: usize = 64;
+/// The most bytes in flight at once when making room (memory is freed as each batch ends).
+pub(crate) const BATCH_BYTES: u64 = 1 << 30;
+
+/// Completes the spills of `batch` in order; the device bytes freed. Each move's time runs
+/// from the end of the one before, so a batch's moves add up to its wall time.
+fn finish_batch(
+    batch: &mut Vec<PendingSpill<'_>>,
+    first_error: &mut Option<rmm_allocator::Error>,
+) -> u64 {
+    let mut freed = 0;
+    let mut since = None;
+    for p in batch.drain(..) {
+        let size = p.size();
+        match p.finish(since) {
+            Ok(n) => freed += n as u64,
+            Err(e) => {
+                tracing::debug!("an entry of {size} bytes could not be spilled: {e}");
+                first_error.get_or_insert(e);
+            }
+        }
+        since = Some(std::time::Instant::now());
+    }
+    freed
 }
 
 impl Tracker {
@@ -131,6 +177,10 @@ impl Tracker {
 
     /// Spills least recently used entries (not `except`) until `need` device bytes are freed
     /// or nothing more can go; returns the bytes freed.
+    ///
+    /// Copies are batched: the copies of up to [`BATCH_ENTRIES`] entries ([`BATCH_BYTES`])
+    /// are enqueued before the first is waited for, so many small buffers move at the copy
+    /// engine's rate instead of one round trip each.
     pub(crate) fn spill_oldest(
         &self,
         need: u64,
@@ -138,22 +188,36 @@ impl Tracker {
     ) -> rmm_allocator::Result<u64> {
         let mut freed = 0;
         let mut first_error = None;
-        for b in self.oldest_first(except) {
-            if freed >= need {
+        let entries = self.oldest_first(except);
+        let mut batch: Vec<PendingSpill<'_>> = Vec::new();
+        let mut batch_bytes = 0u64;
+        for b in &entries {
+            if freed + batch_bytes >= need {
                 break;
             }
-            // `spill` skips entries in use, busy or already spilled, without waiting. One that
+            // Entries in use, busy or already spilled are skipped without waiting. One that
             // cannot move (e.g. larger than a full host pool) does not stop the others.
-            if b.tier() == Tier::Device && !b.is_in_use() {
-                match b.spill() {
-                    Ok(n) => freed += n as u64,
-                    Err(e) => {
-                        tracing::debug!("an entry of {} bytes could not be spilled: {e}", b.size());
-                        first_error.get_or_insert(e);
+            if b.tier() != Tier::Device || b.is_in_use() {
+                continue;
+            }
+            match b.begin_spill() {
+                Ok(SpillStep::Skipped) => {}
+                Ok(SpillStep::Done(n)) => freed += n as u64,
+                Ok(SpillStep::Pending(p)) => {
+                    batch_bytes += p.size() as u64;
+                    batch.push(p);
+                    if batch.len() >= BATCH_ENTRIES || batch_bytes >= BATCH_BYTES {
+                        freed += finish_batch(&mut batch, &mut first_error);
+                        batch_bytes = 0;
                     }
+                }
+                Err(e) => {
+                    tracing::debug!("an entry of {} bytes could not be spilled: {e}", b.size());
+                    first_error.get_or_insert(e);
                 }
             }
         }
+        freed += finish_batch(&mut batch, &mut first_error);
         match first_error {
             Some(e) if freed < need => Err(e),
             _ => Ok(freed),
