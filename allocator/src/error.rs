@@ -38,9 +38,9 @@ pub enum Error {
 
     /// A host allocation (pinned or pageable) could not be satisfied.
     #[error(
-        "out of host memory: {resource} could not allocate {} ({requested} bytes). \
-         Lower the host pool size or free pinned buffers",
-        fmt_bytes(*.requested)
+        "out of host memory: {resource} could not allocate {} ({requested} bytes). {}",
+        fmt_bytes(*.requested),
+        host_advice(resource)
     )]
     HostOutOfMemory {
         /// Bytes requested.
@@ -229,6 +229,18 @@ pub enum Error {
         /// What the user can do.
         hint: String,
     },
+}
+
+/// What to do about an [`Error::HostOutOfMemory`] of `resource`: a full pinned host pool
+/// needs more room, anything else (pinning or allocating host memory failed) less.
+fn host_advice(resource: &str) -> &'static str {
+    if resource == "PinnedHostPool" {
+        "The pinned host pool is full: make it larger (spill.host_pool_size, or \"none\" to \
+         pin as needed), add a disk tier behind it (spill.disk_directory), or drop spilled \
+         buffers"
+    } else {
+        "The host has no more memory to give: lower the host pool size or free pinned buffers"
+    }
 }
 
 impl Error {

@@ -171,6 +171,55 @@ fn injected_copy_failure() {
 }
 
 #[test]
+fn injected_pin_and_file_write_failures_are_counted_and_leave_nothing_pinned() {
+    let b = sim(2, GIB, SimMemoryMode::Backed);
+    let before = b.counts(0).unwrap();
+    // The second pin fails: the first pool is pinned, the second fails and pins nothing.
+    b.fail_nth_pin(2);
+    let first = rmm_allocator::resource::PinnedHostPool::on(b, 4 << 20).unwrap();
+    let e = rmm_allocator::resource::PinnedHostPool::on(b, 4 << 20).unwrap_err();
+    assert!(
+        e.to_string().contains("injected failure of this pin"),
+        "{e}"
+    );
+    assert_eq!(
+        b.pinned_host_bytes(),
+        first.capacity(),
+        "the failed pool pinned nothing"
+    );
+    drop(first);
+    assert_eq!(b.pinned_host_bytes(), 0);
+    let pins = b.counts(0).unwrap().since(&before).pins;
+    assert_eq!(pins, 2);
+    // Pins are the backend's: device 1 counts them too.
+    assert_eq!(b.counts(1).unwrap().pins, b.counts(0).unwrap().pins);
+    // File writes: the N-th on a device fails, on that device only; clearing removes it.
+    b.fail_nth_file_write(0, 2).unwrap();
+    b.before_file_write(1).unwrap();
+    b.before_file_write(0).unwrap();
+    let e = b.before_file_write(0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InjectedFault {
+                what: "spill file write",
+                device: 0
+            }
+        ),
+        "{e}"
+    );
+    b.before_file_write(0).unwrap();
+    b.fail_nth_file_write(0, 1).unwrap();
+    b.fail_nth_pin(1);
+    b.clear_faults(0).unwrap();
+    b.before_file_write(0).unwrap();
+    drop(rmm_allocator::resource::PinnedHostPool::on(b, 1 << 20).unwrap());
+    let c = b.counts(0).unwrap().since(&before);
+    assert_eq!((c.pins, c.file_writes), (3, 4), "{c:?}");
+    assert_eq!(b.counts(1).unwrap().file_writes, 1);
+}
+
+#[test]
 fn a_held_stream_runs_nothing_until_released_and_events_see_it() {
     let b = sim(1, GIB, SimMemoryMode::Backed);
     let d = Device::on(b, 0).unwrap();

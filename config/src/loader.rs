@@ -53,6 +53,8 @@ enum FileChoice {
         text: String,
     },
     Skip,
+    /// A loaded configuration, every key of it, in place of the defaults and the file.
+    Base(Box<Config>),
 }
 
 #[derive(Debug, Clone)]
@@ -114,6 +116,31 @@ impl ConfigLoader {
         ConfigLoader {
             file: FileChoice::Auto,
             env: None,
+            overrides: Vec::new(),
+        }
+    }
+
+    /// Starts from `config` (every key of it, with the source each value had) instead of
+    /// the defaults and a file, and reads no environment (`config` took it into account when
+    /// it was loaded): [`set`](Self::set) then changes what it names and nothing else.
+    /// "The running configuration with one change":
+    ///
+    /// ```
+    /// # mod rmm { pub use rmm_config as config; }
+    /// use rmm::config::ConfigLoader;
+    /// let running = ConfigLoader::new().no_file().no_env()
+    ///     .set("workers_per_device", 2)
+    ///     .set("spill.enabled", true)
+    ///     .load()?;
+    /// let next = ConfigLoader::from_config(&running).set("pool.enabled", false).load()?;
+    /// assert_eq!(next.workers_per_device, 2);
+    /// assert!(next.spill.enabled && !next.pool.enabled);
+    /// # Ok::<(), rmm::config::Error>(())
+    /// ```
+    pub fn from_config(config: &Config) -> Self {
+        ConfigLoader {
+            file: FileChoice::Base(Box::new(config.clone())),
+            env: Some(Vec::new()),
             overrides: Vec::new(),
         }
     }
@@ -237,6 +264,7 @@ impl ConfigLoader {
         };
         let (path, required, named_by_env) = match &self.file {
             FileChoice::Skip => return Ok(()),
+            FileChoice::Base(config) => return layers.base(config),
             FileChoice::Text { name, text } => return layers.parse(name, text),
             FileChoice::Required(path) => (path.clone(), true, false),
             FileChoice::Optional(path) => (path.clone(), false, false),
@@ -270,6 +298,20 @@ struct Layers {
 }
 
 impl Layers {
+    /// Every key of `config` (loaded, so checked already), with its source.
+    fn base(&mut self, config: &Config) -> Result<()> {
+        let value = toml::Value::try_from(config).map_err(|e| {
+            Error::Internal(format!("serializing the configuration to start from: {e}"))
+        })?;
+        let mut flat = BTreeMap::new();
+        flatten(&value, "", &mut flat);
+        for (key, value) in flat {
+            let origin = config.source(&key);
+            self.entries.push(Entry { key, value, origin });
+        }
+        Ok(())
+    }
+
     fn parse(&mut self, path: &Path, text: &str) -> Result<()> {
         let table: toml::Table = toml::from_str(text).map_err(|e| Error::Parse {
             path: path.to_path_buf(),
@@ -404,7 +446,11 @@ fn merge(entries: Vec<Entry>) -> Result<Config> {
     let mut sources = BTreeMap::new();
     for entry in entries {
         flat.insert(entry.key.clone(), entry.value);
-        sources.insert(entry.key, entry.origin);
+        if entry.origin == Source::Default {
+            sources.remove(&entry.key);
+        } else {
+            sources.insert(entry.key, entry.origin);
+        }
     }
     let mut root = toml::Table::new();
     for (key, value) in flat {

@@ -119,7 +119,10 @@ fn is_out_of_memory(e: &dyn Any) -> bool {
     }
     match e.downcast_ref::<rmm_runtime::Error>() {
         Some(
-            rmm_runtime::Error::Allocator(a) | rmm_runtime::Error::DeviceSetup { source: a, .. },
+            rmm_runtime::Error::Allocator(a)
+            | rmm_runtime::Error::DeviceSetup { source: a, .. }
+            | rmm_runtime::Error::SpillTiers { source: a, .. }
+            | rmm_runtime::Error::SpillBeforeSwitch { source: a, .. },
         ) => a.is_out_of_memory(),
         _ => false,
     }
@@ -176,8 +179,11 @@ fn initialize(
 
 /// Switches every device to `config` (as for `initialize`, RAPIDS RMM's keywords included:
 /// `reinitialize(pool_allocator=True, initial_pool_size=2**30)`; starts rmm-rs if it is not
-/// running). Spillable buffers are spilled first and keep their bytes; live device buffers
-/// make it refuse, naming them. Returns the report of each step as a dict.
+/// running). With `overrides` alone (no `config`, no RMM keyword), the running configuration
+/// with those settings changed: `reinitialize(overrides={"pool.enabled": False})` keeps the
+/// devices, workers and spilling as they run. Spillable buffers are spilled first and keep
+/// their bytes; live device buffers make it refuse, naming them. Returns the report of each
+/// step as a dict.
 #[pyfunction]
 #[pyo3(signature = (config=None, overrides=None, **rmm_keywords))]
 fn reinitialize(
@@ -186,8 +192,20 @@ fn reinitialize(
     overrides: Option<&Bound<'_, PyDict>>,
     rmm_keywords: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<PyAny>> {
+    let running = current();
+    if let (Some(rt), Some(changes)) = (
+        &running,
+        settings::running_overrides(config, overrides, rmm_keywords)?,
+    ) {
+        let report = py
+            .detach(|| {
+                rt.reconfigure(|loader| changes.into_iter().fold(loader, |l, (k, v)| l.set(k, v)))
+            })
+            .map_err(error)?;
+        return json_to_py(py, &serde_json::to_string(&report).map_err(error)?);
+    }
     let config = settings::load_call(config, overrides, rmm_keywords)?;
-    let text = match current() {
+    let text = match running {
         Some(rt) => {
             let report = py.detach(|| rt.reinitialize(&config)).map_err(error)?;
             serde_json::to_string(&report).map_err(error)?

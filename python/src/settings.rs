@@ -108,7 +108,10 @@ fn flatten(
         },
         dict.as_any(),
     )?;
-    for (k, v) in dict.iter() {
+    // A snapshot: converting a value may run Python code (`__index__`, `__fspath__`) that
+    // changes the dict, which must not break (or panic) the walk.
+    let items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = dict.iter().collect();
+    for (k, v) in items {
         let k: String = k.extract().map_err(|_| {
             error(format!(
                 "configuration keys are strings; got {}",
@@ -316,6 +319,23 @@ pub(crate) fn load_call(
         })
         .load()
         .map_err(error)
+}
+
+/// The changes of a `reinitialize(overrides=…)` call that names no configuration (`config`
+/// None) and none of RAPIDS RMM's keywords: the overrides as settings, applied by the caller
+/// on top of the running configuration. `None` for every other form of call (a config, RMM's
+/// keywords, or no overrides at all), which [`load_call`] loads in full.
+pub(crate) fn running_overrides(
+    config: Option<&Bound<'_, PyAny>>,
+    overrides: Option<&Bound<'_, PyDict>>,
+    rmm: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Option<Vec<(String, toml::Value)>>> {
+    let no_config = config.is_none_or(|c| c.is_none());
+    let no_rmm = rmm.is_none_or(|k| k.is_empty());
+    match overrides {
+        Some(o) if no_config && no_rmm => settings_of(o).map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// dask-cuda's `LocalCUDACluster` / `dask cuda worker` RMM options as rmm.toml settings (a

@@ -13,6 +13,7 @@
 //! The policy (limit, order, tiers, statistics) is the runtime's; this file only says when a
 //! Python value is in use and lets it go.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
@@ -323,10 +324,21 @@ fn set_device_memory_limit(py: Python<'_>, limit: &Bound<'_, PyAny>, device: u32
     Ok(bytes)
 }
 
+/// Makes `directory` device `device`'s disk tier (created if missing) and keeps it across
+/// reinitializations, as a Dask worker's device store does with its worker's directory.
+#[pyfunction]
+#[pyo3(signature = (directory, device=0))]
+fn set_disk_directory(py: Python<'_>, directory: PathBuf, device: u32) -> PyResult<()> {
+    let m = crate::buffers::spill_manager(device)?;
+    py.detach(|| m.fix_disk_directory(&directory))
+        .map_err(error)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<AdoptedValue>()?;
     m.add_class::<DeviceView>()?;
     m.add_function(wrap_pyfunction!(adopt, m)?)?;
     m.add_function(wrap_pyfunction!(set_device_memory_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(set_disk_directory, m)?)?;
     Ok(())
 }

@@ -116,3 +116,131 @@ def test_two_threads_initializing_different_devices_start_one_runtime():
         """
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr)
+
+
+def test_arbitrary_settings_dicts_load_or_raise_rmm_error_never_crash():
+    # A fixed budget of seeded random dicts (nested values, odd types, hostile objects whose
+    # conversions raise or change the dict), each through validate_config, the overrides
+    # dict and describe(): every one loads or raises RmmError, never another exception or a
+    # crash, and the whole run stays within its time bound. In a fresh interpreter, so that
+    # a crash fails this test instead of the session.
+    out = run_python(
+        r"""
+        import math, os, random, sys, time
+        os.environ["RMM_BACKEND"] = "sim"
+        import rmm_rs
+
+        KEYS = ["backend", "devices", "workers_per_device", "pool", "pool.enabled",
+                "pool.initial_size", "pool.maximum_size", "pool.managed", "pool.async",
+                "logging", "logging.enabled", "logging.directory", "limits",
+                "limits.device_memory_limit", "spill", "spill.enabled",
+                "spill.device_memory_limit", "spill.host_pool_size", "spill.disk_directory",
+                "stats.enabled", "tracking.backtraces", "device", "device.0", "device.1.pool",
+                "enabled", "initial_size", "0", "x", "", ".", "a.b.c"]
+
+        class Raises:
+            def __index__(self): raise ValueError("index")
+            def __float__(self): raise ValueError("float")
+            def __str__(self): raise ValueError("str")
+            def __repr__(self): raise ValueError("repr")
+            def __fspath__(self): raise ValueError("fspath")
+
+        class Mutates:
+            # Converting it changes the dict being walked.
+            def __init__(self, d): self.d = d
+            def __index__(self):
+                self.d.clear(); self.d["spill"] = {"enabled": True}
+                return 1
+
+        class Key(str):
+            pass
+
+        def leaf(rng):
+            return rng.choice([
+                lambda: rng.choice([True, False, None]),
+                lambda: rng.randint(-2**70, 2**70),
+                lambda: rng.randint(-3, 300),
+                lambda: rng.choice([math.nan, math.inf, -math.inf, -0.0, 0.5, 1e300, 2.0]),
+                lambda: rng.random(),
+                lambda: rng.choice(["auto", "none", "all", "2GiB", "50%", "1e3", "-1",
+                                    "0,1", "cuda", "sim", "", "\x00", "\udcff" * 0 + "é"]),
+                lambda: "".join(chr(rng.randint(1, 0x2FFF)) for _ in range(rng.randint(0, 8))),
+                lambda: bytes(rng.randint(0, 255) for _ in range(3)),
+                lambda: rng.choice([object(), Raises(), {1, 2}, 1j, range(3), type]),
+            ])()
+
+        def value(rng, depth, top):
+            r = rng.random()
+            if depth > 0 and r < 0.25:
+                return [value(rng, depth - 1, top) for _ in range(rng.randint(0, 4))]
+            if depth > 0 and r < 0.35:
+                return tuple(value(rng, depth - 1, top) for _ in range(rng.randint(0, 3)))
+            if depth > 0 and r < 0.55:
+                return settings(rng, depth - 1)
+            if r < 0.57:
+                return Mutates(top)
+            return leaf(rng)
+
+        def settings(rng, depth):
+            d = {}
+            for _ in range(rng.randint(0, 5)):
+                k = rng.choice(KEYS + [rng.randint(0, 3), None, Key("pool"), (1,)])
+                d[k] = value(rng, depth, d)
+            return d
+
+        rng = random.Random(22)
+        start = time.monotonic()
+        outcomes = {"ok": 0, "error": 0}
+        for i in range(1500):
+            d = settings(rng, 4)
+            for call in (lambda: rmm_rs.validate_config(d),
+                         lambda: rmm_rs.validate_config({}, overrides=d),
+                         lambda: rmm_rs.describe(d)):
+                try:
+                    call()
+                    outcomes["ok"] += 1
+                except rmm_rs.RmmError as e:
+                    assert str(e), "an error with no message"
+                    outcomes["error"] += 1
+                except BaseException as e:
+                    try:
+                        shown = repr(d)
+                    except BaseException:
+                        shown = "(a dict whose repr raises)"
+                    sys.exit(f"case {i}: {type(e).__name__}: {e} for {shown}"[:2000])
+        elapsed = time.monotonic() - start
+        assert elapsed < 60, f"took {elapsed:.1f} s"
+        assert outcomes["ok"] > 0 and outcomes["error"] > 0, outcomes
+        print("ok", outcomes)
+        """
+    )
+    assert out.returncode == 0 and out.stdout.startswith("ok"), (out.returncode, out.stdout, out.stderr[-3000:])
+
+
+def test_reinitialize_with_overrides_alone_starts_from_the_running_configuration():
+    # Issue 22, item 4: devices "all", 2 workers per device and spilling on; changing only
+    # the pool keeps the rest as it runs.
+    rmm_rs.initialize({
+        "devices": "all",
+        "workers_per_device": 2,
+        "pool": {"enabled": True, "initial_size": "32MiB"},
+        "spill": {"enabled": True, "device_memory_limit": "64MiB", "host_pool_size": "16MiB"},
+    })
+    devices = rmm_rs.devices()
+    workers = len(rmm_rs.report()["workers"])
+    assert workers == 2 * len(devices)
+    report = rmm_rs.reinitialize(overrides={"pool.enabled": False})
+    assert not report["respawned"] and report["notes"] == [], report
+    assert rmm_rs.devices() == devices
+    assert len(rmm_rs.report()["workers"]) == workers
+    assert sorted(rmm_rs.spill_statistics()) == devices
+    assert all(s["reserved_bytes"] == 0 for s in rmm_rs.statistics().values())
+    # A bad change is refused, naming it, and changes nothing.
+    with pytest.raises(rmm_rs.RmmError, match="lots"):
+        rmm_rs.reinitialize(overrides={"pool": {"enabled": True, "initial_size": "lots"}})
+    assert rmm_rs.devices() == devices
+    assert len(rmm_rs.report()["workers"]) == workers
+    # A config with overrides still means that config, not the running one.
+    rmm_rs.reinitialize({"devices": [0]}, overrides={"pool.enabled": False})
+    assert rmm_rs.devices() == [0]
+    assert len(rmm_rs.report()["workers"]) == 1

@@ -32,6 +32,35 @@ pub enum Error {
         source: rmm_allocator::Error,
     },
 
+    /// reinitialize could not make the new configuration's spill tiers (a host pool of the
+    /// new `spill.host_pool_size`, a disk tier under the new `spill.disk_directory`).
+    #[error(
+        "reinitialize refused, nothing changed: making device {device}'s new spill tiers \
+         (spill.host_pool_size, spill.disk_directory): {source}"
+    )]
+    SpillTiers {
+        /// The device ordinal.
+        device: u32,
+        /// What failed.
+        #[source]
+        source: rmm_allocator::Error,
+    },
+
+    /// reinitialize could not move a device's spillable data off the device (into the
+    /// spill tiers of the new configuration, which apply before this step).
+    #[error(
+        "reinitialize refused, nothing changed: device {device}'s spillable data could not \
+         all be moved off the device before the switch (into the spill tiers of the new \
+         configuration): {source}"
+    )]
+    SpillBeforeSwitch {
+        /// The device ordinal.
+        device: u32,
+        /// What failed.
+        #[source]
+        source: rmm_allocator::Error,
+    },
+
     /// The configuration names a backend other than the one this process already uses.
     #[error(
         "backend = \"{requested}\" but this process already uses the {active} backend \

@@ -51,7 +51,7 @@ pub use runtime::{
 };
 pub use spill::{
     ForeignData, ForeignOwner, OwnerAccess, PIN_AHEAD_MAX, SpillManager, SpillStatistics,
-    TierStatistics,
+    TierStatistics, TierUndo,
 };
 pub use stack::{DeviceStack, OomHandler, PoolPlan, StackPlan, UpstreamPlan, build_device_stack};
 pub use task::{TaskContext, TaskHandle};

@@ -202,6 +202,10 @@ pub struct ReinitReport {
     pub adopted_bytes: u64,
     /// True when the workers were re-spawned (devices or workers per device changed).
     pub respawned: bool,
+    /// What changed for data still alive: a device left the runtime, or stopped spilling,
+    /// while spillable data of it was alive (where that data now goes); spilled data that
+    /// `spill.eager_unspill` could not bring back (it comes back on use).
+    pub notes: Vec<String>,
 }
 
 impl fmt::Display for ReinitReport {
@@ -226,7 +230,11 @@ impl fmt::Display for ReinitReport {
             } else {
                 ""
             }
-        )
+        )?;
+        for note in &self.notes {
+            write!(f, "; note: {note}")?;
+        }
+        Ok(())
     }
 }
 

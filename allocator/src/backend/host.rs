@@ -218,7 +218,7 @@ impl PinnedRegion {
         if base == libc::MAP_FAILED {
             return Err(Error::HostOutOfMemory {
                 requested: len,
-                resource: "PinnedHostPool",
+                resource: "PinnedRegion (mmap)",
             });
         }
         let start = (base as usize).next_multiple_of(HUGE);
@@ -239,7 +239,7 @@ impl PinnedRegion {
         let Some(ptr) = NonNull::new(start as *mut u8) else {
             return Err(Error::HostOutOfMemory {
                 requested: len,
-                resource: "PinnedHostPool",
+                resource: "PinnedRegion (mmap)",
             });
         };
         let base = ptr.as_ptr() as usize;

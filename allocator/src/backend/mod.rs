@@ -20,7 +20,7 @@ use std::fmt;
 use std::sync::OnceLock;
 
 pub use cuda::CudaBackend;
-pub use sim::{SimBackend, SimConfig, SimMemoryMode, StreamGate};
+pub use sim::{SimBackend, SimConfig, SimCounts, SimMemoryMode, StreamGate};
 
 use crate::error::{Error, Result};
 
@@ -311,6 +311,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn event_synchronize(&self, dev: u32, event: RawEvent) -> Result<()>;
     /// Waits until all work on `dev` has completed.
     fn device_synchronize(&self, dev: u32) -> Result<()>;
+    /// Called before each write to a spill file of device `dev`: a fault-injection point
+    /// (the simulated device fails the N-th write when told to,
+    /// `SimBackend::fail_nth_file_write`); every other backend lets it through.
+    fn before_file_write(&self, dev: u32) -> Result<()> {
+        let _ = dev;
+        Ok(())
+    }
 }
 
 /// How the process-wide backend is chosen.

@@ -29,7 +29,7 @@ pub use fixed_size_memory_resource::{
 pub use managed_memory_resource::ManagedMemoryResource;
 pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;
-pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool};
+pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool, WeakPinnedHostPool};
 pub use pool_memory_resource::{
     DEFAULT_GROWTH, LISTED_STREAMS, LiveBlock, PoolBuilder, PoolMemoryResource, PoolSize,
     PoolSnapshot, PoolUsage, StreamUsage, VirtualMemory,

@@ -52,6 +52,25 @@ pub struct PinnedHostPool {
     inner: Arc<Inner>,
 }
 
+/// A handle on a [`PinnedHostPool`] that does not keep it alive (its memory goes back once
+/// the last pool handle and slice are gone): [`PinnedHostPool::downgrade`].
+#[derive(Clone, Debug)]
+pub struct WeakPinnedHostPool {
+    inner: std::sync::Weak<Inner>,
+}
+
+impl WeakPinnedHostPool {
+    /// The pool, while it is alive.
+    pub fn upgrade(&self) -> Option<PinnedHostPool> {
+        self.inner.upgrade().map(|inner| PinnedHostPool { inner })
+    }
+
+    /// True when this is a handle on `pool`.
+    pub fn is(&self, pool: &PinnedHostPool) -> bool {
+        std::ptr::eq(self.inner.as_ptr(), Arc::as_ptr(&pool.inner))
+    }
+}
+
 /// One registered chunk and its free ranges (offsets within its region).
 struct Chunk {
     region: Arc<PinnedRegion>,
@@ -134,6 +153,18 @@ impl PinnedHostPool {
                 pinning_ahead: false.into(),
             }),
         }
+    }
+
+    /// A handle that does not keep the pool alive.
+    pub fn downgrade(&self) -> WeakPinnedHostPool {
+        WeakPinnedHostPool {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
+    /// True when `other` is a handle on the same pool.
+    pub fn same_pool(&self, other: &PinnedHostPool) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Bytes pinned.

@@ -21,7 +21,7 @@ use std::time::Instant;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::copy::Direction;
-use super::disk::DiskFile;
+use super::disk::{DiskFile, DiskStore};
 use super::guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 use super::store::SpillStore;
 use crate::backend::DevicePtr;
@@ -103,7 +103,9 @@ pub(super) enum State {
         stream: StreamView,
     },
     Host(Vec<PinnedSlice>),
-    Disk(DiskFile),
+    /// In a file of a disk tier, kept alive by the buffer (the store may have moved on to
+    /// other tiers since).
+    Disk(DiskFile, Arc<DiskStore>),
 }
 
 impl State {
@@ -111,7 +113,7 @@ impl State {
         match self {
             State::Device { .. } => Tier::Device,
             State::Host(_) => Tier::Host,
-            State::Disk(_) => Tier::Disk,
+            State::Disk(..) => Tier::Disk,
         }
     }
 }
@@ -348,7 +350,7 @@ impl SpillableBuffer {
                 }
                 self.device_to_host(&mut state)?;
             }
-            State::Disk(_) => self.disk_to_host(&mut state)?,
+            State::Disk(..) => self.disk_to_host(&mut state)?,
         }
         if let Some(o) = &self.observer {
             o.touched(self.id);
@@ -377,7 +379,7 @@ impl SpillableBuffer {
                 }
                 Ok(out)
             }
-            State::Disk(file) => self.disk()?.read_vec(file),
+            State::Disk(file, disk) => disk.read_vec(file),
         }
     }
 
@@ -418,7 +420,7 @@ impl SpillableBuffer {
         match &*state {
             State::Device { .. } => self.device_to_disk(&mut state)?,
             State::Host(_) => self.host_to_disk(&mut state)?,
-            State::Disk(_) => return Ok(0),
+            State::Disk(..) => return Ok(0),
         }
         Ok(self.size)
     }
@@ -436,8 +438,9 @@ impl SpillableBuffer {
         (!self.is_in_use()).then_some(state)
     }
 
-    fn disk(&self) -> Result<&super::disk::DiskStore> {
-        self.store.disk().ok_or_else(|| {
+    /// The disk tier new spill files go to.
+    fn disk(&self) -> Result<Arc<DiskStore>> {
+        self.store.tiers().disk().cloned().ok_or_else(|| {
             Error::invalid_argument(
                 "spill.disk_directory",
                 "none",
@@ -567,13 +570,12 @@ impl SpillableBuffer {
             return Ok(());
         };
         let (ptr, stream) = (*ptr, *stream);
-        let file =
-            self.disk()?
-                .write_from_device(self.store.copies(), self.id, ptr, self.size, stream)?;
+        let disk = self.disk()?;
+        let file = disk.write_from_device(self.store.copies(), self.id, ptr, self.size, stream)?;
         if let Some(resource) = resource {
             resource.deallocate(ptr, self.size, stream)?;
         }
-        self.moved(state, State::Disk(file), start);
+        self.moved(state, State::Disk(file, disk), start);
         Ok(())
     }
 
@@ -582,18 +584,19 @@ impl SpillableBuffer {
         let State::Host(slices) = &*state else {
             return Ok(());
         };
-        let file = self.disk()?.write_slices(self.id, slices, self.size)?;
-        self.moved(state, State::Disk(file), start);
+        let disk = self.disk()?;
+        let file = disk.write_slices(self.id, slices, self.size)?;
+        self.moved(state, State::Disk(file, disk), start);
         Ok(())
     }
 
     fn disk_to_host(&self, state: &mut State) -> Result<()> {
-        let State::Disk(file) = &*state else {
+        let State::Disk(file, disk) = &*state else {
             return Ok(());
         };
         let mut slices = self.host_slices()?;
         let start = Instant::now();
-        self.disk()?.read_slices(file, &mut slices)?;
+        disk.read_slices(file, &mut slices)?;
         self.moved(state, State::Host(slices), start);
         Ok(())
     }
@@ -619,11 +622,9 @@ impl SpillableBuffer {
                         e
                     })
             }
-            State::Disk(file) => {
-                let read = self
-                    .disk()
-                    .and_then(|d| d.read_to_device(self.store.copies(), &file, ptr, stream));
-                *state = State::Disk(file);
+            State::Disk(file, disk) => {
+                let read = disk.read_to_device(self.store.copies(), &file, ptr, stream);
+                *state = State::Disk(file, disk);
                 read
             }
             device @ State::Device { .. } => {

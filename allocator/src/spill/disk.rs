@@ -152,6 +152,7 @@ pub(crate) const STAGING: usize = 32 << 20;
 
 /// Spill files of one device.
 pub(crate) struct DiskStore {
+    device: Device,
     directory: PathBuf,
     prefix: String,
     /// Two pinned slots; holding the lock serializes a device's traffic with its disk.
@@ -246,6 +247,7 @@ impl DiskStore {
             staging_pool.allocate(STAGING)?,
         ];
         Ok(DiskStore {
+            device,
             directory: directory.to_path_buf(),
             prefix: format!(
                 "{FILE_PREFIX}{}-dev{}",
@@ -257,6 +259,13 @@ impl DiskStore {
             held: Arc::new(AtomicU64::new(0)),
             next: AtomicU64::new(0),
         })
+    }
+
+    /// The backend's fault-injection point before a write to a spill file.
+    fn before_write(&self) -> Result<()> {
+        self.device
+            .backend()
+            .before_file_write(self.device.ordinal())
     }
 
     /// The directory.
@@ -311,6 +320,7 @@ impl DiskStore {
         let mut left = len;
         for s in slices {
             let n = left.min(s.len());
+            self.before_write()?;
             file.write_all(&s.as_slice()[..n])
                 .map_err(|e| io_error(&disk.path, "write", e))?;
             left -= n;
@@ -385,11 +395,14 @@ impl DiskStore {
                 };
                 let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, *f))?;
                 copies.recycle(event);
-                let written = slots
-                    .first()
-                    .map_or(Ok(()), |slot| file.write_all(&slot.as_slice()[..n]));
+                let written = self.before_write().and_then(|()| {
+                    slots.first().map_or(Ok(()), |slot| {
+                        file.write_all(&slot.as_slice()[..n])
+                            .map_err(|e| io_error(&disk.path, "write", e))
+                    })
+                });
                 free.extend(slots);
-                written.map_err(|e| io_error(&disk.path, "write", e))?;
+                written?;
             }
         })();
         self.put_back(copies, &mut staging, free, pending);

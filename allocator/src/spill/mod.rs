@@ -21,5 +21,5 @@ mod vector;
 pub use buffer::{PendingSpill, SpillObserver, SpillStep, SpillableBuffer, Tier};
 pub use disk::remove_files_for_exit;
 pub use guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
-pub use store::SpillStore;
+pub use store::{SpillStore, SpillTiers};
 pub use vector::SpillableVector;

@@ -1,48 +1,33 @@
 //! [`SpillStore`]: where one device's spilled data goes: a pinned host pool, optionally a
-//! directory of files behind it, and the copy streams that move data between the tiers.
+//! directory of files behind it ([`SpillTiers`]), and the copy streams that move data
+//! between the tiers.
+//!
+//! The tiers can be replaced while buffers live ([`SpillStore::replace_tiers`], what a
+//! reinitialize with a new `spill.host_pool_size` or `spill.disk_directory` does): new spills
+//! go to the new tiers; data already spilled stays where it is, its pinned slices keeping
+//! the old host pool alive and its file keeping the old disk tier alive, and comes back from
+//! there on use. An old tier is given back once nothing is left in it.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, RwLock};
 
 use super::copy::CopyStreams;
 use super::disk::DiskStore;
 use crate::device::Device;
 use crate::error::Result;
-use crate::resource::PinnedHostPool;
+use crate::resource::{PinnedHostPool, WeakPinnedHostPool};
 
-/// The lower tiers of one device's spillable buffers. Shared (`Arc`) by its buffers.
+/// The lower tiers new spills of one device go to: a pinned host pool and, optionally, a
+/// disk tier behind it.
 #[derive(Debug)]
-pub struct SpillStore {
-    device: Device,
+pub struct SpillTiers {
     host: PinnedHostPool,
-    disk: Option<DiskStore>,
-    copies: CopyStreams,
+    disk: Option<Arc<DiskStore>>,
 }
 
-impl SpillStore {
-    /// A store for `device` spilling to `host`, and on to files under `disk_directory`
-    /// (created if missing) when `host` is full.
-    pub fn new(
-        device: Device,
-        host: PinnedHostPool,
-        disk_directory: Option<&Path>,
-    ) -> Result<Arc<SpillStore>> {
-        let disk = disk_directory
-            .map(|dir| DiskStore::new(device, dir))
-            .transpose()?;
-        Ok(Arc::new(SpillStore {
-            device,
-            host,
-            disk,
-            copies: CopyStreams::new(device)?,
-        }))
-    }
-
-    /// The device.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
+impl SpillTiers {
     /// The pinned host pool.
     pub fn host(&self) -> &PinnedHostPool {
         &self.host
@@ -58,13 +43,169 @@ impl SpillStore {
         self.disk.as_ref().map(|d| d.directory())
     }
 
-    /// Bytes held in spill files now.
-    pub fn disk_bytes(&self) -> u64 {
-        self.disk.as_ref().map_or(0, |d| d.held())
+    pub(crate) fn disk(&self) -> Option<&Arc<DiskStore>> {
+        self.disk.as_ref()
+    }
+}
+
+/// Tiers replaced while data was still in them: watched (without keeping them alive) so
+/// that the figures count what they hold until it is gone.
+#[derive(Debug, Default)]
+struct Retired {
+    hosts: Vec<WeakPinnedHostPool>,
+    disks: Vec<Weak<DiskStore>>,
+}
+
+impl Retired {
+    /// Forgets the tiers that are gone.
+    fn prune(&mut self) {
+        self.hosts.retain(|h| h.upgrade().is_some());
+        self.disks.retain(|d| d.strong_count() > 0);
+    }
+}
+
+/// The lower tiers of one device's spillable buffers. Shared (`Arc`) by its buffers.
+#[derive(Debug)]
+pub struct SpillStore {
+    device: Device,
+    tiers: RwLock<Arc<SpillTiers>>,
+    retired: Mutex<Retired>,
+    copies: CopyStreams,
+}
+
+impl SpillStore {
+    /// A store for `device` spilling to `host`, and on to files under `disk_directory`
+    /// (created if missing) when `host` is full.
+    pub fn new(
+        device: Device,
+        host: PinnedHostPool,
+        disk_directory: Option<&Path>,
+    ) -> Result<Arc<SpillStore>> {
+        let tiers = Self::make_tiers(device, host, disk_directory)?;
+        Ok(Arc::new(SpillStore {
+            device,
+            tiers: RwLock::new(tiers),
+            retired: Mutex::new(Retired::default()),
+            copies: CopyStreams::new(device)?,
+        }))
     }
 
-    pub(crate) fn disk(&self) -> Option<&DiskStore> {
-        self.disk.as_ref()
+    fn make_tiers(
+        device: Device,
+        host: PinnedHostPool,
+        disk_directory: Option<&Path>,
+    ) -> Result<Arc<SpillTiers>> {
+        let disk = disk_directory
+            .map(|dir| DiskStore::new(device, dir).map(Arc::new))
+            .transpose()?;
+        Ok(Arc::new(SpillTiers { host, disk }))
+    }
+
+    /// Changes the tiers new spills go to: `host` replaces the host pool (`None` keeps it),
+    /// `disk` replaces the disk tier (`None` keeps it; `Some(None)` removes it;
+    /// `Some(Some(directory))`: files under `directory`, created if missing). Returns the
+    /// tiers replaced (hand them to [`restore_tiers`](Self::restore_tiers) to undo). Data
+    /// already spilled stays where it is and comes back from there.
+    ///
+    /// # Errors
+    /// The disk tier cannot be made (the directory is not writable, its staging memory cannot
+    /// be pinned); the tiers are then unchanged.
+    pub fn replace_tiers(
+        &self,
+        host: Option<PinnedHostPool>,
+        disk: Option<Option<&Path>>,
+    ) -> Result<Arc<SpillTiers>> {
+        let current = self.tiers();
+        let disk = match disk {
+            None => current.disk.clone(),
+            Some(None) => None,
+            Some(Some(dir)) => Some(Arc::new(DiskStore::new(self.device, dir)?)),
+        };
+        let host = host.unwrap_or_else(|| current.host.clone());
+        Ok(self.install(Arc::new(SpillTiers { host, disk })))
+    }
+
+    /// Puts `tiers` (from [`replace_tiers`](Self::replace_tiers)) back as the tiers new
+    /// spills go to; data spilled meanwhile stays where it went.
+    pub fn restore_tiers(&self, tiers: Arc<SpillTiers>) {
+        self.install(tiers);
+    }
+
+    fn install(&self, new: Arc<SpillTiers>) -> Arc<SpillTiers> {
+        let old = std::mem::replace(&mut *self.tiers.write(), new);
+        let mut retired = self.retired.lock();
+        retired.prune();
+        if !retired.hosts.iter().any(|h| h.is(&old.host)) {
+            retired.hosts.push(old.host.downgrade());
+        }
+        if let Some(d) = &old.disk
+            && !retired
+                .disks
+                .iter()
+                .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(d)))
+        {
+            retired.disks.push(Arc::downgrade(d));
+        }
+        old
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The tiers new spills go to now.
+    pub fn tiers(&self) -> Arc<SpillTiers> {
+        Arc::clone(&self.tiers.read())
+    }
+
+    /// The pinned host pool new spills go to.
+    pub fn host(&self) -> PinnedHostPool {
+        self.tiers.read().host.clone()
+    }
+
+    /// True when new spills can go on to disk.
+    pub fn has_disk(&self) -> bool {
+        self.tiers.read().has_disk()
+    }
+
+    /// The directory new spill files go to.
+    pub fn disk_directory(&self) -> Option<std::path::PathBuf> {
+        self.tiers
+            .read()
+            .disk_directory()
+            .map(std::path::Path::to_path_buf)
+    }
+
+    /// Bytes held in pinned host memory now, in the current host pool and in pools that
+    /// tiers replaced before their data was gone.
+    pub fn host_bytes(&self) -> u64 {
+        let current = self.tiers.read().host.clone();
+        let mut retired = self.retired.lock();
+        retired.prune();
+        let old: usize = retired
+            .hosts
+            .iter()
+            .filter_map(WeakPinnedHostPool::upgrade)
+            .filter(|h| !h.same_pool(&current))
+            .map(|h| h.used())
+            .sum();
+        (current.used() + old) as u64
+    }
+
+    /// Bytes held in spill files now (under the current disk tier and replaced ones).
+    pub fn disk_bytes(&self) -> u64 {
+        let current = self.tiers.read().disk.clone();
+        let mut retired = self.retired.lock();
+        retired.prune();
+        let old: u64 = retired
+            .disks
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|d| !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, d)))
+            .map(|d| d.held())
+            .sum();
+        current.map_or(0, |d| d.held()) + old
     }
 
     pub(crate) fn copies(&self) -> &CopyStreams {

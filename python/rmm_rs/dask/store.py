@@ -120,6 +120,10 @@ class DeviceStore(MutableMapping):
         self.disk_directory = None if disk_directory is None else os.fspath(disk_directory)
         if not rmm_rs.is_initialized():
             rmm_rs.initialize(config, self.settings())
+        if self.disk_directory is not None:
+            # The store's directory stays its disk tier across reinitializations.
+            self._check_spilling()
+            _rmm_rs.set_disk_directory(self.disk_directory, self.device_id)
         self.limit = None
         if device_memory_limit is not None:
             self.limit = _rmm_rs.set_device_memory_limit(device_memory_limit, self.device_id)

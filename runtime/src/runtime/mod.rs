@@ -64,6 +64,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Held by reinitialize and shutdown for their whole run (they exclude each other).
 struct Control {
     threads: Vec<JoinHandle<Option<Queued>>>,
+    /// The configuration in force, as loaded (before it was resolved against the devices):
+    /// what [`RuntimeHandle::reconfigure`] starts from.
+    config: Config,
 }
 
 /// What the report tells of past reinitializes. Apart from [`Control`] so that a task can
@@ -249,6 +252,7 @@ impl Runtime {
             shut_down: AtomicBool::new(false),
             control: Mutex::new(Control {
                 threads: Vec::new(),
+                config: config.clone(),
             }),
             history: Mutex::new(History::default()),
             managers: Mutex::new(BTreeMap::new()),

@@ -8,8 +8,11 @@
 //! 2. Hold new submissions from outside the runtime and pause the workers: no queued
 //!    top-level task starts.
 //! 3. Let running tasks, and the children they submit, finish (up to the drain timeout).
-//! 4. Spill every spill manager's data not in use to host memory: it survives the switch
-//!    and comes back, into the new stacks, on next use.
+//! 4. Make each spilling device's new host pool and disk tier (where `spill.host_pool_size`
+//!    or `spill.disk_directory` change) the tiers new spills go to, then spill every spill
+//!    manager's data not in use into them: it survives the switch and comes back, into the
+//!    new stacks, on next use (data spilled before stays in the old tiers until used). A
+//!    failure before the new stacks are installed puts the old tiers back.
 //! 5. Refuse if allocations are still live (listing them), changing nothing.
 //! 6. Per device, in parallel: the old stack gives back what the new one cannot take over,
 //!    the new stack is built (its pool adopting the old pool's free memory, without a driver
@@ -19,7 +22,8 @@
 //! 8. Re-spawn the workers if the device list or `workers_per_device` changed (the tasks
 //!    queued for the old workers move to the new ones by the rule they were sent with);
 //!    otherwise the workers stay and only the stacks change.
-//! 9. With `spill.eager_unspill`, bring spilled data back now (up to each limit).
+//! 9. With `spill.eager_unspill`, bring spilled data back now (up to each limit); what
+//!    cannot come back stays spilled, and the report's notes say so.
 //! 10. Resume: workers start tasks again and what was held is sent on; queued tasks then run
 //!     on the new stacks. The devices of the configuration now in force stay claimed.
 //!
@@ -43,11 +47,47 @@ use crate::error::{Error, LiveMemory, Result};
 use crate::report::{PhaseStatistics, ReinitReport};
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
+use rmm_allocator::error::fmt_bytes;
 
 impl RuntimeHandle {
     /// Loads the configuration with `loader` and reinitializes to it.
     pub fn reinitialize_with(&self, loader: &ConfigLoader) -> Result<ReinitReport> {
         self.reinitialize(&loader.load()?)
+    }
+
+    /// The configuration in force, as loaded (before it was resolved against the devices:
+    /// `devices = "all"` stays `"all"`). [`config`](Self::config) gives it resolved.
+    pub fn loaded_config(&self) -> Config {
+        self.shared.control.lock().config.clone()
+    }
+
+    /// Reinitializes to the configuration in force changed by `change`, which gets a loader
+    /// that starts from it ([`ConfigLoader::from_config`]: every key as it runs, no file, no
+    /// environment) and sets what should differ:
+    ///
+    /// ```no_run
+    /// # mod rmm { pub use rmm_runtime as runtime; }
+    /// # let runtime = rmm::runtime::Runtime::builder().start()?;
+    /// // Devices, workers and spilling stay as they are; only the pool goes.
+    /// runtime.reconfigure(|running| running.set("pool.enabled", false))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Reading the configuration in force and switching are one step: two calls at once
+    /// each see the other's change, never lose it.
+    ///
+    /// # Errors
+    /// As [`reinitialize`](Self::reinitialize); a change that does not load (an unknown key,
+    /// a bad value) changes nothing.
+    pub fn reconfigure(
+        &self,
+        change: impl FnOnce(ConfigLoader) -> ConfigLoader,
+    ) -> Result<ReinitReport> {
+        let shared = &*self.shared;
+        shared.check_outside("reinitialize")?;
+        let mut control = shared.control.lock();
+        let config = change(ConfigLoader::from_config(&control.config)).load()?;
+        self.reinitialize_locked(&mut control, &config)
     }
 
     /// Switches every device to the stack `config` describes, keeping the runtime running:
@@ -62,6 +102,12 @@ impl RuntimeHandle {
         let shared = &*self.shared;
         shared.check_outside("reinitialize")?;
         let mut control = shared.control.lock();
+        self.reinitialize_locked(&mut control, config)
+    }
+
+    /// [`reinitialize`](Self::reinitialize) with the control lock held.
+    fn reinitialize_locked(&self, control: &mut Control, config: &Config) -> Result<ReinitReport> {
+        let shared = &*self.shared;
         if shared.shut_down.load(Ordering::SeqCst) {
             return Err(Error::ShutDown);
         }
@@ -89,7 +135,7 @@ impl RuntimeHandle {
 
         let t = Instant::now();
         shared.pause();
-        let result = self.switch(&mut control, &old, resolved, &mut report, t);
+        let result = self.switch(control, &old, resolved, &mut report, t);
         shared.resume();
         // Keep the devices of the configuration now in force (a subset of what is claimed,
         // so this cannot conflict).
@@ -102,6 +148,10 @@ impl RuntimeHandle {
             tracing::error!("narrowing the devices this runtime claims: {e}");
         }
         result?;
+        for note in &report.notes {
+            tracing::warn!("reinitialize: {note}");
+        }
+        control.config = config.clone();
         report.total = total.elapsed();
         report.devices = ordinals;
         let mut history = shared.history.lock();
@@ -134,14 +184,106 @@ impl RuntimeHandle {
         shared.drain("reinitialize", shared.drain_timeout, Generation::active)?;
         report.drain = drain_start.elapsed();
 
-        // Spillable data moves to host memory: it survives the switch and comes back, into
-        // the new stacks, on next use. A buffer in use stays, and counts as live below.
+        // The new configuration's host pools and disk tiers take new spills from here on, so
+        // that the spill below can use them (a larger host pool, a disk tier added).
         let t = Instant::now();
+        let undo = self.replace_tiers(&resolved)?;
+        let mut installed = false;
+        let result = self.spill_and_switch(control, old, resolved, report, t, &mut installed);
+        if result.is_err() && !installed {
+            // The old configuration stays in force, its tiers included (data spilled into
+            // the new ones stays there until used).
+            for (m, u) in undo.into_iter().rev() {
+                m.restore_tiers(u);
+            }
+        }
+        result
+    }
+
+    /// Makes each spilling device's new host pool and disk tier (where they change) the
+    /// tiers new spills go to; all or nothing.
+    fn replace_tiers(
+        &self,
+        resolved: &ResolvedConfig,
+    ) -> Result<Vec<(Arc<SpillManager>, crate::spill::TierUndo)>> {
+        let managers = self.shared.managers.lock().clone();
+        let mut undo = Vec::new();
+        for d in &resolved.devices {
+            let (Some(spill), Some(m)) = (&d.spill, managers.get(&d.ordinal)) else {
+                continue;
+            };
+            match m.replace_tiers(spill) {
+                Ok(Some(u)) => undo.push((Arc::clone(m), u)),
+                Ok(None) => {}
+                Err(source) => {
+                    for (m, u) in undo.into_iter().rev() {
+                        m.restore_tiers(u);
+                    }
+                    return Err(Error::SpillTiers {
+                        device: d.ordinal,
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(undo)
+    }
+
+    /// What the switch to `resolved` means for spillable data alive on devices that leave
+    /// the runtime or stop spilling (it stays reachable, but outside the runtime's pools or
+    /// limits); each note is also logged as a warning once the switch is done.
+    fn orphan_notes(&self, resolved: &ResolvedConfig) -> Vec<String> {
+        let managers = self.shared.managers.lock().clone();
+        let mut notes = Vec::new();
+        for (&device, m) in &managers {
+            let (count, bytes) = m.spillable();
+            if count == 0 {
+                continue;
+            }
+            let alive = format!(
+                "{count} spillable value{} of {} alive",
+                if count == 1 { "" } else { "s" },
+                fmt_bytes(bytes as usize)
+            );
+            let note = match resolved.devices.iter().find(|d| d.ordinal == device) {
+                None => format!(
+                    "device {device} leaves the runtime with {alive}: it is spilled now and \
+                     comes back on use into device {device}'s plain memory (no pool, no \
+                     limit); spill_manager({device}) still reaches it"
+                ),
+                Some(d) if d.spill.is_none() => format!(
+                    "spilling turns off on device {device} with {alive}: it is spilled now \
+                     and comes back on use into the new stack, but is no longer spilled for \
+                     the device limit or on out-of-memory; spill_manager({device}) still \
+                     reaches it"
+                ),
+                Some(_) => continue,
+            };
+            notes.push(note);
+        }
+        notes
+    }
+
+    /// Steps 4 to 9 of reinitialize; sets `installed` once the new stacks are in force
+    /// (a failure after that does not bring the old configuration back).
+    fn spill_and_switch(
+        &self,
+        control: &mut Control,
+        old: &Generation,
+        resolved: ResolvedConfig,
+        report: &mut ReinitReport,
+        t: Instant,
+        installed: &mut bool,
+    ) -> Result<()> {
+        let shared = &*self.shared;
+        report.notes = self.orphan_notes(&resolved);
+        // Spillable data moves off the device: it survives the switch and comes back, into
+        // the new stacks, on next use. A buffer in use stays, and counts as live below.
         let managers: Vec<Arc<SpillManager>> = shared.managers.lock().values().cloned().collect();
         let spilled: Vec<rmm_allocator::Result<u64>> =
             managers.par_iter().map(|m| m.spill_all()).collect();
         for (m, r) in managers.iter().zip(spilled) {
-            report.spilled_bytes += r.map_err(|source| Error::DeviceSetup {
+            report.spilled_bytes += r.map_err(|source| Error::SpillBeforeSwitch {
                 device: m.device().ordinal(),
                 source,
             })?;
@@ -208,6 +350,7 @@ impl RuntimeHandle {
             // Paused and drained: no worker runs a task, so each stops at once. What was
             // queued for them goes to the new workers by the rule it was sent with.
             let queued = self.stop_workers(control, None);
+            *installed = true;
             for s in &old.stacks {
                 if !setups.iter().any(|n| n.stack.device() == s.device())
                     && let Err(e) = s.uninstall()
@@ -225,6 +368,7 @@ impl RuntimeHandle {
         } else {
             let stacks: Vec<Arc<DeviceStack>> = setups.into_iter().map(|s| s.stack).collect();
             install(&stacks, &old.stacks)?;
+            *installed = true;
             shared.generation.store(Arc::new(Generation {
                 config: resolved,
                 stacks,
@@ -248,11 +392,17 @@ impl RuntimeHandle {
             .par_iter()
             .map(|m| m.unspill_all(StreamView::DEFAULT))
             .collect();
+        // The switch is done: data that cannot come back now stays spilled and comes back
+        // on use, which reports its own failure.
         for (m, r) in eager.iter().zip(back) {
-            report.unspilled_bytes += r.map_err(|source| Error::DeviceSetup {
-                device: m.device().ordinal(),
-                source,
-            })?;
+            match r {
+                Ok(bytes) => report.unspilled_bytes += bytes,
+                Err(e) => report.notes.push(format!(
+                    "spill.eager_unspill: bringing device {}'s spilled data back failed ({e}); \
+                     what did not come back stays spilled and comes back on use",
+                    m.device().ordinal()
+                )),
+            }
         }
         report.unspill = t.elapsed();
         Ok(())

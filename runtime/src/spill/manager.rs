@@ -4,8 +4,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytemuck::Pod;
+use parking_lot::Mutex;
 use rmm_allocator::resource::PinnedHostPool;
-use rmm_allocator::spill::{SpillObserver, SpillStore, SpillableBuffer, SpillableVector, Tier};
+use rmm_allocator::spill::{
+    SpillObserver, SpillStore, SpillTiers, SpillableBuffer, SpillableVector, Tier,
+};
 use rmm_allocator::{Device, DevicePtr, StreamView};
 use rmm_config::ResolvedSpill;
 
@@ -17,15 +20,49 @@ use super::tracker::{Spillable, Tracker};
 /// free ahead of demand: it keeps the device limit's worth, up to this.
 pub const PIN_AHEAD_MAX: u64 = 16 << 30;
 
+/// `spill.host_pool_size` and `spill.disk_directory`: what the tiers are made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TierSettings {
+    host_pool_size: Option<u64>,
+    disk_directory: Option<std::path::PathBuf>,
+}
+
+impl TierSettings {
+    fn of(spill: &ResolvedSpill) -> TierSettings {
+        TierSettings {
+            host_pool_size: spill.host_pool_size,
+            disk_directory: spill.disk_directory.clone(),
+        }
+    }
+}
+
+/// What [`SpillManager::replace_tiers`] replaced, to put back with
+/// [`SpillManager::restore_tiers`].
+#[derive(Debug)]
+pub struct TierUndo {
+    tiers: Arc<SpillTiers>,
+    settings: TierSettings,
+}
+
+/// A pinned host pool of `bytes`, pinned now, or (`None`) one that pins as needed.
+fn host_pool(device: Device, bytes: Option<u64>) -> rmm_allocator::Result<PinnedHostPool> {
+    Ok(match bytes {
+        Some(bytes) => PinnedHostPool::on(device.backend(), bytes as usize)?,
+        None => PinnedHostPool::growable(device.backend(), None),
+    })
+}
+
 /// Spilling for one device: see the module documentation.
 pub struct SpillManager {
     store: Arc<SpillStore>,
-    /// `spill.host_pool_size` and `spill.disk_directory` as made (they cannot change later).
-    made_with: (Option<u64>, Option<std::path::PathBuf>),
+    /// `spill.host_pool_size` and `spill.disk_directory` of the tiers new spills go to.
+    tiers_made_with: Mutex<TierSettings>,
     tracker: Arc<Tracker>,
     eager_unspill: std::sync::atomic::AtomicBool,
     /// Set by [`fix_limit`](Self::fix_limit): a reinitialize keeps the limit.
     limit_fixed: std::sync::atomic::AtomicBool,
+    /// Set by [`fix_disk_directory`](Self::fix_disk_directory): a reinitialize keeps it.
+    disk_fixed: Mutex<Option<std::path::PathBuf>>,
 }
 
 impl std::fmt::Debug for SpillManager {
@@ -42,13 +79,10 @@ impl SpillManager {
     /// `spill.host_pool_size`, pinned now (or, with `"none"`, pinned as needed), and a disk
     /// tier under `spill.disk_directory`.
     pub fn new(device: Device, spill: &ResolvedSpill) -> rmm_allocator::Result<SpillManager> {
-        let host = match spill.host_pool_size {
-            Some(bytes) => PinnedHostPool::on(device.backend(), bytes as usize)?,
-            None => PinnedHostPool::growable(device.backend(), None),
-        };
+        let host = host_pool(device, spill.host_pool_size)?;
         let store = SpillStore::new(device, host, spill.disk_directory.as_deref())?;
         let tracker = Arc::new(Tracker {
-            host_over_disk: store.has_disk().then(|| store.host().clone()),
+            store: Some(Arc::clone(&store)),
             ..Tracker::default()
         });
         tracker.limit.store(spill.threshold, Ordering::Relaxed);
@@ -56,27 +90,87 @@ impl SpillManager {
             .host()
             .keep_free(spill.threshold.min(PIN_AHEAD_MAX) as usize);
         Ok(SpillManager {
-            made_with: (spill.host_pool_size, spill.disk_directory.clone()),
+            tiers_made_with: Mutex::new(TierSettings::of(spill)),
             store,
             tracker,
             eager_unspill: spill.eager_unspill.into(),
             limit_fixed: false.into(),
+            disk_fixed: Mutex::new(None),
         })
     }
 
-    /// Takes the settings of a new configuration (limit, eager unspilling); the host pool,
-    /// the disk tier and the buffers stay (a change of `spill.host_pool_size` or
-    /// `spill.disk_directory` is logged and takes effect in a new runtime).
-    pub fn reconfigure(&self, spill: &ResolvedSpill) {
-        if (spill.host_pool_size, spill.disk_directory.clone()) != self.made_with {
-            tracing::warn!(
-                device = self.device().ordinal(),
-                "spill.host_pool_size and spill.disk_directory keep the values the runtime \
-                 started with ({:?}, {:?}); a new runtime takes the new ones",
-                self.made_with.0,
-                self.made_with.1
+    /// Makes the host pool and disk tier of `spill` the tiers new spills go to, where they
+    /// differ from the current ones (a new host pool is pinned now; a new disk directory is
+    /// checked). Data already spilled stays where it is, keeping its old tier alive until it
+    /// comes back or is dropped. Returns what to hand to [`restore_tiers`](Self::restore_tiers)
+    /// to undo it (`None` when nothing changed).
+    ///
+    /// # Errors
+    /// The new host pool cannot be pinned or the new disk directory cannot be used; nothing
+    /// changed then.
+    pub fn replace_tiers(&self, spill: &ResolvedSpill) -> rmm_allocator::Result<Option<TierUndo>> {
+        let mut new = TierSettings::of(spill);
+        if let Some(dir) = &*self.disk_fixed.lock() {
+            new.disk_directory = Some(dir.clone());
+        }
+        self.replace_tiers_with(new)
+    }
+
+    fn replace_tiers_with(&self, new: TierSettings) -> rmm_allocator::Result<Option<TierUndo>> {
+        let mut made_with = self.tiers_made_with.lock();
+        if new == *made_with {
+            return Ok(None);
+        }
+        let host = (new.host_pool_size != made_with.host_pool_size)
+            .then(|| host_pool(self.device(), new.host_pool_size))
+            .transpose()?;
+        let disk = (new.disk_directory != made_with.disk_directory)
+            .then_some(new.disk_directory.as_deref());
+        let previous = self.store.replace_tiers(host.clone(), disk)?;
+        if let Some(host) = &host {
+            // The old pool pins no more ahead of demand; the new one takes over.
+            previous.host().keep_free(0);
+            host.keep_free(
+                self.tracker
+                    .limit
+                    .load(Ordering::Relaxed)
+                    .min(PIN_AHEAD_MAX) as usize,
             );
         }
+        tracing::info!(
+            device = self.device().ordinal(),
+            host_pool_size = ?new.host_pool_size,
+            disk_directory = ?new.disk_directory,
+            "new spill tiers (data already spilled stays in the old ones until used)"
+        );
+        let settings = std::mem::replace(&mut *made_with, new);
+        Ok(Some(TierUndo {
+            tiers: previous,
+            settings,
+        }))
+    }
+
+    /// Undoes [`replace_tiers`](Self::replace_tiers): new spills go to the old tiers again
+    /// (data spilled meanwhile stays where it went).
+    pub fn restore_tiers(&self, undo: TierUndo) {
+        let mut made_with = self.tiers_made_with.lock();
+        let replaced = self.store.tiers();
+        self.store.restore_tiers(undo.tiers);
+        if !replaced.host().same_pool(&self.store.host()) {
+            replaced.host().keep_free(0);
+            self.store.host().keep_free(
+                self.tracker
+                    .limit
+                    .load(Ordering::Relaxed)
+                    .min(PIN_AHEAD_MAX) as usize,
+            );
+        }
+        *made_with = undo.settings;
+    }
+
+    /// Takes the limit and eager unspilling of a new configuration (the tiers change with
+    /// [`replace_tiers`](Self::replace_tiers)).
+    pub fn reconfigure(&self, spill: &ResolvedSpill) {
         if !self.limit_fixed.load(Ordering::Relaxed) {
             self.set_limit(spill.threshold);
         }
@@ -95,6 +189,25 @@ impl SpillManager {
         self.set_limit(bytes);
         self.limit_fixed.store(true, Ordering::Relaxed);
         self.enforce_limit()
+    }
+
+    /// Makes `directory` (created if missing) this device's disk tier and keeps it across
+    /// reinitializations (whose `spill.disk_directory` then no longer applies to this
+    /// device): what a Dask worker's device store does with its worker's directory. Data
+    /// already on disk elsewhere stays there until used.
+    ///
+    /// # Errors
+    /// The directory cannot be used (not writable, not a directory) or the disk tier's
+    /// staging memory cannot be pinned; nothing changed then.
+    pub fn fix_disk_directory(&self, directory: &std::path::Path) -> rmm_allocator::Result<()> {
+        let mut fixed = self.disk_fixed.lock();
+        let host_pool_size = self.tiers_made_with.lock().host_pool_size;
+        self.replace_tiers_with(TierSettings {
+            host_pool_size,
+            disk_directory: Some(directory.to_path_buf()),
+        })?;
+        *fixed = Some(directory.to_path_buf());
+        Ok(())
     }
 
     /// The limit, and the host memory pinned ahead of demand that goes with it.
@@ -263,6 +376,13 @@ impl SpillManager {
         Ok(back)
     }
 
+    /// The spillable values alive (buffers and adopted values, wherever their data is):
+    /// how many, and their bytes.
+    pub fn spillable(&self) -> (u64, u64) {
+        let all = self.tracker.oldest_first(None);
+        (all.len() as u64, all.iter().map(|e| e.size() as u64).sum())
+    }
+
     /// True when a reinitialize should bring spilled data back at once.
     pub fn eager_unspill(&self) -> bool {
         self.eager_unspill.load(Ordering::Relaxed)
@@ -290,7 +410,7 @@ impl SpillManager {
                 held_count,
             }
         };
-        let host_bytes = self.store.host().used() as u64;
+        let host_bytes = self.store.host_bytes();
         let disk_bytes = self.store.disk_bytes();
         SpillStatistics {
             device: self.device().ordinal(),

@@ -20,5 +20,5 @@ mod statistics;
 mod tracker;
 
 pub use foreign::{ForeignData, ForeignOwner, OwnerAccess};
-pub use manager::{PIN_AHEAD_MAX, SpillManager};
+pub use manager::{PIN_AHEAD_MAX, SpillManager, TierUndo};
 pub use statistics::{SpillStatistics, TierStatistics};

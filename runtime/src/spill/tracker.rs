@@ -11,7 +11,9 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use rmm_allocator::resource::PinnedHostPool;
-use rmm_allocator::spill::{PendingSpill, SpillObserver, SpillStep, SpillableBuffer, Tier};
+use rmm_allocator::spill::{
+    PendingSpill, SpillObserver, SpillStep, SpillStore, SpillableBuffer, Tier,
+};
 use rmm_allocator::{DevicePtr, StreamView};
 
 use super::background::Background;
@@ -123,8 +125,9 @@ pub(crate) struct Tracker {
     pub(crate) peak: AtomicI64,
     /// Moves by (from, to) tier: `moves[from as usize][to as usize]`.
     pub(crate) moves: [[Moves; 3]; 3],
-    /// The host tier, when a disk tier is behind it (else nothing is ever moved off it).
-    pub(crate) host_over_disk: Option<PinnedHostPool>,
+    /// The store whose tiers the data spills to (its host tier's data moves on to disk when
+    /// it has a disk tier; else nothing is ever moved off the host).
+    pub(crate) store: Option<Arc<SpillStore>>,
     /// Adopted device allocations on the device: address → (bytes, values holding it). An
     /// allocation that several values view is counted once.
     pub(crate) foreign: Mutex<HashMap<u64, (usize, usize)>>,
@@ -324,9 +327,13 @@ impl SpillObserver for Tracker {
     }
 
     fn make_host_room(&self, id: u64, bytes: usize) {
-        let Some(host) = &self.host_over_disk else {
+        let Some(tiers) = self.store.as_ref().map(|s| s.tiers()) else {
             return;
         };
+        if !tiers.has_disk() {
+            return;
+        }
+        let host = tiers.host();
         // Data larger than a fixed pool goes straight to disk: moving others would not help.
         if !host.is_growable() && bytes > host.capacity() {
             return;

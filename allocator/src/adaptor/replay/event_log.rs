@@ -303,16 +303,21 @@ impl LineParser {
                 FORMAT_HINT,
             )
         })?;
-        let size: usize = fields[c_size].parse().map_err(|_| {
-            self.err(
-                line_no,
-                format!(
-                    "found size `{}`, expected a byte count in decimal",
-                    fields[c_size]
-                ),
-                FORMAT_HINT,
-            )
-        })?;
+        // Sizes beyond i64::MAX bytes exist on no device; replays count bytes in i64.
+        let size: usize = fields[c_size]
+            .parse()
+            .ok()
+            .filter(|&s: &usize| i64::try_from(s).is_ok())
+            .ok_or_else(|| {
+                self.err(
+                    line_no,
+                    format!(
+                        "found size `{}`, expected a byte count in decimal (below 2^63)",
+                        fields[c_size]
+                    ),
+                    FORMAT_HINT,
+                )
+            })?;
         let stream = parse_hex(fields[c_stream]).ok_or_else(|| {
             self.err(
                 line_no,
@@ -357,13 +362,13 @@ impl LineParser {
                         size,
                     },
                 );
-                self.live_bytes += size as u64;
+                self.live_bytes = self.live_bytes.saturating_add(size as u64);
                 self.peak_bytes = self.peak_bytes.max(self.live_bytes);
             }
             LogAction::Allocate => {}
             LogAction::Free => match self.live.remove(&ptr) {
                 Some(a) => {
-                    self.live_bytes -= a.size as u64;
+                    self.live_bytes = self.live_bytes.saturating_sub(a.size as u64);
                     freed = Some(Freed {
                         event: a.event,
                         size: a.size,

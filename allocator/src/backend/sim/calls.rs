@@ -269,6 +269,7 @@ impl Backend for SimBackend {
                 "a size of at least one byte",
             ));
         }
+        self.count_pin("cuMemHostAlloc", bytes)?;
         let b = Backing::new(bytes, HOST_ALIGNMENT).ok_or(Error::HostOutOfMemory {
             requested: bytes,
             resource: "simulated cuMemHostAlloc",
@@ -301,6 +302,7 @@ impl Backend for SimBackend {
                 "a non-null pointer and a non-zero length",
             ));
         }
+        self.count_pin("cuMemHostRegister", bytes)?;
         let mut host = self.host.lock();
         if host.contains_key(&(ptr as u64)) {
             return Err(Error::invalid_argument(
@@ -569,5 +571,9 @@ impl Backend for SimBackend {
             s.synchronize();
         }
         Ok(())
+    }
+
+    fn before_file_write(&self, dev: u32) -> Result<()> {
+        self.count_file_write(dev)
     }
 }

@@ -6,7 +6,10 @@
 //!   80 GiB device can be simulated on a small machine (allocator benchmarks, "would this fit").
 //!
 //! Streams are worker threads that keep stream order; events capture stream progress. Fault
-//! injection fails the N-th device allocation, allocations above a size, or the N-th copy.
+//! injection fails the N-th device allocation, allocations above a size, the N-th copy, the
+//! N-th pin of host memory (`cuMemHostAlloc`, `cuMemHostRegister`) or the N-th write to a
+//! spill file; each counter is there to read, so that a test can count a step's operations
+//! and then fail each in turn.
 //! Stream-ordered pools (`cuMemAllocAsync`) are modelled without the driver's caching: memory
 //! is taken at allocation and given back when the stream reaches the free.
 
@@ -40,8 +43,44 @@ struct Faults {
     fail_alloc_above: AtomicUsize,
     /// Fail the copy with this 1-based number (0: none).
     fail_copy_at: AtomicU64,
+    /// Fail the spill-file write with this 1-based number (0: none).
+    fail_file_write_at: AtomicU64,
     allocs: AtomicU64,
     copies: AtomicU64,
+    file_writes: AtomicU64,
+}
+
+/// Faults to inject on host memory pinning (not tied to a device).
+#[derive(Debug, Default)]
+struct PinFaults {
+    /// Fail the pin with this 1-based number (0: none).
+    fail_at: AtomicU64,
+    pins: AtomicU64,
+}
+
+/// Counts of the operations fault injection numbers, on one device (pins: the backend's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimCounts {
+    /// Device allocations attempted.
+    pub allocations: u64,
+    /// Copies and memsets attempted.
+    pub copies: u64,
+    /// Host memory pins attempted (`cuMemHostAlloc`, `cuMemHostRegister`), all devices.
+    pub pins: u64,
+    /// Spill-file writes attempted.
+    pub file_writes: u64,
+}
+
+impl SimCounts {
+    /// The operations counted in `self` since `earlier`.
+    pub fn since(&self, earlier: &SimCounts) -> SimCounts {
+        SimCounts {
+            allocations: self.allocations - earlier.allocations,
+            copies: self.copies - earlier.copies,
+            pins: self.pins - earlier.pins,
+            file_writes: self.file_writes - earlier.file_writes,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -72,6 +111,7 @@ pub struct SimBackend {
     /// Whether the devices report virtual memory management support.
     vmm_supported: AtomicBool,
     next_handle: AtomicU64,
+    pin_faults: PinFaults,
 }
 
 #[derive(Debug)]
@@ -118,6 +158,7 @@ impl SimBackend {
             pools: RwLock::new(HashMap::new()),
             vmm_supported: AtomicBool::new(true),
             next_handle: AtomicU64::new(0x1000),
+            pin_faults: PinFaults::default(),
         })
     }
 
@@ -159,12 +200,44 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Removes every injected fault on `dev`.
+    /// Makes the `n`-th pin of host memory from now on (`cuMemHostAlloc` or one chunk's
+    /// `cuMemHostRegister`, any device) fail with out-of-memory (`n` = 0 clears it).
+    pub fn fail_nth_pin(&self, n: u64) {
+        let f = &self.pin_faults;
+        let base = f.pins.load(Ordering::SeqCst);
+        f.fail_at
+            .store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
+    }
+
+    /// Makes the `n`-th write to a spill file of `dev` from now on fail (`n` = 0 clears it).
+    pub fn fail_nth_file_write(&self, dev: u32, n: u64) -> Result<()> {
+        let f = &self.device(dev)?.faults;
+        let base = f.file_writes.load(Ordering::SeqCst);
+        f.fail_file_write_at
+            .store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The operations fault injection counts on `dev` so far (pins: all devices'): take it
+    /// before and after a step to learn how many of each the step does.
+    pub fn counts(&self, dev: u32) -> Result<SimCounts> {
+        let f = &self.device(dev)?.faults;
+        Ok(SimCounts {
+            allocations: f.allocs.load(Ordering::SeqCst),
+            copies: f.copies.load(Ordering::SeqCst),
+            pins: self.pin_faults.pins.load(Ordering::SeqCst),
+            file_writes: f.file_writes.load(Ordering::SeqCst),
+        })
+    }
+
+    /// Removes every injected fault on `dev` (and the pin fault).
     pub fn clear_faults(&self, dev: u32) -> Result<()> {
         let f = &self.device(dev)?.faults;
         f.fail_alloc_at.store(0, Ordering::SeqCst);
         f.fail_copy_at.store(0, Ordering::SeqCst);
+        f.fail_file_write_at.store(0, Ordering::SeqCst);
         f.fail_alloc_above.store(usize::MAX, Ordering::SeqCst);
+        self.pin_faults.fail_at.store(0, Ordering::SeqCst);
         Ok(())
     }
 
@@ -383,6 +456,29 @@ impl SimBackend {
             {
                 pool.reserved.fetch_sub(a.len as u64, Ordering::SeqCst);
             }
+        }
+        Ok(())
+    }
+
+    /// Counts a pin of host memory by `call`; fails it when it is the one to fail.
+    fn count_pin(&self, call: &'static str, bytes: usize) -> Result<()> {
+        let f = &self.pin_faults;
+        let n = f.pins.fetch_add(1, Ordering::SeqCst) + 1;
+        if f.fail_at.load(Ordering::SeqCst) == n {
+            return Err(Self::oom(0, call, bytes, "injected failure of this pin"));
+        }
+        Ok(())
+    }
+
+    /// Counts a spill-file write on `dev`; fails it when it is the one to fail.
+    fn count_file_write(&self, dev: u32) -> Result<()> {
+        let f = &self.device(dev)?.faults;
+        let n = f.file_writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if f.fail_file_write_at.load(Ordering::SeqCst) == n {
+            return Err(Error::InjectedFault {
+                what: "spill file write",
+                device: dev,
+            });
         }
         Ok(())
     }
