@@ -283,11 +283,7 @@ fn tier_name(t: Tier) -> &'static str {
 /// statistics and `spill_statistics` wait for it).
 #[pyfunction]
 #[pyo3(signature = (value, allocations, device=0))]
-fn adopt(
-    value: Py<PyAny>,
-    allocations: Vec<(u64, usize)>,
-    device: u32,
-) -> PyResult<AdoptedValue> {
+fn adopt(value: Py<PyAny>, allocations: Vec<(u64, usize)>, device: u32) -> PyResult<AdoptedValue> {
     let m = crate::buffers::spill_manager(device)?;
     let allocations: Vec<(DevicePtr, usize)> = allocations
         .into_iter()
