@@ -20,13 +20,15 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 
-use super::copy::Direction;
+mod copies;
+
+pub use copies::{PendingSpill, SpillStep};
+
 use super::disk::{DiskFile, DiskStore};
 use super::guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 use super::store::SpillStore;
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
-use crate::backend::pinned_copy::{CopyFailed, PinnedCopy};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::per_device::get_per_device_resource;
@@ -511,54 +513,6 @@ impl SpillableBuffer {
         }
     }
 
-    /// Takes pinned slices for the data and enqueues its copy into them, after the work
-    /// queued on the buffer's stream; `None` when the data is not on the device.
-    fn start_to_host(&self, state: &State) -> Result<Option<Outbound>> {
-        let State::Device { ptr, stream, .. } = state else {
-            return Ok(None);
-        };
-        let asked = Instant::now();
-        let slices = self.host_slices()?;
-        let start = Instant::now();
-        let copy = self
-            .start_copy(Direction::ToHost, *stream, |device, lane, event| {
-                PinnedCopy::to_host(device, lane, event, *ptr, self.size, slices)
-            })
-            .map_err(|(error, _)| error)?;
-        Ok(Some(Outbound {
-            copy,
-            start,
-            enqueued: Instant::now(),
-            host_wait: start - asked,
-        }))
-    }
-
-    /// Waits for the copy `out` started, frees the device memory and records the move (its
-    /// time counted from `since` when that is later than the copy's start).
-    fn complete_to_host(
-        &self,
-        state: &mut State,
-        out: Outbound,
-        since: Option<Instant>,
-    ) -> Result<()> {
-        let slices = self.finish_copy(Direction::ToHost, out.copy, out.enqueued, out.start);
-        let slices = slices.map_err(|(error, _)| error)?;
-        let State::Device {
-            ptr,
-            resource,
-            stream,
-        } = &*state
-        else {
-            return Ok(());
-        };
-        if let Some(resource) = resource {
-            resource.deallocate(*ptr, self.size, *stream)?;
-        }
-        let start = since.map_or(out.start, |s| s.max(out.start));
-        self.moved(state, State::Host(slices), start);
-        Ok(())
-    }
-
     fn device_to_disk(&self, state: &mut State) -> Result<()> {
         let start = Instant::now();
         let State::Device {
@@ -667,201 +621,6 @@ impl SpillableBuffer {
             });
         }
         Ok(())
-    }
-
-    /// Starts a copy in `direction` on a copy stream ordered after the work queued on
-    /// `after`, through `enqueue` (given the device, the copy stream and an event).
-    fn start_copy(
-        &self,
-        direction: Direction,
-        after: StreamView,
-        enqueue: impl FnOnce(
-            Device,
-            crate::backend::RawStream,
-            crate::stream::Event,
-        ) -> std::result::Result<
-            PinnedCopy<PinnedSlice>,
-            Box<CopyFailed<PinnedSlice>>,
-        >,
-    ) -> std::result::Result<PinnedCopy<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
-        let copies = self.store.copies();
-        let prepared = copies
-            .ordered_after(direction, after)
-            .and_then(|lane| copies.event().map(|event| (lane, event)));
-        let (lane, event) = match prepared {
-            Ok(p) => p,
-            // Nothing was enqueued: `enqueue` (and the memory it owns) is dropped unused.
-            Err(e) => return Err((e, None)),
-        };
-        enqueue(self.device(), lane, event).map_err(|f| self.settle(*f))
-    }
-
-    /// Waits for `copy`; its memory back, or the error and the memory when it came back.
-    fn finish_copy(
-        &self,
-        direction: Direction,
-        copy: PinnedCopy<PinnedSlice>,
-        enqueued: Instant,
-        start: Instant,
-    ) -> std::result::Result<Vec<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
-        let waited = copy.wait();
-        tracing::trace!(
-            target: "rmm::spill::copy",
-            id = self.id,
-            bytes = self.size,
-            ?direction,
-            enqueue_us = (enqueued - start).as_micros() as u64,
-            wait_us = enqueued.elapsed().as_micros() as u64,
-            "copy"
-        );
-        match waited {
-            Ok((memory, event)) => {
-                self.store.copies().recycle(event);
-                Ok(memory)
-            }
-            Err(f) => Err(self.settle(*f)),
-        }
-    }
-
-    /// A failed copy's event back in the pool; its error and memory (when it came back).
-    fn settle(&self, f: CopyFailed<PinnedSlice>) -> (Error, Option<Vec<PinnedSlice>>) {
-        if let Some(event) = f.event {
-            self.store.copies().recycle(event);
-        }
-        (f.error, f.memory)
-    }
-
-    /// Copies `slices` to the device bytes at `ptr` on a copy stream, after the work queued
-    /// on `after` (which covers the allocation of `ptr`), and waits; the slices come back.
-    /// On error they come back too unless a copy may still read them: the data is then lost
-    /// ([`Error::DataLost`]).
-    fn copy_in(
-        &self,
-        ptr: DevicePtr,
-        slices: Vec<PinnedSlice>,
-        after: StreamView,
-    ) -> std::result::Result<Vec<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
-        let start = Instant::now();
-        // Kept aside: a copy that fails before it starts drops what it owns.
-        let mut kept = Some(slices);
-        let copy = self.start_copy(Direction::ToDevice, after, |device, lane, event| {
-            let slices = kept.take().unwrap_or_default();
-            PinnedCopy::to_device(device, lane, event, slices, ptr, self.size)
-        });
-        let copy = match copy {
-            Ok(c) => c,
-            Err((e, memory)) => return Err(self.lost_unless(e, memory.or(kept))),
-        };
-        let enqueued = Instant::now();
-        self.finish_copy(Direction::ToDevice, copy, enqueued, start)
-            .map_err(|(e, memory)| self.lost_unless(e, memory))
-    }
-
-    /// `error` with the memory when it came back; [`Error::DataLost`] (and the buffer marked
-    /// lost) when it did not.
-    fn lost_unless(
-        &self,
-        error: Error,
-        memory: Option<Vec<PinnedSlice>>,
-    ) -> (Error, Option<Vec<PinnedSlice>>) {
-        if memory.is_some() {
-            return (error, memory);
-        }
-        self.lost.store(true, Ordering::Release);
-        tracing::error!("unspilling buffer {}: {error}; its data is lost", self.id);
-        (
-            Error::DataLost {
-                id: self.id,
-                bytes: self.size,
-                detail: error.to_string(),
-            },
-            None,
-        )
-    }
-
-    /// Starts moving the data to the pinned host pool: its copies are enqueued and the move
-    /// completes with [`PendingSpill::finish`], so that a caller making room can have the
-    /// copies of many buffers in flight at once and wait once. When the host tier has no room
-    /// and there is a disk tier, the data goes to disk now ([`SpillStep::Done`]).
-    ///
-    /// # Errors
-    /// As [`spill`](Self::spill); the buffer stays on the device, valid.
-    pub fn begin_spill(&self) -> Result<SpillStep<'_>> {
-        let Some(mut state) = self.lock_idle() else {
-            return Ok(SpillStep::Skipped);
-        };
-        match self.start_to_host(&state) {
-            Ok(Some(out)) => Ok(SpillStep::Pending(PendingSpill {
-                buffer: self,
-                state,
-                out,
-            })),
-            Ok(None) => Ok(SpillStep::Skipped),
-            Err(Error::HostOutOfMemory { .. }) if self.store.has_disk() => {
-                self.device_to_disk(&mut state)?;
-                Ok(SpillStep::Done(self.size))
-            }
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// A copy to the host in flight, with when it started and was enqueued, and how long getting
-/// its host memory took before.
-struct Outbound {
-    copy: PinnedCopy<PinnedSlice>,
-    start: Instant,
-    enqueued: Instant,
-    host_wait: std::time::Duration,
-}
-
-/// What [`SpillableBuffer::begin_spill`] did.
-pub enum SpillStep<'a> {
-    /// Nothing: the buffer is in use, busy, already spilled or empty.
-    Skipped,
-    /// The data moved (to disk); the device bytes freed.
-    Done(usize),
-    /// The copies to the host are in flight: [`PendingSpill::finish`] completes the move.
-    Pending(PendingSpill<'a>),
-}
-
-/// A spill whose copies are in flight; the buffer is locked (not used, moved or dropped)
-/// until it completes. Dropping it without [`finish`](Self::finish) waits for the copies and
-/// leaves the data on the device.
-pub struct PendingSpill<'a> {
-    buffer: &'a SpillableBuffer,
-    state: MutexGuard<'a, State>,
-    out: Outbound,
-}
-
-impl PendingSpill<'_> {
-    /// The buffer's bytes.
-    pub fn size(&self) -> usize {
-        self.buffer.size
-    }
-
-    /// When its copies started (after its host memory was had).
-    pub fn started(&self) -> Instant {
-        self.out.start
-    }
-
-    /// How long getting its host memory took (pinning more, making room on the host): time
-    /// a batch does not charge to its moves.
-    pub fn host_wait(&self) -> std::time::Duration {
-        self.out.host_wait
-    }
-
-    /// Waits for the copies, frees the device memory and records the move; the device bytes
-    /// freed. `since`: the moment from which the move's time is counted when it is later
-    /// than the copies' start (the end of the previous move of a batch, so that the moves
-    /// of a batch add up to its wall time, not to more).
-    ///
-    /// # Errors
-    /// A copy failed: the buffer stays on the device, valid.
-    pub fn finish(mut self, since: Option<Instant>) -> Result<usize> {
-        let buffer = self.buffer;
-        buffer.complete_to_host(&mut self.state, self.out, since)?;
-        Ok(buffer.size)
     }
 }
 
