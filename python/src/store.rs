@@ -290,6 +290,9 @@ fn adopt(value: Py<PyAny>, allocations: Vec<(u64, usize)>, device: u32) -> PyRes
         .map(|(p, n)| (DevicePtr(p), n))
         .collect();
     let owner = PyOwner(Some(value));
+    // A store's limit is a target: values read back go ahead and the spills they cause run
+    // beside their copies, on the manager's thread.
+    m.make_room_in_background(true);
     // Nothing here waits for a copy (the spilling runs on the manager's thread), so the
     // interpreter stays attached: letting it go would cost a wait to take it back from the
     // threads running tasks.

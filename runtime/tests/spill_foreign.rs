@@ -363,3 +363,58 @@ fn adopting_in_the_background_returns_before_the_spill_it_causes_ends() {
     drop((first, second));
     rmm_allocator::backend::Backend::stream_destroy(sim, 0, held).unwrap();
 }
+
+#[test]
+fn reading_back_with_room_made_in_the_background_runs_beside_the_spill_it_causes() {
+    let _s = serial();
+    let Some(sim) = sim() else {
+        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
+        return;
+    };
+    let rt = Runtime::start(&spilling("8MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let first_bytes = pattern(6 * MIB, 1);
+    let first = {
+        let o = library_value(0, &first_bytes, &dropped);
+        m.adopt(&[(o.ptr, o.size)], S, o)
+    };
+    assert_eq!(first.spill().unwrap(), 6 * MIB);
+    // The second value's spill must wait for its stream, held back below.
+    let held = rmm_allocator::backend::Backend::stream_create(sim, 0).unwrap();
+    let second_bytes = pattern(6 * MIB, 2);
+    let second = {
+        let o = library_value(0, &second_bytes, &dropped);
+        m.adopt(&[(o.ptr, o.size)], StreamView::from_raw(held), o)
+    };
+    assert_eq!(second.tier(), Tier::Device);
+    m.make_room_in_background(true);
+    let gate = sim.hold_stream(0, held).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let first = Arc::new(first);
+    let reader = {
+        let first = Arc::clone(&first);
+        std::thread::spawn(move || {
+            let views = first.device_views(S).unwrap().expect("spilled");
+            tx.send(()).unwrap();
+            views
+        })
+    };
+    let returned = rx.recv_timeout(std::time::Duration::from_secs(5));
+    assert!(
+        returned.is_ok(),
+        "reading a value back waited for the spill it causes, held back on its stream"
+    );
+    assert_eq!(second.tier(), Tier::Device, "the spill ran behind a held stream");
+    gate.open();
+    m.settle();
+    let views = reader.join().unwrap();
+    assert_eq!(second.tier(), Tier::Host, "the room was made after the read");
+    assert!(m.statistics().tracked_bytes <= 8 * MIB as u64);
+    drop(views);
+    assert_eq!(read_back(&first), vec![first_bytes]);
+    assert_eq!(read_back(&second), vec![second_bytes]);
+    m.make_room_in_background(false);
+    drop((first, second));
+    rmm_allocator::backend::Backend::stream_destroy(sim, 0, held).unwrap();
+}

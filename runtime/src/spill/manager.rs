@@ -81,8 +81,9 @@ impl SpillManager {
     pub fn new(device: Device, spill: &ResolvedSpill) -> rmm_allocator::Result<SpillManager> {
         let host = host_pool(device, spill.host_pool_size)?;
         let store = SpillStore::new(device, host, spill.disk_directory.as_deref())?;
-        let tracker = Arc::new(Tracker {
+        let tracker = Arc::new_cyclic(|me| Tracker {
             store: Some(Arc::clone(&store)),
+            me: me.clone(),
             ..Tracker::default()
         });
         tracker.limit.store(spill.threshold, Ordering::Relaxed);
@@ -317,8 +318,23 @@ impl SpillManager {
         data
     }
 
+    /// With `on`, room under the limit is made off the callers' threads from now on: data
+    /// brought back to the device (and buffers made there) go ahead at once, and the least
+    /// recently used data is spilled by the manager's background thread right after, so
+    /// that a copy back and the spill it causes run at the same time, one copy engine each
+    /// way. The device may hold more than the limit while that spill runs (an allocation
+    /// that fails for it spills at once through the out-of-memory handler). A store of task
+    /// results, whose limit is a target rather than a bound, wants this; `false` (the
+    /// default) makes room before.
+    pub fn make_room_in_background(&self, on: bool) {
+        self.tracker
+            .room_in_background
+            .store(on, Ordering::Relaxed);
+    }
+
     /// Waits until the spilling that [`adopt_in_background`](Self::adopt_in_background)
-    /// asked for so far is done (what statistics and tiers are read after).
+    /// (or [`make_room_in_background`](Self::make_room_in_background)) asked for so far is
+    /// done (what statistics and tiers are read after).
     pub fn settle(&self) {
         self.tracker.background.settle();
     }

@@ -142,15 +142,46 @@ fn rate(bytes: u64, secs: f64) -> f64 {
 /// Count, bytes and time of one kind of move.
 ///
 /// The time is wall time during which at least one such move was copying (the union of the
-/// moves' intervals): moves that overlap share one copy engine and wait for one another, so
+/// moves' intervals): moves that overlap share the copy engines and wait for one another, so
 /// adding their own durations would count the same seconds several times.
 #[derive(Default)]
 pub(crate) struct Moves {
     count: AtomicU64,
     bytes: AtomicU64,
     nanos: AtomicU64,
-    /// The merged interval of the latest moves, (start, end) in ns since the process's epoch.
-    busy: Mutex<(u64, u64)>,
+    /// The latest moves' intervals, merged: disjoint, in order.
+    busy: Mutex<Busy>,
+}
+
+/// Disjoint intervals (start, end), in ns since the process's epoch, oldest first: the
+/// latest [`Busy::KEPT`] stretches of time during which moves ran.
+#[derive(Default)]
+struct Busy(std::collections::VecDeque<(u64, u64)>);
+
+impl Busy {
+    /// Intervals kept to merge later moves with: a move reported after this many disjoint
+    /// stretches ended, and overlapping one of the dropped ones, is counted in full.
+    const KEPT: usize = 64;
+
+    /// Adds `[start, end)`; the nanoseconds it adds to the union.
+    fn add(&mut self, start: u64, end: u64) -> u64 {
+        let (mut from, mut until) = (start, end);
+        let mut covered = 0;
+        // Every kept interval that overlaps or touches the new one is merged into it.
+        let i = self.0.partition_point(|&(_, e)| e < start);
+        while i < self.0.len() && self.0[i].0 <= end {
+            let (s, e) = self.0[i];
+            covered += e.min(end).saturating_sub(s.max(start));
+            from = from.min(s);
+            until = until.max(e);
+            self.0.remove(i);
+        }
+        self.0.insert(i, (from, until));
+        if self.0.len() > Self::KEPT {
+            self.0.pop_front();
+        }
+        (end - start) - covered
+    }
 }
 
 /// Nanoseconds since the first call (a monotonic clock for the intervals above).
@@ -165,22 +196,14 @@ fn clock_ns() -> u64 {
 impl Moves {
     /// A move of `bytes` that ended now after `nanos`.
     pub(crate) fn add(&self, bytes: usize, nanos: u64) {
+        self.add_at(bytes, nanos, clock_ns());
+    }
+
+    /// A move of `bytes` that ended at `end` (on [`clock_ns`]'s clock) after `nanos`.
+    fn add_at(&self, bytes: usize, nanos: u64, end: u64) {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        let end = clock_ns();
-        let start = end.saturating_sub(nanos);
-        let mut busy = self.busy.lock();
-        let (from, until) = *busy;
-        let new = if start >= until {
-            // Disjoint from what came before: a new interval.
-            *busy = (start, end);
-            nanos
-        } else {
-            // Overlapping: only the parts outside the merged interval are new.
-            *busy = (from.min(start), until.max(end));
-            end.saturating_sub(until) + from.saturating_sub(start)
-        };
-        drop(busy);
+        let new = self.busy.lock().add(end.saturating_sub(nanos), end);
         self.nanos.fetch_add(new, Ordering::Relaxed);
     }
 
@@ -193,5 +216,44 @@ impl Moves {
                 s + Duration::from_nanos(m.nanos.load(Ordering::Relaxed)).as_secs_f64(),
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seconds(m: &Moves) -> u64 {
+        m.nanos.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn overlapping_moves_count_their_union_once() {
+        let m = Moves::default();
+        // [0,10) and [20,30): disjoint; [5,35) covers the gap between them and more.
+        m.add_at(1, 10, 10);
+        m.add_at(1, 10, 30);
+        m.add_at(1, 30, 35);
+        assert_eq!(seconds(&m), 35);
+        // Inside what is covered: nothing new.
+        m.add_at(1, 5, 25);
+        assert_eq!(seconds(&m), 35);
+        // Reported out of order: [90,100), then [40,50), then [35,95) over both.
+        let m2 = Moves::default();
+        m2.add_at(1, 10, 100);
+        m2.add_at(1, 10, 50);
+        m2.add_at(1, 60, 95);
+        assert_eq!(seconds(&m2), 100 - 35);
+        assert_eq!(Moves::sum([&m2]).0, 3);
+    }
+
+    #[test]
+    fn disjoint_moves_add_up_and_old_stretches_are_dropped() {
+        let m = Moves::default();
+        for i in 0..(Busy::KEPT as u64 * 2) {
+            m.add_at(1, 5, i * 10 + 5);
+        }
+        assert_eq!(seconds(&m), Busy::KEPT as u64 * 2 * 5);
+        assert_eq!(m.busy.lock().0.len(), Busy::KEPT);
     }
 }

@@ -6,7 +6,7 @@
 //! owns). Both are [`Spillable`].
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -133,6 +133,13 @@ pub(crate) struct Tracker {
     pub(crate) foreign: Mutex<HashMap<u64, (usize, usize)>>,
     /// The limit enforced off the adopting thread.
     pub(crate) background: Background,
+    /// True when room is made on [`background`](Self::background) only: data that comes
+    /// back to the device (or is made there) goes ahead, and the least recently used data is
+    /// spilled after, off the caller's thread (see
+    /// [`SpillManager::make_room_in_background`](super::SpillManager::make_room_in_background)).
+    pub(crate) room_in_background: AtomicBool,
+    /// This tracker, for the background thread (set when it is made in an `Arc`).
+    pub(crate) me: Weak<Tracker>,
 }
 
 /// The most spills whose copies are in flight at once when making room.
@@ -323,7 +330,12 @@ impl SpillObserver for Tracker {
     }
 
     fn make_room(&self, id: u64, bytes: usize) {
-        self.enforce_limit(Some(id), bytes);
+        // In the background mode the room is made after the bytes arrive (see `resident`):
+        // the copy back and the spill of the least recently used data then run at once, one
+        // copy engine each way.
+        if !self.room_in_background.load(Ordering::Relaxed) {
+            self.enforce_limit(Some(id), bytes);
+        }
     }
 
     fn make_host_room(&self, id: u64, bytes: usize) {
@@ -346,6 +358,13 @@ impl SpillObserver for Tracker {
     fn resident(&self, _id: u64, delta: i64) {
         let now = self.tracked.fetch_add(delta, Ordering::Relaxed) + delta;
         self.peak.fetch_max(now, Ordering::Relaxed);
+        if delta > 0
+            && self.room_in_background.load(Ordering::Relaxed)
+            && now > self.limit.load(Ordering::Relaxed) as i64
+            && let Some(me) = self.me.upgrade()
+        {
+            self.background.request(&me);
+        }
     }
 
     fn moved(&self, _id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64) {
