@@ -196,6 +196,32 @@ fn a_pool_that_cannot_map_falls_back_to_upstream_chunks_and_says_so() {
 }
 
 #[test]
+fn auto_maps_pools_that_grow_and_takes_a_large_initial_size_from_the_upstream() {
+    let (_b, d) = sim(SimMemoryMode::Unbacked, 80 * GIB);
+    let auto = |initial: usize| {
+        PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+            .initial_size(PoolSize::Bytes(initial))
+            .build()
+            .unwrap()
+    };
+    for initial in [0, GIB, 2 * GIB] {
+        let p = auto(initial);
+        assert!(p.uses_virtual_memory(), "initial {initial}: {}", p.chunk_source());
+    }
+    // RMM's fixed-pool use: one upstream allocation, as fast as RMM's.
+    let large = auto(64 * GIB);
+    assert_eq!(large.chunk_source(), "upstream");
+    assert_eq!(large.pool_size(), 64 * GIB as u64);
+    // Asked for explicitly, a large pool is mapped all the same.
+    let on = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(PoolSize::Bytes(8 * GIB))
+        .virtual_memory(VirtualMemory::On)
+        .build()
+        .unwrap();
+    assert!(on.uses_virtual_memory());
+}
+
+#[test]
 fn the_simulated_virtual_memory_calls_keep_cudas_rules() {
     let (b, d) = sim(SimMemoryMode::Backed, GIB);
     let g = b.mem_granularity(0).unwrap();

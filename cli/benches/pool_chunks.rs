@@ -4,6 +4,7 @@
 //!
 //! * `create`: building a pool of `RMM_BENCH_POOL_GIB` GiB (default 64) that takes its
 //!   initial size at once (RMM's `pool_memory_resource` with `initial_pool_size`);
+//!   (also in chunks of 8 GiB, and in one chunk: what the number of chunks costs);
 //! * `trim`: a pool of 9 GiB in 1 GiB chunks (grown one step at a time, so `alloc` has
 //!   chunks to give back too), one block live in the first chunk, `trim(0)` giving the 8
 //!   entirely free chunks back (the goal: ≤ 10 ms on an H100/H200);
@@ -40,10 +41,17 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// Builds and drops a pool of `gib` GiB; the time to build it.
-fn create(device: Device, mode: VirtualMemory, gib: usize) -> Result<f64, String> {
+/// Builds and drops a pool of `gib` GiB taken in chunks of `chunk_gib` GiB; the time to
+/// build it.
+fn create(
+    device: Device,
+    mode: VirtualMemory,
+    gib: usize,
+    chunk_gib: usize,
+) -> Result<f64, String> {
     let t = Instant::now();
     let pool = builder(device, mode)
+        .growth((chunk_gib * GIB) as u64)
         .initial_size(PoolSize::Bytes(gib * GIB))
         .build()
         .map_err(|e| e.to_string())?;
@@ -128,12 +136,20 @@ fn main() {
             "no"
         }
     );
-    println!("{:<8} {:>14} {:>14}", "shape", "vmm ms", "alloc ms");
+    println!("{:<30} {:>14} {:>14}", "shape", "vmm ms", "alloc ms");
     type Shape = Box<dyn Fn(Device, VirtualMemory) -> Result<f64, String>>;
     let shapes: Vec<(String, Shape)> = vec![
         (
             format!("create {gib} GiB"),
-            Box::new(move |d, m| create(d, m, gib)),
+            Box::new(move |d, m| create(d, m, gib, 1)),
+        ),
+        (
+            format!("create {gib} GiB, 8 GiB chunks"),
+            Box::new(move |d, m| create(d, m, gib, 8)),
+        ),
+        (
+            format!("create {gib} GiB, one chunk"),
+            Box::new(move |d, m| create(d, m, gib, gib)),
         ),
         ("trim 8 GiB".into(), Box::new(trim)),
         ("grow 1 GiB".into(), Box::new(grow)),
@@ -158,6 +174,6 @@ fn main() {
                 }
             });
         }
-        println!("{:<8} {}", name, cells.join(" "));
+        println!("{:<30} {}", name, cells.join(" "));
     }
 }

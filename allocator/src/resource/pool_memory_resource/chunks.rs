@@ -23,8 +23,10 @@ pub enum VirtualMemory {
     /// fails where that is impossible (an upstream other than [`CudaMemoryResource`], or a
     /// device without virtual memory management).
     On,
-    /// As [`VirtualMemory::On`] where possible, else as [`VirtualMemory::Off`] (the pool's
-    /// description says which: [`PoolMemoryResource::chunk_source`]).
+    /// As [`VirtualMemory::On`] for a pool that starts with at most 2 GiB and grows on
+    /// demand, where possible; else as [`VirtualMemory::Off`] (a pool that takes more at
+    /// once is built faster from the upstream, which reserves lazily). The pool's
+    /// description says which: [`PoolMemoryResource::chunk_source`].
     #[default]
     Auto,
 }

@@ -200,6 +200,13 @@ impl PoolBuilder {
         if mode == VirtualMemory::Auto && maximum < vmm::AUTO_MINIMUM {
             mode = VirtualMemory::Off;
         }
+        // A pool that takes a large initial size at once (RMM's `initial_pool_size` use) is
+        // built faster from the upstream: mapping physical memory is paid for up front, per
+        // byte, where one `cuMemAlloc` reserves lazily. Virtual memory serves the pools that
+        // start small and grow on demand (and give memory back in pieces).
+        if mode == VirtualMemory::Auto && initial > vmm::AUTO_MAXIMUM_INITIAL {
+            mode = VirtualMemory::Off;
+        }
         let source = ChunkSource::choose(mode, &self.upstream)?;
         let (maximum, initial) = match &source {
             ChunkSource::Mapped(space) => {

@@ -27,6 +27,10 @@ const RESERVE_FACTOR: u64 = 2;
 /// maps chunks (64 granules of 2 MiB): smaller pools keep the upstream's exact sizes.
 pub(crate) const AUTO_MINIMUM: u64 = 128 << 20;
 
+/// The largest initial size for which [`VirtualMemory::Auto`](super::VirtualMemory::Auto)
+/// maps chunks: a pool that takes more at once is built from the upstream.
+pub(crate) const AUTO_MAXIMUM_INITIAL: u64 = 2 << 30;
+
 /// Name in errors and hooks for memory mapped through the virtual memory API.
 pub(crate) const VMM_SOURCE: &str = "PoolMemoryResource (virtual memory)";
 /// Name in errors when the reserved address range has no room left.
