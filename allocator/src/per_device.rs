@@ -59,6 +59,21 @@ pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
     })
 }
 
+/// Runs `f` with the resource of device `device_id` (as [`get_per_device_resource`]) without
+/// taking a reference to it: no reference count is touched, which is what a path that only
+/// allocates or frees through the resource, from many threads at once, wants.
+pub fn with_per_device_resource<R>(
+    device_id: u32,
+    f: impl FnOnce(&SharedResource) -> R,
+) -> Result<R> {
+    let slot = slot(device_id)?;
+    if let Some(r) = slot.load().as_deref() {
+        return Ok(f(r));
+    }
+    let r = get_per_device_resource(device_id)?;
+    Ok(f(&r))
+}
+
 /// Makes `resource` the resource of device `device_id`; returns the previous one.
 ///
 /// The resource must allocate on that device. The caller keeps memory allocated from the

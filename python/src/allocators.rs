@@ -24,28 +24,104 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use rmm_allocator::per_device::get_per_device_resource;
+use rmm_allocator::per_device::with_per_device_resource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::stream::synchronize;
 use rmm_allocator::{Device, DevicePtr, StreamView};
 
-/// Live allocations: address → (size, the resource that made it), in shards by address. A
-/// block goes back to the resource that made it even after a reinitialize or `finalize`
+/// Live allocations, in shards by address: each block's size and the resource that made it.
+/// A block goes back to the resource that made it even after a reinitialize or `finalize`
 /// changed the device's resource (the old resource lives until its last block is freed).
 struct Live {
-    shards: [Mutex<HashMap<u64, (usize, SharedResource)>>; 64],
+    shards: [Mutex<Shard>; 64],
+}
+
+/// One shard of [`Live`]. Its blocks name their resource by index into `resources`, which
+/// holds one reference per resource and a count of its blocks: allocating and freeing touch
+/// no reference count that other threads share.
+#[derive(Default)]
+struct Shard {
+    /// Address → (size, index in `resources`).
+    blocks: HashMap<u64, (usize, usize), BuildHasherDefault<AddressHasher>>,
+    /// The resources with blocks in this shard, and how many; `None`: a free entry.
+    resources: Vec<Option<(SharedResource, usize)>>,
+}
+
+impl Shard {
+    /// Records `addr` (of `size` bytes) as made by `resource`; a block the table already had
+    /// at that address (never freed through it) is returned.
+    fn insert(&mut self, addr: u64, size: usize, resource: &SharedResource) -> Option<usize> {
+        let found = self
+            .resources
+            .iter()
+            .position(|e| e.as_ref().is_some_and(|(r, _)| Arc::ptr_eq(r, resource)));
+        let index = found.unwrap_or_else(|| {
+            let entry = Some((Arc::clone(resource), 0));
+            match self.resources.iter().position(Option::is_none) {
+                Some(i) => {
+                    self.resources[i] = entry;
+                    i
+                }
+                None => {
+                    self.resources.push(entry);
+                    self.resources.len() - 1
+                }
+            }
+        });
+        if let Some((_, n)) = &mut self.resources[index] {
+            *n += 1;
+        }
+        let (old_size, old_index) = self.blocks.insert(addr, (size, index))?;
+        // A bug elsewhere (the block was never freed through the table): its count goes.
+        drop(self.forget(old_index));
+        Some(old_size)
+    }
+
+    /// Counts one block of resource `index` gone; the resource when it was its last.
+    fn forget(&mut self, index: usize) -> Option<SharedResource> {
+        let entry = self.resources.get_mut(index)?;
+        let last = entry.as_mut().is_some_and(|(_, n)| {
+            *n -= 1;
+            *n == 0
+        });
+        if last { entry.take().map(|(r, _)| r) } else { None }
+    }
+}
+
+/// Hashes a block's address (256-byte aligned): a multiply and a fold, so that the bucket
+/// (low bits) and tag (high bits) both depend on every address bit above the alignment.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, addr: u64) {
+        let h = (addr >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 29);
+    }
 }
 
 static LIVE: std::sync::LazyLock<Live> = std::sync::LazyLock::new(|| Live {
-    shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+    shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
 });
 
 impl Live {
-    fn shard(&self, addr: u64) -> &Mutex<HashMap<u64, (usize, SharedResource)>> {
+    fn shard(&self, addr: u64) -> &Mutex<Shard> {
         // Allocations are 256-byte aligned: mix the bits above that.
         &self.shards[((addr >> 8) ^ (addr >> 20)) as usize % 64]
     }
@@ -64,13 +140,21 @@ fn allocate(size: usize, device: c_int, stream: StreamView) -> *mut c_void {
         tracing::error!(device, "rmm_rs allocator: a negative device ordinal");
         return std::ptr::null_mut();
     };
-    let made =
-        get_per_device_resource(device).and_then(|r| r.allocate(size, stream).map(|p| (p, r)));
-    match made {
-        Ok((p, r)) if !p.is_null() => {
-            LIVE.shard(p.addr()).lock().insert(p.addr(), (size, r));
-            p.addr() as *mut c_void
+    let made = with_per_device_resource(device, |r| {
+        let p = r.allocate(size, stream)?;
+        if !p.is_null()
+            && let Some(old) = LIVE.shard(p.addr()).lock().insert(p.addr(), size, r)
+        {
+            tracing::error!(
+                "rmm_rs allocator: {p} was handed out again while the table still held it \
+                 ({old} bytes, never freed through rmm_rs); the old entry is dropped"
+            );
         }
+        Ok(p)
+    })
+    .and_then(|r| r);
+    match made {
+        Ok(p) if !p.is_null() => p.addr() as *mut c_void,
         Ok(_) => std::ptr::null_mut(),
         Err(e) => {
             tracing::debug!("rmm_rs allocator: allocating {size} bytes on device {device}: {e}");
@@ -90,17 +174,29 @@ fn deallocate_sized(ptr: *mut c_void, expected: Option<usize>, stream: StreamVie
         return;
     }
     let p = DevicePtr(ptr as u64);
-    let Some((size, resource)) = LIVE.shard(p.addr()).lock().remove(&p.addr()) else {
+    let mut shard = LIVE.shard(p.addr()).lock();
+    let Some((size, index)) = shard.blocks.remove(&p.addr()) else {
+        drop(shard);
         tracing::error!("rmm_rs allocator: freeing {p}, which it did not allocate (ignored)");
         return;
     };
+    // Freed under the shard's lock (a pool's free is short, and the lock is one of 64), so
+    // that the resource needs no reference of its own here.
+    let freed = match &shard.resources[index] {
+        Some((resource, _)) => resource.deallocate(p, size, stream),
+        None => Ok(()),
+    };
+    // The resource goes after the lock: dropping it may free a whole stack.
+    let last = shard.forget(index);
+    drop(shard);
+    drop(last);
     if let Some(expected) = expected.filter(|&e| e != size) {
         tracing::error!(
             "rmm_rs allocator: freeing {p} as {expected} bytes, but it was allocated as {size} \
              bytes (freed as {size})"
         );
     }
-    if let Err(e) = resource.deallocate(p, size, stream) {
+    if let Err(e) = freed {
         tracing::error!("rmm_rs allocator: freeing {size} bytes at {p}: {e}");
     }
 }
@@ -239,7 +335,7 @@ fn torch_functions() -> (&'static str, &'static str) {
 /// Live allocations made through the CuPy, PyTorch and librmm functions.
 #[pyfunction]
 fn live_allocations() -> usize {
-    LIVE.shards.iter().map(|s| s.lock().len()).sum()
+    LIVE.shards.iter().map(|s| s.lock().blocks.len()).sum()
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -42,6 +42,8 @@ def load_client(path):
         ctypes.c_char_p,
         ctypes.c_size_t,
     ]
+    lib.client_held_run.argtypes = lib.client_run.argtypes
+    lib.ref_run.argtypes = lib.client_run.argtypes
     lib.direct_run.argtypes = [
         ctypes.c_int,
         ctypes.c_int,
@@ -72,13 +74,24 @@ def cpp_rounds(lib, threads, iterations, rounds):
     pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=2 << 30)
     # The callback side takes the GIL per call: fewer iterations keep its rounds short.
     callback_iterations = max(iterations // 20, 100)
-    out = {"direct": [], "bridge": [], "callback": [], "rmm_pool": []}
+    out = {
+        "direct": [],
+        "bridge": [],
+        "callback": [],
+        "rmm_pool": [],
+        "bridge_held": [],
+        "callback_held": [],
+        "rmm_pool_held": [],
+        "bridge_ref": [],
+        "rmm_pool_ref": [],
+    }
     error = ctypes.create_string_buffer(512)
     seconds = ctypes.c_double()
 
-    def client(mr, n):
+    def client(mr, n, held=False, ref=False):
         rmm.mr.set_per_device_resource(0, mr)
-        rc = lib.client_run(threads, n, ctypes.byref(seconds), error, len(error))
+        run = lib.ref_run if ref else lib.client_held_run if held else lib.client_run
+        rc = run(threads, n, ctypes.byref(seconds), error, len(error))
         if rc != 0:
             raise RuntimeError(f"librmm client: {error.value.decode()}")
         return ns_per_op(seconds.value, threads, n)
@@ -93,6 +106,11 @@ def cpp_rounds(lib, threads, iterations, rounds):
         out["bridge"].append(client(bridge, iterations))
         out["callback"].append(client(callback, callback_iterations))
         out["rmm_pool"].append(client(pool, iterations))
+        out["bridge_held"].append(client(bridge, iterations, held=True))
+        out["callback_held"].append(client(callback, callback_iterations, held=True))
+        out["rmm_pool_held"].append(client(pool, iterations, held=True))
+        out["bridge_ref"].append(client(bridge, iterations, ref=True))
+        out["rmm_pool_ref"].append(client(pool, iterations, ref=True))
     rmm.mr.set_per_device_resource(0, bridge)
     return {k: v[1:] for k, v in out.items()}
 
@@ -178,11 +196,23 @@ def main():
     report["cpp_ns_per_op"] = cpp
     m = {k: median(v) for k, v in cpp.items()}
     print(f"C++ librmm client, {args.threads} threads, ns per allocation + free (aggregate):")
+    print("  (looked up: librmm's current resource fetched for every buffer, under librmm's")
+    print("   process-wide mutex; held: fetched once per thread, as libcudf does per call)")
     for k in ("direct", "bridge", "callback", "rmm_pool"):
-        print(f"  {k:10s} {m[k]:10.1f}")
+        held = m.get(f"{k}_held")
+        cell = f"{held:10.1f}" if held is not None else f"{'':10s}"
+        print(f"  {k:10s} looked up {m[k]:10.1f}   held {cell}")
     print(
-        f"  callback / bridge = {m['callback'] / m['bridge']:.1f}x (goal >= 20x); "
-        f"bridge / direct = {m['bridge'] / m['direct']:.2f}x (goal <= 1.5x)"
+        f"  resource alone (no device_buffer): bridge {m['bridge_ref']:.1f}, "
+        f"rmm_pool {m['rmm_pool_ref']:.1f}"
+    )
+    print(
+        f"  looked up: callback / bridge = {m['callback'] / m['bridge']:.1f}x, "
+        f"bridge / direct = {m['bridge'] / m['direct']:.2f}x"
+    )
+    print(
+        f"  held:      callback / bridge = {m['callback_held'] / m['bridge_held']:.1f}x "
+        f"(goal >= 20x); bridge / direct = {m['bridge_held'] / m['direct']:.2f}x (goal <= 1.5x)"
     )
 
     py = python_rounds(args.calls, args.rounds)

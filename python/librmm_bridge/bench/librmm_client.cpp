@@ -5,7 +5,15 @@
 // with ctypes after setting RMM's current resource from Python.
 //
 //   int client_run(int threads, int iterations, double* seconds, char* error, size_t len)
-//     device_buffers through rmm::mr::get_current_device_resource_ref().
+//     device_buffers through rmm::mr::get_current_device_resource_ref(), looked up for each
+//     buffer (librmm's lookup takes a process-wide mutex: 8 threads queue on it).
+//   int client_held_run(int threads, int iterations, double* seconds, char* error, size_t len)
+//     the same with the resource looked up once per thread, as libcudf does per operation
+//     (its public functions take `mr = get_current_device_resource_ref()` and hand it to
+//     every allocation inside).
+//   int ref_run(int threads, int iterations, double* seconds, char* error, size_t len)
+//     the same pattern through the resource itself (held once per thread), without
+//     device_buffer: what the resource costs apart from the container.
 //   int direct_run(int threads, int iterations, void* allocate, void* deallocate,
 //                  double* seconds, char* error, size_t len)
 //     the same pattern calling rmm-rs's C functions directly (no librmm in between).
@@ -92,6 +100,71 @@ extern "C" int client_run(int threads, int iterations, double* seconds, char* er
           live.emplace_back(SIZES[(static_cast<std::size_t>(i) + t) % NSIZES], stream);
           if (live.size() > WINDOW) { live.pop_front(); }
         }
+      },
+      seconds,
+      error,
+      len);
+    for (auto& s : streams) { s.synchronize(); }
+    return rc;
+  } catch (std::exception const& e) {
+    set_error(error, len, e.what());
+    return -1;
+  }
+}
+
+extern "C" int client_held_run(int threads,
+                               int iterations,
+                               double* seconds,
+                               char* error,
+                               std::size_t len)
+{
+  try {
+    std::vector<rmm::cuda_stream> streams(static_cast<std::size_t>(threads));
+    int rc = run_threads(
+      threads,
+      [&](int t) {
+        cuda::stream_ref stream = streams[static_cast<std::size_t>(t)];
+        rmm::device_async_resource_ref mr = rmm::mr::get_current_device_resource_ref();
+        std::deque<rmm::device_buffer> live;
+        for (int i = 0; i < iterations; ++i) {
+          live.emplace_back(SIZES[(static_cast<std::size_t>(i) + t) % NSIZES], stream, mr);
+          if (live.size() > WINDOW) { live.pop_front(); }
+        }
+      },
+      seconds,
+      error,
+      len);
+    for (auto& s : streams) { s.synchronize(); }
+    return rc;
+  } catch (std::exception const& e) {
+    set_error(error, len, e.what());
+    return -1;
+  }
+}
+
+extern "C" int ref_run(int threads,
+                       int iterations,
+                       double* seconds,
+                       char* error,
+                       std::size_t len)
+{
+  try {
+    std::vector<rmm::cuda_stream> streams(static_cast<std::size_t>(threads));
+    int rc = run_threads(
+      threads,
+      [&](int t) {
+        cuda::stream_ref stream = streams[static_cast<std::size_t>(t)];
+        rmm::device_async_resource_ref mr = rmm::mr::get_current_device_resource_ref();
+        std::deque<std::pair<void*, std::size_t>> live;
+        for (int i = 0; i < iterations; ++i) {
+          std::size_t n = SIZES[(static_cast<std::size_t>(i) + t) % NSIZES];
+          live.emplace_back(mr.allocate(stream, n, 256), n);
+          if (live.size() > WINDOW) {
+            mr.deallocate(stream, live.front().first, live.front().second, 256);
+            live.pop_front();
+          }
+        }
+        for (auto& [p, n] : live) { mr.deallocate(stream, p, n, 256); }
       },
       seconds,
       error,
