@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use rmm_allocator::device::with_device;
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::spill::Tier;
-use rmm_allocator::stream::synchronize;
-use rmm_allocator::{Device, DevicePtr, StreamView};
+use rmm_allocator::synchronize_stream;
+use rmm_allocator::with_device;
+use rmm_allocator::{Device, StreamView};
 
 use crate::{error, with_runtime};
 
@@ -63,9 +64,9 @@ fn stream_of(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamView> {
 /// the default stream of `device`: what a `stream=` argument orders the operation after.
 fn settle(device: Device, stream: StreamView) -> rmm_allocator::Result<()> {
     if !stream.is_default() {
-        synchronize(device, stream)?;
+        synchronize_stream(device, stream)?;
     }
-    synchronize(device, StreamView::DEFAULT)
+    synchronize_stream(device, StreamView::DEFAULT)
 }
 
 /// A short description of `v` for error messages.
@@ -296,9 +297,13 @@ impl DeviceBuffer {
                 with_device(device, || {
                     let b = rmm_allocator::DeviceBuffer::new(nbytes, StreamView::DEFAULT)?;
                     let d = Device::new(device)?;
-                    synchronize(d, StreamView::DEFAULT)?;
+                    synchronize_stream(d, StreamView::DEFAULT)?;
                     if nbytes > 0 {
-                        d.copy_device_to_device(b.data(), rmm_allocator::DevicePtr(ptr), nbytes)?;
+                        d.copy_device_to_device(
+                            b.data(),
+                            rmm_allocator::backend::DevicePtr(ptr),
+                            nbytes,
+                        )?;
                     }
                     Ok::<_, rmm_allocator::Error>(b)
                 })
@@ -513,7 +518,7 @@ impl DeviceBuffer {
         let dst = b.data();
         py.detach(|| {
             if let Some(s) = src_stream.filter(|s| *s != 0) {
-                synchronize(device, StreamView::from_raw(s))?;
+                synchronize_stream(device, StreamView::from_raw(s))?;
             }
             settle(device, stream)?;
             if nbytes > 0 {
@@ -667,11 +672,11 @@ impl SpillableBuffer {
                     {
                         let view = b.device_view(StreamView::DEFAULT)?;
                         let d = b.device();
-                        synchronize(d, StreamView::DEFAULT)?;
+                        synchronize_stream(d, StreamView::DEFAULT)?;
                         if nbytes > 0 {
                             d.copy_device_to_device(
                                 view.ptr(),
-                                rmm_allocator::DevicePtr(ptr),
+                                rmm_allocator::backend::DevicePtr(ptr),
                                 nbytes,
                             )?;
                         }

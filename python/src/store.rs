@@ -18,8 +18,9 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::spill::{SharedDeviceGuard, Tier};
-use rmm_allocator::{Device, DevicePtr, StreamView};
+use rmm_allocator::{Device, StreamView};
 use rmm_runtime::{ForeignData, ForeignOwner, OwnerAccess};
 
 use crate::error;

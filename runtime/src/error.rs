@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use rmm_allocator::error::fmt_bytes;
+use rmm_allocator::fmt_bytes;
 
 use crate::worker::WorkerId;
 
