@@ -69,6 +69,11 @@ fn settle(device: Device, stream: StreamView) -> rmm_allocator::Result<()> {
     synchronize_stream(device, StreamView::DEFAULT)
 }
 
+/// The error of a DeviceBuffer used after `free()`.
+fn freed() -> PyErr {
+    error("this DeviceBuffer was freed (free() was called): make a new DeviceBuffer")
+}
+
 /// A short description of `v` for error messages.
 fn repr_of(v: &Bound<'_, PyAny>) -> String {
     v.repr().map_or_else(|_| "?".into(), |r| r.to_string())
@@ -93,22 +98,29 @@ fn cuda_array(obj: &Bound<'_, PyAny>) -> PyResult<(u64, usize, Option<u64>)> {
             repr_of(&cai)
         ))
     };
+    // A field missing or of the wrong type: the exporter does not follow the interface.
+    let malformed = |what: &str| {
+        bad(format!(
+            "{what}; the object does not follow the CUDA Array Interface (version 3): pass a \
+             CuPy array, a PyTorch CUDA tensor or a DeviceBuffer"
+        ))
+    };
     let (ptr, _readonly): (u64, bool) = field("data")
-        .ok_or_else(|| bad("no data".into()))?
+        .ok_or_else(|| malformed("no data"))?
         .extract()
-        .map_err(|_| bad("data is not (address, read-only)".into()))?;
+        .map_err(|_| malformed("data is not (address, read-only)"))?;
     let shape: Vec<usize> = field("shape")
-        .ok_or_else(|| bad("no shape".into()))?
+        .ok_or_else(|| malformed("no shape"))?
         .extract()
-        .map_err(|_| bad("shape is not a tuple of ints".into()))?;
+        .map_err(|_| malformed("shape is not a tuple of ints"))?;
     let typestr: String = field("typestr")
-        .ok_or_else(|| bad("no typestr".into()))?
+        .ok_or_else(|| malformed("no typestr"))?
         .extract()
-        .map_err(|_| bad("typestr is not a string".into()))?;
+        .map_err(|_| malformed("typestr is not a string"))?;
     let itemsize: usize = typestr
         .get(2..)
         .and_then(|n| n.parse().ok())
-        .ok_or_else(|| bad(format!("typestr {typestr:?} has no item size")))?;
+        .ok_or_else(|| malformed(&format!("typestr {typestr:?} has no item size")))?;
     if field("mask").is_some() {
         return Err(bad(
             "masked arrays cannot be copied: pass the data alone".into()
@@ -117,7 +129,7 @@ fn cuda_array(obj: &Bound<'_, PyAny>) -> PyResult<(u64, usize, Option<u64>)> {
     if let Some(strides) = field("strides") {
         let strides: Vec<isize> = strides
             .extract()
-            .map_err(|_| bad("strides is not a tuple of ints".into()))?;
+            .map_err(|_| malformed("strides is not a tuple of ints"))?;
         let mut expected = itemsize as isize;
         for (dim, stride) in shape.iter().zip(&strides).rev() {
             if *dim > 1 && *stride != expected {
@@ -133,7 +145,7 @@ fn cuda_array(obj: &Bound<'_, PyAny>) -> PyResult<(u64, usize, Option<u64>)> {
     let nbytes = shape
         .iter()
         .try_fold(itemsize, |n, d| n.checked_mul(*d))
-        .ok_or_else(|| bad("the size overflows".into()))?;
+        .ok_or_else(|| malformed("the size overflows"))?;
     let stream = field("stream").and_then(|s| s.extract::<u64>().ok());
     Ok((ptr, nbytes, stream))
 }
@@ -212,9 +224,7 @@ pub struct DeviceBuffer {
 
 impl DeviceBuffer {
     fn buffer(&self) -> PyResult<&Memory> {
-        self.inner
-            .as_ref()
-            .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))
+        self.inner.as_ref().ok_or_else(freed)
     }
 
     /// Runs `change` on the memory without the GIL; a buffer it returns replaces the memory
@@ -229,10 +239,7 @@ impl DeviceBuffer {
         + Send,
     ) -> PyResult<()> {
         let device = self.device;
-        let memory = self
-            .inner
-            .as_mut()
-            .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))?;
+        let memory = self.inner.as_mut().ok_or_else(freed)?;
         if let Some(b) = py.detach(|| change(memory, device)).map_err(error)? {
             self.inner = Some(Memory::Owned(b));
         }

@@ -105,8 +105,11 @@ impl AdoptedValue {
             .map(|(i, offset, nbytes)| {
                 let guard = guards.get(i).ok_or_else(|| {
                     error(format!(
-                        "device_frames: allocation {i} of a value of {} allocations",
-                        guards.len()
+                        "device_frames: allocation {i} is out of range: the value has {} \
+                         allocation(s) (0 to {}); ask only for frames within the value's \
+                         allocations (its `allocations`)",
+                        guards.len(),
+                        guards.len().saturating_sub(1)
                     ))
                 })?;
                 if offset
@@ -114,8 +117,9 @@ impl AdoptedValue {
                     .is_none_or(|end| end > guard.len())
                 {
                     return Err(error(format!(
-                        "device_frames: {nbytes} bytes at offset {offset} of an allocation of \
-                         {} bytes",
+                        "device_frames: {nbytes} bytes at offset {offset} run past the end of \
+                         allocation {i} ({} bytes); ask only for frames within the value's \
+                         allocations (its `allocations`)",
                         guard.len()
                     )));
                 }
