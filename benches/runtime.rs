@@ -20,7 +20,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use common::{backend_for_bench_with, spilling_config};
-use rmm::allocator::DeviceMemoryResource;
+use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::config::{Config, ConfigLoader};
 use rmm::runtime::{Runtime, TaskHandle};
 

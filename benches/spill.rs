@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use common::{GIB, MIB, backend_for_bench, spilling_config};
 use rmm::allocator::backend::BackendKind;
 use rmm::allocator::resource::{CudaMemoryResource, PinnedHostMemoryResource, PinnedHostPool};
-use rmm::allocator::{Device, DeviceMemoryResource, HostMemoryResource, StreamView};
+use rmm::allocator::resource::{DeviceMemoryResource, HostMemoryResource};
+use rmm::allocator::{Device, StreamView};
 use rmm::config::Config;
 use rmm::runtime::Runtime;
 

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use rmm::allocator::error::fmt_bytes;
+use rmm::allocator::fmt_bytes;
 use rmm::config::{ConfigLoader, Source};
 use rmm::runtime::{Runtime, StackPlan, TaskHandle, device_facts, open_backend};
 

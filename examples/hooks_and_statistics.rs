@@ -15,12 +15,11 @@ use rmm::allocator::adaptor::hooks::{
     register_process_hook, with_thread_hook,
 };
 use rmm::allocator::adaptor::{Counter, StatisticsResourceAdaptor};
-use rmm::allocator::error::fmt_bytes;
+use rmm::allocator::fmt_bytes;
+use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
-use rmm::allocator::{
-    Device, DeviceBuffer, DeviceMemoryResource, DeviceScalar, DeviceUVector, Stream, StreamView,
-};
+use rmm::allocator::{Device, DeviceBuffer, DeviceScalar, DeviceUVector, Stream, StreamView};
 
 const MIB: usize = 1 << 20;
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use rmm::allocator::adaptor::hooks::{HookEvent, MemoryHook, with_thread_hook};
-use rmm::allocator::error::fmt_bytes;
+use rmm::allocator::fmt_bytes;
 use rmm::allocator::per_device::get_current_device_resource;
 use rmm::allocator::{DeviceBuffer, DeviceScalar, DeviceUVector};
 use rmm::config::ConfigLoader;

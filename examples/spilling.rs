@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use rmm::allocator::spill::{SpillableBuffer, SpillableVector, Tier};
-use rmm::allocator::stream::synchronize;
+use rmm::allocator::synchronize_stream;
 use rmm::allocator::{Device, StreamView};
 use rmm::config::{Config, ConfigLoader};
 use rmm::runtime::Runtime;
@@ -73,7 +73,7 @@ fn phase(device: u32, dir: &str, managed: bool) -> Result<Config, Error> {
 /// spilled.
 fn read_on_device(b: &SpillableBuffer) -> Result<Vec<u8>, Error> {
     let guard = b.device_view(S)?;
-    synchronize(b.device(), S)?;
+    synchronize_stream(b.device(), S)?;
     let mut out = vec![0u8; b.size()];
     b.device().copy_to_host(&mut out, guard.ptr())?;
     Ok(out)

@@ -68,7 +68,7 @@
 //! ```
 //!
 //! Without the runtime, the allocator stands alone as RAPIDS RMM's does: a
-//! [`DeviceMemoryResource`](allocator::DeviceMemoryResource) made current per device
+//! [`DeviceMemoryResource`](allocator::resource::DeviceMemoryResource) made current per device
 //! ([`allocator::per_device`]), containers allocating from it on a
 //! [`Stream`](allocator::Stream). The `examples/` of the repository show each layer.
 
@@ -83,10 +83,10 @@ pub use rmm_runtime as runtime;
 /// Errors are not in the prelude: each layer has its own ([`allocator::Error`],
 /// [`config::Error`], [`runtime::Error`]), named by their paths.
 pub mod prelude {
+    pub use crate::allocator::resource::{DeviceMemoryResource, HostMemoryResource};
     pub use crate::allocator::spill::{SpillableBuffer, SpillableVector, Tier};
     pub use crate::allocator::{
-        Device, DeviceBuffer, DeviceMemoryResource, DeviceScalar, DeviceUVector,
-        HostMemoryResource, Stream, StreamView,
+        Device, DeviceBuffer, DeviceScalar, DeviceUVector, Stream, StreamView,
     };
     pub use crate::config::{Config, ConfigLoader};
     pub use crate::runtime::{

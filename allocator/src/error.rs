@@ -7,7 +7,7 @@ use std::fmt;
 /// Result alias used throughout the allocator crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-pub use crate::resource::{PoolUsage, StreamUsage};
+use crate::resource::PoolUsage;
 
 /// Every failure the allocator crate can report.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -50,7 +50,10 @@ pub enum Error {
     },
 
     /// A CUDA driver call returned an error.
-    #[error("CUDA driver call {call} failed on device {device}: {name} ({code}): {description}")]
+    #[error(
+        "CUDA driver call {call} failed on device {device}: {name} ({code}): {description}. {}",
+        driver_advice(name)
+    )]
     Driver {
         /// The driver entry point, e.g. `cuMemAlloc_v2`.
         call: &'static str,
@@ -75,10 +78,7 @@ pub enum Error {
     },
 
     /// A device ordinal that does not exist was named.
-    #[error(
-        "device {requested} does not exist: the {backend} backend has {count} device(s) \
-         (ordinals 0..{count})"
-    )]
+    #[error("device {requested} does not exist: {}", no_such_device(*.count, backend))]
     NoSuchDevice {
         /// The ordinal asked for.
         requested: u32,
@@ -102,7 +102,8 @@ pub enum Error {
     /// A pointer handed back to a resource or the device was not one it knows.
     #[error(
         "invalid pointer {ptr:#x} ({bytes} bytes) given to {resource}: it was not allocated \
-         there or was already freed"
+         there, was already freed, or runs past its allocation; pass only live memory of that \
+         resource, and free each allocation once, with the size it was allocated with"
     )]
     InvalidPointer {
         /// The pointer.
@@ -137,7 +138,8 @@ pub enum Error {
 
     /// A failure injected on purpose by the simulated device's fault injection.
     #[error(
-        "simulated fault: {what} on device {device} (fault injection is configured on this simulated device)"
+        "simulated fault: {what} on device {device}, injected on purpose by the simulated \
+         device's fault injection (SimBackend::fail_nth_*); SimBackend::clear_faults stops it"
     )]
     InjectedFault {
         /// What failed.
@@ -229,6 +231,65 @@ pub enum Error {
         /// What the user can do.
         hint: String,
     },
+}
+
+/// What to do about an [`Error::Driver`] with the error `name`.
+fn driver_advice(name: &str) -> &'static str {
+    match name {
+        "CUDA_ERROR_OUT_OF_MEMORY" => {
+            "The device (or the host, for pinned memory) has no memory to give: free or spill \
+             live buffers, lower the pool size, or enable spilling"
+        }
+        "CUDA_ERROR_ILLEGAL_ADDRESS"
+        | "CUDA_ERROR_LAUNCH_FAILED"
+        | "CUDA_ERROR_MISALIGNED_ADDRESS"
+        | "CUDA_ERROR_ILLEGAL_INSTRUCTION"
+        | "CUDA_ERROR_HARDWARE_STACK_ERROR"
+        | "CUDA_ERROR_INVALID_ADDRESS_SPACE"
+        | "CUDA_ERROR_INVALID_PC"
+        | "CUDA_ERROR_LAUNCH_TIMEOUT"
+        | "CUDA_ERROR_ECC_UNCORRECTABLE" => {
+            "This error is sticky: the CUDA context is unusable; restart the process (a kernel \
+             at fault shows under compute-sanitizer)"
+        }
+        "CUDA_ERROR_NO_DEVICE" | "CUDA_ERROR_INVALID_DEVICE" => {
+            "Check which GPUs this process sees (nvidia-smi, CUDA_VISIBLE_DEVICES), or run on the \
+             simulated device with RMM_BACKEND=sim"
+        }
+        "CUDA_ERROR_NOT_SUPPORTED" => {
+            "This device or driver cannot do it: update the driver, or configure a resource \
+             that does not need it (e.g. pool.async = false, pool.vmm = false)"
+        }
+        "CUDA_ERROR_INVALID_VALUE" | "CUDA_ERROR_INVALID_HANDLE" | "CUDA_ERROR_INVALID_CONTEXT" => {
+            "The driver refused an argument: check that the streams, events and pointers passed \
+             are live and belong to this device; if they are, please report it with the call \
+             above"
+        }
+        "CUDA_ERROR_DEINITIALIZED" | "CUDA_ERROR_NOT_INITIALIZED" => {
+            "The driver is shutting down (the process is exiting): stop using device memory \
+             before exit"
+        }
+        _ => {
+            "Check the device's state with nvidia-smi; if the error repeats, restart the \
+             process, or run on the simulated device with RMM_BACKEND=sim"
+        }
+    }
+}
+
+/// The devices a backend has and which to use, after "device N does not exist: ".
+fn no_such_device(count: u32, backend: &str) -> String {
+    match count {
+        0 => format!(
+            "the {backend} backend has no device; check the driver and CUDA_VISIBLE_DEVICES \
+             (nvidia-smi lists the GPUs), or run on the simulated device with RMM_BACKEND=sim"
+        ),
+        n => format!(
+            "the {backend} backend has {n} device(s), ordinals 0 to {}; use one of those \
+             (CUDA_VISIBLE_DEVICES picks the GPUs the cuda backend sees, RMM_SIM_DEVICES how \
+             many the simulated one has)",
+            n - 1
+        ),
+    }
 }
 
 /// What to do about an [`Error::HostOutOfMemory`] of `resource`: a full pinned host pool
@@ -324,5 +385,70 @@ mod tests {
         assert!(s.contains("3.00 GiB (3221225472 bytes)"), "{s}");
         assert!(s.contains("1.00 GiB free of 2.00 GiB"), "{s}");
         assert!(e.is_out_of_memory());
+    }
+
+    #[test]
+    fn driver_errors_say_what_to_do() {
+        let driver = |name: &str| Error::Driver {
+            call: "cuMemAlloc_v2",
+            device: 2,
+            name: name.into(),
+            code: 700,
+            description: "an illegal memory access was encountered".into(),
+        };
+        let s = driver("CUDA_ERROR_ILLEGAL_ADDRESS").to_string();
+        assert!(s.contains("cuMemAlloc_v2 failed on device 2"), "{s}");
+        assert!(s.contains("CUDA_ERROR_ILLEGAL_ADDRESS (700)"), "{s}");
+        assert!(s.contains("restart the process"), "{s}");
+        let s = driver("CUDA_ERROR_OUT_OF_MEMORY").to_string();
+        assert!(s.contains("free or spill live buffers"), "{s}");
+        let s = driver("CUDA_ERROR_SOMETHING_NEW").to_string();
+        assert!(s.contains("nvidia-smi"), "{s}");
+    }
+
+    #[test]
+    fn a_missing_device_names_the_ordinals_there_are() {
+        let e = Error::NoSuchDevice {
+            requested: 3,
+            count: 2,
+            backend: "cuda",
+        };
+        let s = e.to_string();
+        assert!(s.starts_with("device 3 does not exist"), "{s}");
+        assert!(
+            s.contains("2 device(s), ordinals 0 to 1; use one of those"),
+            "{s}"
+        );
+        assert!(s.contains("CUDA_VISIBLE_DEVICES"), "{s}");
+        let none = Error::NoSuchDevice {
+            requested: 0,
+            count: 0,
+            backend: "cuda",
+        };
+        let s = none.to_string();
+        assert!(s.contains("the cuda backend has no device"), "{s}");
+        assert!(s.contains("RMM_BACKEND=sim"), "{s}");
+    }
+
+    #[test]
+    fn invalid_pointers_and_injected_faults_say_what_to_do() {
+        let s = Error::InvalidPointer {
+            ptr: 0x1000,
+            bytes: 256,
+            resource: "PoolMemoryResource",
+        }
+        .to_string();
+        assert!(
+            s.contains("0x1000 (256 bytes) given to PoolMemoryResource"),
+            "{s}"
+        );
+        assert!(s.contains("free each allocation once"), "{s}");
+        let s = Error::InjectedFault {
+            what: "copy",
+            device: 1,
+        }
+        .to_string();
+        assert!(s.contains("copy on device 1"), "{s}");
+        assert!(s.contains("SimBackend::clear_faults"), "{s}");
     }
 }

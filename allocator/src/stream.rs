@@ -67,7 +67,7 @@ impl Stream {
 
     /// Waits for all work queued so far.
     pub fn synchronize(&self) -> Result<()> {
-        synchronize(self.device, self.view())
+        synchronize_stream(self.device, self.view())
     }
 
     /// True when all queued work has completed.
@@ -102,7 +102,7 @@ impl Drop for Stream {
 }
 
 /// Waits for all work queued on `stream` of `device`.
-pub fn synchronize(device: Device, stream: StreamView) -> Result<()> {
+pub fn synchronize_stream(device: Device, stream: StreamView) -> Result<()> {
     device
         .backend()
         .stream_synchronize(device.ordinal(), stream.raw())

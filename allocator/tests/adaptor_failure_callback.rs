@@ -11,10 +11,12 @@ use common::{MIB, device};
 use rmm_allocator::adaptor::{
     FailureAction, FailureCallbackResourceAdaptor, LimitingResourceAdaptor,
 };
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::CudaMemoryResource;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::{Device, DeviceMemoryResource, DevicePtr, Error, Result, StreamView};
+use rmm_allocator::{Device, Error, Result, StreamView};
 
 const S: StreamView = StreamView::DEFAULT;
 

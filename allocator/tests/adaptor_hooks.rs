@@ -7,13 +7,14 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::{MIB, device};
+use rmm_allocator::StreamView;
 use rmm_allocator::adaptor::HookedResourceAdaptor;
 use rmm_allocator::adaptor::hooks::{
     self, HookEvent, HookPoint, LineProfileHook, MemoryHook, TracingHook,
 };
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
-use rmm_allocator::{DeviceMemoryResource, StreamView};
 
 const S: StreamView = StreamView::DEFAULT;
 

@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use common::{MIB, device};
 use rmm_allocator::adaptor::{LimitingResourceAdaptor, MemoryLimit};
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
-use rmm_allocator::{DeviceMemoryResource, Error, StreamView};
+use rmm_allocator::{Error, StreamView};
 
 const S: StreamView = StreamView::DEFAULT;
 

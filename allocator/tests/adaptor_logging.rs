@@ -12,9 +12,11 @@ use rmm_allocator::adaptor::{
     EventLog, LOG_HEADER, LimitingResourceAdaptor, LoggingResourceAdaptor, ReplayOptions,
     ReplayOrder, StatisticsResourceAdaptor, log_file_path, replay,
 };
+use rmm_allocator::backend::DevicePtr;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-use rmm_allocator::{DeviceMemoryResource, DevicePtr, Stream, StreamView};
+use rmm_allocator::{Stream, StreamView};
 
 const S: StreamView = StreamView::DEFAULT;
 

@@ -11,12 +11,14 @@ use std::sync::{Arc, Barrier, Mutex};
 
 use common::{MIB, device};
 use crossbeam_channel::bounded;
+use rmm_allocator::StreamView;
 use rmm_allocator::adaptor::LogAction;
 use rmm_allocator::adaptor::log_thread_id;
 use rmm_allocator::adaptor::{EventLog, LOG_HEADER, LoggingResourceAdaptor};
+use rmm_allocator::backend::DevicePtr;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-use rmm_allocator::{DeviceMemoryResource, DevicePtr, StreamView};
 
 const S: StreamView = StreamView::DEFAULT;
 

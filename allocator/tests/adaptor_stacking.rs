@@ -5,15 +5,16 @@ mod common;
 use std::sync::Arc;
 
 use common::{MIB, device};
+use rmm_allocator::StreamView;
 use rmm_allocator::adaptor::{
     self, FailureAction, FailureCallbackResourceAdaptor, HookedResourceAdaptor,
     LimitingResourceAdaptor, LoggingResourceAdaptor, StatisticsResourceAdaptor,
     TrackingResourceAdaptor,
 };
 use rmm_allocator::per_device;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-use rmm_allocator::{DeviceMemoryResource, StreamView};
 
 const S: StreamView = StreamView::DEFAULT;
 

@@ -7,9 +7,11 @@ use std::sync::{Arc, Barrier};
 
 use common::{MIB, device};
 use rmm_allocator::adaptor::{Counter, MemoryReport, StatisticsResourceAdaptor};
+use rmm_allocator::backend::DevicePtr;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-use rmm_allocator::{DeviceMemoryResource, DevicePtr, Error, Stream, StreamView};
+use rmm_allocator::{Error, Stream, StreamView};
 
 const S: StreamView = StreamView::DEFAULT;
 

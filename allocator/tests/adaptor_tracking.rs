@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use common::{MIB, device};
 use rmm_allocator::adaptor::TrackingResourceAdaptor;
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::resource::CudaMemoryResource;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::{DeviceMemoryResource, DevicePtr, Stream, StreamView};
+use rmm_allocator::{Stream, StreamView};
 
 fn cuda() -> SharedResource {
     Arc::new(CudaMemoryResource::new(device()))
@@ -137,11 +139,11 @@ fn many_threads() {
 }
 
 thread_local! {
-    static LATER: std::cell::RefCell<Vec<(rmm_allocator::DevicePtr, usize)>> =
+    static LATER: std::cell::RefCell<Vec<(rmm_allocator::backend::DevicePtr, usize)>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn return_later(p: rmm_allocator::DevicePtr, b: usize) {
+fn return_later(p: rmm_allocator::backend::DevicePtr, b: usize) {
     LATER.with(|l| l.borrow_mut().push((p, b)));
 }
 

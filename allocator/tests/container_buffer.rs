@@ -9,14 +9,15 @@ use std::sync::Arc;
 
 use common::{MIB, device, pattern};
 use container_common::{Recording, assert_send_sync, private_sim};
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-use rmm_allocator::device::{current_device, set_current_device};
 use rmm_allocator::per_device::get_current_device_resource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaAsyncMemoryResource, CudaMemoryResource};
 use rmm_allocator::{
-    ALLOCATION_ALIGNMENT, Device, DeviceBuffer, DevicePtr, Error, Stream, StreamView, backend,
+    ALLOCATION_ALIGNMENT, Device, DeviceBuffer, Error, Stream, StreamView, backend,
 };
+use rmm_allocator::{current_device, set_current_device};
 
 #[test]
 fn new_allocates_size_bytes_from_the_current_device_resource() {
@@ -526,8 +527,9 @@ fn data_is_a_device_pointer_not_host_memory() {
 
 #[test]
 fn containers_can_borrow_their_resource_instead_of_owning_it() {
-    use rmm_allocator::container::ResourceHandle;
-    use rmm_allocator::{DeviceMemoryResource, DeviceScalar, DeviceUVector};
+    use rmm_allocator::ResourceHandle;
+    use rmm_allocator::resource::DeviceMemoryResource;
+    use rmm_allocator::{DeviceScalar, DeviceUVector};
 
     let d = device();
     let s = Stream::new(d).unwrap();

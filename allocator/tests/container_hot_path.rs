@@ -8,12 +8,11 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::per_device::get_current_device_resource;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::{
-    Device, DeviceBuffer, DeviceMemoryResource, DevicePtr, DeviceScalar, DeviceUVector, Result,
-    StreamView,
-};
+use rmm_allocator::{Device, DeviceBuffer, DeviceScalar, DeviceUVector, Result, StreamView};
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use common::device;
 use container_common::{Recording, assert_send_sync, private_sim};
-use rmm_allocator::device::current_device;
+use rmm_allocator::current_device;
 use rmm_allocator::per_device::get_current_device_resource;
 use rmm_allocator::resource::CudaMemoryResource;
 use rmm_allocator::resource::SharedResource;

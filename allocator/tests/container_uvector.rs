@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytemuck::{Pod, Zeroable};
 use common::{device, pattern};
 use container_common::{Recording, assert_send_sync, open_later, private_sim};
-use rmm_allocator::device::current_device;
+use rmm_allocator::current_device;
 use rmm_allocator::per_device::get_current_device_resource;
 use rmm_allocator::resource::CudaMemoryResource;
 use rmm_allocator::resource::SharedResource;

@@ -5,7 +5,8 @@ mod common;
 
 use common::{MIB, device, pattern};
 use rmm_allocator::resource::CudaMemoryResource;
-use rmm_allocator::{DeviceMemoryResource, Event, Stream, StreamView};
+use rmm_allocator::resource::DeviceMemoryResource;
+use rmm_allocator::{Event, Stream, StreamView};
 
 #[test]
 fn bytes_copied_to_the_device_come_back_exact() {
@@ -92,11 +93,15 @@ fn a_copy_to_or_a_free_of_a_foreign_pointer_is_an_error() {
     let data = [1u8; 16];
     // Address 8 is never a device allocation.
     assert!(
-        d.copy_to_device(rmm_allocator::DevicePtr(8), &data)
+        d.copy_to_device(rmm_allocator::backend::DevicePtr(8), &data)
             .is_err()
     );
     assert!(
-        mr.deallocate(rmm_allocator::DevicePtr(8), 16, StreamView::DEFAULT)
-            .is_err()
+        mr.deallocate(
+            rmm_allocator::backend::DevicePtr(8),
+            16,
+            StreamView::DEFAULT
+        )
+        .is_err()
     );
 }

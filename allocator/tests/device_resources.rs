@@ -4,10 +4,10 @@
 mod common;
 
 use common::{GIB, device, on_sim, pattern};
+use rmm_allocator::backend::DevicePtr;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource};
-use rmm_allocator::{
-    ALLOCATION_ALIGNMENT, DeviceMemoryResource, DevicePtr, Error, Stream, StreamView,
-};
+use rmm_allocator::{ALLOCATION_ALIGNMENT, Error, Stream, StreamView};
 
 fn resources() -> Vec<Box<dyn DeviceMemoryResource>> {
     let d = device();

@@ -5,8 +5,9 @@
 mod common;
 
 use common::{MIB, device, pattern};
+use rmm_allocator::StreamView;
 use rmm_allocator::resource::CudaMemoryResource;
-use rmm_allocator::{DeviceMemoryResource, StreamView};
+use rmm_allocator::resource::DeviceMemoryResource;
 
 #[test]
 fn large_copies_to_host_arrive_whole_at_odd_sizes() {

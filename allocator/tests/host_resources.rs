@@ -5,7 +5,8 @@ mod common;
 
 use common::{GIB, device, pattern};
 use rmm_allocator::resource::{CudaMemoryResource, NewDeleteResource, PinnedHostMemoryResource};
-use rmm_allocator::{DeviceMemoryResource, Error, HostMemoryResource, Stream, StreamView};
+use rmm_allocator::resource::{DeviceMemoryResource, HostMemoryResource};
+use rmm_allocator::{Error, Stream, StreamView};
 
 fn resources() -> Vec<Box<dyn HostMemoryResource>> {
     vec![

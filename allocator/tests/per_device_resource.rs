@@ -8,13 +8,14 @@ use std::sync::{Arc, Barrier};
 
 use common::device;
 use rmm_allocator::backend;
-use rmm_allocator::device::{set_current_device, with_device};
 use rmm_allocator::per_device::{
     get_current_device_resource, get_per_device_resource, reset_per_device_resource,
     set_current_device_resource, set_per_device_resource,
 };
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{CudaAsyncMemoryResource, CudaMemoryResource, SharedResource};
-use rmm_allocator::{Device, DeviceMemoryResource, Error, StreamView};
+use rmm_allocator::{Device, Error, StreamView};
+use rmm_allocator::{set_current_device, with_device};
 
 /// The per-device table is process-wide: under `cargo test` (one process, many threads) these
 /// tests would see each other's resources, so they take turns. nextest runs each in its own
@@ -97,7 +98,7 @@ fn each_device_has_its_own_resource_and_current_device_is_per_thread() {
     }
     // Another thread starts on device 0 whatever this one chose.
     set_current_device(count - 1).unwrap();
-    let other = std::thread::spawn(rmm_allocator::device::current_device)
+    let other = std::thread::spawn(rmm_allocator::current_device)
         .join()
         .unwrap();
     assert_eq!(other, 0);

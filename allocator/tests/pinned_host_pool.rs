@@ -5,8 +5,9 @@ mod common;
 
 use common::{MIB, device, pattern};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{PINNED_ALIGNMENT, PinnedHostPool};
-use rmm_allocator::{DeviceMemoryResource, Error, StreamView};
+use rmm_allocator::{Error, StreamView};
 
 #[test]
 fn the_pool_pins_once_and_gives_slices_back_merged() {

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use common::{GIB, MIB, device, pattern};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize, VirtualMemory};
-use rmm_allocator::{ALLOCATION_ALIGNMENT, Device, DeviceMemoryResource, Error, StreamView};
+use rmm_allocator::{ALLOCATION_ALIGNMENT, Device, Error, StreamView};
 
 fn cuda(d: Device) -> SharedResource {
     Arc::new(CudaMemoryResource::new(d))
@@ -193,7 +194,11 @@ fn a_pointer_the_pool_never_gave_is_an_error() {
     let d = sim(GIB);
     let pool = PoolMemoryResource::new(cuda(d), 64 * MIB, None).unwrap();
     let e = pool
-        .deallocate(rmm_allocator::DevicePtr(0x1000), 256, StreamView::DEFAULT)
+        .deallocate(
+            rmm_allocator::backend::DevicePtr(0x1000),
+            256,
+            StreamView::DEFAULT,
+        )
         .unwrap_err();
     assert!(
         matches!(e, Error::InvalidPointer { ptr: 0x1000, .. }),
@@ -325,7 +330,7 @@ fn a_request_beyond_every_size_class_is_out_of_memory_not_a_panic() {
         std::sync::Arc::new(rmm_allocator::resource::CudaMemoryResource::new(d));
     let pool = rmm_allocator::resource::PoolMemoryResource::new(cuda, 16 << 20, None).unwrap();
     for bytes in [1usize << 55, usize::MAX / 2, usize::MAX] {
-        let err = rmm_allocator::DeviceMemoryResource::allocate(
+        let err = rmm_allocator::resource::DeviceMemoryResource::allocate(
             &pool,
             bytes,
             rmm_allocator::StreamView::DEFAULT,

@@ -7,8 +7,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{MIB, device};
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-use rmm_allocator::{DeviceMemoryResource, Error, Stream, StreamView};
+use rmm_allocator::{Error, Stream, StreamView};
 
 /// A pool of exactly `bytes` that cannot grow.
 fn fixed_pool(bytes: usize) -> Arc<PoolMemoryResource> {

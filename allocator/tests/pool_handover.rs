@@ -8,11 +8,13 @@ mod common;
 use std::sync::Arc;
 
 use common::{MIB, pattern};
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{
     CudaMemoryResource, LiveBlock, PoolMemoryResource, PoolSize, VirtualMemory,
 };
-use rmm_allocator::{Device, DeviceMemoryResource, DevicePtr, StreamView};
+use rmm_allocator::{Device, StreamView};
 
 fn backed() -> Device {
     let b = SimBackend::leak(SimConfig {

@@ -9,12 +9,14 @@ use std::sync::Arc;
 
 use common::{MIB, device};
 use proptest::prelude::*;
+use rmm_allocator::backend::DevicePtr;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     BinningMemoryResource, CudaMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
     PoolSize,
 };
-use rmm_allocator::{ALLOCATION_ALIGNMENT, DeviceMemoryResource, DevicePtr, Stream};
+use rmm_allocator::{ALLOCATION_ALIGNMENT, Stream};
 
 struct Rng(u64);
 impl Rng {

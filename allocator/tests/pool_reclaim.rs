@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{GIB, MIB};
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize, VirtualMemory};
-use rmm_allocator::{Device, DeviceMemoryResource, DevicePtr, Error, Stream};
+use rmm_allocator::{Device, Error, Stream};
 
 /// A simulated device of `capacity` bytes in unbacked mode (addresses only).
 fn sim(capacity: usize) -> (&'static SimBackend, Device) {

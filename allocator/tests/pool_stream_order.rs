@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use common::{MIB, device, on_sim};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
-use rmm_allocator::{Device, DeviceMemoryResource, Stream};
+use rmm_allocator::{Device, Stream};
 
 /// A simulated device of 1 GiB (its streams can be held back) and a pool of 64 MiB on it that
 /// cannot grow.

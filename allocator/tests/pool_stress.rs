@@ -11,11 +11,13 @@ use std::sync::{Arc, Barrier, Mutex};
 
 use common::{MIB, device};
 use crossbeam_channel::bounded;
+use rmm_allocator::Stream;
+use rmm_allocator::backend::DevicePtr;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     BinningMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
 };
-use rmm_allocator::{DeviceMemoryResource, DevicePtr, Stream};
 
 const THREADS: usize = 16;
 /// Blocks in transit to one thread at most. Bounded so that a thread starved of CPU does not

@@ -9,11 +9,12 @@ use std::sync::Arc;
 
 use common::{GIB, MIB, pattern};
 use rmm_allocator::backend::{Backend, DevicePtr, SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{
     CudaMemoryResource, ManagedMemoryResource, PoolMemoryResource, PoolSize, SharedResource,
     VirtualMemory,
 };
-use rmm_allocator::{Device, DeviceMemoryResource, StreamView};
+use rmm_allocator::{Device, StreamView};
 
 fn sim(mode: SimMemoryMode, capacity: usize) -> (&'static SimBackend, Device) {
     let b = SimBackend::leak(SimConfig {

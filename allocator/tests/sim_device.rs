@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use rmm_allocator::backend::{Backend, SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource};
-use rmm_allocator::{Device, DeviceMemoryResource, Error, Event, Stream, StreamView};
+use rmm_allocator::{Device, Error, Event, Stream, StreamView};
 
 const GIB: usize = 1 << 30;
 

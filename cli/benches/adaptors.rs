@@ -34,9 +34,11 @@ use rmm::allocator::adaptor::{
     FailureAction, FailureCallbackResourceAdaptor, HookedResourceAdaptor, LimitingResourceAdaptor,
     LoggingResourceAdaptor, StatisticsResourceAdaptor, TrackingResourceAdaptor,
 };
+use rmm::allocator::backend::DevicePtr;
+use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
-use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, Stream, StreamView};
+use rmm::allocator::{Device, Stream, StreamView};
 
 mod common;
 

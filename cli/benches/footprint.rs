@@ -69,7 +69,7 @@ fn main() {
     println!("backend: {}", backend.describe());
     println!(
         "device:  {} total",
-        rmm::allocator::error::fmt_bytes(device.mem_info().expect("memory info").total)
+        rmm::allocator::fmt_bytes(device.mem_info().expect("memory info").total)
     );
     let runs: [(&str, Run); 2] = [("pool", pool), ("async", cuda_async)];
     for (name, f) in runs {

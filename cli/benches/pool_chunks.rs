@@ -17,8 +17,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize, VirtualMemory};
-use rmm::allocator::{Device, DeviceMemoryResource, StreamView};
+use rmm::allocator::{Device, StreamView};
 
 mod common;
 
@@ -129,7 +130,7 @@ fn main() {
     println!(
         "device:  {} ({} total, virtual memory management: {})",
         props.name,
-        rmm::allocator::error::fmt_bytes(props.total_memory),
+        rmm::allocator::fmt_bytes(props.total_memory),
         if props.supports_virtual_memory {
             "yes"
         } else {

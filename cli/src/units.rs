@@ -8,7 +8,7 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 /// `bytes` in binary units (`"1.50 GiB"`, `"256 B"`).
 pub fn bytes(bytes: u64) -> String {
-    rmm::allocator::error::fmt_bytes(usize::try_from(bytes).unwrap_or(usize::MAX))
+    rmm::allocator::fmt_bytes(usize::try_from(bytes).unwrap_or(usize::MAX))
 }
 
 /// `bytes` in binary units, or [`NONE`] for zero (nothing to show, e.g. nothing spilled).

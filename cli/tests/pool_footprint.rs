@@ -6,10 +6,11 @@
 
 use std::sync::Arc;
 
+use rmm::allocator::Device;
 use rmm::allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
-use rmm::allocator::{Device, DeviceMemoryResource};
 use rmm_cli::bench::GIB;
 use rmm_cli::bench::footprint::{FootprintOptions, run};
 

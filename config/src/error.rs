@@ -55,7 +55,11 @@ impl fmt::Display for Setting {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The configuration file exists (or was named explicitly) but cannot be read.
-    #[error("{}: cannot read the configuration file: {source}", path.display())]
+    #[error(
+        "{}: cannot read the configuration file: {source}; check the path and that this \
+         process may read it, or name another file (RMM_CONFIG, ConfigLoader::file)",
+        path.display()
+    )]
     ReadFile {
         /// The file.
         path: PathBuf,
@@ -73,7 +77,11 @@ pub enum Error {
         path: PathBuf,
     },
     /// The file is not valid TOML.
-    #[error("{}: not valid TOML: {message}", path.display())]
+    #[error(
+        "{}: not valid TOML: {message}\nFix the syntax at the line and column shown: \
+         `key = value` lines under `[section]` headers, text values in quotes",
+        path.display()
+    )]
     Parse {
         /// The file.
         path: PathBuf,

@@ -290,6 +290,10 @@ fn file_errors() {
         text.starts_with("rmm.toml: not valid TOML: TOML parse error at line 1, column 6"),
         "{text}"
     );
+    assert!(
+        text.ends_with("\nFix the syntax at the line and column shown: `key = value` lines under `[section]` headers, text values in quotes"),
+        "{text}"
+    );
 
     let err = ConfigLoader::new()
         .env_from([("RMM_CONFIG", "/nonexistent/dir/rmm.toml")])
@@ -309,6 +313,13 @@ fn file_errors() {
     assert!(
         err.to_string().starts_with(
             "/nonexistent/dir/rmm.toml: cannot read the configuration file: No such file"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().ends_with(
+            "; check the path and that this process may read it, or name another file \
+             (RMM_CONFIG, ConfigLoader::file)"
         ),
         "{err}"
     );

@@ -30,10 +30,11 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::per_device::with_per_device_resource;
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::stream::synchronize;
-use rmm_allocator::{Device, DevicePtr, StreamView};
+use rmm_allocator::synchronize_stream;
+use rmm_allocator::{Device, StreamView};
 
 /// Live allocations, in shards by address: each block's size and the resource that made it.
 /// A block goes back to the resource that made it even after a reinitialize or `finalize`
@@ -292,7 +293,7 @@ pub extern "C" fn rmm_rs_librmm_synchronize(device: c_int, stream: *mut c_void) 
                 rmm_allocator::Error::invalid_argument("device", device, "a device ordinal")
             })
             .and_then(Device::new)
-            .and_then(|d| synchronize(d, StreamView::from_raw(stream as u64)));
+            .and_then(|d| synchronize_stream(d, StreamView::from_raw(stream as u64)));
         match synced {
             Ok(()) => 0,
             Err(e) => {

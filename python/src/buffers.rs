@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use rmm_allocator::device::with_device;
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::spill::Tier;
-use rmm_allocator::stream::synchronize;
-use rmm_allocator::{Device, DevicePtr, StreamView};
+use rmm_allocator::synchronize_stream;
+use rmm_allocator::with_device;
+use rmm_allocator::{Device, StreamView};
 
 use crate::{error, with_runtime};
 
@@ -63,9 +64,14 @@ fn stream_of(stream: Option<&Bound<'_, PyAny>>) -> PyResult<StreamView> {
 /// the default stream of `device`: what a `stream=` argument orders the operation after.
 fn settle(device: Device, stream: StreamView) -> rmm_allocator::Result<()> {
     if !stream.is_default() {
-        synchronize(device, stream)?;
+        synchronize_stream(device, stream)?;
     }
-    synchronize(device, StreamView::DEFAULT)
+    synchronize_stream(device, StreamView::DEFAULT)
+}
+
+/// The error of a DeviceBuffer used after `free()`.
+fn freed() -> PyErr {
+    error("this DeviceBuffer was freed (free() was called): make a new DeviceBuffer")
 }
 
 /// A short description of `v` for error messages.
@@ -92,22 +98,29 @@ fn cuda_array(obj: &Bound<'_, PyAny>) -> PyResult<(u64, usize, Option<u64>)> {
             repr_of(&cai)
         ))
     };
+    // A field missing or of the wrong type: the exporter does not follow the interface.
+    let malformed = |what: &str| {
+        bad(format!(
+            "{what}; the object does not follow the CUDA Array Interface (version 3): pass a \
+             CuPy array, a PyTorch CUDA tensor or a DeviceBuffer"
+        ))
+    };
     let (ptr, _readonly): (u64, bool) = field("data")
-        .ok_or_else(|| bad("no data".into()))?
+        .ok_or_else(|| malformed("no data"))?
         .extract()
-        .map_err(|_| bad("data is not (address, read-only)".into()))?;
+        .map_err(|_| malformed("data is not (address, read-only)"))?;
     let shape: Vec<usize> = field("shape")
-        .ok_or_else(|| bad("no shape".into()))?
+        .ok_or_else(|| malformed("no shape"))?
         .extract()
-        .map_err(|_| bad("shape is not a tuple of ints".into()))?;
+        .map_err(|_| malformed("shape is not a tuple of ints"))?;
     let typestr: String = field("typestr")
-        .ok_or_else(|| bad("no typestr".into()))?
+        .ok_or_else(|| malformed("no typestr"))?
         .extract()
-        .map_err(|_| bad("typestr is not a string".into()))?;
+        .map_err(|_| malformed("typestr is not a string"))?;
     let itemsize: usize = typestr
         .get(2..)
         .and_then(|n| n.parse().ok())
-        .ok_or_else(|| bad(format!("typestr {typestr:?} has no item size")))?;
+        .ok_or_else(|| malformed(&format!("typestr {typestr:?} has no item size")))?;
     if field("mask").is_some() {
         return Err(bad(
             "masked arrays cannot be copied: pass the data alone".into()
@@ -116,7 +129,7 @@ fn cuda_array(obj: &Bound<'_, PyAny>) -> PyResult<(u64, usize, Option<u64>)> {
     if let Some(strides) = field("strides") {
         let strides: Vec<isize> = strides
             .extract()
-            .map_err(|_| bad("strides is not a tuple of ints".into()))?;
+            .map_err(|_| malformed("strides is not a tuple of ints"))?;
         let mut expected = itemsize as isize;
         for (dim, stride) in shape.iter().zip(&strides).rev() {
             if *dim > 1 && *stride != expected {
@@ -132,7 +145,7 @@ fn cuda_array(obj: &Bound<'_, PyAny>) -> PyResult<(u64, usize, Option<u64>)> {
     let nbytes = shape
         .iter()
         .try_fold(itemsize, |n, d| n.checked_mul(*d))
-        .ok_or_else(|| bad("the size overflows".into()))?;
+        .ok_or_else(|| malformed("the size overflows"))?;
     let stream = field("stream").and_then(|s| s.extract::<u64>().ok());
     Ok((ptr, nbytes, stream))
 }
@@ -211,9 +224,7 @@ pub struct DeviceBuffer {
 
 impl DeviceBuffer {
     fn buffer(&self) -> PyResult<&Memory> {
-        self.inner
-            .as_ref()
-            .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))
+        self.inner.as_ref().ok_or_else(freed)
     }
 
     /// Runs `change` on the memory without the GIL; a buffer it returns replaces the memory
@@ -228,10 +239,7 @@ impl DeviceBuffer {
         + Send,
     ) -> PyResult<()> {
         let device = self.device;
-        let memory = self
-            .inner
-            .as_mut()
-            .ok_or_else(|| error("this DeviceBuffer was freed (free() was called)"))?;
+        let memory = self.inner.as_mut().ok_or_else(freed)?;
         if let Some(b) = py.detach(|| change(memory, device)).map_err(error)? {
             self.inner = Some(Memory::Owned(b));
         }
@@ -296,9 +304,13 @@ impl DeviceBuffer {
                 with_device(device, || {
                     let b = rmm_allocator::DeviceBuffer::new(nbytes, StreamView::DEFAULT)?;
                     let d = Device::new(device)?;
-                    synchronize(d, StreamView::DEFAULT)?;
+                    synchronize_stream(d, StreamView::DEFAULT)?;
                     if nbytes > 0 {
-                        d.copy_device_to_device(b.data(), rmm_allocator::DevicePtr(ptr), nbytes)?;
+                        d.copy_device_to_device(
+                            b.data(),
+                            rmm_allocator::backend::DevicePtr(ptr),
+                            nbytes,
+                        )?;
                     }
                     Ok::<_, rmm_allocator::Error>(b)
                 })
@@ -513,7 +525,7 @@ impl DeviceBuffer {
         let dst = b.data();
         py.detach(|| {
             if let Some(s) = src_stream.filter(|s| *s != 0) {
-                synchronize(device, StreamView::from_raw(s))?;
+                synchronize_stream(device, StreamView::from_raw(s))?;
             }
             settle(device, stream)?;
             if nbytes > 0 {
@@ -667,11 +679,11 @@ impl SpillableBuffer {
                     {
                         let view = b.device_view(StreamView::DEFAULT)?;
                         let d = b.device();
-                        synchronize(d, StreamView::DEFAULT)?;
+                        synchronize_stream(d, StreamView::DEFAULT)?;
                         if nbytes > 0 {
                             d.copy_device_to_device(
                                 view.ptr(),
-                                rmm_allocator::DevicePtr(ptr),
+                                rmm_allocator::backend::DevicePtr(ptr),
                                 nbytes,
                             )?;
                         }

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use rmm_allocator::adaptor::{Counter, StatisticsResourceAdaptor, chain_names};
-use rmm_allocator::device::current_device;
+use rmm_allocator::current_device;
 use rmm_allocator::per_device::{get_per_device_resource, set_per_device_resource};
 use rmm_allocator::resource::SharedResource;
 

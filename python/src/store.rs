@@ -18,8 +18,9 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::spill::{SharedDeviceGuard, Tier};
-use rmm_allocator::{Device, DevicePtr, StreamView};
+use rmm_allocator::{Device, StreamView};
 use rmm_runtime::{ForeignData, ForeignOwner, OwnerAccess};
 
 use crate::error;
@@ -104,8 +105,11 @@ impl AdoptedValue {
             .map(|(i, offset, nbytes)| {
                 let guard = guards.get(i).ok_or_else(|| {
                     error(format!(
-                        "device_frames: allocation {i} of a value of {} allocations",
-                        guards.len()
+                        "device_frames: allocation {i} is out of range: the value has {} \
+                         allocation(s) (0 to {}); ask only for frames within the value's \
+                         allocations (its `allocations`)",
+                        guards.len(),
+                        guards.len().saturating_sub(1)
                     ))
                 })?;
                 if offset
@@ -113,8 +117,9 @@ impl AdoptedValue {
                     .is_none_or(|end| end > guard.len())
                 {
                     return Err(error(format!(
-                        "device_frames: {nbytes} bytes at offset {offset} of an allocation of \
-                         {} bytes",
+                        "device_frames: {nbytes} bytes at offset {offset} run past the end of \
+                         allocation {i} ({} bytes); ask only for frames within the value's \
+                         allocations (its `allocations`)",
                         guard.len()
                     )));
                 }

@@ -51,6 +51,18 @@ def test_device_buffer_copy_errors_are_clear():
     with pytest.raises(rmm_rs.RmmError, match="stream='s': expected None or an int"):
         buf.tobytes(stream="s")  # type: ignore[arg-type]
 
+    class NoData:
+        __cuda_array_interface__ = {"shape": (4,), "typestr": "|u1", "version": 3}
+
+    with pytest.raises(
+        rmm_rs.RmmError,
+        match=r"no data; the object does not follow the CUDA Array Interface \(version 3\)",
+    ):
+        buf.copy_from_device(NoData())
+    buf.free()
+    with pytest.raises(rmm_rs.RmmError, match=r"was freed \(free\(\) was called\): make a new"):
+        _ = buf.size
+
 
 def test_resize_keeps_the_first_bytes_and_reserve_the_contents():
     rmm_rs.initialize({})

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use rmm_allocator::error::fmt_bytes;
+use rmm_allocator::fmt_bytes;
 
 use crate::worker::WorkerId;
 
@@ -120,7 +120,11 @@ pub enum Error {
     ShutDown,
 
     /// A worker thread could not be started.
-    #[error("starting worker thread {worker}: {source}")]
+    #[error(
+        "starting worker thread {worker}: {source}; the system refused a thread: lower \
+         workers_per_device or the number of devices, or raise the process's thread limit \
+         (ulimit -u)"
+    )]
     Spawn {
         /// The worker that could not start.
         worker: WorkerId,
@@ -186,7 +190,9 @@ pub enum TaskError {
         message: String,
     },
     /// The task never ran: the runtime shut down, or its target is gone.
-    #[error("task cancelled before it ran: {reason}")]
+    #[error(
+        "task cancelled before it ran: {reason}; it had no effect: submit it again to a running runtime"
+    )]
     Cancelled {
         /// Why.
         reason: String,
@@ -204,9 +210,50 @@ pub enum TaskError {
     ShutDown,
     /// [`TaskHandle::wait_timeout`](crate::TaskHandle::wait_timeout) ran out; the task
     /// goes on and the handle can be waited on again.
-    #[error("the task did not finish within {0:?}; it is still queued or running")]
+    #[error(
+        "the task did not finish within {0:?}; it is still queued or running: wait on the \
+         handle again (or with a longer timeout)"
+    )]
     Timeout(Duration),
     /// The result was already taken by an earlier wait.
-    #[error("the task's result was already taken by an earlier wait")]
+    #[error(
+        "the task's result was already taken by an earlier wait; use the value that wait \
+         returned (a handle yields its result once)"
+    )]
     AlreadyTaken,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spawn_failures_name_the_worker_and_the_remedy() {
+        let e = Error::Spawn {
+            worker: WorkerId {
+                device: 1,
+                index: 3,
+            },
+            source: std::io::Error::from(std::io::ErrorKind::WouldBlock),
+        };
+        let s = e.to_string();
+        assert!(s.starts_with("starting worker thread 1.3: "), "{s}");
+        assert!(s.contains("lower workers_per_device"), "{s}");
+        assert!(s.contains("ulimit -u"), "{s}");
+    }
+
+    #[test]
+    fn task_errors_say_what_to_do() {
+        let s = TaskError::Timeout(Duration::from_millis(250)).to_string();
+        assert!(s.contains("within 250ms"), "{s}");
+        assert!(s.contains("wait on the handle again"), "{s}");
+        let s = TaskError::AlreadyTaken.to_string();
+        assert!(s.contains("use the value that wait returned"), "{s}");
+        let s = TaskError::Cancelled {
+            reason: "worker 0.1 has stopped".into(),
+        }
+        .to_string();
+        assert!(s.contains("worker 0.1 has stopped"), "{s}");
+        assert!(s.contains("submit it again to a running runtime"), "{s}");
+    }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use rmm_allocator::adaptor::MemoryReport;
-use rmm_allocator::error::fmt_bytes;
+use rmm_allocator::fmt_bytes;
 use serde::{Serialize, Serializer};
 
 use crate::error::LiveMemory;

@@ -31,7 +31,7 @@ use rmm_allocator::adaptor::{
     FailureCallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor, MemoryReport,
     StatisticsResourceAdaptor, TrackingResourceAdaptor, chain_names,
 };
-use rmm_allocator::error::fmt_bytes;
+use rmm_allocator::fmt_bytes;
 use rmm_allocator::per_device;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{

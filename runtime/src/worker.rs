@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use rmm_allocator::device::set_current_device;
+use rmm_allocator::set_current_device;
 use serde::Serialize;
 
 use crate::error::TaskError;

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use common::{FileSizeCap, config, devices, pattern, serial, sim};
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::per_device::get_per_device_resource;
 use rmm_allocator::spill::Tier;
-use rmm_allocator::{DevicePtr, Error as AllocError, StreamView};
+use rmm_allocator::{Error as AllocError, StreamView};
 use rmm_runtime::{ForeignOwner, OwnerAccess, Runtime, SpillManager};
 
 const MIB: usize = 1 << 20;
@@ -83,7 +84,7 @@ fn read_back<O: ForeignOwner + 'static>(v: &rmm_runtime::ForeignData<O>) -> Vec<
             .iter()
             .map(|g| {
                 let mut out = vec![0u8; g.len()];
-                rmm_allocator::stream::synchronize(g.buffer().device(), S).unwrap();
+                rmm_allocator::synchronize_stream(g.buffer().device(), S).unwrap();
                 g.buffer().device().copy_to_host(&mut out, g.ptr()).unwrap();
                 out
             })

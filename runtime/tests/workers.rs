@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{device_count, pooled, serial};
-use rmm_allocator::device::current_device;
+use rmm_allocator::current_device;
 use rmm_allocator::per_device::get_current_device_resource;
 use rmm_allocator::{DeviceBuffer, DeviceUVector};
 use rmm_runtime::{Runtime, TaskError, TaskHandle, WorkerId};

@@ -10,10 +10,13 @@
 //!   librmm bridge (`python/librmm_bridge`, built against them) where the package index has
 //!   them (else the bridge's tests skip, saying why), and pytest on `python/tests` (no tests
 //!   collected is a failure). `--rust-only` skips the Python part.
-//! * `cargo xtask lint`: `cargo fmt --check`, `cargo clippy --all-targets -D warnings` and
-//!   `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-D warnings` (broken intra-doc
+//! * `cargo xtask lint`: the `unsafe` fence, one public path to each name (`cargo xtask
+//!   paths`, see `paths.rs`), `cargo fmt --check`, `cargo clippy --all-targets -D warnings`
+//!   and `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-D warnings` (broken intra-doc
 //!   links, links to private items, bad code blocks fail).
 //! * `cargo xtask ci`: `lint`, then `test` (what `.ci/run` runs).
+
+mod paths;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -282,6 +285,7 @@ fn unsafe_fence(root: &Path) -> Result<(), String> {
 
 fn lint() -> Result<(), String> {
     unsafe_fence(&root())?;
+    paths::one_path(&root())?;
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
     run(fmt, "cargo fmt --check")?;
@@ -304,13 +308,17 @@ fn lint() -> Result<(), String> {
     )
 }
 
-const USAGE: &str = "usage: cargo xtask <test [--rust-only] [ARGS…] | lint | ci>
+const USAGE: &str = "usage: cargo xtask <test [--rust-only] [ARGS…] | lint | paths | ci>
   test   install cargo-nextest if missing, run every Rust test (ARGS go to cargo nextest
          run) and the doctests, then mypy python/rmm_rs python/tests, build the Python wheel in
          target/xtask-venv, build the librmm bridge where RMM's wheels install, and run pytest
          python/tests
-  lint   cargo fmt --check, cargo clippy --all-targets -D warnings and cargo doc
-         --workspace --no-deps with RUSTDOCFLAGS=-D warnings
+  lint   the unsafe fence, one public path to each name (as `paths`), cargo fmt --check,
+         cargo clippy --all-targets -D warnings and cargo doc --workspace --no-deps with
+         RUSTDOCFLAGS=-D warnings
+  paths  one public path to each name in allocator, config, runtime and the rmm facade: no
+         `pub use` of an item whose module is public too, none of another crate's items
+         (the facade's crate modules and prelude aside)
   ci     lint, then test";
 
 fn main() -> ExitCode {
@@ -318,6 +326,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("lint") => lint(),
+        Some("paths") => paths::one_path(&root()),
         Some("ci") => lint().and_then(|()| test(&args[1..])),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");

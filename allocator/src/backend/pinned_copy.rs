@@ -309,8 +309,8 @@ fn check_room<M: PinnedMemory>(memory: &[M], bytes: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::HostMemoryResource;
     use crate::backend::{SimBackend, SimConfig};
+    use crate::resource::HostMemoryResource;
     use crate::resource::PinnedHostMemoryResource;
 
     fn sim() -> (&'static SimBackend, Device) {

@@ -3,11 +3,11 @@
 use std::fmt;
 
 use super::{ResourceHandle, deallocate_on, log_deallocation_error};
-use crate::DeviceMemoryResource;
 use crate::backend::DevicePtr;
 use crate::device::{Device, current_device};
 use crate::error::{Error, Result};
 use crate::per_device::get_current_device_resource;
+use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
 use crate::stream::{self, Event, StreamView};
 
@@ -25,7 +25,7 @@ use crate::stream::{self, Event, StreamView};
 ///
 /// ```
 /// # mod rmm { pub use rmm_allocator as allocator; }
-/// use rmm::allocator::container::DeviceBuffer;
+/// use rmm::allocator::DeviceBuffer;
 /// use rmm::allocator::{Device, Stream};
 ///
 /// let stream = Stream::new(Device::current()?)?;
@@ -334,7 +334,7 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         }
         // Synchronous copies are not ordered with a non-default stream: wait for it first.
         let device = self.device();
-        stream::synchronize(device, stream)?;
+        stream::synchronize_stream(device, stream)?;
         device.copy_to_device(self.ptr, src)
     }
 
@@ -346,7 +346,7 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
             return Ok(());
         }
         let device = self.device();
-        stream::synchronize(device, stream)?;
+        stream::synchronize_stream(device, stream)?;
         device.copy_to_host(dst, self.ptr)
     }
 

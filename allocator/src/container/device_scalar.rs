@@ -17,7 +17,7 @@ use crate::stream::StreamView;
 ///
 /// ```
 /// # mod rmm { pub use rmm_allocator as allocator; }
-/// use rmm::allocator::container::DeviceScalar;
+/// use rmm::allocator::DeviceScalar;
 /// use rmm::allocator::{Device, Stream};
 ///
 /// let stream = Stream::new(Device::current()?)?;

@@ -26,7 +26,7 @@ use crate::stream::StreamView;
 ///
 /// ```
 /// # mod rmm { pub use rmm_allocator as allocator; }
-/// use rmm::allocator::container::DeviceUVector;
+/// use rmm::allocator::DeviceUVector;
 /// use rmm::allocator::{Device, Stream};
 ///
 /// let stream = Stream::new(Device::current()?)?;
@@ -220,7 +220,7 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     pub fn element(&self, index: usize, stream: StreamView) -> Result<T> {
         let at = self.element_ptr(index)?;
         self.order_after_sets(stream)?;
-        crate::stream::synchronize(self.device(), stream)?;
+        crate::stream::synchronize_stream(self.device(), stream)?;
         let mut value = T::zeroed();
         self.device()
             .copy_to_host(bytemuck::bytes_of_mut(&mut value), at)?;
@@ -242,7 +242,7 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     pub fn set_element(&mut self, index: usize, value: T, stream: StreamView) -> Result<()> {
         let at = self.element_ptr(index)?;
         self.order_after_sets(stream)?;
-        crate::stream::synchronize(self.device(), stream)?;
+        crate::stream::synchronize_stream(self.device(), stream)?;
         self.device().copy_to_device(at, bytemuck::bytes_of(&value))
     }
 

@@ -7,12 +7,12 @@
 //! that cannot be established), so a queued copy can never read memory that is rewritten or
 //! freed.
 
-use crate::HostMemoryResource;
 use crate::backend::DevicePtr;
 use crate::backend::host::HostBlock;
 use crate::backend::pinned_copy::PinnedCopy;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::resource::HostMemoryResource;
 use crate::resource::PinnedHostMemoryResource;
 use crate::stream::{Event, StreamView};
 

@@ -62,7 +62,7 @@ impl CudaAsyncMemoryResource {
         }
         let ptr = self.allocate(bytes, StreamView::DEFAULT)?;
         self.deallocate(ptr, bytes, StreamView::DEFAULT)?;
-        crate::stream::synchronize(self.device, StreamView::DEFAULT)
+        crate::stream::synchronize_stream(self.device, StreamView::DEFAULT)
     }
 
     /// The configured release threshold in bytes.

@@ -7,11 +7,13 @@ use std::any::Any;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-use rmm_allocator::device::current_device;
+use rmm_allocator::current_device;
 use rmm_allocator::resource::CudaMemoryResource;
+use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::{Device, DeviceMemoryResource, DevicePtr, Error, Result, StreamView};
+use rmm_allocator::{Device, Error, Result, StreamView};
 
 /// One call a container made on a [`Recording`] resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,8 @@ mod backend;
 
 #[allow(unused_imports)] // each bench uses one or the other
 pub use backend::{backend_for_bench, backend_for_bench_with};
-use rmm::allocator::{DeviceMemoryResource, StreamView};
+use rmm::allocator::StreamView;
+use rmm::allocator::resource::DeviceMemoryResource;
 
 // The traces live in the library (`rmm_cli::bench`), shared with `rmm bench`; each bench uses
 // some of them.

@@ -23,8 +23,9 @@ use parking_lot::{Condvar, Mutex};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use rmm::allocator::backend::DevicePtr;
 use rmm::allocator::resource::SharedResource;
-use rmm::allocator::{Device, DevicePtr, Result as AllocResult, Stream, StreamView};
+use rmm::allocator::{Device, Result as AllocResult, Stream, StreamView};
 use serde::Serialize;
 
 use super::BenchError;
@@ -286,7 +287,7 @@ pub fn run(
 /// Replays `body` then (after every thread of the phase has replayed its body) `tail` on
 /// `stream`, counting live bytes in `live`; frees what is live on error.
 fn replay_counted(
-    mr: &dyn rmm::allocator::DeviceMemoryResource,
+    mr: &dyn rmm::allocator::resource::DeviceMemoryResource,
     body: &[Op],
     tail: &[Op],
     stream: StreamView,

@@ -7,7 +7,9 @@
 
 use std::time::Instant;
 
-use rmm::allocator::{DeviceMemoryResource, DevicePtr, Result, StreamView};
+use rmm::allocator::backend::DevicePtr;
+use rmm::allocator::resource::DeviceMemoryResource;
+use rmm::allocator::{Result, StreamView};
 
 /// 1 MiB.
 pub const MIB: usize = 1 << 20;

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use rmm::allocator::backend::{self, Backend, CudaBackend, SimBackend, SimConfig};
-use rmm::allocator::error::fmt_bytes;
+use rmm::allocator::fmt_bytes;
 use rmm::config::{Config, ConfigLoader};
 use rmm::runtime::{Runtime, SpillStatistics, TaskHandle};
 use serde::Serialize;

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rmm::allocator::error::fmt_bytes;
+use rmm::allocator::fmt_bytes;
 use rmm::runtime::{Runtime, RuntimeHandle};
 
 use crate::timeline::recorder::Recorder;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use rmm::allocator::DeviceBuffer;
 use rmm::allocator::spill::SpillableBuffer;
-use rmm::allocator::stream::synchronize;
+use rmm::allocator::synchronize_stream;
 use rmm::runtime::TaskContext;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -71,8 +71,8 @@ impl Transform {
     pub(crate) fn enqueue(
         &self,
         ctx: &TaskContext<'_>,
-        dst: rmm::allocator::DevicePtr,
-        src: rmm::allocator::DevicePtr,
+        dst: rmm::allocator::backend::DevicePtr,
+        src: rmm::allocator::backend::DevicePtr,
         len: usize,
     ) -> Result<(), DemoError> {
         if len == 0 {
@@ -134,7 +134,7 @@ pub(crate) fn produce(
     {
         let guard = out.device_view(stream)?;
         t.enqueue(ctx, guard.ptr(), input.data(), size)?;
-        synchronize(ctx.device(), stream)?;
+        synchronize_stream(ctx.device(), stream)?;
     }
     let temps = temporaries(ctx, seed)?;
     drop(input);
@@ -154,7 +154,7 @@ pub(crate) fn produce(
 fn read_checked(ctx: &TaskContext<'_>, kept: &Kept) -> Result<Vec<u8>, DemoError> {
     let stream = ctx.stream();
     let guard = kept.buffer.device_view(stream)?;
-    synchronize(ctx.device(), stream)?;
+    synchronize_stream(ctx.device(), stream)?;
     let mut bytes = vec![0u8; kept.buffer.size()];
     ctx.device().copy_to_host(&mut bytes, guard.ptr())?;
     if xxh3_64(&bytes) != kept.hash {
@@ -186,7 +186,7 @@ pub(crate) fn transform_again(
         let src = kept.buffer.device_view(stream)?;
         let dst = out.device_view(stream)?;
         t.enqueue(ctx, dst.ptr(), src.ptr(), size)?;
-        synchronize(ctx.device(), stream)?;
+        synchronize_stream(ctx.device(), stream)?;
     }
     let temps = temporaries(ctx, kept.seed.rotate_left(7))?;
     t.apply(&mut host);
@@ -235,7 +235,7 @@ pub(crate) fn fill_device(
         total += n;
         tick();
     }
-    synchronize(ctx.device(), stream)?;
+    synchronize_stream(ctx.device(), stream)?;
     for (b, value) in &held {
         let mut probe = [0u8; 256];
         let take = probe.len().min(b.size());

@@ -218,9 +218,10 @@ mod tests {
     use super::*;
     use rmm::allocator::adaptor::hooks::register_thread_hook;
     use rmm::allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+    use rmm::allocator::resource::DeviceMemoryResource;
     use rmm::allocator::resource::SharedResource;
     use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-    use rmm::allocator::{Device, DeviceMemoryResource, StreamView};
+    use rmm::allocator::{Device, StreamView};
 
     const MIB: usize = 1 << 20;
 

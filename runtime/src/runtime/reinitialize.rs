@@ -47,7 +47,7 @@ use crate::error::{Error, LiveMemory, Result};
 use crate::report::{PhaseStatistics, ReinitReport};
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
-use rmm_allocator::error::fmt_bytes;
+use rmm_allocator::fmt_bytes;
 
 impl RuntimeHandle {
     /// Loads the configuration with `loader` and reinitializes to it.

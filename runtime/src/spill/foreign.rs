@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+use rmm_allocator::StreamView;
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::spill::{SharedDeviceGuard, SpillObserver, SpillableBuffer, Tier};
-use rmm_allocator::{DevicePtr, StreamView};
 
 use super::tracker::{Spillable, Tracker};
 

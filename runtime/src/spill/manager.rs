@@ -5,11 +5,12 @@ use std::sync::atomic::Ordering;
 
 use bytemuck::Pod;
 use parking_lot::Mutex;
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::resource::PinnedHostPool;
 use rmm_allocator::spill::{
     SpillObserver, SpillStore, SpillTiers, SpillableBuffer, SpillableVector, Tier,
 };
-use rmm_allocator::{Device, DevicePtr, StreamView};
+use rmm_allocator::{Device, StreamView};
 use rmm_config::ResolvedSpill;
 
 use super::foreign::{ForeignData, ForeignOwner};

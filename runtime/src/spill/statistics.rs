@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use rmm_allocator::error::fmt_bytes;
+use rmm_allocator::fmt_bytes;
 use serde::Serialize;
 
 /// Moves into and out of one lower tier (host or disk).

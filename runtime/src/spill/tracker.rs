@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
+use rmm_allocator::StreamView;
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::resource::PinnedHostPool;
 use rmm_allocator::spill::{
     PendingSpill, SpillObserver, SpillStep, SpillStore, SpillableBuffer, Tier,
 };
-use rmm_allocator::{DevicePtr, StreamView};
 
 use super::background::Background;
 use super::statistics::Moves;

@@ -138,7 +138,7 @@ pub fn read_on_device(
 ) -> Vec<u8> {
     let guard = b.device_view(stream).unwrap();
     let mut out = vec![0u8; b.size()];
-    rmm_allocator::stream::synchronize(b.device(), stream).unwrap();
+    rmm_allocator::synchronize_stream(b.device(), stream).unwrap();
     b.device().copy_to_host(&mut out, guard.ptr()).unwrap();
     out
 }

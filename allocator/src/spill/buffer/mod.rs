@@ -33,7 +33,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::per_device::get_per_device_resource;
 use crate::resource::SharedResource;
-use crate::stream::{StreamView, synchronize};
+use crate::stream::{StreamView, synchronize_stream};
 
 /// Where a buffer's data is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -236,7 +236,7 @@ impl SpillableBuffer {
         let buffer = Self::new(store, bytes.len(), stream, observer)?;
         {
             let guard = buffer.device_view(stream)?;
-            synchronize(buffer.device(), stream)?;
+            synchronize_stream(buffer.device(), stream)?;
             buffer.device().copy_to_device(guard.ptr(), bytes)?;
         }
         Ok(buffer)
@@ -368,7 +368,7 @@ impl SpillableBuffer {
         let state = self.state.lock();
         match &*state {
             State::Device { ptr, stream, .. } => {
-                synchronize(self.device(), *stream)?;
+                synchronize_stream(self.device(), *stream)?;
                 let mut out = vec![0u8; self.size];
                 self.device().copy_to_host(&mut out, *ptr)?;
                 Ok(out)

@@ -5,8 +5,9 @@ use std::sync::Barrier;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
+use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
-use rmm::allocator::{Device, DeviceMemoryResource, Stream};
+use rmm::allocator::{Device, Stream};
 
 use crate::bench::BenchError;
 use crate::bench::traces::{MIB, Op, random_trace, replay};
@@ -117,7 +118,7 @@ pub(super) fn multi(
                 }
                 .and_then(|s| {
                     replay(&**mr, warm, s.view())?;
-                    rmm::allocator::stream::synchronize(device, s.view())?;
+                    rmm::allocator::synchronize_stream(device, s.view())?;
                     Ok(s)
                 });
                 let mut passes = Vec::with_capacity(rounds);

@@ -14,13 +14,15 @@ use rmm::allocator::adaptor::ReplayReport;
 use rmm::allocator::adaptor::{
     EventLog, LogFile, ReplayOptions, ReplayOrder, find_in_chain, replay, replay_streamed,
 };
+use rmm::allocator::backend::DevicePtr;
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
+use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{
     BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource,
     PoolMemoryResource, PoolSize,
 };
-use rmm::allocator::{Device, DeviceMemoryResource, DevicePtr, StreamView};
+use rmm::allocator::{Device, StreamView};
 use rmm::config::Size;
 use rmm_cli::timeline::{
     Action, DeviceTimeline, MemoryEvent, PlotFormat, Recorder, Timeline, render,
