@@ -108,7 +108,7 @@ multi)
     rc=$?; [ "$rc" = 0 ] || status=$rc
     cat "$out/bench-runtime.txt"
     RMM_DEVICES=all RMM_WORKERS_PER_DEVICE=4 .gpu/bin/rmm demo --size large \
-        --plot "$out/demo-large.svg" > "$out/demo-large.txt" 2>&1
+        --plot "$out/demo-large.png" > "$out/demo-large.txt" 2>&1
     rc=$?; [ "$rc" = 0 ] || status=$rc
     tail -30 "$out/demo-large.txt"
     set -e
