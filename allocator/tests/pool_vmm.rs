@@ -207,7 +207,11 @@ fn auto_maps_pools_that_grow_and_takes_a_large_initial_size_from_the_upstream() 
     };
     for initial in [0, GIB, 2 * GIB] {
         let p = auto(initial);
-        assert!(p.uses_virtual_memory(), "initial {initial}: {}", p.chunk_source());
+        assert!(
+            p.uses_virtual_memory(),
+            "initial {initial}: {}",
+            p.chunk_source()
+        );
     }
     // RMM's fixed-pool use: one upstream allocation, as fast as RMM's.
     let large = auto(64 * GIB);

@@ -258,8 +258,14 @@ fn making_room_has_the_copies_of_many_buffers_in_flight_at_once() {
         .collect();
     let buffers: Vec<_> = data.iter().map(|x| m.from_host(x, view).unwrap()).collect();
     let total: usize = data.iter().map(Vec::len).sum();
-    // The copies are ordered after the buffers' stream: held back, none can run.
+    // Work that uses every buffer is queued on their stream, held back: the copies are
+    // ordered after it, so none can run.
+    let guards: Vec<_> = buffers
+        .iter()
+        .map(|b| b.device_view(view).unwrap())
+        .collect();
     let gate = sim.hold_stream(d, stream).unwrap();
+    drop(guards);
     let spiller = {
         let m = Arc::clone(&m);
         std::thread::spawn(move || m.spill_all())
@@ -290,5 +296,88 @@ fn making_room_has_the_copies_of_many_buffers_in_flight_at_once() {
         assert!(b.to_vec().unwrap() == *x, "buffer {} changed", b.id());
     }
     drop(buffers);
+    rmm_allocator::backend::Backend::stream_destroy(sim, d, stream).unwrap();
+}
+
+/// A buffer with `data`, used once through a device guard on `view` (the guard let go).
+fn used_once(m: &rmm_runtime::SpillManager, data: &[u8], view: StreamView) -> Arc<SpillableBuffer> {
+    let b = m.buffer(data.len(), view).unwrap();
+    {
+        let g = b.device_view(view).unwrap();
+        b.device().copy_to_device(g.ptr(), data).unwrap();
+    }
+    b
+}
+
+#[test]
+fn a_spill_waits_for_the_work_that_used_the_buffer_not_for_what_its_stream_does_next() {
+    let _s = serial();
+    let Some(sim) = common::sim() else {
+        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
+        return;
+    };
+    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
+    let d = rt.devices()[0];
+    let m = rt.spill_manager(d).unwrap();
+    let stream = rmm_allocator::backend::Backend::stream_create(sim, d).unwrap();
+    let view = StreamView::from_raw(stream);
+    let data = pattern(4 * MIB, 11);
+    let b = used_once(&m, &data, view);
+    // The stream goes on to other work (a worker's next task), held back here: the spill
+    // need not wait for it, only for the work queued while the guard lived.
+    let gate = sim.hold_stream(d, stream).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spiller = {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || {
+            let r = b.spill();
+            tx.send(()).unwrap();
+            r
+        })
+    };
+    let done = rx.recv_timeout(Duration::from_secs(5));
+    gate.open();
+    let freed = spiller.join().unwrap().unwrap();
+    assert!(
+        done.is_ok(),
+        "the spill waited for work queued on the stream after the buffer's last use"
+    );
+    assert_eq!(freed, 4 * MIB);
+    assert!(b.to_vec().unwrap() == data);
+    drop(b);
+    rmm_allocator::backend::Backend::stream_destroy(sim, d, stream).unwrap();
+}
+
+#[test]
+fn a_spill_still_waits_for_the_work_queued_while_the_buffer_was_in_use() {
+    let _s = serial();
+    let Some(sim) = common::sim() else {
+        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
+        return;
+    };
+    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
+    let d = rt.devices()[0];
+    let m = rt.spill_manager(d).unwrap();
+    let stream = rmm_allocator::backend::Backend::stream_create(sim, d).unwrap();
+    let view = StreamView::from_raw(stream);
+    let data = pattern(4 * MIB, 12);
+    let b = used_once(&m, &data, view);
+    // Work that uses the buffer is queued (held back) while a guard lives; then it lets go.
+    let guard = b.device_view(view).unwrap();
+    let gate = sim.hold_stream(d, stream).unwrap();
+    drop(guard);
+    let spiller = {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || b.spill())
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !spiller.is_finished(),
+        "the spill copied the data while work that used it was still queued"
+    );
+    gate.open();
+    assert_eq!(spiller.join().unwrap().unwrap(), 4 * MIB);
+    assert!(b.to_vec().unwrap() == data);
+    drop(b);
     rmm_allocator::backend::Backend::stream_destroy(sim, d, stream).unwrap();
 }

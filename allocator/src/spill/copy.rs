@@ -13,7 +13,7 @@
 
 use parking_lot::Mutex;
 
-use crate::backend::RawStream;
+use crate::backend::{RawEvent, RawStream};
 use crate::device::Device;
 use crate::error::Result;
 use crate::stream::{Event, StreamView};
@@ -138,6 +138,29 @@ impl CopyStreams {
             .stream_wait_event(self.device.ordinal(), stream, e.raw())?;
         // The event may go back to the pool at once: the wait captured its state.
         self.recycle(e);
+        Ok(stream)
+    }
+}
+
+impl CopyStreams {
+    /// The copy stream for a copy in `direction` of a buffer used on `after`, ordered after
+    /// `events` (recorded where the buffer's users let it go) rather than after everything
+    /// queued on `after` so far; [`ordered_after`](Self::ordered_after) when there are none.
+    pub(crate) fn ordered_after_events(
+        &self,
+        direction: Direction,
+        after: StreamView,
+        events: &[RawEvent],
+    ) -> Result<RawStream> {
+        if events.is_empty() {
+            return self.ordered_after(direction, after);
+        }
+        let stream = self.lane(direction, after);
+        for &e in events {
+            self.device
+                .backend()
+                .stream_wait_event(self.device.ordinal(), stream, e)?;
+        }
         Ok(stream)
     }
 }

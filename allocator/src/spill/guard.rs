@@ -9,11 +9,14 @@ use parking_lot::MutexGuard;
 use super::buffer::{SpillableBuffer, State};
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
+use crate::stream::StreamView;
 
 /// Access to a buffer's device memory; the buffer stays on the device while it lives.
 pub struct DeviceGuard<'a> {
     pub(super) buffer: &'a SpillableBuffer,
     pub(super) ptr: DevicePtr,
+    /// The stream the data is used on while the guard lives.
+    pub(super) stream: StreamView,
 }
 
 impl DeviceGuard<'_> {
@@ -35,7 +38,7 @@ impl DeviceGuard<'_> {
 
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
-        self.buffer.unpin();
+        self.buffer.unpin(self.stream);
     }
 }
 
@@ -45,6 +48,8 @@ impl Drop for DeviceGuard<'_> {
 pub struct SharedDeviceGuard {
     pub(super) buffer: Arc<SpillableBuffer>,
     pub(super) ptr: DevicePtr,
+    /// The stream the data is used on while the guard lives.
+    pub(super) stream: StreamView,
 }
 
 impl SharedDeviceGuard {
@@ -71,7 +76,7 @@ impl SharedDeviceGuard {
 
 impl Drop for SharedDeviceGuard {
     fn drop(&mut self) {
-        self.buffer.unpin();
+        self.buffer.unpin(self.stream);
     }
 }
 

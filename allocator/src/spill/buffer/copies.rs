@@ -27,10 +27,16 @@ impl SpillableBuffer {
         let asked = Instant::now();
         let slices = self.host_slices()?;
         let start = Instant::now();
+        let released = self.release_events();
         let copy = self
-            .start_copy(Direction::ToHost, *stream, |device, lane, event| {
-                PinnedCopy::to_host(device, lane, event, *ptr, self.size, slices)
-            })
+            .start_copy(
+                Direction::ToHost,
+                *stream,
+                &released,
+                |device, lane, event| {
+                    PinnedCopy::to_host(device, lane, event, *ptr, self.size, slices)
+                },
+            )
             .map_err(|(error, _)| error)?;
         Ok(Some(Outbound {
             copy,
@@ -67,11 +73,13 @@ impl SpillableBuffer {
     }
 
     /// Starts a copy in `direction` on a copy stream ordered after the work queued on
-    /// `after`, through `enqueue` (given the device, the copy stream and an event).
+    /// `after` (or, when given, after the events `released` only: see `released_at`), through
+    /// `enqueue` (given the device, the copy stream and an event).
     pub(super) fn start_copy(
         &self,
         direction: Direction,
         after: StreamView,
+        released: &[crate::backend::RawEvent],
         enqueue: impl FnOnce(
             Device,
             crate::backend::RawStream,
@@ -83,7 +91,7 @@ impl SpillableBuffer {
     ) -> std::result::Result<PinnedCopy<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
         let copies = self.store.copies();
         let prepared = copies
-            .ordered_after(direction, after)
+            .ordered_after_events(direction, after, released)
             .and_then(|lane| copies.event().map(|event| (lane, event)));
         let (lane, event) = match prepared {
             Ok(p) => p,
@@ -141,7 +149,7 @@ impl SpillableBuffer {
         let start = Instant::now();
         // Kept aside: a copy that fails before it starts drops what it owns.
         let mut kept = Some(slices);
-        let copy = self.start_copy(Direction::ToDevice, after, |device, lane, event| {
+        let copy = self.start_copy(Direction::ToDevice, after, &[], |device, lane, event| {
             let slices = kept.take().unwrap_or_default();
             PinnedCopy::to_device(device, lane, event, slices, ptr, self.size)
         });

@@ -28,12 +28,13 @@ use super::disk::{DiskFile, DiskStore};
 use super::guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 use super::store::SpillStore;
 use crate::backend::DevicePtr;
+use crate::backend::RawStream;
 use crate::backend::host::PinnedSlice;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::per_device::get_per_device_resource;
 use crate::resource::SharedResource;
-use crate::stream::{StreamView, synchronize_stream};
+use crate::stream::{Event, StreamView, synchronize_stream};
 
 /// Where a buffer's data is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -134,6 +135,11 @@ pub struct SpillableBuffer {
     tier: AtomicU8,
     /// Live device guards.
     pub(super) pins: AtomicUsize,
+    /// Per stream the buffer was used on through a device guard, an event recorded as the
+    /// guard let go: everything that used the data is ordered before these, so a spill's
+    /// copy waits for them rather than for all the work queued on the stream since (a
+    /// worker's next task). Empty until a guard lets go, and once the data leaves the device.
+    pub(super) released_at: Mutex<Vec<(RawStream, Event)>>,
     /// Set when the data was lost to a copy that could not be waited for.
     lost: AtomicBool,
 }
@@ -184,6 +190,7 @@ impl SpillableBuffer {
             }),
             tier: AtomicU8::new(Tier::Device as u8),
             pins: AtomicUsize::new(0),
+            released_at: Mutex::new(Vec::new()),
             lost: AtomicBool::new(false),
         }))
     }
@@ -217,6 +224,7 @@ impl SpillableBuffer {
             }),
             tier: AtomicU8::new(Tier::Device as u8),
             pins: AtomicUsize::new(0),
+            released_at: Mutex::new(Vec::new()),
             lost: AtomicBool::new(false),
         });
         {
@@ -281,13 +289,57 @@ impl SpillableBuffer {
         }
     }
 
-    /// Drops one device guard's pin; the last tells the observer the buffer may move again.
-    pub(super) fn unpin(&self) {
+    /// Drops one device guard's pin, after recording where the work of `stream` that used the
+    /// data ends (see `released_at`); the last pin tells the observer the buffer may move
+    /// again.
+    pub(super) fn unpin(&self, stream: StreamView) {
+        // Recorded before the pin goes: once the pins are gone a spill may start and read
+        // the list. A failure empties the list, so the spill orders its copy after the whole
+        // stream the buffer was last used on, as without it.
+        let copies = self.store.copies();
+        let mut released = self.released_at.lock();
+        let replaced = released
+            .iter()
+            .position(|(s, _)| *s == stream.raw())
+            .map(|i| released.swap_remove(i).1);
+        let failed: Vec<Event> = match copies.event().and_then(|e| e.record(stream).map(|()| e)) {
+            Ok(e) => {
+                released.push((stream.raw(), e));
+                Vec::new()
+            }
+            Err(e) => {
+                tracing::debug!("recording where buffer {} was last used: {e}", self.id);
+                released.drain(..).map(|(_, e)| e).collect()
+            }
+        };
+        drop(released);
+        replaced
+            .into_iter()
+            .chain(failed)
+            .for_each(|e| copies.recycle(e));
         if self.pins.fetch_sub(1, Ordering::Release) == 1
             && let Some(o) = &self.observer
         {
             o.released(self.id);
         }
+    }
+
+    /// Gives the events of `released_at` back (the data leaves the device, or the buffer
+    /// goes).
+    fn forget_releases(&self) {
+        let copies = self.store.copies();
+        let events: Vec<Event> = self.released_at.lock().drain(..).map(|(_, e)| e).collect();
+        events.into_iter().for_each(|e| copies.recycle(e));
+    }
+
+    /// The events a spill's copy of the data waits for instead of the buffer's whole stream
+    /// (see `released_at`); empty when there are none.
+    pub(super) fn release_events(&self) -> Vec<crate::backend::RawEvent> {
+        self.released_at
+            .lock()
+            .iter()
+            .map(|(_, e)| e.raw())
+            .collect()
     }
 
     /// True while a device guard is alive.
@@ -316,7 +368,11 @@ impl SpillableBuffer {
         if let Some(o) = &self.observer {
             o.touched(self.id);
         }
-        Ok(DeviceGuard { buffer: self, ptr })
+        Ok(DeviceGuard {
+            buffer: self,
+            ptr,
+            stream,
+        })
     }
 
     /// [`device_view`](Self::device_view) as a guard that holds the buffer.
@@ -331,6 +387,7 @@ impl SpillableBuffer {
         Ok(SharedDeviceGuard {
             buffer: Arc::clone(self),
             ptr,
+            stream,
         })
     }
 
@@ -457,6 +514,9 @@ impl SpillableBuffer {
         let to = new.tier();
         // Borrowed device memory was never counted as the buffer's.
         let owned = !matches!(state, State::Device { resource: None, .. });
+        if from == Tier::Device {
+            self.forget_releases();
+        }
         *state = new;
         self.tier.store(to as u8, Ordering::Release);
         let nanos = nanos_since(start);
@@ -626,6 +686,7 @@ impl SpillableBuffer {
 
 impl Drop for SpillableBuffer {
     fn drop(&mut self) {
+        self.forget_releases();
         let state = std::mem::replace(&mut *self.state.get_mut(), State::Host(Vec::new()));
         if let State::Device {
             ptr,
