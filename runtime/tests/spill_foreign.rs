@@ -405,11 +405,19 @@ fn reading_back_with_room_made_in_the_background_runs_beside_the_spill_it_causes
         returned.is_ok(),
         "reading a value back waited for the spill it causes, held back on its stream"
     );
-    assert_eq!(second.tier(), Tier::Device, "the spill ran behind a held stream");
+    assert_eq!(
+        second.tier(),
+        Tier::Device,
+        "the spill ran behind a held stream"
+    );
     gate.open();
     m.settle();
     let views = reader.join().unwrap();
-    assert_eq!(second.tier(), Tier::Host, "the room was made after the read");
+    assert_eq!(
+        second.tier(),
+        Tier::Host,
+        "the room was made after the read"
+    );
     assert!(m.statistics().tracked_bytes <= 8 * MIB as u64);
     drop(views);
     assert_eq!(read_back(&first), vec![first_bytes]);

@@ -327,9 +327,7 @@ impl SpillManager {
     /// results, whose limit is a target rather than a bound, wants this; `false` (the
     /// default) makes room before.
     pub fn make_room_in_background(&self, on: bool) {
-        self.tracker
-            .room_in_background
-            .store(on, Ordering::Relaxed);
+        self.tracker.room_in_background.store(on, Ordering::Relaxed);
     }
 
     /// Waits until the spilling that [`adopt_in_background`](Self::adopt_in_background)
