@@ -680,7 +680,9 @@ fn sim_or_skip(test: &str) -> Option<&'static SimBackend> {
 #[test]
 fn adopted_values_on_the_host_survive_each_operation_of_their_spills_failing() {
     let _s = serial();
-    let Some(sim) = sim_or_skip("adopted_values_on_the_host_survive_each_operation_failing") else {
+    let Some(sim) =
+        sim_or_skip("adopted_values_on_the_host_survive_each_operation_of_their_spills_failing")
+    else {
         return;
     };
     let mut sweep = Sweep::new(sim, Layout::Host);
@@ -706,7 +708,9 @@ fn adopted_values_on_the_host_survive_each_operation_of_their_spills_failing() {
 #[test]
 fn adopted_values_on_disk_survive_each_operation_of_their_spills_failing() {
     let _s = serial();
-    let Some(sim) = sim_or_skip("adopted_values_on_disk_survive_each_operation_failing") else {
+    let Some(sim) =
+        sim_or_skip("adopted_values_on_disk_survive_each_operation_of_their_spills_failing")
+    else {
         return;
     };
     let mut sweep = Sweep::new(sim, Layout::Disk);
