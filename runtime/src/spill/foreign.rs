@@ -18,6 +18,7 @@ use rmm_allocator::StreamView;
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::spill::{SharedDeviceGuard, SpillObserver, SpillableBuffer, Tier};
 
+use super::statistics::clock_ns;
 use super::tracker::{Spillable, Tracker};
 
 /// What keeps an adopted value's device memory alive; dropping it gives the memory back to
@@ -235,7 +236,11 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         if owner.is_in_use() {
             return Ok(0);
         }
-        let observer = Some(Arc::clone(&self.tracker) as Arc<dyn SpillObserver>);
+        let staged = Arc::new(Staged {
+            tracker: Arc::clone(&self.tracker),
+            held: Mutex::new(Some(Vec::new())),
+        });
+        let observer = Some(Arc::clone(&staged) as Arc<dyn SpillObserver>);
         let buffers = self
             .allocations
             .iter()
@@ -243,6 +248,9 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
                 SpillableBuffer::from_device(&self.store, ptr, size, self.stream, observer.clone())
             })
             .collect::<rmm_allocator::Result<Vec<_>>>()?;
+        // Every allocation is copied: the copies' moves count from now on (a spill that
+        // failed part way dropped its copies, and moved nothing).
+        staged.commit();
         {
             // The buffers take the value's place in the order.
             let mut lru = self.tracker.lru.lock();
@@ -267,6 +275,55 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
             "adopted value spilled"
         );
         Ok(freed)
+    }
+}
+
+/// Moves off the device, held back: (from, to, bytes, nanos, end on `clock_ns`'s clock).
+type HeldMoves = Vec<(Tier, Tier, usize, u64, u64)>;
+
+/// The observer of a spilled value's buffers: the tracker, except that the moves of the
+/// spill that makes them are held back until every allocation is copied, so that a spill
+/// failing part way (whose copies are dropped) is not counted as moves off the device.
+struct Staged {
+    tracker: Arc<Tracker>,
+    /// Moves reported while the spill runs; `None` once it completed.
+    held: Mutex<Option<HeldMoves>>,
+}
+
+impl Staged {
+    /// The spill completed: its moves count, and later ones go straight to the tracker.
+    fn commit(&self) {
+        let held = self.held.lock().take().unwrap_or_default();
+        for (from, to, bytes, nanos, end) in held {
+            self.tracker.moves[from as usize][to as usize].add_at(bytes, nanos, end);
+        }
+    }
+}
+
+impl SpillObserver for Staged {
+    fn touched(&self, id: u64) {
+        self.tracker.touched(id);
+    }
+    fn make_room(&self, id: u64, bytes: usize) {
+        self.tracker.make_room(id, bytes);
+    }
+    fn make_host_room(&self, id: u64, bytes: usize) {
+        self.tracker.make_host_room(id, bytes);
+    }
+    fn resident(&self, id: u64, delta: i64) {
+        self.tracker.resident(id, delta);
+    }
+    fn moved(&self, id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64) {
+        match &mut *self.held.lock() {
+            Some(held) => held.push((from, to, bytes, nanos, clock_ns())),
+            None => self.tracker.moved(id, from, to, bytes, nanos),
+        }
+    }
+    fn dropped(&self, id: u64) {
+        self.tracker.dropped(id);
+    }
+    fn released(&self, id: u64) {
+        self.tracker.released(id);
     }
 }
 

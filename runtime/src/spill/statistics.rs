@@ -185,7 +185,7 @@ impl Busy {
 }
 
 /// Nanoseconds since the first call (a monotonic clock for the intervals above).
-fn clock_ns() -> u64 {
+pub(crate) fn clock_ns() -> u64 {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     EPOCH
         .get_or_init(std::time::Instant::now)
@@ -200,7 +200,7 @@ impl Moves {
     }
 
     /// A move of `bytes` that ended at `end` (on [`clock_ns`]'s clock) after `nanos`.
-    fn add_at(&self, bytes: usize, nanos: u64, end: u64) {
+    pub(crate) fn add_at(&self, bytes: usize, nanos: u64, end: u64) {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         let new = self.busy.lock().add(end.saturating_sub(nanos), end);
