@@ -10,6 +10,7 @@
 //!
 //! `RMM_BENCH_POOL` (default `32GiB`): the pool size of the start-up and reinitialize runs.
 //! `RMM_BENCH_LIVE` (default `8GiB`, simulated `512MiB`): live spillable data per device.
+//! `RMM_BENCH_PIECE` (default `256MiB`): the size of its buffers.
 //! `RMM_BENCH_ROUNDS` (default 5): rounds per figure (the median is reported).
 //! `RMM_BENCH_TASKS` (default 200000): tasks in the throughput runs.
 //! `RMM_BENCH_ONLY` (default: all): the sections to run, comma-separated, of `tasks`,
@@ -212,12 +213,12 @@ struct Keeping {
 }
 
 /// Reinitialize pool → pool on `devices` devices with `live` bytes of spillable data on each
-/// (256 MiB buffers), every byte checked after the last round.
-fn reinit_keeping(devices: u32, pool: &str, live: usize, rounds: usize) -> Keeping {
+/// (buffers of `piece` bytes), a mark at each end of every buffer checked after the rounds.
+fn reinit_keeping(devices: u32, pool: &str, live: usize, piece: usize, rounds: usize) -> Keeping {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let cfg = spilling_config(devices, pool, live + (1 << 30), None);
     let rt = Runtime::start(&cfg).expect("start with spilling");
-    let piece = (256usize << 20).min(live).max(1);
+    let piece = piece.min(live).max(1);
     let managers: Vec<_> = (0..devices)
         .map(|d| rt.spill_manager(d).expect("spill manager"))
         .collect();
@@ -481,9 +482,15 @@ fn keeping_section(counts: &[u32], pool: &str, rounds: usize, sim: bool) {
         .map_or(if sim { 512 << 20 } else { 8 << 30 }, |s| {
             s.resolve(0) as usize
         });
+    let piece = std::env::var("RMM_BENCH_PIECE")
+        .ok()
+        .and_then(|v| v.parse::<rmm::config::Size>().ok())
+        .map_or(256 << 20, |s| s.resolve(0) as usize);
     println!(
-        "## Reinitialize pool → pool keeping {} MiB of live spillable data per device, ms (median of {rounds})",
-        live >> 20
+        "## Reinitialize pool → pool keeping {} MiB of live spillable data per device ({} buffers of {} KiB), ms (median of {rounds})",
+        live >> 20,
+        live / piece.min(live).max(1),
+        piece.min(live) >> 10
     );
     println!();
     println!(
@@ -492,7 +499,7 @@ fn keeping_section(counts: &[u32], pool: &str, rounds: usize, sim: bool) {
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut base: Option<f64> = None;
     for &n in counts {
-        let k = reinit_keeping(n, pool, live, rounds);
+        let k = reinit_keeping(n, pool, live, piece, rounds);
         let ratio = match base {
             Some(b) if n > 1 && b > 0.0 => format!(" ({:.2}×)", k.total / b),
             _ => String::new(),

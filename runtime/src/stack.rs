@@ -456,12 +456,15 @@ impl DeviceStack {
         let bytes =
             (self.statistics.lifetime_bytes().value.max(0) as u64).saturating_sub(kept_bytes);
         let allocations = match &self.tracking {
-            Some(t) if count > 0 => t
-                .outstanding()
-                .iter()
-                .filter(|a| !kept.iter().any(|b| b.ptr == a.ptr))
-                .map(ToString::to_string)
-                .collect(),
+            Some(t) if count > 0 => {
+                let kept: std::collections::HashSet<u64> =
+                    kept.iter().map(|b| b.ptr.addr()).collect();
+                t.outstanding()
+                    .iter()
+                    .filter(|a| !kept.contains(&a.ptr.addr()))
+                    .map(ToString::to_string)
+                    .collect()
+            }
             _ => Vec::new(),
         };
         LiveMemory {

@@ -21,7 +21,7 @@
 //! A failure before the commit drops the new stacks, whose pools give the blocks back to
 //! the old ones, data in place; the buffers were never repointed: nothing is lost.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -199,12 +199,18 @@ impl Kept<'_> {
         setups: &[DeviceSetup],
         old: &Generation,
     ) -> Result<(u64, u64)> {
-        let adopted = |device: u32, h: &HeldInPlace<'_>| {
-            setups
-                .iter()
-                .find(|s| s.stack.device().ordinal() == device)
-                .is_some_and(|s| s.stack.adopted_live().iter().any(|b| b.ptr == h.ptr()))
-        };
+        // (device, address) of every block a new pool took over.
+        let taken: HashSet<(u32, u64)> = setups
+            .iter()
+            .flat_map(|s| {
+                let device = s.stack.device().ordinal();
+                s.stack
+                    .adopted_live()
+                    .iter()
+                    .map(move |b| (device, b.ptr.addr()))
+            })
+            .collect();
+        let adopted = |device: u32, h: &HeldInPlace<'_>| taken.contains(&(device, h.ptr().addr()));
         let refused: Vec<u32> = self
             .devices
             .iter()
@@ -269,9 +275,10 @@ impl Kept<'_> {
                 continue;
             };
             kept += new.commit_live(&old);
+            let taken: HashSet<u64> = new.adopted_live().iter().map(|b| b.ptr.addr()).collect();
             for h in held {
                 // Those the pool did not take were spilled before: none is left here.
-                if new.adopted_live().iter().any(|b| b.ptr == h.ptr()) {
+                if taken.contains(&h.ptr().addr()) {
                     h.move_to(Arc::clone(new.resource()));
                 }
             }
