@@ -273,7 +273,7 @@ impl PoolMemoryResource {
         if let Some((donor, handover)) = handed {
             self.adopted.clone_from(&handover.blocks);
             if provisional {
-                *self.pending.get_mut() = Some(Pending { donor, handover });
+                *self.pending.get_mut() = Some(Box::new(Pending { donor, handover }));
             }
         }
         Ok(adopted)

@@ -317,7 +317,7 @@ pub struct PoolMemoryResource {
     /// Live blocks taken over from the pool this one replaced.
     adopted: Vec<LiveBlock>,
     /// A provisional hand-over, until committed.
-    pending: Mutex<Option<handover::Pending>>,
+    pending: Mutex<Option<Box<handover::Pending>>>,
 }
 
 impl std::fmt::Debug for PoolMemoryResource {
@@ -730,7 +730,7 @@ impl Drop for PoolMemoryResource {
         let dev = self.device.ordinal();
         let pending = self.pending.get_mut().take();
         let s = self.snapshot_figures();
-        if s.in_use > pending.as_ref().map_or(0, handover::Pending::live_bytes) {
+        if s.in_use > pending.as_ref().map_or(0, |p| p.live_bytes()) {
             tracing::warn!(
                 device = dev,
                 in_use = s.in_use,
