@@ -173,3 +173,56 @@ fn allocation_chunks_move_whole_with_the_blocks_in_them_and_bin_blocks_stay() {
     new.synchronize().unwrap();
     assert_eq!(new.validate().unwrap().in_use, 0);
 }
+
+#[test]
+fn a_provisional_adoption_goes_back_to_the_donor_when_the_new_pool_is_dropped_uncommitted() {
+    let d = backed();
+    let s = StreamView::DEFAULT;
+    let old = pool(d, VirtualMemory::On, 16 * MIB);
+    let a = filled(d, &old, 4 * MIB, 8);
+    let b = filled(d, &old, 8 * MIB, 9);
+    let build = || {
+        PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+            .initial_size(PoolSize::Bytes(16 * MIB))
+            .growth(4 * MIB as u64)
+            .virtual_memory(VirtualMemory::On)
+            .adopt_from(Arc::clone(&old))
+            .adopt_live(vec![a, b])
+            .adopt_provisionally()
+            .build()
+            .unwrap()
+    };
+    let before = used(d);
+    let new = build();
+    assert_eq!(new.adopted_blocks(), &[a, b]);
+    assert_eq!(old.pool_size(), 0, "everything went over");
+    drop(new);
+    // Back in the old pool, data in place, live as before; nothing went to the device.
+    assert_eq!(used(d), before);
+    assert_eq!(old.pool_size(), (16 * MIB) as u64);
+    let o = old.validate().unwrap();
+    assert_eq!((o.in_use, o.live_blocks), ((12 * MIB) as u64, 2));
+    assert!(holds(d, a.ptr, a.bytes, 8) && holds(d, b.ptr, b.bytes, 9));
+    // Committed, the same adoption stays with the new pool when it is dropped.
+    let new = build();
+    assert!(new.commit_adoption());
+    assert!(!new.commit_adoption(), "only once");
+    new.deallocate(a.ptr, a.bytes, s).unwrap();
+    new.deallocate(b.ptr, b.bytes, s).unwrap();
+    drop(new);
+    assert_eq!(old.pool_size(), 0);
+    assert_eq!(old.validate().unwrap().in_use, 0);
+    assert_eq!(
+        used(d),
+        before - 16 * MIB,
+        "the new pool gave its memory back"
+    );
+}
+
+#[test]
+fn only_blocks_above_the_bins_can_move() {
+    assert!(!LiveBlock::movable(4096));
+    assert!(!LiveBlock::movable(64 << 10));
+    assert!(LiveBlock::movable((64 << 10) + 1));
+    assert!(LiveBlock::movable(4 * MIB));
+}

@@ -91,7 +91,11 @@ impl Shard {
             *n -= 1;
             *n == 0
         });
-        if last { entry.take().map(|(r, _)| r) } else { None }
+        if last {
+            entry.take().map(|(r, _)| r)
+        } else {
+            None
+        }
     }
 }
 

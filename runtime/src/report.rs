@@ -173,11 +173,14 @@ pub struct ReinitReport {
     /// Holding submissions and waiting for queued and running tasks.
     #[serde(serialize_with = "secs")]
     pub drain: Duration,
-    /// Spilling every spillable buffer not in use to host memory.
+    /// Spilling every spillable buffer not in use to host memory (except those kept in place).
     #[serde(serialize_with = "secs")]
     pub spill: Duration,
     /// Device bytes spilled for the switch.
     pub spilled_bytes: u64,
+    /// Device bytes of idle spillable data kept where it was: the new pools took their
+    /// blocks over in place (pool → pool on one device), no copy.
+    pub kept_in_place_bytes: u64,
     /// Device bytes brought back after it (`spill.eager_unspill`).
     pub unspilled_bytes: u64,
     /// Bringing them back.
@@ -212,12 +215,13 @@ impl fmt::Display for ReinitReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reinitialize {}: resolve {}, drain {}, spill {} ({}), check {}, build {} ({} adopted, {} released), install {}, unspill {} ({}){}",
+            "reinitialize {}: resolve {}, drain {}, spill {} ({} spilled, {} kept in place), check {}, build {} ({} adopted, {} released), install {}, unspill {} ({}){}",
             ms(self.total),
             ms(self.resolve),
             ms(self.drain),
             ms(self.spill),
             fmt_bytes(self.spilled_bytes as usize),
+            fmt_bytes(self.kept_in_place_bytes as usize),
             ms(self.check),
             ms(self.build),
             fmt_bytes(self.adopted_bytes as usize),

@@ -35,7 +35,7 @@ use rmm_allocator::fmt_bytes;
 use rmm_allocator::per_device;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, DEFAULT_GROWTH, ManagedMemoryResource,
+    CudaAsyncMemoryResource, CudaMemoryResource, DEFAULT_GROWTH, LiveBlock, ManagedMemoryResource,
     PoolMemoryResource, PoolSize, VirtualMemory,
 };
 use rmm_config::{LogLevel, ResolvedConfig, ResolvedDevice, Switch};
@@ -197,12 +197,12 @@ impl StackPlan {
     /// installed; on error everything built so far is freed. A plan that spills on demand
     /// needs its handler: use [`StackPlan::build_with`].
     pub fn build(&self) -> rmm_allocator::Result<DeviceStack> {
-        self.build_replacing(None, None)
+        self.build_replacing(None, None, &[])
     }
 
     /// As [`StackPlan::build`], with the out-of-memory handler of the device's spill manager.
     pub fn build_with(&self, on_oom: Option<OomHandler>) -> rmm_allocator::Result<DeviceStack> {
-        self.build_replacing(None, on_oom)
+        self.build_replacing(None, on_oom, &[])
     }
 
     /// Bytes of `previous`'s pool this plan's pool can take over (its initial size, when both
@@ -225,21 +225,35 @@ impl StackPlan {
     /// again, and `previous` gives back the rest. Returns the stack and the bytes `previous`
     /// gave back to the driver. On error `previous` is still a working stack (its pool grows
     /// again on demand).
+    ///
+    /// `live`: allocations of `previous` (idle spillable data) the new pool should take
+    /// over with their chunks, data in place ([`PoolBuilder::adopt_live`](rmm_allocator::resource::PoolBuilder::adopt_live)),
+    /// provisionally: until [`DeviceStack::commit_live`], dropping the new stack gives them
+    /// back to `previous`. [`DeviceStack::adopted_live`] lists those it took; the others are
+    /// still `previous`'s.
     pub fn replace(
         &self,
         previous: &DeviceStack,
         on_oom: Option<OomHandler>,
+        live: &[LiveBlock],
     ) -> rmm_allocator::Result<(DeviceStack, u64)> {
         let mut released = previous.release_keeping(self.adoptable_from(previous))?;
-        let stack = self.build_replacing(Some(previous), on_oom)?;
+        let stack = self.build_replacing(Some(previous), on_oom, live)?;
         released += previous.release()?;
         Ok((stack, released))
+    }
+
+    /// True when a stack of this plan replacing `previous` can take over live allocations
+    /// of `previous` in place (both have a pool over `cuMemAlloc` on the same device).
+    pub fn can_keep_live_from(&self, previous: &DeviceStack) -> bool {
+        self.device == previous.plan.device && self.adoptable_from(previous) > 0
     }
 
     fn build_replacing(
         &self,
         previous: Option<&DeviceStack>,
         on_oom: Option<OomHandler>,
+        live: &[LiveBlock],
     ) -> rmm_allocator::Result<DeviceStack> {
         if self.spill_on_demand && on_oom.is_none() {
             return Err(rmm_allocator::Error::invalid_argument(
@@ -284,16 +298,22 @@ impl StackPlan {
             }
             if let Some(donor) = previous.and_then(|p| p.pool.clone()) {
                 builder = builder.adopt_from(donor);
+                if !live.is_empty() {
+                    builder = builder.adopt_live(live.to_vec()).adopt_provisionally();
+                }
             }
             let p = Arc::new(builder.build()?);
             pool = Some(Arc::clone(&p));
             resource = p;
         }
+        let mut limiting = None;
         if let Some(limit) = self.limit {
-            resource = Arc::new(LimitingResourceAdaptor::with_bytes(
+            let l = Arc::new(LimitingResourceAdaptor::with_bytes(
                 resource,
                 limit as usize,
             ));
+            limiting = Some(Arc::clone(&l));
+            resource = l;
         }
         if let Some(handler) = on_oom.filter(|_| self.spill_on_demand) {
             resource = Arc::new(FailureCallbackResourceAdaptor::from_bytes_fn(
@@ -334,6 +354,7 @@ impl StackPlan {
             statistics,
             tracking,
             logging,
+            limiting,
             pool,
             async_resource,
         })
@@ -355,6 +376,7 @@ pub struct DeviceStack {
     statistics: Arc<StatisticsResourceAdaptor>,
     tracking: Option<Arc<TrackingResourceAdaptor>>,
     logging: Option<Arc<LoggingResourceAdaptor>>,
+    limiting: Option<Arc<LimitingResourceAdaptor>>,
     pool: Option<Arc<PoolMemoryResource>>,
     async_resource: Option<Arc<CudaAsyncMemoryResource>>,
 }
@@ -422,10 +444,27 @@ impl DeviceStack {
 
     /// Allocations made through the stack and not freed; with tracking on, each is listed.
     pub fn live(&self) -> LiveMemory {
-        let count = self.statistics.lifetime_allocations().value.max(0) as u64;
-        let bytes = self.statistics.lifetime_bytes().value.max(0) as u64;
+        self.live_except(&[])
+    }
+
+    /// As [`DeviceStack::live`], not counting `kept` (allocations of this stack a
+    /// replacement takes over in place).
+    pub fn live_except(&self, kept: &[LiveBlock]) -> LiveMemory {
+        let kept_bytes: u64 = kept.iter().map(|b| b.bytes as u64).sum();
+        let count = (self.statistics.lifetime_allocations().value.max(0) as u64)
+            .saturating_sub(kept.len() as u64);
+        let bytes =
+            (self.statistics.lifetime_bytes().value.max(0) as u64).saturating_sub(kept_bytes);
         let allocations = match &self.tracking {
-            Some(t) if count > 0 => t.outstanding().iter().map(ToString::to_string).collect(),
+            Some(t) if count > 0 => {
+                let kept: std::collections::HashSet<u64> =
+                    kept.iter().map(|b| b.ptr.addr()).collect();
+                t.outstanding()
+                    .iter()
+                    .filter(|a| !kept.contains(&a.ptr.addr()))
+                    .map(ToString::to_string)
+                    .collect()
+            }
             _ => Vec::new(),
         };
         LiveMemory {
@@ -433,6 +472,57 @@ impl DeviceStack {
             count,
             bytes,
             allocations,
+        }
+    }
+
+    /// The live allocations of the stack it replaced that this stack's pool took over in
+    /// place when it was built ([`StackPlan::replace`]); empty without a pool.
+    pub fn adopted_live(&self) -> &[LiveBlock] {
+        self.pool.as_ref().map_or(&[], |p| p.adopted_blocks())
+    }
+
+    /// Makes what this stack took over in place from the stack it replaced its own for
+    /// good, once it is installed: its pool keeps the memory even if dropped, and every
+    /// layer (statistics, limit, tracking, log) counts the allocations as made through it,
+    /// while `previous` no longer counts them. Returns the bytes taken over.
+    pub fn commit_live(&self, previous: &DeviceStack) -> u64 {
+        let blocks = self.adopted_live();
+        if let Some(p) = &self.pool {
+            p.commit_adoption();
+        }
+        if blocks.is_empty() {
+            return 0;
+        }
+        previous.hand_over_live(blocks);
+        self.take_over_live(blocks);
+        blocks.iter().map(|b| b.bytes as u64).sum()
+    }
+
+    /// Every accounting layer forgets `blocks` (another stack took them over).
+    fn hand_over_live(&self, blocks: &[LiveBlock]) {
+        self.statistics.hand_over_live(blocks);
+        if let Some(l) = &self.limiting {
+            l.hand_over_live(blocks);
+        }
+        if let Some(t) = &self.tracking {
+            t.hand_over_live(blocks);
+        }
+        if let Some(l) = &self.logging {
+            l.hand_over_live(blocks);
+        }
+    }
+
+    /// Every accounting layer counts `blocks` as allocated through it.
+    fn take_over_live(&self, blocks: &[LiveBlock]) {
+        self.statistics.take_over_live(blocks);
+        if let Some(l) = &self.limiting {
+            l.take_over_live(blocks);
+        }
+        if let Some(t) = &self.tracking {
+            t.take_over_live(blocks);
+        }
+        if let Some(l) = &self.logging {
+            l.take_over_live(blocks);
         }
     }
 

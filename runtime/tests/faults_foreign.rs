@@ -30,10 +30,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{pattern, serial, sim, spilling};
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::backend::{SimBackend, SimCounts};
 use rmm_allocator::per_device::get_per_device_resource;
 use rmm_allocator::spill::Tier;
-use rmm_allocator::{Device, DevicePtr, StreamView};
+use rmm_allocator::{Device, StreamView};
 use rmm_config::Config;
 use rmm_runtime::{ForeignData, ForeignOwner, OwnerAccess, Runtime, SpillManager};
 
@@ -118,7 +119,7 @@ struct Value {
 /// The bytes of `allocations` of device memory.
 fn read_device(allocations: &[(DevicePtr, usize)]) -> Vec<Vec<u8>> {
     let device = Device::new(DEVICE).unwrap();
-    rmm_allocator::stream::synchronize(device, S).unwrap();
+    rmm_allocator::synchronize_stream(device, S).unwrap();
     allocations
         .iter()
         .map(|&(ptr, size)| {

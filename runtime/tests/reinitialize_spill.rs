@@ -113,7 +113,9 @@ fn a_reinitialize_that_adds_a_disk_directory_escapes_a_full_host_pool() {
     let (buffers, data) = ten_buffers(&m);
     let with_disk = spilling("8MiB", "16MiB", Some(dir.path()), &[]);
     let report = rt.reinitialize(&with_disk).unwrap();
-    assert_eq!(on_device(&buffers), 0, "everything spilled for the switch");
+    // Pool to pool: the device limit's worth stays in place, the rest is spilled.
+    assert_eq!(on_device(&buffers), 2, "{report}");
+    assert_eq!(report.kept_in_place_bytes, 8 * MIB as u64, "{report}");
     assert!(report.spilled_bytes >= 4 * MIB as u64, "{report}");
     assert!(files_in(dir.path()) > 0, "the new disk tier took the rest");
     assert_eq!(disk_directory(&rt).as_deref(), Some(dir.path()));
@@ -139,14 +141,17 @@ fn a_reinitialize_to_a_larger_host_pool_escapes_and_old_host_data_stays_readable
     let (buffers, data) = ten_buffers(&m);
     let on_host_before: Vec<bool> = buffers.iter().map(|b| b.tier() == Tier::Host).collect();
     assert_eq!(on_host_before.iter().filter(|h| **h).count(), 4);
-    rt.reinitialize(&spilling("8MiB", "64MiB", None, &[]))
+    let report = rt
+        .reinitialize(&spilling("8MiB", "64MiB", None, &[]))
         .unwrap();
-    assert_eq!(on_device(&buffers), 0);
+    // The device limit's worth (two buffers) stays in place; the rest is on the host.
+    assert_eq!(on_device(&buffers), 2, "{report}");
+    assert_eq!(report.kept_in_place_bytes, 8 * MIB as u64, "{report}");
     assert_eq!(host_pool_size(&rt), Some(64 * MIB as u64));
     let s = m.statistics();
     assert_eq!(s.host_pool_bytes, 64 * MIB as u64, "{s:?}");
     // Host bytes count the old pool's data too, until it is gone.
-    assert_eq!(s.host_bytes, 40 * MIB as u64, "{s:?}");
+    assert_eq!(s.host_bytes, 32 * MIB as u64, "{s:?}");
     assert_intact(&buffers, &data);
     assert_intact_on_device(&buffers, &data);
     drop(buffers);
@@ -160,9 +165,10 @@ fn a_failing_reinitialize_leaves_the_old_configuration_working() {
     let rt = Runtime::start(&small_host(&[])).unwrap();
     let m = manager(&rt);
     let (buffers, data) = ten_buffers(&m);
-    // 20 MiB more is not enough for the 24 MiB still on the device, and there is no disk.
+    // 24 MiB are on the device: the limit's 8 MiB may stay in place, but 12 MiB more is not
+    // enough for the other 16 MiB, and there is no disk.
     let err = rt
-        .reinitialize(&spilling("8MiB", "20MiB", None, &[]))
+        .reinitialize(&spilling("8MiB", "12MiB", None, &[]))
         .unwrap_err();
     assert!(matches!(err, Error::SpillBeforeSwitch { .. }), "{err}");
     assert_eq!(host_pool_size(&rt), Some(16 * MIB as u64));
@@ -301,7 +307,11 @@ fn a_fixed_disk_directory_stays_across_a_reinitialize_that_names_none() {
     // No disk directory in the new configuration: the fixed one stays, and takes what the
     // full host pool cannot.
     rt.reinitialize(&small_host(&[])).unwrap();
-    assert_eq!(on_device(&buffers), 0);
+    assert_eq!(
+        on_device(&buffers),
+        2,
+        "the device limit's worth stays in place"
+    );
     assert_eq!(m.store().disk_directory().as_deref(), Some(dir.path()));
     assert_intact(&buffers, &data);
     // A directory that cannot be used is refused and changes nothing.

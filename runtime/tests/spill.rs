@@ -131,10 +131,16 @@ fn eager_unspill_brings_data_back_at_once() {
     let m = rt.spill_manager(rt.devices()[0]).unwrap();
     let d = pattern(3 * MIB, 9);
     let b = m.from_host(&d, StreamView::DEFAULT).unwrap();
+    // Spilled before: it comes back at once. On the device: it stays there (pool → pool).
+    let e = pattern(2 * MIB, 10);
+    let c = m.from_host(&e, StreamView::DEFAULT).unwrap();
+    c.spill().unwrap();
     let r = rt.reinitialize(&cfg).unwrap();
-    assert_eq!(r.unspilled_bytes, 3 * MIB as u64, "{r}");
-    assert!(!b.is_spilled());
+    assert_eq!(r.unspilled_bytes, 2 * MIB as u64, "{r}");
+    assert_eq!(r.kept_in_place_bytes, 3 * MIB as u64, "{r}");
+    assert!(!b.is_spilled() && !c.is_spilled());
     assert!(b.to_vec().unwrap() == d);
+    assert!(c.to_vec().unwrap() == e);
 }
 
 #[test]

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::ALLOCATION_ALIGNMENT;
 use crate::backend::{DevicePtr, MemInfo};
 use crate::error::{Error, Result, fmt_bytes};
-use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
+use crate::resource::{DeviceMemoryResource, LiveBlock};
 use crate::stream::StreamView;
 
 /// A limit in bytes or as a fraction of the device's total memory.
@@ -110,6 +110,36 @@ impl LimitingResourceAdaptor {
     /// Bytes that may still be allocated before the limit.
     pub fn available_bytes(&self) -> usize {
         self.limit.saturating_sub(self.used_bytes())
+    }
+
+    /// Counts `blocks`, live allocations made through another stack whose memory this
+    /// stack's resource now owns (a reinitialize that keeps data in place), as in use
+    /// through this adaptor, each rounded up to 256 bytes. They are not refused: the bytes
+    /// in use may then be above the limit, and allocations are refused until enough is
+    /// freed. Slow path.
+    pub fn take_over_live(&self, blocks: &[LiveBlock]) {
+        let bytes: usize = blocks
+            .iter()
+            .filter(|b| !b.ptr.is_null())
+            .filter_map(|b| rounded(b.bytes))
+            .sum();
+        self.used.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// No longer counts `blocks`, live allocations made through this adaptor that another
+    /// stack has taken over, as in use here. Slow path.
+    pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
+        let bytes: usize = blocks
+            .iter()
+            .filter(|b| !b.ptr.is_null())
+            .filter_map(|b| rounded(b.bytes))
+            .sum();
+        // Never below zero, whatever the caller passed.
+        let _ = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(bytes))
+            });
     }
 
     #[cold]

@@ -18,7 +18,7 @@ mod guard;
 mod store;
 mod vector;
 
-pub use buffer::{PendingSpill, SpillObserver, SpillStep, SpillableBuffer, Tier};
+pub use buffer::{HeldInPlace, PendingSpill, SpillObserver, SpillStep, SpillableBuffer, Tier};
 pub use disk::remove_files_for_exit;
 pub use guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 pub use store::{SpillStore, SpillTiers};

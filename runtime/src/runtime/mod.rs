@@ -19,11 +19,13 @@
 //! * [`setup`]: building, installing and replacing device stacks, starting and stopping
 //!   workers;
 //! * [`reinitialize`]: the switch to a new configuration, step by step;
+//! * [`keep`]: keeping idle spillable data in place across a reinitialize from pool to pool;
 //! * [`shutdown`]: draining, leak reports, giving the memory back.
 
 mod backend;
 mod claims;
 mod dispatch;
+mod keep;
 mod reinitialize;
 mod setup;
 mod shutdown;
@@ -262,7 +264,7 @@ impl Runtime {
         let handle = RuntimeHandle { shared };
         let t = Instant::now();
         let result = handle.managers_for(&resolved).and_then(|managers| {
-            let s = set_up_devices(&resolved, resolved.workers_per_device, None, &managers)?;
+            let s = set_up_devices(&resolved, resolved.workers_per_device, None, &managers, &[])?;
             start.build = t.elapsed();
             let t = Instant::now();
             handle.install_and_spawn(resolved, s, managers)?;

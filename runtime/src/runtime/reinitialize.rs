@@ -9,16 +9,31 @@
 //!    top-level task starts.
 //! 3. Let running tasks, and the children they submit, finish (up to the drain timeout).
 //! 4. Make each spilling device's new host pool and disk tier (where `spill.host_pool_size`
-//!    or `spill.disk_directory` change) the tiers new spills go to, then spill every spill
-//!    manager's data not in use into them: it survives the switch and comes back, into the
-//!    new stacks, on next use (data spilled before stays in the old tiers until used). A
-//!    failure before the new stacks are installed puts the old tiers back.
-//! 5. Refuse if allocations are still live (listing them), changing nothing.
+//!    or `spill.disk_directory` change) the tiers new spills go to. Where a device goes from
+//!    a pool to a pool (`cuMemAlloc` chunks on both sides: a new maximum, logging or
+//!    tracking turned on, a limit changed) and keeps spilling, hold its idle spillable
+//!    buffers in the old pool where they are, most recently used first, up to the new
+//!    device limit, hard limit and pool initial size (see [`keep`](super::keep)): nobody
+//!    uses, moves or frees them until the switch is decided. Then spill every spill
+//!    manager's other data not in use into the tiers: it survives the switch and comes
+//!    back, into the new stacks, on next use (data spilled before stays in the old tiers
+//!    until used). A failure before the new stacks are installed puts the old tiers back.
+//! 5. Refuse if allocations other than the held buffers are still live (listing them),
+//!    changing nothing.
 //! 6. Per device, in parallel: the old stack gives back what the new one cannot take over,
-//!    the new stack is built (its pool adopting the old pool's free memory, without a driver
-//!    call), and the old one gives back the rest; devices that leave the runtime give
-//!    everything back. A failure keeps the old stacks installed (they grow again on demand).
-//! 7. Install the new stacks as their devices' current resources.
+//!    the new stack is built (its pool adopting the old pool's free memory, and the held
+//!    buffers' blocks with the chunks that hold them, data in place, provisionally, without
+//!    a driver call), and the old one gives back the rest; devices that leave the runtime
+//!    give everything back. Held buffers a new pool could not take (their chunks do not fit
+//!    its initial size) are spilled now, as in step 4; if building with held buffers runs
+//!    out of device memory, they are all spilled and the stacks built again without. A failure keeps the old
+//!    stacks installed (they grow again on demand); new stacks dropped give what they took
+//!    over back to the old pools, data in place.
+//! 7. Install the new stacks as their devices' current resources; at once, each new stack
+//!    makes the blocks it took over its own (the old stack's statistics, limit, tracking
+//!    and log forget them, the new one's count them) and each held buffer is repointed to
+//!    free to the new stack. The report says how many bytes stayed in place
+//!    ([`ReinitReport::kept_in_place_bytes`]) and how many were spilled.
 //! 8. Re-spawn the workers if the device list or `workers_per_device` changed (the tasks
 //!    queued for the old workers move to the new ones by the rule they were sent with);
 //!    otherwise the workers stay and only the stacks change.
@@ -41,13 +56,20 @@ use rmm_config::{Config, ConfigLoader, ResolvedConfig};
 
 use super::backend::{open_backend, resolve};
 use super::claims::claim;
+use super::keep::Candidates;
 use super::setup::{install, set_up_devices};
 use super::{Control, Generation, RuntimeHandle};
-use crate::error::{Error, LiveMemory, Result};
+use crate::error::{Error, Result};
 use crate::report::{PhaseStatistics, ReinitReport};
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
 use rmm_allocator::fmt_bytes;
+
+/// True when `e` is a device running out of memory while a new stack was built.
+fn out_of_device_memory(e: &Error) -> bool {
+    matches!(e, Error::DeviceSetup { source, .. }
+        if source.is_out_of_memory() || source.is_driver_out_of_memory())
+}
 
 impl RuntimeHandle {
     /// Loads the configuration with `loader` and reinitializes to it.
@@ -92,8 +114,10 @@ impl RuntimeHandle {
 
     /// Switches every device to the stack `config` describes, keeping the runtime running:
     /// resolve the configuration, hold outside submissions and pause the workers, let running
-    /// tasks finish, spill what can be spilled, refuse live allocations, build the new stacks
-    /// (all devices in parallel, each adopting its old pool's memory), install them, re-spawn
+    /// tasks finish, spill what can be spilled (idle spillable data that a new pool can take
+    /// over stays where it is instead: pool → pool on one device), refuse live allocations,
+    /// build the new stacks (all devices in parallel, each adopting its old pool's memory and
+    /// the data kept in place), install them, re-spawn
     /// the workers if the device list or `workers_per_device` changed, and resume, sending on
     /// what was held. A configuration that does not resolve,
     /// live allocations, or a device whose new stack cannot be built leave the runtime as it
@@ -277,9 +301,16 @@ impl RuntimeHandle {
     ) -> Result<()> {
         let shared = &*self.shared;
         report.notes = self.orphan_notes(&resolved);
-        // Spillable data moves off the device: it survives the switch and comes back, into
-        // the new stacks, on next use. A buffer in use stays, and counts as live below.
-        let managers: Vec<Arc<SpillManager>> = shared.managers.lock().values().cloned().collect();
+        // Idle spillable data that a new pool can take over stays where it is, held (no one
+        // uses, moves or frees it until the switch is decided; the spill below passes it by).
+        // Declared before the new stacks: on failure they are dropped first, their pools
+        // giving the data back to the old ones, and only then is it let go.
+        let all_managers = shared.managers.lock().clone();
+        let candidates = Candidates::find(&all_managers, old, &resolved);
+        let mut kept = candidates.hold();
+        // The rest moves off the device: it survives the switch and comes back, into the
+        // new stacks, on next use. A buffer in use stays, and counts as live below.
+        let managers: Vec<Arc<SpillManager>> = all_managers.values().cloned().collect();
         let spilled: Vec<rmm_allocator::Result<u64>> =
             managers.par_iter().map(|m| m.spill_all()).collect();
         for (m, r) in managers.iter().zip(spilled) {
@@ -291,12 +322,7 @@ impl RuntimeHandle {
         report.spill = t.elapsed();
 
         let t = Instant::now();
-        let live: Vec<LiveMemory> = old
-            .stacks
-            .par_iter()
-            .map(|s| s.live())
-            .filter(|l| l.count > 0)
-            .collect();
+        let live = kept.live_elsewhere(old);
         if !live.is_empty() {
             return Err(Error::LiveAllocations(live));
         }
@@ -320,7 +346,26 @@ impl RuntimeHandle {
         };
         let held_before: u64 = old.stacks.iter().map(|s| s.reserved_bytes()).sum();
         let managers = self.managers_for(&resolved)?;
-        let setups = set_up_devices(&resolved, streams, Some(old), &managers)?;
+        let keep = kept.blocks(&resolved);
+        let setups = match set_up_devices(&resolved, streams, Some(old), &managers, &keep) {
+            Ok(setups) => setups,
+            // The device ran short while the held data still took room in the old pools
+            // (where it is again, in place): it goes the usual way, and the room with it.
+            Err(e) if !kept.is_empty() && out_of_device_memory(&e) => {
+                tracing::warn!(
+                    "building the new stacks keeping live spillable data in place failed \
+                     ({e}); spilling that data and building them again"
+                );
+                report.spilled_bytes += kept.spill_all()?;
+                set_up_devices(&resolved, streams, Some(old), &managers, &[])?
+            }
+            Err(e) => return Err(e),
+        };
+        // Held data a new pool could not take over is still the old pool's: it is spilled
+        // now, as it would have been in step 4.
+        let (spilled, released) = kept.spill_refused(&setups, old)?;
+        report.spilled_bytes += spilled;
+        report.released_bytes += released;
         // The new spill settings apply once the new stacks exist: a failed reinitialize leaves
         // the runtime as it was, limits included.
         for (d, m) in resolved.devices.iter().zip(&managers) {
@@ -360,7 +405,12 @@ impl RuntimeHandle {
             }
             // From here on the old workers are gone: on failure the generation is left
             // empty, so these tasks (and later ones) are refused rather than stranded.
-            let spawned = self.install_and_spawn_locked(control, resolved, setups, managers);
+            let mut kept_bytes = 0;
+            let spawned =
+                self.install_and_spawn_locked(control, resolved, setups, managers, |stacks| {
+                    kept_bytes = kept.commit(&old.stacks, stacks);
+                });
+            report.kept_in_place_bytes = kept_bytes;
             for (target, job) in queued {
                 shared.send(target, job);
             }
@@ -369,6 +419,7 @@ impl RuntimeHandle {
             let stacks: Vec<Arc<DeviceStack>> = setups.into_iter().map(|s| s.stack).collect();
             install(&stacks, &old.stacks)?;
             *installed = true;
+            report.kept_in_place_bytes = kept.commit(&old.stacks, &stacks);
             shared.generation.store(Arc::new(Generation {
                 config: resolved,
                 stacks,

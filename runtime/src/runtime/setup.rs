@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 use rmm_allocator::Device;
+use rmm_allocator::resource::LiveBlock;
 use rmm_config::ResolvedConfig;
 
 use super::{Control, Generation, RuntimeHandle};
@@ -24,19 +25,24 @@ pub(super) struct DeviceSetup {
 }
 
 /// Builds every device's stack (and `streams_per_device` streams) in parallel, each
-/// replacing its device's stack in `previous` if there is one. All or nothing: on any
-/// failure everything built is dropped (freed) and the first failing device is named.
+/// replacing its device's stack in `previous` if there is one, and taking over the live
+/// allocations `keep[i]` of it (device `i` of `config`) in place where its pool can
+/// ([`StackPlan::replace`]). All or nothing: on any failure everything built is dropped
+/// (freed, live allocations given back to the stacks they came from) and the first failing
+/// device is named.
 pub(super) fn set_up_devices(
     config: &ResolvedConfig,
     streams_per_device: u32,
     previous: Option<&Generation>,
     managers: &[Option<Arc<SpillManager>>],
+    keep: &[Vec<LiveBlock>],
 ) -> Result<Vec<DeviceSetup>> {
     let results: Vec<Result<DeviceSetup>> = config
         .devices
         .par_iter()
         .zip(managers.par_iter())
-        .map(|(device, manager)| {
+        .enumerate()
+        .map(|(i, (device, manager))| {
             let on_oom = manager.as_ref().map(|m| m.oom_handler());
             let fail = |source| Error::DeviceSetup {
                 device: device.ordinal,
@@ -49,7 +55,10 @@ pub(super) fn set_up_devices(
             });
             let plan = StackPlan::new(config, device);
             let (stack, released) = match replaced {
-                Some(previous) => plan.replace(previous, on_oom).map_err(fail)?,
+                Some(previous) => {
+                    let keep = keep.get(i).map_or(&[][..], Vec::as_slice);
+                    plan.replace(previous, on_oom, keep).map_err(fail)?
+                }
                 None => (plan.build_with(on_oom).map_err(fail)?, 0),
             };
             let dev = stack.device();
@@ -107,16 +116,18 @@ impl RuntimeHandle {
         managers: Vec<Option<Arc<SpillManager>>>,
     ) -> Result<()> {
         let mut control = self.shared.control.lock();
-        self.install_and_spawn_locked(&mut control, resolved, setups, managers)
+        self.install_and_spawn_locked(&mut control, resolved, setups, managers, |_| {})
     }
 
-    /// Installs the stacks, publishes a generation with fresh workers and starts them.
+    /// Installs the stacks, calls `installed` with them (nothing can fail between the two),
+    /// publishes a generation with fresh workers and starts them.
     pub(super) fn install_and_spawn_locked(
         &self,
         control: &mut Control,
         resolved: ResolvedConfig,
         setups: Vec<DeviceSetup>,
         managers: Vec<Option<Arc<SpillManager>>>,
+        installed: impl FnOnce(&[Arc<DeviceStack>]),
     ) -> Result<()> {
         let mut stacks = Vec::with_capacity(setups.len());
         let mut workers = Vec::new();
@@ -144,6 +155,7 @@ impl RuntimeHandle {
                 .store(Arc::new(Generation::empty(config)));
             return Err(e);
         }
+        installed(&stacks);
         self.shared.generation.store(Arc::new(Generation {
             config: resolved,
             stacks,

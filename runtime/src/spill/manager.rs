@@ -212,6 +212,27 @@ impl SpillManager {
         Ok(())
     }
 
+    /// The device limit once [`reconfigure`](Self::reconfigure)d to `spill` (the limit now
+    /// when it is fixed).
+    pub(crate) fn limit_under(&self, spill: &ResolvedSpill) -> u64 {
+        if self.limit_fixed.load(Ordering::Relaxed) {
+            self.tracker.limit.load(Ordering::Relaxed)
+        } else {
+            spill.threshold
+        }
+    }
+
+    /// The manager's own buffers whose data is on the device and not in use now, most
+    /// recently used first (those a reinitialize may keep in place).
+    pub(crate) fn idle_on_device(&self) -> Vec<Arc<SpillableBuffer>> {
+        let mut all = self.tracker.oldest_first(None);
+        all.reverse();
+        all.into_iter()
+            .filter(|e| e.tier() == Tier::Device && !e.is_in_use())
+            .filter_map(Spillable::into_buffer)
+            .collect()
+    }
+
     /// The limit, and the host memory pinned ahead of demand that goes with it.
     fn set_limit(&self, bytes: u64) {
         self.tracker.limit.store(bytes, Ordering::Relaxed);

@@ -22,3 +22,4 @@ mod tracker;
 pub use foreign::{ForeignData, ForeignOwner, OwnerAccess};
 pub use manager::{PIN_AHEAD_MAX, SpillManager, TierUndo};
 pub use statistics::{SpillStatistics, TierStatistics};
+pub(crate) use tracker::SpillBatch;

@@ -46,6 +46,10 @@ pub(crate) trait Spillable: Send + Sync {
     fn spill_to_disk(&self) -> rmm_allocator::Result<usize>;
     /// Brings spilled data back to the device on `stream`.
     fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()>;
+    /// The entry as a [`SpillableBuffer`] of the manager's own, if it is one.
+    fn into_buffer(self: Arc<Self>) -> Option<Arc<SpillableBuffer>> {
+        None
+    }
 }
 
 impl Spillable for SpillableBuffer {
@@ -69,6 +73,9 @@ impl Spillable for SpillableBuffer {
     }
     fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()> {
         self.device_view(stream).map(drop)
+    }
+    fn into_buffer(self: Arc<Self>) -> Option<Arc<SpillableBuffer>> {
+        Some(self)
     }
 }
 
@@ -148,28 +155,68 @@ pub(crate) const BATCH_ENTRIES: usize = 64;
 /// The most bytes in flight at once when making room (memory is freed as each batch ends).
 pub(crate) const BATCH_BYTES: u64 = 1 << 30;
 
-/// Completes the spills of `batch` in order; the device bytes freed. Each move's time runs
-/// from the end of the one before, so a batch's moves add up to its wall time, less the time
-/// the entries after the first waited for host memory (pinning is not copying).
-fn finish_batch(
-    batch: &mut Vec<PendingSpill<'_>>,
-    first_error: &mut Option<rmm_allocator::Error>,
-) -> u64 {
-    let mut freed = 0;
-    let waits: std::time::Duration = batch.iter().skip(1).map(PendingSpill::host_wait).sum();
-    let mut since = batch.first().map(|p| p.started() + waits);
-    for p in batch.drain(..) {
-        let size = p.size();
-        match p.finish(since) {
-            Ok(n) => freed += n as u64,
+/// Spills whose copies run at once: up to [`BATCH_ENTRIES`] entries ([`BATCH_BYTES`]) are
+/// enqueued before the first is waited for, so many small buffers move at the copy engine's
+/// rate instead of one round trip each.
+#[derive(Default)]
+pub(crate) struct SpillBatch<'a> {
+    pending: Vec<PendingSpill<'a>>,
+    pending_bytes: u64,
+    /// Device bytes freed so far.
+    pub(crate) freed: u64,
+    /// The first error met (the other entries went on).
+    pub(crate) first_error: Option<rmm_allocator::Error>,
+}
+
+impl<'a> SpillBatch<'a> {
+    /// Bytes freed and in flight.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.freed + self.pending_bytes
+    }
+
+    /// Adds what starting one entry's spill gave; completes the batch when it is full.
+    pub(crate) fn add(&mut self, step: rmm_allocator::Result<SpillStep<'a>>, size: usize) {
+        match step {
+            Ok(SpillStep::Skipped) => {}
+            Ok(SpillStep::Done(n)) => self.freed += n as u64,
+            Ok(SpillStep::Pending(p)) => {
+                self.pending_bytes += p.size() as u64;
+                self.pending.push(p);
+                if self.pending.len() >= BATCH_ENTRIES || self.pending_bytes >= BATCH_BYTES {
+                    self.complete();
+                }
+            }
             Err(e) => {
                 tracing::debug!("an entry of {size} bytes could not be spilled: {e}");
-                first_error.get_or_insert(e);
+                self.first_error.get_or_insert(e);
             }
         }
-        since = Some(std::time::Instant::now());
     }
-    freed
+
+    /// Completes the spills in flight in order. Each move's time runs from the end of the
+    /// one before, so a batch's moves add up to its wall time, less the time the entries
+    /// after the first waited for host memory (pinning is not copying).
+    pub(crate) fn complete(&mut self) {
+        let waits: std::time::Duration = self
+            .pending
+            .iter()
+            .skip(1)
+            .map(PendingSpill::host_wait)
+            .sum();
+        let mut since = self.pending.first().map(|p| p.started() + waits);
+        for p in self.pending.drain(..) {
+            let size = p.size();
+            match p.finish(since) {
+                Ok(n) => self.freed += n as u64,
+                Err(e) => {
+                    tracing::debug!("an entry of {size} bytes could not be spilled: {e}");
+                    self.first_error.get_or_insert(e);
+                }
+            }
+            since = Some(std::time::Instant::now());
+        }
+        self.pending_bytes = 0;
+    }
 }
 
 impl Tracker {
@@ -196,13 +243,10 @@ impl Tracker {
         need: u64,
         except: Option<u64>,
     ) -> rmm_allocator::Result<u64> {
-        let mut freed = 0;
-        let mut first_error = None;
         let entries = self.oldest_first(except);
-        let mut batch: Vec<PendingSpill<'_>> = Vec::new();
-        let mut batch_bytes = 0u64;
+        let mut batch = SpillBatch::default();
         for b in &entries {
-            if freed + batch_bytes >= need {
+            if batch.bytes() >= need {
                 break;
             }
             // Entries in use, busy or already spilled are skipped without waiting. One that
@@ -210,27 +254,12 @@ impl Tracker {
             if b.tier() != Tier::Device || b.is_in_use() {
                 continue;
             }
-            match b.begin_spill() {
-                Ok(SpillStep::Skipped) => {}
-                Ok(SpillStep::Done(n)) => freed += n as u64,
-                Ok(SpillStep::Pending(p)) => {
-                    batch_bytes += p.size() as u64;
-                    batch.push(p);
-                    if batch.len() >= BATCH_ENTRIES || batch_bytes >= BATCH_BYTES {
-                        freed += finish_batch(&mut batch, &mut first_error);
-                        batch_bytes = 0;
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!("an entry of {} bytes could not be spilled: {e}", b.size());
-                    first_error.get_or_insert(e);
-                }
-            }
+            batch.add(b.begin_spill(), b.size());
         }
-        freed += finish_batch(&mut batch, &mut first_error);
-        match first_error {
-            Some(e) if freed < need => Err(e),
-            _ => Ok(freed),
+        batch.complete();
+        match batch.first_error {
+            Some(e) if batch.freed < need => Err(e),
+            _ => Ok(batch.freed),
         }
     }
 
@@ -377,6 +406,16 @@ impl SpillObserver for Tracker {
     }
 
     fn released(&self, _id: u64) {
-        self.enforce_limit(None, 0);
+        // Data held over the limit while in use may go now: in the background mode on the
+        // manager's thread, like all of that mode's room-making.
+        if self.room_in_background.load(Ordering::Relaxed) {
+            if self.is_over_limit()
+                && let Some(me) = self.me.upgrade()
+            {
+                self.background.request(&me);
+            }
+        } else {
+            self.enforce_limit(None, 0);
+        }
     }
 }

@@ -93,8 +93,8 @@ use writer::{FlushError, Msg, OUT_BUFFER, Writer};
 
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
+use crate::resource::{DeviceMemoryResource, LiveBlock};
 use crate::stream::StreamView;
 
 /// The first line of every log, RMM's header.
@@ -263,6 +263,25 @@ impl LoggingResourceAdaptor {
             }),
             Ok(Err(FlushError::Flush(e))) => Err(io_error(path, "flushing the log", e)),
             Err(_) => Err(gone()),
+        }
+    }
+
+    /// Logs `blocks`, live allocations made through another stack whose memory this
+    /// stack's resource now owns (a reinitialize that keeps data in place), as allocated now
+    /// (one `allocate` line each), so that this log's later `free` lines of them replay.
+    /// Slow path.
+    pub fn take_over_live(&self, blocks: &[LiveBlock]) {
+        for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
+            self.log(ACTION_ALLOCATE, b.ptr, b.bytes, b.stream);
+        }
+    }
+
+    /// Logs `blocks`, live allocations made through this adaptor that another stack has
+    /// taken over, as freed now (one `free` line each): they leave this log, which then
+    /// replays with nothing outstanding. Slow path.
+    pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
+        for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
+            self.log(ACTION_FREE, b.ptr, b.bytes, b.stream);
         }
     }
 

@@ -45,7 +45,7 @@ pub use report::MemoryReport;
 use super::Upstream;
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::resource::DeviceMemoryResource;
+use crate::resource::{DeviceMemoryResource, LiveBlock};
 use crate::stream::StreamView;
 use crate::sync::{SlotCache, SpinLock};
 
@@ -556,6 +556,25 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     /// Scopes pushed and not popped, plus one for the outermost.
     pub fn scope_depth(&self) -> usize {
         self.scopes.lock().len()
+    }
+
+    /// Counts `blocks`, live allocations made through another stack whose memory this
+    /// stack's resource now owns (a reinitialize that keeps data in place), as allocated
+    /// through this adaptor now: current, peak and total figures include them, and their
+    /// later frees through this adaptor are counted as usual. Slow path.
+    pub fn take_over_live(&self, blocks: &[LiveBlock]) {
+        for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
+            self.record_alloc(b.bytes as i64);
+        }
+    }
+
+    /// Counts `blocks`, live allocations made through this adaptor that another stack has
+    /// taken over ([`take_over_live`](Self::take_over_live) there), as freed: they are no
+    /// longer this adaptor's, and their frees will not come through it. Slow path.
+    pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
+        for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
+            self.record_free(b.bytes as i64);
+        }
     }
 
     /// Allocations that failed with out-of-memory (PyTorch's `num_ooms`).

@@ -48,8 +48,8 @@ use threads::{REGISTRATIONS, SLOTS, ThreadTable};
 
 use crate::backend::DevicePtr;
 use crate::error::{Result, fmt_bytes};
-use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
+use crate::resource::{DeviceMemoryResource, LiveBlock};
 use crate::stream::StreamView;
 use crate::sync::SpinLock;
 use crate::sync::clock::{Ticker, ticking_monotonic_ns};
@@ -321,6 +321,44 @@ impl TrackingResourceAdaptor {
         let report = self.leak_report();
         if !report.is_empty() {
             tracing::warn!("{report}");
+        }
+    }
+
+    /// Records `blocks`, live allocations made through another stack whose memory this
+    /// stack's resource now owns (a reinitialize that keeps data in place), as outstanding
+    /// here: allocated by the calling thread, now, without a backtrace. Slow path.
+    pub fn take_over_live(&self, blocks: &[LiveBlock]) {
+        let (slot, teardown) = self.who();
+        for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
+            let rec = Rec::new(b.bytes, b.stream, ticking_monotonic_ns(), slot);
+            let shard = self.shard(b.ptr);
+            let mut maps = shard.map.lock();
+            let (old, _) = maps.insert(b.ptr.addr(), rec, None);
+            let freed = old.as_ref().map_or(0, |o| o.size);
+            let n = shard.bytes.load(Ordering::Relaxed);
+            shard.bytes.store(
+                n.wrapping_add(b.bytes).wrapping_sub(freed),
+                Ordering::Relaxed,
+            );
+        }
+        if teardown {
+            self.threads.exited(slot);
+        }
+    }
+
+    /// Forgets `blocks`, live allocations made through this adaptor that another stack has
+    /// taken over: they are no longer outstanding here (nor in its leak reports). Slow path.
+    pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
+        for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
+            let shard = self.shard(b.ptr);
+            let mut maps = shard.map.lock();
+            let (removed, _) = maps.remove(b.ptr.addr());
+            if let Some(rec) = removed {
+                let n = shard.bytes.load(Ordering::Relaxed);
+                shard
+                    .bytes
+                    .store(n.wrapping_sub(rec.size), Ordering::Relaxed);
+            }
         }
     }
 

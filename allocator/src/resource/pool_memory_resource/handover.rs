@@ -9,6 +9,14 @@
 //! The new pool adds the chunks and makes each block a live allocation of its own, in the
 //! arena of the block's stream, so that its deallocation goes to the new pool. Blocks that
 //! cannot move stay live in the old pool (the caller spills them as before). Slow path.
+//!
+//! A provisional hand-over ([`PoolBuilder::adopt_provisionally`](super::PoolBuilder::adopt_provisionally))
+//! stays undoable until [`PoolMemoryResource::commit_adoption`]: dropping the new pool before
+//! that gives the chunks and blocks back to the old one, data in place, so that a replacement
+//! that fails before it is put in service (another layer of its stack, another device) loses
+//! nothing.
+
+use std::sync::Arc;
 
 use super::PoolMemoryResource;
 use super::bins::BIN_LIMIT;
@@ -33,12 +41,63 @@ impl LiveBlock {
     fn size(&self) -> u64 {
         (self.bytes as u64).next_multiple_of(GRANULE)
     }
+
+    /// Whether a live allocation of `bytes` can ever move to another pool: blocks of 64 KiB
+    /// or less share slabs with other blocks and never move (and keep their chunk from
+    /// moving: free or spill them first).
+    pub fn movable(bytes: usize) -> bool {
+        (bytes as u64).next_multiple_of(GRANULE) > BIN_LIMIT
+    }
 }
 
 /// What a pool hands over: chunks (start, size) and the live blocks in them.
 pub(super) struct Handover {
     pub(super) chunks: Vec<(u64, u64)>,
     pub(super) blocks: Vec<LiveBlock>,
+}
+
+/// A provisional hand-over: the donor and what it gave, to give back if the pool that took
+/// it is dropped before [`PoolMemoryResource::commit_adoption`].
+pub(super) struct Pending {
+    donor: Arc<PoolMemoryResource>,
+    handover: Handover,
+}
+
+impl Pending {
+    /// Bytes of the live blocks taken over (as the pool counts them in use).
+    pub(super) fn live_bytes(&self) -> u64 {
+        self.handover.blocks.iter().map(LiveBlock::size).sum()
+    }
+
+    /// Drop side: removes from `g` the chunks taken over that `g` still holds (a chunk given
+    /// upstream meanwhile is gone for both) and gives them back to the donor, with the blocks
+    /// in them, as they were before the hand-over.
+    pub(super) fn give_back(mut self, g: &mut super::global::FreeSpace) {
+        let held: Vec<(u64, u64)> = g.chunks().collect();
+        self.handover.chunks.retain(|c| held.contains(c));
+        for &(a, s) in &self.handover.chunks {
+            g.forget_chunk(a, s);
+        }
+        let chunks = &self.handover.chunks;
+        self.handover.blocks.retain(|b| {
+            chunks
+                .iter()
+                .any(|&(a, s)| b.ptr.addr() >= a && b.ptr.addr() < a + s)
+        });
+        let (device, blocks) = (self.donor.device.ordinal(), self.handover.blocks.len());
+        match self.donor.take_back(&self.handover) {
+            Ok(()) => tracing::info!(
+                device,
+                chunks = self.handover.chunks.len(),
+                blocks,
+                "a replacement pool dropped before it was put in service gave its chunks and \
+                 live blocks back to the pool it replaced"
+            ),
+            Err(e) => tracing::error!(
+                "giving {blocks} live blocks back to device {device}'s previous pool: {e}"
+            ),
+        }
+    }
 }
 
 impl PoolMemoryResource {
@@ -146,5 +205,77 @@ impl PoolMemoryResource {
     /// allocations now, to be freed to it.
     pub fn adopted_blocks(&self) -> &[LiveBlock] {
         &self.adopted
+    }
+
+    /// Makes a provisional adoption ([`PoolBuilder::adopt_provisionally`](super::PoolBuilder::adopt_provisionally))
+    /// final: what this pool took over is its own, and dropping it gives that memory to the
+    /// upstream like the rest. Returns false when nothing was provisional.
+    pub fn commit_adoption(&self) -> bool {
+        self.pending.lock().take().is_some()
+    }
+
+    /// Builder side: takes over `donor`'s free chunks (and, with `live`, the live blocks it
+    /// can hand over, with their chunks) within `initial` bytes, then takes the rest of
+    /// `initial` from the upstream. On error the donor has back what it gave, data in place.
+    /// Returns the bytes of chunks taken over.
+    pub(super) fn take_over(
+        &mut self,
+        donor: Option<Arc<PoolMemoryResource>>,
+        live: &[LiveBlock],
+        initial: u64,
+        provisional: bool,
+    ) -> Result<u64> {
+        let mut adopted = 0;
+        let mut handed = None;
+        if let Some(donor) = donor {
+            let h = if live.is_empty() {
+                Handover {
+                    chunks: donor.give_chunks(initial)?,
+                    blocks: Vec::new(),
+                }
+            } else {
+                donor.hand_over(live, initial)?
+            };
+            let g = self.global.get_mut();
+            for &(addr, size) in &h.chunks {
+                g.add_chunk(addr, size);
+                adopted += size;
+            }
+            handed = Some((donor, h));
+        }
+        let rest = initial.saturating_sub(adopted);
+        let made = if rest > 0 {
+            let mut g = self.global.lock();
+            self.add_memory(&mut g, rest, None, StreamView::DEFAULT, false)
+                .map(drop)
+        } else {
+            Ok(())
+        };
+        let made = made.and_then(|()| match &handed {
+            Some((_, h)) => {
+                let mut g = self.global.lock();
+                h.blocks.iter().try_for_each(|b| self.relive(&mut g, b))
+            }
+            None => Ok(()),
+        });
+        if let Err(e) = made {
+            // The donor gets its chunks and blocks back, data in place; this pool gives back
+            // only what it took itself.
+            if let Some((donor, h)) = &handed {
+                let g = self.global.get_mut();
+                for &(a, s) in &h.chunks {
+                    g.forget_chunk(a, s);
+                }
+                donor.take_back(h)?;
+            }
+            return Err(e);
+        }
+        if let Some((donor, handover)) = handed {
+            self.adopted.clone_from(&handover.blocks);
+            if provisional {
+                *self.pending.get_mut() = Some(Box::new(Pending { donor, handover }));
+            }
+        }
+        Ok(adopted)
     }
 }

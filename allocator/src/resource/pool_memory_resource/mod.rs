@@ -108,6 +108,7 @@ pub struct PoolBuilder {
     growth: u64,
     donor: Option<Arc<PoolMemoryResource>>,
     live: Vec<LiveBlock>,
+    provisional: bool,
     virtual_memory: VirtualMemory,
 }
 
@@ -165,6 +166,15 @@ impl PoolBuilder {
     /// block to the donor.
     pub fn adopt_live(mut self, blocks: Vec<LiveBlock>) -> Self {
         self.live = blocks;
+        self
+    }
+
+    /// With [`PoolBuilder::adopt_from`]: what the pool takes over stays the donor's to take
+    /// back until [`PoolMemoryResource::commit_adoption`]; dropping the pool before that gives
+    /// the chunks and live blocks back to the donor, data in place, instead of to the
+    /// upstream. Commit once the pool is in service; until then, allocate nothing from it.
+    pub fn adopt_provisionally(mut self) -> Self {
+        self.provisional = true;
         self
     }
 
@@ -235,61 +245,14 @@ impl PoolBuilder {
             global: Mutex::new(source.free_space()),
             source,
             adopted: Vec::new(),
+            pending: Mutex::new(None),
         };
-        let mut adopted = 0;
-        let mut handed = None;
-        if let Some(donor) = self.donor.filter(|d| {
+        let donor = self.donor.filter(|d| {
             d.device == device
                 && d.source.can_swap(&d.upstream, &pool.source, &pool.upstream)
                 && initial > 0
-        }) {
-            let h = if self.live.is_empty() {
-                handover::Handover {
-                    chunks: donor.give_chunks(initial)?,
-                    blocks: Vec::new(),
-                }
-            } else {
-                donor.hand_over(&self.live, initial)?
-            };
-            let mut g = pool.global.lock();
-            for &(addr, size) in &h.chunks {
-                g.add_chunk(addr, size);
-                adopted += size;
-            }
-            drop(g);
-            handed = Some((donor, h));
-        }
-        let rest = initial.saturating_sub(adopted);
-        let made = if rest > 0 {
-            let mut g = pool.global.lock();
-            pool.add_memory(&mut g, rest, None, StreamView::DEFAULT, false)
-                .map(drop)
-        } else {
-            Ok(())
-        };
-        let made = made.and_then(|()| match &handed {
-            Some((_, h)) => {
-                let mut g = pool.global.lock();
-                h.blocks.iter().try_for_each(|b| pool.relive(&mut g, b))
-            }
-            None => Ok(()),
         });
-        if let Err(e) = made {
-            // The donor gets its chunks and blocks back, data in place; this pool gives back
-            // only what it took itself.
-            if let Some((donor, h)) = &handed {
-                let mut g = pool.global.lock();
-                for &(a, s) in &h.chunks {
-                    g.forget_chunk(a, s);
-                }
-                drop(g);
-                donor.take_back(h)?;
-            }
-            return Err(e);
-        }
-        if let Some((_, h)) = handed {
-            pool.adopted = h.blocks;
-        }
+        let adopted = pool.take_over(donor, &self.live, initial, self.provisional)?;
         tracing::debug!(
             device = device.ordinal(),
             initial,
@@ -360,6 +323,8 @@ pub struct PoolMemoryResource {
     source: ChunkSource,
     /// Live blocks taken over from the pool this one replaced.
     adopted: Vec<LiveBlock>,
+    /// A provisional hand-over, until committed.
+    pending: Mutex<Option<Box<handover::Pending>>>,
 }
 
 impl std::fmt::Debug for PoolMemoryResource {
@@ -383,6 +348,7 @@ impl PoolMemoryResource {
             growth: DEFAULT_GROWTH,
             donor: None,
             live: Vec::new(),
+            provisional: false,
             virtual_memory: VirtualMemory::default(),
         }
     }
@@ -769,8 +735,9 @@ impl Drop for PoolMemoryResource {
     fn drop(&mut self) {
         let backend = self.device.backend();
         let dev = self.device.ordinal();
+        let pending = self.pending.get_mut().take();
         let s = self.snapshot_figures();
-        if s.in_use > 0 {
+        if s.in_use > pending.as_ref().map_or(0, |p| p.live_bytes()) {
             tracing::warn!(
                 device = dev,
                 in_use = s.in_use,
@@ -787,7 +754,12 @@ impl Drop for PoolMemoryResource {
         for arena in self.arenas.all() {
             arena.state.lock().destroy_events(backend, dev);
         }
-        let chunks: Vec<(u64, u64)> = self.global.lock().chunks().collect();
+        let mut g = self.global.lock();
+        if let Some(p) = pending {
+            p.give_back(&mut g);
+        }
+        let chunks: Vec<(u64, u64)> = g.chunks().collect();
+        drop(g);
         for (addr, size) in chunks {
             if let Err(e) = self.return_chunk(addr, size) {
                 tracing::error!(

@@ -192,9 +192,17 @@ impl SpillableBuffer {
     /// # Errors
     /// As [`spill`](Self::spill); the buffer stays on the device, valid.
     pub fn begin_spill(&self) -> Result<SpillStep<'_>> {
-        let Some(mut state) = self.lock_idle() else {
+        let Some(state) = self.lock_idle() else {
             return Ok(SpillStep::Skipped);
         };
+        self.begin_spill_locked(state)
+    }
+
+    /// [`begin_spill`](Self::begin_spill) with the state locked.
+    pub(super) fn begin_spill_locked<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+    ) -> Result<SpillStep<'a>> {
         match self.start_to_host(&state) {
             Ok(Some(out)) => Ok(SpillStep::Pending(PendingSpill {
                 buffer: self,

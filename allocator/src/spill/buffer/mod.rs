@@ -21,8 +21,10 @@ use std::time::Instant;
 use parking_lot::{Mutex, MutexGuard};
 
 mod copies;
+mod in_place;
 
 pub use copies::{PendingSpill, SpillStep};
+pub use in_place::HeldInPlace;
 
 use super::disk::{DiskFile, DiskStore};
 use super::guard::{DeviceGuard, HostGuard, SharedDeviceGuard};

@@ -1,0 +1,288 @@
+//! Keeping idle spillable data where it is across a reinitialize from pool to pool (steps
+//! 4 to 7 of [`reinitialize`](super::reinitialize)): instead of copying it to the host and
+//! back, the new pool takes its blocks over with the chunks that hold them, and each buffer
+//! is repointed to the new stack when that is installed.
+//!
+//! * [`Candidates::find`]: per device that keeps a pool (`cuMemAlloc` chunks on both sides)
+//!   and keeps spilling, its spill manager's buffers that are idle on the device in memory
+//!   of the old stack, most recently used first (blocks of 64 KiB or less never move: they
+//!   are spilled as before);
+//! * [`Candidates::hold`]: locks as many as fit under the new device limit, the new hard
+//!   limit and the new pool's initial size ([`Kept`]); while held they are not used, moved
+//!   or freed, and step 4's spill passes them by;
+//! * the new stacks are built taking them over provisionally
+//!   ([`StackPlan::replace`](crate::stack::StackPlan::replace)); those a new pool could not
+//!   take ([`Kept::spill_refused`]), or all of them when the build ran out of device memory
+//!   ([`Kept::spill_all`]), are spilled as before, still before the switch;
+//! * [`Kept::commit`], once the new stacks are installed: each new stack makes the blocks
+//!   its own (the old stack's statistics, limit, tracking and log forget them, the new
+//!   one's count them) and each buffer frees to the new stack from then on.
+//!
+//! A failure before the commit drops the new stacks, whose pools give the blocks back to
+//! the old ones, data in place; the buffers were never repointed: nothing is lost.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use rmm_allocator::resource::{LiveBlock, SharedResource};
+use rmm_allocator::spill::{HeldInPlace, SpillableBuffer};
+use rmm_config::ResolvedConfig;
+
+use super::Generation;
+use super::setup::DeviceSetup;
+use crate::error::{Error, LiveMemory, Result};
+use crate::spill::{SpillBatch, SpillManager};
+use crate::stack::{DeviceStack, StackPlan};
+
+/// The buffers that may stay on their device, per device that can keep data in place.
+pub(super) struct Candidates {
+    devices: Vec<DeviceCandidates>,
+}
+
+struct DeviceCandidates {
+    device: u32,
+    /// The old stack's top: the resource the buffers' memory must come from.
+    old_top: SharedResource,
+    /// The most bytes to keep: the new device limit, hard limit and pool initial size.
+    room: u64,
+    /// Most recently used first.
+    buffers: Vec<Arc<SpillableBuffer>>,
+}
+
+impl Candidates {
+    /// The candidates of switching from `old` to `resolved`, from the spill managers.
+    pub(super) fn find(
+        managers: &BTreeMap<u32, Arc<SpillManager>>,
+        old: &Generation,
+        resolved: &ResolvedConfig,
+    ) -> Candidates {
+        let mut devices = Vec::new();
+        for d in &resolved.devices {
+            let (Some(spill), Some(m)) = (&d.spill, managers.get(&d.ordinal)) else {
+                continue;
+            };
+            let Some(previous) = old
+                .stacks
+                .iter()
+                .find(|s| s.device().ordinal() == d.ordinal)
+            else {
+                continue;
+            };
+            let plan = StackPlan::new(resolved, d);
+            if !plan.can_keep_live_from(previous) {
+                continue;
+            }
+            let initial = plan.pool.map_or(0, |p| p.initial_size);
+            let room = [Some(m.limit_under(spill)), plan.limit, Some(initial)]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(0);
+            let buffers: Vec<Arc<SpillableBuffer>> = m
+                .idle_on_device()
+                .into_iter()
+                .filter(|b| LiveBlock::movable(b.size()))
+                .collect();
+            if buffers.is_empty() {
+                continue;
+            }
+            devices.push(DeviceCandidates {
+                device: d.ordinal,
+                old_top: Arc::clone(previous.resource()),
+                room,
+                buffers,
+            });
+        }
+        Candidates { devices }
+    }
+
+    /// Holds, per device, the candidates that fit in its room, most recently used first;
+    /// those busy or in use meanwhile, or no longer in the old stack's memory, are left to
+    /// step 4's spill.
+    pub(super) fn hold(&self) -> Kept<'_> {
+        let devices = self
+            .devices
+            .iter()
+            .map(|d| {
+                let mut left = d.room;
+                let mut held = Vec::new();
+                for b in &d.buffers {
+                    if b.size() as u64 > left {
+                        continue;
+                    }
+                    if let Some(h) = b.hold_in_place(&d.old_top) {
+                        left -= h.size() as u64;
+                        held.push(h);
+                    }
+                }
+                (d.device, held)
+            })
+            .collect();
+        Kept { devices }
+    }
+}
+
+/// The live allocations `held` stand for.
+fn blocks(held: &[HeldInPlace<'_>]) -> Vec<LiveBlock> {
+    held.iter()
+        .map(|h| LiveBlock {
+            ptr: h.ptr(),
+            bytes: h.size(),
+            stream: h.stream(),
+        })
+        .collect()
+}
+
+/// The buffers held in place, per device (see the module documentation).
+pub(super) struct Kept<'a> {
+    devices: Vec<(u32, Vec<HeldInPlace<'a>>)>,
+}
+
+impl Kept<'_> {
+    /// True when no buffer is held.
+    pub(super) fn is_empty(&self) -> bool {
+        self.devices.iter().all(|(_, h)| h.is_empty())
+    }
+
+    /// The held allocations of each device of `resolved`, in its order.
+    pub(super) fn blocks(&self, resolved: &ResolvedConfig) -> Vec<Vec<LiveBlock>> {
+        resolved
+            .devices
+            .iter()
+            .map(|d| {
+                self.devices
+                    .iter()
+                    .find(|(device, _)| *device == d.ordinal)
+                    .map_or_else(Vec::new, |(_, h)| blocks(h))
+            })
+            .collect()
+    }
+
+    /// Step 5: what is still live in `old`'s stacks apart from the held buffers, per device
+    /// where something is.
+    pub(super) fn live_elsewhere(&self, old: &Generation) -> Vec<LiveMemory> {
+        let held: Vec<(u32, Vec<LiveBlock>)> =
+            self.devices.iter().map(|(d, h)| (*d, blocks(h))).collect();
+        old.stacks
+            .par_iter()
+            .map(|s| {
+                let kept = held
+                    .iter()
+                    .find(|(d, _)| *d == s.device().ordinal())
+                    .map_or(&[][..], |(_, b)| b.as_slice());
+                s.live_except(kept)
+            })
+            .filter(|l| l.count > 0)
+            .collect()
+    }
+
+    /// Spills every held buffer (the new stacks could not be built taking them over);
+    /// returns the device bytes freed.
+    ///
+    /// # Errors
+    /// [`Error::SpillBeforeSwitch`]: a buffer could not be spilled (it stays where it was,
+    /// valid, in the old stack, which is still in force).
+    pub(super) fn spill_all(&mut self) -> Result<u64> {
+        self.spill_where(|_, _| true)
+    }
+
+    /// Spills the held buffers whose new pool did not take them over (they are still the
+    /// old pool's), then has each old stack that lost some give back what they freed.
+    /// Returns (device bytes spilled, bytes the old stacks gave back to the driver).
+    ///
+    /// # Errors
+    /// [`Error::SpillBeforeSwitch`] as [`spill_all`](Self::spill_all);
+    /// [`Error::DeviceSetup`] when an old pool could not give memory back.
+    pub(super) fn spill_refused(
+        &mut self,
+        setups: &[DeviceSetup],
+        old: &Generation,
+    ) -> Result<(u64, u64)> {
+        // (device, address) of every block a new pool took over.
+        let taken: HashSet<(u32, u64)> = setups
+            .iter()
+            .flat_map(|s| {
+                let device = s.stack.device().ordinal();
+                s.stack
+                    .adopted_live()
+                    .iter()
+                    .map(move |b| (device, b.ptr.addr()))
+            })
+            .collect();
+        let adopted = |device: u32, h: &HeldInPlace<'_>| taken.contains(&(device, h.ptr().addr()));
+        let refused: Vec<u32> = self
+            .devices
+            .iter()
+            .filter(|(d, held)| held.iter().any(|h| !adopted(*d, h)))
+            .map(|(d, _)| *d)
+            .collect();
+        let spilled = self.spill_where(|d, h| !adopted(d, h))?;
+        let mut released = 0;
+        for s in old
+            .stacks
+            .iter()
+            .filter(|s| refused.contains(&s.device().ordinal()))
+        {
+            released += s.release().map_err(|source| Error::DeviceSetup {
+                device: s.device().ordinal(),
+                source,
+            })?;
+        }
+        Ok((spilled, released))
+    }
+
+    /// Spills the held buffers `which` picks (by device), all devices' copies batched;
+    /// returns the device bytes freed. The others stay held.
+    fn spill_where(&mut self, which: impl Fn(u32, &HeldInPlace<'_>) -> bool) -> Result<u64> {
+        let mut freed = 0;
+        for (device, held) in &mut self.devices {
+            let (go, stay): (Vec<_>, Vec<_>) = held.drain(..).partition(|h| which(*device, h));
+            *held = stay;
+            if go.is_empty() {
+                continue;
+            }
+            let mut batch = SpillBatch::default();
+            for h in go {
+                let size = h.size();
+                batch.add(h.begin_spill(), size);
+            }
+            batch.complete();
+            if let Some(source) = batch.first_error {
+                return Err(Error::SpillBeforeSwitch {
+                    device: *device,
+                    source,
+                });
+            }
+            freed += batch.freed;
+        }
+        Ok(freed)
+    }
+
+    /// Step 7, once `new` (the stacks that replace `old`) are installed: each new stack
+    /// makes what it took over its own, and every held buffer it took frees to it from now
+    /// on. Returns the device bytes kept in place. Cannot fail.
+    pub(super) fn commit(self, old: &[Arc<DeviceStack>], new: &[Arc<DeviceStack>]) -> u64 {
+        let mut kept = 0;
+        for (device, held) in self.devices {
+            let of = |stacks: &[Arc<DeviceStack>]| {
+                stacks
+                    .iter()
+                    .find(|s| s.device().ordinal() == device)
+                    .cloned()
+            };
+            let (Some(old), Some(new)) = (of(old), of(new)) else {
+                continue;
+            };
+            kept += new.commit_live(&old);
+            let taken: HashSet<u64> = new.adopted_live().iter().map(|b| b.ptr.addr()).collect();
+            for h in held {
+                // Those the pool did not take were spilled before: none is left here.
+                if taken.contains(&h.ptr().addr()) {
+                    h.move_to(Arc::clone(new.resource()));
+                }
+            }
+        }
+        kept
+    }
+}
