@@ -191,14 +191,12 @@ impl PinnedRegion {
 
     /// Pins `bytes` (rounded up to 2 MiB): faulted in on `threads` threads, then registered
     /// in chunks of `min_chunk` bytes (rounded up to 2 MiB; one registration each, the last
-    /// chunk possibly shorter). Calls `before_register` before each chunk's registration (to
-    /// give way to other work: a registration holds the driver's lock while it runs).
+    /// chunk possibly shorter).
     pub fn new(
         backend: &'static dyn Backend,
         bytes: usize,
         threads: usize,
         min_chunk: usize,
-        before_register: &dyn Fn(),
     ) -> Result<PinnedRegion> {
         const HUGE: usize = PinnedRegion::ALIGNMENT;
         let len = bytes.max(1).next_multiple_of(HUGE);
@@ -278,7 +276,6 @@ impl PinnedRegion {
         let mut first_error = None;
         for o in (0..len).step_by(chunk) {
             let l = chunk.min(len - o);
-            before_register();
             // SAFETY: the chunk lies inside the live allocation, which outlives the
             // registration (unregistered in drop, before deallocation).
             match unsafe { backend.host_register((base + o) as *mut u8, l) } {

@@ -45,11 +45,6 @@ pub const MAX_GROWTH_STEP: usize = 4 << 30;
 /// Pinning ahead pins at most this much at a time (a step's region is added when all of it
 /// is pinned).
 const AHEAD_STEP: usize = 1 << 30;
-/// Pinning ahead registers its memory in chunks of this size: each registration holds the
-/// driver's lock, stalling the process's copies for as long as it runs.
-const AHEAD_CHUNK: usize = 64 << 20;
-/// The longest the thread pinning ahead waits for copies to end before each registration.
-const AHEAD_YIELD: Duration = Duration::from_millis(20);
 
 /// A pool of pinned host memory. Cheap to clone (shared).
 #[derive(Clone)]
@@ -102,9 +97,6 @@ struct Inner {
     headroom: AtomicUsize,
     /// True while a background thread pins ahead.
     pinning_ahead: AtomicBool,
-    /// Copies in flight that pinning ahead gives way to (see
-    /// [`PinnedHostPool::pin_ahead_yields_to`]).
-    yield_to: parking_lot::Mutex<Option<Arc<AtomicUsize>>>,
 }
 
 impl fmt::Debug for PinnedHostPool {
@@ -159,7 +151,6 @@ impl PinnedHostPool {
                 pinning_ns: 0.into(),
                 headroom: 0.into(),
                 pinning_ahead: false.into(),
-                yield_to: parking_lot::Mutex::new(None),
             }),
         }
     }
@@ -228,14 +219,6 @@ impl PinnedHostPool {
         }
         self.inner.headroom.store(bytes, Ordering::Relaxed);
         Inner::pin_ahead(&self.inner);
-    }
-
-    /// Makes the thread pinning ahead of demand ([`keep_free`](Self::keep_free)) wait, before
-    /// each registration (up to a few milliseconds), while `busy` counts copies in flight:
-    /// registering pinned memory holds the driver's lock, and the copies that would queue
-    /// behind it are the ones the memory is pinned for.
-    pub fn pin_ahead_yields_to(&self, busy: Arc<AtomicUsize>) {
-        *self.inner.yield_to.lock() = Some(busy);
     }
 
     /// The free bytes kept pinned ahead of demand ([`keep_free`](Self::keep_free)).
@@ -366,16 +349,8 @@ impl Inner {
             .spawn(move || {
                 // Without the requests' `growing` lock: a request short of memory pins what
                 // it needs itself rather than wait for a step pinned for later.
-                let busy = inner.yield_to.lock().clone();
-                let give_way = || {
-                    let Some(busy) = &busy else { return };
-                    let since = Instant::now();
-                    while busy.load(Ordering::Acquire) > 0 && since.elapsed() < AHEAD_YIELD {
-                        std::thread::sleep(Duration::from_micros(200));
-                    }
-                };
                 while let Some(step) = inner.ahead_step() {
-                    match inner.grow_with(step.min(AHEAD_STEP), AHEAD_CHUNK, &give_way) {
+                    match inner.grow(step.min(AHEAD_STEP), MIN_CHUNK) {
                         Ok(true) => {}
                         // A request took the room meanwhile.
                         Ok(false) => break,
@@ -406,16 +381,6 @@ impl Inner {
     /// Pins a region of `bytes` in chunks of at least `min_chunk` and adds them; false (and
     /// nothing pinned) when `bytes` no longer fit under the maximum.
     fn grow(&self, bytes: usize, min_chunk: usize) -> Result<bool> {
-        self.grow_with(bytes, min_chunk, &|| {})
-    }
-
-    /// [`grow`](Self::grow), calling `before_register` before each chunk's registration.
-    fn grow_with(
-        &self,
-        bytes: usize,
-        min_chunk: usize,
-        before_register: &dyn Fn(),
-    ) -> Result<bool> {
         // Reserve the bytes (as the region rounds them) against the maximum first, so that a
         // request and the thread pinning ahead never pin past it together.
         let bytes = bytes.max(1).next_multiple_of(PinnedRegion::ALIGNMENT);
@@ -430,13 +395,7 @@ impl Inner {
             return Ok(false);
         }
         let start = Instant::now();
-        let region = PinnedRegion::new(
-            self.backend,
-            bytes,
-            pinning_threads(),
-            min_chunk,
-            before_register,
-        );
+        let region = PinnedRegion::new(self.backend, bytes, pinning_threads(), min_chunk);
         let region = match region {
             Ok(r) => Arc::new(r),
             Err(e) => {

@@ -42,17 +42,6 @@ pub(crate) struct CopyStreams {
     picks: std::sync::atomic::AtomicU64,
     /// Events free for the next copy.
     events: Mutex<Vec<Event>>,
-    /// Copies in flight on these streams ([`begin`](Self::begin)).
-    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-/// One copy counted in flight until it drops (see [`CopyStreams::begin`]).
-pub(crate) struct InFlight(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Release);
-    }
 }
 
 impl std::fmt::Debug for CopyStreams {
@@ -90,7 +79,6 @@ impl CopyStreams {
             assigned: Mutex::new([(RawStream::MAX, 0); LANES]),
             picks: 0.into(),
             events: Mutex::new(Vec::new()),
-            in_flight: Default::default(),
         })
     }
 
@@ -119,19 +107,6 @@ impl CopyStreams {
             Direction::ToHost => self.to_host[lane],
             Direction::ToDevice => self.to_device[lane],
         }
-    }
-
-    /// Counts a copy in flight until the value returned drops: what the host pool's pinning
-    /// ahead gives way to ([`in_flight`](Self::in_flight)).
-    pub(crate) fn begin(&self) -> InFlight {
-        self.in_flight
-            .fetch_add(1, std::sync::atomic::Ordering::Release);
-        InFlight(std::sync::Arc::clone(&self.in_flight))
-    }
-
-    /// The count of copies in flight.
-    pub(crate) fn in_flight(&self) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
-        std::sync::Arc::clone(&self.in_flight)
     }
 
     /// An event for one copy (a free one when there is one); give it back with

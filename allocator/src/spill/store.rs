@@ -81,14 +81,12 @@ impl SpillStore {
         host: PinnedHostPool,
         disk_directory: Option<&Path>,
     ) -> Result<Arc<SpillStore>> {
-        let copies = CopyStreams::new(device)?;
-        host.pin_ahead_yields_to(copies.in_flight());
         let tiers = Self::make_tiers(device, host, disk_directory)?;
         Ok(Arc::new(SpillStore {
             device,
             tiers: RwLock::new(tiers),
             retired: Mutex::new(Retired::default()),
-            copies,
+            copies: CopyStreams::new(device)?,
         }))
     }
 
@@ -124,7 +122,6 @@ impl SpillStore {
             Some(Some(dir)) => Some(Arc::new(DiskStore::new(self.device, dir)?)),
         };
         let host = host.unwrap_or_else(|| current.host.clone());
-        host.pin_ahead_yields_to(self.copies.in_flight());
         Ok(self.install(Arc::new(SpillTiers { host, disk })))
     }
 

@@ -27,7 +27,6 @@ impl SpillableBuffer {
         let asked = Instant::now();
         let slices = self.host_slices()?;
         let start = Instant::now();
-        let flight = self.store.copies().begin();
         let released = self.release_events();
         let copy = self
             .start_copy(
@@ -41,7 +40,6 @@ impl SpillableBuffer {
             .map_err(|(error, _)| error)?;
         Ok(Some(Outbound {
             copy,
-            _flight: flight,
             start,
             enqueued: Instant::now(),
             host_wait: start - asked,
@@ -149,7 +147,6 @@ impl SpillableBuffer {
         after: StreamView,
     ) -> std::result::Result<Vec<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
         let start = Instant::now();
-        let _flight = self.store.copies().begin();
         // Kept aside: a copy that fails before it starts drops what it owns.
         let mut kept = Some(slices);
         let copy = self.start_copy(Direction::ToDevice, after, &[], |device, lane, event| {
@@ -226,8 +223,6 @@ impl SpillableBuffer {
 /// its host memory took before.
 pub(super) struct Outbound {
     copy: PinnedCopy<PinnedSlice>,
-    /// Counted in flight until the copy is waited for (or the spill dropped).
-    _flight: crate::spill::copy::InFlight,
     start: Instant,
     enqueued: Instant,
     host_wait: std::time::Duration,
