@@ -305,14 +305,31 @@ fn making_room_has_the_copies_of_many_buffers_in_flight_at_once() {
     rmm_allocator::backend::Backend::stream_destroy(sim, d, stream).unwrap();
 }
 
-/// A buffer with `data`, used once through a device guard on `view` (the guard let go).
-fn used_once(m: &rmm_runtime::SpillManager, data: &[u8], view: StreamView) -> Arc<SpillableBuffer> {
+/// A runtime spilling on the simulated device, a stream of its own, and a spillable buffer of
+/// 4 MiB of pattern `seed` used once through a device guard on that stream (the guard let
+/// go): (runtime, device, stream, data, buffer).
+fn used_once_on_a_stream(
+    sim: &'static rmm_allocator::backend::SimBackend,
+    seed: u64,
+) -> (
+    Runtime,
+    u32,
+    rmm_allocator::backend::RawStream,
+    Vec<u8>,
+    Arc<SpillableBuffer>,
+) {
+    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
+    let d = rt.devices()[0];
+    let m = rt.spill_manager(d).unwrap();
+    let stream = rmm_allocator::backend::Backend::stream_create(sim, d).unwrap();
+    let view = StreamView::from_raw(stream);
+    let data = pattern(4 * MIB, seed);
     let b = m.buffer(data.len(), view).unwrap();
     {
         let g = b.device_view(view).unwrap();
-        b.device().copy_to_device(g.ptr(), data).unwrap();
+        b.device().copy_to_device(g.ptr(), &data).unwrap();
     }
-    b
+    (rt, d, stream, data, b)
 }
 
 #[test]
@@ -322,13 +339,7 @@ fn a_spill_waits_for_the_work_that_used_the_buffer_not_for_what_its_stream_does_
         eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
         return;
     };
-    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
-    let d = rt.devices()[0];
-    let m = rt.spill_manager(d).unwrap();
-    let stream = rmm_allocator::backend::Backend::stream_create(sim, d).unwrap();
-    let view = StreamView::from_raw(stream);
-    let data = pattern(4 * MIB, 11);
-    let b = used_once(&m, &data, view);
+    let (_rt, d, stream, data, b) = used_once_on_a_stream(sim, 11);
     // The stream goes on to other work (a worker's next task), held back here: the spill
     // need not wait for it, only for the work queued while the guard lived.
     let gate = sim.hold_stream(d, stream).unwrap();
@@ -361,13 +372,8 @@ fn a_spill_still_waits_for_the_work_queued_while_the_buffer_was_in_use() {
         eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
         return;
     };
-    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
-    let d = rt.devices()[0];
-    let m = rt.spill_manager(d).unwrap();
-    let stream = rmm_allocator::backend::Backend::stream_create(sim, d).unwrap();
+    let (_rt, d, stream, data, b) = used_once_on_a_stream(sim, 12);
     let view = StreamView::from_raw(stream);
-    let data = pattern(4 * MIB, 12);
-    let b = used_once(&m, &data, view);
     // Work that uses the buffer is queued (held back) while a guard lives; then it lets go.
     let guard = b.device_view(view).unwrap();
     let gate = sim.hold_stream(d, stream).unwrap();

@@ -85,22 +85,16 @@ int run_threads(int threads, Body body, double* seconds, char* error, std::size_
   return 0;
 }
 
-}  // namespace
-
-extern "C" int client_run(int threads, int iterations, double* seconds, char* error, std::size_t len)
+// Runs `body(thread index, its stream)` on `threads` threads, each with a stream of its own
+// (synchronized at the end); 0, or -1 with the first failure's message in `error`.
+template <typename Body>
+int on_streams(int threads, Body body, double* seconds, char* error, std::size_t len)
 {
   try {
     std::vector<rmm::cuda_stream> streams(static_cast<std::size_t>(threads));
     int rc = run_threads(
       threads,
-      [&](int t) {
-        cuda::stream_ref stream = streams[static_cast<std::size_t>(t)];
-        std::deque<rmm::device_buffer> live;
-        for (int i = 0; i < iterations; ++i) {
-          live.emplace_back(SIZES[(static_cast<std::size_t>(i) + t) % NSIZES], stream);
-          if (live.size() > WINDOW) { live.pop_front(); }
-        }
-      },
+      [&](int t) { body(t, cuda::stream_ref{streams[static_cast<std::size_t>(t)]}); },
       seconds,
       error,
       len);
@@ -110,6 +104,48 @@ extern "C" int client_run(int threads, int iterations, double* seconds, char* er
     set_error(error, len, e.what());
     return -1;
   }
+}
+
+// The allocation pattern: a window of WINDOW live allocations per thread over SIZES, made
+// by `make(size)` (an owning value), or by `alloc(size)` returning a pointer that
+// `release(pointer, size)` frees.
+template <typename Make>
+void window_of_buffers(int t, int iterations, Make make)
+{
+  std::deque<decltype(make(std::size_t{}))> live;
+  for (int i = 0; i < iterations; ++i) {
+    live.emplace_back(make(SIZES[(static_cast<std::size_t>(i) + t) % NSIZES]));
+    if (live.size() > WINDOW) { live.pop_front(); }
+  }
+}
+
+template <typename Alloc, typename Free>
+void window_of_pointers(int t, int iterations, Alloc alloc, Free release)
+{
+  std::deque<std::pair<void*, std::size_t>> live;
+  for (int i = 0; i < iterations; ++i) {
+    std::size_t n = SIZES[(static_cast<std::size_t>(i) + t) % NSIZES];
+    live.emplace_back(alloc(n), n);
+    if (live.size() > WINDOW) {
+      release(live.front().first, live.front().second);
+      live.pop_front();
+    }
+  }
+  for (auto& [p, n] : live) { release(p, n); }
+}
+
+}  // namespace
+
+extern "C" int client_run(int threads, int iterations, double* seconds, char* error, std::size_t len)
+{
+  return on_streams(
+    threads,
+    [&](int t, cuda::stream_ref stream) {
+      window_of_buffers(t, iterations, [&](std::size_t n) { return rmm::device_buffer(n, stream); });
+    },
+    seconds,
+    error,
+    len);
 }
 
 extern "C" int client_held_run(int threads,
@@ -118,63 +154,33 @@ extern "C" int client_held_run(int threads,
                                char* error,
                                std::size_t len)
 {
-  try {
-    std::vector<rmm::cuda_stream> streams(static_cast<std::size_t>(threads));
-    int rc = run_threads(
-      threads,
-      [&](int t) {
-        cuda::stream_ref stream = streams[static_cast<std::size_t>(t)];
-        rmm::device_async_resource_ref mr = rmm::mr::get_current_device_resource_ref();
-        std::deque<rmm::device_buffer> live;
-        for (int i = 0; i < iterations; ++i) {
-          live.emplace_back(SIZES[(static_cast<std::size_t>(i) + t) % NSIZES], stream, mr);
-          if (live.size() > WINDOW) { live.pop_front(); }
-        }
-      },
-      seconds,
-      error,
-      len);
-    for (auto& s : streams) { s.synchronize(); }
-    return rc;
-  } catch (std::exception const& e) {
-    set_error(error, len, e.what());
-    return -1;
-  }
+  return on_streams(
+    threads,
+    [&](int t, cuda::stream_ref stream) {
+      rmm::device_async_resource_ref mr = rmm::mr::get_current_device_resource_ref();
+      window_of_buffers(
+        t, iterations, [&](std::size_t n) { return rmm::device_buffer(n, stream, mr); });
+    },
+    seconds,
+    error,
+    len);
 }
 
-extern "C" int ref_run(int threads,
-                       int iterations,
-                       double* seconds,
-                       char* error,
-                       std::size_t len)
+extern "C" int ref_run(int threads, int iterations, double* seconds, char* error, std::size_t len)
 {
-  try {
-    std::vector<rmm::cuda_stream> streams(static_cast<std::size_t>(threads));
-    int rc = run_threads(
-      threads,
-      [&](int t) {
-        cuda::stream_ref stream = streams[static_cast<std::size_t>(t)];
-        rmm::device_async_resource_ref mr = rmm::mr::get_current_device_resource_ref();
-        std::deque<std::pair<void*, std::size_t>> live;
-        for (int i = 0; i < iterations; ++i) {
-          std::size_t n = SIZES[(static_cast<std::size_t>(i) + t) % NSIZES];
-          live.emplace_back(mr.allocate(stream, n, 256), n);
-          if (live.size() > WINDOW) {
-            mr.deallocate(stream, live.front().first, live.front().second, 256);
-            live.pop_front();
-          }
-        }
-        for (auto& [p, n] : live) { mr.deallocate(stream, p, n, 256); }
-      },
-      seconds,
-      error,
-      len);
-    for (auto& s : streams) { s.synchronize(); }
-    return rc;
-  } catch (std::exception const& e) {
-    set_error(error, len, e.what());
-    return -1;
-  }
+  return on_streams(
+    threads,
+    [&](int t, cuda::stream_ref stream) {
+      rmm::device_async_resource_ref mr = rmm::mr::get_current_device_resource_ref();
+      window_of_pointers(
+        t,
+        iterations,
+        [&](std::size_t n) { return mr.allocate(stream, n, 256); },
+        [&](void* p, std::size_t n) { mr.deallocate(stream, p, n, 256); });
+    },
+    seconds,
+    error,
+    len);
 }
 
 extern "C" int direct_run(int threads,
@@ -185,34 +191,23 @@ extern "C" int direct_run(int threads,
                           char* error,
                           std::size_t len)
 {
-  auto alloc = reinterpret_cast<allocate_fn>(allocate);
+  auto alloc   = reinterpret_cast<allocate_fn>(allocate);
   auto dealloc = reinterpret_cast<deallocate_fn>(deallocate);
-  try {
-    std::vector<rmm::cuda_stream> streams(static_cast<std::size_t>(threads));
-    int rc = run_threads(
-      threads,
-      [&](int t) {
-        void* stream = static_cast<void*>(streams[static_cast<std::size_t>(t)].value());
-        std::deque<std::pair<void*, std::size_t>> live;
-        for (int i = 0; i < iterations; ++i) {
-          std::size_t n = SIZES[(static_cast<std::size_t>(i) + t) % NSIZES];
+  return on_streams(
+    threads,
+    [&](int t, cuda::stream_ref s) {
+      void* stream = static_cast<void*>(s.get());
+      window_of_pointers(
+        t,
+        iterations,
+        [&](std::size_t n) {
           void* p = alloc(n, 0, stream);
           if (p == nullptr) { throw std::runtime_error("rmm-rs allocate returned null"); }
-          live.emplace_back(p, n);
-          if (live.size() > WINDOW) {
-            dealloc(live.front().first, live.front().second, 0, stream);
-            live.pop_front();
-          }
-        }
-        for (auto& [p, n] : live) { dealloc(p, n, 0, stream); }
-      },
-      seconds,
-      error,
-      len);
-    for (auto& s : streams) { s.synchronize(); }
-    return rc;
-  } catch (std::exception const& e) {
-    set_error(error, len, e.what());
-    return -1;
-  }
+          return p;
+        },
+        [&](void* p, std::size_t n) { dealloc(p, n, 0, stream); });
+    },
+    seconds,
+    error,
+    len);
 }
