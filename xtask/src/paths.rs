@@ -19,10 +19,11 @@ use std::path::{Path, PathBuf};
 
 /// The library crates checked: the crate's name and its root file, relative to the workspace
 /// root. The last one is the facade.
-pub const CRATES: [(&str, &str); 4] = [
+pub const CRATES: [(&str, &str); 5] = [
     ("rmm_allocator", "allocator/src/lib.rs"),
     ("rmm_config", "config/src/lib.rs"),
     ("rmm_runtime", "runtime/src/lib.rs"),
+    ("rmm_cli", "cli/src/lib.rs"),
     ("rmm", "src/lib.rs"),
 ];
 
@@ -471,7 +472,7 @@ pub fn check(root: &Path) -> Result<Vec<String>, String> {
 
 /// The lint step: an error listing the findings.
 pub fn one_path(root: &Path) -> Result<(), String> {
-    eprintln!("xtask: one public path to each name (allocator, config, runtime, rmm)");
+    eprintln!("xtask: one public path to each name (allocator, config, runtime, cli, rmm)");
     let found = check(root)?;
     if found.is_empty() {
         Ok(())

@@ -1,8 +1,8 @@
 //! Benchmarks as a library: what `cargo bench --bench allocators` and `rmm bench` run.
 //!
-//! - [`traces`]: the workload traces of the anchors document (`churn`, `random`, `small`) and
+//! - the workload traces ([`churn_trace`], [`random_trace`]: `churn`, `random`, `small`) and
 //!   [`replay`], which times a trace against a resource;
-//! - [`allocators`]: every resource on every workload shape in one run, as an
+//! - [`run_allocators`]: every resource on every workload shape in one run, as an
 //!   [`AllocatorReport`] that prints as the markdown table and serializes to JSON;
 //! - [`footprint`]: what a resource reserves, phase by phase, for a multi-stream workload
 //!   whose live set stays under a cap.
@@ -16,9 +16,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod allocators;
+mod allocators;
 pub mod footprint;
-pub mod traces;
+mod traces;
 
 pub use allocators::{
     AllocatorBenchOptions, AllocatorReport, Failure, Resource, ResourceRow, Scale, Shape,

@@ -257,9 +257,8 @@ fn open_backend(config: &Config, scale: &Scale) -> Result<&'static dyn Backend, 
 /// Result sizes for one device: log-uniform between the scale's bounds, adding up to its
 /// results per device.
 fn result_sizes(scale: &Scale, device: u32) -> Vec<(usize, u64)> {
-    let mut rng = crate::bench::traces::Rng(
-        0x1234_5678_9ABC_DEF1u64 ^ u64::from(device).wrapping_mul(0x9E37_79B9),
-    );
+    let mut rng =
+        crate::bench::Rng(0x1234_5678_9ABC_DEF1u64 ^ u64::from(device).wrapping_mul(0x9E37_79B9));
     let (lo, hi) = (
         (scale.min_result as f64).ln(),
         (scale.max_result as f64).ln(),

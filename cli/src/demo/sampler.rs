@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use rmm::allocator::fmt_bytes;
 use rmm::runtime::{Runtime, RuntimeHandle};
 
-use crate::timeline::recorder::Recorder;
+use crate::timeline::Recorder;
 use crate::timeline::{DeviceTimeline, Mark, MarkKind, Sample, Timeline};
 
 /// Spill marks closer together than this are merged into one.

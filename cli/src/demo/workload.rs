@@ -14,7 +14,7 @@ use rmm::runtime::TaskContext;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::DemoError;
-use crate::bench::traces::Rng;
+use crate::bench::Rng;
 
 /// Deterministic pseudo-random bytes (the benchmarks' xorshift64*, eight bytes per step).
 pub(crate) fn pattern(len: usize, seed: u64) -> Vec<u8> {

@@ -12,16 +12,16 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 pub mod font;
-pub mod format;
+mod format;
 pub mod labels;
 pub mod png;
-pub mod recorder;
-pub mod svg;
-pub mod torch;
+mod recorder;
+mod svg;
+mod torch;
 
 pub use format::PlotFormat;
 pub use recorder::Recorder;
-pub use svg::{Layout, render, render_svg, render_svg_with_layout};
+pub use svg::{Layout, render, render_svg, render_svg_with_layout, write_plot};
 pub use torch::{torch_snapshot_bytes, write_torch_snapshot};
 
 /// What can go wrong rendering or writing a timeline.
