@@ -467,3 +467,64 @@ fn json_quiet_markdown_and_a_png_on_the_logs_clock() {
     );
     assert!(!jpg.exists());
 }
+
+/// A log of `pairs` allocations and frees of 4 KiB on two threads, at most 16 live at once.
+fn write_long_log(name: &str, pairs: u64) -> PathBuf {
+    let mut s = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    for i in 0..pairs {
+        let thread = 100 + i % 2;
+        let (sec, us) = (i / 1_000_000, i % 1_000_000);
+        let ptr = ((i % 16) + 1) << 20;
+        writeln!(
+            s,
+            "{thread},10:00:{sec:02}.{us:06},allocate,{ptr:#x},4096,0x0"
+        )
+        .unwrap();
+        writeln!(s, "{thread},10:00:{sec:02}.{us:06},free,{ptr:#x},4096,0x0").unwrap();
+    }
+    let path = dir().join(name);
+    std::fs::write(&path, s).unwrap();
+    path
+}
+
+/// The largest resident set, in KiB, of this process's children that have ended so far.
+fn children_peak_rss_kib() -> u64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a whole rusage into the pointer it is given.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()) };
+    assert_eq!(rc, 0, "getrusage");
+    // SAFETY: initialized by the successful call above.
+    unsafe { usage.assume_init() }.ru_maxrss as u64
+}
+
+#[test]
+fn the_replay_commands_memory_does_not_grow_with_the_log() {
+    // 25 000 and 200 000 pairs (about 2 and 17 MB of text): read whole, the long log alone
+    // would take some 40 MB more than the short one (the issue measured 2.7× the file).
+    let short = write_long_log("short.csv", 25_000);
+    let long = write_long_log("long.csv", 200_000);
+    let run = |log: &PathBuf| {
+        let out = rmm(&[
+            "replay",
+            log.to_str().unwrap(),
+            "--simulate-capacity",
+            "1GiB",
+            "--quiet",
+        ]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+    };
+    run(&short);
+    let after_short = children_peak_rss_kib();
+    run(&long);
+    let after_long = children_peak_rss_kib();
+    let long_bytes = std::fs::metadata(&long).unwrap().len();
+    // The children's peak is a running maximum: it moves only if the long log's replay
+    // took more than the short one's.
+    let grew_kib = after_long.saturating_sub(after_short);
+    assert!(
+        grew_kib * 1024 < long_bytes / 4,
+        "replaying a {long_bytes}-byte log took {grew_kib} KiB more than a log an eighth its length \
+         (peaks {after_short} and {after_long} KiB)"
+    );
+}
