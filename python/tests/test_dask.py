@@ -123,6 +123,14 @@ def test_a_rejected_plugin_leaves_the_working_set_up(client):
     assert list(client.run(reserved).values()) == [64 << 20, 64 << 20]
     for s in client.run(stack).values():
         assert "PoolMemoryResource" in s
+    # The scheduler kept the working plugin, not the rejected one: a worker that restarts
+    # comes back with it.
+    workers = list(client.scheduler_info()["workers"])
+    client.restart_workers(workers[:1])
+    client.wait_for_workers(2)
+    assert list(client.run(reserved).values()) == [64 << 20, 64 << 20]
+    for s in client.run(stack).values():
+        assert "PoolMemoryResource" in s
 
 
 def test_a_plugin_naming_a_missing_library_changes_nothing(client):
