@@ -72,6 +72,8 @@ def cpp_rounds(lib, threads, iterations, rounds):
         warnings.simplefilter("ignore")
         callback = rr.callback_resource(0)
     pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=2 << 30)
+    # cudaMallocAsync's pool, as RMM wraps it.
+    cuda_async = rmm.mr.CudaAsyncMemoryResource()
     # The callback side takes the GIL per call: fewer iterations keep its rounds short.
     callback_iterations = max(iterations // 20, 100)
     out = {
@@ -84,6 +86,7 @@ def cpp_rounds(lib, threads, iterations, rounds):
         "rmm_pool_held": [],
         "bridge_ref": [],
         "rmm_pool_ref": [],
+        "cuda_async_ref": [],
     }
     error = ctypes.create_string_buffer(512)
     seconds = ctypes.c_double()
@@ -111,6 +114,7 @@ def cpp_rounds(lib, threads, iterations, rounds):
         out["rmm_pool_held"].append(client(pool, iterations, held=True))
         out["bridge_ref"].append(client(bridge, iterations, ref=True))
         out["rmm_pool_ref"].append(client(pool, iterations, ref=True))
+        out["cuda_async_ref"].append(client(cuda_async, iterations, ref=True))
     rmm.mr.set_per_device_resource(0, bridge)
     return {k: v[1:] for k, v in out.items()}
 
@@ -204,7 +208,7 @@ def main():
         print(f"  {k:10s} looked up {m[k]:10.1f}   held {cell}")
     print(
         f"  resource alone (no device_buffer): bridge {m['bridge_ref']:.1f}, "
-        f"rmm_pool {m['rmm_pool_ref']:.1f}"
+        f"rmm_pool {m['rmm_pool_ref']:.1f}, cudaMallocAsync {m['cuda_async_ref']:.1f}"
     )
     print(
         f"  looked up: callback / bridge = {m['callback'] / m['bridge']:.1f}x, "
