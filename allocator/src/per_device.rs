@@ -47,8 +47,8 @@ fn initial(device_id: u32) -> Result<SharedResource> {
 /// The resource of device `device_id` (its initial [`CudaMemoryResource`] until one is set).
 ///
 /// # Errors
-/// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `device_id` is not a device; the
-/// process-wide backend's error when it cannot be opened.
+/// [`Error::NoSuchDevice`] when `device_id` is not a device; the process-wide backend's error when
+/// it cannot be opened.
 pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
     let slot = slot(device_id)?;
     if let Some(r) = slot.load().as_deref() {
@@ -68,8 +68,7 @@ pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
 /// allocates or frees through the resource, from many threads at once, wants.
 ///
 /// # Errors
-/// As [`get_per_device_resource`]: [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when
-/// `device_id` is not a device.
+/// As [`get_per_device_resource`]: [`Error::NoSuchDevice`] when `device_id` is not a device.
 pub fn with_per_device_resource<R>(
     device_id: u32,
     f: impl FnOnce(&SharedResource) -> R,
@@ -88,9 +87,8 @@ pub fn with_per_device_resource<R>(
 /// previous resource valid by keeping the returned `Arc` (or its owners) alive.
 ///
 /// # Errors
-/// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `device_id` is not a device;
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `resource` is not on device
-/// `device_id` of the process-wide backend.
+/// [`Error::NoSuchDevice`] when `device_id` is not a device; [`Error::InvalidArgument`] when
+/// `resource` is not on device `device_id` of the process-wide backend.
 pub fn set_per_device_resource(device_id: u32, resource: SharedResource) -> Result<SharedResource> {
     let slot = slot(device_id)?;
     let on = resource.device();
@@ -109,8 +107,8 @@ pub fn set_per_device_resource(device_id: u32, resource: SharedResource) -> Resu
 /// Puts device `device_id` back on a fresh [`CudaMemoryResource`]; returns the previous one.
 ///
 /// # Errors
-/// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `device_id` is not a device; the
-/// process-wide backend's error when it cannot be opened.
+/// [`Error::NoSuchDevice`] when `device_id` is not a device; the process-wide backend's error when
+/// it cannot be opened.
 pub fn reset_per_device_resource(device_id: u32) -> Result<SharedResource> {
     set_per_device_resource(device_id, initial(device_id)?)
 }
@@ -118,8 +116,8 @@ pub fn reset_per_device_resource(device_id: u32) -> Result<SharedResource> {
 /// The resource of the calling thread's current device.
 ///
 /// # Errors
-/// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when the current device is not one; the
-/// process-wide backend's error when it cannot be opened.
+/// [`Error::NoSuchDevice`] when the current device is not one; the process-wide backend's error
+/// when it cannot be opened.
 pub fn get_current_device_resource() -> Result<SharedResource> {
     get_per_device_resource(current_device())
 }
@@ -127,8 +125,8 @@ pub fn get_current_device_resource() -> Result<SharedResource> {
 /// Sets the resource of the calling thread's current device; returns the previous one.
 ///
 /// # Errors
-/// As [`set_per_device_resource`]: [`Error::InvalidArgument`](crate::Error::InvalidArgument) when
-/// `resource` is not on the current device.
+/// As [`set_per_device_resource`]: [`Error::InvalidArgument`] when `resource` is not on the current
+/// device.
 pub fn set_current_device_resource(resource: SharedResource) -> Result<SharedResource> {
     set_per_device_resource(current_device(), resource)
 }

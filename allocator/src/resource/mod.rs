@@ -50,18 +50,16 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes`, usable in stream order on `stream`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot provide `bytes`;
-    /// [`Error::Driver`](crate::Error::Driver) when a driver call fails; adaptors add their own
-    /// (e.g. [`Error::LimitExceeded`](crate::Error::LimitExceeded)).
+    /// [`Error::OutOfMemory`] when the resource cannot provide `bytes`; [`Error::Driver`] when a
+    /// driver call fails; adaptors add their own (e.g. [`Error::LimitExceeded`]).
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr>;
 
     /// Gives back `ptr`, which `allocate(bytes, _)` of this resource returned, in stream
     /// order on `stream`: the memory may be reused once the stream's earlier work completes.
     ///
     /// # Errors
-    /// [`Error::InvalidPointer`](crate::Error::InvalidPointer) when `ptr` is not a live allocation
-    /// of this resource (where the resource can tell); [`Error::Driver`](crate::Error::Driver) when
-    /// the driver call fails.
+    /// [`Error::InvalidPointer`] when `ptr` is not a live allocation of this resource (where the
+    /// resource can tell); [`Error::Driver`] when the driver call fails.
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()>;
 
     /// The device the memory lives on.
@@ -82,7 +80,7 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Free and total memory as this resource sees it (by default, the device's).
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the driver cannot report the memory.
+    /// [`Error::Driver`] when the driver cannot report the memory.
     fn memory_info(&self) -> Result<MemInfo> {
         self.device().mem_info()
     }
@@ -107,15 +105,14 @@ pub trait HostMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes` aligned to `alignment` (a power of two).
     ///
     /// # Errors
-    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when the host memory cannot be
-    /// had; [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an invalid `alignment`;
-    /// [`Error::Driver`](crate::Error::Driver) when pinning fails.
+    /// [`Error::HostOutOfMemory`] when the host memory cannot be had; [`Error::InvalidArgument`]
+    /// for an invalid `alignment`; [`Error::Driver`] when pinning fails.
     fn allocate(&self, bytes: usize, alignment: usize) -> Result<HostBlock>;
     /// Gives a block back.
     ///
     /// # Errors
-    /// [`Error::InvalidPointer`](crate::Error::InvalidPointer) when `block` is not a live block of
-    /// this resource; [`Error::Driver`](crate::Error::Driver) when unpinning fails.
+    /// [`Error::InvalidPointer`] when `block` is not a live block of this resource;
+    /// [`Error::Driver`] when unpinning fails.
     fn deallocate(&self, block: HostBlock) -> Result<()>;
     /// The resource's type name.
     fn name(&self) -> &'static str;
