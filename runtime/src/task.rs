@@ -244,10 +244,12 @@ impl<T> TaskHandle<T> {
     /// Waits for the task and returns its value, or why there is none.
     ///
     /// # Errors
-    /// [`TaskError::Panicked`](crate::TaskError::Panicked) when the task panicked,
-    /// [`TaskError::Cancelled`](crate::TaskError::Cancelled) when it was dropped unrun,
-    /// [`TaskError::AlreadyTaken`](crate::TaskError::AlreadyTaken) when a wait already took the
-    /// result.
+    /// [`TaskError::Panicked`](crate::TaskError::Panicked) when the task panicked;
+    /// [`TaskError::Cancelled`](crate::TaskError::Cancelled) or
+    /// [`TaskError::ShutDown`](crate::TaskError::ShutDown) when it never ran (the runtime shut
+    /// down); [`TaskError::NoSuchTarget`](crate::TaskError::NoSuchTarget) when its device or
+    /// worker does not exist; [`TaskError::AlreadyTaken`](crate::TaskError::AlreadyTaken) when a
+    /// wait already took the result.
     pub fn wait(self) -> Result<T, TaskError> {
         self.wait_until(None);
         self.slot.take()
