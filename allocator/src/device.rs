@@ -16,11 +16,19 @@ pub struct Device {
 
 impl Device {
     /// Device `ordinal` of the process-wide backend ([`backend::global`]).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `ordinal` is not a device; the
+    /// process-wide backend's error (e.g. [`Error::NoDriver`](crate::Error::NoDriver)) when it
+    /// cannot be opened.
     pub fn new(ordinal: u32) -> Result<Device> {
         Device::on(backend::global()?, ordinal)
     }
 
     /// Device `ordinal` of `backend`.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `backend` has no device `ordinal`.
     pub fn on(backend: &'static dyn Backend, ordinal: u32) -> Result<Device> {
         let count = backend.device_count();
         if ordinal >= count {
@@ -35,11 +43,19 @@ impl Device {
 
     /// The calling thread's current device of the process-wide backend (device 0 unless
     /// [`set_current_device`] said otherwise).
+    ///
+    /// # Errors
+    /// As [`Device::new`]: [`Error::NoSuchDevice`](crate::Error::NoSuchDevice), or the process-wide
+    /// backend's error.
     pub fn current() -> Result<Device> {
         Device::new(current_device())
     }
 
     /// Every device of the process-wide backend.
+    ///
+    /// # Errors
+    /// The process-wide backend's error (e.g. [`Error::NoDriver`](crate::Error::NoDriver)) when it
+    /// cannot be opened.
     pub fn all() -> Result<Vec<Device>> {
         let b = backend::global()?;
         (0..b.device_count()).map(|d| Device::on(b, d)).collect()
@@ -56,21 +72,35 @@ impl Device {
     }
 
     /// Name, memory, UUID and capabilities.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the driver cannot report them.
     pub fn properties(self) -> Result<DeviceProperties> {
         self.backend.properties(self.ordinal)
     }
 
     /// Free and total memory.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the driver cannot report them.
     pub fn mem_info(self) -> Result<MemInfo> {
         self.backend.mem_info(self.ordinal)
     }
 
     /// Waits for all work on the device.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the device reports a failure.
     pub fn synchronize(self) -> Result<()> {
         self.backend.device_synchronize(self.ordinal)
     }
 
     /// Copies `src` to device memory at `dst` and waits.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the copy fails
+    /// ([`Error::InjectedFault`](crate::Error::InjectedFault) when the simulated device is told to
+    /// fail it).
     pub fn copy_to_device(self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         if src.is_empty() {
             return Ok(());
@@ -79,6 +109,11 @@ impl Device {
     }
 
     /// Copies device memory at `src` into `dst` and waits.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the copy fails
+    /// ([`Error::InjectedFault`](crate::Error::InjectedFault) when the simulated device is told to
+    /// fail it).
     pub fn copy_to_host(self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
@@ -87,6 +122,11 @@ impl Device {
     }
 
     /// Copies `bytes` between device ranges and waits.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the copy fails
+    /// ([`Error::InjectedFault`](crate::Error::InjectedFault) when the simulated device is told to
+    /// fail it).
     pub fn copy_device_to_device(self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -95,6 +135,9 @@ impl Device {
     }
 
     /// Enqueues a device → device copy on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued.
     pub fn copy_device_to_device_async(
         self,
         dst: DevicePtr,
@@ -110,6 +153,9 @@ impl Device {
     }
 
     /// Sets `bytes` of device memory to `value` and waits.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the memset fails.
     pub fn memset(self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -118,6 +164,9 @@ impl Device {
     }
 
     /// Enqueues a memset on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the memset cannot be enqueued.
     pub fn memset_async(
         self,
         dst: DevicePtr,
@@ -168,6 +217,10 @@ pub fn current_device() -> u32 {
 }
 
 /// Makes `ordinal` the calling thread's current device; returns the previous one.
+///
+/// # Errors
+/// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `ordinal` is not a device; the
+/// process-wide backend's error when it cannot be opened.
 pub fn set_current_device(ordinal: u32) -> Result<u32> {
     let b = backend::global()?;
     if ordinal >= b.device_count() {
@@ -181,6 +234,10 @@ pub fn set_current_device(ordinal: u32) -> Result<u32> {
 }
 
 /// Runs `f` with `ordinal` as the thread's current device, restoring the previous one after.
+///
+/// # Errors
+/// As [`set_current_device`]: [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `ordinal` is
+/// not a device.
 pub fn with_device<R>(ordinal: u32, f: impl FnOnce() -> R) -> Result<R> {
     struct Restore(u32);
     impl Drop for Restore {

@@ -45,6 +45,10 @@ fn initial(device_id: u32) -> Result<SharedResource> {
 }
 
 /// The resource of device `device_id` (its initial [`CudaMemoryResource`] until one is set).
+///
+/// # Errors
+/// [`Error::NoSuchDevice`] when `device_id` is not a device; the process-wide backend's error when
+/// it cannot be opened.
 pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
     let slot = slot(device_id)?;
     if let Some(r) = slot.load().as_deref() {
@@ -62,6 +66,9 @@ pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
 /// Runs `f` with the resource of device `device_id` (as [`get_per_device_resource`]) without
 /// taking a reference to it: no reference count is touched, which is what a path that only
 /// allocates or frees through the resource, from many threads at once, wants.
+///
+/// # Errors
+/// As [`get_per_device_resource`]: [`Error::NoSuchDevice`] when `device_id` is not a device.
 pub fn with_per_device_resource<R>(
     device_id: u32,
     f: impl FnOnce(&SharedResource) -> R,
@@ -78,6 +85,10 @@ pub fn with_per_device_resource<R>(
 ///
 /// The resource must allocate on that device. The caller keeps memory allocated from the
 /// previous resource valid by keeping the returned `Arc` (or its owners) alive.
+///
+/// # Errors
+/// [`Error::NoSuchDevice`] when `device_id` is not a device; [`Error::InvalidArgument`] when
+/// `resource` is not on device `device_id` of the process-wide backend.
 pub fn set_per_device_resource(device_id: u32, resource: SharedResource) -> Result<SharedResource> {
     let slot = slot(device_id)?;
     let on = resource.device();
@@ -94,16 +105,28 @@ pub fn set_per_device_resource(device_id: u32, resource: SharedResource) -> Resu
 }
 
 /// Puts device `device_id` back on a fresh [`CudaMemoryResource`]; returns the previous one.
+///
+/// # Errors
+/// [`Error::NoSuchDevice`] when `device_id` is not a device; the process-wide backend's error when
+/// it cannot be opened.
 pub fn reset_per_device_resource(device_id: u32) -> Result<SharedResource> {
     set_per_device_resource(device_id, initial(device_id)?)
 }
 
 /// The resource of the calling thread's current device.
+///
+/// # Errors
+/// [`Error::NoSuchDevice`] when the current device is not one; the process-wide backend's error
+/// when it cannot be opened.
 pub fn get_current_device_resource() -> Result<SharedResource> {
     get_per_device_resource(current_device())
 }
 
 /// Sets the resource of the calling thread's current device; returns the previous one.
+///
+/// # Errors
+/// As [`set_per_device_resource`]: [`Error::InvalidArgument`] when `resource` is not on the current
+/// device.
 pub fn set_current_device_resource(resource: SharedResource) -> Result<SharedResource> {
     set_per_device_resource(current_device(), resource)
 }

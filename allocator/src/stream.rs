@@ -50,6 +50,9 @@ pub struct Stream {
 
 impl Stream {
     /// Creates a stream on `device`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the driver cannot create the stream.
     pub fn new(device: Device) -> Result<Stream> {
         let raw = device.backend().stream_create(device.ordinal())?;
         Ok(Stream { device, raw })
@@ -66,11 +69,17 @@ impl Stream {
     }
 
     /// Waits for all work queued so far.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the stream's work failed or the wait fails.
     pub fn synchronize(&self) -> Result<()> {
         synchronize_stream(self.device, self.view())
     }
 
     /// True when all queued work has completed.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the driver query fails.
     pub fn is_idle(&self) -> Result<bool> {
         self.device
             .backend()
@@ -78,6 +87,9 @@ impl Stream {
     }
 
     /// Makes later work on this stream wait for `event`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the wait cannot be enqueued.
     pub fn wait(&self, event: &Event) -> Result<()> {
         event.wait_on(self.view())
     }
@@ -102,6 +114,11 @@ impl Drop for Stream {
 }
 
 /// Waits for all work queued on `stream` of `device`.
+///
+/// # Errors
+/// [`Error::Driver`](crate::Error::Driver) when the stream's work failed or the wait fails
+/// ([`Error::InvalidArgument`](crate::Error::InvalidArgument) on the simulated device for a stream
+/// already destroyed).
 pub fn synchronize_stream(device: Device, stream: StreamView) -> Result<()> {
     device
         .backend()
@@ -117,6 +134,9 @@ pub struct Event {
 
 impl Event {
     /// Creates an event on `device`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the driver cannot create the event.
     pub fn new(device: Device) -> Result<Event> {
         let raw = device.backend().event_create(device.ordinal())?;
         Ok(Event { device, raw })
@@ -128,6 +148,9 @@ impl Event {
     }
 
     /// Captures the work queued on `stream` so far.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the record cannot be enqueued.
     pub fn record(&self, stream: StreamView) -> Result<()> {
         self.device
             .backend()
@@ -135,6 +158,9 @@ impl Event {
     }
 
     /// True when the captured work has completed (or the event was never recorded).
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the driver query fails.
     pub fn is_complete(&self) -> Result<bool> {
         self.device
             .backend()
@@ -142,6 +168,9 @@ impl Event {
     }
 
     /// Waits for the captured work.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the captured work failed or the wait fails.
     pub fn synchronize(&self) -> Result<()> {
         self.device
             .backend()
@@ -149,6 +178,9 @@ impl Event {
     }
 
     /// Makes later work on `stream` wait for the captured work.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the wait cannot be enqueued.
     pub fn wait_on(&self, stream: StreamView) -> Result<()> {
         self.device
             .backend()

@@ -72,6 +72,11 @@ pub struct EffectiveValue {
 impl Config {
     /// Reads `text` as a complete configuration file, with no environment: the inverse of
     /// [`Config::to_toml`].
+    ///
+    /// # Errors
+    /// As [`ConfigLoader::load`]: [`Error::Parse`] when `text` is not TOML, [`Error::UnknownKey`]
+    /// or [`Error::InvalidValue`] for a bad key or value ([`Error::Several`] when there are more),
+    /// or a conflict between keys.
     pub fn from_toml_str(text: &str) -> Result<Config> {
         ConfigLoader::new()
             .no_env()
@@ -81,6 +86,9 @@ impl Config {
 
     /// The configuration as a TOML document with every key; [`Config::from_toml_str`] reads
     /// it back to an equal value. Fails only for a path that is not UTF-8.
+    ///
+    /// # Errors
+    /// [`Error::Serialize`] when a value cannot be written as TOML (a path that is not UTF-8).
     pub fn to_toml(&self) -> Result<String> {
         toml::to_string(self).map_err(|e| Error::Serialize(e.to_string()))
     }
@@ -149,6 +157,10 @@ impl Config {
 
     /// The checks that need no device facts: conflicts between keys. [`ConfigLoader::load`]
     /// and [`Config::resolve`] call it; call it after changing fields in code.
+    ///
+    /// # Errors
+    /// [`Error::InvalidValue`], [`Error::AsyncWithManaged`], [`Error::InitialAboveMaximum`] or
+    /// [`Error::InitialAboveLimit`] for a conflict; [`Error::Several`] when there is more than one.
     pub fn validate(&self) -> Result<()> {
         let mut errors = Vec::new();
         // Loaded values are checked by the loader; this catches a field set in code.

@@ -213,6 +213,12 @@ impl ConfigLoader {
 
     /// Reads and checks every layer. Reports every bad key and value at once
     /// ([`Error::Several`] when there is more than one), then conflicts between keys.
+    ///
+    /// # Errors
+    /// [`Error::ReadFile`] or [`Error::ConfigFileMissing`] when the configuration file cannot be
+    /// read; [`Error::Parse`], [`Error::UnknownKey`], [`Error::InvalidValue`] or [`Error::TooDeep`]
+    /// for a bad layer ([`Error::Several`] when there are more); then the conflicts
+    /// [`Config::validate`] finds.
     pub fn load(&self) -> Result<Config> {
         let env = self.env_vars();
         let mut layers = Layers::default();

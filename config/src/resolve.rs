@@ -113,6 +113,12 @@ impl Config {
     ///
     /// Sizes of features that are off are ignored (e.g. pool sizes with the pool off), so that
     /// turning a feature off from the environment needs no other change.
+    ///
+    /// # Errors
+    /// As [`Config::validate`] for conflicts between keys; [`Error::DeviceNotPresent`],
+    /// [`Error::DeviceSelectedTwice`], [`Error::NoDevices`], [`Error::LargerThanDevice`],
+    /// [`Error::RoundsToZero`], [`Error::InitialAboveMaximum`] or [`Error::InitialAboveLimit`] for
+    /// what needs the device facts; [`Error::Several`] when there is more than one.
     pub fn resolve(&self, present: &[DeviceFacts]) -> Result<ResolvedConfig> {
         self.validate()?;
         let selected = self.select(present)?;

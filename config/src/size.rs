@@ -103,6 +103,10 @@ impl Size {
     }
 
     /// Parses a TOML value: an integer (bytes), a float (fraction) or a string (see [`FromStr`]).
+    ///
+    /// # Errors
+    /// [`ParseSizeError::Zero`] or [`ParseSizeError::Negative`] for such an integer, the errors of
+    /// a fraction or a string otherwise, and [`ParseSizeError::Malformed`] for any other TOML type.
     pub fn from_toml(value: &toml::Value) -> Result<Size, ParseSizeError> {
         match value {
             toml::Value::Integer(i) => match u64::try_from(*i) {

@@ -35,11 +35,20 @@ pub struct Inventory {
 
 impl Inventory {
     /// Takes the inventory of the process-wide backend.
+    ///
+    /// # Errors
+    /// The process-wide backend's error (e.g. [`Error::NoDriver`](rmm_allocator::Error::NoDriver))
+    /// when it cannot be opened; [`Error::Driver`](rmm_allocator::Error::Driver) when a device's
+    /// properties or memory cannot be read.
     pub fn collect() -> Result<Inventory> {
         Inventory::of(backend::global()?)
     }
 
     /// Takes the inventory of `backend`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](rmm_allocator::Error::Driver) when a device's properties or memory cannot
+    /// be read.
     pub fn of(backend: &'static dyn Backend) -> Result<Inventory> {
         let devices = (0..backend.device_count())
             .map(|d| {

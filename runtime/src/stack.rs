@@ -196,11 +196,23 @@ impl StackPlan {
     /// Builds the stack on device `self.device` of the process-wide backend. Nothing is
     /// installed; on error everything built so far is freed. A plan that spills on demand
     /// needs its handler: use [`StackPlan::build_with`].
+    ///
+    /// # Errors
+    /// The allocator's error of the layer that failed:
+    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the pool cannot take its
+    /// initial memory, [`Error::Unsupported`](rmm_allocator::Error::Unsupported) when the device
+    /// lacks what the plan needs, [`Error::EventLog`](rmm_allocator::Error::EventLog) when the log
+    /// file cannot be created; [`Error::InvalidArgument`](rmm_allocator::Error::InvalidArgument)
+    /// for a plan that spills on demand (use `build_with`).
     pub fn build(&self) -> rmm_allocator::Result<DeviceStack> {
         self.build_replacing(None, None, &[])
     }
 
     /// As [`StackPlan::build`], with the out-of-memory handler of the device's spill manager.
+    ///
+    /// # Errors
+    /// As [`StackPlan::build`]: the allocator's error of the layer that failed (e.g.
+    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory)).
     pub fn build_with(&self, on_oom: Option<OomHandler>) -> rmm_allocator::Result<DeviceStack> {
         self.build_replacing(None, on_oom, &[])
     }
@@ -231,6 +243,11 @@ impl StackPlan {
     /// provisionally: until [`DeviceStack::commit_live`], dropping the new stack gives them
     /// back to `previous`. [`DeviceStack::adopted_live`] lists those it took; the others are
     /// still `previous`'s.
+    ///
+    /// # Errors
+    /// The allocator's error when `previous` cannot give its memory back or the new stack cannot be
+    /// built (e.g. [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory)); `previous` is then
+    /// still usable.
     pub fn replace(
         &self,
         previous: &DeviceStack,
@@ -393,6 +410,10 @@ impl fmt::Debug for DeviceStack {
 /// Builds the stack `config` asks for on `device` (see [`StackPlan`]); nothing is installed.
 /// This is the entry point for code that sets up a device without the runtime (the Python
 /// package's Dask plugin).
+///
+/// # Errors
+/// As [`StackPlan::build`]: the allocator's error of the layer that failed (e.g.
+/// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory)).
 pub fn build_device_stack(
     config: &ResolvedConfig,
     device: &ResolvedDevice,
@@ -527,6 +548,11 @@ impl DeviceStack {
     }
 
     /// Makes this stack device `self.device()`'s current resource; returns the previous one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](rmm_allocator::Error::InvalidArgument) when the stack is not on a
+    /// device of the process-wide backend;
+    /// [`Error::NoSuchDevice`](rmm_allocator::Error::NoSuchDevice) when its device is not one.
     pub fn install(&self) -> rmm_allocator::Result<SharedResource> {
         per_device::set_per_device_resource(self.device.ordinal(), Arc::clone(&self.top))
     }
@@ -539,6 +565,10 @@ impl DeviceStack {
 
     /// Puts the device back on a plain `CudaMemoryResource` if this stack is its current
     /// resource.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](rmm_allocator::Error::NoSuchDevice) (or the backend's error) when a
+    /// fresh `CudaMemoryResource` cannot be made.
     pub fn uninstall(&self) -> rmm_allocator::Result<()> {
         if self.is_installed() {
             per_device::reset_per_device_resource(self.device.ordinal())?;
@@ -549,12 +579,22 @@ impl DeviceStack {
     /// Gives every cached, unused byte back to the driver (the pool's free chunks, the async
     /// pool's cache) and flushes the event log. The stack keeps working: a pool grows again
     /// on demand. Returns the bytes the pool released.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](rmm_allocator::Error::Driver) when the pool or the async pool cannot give
+    /// memory back; [`Error::EventLog`](rmm_allocator::Error::EventLog) when flushing the event log
+    /// fails.
     pub fn release(&self) -> rmm_allocator::Result<u64> {
         self.release_keeping(0)
     }
 
     /// As [`DeviceStack::release`], keeping the free chunks a new pool of initial size
     /// `keep` would adopt from this one.
+    ///
+    /// # Errors
+    /// As [`DeviceStack::release`]: [`Error::Driver`](rmm_allocator::Error::Driver) when memory
+    /// cannot be given back, [`Error::EventLog`](rmm_allocator::Error::EventLog) when the flush
+    /// fails.
     pub fn release_keeping(&self, keep: u64) -> rmm_allocator::Result<u64> {
         let mut released = 0;
         if let Some(pool) = &self.pool {

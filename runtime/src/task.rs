@@ -242,6 +242,14 @@ impl<T> TaskHandle<T> {
     }
 
     /// Waits for the task and returns its value, or why there is none.
+    ///
+    /// # Errors
+    /// [`TaskError::Panicked`](crate::TaskError::Panicked) when the task panicked;
+    /// [`TaskError::Cancelled`](crate::TaskError::Cancelled) or
+    /// [`TaskError::ShutDown`](crate::TaskError::ShutDown) when it never ran (the runtime shut
+    /// down); [`TaskError::NoSuchTarget`](crate::TaskError::NoSuchTarget) when its device or
+    /// worker does not exist; [`TaskError::AlreadyTaken`](crate::TaskError::AlreadyTaken) when a
+    /// wait already took the result.
     pub fn wait(self) -> Result<T, TaskError> {
         self.wait_until(None);
         self.slot.take()
@@ -250,6 +258,10 @@ impl<T> TaskHandle<T> {
     /// Waits at most `timeout` (inside a worker, plus the rest of a task it ran meanwhile).
     /// On [`TaskError::Timeout`] the task goes on and the handle can be waited on again; after a value or another error, later waits return
     /// [`TaskError::AlreadyTaken`].
+    ///
+    /// # Errors
+    /// [`TaskError::Timeout`](crate::TaskError::Timeout) when the task has not finished in time;
+    /// otherwise as [`TaskHandle::wait`].
     pub fn wait_timeout(&self, timeout: Duration) -> Result<T, TaskError> {
         if self.wait_until(Some(Instant::now() + timeout)) {
             self.slot.take()
@@ -259,6 +271,9 @@ impl<T> TaskHandle<T> {
     }
 
     /// Waits for every handle, in order; the first error wins (the others still finish).
+    ///
+    /// # Errors
+    /// The first handle's error, as [`TaskHandle::wait`].
     pub fn wait_all(handles: impl IntoIterator<Item = TaskHandle<T>>) -> Result<Vec<T>, TaskError> {
         let results: Vec<Result<T, TaskError>> =
             handles.into_iter().map(TaskHandle::wait).collect();

@@ -55,6 +55,11 @@ fn rounded(bytes: usize) -> Option<usize> {
 impl LimitingResourceAdaptor {
     /// Caps the bytes in use through `upstream` at `limit`. A fraction is taken of the total
     /// memory of the upstream's device.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a fraction `limit` is not in
+    /// (0, 1]; [`Error::Driver`](crate::Error::Driver) when the device cannot report its total
+    /// memory.
     pub fn new(upstream: SharedResource, limit: MemoryLimit) -> Result<Self> {
         let (limit, limit_source) = match limit {
             MemoryLimit::Bytes(b) => (b, format!("{} bytes", b)),

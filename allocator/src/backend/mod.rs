@@ -148,53 +148,130 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Number of devices.
     fn device_count(&self) -> u32;
     /// Static properties of device `dev`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn properties(&self, dev: u32) -> Result<DeviceProperties>;
     /// Free and total memory of device `dev`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_info(&self, dev: u32) -> Result<MemInfo>;
 
     /// The granularity of [`Backend::mem_create`] and [`Backend::mem_map`] on `dev`: sizes
     /// and mapping addresses are multiples of it (`cuMemGetAllocationGranularity`, minimum
     /// granularity, pinned device memory).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_granularity(&self, dev: u32) -> Result<usize>;
     /// Reserves `bytes` (a multiple of the granularity) of virtual address space for `dev`,
     /// backed by nothing until [`Backend::mem_map`] (`cuMemAddressReserve`).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_address_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
     /// Gives back a range [`Backend::mem_address_reserve`] returned, whole, once nothing in
     /// it is mapped (`cuMemAddressFree`).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
     /// Allocates `bytes` (a multiple of the granularity) of physical memory on `dev`, not yet
     /// addressable (`cuMemCreate`, pinned device memory). Counts as device memory in use.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails (`CUDA_ERROR_OUT_OF_MEMORY` when the memory is
+    /// not there; the simulated device reports the same, and [`Error::NoSuchDevice`] for an unknown
+    /// device).
     fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical>;
     /// Releases a handle from [`Backend::mem_create`] (`cuMemRelease`); the memory goes
     /// back to the device once no mapping of it is left.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()>;
     /// Maps all of `handle`'s `bytes` at `ptr`, inside a reserved range (`cuMemMap`). The
     /// range is not accessible until [`Backend::mem_set_access`].
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_map(&self, dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()>;
     /// Unmaps `[ptr, ptr + bytes)`, which covers whole mappings (`cuMemUnmap`). The caller
     /// makes sure no queued work still uses the range.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_unmap(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
     /// Makes the mapped range `[ptr, ptr + bytes)` readable and writable from `dev`
     /// (`cuMemSetAccess`); the range may span several mappings.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_set_access(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
 
     /// Synchronous device allocation (`cuMemAlloc`). `bytes` > 0.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails (`CUDA_ERROR_OUT_OF_MEMORY` when the memory is
+    /// not there; the simulated device reports the same, and [`Error::NoSuchDevice`] for an unknown
+    /// device).
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
     /// Frees what [`Backend::malloc`] or [`Backend::malloc_managed`] returned (`cuMemFree`).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
     /// Managed (unified) allocation attached globally (`cuMemAllocManaged`). `bytes` > 0.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails (`CUDA_ERROR_OUT_OF_MEMORY` when the memory is
+    /// not there; the simulated device reports the same, and [`Error::NoSuchDevice`] for an unknown
+    /// device).
     fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
 
     /// Creates a stream-ordered memory pool on `dev` (`cuMemPoolCreate`), keeping up to
     /// `release_threshold` bytes cached across synchronizations.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails (`CUDA_ERROR_OUT_OF_MEMORY` when the memory is
+    /// not there; the simulated device reports the same, and [`Error::NoSuchDevice`] for an unknown
+    /// device).
     fn mem_pool_create(&self, dev: u32, release_threshold: u64) -> Result<RawMemPool>;
     /// Destroys a pool made by [`Backend::mem_pool_create`].
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()>;
     /// Releases cached memory of the pool down to `keep_bytes` (`cuMemPoolTrimTo`).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, keep_bytes: usize) -> Result<()>;
     /// Bytes the pool currently holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64>;
     /// Stream-ordered allocation from `pool` (`cuMemAllocFromPoolAsync`). `bytes` > 0.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails (`CUDA_ERROR_OUT_OF_MEMORY` when the memory is
+    /// not there; the simulated device reports the same, and [`Error::NoSuchDevice`] for an unknown
+    /// device).
     fn malloc_async(
         &self,
         dev: u32,
@@ -203,39 +280,83 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         stream: RawStream,
     ) -> Result<DevicePtr>;
     /// Stream-ordered free (`cuMemFreeAsync`).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()>;
 
     /// Page-locked host allocation, portable across devices, not write-combined
     /// (`cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE)`). `bytes` > 0.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver cannot pin the memory; the simulated device returns
+    /// [`Error::HostOutOfMemory`] when the host has none.
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8>;
     /// Frees what [`Backend::malloc_host`] returned.
     ///
     /// # Safety
     /// `ptr` came from `malloc_host` of this backend and is not used afterwards.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails.
     unsafe fn free_host(&self, ptr: *mut u8) -> Result<()>;
     /// Page-locks an existing host range (`cuMemHostRegister(PORTABLE)`).
     ///
     /// # Safety
     /// `[ptr, ptr + bytes)` is a live host allocation that outlives the registration.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver cannot page-lock the range (the simulated device fails the
+    /// same way when a pin is told to fail).
     unsafe fn host_register(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
     /// Undoes [`Backend::host_register`].
     ///
     /// # Safety
     /// `ptr` was registered with `host_register` and no copy using it is in flight.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()>;
 
     /// Copies `src` to device memory at `dst` and waits for the copy.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
+    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
+    /// bad range.
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()>;
     /// Copies device memory at `src` into `dst` and waits for the copy.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
+    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
+    /// bad range.
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()>;
     /// Copies `bytes` between device ranges (same or different devices) and waits.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
+    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
+    /// bad range.
     fn memcpy_dtod(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
     /// Sets `bytes` of device memory to `value` and waits.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
+    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
+    /// bad range.
     fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
     /// Enqueues a host → device copy on `stream`.
     ///
     /// # Safety
     /// `[src, src + bytes)` stays valid and unchanged until the stream has run the copy.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
+    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
+    /// bad range.
     unsafe fn memcpy_htod_async(
         &self,
         dev: u32,
@@ -249,6 +370,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Safety
     /// `[dst, dst + bytes)` stays valid, and is neither read nor written by the host, until
     /// the stream has run the copy.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
+    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
+    /// bad range.
     unsafe fn memcpy_dtoh_async(
         &self,
         dev: u32,
@@ -258,6 +384,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         stream: RawStream,
     ) -> Result<()>;
     /// Enqueues a device → device copy on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
+    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
+    /// bad range.
     fn memcpy_dtod_async(
         &self,
         dev: u32,
@@ -267,6 +398,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         stream: RawStream,
     ) -> Result<()>;
     /// Enqueues a memset on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
+    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
+    /// bad range.
     fn memset_async(
         &self,
         dev: u32,
@@ -277,43 +413,99 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ) -> Result<()>;
 
     /// Creates a non-blocking stream on `dev`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn stream_create(&self, dev: u32) -> Result<RawStream>;
     /// Destroys a stream made by [`Backend::stream_create`] (work already queued completes).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()>;
     /// Waits until all work queued on `stream` has completed. For the stream's owner: a
     /// stream this backend already destroyed is an error, never a driver call on its
     /// dangling handle.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()>;
     /// True when all work queued on `stream` has completed. For the stream's owner; a
     /// destroyed stream is an error, as for [`Backend::stream_synchronize`].
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool>;
     /// As [`Backend::stream_query`], for a caller that does not own `stream` (a pool asking
     /// about another thread's arena): `None`, without touching the handle, unless the
     /// backend knows the stream is alive (a default stream, or one it made and has not
     /// destroyed), and no destroy runs while the query does. A library's own stream (CuPy's,
     /// PyTorch's) is `None`: it may be gone without the backend knowing.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>>;
     /// As [`Backend::stream_synchronize`], for a caller that does not own `stream`: false,
     /// without waiting or touching the handle, unless the backend knows the stream is alive
     /// (see [`Backend::stream_query_if_alive`]); the caller then waits for the whole device.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool>;
     /// Makes later work on `stream` wait until `event` has completed.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()>;
     /// Creates an event without timing.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn event_create(&self, dev: u32) -> Result<RawEvent>;
     /// Destroys an event.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn event_destroy(&self, dev: u32, event: RawEvent) -> Result<()>;
     /// Records `event` at the current end of `stream`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn event_record(&self, dev: u32, event: RawEvent, stream: RawStream) -> Result<()>;
     /// True when the work captured by the last record of `event` has completed.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn event_query(&self, dev: u32, event: RawEvent) -> Result<bool>;
     /// Waits until the work captured by the last record of `event` has completed.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn event_synchronize(&self, dev: u32, event: RawEvent) -> Result<()>;
     /// Waits until all work on `dev` has completed.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
+    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn device_synchronize(&self, dev: u32) -> Result<()>;
     /// Called before each write to a spill file of device `dev`: a fault-injection point
     /// (the simulated device fails the N-th write when told to,
     /// `SimBackend::fail_nth_file_write`); every other backend lets it through.
+    ///
+    /// # Errors
+    /// None by default; the simulated device returns [`Error::InjectedFault`] for the write it was
+    /// told to fail.
     fn before_file_write(&self, dev: u32) -> Result<()> {
         let _ = dev;
         Ok(())
@@ -345,6 +537,9 @@ impl BackendChoice {
     }
 
     /// Parses a backend name ([`BackendChoice::from_name`]); `source_name` goes into the error.
+    ///
+    /// # Errors
+    /// [`Error::UnknownBackend`] when `value` names no backend.
     pub fn parse(value: &str, source_name: &'static str) -> Result<Self> {
         Self::from_name(value).ok_or_else(|| Error::UnknownBackend {
             value: value.to_string(),
@@ -353,6 +548,9 @@ impl BackendChoice {
     }
 
     /// Reads `RMM_BACKEND` (default `auto`).
+    ///
+    /// # Errors
+    /// [`Error::UnknownBackend`] when `RMM_BACKEND` names no backend.
     pub fn from_env() -> Result<Self> {
         match std::env::var("RMM_BACKEND") {
             Ok(v) => Self::parse(&v, "RMM_BACKEND"),
@@ -362,6 +560,10 @@ impl BackendChoice {
 }
 
 /// Builds a backend for `choice`. Each call makes a new one; most code wants [`global`].
+///
+/// # Errors
+/// [`Error::NoDriver`] (or [`Error::Driver`]) when `Cuda` is chosen and the driver cannot be
+/// loaded; [`Error::InvalidArgument`] when the simulated device's `RMM_SIM_*` settings are invalid.
 pub fn open(choice: BackendChoice) -> Result<&'static dyn Backend> {
     match choice {
         BackendChoice::Cuda => Ok(CudaBackend::load()?),
@@ -395,6 +597,9 @@ static GLOBAL: OnceLock<std::result::Result<&'static dyn Backend, Error>> = Once
 ///
 /// The choice is made once; a failure (e.g. `RMM_BACKEND=cuda` with no driver) is returned
 /// to every caller.
+///
+/// # Errors
+/// As [`open`]: the error of the first choice, returned to every caller.
 pub fn global() -> Result<&'static dyn Backend> {
     GLOBAL
         .get_or_init(|| BackendChoice::from_env().and_then(open))
@@ -409,6 +614,9 @@ pub fn installed() -> Option<&'static dyn Backend> {
 
 /// Installs `backend` as the process-wide backend. Returns the backend already installed
 /// (as an error) if one was chosen before.
+///
+/// # Errors
+/// The backend already installed when one was chosen before (by [`global`] or an earlier call).
 pub fn install_global(
     backend: &'static dyn Backend,
 ) -> std::result::Result<(), &'static dyn Backend> {

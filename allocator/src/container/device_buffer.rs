@@ -60,6 +60,7 @@ impl DeviceBuffer {
     /// Allocates `size` uninitialized bytes from the current device's resource, in stream
     /// order on `stream`.
     ///
+    /// # Errors
     /// Fails with [`Error::OutOfMemory`] when the resource cannot allocate, or with the
     /// backend's error when no device is available.
     pub fn new(size: usize, stream: StreamView) -> Result<DeviceBuffer> {
@@ -70,6 +71,11 @@ impl DeviceBuffer {
     ///
     /// The copy is ordered after the work already queued on `stream`, and has completed when
     /// this returns, so `src` is borrowed only for the call.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy fails; the backend's error when the
+    /// current device has no resource.
     pub fn from_host(src: &[u8], stream: StreamView) -> Result<DeviceBuffer> {
         Self::from_host_in(src, stream, get_current_device_resource()?)
     }
@@ -79,6 +85,11 @@ impl DeviceBuffer {
     ///
     /// As in RMM, the caller keeps `src` valid (not freed, not written by other streams)
     /// until `stream` has run the copy.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued; the backend's
+    /// error when the current device has no resource.
     pub fn from_device(src: DevicePtr, size: usize, stream: StreamView) -> Result<DeviceBuffer> {
         Self::from_device_in(src, size, stream, get_current_device_resource()?)
     }
@@ -90,6 +101,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     /// Zero bytes allocate nothing (the pointer is null). The deallocation stream is `stream`;
     /// the thread's current device is recorded, to be made current again when the memory is
     /// given back.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) (or the resource's own error) when
+    /// `resource` cannot allocate `size` bytes.
     #[inline]
     pub fn new_in(size: usize, stream: StreamView, resource: R) -> Result<Self> {
         let construction_device = current_device();
@@ -110,6 +125,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
 
     /// A buffer holding a copy of `src`, from `resource`; see
     /// [`from_host`](DeviceBuffer::from_host).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy fails.
     pub fn from_host_in(src: &[u8], stream: StreamView, resource: R) -> Result<Self> {
         let mut buf = Self::new_in(src.len(), stream, resource)?;
         buf.copy_from_host(src, stream)?;
@@ -118,6 +137,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
 
     /// A buffer holding a copy of `size` device bytes at `src`, from `resource`; see
     /// [`from_device`](DeviceBuffer::from_device).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued.
     pub fn from_device_in(
         src: DevicePtr,
         size: usize,
@@ -135,6 +158,11 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     /// stream).
     ///
     /// See [`deep_copy_in`](Self::deep_copy_in) for the ordering guarantees.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued; the backend's
+    /// error when the current device has no resource.
     pub fn deep_copy(&self, stream: StreamView) -> Result<DeviceBuffer> {
         self.deep_copy_in(stream, get_current_device_resource()?)
     }
@@ -146,6 +174,11 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     /// other streams that writes this buffer must be ordered before it by the caller, as in
     /// RMM. Unlike RMM, this buffer may be dropped at once: when its deallocation stream is
     /// not `stream`, that stream is made to wait for the copy first.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy, or the event that orders the
+    /// deallocation stream after it, cannot be enqueued.
     pub fn deep_copy_in<R2: ResourceHandle>(
         &self,
         stream: StreamView,
@@ -238,6 +271,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     /// new allocation of exactly `new_size` bytes is made on `stream`, the old contents are
     /// copied to it on `stream`, and the old allocation is given back on `stream`. Bytes past
     /// the old size are uninitialized. On error the buffer is unchanged (apart from its stream).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when growing past the capacity cannot
+    /// allocate; [`Error::Driver`](crate::Error::Driver) when the copy fails.
     pub fn resize(&mut self, new_size: usize, stream: StreamView) -> Result<()> {
         self.set_stream(stream);
         if new_size > self.capacity {
@@ -250,6 +287,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     /// Makes the capacity at least `new_capacity` bytes, on `stream` (which also becomes the
     /// deallocation stream). The size and contents are kept; see [`resize`](Self::resize)
     /// for how growing works. A capacity already large enough is left alone.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the new allocation fails;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy fails.
     pub fn reserve(&mut self, new_capacity: usize, stream: StreamView) -> Result<()> {
         self.set_stream(stream);
         if new_capacity > self.capacity {
@@ -261,6 +302,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     /// Reallocates to exactly [`size`](Self::size) bytes and copies the contents, on `stream`
     /// (which also becomes the deallocation stream). Nothing happens when size equals
     /// capacity. A size of zero gives the allocation back and leaves a null pointer.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the new allocation fails;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy fails.
     pub fn shrink_to_fit(&mut self, stream: StreamView) -> Result<()> {
         self.set_stream(stream);
         if self.size != self.capacity {
@@ -327,6 +372,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
 
     /// Copies `src` into the buffer, ordered after the work queued on `stream`; the copy has
     /// completed when this returns. `src.len()` must equal [`size`](Self::size).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `src.len() != size()`;
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
     pub fn copy_from_host(&mut self, src: &[u8], stream: StreamView) -> Result<()> {
         self.check_host_len("src.len()", src.len())?;
         if src.is_empty() {
@@ -340,6 +389,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
 
     /// Copies the buffer into `dst`, ordered after the work queued on `stream`; the copy has
     /// completed when this returns. `dst.len()` must equal [`size`](Self::size).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `dst.len() != size()`;
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
     pub fn copy_to_host(&self, dst: &mut [u8], stream: StreamView) -> Result<()> {
         self.check_host_len("dst.len()", dst.len())?;
         if dst.is_empty() {
@@ -351,6 +404,9 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     }
 
     /// The buffer's bytes, copied to the host after the work queued on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing `stream` or the copy fails.
     pub fn to_vec(&self, stream: StreamView) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.size];
         self.copy_to_host(&mut out, stream)?;

@@ -40,12 +40,22 @@ pub struct DeviceScalar<T: Pod, R: ResourceHandle = SharedResource> {
 
 impl<T: Pod> DeviceScalar<T> {
     /// An uninitialized scalar from the current device's resource, allocated on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate; the
+    /// backend's error (e.g. [`Error::NoSuchDevice`](crate::Error::NoSuchDevice)) when the current
+    /// device has no resource.
     pub fn new(stream: StreamView) -> Result<Self> {
         Self::new_in(stream, get_current_device_resource()?)
     }
 
     /// A scalar from the current device's resource, set to `value` on `stream` without
     /// waiting (see [`set_value_async`](Self::set_value_async)).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the write cannot be enqueued; the backend's
+    /// error when the current device has no resource.
     pub fn with_value(value: T, stream: StreamView) -> Result<Self> {
         Self::with_value_in(value, stream, get_current_device_resource()?)
     }
@@ -53,6 +63,9 @@ impl<T: Pod> DeviceScalar<T> {
 
 impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
     /// An uninitialized scalar from `resource`, allocated on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate.
     #[inline]
     pub fn new_in(stream: StreamView, resource: R) -> Result<Self> {
         Ok(DeviceScalar {
@@ -61,6 +74,10 @@ impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
     }
 
     /// A scalar from `resource`, set to `value` on `stream` without waiting.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the write cannot be enqueued.
     pub fn with_value_in(value: T, stream: StreamView, resource: R) -> Result<Self> {
         let mut scalar = Self::new_in(stream, resource)?;
         scalar.set_value_async(value, stream)?;
@@ -69,11 +86,20 @@ impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
 
     /// A deep copy from the current device's resource, copied on `stream`; see
     /// [`DeviceBuffer::deep_copy_in`] for the ordering guarantees.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued; the backend's
+    /// error when the current device has no resource.
     pub fn deep_copy(&self, stream: StreamView) -> Result<DeviceScalar<T>> {
         self.deep_copy_in(stream, get_current_device_resource()?)
     }
 
     /// A deep copy from `resource`, copied on `stream` after this scalar's own pending set.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued.
     pub fn deep_copy_in<R2: ResourceHandle>(
         &self,
         stream: StreamView,
@@ -86,6 +112,9 @@ impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
 
     /// The value, copied to the host after the work queued on `stream` (and after this
     /// scalar's own asynchronous sets). Synchronizes `stream`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing `stream` or the copy fails.
     pub fn value(&self, stream: StreamView) -> Result<T> {
         self.storage.element(0, stream)
     }
@@ -96,17 +125,27 @@ impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
     /// may be dropped or changed at once (RMM requires it to live until the stream has run the
     /// copy). All-zero values take the memset fast path. See
     /// [`DeviceUVector::set_element_async`] for the cost of staging.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the copy or memset cannot be enqueued, or the
+    /// staging slot cannot be made.
     pub fn set_value_async(&mut self, value: T, stream: StreamView) -> Result<()> {
         self.storage.set_element_async(0, value, stream)
     }
 
     /// Writes `value` after the work queued on `stream`; the write has completed when this
     /// returns.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing `stream` or the copy fails.
     pub fn set_value(&mut self, value: T, stream: StreamView) -> Result<()> {
         self.storage.set_element(0, value, stream)
     }
 
     /// Enqueues a memset of the value to zero bytes on `stream` and returns without waiting.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the memset cannot be enqueued.
     pub fn set_value_to_zero_async(&mut self, stream: StreamView) -> Result<()> {
         self.storage.set_element_to_zero_async(0, stream)
     }

@@ -62,12 +62,24 @@ pub struct DeviceUVector<T: Pod, R: ResourceHandle = SharedResource> {
 impl<T: Pod> DeviceUVector<T> {
     /// Room for `len` uninitialized elements from the current device's resource, allocated
     /// on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `len` elements overflow
+    /// `usize` bytes; the backend's error (e.g.
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice)) when the current device has no
+    /// resource.
     pub fn new(len: usize, stream: StreamView) -> Result<Self> {
         Self::new_in(len, stream, get_current_device_resource()?)
     }
 
     /// A vector holding a copy of `src`, from the current device's resource. The copy is
     /// ordered after the work queued on `stream` and has completed when this returns.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy fails; the backend's error when the
+    /// current device has no resource.
     pub fn from_host(src: &[T], stream: StreamView) -> Result<Self> {
         Self::from_host_in(src, stream, get_current_device_resource()?)
     }
@@ -85,6 +97,7 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// Room for `len` uninitialized elements from `resource`, allocated on `stream`.
     ///
+    /// # Errors
     /// Fails with [`Error::InvalidArgument`] when `len` elements do not fit in `usize` bytes.
     #[inline]
     pub fn new_in(len: usize, stream: StreamView, resource: R) -> Result<Self> {
@@ -94,6 +107,10 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// A vector holding a copy of `src`, from `resource`; see
     /// [`from_host`](DeviceUVector::from_host).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy fails.
     pub fn from_host_in(src: &[T], stream: StreamView, resource: R) -> Result<Self> {
         let storage = DeviceBuffer::from_host_in(bytemuck::cast_slice(src), stream, resource)?;
         Ok(Self::wrap(storage))
@@ -101,6 +118,7 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// Takes over `buffer` as a vector of `T` (the inverse of [`release`](Self::release)).
     ///
+    /// # Errors
     /// Fails with [`Error::InvalidArgument`] when the buffer's size or capacity is not a whole
     /// number of elements; the buffer is then dropped (given back).
     pub fn from_buffer(buffer: DeviceBuffer<R>) -> Result<Self> {
@@ -134,12 +152,21 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// A deep copy of the elements (capacity = len) from the current device's resource,
     /// copied on `stream`; see [`DeviceBuffer::deep_copy_in`] for the ordering guarantees.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued; the backend's
+    /// error when the current device has no resource.
     pub fn deep_copy(&self, stream: StreamView) -> Result<DeviceUVector<T>> {
         self.deep_copy_in(stream, get_current_device_resource()?)
     }
 
     /// A deep copy of the elements (capacity = len) from `resource`, copied on `stream`
     /// after this vector's own pending asynchronous sets.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy or its ordering cannot be enqueued.
     pub fn deep_copy_in<R2: ResourceHandle>(
         &self,
         stream: StreamView,
@@ -185,6 +212,9 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// The device address of element `index`; [`Error::IndexOutOfRange`] unless
     /// `index < len()`.
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when `index >= len()`.
     pub fn element_ptr(&self, index: usize) -> Result<DevicePtr> {
         self.check_index(index)?;
         Ok(self.storage.data().offset(index * Self::ELEMENT))
@@ -217,6 +247,10 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// Element `index`, copied to the host after the work queued on `stream` (and after this
     /// vector's own asynchronous sets). Synchronizes `stream`.
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when `index >= len()`;
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
     pub fn element(&self, index: usize, stream: StreamView) -> Result<T> {
         let at = self.element_ptr(index)?;
         self.order_after_sets(stream)?;
@@ -228,17 +262,29 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     }
 
     /// The first element; [`Error::IndexOutOfRange`] when empty. Synchronizes `stream`.
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when the vector is empty;
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
     pub fn front_element(&self, stream: StreamView) -> Result<T> {
         self.element(0, stream)
     }
 
     /// The last element; [`Error::IndexOutOfRange`] when empty. Synchronizes `stream`.
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when the vector is empty;
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
     pub fn back_element(&self, stream: StreamView) -> Result<T> {
         self.element(self.len().saturating_sub(1), stream)
     }
 
     /// Writes `value` to element `index` after the work queued on `stream`; the write has
     /// completed when this returns.
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when `index >= len()`;
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
     pub fn set_element(&mut self, index: usize, value: T, stream: StreamView) -> Result<()> {
         let at = self.element_ptr(index)?;
         self.order_after_sets(stream)?;
@@ -253,6 +299,11 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     /// takes the memset fast path (no staging). The slot holds one value: a second staged set
     /// waits (on the host) until the first copy has run. The first staged set makes the slot
     /// (a pinned allocation and an event), which is slow; later ones reuse it.
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when `index >= len()`;
+    /// [`Error::Driver`](crate::Error::Driver) when the copy or memset cannot be enqueued, or the
+    /// staging slot (pinned memory and an event) cannot be made.
     pub fn set_element_async(&mut self, index: usize, value: T, stream: StreamView) -> Result<()> {
         let at = self.element_ptr(index)?;
         let bytes = bytemuck::bytes_of(&value);
@@ -270,6 +321,10 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// Enqueues a memset of element `index` to zero bytes on `stream` and returns without
     /// waiting.
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when `index >= len()`;
+    /// [`Error::Driver`](crate::Error::Driver) when the memset cannot be enqueued.
     pub fn set_element_to_zero_async(&mut self, index: usize, stream: StreamView) -> Result<()> {
         let at = self.element_ptr(index)?;
         self.order_after_sets(stream)?;
@@ -278,6 +333,11 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// Sets the length to `new_len` elements on `stream`; see [`DeviceBuffer::resize`]
     /// (within capacity nothing is allocated or copied; new elements are uninitialized).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `new_len` elements overflow
+    /// `usize` bytes; otherwise as [`DeviceBuffer::resize`]
+    /// ([`Error::OutOfMemory`](crate::Error::OutOfMemory) when growing cannot allocate).
     pub fn resize(&mut self, new_len: usize, stream: StreamView) -> Result<()> {
         let bytes = Self::bytes_for("new_len", new_len)?;
         self.order_after_sets(stream)?;
@@ -286,6 +346,11 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// Makes the capacity at least `new_capacity` elements on `stream`; see
     /// [`DeviceBuffer::reserve`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `new_capacity` elements
+    /// overflow `usize` bytes; otherwise as [`DeviceBuffer::reserve`]
+    /// ([`Error::OutOfMemory`](crate::Error::OutOfMemory) when growing cannot allocate).
     pub fn reserve(&mut self, new_capacity: usize, stream: StreamView) -> Result<()> {
         let bytes = Self::bytes_for("new_capacity", new_capacity)?;
         self.order_after_sets(stream)?;
@@ -294,6 +359,10 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// Reallocates to exactly `len()` elements and copies them on `stream`; see
     /// [`DeviceBuffer::shrink_to_fit`].
+    ///
+    /// # Errors
+    /// As [`DeviceBuffer::shrink_to_fit`]: [`Error::OutOfMemory`](crate::Error::OutOfMemory) when
+    /// the new allocation fails, [`Error::Driver`](crate::Error::Driver) when the copy fails.
     pub fn shrink_to_fit(&mut self, stream: StreamView) -> Result<()> {
         self.order_after_sets(stream)?;
         self.storage.shrink_to_fit(stream)
@@ -301,6 +370,10 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// Copies `src` into the vector after the work queued on `stream`; the copy has completed
     /// when this returns. `src.len()` must equal [`len`](Self::len).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `src.len() != len()`;
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
     pub fn copy_from_host(&mut self, src: &[T], stream: StreamView) -> Result<()> {
         self.check_host_len("src.len()", src.len())?;
         self.order_after_sets(stream)?;
@@ -310,6 +383,10 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
 
     /// Copies the vector into `dst` after the work queued on `stream`; the copy has completed
     /// when this returns. `dst.len()` must equal [`len`](Self::len).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `dst.len() != len()`;
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
     pub fn copy_to_host(&self, dst: &mut [T], stream: StreamView) -> Result<()> {
         self.check_host_len("dst.len()", dst.len())?;
         self.order_after_sets(stream)?;
@@ -318,6 +395,9 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     }
 
     /// The elements, copied to the host after the work queued on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when synchronizing `stream` or the copy fails.
     pub fn to_vec(&self, stream: StreamView) -> Result<Vec<T>> {
         let mut out = vec![T::zeroed(); self.len()];
         self.copy_to_host(&mut out, stream)?;

@@ -33,6 +33,11 @@ impl BinningMemoryResource {
 
     /// Power-of-two bins from `2^min_exp` to `2^max_exp` bytes, each a
     /// [`FixedSizeMemoryResource`] over `upstream`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `min_exp > max_exp` or
+    /// `max_exp > 40`; [`Error::OutOfMemory`](crate::Error::OutOfMemory) when a bin cannot take its
+    /// first chunk from `upstream`.
     pub fn with_bins(upstream: SharedResource, min_exp: u32, max_exp: u32) -> Result<Self> {
         if min_exp > max_exp || max_exp > 40 {
             return Err(Error::invalid_argument(
@@ -50,6 +55,11 @@ impl BinningMemoryResource {
 
     /// Adds a bin serving sizes up to `size` (above the next smaller bin). With no
     /// `resource`, a [`FixedSizeMemoryResource`] of blocks of `size` over the upstream.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `resource` is on another
+    /// device than the upstream; [`Error::OutOfMemory`](crate::Error::OutOfMemory) when a new bin
+    /// cannot take its first chunk from the upstream.
     pub fn add_bin(&mut self, size: usize, resource: Option<SharedResource>) -> Result<()> {
         let resource = match resource {
             Some(r) => r,

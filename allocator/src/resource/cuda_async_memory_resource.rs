@@ -22,12 +22,19 @@ pub struct CudaAsyncMemoryResource {
 
 impl CudaAsyncMemoryResource {
     /// A resource with its own pool on `device` that keeps all memory it takes.
+    ///
+    /// # Errors
+    /// As [`CudaAsyncMemoryResource::with_release_threshold`].
     pub fn new(device: Device) -> Result<Self> {
         Self::with_release_threshold(device, u64::MAX)
     }
 
     /// A resource whose pool releases cached memory above `release_threshold` bytes at each
     /// synchronization.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) when `device` has no memory pool support;
+    /// [`Error::Driver`](crate::Error::Driver) when the pool cannot be created.
     pub fn with_release_threshold(device: Device, release_threshold: u64) -> Result<Self> {
         if !device.properties()?.supports_memory_pools {
             return Err(Error::Unsupported {
@@ -56,6 +63,10 @@ impl CudaAsyncMemoryResource {
     /// Primes the driver pool with `bytes` (RMM's `initial_pool_size`): allocates and frees
     /// them on the default stream and waits, so the pool holds them while the release
     /// threshold allows.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the pool cannot provide `bytes`;
+    /// [`Error::Driver`](crate::Error::Driver) when the free or the wait fails.
     pub fn reserve(&self, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -71,6 +82,9 @@ impl CudaAsyncMemoryResource {
     }
 
     /// Bytes the driver pool currently holds (in use plus cached).
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the driver query fails.
     pub fn reserved_bytes(&self) -> Result<u64> {
         self.device
             .backend()
@@ -78,6 +92,10 @@ impl CudaAsyncMemoryResource {
     }
 
     /// Waits for the device, then gives every cached, unused byte back to the driver.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when waiting for the device or trimming the pool
+    /// fails.
     pub fn release(&self) -> Result<()> {
         let _span = tracing::debug_span!(
             "CudaAsyncMemoryResource::release",

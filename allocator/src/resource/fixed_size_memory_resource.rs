@@ -60,6 +60,11 @@ impl std::fmt::Debug for FixedSizeMemoryResource {
 impl FixedSizeMemoryResource {
     /// Blocks of `block_size` bytes (rounded up to 256), taken from `upstream`
     /// `blocks_to_preallocate` at a time; one chunk is taken at construction.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `block_size` or
+    /// `blocks_to_preallocate` is zero; [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the
+    /// first chunk cannot be taken from `upstream`.
     pub fn new(
         upstream: SharedResource,
         block_size: usize,
@@ -86,6 +91,10 @@ impl FixedSizeMemoryResource {
     }
 
     /// A resource with RMM's defaults: 1 MiB blocks, 128 at a time.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the first chunk cannot be taken from
+    /// `upstream`.
     pub fn with_defaults(upstream: SharedResource) -> Result<Self> {
         Self::new(upstream, DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE)
     }

@@ -17,6 +17,10 @@ pub struct ManagedMemoryResource {
 
 impl ManagedMemoryResource {
     /// A resource for `device`; fails if the device has no managed memory support.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) when `device` has no managed memory
+    /// support; [`Error::Driver`](crate::Error::Driver) when its properties cannot be read.
     pub fn new(device: Device) -> Result<Self> {
         if !device.properties()?.supports_managed_memory {
             return Err(Error::Unsupported {

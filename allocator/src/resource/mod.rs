@@ -48,10 +48,18 @@ use crate::stream::StreamView;
 /// report exhaustion as [`Error::OutOfMemory`].
 pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes`, usable in stream order on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the resource cannot provide `bytes`; [`Error::Driver`] when a
+    /// driver call fails; adaptors add their own (e.g. [`Error::LimitExceeded`]).
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr>;
 
     /// Gives back `ptr`, which `allocate(bytes, _)` of this resource returned, in stream
     /// order on `stream`: the memory may be reused once the stream's earlier work completes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPointer`] when `ptr` is not a live allocation of this resource (where the
+    /// resource can tell); [`Error::Driver`] when the driver call fails.
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()>;
 
     /// The device the memory lives on.
@@ -70,6 +78,9 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Free and total memory as this resource sees it (by default, the device's).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver cannot report the memory.
     fn memory_info(&self) -> Result<MemInfo> {
         self.device().mem_info()
     }
@@ -92,8 +103,16 @@ pub type SharedResource = Arc<dyn DeviceMemoryResource>;
 /// A source of host memory (RMM's `host_memory_resource`).
 pub trait HostMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes` aligned to `alignment` (a power of two).
+    ///
+    /// # Errors
+    /// [`Error::HostOutOfMemory`] when the host memory cannot be had; [`Error::InvalidArgument`]
+    /// for an invalid `alignment`; [`Error::Driver`] when pinning fails.
     fn allocate(&self, bytes: usize, alignment: usize) -> Result<HostBlock>;
     /// Gives a block back.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPointer`] when `block` is not a live block of this resource;
+    /// [`Error::Driver`] when unpinning fails.
     fn deallocate(&self, block: HostBlock) -> Result<()>;
     /// The resource's type name.
     fn name(&self) -> &'static str;

@@ -118,11 +118,20 @@ fn pinning_threads() -> usize {
 impl PinnedHostPool {
     /// Pins `bytes` (rounded up to 2 MiB) through the process-wide backend; the pool never
     /// grows.
+    ///
+    /// # Errors
+    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) or
+    /// [`Error::Driver`](crate::Error::Driver) when the memory cannot be pinned; the process-wide
+    /// backend's error when it cannot be opened.
     pub fn new(bytes: usize) -> Result<PinnedHostPool> {
         Self::on(backend::global()?, bytes)
     }
 
     /// Pins `bytes` (rounded up to 2 MiB) through `backend`; the pool never grows.
+    ///
+    /// # Errors
+    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) or
+    /// [`Error::Driver`](crate::Error::Driver) when the memory cannot be pinned.
     pub fn on(backend: &'static dyn Backend, bytes: usize) -> Result<PinnedHostPool> {
         let pool = Self::empty(backend, None);
         pool.inner.grow(bytes, MIN_CHUNK)?;
@@ -239,6 +248,10 @@ impl PinnedHostPool {
     /// A slice of `bytes` (rounded up to [`PINNED_ALIGNMENT`]), first fit; a growable pool
     /// pins more when nothing fits. Fails with [`Error::HostOutOfMemory`] when no free range
     /// is large enough and the pool cannot grow.
+    ///
+    /// # Errors
+    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when no free range is large enough
+    /// and the pool cannot grow.
     pub fn allocate(&self, bytes: usize) -> Result<PinnedSlice> {
         let len = bytes.max(1).next_multiple_of(PINNED_ALIGNMENT);
         if let Some(s) = self.try_allocate(len) {

@@ -76,6 +76,13 @@ pub struct SpillStore {
 impl SpillStore {
     /// A store for `device` spilling to `host`, and on to files under `disk_directory`
     /// (created if missing) when `host` is full.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `disk_directory` cannot be
+    /// created or is not a writable directory;
+    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) or
+    /// [`Error::Driver`](crate::Error::Driver) when the disk tier's staging memory cannot be
+    /// pinned; [`Error::Driver`](crate::Error::Driver) when the copy streams cannot be created.
     pub fn new(
         device: Device,
         host: PinnedHostPool,

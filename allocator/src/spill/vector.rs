@@ -47,6 +47,12 @@ fn bytes_for<T>(len: usize) -> Result<usize> {
 
 impl<T: Pod> SpillableVector<T> {
     /// `len` uninitialized elements on the store's device, used on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `len` elements overflow
+    /// `usize` bytes; otherwise as [`SpillableBuffer::new`]
+    /// ([`Error::OutOfMemory`](crate::Error::OutOfMemory) when the device resource cannot
+    /// allocate).
     pub fn new(
         store: &Arc<SpillStore>,
         len: usize,
@@ -58,6 +64,11 @@ impl<T: Pod> SpillableVector<T> {
     }
 
     /// A vector holding a copy of `data` (complete when this returns).
+    ///
+    /// # Errors
+    /// As [`SpillableBuffer::from_host`]: [`Error::OutOfMemory`](crate::Error::OutOfMemory) when
+    /// the device resource cannot allocate, [`Error::Driver`](crate::Error::Driver) when the copy
+    /// fails.
     pub fn from_slice(
         store: &Arc<SpillStore>,
         data: &[T],
@@ -71,6 +82,10 @@ impl<T: Pod> SpillableVector<T> {
 
     /// Views `buffer` as elements of `T`; fails when its size is not a multiple of the
     /// element size.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the buffer's size is not a
+    /// multiple of the element size.
     pub fn from_buffer(buffer: Arc<SpillableBuffer>) -> Result<SpillableVector<T>> {
         let size = size_of::<T>().max(1);
         if !buffer.size().is_multiple_of(size) {
@@ -121,16 +136,28 @@ impl<T: Pod> SpillableVector<T> {
 
     /// The elements on the device for use on `stream` (see
     /// [`SpillableBuffer::device_view`]); the guard's pointer is to the first element.
+    ///
+    /// # Errors
+    /// As [`SpillableBuffer::device_view`]: the errors of bringing spilled data back.
     pub fn device_view(&self, stream: StreamView) -> Result<DeviceGuard<'_>> {
         self.buffer.device_view(stream)
     }
 
     /// The bytes in pinned host memory (see [`SpillableBuffer::host_view`]).
+    ///
+    /// # Errors
+    /// As [`SpillableBuffer::host_view`]: [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// when a device guard is alive, [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when
+    /// the host tier is full.
     pub fn host_view(&self) -> Result<HostGuard<'_>> {
         self.buffer.host_view()
     }
 
     /// A copy of the elements, wherever they are.
+    ///
+    /// # Errors
+    /// As [`SpillableBuffer::to_vec`]: [`Error::Driver`](crate::Error::Driver) when a copy fails,
+    /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the disk tier fails.
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let bytes = self.buffer.to_vec()?;
         // The byte vector's alignment is 1; copy into a vector of T rather than cast.
@@ -140,6 +167,12 @@ impl<T: Pod> SpillableVector<T> {
     }
 
     /// Moves the elements off the device (see [`SpillableBuffer::spill`]).
+    ///
+    /// # Errors
+    /// As [`SpillableBuffer::spill`]: [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory)
+    /// when the host tier is full and there is no disk tier,
+    /// [`Error::Driver`](crate::Error::Driver) or [`Error::SpillFile`](crate::Error::SpillFile)
+    /// when a copy or write fails.
     pub fn spill(&self) -> Result<usize> {
         self.buffer.spill()
     }

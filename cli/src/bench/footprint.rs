@@ -188,6 +188,11 @@ const PHASES: [(&str, usize, bool); 4] = [
 
 /// Runs the workload on `mr` (on `device`), reading what it reserves with `reserved` after
 /// each phase (a pool's size, or the device memory an async resource holds).
+///
+/// # Errors
+/// [`BenchError::InvalidOption`] for invalid options; [`BenchError::Allocator`] when an allocation
+/// or `reserved` fails; [`BenchError::Spawn`] or [`BenchError::ThreadPanicked`] when a worker
+/// thread cannot start or panics.
 pub fn run(
     mr: &SharedResource,
     device: Device,

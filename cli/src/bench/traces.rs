@@ -122,6 +122,10 @@ pub fn peak_bytes(ops: &[Op]) -> usize {
 /// clock stops. On an allocation or free error the blocks allocated so far are freed (as far
 /// as possible) and the first error is returned. A `Free` of an index that is not live is
 /// skipped. The stream is not synchronized.
+///
+/// # Errors
+/// The first allocation or free error of `mr` (e.g.
+/// [`Error::OutOfMemory`](rmm::allocator::Error::OutOfMemory)).
 pub fn replay(mr: &dyn DeviceMemoryResource, ops: &[Op], stream: StreamView) -> Result<f64> {
     let mut live: Vec<(DevicePtr, usize)> = Vec::with_capacity(1 << 16);
     let start = Instant::now();

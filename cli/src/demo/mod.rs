@@ -274,6 +274,12 @@ fn result_sizes(scale: &Scale, device: u32) -> Vec<(usize, u64)> {
 }
 
 /// Runs the demo; `Err` when anything failed, a check included.
+///
+/// # Errors
+/// [`DemoError::Config`] when the configuration does not load; [`DemoError::Setup`] when the
+/// backend cannot run it (e.g. an unbacked simulated device); [`DemoError::Runtime`],
+/// [`DemoError::Allocator`] or [`DemoError::Task`] when a step fails; [`DemoError::Check`] when a
+/// result is wrong.
 pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
     let started = Instant::now();
     let scale = options.size.scale();

@@ -15,6 +15,9 @@ pub enum PlotFormat {
 impl PlotFormat {
     /// The format `path`'s extension names (case does not matter); an error that names the
     /// option, the file and the formats there are for any other extension.
+    ///
+    /// # Errors
+    /// A message naming `option`, `path` and the formats when the extension is not `svg` or `png`.
     pub fn from_path(option: &str, path: &Path) -> Result<PlotFormat, String> {
         let ext = path
             .extension()

@@ -9,6 +9,9 @@ use super::TimelineError;
 use super::font::DEJAVU_SANS;
 
 /// Rasterizes `svg` at its own size (one pixel per SVG unit) and encodes it as PNG.
+///
+/// # Errors
+/// [`TimelineError::Render`] when the SVG cannot be read, rasterized or encoded as PNG.
 pub fn svg_to_png(svg: &str) -> Result<Vec<u8>, TimelineError> {
     let mut fonts = usvg::fontdb::Database::new();
     fonts.load_font_data(DEJAVU_SANS.to_vec());

@@ -209,11 +209,17 @@ fn time_range(timeline: &Timeline) -> (f64, f64) {
 }
 
 /// Renders `timeline` as an SVG document (see the module documentation).
+///
+/// # Errors
+/// [`TimelineError::Render`] when writing the SVG fails.
 pub fn render_svg(timeline: &Timeline) -> Result<String, TimelineError> {
     render_svg_with_layout(timeline).map(|(svg, _)| svg)
 }
 
 /// Renders `timeline` in `format`: the SVG's bytes, or the PNG rasterized from it.
+///
+/// # Errors
+/// [`TimelineError::Render`] when the SVG cannot be written, or rasterized and encoded as PNG.
 pub fn render(timeline: &Timeline, format: PlotFormat) -> Result<Vec<u8>, TimelineError> {
     let svg = render_svg(timeline)?;
     match format {
@@ -223,6 +229,9 @@ pub fn render(timeline: &Timeline, format: PlotFormat) -> Result<Vec<u8>, Timeli
 }
 
 /// Renders `timeline` (see [`render`]) and writes it to `path`.
+///
+/// # Errors
+/// As [`render`]; [`TimelineError::Write`] when `path` cannot be written.
 pub fn write_plot(
     timeline: &Timeline,
     path: &Path,
@@ -237,6 +246,9 @@ pub fn write_plot(
 }
 
 /// [`render_svg`], with where everything went ([`Layout`]).
+///
+/// # Errors
+/// [`TimelineError::Render`] when writing the SVG fails.
 pub fn render_svg_with_layout(timeline: &Timeline) -> Result<(String, Layout), TimelineError> {
     let (x0, x1) = time_range(timeline);
     let columns = plot_columns();

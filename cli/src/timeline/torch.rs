@@ -269,6 +269,10 @@ fn inactive(addr: u64, size: u64) -> Result<Block, TimelineError> {
 }
 
 /// The PyTorch memory snapshot of `timeline` (see the module documentation) as pickle bytes.
+///
+/// # Errors
+/// [`TimelineError::OutOfRange`] when a value does not fit the snapshot's fields;
+/// [`TimelineError::Encode`] when pickling fails.
 pub fn torch_snapshot_bytes(timeline: &Timeline) -> Result<Vec<u8>, TimelineError> {
     let max_device = timeline.devices.iter().map(|d| d.device).max();
     let count = max_device.map_or(0, |m| m as usize + 1);
@@ -288,6 +292,9 @@ pub fn torch_snapshot_bytes(timeline: &Timeline) -> Result<Vec<u8>, TimelineErro
 
 /// Writes `timeline`'s events to `path` as a PyTorch memory snapshot (a pickle, see the
 /// module documentation), for `torch.cuda._memory_viz` or <https://pytorch.org/memory_viz>.
+///
+/// # Errors
+/// As [`torch_snapshot_bytes`]; [`TimelineError::Write`] when `path` cannot be written.
 pub fn write_torch_snapshot(timeline: &Timeline, path: &Path) -> Result<(), TimelineError> {
     let bytes = torch_snapshot_bytes(timeline)?;
     std::fs::write(path, bytes).map_err(|source| TimelineError::Write {

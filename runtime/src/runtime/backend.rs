@@ -10,6 +10,11 @@ use crate::inventory::Inventory;
 
 /// Opens the backend `choice` names as the process-wide one, or checks that the one already
 /// in use agrees with it (`auto` accepts any).
+///
+/// # Errors
+/// [`Error::BackendMismatch`](crate::Error::BackendMismatch) when another backend is already in
+/// use; [`Error::Allocator`](crate::Error::Allocator) when the backend cannot be opened (e.g.
+/// [`Error::NoDriver`](rmm_allocator::Error::NoDriver) for `cuda` without a driver).
 pub fn open_backend(choice: rmm_config::Backend) -> Result<&'static dyn Backend> {
     let wanted = match choice {
         rmm_config::Backend::Auto => None,
@@ -38,6 +43,10 @@ pub fn open_backend(choice: rmm_config::Backend) -> Result<&'static dyn Backend>
 }
 
 /// What the devices of `backend` report, for resolving a configuration.
+///
+/// # Errors
+/// [`Error::Allocator`](crate::Error::Allocator) ([`Error::Driver`](rmm_allocator::Error::Driver))
+/// when a device's properties or memory cannot be read.
 pub fn device_facts(backend: &'static dyn Backend) -> Result<Vec<DeviceFacts>> {
     Ok(Inventory::of(backend)?
         .devices

@@ -177,6 +177,13 @@ impl RuntimeBuilder {
     }
 
     /// Loads the configuration and starts the runtime.
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) when the configuration does not load or resolve;
+    /// [`Error::BackendMismatch`](crate::Error::BackendMismatch),
+    /// [`Error::DeviceInUse`](crate::Error::DeviceInUse),
+    /// [`Error::DeviceSetup`](crate::Error::DeviceSetup) or [`Error::Spawn`](crate::Error::Spawn)
+    /// as [`Runtime::start`].
     pub fn start(self) -> Result<Runtime> {
         let config = match self.config {
             Some(c) => c,
@@ -226,6 +233,13 @@ impl Runtime {
     }
 
     /// Starts the runtime `config` describes.
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) when `config` does not resolve;
+    /// [`Error::BackendMismatch`](crate::Error::BackendMismatch) when another backend is in use;
+    /// [`Error::DeviceInUse`](crate::Error::DeviceInUse) when another runtime holds a device;
+    /// [`Error::DeviceSetup`](crate::Error::DeviceSetup) when a device's stack cannot be built;
+    /// [`Error::Spawn`](crate::Error::Spawn) when a worker thread cannot start.
     pub fn start(config: &Config) -> Result<Runtime> {
         Runtime::start_with(config, DEFAULT_DRAIN_TIMEOUT)
     }
@@ -405,6 +419,10 @@ impl RuntimeHandle {
 
     /// Spills every spillable buffer of device `device` that is not in use; returns the
     /// device bytes freed (0 when the device does not spill).
+    ///
+    /// # Errors
+    /// [`Error::DeviceSetup`](crate::Error::DeviceSetup) when a buffer cannot be spilled (a full
+    /// host tier, a failed copy or write).
     pub fn spill_all(&self, device: u32) -> Result<u64> {
         match self.spill_manager(device) {
             Some(m) => m
@@ -420,6 +438,11 @@ impl RuntimeHandle {
     }
 
     /// Device `ordinal` of the runtime's backend.
+    ///
+    /// # Errors
+    /// [`Error::Allocator`](crate::Error::Allocator)
+    /// ([`Error::NoSuchDevice`](rmm_allocator::Error::NoSuchDevice)) when the backend has no device
+    /// `ordinal`.
     pub fn device(&self, ordinal: u32) -> Result<Device> {
         Ok(Device::on(self.shared.backend, ordinal)?)
     }

@@ -73,6 +73,10 @@ fn out_of_device_memory(e: &Error) -> bool {
 
 impl RuntimeHandle {
     /// Loads the configuration with `loader` and reinitializes to it.
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) when the configuration does not load; otherwise as
+    /// [`reinitialize`](Self::reinitialize).
     pub fn reinitialize_with(&self, loader: &ConfigLoader) -> Result<ReinitReport> {
         self.reinitialize(&loader.load()?)
     }
@@ -122,6 +126,17 @@ impl RuntimeHandle {
     /// what was held. A configuration that does not resolve,
     /// live allocations, or a device whose new stack cannot be built leave the runtime as it
     /// was (old stacks installed and working) and return the error.
+    ///
+    /// # Errors
+    /// [`Error::InsideWorker`](crate::Error::InsideWorker) when called from a worker;
+    /// [`Error::ShutDown`](crate::Error::ShutDown) after shutdown;
+    /// [`Error::Config`](crate::Error::Config) when `config` does not resolve;
+    /// [`Error::DrainTimeout`](crate::Error::DrainTimeout) when running tasks do not finish;
+    /// [`Error::SpillBeforeSwitch`](crate::Error::SpillBeforeSwitch) or
+    /// [`Error::LiveAllocations`](crate::Error::LiveAllocations) when memory stays in use;
+    /// [`Error::DeviceSetup`](crate::Error::DeviceSetup) or
+    /// [`Error::SpillTiers`](crate::Error::SpillTiers) when a new stack or tier cannot be built.
+    /// The runtime is then as it was.
     pub fn reinitialize(&self, config: &Config) -> Result<ReinitReport> {
         let shared = &*self.shared;
         shared.check_outside("reinitialize")?;

@@ -16,12 +16,20 @@ impl Runtime {
     /// stops and joins the workers, reports live allocations as leaks (through `tracing`,
     /// with their sites when tracking is on), gives every pool's memory back and puts each
     /// device back on a plain `CudaMemoryResource`.
+    ///
+    /// # Errors
+    /// [`Error::InsideWorker`](crate::Error::InsideWorker) when called from a worker;
+    /// [`Error::ShutDown`](crate::Error::ShutDown) when the runtime was already shut down.
     pub fn shutdown(self) -> Result<ShutdownReport> {
         let timeout = self.handle.shared.drain_timeout;
         self.handle.shutdown_inner(timeout)
     }
 
     /// As [`Runtime::shutdown`] with a drain timeout of its own.
+    ///
+    /// # Errors
+    /// As [`Runtime::shutdown`]: [`Error::InsideWorker`](crate::Error::InsideWorker) or
+    /// [`Error::ShutDown`](crate::Error::ShutDown).
     pub fn shutdown_timeout(self, timeout: Duration) -> Result<ShutdownReport> {
         self.handle.shutdown_inner(timeout)
     }

@@ -79,6 +79,12 @@ impl SpillManager {
     /// A manager for `device` as `spill` configures it: a pinned host pool of
     /// `spill.host_pool_size`, pinned now (or, with `"none"`, pinned as needed), and a disk
     /// tier under `spill.disk_directory`.
+    ///
+    /// # Errors
+    /// [`Error::HostOutOfMemory`](rmm_allocator::Error::HostOutOfMemory) or
+    /// [`Error::Driver`](rmm_allocator::Error::Driver) when the host pool cannot be pinned;
+    /// [`Error::InvalidArgument`](rmm_allocator::Error::InvalidArgument) when the disk directory
+    /// cannot be used.
     pub fn new(device: Device, spill: &ResolvedSpill) -> rmm_allocator::Result<SpillManager> {
         let host = host_pool(device, spill.host_pool_size)?;
         let store = SpillStore::new(device, host, spill.disk_directory.as_deref())?;
@@ -257,6 +263,10 @@ impl SpillManager {
 
     /// `size` uninitialized bytes on the device, spillable, used on `stream`; older buffers
     /// are spilled first if the limit requires.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the device cannot provide
+    /// `size` bytes, even after spilling.
     pub fn buffer(
         &self,
         size: usize,
@@ -268,6 +278,10 @@ impl SpillManager {
     }
 
     /// A spillable copy of `bytes`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the device cannot provide the
+    /// memory; [`Error::Driver`](rmm_allocator::Error::Driver) when the copy fails.
     pub fn from_host(
         &self,
         bytes: &[u8],
@@ -279,6 +293,11 @@ impl SpillManager {
     }
 
     /// `len` uninitialized elements on the device, spillable, used on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](rmm_allocator::Error::InvalidArgument) when `len` elements
+    /// overflow `usize` bytes; [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the
+    /// device cannot provide them.
     pub fn vector<T: Pod>(
         &self,
         len: usize,
@@ -290,6 +309,10 @@ impl SpillManager {
     }
 
     /// A spillable copy of `data`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the device cannot provide the
+    /// memory; [`Error::Driver`](rmm_allocator::Error::Driver) when the copy fails.
     pub fn vector_from_slice<T: Pod>(
         &self,
         data: &[T],
@@ -391,12 +414,22 @@ impl SpillManager {
     }
 
     /// Spills every buffer not in use; returns the device bytes freed.
+    ///
+    /// # Errors
+    /// [`Error::HostOutOfMemory`](rmm_allocator::Error::HostOutOfMemory) when the host tier is full
+    /// and there is no disk tier; [`Error::Driver`](rmm_allocator::Error::Driver) or
+    /// [`Error::SpillFile`](rmm_allocator::Error::SpillFile) when a copy or file write fails.
     pub fn spill_all(&self) -> rmm_allocator::Result<u64> {
         self.tracker.spill_oldest(u64::MAX, None)
     }
 
     /// Brings spilled buffers back (up to the limit, most recently used first) on `stream`;
     /// returns the bytes brought back.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the device cannot take a
+    /// buffer back; [`Error::Driver`](rmm_allocator::Error::Driver) or
+    /// [`Error::SpillFile`](rmm_allocator::Error::SpillFile) when a copy or file read fails.
     pub fn unspill_all(&self, stream: StreamView) -> rmm_allocator::Result<u64> {
         let mut buffers = self.tracker.oldest_first(None);
         buffers.reverse();

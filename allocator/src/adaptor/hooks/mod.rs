@@ -463,6 +463,10 @@ pub fn dispatch_free(
 
 /// For pools: wraps the upstream allocation `allocate` of a `mem_size`-byte chunk in
 /// `alloc_preprocess` / `alloc_postprocess` events when hooks are [`active`].
+///
+/// # Errors
+/// Whatever `allocate` returns (e.g. [`Error::OutOfMemory`](crate::Error::OutOfMemory) from the
+/// upstream).
 #[inline]
 pub fn alloc_from_upstream(
     source: Source,

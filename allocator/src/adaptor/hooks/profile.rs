@@ -185,6 +185,9 @@ impl fmt::Display for LineProfileHook {
 /// Allocates from `resource` with the caller's source line as the call site that
 /// [`LineProfileHook`] (and [`current_call_site`]) sees. `#[track_caller]` makes the site a
 /// compile-time constant: this costs two thread-local stores.
+///
+/// # Errors
+/// What `resource.allocate` returns (e.g. [`Error::OutOfMemory`](crate::Error::OutOfMemory)).
 #[track_caller]
 pub fn allocate_here(
     resource: &dyn DeviceMemoryResource,

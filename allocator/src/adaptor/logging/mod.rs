@@ -141,6 +141,10 @@ fn io_error(path: &Path, what: &str, e: std::io::Error) -> Error {
 
 impl LoggingResourceAdaptor {
     /// Logs to the file at `path`, created or truncated, starting with the header.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be created or the header
+    /// cannot be written.
     pub fn new(upstream: SharedResource, path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let file = File::create(path).map_err(|e| io_error(path, "creating the log", e))?;
@@ -148,6 +152,10 @@ impl LoggingResourceAdaptor {
     }
 
     /// Logs to `<dir>/rmm_log.dev<N>.csv`, N being the upstream's device ([`log_file_path`]).
+    ///
+    /// # Errors
+    /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be created or the header
+    /// cannot be written.
     pub fn in_dir(upstream: SharedResource, dir: impl AsRef<Path>) -> Result<Self> {
         let path = log_file_path(dir, upstream.device().ordinal());
         Self::new(upstream, path)
@@ -156,6 +164,9 @@ impl LoggingResourceAdaptor {
     /// Logs to `writer`, starting with the header. The adaptor buffers what it writes (64 KiB
     /// at a time), so `writer` needs no buffer of its own; it is written from the adaptor's
     /// writer thread.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`](crate::Error::EventLog) when the header cannot be written.
     pub fn to_writer(
         upstream: SharedResource,
         writer: impl Write + Send + 'static,
@@ -235,6 +246,10 @@ impl LoggingResourceAdaptor {
     /// Writes out everything logged so far, by every thread (those that have exited too), and
     /// flushes the file. Returns the first write error, if logging stopped, or the error of
     /// flushing.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`](crate::Error::EventLog) when a write failed (logging then stopped), the
+    /// writer thread is gone, or the flush fails.
     pub fn flush(&self) -> Result<()> {
         self.flush_to(self.queue.seq.0.load(Ordering::SeqCst))
     }

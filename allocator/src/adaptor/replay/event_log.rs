@@ -397,6 +397,10 @@ impl LineParser {
 
 impl EventLog {
     /// Reads and parses the log at `path`.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be read or a line does not
+    /// parse.
     pub fn read(path: impl AsRef<Path>) -> Result<EventLog> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| Error::EventLog {
@@ -409,6 +413,10 @@ impl EventLog {
     }
 
     /// Parses `text`; `source` names it in errors.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`](crate::Error::EventLog) when `text` is empty, the header is not RMM's,
+    /// or a line does not parse (the error names the line).
     pub fn parse(text: &str, source: impl Into<String>) -> Result<EventLog> {
         let source = source.into();
         let mut lines = text
@@ -441,6 +449,10 @@ impl EventLog {
 
     /// Checks that the public fields agree with each other (as [`EventLog::parse`] makes
     /// them), so that a log assembled or edited by hand cannot make a replay go wrong.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`](crate::Error::EventLog) naming the first disagreement (e.g. a thread or
+    /// allocation index out of range).
     pub fn check(&self) -> Result<()> {
         let bad = |problem: String| Error::EventLog {
             path: self.source.clone(),

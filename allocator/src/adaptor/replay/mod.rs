@@ -325,6 +325,10 @@ impl ReplayState<'_> {
 /// Replays `log` against `resource` (see the module documentation). Returns the report, with
 /// [`ReplayReport::failure`] set when an allocation failed; `Err` only when the replay could
 /// not be set up (e.g. a stream could not be created).
+///
+/// # Errors
+/// [`Error::EventLog`](crate::Error::EventLog) when `log` fails [`EventLog::check`];
+/// [`Error::Driver`](crate::Error::Driver) when a stream cannot be created.
 pub fn replay(
     log: &EventLog,
     resource: &dyn DeviceMemoryResource,

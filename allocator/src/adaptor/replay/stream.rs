@@ -108,6 +108,10 @@ fn for_each_line(
 impl LogFile {
     /// Reads and checks the log at `path`, line by line (memory: the threads and the
     /// allocations live at once).
+    ///
+    /// # Errors
+    /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be read or a line does not
+    /// parse.
     pub fn scan(path: impl AsRef<Path>) -> Result<LogFile> {
         let path = path.as_ref();
         let mut streams: Vec<u64> = Vec::new();
@@ -268,6 +272,11 @@ impl State<'_> {
 /// by line (see the module documentation). Returns the report, with
 /// [`ReplayReport::failure`] set when an operation failed; `Err` when the replay could not be
 /// set up (a stream or a thread could not be created) or the file changed since the scan.
+///
+/// # Errors
+/// [`Error::Driver`](crate::Error::Driver) when a stream cannot be created;
+/// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be read again or has changed
+/// since the scan.
 pub fn replay_streamed(
     file: &LogFile,
     resource: &dyn DeviceMemoryResource,

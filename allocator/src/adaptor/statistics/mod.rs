@@ -510,6 +510,10 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
 
     /// Ends the innermost scope and returns its (bytes, allocations) counters; the enclosing
     /// scope takes its figures over (RMM's `pop_counters`). Fails when no scope was pushed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when no scope was pushed (only the
+    /// outermost one is left).
     pub fn pop_counters(&self) -> Result<(Counter, Counter)> {
         let mut scopes = self.scopes.lock();
         if scopes.len() < 2 {

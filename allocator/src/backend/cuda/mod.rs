@@ -62,6 +62,7 @@ static LOADED: OnceLock<std::result::Result<&'static CudaBackend, Error>> = Once
 impl CudaBackend {
     /// Loads the driver (once per process) and opens every visible device.
     ///
+    /// # Errors
     /// Fails with [`Error::NoDriver`] when `libcuda` cannot be loaded, lacks an entry point,
     /// or does not initialize.
     pub fn load() -> Result<&'static CudaBackend> {

@@ -36,6 +36,10 @@ impl Default for SimConfig {
 impl SimConfig {
     /// The default configuration overridden by `RMM_SIM_DEVICES` (a count),
     /// `RMM_SIM_MEMORY` (bytes or e.g. `80GiB`) and `RMM_SIM_MODE` (`backed` or `unbacked`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `RMM_SIM_DEVICES`,
+    /// `RMM_SIM_MEMORY` or `RMM_SIM_MODE` holds a value it does not accept.
     pub fn from_env() -> Result<Self> {
         let mut cfg = SimConfig::default();
         if let Ok(v) = std::env::var("RMM_SIM_DEVICES") {

@@ -122,6 +122,10 @@ enum HostBlock {
 
 impl SimBackend {
     /// Builds a simulated backend.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `config` has no device, more
+    /// than 64, or a capacity of zero.
     pub fn new(config: SimConfig) -> Result<SimBackend> {
         if config.devices == 0 || config.devices > 64 {
             return Err(Error::invalid_argument(
@@ -163,6 +167,10 @@ impl SimBackend {
     }
 
     /// Builds a simulated backend that lives for the rest of the process, as backends do.
+    ///
+    /// # Errors
+    /// As [`SimBackend::new`]: [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
+    /// invalid `config`.
     pub fn leak(config: SimConfig) -> Result<&'static SimBackend> {
         Ok(Box::leak(Box::new(SimBackend::new(config)?)))
     }
@@ -174,6 +182,9 @@ impl SimBackend {
 
     /// Makes the `n`-th device allocation from now on `dev` fail with out-of-memory
     /// (`n` = 1: the next one). `n` = 0 clears it.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
     pub fn fail_nth_allocation(&self, dev: u32, n: u64) -> Result<()> {
         let f = &self.device(dev)?.faults;
         let base = f.allocs.load(Ordering::SeqCst);
@@ -183,6 +194,9 @@ impl SimBackend {
     }
 
     /// Makes every device allocation on `dev` larger than `bytes` fail with out-of-memory.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
     pub fn fail_allocations_above(&self, dev: u32, bytes: usize) -> Result<()> {
         self.device(dev)?
             .faults
@@ -192,6 +206,9 @@ impl SimBackend {
     }
 
     /// Makes the `n`-th copy or memset from now on `dev` fail (`n` = 0 clears it).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
     pub fn fail_nth_copy(&self, dev: u32, n: u64) -> Result<()> {
         let f = &self.device(dev)?.faults;
         let base = f.copies.load(Ordering::SeqCst);
@@ -210,6 +227,9 @@ impl SimBackend {
     }
 
     /// Makes the `n`-th write to a spill file of `dev` from now on fail (`n` = 0 clears it).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
     pub fn fail_nth_file_write(&self, dev: u32, n: u64) -> Result<()> {
         let f = &self.device(dev)?.faults;
         let base = f.file_writes.load(Ordering::SeqCst);
@@ -220,6 +240,9 @@ impl SimBackend {
 
     /// The operations fault injection counts on `dev` so far (pins: all devices'): take it
     /// before and after a step to learn how many of each the step does.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
     pub fn counts(&self, dev: u32) -> Result<SimCounts> {
         let f = &self.device(dev)?.faults;
         Ok(SimCounts {
@@ -231,6 +254,9 @@ impl SimBackend {
     }
 
     /// Removes every injected fault on `dev` (and the pin fault).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
     pub fn clear_faults(&self, dev: u32) -> Result<()> {
         let f = &self.device(dev)?.faults;
         f.fail_alloc_at.store(0, Ordering::SeqCst);
@@ -242,6 +268,12 @@ impl SimBackend {
     }
 
     /// Holds `stream` back: work queued on it from now on waits until the gate is opened.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `stream` is not a live stream
+    /// of it; [`Error::Driver`](crate::Error::Driver) when the default stream's worker thread
+    /// cannot start.
     pub fn hold_stream(&self, dev: u32, stream: RawStream) -> Result<StreamGate> {
         let s = self.stream(dev, stream)?;
         let (gate, job) = StreamGate::new();
@@ -250,6 +282,12 @@ impl SimBackend {
     }
 
     /// Queues a delay of `duration` on `stream`, standing in for a long-running kernel.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `stream` is not a live stream
+    /// of it; [`Error::Driver`](crate::Error::Driver) when the default stream's worker thread
+    /// cannot start.
     pub fn delay_stream(&self, dev: u32, stream: RawStream, duration: Duration) -> Result<()> {
         let s = self.stream(dev, stream)?;
         s.submit(move || std::thread::sleep(duration));

@@ -78,6 +78,10 @@ pub enum PoolSize {
 
 impl PoolSize {
     /// The size in bytes on a device of `total` bytes, rounded down to 256 bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a fraction is not in (0, 1];
+    /// `what` names the setting in the error.
     pub fn resolve(self, total: usize, what: &'static str) -> Result<u64> {
         let bytes = match self {
             PoolSize::Bytes(b) => b as u64,
@@ -179,6 +183,13 @@ impl PoolBuilder {
     }
 
     /// Takes the initial memory and builds the pool.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a size is an invalid
+    /// fraction, the initial size exceeds the maximum, or the growth is zero;
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the upstream cannot provide the
+    /// initial memory; [`Error::Driver`](crate::Error::Driver) when the device cannot report its
+    /// memory.
     pub fn build(self) -> Result<PoolMemoryResource> {
         let device = self.upstream.device();
         let info = device.mem_info()?;
@@ -354,6 +365,11 @@ impl PoolMemoryResource {
     }
 
     /// A pool over `upstream` with the given initial and maximum sizes in bytes.
+    ///
+    /// # Errors
+    /// As [`PoolBuilder::build`]: [`Error::InvalidArgument`](crate::Error::InvalidArgument) when
+    /// `initial` exceeds `maximum`, [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the
+    /// upstream cannot provide the initial memory.
     pub fn new(upstream: SharedResource, initial: usize, maximum: Option<usize>) -> Result<Self> {
         let mut b = Self::builder(upstream).initial_size(PoolSize::Bytes(initial));
         if let Some(m) = maximum {
@@ -456,6 +472,9 @@ impl PoolMemoryResource {
     /// Waits for every block freed on a foreign stream and returns it to its arena, and gives
     /// every arena's cached blocks back to its heaps, so that
     /// [`PoolMemoryResource::validate`] sees the pool as it is once all streams are idle.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when waiting for a foreign stream fails.
     pub fn synchronize(&self) -> Result<()> {
         for arena in self.arenas.all() {
             self.settle_idle(arena)?;
@@ -465,6 +484,11 @@ impl PoolMemoryResource {
 
     /// Gives unused memory back to the upstream until the pool holds at most `to_bytes`
     /// (never less than what is in use). Returns the bytes released.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when waiting for pending frees fails, or the
+    /// upstream ([`Error::InvalidPointer`](crate::Error::InvalidPointer)) rejects a chunk given
+    /// back.
     pub fn trim(&self, to_bytes: u64) -> Result<u64> {
         let _span =
             tracing::debug_span!("pool trim", device = self.device.ordinal(), to_bytes).entered();
@@ -498,6 +522,10 @@ impl PoolMemoryResource {
     /// `budget` would adopt from this one ([`PoolBuilder::adopt_from`]): the step before a
     /// replacement pool is built, so that the device has room for what it must allocate
     /// anew while the memory it can take over stays. Returns the bytes released.
+    ///
+    /// # Errors
+    /// As [`PoolMemoryResource::trim`]: [`Error::Driver`](crate::Error::Driver) or the upstream's
+    /// error when giving a chunk back fails.
     pub fn release_except_adoptable(&self, budget: u64) -> Result<u64> {
         let mut g = self.global.lock();
         self.reclaim(&mut g)?;
@@ -511,6 +539,10 @@ impl PoolMemoryResource {
     }
 
     /// Gives every unused chunk back to the upstream. Returns the bytes released.
+    ///
+    /// # Errors
+    /// As [`PoolMemoryResource::trim`]: [`Error::Driver`](crate::Error::Driver) or the upstream's
+    /// error when giving a chunk back fails.
     pub fn release(&self) -> Result<u64> {
         self.trim(0)
     }
@@ -547,6 +579,10 @@ impl PoolMemoryResource {
     /// pending + free. Takes every lock in turn: for tests and diagnostics, not for hot
     /// paths. Cached blocks are checked, not flushed: [`PoolMemoryResource::synchronize`]
     /// flushes them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) (`pool state`) naming the first
+    /// inconsistency found; it means a bug in rmm-rs.
     pub fn validate(&self) -> Result<PoolSnapshot> {
         let fail = |what: String| {
             Error::invalid_argument(

@@ -164,6 +164,11 @@ fn nanos_since(start: Instant) -> u64 {
 impl SpillableBuffer {
     /// `size` uninitialized bytes on the store's device, from the device's current resource,
     /// used on `stream`; spilled data goes to `store`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the device's resource cannot allocate
+    /// `size` bytes; [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) (or the backend's error)
+    /// when the device has no resource.
     pub fn new(
         store: &Arc<SpillStore>,
         size: usize,
@@ -237,6 +242,9 @@ impl SpillableBuffer {
     }
 
     /// A buffer holding a copy of `bytes` (the copy is complete when this returns).
+    ///
+    /// # Errors
+    /// As [`SpillableBuffer::new`]; [`Error::Driver`](crate::Error::Driver) when the copy fails.
     pub fn from_host(
         store: &Arc<SpillStore>,
         bytes: &[u8],
@@ -351,6 +359,12 @@ impl SpillableBuffer {
 
     /// The data on the device for use on `stream`, brought back first if it was spilled
     /// (into the device's current resource). The buffer is not spilled while the guard lives.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when bringing spilled data back cannot
+    /// allocate; [`Error::Driver`](crate::Error::Driver) or
+    /// [`Error::SpillFile`](crate::Error::SpillFile) when the copy or file read fails;
+    /// [`Error::DataLost`](crate::Error::DataLost) when a copy failed in a way that lost the data.
     pub fn device_view(&self, stream: StreamView) -> Result<DeviceGuard<'_>> {
         let mut state = self.state.lock();
         if !matches!(*state, State::Device { .. }) {
@@ -396,6 +410,12 @@ impl SpillableBuffer {
     /// The data in pinned host memory, moved there first (from the device, after the work
     /// queued on its stream, or from disk). Fails when a device guard is alive (the data is
     /// in use there; [`to_vec`](Self::to_vec) copies instead) or the host tier is full.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a device guard is alive;
+    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when the host tier is full;
+    /// [`Error::Driver`](crate::Error::Driver) or [`Error::SpillFile`](crate::Error::SpillFile)
+    /// when the copy or file read fails.
     pub fn host_view(&self) -> Result<HostGuard<'_>> {
         let mut state = self.state.lock();
         match &*state {
@@ -423,6 +443,10 @@ impl SpillableBuffer {
     }
 
     /// A copy of the data, wherever it is (it does not move).
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the copy from the device fails;
+    /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         let state = self.state.lock();
         match &*state {
@@ -448,6 +472,13 @@ impl SpillableBuffer {
     /// is full and there is a disk tier. Returns the device bytes freed (0 when the buffer is
     /// in use, busy, already spilled, or empty). On error (a full host pool without a disk
     /// tier, a failed copy or write) the buffer stays on the device, valid.
+    ///
+    /// # Errors
+    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when the host pool is full and
+    /// there is no disk tier; [`Error::Driver`](crate::Error::Driver) or
+    /// [`Error::SpillFile`](crate::Error::SpillFile) when the copy or file write fails
+    /// ([`Error::InjectedFault`](crate::Error::InjectedFault) on the simulated device when told
+    /// to).
     pub fn spill(&self) -> Result<usize> {
         let Some(mut state) = self.lock_idle() else {
             return Ok(0);
@@ -473,6 +504,12 @@ impl SpillableBuffer {
     /// Moves the data to the disk tier from the host or the device; returns the bytes moved
     /// (0 when in use, busy, already on disk, or empty). Fails without a disk tier; on error
     /// the buffer stays where it was, valid.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the store has no disk tier;
+    /// [`Error::Driver`](crate::Error::Driver) or [`Error::SpillFile`](crate::Error::SpillFile)
+    /// when the copy or file write fails ([`Error::InjectedFault`](crate::Error::InjectedFault) on
+    /// the simulated device when told to).
     pub fn spill_to_disk(&self) -> Result<usize> {
         self.disk()?;
         let Some(mut state) = self.lock_idle() else {

@@ -54,6 +54,10 @@ pub use shapes::{Scale, Shape};
 /// A resource that cannot be created, or a cell that fails (out of memory, say), is recorded
 /// in [`AllocatorReport::failures`] and leaves its cells `None`; the run goes on. Errors are
 /// invalid options and a device that cannot be opened.
+///
+/// # Errors
+/// [`BenchError::InvalidOption`] for invalid options; [`BenchError::Allocator`] when the device or
+/// its stream cannot be opened.
 pub fn run(
     backend: &'static dyn Backend,
     options: &AllocatorBenchOptions,
@@ -63,6 +67,9 @@ pub fn run(
 
 /// As [`run`], calling `on_row` with each row (and that resource's failures) as soon as it is
 /// measured: progress for long runs.
+///
+/// # Errors
+/// As [`run`]: [`BenchError::InvalidOption`] or [`BenchError::Allocator`].
 pub fn run_with(
     backend: &'static dyn Backend,
     options: &AllocatorBenchOptions,
