@@ -1,0 +1,238 @@
+//! Building a pool: its sizes ([`PoolSize`]) and the builder ([`PoolBuilder`]) that takes
+//! its initial memory, from the upstream or from a pool it replaces.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::chunks::{ChunkSource, VirtualMemory};
+use super::growth::DEFAULT_GROWTH;
+use super::handover::LiveBlock;
+use super::tlsf::GRANULE;
+use super::{PoolMemoryResource, vmm};
+use crate::error::{Error, Result, fmt_bytes};
+use crate::resource::DeviceMemoryResource;
+use crate::resource::SharedResource;
+use crate::resource::stream_arenas::StreamArenas;
+
+/// A size given in bytes or as a fraction of the device's total memory.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PoolSize {
+    /// Exactly this many bytes (rounded to 256).
+    Bytes(usize),
+    /// This fraction (0, 1] of the device's total memory.
+    Fraction(f64),
+}
+
+impl PoolSize {
+    /// The size in bytes on a device of `total` bytes, rounded down to 256 bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a fraction is not in (0, 1];
+    /// `what` names the setting in the error.
+    pub fn resolve(self, total: usize, what: &'static str) -> Result<u64> {
+        let bytes = match self {
+            PoolSize::Bytes(b) => b as u64,
+            PoolSize::Fraction(f) if f > 0.0 && f <= 1.0 => (total as f64 * f) as u64,
+            PoolSize::Fraction(f) => {
+                return Err(Error::invalid_argument(
+                    what,
+                    f,
+                    "a fraction in (0, 1] of device memory",
+                ));
+            }
+        };
+        Ok(bytes / GRANULE * GRANULE)
+    }
+}
+
+/// Builds a [`PoolMemoryResource`].
+#[derive(Debug, Clone)]
+pub struct PoolBuilder {
+    upstream: SharedResource,
+    initial: Option<PoolSize>,
+    maximum: Option<PoolSize>,
+    growth: u64,
+    donor: Option<Arc<PoolMemoryResource>>,
+    live: Vec<LiveBlock>,
+    provisional: bool,
+    virtual_memory: VirtualMemory,
+}
+
+impl PoolBuilder {
+    /// A builder over `upstream` with every setting at its default
+    /// ([`PoolMemoryResource::builder`]).
+    pub(super) fn over(upstream: SharedResource) -> PoolBuilder {
+        PoolBuilder {
+            upstream,
+            initial: None,
+            maximum: None,
+            growth: DEFAULT_GROWTH,
+            donor: None,
+            live: Vec::new(),
+            provisional: false,
+            virtual_memory: VirtualMemory::default(),
+        }
+    }
+
+    /// Whether chunks are mapped through CUDA's virtual memory API (default
+    /// [`VirtualMemory::Auto`]: over a [`CudaMemoryResource`](crate::resource::CudaMemoryResource)
+    /// on a device that supports it, with a maximum size of at least 64 granules). Mapped
+    /// chunks lie side by side in one address range per device, so free space stays in one
+    /// piece across growth and entirely free chunks go back to the device one by one; sizes
+    /// are then multiples of the device's granularity (2 MiB on current GPUs).
+    pub fn virtual_memory(mut self, mode: VirtualMemory) -> Self {
+        self.virtual_memory = mode;
+        self
+    }
+
+    /// Memory taken from the upstream at construction (default: half of the device's free
+    /// memory, as RMM's Python `reinitialize` does). `Bytes(0)` starts empty.
+    pub fn initial_size(mut self, size: PoolSize) -> Self {
+        self.initial = Some(size);
+        self
+    }
+
+    /// The most memory the pool may hold (default: the device's total memory).
+    pub fn maximum_size(mut self, size: PoolSize) -> Self {
+        self.maximum = Some(size);
+        self
+    }
+
+    /// The growth step (default [`DEFAULT_GROWTH`], 1 GiB): when nothing the pool holds can
+    /// serve a request, it grows by what the request needs rounded up to a multiple of this,
+    /// never past the maximum size. Smaller steps keep the pool closer to what is in use at
+    /// the price of more upstream allocations; 0 is refused by [`PoolBuilder::build`].
+    pub fn growth(mut self, bytes: u64) -> Self {
+        self.growth = bytes;
+        self
+    }
+
+    /// Takes the initial memory from `donor`'s entirely free upstream chunks where it can,
+    /// instead of from the upstream: a pool replacing another one of the same device (a
+    /// `reinitialize` from pool to pool) then makes no driver call for the memory both want.
+    /// Chunks move only when `donor`'s upstream and this one can free each other's memory
+    /// ([`DeviceMemoryResource::is_equal`]), and only as many as fit in the initial size;
+    /// the donor keeps working and grows again on demand.
+    pub fn adopt_from(mut self, donor: Arc<PoolMemoryResource>) -> Self {
+        self.donor = Some(donor);
+        self
+    }
+
+    /// With [`PoolBuilder::adopt_from`]: also takes over these live allocations of the donor
+    /// with the chunks that hold them, data in place, as allocations of the new pool (freed
+    /// to it, on their stream). A block moves only when every chunk it lies in holds nothing
+    /// else live and fits in the initial size (chunks holding blocks go first); blocks of 64
+    /// KiB or less never move (they share slabs). [`PoolMemoryResource::adopted_blocks`]
+    /// lists those that moved; the others stay the donor's. The caller must not free a moved
+    /// block to the donor.
+    pub fn adopt_live(mut self, blocks: Vec<LiveBlock>) -> Self {
+        self.live = blocks;
+        self
+    }
+
+    /// With [`PoolBuilder::adopt_from`]: what the pool takes over stays the donor's to take
+    /// back until [`PoolMemoryResource::commit_adoption`]; dropping the pool before that gives
+    /// the chunks and live blocks back to the donor, data in place, instead of to the
+    /// upstream. Commit once the pool is in service; until then, allocate nothing from it.
+    pub fn adopt_provisionally(mut self) -> Self {
+        self.provisional = true;
+        self
+    }
+
+    /// Takes the initial memory and builds the pool.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a size is an invalid
+    /// fraction, the initial size exceeds the maximum, or the growth is zero;
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the upstream cannot provide the
+    /// initial memory; [`Error::Driver`](crate::Error::Driver) when the device cannot report its
+    /// memory.
+    pub fn build(self) -> Result<PoolMemoryResource> {
+        let device = self.upstream.device();
+        let info = device.mem_info()?;
+        let maximum = match self.maximum {
+            Some(m) => m.resolve(info.total, "maximum_size")?,
+            None => info.total as u64 / GRANULE * GRANULE,
+        };
+        let initial = match self.initial {
+            Some(s) => s.resolve(info.total, "initial_size")?,
+            None => (info.free as u64 / 2 / GRANULE * GRANULE).min(maximum),
+        };
+        if initial > maximum {
+            return Err(Error::invalid_argument(
+                "initial_size",
+                fmt_bytes(initial as usize),
+                format!("at most the maximum size {}", fmt_bytes(maximum as usize)),
+            ));
+        }
+        if self.growth == 0 {
+            return Err(Error::invalid_argument(
+                "pool growth",
+                "0 B",
+                "a growth step of at least 256 bytes, e.g. 1 GiB (pool.growth)",
+            ));
+        }
+        let growth = self.growth.next_multiple_of(GRANULE);
+        let mut mode = self.virtual_memory;
+        // A pool too small for whole granules is better served by the upstream.
+        if mode == VirtualMemory::Auto && maximum < vmm::AUTO_MINIMUM {
+            mode = VirtualMemory::Off;
+        }
+        // A pool that takes a large initial size at once (RMM's `initial_pool_size` use) is
+        // built faster from the upstream: mapping physical memory is paid for up front, per
+        // byte, where one `cuMemAlloc` reserves lazily. Virtual memory serves the pools that
+        // start small and grow on demand (and give memory back in pieces).
+        if mode == VirtualMemory::Auto && initial > vmm::AUTO_MAXIMUM_INITIAL {
+            mode = VirtualMemory::Off;
+        }
+        let source = ChunkSource::choose(mode, &self.upstream)?;
+        let (maximum, initial) = match &source {
+            ChunkSource::Mapped(space) => {
+                let g = space.granularity();
+                let rounded = maximum / g * g;
+                if rounded == 0 {
+                    return Err(Error::invalid_argument(
+                        "maximum_size",
+                        fmt_bytes(maximum as usize),
+                        format!(
+                            "at least the device's allocation granularity ({}) with virtual memory",
+                            fmt_bytes(g as usize)
+                        ),
+                    ));
+                }
+                (rounded, initial.next_multiple_of(g).min(rounded))
+            }
+            _ => (maximum, initial),
+        };
+        let mut pool = PoolMemoryResource {
+            upstream: self.upstream,
+            device,
+            maximum,
+            growth,
+            arenas: StreamArenas::new(),
+            global: Mutex::new(source.free_space()),
+            source,
+            adopted: Vec::new(),
+            pending: Mutex::new(None),
+        };
+        let donor = self.donor.filter(|d| {
+            d.device == device
+                && d.source.can_swap(&d.upstream, &pool.source, &pool.upstream)
+                && initial > 0
+        });
+        let adopted = pool.take_over(donor, &self.live, initial, self.provisional)?;
+        tracing::debug!(
+            device = device.ordinal(),
+            initial,
+            adopted,
+            adopted_blocks = pool.adopted.len(),
+            maximum,
+            growth,
+            upstream = pool.upstream.name(),
+            chunks = pool.chunk_source(),
+            "pool created"
+        );
+        Ok(pool)
+    }
+}
