@@ -65,13 +65,19 @@ def test_the_quick_start_and_statistics_snippets_run_as_written():
     assert "load" in out.stdout and "memory_peak" in out.stdout, out.stdout
 
 
-def test_the_dask_plugin_snippet_runs_as_written():
+def test_the_dask_plugin_snippet_runs_as_written(monkeypatch):
+    # `cargo xtask test` installs CuPy, which imports and takes an allocator without a GPU.
     if importlib.util.find_spec("cupy") is None:
         pytest.skip("the snippet names CuPy in rmm_allocator_external_lib_list; CuPy is not installed")
     from distributed import Client, LocalCluster
 
     import rmm_rs
 
+    if os.environ.get("RMM_BACKEND", "sim") == "sim":
+        # The workers' simulated device, sized like an H100 without backing memory: the
+        # snippet's 24 GB pool takes no host memory.
+        monkeypatch.setenv("RMM_SIM_MEMORY", "80GiB")
+        monkeypatch.setenv("RMM_SIM_MODE", "unbacked")
     cwd = os.getcwd()
     os.chdir(ROOT)  # its rmm.toml, for the workers as well
     try:
@@ -86,9 +92,18 @@ def test_the_dask_plugin_snippet_runs_as_written():
             scope = {"client": client, "rmm_rs": rmm_rs}
             exec(snippet("RMMRsPlugin("), scope)
             stats = client.run(rmm_rs.statistics)
+            allocators = client.run(lambda: cupy_allocator_module())
     finally:
         os.chdir(cwd)
     assert len(stats) == 2
+    # The snippet's rmm_allocator_external_lib_list put CuPy on rmm-rs in every worker.
+    assert set(allocators.values()) == {"rmm_rs.allocators.cupy"}, allocators
+
+
+def cupy_allocator_module():
+    import cupy
+
+    return getattr(cupy.cuda.get_allocator(), "__module__", None)
 
 
 def test_the_dask_cuda_snippet_runs_as_written():
