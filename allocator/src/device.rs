@@ -95,6 +95,17 @@ impl Device {
         self.backend.device_synchronize(self.ordinal)
     }
 
+    /// Makes this device's context current on the calling thread when the thread has none,
+    /// as CUDA's runtime does on a thread's first call; checked once per thread (see
+    /// [`Backend::bind_thread`](crate::backend::Backend::bind_thread)).
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the driver cannot read or set the thread's
+    /// context.
+    pub fn bind_thread(self) -> Result<()> {
+        self.backend.bind_thread(self.ordinal)
+    }
+
     /// Copies `src` to device memory at `dst` and waits.
     ///
     /// # Errors

@@ -146,6 +146,12 @@ fn allocate(size: usize, device: c_int, stream: StreamView) -> *mut c_void {
         return std::ptr::null_mut();
     };
     let made = with_per_device_resource(device, |r| {
+        // A thread of another library (a librmm client's) may hold no CUDA context: bind the
+        // device's, once per thread, as the CUDA runtime would, or librmm's device_buffer
+        // asks the runtime for the current device the slow way on every buffer.
+        if let Err(e) = r.device().bind_thread() {
+            tracing::debug!("rmm_rs allocator: binding device {device}'s context: {e}");
+        }
         let p = r.allocate(size, stream)?;
         if !p.is_null()
             && let Some(old) = LIVE.shard(p.addr()).lock().insert(p.addr(), size, r)

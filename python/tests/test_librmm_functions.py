@@ -154,3 +154,42 @@ def test_the_rmm_module_is_reachable_without_importing_rmm():
         "assert 'rmm' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_an_allocation_binds_the_devices_context_on_a_thread_that_has_none():
+    """A librmm client's thread may reach rmm-rs before any CUDA call of its own; librmm's
+    ``device_buffer`` then asks CUDA's runtime for the current device on every buffer, which
+    is slow while no context is current. The first allocation on such a thread binds the
+    device's primary context, as the runtime would."""
+    import os
+
+    import pytest
+
+    if os.environ.get("RMM_BACKEND", "").lower() != "cuda":
+        pytest.skip("needs a GPU (RMM_BACKEND=cuda): the simulated device has no contexts")
+    driver = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
+    rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "64MiB"}})
+    allocate, deallocate, _ = functions()
+    seen: dict = {}
+
+    def context():
+        err, ctx = driver.cuCtxGetCurrent()
+        assert err == driver.CUresult.CUDA_SUCCESS, err
+        return int(ctx)
+
+    def on_a_new_thread():
+        seen["before"] = context()
+        p = allocate(MIB, 0, None)
+        seen["after"] = context()
+        deallocate(p, MIB, 0, None)
+        seen["ptr"] = p
+
+    t = threading.Thread(target=on_a_new_thread)
+    t.start()
+    t.join()
+    err, primary = driver.cuDevicePrimaryCtxRetain(driver.cuDeviceGet(0)[1])
+    assert err == driver.CUresult.CUDA_SUCCESS, err
+    driver.cuDevicePrimaryCtxRelease(driver.cuDeviceGet(0)[1])
+    assert seen["ptr"]
+    assert seen["before"] == 0, "a new thread already had a context: nothing to check"
+    assert seen["after"] == int(primary)

@@ -499,6 +499,20 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
     /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn device_synchronize(&self, dev: u32) -> Result<()>;
+    /// Makes device `dev`'s context current on the calling thread when the thread has none,
+    /// as CUDA's runtime does on a thread's first call. For threads that reach rmm-rs from
+    /// another library without having made a CUDA call: there, a runtime that asks for the
+    /// current device (librmm's `device_buffer` does, for every buffer) takes a slow path on
+    /// each call while no context is current. A thread that has a context keeps it. Checked
+    /// once per thread; nothing on the simulated device.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver cannot read or set the thread's context;
+    /// [`Error::NoSuchDevice`] for an unknown device. None by default.
+    fn bind_thread(&self, dev: u32) -> Result<()> {
+        let _ = dev;
+        Ok(())
+    }
     /// Called before each write to a spill file of device `dev`: a fault-injection point
     /// (the simulated device fails the N-th write when told to,
     /// `SimBackend::fail_nth_file_write`); every other backend lets it through.

@@ -51,6 +51,8 @@ unsafe impl Sync for CudaBackend {}
 thread_local! {
     /// The context this thread last made current through the backend.
     static BOUND_CONTEXT: Cell<usize> = const { Cell::new(0) };
+    /// True once `bind_thread` has looked at this thread's context.
+    static THREAD_CHECKED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Allocations of at least this many bytes take [`LARGE_ALLOCATIONS`] (see `malloc`).
@@ -700,5 +702,23 @@ impl Backend for CudaBackend {
         self.bind(dev)?;
         // SAFETY: plain synchronization of the current context.
         check("cuCtxSynchronize", dev, unsafe { sys::cuCtxSynchronize() })
+    }
+
+    fn bind_thread(&self, dev: u32) -> Result<()> {
+        if THREAD_CHECKED.with(Cell::get) || BOUND_CONTEXT.with(Cell::get) != 0 {
+            return Ok(());
+        }
+        // Once per thread, whatever the outcome: a failure is not retried on every call.
+        THREAD_CHECKED.with(|c| c.set(true));
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the driver writes the calling thread's current context (or null) into
+        // `current`, a local that outlives the call.
+        check("cuCtxGetCurrent", dev, unsafe {
+            sys::cuCtxGetCurrent(&mut current)
+        })?;
+        if current.is_null() {
+            self.bind(dev)?;
+        }
+        Ok(())
     }
 }

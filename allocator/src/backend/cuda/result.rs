@@ -21,6 +21,7 @@ pub(super) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDeviceGetAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
     "cuCtxSynchronize",
     "cuGetErrorName",
     "cuGetErrorString",
