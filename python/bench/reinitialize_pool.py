@@ -94,7 +94,9 @@ def main():
                 parts = [
                     f"{s} {rep[s] * 1e3:.1f}" for s in steps if isinstance(rep.get(s), float)
                 ]
-                line += f"  [{', '.join(parts)} ms; {res['stack']}]"
+                # What the call costs beyond the runtime's own steps (settings, the report).
+                outside = res["wall_ms"] - rep["total"] * 1e3
+                line += f"  [{', '.join(parts)} ms; outside the steps {outside:.2f} ms; {res['stack']}]"
             print(line)
     print(f"\n{a.gib} GiB pool after a managed stack, median of {a.rounds} (pool.vmm = {a.vmm}):")
     for side, v in walls.items():
