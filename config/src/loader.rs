@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use crate::error::{Error, Result, Source};
 use crate::schema::{self, ENV_PREFIX, KeySpec, Lookup};
@@ -443,12 +444,23 @@ fn read_env(env: &[(String, String)], layers: &mut Layers) {
     }
 }
 
-/// Defaults overlaid with the entries in order, deserialized into a [`Config`].
-fn merge(entries: Vec<Entry>) -> Result<Config> {
+/// The defaults as dotted keys, made once per process: they never change, and serializing
+/// and flattening them was most of a load's time.
+fn flat_defaults() -> Result<&'static BTreeMap<String, toml::Value>> {
+    static DEFAULTS: OnceLock<BTreeMap<String, toml::Value>> = OnceLock::new();
+    if let Some(flat) = DEFAULTS.get() {
+        return Ok(flat);
+    }
     let defaults = toml::Value::try_from(Config::default())
         .map_err(|e| Error::Internal(format!("serializing the defaults: {e}")))?;
     let mut flat = BTreeMap::new();
     flatten(&defaults, "", &mut flat);
+    Ok(DEFAULTS.get_or_init(|| flat))
+}
+
+/// Defaults overlaid with the entries in order, deserialized into a [`Config`].
+fn merge(entries: Vec<Entry>) -> Result<Config> {
+    let mut flat = flat_defaults()?.clone();
     let mut sources = BTreeMap::new();
     for entry in entries {
         flat.insert(entry.key.clone(), entry.value);

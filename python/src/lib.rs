@@ -154,8 +154,11 @@ pub(crate) fn with_runtime<T>(f: impl FnOnce(&Runtime) -> PyResult<T>) -> PyResu
 
 /// Parses JSON made by the runtime into Python objects (dicts, lists, numbers).
 fn json_to_py(py: Python<'_>, text: &str) -> PyResult<Py<PyAny>> {
-    let json = py.import("json")?;
-    Ok(json.call_method1("loads", (text,))?.unbind())
+    static LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let loads = LOADS.get_or_try_init(py, || {
+        py.import("json")?.getattr("loads").map(Bound::unbind)
+    })?;
+    Ok(loads.bind(py).call1((text,))?.unbind())
 }
 
 /// Starts rmm-rs on the configured devices: `config` is a path to an rmm.toml, a dict of
