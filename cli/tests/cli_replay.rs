@@ -288,6 +288,64 @@ fn plot_and_torch_snapshot_of_the_sample_log() {
 }
 
 #[test]
+fn a_torch_snapshot_keeps_the_last_trace_entries_it_is_told() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = write_log("entries.csv", 8);
+    let snapshot = |entries: Option<&str>| {
+        let pickle = tmp
+            .path()
+            .join(format!("{}.pickle", entries.unwrap_or("all")));
+        let mut args = vec![
+            "replay",
+            log.to_str().unwrap(),
+            "--simulate-capacity",
+            "40GiB",
+            "--order",
+            "logged",
+            "--json",
+            "--torch-snapshot",
+            pickle.to_str().unwrap(),
+        ];
+        if let Some(n) = entries {
+            args.extend(["--torch-trace-entries", n]);
+        }
+        let out = rmm(&args);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let about = v["snapshot"]["about"].as_str().unwrap().to_string();
+        (pickle_dict(&pickle), about)
+    };
+    // The pool's initial chunk, 8 allocations and 8 frees (two entries each): 25 entries.
+    let (whole, about) = snapshot(None);
+    let all = actions(&whole);
+    assert_eq!(all.len(), 25, "{all:?}");
+    assert!(!about.contains("the last"), "{about}");
+    // The last 5 would split a free: the last 4 are kept.
+    let (tail, about) = snapshot(Some("5"));
+    let kept = actions(&tail);
+    assert_eq!(kept[..], all[all.len() - 4..], "{kept:?}");
+    assert!(
+        about.contains("the last 4 of 25 trace entries: --torch-trace-entries keeps more"),
+        "{about}"
+    );
+    assert_eq!(key(&tail, "segments"), key(&whole, "segments"));
+    // At least one entry, and only with a snapshot.
+    for (args, says) in [
+        (
+            &["--torch-snapshot", "x.pickle", "--torch-trace-entries", "0"][..],
+            "at least 1",
+        ),
+        (&["--torch-trace-entries", "10"][..], "--torch-snapshot"),
+    ] {
+        let out = rmm(&[&["replay", log.to_str().unwrap()][..], args].concat());
+        let (stdout, stderr) = text(&out);
+        assert!(!out.status.success(), "{stdout}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}
+
+#[test]
 fn a_replay_that_does_not_fit_is_plotted_with_its_failure() {
     let tmp = tempfile::tempdir().unwrap();
     let svg = tmp.path().join("too_big.svg");
