@@ -94,8 +94,8 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 0)]
     pub device: u32,
     /// Draw the replay's memory over time (bytes in use and reserved) on the log's clock: a
-    /// PNG file when FILE ends in .png, else SVG. Every event is drawn up to 20000 of them;
-    /// past that, the most and least bytes (and the first and last) in each of 2048 time bins.
+    /// PNG file when FILE ends in .png, else SVG. Up to 20000 events are drawn one by one;
+    /// past that, each of 2048 time bins by its first, last, highest and lowest values.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
     /// Write the replay's allocator events as a PyTorch memory snapshot (a pickle) to this
