@@ -288,6 +288,64 @@ fn plot_and_torch_snapshot_of_the_sample_log() {
 }
 
 #[test]
+fn a_torch_snapshot_keeps_the_last_trace_entries_it_is_told() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = write_log("entries.csv", 8);
+    let snapshot = |entries: Option<&str>| {
+        let pickle = tmp
+            .path()
+            .join(format!("{}.pickle", entries.unwrap_or("all")));
+        let mut args = vec![
+            "replay",
+            log.to_str().unwrap(),
+            "--simulate-capacity",
+            "40GiB",
+            "--order",
+            "logged",
+            "--json",
+            "--torch-snapshot",
+            pickle.to_str().unwrap(),
+        ];
+        if let Some(n) = entries {
+            args.extend(["--torch-trace-entries", n]);
+        }
+        let out = rmm(&args);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let about = v["snapshot"]["about"].as_str().unwrap().to_string();
+        (pickle_dict(&pickle), about)
+    };
+    // The pool's initial chunk, 8 allocations and 8 frees (two entries each): 25 entries.
+    let (whole, about) = snapshot(None);
+    let all = actions(&whole);
+    assert_eq!(all.len(), 25, "{all:?}");
+    assert!(!about.contains("the last"), "{about}");
+    // The last 5 would split a free: the last 4 are kept.
+    let (tail, about) = snapshot(Some("5"));
+    let kept = actions(&tail);
+    assert_eq!(kept[..], all[all.len() - 4..], "{kept:?}");
+    assert!(
+        about.contains("the last 4 of 25 trace entries: --torch-trace-entries keeps more"),
+        "{about}"
+    );
+    assert_eq!(key(&tail, "segments"), key(&whole, "segments"));
+    // At least one entry, and only with a snapshot.
+    for (args, says) in [
+        (
+            &["--torch-snapshot", "x.pickle", "--torch-trace-entries", "0"][..],
+            "at least 1",
+        ),
+        (&["--torch-trace-entries", "10"][..], "--torch-snapshot"),
+    ] {
+        let out = rmm(&[&["replay", log.to_str().unwrap()][..], args].concat());
+        let (stdout, stderr) = text(&out);
+        assert!(!out.status.success(), "{stdout}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}
+
+#[test]
 fn a_replay_that_does_not_fit_is_plotted_with_its_failure() {
     let tmp = tempfile::tempdir().unwrap();
     let svg = tmp.path().join("too_big.svg");
@@ -468,9 +526,13 @@ fn json_quiet_markdown_and_a_png_on_the_logs_clock() {
     assert!(!jpg.exists());
 }
 
-/// A log of `pairs` allocations and frees of 4 KiB on two threads, at most 16 live at once.
+/// A log of `pairs` allocations and frees of 4 KiB on two threads, at most 16 live at once,
+/// written as it is made (this process's memory stays small: see [`peak_rss_kib`]).
 fn write_long_log(name: &str, pairs: u64) -> PathBuf {
-    let mut s = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    use std::io::Write as _;
+    let path = dir().join(name);
+    let mut s = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    writeln!(s, "Thread,Time,Action,Pointer,Size,Stream").unwrap();
     for i in 0..pairs {
         let thread = 100 + i % 2;
         let (sec, us) = (i / 1_000_000, i % 1_000_000);
@@ -482,19 +544,60 @@ fn write_long_log(name: &str, pairs: u64) -> PathBuf {
         .unwrap();
         writeln!(s, "{thread},10:00:{sec:02}.{us:06},free,{ptr:#x},4096,0x0").unwrap();
     }
-    let path = dir().join(name);
-    std::fs::write(&path, s).unwrap();
+    s.flush().unwrap();
     path
 }
 
-/// The largest resident set, in KiB, of this process's children that have ended so far.
-fn children_peak_rss_kib() -> u64 {
+/// This process's own peak resident set so far, in KiB (`VmHWM`, where /proc has it: its
+/// memory's, without what `getrusage` counts of the process that started it).
+fn own_peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Runs `rmm args` to its end and returns its peak resident set in KiB (its own, from
+/// `wait4`) and its standard output; panics with its output if it fails.
+///
+/// Linux counts in a child's peak the peak of the memory it was started from (this
+/// process's, until the child runs `rmm`): the figure is the child's only while this
+/// process's own peak stays below it, which is checked.
+fn peak_rss_kib(args: &[&str]) -> (u64, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out_path, err_path) = (tmp.path().join("stdout"), tmp.path().join("stderr"));
+    // Waited for by wait4 below, which gives its resource usage (`Child::wait` does not).
+    #[expect(clippy::zombie_processes)]
+    let child = common::rmm_command()
+        .args(args)
+        .env_remove("RMM_CONFIG")
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    let mut status = 0;
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes a whole rusage into the pointer it is given.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()) };
-    assert_eq!(rc, 0, "getrusage");
+    // SAFETY: wait4 writes the status and a whole rusage into the pointers it is given; the
+    // child is ours and nothing else waits for it.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, usage.as_mut_ptr()) };
+    assert_eq!(rc, pid, "wait4");
+    let stdout = std::fs::read_to_string(&out_path).unwrap();
+    let stderr = std::fs::read_to_string(&err_path).unwrap();
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "rmm {args:?}: {stdout}\n{stderr}"
+    );
     // SAFETY: initialized by the successful call above.
-    unsafe { usage.assume_init() }.ru_maxrss as u64
+    let kib = unsafe { usage.assume_init() }.ru_maxrss as u64;
+    if let Some(own) = own_peak_rss_kib() {
+        assert!(
+            kib > own,
+            "rmm {args:?} peaked at {kib} KiB, no more than this test process ({own} KiB): \
+             the figure may be this process's, not the child's; keep the test's own memory \
+             small"
+        );
+    }
+    (kib, stdout)
 }
 
 #[test]
@@ -503,28 +606,50 @@ fn the_replay_commands_memory_does_not_grow_with_the_log() {
     // would take some 40 MB more than the short one (the issue measured 2.7× the file).
     let short = write_long_log("short.csv", 25_000);
     let long = write_long_log("long.csv", 200_000);
-    let run = |log: &PathBuf| {
-        let out = rmm(&[
-            "replay",
-            log.to_str().unwrap(),
-            "--simulate-capacity",
-            "1GiB",
-            "--quiet",
-        ]);
-        let (stdout, stderr) = text(&out);
-        assert!(out.status.success(), "{stdout}\n{stderr}");
-    };
-    run(&short);
-    let after_short = children_peak_rss_kib();
-    run(&long);
-    let after_long = children_peak_rss_kib();
     let long_bytes = std::fs::metadata(&long).unwrap().len();
-    // The children's peak is a running maximum: it moves only if the long log's replay
-    // took more than the short one's.
-    let grew_kib = after_long.saturating_sub(after_short);
-    assert!(
-        grew_kib * 1024 < long_bytes / 4,
-        "replaying a {long_bytes}-byte log took {grew_kib} KiB more than a log an eighth its length \
-         (peaks {after_short} and {after_long} KiB)"
-    );
+    let tmp = tempfile::tempdir().unwrap();
+    let svg = tmp.path().join("m.svg");
+    let pickle = tmp.path().join("m.pickle");
+    let base = ["--simulate-capacity", "1GiB", "--json"];
+    // With the timeline: a plot (past its exact limit of events at either length) and a
+    // snapshot keeping fewer trace entries than either log gives (75 000 and 600 000).
+    let timeline = [
+        "--plot",
+        svg.to_str().unwrap(),
+        "--torch-snapshot",
+        pickle.to_str().unwrap(),
+        "--torch-trace-entries",
+        "20000",
+    ];
+    for (what, extra) in [
+        ("plain", &[][..]),
+        ("--plot and --torch-snapshot", &timeline[..]),
+    ] {
+        let run = |log: &PathBuf| {
+            let args = [&["replay", log.to_str().unwrap()][..], &base, extra].concat();
+            peak_rss_kib(&args)
+        };
+        let (after_short, _) = run(&short);
+        let (after_long, stdout) = run(&long);
+        let grew_kib = after_long.saturating_sub(after_short);
+        eprintln!("{what}: peak {after_short} KiB (short log), {after_long} KiB (long log)");
+        assert!(
+            grew_kib * 1024 < long_bytes / 4,
+            "{what}: replaying a {long_bytes}-byte log took {grew_kib} KiB more than a log an \
+             eighth its length (peaks {after_short} and {after_long} KiB)"
+        );
+        if extra.is_empty() {
+            continue;
+        }
+        // The long log's timeline: binned, and the trace's last entries.
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let about = |k: &str| v[k]["about"].as_str().unwrap_or_default().to_string();
+        // The log's 400 000 events and the pool's initial chunk.
+        assert!(about("plot").contains("400001 events drawn as"), "{v}");
+        assert!(
+            about("snapshot").contains("the last 20000 of 600001 trace entries"),
+            "{v}"
+        );
+        assert_eq!(actions(&pickle_dict(&pickle)).len(), 20_000);
+    }
 }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+mod downsample;
 pub mod font;
 mod format;
 pub mod labels;
@@ -19,10 +20,14 @@ mod recorder;
 mod svg;
 mod torch;
 
+pub use downsample::{Downsampler, EXACT_EVENTS, MAX_BINS, sort_for_drawing};
 pub use format::PlotFormat;
-pub use recorder::Recorder;
+pub use recorder::{EventSink, Recorder};
 pub use svg::{Layout, render, render_svg, render_svg_with_layout, write_plot};
-pub use torch::{torch_snapshot_bytes, write_torch_snapshot};
+pub use torch::{
+    DEFAULT_TRACE_ENTRIES, TorchTrace, torch_snapshot_bytes, torch_snapshot_of,
+    write_torch_snapshot,
+};
 
 /// What can go wrong rendering or writing a timeline.
 #[derive(Debug, thiserror::Error)]

@@ -27,47 +27,91 @@ use rmm::allocator::adaptor::hooks::{
 
 use super::{Action, DeviceTimeline, MemoryEvent, samples_from_events};
 
+/// Where a streaming [`Recorder`] sends each event, in the order recorded: the device and
+/// the event (see [`Recorder::streaming`]).
+pub type EventSink = Box<dyn FnMut(u32, &MemoryEvent) + Send>;
+
 #[derive(Debug, Default)]
 struct DeviceLog {
+    /// The events (kept unless the recorder streams them).
     events: Vec<MemoryEvent>,
+    /// Events recorded, kept or not.
+    recorded: u64,
     /// Live segments: address → (size, stream).
     segments: BTreeMap<u64, (u64, u64)>,
 }
 
 impl DeviceLog {
-    fn push(&mut self, event: MemoryEvent) {
+    /// Records `event` on `device` (and the segment frees it implies): kept, or passed to
+    /// `sink`.
+    fn push(&mut self, device: u32, event: MemoryEvent, sink: &mut Option<EventSink>) {
         match event.action {
             Action::SegmentAlloc => {
-                self.free_overlapping(event.addr, event.size, event.t);
+                self.free_overlapping(device, &event, sink);
                 self.segments.insert(event.addr, (event.size, event.stream));
             }
             // Not a segment this recorder saw: left out, to keep the trace consistent.
             Action::SegmentFree if self.segments.remove(&event.addr).is_none() => return,
             _ => {}
         }
-        self.events.push(event);
+        self.emit(device, event, sink);
     }
 
-    /// Records as freed every live segment that overlaps `[addr, addr + size)`: the pool gave
-    /// it back without an event, since the device handed out its range again.
-    fn free_overlapping(&mut self, addr: u64, size: u64, t: f64) {
-        let end = addr.saturating_add(size.max(1));
+    fn emit(&mut self, device: u32, event: MemoryEvent, sink: &mut Option<EventSink>) {
+        self.recorded += 1;
+        match sink {
+            Some(sink) => sink(device, &event),
+            None => self.events.push(event),
+        }
+    }
+
+    /// Records as freed every live segment that overlaps the segment `new`: the pool gave it
+    /// back without an event, since the device handed out its range again.
+    fn free_overlapping(&mut self, device: u32, new: &MemoryEvent, sink: &mut Option<EventSink>) {
+        let end = new.addr.saturating_add(new.size.max(1));
         let overlapping: Vec<(u64, u64, u64)> = self
             .segments
             .range(..end)
-            .filter(|&(&a, &(s, _))| a.saturating_add(s) > addr)
+            .filter(|&(&a, &(s, _))| a.saturating_add(s) > new.addr)
             .map(|(&a, &(s, stream))| (a, s, stream))
             .collect();
         for (a, s, stream) in overlapping {
             self.segments.remove(&a);
-            self.events.push(MemoryEvent {
-                t,
+            let freed = MemoryEvent {
+                t: new.t,
                 action: Action::SegmentFree,
                 addr: a,
                 size: s,
                 stream,
-            });
+            };
+            self.emit(device, freed, sink);
         }
+    }
+}
+
+/// The recorder's state: per device, and the sink of a streaming recorder.
+#[derive(Default)]
+struct Devices {
+    logs: BTreeMap<u32, DeviceLog>,
+    sink: Option<EventSink>,
+}
+
+impl Devices {
+    /// Records `event` on `device`: kept in its log, or passed to the sink.
+    fn record(&mut self, device: u32, event: MemoryEvent) {
+        self.logs
+            .entry(device)
+            .or_default()
+            .push(device, event, &mut self.sink);
+    }
+}
+
+impl std::fmt::Debug for Devices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Devices")
+            .field("logs", &self.logs)
+            .field("streaming", &self.sink.is_some())
+            .finish()
     }
 }
 
@@ -87,7 +131,7 @@ impl DeviceLog {
 #[derive(Debug)]
 pub struct Recorder {
     start: Instant,
-    devices: Mutex<BTreeMap<u32, DeviceLog>>,
+    devices: Mutex<Devices>,
 }
 
 impl Recorder {
@@ -96,7 +140,20 @@ impl Recorder {
     pub fn new(start: Instant) -> Self {
         Recorder {
             start,
-            devices: Mutex::new(BTreeMap::new()),
+            devices: Mutex::new(Devices::default()),
+        }
+    }
+
+    /// A recorder that keeps no events: each goes to `sink` as it is recorded (with the
+    /// segment frees the recorder adds), one at a time, in the order recorded. Its memory is
+    /// the live segments, whatever the number of events; [`Recorder::events`] is empty.
+    pub fn streaming(start: Instant, sink: EventSink) -> Self {
+        Recorder {
+            start,
+            devices: Mutex::new(Devices {
+                logs: BTreeMap::new(),
+                sink: Some(sink),
+            }),
         }
     }
 
@@ -119,7 +176,7 @@ impl Recorder {
     /// construction). A `SegmentFree` of a segment that is not live is ignored; a
     /// `SegmentAlloc` first frees the live segments it overlaps.
     pub fn record(&self, device: u32, event: MemoryEvent) {
-        self.devices.lock().entry(device).or_default().push(event);
+        self.devices.lock().record(device, event);
     }
 
     /// Records a `SegmentFree` at `t` for every segment of `device` still live: call it when
@@ -127,25 +184,30 @@ impl Recorder {
     /// reports.
     pub fn segments_released(&self, device: u32, t: f64) {
         let mut devices = self.devices.lock();
-        let Some(log) = devices.get_mut(&device) else {
+        let Some(log) = devices.logs.get(&device) else {
             return;
         };
-        let live = std::mem::take(&mut log.segments);
+        let live: Vec<(u64, (u64, u64))> = log.segments.iter().map(|(&a, &v)| (a, v)).collect();
         for (addr, (size, stream)) in live {
-            log.events.push(MemoryEvent {
-                t,
-                action: Action::SegmentFree,
-                addr,
-                size,
-                stream,
-            });
+            devices.record(
+                device,
+                MemoryEvent {
+                    t,
+                    action: Action::SegmentFree,
+                    addr,
+                    size,
+                    stream,
+                },
+            );
         }
     }
 
-    /// The events recorded on `device` so far, in the order they were recorded.
+    /// The events recorded on `device` so far, in the order they were recorded (none for a
+    /// [streaming](Recorder::streaming) recorder).
     pub fn events(&self, device: u32) -> Vec<MemoryEvent> {
         self.devices
             .lock()
+            .logs
             .get(&device)
             .map(|l| l.events.clone())
             .unwrap_or_default()
@@ -155,8 +217,9 @@ impl Recorder {
     pub fn devices(&self) -> Vec<u32> {
         self.devices
             .lock()
+            .logs
             .iter()
-            .filter(|(_, l)| !l.events.is_empty())
+            .filter(|(_, l)| l.recorded > 0)
             .map(|(&d, _)| d)
             .collect()
     }

@@ -18,18 +18,29 @@
 //!   `device_free` (the device's memory less the bytes reserved then, when its total is known,
 //!   else 0).
 //!
+//! A [`TorchTrace`] builds one device's part as the events arrive, keeping the last N trace
+//! entries as PyTorch's `torch.cuda.memory._record_memory_history(max_entries=N)` does (so the
+//! viewer reads a trace that begins mid-run, as it reads PyTorch's), and the live segments
+//! and blocks: its memory does not grow with the number of events. [`torch_snapshot_bytes`] keeps every entry of a [`Timeline`].
+//!
 //! The viewer needs every block it draws to lie in a segment. Blocks that no recorded segment
 //! holds (e.g. from a pool's initial chunk, which no hook reports, or a resource without a
-//! pool) get synthetic segments covering them, present for the whole trace; a `SegmentFree` of
-//! a segment that is not live is left out of the trace. Integers are written as signed 64-bit
+//! pool) get synthetic segments covering them, present for the whole trace (for the blocks of
+//! the entries kept and those live at the end); a `SegmentFree` of a segment that is not live
+//! is left out of the trace. Integers are written as signed 64-bit
 //! (the viewer's unpickler reads no longer ones), with pickle protocol 3.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 
 use serde::Serialize;
+use serde::ser::SerializeSeq;
 
-use super::{Action, DeviceTimeline, Timeline, TimelineError};
+use super::{Action, DeviceTimeline, MemoryEvent, Timeline, TimelineError};
+
+/// Trace entries a snapshot of `rmm replay` keeps by default (`--torch-trace-entries`): the
+/// last ones, as PyTorch's `_record_memory_history(max_entries=N)` does.
+pub const DEFAULT_TRACE_ENTRIES: usize = 100_000;
 
 /// Segments up to this size are PyTorch's "small" pool.
 const SMALL_SEGMENT: u64 = 2 << 20;
@@ -40,12 +51,6 @@ struct Frame {
     filename: String,
     line: i64,
     name: String,
-}
-
-#[derive(Debug, Serialize)]
-struct Snapshot {
-    segments: Vec<Segment>,
-    device_traces: Vec<Vec<TraceEntry>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -122,140 +127,311 @@ fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
-/// One device's trace and final segments.
-fn device_snapshot(d: &DeviceTimeline) -> Result<(Vec<TraceEntry>, Vec<Segment>), TimelineError> {
-    let mut trace = Vec::with_capacity(d.events.len() + d.events.len() / 2);
-    let mut segments = Ranges::new();
-    let mut blocks = Ranges::new();
-    let has_segments = d
-        .events
-        .iter()
-        .any(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree));
-    // Ranges of blocks that no recorded segment held while they were live.
-    let mut orphans: Vec<(u64, u64)> = Vec::new();
-    let entry = |action, addr, size, stream, t, device_free| -> Result<_, TimelineError> {
-        Ok(TraceEntry {
+/// What a trace record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Alloc,
+    /// A free: two entries, `free_requested` and `free_completed`.
+    Free,
+    SegmentAlloc,
+    SegmentFree,
+    Oom,
+}
+
+impl Kind {
+    /// Trace entries of one record.
+    fn entries(self) -> usize {
+        if self == Kind::Free { 2 } else { 1 }
+    }
+}
+
+/// One record of the ring: one event, as the trace gives it.
+#[derive(Debug, Clone, Copy)]
+struct Record {
+    kind: Kind,
+    /// For an `Oom`, the device's free bytes (PyTorch puts them in `addr` too).
+    addr: u64,
+    size: u64,
+    stream: u64,
+    t: f64,
+    /// A block that no recorded segment held when it was allocated (or freed, when it was
+    /// allocated before the trace): the snapshot gives it a synthetic segment.
+    orphan: bool,
+}
+
+/// Every value of a record is checked against the snapshot's integers when it is pushed;
+/// this turns a checked one into one.
+fn checked(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl Record {
+    /// The trace entries of this record (one, or two for a free).
+    fn entries(&self) -> impl Iterator<Item = TraceEntry> + '_ {
+        let actions: &[&'static str] = match self.kind {
+            Kind::Alloc => &["alloc"],
+            Kind::Free => &["free_requested", "free_completed"],
+            Kind::SegmentAlloc => &["segment_alloc"],
+            Kind::SegmentFree => &["segment_free"],
+            Kind::Oom => &["oom"],
+        };
+        actions.iter().map(move |&action| TraceEntry {
             action,
-            addr: int("addr", addr)?,
-            size: int("size", size)?,
-            stream: int("stream", stream)?,
-            time_us: time_us(t),
+            addr: checked(self.addr),
+            size: checked(self.size),
+            stream: checked(self.stream),
+            time_us: time_us(self.t),
             frames: Vec::new(),
-            device_free,
+            device_free: (self.kind == Kind::Oom).then(|| checked(self.addr)),
         })
-    };
-    for e in &d.events {
+    }
+}
+
+/// The PyTorch memory snapshot's view of one device, built as its events arrive: the last
+/// `max_entries` trace entries (a ring, as PyTorch's
+/// `torch.cuda.memory._record_memory_history(max_entries=N)` keeps), and the segments and
+/// blocks live now. Memory: the ring, and the blocks and segments live at once; not the
+/// number of events.
+///
+/// ```
+/// use rmm_cli::timeline::{Action, MemoryEvent, TorchTrace, torch_snapshot_of};
+///
+/// let mut trace = TorchTrace::new(0, Some(1 << 30), Some(4));
+/// let ev = |action, addr| MemoryEvent { t: 0.0, action, addr, size: 256, stream: 0 };
+/// for _ in 0..10 {
+///     trace.push(&ev(Action::Alloc, 0x1000));
+///     trace.push(&ev(Action::FreeCompleted, 0x1000));
+/// }
+/// assert_eq!(trace.entries(), 3, "the last alloc and its free's two entries");
+/// assert_eq!(trace.dropped_entries(), 27);
+/// let pickle = torch_snapshot_of(&[trace]).unwrap();
+/// assert_eq!(&pickle[..2], b"\x80\x03");
+/// ```
+#[derive(Debug)]
+pub struct TorchTrace {
+    device: u32,
+    total_memory: Option<u64>,
+    max_entries: Option<usize>,
+    ring: VecDeque<Record>,
+    entries: usize,
+    dropped: u64,
+    segments: Ranges,
+    blocks: Ranges,
+    segment_bytes: u64,
+    block_bytes: u64,
+    has_segments: bool,
+    /// The first value that does not fit the snapshot's integers.
+    error: Option<(&'static str, u64)>,
+}
+
+impl TorchTrace {
+    /// An empty trace of `device` (of `total_memory` bytes, when known, for the free bytes of
+    /// `oom` entries) that keeps the last `max_entries` trace entries (`None`: all of them).
+    pub fn new(device: u32, total_memory: Option<u64>, max_entries: Option<usize>) -> Self {
+        TorchTrace {
+            device,
+            total_memory,
+            max_entries,
+            ring: VecDeque::new(),
+            entries: 0,
+            dropped: 0,
+            segments: Ranges::new(),
+            blocks: Ranges::new(),
+            segment_bytes: 0,
+            block_bytes: 0,
+            has_segments: false,
+            error: None,
+        }
+    }
+
+    /// Counts the device's bytes reserved as its segments' from the start, even before the
+    /// first segment event (for a caller that knows segment events will come); otherwise
+    /// they are the live blocks' until one does. Only the free bytes of `oom` entries
+    /// depend on it.
+    pub fn expect_segments(&mut self) {
+        self.has_segments = true;
+    }
+
+    /// The device.
+    pub fn device(&self) -> u32 {
+        self.device
+    }
+
+    /// Trace entries kept.
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// Trace entries dropped from the front of the ring so far.
+    pub fn dropped_entries(&self) -> u64 {
+        self.dropped
+    }
+
+    fn check(&mut self, field: &'static str, value: u64) {
+        if self.error.is_none() && i64::try_from(value).is_err() {
+            self.error = Some((field, value));
+        }
+    }
+
+    fn keep(&mut self, record: Record) {
+        self.check(
+            if record.kind == Kind::Oom {
+                "device_free"
+            } else {
+                "addr"
+            },
+            record.addr,
+        );
+        self.check("size", record.size);
+        self.check("stream", record.stream);
+        self.entries += record.kind.entries();
+        self.ring.push_back(record);
+        if let Some(max) = self.max_entries {
+            while self.entries > max {
+                let Some(old) = self.ring.pop_front() else {
+                    break;
+                };
+                self.entries -= old.kind.entries();
+                self.dropped += old.kind.entries() as u64;
+            }
+        }
+    }
+
+    /// Adds the next event (events in the order they happened).
+    pub fn push(&mut self, e: &MemoryEvent) {
+        let record = |kind, addr, size, orphan| Record {
+            kind,
+            addr,
+            size,
+            stream: e.stream,
+            t: e.t,
+            orphan,
+        };
         match e.action {
             Action::Alloc => {
-                if !inside(&segments, e.addr, e.size) {
-                    orphans.push((e.addr, e.addr.saturating_add(e.size)));
+                let orphan = !inside(&self.segments, e.addr, e.size);
+                if let Some((old, _)) = self.blocks.insert(e.addr, (e.size, e.stream)) {
+                    self.block_bytes = self.block_bytes.saturating_sub(old);
                 }
-                blocks.insert(e.addr, (e.size, e.stream));
-                trace.push(entry("alloc", e.addr, e.size, e.stream, e.t, None)?);
+                self.block_bytes = self.block_bytes.saturating_add(e.size);
+                self.keep(record(Kind::Alloc, e.addr, e.size, orphan));
             }
             Action::FreeCompleted => {
-                let live = blocks.remove(&e.addr);
+                let live = self.blocks.remove(&e.addr);
                 let size = live.map_or(e.size, |(s, _)| s);
-                if live.is_none() && !inside(&segments, e.addr, size) {
-                    // Allocated before the trace began, outside any known segment.
-                    orphans.push((e.addr, e.addr.saturating_add(size)));
-                }
-                for action in ["free_requested", "free_completed"] {
-                    trace.push(entry(action, e.addr, size, e.stream, e.t, None)?);
-                }
+                self.block_bytes = self.block_bytes.saturating_sub(live.map_or(0, |(s, _)| s));
+                // Allocated before the trace began, outside any known segment.
+                let orphan = live.is_none() && !inside(&self.segments, e.addr, size);
+                self.keep(record(Kind::Free, e.addr, size, orphan));
             }
             Action::SegmentAlloc => {
-                segments.insert(e.addr, (e.size, e.stream));
-                trace.push(entry("segment_alloc", e.addr, e.size, e.stream, e.t, None)?);
+                self.has_segments = true;
+                if let Some((old, _)) = self.segments.insert(e.addr, (e.size, e.stream)) {
+                    self.segment_bytes = self.segment_bytes.saturating_sub(old);
+                }
+                self.segment_bytes = self.segment_bytes.saturating_add(e.size);
+                self.keep(record(Kind::SegmentAlloc, e.addr, e.size, false));
             }
             Action::SegmentFree => {
-                let Some((size, _)) = segments.remove(&e.addr) else {
-                    continue;
+                self.has_segments = true;
+                let Some((size, _)) = self.segments.remove(&e.addr) else {
+                    // Not a live segment: left out of the trace.
+                    return;
                 };
-                trace.push(entry("segment_free", e.addr, size, e.stream, e.t, None)?);
+                self.segment_bytes = self.segment_bytes.saturating_sub(size);
+                self.keep(record(Kind::SegmentFree, e.addr, size, false));
             }
             Action::Oom => {
-                let reserved: u64 = if has_segments {
-                    segments.values().map(|&(s, _)| s).sum()
+                let reserved = if self.has_segments {
+                    self.segment_bytes
                 } else {
-                    blocks.values().map(|&(s, _)| s).sum()
+                    self.block_bytes
                 };
-                let free = d.total_memory.map_or(0, |t| t.saturating_sub(reserved));
-                let free = int("device_free", free)?;
-                let mut oom = entry("oom", 0, e.size, e.stream, e.t, Some(free))?;
-                // PyTorch puts the device's free bytes in `addr` too.
-                oom.addr = free;
-                trace.push(oom);
+                let free = self.total_memory.map_or(0, |t| t.saturating_sub(reserved));
+                self.keep(record(Kind::Oom, free, e.size, false));
             }
         }
     }
-    // Blocks live at the end outside every live segment are orphans too.
-    for (&a, &(s, _)) in &blocks {
-        if !inside(&segments, a, s) {
-            orphans.push((a, a.saturating_add(s)));
+
+    /// The segments live now, with their blocks; synthetic segments for the blocks of the
+    /// trace and the live blocks that no recorded segment holds.
+    fn segments(&self) -> Result<Vec<Segment>, TimelineError> {
+        let mut orphans: Vec<(u64, u64)> = self
+            .ring
+            .iter()
+            .filter(|r| r.orphan)
+            .map(|r| (r.addr, r.addr.saturating_add(r.size)))
+            .collect();
+        // Blocks live at the end outside every live segment are orphans too.
+        for (&a, &(s, _)) in &self.blocks {
+            if !inside(&self.segments, a, s) {
+                orphans.push((a, a.saturating_add(s)));
+            }
         }
-    }
-    let mut all: Vec<(u64, u64, u64)> = segments
-        .iter()
-        .map(|(&a, &(s, stream))| (a, s, stream))
-        .collect();
-    all.extend(
-        merge(orphans)
-            .into_iter()
-            .filter(|&(a, e)| e > a)
-            .map(|(a, e)| (a, e - a, 0)),
-    );
-    all.sort_unstable();
-    let mut out = Vec::with_capacity(all.len());
-    let mut placed: Ranges = Ranges::new();
-    for (addr, size, stream) in all {
-        let end = addr.saturating_add(size);
-        let mut seg_blocks = Vec::new();
-        let (mut cursor, mut allocated) = (addr, 0u64);
-        for (&a, &(s, _)) in blocks.range(addr..end) {
-            let b_end = a.saturating_add(s);
-            if a < cursor || b_end > end || placed.contains_key(&a) {
-                // Overlapping or straddling (inconsistent events), or in an earlier segment.
-                continue;
+        let mut all: Vec<(u64, u64, u64)> = self
+            .segments
+            .iter()
+            .map(|(&a, &(s, stream))| (a, s, stream))
+            .collect();
+        all.extend(
+            merge(orphans)
+                .into_iter()
+                .filter(|&(a, e)| e > a)
+                .map(|(a, e)| (a, e - a, 0)),
+        );
+        all.sort_unstable();
+        let mut out = Vec::with_capacity(all.len());
+        let mut placed: Ranges = Ranges::new();
+        for (addr, size, stream) in all {
+            let end = addr.saturating_add(size);
+            let mut seg_blocks = Vec::new();
+            let (mut cursor, mut allocated) = (addr, 0u64);
+            for (&a, &(s, _)) in self.blocks.range(addr..end) {
+                let b_end = a.saturating_add(s);
+                if a < cursor || b_end > end || placed.contains_key(&a) {
+                    // Overlapping or straddling (inconsistent events), or in an earlier
+                    // segment.
+                    continue;
+                }
+                if a > cursor {
+                    seg_blocks.push(inactive(cursor, a - cursor)?);
+                }
+                seg_blocks.push(Block {
+                    address: int("address", a)?,
+                    size: int("size", s)?,
+                    requested_size: int("requested_size", s)?,
+                    state: "active_allocated",
+                    frames: Vec::new(),
+                });
+                placed.insert(a, (s, 0));
+                allocated += s;
+                cursor = b_end;
             }
-            if a > cursor {
-                seg_blocks.push(inactive(cursor, a - cursor)?);
+            if cursor < end {
+                seg_blocks.push(inactive(cursor, end - cursor)?);
             }
-            seg_blocks.push(Block {
-                address: int("address", a)?,
-                size: int("size", s)?,
-                requested_size: int("requested_size", s)?,
-                state: "active_allocated",
+            let allocated = int("allocated_size", allocated)?;
+            out.push(Segment {
+                device: i64::from(self.device),
+                address: int("address", addr)?,
+                total_size: int("total_size", size)?,
+                allocated_size: allocated,
+                active_size: allocated,
+                requested_size: allocated,
+                stream: int("stream", stream)?,
+                segment_type: if size <= SMALL_SEGMENT {
+                    "small"
+                } else {
+                    "large"
+                },
+                segment_pool_id: (0, 0),
+                is_expandable: false,
                 frames: Vec::new(),
+                blocks: seg_blocks,
             });
-            placed.insert(a, (s, 0));
-            allocated += s;
-            cursor = b_end;
         }
-        if cursor < end {
-            seg_blocks.push(inactive(cursor, end - cursor)?);
-        }
-        let allocated = int("allocated_size", allocated)?;
-        out.push(Segment {
-            device: i64::from(d.device),
-            address: int("address", addr)?,
-            total_size: int("total_size", size)?,
-            allocated_size: allocated,
-            active_size: allocated,
-            requested_size: allocated,
-            stream: int("stream", stream)?,
-            segment_type: if size <= SMALL_SEGMENT {
-                "small"
-            } else {
-                "large"
-            },
-            segment_pool_id: (0, 0),
-            is_expandable: false,
-            frames: Vec::new(),
-            blocks: seg_blocks,
-        });
+        Ok(out)
     }
-    Ok((trace, out))
 }
 
 fn inactive(addr: u64, size: u64) -> Result<Block, TimelineError> {
@@ -268,26 +444,80 @@ fn inactive(addr: u64, size: u64) -> Result<Block, TimelineError> {
     })
 }
 
-/// The PyTorch memory snapshot of `timeline` (see the module documentation) as pickle bytes.
+/// One device's trace: the rings of its [`TorchTrace`]s one after the other, serialized as
+/// they are read (the entries are never all built at once).
+struct DeviceTraces<'a>(Vec<&'a TorchTrace>);
+
+impl Serialize for DeviceTraces<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let len = self.0.iter().map(|t| t.entries).sum();
+        let mut seq = serializer.serialize_seq(Some(len))?;
+        for trace in &self.0 {
+            for record in &trace.ring {
+                for entry in record.entries() {
+                    seq.serialize_element(&entry)?;
+                }
+            }
+        }
+        seq.end()
+    }
+}
+
+#[derive(Serialize)]
+struct Snapshot<'a> {
+    segments: Vec<Segment>,
+    device_traces: Vec<DeviceTraces<'a>>,
+}
+
+/// The PyTorch memory snapshot of `traces` (see the module documentation) as pickle bytes:
+/// one trace list per device ordinal `0..=max` (the traces of one device follow each other),
+/// and the segments of every trace.
+///
+/// # Errors
+/// [`TimelineError::OutOfRange`] when a value does not fit the snapshot's fields;
+/// [`TimelineError::Encode`] when pickling fails.
+pub fn torch_snapshot_of(traces: &[TorchTrace]) -> Result<Vec<u8>, TimelineError> {
+    if let Some((field, value)) = traces.iter().find_map(|t| t.error) {
+        return Err(TimelineError::OutOfRange { field, value });
+    }
+    let max_device = traces.iter().map(|t| t.device).max();
+    let count = max_device.map_or(0, |m| m as usize + 1);
+    let mut snapshot = Snapshot {
+        segments: Vec::new(),
+        device_traces: (0..count).map(|_| DeviceTraces(Vec::new())).collect(),
+    };
+    for t in traces {
+        snapshot.device_traces[t.device as usize].0.push(t);
+        snapshot.segments.extend(t.segments()?);
+    }
+    serde_pickle::to_vec(&snapshot, serde_pickle::SerOptions::new())
+        .map_err(|e| TimelineError::Encode(e.to_string()))
+}
+
+/// The PyTorch memory snapshot of `timeline` (see the module documentation) as pickle bytes,
+/// with every event in the trace.
 ///
 /// # Errors
 /// [`TimelineError::OutOfRange`] when a value does not fit the snapshot's fields;
 /// [`TimelineError::Encode`] when pickling fails.
 pub fn torch_snapshot_bytes(timeline: &Timeline) -> Result<Vec<u8>, TimelineError> {
-    let max_device = timeline.devices.iter().map(|d| d.device).max();
-    let count = max_device.map_or(0, |m| m as usize + 1);
-    let mut snapshot = Snapshot {
-        segments: Vec::new(),
-        device_traces: (0..count).map(|_| Vec::new()).collect(),
-    };
-    for d in &timeline.devices {
-        let (trace, segments) = device_snapshot(d)?;
-        // Two entries for one device: their traces follow each other.
-        snapshot.device_traces[d.device as usize].extend(trace);
-        snapshot.segments.extend(segments);
+    let traces: Vec<TorchTrace> = timeline.devices.iter().map(device_trace).collect();
+    torch_snapshot_of(&traces)
+}
+
+/// `d`'s events as a trace (all of them).
+fn device_trace(d: &DeviceTimeline) -> TorchTrace {
+    let mut trace = TorchTrace::new(d.device, d.total_memory, None);
+    if d.events
+        .iter()
+        .any(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree))
+    {
+        trace.expect_segments();
     }
-    serde_pickle::to_vec(&snapshot, serde_pickle::SerOptions::new())
-        .map_err(|e| TimelineError::Encode(e.to_string()))
+    for e in &d.events {
+        trace.push(e);
+    }
+    trace
 }
 
 /// Writes `timeline`'s events to `path` as a PyTorch memory snapshot (a pickle, see the
@@ -494,6 +724,102 @@ mod tests {
         let blocks = list(get(&segments[0], "blocks"));
         let states: Vec<&str> = blocks.iter().map(|b| str_of(get(b, "state"))).collect();
         assert_eq!(states, ["inactive", "active_allocated"]);
+    }
+
+    /// (action, addr, size) of each entry of device `d`'s trace.
+    fn trace_of(v: &Value, d: usize) -> Vec<(String, i64, i64)> {
+        list(&list(get(v, "device_traces"))[d])
+            .iter()
+            .map(|e| {
+                (
+                    str_of(get(e, "action")).to_string(),
+                    int_of(get(e, "addr")),
+                    int_of(get(e, "size")),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_ring_keeps_the_last_entries_whole_frees_and_the_final_segments() {
+        // A segment, blocks in it and outside it, churned; then an out-of-memory error.
+        let mut events = vec![ev(0.0, Action::SegmentAlloc, SEG, 64 * MIB)];
+        for i in 0..500u64 {
+            let inside = SEG + (i % 8) * MIB;
+            let outside = 0x1000 + (i % 4) * 0x100;
+            events.push(ev(i as f64, Action::Alloc, inside, MIB));
+            events.push(ev(i as f64, Action::Alloc, outside, 0x100));
+            if i % 8 == 7 {
+                for j in 0..8 {
+                    events.push(ev(i as f64, Action::FreeCompleted, SEG + j * MIB, MIB));
+                }
+            }
+            if i % 4 == 3 {
+                for j in 0..4 {
+                    events.push(ev(i as f64, Action::FreeCompleted, 0x1000 + j * 0x100, 0));
+                }
+            }
+        }
+        // A free of a block allocated before the trace, outside every segment.
+        events.push(ev(600.0, Action::FreeCompleted, 0x9000, 0x100));
+        events.push(ev(601.0, Action::Oom, 0, 1 << 40));
+        let mut all = TorchTrace::new(0, Some(1 << 30), None);
+        all.expect_segments();
+        for e in &events {
+            all.push(e);
+        }
+        let whole = load(&torch_snapshot_of(&[all]).unwrap());
+        let full = trace_of(&whole, 0);
+        for max in [1, 2, 3, 50, 999, full.len(), full.len() + 10] {
+            let mut ring = TorchTrace::new(0, Some(1 << 30), Some(max));
+            for e in &events {
+                ring.push(e);
+            }
+            assert!(ring.entries() <= max, "{max}");
+            assert!(
+                ring.entries() + 1 >= max.min(full.len()),
+                "{max}: a free is kept whole"
+            );
+            assert_eq!(
+                ring.entries() as u64 + ring.dropped_entries(),
+                full.len() as u64
+            );
+            let v = load(&torch_snapshot_of(&[ring]).unwrap());
+            let tail = trace_of(&v, 0);
+            assert_eq!(tail[..], full[full.len() - tail.len()..], "{max}");
+            assert_ne!(tail.first().map(|e| e.0.as_str()), Some("free_completed"));
+            // The out-of-memory entry counts the segment as reserved, in any case.
+            let oom = list(&list(get(&v, "device_traces"))[0])
+                .last()
+                .cloned()
+                .unwrap();
+            assert_eq!(
+                int_of(get(&oom, "device_free")),
+                (1 << 30) - 64 * MIB as i64
+            );
+            // The segments live at the end: the recorded one; the synthetic ones cover the
+            // blocks outside it that the kept entries name.
+            let segments = list(get(&v, "segments"));
+            assert!(
+                segments
+                    .iter()
+                    .any(|s| int_of(get(s, "address")) == SEG as i64)
+            );
+            let synthetic: Vec<(i64, i64)> = segments
+                .iter()
+                .map(|s| (int_of(get(s, "address")), int_of(get(s, "total_size"))))
+                .filter(|&(a, _)| a != SEG as i64)
+                .collect();
+            let named = |addr: i64| tail.iter().any(|e| e.1 == addr && e.0 != "oom");
+            if named(0x9000) {
+                assert!(synthetic.contains(&(0x9000, 0x100)), "{max}: {synthetic:?}");
+            } else {
+                assert!(!synthetic.iter().any(|&(a, _)| a == 0x9000), "{max}");
+            }
+            if max >= 50 {
+                assert_eq!(synthetic, [(0x1000, 0x400), (0x9000, 0x100)], "{max}");
+            }
+        }
     }
 
     #[test]

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use rmm::allocator::adaptor::ReplayReport;
+use parking_lot::Mutex;
 use rmm::allocator::adaptor::{
-    EventLog, LogFile, ReplayOptions, ReplayOrder, find_in_chain, replay, replay_streamed,
+    LogFile, ReplayOptions, ReplayOrder, find_in_chain, replay_streamed,
 };
 use rmm::allocator::backend::DevicePtr;
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
@@ -25,8 +25,8 @@ use rmm::allocator::resource::{
 use rmm::allocator::{Device, StreamView};
 use rmm::config::Size;
 use rmm_cli::timeline::{
-    Action, DeviceTimeline, MemoryEvent, PlotFormat, Recorder, Timeline, render,
-    samples_from_events, torch_snapshot_bytes,
+    Action, DEFAULT_TRACE_ENTRIES, MemoryEvent, PlotFormat, Recorder, TorchTrace, render,
+    torch_snapshot_of,
 };
 use rmm_cli::units::bytes;
 
@@ -86,22 +86,33 @@ pub struct ReplayArgs {
     /// 1GiB; a share of device memory such as 5% works too).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub pool_growth: Option<Size>,
-    /// Order of events across threads. The log is read as it is replayed (memory does not
-    /// grow with its length), except with --plot or --torch-snapshot, which draw from the
-    /// whole log.
+    /// Order of events across threads. The log is read as it is replayed: memory does not
+    /// grow with its length (nor with --plot or --torch-snapshot).
     #[arg(long, value_enum, default_value_t = Order::Concurrent)]
     pub order: Order,
     /// Device ordinal to replay on.
     #[arg(long, default_value_t = 0)]
     pub device: u32,
     /// Draw the replay's memory over time (bytes in use and reserved) on the log's clock: a
-    /// PNG file when FILE ends in .png, else SVG.
+    /// PNG file when FILE ends in .png, else SVG. Up to 20000 events are drawn one by one;
+    /// past that, each of 2048 time bins by its first, last, highest and lowest values.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
     /// Write the replay's allocator events as a PyTorch memory snapshot (a pickle) to this
     /// file, for https://pytorch.org/memory_viz or torch.cuda._memory_viz.
     #[arg(long, value_name = "FILE")]
     pub torch_snapshot: Option<PathBuf>,
+    /// The trace entries the PyTorch snapshot keeps: the last N, as PyTorch's
+    /// `torch.cuda.memory._record_memory_history(max_entries=N)` (the segments and blocks
+    /// live at the end are all there, whatever N).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = DEFAULT_TRACE_ENTRIES,
+        value_parser = parse_entries,
+        requires = "torch_snapshot"
+    )]
+    pub torch_trace_entries: usize,
     /// --json (sizes in bytes, the time in seconds), --quiet (the exit status says whether
     /// the log fit), --format.
     #[command(flatten)]
@@ -112,6 +123,15 @@ fn parse_size(text: &str) -> Result<Size, String> {
     text.parse::<Size>().map_err(|e| {
         format!("{e}: expected bytes, a size with a unit such as 2GiB or 512MB, or a percentage")
     })
+}
+
+fn parse_entries(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "expected a number of trace entries of at least 1, such as {DEFAULT_TRACE_ENTRIES}"
+        )),
+    }
 }
 
 fn parse_initial(text: &str) -> Result<Size, String> {
@@ -248,12 +268,6 @@ fn build(
     })
 }
 
-/// The log: whole in memory (for a timeline), or scanned and read again as it is replayed.
-enum Source {
-    Whole(EventLog),
-    Streamed(LogFile),
-}
-
 /// Runs `rmm replay`.
 pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let out = args.output;
@@ -266,13 +280,11 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?;
     let plot = OutputFile::open_optional("--plot", args.plot.as_deref())?;
     let snapshot = OutputFile::open_optional("--torch-snapshot", args.torch_snapshot.as_deref())?;
-    // With a plot or snapshot the whole log is kept (the timeline is drawn from its
-    // events); otherwise it is only scanned now, and read again as it is replayed.
-    let log = if plot.is_some() || snapshot.is_some() {
-        Source::Whole(EventLog::read(&args.file)?)
-    } else {
-        Source::Streamed(LogFile::scan(&args.file)?)
-    };
+    // The log is only scanned now, and read again as it is replayed (and once more after it
+    // for a plot or snapshot): memory does not grow with its length.
+    let log = LogFile::scan(&args.file)?;
+    // A plot is on the log's clock when it has times, else on the replay's.
+    let timed = plot.is_some() && clock::log_is_timed(&args.file)?;
     if let Some(capacity) = args.simulate_capacity {
         let sim = SimBackend::leak(SimConfig {
             devices: 1,
@@ -286,8 +298,25 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let b = backend::global()?;
     let device = Device::new(args.device)?;
     let total = device.mem_info()?.total;
-    let recorder = (args.plot.is_some() || args.torch_snapshot.is_some())
-        .then(|| Arc::new(Recorder::new(Instant::now())));
+    let new_trace = |entries| TorchTrace::new(args.device, Some(total as u64), Some(entries));
+    // The pool's events, as they happen.
+    let hooked = (plot.is_some() || snapshot.is_some()).then(|| {
+        Arc::new(Mutex::new(clock::Hooked::new(
+            args.device,
+            plot.is_some() && timed,
+            plot.is_some() && !timed,
+            snapshot
+                .is_some()
+                .then(|| new_trace(args.torch_trace_entries)),
+        )))
+    });
+    let recorder = hooked.as_ref().map(|h| {
+        let h = Arc::clone(h);
+        Arc::new(Recorder::streaming(
+            Instant::now(),
+            Box::new(move |device, e: &MemoryEvent| h.lock().event(device, e)),
+        ))
+    });
     let guard = recorder.as_ref().map(Recorder::register);
     let resource = build(&args, device, recorder.as_ref())?;
     let options = ReplayOptions {
@@ -297,37 +326,95 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         },
         default_stream_only: false,
     };
-    let report = match &log {
-        Source::Whole(log) => replay(log, &*resource, &options)?,
-        Source::Streamed(file) => replay_streamed(file, &*resource, &options)?,
-    };
+    let report = replay_streamed(&log, &*resource, &options)?;
     drop(guard);
     let pool = find_in_chain::<PoolMemoryResource>(&*resource).map(|p| p.usage().summary());
     // Files written: (what, path, where the events came from).
     let mut written: Vec<(&str, PathBuf, String)> = Vec::new();
-    if let (Some(recorder), Source::Whole(log)) = (&recorder, &log) {
-        let recorded = recorder.events(args.device);
+    if let Some(hooked) = hooked {
         let name = args.file.file_name().map_or_else(
             || args.file.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
+        // What the hooks saw, taken out now: the resource may still report its end.
+        let (from_hooks, snapshot_from_hooks, segments, replay_clock, hook_trace, hook_oom_t) = {
+            let mut h = hooked.lock();
+            let oom_t = report
+                .failure
+                .as_ref()
+                .map_or(0.0, |f| h.oom_time(f.bytes as u64));
+            (
+                h.served_any(),
+                h.reported_any(),
+                h.take_segments(),
+                h.take_sampler(),
+                h.take_torch(),
+                oom_t,
+            )
+        };
+        // The log's own events: for a plot on its clock (or of a resource without hooks),
+        // and for a snapshot of a resource without hooks.
+        let log_plot = plot.is_some() && (timed || !from_hooks);
+        let log_trace = (snapshot.is_some() && !snapshot_from_hooks)
+            .then(|| new_trace(args.torch_trace_entries));
+        let passed = if log_plot || log_trace.is_some() {
+            let segments = if from_hooks { segments } else { Vec::new() };
+            let failure_line = report.failure.as_ref().map(|f| f.line);
+            Some(clock::LogPass::new(log_plot, segments, log_trace, failure_line).run(&args.file)?)
+        } else {
+            None
+        };
+        let (log_sampler, log_trace, failure_t) = match passed {
+            Some(p) => (p.sampler, p.torch, p.failure_t),
+            None => (None, None, 0.0),
+        };
         if let (Some(file), Some(format)) = (plot, plot_format) {
-            let (timeline, source) =
-                clock::plot_timeline(log, &name, args.device, total as u64, &report, &recorded);
+            let (sampler, oom_t) = if log_plot {
+                (log_sampler, failure_t)
+            } else {
+                (replay_clock, hook_oom_t)
+            };
+            let sampler = sampler.unwrap_or_default();
+            let (events, binned) = (sampler.events(), sampler.is_binned());
+            let sampled = sampler.finish();
+            let points = sampled.0.len();
+            let timeline =
+                clock::plot_timeline(&name, args.device, total as u64, &report, sampled, oom_t);
             let path = file.path().to_path_buf();
             file.write(&render(&timeline, format)?)?;
-            written.push(("plot", path, source.to_string()));
+            let mut about = clock::plot_source(timed, from_hooks).to_string();
+            if binned {
+                about.push_str(&format!("; {events} events drawn as {points} points"));
+            }
+            written.push(("plot", path, about));
         }
         if let Some(file) = snapshot {
-            let (timeline, source) =
-                snapshot_timeline(&args, &name, log, &report, &recorded, total as u64);
+            let (trace, source) = if snapshot_from_hooks {
+                (hook_trace, "from the pool's events")
+            } else {
+                (
+                    log_trace,
+                    "from the log's events: the resource reports none",
+                )
+            };
+            let trace = trace.unwrap_or_else(|| new_trace(args.torch_trace_entries));
+            let kept = if trace.dropped_entries() > 0 {
+                format!(
+                    " (the last {} of {} trace entries: --torch-trace-entries keeps more)",
+                    trace.entries(),
+                    trace.entries() as u64 + trace.dropped_entries()
+                )
+            } else {
+                String::new()
+            };
             let path = file.path().to_path_buf();
-            file.write(&torch_snapshot_bytes(&timeline)?)?;
+            file.write(&torch_snapshot_of(std::slice::from_ref(&trace))?)?;
             written.push((
                 "snapshot",
                 path,
                 format!(
-                    "PyTorch memory snapshot {source}; open it at https://pytorch.org/memory_viz"
+                    "PyTorch memory snapshot {source}{kept}; open it at \
+                     https://pytorch.org/memory_viz"
                 ),
             ));
         }
@@ -366,39 +453,4 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into()),
     }
-}
-
-/// The PyTorch snapshot's timeline: the pool's own events (block and segment addresses that
-/// agree, on the replay's clock), or the log's events when the resource reported none.
-fn snapshot_timeline(
-    args: &ReplayArgs,
-    name: &str,
-    log: &EventLog,
-    report: &ReplayReport,
-    recorded: &[MemoryEvent],
-    total: u64,
-) -> (Timeline, &'static str) {
-    let from_hooks = recorded
-        .iter()
-        .any(|e| matches!(e.action, Action::Alloc | Action::Oom));
-    let (events, source) = if from_hooks {
-        (recorded.to_vec(), "from the pool's events")
-    } else {
-        let times = clock::log_times(log);
-        (
-            clock::log_events(log, &times),
-            "from the log's events: the resource reports none",
-        )
-    };
-    let timeline = Timeline {
-        title: format!("rmm replay {name}: {}", report.resource),
-        devices: vec![DeviceTimeline {
-            device: args.device,
-            total_memory: Some(total),
-            samples: samples_from_events(&events),
-            events,
-        }],
-        marks: Vec::new(),
-    };
-    (timeline, source)
 }
