@@ -203,6 +203,64 @@ fn a_growable_pool_keeps_memory_pinned_ahead_of_demand_within_its_maximum() {
 }
 
 #[test]
+fn pinning_ahead_waits_for_a_quiet_pool_while_a_quarter_of_the_headroom_is_free() {
+    let sim = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Backed,
+    })
+    .unwrap();
+    let pool = PinnedHostPool::growable(sim, Some(512 * MIB));
+    pool.keep_free(100 * MIB);
+    assert_eq!(settled(&pool), 100 * MIB);
+    // Slices being taken keep the pool busy for an hour.
+    pool.set_quiet_period(std::time::Duration::from_secs(3600));
+    let a = pool.allocate(60 * MIB).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // 40 MiB free, at least a quarter of the headroom: it waits rather than hold the driver
+    // while spills may be enqueueing copies.
+    assert!(pool.is_pinning_ahead(), "the thread pinning ahead waits");
+    assert_eq!(pool.capacity(), 100 * MIB, "nothing pinned while the pool is busy");
+    // Below a quarter free it pins at once, busy or not.
+    let b = pool.allocate(30 * MIB).unwrap();
+    assert_eq!(settled(&pool) - pool.used(), 100 * MIB);
+    // Busy again with room: it pins once the pool has been quiet for the period.
+    pool.set_quiet_period(std::time::Duration::from_millis(50));
+    let before = pool.capacity();
+    let c = pool.allocate(20 * MIB).unwrap();
+    // (A step is at least 32 MiB.)
+    assert!(settled(&pool) >= before + 20 * MIB);
+    assert!(pool.capacity() - pool.used() >= 100 * MIB);
+    drop((a, b, c));
+    assert_eq!(pool.used(), 0);
+}
+
+#[test]
+fn a_pool_waiting_to_pin_ahead_goes_when_dropped() {
+    let sim = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Backed,
+    })
+    .unwrap();
+    let pool = PinnedHostPool::growable(sim, Some(512 * MIB));
+    pool.keep_free(100 * MIB);
+    settled(&pool);
+    pool.set_quiet_period(std::time::Duration::from_secs(3600));
+    let a = pool.allocate(60 * MIB).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(pool.is_pinning_ahead());
+    drop(a);
+    drop(pool);
+    // The waiting thread held no reference: the pinned memory went back with the pool.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while sim.pinned_host_bytes() != 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert_eq!(sim.pinned_host_bytes(), 0);
+}
+
+#[test]
 fn a_fixed_pool_ignores_pinning_ahead() {
     let pool = PinnedHostPool::new(32 * MIB).unwrap();
     pool.keep_free(1 << 30);

@@ -15,9 +15,11 @@
 //! A growable pool can also keep some memory pinned ahead of demand
 //! ([`PinnedHostPool::keep_free`]): a background thread pins more whenever less is free, so
 //! that a large spill does not wait for pinning. It pins in steps of at most 1 GiB, each
-//! registered chunk by chunk (see [`PinnedRegion`]), so that a burst of spills running
-//! meanwhile is stalled by one chunk's registration at most; a request that finds nothing
-//! free pins just what it needs.
+//! registered chunk by chunk (see [`PinnedRegion`]); a request that finds nothing free pins
+//! just what it needs. A registration holds the driver while it runs, so the copies that
+//! spills enqueue meanwhile wait for it: while slices are being taken and at least a quarter
+//! of the headroom is still free, the thread waits for the pool to go quiet
+//! ([`PinnedHostPool::set_quiet_period`]) before it pins.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -30,6 +32,7 @@ use parking_lot::Mutex;
 use crate::backend::host::{PinnedRegion, PinnedSlice, SliceOwner};
 use crate::backend::{self, Backend};
 use crate::error::{Error, Result, fmt_bytes};
+use crate::sync::clock;
 
 /// Slices are multiples of this many bytes (and so aligned to it).
 pub const PINNED_ALIGNMENT: usize = 256;
@@ -45,6 +48,11 @@ pub const MAX_GROWTH_STEP: usize = 4 << 30;
 /// Pinning ahead pins at most this much at a time (a step's region is added when all of it
 /// is pinned).
 const AHEAD_STEP: usize = 1 << 30;
+/// How long a pool must go without a slice taken before it pins ahead while at least a
+/// quarter of its headroom is free (see [`PinnedHostPool::set_quiet_period`]).
+pub const DEFAULT_QUIET_PERIOD: Duration = Duration::from_millis(20);
+/// How often a thread waiting to pin ahead looks again.
+const QUIET_POLL: Duration = Duration::from_millis(2);
 
 /// A pool of pinned host memory. Cheap to clone (shared).
 #[derive(Clone)]
@@ -95,8 +103,12 @@ struct Inner {
     pinning_ns: AtomicU64,
     /// Free bytes a growable pool keeps pinned ahead of demand (0: none).
     headroom: AtomicUsize,
-    /// True while a background thread pins ahead.
+    /// True while a background thread pins ahead (or waits for the pool to go quiet).
     pinning_ahead: AtomicBool,
+    /// When a slice was last taken (the coarse monotonic clock, ns).
+    last_taken_ns: AtomicU64,
+    /// See [`PinnedHostPool::set_quiet_period`] (ns).
+    quiet_ns: AtomicU64,
 }
 
 impl fmt::Debug for PinnedHostPool {
@@ -160,6 +172,8 @@ impl PinnedHostPool {
                 pinning_ns: 0.into(),
                 headroom: 0.into(),
                 pinning_ahead: false.into(),
+                last_taken_ns: 0.into(),
+                quiet_ns: (DEFAULT_QUIET_PERIOD.as_nanos() as u64).into(),
             }),
         }
     }
@@ -228,6 +242,15 @@ impl PinnedHostPool {
         }
         self.inner.headroom.store(bytes, Ordering::Relaxed);
         Inner::pin_ahead(&self.inner);
+    }
+
+    /// How long the pool must go without a slice taken before the thread pinning ahead pins,
+    /// while at least a quarter of the headroom is free ([`DEFAULT_QUIET_PERIOD`] unless set):
+    /// a registration holds the driver, and spills enqueueing copies meanwhile would wait for
+    /// it. Below a quarter free it pins at once. `Duration::ZERO` pins at once always.
+    pub fn set_quiet_period(&self, quiet: Duration) {
+        let nanos = u64::try_from(quiet.as_nanos()).unwrap_or(u64::MAX);
+        self.inner.quiet_ns.store(nanos, Ordering::Relaxed);
     }
 
     /// The free bytes kept pinned ahead of demand ([`keep_free`](Self::keep_free)).
@@ -321,6 +344,9 @@ impl PinnedHostPool {
             Some((Arc::clone(&c.region), offset))
         })?;
         drop(chunks);
+        self.inner
+            .last_taken_ns
+            .store(clock::coarse_monotonic_ns(), Ordering::Relaxed);
         let used = self.inner.used.fetch_add(len, Ordering::Relaxed) + len;
         self.inner.peak.fetch_max(used, Ordering::Relaxed);
         Some(PinnedSlice::carve(
@@ -350,33 +376,53 @@ impl Inner {
             .then(|| (want - free).clamp(GROWTH_STEP, MAX_GROWTH_STEP).min(room))
     }
 
+    /// True while slices are being taken (one in the quiet period) and at least a quarter of
+    /// the headroom is free: pinning ahead then waits, so as not to hold the driver while
+    /// spills enqueue their copies.
+    fn busy_with_room(&self) -> bool {
+        let quiet = self.quiet_ns.load(Ordering::Relaxed);
+        let since = clock::coarse_monotonic_ns()
+            .saturating_sub(self.last_taken_ns.load(Ordering::Relaxed));
+        since < quiet && self.free() >= self.headroom.load(Ordering::Relaxed) / 4
+    }
+
     /// Starts a background thread pinning toward the headroom, unless one runs or none is
     /// needed. A failure to pin is logged and ends it: a request then pins (or fails) itself.
+    /// The thread holds the pool only while it pins: a pool dropped while it waits goes.
     fn pin_ahead(self: &Arc<Self>) {
         if self.ahead_step().is_none() || self.pinning_ahead.swap(true, Ordering::AcqRel) {
             return;
         }
-        let inner = Arc::clone(self);
+        let pool = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name("rmm-pin-ahead".into())
             .spawn(move || {
                 // Without the requests' `growing` lock: a request short of memory pins what
                 // it needs itself rather than wait for a step pinned for later.
-                while let Some(step) = inner.ahead_step() {
+                while let Some(inner) = pool.upgrade() {
+                    let Some(step) = inner.ahead_step() else {
+                        inner.pinning_ahead.store(false, Ordering::Release);
+                        return;
+                    };
+                    if inner.busy_with_room() {
+                        drop(inner);
+                        std::thread::sleep(QUIET_POLL);
+                        continue;
+                    }
                     match inner.grow(step.min(AHEAD_STEP), MIN_CHUNK) {
-                        Ok(true) => {}
+                        Ok(true) => continue,
                         // A request took the room meanwhile.
-                        Ok(false) => break,
+                        Ok(false) => {}
                         Err(e) => {
                             tracing::warn!(
                                 bytes = step,
                                 "pinning host memory ahead of demand failed: {e}"
                             );
-                            break;
                         }
                     }
+                    inner.pinning_ahead.store(false, Ordering::Release);
+                    return;
                 }
-                inner.pinning_ahead.store(false, Ordering::Release);
             });
         if let Err(e) = spawned {
             self.pinning_ahead.store(false, Ordering::Release);
