@@ -90,7 +90,9 @@ def test_the_cpp_driver_catches_c10s_out_of_memory_error(tmp_path):
     exe = tmp_path / "shim_driver"
     lib = library_paths()[0]
     sources = [str(DRIVER.parents[1] / "rmm_rs_torch" / "shim.cpp"), str(DRIVER)]
-    includes = [f"-I{p}" for p in include_paths()]
+    # The C++ ABI PyTorch was built with (its older wheels used the pre-C++11 one).
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    includes = [abi, *(f"-I{p}" for p in include_paths())]
     link = [f"-L{lib}", "-lc10", f"-Wl,-rpath,{lib}", "-o", str(exe)]
     build = subprocess.run(
         [gxx, "-std=c++17", "-O1", *includes, *sources, *link], capture_output=True, text=True
