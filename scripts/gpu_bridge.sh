@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The librmm bridge (python/librmm_bridge) on a machine with an NVIDIA GPU and no network:
 # RAPIDS RMM's wheels travel from here, the bridge and the C++ librmm client are built there.
+# `run` also builds the PyTorch shim (python/torch_bridge, rmm_rs_torch) where python3 imports
+# torch and g++ is installed, and runs the PyTorch allocator's tests.
 #
 #   scripts/gpu_bridge.sh wheels   # here: RMM's wheels (Python 3.12) into .whl-bridge/, and
 #                                  # the rmm_rs wheel with Dask's (scripts/gpu.sh wheels) in .whl/
@@ -11,7 +13,7 @@
 #
 # Environment of `run`: PYTEST=0 skips the tests, BENCH=0 the benchmarks; ROUNDS (default 5),
 # ITERATIONS (C++ allocations per thread and round, default 20000), CALLS (Python calls per
-# round, default 20000).
+# round, default 20000). Logs: build-torch-shim.txt, pytest-torch.txt besides the bridge's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,6 +70,23 @@ run)
     g++ -std=c++20 -O2 -shared -fPIC -o "$client" python/librmm_bridge/bench/librmm_client.cpp \
         "${inc[@]}" -L"$site/librmm/lib64" -lrmm 2>&1 | tee "$out/build-client.txt"
     export RMM_BACKEND=cuda LIBRMM_BRIDGE_REQUIRED=1 LIBRMM_BRIDGE_CLIENT="$client"
+    # The PyTorch shim, against the installed PyTorch: best effort (without it, its tests
+    # skip and install() falls back, warning).
+    export TORCH_SHIM_REQUIRED=0
+    if ! python3 -c "import torch" > /dev/null 2>&1; then
+        echo "torch shim: NOT built: python3 cannot import torch" | tee "$out/build-torch-shim.txt"
+    elif ! command -v g++ > /dev/null; then
+        echo "torch shim: NOT built: no g++ on PATH" | tee "$out/build-torch-shim.txt"
+    elif python3 -m pip install --no-index --no-deps --no-build-isolation --no-cache-dir \
+        --target "$site" --upgrade python/torch_bridge > "$out/build-torch-shim.txt" 2>&1 &&
+        python3 -c "import torch, rmm_rs_torch; print('torch', torch.__version__, rmm_rs_torch.LIBRARY)" \
+            >> "$out/build-torch-shim.txt" 2>&1; then
+        TORCH_SHIM_REQUIRED=1
+        echo "torch shim: built: $(tail -1 "$out/build-torch-shim.txt")"
+    else
+        echo "torch shim: building FAILED (its tests skip; log in build-torch-shim.txt):"
+        tail -30 "$out/build-torch-shim.txt"
+    fi
     if [ "${PYTEST:-1}" = 1 ]; then
         set +e
         (cd /tmp && python3 -m pytest -q -p no:cacheprovider -rs \
@@ -75,8 +94,17 @@ run)
             "$repo/python/tests/test_rmm_bridge.py" \
             "$repo/python/tests/test_rmm_bridge_gpu.py" > "$out/pytest-bridge.txt" 2>&1)
         status=$?
-        set -e
         tail -25 "$out/pytest-bridge.txt"
+        # PyTorch's allocators: the shim (no GPU needed), install() with and without it, and
+        # test_gpu_store.py's PyTorch tests (those need CuPy and the Dask wheels of .whl).
+        (cd /tmp && python3 -m pytest -q -p no:cacheprovider -rs \
+            "$repo/python/tests/test_torch_install.py" \
+            "$repo/python/tests/test_torch_shim.py" \
+            "$repo/python/tests/test_torch_allocator_gpu.py" \
+            "$repo/python/tests/test_gpu_store.py" -k "torch" > "$out/pytest-torch.txt" 2>&1)
+        rc=$?; [ "$rc" = 0 ] || status=$rc
+        set -e
+        tail -25 "$out/pytest-torch.txt"
     fi
     if [ "${BENCH:-1}" = 1 ]; then
         python3 python/librmm_bridge/bench/bridge_bench.py --client "$client" \

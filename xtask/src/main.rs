@@ -9,7 +9,9 @@
 //!   fails), the `rmm_rs` wheel built and installed there, RAPIDS RMM's wheels and the
 //!   librmm bridge (`python/librmm_bridge`, built against them) where the package index has
 //!   them (else the bridge's tests skip, saying why), and pytest on `python/tests` (no tests
-//!   collected is a failure). `--rust-only` skips the Python part.
+//!   collected is a failure). The PyTorch shim (`python/torch_bridge`) is type-checked but
+//!   not built: PyTorch is not installed there, so its tests skip, saying why
+//!   (`scripts/gpu_bridge.sh run` builds and tests it). `--rust-only` skips the Python part.
 //! * `cargo xtask lint`: the `unsafe` fence, one public path to each name (`cargo xtask
 //!   paths`, see `paths.rs`), `cargo fmt --check`, `cargo clippy --all-targets -D warnings`
 //!   and `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-D warnings` (broken intra-doc
@@ -199,9 +201,10 @@ fn librmm_bridge(root: &Path, bin: &Path) -> Result<bool, String> {
     Ok(true)
 }
 
-/// mypy over the package and its tests (the extension through its stubs,
-/// `python/rmm_rs/_rmm_rs.pyi`): untyped functions' bodies are checked too, and an error
-/// fails the task. Its cache lives under `target/`.
+/// mypy over the package, its tests and the optional packages' Python (the extensions
+/// through their stubs, `python/rmm_rs/_rmm_rs.pyi` and the bridges' `.pyi`): untyped
+/// functions' bodies are checked too, and an error fails the task. Its cache lives under
+/// `target/`.
 fn type_check(root: &Path, bin: &Path) -> Result<(), String> {
     let mut mypy = Command::new(bin.join("python"));
     mypy.args([
@@ -212,11 +215,17 @@ fn type_check(root: &Path, bin: &Path) -> Result<(), String> {
     ])
     .args(["--warn-unused-ignores", "--cache-dir"])
     .arg(root.join("target/mypy-cache"))
-    .args(["rmm_rs", "tests", "librmm_bridge/rmm_rs_librmm"])
+    .args([
+        "rmm_rs",
+        "tests",
+        "librmm_bridge/rmm_rs_librmm",
+        "torch_bridge/rmm_rs_torch",
+    ])
     .current_dir(root.join("python"));
     run(
         mypy,
-        "mypy python/rmm_rs python/tests python/librmm_bridge/rmm_rs_librmm",
+        "mypy python/rmm_rs python/tests python/librmm_bridge/rmm_rs_librmm \
+         python/torch_bridge/rmm_rs_torch",
     )
 }
 

@@ -7,23 +7,59 @@
   PyTorch's own ``torch.OutOfMemoryError``.
 * ``install()``: rmm-rs as PyTorch's process-wide allocator
   (``torch.cuda.memory.CUDAPluggableAllocator``), before PyTorch's first CUDA allocation, as
-  ``change_current_allocator`` requires. PyTorch then has no statistics or snapshots, and it
-  does not check the pointer an allocation function returns: a failed allocation becomes a
-  tensor at address 0. Prefer ``mem_pool()``.
+  ``change_current_allocator`` requires. PyTorch then has no statistics or snapshots. It does
+  not check the pointer an allocation function returns either, so ``install`` uses the
+  functions of the optional ``rmm-rs-torch`` package (``rmm_rs_torch``, built against the
+  installed PyTorch), which raise ``torch.OutOfMemoryError`` where rmm-rs is out of memory.
+  Without that package it falls back to rmm-rs's own C functions, saying so once: a failed
+  allocation then becomes a tensor at address 0.
 """
+
+import logging
+import warnings
+from typing import Any, Optional
 
 from .. import _rmm_rs
 
+logger = logging.getLogger("rmm_rs.allocators")
 
-def allocator():
-    """A ``torch.cuda.memory.CUDAPluggableAllocator`` over rmm-rs's C functions."""
+# Set once the fallback's warning has been given (once per process).
+_warned = False
+
+
+def shim_error() -> Optional[str]:
+    """None when the shim (``rmm_rs_torch``) imports; else why it does not."""
+    try:
+        import rmm_rs_torch  # noqa: F401
+    except (ImportError, OSError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def allocator() -> Any:
+    """A ``torch.cuda.memory.CUDAPluggableAllocator`` over rmm-rs's own C functions, which
+    return null when rmm-rs is out of memory (``mem_pool()``'s caching allocator checks for
+    that; a process-wide allocator does not: see :func:`checked_allocator`)."""
     from torch.cuda.memory import CUDAPluggableAllocator
 
     alloc, free = _rmm_rs.torch_functions()
     return CUDAPluggableAllocator(_rmm_rs.__file__, alloc, free)
 
 
-def mem_pool():
+def checked_allocator() -> Any:
+    """A ``torch.cuda.memory.CUDAPluggableAllocator`` over the shim's functions (the optional
+    ``rmm-rs-torch`` package): an allocation rmm-rs cannot make raises
+    ``torch.OutOfMemoryError``. ``ImportError`` (or ``OSError``) when the shim is not
+    installed or does not load."""
+    from torch.cuda.memory import CUDAPluggableAllocator
+
+    import rmm_rs_torch
+
+    alloc, free = rmm_rs_torch.functions()
+    return CUDAPluggableAllocator(rmm_rs_torch.LIBRARY, alloc, free)
+
+
+def mem_pool() -> Any:
     """A ``torch.cuda.MemPool`` whose segments come from rmm-rs; use it with
     ``torch.cuda.use_mem_pool(pool)``."""
     import torch
@@ -32,11 +68,31 @@ def mem_pool():
     return pool
 
 
-def install():
-    """Makes rmm-rs PyTorch's CUDA allocator in this process (see the module documentation
-    for what PyTorch then lacks)."""
+def install() -> Any:
+    """Makes rmm-rs PyTorch's CUDA allocator in this process and returns the
+    ``CUDAPluggableAllocator``: :func:`checked_allocator` when the shim ``rmm_rs_torch`` is
+    installed, else (with a warning, once per process) :func:`allocator`, whose failed
+    allocations PyTorch does not notice. See the module documentation for what PyTorch lacks
+    either way."""
+    global _warned
     from torch.cuda.memory import change_current_allocator
 
-    alloc = allocator()
+    try:
+        alloc = checked_allocator()
+    except (ImportError, OSError) as e:
+        if not _warned:
+            _warned = True
+            message = (
+                f"rmm_rs.allocators.torch.install: the shim rmm_rs_torch is not available "
+                f"({type(e).__name__}: {e}); PyTorch's CUDAPluggableAllocator does not check "
+                "the pointer an allocation returns, so without the shim an allocation rmm-rs "
+                "cannot make becomes a tensor at address 0 instead of torch.OutOfMemoryError. "
+                "Install rmm-rs-torch (pip install --no-build-isolation python/torch_bridge, "
+                "next to PyTorch), or allocate through rmm_rs.allocators.torch.mem_pool(), "
+                "which raises torch.OutOfMemoryError already."
+            )
+            logger.warning(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        alloc = allocator()
     change_current_allocator(alloc)
     return alloc
