@@ -220,7 +220,11 @@ fn pinning_ahead_waits_for_a_quiet_pool_while_a_quarter_of_the_headroom_is_free(
     // 40 MiB free, at least a quarter of the headroom: it waits rather than hold the driver
     // while spills may be enqueueing copies.
     assert!(pool.is_pinning_ahead(), "the thread pinning ahead waits");
-    assert_eq!(pool.capacity(), 100 * MIB, "nothing pinned while the pool is busy");
+    assert_eq!(
+        pool.capacity(),
+        100 * MIB,
+        "nothing pinned while the pool is busy"
+    );
     // Below a quarter free it pins at once, busy or not.
     let b = pool.allocate(30 * MIB).unwrap();
     assert_eq!(settled(&pool) - pool.used(), 100 * MIB);

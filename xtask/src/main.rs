@@ -112,8 +112,18 @@ fn python_tests() -> Result<(), String> {
     pip.args(["-m", "pip", "install", "--quiet", "--upgrade"])
         // CuPy imports and takes an allocator without a GPU: the README's Dask plugin
         // snippet, which names it, runs as written.
-        .args(["pip", "maturin", "pytest", "distributed", "mypy", "cupy-cuda13x"]);
-    run(pip, "pip install maturin pytest distributed mypy cupy-cuda13x")?;
+        .args([
+            "pip",
+            "maturin",
+            "pytest",
+            "distributed",
+            "mypy",
+            "cupy-cuda13x",
+        ]);
+    run(
+        pip,
+        "pip install maturin pytest distributed mypy cupy-cuda13x",
+    )?;
     type_check(&root, &bin)?;
     let wheels = root.join("target/xtask-wheels");
     let _ = std::fs::remove_dir_all(&wheels);

@@ -50,7 +50,7 @@ pub const MAX_GROWTH_STEP: usize = 4 << 30;
 const AHEAD_STEP: usize = 1 << 30;
 /// How long a pool must go without a slice taken before it pins ahead while at least a
 /// quarter of its headroom is free (see [`PinnedHostPool::set_quiet_period`]).
-pub const DEFAULT_QUIET_PERIOD: Duration = Duration::from_millis(20);
+const DEFAULT_QUIET_PERIOD: Duration = Duration::from_millis(20);
 /// How often a thread waiting to pin ahead looks again.
 const QUIET_POLL: Duration = Duration::from_millis(2);
 
@@ -245,7 +245,7 @@ impl PinnedHostPool {
     }
 
     /// How long the pool must go without a slice taken before the thread pinning ahead pins,
-    /// while at least a quarter of the headroom is free ([`DEFAULT_QUIET_PERIOD`] unless set):
+    /// while at least a quarter of the headroom is free (20 ms unless set):
     /// a registration holds the driver, and spills enqueueing copies meanwhile would wait for
     /// it. Below a quarter free it pins at once. `Duration::ZERO` pins at once always.
     pub fn set_quiet_period(&self, quiet: Duration) {
@@ -381,8 +381,8 @@ impl Inner {
     /// spills enqueue their copies.
     fn busy_with_room(&self) -> bool {
         let quiet = self.quiet_ns.load(Ordering::Relaxed);
-        let since = clock::coarse_monotonic_ns()
-            .saturating_sub(self.last_taken_ns.load(Ordering::Relaxed));
+        let since =
+            clock::coarse_monotonic_ns().saturating_sub(self.last_taken_ns.load(Ordering::Relaxed));
         since < quiet && self.free() >= self.headroom.load(Ordering::Relaxed) / 4
     }
 
