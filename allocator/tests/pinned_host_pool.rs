@@ -109,12 +109,7 @@ fn eight_threads_share_the_pool_without_overlap() {
 
 #[test]
 fn the_region_is_registered_while_the_pool_lives_and_released_after() {
-    let sim = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 1 << 30,
-        mode: SimMemoryMode::Backed,
-    })
-    .unwrap();
+    let sim = backed_sim();
     let pool = PinnedHostPool::on(sim, 600 * MIB).unwrap();
     assert_eq!(sim.pinned_host_bytes(), pool.capacity());
     // Several registered chunks of at least 256 MiB (fewer on a machine with fewer cores).
@@ -133,12 +128,7 @@ fn the_region_is_registered_while_the_pool_lives_and_released_after() {
 
 #[test]
 fn a_growable_pool_pins_as_needed_and_stops_at_its_maximum() {
-    let sim = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 1 << 30,
-        mode: SimMemoryMode::Backed,
-    })
-    .unwrap();
+    let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(160 * MIB));
     assert!(pool.is_growable());
     assert_eq!((pool.capacity(), sim.pinned_host_bytes()), (0, 0));
@@ -159,6 +149,16 @@ fn a_growable_pool_pins_as_needed_and_stops_at_its_maximum() {
     assert_eq!(pool.used(), 0);
 }
 
+/// A simulated device of 1 GiB with backed memory, for a pool's pinned host bytes.
+fn backed_sim() -> &'static SimBackend {
+    SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 1 << 30,
+        mode: SimMemoryMode::Backed,
+    })
+    .unwrap()
+}
+
 /// Waits (up to 10 s) until `pool` is not pinning ahead; its capacity then.
 fn settled(pool: &PinnedHostPool) -> usize {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -171,12 +171,7 @@ fn settled(pool: &PinnedHostPool) -> usize {
 
 #[test]
 fn a_growable_pool_keeps_memory_pinned_ahead_of_demand_within_its_maximum() {
-    let sim = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 1 << 30,
-        mode: SimMemoryMode::Backed,
-    })
-    .unwrap();
+    let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(300 * MIB));
     pool.keep_free(100 * MIB);
     // Pinned in the background before anything asked.
@@ -204,12 +199,7 @@ fn a_growable_pool_keeps_memory_pinned_ahead_of_demand_within_its_maximum() {
 
 #[test]
 fn pinning_ahead_waits_for_a_quiet_pool_while_a_quarter_of_the_headroom_is_free() {
-    let sim = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 1 << 30,
-        mode: SimMemoryMode::Backed,
-    })
-    .unwrap();
+    let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(512 * MIB));
     pool.keep_free(100 * MIB);
     assert_eq!(settled(&pool), 100 * MIB);
@@ -241,12 +231,7 @@ fn pinning_ahead_waits_for_a_quiet_pool_while_a_quarter_of_the_headroom_is_free(
 
 #[test]
 fn a_pool_waiting_to_pin_ahead_goes_when_dropped() {
-    let sim = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 1 << 30,
-        mode: SimMemoryMode::Backed,
-    })
-    .unwrap();
+    let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(512 * MIB));
     pool.keep_free(100 * MIB);
     settled(&pool);
@@ -275,12 +260,7 @@ fn a_fixed_pool_ignores_pinning_ahead() {
 
 #[test]
 fn requests_and_pinning_ahead_together_never_pin_past_the_maximum() {
-    let sim = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 1 << 30,
-        mode: SimMemoryMode::Backed,
-    })
-    .unwrap();
+    let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(256 * MIB));
     // Pinning ahead and four threads asking for memory at once, all racing for the room.
     pool.keep_free(200 * MIB);
