@@ -7,7 +7,8 @@ import time
 
 import cloudpickle
 import pytest
-from distributed import Client, LocalCluster
+from clusters import local_cluster
+from distributed import Client
 
 import rmm_rs
 from rmm_rs.dask import RMMRsPlugin
@@ -20,14 +21,7 @@ DATA = bytes(range(251)) * 4001
 
 @pytest.fixture(scope="module")
 def client():
-    with LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address=None,
-        worker_dashboard_address=None,
-    ) as cluster, Client(cluster) as c:
+    with local_cluster() as cluster, Client(cluster) as c:
         yield c
 
 

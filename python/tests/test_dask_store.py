@@ -11,7 +11,8 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from distributed import Client, LocalCluster, get_worker, wait
+from clusters import local_cluster
+from distributed import Client, get_worker, wait
 
 import rmm_rs
 from rmm_rs.dask import DeviceStore
@@ -55,15 +56,7 @@ def hold(x, i, key):
 
 
 def cluster(**kwargs):
-    return LocalCluster(
-        n_workers=2,
-        threads_per_worker=2,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address=None,
-        worker_dashboard_address=None,
-        **kwargs,
-    )
+    return local_cluster(threads_per_worker=2, **kwargs)
 
 
 @pytest.fixture(scope="module")

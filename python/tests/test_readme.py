@@ -69,7 +69,8 @@ def test_the_dask_plugin_snippet_runs_as_written(monkeypatch):
     # `cargo xtask test` installs CuPy, which imports and takes an allocator without a GPU.
     if importlib.util.find_spec("cupy") is None:
         pytest.skip("the snippet names CuPy in rmm_allocator_external_lib_list; CuPy is not installed")
-    from distributed import Client, LocalCluster
+    from clusters import local_cluster
+    from distributed import Client
 
     import rmm_rs
 
@@ -81,14 +82,7 @@ def test_the_dask_plugin_snippet_runs_as_written(monkeypatch):
     cwd = os.getcwd()
     os.chdir(ROOT)  # its rmm.toml, for the workers as well
     try:
-        with LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=None,
-            worker_dashboard_address=None,
-        ) as cluster, Client(cluster) as client:
+        with local_cluster() as cluster, Client(cluster) as client:
             scope = {"client": client, "rmm_rs": rmm_rs}
             exec(snippet("RMMRsPlugin("), scope)
             stats = client.run(rmm_rs.statistics)

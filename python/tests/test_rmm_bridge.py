@@ -269,20 +269,14 @@ def librmm_resource_on_worker(dask_worker=None):
 
 def test_the_plugin_installs_rmms_resource_on_every_worker_and_keeps_it_across_a_new_plugin():
     import cloudpickle
-    from distributed import Client, LocalCluster
+    from clusters import local_cluster
+    from distributed import Client
 
     from rmm_rs.dask import RMMRsPlugin
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     expected = "CallbackMemoryResource" if rr.bridge_error() else "RmmRsMemoryResource"
-    with LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address=None,
-        worker_dashboard_address=None,
-    ) as cluster, Client(cluster) as client:
+    with local_cluster() as cluster, Client(cluster) as client:
         client.register_plugin(
             RMMRsPlugin(rmm_pool_size="64MiB", rmm_allocator_external_lib_list=["rmm"])
         )
