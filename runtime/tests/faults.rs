@@ -14,9 +14,10 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{pattern, read_on_device, serial, sim, skip, spilling};
+use common::faults::{FAULTS, sim_or_skip};
+use common::{pattern, read_on_device, serial, spilling};
 use rmm_allocator::StreamView;
-use rmm_allocator::backend::{SimBackend, SimCounts};
+use rmm_allocator::backend::SimBackend;
 use rmm_allocator::spill::{SpillableBuffer, Tier};
 use rmm_config::Config;
 use rmm_runtime::{Runtime, SpillManager};
@@ -139,49 +140,6 @@ impl Scene {
     }
 }
 
-/// Which operation to fail.
-#[derive(Debug, Clone, Copy)]
-enum Fault {
-    Allocation,
-    Copy,
-    Pin,
-    FileWrite,
-}
-
-const FAULTS: [Fault; 4] = [Fault::Allocation, Fault::Copy, Fault::Pin, Fault::FileWrite];
-
-impl Fault {
-    fn count(self, c: &SimCounts) -> u64 {
-        match self {
-            Fault::Allocation => c.allocations,
-            Fault::Copy => c.copies,
-            Fault::Pin => c.pins,
-            Fault::FileWrite => c.file_writes,
-        }
-    }
-
-    fn inject(self, sim: &SimBackend, n: u64) {
-        match self {
-            Fault::Allocation => sim.fail_nth_allocation(DEVICE, n).unwrap(),
-            Fault::Copy => sim.fail_nth_copy(DEVICE, n).unwrap(),
-            Fault::Pin => sim.fail_nth_pin(n),
-            Fault::FileWrite => sim.fail_nth_file_write(DEVICE, n).unwrap(),
-        }
-    }
-}
-
-/// The simulated backend, or a visible skip.
-fn sim_or_skip(test: &str) -> Option<&'static SimBackend> {
-    let s = sim();
-    if s.is_none() {
-        skip(
-            test,
-            "fault injection needs the simulated device (RMM_BACKEND=cuda)",
-        );
-    }
-    s
-}
-
 /// Runs `step` on a fresh scene once to count its operations, then once for each operation
 /// of each kind with that one failing (and once more past the last, which must not fail),
 /// checking the scene after each run and that nothing is left after it. Returns how many
@@ -207,7 +165,7 @@ fn fail_each_operation(
         for n in 1..=fault.count(&counts) + 1 {
             let what = format!("{name}, {fault:?} {n} of {} failing", fault.count(&counts));
             let s = scene(disk);
-            fault.inject(sim, n);
+            fault.inject(sim, DEVICE, n);
             let result = step(&s);
             sim.clear_faults(DEVICE).unwrap();
             if let Err(e) = &result {

@@ -29,46 +29,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{pattern, serial, sim, spilling};
+use common::faults::{FAULTS, Fault, sim_or_skip};
+use common::foreign::LibraryOwner;
+use common::{pattern, serial, spilling};
 use rmm_allocator::backend::DevicePtr;
-use rmm_allocator::backend::{SimBackend, SimCounts};
-use rmm_allocator::per_device::get_per_device_resource;
+use rmm_allocator::backend::SimBackend;
 use rmm_allocator::spill::Tier;
 use rmm_allocator::{Device, StreamView};
 use rmm_config::Config;
-use rmm_runtime::{ForeignData, ForeignOwner, OwnerAccess, Runtime, SpillManager};
+use rmm_runtime::{ForeignData, OwnerAccess, Runtime, SpillManager};
 
 const MIB: usize = 1 << 20;
 const S: StreamView = StreamView::DEFAULT;
 const DEVICE: u32 = 0;
 
-/// Device memory of "another library": allocations from the device's current resource,
-/// freed when the owner drops (counted in `dropped`); in use while `in_use` says so.
-struct Owner {
-    allocations: Vec<(DevicePtr, usize)>,
-    in_use: Arc<AtomicBool>,
-    dropped: Arc<AtomicUsize>,
-}
-
-impl ForeignOwner for Owner {
-    fn is_in_use(&self) -> bool {
-        self.in_use.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Owner {
-    fn drop(&mut self) {
-        let r = get_per_device_resource(DEVICE).expect("the device's resource");
-        for &(ptr, size) in &self.allocations {
-            r.deallocate(ptr, size, S).expect("free");
-        }
-        self.dropped.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
 /// A library value not adopted yet: its owner and the bytes of each of its allocations.
 struct Made {
-    owner: Owner,
+    owner: LibraryOwner,
     data: Vec<Vec<u8>>,
 }
 
@@ -86,31 +63,20 @@ fn contents(size: usize, seed: u64) -> Vec<u8> {
 
 /// A library value of allocations of `sizes`, each holding its own pattern.
 fn library_value(sizes: &[usize], seed: u64) -> Made {
-    let r = get_per_device_resource(DEVICE).expect("the device's resource");
-    let device = Device::new(DEVICE).unwrap();
-    let mut allocations = Vec::new();
-    let mut data = Vec::new();
-    for (i, &size) in sizes.iter().enumerate() {
-        let bytes = contents(size, seed * 16 + i as u64);
-        let ptr = r.allocate(size, S).expect("allocate");
-        device.copy_to_device(ptr, &bytes).unwrap();
-        allocations.push((ptr, size));
-        data.push(bytes);
-    }
-    Made {
-        owner: Owner {
-            allocations,
-            in_use: Arc::default(),
-            dropped: Arc::default(),
-        },
-        data,
-    }
+    let data: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| contents(size, seed * 16 + i as u64))
+        .collect();
+    let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    let owner = LibraryOwner::holding(DEVICE, &slices, &Arc::default());
+    Made { owner, data }
 }
 
 /// An adopted value and what it must hold.
 struct Value {
     name: &'static str,
-    v: Arc<ForeignData<Owner>>,
+    v: Arc<ForeignData<LibraryOwner>>,
     data: Vec<Vec<u8>>,
     in_use: Arc<AtomicBool>,
     dropped: Arc<AtomicUsize>,
@@ -132,7 +98,7 @@ fn read_device(allocations: &[(DevicePtr, usize)]) -> Vec<Vec<u8>> {
 
 /// A value's bytes read on the device: in its owner's memory, or through device views
 /// (bringing spilled data back).
-fn read_through_device(v: &ForeignData<Owner>) -> rmm_allocator::Result<Vec<Vec<u8>>> {
+fn read_through_device(v: &ForeignData<LibraryOwner>) -> rmm_allocator::Result<Vec<Vec<u8>>> {
     if let OwnerAccess::Device(bytes) = v.owner(|o| read_device(&o.allocations)) {
         return Ok(bytes);
     }
@@ -456,37 +422,6 @@ impl Scene {
     }
 }
 
-/// Which operation to fail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    Allocation,
-    Copy,
-    Pin,
-    FileWrite,
-}
-
-const FAULTS: [Fault; 4] = [Fault::Allocation, Fault::Copy, Fault::Pin, Fault::FileWrite];
-
-impl Fault {
-    fn count(self, c: &SimCounts) -> u64 {
-        match self {
-            Fault::Allocation => c.allocations,
-            Fault::Copy => c.copies,
-            Fault::Pin => c.pins,
-            Fault::FileWrite => c.file_writes,
-        }
-    }
-
-    fn inject(self, sim: &SimBackend, n: u64) {
-        match self {
-            Fault::Allocation => sim.fail_nth_allocation(DEVICE, n).unwrap(),
-            Fault::Copy => sim.fail_nth_copy(DEVICE, n).unwrap(),
-            Fault::Pin => sim.fail_nth_pin(n),
-            Fault::FileWrite => sim.fail_nth_file_write(DEVICE, n).unwrap(),
-        }
-    }
-}
-
 /// What a step does to one value when it succeeds: spill it (it is off the device after, in
 /// buffers) or nothing in particular.
 #[derive(Debug, Clone, Copy)]
@@ -546,7 +481,7 @@ impl Sweep {
                 let what = format!("{name}, {fault:?} {n} failing");
                 let mut s = Scene::new(self.layout);
                 let before = sim.counts(DEVICE).unwrap();
-                fault.inject(sim, n);
+                fault.inject(sim, DEVICE, n);
                 let result = step(&mut s);
                 s.quiet();
                 let made = fault.count(&sim.counts(DEVICE).unwrap().since(&before));
@@ -667,15 +602,6 @@ fn common_steps(sweep: &mut Sweep) {
     sweep.step("spilling everything", Expect::Nothing, |s| {
         s.m.spill_all().map(drop).map_err(err)
     });
-}
-
-/// The simulated backend, or a visible skip.
-fn sim_or_skip(test: &str) -> Option<&'static SimBackend> {
-    let s = sim();
-    if s.is_none() {
-        eprintln!("SKIPPED: {test}: fault injection needs the simulated device (RMM_BACKEND=cuda)");
-    }
-    s
 }
 
 #[test]

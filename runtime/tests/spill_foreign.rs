@@ -8,9 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use common::foreign::LibraryOwner;
 use common::{FileSizeCap, config, devices, pattern, serial, sim};
-use rmm_allocator::backend::DevicePtr;
-use rmm_allocator::per_device::get_per_device_resource;
 use rmm_allocator::spill::Tier;
 use rmm_allocator::{Error as AllocError, StreamView};
 use rmm_runtime::{ForeignOwner, OwnerAccess, Runtime, SpillManager};
@@ -18,45 +17,9 @@ use rmm_runtime::{ForeignOwner, OwnerAccess, Runtime, SpillManager};
 const MIB: usize = 1 << 20;
 const S: StreamView = StreamView::DEFAULT;
 
-/// Device memory of "another library": allocated from the device's current resource, freed
-/// when the owner drops; in use while `in_use` says so.
-struct Owner {
-    device: u32,
-    ptr: DevicePtr,
-    size: usize,
-    in_use: Arc<AtomicBool>,
-    dropped: Arc<AtomicUsize>,
-}
-
-impl ForeignOwner for Owner {
-    fn is_in_use(&self) -> bool {
-        self.in_use.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Owner {
-    fn drop(&mut self) {
-        let r = get_per_device_resource(self.device).expect("the device's resource");
-        r.deallocate(self.ptr, self.size, S).expect("free");
-        self.dropped.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// A library's allocation holding `bytes`.
-fn library_value(device: u32, bytes: &[u8], dropped: &Arc<AtomicUsize>) -> Owner {
-    let r = get_per_device_resource(device).expect("the device's resource");
-    let ptr = r.allocate(bytes.len(), S).expect("allocate");
-    rmm_allocator::Device::new(device)
-        .unwrap()
-        .copy_to_device(ptr, bytes)
-        .unwrap();
-    Owner {
-        device,
-        ptr,
-        size: bytes.len(),
-        in_use: Arc::new(AtomicBool::new(false)),
-        dropped: Arc::clone(dropped),
-    }
+/// A library's allocation on `device` holding `bytes`.
+fn library_value(device: u32, bytes: &[u8], dropped: &Arc<AtomicUsize>) -> LibraryOwner {
+    LibraryOwner::holding(device, &[bytes], dropped)
 }
 
 fn spilling(limit: &str, host: &str, disk: Option<&Path>) -> rmm_config::Config {
@@ -68,9 +31,9 @@ fn adopt_bytes(
     m: &SpillManager,
     bytes: &[u8],
     dropped: &Arc<AtomicUsize>,
-) -> Arc<rmm_runtime::ForeignData<Owner>> {
+) -> Arc<rmm_runtime::ForeignData<LibraryOwner>> {
     let o = library_value(0, bytes, dropped);
-    m.adopt(&[(o.ptr, o.size)], S, o)
+    m.adopt(&[o.allocations[0]], S, o)
 }
 
 fn manager(rt: &Runtime) -> Arc<SpillManager> {
@@ -140,7 +103,7 @@ fn a_value_in_use_is_never_spilled() {
     let busy = library_value(0, &pattern(3 * MIB, 1), &dropped);
     let in_use = Arc::clone(&busy.in_use);
     in_use.store(true, Ordering::SeqCst);
-    let first = m.adopt(&[(busy.ptr, busy.size)], S, busy);
+    let first = m.adopt(&[busy.allocations[0]], S, busy);
     let second = adopt_bytes(&m, &pattern(3 * MIB, 2), &dropped);
     // Over the limit, and the older value is in use: the new one goes (the limit holds).
     assert_eq!((first.tier(), second.tier()), (Tier::Device, Tier::Host));
@@ -162,7 +125,7 @@ fn views_of_one_allocation_are_counted_once_and_freed_with_the_last() {
     let m = manager(&rt);
     let dropped = Arc::new(AtomicUsize::new(0));
     let owner = library_value(0, &pattern(4 * MIB, 3), &dropped);
-    let (ptr, size) = (owner.ptr, owner.size);
+    let (ptr, size) = owner.allocations[0];
     let whole = m.adopt(&[(ptr, size)], S, owner);
     // A second value viewing the same allocation (held by a second handle to it).
     struct View(Arc<AtomicBool>);
@@ -200,10 +163,10 @@ fn a_failed_spill_leaves_the_value_on_the_device_as_it_was() {
     assert_eq!((s.tracked_bytes, s.host_bytes), (3 * MIB as u64, 0));
     // The owner's memory still holds the data.
     let bytes = v.owner(|o| {
-        let mut out = vec![0u8; o.size];
+        let mut out = vec![0u8; o.allocations[0].1];
         rmm_allocator::Device::new(0)
             .unwrap()
-            .copy_to_host(&mut out, o.ptr)
+            .copy_to_host(&mut out, o.allocations[0].0)
             .unwrap();
         out
     });
@@ -321,7 +284,7 @@ fn adopting_in_the_background_returns_before_the_spill_it_causes_ends() {
     let first_bytes = pattern(6 * MIB, 1);
     let first = {
         let o = library_value(0, &first_bytes, &dropped);
-        m.adopt_in_background(&[(o.ptr, o.size)], StreamView::from_raw(held), o)
+        m.adopt_in_background(&[o.allocations[0]], StreamView::from_raw(held), o)
     };
     // The first value's copy must wait for its stream, held back here: a synchronous spill
     // would block the next adoption until the gate opens.
@@ -333,7 +296,7 @@ fn adopting_in_the_background_returns_before_the_spill_it_causes_ends() {
         let dropped = Arc::clone(&dropped);
         std::thread::spawn(move || {
             let o = library_value(0, &second_bytes, &dropped);
-            let v = m.adopt_in_background(&[(o.ptr, o.size)], S, o);
+            let v = m.adopt_in_background(&[o.allocations[0]], S, o);
             tx.send(()).unwrap();
             v
         })
@@ -378,7 +341,7 @@ fn reading_back_with_room_made_in_the_background_runs_beside_the_spill_it_causes
     let first_bytes = pattern(6 * MIB, 1);
     let first = {
         let o = library_value(0, &first_bytes, &dropped);
-        m.adopt(&[(o.ptr, o.size)], S, o)
+        m.adopt(&[o.allocations[0]], S, o)
     };
     assert_eq!(first.spill().unwrap(), 6 * MIB);
     // The second value's spill must wait for its stream, held back below.
@@ -386,7 +349,7 @@ fn reading_back_with_room_made_in_the_background_runs_beside_the_spill_it_causes
     let second_bytes = pattern(6 * MIB, 2);
     let second = {
         let o = library_value(0, &second_bytes, &dropped);
-        m.adopt(&[(o.ptr, o.size)], StreamView::from_raw(held), o)
+        m.adopt(&[o.allocations[0]], StreamView::from_raw(held), o)
     };
     assert_eq!(second.tier(), Tier::Device);
     m.make_room_in_background(true);

@@ -1,6 +1,9 @@
 //! Helpers shared by the runtime's integration tests.
 #![allow(dead_code)]
 
+pub mod faults;
+pub mod foreign;
+
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use rmm_allocator::backend::{self, Backend, BackendKind, SimBackend, SimConfig, SimMemoryMode};
