@@ -444,35 +444,38 @@ fn read_env(env: &[(String, String)], layers: &mut Layers) {
     }
 }
 
-/// The defaults as dotted keys, made once per process: they never change, and serializing
-/// and flattening them was most of a load's time.
-fn flat_defaults() -> Result<&'static BTreeMap<String, toml::Value>> {
-    static DEFAULTS: OnceLock<BTreeMap<String, toml::Value>> = OnceLock::new();
-    if let Some(flat) = DEFAULTS.get() {
-        return Ok(flat);
+/// The defaults as a TOML table, made once per process: they never change, and serializing
+/// them was most of a load's time.
+fn default_table() -> Result<&'static toml::Table> {
+    static DEFAULTS: OnceLock<toml::Table> = OnceLock::new();
+    if let Some(table) = DEFAULTS.get() {
+        return Ok(table);
     }
-    let defaults = toml::Value::try_from(Config::default())
-        .map_err(|e| Error::Internal(format!("serializing the defaults: {e}")))?;
-    let mut flat = BTreeMap::new();
-    flatten(&defaults, "", &mut flat);
-    Ok(DEFAULTS.get_or_init(|| flat))
+    let table = match toml::Value::try_from(Config::default()) {
+        Ok(toml::Value::Table(table)) => table,
+        Ok(other) => {
+            return Err(Error::Internal(format!(
+                "the defaults serialized to a {}, not a table",
+                other.type_str()
+            )));
+        }
+        Err(e) => return Err(Error::Internal(format!("serializing the defaults: {e}"))),
+    };
+    Ok(DEFAULTS.get_or_init(|| table))
 }
 
-/// Defaults overlaid with the entries in order, deserialized into a [`Config`].
+/// Defaults overlaid with the entries in order (a later entry for a key replaces an earlier
+/// one), deserialized into a [`Config`].
 fn merge(entries: Vec<Entry>) -> Result<Config> {
-    let mut flat = flat_defaults()?.clone();
+    let mut root = default_table()?.clone();
     let mut sources = BTreeMap::new();
     for entry in entries {
-        flat.insert(entry.key.clone(), entry.value);
+        insert_dotted(&mut root, &entry.key, entry.value)?;
         if entry.origin == Source::Default {
             sources.remove(&entry.key);
         } else {
             sources.insert(entry.key, entry.origin);
         }
-    }
-    let mut root = toml::Table::new();
-    for (key, value) in flat {
-        insert_dotted(&mut root, &key, value)?;
     }
     let mut config: Config = toml::Value::Table(root)
         .try_into()
