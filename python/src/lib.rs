@@ -10,6 +10,7 @@
 mod allocators;
 mod buffers;
 mod counters;
+mod log;
 mod settings;
 mod store;
 
@@ -338,6 +339,7 @@ fn devices() -> PyResult<Vec<u32>> {
 /// The Python module.
 #[pymodule]
 fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    log::init_from_env();
     m.add("RmmError", m.py().get_type::<RmmError>())?;
     m.add("OutOfMemoryError", out_of_memory_error(m.py())?)?;
     m.add_function(wrap_pyfunction!(initialize, m)?)?;
