@@ -113,8 +113,10 @@ enum Layout {
     /// Limit 8 MiB, a fixed 16 MiB host pool, no disk: A [1, 1 MiB] and B [3 MiB] on the
     /// host, C [3 MiB] and D [1.5, 1.5 MiB] on the device, at the limit less 2 MiB.
     Host,
-    /// Limit 12 MiB, a fixed 4 MiB host pool and a disk tier: A on disk, B on the host, C,
-    /// D and E [6 MiB, more than the host pool] on the device, at the limit.
+    /// Limit 12.5 MiB, a fixed 4 MiB host pool and a disk tier: A on disk, B on the host, C,
+    /// D and E [6 MiB, more than the host pool] on the device, 12 MiB (the half MiB over it
+    /// is more than the slack enforcing the limit spills beyond the excess, so that exactly
+    /// A and B go).
     Disk,
     /// Limit 16 MiB, a host pool that pins as needed (the 32 MiB it pinned ahead of demand
     /// at start, and no more ahead from then on, so that every pin is a spill's), no disk:
@@ -137,7 +139,7 @@ impl Layout {
         let plain = [("pool.enabled", toml::Value::from(false))];
         match self {
             Layout::Host => spilling("8MiB", "16MiB", None, &plain),
-            Layout::Disk => spilling("12MiB", "4MiB", Some(dir), &plain),
+            Layout::Disk => spilling("12.5MiB", "4MiB", Some(dir), &plain),
             Layout::Growable => spilling("16MiB", "none", None, &plain),
         }
     }

@@ -393,3 +393,30 @@ fn a_spill_still_waits_for_the_work_queued_while_the_buffer_was_in_use() {
     drop(b);
     rmm_allocator::backend::Backend::stream_destroy(sim, d, stream).unwrap();
 }
+
+#[test]
+fn keeping_to_the_limit_spills_a_slack_beyond_the_excess() {
+    let _s = serial();
+    let rt = Runtime::start(&spilling(&[])).unwrap();
+    let m = rt.spill_manager(rt.devices()[0]).expect("spilling is on");
+    let stream = StreamView::DEFAULT;
+    // 64 MiB of 1 MiB buffers: exactly at the 64 MiB limit, nothing spilled.
+    let mut live: Vec<Arc<SpillableBuffer>> = (0..64)
+        .map(|i| m.from_host(&pattern(MIB, i), stream).unwrap())
+        .collect();
+    let s = m.statistics();
+    assert_eq!((s.tracked_bytes, s.spilled_count), (64 * MIB as u64, 0));
+    // One more is 1 MiB over: the excess goes and 1/32 of the limit (2 MiB) with it, so that
+    // the next two new buffers do not each stop for a spill.
+    live.push(m.from_host(&pattern(MIB, 64), stream).unwrap());
+    let s = m.statistics();
+    assert_eq!(s.spilled_count, 3, "{s:?}");
+    assert_eq!(s.tracked_bytes, 62 * MIB as u64);
+    for i in 65..67 {
+        live.push(m.from_host(&pattern(MIB, i), stream).unwrap());
+    }
+    assert_eq!(m.statistics().spilled_count, 3, "no spill for the next two");
+    for (i, b) in live.iter().enumerate() {
+        assert!(read_on_device(b, stream) == pattern(MIB, i as u64), "buffer {i}");
+    }
+}

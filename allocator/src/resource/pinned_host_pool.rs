@@ -14,12 +14,11 @@
 //! region when a request does not fit, up to an optional maximum; `host_pool_size = "none"`).
 //! A growable pool can also keep some memory pinned ahead of demand
 //! ([`PinnedHostPool::keep_free`]): a background thread pins more whenever less is free, so
-//! that a large spill does not wait for pinning. It pins in steps of at most 1 GiB, each
-//! registered chunk by chunk (see [`PinnedRegion`]); a request that finds nothing free pins
-//! just what it needs. A registration holds the driver while it runs, so the copies that
-//! spills enqueue meanwhile wait for it: while slices are being taken and at least a quarter
-//! of the headroom is still free, the thread waits for the pool to go quiet
-//! ([`PinnedHostPool::set_quiet_period`]) before it pins.
+//! that a large spill does not wait for pinning. It pins in steps of at most 256 MiB; a
+//! request that finds nothing free pins just what it needs. A growable pool registers in
+//! chunks of 32 MiB: a registration holds the driver while it runs, and the copies that
+//! spills enqueue meanwhile wait for it, so small chunks keep each wait short while the pool
+//! grows during a spill-heavy phase (larger data is stored as several slices).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -32,12 +31,14 @@ use parking_lot::Mutex;
 use crate::backend::host::{PinnedRegion, PinnedSlice, SliceOwner};
 use crate::backend::{self, Backend};
 use crate::error::{Error, Result, fmt_bytes};
-use crate::sync::clock;
 
 /// Slices are multiples of this many bytes (and so aligned to it).
 pub const PINNED_ALIGNMENT: usize = 256;
-/// Smallest registered chunk.
+/// Smallest registered chunk of a fixed pool (pinned once, up front).
 const MIN_CHUNK: usize = 256 << 20;
+/// The registered chunk of a growable pool, which pins while spills run: one registration
+/// of this size holds the driver for well under a millisecond.
+const GROWABLE_CHUNK: usize = 32 << 20;
 /// Threads that pre-fault and register at most.
 const MAX_THREADS: usize = 8;
 /// A growable pool pins at least this much at a time, and at most [`MAX_GROWTH_STEP`] (unless
@@ -46,13 +47,8 @@ pub const GROWTH_STEP: usize = 32 << 20;
 /// See [`GROWTH_STEP`].
 pub const MAX_GROWTH_STEP: usize = 4 << 30;
 /// Pinning ahead pins at most this much at a time (a step's region is added when all of it
-/// is pinned).
-const AHEAD_STEP: usize = 1 << 30;
-/// How long a pool must go without a slice taken before it pins ahead while at least a
-/// quarter of its headroom is free (see [`PinnedHostPool::set_quiet_period`]).
-const DEFAULT_QUIET_PERIOD: Duration = Duration::from_millis(20);
-/// How often a thread waiting to pin ahead looks again.
-const QUIET_POLL: Duration = Duration::from_millis(2);
+/// is pinned, so smaller steps are usable sooner).
+const AHEAD_STEP: usize = 256 << 20;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
 #[derive(Clone)]
@@ -103,12 +99,8 @@ struct Inner {
     pinning_ns: AtomicU64,
     /// Free bytes a growable pool keeps pinned ahead of demand (0: none).
     headroom: AtomicUsize,
-    /// True while a background thread pins ahead (or waits for the pool to go quiet).
+    /// True while a background thread pins ahead.
     pinning_ahead: AtomicBool,
-    /// When a slice was last taken (the coarse monotonic clock, ns).
-    last_taken_ns: AtomicU64,
-    /// See [`PinnedHostPool::set_quiet_period`] (ns).
-    quiet_ns: AtomicU64,
 }
 
 impl fmt::Debug for PinnedHostPool {
@@ -172,8 +164,6 @@ impl PinnedHostPool {
                 pinning_ns: 0.into(),
                 headroom: 0.into(),
                 pinning_ahead: false.into(),
-                last_taken_ns: 0.into(),
-                quiet_ns: (DEFAULT_QUIET_PERIOD.as_nanos() as u64).into(),
             }),
         }
     }
@@ -211,7 +201,7 @@ impl PinnedHostPool {
     }
 
     /// The largest slice the pool can hand out without growing (one registered chunk); a
-    /// growable pool pins chunks of at least `GROWTH_STEP`.
+    /// growable pool registers chunks of at least 32 MiB (`GROWTH_STEP`).
     pub fn max_slice(&self) -> usize {
         let m = self.inner.max_slice.load(Ordering::Relaxed);
         if self.is_growable() {
@@ -242,15 +232,6 @@ impl PinnedHostPool {
         }
         self.inner.headroom.store(bytes, Ordering::Relaxed);
         Inner::pin_ahead(&self.inner);
-    }
-
-    /// How long the pool must go without a slice taken before the thread pinning ahead pins,
-    /// while at least a quarter of the headroom is free (20 ms unless set):
-    /// a registration holds the driver, and spills enqueueing copies meanwhile would wait for
-    /// it. Below a quarter free it pins at once. `Duration::ZERO` pins at once always.
-    pub fn set_quiet_period(&self, quiet: Duration) {
-        let nanos = u64::try_from(quiet.as_nanos()).unwrap_or(u64::MAX);
-        self.inner.quiet_ns.store(nanos, Ordering::Relaxed);
     }
 
     /// The free bytes kept pinned ahead of demand ([`keep_free`](Self::keep_free)).
@@ -292,7 +273,7 @@ impl PinnedHostPool {
                 // request still fits below it. A pool that pins ahead pins only what this
                 // request needs here: the rest is pinned ahead in the background.
                 let step = if self.headroom() > 0 {
-                    len.max(MIN_CHUNK)
+                    len.max(GROWABLE_CHUNK)
                 } else {
                     len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP))
                 }
@@ -301,7 +282,7 @@ impl PinnedHostPool {
                     // Chunks at least as large as the request, so that it fits in one.
                     // Failing to pin more is running out of host memory, whatever the driver
                     // said: callers fall back (to disk) on that.
-                    match self.inner.grow(step, len.max(MIN_CHUNK)) {
+                    match self.inner.grow(step, len.max(GROWABLE_CHUNK)) {
                         Ok(true) => continue,
                         Ok(false) => {}
                         Err(e) => {
@@ -344,9 +325,6 @@ impl PinnedHostPool {
             Some((Arc::clone(&c.region), offset))
         })?;
         drop(chunks);
-        self.inner
-            .last_taken_ns
-            .store(clock::coarse_monotonic_ns(), Ordering::Relaxed);
         let used = self.inner.used.fetch_add(len, Ordering::Relaxed) + len;
         self.inner.peak.fetch_max(used, Ordering::Relaxed);
         Some(PinnedSlice::carve(
@@ -376,19 +354,10 @@ impl Inner {
             .then(|| (want - free).clamp(GROWTH_STEP, MAX_GROWTH_STEP).min(room))
     }
 
-    /// True while slices are being taken (one in the quiet period) and at least a quarter of
-    /// the headroom is free: pinning ahead then waits, so as not to hold the driver while
-    /// spills enqueue their copies.
-    fn busy_with_room(&self) -> bool {
-        let quiet = self.quiet_ns.load(Ordering::Relaxed);
-        let since =
-            clock::coarse_monotonic_ns().saturating_sub(self.last_taken_ns.load(Ordering::Relaxed));
-        since < quiet && self.free() >= self.headroom.load(Ordering::Relaxed) / 4
-    }
-
     /// Starts a background thread pinning toward the headroom, unless one runs or none is
     /// needed. A failure to pin is logged and ends it: a request then pins (or fails) itself.
-    /// The thread holds the pool only while it pins: a pool dropped while it waits goes.
+    /// The thread holds the pool only while it pins a step: a pool dropped meanwhile goes
+    /// once that step ends.
     fn pin_ahead(self: &Arc<Self>) {
         if self.ahead_step().is_none() || self.pinning_ahead.swap(true, Ordering::AcqRel) {
             return;
@@ -404,12 +373,7 @@ impl Inner {
                         inner.pinning_ahead.store(false, Ordering::Release);
                         return;
                     };
-                    if inner.busy_with_room() {
-                        drop(inner);
-                        std::thread::sleep(QUIET_POLL);
-                        continue;
-                    }
-                    match inner.grow(step.min(AHEAD_STEP), MIN_CHUNK) {
+                    match inner.grow(step.min(AHEAD_STEP), GROWABLE_CHUNK) {
                         Ok(true) => continue,
                         // A request took the room meanwhile.
                         Ok(false) => {}

@@ -155,6 +155,14 @@ pub(crate) const BATCH_ENTRIES: usize = 64;
 /// The most bytes in flight at once when making room (memory is freed as each batch ends).
 pub(crate) const BATCH_BYTES: u64 = 1 << 30;
 
+/// What enforcing the limit spills beyond the excess: 1/32 of the limit, at most one batch.
+/// Spilled one buffer at a time, a device making data stops for each spill's copy and for
+/// the copy engine's start-up, and a growing host pool pins between them; a few at once run
+/// at the copy engine's rate.
+pub(crate) fn limit_slack(limit: i64) -> i64 {
+    (limit / 32).clamp(0, BATCH_BYTES as i64)
+}
+
 /// Spills whose copies run at once: up to [`BATCH_ENTRIES`] entries ([`BATCH_BYTES`]) are
 /// enqueued before the first is waited for, so many small buffers move at the copy engine's
 /// rate instead of one round trip each.
@@ -269,12 +277,14 @@ impl Tracker {
     }
 
     /// Spills least recently used entries (not `except`) while the device holds more than
-    /// the limit plus `bytes` allows.
+    /// the limit plus `bytes` allows, and then [`limit_slack`] more: a device that keeps
+    /// making data spills in batches rather than one buffer per new one, as Dask's workers
+    /// spill down to a target below their threshold.
     pub(crate) fn enforce_limit(&self, except: Option<u64>, bytes: usize) {
         let limit = self.limit.load(Ordering::Relaxed) as i64;
         let over = self.tracked.load(Ordering::Relaxed) + bytes as i64 - limit;
         if over > 0
-            && let Err(e) = self.spill_oldest(over as u64, except)
+            && let Err(e) = self.spill_oldest((over + limit_slack(limit)) as u64, except)
         {
             // The allocation goes ahead; if the device is really full it fails on its own.
             tracing::warn!(
