@@ -417,6 +417,9 @@ fn keeping_to_the_limit_spills_a_slack_beyond_the_excess() {
     }
     assert_eq!(m.statistics().spilled_count, 3, "no spill for the next two");
     for (i, b) in live.iter().enumerate() {
-        assert!(read_on_device(b, stream) == pattern(MIB, i as u64), "buffer {i}");
+        assert!(
+            read_on_device(b, stream) == pattern(MIB, i as u64),
+            "buffer {i}"
+        );
     }
 }
