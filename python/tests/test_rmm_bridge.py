@@ -6,7 +6,6 @@ Skipped, saying so, where RMM's wheels are not installed. Where the bridge is ex
 test task built it: ``LIBRMM_BRIDGE_REQUIRED=1``), a bridge that does not import fails."""
 
 import ctypes
-import os
 import sys
 import threading
 
@@ -20,21 +19,10 @@ import rmm  # noqa: E402
 import rmm.mr  # noqa: E402
 
 from rmm_rs.allocators import rmm as rr  # noqa: E402
+from bridges import librmm_bridge  # noqa: E402
 
 MIB = 1 << 20
 POOL = {"pool": {"enabled": True, "initial_size": "64MiB"}}
-
-
-def bridge():
-    """The compiled bridge module, or a visible skip (a failure where it is required)."""
-    error = rr.bridge_error()
-    if error is None:
-        import rmm_rs_librmm
-
-        return rmm_rs_librmm
-    if os.environ.get("LIBRMM_BRIDGE_REQUIRED") == "1":
-        pytest.fail(f"LIBRMM_BRIDGE_REQUIRED=1 but rmm_rs_librmm does not import: {error}")
-    pytest.skip(f"the bridge rmm_rs_librmm is not built here ({error})")
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +48,7 @@ def in_use():
 
 
 def test_the_bridge_is_an_rmm_device_memory_resource_over_the_exported_functions():
-    b = bridge()
+    b = librmm_bridge()
     assert issubclass(b.RmmRsMemoryResource, rmm.mr.DeviceMemoryResource)
     mr = b.RmmRsMemoryResource()
     assert mr.device == 0
@@ -73,7 +61,7 @@ def test_the_bridge_is_an_rmm_device_memory_resource_over_the_exported_functions
 def test_instances_come_and_go_without_losing_their_types_reference():
     # RMM's types are heap types (limited API): a subclass that is not would lose one
     # reference to its type at every instance's deallocation, and crash once it hit zero.
-    cls = bridge().RmmRsMemoryResource
+    cls = librmm_bridge().RmmRsMemoryResource
     cls()  # the first instance may leave a reference in a cache
     before = sys.getrefcount(cls)
     for _ in range(1000):
@@ -82,7 +70,7 @@ def test_instances_come_and_go_without_losing_their_types_reference():
 
 
 def test_the_bridge_refuses_bad_arguments():
-    b = bridge()
+    b = librmm_bridge()
     with pytest.raises(ValueError, match="device=-1"):
         b.RmmRsMemoryResource(-1)
     with pytest.raises(ValueError, match="three function addresses"):
@@ -92,7 +80,7 @@ def test_the_bridge_refuses_bad_arguments():
 
 
 def test_the_bridge_allocates_from_the_rmm_rs_stack():
-    b = bridge()
+    b = librmm_bridge()
     rmm_rs.initialize(POOL)
     mr = rr.resource(0)
     assert isinstance(mr, b.RmmRsMemoryResource)
@@ -106,7 +94,7 @@ def test_the_bridge_allocates_from_the_rmm_rs_stack():
 
 
 def test_install_makes_the_bridge_rmms_resource_across_reinitialize_and_finalize():
-    b = bridge()
+    b = librmm_bridge()
     rmm_rs.initialize(POOL)
     installed = rr.install()
     assert list(installed) == [0]
@@ -133,7 +121,7 @@ def test_install_makes_the_bridge_rmms_resource_across_reinitialize_and_finalize
 
 
 def test_live_librmm_memory_makes_a_reinitialize_refuse_and_name_it():
-    bridge()
+    librmm_bridge()
     rmm_rs.initialize(POOL)
     mr = rr.resource(0)
     p = mr.allocate(MIB)
@@ -144,7 +132,7 @@ def test_live_librmm_memory_makes_a_reinitialize_refuse_and_name_it():
 
 
 def test_out_of_memory_through_the_bridge_is_a_memory_error():
-    bridge()
+    librmm_bridge()
     rmm_rs.initialize(POOL)
     mr = rr.resource(0)
     with pytest.raises(MemoryError, match="rmm-rs is out of memory"):
@@ -154,7 +142,7 @@ def test_out_of_memory_through_the_bridge_is_a_memory_error():
 def test_an_odd_size_is_served_with_rmms_default_alignment():
     # rmm.mr's Python allocate always asks for 256-byte alignment (only C++ can ask for more,
     # which the bridge refuses above 256).
-    bridge()
+    librmm_bridge()
     rmm_rs.initialize(POOL)
     mr = rr.resource(0)
     p = mr.allocate(1000)
@@ -164,7 +152,7 @@ def test_an_odd_size_is_served_with_rmms_default_alignment():
 
 
 def test_the_bridge_spills_before_failing_from_threads_without_the_gil():
-    bridge()
+    librmm_bridge()
     rmm_rs.initialize(
         {
             "pool": {"enabled": True, "initial_size": "32MiB", "maximum_size": "32MiB"},
@@ -187,7 +175,7 @@ def test_the_bridge_spills_before_failing_from_threads_without_the_gil():
 
 
 def test_the_bridge_serves_many_threads_at_once():
-    bridge()
+    librmm_bridge()
     rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "256MiB"}})
     mr = rr.resource(0)
     failures = []

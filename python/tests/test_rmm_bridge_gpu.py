@@ -20,6 +20,7 @@ import rmm.mr  # noqa: E402
 
 import rmm_rs  # noqa: E402
 from rmm_rs.allocators import rmm as rr  # noqa: E402
+from bridges import librmm_bridge  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -43,9 +44,7 @@ def total_allocations():
 
 
 def test_the_installed_resource_is_the_bridge():
-    if rr.bridge_error() is not None:
-        pytest.fail(f"the bridge rmm_rs_librmm does not import here: {rr.bridge_error()}")
-    from rmm_rs_librmm import RmmRsMemoryResource
+    RmmRsMemoryResource = librmm_bridge().RmmRsMemoryResource
 
     rmm_rs.initialize(POOL)
     rr.install()
@@ -259,6 +258,7 @@ def worker_allocates_through_all_three(dask_worker=None):
 
 
 def test_a_local_cuda_cluster_allocates_through_rmm_cupy_and_torch():
+    librmm_bridge()
     dask_cuda = pytest.importorskip("dask_cuda")
     pytest.importorskip("cupy")
     pytest.importorskip("torch")
