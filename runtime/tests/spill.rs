@@ -423,3 +423,25 @@ fn keeping_to_the_limit_spills_a_slack_beyond_the_excess() {
         );
     }
 }
+
+#[test]
+fn making_room_in_the_background_spills_the_excess_only() {
+    let _s = serial();
+    let rt = Runtime::start(&spilling(&[])).unwrap();
+    let m = rt.spill_manager(rt.devices()[0]).expect("spilling is on");
+    // A Dask worker's store: room is made by the manager's thread, which takes many values'
+    // requests at once already, so it spills no slack.
+    m.make_room_in_background(true);
+    let stream = StreamView::DEFAULT;
+    let live: Vec<Arc<SpillableBuffer>> = (0..65)
+        .map(|i| m.from_host(&pattern(MIB, i), stream).unwrap())
+        .collect();
+    m.settle();
+    let s = m.statistics();
+    assert_eq!(
+        (s.spilled_count, s.tracked_bytes),
+        (1, 64 * MIB as u64),
+        "{s:?}"
+    );
+    drop(live);
+}

@@ -14,11 +14,11 @@
 //! region when a request does not fit, up to an optional maximum; `host_pool_size = "none"`).
 //! A growable pool can also keep some memory pinned ahead of demand
 //! ([`PinnedHostPool::keep_free`]): a background thread pins more whenever less is free, so
-//! that a large spill does not wait for pinning. It pins in steps of at most 256 MiB; a
-//! request that finds nothing free pins just what it needs. A growable pool registers in
-//! chunks of 32 MiB: a registration holds the driver while it runs, and the copies that
-//! spills enqueue meanwhile wait for it, so small chunks keep each wait short while the pool
-//! grows during a spill-heavy phase (larger data is stored as several slices).
+//! that a large spill does not wait for pinning. It pins in steps of at most 256 MiB,
+//! registered in chunks of 32 MiB: a registration holds the driver while it runs, and the
+//! copies that spills enqueue meanwhile wait for it, so small chunks keep each wait short
+//! while the pool grows during a spill-heavy phase. A request that finds nothing free pins
+//! just what it needs, in one chunk of at least 256 MiB.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -34,11 +34,13 @@ use crate::error::{Error, Result, fmt_bytes};
 
 /// Slices are multiples of this many bytes (and so aligned to it).
 pub const PINNED_ALIGNMENT: usize = 256;
-/// Smallest registered chunk of a fixed pool (pinned once, up front).
+/// Smallest registered chunk of a region pinned for a request (or up front, for a fixed
+/// pool): larger chunks allow larger slices, so large data takes fewer copies.
 const MIN_CHUNK: usize = 256 << 20;
-/// The registered chunk of a growable pool, which pins while spills run: one registration
-/// of this size holds the driver for well under a millisecond.
-const GROWABLE_CHUNK: usize = 32 << 20;
+/// The registered chunk of what a growable pool pins ahead of demand, in the background,
+/// while spills run: one registration of this size holds the driver for well under a
+/// millisecond, so the copies spills enqueue meanwhile hardly wait.
+const AHEAD_CHUNK: usize = 32 << 20;
 /// Threads that pre-fault and register at most.
 const MAX_THREADS: usize = 8;
 /// A growable pool pins at least this much at a time, and at most [`MAX_GROWTH_STEP`] (unless
@@ -273,7 +275,7 @@ impl PinnedHostPool {
                 // request still fits below it. A pool that pins ahead pins only what this
                 // request needs here: the rest is pinned ahead in the background.
                 let step = if self.headroom() > 0 {
-                    len.max(GROWABLE_CHUNK)
+                    len.max(MIN_CHUNK)
                 } else {
                     len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP))
                 }
@@ -282,7 +284,7 @@ impl PinnedHostPool {
                     // Chunks at least as large as the request, so that it fits in one.
                     // Failing to pin more is running out of host memory, whatever the driver
                     // said: callers fall back (to disk) on that.
-                    match self.inner.grow(step, len.max(GROWABLE_CHUNK)) {
+                    match self.inner.grow(step, len.max(MIN_CHUNK)) {
                         Ok(true) => continue,
                         Ok(false) => {}
                         Err(e) => {
@@ -373,7 +375,7 @@ impl Inner {
                         inner.pinning_ahead.store(false, Ordering::Release);
                         return;
                     };
-                    match inner.grow(step.min(AHEAD_STEP), GROWABLE_CHUNK) {
+                    match inner.grow(step.min(AHEAD_STEP), AHEAD_CHUNK) {
                         Ok(true) => continue,
                         // A request took the room meanwhile.
                         Ok(false) => {}

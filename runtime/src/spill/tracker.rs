@@ -277,14 +277,21 @@ impl Tracker {
     }
 
     /// Spills least recently used entries (not `except`) while the device holds more than
-    /// the limit plus `bytes` allows, and then [`limit_slack`] more: a device that keeps
-    /// making data spills in batches rather than one buffer per new one, as Dask's workers
-    /// spill down to a target below their threshold.
+    /// the limit plus `bytes` allows, and then [`limit_slack`] more when the room is made on
+    /// the caller's thread: a device that keeps making data spills in batches rather than one
+    /// buffer per new one, as Dask's workers spill down to a target below their threshold.
+    /// (In the background mode the thread making room takes many values' requests at once
+    /// already, off the callers' path.)
     pub(crate) fn enforce_limit(&self, except: Option<u64>, bytes: usize) {
         let limit = self.limit.load(Ordering::Relaxed) as i64;
         let over = self.tracked.load(Ordering::Relaxed) + bytes as i64 - limit;
+        let slack = if self.room_in_background.load(Ordering::Relaxed) {
+            0
+        } else {
+            limit_slack(limit)
+        };
         if over > 0
-            && let Err(e) = self.spill_oldest((over + limit_slack(limit)) as u64, except)
+            && let Err(e) = self.spill_oldest((over + slack) as u64, except)
         {
             // The allocation goes ahead; if the device is really full it fails on its own.
             tracing::warn!(
