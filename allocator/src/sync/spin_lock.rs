@@ -2,21 +2,25 @@
 //! map operation; no allocation, no system call, no driver wait): one compare-and-swap to take
 //! it and a plain store to release it, where a parking mutex releases with a second
 //! read-modify-write. Waiters must not be parked and woken (microseconds each, which pile up
-//! into convoys under several threads), so a waiter spins a few dozen rounds and then yields
-//! the processor between looks, should the holder have been descheduled.
+//! into convoys under several threads), so a waiter spins a few dozen rounds (`SPINS`) and
+//! then yields the processor between looks, should the holder have been descheduled. A lock
+//! that many threads contend for at once (the pool's arena shared by one stream's threads)
+//! yields at once (`SPINS = 0`): with as many threads as cores, spinning waiters slow the
+//! holder that shares their core.
 
 use std::fmt;
 
 use spin::mutex::{SpinMutex, SpinMutexGuard};
 
-/// Busy-wait rounds before a waiter yields the processor between looks.
-const SPINS: u32 = 64;
+/// Busy-wait rounds before a waiter yields the processor between looks, unless a lock says.
+pub(crate) const DEFAULT_SPINS: u32 = 64;
 
-/// A spin-then-yield lock around `T` (see the module documentation).
+/// A spin-then-yield lock around `T`, whose waiters spin `SPINS` rounds before they yield
+/// (see the module documentation).
 #[derive(Default)]
-pub(crate) struct SpinLock<T>(SpinMutex<T, spin::relax::Loop>);
+pub(crate) struct SpinLock<T, const SPINS: u32 = DEFAULT_SPINS>(SpinMutex<T, spin::relax::Loop>);
 
-impl<T> SpinLock<T> {
+impl<T, const SPINS: u32> SpinLock<T, SPINS> {
     /// A lock around `value`.
     pub(crate) const fn new(value: T) -> Self {
         SpinLock(SpinMutex::new(value))
@@ -52,7 +56,7 @@ impl<T> SpinLock<T> {
     }
 }
 
-impl<T: fmt::Debug> fmt::Debug for SpinLock<T> {
+impl<T: fmt::Debug, const SPINS: u32> fmt::Debug for SpinLock<T, SPINS> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&self.0, f)
     }

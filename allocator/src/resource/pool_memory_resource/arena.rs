@@ -45,8 +45,10 @@ pub(crate) struct ArenaState {
 /// atomic read-modify-write per operation instead of parking_lot's two. Contention is rare by
 /// design (an arena is one thread's on one stream; threads beyond 16 on one stream share
 /// lanes), and nothing waits for the device while holding it: the only driver calls under it
-/// are the event create/record/query of frees across streams.
-pub(crate) type ArenaLock<T> = SpinLock<T>;
+/// are the event create/record/query of frees across streams. Its waiters yield at once
+/// rather than spin: when it is contended, it is by many threads of one stream at once, as
+/// many as there are cores.
+pub(crate) type ArenaLock<T> = SpinLock<T, 0>;
 
 /// One stream's arena.
 #[derive(Debug)]
