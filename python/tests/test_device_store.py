@@ -267,3 +267,30 @@ def test_a_value_that_cannot_be_serialized_stays_as_it_is_and_is_named():
     assert store["opaque"].buf.to_bytes() == data(2 * MIB, 5)
     del store["opaque"]
     assert store.unspillable == {}
+
+
+def test_a_new_store_registers_dasks_cupy_serializer_before_the_first_value():
+    # Dask registers it lazily, on the first CuPy value it serializes: importing it then
+    # (about a second) would hold up the worker's event loop under the first value stored.
+    pytest.importorskip("cupy", reason="CuPy is not installed")
+    # distributed.protocol.cupy imports Numba: without it Dask has no CuPy serializer at all.
+    pytest.importorskip("numba", reason="Numba is not installed (Dask's CuPy serializer needs it)")
+    import subprocess
+    import sys
+
+    code = """
+from distributed.protocol.cuda import cuda_serialize
+assert "cupy" in cuda_serialize._lazy, "Dask no longer registers CuPy lazily"
+from rmm_rs.dask import DeviceStore
+DeviceStore(device_memory_limit="8MiB", config={"spill": {"enabled": True, "host_pool_size": "64MiB"}})
+assert "cupy" not in cuda_serialize._lazy, cuda_serialize._lazy
+print("ok")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
