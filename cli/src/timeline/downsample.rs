@@ -361,25 +361,15 @@ impl Downsampler {
 mod tests {
     use super::*;
 
-    fn ev(t: f64, action: Action, addr: u64, size: u64) -> MemoryEvent {
-        MemoryEvent {
-            t,
-            action,
-            addr,
-            size,
-            stream: 0,
-        }
-    }
-
     #[test]
     fn under_the_limit_the_samples_are_exact_and_in_drawing_order() {
         let events = [
-            ev(2.0, Action::Alloc, 0x100, 10),
-            ev(1.0, Action::Alloc, 0x200, 20),
-            ev(2.0, Action::SegmentAlloc, 0x0, 1000),
-            ev(2.0, Action::SegmentFree, 0x5000, 1000),
-            ev(3.0, Action::Oom, 0, 1 << 40),
-            ev(4.0, Action::FreeCompleted, 0x100, 10),
+            MemoryEvent::at(2.0, Action::Alloc, 0x100, 10),
+            MemoryEvent::at(1.0, Action::Alloc, 0x200, 20),
+            MemoryEvent::at(2.0, Action::SegmentAlloc, 0x0, 1000),
+            MemoryEvent::at(2.0, Action::SegmentFree, 0x5000, 1000),
+            MemoryEvent::at(3.0, Action::Oom, 0, 1 << 40),
+            MemoryEvent::at(4.0, Action::FreeCompleted, 0x100, 10),
         ];
         let mut d = Downsampler::with_limits(events.len(), 4);
         for e in events {
@@ -409,7 +399,7 @@ mod tests {
     fn past_the_limit_memory_is_bounded_and_peaks_and_steps_are_kept() {
         let bins = 16;
         let mut d = Downsampler::with_limits(100, bins);
-        d.push(ev(0.0, Action::SegmentAlloc, 0, 1 << 30));
+        d.push(MemoryEvent::at(0.0, Action::SegmentAlloc, 0, 1 << 30));
         // The bytes in use after each event, as the events are pushed.
         let mut live = std::collections::HashMap::new();
         let (mut in_use, mut peak) = (0u64, 0u64);
@@ -433,12 +423,15 @@ mod tests {
                 for a in 0..50 {
                     push(
                         &mut d,
-                        ev(t, Action::FreeCompleted, 0x1000 + a * 0x100, 256),
+                        MemoryEvent::at(t, Action::FreeCompleted, 0x1000 + a * 0x100, 256),
                     );
                 }
             }
             let size = if i == 77_777 { 1 << 20 } else { 256 };
-            push(&mut d, ev(t, Action::Alloc, 0x1000 + slot * 0x100, size));
+            push(
+                &mut d,
+                MemoryEvent::at(t, Action::Alloc, 0x1000 + slot * 0x100, size),
+            );
         }
         assert!(peak > 1 << 20);
         assert!(d.is_binned());
@@ -466,9 +459,9 @@ mod tests {
         for i in 0..1000u64 {
             // Times a little out of order, as threads' clocks in a log can be.
             let t = (i as f64) + if i % 3 == 0 { -0.5 } else { 0.0 };
-            d.push(ev(t, Action::Alloc, i * 0x100, 0x100));
+            d.push(MemoryEvent::at(t, Action::Alloc, i * 0x100, 0x100));
         }
-        d.push(ev(2000.0, Action::Oom, 0, 1));
+        d.push(MemoryEvent::at(2000.0, Action::Oom, 0, 1));
         let (samples, _) = d.finish();
         assert!(samples.windows(2).all(|w| w[0].t <= w[1].t));
         assert!(samples.iter().all(|s| s.reserved == s.in_use));

@@ -260,3 +260,17 @@ pub struct MemoryEvent {
     /// The stream's raw handle (0: the default stream).
     pub stream: u64,
 }
+
+#[cfg(test)]
+impl MemoryEvent {
+    /// An event on the default stream (the tests' shorthand).
+    pub(crate) fn at(t: f64, action: Action, addr: u64, size: u64) -> Self {
+        MemoryEvent {
+            t,
+            action,
+            addr,
+            size,
+            stream: 0,
+        }
+    }
+}

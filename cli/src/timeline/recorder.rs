@@ -384,16 +384,15 @@ mod tests {
     #[test]
     fn a_segment_over_a_live_one_frees_it_first() {
         let r = Recorder::new(Instant::now());
-        let ev = |t, action, addr, size| MemoryEvent {
-            t,
-            action,
-            addr,
-            size,
-            stream: 0,
-        };
-        r.record(3, ev(0.0, Action::SegmentAlloc, 0x1000, 0x1000));
-        r.record(3, ev(1.0, Action::SegmentAlloc, 0x1800, 0x1000));
-        r.record(3, ev(2.0, Action::SegmentFree, 0x9000, 0x1000));
+        r.record(
+            3,
+            MemoryEvent::at(0.0, Action::SegmentAlloc, 0x1000, 0x1000),
+        );
+        r.record(
+            3,
+            MemoryEvent::at(1.0, Action::SegmentAlloc, 0x1800, 0x1000),
+        );
+        r.record(3, MemoryEvent::at(2.0, Action::SegmentFree, 0x9000, 0x1000));
         let got = r.events(3);
         assert_eq!(
             actions(&got),

@@ -4,16 +4,6 @@ use super::*;
 use crate::timeline::MemoryEvent;
 use serde_pickle::{DeOptions, HashableValue, Value};
 
-fn ev(t: f64, action: Action, addr: u64, size: u64) -> MemoryEvent {
-    MemoryEvent {
-        t,
-        action,
-        addr,
-        size,
-        stream: 0,
-    }
-}
-
 fn load(bytes: &[u8]) -> Value {
     serde_pickle::value_from_slice(bytes, DeOptions::new()).unwrap()
 }
@@ -53,14 +43,14 @@ const MIB: u64 = 1 << 20;
 
 fn scripted() -> Timeline {
     let events = vec![
-        ev(0.0, Action::SegmentAlloc, SEG, 64 * MIB),
-        ev(0.001, Action::Alloc, SEG, MIB),
-        ev(0.002, Action::Alloc, SEG + 2 * MIB, 4 * MIB),
-        ev(0.003, Action::FreeCompleted, SEG, MIB),
-        ev(0.004, Action::Oom, 0, 1 << 40),
-        ev(0.005, Action::SegmentAlloc, SEG + 64 * MIB, 2 * MIB),
-        ev(0.006, Action::Alloc, SEG + 64 * MIB, 512),
-        ev(0.007, Action::SegmentFree, 0x1234, MIB),
+        MemoryEvent::at(0.0, Action::SegmentAlloc, SEG, 64 * MIB),
+        MemoryEvent::at(0.001, Action::Alloc, SEG, MIB),
+        MemoryEvent::at(0.002, Action::Alloc, SEG + 2 * MIB, 4 * MIB),
+        MemoryEvent::at(0.003, Action::FreeCompleted, SEG, MIB),
+        MemoryEvent::at(0.004, Action::Oom, 0, 1 << 40),
+        MemoryEvent::at(0.005, Action::SegmentAlloc, SEG + 64 * MIB, 2 * MIB),
+        MemoryEvent::at(0.006, Action::Alloc, SEG + 64 * MIB, 512),
+        MemoryEvent::at(0.007, Action::SegmentFree, 0x1234, MIB),
     ];
     Timeline {
         title: "scripted".into(),
@@ -170,10 +160,10 @@ fn blocks_outside_recorded_segments_get_one() {
             total_memory: None,
             samples: Vec::new(),
             events: vec![
-                ev(0.0, Action::Alloc, 0x1000, 0x100),
-                ev(0.1, Action::Alloc, 0x1100, 0x100),
-                ev(0.2, Action::FreeCompleted, 0x9000, 0x100),
-                ev(0.3, Action::FreeCompleted, 0x1000, 0x100),
+                MemoryEvent::at(0.0, Action::Alloc, 0x1000, 0x100),
+                MemoryEvent::at(0.1, Action::Alloc, 0x1100, 0x100),
+                MemoryEvent::at(0.2, Action::FreeCompleted, 0x9000, 0x100),
+                MemoryEvent::at(0.3, Action::FreeCompleted, 0x1000, 0x100),
             ],
         }],
         marks: Vec::new(),
@@ -207,26 +197,36 @@ fn trace_of(v: &Value, d: usize) -> Vec<(String, i64, i64)> {
 #[test]
 fn a_ring_keeps_the_last_entries_whole_frees_and_the_final_segments() {
     // A segment, blocks in it and outside it, churned; then an out-of-memory error.
-    let mut events = vec![ev(0.0, Action::SegmentAlloc, SEG, 64 * MIB)];
+    let mut events = vec![MemoryEvent::at(0.0, Action::SegmentAlloc, SEG, 64 * MIB)];
     for i in 0..500u64 {
         let inside = SEG + (i % 8) * MIB;
         let outside = 0x1000 + (i % 4) * 0x100;
-        events.push(ev(i as f64, Action::Alloc, inside, MIB));
-        events.push(ev(i as f64, Action::Alloc, outside, 0x100));
+        events.push(MemoryEvent::at(i as f64, Action::Alloc, inside, MIB));
+        events.push(MemoryEvent::at(i as f64, Action::Alloc, outside, 0x100));
         if i % 8 == 7 {
             for j in 0..8 {
-                events.push(ev(i as f64, Action::FreeCompleted, SEG + j * MIB, MIB));
+                events.push(MemoryEvent::at(
+                    i as f64,
+                    Action::FreeCompleted,
+                    SEG + j * MIB,
+                    MIB,
+                ));
             }
         }
         if i % 4 == 3 {
             for j in 0..4 {
-                events.push(ev(i as f64, Action::FreeCompleted, 0x1000 + j * 0x100, 0));
+                events.push(MemoryEvent::at(
+                    i as f64,
+                    Action::FreeCompleted,
+                    0x1000 + j * 0x100,
+                    0,
+                ));
             }
         }
     }
     // A free of a block allocated before the trace, outside every segment.
-    events.push(ev(600.0, Action::FreeCompleted, 0x9000, 0x100));
-    events.push(ev(601.0, Action::Oom, 0, 1 << 40));
+    events.push(MemoryEvent::at(600.0, Action::FreeCompleted, 0x9000, 0x100));
+    events.push(MemoryEvent::at(601.0, Action::Oom, 0, 1 << 40));
     let mut all = TorchTrace::new(0, Some(1 << 30), None);
     all.expect_segments();
     for e in &events {
