@@ -37,41 +37,38 @@ from .serialize import device_extent
 logger = logging.getLogger(__name__)
 
 # The device types whose Dask "cuda" serializers the store has registered when it starts:
-# (module, type) for the libraries installed in the worker.
-_DEVICE_TYPES = (("cupy", "ndarray"),)
+# (module, type, whether to import the module for it when it is installed but not imported).
+_DEVICE_TYPES = (
+    ("cupy", "ndarray", True),
+    ("torch", "Tensor", False),
+    ("numba.cuda.cudadrv.devicearray", "DeviceNDArray", False),
+    ("rmm", "DeviceBuffer", False),
+    ("cudf", "DataFrame", False),
+)
 
 
 def register_device_serializers():
-    """Has Dask register its "cuda" serializers of the device libraries installed here now.
+    """Has Dask register its "cuda" serializers of the device libraries here now.
 
     Dask registers them lazily, on the first value of each type it serializes; for CuPy that
     imports ``distributed.protocol.cupy`` (and with it cupyx and Numba), about a second during
     which the first value stored would hold up the worker's event loop (its heartbeats and
-    transfers included). Libraries already imported (PyTorch, Numba, RMM, cuDF) are
-    registered too; none is imported for the purpose except CuPy. Returns the modules done.
+    transfers included). CuPy is imported for it when installed; the other libraries are
+    registered only when already imported. Returns the modules done.
     """
     from distributed.protocol.cuda import cuda_serialize
 
     done = []
-    wanted = list(_DEVICE_TYPES) + [
-        (m, t)
-        for m, t in (
-            ("torch", "Tensor"),
-            ("numba.cuda.cudadrv.devicearray", "DeviceNDArray"),
-            ("rmm", "DeviceBuffer"),
-            ("cudf", "DataFrame"),
-        )
-        if m in sys.modules
-    ]
-    for module, name in wanted:
+    for module, name, import_it in _DEVICE_TYPES:
+        if module not in sys.modules and not (import_it and importlib.util.find_spec(module)):
+            continue
         try:
-            if module not in sys.modules and importlib.util.find_spec(module) is None:
-                continue
             cuda_serialize.dispatch(getattr(importlib.import_module(module), name))
             done.append(module)
         except Exception as e:  # noqa: BLE001 - a library that cannot load is served lazily
             logger.debug("registering Dask's cuda serializer of %s.%s: %s", module, name, e)
     return done
+
 
 _KINDS = ("device", "host", "disk")
 
