@@ -13,7 +13,7 @@ use std::fmt;
 use spin::mutex::{SpinMutex, SpinMutexGuard};
 
 /// Busy-wait rounds before a waiter yields the processor between looks, unless a lock says.
-pub(crate) const DEFAULT_SPINS: u32 = 64;
+const DEFAULT_SPINS: u32 = 64;
 
 /// A spin-then-yield lock around `T`, whose waiters spin `SPINS` rounds before they yield
 /// (see the module documentation).
