@@ -4,9 +4,10 @@ DeviceHostFile, in one run, one worker process each (LocalCUDACluster).
 Workload (the same for both): ARRAYS CuPy arrays of SIZE bytes made by tasks under
 ``device_memory_limit`` (more than fits: the rest spills to host), then every array read back
 by a task that checks every element. Times are wall times from the client. A second phase
-measures spilling while 4 tasks run at once on the worker (threads_per_worker=4) and reports
-the spill manager's spill and unspill bandwidth beside the pinned copy bandwidth measured in
-this process.
+measures spilling while 4 tasks run at once on the worker (threads_per_worker=4), with the
+host pool pinned as needed and pinned up front, and reports the spill manager's spill and
+unspill bandwidth beside the pinned copy bandwidth measured in this process, one way alone
+and both ways at once (spills and unspills overlap there).
 
     python3 python/bench/device_store.py [--arrays 32] [--size 512MiB] [--limit 8GB] [--json F]
 
@@ -62,14 +63,19 @@ def worker_spill(dask_worker):
 
 
 def pinned_copy_gbps(n=1 << 30, rounds=5):
-    """Device → pinned host and back, 1 GiB, best of `rounds` (this process, CuPy)."""
+    """Device → pinned host and back, 1 GiB, best of `rounds` (this process, CuPy); and
+    both ways at once on two streams ("each_way": the rate of each direction then)."""
     import cupy
     import numpy
+    from cupy.cuda import runtime as rt
 
     d = cupy.ones(n, dtype=cupy.uint8)
+    d2 = cupy.ones(n, dtype=cupy.uint8)
     mem = cupy.cuda.alloc_pinned_memory(n)
+    mem2 = cupy.cuda.alloc_pinned_memory(n)
     h = numpy.frombuffer(mem, dtype=numpy.uint8, count=n)
-    best = {"to_host": 0.0, "to_device": 0.0}
+    s1, s2 = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    best = {"to_host": 0.0, "to_device": 0.0, "each_way": 0.0}
     for _ in range(rounds):
         cupy.cuda.Device().synchronize()
         t = time.perf_counter()
@@ -80,7 +86,13 @@ def pinned_copy_gbps(n=1 << 30, rounds=5):
         d.set(h)
         cupy.cuda.Device().synchronize()
         best["to_device"] = max(best["to_device"], n / (time.perf_counter() - t) / 1e9)
-    del d, h, mem
+        t = time.perf_counter()
+        rt.memcpyAsync(mem.ptr, d.data.ptr, n, rt.memcpyDeviceToHost, s1.ptr)
+        rt.memcpyAsync(d2.data.ptr, mem2.ptr, n, rt.memcpyHostToDevice, s2.ptr)
+        s1.synchronize()
+        s2.synchronize()
+        best["each_way"] = max(best["each_way"], n / (time.perf_counter() - t) / 1e9)
+    del d, d2, h, mem, mem2
     return best
 
 
@@ -129,6 +141,20 @@ def run(kind, arrays, size, limit, threads):
     return {"store": kind, "threads": threads, "make_s": made, "read_s": read, "spill": stats}
 
 
+def report_tasks_at_once(r, copy):
+    """Prints the spill and unspill bandwidth of a run with several tasks at once against the
+    pinned copy, one way alone and both ways at once."""
+    sp = r["spill"].get("spill", r["spill"])
+    spill = sp["spilled_bytes"] / sp["spill_seconds"] / 1e9 if sp["spill_seconds"] else 0
+    unspill = sp["unspilled_bytes"] / sp["unspill_seconds"] / 1e9 if sp["unspill_seconds"] else 0
+    print(f"{r['store']}: make {r['make_s']:.2f} s, read back {r['read_s']:.2f} s; "
+          f"spilled {format_bytes(sp['spilled_bytes'])} at {spill:.1f} GB/s "
+          f"({spill / copy['to_host']:.0%} of the pinned copy, {spill / copy['each_way']:.0%} "
+          f"of it both ways at once), unspilled {format_bytes(sp['unspilled_bytes'])} at "
+          f"{unspill:.1f} GB/s ({unspill / copy['to_device']:.0%}, "
+          f"{unspill / copy['each_way']:.0%})", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arrays", type=int, default=32)
@@ -142,7 +168,8 @@ def main():
     results = []
     copy = pinned_copy_gbps()
     print(f"pinned copy (this process, 1 GiB): {copy['to_host']:.1f} GB/s to host, "
-          f"{copy['to_device']:.1f} GB/s to device", flush=True)
+          f"{copy['to_device']:.1f} GB/s to device, {copy['each_way']:.1f} GB/s each way "
+          "both ways at once", flush=True)
     for kind in stores:
         r = run(kind, args.arrays, size, args.limit, 1)
         results.append(r)
@@ -154,22 +181,21 @@ def main():
                    if sp else "")
         print(f"{kind:22s} make {r['make_s']:6.2f} s   read back {r['read_s']:6.2f} s{pinning}",
               flush=True)
-    # Spilling while 4 tasks run at once (rmm-rs): bandwidth against the pinned copy.
-    r4 = run("rmm-rs", 64, 256 << 20, "4GB", 4)
-    r4["store"] = "rmm-rs, 4 tasks at once"
-    results.append(r4)
-    sp = r4["spill"].get("spill", r4["spill"])
-    spill_gbps = sp["spilled_bytes"] / sp["spill_seconds"] / 1e9 if sp["spill_seconds"] else 0
-    unspill_gbps = sp["unspilled_bytes"] / sp["unspill_seconds"] / 1e9 if sp["unspill_seconds"] else 0
-    print(f"4 tasks at once, 64 x 256 MiB under 4 GB: spilled {format_bytes(sp['spilled_bytes'])} "
-          f"at {spill_gbps:.1f} GB/s ({spill_gbps / copy['to_host']:.0%} of the pinned copy), "
-          f"unspilled {format_bytes(sp['unspilled_bytes'])} at {unspill_gbps:.1f} GB/s "
-          f"({unspill_gbps / copy['to_device']:.0%})", flush=True)
+    # Spilling while 4 tasks run at once (rmm-rs): bandwidth against the pinned copy, with the
+    # host pool pinned as needed (pinning then runs beside the copies) and pinned up front.
+    print("4 tasks at once, 64 x 256 MiB under 4 GB:", flush=True)
+    for host in ("rmm-rs", "rmm-rs host=20GiB"):
+        r4 = run(host, 64, 256 << 20, "4GB", 4)
+        r4["store"] = f"{host}, 4 tasks at once"
+        results.append(r4)
+        report_tasks_at_once(r4, copy)
     base = next((r for r in results if r["store"] == "dask-cuda"), None)
     if base:
         print("\n| store | make (s) | read back (s) | make speed-up | read speed-up |")
         print("|---|---|---|---|---|")
-        for r in results[:-1]:
+        for r in results:
+            if r["threads"] != 1:
+                continue
             print(f"| {r['store']} | {r['make_s']:.2f} | {r['read_s']:.2f} | "
                   f"{base['make_s'] / r['make_s']:.1f}x | {base['read_s'] / r['read_s']:.1f}x |")
     if args.json:

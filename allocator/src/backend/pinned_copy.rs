@@ -9,6 +9,15 @@
 //! the whole stream) has completed. When neither can be established the memory is leaked, so
 //! no copy can ever touch memory that safe code reads, writes or frees. Spilling, the disk
 //! tier and the containers' staging slots all copy through it.
+//!
+//! A large copy is not enqueued at once. A copy engine runs the copies queued to it one after
+//! another, whatever their stream, so a small device → host read that a task makes (a
+//! scalar for `bool()` or `.item()`) would wait behind every byte of a spill enqueued before
+//! it. A copy instead keeps at most [`WINDOW`] bytes enqueued, in pieces of [`PIECE`]
+//! bytes, and [`wait`](PinnedCopy::wait) enqueues the next piece as each one ends: the engine
+//! stays busy, and other work's copies wait for a window, not for the whole spill.
+
+use std::collections::VecDeque;
 
 use crate::backend::host::{HostBlock, PinnedSlice};
 use crate::backend::{DevicePtr, RawStream};
@@ -60,6 +69,13 @@ pub(crate) struct CopyFailed<M> {
     pub(crate) event: Option<Event>,
 }
 
+/// The most bytes one copy keeps enqueued ahead of the copy engine (a few milliseconds of
+/// copying at PCIe 5 rates): enough to keep the engine busy through a stall of the enqueuing
+/// thread (the driver is busy pinning, say), little for other work's copies to wait behind.
+pub const WINDOW: usize = 128 << 20;
+/// The bytes of one enqueued piece of a copy larger than [`WINDOW`].
+pub(crate) const PIECE: usize = 16 << 20;
+
 /// Which way a copy goes.
 #[derive(Clone, Copy)]
 enum Toward {
@@ -72,9 +88,21 @@ enum Toward {
 pub(crate) struct PinnedCopy<M: PinnedMemory> {
     device: Device,
     stream: RawStream,
-    /// `None` only while being taken apart.
+    /// Recorded behind the last piece once every piece is enqueued (`None` only while being
+    /// taken apart).
     event: Option<Event>,
     memory: Option<Vec<M>>,
+    /// The device side and the bytes to copy.
+    at: DevicePtr,
+    bytes: usize,
+    toward: Toward,
+    /// Bytes enqueued so far, and where the next piece starts: (piece of memory, offset in it).
+    enqueued: usize,
+    next: (usize, usize),
+    /// Events recorded behind pieces in flight, with the bytes enqueued up to each (oldest
+    /// first), and events free for reuse.
+    marks: VecDeque<(Event, usize)>,
+    spare: Vec<Event>,
 }
 
 impl<M: PinnedMemory> PinnedCopy<M> {
@@ -111,13 +139,13 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         PinnedCopy::enqueue(device, stream, event, memory, dst, bytes, Toward::Device)
     }
 
-    /// Enqueues the copies between `memory` and the `bytes` device bytes at `at`, one per
-    /// piece of memory, and records the event behind them.
+    /// Enqueues the first [`WINDOW`] bytes of the copies between `memory` and the `bytes`
+    /// device bytes at `at` (all of them, and the event behind them, when they fit).
     fn enqueue(
         device: Device,
         stream: RawStream,
         event: Event,
-        mut memory: Vec<M>,
+        memory: Vec<M>,
         at: DevicePtr,
         bytes: usize,
         toward: Toward,
@@ -129,62 +157,120 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                 event: Some(event),
             }));
         }
-        let (b, d) = (device.backend(), device.ordinal());
-        let mut offset = 0;
-        let enqueued = memory.iter_mut().try_for_each(|m| {
-            let n = (bytes - offset).min(m.byte_len());
-            if n == 0 {
-                return Ok(());
-            }
-            let device_side = at.offset(offset);
-            offset += n;
-            // SAFETY: `m` is pinned memory of at least `n` bytes that stays at its address
-            // while owned. It is owned by the returned `PinnedCopy` (or the `CopyFailed`),
-            // which hands it back only after the event recorded behind this copy, or the
-            // whole stream, has completed, and leaks it when neither can be established; until
-            // then no host code can reach it, so the copy alone reads or writes it. The device
-            // range is the caller's.
-            unsafe {
-                match toward {
-                    Toward::Host => b.memcpy_dtoh_async(d, m.start(), device_side, n, stream),
-                    Toward::Device => b.memcpy_htod_async(d, device_side, m.start(), n, stream),
-                }
-            }
-        });
-        PinnedCopy::started(device, stream, event, memory, enqueued)
-    }
-
-    /// Records the event behind the copies enqueued (or settles a failed enqueue).
-    fn started(
-        device: Device,
-        stream: RawStream,
-        event: Event,
-        memory: Vec<M>,
-        enqueued: Result<()>,
-    ) -> std::result::Result<PinnedCopy<M>, Box<CopyFailed<M>>> {
-        let copy = PinnedCopy {
+        let mut copy = PinnedCopy {
             device,
             stream,
             event: Some(event),
             memory: Some(memory),
+            at,
+            bytes,
+            toward,
+            enqueued: 0,
+            next: (0, 0),
+            marks: VecDeque::new(),
+            spare: Vec::new(),
         };
-        match enqueued.and_then(|()| copy.record()) {
+        match copy.enqueue_through(WINDOW) {
             Ok(()) => Ok(copy),
-            // The event may not capture every copy enqueued: wait for the whole stream.
+            // The events may not capture every copy enqueued: wait for the whole stream.
             Err(error) => Err(copy.settle_after(error)),
         }
     }
 
-    fn record(&self) -> Result<()> {
-        match &self.event {
-            Some(e) => e.record(StreamView::from_raw(self.stream)),
-            None => Ok(()),
+    /// True once every piece is enqueued and the event recorded behind the last.
+    fn all_enqueued(&self) -> bool {
+        self.enqueued == self.bytes
+    }
+
+    /// Enqueues pieces until `through` bytes (or all) are enqueued. Behind each piece an
+    /// event is recorded: the copy's own behind the last, a mark behind the others.
+    fn enqueue_through(&mut self, through: usize) -> Result<()> {
+        let (b, d) = (self.device.backend(), self.device.ordinal());
+        let stream = self.stream;
+        let through = through.min(self.bytes);
+        // An empty copy still records its event.
+        if self.bytes == 0 {
+            return self.record_behind(0);
         }
+        while self.enqueued < through {
+            let Some(memory) = self.memory.as_mut() else {
+                return Ok(());
+            };
+            let (i, off) = self.next;
+            let Some(m) = memory.get_mut(i) else {
+                // `check_room` made sure the memory holds `bytes`.
+                return Err(Error::invalid_argument(
+                    "pinned copy",
+                    format!("{} bytes", self.bytes),
+                    "at most the bytes of host memory given for it",
+                ));
+            };
+            let n = (m.byte_len() - off)
+                .min(PIECE)
+                .min(self.bytes - self.enqueued);
+            if n == 0 {
+                self.next = (i + 1, 0);
+                continue;
+            }
+            let device_side = self.at.offset(self.enqueued);
+            // SAFETY: `m` is pinned memory of at least `off + n` bytes that stays at its
+            // address while owned. It is owned by this `PinnedCopy` (or the `CopyFailed`),
+            // which hands it back only after the events recorded behind its pieces, or the
+            // whole stream, have completed, and leaks it when neither can be established;
+            // until then no host code can reach it, so the copy alone reads or writes it. The
+            // device range is the caller's.
+            unsafe {
+                let host = m.start().add(off);
+                match self.toward {
+                    Toward::Host => b.memcpy_dtoh_async(d, host, device_side, n, stream)?,
+                    Toward::Device => b.memcpy_htod_async(d, device_side, host, n, stream)?,
+                }
+            }
+            self.enqueued += n;
+            self.next = if off + n == m.byte_len() {
+                (i + 1, 0)
+            } else {
+                (i, off + n)
+            };
+            self.record_behind(self.enqueued)?;
+        }
+        Ok(())
+    }
+
+    /// Records the copy's event behind the last piece, or a mark behind an earlier one.
+    fn record_behind(&mut self, enqueued: usize) -> Result<()> {
+        let on = StreamView::from_raw(self.stream);
+        if enqueued == self.bytes {
+            return match &self.event {
+                Some(e) => e.record(on),
+                None => Ok(()),
+            };
+        }
+        let mark = match self.spare.pop() {
+            Some(e) => e,
+            None => Event::new(self.device)?,
+        };
+        mark.record(on)?;
+        self.marks.push_back((mark, enqueued));
+        Ok(())
+    }
+
+    /// Waits for the oldest piece in flight and enqueues the pieces its end makes room for.
+    fn advance(&mut self) -> Result<()> {
+        let Some((mark, through)) = self.marks.pop_front() else {
+            return self.enqueue_through(self.bytes);
+        };
+        mark.synchronize()?;
+        self.spare.push(mark);
+        self.enqueue_through(through + WINDOW)
     }
 
     /// True once the copies have completed (`wait` will not block).
     #[cfg(test)]
     pub(crate) fn is_complete(&self) -> Result<bool> {
+        if !self.all_enqueued() {
+            return Ok(false);
+        }
         match &self.event {
             Some(e) => e.is_complete(),
             None => Ok(true),
@@ -192,27 +278,39 @@ impl<M: PinnedMemory> PinnedCopy<M> {
     }
 
     /// Makes later work on `stream` wait for the copies (on the device; the host does not
-    /// block).
+    /// block). For copies enqueued whole: of at most [`WINDOW`] bytes.
     ///
     /// # Errors
-    /// The driver call failed.
+    /// The driver call failed, or part of the copy is not enqueued yet.
     pub(crate) fn order_before(&self, stream: StreamView) -> Result<()> {
+        if !self.all_enqueued() {
+            return Err(Error::invalid_argument(
+                "pinned copy to order before a stream",
+                format!("{} bytes, {} of them enqueued", self.bytes, self.enqueued),
+                format!("a copy of at most {WINDOW} bytes (larger ones are waited for)"),
+            ));
+        }
         match &self.event {
             Some(e) => e.wait_on(stream),
             None => Ok(()),
         }
     }
 
-    /// Waits for the copies; the host memory and the event come back.
+    /// Waits for the copies, enqueuing the rest of a large one as its pieces end; the host
+    /// memory and the event come back.
     ///
     /// # Errors
-    /// Waiting failed: the memory comes back if the stream could be waited for instead, and
-    /// is leaked otherwise (see [`CopyFailed`]).
+    /// Enqueuing or waiting failed: the memory comes back if the stream could be waited for
+    /// instead, and is leaked otherwise (see [`CopyFailed`]).
     pub(crate) fn wait(mut self) -> std::result::Result<(Vec<M>, Event), Box<CopyFailed<M>>> {
-        let waited = match &self.event {
+        let mut waited = Ok(());
+        while waited.is_ok() && !self.all_enqueued() {
+            waited = self.advance();
+        }
+        let waited = waited.and_then(|()| match &self.event {
             Some(e) => e.synchronize(),
             None => Ok(()),
-        };
+        });
         match waited {
             Ok(()) => {
                 let memory = self.memory.take().unwrap_or_default();
@@ -264,9 +362,12 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         if let Some(m) = self.memory.take() {
             std::mem::forget(m);
         }
-        // The event may still be pending on the stream: it goes with the memory.
+        // The events may still be pending on the stream: they go with the memory.
         if let Some(e) = self.event.take() {
             std::mem::forget(e);
+        }
+        for (mark, _) in self.marks.drain(..) {
+            std::mem::forget(mark);
         }
     }
 }
@@ -276,10 +377,13 @@ impl<M: PinnedMemory> Drop for PinnedCopy<M> {
         if self.memory.is_none() {
             return;
         }
-        let waited = match &self.event {
-            Some(e) => e.synchronize(),
-            None => Ok(()),
+        // Pieces not enqueued yet never will be: wait for those that were.
+        let last = if self.all_enqueued() {
+            self.event.as_ref()
+        } else {
+            self.marks.back().map(|(mark, _)| mark)
         };
+        let waited = last.map_or(Ok(()), Event::synchronize);
         if let Err(e) = waited {
             let (b, d) = (self.device.backend(), self.device.ordinal());
             if let Err(sync) = b.stream_synchronize(d, self.stream) {
@@ -351,6 +455,121 @@ mod tests {
         assert!(bytes[1000..].iter().all(|&x| x == 8));
         d.backend().free(d.ordinal(), dev).unwrap();
         d.backend().stream_destroy(d.ordinal(), stream).unwrap();
+    }
+
+    /// The test pattern: byte `i` of a run holds the number of its 4 KiB page, modulo 251.
+    fn page_pattern(i: usize) -> u8 {
+        (i / 4096 % 251) as u8
+    }
+
+    /// `run` filled with [`page_pattern`] from byte `at` of the run on (a page at a time).
+    fn fill_pages(run: &mut [u8], at: usize) {
+        let mut i = 0;
+        while i < run.len() {
+            let n = (4096 - (at + i) % 4096).min(run.len() - i);
+            run[i..i + n].fill(page_pattern(at + i));
+            i += n;
+        }
+    }
+
+    /// Host blocks of these sizes, with the pattern (or zeros).
+    fn blocks(d: Device, sizes: &[usize], pattern: bool) -> Vec<HostBlock> {
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&n| {
+                let mut b = block(d, n);
+                if pattern {
+                    fill_pages(b.as_mut_slice(), at);
+                } else {
+                    b.as_mut_slice().fill(0);
+                }
+                at += n;
+                b
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_large_copy_keeps_one_window_enqueued_and_the_rest_follows_as_pieces_end() {
+        let (sim, d) = sim();
+        let stream = d.backend().stream_create(d.ordinal()).unwrap();
+        // Pieces of memory that neither the window nor the pieces divide evenly.
+        let sizes = [PIECE + 4096, 3 * PIECE - 100, WINDOW + 7];
+        let bytes: usize = sizes.iter().sum::<usize>() - 1000;
+        let dev = d.backend().malloc(d.ordinal(), bytes).unwrap();
+        let up = blocks(d, &sizes, true);
+        let copy = PinnedCopy::to_device(d, stream, Event::new(d).unwrap(), up, dev, bytes)
+            .ok()
+            .unwrap();
+        copy.wait().ok().unwrap();
+
+        let gate = sim.hold_stream(d.ordinal(), stream).unwrap();
+        let before = sim.counts(d.ordinal()).unwrap();
+        let down = blocks(d, &sizes, false);
+        let copy = PinnedCopy::to_host(d, stream, Event::new(d).unwrap(), dev, bytes, down)
+            .ok()
+            .unwrap();
+        let enqueued = sim.counts(d.ordinal()).unwrap().since(&before).copies;
+        assert!(
+            (1..=(WINDOW / PIECE + 1) as u64).contains(&enqueued),
+            "{enqueued} pieces enqueued at once, more than one window of {WINDOW} bytes"
+        );
+        assert!(!copy.is_complete().unwrap());
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            gate.open();
+        });
+        let (down, _) = copy.wait().ok().unwrap();
+        opener.join().unwrap();
+        let all = sim.counts(d.ordinal()).unwrap().since(&before).copies;
+        assert!(
+            all as usize >= bytes / PIECE,
+            "{all} pieces for {bytes} bytes in pieces of {PIECE}"
+        );
+        let mut got = Vec::with_capacity(sizes.iter().sum());
+        for b in &down {
+            got.extend_from_slice(b.as_slice());
+        }
+        let mut want = vec![0; got.len()];
+        fill_pages(&mut want[..bytes], 0);
+        assert!(got == want, "the bytes came back out of place");
+        d.backend().free(d.ordinal(), dev).unwrap();
+        d.backend().stream_destroy(d.ordinal(), stream).unwrap();
+    }
+
+    #[test]
+    fn a_large_copy_dropped_unwaited_waits_for_the_pieces_enqueued() {
+        let (sim, d) = sim();
+        let stream = d.backend().stream_create(d.ordinal()).unwrap();
+        let bytes = 2 * WINDOW;
+        let dev = d.backend().malloc(d.ordinal(), bytes).unwrap();
+        let gate = sim.hold_stream(d.ordinal(), stream).unwrap();
+        let copy = PinnedCopy::to_host(
+            d,
+            stream,
+            Event::new(d).unwrap(),
+            dev,
+            bytes,
+            vec![block(d, bytes)],
+        )
+        .ok()
+        .unwrap();
+        assert!(copy.order_before(StreamView::DEFAULT).is_err());
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&opened);
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            gate.open();
+        });
+        drop(copy);
+        assert!(
+            opened.load(std::sync::atomic::Ordering::SeqCst),
+            "the drop returned (freeing the memory) before the pieces enqueued could run"
+        );
+        opener.join().unwrap();
+        d.backend().free(d.ordinal(), dev).unwrap();
     }
 
     #[test]

@@ -18,6 +18,11 @@ mod guard;
 mod store;
 mod vector;
 
+/// The most bytes one spill or unspill copy keeps enqueued ahead of the copy engine: a larger
+/// one is enqueued in pieces as earlier pieces end, so that other work's copies (a task
+/// reading a scalar back, say) wait for at most this much rather than the whole spill.
+pub const COPY_WINDOW: usize = crate::backend::pinned_copy::WINDOW;
+
 pub use buffer::{HeldInPlace, PendingSpill, SpillObserver, SpillStep, SpillableBuffer, Tier};
 pub use disk::remove_files_for_exit;
 pub use guard::{DeviceGuard, HostGuard, SharedDeviceGuard};

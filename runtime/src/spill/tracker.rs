@@ -5,16 +5,17 @@
 //! adopted values ([`ForeignData`](super::ForeignData): device memory that another library
 //! owns). Both are [`Spillable`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rmm_allocator::StreamView;
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::resource::PinnedHostPool;
 use rmm_allocator::spill::{
-    PendingSpill, SpillObserver, SpillStep, SpillStore, SpillableBuffer, Tier,
+    COPY_WINDOW, PendingSpill, SpillObserver, SpillStep, SpillStore, SpillableBuffer, Tier,
 };
 
 use super::background::Background;
@@ -152,24 +153,35 @@ pub(crate) struct Tracker {
 
 /// The most spills whose copies are in flight at once when making room.
 pub(crate) const BATCH_ENTRIES: usize = 64;
-/// The most bytes in flight at once when making room (memory is freed as each batch ends).
-pub(crate) const BATCH_BYTES: u64 = 1 << 30;
+/// The most bytes a batch keeps enqueued at once (each copy counted for at most the
+/// [`COPY_WINDOW`] it enqueues ahead): enough to keep the copy engine busy while the oldest
+/// spill is finished, little for a task's own copies to wait behind.
+pub(crate) const BATCH_ENQUEUED: u64 = 4 * COPY_WINDOW as u64;
+/// The most that keeping to the limit spills beyond the excess.
+pub(crate) const SLACK_MAX: u64 = 1 << 30;
 
-/// What enforcing the limit spills beyond the excess: 1/32 of the limit, at most one batch.
-/// Spilled one buffer at a time, a device making data stops for each spill's copy and for
-/// the copy engine's start-up, and a growing host pool pins between them; a few at once run
-/// at the copy engine's rate.
+/// What enforcing the limit spills beyond the excess: 1/32 of the limit, at most
+/// [`SLACK_MAX`]. Spilled one buffer at a time, a device making data stops for each spill's
+/// copy and for the copy engine's start-up, and a growing host pool pins between them; a
+/// few at once run at the copy engine's rate.
 pub(crate) fn limit_slack(limit: i64) -> i64 {
-    (limit / 32).clamp(0, BATCH_BYTES as i64)
+    (limit / 32).clamp(0, SLACK_MAX as i64)
 }
 
-/// Spills whose copies run at once: up to [`BATCH_ENTRIES`] entries ([`BATCH_BYTES`]) are
-/// enqueued before the first is waited for, so many small buffers move at the copy engine's
-/// rate instead of one round trip each.
+/// Spills whose copies run at once, rolling: entries are started while fewer than
+/// [`BATCH_ENTRIES`] are in flight with less than [`BATCH_ENQUEUED`] enqueued, and the oldest
+/// is finished to make way, so many small buffers move at the copy engine's rate instead of
+/// one round trip each, without a queue of copies that a task's own would wait behind.
 #[derive(Default)]
 pub(crate) struct SpillBatch<'a> {
-    pending: Vec<PendingSpill<'a>>,
+    pending: VecDeque<Box<PendingSpill<'a>>>,
     pending_bytes: u64,
+    /// Bytes of the pending entries' copies enqueued (each at most [`COPY_WINDOW`]).
+    enqueued: u64,
+    /// When the last finished entry ended, and the time entries started since then waited
+    /// for host memory (pinning is not copying: not charged to the moves).
+    last_end: Option<Instant>,
+    host_waits: Duration,
     /// Device bytes freed so far.
     pub(crate) freed: u64,
     /// The first error met (the other entries went on).
@@ -182,16 +194,22 @@ impl<'a> SpillBatch<'a> {
         self.freed + self.pending_bytes
     }
 
-    /// Adds what starting one entry's spill gave; completes the batch when it is full.
+    /// Adds what starting one entry's spill gave; finishes the oldest entries while too much
+    /// is in flight.
     pub(crate) fn add(&mut self, step: rmm_allocator::Result<SpillStep<'a>>, size: usize) {
         match step {
             Ok(SpillStep::Skipped) => {}
             Ok(SpillStep::Done(n)) => self.freed += n as u64,
             Ok(SpillStep::Pending(p)) => {
+                // The first entry's own wait came before its copy started.
+                if !self.pending.is_empty() || self.last_end.is_some() {
+                    self.host_waits += p.host_wait();
+                }
                 self.pending_bytes += p.size() as u64;
-                self.pending.push(p);
-                if self.pending.len() >= BATCH_ENTRIES || self.pending_bytes >= BATCH_BYTES {
-                    self.complete();
+                self.enqueued += p.size().min(COPY_WINDOW) as u64;
+                self.pending.push_back(p);
+                while self.pending.len() >= BATCH_ENTRIES || self.enqueued >= BATCH_ENQUEUED {
+                    self.finish_oldest();
                 }
             }
             Err(e) => {
@@ -201,29 +219,33 @@ impl<'a> SpillBatch<'a> {
         }
     }
 
-    /// Completes the spills in flight in order. Each move's time runs from the end of the
-    /// one before, so a batch's moves add up to its wall time, less the time the entries
-    /// after the first waited for host memory (pinning is not copying).
-    pub(crate) fn complete(&mut self) {
-        let waits: std::time::Duration = self
-            .pending
-            .iter()
-            .skip(1)
-            .map(PendingSpill::host_wait)
-            .sum();
-        let mut since = self.pending.first().map(|p| p.started() + waits);
-        for p in self.pending.drain(..) {
-            let size = p.size();
-            match p.finish(since) {
-                Ok(n) => self.freed += n as u64,
-                Err(e) => {
-                    tracing::debug!("an entry of {size} bytes could not be spilled: {e}");
-                    self.first_error.get_or_insert(e);
-                }
+    /// Finishes the oldest spill in flight. Each move's time runs from the end of the one
+    /// before, so a batch's moves add up to its wall time, less the time entries waited for
+    /// host memory meanwhile.
+    fn finish_oldest(&mut self) {
+        let Some(p) = self.pending.pop_front() else {
+            return;
+        };
+        let since = self.last_end.unwrap_or_else(|| p.started()) + self.host_waits;
+        self.host_waits = Duration::ZERO;
+        let size = p.size();
+        self.pending_bytes -= size as u64;
+        self.enqueued -= size.min(COPY_WINDOW) as u64;
+        match p.finish(Some(since)) {
+            Ok(n) => self.freed += n as u64,
+            Err(e) => {
+                tracing::debug!("an entry of {size} bytes could not be spilled: {e}");
+                self.first_error.get_or_insert(e);
             }
-            since = Some(std::time::Instant::now());
         }
-        self.pending_bytes = 0;
+        self.last_end = Some(Instant::now());
+    }
+
+    /// Finishes every spill in flight, in order.
+    pub(crate) fn complete(&mut self) {
+        while !self.pending.is_empty() {
+            self.finish_oldest();
+        }
     }
 }
 

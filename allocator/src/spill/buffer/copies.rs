@@ -204,11 +204,11 @@ impl SpillableBuffer {
         mut state: MutexGuard<'a, State>,
     ) -> Result<SpillStep<'a>> {
         match self.start_to_host(&state) {
-            Ok(Some(out)) => Ok(SpillStep::Pending(PendingSpill {
+            Ok(Some(out)) => Ok(SpillStep::Pending(Box::new(PendingSpill {
                 buffer: self,
                 state,
                 out,
-            })),
+            }))),
             Ok(None) => Ok(SpillStep::Skipped),
             Err(Error::HostOutOfMemory { .. }) if self.store.has_disk() => {
                 self.device_to_disk(&mut state)?;
@@ -235,7 +235,7 @@ pub enum SpillStep<'a> {
     /// The data moved (to disk); the device bytes freed.
     Done(usize),
     /// The copies to the host are in flight: [`PendingSpill::finish`] completes the move.
-    Pending(PendingSpill<'a>),
+    Pending(Box<PendingSpill<'a>>),
 }
 
 /// A spill whose copies are in flight; the buffer is locked (not used, moved or dropped)
