@@ -312,18 +312,13 @@ fn making_room_keeps_a_bounded_queue_of_copies_for_a_tasks_own_to_wait_behind() 
         eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
         return;
     };
-    let rt = Runtime::start(&spilling(&[
-        ("spill.device_memory_limit", "1GiB".into()),
-        ("spill.host_pool_size", "1GiB".into()),
-        ("pool.initial_size", "1GiB".into()),
-    ]))
-    .unwrap();
+    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
     let d = rt.devices()[0];
     let m = rt.spill_manager(d).unwrap();
     let stream = rmm_allocator::backend::Backend::stream_create(sim, d).unwrap();
     let view = StreamView::from_raw(stream);
-    // 640 MiB in 16 MiB buffers, used on a stream that is then held back.
-    let data: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 16 * MIB]).collect();
+    // 80 buffers of 1 MiB, used on a stream that is then held back.
+    let data: Vec<Vec<u8>> = (0..80u8).map(|i| vec![i; MIB]).collect();
     let buffers: Vec<_> = data.iter().map(|x| m.from_host(x, view).unwrap()).collect();
     let guards: Vec<_> = buffers
         .iter()
@@ -335,9 +330,9 @@ fn making_room_keeps_a_bounded_queue_of_copies_for_a_tasks_own_to_wait_behind() 
         let m = Arc::clone(&m);
         std::thread::spawn(move || m.spill_all())
     };
-    // Copies are enqueued until 512 MiB are (32 buffers), and then the oldest is waited for:
-    // a task's own copy would queue behind at most that much, not behind all 640 MiB.
-    let bound = 512 * MIB;
+    // Copies are enqueued for 64 buffers, and then the oldest is waited for: a task's own
+    // copy queues behind at most that many, not behind all 80.
+    let bound = 64 * MIB;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while (m.statistics().host_bytes as usize) < bound && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
@@ -350,7 +345,7 @@ fn making_room_keeps_a_bounded_queue_of_copies_for_a_tasks_own_to_wait_behind() 
         in_flight, bound,
         "bytes of copies enqueued at once behind a held stream"
     );
-    assert_eq!(freed as usize, 40 * 16 * MIB);
+    assert_eq!(freed as usize, 80 * MIB);
     for (b, x) in buffers.iter().zip(&data) {
         assert!(b.is_spilled());
         assert!(b.to_vec().unwrap() == *x, "buffer {} changed", b.id());

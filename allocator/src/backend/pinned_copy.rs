@@ -13,9 +13,10 @@
 //! A large copy is not enqueued at once. A copy engine runs the copies queued to it one after
 //! another, whatever their stream, so a small device → host read that a task makes (a
 //! scalar for `bool()` or `.item()`) would wait behind every byte of a spill enqueued before
-//! it. A copy instead keeps at most [`WINDOW`] bytes enqueued, in pieces of [`PIECE`]
-//! bytes, and [`wait`](PinnedCopy::wait) enqueues the next piece as each one ends: the engine
-//! stays busy, and other work's copies wait for a window, not for the whole spill.
+//! it. A copy larger than [`WINDOW`] instead keeps at most that much enqueued, in pieces of
+//! [`PIECE`] bytes, and [`wait`](PinnedCopy::wait) enqueues the next piece as each one ends:
+//! the engine stays busy, and other work's copies wait for a window, not for the whole spill.
+//! A smaller copy is enqueued whole, one copy per piece of host memory, as before.
 
 use std::collections::VecDeque;
 
@@ -177,17 +178,29 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         }
     }
 
+    /// True for a copy larger than the window: enqueued in pieces as earlier ones end.
+    fn is_windowed(&self) -> bool {
+        self.bytes > WINDOW
+    }
+
     /// True once every piece is enqueued and the event recorded behind the last.
     fn all_enqueued(&self) -> bool {
         self.enqueued == self.bytes
     }
 
-    /// Enqueues pieces until `through` bytes (or all) are enqueued. Behind each piece an
-    /// event is recorded: the copy's own behind the last, a mark behind the others.
+    /// Enqueues pieces until `through` bytes (or all) are enqueued. The copy's own event is
+    /// recorded behind the last piece, and for a copy larger than the window a mark behind
+    /// each of the others.
     fn enqueue_through(&mut self, through: usize) -> Result<()> {
         let (b, d) = (self.device.backend(), self.device.ordinal());
         let stream = self.stream;
         let through = through.min(self.bytes);
+        // A copy that fits in the window goes whole, a copy per piece of memory.
+        let piece = if self.is_windowed() {
+            PIECE
+        } else {
+            usize::MAX
+        };
         // An empty copy still records its event.
         if self.bytes == 0 {
             return self.record_behind(0);
@@ -206,7 +219,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                 ));
             };
             let n = (m.byte_len() - off)
-                .min(PIECE)
+                .min(piece)
                 .min(self.bytes - self.enqueued);
             if n == 0 {
                 self.next = (i + 1, 0);
@@ -245,6 +258,10 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                 Some(e) => e.record(on),
                 None => Ok(()),
             };
+        }
+        // A copy within the window is enqueued whole at once: nothing waits for its pieces.
+        if !self.is_windowed() {
+            return Ok(());
         }
         let mark = match self.spare.pop() {
             Some(e) => e,
@@ -534,6 +551,37 @@ mod tests {
         let mut want = vec![0; got.len()];
         fill_pages(&mut want[..bytes], 0);
         assert!(got == want, "the bytes came back out of place");
+        d.backend().free(d.ordinal(), dev).unwrap();
+        d.backend().stream_destroy(d.ordinal(), stream).unwrap();
+    }
+
+    #[test]
+    fn a_copy_within_the_window_is_enqueued_whole_one_copy_per_block() {
+        let (sim, d) = sim();
+        let stream = d.backend().stream_create(d.ordinal()).unwrap();
+        let sizes = [PIECE + 4096, PIECE + 8192];
+        let bytes: usize = sizes.iter().sum();
+        let dev = d.backend().malloc(d.ordinal(), bytes).unwrap();
+        let gate = sim.hold_stream(d.ordinal(), stream).unwrap();
+        let before = sim.counts(d.ordinal()).unwrap();
+        let copy = PinnedCopy::to_host(
+            d,
+            stream,
+            Event::new(d).unwrap(),
+            dev,
+            bytes,
+            blocks(d, &sizes, false),
+        )
+        .ok()
+        .unwrap();
+        assert_eq!(sim.counts(d.ordinal()).unwrap().since(&before).copies, 2);
+        assert!(
+            copy.marks.is_empty(),
+            "marks recorded behind a copy enqueued whole"
+        );
+        copy.order_before(StreamView::DEFAULT).unwrap();
+        gate.open();
+        copy.wait().ok().unwrap();
         d.backend().free(d.ordinal(), dev).unwrap();
         d.backend().stream_destroy(d.ordinal(), stream).unwrap();
     }
