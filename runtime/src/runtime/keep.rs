@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use rayon::prelude::*;
+use super::per_device::map_devices;
 use rmm_allocator::resource::{LiveBlock, SharedResource};
 use rmm_allocator::spill::{HeldInPlace, SpillableBuffer};
 use rmm_config::ResolvedConfig;
@@ -164,17 +164,17 @@ impl Kept<'_> {
     pub(super) fn live_elsewhere(&self, old: &Generation) -> Vec<LiveMemory> {
         let held: Vec<(u32, Vec<LiveBlock>)> =
             self.devices.iter().map(|(d, h)| (*d, blocks(h))).collect();
-        old.stacks
-            .par_iter()
-            .map(|s| {
-                let kept = held
-                    .iter()
-                    .find(|(d, _)| *d == s.device().ordinal())
-                    .map_or(&[][..], |(_, b)| b.as_slice());
-                s.live_except(kept)
-            })
-            .filter(|l| l.count > 0)
-            .collect()
+        map_devices(old.stacks.len(), |i| {
+            let s = &old.stacks[i];
+            let kept = held
+                .iter()
+                .find(|(d, _)| *d == s.device().ordinal())
+                .map_or(&[][..], |(_, b)| b.as_slice());
+            s.live_except(kept)
+        })
+        .into_iter()
+        .filter(|l| l.count > 0)
+        .collect()
     }
 
     /// Spills every held buffer (the new stacks could not be built taking them over);

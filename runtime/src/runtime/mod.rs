@@ -26,6 +26,7 @@ mod backend;
 mod claims;
 mod dispatch;
 mod keep;
+mod per_device;
 mod reinitialize;
 mod setup;
 mod shutdown;

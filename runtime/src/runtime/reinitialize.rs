@@ -50,7 +50,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use rayon::prelude::*;
+use super::per_device::map_devices;
 use rmm_allocator::StreamView;
 use rmm_config::{Config, ConfigLoader, ResolvedConfig};
 
@@ -327,7 +327,7 @@ impl RuntimeHandle {
         // new stacks, on next use. A buffer in use stays, and counts as live below.
         let managers: Vec<Arc<SpillManager>> = all_managers.values().cloned().collect();
         let spilled: Vec<rmm_allocator::Result<u64>> =
-            managers.par_iter().map(|m| m.spill_all()).collect();
+            map_devices(managers.len(), |i| managers[i].spill_all());
         for (m, r) in managers.iter().zip(spilled) {
             report.spilled_bytes += r.map_err(|source| Error::SpillBeforeSwitch {
                 device: m.device().ordinal(),
@@ -454,10 +454,8 @@ impl RuntimeHandle {
             .flatten()
             .filter(|m| m.eager_unspill())
             .collect();
-        let back: Vec<rmm_allocator::Result<u64>> = eager
-            .par_iter()
-            .map(|m| m.unspill_all(StreamView::DEFAULT))
-            .collect();
+        let back: Vec<rmm_allocator::Result<u64>> =
+            map_devices(eager.len(), |i| eager[i].unspill_all(StreamView::DEFAULT));
         // The switch is done: data that cannot come back now stays spilled and comes back
         // on use, which reports its own failure.
         for (m, r) in eager.iter().zip(back) {

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
 use rmm_allocator::Device;
 use rmm_allocator::resource::LiveBlock;
 use rmm_config::ResolvedConfig;
@@ -37,13 +36,11 @@ pub(super) fn set_up_devices(
     managers: &[Option<Arc<SpillManager>>],
     keep: &[Vec<LiveBlock>],
 ) -> Result<Vec<DeviceSetup>> {
-    let results: Vec<Result<DeviceSetup>> = config
-        .devices
-        .par_iter()
-        .zip(managers.par_iter())
-        .enumerate()
-        .map(|(i, (device, manager))| {
-            let on_oom = manager.as_ref().map(|m| m.oom_handler());
+    let results: Vec<Result<DeviceSetup>> =
+        super::per_device::map_devices(config.devices.len(), |i| {
+            let device = &config.devices[i];
+            let manager = managers.get(i).and_then(Option::as_ref);
+            let on_oom = manager.map(|m| m.oom_handler());
             let fail = |source| Error::DeviceSetup {
                 device: device.ordinal,
                 source,
@@ -71,8 +68,7 @@ pub(super) fn set_up_devices(
                 streams,
                 released,
             })
-        })
-        .collect();
+        });
     // Collecting into Result drops every built stack on the first error.
     results.into_iter().collect()
 }
