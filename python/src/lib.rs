@@ -206,20 +206,27 @@ fn reinitialize(
                 rt.reconfigure(|loader| changes.into_iter().fold(loader, |l, (k, v)| l.set(k, v)))
             })
             .map_err(error)?;
-        return json_to_py(py, &serde_json::to_string(&report).map_err(error)?);
+        return to_py(py, &report);
     }
     let config = settings::load_call(config, overrides, rmm_keywords)?;
-    let text = match running {
+    match running {
         Some(rt) => {
             let report = py.detach(|| rt.reinitialize(&config)).map_err(error)?;
-            serde_json::to_string(&report).map_err(error)?
+            to_py(py, &report)
         }
         None => {
             let rt = start(py, &config)?;
-            serde_json::to_string(&rt.report().start).map_err(error)?
+            to_py(py, &rt.report().start)
         }
-    };
-    json_to_py(py, &text)
+    }
+}
+
+/// A report as Python objects (dicts, lists, numbers, strings), built directly rather than
+/// through JSON text: the report comes back in the call's time.
+fn to_py(py: Python<'_>, report: &impl serde::Serialize) -> PyResult<Py<PyAny>> {
+    Ok(pythonize::pythonize(py, report)
+        .map_err(|e| error(format!("converting the report to Python objects: {e}")))?
+        .unbind())
 }
 
 /// Gives every pool back and puts each device back on plain `cuMemAlloc`. Live buffers are
