@@ -247,23 +247,32 @@ fn an_allocation_that_runs_out_of_memory_spills_and_retries() {
     }
 }
 
-#[test]
-fn making_room_has_the_copies_of_many_buffers_in_flight_at_once() {
-    let _s = serial();
+/// What spilling every buffer made of `data` showed while the buffers' stream was held back.
+struct HeldSpill {
+    /// Host bytes taken by copies enqueued once `spill_all` stopped enqueueing (or
+    /// `expected` was reached).
+    in_flight: usize,
+    /// Buffers whose spill ended behind the held stream (none can).
+    spilled_while_held: u64,
+    /// Device bytes `spill_all` freed once the stream ran.
+    freed: u64,
+}
+
+/// Makes spillable buffers of `data` on a stream of their own, uses each there, holds the
+/// stream back and spills them all from another thread; records the host memory taken once
+/// `expected` bytes are (or after 10 s), then lets the stream go. Checks every buffer was
+/// spilled with its bytes. `None` (skipped, said on stderr) on a GPU.
+fn spill_all_behind_a_held_stream(data: &[Vec<u8>], expected: usize) -> Option<HeldSpill> {
     let Some(sim) = common::sim() else {
         eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
-        return;
+        return None;
     };
     let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
     let d = rt.devices()[0];
     let m = rt.spill_manager(d).unwrap();
     let stream = rmm_allocator::backend::Backend::stream_create(sim, d).unwrap();
     let view = StreamView::from_raw(stream);
-    let data: Vec<Vec<u8>> = (0..12)
-        .map(|i| pattern(2 * MIB + 4096 * i, i as u64))
-        .collect();
     let buffers: Vec<_> = data.iter().map(|x| m.from_host(x, view).unwrap()).collect();
-    let total: usize = data.iter().map(Vec::len).sum();
     // Work that uses every buffer is queued on their stream, held back: the copies are
     // ordered after it, so none can run.
     let guards: Vec<_> = buffers
@@ -276,82 +285,67 @@ fn making_room_has_the_copies_of_many_buffers_in_flight_at_once() {
         let m = Arc::clone(&m);
         std::thread::spawn(move || m.spill_all())
     };
-    // One buffer at a time would take host memory for the first and wait for its copy;
-    // batched, every buffer's copy is enqueued (its host memory taken) before any wait.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while (m.statistics().host_bytes as usize) < total && std::time::Instant::now() < deadline {
+    while (m.statistics().host_bytes as usize) < expected && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
+    // Long enough for a spill that would go on enqueueing to show it.
+    std::thread::sleep(Duration::from_millis(50));
     let in_flight = m.statistics().host_bytes as usize;
-    assert_eq!(
-        m.statistics().spilled_count,
-        0,
-        "a spill ended behind a held stream"
-    );
+    let spilled_while_held = m.statistics().spilled_count;
     gate.open();
     let freed = spiller.join().unwrap().unwrap();
-    assert_eq!(
-        in_flight, total,
-        "host memory taken while the stream was held"
-    );
-    assert_eq!(freed as usize, total);
-    let s = m.statistics();
-    assert_eq!(s.spilled_count, 12, "{s:?}");
-    for (b, x) in buffers.iter().zip(&data) {
+    for (b, x) in buffers.iter().zip(data) {
         assert!(b.is_spilled());
         assert!(b.to_vec().unwrap() == *x, "buffer {} changed", b.id());
     }
     drop(buffers);
     rmm_allocator::backend::Backend::stream_destroy(sim, d, stream).unwrap();
+    Some(HeldSpill {
+        in_flight,
+        spilled_while_held,
+        freed,
+    })
+}
+
+#[test]
+fn making_room_has_the_copies_of_many_buffers_in_flight_at_once() {
+    let _s = serial();
+    let data: Vec<Vec<u8>> = (0..12)
+        .map(|i| pattern(2 * MIB + 4096 * i, i as u64))
+        .collect();
+    let total: usize = data.iter().map(Vec::len).sum();
+    let Some(held) = spill_all_behind_a_held_stream(&data, total) else {
+        return;
+    };
+    // One buffer at a time would take host memory for the first and wait for its copy;
+    // batched, every buffer's copy is enqueued (its host memory taken) before any wait.
+    assert_eq!(
+        held.spilled_while_held, 0,
+        "a spill ended behind a held stream"
+    );
+    assert_eq!(
+        held.in_flight, total,
+        "host memory taken while the stream was held"
+    );
+    assert_eq!(held.freed as usize, total);
 }
 
 #[test]
 fn making_room_keeps_a_bounded_queue_of_copies_for_a_tasks_own_to_wait_behind() {
     let _s = serial();
-    let Some(sim) = common::sim() else {
-        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
-        return;
-    };
-    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
-    let d = rt.devices()[0];
-    let m = rt.spill_manager(d).unwrap();
-    let stream = rmm_allocator::backend::Backend::stream_create(sim, d).unwrap();
-    let view = StreamView::from_raw(stream);
-    // 80 buffers of 1 MiB, used on a stream that is then held back.
     let data: Vec<Vec<u8>> = (0..80u8).map(|i| vec![i; MIB]).collect();
-    let buffers: Vec<_> = data.iter().map(|x| m.from_host(x, view).unwrap()).collect();
-    let guards: Vec<_> = buffers
-        .iter()
-        .map(|b| b.device_view(view).unwrap())
-        .collect();
-    let gate = sim.hold_stream(d, stream).unwrap();
-    drop(guards);
-    let spiller = {
-        let m = Arc::clone(&m);
-        std::thread::spawn(move || m.spill_all())
-    };
     // Copies are enqueued for 64 buffers, and then the oldest is waited for: a task's own
     // copy queues behind at most that many, not behind all 80.
     let bound = 64 * MIB;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while (m.statistics().host_bytes as usize) < bound && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    std::thread::sleep(Duration::from_millis(50));
-    let in_flight = m.statistics().host_bytes as usize;
-    gate.open();
-    let freed = spiller.join().unwrap().unwrap();
+    let Some(held) = spill_all_behind_a_held_stream(&data, bound) else {
+        return;
+    };
     assert_eq!(
-        in_flight, bound,
+        held.in_flight, bound,
         "bytes of copies enqueued at once behind a held stream"
     );
-    assert_eq!(freed as usize, 80 * MIB);
-    for (b, x) in buffers.iter().zip(&data) {
-        assert!(b.is_spilled());
-        assert!(b.to_vec().unwrap() == *x, "buffer {} changed", b.id());
-    }
-    drop(buffers);
-    rmm_allocator::backend::Backend::stream_destroy(sim, d, stream).unwrap();
+    assert_eq!(held.freed as usize, 80 * MIB);
 }
 
 /// A runtime spilling on the simulated device, a stream of its own, and a spillable buffer of

@@ -449,6 +449,24 @@ mod tests {
             .unwrap()
     }
 
+    /// Drops `copy` while another thread opens `gate` 30 ms later, and checks the drop
+    /// returned (its memory freed) only after the gate opened and the copies could run.
+    fn drop_opening_the_gate_later(copy: PinnedCopy<HostBlock>, gate: crate::backend::StreamGate) {
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&opened);
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            gate.open();
+        });
+        drop(copy);
+        assert!(
+            opened.load(std::sync::atomic::Ordering::SeqCst),
+            "the drop returned (freeing the memory) before the copies enqueued could run"
+        );
+        opener.join().unwrap();
+    }
+
     #[test]
     fn bytes_go_to_the_device_and_back_through_owned_memory() {
         let d = device();
@@ -604,19 +622,7 @@ mod tests {
         .ok()
         .unwrap();
         assert!(copy.order_before(StreamView::DEFAULT).is_err());
-        let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = std::sync::Arc::clone(&opened);
-        let opener = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(30));
-            flag.store(true, std::sync::atomic::Ordering::SeqCst);
-            gate.open();
-        });
-        drop(copy);
-        assert!(
-            opened.load(std::sync::atomic::Ordering::SeqCst),
-            "the drop returned (freeing the memory) before the pieces enqueued could run"
-        );
-        opener.join().unwrap();
+        drop_opening_the_gate_later(copy, gate);
         d.backend().free(d.ordinal(), dev).unwrap();
     }
 
@@ -688,19 +694,7 @@ mod tests {
         )
         .ok()
         .unwrap();
-        let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = std::sync::Arc::clone(&opened);
-        let opener = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(30));
-            flag.store(true, std::sync::atomic::Ordering::SeqCst);
-            gate.open();
-        });
-        drop(copy);
-        assert!(
-            opened.load(std::sync::atomic::Ordering::SeqCst),
-            "the drop returned (freeing the memory) before the copy could run"
-        );
-        opener.join().unwrap();
+        drop_opening_the_gate_later(copy, gate);
         d.backend().free(d.ordinal(), dev).unwrap();
     }
 }
