@@ -207,7 +207,12 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         }
         while self.enqueued < through {
             let Some(memory) = self.memory.as_mut() else {
-                return Ok(());
+                // Only a copy being taken apart has no memory: nothing more can be enqueued.
+                return Err(Error::invalid_argument(
+                    "pinned copy",
+                    "without its host memory",
+                    "a copy made by PinnedCopy::to_host or to_device",
+                ));
             };
             let (i, off) = self.next;
             let Some(m) = memory.get_mut(i) else {
