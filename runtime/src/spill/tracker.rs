@@ -155,8 +155,8 @@ pub(crate) struct Tracker {
 pub(crate) const BATCH_ENTRIES: usize = 64;
 /// The most bytes a batch keeps enqueued at once (each copy counted for at most the
 /// [`COPY_WINDOW`] it enqueues ahead): enough to keep the copy engine busy while the thread
-/// making room pins host memory for the next entries (a 256 MiB region takes about as long
-/// as a gigabyte's copy), and a bound on what a task's own copies wait behind.
+/// making room pins host memory for the next entries, and a bound on what a task's own
+/// copies wait behind.
 pub(crate) const BATCH_ENQUEUED: u64 = 8 * COPY_WINDOW as u64;
 /// The most that keeping to the limit spills beyond the excess.
 pub(crate) const SLACK_MAX: u64 = 1 << 30;
