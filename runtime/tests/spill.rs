@@ -332,7 +332,7 @@ fn making_room_has_the_copies_of_many_buffers_in_flight_at_once() {
 }
 
 #[test]
-fn making_room_keeps_a_bounded_queue_of_copies_for_a_tasks_own_to_wait_behind() {
+fn making_room_enqueues_at_most_a_batch_of_copies_at_once() {
     let _s = serial();
     let data: Vec<Vec<u8>> = (0..80u8).map(|i| vec![i; MIB]).collect();
     // Copies are enqueued for 64 buffers, and then the oldest is waited for: a task's own

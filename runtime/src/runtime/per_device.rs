@@ -1,9 +1,9 @@
 //! Work done once per device during a switch, in parallel when there are several devices.
 //!
 //! Several devices' steps run at once on rayon's pool (their pools allocate, their data
-//! spills, at the same time). One device's step runs on the calling thread: handing it to the
-//! pool would cost a wake-up, and the first use of the pool starts a thread per CPU, which a
-//! process with one device (a Dask worker, say) never needs.
+//! spills, at the same time). One device's step runs on the calling thread without touching
+//! the pool: its first use starts a thread per CPU (after reading the cgroup's CPU quota),
+//! which a process with one device (a Dask worker, say) never needs.
 
 use rayon::prelude::*;
 

@@ -172,7 +172,8 @@ pub(crate) fn limit_slack(limit: i64) -> i64 {
 /// Spills whose copies run at once, rolling: entries are started while fewer than
 /// [`BATCH_ENTRIES`] are in flight with less than [`BATCH_ENQUEUED`] enqueued, and the oldest
 /// is finished to make way, so many small buffers move at the copy engine's rate instead of
-/// one round trip each, without a queue of copies that a task's own would wait behind.
+/// one round trip each, and the queue neither grows past that bound nor runs dry between
+/// batches.
 #[derive(Default)]
 pub(crate) struct SpillBatch<'a> {
     pending: VecDeque<Box<PendingSpill<'a>>>,
