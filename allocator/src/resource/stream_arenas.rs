@@ -9,6 +9,11 @@
 //! Every thread caches the (resource, stream) → slot pairs it used last, so the allocation
 //! fast path is a thread-local lookup and an index. Arenas live as long as their resource;
 //! nothing is reference-counted on the fast path.
+//!
+//! The table is small until it needs to be large: its first [`FIRST`] slots are inline (one
+//! load on the fast path, as for a flat table), and the rest come in segments of [`FIRST`]
+//! made when the first arena in them is. A resource, and so every pool a reinitialize builds,
+//! starts with a few kilobytes to set up and walk at drop, not the whole [`MAX_ARENAS`].
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -22,6 +27,10 @@ use crate::sync::SlotCache;
 
 /// Most arenas (streams × lanes in use) one resource has.
 pub(crate) const MAX_ARENAS: usize = 4096;
+/// Slots held inline, and the size of each segment made later.
+pub(crate) const FIRST: usize = 256;
+/// Segments beyond the inline slots.
+const SEGMENTS: usize = MAX_ARENAS / FIRST - 1;
 /// Lanes per stream: threads beyond this many on one stream share arenas.
 pub(crate) const LANES: u32 = 16;
 
@@ -36,11 +45,16 @@ thread_local! {
 
 static NEXT_REGISTRY: AtomicU64 = AtomicU64::new(1);
 
+/// A run of slots; each arena boxed so that an unused slot costs a pointer, not an arena.
+type Slots<A> = [OnceLock<Box<A>>; FIRST];
+
 /// The arenas of one resource, one per stream.
 pub(crate) struct StreamArenas<A> {
     id: u64,
-    /// Boxed so that an unused slot costs a pointer, not a whole arena.
-    slots: Box<[OnceLock<Box<A>>]>,
+    /// Slots `0..FIRST`: the fast path's.
+    first: Slots<A>,
+    /// Slots `FIRST..MAX_ARENAS`, a segment of [`FIRST`] each, made on first use.
+    rest: [OnceLock<Box<Slots<A>>>; SEGMENTS],
     /// (stream, lane) → slot.
     index: Mutex<HashMap<(RawStream, u32), u32>>,
 }
@@ -57,7 +71,8 @@ impl<A> StreamArenas<A> {
     pub(crate) fn new() -> Self {
         StreamArenas {
             id: NEXT_REGISTRY.fetch_add(1, Ordering::Relaxed),
-            slots: (0..MAX_ARENAS).map(|_| OnceLock::new()).collect(),
+            first: [const { OnceLock::new() }; FIRST],
+            rest: [const { OnceLock::new() }; SEGMENTS],
             index: Mutex::new(HashMap::new()),
         }
     }
@@ -67,11 +82,38 @@ impl<A> StreamArenas<A> {
     pub(crate) fn get(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
         let hit = CACHE.with(|c| c.get((self.id, stream)));
         if let Some(slot) = hit
-            && let Some(a) = self.slots[slot as usize].get()
+            && let Some(a) = self.slot(slot as usize).and_then(OnceLock::get)
         {
             return Ok(&**a);
         }
         self.get_slow(stream, make)
+    }
+
+    /// Slot `i`, `None` when its segment has not been made (or `i` is past the table).
+    #[inline]
+    fn slot(&self, i: usize) -> Option<&OnceLock<Box<A>>> {
+        match self.first.get(i) {
+            Some(slot) => Some(slot),
+            None => self.rest_slot(i),
+        }
+    }
+
+    #[cold]
+    fn rest_slot(&self, i: usize) -> Option<&OnceLock<Box<A>>> {
+        let segment = self.rest.get(i / FIRST - 1)?.get()?;
+        segment.get(i % FIRST)
+    }
+
+    /// Slot `i`, making its segment if need be; `i < MAX_ARENAS`.
+    fn slot_made(&self, i: usize) -> Option<&OnceLock<Box<A>>> {
+        if i < FIRST {
+            return self.first.get(i);
+        }
+        let segment = self
+            .rest
+            .get(i / FIRST - 1)?
+            .get_or_init(|| Box::new([const { OnceLock::new() }; FIRST]));
+        segment.get(i % FIRST)
     }
 
     #[cold]
@@ -93,15 +135,17 @@ impl<A> StreamArenas<A> {
                             ),
                         ));
                     }
-                    let _ = self.slots[next].set(Box::new(make()));
+                    if let Some(slot) = self.slot_made(next) {
+                        let _ = slot.set(Box::new(make()));
+                    }
                     index.insert((stream, lane), next as u32);
                     next as u32
                 }
             }
         };
         CACHE.with(|c| c.insert((self.id, stream), slot));
-        self.slots[slot as usize]
-            .get()
+        self.slot(slot as usize)
+            .and_then(OnceLock::get)
             .map(|a| &**a)
             .ok_or_else(|| {
                 Error::invalid_argument(
@@ -115,6 +159,68 @@ impl<A> StreamArenas<A> {
     /// Every arena, for slow paths that look across streams and lanes.
     pub(crate) fn all(&self) -> impl Iterator<Item = &A> {
         let n = self.index.lock().len();
-        self.slots[..n].iter().filter_map(|s| s.get().map(|a| &**a))
+        (0..n).filter_map(|i| self.slot(i).and_then(OnceLock::get).map(|a| &**a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arenas_past_the_inline_slots_live_in_segments_and_every_one_is_found() {
+        let arenas: StreamArenas<usize> = StreamArenas::new();
+        let n = 3 * FIRST + 7;
+        for i in 0..n {
+            let stream = 0x1000 + i as RawStream;
+            assert_eq!(*arenas.get(stream, || i).unwrap(), i);
+        }
+        assert_eq!(arenas.rest.iter().filter(|s| s.get().is_some()).count(), 3);
+        // Each stream finds its own arena again, whether or not the thread's cache holds it.
+        for i in (0..n).rev() {
+            let stream = 0x1000 + i as RawStream;
+            assert_eq!(*arenas.get(stream, || usize::MAX).unwrap(), i);
+        }
+        assert_eq!(
+            arenas.all().copied().collect::<Vec<_>>(),
+            (0..n).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_fresh_table_makes_no_segment() {
+        let arenas: StreamArenas<usize> = StreamArenas::new();
+        for i in 0..FIRST {
+            arenas.get(0x10 + i as RawStream, || i).unwrap();
+        }
+        assert!(arenas.rest.iter().all(|s| s.get().is_none()));
+        assert_eq!(arenas.all().count(), FIRST);
+    }
+
+    #[test]
+    fn the_arena_past_the_last_slot_is_refused_with_the_bound() {
+        let arenas: StreamArenas<usize> = StreamArenas::new();
+        for i in 0..MAX_ARENAS {
+            arenas.get(0x10 + i as RawStream, || i).unwrap();
+        }
+        let err = arenas
+            .get(0x10 + MAX_ARENAS as RawStream, || 0)
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("arena number {}", MAX_ARENAS + 1)),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("at most {MAX_ARENAS} arenas")),
+            "{text}"
+        );
+        // Those made before still serve.
+        assert_eq!(
+            *arenas
+                .get(0x10 + (MAX_ARENAS - 1) as RawStream, || 0)
+                .unwrap(),
+            MAX_ARENAS - 1
+        );
     }
 }
