@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use crate::error::{Error, Result, Source};
 use crate::schema::{self, ENV_PREFIX, KeySpec, Lookup};
@@ -348,8 +347,9 @@ impl Layers {
             };
             match schema::lookup(&path) {
                 Lookup::Leaf(spec) => {
-                    let shown = value.to_string();
-                    self.check(spec, path, value.clone(), shown, origin.clone(), false);
+                    self.check(spec, path, value.clone(), origin.clone(), false, || {
+                        value.to_string()
+                    });
                 }
                 Lookup::Section => match value.as_table() {
                     Some(table) => self.walk(table, &path, origin),
@@ -378,14 +378,9 @@ impl Layers {
         match schema::lookup(path) {
             Lookup::Leaf(spec) => {
                 let value = spec.kind.parse_text(text);
-                self.check(
-                    spec,
-                    path.into(),
-                    value,
-                    format!("\"{text}\""),
-                    origin,
-                    true,
-                );
+                self.check(spec, path.into(), value, origin, true, || {
+                    format!("\"{text}\"")
+                });
             }
             Lookup::Section | Lookup::Unknown => {
                 let suggestions = match &origin {
@@ -402,21 +397,23 @@ impl Layers {
         }
     }
 
+    /// Keeps `value` for `key` if the schema accepts it; else records the error, showing the
+    /// value as `shown` spells it (made only then).
     fn check(
         &mut self,
         spec: &KeySpec,
         key: String,
         value: toml::Value,
-        shown: String,
         origin: Source,
         text: bool,
+        shown: impl FnOnce() -> String,
     ) {
         match spec.kind.check(&value, text) {
             Ok(()) => self.entries.push(Entry { key, value, origin }),
             Err(problem) => self.errors.push(Error::InvalidValue {
                 origin,
                 key,
-                value: shown,
+                value: shown(),
                 problem,
             }),
         }
@@ -444,30 +441,12 @@ fn read_env(env: &[(String, String)], layers: &mut Layers) {
     }
 }
 
-/// The defaults as a TOML table, made once per process: they never change, and serializing
-/// them was most of a load's time.
-fn default_table() -> Result<&'static toml::Table> {
-    static DEFAULTS: OnceLock<toml::Table> = OnceLock::new();
-    if let Some(table) = DEFAULTS.get() {
-        return Ok(table);
-    }
-    let table = match toml::Value::try_from(Config::default()) {
-        Ok(toml::Value::Table(table)) => table,
-        Ok(other) => {
-            return Err(Error::Internal(format!(
-                "the defaults serialized to a {}, not a table",
-                other.type_str()
-            )));
-        }
-        Err(e) => return Err(Error::Internal(format!("serializing the defaults: {e}"))),
-    };
-    Ok(DEFAULTS.get_or_init(|| table))
-}
-
 /// Defaults overlaid with the entries in order (a later entry for a key replaces an earlier
-/// one), deserialized into a [`Config`].
+/// one), deserialized into a [`Config`]. Only the keys given are in the table: every section
+/// deserializes with `#[serde(default)]`, so a key left out takes its default, and a load
+/// touches only what it sets.
 fn merge(entries: Vec<Entry>) -> Result<Config> {
-    let mut root = default_table()?.clone();
+    let mut root = toml::Table::new();
     let mut sources = BTreeMap::new();
     for entry in entries {
         insert_dotted(&mut root, &entry.key, entry.value)?;

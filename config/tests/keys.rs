@@ -353,3 +353,46 @@ fn resolved_config_serializes_for_the_cli() {
     assert_eq!(json["backend"], "auto");
     assert_eq!(json["devices"][0]["pool"]["initial_size"], 30 * GIB);
 }
+
+/// A load builds its table from the keys it is given alone (each section deserializes with its
+/// defaults): each key set by itself changes that key and leaves every other at its default.
+#[test]
+fn each_key_set_alone_leaves_every_other_key_at_its_default() {
+    let every: toml::Table = toml::from_str(EVERY_KEY).unwrap();
+    let expected = every_key_expected().effective_values();
+    let defaults = Config::default().effective_values();
+    let mut checked = 0;
+    for (section, value) in &every {
+        let leaves: Vec<(String, toml::Value)> = match (section.as_str(), value) {
+            ("device", _) => vec![(
+                "device.1.pool.initial_size".into(),
+                toml::Value::from("8GiB"),
+            )],
+            (_, toml::Value::Table(t)) => t
+                .iter()
+                .map(|(k, v)| (format!("{section}.{k}"), v.clone()))
+                .collect(),
+            (_, v) => vec![(section.clone(), v.clone())],
+        };
+        for (key, value) in leaves {
+            let config = ConfigLoader::new()
+                .no_file()
+                .no_env()
+                .set(key.as_str(), value)
+                .load()
+                .unwrap_or_else(|e| panic!("{key}: {e}"));
+            for row in config.effective_values() {
+                if row.key == key {
+                    let want = expected.iter().find(|r| r.key == key).unwrap();
+                    assert_eq!(row.value, want.value, "{key}");
+                    assert_eq!(row.source, Source::Code, "{key}");
+                } else {
+                    let want = defaults.iter().find(|r| r.key == row.key).unwrap();
+                    assert_eq!(row.value, want.value, "{} after setting {key}", row.key);
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 25);
+}
