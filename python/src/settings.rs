@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use rmm_config::{Config, ConfigLoader, MAX_NESTING};
 
 use crate::error;
@@ -57,7 +57,23 @@ fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<tom
     if value.is_none() {
         return Ok(toml::Value::String("none".into()));
     }
-    // bool before int: Python's bool is an int.
+    // The common types by their type alone (a failed `extract` builds a Python error); then
+    // anything that converts (NumPy scalars, `__index__`, `__float__`). bool before int:
+    // Python's bool is an int.
+    if let Ok(b) = value.cast::<PyBool>() {
+        return Ok(toml::Value::Boolean(b.is_true()));
+    }
+    if let Ok(s) = value.cast::<PyString>() {
+        return Ok(toml::Value::String(s.to_cow()?.into_owned()));
+    }
+    if value.is_instance_of::<PyInt>()
+        && let Ok(i) = value.extract::<i64>()
+    {
+        return Ok(toml::Value::Integer(i));
+    }
+    if let Ok(f) = value.cast::<PyFloat>() {
+        return Ok(toml::Value::Float(f.value()));
+    }
     if let Ok(b) = value.extract::<bool>() {
         return Ok(toml::Value::Boolean(b));
     }

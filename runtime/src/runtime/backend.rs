@@ -1,12 +1,12 @@
 //! Backend choice: the process-wide backend a configuration asks for, and the facts of its
 //! devices that a configuration resolves against.
 
+use rmm_allocator::Device;
 use rmm_allocator::backend::{self, Backend, BackendChoice, BackendKind};
 use rmm_config::{Config, DeviceFacts, ResolvedConfig};
 
 use super::Generation;
 use crate::error::{Error, Result};
-use crate::inventory::Inventory;
 
 /// Opens the backend `choice` names as the process-wide one, or checks that the one already
 /// in use agrees with it (`auto` accepts any).
@@ -48,16 +48,18 @@ pub fn open_backend(choice: rmm_config::Backend) -> Result<&'static dyn Backend>
 /// [`Error::Allocator`](crate::Error::Allocator) ([`Error::Driver`](rmm_allocator::Error::Driver))
 /// when a device's properties or memory cannot be read.
 pub fn device_facts(backend: &'static dyn Backend) -> Result<Vec<DeviceFacts>> {
-    Ok(Inventory::of(backend)?
-        .devices
-        .into_iter()
-        .map(|d| DeviceFacts {
-            ordinal: d.ordinal,
-            uuid: d.uuid,
-            total_memory: d.total_memory as u64,
-            free_memory: d.free_memory as u64,
+    (0..backend.device_count())
+        .map(|ordinal| {
+            let device = Device::on(backend, ordinal)?;
+            let properties = device.properties()?;
+            Ok(DeviceFacts {
+                ordinal,
+                uuid: properties.uuid,
+                total_memory: properties.total_memory as u64,
+                free_memory: device.mem_info()?.free as u64,
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Resolves `config` against the devices present; with `held`, a device's free memory counts

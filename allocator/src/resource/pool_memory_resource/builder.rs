@@ -150,14 +150,15 @@ impl PoolBuilder {
     /// memory.
     pub fn build(self) -> Result<PoolMemoryResource> {
         let device = self.upstream.device();
-        let info = device.mem_info()?;
+        // The device's size is known; free memory is asked of the driver only when needed.
+        let total = device.properties()?.total_memory;
         let maximum = match self.maximum {
-            Some(m) => m.resolve(info.total, "maximum_size")?,
-            None => info.total as u64 / GRANULE * GRANULE,
+            Some(m) => m.resolve(total, "maximum_size")?,
+            None => total as u64 / GRANULE * GRANULE,
         };
         let initial = match self.initial {
-            Some(s) => s.resolve(info.total, "initial_size")?,
-            None => (info.free as u64 / 2 / GRANULE * GRANULE).min(maximum),
+            Some(s) => s.resolve(total, "initial_size")?,
+            None => (device.mem_info()?.free as u64 / 2 / GRANULE * GRANULE).min(maximum),
         };
         if initial > maximum {
             return Err(Error::invalid_argument(
