@@ -1,7 +1,8 @@
 """Creating a large pool after a managed stack: rmm-rs's ``rmm_rs.reinitialize`` against RAPIDS
-RMM's ``rmm.reinitialize``, each in a process of its own, alternating, on one GPU.
+RMM's ``rmm.reinitialize``, each in a process of its own, alternating (ABBA), on one GPU.
 
-    python3 python/bench/reinitialize_pool.py [--gib 64] [--rounds 3] [--vmm auto|true|false]
+    python3 python/bench/reinitialize_pool.py [--gib 64 | --mib 2] [--rounds 3]
+        [--vmm auto|true|false]
 
 Each child starts on managed memory (``reinitialize(managed_memory=True)``), allocates and
 frees one 1 GiB buffer there (so the managed stack has been used), then times
@@ -9,7 +10,9 @@ frees one 1 GiB buffer there (so the managed stack has been used), then times
 and, for rmm-rs, the report of each step (resolve, drain, spill, check, build, install,
 unspill) and the pool's chunk source. ``--vmm`` sets ``pool.vmm`` for rmm-rs (``auto``: mapped
 chunks where the device supports them; ``false``: one ``cuMemAlloc`` as RMM does), to tell the
-virtual memory API's share of the time from the rest. Prints every round and the medians.
+virtual memory API's share of the time from the rest. ``--mib 2`` makes the pool that small,
+so that the driver's share is small and each side's own overhead shows. Prints every round,
+and each side's median and mean.
 
 RMM's side needs its wheels (``rmm-cu13``, ``librmm-cu13``) and CuPy or nothing else; a side
 whose package is missing is reported as skipped.
@@ -25,7 +28,7 @@ import time
 GIB = 1 << 30
 
 
-def rmm_rs_child(gib, vmm):
+def rmm_rs_child(size, vmm):
     import rmm_rs
 
     rmm_rs.reinitialize(managed_memory=True)
@@ -33,7 +36,7 @@ def rmm_rs_child(gib, vmm):
     del buf
     start = time.perf_counter()
     report = rmm_rs.reinitialize(
-        {"pool": {"enabled": True, "initial_size": gib * GIB, "vmm": vmm}}
+        {"pool": {"enabled": True, "initial_size": size, "vmm": vmm}}
     )
     wall = time.perf_counter() - start
     stats = rmm_rs.statistics()
@@ -41,21 +44,21 @@ def rmm_rs_child(gib, vmm):
     return {"wall_ms": wall * 1e3, "report": report, "stack": stats[0]["stack"]}
 
 
-def rmm_child(gib):
+def rmm_child(size):
     import rmm
 
     rmm.reinitialize(managed_memory=True)
     buf = rmm.DeviceBuffer(size=GIB)
     del buf
     start = time.perf_counter()
-    rmm.reinitialize(pool_allocator=True, initial_pool_size=gib * GIB)
+    rmm.reinitialize(pool_allocator=True, initial_pool_size=size)
     wall = time.perf_counter() - start
     return {"wall_ms": wall * 1e3}
 
 
-def run_child(side, gib, vmm):
+def run_child(side, size, vmm):
     out = subprocess.run(
-        [sys.executable, __file__, "--child", side, "--gib", str(gib), "--vmm", vmm],
+        [sys.executable, __file__, "--child", side, "--bytes", str(size), "--vmm", vmm],
         capture_output=True,
         text=True,
     )
@@ -68,40 +71,46 @@ def run_child(side, gib, vmm):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gib", type=int, default=64, help="initial pool size in GiB (64)")
+    p.add_argument("--mib", type=int, default=None, help="initial pool size in MiB instead")
+    p.add_argument("--bytes", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=3, help="processes per side (3)")
     p.add_argument("--vmm", default="auto", choices=["auto", "true", "false"])
     p.add_argument("--child", choices=["rmm-rs", "rmm"], help=argparse.SUPPRESS)
     a = p.parse_args()
     vmm = {"auto": "auto", "true": True, "false": False}[a.vmm]
+    size = a.bytes or (a.mib << 20 if a.mib else a.gib * GIB)
+    shown = f"{a.mib} MiB" if a.mib else f"{a.gib} GiB"
     if a.child == "rmm-rs":
-        print(json.dumps(rmm_rs_child(a.gib, vmm)))
+        print(json.dumps(rmm_rs_child(size, vmm)))
         return
     if a.child == "rmm":
-        print(json.dumps(rmm_child(a.gib)))
+        print(json.dumps(rmm_child(size)))
         return
     walls = {"rmm-rs": [], "rmm": []}
     for r in range(a.rounds):
-        for side in ("rmm-rs", "rmm"):
-            res = run_child(side, a.gib, a.vmm)
+        # ABBA: each side follows the other as often, so that what one process leaves the
+        # driver to clean up weighs on both alike.
+        for side in ("rmm-rs", "rmm") if r % 2 == 0 else ("rmm", "rmm-rs"):
+            res = run_child(side, size, a.vmm)
             if "error" in res:
                 print(f"round {r + 1} {side}: skipped ({res['error']})")
                 continue
             walls[side].append(res["wall_ms"])
-            line = f"round {r + 1} {side}: {res['wall_ms']:.1f} ms"
+            line = f"round {r + 1} {side}: {res['wall_ms']:.2f} ms"
             if "report" in res:
                 steps = ("resolve", "drain", "spill", "check", "build", "install", "unspill")
                 rep = res["report"]
                 parts = [
-                    f"{s} {rep[s] * 1e3:.1f}" for s in steps if isinstance(rep.get(s), float)
+                    f"{s} {rep[s] * 1e3:.2f}" for s in steps if isinstance(rep.get(s), float)
                 ]
                 # What the call costs beyond the runtime's own steps (settings, the report).
                 outside = res["wall_ms"] - rep["total"] * 1e3
                 line += f"  [{', '.join(parts)} ms; outside the steps {outside:.2f} ms; {res['stack']}]"
             print(line)
-    print(f"\n{a.gib} GiB pool after a managed stack, median of {a.rounds} (pool.vmm = {a.vmm}):")
+    print(f"\n{shown} pool after a managed stack, {a.rounds} rounds (pool.vmm = {a.vmm}):")
     for side, v in walls.items():
         if v:
-            print(f"  {side:7} {statistics.median(v):8.1f} ms")
+            print(f"  {side:7} median {statistics.median(v):7.2f} ms, mean {statistics.mean(v):7.2f} ms")
         else:
             print(f"  {side:7} skipped")
 
