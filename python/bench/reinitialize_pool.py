@@ -6,13 +6,14 @@ RMM's ``rmm.reinitialize``, each in a process of its own, alternating (ABBA), on
 
 Each child starts on managed memory (``reinitialize(managed_memory=True)``), allocates and
 frees one 1 GiB buffer there (so the managed stack has been used), then times
-``reinitialize(pool_allocator=True, initial_pool_size=GIB << 30)``: the wall time of the call
-and, for rmm-rs, the report of each step (resolve, drain, spill, check, build, install,
-unspill) and the pool's chunk source. ``--vmm`` sets ``pool.vmm`` for rmm-rs (``auto``: mapped
-chunks where the device supports them; ``false``: one ``cuMemAlloc`` as RMM does), to tell the
-virtual memory API's share of the time from the rest. ``--mib 2`` makes the pool that small,
-so that the driver's share is small and each side's own overhead shows. Prints every round,
-and each side's median and mean.
+``reinitialize(pool_allocator=True, initial_pool_size=GIB << 30)`` (the same call on both
+sides; rmm-rs takes a settings dict instead only for a ``--vmm`` other than ``auto``): the wall
+time of the call and, for rmm-rs, the report of each step (resolve, drain, spill, check, build,
+install, unspill) and the pool's chunk source. ``--vmm`` sets ``pool.vmm`` for rmm-rs
+(``auto``: mapped chunks where the device supports them; ``false``: one ``cuMemAlloc`` as RMM
+does), to tell the virtual memory API's share of the time from the rest. ``--mib 2 --vmm
+false`` makes the pool that small, so that the driver's share is small and each side's own
+overhead shows. Prints every round, and each side's median and mean.
 
 RMM's side needs its wheels (``rmm-cu13``, ``librmm-cu13``) and CuPy or nothing else; a side
 whose package is missing is reported as skipped.
@@ -35,9 +36,13 @@ def rmm_rs_child(size, vmm):
     buf = rmm_rs.DeviceBuffer(GIB)
     del buf
     start = time.perf_counter()
-    report = rmm_rs.reinitialize(
-        {"pool": {"enabled": True, "initial_size": size, "vmm": vmm}}
-    )
+    if vmm == "auto":
+        # The very call RMM's side makes (rmm-rs takes RAPIDS RMM's keywords).
+        report = rmm_rs.reinitialize(pool_allocator=True, initial_pool_size=size)
+    else:
+        report = rmm_rs.reinitialize(
+            {"pool": {"enabled": True, "initial_size": size, "vmm": vmm}}
+        )
     wall = time.perf_counter() - start
     stats = rmm_rs.statistics()
     rmm_rs.finalize()
