@@ -381,16 +381,19 @@ fn each_key_set_alone_leaves_every_other_key_at_its_default() {
                 .set(key.as_str(), value)
                 .load()
                 .unwrap_or_else(|e| panic!("{key}: {e}"));
+            let mut seen = false;
             for row in config.effective_values() {
                 if row.key == key {
                     let want = expected.iter().find(|r| r.key == key).unwrap();
                     assert_eq!(row.value, want.value, "{key}");
                     assert_eq!(row.source, Source::Code, "{key}");
+                    seen = true;
                 } else {
                     let want = defaults.iter().find(|r| r.key == row.key).unwrap();
                     assert_eq!(row.value, want.value, "{} after setting {key}", row.key);
                 }
             }
+            assert!(seen, "{key} is not among the effective values");
             checked += 1;
         }
     }

@@ -1,7 +1,7 @@
 """Creating a large pool after a managed stack: rmm-rs's ``rmm_rs.reinitialize`` against RAPIDS
 RMM's ``rmm.reinitialize``, each in a process of its own, alternating (ABBA), on one GPU.
 
-    python3 python/bench/reinitialize_pool.py [--gib 64 | --mib 2] [--rounds 3]
+    python3 python/bench/reinitialize_pool.py [--gib 64 | --mib 2] [--rounds 4]
         [--vmm auto|true|false]
 
 Each child starts on managed memory (``reinitialize(managed_memory=True)``), allocates and
@@ -75,10 +75,11 @@ def run_child(side, size, vmm):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gib", type=int, default=64, help="initial pool size in GiB (64)")
-    p.add_argument("--mib", type=int, default=None, help="initial pool size in MiB instead")
+    size_arg = p.add_mutually_exclusive_group()
+    size_arg.add_argument("--gib", type=int, default=64, help="initial pool size in GiB (64)")
+    size_arg.add_argument("--mib", type=int, default=None, help="initial pool size in MiB")
     p.add_argument("--bytes", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--rounds", type=int, default=3, help="processes per side (3)")
+    p.add_argument("--rounds", type=int, default=4, help="processes per side (4; even: ABBA)")
     p.add_argument("--vmm", default="auto", choices=["auto", "true", "false"])
     p.add_argument("--child", choices=["rmm-rs", "rmm"], help=argparse.SUPPRESS)
     a = p.parse_args()

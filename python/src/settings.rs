@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use rmm_config::{Config, ConfigLoader, MAX_NESTING};
 
 use crate::error;
@@ -53,6 +53,24 @@ pub(crate) fn value_to_toml(key: &str, value: &Bound<'_, PyAny>) -> PyResult<tom
 
 /// A Python value as a TOML value: bool, int, float, str, a list or tuple of those, or None
 /// (the string `"none"`, which every size key accepts).
+/// A Python string as Rust text; one that is not valid Unicode (lone surrogates, as
+/// `os.fsdecode` makes of undecodable bytes) is refused by name rather than changed.
+fn text(key: &str, s: &Bound<'_, PyString>) -> PyResult<String> {
+    s.to_cow()
+        .map(|t| t.into_owned())
+        .map_err(|_| not_utf8(key, s.as_any()))
+}
+
+fn not_utf8(key: &str, value: &Bound<'_, PyAny>) -> PyErr {
+    error(format!(
+        "setting {key}: {} is not valid UTF-8 (a path with undecodable bytes, say); rmm-rs \
+         settings are UTF-8 text: rename the directory or give another",
+        value
+            .repr()
+            .map_or_else(|_| "the value".into(), |r| r.to_string())
+    ))
+}
+
 fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<toml::Value> {
     if value.is_none() {
         return Ok(toml::Value::String("none".into()));
@@ -64,7 +82,7 @@ fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<tom
         return Ok(toml::Value::Boolean(b.is_true()));
     }
     if let Ok(s) = value.cast::<PyString>() {
-        return Ok(toml::Value::String(s.to_cow()?.into_owned()));
+        return text(key, s).map(toml::Value::String);
     }
     if value.is_instance_of::<PyInt>()
         && let Ok(i) = value.extract::<i64>()
@@ -83,12 +101,22 @@ fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<tom
     if let Ok(f) = value.extract::<f64>() {
         return Ok(toml::Value::Float(f));
     }
-    if let Ok(s) = value.extract::<String>() {
-        return Ok(toml::Value::String(s));
-    }
-    // os.PathLike (pathlib.Path) for directories.
-    if let Ok(p) = value.extract::<PathBuf>() {
-        return Ok(toml::Value::String(p.display().to_string()));
+    // os.PathLike (pathlib.Path) for directories, through os.fspath as Python opens them.
+    if let Ok(fspath) = value
+        .py()
+        .import("os")
+        .and_then(|os| os.getattr("fspath"))
+        .and_then(|fspath| fspath.call1((value,)))
+    {
+        if let Ok(s) = fspath.cast::<PyString>() {
+            return text(key, s).map(toml::Value::String);
+        }
+        if let Ok(b) = fspath.cast::<PyBytes>() {
+            return match std::str::from_utf8(b.as_bytes()) {
+                Ok(s) => Ok(toml::Value::String(s.to_owned())),
+                Err(_) => Err(not_utf8(key, value)),
+            };
+        }
     }
     if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
         path.enter(key, value)?;

@@ -69,6 +69,30 @@ def test_cyclic_and_deep_settings_are_errors_naming_the_key_and_the_limit():
     assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr)
 
 
+def test_a_setting_that_is_not_valid_utf8_is_refused_by_name_not_changed_or_a_crash():
+    # Lone surrogates: what os.fsdecode makes of undecodable bytes in a path. Such a
+    # directory cannot be named in UTF-8 settings; it must be refused, not replaced by
+    # another path (U+FFFD) or turned into a panic.
+    out = run_python(
+        r"""
+        import pathlib, sys
+        import rmm_rs
+
+        for value in ("/data/\udcff", "\ud800", pathlib.Path("/x/\ud800"), b"/x/\xff"):
+            try:
+                rmm_rs.initialize({"spill": {"enabled": True, "disk_directory": value}})
+            except rmm_rs.RmmError as e:
+                assert str(e).startswith("setting spill.disk_directory: "), str(e)
+                assert "not valid UTF-8" in str(e), str(e)
+            else:
+                sys.exit(f"accepted {value!r}")
+            assert not rmm_rs.is_initialized()
+        print("ok")
+        """
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr)
+
+
 def test_settings_nested_within_the_limit_still_load():
     rmm_rs.initialize({"device": {"0": {"pool": {"initial_size": "16MiB"}}},
                        "pool": {"enabled": True}, "devices": [0]})

@@ -98,6 +98,8 @@ impl<A> StreamArenas<A> {
         }
     }
 
+    /// Slot `i` past the inline ones: `None` when its segment has not been made or `i` is
+    /// past the table.
     #[cold]
     fn rest_slot(&self, i: usize) -> Option<&OnceLock<Box<A>>> {
         let segment = self.rest.get(i / FIRST - 1)?.get()?;
@@ -135,9 +137,16 @@ impl<A> StreamArenas<A> {
                             ),
                         ));
                     }
-                    if let Some(slot) = self.slot_made(next) {
-                        let _ = slot.set(Box::new(make()));
-                    }
+                    // `next < MAX_ARENAS`, so the slot exists; were it not to, the stream
+                    // is refused rather than indexed to an empty slot.
+                    let Some(slot) = self.slot_made(next) else {
+                        return Err(Error::invalid_argument(
+                            "stream",
+                            format!("{stream:#x} (arena number {})", next + 1),
+                            "an arena slot within the table",
+                        ));
+                    };
+                    let _ = slot.set(Box::new(make()));
                     index.insert((stream, lane), next as u32);
                     next as u32
                 }

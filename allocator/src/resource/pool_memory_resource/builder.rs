@@ -15,7 +15,9 @@ use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
 use crate::resource::stream_arenas::StreamArenas;
 
-/// A size given in bytes or as a fraction of the device's total memory.
+/// A size given in bytes or as a fraction of the device's total memory (its size as the
+/// driver reports it when the device opens, `cuDeviceTotalMem`; the configuration's
+/// fractions use the same figure).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum PoolSize {
     /// Exactly this many bytes (rounded to 256).
