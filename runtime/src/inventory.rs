@@ -24,6 +24,29 @@ pub struct DeviceSummary {
     pub supports_managed_memory: bool,
 }
 
+impl DeviceSummary {
+    /// What device `ordinal` of `backend` reports now.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](rmm_allocator::Error::Driver) when its properties or memory cannot be
+    /// read.
+    pub(crate) fn of(backend: &'static dyn Backend, ordinal: u32) -> Result<DeviceSummary> {
+        let dev = Device::on(backend, ordinal)?;
+        let p = dev.properties()?;
+        let m = dev.mem_info()?;
+        Ok(DeviceSummary {
+            ordinal,
+            name: p.name,
+            uuid: p.uuid,
+            compute_capability: p.compute_capability,
+            total_memory: p.total_memory,
+            free_memory: m.free,
+            supports_memory_pools: p.supports_memory_pools,
+            supports_managed_memory: p.supports_managed_memory,
+        })
+    }
+}
+
 /// The backend and its devices.
 #[derive(Debug, Clone)]
 pub struct Inventory {
@@ -51,21 +74,7 @@ impl Inventory {
     /// be read.
     pub fn of(backend: &'static dyn Backend) -> Result<Inventory> {
         let devices = (0..backend.device_count())
-            .map(|d| {
-                let dev = Device::on(backend, d)?;
-                let p = dev.properties()?;
-                let m = dev.mem_info()?;
-                Ok(DeviceSummary {
-                    ordinal: d,
-                    name: p.name,
-                    uuid: p.uuid,
-                    compute_capability: p.compute_capability,
-                    total_memory: p.total_memory,
-                    free_memory: m.free,
-                    supports_memory_pools: p.supports_memory_pools,
-                    supports_managed_memory: p.supports_managed_memory,
-                })
-            })
+            .map(|d| DeviceSummary::of(backend, d))
             .collect::<Result<Vec<_>>>()?;
         Ok(Inventory {
             backend: backend.describe(),

@@ -9,12 +9,14 @@ use rmm_runtime::Runtime;
 #[test]
 fn starting_and_switching_on_one_device_starts_no_rayon_threads() {
     common::sim();
-    let rt = Runtime::start(&config(&[
-        ("devices", toml::Value::from(devices(1))),
-        ("workers_per_device", toml::Value::from(1)),
-        ("spill.enabled", toml::Value::from(true)),
-    ]))
-    .unwrap();
+    let plain = || {
+        config(&[
+            ("devices", toml::Value::from(devices(1))),
+            ("workers_per_device", toml::Value::from(1)),
+            ("spill.enabled", toml::Value::from(true)),
+        ])
+    };
+    let rt = Runtime::start(&plain()).unwrap();
     rt.reinitialize(&config(&[
         ("devices", toml::Value::from(devices(1))),
         ("workers_per_device", toml::Value::from(1)),
@@ -23,12 +25,7 @@ fn starting_and_switching_on_one_device_starts_no_rayon_threads() {
         ("spill.enabled", toml::Value::from(true)),
     ]))
     .unwrap();
-    rt.reinitialize(&config(&[
-        ("devices", toml::Value::from(devices(1))),
-        ("workers_per_device", toml::Value::from(1)),
-        ("spill.enabled", toml::Value::from(true)),
-    ]))
-    .unwrap();
+    rt.reinitialize(&plain()).unwrap();
     // Building the global pool succeeds only if nothing started it.
     assert!(
         rayon::ThreadPoolBuilder::new()

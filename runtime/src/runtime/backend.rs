@@ -1,12 +1,12 @@
 //! Backend choice: the process-wide backend a configuration asks for, and the facts of its
 //! devices that a configuration resolves against.
 
-use rmm_allocator::Device;
 use rmm_allocator::backend::{self, Backend, BackendChoice, BackendKind};
 use rmm_config::{Config, DeviceFacts, ResolvedConfig};
 
 use super::Generation;
 use crate::error::{Error, Result};
+use crate::inventory::DeviceSummary;
 
 /// Opens the backend `choice` names as the process-wide one, or checks that the one already
 /// in use agrees with it (`auto` accepts any).
@@ -50,13 +50,12 @@ pub fn open_backend(choice: rmm_config::Backend) -> Result<&'static dyn Backend>
 pub fn device_facts(backend: &'static dyn Backend) -> Result<Vec<DeviceFacts>> {
     (0..backend.device_count())
         .map(|ordinal| {
-            let device = Device::on(backend, ordinal)?;
-            let properties = device.properties()?;
+            let d = DeviceSummary::of(backend, ordinal)?;
             Ok(DeviceFacts {
                 ordinal,
-                uuid: properties.uuid,
-                total_memory: properties.total_memory as u64,
-                free_memory: device.mem_info()?.free as u64,
+                uuid: d.uuid,
+                total_memory: d.total_memory as u64,
+                free_memory: d.free_memory as u64,
             })
         })
         .collect()
