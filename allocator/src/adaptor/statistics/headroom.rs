@@ -170,7 +170,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     pub(super) fn freeze_all(&self, reserve: &mut Reserve) -> usize {
         // Registration takes the reserve's lock too: no shard appears during the freeze.
         let n = self.threads.load(Ordering::Relaxed).min(MAX_SHARDS);
-        for s in &self.shards[..n] {
+        for s in self.shards.first(n) {
             reserve.take(s.headroom.swap(FROZEN, Ordering::Relaxed));
         }
         n
@@ -179,7 +179,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     /// Thaws the first `n` shards' words, empty: their owners' frees go on without the lock,
     /// their allocations draw a new share.
     pub(super) fn thaw(&self, n: usize) {
-        for s in &self.shards[..n] {
+        for s in self.shards.first(n) {
             s.headroom.store(0, Ordering::Relaxed);
         }
     }

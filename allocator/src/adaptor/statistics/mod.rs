@@ -3,7 +3,8 @@
 //!
 //! # Current and total figures
 //! Every thread that uses an adaptor gets its own cache-line-sized *shard*, found through a
-//! small thread-local cache. Only that thread writes the shard's counters (bytes and
+//! small thread-local cache; shards are made [`SHARD_GROUP`] at a time as threads first use
+//! the adaptor, so a new adaptor writes none. Only that thread writes the shard's counters (bytes and
 //! allocations handed out and given back: plain loads and stores, no read-modify-write).
 //! Current and total figures are the sums of the shards, read when asked for: they are exact.
 //!
@@ -47,10 +48,15 @@ use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
 use crate::resource::{DeviceMemoryResource, LiveBlock};
 use crate::stream::StreamView;
-use crate::sync::{SlotCache, SpinLock};
+use crate::sync::{GroupedSlots, SlotCache, SpinLock};
 
 /// Threads with a shard of their own; more share an overflow shard.
-pub const MAX_SHARDS: usize = 128;
+pub const MAX_SHARDS: usize = SHARD_GROUP * SHARD_GROUPS;
+/// Shards are made this many at a time, as threads come: an adaptor used by one thread
+/// holds one group (4 KiB), not the whole table.
+const SHARD_GROUP: usize = 32;
+const SHARD_GROUPS: usize = 4;
+type Shards = GroupedSlots<Shard, SHARD_GROUP, SHARD_GROUPS>;
 /// A peak tolerance for [`StatisticsResourceAdaptor::with_peak_tolerance`] when an
 /// approximate peak is enough (it was the default before the exact peak was cheap).
 pub const DEFAULT_PEAK_TOLERANCE: usize = 16 << 20;
@@ -147,7 +153,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct StatisticsResourceAdaptor<U: Upstream + ?Sized = dyn DeviceMemoryResource> {
     // Read by every operation: kept together, in the first 128 bytes.
     upstream: Arc<U>,
-    shards: Box<[Shard]>,
+    shards: Shards,
     id: u64,
     /// Threads that have used the adaptor (changed under the reserve's lock).
     threads: AtomicUsize,
@@ -212,7 +218,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             } else {
                 COUNT_TOLERANCE
             },
-            shards: (0..MAX_SHARDS).map(|_| Shard::default()).collect(),
+            shards: Shards::new(),
             overflow: Shard::default(),
             threads: AtomicUsize::new(0),
             registry: Mutex::new(HashMap::new()),
@@ -372,8 +378,15 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             let mut reg = self.registry.lock();
             let n = reg.len();
             *reg.entry(me).or_insert_with(|| {
-                self.threads.fetch_add(1, Ordering::Relaxed);
-                if n < MAX_SHARDS { n as u32 } else { OVERFLOW }
+                // The shard exists before the thread is counted: readers walk the first
+                // `threads` shards.
+                let slot = if self.shards.make(n).is_some() {
+                    n as u32
+                } else {
+                    OVERFLOW
+                };
+                self.threads.fetch_add(1, Ordering::Release);
+                slot
             })
         };
         SLOTS.with(|c| c.insert(self.id, slot));
@@ -383,10 +396,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     fn sums(&self) -> Sums {
         let n = self.threads.load(Ordering::Acquire).min(MAX_SHARDS);
         let mut s = Sums::default();
-        for shard in self.shards[..n]
-            .iter()
-            .chain(std::iter::once(&self.overflow))
-        {
+        for shard in self.shards.first(n).chain(std::iter::once(&self.overflow)) {
             let r = shard.read();
             s.bytes += r.bytes;
             s.count += r.count;
@@ -634,4 +644,34 @@ impl<U: Upstream + ?Sized> DeviceMemoryResource for StatisticsResourceAdaptor<U>
     }
 
     crate::adaptor::upstream_tail!("StatisticsResourceAdaptor");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Device;
+    use crate::resource::CudaMemoryResource;
+
+    #[test]
+    fn shards_are_made_a_group_at_a_time_as_threads_come() {
+        let device = Device::new(0).expect("device 0 of the process-wide backend");
+        let stats = StatisticsResourceAdaptor::new(Arc::new(CudaMemoryResource::new(device)));
+        // A new adaptor writes no shard: building a stack touches no fresh pages for them.
+        assert_eq!(stats.shards.made(), 0);
+        let p = stats.allocate(256, StreamView::DEFAULT).unwrap();
+        assert_eq!(stats.shards.made(), 1);
+        // One more thread than a group holds: the first thread's group, then the next.
+        std::thread::scope(|s| {
+            for _ in 0..SHARD_GROUP {
+                s.spawn(|| {
+                    let q = stats.allocate(512, StreamView::DEFAULT).unwrap();
+                    stats.deallocate(q, 512, StreamView::DEFAULT).unwrap();
+                });
+            }
+        });
+        assert_eq!(stats.shards.made(), 2);
+        assert_eq!(stats.allocations_counter().total, 1 + SHARD_GROUP as i64);
+        assert_eq!(stats.bytes_counter().value, 256);
+        stats.deallocate(p, 256, StreamView::DEFAULT).unwrap();
+    }
 }
