@@ -3,8 +3,8 @@
 //!
 //! # Current and total figures
 //! Every thread that uses an adaptor gets its own cache-line-sized *shard*, found through a
-//! small thread-local cache; shards are made [`SHARD_GROUP`] at a time as threads first use
-//! the adaptor, so a new adaptor writes none. Only that thread writes the shard's counters (bytes and
+//! small thread-local cache; shards are made 32 at a time as threads first use the adaptor,
+//! so a new adaptor writes none. Only that thread writes the shard's counters (bytes and
 //! allocations handed out and given back: plain loads and stores, no read-modify-write).
 //! Current and total figures are the sums of the shards, read when asked for: they are exact.
 //!
