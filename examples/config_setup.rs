@@ -81,7 +81,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backend = open_backend(config.backend)?;
     println!();
     println!("== backend: {}", backend.describe());
-    let facts = device_facts(backend)?;
+    // Free memory too, to print it (resolving needs it only for a default initial pool).
+    let facts = device_facts(backend, true)?;
     let resolved = config.resolve(&facts)?;
     let mut planned: BTreeMap<u32, String> = BTreeMap::new();
     for d in &resolved.devices {
@@ -91,7 +92,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             d.ordinal,
             d.uuid,
             fmt_bytes(d.total_memory as usize),
-            fmt_bytes(d.free_memory as usize),
+            d.free_memory
+                .map_or_else(|| "unknown".into(), |f| fmt_bytes(f as usize)),
             resolved.workers_per_device
         );
         for layer in plan.layers() {

@@ -137,6 +137,17 @@ pub enum Error {
         /// The maximum size.
         maximum: Box<Setting>,
     },
+    /// The pool's default initial size (half the free memory) was asked for, but the device's
+    /// facts do not say how much memory is free.
+    #[error(
+        "device {device}: the pool's default initial size is half the device's free memory, \
+         and its DeviceFacts have no free_memory; read it when Config::needs_free_memory is \
+         true (device_facts does), or set pool.initial_size"
+    )]
+    FreeMemoryNotGiven {
+        /// The device.
+        device: u32,
+    },
     /// The pool's initial size is above the device's hard cap.
     #[error(
         "on device {device}, {initial} is above {limit}: the pool could not start; lower the \

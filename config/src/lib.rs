@@ -12,7 +12,7 @@
 //!     ordinal: 0,
 //!     uuid: "GPU-0".into(),
 //!     total_memory: 80 << 30,
-//!     free_memory: 79 << 30,
+//!     free_memory: Some(79 << 30),
 //! }];
 //! let resolved = config.resolve(&facts)?; // bytes per selected device
 //! # Ok::<(), rmm::config::Error>(())

@@ -19,8 +19,9 @@ pub struct DeviceFacts {
     pub uuid: String,
     /// Total device memory in bytes.
     pub total_memory: u64,
-    /// Free device memory in bytes, now.
-    pub free_memory: u64,
+    /// Free device memory in bytes, now; `None` where it was not read because no size depends
+    /// on it ([`Config::needs_free_memory`] is false).
+    pub free_memory: Option<u64>,
 }
 
 /// The configuration with devices chosen and every size in bytes (multiples of 256).
@@ -51,8 +52,8 @@ pub struct ResolvedDevice {
     pub uuid: String,
     /// Total memory in bytes.
     pub total_memory: u64,
-    /// Free memory in bytes when resolved.
-    pub free_memory: u64,
+    /// Free memory in bytes when resolved, where it was read ([`DeviceFacts::free_memory`]).
+    pub free_memory: Option<u64>,
     /// The memory resource to build.
     pub pool: ResolvedPool,
     /// Hard cap on allocated bytes (`limits.device_memory_limit`).
@@ -107,6 +108,18 @@ pub struct ResolvedSpill {
 }
 
 impl Config {
+    /// Whether resolving needs each device's free memory. Only a pool's default initial size
+    /// depends on it (`pool.initial_size = "auto"`: half the free memory, as RMM); elsewhere
+    /// [`DeviceFacts::free_memory`] may be `None`, and the runtime does not ask the driver.
+    pub fn needs_free_memory(&self) -> bool {
+        self.pool.enabled
+            && (self.pool.initial_size.is_none()
+                || self
+                    .device
+                    .values()
+                    .any(|o| matches!(o.pool.initial_size, Some(None))))
+    }
+
     /// Chooses the devices and turns every size into bytes for each, checking what needs the
     /// device facts: devices that are not present, sizes larger than a device, sizes that
     /// round to zero, an initial pool size above the maximum or the hard limit.
@@ -118,7 +131,9 @@ impl Config {
     /// As [`Config::validate`] for conflicts between keys; [`Error::DeviceNotPresent`],
     /// [`Error::DeviceSelectedTwice`], [`Error::NoDevices`], [`Error::LargerThanDevice`],
     /// [`Error::RoundsToZero`], [`Error::InitialAboveMaximum`] or [`Error::InitialAboveLimit`] for
-    /// what needs the device facts; [`Error::Several`] when there is more than one.
+    /// what needs the device facts; [`Error::FreeMemoryNotGiven`] when a default initial pool
+    /// size needs a device's free memory and its facts lack it; [`Error::Several`] when there
+    /// is more than one.
     pub fn resolve(&self, present: &[DeviceFacts]) -> Result<ResolvedConfig> {
         self.validate()?;
         let selected = self.select(present)?;
@@ -254,10 +269,15 @@ impl Config {
         // RMM's default initial pool: half the free memory, here also kept within the
         // maximum and the hard limit since the user did not ask for more.
         let initial = match (pool.enabled, initial) {
-            (true, None) => [Some(align_down(facts.free_memory / 2)), maximum, limit]
-                .into_iter()
-                .flatten()
-                .min(),
+            (true, None) => {
+                let Some(free) = facts.free_memory else {
+                    return Err(vec![Error::FreeMemoryNotGiven { device: ordinal }]);
+                };
+                [Some(align_down(free / 2)), maximum, limit]
+                    .into_iter()
+                    .flatten()
+                    .min()
+            }
             (_, initial) => initial,
         };
         Ok(ResolvedDevice {

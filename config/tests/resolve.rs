@@ -107,7 +107,7 @@ fn sizes_round_down_to_256_bytes() {
         ordinal: 0,
         uuid: "GPU-odd".into(),
         total_memory: 1_000_001,
-        free_memory: 999_999,
+        free_memory: Some(999_999),
     }];
     let r = load("[pool]\nenabled = true\nmaximum_size = \"50%\"")
         .unwrap()
@@ -268,4 +268,52 @@ fn pool_vmm_is_true_false_or_auto() {
     }
     let e = load("[pool]\nvmm = \"sometimes\"").unwrap_err().to_string();
     assert!(e.contains("pool.vmm") && e.contains("auto"), "{e}");
+}
+
+#[test]
+fn free_memory_is_needed_only_for_a_default_initial_pool_size() {
+    // Half the free memory is RMM's default initial pool: only then is free memory read.
+    for (text, needed) in [
+        ("", false),
+        ("[pool]\nenabled = true", true),
+        ("[pool]\nenabled = true\ninitial_size = \"auto\"", true),
+        ("[pool]\nenabled = true\ninitial_size = \"2GiB\"", false),
+        ("[pool]\nenabled = true\ninitial_size = \"50%\"", false),
+        ("[pool]\nenabled = false", false),
+        ("[pool]\nenabled = false\nasync = true", false),
+        // A device that asks for the default itself.
+        (
+            "[pool]\nenabled = true\ninitial_size = \"2GiB\"\n[device.1]\npool.initial_size = \"auto\"",
+            true,
+        ),
+    ] {
+        let config = load(text).unwrap();
+        assert_eq!(config.needs_free_memory(), needed, "{text:?}");
+    }
+}
+
+#[test]
+fn facts_without_free_memory_resolve_unless_a_size_depends_on_it() {
+    let unread: Vec<DeviceFacts> = two_devices()
+        .into_iter()
+        .map(|f| DeviceFacts {
+            free_memory: None,
+            ..f
+        })
+        .collect();
+    let r = load("devices = \"all\"\n[pool]\nenabled = true\ninitial_size = \"2GiB\"")
+        .unwrap()
+        .resolve(&unread)
+        .unwrap();
+    assert_eq!(r.devices[0].pool.initial_size, Some(2 * GIB));
+    assert_eq!(r.devices[0].free_memory, None);
+    let e = load("[pool]\nenabled = true")
+        .unwrap()
+        .resolve(&unread)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("device 0") && e.contains("free_memory") && e.contains("pool.initial_size"),
+        "{e}"
+    );
 }

@@ -479,7 +479,7 @@ fn describe(config: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
         None => {
             let config = load(config, None)?;
             let b = rmm_runtime::open_backend(config.backend).map_err(error)?;
-            let facts = rmm_runtime::device_facts(b).map_err(error)?;
+            let facts = rmm_runtime::device_facts(b, config.needs_free_memory()).map_err(error)?;
             config.resolve(&facts).map_err(error)?
         }
     };

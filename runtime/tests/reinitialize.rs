@@ -496,3 +496,47 @@ fn a_report_right_after_a_reinitialize_shows_the_phase_that_just_ran_and_the_tot
         "{json}"
     );
 }
+
+#[test]
+fn free_memory_is_asked_of_the_device_only_for_a_default_initial_pool_size() {
+    let _s = serial();
+    let Some(sim) = sim() else {
+        common::skip(
+            "free_memory_is_asked_of_the_device_only_for_a_default_initial_pool_size",
+            "counts driver calls on the simulated device",
+        );
+        return;
+    };
+    let queries = || sim.counts(0).unwrap().memory_queries;
+    let before = queries();
+    let rt = Runtime::start(&pooled(1, 1, &[])).unwrap();
+    rt.reinitialize(&config(&[
+        ("devices", devices(1).into()),
+        ("pool.managed", true.into()),
+    ]))
+    .unwrap();
+    rt.reinitialize(&pooled(1, 1, &[("pool.initial_size", "50%".into())]))
+        .unwrap();
+    assert_eq!(
+        queries(),
+        before,
+        "sizes given: free memory is not asked for"
+    );
+    // The default initial size is half the free memory (counting what the old stack gives
+    // back), so it is read.
+    let report = rt
+        .reinitialize(&config(&[
+            ("devices", devices(1).into()),
+            ("pool.enabled", true.into()),
+        ]))
+        .unwrap();
+    assert!(queries() > before);
+    assert_eq!(report.devices, vec![0]);
+    let reserved = rt.stack(0).unwrap().reserved_bytes();
+    assert_eq!(
+        reserved,
+        (common::SIM_MEMORY as u64 / 2) / 256 * 256,
+        "half of the free memory"
+    );
+    rt.shutdown().unwrap();
+}

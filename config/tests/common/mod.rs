@@ -38,13 +38,13 @@ pub fn two_devices() -> Vec<DeviceFacts> {
             ordinal: 0,
             uuid: "GPU-aaaa".into(),
             total_memory: 80 * GIB,
-            free_memory: 60 * GIB,
+            free_memory: Some(60 * GIB),
         },
         DeviceFacts {
             ordinal: 1,
             uuid: "GPU-bbbb".into(),
             total_memory: 40 * GIB,
-            free_memory: 40 * GIB,
+            free_memory: Some(40 * GIB),
         },
     ]
 }

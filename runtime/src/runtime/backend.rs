@@ -6,7 +6,7 @@ use rmm_config::{Config, DeviceFacts, ResolvedConfig};
 
 use super::Generation;
 use crate::error::{Error, Result};
-use crate::inventory::DeviceSummary;
+use rmm_allocator::Device;
 
 /// Opens the backend `choice` names as the process-wide one, or checks that the one already
 /// in use agrees with it (`auto` accepts any).
@@ -42,20 +42,27 @@ pub fn open_backend(choice: rmm_config::Backend) -> Result<&'static dyn Backend>
     }
 }
 
-/// What the devices of `backend` report, for resolving a configuration.
+/// What the devices of `backend` report, for resolving a configuration: each device's free
+/// memory only with `free_memory` (a driver call per device; [`Config::needs_free_memory`]
+/// says whether resolving needs it).
 ///
 /// # Errors
 /// [`Error::Allocator`](crate::Error::Allocator) ([`Error::Driver`](rmm_allocator::Error::Driver))
 /// when a device's properties or memory cannot be read.
-pub fn device_facts(backend: &'static dyn Backend) -> Result<Vec<DeviceFacts>> {
+pub fn device_facts(backend: &'static dyn Backend, free_memory: bool) -> Result<Vec<DeviceFacts>> {
     (0..backend.device_count())
         .map(|ordinal| {
-            let d = DeviceSummary::of(backend, ordinal)?;
+            let device = Device::on(backend, ordinal)?;
+            let properties = device.properties()?;
+            let free_memory = match free_memory {
+                true => Some(device.mem_info()?.free as u64),
+                false => None,
+            };
             Ok(DeviceFacts {
                 ordinal,
-                uuid: d.uuid,
-                total_memory: d.total_memory as u64,
-                free_memory: d.free_memory as u64,
+                uuid: properties.uuid,
+                total_memory: properties.total_memory as u64,
+                free_memory,
             })
         })
         .collect()
@@ -68,9 +75,9 @@ pub(super) fn resolve(
     config: &Config,
     held: Option<&Generation>,
 ) -> Result<ResolvedConfig> {
-    let mut facts = device_facts(backend)?;
+    let mut facts = device_facts(backend, config.needs_free_memory())?;
     if let Some(generation) = held {
-        for f in &mut facts {
+        for f in facts.iter_mut().filter(|f| f.free_memory.is_some()) {
             if let Some(s) = generation
                 .stacks
                 .iter()
@@ -78,7 +85,9 @@ pub(super) fn resolve(
             {
                 let live = s.live().bytes;
                 let held_back = s.reserved_bytes().saturating_sub(live);
-                f.free_memory = (f.free_memory + held_back).min(f.total_memory);
+                f.free_memory = f
+                    .free_memory
+                    .map(|free| (free + held_back).min(f.total_memory));
             }
         }
     }

@@ -106,7 +106,9 @@ impl Backend for SimBackend {
     }
 
     fn mem_info(&self, dev: u32) -> Result<MemInfo> {
-        let used = self.device(dev)?.used.load(Ordering::SeqCst);
+        let device = self.device(dev)?;
+        device.faults.memory_queries.fetch_add(1, Ordering::SeqCst);
+        let used = device.used.load(Ordering::SeqCst);
         Ok(MemInfo {
             free: self.config.capacity.saturating_sub(used),
             total: self.config.capacity,

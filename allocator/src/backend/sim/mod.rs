@@ -48,6 +48,8 @@ struct Faults {
     allocs: AtomicU64,
     copies: AtomicU64,
     file_writes: AtomicU64,
+    /// Free-memory queries (`cuMemGetInfo`): counted only, never failed.
+    memory_queries: AtomicU64,
 }
 
 /// Faults to inject on host memory pinning (not tied to a device).
@@ -69,6 +71,8 @@ pub struct SimCounts {
     pub pins: u64,
     /// Spill-file writes attempted.
     pub file_writes: u64,
+    /// Free-memory queries (`cuMemGetInfo`).
+    pub memory_queries: u64,
 }
 
 impl SimCounts {
@@ -79,6 +83,7 @@ impl SimCounts {
             copies: self.copies - earlier.copies,
             pins: self.pins - earlier.pins,
             file_writes: self.file_writes - earlier.file_writes,
+            memory_queries: self.memory_queries - earlier.memory_queries,
         }
     }
 }
@@ -250,6 +255,7 @@ impl SimBackend {
             copies: f.copies.load(Ordering::SeqCst),
             pins: self.pin_faults.pins.load(Ordering::SeqCst),
             file_writes: f.file_writes.load(Ordering::SeqCst),
+            memory_queries: f.memory_queries.load(Ordering::SeqCst),
         })
     }
 
