@@ -73,6 +73,10 @@ pub const MAX_NESTING: usize = 32;
 /// The path (`key`, `key.name`, `key[0]`) of the first table or array in `value` that lies
 /// deeper than `limit` levels, if any. Iterative: the depth of `value` is not trusted.
 pub(crate) fn too_deep(key: &str, value: &toml::Value, limit: usize) -> Option<String> {
+    // Most values are plain: nothing to walk, nothing to allocate.
+    if !matches!(value, toml::Value::Table(_) | toml::Value::Array(_)) {
+        return None;
+    }
     let mut stack: Vec<(String, &toml::Value, usize)> = vec![(key.to_string(), value, 1)];
     while let Some((path, value, depth)) = stack.pop() {
         match value {
@@ -235,8 +239,7 @@ impl ConfigLoader {
                         });
                         continue;
                     }
-                    let table = toml::Table::from_iter([(key.clone(), value.clone())]);
-                    layers.walk(&table, "", &Source::Code);
+                    layers.walk_value(schema::canonical_path(key), value, &Source::Code);
                 }
                 Override::Text(text) => {
                     layers.text(&schema::canonical_path(key), text, Source::Code);
@@ -345,31 +348,37 @@ impl Layers {
                 "" => schema::canonical_path(name),
                 prefix => schema::canonical_path(&format!("{prefix}.{name}")),
             };
-            match schema::lookup(&path) {
-                Lookup::Leaf(spec) => {
-                    self.check(spec, path, value.clone(), origin.clone(), false, || {
-                        value.to_string()
-                    });
-                }
-                Lookup::Section => match value.as_table() {
-                    Some(table) => self.walk(table, &path, origin),
-                    None => self.errors.push(Error::InvalidValue {
-                        origin: origin.clone(),
-                        value: value.to_string(),
-                        problem: match path.as_str() {
-                            "device" => "expected tables keyed by ordinal, e.g. [device.1]".into(),
-                            path => format!("expected a table, e.g. [{path}]"),
-                        },
-                        key: path,
-                    }),
-                },
-                Lookup::Unknown => self.errors.push(Error::UnknownKey {
+            self.walk_value(path, value, origin);
+        }
+    }
+
+    /// The value at `path` (canonical, dotted): a key's value is checked, a section's table
+    /// walked.
+    fn walk_value(&mut self, path: String, value: &toml::Value, origin: &Source) {
+        match schema::lookup(&path) {
+            Lookup::Leaf(spec) => {
+                self.check(spec, path, value.clone(), origin.clone(), false, || {
+                    value.to_string()
+                });
+            }
+            Lookup::Section => match value.as_table() {
+                Some(table) => self.walk(table, &path, origin),
+                None => self.errors.push(Error::InvalidValue {
                     origin: origin.clone(),
-                    suggestions: schema::suggest(&path),
-                    hint: schema::hint(&path),
+                    value: value.to_string(),
+                    problem: match path.as_str() {
+                        "device" => "expected tables keyed by ordinal, e.g. [device.1]".into(),
+                        path => format!("expected a table, e.g. [{path}]"),
+                    },
                     key: path,
                 }),
-            }
+            },
+            Lookup::Unknown => self.errors.push(Error::UnknownKey {
+                origin: origin.clone(),
+                suggestions: schema::suggest(&path),
+                hint: schema::hint(&path),
+                key: path,
+            }),
         }
     }
 
