@@ -532,11 +532,19 @@ fn free_memory_is_asked_of_the_device_only_for_a_default_initial_pool_size() {
         .unwrap();
     assert!(queries() > before);
     assert_eq!(report.devices, vec![0]);
-    let reserved = rt.stack(0).unwrap().reserved_bytes();
+    let half = (common::SIM_MEMORY as u64 / 2) / 256 * 256;
     assert_eq!(
-        reserved,
-        (common::SIM_MEMORY as u64 / 2) / 256 * 256,
+        rt.stack(0).unwrap().reserved_bytes(),
+        half,
         "half of the free memory"
     );
+    // Pool to pool: what the old pool holds counts as free, so the new one is as large.
+    rt.reinitialize(&config(&[
+        ("devices", devices(1).into()),
+        ("pool.enabled", true.into()),
+        ("tracking.enabled", true.into()),
+    ]))
+    .unwrap();
+    assert_eq!(rt.stack(0).unwrap().reserved_bytes(), half);
     rt.shutdown().unwrap();
 }

@@ -1,7 +1,6 @@
 //! A table of per-thread slots made a group at a time, on first use: a table sized for many
 //! threads costs nothing until they come. Writing a whole table of cache-line-sized slots
-//! up front touches fresh pages, which is most of what building a stack costs in a new
-//! process.
+//! up front touches fresh pages in every stack built, whether or not threads ever use them.
 
 use std::sync::OnceLock;
 

@@ -77,7 +77,10 @@ pub(super) fn resolve(
 ) -> Result<ResolvedConfig> {
     let mut facts = device_facts(backend, config.needs_free_memory())?;
     if let Some(generation) = held {
-        for f in facts.iter_mut().filter(|f| f.free_memory.is_some()) {
+        for f in &mut facts {
+            let Some(free) = f.free_memory else {
+                continue;
+            };
             if let Some(s) = generation
                 .stacks
                 .iter()
@@ -85,9 +88,7 @@ pub(super) fn resolve(
             {
                 let live = s.live().bytes;
                 let held_back = s.reserved_bytes().saturating_sub(live);
-                f.free_memory = f
-                    .free_memory
-                    .map(|free| (free + held_back).min(f.total_memory));
+                f.free_memory = Some((free + held_back).min(f.total_memory));
             }
         }
     }
