@@ -11,6 +11,7 @@ mod allocators;
 mod buffers;
 mod counters;
 mod log;
+mod reinit_report;
 mod settings;
 mod store;
 
@@ -206,13 +207,13 @@ fn reinitialize(
                 rt.reconfigure(|loader| changes.into_iter().fold(loader, |l, (k, v)| l.set(k, v)))
             })
             .map_err(error)?;
-        return to_py(py, &report);
+        return reinit_report::to_dict(py, &report);
     }
     let config = settings::load_call(config, overrides, rmm_keywords)?;
     match running {
         Some(rt) => {
             let report = py.detach(|| rt.reinitialize(&config)).map_err(error)?;
-            to_py(py, &report)
+            reinit_report::to_dict(py, &report)
         }
         None => {
             let rt = start(py, &config)?;
@@ -347,6 +348,7 @@ fn devices() -> PyResult<Vec<u32>> {
 #[pymodule]
 fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log::init_from_env();
+    reinit_report::make_keys(m.py());
     m.add("RmmError", m.py().get_type::<RmmError>())?;
     m.add("OutOfMemoryError", out_of_memory_error(m.py())?)?;
     m.add_function(wrap_pyfunction!(initialize, m)?)?;

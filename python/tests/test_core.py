@@ -84,6 +84,27 @@ def test_reinitialize_keeps_spillable_bytes_and_refuses_live_buffers():
     assert spill["spilled_bytes"] >= len(data) and spill["unspilled_bytes"] == len(data)
 
 
+def test_reinitialize_returns_the_report_the_runtime_keeps():
+    # The returned dict is made field by field; the runtime's report (serde's form) is the
+    # reference: same keys, same values, same types, notes and respawn included.
+    rmm_rs.initialize(POOLED)
+    kept = rmm_rs.SpillableBuffer(b"n" * 8192)
+    # Spilling turns off with spillable data alive (a note), and the workers change (respawn).
+    report = rmm_rs.reinitialize({"workers_per_device": 2, "spill": {"enabled": False}})
+    assert report["notes"] and report["respawned"] and report["spilled_bytes"] >= 8192, report
+    for call in (
+        lambda: report,
+        lambda: rmm_rs.reinitialize(pool_allocator=True, initial_pool_size=2 << 20),
+    ):
+        rep = call()
+        reference = rmm_rs.report()["last_reinitialize"]
+        assert list(rep) == list(reference)
+        assert rep == reference
+        assert {k: type(v) for k, v in rep.items()} == {k: type(v) for k, v in reference.items()}
+        assert isinstance(rep["total"], float) and rep["devices"] == [0]
+    assert kept.to_bytes() == b"n" * 8192
+
+
 def test_errors_are_python_exceptions_with_the_cli_messages():
     with pytest.raises(rmm_rs.RmmError, match="not initialized"):
         rmm_rs.statistics()
