@@ -121,7 +121,7 @@ wheels)
     mkdir -p .whl
     rm -f .whl/rmm_rs-*.whl
     python3 -m pip install -q maturin
-    python3 -m maturin build --release --quiet -m python/Cargo.toml -o .whl
+    python3 -m maturin build --quiet -m python/Cargo.toml -o .whl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 --platform any -d .whl \

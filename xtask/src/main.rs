@@ -129,7 +129,9 @@ fn python_tests() -> Result<(), String> {
     let _ = std::fs::remove_dir_all(&wheels);
     let mut build = Command::new(bin.join("maturin"));
     build
-        .args(["build", "--release", "--quiet", "-m"])
+        // No --release: the `wheel` profile named in python/pyproject.toml (release with
+        // whole-program optimization); --release would override it.
+        .args(["build", "--quiet", "-m"])
         .arg(root.join("python/Cargo.toml"))
         .arg("-o")
         .arg(&wheels);
