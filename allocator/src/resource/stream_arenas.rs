@@ -12,8 +12,9 @@
 //!
 //! The table is small until it needs to be large: its first [`FIRST`] slots are inline (one
 //! load on the fast path, as for a flat table), and the rest come in segments of [`FIRST`]
-//! made when the first arena in them is. A resource, and so every pool a reinitialize builds,
-//! starts with a few kilobytes to set up and walk at drop, not the whole [`MAX_ARENAS`].
+//! made when the first arena in them is ([`GroupedSlots`]). A resource, and so every pool a
+//! reinitialize builds, starts with a few kilobytes to set up and walk at drop, not the whole
+//! [`MAX_ARENAS`].
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -23,7 +24,7 @@ use parking_lot::Mutex;
 
 use crate::backend::RawStream;
 use crate::error::{Error, Result};
-use crate::sync::SlotCache;
+use crate::sync::{GroupedSlots, SlotCache};
 
 /// Most arenas (streams × lanes in use) one resource has.
 pub(crate) const MAX_ARENAS: usize = 4096;
@@ -45,16 +46,16 @@ thread_local! {
 
 static NEXT_REGISTRY: AtomicU64 = AtomicU64::new(1);
 
-/// A run of slots; each arena boxed so that an unused slot costs a pointer, not an arena.
-type Slots<A> = [OnceLock<Box<A>>; FIRST];
+/// One arena's slot, boxed so that an unused slot costs a pointer, not an arena.
+type Slot<A> = OnceLock<Box<A>>;
 
 /// The arenas of one resource, one per stream.
 pub(crate) struct StreamArenas<A> {
     id: u64,
     /// Slots `0..FIRST`: the fast path's.
-    first: Slots<A>,
+    first: [Slot<A>; FIRST],
     /// Slots `FIRST..MAX_ARENAS`, a segment of [`FIRST`] each, made on first use.
-    rest: [OnceLock<Box<Slots<A>>>; SEGMENTS],
+    rest: GroupedSlots<Slot<A>, FIRST, SEGMENTS>,
     /// (stream, lane) → slot.
     index: Mutex<HashMap<(RawStream, u32), u32>>,
 }
@@ -72,7 +73,7 @@ impl<A> StreamArenas<A> {
         StreamArenas {
             id: NEXT_REGISTRY.fetch_add(1, Ordering::Relaxed),
             first: [const { OnceLock::new() }; FIRST],
-            rest: [const { OnceLock::new() }; SEGMENTS],
+            rest: GroupedSlots::new(),
             index: Mutex::new(HashMap::new()),
         }
     }
@@ -91,7 +92,7 @@ impl<A> StreamArenas<A> {
 
     /// Slot `i`, `None` when its segment has not been made (or `i` is past the table).
     #[inline]
-    fn slot(&self, i: usize) -> Option<&OnceLock<Box<A>>> {
+    fn slot(&self, i: usize) -> Option<&Slot<A>> {
         match self.first.get(i) {
             Some(slot) => Some(slot),
             None => self.rest_slot(i),
@@ -101,21 +102,16 @@ impl<A> StreamArenas<A> {
     /// Slot `i` past the inline ones: `None` when its segment has not been made or `i` is
     /// past the table.
     #[cold]
-    fn rest_slot(&self, i: usize) -> Option<&OnceLock<Box<A>>> {
-        let segment = self.rest.get(i / FIRST - 1)?.get()?;
-        segment.get(i % FIRST)
+    fn rest_slot(&self, i: usize) -> Option<&Slot<A>> {
+        self.rest.get(i - FIRST)
     }
 
     /// Slot `i`, making its segment if need be; `i < MAX_ARENAS`.
-    fn slot_made(&self, i: usize) -> Option<&OnceLock<Box<A>>> {
-        if i < FIRST {
-            return self.first.get(i);
+    fn slot_made(&self, i: usize) -> Option<&Slot<A>> {
+        match self.first.get(i) {
+            Some(slot) => Some(slot),
+            None => self.rest.make(i - FIRST),
         }
-        let segment = self
-            .rest
-            .get(i / FIRST - 1)?
-            .get_or_init(|| Box::new([const { OnceLock::new() }; FIRST]));
-        segment.get(i % FIRST)
     }
 
     #[cold]
@@ -184,7 +180,7 @@ mod tests {
             let stream = 0x1000 + i as RawStream;
             assert_eq!(*arenas.get(stream, || i).unwrap(), i);
         }
-        assert_eq!(arenas.rest.iter().filter(|s| s.get().is_some()).count(), 3);
+        assert_eq!(arenas.rest.made(), 3);
         // Each stream finds its own arena again, whether or not the thread's cache holds it.
         for i in (0..n).rev() {
             let stream = 0x1000 + i as RawStream;
@@ -202,7 +198,7 @@ mod tests {
         for i in 0..FIRST {
             arenas.get(0x10 + i as RawStream, || i).unwrap();
         }
-        assert!(arenas.rest.iter().all(|s| s.get().is_none()));
+        assert_eq!(arenas.rest.made(), 0);
         assert_eq!(arenas.all().count(), FIRST);
     }
 

@@ -1,6 +1,7 @@
-//! A table of per-thread slots made a group at a time, on first use: a table sized for many
-//! threads costs nothing until they come. Writing a whole table of cache-line-sized slots
-//! up front touches fresh pages in every stack built, whether or not threads ever use them.
+//! A table of slots made a group at a time, on first use: a table sized for many threads (the
+//! statistics adaptor's shards) or streams (a pool's arenas past its inline ones) costs
+//! nothing until they come. Writing a whole table up front touches fresh pages in every
+//! stack built, whether or not anything ever uses them.
 
 use std::sync::OnceLock;
 

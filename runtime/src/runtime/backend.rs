@@ -54,9 +54,10 @@ pub fn device_facts(backend: &'static dyn Backend, free_memory: bool) -> Result<
         .map(|ordinal| {
             let device = Device::on(backend, ordinal)?;
             let properties = device.properties()?;
-            let free_memory = match free_memory {
-                true => Some(device.mem_info()?.free as u64),
-                false => None,
+            let free_memory = if free_memory {
+                Some(device.mem_info()?.free as u64)
+            } else {
+                None
             };
             Ok(DeviceFacts {
                 ordinal,
