@@ -49,6 +49,25 @@ pub enum Error {
         resource: &'static str,
     },
 
+    /// Pinning host memory was refused before it started: it would take more than the
+    /// process may use (its cgroup's limit, or the memory the system has available).
+    /// Pinned pages cannot be paged out: going ahead would get the process killed.
+    #[error(
+        "pinning {} of host memory ({requested} bytes) for {resource} would take more than \
+         this process may use: {host}. Pin less (spill.host_pool_size, spill.pin_ahead), add \
+         a disk tier (spill.disk_directory), or give the process more memory",
+        fmt_bytes(*.requested)
+    )]
+    HostMemoryLimit {
+        /// Bytes that were to be pinned.
+        requested: usize,
+        /// What was to pin them.
+        resource: &'static str,
+        /// The host's memory as read then ([`HostMemory`](crate::backend::host_memory::HostMemory)'s
+        /// description).
+        host: String,
+    },
+
     /// A CUDA driver call returned an error.
     #[error(
         "CUDA driver call {call} failed on device {device}: {name} ({code}): {description}. {}",
@@ -69,12 +88,26 @@ pub enum Error {
 
     /// The CUDA driver library could not be loaded or initialized.
     #[error(
-        "no CUDA driver found: {detail}. Install the NVIDIA driver (libcuda.so.1 must be \
-         loadable), or run on the simulated device with RMM_BACKEND=sim"
+        "no CUDA driver found: {detail}. rmm-rs serves device memory from an NVIDIA GPU: \
+         install the NVIDIA driver (libcuda.so.1 must be loadable; in a container, give it \
+         the GPU, e.g. `docker run --gpus all`), or run on the simulated device (host memory \
+         standing in for a GPU, for tests and machines without one) with RMM_BACKEND=sim"
     )]
     NoDriver {
         /// What was tried and what went wrong.
         detail: String,
+    },
+
+    /// The CUDA driver loaded but sees no GPU, and nothing asked for the simulated device.
+    #[error(
+        "the CUDA driver sees no GPU{}. Make a GPU visible to this process (check \
+         `nvidia-smi` and CUDA_VISIBLE_DEVICES), or run on the simulated device with \
+         RMM_BACKEND=sim",
+        visible_devices.as_deref().map_or(String::new(), |v| format!(" (CUDA_VISIBLE_DEVICES={v:?})"))
+    )]
+    NoDevice {
+        /// `CUDA_VISIBLE_DEVICES` as the process saw it, when set.
+        visible_devices: Option<String>,
     },
 
     /// A device ordinal that does not exist was named.
@@ -305,11 +338,15 @@ fn host_advice(resource: &str) -> &'static str {
 }
 
 impl Error {
-    /// True for [`Error::OutOfMemory`], [`Error::HostOutOfMemory`] and [`Error::LimitExceeded`].
+    /// True for [`Error::OutOfMemory`], [`Error::HostOutOfMemory`],
+    /// [`Error::HostMemoryLimit`] and [`Error::LimitExceeded`].
     pub fn is_out_of_memory(&self) -> bool {
         matches!(
             self,
-            Error::OutOfMemory { .. } | Error::HostOutOfMemory { .. } | Error::LimitExceeded { .. }
+            Error::OutOfMemory { .. }
+                | Error::HostOutOfMemory { .. }
+                | Error::HostMemoryLimit { .. }
+                | Error::LimitExceeded { .. }
         )
     }
 

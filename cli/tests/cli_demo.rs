@@ -27,6 +27,38 @@ fn text(out: &Output) -> String {
 }
 
 #[test]
+fn the_demo_asked_for_no_backend_runs_without_a_gpu_and_says_it_is_simulated() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rmm.toml");
+    std::fs::write(&config, "").unwrap();
+    let out = common::rmm_command()
+        .args(["demo", "--size", "tiny"])
+        .env("RMM_CONFIG", &config)
+        .env_remove("RMM_BACKEND")
+        .env_remove("RMM_SIM_MEMORY")
+        .env_remove("RMM_DEVICES")
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if String::from_utf8_lossy(&out.stdout).contains("backend: cuda") {
+        // A machine with a GPU: no note.
+        assert!(!stderr.contains("simulated device"), "{stderr}");
+    } else {
+        assert!(
+            stderr.contains("no GPU (")
+                && stderr.contains("running on the simulated device instead"),
+            "the demo says it falls back, and why: {stderr}"
+        );
+        assert!(
+            stderr.contains("RMM_BACKEND=cuda makes this an error"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
 fn a_tiny_demo_on_two_simulated_devices_checks_itself_and_reports_spilling() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("rmm.toml");

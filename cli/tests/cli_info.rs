@@ -184,11 +184,39 @@ fn log_lines_carry_no_colour_codes_when_standard_error_is_not_a_terminal() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("DEBUG") || stderr.contains("WARN"),
+        ["DEBUG", "INFO", "WARN"].iter().any(|l| stderr.contains(l)),
         "no log line: {stderr}"
     );
     assert!(
         !stderr.contains('\u{1b}'),
         "colour codes in a pipe: {stderr:?}"
+    );
+}
+
+#[test]
+fn asking_for_no_backend_without_a_gpu_is_an_error_that_names_the_simulated_device() {
+    let out = rmm()
+        .arg("info")
+        .env_remove("RMM_BACKEND")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        // A machine with a GPU: asking for nothing gives it, never the simulated device.
+        assert!(stdout.contains("backend: cuda"), "{stdout}");
+        return;
+    }
+    assert!(
+        stderr.contains("no CUDA driver found") || stderr.contains("the CUDA driver sees no GPU"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("RMM_BACKEND=sim"),
+        "the error says how to ask for the simulated device: {stderr}"
+    );
+    assert!(
+        !stdout.contains("backend: sim"),
+        "no silent fallback: {stdout}"
     );
 }

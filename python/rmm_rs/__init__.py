@@ -21,6 +21,12 @@ The memory runtime is Rust (the same code as the ``rmm`` command); this package 
 Errors are raised as ``RmmError`` with the same messages as the CLI; an allocation that
 finds no memory raises ``OutOfMemoryError``, which is also a ``MemoryError``.
 
+rmm-rs runs on the GPU; without a driver or a visible GPU, ``initialize`` raises an
+``RmmError`` that says so. The simulated device (host memory standing in for a GPU, for tests
+and machines without one) is used only when asked for (``RMM_BACKEND=sim``); then
+``describe()`` and ``report()`` say so, and the first pointer published to another library
+raises a ``SimulatedDeviceWarning``.
+
 ``rmm_rs.allocators`` is imported with ``rmm_rs`` (its ``cupy`` and ``torch`` modules on first
 use, and CuPy or PyTorch only when their functions run); ``rmm_rs.dask`` on first use (it
 imports distributed).
@@ -30,6 +36,7 @@ from ._rmm_rs import (
     DeviceBuffer,
     OutOfMemoryError,
     RmmError,
+    SimulatedDeviceWarning,
     SpillableBuffer,
     config_from_dask_cuda,
     describe,
@@ -67,6 +74,7 @@ __all__ = [
     "DeviceBuffer",
     "OutOfMemoryError",
     "RmmError",
+    "SimulatedDeviceWarning",
     "allocators",
     "SpillableBuffer",
     "config_from_dask_cuda",

@@ -16,6 +16,11 @@ class RmmError(RuntimeError):
 class OutOfMemoryError(RmmError, MemoryError):
     """An rmm-rs allocation failed for lack of memory (or over a configured limit)."""
 
+class SimulatedDeviceWarning(UserWarning):
+    """rmm-rs runs on the simulated device (RMM_BACKEND=sim): the device pointers it
+    publishes are host memory, which no CUDA kernel can use. Raised once per process, by the
+    first entry point that hands a pointer to another library."""
+
 def initialize(
     config: _Config = None,
     overrides: Optional[Mapping[str, Any]] = None,

@@ -319,28 +319,31 @@ pub extern "C" fn rmm_rs_librmm_synchronize(device: c_int, stream: *mut c_void) 
 /// `(allocate, deallocate, synchronize)`: the addresses of librmm's three functions, for the
 /// `rmm_rs_librmm` bridge (and, through ctypes, RMM's `CallbackMemoryResource`).
 #[pyfunction]
-fn librmm_functions() -> (usize, usize, usize) {
-    (
+fn librmm_functions(py: Python<'_>) -> PyResult<(usize, usize, usize)> {
+    crate::simulated::note_published(py, "the librmm bridge")?;
+    Ok((
         rmm_rs_librmm_allocate as *const () as usize,
         rmm_rs_librmm_deallocate as *const () as usize,
         rmm_rs_librmm_synchronize as *const () as usize,
-    )
+    ))
 }
 
 /// `(malloc, free)`: the addresses of CuPy's two functions, for `CFunctionAllocator`.
 #[pyfunction]
-fn cupy_functions() -> (usize, usize) {
-    (
+fn cupy_functions(py: Python<'_>) -> PyResult<(usize, usize)> {
+    crate::simulated::note_published(py, "the CuPy allocator")?;
+    Ok((
         rmm_rs_cupy_malloc as *const () as usize,
         rmm_rs_cupy_free as *const () as usize,
-    )
+    ))
 }
 
 /// `(alloc, free)`: the names of PyTorch's two functions in this library (whose path is the
 /// module's `__file__`), for `CUDAPluggableAllocator`.
 #[pyfunction]
-fn torch_functions() -> (&'static str, &'static str) {
-    ("rmm_rs_torch_alloc", "rmm_rs_torch_free")
+fn torch_functions(py: Python<'_>) -> PyResult<(&'static str, &'static str)> {
+    crate::simulated::note_published(py, "the PyTorch allocator")?;
+    Ok(("rmm_rs_torch_alloc", "rmm_rs_torch_free"))
 }
 
 /// Live allocations made through the CuPy, PyTorch and librmm functions.

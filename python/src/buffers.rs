@@ -386,7 +386,8 @@ impl DeviceBuffer {
 
     /// The device address of the first byte.
     #[getter]
-    fn ptr(&self) -> PyResult<u64> {
+    fn ptr(&self, py: Python<'_>) -> PyResult<u64> {
+        crate::simulated::note_published(py, "DeviceBuffer.ptr")?;
         Ok(self.buffer()?.data().addr())
     }
 
@@ -615,6 +616,7 @@ impl DeviceBuffer {
     /// CUDA Array Interface version 3: a one-dimensional array of bytes.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        crate::simulated::note_published(py, "DeviceBuffer.__cuda_array_interface__")?;
         let b = self.buffer()?;
         let d = PyDict::new(py);
         d.set_item("shape", (b.size(),))?;

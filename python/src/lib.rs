@@ -13,6 +13,7 @@ mod counters;
 mod log;
 mod reinit_report;
 mod settings;
+mod simulated;
 mod store;
 
 use std::any::Any;
@@ -74,7 +75,13 @@ fn start(py: Python<'_>, config: &rmm_config::Config) -> PyResult<Arc<Runtime>> 
         }
         Starting
     };
-    let rt = Arc::new(py.detach(|| Runtime::start(config)).map_err(error)?);
+    let rt = py.detach(|| Runtime::start(config)).map_err(error)?;
+    // A warning made an error (`-W error`) fails the start: nothing is left running.
+    if let Err(e) = simulated::backend_chosen(py) {
+        py.detach(|| rt.shutdown()).map_err(error)?;
+        return Err(e);
+    }
+    let rt = Arc::new(rt);
     *RUNTIME.lock() = Some(Arc::clone(&rt));
     drop(claim);
     Ok(rt)
@@ -364,5 +371,6 @@ fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     counters::register(m)?;
     allocators::register(m)?;
     store::register(m)?;
+    simulated::register(m)?;
     Ok(())
 }

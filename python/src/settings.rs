@@ -472,23 +472,29 @@ fn config_from_dask_cuda<'py>(
 fn describe(config: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
     let running = match config {
         Some(c) if !c.is_none() => None,
-        _ => crate::current().map(|rt| rt.config()),
+        _ => crate::current().map(|rt| (rt.config(), rt.backend())),
     };
-    let resolved = match running {
-        Some(resolved) => resolved,
+    let (resolved, backend) = match running {
+        Some(running) => running,
         None => {
             let config = load(config, None)?;
             let b = rmm_runtime::open_backend(config.backend).map_err(error)?;
-            let facts = rmm_runtime::device_facts(b, config.needs_free_memory()).map_err(error)?;
-            config.resolve(&facts).map_err(error)?
+            let facts = rmm_runtime::device_facts(b, &config).map_err(error)?;
+            (config.resolve(&facts).map_err(error)?, b)
         }
+    };
+    // The resources keep their CUDA names on the simulated device: say what the device is.
+    let device = if backend.kind() == rmm_allocator::backend::BackendKind::Sim {
+        " (simulated device: host memory standing in for a GPU, RMM_BACKEND=sim)"
+    } else {
+        ""
     };
     Ok(resolved
         .devices
         .iter()
         .map(|d| {
             format!(
-                "device {}: {}",
+                "device {}{device}: {}",
                 d.ordinal,
                 rmm_runtime::StackPlan::new(&resolved, d)
                     .layers()

@@ -258,6 +258,7 @@ impl DeviceView {
     /// it came back on a copy stream that was waited for).
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        crate::simulated::note_published(py, "DeviceView.__cuda_array_interface__")?;
         let d = PyDict::new(py);
         d.set_item("shape", (self.nbytes,))?;
         d.set_item("strides", py.None())?;

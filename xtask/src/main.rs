@@ -68,23 +68,37 @@ fn ensure_nextest() -> Result<(), String> {
     }
 }
 
+/// The backend the tests run on: `RMM_BACKEND` as set, else the simulated device, asked for
+/// by name (rmm-rs never falls back to it silently: without a GPU, a program that asks for
+/// nothing gets an error).
+fn test_backend() -> String {
+    std::env::var("RMM_BACKEND").unwrap_or_else(|_| "sim".into())
+}
+
 fn test(args: &[String]) -> Result<(), String> {
     let rust_only = args.iter().any(|a| a == "--rust-only");
     let nextest_args: Vec<&String> = args.iter().filter(|a| *a != "--rust-only").collect();
+    let backend = test_backend();
+    eprintln!(
+        "xtask: the tests run with RMM_BACKEND={backend} (set RMM_BACKEND=cuda to run them on \
+         a GPU)"
+    );
     ensure_nextest()?;
     let mut cmd = cargo();
     cmd.args(["nextest", "run", "--workspace"])
-        .args(nextest_args);
+        .args(nextest_args)
+        .env("RMM_BACKEND", &backend);
     run(cmd, "cargo nextest run --workspace")?;
     // nextest runs no doctests: the examples in the documentation (the `rmm` crate page's
-    // quick start among them, on the simulated device without a GPU) run here.
+    // quick start among them) run here.
     let mut doc = cargo();
-    doc.args(["test", "--workspace", "--doc"]);
+    doc.args(["test", "--workspace", "--doc"])
+        .env("RMM_BACKEND", &backend);
     run(doc, "cargo test --workspace --doc")?;
     if rust_only {
         return Ok(());
     }
-    python_tests()
+    python_tests(&backend)
 }
 
 /// The workspace root (xtask's parent directory).
@@ -95,7 +109,7 @@ fn root() -> PathBuf {
 }
 
 /// Builds the wheel into a fresh virtual environment's reach and runs pytest.
-fn python_tests() -> Result<(), String> {
+fn python_tests(backend: &str) -> Result<(), String> {
     let root = root();
     let venv = root.join("target/xtask-venv");
     let bin = venv.join("bin");
@@ -165,7 +179,8 @@ fn python_tests() -> Result<(), String> {
         .arg(root.join("python/tests"))
         // The package's source directory must not shadow the installed wheel.
         .current_dir(root.join("target"))
-        .env("PYTHONDONTWRITEBYTECODE", "1");
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("RMM_BACKEND", backend);
     // pytest exits 5 when it collects no tests: a failure like any other non-zero status.
     run(pytest, "pytest python/tests")
 }

@@ -3,7 +3,8 @@
 //!
 //! Everything above this module talks to a `&'static dyn Backend` and never learns which one
 //! it is. The process-wide backend is picked on first use from `RMM_BACKEND`
-//! (`cuda`, `sim` or `auto`, the default); see [`global`].
+//! (`cuda`, `sim` or `auto`, the default: the GPU, or an error; the simulated device only
+//! when asked for); see [`global`].
 //!
 //! Device pointers are plain `u64` addresses ([`DevicePtr`]); streams, events and
 //! stream-ordered memory pools are opaque `u64` handles whose meaning belongs to the backend.
@@ -12,6 +13,7 @@
 pub(crate) mod clock;
 mod cuda;
 pub(crate) mod host;
+pub mod host_memory;
 pub(crate) mod pinned_copy;
 mod sim;
 mod stream_registry;
@@ -23,6 +25,7 @@ pub use cuda::CudaBackend;
 pub use sim::{SimBackend, SimConfig, SimCounts, SimMemoryMode, StreamGate};
 
 use crate::error::{Error, Result};
+use host_memory::HostMemory;
 
 /// A device address. Null (`0`) is what a zero-byte allocation returns.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -513,6 +516,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = dev;
         Ok(())
     }
+    /// Host memory this process may use ([`HostMemory::read`] by default): what pinning is
+    /// checked against before it starts. The simulated device can be given a smaller host
+    /// ([`SimBackend::limit_host_memory`], `RMM_SIM_HOST_MEMORY`).
+    fn host_memory(&self) -> HostMemory {
+        HostMemory::read()
+    }
     /// Called before each write to a spill file of device `dev`: a fault-injection point
     /// (the simulated device fails the N-th write when told to,
     /// `SimBackend::fail_nth_file_write`); every other backend lets it through.
@@ -533,7 +542,8 @@ pub enum BackendChoice {
     Cuda,
     /// The simulated device, configured from the environment ([`SimConfig::from_env`]).
     Sim,
-    /// CUDA when a driver and at least one device are present, else the simulated device.
+    /// Nothing asked for: the GPU, or an error naming what is missing and how to ask for the
+    /// simulated device. A library never serves host memory as device memory unless asked.
     Auto,
 }
 
@@ -574,34 +584,34 @@ impl BackendChoice {
 }
 
 /// Builds a backend for `choice`. Each call makes a new one; most code wants [`global`].
+/// `Cuda` and `Auto` both give the GPU; without a driver or a visible device, `Auto` fails
+/// with an error that says how to ask for the simulated device ([`Error::NoDriver`],
+/// [`Error::NoDevice`]): the simulated device is never chosen silently.
 ///
 /// # Errors
-/// [`Error::NoDriver`] (or [`Error::Driver`]) when `Cuda` is chosen and the driver cannot be
-/// loaded; [`Error::InvalidArgument`] when the simulated device's `RMM_SIM_*` settings are invalid.
+/// [`Error::NoDriver`] (or [`Error::Driver`]) when the driver cannot be loaded;
+/// [`Error::NoDevice`] when `Auto` finds a driver but no device; [`Error::InvalidArgument`]
+/// when the simulated device's `RMM_SIM_*` settings are invalid.
 pub fn open(choice: BackendChoice) -> Result<&'static dyn Backend> {
     match choice {
         BackendChoice::Cuda => Ok(CudaBackend::load()?),
-        BackendChoice::Sim => Ok(SimBackend::leak(SimConfig::from_env()?)?),
-        BackendChoice::Auto => match CudaBackend::load() {
-            Ok(cuda) if cuda.device_count() > 0 => Ok(cuda),
-            Ok(_) => {
-                tracing::warn!(
-                    "CUDA driver present but no device visible; using the simulated device \
-                     (set RMM_BACKEND=cuda to make this an error)"
-                );
-                Ok(SimBackend::leak(SimConfig::from_env()?)?)
+        BackendChoice::Sim => {
+            let sim = SimBackend::leak(SimConfig::from_env()?)?;
+            tracing::info!(
+                "the simulated device, as asked: {} (host memory standing in for device memory)",
+                sim.describe()
+            );
+            Ok(sim)
+        }
+        BackendChoice::Auto => {
+            let cuda = CudaBackend::load()?;
+            if cuda.device_count() == 0 {
+                return Err(Error::NoDevice {
+                    visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+                });
             }
-            Err(e) => {
-                let why = match &e {
-                    Error::NoDriver { detail } => detail.clone(),
-                    other => other.to_string(),
-                };
-                tracing::warn!(
-                    "no CUDA driver ({why}): using the simulated device; RMM_BACKEND=cuda makes this an error"
-                );
-                Ok(SimBackend::leak(SimConfig::from_env()?)?)
-            }
-        },
+            Ok(cuda)
+        }
     }
 }
 

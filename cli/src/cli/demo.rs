@@ -91,6 +91,14 @@ impl Progress for Bars {
         }
         errln!("{summary}");
     }
+
+    fn note(&self, text: &str) {
+        if let Some(b) = &*self.bar.lock() {
+            b.suspend(|| errln!("rmm demo: {text}"));
+        } else {
+            errln!("rmm demo: {text}");
+        }
+    }
 }
 
 /// Runs `rmm demo`.

@@ -35,7 +35,7 @@ pub fn run(args: InfoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let config = ConfigLoader::new().load()?;
     let b = open_backend(config.backend)?;
     let inv = Inventory::of(b)?;
-    let facts = device_facts(b, config.needs_free_memory())?;
+    let facts = device_facts(b, &config)?;
     let resolved = config.resolve(&facts)?;
     let values = config.effective_values();
     // The same plan the runtime builds each device's stack from.

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
-use rmm::allocator::backend::{self, Backend, CudaBackend, SimBackend, SimConfig};
+use rmm::allocator::backend::{self, Backend, BackendChoice, SimBackend, SimConfig};
 use rmm::allocator::fmt_bytes;
 use rmm::config::{Config, ConfigLoader};
 use rmm::runtime::{Runtime, SpillStatistics, TaskHandle};
@@ -99,6 +99,9 @@ pub trait Progress: Send + Sync {
     fn step(&self);
     /// The phase is over.
     fn finish(&self, summary: &str);
+    /// Something the person running the demo should know (e.g. that it runs on the simulated
+    /// device): printed apart from the report.
+    fn note(&self, text: &str);
 }
 
 /// No progress output.
@@ -109,6 +112,7 @@ impl Progress for NoProgress {
     fn phase(&self, _name: &str, _total: u64, _unit: &str) {}
     fn step(&self) {}
     fn finish(&self, _summary: &str) {}
+    fn note(&self, _text: &str) {}
 }
 
 /// What went wrong.
@@ -228,30 +232,45 @@ pub struct DemoReport {
 }
 
 /// Makes the process-wide backend: the GPU if the configuration (or `auto`) finds one, else
-/// a simulated backend whose devices are sized for `scale` unless `RMM_SIM_MEMORY` says.
-fn open_backend(config: &Config, scale: &Scale) -> Result<&'static dyn Backend, DemoError> {
+/// a simulated backend whose devices are sized for `scale` unless `RMM_SIM_MEMORY` says. The
+/// demo is the one place where asking for nothing falls back to the simulated device (so that
+/// it runs on any machine); it says so through `progress`, with the reason.
+fn open_backend(
+    config: &Config,
+    scale: &Scale,
+    progress: &dyn Progress,
+) -> Result<&'static dyn Backend, DemoError> {
     if let Some(b) = backend::installed() {
         return Ok(b);
     }
-    let sim = match config.backend {
-        rmm::config::Backend::Sim => true,
-        rmm::config::Backend::Cuda => false,
-        rmm::config::Backend::Auto => CudaBackend::load()
-            .ok()
-            .is_none_or(|b| b.device_count() == 0),
+    let fallback = match config.backend {
+        rmm::config::Backend::Sim => None,
+        rmm::config::Backend::Cuda => return Ok(rmm::runtime::open_backend(config.backend)?),
+        // Not the process-wide choice (which would keep the error for every later caller).
+        rmm::config::Backend::Auto => match backend::open(BackendChoice::Auto) {
+            Ok(b) => return Ok(backend::install_global(b).map_or_else(|existing| existing, |()| b)),
+            Err(rmm::allocator::Error::NoDriver { detail }) => Some(detail),
+            Err(rmm::allocator::Error::NoDevice { .. }) => {
+                Some("the CUDA driver sees no device".to_string())
+            }
+            Err(e) => Some(e.to_string()),
+        },
     };
-    if !sim {
-        return Ok(rmm::runtime::open_backend(config.backend)?);
-    }
     let mut sim_config = SimConfig::from_env()?;
     if std::env::var_os("RMM_SIM_MEMORY").is_none() {
         sim_config.capacity = scale.sim_memory;
     }
     let b = SimBackend::leak(sim_config)?;
-    Ok(match backend::install_global(b) {
-        Ok(()) => b,
-        Err(existing) => existing,
-    })
+    let b = backend::install_global(b).map_or_else(|existing| existing, |()| b);
+    if let Some(why) = fallback {
+        progress.note(&format!(
+            "no GPU ({why}): running on the simulated device instead, {}, host memory \
+             standing in for device memory. RMM_BACKEND=cuda makes this an error; \
+             RMM_BACKEND=sim silences this note",
+            b.describe()
+        ));
+    }
+    Ok(b)
 }
 
 /// Result sizes for one device: log-uniform between the scale's bounds, adding up to its
@@ -283,8 +302,15 @@ fn result_sizes(scale: &Scale, device: u32) -> Vec<(usize, u64)> {
 pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
     let started = Instant::now();
     let scale = options.size.scale();
-    let base = options.loader.load()?;
-    let b = open_backend(&base, &scale)?;
+    // The phases' configurations turn the pool and spilling on and off themselves: the
+    // sizes a file gives for them apply whatever the file says of the switches.
+    let base = options
+        .loader
+        .clone()
+        .set("pool.enabled", true)
+        .set("spill.enabled", true)
+        .load()?;
+    let b = open_backend(&base, &scale, options.progress.as_ref())?;
     if !b.holds_data() {
         return Err(DemoError::Setup(format!(
             "the simulated device is unbacked ({}): its memory is addresses only and holds no bytes, \
