@@ -174,7 +174,11 @@ fn a_growable_pool_keeps_memory_pinned_ahead_of_demand_within_its_maximum() {
     let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(300 * MIB));
     pool.keep_free(100 * MIB);
-    // Pinned in the background before anything asked.
+    // Nothing is pinned ahead before a request has needed pinned memory...
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!((settled(&pool), sim.pinned_host_bytes()), (0, 0));
+    // ... and from the first one on, it is, in the background.
+    drop(pool.allocate(MIB).unwrap());
     assert!(settled(&pool) >= 100 * MIB);
     let before = pool.pinning_time();
     // Requests within the headroom (in pieces no larger than a chunk) are served from what
@@ -198,21 +202,26 @@ fn a_growable_pool_keeps_memory_pinned_ahead_of_demand_within_its_maximum() {
 }
 
 #[test]
-fn a_growable_pool_pins_ahead_in_small_chunks_and_for_a_request_in_a_large_one() {
+fn a_growable_pool_pins_ahead_in_small_chunks_and_for_a_request_a_chunk_of_its_size() {
     let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(512 * MIB));
     pool.keep_free(100 * MIB);
+    drop(pool.allocate(MIB).unwrap());
     assert!(settled(&pool) >= 100 * MIB);
     // Registrations hold the driver while spills enqueue copies: a growable pool's are small.
     assert_eq!(pool.max_slice(), 32 * MIB, "pinned ahead in 32 MiB chunks");
-    // A request larger than a chunk pins a chunk of its own, of at least 256 MiB (slices
-    // never cross chunks, and large ones take fewer copies)...
+    // A request larger than a chunk pins a chunk of its own, just its size (slices never
+    // cross chunks)...
     let big = pool.allocate(40 * MIB).unwrap();
-    assert_eq!(pool.max_slice(), 256 * MIB);
-    // ... and data in smaller pieces is served from what is pinned, without pinning more.
+    assert_eq!(pool.max_slice(), 40 * MIB);
+    // ... and data in pieces of a chunk is served from what was pinned ahead, which is
+    // pinned again behind it.
     let before = settled(&pool);
+    let free = before - pool.used();
     let pieces: Vec<_> = (0..3).map(|_| pool.allocate(32 * MIB).unwrap()).collect();
-    assert_eq!(settled(&pool), before, "pinned more for what was free");
+    assert!(free >= 96 * MIB, "{free} free before");
+    let after = settled(&pool);
+    assert!(after - pool.used() >= 100 * MIB, "{after} pinned");
     drop((big, pieces));
     assert_eq!(pool.used(), 0);
 }
@@ -222,6 +231,7 @@ fn a_pool_pinning_ahead_goes_when_dropped() {
     let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(512 * MIB));
     pool.keep_free(512 * MIB);
+    drop(pool.allocate(MIB).unwrap());
     assert!(pool.is_pinning_ahead());
     drop(pool);
     // The thread holds the pool only for the step it pins: the memory goes back after it.
@@ -274,4 +284,65 @@ fn requests_and_pinning_ahead_together_never_pin_past_the_maximum() {
         0,
         "the slices went back when their threads ended"
     );
+}
+
+#[test]
+fn trimming_gives_back_the_chunks_nothing_is_handed_out_of() {
+    let sim = backed_sim();
+    let pool = PinnedHostPool::growable(sim, None);
+    // Three requests, each pinning a chunk of its own (the pool doubles: 32, 32, 64 MiB).
+    let a = pool.allocate(32 * MIB).unwrap();
+    let b = pool.allocate(32 * MIB).unwrap();
+    let c = pool.allocate(64 * MIB).unwrap();
+    assert_eq!(pool.capacity(), 128 * MIB);
+    drop(b);
+    assert_eq!(pool.trim(), 32 * MIB, "the chunk b left empty");
+    assert_eq!(pool.capacity(), 96 * MIB);
+    assert_eq!(sim.pinned_host_bytes(), 96 * MIB);
+    // Slices still handed out keep their bytes.
+    let mut d = pool.allocate(MIB).unwrap();
+    d.as_mut_slice().copy_from_slice(&pattern(MIB, 9));
+    assert!(d.as_slice() == pattern(MIB, 9).as_slice());
+    assert!(a.len() == 32 * MIB && c.len() == 64 * MIB);
+    drop((a, c, d));
+    let all = pool.capacity();
+    assert_eq!(pool.trim(), all);
+    assert_eq!((pool.capacity(), sim.pinned_host_bytes()), (0, 0));
+    // It pins again for the next request.
+    let e = pool.allocate(MIB).unwrap();
+    assert!(pool.capacity() >= MIB);
+    drop(e);
+}
+
+#[test]
+fn a_pool_releasing_idle_memory_holds_no_more_than_its_slices() {
+    let sim = backed_sim();
+    let pool = PinnedHostPool::growable(sim, None);
+    pool.keep_free(64 * MIB);
+    let held: Vec<_> = (0..3).map(|_| pool.allocate(16 * MIB).unwrap()).collect();
+    settled(&pool);
+    assert!(pool.capacity() >= 48 * MIB + 64 * MIB, "pinned ahead");
+    pool.release_idle(true);
+    settled(&pool);
+    assert_eq!(pool.headroom(), 0, "no more pinning ahead");
+    let kept = pool.capacity();
+    assert!(
+        (48 * MIB..48 * MIB + 64 * MIB).contains(&kept),
+        "{kept} pinned for 48 MiB"
+    );
+    // Each chunk goes as its last slice does.
+    let mut held = held.into_iter();
+    drop(held.next());
+    assert!(pool.capacity() <= kept);
+    drop(held);
+    assert_eq!((pool.capacity(), sim.pinned_host_bytes()), (0, 0));
+    // A request is still served, and what it pinned goes back with it.
+    let s = pool.allocate(3 * MIB).unwrap();
+    assert!(pool.capacity() >= 3 * MIB);
+    drop(s);
+    assert_eq!((pool.capacity(), sim.pinned_host_bytes()), (0, 0));
+    // Switched back: it keeps what it pins again.
+    pool.release_idle(false);
+    drop(pool.allocate(MIB).unwrap());
+    assert!(pool.capacity() >= MIB);
 }

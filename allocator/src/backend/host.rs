@@ -6,6 +6,7 @@
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::Backend;
 use crate::error::{Error, Result};
@@ -117,10 +118,25 @@ pub fn alloc_pageable(bytes: usize, alignment: usize) -> Result<HostBlock> {
     })
 }
 
+/// Pinned allocations from this size up are checked against the memory the process may use.
+const CHECKED_PIN: usize = 16 << 20;
+
 /// Allocates `bytes` of page-locked memory from `backend` (page-aligned).
 pub fn alloc_pinned(backend: &'static dyn Backend, bytes: usize) -> Result<HostBlock> {
     if bytes == 0 {
         return Ok(empty(4096));
+    }
+    // As for a region: pinning past what the process may use gets it killed. Reading the
+    // limits costs tens of microseconds, far less than pinning this much takes.
+    if bytes >= CHECKED_PIN {
+        let host = backend.host_memory();
+        if bytes as u64 > host.available() {
+            return Err(Error::HostMemoryLimit {
+                requested: bytes,
+                resource: "PinnedHostMemoryResource",
+                host: host.to_string(),
+            });
+        }
     }
     let p = backend.malloc_host(bytes).map_err(|e| match e {
         Error::Driver { ref name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY" => {
@@ -168,7 +184,14 @@ pub struct PinnedRegion {
     len: usize,
     /// (offset, length) of each registered chunk, in order, covering the region.
     chunks: Vec<(usize, usize)>,
+    /// Live slices of each chunk, or [`RELEASED`] once the chunk went back to the system
+    /// ([`PinnedRegion::release_chunk`]): a chunk goes back only with no slice alive, and no
+    /// slice is carved from it after.
+    live: Vec<AtomicUsize>,
 }
+
+/// [`PinnedRegion::live`] of a chunk given back.
+const RELEASED: usize = usize::MAX;
 
 // SAFETY: the region owns its bytes; shared access goes through `PinnedSlice`s of disjoint
 // ranges, each owned by one holder.
@@ -200,6 +223,15 @@ impl PinnedRegion {
     ) -> Result<PinnedRegion> {
         const HUGE: usize = PinnedRegion::ALIGNMENT;
         let len = bytes.max(1).next_multiple_of(HUGE);
+        // Faulting in more than the process may use gets it killed, not an error: check first.
+        let host = backend.host_memory();
+        if len as u64 > host.available() {
+            return Err(Error::HostMemoryLimit {
+                requested: len,
+                resource: "a pinned host pool",
+                host: host.to_string(),
+            });
+        }
         // Straight from the kernel: an anonymous mapping is zero-filled by contract, so one
         // touch per page (below) backs it without writing every byte, and 2 MiB alignment with
         // MADV_HUGEPAGE lets the kernel back it with huge pages (512× fewer faults).
@@ -290,6 +322,7 @@ impl PinnedRegion {
             backend,
             ptr,
             len,
+            live: registered.iter().map(|_| AtomicUsize::new(0)).collect(),
             chunks: registered,
         };
         match first_error {
@@ -313,18 +346,61 @@ impl PinnedRegion {
     pub fn addr(&self, offset: usize) -> *mut u8 {
         self.ptr.as_ptr().wrapping_add(offset)
     }
+
+    /// The index of the chunk holding byte `offset`.
+    fn chunk_of(&self, offset: usize) -> usize {
+        self.chunks
+            .partition_point(|&(o, l)| o + l <= offset)
+            .min(self.chunks.len().saturating_sub(1))
+    }
+
+    /// Gives chunk `index` back to the system now (unregistered and unmapped), unless a slice
+    /// of it is alive: true when it went back. No slice can be carved from it afterwards.
+    pub fn release_chunk(&self, index: usize) -> bool {
+        let Some(live) = self.live.get(index) else {
+            return false;
+        };
+        if live
+            .compare_exchange(0, RELEASED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        let (o, l) = self.chunks[index];
+        // SAFETY: the chunk was registered by `new` and has no live slice (checked above),
+        // and none can be carved from it now: nothing refers to its bytes.
+        if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
+            tracing::error!("unregistering pinned host memory: {e}");
+        }
+        // SAFETY: the chunk lies inside the mapping made in `new`; nothing uses it (above).
+        if unsafe { libc::munmap(self.addr(o).cast(), l) } != 0 {
+            tracing::error!("unmapping {l} bytes of pinned host memory failed");
+        }
+        true
+    }
+
+    /// True when chunk `index` went back to the system.
+    pub fn is_released(&self, index: usize) -> bool {
+        self.live
+            .get(index)
+            .is_some_and(|l| l.load(Ordering::Acquire) == RELEASED)
+    }
 }
 
 impl Drop for PinnedRegion {
     fn drop(&mut self) {
-        for &(o, _) in &self.chunks {
+        for (i, &(o, _)) in self.chunks.iter().enumerate() {
+            if self.is_released(i) {
+                continue;
+            }
             // SAFETY: this chunk was registered by `new`; no slice outlives the region (each
             // holds an `Arc` of it), so no copy uses it.
             if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
                 tracing::error!("unregistering pinned host memory: {e}");
             }
         }
-        // SAFETY: mapped in `new` with exactly this start and length; nothing uses it now.
+        // SAFETY: mapped in `new` with exactly this start and length; nothing uses it now
+        // (unmapping chunks released before is allowed: munmap skips what is not mapped).
         if unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) } != 0 {
             tracing::error!("unmapping {} bytes of pinned host memory failed", self.len);
         }
@@ -343,6 +419,8 @@ pub struct PinnedSlice {
     owner: std::sync::Arc<dyn SliceOwner>,
     offset: usize,
     len: usize,
+    /// The chunk it lies in.
+    chunk: usize,
 }
 
 impl fmt::Debug for PinnedSlice {
@@ -355,20 +433,28 @@ impl fmt::Debug for PinnedSlice {
 }
 
 impl PinnedSlice {
-    /// A slice of `region`; `owner` must hand each range of it to one slice at a time.
+    /// A slice of `region`; `owner` must hand each range of it to one slice at a time, inside
+    /// one chunk. `None` when that chunk went back to the system.
     pub(crate) fn carve(
         region: std::sync::Arc<PinnedRegion>,
         owner: std::sync::Arc<dyn SliceOwner>,
         offset: usize,
         len: usize,
-    ) -> PinnedSlice {
+    ) -> Option<PinnedSlice> {
         debug_assert!(offset + len <= region.len());
-        PinnedSlice {
+        let chunk = region.chunk_of(offset);
+        region.live[chunk]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n != RELEASED).then_some(n + 1)
+            })
+            .ok()?;
+        Some(PinnedSlice {
             region,
             owner,
             offset,
             len,
-        }
+            chunk,
+        })
     }
 
     /// Length in bytes.
@@ -407,6 +493,8 @@ impl PinnedSlice {
 
 impl Drop for PinnedSlice {
     fn drop(&mut self) {
+        // Not alive before its range is free again: the owner may give the chunk back then.
+        self.region.live[self.chunk].fetch_sub(1, Ordering::AcqRel);
         self.owner.give_back(&self.region, self.offset, self.len);
     }
 }

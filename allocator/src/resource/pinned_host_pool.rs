@@ -18,7 +18,11 @@
 //! registered in chunks of 32 MiB: a registration holds the driver while it runs, and the
 //! copies that spills enqueue meanwhile wait for it, so small chunks keep each wait short
 //! while the pool grows during a spill-heavy phase. A request that finds nothing free pins
-//! just what it needs, in one chunk of at least 256 MiB.
+//! just what it needs, in one chunk of at least 32 MiB.
+//!
+//! Nothing is pinned ahead before a request has needed pinned memory, and
+//! [`PinnedHostPool::release_idle`] makes a pool hold no more than its slices: what is free
+//! goes back to the system at once, and each chunk as its last slice goes.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -80,9 +84,18 @@ impl WeakPinnedHostPool {
 /// One registered chunk and its free ranges (offsets within its region).
 struct Chunk {
     region: Arc<PinnedRegion>,
+    /// Its index among the region's chunks.
+    index: usize,
     start: usize,
     len: usize,
     free: BTreeMap<usize, usize>,
+}
+
+impl Chunk {
+    /// True when nothing of it is handed out.
+    fn is_free(&self) -> bool {
+        self.free.get(&self.start) == Some(&self.len)
+    }
 }
 
 struct Inner {
@@ -103,6 +116,9 @@ struct Inner {
     headroom: AtomicUsize,
     /// True while a background thread pins ahead.
     pinning_ahead: AtomicBool,
+    /// Set by [`PinnedHostPool::release_idle`]: chunks go back to the system as soon as
+    /// nothing of them is handed out, and nothing is pinned ahead.
+    release_idle: AtomicBool,
 }
 
 impl fmt::Debug for PinnedHostPool {
@@ -166,6 +182,7 @@ impl PinnedHostPool {
                 pinning_ns: 0.into(),
                 headroom: 0.into(),
                 pinning_ahead: false.into(),
+                release_idle: false.into(),
             }),
         }
     }
@@ -226,14 +243,37 @@ impl PinnedHostPool {
     }
 
     /// Keeps at least `bytes` free and pinned ahead of demand (within the maximum; a growable
-    /// pool only, a fixed one ignores it): a background thread pins more now, and again
-    /// whenever slices handed out leave less free. 0 stops pinning ahead (memory pinned stays).
+    /// pool only, a fixed one ignores it), once the pool has pinned for a request: nothing is
+    /// pinned ahead before something needs pinned memory. From then on a background thread
+    /// pins more whenever slices handed out leave less free. 0 stops pinning ahead (memory
+    /// pinned stays; [`trim`](Self::trim) gives it back).
     pub fn keep_free(&self, bytes: usize) {
         if !self.is_growable() {
             return;
         }
         self.inner.headroom.store(bytes, Ordering::Relaxed);
-        Inner::pin_ahead(&self.inner);
+        if self.capacity() > 0 {
+            Inner::pin_ahead(&self.inner);
+        }
+    }
+
+    /// Gives every chunk with nothing handed out back to the system (unregistered and
+    /// unmapped); returns the bytes given back. A growable pool pins again when a request
+    /// needs it; a fixed pool stays smaller.
+    pub fn trim(&self) -> usize {
+        self.inner.trim()
+    }
+
+    /// With `on`, the pool holds no more pinned memory than its slices: it stops pinning
+    /// ahead, gives back what is free now ([`trim`](Self::trim)), and gives each chunk back
+    /// as soon as its last slice goes. What spilling that has stopped (or a runtime that
+    /// shut down) leaves behind. `false` lets the pool keep what it pinned again.
+    pub fn release_idle(&self, on: bool) {
+        self.inner.release_idle.store(on, Ordering::Release);
+        if on {
+            self.inner.headroom.store(0, Ordering::Relaxed);
+            self.trim();
+        }
     }
 
     /// The free bytes kept pinned ahead of demand ([`keep_free`](Self::keep_free)).
@@ -265,26 +305,33 @@ impl PinnedHostPool {
             return Ok(s);
         }
         if self.inner.grow_limit.is_some() {
-            let _one_grower = self.inner.growing.lock();
+            let one_grower = self.inner.growing.lock();
             loop {
                 // Another thread may have grown the pool (or freed memory) meanwhile.
                 if let Some(s) = self.try_allocate(len) {
+                    drop(one_grower);
+                    // The pool has pinned for a need: from now on it pins ahead, if asked.
+                    Inner::pin_ahead(&self.inner);
                     return Ok(s);
                 }
                 // Double (within the step bounds), but never past the maximum when the
                 // request still fits below it. A pool that pins ahead pins only what this
-                // request needs here: the rest is pinned ahead in the background.
-                let step = if self.headroom() > 0 {
-                    len.max(MIN_CHUNK)
+                // request needs here (in a chunk of its own, at least as large as those
+                // pinned ahead): the rest is pinned ahead in the background.
+                let (step, chunk) = if self.headroom() > 0 {
+                    (len.max(AHEAD_CHUNK), len.max(AHEAD_CHUNK))
                 } else {
-                    len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP))
-                }
-                .min(self.inner.room());
+                    (
+                        len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP)),
+                        len.max(MIN_CHUNK),
+                    )
+                };
+                let step = step.min(self.inner.room());
                 if step >= len {
                     // Chunks at least as large as the request, so that it fits in one.
                     // Failing to pin more is running out of host memory, whatever the driver
                     // said: callers fall back (to disk) on that.
-                    match self.inner.grow(step, len.max(MIN_CHUNK)) {
+                    match self.inner.grow(step, chunk) {
                         Ok(true) => continue,
                         Ok(false) => {}
                         Err(e) => {
@@ -326,15 +373,19 @@ impl PinnedHostPool {
             }
             Some((Arc::clone(&c.region), offset))
         })?;
-        drop(chunks);
-        let used = self.inner.used.fetch_add(len, Ordering::Relaxed) + len;
-        self.inner.peak.fetch_max(used, Ordering::Relaxed);
-        Some(PinnedSlice::carve(
+        // Carved under the lock: a chunk listed here has not gone back to the system (chunks
+        // are taken off the list, under the lock, before they go), so carving succeeds.
+        let slice = PinnedSlice::carve(
             region,
             Arc::clone(&self.inner) as Arc<dyn SliceOwner>,
             offset,
             len,
-        ))
+        );
+        drop(chunks);
+        let slice = slice?;
+        let used = self.inner.used.fetch_add(len, Ordering::Relaxed) + len;
+        self.inner.peak.fetch_max(used, Ordering::Relaxed);
+        Some(slice)
     }
 }
 
@@ -348,6 +399,9 @@ impl Inner {
 
     /// What to pin ahead now: the step toward the headroom within the maximum, or `None`.
     fn ahead_step(&self) -> Option<usize> {
+        if self.release_idle.load(Ordering::Acquire) {
+            return None;
+        }
         let want = self.headroom.load(Ordering::Relaxed);
         let free = self.free();
         self.grow_limit?;
@@ -376,6 +430,10 @@ impl Inner {
                         return;
                     };
                     match inner.grow(step.min(AHEAD_STEP), AHEAD_CHUNK) {
+                        // Told meanwhile to hold no more than its slices: the step goes back.
+                        Ok(true) if inner.release_idle.load(Ordering::Acquire) => {
+                            inner.trim();
+                        }
                         Ok(true) => continue,
                         // A request took the room meanwhile.
                         Ok(false) => {}
@@ -394,6 +452,26 @@ impl Inner {
             self.pinning_ahead.store(false, Ordering::Release);
             tracing::warn!("no thread to pin host memory ahead of demand: {e}");
         }
+    }
+
+    /// [`PinnedHostPool::trim`].
+    fn trim(&self) -> usize {
+        let mut chunks = self.chunks.lock();
+        let mut released = 0;
+        chunks.retain(|c| {
+            if c.is_free() && c.region.release_chunk(c.index) {
+                released += c.len;
+                false
+            } else {
+                true
+            }
+        });
+        drop(chunks);
+        self.capacity.fetch_sub(released, Ordering::AcqRel);
+        if released > 0 {
+            tracing::debug!(bytes = released, "pinned host memory given back");
+        }
+        released
     }
 
     /// Bytes the pool may still pin under its maximum (those being pinned counted).
@@ -432,9 +510,10 @@ impl Inner {
         self.pinning_ns
             .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
         let mut chunks = self.chunks.lock();
-        for &(o, l) in region.chunks() {
+        for (index, &(o, l)) in region.chunks().iter().enumerate() {
             chunks.push(Chunk {
                 region: Arc::clone(&region),
+                index,
                 start: o,
                 len: l,
                 free: BTreeMap::from([(o, l)]),
@@ -470,7 +549,7 @@ impl fmt::Display for PinnedHostPool {
 impl SliceOwner for Inner {
     fn give_back(&self, region: &PinnedRegion, offset: usize, len: usize) {
         let mut chunks = self.chunks.lock();
-        let Some(chunk) = chunks.iter_mut().find(|c| {
+        let Some(at) = chunks.iter().position(|c| {
             std::ptr::eq(Arc::as_ptr(&c.region), region)
                 && offset >= c.start
                 && offset < c.start + c.len
@@ -483,6 +562,7 @@ impl SliceOwner for Inner {
             );
             return;
         };
+        let chunk = &mut chunks[at];
         let ranges = &mut chunk.free;
         let (mut start, mut size) = (offset, len);
         // Merge with the free range just before, then the one just after.
@@ -497,7 +577,15 @@ impl SliceOwner for Inner {
             size += l;
         }
         ranges.insert(start, size);
+        // A pool that holds only what its slices need gives an emptied chunk back at once.
+        let released = (self.release_idle.load(Ordering::Acquire)
+            && chunk.is_free()
+            && chunk.region.release_chunk(chunk.index))
+        .then(|| chunks.swap_remove(at).len);
         drop(chunks);
         self.used.fetch_sub(len, Ordering::Relaxed);
+        if let Some(bytes) = released {
+            self.capacity.fetch_sub(bytes, Ordering::AcqRel);
+        }
     }
 }

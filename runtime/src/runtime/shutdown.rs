@@ -74,6 +74,9 @@ impl RuntimeHandle {
                     "spilling before shutdown: {e}; unspilled buffers keep their pool alive"
                 );
             }
+            // Pinned host memory goes back but for what the spilled data holds, and that
+            // as the data goes.
+            m.stand_down();
         }
         let generation = shared.generation();
         let mut leaks = Vec::new();

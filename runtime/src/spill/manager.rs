@@ -17,10 +17,6 @@ use super::foreign::{ForeignData, ForeignOwner};
 use super::statistics::{Moves, SpillStatistics, TierStatistics};
 use super::tracker::{Spillable, Tracker};
 
-/// The most pinned host memory a growable host pool (`spill.host_pool_size = "none"`) keeps
-/// free ahead of demand: it keeps the device limit's worth, up to this.
-pub const PIN_AHEAD_MAX: u64 = 16 << 30;
-
 /// `spill.host_pool_size` and `spill.disk_directory`: what the tiers are made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct TierSettings {
@@ -64,6 +60,9 @@ pub struct SpillManager {
     limit_fixed: std::sync::atomic::AtomicBool,
     /// Set by [`fix_disk_directory`](Self::fix_disk_directory): a reinitialize keeps it.
     disk_fixed: Mutex<Option<std::path::PathBuf>>,
+    /// `spill.pin_ahead`: the most pinned host memory kept free ahead of demand (it keeps
+    /// the limit's worth, up to this).
+    pin_ahead: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for SpillManager {
@@ -93,18 +92,17 @@ impl SpillManager {
             me: me.clone(),
             ..Tracker::default()
         });
-        tracker.limit.store(spill.threshold, Ordering::Relaxed);
-        store
-            .host()
-            .keep_free(spill.threshold.min(PIN_AHEAD_MAX) as usize);
-        Ok(SpillManager {
+        let manager = SpillManager {
             tiers_made_with: Mutex::new(TierSettings::of(spill)),
             store,
             tracker,
             eager_unspill: spill.eager_unspill.into(),
             limit_fixed: false.into(),
             disk_fixed: Mutex::new(None),
-        })
+            pin_ahead: spill.pin_ahead.into(),
+        };
+        manager.set_limit(spill.threshold);
+        Ok(manager)
     }
 
     /// Makes the host pool and disk tier of `spill` the tiers new spills go to, where they
@@ -136,14 +134,9 @@ impl SpillManager {
             .then_some(new.disk_directory.as_deref());
         let previous = self.store.replace_tiers(host.clone(), disk)?;
         if let Some(host) = &host {
-            // The old pool pins no more ahead of demand; the new one takes over.
-            previous.host().keep_free(0);
-            host.keep_free(
-                self.tracker
-                    .limit
-                    .load(Ordering::Relaxed)
-                    .min(PIN_AHEAD_MAX) as usize,
-            );
+            // The old pool keeps only what data spilled into it holds; the new one takes over.
+            previous.host().release_idle(true);
+            host.keep_free(self.ahead());
         }
         tracing::info!(
             device = self.device().ordinal(),
@@ -165,25 +158,35 @@ impl SpillManager {
         let replaced = self.store.tiers();
         self.store.restore_tiers(undo.tiers);
         if !replaced.host().same_pool(&self.store.host()) {
-            replaced.host().keep_free(0);
-            self.store.host().keep_free(
-                self.tracker
-                    .limit
-                    .load(Ordering::Relaxed)
-                    .min(PIN_AHEAD_MAX) as usize,
-            );
+            replaced.host().release_idle(true);
+            self.store.host().release_idle(false);
+            self.store.host().keep_free(self.ahead());
         }
         *made_with = undo.settings;
     }
 
-    /// Takes the limit and eager unspilling of a new configuration (the tiers change with
-    /// [`replace_tiers`](Self::replace_tiers)).
+    /// Takes the limit, pinning ahead and eager unspilling of a new configuration (the tiers
+    /// change with [`replace_tiers`](Self::replace_tiers)); spilling resumes if it had stood
+    /// down ([`stand_down`](Self::stand_down)).
     pub fn reconfigure(&self, spill: &ResolvedSpill) {
-        if !self.limit_fixed.load(Ordering::Relaxed) {
-            self.set_limit(spill.threshold);
-        }
+        self.pin_ahead.store(spill.pin_ahead, Ordering::Relaxed);
+        self.store.host().release_idle(false);
+        let limit = if self.limit_fixed.load(Ordering::Relaxed) {
+            self.tracker.limit.load(Ordering::Relaxed)
+        } else {
+            spill.threshold
+        };
+        self.set_limit(limit);
         self.eager_unspill
             .store(spill.eager_unspill, Ordering::Relaxed);
+    }
+
+    /// Spilling stops on this device (a reinitialize turned it off, or the runtime shut
+    /// down): the host pool pins nothing more ahead, gives back what it holds free, and gives
+    /// back the rest as spilled data comes back or is dropped. Data stays where it is; a
+    /// later [`reconfigure`](Self::reconfigure) resumes.
+    pub fn stand_down(&self) {
+        self.store.host().release_idle(true);
     }
 
     /// Sets the device limit to `bytes` and keeps it across reinitializations (whose
@@ -218,6 +221,12 @@ impl SpillManager {
         Ok(())
     }
 
+    /// True when the limit was fixed ([`fix_limit`](Self::fix_limit)): a device store relies
+    /// on this device's spilling.
+    pub fn is_fixed(&self) -> bool {
+        self.limit_fixed.load(Ordering::Relaxed)
+    }
+
     /// The device limit once [`reconfigure`](Self::reconfigure)d to `spill` (the limit now
     /// when it is fixed).
     pub(crate) fn limit_under(&self, spill: &ResolvedSpill) -> u64 {
@@ -242,9 +251,14 @@ impl SpillManager {
     /// The limit, and the host memory pinned ahead of demand that goes with it.
     fn set_limit(&self, bytes: u64) {
         self.tracker.limit.store(bytes, Ordering::Relaxed);
-        self.store
-            .host()
-            .keep_free(bytes.min(PIN_AHEAD_MAX) as usize);
+        self.store.host().keep_free(self.ahead());
+    }
+
+    /// Pinned host memory to keep free ahead of demand: the limit's worth, up to
+    /// `spill.pin_ahead`.
+    fn ahead(&self) -> usize {
+        let limit = self.tracker.limit.load(Ordering::Relaxed);
+        usize::try_from(limit.min(self.pin_ahead.load(Ordering::Relaxed))).unwrap_or(usize::MAX)
     }
 
     /// The device.

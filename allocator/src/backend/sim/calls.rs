@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::memory::{AllocKind, Backing, DEVICE_ALIGNMENT, HOST_ALIGNMENT, Resolved};
 use super::stream::{SimEvent, SimStream};
 use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, spawn_error};
+use crate::backend::host_memory::HostMemory;
 use crate::backend::{
     Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawPhysical,
     RawStream,
@@ -261,6 +262,17 @@ impl Backend for SimBackend {
             s.submit(release);
         }
         Ok(())
+    }
+
+    fn host_memory(&self) -> HostMemory {
+        let Some(limit) = self.host_limit() else {
+            return HostMemory::read();
+        };
+        HostMemory {
+            physical: limit,
+            available_now: limit.saturating_sub(self.pinned_host_bytes() as u64),
+            cgroup: None,
+        }
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {

@@ -117,6 +117,9 @@ pub struct SimBackend {
     vmm_supported: AtomicBool,
     next_handle: AtomicU64,
     pin_faults: PinFaults,
+    /// Host memory the process may use, as [`Backend::host_memory`] reports it (`u64::MAX`:
+    /// the real host's): [`SimBackend::limit_host_memory`], `RMM_SIM_HOST_MEMORY`.
+    host_limit: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -168,6 +171,7 @@ impl SimBackend {
             vmm_supported: AtomicBool::new(true),
             next_handle: AtomicU64::new(0x1000),
             pin_faults: PinFaults::default(),
+            host_limit: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -183,6 +187,19 @@ impl SimBackend {
     /// The configuration this backend was built with.
     pub fn config(&self) -> &SimConfig {
         &self.config
+    }
+
+    /// Makes the host look as if the process may use only `bytes` of memory, as under a
+    /// cgroup limit (`None`: the real host's memory): pinning more than what is left of it
+    /// then fails as it would there. What the simulated device has pinned counts against it.
+    pub fn limit_host_memory(&self, bytes: Option<u64>) {
+        self.host_limit
+            .store(bytes.unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// The host memory limit set by [`limit_host_memory`](Self::limit_host_memory), if any.
+    pub(crate) fn host_limit(&self) -> Option<u64> {
+        Some(self.host_limit.load(Ordering::SeqCst)).filter(|&l| l != u64::MAX)
     }
 
     /// Makes the `n`-th device allocation from now on `dev` fail with out-of-memory
