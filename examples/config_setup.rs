@@ -81,8 +81,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backend = open_backend(config.backend)?;
     println!();
     println!("== backend: {}", backend.describe());
-    // Free memory too, to print it (resolving needs it only for a default initial pool).
-    let facts = device_facts(backend, true)?;
+    // What resolving this configuration needs (free memory only for a default initial pool:
+    // "unknown" below otherwise).
+    let facts = device_facts(backend, &config)?;
     let resolved = config.resolve(&facts)?;
     let mut planned: BTreeMap<u32, String> = BTreeMap::new();
     for d in &resolved.devices {

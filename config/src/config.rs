@@ -80,7 +80,7 @@ impl Config {
     pub fn from_toml_str(text: &str) -> Result<Config> {
         ConfigLoader::new()
             .no_env()
-            .toml_str("<toml string>", text)
+            .complete_toml_str("<toml string>", text)
             .load()
     }
 
@@ -140,6 +140,7 @@ impl Config {
             "logging.directory" => self.logging.directory.display().to_string(),
             "logging.level" => self.logging.level.to_string(),
             "spill.enabled" => on(self.spill.enabled),
+            "spill.pin_ahead" => self.spill.pin_ahead.to_string(),
             "spill.on_demand" => on(self.spill.on_demand),
             "spill.eager_unspill" => on(self.spill.eager_unspill),
             "spill.disk_directory" => self

@@ -211,6 +211,46 @@ pub enum Error {
         /// The device's total memory in bytes.
         total_memory: u64,
     },
+    /// A size is set for a feature that is off, so it does nothing.
+    #[error(
+        "{setting} has no effect: {feature} is off ({}); turn it on, or remove the key",
+        switches.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    UnusedSize {
+        /// The size.
+        setting: Box<Setting>,
+        /// What is off, e.g. "the pool".
+        feature: &'static str,
+        /// The switches that would turn it on, all off.
+        switches: Vec<Setting>,
+    },
+    /// The spill limit is above the hard limit: allocations fail before spilling starts.
+    #[error(
+        "on device {device}, {spill} is above {limit}: allocations fail at the hard limit \
+         before the device ever holds enough to start spilling; lower the spill limit below \
+         the hard limit (dask-cuda spills at 80% of its limit)"
+    )]
+    SpillAboveLimit {
+        /// The device.
+        device: u32,
+        /// `spill.device_memory_limit`, resolved.
+        spill: Box<Setting>,
+        /// `limits.device_memory_limit`, resolved.
+        limit: Box<Setting>,
+    },
+    /// A size of pinned host memory is larger than the host memory the process may use.
+    #[error(
+        "{setting} is larger than the {} of host memory this process may use (pinned memory \
+         cannot be paged out: pinning it would get the process killed); use less, or \
+         \"none\" to pin only as spilling needs",
+        human(*host_memory)
+    )]
+    LargerThanHost {
+        /// The size.
+        setting: Box<Setting>,
+        /// Host memory the process may use, in bytes (physical memory, or its cgroup's limit).
+        host_memory: u64,
+    },
     /// A size is below 256 bytes and so rounds down to zero.
     #[error(
         "{setting} is below 256 bytes on device {device}: sizes are rounded down to a multiple \

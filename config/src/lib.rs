@@ -13,6 +13,7 @@
 //!     uuid: "GPU-0".into(),
 //!     total_memory: 80 << 30,
 //!     free_memory: Some(79 << 30),
+//!     host_memory: Some(512 << 30),
 //! }];
 //! let resolved = config.resolve(&facts)?; // bytes per selected device
 //! # Ok::<(), rmm::config::Error>(())
@@ -33,7 +34,7 @@
 //!
 //! | key | environment | default | accepts |
 //! |---|---|---|---|
-//! | `backend` | `RMM_BACKEND` | `"auto"` | `"auto"`, `"cuda"`, `"sim"` |
+//! | `backend` | `RMM_BACKEND` | `"auto"` (the GPU, or an error) | `"auto"`, `"cuda"`, `"sim"` |
 //! | `devices` | `RMM_DEVICES` | `[0]` | `"all"`, ordinals, UUIDs (`"GPU-…"`, `"MIG-…"`) |
 //! | `workers_per_device` | `RMM_WORKERS_PER_DEVICE` | `1` | integer 1 ..= 256 ([`MAX_WORKERS_PER_DEVICE`]) |
 //! | `pool.enabled` | `RMM_POOL__ENABLED` | `false` | bool |
@@ -51,6 +52,7 @@
 //! | `spill.enabled` | `RMM_SPILL__ENABLED` | `false` | bool |
 //! | `spill.device_memory_limit` | `RMM_SPILL__DEVICE_MEMORY_LIMIT` | `"80%"` | size |
 //! | `spill.host_pool_size` | `RMM_SPILL__HOST_POOL_SIZE` | `"none"` | size or `"none"` |
+//! | `spill.pin_ahead` | `RMM_SPILL__PIN_AHEAD` | `"auto"` (the spill limit, at most 1/16 of host memory) | size, `"auto"` or `"none"` |
 //! | `spill.on_demand` | `RMM_SPILL__ON_DEMAND` | `true` | bool |
 //! | `spill.eager_unspill` | `RMM_SPILL__EAGER_UNSPILL` | `false` | bool |
 //! | `spill.disk_directory` | `RMM_SPILL__DISK_DIRECTORY` | `"none"` | path or `"none"` |
@@ -95,19 +97,23 @@ mod resolve;
 mod schema;
 mod size;
 mod types;
+mod unused;
 
 pub use config::{EffectiveValue, render};
 pub use error::{Error, Result, Setting, Source};
 pub use loader::{CONFIG_PATH_VAR, ConfigLoader, DEFAULT_FILE, MAX_NESTING};
-pub use resolve::{DeviceFacts, ResolvedConfig, ResolvedDevice, ResolvedPool, ResolvedSpill};
+pub use resolve::{
+    DeviceFacts, PIN_AHEAD_HOST_SHARE, PIN_AHEAD_WITHOUT_HOST_FACTS, ResolvedConfig,
+    ResolvedDevice, ResolvedPool, ResolvedSpill,
+};
 pub use schema::{
     ENV_NOT_KEYS, ENV_PREFIX, ENV_RAPIDS_IGNORED, env_var_name, keys, per_device_keys,
 };
 pub use size::{ALIGNMENT, ParseSizeError, Size, align_down};
 pub use types::{
     Backend, Config, DeviceOverride, DeviceSelector, Devices, LimitsConfig, LimitsOverride,
-    LogLevel, LoggingConfig, PoolConfig, PoolOverride, SpillConfig, SpillOverride, StatsConfig,
-    Switch, TrackingConfig,
+    LogLevel, LoggingConfig, PinAhead, PoolConfig, PoolOverride, SpillConfig, SpillOverride,
+    StatsConfig, Switch, TrackingConfig,
 };
 
 #[cfg(test)]

@@ -51,6 +51,9 @@ enum FileChoice {
     Text {
         name: PathBuf,
         text: String,
+        /// A whole configuration written out ([`Config::to_toml`]): read as a running
+        /// configuration is, its sizes carried over whatever is on.
+        complete: bool,
     },
     Skip,
     /// A loaded configuration, every key of it, in place of the defaults and the file.
@@ -166,6 +169,23 @@ impl ConfigLoader {
         self.file = FileChoice::Text {
             name: name.into(),
             text: text.into(),
+            complete: false,
+        };
+        self
+    }
+
+    /// As [`toml_str`](Self::toml_str), for the text of a whole configuration
+    /// ([`Config::to_toml`]): like a running configuration ([`from_config`](Self::from_config)),
+    /// its sizes are taken as they are, also those of a feature that is off.
+    pub(crate) fn complete_toml_str(
+        mut self,
+        name: impl Into<PathBuf>,
+        text: impl Into<String>,
+    ) -> Self {
+        self.file = FileChoice::Text {
+            name: name.into(),
+            text: text.into(),
+            complete: true,
         };
         self
     }
@@ -227,7 +247,9 @@ impl ConfigLoader {
         let env = self.env_vars();
         let mut layers = Layers::default();
         self.read_file(&env, &mut layers)?;
+        layers.layer = Layer::Env;
         read_env(&env, &mut layers);
+        layers.layer = Layer::Code;
         for (key, value) in &self.overrides {
             match value {
                 Override::Toml(value) => {
@@ -247,8 +269,10 @@ impl ConfigLoader {
             }
         }
         Error::from_list(layers.errors)?;
+        let last = crate::unused::last_layers(&layers.entries);
         let config = merge(layers.entries)?;
         config.validate()?;
+        crate::unused::check(&config, &last)?;
         Ok(config)
     }
 
@@ -274,7 +298,16 @@ impl ConfigLoader {
         let (path, required, named_by_env) = match &self.file {
             FileChoice::Skip => return Ok(()),
             FileChoice::Base(config) => return layers.base(config),
-            FileChoice::Text { name, text } => return layers.parse(name, text),
+            FileChoice::Text {
+                name,
+                text,
+                complete,
+            } => {
+                if *complete {
+                    layers.layer = Layer::Base;
+                }
+                return layers.parse(name, text);
+            }
             FileChoice::Required(path) => (path.clone(), true, false),
             FileChoice::Optional(path) => (path.clone(), false, false),
             FileChoice::Auto => match from_env() {
@@ -294,16 +327,34 @@ impl ConfigLoader {
 }
 
 /// A checked value and where it came from.
-struct Entry {
-    key: String,
-    value: toml::Value,
-    origin: Source,
+pub(crate) struct Entry {
+    pub(crate) key: String,
+    pub(crate) value: toml::Value,
+    pub(crate) origin: Source,
+    /// The layer that gave it: later layers override earlier ones.
+    pub(crate) layer: Layer,
+}
+
+/// The layers of a load, in the order they apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub(crate) enum Layer {
+    /// The running configuration a loader starts from ([`ConfigLoader::from_config`]).
+    Base,
+    /// The file.
+    #[default]
+    File,
+    /// The environment.
+    Env,
+    /// Overrides in code.
+    Code,
 }
 
 #[derive(Default)]
 struct Layers {
     entries: Vec<Entry>,
     errors: Vec<Error>,
+    /// The layer being read.
+    layer: Layer,
 }
 
 impl Layers {
@@ -316,7 +367,12 @@ impl Layers {
         flatten(&value, "", &mut flat);
         for (key, value) in flat {
             let origin = config.source(&key);
-            self.entries.push(Entry { key, value, origin });
+            self.entries.push(Entry {
+                key,
+                value,
+                origin,
+                layer: Layer::Base,
+            });
         }
         Ok(())
     }
@@ -418,7 +474,12 @@ impl Layers {
         shown: impl FnOnce() -> String,
     ) {
         match spec.kind.check(&value, text) {
-            Ok(()) => self.entries.push(Entry { key, value, origin }),
+            Ok(()) => self.entries.push(Entry {
+                key,
+                value,
+                origin,
+                layer: self.layer,
+            }),
             Err(problem) => self.errors.push(Error::InvalidValue {
                 origin,
                 key,

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::config::{EffectiveSize, SizeKey};
 use crate::error::{Error, Result, Setting};
 use crate::size::{Size, align_down, human};
-use crate::types::{Backend, Config, DeviceSelector, Devices, LogLevel, Switch};
+use crate::types::{Backend, Config, DeviceSelector, Devices, LogLevel, PinAhead, Switch};
 
 /// What the backend reports about one device; the runtime fills this in (this crate does not
 /// talk to devices).
@@ -22,7 +22,19 @@ pub struct DeviceFacts {
     /// Free device memory in bytes, now; `None` where it was not read because no size depends
     /// on it ([`Config::needs_free_memory`] is false).
     pub free_memory: Option<u64>,
+    /// Host memory the process may use, in bytes (physical memory, or its cgroup's limit if
+    /// lower): pinned host memory is checked against it and `spill.pin_ahead = "auto"`
+    /// derives from it. `None` where unknown: nothing is checked, and `"auto"` pins at most
+    /// [`PIN_AHEAD_WITHOUT_HOST_FACTS`] ahead.
+    pub host_memory: Option<u64>,
 }
+
+/// Host memory pinned ahead of demand by default is at most the host memory the process may
+/// use divided by this: one worker per GPU on an 8-GPU host then keeps under half of it.
+pub const PIN_AHEAD_HOST_SHARE: u64 = 16;
+
+/// What `spill.pin_ahead = "auto"` pins ahead at most when the host's memory is not known.
+pub const PIN_AHEAD_WITHOUT_HOST_FACTS: u64 = 1 << 30;
 
 /// The configuration with devices chosen and every size in bytes (multiples of 256).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -99,6 +111,10 @@ pub struct ResolvedSpill {
     pub threshold: u64,
     /// Size of the pinned host pool; `None`: pin as needed.
     pub host_pool_size: Option<u64>,
+    /// With a host pool pinned as needed: the most pinned host memory kept free ahead of
+    /// demand once spilling has started (it keeps the spill limit's worth, up to this); 0:
+    /// none.
+    pub pin_ahead: u64,
     /// Spill and retry on out-of-memory.
     pub on_demand: bool,
     /// Unspill as soon as memory allows.
@@ -118,6 +134,12 @@ impl Config {
                     .device
                     .values()
                     .any(|o| matches!(o.pool.initial_size, Some(None))))
+    }
+
+    /// Whether resolving uses the host's memory ([`DeviceFacts::host_memory`]): only
+    /// spilling's pinned host memory depends on it.
+    pub fn needs_host_memory(&self) -> bool {
+        self.spill.enabled
     }
 
     /// Chooses the devices and turns every size into bytes for each, checking what needs the
@@ -237,14 +259,58 @@ impl Config {
             .use_async
             .then(|| bytes(SizeKey::ReleaseThreshold))
             .flatten();
-        let spill = self.spill.enabled.then(|| ResolvedSpill {
-            // Only `None` after an error, which `errors` holds.
-            threshold: bytes(SizeKey::SpillThreshold).unwrap_or(0),
-            host_pool_size: bytes(SizeKey::HostPool),
-            on_demand: self.spill.on_demand,
-            eager_unspill: self.spill.eager_unspill,
-            disk_directory: self.spill.disk_directory.clone(),
+        let spill = self.spill.enabled.then(|| {
+            // A fraction is of the memory rmm-rs may use on the device: the hard limit where
+            // one is set (80% of it by default, so that spilling starts before allocations
+            // fail). Only `None` after an error, which `errors` holds.
+            let threshold = match (self.effective_size(Some(ordinal), SizeKey::SpillThreshold).size, limit) {
+                (Some(size @ Size::Fraction(_)), Some(limit)) => size.resolve(limit.min(facts.total_memory)),
+                _ => bytes(SizeKey::SpillThreshold).unwrap_or(0),
+            };
+            let pin_ahead = match self.spill.pin_ahead {
+                PinAhead::Up(size) => size.resolve(facts.total_memory),
+                PinAhead::Off => 0,
+                PinAhead::Auto => {
+                    threshold.min(facts.host_memory.map_or(PIN_AHEAD_WITHOUT_HOST_FACTS, |h| {
+                        align_down(h / PIN_AHEAD_HOST_SHARE)
+                    }))
+                }
+            };
+            ResolvedSpill {
+                threshold,
+                host_pool_size: bytes(SizeKey::HostPool),
+                pin_ahead,
+                on_demand: self.spill.on_demand,
+                eager_unspill: self.spill.eager_unspill,
+                disk_directory: self.spill.disk_directory.clone(),
+            }
         });
+        if let Some(spill) = &spill {
+            let shown = |key: SizeKey, n: u64| Box::new(self.resolved_setting(ordinal, key, n));
+            if let Some(limit) = limit.filter(|&l| spill.threshold > l) {
+                errors.push(Error::SpillAboveLimit {
+                    device: ordinal,
+                    spill: shown(SizeKey::SpillThreshold, spill.threshold),
+                    limit: shown(SizeKey::Limit, limit),
+                });
+            }
+            if let Some(host) = facts.host_memory {
+                if let Some(pool) = spill.host_pool_size.filter(|&p| p > host) {
+                    errors.push(Error::LargerThanHost {
+                        setting: shown(SizeKey::HostPool, pool),
+                        host_memory: host,
+                    });
+                }
+                if let PinAhead::Up(size) = self.spill.pin_ahead
+                    && spill.pin_ahead > host
+                {
+                    errors.push(Error::LargerThanHost {
+                        setting: Box::new(self.setting("spill.pin_ahead", size.to_string())),
+                        host_memory: host,
+                    });
+                }
+            }
+        }
 
         if let Some(initial) = initial {
             let shown = |key: SizeKey, n: u64| Box::new(self.resolved_setting(ordinal, key, n));

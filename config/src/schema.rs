@@ -38,6 +38,8 @@ pub(crate) enum Kind {
     Path,
     /// A path or `"none"`.
     OptPath,
+    /// A size, `"auto"` or `"none"` ([`crate::types::PinAhead`]).
+    PinAhead,
     Level,
 }
 
@@ -87,6 +89,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
     key("spill.enabled", Kind::Bool),
     device_key("spill.device_memory_limit", Kind::Size),
     device_key("spill.host_pool_size", Kind::OptSize("none")),
+    key("spill.pin_ahead", Kind::PinAhead),
     key("spill.on_demand", Kind::Bool),
     key("spill.eager_unspill", Kind::Bool),
     key("spill.disk_directory", Kind::OptPath),
@@ -324,6 +327,7 @@ impl Kind {
             Kind::Switch => r#"true, false or "auto""#.to_string(),
             Kind::Size => r#"bytes, "2GiB" or "50%""#.to_string(),
             Kind::OptSize(keyword) => format!(r#"bytes, "2GiB", "50%" or "{keyword}""#),
+            Kind::PinAhead => r#"bytes, "2GiB", "50%", "auto" or "none""#.to_string(),
             Kind::Path => "a directory path".to_string(),
             Kind::OptPath => r#"a directory path or "none""#.to_string(),
             Kind::Level => r#""trace", "debug", "info", "warn", "error" or "off""#.to_string(),
@@ -349,6 +353,9 @@ impl Kind {
             Kind::Devices => Devices::from_toml(value).map(drop),
             Kind::Size => Size::from_toml(value).map(drop).map_err(size_reason),
             Kind::OptSize(keyword) => parse_opt_size(value, keyword)
+                .map(drop)
+                .map_err(size_reason),
+            Kind::PinAhead => crate::types::PinAhead::from_toml(value)
                 .map(drop)
                 .map_err(size_reason),
         };

@@ -44,6 +44,62 @@ impl Backend {
     }
 }
 
+/// `spill.pin_ahead`: how much pinned host memory spilling keeps free ahead of demand, once it
+/// has started (a growable host pool only: `spill.host_pool_size = "none"`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum PinAhead {
+    /// `"auto"`: the spill limit's worth, at most a sixteenth of the host memory the process
+    /// may use ([`crate::PIN_AHEAD_HOST_SHARE`]), so that one worker per GPU on an 8-GPU
+    /// host keeps under half of it pinned ahead.
+    #[default]
+    Auto,
+    /// `"none"`: nothing is pinned ahead; spills pin as they go.
+    Off,
+    /// At most this much (a fraction is of the device's total memory).
+    Up(Size),
+}
+
+impl PinAhead {
+    /// Reads `"auto"`, `"none"` or a size.
+    ///
+    /// # Errors
+    /// The size's error for anything else.
+    pub(crate) fn from_toml(value: &toml::Value) -> Result<PinAhead, crate::size::ParseSizeError> {
+        match value {
+            toml::Value::String(s) if s.trim().eq_ignore_ascii_case("auto") => Ok(PinAhead::Auto),
+            toml::Value::String(s) if s.trim().eq_ignore_ascii_case("none") => Ok(PinAhead::Off),
+            other => Size::from_toml(other).map(PinAhead::Up),
+        }
+    }
+}
+
+impl fmt::Display for PinAhead {
+    /// `auto`, `none` or the size as written.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PinAhead::Auto => f.write_str("auto"),
+            PinAhead::Off => f.write_str("none"),
+            PinAhead::Up(size) => write!(f, "{size}"),
+        }
+    }
+}
+
+impl Serialize for PinAhead {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PinAhead::Up(size) => size.serialize(serializer),
+            other => serializer.serialize_str(&other.to_string()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PinAhead {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = toml::Value::deserialize(deserializer)?;
+        PinAhead::from_toml(&value).map_err(serde::de::Error::custom)
+    }
+}
+
 /// Level of the allocation log (`logging.level`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub enum LogLevel {
@@ -390,12 +446,16 @@ pub struct SpillConfig {
     /// `spill.enabled` (default `false`).
     pub enabled: bool,
     /// `spill.device_memory_limit` (default `"80%"`): start spilling when a device holds more
-    /// than this (dask-cuda's default threshold).
+    /// than this (dask-cuda's default threshold). A fraction is of the device's memory, or of
+    /// `limits.device_memory_limit` where that is set.
     pub device_memory_limit: Size,
     /// `spill.host_pool_size` (default `"none"`: pinned host memory is allocated as needed).
     /// A fraction is taken of the *device's* total memory, since the pool serves that device.
     #[serde(with = "none_size")]
     pub host_pool_size: Option<Size>,
+    /// `spill.pin_ahead` (default `"auto"`): with `host_pool_size = "none"`, the most pinned
+    /// host memory kept free ahead of demand once spilling has started.
+    pub pin_ahead: PinAhead,
     /// `spill.on_demand` (default `true`): on an out-of-memory error, spill and retry.
     pub on_demand: bool,
     /// `spill.eager_unspill` (default `false`): move data back as soon as memory allows,
@@ -412,6 +472,7 @@ impl Default for SpillConfig {
             enabled: false,
             device_memory_limit: Size::Fraction(0.8),
             host_pool_size: None,
+            pin_ahead: PinAhead::Auto,
             on_demand: true,
             eager_unspill: false,
             disk_directory: None,

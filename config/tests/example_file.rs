@@ -43,7 +43,15 @@ fn example_device_table_is_valid_when_uncommented() {
         .map(|line| line.strip_prefix("# ").unwrap_or(line))
         .collect::<Vec<_>>()
         .join("\n");
-    let config = common::load(&format!("{}{uncommented}", &text[..start])).unwrap();
+    // Its sizes are the pool's and spilling's: with both on (else they would do nothing).
+    let config = ConfigLoader::new()
+        .toml_str("rmm.toml", format!("{}{uncommented}", &text[..start]))
+        .env_from([
+            ("RMM_POOL__ENABLED", "true"),
+            ("RMM_SPILL__ENABLED", "true"),
+        ])
+        .load()
+        .unwrap();
     let keys: Vec<String> = config
         .effective_values()
         .into_iter()

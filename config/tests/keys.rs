@@ -4,8 +4,8 @@ mod common;
 
 use common::{GIB, load, load_env};
 use rmm_config::{
-    Backend, Config, ConfigLoader, DeviceOverride, DeviceSelector, Devices, LogLevel, Size, Source,
-    Switch, render,
+    Backend, Config, ConfigLoader, DeviceOverride, DeviceSelector, Devices, LogLevel, PinAhead,
+    Size, Source, Switch, render,
 };
 
 /// Every key set to a value other than its default.
@@ -36,6 +36,7 @@ device_memory_limit = 0.9
 enabled = true
 device_memory_limit = "1.5 GB"
 host_pool_size = "16GiB"
+pin_ahead = "none"
 on_demand = false
 eager_unspill = true
 disk_directory = "/scratch/spill"
@@ -77,6 +78,7 @@ const EVERY_VAR: &[(&str, &str)] = &[
     ("RMM_SPILL__ENABLED", "yes"),
     ("RMM_SPILL__DEVICE_MEMORY_LIMIT", "1.5 GB"),
     ("RMM_SPILL__HOST_POOL_SIZE", "16GiB"),
+    ("RMM_SPILL__PIN_AHEAD", "NONE"),
     ("RMM_SPILL__ON_DEMAND", "false"),
     ("RMM_SPILL__EAGER_UNSPILL", "TRUE"),
     ("RMM_SPILL__DISK_DIRECTORY", "/scratch/spill"),
@@ -120,6 +122,7 @@ fn every_key_expected() -> Config {
     c.spill.enabled = true;
     c.spill.device_memory_limit = Size::Bytes(1_500_000_000);
     c.spill.host_pool_size = Some(Size::Bytes(16 * GIB));
+    c.spill.pin_ahead = PinAhead::Off;
     c.spill.on_demand = false;
     c.spill.eager_unspill = true;
     c.spill.disk_directory = Some("/scratch/spill".into());
@@ -202,8 +205,10 @@ fn defaults_are_rmm_reinitialize_defaults() {
 
 #[test]
 fn keyword_and_scalar_forms() {
-    let c =
-        load("devices = \"all\"\n[pool]\ninitial_size = \"AUTO\"\nmaximum_size = 4096").unwrap();
+    let c = load(
+        "devices = \"all\"\n[pool]\nenabled = true\ninitial_size = \"AUTO\"\nmaximum_size = 4096",
+    )
+    .unwrap();
     assert_eq!(c.devices, Devices::All);
     assert_eq!(c.pool.initial_size, None);
     assert_eq!(c.pool.maximum_size, Some(Size::Bytes(4096)));
@@ -277,8 +282,10 @@ fn layers_override_key_by_key_and_record_sources() {
 
 #[test]
 fn effective_values_list_device_overrides() {
-    let config =
-        load("[device.1]\npool.initial_size = \"8GiB\"\nspill.host_pool_size = \"none\"").unwrap();
+    let config = load(
+        "[pool]\nenabled = true\n[device.1]\npool.initial_size = \"8GiB\"\nspill.host_pool_size = \"none\"",
+    )
+    .unwrap();
     let rows = config.effective_values();
     let tail: Vec<(&str, &str)> = rows[rmm_config::keys().count()..]
         .iter()
@@ -375,8 +382,20 @@ fn each_key_set_alone_leaves_every_other_key_at_its_default() {
             (_, v) => vec![(section.clone(), v.clone())],
         };
         for (key, value) in leaves {
+            // A size of a feature that is off would be refused as having no effect: the
+            // feature is turned on in the file, and that switch is not compared below.
+            let switch = ["pool.release_threshold"]
+                .contains(&key.as_str())
+                .then_some("pool.async")
+                .or_else(|| key.contains("pool.").then_some("pool.enabled"))
+                .or_else(|| {
+                    (key.starts_with("spill.") || key.contains(".spill."))
+                        .then_some("spill.enabled")
+                })
+                .filter(|s| *s != key && !key.ends_with("_demand") && !key.ends_with("unspill"));
+            let file = switch.map_or_else(String::new, |s| format!("{s} = true"));
             let config = ConfigLoader::new()
-                .no_file()
+                .toml_str("rmm.toml", file)
                 .no_env()
                 .set(key.as_str(), value)
                 .load()
@@ -388,6 +407,8 @@ fn each_key_set_alone_leaves_every_other_key_at_its_default() {
                     assert_eq!(row.value, want.value, "{key}");
                     assert_eq!(row.source, Source::Code, "{key}");
                     seen = true;
+                } else if Some(row.key.as_str()) == switch {
+                    assert_eq!(row.value, "true", "{key}");
                 } else {
                     let want = defaults.iter().find(|r| r.key == row.key).unwrap();
                     assert_eq!(row.value, want.value, "{} after setting {key}", row.key);
@@ -397,5 +418,5 @@ fn each_key_set_alone_leaves_every_other_key_at_its_default() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 25);
+    assert_eq!(checked, 26);
 }

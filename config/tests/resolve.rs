@@ -3,7 +3,7 @@
 mod common;
 
 use common::{GIB, load, resolve_error, two_devices};
-use rmm_config::{Config, DeviceFacts, ResolvedPool, ResolvedSpill, Switch};
+use rmm_config::{Config, ConfigLoader, DeviceFacts, ResolvedPool, ResolvedSpill, Switch};
 
 fn resolve(text: &str) -> rmm_config::ResolvedConfig {
     load(text).unwrap().resolve(&two_devices()).unwrap()
@@ -45,11 +45,15 @@ fn pool_growth_defaults_to_1_gib_and_takes_sizes_fractions_and_device_overrides(
     );
     assert_eq!(r.devices[0].pool.growth, Some(GIB / 4));
     assert_eq!(r.devices[1].pool.growth, Some(4 * GIB), "10% of 40 GiB");
-    // Without the pool it is not used.
-    assert_eq!(
-        resolve("[pool]\ngrowth = \"2GiB\"").devices[0].pool.growth,
-        None
-    );
+    // Without the pool (turned off by a later layer) it is not used.
+    let r = ConfigLoader::new()
+        .toml_str("rmm.toml", "[pool]\nenabled = true\ngrowth = \"2GiB\"")
+        .env_from([("RMM_POOL__ENABLED", "false")])
+        .load()
+        .unwrap()
+        .resolve(&two_devices())
+        .unwrap();
+    assert_eq!(r.devices[0].pool.growth, None);
     // A growth of nothing is refused, naming the key; one above the device is fine (the
     // pool grows by what is needed, up to its maximum).
     let e = load("[pool]\nenabled = true\ngrowth = 0")
@@ -108,6 +112,7 @@ fn sizes_round_down_to_256_bytes() {
         uuid: "GPU-odd".into(),
         total_memory: 1_000_001,
         free_memory: Some(999_999),
+        host_memory: None,
     }];
     let r = load("[pool]\nenabled = true\nmaximum_size = \"50%\"")
         .unwrap()
@@ -126,8 +131,17 @@ fn async_pool_and_unused_sizes() {
     assert_eq!(pool.maximum_size, Some(40 * GIB));
     assert_eq!(pool.release_threshold, Some(GIB));
 
-    // Pool off: its sizes are ignored, even ones that would not fit.
-    let r = resolve("[pool]\ninitial_size = \"200GiB\"\nrelease_threshold = \"1GiB\"");
+    // Pool turned off by a later layer: its sizes are ignored, even ones that would not fit.
+    let r = ConfigLoader::new()
+        .toml_str(
+            "rmm.toml",
+            "[pool]\nasync = true\ninitial_size = \"200GiB\"\nrelease_threshold = \"1GiB\"",
+        )
+        .env_from([("RMM_POOL__ASYNC", "false")])
+        .load()
+        .unwrap()
+        .resolve(&two_devices())
+        .unwrap();
     assert_eq!(r.devices[0].pool.initial_size, None);
     assert_eq!(r.devices[0].pool.release_threshold, None);
 }
@@ -151,6 +165,8 @@ fn spill_logging_and_flags() {
         Some(ResolvedSpill {
             threshold: 32 * GIB,
             host_pool_size: None,
+            // The spill limit's worth, at most a sixteenth of the host's 256 GiB.
+            pin_ahead: 16 * GIB,
             on_demand: true,
             eager_unspill: false,
             disk_directory: None,
@@ -180,7 +196,7 @@ fn device_not_present() {
          devices: 0 (GPU-aaaa), 1 (GPU-bbbb); choose from those, or use \"all\""
     );
     assert_eq!(
-        resolve_error("[device.5]\npool.initial_size = \"1GiB\""),
+        resolve_error("[device.5]\nlimits.device_memory_limit = \"1GiB\""),
         "device.5 (file rmm.toml) names device 5, which is not present; present devices: \
          0 (GPU-aaaa), 1 (GPU-bbbb); remove the table or correct its ordinal"
     );

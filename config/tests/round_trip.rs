@@ -27,6 +27,7 @@ devices = [0, "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", 3]
 workers_per_device = 8
 [pool]
 enabled = true
+async = true
 initial_size = "1.5 GB"
 maximum_size = 0.3
 release_threshold = 1001

@@ -61,6 +61,20 @@ pub enum Error {
         source: rmm_allocator::Error,
     },
 
+    /// reinitialize would take a device away from the runtime while a device store (a Dask
+    /// worker's data, [`SpillManager::fix_limit`](crate::SpillManager::fix_limit)) spills on
+    /// it.
+    #[error(
+        "reinitialize refused, nothing changed: device {device} would leave the runtime, but a \
+         device store spills on it (its limit was set with set_device_memory_limit, as a Dask \
+         worker's DeviceStore does); keep device {device} in `devices`, or close the store's \
+         worker first"
+    )]
+    StoreDeviceLeaves {
+        /// The device ordinal.
+        device: u32,
+    },
+
     /// The configuration names a backend other than the one this process already uses.
     #[error(
         "backend = \"{requested}\" but this process already uses the {active} backend \

@@ -50,8 +50,7 @@ pub use runtime::{
     DEFAULT_DRAIN_TIMEOUT, Runtime, RuntimeBuilder, RuntimeHandle, device_facts, open_backend,
 };
 pub use spill::{
-    ForeignData, ForeignOwner, OwnerAccess, PIN_AHEAD_MAX, SpillManager, SpillStatistics,
-    TierStatistics, TierUndo,
+    ForeignData, ForeignOwner, OwnerAccess, SpillManager, SpillStatistics, TierStatistics, TierUndo,
 };
 pub use stack::{DeviceStack, OomHandler, PoolPlan, StackPlan, UpstreamPlan, build_device_stack};
 pub use task::{TaskContext, TaskHandle};

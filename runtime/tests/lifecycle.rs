@@ -169,7 +169,9 @@ fn the_stack_is_built_as_configured() {
 fn plans_for_managed_and_async_name_their_upstream() {
     let _s = serial();
     common::backend();
-    let facts = rmm_runtime::device_facts(common::backend(), true).unwrap();
+    let facts =
+        rmm_runtime::device_facts(common::backend(), &config(&[("pool.enabled", true.into())]))
+            .unwrap();
     let managed = config(&[("pool.managed", true.into())])
         .resolve(&facts)
         .unwrap();

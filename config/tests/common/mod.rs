@@ -39,12 +39,14 @@ pub fn two_devices() -> Vec<DeviceFacts> {
             uuid: "GPU-aaaa".into(),
             total_memory: 80 * GIB,
             free_memory: Some(60 * GIB),
+            host_memory: Some(256 * GIB),
         },
         DeviceFacts {
             ordinal: 1,
             uuid: "GPU-bbbb".into(),
             total_memory: 40 * GIB,
             free_memory: Some(40 * GIB),
+            host_memory: Some(256 * GIB),
         },
     ]
 }

@@ -42,14 +42,19 @@ pub fn open_backend(choice: rmm_config::Backend) -> Result<&'static dyn Backend>
     }
 }
 
-/// What the devices of `backend` report, for resolving a configuration: each device's free
-/// memory only with `free_memory` (a driver call per device; [`Config::needs_free_memory`]
-/// says whether resolving needs it).
+/// What the devices of `backend` report, for resolving `config`: each device's free memory
+/// only where a size depends on it (a driver call per device; [`Config::needs_free_memory`]),
+/// and the host memory the process may use only with spilling on
+/// ([`Config::needs_host_memory`]).
 ///
 /// # Errors
 /// [`Error::Allocator`](crate::Error::Allocator) ([`Error::Driver`](rmm_allocator::Error::Driver))
 /// when a device's properties or memory cannot be read.
-pub fn device_facts(backend: &'static dyn Backend, free_memory: bool) -> Result<Vec<DeviceFacts>> {
+pub fn device_facts(backend: &'static dyn Backend, config: &Config) -> Result<Vec<DeviceFacts>> {
+    let free_memory = config.needs_free_memory();
+    let host_memory = config
+        .needs_host_memory()
+        .then(|| backend.host_memory().usable());
     (0..backend.device_count())
         .map(|ordinal| {
             let device = Device::on(backend, ordinal)?;
@@ -64,6 +69,7 @@ pub fn device_facts(backend: &'static dyn Backend, free_memory: bool) -> Result<
                 uuid: properties.uuid,
                 total_memory: properties.total_memory as u64,
                 free_memory,
+                host_memory,
             })
         })
         .collect()
@@ -76,7 +82,7 @@ pub(super) fn resolve(
     config: &Config,
     held: Option<&Generation>,
 ) -> Result<ResolvedConfig> {
-    let mut facts = device_facts(backend, config.needs_free_memory())?;
+    let mut facts = device_facts(backend, config)?;
     if let Some(generation) = held {
         for f in &mut facts {
             let Some(free) = f.free_memory else {

@@ -158,7 +158,8 @@ impl RuntimeHandle {
         if let rmm_config::Backend::Cuda | rmm_config::Backend::Sim = config.backend {
             open_backend(config.backend)?;
         }
-        let resolved = resolve(shared.backend, config, Some(&old))?;
+        let mut resolved = resolve(shared.backend, config, Some(&old))?;
+        let store_notes = self.keep_store_spilling(&old, &mut resolved)?;
         let ordinals: Vec<u32> = resolved.devices.iter().map(|d| d.ordinal).collect();
         let old_ordinals: Vec<u32> = old.stacks.iter().map(|s| s.device().ordinal()).collect();
         // Old and new devices both belong to this runtime until the switch is decided.
@@ -174,6 +175,7 @@ impl RuntimeHandle {
 
         let t = Instant::now();
         shared.pause();
+        report.notes = store_notes;
         let result = self.switch(control, &old, resolved, &mut report, t);
         shared.resume();
         // Keep the devices of the configuration now in force (a subset of what is claimed,
@@ -268,6 +270,54 @@ impl RuntimeHandle {
         Ok(undo)
     }
 
+    /// A device store (a Dask worker's data: its manager's limit is fixed) relies on its
+    /// device's spilling: where `resolved` turns spilling off on such a device, it stays on
+    /// with the settings in force, and a note says so; a configuration that takes such a
+    /// device away is refused.
+    ///
+    /// # Errors
+    /// [`Error::StoreDeviceLeaves`] when `resolved` leaves out a device a store spills on.
+    fn keep_store_spilling(
+        &self,
+        old: &Generation,
+        resolved: &mut ResolvedConfig,
+    ) -> Result<Vec<String>> {
+        let stores: Vec<u32> = self
+            .shared
+            .managers
+            .lock()
+            .iter()
+            .filter(|(_, m)| m.is_fixed())
+            .map(|(&device, _)| device)
+            .collect();
+        let mut notes = Vec::new();
+        for device in stores {
+            let Some(spilling_now) = old
+                .config
+                .devices
+                .iter()
+                .find(|d| d.ordinal == device)
+                .and_then(|d| d.spill.clone())
+            else {
+                continue;
+            };
+            let Some(d) = resolved.devices.iter_mut().find(|d| d.ordinal == device) else {
+                return Err(Error::StoreDeviceLeaves { device });
+            };
+            if d.spill.is_none() {
+                d.spill = Some(spilling_now);
+                notes.push(format!(
+                    "spilling stays on on device {device}: a device store spills there (its \
+                     limit was set with set_device_memory_limit, as a Dask worker's \
+                     DeviceStore does), and turning it off would leave the store over its \
+                     limit with no on-demand spilling; the spill settings in force are kept. \
+                     Change other settings with reinitialize(overrides={{…}})"
+                ));
+            }
+        }
+        Ok(notes)
+    }
+
     /// What the switch to `resolved` means for spillable data alive on devices that leave
     /// the runtime or stop spilling (it stays reachable, but outside the runtime's pools or
     /// limits); each note is also logged as a warning once the switch is done.
@@ -315,7 +365,7 @@ impl RuntimeHandle {
         installed: &mut bool,
     ) -> Result<()> {
         let shared = &*self.shared;
-        report.notes = self.orphan_notes(&resolved);
+        report.notes.extend(self.orphan_notes(&resolved));
         // Idle spillable data that a new pool can take over stays where it is, held (no one
         // uses, moves or frees it until the switch is decided; the spill below passes it by).
         // Declared before the new stacks: on failure they are dropped first, their pools
@@ -360,6 +410,12 @@ impl RuntimeHandle {
             0
         };
         let held_before: u64 = old.stacks.iter().map(|s| s.reserved_bytes()).sum();
+        let resolved_spilling: std::collections::BTreeSet<u32> = resolved
+            .devices
+            .iter()
+            .filter(|d| d.spill.is_some())
+            .map(|d| d.ordinal)
+            .collect();
         let managers = self.managers_for(&resolved)?;
         let keep = kept.blocks(&resolved);
         let setups = match set_up_devices(&resolved, streams, Some(old), &managers, &keep) {
@@ -444,6 +500,14 @@ impl RuntimeHandle {
             }));
         }
         report.install = t.elapsed();
+
+        // Devices that stopped spilling (or left) keep only the pinned memory their spilled
+        // data holds.
+        for (device, m) in shared.managers.lock().iter() {
+            if !resolved_spilling.contains(device) {
+                m.stand_down();
+            }
+        }
 
         // With `spill.eager_unspill`, spilled data comes back now (up to each limit).
         let t = Instant::now();

@@ -1,0 +1,138 @@
+//! Sizes set for a feature that is off: a contradiction, unless the feature was turned off
+//! after the size was set (by a later layer: the environment over the file, code over both; by
+//! a later override in code; or in a change to a running configuration), which is how a
+//! feature is turned off without editing its sizes.
+
+use std::collections::BTreeMap;
+
+use crate::config::SizeKey;
+use crate::error::{Error, Result, Setting};
+use crate::loader::{Entry, Layer};
+use crate::size::Size;
+use crate::types::{Config, PinAhead};
+
+/// When a key was last set: its layer and, within the code layer, the order of overrides (a
+/// file, or the environment, is one statement: its entries rank alike).
+pub(crate) type SetAt = (Layer, usize);
+
+/// When each key was last set.
+pub(crate) fn last_layers(entries: &[Entry]) -> BTreeMap<String, SetAt> {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let order = if e.layer == Layer::Code { i } else { 0 };
+            (e.key.clone(), (e.layer, order))
+        })
+        .collect()
+}
+
+/// A size and the switches that put it to use (any one on).
+struct Feature {
+    switches: &'static [&'static str],
+    /// What the switches turn on, for messages.
+    name: &'static str,
+}
+
+const POOL: Feature = Feature {
+    switches: &["pool.enabled", "pool.async"],
+    name: "the pool",
+};
+const POOL_ENABLED: Feature = Feature {
+    switches: &["pool.enabled"],
+    name: "rmm-rs's pool",
+};
+const POOL_ASYNC: Feature = Feature {
+    switches: &["pool.async"],
+    name: "the async pool",
+};
+const SPILL: Feature = Feature {
+    switches: &["spill.enabled"],
+    name: "spilling",
+};
+
+fn feature(key: SizeKey) -> &'static Feature {
+    match key {
+        SizeKey::PoolInitial | SizeKey::PoolMaximum => &POOL,
+        SizeKey::PoolGrowth => &POOL_ENABLED,
+        SizeKey::ReleaseThreshold => &POOL_ASYNC,
+        SizeKey::Limit => &NONE,
+        SizeKey::SpillThreshold | SizeKey::HostPool => &SPILL,
+    }
+}
+
+/// `limits.device_memory_limit` applies whatever else is on.
+const NONE: Feature = Feature {
+    switches: &[],
+    name: "",
+};
+
+/// Whether a switch is on in `config`.
+fn on(config: &Config, switch: &str) -> bool {
+    match switch {
+        "pool.enabled" => config.pool.enabled,
+        "pool.async" => config.pool.use_async,
+        "spill.enabled" => config.spill.enabled,
+        _ => true,
+    }
+}
+
+/// Fails when a size is set (to other than its default) for a feature that is off, and that
+/// feature was not turned off by a later layer than the size.
+///
+/// # Errors
+/// [`Error::UnusedSize`] for each such size ([`Error::Several`] when there are more).
+pub(crate) fn check(config: &Config, last: &BTreeMap<String, SetAt>) -> Result<()> {
+    let defaults = Config::default();
+    let mut found: Vec<(String, Option<Size>, &'static Feature)> = Vec::new();
+    for key in SizeKey::ALL {
+        let f = feature(key);
+        if f.switches.is_empty() {
+            continue;
+        }
+        // A size at its default (or keyword) sets nothing: rmm.toml lists every key so.
+        let default = defaults.effective_size(None, key).size;
+        let value = config.effective_size(None, key).size;
+        if value.is_some() && value != default {
+            found.push((key.key().to_string(), value, f));
+        }
+        for &ordinal in config.device.keys() {
+            let e = config.effective_size(Some(ordinal), key);
+            if e.key.starts_with("device.") && e.size.is_some() && e.size != default {
+                found.push((e.key, e.size, f));
+            }
+        }
+    }
+    if let PinAhead::Up(size) = config.spill.pin_ahead {
+        found.push(("spill.pin_ahead".into(), Some(size), &SPILL));
+    }
+    let mut errors = Vec::new();
+    for (key, value, f) in found {
+        if f.switches.iter().any(|s| on(config, s)) {
+            continue;
+        }
+        let Some(&size_set) = last.get(&key) else {
+            continue;
+        };
+        // Carried over from a running configuration, or turned off after it was set.
+        let turned_off_later = f
+            .switches
+            .iter()
+            .filter_map(|s| last.get(*s))
+            .any(|&at| at > size_set);
+        if size_set.0 == Layer::Base || turned_off_later {
+            continue;
+        }
+        let shown = value.map_or_else(String::new, |v| v.to_string());
+        errors.push(Error::UnusedSize {
+            setting: Box::new(config.setting(&key, shown)),
+            feature: f.name,
+            switches: f
+                .switches
+                .iter()
+                .map(|s| config.setting(s, "false".into()))
+                .collect::<Vec<Setting>>(),
+        });
+    }
+    Error::from_list(errors)
+}
