@@ -170,6 +170,13 @@ def test_a_worker_whose_set_up_fails_takes_no_tasks_and_closes(tmp_path):
         assert all(n.status.name in closing for n in cluster.workers.values())
 
 
+def test_a_device_memory_limit_larger_than_the_device_fails_the_set_up():
+    with local_cluster() as cluster, Client(cluster) as client:
+        with pytest.raises(rmm_rs.RmmError, match=r"device_memory_limit = 1PB .*larger than"):
+            client.register_plugin(RMMRsPlugin(device_memory_limit="1PB"))
+        assert closes_its_workers(client)
+
+
 def test_a_worker_whose_preload_fails_never_joins_and_exits_with_the_error(tmp_path):
     missing = tmp_path / "missing-rmm.toml"
     with local_cluster(n_workers=0) as cluster, Client(cluster) as client:

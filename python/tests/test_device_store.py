@@ -8,12 +8,14 @@ import random
 import signal
 import subprocess
 import sys
+from typing import List, Tuple, Union
 
 import pytest
 from distributed.protocol import deserialize, serialize
 from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
 
 import rmm_rs
+from rmm_rs import _rmm_rs
 from rmm_rs.dask import DeviceStore
 
 MIB = 1 << 20
@@ -353,3 +355,37 @@ print("ok")
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
+
+def test_a_limit_larger_than_the_device_is_refused_with_the_device_size_and_remedy():
+    config = {"spill": {"enabled": True}}
+    cases: List[Tuple[Union[int, str], str]] = [
+        ("1PB", "device_memory_limit = 1PB"),
+        # 2**63 bytes and more are bytes, not "a fraction of device memory".
+        (2**63, "device_memory_limit = 8192PiB"),
+        ("2.5GiB", "device_memory_limit = 2560MiB"),
+    ]
+    for limit, named in cases:
+        with pytest.raises(rmm_rs.RmmError) as raised:
+            DeviceStore(device_memory_limit=limit, config=config)
+        text = str(raised.value)
+        assert named in text and "larger than device 0's 2GiB" in text, text
+        assert '"90%"' in text and "fraction of device memory" not in text, text
+        # The limit in force is untouched.
+        with pytest.raises(rmm_rs.RmmError, match="larger than device 0's 2GiB"):
+            _rmm_rs.set_device_memory_limit(limit)
+        assert rmm_rs.spill_statistics()[0]["limit"] == int(0.8 * (2 << 30)) // 256 * 256
+    with pytest.raises(rmm_rs.RmmError, match="cannot exceed 16 EiB"):
+        _rmm_rs.set_device_memory_limit(2**64)
+    with pytest.raises(rmm_rs.RmmError, match="whole number above 1"):
+        _rmm_rs.set_device_memory_limit(8e9)
+
+
+def test_a_limit_of_zero_means_no_spilling_as_in_dask_cuda():
+    for zero in (0, "0", 0.0, "0GB"):
+        rmm_rs.finalize()
+        store = DeviceStore(device_memory_limit=zero, config={"spill": {"enabled": True}})
+        # The whole device: nothing spills before it is full.
+        assert store.limit == rmm_rs.spill_statistics()[0]["limit"] == 2 << 30
+        expected = put(store, 8, size=4 * MIB)
+        assert [store.tier(k) for k in expected] == ["device"] * 8
+        store.clear()

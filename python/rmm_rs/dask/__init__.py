@@ -38,7 +38,7 @@ logger = logging.getLogger("rmm_rs.dask")
     "--rmm-rs-device-memory-limit",
     default=None,
     help="put the worker's data on rmm-rs, spilling device values over this size "
-    '(bytes, "8GB", or a fraction of the device such as 0.8)',
+    '(bytes, "8GB", or a fraction of the device such as 0.8; 0 for no spilling)',
 )
 def dask_setup(worker, rmm_rs_config, rmm_rs_device_memory_limit):
     """Preload entry point: sets rmm-rs up on the worker as ``RMMRsPlugin`` does, as one of

@@ -92,8 +92,9 @@ class RMMRsPlugin(WorkerPlugin):
     ``config``: a path to an rmm.toml, a dict of settings, or None (the worker's ./rmm.toml or
     ``RMM_CONFIG``, and its ``RMM_*`` environment). dask-cuda's ``rmm_*`` options, when given,
     are applied on top (``rmm_rs.config_from_dask_cuda`` maps them). ``device_memory_limit``
-    (bytes, a size or a fraction of the device) turns spilling on and puts the worker's data
-    in a :class:`DeviceStore` under that limit.
+    (bytes, a size or a fraction of the device, at most the device's memory; 0 for no
+    spilling, as in dask-cuda) turns spilling on and puts the worker's data in a
+    :class:`DeviceStore` under that limit.
     """
 
     name = "rmm-rs"
