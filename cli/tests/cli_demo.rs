@@ -260,6 +260,19 @@ fn spill_files(dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// How many spill files process `pid` holds open in `dir` (they have no name: found through
+/// `/proc/<pid>/fd`, whose links point into `dir`).
+fn open_spill_files(pid: u32, dir: &Path) -> usize {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.parent() == Some(&*dir)))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 #[test]
 fn sigint_or_sigterm_while_spilling_to_disk_leaves_no_spill_file() {
     for (signal, number) in [("TERM", 15), ("INT", 2)] {
@@ -277,7 +290,7 @@ fn sigint_or_sigterm_while_spilling_to_disk_leaves_no_spill_file() {
             .spawn()
             .unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        while spill_files(&spill).is_empty() {
+        while open_spill_files(child.id(), &spill) == 0 {
             assert!(
                 std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
                 "the demo spilled nothing to {}",

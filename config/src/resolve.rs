@@ -381,22 +381,10 @@ impl Config {
         let Some(size) = effective.size else {
             return Ok(None);
         };
-        let setting = || Box::new(self.setting(&effective.key, size.to_string()));
-        let wanted = size.unaligned(facts.total_memory);
-        if device_bound && wanted > facts.total_memory {
-            return Err(Error::LargerThanDevice {
-                device: facts.ordinal,
-                setting: setting(),
-                total_memory: facts.total_memory,
-            });
-        }
-        match size.resolve(facts.total_memory) {
-            0 => Err(Error::RoundsToZero {
-                device: facts.ordinal,
-                setting: setting(),
-            }),
-            n => Ok(Some(n)),
-        }
+        size.resolve_on_device(facts.ordinal, facts.total_memory, device_bound, || {
+            self.setting(&effective.key, size.to_string())
+        })
+        .map(Some)
     }
 
     /// `key = 50% = 40GiB (source)` for messages about resolved sizes.

@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::error::{Error, Setting};
+
 /// Every resolved size is a multiple of this many bytes (RMM's allocation alignment).
 pub const ALIGNMENT: u64 = 256;
 
@@ -63,6 +65,14 @@ pub enum ParseSizeError {
     /// A fraction above 1 or a percentage above 100 %.
     #[error("a fraction of device memory cannot exceed 100%")]
     FractionAboveWhole,
+    /// A float that is a whole number above 1 (`8e9`, or a byte count that went through a
+    /// float): floats are fractions of device memory, so it is most likely bytes written as
+    /// a float.
+    #[error(
+        "a float is a fraction of device memory (at most 1.0), and this one is a whole number \
+         above 1: write a byte count as an integer or as text such as \"8GB\""
+    )]
+    WholeFloat,
     /// More bytes than fit in 64 bits.
     #[error("a size cannot exceed 16 EiB")]
     Overflow,
@@ -93,6 +103,38 @@ impl Size {
         align_down(self.unaligned(total_memory))
     }
 
+    /// The bytes this size stands for on device `device`, of `total_memory` bytes, checked as
+    /// every device size of a configuration is: the one rule for rmm.toml, the environment
+    /// and sizes given in code (a Dask device store's limit, say). A size larger than the
+    /// device's memory is refused when `within_device` (sizes of host memory, or a pool's
+    /// growth step, are not bound by it); a size that rounds down to zero is refused always.
+    /// `setting` names the size in the error (`key = value (source)`).
+    ///
+    /// # Errors
+    /// [`Error::LargerThanDevice`] or [`Error::RoundsToZero`].
+    pub fn resolve_on_device(
+        &self,
+        device: u32,
+        total_memory: u64,
+        within_device: bool,
+        setting: impl FnOnce() -> Setting,
+    ) -> Result<u64, Error> {
+        if within_device && self.unaligned(total_memory) > total_memory {
+            return Err(Error::LargerThanDevice {
+                device,
+                setting: Box::new(setting()),
+                total_memory,
+            });
+        }
+        match self.resolve(total_memory) {
+            0 => Err(Error::RoundsToZero {
+                device,
+                setting: Box::new(setting()),
+            }),
+            n => Ok(n),
+        }
+    }
+
     /// The size before rounding to the alignment (what the user asked for).
     pub(crate) fn unaligned(&self, total_memory: u64) -> u64 {
         match *self {
@@ -114,7 +156,7 @@ impl Size {
                 Ok(n) => Ok(Size::Bytes(n)),
                 Err(_) => Err(ParseSizeError::Negative),
             },
-            toml::Value::Float(f) => fraction(*f),
+            toml::Value::Float(f) => float(*f),
             toml::Value::String(s) => s.parse(),
             _ => Err(ParseSizeError::Malformed),
         }
@@ -138,6 +180,15 @@ impl Size {
                 }
             }
         }
+    }
+}
+
+/// A size written as a float (`0.5`, in TOML or as text): a fraction of device memory.
+fn float(f: f64) -> Result<Size, ParseSizeError> {
+    if f.is_finite() && f > 1.0 && f.fract() == 0.0 {
+        Err(ParseSizeError::WholeFloat)
+    } else {
+        fraction(f)
     }
 }
 
@@ -209,7 +260,7 @@ impl FromStr for Size {
         let has_point = number.contains('.');
         match unit.as_str() {
             "%" => fraction(parse_f64(number)? / 100.0),
-            "" if has_point => fraction(parse_f64(number)?),
+            "" if has_point => float(parse_f64(number)?),
             unit => {
                 let scale = UNITS
                     .iter()
@@ -320,7 +371,10 @@ mod tests {
             ("0.1B", Zero),
             ("0.0000000000000000001GiB", Zero),
             ("150%", FractionAboveWhole),
+            ("200%", FractionAboveWhole),
             ("1.5", FractionAboveWhole),
+            ("2.0", WholeFloat),
+            ("9223372036854775808.0", WholeFloat),
             ("99999999999PB", Overflow),
             ("16384PiB", Overflow),
         ];
@@ -340,6 +394,12 @@ mod tests {
             Size::from_toml(&Float(1.5)),
             Err(ParseSizeError::FractionAboveWhole)
         );
+        // 2^63 bytes or more, having gone through a float, is not called a fraction.
+        for bytes in [8e9, 9_223_372_036_854_775_808.0, 1e300] {
+            let err = Size::from_toml(&Float(bytes)).unwrap_err();
+            assert_eq!(err, ParseSizeError::WholeFloat, "{bytes}");
+            assert!(!err.to_string().contains("cannot exceed 100%"), "{err}");
+        }
         assert_eq!(
             Size::from_toml(&Float(f64::NAN)),
             Err(ParseSizeError::Malformed)
@@ -357,6 +417,47 @@ mod tests {
         assert_eq!(Size::Fraction(0.5).resolve(80 * GIB), 40 * GIB);
         assert_eq!(Size::Fraction(0.5).resolve(1001), 256);
         assert_eq!(Size::Fraction(1.0).resolve(u64::MAX), align_down(u64::MAX));
+    }
+
+    #[test]
+    fn a_device_size_is_refused_when_larger_than_the_device_or_zero_once_rounded() {
+        let setting = || Setting {
+            key: "spill.device_memory_limit".into(),
+            value: "1PB".into(),
+            origin: crate::Source::Code,
+        };
+        let pb = Size::Bytes(1_000_000_000_000_000);
+        let err = pb
+            .resolve_on_device(3, 80 * GIB, true, setting)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::LargerThanDevice { device: 3, .. }),
+            "{err}"
+        );
+        let text = err.to_string();
+        for part in [
+            "spill.device_memory_limit = 1PB (code)",
+            "device 3's 80GiB",
+            "90%",
+        ] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
+        // Sizes of host memory are not bound by the device.
+        assert_eq!(
+            pb.resolve_on_device(3, 80 * GIB, false, setting).unwrap(),
+            align_down(1_000_000_000_000_000)
+        );
+        assert_eq!(
+            Size::Fraction(1.0)
+                .resolve_on_device(0, 80 * GIB, true, setting)
+                .unwrap(),
+            80 * GIB
+        );
+        let err = Size::Bytes(100).resolve_on_device(0, GIB, true, setting);
+        assert!(
+            matches!(err, Err(Error::RoundsToZero { device: 0, .. })),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -9,7 +9,9 @@ takes that adaptor off again).
 * ``enable_statistics()``, ``get_statistics()``: the counters of the innermost scope, as a
   ``Statistics`` (current, peak and total bytes and allocation counts; sizes as requested).
 * ``push_statistics()`` / ``pop_statistics()``: start a scope of zeroed counters / end it and
-  return its counters (the enclosing scope keeps counting through nested scopes).
+  return its counters (the enclosing scope keeps counting through nested scopes). A scope
+  survives ``rmm_rs.reinitialize`` (and ``finalize``): it counts on the new stack, and its
+  counters are everything it counted.
 * ``statistics()``: a context manager that pushes and pops a scope (enabling statistics for
   its duration when they were not).
 * ``profiler(records=..., name=...)``: a decorator and a context manager that adds the
@@ -138,7 +140,9 @@ def push_statistics(*, device: Optional[int] = None) -> Optional[Statistics]:
 
 def pop_statistics(*, device: Optional[int] = None) -> Optional[Statistics]:
     """End the innermost scope and return its counters; the enclosing scope's peak takes the
-    popped one into account.
+    popped one into account. A scope pushed before ``rmm_rs.reinitialize`` (or ``finalize``)
+    returns what it counted on the stacks before and after (nothing while no runtime or
+    statistics adaptor was there).
 
     Returns None when statistics are disabled. Raises ``IndexError`` when no scope was pushed
     (the outermost counters cannot be popped), as RMM does.
@@ -150,14 +154,15 @@ def pop_statistics(*, device: Optional[int] = None) -> Optional[Statistics]:
 def statistics(*, device: Optional[int] = None) -> Iterator[None]:
     """A context of its own allocation statistics (RMM's ``statistics()``).
 
-    With statistics enabled, a scope is pushed on entry and popped on exit. Otherwise
-    statistics are enabled on entry and the adaptor is taken off again on exit.
+    With statistics enabled, a scope is pushed on entry and popped on exit; it survives
+    ``rmm_rs.reinitialize`` inside the context. Otherwise statistics are enabled on entry and
+    the adaptor is taken off again on exit.
 
     Raises
     ------
     ValueError
-        If the device's memory resource was changed inside the context (by
-        ``rmm_rs.reinitialize``, say).
+        If statistics were enabled by the context and its adaptor was replaced inside it (by
+        ``rmm_rs.initialize``, say), as RMM does: there is no adaptor of its own to take off.
     """
     device = _device(device, "statistics")
     pushed = push_statistics(device=device) is not None
@@ -170,15 +175,15 @@ def statistics(*, device: Optional[int] = None) -> Iterator[None]:
     try:
         yield
     finally:
-        now, now_names = _rmm_rs.current_resource(device)
-        if now != entered:
-            raise ValueError(
-                "the memory resource changed inside rmm_rs.statistics.statistics(): it was "
-                f"{entered_names!r} on entry and is {now_names!r} on exit; leave the resource "
-                "(rmm_rs.initialize / reinitialize / finalize) alone inside the context, or "
-                "enter it after the change"
-            )
         if enabled_here:
+            now, now_names = _rmm_rs.current_resource(device)
+            if now != entered:
+                raise ValueError(
+                    "the memory resource changed inside rmm_rs.statistics.statistics(), "
+                    f"which enabled statistics: it was {entered_names!r} on entry and is "
+                    f"{now_names!r} on exit; start rmm_rs (rmm_rs.initialize) before entering "
+                    "the context, whose scope then survives reinitialize"
+                )
             disable_statistics(device=device)
         elif pushed:
             pop_statistics(device=device)
@@ -375,7 +380,8 @@ def profiler(
 
     Each call of a decorated function (each run of a ``with`` block) pushes a scope of
     counters and pops it at the end, adding its total and peak bytes to ``records`` under
-    ``name``. With statistics disabled, it records nothing.
+    ``name``; a call that reinitializes rmm_rs is recorded whole. With statistics disabled, it
+    records nothing.
 
     Parameters
     ----------

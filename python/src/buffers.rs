@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use rmm_allocator::backend::DevicePtr;
@@ -216,21 +217,58 @@ impl Memory {
 
 /// Device bytes from the device's current resource (the rmm-rs stack once initialized).
 /// Contents start uninitialized. Freed when the object is collected, on the default stream.
-#[pyclass(module = "rmm_rs")]
+///
+/// Threads may share a buffer: each call has the memory to itself while it runs (a `free()`
+/// waits for a `to_bytes()` under way, then frees), and a call that finds the buffer freed
+/// raises `RmmError` saying so.
+#[pyclass(module = "rmm_rs", frozen)]
 pub struct DeviceBuffer {
-    inner: Option<Memory>,
+    /// The memory (`None` once freed); a call holds the lock while it uses the memory.
+    inner: Mutex<Option<Memory>>,
     device: u32,
 }
 
+/// The error of a call on a buffer that was freed, made where the GIL is held.
+struct Freed;
+
+impl From<Freed> for PyErr {
+    fn from(_: Freed) -> PyErr {
+        freed()
+    }
+}
+
 impl DeviceBuffer {
-    fn buffer(&self) -> PyResult<&Memory> {
-        self.inner.as_ref().ok_or_else(freed)
+    /// Runs `f` on the memory, holding the buffer's lock; waits for the lock (another
+    /// thread's call on this buffer) without the GIL. For quick looks: `f` runs with the GIL
+    /// when the lock is free.
+    fn peek<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Memory) -> R + Send,
+    ) -> Result<R, Freed> {
+        match self.inner.try_lock() {
+            Some(memory) => memory.as_ref().map(f).ok_or(Freed),
+            None => py.detach(|| self.inner.lock().as_ref().map(f).ok_or(Freed)),
+        }
     }
 
-    /// Runs `change` on the memory without the GIL; a buffer it returns replaces the memory
-    /// (a view that had to be copied to grow).
+    /// Runs `f` on the memory without the GIL, holding the buffer's lock: for calls that copy
+    /// or allocate.
+    fn work<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Memory, u32) -> rmm_allocator::Result<R> + Send,
+    ) -> PyResult<R> {
+        let device = self.device;
+        py.detach(|| self.inner.lock().as_ref().map(|m| f(m, device)))
+            .ok_or_else(freed)?
+            .map_err(error)
+    }
+
+    /// Runs `change` on the memory without the GIL, holding the buffer's lock; a buffer it
+    /// returns replaces the memory (a view that had to be copied to grow).
     fn change_memory(
-        &mut self,
+        &self,
         py: Python<'_>,
         change: impl FnOnce(
             &mut Memory,
@@ -239,16 +277,25 @@ impl DeviceBuffer {
         + Send,
     ) -> PyResult<()> {
         let device = self.device;
-        let memory = self.inner.as_mut().ok_or_else(freed)?;
-        if let Some(b) = py.detach(|| change(memory, device)).map_err(error)? {
-            self.inner = Some(Memory::Owned(b));
-        }
+        // The memory replaced, if any, is let go with the GIL, as `free()` lets it go.
+        let replaced = py
+            .detach(|| {
+                let mut inner = self.inner.lock();
+                let memory = inner.as_mut()?;
+                Some(
+                    change(memory, device)
+                        .map(|new| new.and_then(|b| inner.replace(Memory::Owned(b)))),
+                )
+            })
+            .ok_or_else(freed)?
+            .map_err(error)?;
+        drop(replaced);
         Ok(())
     }
 
     fn owned(b: rmm_allocator::DeviceBuffer, device: u32) -> Self {
         DeviceBuffer {
-            inner: Some(Memory::Owned(b)),
+            inner: Mutex::new(Some(Memory::Owned(b))),
             device,
         }
     }
@@ -351,7 +398,7 @@ impl DeviceBuffer {
     #[pyo3(signature = (view, device=0))]
     fn over_view(view: &crate::store::DeviceView, device: u32) -> Self {
         DeviceBuffer {
-            inner: Some(Memory::View(view.clone())),
+            inner: Mutex::new(Some(Memory::View(view.clone()))),
             device,
         }
     }
@@ -360,7 +407,7 @@ impl DeviceBuffer {
     /// new buffer on the same device ordinal of the receiving process.
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
         let py = slf.py();
-        let this = slf.borrow();
+        let this = slf.get();
         let bytes = this.to_bytes(py, None)?;
         let from_bytes = py.get_type::<DeviceBuffer>().getattr("from_bytes")?;
         Ok((from_bytes, (bytes, this.device)))
@@ -368,27 +415,27 @@ impl DeviceBuffer {
 
     /// Bytes.
     #[getter]
-    fn size(&self) -> PyResult<usize> {
-        Ok(self.buffer()?.size())
+    fn size(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.peek(py, Memory::size)?)
     }
 
     /// Bytes (the same as `size`, as RMM's `DeviceBuffer.nbytes`).
     #[getter]
-    fn nbytes(&self) -> PyResult<usize> {
-        self.size()
+    fn nbytes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.size(py)
     }
 
     /// Bytes allocated: at least `size` (more after `reserve`, or a `resize` that shrank). A
     /// method, as in RAPIDS RMM (`buf.capacity()`).
-    fn capacity(&self) -> PyResult<usize> {
-        Ok(self.buffer()?.capacity())
+    fn capacity(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.peek(py, Memory::capacity)?)
     }
 
     /// The device address of the first byte.
     #[getter]
     fn ptr(&self, py: Python<'_>) -> PyResult<u64> {
         crate::simulated::note_published(py, "DeviceBuffer.ptr")?;
-        Ok(self.buffer()?.data().addr())
+        Ok(self.peek(py, |m| m.data().addr())?)
     }
 
     /// The device ordinal.
@@ -397,8 +444,8 @@ impl DeviceBuffer {
         self.device
     }
 
-    fn __len__(&self) -> PyResult<usize> {
-        self.size()
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.size(py)
     }
 
     /// A copy of the bytes (after the work queued on `stream`: None for the default stream,
@@ -410,9 +457,7 @@ impl DeviceBuffer {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let stream = stream_of(stream)?;
-        let b = self.buffer()?;
-        let device = self.device;
-        let bytes = py.detach(|| b.to_vec(device, stream)).map_err(error)?;
+        let bytes = self.work(py, |b, device| b.to_vec(device, stream))?;
         Ok(PyBytes::new(py, &bytes))
     }
 
@@ -486,19 +531,22 @@ impl DeviceBuffer {
         let stream = stream_of(stream)?;
         let py = data.py();
         let data = host_bytes(data)?;
-        let b = self.buffer()?;
-        if data.len() > b.size() {
-            return Err(error(format!(
-                "copy_from_host: {} bytes into a DeviceBuffer of {}: give at most its size \
-                 (resize() it first to hold more)",
-                data.len(),
-                b.size()
-            )));
-        }
         let device = Device::new(self.device).map_err(error)?;
-        let ptr = b.data();
-        py.detach(|| settle(device, stream).and_then(|()| device.copy_to_device(ptr, &data)))
-            .map_err(error)
+        // The size is checked under the lock, with the copy: a resize cannot come between.
+        let copied = self.work(py, |b, _| {
+            if data.len() > b.size() {
+                return Ok(Err(b.size()));
+            }
+            settle(device, stream)?;
+            device.copy_to_device(b.data(), &data).map(Ok)
+        })?;
+        copied.map_err(|size| {
+            error(format!(
+                "copy_from_host: {} bytes into a DeviceBuffer of {size}: give at most its \
+                 size (resize() it first to hold more)",
+                data.len()
+            ))
+        })
     }
 
     /// Copies the bytes of `cai_obj` (any contiguous array with `__cuda_array_interface__`:
@@ -514,40 +562,35 @@ impl DeviceBuffer {
     ) -> PyResult<()> {
         let stream = stream_of(stream)?;
         let (src, nbytes, src_stream) = cuda_array(cai_obj)?;
-        let b = self.buffer()?;
-        if nbytes > b.size() {
-            return Err(error(format!(
-                "copy_from_device: {nbytes} bytes into a DeviceBuffer of {}: give at most its \
-                 size (resize() it first to hold more)",
-                b.size()
-            )));
-        }
         let device = Device::new(self.device).map_err(error)?;
-        let dst = b.data();
-        py.detach(|| {
+        // The size is checked under the lock, with the copy: a resize cannot come between.
+        let copied = self.work(py, |b, _| {
+            if nbytes > b.size() {
+                return Ok(Err(b.size()));
+            }
             if let Some(s) = src_stream.filter(|s| *s != 0) {
                 synchronize_stream(device, StreamView::from_raw(s))?;
             }
             settle(device, stream)?;
             if nbytes > 0 {
-                device.copy_device_to_device(dst, DevicePtr(src), nbytes)?;
+                device.copy_device_to_device(b.data(), DevicePtr(src), nbytes)?;
             }
-            Ok::<_, rmm_allocator::Error>(())
+            Ok(Ok(()))
+        })?;
+        copied.map_err(|size| {
+            error(format!(
+                "copy_from_device: {nbytes} bytes into a DeviceBuffer of {size}: give at most \
+                 its size (resize() it first to hold more)"
+            ))
         })
-        .map_err(error)
     }
 
     /// A new buffer with a copy of the bytes (device to device), on the same device.
     #[pyo3(signature = (stream=None))]
     fn copy(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let stream = stream_of(stream)?;
-        let b = self.buffer()?;
-        let device = self.device;
-        let size = b.size();
-        let copy = py
-            .detach(|| b.copied(device, size, size, stream))
-            .map_err(error)?;
-        Ok(DeviceBuffer::owned(copy, device))
+        let copy = self.work(py, |b, device| b.copied(device, b.size(), b.size(), stream))?;
+        Ok(DeviceBuffer::owned(copy, self.device))
     }
 
     fn __copy__(&self, py: Python<'_>) -> PyResult<Self> {
@@ -563,7 +606,7 @@ impl DeviceBuffer {
     /// allocation made on `stream` (so `ptr` changes).
     #[pyo3(signature = (new_size, stream=None))]
     fn resize(
-        &mut self,
+        &self,
         py: Python<'_>,
         new_size: usize,
         stream: Option<&Bound<'_, PyAny>>,
@@ -581,7 +624,7 @@ impl DeviceBuffer {
     /// larger capacity moves the data to a new allocation made on `stream`).
     #[pyo3(signature = (new_capacity, stream=None))]
     fn reserve(
-        &mut self,
+        &self,
         py: Python<'_>,
         new_capacity: usize,
         stream: Option<&Bound<'_, PyAny>>,
@@ -603,26 +646,37 @@ impl DeviceBuffer {
     /// device ahead of use. A no-op here: rmm-rs does not prefetch (managed memory migrates
     /// on first touch instead), and on non-managed memory there is nothing to move.
     #[pyo3(signature = (device=None, stream=None))]
-    fn prefetch(&self, device: Option<u32>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    fn prefetch(
+        &self,
+        py: Python<'_>,
+        device: Option<u32>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let _ = (device, stream_of(stream)?);
-        self.buffer().map(drop)
+        Ok(self.peek(py, |_| ())?)
     }
 
-    /// Frees the device memory now (instead of when the object is collected).
-    fn free(&mut self) {
-        self.inner = None;
+    /// Frees the device memory now (instead of when the object is collected), once calls
+    /// under way on the buffer in other threads are done.
+    fn free(&self, py: Python<'_>) {
+        let memory = match self.inner.try_lock() {
+            Some(mut inner) => inner.take(),
+            None => py.detach(|| self.inner.lock().take()),
+        };
+        // Let go with the GIL, outside the lock.
+        drop(memory);
     }
 
     /// CUDA Array Interface version 3: a one-dimensional array of bytes.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         crate::simulated::note_published(py, "DeviceBuffer.__cuda_array_interface__")?;
-        let b = self.buffer()?;
+        let (size, addr) = self.peek(py, |b| (b.size(), b.data().addr()))?;
         let d = PyDict::new(py);
-        d.set_item("shape", (b.size(),))?;
+        d.set_item("shape", (size,))?;
         d.set_item("strides", py.None())?;
         d.set_item("typestr", "|u1")?;
-        d.set_item("data", (b.data().addr(), false))?;
+        d.set_item("data", (addr, false))?;
         d.set_item("version", 3)?;
         // Work on the buffer was on the default stream and has completed (it is synchronous
         // from Python's side): no stream to synchronize with.
@@ -630,23 +684,22 @@ impl DeviceBuffer {
         Ok(d)
     }
 
-    fn __repr__(&self) -> String {
-        match &self.inner {
-            Some(b) => format!(
-                "DeviceBuffer(size={}, ptr={:#x}, device={})",
-                b.size(),
-                b.data().addr(),
+    fn __repr__(&self, py: Python<'_>) -> String {
+        match self.peek(py, |b| (b.size(), b.data().addr())) {
+            Ok((size, addr)) => format!(
+                "DeviceBuffer(size={size}, ptr={addr:#x}, device={})",
                 self.device
             ),
-            None => "DeviceBuffer(freed)".into(),
+            Err(Freed) => "DeviceBuffer(freed)".into(),
         }
     }
 }
 
 /// Bytes that the device's spill manager keeps under `spill.device_memory_limit` by moving
 /// them to pinned host memory (or disk) when not in use; they come back on use and survive
-/// `rmm_rs.reinitialize`. Needs `spill.enabled`.
-#[pyclass(module = "rmm_rs")]
+/// `rmm_rs.reinitialize`. Needs `spill.enabled`. Threads may share one: the spill manager
+/// orders their calls.
+#[pyclass(module = "rmm_rs", frozen)]
 pub struct SpillableBuffer {
     inner: Arc<rmm_allocator::spill::SpillableBuffer>,
 }
@@ -715,7 +768,7 @@ impl SpillableBuffer {
     /// device ordinal of the receiving process (whose rmm_rs must spill).
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
         let py = slf.py();
-        let this = slf.borrow();
+        let this = slf.get();
         let bytes = this.to_bytes(py)?;
         let device = this.inner.device().ordinal();
         Ok((py.get_type::<SpillableBuffer>().into_any(), (bytes, device)))

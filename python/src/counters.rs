@@ -10,8 +10,16 @@
 //!
 //! Counters come back as six ints in the order of RMM's `Statistics` dataclass:
 //! `(current_bytes, current_count, peak_bytes, peak_count, total_bytes, total_count)`.
+//!
+//! A scope pushed here outlives the adaptor it was pushed on: `rmm_rs.reinitialize` (or
+//! `finalize` and a later `initialize`) replaces the device's stack, and with it its
+//! statistics adaptor. Each open scope is kept in [`OPEN`]; before the runtime switches
+//! stacks the scopes are popped from their adaptor, keeping what they counted ([`park`]), and
+//! after it they are pushed on the new one ([`follow`]): popping a scope then returns what it
+//! counted on both. A scope counts nothing while its device has no statistics adaptor (after
+//! `finalize`), and nothing of what the switch itself allocates and frees.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -32,6 +40,100 @@ type Counts = (i64, i64, i64, i64, i64, i64);
 /// each enable's and disable's look at the device's resource and the change that follows,
 /// so that two threads cannot both wrap the same resource.
 static ENABLED: Mutex<Option<HashMap<u32, SharedResource>>> = Mutex::new(None);
+
+/// A counter scope pushed through `statistics_push` and not popped yet.
+struct OpenScope {
+    /// The statistics adaptor the scope is pushed on now; `None` while parked (see the module
+    /// documentation).
+    adaptor: Option<SharedResource>,
+    /// What the scope counted on the adaptors it was pushed on before, if any.
+    before: Option<(Counter, Counter)>,
+}
+
+/// The open scopes of each device, outermost first. Each push, pop and move of scopes holds
+/// the lock for its whole change, so that a device's scopes and its adaptors' scope stacks
+/// change together. It is only ever taken without the GIL, and no Python runs under it.
+static OPEN: Mutex<BTreeMap<u32, Vec<OpenScope>>> = Mutex::new(BTreeMap::new());
+
+/// The counters of a scope that counted `a` and then, from where `a` ended, `b`.
+fn then(a: Counter, b: Counter) -> Counter {
+    Counter {
+        value: a.value + b.value,
+        peak: a.peak.max(a.value + b.peak),
+        total: a.total + b.total,
+    }
+}
+
+/// `now` after what a scope counted `before`.
+fn after(before: Option<(Counter, Counter)>, now: (Counter, Counter)) -> (Counter, Counter) {
+    match before {
+        Some((bytes, allocations)) => (then(bytes, now.0), then(allocations, now.1)),
+        None => now,
+    }
+}
+
+/// Pops `scope` from the adaptor it is pushed on, adding what it counted there to `before`.
+fn lift(scope: &mut OpenScope) {
+    let Some(adaptor) = scope.adaptor.take() else {
+        return;
+    };
+    if let Some(counted) = as_statistics(&adaptor).and_then(|s| s.pop_counters().ok()) {
+        scope.before = Some(after(scope.before, counted));
+    }
+}
+
+/// Puts `scopes`, a device's open scopes, on `current`, the device's resource, when it is a
+/// statistics adaptor: those from the first that is not on it are popped from where they are
+/// (innermost first) and pushed on it (outermost first), keeping what they counted.
+fn follow(scopes: &mut [OpenScope], current: &SharedResource) {
+    let Some(now) = as_statistics(current) else {
+        return;
+    };
+    let on_current = |s: &OpenScope| {
+        s.adaptor
+            .as_ref()
+            .is_some_and(|a| address(a) == address(current))
+    };
+    let Some(first) = scopes.iter().position(|s| !on_current(s)) else {
+        return;
+    };
+    for scope in scopes[first..].iter_mut().rev() {
+        lift(scope);
+    }
+    for scope in &mut scopes[first..] {
+        now.push_counters();
+        scope.adaptor = Some(Arc::clone(current));
+    }
+}
+
+/// Parks every open scope while the runtime switches stacks (see the module documentation);
+/// they follow the devices' new resources when the returned guard is dropped. Taken by
+/// `initialize`, `reinitialize` and `finalize` around their change.
+pub(crate) fn park(py: Python<'_>) -> Parked {
+    py.detach(|| {
+        for scopes in OPEN.lock().values_mut() {
+            scopes.iter_mut().rev().for_each(lift);
+        }
+    });
+    Parked
+}
+
+/// Puts the parked scopes on their devices' resources when dropped (see [`park`]).
+pub(crate) struct Parked;
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        Python::attach(|py| {
+            py.detach(|| {
+                for (&device, scopes) in OPEN.lock().iter_mut() {
+                    if let Ok(current) = get_per_device_resource(device) {
+                        follow(scopes, &current);
+                    }
+                }
+            });
+        });
+    }
+}
 
 /// `device`, or the calling thread's current device (0 unless set) when None.
 fn device_or_current(device: Option<u32>) -> u32 {
@@ -119,9 +221,18 @@ fn statistics_disable(device: Option<u32>) -> PyResult<bool> {
 /// `get_statistics`), or None when its current resource is not a statistics adaptor.
 #[pyfunction]
 #[pyo3(signature = (device=None))]
-fn statistics_counters(device: Option<u32>) -> PyResult<Option<Counts>> {
-    let current = resource_of(device_or_current(device))?;
-    Ok(as_statistics(&current).map(|s| counts((s.bytes_counter(), s.allocations_counter()))))
+fn statistics_counters(py: Python<'_>, device: Option<u32>) -> PyResult<Option<Counts>> {
+    let device = device_or_current(device);
+    let current = resource_of(device)?;
+    Ok(py.detach(|| {
+        let mut open = OPEN.lock();
+        let scopes = open.entry(device).or_default();
+        follow(scopes, &current);
+        let s = as_statistics(&current)?;
+        let now = (s.bytes_counter(), s.allocations_counter());
+        // The innermost scope is the last one pushed here, with what it counted before.
+        Some(counts(after(scopes.last().and_then(|o| o.before), now)))
+    }))
 }
 
 /// Starts a scope of zeroed counters on `device`'s statistics adaptor and returns the counters
@@ -130,23 +241,48 @@ fn statistics_counters(device: Option<u32>) -> PyResult<Option<Counts>> {
 #[pyfunction]
 #[pyo3(signature = (device=None))]
 fn statistics_push(py: Python<'_>, device: Option<u32>) -> PyResult<Option<Counts>> {
-    let current = resource_of(device_or_current(device))?;
-    Ok(py.detach(|| as_statistics(&current).map(|s| counts(s.push_counters()))))
+    let device = device_or_current(device);
+    let current = resource_of(device)?;
+    Ok(py.detach(|| {
+        let mut open = OPEN.lock();
+        let scopes = open.entry(device).or_default();
+        follow(scopes, &current);
+        let s = as_statistics(&current)?;
+        let prior = after(scopes.last().and_then(|o| o.before), s.push_counters());
+        scopes.push(OpenScope {
+            adaptor: Some(Arc::clone(&current)),
+            before: None,
+        });
+        Some(counts(prior))
+    }))
 }
 
 /// Ends the innermost scope of `device`'s statistics adaptor and returns its counters (RMM's
-/// `pop_statistics`); None when the device's current resource is not a statistics adaptor.
+/// `pop_statistics`): everything it counted, on the stacks a reinitialize replaced too. None
+/// when no scope is open and the device's current resource is not a statistics adaptor.
 /// Raises IndexError when no scope was pushed, as RMM does.
 #[pyfunction]
 #[pyo3(signature = (device=None))]
 fn statistics_pop(py: Python<'_>, device: Option<u32>) -> PyResult<Option<Counts>> {
     let device = device_or_current(device);
     let current = resource_of(device)?;
-    let Some(adaptor) = as_statistics(&current) else {
-        return Ok(None);
-    };
-    match py.detach(|| adaptor.pop_counters()) {
-        Ok(popped) => Ok(Some(counts(popped))),
+    let popped = py.detach(|| {
+        let mut open = OPEN.lock();
+        let scopes = open.entry(device).or_default();
+        follow(scopes, &current);
+        match scopes.pop() {
+            Some(mut scope) => {
+                lift(&mut scope);
+                Ok(Some(scope.before.unwrap_or_default()))
+            }
+            None => match as_statistics(&current) {
+                Some(adaptor) => adaptor.pop_counters().map(Some),
+                None => Ok(None),
+            },
+        }
+    });
+    match popped {
+        Ok(popped) => Ok(popped.map(counts)),
         Err(_) => Err(PyIndexError::new_err(format!(
             "pop_statistics(): no pushed counter scope to pop on device {device} ({}); the \
              outermost counters cannot be popped. Call push_statistics() before every \
@@ -161,9 +297,14 @@ fn statistics_pop(py: Python<'_>, device: Option<u32>) -> PyResult<Option<Counts
 /// one for the outermost); None when its current resource is not a statistics adaptor.
 #[pyfunction]
 #[pyo3(signature = (device=None))]
-fn statistics_depth(device: Option<u32>) -> PyResult<Option<usize>> {
-    let current = resource_of(device_or_current(device))?;
-    Ok(as_statistics(&current).map(StatisticsResourceAdaptor::scope_depth))
+fn statistics_depth(py: Python<'_>, device: Option<u32>) -> PyResult<Option<usize>> {
+    let device = device_or_current(device);
+    let current = resource_of(device)?;
+    Ok(py.detach(|| {
+        let mut open = OPEN.lock();
+        follow(open.entry(device).or_default(), &current);
+        as_statistics(&current).map(StatisticsResourceAdaptor::scope_depth)
+    }))
 }
 
 /// The current resource of `device`: an identity (equal for the same resource, as long as it

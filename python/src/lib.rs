@@ -186,6 +186,8 @@ fn initialize(
     rmm_keywords: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<()> {
     let config = settings::load_call(config, overrides, rmm_keywords)?;
+    // Open statistics scopes move on to the new stacks.
+    let _scopes = counters::park(py);
     start(py, &config).map(drop)
 }
 
@@ -204,6 +206,8 @@ fn reinitialize(
     overrides: Option<&Bound<'_, PyDict>>,
     rmm_keywords: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Py<PyAny>> {
+    // Open statistics scopes move on to the new stacks.
+    let _scopes = counters::park(py);
     let running = current();
     if let (Some(rt), Some(changes)) = (
         &running,
@@ -241,6 +245,8 @@ fn to_py(py: Python<'_>, report: &impl serde::Serialize) -> PyResult<Py<PyAny>> 
 /// reported as leaks (through logging); using them afterwards is an error.
 #[pyfunction]
 fn finalize(py: Python<'_>) -> PyResult<()> {
+    // Open statistics scopes let go of the stacks (they count again under a later runtime).
+    let _scopes = counters::park(py);
     let rt = RUNTIME.lock().take();
     if let Some(rt) = rt {
         match Arc::try_unwrap(rt) {

@@ -51,8 +51,6 @@ pub(crate) fn value_to_toml(key: &str, value: &Bound<'_, PyAny>) -> PyResult<tom
     to_toml(key, value, &mut Path::default())
 }
 
-/// A Python value as a TOML value: bool, int, float, str, a list or tuple of those, or None
-/// (the string `"none"`, which every size key accepts).
 /// A Python string as Rust text; one that is not valid Unicode (lone surrogates, as
 /// `os.fsdecode` makes of undecodable bytes) is refused by name rather than changed.
 fn text(key: &str, s: &Bound<'_, PyString>) -> PyResult<String> {
@@ -71,6 +69,16 @@ fn not_utf8(key: &str, value: &Bound<'_, PyAny>) -> PyErr {
     ))
 }
 
+/// An integer beyond TOML's (64-bit signed) as its decimal text, which a size reads as exact
+/// bytes (2**63 and up; beyond 16 EiB it is refused as too large, by name). Never through a
+/// float, which a size reads as a fraction of the device.
+fn wide_int(value: &Bound<'_, PyAny>) -> PyResult<String> {
+    let index = value.py().import("operator")?.getattr("index")?;
+    Ok(index.call1((value,))?.str()?.to_string())
+}
+
+/// A Python value as a TOML value: bool, int, float, str, a list or tuple of those, or None
+/// (the string `"none"`, which every size key accepts).
 fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<toml::Value> {
     if value.is_none() {
         return Ok(toml::Value::String("none".into()));
@@ -84,10 +92,11 @@ fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<tom
     if let Ok(s) = value.cast::<PyString>() {
         return text(key, s).map(toml::Value::String);
     }
-    if value.is_instance_of::<PyInt>()
-        && let Ok(i) = value.extract::<i64>()
-    {
-        return Ok(toml::Value::Integer(i));
+    if value.is_instance_of::<PyInt>() {
+        if let Ok(i) = value.extract::<i64>() {
+            return Ok(toml::Value::Integer(i));
+        }
+        return Ok(toml::Value::String(wide_int(value)?));
     }
     if let Ok(f) = value.cast::<PyFloat>() {
         return Ok(toml::Value::Float(f.value()));
@@ -97,6 +106,9 @@ fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<tom
     }
     if let Ok(i) = value.extract::<i64>() {
         return Ok(toml::Value::Integer(i));
+    }
+    if value.extract::<u64>().is_ok() {
+        return Ok(toml::Value::String(wide_int(value)?));
     }
     if let Ok(f) = value.extract::<f64>() {
         return Ok(toml::Value::Float(f));

@@ -308,23 +308,36 @@ fn adopt(value: Py<PyAny>, allocations: Vec<(u64, usize)>, device: u32) -> PyRes
 
 /// Sets `device`'s spill limit to `limit` (bytes, a size such as "8GB", or a fraction of the
 /// device's memory such as 0.5 or "50%") and keeps it across reinitializations; spills at
-/// once if the device holds more. Returns the limit in bytes.
+/// once if the device holds more. Returns the limit in bytes. A limit larger than the device
+/// is refused as in rmm.toml (`spill.device_memory_limit`), by the same rule. 0 (or any size
+/// of zero bytes, such as "0GB") means no spilling, as dask-cuda's `device_memory_limit=0`:
+/// the limit is the device's whole memory.
 #[pyfunction]
 #[pyo3(signature = (limit, device=0))]
 fn set_device_memory_limit(py: Python<'_>, limit: &Bound<'_, PyAny>, device: u32) -> PyResult<u64> {
     let m = crate::buffers::spill_manager(device)?;
     let value = crate::settings::value_to_toml("device_memory_limit", limit)?;
-    let size = rmm_config::Size::from_toml(&value).map_err(|e| {
-        error(format!(
-            "device_memory_limit = {value}: {e}; give bytes, a size such as \"8GB\", or a \
-             fraction of the device such as 0.8 or \"80%\""
-        ))
-    })?;
     let total = Device::new(device)
         .and_then(|d| d.mem_info())
         .map_err(error)?
         .total as u64;
-    let bytes = size.resolve(total);
+    let bytes = match rmm_config::Size::from_toml(&value) {
+        Ok(size) => size
+            .resolve_on_device(device, total, true, || rmm_config::Setting {
+                key: "device_memory_limit".into(),
+                value: size.to_string(),
+                origin: rmm_config::Source::Code,
+            })
+            .map_err(error)?,
+        // dask-cuda's "no spilling": nothing is spilled before the device is full.
+        Err(rmm_config::ParseSizeError::Zero) => rmm_config::align_down(total),
+        Err(e) => {
+            return Err(error(format!(
+                "device_memory_limit = {value}: {e}; give bytes, a size such as \"8GB\", a \
+                 fraction of the device such as 0.8 or \"80%\", or 0 for no spilling"
+            )));
+        }
+    };
     py.detach(|| m.fix_limit(bytes)).map_err(error)?;
     Ok(bytes)
 }

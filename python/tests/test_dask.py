@@ -2,6 +2,8 @@
 simulated device in each)."""
 
 import importlib.util
+import os
+import subprocess
 import sys
 import time
 
@@ -141,7 +143,68 @@ def test_a_plugin_naming_a_missing_library_changes_nothing(client):
     assert list(client.run(plugin_libraries).values()) == [[], []]
     client.unregister_worker_plugin("rmm-rs")
     assert eventually(client, reserved, [None, None]) == [None, None]
-    # On workers without rmm-rs, a failed set-up leaves nothing half done.
-    with pytest.raises(rmm_rs.RmmError, match=f"install {name}"):
-        client.register_plugin(bad)
-    assert list(client.run(rmm_rs.is_initialized).values()) == [False, False]
+
+
+def worker_count(client):
+    return client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.workers))
+
+
+def closes_its_workers(client, timeout=60):
+    """True once the scheduler has no worker left (the failed ones closed themselves)."""
+    deadline = time.monotonic() + timeout
+    while worker_count(client) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return worker_count(client) == 0
+
+
+def test_a_worker_whose_set_up_fails_takes_no_tasks_and_closes(tmp_path):
+    missing = tmp_path / "missing-rmm.toml"
+    with local_cluster() as cluster, Client(cluster) as client:
+        # A path is the workers' own: only they find it missing.
+        with pytest.raises(rmm_rs.RmmError, match="missing-rmm.toml"):
+            client.register_plugin(RMMRsPlugin(str(missing)))
+        # Left without rmm-rs, they would run tasks on plain allocations: they close.
+        assert closes_its_workers(client), client.scheduler_info()["workers"]
+        # With their nannies, which would start them again into the same failure.
+        closing = ("closing_gracefully", "closing", "closed")
+        assert all(n.status.name in closing for n in cluster.workers.values())
+
+
+def test_a_device_memory_limit_larger_than_the_device_fails_the_set_up():
+    with local_cluster() as cluster, Client(cluster) as client:
+        with pytest.raises(rmm_rs.RmmError, match=r"device_memory_limit = 1PB .*larger than"):
+            client.register_plugin(RMMRsPlugin(device_memory_limit="1PB"))
+        assert closes_its_workers(client)
+
+
+def test_a_worker_whose_preload_fails_never_joins_and_exits_with_the_error(tmp_path):
+    missing = tmp_path / "missing-rmm.toml"
+    with local_cluster(n_workers=0) as cluster, Client(cluster) as client:
+        worker = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "distributed.cli.dask_worker",
+                cluster.scheduler_address,
+                "--nworkers",
+                "1",
+                "--nthreads",
+                "1",
+                "--no-dashboard",
+                "--local-directory",
+                str(tmp_path),
+                "--preload",
+                "rmm_rs.dask",
+                "--rmm-rs-config",
+                str(missing),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env={**os.environ, "RMM_BACKEND": "sim"},
+        )
+        assert worker.returncode != 0, worker.stderr
+        assert str(missing) in worker.stderr
+        assert "Registered to" not in worker.stderr
+        assert worker_count(client) == 0

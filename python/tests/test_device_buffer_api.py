@@ -2,6 +2,7 @@
 copy_from_device, copy, to_device, resize, reserve, prefetch, stream=."""
 
 import pickle
+import threading
 
 import pytest
 
@@ -97,4 +98,77 @@ def test_existing_buffer_api_still_works():
     assert pickle.loads(pickle.dumps(buf)).to_bytes() == b"abc"
     assert rmm_rs.DeviceBuffer.copy_of_device(buf.ptr, 3).to_bytes() == b"abc"
 
+
+
+
+class Blocking:
+    """A device array whose ``__cuda_array_interface__`` holds the reader until released: a
+    ``copy_from_device`` reading it is under way on its buffer, for certain, while another
+    thread uses the same buffer."""
+
+    def __init__(self, source):
+        self.source = source
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    @property
+    def __cuda_array_interface__(self):
+        self.entered.set()
+        assert self.release.wait(60), "never released"
+        return self.source.__cuda_array_interface__
+
+
+def during_a_copy_into(buf, source, call):
+    """Runs ``call(buf)`` in this thread while another thread's
+    ``buf.copy_from_device(source)`` is under way; returns what each raised (or None)."""
+    blocking = Blocking(source)
+    raised = {}
+
+    def copy():
+        try:
+            buf.copy_from_device(blocking)
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            raised["copy"] = e
+
+    t = threading.Thread(target=copy)
+    t.start()
+    try:
+        assert blocking.entered.wait(60)
+        try:
+            call(buf)
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            raised["call"] = e
+    finally:
+        blocking.release.set()
+        t.join(60)
+    assert not t.is_alive()
+    return raised.get("call"), raised.get("copy")
+
+
+def test_two_threads_on_one_buffer_take_turns_or_hear_it_was_freed():
+    rmm_rs.initialize({})
+    source = rmm_rs.DeviceBuffer.from_bytes(bytes(range(64)))
+    # free() while another thread's call is under way: no "Already borrowed"; the other call
+    # then finds the buffer freed and says so.
+    buf = rmm_rs.DeviceBuffer(64)
+    call, copy = during_a_copy_into(buf, source, lambda b: b.free())
+    assert call is None, repr(call)
+    assert isinstance(copy, rmm_rs.RmmError) and "was freed" in str(copy), repr(copy)
+    # Changing calls take turns with it: the copy lands in the resized buffer.
+    buf = rmm_rs.DeviceBuffer.from_bytes(bytes(32))
+    call, copy = during_a_copy_into(buf, source, lambda b: b.resize(128))
+    assert (call, copy) == (None, None), (call, copy)
+    assert buf.size == 128 and buf.to_bytes()[:64] == bytes(range(64))
+    # And every other method too.
+    calls = [
+        lambda b: b.reserve(256),
+        lambda b: b.to_bytes(),
+        lambda b: b.copy_from_host(bytes(8)),
+        lambda b: b.copy(),
+        lambda b: (b.size, b.ptr, b.capacity(), repr(b), b.__cuda_array_interface__),
+    ]
+    for f in calls:
+        buf = rmm_rs.DeviceBuffer(64)
+        assert during_a_copy_into(buf, source, f) == (None, None)
+        assert buf.to_bytes() == bytes(range(64))
 

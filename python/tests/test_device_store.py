@@ -5,12 +5,17 @@ import gc
 import os
 import pickle
 import random
+import signal
+import subprocess
+import sys
+from typing import List, Tuple, Union
 
 import pytest
 from distributed.protocol import deserialize, serialize
 from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
 
 import rmm_rs
+from rmm_rs import _rmm_rs
 from rmm_rs.dask import DeviceStore
 
 MIB = 1 << 20
@@ -164,16 +169,71 @@ def test_host_values_go_to_the_host_store():
     assert "h" not in store and len(store) == 1
 
 
+def open_files_in(directory, pid=None):
+    """How many files process ``pid`` (this one) holds open in ``directory``: spill files,
+    which have no name there."""
+    fds = f"/proc/{os.getpid() if pid is None else pid}/fd"
+    directory = os.path.realpath(directory)
+    count = 0
+    for fd in os.listdir(fds):
+        try:
+            target = os.readlink(os.path.join(fds, fd))
+        except OSError:
+            continue
+        count += os.path.dirname(target) == directory
+    return count
+
+
 def test_past_the_host_pool_values_go_to_disk_and_nothing_stays_there(tmp_path):
     store = store_with("4MiB", host="8MiB", disk=tmp_path)
     expected = put(store, 12)
     tiers = [store.tier(k) for k in expected]
     assert tiers.count("disk") >= 4 and tiers.count("host") >= 1, tiers
-    assert os.listdir(tmp_path)
+    # On disk in files without a name: none that the process could leave behind.
+    assert open_files_in(tmp_path) == tiers.count("disk")
+    assert os.listdir(tmp_path) == []
     for k, b in expected.items():
         assert store[k].to_bytes() == b
     store.clear()
     gc.collect()
+    assert open_files_in(tmp_path) == 0
+    assert os.listdir(tmp_path) == []
+
+
+SPILLING_CHILD = """
+import os, sys, time
+import rmm_rs
+rmm_rs.initialize(
+    {"spill": {"enabled": True, "host_pool_size": "1MiB", "disk_directory": sys.argv[1]}}
+)
+buffers = [rmm_rs.SpillableBuffer(os.urandom(2 << 20)) for _ in range(4)]
+for b in buffers:
+    b.spill()
+print(",".join(b.tier for b in buffers), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_process_killed_with_data_on_disk_leaves_no_spill_file(tmp_path, sig):
+    child = subprocess.Popen(
+        [sys.executable, "-c", SPILLING_CHILD, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RMM_BACKEND": "sim"},
+    )
+    try:
+        assert child.stdout is not None
+        tiers = child.stdout.readline().strip().split(",")
+        assert "disk" in tiers, tiers
+        # One file per buffer on disk (without a name: only open in the process).
+        files = open_files_in(tmp_path, child.pid) + len(os.listdir(tmp_path))
+        assert files == tiers.count("disk"), tiers
+        child.send_signal(sig)
+        assert child.wait(60) == -sig
+    finally:
+        child.kill()
+        child.wait()
     assert os.listdir(tmp_path) == []
 
 
@@ -294,3 +354,38 @@ print("ok")
         timeout=120,
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_limit_larger_than_the_device_is_refused_with_the_device_size_and_remedy():
+    config = {"spill": {"enabled": True}}
+    cases: List[Tuple[Union[int, str], str]] = [
+        ("1PB", "device_memory_limit = 1PB"),
+        # 2**63 bytes and more are bytes, not "a fraction of device memory".
+        (2**63, "device_memory_limit = 8192PiB"),
+        ("2.5GiB", "device_memory_limit = 2560MiB"),
+    ]
+    for limit, named in cases:
+        with pytest.raises(rmm_rs.RmmError) as raised:
+            DeviceStore(device_memory_limit=limit, config=config)
+        text = str(raised.value)
+        assert named in text and "larger than device 0's 2GiB" in text, text
+        assert '"90%"' in text and "fraction of device memory" not in text, text
+        # The limit in force is untouched.
+        with pytest.raises(rmm_rs.RmmError, match="larger than device 0's 2GiB"):
+            _rmm_rs.set_device_memory_limit(limit)
+        assert rmm_rs.spill_statistics()[0]["limit"] == int(0.8 * (2 << 30)) // 256 * 256
+    with pytest.raises(rmm_rs.RmmError, match="cannot exceed 16 EiB"):
+        _rmm_rs.set_device_memory_limit(2**64)
+    with pytest.raises(rmm_rs.RmmError, match="whole number above 1"):
+        _rmm_rs.set_device_memory_limit(8e9)
+
+
+def test_a_limit_of_zero_means_no_spilling_as_in_dask_cuda():
+    for zero in (0, "0", 0.0, "0GB"):
+        rmm_rs.finalize()
+        store = DeviceStore(device_memory_limit=zero, config={"spill": {"enabled": True}})
+        # The whole device: nothing spills before it is full.
+        assert store.limit == rmm_rs.spill_statistics()[0]["limit"] == 2 << 30
+        expected = put(store, 8, size=4 * MIB)
+        assert [store.tier(k) for k in expected] == ["device"] * 8
+        store.clear()

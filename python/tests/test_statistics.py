@@ -180,6 +180,57 @@ def test_the_context_manager_refuses_a_resource_changed_inside_it():
     rmm_rs.finalize()
 
 
+def test_a_profiled_function_that_reinitializes_is_recorded_whole():
+    rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "16MiB"}})
+    records = ProfilerRecords()
+
+    @profiler(records=records, name="switch")
+    def switch():
+        rmm_rs.DeviceBuffer(1 << 20).free()
+        rmm_rs.reinitialize({"pool": {"enabled": False}})
+        return rmm_rs.DeviceBuffer(3 << 20)
+
+    kept = switch()
+    record = records.records["switch"]
+    # 1 MiB on the pool, then 3 MiB on the new stack: counted as one call.
+    assert (record.num_calls, record.memory_total, record.memory_peak) == (1, 4 << 20, 3 << 20)
+    assert kept.size == 3 << 20
+    assert _rmm_rs.statistics_depth() == 1
+
+
+def test_scopes_and_the_context_manager_survive_reinitialize_and_finalize():
+    rmm_rs.initialize({})
+    push_statistics()
+    with statistics():
+        rmm_rs.DeviceBuffer(100).free()
+        rmm_rs.reinitialize({"pool": {"enabled": True, "initial_size": "16MiB"}})
+        assert "PoolMemoryResource" in stack()
+        b = rmm_rs.DeviceBuffer(300)
+        # The innermost scope counts across the switch, and so does the one around it.
+        assert get_statistics() == stats(300, 1, 300, 1, 400, 2)
+        assert _rmm_rs.statistics_depth() == 3
+        del b
+    assert pop_statistics() == stats(0, 0, 300, 1, 400, 2)
+    assert _rmm_rs.statistics_depth() == 1
+    # A scope open at finalize counted until then, and lets the stack go.
+    push_statistics()
+    rmm_rs.DeviceBuffer(50).free()
+    rmm_rs.finalize()
+    assert not rmm_rs.is_initialized()
+    assert pop_statistics() == stats(0, 0, 50, 1, 50, 1)
+    # One open across a finalize and the next initialize counts on both stacks.
+    rmm_rs.initialize({})
+    push_statistics()
+    rmm_rs.DeviceBuffer(20).free()
+    rmm_rs.finalize()
+    rmm_rs.initialize({})
+    keep = rmm_rs.DeviceBuffer(30)
+    assert pop_statistics() == stats(30, 1, 30, 1, 50, 2)
+    del keep
+    with pytest.raises(IndexError, match="no pushed counter scope"):
+        pop_statistics()
+
+
 def test_the_profiler_records_each_decorated_function():
     records = ProfilerRecords()
 

@@ -95,7 +95,12 @@ impl Scene {
         assert_eq!(s.tracked_bytes, bytes_on(Tier::Device), "{what}: {s:?}");
         assert_eq!(s.host_bytes, bytes_on(Tier::Host), "{what}: {s:?}");
         assert_eq!(s.disk_bytes, bytes_on(Tier::Disk), "{what}: {s:?}");
-        let files = std::fs::read_dir(self.dir.path()).map_or(0, |d| d.count());
+        assert_eq!(
+            common::names_in(self.dir.path()),
+            Vec::<String>::new(),
+            "{what}"
+        );
+        let files = common::open_spill_files(self.dir.path()).len();
         let on_disk = self
             .buffers
             .iter()
@@ -127,7 +132,7 @@ impl Scene {
         drop(buffers);
         drop(m);
         assert_eq!(
-            std::fs::read_dir(dir.path()).map_or(0, |d| d.count()),
+            common::open_spill_files(dir.path()).len() + common::names_in(dir.path()).len(),
             0,
             "{what}: spill files left"
         );

@@ -331,9 +331,12 @@ impl Scene {
             "{what}: buffers off the device: {s:?}"
         );
         // The files are the disk tier's data, one per buffer there, no other.
-        let files: Vec<u64> = std::fs::read_dir(self.dir.path())
-            .map(|d| d.flatten().map(|e| e.metadata().unwrap().len()).collect())
-            .unwrap_or_default();
+        assert_eq!(
+            common::names_in(self.dir.path()),
+            Vec::<String>::new(),
+            "{what}"
+        );
+        let files = common::open_spill_files(self.dir.path());
         assert_eq!(
             (files.len() as u64, files.iter().sum::<u64>()),
             (s.disk.held_count, s.disk_bytes),
@@ -404,7 +407,7 @@ impl Scene {
         drop(spare);
         m.settle();
         assert_eq!(
-            std::fs::read_dir(dir.path()).map_or(0, |d| d.count()),
+            common::open_spill_files(dir.path()).len() + common::names_in(dir.path()).len(),
             0,
             "{what}: spill files left"
         );

@@ -185,13 +185,14 @@ fn values_go_on_to_disk_when_the_host_is_full_and_come_back() {
     let values: Vec<_> = data.iter().map(|d| adopt_bytes(&m, d, &dropped)).collect();
     let tiers: Vec<Tier> = values.iter().map(|v| v.tier()).collect();
     assert_eq!(tiers, [Tier::Disk, Tier::Disk, Tier::Host, Tier::Device]);
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    assert_eq!(common::open_spill_files(dir.path()).len(), 2);
+    assert_eq!(common::names_in(dir.path()), Vec::<String>::new());
     for (v, d) in values.iter().zip(&data).take(3) {
         assert_eq!(v.spilled_bytes().unwrap().unwrap(), vec![d.clone()]);
     }
     assert_eq!(read_back(&values[0]), vec![data[0].clone()]);
     drop(values);
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    assert_eq!(common::open_spill_files(dir.path()).len(), 0);
     assert_eq!(m.statistics().disk_bytes, 0);
 }
 
@@ -261,7 +262,7 @@ fn a_failing_disk_write_leaves_the_value_on_the_device_and_no_file() {
         0,
         "the owner keeps the memory"
     );
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    assert_eq!(common::open_spill_files(dir.path()).len(), 0);
     let s = m.statistics();
     assert_eq!((s.tracked_bytes, s.disk_bytes), (40 * MIB as u64, 0));
     // Without the cap it goes, and comes back intact.

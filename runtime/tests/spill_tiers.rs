@@ -27,8 +27,11 @@ fn manager(rt: &Runtime) -> Arc<SpillManager> {
     rt.spill_manager(rt.devices()[0]).expect("spilling is on")
 }
 
+/// The spill files this process holds open in `dir`; the directory holds no name (spill
+/// files have none).
 fn files_in(dir: &Path) -> usize {
-    std::fs::read_dir(dir).map_or(0, |d| d.count())
+    assert_eq!(common::names_in(dir), Vec::<String>::new(), "a named file");
+    common::open_spill_files(dir).len()
 }
 
 #[test]
@@ -489,26 +492,6 @@ fn a_disk_directory_that_cannot_hold_files_fails_at_start_up() {
 /// configuration would read that as a key).
 const KILL_CHILD_DIR: &str = "SPILL_KILL_TEST_CHILD_DIR";
 
-/// The spill files (`rmm-spill-<pid>-…`) in `dir` and the pids they name.
-fn spill_files(dir: &Path) -> Vec<(String, u32)> {
-    std::fs::read_dir(dir)
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| {
-                    let name = e.file_name().into_string().ok()?;
-                    let pid = name
-                        .strip_prefix("rmm-spill-")?
-                        .split('-')
-                        .next()?
-                        .parse()
-                        .ok()?;
-                    Some((name, pid))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Not a test of its own: the child process of
 /// [`a_process_killed_while_spilling_to_disk_leaves_nothing_the_next_start_keeps`], which
 /// spills to disk without end (keeping the last eight buffers' files) until it is killed.
@@ -545,7 +528,7 @@ fn a_process_killed_while_spilling_to_disk_leaves_nothing_the_next_start_keeps()
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while spill_files(dir.path()).len() < 4 {
+    while common::open_spill_files_of(child.id(), dir.path()).len() < 4 {
         assert!(
             std::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(),
             "the child spilled nothing to {}",
@@ -555,19 +538,19 @@ fn a_process_killed_while_spilling_to_disk_leaves_nothing_the_next_start_keeps()
     }
     child.kill().unwrap(); // SIGKILL, in the middle of spilling
     child.wait().unwrap();
-    let left = spill_files(dir.path());
-    assert!(
-        !left.is_empty() && left.iter().all(|(_, pid)| *pid == child.id()),
-        "a killed process leaves its files: {left:?}"
-    );
-    // A file of a live process (pid 1, always there) is not touched.
-    let live = dir.path().join("rmm-spill-1-dev0-0-0.bin");
-    std::fs::write(&live, b"x").unwrap();
-    // The next disk tier in that directory sweeps the dead process's files.
+    // Its files had no name: they went with the process.
+    assert_eq!(common::names_in(dir.path()), Vec::<String>::new());
+    // A named file of a process that is gone (one killed between making and unlinking it)
+    // is swept by the next disk tier in that directory; a live process's (pid 1, always
+    // there) is not touched.
+    let dead = format!("rmm-spill-{}-dev0-0-0.bin", child.id());
+    std::fs::write(dir.path().join(&dead), b"x").unwrap();
+    let live = "rmm-spill-1-dev0-0-0.bin".to_string();
+    std::fs::write(dir.path().join(&live), b"x").unwrap();
     let rt = Runtime::start(&tiers("1GiB", "4MiB", Some(dir.path()))).unwrap();
     assert_eq!(
-        spill_files(dir.path()),
-        vec![("rmm-spill-1-dev0-0-0.bin".to_string(), 1)],
+        common::names_in(dir.path()),
+        vec![live],
         "swept at start-up, but for the live process's file"
     );
     rt.shutdown().unwrap();

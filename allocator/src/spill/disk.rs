@@ -6,18 +6,22 @@
 //! short), in a pipeline: while one slot's bytes are written to (or read from) the file, the
 //! next chunk is copied into (or out of) the other slot on the copy stream.
 //!
-//! Files are created new (`O_EXCL`, mode 0600, never following a planted link) and removed
-//! when the buffer leaves the disk tier or is dropped; a failed write removes its file.
+//! A spill file has no name: it is made unnamed in the directory (`O_TMPFILE`, mode 0600), or,
+//! where the file system cannot do that, created new (`O_EXCL`, mode 0600, never following a
+//! planted link) and unlinked at once. The buffer holds the open file; its data goes when the
+//! buffer leaves the disk tier or is dropped (a failed write drops it too), and in any case
+//! when the process ends, however it ends: SIGTERM, SIGKILL or a crash leave no file behind.
 //!
-//! Files a process leaves behind when it dies (SIGKILL, a crash) are removed by the next disk
-//! tier that starts in that directory: every file is named `rmm-spill-<pid>-…`, and the files
-//! of a pid that is no longer alive are swept. A process that ends on a signal it handles
-//! (the `rmm` CLI on SIGINT and SIGTERM) removes its own with [`remove_files_for_exit`].
+//! Only a process killed in the moment between creating a named file and unlinking it (where
+//! `O_TMPFILE` is not available) can leave one. The next disk tier that starts in that
+//! directory removes it: every named file is `rmm-spill-<pid>-…`, and the files of a pid that
+//! is no longer alive are swept. [`remove_files_for_exit`] removes this process's named files
+//! (none but one in that moment) and stops new ones, for a process about to exit.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -119,11 +123,12 @@ fn register(directory: &Path) {
     }
 }
 
-/// Removes every spill file this process has in the directories its disk tiers use, and
+/// Removes every named spill file this process has in the directories its disk tiers use, and
 /// makes later attempts to create one fail: for a process about to exit without unwinding
-/// (on SIGINT or SIGTERM, from a signal-handling thread), so that it leaves no file behind.
-/// Returns how many files were removed. Buffers whose data was on disk lose it: call it only
-/// on the way out.
+/// (on SIGINT or SIGTERM, from a signal-handling thread). Spill files have no name once made
+/// (see the module documentation), so this finds none but a file being made; the data of
+/// buffers already on disk stays readable. Returns how many files were removed. Spilling to
+/// disk fails from then on: call it only on the way out.
 pub fn remove_files_for_exit() -> usize {
     let mut dirs = DIRECTORIES.write();
     dirs.closed = true;
@@ -161,6 +166,8 @@ pub(crate) struct DiskStore {
     staging_pool: PinnedHostPool,
     held: Arc<AtomicU64>,
     next: AtomicU64,
+    /// The process's limit of open files when the store was made, for messages.
+    file_limit: Option<u64>,
 }
 
 impl std::fmt::Debug for DiskStore {
@@ -172,8 +179,11 @@ impl std::fmt::Debug for DiskStore {
     }
 }
 
-/// One buffer's bytes in a file; the file is removed on drop.
+/// One buffer's bytes in an unnamed file, open while this lives; closing it on drop gives the
+/// space back.
 pub(crate) struct DiskFile {
+    file: File,
+    /// The file's name in messages (it has none on disk): the directory and the buffer.
     path: PathBuf,
     len: usize,
     held: Arc<AtomicU64>,
@@ -181,11 +191,6 @@ pub(crate) struct DiskFile {
 
 impl Drop for DiskFile {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_file(&self.path)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::error!("removing spill file {}: {e}", self.path.display());
-        }
         self.held.fetch_sub(self.len as u64, Ordering::Relaxed);
     }
 }
@@ -258,6 +263,7 @@ impl DiskStore {
             staging_pool,
             held: Arc::new(AtomicU64::new(0)),
             next: AtomicU64::new(0),
+            file_limit: open_file_limit(),
         })
     }
 
@@ -278,11 +284,12 @@ impl DiskStore {
         self.held.load(Ordering::Relaxed)
     }
 
-    /// A new, empty file for `len` bytes (removed again if the caller fails).
-    fn create(&self, id: u64, len: usize) -> Result<(File, DiskFile)> {
+    /// A new, empty, unnamed file for `len` bytes of buffer `id` (its space goes when the
+    /// [`DiskFile`] is dropped: when the caller fails, or the process ends).
+    fn create(&self, id: u64, len: usize) -> Result<DiskFile> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let path = self.directory.join(format!("{}-{id}-{n}.bin", self.prefix));
-        // Held while the file is made, so that the removal at exit sees it.
+        // Held while a named file may exist, so that the removal at exit sees it.
         let dirs = DIRECTORIES.read();
         if dirs.closed {
             return Err(io_error(
@@ -291,22 +298,21 @@ impl DiskStore {
                 std::io::Error::other("the process is exiting and has removed its spill files"),
             ));
         }
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| io_error(&path, "create", e))?;
+        let file = match unnamed(&self.directory) {
+            Some(Ok(file)) => file,
+            Some(Err(e)) => {
+                return Err(io_error(&path, "create", with_remedy(e, self.file_limit)));
+            }
+            None => named_then_unlinked(&path, self.file_limit)?,
+        };
         drop(dirs);
         self.held.fetch_add(len as u64, Ordering::Relaxed);
-        Ok((
+        Ok(DiskFile {
             file,
-            DiskFile {
-                path,
-                len,
-                held: Arc::clone(&self.held),
-            },
-        ))
+            path,
+            len,
+            held: Arc::clone(&self.held),
+        })
     }
 
     /// Writes the first `len` bytes held in `slices` to a new file for buffer `id`.
@@ -316,7 +322,8 @@ impl DiskStore {
         slices: &[PinnedSlice],
         len: usize,
     ) -> Result<DiskFile> {
-        let (mut file, disk) = self.create(id, len)?;
+        let disk = self.create(id, len)?;
+        let mut file = &disk.file;
         let mut left = len;
         for s in slices {
             let n = left.min(s.len());
@@ -331,13 +338,13 @@ impl DiskStore {
 
     /// Reads `disk` into `slices` (which hold at least its length).
     pub(crate) fn read_slices(&self, disk: &DiskFile, slices: &mut [PinnedSlice]) -> Result<()> {
-        let mut file = File::open(&disk.path).map_err(|e| io_error(&disk.path, "read", e))?;
-        let mut left = disk.len;
+        let mut offset = 0;
         for s in slices {
-            let n = left.min(s.len());
-            file.read_exact(&mut s.as_mut_slice()[..n])
+            let n = (disk.len - offset).min(s.len());
+            disk.file
+                .read_exact_at(&mut s.as_mut_slice()[..n], offset as u64)
                 .map_err(|e| io_error(&disk.path, "read", e))?;
-            left -= n;
+            offset += n;
         }
         Ok(())
     }
@@ -345,8 +352,8 @@ impl DiskStore {
     /// The file's bytes in a new vector.
     pub(crate) fn read_vec(&self, disk: &DiskFile) -> Result<Vec<u8>> {
         let mut out = vec![0u8; disk.len];
-        File::open(&disk.path)
-            .and_then(|mut f| f.read_exact(&mut out))
+        disk.file
+            .read_exact_at(&mut out, 0)
             .map_err(|e| io_error(&disk.path, "read", e))?;
         Ok(out)
     }
@@ -362,7 +369,8 @@ impl DiskStore {
         after: StreamView,
     ) -> Result<DiskFile> {
         let device = copies.device();
-        let (mut file, disk) = self.create(id, len)?;
+        let disk = self.create(id, len)?;
+        let mut file = &disk.file;
         let mut staging = self.staging.lock();
         let mut free = self.take_slots(&mut staging)?;
         let mut pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)> = VecDeque::new();
@@ -422,7 +430,6 @@ impl DiskStore {
     ) -> Result<()> {
         let device = copies.device();
         let len = disk.len;
-        let mut file = File::open(&disk.path).map_err(|e| io_error(&disk.path, "read", e))?;
         let mut staging = self.staging.lock();
         let mut free = self.take_slots(&mut staging)?;
         let mut pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)> = VecDeque::new();
@@ -445,7 +452,10 @@ impl DiskStore {
                 };
                 let off = i * STAGING;
                 let n = (len - off).min(STAGING);
-                if let Err(e) = file.read_exact(&mut slot.as_mut_slice()[..n]) {
+                if let Err(e) = disk
+                    .file
+                    .read_exact_at(&mut slot.as_mut_slice()[..n], off as u64)
+                {
                     free.push(slot);
                     return Err(io_error(&disk.path, "read", e));
                 }
@@ -527,6 +537,226 @@ fn reclaim(
 
 /// Flushes `file` to the operating system (not to stable storage: spill files do not outlive
 /// the process).
-fn finish(mut file: File, disk: &DiskFile) -> Result<()> {
+fn finish(mut file: &File, disk: &DiskFile) -> Result<()> {
     file.flush().map_err(|e| io_error(&disk.path, "write", e))
+}
+
+/// `e`, with what to do when it is the limit of open files (`file_limit`, as read before:
+/// there is no file left to read it with now): each buffer on disk keeps its file open.
+fn with_remedy(e: std::io::Error, file_limit: Option<u64>) -> std::io::Error {
+    if !matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+        return e;
+    }
+    let limit = file_limit.map_or_else(String::new, |n| format!(", {n} when the tier started"));
+    std::io::Error::new(
+        e.kind(),
+        format!(
+            "{e}; each buffer on disk keeps its spill file open: raise the process's limit of \
+             open files (ulimit -n{limit}), or spill fewer buffers to disk (a larger \
+             spill.host_pool_size)"
+        ),
+    )
+}
+
+/// The process's limit of open files (the soft one), from `/proc/self/limits`.
+fn open_file_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.trim_start_matches("Max open files")
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A new unnamed file in `directory`, open for reading and writing (`O_TMPFILE`, mode 0600);
+/// `None` where this system or the directory's file system cannot make one (the caller makes
+/// a named file and unlinks it instead).
+#[cfg(target_os = "linux")]
+fn unnamed(directory: &Path) -> Option<std::io::Result<File>> {
+    let made = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(0o600)
+        .open(directory);
+    match made {
+        Ok(file) => Some(Ok(file)),
+        // The file system has no unnamed files (EOPNOTSUPP), or the kernel does not know the
+        // flag (it reads it as O_DIRECTORY: EISDIR, or EINVAL).
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+            ) =>
+        {
+            None
+        }
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// Unnamed files need `O_TMPFILE` (Linux): elsewhere the caller makes a named file and
+/// unlinks it.
+#[cfg(not(target_os = "linux"))]
+fn unnamed(_directory: &Path) -> Option<std::io::Result<File>> {
+    None
+}
+
+/// Creates `path` new (`O_EXCL`, mode 0600, never following a planted link) and unlinks it at
+/// once, keeping it open: a file without a name, as [`unnamed`] makes.
+fn named_then_unlinked(path: &Path, file_limit: Option<u64>) -> Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| io_error(path, "create", with_remedy(e, file_limit)))?;
+    std::fs::remove_file(path).map_err(|e| {
+        let problem = std::io::Error::new(e.kind(), format!("unlinking it once made: {e}"));
+        io_error(path, "create", problem)
+    })?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{SimBackend, SimConfig};
+
+    /// A directory of its own under the system's temporary directory, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> TempDir {
+            let dir = std::env::temp_dir().join(format!("rmm-disk-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+
+        fn entries(&self) -> Vec<String> {
+            std::fs::read_dir(&self.0)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn a_spill_file_has_no_name_and_keeps_its_data_until_dropped() {
+        let backend = SimBackend::leak(SimConfig::default()).unwrap();
+        let device = Device::on(backend, 0).unwrap();
+        let dir = TempDir::new("unnamed");
+        let store = DiskStore::new(device, &dir.0).unwrap();
+        let pool = PinnedHostPool::on(backend, 2 << 20).unwrap();
+        let data: Vec<u8> = (0..(1 << 20) + 77).map(|i| (i % 251) as u8).collect();
+        let mut slices = vec![
+            pool.allocate(1 << 20).unwrap(),
+            pool.allocate(1 << 20).unwrap(),
+        ];
+        slices[0].as_mut_slice()[..1 << 20].copy_from_slice(&data[..1 << 20]);
+        slices[1].as_mut_slice()[..77].copy_from_slice(&data[1 << 20..]);
+        let file = store.write_slices(7, &slices, data.len()).unwrap();
+        // Nothing in the directory that a killed process could leave behind.
+        assert_eq!(dir.entries(), Vec::<String>::new());
+        assert_eq!(store.held(), data.len() as u64);
+        assert_eq!(store.read_vec(&file).unwrap(), data);
+        drop(slices);
+        let mut back = vec![
+            pool.allocate(1 << 20).unwrap(),
+            pool.allocate(1 << 20).unwrap(),
+        ];
+        store.read_slices(&file, &mut back).unwrap();
+        assert_eq!(&back[0].as_slice()[..1 << 20], &data[..1 << 20]);
+        assert_eq!(&back[1].as_slice()[..77], &data[1 << 20..]);
+        drop(file);
+        assert_eq!(store.held(), 0);
+        assert_eq!(dir.entries(), Vec::<String>::new());
+    }
+
+    /// Not a test of its own: run by [`reaching_the_open_file_limit_says_how_to_raise_it`]
+    /// under a low limit of open files, it spills until that stops it and prints the error.
+    #[test]
+    #[ignore = "run as the child process of the open-file limit test"]
+    fn spilling_child_of_the_open_file_limit_test() {
+        let backend = SimBackend::leak(SimConfig::default()).unwrap();
+        let dir = TempDir::new("limit-child");
+        let store = DiskStore::new(Device::on(backend, 0).unwrap(), &dir.0).unwrap();
+        let pool = PinnedHostPool::on(backend, 4096).unwrap();
+        let slices = vec![pool.allocate(4096).unwrap()];
+        let mut kept = Vec::new();
+        while kept.len() < 100_000 {
+            match store.write_slices(1, &slices, 4096) {
+                Ok(file) => kept.push(file),
+                Err(e) => {
+                    println!("after {} files: {e}", kept.len());
+                    return;
+                }
+            }
+        }
+        panic!("100000 spill files and no limit reached");
+    }
+
+    #[test]
+    fn reaching_the_open_file_limit_says_how_to_raise_it() {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -n 64 && exec \"$0\" \"$@\"")
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "spill::disk::tests::spilling_child_of_the_open_file_limit_test",
+                "--ignored",
+                "--nocapture",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("keeps its spill file open")
+                && stdout.contains("ulimit -n, 64 when the tier started"),
+            "{stdout}"
+        );
+    }
+
+    #[test]
+    fn a_named_file_is_unlinked_once_made_and_stays_usable() {
+        let dir = TempDir::new("named");
+        let path = dir
+            .0
+            .join(format!("{FILE_PREFIX}{}-dev0-1-0.bin", std::process::id()));
+        let mut file = named_then_unlinked(&path, None).unwrap();
+        assert_eq!(dir.entries(), Vec::<String>::new());
+        file.write_all(b"spilled").unwrap();
+        let mut out = [0u8; 7];
+        file.read_exact_at(&mut out, 0).unwrap();
+        assert_eq!(&out, b"spilled");
+        // A planted file (or link) of that name is refused, not followed or truncated.
+        std::fs::write(&path, b"planted").unwrap();
+        let err = named_then_unlinked(&path, None).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::SpillFile {
+                    operation: "create",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"planted");
+    }
 }

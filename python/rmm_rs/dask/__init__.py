@@ -12,7 +12,12 @@
   import).
 """
 
+import logging
+
 import click
+from distributed import WorkerPlugin
+
+import rmm_rs
 
 from . import serialize  # noqa: F401 - registers the serializers
 from .plugin import RMMRsPlugin
@@ -20,7 +25,7 @@ from .store import DeviceStore, is_device_object
 
 __all__ = ["DeviceStore", "RMMRsPlugin", "dask_setup", "dask_teardown", "is_device_object"]
 
-_preloaded = None
+logger = logging.getLogger("rmm_rs.dask")
 
 
 @click.command()
@@ -33,17 +38,47 @@ _preloaded = None
     "--rmm-rs-device-memory-limit",
     default=None,
     help="put the worker's data on rmm-rs, spilling device values over this size "
-    '(bytes, "8GB", or a fraction of the device such as 0.8)',
+    '(bytes, "8GB", or a fraction of the device such as 0.8; 0 for no spilling)',
 )
 def dask_setup(worker, rmm_rs_config, rmm_rs_device_memory_limit):
-    """Preload entry point: sets rmm-rs up on the worker as ``RMMRsPlugin`` does."""
-    global _preloaded
-    plugin = RMMRsPlugin(rmm_rs_config, device_memory_limit=rmm_rs_device_memory_limit)
-    plugin.setup(worker)
-    _preloaded = plugin
+    """Preload entry point: sets rmm-rs up on the worker as ``RMMRsPlugin`` does, as one of
+    the plugins the worker sets up when it starts, before it joins the cluster. A set-up that
+    fails (a bad ``--rmm-rs-config``, say) fails the worker's start, with the error in its log:
+    distributed only logs an error raised by a preload itself, and the worker would join the
+    cluster on plain allocations."""
+    plugin: WorkerPlugin
+    try:
+        plugin = RMMRsPlugin(rmm_rs_config, device_memory_limit=rmm_rs_device_memory_limit)
+    except Exception as e:  # noqa: BLE001 - raised by the worker's start instead
+        plugin = _Failed(e)
+    pending = getattr(worker, "_pending_plugins", None)
+    if not isinstance(pending, tuple):
+        raise rmm_rs.RmmError(
+            "the rmm_rs.dask preload needs a distributed whose Worker sets up the plugins "
+            "given at its start (Worker(plugins=...)), so that a failed set-up fails the "
+            f"start; this {type(worker).__name__} has none: upgrade distributed, or register "
+            "rmm_rs.dask.RMMRsPlugin from a client instead"
+        )
+    # The worker's start sets these up after the preloads and before it registers with the
+    # scheduler; an error there fails the start. The worker's plugins own it from then on
+    # (torn down as the worker closes).
+    worker._pending_plugins = (*pending, plugin)
+
+
+class _Failed(WorkerPlugin):
+    """Stands for a plugin the preload's options could not make: its set-up raises the
+    error, so that the worker's start fails with it."""
+
+    name = RMMRsPlugin.name
+
+    def __init__(self, error):
+        self.error = error
+
+    def setup(self, worker):
+        logger.error("rmm-rs: the preload's options are refused: %s", self.error)
+        raise self.error
 
 
 def dask_teardown(worker):
-    """Preload exit point: gives the memory back."""
-    if _preloaded is not None:
-        _preloaded.teardown(worker)
+    """Preload exit point: nothing left to do (the worker tears its plugins down, rmm-rs's
+    among them, as it closes)."""

@@ -19,6 +19,13 @@ Replacing a plugin is safe: a new plugin's options are checked in the client, an
 worker the new set-up is applied before the old one is let go; if it fails, the worker keeps
 the old set-up (and the old plugin) and the error reaches the client. Unregistering the plugin
 gives the memory back.
+
+A worker whose set-up fails with no rmm-rs set-up to fall back on takes no tasks: it would
+run them on plain allocations, without the configured pool or spilling. A worker that is
+starting (a preload, ``Worker(plugins=...)``) fails its start; a running one (the plugin
+registered by a client, or sent to a worker joining the cluster) stops taking tasks at once
+and closes, with its nanny (which would only start it again into the same failure). The error
+is in the worker's log and, for ``client.register_plugin``, raised in the client.
 """
 
 import asyncio
@@ -26,6 +33,7 @@ import importlib.util
 import logging
 
 from distributed import WorkerPlugin
+from distributed.core import Status
 
 import rmm_rs
 
@@ -84,8 +92,9 @@ class RMMRsPlugin(WorkerPlugin):
     ``config``: a path to an rmm.toml, a dict of settings, or None (the worker's ./rmm.toml or
     ``RMM_CONFIG``, and its ``RMM_*`` environment). dask-cuda's ``rmm_*`` options, when given,
     are applied on top (``rmm_rs.config_from_dask_cuda`` maps them). ``device_memory_limit``
-    (bytes, a size or a fraction of the device) turns spilling on and puts the worker's data
-    in a :class:`DeviceStore` under that limit.
+    (bytes, a size or a fraction of the device, at most the device's memory; 0 for no
+    spilling, as in dask-cuda) turns spilling on and puts the worker's data in a
+    :class:`DeviceStore` under that limit.
     """
 
     name = "rmm-rs"
@@ -154,8 +163,9 @@ class RMMRsPlugin(WorkerPlugin):
                 rmm_rs.initialize(self.config, self.settings(worker))
             self._install_allocators()
             self._install_store(worker)
-        except Exception:
-            self._roll_back(worker, previous, changed)
+        except Exception as e:
+            if not self._roll_back(worker, previous, changed):
+                _take_no_tasks(worker, e)
             raise
         _owner, _retiring = self, None
         worker.metrics["rmm"] = _metrics
@@ -203,7 +213,8 @@ class RMMRsPlugin(WorkerPlugin):
 
     def _roll_back(self, worker, previous, changed):
         """Puts back the set-up in force before (the previous plugin's), or none; `changed`
-        when this plugin's set-up had begun to apply."""
+        when this plugin's set-up had begun to apply. True when an rmm-rs set-up from before
+        is in force again."""
         global _owner, _retiring
         try:
             if previous is not None:
@@ -223,6 +234,8 @@ class RMMRsPlugin(WorkerPlugin):
                 rmm_rs.finalize()
         except Exception as e:  # noqa: BLE001 - the set-up error is the one to report
             logger.error("rmm-rs: restoring the previous set-up failed: %s", e)
+            return False
+        return rmm_rs.is_initialized()
 
     def teardown(self, worker):
         global _owner, _retiring
@@ -238,6 +251,27 @@ class RMMRsPlugin(WorkerPlugin):
             asyncio.get_running_loop().call_soon(_finalize_if_unowned, worker)
         except RuntimeError:
             _finalize_if_unowned(worker)
+
+
+def _take_no_tasks(worker, error):
+    """Keeps a worker left without rmm-rs after a failed set-up from taking tasks (on plain
+    allocations): a starting worker fails its start with the error being raised; a running
+    one is paused now (it starts no task from here on) and closed with its nanny, which would
+    only restart it into the same failure."""
+    status = getattr(worker, "status", None)
+    reason = f"rmm-rs set-up failed: {error}"
+    if status in (None, Status.init, Status.closing, Status.closed, Status.failed):
+        if status is Status.init:
+            logger.error("rmm-rs: %s; the worker does not start", reason)
+        return
+    logger.error(
+        "rmm-rs: %s; the worker is left without rmm-rs and would run tasks on plain "
+        "allocations: it closes (fix the configuration and start it again)",
+        reason,
+    )
+    if status == Status.running:
+        worker.status = Status.paused
+    asyncio.get_running_loop().create_task(worker.close(nanny=True, reason=reason))
 
 
 def _finalize_if_unowned(worker):

@@ -128,10 +128,13 @@ class _DeviceEntry:
 class DeviceStore(MutableMapping):
     """A Dask worker's ``data`` that keeps device values under rmm-rs's spill manager.
 
-    ``device_memory_limit``: bytes, a size ("8GB") or a fraction of the device (0.8, "80%");
-    None leaves the runtime's ``spill.device_memory_limit``. It stays in force across
-    reinitializations. ``memory_limit``: host bytes for host values before Dask's host store
-    spills them to ``worker_local_directory`` (None: a plain dict). ``disk_directory``: where
+    ``device_memory_limit``: bytes, a size ("8GB") or a fraction of the device (0.8, "80%"),
+    at most the device's memory (a larger one is refused, as in rmm.toml); 0 for no spilling,
+    as in dask-cuda (values stay on the device until it is full); None leaves the runtime's
+    ``spill.device_memory_limit`` (80% unless configured: dask-cuda's default; dask-cuda's
+    None, no spilling, is 0 here). It stays in force across reinitializations.
+    ``memory_limit``: host bytes for host values before Dask's host store spills them to
+    ``worker_local_directory`` (None: a plain dict). ``disk_directory``: where
     device values go past the pinned host pool (``spill.disk_directory``; by default
     ``<worker_local_directory>/rmm-rs-spill`` when the store starts rmm-rs itself).
 

@@ -186,3 +186,38 @@ impl Drop for FileSizeCap {
         unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &self.old) };
     }
 }
+
+/// The sizes of the spill files process `pid` holds open in `dir`: spill files have no name
+/// (see `rmm_allocator::spill`'s disk tier), so they are found through the process's open
+/// files (`/proc/<pid>/fd`), the names of which point into `dir`.
+pub fn open_spill_files_of(pid: u32, dir: &std::path::Path) -> Vec<u64> {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let fds = std::path::PathBuf::from(format!("/proc/{pid}/fd"));
+    let Ok(entries) = std::fs::read_dir(&fds) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|target| target.parent() == Some(&*dir))
+        })
+        // Through the link: the file itself, which has no name.
+        .filter_map(|fd| std::fs::metadata(fd.path()).ok().map(|m| m.len()))
+        .collect()
+}
+
+/// The sizes of the spill files this process holds open in `dir` ([`open_spill_files_of`]).
+pub fn open_spill_files(dir: &std::path::Path) -> Vec<u64> {
+    open_spill_files_of(std::process::id(), dir)
+}
+
+/// The names in `dir`: none while spill files have no name and the probe at start-up is gone.
+pub fn names_in(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
