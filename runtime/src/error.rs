@@ -75,6 +75,25 @@ pub enum Error {
         device: u32,
     },
 
+    /// reinitialize would have to spill a device's data into a host tier that cannot take it
+    /// (a fixed `spill.host_pool_size` without a disk tier).
+    #[error(
+        "reinitialize refused, nothing changed: device {device}'s spillable data on the \
+         device ({}) must be spilled before the switch, and its host tier has {} free with no \
+         disk tier behind it; raise spill.host_pool_size (or \"none\" to pin as needed), \
+         set spill.disk_directory, or drop data first",
+        fmt_bytes(*to_move as usize),
+        fmt_bytes(*room as usize)
+    )]
+    HostTierTooSmall {
+        /// The device ordinal.
+        device: u32,
+        /// Bytes to spill.
+        to_move: u64,
+        /// Bytes free in the host tier.
+        room: u64,
+    },
+
     /// The configuration names a backend other than the one this process already uses.
     #[error(
         "backend = \"{requested}\" but this process already uses the {active} backend \

@@ -140,6 +140,15 @@ pub(super) struct Kept<'a> {
 }
 
 impl Kept<'_> {
+    /// Bytes held in place on `device`.
+    pub(super) fn bytes_on(&self, device: u32) -> u64 {
+        self.devices
+            .iter()
+            .filter(|(d, _)| *d == device)
+            .flat_map(|(_, h)| h.iter().map(|b| b.size() as u64))
+            .sum()
+    }
+
     /// True when no buffer is held.
     pub(super) fn is_empty(&self) -> bool {
         self.devices.iter().all(|(_, h)| h.is_empty())

@@ -65,6 +65,14 @@ use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
 use rmm_allocator::fmt_bytes;
 
+/// How many times the switch looks again for live memory it cannot move before it refuses,
+/// [`SETTLE_PAUSE`] apart: threads outside the runtime (a Dask worker's tasks) allocate and
+/// free while it runs, and what they hold for a moment must not fail the switch.
+const SETTLE_ATTEMPTS: u32 = 25;
+
+/// The pause between two looks ([`SETTLE_ATTEMPTS`]).
+const SETTLE_PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// True when `e` is a device running out of memory while a new stack was built.
 fn out_of_device_memory(e: &Error) -> bool {
     matches!(e, Error::DeviceSetup { source, .. }
@@ -237,6 +245,10 @@ impl RuntimeHandle {
             for (m, u) in undo.into_iter().rev() {
                 m.restore_tiers(u);
             }
+        } else {
+            for (m, u) in undo {
+                m.commit_tiers(u);
+            }
         }
         result
     }
@@ -373,25 +385,52 @@ impl RuntimeHandle {
         let all_managers = shared.managers.lock().clone();
         let candidates = Candidates::find(&all_managers, old, &resolved);
         let mut kept = candidates.hold();
-        // The rest moves off the device: it survives the switch and comes back, into the
-        // new stacks, on next use. A buffer in use stays, and counts as live below.
         let managers: Vec<Arc<SpillManager>> = all_managers.values().cloned().collect();
-        let spilled: Vec<rmm_allocator::Result<u64>> =
-            map_devices(managers.len(), |i| managers[i].spill_all());
-        for (m, r) in managers.iter().zip(spilled) {
-            report.spilled_bytes += r.map_err(|source| Error::SpillBeforeSwitch {
-                device: m.device().ordinal(),
-                source,
-            })?;
+        // What must move must fit where it goes: refused before anything moves.
+        for m in &managers {
+            check_host_room(m, &kept)?;
         }
-        report.spill = t.elapsed();
-
-        let t = Instant::now();
-        let live = kept.live_elsewhere(old);
-        if !live.is_empty() {
-            return Err(Error::LiveAllocations(live));
+        let mut check = std::time::Duration::ZERO;
+        let mut attempts = 0;
+        loop {
+            // Memory that cannot be spilled refuses the switch before anything moves (a
+            // refused switch then costs nothing); what other threads hold for a moment is
+            // waited for.
+            let t = Instant::now();
+            let stuck = unspillable(old, &all_managers, &kept);
+            check += t.elapsed();
+            if !stuck.is_empty() {
+                attempts += 1;
+                if attempts >= SETTLE_ATTEMPTS {
+                    return Err(Error::LiveAllocations(kept.live_elsewhere(old)));
+                }
+                std::thread::sleep(SETTLE_PAUSE);
+                continue;
+            }
+            // The rest moves off the device: it survives the switch and comes back, into
+            // the new stacks, on next use. A buffer in use stays, and counts as live below.
+            let spilled: Vec<rmm_allocator::Result<u64>> =
+                map_devices(managers.len(), |i| managers[i].spill_all());
+            for (m, r) in managers.iter().zip(spilled) {
+                report.spilled_bytes += r.map_err(|source| Error::SpillBeforeSwitch {
+                    device: m.device().ordinal(),
+                    source,
+                })?;
+            }
+            let t = Instant::now();
+            let live = kept.live_elsewhere(old);
+            check += t.elapsed();
+            if live.is_empty() {
+                break;
+            }
+            attempts += 1;
+            if attempts >= SETTLE_ATTEMPTS {
+                return Err(Error::LiveAllocations(live));
+            }
+            std::thread::sleep(SETTLE_PAUSE);
         }
-        report.check = t.elapsed();
+        report.spill = t.elapsed().saturating_sub(check);
+        report.check = check;
 
         // Per device, in parallel: the old stack gives back what the new one cannot take
         // over, the new pool adopts the rest of the old pool's memory (no driver call), the
@@ -535,4 +574,53 @@ impl RuntimeHandle {
         report.unspill = t.elapsed();
         Ok(())
     }
+}
+
+/// Devices whose old stack holds live memory that spilling cannot move: more bytes live than
+/// the spill manager's data on the device (the data held in place aside).
+fn unspillable(
+    old: &Generation,
+    managers: &std::collections::BTreeMap<u32, Arc<SpillManager>>,
+    kept: &super::keep::Kept<'_>,
+) -> Vec<u32> {
+    old.stacks
+        .iter()
+        .filter_map(|s| {
+            let device = s.device().ordinal();
+            let held = kept.bytes_on(device);
+            let live = s.live().bytes.saturating_sub(held);
+            let spillable = managers
+                .get(&device)
+                .map_or(0, |m| m.statistics().tracked_bytes.saturating_sub(held));
+            (live > spillable).then_some(device)
+        })
+        .collect()
+}
+
+/// Refuses, before anything moves, a switch whose spill cannot fit: `m`'s data on the device
+/// (but what is held in place) must go to its host tier, a pool of fixed size without a disk
+/// tier behind it, which has less room.
+///
+/// # Errors
+/// [`Error::HostTierTooSmall`].
+fn check_host_room(m: &SpillManager, kept: &super::keep::Kept<'_>) -> Result<()> {
+    let store = m.store();
+    let host = store.host();
+    if host.is_growable() || store.has_disk() {
+        return Ok(());
+    }
+    let device = m.device().ordinal();
+    let to_move = m
+        .statistics()
+        .tracked_bytes
+        .saturating_sub(kept.bytes_on(device));
+    let room = host.capacity().saturating_sub(host.used()) as u64;
+    if to_move > room {
+        return Err(Error::HostTierTooSmall {
+            device,
+            to_move,
+            room,
+        });
+    }
+    Ok(())
 }

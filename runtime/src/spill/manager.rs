@@ -134,8 +134,9 @@ impl SpillManager {
             .then_some(new.disk_directory.as_deref());
         let previous = self.store.replace_tiers(host.clone(), disk)?;
         if let Some(host) = &host {
-            // The old pool keeps only what data spilled into it holds; the new one takes over.
-            previous.host().release_idle(true);
+            // The old pool pins no more ahead; it keeps what it holds until the switch is
+            // decided (a failed one puts it back: `restore_tiers`; else `commit_tiers`).
+            previous.host().keep_free(0);
             host.keep_free(self.ahead());
         }
         tracing::info!(
@@ -149,6 +150,14 @@ impl SpillManager {
             tiers: previous,
             settings,
         }))
+    }
+
+    /// Keeps what [`replace_tiers`](Self::replace_tiers) did: the old host pool holds no more
+    /// than the data spilled into it, which stays there until used or dropped.
+    pub fn commit_tiers(&self, undo: TierUndo) {
+        if !undo.tiers.host().same_pool(&self.store.host()) {
+            undo.tiers.host().release_idle(true);
+        }
     }
 
     /// Undoes [`replace_tiers`](Self::replace_tiers): new spills go to the old tiers again
