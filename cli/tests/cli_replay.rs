@@ -653,3 +653,72 @@ fn the_replay_commands_memory_does_not_grow_with_the_log() {
         assert_eq!(actions(&pickle_dict(&pickle)).len(), 20_000);
     }
 }
+
+/// `rmm args` run by `sh` after `limits` (shell commands such as `ulimit -v 1048576`), to its
+/// end.
+fn rmm_limited(limits: &str, args: &[&str]) -> Output {
+    let rmm = common::rmm_command();
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{limits}; exec \"$0\" \"$@\""))
+        .arg(rmm.get_program())
+        .args(args)
+        .env_remove("RMM_CONFIG")
+        // Few malloc arenas: an address-space limit then bounds threads, not arenas.
+        .env("MALLOC_ARENA_MAX", "2")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn an_output_that_cannot_be_written_whole_leaves_the_old_file_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = write_log("full-disk.csv", 8);
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    for (option, name) in [("--torch-snapshot", "s.pickle"), ("--plot", "p.svg")] {
+        let target = tmp.path().join(name);
+        let args = [
+            "replay",
+            log.to_str().unwrap(),
+            "--simulate-capacity",
+            "40GiB",
+            option,
+            target.to_str().unwrap(),
+        ];
+        let out = rmm(&args);
+        assert!(out.status.success(), "{:?}", text(&out));
+        let whole = std::fs::read(&target).unwrap();
+        assert!(whole.len() > 1024, "{option}: {} bytes", whole.len());
+        // A disk that fills up after 512 bytes: a file size limit (the process ignoring
+        // SIGXFSZ, its writes fail as on a full disk).
+        let full = "trap '' XFSZ; ulimit -f 1";
+        for existed in [true, false] {
+            if !existed {
+                std::fs::remove_file(&target).unwrap();
+            }
+            let out = rmm_limited(full, &args);
+            let (stdout, stderr) = text(&out);
+            assert!(!out.status.success(), "{option}: {stdout}\n{stderr}");
+            assert!(
+                stderr.contains(&format!(
+                    "rmm: {option} {}: writing it failed (",
+                    target.display()
+                )) && stderr.contains("it was not replaced"),
+                "{stderr}"
+            );
+            if existed {
+                assert_eq!(std::fs::read(&target).unwrap(), whole, "{option}: changed");
+                assert_eq!(names(), [name], "{option}: a file left beside it");
+            } else {
+                assert!(names().is_empty(), "{option}: {:?} left", names());
+            }
+        }
+    }
+}
