@@ -462,3 +462,46 @@ fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
         "reading the whole log grew the process by only {whole_kib} KiB (streamed: {streamed_kib})"
     );
 }
+
+#[test]
+fn an_impossible_time_is_an_error_naming_the_line_and_the_value() {
+    const H: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
+    let dir = std::env::temp_dir().join(format!("rmm-adaptor-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for time in [
+        "99:99:99",
+        "24:00:00.000000",
+        "10:60:00.000000",
+        "10:00:61.000000",
+        "10:00",
+        "10:00:00.12x",
+        "10:00:00.",
+        "+1:00:00",
+        "10:00:00:00:00",
+    ] {
+        let text =
+            format!("{H}1,10:00:00.000000,allocate,0x100,256,0x0\n1,{time},free,0x100,256,0x0\n");
+        expect_log_error(&text, Some(3), &format!("found time `{time}`"));
+        // From a file, a line at a time: the same.
+        let path = dir.join("bad-time.csv");
+        std::fs::write(&path, &text).unwrap();
+        let e = EventLog::read(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("bad-time.csv line 3") && e.contains(&format!("found time `{time}`")),
+            "{e}"
+        );
+    }
+    // Times of day (a leap second, no fraction, more than six digits), and fields that hold
+    // no time at all (a log without times).
+    for (time, us) in [
+        ("23:59:60.999999", Some(86_400_999_999)),
+        ("7:05:09", Some(((7 * 60 + 5) * 60 + 9) * 1_000_000)),
+        ("00:00:01.1234567", Some(1_123_456)),
+        ("00:00:01:5", Some(1_500_000)),
+        ("x", None),
+        ("", None),
+    ] {
+        let log = EventLog::parse(&format!("{H}1,{time},allocate,0x100,256,0x0\n"), "t").unwrap();
+        assert_eq!(log.events[0].time_us, us, "{time}");
+    }
+}

@@ -722,3 +722,26 @@ fn an_output_that_cannot_be_written_whole_leaves_the_old_file_and_nothing_else()
         }
     }
 }
+
+#[test]
+fn an_impossible_time_is_an_error_naming_the_line_and_the_value() {
+    let path = dir().join("bad-time.csv");
+    std::fs::write(
+        &path,
+        "Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000001,allocate,0x100,256,0x0\n\
+         1,99:99:99,free,0x100,256,0x0\n",
+    )
+    .unwrap();
+    let out = rmm(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--simulate-capacity",
+        "1GiB",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("bad-time.csv line 3: found time `99:99:99`, expected a time of day"),
+        "{stderr}"
+    );
+}
