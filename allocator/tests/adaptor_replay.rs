@@ -452,9 +452,10 @@ fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
         streamed_kib < 40 << 10,
         "the streamed replay grew the process by {streamed_kib} KiB"
     );
-    // The control: the whole log in memory takes far more, so the measure can fail.
+    // The control: the whole log in memory (its text and its events) takes far more, so the
+    // measure can fail.
     let after_stream = peak_rss_kib();
-    let log = EventLog::read(&path).unwrap();
+    let log = EventLog::parse(&std::fs::read_to_string(&path).unwrap(), "long.csv").unwrap();
     let whole_kib = peak_rss_kib().saturating_sub(after_stream);
     assert_eq!(log.events.len(), file.events);
     assert!(
@@ -503,5 +504,29 @@ fn an_impossible_time_is_an_error_naming_the_line_and_the_value() {
     ] {
         let log = EventLog::parse(&format!("{H}1,{time},allocate,0x100,256,0x0\n"), "t").unwrap();
         assert_eq!(log.events[0].time_us, us, "{time}");
+    }
+}
+
+#[test]
+fn a_line_past_the_limit_is_an_error_naming_it_and_the_limit() {
+    // A line of a megabyte, without an end: RMM's are about 100 bytes.
+    let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    text.extend(std::iter::repeat_n('1', 1 << 20));
+    expect_log_error(&text, Some(2), "found a line longer than 4096 bytes");
+}
+
+#[test]
+fn an_endless_input_is_an_error_at_the_limit_not_a_read_that_never_ends() {
+    use rmm_allocator::adaptor::LogReader;
+    // An input without line ends, and without an end at all: stops at the limit.
+    let zeros = std::io::BufReader::new(std::io::repeat(0));
+    let e = LogReader::new(zeros, "zeros").unwrap_err().to_string();
+    assert!(
+        e.contains("zeros line 1") && e.contains("longer than 4096 bytes"),
+        "{e}"
+    );
+    if std::path::Path::new("/dev/zero").exists() {
+        let e = EventLog::read("/dev/zero").unwrap_err().to_string();
+        assert!(e.contains("/dev/zero line 1"), "{e}");
     }
 }

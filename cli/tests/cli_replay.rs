@@ -745,3 +745,19 @@ fn an_impossible_time_is_an_error_naming_the_line_and_the_value() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_endless_line_is_an_error_naming_the_limit_not_a_memory_blowup() {
+    // Under a 1 GiB address space, a line read until its end would run out of memory.
+    let out = rmm_limited(
+        "ulimit -v 1048576",
+        &["replay", "/dev/zero", "--simulate-capacity", "1GiB"],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("/dev/zero line 1: found a line longer than 4096 bytes")
+            && stderr.contains("one event per line"),
+        "{stderr}"
+    );
+}

@@ -1,11 +1,12 @@
 //! The log side of replay: RMM's CSV parsed into an [`EventLog`] (each free tied to the
-//! allocation it frees), by a line parser that [`super::replay_streamed`] shares.
+//! allocation it frees), by the line parser that [`LogReader`] runs on every line.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
+use super::reader::LogReader;
 use crate::adaptor::logging::LOG_HEADER;
 use crate::error::{Error, Result};
 
@@ -278,6 +279,11 @@ impl LineParser {
         Ok(parser)
     }
 
+    /// What errors call the log.
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
     /// Allocations live at this point of the log.
     pub(crate) fn live_allocations(&self) -> usize {
         self.live.len()
@@ -451,20 +457,14 @@ impl LineParser {
 }
 
 impl EventLog {
-    /// Reads and parses the log at `path`.
+    /// Reads and parses the log at `path` (a line at a time: a line longer than a log's
+    /// lines may be is an error, not a read that grows until memory runs out).
     ///
     /// # Errors
     /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be read or a line does not
     /// parse.
     pub fn read(path: impl AsRef<Path>) -> Result<EventLog> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::EventLog {
-            path: path.display().to_string(),
-            line: None,
-            problem: format!("reading the log failed: {e}"),
-            hint: "Check the path; logs are text files such as rmm_log.dev0.csv".to_string(),
-        })?;
-        Self::parse(&text, path.display().to_string())
+        Self::read_all(LogReader::open(path)?)
     }
 
     /// Parses `text`; `source` names it in errors.
@@ -473,25 +473,20 @@ impl EventLog {
     /// [`Error::EventLog`](crate::Error::EventLog) when `text` is empty, the header is not RMM's,
     /// or a line does not parse (the error names the line).
     pub fn parse(text: &str, source: impl Into<String>) -> Result<EventLog> {
-        let source = source.into();
-        let mut lines = text
-            .lines()
-            .enumerate()
-            .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
-            .filter(|(_, l)| !l.trim().is_empty());
-        let Some((header_line, header)) = lines.next() else {
-            return Err(LineParser::empty(&source));
-        };
-        let mut parser = LineParser::new(&source, header_line, header)?;
+        Self::read_all(LogReader::new(text.as_bytes(), source)?)
+    }
+
+    /// Every event of `log`, in memory.
+    fn read_all(mut log: LogReader<'_>) -> Result<EventLog> {
         let mut events = Vec::new();
         let mut freed_allocation = Vec::new();
-        for (line_no, line) in lines {
-            let (event, freed) = parser.line(line_no, line)?;
+        while let Some((event, freed)) = log.next_parsed()? {
             events.push(event);
             freed_allocation.push(freed.map(|f| f.event));
         }
+        let parser = log.parser;
         Ok(EventLog {
-            source,
+            source: parser.source,
             events,
             freed_allocation,
             peak_bytes: parser.peak_bytes,

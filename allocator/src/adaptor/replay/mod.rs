@@ -36,9 +36,12 @@ use crate::resource::{DeviceMemoryResource, PoolMemoryResource};
 use crate::stream::{Stream, StreamView};
 
 mod event_log;
+mod lines;
+mod reader;
 mod stream;
 
 pub use event_log::{EventLog, LogAction, LogEvent};
+pub use reader::{LogLine, LogReader};
 pub use stream::{LogFile, replay_streamed};
 
 /// In which order threads replay their events (see the module documentation).

@@ -15,7 +15,6 @@
 //!   peak is reproduced without handing each event from thread to thread.
 
 use std::collections::HashMap;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -24,6 +23,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::event_log::LineParser;
+use super::lines::Lines;
 use super::{LogAction, ReplayFailure, ReplayOptions, ReplayOrder, ReplayReport};
 use crate::adaptor::{chain_names, find_in_chain};
 use crate::backend::DevicePtr;
@@ -68,31 +68,17 @@ fn read_error(path: &Path, e: &std::io::Error) -> Error {
 }
 
 /// Calls `each(parser, line number, line)` for every non-blank line after the header of the
-/// file at `path`, reading one line at a time; returns the parser at the end.
+/// file at `path`, reading one line at a time (each at most a log line's length); returns the
+/// parser at the end.
 fn for_each_line(
     path: &Path,
     mut each: impl FnMut(&mut LineParser, usize, &str) -> Result<bool>,
 ) -> Result<LineParser> {
     let source = path.display().to_string();
     let file = std::fs::File::open(path).map_err(|e| read_error(path, &e))?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut text = String::new();
-    let mut line_no = 0;
+    let mut lines = Lines::new(std::io::BufReader::with_capacity(1 << 20, file), &source);
     let mut parser: Option<LineParser> = None;
-    loop {
-        text.clear();
-        if reader
-            .read_line(&mut text)
-            .map_err(|e| read_error(path, &e))?
-            == 0
-        {
-            break;
-        }
-        line_no += 1;
-        let line = text.trim_end_matches(['\n', '\r']);
-        if line.trim().is_empty() {
-            continue;
-        }
+    while let Some((line_no, line)) = lines.next_line()? {
         match &mut parser {
             None => parser = Some(LineParser::new(&source, line_no, line)?),
             Some(p) => {
