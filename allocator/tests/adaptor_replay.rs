@@ -307,23 +307,12 @@ fn write_mixed_log(name: &str, threads: u64, allocations: u64) -> std::path::Pat
 
 #[test]
 fn a_streamed_replay_matches_the_in_memory_one() {
-    use rmm_allocator::adaptor::{LogFile, replay_streamed};
+    use rmm_allocator::adaptor::{LogReader, replay_streamed};
     let path = write_mixed_log("mixed.csv", 4, 3000);
     let log = EventLog::read(&path).unwrap();
-    let file = LogFile::scan(&path).unwrap();
-    assert_eq!(file.events, log.events.len());
-    assert_eq!(file.threads, log.threads);
-    let mut streams = file.streams.clone();
-    streams.sort_unstable();
-    assert_eq!(streams, vec![0x51, 0x52]);
-    assert_eq!(file.peak_bytes, log.peak_bytes);
-    assert_eq!(
-        (file.unmatched_frees, file.logged_failures, file.unfreed),
-        (log.unmatched_frees, log.logged_failures, log.unfreed)
-    );
     // Unfreed: the ten left live, and the zero-byte allocation (never replayed).
     assert_eq!(
-        (file.unmatched_frees, file.logged_failures, file.unfreed),
+        (log.unmatched_frees, log.logged_failures, log.unfreed),
         (1, 1, 11)
     );
     for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
@@ -334,15 +323,24 @@ fn a_streamed_replay_matches_the_in_memory_one() {
         let pool = pool_on(device(), 64 * MIB);
         let whole = replay(&log, &pool, &options).unwrap();
         assert_eq!(pool.validate().unwrap().in_use, 0);
-        let streamed = replay_streamed(&file, &pool, &options).unwrap();
+        let streamed = replay_streamed(LogReader::open(&path).unwrap(), &pool, &options).unwrap();
         assert_eq!(pool.validate().unwrap().in_use, 0, "all given back");
         assert!(whole.fits() && streamed.fits(), "{streamed}");
         assert_eq!(
             (streamed.allocations, streamed.frees, streamed.streams),
             (whole.allocations, whole.frees, whole.streams)
         );
+        assert_eq!(streamed.streams, 2, "0x51 and 0x52");
         assert_eq!(streamed.events, whole.events);
         assert_eq!(streamed.logged_peak_bytes, whole.logged_peak_bytes);
+        assert_eq!(
+            (
+                streamed.skipped_frees,
+                streamed.logged_failures,
+                streamed.unfreed
+            ),
+            (log.unmatched_frees, log.logged_failures, log.unfreed)
+        );
         assert_eq!(streamed.order, order);
         match order {
             // One thread in log order: exactly the logged peak.
@@ -358,7 +356,7 @@ fn a_streamed_replay_matches_the_in_memory_one() {
 
 #[test]
 fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
-    use rmm_allocator::adaptor::{LogFile, replay_streamed};
+    use rmm_allocator::adaptor::{LogReader, replay_streamed};
     let b = SimBackend::leak(SimConfig {
         devices: 1,
         capacity: 40 * GIB,
@@ -370,11 +368,10 @@ fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("climb50.csv");
     std::fs::write(&path, climbing_log(50)).unwrap();
-    let file = LogFile::scan(&path).unwrap();
     for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
         let pool = pool_on(d, 0);
         let r = replay_streamed(
-            &file,
+            LogReader::open(&path).unwrap(),
             &pool,
             &ReplayOptions {
                 order,
@@ -386,26 +383,41 @@ fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
         let f = r.failure.clone().unwrap();
         assert_eq!((f.action, f.bytes), (LogAction::Allocate, GIB));
         assert!((40..=42).contains(&f.line), "{r}");
+        // The failed line's logged time: line k is at 00:00:00.(k - 2).
+        assert_eq!(f.time_us, Some(f.line as u64 - 2), "{r}");
+        // The whole log's figures, though the replay stopped at the failure.
         assert_eq!(r.logged_peak_bytes, 50 * GIB as u64);
+        assert_eq!(r.events, 100);
         assert_eq!(pool.validate().unwrap().in_use, 0, "{order}");
     }
-    // A malformed line fails the scan, naming it, before anything is replayed.
+    // A malformed line stops the replay with its error, naming it, after what was replayed
+    // has been given back.
     let bad = dir.join("bad-stream.csv");
     std::fs::write(
         &bad,
         "Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.0,allocate,0x100,256,0x0\n1,x,allocate\n",
     )
     .unwrap();
-    let err = LogFile::scan(&bad).unwrap_err().to_string();
-    assert!(
-        err.contains("bad-stream.csv line 3") && err.contains("found 3 field(s)"),
-        "{err}"
-    );
-    let err = LogFile::scan(dir.join("missing.csv"))
+    for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
+        let pool = pool_on(d, 0);
+        let options = ReplayOptions {
+            order,
+            ..Default::default()
+        };
+        let err = replay_streamed(LogReader::open(&bad).unwrap(), &pool, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bad-stream.csv line 3") && err.contains("found 3 field(s)"),
+            "{err}"
+        );
+        assert_eq!(pool.validate().unwrap().in_use, 0, "{order}");
+    }
+    let err = LogReader::open(dir.join("missing.csv"))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("missing.csv") && err.contains("reading the log failed"),
+        err.contains("missing.csv") && err.contains("opening the log failed"),
         "{err}"
     );
 }
@@ -422,7 +434,7 @@ fn peak_rss_kib() -> u64 {
 
 #[test]
 fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
-    use rmm_allocator::adaptor::{LogFile, replay_streamed};
+    use rmm_allocator::adaptor::{LogReader, replay_streamed};
     let b = SimBackend::leak(SimConfig {
         devices: 1,
         capacity: 40 * GIB,
@@ -434,10 +446,9 @@ fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
     // own memory (queues, thread stacks and their malloc arenas) does not depend on that.
     let path = write_mixed_log("long.csv", 8, 300_000);
     let before = peak_rss_kib();
-    let file = LogFile::scan(&path).unwrap();
     let pool = pool_on(d, 64 * MIB);
     let r = replay_streamed(
-        &file,
+        LogReader::open(&path).unwrap(),
         &pool,
         &ReplayOptions {
             order: ReplayOrder::Concurrent,
@@ -457,7 +468,7 @@ fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
     let after_stream = peak_rss_kib();
     let log = EventLog::parse(&std::fs::read_to_string(&path).unwrap(), "long.csv").unwrap();
     let whole_kib = peak_rss_kib().saturating_sub(after_stream);
-    assert_eq!(log.events.len(), file.events);
+    assert_eq!(log.events.len(), r.events);
     assert!(
         whole_kib > 2 * streamed_kib.max(8 << 10),
         "reading the whole log grew the process by only {whole_kib} KiB (streamed: {streamed_kib})"

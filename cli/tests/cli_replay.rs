@@ -761,3 +761,93 @@ fn an_endless_line_is_an_error_naming_the_limit_not_a_memory_blowup() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_log_from_a_pipe_is_read_once_as_it_is_replayed() {
+    use std::io::Write as _;
+    let log = std::fs::read(write_log("piped.csv", 8)).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let pickle = tmp.path().join("piped.pickle");
+    for (input, name) in [("-", "standard input"), ("/dev/stdin", "/dev/stdin")] {
+        let mut child = common::rmm_command()
+            .args([
+                "replay",
+                input,
+                "--simulate-capacity",
+                "40GiB",
+                "--order",
+                "logged",
+                "--torch-snapshot",
+                pickle.to_str().unwrap(),
+            ])
+            .env_remove("RMM_CONFIG")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let log = log.clone();
+        let writer = std::thread::spawn(move || stdin.write_all(&log));
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{input}: {stdout}\n{stderr}");
+        assert_eq!(figure(&stdout, "log"), name, "{stdout}");
+        assert!(
+            figure(&stdout, "events").starts_with("16: 8 allocations and 8 frees"),
+            "{input}: {stdout}"
+        );
+        assert!(figure(&stdout, "peak").starts_with("8.00 GiB"), "{stdout}");
+        // The snapshot came from the same reading: the pool's chunk, 8 allocations, 8 frees.
+        let got = actions(&pickle_dict(&pickle));
+        assert_eq!(got.iter().filter(|a| *a == "alloc").count(), 8, "{got:?}");
+    }
+}
+
+#[test]
+fn a_log_from_a_fifo_is_replayed_not_waited_for_again() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("log.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    let (out_path, err_path) = (tmp.path().join("stdout"), tmp.path().join("stderr"));
+    let mut child = common::rmm_command()
+        .args([
+            "replay",
+            fifo.to_str().unwrap(),
+            "--simulate-capacity",
+            "40GiB",
+        ])
+        .env_remove("RMM_CONFIG")
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    // One writer, as a producer piping into a FIFO: it opens (waiting for the reader),
+    // writes and closes. Not joined: with no reader it would wait forever.
+    let log = std::fs::read(write_log("fifo.csv", 4)).unwrap();
+    let to = fifo.clone();
+    std::thread::spawn(move || std::fs::File::create(&to).and_then(|mut f| f.write_all(&log)));
+    // Not a measure of time: a hang guard, far above the few milliseconds the replay takes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("rmm replay of a FIFO still runs after a minute: it waits to read it again");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap();
+    let stderr = std::fs::read_to_string(&err_path).unwrap();
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(figure(&stdout, "events").starts_with("8: "), "{stdout}");
+}

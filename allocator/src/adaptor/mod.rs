@@ -35,8 +35,8 @@ pub use hooked::HookedResourceAdaptor;
 pub use limiting::{LimitingResourceAdaptor, MemoryLimit};
 pub use logging::{LOG_HEADER, LoggingResourceAdaptor, log_file_path, log_thread_id};
 pub use replay::{
-    EventLog, LogAction, LogEvent, LogFile, LogLine, LogReader, ReplayFailure, ReplayOptions,
-    ReplayOrder, ReplayReport, replay, replay_streamed,
+    EventLog, LogAction, LogEvent, LogLine, LogReader, ReplayFailure, ReplayOptions, ReplayOrder,
+    ReplayReport, replay, replay_streamed,
 };
 pub use statistics::{
     Counter, DEFAULT_PEAK_TOLERANCE, MAX_SHARDS, MemoryReport, StatisticsResourceAdaptor,

@@ -14,9 +14,9 @@
 //!   replayed (the log's order says which allocation a free belongs to). Times the resource
 //!   under contention; the peak may differ from the logged one.
 //!
-//! [`replay`] holds the whole [`EventLog`] in memory; [`replay_streamed`] reads a
-//! [`LogFile`] as it replays it (memory independent of the log's length; in logged order on
-//! one thread), which is what `rmm replay` uses.
+//! [`replay`] holds the whole [`EventLog`] in memory; [`replay_streamed`] replays a
+//! [`LogReader`] as it reads it, once (memory independent of the log's length; a pipe works
+//! as well as a file; in logged order on the calling thread), which is what `rmm replay` uses.
 //!
 //! Logged streams are mapped to streams created for the replay (the default stream stays the
 //! default stream), so cross-stream frees stay cross-stream. `allocate failure` lines are
@@ -35,6 +35,7 @@ use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::{DeviceMemoryResource, PoolMemoryResource};
 use crate::stream::{Stream, StreamView};
 
+mod assign;
 mod event_log;
 mod lines;
 mod reader;
@@ -42,7 +43,7 @@ mod stream;
 
 pub use event_log::{EventLog, LogAction, LogEvent};
 pub use reader::{LogLine, LogReader};
-pub use stream::{LogFile, replay_streamed};
+pub use stream::replay_streamed;
 
 /// In which order threads replay their events (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,6 +80,8 @@ pub struct ReplayFailure {
     pub line: usize,
     /// The logged thread.
     pub thread: String,
+    /// The line's logged time (microseconds since midnight), when it has one.
+    pub time_us: Option<u64>,
     /// What was replayed.
     pub action: LogAction,
     /// Bytes asked for.
@@ -253,6 +256,7 @@ impl ReplayState<'_> {
             *f = Some(ReplayFailure {
                 line: e.line,
                 thread: self.log.threads[e.thread].clone(),
+                time_us: e.time_us,
                 action: e.action,
                 bytes: e.size,
                 live_bytes: self.live_bytes.load(Ordering::Relaxed).max(0) as u64,

@@ -22,7 +22,9 @@ pub struct LogLine {
 /// A log read line by line from one input (a file, standard input, a decompressor's output),
 /// each line checked as [`EventLog::parse`](super::EventLog::parse) checks it. Its memory grows
 /// with the threads and the allocations live at once, not with the length of the log.
-/// [`LogReader::inspect`] sees every event it reads on the way.
+///
+/// [`replay_streamed`](super::replay_streamed) replays one; [`LogReader::inspect`] sees every
+/// event it reads on the way.
 pub struct LogReader<'a> {
     lines: Lines<Box<dyn BufRead + 'a>>,
     pub(crate) parser: LineParser,
