@@ -341,6 +341,7 @@ fn a_streamed_replay_matches_the_in_memory_one() {
             ),
             (log.unmatched_frees, log.logged_failures, log.unfreed)
         );
+        assert_eq!(streamed.logged_threads, 4);
         assert_eq!(streamed.order, order);
         match order {
             // One thread in log order: exactly the logged peak.
@@ -540,4 +541,193 @@ fn an_endless_input_is_an_error_at_the_limit_not_a_read_that_never_ends() {
         let e = EventLog::read("/dev/zero").unwrap_err().to_string();
         assert!(e.contains("/dev/zero line 1"), "{e}");
     }
+}
+
+/// A resource over the simulated device that counts the threads that call it.
+#[derive(Debug)]
+struct ThreadCounting {
+    inner: CudaMemoryResource,
+    threads: std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+}
+
+impl ThreadCounting {
+    fn new(d: Device) -> Self {
+        ThreadCounting {
+            inner: CudaMemoryResource::new(d),
+            threads: std::sync::Mutex::new(std::collections::HashSet::new()),
+        }
+    }
+
+    fn saw(&self) {
+        self.threads
+            .lock()
+            .unwrap()
+            .insert(std::thread::current().id());
+    }
+
+    /// The threads seen since the last call.
+    fn take(&self) -> usize {
+        self.threads.lock().unwrap().drain().count()
+    }
+}
+
+impl rmm_allocator::resource::DeviceMemoryResource for ThreadCounting {
+    fn allocate(
+        &self,
+        bytes: usize,
+        stream: rmm_allocator::StreamView,
+    ) -> rmm_allocator::Result<rmm_allocator::backend::DevicePtr> {
+        self.saw();
+        self.inner.allocate(bytes, stream)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: rmm_allocator::backend::DevicePtr,
+        bytes: usize,
+        stream: rmm_allocator::StreamView,
+    ) -> rmm_allocator::Result<()> {
+        self.saw();
+        self.inner.deallocate(ptr, bytes, stream)
+    }
+
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+
+    fn name(&self) -> &'static str {
+        "thread_counting"
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A log of `threads` threads, each allocating 4 KiB and freeing it; with `cross`, each
+/// thread after the first frees the one before it's allocation instead (the first's is freed
+/// by the last), so every free waits for another thread.
+fn many_threads_log(threads: u64, cross: bool) -> String {
+    let mut s = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    let ptr = |t: u64| (t + 1) << 20;
+    for t in 0..threads {
+        writeln!(s, "{t},10:00:00.000000,allocate,{:#x},4096,0x0", ptr(t)).unwrap();
+        let (freed, by) = match (cross, t) {
+            (false, _) => (t, t),
+            (true, 0) => continue,
+            (true, _) => (t - 1, t),
+        };
+        writeln!(s, "{by},10:00:00.000001,free,{:#x},4096,0x0", ptr(freed)).unwrap();
+    }
+    if cross {
+        writeln!(s, "0,10:00:00.000002,free,{:#x},4096,0x0", ptr(threads - 1)).unwrap();
+    }
+    s
+}
+
+/// The most threads a replay runs on by default: the machine's hardware threads, and at
+/// least 64.
+fn default_thread_limit() -> usize {
+    std::thread::available_parallelism()
+        .map_or(64, std::num::NonZeroUsize::get)
+        .max(64)
+}
+
+#[test]
+fn a_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
+    let log = EventLog::parse(&many_threads_log(50_000, false), "threads.csv").unwrap();
+    assert_eq!(log.threads.len(), 50_000);
+    let resource = ThreadCounting::new(device());
+    let limit = default_thread_limit();
+    // Concurrent first: before the bound, one thread per logged thread, each gone after its
+    // two events.
+    for order in [ReplayOrder::Concurrent, ReplayOrder::Logged] {
+        let options = ReplayOptions {
+            order,
+            ..Default::default()
+        };
+        let r = replay(&log, &resource, &options).unwrap();
+        assert!(r.fits(), "{r}");
+        assert_eq!((r.allocations, r.frees), (50_000, 50_000), "{order}");
+        let used = resource.take();
+        assert!(
+            used <= limit && r.threads == used,
+            "{order}: {used} threads replayed a log of 50 000 threads (the limit: {limit}); \
+             the report says {}",
+            r.threads
+        );
+    }
+}
+
+#[test]
+fn logged_threads_sharing_replay_threads_keep_their_order_and_cross_thread_frees() {
+    use rmm_allocator::adaptor::{LogReader, replay_streamed};
+    // Every free waits for another logged thread's allocation, whichever replay thread it is
+    // on; three replay threads for 600 logged threads.
+    let text = many_threads_log(600, true);
+    let log = EventLog::parse(&text, "cross.csv").unwrap();
+    let resource = ThreadCounting::new(device());
+    for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
+        let options = ReplayOptions {
+            order,
+            max_threads: 3,
+            ..Default::default()
+        };
+        let whole = replay(&log, &resource, &options).unwrap();
+        assert_eq!(resource.take(), 3, "{order}");
+        let streamed = replay_streamed(
+            LogReader::new(text.as_bytes(), "cross.csv").unwrap(),
+            &resource,
+            &options,
+        )
+        .unwrap();
+        let used = resource.take();
+        for r in [&whole, &streamed] {
+            assert!(r.fits(), "{r}");
+            assert_eq!((r.allocations, r.frees, r.unfreed), (600, 600, 0), "{r}");
+            assert_eq!(r.logged_threads, 600, "{r}");
+        }
+        assert_eq!(whole.threads, 3);
+        match order {
+            // Each allocation is freed by the next thread before the one after allocates:
+            // never more than two live, as logged.
+            ReplayOrder::Logged => {
+                assert_eq!(whole.peak_allocations, 2);
+                assert_eq!(streamed.peak_allocations, 2);
+                assert_eq!((streamed.threads, used), (1, 1), "the calling thread");
+            }
+            ReplayOrder::Concurrent => {
+                assert_eq!((streamed.threads, used), (3, 3));
+                assert!(
+                    streamed
+                        .to_string()
+                        .contains("3 thread(s) for 600 logged threads"),
+                    "{streamed}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_streamed_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
+    use rmm_allocator::adaptor::{LogReader, replay_streamed};
+    let text = many_threads_log(50_000, false);
+    let resource = ThreadCounting::new(device());
+    let options = ReplayOptions {
+        order: ReplayOrder::Concurrent,
+        ..Default::default()
+    };
+    let log = LogReader::new(text.as_bytes(), "threads.csv").unwrap();
+    let r = replay_streamed(log, &resource, &options).unwrap();
+    assert!(r.fits(), "{r}");
+    assert_eq!(
+        (r.allocations, r.frees, r.logged_threads),
+        (50_000, 50_000, 50_000)
+    );
+    let used = resource.take();
+    assert!(
+        used <= default_thread_limit() && used == r.threads,
+        "{used}: {r}"
+    );
 }

@@ -127,7 +127,7 @@ fn main() {
     println!("backend: {}", backend.describe());
     println!(
         "log:     {} threads, {} events ({ops} operations logged), {:.1} MiB, {} streams",
-        log.threads,
+        log.logged_threads,
         log.events,
         bytes as f64 / MIB as f64,
         log.streams

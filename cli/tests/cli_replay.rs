@@ -851,3 +851,47 @@ fn a_log_from_a_fifo_is_replayed_not_waited_for_again() {
     assert!(status.success(), "{stdout}\n{stderr}");
     assert!(figure(&stdout, "events").starts_with("8: "), "{stdout}");
 }
+
+#[test]
+fn a_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
+    // Each thread allocates 4 KiB and frees it. Under a 4 GiB address space, 50 000 threads
+    // (2 MiB of stack each) cannot start; the replay's own threads can.
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("threads-50k.csv");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    writeln!(f, "Thread,Time,Action,Pointer,Size,Stream").unwrap();
+    for t in 0..50_000u64 {
+        let p = (t + 1) << 20;
+        writeln!(f, "{t},10:00:00.000000,allocate,{p:#x},4096,0x0").unwrap();
+        writeln!(f, "{t},10:00:00.000001,free,{p:#x},4096,0x0").unwrap();
+    }
+    f.flush().unwrap();
+    let out = rmm_limited(
+        "ulimit -v 4194304",
+        &[
+            "replay",
+            path.to_str().unwrap(),
+            "--simulate-capacity",
+            "40GiB",
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        figure(&stdout, "events").starts_with("100000: 50000 allocations and 50000 frees"),
+        "{stdout}"
+    );
+    let threads = figure(&stdout, "threads");
+    let n: usize = threads
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let limit = std::thread::available_parallelism().map_or(64, |p| p.get().max(64));
+    assert!(
+        n <= limit && threads.contains(" for 50000 logged threads, "),
+        "{stdout}"
+    );
+    assert_eq!(figure(&stdout, "fit"), "yes", "{stdout}");
+}

@@ -62,6 +62,11 @@ impl Assignment {
     pub(super) fn started(&self) -> usize {
         self.started
     }
+
+    /// Logged threads given a replay thread.
+    pub(super) fn logged(&self) -> usize {
+        self.of.iter().filter(|w| w.is_some()).count()
+    }
 }
 
 #[cfg(test)]
@@ -86,7 +91,7 @@ mod tests {
             "logged threads 0, 1 and 5 get new ones; 2, 3 and 4 share them"
         );
         assert_eq!(started, [0, 1, 2]);
-        assert_eq!(a.started(), 3);
+        assert_eq!((a.started(), a.logged()), (3, 6));
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //!
 //! [`replay_streamed`] plays each event of a [`LogReader`] as it is read:
 //!
-//! * [`ReplayOrder::Concurrent`]: each logged thread's events go, in order, to a replay
-//!   thread of its own, started on its first event, through a bounded queue per replay thread;
+//! * [`ReplayOrder::Concurrent`]: each logged thread's events go, in order, to the replay
+//!   thread it was given (see [`super`]'s Threads), through a bounded queue per replay thread;
 //!   a free of an allocation made on another replay thread waits until that allocation has
 //!   been replayed. The earliest event not yet replayed can always run (everything before it
 //!   in the log has been), so the queues never deadlock.
@@ -217,6 +217,9 @@ struct Feed {
     live: HashMap<u64, Arc<Slot>>,
     allocations: usize,
     frees: usize,
+    /// Per logged thread (by index): whether an event of it was replayed.
+    busy: Vec<bool>,
+    logged_threads: usize,
 }
 
 impl Feed {
@@ -236,6 +239,19 @@ impl Feed {
 
     /// The operation that replays `e`, if any.
     fn op(&mut self, e: &LogEvent, freed: Option<Freed>) -> Result<Option<Op>> {
+        let op = self.make(e, freed)?;
+        if op.is_some() {
+            if self.busy.len() <= e.thread {
+                self.busy.resize(e.thread + 1, false);
+            }
+            if !std::mem::replace(&mut self.busy[e.thread], true) {
+                self.logged_threads += 1;
+            }
+        }
+        Ok(op)
+    }
+
+    fn make(&mut self, e: &LogEvent, freed: Option<Freed>) -> Result<Option<Op>> {
         Ok(match (e.action, freed) {
             (LogAction::Allocate, _) if e.ptr != 0 && e.size != 0 => {
                 let slot = Arc::new(Slot {
@@ -436,6 +452,8 @@ pub fn replay_streamed(
         live: HashMap::new(),
         allocations: 0,
         frees: 0,
+        busy: Vec::new(),
+        logged_threads: 0,
     };
     let _span =
         tracing::debug_span!("replay", log = %log.source(), order = %options.order).entered();
@@ -443,8 +461,7 @@ pub fn replay_streamed(
     let replayed = match options.order {
         ReplayOrder::Logged => replay_logged(&mut log, &mut feed, &state).map(|()| 1),
         ReplayOrder::Concurrent => {
-            // One replay thread per logged thread.
-            replay_concurrent(&mut log, &mut feed, &state, usize::MAX)
+            replay_concurrent(&mut log, &mut feed, &state, options.thread_limit())
         }
     };
     let elapsed = start.elapsed();
@@ -487,6 +504,7 @@ pub fn replay_streamed(
         allocations: feed.allocations,
         frees: feed.frees,
         threads,
+        logged_threads: feed.logged_threads,
         streams: feed.streams.len(),
         elapsed,
         peak_bytes: state.peak_bytes.load(Ordering::Relaxed).max(0) as u64,

@@ -57,7 +57,8 @@ pub enum Order {
     /// Every event after the one before it in the log, on one thread (the logged peak is
     /// reproduced).
     Logged,
-    /// One thread per logged thread, each in its own order; cross-thread frees wait for
+    /// One thread per logged thread (up to the machine's hardware threads, and at least 64;
+    /// more logged threads share them), each in its own order; cross-thread frees wait for
     /// their allocation (the default: times the resource as the threads used it).
     Concurrent,
 }
@@ -331,6 +332,7 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             Order::Concurrent => ReplayOrder::Concurrent,
         },
         default_stream_only: false,
+        max_threads: 0,
     };
     // The log's own events: for a plot on its clock (or of a resource without hooks), and for
     // a snapshot of a resource without hooks.
