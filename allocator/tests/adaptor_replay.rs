@@ -307,23 +307,12 @@ fn write_mixed_log(name: &str, threads: u64, allocations: u64) -> std::path::Pat
 
 #[test]
 fn a_streamed_replay_matches_the_in_memory_one() {
-    use rmm_allocator::adaptor::{LogFile, replay_streamed};
+    use rmm_allocator::adaptor::{LogReader, replay_streamed};
     let path = write_mixed_log("mixed.csv", 4, 3000);
     let log = EventLog::read(&path).unwrap();
-    let file = LogFile::scan(&path).unwrap();
-    assert_eq!(file.events, log.events.len());
-    assert_eq!(file.threads, log.threads);
-    let mut streams = file.streams.clone();
-    streams.sort_unstable();
-    assert_eq!(streams, vec![0x51, 0x52]);
-    assert_eq!(file.peak_bytes, log.peak_bytes);
-    assert_eq!(
-        (file.unmatched_frees, file.logged_failures, file.unfreed),
-        (log.unmatched_frees, log.logged_failures, log.unfreed)
-    );
     // Unfreed: the ten left live, and the zero-byte allocation (never replayed).
     assert_eq!(
-        (file.unmatched_frees, file.logged_failures, file.unfreed),
+        (log.unmatched_frees, log.logged_failures, log.unfreed),
         (1, 1, 11)
     );
     for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
@@ -334,15 +323,25 @@ fn a_streamed_replay_matches_the_in_memory_one() {
         let pool = pool_on(device(), 64 * MIB);
         let whole = replay(&log, &pool, &options).unwrap();
         assert_eq!(pool.validate().unwrap().in_use, 0);
-        let streamed = replay_streamed(&file, &pool, &options).unwrap();
+        let streamed = replay_streamed(LogReader::open(&path).unwrap(), &pool, &options).unwrap();
         assert_eq!(pool.validate().unwrap().in_use, 0, "all given back");
         assert!(whole.fits() && streamed.fits(), "{streamed}");
         assert_eq!(
             (streamed.allocations, streamed.frees, streamed.streams),
             (whole.allocations, whole.frees, whole.streams)
         );
+        assert_eq!(streamed.streams, 2, "0x51 and 0x52");
         assert_eq!(streamed.events, whole.events);
         assert_eq!(streamed.logged_peak_bytes, whole.logged_peak_bytes);
+        assert_eq!(
+            (
+                streamed.skipped_frees,
+                streamed.logged_failures,
+                streamed.unfreed
+            ),
+            (log.unmatched_frees, log.logged_failures, log.unfreed)
+        );
+        assert_eq!(streamed.logged_threads, 4);
         assert_eq!(streamed.order, order);
         match order {
             // One thread in log order: exactly the logged peak.
@@ -358,7 +357,7 @@ fn a_streamed_replay_matches_the_in_memory_one() {
 
 #[test]
 fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
-    use rmm_allocator::adaptor::{LogFile, replay_streamed};
+    use rmm_allocator::adaptor::{LogReader, replay_streamed};
     let b = SimBackend::leak(SimConfig {
         devices: 1,
         capacity: 40 * GIB,
@@ -370,11 +369,10 @@ fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("climb50.csv");
     std::fs::write(&path, climbing_log(50)).unwrap();
-    let file = LogFile::scan(&path).unwrap();
     for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
         let pool = pool_on(d, 0);
         let r = replay_streamed(
-            &file,
+            LogReader::open(&path).unwrap(),
             &pool,
             &ReplayOptions {
                 order,
@@ -386,26 +384,41 @@ fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
         let f = r.failure.clone().unwrap();
         assert_eq!((f.action, f.bytes), (LogAction::Allocate, GIB));
         assert!((40..=42).contains(&f.line), "{r}");
+        // The failed line's logged time: line k is at 00:00:00.(k - 2).
+        assert_eq!(f.time_us, Some(f.line as u64 - 2), "{r}");
+        // The whole log's figures, though the replay stopped at the failure.
         assert_eq!(r.logged_peak_bytes, 50 * GIB as u64);
+        assert_eq!(r.events, 100);
         assert_eq!(pool.validate().unwrap().in_use, 0, "{order}");
     }
-    // A malformed line fails the scan, naming it, before anything is replayed.
+    // A malformed line stops the replay with its error, naming it, after what was replayed
+    // has been given back.
     let bad = dir.join("bad-stream.csv");
     std::fs::write(
         &bad,
         "Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.0,allocate,0x100,256,0x0\n1,x,allocate\n",
     )
     .unwrap();
-    let err = LogFile::scan(&bad).unwrap_err().to_string();
-    assert!(
-        err.contains("bad-stream.csv line 3") && err.contains("found 3 field(s)"),
-        "{err}"
-    );
-    let err = LogFile::scan(dir.join("missing.csv"))
+    for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
+        let pool = pool_on(d, 0);
+        let options = ReplayOptions {
+            order,
+            ..Default::default()
+        };
+        let err = replay_streamed(LogReader::open(&bad).unwrap(), &pool, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bad-stream.csv line 3") && err.contains("found 3 field(s)"),
+            "{err}"
+        );
+        assert_eq!(pool.validate().unwrap().in_use, 0, "{order}");
+    }
+    let err = LogReader::open(dir.join("missing.csv"))
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("missing.csv") && err.contains("reading the log failed"),
+        err.contains("missing.csv") && err.contains("opening the log failed"),
         "{err}"
     );
 }
@@ -422,7 +435,7 @@ fn peak_rss_kib() -> u64 {
 
 #[test]
 fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
-    use rmm_allocator::adaptor::{LogFile, replay_streamed};
+    use rmm_allocator::adaptor::{LogReader, replay_streamed};
     let b = SimBackend::leak(SimConfig {
         devices: 1,
         capacity: 40 * GIB,
@@ -434,10 +447,9 @@ fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
     // own memory (queues, thread stacks and their malloc arenas) does not depend on that.
     let path = write_mixed_log("long.csv", 8, 300_000);
     let before = peak_rss_kib();
-    let file = LogFile::scan(&path).unwrap();
     let pool = pool_on(d, 64 * MIB);
     let r = replay_streamed(
-        &file,
+        LogReader::open(&path).unwrap(),
         &pool,
         &ReplayOptions {
             order: ReplayOrder::Concurrent,
@@ -452,13 +464,270 @@ fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
         streamed_kib < 40 << 10,
         "the streamed replay grew the process by {streamed_kib} KiB"
     );
-    // The control: the whole log in memory takes far more, so the measure can fail.
+    // The control: the whole log in memory (its text and its events) takes far more, so the
+    // measure can fail.
     let after_stream = peak_rss_kib();
-    let log = EventLog::read(&path).unwrap();
+    let log = EventLog::parse(&std::fs::read_to_string(&path).unwrap(), "long.csv").unwrap();
     let whole_kib = peak_rss_kib().saturating_sub(after_stream);
-    assert_eq!(log.events.len(), file.events);
+    assert_eq!(log.events.len(), r.events);
     assert!(
         whole_kib > 2 * streamed_kib.max(8 << 10),
         "reading the whole log grew the process by only {whole_kib} KiB (streamed: {streamed_kib})"
+    );
+}
+
+#[test]
+fn an_impossible_time_is_an_error_naming_the_line_and_the_value() {
+    const H: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
+    let dir = std::env::temp_dir().join(format!("rmm-adaptor-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for time in [
+        "99:99:99",
+        "24:00:00.000000",
+        "10:60:00.000000",
+        "10:00:61.000000",
+        "10:00",
+        "10:00:00.12x",
+        "10:00:00.",
+        "+1:00:00",
+        "10:00:00:00:00",
+    ] {
+        let text =
+            format!("{H}1,10:00:00.000000,allocate,0x100,256,0x0\n1,{time},free,0x100,256,0x0\n");
+        expect_log_error(&text, Some(3), &format!("found time `{time}`"));
+        // From a file, a line at a time: the same.
+        let path = dir.join("bad-time.csv");
+        std::fs::write(&path, &text).unwrap();
+        let e = EventLog::read(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("bad-time.csv line 3") && e.contains(&format!("found time `{time}`")),
+            "{e}"
+        );
+    }
+    // Times of day (a leap second, no fraction, more than six digits), and fields that hold
+    // no time at all (a log without times).
+    for (time, us) in [
+        ("23:59:60.999999", Some(86_400_999_999)),
+        ("7:05:09", Some(((7 * 60 + 5) * 60 + 9) * 1_000_000)),
+        ("00:00:01.1234567", Some(1_123_456)),
+        ("00:00:01:5", Some(1_500_000)),
+        ("x", None),
+        ("", None),
+    ] {
+        let log = EventLog::parse(&format!("{H}1,{time},allocate,0x100,256,0x0\n"), "t").unwrap();
+        assert_eq!(log.events[0].time_us, us, "{time}");
+    }
+}
+
+#[test]
+fn a_line_past_the_limit_is_an_error_naming_it_and_the_limit() {
+    // A line of a megabyte, without an end: RMM's are about 100 bytes.
+    let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    text.extend(std::iter::repeat_n('1', 1 << 20));
+    expect_log_error(&text, Some(2), "found a line longer than 4096 bytes");
+}
+
+#[test]
+fn an_endless_input_is_an_error_at_the_limit_not_a_read_that_never_ends() {
+    use rmm_allocator::adaptor::LogReader;
+    // An input without line ends, and without an end at all: stops at the limit.
+    let zeros = std::io::BufReader::new(std::io::repeat(0));
+    let e = LogReader::new(zeros, "zeros").unwrap_err().to_string();
+    assert!(
+        e.contains("zeros line 1") && e.contains("longer than 4096 bytes"),
+        "{e}"
+    );
+    if std::path::Path::new("/dev/zero").exists() {
+        let e = EventLog::read("/dev/zero").unwrap_err().to_string();
+        assert!(e.contains("/dev/zero line 1"), "{e}");
+    }
+}
+
+/// A resource over the simulated device that counts the threads that call it.
+#[derive(Debug)]
+struct ThreadCounting {
+    inner: CudaMemoryResource,
+    threads: std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+}
+
+impl ThreadCounting {
+    fn new(d: Device) -> Self {
+        ThreadCounting {
+            inner: CudaMemoryResource::new(d),
+            threads: std::sync::Mutex::new(std::collections::HashSet::new()),
+        }
+    }
+
+    fn saw(&self) {
+        self.threads
+            .lock()
+            .unwrap()
+            .insert(std::thread::current().id());
+    }
+
+    /// The threads seen since the last call.
+    fn take(&self) -> usize {
+        self.threads.lock().unwrap().drain().count()
+    }
+}
+
+impl rmm_allocator::resource::DeviceMemoryResource for ThreadCounting {
+    fn allocate(
+        &self,
+        bytes: usize,
+        stream: rmm_allocator::StreamView,
+    ) -> rmm_allocator::Result<rmm_allocator::backend::DevicePtr> {
+        self.saw();
+        self.inner.allocate(bytes, stream)
+    }
+
+    fn deallocate(
+        &self,
+        ptr: rmm_allocator::backend::DevicePtr,
+        bytes: usize,
+        stream: rmm_allocator::StreamView,
+    ) -> rmm_allocator::Result<()> {
+        self.saw();
+        self.inner.deallocate(ptr, bytes, stream)
+    }
+
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+
+    fn name(&self) -> &'static str {
+        "thread_counting"
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A log of `threads` threads, each allocating 4 KiB and freeing it; with `cross`, each
+/// thread after the first frees the one before it's allocation instead (the first's is freed
+/// by the last), so every free waits for another thread.
+fn many_threads_log(threads: u64, cross: bool) -> String {
+    let mut s = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    let ptr = |t: u64| (t + 1) << 20;
+    for t in 0..threads {
+        writeln!(s, "{t},10:00:00.000000,allocate,{:#x},4096,0x0", ptr(t)).unwrap();
+        let (freed, by) = match (cross, t) {
+            (false, _) => (t, t),
+            (true, 0) => continue,
+            (true, _) => (t - 1, t),
+        };
+        writeln!(s, "{by},10:00:00.000001,free,{:#x},4096,0x0", ptr(freed)).unwrap();
+    }
+    if cross {
+        writeln!(s, "0,10:00:00.000002,free,{:#x},4096,0x0", ptr(threads - 1)).unwrap();
+    }
+    s
+}
+
+/// The most threads a replay runs on by default: the machine's hardware threads, and at
+/// least 64.
+fn default_thread_limit() -> usize {
+    std::thread::available_parallelism()
+        .map_or(64, std::num::NonZeroUsize::get)
+        .max(64)
+}
+
+#[test]
+fn a_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
+    let log = EventLog::parse(&many_threads_log(50_000, false), "threads.csv").unwrap();
+    assert_eq!(log.threads.len(), 50_000);
+    let resource = ThreadCounting::new(device());
+    let limit = default_thread_limit();
+    // Concurrent first: before the bound, one thread per logged thread, each gone after its
+    // two events.
+    for order in [ReplayOrder::Concurrent, ReplayOrder::Logged] {
+        let options = ReplayOptions {
+            order,
+            ..Default::default()
+        };
+        let r = replay(&log, &resource, &options).unwrap();
+        assert!(r.fits(), "{r}");
+        assert_eq!((r.allocations, r.frees), (50_000, 50_000), "{order}");
+        let used = resource.take();
+        assert!(
+            used <= limit && r.threads == used,
+            "{order}: {used} threads replayed a log of 50 000 threads (the limit: {limit}); \
+             the report says {}",
+            r.threads
+        );
+    }
+}
+
+#[test]
+fn logged_threads_sharing_replay_threads_keep_their_order_and_cross_thread_frees() {
+    use rmm_allocator::adaptor::{LogReader, replay_streamed};
+    // Every free waits for another logged thread's allocation, whichever replay thread it is
+    // on; three replay threads for 600 logged threads.
+    let text = many_threads_log(600, true);
+    let log = EventLog::parse(&text, "cross.csv").unwrap();
+    let resource = ThreadCounting::new(device());
+    for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
+        let options = ReplayOptions {
+            order,
+            max_threads: 3,
+            ..Default::default()
+        };
+        let whole = replay(&log, &resource, &options).unwrap();
+        assert_eq!(resource.take(), 3, "{order}");
+        let streamed = replay_streamed(
+            LogReader::new(text.as_bytes(), "cross.csv").unwrap(),
+            &resource,
+            &options,
+        )
+        .unwrap();
+        let used = resource.take();
+        for r in [&whole, &streamed] {
+            assert!(r.fits(), "{r}");
+            assert_eq!((r.allocations, r.frees, r.unfreed), (600, 600, 0), "{r}");
+            assert_eq!(r.logged_threads, 600, "{r}");
+        }
+        assert_eq!(whole.threads, 3);
+        match order {
+            // Each allocation is freed by the next thread before the one after allocates:
+            // never more than two live, as logged.
+            ReplayOrder::Logged => {
+                assert_eq!(whole.peak_allocations, 2);
+                assert_eq!(streamed.peak_allocations, 2);
+                assert_eq!((streamed.threads, used), (1, 1), "the calling thread");
+            }
+            ReplayOrder::Concurrent => {
+                assert_eq!((streamed.threads, used), (3, 3));
+                assert!(
+                    streamed
+                        .to_string()
+                        .contains("3 thread(s) for 600 logged threads"),
+                    "{streamed}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_streamed_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
+    use rmm_allocator::adaptor::{LogReader, replay_streamed};
+    let text = many_threads_log(50_000, false);
+    let resource = ThreadCounting::new(device());
+    let options = ReplayOptions {
+        order: ReplayOrder::Concurrent,
+        ..Default::default()
+    };
+    let log = LogReader::new(text.as_bytes(), "threads.csv").unwrap();
+    let r = replay_streamed(log, &resource, &options).unwrap();
+    assert!(r.fits(), "{r}");
+    assert_eq!(
+        (r.allocations, r.frees, r.logged_threads),
+        (50_000, 50_000, 50_000)
+    );
+    let used = resource.take();
+    assert!(
+        used <= default_thread_limit() && used == r.threads,
+        "{used}: {r}"
     );
 }

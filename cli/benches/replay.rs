@@ -7,7 +7,7 @@
 //! thread's live bytes stay under 1/16 of 8 GiB, else free a random live block; everything
 //! freed at the end) through `LoggingResourceAdaptor` over a pool, which writes RMM's CSV.
 //! Each round then replays that file with `replay_streamed` (what `rmm replay` calls: the file
-//! is read as it is replayed) against a fresh pool of `rmm replay`'s defaults, in both orders
+//! is opened and read once, as it is replayed) against a fresh pool of `rmm replay`'s defaults, in both orders
 //! one after the other. Figures: events replayed (allocations and frees) per second of the
 //! replay's own clock, best and median of the rounds.
 //!
@@ -18,7 +18,7 @@
 use std::sync::{Arc, Barrier};
 
 use rmm::allocator::adaptor::{
-    LogFile, LoggingResourceAdaptor, ReplayOptions, ReplayOrder, replay_streamed,
+    LogReader, LoggingResourceAdaptor, ReplayOptions, ReplayOrder, ReplayReport, replay_streamed,
 };
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource};
@@ -75,20 +75,30 @@ fn write_log(device: Device, path: &std::path::Path, steps: usize) -> Result<usi
     Ok(traces.iter().map(Vec::len).sum())
 }
 
-/// One replay of `log` in `order` against a fresh pool: events per second.
-fn replay_once(device: Device, log: &LogFile, order: ReplayOrder) -> Result<f64, String> {
+/// One replay of the log at `path` in `order` against a fresh pool.
+fn replay_once(
+    device: Device,
+    path: &std::path::Path,
+    order: ReplayOrder,
+) -> Result<ReplayReport, String> {
     let pool = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device)))
         .build()
         .map_err(|e| e.to_string())?;
     let options = ReplayOptions {
         order,
-        default_stream_only: false,
+        ..ReplayOptions::default()
     };
+    let log = LogReader::open(path).map_err(|e| e.to_string())?;
     let report = replay_streamed(log, &pool, &options).map_err(|e| e.to_string())?;
     if let Some(f) = &report.failure {
         return Err(format!("line {} failed: {}", f.line, f.error));
     }
-    Ok((report.allocations + report.frees) as f64 / report.elapsed.as_secs_f64())
+    Ok(report)
+}
+
+/// Events replayed per second of the replay's own clock.
+fn rate(report: &ReplayReport) -> f64 {
+    (report.allocations + report.frees) as f64 / report.elapsed.as_secs_f64()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -110,15 +120,17 @@ fn main() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("rmm_log.dev0.csv");
     let ops = write_log(device, &path, steps).unwrap_or_else(|e| panic!("writing the log: {e}"));
-    let log = LogFile::scan(&path).unwrap_or_else(|e| panic!("reading the log: {e}"));
+    // A first replay, untimed, says what the log holds.
+    let log = replay_once(device, &path, ReplayOrder::Concurrent)
+        .unwrap_or_else(|e| panic!("reading the log: {e}"));
     let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
     println!("backend: {}", backend.describe());
     println!(
         "log:     {} threads, {} events ({ops} operations logged), {:.1} MiB, {} streams",
-        log.threads.len(),
+        log.logged_threads,
         log.events,
         bytes as f64 / MIB as f64,
-        log.streams.len()
+        log.streams
     );
     println!("rounds:  {rounds} (each: logged, then concurrent, on a fresh pool)");
     println!();
@@ -129,9 +141,9 @@ fn main() {
     let mut figures: Vec<Vec<f64>> = vec![Vec::new(); orders.len()];
     for _ in 0..rounds {
         for (i, &(name, order)) in orders.iter().enumerate() {
-            let rate = replay_once(device, &log, order)
+            let report = replay_once(device, &path, order)
                 .unwrap_or_else(|e| panic!("replaying in {name} order: {e}"));
-            figures[i].push(rate);
+            figures[i].push(rate(&report));
         }
     }
     println!(

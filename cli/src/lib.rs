@@ -7,10 +7,12 @@
 //!   (the workload traces, every resource on every shape, the pool's footprint);
 //! - [`timeline`]: memory over time per device, drawn as an SVG picture or written as a
 //!   PyTorch memory snapshot (`--plot`, `--torch-snapshot`).
+//! - [`atomic_file`]: files written whole or not at all (the plots and snapshots).
 //!
 //! The memory runtime itself is the [`rmm`] crate; this one adds the command line, the
 //! progress display, the plotting and the snapshot formats on top.
 
+pub mod atomic_file;
 pub mod bench;
 pub mod demo;
 pub mod plural;

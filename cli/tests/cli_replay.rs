@@ -653,3 +653,245 @@ fn the_replay_commands_memory_does_not_grow_with_the_log() {
         assert_eq!(actions(&pickle_dict(&pickle)).len(), 20_000);
     }
 }
+
+/// `rmm args` run by `sh` after `limits` (shell commands such as `ulimit -v 1048576`), to its
+/// end.
+fn rmm_limited(limits: &str, args: &[&str]) -> Output {
+    let rmm = common::rmm_command();
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{limits}; exec \"$0\" \"$@\""))
+        .arg(rmm.get_program())
+        .args(args)
+        .env_remove("RMM_CONFIG")
+        // Few malloc arenas: an address-space limit then bounds threads, not arenas.
+        .env("MALLOC_ARENA_MAX", "2")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn an_output_that_cannot_be_written_whole_leaves_the_old_file_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = write_log("full-disk.csv", 8);
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    for (option, name) in [("--torch-snapshot", "s.pickle"), ("--plot", "p.svg")] {
+        let target = tmp.path().join(name);
+        let args = [
+            "replay",
+            log.to_str().unwrap(),
+            "--simulate-capacity",
+            "40GiB",
+            option,
+            target.to_str().unwrap(),
+        ];
+        let out = rmm(&args);
+        assert!(out.status.success(), "{:?}", text(&out));
+        let whole = std::fs::read(&target).unwrap();
+        assert!(whole.len() > 1024, "{option}: {} bytes", whole.len());
+        // A disk that fills up after 512 bytes: a file size limit (the process ignoring
+        // SIGXFSZ, its writes fail as on a full disk).
+        let full = "trap '' XFSZ; ulimit -f 1";
+        for existed in [true, false] {
+            if !existed {
+                std::fs::remove_file(&target).unwrap();
+            }
+            let out = rmm_limited(full, &args);
+            let (stdout, stderr) = text(&out);
+            assert!(!out.status.success(), "{option}: {stdout}\n{stderr}");
+            assert!(
+                stderr.contains(&format!(
+                    "rmm: {option} {}: writing it failed (",
+                    target.display()
+                )) && stderr.contains("it was not replaced"),
+                "{stderr}"
+            );
+            if existed {
+                assert_eq!(std::fs::read(&target).unwrap(), whole, "{option}: changed");
+                assert_eq!(names(), [name], "{option}: a file left beside it");
+            } else {
+                assert!(names().is_empty(), "{option}: {:?} left", names());
+            }
+        }
+    }
+}
+
+#[test]
+fn an_impossible_time_is_an_error_naming_the_line_and_the_value() {
+    let path = dir().join("bad-time.csv");
+    std::fs::write(
+        &path,
+        "Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000001,allocate,0x100,256,0x0\n\
+         1,99:99:99,free,0x100,256,0x0\n",
+    )
+    .unwrap();
+    let out = rmm(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--simulate-capacity",
+        "1GiB",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("bad-time.csv line 3: found time `99:99:99`, expected a time of day"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_endless_line_is_an_error_naming_the_limit_not_a_memory_blowup() {
+    // Under a 1 GiB address space, a line read until its end would run out of memory.
+    let out = rmm_limited(
+        "ulimit -v 1048576",
+        &["replay", "/dev/zero", "--simulate-capacity", "1GiB"],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("/dev/zero line 1: found a line longer than 4096 bytes")
+            && stderr.contains("one event per line"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_log_from_a_pipe_is_read_once_as_it_is_replayed() {
+    use std::io::Write as _;
+    let log = std::fs::read(write_log("piped.csv", 8)).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let pickle = tmp.path().join("piped.pickle");
+    for (input, name) in [("-", "standard input"), ("/dev/stdin", "/dev/stdin")] {
+        let mut child = common::rmm_command()
+            .args([
+                "replay",
+                input,
+                "--simulate-capacity",
+                "40GiB",
+                "--order",
+                "logged",
+                "--torch-snapshot",
+                pickle.to_str().unwrap(),
+            ])
+            .env_remove("RMM_CONFIG")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let log = log.clone();
+        let writer = std::thread::spawn(move || stdin.write_all(&log));
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{input}: {stdout}\n{stderr}");
+        assert_eq!(figure(&stdout, "log"), name, "{stdout}");
+        assert!(
+            figure(&stdout, "events").starts_with("16: 8 allocations and 8 frees"),
+            "{input}: {stdout}"
+        );
+        assert!(figure(&stdout, "peak").starts_with("8.00 GiB"), "{stdout}");
+        // The snapshot came from the same reading: the pool's chunk, 8 allocations, 8 frees.
+        let got = actions(&pickle_dict(&pickle));
+        assert_eq!(got.iter().filter(|a| *a == "alloc").count(), 8, "{got:?}");
+    }
+}
+
+#[test]
+fn a_log_from_a_fifo_is_replayed_not_waited_for_again() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("log.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    let (out_path, err_path) = (tmp.path().join("stdout"), tmp.path().join("stderr"));
+    let mut child = common::rmm_command()
+        .args([
+            "replay",
+            fifo.to_str().unwrap(),
+            "--simulate-capacity",
+            "40GiB",
+        ])
+        .env_remove("RMM_CONFIG")
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    // One writer, as a producer piping into a FIFO: it opens (waiting for the reader),
+    // writes and closes. Not joined: with no reader it would wait forever.
+    let log = std::fs::read(write_log("fifo.csv", 4)).unwrap();
+    let to = fifo.clone();
+    std::thread::spawn(move || std::fs::File::create(&to).and_then(|mut f| f.write_all(&log)));
+    // Not a measure of time: a hang guard, far above the few milliseconds the replay takes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("rmm replay of a FIFO still runs after a minute: it waits to read it again");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap();
+    let stderr = std::fs::read_to_string(&err_path).unwrap();
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(figure(&stdout, "events").starts_with("8: "), "{stdout}");
+}
+
+#[test]
+fn a_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
+    // Each thread allocates 4 KiB and frees it. Under a 4 GiB address space, 50 000 threads
+    // (2 MiB of stack each) cannot start; the replay's own threads can.
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("threads-50k.csv");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    writeln!(f, "Thread,Time,Action,Pointer,Size,Stream").unwrap();
+    for t in 0..50_000u64 {
+        let p = (t + 1) << 20;
+        writeln!(f, "{t},10:00:00.000000,allocate,{p:#x},4096,0x0").unwrap();
+        writeln!(f, "{t},10:00:00.000001,free,{p:#x},4096,0x0").unwrap();
+    }
+    f.flush().unwrap();
+    let out = rmm_limited(
+        "ulimit -v 4194304",
+        &[
+            "replay",
+            path.to_str().unwrap(),
+            "--simulate-capacity",
+            "40GiB",
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        figure(&stdout, "events").starts_with("100000: 50000 allocations and 50000 frees"),
+        "{stdout}"
+    );
+    let threads = figure(&stdout, "threads");
+    let n: usize = threads
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let limit = std::thread::available_parallelism().map_or(64, |p| p.get().max(64));
+    assert!(
+        n <= limit && threads.contains(" for 50000 logged threads, "),
+        "{stdout}"
+    );
+    assert_eq!(figure(&stdout, "fit"), "yes", "{stdout}");
+}

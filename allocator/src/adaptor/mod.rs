@@ -35,7 +35,7 @@ pub use hooked::HookedResourceAdaptor;
 pub use limiting::{LimitingResourceAdaptor, MemoryLimit};
 pub use logging::{LOG_HEADER, LoggingResourceAdaptor, log_file_path, log_thread_id};
 pub use replay::{
-    EventLog, LogAction, LogEvent, LogFile, ReplayFailure, ReplayOptions, ReplayOrder,
+    EventLog, LogAction, LogEvent, LogLine, LogReader, ReplayFailure, ReplayOptions, ReplayOrder,
     ReplayReport, replay, replay_streamed,
 };
 pub use statistics::{

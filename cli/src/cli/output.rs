@@ -1,23 +1,23 @@
-//! Output files (`--plot`, `--torch-snapshot`) opened before the work, so that a path that
-//! cannot be written fails at once instead of after the whole run.
+//! Output files (`--plot`, `--torch-snapshot`) prepared before the work, so that a path that
+//! cannot be written fails at once instead of after the whole run, and written whole or not
+//! at all ([`AtomicFile`]): a run that fails, or a disk that fills up, leaves the file as it
+//! was and nothing beside it.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Seek, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// An output file, open for writing since the command started. A file this command created
-/// is removed again if nothing is written to it (the run failed); a file that was there is
-/// left as it was until [`OutputFile::write`] replaces its contents.
+use rmm_cli::atomic_file::AtomicFile;
+
+/// An output file, checked and prepared since the command started (a temporary file beside
+/// it); nothing at its path changes until [`OutputFile::write`] replaces it whole.
 #[derive(Debug)]
 pub struct OutputFile {
-    path: PathBuf,
-    file: Option<File>,
-    created: bool,
+    option: String,
+    file: AtomicFile,
 }
 
 impl OutputFile {
-    /// Opens (creating if missing, not yet truncating) `path`, given as `option`; the error
-    /// names the option, the path, why, and what to do.
+    /// Prepares `path`, given as `option`; the error names the option, the path, why, and
+    /// what to do.
     pub fn open(option: &str, path: &Path) -> Result<OutputFile, String> {
         let problem = |why: String| {
             format!(
@@ -28,17 +28,11 @@ impl OutputFile {
         if path.is_dir() {
             return Err(problem("is a directory".into()));
         }
-        let existed = path.exists();
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| problem(format!("cannot be written ({e})")))?;
+        let file =
+            AtomicFile::create(path).map_err(|e| problem(format!("cannot be written ({e})")))?;
         Ok(OutputFile {
-            path: path.to_path_buf(),
-            file: Some(file),
-            created: !existed,
+            option: option.to_string(),
+            file,
         })
     }
 
@@ -49,27 +43,19 @@ impl OutputFile {
 
     /// The path.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
-    /// Replaces the file's contents with `bytes`.
-    pub fn write(mut self, bytes: &[u8]) -> Result<(), String> {
-        let Some(mut file) = self.file.take() else {
-            return Ok(());
-        };
-        file.set_len(0)
-            .and_then(|()| file.rewind())
-            .and_then(|()| file.write_all(bytes))
-            .and_then(|()| file.flush())
-            .map_err(|e| format!("writing {}: {e}", self.path.display()))
-    }
-}
-
-impl Drop for OutputFile {
-    fn drop(&mut self) {
-        if self.file.take().is_some() && self.created {
-            let _ = std::fs::remove_file(&self.path);
-        }
+    /// Replaces the file with `bytes`; when that fails, the file is as it was.
+    pub fn write(self, bytes: &[u8]) -> Result<(), String> {
+        let path = self.file.path().display().to_string();
+        self.file.commit(bytes).map_err(|e| {
+            format!(
+                "{} {path}: writing it failed ({e}) and it was not replaced; free space on its \
+                 disk, or give another path",
+                self.option
+            )
+        })
     }
 }
 
@@ -78,7 +64,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_file_created_and_never_written_is_removed_and_one_written_stays() {
+    fn a_file_is_there_only_once_written_and_an_old_one_stays_until_then() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.svg");
         drop(OutputFile::open("--plot", &path).unwrap());
@@ -96,7 +82,26 @@ mod tests {
             .write(b"1")
             .unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"1");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no other file"
+        );
         let err = OutputFile::open("--plot", dir.path()).unwrap_err();
         assert!(err.contains("is a directory"), "{err}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_full_disk_is_an_error_naming_the_option_and_the_path() {
+        let err = OutputFile::open("--torch-snapshot", Path::new("/dev/full"))
+            .unwrap()
+            .write(b"snapshot")
+            .unwrap_err();
+        assert!(
+            err.starts_with("--torch-snapshot /dev/full: writing it failed (")
+                && err.contains("No space left on device"),
+            "{err}"
+        );
     }
 }

@@ -228,21 +228,25 @@ pub fn render(timeline: &Timeline, format: PlotFormat) -> Result<Vec<u8>, Timeli
     }
 }
 
-/// Renders `timeline` (see [`render`]) and writes it to `path`.
+/// Renders `timeline` (see [`render`]) and writes it to `path`, whole or not at all
+/// ([`AtomicFile`](crate::atomic_file::AtomicFile)).
 ///
 /// # Errors
-/// As [`render`]; [`TimelineError::Write`] when `path` cannot be written.
+/// As [`render`]; [`TimelineError::Write`] when `path` cannot be written (it is then as it
+/// was).
 pub fn write_plot(
     timeline: &Timeline,
     path: &Path,
     format: PlotFormat,
 ) -> Result<(), TimelineError> {
     let bytes = render(timeline, format)?;
-    std::fs::write(path, bytes).map_err(|source| TimelineError::Write {
-        what: format.describe(),
-        path: path.to_path_buf(),
-        source,
-    })
+    crate::atomic_file::AtomicFile::create(path)
+        .and_then(|f| f.commit(&bytes))
+        .map_err(|source| TimelineError::Write {
+            what: format.describe(),
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// [`render_svg`], with where everything went ([`Layout`]).

@@ -1,11 +1,12 @@
 //! The log side of replay: RMM's CSV parsed into an [`EventLog`] (each free tied to the
-//! allocation it frees), by a line parser that [`super::replay_streamed`] shares.
+//! allocation it frees), by the line parser that [`LogReader`] runs on every line.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
+use super::reader::LogReader;
 use crate::adaptor::logging::LOG_HEADER;
 use crate::error::{Error, Result};
 
@@ -44,7 +45,8 @@ pub struct LogEvent {
     pub line: usize,
     /// Index into [`EventLog::threads`].
     pub thread: usize,
-    /// Microseconds since midnight, when the `Time` field is `HH:MM:SS.ffffff`.
+    /// Microseconds since midnight; `None` when the `Time` field holds no time (no `:`: a
+    /// log written without times).
     pub time_us: Option<u64>,
     /// What happened.
     pub action: LogAction,
@@ -94,30 +96,68 @@ fn parse_hex(text: &str) -> Option<u64> {
     u64::from_str_radix(digits, 16).ok()
 }
 
-/// `HH:MM:SS.ffffff` (or `HH:MM:SS:ffffff`, or without fraction) → microseconds since midnight.
-fn parse_time(text: &str) -> Option<u64> {
+/// What a `Time` field holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Time {
+    /// No time at all (no `:`): a log written without times.
+    Absent,
+    /// Microseconds since midnight.
+    At(u64),
+    /// Something written as a time that is none (`99:99:99`, `10:00`, `10:00:00.x`).
+    Impossible,
+}
+
+/// One to two ASCII digits (`u64::from_str` would take `+5` too).
+fn clock_digits(text: &str) -> Option<u64> {
+    let ok = (1..=2).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_digit());
+    ok.then(|| text.parse().ok()).flatten()
+}
+
+/// `HH:MM:SS.ffffff` (or `HH:MM:SS:ffffff`, or without fraction; up to six digits of the
+/// fraction count, more are allowed) → microseconds since midnight. A field without `:` is
+/// [`Time::Absent`]; one with `:` must be a time of day (a second of 60 allowed: a leap
+/// second), or it is [`Time::Impossible`].
+fn parse_time(text: &str) -> Time {
     let t = text.trim();
-    let (hms, frac) = match t.rfind(['.', ':']) {
-        Some(i) if t[..i].matches(':').count() == 2 => (&t[..i], &t[i + 1..]),
-        _ => (t, ""),
+    if !t.contains(':') {
+        return Time::Absent;
+    }
+    let (clock, dotted) = match t.split_once('.') {
+        Some((c, f)) => (c, Some(f)),
+        None => (t, None),
     };
-    let mut parts = hms.split(':');
-    let h: u64 = parts.next()?.parse().ok()?;
-    let m: u64 = parts.next()?.parse().ok()?;
-    let s: u64 = parts.next()?.parse().ok()?;
-    if parts.next().is_some() || h > 23 || m > 59 || s > 60 {
-        return None;
+    let mut parts = clock.split(':');
+    let (Some(h), Some(m), Some(s)) = (
+        parts.next().and_then(clock_digits),
+        parts.next().and_then(clock_digits),
+        parts.next().and_then(clock_digits),
+    ) else {
+        return Time::Impossible;
+    };
+    let fraction = match (parts.next(), dotted, parts.next()) {
+        (None, f, None) => f,
+        (Some(f), None, None) => Some(f),
+        _ => return Time::Impossible,
+    };
+    if h > 23 || m > 59 || s > 60 {
+        return Time::Impossible;
     }
     // Up to six digits of the fraction (microseconds), without allocating: logs have
     // millions of lines.
-    let digits = &frac.as_bytes()[..frac.len().min(6)];
-    let us = if digits.is_empty() {
-        0
-    } else {
-        let v: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
-        v * 10u64.pow(6 - digits.len() as u32)
+    let us = match fraction {
+        None => 0,
+        Some(f) if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) => {
+            return Time::Impossible;
+        }
+        Some(f) => {
+            let digits = &f[..f.len().min(6)];
+            match digits.parse::<u64>() {
+                Ok(v) => v * 10u64.pow(6 - digits.len() as u32),
+                Err(_) => return Time::Impossible,
+            }
+        }
     };
-    Some(((h * 60 + m) * 60 + s) * 1_000_000 + us)
+    Time::At(((h * 60 + m) * 60 + s) * 1_000_000 + us)
 }
 
 /// The most columns a log's header may have (RMM's has six).
@@ -239,6 +279,11 @@ impl LineParser {
         Ok(parser)
     }
 
+    /// What errors call the log.
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
+
     /// Allocations live at this point of the log.
     pub(crate) fn live_allocations(&self) -> usize {
         self.live.len()
@@ -328,6 +373,22 @@ impl LineParser {
                 FORMAT_HINT,
             )
         })?;
+        let time_us = match parse_time(fields[c_time]) {
+            Time::Absent => None,
+            Time::At(us) => Some(us),
+            Time::Impossible => {
+                return Err(self.err(
+                    line_no,
+                    format!(
+                        "found time `{}`, expected a time of day HH:MM:SS.ffffff (hours below \
+                         24, minutes below 60, seconds below 61), or no `:` in a log without \
+                         times",
+                        fields[c_time]
+                    ),
+                    FORMAT_HINT,
+                ));
+            }
+        };
         let thread = match self.thread_index.get(thread_text) {
             Some(&t) => t,
             None => {
@@ -384,7 +445,7 @@ impl LineParser {
             LogEvent {
                 line: line_no,
                 thread,
-                time_us: parse_time(fields[c_time]),
+                time_us,
                 action,
                 ptr,
                 size,
@@ -396,20 +457,14 @@ impl LineParser {
 }
 
 impl EventLog {
-    /// Reads and parses the log at `path`.
+    /// Reads and parses the log at `path` (a line at a time: a line longer than a log's
+    /// lines may be is an error, not a read that grows until memory runs out).
     ///
     /// # Errors
     /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be read or a line does not
     /// parse.
     pub fn read(path: impl AsRef<Path>) -> Result<EventLog> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::EventLog {
-            path: path.display().to_string(),
-            line: None,
-            problem: format!("reading the log failed: {e}"),
-            hint: "Check the path; logs are text files such as rmm_log.dev0.csv".to_string(),
-        })?;
-        Self::parse(&text, path.display().to_string())
+        Self::read_all(LogReader::open(path)?)
     }
 
     /// Parses `text`; `source` names it in errors.
@@ -418,25 +473,20 @@ impl EventLog {
     /// [`Error::EventLog`](crate::Error::EventLog) when `text` is empty, the header is not RMM's,
     /// or a line does not parse (the error names the line).
     pub fn parse(text: &str, source: impl Into<String>) -> Result<EventLog> {
-        let source = source.into();
-        let mut lines = text
-            .lines()
-            .enumerate()
-            .map(|(i, l)| (i + 1, l.trim_end_matches('\r')))
-            .filter(|(_, l)| !l.trim().is_empty());
-        let Some((header_line, header)) = lines.next() else {
-            return Err(LineParser::empty(&source));
-        };
-        let mut parser = LineParser::new(&source, header_line, header)?;
+        Self::read_all(LogReader::new(text.as_bytes(), source)?)
+    }
+
+    /// Every event of `log`, in memory.
+    fn read_all(mut log: LogReader<'_>) -> Result<EventLog> {
         let mut events = Vec::new();
         let mut freed_allocation = Vec::new();
-        for (line_no, line) in lines {
-            let (event, freed) = parser.line(line_no, line)?;
+        while let Some((event, freed)) = log.next_parsed()? {
             events.push(event);
             freed_allocation.push(freed.map(|f| f.event));
         }
+        let parser = log.parser;
         Ok(EventLog {
-            source,
+            source: parser.source,
             events,
             freed_allocation,
             peak_bytes: parser.peak_bytes,

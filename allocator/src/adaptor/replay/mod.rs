@@ -1,8 +1,9 @@
 //! Replaying memory event logs: parse a log in RMM's CSV format (RMM's own, or one written by
-//! [`super::LoggingResourceAdaptor`]) and play it against any resource, one thread per logged
-//! thread, reporting the wall time, the peak bytes in use and whether every allocation
-//! succeeded. On the unbacked simulated device this answers "would this workload fit on a
-//! 40 GiB GPU with this pool?" on any machine, as RMM's replay benchmark does.
+//! [`super::LoggingResourceAdaptor`]) and play it against any resource, each logged thread's
+//! events in order on one replay thread, reporting the wall time, the peak bytes in use and
+//! whether every allocation succeeded. On the unbacked simulated device this answers "would
+//! this workload fit on a 40 GiB GPU with this pool?" on any machine, as RMM's replay
+//! benchmark does.
 //!
 //! # Order
 //! * [`ReplayOrder::Logged`] (the default, as RMM's replay benchmark): every event waits for
@@ -14,9 +15,16 @@
 //!   replayed (the log's order says which allocation a free belongs to). Times the resource
 //!   under contention; the peak may differ from the logged one.
 //!
-//! [`replay`] holds the whole [`EventLog`] in memory; [`replay_streamed`] reads a
-//! [`LogFile`] as it replays it (memory independent of the log's length; in logged order on
-//! one thread), which is what `rmm replay` uses.
+//! # Threads
+//! A replay runs on at most [`ReplayOptions::max_threads`] threads (by default the machine's
+//! hardware threads, and at least 64): a log of more logged threads (a program whose threads
+//! come and go leaves thousands of thread ids) has several logged threads share a replay
+//! thread, each logged thread on one of them, so its events stay in order. The replay threads
+//! are started as logged threads first need one; later ones are shared out in turn.
+//!
+//! [`replay`] holds the whole [`EventLog`] in memory; [`replay_streamed`] replays a
+//! [`LogReader`] as it reads it, once (memory independent of the log's length; a pipe works
+//! as well as a file; in logged order on the calling thread), which is what `rmm replay` uses.
 //!
 //! Logged streams are mapped to streams created for the replay (the default stream stays the
 //! default stream), so cross-stream frees stay cross-stream. `allocate failure` lines are
@@ -25,8 +33,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{chain_names, find_in_chain};
@@ -34,12 +43,17 @@ use crate::backend::DevicePtr;
 use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::{DeviceMemoryResource, PoolMemoryResource};
 use crate::stream::{Stream, StreamView};
+use assign::Assignment;
 
+mod assign;
 mod event_log;
+mod lines;
+mod reader;
 mod stream;
 
 pub use event_log::{EventLog, LogAction, LogEvent};
-pub use stream::{LogFile, replay_streamed};
+pub use reader::{LogLine, LogReader};
+pub use stream::replay_streamed;
 
 /// In which order threads replay their events (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,6 +81,25 @@ pub struct ReplayOptions {
     pub order: ReplayOrder,
     /// Replay everything on the default stream instead of one stream per logged stream.
     pub default_stream_only: bool,
+    /// The most threads a replay runs on; 0 (the default): the machine's hardware threads,
+    /// and at least 64 (see the module documentation).
+    pub max_threads: usize,
+}
+
+/// Replay threads at least, when [`ReplayOptions::max_threads`] is 0: logs of up to this many
+/// threads get one replay thread per logged thread on any machine.
+const DEFAULT_MIN_THREADS: usize = 64;
+
+impl ReplayOptions {
+    /// The most threads a replay runs on (at least 1).
+    fn thread_limit(&self) -> usize {
+        match self.max_threads {
+            0 => std::thread::available_parallelism()
+                .map_or(DEFAULT_MIN_THREADS, NonZeroUsize::get)
+                .max(DEFAULT_MIN_THREADS),
+            n => n,
+        }
+    }
 }
 
 /// The allocation (or free) that failed.
@@ -76,6 +109,8 @@ pub struct ReplayFailure {
     pub line: usize,
     /// The logged thread.
     pub thread: String,
+    /// The line's logged time (microseconds since midnight), when it has one.
+    pub time_us: Option<u64>,
     /// What was replayed.
     pub action: LogAction,
     /// Bytes asked for.
@@ -103,8 +138,11 @@ pub struct ReplayReport {
     pub allocations: usize,
     /// Frees replayed.
     pub frees: usize,
-    /// Threads (one per logged thread).
+    /// Threads the replay ran on (1 in logged order when streamed).
     pub threads: usize,
+    /// Logged threads whose events were replayed (as many as [`ReplayReport::threads`], or
+    /// more when they shared threads).
+    pub logged_threads: usize,
     /// Streams created for the replay (the default stream not counted).
     pub streams: usize,
     /// Wall time of the replay.
@@ -141,8 +179,18 @@ impl fmt::Display for ReplayReport {
         writeln!(f, "resource:   {} (device {})", self.resource, self.device)?;
         writeln!(
             f,
-            "events:     {} ({} allocations, {} frees replayed; {} thread(s), {} stream(s), {} order)",
-            self.events, self.allocations, self.frees, self.threads, self.streams, self.order
+            "events:     {} ({} allocations, {} frees replayed; {} thread(s){}, {} stream(s), {} order)",
+            self.events,
+            self.allocations,
+            self.frees,
+            self.threads,
+            match self.order {
+                ReplayOrder::Concurrent if self.logged_threads != self.threads =>
+                    format!(" for {} logged threads", self.logged_threads),
+                _ => String::new(),
+            },
+            self.streams,
+            self.order
         )?;
         if self.skipped_frees + self.logged_failures + self.unfreed > 0 {
             writeln!(
@@ -207,6 +255,11 @@ struct ReplayState<'a> {
     /// Replayed pointer of each allocation event (0: not allocated, or freed).
     slots: Vec<AtomicU64>,
     turn: AtomicUsize,
+    /// The replay thread of each step (by `seq`), and each replay thread's handle: in logged
+    /// order the thread whose turn comes is woken, not found by threads spinning in turn
+    /// (more replay threads than cores would make each turn a round of the scheduler).
+    owner: Vec<u32>,
+    handles: Vec<OnceLock<std::thread::Thread>>,
     stop: AtomicBool,
     live_bytes: AtomicI64,
     live_count: AtomicI64,
@@ -220,6 +273,37 @@ impl ReplayState<'_> {
         self.stream_of
             .get(&logged)
             .map_or(StreamView::DEFAULT, |&i| self.streams[i])
+    }
+
+    /// Waits until it is step `seq`'s turn (logged order): a short spin, then parked until
+    /// the step before it wakes this thread. False when the replay stopped.
+    fn wait_turn(&self, seq: usize) -> bool {
+        let mut spins = 0u32;
+        loop {
+            if self.turn.load(Ordering::Acquire) == seq {
+                return true;
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            if spins < 100 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                // An unpark that came before this park makes it return at once.
+                std::thread::park();
+            }
+        }
+    }
+
+    /// Gives the turn to step `seq` and wakes its replay thread.
+    fn pass_turn(&self, seq: usize) {
+        self.turn.store(seq, Ordering::Release);
+        if let Some(&w) = self.owner.get(seq)
+            && let Some(thread) = self.handles.get(w as usize).and_then(OnceLock::get)
+        {
+            thread.unpark();
+        }
     }
 
     fn wait(&self, ready: impl Fn() -> bool) -> bool {
@@ -250,6 +334,7 @@ impl ReplayState<'_> {
             *f = Some(ReplayFailure {
                 line: e.line,
                 thread: self.log.threads[e.thread].clone(),
+                time_us: e.time_us,
                 action: e.action,
                 bytes: e.size,
                 live_bytes: self.live_bytes.load(Ordering::Relaxed).max(0) as u64,
@@ -257,14 +342,15 @@ impl ReplayState<'_> {
             });
         }
         self.stop.store(true, Ordering::Relaxed);
+        for thread in self.handles.iter().filter_map(OnceLock::get) {
+            thread.unpark();
+        }
     }
 
     fn run(&self, steps: &[Step], order: ReplayOrder) {
         for step in steps {
             let ready = match (order, step.kind) {
-                (ReplayOrder::Logged, _) => {
-                    self.wait(|| self.turn.load(Ordering::Acquire) == step.seq)
-                }
+                (ReplayOrder::Logged, _) => self.wait_turn(step.seq),
                 (ReplayOrder::Concurrent, StepKind::Free) => {
                     self.wait(|| self.slots[step.slot].load(Ordering::Acquire) != 0)
                 }
@@ -313,7 +399,7 @@ impl ReplayState<'_> {
                 }
             };
             if order == ReplayOrder::Logged {
-                self.turn.store(step.seq + 1, Ordering::Release);
+                self.pass_turn(step.seq + 1);
             }
             if !ok {
                 return;
@@ -347,8 +433,10 @@ pub fn replay(
             }
         }
     }
-    // Steps per thread, in log order.
-    let mut per_thread: Vec<Vec<Step>> = vec![Vec::new(); log.threads.len()];
+    // Steps per replay thread, in log order.
+    let mut assignment = Assignment::new(options.thread_limit());
+    let mut per_thread: Vec<Vec<Step>> = Vec::new();
+    let mut owner: Vec<u32> = Vec::new();
     let mut seq = 0;
     let (mut allocations, mut frees) = (0, 0);
     for (i, e) in log.events.iter().enumerate() {
@@ -373,7 +461,15 @@ pub fn replay(
             }
             _ => continue,
         };
-        per_thread[e.thread].push(step);
+        let mut start = |_| {
+            per_thread.push(Vec::new());
+            true
+        };
+        if let Some(w) = assignment.of(e.thread, &mut start) {
+            per_thread[w].push(step);
+            // Replay threads are fewer than the limit, itself far below 2^32.
+            owner.push(w as u32);
+        }
         seq += 1;
     }
     let shared = ReplayState {
@@ -383,6 +479,8 @@ pub fn replay(
         stream_of,
         slots: (0..log.events.len()).map(|_| AtomicU64::new(0)).collect(),
         turn: AtomicUsize::new(0),
+        owner,
+        handles: (0..per_thread.len()).map(|_| OnceLock::new()).collect(),
         stop: AtomicBool::new(false),
         live_bytes: AtomicI64::new(0),
         live_count: AtomicI64::new(0),
@@ -397,38 +495,42 @@ pub fn replay(
         threads = log.threads.len()
     )
     .entered();
-    let busy: Vec<&Vec<Step>> = per_thread.iter().filter(|s| !s.is_empty()).collect();
-    // The threads wait at this gate until every one has started: `Some(true)` runs them,
-    // `Some(false)` (a thread could not be started) sends them home.
-    let gate = (Mutex::new(None::<bool>), Condvar::new());
-    let open = |go: bool| {
-        *gate
-            .0
+    // The threads wait at this gate until every one has started and said where it can be
+    // woken (counted in the gate: the count's lock makes every handle seen before any turn
+    // is passed): `Some(true)` runs them, `Some(false)` (a thread could not be started)
+    // sends them home.
+    let gate = (Mutex::new((0usize, None::<bool>)), Condvar::new());
+    let lock = || {
+        gate.0
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(go);
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    let open = |go: bool| {
+        lock().1 = Some(go);
         gate.1.notify_all();
     };
     let mut start = Instant::now();
     let spawned: std::io::Result<()> = std::thread::scope(|scope| {
-        for (n, steps) in busy.iter().enumerate() {
+        for (n, steps) in per_thread.iter().enumerate() {
             let shared = &shared;
-            let gate = &gate;
+            let (lock, gate) = (&lock, &gate);
             let order = options.order;
             let thread = std::thread::Builder::new()
                 .name(format!("rmm-replay-{n}"))
                 .spawn_scoped(scope, move || {
-                    let mut go = gate
-                        .0
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    while go.is_none() {
-                        go = gate
+                    // Set once, by this thread: it cannot fail.
+                    let _ = shared.handles[n].set(std::thread::current());
+                    let mut g = lock();
+                    g.0 += 1;
+                    gate.1.notify_all();
+                    while g.1.is_none() {
+                        g = gate
                             .1
-                            .wait(go)
+                            .wait(g)
                             .unwrap_or_else(std::sync::PoisonError::into_inner);
                     }
-                    let run = *go == Some(true);
-                    drop(go);
+                    let run = g.1 == Some(true);
+                    drop(g);
                     if run {
                         shared.run(steps, order);
                     }
@@ -438,6 +540,14 @@ pub fn replay(
                 return Err(e);
             }
         }
+        let mut g = lock();
+        while g.0 < per_thread.len() {
+            g = gate
+                .1
+                .wait(g)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        drop(g);
         start = Instant::now();
         open(true);
         Ok(())
@@ -445,10 +555,10 @@ pub fn replay(
     if let Err(e) = spawned {
         return Err(Error::invalid_argument(
             "replay threads",
-            busy.len(),
+            per_thread.len(),
             format!(
-                "as many threads as the log has ({e}); replay it where more threads can start, \
-                 or a log of fewer threads"
+                "that many threads can start ({e}); set ReplayOptions::max_threads lower, or \
+                 replay where more threads can start"
             ),
         ));
     }
@@ -500,7 +610,8 @@ pub fn replay(
         events: log.events.len(),
         allocations,
         frees,
-        threads: busy.len(),
+        threads: per_thread.len(),
+        logged_threads: assignment.logged(),
         streams: owned.len(),
         elapsed,
         peak_bytes: shared.peak_bytes.load(Ordering::Relaxed).max(0) as u64,

@@ -1,30 +1,36 @@
-//! Replaying a log file as it is read: memory grows with the allocations live at once and
+//! Replaying a log as it is read, once: memory grows with the allocations live at once and
 //! the logged threads, never with the length of the log (an in-memory
-//! [`EventLog`](super::EventLog) of a
-//! 4 M-line log takes hundreds of MB).
+//! [`EventLog`](super::EventLog) of a 4 M-line log takes hundreds of MB), and the log may come
+//! from a pipe.
 //!
-//! [`LogFile::scan`] reads the file once, checking every line as [`EventLog::parse`] does
-//! (a malformed log fails before anything is replayed) and counting what a report needs;
-//! [`replay_streamed`] reads it again and plays it:
+//! [`replay_streamed`] plays each event of a [`LogReader`] as it is read:
 //!
-//! * [`ReplayOrder::Concurrent`]: one thread per logged thread, each fed its events through
-//!   a bounded queue as the file is read; a free of another thread's allocation waits until
-//!   that allocation has been replayed. The earliest event not yet replayed can always run
-//!   (everything before it in the log has been), so the queues never deadlock.
+//! * [`ReplayOrder::Concurrent`]: each logged thread's events go, in order, to the replay
+//!   thread it was given (see [`super`]'s Threads), through a bounded queue per replay thread;
+//!   a free of an allocation made on another replay thread waits until that allocation has
+//!   been replayed. The earliest event not yet replayed can always run (everything before it
+//!   in the log has been), so the queues never deadlock.
 //! * [`ReplayOrder::Logged`]: every event on the calling thread, in log order: the logged
 //!   peak is reproduced without handing each event from thread to thread.
+//!
+//! A line that does not parse stops the replay; what it allocated is freed, then the line's
+//! error is returned. After an allocation fails, the rest of the log is still read (not
+//! replayed), so that the report's figures of the log (its peak, its events) are the whole
+//! log's.
 
 use std::collections::HashMap;
-use std::io::BufRead;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::thread::Scope;
 use std::time::Instant;
 
+use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
-use super::event_log::LineParser;
-use super::{LogAction, ReplayFailure, ReplayOptions, ReplayOrder, ReplayReport};
+use super::assign::Assignment;
+use super::event_log::{Freed, LogEvent};
+use super::{LogAction, LogReader, ReplayFailure, ReplayOptions, ReplayOrder, ReplayReport};
+use crate::Device;
 use crate::adaptor::{chain_names, find_in_chain};
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
@@ -36,106 +42,6 @@ use crate::stream::{Stream, StreamView};
 const BATCH: usize = 256;
 const QUEUE: usize = 16;
 
-/// A log file checked by [`LogFile::scan`]: what a report says of the log, without its
-/// events.
-#[derive(Debug, Clone)]
-pub struct LogFile {
-    /// The file.
-    pub path: PathBuf,
-    /// Events (lines after the header).
-    pub events: usize,
-    /// The logged thread ids, in order of first appearance.
-    pub threads: Vec<String>,
-    /// The distinct non-default logged streams, in order of first appearance.
-    pub streams: Vec<u64>,
-    /// Peak of the bytes live in log order.
-    pub peak_bytes: u64,
-    /// Frees of pointers the log never allocated.
-    pub unmatched_frees: usize,
-    /// `allocate failure` lines.
-    pub logged_failures: usize,
-    /// Allocations never freed by the end of the log.
-    pub unfreed: usize,
-}
-
-fn read_error(path: &Path, e: &std::io::Error) -> Error {
-    Error::EventLog {
-        path: path.display().to_string(),
-        line: None,
-        problem: format!("reading the log failed: {e}"),
-        hint: "Check the path; logs are text files such as rmm_log.dev0.csv".to_string(),
-    }
-}
-
-/// Calls `each(parser, line number, line)` for every non-blank line after the header of the
-/// file at `path`, reading one line at a time; returns the parser at the end.
-fn for_each_line(
-    path: &Path,
-    mut each: impl FnMut(&mut LineParser, usize, &str) -> Result<bool>,
-) -> Result<LineParser> {
-    let source = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|e| read_error(path, &e))?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut text = String::new();
-    let mut line_no = 0;
-    let mut parser: Option<LineParser> = None;
-    loop {
-        text.clear();
-        if reader
-            .read_line(&mut text)
-            .map_err(|e| read_error(path, &e))?
-            == 0
-        {
-            break;
-        }
-        line_no += 1;
-        let line = text.trim_end_matches(['\n', '\r']);
-        if line.trim().is_empty() {
-            continue;
-        }
-        match &mut parser {
-            None => parser = Some(LineParser::new(&source, line_no, line)?),
-            Some(p) => {
-                if !each(p, line_no, line)? {
-                    break;
-                }
-            }
-        }
-    }
-    parser.ok_or_else(|| LineParser::empty(&source))
-}
-
-impl LogFile {
-    /// Reads and checks the log at `path`, line by line (memory: the threads and the
-    /// allocations live at once).
-    ///
-    /// # Errors
-    /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be read or a line does not
-    /// parse.
-    pub fn scan(path: impl AsRef<Path>) -> Result<LogFile> {
-        let path = path.as_ref();
-        let mut streams: Vec<u64> = Vec::new();
-        let mut seen: HashMap<u64, ()> = HashMap::new();
-        let parser = for_each_line(path, |p, line_no, line| {
-            let (e, _) = p.line(line_no, line)?;
-            if e.stream != 0 && seen.insert(e.stream, ()).is_none() {
-                streams.push(e.stream);
-            }
-            Ok(true)
-        })?;
-        Ok(LogFile {
-            path: path.to_path_buf(),
-            events: parser.events,
-            unfreed: parser.live_allocations(),
-            threads: parser.threads,
-            streams,
-            peak_bytes: parser.peak_bytes,
-            unmatched_frees: parser.unmatched_frees,
-            logged_failures: parser.logged_failures,
-        })
-    }
-}
-
 /// Sentinel of a slot whose allocation failed or was skipped (after a failure).
 const NONE: u64 = u64::MAX;
 
@@ -144,6 +50,7 @@ struct Slot {
     ptr: AtomicU64,
     size: usize,
     line: usize,
+    time_us: Option<u64>,
     thread: usize,
     stream: StreamView,
 }
@@ -153,31 +60,60 @@ enum Op {
     Free {
         slot: Arc<Slot>,
         line: usize,
+        time_us: Option<u64>,
         thread: usize,
         stream: StreamView,
     },
 }
 
+impl Op {
+    fn thread(&self) -> usize {
+        match self {
+            Op::Alloc(slot) => slot.thread,
+            Op::Free { thread, .. } => *thread,
+        }
+    }
+}
+
+/// The first operation that failed, its logged thread by index (named at the end: the names
+/// grow as the log is read).
+struct Failed {
+    line: usize,
+    time_us: Option<u64>,
+    thread: usize,
+    action: LogAction,
+    bytes: usize,
+    live_bytes: u64,
+    error: String,
+}
+
 struct State<'a> {
     resource: &'a dyn DeviceMemoryResource,
-    threads: &'a [String],
     stop: AtomicBool,
     live_bytes: AtomicI64,
     live_count: AtomicI64,
     peak_bytes: AtomicI64,
     peak_count: AtomicI64,
-    failure: Mutex<Option<ReplayFailure>>,
+    failure: Mutex<Option<Failed>>,
     /// Slots a free gave up on (the replay stopped): freed at the end if they were made.
     leftovers: Mutex<Vec<Arc<Slot>>>,
 }
 
 impl State<'_> {
-    fn fail(&self, line: usize, thread: usize, action: LogAction, bytes: usize, e: &Error) {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Records the first failure (`at`: its line, logged time and logged thread) and stops
+    /// the replay.
+    fn fail(&self, at: (usize, Option<u64>, usize), action: LogAction, bytes: usize, e: &Error) {
+        let (line, time_us, thread) = at;
         let mut f = self.failure.lock();
         if f.is_none() {
-            *f = Some(ReplayFailure {
+            *f = Some(Failed {
                 line,
-                thread: self.threads.get(thread).cloned().unwrap_or_default(),
+                time_us,
+                thread,
                 action,
                 bytes,
                 live_bytes: self.live_bytes.load(Ordering::Relaxed).max(0) as u64,
@@ -190,7 +126,7 @@ impl State<'_> {
     fn run(&self, op: Op) {
         match op {
             Op::Alloc(slot) => {
-                if self.stop.load(Ordering::Relaxed) {
+                if self.stopped() {
                     slot.ptr.store(NONE, Ordering::Release);
                     return;
                 }
@@ -207,13 +143,15 @@ impl State<'_> {
                     }
                     Err(e) => {
                         slot.ptr.store(NONE, Ordering::Release);
-                        self.fail(slot.line, slot.thread, LogAction::Allocate, slot.size, &e);
+                        let at = (slot.line, slot.time_us, slot.thread);
+                        self.fail(at, LogAction::Allocate, slot.size, &e);
                     }
                 }
             }
             Op::Free {
                 slot,
                 line,
+                time_us,
                 thread,
                 stream,
             } => {
@@ -223,7 +161,7 @@ impl State<'_> {
                     if p != 0 {
                         break p;
                     }
-                    if self.stop.load(Ordering::Relaxed) {
+                    if self.stopped() {
                         self.leftovers.lock().push(slot);
                         return;
                     }
@@ -244,7 +182,7 @@ impl State<'_> {
                             .fetch_sub(slot.size as i64, Ordering::Relaxed);
                         self.live_count.fetch_sub(1, Ordering::Relaxed);
                     }
-                    Err(e) => self.fail(line, thread, LogAction::Free, slot.size, &e),
+                    Err(e) => self.fail((line, time_us, thread), LogAction::Free, slot.size, &e),
                 }
             }
         }
@@ -268,34 +206,236 @@ impl State<'_> {
     }
 }
 
-/// Replays the log `file` (from [`LogFile::scan`]) against `resource`, reading it again line
-/// by line (see the module documentation). Returns the report, with
-/// [`ReplayReport::failure`] set when an operation failed; `Err` when the replay could not be
-/// set up (a stream or a thread could not be created) or the file changed since the scan.
+/// Turns the log's events into operations: the slots of the allocations the log has live,
+/// and the streams made (as first seen) for the logged ones.
+struct Feed {
+    device: Device,
+    own_streams: bool,
+    streams: Vec<Stream>,
+    stream_of: HashMap<u64, StreamView>,
+    /// Logged pointer → its replayed slot, while the log has it live.
+    live: HashMap<u64, Arc<Slot>>,
+    allocations: usize,
+    frees: usize,
+    /// Per logged thread (by index): whether an event of it was replayed.
+    busy: Vec<bool>,
+    logged_threads: usize,
+}
+
+impl Feed {
+    fn stream(&mut self, logged: u64) -> Result<StreamView> {
+        if logged == 0 || !self.own_streams {
+            return Ok(StreamView::DEFAULT);
+        }
+        if let Some(&view) = self.stream_of.get(&logged) {
+            return Ok(view);
+        }
+        let stream = Stream::new(self.device)?;
+        let view = stream.view();
+        self.streams.push(stream);
+        self.stream_of.insert(logged, view);
+        Ok(view)
+    }
+
+    /// The operation that replays `e`, if any.
+    fn op(&mut self, e: &LogEvent, freed: Option<Freed>) -> Result<Option<Op>> {
+        let op = self.make(e, freed)?;
+        if op.is_some() {
+            if self.busy.len() <= e.thread {
+                self.busy.resize(e.thread + 1, false);
+            }
+            if !std::mem::replace(&mut self.busy[e.thread], true) {
+                self.logged_threads += 1;
+            }
+        }
+        Ok(op)
+    }
+
+    fn make(&mut self, e: &LogEvent, freed: Option<Freed>) -> Result<Option<Op>> {
+        Ok(match (e.action, freed) {
+            (LogAction::Allocate, _) if e.ptr != 0 && e.size != 0 => {
+                let slot = Arc::new(Slot {
+                    ptr: AtomicU64::new(0),
+                    size: e.size,
+                    line: e.line,
+                    time_us: e.time_us,
+                    thread: e.thread,
+                    stream: self.stream(e.stream)?,
+                });
+                self.live.insert(e.ptr, Arc::clone(&slot));
+                self.allocations += 1;
+                Some(Op::Alloc(slot))
+            }
+            (LogAction::Free, Some(f)) if f.size != 0 => match self.live.remove(&e.ptr) {
+                Some(slot) => {
+                    self.frees += 1;
+                    Some(Op::Free {
+                        slot,
+                        line: e.line,
+                        time_us: e.time_us,
+                        thread: e.thread,
+                        stream: self.stream(e.stream)?,
+                    })
+                }
+                None => None,
+            },
+            (LogAction::Free, Some(_)) => {
+                // A zero-byte allocation was not replayed.
+                self.live.remove(&e.ptr);
+                None
+            }
+            _ => None,
+        })
+    }
+}
+
+/// The replay threads of a concurrent replay and their queues, fed in batches.
+struct Workers<'scope, 'env, 'r> {
+    scope: &'scope Scope<'scope, 'env>,
+    state: &'scope State<'r>,
+    assignment: Assignment,
+    queues: Vec<Sender<Vec<Op>>>,
+    pending: Vec<Vec<Op>>,
+}
+
+impl<'scope, 'r: 'scope> Workers<'scope, '_, 'r> {
+    /// Hands `op` to its logged thread's replay thread (started if it is the first).
+    fn push(&mut self, op: Op) -> Result<()> {
+        let (scope, state) = (self.scope, self.state);
+        let (queues, pending) = (&mut self.queues, &mut self.pending);
+        let mut start = |n: usize| {
+            let (tx, rx) = crossbeam_channel::bounded::<Vec<Op>>(QUEUE);
+            let started = std::thread::Builder::new()
+                .name(format!("rmm-replay-{n}"))
+                .spawn_scoped(scope, move || {
+                    for batch in rx {
+                        for op in batch {
+                            state.run(op);
+                        }
+                    }
+                });
+            match started {
+                Ok(_) => {
+                    queues.push(tx);
+                    pending.push(Vec::with_capacity(BATCH));
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "replay: replay thread {n} could not start ({e}): the logged threads \
+                         share the {n} that run"
+                    );
+                    false
+                }
+            }
+        };
+        let Some(w) = self.assignment.of(op.thread(), &mut start) else {
+            return Err(Error::invalid_argument(
+                "replay threads",
+                0,
+                "a thread to replay on, but none could start; replay in logged order \
+                 (ReplayOrder::Logged), which runs on the calling thread",
+            ));
+        };
+        // Whatever a replay thread waits for has been handed over: a free of an allocation
+        // made on another replay thread first sends that thread's batch.
+        if let Op::Free { slot, .. } = &op
+            && let Some(a) = self.assignment.get(slot.thread)
+            && a != w
+        {
+            self.send(a);
+        }
+        self.pending[w].push(op);
+        if self.pending[w].len() >= BATCH {
+            self.send(w);
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, w: usize) {
+        if !self.pending[w].is_empty() {
+            let batch = std::mem::replace(&mut self.pending[w], Vec::with_capacity(BATCH));
+            // A closed queue cannot happen: its thread runs until the queue closes.
+            let _ = self.queues[w].send(batch);
+        }
+    }
+
+    /// Sends what is pending and closes the queues (the threads end once they are empty);
+    /// returns how many replay threads ran.
+    fn finish(mut self) -> usize {
+        for w in 0..self.queues.len() {
+            self.send(w);
+        }
+        self.assignment.started()
+    }
+}
+
+/// Replays `log` on the calling thread, in log order, until its end or a failure.
+fn replay_logged(log: &mut LogReader<'_>, feed: &mut Feed, state: &State<'_>) -> Result<()> {
+    while let Some((e, freed)) = log.next_parsed()? {
+        if let Some(op) = feed.op(&e, freed)? {
+            state.run(op);
+        }
+        if state.stopped() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Replays `log` on at most `limit` replay threads until its end or a failure; returns how
+/// many ran.
+fn replay_concurrent(
+    log: &mut LogReader<'_>,
+    feed: &mut Feed,
+    state: &State<'_>,
+    limit: usize,
+) -> Result<usize> {
+    std::thread::scope(|scope| {
+        let mut workers = Workers {
+            scope,
+            state,
+            assignment: Assignment::new(limit),
+            queues: Vec::new(),
+            pending: Vec::new(),
+        };
+        let read = (|| -> Result<()> {
+            while let Some((e, freed)) = log.next_parsed()? {
+                if let Some(op) = feed.op(&e, freed)? {
+                    workers.push(op)?;
+                }
+                if state.stopped() {
+                    break;
+                }
+            }
+            Ok(())
+        })();
+        if read.is_err() {
+            // The replay threads skip what is left, and the scope waits for them.
+            state.stop.store(true, Ordering::Relaxed);
+        }
+        let threads = workers.finish();
+        read.map(|()| threads)
+    })
+}
+
+/// Replays the log `log` reads against `resource` as it reads it, once (see the module
+/// documentation). Returns the report, with [`ReplayReport::failure`] set when an operation
+/// failed; `Err` when a line of the log cannot be read or does not parse (after what the
+/// replay allocated has been freed), or the replay could not be set up.
 ///
 /// # Errors
-/// [`Error::Driver`](crate::Error::Driver) when a stream cannot be created;
-/// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be read again or has changed
-/// since the scan.
+/// [`Error::EventLog`](crate::Error::EventLog) naming the line that cannot be read or does not
+/// parse; [`Error::Driver`](crate::Error::Driver) when a stream cannot be created;
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when no replay thread can start.
 pub fn replay_streamed(
-    file: &LogFile,
+    mut log: LogReader<'_>,
     resource: &dyn DeviceMemoryResource,
     options: &ReplayOptions,
 ) -> Result<ReplayReport> {
     let device = resource.device();
-    let mut owned: Vec<Stream> = Vec::new();
-    let mut stream_of: HashMap<u64, StreamView> = HashMap::new();
-    if !options.default_stream_only {
-        for &s in &file.streams {
-            let stream = Stream::new(device)?;
-            stream_of.insert(s, stream.view());
-            owned.push(stream);
-        }
-    }
-    let view = |logged: u64| stream_of.get(&logged).copied().unwrap_or_default();
     let state = State {
         resource,
-        threads: &file.threads,
         stop: AtomicBool::new(false),
         live_bytes: AtomicI64::new(0),
         live_count: AtomicI64::new(0),
@@ -304,183 +444,76 @@ pub fn replay_streamed(
         failure: Mutex::new(None),
         leftovers: Mutex::new(Vec::new()),
     };
-    let (mut allocations, mut frees) = (0usize, 0usize);
-    // Logged pointer → its replayed slot, while the log has it live.
-    let mut live: HashMap<u64, Arc<Slot>> = HashMap::new();
-    let mut busy = vec![false; file.threads.len()];
-    let _span = tracing::debug_span!(
-        "replay",
-        log = %file.path.display(),
-        events = file.events,
-        threads = file.threads.len()
-    )
-    .entered();
-    let start = Instant::now();
-    // Turns one line into the operation to replay, if any.
-    let mut op_of =
-        |p: &mut LineParser, line_no: usize, line: &str| -> Result<Option<(usize, Op)>> {
-            let (e, freed) = p.line(line_no, line)?;
-            if e.thread >= busy.len() {
-                return Err(changed(&file.path));
-            }
-            Ok(match (e.action, freed) {
-                (LogAction::Allocate, _) if e.ptr != 0 && e.size != 0 => {
-                    let slot = Arc::new(Slot {
-                        ptr: AtomicU64::new(0),
-                        size: e.size,
-                        line: e.line,
-                        thread: e.thread,
-                        stream: view(e.stream),
-                    });
-                    live.insert(e.ptr, Arc::clone(&slot));
-                    allocations += 1;
-                    busy[e.thread] = true;
-                    Some((e.thread, Op::Alloc(slot)))
-                }
-                (LogAction::Free, Some(f)) if f.size != 0 => match live.remove(&e.ptr) {
-                    Some(slot) => {
-                        frees += 1;
-                        busy[e.thread] = true;
-                        Some((
-                            e.thread,
-                            Op::Free {
-                                slot,
-                                line: e.line,
-                                thread: e.thread,
-                                stream: view(e.stream),
-                            },
-                        ))
-                    }
-                    None => None,
-                },
-                (LogAction::Free, Some(_)) => {
-                    // A zero-byte allocation was not replayed.
-                    live.remove(&e.ptr);
-                    None
-                }
-                _ => None,
-            })
-        };
-    let read = match options.order {
-        ReplayOrder::Logged => for_each_line(&file.path, |p, n, line| {
-            if let Some((_, op)) = op_of(p, n, line)? {
-                state.run(op);
-            }
-            Ok(!state.stop.load(Ordering::Relaxed))
-        }),
-        ReplayOrder::Concurrent => std::thread::scope(|scope| {
-            let mut queues = Vec::with_capacity(file.threads.len());
-            for (n, _) in file.threads.iter().enumerate() {
-                let (tx, rx) = crossbeam_channel::bounded::<Vec<Op>>(QUEUE);
-                let state = &state;
-                let started = std::thread::Builder::new()
-                    .name(format!("rmm-replay-{n}"))
-                    .spawn_scoped(scope, move || {
-                        for batch in rx {
-                            for op in batch {
-                                state.run(op);
-                            }
-                        }
-                    });
-                match started {
-                    Ok(_) => queues.push(tx),
-                    Err(e) => {
-                        return Err(Error::invalid_argument(
-                            "replay threads",
-                            file.threads.len(),
-                            format!(
-                                "as many threads as the log has ({e}); replay it where more \
-                                 threads can start, or in logged order"
-                            ),
-                        ));
-                    }
-                }
-            }
-            // Operations are handed over in batches. A free of another thread's allocation
-            // first sends that thread's batch, so whatever a thread waits for has been handed
-            // over: the earliest operation not yet replayed can always run.
-            let mut pending: Vec<Vec<Op>> = (0..queues.len()).map(|_| Vec::new()).collect();
-            let send = |queues: &[crossbeam_channel::Sender<Vec<Op>>],
-                        pending: &mut [Vec<Op>],
-                        t: usize| {
-                if !pending[t].is_empty() {
-                    let batch = std::mem::replace(&mut pending[t], Vec::with_capacity(BATCH));
-                    // A closed queue cannot happen: its thread runs until the queue closes.
-                    let _ = queues[t].send(batch);
-                }
-            };
-            let parser = for_each_line(&file.path, |p, n, line| {
-                if let Some((thread, op)) = op_of(p, n, line)? {
-                    if let Op::Free { slot, .. } = &op
-                        && slot.thread != thread
-                    {
-                        send(&queues, &mut pending, slot.thread);
-                    }
-                    pending[thread].push(op);
-                    if pending[thread].len() >= BATCH {
-                        send(&queues, &mut pending, thread);
-                    }
-                }
-                Ok(!state.stop.load(Ordering::Relaxed))
-            });
-            for t in 0..queues.len() {
-                send(&queues, &mut pending, t);
-            }
-            drop(queues);
-            parser
-        }),
+    let mut feed = Feed {
+        device,
+        own_streams: !options.default_stream_only,
+        streams: Vec::new(),
+        stream_of: HashMap::new(),
+        live: HashMap::new(),
+        allocations: 0,
+        frees: 0,
+        busy: Vec::new(),
+        logged_threads: 0,
     };
-    let parser = read?;
+    let _span =
+        tracing::debug_span!("replay", log = %log.source(), order = %options.order).entered();
+    let start = Instant::now();
+    let replayed = match options.order {
+        ReplayOrder::Logged => replay_logged(&mut log, &mut feed, &state).map(|()| 1),
+        ReplayOrder::Concurrent => {
+            replay_concurrent(&mut log, &mut feed, &state, options.thread_limit())
+        }
+    };
     let elapsed = start.elapsed();
-    if parser.events > file.events && !state.stop.load(Ordering::Relaxed) {
-        return Err(changed(&file.path));
-    }
-    for s in &owned {
+    for s in &feed.streams {
         if let Err(e) = s.synchronize() {
             tracing::warn!("replay: synchronizing a stream: {e}");
         }
     }
     let reserved_bytes =
         find_in_chain::<PoolMemoryResource>(resource).map(PoolMemoryResource::pool_size);
-    for slot in live.values().chain(state.leftovers.lock().iter()) {
+    for slot in feed.live.values().chain(state.leftovers.lock().iter()) {
         state.free_left(slot);
     }
-    for s in &owned {
+    for s in &feed.streams {
         if let Err(e) = s.synchronize() {
             tracing::warn!("replay: synchronizing a stream: {e}");
         }
     }
-    let failure = state.failure.into_inner();
+    let threads = replayed?;
+    if state.stopped() {
+        // The rest of the log, for its figures (and whoever inspects it): not replayed.
+        while log.next_parsed()?.is_some() {}
+    }
+    let parser = &log.parser;
+    let failure = state.failure.into_inner().map(|f| ReplayFailure {
+        line: f.line,
+        thread: parser.threads.get(f.thread).cloned().unwrap_or_default(),
+        time_us: f.time_us,
+        action: f.action,
+        bytes: f.bytes,
+        live_bytes: f.live_bytes,
+        error: f.error,
+    });
     Ok(ReplayReport {
-        source: file.path.display().to_string(),
+        source: log.source().to_string(),
         resource: chain_names(resource),
         device: device.ordinal(),
         order: options.order,
-        events: file.events,
-        allocations,
-        frees,
-        threads: match options.order {
-            ReplayOrder::Logged => 1,
-            ReplayOrder::Concurrent => busy.iter().filter(|b| **b).count(),
-        },
-        streams: owned.len(),
+        events: parser.events,
+        allocations: feed.allocations,
+        frees: feed.frees,
+        threads,
+        logged_threads: feed.logged_threads,
+        streams: feed.streams.len(),
         elapsed,
         peak_bytes: state.peak_bytes.load(Ordering::Relaxed).max(0) as u64,
         peak_allocations: state.peak_count.load(Ordering::Relaxed).max(0) as u64,
-        logged_peak_bytes: file.peak_bytes,
+        logged_peak_bytes: parser.peak_bytes,
         reserved_bytes,
-        skipped_frees: file.unmatched_frees,
-        logged_failures: file.logged_failures,
-        unfreed: file.unfreed,
+        skipped_frees: parser.unmatched_frees,
+        logged_failures: parser.logged_failures,
+        unfreed: parser.live_allocations(),
         failure,
     })
-}
-
-fn changed(path: &Path) -> Error {
-    Error::EventLog {
-        path: path.display().to_string(),
-        line: None,
-        problem: "the log changed while it was replayed".to_string(),
-        hint: "Replay a log that is no longer being written".to_string(),
-    }
 }

@@ -1,215 +1,103 @@
 //! The replay's timeline and PyTorch snapshot, built as the events come, in memory that does
-//! not grow with the length of the log.
+//! not grow with the length of the log, from the one reading of the log the replay does.
 //!
 //! During the replay, the pool's hook events go to a [`Hooked`] (the sink of a streaming
-//! [`Recorder`](rmm_cli::timeline::Recorder)); after it, [`LogPass`] reads the log again, a
-//! block of lines at a time ([`read_log`]).
+//! [`Recorder`](rmm_cli::timeline::Recorder)), and the log's own events, as the replay reads
+//! them, to a [`LogPass`] ([`LogReader::inspect`](rmm::allocator::adaptor::LogReader::inspect)).
 //!
-//! The plot is on the log's own clock: the bytes in use are the log's (its allocations and
-//! frees at the times it recorded them); the bytes the pool reserved come from the pool's
-//! segment events during the replay, moved onto the log's clock by the allocation each came
-//! before (the n-th allocation the pool served is the log's n-th). A log without times keeps
-//! the replay's clock. Either way the samples go through a
+//! The plot is on the log's own clock when the log has times: the bytes in use are the log's
+//! (its allocations and frees at the times it recorded them); the bytes the pool reserved
+//! come from the pool's segment events during the replay, moved onto the log's clock by the
+//! allocation each came before (the n-th allocation the pool served is the log's n-th). A log
+//! without times keeps the replay's clock. Either way the samples go through a
 //! [`Downsampler`](rmm_cli::timeline::Downsampler): exact up to its limit, binned past it.
 
-use std::collections::{HashMap, VecDeque};
-use std::io::BufRead;
-use std::path::Path;
+use std::collections::VecDeque;
+use std::sync::Arc;
 
-use rmm::allocator::Error;
-use rmm::allocator::adaptor::{EventLog, LogAction, LogEvent, ReplayReport};
+use parking_lot::Mutex;
+use rmm::allocator::adaptor::{LogAction, LogLine, ReplayFailure, ReplayReport};
 use rmm_cli::timeline::{
     Action, DeviceTimeline, Downsampler, Mark, MarkKind, MemoryEvent, Sample, Timeline, TorchTrace,
 };
 use rmm_cli::units::bytes;
 
-/// Lines parsed at once when the log is read again.
-const BLOCK_LINES: usize = 4096;
-
 /// Out-of-memory events a [`Hooked`] keeps (a replay stops at its first failure, which
 /// makes one or two).
 const KEPT_OOMS: usize = 64;
 
-/// One event of the log as [`read_log`] gives it.
-#[derive(Debug)]
-pub struct Logged<'a> {
-    /// Its line in the file.
-    pub line: usize,
-    /// The event (its `line` is within a block: use [`Logged::line`]).
-    pub event: &'a LogEvent,
-    /// Seconds since the log's first timed event (an untimed event takes the time before
-    /// it; a log that crosses midnight keeps counting).
-    pub t: f64,
-    /// For a free of an allocation the log made, that allocation's size.
-    pub freed: Option<usize>,
+/// Log events a plot on the log's clock holds back at most while the pool has not served
+/// their allocations yet (see [`LogPlot`]): past this, they are drawn anyway.
+const MAX_WAITING: usize = 1 << 16;
+
+/// Log events between two looks at the pool's segments.
+const SETTLE_EVERY: usize = 256;
+
+/// The log's event `line`, at `t` seconds, as an allocator event: allocations, frees of
+/// allocations the log made (others are skipped, as the replay skips them) and logged
+/// failures as out-of-memory.
+fn memory_event(line: &LogLine, t: f64) -> Option<MemoryEvent> {
+    let e = &line.event;
+    let (action, addr, size) = match (e.action, line.freed_bytes) {
+        (LogAction::Allocate, _) if e.ptr != 0 && e.size != 0 => (Action::Alloc, e.ptr, e.size),
+        (LogAction::Free, Some(size)) => (Action::FreeCompleted, e.ptr, size),
+        (LogAction::AllocateFailure, _) => (Action::Oom, 0, e.size),
+        _ => return None,
+    };
+    Some(MemoryEvent {
+        t,
+        action,
+        addr,
+        size: size as u64,
+        stream: e.stream,
+    })
 }
 
-impl Logged<'_> {
-    /// The event as an allocator event: allocations, frees of allocations the log made
-    /// (others are skipped, as the replay skips them) and logged failures as out-of-memory.
-    pub fn memory_event(&self) -> Option<MemoryEvent> {
-        let e = self.event;
-        let (action, addr, size) = match (e.action, self.freed) {
-            (LogAction::Allocate, _) if e.ptr != 0 && e.size != 0 => (Action::Alloc, e.ptr, e.size),
-            (LogAction::Free, Some(size)) => (Action::FreeCompleted, e.ptr, size),
-            (LogAction::AllocateFailure, _) => (Action::Oom, 0, e.size),
-            _ => return None,
-        };
-        Some(MemoryEvent {
-            t: self.t,
-            action,
-            addr,
-            size: size as u64,
-            stream: e.stream,
-        })
-    }
-}
-
-/// The log's clock: microseconds since midnight to seconds since the first timed event.
+/// The log's clock: microseconds since midnight to seconds since the first timed event (an
+/// untimed event takes the time before it; a log that crosses midnight keeps counting).
 #[derive(Debug, Default)]
 struct LogClock {
     first: Option<u64>,
     last: u64,
-    wrap: u64,
+    /// Microseconds added for the midnights crossed, and from which line each sum holds.
+    wraps: Vec<(usize, u64)>,
     t: f64,
 }
 
 impl LogClock {
-    fn at(&mut self, time_us: Option<u64>) -> f64 {
-        const DAY_US: u64 = 86_400_000_000;
+    const DAY_US: u64 = 86_400_000_000;
+
+    fn wrap(&self) -> u64 {
+        self.wraps.last().map_or(0, |w| w.1)
+    }
+
+    /// The time of line `line`, logged at `time_us`.
+    fn at(&mut self, line: usize, time_us: Option<u64>) -> f64 {
         if let Some(us) = time_us {
             let start = *self.first.get_or_insert(us);
             if us < self.last {
-                self.wrap += DAY_US;
+                self.wraps.push((line, self.wrap() + Self::DAY_US));
             }
             self.last = us;
-            self.t = (us + self.wrap).saturating_sub(start) as f64 / 1e6;
+            self.t = (us + self.wrap()).saturating_sub(start) as f64 / 1e6;
         }
         self.t
     }
-}
 
-fn read_error(path: &Path, e: &std::io::Error) -> Error {
-    Error::EventLog {
-        path: path.display().to_string(),
-        line: None,
-        problem: format!("reading the log again for the plot or snapshot failed: {e}"),
-        hint: "Check that the file is still there and readable, and run the replay again"
-            .to_string(),
+    /// The time of an earlier line `line`, logged at `time_us` (without one: the last time
+    /// read).
+    fn of_earlier(&self, line: usize, time_us: Option<u64>) -> f64 {
+        let (Some(start), Some(us)) = (self.first, time_us) else {
+            return self.t;
+        };
+        let wrap = self
+            .wraps
+            .iter()
+            .rev()
+            .find(|w| w.0 <= line)
+            .map_or(0, |w| w.1);
+        (us + wrap).saturating_sub(start) as f64 / 1e6
     }
-}
-
-/// Calls `each` for every event of the log at `path`, in log order, until it returns false.
-/// The log is parsed a block of lines at a time by [`EventLog::parse`]: memory is one block
-/// and the allocations live at once, not the length of the log.
-///
-/// # Errors
-/// [`Error::EventLog`] when the file cannot be read, or a line does not parse (naming the
-/// line of the file).
-pub fn read_log(path: &Path, mut each: impl FnMut(&Logged<'_>) -> bool) -> Result<(), Error> {
-    let source = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|e| read_error(path, &e))?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let (mut text, mut block) = (String::new(), String::new());
-    let mut header_len = None;
-    // The file's line number of each line of the block after its header.
-    let mut lines: Vec<usize> = Vec::with_capacity(BLOCK_LINES);
-    let mut line_no = 0;
-    let mut clock = LogClock::default();
-    // Live allocations: pointer → size.
-    let mut live: HashMap<u64, usize> = HashMap::new();
-    loop {
-        text.clear();
-        let end = reader
-            .read_line(&mut text)
-            .map_err(|e| read_error(path, &e))?
-            == 0;
-        if !end {
-            line_no += 1;
-            let line = text.trim_end_matches(['\n', '\r']);
-            if line.trim().is_empty() {
-                continue;
-            }
-            block.push_str(line);
-            block.push('\n');
-            match header_len {
-                None => header_len = Some(block.len()),
-                Some(_) => lines.push(line_no),
-            }
-        }
-        if lines.len() >= BLOCK_LINES || (end && !lines.is_empty()) {
-            let log = EventLog::parse(&block, source.as_str()).map_err(|e| match e {
-                // The block's line numbers: line 1 is the header, line k the (k-1)-th line.
-                Error::EventLog {
-                    path,
-                    line,
-                    problem,
-                    hint,
-                } => Error::EventLog {
-                    path,
-                    line: line.map(|l| {
-                        l.checked_sub(2)
-                            .and_then(|i| lines.get(i))
-                            .map_or(l, |&n| n)
-                    }),
-                    problem,
-                    hint,
-                },
-                other => other,
-            })?;
-            for e in &log.events {
-                let freed = match e.action {
-                    LogAction::Allocate if e.ptr != 0 => {
-                        live.insert(e.ptr, e.size);
-                        None
-                    }
-                    LogAction::Free => live.remove(&e.ptr),
-                    _ => None,
-                };
-                let logged = Logged {
-                    line: e
-                        .line
-                        .checked_sub(2)
-                        .and_then(|i| lines.get(i))
-                        .map_or(e.line, |&n| n),
-                    event: e,
-                    t: clock.at(e.time_us),
-                    freed,
-                };
-                if !each(&logged) {
-                    return Ok(());
-                }
-            }
-            lines.clear();
-            block.truncate(header_len.unwrap_or(0));
-        }
-        if end {
-            break;
-        }
-    }
-    match header_len {
-        Some(_) => Ok(()),
-        None => Err(Error::EventLog {
-            path: source,
-            line: None,
-            problem: "the log is empty".to_string(),
-            hint: "Replay a log that is no longer being written".to_string(),
-        }),
-    }
-}
-
-/// True when the log at `path` has times: an event after its first timed one at another
-/// time (read until the first such event).
-///
-/// # Errors
-/// As [`read_log`].
-pub fn log_is_timed(path: &Path) -> Result<bool, Error> {
-    let mut timed = false;
-    read_log(path, |e| {
-        timed = e.t > 0.0;
-        !timed
-    })?;
-    Ok(timed)
 }
 
 /// What the replay's hooks reported on the replayed device, in bounded memory (the sink of
@@ -294,9 +182,17 @@ impl Hooked {
         self.torch.take()
     }
 
-    /// Takes the segment events out (empty without them).
+    /// Block allocations the pool served so far.
+    pub fn served(&self) -> u64 {
+        self.served
+    }
+
+    /// Takes the segment events so far out (empty without them); later ones are kept.
     pub fn take_segments(&mut self) -> Vec<(u64, MemoryEvent)> {
-        self.segments.take().unwrap_or_default()
+        self.segments
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Takes the samples on the replay's clock out.
@@ -318,19 +214,77 @@ impl Hooked {
 }
 
 /// The plot's samples on the log's clock, with the pool's segments moved onto it.
+///
+/// The log is read ahead of the replay (a concurrent replay's queues), so a log allocation
+/// waits in `waiting` until the pool has served as many: then every segment the pool took
+/// before it is known, and drawn first. At most [`MAX_WAITING`] events wait (a resource
+/// whose pool serves fewer allocations than the log has draws them without its segments).
 #[derive(Debug)]
 struct LogPlot {
     sampler: Downsampler,
-    /// Segment events, with the allocations served before each.
+    /// Log events not drawn yet, in log order.
+    waiting: VecDeque<MemoryEvent>,
+    /// The pool's segment events not drawn yet, with the allocations served before each.
     segments: VecDeque<(u64, MemoryEvent)>,
-    /// Log allocations so far.
+    /// Log allocations drawn.
     allocations: u64,
+    /// Waiting events at which the pool is looked at again.
+    settle_at: usize,
     /// The latest time of an event drawn.
     end: f64,
 }
 
 impl LogPlot {
-    fn push(&mut self, e: MemoryEvent) {
+    fn new() -> Self {
+        LogPlot {
+            sampler: Downsampler::new(),
+            waiting: VecDeque::new(),
+            segments: VecDeque::new(),
+            allocations: 0,
+            settle_at: SETTLE_EVERY,
+            end: 0.0,
+        }
+    }
+
+    /// Takes the log's next event; `hooked`, the pool's events so far.
+    fn push(&mut self, e: MemoryEvent, hooked: Option<&Mutex<Hooked>>) {
+        self.waiting.push_back(e);
+        let Some(hooked) = hooked else {
+            // No pool: nothing to wait for.
+            self.draw_ready(u64::MAX);
+            return;
+        };
+        if self.waiting.len() < self.settle_at {
+            return;
+        }
+        let served = {
+            let mut h = hooked.lock();
+            // Segments count only once the pool served something (as at the end).
+            if h.served() > 0 {
+                self.segments.extend(h.take_segments());
+            }
+            h.served()
+        };
+        self.draw_ready(served);
+        self.settle_at = self.waiting.len() + SETTLE_EVERY;
+    }
+
+    /// Draws the waiting events up to the first allocation the pool has not served yet
+    /// (`served` so far), or past it while too many wait.
+    fn draw_ready(&mut self, served: u64) {
+        while let Some(&e) = self.waiting.front() {
+            if e.action == Action::Alloc
+                && served <= self.allocations
+                && self.waiting.len() <= MAX_WAITING
+            {
+                break;
+            }
+            self.waiting.pop_front();
+            self.draw(e);
+        }
+    }
+
+    fn draw(&mut self, e: MemoryEvent) {
         if e.action == Action::Alloc {
             // Segments taken before the pool served this allocation: at its time.
             while let Some(&(served, segment)) = self.segments.front()
@@ -345,8 +299,11 @@ impl LogPlot {
         self.sampler.push(e);
     }
 
-    /// Segments after the last allocation the pool served, at the log's last time.
-    fn finish(mut self) -> Downsampler {
+    /// Draws what waits, with the pool's `segments` not taken yet; segments after the last
+    /// allocation the pool served are drawn at the log's last time.
+    fn finish(mut self, segments: Vec<(u64, MemoryEvent)>) -> Downsampler {
+        self.segments.extend(segments);
+        self.draw_ready(u64::MAX);
         for (_, segment) in std::mem::take(&mut self.segments) {
             self.sampler.push(MemoryEvent {
                 t: self.end,
@@ -357,68 +314,67 @@ impl LogPlot {
     }
 }
 
-/// What one more reading of the log gives: the plot's samples on the log's clock and the
-/// time of a failed line, and a PyTorch trace of the log's own events.
-#[derive(Debug, Default)]
+/// The log's own events, taken as the replay reads them: whether the log has times, the
+/// plot's samples on its clock and the time of a failed line, and a PyTorch trace of them.
+#[derive(Debug)]
 pub struct LogPass {
+    clock: LogClock,
+    timed: bool,
     plot: Option<LogPlot>,
     torch: Option<TorchTrace>,
-    failure_line: Option<usize>,
-    failure_t: Option<f64>,
+    /// The pool's events, whose segments the plot draws.
+    hooked: Option<Arc<Mutex<Hooked>>>,
 }
 
 impl LogPass {
-    /// A pass that draws the log's events (with `segments`, the pool's, from a
-    /// [`Hooked`]), traces them into `torch`, and finds the time of `failure_line`.
-    pub fn new(
-        plot: bool,
-        segments: Vec<(u64, MemoryEvent)>,
-        torch: Option<TorchTrace>,
-        failure_line: Option<usize>,
-    ) -> Self {
+    /// A pass that draws the log's events when `plot` (with the segments of `hooked`, the
+    /// pool's events) and traces them into `torch`.
+    pub fn new(plot: bool, torch: Option<TorchTrace>, hooked: Option<Arc<Mutex<Hooked>>>) -> Self {
         LogPass {
-            plot: plot.then(|| LogPlot {
-                sampler: Downsampler::new(),
-                segments: segments.into(),
-                allocations: 0,
-                end: 0.0,
-            }),
+            clock: LogClock::default(),
+            timed: false,
+            plot: plot.then(LogPlot::new),
             torch,
-            failure_line,
-            failure_t: None,
+            hooked,
         }
     }
 
-    /// Reads the log at `path`.
-    ///
-    /// # Errors
-    /// As [`read_log`].
-    pub fn run(mut self, path: &Path) -> Result<LogPassed, Error> {
-        read_log(path, |logged| {
-            if self.failure_t.is_none() && Some(logged.line) == self.failure_line {
-                self.failure_t = Some(logged.t);
+    /// Takes the log's next event.
+    pub fn push(&mut self, line: &LogLine) {
+        let t = self.clock.at(line.event.line, line.event.time_us);
+        // Timed: an event after the first timed one at another time.
+        self.timed |= t > 0.0;
+        if let Some(e) = memory_event(line, t) {
+            if let Some(p) = &mut self.plot {
+                p.push(e, self.hooked.as_deref());
             }
-            if let Some(e) = logged.memory_event() {
-                if let Some(p) = &mut self.plot {
-                    p.push(e);
-                }
-                if let Some(t) = &mut self.torch {
-                    t.push(&e);
-                }
+            if let Some(trace) = &mut self.torch {
+                trace.push(&e);
             }
-            true
-        })?;
-        Ok(LogPassed {
-            sampler: self.plot.map(LogPlot::finish),
+        }
+    }
+
+    /// What the pass found, once the log has been read: `segments` are the pool's segment
+    /// events not taken yet (none when the pool served nothing), `failure` the replay's.
+    pub fn finish(
+        self,
+        segments: Vec<(u64, MemoryEvent)>,
+        failure: Option<&ReplayFailure>,
+    ) -> LogPassed {
+        LogPassed {
+            timed: self.timed,
+            sampler: self.plot.map(|p| p.finish(segments)),
             torch: self.torch,
-            failure_t: self.failure_t.unwrap_or(0.0),
-        })
+            failure_t: failure.map_or(0.0, |f| self.clock.of_earlier(f.line, f.time_us)),
+        }
     }
 }
 
 /// What a [`LogPass`] found.
 #[derive(Debug)]
 pub struct LogPassed {
+    /// True when the log has times (the plot is on its clock).
+    pub timed: bool,
     /// The plot's samples on the log's clock.
     pub sampler: Option<Downsampler>,
     /// The trace of the log's events.
@@ -471,131 +427,169 @@ pub fn plot_timeline(
 
 #[cfg(test)]
 mod tests {
+    use rmm::allocator::adaptor::LogReader;
+
     use super::*;
 
-    fn log_file(text: &str) -> tempfile::NamedTempFile {
-        let f = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(f.path(), text).unwrap();
-        f
+    /// Every event of `text`, with its time on the log's clock.
+    fn read(text: &str) -> (Vec<(LogLine, f64)>, LogClock) {
+        let mut log = LogReader::new(text.as_bytes(), "t.csv").unwrap();
+        let (mut clock, mut out) = (LogClock::default(), Vec::new());
+        while let Some(line) = log.next_event().unwrap() {
+            let t = clock.at(line.event.line, line.event.time_us);
+            out.push((line, t));
+        }
+        (out, clock)
     }
 
     #[test]
     fn log_times_are_seconds_since_the_first_and_cross_midnight() {
-        let f = log_file(
+        let (got, clock) = read(
             "Thread,Time,Action,Pointer,Size,Stream\n\
              1,23:59:59.500000,allocate,0x100,256,0x0\n\
              \n\
              1,23:59:59.750000,allocate failure,0x0,512,0x0\n\
-             1,00:00:00.250000,free,0x100,256,0x0\n",
+             1,00:00:00.250000,free,0x100,256,0x0\n\
+             1,23:59:59.000000,allocate,0x200,256,0x0\n",
         );
-        let (mut times, mut lines, mut events) = (Vec::new(), Vec::new(), Vec::new());
-        read_log(f.path(), |e| {
-            times.push(e.t);
-            lines.push(e.line);
-            events.extend(e.memory_event());
-            true
-        })
-        .unwrap();
-        assert_eq!(times, vec![0.0, 0.25, 0.75]);
-        assert_eq!(lines, vec![2, 4, 5], "the file's lines, blank ones counted");
+        let times: Vec<f64> = got.iter().map(|g| g.1).collect();
+        assert_eq!(times, vec![0.0, 0.25, 0.75, 86_399.5]);
+        let lines: Vec<usize> = got.iter().map(|g| g.0.event.line).collect();
+        assert_eq!(
+            lines,
+            vec![2, 4, 5, 6],
+            "the file's lines, blank ones counted"
+        );
+        let events: Vec<MemoryEvent> = got.iter().filter_map(|g| memory_event(&g.0, g.1)).collect();
         let actions: Vec<Action> = events.iter().map(|e| e.action).collect();
-        assert_eq!(actions, [Action::Alloc, Action::Oom, Action::FreeCompleted]);
-        assert_eq!(events[2].size, 256);
-        assert_eq!(events[1].size, 512);
-        assert!(log_is_timed(f.path()).unwrap());
-        let untimed = log_file(
-            "Thread,Time,Action,Pointer,Size,Stream\n1,x,allocate,0x100,256,0x0\n\
-             1,x,free,0x100,256,0x0\n",
+        assert_eq!(
+            actions,
+            [
+                Action::Alloc,
+                Action::Oom,
+                Action::FreeCompleted,
+                Action::Alloc
+            ]
         );
-        assert!(!log_is_timed(untimed.path()).unwrap());
+        assert_eq!((events[1].size, events[2].size), (512, 256));
+        // An earlier line's time, read after the clock crossed midnight: on its own day.
+        assert_eq!(clock.of_earlier(4, Some(86_399_750_000)), 0.25);
+        assert_eq!(clock.of_earlier(5, Some(250_000)), 0.75);
+        assert_eq!(clock.of_earlier(6, Some(86_399_000_000)), 86_399.5);
+        // The pass says whether the log has times.
+        let timed = |text: &str| {
+            let mut pass = LogPass::new(false, None, None);
+            let mut log = LogReader::new(text.as_bytes(), "t.csv")
+                .unwrap()
+                .inspect(|l| pass.push(l));
+            while log.next_event().unwrap().is_some() {}
+            drop(log);
+            pass.finish(Vec::new(), None).timed
+        };
+        let h = "Thread,Time,Action,Pointer,Size,Stream\n";
+        assert!(timed(&format!(
+            "{h}1,10:00:00.0,allocate,0x100,256,0x0\n1,10:00:00.5,free,0x100,256,0x0\n"
+        )));
+        assert!(!timed(&format!(
+            "{h}1,x,allocate,0x100,256,0x0\n1,x,free,0x100,256,0x0\n"
+        )));
     }
 
-    #[test]
-    fn frees_match_allocations_across_blocks_and_errors_name_the_files_line() {
-        // More lines than a block: frees find their allocation in an earlier block.
-        let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
-        let n = BLOCK_LINES + 10;
-        for i in 0..n {
-            text.push_str(&format!(
-                "1,10:00:00.{i:06},allocate,{:#x},{},0x0\n",
-                0x1000 + i * 0x100,
-                256 + i
-            ));
-        }
-        for i in 0..n {
-            text.push_str(&format!(
-                "1,10:00:01.{i:06},free,{:#x},0,0x0\n",
-                0x1000 + i * 0x100
-            ));
-        }
-        let f = log_file(&text);
-        let mut freed = Vec::new();
-        read_log(f.path(), |e| {
-            freed.extend(e.freed);
-            true
-        })
-        .unwrap();
-        assert_eq!(freed, (0..n).map(|i| 256 + i).collect::<Vec<_>>());
-        // A line the file's scan would have refused, in the second block.
-        text.push_str("1,10:00:02.000000,allocate,0x100\n");
-        let f = log_file(&text);
-        let e = read_log(f.path(), |_| true).unwrap_err().to_string();
-        assert!(e.contains(&format!(" line {}:", 2 * n + 2)), "{e}");
-    }
-
-    #[test]
-    fn segments_move_to_the_time_of_the_allocation_they_came_before() {
-        let e = |t, action, size| MemoryEvent {
+    fn event(t: f64, action: Action, size: u64) -> MemoryEvent {
+        MemoryEvent {
             t,
             action,
             addr: 0x100,
             size,
             stream: 0,
-        };
-        // The replay's hooks: a segment, two allocations, another segment, a third, and a
-        // segment given back after the last.
-        let mut hooked = Hooked::new(0, true, false, None);
-        for ev in [
-            e(0.001, Action::SegmentAlloc, 1 << 30),
-            e(0.002, Action::Alloc, 256),
-            e(0.003, Action::Alloc, 256),
-            e(0.004, Action::SegmentAlloc, 1 << 30),
-            e(0.005, Action::Alloc, 256),
-            e(0.009, Action::SegmentFree, 1 << 30),
-        ] {
-            hooked.event(0, &ev);
         }
-        hooked.event(1, &e(0.010, Action::Alloc, 256));
-        assert!(hooked.served_any());
-        // The log's clock.
-        let mut pass = LogPass::new(true, hooked.take_segments(), None, None);
-        let Some(plot) = &mut pass.plot else {
-            panic!("a plot")
-        };
-        for ev in [
-            e(1.0, Action::Alloc, 256),
-            e(2.0, Action::Alloc, 256),
-            e(3.0, Action::Alloc, 256),
-            e(4.0, Action::FreeCompleted, 256),
-        ] {
-            plot.push(ev);
-        }
-        let Some(plot) = pass.plot else {
-            panic!("a plot")
-        };
-        let (_, events) = plot.finish().finish();
-        let moved: Vec<(f64, Action)> = events
+    }
+
+    fn segments_drawn(plot: LogPlot, rest: Vec<(u64, MemoryEvent)>) -> Vec<(f64, Action)> {
+        let (_, events) = plot.finish(rest).finish();
+        events
             .iter()
             .filter(|e| matches!(e.action, Action::SegmentAlloc | Action::SegmentFree))
             .map(|e| (e.t, e.action))
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn segments_move_to_the_time_of_the_allocation_they_came_before() {
+        // The replay's hooks: a segment, two allocations, another segment, a third, and a
+        // segment given back after the last.
+        let hooked = Mutex::new(Hooked::new(0, true, false, None));
+        for ev in [
+            event(0.001, Action::SegmentAlloc, 1 << 30),
+            event(0.002, Action::Alloc, 256),
+            event(0.003, Action::Alloc, 256),
+            event(0.004, Action::SegmentAlloc, 1 << 30),
+            event(0.005, Action::Alloc, 256),
+            event(0.009, Action::SegmentFree, 1 << 30),
+        ] {
+            hooked.lock().event(0, &ev);
+        }
+        hooked.lock().event(1, &event(0.010, Action::Alloc, 256));
         assert_eq!(
-            moved,
+            hooked.lock().served(),
+            3,
+            "another device's are not counted"
+        );
+        // The log's clock.
+        let mut plot = LogPlot::new();
+        for ev in [
+            event(1.0, Action::Alloc, 256),
+            event(2.0, Action::Alloc, 256),
+            event(3.0, Action::Alloc, 256),
+            event(4.0, Action::FreeCompleted, 256),
+        ] {
+            plot.push(ev, Some(&hooked));
+        }
+        let rest = hooked.lock().take_segments();
+        assert_eq!(
+            segments_drawn(plot, rest),
             [
                 (1.0, Action::SegmentAlloc),
                 (3.0, Action::SegmentAlloc),
                 (4.0, Action::SegmentFree)
             ]
         );
+    }
+
+    #[test]
+    fn a_segment_the_pool_takes_after_the_log_was_read_past_it_still_goes_before_its_allocation() {
+        // The log is read ahead of the replay: all its allocations before the pool serves any.
+        let hooked = Mutex::new(Hooked::new(0, true, false, None));
+        let mut plot = LogPlot::new();
+        let n = SETTLE_EVERY as u64;
+        for i in 1..=n {
+            plot.push(event(i as f64, Action::Alloc, 256), Some(&hooked));
+        }
+        assert_eq!(plot.waiting.len(), SETTLE_EVERY, "nothing served: all wait");
+        // Then the pool serves ten, grows, and serves the rest.
+        for i in 0..n {
+            if i == 10 {
+                hooked
+                    .lock()
+                    .event(0, &event(0.5, Action::SegmentAlloc, 1 << 30));
+            }
+            hooked.lock().event(0, &event(0.6, Action::Alloc, 256));
+        }
+        for i in n + 1..=2 * n {
+            plot.push(event(i as f64, Action::FreeCompleted, 256), Some(&hooked));
+        }
+        assert!(plot.waiting.len() < SETTLE_EVERY, "drawn once served");
+        assert_eq!(
+            segments_drawn(plot, Vec::new()),
+            [(11.0, Action::SegmentAlloc)],
+            "at the eleventh allocation's time"
+        );
+        // Allocations the pool never serves (no hooks behind it) wait at most so many.
+        let never = Mutex::new(Hooked::new(0, true, false, None));
+        let mut plot = LogPlot::new();
+        for i in 0..MAX_WAITING + 4 * SETTLE_EVERY {
+            plot.push(event(i as f64, Action::Alloc, 256), Some(&never));
+            assert!(plot.waiting.len() <= MAX_WAITING + SETTLE_EVERY);
+        }
     }
 }

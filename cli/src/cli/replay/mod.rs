@@ -12,7 +12,7 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use parking_lot::Mutex;
 use rmm::allocator::adaptor::{
-    LogFile, ReplayOptions, ReplayOrder, find_in_chain, replay_streamed,
+    LogReader, ReplayOptions, ReplayOrder, find_in_chain, replay_streamed,
 };
 use rmm::allocator::backend::DevicePtr;
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
@@ -57,7 +57,8 @@ pub enum Order {
     /// Every event after the one before it in the log, on one thread (the logged peak is
     /// reproduced).
     Logged,
-    /// One thread per logged thread, each in its own order; cross-thread frees wait for
+    /// One thread per logged thread (up to the machine's hardware threads, and at least 64;
+    /// more logged threads share them), each in its own order; cross-thread frees wait for
     /// their allocation (the default: times the resource as the threads used it).
     Concurrent,
 }
@@ -65,7 +66,8 @@ pub enum Order {
 /// Arguments of `rmm replay`.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// The log: a CSV file with the header Thread,Time,Action,Pointer,Size,Stream.
+    /// The log: a CSV file with the header Thread,Time,Action,Pointer,Size,Stream, read once
+    /// as it is replayed; `-` reads standard input (e.g. `zcat log.csv.gz | rmm replay -`).
     #[arg(value_name = "LOG")]
     pub file: PathBuf,
     /// The resource to replay against.
@@ -271,8 +273,8 @@ fn build(
 /// Runs `rmm replay`.
 pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let out = args.output;
-    // Output paths first, then the log: a bad path or a malformed log is reported before
-    // any device is touched.
+    // Output paths first, then the log's header: a bad path, or a file that is no log, is
+    // reported before any device is touched.
     let plot_format = args
         .plot
         .as_deref()
@@ -280,11 +282,15 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?;
     let plot = OutputFile::open_optional("--plot", args.plot.as_deref())?;
     let snapshot = OutputFile::open_optional("--torch-snapshot", args.torch_snapshot.as_deref())?;
-    // The log is only scanned now, and read again as it is replayed (and once more after it
-    // for a plot or snapshot): memory does not grow with its length.
-    let log = LogFile::scan(&args.file)?;
-    // A plot is on the log's clock when it has times, else on the replay's.
-    let timed = plot.is_some() && clock::log_is_timed(&args.file)?;
+    // The log is opened once and read once, as it is replayed (a pipe works: `-` is standard
+    // input); a plot and a snapshot take its events on the way. Memory does not grow with
+    // its length.
+    let stdin = std::io::stdin();
+    let log = if args.file.as_os_str() == "-" {
+        LogReader::new(stdin.lock(), "standard input")?
+    } else {
+        LogReader::open(&args.file)?
+    };
     if let Some(capacity) = args.simulate_capacity {
         let sim = SimBackend::leak(SimConfig {
             devices: 1,
@@ -299,12 +305,13 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::new(args.device)?;
     let total = device.mem_info()?.total;
     let new_trace = |entries| TorchTrace::new(args.device, Some(total as u64), Some(entries));
-    // The pool's events, as they happen.
+    // The pool's events, as they happen: for a plot, both its segments (a plot on the log's
+    // clock) and its samples (on the replay's, when the log turns out to have no times).
     let hooked = (plot.is_some() || snapshot.is_some()).then(|| {
         Arc::new(Mutex::new(clock::Hooked::new(
             args.device,
-            plot.is_some() && timed,
-            plot.is_some() && !timed,
+            plot.is_some(),
+            plot.is_some(),
             snapshot
                 .is_some()
                 .then(|| new_trace(args.torch_trace_entries)),
@@ -325,15 +332,32 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             Order::Concurrent => ReplayOrder::Concurrent,
         },
         default_stream_only: false,
+        max_threads: 0,
     };
-    let report = replay_streamed(&log, &*resource, &options)?;
+    // The log's own events: for a plot on its clock (or of a resource without hooks), and for
+    // a snapshot of a resource without hooks.
+    let mut pass = hooked.as_ref().map(|h| {
+        clock::LogPass::new(
+            plot.is_some(),
+            snapshot
+                .is_some()
+                .then(|| new_trace(args.torch_trace_entries)),
+            Some(Arc::clone(h)),
+        )
+    });
+    let log = match &mut pass {
+        Some(pass) => log.inspect(|line| pass.push(line)),
+        None => log,
+    };
+    let report = replay_streamed(log, &*resource, &options)?;
     drop(guard);
     let pool = find_in_chain::<PoolMemoryResource>(&*resource).map(|p| p.usage().summary());
     // Files written: (what, path, where the events came from).
     let mut written: Vec<(&str, PathBuf, String)> = Vec::new();
-    if let Some(hooked) = hooked {
-        let name = args.file.file_name().map_or_else(
-            || args.file.display().to_string(),
+    if let (Some(hooked), Some(pass)) = (hooked, pass) {
+        let source = std::path::Path::new(&report.source);
+        let name = source.file_name().map_or_else(
+            || report.source.clone(),
             |n| n.to_string_lossy().into_owned(),
         );
         // What the hooks saw, taken out now: the resource may still report its end.
@@ -352,22 +376,12 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
                 oom_t,
             )
         };
-        // The log's own events: for a plot on its clock (or of a resource without hooks),
-        // and for a snapshot of a resource without hooks.
+        let segments = if from_hooks { segments } else { Vec::new() };
+        let passed = pass.finish(segments, report.failure.as_ref());
+        // A plot is on the log's clock when it has times, else on the replay's.
+        let timed = passed.timed;
         let log_plot = plot.is_some() && (timed || !from_hooks);
-        let log_trace = (snapshot.is_some() && !snapshot_from_hooks)
-            .then(|| new_trace(args.torch_trace_entries));
-        let passed = if log_plot || log_trace.is_some() {
-            let segments = if from_hooks { segments } else { Vec::new() };
-            let failure_line = report.failure.as_ref().map(|f| f.line);
-            Some(clock::LogPass::new(log_plot, segments, log_trace, failure_line).run(&args.file)?)
-        } else {
-            None
-        };
-        let (log_sampler, log_trace, failure_t) = match passed {
-            Some(p) => (p.sampler, p.torch, p.failure_t),
-            None => (None, None, 0.0),
-        };
+        let (log_sampler, log_trace, failure_t) = (passed.sampler, passed.torch, passed.failure_t);
         if let (Some(file), Some(format)) = (plot, plot_format) {
             let (sampler, oom_t) = if log_plot {
                 (log_sampler, failure_t)

@@ -1,7 +1,7 @@
 //! What `rmm replay` prints: its figures as a two-column table (binary units), or as JSON
 //! (bytes and seconds).
 
-use rmm::allocator::adaptor::ReplayReport;
+use rmm::allocator::adaptor::{ReplayOrder, ReplayReport};
 use rmm_cli::plural::count;
 use rmm_cli::table::{Align, Table};
 use rmm_cli::units::bytes;
@@ -24,10 +24,18 @@ pub fn table(report: &ReplayReport, pool: Option<&str>) -> Table {
             count(report.frees as u64, "free", "frees")
         ),
     ]);
+    // Logged threads that shared replay threads are said (in logged order one thread
+    // replays them all, which the order says).
+    let shared = match report.order {
+        ReplayOrder::Concurrent if report.logged_threads != report.threads => {
+            format!(" for {} logged threads", report.logged_threads)
+        }
+        _ => String::new(),
+    };
     t.row([
         "threads".to_string(),
         format!(
-            "{}, {}, {} order",
+            "{}{shared}, {}, {} order",
             count(report.threads as u64, "thread", "threads"),
             count(report.streams as u64, "stream", "streams"),
             report.order
@@ -105,6 +113,7 @@ pub fn json(report: &ReplayReport, total_memory: u64, backend: &str) -> Value {
         "allocations": report.allocations,
         "frees": report.frees,
         "threads": report.threads,
+        "logged_threads": report.logged_threads,
         "streams": report.streams,
         "seconds": report.elapsed.as_secs_f64(),
         "peak_bytes": report.peak_bytes,

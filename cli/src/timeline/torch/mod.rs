@@ -124,15 +124,19 @@ fn device_trace(d: &DeviceTimeline) -> TorchTrace {
 }
 
 /// Writes `timeline`'s events to `path` as a PyTorch memory snapshot (a pickle, see the
-/// module documentation), for `torch.cuda._memory_viz` or <https://pytorch.org/memory_viz>.
+/// module documentation), for `torch.cuda._memory_viz` or <https://pytorch.org/memory_viz>,
+/// whole or not at all ([`AtomicFile`](crate::atomic_file::AtomicFile)).
 ///
 /// # Errors
-/// As [`torch_snapshot_bytes`]; [`TimelineError::Write`] when `path` cannot be written.
+/// As [`torch_snapshot_bytes`]; [`TimelineError::Write`] when `path` cannot be written (it is
+/// then as it was).
 pub fn write_torch_snapshot(timeline: &Timeline, path: &Path) -> Result<(), TimelineError> {
     let bytes = torch_snapshot_bytes(timeline)?;
-    std::fs::write(path, bytes).map_err(|source| TimelineError::Write {
-        what: "PyTorch memory snapshot",
-        path: path.to_path_buf(),
-        source,
-    })
+    crate::atomic_file::AtomicFile::create(path)
+        .and_then(|f| f.commit(&bytes))
+        .map_err(|source| TimelineError::Write {
+            what: "PyTorch memory snapshot",
+            path: path.to_path_buf(),
+            source,
+        })
 }

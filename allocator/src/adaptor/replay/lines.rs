@@ -1,0 +1,170 @@
+//! A log's lines, read from one input with a bounded buffer: an input without line ends
+//! (`/dev/zero`, a compressed file) is an error once a line passes [`MAX_LINE_BYTES`], not a
+//! line that grows until memory runs out.
+
+use std::io::{BufRead, ErrorKind};
+
+use crate::error::{Error, Result};
+
+/// The longest line a log may have, in bytes, its line end included. RMM's lines are about
+/// 100 bytes; a header of the most columns a log may have fits many times over.
+pub(crate) const MAX_LINE_BYTES: usize = 4096;
+
+/// The lines of one input, one at a time, in a buffer of at most [`MAX_LINE_BYTES`].
+pub(crate) struct Lines<R> {
+    input: R,
+    source: String,
+    /// The last line read (reused: no allocation per line).
+    text: String,
+    /// Lines read so far, blank ones counted.
+    number: usize,
+}
+
+impl<R> std::fmt::Debug for Lines<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lines")
+            .field("source", &self.source)
+            .field("number", &self.number)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: BufRead> Lines<R> {
+    /// The lines of `input`; `source` names it in errors.
+    pub(crate) fn new(input: R, source: &str) -> Self {
+        Lines {
+            input,
+            source: source.to_string(),
+            text: String::new(),
+            number: 0,
+        }
+    }
+
+    /// The next line that is not blank, without its line end, and its number (1-based, blank
+    /// lines counted); `None` at the end of the input.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`] when the input cannot be read, a line is longer than
+    /// [`MAX_LINE_BYTES`], or a line is not UTF-8.
+    pub(crate) fn next_line(&mut self) -> Result<Option<(usize, &str)>> {
+        loop {
+            let mut bytes = std::mem::take(&mut self.text).into_bytes();
+            bytes.clear();
+            if !self.read_line(&mut bytes)? {
+                return Ok(None);
+            }
+            self.number += 1;
+            self.text = String::from_utf8(bytes).map_err(|e| {
+                self.error(
+                    Some(self.number),
+                    format!("found bytes that are not UTF-8 text ({})", e.utf8_error()),
+                    "A log is text: is this a compressed or binary file? Decompress it first \
+                     (e.g. zcat log.csv.gz | rmm replay -)",
+                )
+            })?;
+            let line = self.text.trim_end_matches(['\n', '\r']);
+            if !line.trim().is_empty() {
+                let len = line.len();
+                self.text.truncate(len);
+                return Ok(Some((self.number, self.text.as_str())));
+            }
+        }
+    }
+
+    /// Appends the next line (with its line end) to `line`; false at the end of the input.
+    fn read_line(&mut self, line: &mut Vec<u8>) -> Result<bool> {
+        loop {
+            let available = match self.input.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(self.error(
+                        None,
+                        format!("reading the log failed: {e}"),
+                        "Check the path; logs are text files such as rmm_log.dev0.csv",
+                    ));
+                }
+            };
+            if available.is_empty() {
+                return Ok(!line.is_empty());
+            }
+            let (take, ended) = match available.iter().position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (available.len(), false),
+            };
+            if line.len() + take > MAX_LINE_BYTES {
+                return Err(self.error(
+                    Some(self.number + 1),
+                    format!(
+                        "found a line longer than {MAX_LINE_BYTES} bytes, the most a log line \
+                         may have (RMM's are about 100)"
+                    ),
+                    "Give a log in RMM's CSV format, one event per line, as text (a \
+                     compressed log decompressed first, e.g. zcat log.csv.gz | rmm replay -)",
+                ));
+            }
+            line.extend_from_slice(&available[..take]);
+            self.input.consume(take);
+            if ended {
+                return Ok(true);
+            }
+        }
+    }
+
+    fn error(&self, line: Option<usize>, problem: String, hint: &str) -> Error {
+        Error::EventLog {
+            path: self.source.clone(),
+            line,
+            problem,
+            hint: hint.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(input: &[u8]) -> Result<Vec<(usize, String)>> {
+        let mut lines = Lines::new(input, "t.csv");
+        let mut out = Vec::new();
+        while let Some((n, l)) = lines.next_line()? {
+            out.push((n, l.to_string()));
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn blank_lines_are_counted_and_skipped_and_line_ends_trimmed() {
+        let got = all(b"a\r\n\n  \nb\rc\nlast").unwrap();
+        assert_eq!(
+            got,
+            [
+                (1, "a".to_string()),
+                (4, "b\rc".to_string()),
+                (5, "last".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_line_past_the_limit_is_an_error_naming_it_and_one_at_the_limit_is_not() {
+        let mut text = b"h\n".to_vec();
+        text.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES - 1));
+        text.push(b'\n');
+        assert_eq!(all(&text).unwrap()[1].1.len(), MAX_LINE_BYTES - 1);
+        text.pop();
+        text.extend(b"xx\n");
+        let e = all(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("t.csv line 2") && e.contains(&format!("longer than {MAX_LINE_BYTES}")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_an_error_naming_the_line() {
+        let e = all(b"h\nok\n\xff\xfe\n").unwrap_err().to_string();
+        assert!(e.contains("t.csv line 3") && e.contains("not UTF-8"), "{e}");
+    }
+}

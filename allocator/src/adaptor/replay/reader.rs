@@ -1,0 +1,128 @@
+//! [`LogReader`]: a log read from one input, once, a line at a time, every line checked as it
+//! comes. A pipe or a FIFO works as well as a file (`zcat log.csv.gz | rmm replay -`): nothing
+//! opens the input again or reads it twice.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use super::event_log::{Freed, LineParser, LogEvent};
+use super::lines::Lines;
+use crate::error::{Error, Result};
+
+/// One event as a [`LogReader`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    /// The event (its thread is an index into the threads read so far).
+    pub event: LogEvent,
+    /// For a free of an allocation the log made, that allocation's size.
+    pub freed_bytes: Option<usize>,
+}
+
+/// A log read line by line from one input (a file, standard input, a decompressor's output),
+/// each line checked as [`EventLog::parse`](super::EventLog::parse) checks it. Its memory grows
+/// with the threads and the allocations live at once, not with the length of the log.
+///
+/// [`replay_streamed`](super::replay_streamed) replays one; [`LogReader::inspect`] sees every
+/// event it reads on the way.
+pub struct LogReader<'a> {
+    lines: Lines<Box<dyn BufRead + 'a>>,
+    pub(crate) parser: LineParser,
+    observer: Option<Observer<'a>>,
+}
+
+/// What [`LogReader::inspect`] calls with every event.
+type Observer<'a> = Box<dyn FnMut(&LogLine) + 'a>;
+
+impl std::fmt::Debug for LogReader<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogReader")
+            .field("lines", &self.lines)
+            .field("parser", &self.parser)
+            .field("inspected", &self.observer.is_some())
+            .finish()
+    }
+}
+
+impl LogReader<'static> {
+    /// Opens the log at `path` (once: a FIFO or `/dev/stdin` works) and reads its header.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`] when the file cannot be opened or read, or its header is not
+    /// RMM's.
+    pub fn open(path: impl AsRef<Path>) -> Result<LogReader<'static>> {
+        let path = path.as_ref();
+        let source = path.display().to_string();
+        let file = File::open(path).map_err(|e| Error::EventLog {
+            path: source.clone(),
+            line: None,
+            problem: format!("opening the log failed: {e}"),
+            hint: "Check the path; logs are text files such as rmm_log.dev0.csv".to_string(),
+        })?;
+        LogReader::new(BufReader::with_capacity(1 << 20, file), source)
+    }
+}
+
+impl<'a> LogReader<'a> {
+    /// Reads the log from `input` (e.g. standard input, locked); `source` names it in errors.
+    /// Reads the header now.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`] when `input` cannot be read, holds no header or a header that is
+    /// not RMM's.
+    pub fn new(input: impl BufRead + 'a, source: impl Into<String>) -> Result<LogReader<'a>> {
+        let source = source.into();
+        let mut lines = Lines::new(Box::new(input) as Box<dyn BufRead + 'a>, &source);
+        let parser = match lines.next_line()? {
+            Some((n, header)) => LineParser::new(&source, n, header)?,
+            None => return Err(LineParser::empty(&source)),
+        };
+        Ok(LogReader {
+            lines,
+            parser,
+            observer: None,
+        })
+    }
+
+    /// What errors and reports call the log (its path, or the name given to
+    /// [`LogReader::new`]).
+    pub fn source(&self) -> &str {
+        self.parser.source()
+    }
+
+    /// Calls `observer` with every event read from now on, in log order, as it is read
+    /// (replacing an earlier observer): e.g. to draw the log while it is replayed, without
+    /// reading it again.
+    pub fn inspect(mut self, observer: impl FnMut(&LogLine) + 'a) -> LogReader<'a> {
+        self.observer = Some(Box::new(observer));
+        self
+    }
+
+    /// The next event, checked; `None` at the end of the log.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`] naming the line when it cannot be read or does not parse.
+    pub fn next_event(&mut self) -> Result<Option<LogLine>> {
+        Ok(self.next_parsed()?.map(|(event, freed)| LogLine {
+            event,
+            freed_bytes: freed.map(|f| f.size),
+        }))
+    }
+
+    /// The next event and, for a free of an allocation the log made, that allocation.
+    pub(crate) fn next_parsed(&mut self) -> Result<Option<(LogEvent, Option<Freed>)>> {
+        let Some((n, line)) = self.lines.next_line()? else {
+            return Ok(None);
+        };
+        let (event, freed) = self.parser.line(n, line)?;
+        let Some(observe) = &mut self.observer else {
+            return Ok(Some((event, freed)));
+        };
+        let line = LogLine {
+            event,
+            freed_bytes: freed.map(|f| f.size),
+        };
+        observe(&line);
+        Ok(Some((line.event, freed)))
+    }
+}
