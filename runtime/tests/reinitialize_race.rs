@@ -15,6 +15,9 @@ use rmm_runtime::{Error, Runtime};
 
 const MIB: usize = 1 << 20;
 
+/// Values the writers keep, each with the seed of its bytes.
+type Slots = Vec<Option<(Arc<rmm_allocator::spill::SpillableBuffer>, u64)>>;
+
 /// Runs `work` on a thread of its own until the returned guard is dropped.
 struct Background {
     stop: Arc<AtomicBool>,
@@ -124,9 +127,7 @@ fn a_switch_whose_spill_cannot_fit_is_refused_before_anything_moves() {
         .iter()
         .map(|b| b.device_view(StreamView::DEFAULT).unwrap())
         .collect();
-    let values: Arc<
-        parking_lot::Mutex<Vec<Option<(Arc<rmm_allocator::spill::SpillableBuffer>, u64)>>>,
-    > = Arc::new(parking_lot::Mutex::new(vec![None; 24]));
+    let values: Arc<parking_lot::Mutex<Slots>> = Arc::new(parking_lot::Mutex::new(vec![None; 24]));
     let writers: Vec<Background> = (0..3u64)
         .map(|w| {
             let (m, values) = (Arc::clone(&m), Arc::clone(&values));
