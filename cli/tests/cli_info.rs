@@ -220,3 +220,86 @@ fn asking_for_no_backend_without_a_gpu_is_an_error_that_names_the_simulated_devi
         "no silent fallback: {stdout}"
     );
 }
+
+/// A memory cgroup of its own with `limit` bytes, where this machine lets the test make one
+/// (cgroup v1's memory hierarchy or v2's unified one, writable): its directory and the file
+/// that takes a process. Removed on drop.
+struct MemoryCgroup {
+    dir: std::path::PathBuf,
+    procs: std::path::PathBuf,
+}
+
+impl MemoryCgroup {
+    fn make(limit: u64) -> Option<MemoryCgroup> {
+        let name = format!("rmm-rs-test-{}", std::process::id());
+        for (root, file) in [
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes"),
+            ("/sys/fs/cgroup", "memory.max"),
+        ] {
+            let dir = std::path::Path::new(root).join(&name);
+            if std::fs::create_dir(&dir).is_err() {
+                continue;
+            }
+            if std::fs::write(dir.join(file), limit.to_string()).is_ok() {
+                return Some(MemoryCgroup {
+                    procs: dir.join("cgroup.procs"),
+                    dir,
+                });
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+        None
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn a_host_pool_larger_than_the_cgroup_allows_is_refused_by_name() {
+    let Some(cgroup) = MemoryCgroup::make(3 << 30) else {
+        eprintln!(
+            "SKIP a_host_pool_larger_than_the_cgroup_allows_is_refused_by_name: no memory \
+             cgroup can be made here (needs a writable /sys/fs/cgroup)"
+        );
+        return;
+    };
+    // The shell moves itself into the cgroup, then runs `rmm info` there, in an empty
+    // directory and with only the variables given here.
+    let dir = tempfile::tempdir().unwrap();
+    let info = |host_pool_size: &str| {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg("echo $$ > \"$0\" && exec \"$1\" info")
+            .arg(&cgroup.procs)
+            .arg(common::rmm_command().get_program())
+            .current_dir(dir.path())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("RMM_BACKEND", "sim")
+            .env("RMM_SPILL__ENABLED", "true")
+            .env("RMM_SPILL__HOST_POOL_SIZE", host_pool_size)
+            .output()
+            .unwrap()
+    };
+    let out = info("4GiB");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {stderr}");
+    assert!(
+        stderr.contains(
+            "spill.host_pool_size = 4GiB (environment RMM_SPILL__HOST_POOL_SIZE) is larger than \
+             the 3GiB of host memory this process may use"
+        ),
+        "{stderr}"
+    );
+    // Within the limit: fine.
+    let out = info("1GiB");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

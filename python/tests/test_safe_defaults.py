@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import rmm_rs
+
 
 def run_python(code, env=None):
     """Runs `code` in a fresh interpreter with `env` (this process's environment by default)."""
@@ -130,6 +132,67 @@ def test_a_warning_made_an_error_stops_the_start_and_leaves_nothing_running():
         print("OK")
         """,
         env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "OK" in out.stdout
+
+
+def test_a_reinitialize_that_would_turn_a_device_stores_spilling_off_keeps_it_and_says_so():
+    from rmm_rs.dask import DeviceStore
+
+    MIB = 1 << 20
+    store = DeviceStore(device_memory_limit="8MiB", config={"spill": {"enabled": True}})
+    for i in range(8):
+        store[f"x{i}"] = rmm_rs.DeviceBuffer.from_bytes(bytes([i]) * (2 * MIB))
+    # The form that keeps the settings in force (the README's Dask snippet) changes only
+    # what it names.
+    report = rmm_rs.reinitialize(overrides={"pool.enabled": True, "pool.initial_size": "64MiB"})
+    assert not any("spilling stays on" in n for n in report["notes"]), report
+    assert "PoolMemoryResource" in rmm_rs.describe()
+    # The whole configuration replaced by one without spilling (what that snippet did before
+    # it used `overrides=`): spilling stays, and the report says why.
+    report = rmm_rs.reinitialize({"pool": {"enabled": False}})
+    assert any(n.startswith("spilling stays on on device 0") for n in report["notes"]), report
+    stats = rmm_rs.spill_statistics()[0]
+    assert stats["limit"] == 8 * MIB
+    for i in range(8, 12):
+        store[f"x{i}"] = rmm_rs.DeviceBuffer.from_bytes(bytes([i]) * (2 * MIB))
+    assert rmm_rs.spill_statistics()[0]["tracked_bytes"] <= 8 * MIB
+    for i in range(12):
+        assert store[f"x{i}"].to_bytes() == bytes([i]) * (2 * MIB)
+
+
+def test_spilling_on_with_defaults_pins_nothing_before_something_spills():
+    # The issue's reproducer: with spilling on, one small buffer used to have the whole spill
+    # limit's worth (up to 16 GiB) pinned ahead within seconds, kept after finalize.
+    out = run_python(
+        r"""
+        import time
+        import rmm_rs
+
+        def rss():
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+            raise SystemExit("no VmRSS")
+
+        before = rss()
+        rmm_rs.initialize({"spill": {"enabled": True}})
+        k = rmm_rs.SpillableBuffer(b"x" * 21)
+        time.sleep(1.0)
+        pinned = rmm_rs.spill_statistics()[0]["host_pool_bytes"]
+        grew = rss() - before
+        assert pinned == 0, pinned
+        assert grew < 256 << 20, f"resident memory grew by {grew} bytes"
+        rmm_rs.finalize()
+        assert k.to_bytes() == b"x" * 21
+        # Spilled at finalize: what stays pinned is the chunk that holds it, at most 32 MiB.
+        grew = rss() - before
+        assert grew < 256 << 20, f"resident memory grew by {grew} bytes after finalize"
+        print("OK")
+        """,
+        env=dict(os.environ, RMM_BACKEND="sim", RMM_SIM_MEMORY="8GiB"),
     )
     assert out.returncode == 0, out.stderr
     assert "OK" in out.stdout

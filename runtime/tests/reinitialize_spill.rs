@@ -96,7 +96,8 @@ fn the_same_configuration_is_refused_with_advice_that_matches_the_cause() {
     let (buffers, data) = ten_buffers(&m);
     assert!(on_device(&buffers) > 2, "the host pool is full: some stay");
     let err = rt.reinitialize(&small_host(&[])).unwrap_err();
-    assert!(matches!(err, Error::SpillBeforeSwitch { .. }), "{err}");
+    // Known before anything moves: the host tier has less room than the data to move.
+    assert!(matches!(err, Error::HostTierTooSmall { .. }), "{err}");
     let text = err.to_string();
     assert!(text.contains("nothing changed"), "{text}");
     // The pool is too small: the advice is to give it more room, not less.
@@ -173,7 +174,7 @@ fn a_failing_reinitialize_leaves_the_old_configuration_working() {
     let err = rt
         .reinitialize(&spilling("8MiB", "12MiB", None, &[]))
         .unwrap_err();
-    assert!(matches!(err, Error::SpillBeforeSwitch { .. }), "{err}");
+    assert!(matches!(err, Error::HostTierTooSmall { .. }), "{err}");
     assert_eq!(host_pool_size(&rt), Some(16 * MIB as u64));
     assert_eq!(m.statistics().host_pool_bytes, 16 * MIB as u64);
     assert_intact(&buffers, &data);
