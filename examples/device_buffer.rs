@@ -1,7 +1,7 @@
 //! `DeviceBuffer`: untyped, uninitialized device memory with RAII, as RMM's `device_buffer`.
 //!
-//! Run: `cargo run --example device_buffer` (a GPU when there is one, else the simulated
-//! device; `RMM_BACKEND=sim` forces the latter).
+//! Run: `cargo run --example device_buffer` on a GPU, or `RMM_BACKEND=sim cargo run --example
+//! device_buffer` on the simulated device.
 
 use std::sync::Arc;
 

@@ -13,7 +13,8 @@ use crate::size::Size;
 /// Which device backend the runtime opens (`backend`, env `RMM_BACKEND`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Backend {
-    /// CUDA when a driver and a device are present, else the simulated device.
+    /// Nothing asked for: the GPU, or an error that names what is missing (`rmm demo` alone
+    /// falls back to the simulated device, and says so).
     #[default]
     Auto,
     /// The CUDA driver; an error when there is none.

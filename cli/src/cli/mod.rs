@@ -66,9 +66,9 @@ enum Command {
     ///
     /// Runs the workload shapes churn, random, small, mt8 and mt16 through each resource and
     /// prints ns/op with same-run speed-ups (aligned tables, markdown with --format markdown,
-    /// or JSON with --json). Runs on the
-    /// GPU if there is one (RMM_BACKEND), else on the simulated device (unbacked unless
-    /// RMM_SIM_MODE says otherwise), where the figures measure bookkeeping only. The caps
+    /// or JSON with --json). Runs on the GPU, or with RMM_BACKEND=sim on the simulated device
+    /// (unbacked unless RMM_SIM_MODE says otherwise), where the figures measure bookkeeping
+    /// only. The caps
     /// shrink on a device under 24 GiB, so that the pool (3 × 4 GiB) takes at most half of it.
     Bench(bench::BenchArgs),
     /// Print the shell completion script for rmm (bash, zsh, fish, elvish, powershell).
