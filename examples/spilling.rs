@@ -55,12 +55,16 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// The configuration of one phase: `pool` (a pool over cuMemAlloc) or `managed` (plain
 /// cuMemAllocManaged), with the same spilling settings.
 fn phase(device: u32, dir: &str, managed: bool) -> Result<Config, Error> {
-    Ok(ConfigLoader::new()
+    let mut loader = ConfigLoader::new()
         .set("devices", vec![i64::from(device)])
         .set("workers_per_device", 2)
         .set("pool.enabled", !managed)
-        .set("pool.managed", managed)
-        .set("pool.initial_size", "256MiB")
+        .set("pool.managed", managed);
+    if !managed {
+        // A pool size with the pool off would be refused as having no effect.
+        loader = loader.set("pool.initial_size", "256MiB");
+    }
+    Ok(loader
         .set("spill.enabled", true)
         .set("spill.device_memory_limit", "32MiB")
         .set("spill.host_pool_size", "32MiB")

@@ -3,7 +3,8 @@
 //!
 //! * `cargo xtask test [ARGS…]`: installs cargo-nextest when it is missing, runs every Rust
 //!   test of the workspace (`cargo nextest run --workspace ARGS…`) and the doctests (`cargo
-//!   test --workspace --doc`), then the Python package's:
+//!   test --workspace --doc`) and every example (`examples/*.rs`, each must exit 0), then the
+//!   Python package's:
 //!   a virtual environment under `target/xtask-venv` with maturin, pytest, distributed and
 //!   mypy from the package index, mypy over `python/rmm_rs` and `python/tests` (any error
 //!   fails), the `rmm_rs` wheel built and installed there, RAPIDS RMM's wheels and the
@@ -95,10 +96,38 @@ fn test(args: &[String]) -> Result<(), String> {
     doc.args(["test", "--workspace", "--doc"])
         .env("RMM_BACKEND", &backend);
     run(doc, "cargo test --workspace --doc")?;
+    examples(&backend)?;
     if rust_only {
         return Ok(());
     }
     python_tests(&backend)
+}
+
+/// Builds and runs every example of the facade (`examples/*.rs`): each must exit 0. They are
+/// the README's and the docs' programs; a change that breaks one fails here, not on a user.
+fn examples(backend: &str) -> Result<(), String> {
+    let root = root();
+    let mut build = cargo();
+    build.args(["build", "--quiet", "--examples"]);
+    run(build, "cargo build --examples")?;
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let mut names: Vec<String> = std::fs::read_dir(root.join("examples"))
+        .map_err(|e| format!("reading examples/: {e}"))?
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            (path.extension()? == "rs").then(|| path.file_stem()?.to_str().map(String::from))?
+        })
+        .collect();
+    names.sort();
+    for name in names {
+        let mut example = Command::new(target.join("debug/examples").join(&name));
+        example
+            .env("RMM_BACKEND", backend)
+            .stdout(std::process::Stdio::null());
+        run(example, &format!("example {name}"))?;
+    }
+    Ok(())
 }
 
 /// The workspace root (xtask's parent directory).
