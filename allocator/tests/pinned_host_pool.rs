@@ -177,19 +177,16 @@ fn a_growable_pool_keeps_memory_pinned_ahead_of_demand_within_its_maximum() {
     // Nothing is pinned ahead before a request has needed pinned memory...
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert_eq!((settled(&pool), sim.pinned_host_bytes()), (0, 0));
-    // ... and from the first one on (which pins a chunk of 256 MiB), it is, in the
-    // background.
+    // ... and from the first one on, it is, in the background.
     drop(pool.allocate(MIB).unwrap());
     assert!(settled(&pool) >= 100 * MIB);
     let before = pool.pinning_time();
-    // Requests are served from what is pinned...
-    let a: Vec<_> = (0..3).map(|_| pool.allocate(60 * MIB).unwrap()).collect();
-    // and the pool pins again behind them, to keep 100 MiB free, within its maximum.
+    // Requests within the headroom (in pieces no larger than a chunk) are served from what
+    // was pinned ahead.
+    let a: Vec<_> = (0..3).map(|_| pool.allocate(30 * MIB).unwrap()).collect();
+    // and the pool pins again behind it, to keep 100 MiB free.
     let capacity = settled(&pool);
-    assert!(
-        capacity - pool.used() >= 100 * MIB && capacity <= 300 * MIB,
-        "{capacity} pinned"
-    );
+    assert!(capacity - pool.used() >= 100 * MIB, "{capacity} pinned");
     assert!(pool.pinning_time() > before);
     // Never past the maximum, however much it is asked to keep free.
     pool.keep_free(1 << 30);
@@ -197,7 +194,7 @@ fn a_growable_pool_keeps_memory_pinned_ahead_of_demand_within_its_maximum() {
     assert_eq!(sim.pinned_host_bytes(), 300 * MIB);
     // (Slices never cross a registered chunk: large data takes several.) What is free is
     // served without growing, in pieces.
-    let b: Vec<_> = (0..55).map(|_| pool.allocate(2 * MIB).unwrap()).collect();
+    let b: Vec<_> = (0..100).map(|_| pool.allocate(2 * MIB).unwrap()).collect();
     assert_eq!(pool.used(), 290 * MIB);
     assert_eq!(pool.capacity(), 300 * MIB);
     drop((a, b));
@@ -205,28 +202,27 @@ fn a_growable_pool_keeps_memory_pinned_ahead_of_demand_within_its_maximum() {
 }
 
 #[test]
-fn a_growable_pool_pins_ahead_in_small_chunks_and_for_a_request_in_a_large_one() {
+fn a_growable_pool_pins_ahead_in_small_chunks_and_for_a_request_a_chunk_of_its_size() {
     let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(512 * MIB));
-    pool.keep_free(300 * MIB);
-    // The first request pins a chunk of its own, of at least 256 MiB (slices never cross
-    // chunks, and large ones take fewer copies)...
-    let first = pool.allocate(40 * MIB).unwrap();
-    assert_eq!(pool.max_slice(), 256 * MIB);
-    // ... and from then on the pool keeps 300 MiB free, pinned ahead in the background in
-    // chunks of 32 MiB (registrations hold the driver while spills enqueue copies): the
-    // 216 MiB left of the first chunk and 3 of them.
-    let capacity = settled(&pool);
-    assert!(
-        capacity - pool.used() >= 300 * MIB && capacity < 256 * MIB + 300 * MIB,
-        "{capacity} pinned"
-    );
-    // Data in pieces of a chunk is served from what was pinned ahead, which is pinned again
-    // behind it, within the maximum.
+    pool.keep_free(100 * MIB);
+    drop(pool.allocate(MIB).unwrap());
+    assert!(settled(&pool) >= 100 * MIB);
+    // Registrations hold the driver while spills enqueue copies: a growable pool's are small.
+    assert_eq!(pool.max_slice(), 32 * MIB, "pinned ahead in 32 MiB chunks");
+    // A request larger than a chunk pins a chunk of its own, just its size (slices never
+    // cross chunks)...
+    let big = pool.allocate(40 * MIB).unwrap();
+    assert_eq!(pool.max_slice(), 40 * MIB);
+    // ... and data in pieces of a chunk is served from what was pinned ahead, which is
+    // pinned again behind it.
+    let before = settled(&pool);
+    let free = before - pool.used();
     let pieces: Vec<_> = (0..3).map(|_| pool.allocate(32 * MIB).unwrap()).collect();
+    assert!(free >= 96 * MIB, "{free} free before");
     let after = settled(&pool);
-    assert!(after <= 512 * MIB && after > capacity, "{after} pinned");
-    drop((first, pieces));
+    assert!(after - pool.used() >= 100 * MIB, "{after} pinned");
+    drop((big, pieces));
     assert_eq!(pool.used(), 0);
 }
 
@@ -329,10 +325,9 @@ fn a_pool_releasing_idle_memory_holds_no_more_than_its_slices() {
     pool.release_idle(true);
     settled(&pool);
     assert_eq!(pool.headroom(), 0, "no more pinning ahead");
-    // The chunks that hold the slices stay (the first spill's is 256 MiB), no other.
     let kept = pool.capacity();
     assert!(
-        (48 * MIB..=256 * MIB).contains(&kept),
+        (48 * MIB..48 * MIB + 64 * MIB).contains(&kept),
         "{kept} pinned for 48 MiB"
     );
     // Each chunk goes as its last slice does.

@@ -122,8 +122,14 @@ def run(kind, arrays, size, limit, threads):
                     rmm_allocator_external_lib_list=["cupy"],
                 )
             )
-            # The host pool pins ahead in the background from the start, as in a worker
-            # that has been up for a while.
+            # As in a worker that has been up for a while and has spilled before: values
+            # over the limit, stored then dropped, start the spilling, and with it the
+            # pinning ahead of demand (nothing is pinned before the first spill), which then
+            # runs in the background.
+            over = int(parse_bytes(limit) // size) + 2
+            warm = client.map(make, range(arrays, arrays + over), n=size, pure=False)
+            wait(warm)
+            del warm
             time.sleep(2)
         # The CUDA context and the kernels up (compiled once, cached on disk for every store).
         client.run(lambda: bool(check(make(1, 1 << 20), 1)))

@@ -18,7 +18,7 @@
 //! registered in chunks of 32 MiB: a registration holds the driver while it runs, and the
 //! copies that spills enqueue meanwhile wait for it, so small chunks keep each wait short
 //! while the pool grows during a spill-heavy phase. A request that finds nothing free pins
-//! just what it needs, in one chunk of at least 256 MiB.
+//! just what it needs, in one chunk of at least 32 MiB.
 //!
 //! Nothing is pinned ahead before a request has needed pinned memory, and
 //! [`PinnedHostPool::release_idle`] makes a pool hold no more than its slices: what is free
@@ -316,20 +316,22 @@ impl PinnedHostPool {
                 }
                 // Double (within the step bounds), but never past the maximum when the
                 // request still fits below it. A pool that pins ahead pins only what this
-                // request needs here, in one chunk of at least 256 MiB (slices never cross
-                // chunks, and large ones take fewer copies): the rest is pinned ahead in the
-                // background.
-                let step = if self.headroom() > 0 {
-                    len.max(MIN_CHUNK)
+                // request needs here (in a chunk of its own, at least as large as those
+                // pinned ahead): the rest is pinned ahead in the background.
+                let (step, chunk) = if self.headroom() > 0 {
+                    (len.max(AHEAD_CHUNK), len.max(AHEAD_CHUNK))
                 } else {
-                    len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP))
-                }
-                .min(self.inner.room());
+                    (
+                        len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP)),
+                        len.max(MIN_CHUNK),
+                    )
+                };
+                let step = step.min(self.inner.room());
                 if step >= len {
                     // Chunks at least as large as the request, so that it fits in one.
                     // Failing to pin more is running out of host memory, whatever the driver
                     // said: callers fall back (to disk) on that.
-                    match self.inner.grow(step, len.max(MIN_CHUNK)) {
+                    match self.inner.grow(step, chunk) {
                         Ok(true) => continue,
                         Ok(false) => {}
                         Err(e) => {
