@@ -263,8 +263,14 @@ impl Config {
             // A fraction is of the memory rmm-rs may use on the device: the hard limit where
             // one is set (80% of it by default, so that spilling starts before allocations
             // fail). Only `None` after an error, which `errors` holds.
-            let threshold = match (self.effective_size(Some(ordinal), SizeKey::SpillThreshold).size, limit) {
-                (Some(size @ Size::Fraction(_)), Some(limit)) => size.resolve(limit.min(facts.total_memory)),
+            let threshold = match (
+                self.effective_size(Some(ordinal), SizeKey::SpillThreshold)
+                    .size,
+                limit,
+            ) {
+                (Some(size @ Size::Fraction(_)), Some(limit)) => {
+                    size.resolve(limit.min(facts.total_memory))
+                }
                 _ => bytes(SizeKey::SpillThreshold).unwrap_or(0),
             };
             let pin_ahead = match self.spill.pin_ahead {

@@ -138,7 +138,10 @@ fn a_spill_limit_above_the_hard_limit_is_an_error_naming_both() {
     let e = resolve_error(
         "[spill]\nenabled = true\ndevice_memory_limit = \"60GiB\"\n[limits]\ndevice_memory_limit = \"50%\"",
     );
-    assert!(e.contains("is above limits.device_memory_limit = 50% = 40GiB"), "{e}");
+    assert!(
+        e.contains("is above limits.device_memory_limit = 50% = 40GiB"),
+        "{e}"
+    );
     // A spill limit given as a fraction is of the hard limit, where one is set: the default
     // 80% starts spilling before allocations fail.
     let r = load("[spill]\nenabled = true\n[limits]\ndevice_memory_limit = \"50GiB\"")
