@@ -13,6 +13,7 @@ mod counters;
 mod log;
 mod reinit_report;
 mod settings;
+mod sim_faults;
 mod simulated;
 mod store;
 
@@ -378,5 +379,6 @@ fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     allocators::register(m)?;
     store::register(m)?;
     simulated::register(m)?;
+    sim_faults::register(m)?;
     Ok(())
 }

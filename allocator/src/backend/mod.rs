@@ -533,6 +533,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = dev;
         Ok(())
     }
+    /// The simulated device this backend is, for fault injection at a chosen moment
+    /// ([`SimBackend::fail_nth_allocation`] and the calls beside it); `None` for every other
+    /// backend.
+    fn as_sim(&self) -> Option<&SimBackend> {
+        None
+    }
 }
 
 /// How the process-wide backend is chosen.
