@@ -158,6 +158,47 @@ def test_the_variables_reach_a_process_that_opens_the_simulated_device():
 
 
 @needs_sim
+def test_the_allocation_pin_and_host_memory_variables_reach_the_process():
+    out = run_python(
+        """
+        import rmm_rs
+        from rmm_rs import _rmm_rs
+
+        def refused(error, text, **settings):
+            try:
+                rmm_rs.initialize(settings)
+            except error as e:
+                assert text in str(e), e
+            else:
+                raise SystemExit(f"{settings} started")
+
+        # More pinned memory than the simulated host's 64 MiB: refused before pinning.
+        refused(rmm_rs.RmmError, "larger than the 64MiB of host memory this process may use",
+                spill={"enabled": True, "host_pool_size": "128MiB"})
+        # The first pin fails.
+        refused(rmm_rs.OutOfMemoryError, "injected failure of this pin",
+                spill={"enabled": True, "host_pool_size": "8MiB"})
+        rmm_rs.initialize({"spill": {"enabled": True, "host_pool_size": "8MiB"}})
+        assert _rmm_rs._sim_counts()["allocations"] == 0
+        # The second device allocation fails.
+        first = rmm_rs.DeviceBuffer(64)
+        try:
+            rmm_rs.DeviceBuffer(64)
+        except rmm_rs.OutOfMemoryError:
+            pass
+        else:
+            raise SystemExit("the second allocation went through")
+        third = rmm_rs.DeviceBuffer(64)
+        print("ok")
+        """,
+        RMM_SIM_HOST_MEMORY="64MiB",
+        RMM_SIM_FAIL_PIN="1",
+        RMM_SIM_FAIL_ALLOCATION="2",
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.stdout, out.stderr)
+
+
+@needs_sim
 @pytest.mark.parametrize(
     "name, value, expected",
     [
