@@ -172,7 +172,8 @@ pub enum Error {
     /// A failure injected on purpose by the simulated device's fault injection.
     #[error(
         "simulated fault: {what} on device {device}, injected on purpose by the simulated \
-         device's fault injection (SimBackend::fail_nth_*); SimBackend::clear_faults stops it"
+         device's fault injection (SimBackend::fail_nth_*, or the RMM_SIM_FAIL_* variables); \
+         SimBackend::clear_faults stops it, or unset the variables"
     )]
     InjectedFault {
         /// What failed.

@@ -1,7 +1,7 @@
 """Type stubs of ``rmm_rs._rmm_rs``, the Rust extension (python/src/*.rs)."""
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 # A configuration: a path to an rmm.toml, a dict of settings, or None for the defaults.
 _Config = Union[str, "os.PathLike[str]", Mapping[str, Any], None]
@@ -175,3 +175,10 @@ def statistics_push(device: Optional[int] = None) -> Optional[_Counts]: ...
 def statistics_pop(device: Optional[int] = None) -> Optional[_Counts]: ...
 def statistics_depth(device: Optional[int] = None) -> Optional[int]: ...
 def current_resource(device: Optional[int] = None) -> Tuple[int, str]: ...
+
+# Fault injection on the simulated device (python/src/sim_faults.rs), for tests: private.
+# Both raise RmmError unless the process runs on the simulated device (RMM_BACKEND=sim).
+_FaultKind = Literal["allocation", "allocations_above", "copy", "pin", "file_write", "host_memory"]
+
+def _sim_inject(kind: _FaultKind, n: int, device: int = 0) -> None: ...
+def _sim_counts(device: int = 0) -> Dict[str, int]: ...

@@ -13,6 +13,7 @@ mod counters;
 mod log;
 mod reinit_report;
 mod settings;
+mod sim_faults;
 mod simulated;
 mod store;
 
@@ -121,10 +122,13 @@ fn out_of_memory_error(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
 }
 
 /// True when `e` is an rmm-rs error saying an allocation found no memory
-/// ([`rmm_allocator::Error::is_out_of_memory`]), directly or inside a runtime error.
+/// ([`rmm_allocator::Error::is_out_of_memory`]) or a driver call did
+/// ([`rmm_allocator::Error::is_driver_out_of_memory`]: pinning host memory, say), directly or
+/// inside a runtime error.
 fn is_out_of_memory(e: &dyn Any) -> bool {
+    let no_memory = |a: &rmm_allocator::Error| a.is_out_of_memory() || a.is_driver_out_of_memory();
     if let Some(a) = e.downcast_ref::<rmm_allocator::Error>() {
-        return a.is_out_of_memory();
+        return no_memory(a);
     }
     match e.downcast_ref::<rmm_runtime::Error>() {
         Some(
@@ -132,7 +136,7 @@ fn is_out_of_memory(e: &dyn Any) -> bool {
             | rmm_runtime::Error::DeviceSetup { source: a, .. }
             | rmm_runtime::Error::SpillTiers { source: a, .. }
             | rmm_runtime::Error::SpillBeforeSwitch { source: a, .. },
-        ) => a.is_out_of_memory(),
+        ) => no_memory(a),
         _ => false,
     }
 }
@@ -378,5 +382,6 @@ fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     allocators::register(m)?;
     store::register(m)?;
     simulated::register(m)?;
+    sim_faults::register(m)?;
     Ok(())
 }

@@ -22,7 +22,7 @@ use std::fmt;
 use std::sync::OnceLock;
 
 pub use cuda::CudaBackend;
-pub use sim::{SimBackend, SimConfig, SimCounts, SimMemoryMode, StreamGate};
+pub use sim::{SimBackend, SimConfig, SimCounts, SimFaults, SimMemoryMode, StreamGate};
 
 use crate::error::{Error, Result};
 use host_memory::HostMemory;
@@ -533,6 +533,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = dev;
         Ok(())
     }
+    /// The simulated device this backend is, for fault injection at a chosen moment
+    /// ([`SimBackend::fail_nth_allocation`] and the calls beside it); `None` for every other
+    /// backend.
+    fn as_sim(&self) -> Option<&SimBackend> {
+        None
+    }
 }
 
 /// How the process-wide backend is chosen.
@@ -540,7 +546,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 pub enum BackendChoice {
     /// The CUDA driver; fails if there is none.
     Cuda,
-    /// The simulated device, configured from the environment ([`SimConfig::from_env`]).
+    /// The simulated device, configured from the environment ([`SimConfig::from_env`]), with
+    /// the faults the environment asks for ([`SimFaults::from_env`]).
     Sim,
     /// Nothing asked for: the GPU, or an error naming what is missing and how to ask for the
     /// simulated device. A library never serves host memory as device memory unless asked.
@@ -591,16 +598,26 @@ impl BackendChoice {
 /// # Errors
 /// [`Error::NoDriver`] (or [`Error::Driver`]) when the driver cannot be loaded;
 /// [`Error::NoDevice`] when `Auto` finds a driver but no device; [`Error::InvalidArgument`]
-/// when the simulated device's `RMM_SIM_*` settings are invalid.
+/// when the simulated device's `RMM_SIM_*` settings are invalid (its fault injection
+/// included: [`SimFaults::from_env`]).
 pub fn open(choice: BackendChoice) -> Result<&'static dyn Backend> {
     match choice {
         BackendChoice::Cuda => Ok(CudaBackend::load()?),
         BackendChoice::Sim => {
-            let sim = SimBackend::leak(SimConfig::from_env()?)?;
+            let config = SimConfig::from_env()?;
+            let faults = SimFaults::from_env(config.devices)?;
+            let sim = SimBackend::leak(config)?;
+            faults.apply(sim)?;
             tracing::info!(
                 "the simulated device, as asked: {} (host memory standing in for device memory)",
                 sim.describe()
             );
+            if !faults.is_empty() {
+                tracing::warn!(
+                    "the simulated device injects faults, as RMM_SIM_FAIL_* or \
+                     RMM_SIM_HOST_MEMORY ask: {faults:?}"
+                );
+            }
             Ok(sim)
         }
         BackendChoice::Auto => {

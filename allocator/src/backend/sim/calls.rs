@@ -590,4 +590,8 @@ impl Backend for SimBackend {
     fn before_file_write(&self, dev: u32) -> Result<()> {
         self.count_file_write(dev)
     }
+
+    fn as_sim(&self) -> Option<&SimBackend> {
+        Some(self)
+    }
 }

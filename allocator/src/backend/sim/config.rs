@@ -79,7 +79,7 @@ impl SimConfig {
 }
 
 /// Parses `123`, `80GiB`, `512 MB`, `1.5GB` into bytes.
-fn parse_capacity(text: &str) -> Option<usize> {
+pub(super) fn parse_capacity(text: &str) -> Option<usize> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))

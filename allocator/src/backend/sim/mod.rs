@@ -9,12 +9,14 @@
 //! injection fails the N-th device allocation, allocations above a size, the N-th copy, the
 //! N-th pin of host memory (`cuMemHostAlloc`, `cuMemHostRegister`) or the N-th write to a
 //! spill file; each counter is there to read, so that a test can count a step's operations
-//! and then fail each in turn.
+//! and then fail each in turn. A process that cannot reach the backend asks for the same
+//! faults with the `RMM_SIM_FAIL_*` variables ([`SimFaults`]).
 //! Stream-ordered pools (`cuMemAllocAsync`) are modelled without the driver's caching: memory
 //! is taken at allocation and given back when the stream reaches the free.
 
 mod calls;
 mod config;
+mod env;
 mod memory;
 mod stream;
 mod vmm;
@@ -28,6 +30,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 
 pub use self::config::{SimConfig, SimMemoryMode};
+pub use self::env::SimFaults;
 use self::memory::{AllocKind, Allocation, AllocationTable, Backing, DEVICE_ALIGNMENT};
 pub use self::stream::StreamGate;
 use self::stream::{SimEvent, SimStream};
@@ -210,8 +213,10 @@ impl SimBackend {
     pub fn fail_nth_allocation(&self, dev: u32, n: u64) -> Result<()> {
         let f = &self.device(dev)?.faults;
         let base = f.allocs.load(Ordering::SeqCst);
-        f.fail_alloc_at
-            .store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
+        f.fail_alloc_at.store(
+            if n == 0 { 0 } else { base.saturating_add(n) },
+            Ordering::SeqCst,
+        );
         Ok(())
     }
 
@@ -234,8 +239,10 @@ impl SimBackend {
     pub fn fail_nth_copy(&self, dev: u32, n: u64) -> Result<()> {
         let f = &self.device(dev)?.faults;
         let base = f.copies.load(Ordering::SeqCst);
-        f.fail_copy_at
-            .store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
+        f.fail_copy_at.store(
+            if n == 0 { 0 } else { base.saturating_add(n) },
+            Ordering::SeqCst,
+        );
         Ok(())
     }
 
@@ -244,8 +251,10 @@ impl SimBackend {
     pub fn fail_nth_pin(&self, n: u64) {
         let f = &self.pin_faults;
         let base = f.pins.load(Ordering::SeqCst);
-        f.fail_at
-            .store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
+        f.fail_at.store(
+            if n == 0 { 0 } else { base.saturating_add(n) },
+            Ordering::SeqCst,
+        );
     }
 
     /// Makes the `n`-th write to a spill file of `dev` from now on fail (`n` = 0 clears it).
@@ -255,8 +264,10 @@ impl SimBackend {
     pub fn fail_nth_file_write(&self, dev: u32, n: u64) -> Result<()> {
         let f = &self.device(dev)?.faults;
         let base = f.file_writes.load(Ordering::SeqCst);
-        f.fail_file_write_at
-            .store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
+        f.fail_file_write_at.store(
+            if n == 0 { 0 } else { base.saturating_add(n) },
+            Ordering::SeqCst,
+        );
         Ok(())
     }
 

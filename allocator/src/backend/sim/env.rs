@@ -1,0 +1,223 @@
+//! The simulated device's fault injection from the environment: the `RMM_SIM_FAIL_*`
+//! variables and `RMM_SIM_HOST_MEMORY`, applied when the simulated backend is opened from the
+//! environment ([`open`](crate::backend::open)), so that a process that cannot reach
+//! [`SimBackend`] (a Python program, a Dask worker) can be fault-tested.
+//!
+//! | Variable | Value | Effect |
+//! |---|---|---|
+//! | `RMM_SIM_FAIL_ALLOCATION` | `N`, `D:N`, comma-separated | device `D`'s (0's) `N`-th device allocation fails (out of memory) |
+//! | `RMM_SIM_FAIL_ALLOCATIONS_ABOVE` | `SIZE`, `D:SIZE`, comma-separated | device allocations larger than `SIZE` fail |
+//! | `RMM_SIM_FAIL_COPY` | `N`, `D:N`, comma-separated | the `N`-th copy or memset fails |
+//! | `RMM_SIM_FAIL_PIN` | `N` | the `N`-th pin of host memory fails (any device) |
+//! | `RMM_SIM_FAIL_FILE_WRITE` | `N`, `D:N`, comma-separated | the `N`-th spill-file write fails |
+//! | `RMM_SIM_HOST_MEMORY` | `SIZE` | the host looks as if the process may use only `SIZE` |
+//!
+//! `N` counts from the backend's start (1: the first); `0` injects nothing. A size is bytes
+//! or has a unit (`64MiB`, `1.5GB`). `3` and `0:3` are the same; `0:3,1:5` fails device 0's
+//! third and device 1's fifth. Each fault fires once, as [`SimBackend::fail_nth_allocation`]
+//! and the calls beside it do. Any other `RMM_SIM_FAIL_*` name is an error (a misspelt
+//! fault would otherwise inject nothing, silently).
+
+use std::ffi::OsString;
+
+use super::SimBackend;
+use super::config::parse_capacity;
+use crate::error::{Error, Result};
+
+const ALLOCATION: &str = "RMM_SIM_FAIL_ALLOCATION";
+const ALLOCATIONS_ABOVE: &str = "RMM_SIM_FAIL_ALLOCATIONS_ABOVE";
+const COPY: &str = "RMM_SIM_FAIL_COPY";
+const PIN: &str = "RMM_SIM_FAIL_PIN";
+const FILE_WRITE: &str = "RMM_SIM_FAIL_FILE_WRITE";
+const HOST_MEMORY: &str = "RMM_SIM_HOST_MEMORY";
+/// The prefix of the fault variables.
+const FAIL_PREFIX: &str = "RMM_SIM_FAIL_";
+const FAIL_NAMES: [&str; 5] = [ALLOCATION, ALLOCATIONS_ABOVE, COPY, PIN, FILE_WRITE];
+
+const COUNT_FORM: &str = "a count N for device 0 (the N-th operation fails; 0: none) or \
+                          DEVICE:N, comma-separated for several devices, e.g. 3 or 0:3,1:5";
+const SIZE_FORM: &str = "a size in bytes or with a unit for device 0, or DEVICE:SIZE, \
+                         comma-separated for several devices, e.g. 64MiB or 0:64MiB,1:1GiB";
+const PIN_FORM: &str = "a count N (the N-th pin of host memory fails, on any device: no \
+                        DEVICE: part; 0: none), e.g. 3";
+const HOST_FORM: &str = "a positive size in bytes or with a unit, e.g. 8GiB or 512MB";
+
+/// Faults to inject into a simulated backend, and the host memory it reports, as the
+/// `RMM_SIM_FAIL_*` variables and `RMM_SIM_HOST_MEMORY` ask (see the module documentation
+/// for their syntax). Made by [`SimFaults::from_vars`] or [`SimFaults::from_env`]; put in
+/// force by [`SimFaults::apply`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SimFaults {
+    /// `RMM_SIM_FAIL_ALLOCATION`: `(device, n)`, the device's `n`-th device allocation fails.
+    pub allocation: Vec<(u32, u64)>,
+    /// `RMM_SIM_FAIL_ALLOCATIONS_ABOVE`: `(device, bytes)`, the device's allocations larger
+    /// than `bytes` fail.
+    pub allocations_above: Vec<(u32, usize)>,
+    /// `RMM_SIM_FAIL_COPY`: `(device, n)`, the device's `n`-th copy or memset fails.
+    pub copy: Vec<(u32, u64)>,
+    /// `RMM_SIM_FAIL_PIN`: the `n`-th pin of host memory fails (pins belong to no device).
+    pub pin: Option<u64>,
+    /// `RMM_SIM_FAIL_FILE_WRITE`: `(device, n)`, the `n`-th write to one of the device's
+    /// spill files fails.
+    pub file_write: Vec<(u32, u64)>,
+    /// `RMM_SIM_HOST_MEMORY`: the host memory the process may use, in bytes.
+    pub host_memory: Option<u64>,
+}
+
+impl SimFaults {
+    /// The faults `vars` ask for on a simulated backend of `devices` devices. `vars` are
+    /// `(name, value)` pairs, as the process environment holds them; names other than
+    /// `RMM_SIM_FAIL_*` and `RMM_SIM_HOST_MEMORY` are ignored.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the variable, its value
+    /// and the form expected: a value that does not parse, a device that is not one of the
+    /// `devices`, a device named twice in one variable, or an `RMM_SIM_FAIL_*` variable that
+    /// names no fault.
+    pub fn from_vars<I, K, V>(vars: I, devices: u32) -> Result<SimFaults>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut faults = SimFaults::default();
+        for (name, value) in vars {
+            let (name, value) = (name.as_ref(), value.as_ref());
+            match name {
+                ALLOCATION => faults.allocation = per_device(ALLOCATION, value, devices, count)?,
+                ALLOCATIONS_ABOVE => {
+                    faults.allocations_above =
+                        per_device(ALLOCATIONS_ABOVE, value, devices, parse_capacity)?;
+                }
+                COPY => faults.copy = per_device(COPY, value, devices, count)?,
+                FILE_WRITE => faults.file_write = per_device(FILE_WRITE, value, devices, count)?,
+                PIN => {
+                    faults.pin = Some(
+                        count(value)
+                            .ok_or_else(|| Error::invalid_argument(PIN, value, PIN_FORM))?,
+                    );
+                }
+                HOST_MEMORY => {
+                    faults.host_memory = Some(
+                        parse_capacity(value)
+                            .ok_or_else(|| Error::invalid_argument(HOST_MEMORY, value, HOST_FORM))?
+                            as u64,
+                    );
+                }
+                _ if name.starts_with(FAIL_PREFIX) => {
+                    return Err(Error::invalid_argument(
+                        "RMM_SIM_FAIL_*",
+                        format!("{name}={value}"),
+                        format!(
+                            "one of {}: this name injects no fault; check its spelling",
+                            FAIL_NAMES.join(", ")
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(faults)
+    }
+
+    /// The faults the process environment asks for on a simulated backend of `devices`
+    /// devices ([`SimFaults::from_vars`] over the `RMM_SIM_*` variables; a value that is not
+    /// valid UTF-8 is read with its bad bytes replaced, and refused as any bad value is).
+    ///
+    /// # Errors
+    /// As [`SimFaults::from_vars`].
+    pub fn from_env(devices: u32) -> Result<SimFaults> {
+        let vars = std::env::vars_os().filter_map(|(name, value): (OsString, OsString)| {
+            let name = name.into_string().ok()?;
+            name.starts_with("RMM_SIM_")
+                .then(|| (name, value.to_string_lossy().into_owned()))
+        });
+        SimFaults::from_vars(vars, devices)
+    }
+
+    /// True when nothing is asked for.
+    pub fn is_empty(&self) -> bool {
+        *self == SimFaults::default()
+    }
+
+    /// Puts the faults in force on `sim`: each `n`-th counts from `sim`'s operations so far
+    /// ([`SimBackend::fail_nth_allocation`] and the calls beside it), an `n` of 0 clears that
+    /// fault, and the host memory limit replaces any set before
+    /// ([`SimBackend::limit_host_memory`]).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when a fault names a device `sim`
+    /// does not have (not for faults made by [`SimFaults::from_vars`] with `sim`'s device
+    /// count).
+    pub fn apply(&self, sim: &SimBackend) -> Result<()> {
+        for &(dev, n) in &self.allocation {
+            sim.fail_nth_allocation(dev, n)?;
+        }
+        for &(dev, bytes) in &self.allocations_above {
+            sim.fail_allocations_above(dev, bytes)?;
+        }
+        for &(dev, n) in &self.copy {
+            sim.fail_nth_copy(dev, n)?;
+        }
+        for &(dev, n) in &self.file_write {
+            sim.fail_nth_file_write(dev, n)?;
+        }
+        if let Some(n) = self.pin {
+            sim.fail_nth_pin(n);
+        }
+        if let Some(bytes) = self.host_memory {
+            sim.limit_host_memory(Some(bytes));
+        }
+        Ok(())
+    }
+}
+
+/// A count: digits, surrounding white space ignored.
+fn count(text: &str) -> Option<u64> {
+    let t = text.trim();
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    t.parse().ok()
+}
+
+/// Parses `variable`'s `value`: comma-separated entries `X` (device 0) or `D:X`, each `X` read
+/// by `parse`, each device below `devices` and named once.
+fn per_device<T>(
+    variable: &'static str,
+    value: &str,
+    devices: u32,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Vec<(u32, T)>> {
+    let form = if variable == ALLOCATIONS_ABOVE {
+        SIZE_FORM
+    } else {
+        COUNT_FORM
+    };
+    let bad = |why: String| Error::invalid_argument(variable, value, format!("{form}{why}"));
+    let mut out: Vec<(u32, T)> = Vec::new();
+    for entry in value.split(',') {
+        let (dev, x) = match entry.split_once(':') {
+            Some((d, x)) => {
+                let dev = count(d)
+                    .and_then(|d| u32::try_from(d).ok())
+                    .ok_or_else(|| bad(format!(" ({:?} is not a device number)", d.trim())))?;
+                (dev, x)
+            }
+            None => (0, entry),
+        };
+        if dev >= devices {
+            return Err(bad(format!(
+                " (device {dev} is not one of the {devices} simulated devices, 0 to {}: \
+                 RMM_SIM_DEVICES sets how many there are)",
+                devices.saturating_sub(1)
+            )));
+        }
+        let x = parse(x).ok_or_else(|| bad(format!(" ({:?} does not parse)", x.trim())))?;
+        if out.iter().any(|(d, _)| *d == dev) {
+            return Err(bad(format!(" (device {dev} is named twice)")));
+        }
+        out.push((dev, x));
+    }
+    Ok(out)
+}
