@@ -17,10 +17,16 @@ use rmm_allocator::{Device, Error};
 /// tests/data/rmm_log_sample.csv, embedded so the test binary can run from anywhere.
 const SAMPLE_TEXT: &str = include_str!("data/rmm_log_sample.csv");
 
-/// The sample written to a file of its own, to read it the way a user would.
-fn sample_path() -> String {
-    let dir = std::env::temp_dir().join(format!("rmm-adaptor-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A directory of the test's own, removed when the returned guard goes.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("rmm-adaptor-replay-")
+        .tempdir()
+        .unwrap()
+}
+
+/// The sample written to a file of its own in `dir`, to read it the way a user would.
+fn sample_path(dir: &std::path::Path) -> String {
     let path = dir.join("rmm_log_sample.csv");
     std::fs::write(&path, SAMPLE_TEXT).unwrap();
     path.to_str().unwrap().to_string()
@@ -35,7 +41,8 @@ fn pool_on(d: Device, initial: usize) -> PoolMemoryResource {
 
 #[test]
 fn parses_a_hand_written_rmm_log() {
-    let path = sample_path();
+    let scratch = scratch();
+    let path = sample_path(scratch.path());
     let log = EventLog::read(&path).unwrap();
     assert_eq!(log.source, path);
     assert_eq!(log.events.len(), 9);
@@ -256,10 +263,13 @@ fn an_inconsistent_hand_built_log_is_refused_not_replayed() {
 /// frees (one free in three is another thread's allocation), on two streams and the default
 /// one; with a zero-byte allocation, a free of a pointer never allocated and a logged
 /// failure. Written to a file line by line.
-fn write_mixed_log(name: &str, threads: u64, allocations: u64) -> std::path::PathBuf {
+fn write_mixed_log(
+    dir: &std::path::Path,
+    name: &str,
+    threads: u64,
+    allocations: u64,
+) -> std::path::PathBuf {
     use std::io::Write as _;
-    let dir = std::env::temp_dir().join(format!("rmm-adaptor-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
     writeln!(f, "Thread,Time,Action,Pointer,Size,Stream").unwrap();
@@ -308,7 +318,8 @@ fn write_mixed_log(name: &str, threads: u64, allocations: u64) -> std::path::Pat
 #[test]
 fn a_streamed_replay_matches_the_in_memory_one() {
     use rmm_allocator::adaptor::{LogReader, replay_streamed};
-    let path = write_mixed_log("mixed.csv", 4, 3000);
+    let scratch = scratch();
+    let path = write_mixed_log(scratch.path(), "mixed.csv", 4, 3000);
     let log = EventLog::read(&path).unwrap();
     // Unfreed: the ten left live, and the zero-byte allocation (never replayed).
     assert_eq!(
@@ -365,8 +376,8 @@ fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
     })
     .unwrap();
     let d = Device::on(b, 0).unwrap();
-    let dir = std::env::temp_dir().join(format!("rmm-adaptor-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = scratch();
+    let dir = scratch.path();
     let path = dir.join("climb50.csv");
     std::fs::write(&path, climbing_log(50)).unwrap();
     for order in [ReplayOrder::Logged, ReplayOrder::Concurrent] {
@@ -445,7 +456,8 @@ fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
     let d = Device::on(b, 0).unwrap();
     // 600 000 lines (about 30 MB of text); at most 17 allocations live at once. The replay's
     // own memory (queues, thread stacks and their malloc arenas) does not depend on that.
-    let path = write_mixed_log("long.csv", 8, 300_000);
+    let scratch = scratch();
+    let path = write_mixed_log(scratch.path(), "long.csv", 8, 300_000);
     let before = peak_rss_kib();
     let pool = pool_on(d, 64 * MIB);
     let r = replay_streamed(
@@ -479,8 +491,8 @@ fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
 #[test]
 fn an_impossible_time_is_an_error_naming_the_line_and_the_value() {
     const H: &str = "Thread,Time,Action,Pointer,Size,Stream\n";
-    let dir = std::env::temp_dir().join(format!("rmm-adaptor-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = scratch();
+    let dir = scratch.path();
     for time in [
         "99:99:99",
         "24:00:00.000000",

@@ -103,15 +103,17 @@ fn exercise(text: &str) {
     );
 }
 
-/// A directory of this process for the scanned copies.
+thread_local! {
+    /// The test's own directory for the scanned copies, removed when its thread ends.
+    static SCRATCH: tempfile::TempDir = tempfile::Builder::new()
+        .prefix("rmm-fuzz-log-")
+        .tempdir()
+        .expect("a temporary directory");
+}
+
+/// A directory of this test for the scanned copies.
 fn tempfile() -> std::path::PathBuf {
-    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("rmm-fuzz-log-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        dir
-    })
-    .clone()
+    SCRATCH.with(|d| d.path().to_path_buf())
 }
 
 /// One field: plausible values, edge cases and junk.

@@ -5,11 +5,18 @@ mod common;
 
 use std::process::Command;
 
+thread_local! {
+    /// The test's own empty directory, removed when its thread (the test) ends.
+    static SCRATCH: tempfile::TempDir = tempfile::Builder::new()
+        .prefix("rmm-cli-info-")
+        .tempdir()
+        .unwrap();
+}
+
 fn rmm() -> Command {
     let mut c = common::rmm_command();
     // Run from an empty directory so no ./rmm.toml is picked up unless a test names one.
-    let dir = std::env::temp_dir().join(format!("rmm-cli-info-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = SCRATCH.with(|d| d.path().to_path_buf());
     c.current_dir(dir).env_remove("RMM_CONFIG");
     for (k, _) in std::env::vars() {
         if k.starts_with("RMM_POOL") || k.starts_with("RMM_SPILL") {
@@ -127,9 +134,8 @@ fn info_prints_devices_and_every_value_with_its_source() {
 
 #[test]
 fn a_bad_configuration_exits_non_zero_with_one_error() {
-    let dir = std::env::temp_dir().join(format!("rmm-cli-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("rmm.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rmm.toml");
     std::fs::write(&file, "[pool]\nintial_size = \"2GiB\"\n").unwrap();
     let out = rmm().arg("info").env("RMM_CONFIG", &file).output().unwrap();
     assert!(!out.status.success());

@@ -10,10 +10,16 @@ use std::process::Output;
 
 const GIB: u64 = 1 << 30;
 
+thread_local! {
+    /// The test's own directory, removed when its thread (the test) ends.
+    static SCRATCH: tempfile::TempDir = tempfile::Builder::new()
+        .prefix("rmm-cli-replay-")
+        .tempdir()
+        .unwrap();
+}
+
 fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("rmm-cli-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    SCRATCH.with(|d| d.path().to_path_buf())
 }
 
 /// A log of two threads whose live bytes climb to `peak_gib` GiB (1 GiB blocks, one thread

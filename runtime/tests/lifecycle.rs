@@ -111,7 +111,8 @@ fn one_runtime_per_device() {
 #[test]
 fn the_stack_is_built_as_configured() {
     let _s = serial();
-    let dir = std::env::temp_dir().join(format!("rmm-runtime-logs-{}", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let rt = Runtime::start(&config(&[
         ("devices", devices(2).into()),
         ("pool.enabled", true.into()),
