@@ -63,7 +63,7 @@ pub enum Error {
         requested: usize,
         /// What was to pin them.
         resource: &'static str,
-        /// The host's memory as read then ([`HostMemory`](crate::backend::host_memory::HostMemory)'s
+        /// The host's memory as read then (`backend::host_memory::HostMemory`'s
         /// description).
         host: String,
     },

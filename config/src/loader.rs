@@ -269,10 +269,10 @@ impl ConfigLoader {
             }
         }
         Error::from_list(layers.errors)?;
-        let last = crate::unused::last_layers(&layers.entries);
+        let last = last_layers(&layers.entries);
         let config = merge(layers.entries)?;
         config.validate()?;
-        crate::unused::check(&config, &last)?;
+        config.check_unused_sizes(&last)?;
         Ok(config)
     }
 
@@ -324,6 +324,22 @@ impl ConfigLoader {
             Err(source) => Err(Error::ReadFile { path, source }),
         }
     }
+}
+
+/// When a key was last set: its layer and, within the code layer, the order of overrides (a
+/// file, or the environment, is one statement: its entries rank alike).
+pub(crate) type SetAt = (Layer, usize);
+
+/// When each key was last set.
+pub(crate) fn last_layers(entries: &[Entry]) -> BTreeMap<String, SetAt> {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let order = if e.layer == Layer::Code { i } else { 0 };
+            (e.key.clone(), (e.layer, order))
+        })
+        .collect()
 }
 
 /// A checked value and where it came from.

@@ -405,6 +405,40 @@ impl Config {
     }
 }
 
+impl Size {
+    /// The bytes this size stands for on device `device`, of `total_memory` bytes, checked as
+    /// every device size of a configuration is: the one rule for rmm.toml, the environment
+    /// and sizes given in code (a Dask device store's limit, say). A size larger than the
+    /// device's memory is refused when `within_device` (sizes of host memory, or a pool's
+    /// growth step, are not bound by it); a size that rounds down to zero is refused always.
+    /// `setting` names the size in the error (`key = value (source)`).
+    ///
+    /// # Errors
+    /// [`Error::LargerThanDevice`] or [`Error::RoundsToZero`].
+    pub fn resolve_on_device(
+        &self,
+        device: u32,
+        total_memory: u64,
+        within_device: bool,
+        setting: impl FnOnce() -> Setting,
+    ) -> Result<u64, Error> {
+        if within_device && self.unaligned(total_memory) > total_memory {
+            return Err(Error::LargerThanDevice {
+                device,
+                setting: Box::new(setting()),
+                total_memory,
+            });
+        }
+        match self.resolve(total_memory) {
+            0 => Err(Error::RoundsToZero {
+                device,
+                setting: Box::new(setting()),
+            }),
+            n => Ok(n),
+        }
+    }
+}
+
 fn list_present(present: &[DeviceFacts]) -> String {
     if present.is_empty() {
         return "none".into();

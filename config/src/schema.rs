@@ -1,7 +1,7 @@
 //! Every key, its value kind, and the key and value checks that give the error messages.
 
 use crate::size::{ParseSizeError, Size};
-use crate::types::{Backend, Devices, LogLevel, parse_opt_size};
+use crate::types::{Backend, Devices, LogLevel, parse_opt_size, parse_ordinal};
 
 /// The prefix of every environment variable the loader reads.
 pub const ENV_PREFIX: &str = "RMM_";
@@ -131,14 +131,6 @@ pub(crate) fn env_is_not_a_key(name: &str) -> bool {
 /// Whether an `RMM_*` variable is one of RAPIDS RMM's, [`ENV_RAPIDS_IGNORED`].
 pub(crate) fn env_is_rapids(name: &str) -> bool {
     ENV_RAPIDS_IGNORED.contains(&name)
-}
-
-/// An ordinal written as decimal digits only (so `+1` or `1.0` are not ordinals).
-pub(crate) fn parse_ordinal(text: &str) -> Option<u32> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
 }
 
 /// What a dotted path names.

@@ -5,8 +5,6 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::error::{Error, Setting};
-
 /// Every resolved size is a multiple of this many bytes (RMM's allocation alignment).
 pub const ALIGNMENT: u64 = 256;
 
@@ -101,38 +99,6 @@ impl Size {
     /// bytes; [`crate::Config::resolve`] reports that as an error.
     pub fn resolve(&self, total_memory: u64) -> u64 {
         align_down(self.unaligned(total_memory))
-    }
-
-    /// The bytes this size stands for on device `device`, of `total_memory` bytes, checked as
-    /// every device size of a configuration is: the one rule for rmm.toml, the environment
-    /// and sizes given in code (a Dask device store's limit, say). A size larger than the
-    /// device's memory is refused when `within_device` (sizes of host memory, or a pool's
-    /// growth step, are not bound by it); a size that rounds down to zero is refused always.
-    /// `setting` names the size in the error (`key = value (source)`).
-    ///
-    /// # Errors
-    /// [`Error::LargerThanDevice`] or [`Error::RoundsToZero`].
-    pub fn resolve_on_device(
-        &self,
-        device: u32,
-        total_memory: u64,
-        within_device: bool,
-        setting: impl FnOnce() -> Setting,
-    ) -> Result<u64, Error> {
-        if within_device && self.unaligned(total_memory) > total_memory {
-            return Err(Error::LargerThanDevice {
-                device,
-                setting: Box::new(setting()),
-                total_memory,
-            });
-        }
-        match self.resolve(total_memory) {
-            0 => Err(Error::RoundsToZero {
-                device,
-                setting: Box::new(setting()),
-            }),
-            n => Ok(n),
-        }
     }
 
     /// The size before rounding to the alignment (what the user asked for).
@@ -332,6 +298,7 @@ impl<'de> Deserialize<'de> for Size {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::{Error, Setting};
 
     #[test]
     fn parses_every_form() {

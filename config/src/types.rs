@@ -644,6 +644,14 @@ impl PartialEq for Provenance {
 }
 
 /// `keyword` (case-insensitive) → `None`, anything else → a size.
+/// An ordinal written as decimal digits only (so `+1` or `1.0` are not ordinals).
+pub(crate) fn parse_ordinal(text: &str) -> Option<u32> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
 pub(crate) fn parse_opt_size(
     value: &toml::Value,
     keyword: &str,
@@ -754,7 +762,7 @@ mod ordinal_map {
     ) -> Result<BTreeMap<u32, DeviceOverride>, D::Error> {
         BTreeMap::<String, DeviceOverride>::deserialize(d)?
             .into_iter()
-            .map(|(key, o)| match crate::schema::parse_ordinal(&key) {
+            .map(|(key, o)| match parse_ordinal(&key) {
                 Some(n) => Ok((n, o)),
                 None => Err(serde::de::Error::custom(format!(
                     "[device.{key}]: device tables are keyed by ordinal, e.g. [device.1]"

@@ -7,25 +7,9 @@ use std::collections::BTreeMap;
 
 use crate::config::SizeKey;
 use crate::error::{Error, Result, Setting};
-use crate::loader::{Entry, Layer};
+use crate::loader::{Layer, SetAt};
 use crate::size::Size;
 use crate::types::{Config, PinAhead};
-
-/// When a key was last set: its layer and, within the code layer, the order of overrides (a
-/// file, or the environment, is one statement: its entries rank alike).
-pub(crate) type SetAt = (Layer, usize);
-
-/// When each key was last set.
-pub(crate) fn last_layers(entries: &[Entry]) -> BTreeMap<String, SetAt> {
-    entries
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            let order = if e.layer == Layer::Code { i } else { 0 };
-            (e.key.clone(), (e.layer, order))
-        })
-        .collect()
-}
 
 /// A size and the switches that put it to use (any one on).
 struct Feature {
@@ -77,62 +61,66 @@ fn on(config: &Config, switch: &str) -> bool {
     }
 }
 
-/// Fails when a size is set (to other than its default) for a feature that is off, and that
-/// feature was not turned off by a later layer than the size.
-///
-/// # Errors
-/// [`Error::UnusedSize`] for each such size ([`Error::Several`] when there are more).
-pub(crate) fn check(config: &Config, last: &BTreeMap<String, SetAt>) -> Result<()> {
-    let defaults = Config::default();
-    let mut found: Vec<(String, Option<Size>, &'static Feature)> = Vec::new();
-    for key in SizeKey::ALL {
-        let f = feature(key);
-        if f.switches.is_empty() {
-            continue;
-        }
-        // A size at its default (or keyword) sets nothing: rmm.toml lists every key so.
-        let default = defaults.effective_size(None, key).size;
-        let value = config.effective_size(None, key).size;
-        if value.is_some() && value != default {
-            found.push((key.key().to_string(), value, f));
-        }
-        for &ordinal in config.device.keys() {
-            let e = config.effective_size(Some(ordinal), key);
-            if e.key.starts_with("device.") && e.size.is_some() && e.size != default {
-                found.push((e.key, e.size, f));
+impl Config {
+    /// Fails when a size is set (to other than its default) for a feature that is off, and that
+    /// feature was not turned off after the size was set (`last`: when each key was last set,
+    /// as the loader read it).
+    ///
+    /// # Errors
+    /// [`Error::UnusedSize`] for each such size ([`Error::Several`] when there are more).
+    pub(crate) fn check_unused_sizes(&self, last: &BTreeMap<String, SetAt>) -> Result<()> {
+        let config = self;
+        let defaults = Config::default();
+        let mut found: Vec<(String, Option<Size>, &'static Feature)> = Vec::new();
+        for key in SizeKey::ALL {
+            let f = feature(key);
+            if f.switches.is_empty() {
+                continue;
+            }
+            // A size at its default (or keyword) sets nothing: rmm.toml lists every key so.
+            let default = defaults.effective_size(None, key).size;
+            let value = config.effective_size(None, key).size;
+            if value.is_some() && value != default {
+                found.push((key.key().to_string(), value, f));
+            }
+            for &ordinal in config.device.keys() {
+                let e = config.effective_size(Some(ordinal), key);
+                if e.key.starts_with("device.") && e.size.is_some() && e.size != default {
+                    found.push((e.key, e.size, f));
+                }
             }
         }
-    }
-    if let PinAhead::Up(size) = config.spill.pin_ahead {
-        found.push(("spill.pin_ahead".into(), Some(size), &SPILL));
-    }
-    let mut errors = Vec::new();
-    for (key, value, f) in found {
-        if f.switches.iter().any(|s| on(config, s)) {
-            continue;
+        if let PinAhead::Up(size) = config.spill.pin_ahead {
+            found.push(("spill.pin_ahead".into(), Some(size), &SPILL));
         }
-        let Some(&size_set) = last.get(&key) else {
-            continue;
-        };
-        // Carried over from a running configuration, or turned off after it was set.
-        let turned_off_later = f
-            .switches
-            .iter()
-            .filter_map(|s| last.get(*s))
-            .any(|&at| at > size_set);
-        if size_set.0 == Layer::Base || turned_off_later {
-            continue;
-        }
-        let shown = value.map_or_else(String::new, |v| v.to_string());
-        errors.push(Error::UnusedSize {
-            setting: Box::new(config.setting(&key, shown)),
-            feature: f.name,
-            switches: f
+        let mut errors = Vec::new();
+        for (key, value, f) in found {
+            if f.switches.iter().any(|s| on(config, s)) {
+                continue;
+            }
+            let Some(&size_set) = last.get(&key) else {
+                continue;
+            };
+            // Carried over from a running configuration, or turned off after it was set.
+            let turned_off_later = f
                 .switches
                 .iter()
-                .map(|s| config.setting(s, "false".into()))
-                .collect::<Vec<Setting>>(),
-        });
+                .filter_map(|s| last.get(*s))
+                .any(|&at| at > size_set);
+            if size_set.0 == Layer::Base || turned_off_later {
+                continue;
+            }
+            let shown = value.map_or_else(String::new, |v| v.to_string());
+            errors.push(Error::UnusedSize {
+                setting: Box::new(config.setting(&key, shown)),
+                feature: f.name,
+                switches: f
+                    .switches
+                    .iter()
+                    .map(|s| config.setting(s, "false".into()))
+                    .collect::<Vec<Setting>>(),
+            });
+        }
+        Error::from_list(errors)
     }
-    Error::from_list(errors)
 }

@@ -1,6 +1,6 @@
 //! The kernel's coarse clocks: the time of the last timer tick (every 1 to 10 ms), cheaper to
 //! read than the precise clocks. This is the system call only; the allocator reads its clocks
-//! through `crate::sync::clock`.
+//! through the `sync` module's clock, which calls these.
 
 /// Nanoseconds since the Unix epoch, from `CLOCK_REALTIME_COARSE` (elsewhere than Linux, the
 /// precise system clock).

@@ -1,5 +1,5 @@
 //! Keeping idle spillable data where it is across a reinitialize from pool to pool (steps
-//! 4 to 7 of [`reinitialize`](super::reinitialize)): instead of copying it to the host and
+//! 4 to 7 of a reinitialize, `reinitialize.rs`): instead of copying it to the host and
 //! back, the new pool takes its blocks over with the chunks that hold them, and each buffer
 //! is repointed to the new stack when that is installed.
 //!

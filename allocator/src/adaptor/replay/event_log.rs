@@ -1,12 +1,11 @@
 //! The log side of replay: RMM's CSV parsed into an [`EventLog`] (each free tied to the
-//! allocation it frees), by the line parser that [`LogReader`] runs on every line.
+//! allocation it frees), by the line parser that a [`LogReader`](super::LogReader) runs on
+//! every line (`reader.rs` reads whole logs into an [`EventLog`]).
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::Path;
 use std::time::Duration;
 
-use super::reader::LogReader;
 use crate::adaptor::logging::LOG_HEADER;
 use crate::error::{Error, Result};
 
@@ -457,46 +456,6 @@ impl LineParser {
 }
 
 impl EventLog {
-    /// Reads and parses the log at `path` (a line at a time: a line longer than a log's
-    /// lines may be is an error, not a read that grows until memory runs out).
-    ///
-    /// # Errors
-    /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be read or a line does not
-    /// parse.
-    pub fn read(path: impl AsRef<Path>) -> Result<EventLog> {
-        Self::read_all(LogReader::open(path)?)
-    }
-
-    /// Parses `text`; `source` names it in errors.
-    ///
-    /// # Errors
-    /// [`Error::EventLog`](crate::Error::EventLog) when `text` is empty, the header is not RMM's,
-    /// or a line does not parse (the error names the line).
-    pub fn parse(text: &str, source: impl Into<String>) -> Result<EventLog> {
-        Self::read_all(LogReader::new(text.as_bytes(), source)?)
-    }
-
-    /// Every event of `log`, in memory.
-    fn read_all(mut log: LogReader<'_>) -> Result<EventLog> {
-        let mut events = Vec::new();
-        let mut freed_allocation = Vec::new();
-        while let Some((event, freed)) = log.next_parsed()? {
-            events.push(event);
-            freed_allocation.push(freed.map(|f| f.event));
-        }
-        let parser = log.parser;
-        Ok(EventLog {
-            source: parser.source,
-            events,
-            freed_allocation,
-            peak_bytes: parser.peak_bytes,
-            unmatched_frees: parser.unmatched_frees,
-            logged_failures: parser.logged_failures,
-            unfreed: parser.live.len(),
-            threads: parser.threads,
-        })
-    }
-
     /// Checks that the public fields agree with each other (as [`EventLog::parse`] makes
     /// them), so that a log assembled or edited by hand cannot make a replay go wrong.
     ///

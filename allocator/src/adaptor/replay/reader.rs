@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use super::event_log::{Freed, LineParser, LogEvent};
+use super::event_log::{EventLog, Freed, LineParser, LogEvent};
 use super::lines::Lines;
 use crate::error::{Error, Result};
 
@@ -124,5 +124,48 @@ impl<'a> LogReader<'a> {
         };
         observe(&line);
         Ok(Some((line.event, freed)))
+    }
+}
+
+/// Whole logs read into memory, through a [`LogReader`].
+impl EventLog {
+    /// Reads and parses the log at `path` (a line at a time: a line longer than a log's
+    /// lines may be is an error, not a read that grows until memory runs out).
+    ///
+    /// # Errors
+    /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be read or a line does not
+    /// parse.
+    pub fn read(path: impl AsRef<Path>) -> Result<EventLog> {
+        Self::read_all(LogReader::open(path)?)
+    }
+
+    /// Parses `text`; `source` names it in errors.
+    ///
+    /// # Errors
+    /// [`Error::EventLog`](crate::Error::EventLog) when `text` is empty, the header is not RMM's,
+    /// or a line does not parse (the error names the line).
+    pub fn parse(text: &str, source: impl Into<String>) -> Result<EventLog> {
+        Self::read_all(LogReader::new(text.as_bytes(), source)?)
+    }
+
+    /// Every event of `log`, in memory.
+    fn read_all(mut log: LogReader<'_>) -> Result<EventLog> {
+        let mut events = Vec::new();
+        let mut freed_allocation = Vec::new();
+        while let Some((event, freed)) = log.next_parsed()? {
+            events.push(event);
+            freed_allocation.push(freed.map(|f| f.event));
+        }
+        let parser = log.parser;
+        Ok(EventLog {
+            source: parser.source().to_string(),
+            events,
+            freed_allocation,
+            peak_bytes: parser.peak_bytes,
+            unmatched_frees: parser.unmatched_frees,
+            logged_failures: parser.logged_failures,
+            unfreed: parser.live_allocations(),
+            threads: parser.threads,
+        })
     }
 }
