@@ -35,21 +35,17 @@ const SPILL: Feature = Feature {
     name: "spilling",
 };
 
-fn feature(key: SizeKey) -> &'static Feature {
+/// The feature a size belongs to; `None` for `limits.device_memory_limit`, which applies
+/// whatever else is on.
+fn feature(key: SizeKey) -> Option<&'static Feature> {
     match key {
-        SizeKey::PoolInitial | SizeKey::PoolMaximum => &POOL,
-        SizeKey::PoolGrowth => &POOL_ENABLED,
-        SizeKey::ReleaseThreshold => &POOL_ASYNC,
-        SizeKey::Limit => &NONE,
-        SizeKey::SpillThreshold | SizeKey::HostPool => &SPILL,
+        SizeKey::PoolInitial | SizeKey::PoolMaximum => Some(&POOL),
+        SizeKey::PoolGrowth => Some(&POOL_ENABLED),
+        SizeKey::ReleaseThreshold => Some(&POOL_ASYNC),
+        SizeKey::Limit => None,
+        SizeKey::SpillThreshold | SizeKey::HostPool => Some(&SPILL),
     }
 }
-
-/// `limits.device_memory_limit` applies whatever else is on.
-const NONE: Feature = Feature {
-    switches: &[],
-    name: "",
-};
 
 /// Whether a switch is on in `config`.
 fn on(config: &Config, switch: &str) -> bool {
@@ -73,10 +69,9 @@ impl Config {
         let defaults = Config::default();
         let mut found: Vec<(String, Option<Size>, &'static Feature)> = Vec::new();
         for key in SizeKey::ALL {
-            let f = feature(key);
-            if f.switches.is_empty() {
+            let Some(f) = feature(key) else {
                 continue;
-            }
+            };
             // A size at its default (or keyword) sets nothing: rmm.toml lists every key so.
             let default = defaults.effective_size(None, key).size;
             let value = config.effective_size(None, key).size;

@@ -217,22 +217,37 @@ fn statistics_disable(device: Option<u32>) -> PyResult<bool> {
     Ok(true)
 }
 
-/// The counters of the innermost scope of `device`'s statistics adaptor (RMM's
-/// `get_statistics`), or None when its current resource is not a statistics adaptor.
-#[pyfunction]
-#[pyo3(signature = (device=None))]
-fn statistics_counters(py: Python<'_>, device: Option<u32>) -> PyResult<Option<Counts>> {
+/// Runs `f` with the interpreter let go on `device`'s open scopes (the calling thread's
+/// device when None), once they follow its current resource (which `f` gets too).
+///
+/// # Errors
+/// As [`resource_of`]: the device's resource cannot be read.
+fn with_scopes<R: Send>(
+    py: Python<'_>,
+    device: Option<u32>,
+    f: impl FnOnce(&mut Vec<OpenScope>, &SharedResource) -> R + Send,
+) -> PyResult<R> {
     let device = device_or_current(device);
     let current = resource_of(device)?;
     Ok(py.detach(|| {
         let mut open = OPEN.lock();
         let scopes = open.entry(device).or_default();
         follow(scopes, &current);
-        let s = as_statistics(&current)?;
+        f(scopes, &current)
+    }))
+}
+
+/// The counters of the innermost scope of `device`'s statistics adaptor (RMM's
+/// `get_statistics`), or None when its current resource is not a statistics adaptor.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+fn statistics_counters(py: Python<'_>, device: Option<u32>) -> PyResult<Option<Counts>> {
+    with_scopes(py, device, |scopes, current| {
+        let s = as_statistics(current)?;
         let now = (s.bytes_counter(), s.allocations_counter());
         // The innermost scope is the last one pushed here, with what it counted before.
         Some(counts(after(scopes.last().and_then(|o| o.before), now)))
-    }))
+    })
 }
 
 /// Starts a scope of zeroed counters on `device`'s statistics adaptor and returns the counters
@@ -241,20 +256,15 @@ fn statistics_counters(py: Python<'_>, device: Option<u32>) -> PyResult<Option<C
 #[pyfunction]
 #[pyo3(signature = (device=None))]
 fn statistics_push(py: Python<'_>, device: Option<u32>) -> PyResult<Option<Counts>> {
-    let device = device_or_current(device);
-    let current = resource_of(device)?;
-    Ok(py.detach(|| {
-        let mut open = OPEN.lock();
-        let scopes = open.entry(device).or_default();
-        follow(scopes, &current);
-        let s = as_statistics(&current)?;
+    with_scopes(py, device, |scopes, current| {
+        let s = as_statistics(current)?;
         let prior = after(scopes.last().and_then(|o| o.before), s.push_counters());
         scopes.push(OpenScope {
-            adaptor: Some(Arc::clone(&current)),
+            adaptor: Some(Arc::clone(current)),
             before: None,
         });
         Some(counts(prior))
-    }))
+    })
 }
 
 /// Ends the innermost scope of `device`'s statistics adaptor and returns its counters (RMM's
@@ -264,33 +274,26 @@ fn statistics_push(py: Python<'_>, device: Option<u32>) -> PyResult<Option<Count
 #[pyfunction]
 #[pyo3(signature = (device=None))]
 fn statistics_pop(py: Python<'_>, device: Option<u32>) -> PyResult<Option<Counts>> {
-    let device = device_or_current(device);
-    let current = resource_of(device)?;
-    let popped = py.detach(|| {
-        let mut open = OPEN.lock();
-        let scopes = open.entry(device).or_default();
-        follow(scopes, &current);
-        match scopes.pop() {
-            Some(mut scope) => {
-                lift(&mut scope);
-                Ok(Some(scope.before.unwrap_or_default()))
-            }
-            None => match as_statistics(&current) {
-                Some(adaptor) => adaptor.pop_counters().map(Some),
-                None => Ok(None),
-            },
+    let popped = with_scopes(py, device, |scopes, current| match scopes.pop() {
+        Some(mut scope) => {
+            lift(&mut scope);
+            Ok(Some(scope.before.unwrap_or_default()))
         }
-    });
-    match popped {
-        Ok(popped) => Ok(popped.map(counts)),
-        Err(_) => Err(PyIndexError::new_err(format!(
-            "pop_statistics(): no pushed counter scope to pop on device {device} ({}); the \
+        None => match as_statistics(current) {
+            Some(adaptor) => adaptor.pop_counters().map(Some),
+            None => Ok(None),
+        }
+        .map_err(|_| chain_names(&**current)),
+    })?;
+    popped.map(|p| p.map(counts)).map_err(|chain| {
+        PyIndexError::new_err(format!(
+            "pop_statistics(): no pushed counter scope to pop on device {} ({chain}); the \
              outermost counters cannot be popped. Call push_statistics() before every \
              pop_statistics() (or use the statistics() context manager or the profiler, \
              which pair them)",
-            chain_names(&*current)
-        ))),
-    }
+            device_or_current(device)
+        ))
+    })
 }
 
 /// The number of counter scopes on `device`'s statistics adaptor (pushed and not popped, plus
@@ -298,13 +301,9 @@ fn statistics_pop(py: Python<'_>, device: Option<u32>) -> PyResult<Option<Counts
 #[pyfunction]
 #[pyo3(signature = (device=None))]
 fn statistics_depth(py: Python<'_>, device: Option<u32>) -> PyResult<Option<usize>> {
-    let device = device_or_current(device);
-    let current = resource_of(device)?;
-    Ok(py.detach(|| {
-        let mut open = OPEN.lock();
-        follow(open.entry(device).or_default(), &current);
-        as_statistics(&current).map(StatisticsResourceAdaptor::scope_depth)
-    }))
+    with_scopes(py, device, |_, current| {
+        as_statistics(current).map(StatisticsResourceAdaptor::scope_depth)
+    })
 }
 
 /// The current resource of `device`: an identity (equal for the same resource, as long as it

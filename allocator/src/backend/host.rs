@@ -118,6 +118,28 @@ pub fn alloc_pageable(bytes: usize, alignment: usize) -> Result<HostBlock> {
     })
 }
 
+/// Refuses to pin `bytes` for `resource` when the process may not take that much more host
+/// memory: pinned pages cannot be paged out, so faulting in more than that gets the process
+/// killed rather than an error.
+///
+/// # Errors
+/// [`Error::HostMemoryLimit`].
+fn check_pinnable(
+    backend: &'static dyn Backend,
+    bytes: usize,
+    resource: &'static str,
+) -> Result<()> {
+    let host = backend.host_memory();
+    if bytes as u64 > host.available() {
+        return Err(Error::HostMemoryLimit {
+            requested: bytes,
+            resource,
+            host: host.to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Pinned allocations from this size up are checked against the memory the process may use.
 const CHECKED_PIN: usize = 16 << 20;
 
@@ -126,17 +148,9 @@ pub fn alloc_pinned(backend: &'static dyn Backend, bytes: usize) -> Result<HostB
     if bytes == 0 {
         return Ok(empty(4096));
     }
-    // As for a region: pinning past what the process may use gets it killed. Reading the
-    // limits costs tens of microseconds, far less than pinning this much takes.
+    // Reading the limits costs tens of microseconds, far less than pinning this much takes.
     if bytes >= CHECKED_PIN {
-        let host = backend.host_memory();
-        if bytes as u64 > host.available() {
-            return Err(Error::HostMemoryLimit {
-                requested: bytes,
-                resource: "PinnedHostMemoryResource",
-                host: host.to_string(),
-            });
-        }
+        check_pinnable(backend, bytes, "PinnedHostMemoryResource")?;
     }
     let p = backend.malloc_host(bytes).map_err(|e| match e {
         Error::Driver { ref name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY" => {
@@ -223,15 +237,7 @@ impl PinnedRegion {
     ) -> Result<PinnedRegion> {
         const HUGE: usize = PinnedRegion::ALIGNMENT;
         let len = bytes.max(1).next_multiple_of(HUGE);
-        // Faulting in more than the process may use gets it killed, not an error: check first.
-        let host = backend.host_memory();
-        if len as u64 > host.available() {
-            return Err(Error::HostMemoryLimit {
-                requested: len,
-                resource: "a pinned host pool",
-                host: host.to_string(),
-            });
-        }
+        check_pinnable(backend, len, "a pinned host pool")?;
         // Straight from the kernel: an anonymous mapping is zero-filled by contract, so one
         // touch per page (below) backs it without writing every byte, and 2 MiB alignment with
         // MADV_HUGEPAGE lets the kernel back it with huge pages (512× fewer faults).

@@ -276,24 +276,13 @@ impl ReplayState<'_> {
     }
 
     /// Waits until it is step `seq`'s turn (logged order): a short spin, then parked until
-    /// the step before it wakes this thread. False when the replay stopped.
+    /// the step before it wakes this thread (an unpark that came before a park makes it
+    /// return at once). False when the replay stopped.
     fn wait_turn(&self, seq: usize) -> bool {
-        let mut spins = 0u32;
-        loop {
-            if self.turn.load(Ordering::Acquire) == seq {
-                return true;
-            }
-            if self.stop.load(Ordering::Relaxed) {
-                return false;
-            }
-            if spins < 100 {
-                std::hint::spin_loop();
-                spins += 1;
-            } else {
-                // An unpark that came before this park makes it return at once.
-                std::thread::park();
-            }
-        }
+        self.spin_then(
+            || self.turn.load(Ordering::Acquire) == seq,
+            std::thread::park,
+        )
     }
 
     /// Gives the turn to step `seq` and wakes its replay thread.
@@ -307,6 +296,12 @@ impl ReplayState<'_> {
     }
 
     fn wait(&self, ready: impl Fn() -> bool) -> bool {
+        self.spin_then(ready, std::thread::yield_now)
+    }
+
+    /// Waits until `ready`: a short spin, then `idle` between looks. False when the replay
+    /// stopped.
+    fn spin_then(&self, ready: impl Fn() -> bool, idle: fn()) -> bool {
         let mut spins = 0u32;
         loop {
             if ready() {
@@ -319,7 +314,7 @@ impl ReplayState<'_> {
                 std::hint::spin_loop();
                 spins += 1;
             } else {
-                std::thread::yield_now();
+                idle();
             }
         }
     }
