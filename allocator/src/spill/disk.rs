@@ -322,15 +322,33 @@ impl DiskStore {
         slices: &[PinnedSlice],
         len: usize,
     ) -> Result<DiskFile> {
+        let mut left = len;
+        let chunks = slices.iter().map(|s| {
+            let n = left.min(s.len());
+            left -= n;
+            &s.as_slice()[..n]
+        });
+        self.write_chunks(id, chunks, len)
+    }
+
+    /// Writes `bytes` to a new file for buffer `id`.
+    pub(crate) fn write_bytes(&self, id: u64, bytes: &[u8]) -> Result<DiskFile> {
+        self.write_chunks(id, std::iter::once(bytes), bytes.len())
+    }
+
+    /// Writes `chunks` (`len` bytes in all) to a new file for buffer `id`.
+    fn write_chunks<'a>(
+        &self,
+        id: u64,
+        chunks: impl Iterator<Item = &'a [u8]>,
+        len: usize,
+    ) -> Result<DiskFile> {
         let disk = self.create(id, len)?;
         let mut file = &disk.file;
-        let mut left = len;
-        for s in slices {
-            let n = left.min(s.len());
+        for chunk in chunks {
             self.before_write()?;
-            file.write_all(&s.as_slice()[..n])
+            file.write_all(chunk)
                 .map_err(|e| io_error(&disk.path, "write", e))?;
-            left -= n;
         }
         finish(file, &disk)?;
         Ok(disk)

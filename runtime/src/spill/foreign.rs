@@ -95,6 +95,26 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         data
     }
 
+    /// A value that arrived already off its owner: its data is `buffers` (see
+    /// [`SpillManager::receive`](super::SpillManager::receive)). Its allocations are the
+    /// buffers' sizes at address 0: it never had device memory of its own.
+    pub(crate) fn received(
+        tracker: &Arc<Tracker>,
+        store: &Arc<rmm_allocator::spill::SpillStore>,
+        buffers: Vec<Arc<SpillableBuffer>>,
+        stream: StreamView,
+    ) -> Arc<ForeignData<O>> {
+        Arc::new(ForeignData {
+            id: (1 << 63) | NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            size: buffers.iter().map(|b| b.size()).sum(),
+            allocations: buffers.iter().map(|b| (DevicePtr(0), b.size())).collect(),
+            stream,
+            tracker: Arc::clone(tracker),
+            store: Arc::clone(store),
+            state: Mutex::new(State::Spilled(buffers)),
+        })
+    }
+
     /// Device bytes of the value's distinct allocations.
     pub fn size(&self) -> usize {
         self.size
@@ -194,6 +214,33 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
             .map(|b| b.shared_device_view(stream))
             .collect::<rmm_allocator::Result<Vec<_>>>()
             .map(Some)
+    }
+
+    /// [`device_views`](Self::device_views) for sending the value elsewhere: the bytes this
+    /// brings back to the device count as brought back only to be sent
+    /// ([`SpillStatistics::unspilled_to_send_bytes`](super::SpillStatistics)), which sending
+    /// spilled data from its tier ([`spilled_bytes`](Self::spilled_bytes)) avoids.
+    ///
+    /// # Errors
+    /// As [`device_views`](Self::device_views).
+    pub fn device_views_to_send(
+        &self,
+        stream: StreamView,
+    ) -> rmm_allocator::Result<Option<Vec<SharedDeviceGuard>>> {
+        let off_device: usize = self
+            .device_allocations()
+            .iter()
+            .zip(&self.allocations)
+            .filter(|(now, _)| now.is_none())
+            .map(|(_, (_, n))| n)
+            .sum();
+        let views = self.device_views(stream)?;
+        if views.is_some() {
+            self.tracker
+                .unspilled_to_send
+                .fetch_add(off_device as u64, Ordering::Relaxed);
+        }
+        Ok(views)
     }
 
     /// Copies of the spilled data (one per allocation), wherever it is; `None` while the

@@ -386,6 +386,42 @@ impl SpillManager {
         data
     }
 
+    /// A value that arrives from elsewhere (a peer worker) as host bytes, one slice per
+    /// allocation, kept as an adopted value whose owner is already gone: on the device when
+    /// all of it fits under the limit now, else in the host tier (or on disk past it) without
+    /// touching the device. Either way it is spilled data from then on: it comes back to the
+    /// device on use and moves off it under pressure like any other.
+    ///
+    /// # Errors
+    /// As [`SpillableBuffer::from_host`] on the device, and as
+    /// [`SpillableBuffer::off_device_from_host`] off it; nothing is kept then.
+    pub fn receive<O: ForeignOwner + 'static>(
+        &self,
+        parts: &[&[u8]],
+        stream: StreamView,
+    ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
+        let bytes: usize = parts.iter().map(|p| p.len()).sum();
+        let on_device = self.tracker.has_room(bytes);
+        let buffers = parts
+            .iter()
+            .map(|p| {
+                if on_device {
+                    SpillableBuffer::from_host(&self.store, p, stream, self.observer())
+                } else {
+                    SpillableBuffer::off_device_from_host(&self.store, p, self.observer())
+                }
+            })
+            .collect::<rmm_allocator::Result<Vec<_>>>()?;
+        buffers.iter().for_each(|b| self.register(b));
+        self.tracker.received[usize::from(!on_device)].fetch_add(bytes as u64, Ordering::Relaxed);
+        Ok(ForeignData::received(
+            &self.tracker,
+            &self.store,
+            buffers,
+            stream,
+        ))
+    }
+
     /// With `on`, room under the limit is made off the callers' threads from now on: data
     /// brought back to the device (and buffers made there) go ahead at once, and the least
     /// recently used data is spilled by the manager's background thread right after, so
@@ -532,6 +568,9 @@ impl SpillManager {
                 disk_bytes,
                 counts[Tier::Disk as usize],
             ),
+            received_on_device_bytes: t.received[0].load(Ordering::Relaxed),
+            received_off_device_bytes: t.received[1].load(Ordering::Relaxed),
+            unspilled_to_send_bytes: t.unspilled_to_send.load(Ordering::Relaxed),
         }
     }
 }

@@ -77,6 +77,15 @@ pub struct SpillStatistics {
     pub host: TierStatistics,
     /// The disk tier's moves (all zero without `spill.disk_directory`).
     pub disk: TierStatistics,
+    /// Bytes of values received from elsewhere (a peer worker) that went straight to the
+    /// host tier or disk, the device untouched (they did not fit under the limit).
+    pub received_off_device_bytes: u64,
+    /// Bytes of values received from elsewhere that were put on the device (they fit).
+    pub received_on_device_bytes: u64,
+    /// Bytes brought back to the device only to be sent elsewhere (a value a peer asked for
+    /// rebuilt on the device to be serialized): 0 while spilled values are sent from the tier
+    /// they are in.
+    pub unspilled_to_send_bytes: u64,
 }
 
 impl SpillStatistics {

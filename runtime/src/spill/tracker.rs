@@ -149,6 +149,10 @@ pub(crate) struct Tracker {
     pub(crate) room_in_background: AtomicBool,
     /// This tracker, for the background thread (set when it is made in an `Arc`).
     pub(crate) me: Weak<Tracker>,
+    /// Received values' bytes: `[put on the device, kept off it]`.
+    pub(crate) received: [AtomicU64; 2],
+    /// Bytes brought back to the device only to be sent elsewhere.
+    pub(crate) unspilled_to_send: AtomicU64,
 }
 
 /// The most spills whose copies are in flight at once when making room.
@@ -293,6 +297,12 @@ impl Tracker {
             Some(e) if batch.freed < need => Err(e),
             _ => Ok(batch.freed),
         }
+    }
+
+    /// True when `bytes` more fit on the device under the limit now.
+    pub(crate) fn has_room(&self, bytes: usize) -> bool {
+        let limit = self.limit.load(Ordering::Relaxed) as i64;
+        self.tracked.load(Ordering::Relaxed) + bytes as i64 <= limit
     }
 
     /// True while the device holds more than the limit.

@@ -260,6 +260,57 @@ impl SpillableBuffer {
         Ok(buffer)
     }
 
+    /// A buffer holding a copy of `bytes` off the device: in the store's host tier, or in a
+    /// file of its disk tier when the host tier is full even after the observer made room.
+    /// The device is not touched; the data comes back into the device's current resource on
+    /// first use, like any spilled buffer's. For data that arrives from elsewhere (a value
+    /// a peer sends) and is not needed on the device yet.
+    ///
+    /// # Errors
+    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when the host tier is full
+    /// and there is no disk tier; [`Error::SpillFile`](crate::Error::SpillFile) when writing
+    /// the file fails. Nothing is kept then.
+    pub fn off_device_from_host(
+        store: &Arc<SpillStore>,
+        bytes: &[u8],
+        observer: Option<Arc<dyn SpillObserver>>,
+    ) -> Result<Arc<SpillableBuffer>> {
+        let buffer = Arc::new(SpillableBuffer {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            size: bytes.len(),
+            store: Arc::clone(store),
+            observer,
+            state: Mutex::new(State::Host(Vec::new())),
+            tier: AtomicU8::new(Tier::Host as u8),
+            pins: AtomicUsize::new(0),
+            released_at: Mutex::new(Vec::new()),
+            lost: AtomicBool::new(false),
+        });
+        let state = match buffer.host_slices() {
+            Ok(mut slices) => {
+                let mut rest = bytes;
+                for s in &mut slices {
+                    let n = rest.len().min(s.len());
+                    s.as_mut_slice()[..n].copy_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                }
+                State::Host(slices)
+            }
+            Err(Error::HostOutOfMemory { .. }) if store.has_disk() => {
+                let disk = buffer.disk()?;
+                let file = disk.write_bytes(buffer.id, bytes)?;
+                State::Disk(file, disk)
+            }
+            Err(e) => return Err(e),
+        };
+        buffer.tier.store(state.tier() as u8, Ordering::Release);
+        *buffer.state.lock() = state;
+        if let Some(o) = &buffer.observer {
+            o.touched(buffer.id);
+        }
+        Ok(buffer)
+    }
+
     /// The buffer's identity (for the observer).
     pub fn id(&self) -> u64 {
         self.id

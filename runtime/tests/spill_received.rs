@@ -1,0 +1,160 @@
+//! Values received from elsewhere (`SpillManager::receive`): host bytes kept as an adopted
+//! value whose owner is already gone, on the device when they fit under the limit, else in
+//! the host tier (or on disk) without touching the device; and the bytes brought back to the
+//! device only to be sent (`ForeignData::device_views_to_send`).
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use common::foreign::LibraryOwner;
+use common::{pattern, serial, sim};
+use rmm_allocator::spill::Tier;
+use rmm_allocator::{Error as AllocError, StreamView};
+use rmm_runtime::{ForeignData, Runtime, SpillManager};
+
+const MIB: usize = 1 << 20;
+const S: StreamView = StreamView::DEFAULT;
+
+fn spilling(limit: &str, host: &str, disk: Option<&Path>) -> rmm_config::Config {
+    common::spilling(limit, host, disk, &[])
+}
+
+fn manager(rt: &Runtime) -> Arc<SpillManager> {
+    rt.spill_manager(rt.devices()[0]).expect("spilling is on")
+}
+
+fn receive(m: &SpillManager, parts: &[&[u8]]) -> Arc<ForeignData<LibraryOwner>> {
+    m.receive(parts, S).expect("the value is received")
+}
+
+/// The bytes of a value, read through device views (bringing it back if off the device).
+fn read_back(v: &ForeignData<LibraryOwner>) -> Vec<Vec<u8>> {
+    let views = v
+        .device_views(S)
+        .unwrap()
+        .expect("a received value has no owner");
+    views
+        .iter()
+        .map(|g| {
+            let mut out = vec![0u8; g.len()];
+            rmm_allocator::synchronize_stream(g.buffer().device(), S).unwrap();
+            g.buffer().device().copy_to_host(&mut out, g.ptr()).unwrap();
+            out
+        })
+        .collect()
+}
+
+#[test]
+fn a_value_that_fits_under_the_limit_lands_on_the_device() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("8MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let (a, b) = (pattern(2 * MIB, 1), pattern(MIB, 2));
+    let v = receive(&m, &[&a, &b]);
+    assert_eq!(v.tier(), Tier::Device);
+    assert_eq!(v.size(), 3 * MIB);
+    let s = m.statistics();
+    assert_eq!(s.tracked_bytes, 3 * MIB as u64);
+    assert_eq!(
+        (s.received_on_device_bytes, s.received_off_device_bytes),
+        (3 * MIB as u64, 0)
+    );
+    assert_eq!(
+        (s.spilled_bytes, s.unspilled_bytes, s.host_bytes),
+        (0, 0, 0)
+    );
+    assert_eq!(read_back(&v), vec![a, b]);
+    drop(v);
+    assert_eq!(m.statistics().tracked_bytes, 0);
+}
+
+#[test]
+fn a_value_over_the_limit_goes_to_the_host_without_touching_the_device() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("4MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let resident = receive(&m, &[&pattern(3 * MIB, 3)]);
+    assert_eq!(resident.tier(), Tier::Device);
+    let data = pattern(3 * MIB, 4);
+    let v = receive(&m, &[&data]);
+    // It did not fit: host tier, and what was on the device stayed there.
+    assert_eq!((v.tier(), resident.tier()), (Tier::Host, Tier::Device));
+    let s = m.statistics();
+    assert_eq!(s.tracked_bytes, 3 * MIB as u64);
+    assert_eq!(s.received_off_device_bytes, 3 * MIB as u64);
+    assert_eq!(s.host_bytes, 3 * MIB as u64);
+    assert_eq!((s.spilled_count, s.unspilled_count), (0, 0));
+    // Read from its tier without moving; then on use it comes back like spilled data.
+    assert_eq!(v.spilled_bytes().unwrap().unwrap(), vec![data.clone()]);
+    assert_eq!(v.tier(), Tier::Host);
+    assert_eq!(m.statistics().unspilled_to_send_bytes, 0);
+    assert_eq!(read_back(&v), vec![data]);
+    assert_eq!(v.tier(), Tier::Device);
+    assert_eq!(resident.tier(), Tier::Host, "the older value made room");
+    assert_eq!(m.statistics().unspilled_bytes, 3 * MIB as u64);
+}
+
+#[test]
+fn past_a_full_host_tier_a_received_value_goes_to_disk() {
+    let _s = serial();
+    sim();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::start(&spilling("1MiB", "4MiB", Some(dir.path()))).unwrap();
+    let m = manager(&rt);
+    let data: Vec<Vec<u8>> = (0..3).map(|i| pattern(3 * MIB, 10 + i)).collect();
+    let values: Vec<_> = data.iter().map(|d| receive(&m, &[d])).collect();
+    let tiers: Vec<Tier> = values.iter().map(|v| v.tier()).collect();
+    // Each new one takes the host tier; the one before moves on to disk to make room.
+    assert_eq!(tiers, [Tier::Disk, Tier::Disk, Tier::Host]);
+    assert_eq!(common::open_spill_files(dir.path()).len(), 2);
+    for (v, d) in values.iter().zip(&data) {
+        assert_eq!(v.spilled_bytes().unwrap().unwrap(), vec![d.clone()]);
+    }
+    drop(values);
+    assert_eq!(common::open_spill_files(dir.path()).len(), 0);
+    let s = m.statistics();
+    assert_eq!((s.disk_bytes, s.host_bytes, s.tracked_bytes), (0, 0, 0));
+}
+
+#[test]
+fn a_value_that_fits_nowhere_is_refused_and_nothing_is_kept() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("1MiB", "4MiB", None)).unwrap();
+    let m = manager(&rt);
+    let err = m
+        .receive::<LibraryOwner>(&[&pattern(6 * MIB, 5)], S)
+        .expect_err("6 MiB fit neither under the 1 MiB limit nor in the 4 MiB host tier");
+    assert!(
+        matches!(err, AllocError::HostOutOfMemory { .. }),
+        "unexpected error: {err}"
+    );
+    let s = m.statistics();
+    assert_eq!((s.host_bytes, s.tracked_bytes), (0, 0));
+    assert_eq!(s.received_off_device_bytes, 0);
+}
+
+#[test]
+fn bringing_a_value_back_to_send_it_is_counted() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("4MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let data = pattern(3 * MIB, 6);
+    let owner = LibraryOwner::holding(0, &[&data], &dropped);
+    let v = m.adopt(&[owner.allocations[0]], S, owner);
+    assert_eq!(m.spill_all().unwrap(), 3 * MIB as u64);
+    let views = v.device_views_to_send(S).unwrap().expect("spilled");
+    assert_eq!(views.len(), 1);
+    assert_eq!(m.statistics().unspilled_to_send_bytes, 3 * MIB as u64);
+    // Already back on the device: sending again brings nothing back.
+    drop(v.device_views_to_send(S).unwrap());
+    assert_eq!(m.statistics().unspilled_to_send_bytes, 3 * MIB as u64);
+    drop(views);
+}
