@@ -334,9 +334,11 @@ fn statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
 
 /// Per device with spilling on: bytes and counts spilled and unspilled per tier, time,
 /// bandwidth, host and disk bytes held, tracked device bytes; keyed by device number (an
-/// int: `spill_statistics()[0]`).
+/// int: `spill_statistics()[0]`). By default the spilling under way in the background ends
+/// first; `wait=False` reads the figures as they are now (for a worker's heartbeat).
 #[pyfunction]
-fn spill_statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
+#[pyo3(signature = (wait=true))]
+fn spill_statistics(py: Python<'_>, wait: bool) -> PyResult<Py<PyAny>> {
     let per_device = with_runtime(|rt| {
         let out: Vec<(u32, serde_json::Value)> = rt
             .devices()
@@ -345,7 +347,9 @@ fn spill_statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
                 let m = rt.spill_manager(d)?;
                 // Spilling under way in the background ends first; it needs the interpreter
                 // to let values go.
-                py.detach(|| m.settle());
+                if wait {
+                    py.detach(|| m.settle());
+                }
                 let s = m.statistics();
                 Some((d, serde_json::to_value(s).ok()?))
             })

@@ -88,13 +88,25 @@ impl AdoptedValue {
     /// nbytes)` asked for, `allocation` indexing the value's allocations as adopted (after
     /// duplicates were merged: see `allocations`). Brings the data back into the device's
     /// current stack first.
+    ///
+    /// With `to_send`, the value is rebuilt to be sent elsewhere: the bytes this brings back to
+    /// the device are counted as brought back only to be sent (`unspilled_to_send_bytes` of
+    /// `spill_statistics()`; sending from the tier, `spilled_bytes`, avoids them).
+    #[pyo3(signature = (frames, to_send=false))]
     fn device_frames(
         &self,
         py: Python<'_>,
         frames: Vec<(usize, usize, usize)>,
+        to_send: bool,
     ) -> PyResult<Vec<DeviceView>> {
         let guards = py
-            .detach(|| self.inner.device_views(StreamView::DEFAULT))
+            .detach(|| {
+                if to_send {
+                    self.inner.device_views_to_send(StreamView::DEFAULT)
+                } else {
+                    self.inner.device_views(StreamView::DEFAULT)
+                }
+            })
             .map_err(error)?
             .ok_or_else(|| {
                 error("device_frames: the value is still in its own memory: use value()")
@@ -306,6 +318,26 @@ fn adopt(value: Py<PyAny>, allocations: Vec<(u64, usize)>, device: u32) -> PyRes
     Ok(AdoptedValue { inner, device })
 }
 
+/// Keeps a value that arrives from elsewhere (a peer worker sent it from its host tier) as an
+/// `AdoptedValue` already off its owner: `parts` are the bytes of its allocations (bytes, or
+/// anything with the buffer protocol), in the order its frames index them. It goes on the
+/// device when all of it fits under the limit now, else into the pinned host tier (or on
+/// disk past it) without touching the device; either way `device_frames` rebuilds it.
+#[pyfunction]
+#[pyo3(signature = (parts, device=0))]
+fn receive(py: Python<'_>, parts: Vec<Bound<'_, PyAny>>, device: u32) -> PyResult<AdoptedValue> {
+    let m = crate::buffers::spill_manager(device)?;
+    let bytes = parts
+        .iter()
+        .map(crate::buffers::host_bytes)
+        .collect::<PyResult<Vec<_>>>()?;
+    let slices: Vec<&[u8]> = bytes.iter().map(|b| b.as_ref()).collect();
+    let inner = py
+        .detach(|| m.receive(&slices, StreamView::DEFAULT))
+        .map_err(error)?;
+    Ok(AdoptedValue { inner, device })
+}
+
 /// Sets `device`'s spill limit to `limit` (bytes, a size such as "8GB", or a fraction of the
 /// device's memory such as 0.5 or "50%") and keeps it across reinitializations; spills at
 /// once if the device holds more. Returns the limit in bytes. A limit larger than the device
@@ -356,6 +388,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<AdoptedValue>()?;
     m.add_class::<DeviceView>()?;
     m.add_function(wrap_pyfunction!(adopt, m)?)?;
+    m.add_function(wrap_pyfunction!(receive, m)?)?;
     m.add_function(wrap_pyfunction!(set_device_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(set_disk_directory, m)?)?;
     Ok(())

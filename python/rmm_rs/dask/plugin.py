@@ -38,6 +38,7 @@ from distributed.core import Status
 import rmm_rs
 
 from .. import _rmm_rs
+from . import transfer
 from .store import DeviceStore
 
 logger = logging.getLogger("rmm_rs.dask")
@@ -196,6 +197,7 @@ class RMMRsPlugin(WorkerPlugin):
         data = worker.data
         if isinstance(data, DeviceStore):
             data.limit = _rmm_rs.set_device_memory_limit(self.device_memory_limit, data.device_id)
+            transfer.attach(worker, data)
         elif len(data) == 0:
             store = DeviceStore(
                 self.device_memory_limit,
@@ -203,6 +205,7 @@ class RMMRsPlugin(WorkerPlugin):
             )
             worker.memory_manager.data = store
             worker.state.data = store
+            transfer.attach(worker, store)
         else:
             logger.warning(
                 "rmm-rs: the worker already holds %d values in a %s; its data stays there "

@@ -12,6 +12,11 @@ current rmm-rs stack, without a device copy; a value in use by a running task is
 spilled. Host values go to Dask's usual host store. Values survive
 ``client.run(rmm_rs.reinitialize, …)``.
 
+Between workers, a spilled value a peer asks for is sent from the tier it is in (pinned host
+memory or disk) as host frames, never brought back to the device to be sent, and a value
+received from a peer goes straight into the store: on the device when it fits under the
+limit, else into the pinned host tier (see :mod:`rmm_rs.dask.transfer`).
+
 The policy is the runtime's (Rust); this module only finds a value's device frames and
 rebuilds it.
 """
@@ -32,7 +37,9 @@ from distributed.protocol import deserialize, serialize
 import rmm_rs
 
 from .. import _rmm_rs
+from . import transfer
 from .serialize import device_extent
+from .transfer import HostFrames
 
 logger = logging.getLogger(__name__)
 
@@ -111,18 +118,32 @@ class _DeviceEntry:
         self.adopted = adopted
         self.nbytes = nbytes
 
-    def get(self, homes):
+    def get(self, homes, to_send=False):
         value = self.adopted.value()
         if value is not None:
             return value
         specs = [f for f in self.frames if isinstance(f, tuple)]
-        views = self.adopted.device_frames(specs)
+        views = self.adopted.device_frames(specs, to_send)
         for v in views:
             # A value made of these views and stored again is this entry's data.
             homes[v.allocation[0]] = self.adopted
         views = iter(views)
         frames = [next(views) if isinstance(f, tuple) else f for f in self.frames]
         return deserialize(self.header, frames, deserializers=("cuda",))
+
+    def to_send(self, homes):
+        """What to hand a peer that asked for the value: the value while it is on the
+        device (in its own memory, or its data back there), else its data read from the tier
+        it is in, as :class:`HostFrames`."""
+        value = self.adopted.value()
+        if value is not None:
+            return value
+        if all(a is not None for a in self.adopted.device_allocations()):
+            return self.get(homes)
+        parts = self.adopted.spilled_bytes()
+        if parts is None:  # None only for a value in its own memory: value() returned it
+            return self.get(homes)
+        return HostFrames(self.header, self.frames, parts)
 
 
 class DeviceStore(MutableMapping):
@@ -137,6 +158,10 @@ class DeviceStore(MutableMapping):
     ``worker_local_directory`` (None: a plain dict). ``disk_directory``: where
     device values go past the pinned host pool (``spill.disk_directory``; by default
     ``<worker_local_directory>/rmm-rs-spill`` when the store starts rmm-rs itself).
+    ``send_from_tier``: a spilled value a peer asks for is sent from the tier it is in
+    (True, the default); False brings it back to the device first, as Dask's own stores do
+    (for comparisons: ``unspilled_to_send_bytes`` of ``spill_statistics()`` counts those
+    bytes).
 
     When rmm-rs is not running yet in the process, the store starts it on ``device`` with one
     worker thread and spilling on, from ``config`` (an rmm.toml path, a dict of settings, or
@@ -155,8 +180,10 @@ class DeviceStore(MutableMapping):
         config=None,
         disk_directory=None,
         device=0,
+        send_from_tier=True,
     ):
         self.device_id = int(device)
+        self.send_from_tier = bool(send_from_tier)
         self.config = config
         if disk_directory is None and worker_local_directory is not None:
             disk_directory = os.path.join(worker_local_directory, "rmm-rs-spill")
@@ -184,6 +211,8 @@ class DeviceStore(MutableMapping):
         self.unspillable = {}
         register_device_serializers()
         _LIVE.append(weakref.ref(self))
+        # Made inside a Dask worker's constructor: attach to it once it exists.
+        transfer.attach_when_started(self)
 
     @classmethod
     def factory(cls, device_memory_limit=None, memory_limit=None, **kwargs):
@@ -226,6 +255,19 @@ class DeviceStore(MutableMapping):
     def __setitem__(self, key, value):
         with self._lock:
             self._discard(key)
+            if isinstance(value, HostFrames):
+                try:
+                    adopted = _rmm_rs.receive(value.parts, self.device_id)
+                except rmm_rs.RmmError as e:
+                    # Neither under the limit nor in the host tier (and no disk tier): on
+                    # the device all the same, where spilling makes what room it can.
+                    logger.warning("rmm-rs: %r kept on the device: %s", key, e)
+                    value = value.rebuild(self.device_id)
+                else:
+                    self._device[key] = _DeviceEntry(
+                        value.header, value.frames, adopted, adopted.size
+                    )
+                    return
             entry = self._adopt(key, value) if is_device_object(value) else None
             if entry is not None:
                 self._device[key] = entry
@@ -236,6 +278,10 @@ class DeviceStore(MutableMapping):
         entry = self._device.get(key)
         if entry is None:
             return self._host[key]
+        if transfer.sending():
+            if self.send_from_tier:
+                return entry.to_send(self._homes)
+            return entry.get(self._homes, to_send=True)
         return entry.get(self._homes)
 
     def __delitem__(self, key):

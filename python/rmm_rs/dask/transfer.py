@@ -1,0 +1,198 @@
+"""Moving a device store's values between Dask workers from the tier they are in.
+
+Dask's worker serves a peer's request (its ``get_data`` handler) by reading every key from its
+``data``; a spilled device value read that way would be rebuilt on the device (evicting
+something else) only to be copied back to host memory to be sent. While a worker whose data
+is a :class:`~rmm_rs.dask.DeviceStore` serves such a request, the store hands a spilled value
+out as :class:`HostFrames`: its serialization header and the bytes of its allocations read
+from pinned host memory or disk, which travel as host frames. A value on the device travels
+as it is (device frames over UCX, Dask's own host copy over TCP).
+
+On the receiving worker (while its ``gather_dep`` runs), :class:`HostFrames` arrive as they
+are and the store keeps them: on the device when they fit under the limit, else in the pinned
+host tier (or on disk) without touching the device. Anywhere else (a client, the scheduler, a
+worker without a device store) they are rebuilt into the value they stand for.
+"""
+
+import asyncio
+import contextvars
+import logging
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from dask.sizeof import sizeof
+from distributed.protocol import deserialize
+from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
+from distributed.protocol.serialize import dask_deserialize, dask_serialize
+
+import rmm_rs
+
+from .. import _rmm_rs
+
+logger = logging.getLogger(__name__)
+
+# True while this worker serves a peer's request for data (its get_data handler).
+_SENDING: "contextvars.ContextVar[bool]" = contextvars.ContextVar("rmm_rs_sending", default=False)
+# The store values being received go into (while this worker's gather_dep runs).
+_RECEIVING: "contextvars.ContextVar[Optional[Any]]" = contextvars.ContextVar(
+    "rmm_rs_receiving", default=None
+)
+
+# A frame of a value: a host frame as it is, or a device frame as (allocation, offset, bytes).
+Frame = Union[Tuple[int, int, int], Any]
+
+
+def sending() -> bool:
+    """True while this worker serves a peer's request for data."""
+    return _SENDING.get()
+
+
+class HostFrames:
+    """A device value off the device, on its way between workers: the header of its Dask
+    "cuda" serialization, its frames (host frames as they are; device frames as
+    ``(allocation, offset, nbytes)`` into ``parts``), and ``parts``, the bytes of its
+    allocations."""
+
+    __slots__ = ("header", "frames", "parts")
+
+    def __init__(self, header: Dict[str, Any], frames: Sequence[Frame], parts: Sequence[Any]):
+        self.header = header
+        self.frames = list(frames)
+        self.parts = list(parts)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the value's allocations."""
+        return sum(memoryview(p).nbytes for p in self.parts)
+
+    def rebuild(self, device: int = 0) -> Any:
+        """The value itself, its device frames copied onto ``device`` (into rmm-rs buffers:
+        the device's current stack where rmm-rs runs in this process)."""
+        frames = [
+            _rmm_rs.DeviceBuffer.from_bytes(memoryview(self.parts[f[0]])[f[1] : f[1] + f[2]], device)
+            if isinstance(f, tuple)
+            else f
+            for f in self.frames
+        ]
+        return deserialize(self.header, frames, deserializers=("cuda",))
+
+    def __reduce__(self):
+        return (_arrived, (self.header, self.frames, self.parts))
+
+    def __repr__(self) -> str:
+        return f"<HostFrames: {len(self.parts)} allocation(s), {self.nbytes} bytes>"
+
+
+def _arrived(header: Dict[str, Any], frames: Sequence[Frame], parts: Sequence[Any]) -> Any:
+    """What a received :class:`HostFrames` becomes: itself where a device store receives it
+    (the store keeps it off the device), else the value it stands for."""
+    value = HostFrames(header, frames, parts)
+    store = _RECEIVING.get()
+    if store is not None:
+        return value
+    return value.rebuild()
+
+
+def _serialize_host_frames(x: HostFrames) -> Tuple[Dict[str, Any], List[Any]]:
+    layout = [list(f) if isinstance(f, tuple) else None for f in x.frames]
+    host = [f for f in x.frames if not isinstance(f, tuple)]
+    header = {"value": x.header, "layout": layout, "parts": len(x.parts)}
+    return header, [*host, *x.parts]
+
+
+def _deserialize_host_frames(header: Dict[str, Any], frames: List[Any]) -> Any:
+    n_host = sum(1 for f in header["layout"] if f is None)
+    host, parts = iter(frames[:n_host]), frames[n_host:]
+    if len(parts) != header["parts"]:
+        raise rmm_rs.RmmError(
+            f"a value sent from host memory arrived with {len(parts)} allocation(s) where its "
+            f"header says {header['parts']}: the message was cut or garbled in transit"
+        )
+    value_frames = [next(host) if f is None else tuple(f) for f in header["layout"]]
+    return _arrived(header["value"], value_frames, parts)
+
+
+# The same frames whichever family the connection uses (all of them are host memory).
+for _register in (cuda_serialize, dask_serialize):
+    _register.register(HostFrames)(_serialize_host_frames)
+for _register in (cuda_deserialize, dask_deserialize):
+    _register.register(HostFrames)(_deserialize_host_frames)
+
+
+@sizeof.register(HostFrames)
+def _sizeof_host_frames(x: HostFrames) -> int:
+    return x.nbytes
+
+
+def attach(worker: Any, store: Any) -> bool:
+    """Has ``worker`` (whose ``data`` is ``store``) send spilled values from their tier and
+    hand received ones to ``store`` as they are: wraps its ``get_data`` handler and its
+    ``gather_dep``. Idempotent; returns True when it attached now."""
+    if getattr(worker, "_rmm_rs_store", None) is store:
+        return False
+    serve = worker.handlers.get("get_data")
+    gather = getattr(worker, "gather_dep", None)
+    if serve is None or gather is None:
+        logger.warning(
+            "rmm-rs: this %s has no get_data handler or gather_dep: spilled values are "
+            "brought back to the device to be sent (upgrade distributed)",
+            type(worker).__name__,
+        )
+        return False
+
+    async def get_data(comm: Any, **kwargs: Any) -> Any:
+        token = _SENDING.set(True)
+        try:
+            return await serve(comm, **kwargs)
+        finally:
+            _SENDING.reset(token)
+
+    async def gather_dep(*args: Any, **kwargs: Any) -> Any:
+        token = _RECEIVING.set(store)
+        try:
+            return await gather(*args, **kwargs)
+        finally:
+            _RECEIVING.reset(token)
+
+    worker.handlers["get_data"] = get_data
+    worker.gather_dep = gather_dep
+    worker._rmm_rs_store = store
+    metrics = getattr(worker, "metrics", None)
+    if isinstance(metrics, dict):
+        metrics["rmm-rs-transfer"] = lambda w: _worker_metrics(store)
+    return True
+
+
+def attach_when_started(store: Any) -> None:
+    """Attaches ``store`` to the Dask worker whose data it is, once that worker is made: the
+    store is built inside ``Worker.__init__``, and the worker's own event loop runs the
+    attachment right after it (before the worker serves or gathers anything). Without a
+    running loop (a store made outside a worker) nothing happens."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    loop.call_soon(attach_to_its_worker, store)
+
+
+def attach_to_its_worker(store: Any) -> bool:
+    """Attaches ``store`` to the Dask worker of this process whose ``data`` it is, if any."""
+    from distributed import Worker
+
+    for worker in list(Worker._instances):
+        if getattr(worker, "data", None) is store:
+            return attach(worker, store)
+    return False
+
+
+def _worker_metrics(store: Any) -> Dict[str, int]:
+    spill = rmm_rs.spill_statistics(wait=False).get(int(store.device_id), {})
+    keys = (
+        "unspilled_to_send_bytes",
+        "received_on_device_bytes",
+        "received_off_device_bytes",
+        "spilled_bytes",
+        "unspilled_bytes",
+        "host_bytes",
+        "disk_bytes",
+    )
+    return {k: int(spill.get(k, 0)) for k in keys}

@@ -1,0 +1,129 @@
+"""Values moving between the device stores of 4 Dask worker processes (the simulated device in
+each): a spilled value a peer asks for is sent from the host tier or disk, never brought back
+to the device to be sent (``unspilled_to_send_bytes`` stays 0 and the sender unspills
+nothing), a received value lands on the device when it fits under the receiver's limit and in
+its host tier otherwise, every byte checked; the old way (``send_from_tier=False``) counts
+what it brings back."""
+
+import random
+import sys
+from typing import Any, Dict, List
+
+import cloudpickle
+import pytest
+from clusters import local_cluster
+from distributed import Client, wait
+
+import rmm_rs
+from rmm_rs.dask import DeviceStore
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+MIB = 1 << 20
+SIZE = 4 * MIB
+N = 24  # 96 MiB made on one worker under a 16 MiB limit and a 32 MiB host tier: most on disk
+
+
+def data(i):
+    return random.Random(i).randbytes(SIZE)
+
+
+def make(i):
+    return rmm_rs.DeviceBuffer.from_bytes(data(i))
+
+
+def check(x, i):
+    return isinstance(x, rmm_rs.DeviceBuffer) and x.to_bytes() == data(i)
+
+
+def keep(x, i):
+    """Returns its input (the receiving worker keeps it under a new key) once checked."""
+    if not check(x, i):
+        raise ValueError(f"value {i} arrived changed")
+    return x
+
+
+def figures(dask_worker):
+    store: Any = dask_worker.data
+    spill = rmm_rs.spill_statistics()[store.device_id]
+    tiers: Dict[str, int] = {}
+    for k in list(store):
+        t = store.tier(k)
+        tiers[t] = tiers.get(t, 0) + 1
+    metrics = dask_worker.metrics["rmm-rs-transfer"](dask_worker)
+    return {"spill": spill, "tiers": tiers, "metrics": metrics}
+
+
+def tier_of(key, dask_worker):
+    return dask_worker.data.tier(key)
+
+
+def start(disk, send_from_tier):
+    store = DeviceStore.factory(
+        device_memory_limit="16MiB",
+        config={"spill": {"enabled": True, "host_pool_size": "32MiB"}},
+        disk_directory=str(disk),
+        send_from_tier=send_from_tier,
+    )
+    return local_cluster(n_workers=4, threads_per_worker=2, data=store)
+
+
+def made_on_one_worker(client):
+    workers = sorted(client.scheduler_info()["workers"])
+    source, peers = workers[0], workers[1:]
+    futures = client.map(make, range(N), key=[f"v-{i}" for i in range(N)], workers=[source])
+    wait(futures)
+    tiers = [client.run(tier_of, f.key, workers=[source])[source] for f in futures]
+    assert {"device", "host", "disk"} <= set(tiers), tiers
+    return source, peers, futures
+
+
+def kept_by_peers(client, peers, futures) -> List[Any]:
+    out = [
+        client.submit(
+            keep, f, i, workers=[peers[i % len(peers)]], allow_other_workers=False, pure=False
+        )
+        for i, f in enumerate(futures)
+    ]
+    wait(out)
+    return out
+
+
+@pytest.mark.parametrize("send_from_tier", [True, False], ids=["from-tier", "unspill-first"])
+def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier):
+    with start(tmp_path, send_from_tier) as c, Client(c) as client:
+        source, peers, futures = made_on_one_worker(client)
+        before = client.run(figures, workers=[source])[source]["spill"]
+        kept = kept_by_peers(client, peers, futures)
+        assert [f.status for f in kept] == ["finished"] * N
+        after = client.run(figures)
+        sent = after[source]["spill"]
+        # Every value crossed to a peer; three quarters of them were off the device.
+        if send_from_tier:
+            assert sent["unspilled_to_send_bytes"] == 0
+            assert sent["unspilled_bytes"] == before["unspilled_bytes"], (before, sent)
+            assert after[source]["metrics"]["unspilled_to_send_bytes"] == 0
+        else:
+            off_device = N * SIZE - 16 * MIB
+            assert sent["unspilled_to_send_bytes"] >= off_device, sent
+            assert sent["unspilled_bytes"] - before["unspilled_bytes"] >= off_device
+        received = 0
+        for w in peers:
+            s = after[w]["spill"]
+            received += s["received_on_device_bytes"] + s["received_off_device_bytes"]
+            assert s["tracked_bytes"] <= 16 * MIB + SIZE, s
+        if send_from_tier:
+            # The spilled ones arrived as host frames and were kept as they are; over the
+            # peers' limits some went straight to their host tiers.
+            assert received >= N * SIZE - 16 * MIB, after
+            assert sum(after[w]["spill"]["received_off_device_bytes"] for w in peers) > 0
+        else:
+            assert received == 0
+        # Every value each peer kept reads back intact, on the peer and at the client.
+        checks = [
+            client.submit(check, f, i, workers=[peers[i % len(peers)]], pure=False)
+            for i, f in enumerate(kept)
+        ]
+        assert client.gather(checks) == [True] * N
+        got = client.gather(futures[:4] + kept[-4:])
+        assert [x.to_bytes() for x in got] == [data(i) for i in [0, 1, 2, 3, 20, 21, 22, 23]]
