@@ -152,3 +152,16 @@ def test_the_preload_module_puts_worker_data_on_rmm_rs():
         assert list(limits.values()) == [8 * MIB, 8 * MIB]
         futures = client.map(make, range(8))
         assert all(client.gather(client.map(check, futures, range(8))))
+
+
+def preload_setup(dask_worker):
+    plugin = dask_worker.plugins["rmm-rs"]
+    return plugin.external_libs, rmm_rs.statistics()[0]["stack"]
+
+
+def test_the_preload_puts_the_allocator_libraries_and_the_pool_on_rmm_rs():
+    argv = ["--rmm-rs-pool-size", "64MiB", "--rmm-rs-allocator-external-lib-list", "cupy"]
+    with cluster(preload=["rmm_rs.dask"], preload_argv=argv) as c, Client(c) as client:
+        for libs, stack in client.run(preload_setup).values():
+            assert libs == ["cupy"]
+            assert "PoolMemoryResource" in stack, stack

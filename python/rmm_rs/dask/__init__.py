@@ -7,7 +7,8 @@
 * A preload module: ``dask worker ADDRESS --preload rmm_rs.dask`` (or ``dask cuda worker``)
   sets rmm-rs up at worker start from ``--rmm-rs-config PATH`` (or the worker's rmm.toml and
   ``RMM_*`` environment), and with ``--rmm-rs-device-memory-limit SIZE`` puts the worker's
-  data in a :class:`DeviceStore`.
+  data in a :class:`DeviceStore`; ``--rmm-rs-pool-size SIZE`` and
+  ``--rmm-rs-allocator-external-lib-list cupy,torch,rmm`` as dask-cuda's options.
 * Dask serializers for ``rmm_rs.DeviceBuffer`` and ``rmm_rs.SpillableBuffer`` (registered on
   import).
 """
@@ -40,7 +41,26 @@ logger = logging.getLogger("rmm_rs.dask")
     help="put the worker's data on rmm-rs, spilling device values over this size "
     '(bytes, "8GB", or a fraction of the device such as 0.8; 0 for no spilling)',
 )
-def dask_setup(worker, rmm_rs_config, rmm_rs_device_memory_limit):
+@click.option(
+    "--rmm-rs-pool-size",
+    default=None,
+    help='the worker\'s pool: its initial size (bytes, "8GB", or a fraction of the device '
+    "such as 0.5), as dask-cuda's --rmm-pool-size",
+)
+@click.option(
+    "--rmm-rs-allocator-external-lib-list",
+    default=None,
+    help="libraries that allocate from rmm-rs on the worker, comma-separated: cupy, torch, "
+    "rmm (RAPIDS RMM and what allocates through it: cuDF, cuML, XGBoost), as dask-cuda's "
+    "--rmm-allocator-external-lib-list",
+)
+def dask_setup(
+    worker,
+    rmm_rs_config,
+    rmm_rs_device_memory_limit,
+    rmm_rs_pool_size,
+    rmm_rs_allocator_external_lib_list,
+):
     """Preload entry point: sets rmm-rs up on the worker as ``RMMRsPlugin`` does, as one of
     the plugins the worker sets up when it starts, before it joins the cluster. A set-up that
     fails (a bad ``--rmm-rs-config``, say) fails the worker's start, with the error in its log:
@@ -48,7 +68,12 @@ def dask_setup(worker, rmm_rs_config, rmm_rs_device_memory_limit):
     cluster on plain allocations."""
     plugin: WorkerPlugin
     try:
-        plugin = RMMRsPlugin(rmm_rs_config, device_memory_limit=rmm_rs_device_memory_limit)
+        plugin = RMMRsPlugin(
+            rmm_rs_config,
+            device_memory_limit=rmm_rs_device_memory_limit,
+            rmm_pool_size=rmm_rs_pool_size,
+            rmm_allocator_external_lib_list=rmm_rs_allocator_external_lib_list,
+        )
     except Exception as e:  # noqa: BLE001 - raised by the worker's start instead
         plugin = _Failed(e)
     pending = getattr(worker, "_pending_plugins", None)

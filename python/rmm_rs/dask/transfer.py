@@ -17,6 +17,7 @@ worker without a device store) they are rebuilt into the value they stand for.
 import asyncio
 import contextvars
 import logging
+import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from dask.sizeof import sizeof
@@ -147,6 +148,8 @@ def attach(worker: Any, store: Any) -> bool:
             _SENDING.reset(token)
 
     async def gather_dep(*args: Any, **kwargs: Any) -> Any:
+        # The worker's comms are up by now: over UCX, device frames land in rmm-rs.
+        receive_device_frames_into_rmm_rs(store.device_id)
         token = _RECEIVING.set(store)
         try:
             return await gather(*args, **kwargs)
@@ -159,6 +162,39 @@ def attach(worker: Any, store: Any) -> bool:
     metrics = getattr(worker, "metrics", None)
     if isinstance(metrics, dict):
         metrics["rmm-rs-transfer"] = lambda w: _worker_metrics(store)
+    return True
+
+
+def receive_device_frames_into_rmm_rs(device: int) -> bool:
+    """Has distributed-ucxx (``protocol="ucx"``) receive device frames into rmm-rs buffers
+    on ``device`` (it uses RAPIDS RMM's ``DeviceBuffer``, outside rmm-rs's stack and limit,
+    or fails without RMM): a value received over UCX is then adopted by the store where it
+    landed, without a copy. True when distributed-ucxx is loaded in this process."""
+    comm: Any = sys.modules.get("distributed_ucxx.ucxx")
+    if comm is None:
+        return False
+    if getattr(comm.device_array, "_rmm_rs_device", None) == device:
+        return True
+
+    def device_array(n: int) -> Any:
+        return _rmm_rs.DeviceBuffer(n, device)
+
+    device_array._rmm_rs_device = device  # type: ignore[attr-defined]
+
+    if getattr(comm, "ucxx", None) is not None:  # initialized: its allocator is chosen
+        comm.device_array = device_array
+        return True
+    # Not yet: it chooses its allocator as it initializes; ours replaces it right after.
+    init_once = comm.init_once
+    if getattr(init_once, "_rmm_rs", False):
+        return True
+
+    def init_then_use_rmm_rs() -> None:
+        init_once()
+        comm.device_array = device_array
+
+    init_then_use_rmm_rs._rmm_rs = True  # type: ignore[attr-defined]
+    comm.init_once = init_then_use_rmm_rs
     return True
 
 
