@@ -11,6 +11,9 @@
 #
 # Environment of `run`: TEST_THREADS (default 4); BENCH=0 skips examples and benchmarks;
 # BENCHES="runtime allocators" runs only those benchmarks (default: all); TESTS=0 skips tests.
+# Environment of `python`: PYTEST=0 skips the tests, BENCH=0 the single-GPU benchmarks;
+# BENCH_MULTI=1 adds python/bench/multi_gpu.py (several GPUs: dask-cuda's cluster against
+# rmm-rs's over TCP and UCX, with dask-cuda's local_cupy), MULTI_ARGS its extra options.
 #
 # .gpu/ is ignored by git; carry it to the GPU machine with the working tree.
 set -euo pipefail
@@ -145,7 +148,7 @@ ucx-wheels)
     # carries (64 MiB), so .whl-ucx travels in a call of its own, and the warm machine keeps
     # it (an ignored path stays there between calls) for the `python` call that carries .whl:
     #   run(kind="nvidia-h100-x4", carry=[".whl-ucx"], command="du -sh .whl-ucx")
-    #   run(carry=[".whl"], command="bash scripts/gpu.sh python")
+    #   run(carry=[".whl"], command="PYTEST=0 BENCH=0 BENCH_MULTI=1 bash scripts/gpu.sh python")
     rm -rf .whl-ucx
     mkdir -p .whl-ucx
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
@@ -190,6 +193,15 @@ python)
             | tee "$out/bench-device-store.txt" || status=1
         python3 python/bench/allocators.py --calls 20000 --rounds 6 2>&1 \
             | tee "$out/bench-python-allocators.txt" || status=1
+    fi
+    if [ "${BENCH_MULTI:-0}" = 1 ]; then
+        # Every visible GPU, one worker each: dask-cuda's cluster against rmm-rs's, TCP and UCX
+        # (UCX is skipped, saying why, without .whl-ucx), and dask-cuda's local_cupy against
+        # both. MULTI_ARGS adds options, e.g. MULTI_ARGS="--per-worker 8GiB --repeats 1".
+        read -r -a multi_args <<< "${MULTI_ARGS:-}"
+        python3 python/bench/multi_gpu.py --protocol tcp,ucx --suite \
+            --json "$out/multi_gpu.json" ${multi_args[@]+"${multi_args[@]}"} 2>&1 \
+            | tee "$out/bench-multi-gpu.txt" || status=1
     fi
     exit "$status"
     ;;
