@@ -6,10 +6,14 @@
 #   scripts/gpu.sh run     # there: run everything with RMM_BACKEND=cuda, logs into $OUT (or ./gpu-out)
 #   scripts/gpu.sh multi   # there, on several GPUs: tests, runtime benchmark, demo on all (issue 15)
 #   scripts/gpu.sh wheels  # here: the rmm_rs wheel and Dask's, dask-cuda's wheels into .whl/
+#   scripts/gpu.sh ucx-wheels  # here: UCX for Dask and RAPIDS RMM (Python 3.12) into .whl-ucx/
 #   scripts/gpu.sh python  # there: the Python tests (CuPy, PyTorch, Dask) and benchmarks
 #
 # Environment of `run`: TEST_THREADS (default 4); BENCH=0 skips examples and benchmarks;
 # BENCHES="runtime allocators" runs only those benchmarks (default: all); TESTS=0 skips tests.
+# Environment of `python`: PYTEST=0 skips the tests, BENCH=0 the single-GPU benchmarks;
+# BENCH_MULTI=1 adds python/bench/multi_gpu.py (several GPUs: dask-cuda's cluster against
+# rmm-rs's over TCP and UCX, with dask-cuda's local_cupy), MULTI_ARGS its extra options.
 #
 # .gpu/ is ignored by git; carry it to the GPU machine with the working tree.
 set -euo pipefail
@@ -129,13 +133,51 @@ wheels)
         partd locket tblib tornado zict
     du -sh .whl
     ;;
+ucx-wheels)
+    # UCX for Dask (protocol="ucx": distributed-ucxx) and RAPIDS RMM (dask-cuda's
+    # rmm_pool_size, and the device buffers UCX receives into), for python/bench/multi_gpu.py;
+    # with nvtx, which dask-cuda's benchmarks (local_cupy, multi_gpu.py --suite) import.
+    # What each needs at run time (Requires-Dist), and where it comes from there:
+    #   distributed-ucxx-cu13: pyyaml (the GPU image), rapids-dask-dependency (.whl), ucxx-cu13
+    #   ucxx-cu13: cuda-core, numpy, nvidia-ml-py (the image), libucxx-cu13, rmm-cu13
+    #   libucxx-cu13: librmm-cu13, libucx-cu13 (>=1.19,<1.22)
+    #   libucx-cu13, rapids-logger, nvtx: nothing
+    #   rmm-cu13: cuda-bindings >=13.0.1,<14 (the image's), librmm-cu13, numpy (the image)
+    #   librmm-cu13: rapids-logger 0.3.*
+    # 57 MB (libucx-cu13 alone is 42 MB): with the working tree that is most of what one call
+    # carries (64 MiB), so .whl-ucx travels in a call of its own, and the warm machine keeps
+    # it (an ignored path stays there between calls) for the `python` call that carries .whl:
+    #   run(kind="nvidia-h100-x4", carry=[".whl-ucx"], command="du -sh .whl-ucx")
+    #   run(carry=[".whl"], command="PYTEST=0 BENCH=0 BENCH_MULTI=1 bash scripts/gpu.sh python")
+    rm -rf .whl-ucx
+    mkdir -p .whl-ucx
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+        -d .whl-ucx \
+        "distributed-ucxx-cu13==0.52.*" "ucxx-cu13==0.52.*" "libucxx-cu13==0.52.*" \
+        "libucx-cu13<1.22" "rmm-cu13==26.10.*" "librmm-cu13==26.10.*" rapids-logger nvtx
+    # What the wheels ask for at run time, to compare with the comment above.
+    python3 - .whl-ucx/*.whl <<'PY'
+import sys, zipfile
+for path in sys.argv[1:]:
+    with zipfile.ZipFile(path) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        needs = [l.split(":", 1)[1].strip() for l in z.read(meta).decode().splitlines()
+                 if l.startswith("Requires-Dist:") and "extra ==" not in l]
+    print(f"{path.rsplit('/', 1)[-1]}: {', '.join(needs) or '-'}")
+PY
+    du -sh .whl-ucx
+    ;;
 python)
-    # After `wheels` here: carry .whl; PYTEST=0 skips the tests, BENCH=0 the benchmarks.
+    # After `wheels` here: carry .whl (and .whl-ucx, after `ucx-wheels`, in a call before).
     out="${OUT:-gpu-out}"
     mkdir -p "$out"
     repo=$(pwd)
+    wheels=(.whl/*.whl)
+    if [ -d .whl-ucx ]; then wheels+=(.whl-ucx/*.whl); fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl
+        --target /tmp/site "${wheels[@]}"
     export PYTHONPATH=/tmp/site RMM_BACKEND=cuda PYTHONUNBUFFERED=1
     status=0
     if [ "${PYTEST:-1}" = 1 ]; then
@@ -152,10 +194,19 @@ python)
         python3 python/bench/allocators.py --calls 20000 --rounds 6 2>&1 \
             | tee "$out/bench-python-allocators.txt" || status=1
     fi
+    if [ "${BENCH_MULTI:-0}" = 1 ]; then
+        # Every visible GPU, one worker each: dask-cuda's cluster against rmm-rs's, TCP and UCX
+        # (UCX is skipped, saying why, without .whl-ucx), and dask-cuda's local_cupy against
+        # both. MULTI_ARGS adds options, e.g. MULTI_ARGS="--per-worker 8GiB --repeats 1".
+        read -r -a multi_args <<< "${MULTI_ARGS:-}"
+        python3 python/bench/multi_gpu.py --protocol tcp,ucx --suite \
+            --json "$out/multi_gpu.json" ${multi_args[@]+"${multi_args[@]}"} 2>&1 \
+            | tee "$out/bench-multi-gpu.txt" || status=1
+    fi
     exit "$status"
     ;;
 *)
-    echo "usage: $0 build|run|multi|wheels|python" >&2
+    echo "usage: $0 build|run|multi|wheels|ucx-wheels|python" >&2
     exit 2
     ;;
 esac
