@@ -13,8 +13,8 @@ a time (GPU memory): each is closed before the next starts.
   rmm_allocator_external_lib_list=["cupy"])``: its DeviceHostFile, CuPy on RMM's pool.
 * rmm-rs: ``LocalCUDACluster(data=DeviceStore.factory(device_memory_limit=LIMIT))`` and
   ``RMMRsPlugin(rmm_pool_size=POOL, device_memory_limit=LIMIT,
-  rmm_allocator_external_lib_list=["cupy", "rmm"])`` ("rmm" where RAPIDS RMM is installed:
-  UCX receives device frames into ``rmm.DeviceBuffer``, which then come from rmm-rs's pool).
+  rmm_allocator_external_lib_list=["cupy"])`` (over UCX the store has device frames received
+  into rmm-rs buffers).
 
 Both clusters run without Dask's host memory limit unless --host-limit is given (a machine
 whose MemTotal grows as memory is used would otherwise size it far too small, and the nanny
@@ -834,7 +834,7 @@ def main(argv=None):
         host_limit=host_limit,
         threads=args.threads,
         rmm_rs_config=config,
-        rmm_rs_libs=["cupy", "rmm"] if has_rmm else ["cupy"],
+        rmm_rs_libs=["cupy"],
         timeout=args.timeout,
     )
     per_worker = parse_bytes(args.per_worker)
