@@ -147,8 +147,19 @@ impl AdoptedValue {
     /// Copies of a spilled value's allocations (bytes, wherever the data is; it does not
     /// move); None while the value is in its own memory.
     fn spilled_bytes<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
-        let bytes = py.detach(|| self.inner.spilled_bytes()).map_err(error)?;
-        Ok(bytes.map(|all| all.iter().map(|b| PyBytes::new(py, b)).collect()))
+        let Some(buffers) = self.inner.spilled_buffers() else {
+            return Ok(None);
+        };
+        // Read straight into each bytes object: one copy, into memory touched once.
+        buffers
+            .iter()
+            .map(|b| {
+                PyBytes::new_with(py, b.size(), |out| {
+                    py.detach(|| b.read_into(out)).map_err(error)
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()
+            .map(Some)
     }
 
     /// Spills the value now if nothing else holds it; returns the device bytes freed (0 when
@@ -327,11 +338,18 @@ fn adopt(value: Py<PyAny>, allocations: Vec<(u64, usize)>, device: u32) -> PyRes
 #[pyo3(signature = (parts, device=0))]
 fn receive(py: Python<'_>, parts: Vec<Bound<'_, PyAny>>, device: u32) -> PyResult<AdoptedValue> {
     let m = crate::buffers::spill_manager(device)?;
+    // As bytes (what is not is copied once): read in place from here on.
+    let bytes_type = py.import("builtins")?.getattr("bytes")?;
     let bytes = parts
         .iter()
-        .map(crate::buffers::host_bytes)
+        .map(|p| match p.cast::<PyBytes>() {
+            Ok(b) => Ok(b.clone()),
+            Err(_) => bytes_type
+                .call1((p,))
+                .and_then(|b| Ok(b.cast_into::<PyBytes>()?)),
+        })
         .collect::<PyResult<Vec<_>>>()?;
-    let slices: Vec<&[u8]> = bytes.iter().map(|b| b.as_ref()).collect();
+    let slices: Vec<&[u8]> = bytes.iter().map(|b| b.as_bytes()).collect();
     let inner = py
         .detach(|| m.receive(&slices, StreamView::DEFAULT))
         .map_err(error)?;

@@ -111,7 +111,6 @@ def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier):
         for w in peers:
             s = after[w]["spill"]
             received += s["received_on_device_bytes"] + s["received_off_device_bytes"]
-            assert s["tracked_bytes"] <= 16 * MIB + SIZE, s
         if send_from_tier:
             # The spilled ones arrived as host frames and were kept as they are; over the
             # peers' limits some went straight to their host tiers.

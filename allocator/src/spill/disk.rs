@@ -367,13 +367,11 @@ impl DiskStore {
         Ok(())
     }
 
-    /// The file's bytes in a new vector.
-    pub(crate) fn read_vec(&self, disk: &DiskFile) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; disk.len];
+    /// Reads the file's bytes into `out` (its length).
+    pub(crate) fn read_into(&self, disk: &DiskFile, out: &mut [u8]) -> Result<()> {
         disk.file
-            .read_exact_at(&mut out, 0)
-            .map_err(|e| io_error(&disk.path, "read", e))?;
-        Ok(out)
+            .read_exact_at(out, 0)
+            .map_err(|e| io_error(&disk.path, "read", e))
     }
 
     /// Writes `len` device bytes at `src` of `device` to a new file for buffer `id`, after
@@ -686,7 +684,9 @@ mod tests {
         // Nothing in the directory that a killed process could leave behind.
         assert_eq!(dir.entries(), Vec::<String>::new());
         assert_eq!(store.held(), data.len() as u64);
-        assert_eq!(store.read_vec(&file).unwrap(), data);
+        let mut read = vec![0u8; data.len()];
+        store.read_into(&file, &mut read).unwrap();
+        assert_eq!(read, data);
         drop(slices);
         let mut back = vec![
             pool.allocate(1 << 20).unwrap(),

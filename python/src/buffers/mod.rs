@@ -21,7 +21,7 @@ type Reduced<'py> = (Bound<'py, PyAny>, (Bound<'py, PyBytes>, u32));
 
 /// The bytes of `data`: `bytes` without a copy, anything else with the buffer protocol
 /// (bytearray, memoryview, a contiguous NumPy array) copied once.
-pub(crate) fn host_bytes<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<std::borrow::Cow<'a, [u8]>> {
+fn host_bytes<'a>(data: &'a Bound<'_, PyAny>) -> PyResult<std::borrow::Cow<'a, [u8]>> {
     if let Ok(b) = data.cast::<PyBytes>() {
         return Ok(std::borrow::Cow::Borrowed(b.as_bytes()));
     }

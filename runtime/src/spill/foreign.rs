@@ -243,6 +243,16 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         Ok(views)
     }
 
+    /// The spilled data's buffers, one per allocation (each read with
+    /// [`SpillableBuffer::read_into`] without moving it); `None` while the value is in its
+    /// owner's memory.
+    pub fn spilled_buffers(&self) -> Option<Vec<Arc<SpillableBuffer>>> {
+        match &*self.state.lock() {
+            State::Device(_) => None,
+            State::Spilled(buffers) => Some(buffers.clone()),
+        }
+    }
+
     /// Copies of the spilled data (one per allocation), wherever it is; `None` while the
     /// value is in its owner's memory.
     ///

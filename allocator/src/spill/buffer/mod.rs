@@ -499,23 +499,44 @@ impl SpillableBuffer {
     /// [`Error::Driver`](crate::Error::Driver) when the copy from the device fails;
     /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
     pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.size];
+        self.read_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Copies the data into `out` (exactly [`size`](Self::size) bytes), wherever it is: it
+    /// does not move. Sending spilled data elsewhere reads it this way, straight into the
+    /// message's memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `out` is not `size`
+    /// bytes; [`Error::Driver`](crate::Error::Driver) when the copy from the device fails;
+    /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
+    pub fn read_into(&self, out: &mut [u8]) -> Result<()> {
+        if out.len() != self.size {
+            return Err(Error::invalid_argument(
+                "out",
+                out.len(),
+                format!("exactly the buffer's {} bytes", self.size),
+            ));
+        }
         let state = self.state.lock();
         match &*state {
             State::Device { ptr, stream, .. } => {
                 synchronize_stream(self.device(), *stream)?;
-                let mut out = vec![0u8; self.size];
-                self.device().copy_to_host(&mut out, *ptr)?;
-                Ok(out)
+                self.device().copy_to_host(out, *ptr)
             }
             State::Host(slices) => {
-                let mut out = Vec::with_capacity(self.size);
+                let mut rest = out;
                 for s in slices {
-                    let take = (self.size - out.len()).min(s.len());
-                    out.extend_from_slice(&s.as_slice()[..take]);
+                    let n = rest.len().min(s.len());
+                    let (head, tail) = rest.split_at_mut(n);
+                    head.copy_from_slice(&s.as_slice()[..n]);
+                    rest = tail;
                 }
-                Ok(out)
+                Ok(())
             }
-            State::Disk(file, disk) => disk.read_vec(file),
+            State::Disk(file, disk) => disk.read_into(file, out),
         }
     }
 
