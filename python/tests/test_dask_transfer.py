@@ -126,3 +126,43 @@ def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier):
         assert client.gather(checks) == [True] * N
         got = client.gather(futures[:4] + kept[-4:])
         assert [x.to_bytes() for x in got] == [data(i) for i in [0, 1, 2, 3, 20, 21, 22, 23]]
+
+
+def test_a_value_sent_from_host_memory_is_rebuilt_where_no_store_receives_it():
+    import pickle
+
+    from rmm_rs.dask.transfer import HostFrames
+
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="16MiB")
+    store["x"] = make(7)
+    assert store.spill("x") == SIZE
+    entry: Any = store._device["x"]
+    sent = HostFrames(entry.header, entry.frames, source=entry.adopted)
+    assert sent.nbytes == SIZE
+    # Pickled (Dask's last resort), it arrives where no store receives it: the value itself.
+    back = pickle.loads(pickle.dumps(sent))
+    assert check(back, 7)
+    # A store takes it as it is, off the device when it does not fit.
+    store["y"] = HostFrames(entry.header, entry.frames, sent.data())
+    assert check(store["y"], 7)
+    store.close()
+
+
+def test_a_received_value_that_fits_nowhere_goes_on_the_device(caplog):
+    from rmm_rs.dask.transfer import HostFrames
+
+    rmm_rs.initialize(None, {"spill": {"enabled": True, "host_pool_size": "4MiB"}})
+    store = DeviceStore(device_memory_limit="4MiB")
+    store["a"] = make(1)
+    store["b"] = make(2)  # over the limit: "a" goes to the host tier, which is full then
+    assert (store.tier("a"), store.tier("b")) == ("host", "device")
+    entry: Any = store._device["a"]
+    parts = HostFrames(entry.header, entry.frames, source=entry.adopted).data()
+    # Over the limit and no host room: on the device all the same, said in the log.
+    with caplog.at_level("WARNING", logger="rmm_rs.dask.transfer"):
+        store["c"] = HostFrames(entry.header, entry.frames, parts)
+    assert "kept on the device" in caplog.text
+    assert store.tier("c") == "device"
+    assert check(store["c"], 1)
+    store.close()

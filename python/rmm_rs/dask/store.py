@@ -140,10 +140,8 @@ class _DeviceEntry:
             return value
         if all(a is not None for a in self.adopted.device_allocations()):
             return self.get(homes)
-        parts = self.adopted.spilled_bytes()
-        if parts is None:  # None only for a value in its own memory: value() returned it
-            return self.get(homes)
-        return HostFrames(self.header, self.frames, parts)
+        # Its data is read as the message is serialized, off the worker's event loop.
+        return HostFrames(self.header, self.frames, source=self.adopted)
 
 
 class DeviceStore(MutableMapping):
@@ -256,18 +254,12 @@ class DeviceStore(MutableMapping):
         with self._lock:
             self._discard(key)
             if isinstance(value, HostFrames):
-                try:
-                    adopted = _rmm_rs.receive(value.parts, self.device_id)
-                except rmm_rs.RmmError as e:
-                    # Neither under the limit nor in the host tier (and no disk tier): on
-                    # the device all the same, where spilling makes what room it can.
-                    logger.warning("rmm-rs: %r kept on the device: %s", key, e)
-                    value = value.rebuild(self.device_id)
-                else:
-                    self._device[key] = _DeviceEntry(
-                        value.header, value.frames, adopted, adopted.size
-                    )
-                    return
+                # Received from a peer: kept as it arrived (see rmm_rs.dask.transfer).
+                value = transfer.keep(value, self.device_id)
+            if isinstance(value, HostFrames) and value.kept is not None:
+                kept = value.kept
+                self._device[key] = _DeviceEntry(value.header, value.frames, kept, kept.size)
+                return
             entry = self._adopt(key, value) if is_device_object(value) else None
             if entry is not None:
                 self._device[key] = entry

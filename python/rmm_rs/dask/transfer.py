@@ -49,27 +49,60 @@ def sending() -> bool:
 
 class HostFrames:
     """A device value off the device, on its way between workers: the header of its Dask
-    "cuda" serialization, its frames (host frames as they are; device frames as
-    ``(allocation, offset, nbytes)`` into ``parts``), and ``parts``, the bytes of its
-    allocations."""
+    "cuda" serialization and its frames (host frames as they are; device frames as
+    ``(allocation, offset, nbytes)`` into its allocations), with its data in one of three
+    forms: ``source``, the sender's spilled value, read only as the message is serialized
+    (off the worker's event loop); ``parts``, the bytes of its allocations as they arrived;
+    or ``kept``, the receiving store's value that holds them already (made as the message
+    was deserialized, off the event loop too)."""
 
-    __slots__ = ("header", "frames", "parts")
+    __slots__ = ("header", "frames", "parts", "source", "kept")
 
-    def __init__(self, header: Dict[str, Any], frames: Sequence[Frame], parts: Sequence[Any]):
+    def __init__(
+        self,
+        header: Dict[str, Any],
+        frames: Sequence[Frame],
+        parts: Optional[Sequence[Any]] = None,
+        *,
+        source: Optional["_rmm_rs.AdoptedValue"] = None,
+        kept: Optional["_rmm_rs.AdoptedValue"] = None,
+    ):
         self.header = header
         self.frames = list(frames)
-        self.parts = list(parts)
+        self.parts = None if parts is None else list(parts)
+        self.source = source
+        self.kept = kept
 
     @property
     def nbytes(self) -> int:
         """Bytes of the value's allocations."""
-        return sum(memoryview(p).nbytes for p in self.parts)
+        held = self.source or self.kept
+        if held is not None:
+            return held.size
+        return sum(memoryview(p).nbytes for p in self.parts or ())
+
+    def data(self) -> List[Any]:
+        """The bytes of the value's allocations (read from the sender's tier now, for a
+        value being sent)."""
+        if self.parts is None and self.source is not None:
+            parts = self.source.spilled_bytes()
+            if parts is None:
+                raise rmm_rs.RmmError(
+                    "a spilled value was back in its own memory as it was sent: this is a bug"
+                )
+            return list(parts)
+        if self.parts is None:
+            raise rmm_rs.RmmError(
+                "this value was received into a device store: read it from the store"
+            )
+        return self.parts
 
     def rebuild(self, device: int = 0) -> Any:
         """The value itself, its device frames copied onto ``device`` (into rmm-rs buffers:
         the device's current stack where rmm-rs runs in this process)."""
+        parts = self.data()
         frames = [
-            _rmm_rs.DeviceBuffer.from_bytes(memoryview(self.parts[f[0]])[f[1] : f[1] + f[2]], device)
+            _rmm_rs.DeviceBuffer.from_bytes(memoryview(parts[f[0]])[f[1] : f[1] + f[2]], device)
             if isinstance(f, tuple)
             else f
             for f in self.frames
@@ -77,27 +110,44 @@ class HostFrames:
         return deserialize(self.header, frames, deserializers=("cuda",))
 
     def __reduce__(self):
-        return (_arrived, (self.header, self.frames, self.parts))
+        return (_arrived, (self.header, self.frames, self.data()))
 
     def __repr__(self) -> str:
-        return f"<HostFrames: {len(self.parts)} allocation(s), {self.nbytes} bytes>"
+        return f"<HostFrames: {self.nbytes} bytes>"
 
 
 def _arrived(header: Dict[str, Any], frames: Sequence[Frame], parts: Sequence[Any]) -> Any:
-    """What a received :class:`HostFrames` becomes: itself where a device store receives it
-    (the store keeps it off the device), else the value it stands for."""
-    value = HostFrames(header, frames, parts)
+    """What a received :class:`HostFrames` becomes: where a device store receives it, the
+    store's value holding its data (on the device when it fits under the limit, else in the
+    host tier); anywhere else, the value it stands for."""
     store = _RECEIVING.get()
-    if store is not None:
+    value = HostFrames(header, frames, parts)
+    if store is None:
+        return value.rebuild()
+    return keep(value, store.device_id)
+
+
+def keep(value: HostFrames, device: int) -> Any:
+    """``value``'s data kept by ``device``'s spill manager (on the device when it fits under
+    the limit, else in the host tier), as a :class:`HostFrames` whose ``kept`` holds it; when
+    it fits nowhere (a full host tier, no disk tier), the value rebuilt on the device, where
+    spilling makes what room it can."""
+    if value.kept is not None:
         return value
-    return value.rebuild()
+    try:
+        kept = _rmm_rs.receive(value.data(), device)
+    except rmm_rs.RmmError as e:
+        logger.warning("rmm-rs: a received value kept on the device: %s", e)
+        return value.rebuild(device)
+    return HostFrames(value.header, value.frames, kept=kept)
 
 
 def _serialize_host_frames(x: HostFrames) -> Tuple[Dict[str, Any], List[Any]]:
+    parts = x.data()
     layout = [list(f) if isinstance(f, tuple) else None for f in x.frames]
     host = [f for f in x.frames if not isinstance(f, tuple)]
-    header = {"value": x.header, "layout": layout, "parts": len(x.parts)}
-    return header, [*host, *x.parts]
+    header = {"value": x.header, "layout": layout, "parts": len(parts)}
+    return header, [*host, *parts]
 
 
 def _deserialize_host_frames(header: Dict[str, Any], frames: List[Any]) -> Any:
