@@ -16,8 +16,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PySlice};
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::spill::{SharedDeviceGuard, Tier};
 use rmm_allocator::{Device, StreamView};
@@ -160,6 +161,41 @@ impl AdoptedValue {
             })
             .collect::<PyResult<Vec<_>>>()
             .map(Some)
+    }
+
+    /// Device copies of a spilled value's allocations (new `DeviceBuffer`s from the device's
+    /// current stack, one per allocation), wherever the data is: it does not move, and nothing
+    /// else leaves the device for them. None while the value is in its own memory. A value a
+    /// peer asks for over a connection that carries device memory (UCX) is sent this way.
+    fn device_copies(&self, py: Python<'_>) -> PyResult<Option<Vec<crate::buffers::DeviceBuffer>>> {
+        let Some(buffers) = self.inner.spilled_buffers() else {
+            return Ok(None);
+        };
+        let device = self.device;
+        py.detach(|| {
+            rmm_allocator::with_device(device, || {
+                buffers
+                    .iter()
+                    .map(|b| {
+                        let copy = rmm_allocator::DeviceBuffer::new(b.size(), StreamView::DEFAULT)?;
+                        if b.size() > 0 {
+                            b.copy_to_device(copy.data())?;
+                        }
+                        Ok(copy)
+                    })
+                    .collect::<rmm_allocator::Result<Vec<_>>>()
+            })
+        })
+        .map_err(error)?
+        .map_err(error)
+        .map(|copies| {
+            Some(
+                copies
+                    .into_iter()
+                    .map(|b| crate::buffers::DeviceBuffer::owned(b, device))
+                    .collect(),
+            )
+        })
     }
 
     /// Spills the value now if nothing else holds it; returns the device bytes freed (0 when
@@ -331,28 +367,56 @@ fn adopt(value: Py<PyAny>, allocations: Vec<(u64, usize)>, device: u32) -> PyRes
 
 /// Keeps a value that arrives from elsewhere (a peer worker sent it from its host tier) as an
 /// `AdoptedValue` already off its owner: `parts` are the bytes of its allocations (bytes, or
-/// anything with the buffer protocol), in the order its frames index them. It goes on the
-/// device when all of it fits under the limit now, else into the pinned host tier (or on
-/// disk past it) without touching the device; either way `device_frames` rebuilds it.
+/// anything with the buffer protocol: read in place), in the order its frames index them.
+/// They are copied once, into pinned host memory; from there the value moves on to the
+/// device when all of it fits under the limit now, else it stays in the host tier (or goes
+/// on to disk) without touching the device. Either way `device_frames` rebuilds it.
 #[pyfunction]
 #[pyo3(signature = (parts, device=0))]
 fn receive(py: Python<'_>, parts: Vec<Bound<'_, PyAny>>, device: u32) -> PyResult<AdoptedValue> {
     let m = crate::buffers::spill_manager(device)?;
-    // As bytes (what is not is copied once): read in place from here on.
-    let bytes_type = py.import("builtins")?.getattr("bytes")?;
-    let bytes = parts
+    let memoryview = py.import("builtins")?.getattr("memoryview")?;
+    let views = parts
         .iter()
-        .map(|p| match p.cast::<PyBytes>() {
-            Ok(b) => Ok(b.clone()),
-            Err(_) => bytes_type
-                .call1((p,))
-                .and_then(|b| Ok(b.cast_into::<PyBytes>()?)),
+        .map(|p| memoryview.call1((p,)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let buffers = views
+        .iter()
+        .map(|v| {
+            let b = PyBuffer::<u8>::get(v)?;
+            if !b.is_c_contiguous() {
+                return Err(error(format!(
+                    "receive: a part of {} bytes is not contiguous: pass bytes, a bytearray \
+                     or a contiguous memoryview",
+                    b.len_bytes()
+                )));
+            }
+            Ok(b)
         })
         .collect::<PyResult<Vec<_>>>()?;
-    let slices: Vec<&[u8]> = bytes.iter().map(|b| b.as_bytes()).collect();
-    let inner = py
-        .detach(|| m.receive(&slices, StreamView::DEFAULT))
-        .map_err(error)?;
+    let sizes: Vec<usize> = buffers.iter().map(|b| b.len_bytes()).collect();
+    // Each piece of pinned memory is filled from the part's range (a memoryview of it: no
+    // copy), with the interpreter held: the copy goes into resident memory.
+    let mut failed = None;
+    let mut fill = |i: usize, offset: usize, chunk: &mut [u8]| {
+        let copied = if offset == 0 && chunk.len() == sizes[i] {
+            buffers[i].copy_to_slice(py, chunk)
+        } else {
+            let range = PySlice::new(py, offset as isize, (offset + chunk.len()) as isize, 1);
+            views[i]
+                .get_item(range)
+                .and_then(|piece| PyBuffer::<u8>::get(&piece))
+                .and_then(|piece| piece.copy_to_slice(py, chunk))
+        };
+        copied.map_err(|e| {
+            let message = e.to_string();
+            failed = Some(e);
+            rmm_allocator::Error::invalid_argument("part", i, message)
+        })
+    };
+    let inner = m
+        .receive_with(&sizes, StreamView::DEFAULT, &mut fill)
+        .map_err(|e| failed.take().unwrap_or_else(|| error(e)))?;
     Ok(AdoptedValue { inner, device })
 }
 

@@ -166,3 +166,26 @@ def test_a_received_value_that_fits_nowhere_goes_on_the_device(caplog):
     assert store.tier("c") == "device"
     assert check(store["c"], 1)
     store.close()
+
+
+def test_over_a_connection_carrying_device_memory_a_spilled_value_goes_as_device_copies():
+    from distributed.protocol import deserialize, serialize
+
+    from rmm_rs.dask.transfer import HostFrames
+
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="16MiB")
+    store["x"] = make(3)
+    assert store.spill("x") == SIZE
+    entry: Any = store._device["x"]
+    sent = HostFrames(entry.header, entry.frames, source=entry.adopted)
+    header, frames = serialize(sent, serializers=("cuda",), on_error="raise")
+    # Device frames (what UCX moves device to device); the value itself stayed spilled.
+    assert [type(f).__name__ for f in frames] == ["DeviceBuffer"]
+    assert store.tier("x") == "host"
+    assert check(deserialize(header, frames, deserializers=("cuda",)), 3)
+    # Over a host-only connection: host frames, read from the host tier.
+    header, frames = serialize(sent, serializers=("dask",), on_error="raise")
+    assert [len(memoryview(f)) for f in frames] == [SIZE]
+    assert check(deserialize(header, frames, deserializers=("dask",)), 3)
+    store.close()

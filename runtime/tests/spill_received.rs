@@ -158,3 +158,66 @@ fn bringing_a_value_back_to_send_it_is_counted() {
     assert_eq!(m.statistics().unspilled_to_send_bytes, 3 * MIB as u64);
     drop(views);
 }
+
+/// `receive_with` of `data`'s parts, filling each piece from them; and the pieces filled.
+fn receive_filled(m: &SpillManager, data: &[Vec<u8>]) -> (Arc<ForeignData<LibraryOwner>>, usize) {
+    let sizes: Vec<usize> = data.iter().map(|d| d.len()).collect();
+    let mut pieces = 0;
+    let v = m
+        .receive_with(&sizes, S, &mut |i, offset, chunk| {
+            pieces += 1;
+            chunk.copy_from_slice(&data[i][offset..offset + chunk.len()]);
+            Ok(())
+        })
+        .expect("the value is received");
+    (v, pieces)
+}
+
+#[test]
+fn a_value_filled_in_place_lands_where_it_fits_every_byte_intact() {
+    let _s = serial();
+    sim();
+    // A host tier pinned as it grows: its pieces are at most 32 MiB.
+    let rt = Runtime::start(&spilling("64MiB", "none", None)).unwrap();
+    let m = manager(&rt);
+    // Larger than a piece, so that each part is filled piece by piece.
+    let first = vec![pattern(40 * MIB + 3, 20), pattern(7, 21)];
+    let (v, pieces) = receive_filled(&m, &first);
+    assert_eq!(
+        pieces, 3,
+        "two pieces for the first part, one for the second"
+    );
+    assert_eq!(v.tier(), Tier::Device);
+    let second = vec![pattern(40 * MIB, 22)];
+    let (w, _) = receive_filled(&m, &second);
+    assert_eq!(
+        w.tier(),
+        Tier::Host,
+        "over the limit: it stays in the host tier"
+    );
+    let s = m.statistics();
+    assert_eq!(s.received_on_device_bytes, (40 * MIB + 10) as u64);
+    assert_eq!(s.received_off_device_bytes, 40 * MIB as u64);
+    assert_eq!(w.spilled_bytes().unwrap().unwrap(), second);
+    assert_eq!(read_back(&v), first);
+    assert_eq!(read_back(&w), second);
+}
+
+#[test]
+fn a_fill_that_fails_keeps_nothing() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("8MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let err = m
+        .receive_with::<LibraryOwner>(&[3 * MIB], S, &mut |_, _, _| {
+            Err(AllocError::invalid_argument("part", 0, "a readable buffer"))
+        })
+        .expect_err("the fill failed");
+    assert!(err.to_string().contains("readable buffer"), "{err}");
+    let s = m.statistics();
+    assert_eq!(
+        (s.host_bytes, s.tracked_bytes, s.received_off_device_bytes),
+        (0, 0, 0)
+    );
+}

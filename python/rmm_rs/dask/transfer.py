@@ -162,11 +162,47 @@ def _deserialize_host_frames(header: Dict[str, Any], frames: List[Any]) -> Any:
     return _arrived(header["value"], value_frames, parts)
 
 
-# The same frames whichever family the connection uses (all of them are host memory).
-for _register in (cuda_serialize, dask_serialize):
-    _register.register(HostFrames)(_serialize_host_frames)
-for _register in (cuda_deserialize, dask_deserialize):
-    _register.register(HostFrames)(_deserialize_host_frames)
+def _cuda_serialize_host_frames(x: HostFrames) -> Tuple[Dict[str, Any], List[Any]]:
+    """Over a connection that carries device memory (UCX): the value's device frames as
+    device copies made straight from its tier (the value stays where it is, and nothing else
+    leaves the device for them), so that they move device to device (NVLink, CUDA IPC)
+    rather than through the connection's host transport. Host frames where the device has
+    no room for the copies."""
+    if x.source is None:
+        return _serialize_host_frames(x)
+    try:
+        copies = x.source.device_copies()
+    except rmm_rs.RmmError as e:
+        logger.debug("rmm-rs: sending a spilled value as host frames: %s", e)
+        return _serialize_host_frames(x)
+    if copies is None:
+        return _serialize_host_frames(x)
+    frames = []
+    for f in x.frames:
+        if not isinstance(f, tuple):
+            frames.append(f)
+            continue
+        i, offset, n = f
+        c = copies[i]
+        if offset == 0 and n == c.size:
+            frames.append(c)
+        else:
+            frames.append(_rmm_rs.DeviceBuffer.copy_of_device(c.ptr + offset, n, c.device))
+    return {"value": x.header, "device": True}, frames
+
+
+def _cuda_deserialize_host_frames(header: Dict[str, Any], frames: List[Any]) -> Any:
+    if header.get("device"):
+        # Device frames (received into rmm-rs buffers over UCX): the value itself, which a
+        # device store adopts where it landed.
+        return deserialize(header["value"], frames, deserializers=("cuda",))
+    return _deserialize_host_frames(header, frames)
+
+
+dask_serialize.register(HostFrames)(_serialize_host_frames)
+dask_deserialize.register(HostFrames)(_deserialize_host_frames)
+cuda_serialize.register(HostFrames)(_cuda_serialize_host_frames)
+cuda_deserialize.register(HostFrames)(_cuda_deserialize_host_frames)
 
 
 @sizeof.register(HostFrames)

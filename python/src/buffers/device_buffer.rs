@@ -154,7 +154,7 @@ impl DeviceBuffer {
         Ok(())
     }
 
-    fn owned(b: rmm_allocator::DeviceBuffer, device: u32) -> Self {
+    pub(crate) fn owned(b: rmm_allocator::DeviceBuffer, device: u32) -> Self {
         DeviceBuffer {
             inner: Mutex::new(Some(Memory::Owned(b))),
             device,

@@ -422,6 +422,49 @@ impl SpillManager {
         ))
     }
 
+    /// [`receive`](Self::receive) of parts of `sizes` bytes that `fill` writes (called with
+    /// the part, the offset in it, and a piece of pinned host memory to fill), so that data
+    /// held elsewhere (another language's buffer) is copied once, into pinned memory. A value
+    /// that fits under the limit then moves on to the device at the copy engine's rate.
+    ///
+    /// # Errors
+    /// As [`SpillableBuffer::off_device_with`]; bringing the value to the device failed; what
+    /// `fill` returns. Nothing is kept then.
+    pub fn receive_with<O: ForeignOwner + 'static>(
+        &self,
+        sizes: &[usize],
+        stream: StreamView,
+        fill: &mut dyn FnMut(usize, usize, &mut [u8]) -> rmm_allocator::Result<()>,
+    ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
+        let bytes: usize = sizes.iter().sum();
+        let on_device = self.tracker.has_room(bytes);
+        let buffers = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| {
+                SpillableBuffer::off_device_with(
+                    &self.store,
+                    size,
+                    self.observer(),
+                    &mut |offset, chunk| fill(i, offset, chunk),
+                )
+            })
+            .collect::<rmm_allocator::Result<Vec<_>>>()?;
+        buffers.iter().for_each(|b| self.register(b));
+        if on_device {
+            for b in &buffers {
+                b.device_view(stream)?;
+            }
+        }
+        self.tracker.received[usize::from(!on_device)].fetch_add(bytes as u64, Ordering::Relaxed);
+        Ok(ForeignData::received(
+            &self.tracker,
+            &self.store,
+            buffers,
+            stream,
+        ))
+    }
+
     /// With `on`, room under the limit is made off the callers' threads from now on: data
     /// brought back to the device (and buffers made there) go ahead at once, and the least
     /// recently used data is spilled by the manager's background thread right after, so

@@ -275,9 +275,28 @@ impl SpillableBuffer {
         bytes: &[u8],
         observer: Option<Arc<dyn SpillObserver>>,
     ) -> Result<Arc<SpillableBuffer>> {
+        Self::off_device_with(store, bytes.len(), observer, &mut |offset, chunk| {
+            chunk.copy_from_slice(&bytes[offset..offset + chunk.len()]);
+            Ok(())
+        })
+    }
+
+    /// [`off_device_from_host`](Self::off_device_from_host) of `size` bytes that `fill`
+    /// writes: called with each piece of the buffer's memory in order (its offset, and the
+    /// piece), straight into pinned host memory, so that data held elsewhere (another
+    /// language's buffer) is copied once.
+    ///
+    /// # Errors
+    /// As [`off_device_from_host`](Self::off_device_from_host), and what `fill` returns.
+    pub fn off_device_with(
+        store: &Arc<SpillStore>,
+        size: usize,
+        observer: Option<Arc<dyn SpillObserver>>,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<Arc<SpillableBuffer>> {
         let buffer = Arc::new(SpillableBuffer {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            size: bytes.len(),
+            size,
             store: Arc::clone(store),
             observer,
             state: Mutex::new(State::Host(Vec::new())),
@@ -288,17 +307,19 @@ impl SpillableBuffer {
         });
         let state = match buffer.host_slices() {
             Ok(mut slices) => {
-                let mut rest = bytes;
+                let mut offset = 0;
                 for s in &mut slices {
-                    let n = rest.len().min(s.len());
-                    s.as_mut_slice()[..n].copy_from_slice(&rest[..n]);
-                    rest = &rest[n..];
+                    let n = (size - offset).min(s.len());
+                    fill(offset, &mut s.as_mut_slice()[..n])?;
+                    offset += n;
                 }
                 State::Host(slices)
             }
             Err(Error::HostOutOfMemory { .. }) if store.has_disk() => {
+                let mut bytes = vec![0u8; size];
+                fill(0, &mut bytes)?;
                 let disk = buffer.disk()?;
-                let file = disk.write_bytes(buffer.id, bytes)?;
+                let file = disk.write_bytes(buffer.id, &bytes)?;
                 State::Disk(file, disk)
             }
             Err(e) => return Err(e),
@@ -537,6 +558,42 @@ impl SpillableBuffer {
                 Ok(())
             }
             State::Disk(file, disk) => disk.read_into(file, out),
+        }
+    }
+
+    /// Copies the data into `dst`, [`size`](Self::size) bytes of device memory on the
+    /// buffer's device, wherever the data is: it does not move (from the host tier the copy
+    /// runs at the pinned copy rate). Sending spilled data as device memory reads it this way
+    /// into memory that goes with the message.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when a copy fails;
+    /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
+    pub fn copy_to_device(&self, dst: DevicePtr) -> Result<()> {
+        let device = self.device();
+        let state = self.state.lock();
+        match &*state {
+            State::Device { ptr, stream, .. } => {
+                synchronize_stream(device, *stream)?;
+                device.copy_device_to_device(dst, *ptr, self.size)
+            }
+            State::Host(slices) => {
+                let mut offset = 0;
+                for s in slices {
+                    let n = (self.size - offset).min(s.len());
+                    device.copy_to_device(
+                        DevicePtr(dst.addr() + offset as u64),
+                        &s.as_slice()[..n],
+                    )?;
+                    offset += n;
+                }
+                Ok(())
+            }
+            State::Disk(file, disk) => {
+                let mut bytes = vec![0u8; self.size];
+                disk.read_into(file, &mut bytes)?;
+                device.copy_to_device(dst, &bytes)
+            }
         }
     }
 
