@@ -50,7 +50,8 @@ pub use runtime::{
     DEFAULT_DRAIN_TIMEOUT, Runtime, RuntimeBuilder, RuntimeHandle, device_facts, open_backend,
 };
 pub use spill::{
-    ForeignData, ForeignOwner, OwnerAccess, SpillManager, SpillStatistics, TierStatistics, TierUndo,
+    ForeignData, ForeignOwner, OwnerAccess, PartFill, SpillManager, SpillStatistics,
+    TierStatistics, TierUndo,
 };
 pub use stack::{DeviceStack, OomHandler, PoolPlan, StackPlan, UpstreamPlan, build_device_stack};
 pub use task::{TaskContext, TaskHandle};

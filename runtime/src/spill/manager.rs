@@ -33,6 +33,10 @@ impl TierSettings {
     }
 }
 
+/// What fills a received value's pinned memory in [`SpillManager::receive_with`]: called
+/// with the part, the offset in it, and a piece of memory to fill.
+pub type PartFill<'a> = dyn FnMut(usize, usize, &mut [u8]) -> rmm_allocator::Result<()> + 'a;
+
 /// What [`SpillManager::replace_tiers`] replaced, to put back with
 /// [`SpillManager::restore_tiers`].
 #[derive(Debug)]
@@ -434,7 +438,7 @@ impl SpillManager {
         &self,
         sizes: &[usize],
         stream: StreamView,
-        fill: &mut dyn FnMut(usize, usize, &mut [u8]) -> rmm_allocator::Result<()>,
+        fill: &mut PartFill<'_>,
     ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
         let bytes: usize = sizes.iter().sum();
         let on_device = self.tracker.has_room(bytes);

@@ -20,6 +20,6 @@ mod statistics;
 mod tracker;
 
 pub use foreign::{ForeignData, ForeignOwner, OwnerAccess};
-pub use manager::{SpillManager, TierUndo};
+pub use manager::{PartFill, SpillManager, TierUndo};
 pub use statistics::{SpillStatistics, TierStatistics};
 pub(crate) use tracker::SpillBatch;
