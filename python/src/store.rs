@@ -395,27 +395,32 @@ fn receive(py: Python<'_>, parts: Vec<Bound<'_, PyAny>>, device: u32) -> PyResul
         })
         .collect::<PyResult<Vec<_>>>()?;
     let sizes: Vec<usize> = buffers.iter().map(|b| b.len_bytes()).collect();
-    // Each piece of pinned memory is filled from the part's range (a memoryview of it: no
-    // copy), with the interpreter held: the copy goes into resident memory.
+    let views: Vec<Py<PyAny>> = views.into_iter().map(Bound::unbind).collect();
+    // Pinned memory is found (and pinned, as the host tier grows) without the interpreter;
+    // each piece is then filled from the part's range (a memoryview of it: no copy) with the
+    // interpreter held, a copy into resident memory.
     let mut failed = None;
     let mut fill = |i: usize, offset: usize, chunk: &mut [u8]| {
-        let copied = if offset == 0 && chunk.len() == sizes[i] {
-            buffers[i].copy_to_slice(py, chunk)
-        } else {
-            let range = PySlice::new(py, offset as isize, (offset + chunk.len()) as isize, 1);
-            views[i]
-                .get_item(range)
-                .and_then(|piece| PyBuffer::<u8>::get(&piece))
-                .and_then(|piece| piece.copy_to_slice(py, chunk))
-        };
-        copied.map_err(|e| {
-            let message = e.to_string();
-            failed = Some(e);
-            rmm_allocator::Error::invalid_argument("part", i, message)
+        Python::attach(|py| {
+            let copied = if offset == 0 && chunk.len() == sizes[i] {
+                buffers[i].copy_to_slice(py, chunk)
+            } else {
+                let range = PySlice::new(py, offset as isize, (offset + chunk.len()) as isize, 1);
+                views[i]
+                    .bind(py)
+                    .get_item(range)
+                    .and_then(|piece| PyBuffer::<u8>::get(&piece))
+                    .and_then(|piece| piece.copy_to_slice(py, chunk))
+            };
+            copied.map_err(|e| {
+                let message = e.to_string();
+                failed = Some(e);
+                rmm_allocator::Error::invalid_argument("part", i, message)
+            })
         })
     };
-    let inner = m
-        .receive_with(&sizes, StreamView::DEFAULT, &mut fill)
+    let inner = py
+        .detach(|| m.receive_with(&sizes, StreamView::DEFAULT, &mut fill))
         .map_err(|e| failed.take().unwrap_or_else(|| error(e)))?;
     Ok(AdoptedValue { inner, device })
 }
