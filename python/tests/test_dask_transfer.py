@@ -189,3 +189,35 @@ def test_over_a_connection_carrying_device_memory_a_spilled_value_goes_as_device
     assert [len(memoryview(f)) for f in frames] == [SIZE]
     assert check(deserialize(header, frames, deserializers=("dask",)), 3)
     store.close()
+
+
+def test_ucx_receives_device_frames_into_rmm_rs_buffers(monkeypatch):
+    """distributed-ucxx picks its device receive buffers as it initializes (RAPIDS RMM's
+    DeviceBuffer); the store has it use rmm-rs's instead, whether it is initialized yet or
+    not. A stand-in module plays distributed_ucxx.ucxx here (CI has no UCX)."""
+    import types
+
+    from rmm_rs.dask.transfer import receive_device_frames_into_rmm_rs
+
+    if "distributed_ucxx.ucxx" not in sys.modules:
+        assert receive_device_frames_into_rmm_rs(0) is False  # not loaded: nothing to do
+
+    def init_once():
+        comm.ucxx = object()
+        comm.device_array = lambda n: bytearray(n)  # what it would choose
+
+    comm: Any = types.ModuleType("distributed_ucxx.ucxx")
+    comm.ucxx, comm.device_array, comm.init_once = None, None, init_once
+    monkeypatch.setitem(sys.modules, "distributed_ucxx.ucxx", comm)
+    # Not initialized yet: its initialization is wrapped, and picks rmm-rs's buffers after.
+    assert receive_device_frames_into_rmm_rs(0) is True
+    chosen = comm.device_array
+    assert chosen is None
+    comm.init_once()
+    b = comm.device_array(1024)
+    assert isinstance(b, rmm_rs.DeviceBuffer) and b.size == 1024
+    # Once set, asking again changes nothing; initialized already, it is set at once.
+    assert receive_device_frames_into_rmm_rs(0) is True
+    comm.device_array = lambda n: bytearray(n)
+    assert receive_device_frames_into_rmm_rs(0) is True
+    assert isinstance(comm.device_array(8), rmm_rs.DeviceBuffer)

@@ -643,3 +643,58 @@ def test_a_fault_in_a_workers_reinitialize_is_its_error_and_loses_nothing(
     client.run(reinitialize_into_a_pool_on_a_worker, host_pool_size, workers=[a])
     assert "PoolMemoryResource" in client.run(stack, workers=[a])[a]
     check_all(client, workers, results, (f, i))
+
+
+# Values between workers (rmm_rs.dask.transfer), in one process: what a worker does with a
+# value a peer sends or asks for, with one of its copies failing.
+
+
+def spilled_value(store, i):
+    """A 4 MiB value of ``store`` spilled to its host tier, and what a peer would be sent."""
+    from rmm_rs.dask.transfer import HostFrames
+
+    store[f"sent-{i}"] = make(i)
+    assert store.spill(f"sent-{i}") == SIZE
+    entry: Any = store._device[f"sent-{i}"]
+    return HostFrames(entry.header, entry.frames, source=entry.adopted)
+
+
+@needs_sim
+def test_a_failed_copy_onto_the_device_of_a_received_value_keeps_it_all_the_same(caplog):
+    from rmm_rs.dask.transfer import HostFrames
+
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="64MiB")
+    sent = spilled_value(store, 40)
+    parts = sent.data()
+    host_before = rmm_rs.spill_statistics()[0]["host_bytes"]
+    # It fits under the limit: copied into pinned memory, then onto the device, which fails.
+    inject("copy", 1)
+    with caplog.at_level("WARNING", logger="rmm_rs.dask.transfer"):
+        store["got"] = HostFrames(sent.header, sent.frames, parts)
+    clear_faults()
+    assert "kept on the device" in caplog.text
+    # Nothing of the failed attempt is left pinned; the value is on the device, intact.
+    assert rmm_rs.spill_statistics()[0]["host_bytes"] == host_before
+    assert store.tier("got") == "device"
+    assert check(store["got"], 40)
+    store.close()
+
+
+@needs_sim
+def test_a_failed_device_copy_for_a_peer_sends_host_frames_instead():
+    from distributed.protocol import deserialize, serialize
+
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="64MiB")
+    sent = spilled_value(store, 41)
+    # Over UCX a spilled value goes as device copies; the copy fails: host frames go instead.
+    inject("copy", 1)
+    try:
+        header, frames = serialize(sent, serializers=("cuda",), on_error="raise")
+    finally:
+        clear_faults()
+    assert [len(memoryview(f)) for f in frames] == [SIZE]
+    assert check(deserialize(header, frames, deserializers=("cuda",)), 41)
+    assert store.tier("sent-41") == "host"
+    store.close()
