@@ -420,7 +420,7 @@ fn receive(py: Python<'_>, parts: Vec<Bound<'_, PyAny>>, device: u32) -> PyResul
         })
     };
     let inner = py
-        .detach(|| m.receive_with(&sizes, StreamView::DEFAULT, &mut fill))
+        .detach(|| m.receive(&sizes, StreamView::DEFAULT, &mut fill))
         .map_err(|e| failed.take().unwrap_or_else(|| error(e)))?;
     Ok(AdoptedValue { inner, device })
 }

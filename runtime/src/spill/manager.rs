@@ -33,7 +33,7 @@ impl TierSettings {
     }
 }
 
-/// What fills a received value's pinned memory in [`SpillManager::receive_with`]: called
+/// What fills a received value's pinned memory in [`SpillManager::receive`]: called
 /// with the part, the offset in it, and a piece of memory to fill.
 pub type PartFill<'a> = dyn FnMut(usize, usize, &mut [u8]) -> rmm_allocator::Result<()> + 'a;
 
@@ -390,51 +390,20 @@ impl SpillManager {
         data
     }
 
-    /// A value that arrives from elsewhere (a peer worker) as host bytes, one slice per
-    /// allocation, kept as an adopted value whose owner is already gone: on the device when
-    /// all of it fits under the limit now, else in the host tier (or on disk past it) without
-    /// touching the device. Either way it is spilled data from then on: it comes back to the
-    /// device on use and moves off it under pressure like any other.
-    ///
-    /// # Errors
-    /// As [`SpillableBuffer::from_host`] on the device, and as
-    /// [`SpillableBuffer::off_device_from_host`] off it; nothing is kept then.
-    pub fn receive<O: ForeignOwner + 'static>(
-        &self,
-        parts: &[&[u8]],
-        stream: StreamView,
-    ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
-        let bytes: usize = parts.iter().map(|p| p.len()).sum();
-        let on_device = self.tracker.has_room(bytes);
-        let buffers = parts
-            .iter()
-            .map(|p| {
-                if on_device {
-                    SpillableBuffer::from_host(&self.store, p, stream, self.observer())
-                } else {
-                    SpillableBuffer::off_device_from_host(&self.store, p, self.observer())
-                }
-            })
-            .collect::<rmm_allocator::Result<Vec<_>>>()?;
-        buffers.iter().for_each(|b| self.register(b));
-        self.tracker.received[usize::from(!on_device)].fetch_add(bytes as u64, Ordering::Relaxed);
-        Ok(ForeignData::received(
-            &self.tracker,
-            &self.store,
-            buffers,
-            stream,
-        ))
-    }
-
-    /// [`receive`](Self::receive) of parts of `sizes` bytes that `fill` writes (called with
-    /// the part, the offset in it, and a piece of pinned host memory to fill), so that data
-    /// held elsewhere (another language's buffer) is copied once, into pinned memory. A value
-    /// that fits under the limit then moves on to the device at the copy engine's rate.
+    /// A value that arrives from elsewhere (a peer worker), kept as an adopted value whose
+    /// owner is already gone: parts (one per allocation) of `sizes` bytes, which `fill` writes
+    /// straight into pinned host memory (called with the part, the offset in it, and a piece
+    /// of memory to fill), so that data held elsewhere (another language's buffer) is copied
+    /// once. The value then moves on to the device at the copy engine's rate when all of it
+    /// fits under the limit now (the move counts as unspilled bytes), else it stays in the
+    /// host tier, or goes on to disk past it, without touching the device. Either way it is
+    /// spilled data from then on: it comes back to the device on use and moves off it under
+    /// pressure like any other.
     ///
     /// # Errors
     /// As [`SpillableBuffer::off_device_with`]; bringing the value to the device failed; what
     /// `fill` returns. Nothing is kept then.
-    pub fn receive_with<O: ForeignOwner + 'static>(
+    pub fn receive<O: ForeignOwner + 'static>(
         &self,
         sizes: &[usize],
         stream: StreamView,

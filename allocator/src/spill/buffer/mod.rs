@@ -260,34 +260,17 @@ impl SpillableBuffer {
         Ok(buffer)
     }
 
-    /// A buffer holding a copy of `bytes` off the device: in the store's host tier, or in a
-    /// file of its disk tier when the host tier is full even after the observer made room.
-    /// The device is not touched; the data comes back into the device's current resource on
-    /// first use, like any spilled buffer's. For data that arrives from elsewhere (a value
-    /// a peer sends) and is not needed on the device yet.
+    /// A buffer of `size` bytes off the device, which `fill` writes (called with each piece
+    /// of the buffer's memory in order: its offset, and the piece): in the store's host tier,
+    /// straight into pinned memory, or in a file of its disk tier when the host tier is full
+    /// even after the observer made room. The device is not touched; the data comes back into
+    /// the device's current resource on first use, like any spilled buffer's. For data that
+    /// arrives from elsewhere (a value a peer sends) and is not needed on the device yet.
     ///
     /// # Errors
     /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when the host tier is full
     /// and there is no disk tier; [`Error::SpillFile`](crate::Error::SpillFile) when writing
-    /// the file fails. Nothing is kept then.
-    pub fn off_device_from_host(
-        store: &Arc<SpillStore>,
-        bytes: &[u8],
-        observer: Option<Arc<dyn SpillObserver>>,
-    ) -> Result<Arc<SpillableBuffer>> {
-        Self::off_device_with(store, bytes.len(), observer, &mut |offset, chunk| {
-            chunk.copy_from_slice(&bytes[offset..offset + chunk.len()]);
-            Ok(())
-        })
-    }
-
-    /// [`off_device_from_host`](Self::off_device_from_host) of `size` bytes that `fill`
-    /// writes: called with each piece of the buffer's memory in order (its offset, and the
-    /// piece), straight into pinned host memory, so that data held elsewhere (another
-    /// language's buffer) is copied once.
-    ///
-    /// # Errors
-    /// As [`off_device_from_host`](Self::off_device_from_host), and what `fill` returns.
+    /// the file fails; what `fill` returns. Nothing is kept then.
     pub fn off_device_with(
         store: &Arc<SpillStore>,
         size: usize,
