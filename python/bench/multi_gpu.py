@@ -447,6 +447,25 @@ def print_spill(per_worker):
         print(f"    {worker:28s} {cells[0]:>12s} {cells[1]:>12s} {cells[2]:>18s}")
     cells = ["n/a" if m else format_bytes(v) for v, m in zip(sums, missing)]
     print(f"    {'all':28s} {cells[0]:>12s} {cells[1]:>12s} {cells[2]:>18s}", flush=True)
+    print_transfer(per_worker)
+
+
+def print_transfer(per_worker):
+    """Per worker, what rmm-rs's part of the transfers cost (``statistics()["transfer"]``):
+    spilled values read from their tier for host frames, device copies made for UCX, and
+    received host frames kept; bytes and seconds of each (nothing where this rmm_rs does not
+    count them)."""
+    kinds = ("sent_host_frames", "sent_device_copies", "received_host_frames")
+    if not any("transfer" in stats for stats in per_worker.values()):
+        return
+    print(f"    {'worker':28s}" + "".join(f" {k.replace('_', ' '):>30s}" for k in kinds))
+    for worker, stats in sorted(per_worker.items()):
+        t = stats.get("transfer", {})
+        cells = [
+            f"{format_bytes(int(t.get(k + '_bytes', 0)))} in {t.get(k + '_seconds', 0.0):.2f} s"
+            for k in kinds
+        ]
+        print(f"    {worker:28s}" + "".join(f" {c:>30s}" for c in cells), flush=True)
 
 
 def check_sums(runs, rtol):

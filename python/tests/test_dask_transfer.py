@@ -111,13 +111,20 @@ def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier):
         for w in peers:
             s = after[w]["spill"]
             received += s["received_on_device_bytes"] + s["received_off_device_bytes"]
+        transfer = after[source]["metrics"]
+        kept_bytes = sum(after[w]["metrics"]["received_host_frames_bytes"] for w in peers)
         if send_from_tier:
             # The spilled ones arrived as host frames and were kept as they are; over the
             # peers' limits some went straight to their host tiers.
             assert received >= N * SIZE - 16 * MIB, after
             assert sum(after[w]["spill"]["received_off_device_bytes"] for w in peers) > 0
+            # The sender read them from its tier (TCP: host frames), the peers kept them.
+            assert transfer["sent_host_frames_bytes"] >= N * SIZE - 16 * MIB, transfer
+            assert transfer["sent_host_frames_seconds"] > 0
+            assert kept_bytes == received
         else:
-            assert received == 0
+            assert received == 0 and kept_bytes == 0
+            assert transfer["sent_host_frames_count"] == 0
         # Every value each peer kept reads back intact, on the peer and at the client.
         checks = [
             client.submit(check, f, i, workers=[peers[i % len(peers)]], pure=False)

@@ -391,7 +391,8 @@ class DeviceStore(MutableMapping):
         return self._device[key].adopted.spill()
 
     def statistics(self):
-        """Values and bytes per tier (this store's), and the device's spill figures."""
+        """Values and bytes per tier (this store's), the device's spill figures, and this
+        worker's transfer figures (``rmm_rs.dask.transfer.figures``)."""
         out: Dict[str, Any] = {f"{k}_count": 0 for k in _KINDS}
         out.update({f"{k}_bytes": 0 for k in _KINDS})
         for entry in {id(e.adopted): e for e in list(self._device.values())}.values():
@@ -400,6 +401,7 @@ class DeviceStore(MutableMapping):
             out[f"{t}_bytes"] += entry.nbytes
         out["host_store_count"] = len(self._host)
         out["spill"] = rmm_rs.spill_statistics().get(int(self.device_id), {})
+        out["transfer"] = transfer.figures()
         return out
 
     def clear(self):

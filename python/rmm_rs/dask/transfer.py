@@ -18,6 +18,8 @@ import asyncio
 import contextvars
 import logging
 import sys
+import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from dask.sizeof import sizeof
@@ -45,6 +47,51 @@ Frame = Union[Tuple[int, int, int], Any]
 def sending() -> bool:
     """True while this worker serves a peer's request for data."""
     return _SENDING.get()
+
+
+class _Figures:
+    """What this process's sends from a tier and receives cost: counts, bytes and the time
+    spent reading spilled data for a message, making device copies of it, and keeping
+    received data (the parts of a transfer rmm-rs does; the wire is Dask's)."""
+
+    _NAMES = (
+        "sent_host_frames",
+        "sent_device_copies",
+        "received_host_frames",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: Dict[str, float] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            for name in self._NAMES:
+                self._values[f"{name}_count"] = 0
+                self._values[f"{name}_bytes"] = 0
+                self._values[f"{name}_seconds"] = 0.0
+
+    def add(self, name: str, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self._values[f"{name}_count"] += 1
+            self._values[f"{name}_bytes"] += nbytes
+            self._values[f"{name}_seconds"] += seconds
+
+    def snapshot(self) -> Dict[str, float]:
+        with self._lock:
+            return dict(self._values)
+
+
+FIGURES = _Figures()
+
+
+def figures() -> Dict[str, float]:
+    """This process's transfer figures: per kind (``sent_host_frames``: spilled values sent
+    as host frames, read from their tier; ``sent_device_copies``: spilled values sent as
+    device copies over UCX; ``received_host_frames``: values received as host frames and kept
+    by the store), the count, the bytes and the seconds rmm-rs spent on them."""
+    return FIGURES.snapshot()
 
 
 class HostFrames:
@@ -134,16 +181,21 @@ def keep(value: HostFrames, device: int) -> Any:
     spilling makes what room it can."""
     if value.kept is not None:
         return value
+    start = time.perf_counter()
     try:
         kept = _rmm_rs.receive(value.data(), device)
     except rmm_rs.RmmError as e:
         logger.warning("rmm-rs: a received value kept on the device: %s", e)
         return value.rebuild(device)
+    FIGURES.add("received_host_frames", kept.size, time.perf_counter() - start)
     return HostFrames(value.header, value.frames, kept=kept)
 
 
 def _serialize_host_frames(x: HostFrames) -> Tuple[Dict[str, Any], List[Any]]:
+    start = time.perf_counter()
     parts = x.data()
+    if x.source is not None:
+        FIGURES.add("sent_host_frames", x.nbytes, time.perf_counter() - start)
     layout = [list(f) if isinstance(f, tuple) else None for f in x.frames]
     host = [f for f in x.frames if not isinstance(f, tuple)]
     header = {"value": x.header, "layout": layout, "parts": len(parts)}
@@ -170,6 +222,7 @@ def _cuda_serialize_host_frames(x: HostFrames) -> Tuple[Dict[str, Any], List[Any
     no room for the copies."""
     if x.source is None:
         return _serialize_host_frames(x)
+    start = time.perf_counter()
     try:
         copies = x.source.device_copies()
     except rmm_rs.RmmError as e:
@@ -188,6 +241,7 @@ def _cuda_serialize_host_frames(x: HostFrames) -> Tuple[Dict[str, Any], List[Any
             frames.append(c)
         else:
             frames.append(_rmm_rs.DeviceBuffer.copy_of_device(c.ptr + offset, n, c.device))
+    FIGURES.add("sent_device_copies", x.nbytes, time.perf_counter() - start)
     return {"value": x.header, "device": True}, frames
 
 
@@ -306,7 +360,7 @@ def attach_to_its_worker(store: Any) -> bool:
     return False
 
 
-def _worker_metrics(store: Any) -> Dict[str, int]:
+def _worker_metrics(store: Any) -> Dict[str, float]:
     spill = rmm_rs.spill_statistics(wait=False).get(int(store.device_id), {})
     keys = (
         "unspilled_to_send_bytes",
@@ -317,4 +371,6 @@ def _worker_metrics(store: Any) -> Dict[str, int]:
         "host_bytes",
         "disk_bytes",
     )
-    return {k: int(spill.get(k, 0)) for k in keys}
+    out: Dict[str, float] = {k: int(spill.get(k, 0)) for k in keys}
+    out.update(FIGURES.snapshot())
+    return out
