@@ -20,7 +20,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PySlice};
 use rmm_allocator::backend::DevicePtr;
-use rmm_allocator::spill::{SharedDeviceGuard, Tier};
+use rmm_allocator::spill::{SharedDeviceGuard, SpillableBuffer, Tier};
 use rmm_allocator::{Device, StreamView};
 use rmm_runtime::{ForeignData, ForeignOwner, OwnerAccess};
 
@@ -145,41 +145,60 @@ impl AdoptedValue {
             .collect()
     }
 
-    /// Copies of a spilled value's allocations (bytes, wherever the data is; it does not
-    /// move); None while the value is in its own memory.
-    fn spilled_bytes<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
-        let Some(buffers) = self.inner.spilled_buffers() else {
+    /// Copies of a spilled value's data as bytes, wherever it is (it does not move): each of
+    /// its allocations whole, or with `ranges`, each `(allocation, offset, nbytes)` asked for
+    /// (the part of an allocation that a value's frames cover). None while the value is in its
+    /// own memory.
+    #[pyo3(signature = (ranges=None))]
+    fn spilled_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        ranges: Option<Vec<(usize, usize, usize)>>,
+    ) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
+        let Some((buffers, ranges)) = self.spilled_ranges(py, ranges)? else {
             return Ok(None);
         };
         // Read straight into each bytes object: one copy, into memory touched once.
-        buffers
+        ranges
             .iter()
-            .map(|b| {
-                PyBytes::new_with(py, b.size(), |out| {
-                    py.detach(|| b.read_into(out)).map_err(error)
+            .map(|&(i, offset, nbytes)| {
+                PyBytes::new_with(py, nbytes, |out| {
+                    py.detach(|| buffers[i].read_range_into(offset, out))
+                        .map_err(error)
                 })
             })
             .collect::<PyResult<Vec<_>>>()
             .map(Some)
     }
 
-    /// Device copies of a spilled value's allocations (new `DeviceBuffer`s from the device's
-    /// current stack, one per allocation), wherever the data is: it does not move, and nothing
-    /// else leaves the device for them. None while the value is in its own memory. A value a
-    /// peer asks for over a connection that carries device memory (UCX) is sent this way.
-    fn device_copies(&self, py: Python<'_>) -> PyResult<Option<Vec<crate::buffers::DeviceBuffer>>> {
-        let Some(buffers) = self.inner.spilled_buffers() else {
+    /// Device copies of a spilled value's data (new `DeviceBuffer`s from the device's current
+    /// stack), wherever it is: it does not move. Each allocation whole, or with `ranges`, each
+    /// `(allocation, offset, nbytes)` asked for. None while the value is in its own memory, and
+    /// when the copies do not fit under the device's spill limit now: they are made only
+    /// where nothing has to leave the device for them. A value a peer asks for over a
+    /// connection that carries device memory (UCX) is sent this way.
+    #[pyo3(signature = (ranges=None))]
+    fn device_copies(
+        &self,
+        py: Python<'_>,
+        ranges: Option<Vec<(usize, usize, usize)>>,
+    ) -> PyResult<Option<Vec<crate::buffers::DeviceBuffer>>> {
+        let Some((buffers, ranges)) = self.spilled_ranges(py, ranges)? else {
             return Ok(None);
         };
+        let bytes: usize = ranges.iter().map(|r| r.2).sum();
+        if !crate::buffers::spill_manager(self.device)?.has_room(bytes) {
+            return Ok(None);
+        }
         let device = self.device;
         py.detach(|| {
             rmm_allocator::with_device(device, || {
-                buffers
+                ranges
                     .iter()
-                    .map(|b| {
-                        let copy = rmm_allocator::DeviceBuffer::new(b.size(), StreamView::DEFAULT)?;
-                        if b.size() > 0 {
-                            b.copy_to_device(copy.data())?;
+                    .map(|&(i, offset, nbytes)| {
+                        let copy = rmm_allocator::DeviceBuffer::new(nbytes, StreamView::DEFAULT)?;
+                        if nbytes > 0 {
+                            buffers[i].copy_range_to_device(offset, nbytes, copy.data())?;
                         }
                         Ok(copy)
                     })
@@ -264,6 +283,47 @@ impl AdoptedValue {
             tier_name(self.inner.tier()),
             self.device
         )
+    }
+}
+
+/// A spilled value's buffers, and the ranges of them asked for.
+type SpilledRanges = (Vec<Arc<SpillableBuffer>>, Vec<(usize, usize, usize)>);
+
+impl AdoptedValue {
+    /// The buffers of a spilled value (None while it is in its own memory), and `ranges`
+    /// checked against them (each buffer whole when None).
+    fn spilled_ranges(
+        &self,
+        py: Python<'_>,
+        ranges: Option<Vec<(usize, usize, usize)>>,
+    ) -> PyResult<Option<SpilledRanges>> {
+        // The value's lock is taken without the interpreter: a spill of it in the background
+        // holds that lock and asks for the interpreter.
+        let Some(buffers) = py.detach(|| self.inner.spilled_buffers()) else {
+            return Ok(None);
+        };
+        let ranges = ranges.unwrap_or_else(|| {
+            (0..buffers.len())
+                .map(|i| (i, 0, buffers[i].size()))
+                .collect()
+        });
+        for &(i, offset, nbytes) in &ranges {
+            let Some(b) = buffers.get(i) else {
+                return Err(error(format!(
+                    "allocation {i} is out of range: the value has {} allocation(s); ask only \
+                     for ranges within its allocations (its `allocations`)",
+                    buffers.len()
+                )));
+            };
+            if offset.checked_add(nbytes).is_none_or(|end| end > b.size()) {
+                return Err(error(format!(
+                    "{nbytes} bytes at offset {offset} run past the end of allocation {i} ({} \
+                     bytes); ask only for ranges within the value's allocations",
+                    b.size()
+                )));
+            }
+        }
+        Ok(Some((buffers, ranges)))
     }
 }
 

@@ -145,7 +145,7 @@ def test_a_value_sent_from_host_memory_is_rebuilt_where_no_store_receives_it():
     store["x"] = make(7)
     assert store.spill("x") == SIZE
     entry: Any = store._device["x"]
-    sent = HostFrames(entry.header, entry.frames, source=entry.adopted)
+    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
     assert sent.nbytes == SIZE
     # Pickled (Dask's last resort), it arrives where no store receives it: the value itself.
     back = pickle.loads(pickle.dumps(sent))
@@ -165,7 +165,7 @@ def test_a_received_value_that_fits_nowhere_goes_on_the_device(caplog):
     store["b"] = make(2)  # over the limit: "a" goes to the host tier, which is full then
     assert (store.tier("a"), store.tier("b")) == ("host", "device")
     entry: Any = store._device["a"]
-    parts = HostFrames(entry.header, entry.frames, source=entry.adopted).data()
+    parts = HostFrames.sent_from(entry.header, entry.frames, entry.adopted).data()
     # Over the limit and no host room: on the device all the same, said in the log.
     with caplog.at_level("WARNING", logger="rmm_rs.dask.transfer"):
         store["c"] = HostFrames(entry.header, entry.frames, parts)
@@ -185,7 +185,7 @@ def test_over_a_connection_carrying_device_memory_a_spilled_value_goes_as_device
     store["x"] = make(3)
     assert store.spill("x") == SIZE
     entry: Any = store._device["x"]
-    sent = HostFrames(entry.header, entry.frames, source=entry.adopted)
+    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
     header, frames = serialize(sent, serializers=("cuda",), on_error="raise")
     # Device frames (what UCX moves device to device); the value itself stayed spilled.
     assert [type(f).__name__ for f in frames] == ["DeviceBuffer"]

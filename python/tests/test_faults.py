@@ -656,7 +656,7 @@ def spilled_value(store, i):
     store[f"sent-{i}"] = make(i)
     assert store.spill(f"sent-{i}") == SIZE
     entry: Any = store._device[f"sent-{i}"]
-    return HostFrames(entry.header, entry.frames, source=entry.adopted)
+    return HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
 
 
 @needs_sim

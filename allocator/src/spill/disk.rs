@@ -367,10 +367,15 @@ impl DiskStore {
         Ok(())
     }
 
-    /// Reads the file's bytes into `out` (its length).
-    pub(crate) fn read_into(&self, disk: &DiskFile, out: &mut [u8]) -> Result<()> {
+    /// Reads `out.len()` bytes of the file from `offset` into `out`.
+    pub(crate) fn read_range_into(
+        &self,
+        disk: &DiskFile,
+        offset: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
         disk.file
-            .read_exact_at(out, 0)
+            .read_exact_at(out, offset as u64)
             .map_err(|e| io_error(&disk.path, "read", e))
     }
 
@@ -685,7 +690,7 @@ mod tests {
         assert_eq!(dir.entries(), Vec::<String>::new());
         assert_eq!(store.held(), data.len() as u64);
         let mut read = vec![0u8; data.len()];
-        store.read_into(&file, &mut read).unwrap();
+        store.read_range_into(&file, 0, &mut read).unwrap();
         assert_eq!(read, data);
         drop(slices);
         let mut back = vec![

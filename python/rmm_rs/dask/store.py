@@ -141,7 +141,7 @@ class _DeviceEntry:
         if all(a is not None for a in self.adopted.device_allocations()):
             return self.get(homes)
         # Its data is read as the message is serialized, off the worker's event loop.
-        return HostFrames(self.header, self.frames, source=self.adopted)
+        return HostFrames.sent_from(self.header, self.frames, self.adopted)
 
 
 class DeviceStore(MutableMapping):

@@ -97,13 +97,14 @@ def figures() -> Dict[str, float]:
 class HostFrames:
     """A device value off the device, on its way between workers: the header of its Dask
     "cuda" serialization and its frames (host frames as they are; device frames as
-    ``(allocation, offset, nbytes)`` into its allocations), with its data in one of three
-    forms: ``source``, the sender's spilled value, read only as the message is serialized
-    (off the worker's event loop); ``parts``, the bytes of its allocations as they arrived;
-    or ``kept``, the receiving store's value that holds them already (made as the message
-    was deserialized, off the event loop too)."""
+    ``(part, offset, nbytes)`` into its parts, the stretches of its allocations that its
+    frames cover), with its data in one of three forms: ``source``, the sender's spilled
+    value, read only as the message is serialized (off the worker's event loop), with
+    ``ranges`` saying which ``(allocation, offset, nbytes)`` of it each part is; ``parts``,
+    the bytes as they arrived; or ``kept``, the receiving store's value that holds them
+    already (made as the message was deserialized, off the event loop too)."""
 
-    __slots__ = ("header", "frames", "parts", "source", "kept")
+    __slots__ = ("header", "frames", "parts", "source", "ranges", "kept")
 
     def __init__(
         self,
@@ -112,27 +113,51 @@ class HostFrames:
         parts: Optional[Sequence[Any]] = None,
         *,
         source: Optional["_rmm_rs.AdoptedValue"] = None,
+        ranges: Optional[Sequence[Tuple[int, int, int]]] = None,
         kept: Optional["_rmm_rs.AdoptedValue"] = None,
     ):
         self.header = header
         self.frames = list(frames)
         self.parts = None if parts is None else list(parts)
         self.source = source
+        self.ranges = None if ranges is None else list(ranges)
         self.kept = kept
+
+    @classmethod
+    def sent_from(
+        cls, header: Dict[str, Any], frames: Sequence[Frame], source: "_rmm_rs.AdoptedValue"
+    ) -> "HostFrames":
+        """What a peer is sent of the spilled value ``source`` whose frames are ``frames``
+        (device frames as ``(allocation, offset, nbytes)``): one part per allocation its
+        frames lie in, covering just their bytes."""
+        extents: Dict[int, Tuple[int, int]] = {}
+        for f in frames:
+            if isinstance(f, tuple):
+                i, offset, n = f
+                lo, hi = extents.get(i, (offset, offset + n))
+                extents[i] = (min(lo, offset), max(hi, offset + n))
+        order = {i: j for j, i in enumerate(sorted(extents))}
+        ranges = [(i, lo, hi - lo) for i, (lo, hi) in sorted(extents.items())]
+        moved = [
+            (order[f[0]], f[1] - extents[f[0]][0], f[2]) if isinstance(f, tuple) else f
+            for f in frames
+        ]
+        return cls(header, moved, source=source, ranges=ranges)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the value's allocations."""
-        held = self.source or self.kept
-        if held is not None:
-            return held.size
+        """Bytes of the value's parts."""
+        if self.ranges is not None:
+            return sum(n for _, _, n in self.ranges)
+        if self.kept is not None:
+            return self.kept.size
         return sum(memoryview(p).nbytes for p in self.parts or ())
 
     def data(self) -> List[Any]:
-        """The bytes of the value's allocations (read from the sender's tier now, for a
-        value being sent)."""
+        """The bytes of the value's parts (read from the sender's tier now, for a value being
+        sent)."""
         if self.parts is None and self.source is not None:
-            parts = self.source.spilled_bytes()
+            parts = self.source.spilled_bytes(self.ranges)
             if parts is None:
                 raise rmm_rs.RmmError(
                     "a spilled value was back in its own memory as it was sent: this is a bug"
@@ -157,7 +182,8 @@ class HostFrames:
         return deserialize(self.header, frames, deserializers=("cuda",))
 
     def __reduce__(self):
-        return (_arrived, (self.header, self.frames, self.data()))
+        frames = [f if isinstance(f, tuple) else bytes(f) for f in self.frames]
+        return (_arrived, (self.header, frames, [bytes(p) for p in self.data()]))
 
     def __repr__(self) -> str:
         return f"<HostFrames: {self.nbytes} bytes>"
@@ -210,7 +236,9 @@ def _deserialize_host_frames(header: Dict[str, Any], frames: List[Any]) -> Any:
             f"a value sent from host memory arrived with {len(parts)} allocation(s) where its "
             f"header says {header['parts']}: the message was cut or garbled in transit"
         )
-    value_frames = [next(host) if f is None else tuple(f) for f in header["layout"]]
+    # Host frames are small (a value's metadata) and views of the whole message: copied,
+    # so that the value keeps nothing else of the message alive.
+    value_frames = [bytes(next(host)) if f is None else tuple(f) for f in header["layout"]]
     return _arrived(header["value"], value_frames, parts)
 
 
@@ -224,25 +252,29 @@ def _cuda_serialize_host_frames(x: HostFrames) -> Tuple[Dict[str, Any], List[Any
         return _serialize_host_frames(x)
     start = time.perf_counter()
     try:
-        copies = x.source.device_copies()
+        copies = x.source.device_copies(x.ranges)
+        if copies is None:  # no room under the device's limit for them: host frames
+            return _serialize_host_frames(x)
+        frames = [_device_frame(f, copies) for f in x.frames]
     except rmm_rs.RmmError as e:
+        # A failed serialization would fail the whole message, and the peer's gather_dep
+        # with it (dask/distributed#6705): host frames instead.
         logger.debug("rmm-rs: sending a spilled value as host frames: %s", e)
         return _serialize_host_frames(x)
-    if copies is None:
-        return _serialize_host_frames(x)
-    frames = []
-    for f in x.frames:
-        if not isinstance(f, tuple):
-            frames.append(f)
-            continue
-        i, offset, n = f
-        c = copies[i]
-        if offset == 0 and n == c.size:
-            frames.append(c)
-        else:
-            frames.append(_rmm_rs.DeviceBuffer.copy_of_device(c.ptr + offset, n, c.device))
     FIGURES.add("sent_device_copies", x.nbytes, time.perf_counter() - start)
     return {"value": x.header, "device": True}, frames
+
+
+def _device_frame(frame: Frame, copies: List[Any]) -> Any:
+    """A frame of a value sent as device copies: a host frame as it is; a device frame as
+    its part's copy, or a copy of its range of it."""
+    if not isinstance(frame, tuple):
+        return frame
+    i, offset, n = frame
+    part = copies[i]
+    if offset == 0 and n == part.size:
+        return part
+    return _rmm_rs.DeviceBuffer.copy_of_device(part.ptr + offset, n, part.device)
 
 
 def _cuda_deserialize_host_frames(header: Dict[str, Any], frames: List[Any]) -> Any:
@@ -266,13 +298,20 @@ def _sizeof_host_frames(x: HostFrames) -> int:
 
 def attach(worker: Any, store: Any) -> bool:
     """Has ``worker`` (whose ``data`` is ``store``) send spilled values from their tier and
-    hand received ones to ``store`` as they are: wraps its ``get_data`` handler and its
-    ``gather_dep``. Idempotent; returns True when it attached now."""
+    hand received ones to ``store`` as they are: wraps its ``get_data`` and ``gather``
+    handlers and its ``gather_dep``. Idempotent; a second store replaces the first. Returns
+    True when it attached now."""
     if getattr(worker, "_rmm_rs_store", None) is store:
         return False
-    serve = worker.handlers.get("get_data")
-    gather = getattr(worker, "gather_dep", None)
-    if serve is None or gather is None:
+    originals = getattr(worker, "_rmm_rs_originals", None)
+    if originals is None:
+        originals = (
+            worker.handlers.get("get_data"),
+            worker.handlers.get("gather"),
+            getattr(worker, "gather_dep", None),
+        )
+    serve, gather, gather_dep = originals
+    if serve is None or gather_dep is None:
         logger.warning(
             "rmm-rs: this %s has no get_data handler or gather_dep: spilled values are "
             "brought back to the device to be sent (upgrade distributed)",
@@ -281,28 +320,51 @@ def attach(worker: Any, store: Any) -> bool:
         return False
 
     async def get_data(comm: Any, **kwargs: Any) -> Any:
-        token = _SENDING.set(True)
+        # An in-process comm hands the objects over as they are: nothing to read for it.
+        token = _SENDING.set(not _carries_objects(comm))
         try:
             return await serve(comm, **kwargs)
         finally:
             _SENDING.reset(token)
 
-    async def gather_dep(*args: Any, **kwargs: Any) -> Any:
-        # The worker's comms are up by now: over UCX, device frames land in rmm-rs.
-        receive_device_frames_into_rmm_rs(store.device_id)
+    async def receiving(call: Any, *args: Any, **kwargs: Any) -> Any:
         token = _RECEIVING.set(store)
         try:
-            return await gather(*args, **kwargs)
+            return await call(*args, **kwargs)
         finally:
             _RECEIVING.reset(token)
 
+    async def gather_dep_into_store(*args: Any, **kwargs: Any) -> Any:
+        # The worker's comms are up by now: over UCX, device frames land in rmm-rs.
+        try:
+            receive_device_frames_into_rmm_rs(store.device_id)
+        except Exception as e:  # noqa: BLE001 - an unknown distributed-ucxx: its own buffers
+            logger.warning("rmm-rs: UCX receives stay in distributed-ucxx's buffers: %s", e)
+        return await receiving(gather_dep, *args, **kwargs)
+
     worker.handlers["get_data"] = get_data
-    worker.gather_dep = gather_dep
+    if gather is not None:  # a client's replicate or rebalance
+
+        async def gather_into_store(*args: Any, **kwargs: Any) -> Any:
+            return await receiving(gather, *args, **kwargs)
+
+        worker.handlers["gather"] = gather_into_store
+    worker.gather_dep = gather_dep_into_store
+    worker._rmm_rs_originals = originals
     worker._rmm_rs_store = store
     metrics = getattr(worker, "metrics", None)
     if isinstance(metrics, dict):
         metrics["rmm-rs-transfer"] = lambda w: _worker_metrics(store)
     return True
+
+
+def _carries_objects(comm: Any) -> bool:
+    """True for Dask's in-process comm, which passes objects without serializing them."""
+    try:
+        from distributed.comm.inproc import InProc
+    except ImportError:
+        return False
+    return isinstance(comm, InProc)
 
 
 def receive_device_frames_into_rmm_rs(device: int) -> bool:

@@ -390,6 +390,12 @@ impl SpillManager {
         data
     }
 
+    /// True when `bytes` more fit on the device under the limit now (nothing would have to
+    /// be spilled for them).
+    pub fn has_room(&self, bytes: usize) -> bool {
+        self.tracker.has_room(bytes)
+    }
+
     /// A value that arrives from elsewhere (a peer worker), kept as an adopted value whose
     /// owner is already gone: parts (one per allocation) of `sizes` bytes, which `fill` writes
     /// straight into pinned host memory (called with the part, the offset in it, and a piece

@@ -156,6 +156,32 @@ impl fmt::Debug for SpillableBuffer {
     }
 }
 
+/// Calls `f` with each piece of `len` bytes from `offset` of the data held in `slices` (in
+/// order), and where the piece starts within the range.
+fn for_each_piece(
+    slices: &[PinnedSlice],
+    offset: usize,
+    len: usize,
+    mut f: impl FnMut(usize, &[u8]) -> Result<()>,
+) -> Result<()> {
+    let (mut skip, mut at) = (offset, 0);
+    for s in slices {
+        if at == len {
+            break;
+        }
+        let bytes = s.as_slice();
+        if skip >= bytes.len() {
+            skip -= bytes.len();
+            continue;
+        }
+        let n = (bytes.len() - skip).min(len - at);
+        f(at, &bytes[skip..skip + n])?;
+        at += n;
+        skip = 0;
+    }
+    Ok(())
+}
+
 /// Time since `start` in nanoseconds.
 fn nanos_since(start: Instant) -> u64 {
     start.elapsed().as_nanos() as u64
@@ -509,13 +535,10 @@ impl SpillableBuffer {
     }
 
     /// Copies the data into `out` (exactly [`size`](Self::size) bytes), wherever it is: it
-    /// does not move. Sending spilled data elsewhere reads it this way, straight into the
-    /// message's memory.
+    /// does not move.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `out` is not `size`
-    /// bytes; [`Error::Driver`](crate::Error::Driver) when the copy from the device fails;
-    /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
+    /// As [`read_range_into`](Self::read_range_into).
     pub fn read_into(&self, out: &mut [u8]) -> Result<()> {
         if out.len() != self.size {
             return Err(Error::invalid_argument(
@@ -524,60 +547,72 @@ impl SpillableBuffer {
                 format!("exactly the buffer's {} bytes", self.size),
             ));
         }
+        self.read_range_into(0, out)
+    }
+
+    /// Copies `out.len()` bytes of the data from `offset` into `out`, wherever the data is: it
+    /// does not move. Sending spilled data elsewhere reads it this way, straight into the
+    /// message's memory.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the range runs past the
+    /// buffer's end; [`Error::Driver`](crate::Error::Driver) when the copy from the device
+    /// fails; [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
+    pub fn read_range_into(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len())?;
         let state = self.state.lock();
         match &*state {
             State::Device { ptr, stream, .. } => {
                 synchronize_stream(self.device(), *stream)?;
-                self.device().copy_to_host(out, *ptr)
+                self.device()
+                    .copy_to_host(out, DevicePtr(ptr.addr() + offset as u64))
             }
-            State::Host(slices) => {
-                let mut rest = out;
-                for s in slices {
-                    let n = rest.len().min(s.len());
-                    let (head, tail) = rest.split_at_mut(n);
-                    head.copy_from_slice(&s.as_slice()[..n]);
-                    rest = tail;
-                }
+            State::Host(slices) => for_each_piece(slices, offset, out.len(), |at, piece| {
+                out[at..at + piece.len()].copy_from_slice(piece);
                 Ok(())
-            }
-            State::Disk(file, disk) => disk.read_into(file, out),
+            }),
+            State::Disk(file, disk) => disk.read_range_into(file, offset, out),
         }
     }
 
-    /// Copies the data into `dst`, [`size`](Self::size) bytes of device memory on the
-    /// buffer's device, wherever the data is: it does not move (from the host tier the copy
-    /// runs at the pinned copy rate). Sending spilled data as device memory reads it this way
-    /// into memory that goes with the message.
+    /// Copies `len` bytes of the data from `offset` into `dst`, device memory on the buffer's
+    /// device, wherever the data is: it does not move (from the host tier the copy runs at the
+    /// pinned copy rate). Sending spilled data as device memory reads it this way into memory
+    /// that goes with the message.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when a copy fails;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the range runs past the
+    /// buffer's end; [`Error::Driver`](crate::Error::Driver) when a copy fails;
     /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
-    pub fn copy_to_device(&self, dst: DevicePtr) -> Result<()> {
+    pub fn copy_range_to_device(&self, offset: usize, len: usize, dst: DevicePtr) -> Result<()> {
+        self.check_range(offset, len)?;
         let device = self.device();
         let state = self.state.lock();
         match &*state {
             State::Device { ptr, stream, .. } => {
                 synchronize_stream(device, *stream)?;
-                device.copy_device_to_device(dst, *ptr, self.size)
+                device.copy_device_to_device(dst, DevicePtr(ptr.addr() + offset as u64), len)
             }
-            State::Host(slices) => {
-                let mut offset = 0;
-                for s in slices {
-                    let n = (self.size - offset).min(s.len());
-                    device.copy_to_device(
-                        DevicePtr(dst.addr() + offset as u64),
-                        &s.as_slice()[..n],
-                    )?;
-                    offset += n;
-                }
-                Ok(())
-            }
+            State::Host(slices) => for_each_piece(slices, offset, len, |at, piece| {
+                device.copy_to_device(DevicePtr(dst.addr() + at as u64), piece)
+            }),
             State::Disk(file, disk) => {
-                let mut bytes = vec![0u8; self.size];
-                disk.read_into(file, &mut bytes)?;
+                let mut bytes = vec![0u8; len];
+                disk.read_range_into(file, offset, &mut bytes)?;
                 device.copy_to_device(dst, &bytes)
             }
         }
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.size) {
+            return Err(Error::invalid_argument(
+                "range",
+                format!("{len} bytes at {offset}"),
+                format!("a range within the buffer's {} bytes", self.size),
+            ));
+        }
+        Ok(())
     }
 
     /// Moves the data off the device: to the pinned host pool, or to disk when the host tier

@@ -1,5 +1,5 @@
 """A device value with a small host frame beside its device frame, as cuDF's values have
-(metadata on the host, columns on the device): used by test_transfer_review.py, imported by
+(metadata on the host, columns on the device): used by test_dask_transfer_edges.py, imported by
 reference on the worker processes (this directory is on their path), which registers its
 Dask serializers there."""
 

@@ -1,18 +1,14 @@
-"""Review of rmm_rs.dask.transfer (values between workers from their tier): cases where the
-change misbehaves. Each test fails on the reviewed code (aa4a68b) and says why.
+"""Values between workers (rmm_rs.dask.transfer) at the edges:
 
 - A spilled value a client gathers from an in-process cluster (``processes=False``: Dask's
-  inproc comm passes objects without serializing them) reaches the client as a ``HostFrames``
-  instead of the value.
+  inproc comm passes objects without serializing them) reaches the client as the value.
 - A received value's host frames (cuDF-like values: metadata on the host beside device
-  columns) are kept by the receiving store as views of the whole received message, whose
-  other bytes (every allocation of every value in that message) are then never freed.
-- Sending a spilled value as device copies (UCX) evicts values resident on the device when
-  the device has no physical room for the copies (the docs: "nothing else is evicted for it").
-- A failed device copy of a frame at an offset into its allocation (the second copy
-  ``_cuda_serialize_host_frames`` makes) is not caught: the value is not sent as host frames
-  instead, and Dask's serialization of the whole message fails (a peer's gather_dep then
-  never completes: dask/distributed#6705).
+  columns) are its own: they do not keep the whole received message alive.
+- Sending a spilled value as device copies (UCX) evicts nothing from the device: without
+  room under the limit it goes as host frames.
+- A failed device copy of a frame at an offset into its allocation sends host frames instead
+  (a failed serialization would leave the peer's gather_dep waiting: dask/distributed#6705).
+- Only the bytes a value's frames cover travel, not the whole allocations they lie in.
 """
 
 import os
@@ -57,13 +53,12 @@ def test_a_client_of_an_in_process_cluster_gathers_values_not_host_frames():
         futures = client.map(make, range(8))  # 32 MiB under a 16 MiB limit: half spilled
         wait(futures)
         got = client.gather(futures)
-        # On the reviewed code the spilled half arrives as rmm_rs.dask.transfer.HostFrames.
         assert [type(x).__name__ for x in got] == ["DeviceBuffer"] * 8
         assert [x.to_bytes() for x in got] == [data(i) for i in range(8)]
 
 
 def make_mixed(i):
-    from transfer_review_values import Mixed
+    from mixed_values import Mixed
 
     return Mixed(b"meta-%d" % i, make(i))
 
@@ -88,7 +83,7 @@ def host_frame_buffers(keys, dask_worker):
 
 
 def test_a_received_values_host_frames_do_not_keep_the_message_alive(tmp_path):
-    # The worker processes import transfer_review_values (this directory is on their path).
+    # The worker processes import mixed_values (this directory is on their path).
     store = DeviceStore.factory(
         device_memory_limit="16MiB",
         config={"spill": {"enabled": True, "host_pool_size": "256MiB"}},
@@ -104,9 +99,8 @@ def test_a_received_values_host_frames_do_not_keep_the_message_alive(tmp_path):
         keys = [f.key for f in made]
         frames = client.run(host_frame_buffers, keys, workers=[b])[b]
         kept_alive = {k: n for k, (_, n) in frames.items()}
-        # Each host frame is a few bytes; on the reviewed code each spilled value's frame is
-        # a view of the whole message b received (several MiB of allocations it copied
-        # into pinned memory already), which stays in b's memory as long as the key does.
+        # Each host frame is a few bytes, not a view of the whole message b received
+        # (several MiB of allocations it copied into pinned memory already).
         assert max(kept_alive.values()) < MIB, kept_alive
 
 
@@ -131,7 +125,7 @@ def test_device_copies_for_a_peer_evict_nothing_from_the_device():
             store[f"r{i}"] = make(i)
         assert {store.tier(f"r{i}") for i in range(8)} == {"device"}
         entry = store._device["spilled"]
-        sent = HostFrames(entry.header, entry.frames, source=entry.adopted)
+        sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
         # Over UCX: device copies made from the host tier (16 MiB, no physical room).
         serialize(sent, serializers=("cuda",), on_error="raise")
         tiers = {f"r{i}": store.tier(f"r{i}") for i in range(8)}
@@ -153,7 +147,7 @@ def test_device_copies_for_a_peer_evict_nothing_from_the_device():
 )
 def test_a_failed_copy_of_a_frame_at_an_offset_sends_host_frames_instead():
     from distributed.protocol import deserialize, serialize
-    from transfer_review_values import Mixed
+    from mixed_values import Mixed
 
     from rmm_rs import _rmm_rs
     from rmm_rs.dask.transfer import HostFrames
@@ -167,7 +161,7 @@ def test_a_failed_copy_of_a_frame_at_an_offset_sends_host_frames_instead():
     store["k"] = HostFrames(header, [b"meta", (0, 1000, 500)], [blob])
     assert store.spill("k") == SIZE
     entry: Any = store._device["k"]
-    sent = HostFrames(entry.header, entry.frames, source=entry.adopted)
+    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
     # Copy 1: the allocation's device copy; copy 2: the frame's own copy, which fails.
     _rmm_rs._sim_inject("copy", 2)
     try:
@@ -181,3 +175,27 @@ def test_a_failed_copy_of_a_frame_at_an_offset_sends_host_frames_instead():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_only_the_bytes_a_values_frames_cover_travel():
+    from distributed.protocol import deserialize, serialize
+    from mixed_values import Mixed
+
+    from rmm_rs.dask.transfer import HostFrames
+
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="64MiB")
+    blob = data(7)
+    header, _ = serialize(Mixed(b"m", make(8)), serializers=("cuda",), on_error="raise")
+    # A value whose device frame is 500 bytes at offset 1000 of a 4 MiB allocation.
+    store["k"] = HostFrames(header, [b"meta", (0, 1000, 500)], [blob])
+    assert store.spill("k") == SIZE
+    entry: Any = store._device["k"]
+    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
+    assert sent.nbytes == 500 and sent.frames == [b"meta", (0, 0, 500)]
+    for family in ("dask", "cuda"):
+        header, frames = serialize(sent, serializers=(family,), on_error="raise")
+        assert sum(len(memoryview(f)) if not hasattr(f, "size") else f.size for f in frames) == 504
+        got = deserialize(header, frames, deserializers=(family,))
+        assert got.meta == b"meta" and got.buf.to_bytes() == blob[1000:1500]
+    store.close()
