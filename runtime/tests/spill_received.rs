@@ -233,3 +233,36 @@ fn a_fill_that_fails_keeps_nothing() {
         (0, 0, 0)
     );
 }
+
+#[test]
+fn ranges_of_spilled_data_are_read_where_it_is_without_moving_it() {
+    let _s = serial();
+    sim();
+    let dir = tempfile::tempdir().unwrap();
+    // A host tier pinned as it grows (pieces of at most 32 MiB), disk behind it.
+    let rt = Runtime::start(&spilling("1MiB", "none", Some(dir.path()))).unwrap();
+    let m = manager(&rt);
+    let data = pattern(40 * MIB, 30);
+    let v = receive(&m, &[&data]);
+    assert_eq!(v.tier(), Tier::Host);
+    let b = &v.spilled_buffers().expect("received values have no owner")[0];
+    let device = b.device();
+    // A range across two pinned pieces, read to the host and copied to the device.
+    let (offset, len) = (32 * MIB - 10, 100);
+    let mut out = vec![0u8; len];
+    b.read_range_into(offset, &mut out).unwrap();
+    assert_eq!(out, data[offset..offset + len]);
+    let dst = rmm_allocator::DeviceBuffer::new(len, S).unwrap();
+    b.copy_range_to_device(offset, len, dst.data()).unwrap();
+    let mut back = vec![0u8; len];
+    device.copy_to_host(&mut back, dst.data()).unwrap();
+    assert_eq!(back, data[offset..offset + len]);
+    assert_eq!(v.tier(), Tier::Host, "nothing moved");
+    // On disk, the same.
+    assert_eq!(b.spill_to_disk().unwrap(), 40 * MIB);
+    b.read_range_into(7, &mut out).unwrap();
+    assert_eq!(out, data[7..7 + len]);
+    // A range past the end is refused, naming it.
+    let err = b.read_range_into(40 * MIB - 10, &mut out).unwrap_err();
+    assert!(err.to_string().contains("100 bytes at"), "{err}");
+}
