@@ -211,21 +211,17 @@ impl SpillableBuffer {
             o.resident(id, size as i64);
             o.touched(id);
         }
-        Ok(Arc::new(SpillableBuffer {
+        Ok(Self::with_state(
             id,
+            store,
             size,
-            store: Arc::clone(store),
             observer,
-            state: Mutex::new(State::Device {
+            State::Device {
                 ptr,
                 resource: Some(resource),
                 stream,
-            }),
-            tier: AtomicU8::new(Tier::Device as u8),
-            pins: AtomicUsize::new(0),
-            released_at: Mutex::new(Vec::new()),
-            lost: AtomicBool::new(false),
-        }))
+            },
+        ))
     }
 
     /// A spilled copy of `size` device bytes at `ptr`, memory this buffer does not own (another
@@ -245,21 +241,17 @@ impl SpillableBuffer {
         stream: StreamView,
         observer: Option<Arc<dyn SpillObserver>>,
     ) -> Result<Arc<SpillableBuffer>> {
-        let buffer = Arc::new(SpillableBuffer {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        let buffer = Self::with_state(
+            NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            store,
             size,
-            store: Arc::clone(store),
             observer,
-            state: Mutex::new(State::Device {
+            State::Device {
                 ptr,
                 resource: None,
                 stream,
-            }),
-            tier: AtomicU8::new(Tier::Device as u8),
-            pins: AtomicUsize::new(0),
-            released_at: Mutex::new(Vec::new()),
-            lost: AtomicBool::new(false),
-        });
+            },
+        );
         {
             let mut state = buffer.state.lock();
             buffer.spill_locked(&mut state)?;
@@ -303,17 +295,13 @@ impl SpillableBuffer {
         observer: Option<Arc<dyn SpillObserver>>,
         fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
     ) -> Result<Arc<SpillableBuffer>> {
-        let buffer = Arc::new(SpillableBuffer {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        let buffer = Self::with_state(
+            NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            store,
             size,
-            store: Arc::clone(store),
             observer,
-            state: Mutex::new(State::Host(Vec::new())),
-            tier: AtomicU8::new(Tier::Host as u8),
-            pins: AtomicUsize::new(0),
-            released_at: Mutex::new(Vec::new()),
-            lost: AtomicBool::new(false),
-        });
+            State::Host(Vec::new()),
+        );
         let state = match buffer.host_slices() {
             Ok(mut slices) => {
                 let mut offset = 0;
@@ -339,6 +327,27 @@ impl SpillableBuffer {
             o.touched(buffer.id);
         }
         Ok(buffer)
+    }
+
+    /// A buffer `id` of `size` bytes in `state`, not yet used.
+    fn with_state(
+        id: u64,
+        store: &Arc<SpillStore>,
+        size: usize,
+        observer: Option<Arc<dyn SpillObserver>>,
+        state: State,
+    ) -> Arc<SpillableBuffer> {
+        Arc::new(SpillableBuffer {
+            id,
+            size,
+            store: Arc::clone(store),
+            observer,
+            tier: AtomicU8::new(state.tier() as u8),
+            state: Mutex::new(state),
+            pins: AtomicUsize::new(0),
+            released_at: Mutex::new(Vec::new()),
+            lost: AtomicBool::new(false),
+        })
     }
 
     /// The buffer's identity (for the observer).
