@@ -21,6 +21,7 @@ use std::time::Instant;
 use parking_lot::{Mutex, MutexGuard};
 
 mod copies;
+mod elsewhere;
 mod in_place;
 
 pub use copies::{PendingSpill, SpillStep};
@@ -156,32 +157,6 @@ impl fmt::Debug for SpillableBuffer {
     }
 }
 
-/// Calls `f` with each piece of `len` bytes from `offset` of the data held in `slices` (in
-/// order), and where the piece starts within the range.
-fn for_each_piece(
-    slices: &[PinnedSlice],
-    offset: usize,
-    len: usize,
-    mut f: impl FnMut(usize, &[u8]) -> Result<()>,
-) -> Result<()> {
-    let (mut skip, mut at) = (offset, 0);
-    for s in slices {
-        if at == len {
-            break;
-        }
-        let bytes = s.as_slice();
-        if skip >= bytes.len() {
-            skip -= bytes.len();
-            continue;
-        }
-        let n = (bytes.len() - skip).min(len - at);
-        f(at, &bytes[skip..skip + n])?;
-        at += n;
-        skip = 0;
-    }
-    Ok(())
-}
-
 /// Time since `start` in nanoseconds.
 fn nanos_since(start: Instant) -> u64 {
     start.elapsed().as_nanos() as u64
@@ -274,57 +249,6 @@ impl SpillableBuffer {
             let guard = buffer.device_view(stream)?;
             synchronize_stream(buffer.device(), stream)?;
             buffer.device().copy_to_device(guard.ptr(), bytes)?;
-        }
-        Ok(buffer)
-    }
-
-    /// A buffer of `size` bytes off the device, which `fill` writes (called with each piece
-    /// of the buffer's memory in order: its offset, and the piece): in the store's host tier,
-    /// straight into pinned memory, or in a file of its disk tier when the host tier is full
-    /// even after the observer made room. The device is not touched; the data comes back into
-    /// the device's current resource on first use, like any spilled buffer's. For data that
-    /// arrives from elsewhere (a value a peer sends) and is not needed on the device yet.
-    ///
-    /// # Errors
-    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when the host tier is full
-    /// and there is no disk tier; [`Error::SpillFile`](crate::Error::SpillFile) when writing
-    /// the file fails; what `fill` returns. Nothing is kept then.
-    pub fn off_device_with(
-        store: &Arc<SpillStore>,
-        size: usize,
-        observer: Option<Arc<dyn SpillObserver>>,
-        fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
-    ) -> Result<Arc<SpillableBuffer>> {
-        let buffer = Self::with_state(
-            NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            store,
-            size,
-            observer,
-            State::Host(Vec::new()),
-        );
-        let state = match buffer.host_slices() {
-            Ok(mut slices) => {
-                let mut offset = 0;
-                for s in &mut slices {
-                    let n = (size - offset).min(s.len());
-                    fill(offset, &mut s.as_mut_slice()[..n])?;
-                    offset += n;
-                }
-                State::Host(slices)
-            }
-            Err(Error::HostOutOfMemory { .. }) if store.has_disk() => {
-                let mut bytes = vec![0u8; size];
-                fill(0, &mut bytes)?;
-                let disk = buffer.disk()?;
-                let file = disk.write_bytes(buffer.id, &bytes)?;
-                State::Disk(file, disk)
-            }
-            Err(e) => return Err(e),
-        };
-        buffer.tier.store(state.tier() as u8, Ordering::Release);
-        *buffer.state.lock() = state;
-        if let Some(o) = &buffer.observer {
-            o.touched(buffer.id);
         }
         Ok(buffer)
     }
@@ -541,87 +465,6 @@ impl SpillableBuffer {
         let mut out = vec![0u8; self.size];
         self.read_into(&mut out)?;
         Ok(out)
-    }
-
-    /// Copies the data into `out` (exactly [`size`](Self::size) bytes), wherever it is: it
-    /// does not move.
-    ///
-    /// # Errors
-    /// As [`read_range_into`](Self::read_range_into).
-    pub fn read_into(&self, out: &mut [u8]) -> Result<()> {
-        if out.len() != self.size {
-            return Err(Error::invalid_argument(
-                "out",
-                out.len(),
-                format!("exactly the buffer's {} bytes", self.size),
-            ));
-        }
-        self.read_range_into(0, out)
-    }
-
-    /// Copies `out.len()` bytes of the data from `offset` into `out`, wherever the data is: it
-    /// does not move. Sending spilled data elsewhere reads it this way, straight into the
-    /// message's memory.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the range runs past the
-    /// buffer's end; [`Error::Driver`](crate::Error::Driver) when the copy from the device
-    /// fails; [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
-    pub fn read_range_into(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check_range(offset, out.len())?;
-        let state = self.state.lock();
-        match &*state {
-            State::Device { ptr, stream, .. } => {
-                synchronize_stream(self.device(), *stream)?;
-                self.device()
-                    .copy_to_host(out, DevicePtr(ptr.addr() + offset as u64))
-            }
-            State::Host(slices) => for_each_piece(slices, offset, out.len(), |at, piece| {
-                out[at..at + piece.len()].copy_from_slice(piece);
-                Ok(())
-            }),
-            State::Disk(file, disk) => disk.read_range_into(file, offset, out),
-        }
-    }
-
-    /// Copies `len` bytes of the data from `offset` into `dst`, device memory on the buffer's
-    /// device, wherever the data is: it does not move (from the host tier the copy runs at the
-    /// pinned copy rate). Sending spilled data as device memory reads it this way into memory
-    /// that goes with the message.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the range runs past the
-    /// buffer's end; [`Error::Driver`](crate::Error::Driver) when a copy fails;
-    /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
-    pub fn copy_range_to_device(&self, offset: usize, len: usize, dst: DevicePtr) -> Result<()> {
-        self.check_range(offset, len)?;
-        let device = self.device();
-        let state = self.state.lock();
-        match &*state {
-            State::Device { ptr, stream, .. } => {
-                synchronize_stream(device, *stream)?;
-                device.copy_device_to_device(dst, DevicePtr(ptr.addr() + offset as u64), len)
-            }
-            State::Host(slices) => for_each_piece(slices, offset, len, |at, piece| {
-                device.copy_to_device(DevicePtr(dst.addr() + at as u64), piece)
-            }),
-            State::Disk(file, disk) => {
-                let mut bytes = vec![0u8; len];
-                disk.read_range_into(file, offset, &mut bytes)?;
-                device.copy_to_device(dst, &bytes)
-            }
-        }
-    }
-
-    fn check_range(&self, offset: usize, len: usize) -> Result<()> {
-        if offset.checked_add(len).is_none_or(|end| end > self.size) {
-            return Err(Error::invalid_argument(
-                "range",
-                format!("{len} bytes at {offset}"),
-                format!("a range within the buffer's {} bytes", self.size),
-            ));
-        }
-        Ok(())
     }
 
     /// Moves the data off the device: to the pinned host pool, or to disk when the host tier
