@@ -4,14 +4,18 @@ Dask's worker serves a peer's request (its ``get_data`` handler) by reading ever
 ``data``; a spilled device value read that way would be rebuilt on the device (evicting
 something else) only to be copied back to host memory to be sent. While a worker whose data
 is a :class:`~rmm_rs.dask.DeviceStore` serves such a request, the store hands a spilled value
-out as :class:`HostFrames`: its serialization header and the bytes of its allocations read
-from pinned host memory or disk, which travel as host frames. A value on the device travels
-as it is (device frames over UCX, Dask's own host copy over TCP).
+out as :class:`HostFrames`: its serialization header and the stretches of its allocations
+that its frames cover, read where they are as the message is serialized. Over TCP they travel
+as host frames read from pinned memory or disk; over UCX as device copies made from the
+pinned tier (where they fit under the limit), which cross NVLink or CUDA IPC while the value
+stays spilled. A value on the device travels as it is (device frames over UCX, Dask's own
+host copy over TCP); over Dask's in-process transport values are handed over as they are.
 
-On the receiving worker (while its ``gather_dep`` runs), :class:`HostFrames` arrive as they
-are and the store keeps them: on the device when they fit under the limit, else in the pinned
-host tier (or on disk) without touching the device. Anywhere else (a client, the scheduler, a
-worker without a device store) they are rebuilt into the value they stand for.
+On the receiving worker (while its ``gather_dep``, or its ``gather`` for a client's
+``replicate``, runs), :class:`HostFrames` are kept by the store as they are deserialized: on
+the device when they fit under the limit, else in the pinned host tier (or on disk) without
+touching the device. Anywhere else (a client, the scheduler, a worker without a device store)
+they are rebuilt into the value they stand for.
 """
 
 import asyncio
