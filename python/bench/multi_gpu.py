@@ -23,7 +23,7 @@ worker, the bytes spilled, unspilled, and unspilled to be sent to a peer.
 
     python3 python/bench/multi_gpu.py [--devices 0,1,2,3] [--per-worker 32GiB] [--limit 10GB]
         [--protocol tcp,ucx] [--repeats 2] [--weak-scaling] [--suite]
-        [--no-rmm-rs-send-from-tier] [--json F]
+        [--no-rmm-rs-send-from-tier] [--deadline S] [--json F]
 
 --weak-scaling also runs each side on one GPU with --per-worker bytes (the multi-GPU time
 over the one-GPU time: 1.0 is perfect weak scaling). --suite also runs dask-cuda's own
@@ -804,6 +804,10 @@ def parse_args(argv=None):
     p.add_argument("--rtol", type=float, default=1e-9,
                    help="relative tolerance of the sums across runs (default %(default)s)")
     p.add_argument("--json", default=None, help="write every figure to this file")
+    p.add_argument("--deadline", type=float, default=None,
+                   help="seconds from the start after which no new run begins (the ones left "
+                   "are listed as not run, and the tables and --json are written): for a "
+                   "machine that allows each command a fixed time")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -891,6 +895,17 @@ def main(argv=None):
     if weak_note:
         results["skipped"].append(weak_note)
     failed = False
+    started = time.monotonic()
+
+    def out_of_time(what: str) -> bool:
+        """True (and noted) when --deadline has passed: ``what`` is not run."""
+        if args.deadline is None or time.monotonic() - started < args.deadline:
+            return False
+        line = f"{what}: past --deadline {args.deadline:g} s"
+        print(f"NOT RUN: {line}", flush=True)
+        results["skipped"].append(line)
+        return True
+
     try:
         for pi, protocol in enumerate(protocols):
             why = protocol_problem(protocol)
@@ -906,6 +921,9 @@ def main(argv=None):
                     order = sides if repeat % 2 == 0 else sides[::-1]
                     for side in order:
                         if side.name in broken:
+                            continue
+                        what = f"{protocol}, {len(devs)} GPU, repeat {repeat}, {side.name}"
+                        if out_of_time(what):
                             continue
                         r = run_once(side, devs, protocol, size, args, s, repeat)
                         r["order"] = [x.name for x in order]
@@ -928,7 +946,8 @@ def main(argv=None):
                     order = sides if pi % 2 == 0 else sides[::-1]
                     with tempfile.TemporaryDirectory(prefix="multi-gpu-suite-") as tmp:
                         for side in order:
-                            if side.name in broken:
+                            what = f"suite, {protocol}, {side.name}"
+                            if side.name in broken or out_of_time(what):
                                 continue
                             for r in run_suite(side, devices, protocol, args, s, tmp):
                                 results["suite"].append(r)
