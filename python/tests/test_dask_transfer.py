@@ -228,3 +228,19 @@ def test_ucx_receives_device_frames_into_rmm_rs_buffers(monkeypatch):
     comm.device_array = lambda n: bytearray(n)
     assert receive_device_frames_into_rmm_rs(0) is True
     assert isinstance(comm.device_array(8), rmm_rs.DeviceBuffer)
+
+
+def test_replicate_moves_spilled_values_into_the_peers_stores(tmp_path):
+    with start(tmp_path, True) as c, Client(c) as client:
+        source, peers, futures = made_on_one_worker(client)
+        # A client's replicate runs the peers' gather handler: the same way in.
+        client.replicate(futures[:8], n=2, workers=[source, peers[0]])
+        holders = client.who_has(futures[:8])
+        assert all(set(holders[f.key]) == {source, peers[0]} for f in futures[:8]), holders
+        kept = client.run(figures, workers=[peers[0]])[peers[0]]
+        assert kept["metrics"]["received_host_frames_bytes"] > 0, kept
+        checks = [
+            client.submit(check, f, i, workers=[peers[0]], allow_other_workers=False, pure=False)
+            for i, f in enumerate(futures[:8])
+        ]
+        assert client.gather(checks) == [True] * 8
