@@ -135,6 +135,17 @@ def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier):
         assert [x.to_bytes() for x in got] == [data(i) for i in [0, 1, 2, 3, 20, 21, 22, 23]]
 
 
+def spilled(store, key, i):
+    """Value ``i`` stored under ``key`` in ``store`` and spilled to its host tier; its entry,
+    and what a peer would be sent of it."""
+    from rmm_rs.dask.transfer import HostFrames
+
+    store[key] = make(i)
+    assert store.spill(key) == SIZE
+    entry: Any = store._device[key]
+    return entry, HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
+
+
 def test_a_value_sent_from_host_memory_is_rebuilt_where_no_store_receives_it():
     import pickle
 
@@ -142,10 +153,7 @@ def test_a_value_sent_from_host_memory_is_rebuilt_where_no_store_receives_it():
 
     rmm_rs.initialize(None, {"spill": {"enabled": True}})
     store = DeviceStore(device_memory_limit="16MiB")
-    store["x"] = make(7)
-    assert store.spill("x") == SIZE
-    entry: Any = store._device["x"]
-    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
+    entry, sent = spilled(store, "x", 7)
     assert sent.nbytes == SIZE
     # Pickled (Dask's last resort), it arrives where no store receives it: the value itself.
     back = pickle.loads(pickle.dumps(sent))
@@ -178,14 +186,9 @@ def test_a_received_value_that_fits_nowhere_goes_on_the_device(caplog):
 def test_over_a_connection_carrying_device_memory_a_spilled_value_goes_as_device_copies():
     from distributed.protocol import deserialize, serialize
 
-    from rmm_rs.dask.transfer import HostFrames
-
     rmm_rs.initialize(None, {"spill": {"enabled": True}})
     store = DeviceStore(device_memory_limit="16MiB")
-    store["x"] = make(3)
-    assert store.spill("x") == SIZE
-    entry: Any = store._device["x"]
-    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
+    _, sent = spilled(store, "x", 3)
     header, frames = serialize(sent, serializers=("cuda",), on_error="raise")
     # Device frames (what UCX moves device to device); the value itself stayed spilled.
     assert [type(f).__name__ for f in frames] == ["DeviceBuffer"]

@@ -142,26 +142,34 @@ def test_device_copies_for_a_peer_evict_nothing_from_the_device():
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
 
 
+def spilled_view(store, blob):
+    """A spilled value of ``store`` whose device frame is 500 bytes at offset 1000 of a 4 MiB
+    allocation holding ``blob`` (as a view into a larger array is), received from a peer;
+    and what a peer would be sent of it."""
+    from distributed.protocol import serialize
+    from mixed_values import Mixed
+
+    from rmm_rs.dask.transfer import HostFrames
+
+    header, _ = serialize(Mixed(b"m", make(6)), serializers=("cuda",), on_error="raise")
+    store["k"] = HostFrames(header, [b"meta", (0, 1000, 500)], [blob])
+    assert store.spill("k") == SIZE
+    entry: Any = store._device["k"]
+    return HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
+
+
 @pytest.mark.skipif(
     os.environ.get("RMM_BACKEND", "sim") != "sim", reason="fault injection needs the simulator"
 )
 def test_a_failed_copy_of_a_frame_at_an_offset_sends_host_frames_instead():
     from distributed.protocol import deserialize, serialize
-    from mixed_values import Mixed
 
     from rmm_rs import _rmm_rs
-    from rmm_rs.dask.transfer import HostFrames
 
     rmm_rs.initialize(None, {"spill": {"enabled": True}})
     store = DeviceStore(device_memory_limit="64MiB")
     blob = data(5)
-    header, _ = serialize(Mixed(b"m", make(6)), serializers=("cuda",), on_error="raise")
-    # A value whose device frame is 500 bytes at offset 1000 of a 4 MiB allocation (as a
-    # view into a larger array is), received from a peer, then spilled.
-    store["k"] = HostFrames(header, [b"meta", (0, 1000, 500)], [blob])
-    assert store.spill("k") == SIZE
-    entry: Any = store._device["k"]
-    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
+    sent = spilled_view(store, blob)
     # Copy 1: the allocation's device copy; copy 2: the frame's own copy, which fails.
     _rmm_rs._sim_inject("copy", 2)
     try:
@@ -173,25 +181,13 @@ def test_a_failed_copy_of_a_frame_at_an_offset_sends_host_frames_instead():
     store.close()
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_only_the_bytes_a_values_frames_cover_travel():
     from distributed.protocol import deserialize, serialize
-    from mixed_values import Mixed
-
-    from rmm_rs.dask.transfer import HostFrames
 
     rmm_rs.initialize(None, {"spill": {"enabled": True}})
     store = DeviceStore(device_memory_limit="64MiB")
     blob = data(7)
-    header, _ = serialize(Mixed(b"m", make(8)), serializers=("cuda",), on_error="raise")
-    # A value whose device frame is 500 bytes at offset 1000 of a 4 MiB allocation.
-    store["k"] = HostFrames(header, [b"meta", (0, 1000, 500)], [blob])
-    assert store.spill("k") == SIZE
-    entry: Any = store._device["k"]
-    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
+    sent = spilled_view(store, blob)
     assert sent.nbytes == 500 and sent.frames == [b"meta", (0, 0, 500)]
     for family in ("dask", "cuda"):
         header, frames = serialize(sent, serializers=(family,), on_error="raise")

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use common::foreign::LibraryOwner;
+use common::foreign::{LibraryOwner, read_back};
 use common::{FileSizeCap, config, devices, pattern, serial, sim};
 use rmm_allocator::spill::Tier;
 use rmm_allocator::{Error as AllocError, StreamView};
@@ -38,22 +38,6 @@ fn adopt_bytes(
 
 fn manager(rt: &Runtime) -> Arc<SpillManager> {
     rt.spill_manager(rt.devices()[0]).expect("spilling is on")
-}
-
-/// The bytes of an adopted value, read through device views (bringing it back if spilled).
-fn read_back<O: ForeignOwner + 'static>(v: &rmm_runtime::ForeignData<O>) -> Vec<Vec<u8>> {
-    match v.device_views(S).unwrap() {
-        Some(views) => views
-            .iter()
-            .map(|g| {
-                let mut out = vec![0u8; g.len()];
-                rmm_allocator::synchronize_stream(g.buffer().device(), S).unwrap();
-                g.buffer().device().copy_to_host(&mut out, g.ptr()).unwrap();
-                out
-            })
-            .collect(),
-        None => panic!("the value was not spilled"),
-    }
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
-use common::foreign::LibraryOwner;
+use common::foreign::{LibraryOwner, read_back};
 use common::{pattern, serial, sim};
 use rmm_allocator::spill::Tier;
 use rmm_allocator::{Error as AllocError, StreamView};
@@ -39,23 +39,6 @@ fn try_receive(
         chunk.copy_from_slice(&parts[i][offset..offset + chunk.len()]);
         Ok(())
     })
-}
-
-/// The bytes of a value, read through device views (bringing it back if off the device).
-fn read_back(v: &ForeignData<LibraryOwner>) -> Vec<Vec<u8>> {
-    let views = v
-        .device_views(S)
-        .unwrap()
-        .expect("a received value has no owner");
-    views
-        .iter()
-        .map(|g| {
-            let mut out = vec![0u8; g.len()];
-            rmm_allocator::synchronize_stream(g.buffer().device(), S).unwrap();
-            g.buffer().device().copy_to_host(&mut out, g.ptr()).unwrap();
-            out
-        })
-        .collect()
 }
 
 #[test]

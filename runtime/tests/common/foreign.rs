@@ -61,3 +61,25 @@ impl Drop for LibraryOwner {
         self.dropped.fetch_add(1, Ordering::SeqCst);
     }
 }
+
+/// The bytes of an adopted value off its owner (spilled, or received), read through device
+/// views: each allocation's, brought back to the device first where it is not there.
+pub fn read_back<O: ForeignOwner + 'static>(v: &rmm_runtime::ForeignData<O>) -> Vec<Vec<u8>> {
+    let s = StreamView::DEFAULT;
+    let views = v
+        .device_views(s)
+        .expect("the value comes back to the device")
+        .expect("the value is off its owner (spilled or received)");
+    views
+        .iter()
+        .map(|g| {
+            let mut out = vec![0u8; g.len()];
+            rmm_allocator::synchronize_stream(g.buffer().device(), s).expect("synchronize");
+            g.buffer()
+                .device()
+                .copy_to_host(&mut out, g.ptr())
+                .expect("copy to the host");
+            out
+        })
+        .collect()
+}
