@@ -241,6 +241,17 @@ fn ranges_of_spilled_data_are_read_where_it_is_without_moving_it() {
     device.copy_to_host(&mut back, dst.data()).unwrap();
     assert_eq!(back, data[offset..offset + len]);
     assert_eq!(v.tier(), Tier::Host, "nothing moved");
+    // A long range (many stretches, read on several threads) across both pieces, and all of it.
+    let (at, long_len) = (3 * MIB + 5, 33 * MIB + 3);
+    let mut long = vec![0u8; long_len];
+    b.read_range_into(at, &mut long).unwrap();
+    assert!(
+        long == data[at..at + long_len],
+        "a long range read back wrong"
+    );
+    let mut all = vec![0u8; 40 * MIB];
+    b.read_into(&mut all).unwrap();
+    assert!(all == data, "the whole value read back wrong");
     // On disk, the same.
     assert_eq!(b.spill_to_disk().unwrap(), 40 * MIB);
     b.read_range_into(7, &mut out).unwrap();
