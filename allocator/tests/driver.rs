@@ -1,5 +1,7 @@
 //! Loading the CUDA driver: a clear error where there is none, the devices where there is.
 
+mod common;
+
 use rmm_allocator::Error;
 use rmm_allocator::backend::{self, Backend, BackendChoice, CudaBackend};
 
@@ -39,6 +41,29 @@ fn the_driver_loads_or_says_clearly_why_not() {
             assert!(matches!(e, Error::NoDriver { .. }), "{e:?}");
             assert!(e.to_string().contains("RMM_BACKEND=sim"), "{e}");
         }
+    }
+}
+
+#[test]
+fn a_device_gets_a_context_only_once_it_is_used() {
+    let Ok(cuda) = CudaBackend::load() else {
+        common::skip(
+            "a_device_gets_a_context_only_once_it_is_used",
+            "no CUDA driver here: contexts are the GPU's",
+        );
+        return;
+    };
+    // Loading reads every device's properties without making a context on any (a Dask
+    // worker sees every GPU of the machine and uses one; a context holds device memory).
+    for d in 0..cuda.device_count() {
+        assert!(!cuda.uses_device(d), "device {d} has a context after loading");
+        cuda.properties(d).unwrap();
+        assert!(!cuda.uses_device(d), "reading device {d}'s properties made a context");
+    }
+    cuda.mem_info(0).unwrap();
+    assert!(cuda.uses_device(0), "device 0 was used and has no context");
+    for d in 1..cuda.device_count() {
+        assert!(!cuda.uses_device(d), "using device 0 made a context on device {d}");
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! Nothing links against `libcuda`; the library is opened on first use, every entry point
 //! this backend calls is looked up before the first call (so a too-old driver is an error,
-//! not a panic), and each device's primary context is retained for the life of the process.
+//! not a panic), and a device's primary context is retained on its first use (never for a
+//! device the process does not use: a context holds device memory, and a Dask worker that
+//! sees every GPU uses one) and kept for the life of the process.
 
 mod result;
 mod staged_copy;
@@ -11,6 +13,7 @@ mod vmm;
 use std::cell::Cell;
 use std::ffi::{CStr, c_void};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys;
 use result::{
@@ -26,8 +29,36 @@ use crate::error::{Error, Result};
 
 #[derive(Debug)]
 struct CudaDevice {
-    ctx: sys::CUcontext,
+    dev: sys::CUdevice,
+    /// The retained primary context (`CUcontext` as an address), 0 until first use.
+    ctx: AtomicUsize,
     props: DeviceProperties,
+}
+
+/// Held while a primary context is retained, so that two threads using a device for the
+/// first time retain it once.
+static RETAINING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+impl CudaDevice {
+    /// The device's primary context, retained on the first call.
+    fn context(&self) -> Result<sys::CUcontext> {
+        let ctx = self.ctx.load(Ordering::Acquire);
+        if ctx != 0 {
+            return Ok(ctx as sys::CUcontext);
+        }
+        let _one = RETAINING.lock();
+        let ctx = self.ctx.load(Ordering::Acquire);
+        if ctx != 0 {
+            return Ok(ctx as sys::CUcontext);
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `dev` came from cuDeviceGet.
+        check("cuDevicePrimaryCtxRetain", self.props.ordinal, unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, self.dev)
+        })?;
+        self.ctx.store(ctx as usize, Ordering::Release);
+        Ok(ctx)
+    }
 }
 
 /// The CUDA driver backend. There is one per process: [`CudaBackend::load`].
@@ -42,11 +73,6 @@ pub struct CudaBackend {
     stagers: staged_copy::Stagers,
 }
 
-// SAFETY: the only non-Send/Sync fields are primary-context handles, which the driver allows
-// any thread to make current; the backend never mutates them after construction.
-unsafe impl Send for CudaBackend {}
-// SAFETY: as above.
-unsafe impl Sync for CudaBackend {}
 
 thread_local! {
     /// The context this thread last made current through the backend.
@@ -149,7 +175,6 @@ impl CudaBackend {
     /// The driver is initialized and `ordinal` is below the device count.
     unsafe fn open_device(ordinal: u32) -> Result<CudaDevice> {
         let mut dev: sys::CUdevice = 0;
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
         let mut name = [0 as std::ffi::c_char; 256];
         let mut uuid = sys::CUuuid { bytes: [0; 16] };
         let mut total = 0usize;
@@ -167,11 +192,6 @@ impl CudaBackend {
                 "cuDeviceGet",
                 ordinal,
                 sys::cuDeviceGet(&mut dev, ordinal as i32),
-            )?;
-            check(
-                "cuDevicePrimaryCtxRetain",
-                ordinal,
-                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
             )?;
             check(
                 "cuDeviceGetName",
@@ -203,7 +223,8 @@ impl CudaBackend {
             .to_string_lossy()
             .into_owned();
         Ok(CudaDevice {
-            ctx,
+            dev,
+            ctx: AtomicUsize::new(0),
             props: DeviceProperties {
                 ordinal,
                 name,
@@ -217,19 +238,26 @@ impl CudaBackend {
         })
     }
 
-    /// Makes `dev`'s primary context current on this thread (skipped when it already is).
+    /// True once `ordinal`'s primary context has been retained (the device was used).
+    pub fn uses_device(&self, ordinal: u32) -> bool {
+        self.devices
+            .get(ordinal as usize)
+            .is_some_and(|d| d.ctx.load(Ordering::Acquire) != 0)
+    }
+
+    /// Makes `dev`'s primary context current on this thread (skipped when it already is),
+    /// retaining it on the device's first use.
     fn bind(&self, dev: u32) -> Result<&CudaDevice> {
         let d = self.devices.get(dev as usize).ok_or(Error::NoSuchDevice {
             requested: dev,
             count: self.devices.len() as u32,
             backend: "cuda",
         })?;
-        if BOUND_CONTEXT.with(Cell::get) != d.ctx as usize {
+        let ctx = d.context()?;
+        if BOUND_CONTEXT.with(Cell::get) != ctx as usize {
             // SAFETY: `ctx` is a retained primary context, valid for the process's life.
-            check("cuCtxSetCurrent", dev, unsafe {
-                sys::cuCtxSetCurrent(d.ctx)
-            })?;
-            BOUND_CONTEXT.with(|c| c.set(d.ctx as usize));
+            check("cuCtxSetCurrent", dev, unsafe { sys::cuCtxSetCurrent(ctx) })?;
+            BOUND_CONTEXT.with(|c| c.set(ctx as usize));
         }
         Ok(d)
     }
