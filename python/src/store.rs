@@ -22,7 +22,7 @@ use pyo3::types::{PyBytes, PyDict, PySlice};
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::spill::{SharedDeviceGuard, SpillableBuffer, Tier};
 use rmm_allocator::{Device, StreamView};
-use rmm_runtime::{ForeignData, ForeignOwner, OwnerAccess};
+use rmm_runtime::{ForeignData, ForeignOwner, OwnerAccess, SpillManager};
 
 use crate::error;
 
@@ -173,10 +173,11 @@ impl AdoptedValue {
 
     /// Device copies of a spilled value's data (new `DeviceBuffer`s from the device's current
     /// stack), wherever it is: it does not move. Each allocation whole, or with `ranges`, each
-    /// `(allocation, offset, nbytes)` asked for. None while the value is in its own memory, and
-    /// when the copies do not fit under the device's spill limit now: they are made only
-    /// where nothing has to leave the device for them. A value a peer asks for over a
-    /// connection that carries device memory (UCX) is sent this way.
+    /// `(allocation, offset, nbytes)` asked for. None while the value is in its own memory,
+    /// and when the device has no room for the copies now: they are made where memory is
+    /// free already, never by spilling the device's values for them (the copies are
+    /// transient, as a message's buffers are, and the spill limit is for values). A value a
+    /// peer asks for over a connection that carries device memory (UCX) is sent this way.
     #[pyo3(signature = (ranges=None))]
     fn device_copies(
         &self,
@@ -186,35 +187,36 @@ impl AdoptedValue {
         let Some((buffers, ranges)) = self.spilled_ranges(py, ranges)? else {
             return Ok(None);
         };
-        let bytes: usize = ranges.iter().map(|r| r.2).sum();
-        if !crate::buffers::spill_manager(self.device)?.has_room(bytes) {
-            return Ok(None);
-        }
         let device = self.device;
-        py.detach(|| {
-            rmm_allocator::with_device(device, || {
-                ranges
-                    .iter()
-                    .map(|&(i, offset, nbytes)| {
-                        let copy = rmm_allocator::DeviceBuffer::new(nbytes, StreamView::DEFAULT)?;
-                        if nbytes > 0 {
-                            buffers[i].copy_range_to_device(offset, nbytes, copy.data())?;
-                        }
-                        Ok(copy)
+        let copies = py
+            .detach(|| {
+                rmm_allocator::with_device(device, || {
+                    SpillManager::without_spilling(|| {
+                        ranges
+                            .iter()
+                            .map(|&(i, offset, nbytes)| {
+                                let copy =
+                                    rmm_allocator::DeviceBuffer::new(nbytes, StreamView::DEFAULT)?;
+                                if nbytes > 0 {
+                                    buffers[i].copy_range_to_device(offset, nbytes, copy.data())?;
+                                }
+                                Ok(copy)
+                            })
+                            .collect::<rmm_allocator::Result<Vec<_>>>()
                     })
-                    .collect::<rmm_allocator::Result<Vec<_>>>()
+                })
             })
-        })
-        .map_err(error)?
-        .map_err(error)
-        .map(|copies| {
-            Some(
+            .map_err(error)?;
+        match copies {
+            Ok(copies) => Ok(Some(
                 copies
                     .into_iter()
                     .map(|b| crate::buffers::DeviceBuffer::owned(b, device))
                     .collect(),
-            )
-        })
+            )),
+            Err(rmm_allocator::Error::OutOfMemory { .. }) => Ok(None),
+            Err(e) => Err(error(e)),
+        }
     }
 
     /// Spills the value now if nothing else holds it; returns the device bytes freed (0 when

@@ -4,8 +4,8 @@
   inproc comm passes objects without serializing them) reaches the client as the value.
 - A received value's host frames (cuDF-like values: metadata on the host beside device
   columns) are its own: they do not keep the whole received message alive.
-- Sending a spilled value as device copies (UCX) evicts nothing from the device: without
-  room under the limit it goes as host frames.
+- Sending a spilled value as device copies (UCX) evicts nothing from the device: they are
+  made where the device has room (a store at its limit included), else it goes as host frames.
 - A failed device copy of a frame at an offset into its allocation sends host frames instead
   (a failed serialization would leave the peer's gather_dep waiting: dask/distributed#6705).
 - Only the bytes a value's frames cover travel, not the whole allocations they lie in.
@@ -104,7 +104,13 @@ def test_a_received_values_host_frames_do_not_keep_the_message_alive(tmp_path):
         assert max(kept_alive.values()) < MIB, kept_alive
 
 
-def test_device_copies_for_a_peer_evict_nothing_from_the_device():
+@pytest.mark.parametrize(
+    "device_memory, sent_as",
+    # 40 MiB: 8 MiB free beside the 32 resident, no room for the 16 MiB copy: host frames.
+    # 96 MiB: the store is at its limit, but the device has room: device copies.
+    [("40MiB", "host frames"), ("96MiB", "device copies")],
+)
+def test_device_copies_for_a_peer_evict_nothing_from_the_device(device_memory, sent_as):
     code = """
         import random
         import rmm_rs
@@ -121,25 +127,27 @@ def test_device_copies_for_a_peer_evict_nothing_from_the_device():
         store = DeviceStore(device_memory_limit="32MiB")
         store["spilled"] = make(99, 16 * MIB)
         store.spill("spilled")
-        for i in range(8):  # 32 MiB on the device: at the limit, 8 MiB of the 40 free
+        for i in range(8):  # 32 MiB on the device: at the limit
             store[f"r{i}"] = make(i)
         assert {store.tier(f"r{i}") for i in range(8)} == {"device"}
         entry = store._device["spilled"]
         sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
-        # Over UCX: device copies made from the host tier (16 MiB, no physical room).
-        serialize(sent, serializers=("cuda",), on_error="raise")
+        # Over UCX: device copies made from the host tier where the device has room.
+        header, frames = serialize(sent, serializers=("cuda",), on_error="raise")
+        print("device copies" if header["sub-header"].get("device") else "host frames")
         tiers = {f"r{i}": store.tier(f"r{i}") for i in range(8)}
-        print(tiers)
         assert set(tiers.values()) == {"device"}, tiers
+        assert store.tier("spilled") == "host"
     """
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "RMM_BACKEND": "sim", "RMM_SIM_MEMORY": "40MiB"},
+        env={**os.environ, "RMM_BACKEND": "sim", "RMM_SIM_MEMORY": device_memory},
     )
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == sent_as, out.stdout
 
 
 def spilled_view(store, blob):

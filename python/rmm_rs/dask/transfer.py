@@ -7,8 +7,8 @@ is a :class:`~rmm_rs.dask.DeviceStore` serves such a request, the store hands a 
 out as :class:`HostFrames`: its serialization header and the stretches of its allocations
 that its frames cover, read where they are as the message is serialized. Over TCP they travel
 as host frames read from pinned memory or disk; over UCX as device copies made from the
-pinned tier (where they fit under the limit), which cross NVLink or CUDA IPC while the value
-stays spilled. A value on the device travels as it is (device frames over UCX, Dask's own
+pinned tier (in memory the device has free: nothing is evicted for them), which cross NVLink
+or CUDA IPC while the value stays spilled. A value on the device travels as it is (device frames over UCX, Dask's own
 host copy over TCP); over Dask's in-process transport values are handed over as they are.
 
 On the receiving worker (while its ``gather_dep``, or its ``gather`` for a client's
@@ -257,7 +257,7 @@ def _cuda_serialize_host_frames(x: HostFrames) -> Tuple[Dict[str, Any], List[Any
     start = time.perf_counter()
     try:
         copies = x.source.device_copies(x.ranges)
-        if copies is None:  # no room under the device's limit for them: host frames
+        if copies is None:  # no memory free on the device for them: host frames
             return _serialize_host_frames(x)
         frames = [_device_frame(f, copies) for f in x.frames]
     except rmm_rs.RmmError as e:

@@ -1,5 +1,6 @@
 //! [`SpillManager`]: one device's spilling policy (see the module documentation of `spill`).
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -16,6 +17,11 @@ use rmm_config::ResolvedSpill;
 use super::foreign::{ForeignData, ForeignOwner};
 use super::statistics::{Moves, SpillStatistics, TierStatistics};
 use super::tracker::{Spillable, Tracker};
+
+thread_local! {
+    /// True on a thread inside [`SpillManager::without_spilling`].
+    static NOT_SPILLING: Cell<bool> = const { Cell::new(false) };
+}
 
 /// `spill.host_pool_size` and `spill.disk_directory`: what the tiers are made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -480,18 +486,35 @@ impl SpillManager {
 
     /// The out-of-memory handler for the device's stack (`spill.on_demand`): spills least
     /// recently used buffers not in use for the request, and asks for a retry if it freed
-    /// anything.
+    /// anything; not for allocations made in [`without_spilling`](Self::without_spilling).
     pub fn oom_handler(&self) -> crate::stack::OomHandler {
         let tracker = Arc::clone(&self.tracker);
-        Arc::new(
-            move |bytes| match tracker.spill_oldest(bytes as u64, None) {
+        Arc::new(move |bytes| {
+            if NOT_SPILLING.with(Cell::get) {
+                return false;
+            }
+            match tracker.spill_oldest(bytes as u64, None) {
                 Ok(freed) => freed > 0,
                 Err(e) => {
                     tracing::warn!("spilling after an out-of-memory error for {bytes} bytes: {e}");
                     false
                 }
-            },
-        )
+            }
+        })
+    }
+
+    /// Runs `f` with this thread's allocations out of memory failing at once rather than
+    /// spilling values to make room: for memory that is worth making only where the device
+    /// has room already (a transient copy that another way of doing the job does without).
+    pub fn without_spilling<R>(f: impl FnOnce() -> R) -> R {
+        struct Restore(bool);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                NOT_SPILLING.with(|c| c.set(self.0));
+            }
+        }
+        let _restore = Restore(NOT_SPILLING.with(|c| c.replace(true)));
+        f()
     }
 
     /// Spills every buffer not in use; returns the device bytes freed.
