@@ -56,14 +56,23 @@ fn a_device_gets_a_context_only_once_it_is_used() {
     // Loading reads every device's properties without making a context on any (a Dask
     // worker sees every GPU of the machine and uses one; a context holds device memory).
     for d in 0..cuda.device_count() {
-        assert!(!cuda.uses_device(d), "device {d} has a context after loading");
+        assert!(
+            !cuda.uses_device(d),
+            "device {d} has a context after loading"
+        );
         cuda.properties(d).unwrap();
-        assert!(!cuda.uses_device(d), "reading device {d}'s properties made a context");
+        assert!(
+            !cuda.uses_device(d),
+            "reading device {d}'s properties made a context"
+        );
     }
     cuda.mem_info(0).unwrap();
     assert!(cuda.uses_device(0), "device 0 was used and has no context");
     for d in 1..cuda.device_count() {
-        assert!(!cuda.uses_device(d), "using device 0 made a context on device {d}");
+        assert!(
+            !cuda.uses_device(d),
+            "using device 0 made a context on device {d}"
+        );
     }
 }
 

@@ -73,7 +73,6 @@ pub struct CudaBackend {
     stagers: staged_copy::Stagers,
 }
 
-
 thread_local! {
     /// The context this thread last made current through the backend.
     static BOUND_CONTEXT: Cell<usize> = const { Cell::new(0) };
