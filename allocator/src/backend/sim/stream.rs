@@ -52,14 +52,22 @@ pub(crate) struct SimStream {
 }
 
 impl SimStream {
-    /// Starts the stream's worker thread.
+    /// Starts the stream's worker thread, and returns once it runs: a thread that is yet to
+    /// start needs memory of its own as it does (its signal stack), which must not be left to
+    /// whatever else is started meanwhile (under an address-space limit, a late start aborts
+    /// the process).
     pub(crate) fn spawn(device: u32, label: String) -> std::io::Result<Arc<SimStream>> {
         let (tx, rx) = unbounded::<(u64, Job)>();
         let progress = Arc::new(Progress::default());
         let worker_progress = Arc::clone(&progress);
-        thread::Builder::new()
-            .name(label)
-            .spawn(move || run_jobs(rx, worker_progress))?;
+        let (started_tx, started) = crossbeam_channel::bounded::<()>(1);
+        thread::Builder::new().name(label).spawn(move || {
+            let _ = started_tx.send(());
+            run_jobs(rx, worker_progress)
+        })?;
+        started.recv().map_err(|_| {
+            std::io::Error::other("a simulated stream's thread stopped before it started")
+        })?;
         Ok(Arc::new(SimStream {
             device,
             progress,
