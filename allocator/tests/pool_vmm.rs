@@ -265,3 +265,156 @@ fn the_simulated_virtual_memory_calls_keep_cudas_rules() {
     // Physical memory fails as cuMemAlloc does when the device is full.
     assert!(b.mem_create(0, 2 * GIB).is_err());
 }
+
+/// One training step's allocations on one stream, as a framework makes them when the
+/// input's size changes every step (a new sequence length `len` in [64, 1024]): per layer,
+/// activations whose size follows the length, kept until backward; the logits and their
+/// float copy for the loss (the largest blocks, up to 1.5 GiB), freed out of order as
+/// backward makes their gradient; the parameters' gradients appearing while the activations
+/// go. Returns the step's live peak, counting `base` bytes live throughout.
+fn training_step(p: &PoolMemoryResource, s: StreamView, len: usize, base: usize) -> usize {
+    let mut bytes = base;
+    let mut peak = bytes;
+    let mut alloc = |size: usize, bytes: &mut usize| {
+        let ptr = p.allocate(size, s).unwrap();
+        *bytes += size;
+        peak = peak.max(*bytes);
+        (ptr, size)
+    };
+    let free = |(ptr, size): (DevicePtr, usize), bytes: &mut usize| {
+        p.deallocate(ptr, size, s).unwrap();
+        *bytes -= size;
+    };
+    let mut acts = Vec::new();
+    for layer in 0..12 {
+        acts.push(alloc(len * 24 * 1024, &mut bytes));
+        let scratch = alloc(len * 96 * 1024, &mut bytes);
+        acts.push(alloc(len * (48 + layer) * 1024, &mut bytes));
+        free(scratch, &mut bytes);
+    }
+    let logits = alloc(len * 768 * 1024, &mut bytes);
+    let logits_f32 = alloc(len * 1536 * 1024, &mut bytes);
+    let loss = alloc(4096, &mut bytes);
+    free(logits, &mut bytes);
+    let grad = alloc(len * 1536 * 1024, &mut bytes);
+    free(logits_f32, &mut bytes);
+    let grad_bf16 = alloc(len * 768 * 1024, &mut bytes);
+    free(grad, &mut bytes);
+    let mut grads = Vec::new();
+    while let Some(a) = acts.pop() {
+        free(a, &mut bytes);
+        if acts.len() % 3 == 0 {
+            grads.push(alloc(40 * MIB, &mut bytes));
+        }
+    }
+    free(grad_bf16, &mut bytes);
+    free(loss, &mut bytes);
+    for g in grads {
+        free(g, &mut bytes);
+    }
+    peak
+}
+
+#[test]
+fn a_loop_whose_sizes_change_every_step_keeps_the_pool_near_its_live_peak() {
+    let (_, d) = sim(SimMemoryMode::Unbacked, 141 * GIB);
+    let p = pool(d, GIB, GIB);
+    let s = StreamView::DEFAULT;
+    // Long-lived parameters and optimizer state.
+    let state: Vec<DevicePtr> = (0..3).map(|_| p.allocate(512 * MIB, s).unwrap()).collect();
+    let mut seed = 42u64;
+    let mut peak = 0;
+    for _ in 0..100 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let len = 64 + (seed >> 33) as usize % 961;
+        peak = peak.max(training_step(&p, s, len, 3 * 512 * MIB));
+    }
+    let reserved = p.pool_size() as usize;
+    // Within 15 % of the live peak, and the growth step (1 GiB) it grows by.
+    assert!(
+        reserved <= peak + peak * 15 / 100 + GIB,
+        "the pool holds {} MiB for a live peak of {} MiB",
+        reserved / MIB,
+        peak / MIB
+    );
+    for ptr in state {
+        p.deallocate(ptr, 512 * MIB, s).unwrap();
+    }
+}
+
+#[test]
+fn two_threads_on_one_stream_share_its_large_blocks() {
+    // PyTorch runs forward on one thread and backward on its autograd thread, on one
+    // stream: activations made by one are freed by the other, which makes gradients that
+    // the first frees. Free memory held apart per thread would make the pool grow.
+    let (_, d) = sim(SimMemoryMode::Unbacked, 141 * GIB);
+    let p = pool(d, GIB, GIB);
+    let s = StreamView::DEFAULT;
+    let (to_backward, backward_in) = crossbeam_channel::bounded::<Vec<(DevicePtr, usize)>>(1);
+    let (to_forward, forward_in) = crossbeam_channel::bounded::<Vec<(DevicePtr, usize)>>(1);
+    let live = std::sync::atomic::AtomicUsize::new(0);
+    let peak = std::sync::atomic::AtomicUsize::new(0);
+    let add = |n: usize| {
+        let now = live.fetch_add(n, std::sync::atomic::Ordering::SeqCst) + n;
+        peak.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+    };
+    let sub = |n: usize| live.fetch_sub(n, std::sync::atomic::Ordering::SeqCst);
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            // Forward: activations of a changing size; then frees the gradients it is sent.
+            let mut seed = 7u64;
+            for _ in 0..60 {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let len = 64 + (seed >> 33) as usize % 961;
+                let acts: Vec<(DevicePtr, usize)> = (0..16)
+                    .map(|i| {
+                        let n = len * (64 + 8 * i) * 1024;
+                        add(n);
+                        (p.allocate(n, s).unwrap(), n)
+                    })
+                    .collect();
+                to_backward.send(acts).unwrap();
+                for (ptr, n) in forward_in.recv().unwrap() {
+                    p.deallocate(ptr, n, s).unwrap();
+                    sub(n);
+                }
+            }
+            drop(to_backward);
+        });
+        t.spawn(|| {
+            // Backward: frees the activations in reverse, making gradients as it goes, and
+            // keeps a little state of its own between them (never all free at once).
+            let mut kept = Vec::new();
+            for mut acts in backward_in.iter() {
+                let mut grads = Vec::new();
+                while let Some((ptr, n)) = acts.pop() {
+                    p.deallocate(ptr, n, s).unwrap();
+                    sub(n);
+                    let g = n / 2;
+                    add(g);
+                    grads.push((p.allocate(g, s).unwrap(), g));
+                    if acts.len() % 8 == 0 {
+                        add(2 * MIB);
+                        kept.push(p.allocate(2 * MIB, s).unwrap());
+                    }
+                }
+                to_forward.send(grads).unwrap();
+            }
+            for ptr in kept {
+                p.deallocate(ptr, 2 * MIB, s).unwrap();
+            }
+        });
+    });
+    let peak = peak.into_inner();
+    let reserved = p.pool_size() as usize;
+    assert!(
+        reserved <= peak + peak * 15 / 100 + GIB,
+        "the pool holds {} MiB for a live peak of {} MiB",
+        reserved / MIB,
+        peak / MIB
+    );
+}

@@ -45,6 +45,8 @@ thread_local! {
 }
 
 static NEXT_REGISTRY: AtomicU64 = AtomicU64::new(1);
+/// Marks the thread cache's key of a stream's shared arena (registry ids stay far below it).
+const SHARED_KEY: u64 = 1 << 63;
 
 /// One arena's slot, boxed so that an unused slot costs a pointer, not an arena.
 type Slot<A> = OnceLock<Box<A>>;
@@ -81,13 +83,32 @@ impl<A> StreamArenas<A> {
     /// The calling thread's arena of `stream`, made with `make` on first use.
     #[inline]
     pub(crate) fn get(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
-        let hit = CACHE.with(|c| c.get((self.id, stream)));
+        self.get_in(self.id, stream, None, make)
+    }
+
+    /// The arena of `stream` that every thread shares (the stream's first lane), made with
+    /// `make` on first use: for memory whose placement matters more than a lock of its own
+    /// (large blocks, which threads of one stream then share rather than split).
+    #[inline]
+    pub(crate) fn shared(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
+        self.get_in(self.id | SHARED_KEY, stream, Some(0), make)
+    }
+
+    #[inline]
+    fn get_in(
+        &self,
+        key: u64,
+        stream: RawStream,
+        lane: Option<u32>,
+        make: impl FnOnce() -> A,
+    ) -> Result<&A> {
+        let hit = CACHE.with(|c| c.get((key, stream)));
         if let Some(slot) = hit
             && let Some(a) = self.slot(slot as usize).and_then(OnceLock::get)
         {
             return Ok(&**a);
         }
-        self.get_slow(stream, make)
+        self.get_slow(key, stream, lane, make)
     }
 
     /// Slot `i`, `None` when its segment has not been made (or `i` is past the table).
@@ -115,8 +136,14 @@ impl<A> StreamArenas<A> {
     }
 
     #[cold]
-    fn get_slow(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
-        let lane = LANE.with(|l| *l);
+    fn get_slow(
+        &self,
+        key: u64,
+        stream: RawStream,
+        lane: Option<u32>,
+        make: impl FnOnce() -> A,
+    ) -> Result<&A> {
+        let lane = lane.unwrap_or_else(|| LANE.with(|l| *l));
         let slot = {
             let mut index = self.index.lock();
             let next = index.len();
@@ -148,7 +175,7 @@ impl<A> StreamArenas<A> {
                 }
             }
         };
-        CACHE.with(|c| c.insert((self.id, stream), slot));
+        CACHE.with(|c| c.insert((key, stream), slot));
         self.slot(slot as usize)
             .and_then(OnceLock::get)
             .map(|a| &**a)

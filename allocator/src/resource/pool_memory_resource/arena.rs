@@ -276,12 +276,14 @@ impl ArenaState {
         !self.pending.is_empty()
     }
 
-    /// Adds a granted range to the heap that serves requests of `size`.
-    pub(crate) fn add_grant(&mut self, for_size: u64, addr: u64, len: u64) {
+    /// Adds a granted range to the heap that serves requests of `size`; a range for large
+    /// requests joins the large heap's regions beside it within `within` (memory contiguous
+    /// with it), the small heap's ranges stay regions of their own.
+    pub(crate) fn add_grant(&mut self, for_size: u64, addr: u64, len: u64, within: (u64, u64)) {
         if for_size <= SMALL_LIMIT {
             self.small.add_region(addr, len);
         } else {
-            self.large.add_region(addr, len);
+            self.large.add_region_within(addr, len, within.0, within.1);
         }
     }
 

@@ -29,6 +29,11 @@ impl FreeSpace {
         }
     }
 
+    /// True when free ranges merge across chunk boundaries (chunks mapped side by side).
+    pub(crate) fn merges_across_chunks(&self) -> bool {
+        self.merge_across_chunks
+    }
+
     /// The chunk that holds `addr`: (start, size).
     pub(crate) fn chunk_of(&self, addr: u64) -> Option<(u64, u64)> {
         self.chunks

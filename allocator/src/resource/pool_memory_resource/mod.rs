@@ -193,6 +193,31 @@ impl PoolMemoryResource {
         self.arenas.get(stream.raw(), || Arena::new(stream.raw()))
     }
 
+    /// The arena that serves a request of `size` bytes (a multiple of [`GRANULE`]) on
+    /// `stream`: the calling thread's own for small blocks, the one the stream's threads
+    /// share for large ones.
+    #[inline]
+    fn arena_for(&self, size: u64, stream: StreamView) -> Result<&Arena> {
+        if size > SMALL_LIMIT {
+            self.arenas
+                .shared(stream.raw(), || Arena::new(stream.raw()))
+        } else {
+            self.arena(stream)
+        }
+    }
+
+    /// The memory contiguous with the granted `[addr, addr + len)`, within which an arena's
+    /// regions may join: the whole address range where the pool maps its chunks side by
+    /// side, else the upstream allocation (chunk) that holds it.
+    fn contiguous_around(&self, addr: u64, len: u64) -> (u64, u64) {
+        let g = self.global.lock();
+        if g.merges_across_chunks() {
+            return (0, u64::MAX);
+        }
+        g.chunk_of(addr)
+            .map_or((addr, addr + len), |(start, size)| (start, start + size))
+    }
+
     #[cold]
     #[inline(never)]
     fn allocate_slow(
@@ -225,8 +250,9 @@ impl PoolMemoryResource {
         for _ in 0..4 {
             match self.grant(need, want, stream)? {
                 Some((addr, len)) => {
+                    let within = self.contiguous_around(addr, len);
                     let mut st = arena.state.lock();
-                    st.add_grant(size, addr, len);
+                    st.add_grant(size, addr, len, within);
                     if let Some(addr) = st.try_alloc(size) {
                         return Ok(DevicePtr(addr));
                     }
@@ -457,7 +483,7 @@ impl DeviceMemoryResource for PoolMemoryResource {
                 None,
             ));
         };
-        let arena = self.arena(stream)?;
+        let arena = self.arena_for(size, stream)?;
         if let Some(addr) = arena.state.lock().try_alloc(size) {
             return Ok(DevicePtr(addr));
         }
@@ -489,7 +515,8 @@ impl DeviceMemoryResource for PoolMemoryResource {
         if ptr.is_null() {
             return Ok(());
         }
-        let arena = self.arena(stream)?;
+        let size = (bytes as u64).next_multiple_of(GRANULE);
+        let arena = self.arena_for(size, stream)?;
         if arena.state.lock().free_local(ptr.addr()) {
             return Ok(());
         }

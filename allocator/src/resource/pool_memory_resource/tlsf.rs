@@ -4,8 +4,10 @@
 //! second splits each power of two into 32 linear classes. Two bitmaps find the smallest
 //! non-empty class that fits in O(1); the head of the request's own class is tried first, so
 //! the choice is within 1/32 of best fit. Blocks split on allocation and merge with free
-//! physical neighbours on free; regions (memory handed to the heap in one piece) never merge
-//! with each other, so a block never spans two upstream allocations.
+//! physical neighbours on free. Regions (memory handed to the heap in one piece) merge with
+//! the regions beside them only within the bounds the caller gives
+//! ([`Heap::add_region_within`]: one upstream allocation, or a whole address range that the
+//! pool maps side by side), so a block never spans memory that is not contiguous.
 //!
 //! Block descriptors live in a slab indexed by `u32`; nothing here touches device memory and
 //! nothing allocates on the host except when the slab grows.
@@ -132,6 +134,21 @@ impl Heap {
         }
     }
 
+    /// Returns descriptor `idx` to the slab's spare slots; a size of 0 marks it unused.
+    fn retire(&mut self, idx: u32) {
+        self.blocks[idx as usize].size = 0;
+        self.spare.push(idx);
+    }
+
+    /// The block in use by the heap that satisfies `at`, if any (a scan of the slab: for
+    /// the slow path that adds regions).
+    fn find_block(&self, at: impl Fn(&Block) -> bool) -> Option<u32> {
+        self.blocks
+            .iter()
+            .position(|b| b.size != 0 && at(b))
+            .map(|i| i as u32)
+    }
+
     fn link(&mut self, idx: u32) {
         let (fl, sl) = class_of(self.blocks[idx as usize].size / GRANULE);
         let head = self.heads[fl][sl];
@@ -186,6 +203,44 @@ impl Heap {
         self.regions += 1;
         self.region_bytes += size;
         self.link(idx);
+    }
+
+    /// Hands `[addr, addr + size)` to the heap as free memory that joins the regions right
+    /// before and after it, where they lie within `[lo, hi)` (memory contiguous with it: the
+    /// same upstream allocation, or chunks mapped side by side): a block may then span what
+    /// were several grants, so that memory granted piece by piece serves a larger request
+    /// once it is free again. Outside those bounds, or with no neighbour, it is a region of
+    /// its own.
+    pub(crate) fn add_region_within(&mut self, addr: u64, size: u64, lo: u64, hi: u64) {
+        debug_assert!(addr.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
+        debug_assert!(lo <= addr && addr + size <= hi);
+        let end = addr + size;
+        let before = (addr > lo)
+            .then(|| self.find_block(|b| b.next_phys == NIL && b.addr + b.size == addr))
+            .flatten();
+        let after = (end < hi)
+            .then(|| self.find_block(|b| b.prev_phys == NIL && b.addr == end))
+            .flatten();
+        let idx = self.new_block(Block {
+            addr,
+            size,
+            prev_phys: before.unwrap_or(NIL),
+            next_phys: after.unwrap_or(NIL),
+            prev_free: NIL,
+            next_free: USED,
+        });
+        if let Some(b) = before {
+            self.blocks[b as usize].next_phys = idx;
+        }
+        if let Some(a) = after {
+            self.blocks[a as usize].prev_phys = idx;
+        }
+        // One region more, less each one it joins (joining both makes two into one).
+        self.regions =
+            self.regions + 1 - usize::from(before.is_some()) - usize::from(after.is_some());
+        self.region_bytes += size;
+        // A block in use until freed here: freeing merges it with free neighbours.
+        self.free(idx);
     }
 
     /// Hands `[addr, addr + size)` to the heap as a new region of one live block (memory
@@ -283,7 +338,7 @@ impl Heap {
             if nb.next_phys != NIL {
                 self.blocks[nb.next_phys as usize].prev_phys = idx;
             }
-            self.spare.push(n);
+            self.retire(n);
         }
         let b = self.blocks[idx as usize];
         if b.prev_phys != NIL && self.blocks[b.prev_phys as usize].is_free() {
@@ -295,7 +350,7 @@ impl Heap {
             if b.next_phys != NIL {
                 self.blocks[b.next_phys as usize].prev_phys = p;
             }
-            self.spare.push(idx);
+            self.retire(idx);
             idx = p;
         }
         self.link(idx);
@@ -320,7 +375,7 @@ impl Heap {
         for i in candidates {
             self.unlink(i);
             let b = self.blocks[i as usize];
-            self.spare.push(i);
+            self.retire(i);
             self.regions -= 1;
             self.region_bytes -= b.size;
             out.push((b.addr, b.size));
@@ -372,7 +427,7 @@ impl Heap {
             self.blocks[b.next_phys as usize].prev_phys = NIL;
         }
         self.region_bytes -= b.size;
-        self.spare.push(idx);
+        self.retire(idx);
         (b.addr, b.size)
     }
 
@@ -481,6 +536,42 @@ mod tests {
         h.take_free_regions(&mut out);
         assert_eq!(out, vec![(1 << 20, 64 << 20)]);
         assert_eq!(h.regions(), 0);
+    }
+
+    #[test]
+    fn regions_join_their_neighbours_within_the_bounds_given() {
+        const R: u64 = 4096;
+        let base = 0x10000;
+        let mut h = Heap::new();
+        // Three grants side by side, the middle one last: it joins both neighbours.
+        h.add_region_within(base, R, base, base + 3 * R);
+        h.add_region_within(base + 2 * R, R, base, base + 3 * R);
+        assert_eq!(h.regions(), 2, "not adjacent yet");
+        h.add_region_within(base + R, R, base, base + 3 * R);
+        h.check().unwrap();
+        assert_eq!((h.regions(), h.free_blocks()), (1, 1));
+        let a = h.alloc(3 * R).expect("a block spanning the three grants");
+        assert_eq!(h.block(a).addr, base);
+        h.free(a);
+        // A grant beside a region in use joins it, and is served on its own.
+        let a = h.alloc(3 * R).unwrap();
+        h.add_region_within(base + 3 * R, R, base, base + 5 * R);
+        assert_eq!(h.regions(), 1);
+        let b = h.alloc(R).unwrap();
+        assert_eq!(h.block(b).addr, base + 3 * R);
+        h.free(a);
+        h.free(b);
+        h.check().unwrap();
+        let mut out = Vec::new();
+        h.take_free_regions(&mut out);
+        assert_eq!(out, vec![(base, 4 * R)], "one region, returned whole");
+        assert_eq!((h.regions(), h.region_bytes()), (0, 0));
+        // Outside the bounds (another upstream allocation begins at the boundary): apart.
+        h.add_region_within(base, R, base, base + R);
+        h.add_region_within(base + R, R, base + R, base + 2 * R);
+        assert_eq!(h.regions(), 2);
+        assert!(h.alloc(2 * R).is_none(), "a block across the boundary");
+        h.check().unwrap();
     }
 
     #[test]
