@@ -68,6 +68,14 @@ use crate::error::{Error, Result};
 use crate::resource::SharedResource;
 use crate::stream::StreamView;
 
+/// Blocks larger than this (the largest an arena's cache keeps) come from the arena that the
+/// threads of a stream share: held per thread, the free memory of one thread's large blocks
+/// (a framework's activations, freed by its backward thread) would be out of the other's
+/// reach and the pool would grow for it. Blocks this large are few per second (filling one
+/// takes the device far longer than the lock), so sharing costs the many threads of one
+/// stream nothing where they allocate most.
+const SHARED_ABOVE: u64 = block_cache::MAX_BLOCK;
+
 /// Smallest range granted to an arena for large requests.
 const LARGE_GRANT: u64 = 64 << 20;
 /// Range granted to an arena for small requests.
@@ -194,11 +202,11 @@ impl PoolMemoryResource {
     }
 
     /// The arena that serves a request of `size` bytes (a multiple of [`GRANULE`]) on
-    /// `stream`: the calling thread's own for small blocks, the one the stream's threads
-    /// share for large ones.
+    /// `stream`: the calling thread's own, or for blocks larger than [`SHARED_ABOVE`] the
+    /// one the stream's threads share.
     #[inline]
     fn arena_for(&self, size: u64, stream: StreamView) -> Result<&Arena> {
-        if size > SMALL_LIMIT {
+        if size > SHARED_ABOVE {
             self.arenas
                 .shared(stream.raw(), || Arena::new(stream.raw()))
         } else {
