@@ -696,3 +696,65 @@ fn exact_peak_stays_within_the_reference_envelopes_under_8_free_running_threads(
         }
     }
 }
+
+/// Allocates `sizes` on `threads` threads at once (each its own blocks), frees them all.
+fn churn_on_threads(stats: &Arc<StatisticsResourceAdaptor>, threads: usize, sizes: &[usize]) {
+    std::thread::scope(|t| {
+        for _ in 0..threads {
+            t.spawn(|| {
+                let ptrs: Vec<(DevicePtr, usize)> = sizes
+                    .iter()
+                    .map(|&n| (stats.allocate(n, S).unwrap(), n))
+                    .collect();
+                for (p, n) in ptrs {
+                    stats.deallocate(p, n, S).unwrap();
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn reset_peaks_makes_every_peak_the_current_value_exact_or_not() {
+    for tolerance in [0, 64 * 1024] {
+        let p = Arc::new(PoolMemoryResource::new(cuda(), 16 * MIB, Some(512 * MIB)).unwrap());
+        let stats = Arc::new(StatisticsResourceAdaptor::with_peak_tolerance(
+            Arc::clone(&p) as SharedResource,
+            tolerance,
+        ));
+        let kept = stats.allocate(MIB, S).unwrap();
+        churn_on_threads(&stats, 4, &[4 * MIB, 8 * MIB, 1000]);
+        let report = stats.report();
+        assert!(report.allocated_bytes.peak >= (MIB + 12 * MIB + 1000) as i64);
+        let reserved = report.reserved_bytes.unwrap();
+        assert!(reserved > 16 * MIB as u64, "the pool grew");
+        assert_eq!(report.reserved_peak_bytes, Some(reserved));
+        assert_eq!(
+            report.memory_stats()["reserved_bytes.all.peak"],
+            reserved as i64
+        );
+        stats.reset_peaks();
+        let after = stats.report();
+        assert_eq!(
+            (after.allocated_bytes.value, after.allocated_bytes.peak),
+            (MIB as i64, MIB as i64),
+            "tolerance {tolerance}"
+        );
+        assert_eq!((after.allocations.value, after.allocations.peak), (1, 1));
+        assert_eq!(
+            stats.bytes_counter().peak,
+            MIB as i64,
+            "the innermost scope's too"
+        );
+        // Trimmed to what is in use, the pool's peak follows it down after a reset.
+        p.trim(0).unwrap();
+        stats.reset_peaks();
+        assert_eq!(p.peak_pool_size(), p.pool_size());
+        // And the peaks count from there again, on every thread.
+        churn_on_threads(&stats, 2, &[2 * MIB]);
+        let again = stats.report();
+        assert!(again.allocated_bytes.peak >= (MIB + 2 * MIB) as i64);
+        assert!(again.allocated_bytes.peak <= (MIB + 4 * MIB) as i64 + 2 * tolerance as i64);
+        stats.deallocate(kept, MIB, S).unwrap();
+    }
+}

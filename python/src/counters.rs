@@ -25,7 +25,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
-use rmm_allocator::adaptor::{Counter, StatisticsResourceAdaptor, chain_names};
+use rmm_allocator::adaptor::{Counter, StatisticsResourceAdaptor, chain_names, find_in_chain};
 use rmm_allocator::current_device;
 use rmm_allocator::per_device::{get_per_device_resource, set_per_device_resource};
 use rmm_allocator::resource::SharedResource;
@@ -316,6 +316,34 @@ fn current_resource(device: Option<u32>) -> PyResult<(usize, String)> {
     Ok((address(&current), chain_names(&*current)))
 }
 
+/// `device`'s figures under the key names of PyTorch's `torch.cuda.memory_stats()`
+/// (`allocated_bytes.all.current` and `.peak`, `reserved_bytes.all.current` and `.peak`,
+/// `allocation.all.*`, `num_alloc_retries`, `num_ooms`; reserved figures where its stack has a
+/// pool), from the statistics adaptor of its current resource's chain; None without one.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+fn memory_stats(py: Python<'_>, device: Option<u32>) -> PyResult<Option<BTreeMap<String, i64>>> {
+    let current = resource_of(device_or_current(device))?;
+    Ok(py.detach(|| {
+        find_in_chain::<StatisticsResourceAdaptor>(&*current).map(|s| s.report().memory_stats())
+    }))
+}
+
+/// Makes every peak of `device`'s figures the current value (PyTorch's
+/// `torch.cuda.reset_peak_memory_stats`): allocated bytes and allocations (the lifetime
+/// peaks and the innermost counter scope's) and the pool's reserved bytes. False when the
+/// device's current resource has no statistics adaptor in its chain.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+fn reset_peak_memory_stats(py: Python<'_>, device: Option<u32>) -> PyResult<bool> {
+    let current = resource_of(device_or_current(device))?;
+    Ok(py.detach(|| {
+        find_in_chain::<StatisticsResourceAdaptor>(&*current)
+            .map(|s| s.reset_peaks())
+            .is_some()
+    }))
+}
+
 /// Adds this file's functions to the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(statistics_enable, m)?)?;
@@ -325,5 +353,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(statistics_pop, m)?)?;
     m.add_function(wrap_pyfunction!(statistics_depth, m)?)?;
     m.add_function(wrap_pyfunction!(current_resource, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_peak_memory_stats, m)?)?;
     Ok(())
 }

@@ -13,11 +13,18 @@
   installed PyTorch), which raise ``torch.OutOfMemoryError`` where rmm-rs is out of memory.
   Without that package it falls back to rmm-rs's own C functions, saying so once: a failed
   allocation then becomes a tensor at address 0.
+
+With ``install()`` PyTorch's own ``torch.cuda.memory_stats()`` and its peaks see nothing:
+this module's functions of the same names read rmm-rs's figures instead, keyed as PyTorch
+keys them (``memory_stats``, ``memory_allocated``, ``max_memory_allocated``,
+``memory_reserved``, ``max_memory_reserved``, ``reset_peak_memory_stats``), so a training
+script logs them as it would PyTorch's. Allocated bytes are the sizes PyTorch asked for;
+reserved bytes are what rmm-rs's pool holds from the device.
 """
 
 import logging
 import warnings
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from .. import _rmm_rs
 
@@ -96,3 +103,54 @@ def install() -> Any:
         alloc = allocator()
     change_current_allocator(alloc)
     return alloc
+
+
+def _device_index(device: Any) -> Optional[int]:
+    """An int for rmm-rs from PyTorch's ways of naming a device (None, an int, a
+    ``torch.device``, ``"cuda:1"``); None is the calling thread's current device."""
+    if device is None or isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        kind, _, number = device.partition(":")
+        if kind == "cuda" and (not number or number.isdigit()):
+            return int(number) if number else None
+    elif hasattr(device, "type") and hasattr(device, "index"):
+        return device.index
+    raise TypeError(f"device {device!r}: pass None, an int, a torch.device or 'cuda:N'")
+
+
+def memory_stats(device: Any = None) -> Dict[str, int]:
+    """rmm-rs's figures for ``device`` under ``torch.cuda.memory_stats()``'s key names
+    (``allocated_bytes.all.current`` and ``.peak``, ``reserved_bytes.all.current`` and
+    ``.peak``, ``allocation.all.*``, ``num_alloc_retries``, ``num_ooms``); empty where the
+    device's resource keeps no statistics (as PyTorch's is before its first allocation)."""
+    return dict(_rmm_rs.memory_stats(_device_index(device)) or {})
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes allocated through rmm-rs on ``device`` now (``torch.cuda.memory_allocated``)."""
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """The most bytes allocated at once since the start or the last
+    :func:`reset_peak_memory_stats` (``torch.cuda.max_memory_allocated``)."""
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes rmm-rs's pool holds from the device now (``torch.cuda.memory_reserved``); 0
+    without a pool."""
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """The most bytes the pool held since the start or the last
+    :func:`reset_peak_memory_stats` (``torch.cuda.max_memory_reserved``)."""
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Makes every peak the current value (``torch.cuda.reset_peak_memory_stats``):
+    allocated bytes and allocations, and the pool's reserved bytes."""
+    _rmm_rs.reset_peak_memory_stats(_device_index(device))

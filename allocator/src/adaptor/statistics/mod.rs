@@ -43,10 +43,10 @@ use serde::{Deserialize, Serialize};
 use headroom::Reserve;
 pub use report::MemoryReport;
 
-use super::Upstream;
+use super::{Upstream, find_in_chain};
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::resource::{DeviceMemoryResource, LiveBlock};
+use crate::resource::{DeviceMemoryResource, LiveBlock, PoolMemoryResource};
 use crate::stream::StreamView;
 use crate::sync::{GroupedSlots, SlotCache, SpinLock};
 
@@ -516,6 +516,37 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             saved_peak_count,
         });
         before
+    }
+
+    /// Makes every peak the current value, as PyTorch's `reset_peak_memory_stats` does: the
+    /// peaks since the adaptor was made and the innermost scope's, and the reserved peak of
+    /// the first pool below (enclosing scopes keep theirs, to take back when it is popped).
+    pub fn reset_peaks(&self) {
+        let _scopes = self.scopes.lock();
+        if self.exact() {
+            let mut reserve = self.figures.reserve.lock();
+            let frozen = self.freeze_all(&mut reserve);
+            // All the headroom is in the reserve: peak − reserve is the current value.
+            let bytes = self.run_peak_bytes.load(Ordering::Relaxed) - reserve.bytes;
+            let count = self.run_peak_count.load(Ordering::Relaxed) - reserve.count;
+            self.set_peaks(bytes, count);
+            *reserve = Reserve::default();
+            self.thaw(frozen);
+        } else {
+            let now = self.sums();
+            self.set_peaks(now.bytes, now.count);
+        }
+        if let Some(pool) = find_in_chain::<PoolMemoryResource>((*self.upstream).as_dyn()) {
+            pool.reset_peak_pool_size();
+        }
+    }
+
+    /// Sets the innermost scope's peaks and the lifetime ones.
+    fn set_peaks(&self, bytes: i64, count: i64) {
+        self.run_peak_bytes.store(bytes, Ordering::Relaxed);
+        self.run_peak_count.store(count, Ordering::Relaxed);
+        self.figures.life_peak_bytes.store(bytes, Ordering::Relaxed);
+        self.figures.life_peak_count.store(count, Ordering::Relaxed);
     }
 
     /// Ends the innermost scope and returns its (bytes, allocations) counters; the enclosing

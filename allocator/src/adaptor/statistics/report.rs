@@ -31,6 +31,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             allocated_bytes: self.lifetime_bytes(),
             allocations: self.lifetime_allocations(),
             reserved_bytes: pool.as_ref().map(|p| p.pool_size as u64),
+            reserved_peak_bytes: pool.as_ref().map(|p| p.peak_pool_size as u64),
             reserved_maximum_bytes: pool.as_ref().and_then(|p| p.maximum_size.map(|m| m as u64)),
             pool_in_use_bytes: pool.as_ref().map(|p| p.in_use as u64),
             cached_free_bytes: pool
@@ -64,6 +65,9 @@ pub struct MemoryReport {
     pub allocations: Counter,
     /// Bytes the first pool in the chain holds from its upstream (PyTorch's reserved bytes).
     pub reserved_bytes: Option<u64>,
+    /// The most `reserved_bytes` came to since the pool was made or the peaks were reset
+    /// ([`StatisticsResourceAdaptor::reset_peaks`]).
+    pub reserved_peak_bytes: Option<u64>,
     /// That pool's maximum size.
     pub reserved_maximum_bytes: Option<u64>,
     /// Bytes in use in that pool, rounded as the pool hands them out (all its users).
@@ -124,6 +128,9 @@ impl MemoryReport {
         if let Some(r) = self.reserved_bytes {
             m.insert("reserved_bytes.all.current".into(), r as i64);
         }
+        if let Some(r) = self.reserved_peak_bytes {
+            m.insert("reserved_bytes.all.peak".into(), r as i64);
+        }
         if let Some(c) = self.cached_free_bytes {
             m.insert("inactive_split_bytes.all.current".into(), c as i64);
         }
@@ -169,9 +176,10 @@ impl fmt::Display for MemoryReport {
         )?;
         writeln!(
             f,
-            "  reserved   {} (maximum {}), in use {}, cached {}, free {}, largest free block {}, \
+            "  reserved   {} (peak {}, maximum {}), in use {}, cached {}, free {}, largest free block {}, \
              fragmentation {}",
             opt(self.reserved_bytes),
+            opt(self.reserved_peak_bytes),
             opt(self.reserved_maximum_bytes),
             opt(self.pool_in_use_bytes),
             opt(self.cached_free_bytes),

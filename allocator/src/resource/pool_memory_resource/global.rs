@@ -17,6 +17,8 @@ pub(crate) struct FreeSpace {
     free_bytes: u64,
     /// Free ranges merge across chunk starts (chunks mapped into one address range).
     merge_across_chunks: bool,
+    /// The most the chunks came to since the pool was made or the peak was reset.
+    peak_pool_size: u64,
 }
 
 impl FreeSpace {
@@ -94,6 +96,17 @@ impl FreeSpace {
     pub(crate) fn add_chunk(&mut self, addr: u64, size: u64) {
         self.chunks.insert(addr, size);
         self.insert(addr, size);
+        self.peak_pool_size = self.peak_pool_size.max(self.pool_size());
+    }
+
+    /// The most the chunks came to since the pool was made or [`Self::reset_peak`].
+    pub(crate) fn peak_pool_size(&self) -> u64 {
+        self.peak_pool_size.max(self.pool_size())
+    }
+
+    /// Makes the peak the chunks' size now.
+    pub(crate) fn reset_peak(&mut self) {
+        self.peak_pool_size = self.pool_size();
     }
 
     /// Whether free ranges must not merge across `addr`.

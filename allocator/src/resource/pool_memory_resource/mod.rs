@@ -191,6 +191,17 @@ impl PoolMemoryResource {
         self.global.lock().pool_size()
     }
 
+    /// The most [`pool_size`](Self::pool_size) came to since the pool was made or
+    /// [`reset_peak_pool_size`](Self::reset_peak_pool_size) (PyTorch's peak reserved bytes).
+    pub fn peak_pool_size(&self) -> u64 {
+        self.global.lock().peak_pool_size()
+    }
+
+    /// Makes the peak pool size the size now (PyTorch's `reset_peak_memory_stats`).
+    pub fn reset_peak_pool_size(&self) {
+        self.global.lock().reset_peak();
+    }
+
     /// This pool as the source of hook events.
     fn hook_source(&self) -> hooks::Source {
         hooks::Source::of(self, self.device.ordinal(), "PoolMemoryResource")

@@ -43,6 +43,9 @@ pub struct StreamUsage {
 pub struct PoolUsage {
     /// Bytes the pool holds from its upstream (reserved).
     pub pool_size: usize,
+    /// The most [`PoolUsage::pool_size`] came to since the pool was made or its peak was
+    /// reset ([`PoolMemoryResource::reset_peak_pool_size`]).
+    pub peak_pool_size: usize,
     /// Bytes handed out and not yet freed.
     pub in_use: usize,
     /// The largest free block the pool holds.
@@ -197,6 +200,7 @@ impl PoolMemoryResource {
         let unassigned = g.free_bytes();
         let mut u = PoolUsage {
             pool_size: g.pool_size() as usize,
+            peak_pool_size: g.peak_pool_size() as usize,
             largest_free: g.largest_free() as usize,
             maximum_size: Some(self.maximum as usize),
             free: unassigned as usize,
@@ -249,6 +253,7 @@ mod tests {
     fn usage() -> PoolUsage {
         PoolUsage {
             pool_size: 256 * MIB,
+            peak_pool_size: 256 * MIB,
             in_use: 160 * MIB,
             largest_free: 48 * MIB,
             maximum_size: Some(256 * MIB),

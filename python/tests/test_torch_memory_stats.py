@@ -1,0 +1,85 @@
+"""rmm_rs.allocators.torch's figures under torch.cuda's names (memory_stats,
+memory_allocated, max_memory_allocated, memory_reserved, max_memory_reserved,
+reset_peak_memory_stats), for a training script on the process-wide route, where PyTorch's
+own figures see nothing. They need no PyTorch: rmm-rs's pool on the simulated device."""
+
+import pytest
+
+import rmm_rs
+from rmm_rs.allocators import torch as rt
+
+MIB = 1 << 20
+
+
+def pool_runtime(initial="64MiB"):
+    rmm_rs.initialize(None, {"devices": [0], "pool": {"enabled": True, "initial_size": initial}})
+
+
+def test_allocated_and_reserved_follow_the_allocations_and_their_peaks_reset():
+    pool_runtime()
+    base = rt.memory_allocated()
+    a = rmm_rs.DeviceBuffer(32 * MIB)
+    b = rmm_rs.DeviceBuffer(16 * MIB)
+    assert rt.memory_allocated() == base + 48 * MIB
+    assert rt.max_memory_allocated() >= base + 48 * MIB
+    # 64 MiB of pool to start with; 48 MiB more in use than that makes it grow.
+    c = rmm_rs.DeviceBuffer(64 * MIB)
+    grown = rt.memory_reserved()
+    assert grown > 64 * MIB
+    assert rt.max_memory_reserved() == grown
+    del c
+    peak = rt.max_memory_allocated()
+    assert peak >= base + 112 * MIB
+    assert rt.memory_allocated() == base + 48 * MIB
+    stats = rt.memory_stats()
+    for key in (
+        "allocated_bytes.all.current",
+        "allocated_bytes.all.peak",
+        "reserved_bytes.all.current",
+        "reserved_bytes.all.peak",
+        "allocation.all.current",
+        "num_ooms",
+    ):
+        assert key in stats, (key, sorted(stats))
+    assert stats["allocation.all.current"] >= 2
+    # A reset makes every peak the value now.
+    rt.reset_peak_memory_stats()
+    assert rt.max_memory_allocated() == rt.memory_allocated() == base + 48 * MIB
+    assert rt.max_memory_reserved() == rt.memory_reserved()
+    d = rmm_rs.DeviceBuffer(8 * MIB)
+    assert rt.max_memory_allocated() == base + 56 * MIB
+    del a, b, d
+
+
+def test_the_peak_is_reset_for_the_counter_scope_in_use_too():
+    pool_runtime()
+    import rmm_rs.statistics as st
+
+    st.push_statistics()
+    a = rmm_rs.DeviceBuffer(8 * MIB)
+    del a
+    assert st.get_statistics().peak_bytes == 8 * MIB
+    rt.reset_peak_memory_stats()
+    assert st.get_statistics().peak_bytes == st.get_statistics().current_bytes == 0
+    st.pop_statistics()
+
+
+@pytest.mark.parametrize("device", [None, 0, "cuda", "cuda:0"])
+def test_devices_are_named_as_pytorch_names_them(device):
+    pool_runtime()
+    assert rt.memory_stats(device)["allocated_bytes.all.current"] >= 0
+
+
+@pytest.mark.parametrize("device", [1.5, "cpu", "cuda:x"])
+def test_a_device_named_otherwise_is_refused_by_name(device):
+    pool_runtime()
+    with pytest.raises(TypeError, match=f"device {device!r}"):
+        rt.memory_stats(device)
+
+
+def test_without_a_pool_there_is_nothing_reserved():
+    rmm_rs.initialize(None, {"devices": [0], "pool": {"enabled": False}})
+    a = rmm_rs.DeviceBuffer(MIB)
+    assert rt.memory_allocated() >= MIB
+    assert rt.memory_reserved() == 0 and rt.max_memory_reserved() == 0
+    del a
