@@ -7,12 +7,17 @@
 //!   requests need, falling back to smaller tries when the upstream refuses).
 //! * Each stream has an *arena* that owns the ranges granted to it: a TLSF heap for requests
 //!   above 1 MiB and one for small requests (so small objects never fragment large regions).
-//!   Blocks split on allocation and merge with free neighbours on free, in O(1).
+//!   Blocks split on allocation and merge with free neighbours on free, in O(1). A range
+//!   granted next to one the arena holds joins it where the memory is contiguous (the same
+//!   upstream chunk, or chunks mapped side by side), so memory granted piece by piece serves
+//!   a larger request once it is free again.
 //! * A thread finds its stream's arena in a thread-local cache; workers on their own streams
 //!   never share a lock, a cache line or a driver call on the fast path. Threads sharing one
 //!   stream get one arena each (up to 16 per stream): the stream's work is ordered, so any of
 //!   its arenas may serve it, and a block freed by another thread of the same stream goes
-//!   straight back to its owner.
+//!   straight back to its owner. Blocks larger than 16 MiB come from one arena the stream's
+//!   threads share, so that one thread's free large blocks serve the other's requests (a
+//!   framework's forward and backward threads).
 //! * Each arena keeps its four most recently freed blocks (up to 16 MiB each) whole, for the
 //!   next request of the same size on its stream (a thread cache, as in tcmalloc): a thread
 //!   that frees and allocates one size again and again costs a lookup, not a split and a
