@@ -18,13 +18,12 @@ use std::sync::Arc;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PySlice};
+use pyo3::types::{PyBytes, PyDict, PySlice};
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::spill::{SharedDeviceGuard, SpillableBuffer, Tier};
 use rmm_allocator::{Device, StreamView};
 use rmm_runtime::{ForeignData, ForeignOwner, OwnerAccess, SpillManager};
 
-use crate::buffers::HostBytes;
 use crate::error;
 
 /// A Python value's reference, held by the spill manager while the value is on the device.
@@ -146,35 +145,28 @@ impl AdoptedValue {
             .collect()
     }
 
-    /// Copies of a spilled value's data in host memory ([`HostBytes`]), wherever it is (it
-    /// does not move): each of its allocations whole, or with `ranges`, each
-    /// `(allocation, offset, nbytes)` asked for (the part of an allocation that a value's
-    /// frames cover). Read without the interpreter, into memory touched for the first time
-    /// by the copy (on several threads). None while the value is in its own memory.
+    /// Copies of a spilled value's data as bytes, wherever it is (it does not move): each of
+    /// its allocations whole, or with `ranges`, each `(allocation, offset, nbytes)` asked for
+    /// (the part of an allocation that a value's frames cover). None while the value is in its
+    /// own memory.
     #[pyo3(signature = (ranges=None))]
-    fn spilled_bytes(
+    fn spilled_bytes<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         ranges: Option<Vec<(usize, usize, usize)>>,
-    ) -> PyResult<Option<Vec<Py<HostBytes>>>> {
+    ) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
         let Some((buffers, ranges)) = self.spilled_ranges(py, ranges)? else {
             return Ok(None);
         };
-        let parts = py
-            .detach(|| {
-                ranges
-                    .iter()
-                    .map(|&(i, offset, nbytes)| {
-                        let mut out = vec![0u8; nbytes];
-                        buffers[i].read_range_into(offset, &mut out)?;
-                        Ok(out)
-                    })
-                    .collect::<rmm_allocator::Result<Vec<_>>>()
+        // Read straight into each bytes object: one copy, into memory touched once.
+        ranges
+            .iter()
+            .map(|&(i, offset, nbytes)| {
+                PyBytes::new_with(py, nbytes, |out| {
+                    py.detach(|| buffers[i].read_range_into(offset, out))
+                        .map_err(error)
+                })
             })
-            .map_err(error)?;
-        parts
-            .into_iter()
-            .map(|p| Py::new(py, HostBytes::new(p)))
             .collect::<PyResult<Vec<_>>>()
             .map(Some)
     }

@@ -203,27 +203,3 @@ def test_only_the_bytes_a_values_frames_cover_travel():
         got = deserialize(header, frames, deserializers=(family,))
         assert got.meta == b"meta" and got.buf.to_bytes() == blob[1000:1500]
     store.close()
-
-
-def test_a_spilled_value_is_read_into_host_bytes_that_python_reads_in_place():
-    from rmm_rs import _rmm_rs
-
-    rmm_rs.initialize(None, {"spill": {"enabled": True}})
-    store = DeviceStore(device_memory_limit="64MiB")
-    blob = random.Random(5).randbytes(3 * MIB + 77)
-    store["k"] = rmm_rs.DeviceBuffer.from_bytes(blob)
-    store.spill("k")
-    adopted: Any = store._device["k"].adopted
-    whole, piece = adopted.spilled_bytes([(0, 0, len(blob)), (0, MIB + 3, 1000)])
-    assert isinstance(whole, _rmm_rs.HostBytes) and len(whole) == len(blob)
-    view = memoryview(whole)
-    assert view.readonly and view.nbytes == len(blob) and view.format == "B"
-    assert bytes(view) == blob and bytes(piece) == blob[MIB + 3 : MIB + 1003]
-    with pytest.raises(TypeError):
-        view[0] = 1  # read-only
-    import ctypes
-
-    with pytest.raises((TypeError, BufferError)):  # a writable view is refused
-        (ctypes.c_char * len(piece)).from_buffer(piece)
-    del view
-    assert store.tier("k") == "host", "reading does not move the value"

@@ -1,15 +1,12 @@
 //! The buffers Python makes: [`DeviceBuffer`] (device bytes from the device's current stack,
 //! with `__cuda_array_interface__` so CuPy, Numba and PyTorch wrap it without a copy) and
 //! [`SpillableBuffer`] (bytes the device's spill manager may move to host memory or disk, and
-//! that survive `reinitialize`), and what both take from Python: host bytes, streams, arrays;
-//! and [`HostBytes`], host bytes rmm-rs filled that Python reads without a copy.
+//! that survive `reinitialize`), and what both take from Python: host bytes, streams, arrays.
 
 mod device_buffer;
-mod host_bytes;
 mod spillable_buffer;
 
 pub(crate) use device_buffer::DeviceBuffer;
-pub(crate) use host_bytes::HostBytes;
 pub(crate) use spillable_buffer::{SpillableBuffer, spill_manager};
 
 use pyo3::prelude::*;
@@ -157,6 +154,5 @@ fn cuda_array(obj: &Bound<'_, PyAny>) -> PyResult<(u64, usize, Option<u64>)> {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DeviceBuffer>()?;
     m.add_class::<SpillableBuffer>()?;
-    m.add_class::<HostBytes>()?;
     Ok(())
 }
