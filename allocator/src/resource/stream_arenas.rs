@@ -94,6 +94,8 @@ impl<A> StreamArenas<A> {
         self.get_in(self.id | SHARED_KEY, stream, Some(0), make)
     }
 
+    /// The arena of `stream` in `lane` (`None`: the calling thread's own), through the
+    /// thread's cache under `key` (one key per way of choosing the lane).
     #[inline]
     fn get_in(
         &self,
@@ -135,6 +137,7 @@ impl<A> StreamArenas<A> {
         }
     }
 
+    /// [`Self::get_in`] past the thread's cache: the index, making the arena on first use.
     #[cold]
     fn get_slow(
         &self,
