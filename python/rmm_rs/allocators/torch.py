@@ -1,11 +1,13 @@
 """PyTorch allocations from rmm-rs, two ways.
 
-* ``mem_pool()`` (recommended): a ``torch.cuda.MemPool`` over rmm-rs. Inside
+* ``mem_pool()``: a ``torch.cuda.MemPool`` over rmm-rs. Inside
   ``with torch.cuda.use_mem_pool(pool):`` PyTorch's caching allocator takes its segments from
   rmm-rs, so ``torch.cuda.memory_stats``, memory snapshots and CUDA-graph capture keep
   working, and an allocation rmm-rs cannot make (after spilling, where spilling is on) is
-  PyTorch's own ``torch.OutOfMemoryError``.
-* ``install()``: rmm-rs as PyTorch's process-wide allocator
+  PyTorch's own ``torch.OutOfMemoryError``. The pool holds for the thread that enters it
+  only: backward runs on PyTorch's autograd thread and allocates from PyTorch's default pool
+  (PyTorch issue 167353), so a training loop has two caches. For code on one thread.
+* ``install()`` (for training): rmm-rs as PyTorch's process-wide allocator
   (``torch.cuda.memory.CUDAPluggableAllocator``), before PyTorch's first CUDA allocation, as
   ``change_current_allocator`` requires. PyTorch then has no statistics or snapshots. It does
   not check the pointer an allocation function returns either, so ``install`` uses the
