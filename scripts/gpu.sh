@@ -8,6 +8,8 @@
 #   scripts/gpu.sh wheels  # here: the rmm_rs wheel and Dask's, dask-cuda's wheels into .whl/
 #   scripts/gpu.sh ucx-wheels  # here: UCX for Dask and RAPIDS RMM (Python 3.12) into .whl-ucx/
 #   scripts/gpu.sh python  # there: the Python tests (CuPy, PyTorch, Dask) and benchmarks
+#   scripts/gpu.sh cudf-wheels  # here: cuDF 26.10 (CUDA 13) into .whl-cudf/, in call-sized slices
+#   scripts/gpu.sh cudf-join    # there: the carried slices joined, checked and installed
 #
 # Environment of `run`: TEST_THREADS (default 4); BENCH=0 skips examples and benchmarks;
 # BENCHES="runtime allocators" runs only those benchmarks (default: all); TESTS=0 skips tests.
@@ -186,6 +188,8 @@ python)
     repo=$(pwd)
     wheels=(.whl/*.whl)
     if [ -d .whl-ucx ]; then wheels+=(.whl-ucx/*.whl); fi
+    # cuDF's, once `cudf-join` has left them whole and checked in .whl-cudf.
+    if compgen -G ".whl-cudf/*.whl" > /dev/null; then wheels+=(.whl-cudf/*.whl); fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "${wheels[@]}"
     export PYTHONPATH=/tmp/site RMM_BACKEND=cuda PYTHONUNBUFFERED=1
@@ -215,8 +219,43 @@ python)
     fi
     exit "$status"
     ;;
+cudf-wheels)
+    # cuDF 26.10 for CUDA 13 (issue 40): cudf-cu13, pylibcudf-cu13, libcudf-cu13 (about 300 MB),
+    # dask-cudf-cu13 and, followed through their Requires-Dist, what neither the GPU image nor
+    # .whl and .whl-ucx provide, into .whl-cudf/ (each wheel's needs printed, and where each
+    # comes from). Then .whl-cudf-slices/1..N: the wheels over 60 MiB split into 55 MiB pieces
+    # (split -b 55M -d), the rest packed in with them, each directory one call's worth with the
+    # tree (under 60 MiB), the manifest (sha256 of every wheel and piece) in the first. Prints
+    # the calls, back to back while the machine is warm, the last one running `cudf-join`.
+    python3 scripts/cudf_wheels.py download .whl-cudf
+    python3 scripts/cudf_wheels.py slice .whl-cudf .whl-cudf-slices
+    ;;
+cudf-join)
+    # After the calls `cudf-wheels` printed: every carried slice moved into .whl-cudf-parts,
+    # each wheel joined and checked against the manifest into .whl-cudf (what is missing or
+    # wrong is named, with the calls that carry it again, and nothing is installed). Then all
+    # of them, with .whl and .whl-ucx when they are there, installed into $SITE (/tmp/site, as
+    # `python` does), every requirement checked against what Python sees there, and cuDF
+    # imported (CUDF_IMPORT=0 skips that). Safe to run again: whole wheels are not joined twice.
+    site="${SITE:-/tmp/site}"
+    python3 scripts/cudf_wheels.py join .whl-cudf-slices .whl-cudf-parts .whl-cudf
+    wheels=(.whl-cudf/*.whl)
+    for d in .whl .whl-ucx; do
+        if compgen -G "$d/*.whl" > /dev/null; then wheels+=("$d"/*.whl); fi
+    done
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" "${wheels[@]}"
+    echo "installed into $site: ${#wheels[@]} wheels"
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    python3 scripts/cudf_wheels.py check .whl-cudf
+    if [ "${CUDF_IMPORT:-1}" = 1 ]; then
+        python3 -c 'import cudf, dask_cudf, pylibcudf, rmm
+print("cudf", cudf.__version__, "from", cudf.__file__)
+print(cudf.DataFrame({"a": [1, 2, 3]}).a.sum())'
+    fi
+    ;;
 *)
-    echo "usage: $0 build|run|multi|wheels|ucx-wheels|python" >&2
+    echo "usage: $0 build|run|multi|wheels|ucx-wheels|python|cudf-wheels|cudf-join" >&2
     exit 2
     ;;
 esac
