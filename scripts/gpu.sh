@@ -15,7 +15,9 @@
 # BENCHES="runtime allocators" runs only those benchmarks (default: all); TESTS=0 skips tests.
 # Environment of `python`: PYTEST=0 skips the tests, BENCH=0 the single-GPU benchmarks;
 # BENCH_MULTI=1 adds python/bench/multi_gpu.py (several GPUs: dask-cuda's cluster against
-# rmm-rs's over TCP and UCX, with dask-cuda's local_cupy), MULTI_ARGS its extra options.
+# rmm-rs's over TCP and UCX, with dask-cuda's local_cupy), MULTI_ARGS its extra options;
+# BENCH_SUITE=1 adds python/bench/dask_cuda_suite.py (dask-cuda's whole benchmark suite against
+# dask-cuda's clusters, with and without enable_cudf_spill, and rmm-rs's), SUITE_ARGS its options.
 #
 # .gpu/ is ignored by git; carry it to the GPU machine with the working tree.
 set -euo pipefail
@@ -216,6 +218,15 @@ python)
         python3 python/bench/multi_gpu.py --protocol tcp,ucx --suite \
             --json "$out/multi_gpu.json" ${multi_args[@]+"${multi_args[@]}"} 2>&1 \
             | tee "$out/bench-multi-gpu.txt" || status=1
+    fi
+    if [ "${BENCH_SUITE:-0}" = 1 ]; then
+        # Every visible GPU; the benchmarks that need what is not installed (cuDF) are listed
+        # as skipped. SUITE_ARGS adds options, e.g. SUITE_ARGS="--benchmarks local_cupy
+        # --deadline 420".
+        read -r -a suite_args <<< "${SUITE_ARGS:-}"
+        python3 python/bench/dask_cuda_suite.py --json "$out/dask_cuda_suite.json" \
+            ${suite_args[@]+"${suite_args[@]}"} 2>&1 \
+            | tee "$out/bench-dask-cuda-suite.txt" || status=1
     fi
     exit "$status"
     ;;

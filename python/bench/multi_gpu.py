@@ -32,7 +32,7 @@ as a share of that bound.
 --weak-scaling also runs each side on one GPU with --per-worker bytes (the multi-GPU time
 over the one-GPU time: 1.0 is perfect weak scaling). --suite also runs dask-cuda's own
 benchmark (``python -m dask_cuda.benchmarks.local_cupy``, transpose_sum and dot) against each
-cluster through a scheduler file.
+cluster through a scheduler file (python/bench/dask_cuda_suite.py runs the whole suite).
 
 Needs several GPUs, CuPy, dask-cuda and rmm_rs; RAPIDS RMM for --pool (dask-cuda's pool,
 "none" runs without); distributed-ucxx for --protocol ucx (scripts/gpu.sh ucx-wheels carries
@@ -44,11 +44,7 @@ it.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import importlib.metadata
 import importlib.util
-import inspect
 import json
 import math
 import os
@@ -57,54 +53,31 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import cloudpickle
 from dask.utils import format_bytes, parse_bytes
-from distributed import Client, wait
+from distributed import wait
+
+# The clusters, their checks and the runs of dask-cuda's benchmarks, shared with
+# dask_cuda_suite.py (this directory is the script's, first on sys.path).
+from dask_cuda_runs import (
+    Settings,
+    Side,
+    benchmark_command,
+    cluster_for,
+    pool_setting,
+    protocol_problem,
+    run_benchmark,
+    send_from_tier_supported,
+    versions,
+    visible_devices,
+)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 GiB = 1 << 30
 ITEMSIZE = 8  # float64
-
-# Distributions whose versions the report names (read from their metadata: nothing imported).
-_DISTRIBUTIONS = (
-    "dask",
-    "distributed",
-    "dask-cuda",
-    "rmm-rs",
-    "cupy-cuda13x",
-    "cupy-cuda12x",
-    "numpy",
-    "rmm-cu13",
-    "ucxx-cu13",
-    "distributed-ucxx-cu13",
-    "libucx-cu13",
-    "cuda-bindings",
-)
-
-
-class Side(NamedTuple):
-    """One way of running the workload: dask-cuda's cluster, or rmm-rs's with the device
-    store's send_from_tier left as it is (None) or off (False)."""
-
-    name: str
-    kind: str  # "dask-cuda" or "rmm-rs"
-    send_from_tier: bool | None = None
-
-
-class Settings(NamedTuple):
-    """What every cluster of the run is made with."""
-
-    limit: str
-    pool: Any  # a size string, a fraction (float), or None: no pool
-    host_limit: Any  # Dask's memory_limit: 0 for none, else a size string
-    threads: int
-    rmm_rs_config: dict[str, Any]
-    rmm_rs_libs: list[str]
-    timeout: float
-
 
 # On the workers.
 
@@ -129,169 +102,11 @@ def worker_sent(dask_worker):
 # In the client.
 
 
-def visible_devices():
-    """The GPUs of the machine as CUDA_VISIBLE_DEVICES lists them, else one per ``GPU``
-    line of ``nvidia-smi -L``."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None and env.strip():
-        return [d.strip() for d in env.split(",") if d.strip()]
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, check=True, timeout=60
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise SystemExit(
-            f"no GPUs found: `nvidia-smi -L` failed ({e}) and CUDA_VISIBLE_DEVICES is not set; "
-            "pass --devices 0,1,..."
-        ) from e
-    count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    if count == 0:
-        raise SystemExit("no GPUs found: `nvidia-smi -L` lists none; pass --devices 0,1,...")
-    return [str(i) for i in range(count)]
-
-
 def square_side(total_bytes, chunk):
     """The side n of the square float64 array closest to `total_bytes`, a multiple of
     `chunk` (at least one block)."""
     blocks = round(math.sqrt(total_bytes / ITEMSIZE) / chunk)
     return chunk * max(1, blocks)
-
-
-def device_total_memory(device):
-    """The device's memory in bytes (NVML, no CUDA context), or None where unknown."""
-    try:
-        from dask_cuda.utils import get_device_total_memory
-
-        return get_device_total_memory(int(device) if device.isdigit() else device)
-    except Exception:  # noqa: BLE001 - the check that needs it is skipped, saying so
-        return None
-
-
-def size_in_bytes(size, total):
-    """Bytes of a size string, or of a fraction (up to 1) of `total`."""
-    try:
-        f = float(size)
-    except (TypeError, ValueError):
-        return parse_bytes(size)
-    if f <= 1:
-        if total is None:
-            return None
-        return int(f * total)
-    return int(f)
-
-
-def pool_setting(pool, limit, device):
-    """The pool size both sides get: "auto" is 0.9 of the device, checked against the
-    limit; "none" is no pool; a fraction (0.8) stays a fraction, a size stays a size."""
-    if pool.lower() == "none":
-        return None
-    value: Any = 0.9 if pool.lower() == "auto" else pool
-    with contextlib.suppress(ValueError):
-        if float(value) <= 1:
-            value = float(value)
-    total = device_total_memory(device)
-    pool_bytes = size_in_bytes(value, total)
-    limit_bytes = size_in_bytes(limit, total)
-    if total is None or pool_bytes is None or limit_bytes is None:
-        print(f"note: device {device}'s memory is unknown (NVML): the pool is not checked "
-              "against --limit", flush=True)
-    elif limit_bytes > pool_bytes:
-        raise SystemExit(
-            f"--limit {limit} ({format_bytes(limit_bytes)}) does not fit in the pool "
-            f"({format_bytes(pool_bytes)} of the device's {format_bytes(total)}): lower "
-            "--limit or pass a larger --pool"
-        )
-    return value
-
-
-def protocol_problem(protocol):
-    """Why a protocol cannot run here, or None."""
-    if protocol != "ucx":
-        return None
-    try:
-        importlib.import_module("distributed_ucxx")
-    except ImportError as e:
-        return (
-            f"distributed-ucxx is not installed ({e}): install distributed-ucxx-cu13 with its "
-            "ucxx-cu13, libucxx-cu13, libucx-cu13 and rmm-cu13 (`bash scripts/gpu.sh "
-            "ucx-wheels` here downloads them into .whl-ucx; `gpu.sh python` installs them)"
-        )
-    except Exception as e:  # noqa: BLE001 - e.g. libucx failing to load: reported, skipped
-        return f"distributed-ucxx does not import: {type(e).__name__}: {e}"
-    return None
-
-
-def send_from_tier_supported():
-    """True when this rmm_rs's DeviceStore takes ``send_from_tier``."""
-    from rmm_rs.dask import DeviceStore
-
-    params = inspect.signature(DeviceStore.__init__).parameters
-    return "send_from_tier" in params or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
-    )
-
-
-def versions():
-    """The installed versions of the packages the run depends on."""
-    out = {}
-    for name in _DISTRIBUTIONS:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return out
-
-
-@contextlib.contextmanager
-def cluster_for(side, devices, protocol, s):
-    """A client of a running cluster of `side` on `devices` (one worker each), rmm-rs set
-    up on every worker for an rmm-rs side; the cluster closed on the way out."""
-    from dask_cuda import LocalCUDACluster
-
-    kwargs = {
-        "CUDA_VISIBLE_DEVICES": list(devices),
-        "protocol": protocol,
-        "threads_per_worker": s.threads,
-        "memory_limit": s.host_limit,
-        "dashboard_address": None,
-    }
-    if side.kind == "dask-cuda":
-        cluster = LocalCUDACluster(
-            device_memory_limit=s.limit,
-            rmm_pool_size=s.pool,
-            rmm_allocator_external_lib_list=["cupy"] if s.pool is not None else None,
-            **kwargs,
-        )
-    else:
-        from rmm_rs.dask import DeviceStore
-
-        store: dict[str, Any] = {}
-        if side.send_from_tier is False:
-            store["send_from_tier"] = False
-        host = None if s.host_limit == 0 else s.host_limit
-        # Each worker sees its GPU as device 0 (dask-cuda sets CUDA_VISIBLE_DEVICES per
-        # worker): the store's default device.
-        cluster = LocalCUDACluster(
-            data=DeviceStore.factory(
-                device_memory_limit=s.limit, memory_limit=host, config=s.rmm_rs_config, **store
-            ),
-            rmm_pool_size=None,
-            **kwargs,
-        )
-    with cluster, Client(cluster) as client:
-        client.wait_for_workers(len(devices), timeout=s.timeout)
-        if side.kind == "rmm-rs":
-            from rmm_rs.dask import RMMRsPlugin
-
-            client.register_plugin(
-                RMMRsPlugin(
-                    s.rmm_rs_config,
-                    rmm_pool_size=s.pool,
-                    device_memory_limit=s.limit,
-                    rmm_allocator_external_lib_list=s.rmm_rs_libs,
-                )
-            )
-        yield client
 
 
 def make_array(n, chunk, seed):
@@ -654,74 +469,6 @@ def print_weak_scaling(best, sides, protocols, multi):
 
 # dask-cuda's own benchmark against each cluster.
 
-_TIME = re.compile(r"^\s*([\d.]+)\s*(us|ms|s|m|hr|d)\b")
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "hr": 3600.0, "d": 86400.0}
-
-
-def parse_time(text):
-    """Seconds of a time as dask.utils.format_time prints it ("1.23 s", "450.00 ms",
-    "20m 34s", "3hr 25m", "2d 4hr"), or None."""
-    total = 0.0
-    rest = text.strip()
-    found = False
-    while rest:
-        m = _TIME.match(rest)
-        if not m:
-            break
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        rest = rest[m.end():]
-        found = True
-    return total if found and not rest.strip() else None
-
-
-def parse_local_cupy(output):
-    """The per-run wall clocks local_cupy printed (under its "Wall clock | Throughput"
-    header) and its closing mean ("Wall clock | MEAN +/- STD")."""
-    durations: list[float] = []
-    mean = None
-    in_runs = False
-    for line in output.splitlines():
-        if "|" not in line:
-            if in_runs and line.startswith("="):
-                in_runs = False
-            continue
-        key, _, value = (part.strip() for part in line.partition("|"))
-        if key == "Wall clock" and value == "Throughput":
-            in_runs = True
-            continue
-        if key == "Wall clock":
-            mean = parse_time(value.split("+/-")[0])
-            continue
-        if in_runs:
-            seconds = parse_time(key)
-            if seconds is not None:
-                durations.append(seconds)
-    return durations, mean
-
-
-def local_cupy_wallclocks(basename):
-    """The wall clocks of each run from local_cupy's --output-basename JSON (pandas'
-    to_json of its results table), or None where it wrote none."""
-    path = basename + ".json"
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        table = json.load(f)
-    column = table.get("wallclock")
-    if isinstance(column, dict):
-        return [float(column[k]) for k in sorted(column, key=int)]
-    if isinstance(column, list):
-        return [float(v) for v in column]
-    return None
-
-
-def median(values):
-    """The median of a non-empty list."""
-    v = sorted(values)
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
-
-
 def suite_problem():
     """Why dask-cuda's local_cupy cannot run here, or None."""
     missing = [m for m in ("nvtx", "pandas") if importlib.util.find_spec(m) is None]
@@ -745,43 +492,17 @@ def run_suite(side, devices, protocol, args, s, tmp):
             client.write_scheduler_file(path)
             for op in ("transpose_sum", "dot"):
                 base = os.path.join(tmp, f"local-cupy-{key}-{op}")
-                cmd = [
-                    sys.executable, "-m", "dask_cuda.benchmarks.local_cupy",
-                    "--scheduler-file", path,
-                    "--operation", op,
-                    "--size", str(args.suite_size),
-                    "--chunk-size", str(args.suite_chunk_size),
-                    "--protocol", protocol,
-                    "--devs", ",".join(devices),
-                    "--runs", str(args.suite_runs),
-                    "--output-basename", base,
-                ]
-                if side.kind == "rmm-rs":
+                cmd = benchmark_command(
+                    "dask_cuda.benchmarks.local_cupy",
+                    ["--operation", op,
+                     "--size", str(args.suite_size),
+                     "--chunk-size", str(args.suite_chunk_size)],
+                    path, protocol, devices, args.suite_runs, base,
                     # The workers' memory is rmm-rs's: local_cupy must not set RMM up there.
-                    cmd.append("--disable-rmm")
+                    disable_rmm=side.kind == "rmm-rs",
+                )
                 r: dict[str, Any] = {"protocol": protocol, "side": side.name, "operation": op,
-                                     "command": cmd, "error": None}
-                try:
-                    p = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                                       timeout=args.suite_timeout)
-                    r["returncode"] = p.returncode
-                    r["output"] = p.stdout + p.stderr
-                    if p.returncode != 0:
-                        last = (p.stderr or p.stdout).strip().splitlines()[-1:]
-                        r["error"] = f"exit status {p.returncode}: {''.join(last)}"
-                except subprocess.TimeoutExpired as e:
-                    text = [t.decode() if isinstance(t, bytes) else (t or "")
-                            for t in (e.stdout, e.stderr)]
-                    r["output"] = "".join(text)
-                    r["error"] = f"timed out after {args.suite_timeout} s"
-                printed, mean = parse_local_cupy(r["output"])
-                saved = local_cupy_wallclocks(base)
-                r["wallclocks"] = saved if saved else printed
-                r["wallclocks_from"] = "output-basename json" if saved else "printed output"
-                r["mean_s"] = mean
-                r["median_s"] = median(r["wallclocks"]) if r["wallclocks"] else None
-                if r["median_s"] is None and not r["error"]:
-                    r["error"] = "no wall clock found in local_cupy's output"
+                                     **run_benchmark(cmd, base, args.suite_timeout)}
                 status = (f"median {r['median_s']:.3f} s of {len(r['wallclocks'])} runs"
                           if r["median_s"] is not None else "")
                 print(f"[{protocol}] local_cupy {op} on {side.name}: "
