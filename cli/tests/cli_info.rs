@@ -309,3 +309,13 @@ fn a_host_pool_larger_than_the_cgroup_allows_is_refused_by_name() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn the_version_is_the_crates() {
+    let out = rmm().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("rmm {}", env!("CARGO_PKG_VERSION"))
+    );
+}

@@ -49,6 +49,7 @@ from ._rmm_rs import (
     spill_statistics,
     validate_config,
 )
+from ._rmm_rs import __version__ as __version__
 
 import importlib as _importlib
 import sys as _sys
@@ -71,6 +72,7 @@ def __getattr__(name):
 
 
 __all__ = [
+    "__version__",
     "DeviceBuffer",
     "OutOfMemoryError",
     "RmmError",

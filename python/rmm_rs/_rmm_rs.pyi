@@ -10,6 +10,9 @@ _Size = Union[int, float, str]
 # A stream: None (the default stream) or an int handle (a cudaStream_t).
 _Stream = Optional[int]
 
+# The version of rmm-rs this extension was built from (the Rust crates' version).
+__version__: str
+
 class RmmError(RuntimeError):
     """An rmm-rs operation failed; the message says what, with which value, and what to do."""
 

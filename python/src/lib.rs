@@ -370,6 +370,7 @@ fn devices() -> PyResult<Vec<u32>> {
 fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log::init_from_env();
     reinit_report::make_keys(m.py());
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("RmmError", m.py().get_type::<RmmError>())?;
     m.add("OutOfMemoryError", out_of_memory_error(m.py())?)?;
     m.add_function(wrap_pyfunction!(initialize, m)?)?;
