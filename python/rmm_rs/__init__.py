@@ -51,6 +51,9 @@ from ._rmm_rs import (
 )
 from ._rmm_rs import __version__ as __version__
 
+#: RAPIDS RMM's name for :class:`RmmError` (``rmm.RMMError``): the same class.
+RMMError = RmmError
+
 import importlib as _importlib
 import sys as _sys
 
@@ -76,6 +79,7 @@ __all__ = [
     "DeviceBuffer",
     "OutOfMemoryError",
     "RmmError",
+    "RMMError",
     "SimulatedDeviceWarning",
     "allocators",
     "SpillableBuffer",
