@@ -28,9 +28,8 @@ without it ``torch.cuda.mem_get_info``); its maximum less the used memory measur
 CUDA context exists and before any allocation is "peak device memory used" (net; raw beside
 it). Live peak and reserved at peak: ``torch.cuda.max_memory_allocated/reserved`` for the
 PyTorch modes and the MemPool route (whose rmm-rs pool size goes to the JSON as well); for
-``rmm-rs``, ``rmm_rs.statistics()[device]["peak_bytes_in_use"]`` (the statistics adaptor's
-peak, sizes as requested) and the largest ``["reserved_bytes"]`` (the pool's size) read after
-each step: rmm-rs keeps no peak of reserved memory, and its pool only shrinks when trimmed.
+``rmm-rs``, ``rmm_rs.allocators.torch.max_memory_allocated`` (the statistics adaptor's peak,
+sizes as requested) and ``max_memory_reserved`` (the pool's peak size).
 Median step time skips the first 5 steps. The loss sums of all runs must agree to ``--rtol``
 (a difference is a warning).
 
@@ -138,10 +137,10 @@ def workload(torch: Any, args: argparse.Namespace) -> Tuple[Any, Any, Callable, 
     return model, opt, next_batch, loss_of
 
 
-def train(torch: Any, args: argparse.Namespace, memory: DeviceMemory, steps: int,
-          sample: Callable[[], None]) -> Dict[str, Any]:
+def train(torch: Any, args: argparse.Namespace, memory: DeviceMemory, steps: int
+          ) -> Dict[str, Any]:
     """Builds the workload, runs `steps` steps, and returns step times, losses and the
-    highest device memory used (NVML) read after each step; `sample` runs after each step."""
+    highest device memory used (NVML) read after each step."""
     torch.manual_seed(args.seed)
     model, opt, next_batch, loss_of = workload(torch, args)
     peak_used = memory.used()
@@ -163,7 +162,6 @@ def train(torch: Any, args: argparse.Namespace, memory: DeviceMemory, steps: int
         sizes.append(size)
         del loss, inputs
         peak_used = max(peak_used, memory.used())
-        sample()
     del model, opt, next_batch, loss_of
     gc.collect()
     torch.cuda.synchronize(args.device)
@@ -220,31 +218,23 @@ def child(args: argparse.Namespace) -> int:
     base = memory.used()
     pool_ctx: Any = contextlib.nullcontext()
     pool = None  # the MemPool, kept to the end of the process
-    rmm: Dict[str, int] = {"reserved": 0}
-
-    def sample() -> None:
-        """Keeps the largest rmm-rs pool size seen."""
-        if mode.startswith("rmm-rs"):
-            rmm["reserved"] = max(rmm["reserved"], rmm_rs.statistics()[device]["reserved_bytes"])
-
     if mode.startswith("rmm-rs"):
         rmm_rs.initialize(rmm_config)
         if mode == "rmm-rs-mempool":
             pool = rmm_torch.mem_pool()
             pool_ctx = torch.cuda.use_mem_pool(pool)
     with pool_ctx:
-        run = train(torch, args, memory, args.log_steps if args.log else args.steps, sample)
+        run = train(torch, args, memory, args.log_steps if args.log else args.steps)
     out.update(run)
     out["base_used"] = base
     out["peak_used_net"] = run["peak_used_raw"] - base
     if mode == "rmm-rs":
-        sample()
         stats = rmm_rs.statistics()[device]
-        out["live_peak"] = stats["peak_bytes_in_use"]
-        out["reserved_peak"] = rmm["reserved"]
+        out["live_peak"] = rmm_torch.max_memory_allocated(device)
+        out["reserved_peak"] = rmm_torch.max_memory_reserved(device)
         out["rmm_rs_pool"], out["rmm_rs_stack"] = stats["pool"], stats["stack"]
-        out["notes"].append("live peak: rmm_rs.statistics()[d]['peak_bytes_in_use'] (sizes as "
-                            "requested); reserved: largest ['reserved_bytes'] after a step")
+        out["notes"].append("live and reserved peaks: rmm_rs.allocators.torch's "
+                            "max_memory_allocated (sizes as requested) and max_memory_reserved")
     else:
         out["live_peak"] = torch.cuda.max_memory_allocated(device)
         out["reserved_peak"] = torch.cuda.max_memory_reserved(device)
@@ -252,10 +242,9 @@ def child(args: argparse.Namespace) -> int:
         out["num_alloc_retries"] = ms.get("num_alloc_retries")
         out["num_ooms"] = ms.get("num_ooms")
         if mode == "rmm-rs-mempool":
-            sample()
             stats = rmm_rs.statistics()[device]
-            out["rmm_rs_reserved_peak"] = rmm["reserved"]
-            out["rmm_rs_live_peak"] = stats["peak_bytes_in_use"]
+            out["rmm_rs_reserved_peak"] = rmm_torch.max_memory_reserved(device)
+            out["rmm_rs_live_peak"] = rmm_torch.max_memory_allocated(device)
             out["rmm_rs_pool"], out["rmm_rs_stack"] = stats["pool"], stats["stack"]
     if args.log:
         rmm_rs.finalize()  # flushes the log (PyTorch's leftovers stay valid, as leaks)
