@@ -266,6 +266,27 @@ fn the_simulated_virtual_memory_calls_keep_cudas_rules() {
     assert!(b.mem_create(0, 2 * GIB).is_err());
 }
 
+/// The next sequence length in [64, 1024] from `seed` (a linear congruential step): the
+/// same lengths every run.
+fn next_length(seed: &mut u64) -> usize {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    64 + (*seed >> 33) as usize % 961
+}
+
+/// The pool holds at most 15 % more than the live `peak`, and the growth step (1 GiB) it
+/// grows by.
+fn assert_near_the_peak(p: &PoolMemoryResource, peak: usize) {
+    let reserved = p.pool_size() as usize;
+    assert!(
+        reserved <= peak + peak * 15 / 100 + GIB,
+        "the pool holds {} MiB for a live peak of {} MiB",
+        reserved / MIB,
+        peak / MIB
+    );
+}
+
 /// One training step's allocations on one stream, as a framework makes them when the
 /// input's size changes every step (a new sequence length `len` in [64, 1024]): per layer,
 /// activations whose size follows the length, kept until backward; the logits and their
@@ -325,20 +346,10 @@ fn a_loop_whose_sizes_change_every_step_keeps_the_pool_near_its_live_peak() {
     let mut seed = 42u64;
     let mut peak = 0;
     for _ in 0..100 {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let len = 64 + (seed >> 33) as usize % 961;
+        let len = next_length(&mut seed);
         peak = peak.max(training_step(&p, s, len, 3 * 512 * MIB));
     }
-    let reserved = p.pool_size() as usize;
-    // Within 15 % of the live peak, and the growth step (1 GiB) it grows by.
-    assert!(
-        reserved <= peak + peak * 15 / 100 + GIB,
-        "the pool holds {} MiB for a live peak of {} MiB",
-        reserved / MIB,
-        peak / MIB
-    );
+    assert_near_the_peak(&p, peak);
     for ptr in state {
         p.deallocate(ptr, 512 * MIB, s).unwrap();
     }
@@ -366,10 +377,7 @@ fn two_threads_on_one_stream_share_its_large_blocks() {
             // Forward: activations of a changing size; then frees the gradients it is sent.
             let mut seed = 7u64;
             for _ in 0..60 {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let len = 64 + (seed >> 33) as usize % 961;
+                let len = next_length(&mut seed);
                 let acts: Vec<(DevicePtr, usize)> = (0..16)
                     .map(|i| {
                         let n = len * (64 + 8 * i) * 1024;
@@ -409,12 +417,5 @@ fn two_threads_on_one_stream_share_its_large_blocks() {
             }
         });
     });
-    let peak = peak.into_inner();
-    let reserved = p.pool_size() as usize;
-    assert!(
-        reserved <= peak + peak * 15 / 100 + GIB,
-        "the pool holds {} MiB for a live peak of {} MiB",
-        reserved / MIB,
-        peak / MIB
-    );
+    assert_near_the_peak(&p, peak.into_inner());
 }
