@@ -73,8 +73,12 @@ from dask_cuda_runs import (
     visible_devices,
 )
 from copy_bounds import measure_bounds, print_bounds
+import phase_metrics
+from phase_metrics import difference, summary_lines, worker_phase_figures
 
+# Functions run on the workers travel by value: the workers need not see this directory.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(phase_metrics)
 
 GiB = 1 << 30
 ITEMSIZE = 8  # float64
@@ -204,11 +208,13 @@ def run_once(side, devices, protocol, n, args, s, repeat):
                 client, x
             )
             before = sent_bytes(client)
+            figures = client.run(worker_phase_figures)
             stage = "transpose-sum"
             t = time.perf_counter()
             r["transpose_sum"] = scalar(client, (x + x.T).sum(), s.timeout)
             r["transpose_sum_s"] = time.perf_counter() - t
             mid = sent_bytes(client)
+            r["transpose_metrics"] = difference(client.run(worker_phase_figures), figures)
             stage = "std"
             t = time.perf_counter()
             r["std_sum"] = scalar(client, x.std(axis=0).sum(), s.timeout)
@@ -224,8 +230,12 @@ def run_once(side, devices, protocol, n, args, s, repeat):
             del x
             stage = "close"
     except Exception as e:  # noqa: BLE001 - recorded, reported, and the run goes on
-        r["error"] = f"{stage}: {type(e).__name__}: {e}"
-        r["stage"] = stage
+        if stage == "close":
+            # Every figure was taken: a cluster slow to shut down is reported, not a failure.
+            r["close_error"] = f"{type(e).__name__}: {e}"
+        else:
+            r["error"] = f"{stage}: {type(e).__name__}: {e}"
+            r["stage"] = stage
     return r
 
 
@@ -243,6 +253,10 @@ def print_run(r):
         f"phase",
         flush=True,
     )
+    if r.get("close_error"):
+        print(f"    (the cluster did not close cleanly: {r['close_error']})", flush=True)
+    for line in summary_lines(r.get("transpose_metrics", {})):
+        print(f"    transpose phase, {line}", flush=True)
     if any(r["spill"].values()):
         print_spill(r["spill"])
 
@@ -509,6 +523,8 @@ def parse_args(argv=None):
                    "for is brought back to the device before it is sent), beside the default")
     p.add_argument("--rmm-rs-host-pool", default=None,
                    help="rmm-rs's spill.host_pool_size (default: the runtime's)")
+    p.add_argument("--rmm-rs-vmm", choices=("auto", "true", "false"), default=None,
+                   help="rmm-rs's pool.vmm (default: the runtime's)")
     p.add_argument("--weak-scaling", action="store_true",
                    help="also run each side on one GPU (the first of --devices) with "
                    "--per-worker bytes")
@@ -576,6 +592,8 @@ def main(argv=None):
     config: dict[str, Any] = {"spill": {"enabled": True}}
     if args.rmm_rs_host_pool:
         config["spill"]["host_pool_size"] = args.rmm_rs_host_pool
+    if args.rmm_rs_vmm is not None:
+        config["pool"] = {"vmm": {"true": True, "false": False}.get(args.rmm_rs_vmm, "auto")}
     s = Settings(
         limit=args.limit,
         pool=pool,

@@ -1,0 +1,65 @@
+"""Where a phase's time goes on each Dask worker, from distributed's own fine performance
+metrics (``Worker.digests_total``) and its transfer log: the seconds each activity took
+(``execute/thread-noncpu``, ``gather-dep/network``, ``get-data/serialize``…), and the
+incoming transfers' count, bytes and summed durations. The same figures for either side, so
+that a slow phase can be pinned on the task, the spilling, the serialization or the wire."""
+
+from typing import Any, Dict, List
+
+GiB = 1 << 30
+
+
+def worker_phase_figures(dask_worker: Any) -> Dict[str, float]:
+    """This worker's cumulative figures: ``ACTIVITY/LABEL`` seconds (summed over task
+    prefixes and spans), and ``incoming transfers`` / ``incoming bytes`` / ``incoming
+    seconds`` from its transfer log."""
+    out: Dict[str, float] = {}
+    for key, value in list(getattr(dask_worker, "digests_total", {}).items()):
+        if isinstance(key, tuple) and len(key) >= 3 and key[-1] == "seconds":
+            name = f"{key[0]}/{key[-2]}"
+            out[name] = out.get(name, 0.0) + float(value)
+    log = list(getattr(dask_worker, "transfer_incoming_log", ()))
+    out["incoming transfers"] = float(len(log))
+    out["incoming bytes"] = float(sum(e.get("total", 0) for e in log))
+    out["incoming seconds"] = float(sum(e.get("duration", 0.0) for e in log))
+    return out
+
+
+def difference(
+    after: Dict[str, Dict[str, float]], before: Dict[str, Dict[str, float]]
+) -> Dict[str, Dict[str, float]]:
+    """Per worker, ``after - before`` (a phase's own figures from two snapshots)."""
+    return {
+        w: {k: v - before.get(w, {}).get(k, 0.0) for k, v in figures.items()}
+        for w, figures in after.items()
+    }
+
+
+def summary_lines(per_worker: Dict[str, Dict[str, float]], top: int = 8) -> List[str]:
+    """The phase's figures as text: the incoming transfers summed over the workers (count,
+    GiB, summed seconds, and the rate that gives), then the ``top`` activities by seconds
+    per worker (the mean over workers, and the largest)."""
+    if not per_worker:
+        return []
+    n = len(per_worker)
+    count = sum(f.get("incoming transfers", 0.0) for f in per_worker.values())
+    nbytes = sum(f.get("incoming bytes", 0.0) for f in per_worker.values())
+    seconds = sum(f.get("incoming seconds", 0.0) for f in per_worker.values())
+    rate = f", {nbytes / seconds / 1e9:.2f} GB/s per transfer" if seconds > 0 else ""
+    lines = [
+        f"incoming transfers: {int(count)} carrying {nbytes / GiB:.2f} GiB over "
+        f"{seconds:.2f} s summed{rate}"
+    ]
+    names = {
+        k for f in per_worker.values() for k in f if not k.startswith("incoming ")
+    }
+    rows = []
+    for name in names:
+        values = [f.get(name, 0.0) for f in per_worker.values()]
+        rows.append((sum(values) / n, max(values), name))
+    rows.sort(reverse=True)
+    for mean, most, name in rows[:top]:
+        if mean < 0.005:
+            break
+        lines.append(f"{name:32s} {mean:8.2f} s per worker (most {most:.2f} s)")
+    return lines

@@ -1,0 +1,67 @@
+"""The multi-GPU benchmark's per-phase figures (python/bench/phase_metrics.py), from a Dask
+worker's fine performance metrics and transfer log: no GPU, no cluster."""
+
+import importlib.util
+import os
+from types import SimpleNamespace
+
+BENCH = os.path.join(os.path.dirname(__file__), os.pardir, "bench")
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, name + ".py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pm = _load("phase_metrics")
+
+
+def _worker(digests, log):
+    return SimpleNamespace(digests_total=digests, transfer_incoming_log=log)
+
+
+def test_seconds_are_summed_per_activity_and_label_over_prefixes_and_spans():
+    w = _worker(
+        {
+            ("execute", "span-1", "add", "thread-cpu", "seconds"): 1.5,
+            ("execute", "span-2", "sum", "thread-cpu", "seconds"): 0.5,
+            ("execute", "span-1", "add", "thread-cpu", "bytes"): 99.0,  # not seconds
+            ("gather-dep", "network", "seconds"): 2.0,
+            "latency": 0.25,  # not a tuple
+        },
+        [{"total": 100, "duration": 0.5}, {"total": 300, "duration": 1.5}],
+    )
+    f = pm.worker_phase_figures(w)
+    assert f["execute/thread-cpu"] == 2.0
+    assert f["gather-dep/network"] == 2.0
+    assert "latency" not in f and not any("bytes" in k for k in f if "/" in k)
+    assert (f["incoming transfers"], f["incoming bytes"], f["incoming seconds"]) == (2, 400, 2)
+
+
+def test_a_phase_is_the_difference_of_two_snapshots_per_worker():
+    before = {"w1": {"a/b": 1.0, "incoming transfers": 2.0}}
+    after = {"w1": {"a/b": 3.5, "incoming transfers": 5.0, "c/d": 1.0}, "w2": {"a/b": 2.0}}
+    d = pm.difference(after, before)
+    assert d == {
+        "w1": {"a/b": 2.5, "incoming transfers": 3.0, "c/d": 1.0},
+        "w2": {"a/b": 2.0},
+    }
+
+
+def test_the_summary_names_the_transfers_and_the_busiest_activities_first():
+    per_worker = {
+        "w1": {"gather-dep/network": 4.0, "execute/other": 1.0, "tiny/x": 0.001,
+               "incoming transfers": 10, "incoming bytes": 10 * 2**30, "incoming seconds": 5},
+        "w2": {"gather-dep/network": 2.0, "execute/other": 3.0,
+               "incoming transfers": 6, "incoming bytes": 6 * 2**30, "incoming seconds": 3},
+    }
+    lines = pm.summary_lines(per_worker)
+    assert lines[0].startswith("incoming transfers: 16 carrying 16.00 GiB over 8.00 s summed")
+    assert "2.15 GB/s per transfer" in lines[0]
+    assert lines[1].startswith("gather-dep/network") and "3.00 s per worker (most 4.00 s)" in lines[1]
+    assert lines[2].startswith("execute/other") and "2.00 s per worker (most 3.00 s)" in lines[2]
+    assert len(lines) == 3  # the activity under 5 ms per worker is left out
+    assert pm.summary_lines({}) == []
