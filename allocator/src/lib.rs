@@ -20,6 +20,7 @@
 //! | [`per_device`] | the current resource of each device |
 //! | [`adaptor`] | resource adaptors, and memory [`hooks`](adaptor::hooks) |
 //! | [`spill`] | spillable data and its tiers |
+//! | [`ipc`] | device memory shared with other processes of the host (a peer worker copies a value's bytes from it) |
 //!
 //! Elements of a [`DeviceUVector`] or [`DeviceScalar`] are [`bytemuck::Pod`]: derive it with
 //! the `bytemuck` crate (`#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]`).
@@ -77,6 +78,7 @@ pub mod backend;
 mod container;
 mod device;
 mod error;
+pub mod ipc;
 pub mod per_device;
 pub mod resource;
 pub mod spill;

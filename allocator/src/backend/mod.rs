@@ -73,6 +73,22 @@ pub type RawMemPool = u64;
 /// Opaque handle of physical device memory made by [`Backend::mem_create`] (`cuMemCreate`).
 pub type RawPhysical = u64;
 
+/// Names device memory that another process of this host may map
+/// ([`Backend::ipc_alloc`], [`Backend::ipc_open`]): CUDA's 64-byte `CUipcMemHandle`, or the
+/// name of the shared file that backs the simulated device's exported memory.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpcHandle(pub [u8; 64]);
+
+impl fmt::Debug for IpcHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IpcHandle(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "…)")
+    }
+}
+
 /// Which kind of backend is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BackendKind {
@@ -235,6 +251,34 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
     /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
+    /// Allocates `bytes` of device memory on `dev` that other processes of this host may map
+    /// (`cuMemAlloc` and `cuIpcGetMemHandle`): its address here and the handle that names it.
+    /// Freed with [`ipc_free`](Self::ipc_free) only.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver refuses either call (nothing is kept then); the
+    /// simulated device fails as its allocations do, or when it cannot make the shared file.
+    fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)>;
+    /// Frees memory from [`ipc_alloc`](Self::ipc_alloc). Processes that mapped it must have
+    /// closed it (their copies from it done) first.
+    ///
+    /// # Errors
+    /// [`Error::Driver`], or [`Error::InvalidPointer`] for memory `ipc_alloc` did not give.
+    fn ipc_free(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
+    /// Maps memory that another process exported as `handle` into device `dev`'s context
+    /// (`cuIpcOpenMemHandle`, peer access enabled as needed): its address here, valid for
+    /// copies until [`ipc_close`](Self::ipc_close). A process cannot open its own handles on
+    /// a GPU.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver cannot map it (another host, a GPU this process does
+    /// not see, memory already freed); the simulated device when the shared file is gone.
+    fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<DevicePtr>;
+    /// Unmaps memory [`ipc_open`](Self::ipc_open) mapped (`cuIpcCloseMemHandle`).
+    ///
+    /// # Errors
+    /// [`Error::Driver`], or [`Error::InvalidPointer`] for an address `ipc_open` did not give.
+    fn ipc_close(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
     /// Managed (unified) allocation attached globally (`cuMemAllocManaged`). `bytes` > 0.
     ///
     /// # Errors

@@ -6,6 +6,7 @@
 //! device the process does not use: a context holds device memory, and a Dask worker that
 //! sees every GPU uses one) and kept for the life of the process.
 
+mod ipc;
 mod result;
 mod staged_copy;
 mod vmm;
@@ -22,8 +23,8 @@ use result::{
 
 use super::stream_registry::StreamRegistry;
 use super::{
-    Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawPhysical,
-    RawStream,
+    Backend, BackendKind, DeviceProperties, DevicePtr, IpcHandle, MemInfo, RawEvent, RawMemPool,
+    RawPhysical, RawStream,
 };
 use crate::error::{Error, Result};
 
@@ -364,6 +365,32 @@ impl Backend for CudaBackend {
         self.bind(dev)?;
         // SAFETY: the driver validates the pointer and reports an error for a foreign one.
         check("cuMemFree_v2", dev, unsafe { sys::cuMemFree_v2(ptr.0) })
+    }
+
+    fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)> {
+        let ptr = self.malloc(dev, bytes)?;
+        match ipc::export(dev, ptr) {
+            Ok(handle) => Ok((ptr, handle)),
+            Err(e) => {
+                // Not exportable: nothing is kept.
+                let _ = self.free(dev, ptr);
+                Err(e)
+            }
+        }
+    }
+
+    fn ipc_free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
+        self.free(dev, ptr)
+    }
+
+    fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<DevicePtr> {
+        self.bind(dev)?;
+        ipc::open(dev, handle)
+    }
+
+    fn ipc_close(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
+        self.bind(dev)?;
+        ipc::close(dev, ptr)
     }
 
     fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {

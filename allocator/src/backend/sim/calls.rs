@@ -9,8 +9,8 @@ use super::stream::{SimEvent, SimStream};
 use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, spawn_error};
 use crate::backend::host_memory::HostMemory;
 use crate::backend::{
-    Backend, BackendKind, DeviceProperties, DevicePtr, MemInfo, RawEvent, RawMemPool, RawPhysical,
-    RawStream,
+    Backend, BackendKind, DeviceProperties, DevicePtr, IpcHandle, MemInfo, RawEvent, RawMemPool,
+    RawPhysical, RawStream,
 };
 use crate::error::{Error, Result, fmt_bytes};
 
@@ -155,6 +155,22 @@ impl Backend for SimBackend {
 
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
         self.release(dev, ptr, false)
+    }
+
+    fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)> {
+        self.sim_ipc_alloc(dev, bytes)
+    }
+
+    fn ipc_free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
+        self.sim_ipc_free(dev, ptr)
+    }
+
+    fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<DevicePtr> {
+        self.sim_ipc_open(dev, handle)
+    }
+
+    fn ipc_close(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
+        self.sim_ipc_close(dev, ptr)
     }
 
     fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {

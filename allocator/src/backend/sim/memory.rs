@@ -24,13 +24,23 @@ const UNBACKED_BASE: u64 = 1 << 46;
 pub(crate) struct Backing {
     /// The start of the block, aligned as asked.
     ptr: *mut u8,
-    /// What was allocated: `len + align` bytes at the allocator's minimum alignment.
-    base: *mut u8,
-    layout: Layout,
     len: usize,
+    storage: Storage,
 }
 
-// SAFETY: `Backing` owns a plain heap block; access to its bytes goes through raw pointers whose
+/// Where a [`Backing`]'s bytes live.
+#[derive(Debug)]
+pub(crate) enum Storage {
+    /// A heap block: what was allocated, `len + align` bytes at the allocator's minimum
+    /// alignment.
+    Heap { base: *mut u8, layout: Layout },
+    /// A shared mapping of a memory file (memory exported to other processes, or mapped from
+    /// one): unmapped when the backing goes; the exporter's file (which peers open) closed
+    /// then.
+    Shared { _file: Option<std::fs::File> },
+}
+
+// SAFETY: `Backing` owns a heap block or a shared mapping; access to its bytes goes through raw pointers whose
 // ordering the stream model provides, exactly as device memory is shared between streams.
 unsafe impl Send for Backing {}
 // SAFETY: as above; `Backing` itself has no interior state besides the block it owns.
@@ -56,10 +66,23 @@ impl Backing {
         let ptr = unsafe { base.add(offset) };
         Some(Backing {
             ptr,
-            base,
-            layout,
             len,
+            storage: Storage::Heap { base, layout },
         })
+    }
+
+    /// A backing over `len` bytes of a shared mapping at `ptr` (page-aligned, from `mmap`),
+    /// unmapped on drop; `file` is kept open until then (the exporter's, which peers open).
+    ///
+    /// # Safety
+    /// `ptr` must be the start of a live shared mapping of exactly `len` bytes, owned by the
+    /// backing from now on.
+    pub(crate) unsafe fn shared(ptr: *mut u8, len: usize, file: Option<std::fs::File>) -> Backing {
+        Backing {
+            ptr,
+            len,
+            storage: Storage::Shared { _file: file },
+        }
     }
 
     pub(crate) fn addr(&self) -> u64 {
@@ -77,8 +100,15 @@ impl Backing {
 
 impl Drop for Backing {
     fn drop(&mut self) {
-        // SAFETY: `base` was allocated with `layout` in `Backing::new` and is freed only here.
-        unsafe { std::alloc::dealloc(self.base, self.layout) }
+        match &self.storage {
+            // SAFETY: `base` was allocated with `layout` in `Backing::new` and is freed only here.
+            Storage::Heap { base, layout } => unsafe { std::alloc::dealloc(*base, *layout) },
+            // The file, if any, closes as the storage drops, after the unmap.
+            Storage::Shared { .. } => {
+                // SAFETY: the backing owns this mapping of `len` bytes (`Backing::shared`).
+                unsafe { libc::munmap(self.ptr.cast(), self.len) };
+            }
+        }
     }
 }
 
@@ -95,6 +125,10 @@ pub(crate) enum AllocKind {
         handle: u64,
         accessible: bool,
     },
+    /// Memory exported to other processes (`ipc_alloc`), in a shared file.
+    Exported,
+    /// Another process's exported memory mapped here (`ipc_open`).
+    Imported,
 }
 
 #[derive(Debug)]

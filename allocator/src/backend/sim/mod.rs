@@ -17,6 +17,7 @@
 mod calls;
 mod config;
 mod env;
+mod ipc;
 mod memory;
 mod stream;
 mod vmm;
@@ -511,7 +512,7 @@ impl SimBackend {
                 && match a.kind {
                     AllocKind::Pool(_) => expect_pool,
                     AllocKind::Device | AllocKind::Managed => !expect_pool,
-                    AllocKind::Mapped { .. } => false,
+                    AllocKind::Mapped { .. } | AllocKind::Exported | AllocKind::Imported => false,
                 }
         });
         if !ok {

@@ -1,0 +1,45 @@
+//! CUDA's legacy interprocess memory API: device memory from `cuMemAlloc` exported as a
+//! 64-byte handle (`cuIpcGetMemHandle`) that another process of the host maps into its own
+//! context (`cuIpcOpenMemHandle`) and copies from over NVLink or PCIe. Memory from the
+//! virtual memory API cannot be exported this way, so exported memory is always a plain
+//! allocation of its own.
+
+use cudarc::driver::sys;
+
+use super::result::check;
+use crate::backend::{DevicePtr, IpcHandle};
+use crate::error::Result;
+
+/// `cuIpcGetMemHandle` of the allocation at `ptr` (from `cuMemAlloc`).
+pub(super) fn export(dev: u32, ptr: DevicePtr) -> Result<IpcHandle> {
+    // SAFETY: an all-zero handle is a valid out-parameter.
+    let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; the driver validates the address.
+    check("cuIpcGetMemHandle", dev, unsafe {
+        sys::cuIpcGetMemHandle(&mut h, ptr.0)
+    })?;
+    Ok(IpcHandle(h.reserved.map(|b| b as u8)))
+}
+
+/// `cuIpcOpenMemHandle` of `handle` into the current context (`dev`'s), with peer access
+/// enabled lazily for memory on another GPU.
+pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<DevicePtr> {
+    let h = sys::CUipcMemHandle {
+        reserved: handle.0.map(|b| b as std::ffi::c_char),
+    };
+    let mut p = 0;
+    let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+    // SAFETY: valid out-pointer; the driver validates the handle.
+    check("cuIpcOpenMemHandle", dev, unsafe {
+        sys::cuIpcOpenMemHandle_v2(&mut p, h, flags)
+    })?;
+    Ok(DevicePtr(p))
+}
+
+/// `cuIpcCloseMemHandle` of an address [`open`] returned.
+pub(super) fn close(dev: u32, ptr: DevicePtr) -> Result<()> {
+    // SAFETY: the driver validates the address against its mappings.
+    check("cuIpcCloseMemHandle", dev, unsafe {
+        sys::cuIpcCloseMemHandle(ptr.0)
+    })
+}

@@ -1,0 +1,217 @@
+//! Interprocess memory on the simulated device: exported memory is an anonymous memory file
+//! (`memfd_create`) that the exporter keeps open and another process of the host maps through
+//! `/proc/<pid>/fd/<fd>`, the pair its handle carries, so Dask workers in separate processes
+//! move data through it as GPUs do through CUDA IPC. Nothing is ever written to a directory:
+//! the memory goes with the exporter's free, or with its process. Exported memory counts as
+//! device memory in use, fails with the same injected faults as `cuMemAlloc`, and needs
+//! backed mode (unbacked devices have no bytes to share).
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::memory::{AllocKind, Allocation, Backing};
+use super::{SimBackend, SimMemoryMode};
+use crate::backend::{DevicePtr, IpcHandle};
+use crate::error::{Error, Result};
+
+/// What every simulated handle starts with; "<pid>:<fd>" follows.
+const PREFIX: &str = "rmm-rs-sim:";
+
+fn driver_error(call: &'static str, dev: u32, description: String) -> Error {
+    Error::Driver {
+        call,
+        device: dev,
+        name: "CUDA_ERROR_INVALID_VALUE".into(),
+        code: 1,
+        description,
+    }
+}
+
+/// The path through which another process opens the memory file a handle names.
+fn path_of(handle: &IpcHandle) -> Option<String> {
+    let end = handle
+        .0
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(handle.0.len());
+    let text = std::str::from_utf8(&handle.0[..end]).ok()?;
+    let (pid, fd) = text.strip_prefix(PREFIX)?.split_once(':')?;
+    Some(format!(
+        "/proc/{}/fd/{}",
+        pid.parse::<u32>().ok()?,
+        fd.parse::<i32>().ok()?
+    ))
+}
+
+/// A new anonymous memory file of `len` bytes.
+fn memory_file(len: usize) -> std::io::Result<File> {
+    // SAFETY: a NUL-terminated name; no flags beyond close-on-exec.
+    let fd = unsafe { libc::memfd_create(c"rmm-rs-sim-ipc".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor this function owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(len as u64)?;
+    Ok(file)
+}
+
+/// Maps all `len` bytes of `file` shared, read and write.
+fn map(file: &File, len: usize) -> std::io::Result<*mut u8> {
+    // SAFETY: a fresh shared mapping of an open file of at least `len` bytes; the kernel
+    // picks the address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
+impl SimBackend {
+    pub(super) fn sim_ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)> {
+        const CALL: &str = "cuIpcGetMemHandle";
+        let d = self.device(dev)?;
+        if bytes == 0 {
+            return Err(Error::invalid_argument(
+                "bytes",
+                0,
+                "a size of at least one byte",
+            ));
+        }
+        if self.config.mode != SimMemoryMode::Backed {
+            return Err(driver_error(
+                CALL,
+                dev,
+                "the simulated device shares memory with other processes only in backed mode \
+                 (RMM_SIM_MEMORY=backed)"
+                    .into(),
+            ));
+        }
+        let len = self.charge(dev, bytes, "cuMemAlloc_v2")?;
+        let made = (|| {
+            let file = memory_file(len)?;
+            let ptr = map(&file, len)?;
+            let text = format!("{PREFIX}{}:{}", std::process::id(), file.as_raw_fd());
+            let mut handle = [0u8; 64];
+            handle[..text.len()].copy_from_slice(text.as_bytes());
+            // SAFETY: `ptr` is a fresh shared mapping of exactly `len` bytes, owned from now on.
+            Ok::<_, std::io::Error>((
+                unsafe { Backing::shared(ptr, len, Some(file)) },
+                IpcHandle(handle),
+            ))
+        })();
+        let (backing, handle) = match made {
+            Ok(x) => x,
+            Err(e) => {
+                d.used.fetch_sub(len, Ordering::SeqCst);
+                return Err(driver_error(
+                    CALL,
+                    dev,
+                    format!("the simulated device could not make a memory file for it: {e}"),
+                ));
+            }
+        };
+        let addr = backing.addr();
+        self.table.lock().insert(
+            addr,
+            Allocation {
+                device: dev,
+                len,
+                kind: AllocKind::Exported,
+                backing: Some(Arc::new(backing)),
+            },
+        );
+        Ok((DevicePtr(addr), handle))
+    }
+
+    pub(super) fn sim_ipc_free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
+        let d = self.device(dev)?;
+        let mut table = self.table.lock();
+        let ok = table
+            .get(ptr.addr())
+            .is_some_and(|a| a.device == dev && a.kind == AllocKind::Exported);
+        if !ok {
+            return Err(Error::InvalidPointer {
+                ptr: ptr.addr(),
+                bytes: 0,
+                resource: "the simulated device's exported memory",
+            });
+        }
+        if let Some(a) = table.remove(ptr.addr()) {
+            d.used.fetch_sub(a.len, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    pub(super) fn sim_ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<DevicePtr> {
+        const CALL: &str = "cuIpcOpenMemHandle";
+        self.device(dev)?;
+        let path = path_of(handle).ok_or_else(|| {
+            driver_error(
+                CALL,
+                dev,
+                format!("{handle:?} is not a simulated device's handle"),
+            )
+        })?;
+        let opened = (|| {
+            let file = OpenOptions::new().read(true).write(true).open(&path)?;
+            let len = usize::try_from(file.metadata()?.len()).unwrap_or(0);
+            if len == 0 {
+                return Err(std::io::Error::other("the memory file is empty"));
+            }
+            let ptr = map(&file, len)?;
+            // SAFETY: `ptr` is a fresh shared mapping of exactly `len` bytes, owned from now on;
+            // the mapping keeps the memory after the file closes.
+            Ok(unsafe { Backing::shared(ptr, len, None) })
+        })();
+        let backing = opened.map_err(|e| {
+            driver_error(
+                CALL,
+                dev,
+                format!(
+                    "the simulated device could not map {path} (its exporter gone, or the memory \
+                     freed?): {e}"
+                ),
+            )
+        })?;
+        let addr = backing.addr();
+        self.table.lock().insert(
+            addr,
+            Allocation {
+                device: dev,
+                len: backing.len(),
+                kind: AllocKind::Imported,
+                backing: Some(Arc::new(backing)),
+            },
+        );
+        Ok(DevicePtr(addr))
+    }
+
+    pub(super) fn sim_ipc_close(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
+        self.device(dev)?;
+        let mut table = self.table.lock();
+        let ok = table
+            .get(ptr.addr())
+            .is_some_and(|a| a.device == dev && a.kind == AllocKind::Imported);
+        if !ok {
+            return Err(Error::InvalidPointer {
+                ptr: ptr.addr(),
+                bytes: 0,
+                resource: "memory the simulated device mapped from another process",
+            });
+        }
+        table.remove(ptr.addr());
+        Ok(())
+    }
+}

@@ -1,0 +1,215 @@
+//! The sending side: an arena of exportable device memory per device, handed out in slots
+//! that a value's bytes are staged into while a peer copies them.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use super::descriptor::IpcDescriptor;
+use crate::backend::{DevicePtr, IpcHandle};
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// Alignment of every slot (as device allocations).
+const ALIGNMENT: usize = 256;
+/// The size of a device's arena ([`export_arena`]): room for the values of several
+/// concurrent sends of Dask's usual chunks.
+pub const DEFAULT_ARENA_BYTES: usize = 2 << 30;
+
+/// Exportable device memory of one device, made once and mapped once by each peer, from which
+/// [`ExportSlot`]s are handed out first fit. Freed (`ipc_free`) when the last slot and the
+/// last reference go.
+#[derive(Debug)]
+pub struct ExportArena {
+    device: Device,
+    base: DevicePtr,
+    handle: IpcHandle,
+    len: usize,
+    uuid: String,
+    /// Free stretches: offset → length, adjacent ones merged.
+    free: Mutex<BTreeMap<usize, usize>>,
+}
+
+impl ExportArena {
+    /// `bytes` (rounded up to the slot alignment) of exportable memory on `device`.
+    ///
+    /// # Errors
+    /// What [`Backend::ipc_alloc`](crate::backend::Backend::ipc_alloc) returns (out of
+    /// memory, a driver that cannot export), or reading the device's properties fails.
+    pub fn new(device: Device, bytes: usize) -> Result<Arc<ExportArena>> {
+        let len = bytes.max(1).next_multiple_of(ALIGNMENT);
+        let uuid = device.properties()?.uuid;
+        let (base, handle) = device.backend().ipc_alloc(device.ordinal(), len)?;
+        tracing::debug!(
+            device = device.ordinal(),
+            bytes = len,
+            "exportable device memory made"
+        );
+        Ok(Arc::new(ExportArena {
+            device,
+            base,
+            handle,
+            len,
+            uuid,
+            free: Mutex::new(BTreeMap::from([(0, len)])),
+        }))
+    }
+
+    /// The handle that names the arena for other processes.
+    pub fn handle(&self) -> IpcHandle {
+        self.handle
+    }
+
+    /// Where the arena starts in this process's device memory.
+    pub fn base(&self) -> DevicePtr {
+        self.base
+    }
+
+    /// The arena's size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: an arena has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes not handed out now.
+    pub fn available(&self) -> usize {
+        self.free.lock().values().sum()
+    }
+
+    /// A slot of `bytes`, or `None` while the arena has no free stretch that large (the
+    /// caller sends another way).
+    pub fn reserve(self: &Arc<Self>, bytes: usize) -> Option<ExportSlot> {
+        let len = bytes.max(1).next_multiple_of(ALIGNMENT);
+        let mut free = self.free.lock();
+        let (&offset, &have) = free.iter().find(|&(_, &l)| l >= len)?;
+        free.remove(&offset);
+        if have > len {
+            free.insert(offset + len, have - len);
+        }
+        Some(ExportSlot {
+            arena: Arc::clone(self),
+            offset,
+            len,
+        })
+    }
+
+    fn give_back(&self, offset: usize, len: usize) {
+        let mut free = self.free.lock();
+        let (mut start, mut size) = (offset, len);
+        if let Some((&o, &l)) = free.range(..start).next_back()
+            && o + l == start
+        {
+            free.remove(&o);
+            start = o;
+            size += l;
+        }
+        if let Some(l) = free.remove(&(start + size)) {
+            size += l;
+        }
+        free.insert(start, size);
+    }
+}
+
+impl Drop for ExportArena {
+    fn drop(&mut self) {
+        if let Err(e) = self
+            .device
+            .backend()
+            .ipc_free(self.device.ordinal(), self.base)
+        {
+            tracing::warn!(
+                device = self.device.ordinal(),
+                "freeing exportable memory failed: {e}"
+            );
+        }
+    }
+}
+
+/// A stretch of an [`ExportArena`] held for one send: given back when dropped (once the peer
+/// has copied from it).
+#[derive(Debug)]
+pub struct ExportSlot {
+    arena: Arc<ExportArena>,
+    offset: usize,
+    len: usize,
+}
+
+impl ExportSlot {
+    /// Where the slot starts, in this process's device memory (to stage bytes into).
+    pub fn ptr(&self) -> DevicePtr {
+        self.arena.base.offset(self.offset)
+    }
+
+    /// The slot's length (the bytes asked for, rounded up to 256).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a slot has at least 256 bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device the slot is on.
+    pub fn device(&self) -> Device {
+        self.arena.device
+    }
+
+    /// What names `len` bytes at `start` into the slot for a peer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the stretch runs past the slot's end.
+    pub fn descriptor(&self, start: usize, len: usize) -> Result<IpcDescriptor> {
+        if start.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::invalid_argument(
+                "a stretch of an export slot",
+                format!("{len} bytes at {start}"),
+                format!("a stretch within the slot's {} bytes", self.len),
+            ));
+        }
+        Ok(IpcDescriptor {
+            pid: std::process::id(),
+            handle: self.arena.handle,
+            offset: (self.offset + start) as u64,
+            len: len as u64,
+            device_uuid: self.arena.uuid.clone(),
+        })
+    }
+}
+
+impl Drop for ExportSlot {
+    fn drop(&mut self) {
+        self.arena.give_back(self.offset, self.len);
+    }
+}
+
+/// The process's arena on `device` (an ordinal of the process-wide backend), made on first
+/// use with [`DEFAULT_ARENA_BYTES`], at most an eighth of the device's memory.
+///
+/// # Errors
+/// As [`ExportArena::new`], and [`Device::new`] for an unknown device.
+pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
+    static ARENAS: OnceLock<Vec<Mutex<Option<Arc<ExportArena>>>>> = OnceLock::new();
+    let d = Device::new(device)?;
+    let arenas = ARENAS.get_or_init(|| {
+        (0..d.backend().device_count())
+            .map(|_| Mutex::new(None))
+            .collect()
+    });
+    let mut slot = arenas
+        .get(device as usize)
+        .ok_or_else(|| Error::invalid_argument("device", device, "a device of this process"))?
+        .lock();
+    if let Some(a) = &*slot {
+        return Ok(Arc::clone(a));
+    }
+    let bytes = DEFAULT_ARENA_BYTES.min(d.mem_info()?.total / 8);
+    let arena = ExportArena::new(d, bytes)?;
+    *slot = Some(Arc::clone(&arena));
+    Ok(arena)
+}
