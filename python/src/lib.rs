@@ -10,6 +10,7 @@
 mod allocators;
 mod buffers;
 mod counters;
+mod ipc;
 mod log;
 mod reinit_report;
 mod settings;
@@ -386,6 +387,7 @@ fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     counters::register(m)?;
     allocators::register(m)?;
     store::register(m)?;
+    ipc::register(m)?;
     simulated::register(m)?;
     sim_faults::register(m)?;
     Ok(())

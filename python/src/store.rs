@@ -171,6 +171,24 @@ impl AdoptedValue {
             .map(Some)
     }
 
+    /// A spilled value's data staged in this process's exportable device memory for a peer
+    /// worker on the same host, which copies it from there (`receive_exported`): one
+    /// descriptor (bytes) per range (each allocation whole, or the `(allocation, offset,
+    /// nbytes)` ranges asked for), and the `ExportLease` that holds the memory until the peer
+    /// has copied. The value does not move. None while the value is in its own memory, and
+    /// when the exportable memory has no room now (send it another way then).
+    #[pyo3(signature = (ranges=None))]
+    fn export_spilled(
+        &self,
+        py: Python<'_>,
+        ranges: Option<Vec<(usize, usize, usize)>>,
+    ) -> PyResult<Option<(Vec<Py<PyBytes>>, crate::ipc::ExportLease)>> {
+        let Some((buffers, ranges)) = self.spilled_ranges(py, ranges)? else {
+            return Ok(None);
+        };
+        crate::ipc::export_spilled(py, self.device, &buffers, &ranges)
+    }
+
     /// Device copies of a spilled value's data (new `DeviceBuffer`s from the device's current
     /// stack), wherever it is: it does not move. Each allocation whole, or with `ranges`, each
     /// `(allocation, offset, nbytes)` asked for. None while the value is in its own memory,
@@ -487,6 +505,30 @@ fn receive(py: Python<'_>, parts: Vec<Bound<'_, PyAny>>, device: u32) -> PyResul
     Ok(AdoptedValue { inner, device })
 }
 
+/// A value a peer on the same host sent as descriptors of its exportable device memory
+/// (`AdoptedValue.export_spilled`), kept by `device`'s spill manager as `receive` keeps one
+/// sent as bytes (on the device when it fits under the limit now, else in the host tier or
+/// on disk, without touching the device), its parts copied straight from the peer's memory.
+#[pyfunction]
+#[pyo3(signature = (descriptors, device=0))]
+fn receive_exported(
+    py: Python<'_>,
+    descriptors: Vec<Vec<u8>>,
+    device: u32,
+) -> PyResult<AdoptedValue> {
+    let m = crate::buffers::spill_manager(device)?;
+    let descs = crate::ipc::descriptors(&descriptors)?;
+    let dev = Device::new(device).map_err(error)?;
+    let sizes: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
+    let mut fill = |i: usize, offset: usize, chunk: &mut [u8]| {
+        rmm_allocator::ipc::Imports::global().copy_to_host(dev, &descs[i], offset, chunk)
+    };
+    let inner = py
+        .detach(|| m.receive(&sizes, StreamView::DEFAULT, &mut fill))
+        .map_err(error)?;
+    Ok(AdoptedValue { inner, device })
+}
+
 /// Sets `device`'s spill limit to `limit` (bytes, a size such as "8GB", or a fraction of the
 /// device's memory such as 0.5 or "50%") and keeps it across reinitializations; spills at
 /// once if the device holds more. Returns the limit in bytes. A limit larger than the device
@@ -538,6 +580,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DeviceView>()?;
     m.add_function(wrap_pyfunction!(adopt, m)?)?;
     m.add_function(wrap_pyfunction!(receive, m)?)?;
+    m.add_function(wrap_pyfunction!(receive_exported, m)?)?;
     m.add_function(wrap_pyfunction!(set_device_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(set_disk_directory, m)?)?;
     Ok(())

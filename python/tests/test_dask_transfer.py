@@ -2,8 +2,10 @@
 each): a spilled value a peer asks for is sent from the host tier or disk, never brought back
 to the device to be sent (``unspilled_to_send_bytes`` stays 0 and the sender unspills
 nothing), a received value lands on the device when it fits under the receiver's limit and in
-its host tier otherwise, every byte checked; the old way (``send_from_tier=False``) counts
-what it brings back."""
+its host tier otherwise, every byte checked. Between these workers of one host the bytes go
+through device memory both processes map (the default), or through the connection
+(``share_with_peers=False``); the old way (``send_from_tier=False``) counts what it brings
+back."""
 
 import random
 import sys
@@ -58,12 +60,13 @@ def tier_of(key, dask_worker):
     return dask_worker.data.tier(key)
 
 
-def start(disk, send_from_tier):
+def start(disk, send_from_tier, share_with_peers=True):
     store = DeviceStore.factory(
         device_memory_limit="16MiB",
         config={"spill": {"enabled": True, "host_pool_size": "32MiB"}},
         disk_directory=str(disk),
         send_from_tier=send_from_tier,
+        share_with_peers=share_with_peers,
     )
     return local_cluster(n_workers=4, threads_per_worker=2, data=store)
 
@@ -89,9 +92,13 @@ def kept_by_peers(client, peers, futures) -> List[Any]:
     return out
 
 
-@pytest.mark.parametrize("send_from_tier", [True, False], ids=["from-tier", "unspill-first"])
-def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier):
-    with start(tmp_path, send_from_tier) as c, Client(c) as client:
+@pytest.mark.parametrize(
+    "send_from_tier, share_with_peers",
+    [(True, True), (True, False), (False, True)],
+    ids=["shared-device-memory", "through-the-connection", "unspill-first"],
+)
+def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier, share_with_peers):
+    with start(tmp_path, send_from_tier, share_with_peers) as c, Client(c) as client:
         source, peers, futures = made_on_one_worker(client)
         before = client.run(figures, workers=[source])[source]["spill"]
         kept = kept_by_peers(client, peers, futures)
@@ -99,12 +106,12 @@ def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier):
         after = client.run(figures)
         sent = after[source]["spill"]
         # Every value crossed to a peer; three quarters of them were off the device.
+        off_device = N * SIZE - 16 * MIB
         if send_from_tier:
             assert sent["unspilled_to_send_bytes"] == 0
             assert sent["unspilled_bytes"] == before["unspilled_bytes"], (before, sent)
             assert after[source]["metrics"]["unspilled_to_send_bytes"] == 0
         else:
-            off_device = N * SIZE - 16 * MIB
             assert sent["unspilled_to_send_bytes"] >= off_device, sent
             assert sent["unspilled_bytes"] - before["unspilled_bytes"] >= off_device
         received = 0
@@ -112,19 +119,25 @@ def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier):
             s = after[w]["spill"]
             received += s["received_on_device_bytes"] + s["received_off_device_bytes"]
         transfer = after[source]["metrics"]
-        kept_bytes = sum(after[w]["metrics"]["received_host_frames_bytes"] for w in peers)
+        way = "exported" if share_with_peers else "host_frames"
+        other = "host_frames" if share_with_peers else "exported"
+        kept_bytes = sum(after[w]["metrics"][f"received_{way}_bytes"] for w in peers)
         if send_from_tier:
-            # The spilled ones arrived as host frames and were kept as they are; over the
-            # peers' limits some went straight to their host tiers.
-            assert received >= N * SIZE - 16 * MIB, after
+            # The spilled ones arrived (through shared device memory, or as host frames) and
+            # were kept as they came; over the peers' limits some went straight to their
+            # host tiers.
+            assert received >= off_device, after
             assert sum(after[w]["spill"]["received_off_device_bytes"] for w in peers) > 0
-            # The sender read them from its tier (TCP: host frames), the peers kept them.
-            assert transfer["sent_host_frames_bytes"] >= N * SIZE - 16 * MIB, transfer
-            assert transfer["sent_host_frames_seconds"] > 0
+            # The sender read them from its tier, the peers kept them; nothing the other way.
+            assert transfer[f"sent_{way}_bytes"] >= off_device, transfer
+            assert transfer[f"sent_{way}_seconds"] > 0
+            assert transfer[f"sent_{other}_count"] == 0, transfer
             assert kept_bytes == received
+            # Every peer answered: the sender holds none of the memory it shared.
+            assert transfer["exported_held_bytes"] == 0, transfer
         else:
             assert received == 0 and kept_bytes == 0
-            assert transfer["sent_host_frames_count"] == 0
+            assert transfer["sent_host_frames_count"] == transfer["sent_exported_count"] == 0
         # Every value each peer kept reads back intact, on the peer and at the client.
         checks = [
             client.submit(check, f, i, workers=[peers[i % len(peers)]], pure=False)
@@ -241,7 +254,8 @@ def test_replicate_moves_spilled_values_into_the_peers_stores(tmp_path):
         holders = client.who_has(futures[:8])
         assert all(set(holders[f.key]) == {source, peers[0]} for f in futures[:8]), holders
         kept = client.run(figures, workers=[peers[0]])[peers[0]]
-        assert kept["metrics"]["received_host_frames_bytes"] > 0, kept
+        # Spilled ones came through device memory both workers map (same host).
+        assert kept["metrics"]["received_exported_bytes"] > 0, kept
         checks = [
             client.submit(check, f, i, workers=[peers[0]], allow_other_workers=False, pure=False)
             for i, f in enumerate(futures[:8])

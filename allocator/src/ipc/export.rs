@@ -188,20 +188,20 @@ impl Drop for ExportSlot {
     }
 }
 
+/// The arenas of this process, one per device, each made on first use.
+fn arenas(backend_devices: u32) -> &'static [Mutex<Option<Arc<ExportArena>>>] {
+    static ARENAS: OnceLock<Vec<Mutex<Option<Arc<ExportArena>>>>> = OnceLock::new();
+    ARENAS.get_or_init(|| (0..backend_devices).map(|_| Mutex::new(None)).collect())
+}
+
 /// The process's arena on `device` (an ordinal of the process-wide backend), made on first
 /// use with [`DEFAULT_ARENA_BYTES`], at most an eighth of the device's memory.
 ///
 /// # Errors
 /// As [`ExportArena::new`], and [`Device::new`] for an unknown device.
 pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
-    static ARENAS: OnceLock<Vec<Mutex<Option<Arc<ExportArena>>>>> = OnceLock::new();
     let d = Device::new(device)?;
-    let arenas = ARENAS.get_or_init(|| {
-        (0..d.backend().device_count())
-            .map(|_| Mutex::new(None))
-            .collect()
-    });
-    let mut slot = arenas
+    let mut slot = arenas(d.backend().device_count())
         .get(device as usize)
         .ok_or_else(|| Error::invalid_argument("device", device, "a device of this process"))?
         .lock();
@@ -212,4 +212,16 @@ pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
     let arena = ExportArena::new(d, bytes)?;
     *slot = Some(Arc::clone(&arena));
     Ok(arena)
+}
+
+/// Bytes of the process's arena on `device` held in slots now; 0 before the arena is made.
+///
+/// # Errors
+/// [`Device::new`]'s for an unknown device.
+pub fn exported_bytes(device: u32) -> Result<usize> {
+    let d = Device::new(device)?;
+    Ok(arenas(d.backend().device_count())
+        .get(device as usize)
+        .and_then(|a| a.lock().as_ref().map(|a| a.len() - a.available()))
+        .unwrap_or(0))
 }

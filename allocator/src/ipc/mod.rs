@@ -12,5 +12,5 @@ mod export;
 mod import;
 
 pub use descriptor::IpcDescriptor;
-pub use export::{ExportArena, ExportSlot, export_arena};
+pub use export::{DEFAULT_ARENA_BYTES, ExportArena, ExportSlot, export_arena, exported_bytes};
 pub use import::Imports;

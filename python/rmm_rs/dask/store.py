@@ -159,7 +159,10 @@ class DeviceStore(MutableMapping):
     ``send_from_tier``: a spilled value a peer asks for is sent from the tier it is in
     (True, the default); False brings it back to the device first, as Dask's own stores do
     (for comparisons: ``unspilled_to_send_bytes`` of ``spill_statistics()`` counts those
-    bytes).
+    bytes). ``share_with_peers``: a spilled value an rmm-rs worker of the same host asks for
+    is staged in device memory both processes map, and the peer copies it from there (True,
+    the default: nothing goes through the connection but a few dozen bytes); False sends its
+    bytes through the connection.
 
     When rmm-rs is not running yet in the process, the store starts it on ``device`` with one
     worker thread and spilling on, from ``config`` (an rmm.toml path, a dict of settings, or
@@ -179,9 +182,11 @@ class DeviceStore(MutableMapping):
         disk_directory=None,
         device=0,
         send_from_tier=True,
+        share_with_peers=True,
     ):
         self.device_id = int(device)
         self.send_from_tier = bool(send_from_tier)
+        self.share_with_peers = bool(share_with_peers)
         self.config = config
         if disk_directory is None and worker_local_directory is not None:
             disk_directory = os.path.join(worker_local_directory, "rmm-rs-spill")

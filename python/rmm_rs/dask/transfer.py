@@ -16,6 +16,14 @@ On the receiving worker (while its ``gather_dep``, or its ``gather`` for a clien
 the device when they fit under the limit, else in the pinned host tier (or on disk) without
 touching the device. Anywhere else (a client, the scheduler, a worker without a device store)
 they are rebuilt into the value they stand for.
+
+Between two rmm-rs workers of one host (the usual multi-GPU machine), a spilled value's
+bytes do not travel through the connection at all: the sender stages them in device memory
+both processes map (CUDA IPC; a memory file on the simulated device), sends descriptors of a
+few dozen bytes over TCP or UCX alike, and the receiver copies them straight into its store
+(its pinned host tier or its device) before it answers; the sender's memory goes back with
+that answer. A worker learns once per peer whether the peer can map its memory (same host,
+same backend, its GPU visible there).
 """
 
 import asyncio
@@ -44,6 +52,12 @@ _RECEIVING: "contextvars.ContextVar[Optional[Any]]" = contextvars.ContextVar(
     "rmm_rs_receiving", default=None
 )
 
+# While this worker serves a peer that can map its exportable device memory: the leases of the
+# memory staged for the message (given back once the peer has answered).
+_EXPORTS: "contextvars.ContextVar[Optional[List[Any]]]" = contextvars.ContextVar(
+    "rmm_rs_exports", default=None
+)
+
 # A frame of a value: a host frame as it is, or a device frame as (allocation, offset, bytes).
 Frame = Union[Tuple[int, int, int], Any]
 
@@ -61,7 +75,9 @@ class _Figures:
     _NAMES = (
         "sent_host_frames",
         "sent_device_copies",
+        "sent_exported",
         "received_host_frames",
+        "received_exported",
     )
 
     def __init__(self) -> None:
@@ -93,8 +109,10 @@ FIGURES = _Figures()
 def figures() -> Dict[str, float]:
     """This process's transfer figures: per kind (``sent_host_frames``: spilled values sent
     as host frames, read from their tier; ``sent_device_copies``: spilled values sent as
-    device copies over UCX; ``received_host_frames``: values received as host frames and kept
-    by the store), the count, the bytes and the seconds rmm-rs spent on them."""
+    device copies over UCX; ``sent_exported``: spilled values staged in exportable device
+    memory for a peer on the same host; ``received_host_frames`` and ``received_exported``:
+    values received those ways and kept by the store), the count, the bytes and the seconds
+    rmm-rs spent on them."""
     return FIGURES.snapshot()
 
 
@@ -221,7 +239,56 @@ def keep(value: HostFrames, device: int) -> Any:
     return HostFrames(value.header, value.frames, kept=kept)
 
 
+def _arrived_exported(
+    header: Dict[str, Any], frames: Sequence[Frame], descriptors: Sequence[Any]
+) -> Any:
+    """What a value sent as descriptors of a peer's exportable memory becomes: copied into the
+    receiving store (its host tier, or its device when it fits), or rebuilt where no store
+    receives it. The copy is done before this returns: the peer frees the memory once this
+    worker answers."""
+    descriptors = [bytes(d) for d in descriptors]
+    store = _RECEIVING.get()
+    if store is None:
+        parts = _rmm_rs.read_exported(descriptors, 0)
+        return HostFrames(header, frames, parts).rebuild()
+    start = time.perf_counter()
+    try:
+        kept = _rmm_rs.receive_exported(descriptors, store.device_id)
+    except rmm_rs.RmmError as e:  # e.g. a full host tier and no disk: onto the device
+        logger.warning("rmm-rs: a received value kept on the device: %s", e)
+        parts = _rmm_rs.read_exported(descriptors, store.device_id)
+        return HostFrames(header, frames, parts).rebuild(store.device_id)
+    FIGURES.add("received_exported", kept.size, time.perf_counter() - start)
+    return HostFrames(header, frames, kept=kept)
+
+
+def _exported(x: HostFrames) -> Optional[Tuple[Dict[str, Any], List[Any]]]:
+    """``x``'s message as descriptors of exportable device memory, while this worker serves a
+    peer that can map it and the memory has room; else None."""
+    leases = _EXPORTS.get()
+    if leases is None or x.source is None:
+        return None
+    start = time.perf_counter()
+    try:
+        exported = x.source.export_spilled(x.ranges)
+    except rmm_rs.RmmError as e:
+        logger.debug("rmm-rs: sending a spilled value through the connection: %s", e)
+        return None
+    if exported is None:  # no room in the exportable memory now
+        return None
+    descriptors, lease = exported
+    leases.append(lease)
+    FIGURES.add("sent_exported", x.nbytes, time.perf_counter() - start)
+    layout = [list(f) if isinstance(f, tuple) else None for f in x.frames]
+    host = [f for f in x.frames if not isinstance(f, tuple)]
+    header = {"value": x.header, "layout": layout, "parts": len(descriptors), "exported": True}
+    return header, [*host, *descriptors]
+
+
 def _serialize_host_frames(x: HostFrames) -> Tuple[Dict[str, Any], List[Any]]:
+    exported = _exported(x)
+    if exported is not None:
+        return exported
     start = time.perf_counter()
     parts = x.data()
     if x.source is not None:
@@ -243,6 +310,8 @@ def _deserialize_host_frames(header: Dict[str, Any], frames: List[Any]) -> Any:
     # Host frames are small (a value's metadata) and views of the whole message: copied,
     # so that the value keeps nothing else of the message alive.
     value_frames = [bytes(next(host)) if f is None else tuple(f) for f in header["layout"]]
+    if header.get("exported"):
+        return _arrived_exported(header["value"], value_frames, parts)
     return _arrived(header["value"], value_frames, parts)
 
 
@@ -254,6 +323,9 @@ def _cuda_serialize_host_frames(x: HostFrames) -> Tuple[Dict[str, Any], List[Any
     no room for the copies."""
     if x.source is None:
         return _serialize_host_frames(x)
+    exported = _exported(x)
+    if exported is not None:
+        return exported
     start = time.perf_counter()
     try:
         copies = x.source.device_copies(x.ranges)
@@ -325,11 +397,26 @@ def attach(worker: Any, store: Any) -> bool:
 
     async def get_data(comm: Any, **kwargs: Any) -> Any:
         # An in-process comm hands the objects over as they are: nothing to read for it.
-        token = _SENDING.set(not _carries_objects(comm))
+        in_process = _carries_objects(comm)
+        token = _SENDING.set(not in_process)
+        who = kwargs.get("who")
+        leases: Optional[List[Any]] = None
+        if (
+            not in_process
+            and who
+            and getattr(store, "share_with_peers", False)
+            and await _peer_maps_exports(worker, store, who)
+        ):
+            leases = []
+        exports = _EXPORTS.set(leases)
         try:
+            # Returns once the peer has answered: it has copied what was exported for it.
             return await serve(comm, **kwargs)
         finally:
+            _EXPORTS.reset(exports)
             _SENDING.reset(token)
+            for lease in leases or ():
+                lease.release()
 
     async def receiving(call: Any, *args: Any, **kwargs: Any) -> Any:
         token = _RECEIVING.set(store)
@@ -347,6 +434,7 @@ def attach(worker: Any, store: Any) -> bool:
         return await receiving(gather_dep, *args, **kwargs)
 
     worker.handlers["get_data"] = get_data
+    worker.handlers[_IDENTITY_OP] = _identity
     if gather is not None:  # a client's replicate or rebalance
 
         async def gather_into_store(*args: Any, **kwargs: Any) -> Any:
@@ -360,6 +448,44 @@ def attach(worker: Any, store: Any) -> bool:
     if isinstance(metrics, dict):
         metrics["rmm-rs-transfer"] = lambda w: _worker_metrics(store)
     return True
+
+
+# The handler a peer calls to learn whether this worker can map its exportable memory.
+_IDENTITY_OP = "rmm_rs_ipc_identity"
+
+
+def _identity() -> Dict[str, Any]:
+    """This worker's host, backend and visible devices (see ``_peer_maps_exports``)."""
+    try:
+        return dict(_rmm_rs.ipc_identity())
+    except Exception as e:  # noqa: BLE001 - no runtime here: it maps nothing
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+async def _peer_maps_exports(worker: Any, store: Any, who: str) -> bool:
+    """Whether the worker at ``who`` can map this worker's exportable device memory: an
+    rmm-rs worker (it answers the identity call) on the same host, with the same backend,
+    that sees this worker's GPU. Asked once per peer; a peer that does not answer within
+    5 s is sent bytes."""
+    known: Dict[str, bool] = worker.__dict__.setdefault("_rmm_rs_peers_map_exports", {})
+    if who in known:
+        return known[who]
+    ok = False
+    try:
+        mine = _identity()
+        theirs = await asyncio.wait_for(getattr(worker.rpc(who), _IDENTITY_OP)(), 5)
+        uuid = mine["devices"][int(store.device_id)]
+        ok = (
+            "error" not in mine
+            and bool(mine.get("host"))
+            and theirs.get("host") == mine["host"]
+            and theirs.get("backend") == mine.get("backend")
+            and uuid in theirs.get("devices", ())
+        )
+    except Exception as e:  # noqa: BLE001 - an older or foreign peer: bytes it is
+        logger.debug("rmm-rs: %s cannot map this worker's memory: %s", who, e)
+    known[who] = ok
+    return ok
 
 
 def _carries_objects(comm: Any) -> bool:
@@ -438,5 +564,6 @@ def _worker_metrics(store: Any) -> Dict[str, float]:
         "disk_bytes",
     )
     out: Dict[str, float] = {k: int(spill.get(k, 0)) for k in keys}
+    out["exported_held_bytes"] = _rmm_rs.exported_bytes(int(store.device_id))
     out.update(FIGURES.snapshot())
     return out

@@ -1,0 +1,156 @@
+//! A spilled value's bytes handed to a peer worker on the same host through device memory
+//! both processes map (`rmm_allocator::ipc`), rather than through the connection: the sender
+//! stages them in its export arena and sends descriptors of a few dozen bytes; the receiver
+//! copies them where its store keeps them. What Dask's messages carry and when the slots go
+//! back is `rmm_rs.dask.transfer`'s.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use rmm_allocator::Device;
+use rmm_allocator::ipc::{ExportSlot, Imports, IpcDescriptor, export_arena};
+use rmm_allocator::spill::SpillableBuffer;
+
+use crate::error;
+
+/// Slots of this process's exportable device memory that hold the bytes of one send: given
+/// back by `release()` (once the peer has copied them) or when the object goes.
+#[pyclass(module = "rmm_rs", frozen)]
+pub struct ExportLease {
+    slots: Mutex<Vec<ExportSlot>>,
+    nbytes: usize,
+}
+
+#[pymethods]
+impl ExportLease {
+    /// Gives the slots back now (idempotent).
+    fn release(&self) {
+        self.slots.lock().clear();
+    }
+
+    /// Bytes staged for the send.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.nbytes
+    }
+
+    fn __repr__(&self) -> String {
+        let held = !self.slots.lock().is_empty();
+        format!(
+            "<ExportLease: {} bytes, {}>",
+            self.nbytes,
+            if held { "held" } else { "released" }
+        )
+    }
+}
+
+/// The `(allocation, offset, nbytes)` ranges of a spilled value's `buffers` staged in
+/// `device`'s export arena, one descriptor (bytes) per range, with the lease that holds them;
+/// None when the arena has no room for them now (the caller sends another way).
+pub(crate) fn export_spilled(
+    py: Python<'_>,
+    device: u32,
+    buffers: &[Arc<SpillableBuffer>],
+    ranges: &[(usize, usize, usize)],
+) -> PyResult<Option<(Vec<Py<PyBytes>>, ExportLease)>> {
+    let nbytes: usize = ranges.iter().map(|r| r.2).sum();
+    let staged = py
+        .detach(
+            || -> rmm_allocator::Result<Option<(ExportSlot, Vec<IpcDescriptor>)>> {
+                let Some(slot) = export_arena(device)?.reserve(nbytes) else {
+                    return Ok(None);
+                };
+                let mut at = 0;
+                let mut descriptors = Vec::with_capacity(ranges.len());
+                for &(i, offset, n) in ranges {
+                    if n > 0 {
+                        buffers[i].copy_range_to_device(offset, n, slot.ptr().offset(at))?;
+                    }
+                    descriptors.push(slot.descriptor(at, n)?);
+                    at += n;
+                }
+                Ok(Some((slot, descriptors)))
+            },
+        )
+        .map_err(error)?;
+    Ok(staged.map(|(slot, descriptors)| {
+        let bytes = descriptors
+            .iter()
+            .map(|d| PyBytes::new(py, &d.to_bytes()).unbind())
+            .collect();
+        let lease = ExportLease {
+            slots: Mutex::new(vec![slot]),
+            nbytes,
+        };
+        (bytes, lease)
+    }))
+}
+
+/// Reads descriptors as a peer sent them.
+pub(crate) fn descriptors(parts: &[Vec<u8>]) -> PyResult<Vec<IpcDescriptor>> {
+    parts
+        .iter()
+        .map(|p| IpcDescriptor::from_bytes(p).map_err(error))
+        .collect()
+}
+
+/// The bytes that `descriptors` (from a peer's `export_spilled`) name, copied to host memory
+/// through `device`: a received value's parts where no store keeps it.
+#[pyfunction]
+#[pyo3(signature = (descriptors, device=0))]
+fn read_exported(
+    py: Python<'_>,
+    descriptors: Vec<Vec<u8>>,
+    device: u32,
+) -> PyResult<Vec<Py<PyBytes>>> {
+    let descs = self::descriptors(&descriptors)?;
+    let dev = Device::new(device).map_err(error)?;
+    descs
+        .iter()
+        .map(|d| {
+            let bytes = PyBytes::new_with(py, d.len as usize, |out| {
+                py.detach(|| Imports::global().copy_to_host(dev, d, 0, out))
+                    .map_err(error)
+            })?;
+            Ok(bytes.unbind())
+        })
+        .collect()
+}
+
+/// Bytes of `device`'s exportable memory held for sends now (0 before any): what peers have
+/// not finished copying.
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn exported_bytes(py: Python<'_>, device: u32) -> PyResult<usize> {
+    py.detach(|| rmm_allocator::ipc::exported_bytes(device))
+        .map_err(error)
+}
+
+/// What a peer checks before it sends this worker descriptors rather than bytes: the host
+/// (its boot ID), the backend, and the devices this process sees (their UUIDs).
+#[pyfunction]
+fn ipc_identity(py: Python<'_>) -> PyResult<Py<PyDict>> {
+    let backend = rmm_allocator::backend::global().map_err(error)?;
+    let devices = (0..backend.device_count())
+        .map(|d| backend.properties(d).map(|p| p.uuid))
+        .collect::<rmm_allocator::Result<Vec<_>>>()
+        .map_err(error)?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let d = PyDict::new(py);
+    d.set_item("host", host)?;
+    d.set_item("backend", backend.kind().name())?;
+    d.set_item("devices", devices)?;
+    Ok(d.unbind())
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ExportLease>()?;
+    m.add_function(wrap_pyfunction!(read_exported, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc_identity, m)?)?;
+    m.add_function(wrap_pyfunction!(exported_bytes, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,110 @@
+"""A spilled value sent to an rmm-rs worker of the same host through device memory both
+processes map (rmm_rs.dask.transfer), in one process: its message carries descriptors, not
+bytes; it is rebuilt where no store receives it and kept as it came where one does; the
+sender's memory goes back once released; and a peer is sent descriptors only when it can map
+this worker's memory (same host, same backend, this GPU visible), asked once per peer."""
+
+import asyncio
+import random
+from types import SimpleNamespace
+from typing import Any, Dict
+
+import pytest
+
+import rmm_rs
+from rmm_rs import _rmm_rs
+from rmm_rs.dask import DeviceStore
+from rmm_rs.dask import transfer
+from rmm_rs.dask.transfer import HostFrames
+
+MIB = 1 << 20
+SIZE = 4 * MIB
+
+
+def data(i):
+    return random.Random(i).randbytes(SIZE)
+
+
+def test_a_spilled_value_travels_as_descriptors_and_its_memory_goes_back():
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="16MiB")
+    store["x"] = rmm_rs.DeviceBuffer.from_bytes(data(3))
+    assert store.spill("x") == SIZE
+    entry: Any = store._device["x"]
+    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
+
+    leases: list = []
+    token = transfer._EXPORTS.set(leases)
+    try:
+        header, frames = transfer._serialize_host_frames(sent)
+    finally:
+        transfer._EXPORTS.reset(token)
+    assert header["exported"] and len(leases) == 1
+    assert sum(len(f) for f in frames) < 1024, "descriptors, not the value's bytes"
+    assert _rmm_rs.exported_bytes(0) == SIZE
+    assert transfer.figures()["sent_exported_bytes"] >= SIZE
+
+    # Where no store receives it: the value itself, its bytes copied from the memory.
+    back = transfer._deserialize_host_frames(header, frames)
+    assert isinstance(back, rmm_rs.DeviceBuffer) and back.to_bytes() == data(3)
+    # Where a store receives it: kept by the store as it came, then read back intact.
+    token = transfer._RECEIVING.set(store)
+    try:
+        arrived = transfer._deserialize_host_frames(header, frames)
+    finally:
+        transfer._RECEIVING.reset(token)
+    assert isinstance(arrived, HostFrames) and arrived.kept is not None
+    store["y"] = arrived
+    assert store["y"].to_bytes() == data(3)
+
+    leases[0].release()
+    assert _rmm_rs.exported_bytes(0) == 0
+    assert "released" in repr(leases[0])
+    # Without a peer that maps the memory, the same value goes as host frames.
+    header, frames = transfer._serialize_host_frames(sent)
+    assert not header.get("exported") and sum(memoryview(f).nbytes for f in frames) >= SIZE
+    store.close()
+
+
+class _Peer:
+    def __init__(self, identity):
+        self.identity = identity
+        self.calls = 0
+
+    async def rmm_rs_ipc_identity(self):
+        self.calls += 1
+        if isinstance(self.identity, Exception):
+            raise self.identity
+        return self.identity
+
+
+def _maps(peer: _Peer, known: Dict[str, bool]) -> bool:
+    worker = SimpleNamespace(rpc=lambda who: peer, _rmm_rs_peers_map_exports=known)
+    store = SimpleNamespace(device_id=0)
+    return asyncio.run(transfer._peer_maps_exports(worker, store, "tcp://peer:1"))
+
+
+@pytest.mark.parametrize(
+    "change, maps",
+    [
+        ({}, True),
+        ({"host": "another-host"}, False),
+        ({"backend": "another-backend"}, False),
+        ({"devices": ["GPU-not-this-one"]}, False),
+    ],
+    ids=["same-host", "other-host", "other-backend", "gpu-not-visible"],
+)
+def test_a_peer_is_sent_descriptors_only_when_it_can_map_this_workers_memory(change, maps):
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    mine = dict(_rmm_rs.ipc_identity())
+    assert mine["host"] and mine["backend"] == "sim" and mine["devices"]
+    peer = _Peer({**mine, **change})
+    known: Dict[str, bool] = {}
+    assert _maps(peer, known) is maps
+    # Asked once: the answer is kept for the peer.
+    assert _maps(peer, known) is maps and peer.calls == 1
+
+
+def test_a_peer_that_does_not_answer_is_sent_bytes():
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    assert _maps(_Peer(KeyError("rmm_rs_ipc_identity")), {}) is False
