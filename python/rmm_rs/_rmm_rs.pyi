@@ -138,7 +138,7 @@ class AdoptedValue:
     def device_copies(
         self, ranges: Optional[Sequence[Tuple[int, int, int]]] = None
     ) -> Optional[List[DeviceBuffer]]: ...
-    def export_spilled(
+    def export(
         self, ranges: Optional[Sequence[Tuple[int, int, int]]] = None
     ) -> Optional[Tuple[List[bytes], "ExportLease"]]: ...
     def spill(self) -> int: ...
@@ -174,7 +174,7 @@ def receive_exported(descriptors: Sequence[bytes], device: int = 0) -> AdoptedVa
 
 class ExportLease:
     """Exportable device memory holding the bytes of one send to a peer on the same host
-    (made by ``AdoptedValue.export_spilled``): given back by ``release()`` or when it goes."""
+    (made by ``AdoptedValue.export``): given back by ``release()`` or when it goes."""
 
     def release(self) -> None: ...
     @property

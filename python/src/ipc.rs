@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use rmm_allocator::Device;
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::ipc::{ExportSlot, Imports, IpcDescriptor, export_arena};
 use rmm_allocator::spill::SpillableBuffer;
 
@@ -46,46 +47,68 @@ impl ExportLease {
     }
 }
 
-/// The `(allocation, offset, nbytes)` ranges of a spilled value's `buffers` staged in
-/// `device`'s export arena, one descriptor (bytes) per range, with the lease that holds them;
-/// None when the arena has no room for them now (the caller sends another way).
+/// What [`stage`] made: the slot and a descriptor per range.
+pub(crate) type Staged = (ExportSlot, Vec<IpcDescriptor>);
+
+/// `ranges` (`(allocation, offset, nbytes)`) of a value staged in `device`'s export arena by
+/// `copy` (called with a range and where it goes); None when the arena has no room for them
+/// now (the caller sends another way). Called without the interpreter.
+pub(crate) fn stage(
+    device: u32,
+    ranges: &[(usize, usize, usize)],
+    copy: impl Fn((usize, usize, usize), DevicePtr) -> rmm_allocator::Result<()>,
+) -> rmm_allocator::Result<Option<Staged>> {
+    let nbytes: usize = ranges.iter().map(|r| r.2).sum();
+    let Some(slot) = export_arena(device)?.reserve(nbytes) else {
+        return Ok(None);
+    };
+    let mut at = 0;
+    let mut descriptors = Vec::with_capacity(ranges.len());
+    for &range in ranges {
+        if range.2 > 0 {
+            copy(range, slot.ptr().offset(at))?;
+        }
+        descriptors.push(slot.descriptor(at, range.2)?);
+        at += range.2;
+    }
+    Ok(Some((slot, descriptors)))
+}
+
+/// What [`stage`] made, for Python: one descriptor (bytes) per range, and the lease that
+/// holds the slot.
+pub(crate) fn for_python(
+    py: Python<'_>,
+    staged: Option<Staged>,
+) -> Option<(Vec<Py<PyBytes>>, ExportLease)> {
+    staged.map(|(slot, descriptors)| {
+        let bytes = descriptors
+            .iter()
+            .map(|d| PyBytes::new(py, &d.to_bytes()).unbind())
+            .collect();
+        let nbytes = descriptors.iter().map(|d| d.len as usize).sum();
+        let lease = ExportLease {
+            slots: Mutex::new(vec![slot]),
+            nbytes,
+        };
+        (bytes, lease)
+    })
+}
+
+/// [`stage`] of a spilled value's `buffers`, read from the tier each is in.
 pub(crate) fn export_spilled(
     py: Python<'_>,
     device: u32,
     buffers: &[Arc<SpillableBuffer>],
     ranges: &[(usize, usize, usize)],
 ) -> PyResult<Option<(Vec<Py<PyBytes>>, ExportLease)>> {
-    let nbytes: usize = ranges.iter().map(|r| r.2).sum();
     let staged = py
-        .detach(
-            || -> rmm_allocator::Result<Option<(ExportSlot, Vec<IpcDescriptor>)>> {
-                let Some(slot) = export_arena(device)?.reserve(nbytes) else {
-                    return Ok(None);
-                };
-                let mut at = 0;
-                let mut descriptors = Vec::with_capacity(ranges.len());
-                for &(i, offset, n) in ranges {
-                    if n > 0 {
-                        buffers[i].copy_range_to_device(offset, n, slot.ptr().offset(at))?;
-                    }
-                    descriptors.push(slot.descriptor(at, n)?);
-                    at += n;
-                }
-                Ok(Some((slot, descriptors)))
-            },
-        )
+        .detach(|| {
+            stage(device, ranges, |(i, offset, n), dst| {
+                buffers[i].copy_range_to_device(offset, n, dst)
+            })
+        })
         .map_err(error)?;
-    Ok(staged.map(|(slot, descriptors)| {
-        let bytes = descriptors
-            .iter()
-            .map(|d| PyBytes::new(py, &d.to_bytes()).unbind())
-            .collect();
-        let lease = ExportLease {
-            slots: Mutex::new(vec![slot]),
-            nbytes,
-        };
-        (bytes, lease)
-    }))
+    Ok(for_python(py, staged))
 }
 
 /// Reads descriptors as a peer sent them.
@@ -96,7 +119,7 @@ pub(crate) fn descriptors(parts: &[Vec<u8>]) -> PyResult<Vec<IpcDescriptor>> {
         .collect()
 }
 
-/// The bytes that `descriptors` (from a peer's `export_spilled`) name, copied to host memory
+/// The bytes that `descriptors` (from a peer's `AdoptedValue.export`) name, copied to host memory
 /// through `device`: a received value's parts where no store keeps it.
 #[pyfunction]
 #[pyo3(signature = (descriptors, device=0))]

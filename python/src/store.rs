@@ -171,22 +171,38 @@ impl AdoptedValue {
             .map(Some)
     }
 
-    /// A spilled value's data staged in this process's exportable device memory for a peer
-    /// worker on the same host, which copies it from there (`receive_exported`): one
+    /// The value's data staged in this process's exportable device memory for a peer worker
+    /// on the same host, which copies it from there (`receive_exported`), wherever the data
+    /// is (the value's own memory: a copy on the device; spilled: read from its tier): one
     /// descriptor (bytes) per range (each allocation whole, or the `(allocation, offset,
     /// nbytes)` ranges asked for), and the `ExportLease` that holds the memory until the peer
-    /// has copied. The value does not move. None while the value is in its own memory, and
-    /// when the exportable memory has no room now (send it another way then).
+    /// has copied. The value does not move. None when the exportable memory has no room now
+    /// (send it another way then).
     #[pyo3(signature = (ranges=None))]
-    fn export_spilled(
+    fn export(
         &self,
         py: Python<'_>,
         ranges: Option<Vec<(usize, usize, usize)>>,
     ) -> PyResult<Option<(Vec<Py<PyBytes>>, crate::ipc::ExportLease)>> {
-        let Some((buffers, ranges)) = self.spilled_ranges(py, ranges)? else {
-            return Ok(None);
-        };
-        crate::ipc::export_spilled(py, self.device, &buffers, &ranges)
+        if let Some((buffers, ranges)) = self.spilled_ranges(py, ranges.clone())? {
+            return crate::ipc::export_spilled(py, self.device, &buffers, &ranges);
+        }
+        let device = Device::new(self.device).map_err(error)?;
+        let ranges = checked_ranges(self.inner.allocations(), ranges)?;
+        // In its own memory: staged while the value is held there (no spill of it starts).
+        // The value's lock is taken without the interpreter (see `spilled_ranges`).
+        let staged = py.detach(|| {
+            self.inner.with_own_memory(|own| {
+                crate::ipc::stage(self.device, &ranges, |(i, offset, n), dst| {
+                    device.copy_device_to_device(dst, own[i].0.offset(offset), n)
+                })
+            })
+        });
+        match staged {
+            Some(result) => Ok(crate::ipc::for_python(py, result.map_err(error)?)),
+            // Spilled meanwhile: from its tier.
+            None => self.export(py, Some(ranges)),
+        }
     }
 
     /// Device copies of a spilled value's data (new `DeviceBuffer`s from the device's current
@@ -345,6 +361,34 @@ impl AdoptedValue {
         }
         Ok(Some((buffers, ranges)))
     }
+}
+
+/// `ranges` (each allocation whole when None) checked against `allocations`' sizes.
+fn checked_ranges(
+    allocations: &[(DevicePtr, usize)],
+    ranges: Option<Vec<(usize, usize, usize)>>,
+) -> PyResult<Vec<(usize, usize, usize)>> {
+    let ranges = ranges.unwrap_or_else(|| {
+        (0..allocations.len())
+            .map(|i| (i, 0, allocations[i].1))
+            .collect()
+    });
+    for &(i, offset, nbytes) in &ranges {
+        let Some(&(_, size)) = allocations.get(i) else {
+            return Err(error(format!(
+                "allocation {i} is out of range: the value has {} allocation(s); ask only for \
+                 ranges within its allocations (its `allocations`)",
+                allocations.len()
+            )));
+        };
+        if offset.checked_add(nbytes).is_none_or(|end| end > size) {
+            return Err(error(format!(
+                "{nbytes} bytes at offset {offset} run past the end of allocation {i} ({size} \
+                 bytes); ask only for ranges within the value's allocations"
+            )));
+        }
+    }
+    Ok(ranges)
 }
 
 impl DeviceView {
@@ -506,7 +550,7 @@ fn receive(py: Python<'_>, parts: Vec<Bound<'_, PyAny>>, device: u32) -> PyResul
 }
 
 /// A value a peer on the same host sent as descriptors of its exportable device memory
-/// (`AdoptedValue.export_spilled`), kept by `device`'s spill manager as `receive` keeps one
+/// (`AdoptedValue.export`), kept by `device`'s spill manager as `receive` keeps one
 /// sent as bytes (on the device when it fits under the limit now, else in the host tier or
 /// on disk, without touching the device), its parts copied straight from the peer's memory.
 #[pyfunction]

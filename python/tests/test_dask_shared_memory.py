@@ -2,7 +2,8 @@
 processes map (rmm_rs.dask.transfer), in one process: its message carries descriptors, not
 bytes; it is rebuilt where no store receives it and kept as it came where one does; the
 sender's memory goes back once released; and a peer is sent descriptors only when it can map
-this worker's memory (same host, same backend, this GPU visible), asked once per peer."""
+this worker's memory (same host, same backend, this GPU visible), asked once per peer. A
+value in its own memory is staged by a copy on the device and does not move."""
 
 import asyncio
 import random
@@ -63,6 +64,36 @@ def test_a_spilled_value_travels_as_descriptors_and_its_memory_goes_back():
     # Without a peer that maps the memory, the same value goes as host frames.
     header, frames = transfer._serialize_host_frames(sent)
     assert not header.get("exported") and sum(memoryview(f).nbytes for f in frames) >= SIZE
+    store.close()
+
+
+def test_a_value_in_its_own_memory_is_staged_on_the_device_for_the_peer():
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="16MiB")
+    store["x"] = rmm_rs.DeviceBuffer.from_bytes(data(5))
+    assert store.tier("x") == "device"
+    leases: list = []
+    tokens = (transfer._SENDING.set(True), transfer._EXPORTS.set(leases))
+    try:
+        sent = store["x"]
+        assert isinstance(sent, HostFrames) and sent.exported is not None
+        header, frames = transfer._serialize_host_frames(sent)
+    finally:
+        transfer._EXPORTS.reset(tokens[1])
+        transfer._SENDING.reset(tokens[0])
+    assert store.tier("x") == "device", "the value itself does not move"
+    assert header["exported"] and _rmm_rs.exported_bytes(0) == SIZE
+    back = transfer._deserialize_host_frames(header, frames)
+    assert back.to_bytes() == data(5)
+    for lease in leases:
+        lease.release()
+    assert _rmm_rs.exported_bytes(0) == 0
+    # Sending to a peer that does not map this worker's memory: the value as it is.
+    token = transfer._SENDING.set(True)
+    try:
+        assert isinstance(store["x"], rmm_rs.DeviceBuffer)
+    finally:
+        transfer._SENDING.reset(token)
     store.close()
 
 

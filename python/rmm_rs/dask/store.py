@@ -132,12 +132,18 @@ class _DeviceEntry:
         return deserialize(self.header, frames, deserializers=("cuda",))
 
     def to_send(self, homes):
-        """What to hand a peer that asked for the value: the value while it is on the
-        device (in its own memory, or its data back there), else its data read from the tier
-        it is in, as :class:`HostFrames`."""
+        """What to hand a peer that asked for the value: for an rmm-rs peer of this host,
+        its data staged in memory both map (see :mod:`rmm_rs.dask.transfer`); else the value
+        while it is on the device (in its own memory, or its data back there); else, as
+        :class:`HostFrames`, its data read from the tier it is in."""
         value = self.adopted.value()
         if value is not None:
-            return value
+            # A peer of this host that maps this worker's memory copies it from there.
+            shared = transfer.share_now(self.header, self.frames, self.adopted)
+            return value if shared is None else shared
+        if transfer.sharing():
+            # Staged from wherever its data is as the message is serialized.
+            return HostFrames.sent_from(self.header, self.frames, self.adopted)
         if all(a is not None for a in self.adopted.device_allocations()):
             return self.get(homes)
         # Its data is read as the message is serialized, off the worker's event loop.

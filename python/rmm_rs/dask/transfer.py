@@ -126,7 +126,7 @@ class HostFrames:
     the bytes as they arrived; or ``kept``, the receiving store's value that holds them
     already (made as the message was deserialized, off the event loop too)."""
 
-    __slots__ = ("header", "frames", "parts", "source", "ranges", "kept")
+    __slots__ = ("header", "frames", "parts", "source", "ranges", "kept", "exported")
 
     def __init__(
         self,
@@ -144,6 +144,8 @@ class HostFrames:
         self.source = source
         self.ranges = None if ranges is None else list(ranges)
         self.kept = kept
+        # Descriptors of its data staged for a peer of this host already (see share_now).
+        self.exported: Optional[List[bytes]] = None
 
     @classmethod
     def sent_from(
@@ -262,23 +264,54 @@ def _arrived_exported(
     return HostFrames(header, frames, kept=kept)
 
 
-def _exported(x: HostFrames) -> Optional[Tuple[Dict[str, Any], List[Any]]]:
-    """``x``'s message as descriptors of exportable device memory, while this worker serves a
-    peer that can map it and the memory has room; else None."""
+def sharing() -> bool:
+    """True while this worker serves a peer that maps its exportable device memory."""
+    return _EXPORTS.get() is not None
+
+
+def share_now(header: Dict[str, Any], frames: Sequence[Frame], source: Any) -> Optional[HostFrames]:
+    """For a peer that maps this worker's exportable memory: the value ``source`` (an
+    adopted value in its own memory, whose Dask "cuda" serialization is ``header`` and
+    ``frames``) staged there now (a copy on the device, quick), as what the peer is sent;
+    None for any other peer, or when that memory has no room now (send the value then)."""
     leases = _EXPORTS.get()
-    if leases is None or x.source is None:
+    if leases is None:
         return None
+    x = HostFrames.sent_from(header, frames, source)
     start = time.perf_counter()
     try:
-        exported = x.source.export_spilled(x.ranges)
+        exported = source.export(x.ranges)
     except rmm_rs.RmmError as e:
-        logger.debug("rmm-rs: sending a spilled value through the connection: %s", e)
+        logger.debug("rmm-rs: sending a value through the connection: %s", e)
         return None
-    if exported is None:  # no room in the exportable memory now
+    if exported is None:
         return None
-    descriptors, lease = exported
+    x.exported, lease = exported
     leases.append(lease)
     FIGURES.add("sent_exported", x.nbytes, time.perf_counter() - start)
+    return x
+
+
+def _exported(x: HostFrames) -> Optional[Tuple[Dict[str, Any], List[Any]]]:
+    """``x``'s message as descriptors of exportable device memory: staged already
+    (``share_now``), or now while this worker serves a peer that can map it and the memory
+    has room; else None."""
+    descriptors = x.exported
+    if descriptors is None:
+        leases = _EXPORTS.get()
+        if leases is None or x.source is None:
+            return None
+        start = time.perf_counter()
+        try:
+            exported = x.source.export(x.ranges)
+        except rmm_rs.RmmError as e:
+            logger.debug("rmm-rs: sending a spilled value through the connection: %s", e)
+            return None
+        if exported is None:  # no room in the exportable memory now
+            return None
+        descriptors, lease = exported
+        leases.append(lease)
+        FIGURES.add("sent_exported", x.nbytes, time.perf_counter() - start)
     layout = [list(f) if isinstance(f, tuple) else None for f in x.frames]
     host = [f for f in x.frames if not isinstance(f, tuple)]
     header = {"value": x.header, "layout": layout, "parts": len(descriptors), "exported": True}

@@ -243,6 +243,16 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         Ok(views)
     }
 
+    /// Runs `f` with the value's allocations `(address, bytes)` while it is on the device in
+    /// its owner's memory, which stays there meanwhile (no spill of it starts until `f`
+    /// returns); `None` once it was spilled.
+    pub fn with_own_memory<R>(&self, f: impl FnOnce(&[(DevicePtr, usize)]) -> R) -> Option<R> {
+        match &*self.state.lock() {
+            State::Device(_) => Some(f(&self.allocations)),
+            State::Spilled(_) => None,
+        }
+    }
+
     /// The spilled data's buffers, one per allocation (each read with
     /// [`SpillableBuffer::read_into`] without moving it); `None` while the value is in its
     /// owner's memory.
