@@ -285,10 +285,11 @@ def print_spill(per_worker):
 
 def print_transfer(per_worker):
     """Per worker, what rmm-rs's part of the transfers cost (``statistics()["transfer"]``):
-    spilled values read from their tier for host frames, device copies made for UCX, and
-    received host frames kept; bytes and seconds of each (nothing where this rmm_rs does not
-    count them)."""
-    kinds = ("sent_host_frames", "sent_device_copies", "received_host_frames")
+    values staged in shared device memory for a peer of the same host, spilled values read
+    from their tier for host frames, device copies made for UCX, and received values kept;
+    bytes and seconds of each (nothing where this rmm_rs does not count them)."""
+    kinds = ("sent_exported", "sent_host_frames", "sent_device_copies", "received_exported",
+             "received_host_frames")
     if not any("transfer" in stats for stats in per_worker.values()):
         return
     print(f"    {'worker':28s}" + "".join(f" {k.replace('_', ' '):>30s}" for k in kinds))

@@ -563,12 +563,18 @@ fn receive_exported(
     let m = crate::buffers::spill_manager(device)?;
     let descs = crate::ipc::descriptors(&descriptors)?;
     let dev = Device::new(device).map_err(error)?;
-    let sizes: Vec<usize> = descs.iter().map(|d| d.len as usize).collect();
-    let mut fill = |i: usize, offset: usize, chunk: &mut [u8]| {
-        rmm_allocator::ipc::Imports::global().copy_to_host(dev, &descs[i], offset, chunk)
-    };
     let inner = py
-        .detach(|| m.receive(&sizes, StreamView::DEFAULT, &mut fill))
+        .detach(|| {
+            let parts = descs
+                .iter()
+                .map(|d| {
+                    rmm_allocator::ipc::Imports::global()
+                        .locate(dev, d)
+                        .map(|p| (p, d.len as usize))
+                })
+                .collect::<rmm_allocator::Result<Vec<_>>>()?;
+            m.receive_from_device(&parts, StreamView::DEFAULT)
+        })
         .map_err(error)?;
     Ok(AdoptedValue { inner, device })
 }

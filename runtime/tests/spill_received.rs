@@ -260,3 +260,64 @@ fn ranges_of_spilled_data_are_read_where_it_is_without_moving_it() {
     let err = b.read_range_into(40 * MIB - 10, &mut out).unwrap_err();
     assert!(err.to_string().contains("100 bytes at"), "{err}");
 }
+
+/// `data` staged in exported device memory (what a peer worker of the host sends), received
+/// from there: the value, and the arena (kept alive while the copy may read it).
+fn receive_from_exported(
+    m: &SpillManager,
+    data: &[u8],
+) -> (
+    rmm_allocator::Result<Arc<ForeignData<LibraryOwner>>>,
+    Arc<rmm_allocator::ipc::ExportArena>,
+) {
+    let dev = rmm_allocator::Device::new(0).unwrap();
+    let arena = rmm_allocator::ipc::ExportArena::new(dev, data.len()).unwrap();
+    let slot = arena.reserve(data.len()).unwrap();
+    dev.copy_to_device(slot.ptr(), data).unwrap();
+    (m.receive_from_device(&[(slot.ptr(), data.len())], S), arena)
+}
+
+#[test]
+fn a_value_copied_from_memory_it_does_not_own_lands_where_it_fits_every_byte_intact() {
+    let _s = serial();
+    sim();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::start(&spilling("4MiB", "4MiB", Some(dir.path()))).unwrap();
+    let m = manager(&rt);
+    let data: Vec<Vec<u8>> = (0..3).map(|i| pattern(3 * MIB, 40 + i)).collect();
+    let values: Vec<_> = data
+        .iter()
+        .map(|d| receive_from_exported(&m, d).0.expect("received"))
+        .collect();
+    let tiers: Vec<Tier> = values.iter().map(|v| v.tier()).collect();
+    // The first fits under the limit (onto the device); the next goes to the host tier
+    // without touching the device; the last, past a full host tier, pushes that one to disk.
+    assert_eq!(tiers, [Tier::Device, Tier::Disk, Tier::Host]);
+    for (v, d) in values.iter().zip(&data) {
+        assert_eq!(read_back(v), vec![d.clone()]);
+    }
+    let s = m.statistics();
+    assert_eq!(s.received_on_device_bytes, 3 * MIB as u64);
+    assert_eq!(s.received_off_device_bytes, 6 * MIB as u64);
+    drop(values);
+    assert_eq!(m.statistics().tracked_bytes, 0);
+}
+
+#[test]
+fn a_value_from_memory_it_does_not_own_that_fits_nowhere_keeps_nothing() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("1MiB", "4MiB", None)).unwrap();
+    let m = manager(&rt);
+    let (got, _arena) = receive_from_exported(&m, &pattern(6 * MIB, 50));
+    let err = got.expect_err("6 MiB fit neither under the 1 MiB limit nor in the 4 MiB host tier");
+    assert!(
+        matches!(err, AllocError::HostOutOfMemory { .. }),
+        "unexpected error: {err}"
+    );
+    let s = m.statistics();
+    assert_eq!(
+        (s.host_bytes, s.tracked_bytes, s.received_off_device_bytes),
+        (0, 0, 0)
+    );
+}

@@ -188,30 +188,60 @@ impl Drop for ExportSlot {
     }
 }
 
+/// A device's arena in this process: not made yet, made, or refused (the error, kept so
+/// that every later send does not ask the driver again).
+#[derive(Debug)]
+enum ArenaState {
+    Unmade,
+    Made(Arc<ExportArena>),
+    Refused(Error),
+}
+
 /// The arenas of this process, one per device, each made on first use.
-fn arenas(backend_devices: u32) -> &'static [Mutex<Option<Arc<ExportArena>>>] {
-    static ARENAS: OnceLock<Vec<Mutex<Option<Arc<ExportArena>>>>> = OnceLock::new();
-    ARENAS.get_or_init(|| (0..backend_devices).map(|_| Mutex::new(None)).collect())
+fn arenas(backend_devices: u32) -> &'static [Mutex<ArenaState>] {
+    static ARENAS: OnceLock<Vec<Mutex<ArenaState>>> = OnceLock::new();
+    ARENAS.get_or_init(|| {
+        (0..backend_devices)
+            .map(|_| Mutex::new(ArenaState::Unmade))
+            .collect()
+    })
 }
 
 /// The process's arena on `device` (an ordinal of the process-wide backend), made on first
 /// use with [`DEFAULT_ARENA_BYTES`], at most an eighth of the device's memory.
 ///
 /// # Errors
-/// As [`ExportArena::new`], and [`Device::new`] for an unknown device.
+/// As [`ExportArena::new`] (the same error again on every later call: the driver is asked
+/// once), and [`Device::new`] for an unknown device.
 pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
     let d = Device::new(device)?;
-    let mut slot = arenas(d.backend().device_count())
+    let mut state = arenas(d.backend().device_count())
         .get(device as usize)
         .ok_or_else(|| Error::invalid_argument("device", device, "a device of this process"))?
         .lock();
-    if let Some(a) = &*slot {
-        return Ok(Arc::clone(a));
+    match &*state {
+        ArenaState::Made(a) => return Ok(Arc::clone(a)),
+        ArenaState::Refused(e) => return Err(e.clone()),
+        ArenaState::Unmade => {}
     }
-    let bytes = DEFAULT_ARENA_BYTES.min(d.mem_info()?.total / 8);
-    let arena = ExportArena::new(d, bytes)?;
-    *slot = Some(Arc::clone(&arena));
-    Ok(arena)
+    let made = d
+        .mem_info()
+        .and_then(|m| ExportArena::new(d, DEFAULT_ARENA_BYTES.min(m.total / 8)));
+    match made {
+        Ok(arena) => {
+            *state = ArenaState::Made(Arc::clone(&arena));
+            Ok(arena)
+        }
+        Err(e) => {
+            tracing::warn!(
+                device,
+                "no exportable device memory: values go to peers of this host through the \
+                 connection ({e})"
+            );
+            *state = ArenaState::Refused(e.clone());
+            Err(e)
+        }
+    }
 }
 
 /// Bytes of the process's arena on `device` held in slots now; 0 before the arena is made.
@@ -222,6 +252,8 @@ pub fn exported_bytes(device: u32) -> Result<usize> {
     let d = Device::new(device)?;
     Ok(arenas(d.backend().device_count())
         .get(device as usize)
-        .and_then(|a| a.lock().as_ref().map(|a| a.len() - a.available()))
-        .unwrap_or(0))
+        .map_or(0, |a| match &*a.lock() {
+            ArenaState::Made(a) => a.len() - a.available(),
+            _ => 0,
+        }))
 }

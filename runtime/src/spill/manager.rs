@@ -421,19 +421,47 @@ impl SpillManager {
         stream: StreamView,
         fill: &mut PartFill<'_>,
     ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
+        self.receive_parts(sizes, stream, &mut |i, size| {
+            SpillableBuffer::off_device_with(
+                &self.store,
+                size,
+                self.observer(),
+                &mut |offset, chunk| fill(i, offset, chunk),
+            )
+        })
+    }
+
+    /// [`receive`](Self::receive) of parts that are in device memory this process can read
+    /// but does not own (`(address, bytes)` each: another process's exported memory, mapped
+    /// here): copied into the host tier at the copy engine's rate.
+    ///
+    /// # Errors
+    /// As [`receive`](Self::receive); a failed copy. Nothing is kept then.
+    pub fn receive_from_device<O: ForeignOwner + 'static>(
+        &self,
+        parts: &[(DevicePtr, usize)],
+        stream: StreamView,
+    ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
+        let sizes: Vec<usize> = parts.iter().map(|p| p.1).collect();
+        self.receive_parts(&sizes, stream, &mut |i, size| {
+            SpillableBuffer::off_device_from(&self.store, size, self.observer(), parts[i].0)
+        })
+    }
+
+    /// The parts of `sizes` bytes made off the device by `make` (given the part and its size),
+    /// kept as [`receive`](Self::receive) says.
+    fn receive_parts<O: ForeignOwner + 'static>(
+        &self,
+        sizes: &[usize],
+        stream: StreamView,
+        make: &mut dyn FnMut(usize, usize) -> rmm_allocator::Result<Arc<SpillableBuffer>>,
+    ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
         let bytes: usize = sizes.iter().sum();
         let on_device = self.tracker.has_room(bytes);
         let buffers = sizes
             .iter()
             .enumerate()
-            .map(|(i, &size)| {
-                SpillableBuffer::off_device_with(
-                    &self.store,
-                    size,
-                    self.observer(),
-                    &mut |offset, chunk| fill(i, offset, chunk),
-                )
-            })
+            .map(|(i, &size)| make(i, size))
             .collect::<rmm_allocator::Result<Vec<_>>>()?;
         buffers.iter().for_each(|b| self.register(b));
         if on_device {

@@ -4,13 +4,16 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use super::{NEXT_ID, SpillObserver, SpillableBuffer, State};
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
+use crate::backend::pinned_copy::PinnedCopy;
 use crate::error::{Error, Result};
+use crate::spill::copy::Direction;
 use crate::spill::store::SpillStore;
-use crate::stream::synchronize_stream;
+use crate::stream::{StreamView, synchronize_stream};
 
 impl SpillableBuffer {
     /// A buffer of `size` bytes off the device, which `fill` writes (called with each piece
@@ -50,6 +53,63 @@ impl SpillableBuffer {
             Err(Error::HostOutOfMemory { .. }) if store.has_disk() => {
                 let mut bytes = vec![0u8; size];
                 fill(0, &mut bytes)?;
+                let disk = buffer.disk()?;
+                let file = disk.write_bytes(buffer.id, &bytes)?;
+                State::Disk(file, disk)
+            }
+            Err(e) => return Err(e),
+        };
+        buffer.tier.store(state.tier() as u8, Ordering::Release);
+        *buffer.state.lock() = state;
+        if let Some(o) = &buffer.observer {
+            o.touched(buffer.id);
+        }
+        Ok(buffer)
+    }
+
+    /// A buffer of `size` bytes off the device, copied from `src`: device memory the store's
+    /// device can read that the buffer does not own (another process's exported memory,
+    /// mapped here), after the work queued on the default stream. Like
+    /// [`off_device_with`](Self::off_device_with), but the bytes go straight into the host
+    /// tier's pinned memory on the store's copy streams, at the copy engine's rate (to disk
+    /// past a full host tier); the device's own memory is not touched.
+    ///
+    /// # Errors
+    /// As [`off_device_with`](Self::off_device_with); a failed copy.
+    pub fn off_device_from(
+        store: &Arc<SpillStore>,
+        size: usize,
+        observer: Option<Arc<dyn SpillObserver>>,
+        src: DevicePtr,
+    ) -> Result<Arc<SpillableBuffer>> {
+        let buffer = Self::with_state(
+            NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            store,
+            size,
+            observer,
+            State::Host(Vec::new()),
+        );
+        let state = match buffer.host_slices() {
+            Ok(slices) if size == 0 => State::Host(slices),
+            Ok(slices) => {
+                let start = Instant::now();
+                let copy = buffer
+                    .start_copy(
+                        Direction::ToHost,
+                        StreamView::DEFAULT,
+                        &[],
+                        |d, lane, event| PinnedCopy::to_host(d, lane, event, src, size, slices),
+                    )
+                    .map_err(|(e, _)| e)?;
+                let enqueued = Instant::now();
+                let slices = buffer
+                    .finish_copy(Direction::ToHost, copy, enqueued, start)
+                    .map_err(|(e, _)| e)?;
+                State::Host(slices)
+            }
+            Err(Error::HostOutOfMemory { .. }) if store.has_disk() => {
+                let mut bytes = vec![0u8; size];
+                buffer.device().copy_to_host(&mut bytes, src)?;
                 let disk = buffer.disk()?;
                 let file = disk.write_bytes(buffer.id, &bytes)?;
                 State::Disk(file, disk)
