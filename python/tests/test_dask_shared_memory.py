@@ -94,6 +94,15 @@ def test_a_value_in_its_own_memory_is_staged_on_the_device_for_the_peer():
         assert isinstance(store["x"], rmm_rs.DeviceBuffer)
     finally:
         transfer._SENDING.reset(token)
+    # A small value goes as it is even to a peer that maps this worker's memory.
+    store["small"] = rmm_rs.DeviceBuffer.from_bytes(b"x" * (transfer.SHARE_FROM - 256))
+    tokens = (transfer._SENDING.set(True), transfer._EXPORTS.set(leases))
+    try:
+        assert isinstance(store["small"], rmm_rs.DeviceBuffer)
+    finally:
+        transfer._EXPORTS.reset(tokens[1])
+        transfer._SENDING.reset(tokens[0])
+    assert _rmm_rs.exported_bytes(0) == 0
     store.close()
 
 

@@ -58,6 +58,10 @@ _EXPORTS: "contextvars.ContextVar[Optional[List[Any]]]" = contextvars.ContextVar
     "rmm_rs_exports", default=None
 )
 
+# Values smaller than this go to a peer through the connection even where it could map this
+# worker's memory: for them the staging and the receiver's copies cost more than the bytes.
+SHARE_FROM = 1 << 20
+
 # A frame of a value: a host frame as it is, or a device frame as (allocation, offset, bytes).
 Frame = Union[Tuple[int, int, int], Any]
 
@@ -273,11 +277,14 @@ def share_now(header: Dict[str, Any], frames: Sequence[Frame], source: Any) -> O
     """For a peer that maps this worker's exportable memory: the value ``source`` (an
     adopted value in its own memory, whose Dask "cuda" serialization is ``header`` and
     ``frames``) staged there now (a copy on the device, quick), as what the peer is sent;
-    None for any other peer, or when that memory has no room now (send the value then)."""
+    None for any other peer, for a value under ``SHARE_FROM`` bytes, or when that memory has
+    no room now (send the value then)."""
     leases = _EXPORTS.get()
     if leases is None:
         return None
     x = HostFrames.sent_from(header, frames, source)
+    if x.nbytes < SHARE_FROM:
+        return None
     start = time.perf_counter()
     try:
         exported = source.export(x.ranges)
@@ -299,7 +306,7 @@ def _exported(x: HostFrames) -> Optional[Tuple[Dict[str, Any], List[Any]]]:
     descriptors = x.exported
     if descriptors is None:
         leases = _EXPORTS.get()
-        if leases is None or x.source is None:
+        if leases is None or x.source is None or x.nbytes < SHARE_FROM:
             return None
         start = time.perf_counter()
         try:
