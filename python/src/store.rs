@@ -191,10 +191,22 @@ impl AdoptedValue {
         let ranges = checked_ranges(self.inner.allocations(), ranges)?;
         // In its own memory: staged while the value is held there (no spill of it starts).
         // The value's lock is taken without the interpreter (see `spilled_ranges`).
+        // The copies go on the default stream, after the work that made the value (its
+        // library's, on that stream), and only that stream is waited for: not the device's
+        // other work (spills in flight, say), as a whole-device copy would.
         let staged = py.detach(|| {
             self.inner.with_own_memory(|own| {
                 crate::ipc::stage(self.device, &ranges, |(i, offset, n), dst| {
-                    device.copy_device_to_device(dst, own[i].0.offset(offset), n)
+                    device.copy_device_to_device_async(
+                        dst,
+                        own[i].0.offset(offset),
+                        n,
+                        StreamView::DEFAULT,
+                    )
+                })
+                .and_then(|staged| {
+                    rmm_allocator::synchronize_stream(device, StreamView::DEFAULT)?;
+                    Ok(staged)
                 })
             })
         });
