@@ -44,7 +44,7 @@ def rmm_rs_child(size, vmm):
             {"pool": {"enabled": True, "initial_size": size, "vmm": vmm}}
         )
     wall = time.perf_counter() - start
-    stats = rmm_rs.statistics()
+    stats = rmm_rs.device_statistics()
     rmm_rs.finalize()
     return {"wall_ms": wall * 1e3, "report": report, "stack": stats[0]["stack"]}
 

@@ -229,7 +229,7 @@ def child(args: argparse.Namespace) -> int:
     out["base_used"] = base
     out["peak_used_net"] = run["peak_used_raw"] - base
     if mode == "rmm-rs":
-        stats = rmm_rs.statistics()[device]
+        stats = rmm_rs.device_statistics()[device]
         out["live_peak"] = rmm_torch.max_memory_allocated(device)
         out["reserved_peak"] = rmm_torch.max_memory_reserved(device)
         out["rmm_rs_pool"], out["rmm_rs_stack"] = stats["pool"], stats["stack"]
@@ -242,7 +242,7 @@ def child(args: argparse.Namespace) -> int:
         out["num_alloc_retries"] = ms.get("num_alloc_retries")
         out["num_ooms"] = ms.get("num_ooms")
         if mode == "rmm-rs-mempool":
-            stats = rmm_rs.statistics()[device]
+            stats = rmm_rs.device_statistics()[device]
             out["rmm_rs_reserved_peak"] = rmm_torch.max_memory_reserved(device)
             out["rmm_rs_live_peak"] = rmm_torch.max_memory_allocated(device)
             out["rmm_rs_pool"], out["rmm_rs_stack"] = stats["pool"], stats["stack"]

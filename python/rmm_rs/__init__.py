@@ -6,10 +6,10 @@ The memory runtime is Rust (the same code as the ``rmm`` command); this package 
   rmm.toml path, a dict of settings, or the defaults (./rmm.toml and ``RMM_*`` variables);
   or RAPIDS RMM's keywords: ``reinitialize(pool_allocator=True, initial_pool_size=2**30)``.
   ``reinitialize`` keeps spillable data and refuses while device buffers are live.
-* ``statistics()``, ``spill_statistics()``, ``report()``: counters per device, keyed by
-  device number (``statistics()[0]``). ``describe()``: the running stack per device.
-* ``rmm_rs.statistics`` is also RAPIDS RMM's ``rmm.statistics`` module (the call above is
-  its ``__call__``): ``enable_statistics()``, ``get_statistics()``, ``push_statistics()`` /
+* ``device_statistics()``, ``spill_statistics()``, ``report()``: counters per device, keyed
+  by device number (``device_statistics()[0]``). ``describe()``: the running stack per device.
+* ``rmm_rs.statistics`` is RAPIDS RMM's ``rmm.statistics`` module: ``enable_statistics()``,
+  ``get_statistics()``, ``push_statistics()`` /
   ``pop_statistics()``, the ``statistics()`` context manager, and ``profiler`` (a decorator
   and context manager) with ``ProfilerRecords.report()``, over the statistics adaptor.
   ``validate_config(config)``: checks a configuration as ``initialize`` would load it.
@@ -40,6 +40,7 @@ from ._rmm_rs import (
     SpillableBuffer,
     config_from_dask_cuda,
     describe,
+    device_statistics,
     devices,
     finalize,
     initialize,
@@ -58,7 +59,7 @@ import importlib as _importlib
 import sys as _sys
 
 from . import allocators
-from .statistics import _this_module as statistics
+from . import statistics
 
 # In a Dask process, the serializers of rmm-rs's buffers are registered as soon as rmm_rs is
 # imported (a worker imports it when it unpickles the type of a value it receives).
@@ -85,6 +86,7 @@ __all__ = [
     "SpillableBuffer",
     "config_from_dask_cuda",
     "describe",
+    "device_statistics",
     "devices",
     "finalize",
     "initialize",

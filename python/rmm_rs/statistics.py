@@ -23,22 +23,17 @@ RMM's work on the current CUDA device; rmm-rs adds a keyword-only ``device=`` to
 another. With statistics disabled, ``get/push/pop_statistics()`` return None and the profiler
 records nothing, as in RMM.
 
-The module is also callable: ``rmm_rs.statistics()`` is the per-device dict of counters it
-always was (``rmm_rs.statistics()[0]["bytes_in_use"]``), so code written for either keeps
-working.
+The per-device dict of counters since the runtime started (bytes in use and reserved, the
+pool's figures) is ``rmm_rs.device_statistics()``, outside this module.
 """
 
-import importlib
 import inspect
-import sys
 import threading
-import types
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import wraps
 from typing import (
-    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
@@ -402,41 +397,6 @@ def profiler(
         raise TypeError(f"profiler(name={name!r}): expected a str")
     return ProfilerContext(records, name, _device(device, "profiler"))
 
-
-class _StatisticsModule(types.ModuleType):
-    """This module: callable, for the per-device counters ``rmm_rs.statistics()`` returned
-    before it became RMM's module."""
-
-    def __call__(self) -> Dict[int, Dict[str, Any]]:
-        """Per device: bytes in use and reserved, allocations, peaks and totals since the
-        runtime started, and the pool's figures, keyed by device number (an int:
-        ``rmm_rs.statistics()[0]``). Needs ``rmm_rs.initialize``."""
-        return _rmm_rs.statistics()
-
-    def __reduce__(self) -> Tuple[Any, Tuple[str]]:
-        # Pickled by name (Dask sends `client.run(rmm_rs.statistics)` to its workers).
-        return (importlib.import_module, (self.__name__,))
-
-    if TYPE_CHECKING:
-        # What type checkers see through `rmm_rs.statistics.<name>`.
-        Statistics = Statistics
-        ProfilerRecords = ProfilerRecords
-        ProfilerContext = ProfilerContext
-        default_profiler_records = default_profiler_records
-        enable_statistics = staticmethod(enable_statistics)
-        disable_statistics = staticmethod(disable_statistics)
-        get_statistics = staticmethod(get_statistics)
-        push_statistics = staticmethod(push_statistics)
-        pop_statistics = staticmethod(pop_statistics)
-        statistics = staticmethod(statistics)
-        profiler = staticmethod(profiler)
-        get_descriptive_name_of_object = staticmethod(get_descriptive_name_of_object)
-
-
-sys.modules[__name__].__class__ = _StatisticsModule
-
-# This module as the callable it is (what `rmm_rs.statistics` is bound to).
-_this_module = cast(_StatisticsModule, sys.modules[__name__])
 
 __all__ = [
     "ProfilerContext",

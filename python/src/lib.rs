@@ -291,9 +291,9 @@ fn by_device(py: Python<'_>, per_device: Vec<(u32, serde_json::Value)>) -> PyRes
 
 /// Per device: bytes in use and reserved, allocations, peaks and totals, and the pool's
 /// figures (`pool`: reserved, in use, free, largest free block, fragmentation; `None` without
-/// a pool), as dicts keyed by device number (an int: `statistics()[0]`).
+/// a pool), as dicts keyed by device number (an int: `device_statistics()[0]`).
 #[pyfunction]
-fn statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
+fn device_statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
     let per_device = with_runtime(|rt| {
         let out: Vec<(u32, serde_json::Value)> = rt
             .devices()
@@ -379,7 +379,7 @@ fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(finalize, m)?)?;
     m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
     m.add_function(wrap_pyfunction!(report, m)?)?;
-    m.add_function(wrap_pyfunction!(statistics, m)?)?;
+    m.add_function(wrap_pyfunction!(device_statistics, m)?)?;
     m.add_function(wrap_pyfunction!(spill_statistics, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     settings::register(m)?;

@@ -17,11 +17,11 @@ def test_cupy_functions_allocate_from_the_stack_and_free_by_address():
     ptrs = [malloc(None, 1 << 20, 0) for _ in range(8)]
     assert all(ptrs) and len(set(ptrs)) == 8
     assert _rmm_rs.live_allocations() == 8
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 8 << 20
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 8 << 20
     for p in ptrs:
         free(None, p, 0)
     assert _rmm_rs.live_allocations() == 0
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 0
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 0
     # Too large for the device: null, as CuPy expects for out of memory.
     assert not malloc(None, 1 << 50, 0)
 
@@ -37,9 +37,9 @@ def test_torch_functions_are_exported_by_the_extension():
     free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
     p = alloc(3 << 20, 0, None)
     assert p
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 3 << 20
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 3 << 20
     free(p, 3 << 20, 0, None)
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 0
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 0
 
 
 def test_a_late_free_goes_to_the_resource_that_allocated():
@@ -54,7 +54,7 @@ def test_a_late_free_goes_to_the_resource_that_allocated():
     rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "64MiB"}})
     new = malloc(None, 1 << 20, 0)
     free(None, old, 0)  # into the old pool, not the new one
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 1 << 20
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 1 << 20
     free(None, new, 0)
     assert _rmm_rs.live_allocations() == 0
 
@@ -118,7 +118,7 @@ def test_the_installed_cupy_malloc_raises_cupys_out_of_memory_error_not_address_
     malloc = rmm_cupy.checked(rmm_cupy.allocator())
     mem = malloc(1 << 20)
     assert mem.ptr, "a request that fits is served"
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 1 << 20
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 1 << 20
     # The unchecked malloc hands CuPy address 0 for a request rmm-rs cannot serve: the
     # failure the wrapper exists for.
     assert not malloc.allocator.malloc(1 << 50).ptr

@@ -11,23 +11,23 @@ def test_initialize_from_a_dict_builds_the_stack_and_counts():
     rmm_rs.initialize(POOLED)
     assert rmm_rs.is_initialized()
     assert rmm_rs.devices() == [0]
-    stats = rmm_rs.statistics()[0]
+    stats = rmm_rs.device_statistics()[0]
     assert "PoolMemoryResource" in stats["stack"]
     assert stats["reserved_bytes"] == 64 << 20
     buf = rmm_rs.DeviceBuffer(1 << 20)
-    stats = rmm_rs.statistics()[0]
+    stats = rmm_rs.device_statistics()[0]
     assert stats["bytes_in_use"] == 1 << 20
     assert stats["allocations_in_use"] == 1
     buf.free()
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 0
-    assert rmm_rs.statistics()[0]["total_allocations"] == 1
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 0
+    assert rmm_rs.device_statistics()[0]["total_allocations"] == 1
 
 
 def test_initialize_from_an_rmm_toml_path(tmp_path):
     path = tmp_path / "rmm.toml"
     path.write_text('[pool]\nenabled = true\ninitial_size = "32MiB"\n')
     rmm_rs.initialize(str(path))
-    assert rmm_rs.statistics()[0]["reserved_bytes"] == 32 << 20
+    assert rmm_rs.device_statistics()[0]["reserved_bytes"] == 32 << 20
     rmm_rs.finalize()
     rmm_rs.initialize(path)  # a pathlib.Path works too
     assert rmm_rs.is_initialized()
@@ -75,10 +75,10 @@ def test_reinitialize_keeps_spillable_bytes_and_refuses_live_buffers():
     live.free()
     rmm_rs.reinitialize(plain)
     assert kept.tier == "host"
-    assert "PoolMemoryResource" not in rmm_rs.statistics()[0]["stack"]
+    assert "PoolMemoryResource" not in rmm_rs.device_statistics()[0]["stack"]
     kept.unspill()
     assert kept.tier == "device"
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == len(data)
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == len(data)
     assert kept.to_bytes() == data
     spill = rmm_rs.spill_statistics()[0]
     assert spill["spilled_bytes"] >= len(data) and spill["unspilled_bytes"] == len(data)
@@ -107,7 +107,7 @@ def test_reinitialize_returns_the_report_the_runtime_keeps():
 
 def test_errors_are_python_exceptions_with_the_cli_messages():
     with pytest.raises(rmm_rs.RmmError, match="not initialized"):
-        rmm_rs.statistics()
+        rmm_rs.device_statistics()
     with pytest.raises(rmm_rs.RmmError, match='pool.initial_size = "lots"'):
         rmm_rs.initialize({"pool": {"initial_size": "lots"}})
     with pytest.raises(rmm_rs.RmmError, match="unknown key pool.intial_size"):

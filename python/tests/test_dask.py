@@ -38,7 +38,7 @@ def kept(dask_worker):
 
 
 def stack(dask_worker):
-    return rmm_rs.statistics()[0]["stack"]
+    return rmm_rs.device_statistics()[0]["stack"]
 
 
 def rmm_metric(dask_worker):
@@ -50,7 +50,7 @@ def test_the_plugin_sets_up_every_worker_with_dask_cuda_options(client):
     assert list(client.run(rmm_rs.is_initialized).values()) == [True, True]
     for s in client.run(stack).values():
         assert "PoolMemoryResource" in s
-    stats = client.run(rmm_rs.statistics)
+    stats = client.run(rmm_rs.device_statistics)
     assert len(stats) == 2
     assert all(s[0]["reserved_bytes"] == 64 << 20 for s in stats.values())
 
@@ -96,7 +96,7 @@ def test_a_bad_configuration_raises_in_the_client_with_its_message(client):
 
 
 def reserved(dask_worker):
-    return rmm_rs.statistics()[0]["reserved_bytes"] if rmm_rs.is_initialized() else None
+    return rmm_rs.device_statistics()[0]["reserved_bytes"] if rmm_rs.is_initialized() else None
 
 
 def plugin_libraries(dask_worker):

@@ -50,7 +50,7 @@ def figures(dask_worker) -> Dict[str, Any]:
     return {
         "spill": rmm_rs.spill_statistics()[store.device_id],
         "tiers": [store.tier(k) for k in list(store)],
-        "stats": rmm_rs.statistics()[store.device_id],
+        "stats": rmm_rs.device_statistics()[store.device_id],
     }
 
 

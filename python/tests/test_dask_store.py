@@ -137,7 +137,7 @@ def test_values_survive_reinitialize_through_client_run(client, results):
         },
     )
     assert len(reports) == 2
-    for s in client.run(lambda dask_worker: rmm_rs.statistics()[0]["stack"]).values():
+    for s in client.run(lambda dask_worker: rmm_rs.device_statistics()[0]["stack"]).values():
         assert "PoolMemoryResource" in s
     assert all(client.gather(client.map(check, results, range(N), pure=False)))
 
@@ -156,7 +156,7 @@ def test_the_preload_module_puts_worker_data_on_rmm_rs():
 
 def preload_setup(dask_worker):
     plugin = dask_worker.plugins["rmm-rs"]
-    return plugin.external_libs, rmm_rs.statistics()[0]["stack"]
+    return plugin.external_libs, rmm_rs.device_statistics()[0]["stack"]
 
 
 def test_the_preload_puts_the_allocator_libraries_and_the_pool_on_rmm_rs():

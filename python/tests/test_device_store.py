@@ -256,7 +256,7 @@ def test_values_survive_reinitialize_into_a_pool():
         {"spill": {"enabled": True}, "pool": {"enabled": True, "initial_size": "64MiB"}}
     )
     assert report["spilled_bytes"] == 10 * MIB
-    assert "PoolMemoryResource" in rmm_rs.statistics()[0]["stack"]
+    assert "PoolMemoryResource" in rmm_rs.device_statistics()[0]["stack"]
     # The store's limit stays in force across the reinitialize.
     assert rmm_rs.spill_statistics()[0]["limit"] == 64 * MIB
     for k, b in expected.items():

@@ -331,15 +331,15 @@ def reinitialize_into_a_pool(s: Scene) -> List[Exception]:
     spill: Dict[str, Any] = {"enabled": True, "host_pool_size": "8MiB", "pin_ahead": "none"}
     if s.disk_directory is not None:
         spill["disk_directory"] = s.disk_directory
-    before = rmm_rs.statistics()[0]["stack"]
+    before = rmm_rs.device_statistics()[0]["stack"]
     try:
         rmm_rs.reinitialize({"spill": spill, "pool": {"enabled": True, "initial_size": "32MiB"}})
     except rmm_rs.RmmError as e:
         # The old configuration is in force, and works.
-        assert rmm_rs.statistics()[0]["stack"] == before, e
+        assert rmm_rs.device_statistics()[0]["stack"] == before, e
         assert rmm_rs.DeviceBuffer.from_bytes(b"works").to_bytes() == b"works"
         return [failure(e)]
-    assert "PoolMemoryResource" in rmm_rs.statistics()[0]["stack"]
+    assert "PoolMemoryResource" in rmm_rs.device_statistics()[0]["stack"]
     return []
 
 
@@ -607,7 +607,7 @@ def reinitialize_into_a_pool_on_a_worker(host_pool_size):
 
 
 def stack():
-    return rmm_rs.statistics()[0]["stack"]
+    return rmm_rs.device_statistics()[0]["stack"]
 
 
 @needs_sim

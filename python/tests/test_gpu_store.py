@@ -126,7 +126,7 @@ def test_a_failed_torch_allocation_through_rmm_rs():
         except torch.OutOfMemoryError as e:
             print("OOM", str(e).splitlines()[0])
         x = torch.ones(1024, device="cuda")
-        print("after", float(x.sum()), rmm_rs.statistics()[0]["bytes_in_use"] >= 4096)
+        print("after", float(x.sum()), rmm_rs.device_statistics()[0]["bytes_in_use"] >= 4096)
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -145,11 +145,11 @@ def test_the_torch_mem_pool_path_keeps_statistics_and_raises_torchs_out_of_memor
 
     rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "2GiB", "maximum_size": "2GiB"}})
     pool = rmm_torch.mem_pool()
-    before = rmm_rs.statistics()[0]["total_bytes"]
+    before = rmm_rs.device_statistics()[0]["total_bytes"]
     with torch.cuda.use_mem_pool(pool):
         t = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
         assert torch.cuda.memory_stats()["allocated_bytes.all.current"] >= 64 << 20
-        assert rmm_rs.statistics()[0]["total_bytes"] >= before + (64 << 20)
+        assert rmm_rs.device_statistics()[0]["total_bytes"] >= before + (64 << 20)
         with pytest.raises(torch.OutOfMemoryError):
             torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
         assert int(t.sum()) == 64 << 20

@@ -33,12 +33,12 @@ def test_allocate_and_deallocate_go_through_the_stack():
     ptrs = [allocate(MIB, 0, None) for _ in range(8)]
     assert all(ptrs) and len(set(ptrs)) == 8
     assert all(p % 256 == 0 for p in ptrs)
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 8 * MIB
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 8 * MIB
     assert _rmm_rs.live_allocations() == 8
     assert synchronize(0, None) == 0
     for p in ptrs:
         deallocate(p, MIB, 0, None)
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 0
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 0
     assert _rmm_rs.live_allocations() == 0
 
 
@@ -47,7 +47,7 @@ def test_a_free_with_the_wrong_size_frees_what_was_allocated():
     allocate, deallocate, _ = functions()
     p = allocate(3 * MIB, 0, None)
     deallocate(p, MIB, 0, None)
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 0
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 0
 
 
 def test_out_of_memory_is_null_and_a_bad_device_is_null_or_an_error():
@@ -57,7 +57,7 @@ def test_out_of_memory_is_null_and_a_bad_device_is_null_or_an_error():
     assert not allocate(MIB, -1, None)
     assert synchronize(-1, None) == -1
     deallocate(None, 0, 0, None)  # freeing null does nothing
-    assert rmm_rs.statistics()[0]["out_of_memory_errors"] >= 1
+    assert rmm_rs.device_statistics()[0]["out_of_memory_errors"] >= 1
 
 
 def test_a_late_free_goes_to_the_resource_that_allocated():
@@ -68,7 +68,7 @@ def test_a_late_free_goes_to_the_resource_that_allocated():
     rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "32MiB"}})
     new = allocate(2 * MIB, 0, None)
     deallocate(old, MIB, 0, None)  # into the old pool, not the new one
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 2 * MIB
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 2 * MIB
     deallocate(new, 2 * MIB, 0, None)
     assert _rmm_rs.live_allocations() == 0
 
@@ -140,7 +140,7 @@ def test_allocations_from_many_threads_all_come_back():
     for t in threads:
         t.join()
     assert not errors
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 0
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 0
     assert _rmm_rs.live_allocations() == 0
 
 

@@ -85,7 +85,7 @@ def test_the_dask_plugin_snippet_runs_as_written(monkeypatch):
         with local_cluster() as cluster, Client(cluster) as client:
             scope = {"client": client, "rmm_rs": rmm_rs}
             exec(snippet("RMMRsPlugin("), scope)
-            stats = client.run(rmm_rs.statistics)
+            stats = client.run(rmm_rs.device_statistics)
             allocators = client.run(lambda: cupy_allocator_module())
     finally:
         os.chdir(cwd)

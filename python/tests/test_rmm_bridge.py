@@ -41,7 +41,7 @@ def no_bridge(monkeypatch):
 
 
 def in_use():
-    return rmm_rs.statistics()[0]["bytes_in_use"]
+    return rmm_rs.device_statistics()[0]["bytes_in_use"]
 
 
 # The bridge
@@ -106,7 +106,7 @@ def test_install_makes_the_bridge_rmms_resource_across_reinitialize_and_finalize
     rmm_rs.reinitialize({"pool": {"enabled": True, "initial_size": "32MiB"}})
     assert rmm.mr.get_per_device_resource(0) is mr
     p = mr.allocate(2 * MIB)
-    assert in_use() == 2 * MIB and rmm_rs.statistics()[0]["reserved_bytes"] == 32 * MIB
+    assert in_use() == 2 * MIB and rmm_rs.device_statistics()[0]["reserved_bytes"] == 32 * MIB
     mr.deallocate(p, 2 * MIB)
     # Memory still live when the stack goes (finalize, then a new initialize) goes back to
     # the resource that allocated it.
@@ -250,9 +250,9 @@ def librmm_resource_on_worker(dask_worker=None):
     import rmm_rs as r
 
     mr = mr_.get_per_device_resource(0)
-    before = r.statistics()[0]["total_allocations"]
+    before = r.device_statistics()[0]["total_allocations"]
     mr.deallocate(mr.allocate(MIB), MIB)
-    return type(mr).__name__, r.statistics()[0]["total_allocations"] - before
+    return type(mr).__name__, r.device_statistics()[0]["total_allocations"] - before
 
 
 def test_the_plugin_installs_rmms_resource_on_every_worker_and_keeps_it_across_a_new_plugin():

@@ -36,11 +36,11 @@ def rmms_default_resource():
 
 
 def in_use():
-    return rmm_rs.statistics()[0]["bytes_in_use"]
+    return rmm_rs.device_statistics()[0]["bytes_in_use"]
 
 
 def total_allocations():
-    return rmm_rs.statistics()[0]["total_allocations"]
+    return rmm_rs.device_statistics()[0]["total_allocations"]
 
 
 def test_the_installed_resource_is_the_bridge():
@@ -178,13 +178,13 @@ def test_torch_mem_pool_keeps_memory_stats_and_allocates_from_rmm_rs():
         from rmm_rs.allocators import torch as rmm_torch
         rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "1GiB"}})
         pool = rmm_torch.mem_pool()
-        before = rmm_rs.statistics()[0]["total_allocations"]
+        before = rmm_rs.device_statistics()[0]["total_allocations"]
         with torch.cuda.use_mem_pool(pool):
             x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
         stats = torch.cuda.memory_stats()
         assert stats["allocated_bytes.all.current"] >= 64 << 20, stats
-        assert rmm_rs.statistics()[0]["total_allocations"] > before
-        assert rmm_rs.statistics()[0]["bytes_in_use"] >= 64 << 20
+        assert rmm_rs.device_statistics()[0]["total_allocations"] > before
+        assert rmm_rs.device_statistics()[0]["bytes_in_use"] >= 64 << 20
         snapshot = torch.cuda.memory_snapshot()
         assert any(s["total_size"] >= 64 << 20 for s in snapshot)
         del x
@@ -208,14 +208,14 @@ def test_torch_mem_pool_serves_cuda_graph_capture():
             for _ in range(3):  # warm-up, as capture requires
                 y = x * 2
         torch.cuda.current_stream().wait_stream(s)
-        before = rmm_rs.statistics()[0]["total_allocations"]
+        before = rmm_rs.device_statistics()[0]["total_allocations"]
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=pool.id):
             y = x * 2
         g.replay()
         torch.cuda.synchronize()
         assert float(y.sum()) == 2 * (1 << 20)
-        assert rmm_rs.statistics()[0]["total_allocations"] > before
+        assert rmm_rs.device_statistics()[0]["total_allocations"] > before
         print("ok")
         """
     )
@@ -247,12 +247,12 @@ def worker_allocates_through_all_three(dask_worker=None):
 
     import rmm_rs as r
 
-    before = r.statistics()[0]["total_allocations"]
+    before = r.device_statistics()[0]["total_allocations"]
     buf = rmm_.DeviceBuffer(size=MIB)
     x = cupy.ones(MIB, dtype=cupy.uint8)
     t = torch.ones(MIB, dtype=torch.uint8, device="cuda")
     ok = int(x.sum()) == MIB and int(t.sum()) == MIB and buf.size == MIB
-    grew = r.statistics()[0]["total_allocations"] - before
+    grew = r.device_statistics()[0]["total_allocations"] - before
     del buf, x, t
     return ok, grew, type(rmm_.mr.get_current_device_resource()).__name__
 

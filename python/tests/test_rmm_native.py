@@ -18,11 +18,11 @@ MIB = 1 << 20
 
 def test_reinitialize_takes_rapids_rmms_keywords():
     rmm_rs.reinitialize(pool_allocator=True, initial_pool_size=32 * MIB, maximum_pool_size="64MiB")
-    stats = rmm_rs.statistics()[0]
+    stats = rmm_rs.device_statistics()[0]
     assert "PoolMemoryResource" in stats["stack"]
     assert stats["reserved_bytes"] == 32 * MIB
     rmm_rs.reinitialize(pool_allocator=False, devices=0)
-    assert "PoolMemoryResource" not in rmm_rs.statistics()[0]["stack"]
+    assert "PoolMemoryResource" not in rmm_rs.device_statistics()[0]["stack"]
     assert rmm_rs.devices() == [0]
 
 
@@ -35,7 +35,7 @@ def test_initialize_takes_rapids_rmms_keywords_and_logging(tmp_path):
     )
     assert "LoggingResourceAdaptor" in rmm_rs.describe()
     assert str(tmp_path) in rmm_rs.describe()
-    assert rmm_rs.statistics()[0]["reserved_bytes"] == 16 * MIB
+    assert rmm_rs.device_statistics()[0]["reserved_bytes"] == 16 * MIB
 
 
 def test_managed_memory_keyword_is_pool_managed():
@@ -105,9 +105,9 @@ def test_other_failures_stay_plain_rmm_errors():
 
 def test_statistics_are_keyed_by_device_number():
     rmm_rs.initialize({"spill": {"enabled": True}})
-    assert list(rmm_rs.statistics()) == [0]
+    assert list(rmm_rs.device_statistics()) == [0]
     assert list(rmm_rs.spill_statistics()) == [0]
-    assert rmm_rs.statistics()[0]["device"] == 0
+    assert rmm_rs.device_statistics()[0]["device"] == 0
 
 
 # 5. subpackages and describe()

@@ -96,7 +96,7 @@ def test_a_setting_that_is_not_valid_utf8_is_refused_by_name_not_changed_or_a_cr
 def test_settings_nested_within_the_limit_still_load():
     rmm_rs.initialize({"device": {"0": {"pool": {"initial_size": "16MiB"}}},
                        "pool": {"enabled": True}, "devices": [0]})
-    assert rmm_rs.statistics()[0]["reserved_bytes"] == 16 << 20
+    assert rmm_rs.device_statistics()[0]["reserved_bytes"] == 16 << 20
 
 
 def test_two_threads_initializing_different_devices_start_one_runtime():
@@ -258,7 +258,7 @@ def test_reinitialize_with_overrides_alone_starts_from_the_running_configuration
     assert rmm_rs.devices() == devices
     assert len(rmm_rs.report()["workers"]) == workers
     assert sorted(rmm_rs.spill_statistics()) == devices
-    assert all(s["reserved_bytes"] == 0 for s in rmm_rs.statistics().values())
+    assert all(s["reserved_bytes"] == 0 for s in rmm_rs.device_statistics().values())
     # A bad change is refused, naming it, and changes nothing.
     with pytest.raises(rmm_rs.RmmError, match="lots"):
         rmm_rs.reinitialize(overrides={"pool": {"enabled": True, "initial_size": "lots"}})

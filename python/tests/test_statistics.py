@@ -1,6 +1,6 @@
 """rmm_rs.statistics, RAPIDS RMM's rmm.statistics: enabling statistics, counter scopes
 (push/pop), the statistics() context manager, and the profiler as a decorator and as a
-context manager with its report; the module stays callable (rmm_rs.statistics()[0])."""
+context manager with its report; the module stays callable (rmm_rs.device_statistics()[0])."""
 
 import pickle
 from typing import Iterator, List
@@ -170,7 +170,7 @@ def test_a_runtime_has_statistics_enabled_and_its_adaptor_stays():
     assert disable_statistics() is False  # the runtime's adaptor is part of its stack
     assert stack().startswith("StatisticsResourceAdaptor > PoolMemoryResource")
     # scopes leave the runtime's lifetime counters alone
-    assert rmm_rs.statistics()[0]["total_bytes"] == 1 << 20
+    assert rmm_rs.device_statistics()[0]["total_bytes"] == 1 << 20
 
 
 def test_the_context_manager_refuses_a_resource_changed_inside_it():
@@ -375,16 +375,19 @@ def test_bad_arguments_say_which_value_and_what_to_pass():
     assert get_statistics() is None  # nothing was enabled on the way
 
 
-def test_the_module_is_still_the_per_device_counters_function():
+def test_the_module_is_a_module_and_the_per_device_counters_are_a_function():
+    import types
+
     import rmm_rs.statistics as module
 
-    assert module is rmm_rs.statistics
+    assert module is rmm_rs.statistics and type(module) is types.ModuleType
+    assert not callable(rmm_rs.statistics)
     with pytest.raises(rmm_rs.RmmError, match="not initialized"):
-        rmm_rs.statistics()
+        rmm_rs.device_statistics()
     rmm_rs.initialize()
     buf = rmm_rs.DeviceBuffer(1 << 10)
-    assert rmm_rs.statistics()[0]["bytes_in_use"] == 1 << 10
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == 1 << 10
     assert rmm_rs.statistics.get_statistics() == stats(1 << 10, 1, 1 << 10, 1, 1 << 10, 1)
     buf.free()
-    # Dask sends `client.run(rmm_rs.statistics)` to its workers: it pickles by name.
-    assert pickle.loads(pickle.dumps(rmm_rs.statistics)) is rmm_rs.statistics
+    # Dask sends `client.run(rmm_rs.device_statistics)` to its workers: it pickles by name.
+    assert pickle.loads(pickle.dumps(rmm_rs.device_statistics)) is rmm_rs.device_statistics

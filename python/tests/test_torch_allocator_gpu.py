@@ -31,7 +31,7 @@ def test_without_the_shim_install_warns_once_and_still_allocates_from_rmm_rs():
         shim = [str(w.message) for w in caught if "rmm_rs_torch" in str(w.message)]
         print("warnings", len(shim), "mem_pool()" in shim[0] if shim else None)
         x = torch.ones(1024, device="cuda")
-        print("after", float(x.sum()), rmm_rs.statistics()[0]["bytes_in_use"] >= 4096)
+        print("after", float(x.sum()), rmm_rs.device_statistics()[0]["bytes_in_use"] >= 4096)
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

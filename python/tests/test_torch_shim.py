@@ -43,7 +43,7 @@ def shim():
 
 
 def in_use():
-    return rmm_rs.statistics()[0]["bytes_in_use"]
+    return rmm_rs.device_statistics()[0]["bytes_in_use"]
 
 
 def test_the_library_exports_pytorchs_functions(shim):

@@ -245,7 +245,7 @@ def main():
                 f"memory_stats counted {counted.get('mem_pool_allocations', 0)} allocations "
                 "in the last MemPool round"
             )
-    report["rmm_rs_statistics"] = rmm_rs.statistics()
+    report["rmm_rs_statistics"] = rmm_rs.device_statistics()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -29,7 +29,7 @@ def checked(alloc):
     def malloc(size):
         mem = raw(size)
         if size and not mem.ptr:
-            stats = _rmm_rs.statistics() if _rmm_rs.is_initialized() else {}
+            stats = _rmm_rs.device_statistics() if _rmm_rs.is_initialized() else {}
             in_use = sum(s["bytes_in_use"] for s in stats.values())
             raise OutOfMemoryError(size, in_use)
         return mem

@@ -53,7 +53,7 @@ _retiring = None
 
 def _metrics(worker):
     """The worker metric Dask's dashboard reads for RMM: bytes in use and reserved."""
-    stats = rmm_rs.statistics() if rmm_rs.is_initialized() else {}
+    stats = rmm_rs.device_statistics() if rmm_rs.is_initialized() else {}
     return {
         "rmm-used": sum(s["bytes_in_use"] for s in stats.values()),
         "rmm-total": sum(s["reserved_bytes"] for s in stats.values()),
@@ -62,7 +62,7 @@ def _metrics(worker):
 
 def _all_metrics(worker):
     """Every counter, per device."""
-    return rmm_rs.statistics() if rmm_rs.is_initialized() else {}
+    return rmm_rs.device_statistics() if rmm_rs.is_initialized() else {}
 
 
 def _spill_metrics(worker):
