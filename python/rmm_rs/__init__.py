@@ -5,7 +5,9 @@ The memory runtime is Rust (the same code as the ``rmm`` command); this package 
 * ``initialize(config)`` / ``reinitialize(config)`` / ``finalize()``: the device stacks of an
   rmm.toml path, a dict of settings, or the defaults (./rmm.toml and ``RMM_*`` variables);
   or RAPIDS RMM's keywords: ``reinitialize(pool_allocator=True, initial_pool_size=2**30)``.
-  ``reinitialize`` keeps spillable data and refuses while device buffers are live.
+  ``reinitialize`` keeps spillable data and refuses while device buffers are live;
+  ``register_reinitialize_hook(func, *args)`` / ``unregister_reinitialize_hook(func)``: RMM's
+  hooks that run before each reinitialize, last registered first.
 * ``device_statistics()``, ``spill_statistics()``, ``report()``: counters per device, keyed
   by device number (``device_statistics()[0]``). ``describe()``: the running stack per device.
 * ``rmm_rs.statistics`` is RAPIDS RMM's ``rmm.statistics`` module: ``enable_statistics()``,
@@ -45,7 +47,6 @@ from ._rmm_rs import (
     finalize,
     initialize,
     is_initialized,
-    reinitialize,
     report,
     spill_statistics,
     validate_config,
@@ -59,6 +60,11 @@ import importlib as _importlib
 import sys as _sys
 
 from . import allocators
+from .reinitialize_hooks import (
+    register_reinitialize_hook,
+    reinitialize,
+    unregister_reinitialize_hook,
+)
 from . import statistics
 
 # In a Dask process, the serializers of rmm-rs's buffers are registered as soon as rmm_rs is
@@ -91,9 +97,11 @@ __all__ = [
     "finalize",
     "initialize",
     "is_initialized",
+    "register_reinitialize_hook",
     "reinitialize",
     "report",
     "spill_statistics",
     "statistics",
+    "unregister_reinitialize_hook",
     "validate_config",
 ]
