@@ -71,7 +71,15 @@ def describe(config: _Config = None) -> str: ...
 class DeviceBuffer:
     """Device bytes from the device's current resource (the rmm-rs stack once initialized)."""
 
-    def __init__(self, size: int = 0, device: int = 0, *, stream: _Stream = None) -> None: ...
+    def __init__(
+        self,
+        size: int = 0,
+        device: int = 0,
+        *,
+        ptr: Optional[int] = None,
+        stream: _Stream = None,
+        mr: None = None,
+    ) -> None: ...
     @staticmethod
     def from_bytes(data: Any, device: int = 0) -> "DeviceBuffer": ...
     @staticmethod

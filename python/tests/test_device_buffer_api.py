@@ -172,3 +172,21 @@ def test_two_threads_on_one_buffer_take_turns_or_hear_it_was_freed():
         assert during_a_copy_into(buf, source, f) == (None, None)
         assert buf.to_bytes() == bytes(range(64))
 
+
+
+def test_rmms_constructor_copies_device_bytes_from_ptr_and_refuses_a_resource():
+    rmm_rs.initialize({})
+    data = bytes(range(200)) * 5
+    src = rmm_rs.DeviceBuffer.to_device(data)
+    # RMM's form: keywords only, ptr and size.
+    copy = rmm_rs.DeviceBuffer(ptr=src.ptr, size=len(data))
+    assert copy.ptr != src.ptr and copy.tobytes() == data
+    src.copy_from_host(bytes(len(data)))
+    assert copy.tobytes() == data, "a copy, not a view of ptr"
+    assert rmm_rs.DeviceBuffer(ptr=src.ptr, size=0).size == 0
+    assert rmm_rs.DeviceBuffer(ptr=0, size=8).size == 8  # RMM's ptr=0: uninitialized bytes
+    with pytest.raises(rmm_rs.RmmError, match=r"DeviceBuffer\(ptr=0x[0-9a-f]+, size=64\).*to_device"):
+        rmm_rs.DeviceBuffer(ptr=12345, size=64)  # not device memory
+    with pytest.raises(TypeError, match="mr=.*leave mr out"):
+        rmm_rs.DeviceBuffer(size=8, mr=object())  # type: ignore[arg-type]
+    assert rmm_rs.DeviceBuffer(size=8, mr=None).size == 8

@@ -160,21 +160,71 @@ impl DeviceBuffer {
             device,
         }
     }
+
+    /// A new buffer holding a copy of the `nbytes` device bytes at `ptr` on `device`, copied
+    /// after the default stream's work.
+    fn copied_from(
+        py: Python<'_>,
+        ptr: u64,
+        nbytes: usize,
+        device: u32,
+    ) -> rmm_allocator::Result<Self> {
+        let b = py.detach(|| {
+            with_device(device, || {
+                let b = rmm_allocator::DeviceBuffer::new(nbytes, StreamView::DEFAULT)?;
+                let d = Device::new(device)?;
+                synchronize_stream(d, StreamView::DEFAULT)?;
+                if nbytes > 0 {
+                    d.copy_device_to_device(
+                        b.data(),
+                        rmm_allocator::backend::DevicePtr(ptr),
+                        nbytes,
+                    )?;
+                }
+                Ok::<_, rmm_allocator::Error>(b)
+            })
+        })??;
+        Ok(DeviceBuffer::owned(b, device))
+    }
 }
 
 #[pymethods]
 impl DeviceBuffer {
     /// `size` bytes on `device` (default 0: in a Dask worker, the one GPU it sees), allocated
     /// on `stream` (None for the default stream, or an int stream handle; the buffer is freed
-    /// on it).
+    /// on it). With `ptr`, RAPIDS RMM's `DeviceBuffer(ptr=, size=)`: a copy of the `size`
+    /// device bytes at that address (device memory on `device`; `to_device` copies host
+    /// bytes). `mr`: RMM's resource argument; rmm-rs allocates from the device's current
+    /// stack, so only None is accepted.
     #[new]
-    #[pyo3(signature = (size=0, device=0, *, stream=None))]
+    #[pyo3(signature = (size=0, device=0, *, ptr=None, stream=None, mr=None))]
     fn new(
         py: Python<'_>,
         size: usize,
         device: u32,
+        ptr: Option<u64>,
         stream: Option<&Bound<'_, PyAny>>,
+        mr: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        if let Some(mr) = mr {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "DeviceBuffer(mr={}): rmm-rs allocates from each device's current stack, which \
+                 rmm_rs.initialize / rmm_rs.reinitialize build from rmm.toml or RMM's keywords \
+                 (reinitialize(pool_allocator=True, initial_pool_size=...)); leave mr out",
+                mr.repr()
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|_| "...".into())
+            )));
+        }
+        if let Some(ptr) = ptr.filter(|&p| p != 0) {
+            return Self::copied_from(py, ptr, size, device).map_err(|e| {
+                error(format!(
+                    "DeviceBuffer(ptr={ptr:#x}, size={size}): copying the bytes at ptr on device \
+                     {device} failed ({e}); ptr must be device memory there (for host bytes use \
+                     DeviceBuffer.to_device(data))"
+                ))
+            });
+        }
         let stream = stream_of(stream)?;
         let b = py
             .detach(|| with_device(device, || rmm_allocator::DeviceBuffer::new(size, stream)))
@@ -207,25 +257,7 @@ impl DeviceBuffer {
     #[staticmethod]
     #[pyo3(signature = (ptr, nbytes, device=0))]
     fn copy_of_device(py: Python<'_>, ptr: u64, nbytes: usize, device: u32) -> PyResult<Self> {
-        let b = py
-            .detach(|| {
-                with_device(device, || {
-                    let b = rmm_allocator::DeviceBuffer::new(nbytes, StreamView::DEFAULT)?;
-                    let d = Device::new(device)?;
-                    synchronize_stream(d, StreamView::DEFAULT)?;
-                    if nbytes > 0 {
-                        d.copy_device_to_device(
-                            b.data(),
-                            rmm_allocator::backend::DevicePtr(ptr),
-                            nbytes,
-                        )?;
-                    }
-                    Ok::<_, rmm_allocator::Error>(b)
-                })
-            })
-            .map_err(error)?
-            .map_err(error)?;
-        Ok(DeviceBuffer::owned(b, device))
+        Self::copied_from(py, ptr, nbytes, device).map_err(error)
     }
 
     /// RAPIDS RMM's `DeviceBuffer.to_device`: a new buffer holding a copy of `data` (bytes or
