@@ -6,10 +6,12 @@ spilling, where spilling is on) would become an array at address 0. The allocato
 here turns that into CuPy's own ``cupy.cuda.memory.OutOfMemoryError``.
 """
 
+from typing import Any, Callable
+
 from .. import _rmm_rs
 
 
-def allocator():
+def allocator() -> Any:
     """A ``cupy.cuda.memory.CFunctionAllocator`` over rmm-rs. Its ``malloc`` method returns
     a null pointer when rmm-rs is out of memory: use :func:`malloc` (what ``install`` sets),
     which raises instead."""
@@ -19,14 +21,14 @@ def allocator():
     return CFunctionAllocator(0, malloc, free, _rmm_rs)
 
 
-def checked(alloc):
+def checked(alloc: Any) -> Callable[[int], Any]:
     """``alloc.malloc`` that raises ``cupy.cuda.memory.OutOfMemoryError`` for a failed
     allocation instead of returning memory at address 0."""
     from cupy.cuda.memory import OutOfMemoryError
 
     raw = alloc.malloc
 
-    def malloc(size):
+    def malloc(size: int) -> Any:
         mem = raw(size)
         if size and not mem.ptr:
             stats = _rmm_rs.device_statistics() if _rmm_rs.is_initialized() else {}
@@ -38,7 +40,7 @@ def checked(alloc):
     return malloc
 
 
-def install():
+def install() -> None:
     """Makes rmm-rs CuPy's allocator in this process (``cupy.cuda.set_allocator``)."""
     import cupy
 

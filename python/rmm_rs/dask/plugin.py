@@ -31,6 +31,8 @@ is in the worker's log and, for ``client.register_plugin``, raised in the client
 import asyncio
 import importlib.util
 import logging
+import os
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from distributed import WorkerPlugin
 from distributed.core import Status
@@ -40,6 +42,9 @@ import rmm_rs
 from .. import _rmm_rs
 from . import transfer
 from .store import DeviceStore
+
+if TYPE_CHECKING:
+    from .._rmm_rs import _Config, _Size
 
 logger = logging.getLogger("rmm_rs.dask")
 
@@ -102,18 +107,18 @@ class RMMRsPlugin(WorkerPlugin):
 
     def __init__(
         self,
-        config=None,
+        config: "_Config" = None,
         *,
-        rmm_pool_size=None,
-        rmm_maximum_pool_size=None,
-        rmm_managed_memory=False,
-        rmm_async=False,
-        rmm_release_threshold=None,
-        rmm_log_directory=None,
-        rmm_track_allocations=False,
-        rmm_allocator_external_lib_list=None,
-        device_memory_limit=None,
-    ):
+        rmm_pool_size: "Optional[_Size]" = None,
+        rmm_maximum_pool_size: "Optional[_Size]" = None,
+        rmm_managed_memory: bool = False,
+        rmm_async: bool = False,
+        rmm_release_threshold: "Optional[_Size]" = None,
+        rmm_log_directory: "Union[str, os.PathLike[str], None]" = None,
+        rmm_track_allocations: bool = False,
+        rmm_allocator_external_lib_list: "Union[str, Sequence[str], None]" = None,
+        device_memory_limit: "Optional[_Size]" = None,
+    ) -> None:
         self.config = config
         # Mapped and checked now, so a bad option fails in the client, not on every worker.
         self.overrides = _rmm_rs.config_from_dask_cuda(

@@ -30,7 +30,7 @@ import sys
 import threading
 import weakref
 from collections.abc import MutableMapping
-from typing import Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from distributed.protocol import deserialize, serialize
 
@@ -40,6 +40,9 @@ from .. import _rmm_rs
 from . import transfer
 from .serialize import device_extent
 from .transfer import HostFrames
+
+if TYPE_CHECKING:
+    from .._rmm_rs import _Size
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +227,12 @@ class DeviceStore(MutableMapping):
         transfer.attach_when_started(self)
 
     @classmethod
-    def factory(cls, device_memory_limit=None, memory_limit=None, **kwargs):
+    def factory(
+        cls,
+        device_memory_limit: "Optional[_Size]" = None,
+        memory_limit: "Optional[_Size]" = None,
+        **kwargs: Any,
+    ) -> "Tuple[type, Dict[str, Any]]":
         """The ``data=`` argument of a Dask worker, ``LocalCluster`` or dask-cuda's
         ``LocalCUDACluster``: ``(DeviceStore, {options})``, made on each worker (with its
         local directory)."""
