@@ -6,9 +6,17 @@ spilling, where spilling is on) would become an array at address 0. The allocato
 here turns that into CuPy's own ``cupy.cuda.memory.OutOfMemoryError``.
 """
 
-from typing import Any, Callable
+from typing import Any, Protocol, cast
 
 from .. import _rmm_rs
+
+
+class CheckedMalloc(Protocol):
+    """What :func:`checked` returns: CuPy's ``malloc(size)``, with the allocator it wraps."""
+
+    allocator: Any
+
+    def __call__(self, size: int) -> Any: ...
 
 
 def allocator() -> Any:
@@ -21,7 +29,7 @@ def allocator() -> Any:
     return CFunctionAllocator(0, malloc, free, _rmm_rs)
 
 
-def checked(alloc: Any) -> Callable[[int], Any]:
+def checked(alloc: Any) -> CheckedMalloc:
     """``alloc.malloc`` that raises ``cupy.cuda.memory.OutOfMemoryError`` for a failed
     allocation instead of returning memory at address 0."""
     from cupy.cuda.memory import OutOfMemoryError
@@ -37,11 +45,12 @@ def checked(alloc: Any) -> Callable[[int], Any]:
         return mem
 
     malloc.allocator = alloc  # type: ignore[attr-defined]  # keeps the C functions' owner alive with the function
-    return malloc
+    return cast(CheckedMalloc, malloc)
 
 
-def install() -> None:
-    """Makes rmm-rs CuPy's allocator in this process (``cupy.cuda.set_allocator``)."""
+def install() -> Any:
+    """Makes rmm-rs CuPy's allocator in this process (``cupy.cuda.set_allocator``); returns
+    the ``CFunctionAllocator`` it wraps."""
     import cupy
 
     malloc = checked(allocator())
