@@ -290,15 +290,18 @@ fn a_value_copied_from_memory_it_does_not_own_lands_where_it_fits_every_byte_int
         .map(|d| receive_from_exported(&m, d).0.expect("received"))
         .collect();
     let tiers: Vec<Tier> = values.iter().map(|v| v.tier()).collect();
-    // The first fits under the limit (onto the device); the next goes to the host tier
-    // without touching the device; the last, past a full host tier, pushes that one to disk.
+    // The first fits under the limit (copied device to device); the next goes to the host
+    // tier without touching the device; the last, past a full host tier, pushes that one to
+    // disk.
     assert_eq!(tiers, [Tier::Device, Tier::Disk, Tier::Host]);
-    for (v, d) in values.iter().zip(&data) {
-        assert_eq!(read_back(v), vec![d.clone()]);
-    }
     let s = m.statistics();
     assert_eq!(s.received_on_device_bytes, 3 * MIB as u64);
     assert_eq!(s.received_off_device_bytes, 6 * MIB as u64);
+    // The one that fitted went device to device: nothing was brought back from the host.
+    assert_eq!(s.unspilled_bytes, 0);
+    for (v, d) in values.iter().zip(&data) {
+        assert_eq!(read_back(v), vec![d.clone()]);
+    }
     drop(values);
     assert_eq!(m.statistics().tracked_bytes, 0);
 }

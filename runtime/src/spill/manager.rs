@@ -433,7 +433,9 @@ impl SpillManager {
 
     /// [`receive`](Self::receive) of parts that are in device memory this process can read
     /// but does not own (`(address, bytes)` each: another process's exported memory, mapped
-    /// here): copied into the host tier at the copy engine's rate.
+    /// here). When all of it fits under the limit now it is copied device to device (NVLink or
+    /// PCIe between GPUs), never through host memory; else into the host tier at the copy
+    /// engine's rate.
     ///
     /// # Errors
     /// As [`receive`](Self::receive); a failed copy. Nothing is kept then.
@@ -442,6 +444,30 @@ impl SpillManager {
         parts: &[(DevicePtr, usize)],
         stream: StreamView,
     ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
+        let bytes: usize = parts.iter().map(|p| p.1).sum();
+        if self.tracker.has_room(bytes) {
+            let buffers = parts
+                .iter()
+                .map(|&(src, size)| {
+                    let b = self.buffer(size, stream)?;
+                    {
+                        let view = b.device_view(stream)?;
+                        let device = b.device();
+                        // The new memory is ready once the work on its stream is.
+                        rmm_allocator::synchronize_stream(device, stream)?;
+                        device.copy_device_to_device(view.ptr(), src, size)?;
+                    }
+                    Ok(b)
+                })
+                .collect::<rmm_allocator::Result<Vec<_>>>()?;
+            self.tracker.received[0].fetch_add(bytes as u64, Ordering::Relaxed);
+            return Ok(ForeignData::received(
+                &self.tracker,
+                &self.store,
+                buffers,
+                stream,
+            ));
+        }
         let sizes: Vec<usize> = parts.iter().map(|p| p.1).collect();
         self.receive_parts(&sizes, stream, &mut |i, size| {
             SpillableBuffer::off_device_from(&self.store, size, self.observer(), parts[i].0)
