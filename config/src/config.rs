@@ -138,6 +138,7 @@ impl Config {
             "pool.vmm" => self.pool.vmm.to_string(),
             "logging.enabled" => on(self.logging.enabled),
             "logging.directory" => self.logging.directory.display().to_string(),
+            "logging.file_name" => self.logging.file_name.clone(),
             "logging.level" => self.logging.level.to_string(),
             "spill.enabled" => on(self.spill.enabled),
             "spill.pin_ahead" => self.spill.pin_ahead.to_string(),
@@ -171,6 +172,17 @@ impl Config {
                 key: "workers_per_device".into(),
                 value: self.workers_per_device.to_string(),
                 problem: crate::schema::Kind::Count.expected(false),
+            });
+        }
+        let name = std::path::Path::new(&self.logging.file_name);
+        if self.logging.file_name.is_empty() || name.file_name() != Some(name.as_os_str()) {
+            errors.push(Error::InvalidValue {
+                origin: self.source("logging.file_name"),
+                key: "logging.file_name".into(),
+                value: self.logging.file_name.clone(),
+                problem: "a file name without a directory (put the directory in \
+                          logging.directory)"
+                    .into(),
             });
         }
         if self.pool.use_async && self.pool.managed {

@@ -47,6 +47,7 @@
 //! | `pool.vmm` | `RMM_POOL__VMM` | `"auto"` | `true`, `false` or `"auto"` |
 //! | `logging.enabled` | `RMM_LOGGING__ENABLED` | `false` | bool |
 //! | `logging.directory` | `RMM_LOGGING__DIRECTORY` | `"."` | path |
+//! | `logging.file_name` | `RMM_LOGGING__FILE_NAME` | `"rmm_log.csv"` (device N: `rmm_log.devN.csv`) | file name |
 //! | `logging.level` | `RMM_LOGGING__LEVEL` | `"info"` | `trace` … `error`, `off` |
 //! | `limits.device_memory_limit` | `RMM_LIMITS__DEVICE_MEMORY_LIMIT` | `"none"` | size or `"none"` |
 //! | `spill.enabled` | `RMM_SPILL__ENABLED` | `false` | bool |
@@ -113,7 +114,7 @@ pub use size::{ALIGNMENT, ParseSizeError, Size, align_down};
 pub use types::{
     Backend, Config, DeviceOverride, DeviceSelector, Devices, LimitsConfig, LimitsOverride,
     LogLevel, LoggingConfig, PinAhead, PoolConfig, PoolOverride, SpillConfig, SpillOverride,
-    StatsConfig, Switch, TrackingConfig,
+    StatsConfig, Switch, TrackingConfig, device_log_file_name,
 };
 
 #[cfg(test)]

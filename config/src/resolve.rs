@@ -72,7 +72,8 @@ pub struct ResolvedDevice {
     pub memory_limit: Option<u64>,
     /// Spilling, when enabled.
     pub spill: Option<ResolvedSpill>,
-    /// The CSV allocation log, when logging is enabled: `<directory>/rmm_log.dev<N>.csv`.
+    /// The CSV allocation log, when logging is enabled: `<directory>/<file name with .devN>`
+    /// ([`crate::device_log_file_name`]).
     pub log_file: Option<PathBuf>,
 }
 
@@ -370,9 +371,10 @@ impl Config {
             memory_limit: limit,
             spill,
             log_file: self.logging.enabled.then(|| {
-                self.logging
-                    .directory
-                    .join(format!("rmm_log.dev{ordinal}.csv"))
+                self.logging.directory.join(crate::device_log_file_name(
+                    &self.logging.file_name,
+                    ordinal,
+                ))
             }),
         })
     }

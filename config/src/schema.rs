@@ -84,6 +84,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
     key("pool.vmm", Kind::Switch),
     key("logging.enabled", Kind::Bool),
     key("logging.directory", Kind::Path),
+    key("logging.file_name", Kind::Path),
     key("logging.level", Kind::Level),
     device_key("limits.device_memory_limit", Kind::OptSize("none")),
     key("spill.enabled", Kind::Bool),

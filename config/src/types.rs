@@ -413,11 +413,26 @@ impl Default for PoolConfig {
 pub struct LoggingConfig {
     /// `logging.enabled` (default `false`).
     pub enabled: bool,
-    /// `logging.directory` (default `"."`, relative to the working directory): device N logs
-    /// to `rmm_log.devN.csv` in it.
+    /// `logging.directory` (default `"."`, relative to the working directory): where the
+    /// logs go.
     pub directory: PathBuf,
+    /// `logging.file_name` (default `"rmm_log.csv"`): device N logs to this name with `.devN`
+    /// before its extension ([`device_log_file_name`]: `rmm_log.dev0.csv`), as RAPIDS RMM
+    /// names its logs. A file name only: the directory is `logging.directory`.
+    pub file_name: String,
     /// `logging.level` (default `"info"`).
     pub level: LogLevel,
+}
+
+/// RAPIDS RMM's per-device log file name: `.dev<ordinal>` before the extension, the
+/// extension being what Python's `os.path.splitext` takes (`mylog.csv` → `mylog.dev0.csv`,
+/// `mylog` → `mylog.dev0`, `.log` → `.log.dev0`).
+pub fn device_log_file_name(file_name: &str, ordinal: u32) -> String {
+    let (stem, ext) = match file_name.rfind('.') {
+        Some(i) if file_name[..i].chars().any(|c| c != '.') => file_name.split_at(i),
+        _ => (file_name, ""),
+    };
+    format!("{stem}.dev{ordinal}{ext}")
 }
 
 impl Default for LoggingConfig {
@@ -425,6 +440,7 @@ impl Default for LoggingConfig {
         LoggingConfig {
             enabled: false,
             directory: PathBuf::from("."),
+            file_name: "rmm_log.csv".into(),
             level: LogLevel::Info,
         }
     }

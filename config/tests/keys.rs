@@ -27,6 +27,7 @@ vmm = false
 [logging]
 enabled = true
 directory = "/tmp/rmm-logs"
+file_name = "mylog.csv"
 level = "debug"
 
 [limits]
@@ -73,6 +74,7 @@ const EVERY_VAR: &[(&str, &str)] = &[
     ("RMM_POOL__VMM", "off"),
     ("RMM_LOGGING__ENABLED", "on"),
     ("RMM_LOGGING__DIRECTORY", "/tmp/rmm-logs"),
+    ("RMM_LOGGING__FILE_NAME", "mylog.csv"),
     ("RMM_LOGGING__LEVEL", "DEBUG"),
     ("RMM_LIMITS__DEVICE_MEMORY_LIMIT", "0.9"),
     ("RMM_SPILL__ENABLED", "yes"),
@@ -117,6 +119,7 @@ fn every_key_expected() -> Config {
     c.pool.vmm = Switch::Off;
     c.logging.enabled = true;
     c.logging.directory = "/tmp/rmm-logs".into();
+    c.logging.file_name = "mylog.csv".into();
     c.logging.level = LogLevel::Debug;
     c.limits.device_memory_limit = Some(Size::Fraction(0.9));
     c.spill.enabled = true;
@@ -311,15 +314,19 @@ fn render_aligns_the_table() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 1 + rmm_config::keys().count());
     let width = "limits.device_memory_limit".len();
+    // The widest value: logging.file_name's default.
+    let values = "rmm_log.csv".len();
     assert_eq!(
         lines[0],
-        format!("{:<width$}  {:<5}  SOURCE", "KEY", "VALUE")
+        format!("{:<width$}  {:<values$}  SOURCE", "KEY", "VALUE")
     );
-    assert!(lines.contains(&format!("{:<width$}  {:<5}  default", "backend", "auto").as_str()));
+    assert!(
+        lines.contains(&format!("{:<width$}  {:<values$}  default", "backend", "auto").as_str())
+    );
     assert!(
         lines.contains(
             &format!(
-                "{:<width$}  {:<5}  environment RMM_POOL__ENABLED",
+                "{:<width$}  {:<values$}  environment RMM_POOL__ENABLED",
                 "pool.enabled", "true"
             )
             .as_str()
@@ -418,5 +425,5 @@ fn each_key_set_alone_leaves_every_other_key_at_its_default() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 26);
+    assert_eq!(checked, 27);
 }

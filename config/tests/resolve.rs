@@ -333,3 +333,29 @@ fn facts_without_free_memory_resolve_unless_a_size_depends_on_it() {
         "{e}"
     );
 }
+
+#[test]
+fn log_files_carry_the_device_before_the_extension_as_rmm_names_them() {
+    use rmm_config::device_log_file_name as named;
+    assert_eq!(named("rmm_log.csv", 0), "rmm_log.dev0.csv");
+    assert_eq!(named("mylog", 3), "mylog.dev3");
+    assert_eq!(named("archive.tar.gz", 1), "archive.tar.dev1.gz");
+    assert_eq!(named(".hidden", 0), ".hidden.dev0");
+    assert_eq!(named("..log", 0), "..log.dev0");
+}
+
+#[test]
+fn a_log_file_name_with_a_directory_is_refused_with_the_remedy() {
+    let err = rmm_config::ConfigLoader::new()
+        .no_file()
+        .env_from([("RMM_LOGGING__FILE_NAME", "logs/mylog.csv")])
+        .load()
+        .expect_err("a file name with a directory");
+    let msg = err.to_string();
+    assert!(msg.contains("RMM_LOGGING__FILE_NAME"), "{msg}");
+    assert!(msg.contains("logs/mylog.csv"), "{msg}");
+    assert!(
+        msg.contains("put the directory in logging.directory"),
+        "{msg}"
+    );
+}

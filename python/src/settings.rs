@@ -262,7 +262,7 @@ const RMM_KEYWORDS: &[&str] = &[
 /// | `maximum_pool_size` | `pool.maximum_size` (None: `"none"`) |
 /// | `devices` | `devices` (an ordinal or a list of them) |
 /// | `logging` | `logging.enabled` |
-/// | `log_file_name` | `logging.directory` = the file's directory (rmm-rs names the files `rmm_log.dev<N>.csv`) |
+/// | `log_file_name` | `logging.directory` = its directory, `logging.file_name` = its name (device N writes `<name>.dev<N><ext>`, as RMM) |
 ///
 /// Unknown keywords, and pool sizes without `pool_allocator=True` or a log file without
 /// `logging=True` (which RMM would silently ignore), are errors naming the keyword.
@@ -344,7 +344,17 @@ pub(crate) fn rmm_keywords(kwargs: &Bound<'_, PyDict>) -> PyResult<Vec<(String, 
             Some(d) if !d.as_os_str().is_empty() => d.display().to_string(),
             _ => ".".into(),
         };
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| {
+                error(format!(
+                    "log_file_name={}: expected a file's path, with a file name (mylog.csv)",
+                    file.display()
+                ))
+            })?;
         out.push(("logging.directory".into(), toml::Value::String(dir)));
+        out.push(("logging.file_name".into(), toml::Value::String(name)));
     }
     Ok(out)
 }

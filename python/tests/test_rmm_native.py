@@ -31,11 +31,32 @@ def test_initialize_takes_rapids_rmms_keywords_and_logging(tmp_path):
         pool_allocator=True,
         initial_pool_size=16 * MIB,
         logging=True,
-        log_file_name=str(tmp_path / "rmm_log.txt"),
+        log_file_name=str(tmp_path / "mylog.csv"),
     )
     assert "LoggingResourceAdaptor" in rmm_rs.describe()
     assert str(tmp_path) in rmm_rs.describe()
     assert rmm_rs.device_statistics()[0]["reserved_bytes"] == 16 * MIB
+    rmm_rs.DeviceBuffer(MIB).free()
+    rmm_rs.finalize()
+    # RMM's naming: ".dev<N>" before the extension.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mylog.dev0.csv"]
+    assert (tmp_path / "mylog.dev0.csv").read_text().startswith("Thread,Time,Action,Pointer,Size")
+
+
+@pytest.mark.parametrize("name", ["mylog.csv", "mylog", "archive.tar.gz", ".hidden", "a.b.c"])
+def test_log_files_are_named_as_rmm_names_them(tmp_path, name):
+    rmm_rs.initialize(logging=True, log_file_name=str(tmp_path / name))
+    rmm_rs.finalize()
+    (made,) = [p.name for p in tmp_path.iterdir()]
+    try:
+        from rmm.pylibrmm.memory_resource._memory_resource import _append_id
+    except Exception:  # noqa: BLE001 - without RAPIDS RMM: its documented rule
+        import os
+
+        stem, ext = os.path.splitext(name)
+        assert made == f"{stem}.dev0{ext}"
+    else:
+        assert made == _append_id(name, 0)
 
 
 def test_managed_memory_keyword_is_pool_managed():
