@@ -148,7 +148,7 @@ fn an_arena_leaves_nothing_behind() {
     let handle = arena.handle().0;
     let end = handle.iter().position(|&b| b == 0).unwrap_or(64);
     let text = std::str::from_utf8(&handle[..end]).expect("a simulated handle is text");
-    let fd = text.rsplit(':').next().expect("pid:fd");
+    let fd = text.split(':').nth(2).expect("rmm-rs-sim:pid:fd:inode");
     let path = format!("/proc/self/fd/{fd}");
     let inode = std::fs::metadata(&path)
         .expect("the arena's memory file is open")

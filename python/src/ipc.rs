@@ -142,6 +142,27 @@ fn read_exported(
         .collect()
 }
 
+/// `data` staged in `device`'s exportable memory: its descriptor (bytes) and the lease that
+/// holds it; None when that memory has no room now. What a worker sends a peer to check that
+/// the peer can map its memory before it sends it values that way.
+#[pyfunction]
+#[pyo3(signature = (data, device=0))]
+fn export_bytes(
+    py: Python<'_>,
+    data: Vec<u8>,
+    device: u32,
+) -> PyResult<Option<(Py<PyBytes>, ExportLease)>> {
+    let dev = Device::new(device).map_err(error)?;
+    let staged = py
+        .detach(|| {
+            stage(device, &[(0, 0, data.len())], |_, dst| {
+                dev.copy_to_device(dst, &data)
+            })
+        })
+        .map_err(error)?;
+    Ok(for_python(py, staged).map(|(mut descriptors, lease)| (descriptors.remove(0), lease)))
+}
+
 /// Bytes of `device`'s exportable memory held for sends now (0 before any): what peers have
 /// not finished copying.
 #[pyfunction]
@@ -152,7 +173,8 @@ fn exported_bytes(py: Python<'_>, device: u32) -> PyResult<usize> {
 }
 
 /// What a peer checks before it sends this worker descriptors rather than bytes: the host
-/// (its boot ID), the backend, and the devices this process sees (their UUIDs).
+/// (its boot ID), the PID namespace, the backend, and the devices this process sees (their
+/// UUIDs).
 #[pyfunction]
 fn ipc_identity(py: Python<'_>) -> PyResult<Py<PyDict>> {
     let backend = rmm_allocator::backend::global().map_err(error)?;
@@ -163,8 +185,14 @@ fn ipc_identity(py: Python<'_>) -> PyResult<Py<PyDict>> {
     let host = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default();
+    // Processes of one host in different PID namespaces (containers) cannot reach each
+    // other's memory files.
+    let pids = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     let d = PyDict::new(py);
     d.set_item("host", host)?;
+    d.set_item("pid_namespace", pids)?;
     d.set_item("backend", backend.kind().name())?;
     d.set_item("devices", devices)?;
     Ok(d.unbind())
@@ -175,5 +203,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_exported, m)?)?;
     m.add_function(wrap_pyfunction!(ipc_identity, m)?)?;
     m.add_function(wrap_pyfunction!(exported_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(export_bytes, m)?)?;
     Ok(())
 }

@@ -107,18 +107,21 @@ def test_a_value_in_its_own_memory_is_staged_on_the_device_for_the_peer():
 
 
 class _Peer:
-    def __init__(self, identity):
-        self.identity = identity
+    """A peer answering the identity call as this process would, with ``change`` applied."""
+
+    def __init__(self, change=None, fail=None):
+        self.change = change or {}
+        self.fail = fail
         self.calls = 0
 
-    async def rmm_rs_ipc_identity(self):
+    async def rmm_rs_ipc_identity(self, probe=None):
         self.calls += 1
-        if isinstance(self.identity, Exception):
-            raise self.identity
-        return self.identity
+        if self.fail is not None:
+            raise self.fail
+        return {**transfer._identity(probe=probe), **self.change}
 
 
-def _maps(peer: _Peer, known: Dict[str, bool]) -> bool:
+def _maps(peer: _Peer, known: Dict[str, Any]) -> bool:
     worker = SimpleNamespace(rpc=lambda who: peer, _rmm_rs_peers_map_exports=known)
     store = SimpleNamespace(device_id=0)
     return asyncio.run(transfer._peer_maps_exports(worker, store, "tcp://peer:1"))
@@ -129,22 +132,59 @@ def _maps(peer: _Peer, known: Dict[str, bool]) -> bool:
     [
         ({}, True),
         ({"host": "another-host"}, False),
+        ({"pid_namespace": "pid:[1]"}, False),
         ({"backend": "another-backend"}, False),
         ({"devices": ["GPU-not-this-one"]}, False),
+        ({"probe": b"not what was staged"}, False),
     ],
-    ids=["same-host", "other-host", "other-backend", "gpu-not-visible"],
+    ids=["same-host", "other-host", "other-pid-namespace", "other-backend", "gpu-not-visible",
+         "probe-not-read-back"],
 )
 def test_a_peer_is_sent_descriptors_only_when_it_can_map_this_workers_memory(change, maps):
     rmm_rs.initialize(None, {"spill": {"enabled": True}})
     mine = dict(_rmm_rs.ipc_identity())
     assert mine["host"] and mine["backend"] in ("sim", "cuda") and mine["devices"]
-    peer = _Peer({**mine, **change})
-    known: Dict[str, bool] = {}
+    peer = _Peer(change)
+    known: Dict[str, Any] = {}
     assert _maps(peer, known) is maps
-    # Asked once: the answer is kept for the peer.
+    # Asked once (a no for a minute): the answer is kept for the peer.
     assert _maps(peer, known) is maps and peer.calls == 1
+    # The staged probe went back.
+    assert _rmm_rs.exported_bytes(0) == 0
+    if not maps:
+        ok, since = known["tcp://peer:1"]
+        known["tcp://peer:1"] = (ok, since - transfer._RETRY_AFTER_S)
+        assert _maps(peer, known) is maps and peer.calls == 2, "asked again after a minute"
 
 
 def test_a_peer_that_does_not_answer_is_sent_bytes():
     rmm_rs.initialize(None, {"spill": {"enabled": True}})
-    assert _maps(_Peer(KeyError("rmm_rs_ipc_identity")), {}) is False
+    assert _maps(_Peer(fail=KeyError("rmm_rs_ipc_identity")), {}) is False
+    assert _rmm_rs.exported_bytes(0) == 0
+
+
+def test_a_value_whose_shared_memory_cannot_be_read_fails_as_a_connection_error():
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="16MiB")
+    store["x"] = rmm_rs.DeviceBuffer.from_bytes(data(9))
+    store.spill("x")
+    entry: Any = store._device["x"]
+    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
+    leases: list = []
+    token = transfer._EXPORTS.set(leases)
+    try:
+        header, frames = transfer._serialize_host_frames(sent)
+    finally:
+        transfer._EXPORTS.reset(token)
+    for lease in leases:
+        lease.release()
+    # A garbled descriptor stands for memory this worker cannot map.
+    n_host = sum(1 for f in header["layout"] if f is None)
+    garbled = [*frames[:n_host], *(b"\0" * len(f) for f in frames[n_host:])]
+    token = transfer._RECEIVING.set(store)
+    try:
+        with pytest.raises(OSError, match="shared device memory cannot be read"):
+            transfer._deserialize_host_frames(header, garbled)
+    finally:
+        transfer._RECEIVING.reset(token)
+    store.close()

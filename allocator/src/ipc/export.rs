@@ -244,6 +244,15 @@ pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
     }
 }
 
+/// This process's arena, on whichever device, whose handle is `handle`.
+pub(crate) fn own_arena(handle: IpcHandle) -> Option<Arc<ExportArena>> {
+    let devices = crate::backend::global().ok()?.device_count();
+    arenas(devices).iter().find_map(|a| match &*a.lock() {
+        ArenaState::Made(a) if a.handle == handle => Some(Arc::clone(a)),
+        _ => None,
+    })
+}
+
 /// Bytes of the process's arena on `device` held in slots now; 0 before the arena is made.
 ///
 /// # Errors

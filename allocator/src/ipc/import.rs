@@ -115,17 +115,23 @@ fn check_range(desc: &IpcDescriptor, offset: usize, len: usize) -> Result<()> {
     Ok(())
 }
 
-/// This process's own arena on `device` that `desc` names.
+/// This process's own arena that `desc` names (on whichever device), its stretch here.
 fn own(device: Device, desc: &IpcDescriptor) -> Result<DevicePtr> {
-    let arena = super::export::export_arena(device.ordinal())?;
-    if arena.handle() != desc.handle {
-        return Err(Error::invalid_argument(
+    let arena = super::export::own_arena(desc.handle).ok_or_else(|| {
+        Error::invalid_argument(
             "an exported memory descriptor of this process",
             format!("{:?}", desc.handle),
             format!(
-                "the handle of this process's arena on device {}",
+                "the handle of one of this process's arenas (device {} reads it)",
                 device.ordinal()
             ),
+        )
+    })?;
+    if desc.offset.saturating_add(desc.len) > arena.len() as u64 {
+        return Err(Error::invalid_argument(
+            "an exported memory descriptor",
+            format!("{} bytes at {}", desc.len, desc.offset),
+            format!("a stretch within the arena's {} bytes", arena.len()),
         ));
     }
     Ok(arena.base().offset(desc.offset as usize))

@@ -259,13 +259,24 @@ def _arrived_exported(
         return HostFrames(header, frames, parts).rebuild()
     start = time.perf_counter()
     try:
-        kept = _rmm_rs.receive_exported(descriptors, store.device_id)
-    except rmm_rs.RmmError as e:  # e.g. a full host tier and no disk: onto the device
-        logger.warning("rmm-rs: a received value kept on the device: %s", e)
-        parts = _rmm_rs.read_exported(descriptors, store.device_id)
-        return HostFrames(header, frames, parts).rebuild(store.device_id)
+        try:
+            kept = _rmm_rs.receive_exported(descriptors, store.device_id)
+        except rmm_rs.RmmError as e:  # e.g. a full host tier and no disk: onto the device
+            logger.warning("rmm-rs: a received value kept on the device: %s", e)
+            parts = _rmm_rs.read_exported(descriptors, store.device_id)
+            return HostFrames(header, frames, parts).rebuild(store.device_id)
+    except rmm_rs.RmmError as e:
+        # The peer's memory cannot be read here after all. The message holds no bytes to fall
+        # back on: fail it as a connection error, so that Dask closes the connection (the
+        # peer stops waiting for an answer on it) and fetches the value again.
+        raise _Unreadable(f"rmm-rs: a peer's shared device memory cannot be read: {e}") from e
     FIGURES.add("received_exported", kept.size, time.perf_counter() - start)
     return HostFrames(header, frames, kept=kept)
+
+
+class _Unreadable(OSError):
+    """A value sent through shared device memory that this worker cannot read: an OSError,
+    which Dask treats as a failed connection (closed, not reused)."""
 
 
 def sharing() -> bool:
@@ -474,7 +485,12 @@ def attach(worker: Any, store: Any) -> bool:
         return await receiving(gather_dep, *args, **kwargs)
 
     worker.handlers["get_data"] = get_data
-    worker.handlers[_IDENTITY_OP] = _identity
+    device = int(store.device_id)
+
+    def identity(probe: Optional[bytes] = None) -> Dict[str, Any]:
+        return _identity(probe, device)
+
+    worker.handlers[_IDENTITY_OP] = identity
     if gather is not None:  # a client's replicate or rebalance
 
         async def gather_into_store(*args: Any, **kwargs: Any) -> Any:
@@ -492,39 +508,66 @@ def attach(worker: Any, store: Any) -> bool:
 
 # The handler a peer calls to learn whether this worker can map its exportable memory.
 _IDENTITY_OP = "rmm_rs_ipc_identity"
+# The bytes a worker stages for that check, which the peer reads back through its mapping.
+_PROBE = bytes(range(256))
+# How long a "cannot map" answer is kept before the peer is asked again (a busy peer may not
+# have answered in time).
+_RETRY_AFTER_S = 60.0
 
 
-def _identity() -> Dict[str, Any]:
-    """This worker's host, backend and visible devices (see ``_peer_maps_exports``)."""
+def _identity(probe: Optional[bytes] = None, device: int = 0) -> Dict[str, Any]:
+    """This worker's host, PID namespace, backend and visible devices; with ``probe`` (a
+    peer's descriptor of staged bytes), the bytes this worker read through it on ``device``
+    (see ``_peer_maps_exports``)."""
     try:
-        return dict(_rmm_rs.ipc_identity())
+        out = dict(_rmm_rs.ipc_identity())
     except Exception as e:  # noqa: BLE001 - no runtime here: it maps nothing
         return {"error": f"{type(e).__name__}: {e}"}
+    if probe is not None:
+        try:
+            out["probe"] = _rmm_rs.read_exported([bytes(probe)], device)[0]
+        except Exception as e:  # noqa: BLE001 - the answer says it cannot
+            out["probe_error"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 async def _peer_maps_exports(worker: Any, store: Any, who: str) -> bool:
     """Whether the worker at ``who`` can map this worker's exportable device memory: an
-    rmm-rs worker (it answers the identity call) on the same host, with the same backend,
-    that sees this worker's GPU. Asked once per peer; a peer that does not answer within
-    5 s is sent bytes."""
-    known: Dict[str, bool] = worker.__dict__.setdefault("_rmm_rs_peers_map_exports", {})
+    rmm-rs worker (it answers the identity call) on the same host and in the same PID
+    namespace, with the same backend, that sees this worker's GPU, and that read back the
+    bytes this worker staged for it. A yes is kept for the peer; a no (or no answer within
+    5 s) for a minute, then the peer is asked again."""
+    known: Dict[str, Tuple[bool, float]] = worker.__dict__.setdefault(
+        "_rmm_rs_peers_map_exports", {}
+    )
+    now = time.monotonic()
     if who in known:
-        return known[who]
+        ok, since = known[who]
+        if ok or now - since < _RETRY_AFTER_S:
+            return ok
     ok = False
+    lease = None
     try:
         mine = _identity()
-        theirs = await asyncio.wait_for(getattr(worker.rpc(who), _IDENTITY_OP)(), 5)
-        uuid = mine["devices"][int(store.device_id)]
-        ok = (
-            "error" not in mine
-            and bool(mine.get("host"))
-            and theirs.get("host") == mine["host"]
-            and theirs.get("backend") == mine.get("backend")
-            and uuid in theirs.get("devices", ())
-        )
+        device = int(store.device_id)
+        staged = _rmm_rs.export_bytes(_PROBE, device)
+        if staged is not None and "error" not in mine and mine.get("host"):
+            descriptor, lease = staged
+            call = getattr(worker.rpc(who), _IDENTITY_OP)(probe=descriptor)
+            theirs = await asyncio.wait_for(call, 5)
+            ok = (
+                theirs.get("host") == mine["host"]
+                and theirs.get("pid_namespace") == mine.get("pid_namespace")
+                and theirs.get("backend") == mine.get("backend")
+                and mine["devices"][device] in theirs.get("devices", ())
+                and theirs.get("probe") == _PROBE
+            )
     except Exception as e:  # noqa: BLE001 - an older or foreign peer: bytes it is
         logger.debug("rmm-rs: %s cannot map this worker's memory: %s", who, e)
-    known[who] = ok
+    finally:
+        if lease is not None:
+            lease.release()
+    known[who] = (ok, now)
     return ok
 
 

@@ -8,6 +8,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -16,7 +17,8 @@ use super::{SimBackend, SimMemoryMode};
 use crate::backend::{DevicePtr, IpcHandle};
 use crate::error::{Error, Result};
 
-/// What every simulated handle starts with; "<pid>:<fd>" follows.
+/// What every simulated handle starts with; "<pid>:<fd>:<inode>" follows (the inode tells
+/// the exporter's file from another that a later process holds at the same number).
 const PREFIX: &str = "rmm-rs-sim:";
 
 fn driver_error(call: &'static str, dev: u32, description: String) -> Error {
@@ -29,20 +31,20 @@ fn driver_error(call: &'static str, dev: u32, description: String) -> Error {
     }
 }
 
-/// The path through which another process opens the memory file a handle names.
-fn path_of(handle: &IpcHandle) -> Option<String> {
+/// The path through which another process opens the memory file a handle names, and the
+/// file's inode.
+fn path_of(handle: &IpcHandle) -> Option<(String, u64)> {
     let end = handle
         .0
         .iter()
         .position(|&b| b == 0)
         .unwrap_or(handle.0.len());
     let text = std::str::from_utf8(&handle.0[..end]).ok()?;
-    let (pid, fd) = text.strip_prefix(PREFIX)?.split_once(':')?;
-    Some(format!(
-        "/proc/{}/fd/{}",
-        pid.parse::<u32>().ok()?,
-        fd.parse::<i32>().ok()?
-    ))
+    let mut parts = text.strip_prefix(PREFIX)?.split(':');
+    let pid = parts.next()?.parse::<u32>().ok()?;
+    let fd = parts.next()?.parse::<i32>().ok()?;
+    let inode = parts.next()?.parse::<u64>().ok()?;
+    Some((format!("/proc/{pid}/fd/{fd}"), inode))
 }
 
 /// A new anonymous memory file of `len` bytes.
@@ -94,7 +96,7 @@ impl SimBackend {
                 CALL,
                 dev,
                 "the simulated device shares memory with other processes only in backed mode \
-                 (RMM_SIM_MEMORY=backed)"
+                 (RMM_SIM_MODE=backed)"
                     .into(),
             ));
         }
@@ -102,7 +104,12 @@ impl SimBackend {
         let made = (|| {
             let file = memory_file(len)?;
             let ptr = map(&file, len)?;
-            let text = format!("{PREFIX}{}:{}", std::process::id(), file.as_raw_fd());
+            let inode = file.metadata()?.ino();
+            let text = format!(
+                "{PREFIX}{}:{}:{inode}",
+                std::process::id(),
+                file.as_raw_fd()
+            );
             let mut handle = [0u8; 64];
             handle[..text.len()].copy_from_slice(text.as_bytes());
             // SAFETY: `ptr` is a fresh shared mapping of exactly `len` bytes, owned from now on.
@@ -157,7 +164,7 @@ impl SimBackend {
     pub(super) fn sim_ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<DevicePtr> {
         const CALL: &str = "cuIpcOpenMemHandle";
         self.device(dev)?;
-        let path = path_of(handle).ok_or_else(|| {
+        let (path, inode) = path_of(handle).ok_or_else(|| {
             driver_error(
                 CALL,
                 dev,
@@ -166,6 +173,11 @@ impl SimBackend {
         })?;
         let opened = (|| {
             let file = OpenOptions::new().read(true).write(true).open(&path)?;
+            if file.metadata()?.ino() != inode {
+                return Err(std::io::Error::other(
+                    "another file is there now: its exporter is gone",
+                ));
+            }
             let len = usize::try_from(file.metadata()?.len()).unwrap_or(0);
             if len == 0 {
                 return Err(std::io::Error::other("the memory file is empty"));
