@@ -453,9 +453,10 @@ impl SpillManager {
                     {
                         let view = b.device_view(stream)?;
                         let device = b.device();
-                        // The new memory is ready once the work on its stream is.
+                        // On the buffer's stream, after its allocation; only that stream
+                        // is waited for (not the device's other work, spills in flight).
+                        device.copy_device_to_device_async(view.ptr(), src, size, stream)?;
                         rmm_allocator::synchronize_stream(device, stream)?;
-                        device.copy_device_to_device(view.ptr(), src, size)?;
                     }
                     Ok(b)
                 })
