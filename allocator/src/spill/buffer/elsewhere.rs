@@ -15,6 +15,14 @@ use crate::spill::copy::Direction;
 use crate::spill::store::SpillStore;
 use crate::stream::{StreamView, synchronize_stream};
 
+/// Where a buffer made off the device gets its bytes.
+enum Incoming<'a> {
+    /// Written by the caller, piece by piece (offset, piece).
+    Filled(&'a mut dyn FnMut(usize, &mut [u8]) -> Result<()>),
+    /// Copied from device memory the buffer does not own.
+    Device(DevicePtr),
+}
+
 impl SpillableBuffer {
     /// A buffer of `size` bytes off the device, which `fill` writes (called with each piece
     /// of the buffer's memory in order: its offset, and the piece): in the store's host tier,
@@ -33,38 +41,7 @@ impl SpillableBuffer {
         observer: Option<Arc<dyn SpillObserver>>,
         fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
     ) -> Result<Arc<SpillableBuffer>> {
-        let buffer = Self::with_state(
-            NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            store,
-            size,
-            observer,
-            State::Host(Vec::new()),
-        );
-        let state = match buffer.host_slices() {
-            Ok(mut slices) => {
-                let mut offset = 0;
-                for s in &mut slices {
-                    let n = (size - offset).min(s.len());
-                    fill(offset, &mut s.as_mut_slice()[..n])?;
-                    offset += n;
-                }
-                State::Host(slices)
-            }
-            Err(Error::HostOutOfMemory { .. }) if store.has_disk() => {
-                let mut bytes = vec![0u8; size];
-                fill(0, &mut bytes)?;
-                let disk = buffer.disk()?;
-                let file = disk.write_bytes(buffer.id, &bytes)?;
-                State::Disk(file, disk)
-            }
-            Err(e) => return Err(e),
-        };
-        buffer.tier.store(state.tier() as u8, Ordering::Release);
-        *buffer.state.lock() = state;
-        if let Some(o) = &buffer.observer {
-            o.touched(buffer.id);
-        }
-        Ok(buffer)
+        Self::made_off_device(store, size, observer, Incoming::Filled(fill))
     }
 
     /// A buffer of `size` bytes off the device, copied from `src`: device memory the store's
@@ -82,6 +59,17 @@ impl SpillableBuffer {
         observer: Option<Arc<dyn SpillObserver>>,
         src: DevicePtr,
     ) -> Result<Arc<SpillableBuffer>> {
+        Self::made_off_device(store, size, observer, Incoming::Device(src))
+    }
+
+    /// A buffer of `size` bytes off the device holding `incoming`: in the host tier's pinned
+    /// memory, or past a full host tier (with a disk tier) in a file, written from a host copy.
+    fn made_off_device(
+        store: &Arc<SpillStore>,
+        size: usize,
+        observer: Option<Arc<dyn SpillObserver>>,
+        incoming: Incoming<'_>,
+    ) -> Result<Arc<SpillableBuffer>> {
         let buffer = Self::with_state(
             NEXT_ID.fetch_add(1, Ordering::Relaxed),
             store,
@@ -89,9 +77,18 @@ impl SpillableBuffer {
             observer,
             State::Host(Vec::new()),
         );
-        let state = match buffer.host_slices() {
-            Ok(slices) if size == 0 => State::Host(slices),
-            Ok(slices) => {
+        let state = match (buffer.host_slices(), incoming) {
+            (Ok(mut slices), Incoming::Filled(fill)) => {
+                let mut offset = 0;
+                for s in &mut slices {
+                    let n = (size - offset).min(s.len());
+                    fill(offset, &mut s.as_mut_slice()[..n])?;
+                    offset += n;
+                }
+                State::Host(slices)
+            }
+            (Ok(slices), Incoming::Device(_)) if size == 0 => State::Host(slices),
+            (Ok(slices), Incoming::Device(src)) => {
                 let start = Instant::now();
                 let copy = buffer
                     .start_copy(
@@ -107,14 +104,17 @@ impl SpillableBuffer {
                     .map_err(|(e, _)| e)?;
                 State::Host(slices)
             }
-            Err(Error::HostOutOfMemory { .. }) if store.has_disk() => {
+            (Err(Error::HostOutOfMemory { .. }), incoming) if store.has_disk() => {
                 let mut bytes = vec![0u8; size];
-                buffer.device().copy_to_host(&mut bytes, src)?;
+                match incoming {
+                    Incoming::Filled(fill) => fill(0, &mut bytes)?,
+                    Incoming::Device(src) => buffer.device().copy_to_host(&mut bytes, src)?,
+                }
                 let disk = buffer.disk()?;
                 let file = disk.write_bytes(buffer.id, &bytes)?;
                 State::Disk(file, disk)
             }
-            Err(e) => return Err(e),
+            (Err(e), _) => return Err(e),
         };
         buffer.tier.store(state.tier() as u8, Ordering::Release);
         *buffer.state.lock() = state;
