@@ -7,7 +7,8 @@ The memory runtime is Rust (the same code as the ``rmm`` command); this package 
   or RAPIDS RMM's keywords: ``reinitialize(pool_allocator=True, initial_pool_size=2**30)``.
   ``reinitialize`` keeps spillable data and refuses while device buffers are live;
   ``register_reinitialize_hook(func, *args)`` / ``unregister_reinitialize_hook(func)``: RMM's
-  hooks that run before each reinitialize, last registered first.
+  hooks that run before each reinitialize, last registered first; ``enable_logging(name)``,
+  ``disable_logging()``, ``get_log_filenames()``: RMM's allocation-log functions.
 * ``device_statistics()``, ``spill_statistics()``, ``report()``: counters per device, keyed
   by device number (``device_statistics()[0]``). ``describe()``: the running stack per device.
 * ``rmm_rs.statistics`` is RAPIDS RMM's ``rmm.statistics`` module: ``enable_statistics()``,
@@ -60,6 +61,7 @@ import importlib as _importlib
 import sys as _sys
 
 from . import allocators
+from .logs import disable_logging, enable_logging, get_log_filenames
 from .reinitialize_hooks import (
     register_reinitialize_hook,
     reinitialize,
@@ -94,7 +96,10 @@ __all__ = [
     "describe",
     "device_statistics",
     "devices",
+    "disable_logging",
+    "enable_logging",
     "finalize",
+    "get_log_filenames",
     "initialize",
     "is_initialized",
     "register_reinitialize_hook",

@@ -289,6 +289,27 @@ fn by_device(py: Python<'_>, per_device: Vec<(u32, serde_json::Value)>) -> PyRes
     Ok(out.into_any().unbind())
 }
 
+/// Per running device, the file its allocation log is written to, or None without one
+/// (RAPIDS RMM's `get_log_filenames`).
+#[pyfunction]
+fn log_file_names(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    let names = with_runtime(|rt| {
+        Ok(rt
+            .devices()
+            .into_iter()
+            .filter_map(|d| {
+                let stack = rt.stack(d)?;
+                Some((d, stack.plan().log_file.clone()))
+            })
+            .collect::<Vec<_>>())
+    })?;
+    let out = PyDict::new(py);
+    for (d, file) in names {
+        out.set_item(d, file.map(|f| f.display().to_string()))?;
+    }
+    Ok(out.into_any().unbind())
+}
+
 /// Per device: bytes in use and reserved, allocations, peaks and totals, and the pool's
 /// figures (`pool`: reserved, in use, free, largest free block, fragmentation; `None` without
 /// a pool), as dicts keyed by device number (an int: `device_statistics()[0]`).
@@ -380,6 +401,7 @@ fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_initialized, m)?)?;
     m.add_function(wrap_pyfunction!(report, m)?)?;
     m.add_function(wrap_pyfunction!(device_statistics, m)?)?;
+    m.add_function(wrap_pyfunction!(log_file_names, m)?)?;
     m.add_function(wrap_pyfunction!(spill_statistics, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     settings::register(m)?;
