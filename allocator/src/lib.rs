@@ -78,6 +78,7 @@ pub mod backend;
 mod container;
 mod device;
 mod error;
+mod free_ranges;
 pub mod ipc;
 pub mod per_device;
 pub mod resource;

@@ -99,19 +99,7 @@ impl ExportArena {
     }
 
     fn give_back(&self, offset: usize, len: usize) {
-        let mut free = self.free.lock();
-        let (mut start, mut size) = (offset, len);
-        if let Some((&o, &l)) = free.range(..start).next_back()
-            && o + l == start
-        {
-            free.remove(&o);
-            start = o;
-            size += l;
-        }
-        if let Some(l) = free.remove(&(start + size)) {
-            size += l;
-        }
-        free.insert(start, size);
+        crate::free_ranges::give_back(&mut self.free.lock(), offset, len);
     }
 }
 

@@ -563,20 +563,7 @@ impl SliceOwner for Inner {
             return;
         };
         let chunk = &mut chunks[at];
-        let ranges = &mut chunk.free;
-        let (mut start, mut size) = (offset, len);
-        // Merge with the free range just before, then the one just after.
-        if let Some((&o, &l)) = ranges.range(..start).next_back()
-            && o + l == start
-        {
-            ranges.remove(&o);
-            start = o;
-            size += l;
-        }
-        if let Some(l) = ranges.remove(&(start + size)) {
-            size += l;
-        }
-        ranges.insert(start, size);
+        crate::free_ranges::give_back(&mut chunk.free, offset, len);
         // A pool that holds only what its slices need gives an emptied chunk back at once.
         let released = (self.release_idle.load(Ordering::Acquire)
             && chunk.is_free()

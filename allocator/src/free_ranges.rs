@@ -1,0 +1,35 @@
+//! Free stretches of a region kept as `offset → length` in a `BTreeMap`: one stretch given
+//! back and merged with its neighbours (the pinned host pool's chunks, the export arenas).
+
+use std::collections::BTreeMap;
+
+/// Adds the free stretch `[start, start + len)` to `free`, merged with the stretch that ends
+/// where it starts and the one that starts where it ends.
+pub(crate) fn give_back(free: &mut BTreeMap<usize, usize>, start: usize, len: usize) {
+    let (mut start, mut size) = (start, len);
+    if let Some((&o, &l)) = free.range(..start).next_back()
+        && o + l == start
+    {
+        free.remove(&o);
+        start = o;
+        size += l;
+    }
+    if let Some(l) = free.remove(&(start + size)) {
+        size += l;
+    }
+    free.insert(start, size);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stretch_merges_with_both_neighbours_and_only_those() {
+        let mut free = BTreeMap::from([(0, 256), (512, 256), (1024, 256)]);
+        give_back(&mut free, 256, 256);
+        assert_eq!(free, BTreeMap::from([(0, 768), (1024, 256)]));
+        give_back(&mut free, 2048, 256);
+        assert_eq!(free, BTreeMap::from([(0, 768), (1024, 256), (2048, 256)]));
+    }
+}
