@@ -26,20 +26,26 @@ def data(i):
     return random.Random(i).randbytes(SIZE)
 
 
-def test_a_spilled_value_travels_as_descriptors_and_its_memory_goes_back():
-    rmm_rs.initialize(None, {"spill": {"enabled": True}})
-    store = DeviceStore(device_memory_limit="16MiB")
-    store["x"] = rmm_rs.DeviceBuffer.from_bytes(data(3))
-    assert store.spill("x") == SIZE
-    entry: Any = store._device["x"]
+def _spilled_and_sent(store, key, i):
+    """Value ``i`` stored under ``key`` and spilled, serialized for a peer that maps this
+    worker's memory: the message's header and frames, and the leases holding the memory."""
+    store[key] = rmm_rs.DeviceBuffer.from_bytes(data(i))
+    assert store.spill(key) == SIZE
+    entry: Any = store._device[key]
     sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
-
     leases: list = []
     token = transfer._EXPORTS.set(leases)
     try:
         header, frames = transfer._serialize_host_frames(sent)
     finally:
         transfer._EXPORTS.reset(token)
+    return sent, header, frames, leases
+
+
+def test_a_spilled_value_travels_as_descriptors_and_its_memory_goes_back():
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="16MiB")
+    sent, header, frames, leases = _spilled_and_sent(store, "x", 3)
     assert header["exported"] and len(leases) == 1
     assert sum(len(f) for f in frames) < 1024, "descriptors, not the value's bytes"
     assert _rmm_rs.exported_bytes(0) == SIZE
@@ -166,16 +172,7 @@ def test_a_peer_that_does_not_answer_is_sent_bytes():
 def test_a_value_whose_shared_memory_cannot_be_read_fails_as_a_connection_error():
     rmm_rs.initialize(None, {"spill": {"enabled": True}})
     store = DeviceStore(device_memory_limit="16MiB")
-    store["x"] = rmm_rs.DeviceBuffer.from_bytes(data(9))
-    store.spill("x")
-    entry: Any = store._device["x"]
-    sent = HostFrames.sent_from(entry.header, entry.frames, entry.adopted)
-    leases: list = []
-    token = transfer._EXPORTS.set(leases)
-    try:
-        header, frames = transfer._serialize_host_frames(sent)
-    finally:
-        transfer._EXPORTS.reset(token)
+    _, header, frames, leases = _spilled_and_sent(store, "x", 9)
     for lease in leases:
         lease.release()
     # A garbled descriptor stands for memory this worker cannot map.
