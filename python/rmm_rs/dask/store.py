@@ -38,6 +38,7 @@ import rmm_rs
 
 from .. import _rmm_rs
 from . import transfer
+from .prefetch import DEPTH
 from .serialize import device_extent
 from .transfer import HostFrames
 
@@ -171,7 +172,10 @@ class DeviceStore(MutableMapping):
     bytes). ``share_with_peers``: a spilled value an rmm-rs worker of the same host asks for
     is staged in device memory both processes map, and the peer copies it from there (True,
     the default: nothing goes through the connection but a few dozen bytes); False sends its
-    bytes through the connection.
+    bytes through the connection. ``prefetch``: as one of the worker's tasks starts, the
+    spilled inputs of its next ``prefetch`` ready tasks are brought back to the device on a
+    thread of the store's, so that the worker's event loop finds them there (default 2; 0
+    turns it off).
 
     When rmm-rs is not running yet in the process, the store starts it on ``device`` with one
     worker thread and spilling on, from ``config`` (an rmm.toml path, a dict of settings, or
@@ -192,8 +196,16 @@ class DeviceStore(MutableMapping):
         device=0,
         send_from_tier=True,
         share_with_peers=True,
+        prefetch=DEPTH,
     ):
         self.device_id = int(device)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(
+                f"prefetch={prefetch!r}: give how many of a worker's next ready tasks have "
+                "their spilled inputs brought back ahead of them, an int of 0 (off) or more"
+            )
+        self.prefetch = prefetch
+        self._prefetcher = None
         self.send_from_tier = bool(send_from_tier)
         self.share_with_peers = bool(share_with_peers)
         self.config = config
@@ -431,7 +443,10 @@ class DeviceStore(MutableMapping):
             self._host.clear()
 
     def close(self):
-        """As ``clear``, and closes the host store."""
+        """As ``clear``, and closes the host store (and stops bringing values back ahead of
+        the worker's tasks)."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
         self.clear()
         close = getattr(self._host, "close", None)
         if close is not None:

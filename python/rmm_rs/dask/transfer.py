@@ -42,6 +42,7 @@ from distributed.protocol.serialize import dask_deserialize, dask_serialize
 import rmm_rs
 
 from .. import _rmm_rs
+from .prefetch import Prefetcher
 
 logger = logging.getLogger(__name__)
 
@@ -498,12 +499,30 @@ def attach(worker: Any, store: Any) -> bool:
 
         worker.handlers["gather"] = gather_into_store
     worker.gather_dep = gather_dep_into_store
+    _install_prefetcher(worker, store)
     worker._rmm_rs_originals = originals
     worker._rmm_rs_store = store
     metrics = getattr(worker, "metrics", None)
     if isinstance(metrics, dict):
         metrics["rmm-rs-transfer"] = lambda w: _worker_metrics(store)
     return True
+
+
+def _install_prefetcher(worker: Any, store: Any) -> None:
+    """Has ``store`` bring the spilled inputs of ``worker``'s next tasks back to the device
+    ahead of them (``rmm_rs.dask.prefetch``), replacing an earlier store's prefetcher."""
+    plugins = getattr(worker, "plugins", None)
+    if not isinstance(plugins, dict):
+        return
+    old = plugins.pop(Prefetcher.name, None)
+    if old is not None:
+        old.close()
+    depth = int(getattr(store, "prefetch", 0))
+    if depth > 0:
+        prefetcher = Prefetcher(store, depth)
+        prefetcher.setup(worker)
+        plugins[Prefetcher.name] = prefetcher
+        store._prefetcher = prefetcher
 
 
 # The handler a peer calls to learn whether this worker can map its exportable memory.
