@@ -214,11 +214,13 @@ def run_once(side, devices, protocol, n, args, s, repeat):
             r["transpose_sum"] = scalar(client, (x + x.T).sum(), s.timeout)
             r["transpose_sum_s"] = time.perf_counter() - t
             mid = sent_bytes(client)
-            r["transpose_metrics"] = difference(client.run(worker_phase_figures), figures)
+            figures_mid = client.run(worker_phase_figures)
+            r["transpose_metrics"] = difference(figures_mid, figures)
             stage = "std"
             t = time.perf_counter()
             r["std_sum"] = scalar(client, x.std(axis=0).sum(), s.timeout)
             r["std_s"] = time.perf_counter() - t
+            r["std_metrics"] = difference(client.run(worker_phase_figures), figures_mid)
             after = sent_bytes(client)
             r["total_s"] = r["persist_s"] + r["transpose_sum_s"] + r["std_s"]
             r["sent_bytes"] = {
@@ -257,17 +259,23 @@ def print_run(r):
         print(f"    (the cluster did not close cleanly: {r['close_error']})", flush=True)
     for line in summary_lines(r.get("transpose_metrics", {})):
         print(f"    transpose phase, {line}", flush=True)
+    for line in summary_lines(r.get("std_metrics", {}), top=5):
+        print(f"    std phase, {line}", flush=True)
     if any(r["spill"].values()):
         print_spill(r["spill"])
 
 
 def print_spill(per_worker):
-    """Per worker: bytes spilled, unspilled, and unspilled to be sent to a peer (n/a where
-    this rmm_rs does not count them), and the sum."""
-    print(f"    {'worker':28s} {'spilled':>12s} {'unspilled':>12s} {'unspilled to send':>18s}")
-    names = ("spilled_bytes", "unspilled_bytes", "unspilled_to_send_bytes")
-    sums = [0, 0, 0]
-    missing = [False, False, False]
+    """Per worker: bytes spilled, unspilled, unspilled to be sent to a peer, and received
+    from peers onto the device and off it (n/a where this rmm_rs does not count them), and
+    the sum."""
+    names = ("spilled_bytes", "unspilled_bytes", "unspilled_to_send_bytes",
+             "received_on_device_bytes", "received_off_device_bytes")
+    titles = ("spilled", "unspilled", "unspilled to send", "received on device",
+              "received off device")
+    print(f"    {'worker':28s}" + "".join(f" {t:>19s}" for t in titles))
+    sums = [0] * len(names)
+    missing = [False] * len(names)
     for worker, stats in sorted(per_worker.items()):
         sp = stats.get("spill", {})
         row = [sp.get(k) for k in names]
@@ -277,9 +285,9 @@ def print_spill(per_worker):
             else:
                 sums[i] += v
         cells = ["n/a" if v is None else format_bytes(v) for v in row]
-        print(f"    {worker:28s} {cells[0]:>12s} {cells[1]:>12s} {cells[2]:>18s}")
+        print(f"    {worker:28s}" + "".join(f" {c:>19s}" for c in cells))
     cells = ["n/a" if m else format_bytes(v) for v, m in zip(sums, missing)]
-    print(f"    {'all':28s} {cells[0]:>12s} {cells[1]:>12s} {cells[2]:>18s}", flush=True)
+    print(f"    {'all':28s}" + "".join(f" {c:>19s}" for c in cells), flush=True)
     print_transfer(per_worker)
 
 
