@@ -185,3 +185,45 @@ def test_a_value_whose_shared_memory_cannot_be_read_fails_as_a_connection_error(
     finally:
         transfer._RECEIVING.reset(token)
     store.close()
+
+
+class _Comm:
+    """A connection whose read deserializes the messages it is given, as Dask's do."""
+
+    def __init__(self, messages):
+        self.messages = list(messages)
+
+    async def read(self, deserializers=None):
+        header, frames = self.messages.pop(0)
+        return {"status": "OK", "data": {"x": transfer._deserialize_host_frames(header, frames)}}
+
+
+def test_a_worker_reading_a_peers_answer_copies_shared_values_off_its_event_loop():
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="16MiB")
+    _, header, frames, leases = _spilled_and_sent(store, "x", 11)
+    n_host = sum(1 for f in header["layout"] if f is None)
+    garbled = [*frames[:n_host], *(b"\0" * len(f) for f in frames[n_host:])]
+    comm = transfer._reading_copies_off_the_loop(_Comm([(header, frames), (header, garbled)]))
+    assert transfer._reading_copies_off_the_loop(comm) is comm, "wrapped once"
+
+    async def receive():
+        token = transfer._RECEIVING.set(store)
+        try:
+            msg = await comm.read()
+            with pytest.raises(OSError, match="shared device memory cannot be read"):
+                await comm.read()
+            return msg
+        finally:
+            transfer._RECEIVING.reset(token)
+
+    msg = asyncio.run(receive())
+    arrived = msg["data"]["x"]
+    # Filled once the copy ended, before the read returned: kept by the store's manager.
+    assert isinstance(arrived, HostFrames) and arrived.kept is not None
+    store["y"] = arrived
+    assert store["y"].to_bytes() == data(11)
+    assert transfer._COPIERS is not None, "copied on the copy threads"
+    for lease in leases:
+        lease.release()
+    store.close()

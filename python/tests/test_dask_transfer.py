@@ -56,6 +56,13 @@ def figures(dask_worker):
     return {"spill": spill, "tiers": tiers, "metrics": metrics}
 
 
+def copies_made_off_the_loop(dask_worker):
+    """Whether this worker's copy threads (for values shared through a peer's memory) ran."""
+    from rmm_rs.dask import transfer
+
+    return transfer._COPIERS is not None
+
+
 def tier_of(key, dask_worker):
     return dask_worker.data.tier(key)
 
@@ -135,6 +142,10 @@ def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier, sh
             assert kept_bytes == received
             # Every peer answered: the sender holds none of the memory it shared.
             assert transfer["exported_held_bytes"] == 0, transfer
+            if share_with_peers:
+                # The peers copied what was shared on their copy threads, off the loop.
+                off_loop = client.run(copies_made_off_the_loop, workers=peers)
+                assert all(off_loop.values()), off_loop
         else:
             assert received == 0 and kept_bytes == 0
             assert transfer["sent_host_frames_count"] == transfer["sent_exported_count"] == 0

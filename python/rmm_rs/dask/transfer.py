@@ -32,6 +32,7 @@ import logging
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from dask.sizeof import sizeof
@@ -58,6 +59,15 @@ _RECEIVING: "contextvars.ContextVar[Optional[Any]]" = contextvars.ContextVar(
 _EXPORTS: "contextvars.ContextVar[Optional[List[Any]]]" = contextvars.ContextVar(
     "rmm_rs_exports", default=None
 )
+
+# While this worker reads a peer's answer to its request for data (see _read_then_copy): the
+# copies of values the peer shared through its memory, running on the copy threads, each with
+# the placeholder it fills.
+_COPIES: "contextvars.ContextVar[Optional[List[Tuple[HostFrames, Future]]]]" = (
+    contextvars.ContextVar("rmm_rs_copies", default=None)
+)
+_COPIERS: Optional[ThreadPoolExecutor] = None
+_COPIERS_LOCK = threading.Lock()
 
 # Values smaller than this go to a peer through the connection even where it could map this
 # worker's memory: for them the staging and the receiver's copies cost more than the bytes.
@@ -251,28 +261,100 @@ def _arrived_exported(
 ) -> Any:
     """What a value sent as descriptors of a peer's exportable memory becomes: copied into the
     receiving store (its host tier, or its device when it fits), or rebuilt where no store
-    receives it. The copy is done before this returns: the peer frees the memory once this
-    worker answers."""
+    receives it. The peer reuses the memory once this worker answers, so the copy ends before
+    the answer: made here, or, while the worker reads the peer's message through a connection
+    of its pool, queued on the copy threads and awaited before that read returns (the event
+    loop runs meanwhile)."""
     descriptors = [bytes(d) for d in descriptors]
     store = _RECEIVING.get()
     if store is None:
         parts = _rmm_rs.read_exported(descriptors, 0)
         return HostFrames(header, frames, parts).rebuild()
+    pending = _COPIES.get()
+    if pending is not None:
+        # Read off the event loop: the answer to the peer waits for the copy, the loop not.
+        value = HostFrames(header, frames)
+        pending.append((value, _copiers().submit(_copy_exported, descriptors, store.device_id)))
+        return value
+    value = HostFrames(header, frames)
+    _fill(value, _copy_exported(descriptors, store.device_id))
+    return value
+
+
+def _copy_exported(descriptors: List[bytes], device: int) -> Tuple[str, Any]:
+    """A value's bytes copied from a peer's shared memory on ``device``: ``("kept", value)``
+    kept by the device's spill manager (its host tier, or its device when it fits), or
+    ``("parts", bytes)`` where the manager could not keep it (a full host tier and no disk),
+    to be put on the device as the store takes it.
+
+    Raises :class:`_Unreadable` when the memory cannot be read here."""
     start = time.perf_counter()
     try:
         try:
-            kept = _rmm_rs.receive_exported(descriptors, store.device_id)
+            kept = _rmm_rs.receive_exported(descriptors, device)
         except rmm_rs.RmmError as e:  # e.g. a full host tier and no disk: onto the device
             logger.warning("rmm-rs: a received value kept on the device: %s", e)
-            parts = _rmm_rs.read_exported(descriptors, store.device_id)
-            return HostFrames(header, frames, parts).rebuild(store.device_id)
+            return "parts", _rmm_rs.read_exported(descriptors, device)
     except rmm_rs.RmmError as e:
         # The peer's memory cannot be read here after all. The message holds no bytes to fall
         # back on: fail it as a connection error, so that Dask closes the connection (the
         # peer stops waiting for an answer on it) and fetches the value again.
         raise _Unreadable(f"rmm-rs: a peer's shared device memory cannot be read: {e}") from e
     FIGURES.add("received_exported", kept.size, time.perf_counter() - start)
-    return HostFrames(header, frames, kept=kept)
+    return "kept", kept
+
+
+def _fill(value: HostFrames, copied: Tuple[str, Any]) -> None:
+    """``value`` given the data ``_copy_exported`` made for it."""
+    how, data = copied
+    if how == "kept":
+        value.kept = data
+    else:
+        value.parts = list(data)
+
+
+def _copiers() -> ThreadPoolExecutor:
+    """The threads that copy values peers shared into this worker's store."""
+    global _COPIERS
+    with _COPIERS_LOCK:
+        if _COPIERS is None:
+            _COPIERS = ThreadPoolExecutor(2, thread_name_prefix="rmm-rs-receive")
+        return _COPIERS
+
+
+def _reading_copies_off_the_loop(comm: Any) -> Any:
+    """``comm`` (a connection of the worker's pool) with its ``read`` replaced by one that,
+    while the worker receives into its store, has values shared through a peer's memory
+    copied on the copy threads and returns once they are copied: the worker answers the peer
+    (which then reuses that memory) only after, and its event loop runs meanwhile."""
+    if getattr(comm, "_rmm_rs_reads", False):
+        return comm
+    read = comm.read
+
+    async def read_then_copy(*args: Any, **kwargs: Any) -> Any:
+        if _RECEIVING.get() is None:
+            return await read(*args, **kwargs)
+        pending: List[Tuple[HostFrames, Future]] = []
+        token = _COPIES.set(pending)
+        try:
+            msg = await read(*args, **kwargs)
+        finally:
+            _COPIES.reset(token)
+        if pending:
+            # Every copy ends before this returns (or raises): none may still read the peer's
+            # memory once it has its answer, or its connection closes.
+            results = await asyncio.gather(
+                *(asyncio.wrap_future(f) for _, f in pending), return_exceptions=True
+            )
+            for (value, _), result in zip(pending, results):
+                if isinstance(result, BaseException):
+                    raise result
+                _fill(value, result)
+        return msg
+
+    comm.read = read_then_copy
+    comm._rmm_rs_reads = True
+    return comm
 
 
 class _Unreadable(OSError):
@@ -499,6 +581,7 @@ def attach(worker: Any, store: Any) -> bool:
 
         worker.handlers["gather"] = gather_into_store
     worker.gather_dep = gather_dep_into_store
+    _copy_received_off_the_loop(worker)
     _install_prefetcher(worker, store)
     worker._rmm_rs_originals = originals
     worker._rmm_rs_store = store
@@ -506,6 +589,21 @@ def attach(worker: Any, store: Any) -> bool:
     if isinstance(metrics, dict):
         metrics["rmm-rs-transfer"] = lambda w: _worker_metrics(store)
     return True
+
+
+def _copy_received_off_the_loop(worker: Any) -> None:
+    """Has the connections ``worker`` opens to fetch data copy what peers share through their
+    memory off its event loop (``_reading_copies_off_the_loop``). Once per worker."""
+    pool: Any = getattr(worker, "rpc", None)
+    connect = getattr(pool, "connect", None)
+    if connect is None or getattr(connect, "_rmm_rs", False):
+        return
+
+    async def connect_copying_off_the_loop(*args: Any, **kwargs: Any) -> Any:
+        return _reading_copies_off_the_loop(await connect(*args, **kwargs))
+
+    connect_copying_off_the_loop._rmm_rs = True  # type: ignore[attr-defined]
+    pool.connect = connect_copying_off_the_loop
 
 
 def _install_prefetcher(worker: Any, store: Any) -> None:
