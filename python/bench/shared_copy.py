@@ -2,7 +2,8 @@
 memory, the path Dask workers of one machine use (rmm_rs.dask.transfer), without Dask: the
 sender stages spilled values (from its pinned host tier into memory the peer maps), and the
 receiver takes them the three ways a worker does: into its pinned host tier (a device full
-under its limit), onto its device (room under the limit), and as bytes (a client).
+under its limit), onto its device (room under the limit), and as bytes (a client's way,
+``--ways bytes``).
 
     python python/bench/shared_copy.py --sender 0 --receiver 1 --block 128MiB --blocks 8
 
@@ -116,10 +117,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--block", default="128MiB", help="bytes of one value (default 128MiB)")
     p.add_argument("--blocks", type=int, default=8, help="values per round (default 8)")
     p.add_argument("--rounds", type=int, default=3, help="rounds per way (default 3)")
+    p.add_argument("--ways", default="host tier,device",
+                   help='which ways the receiver takes the values: "host tier", "device", '
+                   '"bytes" (a client\'s: pageable memory, slow), comma-separated (default '
+                   '%(default)s)')
     args = p.parse_args(argv)
     block = _parse_size(args.block)
     if block < 8192 or args.blocks < 1 or args.rounds < 1:
         p.error("--block must be at least 8KiB, --blocks and --rounds at least 1")
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    unknown = [w for w in ways if w not in ("host tier", "device", "bytes")]
+    if unknown or not ways:
+        p.error(f"--ways {args.ways!r}: use host tier, device and/or bytes, comma-separated")
 
     import rmm_rs
     from rmm_rs import _rmm_rs
@@ -148,7 +157,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     results: Dict[str, Tuple[float, float]] = {}
     failed = False
     n = 0
-    for how in ("host tier", "device", "bytes"):
+    for how in ways:
         best_stage = best_take = float("inf")
         for _ in range(args.rounds):
             first = n

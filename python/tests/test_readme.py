@@ -108,7 +108,7 @@ def test_the_dask_cuda_snippet_runs_as_written():
     if importlib.util.find_spec("dask_cuda") is None:
         pytest.skip("the snippet is dask-cuda's LocalCUDACluster; dask-cuda is not installed")
     scope: dict = {}
-    exec(snippet("LocalCUDACluster("), scope)
+    exec(snippet("LocalCUDACluster(data="), scope)
     cluster = scope["cluster"]
     try:
         from distributed import Client
