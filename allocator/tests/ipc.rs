@@ -160,3 +160,109 @@ fn an_arena_leaves_nothing_behind() {
         "the arena's memory file is still open after the arena went"
     );
 }
+
+/// Set in the child process of the test below: it exports bytes, prints their descriptor and
+/// waits for a line on its input before it exits.
+const EXPORTER: &str = "RMM_TEST_IPC_EXPORTER";
+const GONE_TEST: &str = "a_gone_peers_memory_is_unmapped_once_no_copy_uses_it";
+const GONE_BYTES: usize = 1 << 20;
+
+fn export_as_the_child() {
+    use std::io::BufRead;
+    let dev = device();
+    let arena = export_arena(dev.ordinal()).expect("the child's exportable memory");
+    let slot = arena.reserve(GONE_BYTES).expect("a slot");
+    dev.copy_to_device(slot.ptr(), &pattern(GONE_BYTES, 11))
+        .expect("stage the bytes");
+    let desc = slot.descriptor(0, GONE_BYTES).expect("the slot's stretch");
+    println!("\ndescriptor {}", hex(&desc.to_bytes()));
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .expect("the parent's word");
+}
+
+/// A child process exporting `GONE_BYTES` (see `export_as_the_child`), and its descriptor.
+fn exporting_child() -> (std::process::Child, IpcDescriptor) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = Command::new(std::env::current_exe().expect("this test binary"))
+        .args(["--exact", GONE_TEST, "--nocapture", "--test-threads=1"])
+        .env(EXPORTER, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the exporting child");
+    let mut out = BufReader::new(child.stdout.take().expect("the child's output"));
+    let text = (&mut out)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.split_once("descriptor ")
+                .map(|(_, d)| d.trim().to_string())
+        })
+        .expect("the child's descriptor");
+    // The rest of its output is read to the end: a closed pipe would fail its last lines.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    (
+        child,
+        IpcDescriptor::from_bytes(&unhex(&text)).expect("a descriptor"),
+    )
+}
+
+/// Lets the child end, and waits for it.
+fn end(mut child: std::process::Child) {
+    use std::io::Write;
+    writeln!(child.stdin.take().expect("the child's input"), "done").expect("tell the child");
+    let status = child.wait().expect("the child ends");
+    assert!(status.success(), "the exporting child failed: {status}");
+}
+
+#[test]
+fn a_gone_peers_memory_is_unmapped_once_no_copy_uses_it() {
+    if std::env::var(EXPORTER).is_ok() {
+        export_as_the_child();
+        return;
+    }
+    let dev = device();
+    let (first, desc) = exporting_child();
+    // Mappings of their own (not the process's): other tests map too.
+    let imports = Imports::default();
+    let mut host = vec![0u8; GONE_BYTES];
+    imports
+        .copy_to_host(dev, &desc, 0, &mut host)
+        .expect("copy from the child's memory");
+    assert!(host == pattern(GONE_BYTES, 11), "other bytes came back");
+    assert_eq!(imports.mapped(), 1);
+    assert_eq!(imports.forget_gone_peers(), 0, "the child runs: kept");
+
+    let held = imports.locate(dev, &desc).expect("the child's stretch");
+    end(first);
+    assert_eq!(
+        imports.forget_gone_peers(),
+        0,
+        "a mapping a copy uses stays, its process gone or not"
+    );
+    assert_eq!(imports.mapped(), 1);
+    drop(held);
+
+    // Mapping a new peer's arena unmaps the gone one's on the way.
+    let (second, desc) = exporting_child();
+    imports
+        .copy_to_host(dev, &desc, 0, &mut host)
+        .expect("copy from the second child's memory");
+    assert!(host == pattern(GONE_BYTES, 11), "other bytes came back");
+    assert_eq!(
+        imports.mapped(),
+        1,
+        "the first child's arena went as the second's came"
+    );
+    end(second);
+    assert_eq!(
+        imports.forget_gone_peers(),
+        1,
+        "the gone child's arena is unmapped"
+    );
+    assert_eq!(imports.mapped(), 0);
+}

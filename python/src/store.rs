@@ -577,14 +577,16 @@ fn receive_exported(
     let dev = Device::new(device).map_err(error)?;
     let inner = py
         .detach(|| {
-            let parts = descs
+            // The peers' mappings stay while `located` lives: through the copies.
+            let located = descs
                 .iter()
-                .map(|d| {
-                    rmm_allocator::ipc::Imports::global()
-                        .locate(dev, d)
-                        .map(|p| (p, d.len as usize))
-                })
+                .map(|d| rmm_allocator::ipc::Imports::global().locate(dev, d))
                 .collect::<rmm_allocator::Result<Vec<_>>>()?;
+            let parts: Vec<_> = located
+                .iter()
+                .zip(&descs)
+                .map(|(l, d)| (l.ptr(), d.len as usize))
+                .collect();
             m.receive_from_device(&parts, StreamView::DEFAULT)
         })
         .map_err(error)?;

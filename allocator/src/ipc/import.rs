@@ -1,8 +1,11 @@
-//! The receiving side: other processes' arenas, each mapped once per device and kept for the
-//! life of the process (a worker copies from the same few peers again and again).
+//! The receiving side: other processes' arenas, each mapped once per device and kept while its
+//! process lives (a worker copies from the same few peers again and again). A peer that is gone
+//! (a restarted worker) has its arenas unmapped when a new one is mapped, once no copy uses
+//! them, so that its memory is not held here for the rest of the process.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -11,10 +14,45 @@ use crate::backend::{DevicePtr, IpcHandle};
 use crate::device::Device;
 use crate::error::{Error, Result};
 
+/// A peer's arena mapped on one device.
+#[derive(Debug)]
+struct Mapping {
+    base: DevicePtr,
+    /// The process that exported it, and when that process started (to tell it from a later
+    /// process given the same ID).
+    peer: Peer,
+    /// Copies using the mapping now ([`Located`] values alive).
+    users: AtomicUsize,
+}
+
 /// The peers' arenas this process has mapped, by device and handle.
 #[derive(Debug, Default)]
 pub struct Imports {
-    mapped: Mutex<HashMap<(u32, IpcHandle), DevicePtr>>,
+    mapped: Mutex<HashMap<(u32, IpcHandle), Arc<Mapping>>>,
+}
+
+/// Where a stretch of a peer's exported memory is in this process, for as long as this value
+/// lives: its mapping is not unmapped meanwhile. Drop it once the copies from it are done.
+#[derive(Debug)]
+pub struct Located {
+    ptr: DevicePtr,
+    /// None for this process's own arena (nothing is mapped).
+    mapping: Option<Arc<Mapping>>,
+}
+
+impl Located {
+    /// The stretch's first byte in this process's address space.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+}
+
+impl Drop for Located {
+    fn drop(&mut self) {
+        if let Some(m) = &self.mapping {
+            m.users.fetch_sub(1, Ordering::Release);
+        }
+    }
 }
 
 impl Imports {
@@ -25,31 +63,58 @@ impl Imports {
     }
 
     /// Where the stretch `desc` names is, in `device`'s address space: the peer's arena is
-    /// mapped on first use. A descriptor of this process's own arena is its memory here.
+    /// mapped on first use (and arenas of peers that are gone are unmapped then). A
+    /// descriptor of this process's own arena is its memory here. The mapping stays while
+    /// the returned value lives.
     ///
     /// # Errors
     /// What [`Backend::ipc_open`](crate::backend::Backend::ipc_open) returns (another host,
     /// a GPU this process does not see, an arena already freed).
-    pub fn locate(&self, device: Device, desc: &IpcDescriptor) -> Result<DevicePtr> {
+    pub fn locate(&self, device: Device, desc: &IpcDescriptor) -> Result<Located> {
         if desc.pid == std::process::id() {
-            return own(device, desc);
+            return Ok(Located {
+                ptr: own(device, desc)?,
+                mapping: None,
+            });
         }
         let mut mapped = self.mapped.lock();
         let key = (device.ordinal(), desc.handle);
-        let base = match mapped.get(&key) {
-            Some(&p) => p,
+        let mapping = match mapped.get(&key) {
+            Some(m) => Arc::clone(m),
             None => {
-                let p = device.backend().ipc_open(device.ordinal(), &desc.handle)?;
+                forget_gone(&mut mapped);
+                let base = device.backend().ipc_open(device.ordinal(), &desc.handle)?;
                 tracing::debug!(
                     device = device.ordinal(),
                     peer = desc.pid,
                     "a peer's exported device memory mapped"
                 );
-                mapped.insert(key, p);
-                p
+                let m = Arc::new(Mapping {
+                    base,
+                    peer: Peer::of(desc.pid),
+                    users: AtomicUsize::new(0),
+                });
+                mapped.insert(key, Arc::clone(&m));
+                m
             }
         };
-        Ok(DevicePtr(base.addr() + desc.offset))
+        // Under the lock: a sweep sees either no user and the mapping, or this user.
+        mapping.users.fetch_add(1, Ordering::Acquire);
+        Ok(Located {
+            ptr: DevicePtr(mapping.base.addr() + desc.offset),
+            mapping: Some(mapping),
+        })
+    }
+
+    /// Unmaps the arenas of peers that are gone and that no copy uses now; returns how many.
+    /// Done whenever a new arena is mapped; for a caller that learns of a peer leaving.
+    pub fn forget_gone_peers(&self) -> usize {
+        forget_gone(&mut self.mapped.lock())
+    }
+
+    /// Arenas mapped now (on every device).
+    pub fn mapped(&self) -> usize {
+        self.mapped.lock().len()
     }
 
     /// Copies `out.len()` bytes at `offset` into the stretch `desc` names into host memory
@@ -67,7 +132,7 @@ impl Imports {
     ) -> Result<()> {
         check_range(desc, offset, out.len())?;
         let src = self.locate(device, desc)?;
-        device.copy_to_host(out, src.offset(offset))
+        device.copy_to_host(out, src.ptr().offset(offset))
     }
 
     /// Copies the whole stretch `desc` names to `dst`, memory on `device`.
@@ -81,24 +146,100 @@ impl Imports {
         dst: DevicePtr,
     ) -> Result<()> {
         let src = self.locate(device, desc)?;
-        device.copy_device_to_device(dst, src, desc.len as usize)
+        device.copy_device_to_device(dst, src.ptr(), desc.len as usize)
     }
 
-    /// Unmaps every mapped arena (at the end of the process's work); later copies map again.
+    /// Unmaps every mapped arena that no copy uses now (at the end of the process's work);
+    /// later copies map again.
     ///
     /// # Errors
     /// The first failure to unmap; the others are still unmapped.
     pub fn close_all(&self) -> Result<()> {
-        let mapped = std::mem::take(&mut *self.mapped.lock());
+        let mut mapped = self.mapped.lock();
+        let idle: Vec<_> = mapped
+            .iter()
+            .filter(|(_, m)| m.users.load(Ordering::Acquire) == 0)
+            .map(|(k, _)| *k)
+            .collect();
         let mut first = None;
-        for ((dev, _), ptr) in mapped {
-            let closed = Device::new(dev).and_then(|d| d.backend().ipc_close(dev, ptr));
-            if let Err(e) = closed {
+        for key in idle {
+            if let Some(m) = mapped.remove(&key)
+                && let Err(e) = unmap(key.0, &m)
+            {
                 first.get_or_insert(e);
             }
         }
         first.map_or(Ok(()), Err)
     }
+}
+
+/// Unmaps the arenas in `mapped` of peers that are gone and that no copy uses; how many.
+fn forget_gone(mapped: &mut HashMap<(u32, IpcHandle), Arc<Mapping>>) -> usize {
+    let gone: Vec<_> = mapped
+        .iter()
+        .filter(|(_, m)| m.users.load(Ordering::Acquire) == 0 && !m.peer.is_alive())
+        .map(|(k, _)| *k)
+        .collect();
+    for key in &gone {
+        if let Some(m) = mapped.remove(key) {
+            match unmap(key.0, &m) {
+                Ok(()) => tracing::debug!(
+                    device = key.0,
+                    peer = m.peer.pid,
+                    "a gone peer's exported device memory unmapped"
+                ),
+                Err(e) => tracing::warn!(
+                    "unmapping the exported memory of process {}, which is gone, on device {}: \
+                     {e}",
+                    m.peer.pid,
+                    key.0
+                ),
+            }
+        }
+    }
+    gone.len()
+}
+
+fn unmap(device: u32, m: &Mapping) -> Result<()> {
+    Device::new(device).and_then(|d| d.backend().ipc_close(device, m.base))
+}
+
+/// A process of this host (same PID namespace), told apart from a later one with its ID by
+/// when it started.
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    pid: u32,
+    /// Its start time in clock ticks since boot (`/proc/PID/stat`), where readable.
+    started: Option<u64>,
+}
+
+impl Peer {
+    fn of(pid: u32) -> Peer {
+        Peer {
+            pid,
+            started: start_time(pid),
+        }
+    }
+
+    /// True while the process runs (or cannot be told gone: no `/proc`).
+    fn is_alive(&self) -> bool {
+        match (self.started, start_time(self.pid)) {
+            (Some(then), Some(now)) => then == now,
+            (Some(_), None) => false,
+            (None, _) => {
+                std::path::Path::new(&format!("/proc/{}", self.pid)).exists()
+                    || !std::path::Path::new("/proc/self").exists()
+            }
+        }
+    }
+}
+
+/// Field 22 of `/proc/PID/stat`: when the process started.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 fn check_range(desc: &IpcDescriptor, offset: usize, len: usize) -> Result<()> {

@@ -13,4 +13,4 @@ mod import;
 
 pub use descriptor::IpcDescriptor;
 pub use export::{DEFAULT_ARENA_BYTES, ExportArena, ExportSlot, export_arena, exported_bytes};
-pub use import::Imports;
+pub use import::{Imports, Located};
