@@ -172,6 +172,15 @@ fn exported_bytes(py: Python<'_>, device: u32) -> PyResult<usize> {
         .map_err(error)
 }
 
+/// Bytes of `device`'s exportable memory (device memory outside every pool and limit, made
+/// at the first send to a peer of this host); 0 before that, or while the device has no room.
+#[pyfunction]
+#[pyo3(signature = (device=0))]
+fn export_arena_bytes(py: Python<'_>, device: u32) -> PyResult<usize> {
+    py.detach(|| rmm_allocator::ipc::arena_bytes(device))
+        .map_err(error)
+}
+
 /// What a peer checks before it sends this worker descriptors rather than bytes: the host
 /// (its boot ID), the PID namespace, the backend, and the devices this process sees (their
 /// UUIDs).
@@ -203,6 +212,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_exported, m)?)?;
     m.add_function(wrap_pyfunction!(ipc_identity, m)?)?;
     m.add_function(wrap_pyfunction!(exported_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(export_arena_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(export_bytes, m)?)?;
     Ok(())
 }

@@ -143,6 +143,8 @@ def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier, sh
             # Every peer answered: the sender holds none of the memory it shared.
             assert transfer["exported_held_bytes"] == 0, transfer
             if share_with_peers:
+                assert transfer["export_arena_bytes"] > 0, "the arena, made at the first send"
+            if share_with_peers:
                 # The peers copied what was shared on their copy threads, off the loop.
                 off_loop = client.run(copies_made_off_the_loop, workers=peers)
                 assert all(off_loop.values()), off_loop

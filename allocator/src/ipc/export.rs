@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -176,14 +177,18 @@ impl Drop for ExportSlot {
     }
 }
 
-/// A device's arena in this process: not made yet, made, or refused (the error, kept so
-/// that every later send does not ask the driver again).
+/// A device's arena in this process: not made yet, made, or refused (the error and when the
+/// device's free memory was last looked at, so that a send does not ask the driver each time).
 #[derive(Debug)]
 enum ArenaState {
     Unmade,
     Made(Arc<ExportArena>),
-    Refused(Error),
+    Refused(Error, Instant),
 }
+
+/// How often a refused arena's device is looked at again: once it has the arena's bytes free,
+/// the arena is asked for again.
+const RETRY_REFUSED: Duration = Duration::from_secs(1);
 
 /// The arenas of this process, one per device, each made on first use.
 fn arenas(backend_devices: u32) -> &'static [Mutex<ArenaState>] {
@@ -199,37 +204,75 @@ fn arenas(backend_devices: u32) -> &'static [Mutex<ArenaState>] {
 /// use with [`DEFAULT_ARENA_BYTES`], at most an eighth of the device's memory.
 ///
 /// # Errors
-/// As [`ExportArena::new`] (the same error again on every later call: the driver is asked
-/// once), and [`Device::new`] for an unknown device.
+/// As [`ExportArena::new`]; after a refusal, the same error until the device has the arena's
+/// bytes free (looked at once a second at most); [`Device::new`] for an unknown device.
 pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
     let d = Device::new(device)?;
     let mut state = arenas(d.backend().device_count())
         .get(device as usize)
         .ok_or_else(|| Error::invalid_argument("device", device, "a device of this process"))?
         .lock();
-    match &*state {
+    let was_refused = match &mut *state {
         ArenaState::Made(a) => return Ok(Arc::clone(a)),
-        ArenaState::Refused(e) => return Err(e.clone()),
-        ArenaState::Unmade => {}
-    }
+        ArenaState::Refused(e, looked) => {
+            if looked.elapsed() < RETRY_REFUSED {
+                return Err(e.clone());
+            }
+            *looked = Instant::now();
+            let room = d.mem_info().map(|m| m.free >= arena_bytes_for(m.total));
+            if !matches!(room, Ok(true)) {
+                return Err(e.clone());
+            }
+            true
+        }
+        ArenaState::Unmade => false,
+    };
     let made = d
         .mem_info()
-        .and_then(|m| ExportArena::new(d, DEFAULT_ARENA_BYTES.min(m.total / 8)));
+        .and_then(|m| ExportArena::new(d, arena_bytes_for(m.total)));
     match made {
         Ok(arena) => {
+            if was_refused {
+                tracing::info!(
+                    device,
+                    "exportable device memory made after an earlier refusal"
+                );
+            }
             *state = ArenaState::Made(Arc::clone(&arena));
             Ok(arena)
         }
         Err(e) => {
-            tracing::warn!(
-                device,
-                "no exportable device memory: values go to peers of this host through the \
-                 connection ({e})"
-            );
-            *state = ArenaState::Refused(e.clone());
+            if !was_refused {
+                tracing::warn!(
+                    device,
+                    "no exportable device memory for now: values go to peers of this host \
+                     through the connection until the device has room ({e})"
+                );
+            }
+            *state = ArenaState::Refused(e.clone(), Instant::now());
             Err(e)
         }
     }
+}
+
+/// The arena's size on a device of `total` bytes.
+fn arena_bytes_for(total: usize) -> usize {
+    DEFAULT_ARENA_BYTES.min(total / 8)
+}
+
+/// Bytes of the process's arena on `device` (device memory outside every pool and limit);
+/// 0 before it is made or while it is refused.
+///
+/// # Errors
+/// [`Device::new`]'s for an unknown device.
+pub fn arena_bytes(device: u32) -> Result<usize> {
+    let d = Device::new(device)?;
+    Ok(arenas(d.backend().device_count())
+        .get(device as usize)
+        .map_or(0, |a| match &*a.lock() {
+            ArenaState::Made(a) => a.len(),
+            _ => 0,
+        }))
 }
 
 /// This process's arena, on whichever device, whose handle is `handle`.

@@ -12,5 +12,7 @@ mod export;
 mod import;
 
 pub use descriptor::IpcDescriptor;
-pub use export::{DEFAULT_ARENA_BYTES, ExportArena, ExportSlot, export_arena, exported_bytes};
+pub use export::{
+    DEFAULT_ARENA_BYTES, ExportArena, ExportSlot, arena_bytes, export_arena, exported_bytes,
+};
 pub use import::{Imports, Located};

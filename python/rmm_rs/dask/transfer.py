@@ -765,5 +765,6 @@ def _worker_metrics(store: Any) -> Dict[str, float]:
     )
     out: Dict[str, float] = {k: int(spill.get(k, 0)) for k in keys}
     out["exported_held_bytes"] = _rmm_rs.exported_bytes(int(store.device_id))
+    out["export_arena_bytes"] = _rmm_rs.export_arena_bytes(int(store.device_id))
     out.update(FIGURES.snapshot())
     return out
