@@ -227,6 +227,17 @@ pub fn current_device() -> u32 {
     CURRENT_DEVICE.with(Cell::get)
 }
 
+/// The device the calling thread works on, for a caller that names none (RAPIDS RMM's
+/// `DeviceBuffer(size)`): the device of the thread's current CUDA context (`cudaSetDevice`,
+/// CuPy's `Device.use()`, `torch.cuda.set_device`), else [`current_device`]. A driver call:
+/// not for hot paths.
+pub fn thread_device() -> u32 {
+    backend::global()
+        .ok()
+        .and_then(|b| b.context_device().ok().flatten())
+        .unwrap_or_else(current_device)
+}
+
 /// Makes `ordinal` the calling thread's current device; returns the previous one.
 ///
 /// # Errors

@@ -14,7 +14,7 @@
 //!
 //! | path | holds |
 //! |---|---|
-//! | the root | [`Device`] and the thread's current device ([`current_device`], [`set_current_device`], [`with_device`]); [`Stream`], [`StreamView`], [`Event`], [`synchronize_stream`]; the containers [`DeviceBuffer`], [`DeviceUVector`], [`DeviceScalar`] and their [`ResourceHandle`]; [`Error`], [`Result`], [`fmt_bytes`]; [`ALLOCATION_ALIGNMENT`] |
+//! | the root | [`Device`] and the thread's current device ([`current_device`], [`set_current_device`], [`with_device`], [`thread_device`]); [`Stream`], [`StreamView`], [`Event`], [`synchronize_stream`]; the containers [`DeviceBuffer`], [`DeviceUVector`], [`DeviceScalar`] and their [`ResourceHandle`]; [`Error`], [`Result`], [`fmt_bytes`]; [`ALLOCATION_ALIGNMENT`] |
 //! | [`backend`] | the device seam: [`Backend`](backend::Backend), [`DevicePtr`](backend::DevicePtr), the CUDA and simulated backends |
 //! | [`resource`] | memory resources (RMM's `rmm::mr`): the traits, the pool, async, managed, pinned host and the rest |
 //! | [`per_device`] | the current resource of each device |
@@ -87,7 +87,7 @@ mod stream;
 mod sync;
 
 pub use container::{DeviceBuffer, DeviceScalar, DeviceUVector, ResourceHandle};
-pub use device::{Device, current_device, set_current_device, with_device};
+pub use device::{Device, current_device, set_current_device, thread_device, with_device};
 pub use error::{Error, Result, fmt_bytes};
 pub use stream::{Event, Stream, StreamView, synchronize_stream};
 

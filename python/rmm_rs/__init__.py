@@ -67,7 +67,7 @@ from .reinitialize_hooks import (
     reinitialize,
     unregister_reinitialize_hook,
 )
-from . import statistics
+from . import mr, statistics
 
 # In a Dask process, the serializers of rmm-rs's buffers are registered as soon as rmm_rs is
 # imported (a worker imports it when it unpickles the type of a value it receives).
@@ -91,6 +91,7 @@ __all__ = [
     "RMMError",
     "SimulatedDeviceWarning",
     "allocators",
+    "mr",
     "SpillableBuffer",
     "config_from_dask_cuda",
     "describe",

@@ -10,6 +10,7 @@
 mod allocators;
 mod buffers;
 mod counters;
+mod device;
 mod ipc;
 mod log;
 mod reinit_report;
@@ -410,6 +411,7 @@ fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     allocators::register(m)?;
     store::register(m)?;
     ipc::register(m)?;
+    device::register(m)?;
     simulated::register(m)?;
     sim_faults::register(m)?;
     Ok(())

@@ -459,6 +459,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         stream: RawStream,
     ) -> Result<()>;
 
+    /// The device of the calling thread's current context, where one is current: what
+    /// `cudaGetDevice` reports after `cudaSetDevice` (CuPy's `Device.use()`,
+    /// `torch.cuda.set_device`, Numba's `select_device`). None where no context is current,
+    /// and on the simulated device, which has no contexts.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver cannot read the thread's context. None by default.
+    fn context_device(&self) -> Result<Option<u32>> {
+        Ok(None)
+    }
+
     /// Creates a non-blocking stream on `dev`.
     ///
     /// # Errors

@@ -6,8 +6,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::synchronize_stream;
-use rmm_allocator::with_device;
 use rmm_allocator::{Device, StreamView};
+use rmm_allocator::{thread_device, with_device};
 
 use super::{Reduced, cuda_array, freed, host_bytes, settle, stream_of};
 use crate::error;
@@ -197,15 +197,16 @@ impl DeviceBuffer {
     /// bytes). `mr`: RMM's resource argument; rmm-rs allocates from the device's current
     /// stack, so only None is accepted.
     #[new]
-    #[pyo3(signature = (size=0, device=0, *, ptr=None, stream=None, mr=None))]
+    #[pyo3(signature = (size=0, device=None, *, ptr=None, stream=None, mr=None))]
     fn new(
         py: Python<'_>,
         size: usize,
-        device: u32,
+        device: Option<u32>,
         ptr: Option<u64>,
         stream: Option<&Bound<'_, PyAny>>,
         mr: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let device = device.unwrap_or_else(thread_device);
         if let Some(mr) = mr {
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "DeviceBuffer(mr={}): rmm-rs allocates from each device's current stack, which \
@@ -236,8 +237,9 @@ impl DeviceBuffer {
     /// A buffer holding a copy of `data` (any object with the buffer protocol: bytes,
     /// bytearray, memoryview, a NumPy array).
     #[staticmethod]
-    #[pyo3(signature = (data, device=0))]
-    fn from_bytes(data: &Bound<'_, PyAny>, device: u32) -> PyResult<Self> {
+    #[pyo3(signature = (data, device=None))]
+    fn from_bytes(data: &Bound<'_, PyAny>, device: Option<u32>) -> PyResult<Self> {
+        let device = device.unwrap_or_else(thread_device);
         let bytes = host_bytes(data)?;
         let b = data
             .py()
@@ -255,20 +257,27 @@ impl DeviceBuffer {
     /// of another library: a received CuPy or RMM buffer, say), copied on the device after
     /// the default stream's work.
     #[staticmethod]
-    #[pyo3(signature = (ptr, nbytes, device=0))]
-    fn copy_of_device(py: Python<'_>, ptr: u64, nbytes: usize, device: u32) -> PyResult<Self> {
+    #[pyo3(signature = (ptr, nbytes, device=None))]
+    fn copy_of_device(
+        py: Python<'_>,
+        ptr: u64,
+        nbytes: usize,
+        device: Option<u32>,
+    ) -> PyResult<Self> {
+        let device = device.unwrap_or_else(thread_device);
         Self::copied_from(py, ptr, nbytes, device).map_err(error)
     }
 
     /// RAPIDS RMM's `DeviceBuffer.to_device`: a new buffer holding a copy of `data` (bytes or
     /// any object with the buffer protocol) on `device`, after the work queued on `stream`.
     #[staticmethod]
-    #[pyo3(signature = (data, stream=None, device=0))]
+    #[pyo3(signature = (data, stream=None, device=None))]
     fn to_device(
         data: &Bound<'_, PyAny>,
         stream: Option<&Bound<'_, PyAny>>,
-        device: u32,
+        device: Option<u32>,
     ) -> PyResult<Self> {
+        let device = device.unwrap_or_else(thread_device);
         let stream = stream_of(stream)?;
         let bytes = host_bytes(data)?;
         let b = data
@@ -288,8 +297,9 @@ impl DeviceBuffer {
     /// A buffer over a `DeviceView` (spilled data back on the device), without a copy: the
     /// data stays on the device while the buffer lives.
     #[staticmethod]
-    #[pyo3(signature = (view, device=0))]
-    fn over_view(view: &crate::store::DeviceView, device: u32) -> Self {
+    #[pyo3(signature = (view, device=None))]
+    fn over_view(view: &crate::store::DeviceView, device: Option<u32>) -> Self {
+        let device = device.unwrap_or_else(thread_device);
         DeviceBuffer {
             inner: Mutex::new(Some(Memory::View(view.clone()))),
             device,

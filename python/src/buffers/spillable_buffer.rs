@@ -8,7 +8,7 @@ use pyo3::types::PyBytes;
 use rmm_allocator::StreamView;
 use rmm_allocator::spill::Tier;
 use rmm_allocator::synchronize_stream;
-use rmm_allocator::with_device;
+use rmm_allocator::{thread_device, with_device};
 
 use super::{Reduced, host_bytes};
 use crate::{error, with_runtime};
@@ -26,8 +26,9 @@ pub struct SpillableBuffer {
 impl SpillableBuffer {
     /// A spillable copy of `data` (bytes or the buffer protocol) on `device`.
     #[new]
-    #[pyo3(signature = (data, device=0))]
-    fn new(data: &Bound<'_, PyAny>, device: u32) -> PyResult<Self> {
+    #[pyo3(signature = (data, device=None))]
+    fn new(data: &Bound<'_, PyAny>, device: Option<u32>) -> PyResult<Self> {
+        let device = device.unwrap_or_else(thread_device);
         let bytes = host_bytes(data)?;
         let m = spill_manager(device)?;
         // Making room may spill other buffers (to disk, even): without the GIL.
@@ -42,8 +43,14 @@ impl SpillableBuffer {
     /// A spillable copy of `nbytes` device bytes at address `ptr` on `device` (memory of
     /// another library), copied on the device after the default stream's work.
     #[staticmethod]
-    #[pyo3(signature = (ptr, nbytes, device=0))]
-    fn copy_of_device(py: Python<'_>, ptr: u64, nbytes: usize, device: u32) -> PyResult<Self> {
+    #[pyo3(signature = (ptr, nbytes, device=None))]
+    fn copy_of_device(
+        py: Python<'_>,
+        ptr: u64,
+        nbytes: usize,
+        device: Option<u32>,
+    ) -> PyResult<Self> {
+        let device = device.unwrap_or_else(thread_device);
         let m = spill_manager(device)?;
         let inner = py
             .detach(|| {

@@ -6,6 +6,7 @@
 //! device the process does not use: a context holds device memory, and a Dask worker that
 //! sees every GPU uses one) and kept for the life of the process.
 
+mod context;
 mod ipc;
 mod result;
 mod staged_copy;
@@ -756,6 +757,10 @@ impl Backend for CudaBackend {
         self.bind(dev)?;
         // SAFETY: plain synchronization of the current context.
         check("cuCtxSynchronize", dev, unsafe { sys::cuCtxSynchronize() })
+    }
+
+    fn context_device(&self) -> Result<Option<u32>> {
+        context::current_device(&self.devices)
     }
 
     fn bind_thread(&self, dev: u32) -> Result<()> {

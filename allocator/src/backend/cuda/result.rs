@@ -22,6 +22,7 @@ pub(super) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRetain",
     "cuCtxSetCurrent",
     "cuCtxGetCurrent",
+    "cuCtxGetDevice",
     "cuCtxSynchronize",
     "cuGetErrorName",
     "cuGetErrorString",
