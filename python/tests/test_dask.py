@@ -91,8 +91,12 @@ def test_a_bad_configuration_raises_in_the_client_with_its_message(client):
     assert list(client.run(rmm_rs.is_initialized).values()) == [True, True]
     for s in client.run(stack).values():
         assert "PoolMemoryResource" in s
-    with pytest.raises(rmm_rs.RmmError, match="unknown libraries"):
+    with pytest.raises(rmm_rs.RmmError, match="unknown libraries.*'cupy', 'torch', 'numba'"):
         RMMRsPlugin(rmm_allocator_external_lib_list=["tensorflow"])
+    assert RMMRsPlugin(rmm_allocator_external_lib_list="cupy,numba").external_libs == [
+        "cupy",
+        "numba",
+    ]
 
 
 def reserved(dask_worker):

@@ -51,7 +51,7 @@ logger = logging.getLogger("rmm_rs.dask")
     "--rmm-rs-allocator-external-lib-list",
     default=None,
     help="libraries that allocate from rmm-rs on the worker, comma-separated: cupy, torch, "
-    "rmm (RAPIDS RMM and what allocates through it: cuDF, cuML, XGBoost), as dask-cuda's "
+    "numba, rmm (RAPIDS RMM and what allocates through it: cuDF, cuML, XGBoost), as dask-cuda's "
     "--rmm-allocator-external-lib-list",
 )
 def dask_setup(

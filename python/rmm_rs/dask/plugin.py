@@ -7,9 +7,9 @@ dict of settings, or the defaults, with dask-cuda's option names accepted on top
 
     client.register_plugin(RMMRsPlugin(rmm_pool_size="24GB"))
 
-It installs the allocators of ``rmm_allocator_external_lib_list`` ("cupy", "torch", and "rmm":
-RAPIDS RMM's current device resource, so cuDF, cuML, XGBoost and ``rmm.DeviceBuffer``
-allocate from rmm-rs; see :mod:`rmm_rs.allocators.rmm`), puts the
+It installs the allocators of ``rmm_allocator_external_lib_list`` ("cupy", "torch", "numba",
+and "rmm": RAPIDS RMM's current device resource, so cuDF, cuML, XGBoost and
+``rmm.DeviceBuffer`` allocate from rmm-rs; see :mod:`rmm_rs.allocators.rmm`), puts the
 worker's data on rmm-rs with ``device_memory_limit`` (a :class:`DeviceStore`, when the
 worker's store is empty), and reports into the worker's metrics: ``rmm-used`` and
 ``rmm-total`` (which Dask's dashboard shows), ``rmm_rs`` with every counter, and
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("rmm_rs.dask")
 
-_LIBRARIES = {"cupy": "CuPy", "torch": "PyTorch", "rmm": "RAPIDS RMM"}
+_LIBRARIES = {"cupy": "CuPy", "torch": "PyTorch", "numba": "Numba-CUDA", "rmm": "RAPIDS RMM"}
 
 # The plugin whose set-up is in force in this process, if any; and one torn down just now
 # whose set-up is still in force until the event loop runs (a replacement may take over).
@@ -87,7 +87,7 @@ def _libraries(libs):
     if unknown:
         raise rmm_rs.RmmError(
             f"rmm_allocator_external_lib_list: unknown libraries {unknown}; "
-            "rmm-rs provides allocators for 'cupy', 'torch' and 'rmm'"
+            "rmm-rs provides allocators for 'cupy', 'torch', 'numba' and 'rmm'"
         )
     return list(dict.fromkeys(libs))
 
@@ -188,6 +188,10 @@ class RMMRsPlugin(WorkerPlugin):
                 from ..allocators import torch
 
                 torch.install()
+            elif lib == "numba":
+                from ..allocators import numba
+
+                numba.install()
             elif lib == "rmm":
                 from ..allocators import rmm
 
