@@ -14,7 +14,6 @@
 mod buffer;
 mod copy;
 mod disk;
-mod guard;
 mod store;
 mod vector;
 
@@ -23,8 +22,10 @@ mod vector;
 /// reading a scalar back, say) wait for at most this much rather than the whole spill.
 pub const COPY_WINDOW: usize = crate::backend::pinned_copy::WINDOW;
 
-pub use buffer::{HeldInPlace, PendingSpill, SpillObserver, SpillStep, SpillableBuffer, Tier};
+pub use buffer::{
+    DeviceGuard, HeldInPlace, HostGuard, PendingSpill, SharedDeviceGuard, SpillObserver, SpillStep,
+    SpillableBuffer, Tier,
+};
 pub use disk::remove_files_for_exit;
-pub use guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 pub use store::{SpillStore, SpillTiers};
 pub use vector::SpillableVector;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
+use super::buffer::{DeviceGuard, HostGuard};
 use super::buffer::{SpillObserver, SpillableBuffer, Tier};
-use super::guard::{DeviceGuard, HostGuard};
 use super::store::SpillStore;
 use crate::error::{Error, Result};
 use crate::stream::StreamView;

@@ -5,13 +5,17 @@
 //!
 //! Requests are counted; [`Background::settle`] waits until every request made before it
 //! has been served, which is how observers (statistics, a value's tier) see a settled state.
-//! The thread starts on the first request and ends when its tracker is dropped.
+//! The thread starts on the first request and ends when what it serves is dropped.
 
 use std::sync::{Arc, Weak};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::tracker::Tracker;
+/// What the background thread serves: a device's limit, enforced (the spill tracker).
+pub(crate) trait EnforceLimit: Send + Sync + 'static {
+    /// Spills until the device is under its limit.
+    fn enforce_limit_now(&self);
+}
 
 /// The background enforcement of one tracker's limit.
 #[derive(Default)]
@@ -41,11 +45,11 @@ struct State {
 impl Background {
     /// Asks for `tracker`'s limit to be enforced soon, on the background thread (started now
     /// if it is not running; served here if it cannot be started).
-    pub(crate) fn request(&self, tracker: &Arc<Tracker>) {
+    pub(crate) fn request<T: EnforceLimit>(&self, tracker: &Arc<T>) {
         let mut s = self.shared.state.lock();
         if s.inline {
             drop(s);
-            tracker.enforce_limit(None, 0);
+            tracker.enforce_limit_now();
             return;
         }
         s.requested += 1;
@@ -61,7 +65,7 @@ impl Background {
                 s.inline = true;
                 s.served = s.requested;
                 drop(s);
-                tracker.enforce_limit(None, 0);
+                tracker.enforce_limit_now();
                 return;
             }
         }
@@ -88,7 +92,7 @@ impl Drop for Background {
 }
 
 /// The thread: serves requests until the tracker is gone.
-fn run(shared: &Shared, tracker: &Weak<Tracker>) {
+fn run<T: EnforceLimit>(shared: &Shared, tracker: &Weak<T>) {
     loop {
         let target = {
             let mut s = shared.state.lock();
@@ -102,7 +106,7 @@ fn run(shared: &Shared, tracker: &Weak<Tracker>) {
         };
         // Requests that arrive while this runs are served by the next round.
         match tracker.upgrade() {
-            Some(t) => t.enforce_limit(None, 0),
+            Some(t) => t.enforce_limit_now(),
             None => return,
         }
         let mut s = shared.state.lock();

@@ -18,7 +18,7 @@ use rmm_allocator::spill::{
     COPY_WINDOW, PendingSpill, SpillObserver, SpillStep, SpillStore, SpillableBuffer, Tier,
 };
 
-use super::background::Background;
+use super::background::{Background, EnforceLimit};
 use super::statistics::Moves;
 
 /// An entry of the least-recently-used order: something whose device bytes can move off the
@@ -402,6 +402,12 @@ impl Tracker {
             counts[e.tier() as usize] += 1;
         }
         counts
+    }
+}
+
+impl EnforceLimit for Tracker {
+    fn enforce_limit_now(&self) {
+        self.enforce_limit(None, 0);
     }
 }
 

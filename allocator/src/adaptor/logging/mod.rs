@@ -86,10 +86,10 @@ use std::collections::{BinaryHeap, HashMap};
 
 pub use records::log_thread_id;
 use records::{
-    ACTION_ALLOCATE, ACTION_FAILURE, ACTION_FREE, FREE_CHUNKS, LOCALS, Local, NEXT_ADAPTOR_ID,
-    NEXT_PRODUCER_ID, RecordQueue, SeqCounter,
+    ACTION_ALLOCATE, ACTION_FAILURE, ACTION_FREE, FREE_CHUNKS, FlushError, LOCALS, Local, Msg,
+    NEXT_ADAPTOR_ID, NEXT_PRODUCER_ID, RecordQueue, SeqCounter,
 };
-use writer::{FlushError, Msg, OUT_BUFFER, Writer};
+use writer::{OUT_BUFFER, Writer};
 
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};

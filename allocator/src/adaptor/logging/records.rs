@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::writer::Msg;
 use crate::sync::clock::{coarse_realtime_ns, realtime_ns};
 
 thread_local! {
@@ -215,4 +214,27 @@ impl RecordQueue {
         chunk.len.store(1, Ordering::Release);
         seq
     }
+}
+
+/// The writer's messages.
+pub(super) enum Msg {
+    /// A producer starts this chunk; its previous chunk, if any, is full.
+    Chunk(Arc<Chunk>),
+    /// Look for published records now (a thread waits for a free chunk).
+    Wake,
+    /// Write every record with a sequence number below `target`, flush the sink, answer.
+    Flush {
+        target: u64,
+        reply: Sender<std::result::Result<(), FlushError>>,
+    },
+    /// Write every record with a sequence number below `target`, flush the sink and stop.
+    Shutdown { target: u64 },
+}
+
+/// Why a flush failed, as the writer reports it.
+pub(super) enum FlushError {
+    /// An earlier write failed and the writing stopped.
+    Stopped(String),
+    /// Flushing the sink failed.
+    Flush(std::io::Error),
 }

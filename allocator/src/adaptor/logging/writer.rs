@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::csv::{format_line, line_prefix};
-use super::records::{CHUNK_RECORDS, Chunk, RecordQueue, TAG_PRECISE, TAG_SEQ_SHIFT};
+use super::records::{
+    CHUNK_RECORDS, Chunk, FlushError, Msg, RecordQueue, TAG_PRECISE, TAG_SEQ_SHIFT,
+};
 
 /// CSV bytes buffered before they are written to the sink.
 pub(super) const OUT_BUFFER: usize = 1 << 16;
@@ -24,29 +26,6 @@ pub(super) const SHORT_WAIT: Duration = Duration::from_micros(50);
 /// never published (a thread that died in the middle of logging: does not happen in safe
 /// code) before it goes on without it.
 pub(super) const GAP_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The writer's messages.
-pub(super) enum Msg {
-    /// A producer starts this chunk; its previous chunk, if any, is full.
-    Chunk(Arc<Chunk>),
-    /// Look for published records now (a thread waits for a free chunk).
-    Wake,
-    /// Write every record with a sequence number below `target`, flush the sink, answer.
-    Flush {
-        target: u64,
-        reply: Sender<std::result::Result<(), FlushError>>,
-    },
-    /// Write every record with a sequence number below `target`, flush the sink and stop.
-    Shutdown { target: u64 },
-}
-
-/// Why a flush failed, as the writer reports it.
-pub(super) enum FlushError {
-    /// An earlier write failed and the writing stopped.
-    Stopped(String),
-    /// Flushing the sink failed.
-    Flush(std::io::Error),
-}
 
 /// The writer's view of one producer's chunks.
 pub(super) struct Producer {

@@ -22,13 +22,13 @@ use parking_lot::{Mutex, MutexGuard};
 
 mod copies;
 mod elsewhere;
+mod guard;
 mod in_place;
 
 pub use copies::{PendingSpill, SpillStep};
 pub use in_place::HeldInPlace;
 
 use super::disk::{DiskFile, DiskStore};
-use super::guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 use super::store::SpillStore;
 use crate::backend::DevicePtr;
 use crate::backend::RawStream;
@@ -38,6 +38,7 @@ use crate::error::{Error, Result};
 use crate::per_device::get_per_device_resource;
 use crate::resource::SharedResource;
 use crate::stream::{Event, StreamView, synchronize_stream};
+pub use guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 
 /// Where a buffer's data is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::MutexGuard;
 
-use super::buffer::{SpillableBuffer, State};
+use super::{SpillableBuffer, State};
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
 use crate::stream::StreamView;
