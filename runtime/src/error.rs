@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rmm_allocator::fmt_bytes;
 
-use crate::worker::WorkerId;
+use crate::worker_id::WorkerId;
 
 /// Result of runtime operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

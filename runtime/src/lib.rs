@@ -39,6 +39,7 @@ mod stack;
 mod streams;
 mod task;
 mod worker;
+mod worker_id;
 
 pub use error::{Error, LiveMemory, Result, TaskError};
 pub use inventory::{DeviceSummary, Inventory};
@@ -55,4 +56,4 @@ pub use spill::{
 };
 pub use stack::{DeviceStack, OomHandler, PoolPlan, StackPlan, UpstreamPlan, build_device_stack};
 pub use task::{TaskContext, TaskHandle};
-pub use worker::WorkerId;
+pub use worker_id::WorkerId;

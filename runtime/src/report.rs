@@ -10,7 +10,7 @@ use serde::{Serialize, Serializer};
 
 use crate::error::LiveMemory;
 use crate::spill::SpillStatistics;
-use crate::worker::WorkerId;
+use crate::worker_id::WorkerId;
 
 fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
@@ -91,21 +91,6 @@ pub struct PhaseStatistics {
 }
 
 impl PhaseStatistics {
-    /// The figures of `stack` so far, as phase `phase`.
-    pub(crate) fn of(phase: u64, stack: &crate::stack::DeviceStack) -> PhaseStatistics {
-        let s = stack.statistics();
-        let (bytes, count) = (s.lifetime_bytes(), s.lifetime_allocations());
-        let n = |v: i64| u64::try_from(v).unwrap_or(0);
-        PhaseStatistics {
-            phase,
-            peak_bytes: n(bytes.peak),
-            total_bytes: n(bytes.total),
-            peak_allocations: n(count.peak),
-            total_allocations: n(count.total),
-            out_of_memory_errors: s.out_of_memory_count(),
-        }
-    }
-
     /// The figures over all of `phases`: the highest peaks, the sums of the totals; `phase`
     /// is the last one's.
     pub fn combined(phases: &[PhaseStatistics]) -> PhaseStatistics {

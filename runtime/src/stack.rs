@@ -42,7 +42,7 @@ use rmm_config::{LogLevel, ResolvedConfig, ResolvedDevice, Switch};
 use serde::Serialize;
 
 use crate::error::LiveMemory;
-use crate::report::PoolFigures;
+use crate::report::{PhaseStatistics, PoolFigures};
 
 /// Where a stack's memory comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -422,6 +422,21 @@ pub fn build_device_stack(
 }
 
 impl DeviceStack {
+    /// This stack's figures so far, as phase `phase` of the runtime's report.
+    pub(crate) fn phase_statistics(&self, phase: u64) -> PhaseStatistics {
+        let s = self.statistics();
+        let (bytes, count) = (s.lifetime_bytes(), s.lifetime_allocations());
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        PhaseStatistics {
+            phase,
+            peak_bytes: n(bytes.peak),
+            total_bytes: n(bytes.total),
+            peak_allocations: n(count.peak),
+            total_allocations: n(count.total),
+            out_of_memory_errors: s.out_of_memory_count(),
+        }
+    }
+
     /// The device.
     pub fn device(&self) -> Device {
         self.device

@@ -16,7 +16,8 @@ use crate::error::TaskError;
 use crate::runtime::RuntimeHandle;
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
-use crate::worker::{self, WorkerId};
+use crate::worker;
+use crate::worker_id::WorkerId;
 
 /// What a task sees while it runs: its worker, device, stream and the device's resource.
 ///

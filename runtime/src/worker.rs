@@ -13,7 +13,6 @@
 //! submitted.
 
 use std::cell::{Cell, RefCell};
-use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use rmm_allocator::set_current_device;
-use serde::Serialize;
 
 use crate::error::TaskError;
 use crate::runtime::RuntimeHandle;
 use crate::streams::WorkerStream;
 use crate::task::{Job, TaskContext};
+use crate::worker_id::WorkerId;
 
 /// How long an idle worker (or a waiter) spins before it blocks.
 const SPIN: Duration = Duration::from_micros(20);
@@ -41,22 +40,6 @@ const MAX_HELP_DEPTH: u32 = 1024;
 /// Stack of a worker thread: room for [`MAX_HELP_DEPTH`] nested tasks (only the pages used
 /// are committed).
 const WORKER_STACK: usize = 256 << 20;
-
-/// A worker: device ordinal and index among that device's workers (`0.1` is device 0's
-/// second worker).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct WorkerId {
-    /// The device ordinal.
-    pub device: u32,
-    /// Index among the device's workers.
-    pub index: u32,
-}
-
-impl fmt::Display for WorkerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.device, self.index)
-    }
-}
 
 /// Where a task was sent; kept with it so a task queued for a worker that goes away (its
 /// device left the configuration) can be sent on, or refused, by the same rule.

@@ -24,7 +24,8 @@ use crate::error::{Error, Result, TaskError};
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
 use crate::task::{self, Job, TaskContext, TaskHandle};
-use crate::worker::{self, Target, WorkerId, WorkerShared};
+use crate::worker::{self, Target, WorkerShared};
+use crate::worker_id::WorkerId;
 
 /// One configuration's devices, stacks and workers.
 pub(crate) struct Generation {

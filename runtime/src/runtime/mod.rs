@@ -51,7 +51,8 @@ use crate::report::{
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
 use crate::task::Job;
-use crate::worker::{self, Queued, Target, WorkerId};
+use crate::worker::{self, Queued, Target};
+use crate::worker_id::WorkerId;
 
 use backend::resolve;
 use claims::{claim, unclaim};
@@ -383,7 +384,7 @@ impl RuntimeHandle {
                     .get(&s.device().ordinal())
                     .cloned()
                     .unwrap_or_default();
-                phases.push(PhaseStatistics::of(history.reinitializations, s));
+                phases.push(s.phase_statistics(history.reinitializations));
                 DeviceReport {
                     totals: PhaseStatistics::combined(&phases),
                     phases,

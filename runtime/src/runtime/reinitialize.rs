@@ -60,7 +60,7 @@ use super::keep::Candidates;
 use super::setup::{install, set_up_devices};
 use super::{Control, Generation, RuntimeHandle};
 use crate::error::{Error, Result};
-use crate::report::{PhaseStatistics, ReinitReport};
+use crate::report::ReinitReport;
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
 use rmm_allocator::fmt_bytes;
@@ -211,7 +211,7 @@ impl RuntimeHandle {
                 .phases
                 .entry(s.device().ordinal())
                 .or_default()
-                .push(PhaseStatistics::of(ended, s));
+                .push(s.phase_statistics(ended));
         }
         history.reinitializations += 1;
         history.last_reinitialize = Some(report.clone());

@@ -13,7 +13,8 @@ use crate::error::{Error, Result, TaskError};
 use crate::spill::SpillManager;
 use crate::stack::{DeviceStack, StackPlan};
 use crate::streams::WorkerStream;
-use crate::worker::{self, Queued, WorkerId, WorkerShared};
+use crate::worker::{self, Queued, WorkerShared};
+use crate::worker_id::WorkerId;
 
 /// One device set up: its stack, its workers' streams, and what the stack it replaced gave
 /// back to the driver.
