@@ -59,6 +59,7 @@ RMMError = RmmError
 
 import importlib as _importlib
 import sys as _sys
+import types as _types
 
 from . import allocators
 from .logs import disable_logging, enable_logging, get_log_filenames
@@ -76,7 +77,7 @@ if "distributed.protocol" in _sys.modules:
 
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> _types.ModuleType:
     """``rmm_rs.dask`` on first use (it imports distributed and click)."""
     if name == "dask":
         return _importlib.import_module(".dask", __name__)

@@ -5,7 +5,7 @@ it leaves alone, the setting's checks, and a Dask worker process doing it as its
 import random
 import sys
 from types import SimpleNamespace
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import cloudpickle
 import pytest
@@ -82,7 +82,8 @@ def test_depth_zero_brings_back_nothing_and_a_bad_setting_is_refused():
     assert store.tier("x0") == "host" and p.brought_back == 0
     with pytest.raises(ValueError, match="negative"):
         Prefetcher(store, depth=-1)
-    for bad in (-1, 1.5, True, "2"):
+    bads: Tuple[Any, ...] = (-1, 1.5, True, "2")
+    for bad in bads:
         with pytest.raises(ValueError, match="prefetch="):
             DeviceStore(prefetch=bad)
     store.close()

@@ -259,8 +259,8 @@ fn librmm_bridge(root: &Path, bin: &Path) -> Result<bool, String> {
 
 /// mypy over the package, its tests and the optional packages' Python (the extensions
 /// through their stubs, `python/rmm_rs/_rmm_rs.pyi` and the bridges' `.pyi`): untyped
-/// functions' bodies are checked too, and an error fails the task. Its cache lives under
-/// `target/`.
+/// functions' bodies are checked too, and an error fails the task; then the package alone
+/// under `--strict`. Its caches live under `target/`.
 fn type_check(root: &Path, bin: &Path) -> Result<(), String> {
     let mut mypy = Command::new(bin.join("python"));
     mypy.args([
@@ -282,7 +282,16 @@ fn type_check(root: &Path, bin: &Path) -> Result<(), String> {
         mypy,
         "mypy python/rmm_rs python/tests python/librmm_bridge/rmm_rs_librmm \
          python/torch_bridge/rmm_rs_torch",
-    )
+    )?;
+    // The package itself as a user's `mypy --strict` sees it: every function typed (the
+    // exceptions for untyped Dask, Distributed and Numba are in python/pyproject.toml).
+    let mut strict = Command::new(bin.join("python"));
+    strict
+        .args(["-m", "mypy", "--strict", "--ignore-missing-imports", "--cache-dir"])
+        .arg(root.join("target/mypy-cache-strict"))
+        .arg("rmm_rs")
+        .current_dir(root.join("python"));
+    run(strict, "mypy --strict python/rmm_rs")
 }
 
 /// Where library code may use `unsafe`: the backend (driver calls, pinned memory), the

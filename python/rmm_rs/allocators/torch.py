@@ -117,7 +117,7 @@ def _device_index(device: Any) -> Optional[int]:
         if kind == "cuda" and (not number or number.isdigit()):
             return int(number) if number else None
     elif hasattr(device, "type") and hasattr(device, "index"):
-        return device.index
+        return None if device.index is None else int(device.index)
     raise TypeError(f"device {device!r}: pass None, an int, a torch.device or 'cuda:N'")
 
 

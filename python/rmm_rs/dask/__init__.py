@@ -14,6 +14,7 @@
 """
 
 import logging
+from typing import Any, Optional
 
 import click
 from distributed import WorkerPlugin
@@ -55,12 +56,12 @@ logger = logging.getLogger("rmm_rs.dask")
     "--rmm-allocator-external-lib-list",
 )
 def dask_setup(
-    worker,
-    rmm_rs_config,
-    rmm_rs_device_memory_limit,
-    rmm_rs_pool_size,
-    rmm_rs_allocator_external_lib_list,
-):
+    worker: Any,
+    rmm_rs_config: Optional[str],
+    rmm_rs_device_memory_limit: Optional[str],
+    rmm_rs_pool_size: Optional[str],
+    rmm_rs_allocator_external_lib_list: Optional[str],
+) -> None:
     """Preload entry point: sets rmm-rs up on the worker as ``RMMRsPlugin`` does, as one of
     the plugins the worker sets up when it starts, before it joins the cluster. A set-up that
     fails (a bad ``--rmm-rs-config``, say) fails the worker's start, with the error in its log:
@@ -96,14 +97,14 @@ class _Failed(WorkerPlugin):
 
     name = RMMRsPlugin.name
 
-    def __init__(self, error):
+    def __init__(self, error: BaseException) -> None:
         self.error = error
 
-    def setup(self, worker):
+    def setup(self, worker: Any) -> None:
         logger.error("rmm-rs: the preload's options are refused: %s", self.error)
         raise self.error
 
 
-def dask_teardown(worker):
+def dask_teardown(worker: Any) -> None:
     """Preload exit point: nothing left to do (the worker tears its plugins down, rmm-rs's
     among them, as it closes)."""

@@ -32,7 +32,7 @@ import asyncio
 import importlib.util
 import logging
 import os
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from distributed import WorkerPlugin
 from distributed.core import Status
@@ -56,7 +56,7 @@ _owner = None
 _retiring = None
 
 
-def _metrics(worker):
+def _metrics(worker: Any) -> Dict[str, int]:
     """The worker metric Dask's dashboard reads for RMM: bytes in use and reserved."""
     stats = rmm_rs.device_statistics() if rmm_rs.is_initialized() else {}
     return {
@@ -65,12 +65,12 @@ def _metrics(worker):
     }
 
 
-def _all_metrics(worker):
+def _all_metrics(worker: Any) -> Dict[int, Dict[str, Any]]:
     """Every counter, per device."""
     return rmm_rs.device_statistics() if rmm_rs.is_initialized() else {}
 
 
-def _spill_metrics(worker):
+def _spill_metrics(worker: Any) -> Dict[str, Any]:
     """The device store's values and bytes per tier, and the device's spill figures."""
     data = worker.data
     if isinstance(data, DeviceStore) and rmm_rs.is_initialized():
@@ -78,7 +78,7 @@ def _spill_metrics(worker):
     return {}
 
 
-def _libraries(libs):
+def _libraries(libs: "Union[str, Sequence[str], None]") -> List[str]:
     if libs is None:
         return []
     if isinstance(libs, str):
@@ -139,7 +139,7 @@ class RMMRsPlugin(WorkerPlugin):
         if config is None or isinstance(config, dict):
             _rmm_rs.validate_config(config if isinstance(config, dict) else {}, self.overrides)
 
-    def settings(self, worker=None):
+    def settings(self, worker: Any = None) -> Dict[str, Any]:
         """The overrides applied over ``config`` on each worker: the dask-cuda options, the
         worker's one device, one rmm-rs worker thread (Dask runs the tasks), and what the
         worker's device store needs."""
@@ -149,7 +149,7 @@ class RMMRsPlugin(WorkerPlugin):
             s.update(data.settings())
         return s
 
-    def setup(self, worker):
+    def setup(self, worker: Any) -> None:
         global _owner, _retiring
         previous = _owner if _owner is not None else _retiring
         changed = False
@@ -178,7 +178,7 @@ class RMMRsPlugin(WorkerPlugin):
         worker.metrics["rmm_rs"] = _all_metrics
         worker.metrics["rmm-rs-spill"] = _spill_metrics
 
-    def _install_allocators(self):
+    def _install_allocators(self) -> None:
         for lib in self.external_libs:
             if lib == "cupy":
                 from ..allocators import cupy
@@ -200,7 +200,7 @@ class RMMRsPlugin(WorkerPlugin):
                 if not rmm.is_installed(0):
                     rmm.install(0)
 
-    def _install_store(self, worker):
+    def _install_store(self, worker: Any) -> None:
         if self.device_memory_limit is None:
             return
         data = worker.data
@@ -223,7 +223,7 @@ class RMMRsPlugin(WorkerPlugin):
                 type(data).__name__,
             )
 
-    def _roll_back(self, worker, previous, changed):
+    def _roll_back(self, worker: Any, previous: Any, changed: bool) -> bool:
         """Puts back the set-up in force before (the previous plugin's), or none; `changed`
         when this plugin's set-up had begun to apply. True when an rmm-rs set-up from before
         is in force again."""
@@ -249,7 +249,7 @@ class RMMRsPlugin(WorkerPlugin):
             return False
         return rmm_rs.is_initialized()
 
-    def teardown(self, worker):
+    def teardown(self, worker: Any) -> None:
         global _owner, _retiring
         for m in ("rmm", "rmm_rs", "rmm-rs-spill"):
             worker.metrics.pop(m, None)
@@ -265,7 +265,7 @@ class RMMRsPlugin(WorkerPlugin):
             _finalize_if_unowned(worker)
 
 
-def _take_no_tasks(worker, error):
+def _take_no_tasks(worker: Any, error: BaseException) -> None:
     """Keeps a worker left without rmm-rs after a failed set-up from taking tasks (on plain
     allocations): a starting worker fails its start with the error being raised; a running
     one is paused now (it starts no task from here on) and closed with its nanny, which would
@@ -286,7 +286,7 @@ def _take_no_tasks(worker, error):
     asyncio.get_running_loop().create_task(worker.close(nanny=True, reason=reason))
 
 
-def _finalize_if_unowned(worker):
+def _finalize_if_unowned(worker: Any) -> None:
     global _retiring
     if _owner is None:
         _retiring = None

@@ -29,10 +29,10 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from collections.abc import Hashable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, cast
 
-from distributed.protocol import deserialize, serialize
+from distributed.protocol.serialize import deserialize, serialize
 
 import rmm_rs
 
@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: A Dask key.
+Key = Hashable
+
 # The device types whose Dask "cuda" serializers the store has registered when it starts:
 # (module, type, whether to import the module for it when it is installed but not imported).
 _DEVICE_TYPES = (
@@ -58,7 +61,7 @@ _DEVICE_TYPES = (
 )
 
 
-def register_device_serializers():
+def register_device_serializers() -> List[str]:
     """Has Dask register its "cuda" serializers of the device libraries here now.
 
     Dask registers them lazily, on the first value of each type it serializes; for CuPy that
@@ -69,7 +72,7 @@ def register_device_serializers():
     """
     from distributed.protocol.cuda import cuda_serialize
 
-    done = []
+    done: List[str] = []
     for module, name, import_it in _DEVICE_TYPES:
         if module not in sys.modules and not (import_it and importlib.util.find_spec(module)):
             continue
@@ -84,7 +87,7 @@ def register_device_serializers():
 _KINDS = ("device", "host", "disk")
 
 
-def is_device_object(obj):
+def is_device_object(obj: Any) -> bool:
     """True for values the store keeps under the spill manager: objects exposing
     ``__cuda_array_interface__``, and the device types Dask's "cuda" family serializes (cuDF
     frames expose ``__cuda_array_interface__`` on their columns, not themselves)."""
@@ -94,12 +97,12 @@ def is_device_object(obj):
     return module in ("cudf", "dask_cudf", "rmm")
 
 
-def _allocation_of(frame):
+def _allocation_of(frame: Any) -> Tuple[int, int]:
     """``(address, bytes)`` of the allocation a device frame lies in: the whole memory of a
     CuPy array, a PyTorch tensor's storage, a rebuilt view's buffer; the frame's own extent
     for other objects."""
     if isinstance(frame, _rmm_rs.DeviceView):
-        return frame.allocation
+        return tuple(frame.allocation)  # type: ignore[return-value]
     mem = getattr(getattr(frame, "data", None), "mem", None)  # CuPy
     if mem is not None and getattr(mem, "ptr", None):
         return int(mem.ptr), int(mem.size)
@@ -116,13 +119,15 @@ class _DeviceEntry:
 
     __slots__ = ("header", "frames", "adopted", "nbytes", "__weakref__")
 
-    def __init__(self, header, frames, adopted, nbytes):
+    def __init__(
+        self, header: Dict[str, Any], frames: List[Any], adopted: Any, nbytes: int
+    ) -> None:
         self.header = header
         self.frames = frames
         self.adopted = adopted
         self.nbytes = nbytes
 
-    def get(self, homes, to_send=False):
+    def get(self, homes: "weakref.WeakValueDictionary[int, Any]", to_send: bool = False) -> Any:
         value = self.adopted.value()
         if value is not None:
             return value
@@ -135,7 +140,7 @@ class _DeviceEntry:
         frames = [next(views) if isinstance(f, tuple) else f for f in self.frames]
         return deserialize(self.header, frames, deserializers=("cuda",))
 
-    def to_send(self, homes):
+    def to_send(self, homes: "weakref.WeakValueDictionary[int, Any]") -> Any:
         """What to hand a peer that asked for the value: for an rmm-rs peer of this host,
         its data staged in memory both map (see :mod:`rmm_rs.dask.transfer`); else the value
         while it is on the device (in its own memory, or its data back there); else, as
@@ -154,7 +159,7 @@ class _DeviceEntry:
         return HostFrames.sent_from(self.header, self.frames, self.adopted)
 
 
-class DeviceStore(MutableMapping):
+class DeviceStore(MutableMapping[Key, Any]):
     """A Dask worker's ``data`` that keeps device values under rmm-rs's spill manager.
 
     ``device_memory_limit``: bytes, a size ("8GB") or a fraction of the device (0.8, "80%"),
@@ -187,17 +192,17 @@ class DeviceStore(MutableMapping):
 
     def __init__(
         self,
-        device_memory_limit=None,
-        memory_limit=None,
-        worker_local_directory=None,
+        device_memory_limit: "Optional[_Size]" = None,
+        memory_limit: "Optional[_Size]" = None,
+        worker_local_directory: "Optional[Union[str, os.PathLike[str]]]" = None,
         *,
-        config=None,
-        disk_directory=None,
-        device=0,
-        send_from_tier=True,
-        share_with_peers=True,
-        prefetch=DEPTH,
-    ):
+        config: Any = None,
+        disk_directory: "Optional[Union[str, os.PathLike[str]]]" = None,
+        device: int = 0,
+        send_from_tier: bool = True,
+        share_with_peers: bool = True,
+        prefetch: int = DEPTH,
+    ) -> None:
         self.device_id = int(device)
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(
@@ -223,7 +228,7 @@ class DeviceStore(MutableMapping):
             self.limit = _rmm_rs.set_device_memory_limit(device_memory_limit, self.device_id)
         else:
             self._check_spilling()
-        self._device = {}
+        self._device: Dict[Key, _DeviceEntry] = {}
         # id(value) → its entry, while some key holds it: one object under several keys is
         # adopted once (else each adoption would see the others as users).
         self._by_object: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
@@ -232,7 +237,7 @@ class DeviceStore(MutableMapping):
         self._homes: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._host = self._host_store(memory_limit, worker_local_directory)
         self._lock = threading.RLock()
-        self.unspillable = {}
+        self.unspillable: Dict[Key, str] = {}
         register_device_serializers()
         _LIVE.append(weakref.ref(self))
         # Made inside a Dask worker's constructor: attach to it once it exists.
@@ -253,7 +258,7 @@ class DeviceStore(MutableMapping):
             {"device_memory_limit": device_memory_limit, "memory_limit": memory_limit, **kwargs},
         )
 
-    def settings(self):
+    def settings(self) -> Dict[str, Any]:
         """The settings this store needs of rmm-rs: its device, one worker thread, spilling
         on (and its disk directory)."""
         s = {"devices": [self.device_id], "workers_per_device": 1, "spill.enabled": True}
@@ -261,7 +266,7 @@ class DeviceStore(MutableMapping):
             s["spill.disk_directory"] = self.disk_directory
         return s
 
-    def _check_spilling(self):
+    def _check_spilling(self) -> None:
         if int(self.device_id) not in rmm_rs.spill_statistics():
             raise rmm_rs.RmmError(
                 f"device {self.device_id} does not spill: the device store needs spilling on; "
@@ -269,19 +274,20 @@ class DeviceStore(MutableMapping):
             )
 
     @staticmethod
-    def _host_store(memory_limit, local_directory):
+    def _host_store(memory_limit: Any, local_directory: Any) -> MutableMapping[Key, Any]:
         if memory_limit is None or local_directory is None:
             return {}
         from dask.utils import parse_bytes
         from distributed.spill import SpillBuffer
 
-        return SpillBuffer(
+        buffer: Any = SpillBuffer(
             os.path.join(local_directory, "storage"), target=parse_bytes(memory_limit)
         )
+        return cast(MutableMapping[Key, Any], buffer)
 
     # The mapping.
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key: Key, value: Any) -> None:
         with self._lock:
             self._discard(key)
             if isinstance(value, HostFrames):
@@ -297,7 +303,7 @@ class DeviceStore(MutableMapping):
             else:
                 self._host[key] = value
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Key) -> Any:
         entry = self._device.get(key)
         if entry is None:
             return self._host[key]
@@ -307,7 +313,7 @@ class DeviceStore(MutableMapping):
             return entry.get(self._homes, to_send=True)
         return entry.get(self._homes)
 
-    def __delitem__(self, key):
+    def __delitem__(self, key: Key) -> None:
         with self._lock:
             if key in self._device:
                 del self._device[key]
@@ -315,27 +321,27 @@ class DeviceStore(MutableMapping):
                 del self._host[key]
             self.unspillable.pop(key, None)
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         return key in self._device or key in self._host
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Key]:
         yield from list(self._device)
         yield from list(self._host)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._device) + len(self._host)
 
-    def _discard(self, key):
+    def _discard(self, key: Key) -> None:
         self._device.pop(key, None)
         self.unspillable.pop(key, None)
         if key in self._host:
             del self._host[key]
 
-    def _adopt(self, key, value):
+    def _adopt(self, key: Key, value: Any) -> Optional[_DeviceEntry]:
         """The entry of a device value, or None when Dask cannot serialize it (it then stays
         in the host store as it is: counted nowhere, never spilled, and ``unspillable[key]``
         says why)."""
-        prior = self._by_object.get(id(value))
+        prior: Optional[_DeviceEntry] = self._by_object.get(id(value))
         if prior is not None and prior.adopted.value() is value:
             return prior
         try:
@@ -372,7 +378,9 @@ class DeviceStore(MutableMapping):
         self._by_object[id(value)] = entry
         return entry
 
-    def _shared_entry(self, header, specs, extents):
+    def _shared_entry(
+        self, header: Dict[str, Any], specs: List[Any], extents: List[Any]
+    ) -> Optional[_DeviceEntry]:
         """An entry over the data of the spilled value that every device frame lies in (the
         value was rebuilt from it), or None."""
         if not extents:
@@ -399,11 +407,11 @@ class DeviceStore(MutableMapping):
     # Dask's memory manager spills host values through these (a SpillBuffer's).
 
     @property
-    def fast(self):
+    def fast(self) -> Any:
         """Host values in memory (Dask's memory manager evicts from them)."""
         return getattr(self._host, "fast", self._host)
 
-    def evict(self):
+    def evict(self) -> int:
         """Moves the least recently used host value to disk; its bytes, or -1 when the host
         store cannot (a plain dict)."""
         evict = getattr(self._host, "evict", None)
@@ -411,17 +419,17 @@ class DeviceStore(MutableMapping):
 
     # Figures and control.
 
-    def tier(self, key):
+    def tier(self, key: Key) -> str:
         """Where a value is: "device", "host" (pinned host memory), "disk", or "host-store"
         for a host value."""
         entry = self._device.get(key)
         return "host-store" if entry is None else entry.adopted.tier
 
-    def spill(self, key):
+    def spill(self, key: Key) -> int:
         """Spills one device value now if nothing else holds it; the device bytes freed."""
-        return self._device[key].adopted.spill()
+        return int(self._device[key].adopted.spill())
 
-    def statistics(self):
+    def statistics(self) -> Dict[str, Any]:
         """Values and bytes per tier (this store's), the device's spill figures, and this
         worker's transfer figures (``rmm_rs.dask.transfer.figures``)."""
         out: Dict[str, Any] = {f"{k}_count": 0 for k in _KINDS}
@@ -435,14 +443,14 @@ class DeviceStore(MutableMapping):
         out["transfer"] = transfer.figures()
         return out
 
-    def clear(self):
+    def clear(self) -> None:
         """Drops every value (spilled copies and their files go with them)."""
         with self._lock:
             self._device.clear()
             self.unspillable.clear()
             self._host.clear()
 
-    def close(self):
+    def close(self) -> None:
         """As ``clear``, and closes the host store (and stops bringing values back ahead of
         the worker's tasks)."""
         if self._prefetcher is not None:
@@ -452,7 +460,7 @@ class DeviceStore(MutableMapping):
         if close is not None:
             close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"<DeviceStore: {len(self._device)} device values, {len(self._host)} host values, "
             f"device {self.device_id}>"
@@ -464,7 +472,7 @@ _LIVE: List["weakref.ReferenceType[DeviceStore]"] = []
 
 
 @atexit.register
-def _close_all():
+def _close_all() -> None:
     for ref in _LIVE:
         store = ref()
         if store is None:

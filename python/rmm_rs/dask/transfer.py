@@ -36,7 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from dask.sizeof import sizeof
-from distributed.protocol import deserialize
+from distributed.protocol.serialize import deserialize
 from distributed.protocol.cuda import cuda_deserialize, cuda_serialize
 from distributed.protocol.serialize import dask_deserialize, dask_serialize
 
@@ -63,8 +63,9 @@ _EXPORTS: "contextvars.ContextVar[Optional[List[Any]]]" = contextvars.ContextVar
 # While this worker reads a peer's answer to its request for data (see _read_then_copy): the
 # copies of values the peer shared through its memory, running on the copy threads, each with
 # the placeholder it fills.
-_COPIES: "contextvars.ContextVar[Optional[List[Tuple[HostFrames, Future]]]]" = (
-    contextvars.ContextVar("rmm_rs_copies", default=None)
+_Copying = List[Tuple["HostFrames", "Future[Tuple[str, Any]]"]]
+_COPIES: "contextvars.ContextVar[Optional[_Copying]]" = contextvars.ContextVar(
+    "rmm_rs_copies", default=None
 )
 _COPIERS: Optional[ThreadPoolExecutor] = None
 _COPIERS_LOCK = threading.Lock()
@@ -220,7 +221,7 @@ class HostFrames:
         ]
         return deserialize(self.header, frames, deserializers=("cuda",))
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         frames = [f if isinstance(f, tuple) else bytes(f) for f in self.frames]
         return (_arrived, (self.header, frames, [bytes(p) for p in self.data()]))
 
@@ -334,7 +335,7 @@ def _reading_copies_off_the_loop(comm: Any) -> Any:
     async def read_then_copy(*args: Any, **kwargs: Any) -> Any:
         if _RECEIVING.get() is None:
             return await read(*args, **kwargs)
-        pending: List[Tuple[HostFrames, Future]] = []
+        pending: _Copying = []
         token = _COPIES.set(pending)
         try:
             msg = await read(*args, **kwargs)
