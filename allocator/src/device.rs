@@ -5,7 +5,7 @@ use std::fmt;
 
 use crate::backend::{self, Backend, DeviceProperties, DevicePtr, MemInfo};
 use crate::error::{Error, Result};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// One device of one backend. Cheap to copy; every operation goes to its backend.
 #[derive(Clone, Copy)]

@@ -7,7 +7,7 @@ use std::fmt;
 /// Result alias used throughout the allocator crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-use crate::resource::PoolUsage;
+use crate::pool_usage::PoolUsage;
 
 /// Every failure the allocator crate can report.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -81,15 +81,18 @@ mod error;
 mod free_ranges;
 pub mod ipc;
 pub mod per_device;
+mod pool_usage;
 pub mod resource;
 pub mod spill;
 mod stream;
+mod stream_view;
 mod sync;
 
 pub use container::{DeviceBuffer, DeviceScalar, DeviceUVector, ResourceHandle};
 pub use device::{Device, current_device, set_current_device, thread_device, with_device};
 pub use error::{Error, Result, fmt_bytes};
-pub use stream::{Event, Stream, StreamView, synchronize_stream};
+pub use stream::{Event, Stream, synchronize_stream};
+pub use stream_view::StreamView;
 
 /// Every device allocation is aligned to at least this many bytes (RMM's guarantee).
 pub const ALLOCATION_ALIGNMENT: usize = 256;

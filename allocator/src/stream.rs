@@ -1,45 +1,10 @@
-//! Streams and events, as RMM's `cuda_stream_view` / `cuda_stream` and CUDA events.
-
-use std::fmt;
+//! Owned streams and events, as RMM's `cuda_stream` and CUDA events (views of a stream are
+//! [`StreamView`]s).
 
 use crate::backend::{RawEvent, RawStream};
 use crate::device::Device;
 use crate::error::Result;
-
-/// A non-owning, copyable view of a stream (RMM's `cuda_stream_view`). The default is the
-/// device's default stream.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct StreamView(RawStream);
-
-impl StreamView {
-    /// The default stream.
-    pub const DEFAULT: StreamView = StreamView(0);
-
-    /// Wraps a backend stream handle.
-    pub const fn from_raw(raw: RawStream) -> StreamView {
-        StreamView(raw)
-    }
-
-    /// The backend's handle.
-    pub const fn raw(self) -> RawStream {
-        self.0
-    }
-
-    /// True for the default stream.
-    pub const fn is_default(self) -> bool {
-        self.0 == 0
-    }
-}
-
-impl fmt::Debug for StreamView {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 == 0 {
-            f.write_str("StreamView(default)")
-        } else {
-            write!(f, "StreamView({:#x})", self.0)
-        }
-    }
-}
+use crate::stream_view::StreamView;
 
 /// An owned, non-blocking stream of one device; destroyed on drop (queued work still runs).
 #[derive(Debug)]
@@ -60,7 +25,7 @@ impl Stream {
 
     /// The view to pass to allocations and copies.
     pub fn view(&self) -> StreamView {
-        StreamView(self.raw)
+        StreamView::from_raw(self.raw)
     }
 
     /// The device the stream belongs to.

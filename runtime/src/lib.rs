@@ -37,8 +37,6 @@ mod runtime;
 mod spill;
 mod stack;
 mod streams;
-mod task;
-mod worker;
 mod worker_id;
 
 pub use error::{Error, LiveMemory, Result, TaskError};
@@ -48,12 +46,12 @@ pub use report::{
     StartReport, WorkerReport,
 };
 pub use runtime::{
-    DEFAULT_DRAIN_TIMEOUT, Runtime, RuntimeBuilder, RuntimeHandle, device_facts, open_backend,
+    DEFAULT_DRAIN_TIMEOUT, Runtime, RuntimeBuilder, RuntimeHandle, TaskContext, TaskHandle,
+    device_facts, open_backend,
 };
 pub use spill::{
     ForeignData, ForeignOwner, OwnerAccess, PartFill, SpillManager, SpillStatistics,
     TierStatistics, TierUndo,
 };
 pub use stack::{DeviceStack, OomHandler, PoolPlan, StackPlan, UpstreamPlan, build_device_stack};
-pub use task::{TaskContext, TaskHandle};
 pub use worker_id::WorkerId;

@@ -14,7 +14,7 @@ use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// What the callback wants done after an out-of-memory failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

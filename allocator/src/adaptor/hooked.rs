@@ -7,7 +7,7 @@ use crate::backend::DevicePtr;
 use crate::error::Result;
 use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Fires `malloc_*` and `free_*` around any upstream, for resources without built-in hooks
 /// (every resource but [`crate::resource::PoolMemoryResource`], which fires them itself: do

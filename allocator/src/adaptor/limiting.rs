@@ -18,7 +18,7 @@ use crate::backend::{DevicePtr, MemInfo};
 use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::SharedResource;
 use crate::resource::{DeviceMemoryResource, LiveBlock};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// A limit in bytes or as a fraction of the device's total memory.
 #[derive(Debug, Clone, Copy, PartialEq)]

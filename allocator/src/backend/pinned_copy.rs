@@ -24,7 +24,8 @@ use crate::backend::host::{HostBlock, PinnedSlice};
 use crate::backend::{DevicePtr, RawStream};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::stream::{Event, StreamView};
+use crate::stream::Event;
+use crate::stream_view::StreamView;
 
 mod sealed {
     pub trait Sealed {}

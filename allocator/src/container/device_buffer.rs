@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::per_device::get_current_device_resource;
 use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
-use crate::stream::{self, Event, StreamView};
+use crate::stream::{self, Event};
+use crate::stream_view::StreamView;
 
 /// An owned, untyped, uninitialized device allocation with a size and a capacity
 /// (RMM's `device_buffer`).

@@ -10,7 +10,7 @@ use crate::device::Device;
 use crate::error::Result;
 use crate::per_device::get_current_device_resource;
 use crate::resource::SharedResource;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// A single `T` in device memory (RMM's `device_scalar<T>`), stored as a one-element
 /// [`DeviceUVector`], whose rules it follows.

@@ -14,7 +14,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::per_device::get_current_device_resource;
 use crate::resource::SharedResource;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// An uninitialized vector of `T` in device memory (RMM's `device_uvector<T>`).
 ///

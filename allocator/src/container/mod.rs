@@ -16,7 +16,7 @@ use crate::backend::DevicePtr;
 use crate::device::{Device, current_device, with_device};
 use crate::error::Result;
 use crate::resource::DeviceMemoryResource;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// How a container holds its memory resource.
 ///

@@ -14,7 +14,8 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::HostMemoryResource;
 use crate::resource::PinnedHostMemoryResource;
-use crate::stream::{Event, StreamView};
+use crate::stream::Event;
+use crate::stream_view::StreamView;
 
 /// The slot and what may use it.
 #[derive(Default)]

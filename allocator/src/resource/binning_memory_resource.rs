@@ -9,7 +9,7 @@ use crate::backend::DevicePtr;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::SharedResource;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Routes each request to the smallest bin that holds it; larger requests go to the
 /// upstream. Bins are [`FixedSizeMemoryResource`]s of powers of two by default, or any

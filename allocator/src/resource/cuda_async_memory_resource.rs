@@ -7,7 +7,7 @@ use super::{DeviceMemoryResource, map_oom};
 use crate::backend::{DevicePtr, MemInfo, RawMemPool};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Stream-ordered allocation from a driver memory pool (`cuMemPoolCreate`) owned by this
 /// resource. By default the pool keeps everything it has taken (release threshold

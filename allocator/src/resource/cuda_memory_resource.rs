@@ -6,7 +6,7 @@ use super::{DeviceMemoryResource, map_oom};
 use crate::backend::DevicePtr;
 use crate::device::Device;
 use crate::error::Result;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Allocates with `cuMemAlloc` and frees with `cuMemFree`. Both are synchronous and slow
 /// (tens of microseconds); wrap it in a pool for anything on a hot path. This is the initial

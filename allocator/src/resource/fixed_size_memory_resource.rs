@@ -10,7 +10,7 @@ use crate::backend::{DevicePtr, RawStream};
 use crate::device::Device;
 use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::SharedResource;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Default block size (1 MiB), as RMM.
 pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;

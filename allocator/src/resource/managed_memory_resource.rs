@@ -6,7 +6,7 @@ use super::{DeviceMemoryResource, map_oom};
 use crate::backend::DevicePtr;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Allocates unified memory with `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)`, accessible from
 /// host and device and migrated on demand; frees with `cuMemFree`.

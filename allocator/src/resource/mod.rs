@@ -39,7 +39,7 @@ pub use crate::backend::host::{HostBlock, PinnedSlice};
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// A source of device memory (RMM's `device_memory_resource`).
 ///
@@ -90,14 +90,14 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
 
     /// The resource this one passes requests to: `Some` for the adaptors and the pool, `None`
     /// (the default) for resources that talk to the device or have several upstreams (like
-    /// binning). [`crate::adaptor::chain`] follows it.
+    /// binning). The adaptors' `chain` follows it.
     fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
         None
     }
 }
 
-/// A shared device memory resource: what adaptors, pools and containers hold, and what
-/// [`crate::per_device`] keeps per device.
+/// A shared device memory resource: what adaptors, pools and containers hold, and what the
+/// per-device table keeps for each device.
 pub type SharedResource = Arc<dyn DeviceMemoryResource>;
 
 /// A source of host memory (RMM's `host_memory_resource`).

@@ -16,7 +16,8 @@ use parking_lot::Mutex;
 use crate::backend::{RawEvent, RawStream};
 use crate::device::Device;
 use crate::error::Result;
-use crate::stream::{Event, StreamView};
+use crate::stream::Event;
+use crate::stream_view::StreamView;
 
 /// Direction of a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -35,7 +35,7 @@ use crate::backend::pinned_copy::{CopyFailed, PinnedCopy};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::resource::PinnedHostPool;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// The prefix of every spill file's name: `rmm-spill-<pid>-…`.
 const FILE_PREFIX: &str = "rmm-spill-";

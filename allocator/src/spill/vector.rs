@@ -9,7 +9,7 @@ use super::buffer::{DeviceGuard, HostGuard};
 use super::buffer::{SpillObserver, SpillableBuffer, Tier};
 use super::store::SpillStore;
 use crate::error::{Error, Result};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// `len` elements of `T` that may be spilled like a [`SpillableBuffer`] (which it wraps).
 /// Cloning shares the data.

@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 
 use rmm_config::ResolvedConfig;
 
+use super::task::{self, Job, TaskContext, TaskHandle};
+use super::worker::{self, Target, WorkerShared};
 use super::{RuntimeHandle, Shared};
 use crate::error::{Error, Result, TaskError};
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
-use crate::task::{self, Job, TaskContext, TaskHandle};
-use crate::worker::{self, Target, WorkerShared};
 use crate::worker_id::WorkerId;
 
 /// One configuration's devices, stacks and workers.
@@ -242,7 +242,7 @@ impl RuntimeHandle {
         F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
         T: Send + 'static,
     {
-        let (job, handle) = task::job(f);
+        let (job, handle) = task::job(f, worker::wait_for);
         self.shared.dispatch(Target::Any, job);
         handle
     }
@@ -253,7 +253,7 @@ impl RuntimeHandle {
         F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
         T: Send + 'static,
     {
-        let (job, handle) = task::job(f);
+        let (job, handle) = task::job(f, worker::wait_for);
         self.shared.dispatch(Target::Device(device), job);
         handle
     }
@@ -264,7 +264,7 @@ impl RuntimeHandle {
         F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
         T: Send + 'static,
     {
-        let (job, handle) = task::job(f);
+        let (job, handle) = task::job(f, worker::wait_for);
         self.shared.dispatch(Target::Worker(worker), job);
         handle
     }

@@ -30,6 +30,8 @@ mod per_device;
 mod reinitialize;
 mod setup;
 mod shutdown;
+mod task;
+mod worker;
 
 use std::collections::BTreeMap;
 use std::ops::Deref;
@@ -50,9 +52,9 @@ use crate::report::{
 };
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
-use crate::task::Job;
-use crate::worker::{self, Queued, Target};
 use crate::worker_id::WorkerId;
+use task::Job;
+use worker::{Queued, Target};
 
 use backend::resolve;
 use claims::{claim, unclaim};
@@ -60,6 +62,7 @@ use setup::set_up_devices;
 
 pub use backend::{device_facts, open_backend};
 pub(crate) use dispatch::Generation;
+pub use task::{TaskContext, TaskHandle};
 /// How long reinitialize and shutdown wait for queued and running tasks by default.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -95,7 +98,7 @@ pub(crate) struct Shared {
     paused: AtomicBool,
     /// Outside submitters between their checks and their send.
     entering: AtomicUsize,
-    /// Running tasks plus queued children, all workers (see [`WorkerShared::active`](crate::worker::WorkerShared::active)).
+    /// Running tasks plus queued children, all workers (see [`WorkerShared::active`](worker::WorkerShared::active)).
     active: Arc<AtomicUsize>,
     held: Mutex<Vec<(Target, Box<dyn Job>)>>,
     shut_down: AtomicBool,

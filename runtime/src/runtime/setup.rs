@@ -8,12 +8,12 @@ use rmm_allocator::Device;
 use rmm_allocator::resource::LiveBlock;
 use rmm_config::ResolvedConfig;
 
+use super::worker::{self, Queued, WorkerShared};
 use super::{Control, Generation, RuntimeHandle};
 use crate::error::{Error, Result, TaskError};
 use crate::spill::SpillManager;
 use crate::stack::{DeviceStack, StackPlan};
 use crate::streams::WorkerStream;
-use crate::worker::{self, Queued, WorkerShared};
 use crate::worker_id::WorkerId;
 
 /// One device set up: its stack, its workers' streams, and what the stack it replaced gave

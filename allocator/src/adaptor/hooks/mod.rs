@@ -60,7 +60,7 @@ pub use profile::{
 
 use crate::backend::DevicePtr;
 use crate::error::Result;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Which of the six hook points an event is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

@@ -14,7 +14,7 @@ use super::{CALL_SITE, HookEvent, MemoryHook, set_local};
 use crate::backend::DevicePtr;
 use crate::error::{Result, fmt_bytes};
 use crate::resource::DeviceMemoryResource;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Logs every event with `tracing::debug!` (target `rmm_allocator::hooks`).
 #[derive(Debug, Default, Clone, Copy)]

@@ -95,7 +95,7 @@ use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
 use crate::resource::SharedResource;
 use crate::resource::{DeviceMemoryResource, LiveBlock};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// The first line of every log, RMM's header.
 pub const LOG_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";

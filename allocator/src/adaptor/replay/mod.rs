@@ -42,7 +42,8 @@ use super::{chain_names, find_in_chain};
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::{DeviceMemoryResource, PoolMemoryResource};
-use crate::stream::{Stream, StreamView};
+use crate::stream::Stream;
+use crate::stream_view::StreamView;
 use assign::Assignment;
 
 mod assign;

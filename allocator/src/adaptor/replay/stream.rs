@@ -35,7 +35,8 @@ use crate::adaptor::{chain_names, find_in_chain};
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
 use crate::resource::{DeviceMemoryResource, PoolMemoryResource};
-use crate::stream::{Stream, StreamView};
+use crate::stream::Stream;
+use crate::stream_view::StreamView;
 
 /// Operations handed to a replay thread at once (one channel message), and batches queued
 /// ahead of it.

@@ -47,7 +47,7 @@ use super::{Upstream, find_in_chain};
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
 use crate::resource::{DeviceMemoryResource, LiveBlock, PoolMemoryResource};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 use crate::sync::{GroupedSlots, SlotCache, SpinLock};
 
 /// Threads with a shard of their own; more share an overflow shard.

@@ -50,7 +50,7 @@ use crate::backend::DevicePtr;
 use crate::error::{Result, fmt_bytes};
 use crate::resource::SharedResource;
 use crate::resource::{DeviceMemoryResource, LiveBlock};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 use crate::sync::SpinLock;
 use crate::sync::clock::{Ticker, ticking_monotonic_ns};
 

@@ -7,7 +7,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 use crate::sync::SpinLock;
 
 /// Hashes a pointer for the shard maps: multiplicative, with the high half folded into the

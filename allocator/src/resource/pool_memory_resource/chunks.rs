@@ -12,7 +12,7 @@ use crate::adaptor::hooks;
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
 use crate::resource::{CudaMemoryResource, DeviceMemoryResource, SharedResource};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Whether a pool maps its memory through CUDA's virtual memory API (`pool.vmm`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -23,7 +23,7 @@ use super::PoolMemoryResource;
 use super::global::FreeSpace;
 use super::tlsf::GRANULE;
 use crate::error::Result;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// The default growth step: the pool grows by what a request needs rounded up to this.
 pub const DEFAULT_GROWTH: u64 = 1 << 30;

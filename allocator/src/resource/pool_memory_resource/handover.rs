@@ -23,7 +23,7 @@ use super::bins::BIN_LIMIT;
 use super::tlsf::GRANULE;
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// A live allocation a replacing pool may take over: where, how many bytes (as asked for at
 /// allocation) and the stream it will be freed on.

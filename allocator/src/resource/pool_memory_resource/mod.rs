@@ -62,7 +62,6 @@ pub use self::chunks::VirtualMemory;
 use self::global::FreeSpace;
 pub use self::growth::DEFAULT_GROWTH;
 pub use self::handover::LiveBlock;
-pub use self::oom_report::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use self::tlsf::GRANULE;
 use super::stream_arenas::StreamArenas;
 use super::{DeviceMemoryResource, out_of_memory};
@@ -70,8 +69,9 @@ use crate::adaptor::hooks;
 use crate::backend::{DevicePtr, MemInfo};
 use crate::device::Device;
 use crate::error::{Error, Result};
+pub use crate::pool_usage::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use crate::resource::SharedResource;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Blocks larger than this (the largest an arena's cache keeps) come from the arena that the
 /// threads of a stream share: held per thread, the free memory of one thread's large blocks

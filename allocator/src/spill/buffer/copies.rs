@@ -15,7 +15,7 @@ use crate::backend::pinned_copy::{CopyFailed, PinnedCopy};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::spill::copy::Direction;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 impl SpillableBuffer {
     /// Takes pinned slices for the data and enqueues its copy into them, after the work

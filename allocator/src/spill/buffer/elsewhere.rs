@@ -13,7 +13,8 @@ use crate::backend::pinned_copy::PinnedCopy;
 use crate::error::{Error, Result};
 use crate::spill::copy::Direction;
 use crate::spill::store::SpillStore;
-use crate::stream::{StreamView, synchronize_stream};
+use crate::stream::synchronize_stream;
+use crate::stream_view::StreamView;
 
 /// Where a buffer made off the device gets its bytes.
 enum Incoming<'a> {

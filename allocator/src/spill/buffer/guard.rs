@@ -9,7 +9,7 @@ use parking_lot::MutexGuard;
 use super::{SpillableBuffer, State};
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// Access to a buffer's device memory; the buffer stays on the device while it lives.
 pub struct DeviceGuard<'a> {

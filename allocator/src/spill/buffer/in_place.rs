@@ -12,7 +12,7 @@ use super::{SpillStep, SpillableBuffer, State};
 use crate::backend::DevicePtr;
 use crate::error::Result;
 use crate::resource::SharedResource;
-use crate::stream::StreamView;
+use crate::stream_view::StreamView;
 
 /// A buffer locked on the device where it is, its memory from one resource: while this
 /// lives, nobody uses, moves or drops the buffer (they wait, or skip it as busy). Ends in

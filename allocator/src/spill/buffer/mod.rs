@@ -37,7 +37,8 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::per_device::get_per_device_resource;
 use crate::resource::SharedResource;
-use crate::stream::{Event, StreamView, synchronize_stream};
+use crate::stream::{Event, synchronize_stream};
+use crate::stream_view::StreamView;
 pub use guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
 
 /// Where a buffer's data is.

@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use rmm_allocator::set_current_device;
 
+use super::RuntimeHandle;
+use super::task::{Job, TaskContext};
 use crate::error::TaskError;
-use crate::runtime::RuntimeHandle;
 use crate::streams::WorkerStream;
-use crate::task::{Job, TaskContext};
 use crate::worker_id::WorkerId;
 
 /// How long an idle worker (or a waiter) spins before it blocks.
@@ -335,7 +335,9 @@ impl Local {
                     .and_then(|m| m.as_deref()),
                 runtime: &self.runtime,
             };
-            job.run(&ctx);
+            if job.run(&ctx) {
+                self.me.panics.fetch_add(1, Ordering::Relaxed);
+            }
         }
         self.me
             .busy_ns
@@ -368,22 +370,13 @@ impl Local {
     }
 }
 
-/// Counts a panic of a task on the calling worker (for the report).
-pub(crate) fn note_panic() {
-    LOCAL.with(|l| {
-        if let Some(local) = l.borrow().as_ref() {
-            local.me.panics.fetch_add(1, Ordering::Relaxed);
-        }
-    });
-}
-
 /// Waits until `done()` or `deadline`; true when done. Outside a worker it spins briefly,
 /// then `park(until)` blocks. Inside a worker it runs the worker's queued tasks meanwhile
 /// (children always; top-level ones unless the runtime is paused), so a task can wait for
 /// tasks queued behind it.
 pub(crate) fn wait_for(
-    done: impl Fn() -> bool,
-    park: impl Fn(Instant) -> bool,
+    done: &dyn Fn() -> bool,
+    park: &dyn Fn(Instant) -> bool,
     deadline: Option<Instant>,
 ) -> bool {
     if done() {

@@ -12,11 +12,10 @@ use rmm_allocator::adaptor::StatisticsResourceAdaptor;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::{Device, StreamView};
 
+use super::RuntimeHandle;
 use crate::error::TaskError;
-use crate::runtime::RuntimeHandle;
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
-use crate::worker;
 use crate::worker_id::WorkerId;
 
 /// What a task sees while it runs: its worker, device, stream and the device's resource.
@@ -145,10 +144,14 @@ impl<T> Slot<T> {
     }
 }
 
+/// How a [`TaskHandle`] waits: until `done()` or the deadline (true when done), parking
+/// with `park(until)`. The runtime gives its workers' way, which runs queued tasks meanwhile.
+pub(crate) type Wait = fn(&dyn Fn() -> bool, &dyn Fn(Instant) -> bool, Option<Instant>) -> bool;
+
 /// A queued unit of work, type-erased.
 pub(crate) trait Job: Send {
-    /// Runs the task and delivers its result.
-    fn run(self: Box<Self>, ctx: &TaskContext<'_>);
+    /// Runs the task and delivers its result; true when the task panicked.
+    fn run(self: Box<Self>, ctx: &TaskContext<'_>) -> bool;
     /// Delivers `error` without running the task.
     fn cancel(self: Box<Self>, error: TaskError);
 }
@@ -163,17 +166,18 @@ where
     F: FnOnce(&TaskContext<'_>) -> T + Send,
     T: Send,
 {
-    fn run(mut self: Box<Self>, ctx: &TaskContext<'_>) {
-        if let Some(f) = self.f.take() {
-            let result = catch_unwind(AssertUnwindSafe(|| f(ctx))).map_err(|payload| {
-                worker::note_panic();
-                TaskError::Panicked {
-                    worker: ctx.worker,
-                    message: panic_message(payload.as_ref()),
-                }
+    fn run(mut self: Box<Self>, ctx: &TaskContext<'_>) -> bool {
+        let Some(f) = self.f.take() else {
+            return false;
+        };
+        let result =
+            catch_unwind(AssertUnwindSafe(|| f(ctx))).map_err(|payload| TaskError::Panicked {
+                worker: ctx.worker,
+                message: panic_message(payload.as_ref()),
             });
-            self.slot.complete(result);
-        }
+        let panicked = result.is_err();
+        self.slot.complete(result);
+        panicked
     }
 
     fn cancel(mut self: Box<Self>, error: TaskError) {
@@ -193,8 +197,8 @@ impl<F, T> Drop for TaskJob<F, T> {
     }
 }
 
-/// A job and the handle that waits for it.
-pub(crate) fn job<F, T>(f: F) -> (Box<dyn Job>, TaskHandle<T>)
+/// A job and the handle that waits for it the `wait` way.
+pub(crate) fn job<F, T>(f: F, wait: Wait) -> (Box<dyn Job>, TaskHandle<T>)
 where
     F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
     T: Send + 'static,
@@ -202,6 +206,7 @@ where
     let slot = Slot::new();
     let handle = TaskHandle {
         slot: Arc::clone(&slot),
+        wait,
     };
     (Box::new(TaskJob { f: Some(f), slot }), handle)
 }
@@ -226,6 +231,7 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 #[must_use = "a task's result (and its panic, if any) is only seen through its handle"]
 pub struct TaskHandle<T> {
     slot: Arc<Slot<T>>,
+    wait: Wait,
 }
 
 impl<T> fmt::Debug for TaskHandle<T> {
@@ -283,6 +289,10 @@ impl<T> TaskHandle<T> {
 
     fn wait_until(&self, deadline: Option<Instant>) -> bool {
         let slot = &*self.slot;
-        worker::wait_for(|| slot.is_done(), |until| slot.park_until(until), deadline)
+        (self.wait)(
+            &|| slot.is_done(),
+            &|until| slot.park_until(until),
+            deadline,
+        )
     }
 }
