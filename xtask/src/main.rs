@@ -287,7 +287,13 @@ fn type_check(root: &Path, bin: &Path) -> Result<(), String> {
     // exceptions for untyped Dask, Distributed and Numba are in python/pyproject.toml).
     let mut strict = Command::new(bin.join("python"));
     strict
-        .args(["-m", "mypy", "--strict", "--ignore-missing-imports", "--cache-dir"])
+        .args([
+            "-m",
+            "mypy",
+            "--strict",
+            "--ignore-missing-imports",
+            "--cache-dir",
+        ])
         .arg(root.join("target/mypy-cache-strict"))
         .arg("rmm_rs")
         .current_dir(root.join("python"));
@@ -362,6 +368,15 @@ fn unsafe_fence(root: &Path) -> Result<(), String> {
 fn lint() -> Result<(), String> {
     unsafe_fence(&root())?;
     paths::one_path(&root())?;
+    let mut cycles = Command::new("python3");
+    cycles
+        .arg("scripts/import_cycles.py")
+        .args(["allocator/src", "config/src", "runtime/src"])
+        .current_dir(root());
+    run(
+        cycles,
+        "no import cycle between the library crates' files (scripts/import_cycles.py)",
+    )?;
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
     run(fmt, "cargo fmt --check")?;
@@ -389,7 +404,8 @@ const USAGE: &str = "usage: cargo xtask <test [--rust-only] [ARGS…] | lint | p
          run) and the doctests, then mypy python/rmm_rs python/tests, build the Python wheel in
          target/xtask-venv, build the librmm bridge where RMM's wheels install, and run pytest
          python/tests
-  lint   the unsafe fence, one public path to each name (as `paths`), cargo fmt --check,
+  lint   the unsafe fence, one public path to each name (as `paths`), no import cycle
+         between the library crates' files (scripts/import_cycles.py), cargo fmt --check,
          cargo clippy --all-targets -D warnings and cargo doc --workspace --no-deps with
          RUSTDOCFLAGS=-D warnings
   paths  one public path to each name in allocator, config, runtime and the rmm facade: no
