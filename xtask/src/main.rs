@@ -14,7 +14,8 @@
 //!   not built: PyTorch is not installed there, so its tests skip, saying why
 //!   (`scripts/gpu_bridge.sh run` builds and tests it). `--rust-only` skips the Python part.
 //! * `cargo xtask lint`: the `unsafe` fence, one public path to each name (`cargo xtask
-//!   paths`, see `paths.rs`), `cargo fmt --check`, `cargo clippy --all-targets -D warnings`
+//!   paths`, see `paths.rs`), no import cycle between the library crates' files
+//!   (`scripts/import_cycles.py`), `cargo fmt --check`, `cargo clippy --all-targets -D warnings`
 //!   and `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-D warnings` (broken intra-doc
 //!   links, links to private items, bad code blocks fail).
 //! * `cargo xtask ci`: `lint`, then `test` (what `.ci/run` runs).
