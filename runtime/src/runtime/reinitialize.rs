@@ -80,15 +80,6 @@ fn out_of_device_memory(e: &Error) -> bool {
 }
 
 impl RuntimeHandle {
-    /// Loads the configuration with `loader` and reinitializes to it.
-    ///
-    /// # Errors
-    /// [`Error::Config`](crate::Error::Config) when the configuration does not load; otherwise as
-    /// [`reinitialize`](Self::reinitialize).
-    pub fn reinitialize_with(&self, loader: &ConfigLoader) -> Result<ReinitReport> {
-        self.reinitialize(&loader.load()?)
-    }
-
     /// The configuration in force, as loaded (before it was resolved against the devices:
     /// `devices = "all"` stays `"all"`). [`config`](Self::config) gives it resolved.
     pub fn loaded_config(&self) -> Config {
