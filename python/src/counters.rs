@@ -26,9 +26,9 @@ use parking_lot::Mutex;
 use pyo3::exceptions::PyIndexError;
 use pyo3::prelude::*;
 use rmm_allocator::adaptor::{Counter, StatisticsResourceAdaptor, chain_names, find_in_chain};
-use rmm_allocator::current_device;
 use rmm_allocator::per_device::{get_per_device_resource, set_per_device_resource};
 use rmm_allocator::resource::SharedResource;
+use rmm_allocator::thread_device;
 
 use crate::error;
 
@@ -135,9 +135,9 @@ impl Drop for Parked {
     }
 }
 
-/// `device`, or the calling thread's current device (0 unless set) when None.
+/// `device`, or the calling thread's current device when None (as `DeviceBuffer` takes it).
 fn device_or_current(device: Option<u32>) -> u32 {
-    device.unwrap_or_else(current_device)
+    device.unwrap_or_else(thread_device)
 }
 
 /// The address of a resource's allocation: the same for every `Arc` of one resource.

@@ -227,3 +227,46 @@ def test_a_worker_reading_a_peers_answer_copies_shared_values_off_its_event_loop
     for lease in leases:
         lease.release()
     store.close()
+
+
+class _FailingComm:
+    """A connection whose read starts the copies of a shared value, then fails."""
+
+    def __init__(self, message, error):
+        self.message, self.error, self.aborted = message, error, False
+
+    async def read(self, deserializers=None):
+        transfer._deserialize_host_frames(*self.message)
+        raise self.error
+
+    def abort(self):
+        self.aborted = True
+
+
+@pytest.mark.parametrize("error", [RuntimeError("cut short"), OSError("closed")])
+def test_a_failed_read_waits_for_its_copies_and_leaves_a_cut_connection_unusable(error):
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="16MiB")
+    _, header, frames, leases = _spilled_and_sent(store, "x", 12)
+    comm = _FailingComm((header, frames), error)
+    transfer._reading_copies_off_the_loop(comm)
+    copied = []
+
+    async def receive():
+        before = transfer.figures()["received_exported_count"]
+        token = transfer._RECEIVING.set(store)
+        try:
+            with pytest.raises(type(error)):
+                await comm.read()
+        finally:
+            transfer._RECEIVING.reset(token)
+        # The copy the read started had ended (and been counted) by the time it raised.
+        copied.append(transfer.figures()["received_exported_count"] - before)
+
+    asyncio.run(receive())
+    assert copied == [1]
+    # Dask closes a connection whose read raised an OSError; others are aborted here.
+    assert comm.aborted is (not isinstance(error, OSError))
+    for lease in leases:
+        lease.release()
+    store.close()

@@ -204,8 +204,9 @@ fn arenas(backend_devices: u32) -> &'static [Mutex<ArenaState>] {
 /// use with [`DEFAULT_ARENA_BYTES`], at most an eighth of the device's memory.
 ///
 /// # Errors
-/// As [`ExportArena::new`]; after a refusal, the same error until the device has the arena's
-/// bytes free (looked at once a second at most); [`Device::new`] for an unknown device.
+/// As [`ExportArena::new`]; after a refusal for lack of memory, the same error until the
+/// device has the arena's bytes free (looked at once a second at most); after any other
+/// refusal, that error for good; [`Device::new`] for an unknown device.
 pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
     let d = Device::new(device)?;
     let mut state = arenas(d.backend().device_count())
@@ -215,7 +216,9 @@ pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
     let was_refused = match &mut *state {
         ArenaState::Made(a) => return Ok(Arc::clone(a)),
         ArenaState::Refused(e, looked) => {
-            if looked.elapsed() < RETRY_REFUSED {
+            // Only a lack of memory passes; a driver that cannot export never will.
+            let for_memory = e.is_out_of_memory() || e.is_driver_out_of_memory();
+            if !for_memory || looked.elapsed() < RETRY_REFUSED {
                 return Err(e.clone());
             }
             *looked = Instant::now();
@@ -242,11 +245,17 @@ pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
             Ok(arena)
         }
         Err(e) => {
-            if !was_refused {
+            if !was_refused && (e.is_out_of_memory() || e.is_driver_out_of_memory()) {
                 tracing::warn!(
                     device,
                     "no exportable device memory for now: values go to peers of this host \
                      through the connection until the device has room ({e})"
+                );
+            } else if !was_refused {
+                tracing::warn!(
+                    device,
+                    "no exportable device memory: values go to peers of this host through \
+                     the connection ({e})"
                 );
             }
             *state = ArenaState::Refused(e.clone(), Instant::now());

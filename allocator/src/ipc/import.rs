@@ -79,6 +79,33 @@ impl Imports {
         }
         let mut mapped = self.mapped.lock();
         let key = (device.ordinal(), desc.handle);
+        // The same handle from another process (the first one gone, its handle's bytes made
+        // again): the old mapping is not that process's memory.
+        if let Some(m) = mapped.get(&key)
+            && m.peer.pid != desc.pid
+        {
+            if m.users.load(Ordering::Acquire) > 0 {
+                return Err(Error::invalid_argument(
+                    "a peer's exported memory",
+                    format!("process {}'s handle", desc.pid),
+                    format!(
+                        "memory not still mapped for process {}, whose copies from the same \
+                         handle are running: send the value again",
+                        m.peer.pid
+                    ),
+                ));
+            }
+            if let Some(old) = mapped.remove(&key)
+                && let Err(e) = unmap(key.0, &old)
+            {
+                tracing::warn!(
+                    "unmapping the exported memory of process {}, whose handle process {} \
+                     now uses: {e}",
+                    old.peer.pid,
+                    desc.pid
+                );
+            }
+        }
         let mapping = match mapped.get(&key) {
             Some(m) => Arc::clone(m),
             None => {
@@ -173,21 +200,26 @@ impl Imports {
     }
 }
 
-/// Unmaps the arenas in `mapped` of peers that are gone and that no copy uses; how many.
+/// Unmaps the arenas in `mapped` of peers that are gone and that no copy uses; how many were
+/// unmapped (one that fails to unmap is dropped all the same, with a warning).
 fn forget_gone(mapped: &mut HashMap<(u32, IpcHandle), Arc<Mapping>>) -> usize {
     let gone: Vec<_> = mapped
         .iter()
         .filter(|(_, m)| m.users.load(Ordering::Acquire) == 0 && !m.peer.is_alive())
         .map(|(k, _)| *k)
         .collect();
+    let mut unmapped = 0;
     for key in &gone {
         if let Some(m) = mapped.remove(key) {
             match unmap(key.0, &m) {
-                Ok(()) => tracing::debug!(
-                    device = key.0,
-                    peer = m.peer.pid,
-                    "a gone peer's exported device memory unmapped"
-                ),
+                Ok(()) => {
+                    unmapped += 1;
+                    tracing::debug!(
+                        device = key.0,
+                        peer = m.peer.pid,
+                        "a gone peer's exported device memory unmapped"
+                    );
+                }
                 Err(e) => tracing::warn!(
                     "unmapping the exported memory of process {}, which is gone, on device {}: \
                      {e}",
@@ -197,7 +229,7 @@ fn forget_gone(mapped: &mut HashMap<(u32, IpcHandle), Arc<Mapping>>) -> usize {
             }
         }
     }
-    gone.len()
+    unmapped
 }
 
 fn unmap(device: u32, m: &Mapping) -> Result<()> {
@@ -234,12 +266,16 @@ impl Peer {
     }
 }
 
-/// Field 22 of `/proc/PID/stat`: when the process started.
+/// Field 22 of `/proc/PID/stat`: when the process started; None when it is gone, or has
+/// exited and waits to be reaped (state `Z` or `X`, field 3).
 fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces: count after it.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 fn check_range(desc: &IpcDescriptor, offset: usize, len: usize) -> Result<()> {

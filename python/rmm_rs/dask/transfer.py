@@ -63,7 +63,14 @@ _EXPORTS: "contextvars.ContextVar[Optional[List[Any]]]" = contextvars.ContextVar
 # While this worker reads a peer's answer to its request for data (see _read_then_copy): the
 # copies of values the peer shared through its memory, running on the copy threads, each with
 # the placeholder it fills.
-_Copying = List[Tuple["HostFrames", "Future[Tuple[str, Any]]"]]
+class _Copying(List[Tuple["HostFrames", "Future[Tuple[str, Any]]"]]):
+    """The copies one read of a peer's message started; ``closed`` once that read has failed
+    or been cancelled (a deserialization still running on Dask's offload thread then starts
+    no more)."""
+
+    closed = False
+
+
 _COPIES: "contextvars.ContextVar[Optional[_Copying]]" = contextvars.ContextVar(
     "rmm_rs_copies", default=None
 )
@@ -273,6 +280,8 @@ def _arrived_exported(
         return HostFrames(header, frames, parts).rebuild()
     pending = _COPIES.get()
     if pending is not None:
+        if pending.closed:
+            raise _Unreadable("rmm-rs: the read of this message was given up")
         # Read off the event loop: the answer to the peer waits for the copy, the loop not.
         value = HostFrames(header, frames)
         pending.append((value, _copiers().submit(_copy_exported, descriptors, store.device_id)))
@@ -335,22 +344,27 @@ def _reading_copies_off_the_loop(comm: Any) -> Any:
     async def read_then_copy(*args: Any, **kwargs: Any) -> Any:
         if _RECEIVING.get() is None:
             return await read(*args, **kwargs)
-        pending: _Copying = []
+        pending = _Copying()
         token = _COPIES.set(pending)
         try:
             msg = await read(*args, **kwargs)
+        except BaseException as e:
+            # No copy may outlive the read: the peer reuses its memory once the connection
+            # closes. A message cut short leaves the connection unusable: it is aborted.
+            pending.closed = True
+            await _settle(pending)
+            if pending and not isinstance(e, OSError):
+                _abort(comm)
+            raise
         finally:
             _COPIES.reset(token)
-        if pending:
-            # Every copy ends before this returns (or raises): none may still read the peer's
-            # memory once it has its answer, or its connection closes.
-            results = await asyncio.gather(
-                *(asyncio.wrap_future(f) for _, f in pending), return_exceptions=True
-            )
-            for (value, _), result in zip(pending, results):
-                if isinstance(result, BaseException):
-                    raise result
-                _fill(value, result)
+        pending.closed = True
+        results = await _settle(pending)
+        for (value, _), result in zip(pending, results):
+            if isinstance(result, BaseException):
+                _abort(comm)
+                raise result
+            _fill(value, result)
         return msg
 
     comm.read = read_then_copy
@@ -590,6 +604,37 @@ def attach(worker: Any, store: Any) -> bool:
     if isinstance(metrics, dict):
         metrics["rmm-rs-transfer"] = lambda w: _worker_metrics(store)
     return True
+
+
+async def _settle(pending: _Copying) -> List[Any]:
+    """Every copy of ``pending`` ended (each one's result or exception, in order). A
+    cancellation meanwhile is raised once they have: a copy cannot be stopped, and none may
+    read a peer's memory after the read that started it is over."""
+    if not pending:
+        return []
+    waiting = asyncio.gather(
+        *(asyncio.wrap_future(f) for _, f in pending), return_exceptions=True
+    )
+    cancelled: Optional[BaseException] = None
+    while not waiting.done():
+        try:
+            await asyncio.shield(waiting)
+        except asyncio.CancelledError as e:
+            cancelled = e
+    if cancelled is not None:
+        raise cancelled
+    return list(waiting.result())
+
+
+def _abort(comm: Any) -> None:
+    """Closes ``comm`` at once: the peer stops waiting for an answer on it, and the worker's
+    pool does not reuse it."""
+    abort = getattr(comm, "abort", None)
+    if abort is not None:
+        try:
+            abort()
+        except Exception as e:  # noqa: BLE001 - it is going away either way
+            logger.debug("rmm-rs: aborting a connection: %s", e)
 
 
 def _copy_received_off_the_loop(worker: Any) -> None:

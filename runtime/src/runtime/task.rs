@@ -4,7 +4,7 @@ use std::any::Any;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -30,6 +30,8 @@ pub struct TaskContext<'a> {
     pub(crate) stack: &'a DeviceStack,
     pub(crate) spill: Option<&'a SpillManager>,
     pub(crate) runtime: &'a RuntimeHandle,
+    /// The worker's count of panicked tasks (counted before a panic is delivered).
+    pub(crate) panics: &'a AtomicU64,
 }
 
 impl fmt::Debug for TaskContext<'_> {
@@ -150,8 +152,8 @@ pub(crate) type Wait = fn(&dyn Fn() -> bool, &dyn Fn(Instant) -> bool, Option<In
 
 /// A queued unit of work, type-erased.
 pub(crate) trait Job: Send {
-    /// Runs the task and delivers its result; true when the task panicked.
-    fn run(self: Box<Self>, ctx: &TaskContext<'_>) -> bool;
+    /// Runs the task and delivers its result.
+    fn run(self: Box<Self>, ctx: &TaskContext<'_>);
     /// Delivers `error` without running the task.
     fn cancel(self: Box<Self>, error: TaskError);
 }
@@ -166,18 +168,18 @@ where
     F: FnOnce(&TaskContext<'_>) -> T + Send,
     T: Send,
 {
-    fn run(mut self: Box<Self>, ctx: &TaskContext<'_>) -> bool {
-        let Some(f) = self.f.take() else {
-            return false;
-        };
-        let result =
-            catch_unwind(AssertUnwindSafe(|| f(ctx))).map_err(|payload| TaskError::Panicked {
-                worker: ctx.worker,
-                message: panic_message(payload.as_ref()),
+    fn run(mut self: Box<Self>, ctx: &TaskContext<'_>) {
+        if let Some(f) = self.f.take() {
+            let result = catch_unwind(AssertUnwindSafe(|| f(ctx))).map_err(|payload| {
+                // Counted before the waiter can see the panic (and read the report).
+                ctx.panics.fetch_add(1, Ordering::Relaxed);
+                TaskError::Panicked {
+                    worker: ctx.worker,
+                    message: panic_message(payload.as_ref()),
+                }
             });
-        let panicked = result.is_err();
-        self.slot.complete(result);
-        panicked
+            self.slot.complete(result);
+        }
     }
 
     fn cancel(mut self: Box<Self>, error: TaskError) {

@@ -334,10 +334,9 @@ impl Local {
                     .get(self.me.slot)
                     .and_then(|m| m.as_deref()),
                 runtime: &self.runtime,
+                panics: &self.me.panics,
             };
-            if job.run(&ctx) {
-                self.me.panics.fetch_add(1, Ordering::Relaxed);
-            }
+            job.run(&ctx);
         }
         self.me
             .busy_ns

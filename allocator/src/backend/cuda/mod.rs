@@ -255,11 +255,18 @@ impl CudaBackend {
             backend: "cuda",
         })?;
         let ctx = d.context()?;
-        if BOUND_CONTEXT.with(Cell::get) != ctx as usize {
+        // What is current now, not what this backend last made current: another library
+        // (CuPy's `Device(n).use()`, say) may have switched the thread's device since.
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the driver writes the thread's current context (or null) into a local.
+        check("cuCtxGetCurrent", dev, unsafe {
+            sys::cuCtxGetCurrent(&mut current)
+        })?;
+        if current != ctx {
             // SAFETY: `ctx` is a retained primary context, valid for the process's life.
             check("cuCtxSetCurrent", dev, unsafe { sys::cuCtxSetCurrent(ctx) })?;
-            BOUND_CONTEXT.with(|c| c.set(ctx as usize));
         }
+        BOUND_CONTEXT.with(|c| c.set(ctx as usize));
         Ok(d)
     }
 }
