@@ -131,3 +131,15 @@ def test_a_dask_worker_brings_inputs_back_ahead_of_its_tasks(tmp_path):
         assert sizes == [SIZE] * n
         counts = list(client.run(prefetched).values())
         assert counts[0] > 0, f"nothing was brought back ahead of a task: {counts}"
+
+
+def test_a_closed_prefetcher_queues_nothing_and_forgets_what_was_queued():
+    store = _store_with_spilled(2)
+    p = Prefetcher(store, depth=2)
+    p.setup(SimpleNamespace(state=SimpleNamespace(ready=_Ready([_task("x0", "x1")]))))
+    p.close()
+    assert p.prefetch(["x0", "x1"]) == 0 and p._pool is None, "closed for good"
+    assert not p._pending
+    p.transition("t", "ready", "executing")
+    assert p._pool is None and store.tier("x0") == "host"
+    store.close()

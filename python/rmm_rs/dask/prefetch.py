@@ -43,6 +43,7 @@ class Prefetcher:
         # Values whose copy back is queued or running (by id of their adopted value).
         self._pending: Set[int] = set()
         self._pool: Optional[ThreadPoolExecutor] = None
+        self._closed = False
         self.brought_back = 0
 
     # Dask's WorkerPlugin interface (duck-typed: plugins are called by name).
@@ -77,24 +78,26 @@ class Prefetcher:
     def prefetch(self, keys: Iterable[Any]) -> int:
         """Queues the spilled values of ``keys`` (those in the store) to be brought back to
         the device; returns how many were queued."""
-        entries: List[Any] = []
+        queued = 0
         with self._lock:
+            if self._closed:
+                return 0
             for key in keys:
                 entry = self.store._device.get(key)
                 if entry is None or not _off_device(entry.adopted):
                     continue
                 if id(entry.adopted) in self._pending:
                     continue
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="rmm-rs-prefetch")
+                try:
+                    self._pool.submit(self._bring_back, entry.adopted)
+                except RuntimeError as e:  # the interpreter is shutting down
+                    logger.debug("rmm-rs: no prefetching now: %s", e)
+                    break
                 self._pending.add(id(entry.adopted))
-                entries.append(entry.adopted)
-            if not entries:
-                return 0
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="rmm-rs-prefetch")
-            pool = self._pool
-        for adopted in entries:
-            pool.submit(self._bring_back, adopted)
-        return len(entries)
+                queued += 1
+        return queued
 
     def _bring_back(self, adopted: Any) -> None:
         try:
@@ -113,12 +116,17 @@ class Prefetcher:
         """Returns once what is queued now has been brought back (or failed)."""
         with self._lock:
             pool = self._pool
-        if pool is not None:
-            pool.submit(lambda: None).result()
+            if pool is None:
+                return
+            done = pool.submit(lambda: None)
+        done.result()
 
     def close(self) -> None:
-        """Stops the thread; what is queued is dropped, a copy running ends first."""
+        """Stops for good: what is queued is dropped, and a copy running ends on its own
+        (this does not wait for it: it runs on the worker's event loop)."""
         with self._lock:
+            self._closed = True
             pool, self._pool = self._pool, None
+            self._pending.clear()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
