@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 from . import _rmm_rs
 from .logs import disable_logging, enable_logging, get_log_filenames
+from .reinitialize_hooks import reinitialize
 
 _Size = Union[int, str, None]
 
@@ -154,9 +155,6 @@ class LimitingResourceAdaptor(DeviceMemoryResource):
 
 # The settings a description stands for.
 
-# Keys the same on every device (the rest are per device: `device.N.<key>`).
-_GLOBAL = ("pool.enabled", "pool.managed", "pool.async", "logging.enabled", "tracking.enabled")
-
 _REFUSED = (
     "rmm-rs builds each device's stack from its configuration and has no {name}: describe "
     "the stack with CudaMemoryResource, ManagedMemoryResource, CudaAsyncMemoryResource, "
@@ -193,6 +191,11 @@ def _settings(mr: DeviceMemoryResource) -> Tuple[Dict[str, Any], Dict[str, Any]]
             glob["tracking.enabled"] = True
             glob["tracking.backtraces"] = node.capture_stacks
         elif isinstance(node, LimitingResourceAdaptor):
+            if node.allocation_limit is None:
+                raise TypeError(
+                    "LimitingResourceAdaptor(allocation_limit=None): give the limit in bytes "
+                    "(or a size such as \"8GB\")"
+                )
             dev["limits.device_memory_limit"] = node.allocation_limit
         elif isinstance(node, PoolMemoryResource):
             up = node.upstream_mr
@@ -217,8 +220,10 @@ def _settings(mr: DeviceMemoryResource) -> Tuple[Dict[str, Any], Dict[str, Any]]
             break
         elif type(node) is CudaAsyncMemoryResource:
             glob["pool.async"] = True
-            if node.initial_pool_size is not None:
-                dev["pool.initial_size"] = node.initial_pool_size
+            # "auto" for an async pool: nothing reserved up front, as in RMM.
+            dev["pool.initial_size"] = (
+                "auto" if node.initial_pool_size is None else node.initial_pool_size
+            )
             dev["pool.release_threshold"] = (
                 "none" if node.release_threshold is None else node.release_threshold
             )
@@ -232,14 +237,34 @@ def _settings(mr: DeviceMemoryResource) -> Tuple[Dict[str, Any], Dict[str, Any]]
 
 
 def _running_settings(device: int) -> Dict[str, Any]:
-    """The global settings the running stack of ``device`` stands for."""
+    """The per-process settings the running stack of ``device`` stands for."""
     return _settings(get_per_device_resource(device))[0]
 
 
+def _described(config: Dict[str, Any], dev: Dict[str, Any]) -> DeviceMemoryResource:
+    """The description of one device of the resolved configuration ``config``."""
+    pool = dev["pool"]
+    node: DeviceMemoryResource
+    if pool["use_async"]:
+        node = CudaAsyncMemoryResource(pool["initial_size"], pool["release_threshold"])
+    else:
+        node = ManagedMemoryResource() if pool["managed"] else CudaMemoryResource()
+        if pool["enabled"]:
+            node = PoolMemoryResource(node, pool["initial_size"], pool["maximum_size"])
+    if dev["memory_limit"] is not None:
+        node = LimitingResourceAdaptor(node, dev["memory_limit"])
+    if config["tracking"]:
+        node = TrackingResourceAdaptor(node, config["backtraces"])
+    if dev["log_file"]:
+        # The configured name: the device's log file without its `.devN`.
+        path = Path(dev["log_file"])
+        suffix = f".dev{dev['ordinal']}"
+        stem = path.stem[: -len(suffix)] if path.stem.endswith(suffix) else path.stem
+        node = LoggingResourceAdaptor(node, str(path.with_name(stem + path.suffix)))
+    return StatisticsResourceAdaptor(node)
+
+
 # The functions.
-
-_SET: Dict[int, DeviceMemoryResource] = {}
-
 
 def is_initialized() -> bool:
     """True while rmm-rs runs (RMM: whether a resource was set up)."""
@@ -252,22 +277,21 @@ def available_device_memory() -> Tuple[int, int]:
 
 
 def get_per_device_resource(device: int) -> DeviceMemoryResource:
-    """A description of ``device``'s running stack: the one last set through this module when
-    it still runs, else one read from the stack (sizes as the stack has them). Before rmm-rs
-    runs, :class:`CudaMemoryResource`, as in RMM."""
+    """A description of ``device``'s running stack, read from the running configuration (its
+    sizes, limit, log file and tracking as they are now): setting it back changes nothing.
+    Before rmm-rs runs, :class:`CudaMemoryResource`, as in RMM."""
     device = int(device)
     if not _rmm_rs.is_initialized():
         return CudaMemoryResource()
-    stacks = {d["device"]: d["stack"] for d in _rmm_rs.report()["devices"]}
-    if device not in stacks:
+    config = _rmm_rs.resolved_config()
+    found = [d for d in config["devices"] if d["ordinal"] == device]
+    if not found:
+        running = sorted(d["ordinal"] for d in config["devices"])
         raise ValueError(
-            f"device {device} is not one rmm-rs runs on (it runs {sorted(stacks)}): name one of "
+            f"device {device} is not one rmm-rs runs on (it runs {running}): name one of "
             "them, or start rmm-rs on it (rmm_rs.reinitialize(devices=[...]))"
         )
-    known = _SET.get(device)
-    if known is not None and _describes(known, stacks[device]):
-        return known
-    return _from_stack(stacks[device])
+    return _described(config, found[0])
 
 
 def get_current_device_resource() -> DeviceMemoryResource:
@@ -294,7 +318,7 @@ def set_per_device_resource(device: int, mr: DeviceMemoryResource) -> None:
             )
         if len(running) > 1:
             now = _running_settings(device)
-            changed = [k for k in _GLOBAL if now.get(k) != glob.get(k)]
+            changed = sorted(k for k in {*now, *glob} if now.get(k) != glob.get(k))
             if changed:
                 raise ValueError(
                     f"set_per_device_resource({device}, {mr!r}) changes {', '.join(changed)}, "
@@ -302,64 +326,9 @@ def set_per_device_resource(device: int, mr: DeviceMemoryResource) -> None:
                     "them on all with rmm_rs.reinitialize(overrides={...}), or describe a "
                     "stack that keeps them"
                 )
-        _rmm_rs.reinitialize(None, settings)
-    _SET[device] = mr
+        reinitialize(overrides=settings)
 
 
 def set_current_device_resource(mr: DeviceMemoryResource) -> None:
     """:func:`set_per_device_resource` on the current device."""
     set_per_device_resource(_rmm_rs.current_device(), mr)
-
-
-_NAMES = {
-    "CudaMemoryResource": CudaMemoryResource,
-    "ManagedMemoryResource": ManagedMemoryResource,
-    "CudaAsyncMemoryResource": CudaAsyncMemoryResource,
-}
-
-
-def _from_stack(stack: str) -> DeviceMemoryResource:
-    """The description of a running stack (``"StatisticsResourceAdaptor > PoolMemoryResource
-    > CudaMemoryResource"``), outermost first."""
-    names = [n.strip() for n in stack.split(">")]
-    base = _NAMES.get(names[-1], CudaMemoryResource)()
-    node: DeviceMemoryResource = base
-    for name in reversed(names[:-1]):
-        if name == "PoolMemoryResource":
-            node = PoolMemoryResource(node)
-        elif name == "StatisticsResourceAdaptor":
-            node = StatisticsResourceAdaptor(node)
-        elif name == "TrackingResourceAdaptor":
-            node = TrackingResourceAdaptor(node)
-        elif name == "LoggingResourceAdaptor":
-            files = [f for f in get_log_filenames().values() if f]
-            node = LoggingResourceAdaptor(node, files[0] if files else "rmm_log.csv")
-        elif name == "LimitingResourceAdaptor":
-            node = LimitingResourceAdaptor(node, None)
-        # Other layers of rmm-rs's own (spilling, its arenas) have no RMM name: left out.
-    return node
-
-
-def _describes(mr: DeviceMemoryResource, stack: str) -> bool:
-    """True when ``mr``'s classes are the running stack's, in order (sizes aside)."""
-    ours = []
-    node: Optional[DeviceMemoryResource] = mr
-    while node is not None:
-        ours.append(type(node).__name__)
-        node = node.get_upstream()
-    running = [n.strip() for n in stack.split(">") if n.strip() in _KNOWN]
-    if ours and ours[0] != "StatisticsResourceAdaptor":
-        ours.insert(0, "StatisticsResourceAdaptor")
-    return ours == running
-
-
-_KNOWN = {
-    "CudaMemoryResource",
-    "ManagedMemoryResource",
-    "CudaAsyncMemoryResource",
-    "PoolMemoryResource",
-    "StatisticsResourceAdaptor",
-    "LoggingResourceAdaptor",
-    "TrackingResourceAdaptor",
-    "LimitingResourceAdaptor",
-}

@@ -280,6 +280,14 @@ fn report(py: Python<'_>) -> PyResult<Py<PyAny>> {
     json_to_py(py, &text)
 }
 
+/// The running configuration, resolved against the devices (every size in bytes): backend,
+/// workers per device, and per device its pool, limit, spilling and log file.
+#[pyfunction]
+fn resolved_config(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    let text = with_runtime(|rt| serde_json::to_string(&rt.config()).map_err(error))?;
+    json_to_py(py, &text)
+}
+
 /// A dict keyed by device number (int) of the JSON values in `per_device`.
 fn by_device(py: Python<'_>, per_device: Vec<(u32, serde_json::Value)>) -> PyResult<Py<PyAny>> {
     let out = PyDict::new(py);
@@ -405,6 +413,7 @@ fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(log_file_names, m)?)?;
     m.add_function(wrap_pyfunction!(spill_statistics, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
+    m.add_function(wrap_pyfunction!(resolved_config, m)?)?;
     settings::register(m)?;
     buffers::register(m)?;
     counters::register(m)?;

@@ -5,6 +5,7 @@ parameters are RMM's (checked against RAPIDS RMM where it is installed)."""
 
 import importlib.util
 import inspect
+from typing import List
 
 import pytest
 
@@ -70,7 +71,10 @@ def test_each_description_builds_its_stack_and_reads_back_as_set(description, ex
     wanted = description()
     mr.set_current_device_resource(wanted)
     assert stack() == expected
-    assert mr.get_current_device_resource() is wanted
+    # Read back from the running configuration: the same stack, the same sizes.
+    got = mr.get_current_device_resource()
+    assert isinstance(got, mr.StatisticsResourceAdaptor)
+    assert mr._settings(got) == mr._settings(wanted)
     assert kept.to_bytes() == b"kept" * 1024
     # A stack changed behind this module's back is read from the stack itself.
     rmm_rs.reinitialize(
@@ -82,11 +86,53 @@ def test_each_description_builds_its_stack_and_reads_back_as_set(description, ex
             "tracking.enabled": False,
             "device.0.limits.device_memory_limit": "none",
             "device.0.pool.initial_size": "32MiB",
+            "device.0.pool.maximum_size": "none",
         },
     )
     assert mr.get_current_device_resource() == mr.StatisticsResourceAdaptor(
-        mr.PoolMemoryResource(mr.CudaMemoryResource())
+        mr.PoolMemoryResource(mr.CudaMemoryResource(), 32 << 20)
     )
+
+
+def test_setting_back_what_was_read_changes_nothing(tmp_path):
+    # RMM's usual pattern: wrap the current resource and set it back.
+    rmm_rs.initialize(
+        None,
+        {
+            "pool.enabled": True,
+            "device.0.pool.initial_size": "64MiB",
+            "device.0.pool.maximum_size": "1GiB",
+            "limits.device_memory_limit": "512MiB",
+            "logging.enabled": True,
+            "logging.directory": str(tmp_path),
+        },
+    )
+    before = rmm_rs.describe()
+    logs = mr.get_log_filenames()
+    current = mr.get_current_device_resource()
+    mr.set_current_device_resource(mr.StatisticsResourceAdaptor(current))
+    assert rmm_rs.describe() == before
+    assert mr.get_log_filenames() == logs == {0: str(tmp_path / "rmm_log.dev0.csv")}
+
+
+def test_an_async_resource_reserves_nothing_unless_asked_after_a_sized_pool():
+    mr.set_current_device_resource(
+        mr.PoolMemoryResource(mr.CudaMemoryResource(), initial_pool_size=64 << 20)
+    )
+    mr.set_current_device_resource(mr.CudaAsyncMemoryResource())
+    got = mr.get_current_device_resource().get_upstream()
+    assert got == mr.CudaAsyncMemoryResource(), got
+
+
+def test_reinitialize_hooks_run_before_a_resource_is_set():
+    calls: List[str] = []
+    rmm_rs.register_reinitialize_hook(calls.append, "hook")
+    try:
+        rmm_rs.initialize(None, {})
+        mr.set_current_device_resource(mr.ManagedMemoryResource())
+        assert calls == ["hook"]
+    finally:
+        rmm_rs.unregister_reinitialize_hook(calls.append)
 
 
 def test_a_limit_and_tracking_reach_the_configuration():
@@ -117,8 +163,13 @@ class NotRmmRs(mr.DeviceMemoryResource):
             "CudaMemoryResource or ManagedMemoryResource as its upstream",
         ),
         (lambda: mr.PoolMemoryResource(mr.CudaMemoryResource(), "lots"), rmm_rs.RmmError, "lots"),
+        (
+            lambda: mr.LimitingResourceAdaptor(mr.CudaMemoryResource(), None),
+            TypeError,
+            "allocation_limit=None",
+        ),
     ],
-    ids=["own-class", "not-a-resource", "pool-over-async", "bad-size"],
+    ids=["own-class", "not-a-resource", "pool-over-async", "bad-size", "no-limit"],
 )
 def test_what_rmm_rs_cannot_build_is_refused_and_nothing_changes(bad, error, words):
     rmm_rs.initialize(None, {"pool.enabled": True, "pool.initial_size": "32MiB"})
@@ -156,6 +207,15 @@ def test_with_several_devices_only_per_device_settings_change_through_one():
         mr.set_per_device_resource(5, mr.CudaMemoryResource())
     with pytest.raises(ValueError, match="not one rmm-rs runs on"):
         mr.get_per_device_resource(5)
+    # Logging's file name is the process's too.
+    rmm_rs.reinitialize(overrides={"logging.enabled": True, "logging.file_name": "a.csv"})
+    with pytest.raises(ValueError, match="logging.file_name"):
+        mr.set_per_device_resource(
+            1,
+            mr.LoggingResourceAdaptor(
+                mr.PoolMemoryResource(mr.CudaMemoryResource(), 64 << 20), "b.csv"
+            ),
+        )
 
 
 def test_a_buffer_on_the_current_device_by_default():

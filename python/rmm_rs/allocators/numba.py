@@ -24,10 +24,10 @@ def _device_pointer(address: int) -> Any:
     bindings, or a ``ctypes.c_uint64`` for a Numba on its own ctypes binding."""
     from numba.cuda.cudadrv import driver
 
-    if getattr(driver, "USE_NV_BINDING", True):
-        from cuda.bindings.driver import CUdeviceptr
-
-        return CUdeviceptr(address)
+    # Numba's own binding module (whichever cuda-python it found), when it uses one.
+    binding = getattr(driver, "binding", None)
+    if binding is not None and getattr(driver, "USE_NV_BINDING", True):
+        return binding.CUdeviceptr(address)
     return ctypes.c_uint64(address)
 
 
@@ -54,7 +54,9 @@ class RmmRsNumbaManager(HostOnlyCUDAMemoryManager):
         Numba lets the pointer go. Raises ``rmm_rs.OutOfMemoryError`` (a ``MemoryError``)
         when rmm-rs finds no memory, after spilling where spilling is on."""
         device = int(self.context.device.id)
-        buf = _rmm_rs.DeviceBuffer(size, device)
+        # At least a byte: Numba keys its allocations by address, and every empty buffer's
+        # address is 0.
+        buf = _rmm_rs.DeviceBuffer(max(size, 1), device)
         address = int(buf.ptr)
         self.allocations[address] = buf
         return MemoryPointer(
