@@ -12,34 +12,6 @@ python3 -m venv "$scratch/venv"
 "$scratch/venv/bin/pip" install --quiet ./python
 mkdir "$scratch/work"
 cd "$scratch/work"
-RMM_BACKEND=sim RMM_SIM_MEMORY=16GiB "$scratch/venv/bin/python" - "$repo/README.md" <<'EOF'
-import re
-import subprocess
-import sys
-
-blocks, current = [], None
-for line in open(sys.argv[1]).read().splitlines():
-    if current is None and line.strip() == "```python":
-        current = []
-    elif current is not None and line.strip() == "```":
-        blocks.append("\n".join(current) + "\n")
-        current = None
-    elif current is not None:
-        current.append(line)
-
-ran = 0
-for i, code in enumerate(blocks, 1):
-    imported = {m.split(".")[0] for m in re.findall(r"^\s*(?:from|import)\s+([\w.]+)", code, re.M)}
-    others = sorted(imported - {"rmm_rs"} - set(sys.stdlib_module_names))
-    if others:
-        print(f"README snippet {i}: skipped here, it needs {', '.join(others)}")
-        continue
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.exit(f"README snippet {i} failed from a clean install:\n{code}\n{done.stderr}")
-    print(f"README snippet {i}: ran")
-    ran += 1
-if ran == 0:
-    sys.exit("no README snippet ran: the README has no rmm_rs-only Python snippet any more")
-EOF
+RMM_BACKEND=sim RMM_SIM_MEMORY=16GiB "$scratch/venv/bin/python" \
+    "$repo/python/tests/readme_snippets.py" "$repo/README.md"
 echo "install check: pip install ./python into a clean environment, README snippets ran"

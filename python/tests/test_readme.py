@@ -17,23 +17,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import readme_snippets
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def python_snippets():
     """The README's ```python blocks, in order."""
-    blocks: list[str] = []
-    current: list[str] | None = None
-    for line in (ROOT / "README.md").read_text().splitlines():
-        if current is None and line.strip() == "```python":
-            current = []
-        elif current is not None and line.strip() == "```":
-            blocks.append("\n".join(current) + "\n")
-            current = None
-        elif current is not None:
-            current.append(line)
-    return blocks
+    return readme_snippets.python_snippets(ROOT / "README.md")
 
 
 def snippet(*words):
