@@ -64,11 +64,26 @@ _EXPORTS: "contextvars.ContextVar[Optional[List[Any]]]" = contextvars.ContextVar
 # copies of values the peer shared through its memory, running on the copy threads, each with
 # the placeholder it fills.
 class _Copying(List[Tuple["HostFrames", "Future[Tuple[str, Any]]"]]):
-    """The copies one read of a peer's message started; ``closed`` once that read has failed
-    or been cancelled (a deserialization still running on Dask's offload thread then starts
-    no more)."""
+    """The copies one read of a peer's message started. Once the read is over (``close``), a
+    deserialization still running on Dask's offload thread starts no more."""
 
-    closed = False
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def start(self, value: "HostFrames", descriptors: List[bytes], device: int) -> bool:
+        """Starts copying ``value``'s data on the copy threads; False once closed."""
+        with self._lock:
+            if self.closed:
+                return False
+            self.append((value, _copiers().submit(_copy_exported, descriptors, device)))
+            return True
+
+    def close(self) -> None:
+        """No copy starts from now on: the ones listed are all there will be."""
+        with self._lock:
+            self.closed = True
 
 
 _COPIES: "contextvars.ContextVar[Optional[_Copying]]" = contextvars.ContextVar(
@@ -280,11 +295,10 @@ def _arrived_exported(
         return HostFrames(header, frames, parts).rebuild()
     pending = _COPIES.get()
     if pending is not None:
-        if pending.closed:
-            raise _Unreadable("rmm-rs: the read of this message was given up")
         # Read off the event loop: the answer to the peer waits for the copy, the loop not.
         value = HostFrames(header, frames)
-        pending.append((value, _copiers().submit(_copy_exported, descriptors, store.device_id)))
+        if not pending.start(value, descriptors, store.device_id):
+            raise _Unreadable("rmm-rs: the read of this message was given up")
         return value
     value = HostFrames(header, frames)
     _fill(value, _copy_exported(descriptors, store.device_id))
@@ -351,14 +365,14 @@ def _reading_copies_off_the_loop(comm: Any) -> Any:
         except BaseException as e:
             # No copy may outlive the read: the peer reuses its memory once the connection
             # closes. A message cut short leaves the connection unusable: it is aborted.
-            pending.closed = True
+            pending.close()
             await _settle(pending)
             if pending and not isinstance(e, OSError):
                 _abort(comm)
             raise
         finally:
             _COPIES.reset(token)
-        pending.closed = True
+        pending.close()
         results = await _settle(pending)
         for (value, _), result in zip(pending, results):
             if isinstance(result, BaseException):
