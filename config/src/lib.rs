@@ -112,9 +112,9 @@ pub use schema::{
 };
 pub use size::{ALIGNMENT, ParseSizeError, Size, align_down};
 pub use types::{
-    Backend, Config, DeviceOverride, DeviceSelector, Devices, LimitsConfig, LimitsOverride,
-    LogLevel, LoggingConfig, PinAhead, PoolConfig, PoolOverride, SpillConfig, SpillOverride,
-    StatsConfig, Switch, TrackingConfig, device_log_file_name,
+    Config, DeviceOverride, DeviceSelector, Devices, LimitsConfig, LimitsOverride, LogLevel,
+    LoggingConfig, PinAhead, PoolConfig, PoolOverride, SpillConfig, SpillOverride, StatsConfig,
+    Switch, TrackingConfig, device_log_file_name,
 };
 
 #[cfg(test)]

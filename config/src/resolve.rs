@@ -7,7 +7,9 @@ use serde::Serialize;
 use crate::config::{EffectiveSize, SizeKey};
 use crate::error::{Error, Result, Setting};
 use crate::size::{Size, align_down, human};
-use crate::types::{Backend, Config, DeviceSelector, Devices, LogLevel, PinAhead, Switch};
+use rmm_allocator::backend::BackendChoice;
+
+use crate::types::{Config, DeviceSelector, Devices, LogLevel, PinAhead, Switch};
 
 /// What the backend reports about one device; the runtime fills this in (this crate does not
 /// talk to devices).
@@ -40,7 +42,7 @@ pub const PIN_AHEAD_WITHOUT_HOST_FACTS: u64 = 1 << 30;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ResolvedConfig {
     /// The backend to open.
-    pub backend: Backend,
+    pub backend: BackendChoice,
     /// Worker threads per device.
     pub workers_per_device: u32,
     /// The selected devices, in the order `devices` lists them (`all`: the facts' order).

@@ -1,7 +1,9 @@
 //! Every key, its value kind, and the key and value checks that give the error messages.
 
 use crate::size::{ParseSizeError, Size};
-use crate::types::{Backend, Devices, LogLevel, parse_opt_size, parse_ordinal};
+use rmm_allocator::backend::BackendChoice;
+
+use crate::types::{Devices, LogLevel, parse_opt_size, parse_ordinal};
 
 /// The prefix of every environment variable the loader reads.
 pub const ENV_PREFIX: &str = "RMM_";
@@ -333,7 +335,7 @@ impl Kind {
         let valid = |ok: bool| if ok { Ok(()) } else { Err(None) };
         let string = value.as_str();
         let result: Result<(), Option<String>> = match self {
-            Kind::Backend => valid(string.and_then(Backend::parse).is_some()),
+            Kind::Backend => valid(string.and_then(BackendChoice::from_name).is_some()),
             Kind::Level => valid(string.and_then(LogLevel::parse).is_some()),
             Kind::Bool => valid(value.is_bool()),
             Kind::Switch => valid(crate::types::Switch::from_toml(value).is_some()),

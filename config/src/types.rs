@@ -10,41 +10,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::Source;
 use crate::size::Size;
 
-/// Which device backend the runtime opens (`backend`, env `RMM_BACKEND`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Backend {
-    /// Nothing asked for: the GPU, or an error that names what is missing (`rmm demo` alone
-    /// falls back to the simulated device, and says so).
-    #[default]
-    Auto,
-    /// The CUDA driver; an error when there is none.
-    Cuda,
-    /// The simulated device (configured by `RMM_SIM_*`, read by `rmm-allocator`).
-    Sim,
-}
-
-impl Backend {
-    /// Parses a backend name as `RMM_BACKEND` is parsed: `auto`, `cuda` or `sim`,
-    /// case-insensitively, with the aliases `gpu`, `simulated` and empty (= `auto`). The
-    /// names are `rmm-allocator`'s ([`BackendChoice::from_name`]), so the two cannot drift.
-    pub(crate) fn parse(text: &str) -> Option<Backend> {
-        BackendChoice::from_name(text).map(|choice| match choice {
-            BackendChoice::Auto => Backend::Auto,
-            BackendChoice::Cuda => Backend::Cuda,
-            BackendChoice::Sim => Backend::Sim,
-        })
-    }
-
-    /// The canonical name: `auto`, `cuda` or `sim`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Auto => "auto",
-            Backend::Cuda => "cuda",
-            Backend::Sim => "sim",
-        }
-    }
-}
-
 /// `spill.pin_ahead`: how much pinned host memory spilling keeps free ahead of demand, once it
 /// has started (a growable host pool only: `spill.host_pool_size = "none"`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -228,7 +193,6 @@ impl<'de> Deserialize<'de> for Switch {
     }
 }
 
-keyword_serde!(Backend, Backend::parse, "a backend (auto, cuda or sim)");
 keyword_serde!(LogLevel, LogLevel::parse, "a log level");
 
 /// One entry of `devices`: an ordinal or a device UUID.
@@ -605,7 +569,7 @@ impl DeviceOverride {
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// `backend` (default `"auto"`).
-    pub backend: Backend,
+    pub backend: BackendChoice,
     /// `devices` (default `[0]`): `"all"`, ordinals, UUIDs.
     pub devices: Devices,
     /// `workers_per_device` (default `1`): worker threads per device, from 1 to
@@ -634,7 +598,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            backend: Backend::Auto,
+            backend: BackendChoice::Auto,
             devices: Devices::default(),
             workers_per_device: 1,
             pool: PoolConfig::default(),

@@ -3,9 +3,10 @@
 mod common;
 
 use common::{GIB, load, load_env};
+use rmm_allocator::backend::BackendChoice;
 use rmm_config::{
-    Backend, Config, ConfigLoader, DeviceOverride, DeviceSelector, Devices, LogLevel, PinAhead,
-    Size, Source, Switch, render,
+    Config, ConfigLoader, DeviceOverride, DeviceSelector, Devices, LogLevel, PinAhead, Size,
+    Source, Switch, render,
 };
 
 /// Every key set to a value other than its default.
@@ -103,7 +104,7 @@ const EVERY_VAR: &[(&str, &str)] = &[
 
 fn every_key_expected() -> Config {
     let mut c = Config::default();
-    c.backend = Backend::Sim;
+    c.backend = BackendChoice::Sim;
     c.devices = Devices::List(vec![
         DeviceSelector::Uuid("GPU-aaaa".into()),
         DeviceSelector::Ordinal(1),
@@ -203,7 +204,7 @@ fn defaults_are_rmm_reinitialize_defaults() {
     assert_eq!(c.devices, Devices::List(vec![DeviceSelector::Ordinal(0)]));
     assert!(!c.logging.enabled);
     assert_eq!(c.workers_per_device, 1);
-    assert_eq!(c.backend, Backend::Auto);
+    assert_eq!(c.backend, BackendChoice::Auto);
 }
 
 #[test]
@@ -219,7 +220,7 @@ fn keyword_and_scalar_forms() {
     assert_eq!(c.devices, Devices::List(vec![DeviceSelector::Ordinal(3)]));
     let c = load_env(&[("RMM_DEVICES", "all"), ("RMM_BACKEND", "gpu")]).unwrap();
     assert_eq!(c.devices, Devices::All);
-    assert_eq!(c.backend, Backend::Cuda);
+    assert_eq!(c.backend, BackendChoice::Cuda);
     // A quoted dotted key and a [device.N.section] table are the same keys.
     let c = load("\"pool.enabled\" = true\n[device.02.pool]\ninitial_size = \"1GiB\"").unwrap();
     assert!(c.pool.enabled);

@@ -596,8 +596,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// How the process-wide backend is chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the process-wide backend is chosen: `RMM_BACKEND`, and rmm.toml's `backend` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
     /// The CUDA driver; fails if there is none.
     Cuda,
@@ -606,10 +606,46 @@ pub enum BackendChoice {
     Sim,
     /// Nothing asked for: the GPU, or an error naming what is missing and how to ask for the
     /// simulated device. A library never serves host memory as device memory unless asked.
+    #[default]
     Auto,
 }
 
+impl fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for BackendChoice {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for BackendChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::from_name(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!("{text:?} is not a backend (auto, cuda or sim)"))
+        })
+    }
+}
+
 impl BackendChoice {
+    /// The canonical name: `auto`, `cuda` or `sim`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Cuda => "cuda",
+            BackendChoice::Sim => "sim",
+        }
+    }
+
     /// The backend a name selects: `cuda` (or `gpu`), `sim` (or `simulated`), `auto` (or
     /// empty), case-insensitive, surrounding white space ignored; `None` for anything else.
     /// The one parser of backend names: `RMM_BACKEND` and rmm-config's `backend` key use it.

@@ -244,10 +244,10 @@ fn open_backend(
         return Ok(b);
     }
     let fallback = match config.backend {
-        rmm::config::Backend::Sim => None,
-        rmm::config::Backend::Cuda => return Ok(rmm::runtime::open_backend(config.backend)?),
+        BackendChoice::Sim => None,
+        BackendChoice::Cuda => return Ok(rmm::runtime::open_backend(config.backend)?),
         // Not the process-wide choice (which would keep the error for every later caller).
-        rmm::config::Backend::Auto => match backend::open(BackendChoice::Auto) {
+        BackendChoice::Auto => match backend::open(BackendChoice::Auto) {
             Ok(b) => return Ok(backend::install_global(b).map_or_else(|existing| existing, |()| b)),
             Err(rmm::allocator::Error::NoDriver { detail }) => Some(detail),
             Err(rmm::allocator::Error::NoDevice { .. }) => {

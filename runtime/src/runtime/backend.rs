@@ -15,11 +15,11 @@ use rmm_allocator::Device;
 /// [`Error::BackendMismatch`](crate::Error::BackendMismatch) when another backend is already in
 /// use; [`Error::Allocator`](crate::Error::Allocator) when the backend cannot be opened (e.g.
 /// [`Error::NoDriver`](rmm_allocator::Error::NoDriver) for `cuda` without a driver).
-pub fn open_backend(choice: rmm_config::Backend) -> Result<&'static dyn Backend> {
+pub fn open_backend(choice: BackendChoice) -> Result<&'static dyn Backend> {
     let wanted = match choice {
-        rmm_config::Backend::Auto => None,
-        rmm_config::Backend::Cuda => Some(BackendKind::Cuda),
-        rmm_config::Backend::Sim => Some(BackendKind::Sim),
+        BackendChoice::Auto => None,
+        BackendChoice::Cuda => Some(BackendKind::Cuda),
+        BackendChoice::Sim => Some(BackendKind::Sim),
     };
     let check = |b: &'static dyn Backend| match wanted {
         Some(kind) if b.kind() != kind => Err(Error::BackendMismatch {

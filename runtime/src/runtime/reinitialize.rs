@@ -63,6 +63,7 @@ use crate::error::{Error, Result};
 use crate::report::ReinitReport;
 use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
+use rmm_allocator::backend::BackendChoice;
 use rmm_allocator::fmt_bytes;
 
 /// How many times the switch looks again for live memory it cannot move before it refuses,
@@ -154,7 +155,7 @@ impl RuntimeHandle {
         let total = Instant::now();
         let t = Instant::now();
         let old = shared.generation();
-        if let rmm_config::Backend::Cuda | rmm_config::Backend::Sim = config.backend {
+        if let BackendChoice::Cuda | BackendChoice::Sim = config.backend {
             open_backend(config.backend)?;
         }
         let mut resolved = resolve(shared.backend, config, Some(&old))?;
