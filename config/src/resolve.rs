@@ -8,6 +8,7 @@ use crate::config::{EffectiveSize, SizeKey};
 use crate::error::{Error, Result, Setting};
 use crate::size::{Size, align_down, human};
 use rmm_allocator::backend::BackendChoice;
+use rmm_allocator::resource::default_initial_size;
 
 use crate::types::{Config, DeviceSelector, Devices, LogLevel, PinAhead, Switch};
 
@@ -341,14 +342,14 @@ impl Config {
         if !errors.is_empty() {
             return Err(errors);
         }
-        // RMM's default initial pool: half the free memory, here also kept within the
-        // maximum and the hard limit since the user did not ask for more.
+        // RMM's default initial pool (`default_initial_size`: half the free memory), here
+        // also kept within the maximum and the hard limit since the user did not ask for more.
         let initial = match (pool.enabled, initial) {
             (true, None) => {
                 let Some(free) = facts.free_memory else {
                     return Err(vec![Error::FreeMemoryNotGiven { device: ordinal }]);
                 };
-                [Some(align_down(free / 2)), maximum, limit]
+                [Some(default_initial_size(free)), maximum, limit]
                     .into_iter()
                     .flatten()
                     .min()

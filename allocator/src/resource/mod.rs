@@ -32,7 +32,7 @@ pub use pinned_host_memory_resource::PinnedHostMemoryResource;
 pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool, WeakPinnedHostPool};
 pub use pool_memory_resource::{
     DEFAULT_GROWTH, LISTED_STREAMS, LiveBlock, PoolBuilder, PoolMemoryResource, PoolSize,
-    PoolSnapshot, PoolUsage, StreamUsage, VirtualMemory,
+    PoolSnapshot, PoolUsage, StreamUsage, VirtualMemory, default_initial_size,
 };
 
 pub use crate::backend::host::{HostBlock, PinnedSlice};

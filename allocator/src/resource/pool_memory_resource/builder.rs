@@ -15,6 +15,13 @@ use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
 use crate::resource::stream_arenas::StreamArenas;
 
+/// RAPIDS RMM's default initial pool size on a device with `free` bytes free: half of them,
+/// rounded down to 256 bytes. The one place this rule lives: the builder applies it when no
+/// size is given, and rmm-config when `pool.initial_size = "auto"`.
+pub fn default_initial_size(free: u64) -> u64 {
+    free / 2 / GRANULE * GRANULE
+}
+
 /// A size given in bytes or as a fraction of the device's total memory (its size as the
 /// driver reports it when the device opens, `cuDeviceTotalMem`; the configuration's
 /// fractions use the same figure).
@@ -160,7 +167,7 @@ impl PoolBuilder {
         };
         let initial = match self.initial {
             Some(s) => s.resolve(total, "initial_size")?,
-            None => (device.mem_info()?.free as u64 / 2 / GRANULE * GRANULE).min(maximum),
+            None => default_initial_size(device.mem_info()?.free as u64).min(maximum),
         };
         if initial > maximum {
             return Err(Error::invalid_argument(

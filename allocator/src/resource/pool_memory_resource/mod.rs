@@ -56,7 +56,7 @@ use parking_lot::Mutex;
 
 use self::arena::{Arena, SMALL_LIMIT};
 use self::bins::BIN_LIMIT;
-pub use self::builder::{PoolBuilder, PoolSize};
+pub use self::builder::{PoolBuilder, PoolSize, default_initial_size};
 use self::chunks::ChunkSource;
 pub use self::chunks::VirtualMemory;
 use self::global::FreeSpace;
