@@ -16,6 +16,7 @@
 # Environment of `python`: PYTEST=0 skips the tests, BENCH=0 the single-GPU benchmarks;
 # BENCH_MULTI=1 adds python/bench/multi_gpu.py (several GPUs: dask-cuda's cluster against
 # rmm-rs's over TCP and UCX, with dask-cuda's local_cupy), MULTI_ARGS its extra options;
+# (after python/bench/shared_copy.py, the same-host path between two GPUs alone);
 # BENCH_SUITE=1 adds python/bench/dask_cuda_suite.py (dask-cuda's whole benchmark suite against
 # dask-cuda's clusters, with and without enable_cudf_spill, and rmm-rs's), SUITE_ARGS its options.
 #
@@ -215,6 +216,9 @@ python)
         # (UCX is skipped, saying why, without .whl-ucx), and dask-cuda's local_cupy against
         # both. MULTI_ARGS adds options, e.g. MULTI_ARGS="--per-worker 8GiB --repeats 1".
         read -r -a multi_args <<< "${MULTI_ARGS:-}"
+        # The same-host path alone first (device 0 to device 1): its rate bounds the rest.
+        python3 python/bench/shared_copy.py --sender 0 --receiver 1 2>&1 \
+            | tee "$out/bench-shared-copy.txt" || status=1
         python3 python/bench/multi_gpu.py --protocol tcp,ucx --suite \
             --json "$out/multi_gpu.json" ${multi_args[@]+"${multi_args[@]}"} 2>&1 \
             | tee "$out/bench-multi-gpu.txt" || status=1
