@@ -15,8 +15,8 @@
 # BENCHES="runtime allocators" runs only those benchmarks (default: all); TESTS=0 skips tests.
 # Environment of `python`: PYTEST=0 skips the tests, BENCH=0 the single-GPU benchmarks;
 # BENCH_MULTI=1 adds python/bench/multi_gpu.py (several GPUs: dask-cuda's cluster against
-# rmm-rs's over TCP and UCX, with dask-cuda's local_cupy), MULTI_ARGS its extra options;
-# (after python/bench/shared_copy.py, the same-host path between two GPUs alone);
+# rmm-rs's over TCP and UCX, with dask-cuda's local_cupy; after python/bench/shared_copy.py,
+# the same-host path between two GPUs alone), MULTI_ARGS its extra options;
 # BENCH_SUITE=1 adds python/bench/dask_cuda_suite.py (dask-cuda's whole benchmark suite against
 # dask-cuda's clusters, with and without enable_cudf_spill, and rmm-rs's), SUITE_ARGS its options.
 #
