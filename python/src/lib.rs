@@ -13,7 +13,6 @@ mod counters;
 mod device;
 mod ipc;
 mod log;
-mod reinit_report;
 mod settings;
 mod sim_faults;
 mod simulated;
@@ -224,13 +223,13 @@ fn reinitialize(
                 rt.reconfigure(|loader| changes.into_iter().fold(loader, |l, (k, v)| l.set(k, v)))
             })
             .map_err(error)?;
-        return reinit_report::to_dict(py, &report);
+        return to_py(py, &report);
     }
     let config = settings::load_call(config, overrides, rmm_keywords)?;
     match running {
         Some(rt) => {
             let report = py.detach(|| rt.reinitialize(&config)).map_err(error)?;
-            reinit_report::to_dict(py, &report)
+            to_py(py, &report)
         }
         None => {
             let rt = start(py, &config)?;
@@ -400,7 +399,6 @@ fn devices() -> PyResult<Vec<u32>> {
 #[pymodule]
 fn _rmm_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log::init_from_env();
-    reinit_report::make_keys(m.py());
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("RmmError", m.py().get_type::<RmmError>())?;
     m.add("OutOfMemoryError", out_of_memory_error(m.py())?)?;
