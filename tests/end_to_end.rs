@@ -1,0 +1,141 @@
+//! End to end through the `rmm` facade, as a program uses it: an `rmm.toml` on disk, the
+//! runtime's workers running tasks on containers, spillable data pushed to pinned host memory
+//! and on to disk by a small limit, a reinitialize to another stack with every byte kept,
+//! and a shutdown that leaves no allocation and no spill file's bytes behind. On the simulated device
+//! (`RMM_BACKEND=sim`, as `cargo xtask test` runs it) or a GPU.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rmm::prelude::*;
+
+const MIB: usize = 1 << 20;
+
+/// A directory of this test's own, removed with what it holds when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&path).expect("a temporary directory");
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Deterministic bytes, different for every `seed`.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn an_rmm_toml_runs_tasks_spills_to_disk_and_keeps_data_across_a_reinitialize() {
+    let dir = TempDir::new("rmm-end-to-end");
+    let spill_dir = dir.0.join("spill");
+    let toml = dir.0.join("rmm.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            r#"
+workers_per_device = 2
+
+[pool]
+enabled = true
+initial_size = "64MiB"
+
+[spill]
+enabled = true
+device_memory_limit = "8MiB"
+host_pool_size = "8MiB"
+disk_directory = "{}"
+"#,
+            spill_dir.display()
+        ),
+    )
+    .expect("write rmm.toml");
+    let config = ConfigLoader::new()
+        .file(&toml)
+        .load()
+        .expect("the rmm.toml loads");
+    let runtime = Runtime::start(&config).expect("the runtime starts");
+    let device = runtime.devices()[0];
+    assert_eq!(
+        runtime.workers().len(),
+        2,
+        "workers_per_device = 2 on one device"
+    );
+
+    // Every worker runs a task on its device's pool: a vector there and back.
+    let sums = TaskHandle::wait_all(runtime.run_on_all(|ctx| {
+        let v = DeviceUVector::from_host(&[1u64, 2, 3, 4], ctx.stream())?;
+        Ok::<_, rmm::allocator::Error>(v.to_vec(ctx.stream())?.iter().sum::<u64>())
+    }))
+    .expect("the tasks run");
+    assert_eq!(
+        sums.into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .expect("sums"),
+        vec![10, 10]
+    );
+
+    // Four times the limit of spillable data: the oldest goes to the host tier, then to disk.
+    let m = runtime.spill_manager(device).expect("spilling is on");
+    let data: Vec<Vec<u8>> = (0..8).map(|i| pattern(4 * MIB, i)).collect();
+    let buffers: Vec<Arc<SpillableBuffer>> = data
+        .iter()
+        .map(|d| {
+            m.from_host(d, StreamView::DEFAULT)
+                .expect("a spillable buffer")
+        })
+        .collect();
+    m.settle();
+    let tiers: Vec<Tier> = buffers.iter().map(|b| b.tier()).collect();
+    assert!(
+        tiers.contains(&Tier::Disk),
+        "past the host pool, data went to disk: {tiers:?}"
+    );
+    assert!(m.statistics().disk_bytes > 0, "bytes in spill files");
+
+    // Another stack (plain allocations, no pool); every byte is kept.
+    let plain = ConfigLoader::new()
+        .file(&toml)
+        .set("pool.enabled", false)
+        .set("pool.initial_size", "auto")
+        .load()
+        .expect("the second configuration");
+    let report = runtime.reinitialize(&plain).expect("the reinitialize");
+    assert_eq!(report.devices, vec![device]);
+    for (b, d) in buffers.iter().zip(&data) {
+        assert!(b.to_vec().expect("read back") == *d, "a buffer changed");
+    }
+
+    // The data leaves nothing behind as it goes: no spill file holds bytes any more.
+    drop((buffers, m));
+    let m = runtime.spill_manager(device).expect("spilling is still on");
+    assert_eq!(
+        m.statistics().disk_bytes,
+        0,
+        "spill files gone with their buffers"
+    );
+    drop(m);
+    let shutdown = runtime.shutdown().expect("the shutdown");
+    assert!(shutdown.drained, "every task ran");
+    assert!(
+        shutdown.leaks.iter().all(|l| l.count == 0),
+        "nothing left allocated: {:?}",
+        shutdown.leaks
+    );
+}
