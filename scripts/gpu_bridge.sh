@@ -67,7 +67,7 @@ run)
     for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda "$site/nvidia/cu13"; do
         if [ -n "$d" ] && [ -f "$d/include/cuda_runtime_api.h" ]; then inc+=(-I"$d/include"); break; fi
     done
-    g++ -std=c++20 -O2 -shared -fPIC -o "$client" python/librmm_bridge/bench/librmm_client.cpp \
+    g++ -std=c++20 -O2 -shared -fPIC -o "$client" python/librmm_bridge/librmm_client.cpp \
         "${inc[@]}" -L"$site/librmm/lib64" -lrmm 2>&1 | tee "$out/build-client.txt"
     export RMM_BACKEND=cuda LIBRMM_BRIDGE_REQUIRED=1 LIBRMM_BRIDGE_CLIENT="$client"
     # The PyTorch shim, against the installed PyTorch: best effort (without it, its tests
@@ -107,7 +107,7 @@ run)
         tail -25 "$out/pytest-torch.txt"
     fi
     if [ "${BENCH:-1}" = 1 ]; then
-        python3 python/librmm_bridge/bench/bridge_bench.py --client "$client" \
+        python3 python/bench/librmm_bridge.py --client "$client" \
             --rounds "${ROUNDS:-5}" --iterations "${ITERATIONS:-20000}" --calls "${CALLS:-20000}" \
             --json "$out/bridge-bench.json" 2>&1 | tee "$out/bridge-bench.txt" || status=1
     fi

@@ -1,7 +1,7 @@
 """RAPIDS RMM, CuPy (through RMM's allocator), a C++ librmm client and PyTorch's MemPool on
 rmm-rs, on a GPU (RMM_BACKEND=cuda). Skipped, saying so, where a GPU or RMM is absent (as in
 CI); the C++ client's test needs ``LIBRMM_BRIDGE_CLIENT``, the path of the client library
-that scripts/gpu_bridge.sh builds (python/librmm_bridge/bench/librmm_client.cpp)."""
+that scripts/gpu_bridge.sh builds (python/librmm_bridge/librmm_client.cpp)."""
 
 import ctypes
 import os

@@ -1,7 +1,7 @@
 // A librmm client, as libcudf is one: threads that allocate and free rmm::device_buffers of
 // mixed sizes through librmm's current device resource, each on a stream of its own. Built
 // on the GPU machine into a shared library (see scripts/gpu_bridge.sh) that
-// python/librmm_bridge/bench/bridge_bench.py and python/tests/test_rmm_bridge_gpu.py load
+// python/bench/librmm_bridge.py and python/tests/test_rmm_bridge_gpu.py load
 // with ctypes after setting RMM's current resource from Python.
 //
 //   int client_run(int threads, int iterations, double* seconds, char* error, size_t len)

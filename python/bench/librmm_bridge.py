@@ -1,6 +1,6 @@
 """rmm-rs under RAPIDS RMM and PyTorch, on a GPU: the benchmarks of the librmm bridge.
 
-    python3 python/librmm_bridge/bench/bridge_bench.py --client PATH [--rounds R] [--json OUT]
+    python3 python/bench/librmm_bridge.py --client PATH [--rounds R] [--json OUT]
 
 1. C++, 8 threads (a librmm client as libcudf is: librmm_client.cpp, rmm::device_buffers of
    mixed sizes through librmm's current device resource, each thread on its own stream):
