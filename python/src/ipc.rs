@@ -172,6 +172,13 @@ fn exported_bytes(py: Python<'_>, device: u32) -> PyResult<usize> {
         .map_err(error)
 }
 
+/// Unmaps the exported memory of peer processes that are gone (and that no copy reads now);
+/// returns how many arenas were unmapped. A worker calls it after a peer leaves.
+#[pyfunction]
+fn forget_gone_peers(py: Python<'_>) -> usize {
+    py.detach(|| Imports::global().forget_gone_peers())
+}
+
 /// Bytes of `device`'s exportable memory (device memory outside every pool and limit, made
 /// at the first send to a peer of this host); 0 before that, or while the device has no room.
 #[pyfunction]
@@ -213,6 +220,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ipc_identity, m)?)?;
     m.add_function(wrap_pyfunction!(exported_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(export_arena_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(forget_gone_peers, m)?)?;
     m.add_function(wrap_pyfunction!(export_bytes, m)?)?;
     Ok(())
 }

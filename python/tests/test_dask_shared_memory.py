@@ -270,3 +270,22 @@ def test_a_failed_read_waits_for_its_copies_and_leaves_a_cut_connection_unusable
     for lease in leases:
         lease.release()
     store.close()
+
+
+def test_a_peer_leaving_has_the_worker_unmap_gone_peers_soon(monkeypatch):
+    removed, swept = [], []
+    worker = SimpleNamespace(stream_handlers={"remove-worker": lambda **kw: removed.append(kw)})
+    monkeypatch.setattr(transfer, "_FORGET_AFTER_S", (0.0, 0.01))
+    monkeypatch.setattr(transfer, "_forget_gone_peers", lambda: swept.append(1))
+    transfer._forget_peers_that_leave(worker)
+    transfer._forget_peers_that_leave(worker)  # once per worker
+
+    async def leave():
+        worker.stream_handlers["remove-worker"](worker="tcp://peer:1", stimulus_id="s")
+        await asyncio.sleep(0.05)
+
+    asyncio.run(leave())
+    assert removed == [{"worker": "tcp://peer:1", "stimulus_id": "s"}], "Dask's handler ran"
+    assert swept == [1, 1], "a sweep after each delay"
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    assert _rmm_rs.forget_gone_peers() == 0, "nothing mapped here"

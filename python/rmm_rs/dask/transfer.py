@@ -611,6 +611,7 @@ def attach(worker: Any, store: Any) -> bool:
         worker.handlers["gather"] = gather_into_store
     worker.gather_dep = gather_dep_into_store
     _copy_received_off_the_loop(worker)
+    _forget_peers_that_leave(worker)
     _install_prefetcher(worker, store)
     worker._rmm_rs_originals = originals
     worker._rmm_rs_store = store
@@ -649,6 +650,45 @@ def _abort(comm: Any) -> None:
             abort()
         except Exception as e:  # noqa: BLE001 - it is going away either way
             logger.debug("rmm-rs: aborting a connection: %s", e)
+
+
+# Seconds after a peer leaves the cluster at which the worker unmaps the memory of peers that
+# are gone (the process of one that has just left may still be shutting down).
+_FORGET_AFTER_S = (5.0, 60.0)
+
+
+def _forget_gone_peers() -> None:
+    """Unmaps the exported memory of peer processes that are gone."""
+    try:
+        n = _rmm_rs.forget_gone_peers()
+    except Exception as e:  # noqa: BLE001 - kept mapped until the next peer's is mapped
+        logger.debug("rmm-rs: unmapping gone peers' memory: %s", e)
+        return
+    if n:
+        logger.debug("rmm-rs: unmapped the memory of %d gone peer arena(s)", n)
+
+
+def _forget_peers_that_leave(worker: Any) -> None:
+    """Has ``worker`` unmap the memory of peers that leave the cluster (its ``remove-worker``
+    handler wrapped): else a scaled-down cluster's gone workers keep their arenas mapped here
+    until another peer's is mapped. Once per worker."""
+    handlers = getattr(worker, "stream_handlers", None)
+    remove = handlers.get("remove-worker") if isinstance(handlers, dict) else None
+    if remove is None or getattr(remove, "_rmm_rs", False):
+        return
+
+    def remove_worker(*args: Any, **kwargs: Any) -> Any:
+        out = remove(*args, **kwargs)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return out
+        for delay in _FORGET_AFTER_S:
+            loop.call_later(delay, _forget_gone_peers)
+        return out
+
+    remove_worker._rmm_rs = True  # type: ignore[attr-defined]
+    handlers["remove-worker"] = remove_worker
 
 
 def _copy_received_off_the_loop(worker: Any) -> None:
