@@ -673,7 +673,9 @@ def _forget_peers_that_leave(worker: Any) -> None:
     handler wrapped): else a scaled-down cluster's gone workers keep their arenas mapped here
     until another peer's is mapped. Once per worker."""
     handlers = getattr(worker, "stream_handlers", None)
-    remove = handlers.get("remove-worker") if isinstance(handlers, dict) else None
+    if not isinstance(handlers, dict):
+        return
+    remove = handlers.get("remove-worker")
     if remove is None or getattr(remove, "_rmm_rs", False):
         return
 
