@@ -236,6 +236,15 @@ fn a_gone_peers_memory_is_unmapped_once_no_copy_uses_it() {
     assert!(host == pattern(GONE_BYTES, 11), "other bytes came back");
     assert_eq!(imports.mapped(), 1);
     assert_eq!(imports.forget_gone_peers(), 0, "the child runs: kept");
+    // A stretch past the child's arena (a garbled message) is refused before any copy.
+    let past = IpcDescriptor {
+        offset: 1 << 40,
+        ..desc.clone()
+    };
+    let e = imports
+        .locate(dev, &past)
+        .expect_err("a stretch past the peer's arena");
+    assert!(e.to_string().contains("exported memory"), "{e}");
 
     let held = imports.locate(dev, &desc).expect("the child's stretch");
     end(first);

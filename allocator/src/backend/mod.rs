@@ -266,14 +266,14 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// [`Error::Driver`], or [`Error::InvalidPointer`] for memory `ipc_alloc` did not give.
     fn ipc_free(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
     /// Maps memory that another process exported as `handle` into device `dev`'s context
-    /// (`cuIpcOpenMemHandle`, peer access enabled as needed): its address here, valid for
-    /// copies until [`ipc_close`](Self::ipc_close). A process cannot open its own handles on
-    /// a GPU.
+    /// (`cuIpcOpenMemHandle`, peer access enabled as needed): its address here and its bytes
+    /// (what the exporter allocated), valid for copies until [`ipc_close`](Self::ipc_close). A
+    /// process cannot open its own handles on a GPU.
     ///
     /// # Errors
     /// [`Error::Driver`] when the driver cannot map it (another host, a GPU this process does
     /// not see, memory already freed); the simulated device when the shared file is gone.
-    fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<DevicePtr>;
+    fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)>;
     /// Unmaps memory [`ipc_open`](Self::ipc_open) mapped (`cuIpcCloseMemHandle`).
     ///
     /// # Errors

@@ -18,6 +18,8 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 struct Mapping {
     base: DevicePtr,
+    /// Bytes mapped (the peer's whole arena).
+    len: usize,
     /// The process that exported it, and when that process started (to tell it from a later
     /// process given the same ID).
     peer: Peer,
@@ -110,7 +112,7 @@ impl Imports {
             Some(m) => Arc::clone(m),
             None => {
                 forget_gone(&mut mapped);
-                let base = device.backend().ipc_open(device.ordinal(), &desc.handle)?;
+                let (base, len) = device.backend().ipc_open(device.ordinal(), &desc.handle)?;
                 tracing::debug!(
                     device = device.ordinal(),
                     peer = desc.pid,
@@ -118,6 +120,7 @@ impl Imports {
                 );
                 let m = Arc::new(Mapping {
                     base,
+                    len,
                     peer: Peer::of(desc.pid),
                     users: AtomicUsize::new(0),
                 });
@@ -125,6 +128,19 @@ impl Imports {
                 m
             }
         };
+        // A stretch past the peer's arena would have the copies read memory the peer does not
+        // own (and fault this process's context): refused, whatever the peer sent.
+        if desc.offset.saturating_add(desc.len) > mapping.len as u64 {
+            return Err(Error::invalid_argument(
+                "a peer's exported memory descriptor",
+                format!("{} bytes at {}", desc.len, desc.offset),
+                format!(
+                    "a stretch within process {}'s {} bytes of exported memory (a garbled \
+                     message, or a peer of another rmm-rs version)",
+                    desc.pid, mapping.len
+                ),
+            ));
+        }
         // Under the lock: a sweep sees either no user and the mapping, or this user.
         mapping.users.fetch_add(1, Ordering::Acquire);
         Ok(Located {

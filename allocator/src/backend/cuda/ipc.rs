@@ -22,8 +22,8 @@ pub(super) fn export(dev: u32, ptr: DevicePtr) -> Result<IpcHandle> {
 }
 
 /// `cuIpcOpenMemHandle` of `handle` into the current context (`dev`'s), with peer access
-/// enabled lazily for memory on another GPU.
-pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<DevicePtr> {
+/// enabled lazily for memory on another GPU: the mapping's address and its bytes.
+pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
     let h = sys::CUipcMemHandle {
         reserved: handle.0.map(|b| b as std::ffi::c_char),
     };
@@ -33,7 +33,17 @@ pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<DevicePtr> {
     check("cuIpcOpenMemHandle", dev, unsafe {
         sys::cuIpcOpenMemHandle_v2(&mut p, h, flags)
     })?;
-    Ok(DevicePtr(p))
+    let (mut base, mut len) = (0, 0usize);
+    // SAFETY: valid out-pointers; `p` is the mapping just made.
+    let sized = check("cuMemGetAddressRange", dev, unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut len, p)
+    });
+    if let Err(e) = sized {
+        // SAFETY: `p` is the mapping just made, not handed out.
+        let _ = unsafe { sys::cuIpcCloseMemHandle(p) };
+        return Err(e);
+    }
+    Ok((DevicePtr(p), len))
 }
 
 /// `cuIpcCloseMemHandle` of an address [`open`] returned.

@@ -391,7 +391,7 @@ impl Backend for CudaBackend {
         self.free(dev, ptr)
     }
 
-    fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<DevicePtr> {
+    fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
         self.bind(dev)?;
         ipc::open(dev, handle)
     }

@@ -23,6 +23,7 @@ pub(super) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuCtxSetCurrent",
     "cuCtxGetCurrent",
     "cuCtxGetDevice",
+    "cuMemGetAddressRange_v2",
     "cuCtxSynchronize",
     "cuGetErrorName",
     "cuGetErrorString",

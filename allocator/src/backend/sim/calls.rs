@@ -165,7 +165,7 @@ impl Backend for SimBackend {
         self.sim_ipc_free(dev, ptr)
     }
 
-    fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<DevicePtr> {
+    fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
         self.sim_ipc_open(dev, handle)
     }
 

@@ -161,7 +161,7 @@ impl SimBackend {
         Ok(())
     }
 
-    pub(super) fn sim_ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<DevicePtr> {
+    pub(super) fn sim_ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
         const CALL: &str = "cuIpcOpenMemHandle";
         self.device(dev)?;
         let (path, inode) = path_of(handle).ok_or_else(|| {
@@ -197,17 +197,17 @@ impl SimBackend {
                 ),
             )
         })?;
-        let addr = backing.addr();
+        let (addr, len) = (backing.addr(), backing.len());
         self.table.lock().insert(
             addr,
             Allocation {
                 device: dev,
-                len: backing.len(),
+                len,
                 kind: AllocKind::Imported,
                 backing: Some(Arc::new(backing)),
             },
         );
-        Ok(DevicePtr(addr))
+        Ok((DevicePtr(addr), len))
     }
 
     pub(super) fn sim_ipc_close(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
