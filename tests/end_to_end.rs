@@ -28,19 +28,6 @@ impl Drop for TempDir {
     }
 }
 
-/// Deterministic bytes, different for every `seed`.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 #[test]
 fn an_rmm_toml_runs_tasks_spills_to_disk_and_keeps_data_across_a_reinitialize() {
     let dir = TempDir::new("rmm-end-to-end");
@@ -93,7 +80,10 @@ disk_directory = "{}"
 
     // Four times the limit of spillable data: the oldest goes to the host tier, then to disk.
     let m = runtime.spill_manager(device).expect("spilling is on");
-    let data: Vec<Vec<u8>> = (0..8).map(|i| pattern(4 * MIB, i)).collect();
+    // Each buffer's bytes differ from every other's and from one offset to the next.
+    let data: Vec<Vec<u8>> = (0..8u8)
+        .map(|i| (0..4 * MIB).map(|j| (j % 251) as u8 ^ i).collect())
+        .collect();
     let buffers: Vec<Arc<SpillableBuffer>> = data
         .iter()
         .map(|d| {

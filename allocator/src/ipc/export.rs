@@ -217,8 +217,7 @@ pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
         ArenaState::Made(a) => return Ok(Arc::clone(a)),
         ArenaState::Refused(e, looked) => {
             // Only a lack of memory passes; a driver that cannot export never will.
-            let for_memory = e.is_out_of_memory() || e.is_driver_out_of_memory();
-            if !for_memory || looked.elapsed() < RETRY_REFUSED {
+            if !for_lack_of_memory(e) || looked.elapsed() < RETRY_REFUSED {
                 return Err(e.clone());
             }
             *looked = Instant::now();
@@ -245,23 +244,27 @@ pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
             Ok(arena)
         }
         Err(e) => {
-            if !was_refused && (e.is_out_of_memory() || e.is_driver_out_of_memory()) {
-                tracing::warn!(
-                    device,
-                    "no exportable device memory for now: values go to peers of this host \
-                     through the connection until the device has room ({e})"
-                );
-            } else if !was_refused {
+            if !was_refused {
+                let until = if for_lack_of_memory(&e) {
+                    " until the device has room"
+                } else {
+                    ""
+                };
                 tracing::warn!(
                     device,
                     "no exportable device memory: values go to peers of this host through \
-                     the connection ({e})"
+                     the connection{until} ({e})"
                 );
             }
             *state = ArenaState::Refused(e.clone(), Instant::now());
             Err(e)
         }
     }
+}
+
+/// True when `e` refused an arena for lack of device memory (which may come back).
+fn for_lack_of_memory(e: &Error) -> bool {
+    e.is_out_of_memory() || e.is_driver_out_of_memory()
 }
 
 /// The arena's size on a device of `total` bytes.

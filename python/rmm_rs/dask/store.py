@@ -102,7 +102,8 @@ def _allocation_of(frame: Any) -> Tuple[int, int]:
     CuPy array, a PyTorch tensor's storage, a rebuilt view's buffer; the frame's own extent
     for other objects."""
     if isinstance(frame, _rmm_rs.DeviceView):
-        return tuple(frame.allocation)  # type: ignore[return-value]
+        base, size = frame.allocation
+        return int(base), int(size)
     mem = getattr(getattr(frame, "data", None), "mem", None)  # CuPy
     if mem is not None and getattr(mem, "ptr", None):
         return int(mem.ptr), int(mem.size)
