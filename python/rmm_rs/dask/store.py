@@ -8,8 +8,9 @@ Over ``device_memory_limit`` the least recently used values nothing else holds a
 their device frames are copied into the pinned host pool on the manager's copy streams (and
 on to ``spill.disk_directory`` past the host pool), and the value is let go, which frees its
 device memory. On access a spilled value is rebuilt over its data brought back into the
-current rmm-rs stack, without a device copy; a value in use by a running task is never
-spilled. Host values go to Dask's usual host store. Values survive
+current rmm-rs stack, without a device copy, and its host copy is kept (Dask's values are
+never written in place), so that spilling it again only frees its device memory; a value in
+use by a running task is never spilled. Host values go to Dask's usual host store. Values survive
 ``client.run(rmm_rs.reinitialize, …)``.
 
 Between workers, a spilled value a peer asks for is sent from the tier it is in (pinned host

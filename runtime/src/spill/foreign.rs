@@ -6,7 +6,11 @@
 //! Spilling it copies each of its allocations into a [`SpillableBuffer`] in the host tier (or
 //! on disk), then drops its [`ForeignOwner`], which gives the memory back to the library that
 //! owns it. From then on it is spilled data like any other: its buffers come back into the
-//! device's current resource when used, and move on to disk or back like the manager's own.
+//! device's current resource when used, and move on to disk or back like the manager's own,
+//! except that a stored value does not change: brought back, its buffers keep their host
+//! copies, so that spilling it again frees its device memory and copies nothing (as a page
+//! brought back from swap keeps its swap slot). A task that wrote into a value it was given
+//! would see the write lost at the next spill (Dask's values are never written in place).
 //! A value whose owner says it is in use is never spilled; a failed copy leaves it on the
 //! device, as it was.
 
@@ -104,6 +108,8 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         buffers: Vec<Arc<SpillableBuffer>>,
         stream: StreamView,
     ) -> Arc<ForeignData<O>> {
+        // Written once, as it arrived: only read from now on (see `spill`).
+        buffers.iter().for_each(|b| b.set_read_only());
         Arc::new(ForeignData {
             id: (1 << 63) | NEXT_ID.fetch_add(1, Ordering::Relaxed),
             size: buffers.iter().map(|b| b.size()).sum(),
@@ -318,6 +324,8 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         // Every allocation is copied: the copies' moves count from now on (a spill that
         // failed part way dropped its copies, and moved nothing).
         staged.commit();
+        // A stored value is only read from now on: brought back, it keeps its host copy.
+        buffers.iter().for_each(|b| b.set_read_only());
         {
             // The buffers take the value's place in the order.
             let mut lru = self.tracker.lru.lock();
@@ -379,6 +387,9 @@ impl SpillObserver for Staged {
     }
     fn resident(&self, id: u64, delta: i64) {
         self.tracker.resident(id, delta);
+    }
+    fn spilled_without_copy(&self, id: u64, bytes: usize, nanos: u64) {
+        self.tracker.spilled_without_copy(id, bytes, nanos);
     }
     fn moved(&self, id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64) {
         match &mut *self.held.lock() {

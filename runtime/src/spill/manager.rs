@@ -490,7 +490,11 @@ impl SpillManager {
             .enumerate()
             .map(|(i, &size)| make(i, size))
             .collect::<rmm_allocator::Result<Vec<_>>>()?;
-        buffers.iter().for_each(|b| self.register(b));
+        buffers.iter().for_each(|b| {
+            self.register(b);
+            // Only read from now on: brought to the device now, it keeps its host copy.
+            b.set_read_only();
+        });
         if on_device {
             for b in &buffers {
                 b.device_view(stream)?;
@@ -649,12 +653,15 @@ impl SpillManager {
             spilled_count,
             spilled_bytes,
             spill_seconds,
+            spilled_without_copy_count: t.without_copy[0].load(Ordering::Relaxed),
+            spilled_without_copy_bytes: t.without_copy[1].load(Ordering::Relaxed),
             unspilled_count,
             unspilled_bytes,
             unspill_seconds,
             host_bytes,
             host_pool_bytes: self.store.host().capacity() as u64,
             host_pinning_seconds: self.store.host().pinning_time().as_secs_f64(),
+            host_registering_seconds: self.store.host().registering_time().as_secs_f64(),
             disk_bytes,
             host: tier(
                 [m(d, h), m(k, h)],

@@ -53,12 +53,18 @@ pub struct SpillStatistics {
     pub peak_tracked_bytes: u64,
     /// Buffers and adopted values whose data is on the device now.
     pub tracked_count: u64,
-    /// Buffers moved off the device (to host or disk), and their bytes.
+    /// Buffers copied off the device (to host or disk), and their bytes.
     pub spilled_count: u64,
     /// See `spilled_count`.
     pub spilled_bytes: u64,
     /// Wall time during which data moved off the device (overlapping moves counted once).
     pub spill_seconds: f64,
+    /// Moves off the device that copied nothing, and their bytes: the data had been
+    /// brought back from the host tier, which kept its copy (stored values do not change),
+    /// so only its device memory was freed. Not counted in `spilled_count`.
+    pub spilled_without_copy_count: u64,
+    /// See `spilled_without_copy_count`.
+    pub spilled_without_copy_bytes: u64,
     /// Buffers brought back to the device, and their bytes.
     pub unspilled_count: u64,
     /// See `unspilled_count`.
@@ -71,6 +77,9 @@ pub struct SpillStatistics {
     pub host_pool_bytes: u64,
     /// Time spent pinning the host pool (at start, or as it grew).
     pub host_pinning_seconds: f64,
+    /// The part of `host_pinning_seconds` spent registering the memory with the driver (the
+    /// rest went to faulting its pages in).
+    pub host_registering_seconds: f64,
     /// Bytes held in spill files.
     pub disk_bytes: u64,
     /// The host tier's moves.
@@ -105,13 +114,14 @@ impl std::fmt::Display for SpillStatistics {
         let b = |x: u64| fmt_bytes(x as usize);
         writeln!(
             f,
-            "spill: limit {}, tracked {} (peak {}); off the device {} buffers, {} at {:.1} GB/s; back {} buffers, {} at {:.1} GB/s",
+            "spill: limit {}, tracked {} (peak {}); off the device {} buffers, {} at {:.1} GB/s (and {} without a copy); back {} buffers, {} at {:.1} GB/s",
             b(self.limit),
             b(self.tracked_bytes),
             b(self.peak_tracked_bytes),
             self.spilled_count,
             b(self.spilled_bytes),
             self.spill_gbps(),
+            b(self.spilled_without_copy_bytes),
             self.unspilled_count,
             b(self.unspilled_bytes),
             self.unspill_gbps()

@@ -51,6 +51,11 @@ pub(crate) trait Spillable: Send + Sync {
     fn into_buffer(self: Arc<Self>) -> Option<Arc<SpillableBuffer>> {
         None
     }
+    /// Gives back a host copy kept of data on the device (see
+    /// [`SpillableBuffer::drop_kept_copy`]); the host bytes given back.
+    fn drop_kept_copy(&self) -> usize {
+        0
+    }
 }
 
 impl Spillable for SpillableBuffer {
@@ -77,6 +82,9 @@ impl Spillable for SpillableBuffer {
     }
     fn into_buffer(self: Arc<Self>) -> Option<Arc<SpillableBuffer>> {
         Some(self)
+    }
+    fn drop_kept_copy(&self) -> usize {
+        SpillableBuffer::drop_kept_copy(self)
     }
 }
 
@@ -153,6 +161,9 @@ pub(crate) struct Tracker {
     pub(crate) received: [AtomicU64; 2],
     /// Bytes brought back to the device only to be sent elsewhere.
     pub(crate) unspilled_to_send: AtomicU64,
+    /// Moves off the device that copied nothing (a kept host copy became the data again):
+    /// `[count, bytes]`.
+    pub(crate) without_copy: [AtomicU64; 2],
 }
 
 /// The most spills whose copies are in flight at once when making room.
@@ -335,6 +346,26 @@ impl Tracker {
         }
     }
 
+    /// True when `host` can hand out `need` bytes (in slices of at most its largest).
+    fn host_fits(host: &PinnedHostPool, need: usize) -> bool {
+        let contiguous = need.min(host.max_slice());
+        host.capacity().saturating_sub(host.used()) >= need && host.largest_free() >= contiguous
+    }
+
+    /// Gives back the host copies kept of data on the device, least recently used first (not
+    /// `except`'s), until `host` can hand out `need` bytes; true when it can.
+    fn drop_kept_copies(&self, host: &PinnedHostPool, need: usize, except: u64) -> bool {
+        for b in self.oldest_first(Some(except)) {
+            if Self::host_fits(host, need) {
+                return true;
+            }
+            if b.tier() == Tier::Device {
+                b.drop_kept_copy();
+            }
+        }
+        Self::host_fits(host, need)
+    }
+
     /// Moves least recently used host data (not `except`'s) to disk until `host` can hand
     /// out `need` bytes (in slices of at most its largest); returns the bytes moved.
     fn demote_oldest(
@@ -343,13 +374,9 @@ impl Tracker {
         need: usize,
         except: u64,
     ) -> rmm_allocator::Result<u64> {
-        let contiguous = need.min(host.max_slice());
-        let fits = || {
-            host.capacity().saturating_sub(host.used()) >= need && host.largest_free() >= contiguous
-        };
         let mut moved = 0;
         for b in self.oldest_first(Some(except)) {
-            if fits() {
+            if Self::host_fits(host, need) {
                 break;
             }
             if b.tier() == Tier::Host {
@@ -429,10 +456,11 @@ impl SpillObserver for Tracker {
         let Some(tiers) = self.store.as_ref().map(|s| s.tiers()) else {
             return;
         };
-        if !tiers.has_disk() {
+        let host = tiers.host();
+        // Copies kept of data that is on the device go first: dropping one moves nothing.
+        if self.drop_kept_copies(host, bytes, id) || !tiers.has_disk() {
             return;
         }
-        let host = tiers.host();
         // Data larger than a fixed pool goes straight to disk: moving others would not help.
         if !host.is_growable() && bytes > host.capacity() {
             return;
@@ -456,6 +484,11 @@ impl SpillObserver for Tracker {
 
     fn moved(&self, _id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64) {
         self.moves[from as usize][to as usize].add(bytes, nanos);
+    }
+
+    fn spilled_without_copy(&self, _id: u64, bytes: usize, _nanos: u64) {
+        self.without_copy[0].fetch_add(1, Ordering::Relaxed);
+        self.without_copy[1].fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     fn dropped(&self, id: u64) {

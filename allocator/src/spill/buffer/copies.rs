@@ -60,6 +60,7 @@ impl SpillableBuffer {
             ptr,
             resource,
             stream,
+            ..
         } = &*state
         else {
             return Ok(());
@@ -203,6 +204,9 @@ impl SpillableBuffer {
         &'a self,
         mut state: MutexGuard<'a, State>,
     ) -> Result<SpillStep<'a>> {
+        if self.spill_to_kept(&mut state)? {
+            return Ok(SpillStep::Done(self.size));
+        }
         match self.start_to_host(&state) {
             Ok(Some(out)) => Ok(SpillStep::Pending(Box::new(PendingSpill {
                 buffer: self,

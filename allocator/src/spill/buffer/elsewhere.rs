@@ -153,12 +153,21 @@ impl SpillableBuffer {
         self.check_range(offset, out.len())?;
         let state = self.state.lock();
         match &*state {
-            State::Device { ptr, stream, .. } => {
+            State::Device {
+                ptr,
+                stream,
+                kept: None,
+                ..
+            } => {
                 synchronize_stream(self.device(), *stream)?;
                 self.device()
                     .copy_to_host(out, DevicePtr(ptr.addr() + offset as u64))
             }
-            State::Host(slices) => {
+            // On the device with its host copy kept: read from the copy.
+            State::Host(slices)
+            | State::Device {
+                kept: Some(slices), ..
+            } => {
                 let mut rest = &mut *out;
                 for_each_piece(slices, offset, rest.len(), |_, piece| {
                     let (here, after) = std::mem::take(&mut rest).split_at_mut(piece.len());

@@ -12,6 +12,12 @@
 //! stream, in chunks of at most one pinned slice, and are waited for before the source is
 //! given back: a spill returns with the data safe in its new tier and the old memory freed;
 //! a failed move leaves the buffer where it was, valid, and frees what the move took.
+//!
+//! A buffer whose data no longer changes ([`SpillableBuffer::set_read_only`]: a stored value
+//! of a Dask worker, say) keeps its host copy when it comes back to the device, like a page
+//! that swapping brought back keeps its swap slot: spilling it again frees its device memory
+//! and copies nothing. The copy goes first when the host tier needs room
+//! ([`SpillableBuffer::drop_kept_copy`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -95,6 +101,9 @@ pub trait SpillObserver: Send + Sync {
     /// Buffer `id` moved `bytes` from `from` to `to`; the copy (and file I/O) took `nanos`,
     /// not counting getting the destination memory (making room, pinning more host memory).
     fn moved(&self, id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64);
+    /// Buffer `id` left the device for the host tier without a copy, after `nanos`: its host
+    /// copy was kept when it came back ([`SpillableBuffer::set_read_only`]).
+    fn spilled_without_copy(&self, _id: u64, _bytes: usize, _nanos: u64) {}
     /// Buffer `id` is gone.
     fn dropped(&self, id: u64);
     /// The last device guard of buffer `id` is gone: it may be spilled again (data held over
@@ -109,6 +118,9 @@ pub(super) enum State {
         ptr: DevicePtr,
         resource: Option<SharedResource>,
         stream: StreamView,
+        /// The same bytes in the host tier, kept from when a read-only buffer came back:
+        /// spilling again only frees the device memory.
+        kept: Option<Vec<PinnedSlice>>,
     },
     Host(Vec<PinnedSlice>),
     /// In a file of a disk tier, kept alive by the buffer (the store may have moved on to
@@ -147,6 +159,8 @@ pub struct SpillableBuffer {
     pub(super) released_at: Mutex<Vec<(RawStream, Event)>>,
     /// Set when the data was lost to a copy that could not be waited for.
     lost: AtomicBool,
+    /// Set once the data no longer changes: coming back keeps the host copy.
+    read_only: AtomicBool,
 }
 
 impl fmt::Debug for SpillableBuffer {
@@ -197,6 +211,7 @@ impl SpillableBuffer {
                 ptr,
                 resource: Some(resource),
                 stream,
+                kept: None,
             },
         ))
     }
@@ -227,6 +242,7 @@ impl SpillableBuffer {
                 ptr,
                 resource: None,
                 stream,
+                kept: None,
             },
         );
         {
@@ -273,6 +289,7 @@ impl SpillableBuffer {
             pins: AtomicUsize::new(0),
             released_at: Mutex::new(Vec::new()),
             lost: AtomicBool::new(false),
+            read_only: AtomicBool::new(false),
         })
     }
 
@@ -299,6 +316,46 @@ impl SpillableBuffer {
     /// Where the data is now (without waiting for a move in progress).
     pub fn tier(&self) -> Tier {
         Tier::from_u8(self.tier.load(Ordering::Acquire))
+    }
+
+    /// Marks the data as no longer changing (a stored value, which its users only read):
+    /// from now on, coming back to the device keeps its host copy, and spilling it again
+    /// frees the device memory without copying anything. Writing through a device view
+    /// afterwards is an error that goes unnoticed: the next spill keeps the old bytes.
+    pub fn set_read_only(&self) {
+        self.read_only.store(true, Ordering::Release);
+    }
+
+    /// True once [`set_read_only`](Self::set_read_only) was called.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Acquire)
+    }
+
+    /// Host bytes holding a copy of data that is on the device (kept from when a read-only
+    /// buffer came back), without waiting: 0 when there is none or the buffer is busy.
+    pub fn kept_copy_bytes(&self) -> usize {
+        match self.state.try_lock().as_deref() {
+            Some(State::Device { kept: Some(_), .. }) => self.size,
+            _ => 0,
+        }
+    }
+
+    /// Gives the host copy of data that is on the device back to the host tier; the host
+    /// bytes given back (0 when there is none or the buffer is busy). The data stays on the
+    /// device; spilling it again copies it. What making room in the host tier does first.
+    pub fn drop_kept_copy(&self) -> usize {
+        let Some(mut state) = self.state.try_lock() else {
+            return 0;
+        };
+        match &mut *state {
+            State::Device { kept, .. } if kept.is_some() => {
+                let copy = kept.take();
+                drop(state);
+                drop(copy);
+                self.size
+            }
+            _ => 0,
+        }
     }
 
     /// True while the data is off the device.
@@ -445,7 +502,9 @@ impl SpillableBuffer {
                          copy it with to_vec)",
                     ));
                 }
-                self.device_to_host(&mut state)?;
+                if !self.spill_to_kept(&mut state)? {
+                    self.device_to_host(&mut state)?;
+                }
             }
             State::Disk(..) => self.disk_to_host(&mut state)?,
         }
@@ -492,6 +551,9 @@ impl SpillableBuffer {
         if !matches!(*state, State::Device { .. }) {
             return Ok(0);
         }
+        if self.spill_to_kept(state)? {
+            return Ok(self.size);
+        }
         match self.device_to_host(state) {
             Ok(()) => Ok(self.size),
             Err(Error::HostOutOfMemory { .. }) if self.store.has_disk() => {
@@ -516,6 +578,11 @@ impl SpillableBuffer {
         let Some(mut state) = self.lock_idle() else {
             return Ok(0);
         };
+        if self.spill_to_kept(&mut state)? {
+            // Its host copy goes on to disk: the device is not read again.
+            self.host_to_disk(&mut state)?;
+            return Ok(self.size);
+        }
         match &*state {
             State::Device { .. } => self.device_to_disk(&mut state)?,
             State::Host(_) => self.host_to_disk(&mut state)?,
@@ -619,6 +686,7 @@ impl SpillableBuffer {
             ptr,
             resource,
             stream,
+            ..
         } = &*state
         else {
             return Ok(());
@@ -667,7 +735,7 @@ impl SpillableBuffer {
         let copied = match std::mem::replace(state, State::Host(Vec::new())) {
             State::Host(slices) => {
                 self.copy_in(ptr, slices, stream)
-                    .map(drop)
+                    .map(|slices| self.is_read_only().then_some(slices))
                     .map_err(|(e, slices)| {
                         // The data stays on the host when the copy's memory came back.
                         if let Some(slices) = slices {
@@ -679,36 +747,97 @@ impl SpillableBuffer {
             State::Disk(file, disk) => {
                 let read = disk.read_to_device(self.store.copies(), &file, ptr, stream);
                 *state = State::Disk(file, disk);
-                read
+                read.map(|()| None)
             }
             device @ State::Device { .. } => {
                 *state = device;
-                Ok(())
+                Ok(None)
             }
         };
-        if let Err(e) = copied {
-            if matches!(e, Error::DataLost { .. }) {
-                // A copy may still write into the new memory: it is left allocated.
-                return Err(e);
-            }
-            if let Err(free) = resource.deallocate(ptr, self.size, stream) {
-                tracing::error!(
-                    "freeing after a failed unspill of buffer {}: {free}",
-                    self.id
-                );
-            }
-            return Err(e);
-        }
+        let kept = match copied {
+            Ok(kept) => kept,
+            Err(e) => return Err(self.failed_unspill(e, resource, ptr, stream)),
+        };
         self.moved(
             state,
             State::Device {
                 ptr,
                 resource: Some(resource),
                 stream,
+                kept,
             },
             start,
         );
         Ok(())
+    }
+
+    /// The error of an unspill whose copy into `ptr` failed, after freeing `ptr` (unless
+    /// the data was lost: a copy may still write there, so it stays allocated).
+    fn failed_unspill(
+        &self,
+        e: Error,
+        resource: SharedResource,
+        ptr: DevicePtr,
+        stream: StreamView,
+    ) -> Error {
+        if matches!(e, Error::DataLost { .. }) {
+            // A copy may still write into the new memory: it is left allocated.
+            return e;
+        }
+        if let Err(free) = resource.deallocate(ptr, self.size, stream) {
+            tracing::error!(
+                "freeing after a failed unspill of buffer {}: {free}",
+                self.id
+            );
+        }
+        e
+    }
+
+    /// Spills data whose host copy was kept ([`set_read_only`](Self::set_read_only)): its
+    /// device memory is freed (on its stream, after the work of every stream that used it)
+    /// and the copy is its data again; nothing is copied. False, and nothing done, when
+    /// there is no kept copy.
+    fn spill_to_kept(&self, state: &mut State) -> Result<bool> {
+        let State::Device {
+            ptr,
+            resource,
+            stream,
+            kept,
+        } = state
+        else {
+            return Ok(false);
+        };
+        if kept.is_none() {
+            return Ok(false);
+        }
+        let start = Instant::now();
+        if let Some(resource) = resource {
+            let device = self.device();
+            for e in self.release_events() {
+                device
+                    .backend()
+                    .stream_wait_event(device.ordinal(), stream.raw(), e)?;
+            }
+            resource.deallocate(*ptr, self.size, *stream)?;
+        }
+        let owned = resource.is_some();
+        let slices = kept.take().unwrap_or_default();
+        self.forget_releases();
+        *state = State::Host(slices);
+        self.tier.store(Tier::Host as u8, Ordering::Release);
+        if let Some(o) = &self.observer {
+            if owned {
+                o.resident(self.id, -(self.size as i64));
+            }
+            o.spilled_without_copy(self.id, self.size, nanos_since(start));
+        }
+        tracing::debug!(
+            target: "rmm::spill",
+            id = self.id,
+            bytes = self.size,
+            "buffer spilled to its kept host copy"
+        );
+        Ok(true)
     }
 
     /// An error when the data was lost to a failed copy (see [`Error::DataLost`]).
@@ -732,6 +861,7 @@ impl Drop for SpillableBuffer {
             ptr,
             resource: Some(resource),
             stream,
+            ..
         } = state
         {
             if let Err(e) = resource.deallocate(ptr, self.size, stream) {
