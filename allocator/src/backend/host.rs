@@ -202,6 +202,9 @@ pub struct PinnedRegion {
     /// ([`PinnedRegion::release_chunk`]): a chunk goes back only with no slice alive, and no
     /// slice is carved from it after.
     live: Vec<AtomicUsize>,
+    /// How long registering its chunks with the driver took (the rest of pinning it was
+    /// mapping and faulting the pages in).
+    registering: std::time::Duration,
 }
 
 /// [`PinnedRegion::live`] of a chunk given back.
@@ -310,6 +313,7 @@ impl PinnedRegion {
         // as long as one registration runs, so registrations in parallel or of large chunks
         // stall them for longer, and gain nothing once the pages are faulted in.
         let chunk = min_chunk.max(HUGE).next_multiple_of(HUGE).min(len);
+        let registering = std::time::Instant::now();
         let mut registered = Vec::new();
         let mut first_error = None;
         for o in (0..len).step_by(chunk) {
@@ -330,6 +334,7 @@ impl PinnedRegion {
             len,
             live: registered.iter().map(|_| AtomicUsize::new(0)).collect(),
             chunks: registered,
+            registering: registering.elapsed(),
         };
         match first_error {
             // Dropping the region unregisters what was registered and frees the memory.
@@ -341,6 +346,11 @@ impl PinnedRegion {
     /// Bytes in the region.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// How long registering it with the driver took, of the time pinning it took.
+    pub fn registering_time(&self) -> std::time::Duration {
+        self.registering
     }
 
     /// (offset, length) of each registered chunk.

@@ -112,6 +112,8 @@ struct Inner {
     used: AtomicUsize,
     peak: AtomicUsize,
     pinning_ns: AtomicU64,
+    /// The part of `pinning_ns` spent registering memory with the driver.
+    registering_ns: AtomicU64,
     /// Free bytes a growable pool keeps pinned ahead of demand (0: none).
     headroom: AtomicUsize,
     /// True while a background thread pins ahead.
@@ -180,6 +182,7 @@ impl PinnedHostPool {
                 used: 0.into(),
                 peak: 0.into(),
                 pinning_ns: 0.into(),
+                registering_ns: 0.into(),
                 headroom: 0.into(),
                 pinning_ahead: false.into(),
                 release_idle: false.into(),
@@ -289,6 +292,12 @@ impl PinnedHostPool {
     /// Time spent pinning so far.
     pub fn pinning_time(&self) -> Duration {
         Duration::from_nanos(self.inner.pinning_ns.load(Ordering::Relaxed))
+    }
+
+    /// The part of [`pinning_time`](Self::pinning_time) spent registering memory with the
+    /// driver (the rest went to mapping and faulting pages in).
+    pub fn registering_time(&self) -> Duration {
+        Duration::from_nanos(self.inner.registering_ns.load(Ordering::Relaxed))
     }
 
     /// A slice of `bytes` (rounded up to [`PINNED_ALIGNMENT`]), first fit; a growable pool
@@ -509,6 +518,10 @@ impl Inner {
         let took = start.elapsed();
         self.pinning_ns
             .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        self.registering_ns.fetch_add(
+            region.registering_time().as_nanos() as u64,
+            Ordering::Relaxed,
+        );
         let mut chunks = self.chunks.lock();
         for (index, &(o, l)) in region.chunks().iter().enumerate() {
             chunks.push(Chunk {
