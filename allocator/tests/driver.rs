@@ -96,3 +96,31 @@ fn backend_names_parse_and_bad_ones_are_explained() {
         "unknown backend \"gpux\" (from RMM_BACKEND): expected \"cuda\", \"sim\" or \"auto\""
     );
 }
+
+#[test]
+fn working_on_a_device_leaves_the_callers_current_context_as_it_was() {
+    let Ok(cuda) = CudaBackend::load() else {
+        common::skip(
+            "working_on_a_device_leaves_the_callers_current_context_as_it_was",
+            "no CUDA driver here: contexts are the GPU's",
+        );
+        return;
+    };
+    let last = cuda.device_count() - 1;
+    std::thread::spawn(move || {
+        // A thread without a context keeps none.
+        assert_eq!(cuda.context_device().unwrap(), None);
+        let ptr = cuda.malloc(last, 1 << 20).unwrap();
+        assert_eq!(cuda.context_device().unwrap(), None);
+        cuda.free(last, ptr).unwrap();
+        // A thread that took a device for good (as a runtime worker does) keeps it, and
+        // work on another device leaves it current.
+        cuda.bind_thread(0).unwrap();
+        assert_eq!(cuda.context_device().unwrap(), Some(0));
+        let ptr = cuda.malloc(last, 1 << 20).unwrap();
+        cuda.free(last, ptr).unwrap();
+        assert_eq!(cuda.context_device().unwrap(), Some(0));
+    })
+    .join()
+    .unwrap();
+}

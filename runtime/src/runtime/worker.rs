@@ -1,7 +1,8 @@
 //! Worker threads: one device each, its own stream, two queues.
 //!
 //! A worker makes its device the thread's current device, so the device's stack is what
-//! `get_current_device_resource()` returns there. Tasks submitted from outside the runtime go
+//! `get_current_device_resource()` returns there (and its context the thread's current
+//! context, for its tasks' own CUDA calls). Tasks submitted from outside the runtime go
 //! to its *top* queue; tasks submitted by a running task (its children) go to its *nested*
 //! queue, which it always serves first. While a reinitialize has the runtime paused, workers
 //! start no top-level task (one they take meanwhile is kept aside until the runtime resumes)
@@ -204,6 +205,13 @@ pub(crate) fn spawn(
             if let Err(e) = set_current_device(device) {
                 // Cannot happen for a device the runtime resolved; the tasks would fail anyway.
                 tracing::error!("worker {}: making device {device} current: {e}", me.id);
+            }
+            // Its tasks' own CUDA calls (a library's kernels) go to its device too.
+            if let Err(e) = rmm_allocator::Device::new(device).and_then(|d| d.bind_thread()) {
+                tracing::warn!(
+                    "worker {}: making device {device}'s context current: {e}",
+                    me.id
+                );
             }
             let local = Rc::new(Local {
                 me,

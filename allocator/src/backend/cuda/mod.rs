@@ -76,7 +76,7 @@ pub struct CudaBackend {
 }
 
 thread_local! {
-    /// The context this thread last made current through the backend.
+    /// Non-zero once `bind_thread` made a context current on this thread for good.
     static BOUND_CONTEXT: Cell<usize> = const { Cell::new(0) };
     /// True once `bind_thread` has looked at this thread's context.
     static THREAD_CHECKED: Cell<bool> = const { Cell::new(false) };
@@ -246,28 +246,17 @@ impl CudaBackend {
             .is_some_and(|d| d.ctx.load(Ordering::Acquire) != 0)
     }
 
-    /// Makes `dev`'s primary context current on this thread (skipped when it already is),
-    /// retaining it on the device's first use.
-    fn bind(&self, dev: u32) -> Result<&CudaDevice> {
+    /// Makes `dev`'s primary context current on this thread for as long as the returned
+    /// guard lives (retaining it on the device's first use); the thread's own context is
+    /// current again after. Checked on every call: another library (CuPy's
+    /// `Device(n).use()`, say) may have switched the thread's device since.
+    fn bind(&self, dev: u32) -> Result<context::Bound> {
         let d = self.devices.get(dev as usize).ok_or(Error::NoSuchDevice {
             requested: dev,
             count: self.devices.len() as u32,
             backend: "cuda",
         })?;
-        let ctx = d.context()?;
-        // What is current now, not what this backend last made current: another library
-        // (CuPy's `Device(n).use()`, say) may have switched the thread's device since.
-        let mut current: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: the driver writes the thread's current context (or null) into a local.
-        check("cuCtxGetCurrent", dev, unsafe {
-            sys::cuCtxGetCurrent(&mut current)
-        })?;
-        if current != ctx {
-            // SAFETY: `ctx` is a retained primary context, valid for the process's life.
-            check("cuCtxSetCurrent", dev, unsafe { sys::cuCtxSetCurrent(ctx) })?;
-        }
-        BOUND_CONTEXT.with(|c| c.set(ctx as usize));
-        Ok(d)
+        context::Bound::to(d.context()?, dev)
     }
 }
 
@@ -302,7 +291,7 @@ impl Backend for CudaBackend {
     }
 
     fn mem_info(&self, dev: u32) -> Result<MemInfo> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; the device's context is current.
         check("cuMemGetInfo_v2", dev, unsafe {
@@ -312,49 +301,49 @@ impl Backend for CudaBackend {
     }
 
     fn mem_granularity(&self, dev: u32) -> Result<usize> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         vmm::granularity(dev)
     }
 
     fn mem_address_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         vmm::address_reserve(dev, bytes)
     }
 
     fn mem_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         vmm::address_free(dev, ptr, bytes)
     }
 
     fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // As for cuMemAlloc: large physical allocations go to the driver one at a time.
         let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
         vmm::create(dev, bytes)
     }
 
     fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         vmm::release(dev, handle)
     }
 
     fn mem_map(&self, dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         vmm::map(dev, ptr, bytes, handle)
     }
 
     fn mem_unmap(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         vmm::unmap(dev, ptr, bytes)
     }
 
     fn mem_set_access(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         vmm::set_access(dev, ptr, bytes)
     }
 
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // Large allocations on several devices at once contend inside the driver: two
         // concurrent large cuMemAlloc calls take longer than one after the other. Every
         // allocation of 1 GiB or more (pool chunks, large plain allocations: slow paths, slow
@@ -370,7 +359,7 @@ impl Backend for CudaBackend {
     }
 
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the driver validates the pointer and reports an error for a foreign one.
         check("cuMemFree_v2", dev, unsafe { sys::cuMemFree_v2(ptr.0) })
     }
@@ -392,17 +381,17 @@ impl Backend for CudaBackend {
     }
 
     fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         ipc::open(dev, handle)
     }
 
     fn ipc_close(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         ipc::close(dev, ptr)
     }
 
     fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         let mut p = 0;
         let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
         // SAFETY: valid out-pointer; context current.
@@ -413,7 +402,7 @@ impl Backend for CudaBackend {
     }
 
     fn mem_pool_create(&self, dev: u32, release_threshold: u64) -> Result<RawMemPool> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: an all-zero CUmemPoolProps is the documented default; fields set below.
         let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -443,7 +432,7 @@ impl Backend for CudaBackend {
     }
 
     fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the driver validates the handle.
         check("cuMemPoolDestroy", dev, unsafe {
             sys::cuMemPoolDestroy(pool_handle(pool))
@@ -451,7 +440,7 @@ impl Backend for CudaBackend {
     }
 
     fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, keep_bytes: usize) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the driver validates the handle.
         check("cuMemPoolTrimTo", dev, unsafe {
             sys::cuMemPoolTrimTo(pool_handle(pool), keep_bytes)
@@ -459,7 +448,7 @@ impl Backend for CudaBackend {
     }
 
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         let mut v = 0u64;
         // SAFETY: the attribute is a cuuint64_t written into `v`.
         check("cuMemPoolGetAttribute", dev, unsafe {
@@ -479,7 +468,7 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: RawStream,
     ) -> Result<DevicePtr> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         let mut p = 0;
         // SAFETY: valid out-pointer; the driver validates pool and stream.
         check("cuMemAllocFromPoolAsync", dev, unsafe {
@@ -489,7 +478,7 @@ impl Backend for CudaBackend {
     }
 
     fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the driver validates pointer and stream.
         check("cuMemFreeAsync", dev, unsafe {
             sys::cuMemFreeAsync(ptr.0, stream_handle(stream))
@@ -497,7 +486,7 @@ impl Backend for CudaBackend {
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {
-        self.bind(0)?;
+        let _bound = self.bind(0)?;
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer. PORTABLE: usable from every context; no write-combining,
         // which would make host reads very slow.
@@ -508,7 +497,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn free_host(&self, ptr: *mut u8) -> Result<()> {
-        self.bind(0)?;
+        let _bound = self.bind(0)?;
         // SAFETY: the caller passes a pointer from `malloc_host`.
         check("cuMemFreeHost", 0, unsafe {
             sys::cuMemFreeHost(ptr.cast())
@@ -516,7 +505,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn host_register(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
-        self.bind(0)?;
+        let _bound = self.bind(0)?;
         // SAFETY: the caller guarantees the range is a live host allocation.
         check("cuMemHostRegister_v2", 0, unsafe {
             sys::cuMemHostRegister_v2(ptr.cast(), bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
@@ -524,7 +513,7 @@ impl Backend for CudaBackend {
     }
 
     unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()> {
-        self.bind(0)?;
+        let _bound = self.bind(0)?;
         // SAFETY: the caller guarantees `ptr` was registered and no copy uses it.
         check("cuMemHostUnregister", 0, unsafe {
             sys::cuMemHostUnregister(ptr.cast())
@@ -532,7 +521,7 @@ impl Backend for CudaBackend {
     }
 
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: `src` is a live slice for the duration of this synchronous copy.
         check("cuMemcpyHtoD_v2", dev, unsafe {
             sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len())
@@ -547,7 +536,7 @@ impl Backend for CudaBackend {
     }
 
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         if dst.len() >= staged_copy::STAGED_FROM {
             // Large copies: through pinned staging, not holding the driver's lock throughout.
             return self
@@ -561,7 +550,7 @@ impl Backend for CudaBackend {
     }
 
     fn memcpy_dtod(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: device pointers are validated by the driver; unified addressing lets the
         // ranges live on different devices.
         check("cuMemcpyDtoD_v2", dev, unsafe {
@@ -572,7 +561,7 @@ impl Backend for CudaBackend {
     }
 
     fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the driver validates the device range.
         check("cuMemsetD8_v2", dev, unsafe {
             sys::cuMemsetD8_v2(dst.0, value, bytes)
@@ -589,7 +578,7 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: RawStream,
     ) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the caller keeps the host range valid until the stream runs the copy.
         check("cuMemcpyHtoDAsync_v2", dev, unsafe {
             sys::cuMemcpyHtoDAsync_v2(dst.0, src.cast(), bytes, stream_handle(stream))
@@ -604,7 +593,7 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: RawStream,
     ) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the caller keeps the host range valid and untouched until the copy runs.
         check("cuMemcpyDtoHAsync_v2", dev, unsafe {
             sys::cuMemcpyDtoHAsync_v2(dst.cast(), src.0, bytes, stream_handle(stream))
@@ -619,7 +608,7 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: RawStream,
     ) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: device pointers and stream are validated by the driver.
         check("cuMemcpyDtoDAsync_v2", dev, unsafe {
             sys::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, stream_handle(stream))
@@ -634,7 +623,7 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: RawStream,
     ) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: device pointer and stream are validated by the driver.
         check("cuMemsetD8Async", dev, unsafe {
             sys::cuMemsetD8Async(dst.0, value, bytes, stream_handle(stream))
@@ -642,7 +631,7 @@ impl Backend for CudaBackend {
     }
 
     fn stream_create(&self, dev: u32) -> Result<RawStream> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         let mut s: sys::CUstream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
         // SAFETY: valid out-pointer; context current.
@@ -655,7 +644,7 @@ impl Backend for CudaBackend {
     }
 
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         self.streams.destroy(stream, || {
             // SAFETY: the driver validates the handle; queued work still completes. No other
             // call through the registry is using the handle (it holds them off).
@@ -666,7 +655,7 @@ impl Backend for CudaBackend {
     }
 
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         self.streams.unless_destroyed(stream, || {
             // SAFETY: the handle is a default stream, a live stream of this backend, or the
             // caller's own stream (not one this backend destroyed: the registry checked, and
@@ -678,18 +667,18 @@ impl Backend for CudaBackend {
     }
 
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         self.streams
             .unless_destroyed(stream, || query_stream(dev, stream))
     }
 
     fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         self.streams.if_alive(stream, || query_stream(dev, stream))
     }
 
     fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // Record an event of our own while the registry vouches for the stream, then wait on
         // the event with the registry released: a long wait never holds a destroy off.
         let event = self.event_create(dev)?;
@@ -708,7 +697,7 @@ impl Backend for CudaBackend {
     }
 
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the driver validates both handles.
         check("cuStreamWaitEvent", dev, unsafe {
             sys::cuStreamWaitEvent(stream_handle(stream), event_handle(event), 0)
@@ -716,7 +705,7 @@ impl Backend for CudaBackend {
     }
 
     fn event_create(&self, dev: u32) -> Result<RawEvent> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         let mut e: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: valid out-pointer; context current.
@@ -727,7 +716,7 @@ impl Backend for CudaBackend {
     }
 
     fn event_destroy(&self, dev: u32, event: RawEvent) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the driver validates the handle.
         check("cuEventDestroy_v2", dev, unsafe {
             sys::cuEventDestroy_v2(event_handle(event))
@@ -735,7 +724,7 @@ impl Backend for CudaBackend {
     }
 
     fn event_record(&self, dev: u32, event: RawEvent, stream: RawStream) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the driver validates both handles.
         check("cuEventRecord", dev, unsafe {
             sys::cuEventRecord(event_handle(event), stream_handle(stream))
@@ -743,7 +732,7 @@ impl Backend for CudaBackend {
     }
 
     fn event_query(&self, dev: u32, event: RawEvent) -> Result<bool> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the driver validates the handle.
         let r = unsafe { sys::cuEventQuery(event_handle(event)) };
         if r == sys::CUresult::CUDA_ERROR_NOT_READY {
@@ -753,7 +742,7 @@ impl Backend for CudaBackend {
     }
 
     fn event_synchronize(&self, dev: u32, event: RawEvent) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: the driver validates the handle.
         check("cuEventSynchronize", dev, unsafe {
             sys::cuEventSynchronize(event_handle(event))
@@ -761,7 +750,7 @@ impl Backend for CudaBackend {
     }
 
     fn device_synchronize(&self, dev: u32) -> Result<()> {
-        self.bind(dev)?;
+        let _bound = self.bind(dev)?;
         // SAFETY: plain synchronization of the current context.
         check("cuCtxSynchronize", dev, unsafe { sys::cuCtxSynchronize() })
     }
@@ -783,7 +772,8 @@ impl Backend for CudaBackend {
             sys::cuCtxGetCurrent(&mut current)
         })?;
         if current.is_null() {
-            self.bind(dev)?;
+            self.bind(dev)?.keep();
+            BOUND_CONTEXT.with(|c| c.set(1));
         }
         Ok(())
     }
