@@ -18,6 +18,7 @@ from distributed import Client, wait
 
 import rmm_rs
 from rmm_rs.dask import DeviceStore
+from rmm_rs.dask.transfer import SHARED_MESSAGE_BYTES
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -61,6 +62,10 @@ def copies_made_off_the_loop(dask_worker):
     from rmm_rs.dask import transfer
 
     return transfer._COPIERS is not None
+
+
+def message_bytes_limit(dask_worker):
+    return dask_worker.state.transfer_message_bytes_limit
 
 
 def tier_of(key, dask_worker):
@@ -121,6 +126,9 @@ def test_spilled_values_travel_between_four_workers(tmp_path, send_from_tier, sh
         else:
             assert sent["unspilled_to_send_bytes"] >= off_device, sent
             assert sent["unspilled_bytes"] - before["unspilled_bytes"] >= off_device
+        # Workers sharing memory ask a peer for every value it has ready in one message.
+        limits = set(client.run(message_bytes_limit).values())
+        assert limits == ({SHARED_MESSAGE_BYTES} if share_with_peers else {50_000_000})
         received = 0
         for w in peers:
             s = after[w]["spill"]

@@ -610,6 +610,7 @@ def attach(worker: Any, store: Any) -> bool:
 
         worker.handlers["gather"] = gather_into_store
     worker.gather_dep = gather_dep_into_store
+    _batch_transfers(worker, store)
     _copy_received_off_the_loop(worker)
     _forget_peers_that_leave(worker)
     _install_prefetcher(worker, store)
@@ -619,6 +620,38 @@ def attach(worker: Any, store: Any) -> bool:
     if isinstance(metrics, dict):
         metrics["rmm-rs-transfer"] = lambda w: _worker_metrics(store)
     return True
+
+
+# Dask's default bound on the bytes of the values one transfer message asks a peer for.
+_DASK_MESSAGE_BYTES = 50_000_000
+# The bound a worker sharing memory with its peers asks for instead: those values cross as
+# descriptors, their bytes copied peer to peer, so each message costs a round trip and not
+# its bytes; one message then takes every value a peer has ready for this worker at once.
+SHARED_MESSAGE_BYTES = 4_000_000_000
+
+
+def _batch_transfers(worker: Any, store: Any) -> None:
+    """Lets ``worker`` ask a peer for many values per message
+    (``distributed.worker.transfer.message-bytes-limit`` raised to
+    :data:`SHARED_MESSAGE_BYTES`) when ``store`` shares values with peers of its host, unless
+    that setting was changed from Dask's default. Dask asks one peer for one message at a
+    time, so with one value per message a worker gets one value per round trip from each
+    peer."""
+    import dask
+    from dask.utils import parse_bytes
+
+    state = getattr(worker, "state", None)
+    if state is None or not getattr(store, "share_with_peers", False):
+        return
+    configured = dask.config.get("distributed.worker.transfer.message-bytes-limit", None)
+    try:
+        default = configured is None or parse_bytes(configured) == _DASK_MESSAGE_BYTES
+    except (TypeError, ValueError):
+        default = False
+    if default and getattr(state, "transfer_message_bytes_limit", None) is not None:
+        state.transfer_message_bytes_limit = max(
+            state.transfer_message_bytes_limit, SHARED_MESSAGE_BYTES
+        )
 
 
 async def _settle(pending: _Copying) -> List[Any]:
@@ -861,6 +894,7 @@ def _worker_metrics(store: Any) -> Dict[str, float]:
         "received_on_device_bytes",
         "received_off_device_bytes",
         "spilled_bytes",
+        "spilled_without_copy_bytes",
         "unspilled_bytes",
         "host_bytes",
         "disk_bytes",
