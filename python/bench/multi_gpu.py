@@ -55,7 +55,7 @@ import time
 from typing import Any
 
 import cloudpickle
-from dask.utils import format_bytes, parse_bytes
+from dask.utils import format_bytes, parse_bytes, parse_timedelta
 from distributed import wait
 
 # The clusters, their checks and the runs of dask-cuda's benchmarks, shared with
@@ -74,7 +74,7 @@ from dask_cuda_runs import (
 )
 from copy_bounds import measure_bounds, print_bounds
 import phase_metrics
-from phase_metrics import difference, summary_lines, worker_phase_figures
+from phase_metrics import difference, loop_hotspots, summary_lines, worker_phase_figures
 
 # Functions run on the workers travel by value: the workers need not see this directory.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -211,15 +211,19 @@ def run_once(side, devices, protocol, n, args, s, repeat):
             figures = client.run(worker_phase_figures)
             stage = "transpose-sum"
             t = time.perf_counter()
+            wall = time.time()
             r["transpose_sum"] = scalar(client, (x + x.T).sum(), s.timeout)
             r["transpose_sum_s"] = time.perf_counter() - t
+            r["transpose_loop"] = loop_profile(client, wall, time.time())
             mid = sent_bytes(client)
             figures_mid = client.run(worker_phase_figures)
             r["transpose_metrics"] = difference(figures_mid, figures)
             stage = "std"
             t = time.perf_counter()
+            wall = time.time()
             r["std_sum"] = scalar(client, x.std(axis=0).sum(), s.timeout)
             r["std_s"] = time.perf_counter() - t
+            r["std_loop"] = loop_profile(client, wall, time.time())
             r["std_metrics"] = difference(client.run(worker_phase_figures), figures_mid)
             after = sent_bytes(client)
             r["total_s"] = r["persist_s"] + r["transpose_sum_s"] + r["std_s"]
@@ -239,6 +243,19 @@ def run_once(side, devices, protocol, n, args, s, repeat):
             r["error"] = f"{stage}: {type(e).__name__}: {e}"
             r["stage"] = stage
     return r
+
+
+def loop_profile(client, start, stop):
+    """Where the workers' event loops spent ``start``..``stop`` (wall-clock seconds), from
+    the profile Dask keeps of them: lines of text (empty when profiling is off or failed)."""
+    try:
+        import dask
+
+        profile = client.profile(start=start, stop=stop, server=True)
+        interval = parse_timedelta(dask.config.get("distributed.worker.profile.interval"))
+        return loop_hotspots(profile, interval, top=8)
+    except Exception as e:  # noqa: BLE001 - a diagnostic; the run's figures stand without it
+        return [f"(no event-loop profile: {type(e).__name__}: {e})"]
 
 
 def print_run(r):
@@ -261,18 +278,22 @@ def print_run(r):
         print(f"    transpose phase, {line}", flush=True)
     for line in summary_lines(r.get("std_metrics", {}), top=5):
         print(f"    std phase, {line}", flush=True)
+    for phase in ("transpose", "std"):
+        for line in r.get(f"{phase}_loop", []):
+            print(f"    {phase} phase, {line}", flush=True)
     if any(r["spill"].values()):
         print_spill(r["spill"])
 
 
 def print_spill(per_worker):
-    """Per worker: bytes spilled, unspilled, unspilled to be sent to a peer, and received
-    from peers onto the device and off it (n/a where this rmm_rs does not count them), and
-    the sum."""
-    names = ("spilled_bytes", "unspilled_bytes", "unspilled_to_send_bytes",
-             "received_on_device_bytes", "received_off_device_bytes")
-    titles = ("spilled", "unspilled", "unspilled to send", "received on device",
-              "received off device")
+    """Per worker: bytes spilled (copied off the device, and freed without a copy where the
+    host copy was kept), unspilled, unspilled to be sent to a peer, and received from peers
+    onto the device and off it (n/a where this rmm_rs does not count them), and the sum;
+    then the seconds spent pinning host memory."""
+    names = ("spilled_bytes", "spilled_without_copy_bytes", "unspilled_bytes",
+             "unspilled_to_send_bytes", "received_on_device_bytes", "received_off_device_bytes")
+    titles = ("spilled", "spilled w/o copy", "unspilled", "unspilled to send",
+              "received on device", "received off device")
     print(f"    {'worker':28s}" + "".join(f" {t:>19s}" for t in titles))
     sums = [0] * len(names)
     missing = [False] * len(names)
@@ -288,6 +309,13 @@ def print_spill(per_worker):
         print(f"    {worker:28s}" + "".join(f" {c:>19s}" for c in cells))
     cells = ["n/a" if m else format_bytes(v) for v, m in zip(sums, missing)]
     print(f"    {'all':28s}" + "".join(f" {c:>19s}" for c in cells), flush=True)
+    pinning = [
+        f"{sp.get('host_pinning_seconds', 0.0):.2f} s "
+        f"({sp.get('host_registering_seconds', 0.0):.2f} s registering) for "
+        f"{format_bytes(int(sp.get('host_pool_bytes', 0)))}"
+        for sp in (stats.get("spill", {}) for _, stats in sorted(per_worker.items()))
+    ]
+    print(f"    host memory pinned per worker: {', '.join(pinning)}", flush=True)
     print_transfer(per_worker)
 
 

@@ -65,3 +65,33 @@ def test_the_summary_names_the_transfers_and_the_busiest_activities_first():
     assert lines[2].startswith("execute/other") and "2.00 s per worker (most 3.00 s)" in lines[2]
     assert len(lines) == 3  # the activity under 5 ms per worker is left out
     assert pm.summary_lines({}) == []
+
+
+def _node(name, line, count, children=()):
+    return {
+        "count": count,
+        "description": {"filename": f"/site/{name}.py", "name": name, "line_number": line},
+        "children": {f"{name}:{line}:{i}": c for i, c in enumerate(children)},
+    }
+
+
+def test_the_loop_hotspots_are_the_lines_samples_were_taken_in_busiest_first():
+    # 100 samples: 60 in a read, 30 in an unspill under __getitem__ (5 in __getitem__
+    # itself), 10 in the loop's own frame.
+    profile = {
+        "count": 100,
+        "description": {"filename": "", "name": "", "line_number": 0},
+        "children": {
+            "run": _node("run_once", 1, 100, [
+                _node("read", 2, 60),
+                _node("__getitem__", 3, 30, [_node("unspill", 4, 25)]),
+            ]),
+        },
+    }
+    lines = pm.loop_hotspots(profile, interval=0.01, top=3)
+    assert lines[0] == "event loops sampled 100 times (1.00 s summed over workers)"
+    assert lines[1].split() == ["0.60", "s", "60.0", "%", "read", "(read.py:2)"]
+    assert lines[2].split()[:5] == ["0.25", "s", "25.0", "%", "unspill"]
+    assert lines[3].split()[:5] == ["0.10", "s", "10.0", "%", "run_once"]
+    assert len(lines) == 4
+    assert pm.loop_hotspots({"count": 0}, interval=0.01) == []
