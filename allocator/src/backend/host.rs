@@ -405,7 +405,17 @@ impl PinnedRegion {
 
 impl Drop for PinnedRegion {
     fn drop(&mut self) {
-        for (i, &(o, _)) in self.chunks.iter().enumerate() {
+        // Only what is still ours is unmapped: a chunk released earlier went back to the
+        // system, and the kernel may have mapped something else at its addresses since (a
+        // thread's stack, another region), which unmapping the whole region would destroy.
+        let unmap = |o: usize, l: usize| {
+            // SAFETY: `o..o + l` lies inside the mapping made in `new` and was not unmapped
+            // before (released chunks are skipped); nothing uses it now.
+            if unsafe { libc::munmap(self.addr(o).cast(), l) } != 0 {
+                tracing::error!("unmapping {l} bytes of pinned host memory failed");
+            }
+        };
+        for (i, &(o, l)) in self.chunks.iter().enumerate() {
             if self.is_released(i) {
                 continue;
             }
@@ -414,11 +424,12 @@ impl Drop for PinnedRegion {
             if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
                 tracing::error!("unregistering pinned host memory: {e}");
             }
+            unmap(o, l);
         }
-        // SAFETY: mapped in `new` with exactly this start and length; nothing uses it now
-        // (unmapping chunks released before is allowed: munmap skips what is not mapped).
-        if unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) } != 0 {
-            tracing::error!("unmapping {} bytes of pinned host memory failed", self.len);
+        // What a failed registration left unregistered after the last chunk.
+        let covered = self.chunks.last().map_or(0, |&(o, l)| o + l);
+        if covered < self.len {
+            unmap(covered, self.len - covered);
         }
     }
 }
@@ -427,6 +438,9 @@ impl Drop for PinnedRegion {
 pub trait SliceOwner: Send + Sync {
     /// `offset..offset + len` of `region` is free again.
     fn give_back(&self, region: &PinnedRegion, offset: usize, len: usize);
+    /// `delta` more (or, negative, fewer) bytes of its slices are reclaimable: held as a
+    /// copy that can be dropped rather than as data ([`PinnedSlice::set_reclaimable`]).
+    fn reclaimable(&self, _delta: isize) {}
 }
 
 /// A range of a pinned region owned by one holder; given back to its owner on drop.
@@ -437,6 +451,8 @@ pub struct PinnedSlice {
     len: usize,
     /// The chunk it lies in.
     chunk: usize,
+    /// Counted by its owner as reclaimable.
+    reclaimable: bool,
 }
 
 impl fmt::Debug for PinnedSlice {
@@ -470,7 +486,19 @@ impl PinnedSlice {
             offset,
             len,
             chunk,
+            reclaimable: false,
         })
+    }
+
+    /// Tells its owner whether the slice holds a copy that can be dropped to make room
+    /// (`true`) or data (`false`): a pool counts reclaimable bytes as room when deciding to
+    /// pin more.
+    pub fn set_reclaimable(&mut self, on: bool) {
+        if self.reclaimable != on {
+            self.reclaimable = on;
+            let len = self.len as isize;
+            self.owner.reclaimable(if on { len } else { -len });
+        }
     }
 
     /// Length in bytes.
@@ -509,8 +537,53 @@ impl PinnedSlice {
 
 impl Drop for PinnedSlice {
     fn drop(&mut self) {
+        self.set_reclaimable(false);
         // Not alive before its range is free again: the owner may give the chunk back then.
         self.region.live[self.chunk].fetch_sub(1, Ordering::AcqRel);
         self.owner.give_back(&self.region, self.offset, self.len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{SimBackend, SimConfig};
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn dropping_a_region_leaves_what_was_mapped_where_a_released_chunk_was() {
+        let sim = SimBackend::leak(SimConfig::default()).unwrap();
+        let region = PinnedRegion::new(sim, 8 * MIB, 1, 2 * MIB).unwrap();
+        assert_eq!(region.chunks().len(), 4);
+        let (o, l) = region.chunks()[1];
+        let at = region.addr(o);
+        assert!(region.release_chunk(1));
+        // The kernel may map something else there once the chunk went back (a thread's
+        // stack, another region); here that mapping is made on purpose.
+        // SAFETY: a new private anonymous mapping at addresses nothing maps now (the chunk
+        // was unmapped; MAP_FIXED_NOREPLACE refuses to replace anything).
+        let other = unsafe {
+            libc::mmap(
+                at.cast(),
+                l,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(other, at.cast(), "the released chunk's addresses were free");
+        // SAFETY: `other` is the mapping just made, `l` bytes long.
+        unsafe { std::ptr::write_bytes(other.cast::<u8>(), 0xAB, l) };
+        drop(region);
+        // Still mapped (msync fails with ENOMEM on addresses nothing maps), bytes intact.
+        // SAFETY: msync only looks at the range; `other` is ours.
+        assert_eq!(unsafe { libc::msync(other, l, libc::MS_ASYNC) }, 0);
+        // SAFETY: still mapped (checked above) and `l` bytes long.
+        let kept = unsafe { std::slice::from_raw_parts(other.cast::<u8>(), l) };
+        assert!(kept.iter().all(|&b| b == 0xAB));
+        // SAFETY: the mapping made above; nothing refers to it after this.
+        assert_eq!(unsafe { libc::munmap(other, l) }, 0);
     }
 }
