@@ -114,6 +114,9 @@ struct Inner {
     pinning_ns: AtomicU64,
     /// The part of `pinning_ns` spent registering memory with the driver.
     registering_ns: AtomicU64,
+    /// Bytes of slices that hold copies their holders can drop (see
+    /// [`PinnedSlice::set_reclaimable`]): room, when deciding to pin ahead.
+    reclaimable: AtomicUsize,
     /// Free bytes a growable pool keeps pinned ahead of demand (0: none).
     headroom: AtomicUsize,
     /// True while a background thread pins ahead.
@@ -183,6 +186,7 @@ impl PinnedHostPool {
                 peak: 0.into(),
                 pinning_ns: 0.into(),
                 registering_ns: 0.into(),
+                reclaimable: 0.into(),
                 headroom: 0.into(),
                 pinning_ahead: false.into(),
                 release_idle: false.into(),
@@ -215,6 +219,12 @@ impl PinnedHostPool {
     /// Bytes handed out in live slices.
     pub fn used(&self) -> usize {
         self.inner.used.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of live slices that hold copies their holders can drop to make room
+    /// ([`PinnedSlice::set_reclaimable`]): the pool pins ahead only past them.
+    pub fn reclaimable(&self) -> usize {
+        self.inner.reclaimable.load(Ordering::Relaxed)
     }
 
     /// The most bytes handed out at once.
@@ -412,7 +422,8 @@ impl Inner {
             return None;
         }
         let want = self.headroom.load(Ordering::Relaxed);
-        let free = self.free();
+        // Copies that can be dropped are room already: never pin more to keep them.
+        let free = self.free() + self.reclaimable.load(Ordering::Relaxed);
         self.grow_limit?;
         let room = self.room();
         (want > free && room > 0)
@@ -560,6 +571,16 @@ impl fmt::Display for PinnedHostPool {
 }
 
 impl SliceOwner for Inner {
+    fn reclaimable(&self, delta: isize) {
+        if delta >= 0 {
+            self.reclaimable
+                .fetch_add(delta as usize, Ordering::Relaxed);
+        } else {
+            self.reclaimable
+                .fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
+        }
+    }
+
     fn give_back(&self, region: &PinnedRegion, offset: usize, len: usize) {
         let mut chunks = self.chunks.lock();
         let Some(at) = chunks.iter().position(|c| {

@@ -184,9 +184,21 @@ impl SpillStore {
             .map(std::path::Path::to_path_buf)
     }
 
-    /// Bytes held in pinned host memory now, in the current host pool and in pools that
-    /// tiers replaced before their data was gone.
+    /// Bytes of spilled data held in pinned host memory now, in the current host pool and in
+    /// pools that tiers replaced before their data was gone (copies kept of data on the
+    /// device are [`host_kept_bytes`](Self::host_kept_bytes), not counted here).
     pub fn host_bytes(&self) -> u64 {
+        self.over_host_pools(|h| h.used().saturating_sub(h.reclaimable()))
+    }
+
+    /// Bytes of pinned host memory holding copies of data that is on the device (kept from
+    /// when the data came back, so that spilling it again copies nothing).
+    pub fn host_kept_bytes(&self) -> u64 {
+        self.over_host_pools(PinnedHostPool::reclaimable)
+    }
+
+    /// `bytes` summed over the current host pool and the replaced ones still alive.
+    fn over_host_pools(&self, bytes: impl Fn(&PinnedHostPool) -> usize) -> u64 {
         let current = self.tiers.read().host.clone();
         let mut retired = self.retired.lock();
         retired.prune();
@@ -195,9 +207,9 @@ impl SpillStore {
             .iter()
             .filter_map(WeakPinnedHostPool::upgrade)
             .filter(|h| !h.same_pool(&current))
-            .map(|h| h.used())
+            .map(|h| bytes(&h))
             .sum();
-        (current.used() + old) as u64
+        (bytes(&current) + old) as u64
     }
 
     /// Bytes held in spill files now (under the current disk tier and replaced ones).

@@ -606,7 +606,9 @@ fn check_host_room(m: &SpillManager, kept: &super::keep::Kept<'_>) -> Result<()>
         .statistics()
         .tracked_bytes
         .saturating_sub(kept.bytes_on(device));
-    let room = host.capacity().saturating_sub(host.used()) as u64;
+    // Data on the device that keeps a host copy spills into it, and a kept copy can be
+    // dropped to make room for others: kept copies are room.
+    let room = (host.capacity().saturating_sub(host.used()) + host.reclaimable()) as u64;
     if to_move > room {
         return Err(Error::HostTierTooSmall {
             device,

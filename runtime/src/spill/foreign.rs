@@ -391,6 +391,9 @@ impl SpillObserver for Staged {
     fn spilled_without_copy(&self, id: u64, bytes: usize, nanos: u64) {
         self.tracker.spilled_without_copy(id, bytes, nanos);
     }
+    fn reclaim_host(&self, id: u64, bytes: usize) {
+        self.tracker.reclaim_host(id, bytes);
+    }
     fn moved(&self, id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64) {
         match &mut *self.held.lock() {
             Some(held) => held.push((from, to, bytes, nanos, clock_ns())),

@@ -167,6 +167,8 @@ impl SpillManager {
     pub fn commit_tiers(&self, undo: TierUndo) {
         if !undo.tiers.host().same_pool(&self.store.host()) {
             undo.tiers.host().release_idle(true);
+            // Copies kept of data on the device would hold the old pool's memory.
+            self.tracker.drop_all_kept_copies();
         }
     }
 
@@ -201,10 +203,12 @@ impl SpillManager {
     }
 
     /// Spilling stops on this device (a reinitialize turned it off, or the runtime shut
-    /// down): the host pool pins nothing more ahead, gives back what it holds free, and gives
-    /// back the rest as spilled data comes back or is dropped. Data stays where it is; a
-    /// later [`reconfigure`](Self::reconfigure) resumes.
+    /// down): the host pool pins nothing more ahead, gives back what it holds free and the
+    /// copies kept of data on the device, and gives back the rest as spilled data comes back
+    /// or is dropped. Data stays where it is; a later [`reconfigure`](Self::reconfigure)
+    /// resumes.
     pub fn stand_down(&self) {
+        self.tracker.drop_all_kept_copies();
         self.store.host().release_idle(true);
     }
 
@@ -659,6 +663,7 @@ impl SpillManager {
             unspilled_bytes,
             unspill_seconds,
             host_bytes,
+            host_kept_bytes: self.store.host_kept_bytes(),
             host_pool_bytes: self.store.host().capacity() as u64,
             host_pinning_seconds: self.store.host().pinning_time().as_secs_f64(),
             host_registering_seconds: self.store.host().registering_time().as_secs_f64(),

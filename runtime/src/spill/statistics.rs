@@ -61,7 +61,8 @@ pub struct SpillStatistics {
     pub spill_seconds: f64,
     /// Moves off the device that copied nothing, and their bytes: the data had been
     /// brought back from the host tier, which kept its copy (stored values do not change),
-    /// so only its device memory was freed. Not counted in `spilled_count`.
+    /// so only its device memory was freed. Not counted in `spilled_count` nor in the host
+    /// tier's moves.
     pub spilled_without_copy_count: u64,
     /// See `spilled_without_copy_count`.
     pub spilled_without_copy_bytes: u64,
@@ -73,6 +74,9 @@ pub struct SpillStatistics {
     pub unspill_seconds: f64,
     /// Pinned host bytes holding spilled data, and the pool's size now.
     pub host_bytes: u64,
+    /// Pinned host bytes holding copies of data that is on the device (kept from when it
+    /// came back: spilling it again copies nothing); given back first when room is needed.
+    pub host_kept_bytes: u64,
     /// See `host_bytes`.
     pub host_pool_bytes: u64,
     /// Time spent pinning the host pool (at start, or as it grew).
@@ -130,7 +134,11 @@ impl std::fmt::Display for SpillStatistics {
             (
                 "host",
                 &self.host,
-                format!(" of a {} pool", b(self.host_pool_bytes)),
+                format!(
+                    " (and {} of copies kept) of a {} pool",
+                    b(self.host_kept_bytes),
+                    b(self.host_pool_bytes)
+                ),
             ),
             ("disk", &self.disk, String::new()),
         ] {

@@ -352,12 +352,24 @@ impl Tracker {
         host.capacity().saturating_sub(host.used()) >= need && host.largest_free() >= contiguous
     }
 
+    /// Gives back every host copy kept of data on the device.
+    pub(crate) fn drop_all_kept_copies(&self) {
+        for b in self.oldest_first(None) {
+            if b.tier() == Tier::Device {
+                b.drop_kept_copy();
+            }
+        }
+    }
+
     /// Gives back the host copies kept of data on the device, least recently used first (not
     /// `except`'s), until `host` can hand out `need` bytes; true when it can.
     fn drop_kept_copies(&self, host: &PinnedHostPool, need: usize, except: u64) -> bool {
+        if Self::host_fits(host, need) {
+            return true;
+        }
         for b in self.oldest_first(Some(except)) {
-            if Self::host_fits(host, need) {
-                return true;
+            if Self::host_fits(host, need) || host.reclaimable() == 0 {
+                break;
             }
             if b.tier() == Tier::Device {
                 b.drop_kept_copy();
@@ -457,12 +469,12 @@ impl SpillObserver for Tracker {
             return;
         };
         let host = tiers.host();
-        // Copies kept of data that is on the device go first: dropping one moves nothing.
-        if self.drop_kept_copies(host, bytes, id) || !tiers.has_disk() {
+        // Data larger than a fixed pool goes straight to disk: making room would not help.
+        if !host.is_growable() && bytes > host.capacity() {
             return;
         }
-        // Data larger than a fixed pool goes straight to disk: moving others would not help.
-        if !host.is_growable() && bytes > host.capacity() {
+        // Copies kept of data that is on the device go first: dropping one moves nothing.
+        if self.drop_kept_copies(host, bytes, id) || !tiers.has_disk() {
             return;
         }
         if let Err(e) = self.demote_oldest(host, bytes, id) {
@@ -484,6 +496,12 @@ impl SpillObserver for Tracker {
 
     fn moved(&self, _id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64) {
         self.moves[from as usize][to as usize].add(bytes, nanos);
+    }
+
+    fn reclaim_host(&self, id: u64, bytes: usize) {
+        if let Some(store) = &self.store {
+            self.drop_kept_copies(store.tiers().host(), bytes, id);
+        }
     }
 
     fn spilled_without_copy(&self, _id: u64, bytes: usize, _nanos: u64) {

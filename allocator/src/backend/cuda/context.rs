@@ -69,9 +69,9 @@ impl Bound {
 impl Drop for Bound {
     fn drop(&mut self) {
         if let Some(previous) = self.previous {
-            // SAFETY: `previous` was current on this thread a moment ago (or is null, which
-            // leaves no context current); a context another library destroyed meanwhile is
-            // reported by the driver, not used.
+            // SAFETY: `previous` was current on this thread when this backend call began (or
+            // is null, which leaves no context current); a library that destroys the context
+            // current on a thread does so from that thread, which is inside this call.
             let restored = unsafe { sys::cuCtxSetCurrent(previous) };
             if let Err(e) = check("cuCtxSetCurrent", self.dev, restored) {
                 tracing::warn!("making the thread's own context current again: {e}");

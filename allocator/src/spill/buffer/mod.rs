@@ -101,6 +101,10 @@ pub trait SpillObserver: Send + Sync {
     /// Buffer `id` moved `bytes` from `from` to `to`; the copy (and file I/O) took `nanos`,
     /// not counting getting the destination memory (making room, pinning more host memory).
     fn moved(&self, id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64);
+    /// Buffer `id` needs `bytes` of the host tier: give back copies kept of data on the
+    /// device ([`SpillableBuffer::drop_kept_copy`]) until they fit in memory already pinned,
+    /// if that can be done. None by default.
+    fn reclaim_host(&self, _id: u64, _bytes: usize) {}
     /// Buffer `id` left the device for the host tier without a copy, after `nanos`: its host
     /// copy was kept when it came back ([`SpillableBuffer::set_read_only`]).
     fn spilled_without_copy(&self, _id: u64, _bytes: usize, _nanos: u64) {}
@@ -176,6 +180,12 @@ impl fmt::Debug for SpillableBuffer {
 /// Time since `start` in nanoseconds.
 fn nanos_since(start: Instant) -> u64 {
     start.elapsed().as_nanos() as u64
+}
+
+/// `slices`, told they hold a copy that can be dropped (`on`) or data again.
+fn reclaimable(mut slices: Vec<PinnedSlice>, on: bool) -> Vec<PinnedSlice> {
+    slices.iter_mut().for_each(|s| s.set_reclaimable(on));
+    slices
 }
 
 impl SpillableBuffer {
@@ -579,8 +589,11 @@ impl SpillableBuffer {
             return Ok(0);
         };
         if self.spill_to_kept(&mut state)? {
-            // Its host copy goes on to disk: the device is not read again.
-            self.host_to_disk(&mut state)?;
+            // Its host copy goes on to disk: the device is not read again. The device memory
+            // is free either way; data that could not be written stays on the host, valid.
+            if let Err(e) = self.host_to_disk(&mut state) {
+                tracing::warn!("buffer {} stays in the host tier: {e}", self.id);
+            }
             return Ok(self.size);
         }
         match &*state {
@@ -647,8 +660,17 @@ impl SpillableBuffer {
     }
 
     /// Pinned slices for the whole buffer; asks the observer for room once if the host tier
-    /// is full.
+    /// is full. Before a growable pool pins more for them, the observer gives back copies
+    /// kept of data on the device, if there are any: they are a cache in memory already
+    /// pinned, never a reason to pin more.
     fn host_slices(&self) -> Result<Vec<PinnedSlice>> {
+        let host = self.store.host();
+        if let Some(o) = &self.observer
+            && host.is_growable()
+            && host.reclaimable() > 0
+        {
+            o.reclaim_host(self.id, self.size);
+        }
         match self.try_host_slices() {
             Err(Error::HostOutOfMemory { .. }) if self.observer.is_some() => {
                 if let Some(o) = &self.observer {
@@ -735,7 +757,7 @@ impl SpillableBuffer {
         let copied = match std::mem::replace(state, State::Host(Vec::new())) {
             State::Host(slices) => {
                 self.copy_in(ptr, slices, stream)
-                    .map(|slices| self.is_read_only().then_some(slices))
+                    .map(|slices| self.is_read_only().then(|| reclaimable(slices, true)))
                     .map_err(|(e, slices)| {
                         // The data stays on the host when the copy's memory came back.
                         if let Some(slices) = slices {
@@ -821,7 +843,7 @@ impl SpillableBuffer {
             resource.deallocate(*ptr, self.size, *stream)?;
         }
         let owned = resource.is_some();
-        let slices = kept.take().unwrap_or_default();
+        let slices = reclaimable(kept.take().unwrap_or_default(), false);
         self.forget_releases();
         *state = State::Host(slices);
         self.tier.store(Tier::Host as u8, Ordering::Release);
