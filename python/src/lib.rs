@@ -246,24 +246,42 @@ fn to_py(py: Python<'_>, report: &impl serde::Serialize) -> PyResult<Py<PyAny>> 
         .unbind())
 }
 
-/// Gives every pool back and puts each device back on plain `cuMemAlloc`. Live buffers are
+/// Gives every pool back and puts each device back on plain `cuMemAlloc`, once the calls
+/// other threads are making into rmm-rs returned (waiting up to 10 s). Live buffers are
 /// reported as leaks (through logging); using them afterwards is an error.
 #[pyfunction]
 fn finalize(py: Python<'_>) -> PyResult<()> {
     // Open statistics scopes let go of the stacks (they count again under a later runtime).
     let _scopes = counters::park(py);
-    let rt = RUNTIME.lock().take();
-    if let Some(rt) = rt {
+    let Some(mut rt) = RUNTIME.lock().take() else {
+        return Ok(());
+    };
+    // Another thread's call holds it: wait for that call to return, so that the runtime
+    // shuts down here and now (not on that thread, after this returns and perhaps after a
+    // new runtime started).
+    let deadline = std::time::Instant::now() + FINALIZE_WAIT;
+    loop {
         match Arc::try_unwrap(rt) {
-            Ok(rt) => {
-                py.detach(|| rt.shutdown()).map_err(error)?;
+            Ok(rt) => return py.detach(|| rt.shutdown()).map(drop).map_err(error),
+            Err(shared) if std::time::Instant::now() < deadline => {
+                rt = shared;
+                py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
             }
-            // Another thread is using it right now: it shuts down when that call returns.
-            Err(shared) => py.detach(move || drop(shared)),
+            Err(shared) => {
+                tracing::warn!(
+                    "finalize: another thread's call still uses rmm-rs after {:?}; the \
+                     runtime shuts down when that call returns",
+                    FINALIZE_WAIT
+                );
+                py.detach(move || drop(shared));
+                return Ok(());
+            }
         }
     }
-    Ok(())
 }
+
+/// How long `finalize` waits for other threads' calls into the runtime to return.
+const FINALIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// True while rmm-rs is initialized in this process.
 #[pyfunction]

@@ -182,3 +182,34 @@ def test_finalize_spills_live_spillable_data_so_the_old_pool_goes():
     # The first pool is gone although a buffer made from it lives: another fits.
     rmm_rs.initialize(big)
     assert kept.to_bytes() == b"k" * 4096
+
+
+def test_finalize_shuts_down_before_it_returns_while_other_threads_call_in():
+    import threading
+
+    # Two pools of 1200 MiB do not fit on the 2 GiB simulated device at once: a runtime
+    # started right after finalize fits only once the old one has given its pool back.
+    big = {"pool": {"enabled": True, "initial_size": "1200MiB"}}
+    stop = threading.Event()
+    errors = []
+
+    def poll():
+        while not stop.is_set():
+            try:
+                rmm_rs.device_statistics()
+            except rmm_rs.RmmError:
+                pass  # between a finalize and the next initialize
+            except Exception as e:  # noqa: BLE001 - reported by the assertion below
+                errors.append(e)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        for _ in range(20):
+            rmm_rs.initialize(big)
+            rmm_rs.finalize()
+            assert not rmm_rs.is_initialized()
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert not t.is_alive() and errors == []
