@@ -1,19 +1,22 @@
 //! Moving a buffer's data to and from pinned host memory: the copies on the store's copy
-//! streams through [`PinnedCopy`], which owns the host memory while they run, and spills
-//! whose copies stay in flight ([`SpillableBuffer::begin_spill`], [`PendingSpill`]) so that a
-//! caller making room for many buffers waits once.
+//! streams through [`PinnedCopy`], which owns the host memory while they run, spills whose
+//! copies stay in flight ([`SpillableBuffer::begin_spill`], [`PendingSpill`]) so that a
+//! caller making room for many buffers waits once, and bringing data back to the device.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use parking_lot::MutexGuard;
 
+use super::kept::reclaimable;
 use super::{SpillableBuffer, State};
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
 use crate::backend::pinned_copy::{CopyFailed, PinnedCopy};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::per_device::get_per_device_resource;
+use crate::resource::SharedResource;
 use crate::spill::copy::Direction;
 use crate::stream_view::StreamView;
 
@@ -279,5 +282,77 @@ impl PendingSpill<'_> {
         let buffer = self.buffer;
         buffer.complete_to_host(&mut self.state, self.out, since)?;
         Ok(buffer.size)
+    }
+}
+
+impl SpillableBuffer {
+    /// Brings host or disk data back into the device's current resource, for `stream`.
+    pub(super) fn to_device(&self, state: &mut State, stream: StreamView) -> Result<()> {
+        self.check_not_lost()?;
+        if let Some(o) = &self.observer {
+            o.make_room(self.id, self.size);
+        }
+        let resource = get_per_device_resource(self.device().ordinal())?;
+        let ptr = resource.allocate(self.size, stream)?;
+        let start = Instant::now();
+        let copied = match std::mem::replace(state, State::Host(Vec::new())) {
+            State::Host(slices) => {
+                self.copy_in(ptr, slices, stream)
+                    .map(|slices| self.is_read_only().then(|| reclaimable(slices, true)))
+                    .map_err(|(e, slices)| {
+                        // The data stays on the host when the copy's memory came back.
+                        if let Some(slices) = slices {
+                            *state = State::Host(slices);
+                        }
+                        e
+                    })
+            }
+            State::Disk(file, disk) => {
+                let read = disk.read_to_device(self.store.copies(), &file, ptr, stream);
+                *state = State::Disk(file, disk);
+                read.map(|()| None)
+            }
+            device @ State::Device { .. } => {
+                *state = device;
+                Ok(None)
+            }
+        };
+        let kept = match copied {
+            Ok(kept) => kept,
+            Err(e) => return Err(self.failed_unspill(e, resource, ptr, stream)),
+        };
+        self.moved(
+            state,
+            State::Device {
+                ptr,
+                resource: Some(resource),
+                stream,
+                kept,
+            },
+            start,
+        );
+        Ok(())
+    }
+
+    /// The error of an unspill whose copy into `ptr` failed, after freeing `ptr` (unless
+    /// the data was lost: a copy may still write there, so it stays allocated).
+    fn failed_unspill(
+        &self,
+        e: Error,
+        resource: SharedResource,
+        ptr: DevicePtr,
+        stream: StreamView,
+    ) -> Error {
+        if matches!(e, Error::DataLost { .. }) {
+            // A copy may still write into the new memory: it is left allocated.
+            return e;
+        }
+        if let Err(free) = resource.deallocate(ptr, self.size, stream) {
+            tracing::error!(
+                "freeing after a failed unspill of buffer {}: {free}",
+                self.id
+            );
+        }
+        e
     }
 }

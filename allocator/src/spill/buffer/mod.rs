@@ -30,6 +30,7 @@ mod copies;
 mod elsewhere;
 mod guard;
 mod in_place;
+mod kept;
 
 pub use copies::{PendingSpill, SpillStep};
 pub use in_place::HeldInPlace;
@@ -182,12 +183,6 @@ fn nanos_since(start: Instant) -> u64 {
     start.elapsed().as_nanos() as u64
 }
 
-/// `slices`, told they hold a copy that can be dropped (`on`) or data again.
-fn reclaimable(mut slices: Vec<PinnedSlice>, on: bool) -> Vec<PinnedSlice> {
-    slices.iter_mut().for_each(|s| s.set_reclaimable(on));
-    slices
-}
-
 impl SpillableBuffer {
     /// `size` uninitialized bytes on the store's device, from the device's current resource,
     /// used on `stream`; spilled data goes to `store`.
@@ -326,46 +321,6 @@ impl SpillableBuffer {
     /// Where the data is now (without waiting for a move in progress).
     pub fn tier(&self) -> Tier {
         Tier::from_u8(self.tier.load(Ordering::Acquire))
-    }
-
-    /// Marks the data as no longer changing (a stored value, which its users only read):
-    /// from now on, coming back to the device keeps its host copy, and spilling it again
-    /// frees the device memory without copying anything. Writing through a device view
-    /// afterwards is an error that goes unnoticed: the next spill keeps the old bytes.
-    pub fn set_read_only(&self) {
-        self.read_only.store(true, Ordering::Release);
-    }
-
-    /// True once [`set_read_only`](Self::set_read_only) was called.
-    pub fn is_read_only(&self) -> bool {
-        self.read_only.load(Ordering::Acquire)
-    }
-
-    /// Host bytes holding a copy of data that is on the device (kept from when a read-only
-    /// buffer came back), without waiting: 0 when there is none or the buffer is busy.
-    pub fn kept_copy_bytes(&self) -> usize {
-        match self.state.try_lock().as_deref() {
-            Some(State::Device { kept: Some(_), .. }) => self.size,
-            _ => 0,
-        }
-    }
-
-    /// Gives the host copy of data that is on the device back to the host tier; the host
-    /// bytes given back (0 when there is none or the buffer is busy). The data stays on the
-    /// device; spilling it again copies it. What making room in the host tier does first.
-    pub fn drop_kept_copy(&self) -> usize {
-        let Some(mut state) = self.state.try_lock() else {
-            return 0;
-        };
-        match &mut *state {
-            State::Device { kept, .. } if kept.is_some() => {
-                let copy = kept.take();
-                drop(state);
-                drop(copy);
-                self.size
-            }
-            _ => 0,
-        }
     }
 
     /// True while the data is off the device.
@@ -743,123 +698,6 @@ impl SpillableBuffer {
         disk.read_slices(file, &mut slices)?;
         self.moved(state, State::Host(slices), start);
         Ok(())
-    }
-
-    /// Brings host or disk data back into the device's current resource, for `stream`.
-    fn to_device(&self, state: &mut State, stream: StreamView) -> Result<()> {
-        self.check_not_lost()?;
-        if let Some(o) = &self.observer {
-            o.make_room(self.id, self.size);
-        }
-        let resource = get_per_device_resource(self.device().ordinal())?;
-        let ptr = resource.allocate(self.size, stream)?;
-        let start = Instant::now();
-        let copied = match std::mem::replace(state, State::Host(Vec::new())) {
-            State::Host(slices) => {
-                self.copy_in(ptr, slices, stream)
-                    .map(|slices| self.is_read_only().then(|| reclaimable(slices, true)))
-                    .map_err(|(e, slices)| {
-                        // The data stays on the host when the copy's memory came back.
-                        if let Some(slices) = slices {
-                            *state = State::Host(slices);
-                        }
-                        e
-                    })
-            }
-            State::Disk(file, disk) => {
-                let read = disk.read_to_device(self.store.copies(), &file, ptr, stream);
-                *state = State::Disk(file, disk);
-                read.map(|()| None)
-            }
-            device @ State::Device { .. } => {
-                *state = device;
-                Ok(None)
-            }
-        };
-        let kept = match copied {
-            Ok(kept) => kept,
-            Err(e) => return Err(self.failed_unspill(e, resource, ptr, stream)),
-        };
-        self.moved(
-            state,
-            State::Device {
-                ptr,
-                resource: Some(resource),
-                stream,
-                kept,
-            },
-            start,
-        );
-        Ok(())
-    }
-
-    /// The error of an unspill whose copy into `ptr` failed, after freeing `ptr` (unless
-    /// the data was lost: a copy may still write there, so it stays allocated).
-    fn failed_unspill(
-        &self,
-        e: Error,
-        resource: SharedResource,
-        ptr: DevicePtr,
-        stream: StreamView,
-    ) -> Error {
-        if matches!(e, Error::DataLost { .. }) {
-            // A copy may still write into the new memory: it is left allocated.
-            return e;
-        }
-        if let Err(free) = resource.deallocate(ptr, self.size, stream) {
-            tracing::error!(
-                "freeing after a failed unspill of buffer {}: {free}",
-                self.id
-            );
-        }
-        e
-    }
-
-    /// Spills data whose host copy was kept ([`set_read_only`](Self::set_read_only)): its
-    /// device memory is freed (on its stream, after the work of every stream that used it)
-    /// and the copy is its data again; nothing is copied. False, and nothing done, when
-    /// there is no kept copy.
-    fn spill_to_kept(&self, state: &mut State) -> Result<bool> {
-        let State::Device {
-            ptr,
-            resource,
-            stream,
-            kept,
-        } = state
-        else {
-            return Ok(false);
-        };
-        if kept.is_none() {
-            return Ok(false);
-        }
-        let start = Instant::now();
-        if let Some(resource) = resource {
-            let device = self.device();
-            for e in self.release_events() {
-                device
-                    .backend()
-                    .stream_wait_event(device.ordinal(), stream.raw(), e)?;
-            }
-            resource.deallocate(*ptr, self.size, *stream)?;
-        }
-        let owned = resource.is_some();
-        let slices = reclaimable(kept.take().unwrap_or_default(), false);
-        self.forget_releases();
-        *state = State::Host(slices);
-        self.tier.store(Tier::Host as u8, Ordering::Release);
-        if let Some(o) = &self.observer {
-            if owned {
-                o.resident(self.id, -(self.size as i64));
-            }
-            o.spilled_without_copy(self.id, self.size, nanos_since(start));
-        }
-        tracing::debug!(
-            target: "rmm::spill",
-            id = self.id,
-            bytes = self.size,
-            "buffer spilled to its kept host copy"
-        );
-        Ok(true)
     }
 
     /// An error when the data was lost to a failed copy (see [`Error::DataLost`]).
