@@ -71,7 +71,7 @@
 //! own `allocate`/`deallocate`: the staging slot and its event are made on the first
 //! asynchronous set that needs them. A borrowed resource handle adds a few nanoseconds; the
 //! owning default adds one reference-count increment and decrement (two atomic operations).
-//! `benches/containers.rs` measures both.
+//! `cli/benches/containers.rs` measures both.
 
 pub mod adaptor;
 pub mod backend;

@@ -1,5 +1,4 @@
-//! The choice of backend for a benchmark run, shared by the library's benchmarks
-//! (`benches/common`) and the CLI crate's (`cli/benches/common`, which includes this file).
+//! The choice of backend for a benchmark run.
 
 use rmm::allocator::backend::{
     self, Backend, BackendChoice, CudaBackend, SimBackend, SimConfig, SimMemoryMode,

@@ -40,14 +40,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use rmm_allocator::backend::DevicePtr;
-use rmm_allocator::per_device::set_current_device_resource;
-use rmm_allocator::resource::DeviceMemoryResource;
-use rmm_allocator::resource::SharedResource;
-use rmm_allocator::resource::{
+use rmm::allocator::backend::DevicePtr;
+use rmm::allocator::per_device::set_current_device_resource;
+use rmm::allocator::resource::DeviceMemoryResource;
+use rmm::allocator::resource::SharedResource;
+use rmm::allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
 };
-use rmm_allocator::{Device, DeviceBuffer, DeviceUVector, Result, Stream, StreamView};
+use rmm::allocator::{Device, DeviceBuffer, DeviceUVector, Result, Stream, StreamView};
 
 mod common;
 
