@@ -392,6 +392,9 @@ def parse_args(argv=None):
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds from the start after which no run begins (a run still going "
                    "then is stopped); the table and --json are still written")
+    p.add_argument("--rmm-rs-host-pool", default=None,
+                   help="rmm-rs's spill.host_pool_size: a size pins that much at each "
+                        "worker's start (default: the runtime's, pinned as spills need it)")
     p.add_argument("--json", default=None, help="write every figure to this file")
     p.add_argument("--dry-run", action="store_true",
                    help="print the benchmarks' arguments and command lines; run nothing")
@@ -445,8 +448,11 @@ def main(argv=None):
               if "rmm_rs_librmm" not in missing else
               " (RMM through ctypes callbacks that take the GIL: rmm_rs_librmm is not "
               f"importable, {missing['rmm_rs_librmm']})")
+    spill: dict[str, Any] = {"enabled": True}
+    if args.rmm_rs_host_pool:
+        spill["host_pool_size"] = args.rmm_rs_host_pool
     s = Settings(limit=args.limit, pool=pool, host_limit=host_limit, threads=1,
-                 rmm_rs_config={"spill": {"enabled": True}}, rmm_rs_libs=libs,
+                 rmm_rs_config={"spill": spill}, rmm_rs_libs=libs,
                  timeout=args.cluster_timeout)
     side_problem: dict[str, str] = {}
     if "rmm" in missing and pool is not None:
