@@ -94,6 +94,7 @@ pub const MAX_WORKERS_PER_DEVICE: u32 = 256;
 mod config;
 mod error;
 mod loader;
+mod plan;
 mod resolve;
 mod schema;
 mod size;
@@ -103,9 +104,10 @@ mod unused;
 pub use config::{EffectiveValue, render};
 pub use error::{Error, Result, Setting, Source};
 pub use loader::{CONFIG_PATH_VAR, ConfigLoader, DEFAULT_FILE, MAX_NESTING};
+pub use plan::{PoolPlan, UpstreamPlan};
 pub use resolve::{
     DeviceFacts, PIN_AHEAD_HOST_SHARE, PIN_AHEAD_WITHOUT_HOST_FACTS, ResolvedConfig,
-    ResolvedDevice, ResolvedPool, ResolvedSpill,
+    ResolvedDevice, ResolvedSpill,
 };
 pub use schema::{
     ENV_NOT_KEYS, ENV_PREFIX, ENV_RAPIDS_IGNORED, env_var_name, keys, per_device_keys,

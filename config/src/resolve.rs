@@ -10,7 +10,8 @@ use crate::size::{Size, align_down, human};
 use rmm_allocator::backend::BackendChoice;
 use rmm_allocator::resource::default_initial_size;
 
-use crate::types::{Config, DeviceSelector, Devices, LogLevel, PinAhead, Switch};
+use crate::plan::{PoolPlan, UpstreamPlan};
+use crate::types::{Config, DeviceSelector, Devices, LogLevel, PinAhead};
 
 /// What the backend reports about one device; the runtime fills this in (this crate does not
 /// talk to devices).
@@ -69,8 +70,10 @@ pub struct ResolvedDevice {
     pub total_memory: u64,
     /// Free memory in bytes when resolved, where it was read ([`DeviceFacts::free_memory`]).
     pub free_memory: Option<u64>,
-    /// The memory resource to build.
-    pub pool: ResolvedPool,
+    /// Where the device's memory comes from.
+    pub upstream: UpstreamPlan,
+    /// The pool over it (`pool.enabled`).
+    pub pool: Option<PoolPlan>,
     /// Hard cap on allocated bytes (`limits.device_memory_limit`).
     pub memory_limit: Option<u64>,
     /// Spilling, when enabled.
@@ -78,34 +81,6 @@ pub struct ResolvedDevice {
     /// The CSV allocation log, when logging is enabled: `<directory>/<file name with .devN>`
     /// ([`crate::device_log_file_name`]).
     pub log_file: Option<PathBuf>,
-}
-
-/// The memory resource for one device.
-///
-/// Upstream memory comes from `cuMemAlloc`, or `cuMemAllocManaged` (`managed`), or
-/// `cuMemAllocAsync` (`use_async`); with `enabled`, a pool suballocates from it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ResolvedPool {
-    /// Suballocate from a pool.
-    pub enabled: bool,
-    /// Upstream is managed memory.
-    pub managed: bool,
-    /// Upstream is CUDA's stream-ordered allocator.
-    pub use_async: bool,
-    /// With `enabled`: always set (default: half the free memory, capped by the maximum and
-    /// the hard limit). With only `use_async`: the async pool's initial reservation, if set.
-    /// Otherwise `None`.
-    pub initial_size: Option<u64>,
-    /// The most the pool may hold (with `enabled` or `use_async`).
-    pub maximum_size: Option<u64>,
-    /// Bytes the async pool keeps on synchronization (with `use_async` only).
-    pub release_threshold: Option<u64>,
-    /// The pool's growth step (with `enabled` only): it grows by what a request needs
-    /// rounded up to a multiple of this.
-    pub growth: Option<u64>,
-    /// Whether the pool maps its chunks through CUDA's virtual memory API (`pool.vmm`, with
-    /// `enabled` only).
-    pub vmm: Switch,
 }
 
 /// Spilling for one device.
@@ -356,21 +331,40 @@ impl Config {
             }
             (_, initial) => initial,
         };
+        let upstream = if pool.use_async {
+            UpstreamPlan::Async {
+                release_threshold: release,
+                // Reserved by the async pool itself only when no pool sits above it.
+                initial_size: if pool.enabled { None } else { initial },
+            }
+        } else if pool.managed {
+            UpstreamPlan::Managed
+        } else {
+            UpstreamPlan::Cuda
+        };
+        let pool = match (pool.enabled, initial, growth) {
+            (false, ..) => None,
+            (true, Some(initial_size), Some(growth)) => Some(PoolPlan {
+                initial_size,
+                maximum_size: maximum,
+                growth,
+                vmm: pool.vmm,
+            }),
+            // Both are set for an enabled pool (the default initial size above, the growth
+            // from the defaults); a failure to resolve them returned its error before.
+            (true, ..) => {
+                return Err(vec![Error::Internal(format!(
+                    "device {ordinal}: an enabled pool without an initial size or growth step"
+                ))]);
+            }
+        };
         Ok(ResolvedDevice {
             ordinal,
             uuid: facts.uuid.clone(),
             total_memory: facts.total_memory,
             free_memory: facts.free_memory,
-            pool: ResolvedPool {
-                enabled: pool.enabled,
-                managed: pool.managed,
-                use_async: pool.use_async,
-                initial_size: initial,
-                maximum_size: maximum,
-                release_threshold: release,
-                growth,
-                vmm: pool.vmm,
-            },
+            upstream,
+            pool,
             memory_limit: limit,
             spill,
             log_file: self.logging.enabled.then(|| {

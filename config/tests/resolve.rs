@@ -3,10 +3,18 @@
 mod common;
 
 use common::{GIB, load, resolve_error, two_devices};
-use rmm_config::{Config, ConfigLoader, DeviceFacts, ResolvedPool, ResolvedSpill, Switch};
+use rmm_config::{
+    Config, ConfigLoader, DeviceFacts, PoolPlan, ResolvedConfig, ResolvedSpill, Switch,
+    UpstreamPlan,
+};
 
 fn resolve(text: &str) -> rmm_config::ResolvedConfig {
     load(text).unwrap().resolve(&two_devices()).unwrap()
+}
+
+/// Device `d`'s pool, which the configuration enables.
+fn pool(r: &ResolvedConfig, d: usize) -> PoolPlan {
+    r.devices[d].pool.expect("an enabled pool")
 }
 
 #[test]
@@ -15,19 +23,7 @@ fn defaults_resolve_to_device_0_with_plain_cuda() {
     assert_eq!(r.devices.len(), 1);
     let d = &r.devices[0];
     assert_eq!((d.ordinal, d.uuid.as_str()), (0, "GPU-aaaa"));
-    assert_eq!(
-        d.pool,
-        ResolvedPool {
-            enabled: false,
-            managed: false,
-            use_async: false,
-            initial_size: None,
-            maximum_size: None,
-            release_threshold: None,
-            growth: None,
-            vmm: Switch::Auto,
-        }
-    );
+    assert_eq!((&d.upstream, d.pool), (&UpstreamPlan::Cuda, None));
     assert_eq!(
         (d.memory_limit, &d.spill, &d.log_file),
         (None, &None, &None)
@@ -38,13 +34,13 @@ fn defaults_resolve_to_device_0_with_plain_cuda() {
 #[test]
 fn pool_growth_defaults_to_1_gib_and_takes_sizes_fractions_and_device_overrides() {
     let r = resolve("devices = \"all\"\n[pool]\nenabled = true");
-    assert_eq!(r.devices[0].pool.growth, Some(GIB));
+    assert_eq!(pool(&r, 0).growth, GIB);
     let r = resolve(
         "devices = \"all\"\n[pool]\nenabled = true\ngrowth = \"256MiB\"\n\
          [device.1]\npool.growth = \"10%\"",
     );
-    assert_eq!(r.devices[0].pool.growth, Some(GIB / 4));
-    assert_eq!(r.devices[1].pool.growth, Some(4 * GIB), "10% of 40 GiB");
+    assert_eq!(pool(&r, 0).growth, GIB / 4);
+    assert_eq!(pool(&r, 1).growth, 4 * GIB, "10% of 40 GiB");
     // Without the pool (turned off by a later layer) it is not used.
     let r = ConfigLoader::new()
         .toml_str("rmm.toml", "[pool]\nenabled = true\ngrowth = \"2GiB\"")
@@ -53,7 +49,7 @@ fn pool_growth_defaults_to_1_gib_and_takes_sizes_fractions_and_device_overrides(
         .unwrap()
         .resolve(&two_devices())
         .unwrap();
-    assert_eq!(r.devices[0].pool.growth, None);
+    assert_eq!(r.devices[0].pool, None);
     // A growth of nothing is refused, naming the key; one above the device is fine (the
     // pool grows by what is needed, up to its maximum).
     let e = load("[pool]\nenabled = true\ngrowth = 0")
@@ -61,7 +57,7 @@ fn pool_growth_defaults_to_1_gib_and_takes_sizes_fractions_and_device_overrides(
         .to_string();
     assert!(e.contains("pool.growth"), "{e}");
     let r = resolve("[pool]\nenabled = true\ngrowth = \"100GiB\"");
-    assert_eq!(r.devices[0].pool.growth, Some(100 * GIB));
+    assert_eq!(pool(&r, 0).growth, 100 * GIB);
 }
 
 #[test]
@@ -78,35 +74,32 @@ fn device_selection() {
 fn pool_sizes_in_bytes() {
     // Default initial size: half the free memory (60 GiB free on device 0).
     let r = resolve("devices = \"all\"\n[pool]\nenabled = true");
-    assert_eq!(r.devices[0].pool.initial_size, Some(30 * GIB));
-    assert_eq!(r.devices[1].pool.initial_size, Some(20 * GIB));
+    assert_eq!(pool(&r, 0).initial_size, 30 * GIB);
+    assert_eq!(pool(&r, 1).initial_size, 20 * GIB);
 
     // Fractions are of the total memory; per-device overrides win.
     let r = resolve(
         "devices = \"all\"\n[pool]\nenabled = true\ninitial_size = \"25%\"\nmaximum_size = 0.75\n\
          [device.1]\npool.initial_size = \"8GiB\"\npool.maximum_size = \"none\"",
     );
-    assert_eq!(r.devices[0].pool.initial_size, Some(20 * GIB));
-    assert_eq!(r.devices[0].pool.maximum_size, Some(60 * GIB));
-    assert_eq!(r.devices[1].pool.initial_size, Some(8 * GIB));
-    assert_eq!(r.devices[1].pool.maximum_size, None);
+    assert_eq!(pool(&r, 0).initial_size, 20 * GIB);
+    assert_eq!(pool(&r, 0).maximum_size, Some(60 * GIB));
+    assert_eq!(pool(&r, 1).initial_size, 8 * GIB);
+    assert_eq!(pool(&r, 1).maximum_size, None);
 
     // The default initial size stays within the maximum and the hard limit.
     let r = resolve(
         "[pool]\nenabled = true\nmaximum_size = \"10GiB\"\n[limits]\ndevice_memory_limit = \"8GiB\"",
     );
-    assert_eq!(r.devices[0].pool.initial_size, Some(8 * GIB));
+    assert_eq!(pool(&r, 0).initial_size, 8 * GIB);
     assert_eq!(r.devices[0].memory_limit, Some(8 * GIB));
 }
 
 #[test]
 fn sizes_round_down_to_256_bytes() {
     let r = resolve("[pool]\nenabled = true\ninitial_size = 1000\nmaximum_size = \"1.5 GB\"");
-    assert_eq!(r.devices[0].pool.initial_size, Some(768));
-    assert_eq!(
-        r.devices[0].pool.maximum_size,
-        Some(1_500_000_000 / 256 * 256)
-    );
+    assert_eq!(pool(&r, 0).initial_size, 768);
+    assert_eq!(pool(&r, 0).maximum_size, Some(1_500_000_000 / 256 * 256));
     let odd = [DeviceFacts {
         ordinal: 0,
         uuid: "GPU-odd".into(),
@@ -118,18 +111,21 @@ fn sizes_round_down_to_256_bytes() {
         .unwrap()
         .resolve(&odd)
         .unwrap();
-    assert_eq!(r.devices[0].pool.initial_size, Some(499_968));
-    assert_eq!(r.devices[0].pool.maximum_size, Some(499_968));
+    assert_eq!(pool(&r, 0).initial_size, 499_968);
+    assert_eq!(pool(&r, 0).maximum_size, Some(499_968));
 }
 
 #[test]
 fn async_pool_and_unused_sizes() {
     let r = resolve("[pool]\nasync = true\nrelease_threshold = \"1GiB\"\nmaximum_size = \"50%\"");
-    let pool = &r.devices[0].pool;
-    assert!(pool.use_async && !pool.enabled);
-    assert_eq!(pool.initial_size, None, "the driver's default");
-    assert_eq!(pool.maximum_size, Some(40 * GIB));
-    assert_eq!(pool.release_threshold, Some(GIB));
+    assert_eq!(r.devices[0].pool, None);
+    assert_eq!(
+        r.devices[0].upstream,
+        UpstreamPlan::Async {
+            release_threshold: Some(GIB),
+            initial_size: None, // the driver's default
+        }
+    );
 
     // Pool turned off by a later layer: its sizes are ignored, even ones that would not fit.
     let r = ConfigLoader::new()
@@ -142,8 +138,10 @@ fn async_pool_and_unused_sizes() {
         .unwrap()
         .resolve(&two_devices())
         .unwrap();
-    assert_eq!(r.devices[0].pool.initial_size, None);
-    assert_eq!(r.devices[0].pool.release_threshold, None);
+    assert_eq!(
+        (&r.devices[0].upstream, r.devices[0].pool),
+        (&UpstreamPlan::Cuda, None)
+    );
 }
 
 #[test]
@@ -272,7 +270,10 @@ fn resolve_reports_every_device_problem() {
 
 #[test]
 fn pool_vmm_is_true_false_or_auto() {
-    assert_eq!(resolve("").devices[0].pool.vmm, Switch::Auto);
+    assert_eq!(
+        pool(&resolve("[pool]\nenabled = true"), 0).vmm,
+        Switch::Auto
+    );
     for (text, want) in [
         ("false", Switch::Off),
         ("true", Switch::On),
@@ -280,7 +281,7 @@ fn pool_vmm_is_true_false_or_auto() {
         ("\"AUTO\"", Switch::Auto),
     ] {
         let r = resolve(&format!("[pool]\nenabled = true\nvmm = {text}"));
-        assert_eq!(r.devices[0].pool.vmm, want, "{text}");
+        assert_eq!(pool(&r, 0).vmm, want, "{text}");
     }
     let e = load("[pool]\nvmm = \"sometimes\"").unwrap_err().to_string();
     assert!(e.contains("pool.vmm") && e.contains("auto"), "{e}");
@@ -321,7 +322,7 @@ fn facts_without_free_memory_resolve_unless_a_size_depends_on_it() {
         .unwrap()
         .resolve(&unread)
         .unwrap();
-    assert_eq!(r.devices[0].pool.initial_size, Some(2 * GIB));
+    assert_eq!(pool(&r, 0).initial_size, 2 * GIB);
     assert_eq!(r.devices[0].free_memory, None);
     let e = load("[pool]\nenabled = true")
         .unwrap()

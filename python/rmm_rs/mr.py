@@ -243,14 +243,18 @@ def _running_settings(device: int) -> Dict[str, Any]:
 
 def _described(config: Dict[str, Any], dev: Dict[str, Any]) -> DeviceMemoryResource:
     """The description of one device of the resolved configuration ``config``."""
+    # The upstream as serde writes rmm_config::UpstreamPlan: "Cuda", "Managed", or
+    # {"Async": {...}}; the pool: rmm_config::PoolPlan, or None.
+    upstream = dev["upstream"]
     pool = dev["pool"]
     node: DeviceMemoryResource
-    if pool["use_async"]:
-        node = CudaAsyncMemoryResource(pool["initial_size"], pool["release_threshold"])
+    if isinstance(upstream, dict) and "Async" in upstream:
+        a = upstream["Async"]
+        node = CudaAsyncMemoryResource(a["initial_size"], a["release_threshold"])
     else:
-        node = ManagedMemoryResource() if pool["managed"] else CudaMemoryResource()
-        if pool["enabled"]:
-            node = PoolMemoryResource(node, pool["initial_size"], pool["maximum_size"])
+        node = ManagedMemoryResource() if upstream == "Managed" else CudaMemoryResource()
+    if pool is not None:
+        node = PoolMemoryResource(node, pool["initial_size"], pool["maximum_size"])
     if dev["memory_limit"] is not None:
         node = LimitingResourceAdaptor(node, dev["memory_limit"])
     if config["tracking"]:

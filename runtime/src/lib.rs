@@ -53,5 +53,5 @@ pub use spill::{
     ForeignData, ForeignOwner, OwnerAccess, PartFill, SpillManager, SpillStatistics,
     TierStatistics, TierUndo,
 };
-pub use stack::{DeviceStack, OomHandler, PoolPlan, StackPlan, UpstreamPlan, build_device_stack};
+pub use stack::{DeviceStack, OomHandler, StackPlan, build_device_stack};
 pub use worker_id::WorkerId;

@@ -1,6 +1,7 @@
 //! Device stacks: one device's memory resource, built exactly as `rmm.toml` configures it.
 //!
-//! A [`StackPlan`] is what one [`ResolvedDevice`] asks for, layer by layer; [`StackPlan::build`]
+//! A [`StackPlan`] is what one [`ResolvedDevice`] asks for, layer by layer (its upstream and
+//! pool as resolution made them: [`UpstreamPlan`], [`PoolPlan`]); [`StackPlan::build`]
 //! turns it into a [`DeviceStack`]; [`DeviceStack::install`] makes it the device's current
 //! resource. The runtime, `rmm info` and the Python package all go through these, so the stack
 //! a worker gets is the one `rmm info` describes.
@@ -35,44 +36,14 @@ use rmm_allocator::fmt_bytes;
 use rmm_allocator::per_device;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, DEFAULT_GROWTH, LiveBlock, ManagedMemoryResource,
+    CudaAsyncMemoryResource, CudaMemoryResource, LiveBlock, ManagedMemoryResource,
     PoolMemoryResource, PoolSize, VirtualMemory,
 };
-use rmm_config::{LogLevel, ResolvedConfig, ResolvedDevice, Switch};
+use rmm_config::{LogLevel, PoolPlan, ResolvedConfig, ResolvedDevice, Switch, UpstreamPlan};
 use serde::Serialize;
 
 use crate::error::LiveMemory;
 use crate::report::{PhaseStatistics, PoolFigures};
-
-/// Where a stack's memory comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub enum UpstreamPlan {
-    /// `cuMemAlloc` ([`CudaMemoryResource`]).
-    Cuda,
-    /// `cuMemAllocManaged` ([`ManagedMemoryResource`]).
-    Managed,
-    /// `cuMemAllocAsync` on a pool of its own ([`CudaAsyncMemoryResource`]).
-    Async {
-        /// Bytes the driver pool keeps at synchronization (`None`: everything).
-        release_threshold: Option<u64>,
-        /// Bytes reserved at construction (only when no `PoolMemoryResource` sits above).
-        initial_size: Option<u64>,
-    },
-}
-
-/// The `PoolMemoryResource` layer of a stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct PoolPlan {
-    /// Bytes taken at construction.
-    pub initial_size: u64,
-    /// The most the pool may hold (`None`: the device's total memory).
-    pub maximum_size: Option<u64>,
-    /// The growth step (`pool.growth`): the pool grows by what a request needs rounded up
-    /// to a multiple of this.
-    pub growth: u64,
-    /// Whether the pool maps its chunks through CUDA's virtual memory API (`pool.vmm`).
-    pub vmm: Switch,
-}
 
 /// The resource stack one device is configured for, layer by layer, before anything is
 /// allocated. Display gives the chain top first, as [`DeviceStack::describe`] does for a
@@ -105,28 +76,10 @@ pub type OomHandler = Arc<dyn Fn(usize) -> bool + Send + Sync>;
 impl StackPlan {
     /// The plan for `device` of `config`.
     pub fn new(config: &ResolvedConfig, device: &ResolvedDevice) -> StackPlan {
-        let p = &device.pool;
-        let upstream = if p.use_async {
-            UpstreamPlan::Async {
-                release_threshold: p.release_threshold,
-                initial_size: if p.enabled { None } else { p.initial_size },
-            }
-        } else if p.managed {
-            UpstreamPlan::Managed
-        } else {
-            UpstreamPlan::Cuda
-        };
-        let pool = p.enabled.then(|| PoolPlan {
-            // Resolution always sets the initial size of an enabled pool.
-            initial_size: p.initial_size.unwrap_or(0),
-            maximum_size: p.maximum_size,
-            growth: p.growth.unwrap_or(DEFAULT_GROWTH),
-            vmm: p.vmm,
-        });
         StackPlan {
             device: device.ordinal,
-            upstream,
-            pool,
+            upstream: device.upstream.clone(),
+            pool: device.pool,
             limit: device.memory_limit,
             tracking: config.tracking.then_some(config.backtraces),
             log_file: device

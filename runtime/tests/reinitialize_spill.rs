@@ -233,7 +233,7 @@ fn reconfigure_keeps_devices_workers_and_spilling_and_changes_one_key() {
     assert!(report.notes.is_empty(), "{report}");
     let resolved = rt.config();
     assert!(resolved.devices.iter().all(|d| d.spill.is_some()));
-    assert!(resolved.devices.iter().all(|d| !d.pool.enabled));
+    assert!(resolved.devices.iter().all(|d| d.pool.is_none()));
     assert_eq!(
         rt.loaded_config().devices,
         rmm_config::Devices::All,

@@ -31,15 +31,6 @@ impl SpillableBuffer {
         self.read_only.load(Ordering::Acquire)
     }
 
-    /// Host bytes holding a copy of data that is on the device (kept from when a read-only
-    /// buffer came back), without waiting: 0 when there is none or the buffer is busy.
-    pub fn kept_copy_bytes(&self) -> usize {
-        match self.state.try_lock().as_deref() {
-            Some(State::Device { kept: Some(_), .. }) => self.size,
-            _ => 0,
-        }
-    }
-
     /// Gives the host copy of data that is on the device back to the host tier; the host
     /// bytes given back (0 when there is none or the buffer is busy). The data stays on the
     /// device; spilling it again copies it. What making room in the host tier does first.
