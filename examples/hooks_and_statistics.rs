@@ -18,7 +18,7 @@ use rmm::allocator::adaptor::{Counter, StatisticsResourceAdaptor};
 use rmm::allocator::fmt_bytes;
 use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
-use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
+use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm::allocator::{Device, DeviceBuffer, DeviceScalar, DeviceUVector, Stream, StreamView};
 
 const MIB: usize = 1 << 20;
@@ -139,8 +139,8 @@ fn main() -> Result<(), Error> {
     // A 64 MiB pool (it may grow to 512 MiB) under a statistics adaptor.
     let pool = Arc::new(
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device)))
-            .initial_size(PoolSize::Bytes(64 * MIB))
-            .maximum_size(PoolSize::Bytes(512 * MIB))
+            .initial_size((64 * MIB) as u64)
+            .maximum_size((512 * MIB) as u64)
             .build()?,
     );
     let stats = Arc::new(StatisticsResourceAdaptor::new(Arc::clone(&pool)));

@@ -16,7 +16,7 @@ use rmm_allocator::adaptor::{
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{
-    CudaMemoryResource, LiveBlock, PoolMemoryResource, PoolSize, SharedResource, VirtualMemory,
+    CudaMemoryResource, LiveBlock, PoolMemoryResource, SharedResource, VirtualMemory,
 };
 use rmm_allocator::{Device, StreamView};
 
@@ -110,7 +110,7 @@ impl Stack {
 
 fn pool_builder(d: Device) -> rmm_allocator::resource::PoolBuilder {
     PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(16 * MIB))
+        .initial_size((16 * MIB) as u64)
         .growth(4 * MIB as u64)
         .virtual_memory(VirtualMemory::On)
 }

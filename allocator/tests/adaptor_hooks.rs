@@ -14,7 +14,7 @@ use rmm_allocator::adaptor::hooks::{
 };
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 
 const S: StreamView = StreamView::DEFAULT;
 
@@ -64,8 +64,8 @@ fn cuda() -> SharedResource {
 fn empty_pool() -> Arc<PoolMemoryResource> {
     Arc::new(
         PoolMemoryResource::builder(cuda())
-            .initial_size(PoolSize::Bytes(0))
-            .maximum_size(PoolSize::Bytes(256 * MIB))
+            .initial_size(0)
+            .maximum_size((256 * MIB) as u64)
             .build()
             .unwrap(),
     )
@@ -267,8 +267,8 @@ fn pool_over_pool_fires_for_both() {
     use HookPoint::*;
     let inner = empty_pool();
     let outer = PoolMemoryResource::builder(inner.clone())
-        .initial_size(PoolSize::Bytes(0))
-        .maximum_size(PoolSize::Bytes(128 * MIB))
+        .initial_size(0)
+        .maximum_size((128 * MIB) as u64)
         .build()
         .unwrap();
     let rec = Arc::new(Recorder::default());

@@ -9,7 +9,7 @@ use common::{MIB, device};
 use rmm_allocator::adaptor::{LimitingResourceAdaptor, MemoryLimit};
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm_allocator::{Error, StreamView};
 
 const S: StreamView = StreamView::DEFAULT;
@@ -96,8 +96,8 @@ fn cached_pool_bytes_do_not_count_against_a_limit_above_the_pool() {
 fn a_limit_under_the_pool_caps_what_the_pool_reserves() {
     let limit: SharedResource = Arc::new(LimitingResourceAdaptor::with_bytes(cuda(), 128 * MIB));
     let pool = PoolMemoryResource::builder(Arc::clone(&limit))
-        .initial_size(PoolSize::Bytes(0))
-        .maximum_size(PoolSize::Bytes(512 * MIB))
+        .initial_size(0)
+        .maximum_size((512 * MIB) as u64)
         .build()
         .unwrap();
     let a = pool.allocate(40 * MIB, S).unwrap();

@@ -11,7 +11,7 @@ use rmm_allocator::adaptor::LogAction;
 use rmm_allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, replay};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm_allocator::{Device, Error};
 
 /// tests/data/rmm_log_sample.csv, embedded so the test binary can run from anywhere.
@@ -34,7 +34,7 @@ fn sample_path(dir: &std::path::Path) -> String {
 
 fn pool_on(d: Device, initial: usize) -> PoolMemoryResource {
     PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)) as SharedResource)
-        .initial_size(PoolSize::Bytes(initial))
+        .initial_size(initial as u64)
         .build()
         .unwrap()
 }

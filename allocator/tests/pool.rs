@@ -8,7 +8,7 @@ use common::{GIB, MIB, device, pattern};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize, VirtualMemory};
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, VirtualMemory};
 use rmm_allocator::{ALLOCATION_ALIGNMENT, Device, Error, StreamView};
 
 fn cuda(d: Device) -> SharedResource {
@@ -106,8 +106,8 @@ fn grows_toward_the_maximum_and_falls_back_when_the_upstream_refuses() {
     let (b, d) = sim_backend(8 * GIB);
     // Upstream chunks (one allocation per growth), whose size the injected fault limits.
     let pool = PoolMemoryResource::builder(cuda(d))
-        .initial_size(PoolSize::Bytes(0))
-        .maximum_size(PoolSize::Fraction(0.5))
+        .initial_size(0)
+        .maximum_size(4 * GIB as u64)
         .growth(64 * MIB as u64)
         .virtual_memory(VirtualMemory::Off)
         .build()
@@ -207,16 +207,11 @@ fn a_pointer_the_pool_never_gave_is_an_error() {
 }
 
 #[test]
-fn fraction_sizes_are_checked() {
+fn an_initial_size_above_the_maximum_is_refused() {
     let d = sim(GIB);
     let e = PoolMemoryResource::builder(cuda(d))
-        .initial_size(PoolSize::Fraction(1.5))
-        .build()
-        .unwrap_err();
-    assert!(e.to_string().contains("fraction"), "{e}");
-    let e = PoolMemoryResource::builder(cuda(d))
-        .initial_size(PoolSize::Bytes(512 * MIB))
-        .maximum_size(PoolSize::Bytes(256 * MIB))
+        .initial_size((512 * MIB) as u64)
+        .maximum_size((256 * MIB) as u64)
         .build()
         .unwrap_err();
     assert!(e.to_string().contains("initial_size"), "{e}");
@@ -240,7 +235,7 @@ fn a_new_pool_adopts_the_free_chunks_of_the_pool_it_replaces() {
     let p = old.allocate(64 * MIB, StreamView::DEFAULT).unwrap();
     old.deallocate(p, 64 * MIB, StreamView::DEFAULT).unwrap();
     let new = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
-        .initial_size(PoolSize::Bytes(64 * MIB))
+        .initial_size((64 * MIB) as u64)
         .adopt_from(Arc::clone(&old))
         .build()
         .unwrap();
@@ -263,7 +258,7 @@ fn adoption_takes_only_what_fits_and_only_from_an_equal_upstream() {
     let old = cuda_pool(64 * MIB);
     let small = Arc::new(
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
-            .initial_size(PoolSize::Bytes(32 * MIB))
+            .initial_size((32 * MIB) as u64)
             .adopt_from(Arc::clone(&old))
             .build()
             .unwrap(),
@@ -273,7 +268,7 @@ fn adoption_takes_only_what_fits_and_only_from_an_equal_upstream() {
     // A live block keeps its chunk in the old pool.
     let p = old.allocate(MIB, StreamView::DEFAULT).unwrap();
     let other = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
-        .initial_size(PoolSize::Bytes(64 * MIB))
+        .initial_size((64 * MIB) as u64)
         .adopt_from(Arc::clone(&old))
         .build()
         .unwrap();
@@ -282,7 +277,7 @@ fn adoption_takes_only_what_fits_and_only_from_an_equal_upstream() {
     old.deallocate(p, MIB, StreamView::DEFAULT).unwrap();
     // A pool over another pool's memory cannot free cuMemAlloc chunks: nothing moves.
     let layered = PoolMemoryResource::builder(Arc::clone(&small) as SharedResource)
-        .initial_size(PoolSize::Bytes(16 * MIB))
+        .initial_size((16 * MIB) as u64)
         .adopt_from(Arc::clone(&old))
         .build()
         .unwrap();
@@ -296,7 +291,7 @@ fn before_adoption_the_old_pool_keeps_the_chunks_that_fit_and_releases_the_rest(
     // by side would let it span both: see pool_vmm.rs).
     let old = Arc::new(
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
-            .initial_size(PoolSize::Bytes(32 * MIB))
+            .initial_size((32 * MIB) as u64)
             .virtual_memory(VirtualMemory::Off)
             .build()
             .unwrap(),
@@ -311,7 +306,7 @@ fn before_adoption_the_old_pool_keeps_the_chunks_that_fit_and_releases_the_rest(
     assert_eq!(released, (32 * MIB) as u64);
     assert_eq!(old.pool_size(), big);
     let new = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
-        .initial_size(PoolSize::Bytes(big as usize))
+        .initial_size(big)
         .virtual_memory(VirtualMemory::Off)
         .adopt_from(Arc::clone(&old))
         .build()

@@ -11,9 +11,7 @@ use common::{MIB, pattern};
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::DeviceMemoryResource;
-use rmm_allocator::resource::{
-    CudaMemoryResource, LiveBlock, PoolMemoryResource, PoolSize, VirtualMemory,
-};
+use rmm_allocator::resource::{CudaMemoryResource, LiveBlock, PoolMemoryResource, VirtualMemory};
 use rmm_allocator::{Device, StreamView};
 
 fn backed() -> Device {
@@ -29,7 +27,7 @@ fn backed() -> Device {
 fn pool(d: Device, mode: VirtualMemory, initial: usize) -> Arc<PoolMemoryResource> {
     Arc::new(
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-            .initial_size(PoolSize::Bytes(initial))
+            .initial_size(initial as u64)
             .growth(4 * MIB as u64)
             .virtual_memory(mode)
             .build()
@@ -45,7 +43,7 @@ fn replace(
     live: Vec<LiveBlock>,
 ) -> PoolMemoryResource {
     PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(initial))
+        .initial_size(initial as u64)
         .growth(4 * MIB as u64)
         .virtual_memory(mode)
         .adopt_from(Arc::clone(old))
@@ -183,7 +181,7 @@ fn a_provisional_adoption_goes_back_to_the_donor_when_the_new_pool_is_dropped_un
     let b = filled(d, &old, 8 * MIB, 9);
     let build = || {
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-            .initial_size(PoolSize::Bytes(16 * MIB))
+            .initial_size((16 * MIB) as u64)
             .growth(4 * MIB as u64)
             .virtual_memory(VirtualMemory::On)
             .adopt_from(Arc::clone(&old))

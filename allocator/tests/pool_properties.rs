@@ -14,7 +14,6 @@ use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     BinningMemoryResource, CudaMemoryResource, FixedSizeMemoryResource, PoolMemoryResource,
-    PoolSize,
 };
 use rmm_allocator::{ALLOCATION_ALIGNMENT, Stream};
 
@@ -197,8 +196,8 @@ fn pool_over_four_streams(ops: usize, seed: u64, few_sizes: bool) {
 fn pool_growing_from_empty_in_small_steps_over_four_streams() {
     let p = Arc::new(
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
-            .initial_size(PoolSize::Bytes(0))
-            .maximum_size(PoolSize::Bytes(1 << 30))
+            .initial_size(0)
+            .maximum_size((1 << 30) as u64)
             .growth(64 * MIB as u64)
             .build()
             .unwrap(),

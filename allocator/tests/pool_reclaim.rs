@@ -12,7 +12,7 @@ use common::{GIB, MIB};
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::DeviceMemoryResource;
-use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize, VirtualMemory};
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, VirtualMemory};
 use rmm_allocator::{Device, Error, Stream};
 
 /// A simulated device of `capacity` bytes in unbacked mode (addresses only).
@@ -28,9 +28,9 @@ fn sim(capacity: usize) -> (&'static SimBackend, Device) {
 
 fn pool(d: Device, initial: usize, maximum: Option<usize>) -> PoolMemoryResource {
     let mut b = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(initial));
+        .initial_size(initial as u64);
     if let Some(m) = maximum {
-        b = b.maximum_size(PoolSize::Bytes(m));
+        b = b.maximum_size(m as u64);
     }
     b.build().unwrap()
 }
@@ -148,7 +148,7 @@ fn a_pool_grows_by_the_need_rounded_to_its_growth_step_not_by_its_size() {
     // Upstream chunks: each growth a chunk of its own, whose tail a 100 MiB block may not
     // fit (mapped chunks side by side waste no tail: see pool_vmm.rs).
     let pool = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(0))
+        .initial_size(0)
         .virtual_memory(VirtualMemory::Off)
         .build()
         .unwrap();
@@ -184,7 +184,7 @@ fn a_pool_grows_by_the_need_rounded_to_its_growth_step_not_by_its_size() {
 fn a_smaller_growth_step_keeps_the_pool_closer_to_its_use() {
     let (_, d) = sim(8 * GIB);
     let pool = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(0))
+        .initial_size(0)
         .growth(256 * MIB as u64)
         .build()
         .unwrap();

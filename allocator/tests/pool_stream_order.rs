@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{MIB, device, on_sim};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::DeviceMemoryResource;
-use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm_allocator::{Device, Stream};
 
 /// A simulated device of 1 GiB (its streams can be held back) and a pool of 64 MiB on it that
@@ -186,8 +186,8 @@ fn idle_first_reclaim_never_queries_a_destroyed_stream_on_the_process_backend() 
     const STREAMS: usize = 16;
     let d = common::device();
     let pool = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(0))
-        .maximum_size(PoolSize::Bytes(STREAMS * 64 * MIB))
+        .initial_size(0)
+        .maximum_size((STREAMS * 64 * MIB) as u64)
         .growth(64 * MIB as u64)
         .build()
         .unwrap();

@@ -15,9 +15,7 @@ use rmm_allocator::Stream;
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
-use rmm_allocator::resource::{
-    BinningMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
-};
+use rmm_allocator::resource::{BinningMemoryResource, CudaMemoryResource, PoolMemoryResource};
 
 const THREADS: usize = 16;
 /// Blocks in transit to one thread at most. Bounded so that a thread starved of CPU does not
@@ -169,8 +167,8 @@ fn sixteen_threads_on_an_empty_pool_growing_in_small_steps() {
     // (reclaim from other arenas, growth) runs concurrently with the others' fast paths.
     let pool = Arc::new(
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
-            .initial_size(PoolSize::Bytes(0))
-            .maximum_size(PoolSize::Bytes(4096 * MIB))
+            .initial_size(0)
+            .maximum_size((4096 * MIB) as u64)
             .growth(64 * MIB as u64)
             .build()
             .unwrap(),
@@ -252,8 +250,8 @@ fn threads_destroy_their_streams_while_others_reclaim_from_their_arenas() {
     // handle (on a GPU, a SIGSEGV in the driver).
     let pool = Arc::new(
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device())))
-            .initial_size(PoolSize::Bytes(0))
-            .maximum_size(PoolSize::Bytes(2048 * MIB))
+            .initial_size(0)
+            .maximum_size((2048 * MIB) as u64)
             .growth(16 * MIB as u64)
             .build()
             .unwrap(),

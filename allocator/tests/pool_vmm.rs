@@ -11,8 +11,7 @@ use common::{GIB, MIB, pattern};
 use rmm_allocator::backend::{Backend, DevicePtr, SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{
-    CudaMemoryResource, ManagedMemoryResource, PoolMemoryResource, PoolSize, SharedResource,
-    VirtualMemory,
+    CudaMemoryResource, ManagedMemoryResource, PoolMemoryResource, SharedResource, VirtualMemory,
 };
 use rmm_allocator::{Device, StreamView};
 
@@ -28,7 +27,7 @@ fn sim(mode: SimMemoryMode, capacity: usize) -> (&'static SimBackend, Device) {
 
 fn pool(d: Device, initial: usize, growth: usize) -> PoolMemoryResource {
     PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(initial))
+        .initial_size(initial as u64)
         .growth(growth as u64)
         .virtual_memory(VirtualMemory::On)
         .build()
@@ -132,7 +131,7 @@ fn a_replacing_pool_adopts_mapped_chunks_without_new_memory() {
     let chunks_before = b.live_allocations(0);
     let used_before = used(d);
     let new = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(4 * GIB))
+        .initial_size((4 * GIB) as u64)
         .virtual_memory(VirtualMemory::On)
         .adopt_from(Arc::clone(&old))
         .build()
@@ -158,7 +157,7 @@ fn a_pool_that_cannot_map_falls_back_to_upstream_chunks_and_says_so() {
     let (b, d) = sim(SimMemoryMode::Unbacked, 80 * GIB);
     b.set_virtual_memory_supported(false);
     let auto = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(GIB))
+        .initial_size(GIB as u64)
         .build()
         .unwrap();
     assert!(!auto.uses_virtual_memory());
@@ -167,7 +166,7 @@ fn a_pool_that_cannot_map_falls_back_to_upstream_chunks_and_says_so() {
         "upstream (no virtual memory on this device)"
     );
     let err = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(GIB))
+        .initial_size(GIB as u64)
         .virtual_memory(VirtualMemory::On)
         .build()
         .unwrap_err()
@@ -177,7 +176,7 @@ fn a_pool_that_cannot_map_falls_back_to_upstream_chunks_and_says_so() {
     // Managed memory is not mapped: auto keeps the upstream, on is refused.
     let managed: SharedResource = Arc::new(ManagedMemoryResource::new(d).unwrap());
     let m = PoolMemoryResource::builder(Arc::clone(&managed))
-        .initial_size(PoolSize::Bytes(GIB))
+        .initial_size(GIB as u64)
         .build()
         .unwrap();
     assert_eq!(m.chunk_source(), "upstream");
@@ -189,7 +188,7 @@ fn a_pool_that_cannot_map_falls_back_to_upstream_chunks_and_says_so() {
     );
     // Off keeps cuMemAlloc chunks on a device that could map.
     let off = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(GIB))
+        .initial_size(GIB as u64)
         .virtual_memory(VirtualMemory::Off)
         .build()
         .unwrap();
@@ -201,7 +200,7 @@ fn auto_maps_pools_that_grow_and_takes_a_large_initial_size_from_the_upstream() 
     let (_b, d) = sim(SimMemoryMode::Unbacked, 80 * GIB);
     let auto = |initial: usize| {
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-            .initial_size(PoolSize::Bytes(initial))
+            .initial_size(initial as u64)
             .build()
             .unwrap()
     };
@@ -219,7 +218,7 @@ fn auto_maps_pools_that_grow_and_takes_a_large_initial_size_from_the_upstream() 
     assert_eq!(large.pool_size(), 64 * GIB as u64);
     // Asked for explicitly, a large pool is mapped all the same.
     let on = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-        .initial_size(PoolSize::Bytes(8 * GIB))
+        .initial_size((8 * GIB) as u64)
         .virtual_memory(VirtualMemory::On)
         .build()
         .unwrap();

@@ -37,7 +37,7 @@ use rmm::allocator::adaptor::{
 use rmm::allocator::backend::DevicePtr;
 use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
-use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
+use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm::allocator::{Device, Stream, StreamView};
 
 mod common;
@@ -368,7 +368,7 @@ fn main() {
     let cuda: SharedResource = Arc::new(CudaMemoryResource::new(device));
     let concrete = Arc::new(
         PoolMemoryResource::builder(Arc::clone(&cuda))
-            .initial_size(PoolSize::Bytes(3 * cap))
+            .initial_size((3 * cap) as u64)
             .build()
             .expect("pool"),
     );

@@ -44,9 +44,7 @@ use rmm::allocator::backend::DevicePtr;
 use rmm::allocator::per_device::set_current_device_resource;
 use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
-use rmm::allocator::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
-};
+use rmm::allocator::resource::{CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource};
 use rmm::allocator::{Device, DeviceBuffer, DeviceUVector, Result, Stream, StreamView};
 
 mod common;
@@ -107,7 +105,7 @@ fn resources(device: Device) -> Vec<(&'static str, SharedResource)> {
         Err(e) => println!("skipping async: {e}"),
     }
     match PoolMemoryResource::builder(Arc::clone(&cuda))
-        .initial_size(PoolSize::Bytes(256 * MIB))
+        .initial_size((256 * MIB) as u64)
         .build()
     {
         Ok(r) => list.push(("pool", Arc::new(r))),

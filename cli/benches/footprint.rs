@@ -21,9 +21,7 @@ use std::sync::Arc;
 
 use rmm::allocator::Device;
 use rmm::allocator::resource::SharedResource;
-use rmm::allocator::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource, PoolSize,
-};
+use rmm::allocator::resource::{CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource};
 use rmm_cli::bench::footprint::{FootprintOptions, FootprintReport, run};
 
 mod common;
@@ -36,7 +34,7 @@ type Run = fn(Device, &FootprintOptions) -> Result<FootprintReport, String>;
 fn pool(device: Device, options: &FootprintOptions) -> Result<FootprintReport, String> {
     let pool = Arc::new(
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(device)))
-            .initial_size(PoolSize::Bytes(0))
+            .initial_size(0)
             .build()
             .map_err(|e| e.to_string())?,
     );

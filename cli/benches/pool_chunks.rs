@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rmm::allocator::resource::DeviceMemoryResource;
-use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize, VirtualMemory};
+use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, VirtualMemory};
 use rmm::allocator::{Device, StreamView};
 
 mod common;
@@ -53,7 +53,7 @@ fn create(
     let t = Instant::now();
     let pool = builder(device, mode)
         .growth((chunk_gib * GIB) as u64)
-        .initial_size(PoolSize::Bytes(gib * GIB))
+        .initial_size((gib * GIB) as u64)
         .build()
         .map_err(|e| e.to_string())?;
     let took = ms(t);
@@ -64,7 +64,7 @@ fn create(
 /// A pool of 9 chunks of 1 GiB, one block live in the first: the time of `trim(0)`.
 fn trim(device: Device, mode: VirtualMemory) -> Result<f64, String> {
     let pool = builder(device, mode)
-        .initial_size(PoolSize::Bytes(0))
+        .initial_size(0)
         .build()
         .map_err(|e| e.to_string())?;
     let s = StreamView::DEFAULT;
@@ -97,7 +97,7 @@ fn trim(device: Device, mode: VirtualMemory) -> Result<f64, String> {
 /// An empty pool grown to 8 GiB by 1 GiB steps: the time per step.
 fn grow(device: Device, mode: VirtualMemory) -> Result<f64, String> {
     let pool = builder(device, mode)
-        .initial_size(PoolSize::Bytes(0))
+        .initial_size(0)
         .build()
         .map_err(|e| e.to_string())?;
     let s = StreamView::DEFAULT;

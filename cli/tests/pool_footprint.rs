@@ -10,7 +10,7 @@ use rmm::allocator::Device;
 use rmm::allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
-use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource, PoolSize};
+use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm_cli::bench::GIB;
 use rmm_cli::bench::footprint::{FootprintOptions, run};
 
@@ -30,7 +30,7 @@ fn an_empty_pool_reserves_at_most_one_and_a_half_times_the_peak_on_every_phase()
     let d = simulated_h200();
     let pool = Arc::new(
         PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-            .initial_size(PoolSize::Bytes(0))
+            .initial_size(0)
             .build()
             .unwrap(),
     );

@@ -37,7 +37,7 @@ use rmm_allocator::per_device;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, LiveBlock, ManagedMemoryResource,
-    PoolMemoryResource, PoolSize, VirtualMemory,
+    PoolMemoryResource, VirtualMemory,
 };
 use rmm_config::{LogLevel, PoolPlan, ResolvedConfig, ResolvedDevice, Switch, UpstreamPlan};
 use serde::Serialize;
@@ -256,7 +256,7 @@ impl StackPlan {
         let mut pool = None;
         if let Some(plan) = &self.pool {
             let mut builder = PoolMemoryResource::builder(resource)
-                .initial_size(PoolSize::Bytes(plan.initial_size as usize))
+                .initial_size(plan.initial_size)
                 .growth(plan.growth)
                 .virtual_memory(match plan.vmm {
                     Switch::On => VirtualMemory::On,
@@ -264,7 +264,7 @@ impl StackPlan {
                     Switch::Auto => VirtualMemory::Auto,
                 });
             if let Some(m) = plan.maximum_size {
-                builder = builder.maximum_size(PoolSize::Bytes(m as usize));
+                builder = builder.maximum_size(m);
             }
             if let Some(donor) = previous.and_then(|p| p.pool.clone()) {
                 builder = builder.adopt_from(donor);

@@ -31,8 +31,8 @@ pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;
 pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool, WeakPinnedHostPool};
 pub use pool_memory_resource::{
-    DEFAULT_GROWTH, LISTED_STREAMS, LiveBlock, PoolBuilder, PoolMemoryResource, PoolSize,
-    PoolSnapshot, PoolUsage, StreamUsage, VirtualMemory, default_initial_size,
+    DEFAULT_GROWTH, LISTED_STREAMS, LiveBlock, PoolBuilder, PoolMemoryResource, PoolSnapshot,
+    PoolUsage, StreamUsage, VirtualMemory, default_initial_size,
 };
 
 pub use crate::backend::host::{HostBlock, PinnedSlice};

@@ -1,5 +1,5 @@
-//! Building a pool: its sizes ([`PoolSize`]) and the builder ([`PoolBuilder`]) that takes
-//! its initial memory, from the upstream or from a pool it replaces.
+//! Building a pool: the builder ([`PoolBuilder`]) that takes its initial memory, from the
+//! upstream or from a pool it replaces.
 
 use std::sync::Arc;
 
@@ -22,45 +22,12 @@ pub fn default_initial_size(free: u64) -> u64 {
     free / 2 / GRANULE * GRANULE
 }
 
-/// A size given in bytes or as a fraction of the device's total memory (its size as the
-/// driver reports it when the device opens, `cuDeviceTotalMem`; the configuration's
-/// fractions use the same figure).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum PoolSize {
-    /// Exactly this many bytes (rounded to 256).
-    Bytes(usize),
-    /// This fraction (0, 1] of the device's total memory.
-    Fraction(f64),
-}
-
-impl PoolSize {
-    /// The size in bytes on a device of `total` bytes, rounded down to 256 bytes.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a fraction is not in (0, 1];
-    /// `what` names the setting in the error.
-    pub fn resolve(self, total: usize, what: &'static str) -> Result<u64> {
-        let bytes = match self {
-            PoolSize::Bytes(b) => b as u64,
-            PoolSize::Fraction(f) if f > 0.0 && f <= 1.0 => (total as f64 * f) as u64,
-            PoolSize::Fraction(f) => {
-                return Err(Error::invalid_argument(
-                    what,
-                    f,
-                    "a fraction in (0, 1] of device memory",
-                ));
-            }
-        };
-        Ok(bytes / GRANULE * GRANULE)
-    }
-}
-
 /// Builds a [`PoolMemoryResource`].
 #[derive(Debug, Clone)]
 pub struct PoolBuilder {
     upstream: SharedResource,
-    initial: Option<PoolSize>,
-    maximum: Option<PoolSize>,
+    initial: Option<u64>,
+    maximum: Option<u64>,
     growth: u64,
     donor: Option<Arc<PoolMemoryResource>>,
     live: Vec<LiveBlock>,
@@ -95,16 +62,18 @@ impl PoolBuilder {
         self
     }
 
-    /// Memory taken from the upstream at construction (default: half of the device's free
-    /// memory, as RMM's Python `reinitialize` does). `Bytes(0)` starts empty.
-    pub fn initial_size(mut self, size: PoolSize) -> Self {
-        self.initial = Some(size);
+    /// Bytes taken from the upstream at construction, rounded down to 256 (default: half of
+    /// the device's free memory, as RMM's Python `reinitialize` does); 0 starts empty.
+    /// (Fractions of the device are the configuration's to resolve: `rmm_config::Size`.)
+    pub fn initial_size(mut self, bytes: u64) -> Self {
+        self.initial = Some(bytes);
         self
     }
 
-    /// The most memory the pool may hold (default: the device's total memory).
-    pub fn maximum_size(mut self, size: PoolSize) -> Self {
-        self.maximum = Some(size);
+    /// The most bytes the pool may hold, rounded down to 256 (default: the device's total
+    /// memory).
+    pub fn maximum_size(mut self, bytes: u64) -> Self {
+        self.maximum = Some(bytes);
         self
     }
 
@@ -152,8 +121,8 @@ impl PoolBuilder {
     /// Takes the initial memory and builds the pool.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a size is an invalid
-    /// fraction, the initial size exceeds the maximum, or the growth is zero;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the initial size exceeds
+    /// the maximum, or the growth is zero;
     /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the upstream cannot provide the
     /// initial memory; [`Error::Driver`](crate::Error::Driver) when the device cannot report its
     /// memory.
@@ -161,12 +130,9 @@ impl PoolBuilder {
         let device = self.upstream.device();
         // The device's size is known; free memory is asked of the driver only when needed.
         let total = device.properties()?.total_memory;
-        let maximum = match self.maximum {
-            Some(m) => m.resolve(total, "maximum_size")?,
-            None => total as u64 / GRANULE * GRANULE,
-        };
+        let maximum = self.maximum.unwrap_or(total as u64) / GRANULE * GRANULE;
         let initial = match self.initial {
-            Some(s) => s.resolve(total, "initial_size")?,
+            Some(bytes) => bytes / GRANULE * GRANULE,
             None => default_initial_size(device.mem_info()?.free as u64).min(maximum),
         };
         if initial > maximum {

@@ -56,7 +56,7 @@ use parking_lot::Mutex;
 
 use self::arena::{Arena, SMALL_LIMIT};
 use self::bins::BIN_LIMIT;
-pub use self::builder::{PoolBuilder, PoolSize, default_initial_size};
+pub use self::builder::{PoolBuilder, default_initial_size};
 use self::chunks::ChunkSource;
 pub use self::chunks::VirtualMemory;
 use self::global::FreeSpace;
@@ -169,9 +169,9 @@ impl PoolMemoryResource {
     /// `initial` exceeds `maximum`, [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the
     /// upstream cannot provide the initial memory.
     pub fn new(upstream: SharedResource, initial: usize, maximum: Option<usize>) -> Result<Self> {
-        let mut b = Self::builder(upstream).initial_size(PoolSize::Bytes(initial));
+        let mut b = Self::builder(upstream).initial_size(initial as u64);
         if let Some(m) = maximum {
-            b = b.maximum_size(PoolSize::Bytes(m));
+            b = b.maximum_size(m as u64);
         }
         b.build()
     }

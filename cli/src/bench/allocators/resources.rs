@@ -8,7 +8,6 @@ use rmm::allocator::Device;
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{
     BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, PoolMemoryResource,
-    PoolSize,
 };
 use serde::{Deserialize, Serialize};
 
@@ -103,7 +102,7 @@ pub(super) fn build_resources(
         .any(|r| matches!(r, Resource::Pool | Resource::Binning));
     let pool: Option<Result<SharedResource, String>> = needs_pool.then(|| {
         PoolMemoryResource::builder(Arc::clone(&cuda))
-            .initial_size(PoolSize::Bytes(o.cap.saturating_mul(3)))
+            .initial_size((o.cap.saturating_mul(3)) as u64)
             .build()
             .map(|p| Arc::new(p) as SharedResource)
             .map_err(|e| e.to_string())

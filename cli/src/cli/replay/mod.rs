@@ -20,7 +20,7 @@ use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{
     BinningMemoryResource, CudaAsyncMemoryResource, CudaMemoryResource, ManagedMemoryResource,
-    PoolMemoryResource, PoolSize,
+    PoolMemoryResource,
 };
 use rmm::allocator::{Device, StreamView};
 use rmm::config::Size;
@@ -150,13 +150,6 @@ fn parse_capacity(text: &str) -> Result<u64, String> {
     }
 }
 
-fn pool_size(s: Size) -> PoolSize {
-    match s {
-        Size::Bytes(b) => PoolSize::Bytes(b as usize),
-        Size::Fraction(f) => PoolSize::Fraction(f),
-    }
-}
-
 /// A pool's upstream while a timeline is recorded: records the chunks the pool takes at
 /// construction and every chunk it gives back as segment events, which no memory hook
 /// reports (the pool's growth is reported by its own `alloc_*` hooks, which the recorder
@@ -245,15 +238,17 @@ fn build(
             Some(t) => Arc::clone(t) as SharedResource,
             None => Arc::clone(&cuda),
         };
+        // Fractions are of the device's memory, resolved as the configuration's are.
+        let total = device.mem_info()?.total as u64;
         let mut b = PoolMemoryResource::builder(upstream);
         if let Some(s) = args.pool_initial {
-            b = b.initial_size(pool_size(s));
+            b = b.initial_size(s.resolve(total));
         }
         if let Some(s) = args.pool_maximum {
-            b = b.maximum_size(pool_size(s));
+            b = b.maximum_size(s.resolve(total));
         }
         if let Some(s) = args.pool_growth {
-            b = b.growth(s.resolve(device.mem_info()?.total as u64));
+            b = b.growth(s.resolve(total));
         }
         let pool = b.build()?;
         if let Some(t) = tap {
