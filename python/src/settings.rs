@@ -77,8 +77,8 @@ fn wide_int(value: &Bound<'_, PyAny>) -> PyResult<String> {
     Ok(index.call1((value,))?.str()?.to_string())
 }
 
-/// A Python value as a TOML value: bool, int, float, str, a list or tuple of those, or None
-/// (the string `"none"`, which every size key accepts).
+/// A Python value as a TOML value: bool, int, float, str, a list or tuple of those, a dict of
+/// them (a table), or None (the string `"none"`, which every size key accepts).
 fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<toml::Value> {
     if value.is_none() {
         return Ok(toml::Value::String("none".into()));
@@ -130,6 +130,16 @@ fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<tom
             };
         }
     }
+    if let Ok(dict) = value.cast::<PyDict>() {
+        path.enter(key, value)?;
+        let mut table = toml::Table::new();
+        for (k, v) in items(dict)? {
+            let inner = to_toml(&format!("{key}.{k}"), &v, path)?;
+            table.insert(k, inner);
+        }
+        path.leave();
+        return Ok(toml::Value::Table(table));
+    }
     if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
         path.enter(key, value)?;
         let items: Vec<Bound<'_, PyAny>> = value.extract()?;
@@ -149,50 +159,40 @@ fn to_toml(key: &str, value: &Bound<'_, PyAny>, path: &mut Path) -> PyResult<tom
     )))
 }
 
-/// Flattens `dict` (nested dicts become dotted keys) into `out`.
-fn flatten(
-    prefix: &str,
-    dict: &Bound<'_, PyDict>,
-    path: &mut Path,
-    out: &mut Vec<(String, toml::Value)>,
-) -> PyResult<()> {
-    path.enter(
-        if prefix.is_empty() {
-            "(the dict)"
-        } else {
-            prefix
-        },
-        dict.as_any(),
-    )?;
-    // A snapshot: converting a value may run Python code (`__index__`, `__fspath__`) that
-    // changes the dict, which must not break (or panic) the walk.
-    let items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = dict.iter().collect();
-    for (k, v) in items {
-        let k: String = k.extract().map_err(|_| {
-            error(format!(
-                "configuration keys are strings; got {}",
-                k.repr().map_or_else(|_| "?".into(), |r| r.to_string())
-            ))
-        })?;
-        let key = if prefix.is_empty() {
-            k
-        } else {
-            format!("{prefix}.{k}")
-        };
-        match v.cast::<PyDict>() {
-            Ok(inner) => flatten(&key, inner, path, out)?,
-            Err(_) => out.push((key.clone(), to_toml(&key, &v, path)?)),
-        }
-    }
+/// The settings of a dict: its keys, each with its value as TOML (a nested dict as a table,
+/// which the loader walks as it walks a file's tables: `{"pool": {"enabled": True}}` and
+/// `{"pool.enabled": True}` are the same setting).
+pub(crate) fn settings_of(dict: &Bound<'_, PyDict>) -> PyResult<Vec<(String, toml::Value)>> {
+    let mut path = Path::default();
+    path.enter("(the dict)", dict.as_any())?;
+    let settings = items(dict)?
+        .into_iter()
+        .map(|(k, v)| {
+            let value = to_toml(&k, &v, &mut path)?;
+            Ok((k, value))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
     path.leave();
-    Ok(())
+    Ok(settings)
 }
 
-/// The settings of a dict, as dotted keys and TOML values.
-pub(crate) fn settings_of(dict: &Bound<'_, PyDict>) -> PyResult<Vec<(String, toml::Value)>> {
-    let mut out = Vec::new();
-    flatten("", dict, &mut Path::default(), &mut out)?;
-    Ok(out)
+/// A dict's items with string keys, as a snapshot: converting a value may run Python code
+/// (`__index__`, `__fspath__`) that changes the dict, which must not break (or panic) the
+/// walk.
+fn items<'py>(dict: &Bound<'py, PyDict>) -> PyResult<Vec<(String, Bound<'py, PyAny>)>> {
+    dict.iter()
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|(k, v)| {
+            let k: String = k.extract().map_err(|_| {
+                error(format!(
+                    "configuration keys are strings; got {}",
+                    k.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+                ))
+            })?;
+            Ok((k, v))
+        })
+        .collect()
 }
 
 /// The configuration `config` names, with `overrides` (a dict of settings) on top: None for
