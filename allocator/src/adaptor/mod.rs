@@ -33,9 +33,9 @@ mod tracking;
 pub use failure_callback::{AllocationFailure, FailureAction, FailureCallbackResourceAdaptor};
 pub use hooked::HookedResourceAdaptor;
 pub use limiting::{LimitingResourceAdaptor, MemoryLimit};
-pub use logging::{LOG_HEADER, LoggingResourceAdaptor, log_file_path, log_thread_id};
+pub use logging::{LOG_HEADER, LogAction, LoggingResourceAdaptor, log_file_path, log_thread_id};
 pub use replay::{
-    EventLog, LogAction, LogEvent, LogLine, LogReader, ReplayFailure, ReplayOptions, ReplayOrder,
+    EventLog, LogEvent, LogLine, LogReader, ReplayFailure, ReplayOptions, ReplayOrder,
     ReplayReport, replay, replay_streamed,
 };
 pub use statistics::{

@@ -1,5 +1,6 @@
 //! RMM's CSV line, formatted without allocating: `Thread,Time,Action,Pointer,Size,Stream`.
 
+use super::action::LogAction;
 use super::records::{ACTION_ALLOCATE, ACTION_FREE};
 
 /// `"00"` to `"99"`.
@@ -120,11 +121,14 @@ pub(super) fn format_line(
     let mut line = Line::new();
     line.bytes(prefix);
     line.time(second, time);
-    line.bytes(match tag & 3 {
-        ACTION_ALLOCATE => b",allocate,",
-        ACTION_FREE => b",free,",
-        _ => b",allocate failure,",
-    });
+    let action = match tag & 3 {
+        ACTION_ALLOCATE => LogAction::Allocate,
+        ACTION_FREE => LogAction::Free,
+        _ => LogAction::AllocateFailure,
+    };
+    line.bytes(b",");
+    line.bytes(action.as_str().as_bytes());
+    line.bytes(b",");
     line.hex(ptr);
     line.bytes(b",");
     line.dec(size);

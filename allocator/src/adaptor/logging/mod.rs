@@ -1,5 +1,6 @@
 //! [`LoggingResourceAdaptor`]: a CSV log of every allocation and free in RMM's format, which
-//! [`super::replay()`] (and RMM's own replay benchmark) can play back.
+//! the replay (`rmm_allocator::adaptor::replay`, and RMM's own replay benchmark) can play
+//! back.
 //!
 //! The format is RMM's `logging_resource_adaptor`:
 //! ```text
@@ -19,8 +20,7 @@
 //!
 //! As in RMM, a free is logged before the upstream sees it and an allocation after it
 //! returned, so the log's line order is an order in which every pointer is freed before it
-//! is handed out again, whatever the threads did ([`super::replay::EventLog::parse`] relies
-//! on it).
+//! is handed out again, whatever the threads did (the replay's parser relies on it).
 //!
 //! # Design: binary records on the hot path, CSV on a writer thread
 //!
@@ -69,6 +69,7 @@
 //!   are still consumed, so allocations go on at full speed) and is returned by every later
 //!   `flush()`; a failing flush of the sink is returned by that `flush()`.
 
+mod action;
 mod csv;
 mod records;
 mod writer;
@@ -84,6 +85,7 @@ use std::time::Instant;
 
 use std::collections::{BinaryHeap, HashMap};
 
+pub use action::LogAction;
 pub use records::log_thread_id;
 use records::{
     ACTION_ALLOCATE, ACTION_FAILURE, ACTION_FREE, FREE_CHUNKS, FlushError, LOCALS, Local, Msg,

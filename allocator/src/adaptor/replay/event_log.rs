@@ -3,39 +3,10 @@
 //! every line (`reader.rs` reads whole logs into an [`EventLog`]).
 
 use std::collections::HashMap;
-use std::fmt;
 use std::time::Duration;
 
-use crate::adaptor::logging::LOG_HEADER;
+use crate::adaptor::logging::{LOG_HEADER, LogAction};
 use crate::error::{Error, Result};
-
-/// What a log line records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogAction {
-    /// A successful allocation.
-    Allocate,
-    /// A free.
-    Free,
-    /// A failed allocation (`allocate failure`).
-    AllocateFailure,
-}
-
-impl LogAction {
-    /// The text in the log.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            LogAction::Allocate => "allocate",
-            LogAction::Free => "free",
-            LogAction::AllocateFailure => "allocate failure",
-        }
-    }
-}
-
-impl fmt::Display for LogAction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// One line of a log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -321,11 +292,10 @@ impl LineParser {
                 FORMAT_HINT,
             ));
         }
-        let action = match fields[c_action] {
-            "allocate" => LogAction::Allocate,
-            "free" => LogAction::Free,
-            "allocate failure" => LogAction::AllocateFailure,
-            other => {
+        let action = match LogAction::parse(fields[c_action]) {
+            Some(action) => action,
+            None => {
+                let other = fields[c_action];
                 return Err(self.err(
                     line_no,
                     format!(

@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::logging::LogAction;
 use super::{chain_names, find_in_chain};
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result, fmt_bytes};
@@ -52,7 +53,7 @@ mod lines;
 mod reader;
 mod stream;
 
-pub use event_log::{EventLog, LogAction, LogEvent};
+pub use event_log::{EventLog, LogEvent};
 pub use reader::{LogLine, LogReader};
 pub use stream::replay_streamed;
 

@@ -29,8 +29,9 @@ use parking_lot::Mutex;
 
 use super::assign::Assignment;
 use super::event_log::{Freed, LogEvent};
-use super::{LogAction, LogReader, ReplayFailure, ReplayOptions, ReplayOrder, ReplayReport};
+use super::{LogReader, ReplayFailure, ReplayOptions, ReplayOrder, ReplayReport};
 use crate::Device;
+use crate::adaptor::logging::LogAction;
 use crate::adaptor::{chain_names, find_in_chain};
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
