@@ -82,6 +82,7 @@ mod free_ranges;
 pub mod ipc;
 pub mod per_device;
 mod pool_usage;
+pub mod replay;
 pub mod resource;
 pub mod spill;
 mod stream;

@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use common::{MIB, device};
 use rmm_allocator::adaptor::LogAction;
 use rmm_allocator::adaptor::{
-    EventLog, LOG_HEADER, LimitingResourceAdaptor, LoggingResourceAdaptor, ReplayOptions,
-    ReplayOrder, StatisticsResourceAdaptor, log_file_path, replay,
+    LOG_HEADER, LimitingResourceAdaptor, LoggingResourceAdaptor, StatisticsResourceAdaptor,
+    log_file_path,
 };
 use rmm_allocator::backend::DevicePtr;
+use rmm_allocator::replay::{EventLog, ReplayOptions, ReplayOrder, replay};
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use rmm_allocator::Device;
-use rmm_allocator::adaptor::{EventLog, LogReader, ReplayOptions, ReplayOrder, replay};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::replay::{EventLog, LogReader, ReplayOptions, ReplayOrder, replay};
 use rmm_allocator::resource::CudaMemoryResource;
-use rmm_allocator::{Error, adaptor::replay_streamed};
+use rmm_allocator::{Error, replay::replay_streamed};
 
 /// The longest one input may take (parsing, scanning and replaying), far above what any
 /// takes: a hang or a blow-up fails the test instead of stalling CI.

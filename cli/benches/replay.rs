@@ -17,8 +17,9 @@
 
 use std::sync::{Arc, Barrier};
 
-use rmm::allocator::adaptor::{
-    LogReader, LoggingResourceAdaptor, ReplayOptions, ReplayOrder, ReplayReport, replay_streamed,
+use rmm::allocator::adaptor::LoggingResourceAdaptor;
+use rmm::allocator::replay::{
+    LogReader, ReplayOptions, ReplayOrder, ReplayReport, replay_streamed,
 };
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource};

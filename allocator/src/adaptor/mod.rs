@@ -7,7 +7,7 @@
 //! | [`StatisticsResourceAdaptor`] | current / peak / total bytes and counts, counter scopes, a PyTorch-style report |
 //! | [`LimitingResourceAdaptor`] | a hard cap on bytes in use |
 //! | [`TrackingResourceAdaptor`] | every outstanding allocation (optionally with a backtrace), leak reports |
-//! | [`LoggingResourceAdaptor`] | an RMM-format CSV event log, which [`replay()`] plays back |
+//! | [`LoggingResourceAdaptor`] | an RMM-format CSV event log, which the replay (`rmm_allocator::replay`) plays back |
 //! | [`FailureCallbackResourceAdaptor`] | a callback on out-of-memory that decides retry or fail |
 //! | [`HookedResourceAdaptor`] | CuPy-style memory [`hooks`] around any resource |
 //!
@@ -26,7 +26,6 @@ mod hooked;
 pub mod hooks;
 mod limiting;
 mod logging;
-mod replay;
 mod statistics;
 mod tracking;
 
@@ -34,10 +33,6 @@ pub use failure_callback::{AllocationFailure, FailureAction, FailureCallbackReso
 pub use hooked::HookedResourceAdaptor;
 pub use limiting::{LimitingResourceAdaptor, MemoryLimit};
 pub use logging::{LOG_HEADER, LogAction, LoggingResourceAdaptor, log_file_path, log_thread_id};
-pub use replay::{
-    EventLog, LogEvent, LogLine, LogReader, ReplayFailure, ReplayOptions, ReplayOrder,
-    ReplayReport, replay, replay_streamed,
-};
 pub use statistics::{
     Counter, DEFAULT_PEAK_TOLERANCE, MAX_SHARDS, MemoryReport, StatisticsResourceAdaptor,
 };

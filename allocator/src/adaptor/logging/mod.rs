@@ -1,5 +1,5 @@
 //! [`LoggingResourceAdaptor`]: a CSV log of every allocation and free in RMM's format, which
-//! the replay (`rmm_allocator::adaptor::replay`, and RMM's own replay benchmark) can play
+//! the replay (`rmm_allocator::replay`, and RMM's own replay benchmark) can play
 //! back.
 //!
 //! The format is RMM's `logging_resource_adaptor`:

@@ -3,7 +3,7 @@
 //!
 //! During the replay, the pool's hook events go to a [`Hooked`] (the sink of a streaming
 //! [`Recorder`](rmm_cli::timeline::Recorder)), and the log's own events, as the replay reads
-//! them, to a [`LogPass`] ([`LogReader::inspect`](rmm::allocator::adaptor::LogReader::inspect)).
+//! them, to a [`LogPass`] ([`LogReader::inspect`](rmm::allocator::replay::LogReader::inspect)).
 //!
 //! The plot is on the log's own clock when the log has times: the bytes in use are the log's
 //! (its allocations and frees at the times it recorded them); the bytes the pool reserved
@@ -16,7 +16,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rmm::allocator::adaptor::{LogAction, LogLine, ReplayFailure, ReplayReport};
+use rmm::allocator::adaptor::LogAction;
+use rmm::allocator::replay::{LogLine, ReplayFailure, ReplayReport};
 use rmm_cli::timeline::{
     Action, DeviceTimeline, Downsampler, Mark, MarkKind, MemoryEvent, Sample, Timeline, TorchTrace,
 };
@@ -427,7 +428,7 @@ pub fn plot_timeline(
 
 #[cfg(test)]
 mod tests {
-    use rmm::allocator::adaptor::LogReader;
+    use rmm::allocator::replay::LogReader;
 
     use super::*;
 

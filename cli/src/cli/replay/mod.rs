@@ -11,11 +11,10 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use parking_lot::Mutex;
-use rmm::allocator::adaptor::{
-    LogReader, ReplayOptions, ReplayOrder, find_in_chain, replay_streamed,
-};
+use rmm::allocator::adaptor::find_in_chain;
 use rmm::allocator::backend::DevicePtr;
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
+use rmm::allocator::replay::{LogReader, ReplayOptions, ReplayOrder, replay_streamed};
 use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{

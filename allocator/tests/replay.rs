@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::{GIB, MIB, device};
 use rmm_allocator::adaptor::LogAction;
-use rmm_allocator::adaptor::{EventLog, ReplayOptions, ReplayOrder, replay};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::replay::{EventLog, ReplayOptions, ReplayOrder, replay};
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm_allocator::{Device, Error};
@@ -317,7 +317,7 @@ fn write_mixed_log(
 
 #[test]
 fn a_streamed_replay_matches_the_in_memory_one() {
-    use rmm_allocator::adaptor::{LogReader, replay_streamed};
+    use rmm_allocator::replay::{LogReader, replay_streamed};
     let scratch = scratch();
     let path = write_mixed_log(scratch.path(), "mixed.csv", 4, 3000);
     let log = EventLog::read(&path).unwrap();
@@ -368,7 +368,7 @@ fn a_streamed_replay_matches_the_in_memory_one() {
 
 #[test]
 fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
-    use rmm_allocator::adaptor::{LogReader, replay_streamed};
+    use rmm_allocator::replay::{LogReader, replay_streamed};
     let b = SimBackend::leak(SimConfig {
         devices: 1,
         capacity: 40 * GIB,
@@ -446,7 +446,7 @@ fn peak_rss_kib() -> u64 {
 
 #[test]
 fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
-    use rmm_allocator::adaptor::{LogReader, replay_streamed};
+    use rmm_allocator::replay::{LogReader, replay_streamed};
     let b = SimBackend::leak(SimConfig {
         devices: 1,
         capacity: 40 * GIB,
@@ -541,7 +541,7 @@ fn a_line_past_the_limit_is_an_error_naming_it_and_the_limit() {
 
 #[test]
 fn an_endless_input_is_an_error_at_the_limit_not_a_read_that_never_ends() {
-    use rmm_allocator::adaptor::LogReader;
+    use rmm_allocator::replay::LogReader;
     // An input without line ends, and without an end at all: stops at the limit.
     let zeros = std::io::BufReader::new(std::io::repeat(0));
     let e = LogReader::new(zeros, "zeros").unwrap_err().to_string();
@@ -673,7 +673,7 @@ fn a_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
 
 #[test]
 fn logged_threads_sharing_replay_threads_keep_their_order_and_cross_thread_frees() {
-    use rmm_allocator::adaptor::{LogReader, replay_streamed};
+    use rmm_allocator::replay::{LogReader, replay_streamed};
     // Every free waits for another logged thread's allocation, whichever replay thread it is
     // on; three replay threads for 600 logged threads.
     let text = many_threads_log(600, true);
@@ -723,7 +723,7 @@ fn logged_threads_sharing_replay_threads_keep_their_order_and_cross_thread_frees
 
 #[test]
 fn a_streamed_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
-    use rmm_allocator::adaptor::{LogReader, replay_streamed};
+    use rmm_allocator::replay::{LogReader, replay_streamed};
     let text = many_threads_log(50_000, false);
     let resource = ThreadCounting::new(device());
     let options = ReplayOptions {

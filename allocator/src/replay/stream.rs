@@ -31,7 +31,7 @@ use super::assign::Assignment;
 use super::event_log::{Freed, LogEvent};
 use super::{LogReader, ReplayFailure, ReplayOptions, ReplayOrder, ReplayReport};
 use crate::Device;
-use crate::adaptor::logging::LogAction;
+use crate::adaptor::LogAction;
 use crate::adaptor::{chain_names, find_in_chain};
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
@@ -427,9 +427,9 @@ fn replay_concurrent(
 /// replay allocated has been freed), or the replay could not be set up.
 ///
 /// # Errors
-/// [`Error::EventLog`](crate::Error::EventLog) naming the line that cannot be read or does not
-/// parse; [`Error::Driver`](crate::Error::Driver) when a stream cannot be created;
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when no replay thread can start.
+/// [`Error::EventLog`] naming the line that cannot be read or does not
+/// parse; [`Error::Driver`] when a stream cannot be created;
+/// [`Error::InvalidArgument`] when no replay thread can start.
 pub fn replay_streamed(
     mut log: LogReader<'_>,
     resource: &dyn DeviceMemoryResource,

@@ -1,5 +1,7 @@
-//! Replaying memory event logs: parse a log in RMM's CSV format (RMM's own, or one written by
-//! [`super::LoggingResourceAdaptor`]) and play it against any resource, each logged thread's
+//! Replaying memory event logs, a tool over any resource (as RMM's replay benchmark is, not
+//! an adaptor): parse a log in RMM's CSV format (RMM's own, or one written by
+//! [`LoggingResourceAdaptor`](crate::adaptor::LoggingResourceAdaptor)) and play it against any
+//! resource, each logged thread's
 //! events in order on one replay thread, reporting the wall time, the peak bytes in use and
 //! whether every allocation succeeded. On the unbacked simulated device this answers "would
 //! this workload fit on a 40 GiB GPU with this pool?" on any machine, as RMM's replay
@@ -38,8 +40,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::logging::LogAction;
-use super::{chain_names, find_in_chain};
+use crate::adaptor::LogAction;
+use crate::adaptor::{chain_names, find_in_chain};
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::{DeviceMemoryResource, PoolMemoryResource};
@@ -410,8 +412,8 @@ impl ReplayState<'_> {
 /// not be set up (e.g. a stream could not be created).
 ///
 /// # Errors
-/// [`Error::EventLog`](crate::Error::EventLog) when `log` fails [`EventLog::check`];
-/// [`Error::Driver`](crate::Error::Driver) when a stream cannot be created.
+/// [`Error::EventLog`] when `log` fails [`EventLog::check`];
+/// [`Error::Driver`] when a stream cannot be created.
 pub fn replay(
     log: &EventLog,
     resource: &dyn DeviceMemoryResource,

@@ -133,7 +133,7 @@ impl EventLog {
     /// lines may be is an error, not a read that grows until memory runs out).
     ///
     /// # Errors
-    /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be read or a line does not
+    /// [`Error::EventLog`] when the file cannot be read or a line does not
     /// parse.
     pub fn read(path: impl AsRef<Path>) -> Result<EventLog> {
         Self::read_all(LogReader::open(path)?)
@@ -142,7 +142,7 @@ impl EventLog {
     /// Parses `text`; `source` names it in errors.
     ///
     /// # Errors
-    /// [`Error::EventLog`](crate::Error::EventLog) when `text` is empty, the header is not RMM's,
+    /// [`Error::EventLog`] when `text` is empty, the header is not RMM's,
     /// or a line does not parse (the error names the line).
     pub fn parse(text: &str, source: impl Into<String>) -> Result<EventLog> {
         Self::read_all(LogReader::new(text.as_bytes(), source)?)

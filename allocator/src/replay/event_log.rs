@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::adaptor::logging::{LOG_HEADER, LogAction};
+use crate::adaptor::{LOG_HEADER, LogAction};
 use crate::error::{Error, Result};
 
 /// One line of a log.
@@ -430,7 +430,7 @@ impl EventLog {
     /// them), so that a log assembled or edited by hand cannot make a replay go wrong.
     ///
     /// # Errors
-    /// [`Error::EventLog`](crate::Error::EventLog) naming the first disagreement (e.g. a thread or
+    /// [`Error::EventLog`] naming the first disagreement (e.g. a thread or
     /// allocation index out of range).
     pub fn check(&self) -> Result<()> {
         let bad = |problem: String| Error::EventLog {
