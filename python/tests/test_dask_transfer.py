@@ -282,3 +282,24 @@ def test_replicate_moves_spilled_values_into_the_peers_stores(tmp_path):
             for i, f in enumerate(futures[:8])
         ]
         assert client.gather(checks) == [True] * 8
+
+
+def test_a_message_bytes_limit_the_user_set_is_left_as_it_is():
+    from types import SimpleNamespace
+
+    import dask
+
+    from rmm_rs.dask.transfer import _batch_transfers
+
+    def limit_after(share_with_peers, setting=None):
+        worker = SimpleNamespace(state=SimpleNamespace(transfer_message_bytes_limit=50_000_000))
+        store = SimpleNamespace(share_with_peers=share_with_peers)
+        with dask.config.set(
+            {"distributed.worker.transfer.message-bytes-limit": setting or "50MB"}
+        ):
+            _batch_transfers(worker, store)
+        return worker.state.transfer_message_bytes_limit
+
+    assert limit_after(True) == SHARED_MESSAGE_BYTES
+    assert limit_after(False) == 50_000_000
+    assert limit_after(True, "200MB") == 50_000_000, "a setting the user chose stays"
