@@ -656,8 +656,11 @@ def main(argv=None):
           f"{format_bytes(args.chunk ** 2 * ITEMSIZE)}), limit {args.limit} per worker, "
           f"pool {pool if pool is not None else 'none'}, host limit "
           f"{host_limit or 'none'}, {args.threads} thread(s) per worker", flush=True)
+    host_pool = (f"{args.rmm_rs_host_pool} per worker, pinned at start" if args.rmm_rs_host_pool
+                 else "pinned as spills need it")
     print(f"sides: {', '.join(x.name for x in sides)}; rmm-rs allocators for "
-          f"{', '.join(s.rmm_rs_libs)}; protocols: {', '.join(protocols)}", flush=True)
+          f"{', '.join(s.rmm_rs_libs)}, rmm-rs host pool {host_pool}; protocols: "
+          f"{', '.join(protocols)}", flush=True)
     installed = versions()
     print("versions: " + ", ".join(f"{k} {v}" for k, v in installed.items()), flush=True)
 
