@@ -346,3 +346,40 @@ fn a_pool_releasing_idle_memory_holds_no_more_than_its_slices() {
     drop(pool.allocate(MIB).unwrap());
     assert!(pool.capacity() >= MIB);
 }
+
+#[test]
+fn reclaimable_slices_count_as_room_and_the_pool_pins_ahead_only_past_them() {
+    let sim = backed_sim();
+    let pool = PinnedHostPool::growable(sim, Some(1 << 30));
+    pool.keep_free(64 * MIB);
+    drop(pool.allocate(MIB).unwrap());
+    settled(&pool);
+    // Two chunks' worth of copies that can be dropped (the pool pins ahead behind them while
+    // they are handed out, as for any slice).
+    let mut copies: Vec<_> = (0..2).map(|_| pool.allocate(32 * MIB).unwrap()).collect();
+    copies.iter_mut().for_each(|s| s.set_reclaimable(true));
+    assert_eq!(pool.reclaimable(), 64 * MIB);
+    let capacity = settled(&pool);
+    // What is free now goes to data: the copies are room enough, nothing more is pinned.
+    let data: Vec<_> = (0..(capacity - pool.used()) / (32 * MIB))
+        .map(|_| pool.allocate(32 * MIB).unwrap())
+        .collect();
+    assert!(capacity - pool.used() < 64 * MIB);
+    assert_eq!(
+        settled(&pool),
+        capacity,
+        "pinned ahead past copies that can be dropped"
+    );
+    // Made data again, the copies are not room: the pool pins ahead once more.
+    copies.iter_mut().for_each(|s| s.set_reclaimable(false));
+    assert_eq!(pool.reclaimable(), 0);
+    pool.keep_free(64 * MIB);
+    let grown = settled(&pool);
+    assert!(grown - pool.used() >= 64 * MIB, "{grown} pinned");
+    // A slice dropped while reclaimable takes its bytes out of the count.
+    let mut last = pool.allocate(MIB).unwrap();
+    last.set_reclaimable(true);
+    assert_eq!(pool.reclaimable(), last.len());
+    drop((data, copies, last));
+    assert_eq!((pool.used(), pool.reclaimable()), (0, 0));
+}

@@ -151,3 +151,53 @@ fn kept_copies_are_given_back_first_when_the_host_tier_is_full() {
     assert!(values[1].spill().is_err());
     assert_eq!(read_back(&values[1]), vec![data[1].clone()]);
 }
+
+#[test]
+fn a_growable_host_pool_gives_back_kept_copies_rather_than_pin_more() {
+    let _s = serial();
+    sim();
+    // Host memory pinned as spills need it, nothing pinned ahead: what the pool holds is
+    // what the spills asked for.
+    let config = common::spilling(
+        "100MiB",
+        "none",
+        None,
+        &[("spill.pin_ahead", toml::Value::from("none"))],
+    );
+    let rt = Runtime::start(&config).unwrap();
+    let m = rt.spill_manager(rt.devices()[0]).expect("spilling is on");
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let data: Vec<Vec<u8>> = (0..3).map(|i| pattern(40 * MIB, 60 + i)).collect();
+    let mut values: Vec<Value> = data
+        .iter()
+        .map(|d| {
+            let o = LibraryOwner::holding(0, &[d], &dropped);
+            m.adopt(&[o.allocations[0]], S, o)
+        })
+        .collect();
+    // 120 MiB over a 100 MiB limit: the first went to the host, which pinned for it.
+    assert_eq!(values[0].tier(), Tier::Host);
+    // With the third gone, it comes back without pushing anything off, keeping its copy.
+    values.pop();
+    assert_eq!(read_back(&values[0]), vec![data[0].clone()]);
+    let s = m.statistics();
+    let pinned = s.host_pool_bytes;
+    assert_eq!(s.host_kept_bytes, 40 * MIB as u64, "{s:?}");
+    assert!(
+        pinned - s.host_bytes - s.host_kept_bytes < 40 * MIB as u64,
+        "no room for another value without the copy: {s:?}"
+    );
+    // The second goes to the host into the copy's memory, rather than have the pool pin
+    // more; the first is copied again when it goes.
+    assert_eq!(values[1].spill().unwrap(), 40 * MIB);
+    let s = m.statistics();
+    assert_eq!(s.host_pool_bytes, pinned, "{s:?}");
+    assert_eq!(
+        (s.host_bytes, s.host_kept_bytes),
+        (40 * MIB as u64, 0),
+        "{s:?}"
+    );
+    for (v, d) in values.iter().zip(&data) {
+        assert_eq!(read_back(v), vec![d.clone()]);
+    }
+}
