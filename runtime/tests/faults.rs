@@ -358,3 +358,70 @@ fn every_reinitialize_step_survives_each_of_its_operations_failing() {
     });
     assert!(failed > 0, "no injected fault made a reinitialize fail");
 }
+
+/// A host view of data on disk, with the host pool full: room is made by moving the least
+/// recently used host data on to disk. One entry that cannot be written does not stop the
+/// next from making room; when none can, the error is the write's (a full disk, say), not
+/// "host pool full", and every byte stays where it was, readable.
+#[test]
+fn making_host_room_tries_every_entry_and_reports_the_write_that_failed() {
+    let _s = serial();
+    let Some(sim) =
+        sim_or_skip("making_host_room_tries_every_entry_and_reports_the_write_that_failed")
+    else {
+        return;
+    };
+    let baseline = (sim.live_allocations(DEVICE), sim.pinned_host_bytes());
+    // Four buffers on the device, four on the host, two on disk: the first write fails, the
+    // next host entry goes instead.
+    let s = scene(true);
+    let on_disk = Arc::clone(s.first_on(Tier::Disk));
+    let host_before = s.buffers.iter().filter(|b| b.tier() == Tier::Host).count();
+    sim.fail_nth_file_write(DEVICE, 1).unwrap();
+    let view = on_disk.host_view().map(|v| v.to_vec());
+    sim.clear_faults(DEVICE).unwrap();
+    let want = &s.data[s
+        .buffers
+        .iter()
+        .position(|b| b.id() == on_disk.id())
+        .unwrap()];
+    assert!(view.unwrap() == *want, "the host view reads the data");
+    assert_eq!(on_disk.tier(), Tier::Host);
+    assert_eq!(
+        s.buffers.iter().filter(|b| b.tier() == Tier::Host).count(),
+        host_before,
+        "one host entry went to disk to make room, the failed one stayed"
+    );
+    drop(on_disk);
+    s.check("one write failing while making host room");
+    s.finish(sim, baseline, "one write failing while making host room");
+
+    // A host pool of one buffer (2 MiB, as pinned memory is rounded): its only entry cannot
+    // be written, so no room can be made.
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::start(&config(dir.path(), true, "2MiB", &[])).unwrap();
+    let m = rt.spill_manager(DEVICE).unwrap();
+    let data: Vec<Vec<u8>> = (0..5).map(|i| pattern(2 * MIB, 60 + i)).collect();
+    let buffers: Vec<_> = data.iter().map(|d| m.from_host(d, S).unwrap()).collect();
+    let tiers: Vec<Tier> = buffers.iter().map(|b| b.tier()).collect();
+    let on_disk = buffers.iter().find(|b| b.tier() == Tier::Disk).unwrap();
+    sim.fail_nth_file_write(DEVICE, 1).unwrap();
+    let e = on_disk.host_view().map(|_| ()).unwrap_err();
+    sim.clear_faults(DEVICE).unwrap();
+    assert!(
+        !matches!(e, rmm_allocator::Error::HostOutOfMemory { .. }),
+        "the cause is the failed write, not the pool's size: {e}"
+    );
+    assert!(e.to_string().contains("inject"), "{e}");
+    assert_eq!(
+        buffers.iter().map(|b| b.tier()).collect::<Vec<_>>(),
+        tiers,
+        "nothing moved"
+    );
+    for (b, d) in buffers.iter().zip(&data) {
+        assert!(b.to_vec().unwrap() == *d, "buffer {} lost its data", b.id());
+    }
+    drop(buffers);
+    drop(m);
+    rt.shutdown().unwrap();
+}

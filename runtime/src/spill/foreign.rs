@@ -382,8 +382,8 @@ impl SpillObserver for Staged {
     fn make_room(&self, id: u64, bytes: usize) {
         self.tracker.make_room(id, bytes);
     }
-    fn make_host_room(&self, id: u64, bytes: usize) {
-        self.tracker.make_host_room(id, bytes);
+    fn make_host_room(&self, id: u64, bytes: usize) -> rmm_allocator::Result<()> {
+        self.tracker.make_host_room(id, bytes)
     }
     fn resident(&self, id: u64, delta: i64) {
         self.tracker.resident(id, delta);

@@ -379,7 +379,9 @@ impl Tracker {
     }
 
     /// Moves least recently used host data (not `except`'s) to disk until `host` can hand
-    /// out `need` bytes (in slices of at most its largest); returns the bytes moved.
+    /// out `need` bytes (in slices of at most its largest); returns the bytes moved. An entry
+    /// that cannot be written does not stop the others; its error is returned only when
+    /// `host` still cannot hand out `need` bytes.
     fn demote_oldest(
         &self,
         host: &PinnedHostPool,
@@ -387,15 +389,24 @@ impl Tracker {
         except: u64,
     ) -> rmm_allocator::Result<u64> {
         let mut moved = 0;
+        let mut first_error = None;
         for b in self.oldest_first(Some(except)) {
             if Self::host_fits(host, need) {
                 break;
             }
             if b.tier() == Tier::Host {
-                moved += b.spill_to_disk()? as u64;
+                match b.spill_to_disk() {
+                    Ok(n) => moved += n as u64,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
             }
         }
-        Ok(moved)
+        match first_error {
+            Some(e) if !Self::host_fits(host, need) => Err(e),
+            _ => Ok(moved),
+        }
     }
 
     /// Counts adopted `allocations` as on the device (each once, however many values view
@@ -464,22 +475,24 @@ impl SpillObserver for Tracker {
         }
     }
 
-    fn make_host_room(&self, id: u64, bytes: usize) {
+    fn make_host_room(&self, id: u64, bytes: usize) -> rmm_allocator::Result<()> {
         let Some(tiers) = self.store.as_ref().map(|s| s.tiers()) else {
-            return;
+            return Ok(());
         };
         let host = tiers.host();
         // Data larger than a fixed pool goes straight to disk: making room would not help.
         if !host.is_growable() && bytes > host.capacity() {
-            return;
+            return Ok(());
         }
         // Copies kept of data that is on the device go first: dropping one moves nothing.
         if self.drop_kept_copies(host, bytes, id) || !tiers.has_disk() {
-            return;
+            return Ok(());
         }
-        if let Err(e) = self.demote_oldest(host, bytes, id) {
-            tracing::warn!("moving host data to disk to make room for {bytes} bytes: {e}");
-        }
+        self.demote_oldest(host, bytes, id)
+            .map(drop)
+            .inspect_err(|e| {
+                tracing::warn!("moving host data to disk to make room for {bytes} bytes: {e}");
+            })
     }
 
     fn resident(&self, _id: u64, delta: i64) {

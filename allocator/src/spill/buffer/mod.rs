@@ -94,8 +94,12 @@ pub trait SpillObserver: Send + Sync {
     fn make_room(&self, id: u64, bytes: usize);
     /// The host tier has no room for `bytes` of buffer `id`: move other buffers' host data
     /// on to disk if there is a disk tier. Called with `id`'s own lock held.
-    fn make_host_room(&self, id: u64, bytes: usize) {
+    ///
+    /// # Errors
+    /// The failure that left no room: moving data on to disk failed (a full disk, say).
+    fn make_host_room(&self, id: u64, bytes: usize) -> Result<()> {
         let _ = (id, bytes);
+        Ok(())
     }
     /// Buffer `id` now holds `bytes` more (or, negative, fewer) bytes on the device.
     fn resident(&self, id: u64, delta: i64);
@@ -626,14 +630,17 @@ impl SpillableBuffer {
         {
             o.reclaim_host(self.id, self.size);
         }
-        match self.try_host_slices() {
-            Err(Error::HostOutOfMemory { .. }) if self.observer.is_some() => {
-                if let Some(o) = &self.observer {
-                    o.make_host_room(self.id, self.size);
+        match (self.try_host_slices(), &self.observer) {
+            (Err(Error::HostOutOfMemory { .. }), Some(o)) => {
+                let room = o.make_host_room(self.id, self.size);
+                match (self.try_host_slices(), room) {
+                    // Still full because the data that would have made room could not go to
+                    // disk: that failure is the cause, not the pool's size.
+                    (Err(Error::HostOutOfMemory { .. }), Err(cause)) => Err(cause),
+                    (slices, _) => slices,
                 }
-                self.try_host_slices()
             }
-            other => other,
+            (other, _) => other,
         }
     }
 
