@@ -122,11 +122,21 @@ fn examples(backend: &str) -> Result<(), String> {
         .collect();
     names.sort();
     for name in names {
-        let mut example = Command::new(target.join("debug/examples").join(&name));
-        example
+        eprintln!("xtask: example {name}");
+        let out = Command::new(target.join("debug/examples").join(&name))
             .env("RMM_BACKEND", backend)
-            .stdout(std::process::Stdio::null());
-        run(example, &format!("example {name}"))?;
+            .output()
+            .map_err(|e| format!("example {name}: could not start: {e}"))?;
+        if !out.status.success() {
+            // What it printed before failing says which step failed; quiet when it passes.
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let lines: Vec<&str> = stdout.lines().collect();
+            for line in &lines[lines.len().saturating_sub(40)..] {
+                eprintln!("  | {line}");
+            }
+            eprint!("{}", String::from_utf8_lossy(&out.stderr));
+            return Err(format!("example {name}: failed ({})", out.status));
+        }
     }
     Ok(())
 }
