@@ -157,8 +157,8 @@ pub struct ReplayReport {
     pub peak_allocations: u64,
     /// Peak of the bytes live in the log, in log order.
     pub logged_peak_bytes: u64,
-    /// Bytes the first pool in the chain held at the end of the replay (before the replay's
-    /// leftovers were freed): the memory the pool needed.
+    /// The most bytes the first pool in the chain held during the replay: the memory the
+    /// pool needed (a pool that gives memory back holds less at the end).
     pub reserved_bytes: Option<u64>,
     /// Frees skipped because the log never allocated their pointer.
     pub skipped_frees: usize,
@@ -216,7 +216,7 @@ impl fmt::Display for ReplayReport {
         if let Some(r) = self.reserved_bytes {
             writeln!(
                 f,
-                "reserved:   {} ({r} bytes) held by the pool",
+                "reserved:   {} ({r} bytes) held by the pool at its peak",
                 fmt_bytes(r as usize)
             )?;
         }
@@ -569,7 +569,7 @@ pub fn replay(
         }
     }
     let reserved_bytes =
-        find_in_chain::<PoolMemoryResource>(resource).map(PoolMemoryResource::pool_size);
+        find_in_chain::<PoolMemoryResource>(resource).map(PoolMemoryResource::peak_pool_size);
     // Free what is still live (never freed in the log, or left by a failure).
     for (i, slot) in shared.slots.iter().enumerate() {
         let p = slot.swap(0, Ordering::AcqRel);

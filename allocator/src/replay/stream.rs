@@ -473,7 +473,7 @@ pub fn replay_streamed(
         }
     }
     let reserved_bytes =
-        find_in_chain::<PoolMemoryResource>(resource).map(PoolMemoryResource::pool_size);
+        find_in_chain::<PoolMemoryResource>(resource).map(PoolMemoryResource::peak_pool_size);
     for slot in feed.live.values().chain(state.leftovers.lock().iter()) {
         state.free_left(slot);
     }

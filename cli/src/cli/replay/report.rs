@@ -76,7 +76,7 @@ pub fn table(report: &ReplayReport, pool: Option<&str>) -> Table {
     if let Some(r) = report.reserved_bytes {
         t.row([
             "reserved".to_string(),
-            format!("{} held by the pool", bytes(r)),
+            format!("{} held by the pool at its peak", bytes(r)),
         ]);
     }
     if let Some(p) = pool {
