@@ -9,7 +9,7 @@ use super::chunks::{ChunkSource, VirtualMemory};
 use super::growth::DEFAULT_GROWTH;
 use super::handover::LiveBlock;
 use super::tlsf::GRANULE;
-use super::{PoolMemoryResource, vmm};
+use super::{PoolMemoryResource, footprint, vmm};
 use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
@@ -33,6 +33,7 @@ pub struct PoolBuilder {
     live: Vec<LiveBlock>,
     provisional: bool,
     virtual_memory: VirtualMemory,
+    max_overhead: Option<f64>,
 }
 
 impl PoolBuilder {
@@ -48,6 +49,7 @@ impl PoolBuilder {
             live: Vec::new(),
             provisional: false,
             virtual_memory: VirtualMemory::default(),
+            max_overhead: None,
         }
     }
 
@@ -83,6 +85,22 @@ impl PoolBuilder {
     /// the price of more upstream allocations; 0 is refused by [`PoolBuilder::build`].
     pub fn growth(mut self, bytes: u64) -> Self {
         self.growth = bytes;
+        self
+    }
+
+    /// Keeps the pool within `fraction` above the peak of its bytes in use (default: no
+    /// limit). Before the pool grows past `peak × (1 + fraction)`, it gathers every arena's
+    /// free blocks (the request may fit among them, merged) and gives entirely free chunks
+    /// back to the device, so that new memory replaces free memory instead of adding to it:
+    /// what a training loop whose tensor sizes change every step needs to hold no more than
+    /// its live peak. Never below the initial size. A mapped pool
+    /// ([`PoolBuilder::virtual_memory`]) then maps chunks of at most 32 MiB, so free memory
+    /// goes back in pieces; over the upstream only whole growth steps can. Costs a wait for
+    /// the streams that freed the memory, when the limit is reached, and mapping again what
+    /// was given back. `0.05` is PyTorch's expandable segments' footprint or better;
+    /// negative or non-finite values are refused by [`PoolBuilder::build`].
+    pub fn max_overhead(mut self, fraction: f64) -> Self {
+        self.max_overhead = Some(fraction);
         self
     }
 
@@ -149,6 +167,13 @@ impl PoolBuilder {
                 "a growth step of at least 256 bytes, e.g. 1 GiB (pool.growth)",
             ));
         }
+        if let Some(f) = self.max_overhead.filter(|f| !(f.is_finite() && *f >= 0.0)) {
+            return Err(Error::invalid_argument(
+                "pool max_overhead",
+                f,
+                "a fraction of the peak in use of at least 0, e.g. 0.05 (pool.max_overhead = \"5%\")",
+            ));
+        }
         let growth = self.growth.next_multiple_of(GRANULE);
         let mut mode = self.virtual_memory;
         // A pool too small for whole granules is better served by the upstream.
@@ -181,11 +206,21 @@ impl PoolBuilder {
             }
             _ => (maximum, initial),
         };
+        let chunk = match (&source, self.max_overhead) {
+            (ChunkSource::Mapped(space), Some(_)) => growth
+                .min(footprint::LIMITED_CHUNK)
+                .next_multiple_of(space.granularity()),
+            _ => growth,
+        };
         let mut pool = PoolMemoryResource {
             upstream: self.upstream,
             device,
             maximum,
             growth,
+            chunk,
+            footprint: self
+                .max_overhead
+                .map(|f| footprint::FootprintLimit::new(f, initial)),
             arenas: StreamArenas::new(),
             global: Mutex::new(source.free_space()),
             source,

@@ -121,7 +121,7 @@ impl PoolMemoryResource {
     /// Takes `size` bytes of new chunks and adds them to `g` (through the upstream hooks
     /// when `hooked`). Mapped chunks go at `at` when given (returning false, with nothing
     /// taken, when those addresses are not free), else wherever the address range has room;
-    /// `size` is split in chunks of the growth step.
+    /// `size` is split in chunks of the growth step (smaller with a footprint limit).
     pub(super) fn add_memory(
         &self,
         g: &mut FreeSpace,
@@ -133,7 +133,7 @@ impl PoolMemoryResource {
         let mut added = Vec::new();
         let mut take = || -> Result<DevicePtr> {
             match &self.source {
-                ChunkSource::Mapped(space) => match space.map(size, self.growth, at)? {
+                ChunkSource::Mapped(space) => match space.map(size, self.chunk, at)? {
                     Some(chunks) => {
                         let start = chunks.first().map_or(0, |c| c.0);
                         added = chunks;
@@ -158,6 +158,14 @@ impl PoolMemoryResource {
             g.add_chunk(a, s);
         }
         Ok(placed)
+    }
+
+    /// The size unit of mapped memory; `None` for the upstream's chunks (any size).
+    pub(super) fn granularity(&self) -> Option<u64> {
+        match &self.source {
+            ChunkSource::Mapped(space) => Some(space.granularity()),
+            _ => None,
+        }
     }
 
     /// `size` rounded up to what the source can take, within `room` (rounded down there):

@@ -45,18 +45,26 @@ impl FreeSpace {
             .map(|(a, s)| (*a, *s))
     }
 
-    /// The end of the highest chunk (0 with none).
-    pub(crate) fn top(&self) -> u64 {
-        self.chunks.iter().next_back().map_or(0, |(a, s)| a + s)
-    }
-
-    /// The free range that ends at `end`, if any: its size.
-    pub(crate) fn free_ending_at(&self, end: u64) -> u64 {
-        self.by_addr
-            .range(..end)
-            .next_back()
-            .filter(|(a, s)| **a + **s == end)
-            .map_or(0, |(_, s)| *s)
+    /// Free ranges shorter than `need` that end where this pool maps nothing, in a gap wide
+    /// enough for the rest of `need` before its next chunk (or at its top), largest first
+    /// (the highest of equal ones), at most `n`: memory mapped right after one of them serves
+    /// `need` with only the difference.
+    pub(crate) fn ranges_before_gaps(&self, need: u64, n: usize) -> Vec<(u64, u64)> {
+        self.by_size
+            .range(..(need, 0))
+            .rev()
+            .filter(|&&(size, addr)| {
+                let end = addr + size;
+                self.chunk_of(end).is_none()
+                    && self
+                        .chunks
+                        .range(end..)
+                        .next()
+                        .is_none_or(|(next, _)| next - end >= need - size)
+            })
+            .take(n)
+            .map(|&(size, addr)| (addr, size))
+            .collect()
     }
 
     /// The free range that holds all of `[addr, addr + size)`: (start, size).
@@ -327,8 +335,11 @@ mod tests {
         f.add_chunk(2000, 1000);
         assert_eq!(f.fragments(), 1, "side by side chunks are one free range");
         assert_eq!(f.largest_free(), 3000);
-        assert_eq!(f.top(), 3000);
-        assert_eq!(f.free_ending_at(3000), 3000);
+        assert_eq!(
+            f.ranges_before_gaps(4000, 4),
+            vec![(0, 3000)],
+            "the top is a gap"
+        );
         // A range across the first two chunks: only the third is entirely free.
         assert_eq!(f.take(1500, 1500), Some((0, 1500)));
         assert_eq!(f.adoptable_chunks(u64::MAX), vec![(2000, 1000)]);
@@ -340,6 +351,20 @@ mod tests {
         assert_eq!(f.fragments(), 2);
         assert_eq!(f.chunk_of(2500), Some((2000, 1000)));
         assert_eq!(f.chunk_of(1500), None);
+        // The range below the chunk given back ends at a gap of 1000 bytes; the one above
+        // at the top.
+        assert_eq!(f.ranges_before_gaps(2000, 4), vec![(2000, 1000), (0, 1000)]);
+        assert_eq!(f.ranges_before_gaps(2000, 1), vec![(2000, 1000)]);
+        assert_eq!(
+            f.ranges_before_gaps(4000, 4),
+            vec![(2000, 1000)],
+            "the gap above the first range holds 1000 bytes, not 3000"
+        );
+        assert_eq!(
+            f.ranges_before_gaps(1000, 4),
+            vec![],
+            "only ranges shorter than the need"
+        );
         assert_eq!(f.take_free_chunks(0).len(), 2);
         assert_eq!((f.pool_size(), f.free_bytes(), f.fragments()), (0, 0, 0));
     }

@@ -20,10 +20,14 @@
 //! Everything here is a slow path (a span, never on the allocate or free fast path).
 
 use super::PoolMemoryResource;
+use super::footprint::Within;
 use super::global::FreeSpace;
 use super::tlsf::GRANULE;
 use crate::error::Result;
 use crate::stream_view::StreamView;
+
+/// Free ranges beside a gap that growth tries to extend before it maps a range of its own.
+const GAPS_TRIED: usize = 4;
 
 /// The default growth step: the pool grows by what a request needs rounded up to this.
 pub const DEFAULT_GROWTH: u64 = 1 << 30;
@@ -65,7 +69,15 @@ impl PoolMemoryResource {
         if let Some(r) = g.take(need, want) {
             return Ok(Some(r));
         }
-        if self.grow(&mut g, need, want, stream)? {
+        // With a footprint limit, free memory goes back first where growing would pass it.
+        let (want, cap) = match &self.footprint {
+            Some(limit) => match self.keep_within(&mut g, limit, need)? {
+                Within::Served(r) => return Ok(Some(r)),
+                Within::Grow(cap) => (want.min(cap).max(need), cap),
+            },
+            None => (want, u64::MAX),
+        };
+        if self.grow(&mut g, need, want, cap, stream)? {
             return Ok(g.take(need, want));
         }
         // Free memory is scattered over arenas: move one large enough free block.
@@ -85,7 +97,7 @@ impl PoolMemoryResource {
             for (addr, size) in freed {
                 self.return_chunk(addr, size)?;
             }
-            if self.grow(&mut g, need, want, stream)? {
+            if self.grow(&mut g, need, want, cap, stream)? {
                 return Ok(g.take(need, want));
             }
         }
@@ -94,30 +106,44 @@ impl PoolMemoryResource {
 
     /// Takes new chunks: `max(need, want)` rounded up to the growth step (see
     /// [`growth_size`]), halving toward `need` when the device refuses. With mapped chunks,
-    /// a free range at the top of the pool counts toward the need when the new chunks can go
-    /// right after it. Returns false when the pool cannot grow.
+    /// a free range that ends at a gap (the top of the pool, or memory given back) counts
+    /// toward the need when the new chunks can go right after it. Adds at most `cap` bytes where that is enough for the request (else what
+    /// it needs). Returns false when the pool cannot grow.
     pub(super) fn grow(
         &self,
         g: &mut FreeSpace,
         need: u64,
         want: u64,
+        cap: u64,
         stream: StreamView,
     ) -> Result<bool> {
         let pool = g.pool_size();
-        let room = self.maximum.saturating_sub(pool);
+        let left = self.maximum.saturating_sub(pool);
+        // The room for growth that adds `least`: within the cap where it allows that much
+        // (in whole granules of mapped memory), never past the maximum.
+        let room_for = |least: u64| {
+            let cap = cap.max(least);
+            let cap = match self.granularity() {
+                Some(g) => cap.checked_next_multiple_of(g).unwrap_or(u64::MAX),
+                None => cap,
+            };
+            left.min(cap)
+        };
         if self.uses_virtual_memory() {
-            let top = g.top();
-            let tail = g.free_ending_at(top);
-            if tail > 0 && tail < need {
-                let (n, w) = (need - tail, want.saturating_sub(tail));
+            // A free range that ends at a gap (the top, or memory given back) serves the
+            // request with only what it lacks mapped right after it.
+            for (addr, free) in g.ranges_before_gaps(need, GAPS_TRIED) {
+                let (n, w) = (need - free, want.saturating_sub(free));
+                let room = room_for(n);
                 if let Some(size) =
                     growth_size(n, w, self.growth, room).and_then(|s| self.chunk_round(s, n, room))
-                    && self.try_add(g, size, n, Some(top), stream)?
+                    && self.try_add(g, size, n, Some(addr + free), stream)?
                 {
                     return Ok(true);
                 }
             }
         }
+        let room = room_for(need);
         let Some(mut size) = growth_size(need, want, self.growth, room)
             .and_then(|s| self.chunk_round(s, need, room))
         else {

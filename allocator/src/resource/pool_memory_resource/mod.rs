@@ -41,6 +41,7 @@ mod bins;
 mod block_cache;
 mod builder;
 mod chunks;
+mod footprint;
 mod global;
 mod growth;
 mod handover;
@@ -135,6 +136,11 @@ pub struct PoolMemoryResource {
     maximum: u64,
     /// The growth step in bytes (a multiple of 256).
     growth: u64,
+    /// The size of the chunks a mapped pool maps (the growth step, or smaller with a
+    /// footprint limit).
+    chunk: u64,
+    /// The most the pool holds beyond its peak in use ([`PoolBuilder::max_overhead`]).
+    footprint: Option<footprint::FootprintLimit>,
     arenas: StreamArenas<Arena>,
     global: Mutex<FreeSpace>,
     /// Where chunks come from and go back to.
@@ -189,6 +195,14 @@ impl PoolMemoryResource {
     /// The growth step in bytes ([`PoolBuilder::growth`]).
     pub fn growth(&self) -> u64 {
         self.growth
+    }
+
+    /// The most the pool holds beyond the peak of its bytes in use, as a fraction of that
+    /// peak ([`PoolBuilder::max_overhead`]); `None` without a limit.
+    pub fn max_overhead(&self) -> Option<f64> {
+        self.footprint
+            .as_ref()
+            .map(footprint::FootprintLimit::overhead)
     }
 
     /// Bytes currently held from the upstream.

@@ -87,6 +87,10 @@ pub struct ReplayArgs {
     /// 1GiB; a share of device memory such as 5% works too).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub pool_growth: Option<Size>,
+    /// Keep the pool within this share above the peak in use (e.g. 5%): before growing past
+    /// it, the pool gives free memory back (default: no limit).
+    #[arg(long, value_name = "PERCENT", value_parser = parse_overhead)]
+    pub pool_max_overhead: Option<f64>,
     /// Order of events across threads. The log is read as it is replayed: memory does not
     /// grow with its length (nor with --plot or --torch-snapshot).
     #[arg(long, value_enum, default_value_t = Order::Concurrent)]
@@ -124,6 +128,15 @@ fn parse_size(text: &str) -> Result<Size, String> {
     text.parse::<Size>().map_err(|e| {
         format!("{e}: expected bytes, a size with a unit such as 2GiB or 512MB, or a percentage")
     })
+}
+
+fn parse_overhead(text: &str) -> Result<f64, String> {
+    match parse_size(text)? {
+        Size::Fraction(f) => Ok(f),
+        Size::Bytes(_) => Err(format!(
+            "expected a share of the peak in use such as 5%, not the size {text}"
+        )),
+    }
 }
 
 fn parse_entries(text: &str) -> Result<usize, String> {
@@ -248,6 +261,9 @@ fn build(
         }
         if let Some(s) = args.pool_growth {
             b = b.growth(s.resolve(total));
+        }
+        if let Some(f) = args.pool_max_overhead {
+            b = b.max_overhead(f);
         }
         let pool = b.build()?;
         if let Some(t) = tap {

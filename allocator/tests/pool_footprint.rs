@@ -1,0 +1,254 @@
+//! A pool's footprint under a training loop whose tensor sizes change every step (a new
+//! sequence length each step, as language-model training with variable lengths makes), on the
+//! simulated device: with `max_overhead`, the most the pool reserves stays within that share
+//! above the peak in use, with the loop on one thread and with forward and backward on two
+//! threads of one stream (PyTorch runs backward on its own thread). Each test also runs the
+//! loop on a pool without the limit and checks that it goes past the bound: the loop is one
+//! that the limit is needed for.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use common::{GIB, MIB};
+use rmm_allocator::backend::{DevicePtr, SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::resource::DeviceMemoryResource;
+use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, VirtualMemory};
+use rmm_allocator::{Device, StreamView};
+
+const S: StreamView = StreamView::DEFAULT;
+const STEPS: usize = 40;
+const LAYERS: u64 = 12;
+/// The limit the tests ask for, and the slack its chunks allow (a chunk and a granule).
+const OVERHEAD: f64 = 0.05;
+const SLACK: u64 = 18 * MIB as u64;
+
+fn device() -> Device {
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity: 200 * GIB,
+        mode: SimMemoryMode::Unbacked,
+    })
+    .unwrap();
+    Device::on(b, 0).unwrap()
+}
+
+/// A pool from 64 MiB with the default 1 GiB growth step, with or without the limit.
+fn pool(d: Device, limit: Option<f64>) -> Arc<PoolMemoryResource> {
+    let mut b = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(64 * MIB as u64)
+        .virtual_memory(VirtualMemory::On);
+    if let Some(f) = limit {
+        b = b.max_overhead(f);
+    }
+    Arc::new(b.build().unwrap())
+}
+
+/// Sequence lengths in [64, 1024], the same every run (xorshift).
+fn lengths() -> Vec<u64> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..STEPS)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            64 + x % 961
+        })
+        .collect()
+}
+
+/// One step's activations, in the order forward makes them (batch 8, width 768, bf16): per
+/// layer the hidden states, the MLP's inner states and the attention scores, then the logits.
+fn activations(len: u64) -> Vec<u64> {
+    let batch_tokens = 8 * len;
+    let mut sizes = Vec::new();
+    for _ in 0..LAYERS {
+        sizes.push(batch_tokens * 768 * 2);
+        sizes.push(batch_tokens * 3072 * 2);
+        sizes.push(8 * 12 * len * len * 2);
+    }
+    sizes.push(batch_tokens * 50257 * 2);
+    sizes
+}
+
+/// Bytes live now and at their peak, counted by the caller's allocations.
+#[derive(Default)]
+struct Live {
+    now: u64,
+    peak: u64,
+}
+
+impl Live {
+    fn alloc(&mut self, p: &PoolMemoryResource, size: u64) -> DevicePtr {
+        let ptr = p.allocate(size as usize, S).unwrap();
+        self.now += size;
+        self.peak = self.peak.max(self.now);
+        ptr
+    }
+
+    fn free(&mut self, p: &PoolMemoryResource, ptr: DevicePtr, size: u64) {
+        p.deallocate(ptr, size as usize, S).unwrap();
+        self.now -= size;
+    }
+}
+
+/// Backward for one step's activations: for each, newest first, a gradient of its size is
+/// made, the activation freed, then the gradient freed.
+fn backward(p: &PoolMemoryResource, live: &mut Live, acts: Vec<(DevicePtr, u64)>) {
+    for (ptr, size) in acts.into_iter().rev() {
+        let grad = live.alloc(p, size);
+        live.free(p, ptr, size);
+        live.free(p, grad, size);
+    }
+}
+
+/// The loop on one thread; returns the peak in use.
+fn train_on_one_thread(p: &PoolMemoryResource) -> u64 {
+    let mut live = Live::default();
+    // Parameters, their gradients and two optimizer states: long-lived.
+    let state: Vec<DevicePtr> = (0..4).map(|_| live.alloc(p, 250 * MIB as u64)).collect();
+    for len in lengths() {
+        let acts = activations(len)
+            .into_iter()
+            .map(|size| (live.alloc(p, size), size))
+            .collect();
+        backward(p, &mut live, acts);
+    }
+    for ptr in state {
+        live.free(p, ptr, 250 * MIB as u64);
+    }
+    live.peak
+}
+
+/// The loop with forward on this thread and backward on another, on the same stream, taking
+/// turns step by step; returns the peak in use (both threads' allocations together).
+fn train_on_two_threads(p: &Arc<PoolMemoryResource>) -> u64 {
+    let state_size = 250 * MIB as u64;
+    let mut live = Live::default();
+    let state: Vec<DevicePtr> = (0..4).map(|_| live.alloc(p, state_size)).collect();
+    let (to_backward, steps) = mpsc::channel::<(Vec<(DevicePtr, u64)>, u64)>();
+    let (to_forward, done) = mpsc::channel::<u64>();
+    let peak = std::thread::scope(|s| {
+        let pool = Arc::clone(p);
+        s.spawn(move || {
+            let mut live = Live::default();
+            for (acts, now) in steps {
+                // The forward thread's bytes are live too while backward runs.
+                live.now = now;
+                live.peak = live.peak.max(now);
+                backward(&pool, &mut live, acts);
+                to_forward.send(live.peak).unwrap();
+            }
+        });
+        let mut peak = live.peak;
+        for len in lengths() {
+            let acts: Vec<(DevicePtr, u64)> = activations(len)
+                .into_iter()
+                .map(|size| (live.alloc(p, size), size))
+                .collect();
+            let freed: u64 = acts.iter().map(|a| a.1).sum();
+            to_backward.send((acts, live.now)).unwrap();
+            peak = peak.max(live.peak).max(done.recv().unwrap());
+            live.now -= freed;
+        }
+        drop(to_backward);
+        peak
+    });
+    for ptr in state {
+        live.free(p, ptr, state_size);
+    }
+    peak
+}
+
+/// Runs `train` on a pool without a limit and on one with [`OVERHEAD`]: the first must go
+/// past the bound (the loop needs the limit), the second stay within it.
+fn check(what: &str, train: impl Fn(&Arc<PoolMemoryResource>) -> u64) {
+    let d = device();
+    let unlimited = pool(d, None);
+    let peak = train(&unlimited);
+    let bound = (peak as f64 * (1.0 + OVERHEAD)) as u64 + SLACK;
+    let reserved = unlimited.peak_pool_size();
+    assert!(
+        reserved > bound,
+        "{what}: without a limit the pool reserved {reserved} for a peak of {peak}, within \
+         the bound {bound}: the loop does not show what the limit is for"
+    );
+    drop(unlimited);
+
+    let limited = pool(d, Some(OVERHEAD));
+    assert_eq!(limited.max_overhead(), Some(OVERHEAD));
+    let peak = train(&limited);
+    let bound = (peak as f64 * (1.0 + OVERHEAD)) as u64 + SLACK;
+    let reserved = limited.peak_pool_size();
+    assert!(
+        reserved <= bound,
+        "{what}: with max_overhead {OVERHEAD} the pool reserved {reserved} ({:.3}× the peak \
+         {peak}), past the bound {bound}",
+        reserved as f64 / peak as f64
+    );
+    eprintln!(
+        "{what}: reserved {:.3}× the peak in use with the limit",
+        reserved as f64 / peak as f64
+    );
+    limited.synchronize().unwrap();
+    let snap = limited.validate().unwrap();
+    assert_eq!(snap.in_use, 0, "{what}: {snap:?}");
+}
+
+#[test]
+fn a_loop_with_a_new_length_every_step_stays_within_the_overhead() {
+    check("one thread", |p| train_on_one_thread(p));
+}
+
+#[test]
+fn forward_and_backward_on_two_threads_of_one_stream_stay_within_the_overhead() {
+    check("two threads, one stream", train_on_two_threads);
+}
+
+#[test]
+fn a_pool_at_its_limit_grows_by_what_the_free_top_lacks_without_giving_memory_back() {
+    let d = device();
+    let p = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(4 * GIB as u64)
+        .virtual_memory(VirtualMemory::On)
+        .max_overhead(0.0)
+        .build()
+        .unwrap();
+    let chunks = p.validate().unwrap().chunks;
+    // 1 GiB at the bottom, 3 GiB free above it: 4 GiB more need 1 GiB of growth, right after.
+    let a = p.allocate(GIB, S).unwrap();
+    let b = p.allocate(4 * GIB, S).unwrap();
+    assert_eq!(
+        b.addr(),
+        a.addr() + GIB as u64,
+        "the block starts in the free top"
+    );
+    assert_eq!(
+        p.peak_pool_size(),
+        5 * GIB as u64,
+        "reserved the peak in use, exactly"
+    );
+    let snap = p.validate().unwrap();
+    assert_eq!(
+        snap.chunks,
+        chunks + GIB / (16 * MIB),
+        "the initial chunks all stayed"
+    );
+    p.deallocate(a, GIB, S).unwrap();
+    p.deallocate(b, 4 * GIB, S).unwrap();
+}
+
+#[test]
+fn an_overhead_that_is_no_share_is_refused_naming_the_setting() {
+    let d = device();
+    for bad in [-0.5, f64::NAN, f64::INFINITY] {
+        let e = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+            .initial_size(0)
+            .max_overhead(bad)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_overhead") && e.contains("5%"), "{bad}: {e}");
+    }
+}
