@@ -136,6 +136,7 @@ impl Config {
             "pool.managed" => on(self.pool.managed),
             "pool.async" => on(self.pool.use_async),
             "pool.vmm" => self.pool.vmm.to_string(),
+            "pool.max_overhead" => self.pool.max_overhead.to_string(),
             "logging.enabled" => on(self.logging.enabled),
             "logging.directory" => self.logging.directory.display().to_string(),
             "logging.file_name" => self.logging.file_name.clone(),

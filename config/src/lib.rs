@@ -45,6 +45,7 @@
 //! | `pool.release_threshold` | `RMM_POOL__RELEASE_THRESHOLD` | `"none"` | size or `"none"` |
 //! | `pool.growth` | `RMM_POOL__GROWTH` | `"1GiB"` | size |
 //! | `pool.vmm` | `RMM_POOL__VMM` | `"auto"` | `true`, `false` or `"auto"` |
+//! | `pool.max_overhead` | `RMM_POOL__MAX_OVERHEAD` | `"none"` | share (`"5%"`) or `"none"` |
 //! | `logging.enabled` | `RMM_LOGGING__ENABLED` | `false` | bool |
 //! | `logging.directory` | `RMM_LOGGING__DIRECTORY` | `"."` | path |
 //! | `logging.file_name` | `RMM_LOGGING__FILE_NAME` | `"rmm_log.csv"` (device N: `rmm_log.devN.csv`) | file name |
@@ -115,8 +116,8 @@ pub use schema::{
 pub use size::{ALIGNMENT, ParseSizeError, Size, align_down};
 pub use types::{
     Config, DeviceOverride, DeviceSelector, Devices, LimitsConfig, LimitsOverride, LogLevel,
-    LoggingConfig, PinAhead, PoolConfig, PoolOverride, SpillConfig, SpillOverride, StatsConfig,
-    Switch, TrackingConfig, device_log_file_name,
+    LoggingConfig, Overhead, PinAhead, PoolConfig, PoolOverride, SpillConfig, SpillOverride,
+    StatsConfig, Switch, TrackingConfig, device_log_file_name,
 };
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::types::Switch;
+use crate::types::{Overhead, Switch};
 
 /// Where a device's memory comes from: `pool.managed`, `pool.async`, else plain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -35,4 +35,6 @@ pub struct PoolPlan {
     pub growth: u64,
     /// Whether the pool maps its chunks through CUDA's virtual memory API (`pool.vmm`).
     pub vmm: Switch,
+    /// The most the pool holds above the peak of its bytes in use (`pool.max_overhead`).
+    pub max_overhead: Overhead,
 }

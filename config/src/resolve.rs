@@ -349,6 +349,7 @@ impl Config {
                 maximum_size: maximum,
                 growth,
                 vmm: pool.vmm,
+                max_overhead: pool.max_overhead,
             }),
             // Both are set for an enabled pool (the default initial size above, the growth
             // from the defaults); a failure to resolve them returned its error before.

@@ -42,6 +42,8 @@ pub(crate) enum Kind {
     OptPath,
     /// A size, `"auto"` or `"none"` ([`crate::types::PinAhead`]).
     PinAhead,
+    /// A share such as `"5%"` or `"none"` ([`crate::types::Overhead`]).
+    Overhead,
     Level,
 }
 
@@ -84,6 +86,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
     device_key("pool.release_threshold", Kind::OptSize("none")),
     device_key("pool.growth", Kind::Size),
     key("pool.vmm", Kind::Switch),
+    key("pool.max_overhead", Kind::Overhead),
     key("logging.enabled", Kind::Bool),
     key("logging.directory", Kind::Path),
     key("logging.file_name", Kind::Path),
@@ -323,6 +326,7 @@ impl Kind {
             Kind::Size => r#"bytes, "2GiB" or "50%""#.to_string(),
             Kind::OptSize(keyword) => format!(r#"bytes, "2GiB", "50%" or "{keyword}""#),
             Kind::PinAhead => r#"bytes, "2GiB", "50%", "auto" or "none""#.to_string(),
+            Kind::Overhead => r#"a share of the peak in use such as "5%", or "none""#.to_string(),
             Kind::Path => "a directory path".to_string(),
             Kind::OptPath => r#"a directory path or "none""#.to_string(),
             Kind::Level => r#""trace", "debug", "info", "warn", "error" or "off""#.to_string(),
@@ -339,6 +343,7 @@ impl Kind {
             Kind::Level => valid(string.and_then(LogLevel::parse).is_some()),
             Kind::Bool => valid(value.is_bool()),
             Kind::Switch => valid(crate::types::Switch::from_toml(value).is_some()),
+            Kind::Overhead => valid(crate::types::Overhead::from_toml(value).is_some()),
             Kind::Count => valid(
                 value
                     .as_integer()

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{load_env, load_error};
+use common::{load, load_env, load_error};
 use rmm_config::{ConfigLoader, Error};
 
 fn env_error(vars: &[(&str, &str)]) -> String {
@@ -44,7 +44,7 @@ fn unknown_key_without_a_close_match_lists_the_valid_keys() {
     assert_eq!(
         load_error("[pool]\ncolour = \"blue\""),
         "rmm.toml: unknown key pool.colour; [pool] takes enabled, managed, async, \
-         initial_size, maximum_size, release_threshold, growth, vmm"
+         initial_size, maximum_size, release_threshold, growth, vmm, max_overhead"
     );
     assert_eq!(
         load_error("[device.1]\npool.enabled = true"),
@@ -425,4 +425,25 @@ fn rapids_rmms_own_variables_are_ignored_but_other_unknown_ones_are_errors() {
         err.to_string().contains("unknown setting debug_log_files"),
         "{err}"
     );
+}
+
+#[test]
+fn a_pool_overhead_that_is_no_share_is_refused_with_the_forms_accepted() {
+    for bad in [r#""5GiB""#, "-0.1", r#""lots""#, r#""nan%""#] {
+        let e = load(&format!("[pool]\nenabled = true\nmax_overhead = {bad}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pool.max_overhead") && e.contains(r#"such as "5%", or "none""#),
+            "{bad}: {e}"
+        );
+    }
+    for (good, want) in [
+        (r#""5%""#, Some(0.05)),
+        ("0.1", Some(0.1)),
+        (r#""none""#, None),
+    ] {
+        let c = load(&format!("[pool]\nenabled = true\nmax_overhead = {good}\n")).unwrap();
+        assert_eq!(c.pool.max_overhead.fraction(), want, "{good}");
+    }
 }

@@ -5,8 +5,8 @@ mod common;
 use common::{GIB, load, load_env};
 use rmm_allocator::backend::BackendChoice;
 use rmm_config::{
-    Config, ConfigLoader, DeviceOverride, DeviceSelector, Devices, LogLevel, PinAhead, Size,
-    Source, Switch, render,
+    Config, ConfigLoader, DeviceOverride, DeviceSelector, Devices, LogLevel, Overhead, PinAhead,
+    Size, Source, Switch, render,
 };
 
 /// Every key set to a value other than its default.
@@ -24,6 +24,7 @@ maximum_size = "50%"
 release_threshold = 1073741824
 growth = "256MiB"
 vmm = false
+max_overhead = "5%"
 
 [logging]
 enabled = true
@@ -73,6 +74,7 @@ const EVERY_VAR: &[(&str, &str)] = &[
     ("RMM_POOL__RELEASE_THRESHOLD", "1073741824"),
     ("RMM_POOL__GROWTH", "256MiB"),
     ("RMM_POOL__VMM", "off"),
+    ("RMM_POOL__MAX_OVERHEAD", "5%"),
     ("RMM_LOGGING__ENABLED", "on"),
     ("RMM_LOGGING__DIRECTORY", "/tmp/rmm-logs"),
     ("RMM_LOGGING__FILE_NAME", "mylog.csv"),
@@ -118,6 +120,7 @@ fn every_key_expected() -> Config {
     c.pool.release_threshold = Some(Size::Bytes(GIB));
     c.pool.growth = Size::Bytes(GIB / 4);
     c.pool.vmm = Switch::Off;
+    c.pool.max_overhead = Overhead::Share(0.05);
     c.logging.enabled = true;
     c.logging.directory = "/tmp/rmm-logs".into();
     c.logging.file_name = "mylog.csv".into();
@@ -426,5 +429,5 @@ fn each_key_set_alone_leaves_every_other_key_at_its_default() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 27);
+    assert_eq!(checked, 28);
 }

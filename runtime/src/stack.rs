@@ -266,6 +266,9 @@ impl StackPlan {
             if let Some(m) = plan.maximum_size {
                 builder = builder.maximum_size(m);
             }
+            if let Some(f) = plan.max_overhead.fraction() {
+                builder = builder.max_overhead(f);
+            }
             if let Some(donor) = previous.and_then(|p| p.pool.clone()) {
                 builder = builder.adopt_from(donor);
                 if !live.is_empty() {
