@@ -207,6 +207,43 @@ fn forward_and_backward_on_two_threads_of_one_stream_stay_within_the_overhead() 
 }
 
 #[test]
+fn growth_cut_to_the_limit_hands_out_whole_granules() {
+    // 96 MiB in use under a 5 % limit allow 100.8 MiB: what growth and grants are cut to
+    // must still be whole granules.
+    let p = pool(device(), Some(OVERHEAD));
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| p.allocate(32 * MIB, S).unwrap()).collect();
+    let snap = p.validate().unwrap();
+    assert_eq!(snap.in_use, 128 * MIB as u64);
+    for b in blocks {
+        p.deallocate(b, 32 * MIB, S).unwrap();
+    }
+}
+
+#[test]
+fn a_limit_needs_mapped_memory_and_auto_maps_for_it_whatever_the_sizes() {
+    // The upstream's allocations never merge: a pool over them cannot keep to a footprint.
+    let d = device();
+    let e = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(64 * MIB as u64)
+        .virtual_memory(VirtualMemory::Off)
+        .max_overhead(OVERHEAD)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("max_overhead") && e.contains("pool.vmm") && e.contains("\"none\""),
+        "{e}"
+    );
+    // Auto maps a pool with a limit even where its initial size alone would not.
+    let p = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(4 * GIB as u64)
+        .max_overhead(OVERHEAD)
+        .build()
+        .unwrap();
+    assert!(p.uses_virtual_memory());
+}
+
+#[test]
 fn a_pool_at_its_limit_grows_by_what_the_free_top_lacks_without_giving_memory_back() {
     let d = device();
     let p = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))

@@ -6,7 +6,7 @@ use crate::error::{Error, Result, Setting, Source};
 use crate::loader::ConfigLoader;
 use crate::schema::KEYS;
 use crate::size::{Size, align_down};
-use crate::types::Config;
+use crate::types::{Config, Overhead, Switch};
 
 /// The sizes that `[device.N]` tables may override.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +185,33 @@ impl Config {
                           logging.directory)"
                     .into(),
             });
+        }
+        // A footprint limit gives memory back in mapped chunks: it needs a pool that maps.
+        if self.pool.enabled && self.pool.max_overhead != Overhead::Unlimited {
+            // (An async upstream is refused when the pool is built, as pool.vmm = true is.)
+            let unmapped = [
+                ("pool.vmm", self.pool.vmm == Switch::Off),
+                ("pool.managed", self.pool.managed),
+            ];
+            if let Some((key, _)) = unmapped.into_iter().find(|(_, on)| *on) {
+                errors.push(Error::InvalidValue {
+                    origin: self.source("pool.max_overhead"),
+                    key: "pool.max_overhead".into(),
+                    value: self.pool.max_overhead.to_string(),
+                    problem: format!(
+                        "a pool that maps its memory through CUDA's virtual memory API, which \
+                         {key} = {} ({}) rules out: set pool.max_overhead = \"none\", or \
+                         {key} = {}",
+                        if key == "pool.vmm" { "false" } else { "true" },
+                        self.source(key),
+                        if key == "pool.vmm" {
+                            "\"auto\""
+                        } else {
+                            "false"
+                        },
+                    ),
+                });
+            }
         }
         if self.pool.use_async && self.pool.managed {
             errors.push(Error::AsyncWithManaged {

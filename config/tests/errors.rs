@@ -447,3 +447,22 @@ fn a_pool_overhead_that_is_no_share_is_refused_with_the_forms_accepted() {
         assert_eq!(c.pool.max_overhead.fraction(), want, "{good}");
     }
 }
+
+#[test]
+fn a_pool_overhead_with_a_pool_that_cannot_map_names_both_keys_and_the_remedy() {
+    for (key, value) in [("vmm", "false"), ("managed", "true")] {
+        let e = load(&format!(
+            "[pool]\nenabled = true\nmax_overhead = \"5%\"\n{key} = {value}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("pool.max_overhead")
+                && e.contains(&format!("pool.{key} = {value}"))
+                && e.contains(r#"set pool.max_overhead = "none""#),
+            "{key}: {e}"
+        );
+    }
+    // The pool off: the limit has nothing to act on, and nothing to contradict.
+    load("[pool]\nvmm = false\nmax_overhead = \"5%\"\n").unwrap();
+}

@@ -23,7 +23,7 @@ initial_size = "2GiB"
 maximum_size = "50%"
 release_threshold = 1073741824
 growth = "256MiB"
-vmm = false
+vmm = true
 max_overhead = "5%"
 
 [logging]
@@ -73,7 +73,7 @@ const EVERY_VAR: &[(&str, &str)] = &[
     ("RMM_POOL__MAXIMUM_SIZE", "50%"),
     ("RMM_POOL__RELEASE_THRESHOLD", "1073741824"),
     ("RMM_POOL__GROWTH", "256MiB"),
-    ("RMM_POOL__VMM", "off"),
+    ("RMM_POOL__VMM", "on"),
     ("RMM_POOL__MAX_OVERHEAD", "5%"),
     ("RMM_LOGGING__ENABLED", "on"),
     ("RMM_LOGGING__DIRECTORY", "/tmp/rmm-logs"),
@@ -119,7 +119,7 @@ fn every_key_expected() -> Config {
     c.pool.maximum_size = Some(Size::Fraction(0.5));
     c.pool.release_threshold = Some(Size::Bytes(GIB));
     c.pool.growth = Size::Bytes(GIB / 4);
-    c.pool.vmm = Switch::Off;
+    c.pool.vmm = Switch::On;
     c.pool.max_overhead = Overhead::Share(0.05);
     c.logging.enabled = true;
     c.logging.directory = "/tmp/rmm-logs".into();

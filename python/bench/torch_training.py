@@ -16,12 +16,14 @@ over ``--repeats``:
 * ``torch``: PyTorch's caching allocator (``PYTORCH_CUDA_ALLOC_CONF`` unset).
 * ``expandable``: the same with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
 * ``rmm-rs``: ``rmm_rs.allocators.torch.install()`` before any CUDA allocation, rmm-rs's pool
-  from ``--rmm-rs-pool-initial``.
+  from ``--rmm-rs-pool-initial``, held within ``--rmm-rs-max-overhead`` (``pool.max_overhead``,
+  default 5 %) above its peak in use.
 * ``rmm-rs-mempool``: model, optimizer and loop inside
   ``with torch.cuda.use_mem_pool(rmm_rs.allocators.torch.mem_pool()):``, the same pool.
 
 Both rmm-rs modes start rmm-rs (``rmm_rs.initialize({"devices": [d], "pool": {"enabled": True,
-"initial_size": ...}})``) after the baseline below is read, so the pool counts as used memory.
+"initial_size": ..., "max_overhead": ...}})``) after the baseline below is read, so the pool
+counts as used memory.
 
 After every step (synchronized) the device's used memory is read from NVML (``pynvml``;
 without it ``torch.cuda.mem_get_info``); its maximum less the used memory measured once the
@@ -200,7 +202,9 @@ def child(args: argparse.Namespace) -> int:
     import torch
 
     rmm_config: Dict[str, Any] = {
-        "devices": [device], "pool": {"enabled": True, "initial_size": args.rmm_rs_pool_initial}}
+        "devices": [device],
+        "pool": {"enabled": True, "initial_size": args.rmm_rs_pool_initial,
+                 "max_overhead": args.rmm_rs_max_overhead}}
     if args.log:
         os.makedirs(args.log, exist_ok=True)
         rmm_config["logging"] = {"enabled": True, "directory": os.path.abspath(args.log)}
@@ -275,7 +279,8 @@ def run_child(args: argparse.Namespace, model: str, mode: str, repeat: int,
     cmd = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--model", model,
            "--device", str(args.device), "--steps", str(args.steps), "--seed", str(args.seed),
            "--min-len", str(args.min_len), "--max-len", str(args.max_len),
-           "--rmm-rs-pool-initial", args.rmm_rs_pool_initial, "--log-steps", str(args.log_steps)]
+           "--rmm-rs-pool-initial", args.rmm_rs_pool_initial,
+           "--rmm-rs-max-overhead", args.rmm_rs_max_overhead, "--log-steps", str(args.log_steps)]
     if args.batch:
         cmd += ["--batch", str(args.batch)]
     if log:
@@ -390,6 +395,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--rmm-rs-pool-initial", default="1GiB", help="rmm-rs's pool.initial_size")
+    p.add_argument("--rmm-rs-max-overhead", default="5%",
+                   help='rmm-rs\'s pool.max_overhead ("none": no footprint limit)')
     p.add_argument("--log", default=None, metavar="DIR",
                    help="also run rmm-rs once with its allocation log written under DIR")
     p.add_argument("--log-steps", type=int, default=30, help="steps of the logged run")

@@ -140,7 +140,8 @@ impl PoolBuilder {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the initial size exceeds
-    /// the maximum, or the growth is zero;
+    /// the maximum, the growth is zero, or a footprint limit is asked of a pool that cannot
+    /// map its memory;
     /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the upstream cannot provide the
     /// initial memory; [`Error::Driver`](crate::Error::Driver) when the device cannot report its
     /// memory.
@@ -177,17 +178,35 @@ impl PoolBuilder {
         let growth = self.growth.next_multiple_of(GRANULE);
         let mut mode = self.virtual_memory;
         // A pool too small for whole granules is better served by the upstream.
-        if mode == VirtualMemory::Auto && maximum < vmm::AUTO_MINIMUM {
+        // A footprint limit gives memory back in chunks, which only mapped memory can.
+        let limited = self.max_overhead.is_some();
+        if mode == VirtualMemory::Auto && maximum < vmm::AUTO_MINIMUM && !limited {
             mode = VirtualMemory::Off;
         }
         // A pool that takes a large initial size at once (RMM's `initial_pool_size` use) is
         // built faster from the upstream: mapping physical memory is paid for up front, per
         // byte, where one `cuMemAlloc` reserves lazily. Virtual memory serves the pools that
         // start small and grow on demand (and give memory back in pieces).
-        if mode == VirtualMemory::Auto && initial > vmm::AUTO_MAXIMUM_INITIAL {
+        if mode == VirtualMemory::Auto && initial > vmm::AUTO_MAXIMUM_INITIAL && !limited {
             mode = VirtualMemory::Off;
         }
         let source = ChunkSource::choose(mode, &self.upstream)?;
+        if let Some(f) = self.max_overhead
+            && !matches!(source, ChunkSource::Mapped(_))
+        {
+            return Err(Error::invalid_argument(
+                "pool max_overhead",
+                f,
+                format!(
+                    "a pool that maps its memory through CUDA's virtual memory API (pool.vmm = \
+                     true or \"auto\", over plain device memory on a device that supports it); \
+                     this one takes its chunks from {} ({}), whose free pieces never merge, so \
+                     it cannot keep to a footprint: set pool.max_overhead = \"none\"",
+                    self.upstream.name(),
+                    source_name(&source)
+                ),
+            ));
+        }
         let (maximum, initial) = match &source {
             ChunkSource::Mapped(space) => {
                 let g = space.granularity();
@@ -245,5 +264,13 @@ impl PoolBuilder {
             "pool created"
         );
         Ok(pool)
+    }
+}
+
+/// How a pool that does not map its memory came to take the upstream's chunks, for errors.
+fn source_name(source: &ChunkSource) -> &'static str {
+    match source {
+        ChunkSource::UpstreamNoVmm => "the device has no virtual memory management",
+        _ => "pool.vmm is false, or the memory is not plain device memory",
     }
 }

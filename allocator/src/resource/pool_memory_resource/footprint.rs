@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::PoolMemoryResource;
 use super::global::FreeSpace;
+use super::tlsf::GRANULE;
 use crate::error::Result;
 
 /// The chunk size of a mapped pool with a footprint limit: the unit in which free memory
@@ -58,14 +59,15 @@ impl FootprintLimit {
     }
 
     /// The most the pool may hold once `in_use` bytes are in use: the peak in use (raised to
-    /// `in_use`) plus the overhead, never below the floor.
+    /// `in_use`) plus the overhead, never below the floor, rounded down to 256 bytes.
     fn budget(&self, in_use: u64) -> u64 {
         let peak = self
             .peak_in_use
             .fetch_max(in_use, Ordering::Relaxed)
             .max(in_use);
         let allowed = peak.saturating_add((peak as f64 * self.overhead) as u64);
-        allowed.max(self.floor)
+        // Grants and chunks are whole granules: so is what they are cut to.
+        (allowed.max(self.floor) / GRANULE) * GRANULE
     }
 }
 
@@ -90,14 +92,10 @@ impl PoolMemoryResource {
         need: u64,
     ) -> Result<Within> {
         let budget = limit.budget(self.in_use_bytes().saturating_add(need));
-        // Mapped chunks can go right after a free range that ends at a gap: growth then adds
-        // only what that range lacks.
-        let mapped = self.granularity().is_some();
+        // Chunks can go right after a free range that ends at a gap (a pool with a limit maps
+        // its memory): growth then adds only what that range lacks.
         let over = |g: &FreeSpace| {
-            let beside = match mapped {
-                true => g.ranges_before_gaps(need, 1).first().map_or(0, |r| r.1),
-                false => 0,
-            };
+            let beside = g.ranges_before_gaps(need, 1).first().map_or(0, |r| r.1);
             g.pool_size().saturating_add(need - beside) > budget
         };
         if over(g) {
@@ -141,5 +139,10 @@ mod tests {
         assert_eq!(limit.budget(10 * GIB), 10 * GIB + GIB / 2);
         assert_eq!(limit.budget(GIB), 10 * GIB + GIB / 2, "the peak is kept");
         assert_eq!(FootprintLimit::new(0.0, 0).budget(3 * GIB), 3 * GIB);
+        assert_eq!(
+            FootprintLimit::new(0.05, 0).budget(1000),
+            1024,
+            "whole granules, as grants are"
+        );
     }
 }

@@ -120,13 +120,11 @@ impl PoolMemoryResource {
         let pool = g.pool_size();
         let left = self.maximum.saturating_sub(pool);
         // The room for growth that adds `least`: within the cap where it allows that much
-        // (in whole granules of mapped memory), never past the maximum.
+        // (in whole granules of mapped memory, else of 256 bytes), never past the maximum.
         let room_for = |least: u64| {
             let cap = cap.max(least);
-            let cap = match self.granularity() {
-                Some(g) => cap.checked_next_multiple_of(g).unwrap_or(u64::MAX),
-                None => cap,
-            };
+            let unit = self.granularity().unwrap_or(GRANULE);
+            let cap = cap.checked_next_multiple_of(unit).unwrap_or(u64::MAX);
             left.min(cap)
         };
         if self.uses_virtual_memory() {
