@@ -11,21 +11,23 @@ from rmm_rs.allocators import torch as rt
 MIB = 1 << 20
 
 
-def pool_runtime(initial="64MiB", max_overhead="none"):
+def pool_runtime(initial="64MiB", max_overhead="none", growth="1GiB"):
     rmm_rs.initialize(None, {"devices": [0], "pool": {
-        "enabled": True, "initial_size": initial, "max_overhead": max_overhead}})
+        "enabled": True, "initial_size": initial, "max_overhead": max_overhead,
+        "growth": growth}})
 
 
 def train(steps=30):
-    """A training loop's allocations with a new sequence length every step: activations made
-    forward, then for each, newest first, a gradient of its size made and both freed."""
-    state = [rmm_rs.DeviceBuffer(32 * MIB) for _ in range(4)]
+    """A training loop's allocations with a new sequence length every step (GPT-2's shapes,
+    scaled down to fit the simulated device): activations made forward, then for each, newest
+    first, a gradient of its size made and both freed."""
+    state = [rmm_rs.DeviceBuffer(8 * MIB) for _ in range(4)]
     x = 12345
     for _ in range(steps):
         x = (x * 1103515245 + 12345) % (1 << 31)
         length = 64 + x % 961
-        sizes = [length * 768 * 16, length * 3072 * 16, 96 * length * length] * 4
-        sizes.append(length * 50257 * 4)
+        sizes = [length * 768 * 8, length * 3072 * 8, 48 * length * length] * 4
+        sizes.append(length * 50257 * 2)
         acts = [rmm_rs.DeviceBuffer(n) for n in sizes]
         while acts:
             grad = rmm_rs.DeviceBuffer(acts[-1].size)
@@ -38,7 +40,7 @@ def train(steps=30):
 def test_a_loop_of_changing_sizes_reserves_within_max_overhead_of_its_peak(max_overhead):
     # pool.max_overhead is what a training loop whose sizes change every step needs: without
     # it the pool keeps what it grew to, past the bound (the loop shows what the limit is for).
-    pool_runtime(max_overhead=max_overhead)
+    pool_runtime(initial="16MiB", max_overhead=max_overhead, growth="16MiB")
     rt.reset_peak_memory_stats()
     train()
     peak, reserved = rt.max_memory_allocated(), rt.max_memory_reserved()

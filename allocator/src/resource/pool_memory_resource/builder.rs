@@ -93,12 +93,13 @@ impl PoolBuilder {
     /// free blocks (the request may fit among them, merged) and gives entirely free chunks
     /// back to the device, so that new memory replaces free memory instead of adding to it:
     /// what a training loop whose tensor sizes change every step needs to hold no more than
-    /// its live peak. Never below the initial size. A mapped pool
-    /// ([`PoolBuilder::virtual_memory`]) then maps chunks of at most 32 MiB, so free memory
-    /// goes back in pieces; over the upstream only whole growth steps can. Costs a wait for
-    /// the streams that freed the memory, when the limit is reached, and mapping again what
-    /// was given back. `0.05` is PyTorch's expandable segments' footprint or better;
-    /// negative or non-finite values are refused by [`PoolBuilder::build`].
+    /// its live peak. Never below the initial size. Needs mapped memory
+    /// ([`PoolBuilder::virtual_memory`], which `Auto` then chooses whatever the sizes): the
+    /// pool maps chunks of the device's granularity (2 MiB) and gives free memory back in
+    /// those pieces; [`PoolBuilder::build`] refuses a pool over the upstream's allocations,
+    /// whose free pieces never merge. Costs a wait for the streams that freed the memory when
+    /// the limit is reached, and mapping again what was given back. `0.05` is PyTorch's
+    /// expandable segments' footprint or better; negative or non-finite values are refused.
     pub fn max_overhead(mut self, fraction: f64) -> Self {
         self.max_overhead = Some(fraction);
         self

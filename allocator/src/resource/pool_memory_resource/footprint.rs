@@ -20,9 +20,11 @@ use super::global::FreeSpace;
 use super::tlsf::GRANULE;
 use crate::error::Result;
 
-/// The chunk size of a mapped pool with a footprint limit: the unit in which free memory
-/// goes back to the device (and in which the pool maps its memory).
-pub(super) const LIMITED_CHUNK: u64 = 16 << 20;
+/// The chunk size of a mapped pool with a footprint limit (rounded up to the device's
+/// granularity, which it is on current GPUs): the unit in which free memory goes back to the
+/// device, and in which the pool maps its memory. Larger chunks are fewer driver calls, but
+/// the free pieces that sizes changing every step leave are rarely whole chunks of 16 MiB.
+pub(super) const LIMITED_CHUNK: u64 = 2 << 20;
 
 /// The most a pool holds beyond the peak of its bytes in use.
 #[derive(Debug)]

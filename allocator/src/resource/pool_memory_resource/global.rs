@@ -14,6 +14,8 @@ pub(crate) struct FreeSpace {
     by_size: BTreeSet<(u64, u64)>,
     /// Upstream chunks: start → size.
     chunks: BTreeMap<u64, u64>,
+    /// The chunks' bytes (kept, as a pool with a footprint limit has thousands of chunks).
+    pool_bytes: u64,
     free_bytes: u64,
     /// Free ranges merge across chunk starts (chunks mapped into one address range).
     merge_across_chunks: bool,
@@ -81,7 +83,7 @@ impl FreeSpace {
     }
 
     pub(crate) fn pool_size(&self) -> u64 {
-        self.chunks.values().sum()
+        self.pool_bytes
     }
 
     pub(crate) fn chunk_count(&self) -> usize {
@@ -102,7 +104,10 @@ impl FreeSpace {
 
     /// Adds a new upstream chunk, all free.
     pub(crate) fn add_chunk(&mut self, addr: u64, size: u64) {
-        self.chunks.insert(addr, size);
+        if let Some(old) = self.chunks.insert(addr, size) {
+            self.pool_bytes -= old;
+        }
+        self.pool_bytes += size;
         self.insert(addr, size);
         self.peak_pool_size = self.peak_pool_size.max(self.pool_size());
     }
@@ -203,11 +208,16 @@ impl FreeSpace {
 
     /// The chunks that are entirely free, largest first.
     pub(crate) fn free_chunks(&self) -> Vec<(u64, u64)> {
+        // The chunks inside each free range: the free ranges are fewer than the chunks.
         let mut free: Vec<(u64, u64)> = self
-            .chunks
+            .by_addr
             .iter()
-            .filter(|(a, s)| self.free_range_holding(**a, **s).is_some())
-            .map(|(a, s)| (*a, *s))
+            .flat_map(|(&start, &len)| {
+                self.chunks
+                    .range(start..start + len)
+                    .filter(move |(a, s)| **a + **s <= start + len)
+                    .map(|(a, s)| (*a, *s))
+            })
             .collect();
         free.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
         free
@@ -258,7 +268,14 @@ impl FreeSpace {
                 self.put(addr + size, a + s - (addr + size));
             }
         }
-        self.chunks.remove(&addr);
+        self.drop_chunk(addr);
+    }
+
+    /// Drops the chunk at `addr` from the list (its bytes from the pool's size).
+    fn drop_chunk(&mut self, addr: u64) {
+        if let Some(size) = self.chunks.remove(&addr) {
+            self.pool_bytes -= size;
+        }
     }
 
     /// Removes `chunks` (entirely free ones) and returns them; the free space around each
@@ -274,7 +291,7 @@ impl FreeSpace {
                     self.put(a + s, fa + fs - (a + s));
                 }
             }
-            self.chunks.remove(&a);
+            self.drop_chunk(a);
         }
         chunks.to_vec()
     }
