@@ -19,7 +19,9 @@ over ``--repeats``:
   from ``--rmm-rs-pool-initial``, held within ``--rmm-rs-max-overhead`` (``pool.max_overhead``,
   default 5 %) above its peak in use.
 * ``rmm-rs-mempool``: model, optimizer and loop inside
-  ``with torch.cuda.use_mem_pool(rmm_rs.allocators.torch.mem_pool()):``, the same pool.
+  ``with rmm_rs.allocators.torch.use_mem_pool():`` (PyTorch's ``use_mem_pool`` over
+  ``mem_pool()``, backward on the calling thread so that it allocates from rmm-rs too), the
+  same pool.
 
 Both rmm-rs modes start rmm-rs (``rmm_rs.initialize({"devices": [d], "pool": {"enabled": True,
 "initial_size": ..., "max_overhead": ...}})``) after the baseline below is read, so the pool
@@ -66,7 +68,7 @@ NAMES = {
     "torch": "PyTorch's caching allocator",
     "expandable": "PyTorch, `expandable_segments:True`",
     "rmm-rs": "rmm-rs process-wide (`install()`)",
-    "rmm-rs-mempool": "PyTorch over rmm-rs (`use_mem_pool(mem_pool())`)",
+    "rmm-rs-mempool": "PyTorch over rmm-rs (`rmm_rs.allocators.torch.use_mem_pool()`)",
 }
 WARMUP = 5
 VISION_SIDES = (128, 384)
@@ -226,7 +228,7 @@ def child(args: argparse.Namespace) -> int:
         rmm_rs.initialize(rmm_config)
         if mode == "rmm-rs-mempool":
             pool = rmm_torch.mem_pool()
-            pool_ctx = torch.cuda.use_mem_pool(pool)
+            pool_ctx = rmm_torch.use_mem_pool(pool)  # backward on this thread: on rmm-rs too
     with pool_ctx:
         run = train(torch, args, memory, args.log_steps if args.log else args.steps)
     out.update(run)

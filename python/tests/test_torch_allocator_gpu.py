@@ -39,3 +39,37 @@ def test_without_the_shim_install_warns_once_and_still_allocates_from_rmm_rs():
     assert out.returncode == 0, log
     assert "warnings 1 True" in out.stdout, log
     assert "after 1024.0 True" in out.stdout, log
+
+
+def test_use_mem_pool_puts_backwards_allocations_on_rmm_rs_too():
+    # PyTorch's use_mem_pool is active on the entering thread only; backward runs on the
+    # autograd engine's thread unless its multithreading is off, as use_mem_pool() turns it.
+    code = textwrap.dedent(
+        """
+        import threading
+        import torch, rmm_rs
+        from rmm_rs.allocators import torch as rt
+        rmm_rs.initialize({"pool": {"enabled": True, "initial_size": "1GiB"}})
+        threads = set()
+        class Note(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+            @staticmethod
+            def backward(ctx, g):
+                threads.add(threading.get_ident())
+                return torch.empty(64 << 20, dtype=torch.uint8, device="cuda")[:0].sum() + g * 2
+        for name, ctx in [("plain", lambda: torch.cuda.use_mem_pool(rt.mem_pool())),
+                          ("rmm-rs", rt.use_mem_pool)]:
+            threads.clear()
+            with ctx():
+                x = torch.ones(1 << 20, device="cuda", requires_grad=True)
+                Note.apply(x).sum().backward()
+            print(name, threading.get_ident() in threads)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    log = out.stdout + out.stderr[-2000:]
+    assert out.returncode == 0, log
+    assert "plain False" in out.stdout, log
+    assert "rmm-rs True" in out.stdout, log

@@ -4,9 +4,10 @@
   ``with torch.cuda.use_mem_pool(pool):`` PyTorch's caching allocator takes its segments from
   rmm-rs, so ``torch.cuda.memory_stats``, memory snapshots and CUDA-graph capture keep
   working, and an allocation rmm-rs cannot make (after spilling, where spilling is on) is
-  PyTorch's own ``torch.OutOfMemoryError``. The pool holds for the thread that enters it
-  only: backward runs on PyTorch's autograd thread and allocates from PyTorch's default pool
-  (PyTorch issue 167353), so a training loop has two caches. For code on one thread.
+  PyTorch's own ``torch.OutOfMemoryError``. PyTorch's pool holds for the thread that enters
+  it only, and backward runs on PyTorch's autograd thread (PyTorch issue 167353): enter it
+  through :func:`use_mem_pool`, which runs backward on the calling thread, so that backward's
+  allocations come from rmm-rs too instead of a second cache.
 * ``install()`` (for training): rmm-rs as PyTorch's process-wide allocator
   (``torch.cuda.memory.CUDAPluggableAllocator``), before PyTorch's first CUDA allocation, as
   ``change_current_allocator`` requires. PyTorch then has no statistics or snapshots. It does
@@ -24,9 +25,10 @@ script logs them as it would PyTorch's. Allocated bytes are the sizes PyTorch as
 reserved bytes are what rmm-rs's pool holds from the device.
 """
 
+import contextlib
 import logging
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from .. import _rmm_rs
 
@@ -75,6 +77,24 @@ def mem_pool() -> Any:
 
     pool = torch.cuda.MemPool(allocator()._allocator)
     return pool
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: Optional[Any] = None, device: Any = None) -> Iterator[Any]:
+    """``torch.cuda.use_mem_pool`` over rmm-rs (``pool``, by default a new :func:`mem_pool`),
+    with autograd's worker threads turned off inside
+    (``torch.autograd.set_multithreading_enabled(False)``): backward then runs on this
+    thread, where the pool is active, and its allocations come from rmm-rs as the forward
+    pass's do. Yields the pool.
+
+    PyTorch's ``use_mem_pool`` alone is active on the thread that enters it only, and backward
+    runs on the autograd engine's thread, which would allocate from PyTorch's default pool."""
+    import torch
+
+    pool = mem_pool() if pool is None else pool
+    with torch.autograd.set_multithreading_enabled(False):
+        with torch.cuda.use_mem_pool(pool, device=device):
+            yield pool
 
 
 def install() -> Any:
