@@ -58,7 +58,7 @@ def test_use_mem_pool_puts_backwards_allocations_on_rmm_rs_too():
             @staticmethod
             def backward(ctx, g):
                 threads.add(threading.get_ident())
-                return torch.empty(64 << 20, dtype=torch.uint8, device="cuda")[:0].sum() + g * 2
+                return g * 2
         for name, ctx in [("plain", lambda: torch.cuda.use_mem_pool(rt.mem_pool())),
                           ("rmm-rs", rt.use_mem_pool)]:
             threads.clear()
