@@ -4,9 +4,10 @@ use std::fmt::Write as _;
 
 use crate::error::{Error, Result, Setting, Source};
 use crate::loader::ConfigLoader;
+use crate::overhead::Overhead;
 use crate::schema::KEYS;
 use crate::size::{Size, align_down};
-use crate::types::{Config, Overhead, Switch};
+use crate::types::{Config, Switch};
 
 /// The sizes that `[device.N]` tables may override.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

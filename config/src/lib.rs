@@ -95,6 +95,7 @@ pub const MAX_WORKERS_PER_DEVICE: u32 = 256;
 mod config;
 mod error;
 mod loader;
+mod overhead;
 mod plan;
 mod resolve;
 mod schema;
@@ -105,6 +106,7 @@ mod unused;
 pub use config::{EffectiveValue, render};
 pub use error::{Error, Result, Setting, Source};
 pub use loader::{CONFIG_PATH_VAR, ConfigLoader, DEFAULT_FILE, MAX_NESTING};
+pub use overhead::Overhead;
 pub use plan::{PoolPlan, UpstreamPlan};
 pub use resolve::{
     DeviceFacts, PIN_AHEAD_HOST_SHARE, PIN_AHEAD_WITHOUT_HOST_FACTS, ResolvedConfig,
@@ -116,8 +118,8 @@ pub use schema::{
 pub use size::{ALIGNMENT, ParseSizeError, Size, align_down};
 pub use types::{
     Config, DeviceOverride, DeviceSelector, Devices, LimitsConfig, LimitsOverride, LogLevel,
-    LoggingConfig, Overhead, PinAhead, PoolConfig, PoolOverride, SpillConfig, SpillOverride,
-    StatsConfig, Switch, TrackingConfig, device_log_file_name,
+    LoggingConfig, PinAhead, PoolConfig, PoolOverride, SpillConfig, SpillOverride, StatsConfig,
+    Switch, TrackingConfig, device_log_file_name,
 };
 
 #[cfg(test)]

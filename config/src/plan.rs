@@ -4,7 +4,8 @@
 
 use serde::Serialize;
 
-use crate::types::{Overhead, Switch};
+use crate::overhead::Overhead;
+use crate::types::Switch;
 
 /// Where a device's memory comes from: `pool.managed`, `pool.async`, else plain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -42,7 +42,7 @@ pub(crate) enum Kind {
     OptPath,
     /// A size, `"auto"` or `"none"` ([`crate::types::PinAhead`]).
     PinAhead,
-    /// A share such as `"5%"` or `"none"` ([`crate::types::Overhead`]).
+    /// A share such as `"5%"` or `"none"` ([`crate::overhead::Overhead`]).
     Overhead,
     Level,
 }
@@ -343,7 +343,7 @@ impl Kind {
             Kind::Level => valid(string.and_then(LogLevel::parse).is_some()),
             Kind::Bool => valid(value.is_bool()),
             Kind::Switch => valid(crate::types::Switch::from_toml(value).is_some()),
-            Kind::Overhead => valid(crate::types::Overhead::from_toml(value).is_some()),
+            Kind::Overhead => valid(crate::overhead::Overhead::from_toml(value).is_some()),
             Kind::Count => valid(
                 value
                     .as_integer()

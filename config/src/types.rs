@@ -193,74 +193,6 @@ impl<'de> Deserialize<'de> for Switch {
     }
 }
 
-/// `pool.max_overhead`: how far above the peak of its bytes in use a pool may grow, as a
-/// share of that peak (`"5%"`, or the fraction `0.05`), or `"none"` for no limit.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub enum Overhead {
-    /// `"none"`: the pool keeps what it grew to.
-    #[default]
-    Unlimited,
-    /// At most this fraction (at least 0) above the peak in use.
-    Share(f64),
-}
-
-// Shares are finite (`from_toml` refuses NaN), so equality is reflexive.
-impl Eq for Overhead {}
-
-impl Overhead {
-    /// From TOML: `"none"`, a percentage string (`"5%"`) or a number (a fraction, `0.05`);
-    /// `None` for anything else, negative or not finite.
-    pub(crate) fn from_toml(value: &toml::Value) -> Option<Overhead> {
-        let share = match value {
-            toml::Value::String(s) => {
-                let s = s.trim();
-                if s.eq_ignore_ascii_case("none") {
-                    return Some(Overhead::Unlimited);
-                }
-                s.strip_suffix('%')?.trim().parse::<f64>().ok()? / 100.0
-            }
-            toml::Value::Float(f) => *f,
-            toml::Value::Integer(i) => *i as f64,
-            _ => return None,
-        };
-        (share.is_finite() && share >= 0.0).then_some(Overhead::Share(share))
-    }
-
-    /// The fraction, or `None` without a limit.
-    pub fn fraction(self) -> Option<f64> {
-        match self {
-            Overhead::Unlimited => None,
-            Overhead::Share(f) => Some(f),
-        }
-    }
-}
-
-impl fmt::Display for Overhead {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Overhead::Unlimited => f.write_str("none"),
-            Overhead::Share(s) => write!(f, "{}%", s * 100.0),
-        }
-    }
-}
-
-impl Serialize for Overhead {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for Overhead {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Overhead, D::Error> {
-        let value = toml::Value::deserialize(deserializer)?;
-        Overhead::from_toml(&value).ok_or_else(|| {
-            serde::de::Error::custom(format!(
-                "{value} is not a share of the peak in use such as \"5%\", or \"none\""
-            ))
-        })
-    }
-}
-
 keyword_serde!(LogLevel, LogLevel::parse, "a log level");
 
 /// One entry of `devices`: an ordinal or a device UUID.
@@ -422,7 +354,7 @@ pub struct PoolConfig {
     /// `pool.max_overhead` (default `"none"`): the most the pool holds above the peak of its
     /// bytes in use, as a share of it; before growing past that it gives entirely free
     /// memory back. Used only with `enabled`.
-    pub max_overhead: Overhead,
+    pub max_overhead: crate::overhead::Overhead,
 }
 
 /// The default of `pool.growth`: 1 GiB.
@@ -439,7 +371,7 @@ impl Default for PoolConfig {
             release_threshold: None,
             growth: Size::Bytes(DEFAULT_POOL_GROWTH),
             vmm: Switch::Auto,
-            max_overhead: Overhead::Unlimited,
+            max_overhead: crate::overhead::Overhead::Unlimited,
         }
     }
 }
