@@ -342,3 +342,112 @@ fn a_recorded_pytorch_training_log_replays_within_the_overhead() {
         with as f64 / peak as f64
     );
 }
+
+fn sim_of(capacity: usize) -> (&'static SimBackend, Device) {
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity,
+        mode: SimMemoryMode::Unbacked,
+    })
+    .unwrap();
+    (b, Device::on(b, 0).unwrap())
+}
+
+fn limited(d: Device, initial: u64) -> PoolMemoryResource {
+    PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+        .initial_size(initial)
+        .virtual_memory(VirtualMemory::On)
+        .max_overhead(OVERHEAD)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn small_blocks_count_toward_the_peak_in_use() {
+    // The same bytes in use as 8192 blocks of 64 KiB (the bins) or as one block: growing a
+    // freed 512 MiB block to 520 MiB then maps the same few chunks either way, instead of
+    // giving the free block back and mapping 520 MiB afresh as if nothing small were live.
+    let mut creates = Vec::new();
+    for small in [false, true] {
+        let (b, d) = sim_of(64 * GIB);
+        let p = limited(d, 0);
+        let mut live = Vec::new();
+        if small {
+            for _ in 0..8192 {
+                live.push((p.allocate(64 << 10, S).unwrap(), 64 << 10));
+            }
+        } else {
+            live.push((p.allocate(512 * MIB, S).unwrap(), 512 * MIB));
+        }
+        let x = p.allocate(512 * MIB, S).unwrap();
+        p.deallocate(x, 512 * MIB, S).unwrap();
+        let before = b.counts(0).unwrap();
+        let y = p.allocate(520 * MIB, S).unwrap();
+        creates.push(b.counts(0).unwrap().since(&before).allocations);
+        p.deallocate(y, 520 * MIB, S).unwrap();
+        for (ptr, size) in live {
+            p.deallocate(ptr, size, S).unwrap();
+        }
+    }
+    assert_eq!(
+        creates[0], creates[1],
+        "chunks mapped (one block, small blocks)"
+    );
+}
+
+#[test]
+fn growth_beside_a_free_range_that_the_device_refuses_tries_smaller() {
+    // 960 MiB free at the pool's top, 100 MiB free on the device: 1000 MiB need 40 MiB more,
+    // though the growth step asks for 1 GiB.
+    for limit in [Some(OVERHEAD), None] {
+        let (_b, d) = sim_of(4 * GIB);
+        let mut b = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+            .initial_size(0)
+            .virtual_memory(VirtualMemory::On);
+        if let Some(f) = limit {
+            b = b.max_overhead(f);
+        }
+        let p = b.build().unwrap();
+        if limit.is_some() {
+            // A 2 GiB peak earlier: the limit allows 2.1 GiB.
+            let big = p.allocate(2 * GIB, S).unwrap();
+            p.deallocate(big, 2 * GIB, S).unwrap();
+            p.release().unwrap();
+        }
+        let a = p.allocate(8 * MIB, S).unwrap();
+        let raw = CudaMemoryResource::new(d);
+        let free = d.mem_info().unwrap().free;
+        let hog = raw.allocate(free - 100 * MIB, S).unwrap();
+        let c = p
+            .allocate(1000 * MIB, S)
+            .unwrap_or_else(|e| panic!("limit {limit:?}: 1000 MiB fit beside the free top: {e}"));
+        p.deallocate(c, 1000 * MIB, S).unwrap();
+        raw.deallocate(hog, free - 100 * MIB, S).unwrap();
+        p.deallocate(a, 8 * MIB, S).unwrap();
+    }
+}
+
+#[test]
+fn a_limit_maps_memory_and_says_so_before_it_is_built() {
+    // A replacing pool adopts the old one's free chunks only where both map, or neither: the
+    // builder says which it will be before anything is taken.
+    let (_b, d) = sim_of(6 * GIB);
+    let over = || PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)));
+    let big = over().initial_size(4 * GIB as u64);
+    assert!(
+        !big.maps_memory().unwrap(),
+        "Auto takes a large initial size from cuMemAlloc"
+    );
+    assert!(
+        big.clone().max_overhead(OVERHEAD).maps_memory().unwrap(),
+        "unless limited"
+    );
+    assert!(over().initial_size(GIB as u64).maps_memory().unwrap());
+    assert!(
+        !over()
+            .initial_size(GIB as u64)
+            .virtual_memory(VirtualMemory::Off)
+            .maps_memory()
+            .unwrap()
+    );
+}

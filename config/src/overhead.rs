@@ -19,8 +19,8 @@ pub enum Overhead {
 impl Eq for Overhead {}
 
 impl Overhead {
-    /// From TOML: `"none"`, a percentage string (`"5%"`) or a number (a fraction, `0.05`);
-    /// `None` for anything else, negative or not finite.
+    /// From TOML: `"none"`, a percentage string (`"5%"`) or a number (a fraction of at most
+    /// 1, `0.05`); `None` for anything else, negative or not finite.
     pub(crate) fn from_toml(value: &toml::Value) -> Option<Overhead> {
         let share = match value {
             toml::Value::String(s) => {
@@ -30,8 +30,10 @@ impl Overhead {
                 }
                 s.strip_suffix('%')?.trim().parse::<f64>().ok()? / 100.0
             }
-            toml::Value::Float(f) => *f,
-            toml::Value::Integer(i) => *i as f64,
+            // A bare number is a fraction; above 1 it is more likely a percentage without its
+            // sign ("5" for 5 %), which a share written "500%" states without doubt.
+            toml::Value::Float(f) if *f <= 1.0 => *f,
+            toml::Value::Integer(i) if *i <= 1 => *i as f64,
             _ => return None,
         };
         (share.is_finite() && share >= 0.0).then_some(Overhead::Share(share))
@@ -50,7 +52,8 @@ impl fmt::Display for Overhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Overhead::Unlimited => f.write_str("none"),
-            Overhead::Share(s) => write!(f, "{}%", s * 100.0),
+            // Rounded: 0.07 × 100 is 7.000000000000001 in binary.
+            Overhead::Share(s) => write!(f, "{}%", (s * 100.0 * 1e6).round() / 1e6),
         }
     }
 }

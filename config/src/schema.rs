@@ -326,7 +326,10 @@ impl Kind {
             Kind::Size => r#"bytes, "2GiB" or "50%""#.to_string(),
             Kind::OptSize(keyword) => format!(r#"bytes, "2GiB", "50%" or "{keyword}""#),
             Kind::PinAhead => r#"bytes, "2GiB", "50%", "auto" or "none""#.to_string(),
-            Kind::Overhead => r#"a share of the peak in use such as "5%", or "none""#.to_string(),
+            Kind::Overhead => {
+                r#"a share of the peak in use such as "5%" (or the fraction 0.05, at most 1), or "none""#
+                    .to_string()
+            }
             Kind::Path => "a directory path".to_string(),
             Kind::OptPath => r#"a directory path or "none""#.to_string(),
             Kind::Level => r#""trace", "debug", "info", "warn", "error" or "off""#.to_string(),
@@ -378,6 +381,11 @@ impl Kind {
             Kind::Count => trimmed
                 .parse()
                 .map(toml::Value::Integer)
+                .unwrap_or_else(|_| as_string()),
+            // A bare number is a fraction, as in TOML ("0.05"); "5%" and "none" stay text.
+            Kind::Overhead => trimmed
+                .parse::<f64>()
+                .map(toml::Value::Float)
                 .unwrap_or_else(|_| as_string()),
             Kind::Devices if trimmed.eq_ignore_ascii_case("all") => as_string(),
             Kind::Devices => toml::Value::Array(

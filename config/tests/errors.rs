@@ -429,23 +429,33 @@ fn rapids_rmms_own_variables_are_ignored_but_other_unknown_ones_are_errors() {
 
 #[test]
 fn a_pool_overhead_that_is_no_share_is_refused_with_the_forms_accepted() {
-    for bad in [r#""5GiB""#, "-0.1", r#""lots""#, r#""nan%""#] {
+    // A bare number is a fraction: 5 would be 500 %, more likely a percentage without its sign.
+    for bad in [r#""5GiB""#, "-0.1", r#""lots""#, r#""nan%""#, "5", "1.5"] {
         let e = load(&format!("[pool]\nenabled = true\nmax_overhead = {bad}\n"))
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("pool.max_overhead") && e.contains(r#"such as "5%", or "none""#),
+            e.contains("pool.max_overhead") && e.contains(r#"such as "5%""#),
             "{bad}: {e}"
         );
     }
     for (good, want) in [
         (r#""5%""#, Some(0.05)),
         ("0.1", Some(0.1)),
+        (r#""150%""#, Some(1.5)),
         (r#""none""#, None),
     ] {
         let c = load(&format!("[pool]\nenabled = true\nmax_overhead = {good}\n")).unwrap();
         assert_eq!(c.pool.max_overhead.fraction(), want, "{good}");
     }
+    // As an environment variable, a fraction too; shown as a share either way.
+    let c = load_env(&[
+        ("RMM_POOL__ENABLED", "true"),
+        ("RMM_POOL__MAX_OVERHEAD", "0.07"),
+    ])
+    .unwrap();
+    assert_eq!(c.pool.max_overhead.fraction(), Some(0.07));
+    assert_eq!(c.pool.max_overhead.to_string(), "7%");
 }
 
 #[test]

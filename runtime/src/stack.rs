@@ -36,7 +36,7 @@ use rmm_allocator::fmt_bytes;
 use rmm_allocator::per_device;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
-    CudaAsyncMemoryResource, CudaMemoryResource, LiveBlock, ManagedMemoryResource,
+    CudaAsyncMemoryResource, CudaMemoryResource, LiveBlock, ManagedMemoryResource, PoolBuilder,
     PoolMemoryResource, VirtualMemory,
 };
 use rmm_config::{LogLevel, PoolPlan, ResolvedConfig, ResolvedDevice, Switch, UpstreamPlan};
@@ -171,14 +171,19 @@ impl StackPlan {
     }
 
     /// Bytes of `previous`'s pool this plan's pool can take over (its initial size, when both
-    /// pools take memory from `cuMemAlloc`); 0 when nothing can move.
+    /// pools take memory from `cuMemAlloc` and both map it, or neither); 0 when nothing can
+    /// move.
     pub fn adoptable_from(&self, previous: &DeviceStack) -> u64 {
         match (&self.pool, &previous.pool) {
-            (Some(plan), Some(_))
+            (Some(plan), Some(old))
                 if self.upstream == UpstreamPlan::Cuda
                     && previous.plan.upstream == UpstreamPlan::Cuda =>
             {
-                plan.initial_size
+                let builder = pool_builder(plan, Arc::clone(old.upstream()));
+                match builder.maps_memory() {
+                    Ok(maps) if maps == old.uses_virtual_memory() => plan.initial_size,
+                    _ => 0,
+                }
             }
             _ => 0,
         }
@@ -255,20 +260,7 @@ impl StackPlan {
         };
         let mut pool = None;
         if let Some(plan) = &self.pool {
-            let mut builder = PoolMemoryResource::builder(resource)
-                .initial_size(plan.initial_size)
-                .growth(plan.growth)
-                .virtual_memory(match plan.vmm {
-                    Switch::On => VirtualMemory::On,
-                    Switch::Off => VirtualMemory::Off,
-                    Switch::Auto => VirtualMemory::Auto,
-                });
-            if let Some(m) = plan.maximum_size {
-                builder = builder.maximum_size(m);
-            }
-            if let Some(f) = plan.max_overhead.fraction() {
-                builder = builder.max_overhead(f);
-            }
+            let mut builder = pool_builder(plan, resource);
             if let Some(donor) = previous.and_then(|p| p.pool.clone()) {
                 builder = builder.adopt_from(donor);
                 if !live.is_empty() {
@@ -607,4 +599,23 @@ impl DeviceStack {
         }
         self.statistics.lifetime_bytes().value.max(0) as u64
     }
+}
+
+/// The builder of `plan`'s pool over `upstream`.
+fn pool_builder(plan: &PoolPlan, upstream: SharedResource) -> PoolBuilder {
+    let mut builder = PoolMemoryResource::builder(upstream)
+        .initial_size(plan.initial_size)
+        .growth(plan.growth)
+        .virtual_memory(match plan.vmm {
+            Switch::On => VirtualMemory::On,
+            Switch::Off => VirtualMemory::Off,
+            Switch::Auto => VirtualMemory::Auto,
+        });
+    if let Some(m) = plan.maximum_size {
+        builder = builder.maximum_size(m);
+    }
+    if let Some(f) = plan.max_overhead.fraction() {
+        builder = builder.max_overhead(f);
+    }
+    builder
 }

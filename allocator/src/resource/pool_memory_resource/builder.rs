@@ -137,6 +137,45 @@ impl PoolBuilder {
         self
     }
 
+    /// [`PoolBuilder::virtual_memory`] as it applies to a pool of these sizes: `Auto`
+    /// decided.
+    fn mode(&self, initial: u64, maximum: u64) -> VirtualMemory {
+        // A footprint limit gives memory back in chunks, which only mapped memory can.
+        let limited = self.max_overhead.is_some();
+        match self.virtual_memory {
+            // A pool too small for whole granules is better served by the upstream. A pool
+            // that takes a large initial size at once (RMM's `initial_pool_size` use) is
+            // built faster from the upstream: mapping physical memory is paid for up front,
+            // per byte, where one `cuMemAlloc` reserves lazily. Virtual memory serves the
+            // pools that start small and grow on demand (and give memory back in pieces).
+            VirtualMemory::Auto
+                if !limited
+                    && (maximum < vmm::AUTO_MINIMUM || initial > vmm::AUTO_MAXIMUM_INITIAL) =>
+            {
+                VirtualMemory::Off
+            }
+            mode => mode,
+        }
+    }
+
+    /// Whether the pool this builder builds maps its memory through CUDA's virtual memory API
+    /// (else it takes the upstream's allocations), as [`PoolBuilder::build`] decides: a pool
+    /// adopts another's free chunks only where both do the same.
+    ///
+    /// # Errors
+    /// [`Error::Driver`](crate::Error::Driver) when the device cannot report its memory.
+    pub fn maps_memory(&self) -> Result<bool> {
+        let device = self.upstream.device();
+        let total = device.properties()?.total_memory as u64;
+        let maximum = self.maximum.unwrap_or(total);
+        let initial = match self.initial {
+            Some(bytes) => bytes,
+            None => default_initial_size(device.mem_info()?.free as u64).min(maximum),
+        };
+        let mode = self.mode(initial, maximum);
+        Ok(mode != VirtualMemory::Off && ChunkSource::can_map(&self.upstream)?)
+    }
+
     /// Takes the initial memory and builds the pool.
     ///
     /// # Errors
@@ -177,20 +216,7 @@ impl PoolBuilder {
             ));
         }
         let growth = self.growth.next_multiple_of(GRANULE);
-        let mut mode = self.virtual_memory;
-        // A pool too small for whole granules is better served by the upstream.
-        // A footprint limit gives memory back in chunks, which only mapped memory can.
-        let limited = self.max_overhead.is_some();
-        if mode == VirtualMemory::Auto && maximum < vmm::AUTO_MINIMUM && !limited {
-            mode = VirtualMemory::Off;
-        }
-        // A pool that takes a large initial size at once (RMM's `initial_pool_size` use) is
-        // built faster from the upstream: mapping physical memory is paid for up front, per
-        // byte, where one `cuMemAlloc` reserves lazily. Virtual memory serves the pools that
-        // start small and grow on demand (and give memory back in pieces).
-        if mode == VirtualMemory::Auto && initial > vmm::AUTO_MAXIMUM_INITIAL && !limited {
-            mode = VirtualMemory::Off;
-        }
+        let mode = self.mode(initial, maximum);
         let source = ChunkSource::choose(mode, &self.upstream)?;
         if let Some(f) = self.max_overhead
             && !matches!(source, ChunkSource::Mapped(_))

@@ -79,6 +79,16 @@ impl ChunkSource {
         }
     }
 
+    /// Whether memory over `upstream` can be mapped: plain device memory on a device with
+    /// virtual memory management.
+    pub(super) fn can_map(upstream: &SharedResource) -> Result<bool> {
+        let plain = upstream
+            .as_any()
+            .downcast_ref::<CudaMemoryResource>()
+            .is_some();
+        Ok(plain && upstream.device().properties()?.supports_virtual_memory)
+    }
+
     /// The free space this source's chunks need.
     pub(super) fn free_space(&self) -> FreeSpace {
         match self {

@@ -78,7 +78,7 @@ impl PoolMemoryResource {
     fn in_use_bytes(&self) -> u64 {
         self.arenas
             .all()
-            .map(|arena| arena.state.lock().in_use)
+            .map(|arena| arena.state.lock().figures().in_use)
             .sum()
     }
 

@@ -133,11 +133,23 @@ impl PoolMemoryResource {
             for (addr, free) in g.ranges_before_gaps(need, GAPS_TRIED) {
                 let (n, w) = (need - free, want.saturating_sub(free));
                 let room = room_for(n);
-                if let Some(size) =
+                let Some(mut size) =
                     growth_size(n, w, self.growth, room).and_then(|s| self.chunk_round(s, n, room))
-                    && self.try_add(g, size, n, Some(addr + free), stream)?
-                {
-                    return Ok(true);
+                else {
+                    continue;
+                };
+                loop {
+                    match self.try_add(g, size, n, Some(addr + free), stream) {
+                        Ok(true) => return Ok(true),
+                        Ok(false) => break,
+                        Err(e) if e.is_out_of_memory() => {
+                            match self.chunk_round((size / 2).max(n), n, room) {
+                                Some(s) if s < size => size = s,
+                                _ => break,
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
         }

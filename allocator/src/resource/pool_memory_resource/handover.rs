@@ -16,6 +16,7 @@
 //! that fails before it is put in service (another layer of its stack, another device) loses
 //! nothing.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::PoolMemoryResource;
@@ -73,7 +74,7 @@ impl Pending {
     /// upstream meanwhile is gone for both) and gives them back to the donor, with the blocks
     /// in them, as they were before the hand-over.
     pub(super) fn give_back(mut self, g: &mut super::global::FreeSpace) {
-        let held: Vec<(u64, u64)> = g.chunks().collect();
+        let held: HashSet<(u64, u64)> = g.chunks().collect();
         self.handover.chunks.retain(|c| held.contains(c));
         for &(a, s) in &self.handover.chunks {
             g.forget_chunk(a, s);
@@ -128,19 +129,23 @@ impl PoolMemoryResource {
         self.reclaim(&mut g)?;
         self.scavenge(&mut g)?;
         let free = g.free_chunks();
+        let free_set: HashSet<(u64, u64)> = free.iter().copied().collect();
+        // In the order taken, and as a set: a pool with a footprint limit has thousands.
         let mut take: Vec<(u64, u64)> = Vec::new();
+        let mut taken: HashSet<(u64, u64)> = HashSet::new();
         let mut left = budget;
         let (mut moved, mut kept) = (Vec::new(), Vec::new());
         for b in released {
             let under = g.chunks_under(b.ptr.addr(), b.size());
             let new: Vec<(u64, u64)> = under
                 .iter()
-                .filter(|c| !take.contains(c))
+                .filter(|c| !taken.contains(c))
                 .copied()
                 .collect();
             let cost: u64 = new.iter().map(|c| c.1).sum();
-            if !under.is_empty() && under.iter().all(|c| free.contains(c)) && cost <= left {
+            if !under.is_empty() && under.iter().all(|c| free_set.contains(c)) && cost <= left {
                 left -= cost;
+                taken.extend(new.iter().copied());
                 take.extend(new);
                 moved.push(b);
             } else {
@@ -148,8 +153,9 @@ impl PoolMemoryResource {
             }
         }
         for c in free {
-            if !take.contains(&c) && c.1 <= left {
+            if !taken.contains(&c) && c.1 <= left {
                 left -= c.1;
+                taken.insert(c);
                 take.push(c);
             }
         }
