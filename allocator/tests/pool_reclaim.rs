@@ -5,7 +5,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{GIB, MIB};
@@ -13,7 +13,7 @@ use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, VirtualMemory};
-use rmm_allocator::{Device, Error, Stream};
+use rmm_allocator::{Device, Error, Stream, StreamView};
 
 /// A simulated device of `capacity` bytes in unbacked mode (addresses only).
 fn sim(capacity: usize) -> (&'static SimBackend, Device) {
@@ -366,4 +366,76 @@ fn out_of_memory_below_the_maximum_points_at_the_device_and_trim() {
     let p = pool.allocate(200 * MIB, s.view()).unwrap();
     pool.deallocate(p, 200 * MIB, s.view()).unwrap();
     pool.deallocate(keep, 10 * MIB, s.view()).unwrap();
+}
+
+/// An upstream whose `n`-th free fails (the chunk stays the upstream's).
+#[derive(Debug)]
+struct FailingFree {
+    inner: CudaMemoryResource,
+    frees: AtomicUsize,
+    fail_at: usize,
+}
+
+impl DeviceMemoryResource for FailingFree {
+    fn allocate(&self, bytes: usize, stream: StreamView) -> rmm_allocator::Result<DevicePtr> {
+        self.inner.allocate(bytes, stream)
+    }
+    fn deallocate(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        stream: StreamView,
+    ) -> rmm_allocator::Result<()> {
+        if self.frees.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
+            return Err(rmm_allocator::Error::invalid_argument(
+                "ptr",
+                "test",
+                "a free that works",
+            ));
+        }
+        self.inner.deallocate(ptr, bytes, stream)
+    }
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+    fn name(&self) -> &'static str {
+        "FailingFree"
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[test]
+fn a_chunk_that_cannot_go_back_leaves_the_others_in_the_pool() {
+    let (_, d) = sim(4 * GIB);
+    let upstream = Arc::new(FailingFree {
+        inner: CudaMemoryResource::new(d),
+        frees: AtomicUsize::new(0),
+        fail_at: 2,
+    });
+    let p = PoolMemoryResource::builder(upstream)
+        .initial_size(0)
+        .growth(64 * MIB as u64)
+        .build()
+        .unwrap();
+    let s = StreamView::DEFAULT;
+    // Three chunks of 64 MiB, each holding one block, then all free.
+    let blocks: Vec<DevicePtr> = (0..3).map(|_| p.allocate(64 * MIB, s).unwrap()).collect();
+    assert_eq!(p.validate().unwrap().chunks, 3);
+    for b in blocks {
+        p.deallocate(b, 64 * MIB, s).unwrap();
+    }
+    // The second of three fails to go back: the first went, the third is the pool's still.
+    assert!(p.trim(0).is_err());
+    assert_eq!(
+        p.pool_size(),
+        64 * MIB as u64,
+        "the chunk not tried yet stays"
+    );
+    let snap = p.validate().unwrap();
+    assert_eq!((snap.chunks, snap.in_use), (1, 0));
+    let again = p.allocate(64 * MIB, s).unwrap();
+    assert_eq!(p.pool_size(), 64 * MIB as u64, "served from it, no growth");
+    p.deallocate(again, 64 * MIB, s).unwrap();
 }

@@ -189,6 +189,23 @@ impl PoolMemoryResource {
         (size >= need && size > 0).then_some(size)
     }
 
+    /// Gives `chunks`, already out of `g`, back to where they came from; returns their bytes.
+    /// When one cannot go back, those not tried yet return to `g`, free, and its error is
+    /// returned (the one that failed may be half gone: it is not used again).
+    pub(super) fn return_chunks(&self, g: &mut FreeSpace, chunks: &[(u64, u64)]) -> Result<u64> {
+        let mut released = 0;
+        for (i, &(addr, size)) in chunks.iter().enumerate() {
+            if let Err(e) = self.return_chunk(addr, size) {
+                for &(a, s) in &chunks[i + 1..] {
+                    g.add_chunk(a, s);
+                }
+                return Err(e);
+            }
+            released += size;
+        }
+        Ok(released)
+    }
+
     /// Gives one chunk, already out of the free space, back to where it came from.
     pub(super) fn return_chunk(&self, addr: u64, size: u64) -> Result<()> {
         match &self.source {

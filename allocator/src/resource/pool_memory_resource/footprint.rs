@@ -110,11 +110,7 @@ impl PoolMemoryResource {
             // The memory in the free space came there through `reclaim` or `scavenge`, after
             // the streams that freed it finished their work: it can go back at once.
             let freed = g.take_free_chunks(budget.saturating_sub(need));
-            let mut released = 0;
-            for (addr, size) in freed {
-                self.return_chunk(addr, size)?;
-                released += size;
-            }
+            let released = self.return_chunks(g, &freed)?;
             tracing::debug!(
                 device = self.device.ordinal(),
                 need,

@@ -94,9 +94,7 @@ impl PoolMemoryResource {
         let freed = g.take_free_chunks(0);
         if !freed.is_empty() {
             self.device.synchronize()?;
-            for (addr, size) in freed {
-                self.return_chunk(addr, size)?;
-            }
+            self.return_chunks(&mut g, &freed)?;
             if self.grow(&mut g, need, want, cap, stream)? {
                 return Ok(g.take(need, want));
             }

@@ -344,11 +344,7 @@ impl PoolMemoryResource {
         let mut g = self.global.lock();
         self.reclaim(&mut g)?;
         let freed = g.take_free_chunks(to_bytes);
-        let mut released = 0;
-        for (addr, size) in freed {
-            self.return_chunk(addr, size)?;
-            released += size;
-        }
+        let released = self.return_chunks(&mut g, &freed)?;
         tracing::debug!(
             device = self.device.ordinal(),
             released,
@@ -379,12 +375,8 @@ impl PoolMemoryResource {
         let mut g = self.global.lock();
         self.reclaim(&mut g)?;
         let keep = g.adoptable_chunks(budget);
-        let mut released = 0;
-        for (addr, size) in g.take_free_chunks_except(&keep) {
-            self.return_chunk(addr, size)?;
-            released += size;
-        }
-        Ok(released)
+        let freed = g.take_free_chunks_except(&keep);
+        self.return_chunks(&mut g, &freed)
     }
 
     /// Gives every unused chunk back to the upstream. Returns the bytes released.
