@@ -5,7 +5,6 @@ mod common;
 use std::sync::Arc;
 
 use common::{GIB, MIB, device, pattern};
-use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, VirtualMemory};
@@ -15,18 +14,8 @@ fn cuda(d: Device) -> SharedResource {
     Arc::new(CudaMemoryResource::new(d))
 }
 
-fn sim_backend(capacity: usize) -> (&'static SimBackend, Device) {
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity,
-        mode: SimMemoryMode::Unbacked,
-    })
-    .unwrap();
-    (b, Device::on(b, 0).unwrap())
-}
-
 fn sim(capacity: usize) -> Device {
-    sim_backend(capacity).1
+    common::unbacked_sim(capacity).1
 }
 
 #[test]
@@ -103,7 +92,7 @@ fn out_of_memory_names_the_pool_figures() {
 
 #[test]
 fn grows_toward_the_maximum_and_falls_back_when_the_upstream_refuses() {
-    let (b, d) = sim_backend(8 * GIB);
+    let (b, d) = common::unbacked_sim(8 * GIB);
     // Upstream chunks (one allocation per growth), whose size the injected fault limits.
     let pool = PoolMemoryResource::builder(cuda(d))
         .initial_size(0)

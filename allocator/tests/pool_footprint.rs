@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 
 use common::{GIB, MIB};
-use rmm_allocator::backend::{DevicePtr, SimBackend, SimConfig, SimMemoryMode};
+use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, VirtualMemory};
 use rmm_allocator::{Device, StreamView};
@@ -25,13 +25,7 @@ const OVERHEAD: f64 = 0.05;
 const SLACK: u64 = 18 * MIB as u64;
 
 fn device() -> Device {
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 200 * GIB,
-        mode: SimMemoryMode::Unbacked,
-    })
-    .unwrap();
-    Device::on(b, 0).unwrap()
+    common::unbacked_sim(200 * GIB).1
 }
 
 /// A pool from 64 MiB with the default 1 GiB growth step, with or without the limit.
@@ -304,13 +298,7 @@ fn a_recorded_pytorch_training_log_replays_within_the_overhead() {
         "/tests/data/gpt2_training_log.csv"
     );
     let log = EventLog::read(path).unwrap();
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 141 * GIB,
-        mode: SimMemoryMode::Unbacked,
-    })
-    .unwrap();
-    let d = Device::on(b, 0).unwrap();
+    let (_, d) = common::unbacked_sim(141 * GIB);
     let options = ReplayOptions {
         order: ReplayOrder::Logged,
         ..ReplayOptions::default()
@@ -343,15 +331,7 @@ fn a_recorded_pytorch_training_log_replays_within_the_overhead() {
     );
 }
 
-fn sim_of(capacity: usize) -> (&'static SimBackend, Device) {
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity,
-        mode: SimMemoryMode::Unbacked,
-    })
-    .unwrap();
-    (b, Device::on(b, 0).unwrap())
-}
+use common::unbacked_sim as sim_of;
 
 fn limited(d: Device, initial: u64) -> PoolMemoryResource {
     PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))

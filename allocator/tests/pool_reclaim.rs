@@ -10,21 +10,11 @@ use std::time::Duration;
 
 use common::{GIB, MIB};
 use rmm_allocator::backend::DevicePtr;
-use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource, VirtualMemory};
 use rmm_allocator::{Device, Error, Stream, StreamView};
 
-/// A simulated device of `capacity` bytes in unbacked mode (addresses only).
-fn sim(capacity: usize) -> (&'static SimBackend, Device) {
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity,
-        mode: SimMemoryMode::Unbacked,
-    })
-    .unwrap();
-    (b, Device::on(b, 0).unwrap())
-}
+use common::unbacked_sim as sim;
 
 fn pool(d: Device, initial: usize, maximum: Option<usize>) -> PoolMemoryResource {
     let mut b = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))

@@ -2,11 +2,26 @@
 #![allow(dead_code)]
 
 use rmm_allocator::Device;
-use rmm_allocator::backend::{self, BackendKind};
+use rmm_allocator::backend::{self, BackendKind, SimBackend, SimConfig, SimMemoryMode};
 
 /// Device 0 of the process-wide backend (`RMM_BACKEND` picks it: sim in CI, cuda on a GPU).
 pub fn device() -> Device {
     Device::new(0).expect("device 0 of the process-wide backend")
+}
+
+/// A simulated device of its own, of `capacity` bytes, whose memory is addresses only
+/// (unbacked): for tests of sizes and placement, whatever `RMM_BACKEND` says.
+pub fn unbacked_sim(capacity: usize) -> (&'static SimBackend, Device) {
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity,
+        mode: SimMemoryMode::Unbacked,
+    })
+    .expect("a simulated device");
+    (
+        b,
+        Device::on(b, 0).expect("device 0 of the simulated backend"),
+    )
 }
 
 /// True when the process-wide backend is the simulated device.
