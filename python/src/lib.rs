@@ -363,11 +363,13 @@ fn device_statistics(py: Python<'_>) -> PyResult<Py<PyAny>> {
                         "reserved_bytes": stack.reserved_bytes(),
                         "pool": stack.pool_figures().map(|p| serde_json::json!({
                             "reserved_bytes": p.reserved_bytes,
+                            "peak_reserved_bytes": p.peak_reserved_bytes,
                             "in_use_bytes": p.in_use_bytes,
                             "free_bytes": p.free_bytes,
                             "largest_free_block": p.largest_free_block,
                             "fragmentation": p.fragmentation,
                             "arenas": p.arenas,
+                            "max_overhead": p.max_overhead,
                         })),
                         "out_of_memory_errors": s.out_of_memory_count(),
                         "stack": stack.describe(),

@@ -45,10 +45,14 @@ def test_a_loop_of_changing_sizes_reserves_within_max_overhead_of_its_peak(max_o
     train()
     peak, reserved = rt.max_memory_allocated(), rt.max_memory_reserved()
     bound = peak * 1.05 + 18 * MIB
+    pool = rmm_rs.device_statistics()[0]["pool"]
+    assert pool["peak_reserved_bytes"] == reserved
     if max_overhead == "none":
         assert reserved > bound, (reserved, peak)
+        assert pool["max_overhead"] is None
     else:
         assert reserved <= bound, (reserved / peak, reserved, peak)
+        assert pool["max_overhead"] == 0.05
 
 
 def test_allocated_and_reserved_follow_the_allocations_and_their_peaks_reset():

@@ -42,6 +42,8 @@ pub struct WorkerReport {
 pub struct PoolFigures {
     /// Bytes the pool holds from the device.
     pub reserved_bytes: u64,
+    /// The most it held since it was made or its peak was reset.
+    pub peak_reserved_bytes: u64,
     /// Bytes handed out and not freed (as the pool rounds them).
     pub in_use_bytes: u64,
     /// Bytes free in the pool, ready for requests (arenas, caches and unassigned space).
@@ -52,20 +54,33 @@ pub struct PoolFigures {
     pub fragmentation: f64,
     /// Arenas (streams × thread lanes) the pool has.
     pub arenas: usize,
+    /// The most it holds above the peak of its bytes in use, as a share of it
+    /// (`pool.max_overhead`); `None` without a limit.
+    pub max_overhead: Option<f64>,
 }
 
 impl fmt::Display for PoolFigures {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "pool: reserved {}, in use {}, free {} (largest block {}, fragmentation {:.1}%), {} arenas",
+            "pool: reserved {} (peak {}), in use {}, free {} (largest block {}, fragmentation \
+             {:.1}%), {} arenas",
             fmt_bytes(self.reserved_bytes as usize),
+            fmt_bytes(self.peak_reserved_bytes as usize),
             fmt_bytes(self.in_use_bytes as usize),
             fmt_bytes(self.free_bytes as usize),
             fmt_bytes(self.largest_free_block as usize),
             self.fragmentation * 100.0,
             self.arenas
-        )
+        )?;
+        if let Some(share) = self.max_overhead {
+            write!(
+                f,
+                ", held within {:.1}% above its peak in use",
+                share * 100.0
+            )?;
+        }
+        Ok(())
     }
 }
 

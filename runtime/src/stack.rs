@@ -575,14 +575,17 @@ impl DeviceStack {
     /// The pool's figures (reserved, in use, free, largest free block, fragmentation), when
     /// the stack has a pool. Takes the pool's locks in turn: not for hot paths.
     pub fn pool_figures(&self) -> Option<PoolFigures> {
-        let u = self.pool.as_ref()?.usage();
+        let pool = self.pool.as_ref()?;
+        let u = pool.usage();
         Some(PoolFigures {
             reserved_bytes: u.pool_size as u64,
+            peak_reserved_bytes: u.peak_pool_size as u64,
             in_use_bytes: u.in_use as u64,
             free_bytes: u.free as u64,
             largest_free_block: u.largest_free as u64,
             fragmentation: u.fragmentation(),
             arenas: u.arenas,
+            max_overhead: pool.max_overhead(),
         })
     }
 

@@ -147,6 +147,8 @@ fn map_keeps_the_items_order_and_tasks_allocate_from_their_stack() {
         assert_eq!(p.in_use_bytes + p.free_bytes, p.reserved_bytes, "{p:?}");
         assert!(p.largest_free_block <= p.free_bytes);
         assert!((0.0..=1.0).contains(&p.fragmentation), "{p:?}");
+        assert!(p.peak_reserved_bytes >= p.reserved_bytes, "{p:?}");
+        assert_eq!(p.max_overhead, None, "no footprint limit by default");
     }
     let text = report.to_string();
     assert!(
