@@ -55,4 +55,8 @@ pub struct PoolUsage {
     pub more_streams: usize,
     /// The pool's growth step.
     pub growth: usize,
+    /// Chunks the pool took from the device (or its upstream) since it was made.
+    pub device_allocations: u64,
+    /// Chunks it gave back since it was made.
+    pub device_frees: u64,
 }

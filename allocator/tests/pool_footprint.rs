@@ -185,6 +185,16 @@ fn check(what: &str, train: impl Fn(&Arc<PoolMemoryResource>) -> u64) {
         "{what}: reserved {:.3}× the peak in use with the limit",
         reserved as f64 / peak as f64
     );
+    // Every chunk of a limited pool is one granule: the counts of chunks taken from the
+    // device and given back account for its size exactly.
+    let u = limited.usage();
+    assert_eq!(
+        (u.device_allocations - u.device_frees) * 2 * MIB as u64,
+        u.pool_size as u64,
+        "{what}: {} chunks taken, {} given back",
+        u.device_allocations,
+        u.device_frees
+    );
     limited.synchronize().unwrap();
     let snap = limited.validate().unwrap();
     assert_eq!(snap.in_use, 0, "{what}: {snap:?}");

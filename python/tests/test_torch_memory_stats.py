@@ -47,6 +47,10 @@ def test_a_loop_of_changing_sizes_reserves_within_max_overhead_of_its_peak(max_o
     bound = peak * 1.05 + 18 * MIB
     pool = rmm_rs.device_statistics()[0]["pool"]
     assert pool["peak_reserved_bytes"] == reserved
+    stats = rt.memory_stats()
+    # Chunks taken from the device and given back: PyTorch's segment calls.
+    assert stats["num_device_alloc"] > 0
+    assert (stats["num_device_free"] > 0) == (max_overhead != "none"), stats
     if max_overhead == "none":
         assert reserved > bound, (reserved, peak)
         assert pool["max_overhead"] is None
@@ -79,6 +83,8 @@ def test_allocated_and_reserved_follow_the_allocations_and_their_peaks_reset():
         "reserved_bytes.all.peak",
         "allocation.all.current",
         "num_ooms",
+        "num_device_alloc",
+        "num_device_free",
     ):
         assert key in stats, (key, sorted(stats))
     assert stats["allocation.all.current"] >= 2

@@ -42,6 +42,8 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             fragmentation_permille: pool
                 .as_ref()
                 .map(|p| (p.fragmentation() * 1000.0).round() as u64),
+            num_device_alloc: pool.as_ref().map(|p| p.device_allocations),
+            num_device_free: pool.as_ref().map(|p| p.device_frees),
             num_alloc_retries: retries,
             num_ooms: self.out_of_memory_count(),
             num_failed_allocations: self.failed_allocation_count(),
@@ -84,6 +86,13 @@ pub struct MemoryReport {
     /// bytes); 0 when its free memory is one block ([`MemoryReport::fragmentation`]).
     #[serde(default)]
     pub fragmentation_permille: Option<u64>,
+    /// Chunks that pool took from the device since it was made (PyTorch's
+    /// `num_device_alloc`: its segments' `cudaMalloc` calls).
+    #[serde(default)]
+    pub num_device_alloc: Option<u64>,
+    /// Chunks it gave back (PyTorch's `num_device_free`).
+    #[serde(default)]
+    pub num_device_free: Option<u64>,
     /// Retries made by failure-callback adaptors in the chain (PyTorch's `num_alloc_retries`).
     pub num_alloc_retries: u64,
     /// Allocations that failed with out-of-memory (PyTorch's `num_ooms`).
@@ -142,6 +151,12 @@ impl MemoryReport {
         }
         if let Some(f) = self.fragmentation_permille {
             m.insert("fragmentation_permille".into(), f as i64);
+        }
+        if let Some(n) = self.num_device_alloc {
+            m.insert("num_device_alloc".into(), n as i64);
+        }
+        if let Some(n) = self.num_device_free {
+            m.insert("num_device_free".into(), n as i64);
         }
         m
     }

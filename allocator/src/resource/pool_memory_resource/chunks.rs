@@ -164,6 +164,7 @@ impl PoolMemoryResource {
             take()?;
         }
         let placed = !added.is_empty();
+        g.device_allocations += added.len() as u64;
         for (a, s) in added {
             g.add_chunk(a, s);
         }
@@ -201,6 +202,7 @@ impl PoolMemoryResource {
                 }
                 return Err(e);
             }
+            g.device_frees += 1;
             released += size;
         }
         Ok(released)

@@ -21,6 +21,10 @@ pub(crate) struct FreeSpace {
     merge_across_chunks: bool,
     /// The most the chunks came to since the pool was made or the peak was reset.
     peak_pool_size: u64,
+    /// Chunks taken from the device (or upstream) and given back to it, since the pool was
+    /// made (PyTorch's `num_device_alloc` and `num_device_free`).
+    pub(crate) device_allocations: u64,
+    pub(crate) device_frees: u64,
 }
 
 impl FreeSpace {

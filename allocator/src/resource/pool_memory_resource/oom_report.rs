@@ -152,6 +152,8 @@ impl PoolMemoryResource {
             free: unassigned as usize,
             unassigned: unassigned as usize,
             growth: self.growth as usize,
+            device_allocations: g.device_allocations,
+            device_frees: g.device_frees,
             ..PoolUsage::default()
         };
         let mut streams: Vec<StreamUsage> = Vec::new();

@@ -361,7 +361,15 @@ pub fn run(args: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let report = replay_streamed(log, &*resource, &options)?;
     drop(guard);
-    let pool = find_in_chain::<PoolMemoryResource>(&*resource).map(|p| p.usage().summary());
+    let pool = find_in_chain::<PoolMemoryResource>(&*resource).map(|p| {
+        let u = p.usage();
+        format!(
+            "{}; {} chunks taken from the device, {} given back",
+            u.summary(),
+            u.device_allocations,
+            u.device_frees
+        )
+    });
     // Files written: (what, path, where the events came from).
     let mut written: Vec<(&str, PathBuf, String)> = Vec::new();
     if let (Some(hooked), Some(pass)) = (hooked, pass) {
