@@ -96,9 +96,10 @@ impl PoolMemoryResource {
         let budget = limit.budget(self.in_use_bytes().saturating_add(need));
         // Chunks can go right after a free range that ends at a gap (a pool with a limit maps
         // its memory): growth then adds only what that range lacks.
+        let beside = |g: &FreeSpace| g.ranges_before_gaps(need, 1).first().copied();
         let over = |g: &FreeSpace| {
-            let beside = g.ranges_before_gaps(need, 1).first().map_or(0, |r| r.1);
-            g.pool_size().saturating_add(need - beside) > budget
+            let lacks = need - beside(g).map_or(0, |r| r.1);
+            g.pool_size().saturating_add(lacks) > budget
         };
         if over(g) {
             self.scavenge(g)?;
@@ -109,7 +110,10 @@ impl PoolMemoryResource {
         if over(g) {
             // The memory in the free space came there through `reclaim` or `scavenge`, after
             // the streams that freed it finished their work: it can go back at once.
-            let freed = g.take_free_chunks(budget.saturating_sub(need));
+            // Only what growing beside that range needs goes back, and never the range itself.
+            let range = beside(g);
+            let lacks = need - range.map_or(0, |r| r.1);
+            let freed = g.take_free_chunks_outside(budget.saturating_sub(lacks), range);
             let released = self.return_chunks(g, &freed)?;
             tracing::debug!(
                 device = self.device.ordinal(),

@@ -314,10 +314,21 @@ impl FreeSpace {
     /// Removes and returns the chunks that are entirely free, largest first, until the pool
     /// would be no larger than `target` bytes.
     pub(crate) fn take_free_chunks(&mut self, target: u64) -> Vec<(u64, u64)> {
+        self.take_free_chunks_outside(target, None)
+    }
+
+    /// As [`FreeSpace::take_free_chunks`], leaving the chunks inside `keep` (a range).
+    pub(crate) fn take_free_chunks_outside(
+        &mut self,
+        target: u64,
+        keep: Option<(u64, u64)>,
+    ) -> Vec<(u64, u64)> {
+        let inside = |&(a, s): &(u64, u64)| keep.is_some_and(|(k, l)| a >= k && a + s <= k + l);
         let mut pool = self.pool_size();
         let taken: Vec<(u64, u64)> = self
             .free_chunks()
             .into_iter()
+            .filter(|c| !inside(c))
             .take_while(|&(_, s)| {
                 let over = pool > target;
                 if over {
