@@ -16,8 +16,8 @@ over ``--repeats``:
 * ``torch``: PyTorch's caching allocator (``PYTORCH_CUDA_ALLOC_CONF`` unset).
 * ``expandable``: the same with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
 * ``rmm-rs``: ``rmm_rs.allocators.torch.install()`` before any CUDA allocation, rmm-rs's pool
-  from ``--rmm-rs-pool-initial``, held within ``--rmm-rs-max-overhead`` (``pool.max_overhead``,
-  default 5 %) above its peak in use.
+  from ``--rmm-rs-pool-initial``, with ``pool.max_overhead`` set to ``--rmm-rs-max-overhead``
+  (5 % unless given; the setting itself defaults to "none").
 * ``rmm-rs-mempool``: model, optimizer and loop inside
   ``with rmm_rs.allocators.torch.use_mem_pool():`` (PyTorch's ``use_mem_pool`` over
   ``mem_pool()``, backward on the calling thread so that it allocates from rmm-rs too), the
