@@ -220,6 +220,8 @@ mod tests {
             }],
             more_streams: 1,
             growth: 1024 * MIB,
+            device_allocations: 1,
+            device_frees: 0,
         }
     }
 
