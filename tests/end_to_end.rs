@@ -1,8 +1,9 @@
 //! End to end through the `rmm` facade, as a program uses it: an `rmm.toml` on disk, the
 //! runtime's workers running tasks on containers, spillable data pushed to pinned host memory
 //! and on to disk by a small limit, a reinitialize to another stack with every byte kept,
-//! and a shutdown that leaves no allocation and no spill file's bytes behind. On the simulated device
-//! (`RMM_BACKEND=sim`, as `cargo xtask test` runs it) or a GPU.
+//! and a shutdown that leaves no allocation and no spill file's bytes behind; and a footprint
+//! limit from `rmm.toml` holding a loop of changing sizes near its peak. On the simulated
+//! device (`RMM_BACKEND=sim`, as `cargo xtask test` runs it) or a GPU.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -128,4 +129,71 @@ disk_directory = "{}"
         "nothing left allocated: {:?}",
         shutdown.leaks
     );
+}
+
+#[test]
+fn a_footprint_limit_in_rmm_toml_keeps_a_changing_size_loop_near_its_peak() {
+    let dir = TempDir::new("rmm-end-to-end-footprint");
+    let toml = dir.0.join("rmm.toml");
+    std::fs::write(
+        &toml,
+        r#"
+[pool]
+enabled = true
+initial_size = "16MiB"
+max_overhead = "5%"
+"#,
+    )
+    .expect("write rmm.toml");
+    let config = ConfigLoader::new()
+        .file(&toml)
+        .load()
+        .expect("the rmm.toml loads");
+    let runtime = Runtime::start(&config).expect("the runtime starts");
+    let device = runtime.devices()[0];
+    // A loop whose sizes change every step, on a worker: activations made, then freed newest
+    // first with a gradient of each size made and freed; returns the peak in use.
+    let peak = runtime
+        .submit_to_device(device, |ctx| {
+            let (mut now, mut peak) = (0usize, 0usize);
+            let mut x: u64 = 7;
+            for _ in 0..20 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let len = 64 + (x >> 33) as usize % 961;
+                let sizes = [len * 6144, len * 24576, 48 * len * len, len * 100_514];
+                let mut acts = Vec::new();
+                for size in sizes.iter().cycle().take(13) {
+                    acts.push(DeviceBuffer::new(*size, ctx.stream())?);
+                    now += size;
+                    peak = peak.max(now);
+                }
+                while let Some(a) = acts.pop() {
+                    let grad = DeviceBuffer::new(a.size(), ctx.stream())?;
+                    peak = peak.max(now + grad.size());
+                    now -= a.size();
+                }
+            }
+            Ok::<_, rmm::allocator::Error>(peak as u64)
+        })
+        .wait()
+        .expect("the task runs")
+        .expect("the loop's allocations");
+    let report = runtime.report();
+    let pool = report.devices[0].pool.expect("the device has a pool");
+    assert_eq!(pool.max_overhead, Some(0.05), "the limit reached the pool");
+    let bound = (peak as f64 * 1.05) as u64 + 18 * MIB as u64;
+    assert!(
+        pool.peak_reserved_bytes <= bound,
+        "the pool held {} for a peak of {peak} in use ({:.3}×)",
+        pool.peak_reserved_bytes,
+        pool.peak_reserved_bytes as f64 / peak as f64
+    );
+    assert!(
+        report
+            .to_string()
+            .contains("held within 5.0% above its peak in use")
+    );
+    runtime.shutdown().expect("the shutdown");
 }
