@@ -29,14 +29,23 @@ impl Drop for TempDir {
     }
 }
 
+/// Writes `text` to the `rmm.toml` at `path` and loads it, as a program reads its file.
+fn write_and_load(path: &std::path::Path, text: &str) -> Config {
+    std::fs::write(path, text).expect("write rmm.toml");
+    ConfigLoader::new()
+        .file(path)
+        .load()
+        .expect("the rmm.toml loads")
+}
+
 #[test]
 fn an_rmm_toml_runs_tasks_spills_to_disk_and_keeps_data_across_a_reinitialize() {
     let dir = TempDir::new("rmm-end-to-end");
     let spill_dir = dir.0.join("spill");
     let toml = dir.0.join("rmm.toml");
-    std::fs::write(
+    let config = write_and_load(
         &toml,
-        format!(
+        &format!(
             r#"
 workers_per_device = 2
 
@@ -52,12 +61,7 @@ disk_directory = "{}"
 "#,
             spill_dir.display()
         ),
-    )
-    .expect("write rmm.toml");
-    let config = ConfigLoader::new()
-        .file(&toml)
-        .load()
-        .expect("the rmm.toml loads");
+    );
     let runtime = Runtime::start(&config).expect("the runtime starts");
     let device = runtime.devices()[0];
     assert_eq!(
@@ -135,7 +139,7 @@ disk_directory = "{}"
 fn a_footprint_limit_in_rmm_toml_keeps_a_changing_size_loop_near_its_peak() {
     let dir = TempDir::new("rmm-end-to-end-footprint");
     let toml = dir.0.join("rmm.toml");
-    std::fs::write(
+    let config = write_and_load(
         &toml,
         r#"
 [pool]
@@ -143,12 +147,7 @@ enabled = true
 initial_size = "16MiB"
 max_overhead = "5%"
 "#,
-    )
-    .expect("write rmm.toml");
-    let config = ConfigLoader::new()
-        .file(&toml)
-        .load()
-        .expect("the rmm.toml loads");
+    );
     let runtime = Runtime::start(&config).expect("the runtime starts");
     let device = runtime.devices()[0];
     // A loop whose sizes change every step, on a worker: activations made, then freed newest
