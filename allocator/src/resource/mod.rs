@@ -7,9 +7,8 @@
 
 mod binning_memory_resource;
 mod cuda_async_memory_resource;
-mod cuda_memory_resource;
+mod driver_memory_resource;
 mod fixed_size_memory_resource;
-mod managed_memory_resource;
 mod new_delete_resource;
 mod pinned_host_memory_resource;
 mod pinned_host_pool;
@@ -22,11 +21,12 @@ use std::sync::Arc;
 
 pub use binning_memory_resource::BinningMemoryResource;
 pub use cuda_async_memory_resource::CudaAsyncMemoryResource;
-pub use cuda_memory_resource::CudaMemoryResource;
+pub use driver_memory_resource::{
+    CudaMemoryResource, DriverMemory, DriverMemoryResource, Managed, ManagedMemoryResource, Plain,
+};
 pub use fixed_size_memory_resource::{
     DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE, FixedSizeMemoryResource,
 };
-pub use managed_memory_resource::ManagedMemoryResource;
 pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;
 pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool, WeakPinnedHostPool};

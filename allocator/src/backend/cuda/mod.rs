@@ -5,22 +5,30 @@
 //! not a panic), and a device's primary context is retained on its first use (never for a
 //! device the process does not use: a context holds device memory, and a Dask worker that
 //! sees every GPU uses one) and kept for the life of the process.
+//!
+//! Every raw driver call is a thin function in the file of its API family (`device`,
+//! `context`, `memory`, `mem_pool`, `stream`, `vmm`, `ipc`); this file keeps the backend's
+//! bookkeeping above them: which context is current, the streams it made, the staging
+//! buffers and the lock for large allocations.
 
 mod context;
+mod current;
+mod device;
 mod ipc;
+mod mem_pool;
+mod memory;
 mod result;
 mod staged_copy;
+mod stream;
 mod vmm;
 
 use std::cell::Cell;
-use std::ffi::{CStr, c_void};
+use std::ffi::c_void;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys;
-use result::{
-    REQUIRED_SYMBOLS, check, event_handle, format_uuid, pool_handle, query_stream, stream_handle,
-};
+use result::{REQUIRED_SYMBOLS, format_uuid};
 
 use super::stream_registry::StreamRegistry;
 use super::{
@@ -31,7 +39,7 @@ use crate::error::{Error, Result};
 
 #[derive(Debug)]
 struct CudaDevice {
-    dev: sys::CUdevice,
+    handle: sys::CUdevice,
     /// The retained primary context (`CUcontext` as an address), 0 until first use.
     ctx: AtomicUsize,
     props: DeviceProperties,
@@ -53,13 +61,35 @@ impl CudaDevice {
         if ctx != 0 {
             return Ok(ctx as sys::CUcontext);
         }
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; `dev` came from cuDeviceGet.
-        check("cuDevicePrimaryCtxRetain", self.props.ordinal, unsafe {
-            sys::cuDevicePrimaryCtxRetain(&mut ctx, self.dev)
-        })?;
+        let ctx = context::retain_primary(self.props.ordinal, self.handle)?;
         self.ctx.store(ctx as usize, Ordering::Release);
         Ok(ctx)
+    }
+
+    /// Opens device `ordinal` (the driver is initialized): its handle and properties.
+    fn open(ordinal: u32) -> Result<CudaDevice> {
+        use sys::CUdevice_attribute::*;
+        let handle = device::get(ordinal)?;
+        let attr = |a| device::attribute(ordinal, handle, a);
+        Ok(CudaDevice {
+            handle,
+            ctx: AtomicUsize::new(0),
+            props: DeviceProperties {
+                ordinal,
+                name: device::name(ordinal, handle)?,
+                total_memory: device::total_memory(ordinal, handle)?,
+                uuid: format_uuid(&device::uuid(ordinal, handle)?),
+                compute_capability: (
+                    attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32,
+                    attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32,
+                ),
+                supports_memory_pools: attr(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0,
+                supports_managed_memory: attr(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)? != 0,
+                supports_virtual_memory: attr(
+                    CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+                )? != 0,
+            },
+        })
     }
 }
 
@@ -131,112 +161,30 @@ impl CudaBackend {
                 ),
             });
         }
-        // SAFETY: plain driver calls with valid out-pointers; every entry point exists.
-        unsafe {
-            if let Err(e) = check("cuInit", 0, sys::cuInit(0)) {
-                if matches!(&e, Error::Driver { name, .. } if name == "CUDA_ERROR_NO_DEVICE") {
-                    return Ok(CudaBackend {
-                        devices: Vec::new(),
-                        driver_version: 0,
-                        streams: StreamRegistry::default(),
-                        stagers: Default::default(),
-                    });
-                }
-                return Err(Error::NoDriver {
-                    detail: format!("the driver did not initialize: {e}"),
-                });
-            }
-            let mut version = 0;
-            check(
-                "cuDriverGetVersion",
-                0,
-                sys::cuDriverGetVersion(&mut version),
-            )?;
-            let mut count = 0;
-            check("cuDeviceGetCount", 0, sys::cuDeviceGetCount(&mut count))?;
-            let mut devices = Vec::with_capacity(count.max(0) as usize);
-            for ordinal in 0..count.max(0) as u32 {
-                devices.push(Self::open_device(ordinal)?);
-            }
-            tracing::debug!(
-                driver_version = version,
-                devices = devices.len(),
-                "CUDA driver loaded"
-            );
-            Ok(CudaBackend {
-                devices,
-                driver_version: version,
-                streams: StreamRegistry::default(),
-                stagers: Default::default(),
-            })
-        }
-    }
-
-    /// # Safety
-    /// The driver is initialized and `ordinal` is below the device count.
-    unsafe fn open_device(ordinal: u32) -> Result<CudaDevice> {
-        let mut dev: sys::CUdevice = 0;
-        let mut name = [0 as std::ffi::c_char; 256];
-        let mut uuid = sys::CUuuid { bytes: [0; 16] };
-        let mut total = 0usize;
-        let attr = |a: sys::CUdevice_attribute, dev: sys::CUdevice| -> Result<i32> {
-            let mut v = 0;
-            // SAFETY: valid out-pointer; `dev` came from cuDeviceGet.
-            check("cuDeviceGetAttribute", ordinal, unsafe {
-                sys::cuDeviceGetAttribute(&mut v, a, dev)
-            })?;
-            Ok(v)
+        let mut backend = CudaBackend {
+            devices: Vec::new(),
+            driver_version: 0,
+            streams: StreamRegistry::default(),
+            stagers: Default::default(),
         };
-        // SAFETY: valid out-pointers and lengths; the ordinal is in range.
-        unsafe {
-            check(
-                "cuDeviceGet",
-                ordinal,
-                sys::cuDeviceGet(&mut dev, ordinal as i32),
-            )?;
-            check(
-                "cuDeviceGetName",
-                ordinal,
-                sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev),
-            )?;
-            check(
-                "cuDeviceGetUuid",
-                ordinal,
-                sys::cuDeviceGetUuid(&mut uuid, dev),
-            )?;
-            check(
-                "cuDeviceTotalMem_v2",
-                ordinal,
-                sys::cuDeviceTotalMem_v2(&mut total, dev),
-            )?;
+        if let Err(e) = device::init() {
+            if matches!(&e, Error::Driver { name, .. } if name == "CUDA_ERROR_NO_DEVICE") {
+                return Ok(backend);
+            }
+            return Err(Error::NoDriver {
+                detail: format!("the driver did not initialize: {e}"),
+            });
         }
-        use sys::CUdevice_attribute::*;
-        let major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)?;
-        let minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)?;
-        let pools = attr(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev)?;
-        let managed = attr(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, dev)?;
-        let vmm = attr(
-            CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
-            dev,
-        )?;
-        // SAFETY: the driver wrote a NUL-terminated name into the buffer.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
-        Ok(CudaDevice {
-            dev,
-            ctx: AtomicUsize::new(0),
-            props: DeviceProperties {
-                ordinal,
-                name,
-                total_memory: total,
-                uuid: format_uuid(&uuid.bytes),
-                compute_capability: (major as u32, minor as u32),
-                supports_memory_pools: pools != 0,
-                supports_managed_memory: managed != 0,
-                supports_virtual_memory: vmm != 0,
-            },
-        })
+        backend.driver_version = device::driver_version()?;
+        backend.devices = (0..device::count()?)
+            .map(CudaDevice::open)
+            .collect::<Result<_>>()?;
+        tracing::debug!(
+            driver_version = backend.driver_version,
+            devices = backend.devices.len(),
+            "CUDA driver loaded"
+        );
+        Ok(backend)
     }
 
     /// True once `ordinal`'s primary context has been retained (the device was used).
@@ -250,13 +198,13 @@ impl CudaBackend {
     /// guard lives (retaining it on the device's first use); the thread's own context is
     /// current again after. Checked on every call: another library (CuPy's
     /// `Device(n).use()`, say) may have switched the thread's device since.
-    fn bind(&self, dev: u32) -> Result<context::Bound> {
+    fn bind(&self, dev: u32) -> Result<current::Bound> {
         let d = self.devices.get(dev as usize).ok_or(Error::NoSuchDevice {
             requested: dev,
             count: self.devices.len() as u32,
             backend: "cuda",
         })?;
-        context::Bound::to(d.context()?, dev)
+        current::Bound::to(d.context()?, dev)
     }
 }
 
@@ -292,12 +240,7 @@ impl Backend for CudaBackend {
 
     fn mem_info(&self, dev: u32) -> Result<MemInfo> {
         let _bound = self.bind(dev)?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: valid out-pointers; the device's context is current.
-        check("cuMemGetInfo_v2", dev, unsafe {
-            sys::cuMemGetInfo_v2(&mut free, &mut total)
-        })?;
-        Ok(MemInfo { free, total })
+        memory::info(dev)
     }
 
     fn mem_granularity(&self, dev: u32) -> Result<usize> {
@@ -350,18 +293,12 @@ impl Backend for CudaBackend {
         // in the driver anyway) therefore goes to the driver one at a time; smaller ones
         // never wait here.
         let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
-        let mut p = 0;
-        // SAFETY: valid out-pointer; context current.
-        check("cuMemAlloc_v2", dev, unsafe {
-            sys::cuMemAlloc_v2(&mut p, bytes)
-        })?;
-        Ok(DevicePtr(p))
+        memory::alloc(dev, bytes)
     }
 
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: the driver validates the pointer and reports an error for a foreign one.
-        check("cuMemFree_v2", dev, unsafe { sys::cuMemFree_v2(ptr.0) })
+        memory::free(dev, ptr)
     }
 
     fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)> {
@@ -392,73 +329,27 @@ impl Backend for CudaBackend {
 
     fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
         let _bound = self.bind(dev)?;
-        let mut p = 0;
-        let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
-        // SAFETY: valid out-pointer; context current.
-        check("cuMemAllocManaged", dev, unsafe {
-            sys::cuMemAllocManaged(&mut p, bytes, flags)
-        })?;
-        Ok(DevicePtr(p))
+        memory::alloc_managed(dev, bytes)
     }
 
     fn mem_pool_create(&self, dev: u32, release_threshold: u64) -> Result<RawMemPool> {
         let _bound = self.bind(dev)?;
-        // SAFETY: an all-zero CUmemPoolProps is the documented default; fields set below.
-        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
-        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
-        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        props.location.id = dev as i32;
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        let mut threshold = release_threshold;
-        // SAFETY: valid pointers to initialized locals.
-        unsafe {
-            check(
-                "cuMemPoolCreate",
-                dev,
-                sys::cuMemPoolCreate(&mut pool, &props),
-            )?;
-            check(
-                "cuMemPoolSetAttribute",
-                dev,
-                sys::cuMemPoolSetAttribute(
-                    pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                    (&mut threshold as *mut u64).cast(),
-                ),
-            )?;
-        }
-        Ok(pool as usize as RawMemPool)
+        mem_pool::create(dev, release_threshold)
     }
 
     fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: the driver validates the handle.
-        check("cuMemPoolDestroy", dev, unsafe {
-            sys::cuMemPoolDestroy(pool_handle(pool))
-        })
+        mem_pool::destroy(dev, pool)
     }
 
     fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, keep_bytes: usize) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: the driver validates the handle.
-        check("cuMemPoolTrimTo", dev, unsafe {
-            sys::cuMemPoolTrimTo(pool_handle(pool), keep_bytes)
-        })
+        mem_pool::trim(dev, pool, keep_bytes)
     }
 
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64> {
         let _bound = self.bind(dev)?;
-        let mut v = 0u64;
-        // SAFETY: the attribute is a cuuint64_t written into `v`.
-        check("cuMemPoolGetAttribute", dev, unsafe {
-            sys::cuMemPoolGetAttribute(
-                pool_handle(pool),
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                (&mut v as *mut u64).cast(),
-            )
-        })?;
-        Ok(v)
+        mem_pool::reserved(dev, pool)
     }
 
     fn malloc_async(
@@ -469,105 +360,65 @@ impl Backend for CudaBackend {
         stream: RawStream,
     ) -> Result<DevicePtr> {
         let _bound = self.bind(dev)?;
-        let mut p = 0;
-        // SAFETY: valid out-pointer; the driver validates pool and stream.
-        check("cuMemAllocFromPoolAsync", dev, unsafe {
-            sys::cuMemAllocFromPoolAsync(&mut p, bytes, pool_handle(pool), stream_handle(stream))
-        })?;
-        Ok(DevicePtr(p))
+        mem_pool::alloc_async(dev, pool, bytes, stream)
     }
 
     fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: the driver validates pointer and stream.
-        check("cuMemFreeAsync", dev, unsafe {
-            sys::cuMemFreeAsync(ptr.0, stream_handle(stream))
-        })
+        mem_pool::free_async(dev, ptr, stream)
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {
         let _bound = self.bind(0)?;
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer. PORTABLE: usable from every context; no write-combining,
-        // which would make host reads very slow.
-        check("cuMemHostAlloc", 0, unsafe {
-            sys::cuMemHostAlloc(&mut p, bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
-        })?;
-        Ok(p.cast())
+        memory::alloc_host(0, bytes, true)
     }
 
     unsafe fn free_host(&self, ptr: *mut u8) -> Result<()> {
         let _bound = self.bind(0)?;
-        // SAFETY: the caller passes a pointer from `malloc_host`.
-        check("cuMemFreeHost", 0, unsafe {
-            sys::cuMemFreeHost(ptr.cast())
-        })
+        // SAFETY: the caller passes a pointer from `malloc_host` that no copy uses.
+        unsafe { memory::free_host(0, ptr) }
     }
 
     unsafe fn host_register(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
         let _bound = self.bind(0)?;
         // SAFETY: the caller guarantees the range is a live host allocation.
-        check("cuMemHostRegister_v2", 0, unsafe {
-            sys::cuMemHostRegister_v2(ptr.cast(), bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
-        })
+        unsafe { memory::host_register(0, ptr, bytes) }
     }
 
     unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()> {
         let _bound = self.bind(0)?;
         // SAFETY: the caller guarantees `ptr` was registered and no copy uses it.
-        check("cuMemHostUnregister", 0, unsafe {
-            sys::cuMemHostUnregister(ptr.cast())
-        })
+        unsafe { memory::host_unregister(0, ptr) }
     }
 
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: `src` is a live slice for the duration of this synchronous copy.
-        check("cuMemcpyHtoD_v2", dev, unsafe {
-            sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len())
-        })?;
+        memory::copy_htod(dev, dst, src)?;
         // From pageable memory the call returns once the bytes are staged, before the DMA to
         // the device has finished on the legacy stream, which non-blocking streams do not wait
         // for: wait for it, so that a synchronous copy means the bytes are on the device.
-        // SAFETY: synchronizes the legacy default stream of the current context.
-        check("cuStreamSynchronize", dev, unsafe {
-            sys::cuStreamSynchronize(std::ptr::null_mut())
-        })
+        stream::synchronize(dev, 0)
     }
 
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         let _bound = self.bind(dev)?;
         if dst.len() >= staged_copy::STAGED_FROM {
             // Large copies: through pinned staging, not holding the driver's lock throughout.
-            return self
-                .stagers
-                .copy_dtoh(dev, dst, src, |call, r| check(call, dev, r));
+            return self.stagers.copy_dtoh(dev, dst, src);
         }
-        // SAFETY: `dst` is an exclusive live slice for the duration of this synchronous copy.
-        check("cuMemcpyDtoH_v2", dev, unsafe {
-            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len())
-        })
+        memory::copy_dtoh(dev, dst, src)
     }
 
     fn memcpy_dtod(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: device pointers are validated by the driver; unified addressing lets the
-        // ranges live on different devices.
-        check("cuMemcpyDtoD_v2", dev, unsafe {
-            sys::cuMemcpyDtoD_v2(dst.0, src.0, bytes)
-        })?;
-        // SAFETY: plain synchronization of the current context.
-        check("cuCtxSynchronize", dev, unsafe { sys::cuCtxSynchronize() })
+        memory::copy_dtod(dev, dst, src, bytes)?;
+        context::synchronize(dev)
     }
 
     fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: the driver validates the device range.
-        check("cuMemsetD8_v2", dev, unsafe {
-            sys::cuMemsetD8_v2(dst.0, value, bytes)
-        })?;
-        // SAFETY: plain synchronization of the current context.
-        check("cuCtxSynchronize", dev, unsafe { sys::cuCtxSynchronize() })
+        memory::set(dev, dst, value, bytes)?;
+        context::synchronize(dev)
     }
 
     unsafe fn memcpy_htod_async(
@@ -580,9 +431,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let _bound = self.bind(dev)?;
         // SAFETY: the caller keeps the host range valid until the stream runs the copy.
-        check("cuMemcpyHtoDAsync_v2", dev, unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst.0, src.cast(), bytes, stream_handle(stream))
-        })
+        unsafe { memory::copy_htod_async(dev, dst, src, bytes, stream) }
     }
 
     unsafe fn memcpy_dtoh_async(
@@ -595,9 +444,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         let _bound = self.bind(dev)?;
         // SAFETY: the caller keeps the host range valid and untouched until the copy runs.
-        check("cuMemcpyDtoHAsync_v2", dev, unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst.cast(), src.0, bytes, stream_handle(stream))
-        })
+        unsafe { memory::copy_dtoh_async(dev, dst, src, bytes, stream) }
     }
 
     fn memcpy_dtod_async(
@@ -609,10 +456,7 @@ impl Backend for CudaBackend {
         stream: RawStream,
     ) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: device pointers and stream are validated by the driver.
-        check("cuMemcpyDtoDAsync_v2", dev, unsafe {
-            sys::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, stream_handle(stream))
-        })
+        memory::copy_dtod_async(dev, dst, src, bytes, stream)
     }
 
     fn memset_async(
@@ -624,73 +468,57 @@ impl Backend for CudaBackend {
         stream: RawStream,
     ) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: device pointer and stream are validated by the driver.
-        check("cuMemsetD8Async", dev, unsafe {
-            sys::cuMemsetD8Async(dst.0, value, bytes, stream_handle(stream))
-        })
+        memory::set_async(dev, dst, value, bytes, stream)
     }
 
     fn stream_create(&self, dev: u32) -> Result<RawStream> {
         let _bound = self.bind(dev)?;
-        let mut s: sys::CUstream = std::ptr::null_mut();
-        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        // SAFETY: valid out-pointer; context current.
-        check("cuStreamCreate", dev, unsafe {
-            sys::cuStreamCreate(&mut s, flags)
-        })?;
-        let raw = s as usize as RawStream;
+        let raw = stream::create(dev)?;
         self.streams.created(raw);
         Ok(raw)
     }
 
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()> {
         let _bound = self.bind(dev)?;
-        self.streams.destroy(stream, || {
-            // SAFETY: the driver validates the handle; queued work still completes. No other
-            // call through the registry is using the handle (it holds them off).
-            check("cuStreamDestroy_v2", dev, unsafe {
-                sys::cuStreamDestroy_v2(stream_handle(stream))
-            })
-        })
+        // No other call through the registry is using the handle (it holds them off).
+        self.streams
+            .destroy(stream, || stream::destroy(dev, stream))
     }
 
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()> {
         let _bound = self.bind(dev)?;
-        self.streams.unless_destroyed(stream, || {
-            // SAFETY: the handle is a default stream, a live stream of this backend, or the
-            // caller's own stream (not one this backend destroyed: the registry checked, and
-            // holds destruction off until the call returns).
-            check("cuStreamSynchronize", dev, unsafe {
-                sys::cuStreamSynchronize(stream_handle(stream))
-            })
-        })
+        // The handle is a default stream, a live stream of this backend, or the caller's own
+        // stream (not one this backend destroyed: the registry checks, and holds destruction
+        // off until the call returns).
+        self.streams
+            .unless_destroyed(stream, || stream::synchronize(dev, stream))
     }
 
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool> {
         let _bound = self.bind(dev)?;
         self.streams
-            .unless_destroyed(stream, || query_stream(dev, stream))
+            .unless_destroyed(stream, || stream::query(dev, stream))
     }
 
     fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>> {
         let _bound = self.bind(dev)?;
-        self.streams.if_alive(stream, || query_stream(dev, stream))
+        self.streams.if_alive(stream, || stream::query(dev, stream))
     }
 
     fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool> {
         let _bound = self.bind(dev)?;
         // Record an event of our own while the registry vouches for the stream, then wait on
         // the event with the registry released: a long wait never holds a destroy off.
-        let event = self.event_create(dev)?;
+        let event = stream::event_create(dev)?;
         let recorded = self
             .streams
-            .if_alive(stream, || self.event_record(dev, event, stream));
+            .if_alive(stream, || stream::event_record(dev, event, stream));
         let waited = match recorded {
-            Ok(Some(())) => self.event_synchronize(dev, event).map(|()| true),
+            Ok(Some(())) => stream::event_synchronize(dev, event).map(|()| true),
             Ok(None) => Ok(false),
             Err(e) => Err(e),
         };
-        let destroyed = self.event_destroy(dev, event);
+        let destroyed = stream::event_destroy(dev, event);
         let waited = waited?;
         destroyed?;
         Ok(waited)
@@ -698,65 +526,41 @@ impl Backend for CudaBackend {
 
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: the driver validates both handles.
-        check("cuStreamWaitEvent", dev, unsafe {
-            sys::cuStreamWaitEvent(stream_handle(stream), event_handle(event), 0)
-        })
+        stream::wait_event(dev, stream, event)
     }
 
     fn event_create(&self, dev: u32) -> Result<RawEvent> {
         let _bound = self.bind(dev)?;
-        let mut e: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: valid out-pointer; context current.
-        check("cuEventCreate", dev, unsafe {
-            sys::cuEventCreate(&mut e, flags)
-        })?;
-        Ok(e as usize as RawEvent)
+        stream::event_create(dev)
     }
 
     fn event_destroy(&self, dev: u32, event: RawEvent) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: the driver validates the handle.
-        check("cuEventDestroy_v2", dev, unsafe {
-            sys::cuEventDestroy_v2(event_handle(event))
-        })
+        stream::event_destroy(dev, event)
     }
 
     fn event_record(&self, dev: u32, event: RawEvent, stream: RawStream) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: the driver validates both handles.
-        check("cuEventRecord", dev, unsafe {
-            sys::cuEventRecord(event_handle(event), stream_handle(stream))
-        })
+        stream::event_record(dev, event, stream)
     }
 
     fn event_query(&self, dev: u32, event: RawEvent) -> Result<bool> {
         let _bound = self.bind(dev)?;
-        // SAFETY: the driver validates the handle.
-        let r = unsafe { sys::cuEventQuery(event_handle(event)) };
-        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
-            return Ok(false);
-        }
-        check("cuEventQuery", dev, r).map(|_| true)
+        stream::event_query(dev, event)
     }
 
     fn event_synchronize(&self, dev: u32, event: RawEvent) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: the driver validates the handle.
-        check("cuEventSynchronize", dev, unsafe {
-            sys::cuEventSynchronize(event_handle(event))
-        })
+        stream::event_synchronize(dev, event)
     }
 
     fn device_synchronize(&self, dev: u32) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // SAFETY: plain synchronization of the current context.
-        check("cuCtxSynchronize", dev, unsafe { sys::cuCtxSynchronize() })
+        context::synchronize(dev)
     }
 
     fn context_device(&self) -> Result<Option<u32>> {
-        context::current_device(&self.devices)
+        current::current_device(&self.devices)
     }
 
     fn bind_thread(&self, dev: u32) -> Result<()> {
@@ -765,13 +569,7 @@ impl Backend for CudaBackend {
         }
         // Once per thread, whatever the outcome: a failure is not retried on every call.
         THREAD_CHECKED.with(|c| c.set(true));
-        let mut current: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: the driver writes the calling thread's current context (or null) into
-        // `current`, a local that outlives the call.
-        check("cuCtxGetCurrent", dev, unsafe {
-            sys::cuCtxGetCurrent(&mut current)
-        })?;
-        if current.is_null() {
+        if context::current(dev)?.is_null() {
             self.bind(dev)?.keep();
             BOUND_CONTEXT.with(|c| c.set(1));
         }

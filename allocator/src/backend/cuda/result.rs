@@ -106,17 +106,6 @@ pub(super) fn stream_handle(raw: RawStream) -> sys::CUstream {
     raw as usize as sys::CUstream
 }
 
-/// `cuStreamQuery`: true when `stream`'s queued work has completed.
-pub(super) fn query_stream(dev: u32, stream: RawStream) -> Result<bool> {
-    // SAFETY: callers go through the stream registry, which refuses destroyed streams and
-    // holds destruction off until the call returns.
-    let r = unsafe { sys::cuStreamQuery(stream_handle(stream)) };
-    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
-        return Ok(false);
-    }
-    check("cuStreamQuery", dev, r).map(|_| true)
-}
-
 pub(super) fn event_handle(raw: RawEvent) -> sys::CUevent {
     raw as usize as sys::CUevent
 }
@@ -125,25 +114,17 @@ pub(super) fn pool_handle(raw: RawMemPool) -> sys::CUmemoryPool {
     raw as usize as sys::CUmemoryPool
 }
 
-pub(super) fn format_uuid(bytes: &[std::ffi::c_char; 16]) -> String {
-    let b: Vec<u8> = bytes.iter().map(|&c| c as u8).collect();
+/// A device UUID as `nvidia-smi` prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub(super) fn format_uuid(bytes: &[u8; 16]) -> String {
+    let hex = |range: std::ops::Range<usize>| -> String {
+        bytes[range].iter().map(|b| format!("{b:02x}")).collect()
+    };
     format!(
-        "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-        b[0],
-        b[1],
-        b[2],
-        b[3],
-        b[4],
-        b[5],
-        b[6],
-        b[7],
-        b[8],
-        b[9],
-        b[10],
-        b[11],
-        b[12],
-        b[13],
-        b[14],
-        b[15]
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
     )
 }

@@ -9,12 +9,10 @@
 //! fills the other: every driver call is short, and the copy keeps the ordering
 //! `cuMemcpyDtoH` has (after all work queued on the legacy default stream).
 
-use std::ffi::c_void;
-
-use cudarc::driver::sys;
 use parking_lot::Mutex;
 
-use crate::backend::DevicePtr;
+use super::{memory, stream};
+use crate::backend::{DevicePtr, RawEvent, RawStream};
 use crate::error::Result;
 
 /// Bytes per staging buffer.
@@ -22,13 +20,18 @@ pub(super) const STAGE: usize = 8 << 20;
 /// Copies shorter than this go straight through `cuMemcpyDtoH` (the lock is held briefly).
 pub(super) const STAGED_FROM: usize = 2 << 20;
 
-/// One thread's staging set: a stream, two pinned buffers and their events.
+/// The legacy default stream (the backend uses the non-per-thread entry points).
+const LEGACY_STREAM: RawStream = 0;
+
+/// One thread's staging set on one device: a stream, two pinned buffers and their events.
+/// Handles are 0 until made.
 struct Stager {
-    stream: sys::CUstream,
+    dev: u32,
+    stream: RawStream,
     buffers: [*mut u8; 2],
-    filled: [sys::CUevent; 2],
+    filled: [RawEvent; 2],
     /// Captures the legacy default stream's work before a copy starts.
-    ordered: sys::CUevent,
+    ordered: RawEvent,
 }
 
 // SAFETY: the handles and pinned buffers are owned by the stager, which one thread uses at a
@@ -38,7 +41,7 @@ unsafe impl Send for Stager {}
 /// Stagers per device, reused across copies (one per thread copying at once).
 #[derive(Default)]
 pub(super) struct Stagers {
-    free: Mutex<Vec<(u32, Stager)>>,
+    free: Mutex<Vec<Stager>>,
 }
 
 impl std::fmt::Debug for Stagers {
@@ -50,127 +53,77 @@ impl std::fmt::Debug for Stagers {
 }
 
 impl Stagers {
-    /// Copies `src` into `dst` through pinned staging; `check` turns a driver result into
-    /// an error naming the call. The device's context is current.
-    pub(super) fn copy_dtoh(
-        &self,
-        dev: u32,
-        dst: &mut [u8],
-        src: DevicePtr,
-        check: impl Fn(&'static str, sys::CUresult) -> Result<()>,
-    ) -> Result<()> {
+    /// Copies `src` into `dst` through pinned staging. `dev`'s context is current.
+    pub(super) fn copy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         let taken = {
             let mut free = self.free.lock();
             free.iter()
-                .position(|(d, _)| *d == dev)
-                .map(|i| free.swap_remove(i).1)
+                .position(|s| s.dev == dev)
+                .map(|i| free.swap_remove(i))
         };
         let stager = match taken {
             Some(s) => s,
-            None => Stager::new(&check)?,
+            None => Stager::new(dev)?,
         };
-        let result = stager.copy(dst, src, &check);
+        let result = stager.copy(dst, src);
         if result.is_ok() {
-            self.free.lock().push((dev, stager));
+            self.free.lock().push(stager);
+        } else if stream::synchronize(dev, stager.stream).is_ok() {
+            // Its copies may still have run into the buffers: waited for, it can be reused.
+            self.free.lock().push(stager);
         } else {
-            // Its copies may still run into the buffers: wait before reuse, or leak it.
-            // SAFETY: the stream is the stager's own.
-            if unsafe { sys::cuStreamSynchronize(stager.stream) } == sys::CUresult::CUDA_SUCCESS {
-                self.free.lock().push((dev, stager));
-            } else {
-                tracing::error!(
-                    device = dev,
-                    "a staged copy failed and its stream cannot be waited for: its staging \
-                     buffers are left allocated"
-                );
-                std::mem::forget(stager);
-            }
+            tracing::error!(
+                device = dev,
+                "a staged copy failed and its stream cannot be waited for: its staging \
+                 buffers are left allocated"
+            );
+            std::mem::forget(stager);
         }
         result
     }
 }
 
 impl Stager {
-    fn new(check: &impl Fn(&'static str, sys::CUresult) -> Result<()>) -> Result<Stager> {
+    fn new(dev: u32) -> Result<Stager> {
+        // On failure `s` drops and releases what was made (handles still 0 are skipped).
         let mut s = Stager {
-            stream: std::ptr::null_mut(),
+            dev,
+            stream: 0,
             buffers: [std::ptr::null_mut(); 2],
-            filled: [std::ptr::null_mut(); 2],
-            ordered: std::ptr::null_mut(),
+            filled: [0; 2],
+            ordered: 0,
         };
-        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        let timing = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: valid out-pointers; the caller made the context current. On failure `s`
-        // drops and releases what was made (null handles are skipped).
-        unsafe {
-            check("cuStreamCreate", sys::cuStreamCreate(&mut s.stream, flags))?;
-            for i in 0..2 {
-                let mut p: *mut c_void = std::ptr::null_mut();
-                check("cuMemHostAlloc", sys::cuMemHostAlloc(&mut p, STAGE, 0))?;
-                s.buffers[i] = p.cast();
-                check(
-                    "cuEventCreate",
-                    sys::cuEventCreate(&mut s.filled[i], timing),
-                )?;
-            }
-            check("cuEventCreate", sys::cuEventCreate(&mut s.ordered, timing))?;
+        s.stream = stream::create(dev)?;
+        for i in 0..2 {
+            s.buffers[i] = memory::alloc_host(dev, STAGE, false)?;
+            s.filled[i] = stream::event_create(dev)?;
         }
+        s.ordered = stream::event_create(dev)?;
         Ok(s)
     }
 
-    fn copy(
-        &self,
-        dst: &mut [u8],
-        src: DevicePtr,
-        check: &impl Fn(&'static str, sys::CUresult) -> Result<()>,
-    ) -> Result<()> {
+    fn copy(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        let dev = self.dev;
         let len = dst.len();
         let chunks = len.div_ceil(STAGE);
         let enqueue = |i: usize| -> Result<()> {
             let off = i * STAGE;
             let n = (len - off).min(STAGE);
             let slot = i % 2;
+            let from = DevicePtr(src.0 + off as u64);
             // SAFETY: the buffer is the stager's own pinned memory of STAGE bytes, not read
             // by the host until `filled[slot]` completes; the device range lies in `src`.
-            unsafe {
-                check(
-                    "cuMemcpyDtoHAsync_v2",
-                    sys::cuMemcpyDtoHAsync_v2(
-                        self.buffers[slot].cast(),
-                        src.0 + off as u64,
-                        n,
-                        self.stream,
-                    ),
-                )?;
-                check(
-                    "cuEventRecord",
-                    sys::cuEventRecord(self.filled[slot], self.stream),
-                )
-            }
+            unsafe { memory::copy_dtoh_async(dev, self.buffers[slot], from, n, self.stream) }?;
+            stream::event_record(dev, self.filled[slot], self.stream)
         };
-        // SAFETY: plain event calls on handles the stager owns; the legacy default stream is
-        // always valid.
-        unsafe {
-            check(
-                "cuEventRecord",
-                // The null stream: the legacy default stream (the backend uses the non-per-thread
-                // entry points).
-                sys::cuEventRecord(self.ordered, std::ptr::null_mut()),
-            )?;
-            check(
-                "cuStreamWaitEvent",
-                sys::cuStreamWaitEvent(self.stream, self.ordered, 0),
-            )?;
-        }
+        stream::event_record(dev, self.ordered, LEGACY_STREAM)?;
+        stream::wait_event(dev, self.stream, self.ordered)?;
         for i in 0..chunks.min(2) {
             enqueue(i)?;
         }
         for i in 0..chunks {
             let slot = i % 2;
-            // SAFETY: the event is the stager's own.
-            check("cuEventSynchronize", unsafe {
-                sys::cuEventSynchronize(self.filled[slot])
-            })?;
+            stream::event_synchronize(dev, self.filled[slot])?;
             let off = i * STAGE;
             let n = (len - off).min(STAGE);
             // SAFETY: the copy into this buffer has completed (waited for above) and nothing
@@ -187,24 +140,22 @@ impl Stager {
 
 impl Drop for Stager {
     fn drop(&mut self) {
-        // SAFETY: handles and buffers the stager made (null ones skipped); no copy runs into
-        // the buffers any more (every copy is waited for before the stager is reused or
-        // dropped).
-        unsafe {
-            for i in 0..2 {
-                if !self.buffers[i].is_null() {
-                    sys::cuMemFreeHost(self.buffers[i].cast());
-                }
-                if !self.filled[i].is_null() {
-                    sys::cuEventDestroy_v2(self.filled[i]);
-                }
+        // Errors are ignored: the handles are the stager's own, and nothing else could be done.
+        for i in 0..2 {
+            if !self.buffers[i].is_null() {
+                // SAFETY: a buffer the stager made; no copy runs into it any more (every copy
+                // is waited for before the stager is reused or dropped).
+                let _ = unsafe { memory::free_host(self.dev, self.buffers[i]) };
             }
-            if !self.ordered.is_null() {
-                sys::cuEventDestroy_v2(self.ordered);
+            if self.filled[i] != 0 {
+                let _ = stream::event_destroy(self.dev, self.filled[i]);
             }
-            if !self.stream.is_null() {
-                sys::cuStreamDestroy_v2(self.stream);
-            }
+        }
+        if self.ordered != 0 {
+            let _ = stream::event_destroy(self.dev, self.ordered);
+        }
+        if self.stream != 0 {
+            let _ = stream::destroy(self.dev, self.stream);
         }
     }
 }

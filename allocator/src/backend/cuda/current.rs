@@ -1,0 +1,69 @@
+//! The calling thread's current context: which device it belongs to (the CUDA runtime's
+//! current device, which other libraries set with `cudaSetDevice`), and making a device's
+//! context current for one call of the backend ([`Bound`]), after which the thread's own
+//! context is current again: rmm-rs never changes the caller's current device.
+
+use cudarc::driver::sys;
+
+use super::CudaDevice;
+use super::context;
+use crate::error::Result;
+
+/// The ordinal of the device whose context is current on the calling thread; None when no
+/// context is current (or it belongs to no device this process sees).
+pub(super) fn current_device(devices: &[CudaDevice]) -> Result<Option<u32>> {
+    if context::current(0)?.is_null() {
+        return Ok(None);
+    }
+    let handle = context::current_device_handle(0)?;
+    Ok(devices
+        .iter()
+        .position(|d| d.handle == handle)
+        .map(|i| i as u32))
+}
+
+/// A device's context made current for one call of the backend; the context the thread had
+/// before (another library's device, or none) is made current again when this goes.
+pub(super) struct Bound {
+    /// The thread's context before, when it was another; `None` when nothing changed.
+    previous: Option<sys::CUcontext>,
+    dev: u32,
+}
+
+impl Bound {
+    /// Makes `ctx` (device `dev`'s retained primary context) current on the calling thread,
+    /// unless it already is.
+    pub(super) fn to(ctx: sys::CUcontext, dev: u32) -> Result<Bound> {
+        let current = context::current(dev)?;
+        if current == ctx {
+            return Ok(Bound {
+                previous: None,
+                dev,
+            });
+        }
+        // SAFETY: `ctx` is a retained primary context, valid for the process's life.
+        unsafe { context::set_current(dev, ctx) }?;
+        Ok(Bound {
+            previous: Some(current),
+            dev,
+        })
+    }
+
+    /// Leaves the context current after this goes (a thread that takes the device for good).
+    pub(super) fn keep(mut self) {
+        self.previous = None;
+    }
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous {
+            // SAFETY: `previous` was current on this thread when this backend call began (or
+            // is null, which leaves no context current); a library that destroys the context
+            // current on a thread does so from that thread, which is inside this call.
+            if let Err(e) = unsafe { context::set_current(self.dev, previous) } {
+                tracing::warn!("making the thread's own context current again: {e}");
+            }
+        }
+    }
+}

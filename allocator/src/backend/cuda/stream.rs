@@ -1,0 +1,100 @@
+//! The driver's stream and event calls. Thin functions; the caller has made `dev`'s context
+//! current and vouches that a handle it passes was not destroyed (the backend's stream
+//! registry for streams it made; events are the caller's own).
+
+use cudarc::driver::sys;
+
+use super::result::{check, event_handle, stream_handle};
+use crate::backend::{RawEvent, RawStream};
+use crate::error::Result;
+
+/// `cuStreamCreate(CU_STREAM_NON_BLOCKING)`: a stream that does not wait for the legacy
+/// default stream.
+pub(super) fn create(dev: u32) -> Result<RawStream> {
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+    // SAFETY: valid out-pointer to a local.
+    check("cuStreamCreate", dev, unsafe {
+        sys::cuStreamCreate(&mut s, flags)
+    })?;
+    Ok(s as usize as RawStream)
+}
+
+/// `cuStreamDestroy`: queued work still completes.
+pub(super) fn destroy(dev: u32, stream: RawStream) -> Result<()> {
+    // SAFETY: the driver validates the handle; the caller uses it no more.
+    check("cuStreamDestroy_v2", dev, unsafe {
+        sys::cuStreamDestroy_v2(stream_handle(stream))
+    })
+}
+
+/// `cuStreamSynchronize` (the null handle: the legacy default stream).
+pub(super) fn synchronize(dev: u32, stream: RawStream) -> Result<()> {
+    // SAFETY: the caller vouches for the handle (see the module's doc).
+    check("cuStreamSynchronize", dev, unsafe {
+        sys::cuStreamSynchronize(stream_handle(stream))
+    })
+}
+
+/// `cuStreamQuery`: true when `stream`'s queued work has completed.
+pub(super) fn query(dev: u32, stream: RawStream) -> Result<bool> {
+    // SAFETY: the caller vouches for the handle (see the module's doc).
+    let r = unsafe { sys::cuStreamQuery(stream_handle(stream)) };
+    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    check("cuStreamQuery", dev, r).map(|_| true)
+}
+
+/// `cuStreamWaitEvent`: work queued on `stream` later waits for `event`.
+pub(super) fn wait_event(dev: u32, stream: RawStream, event: RawEvent) -> Result<()> {
+    // SAFETY: the driver validates both handles.
+    check("cuStreamWaitEvent", dev, unsafe {
+        sys::cuStreamWaitEvent(stream_handle(stream), event_handle(event), 0)
+    })
+}
+
+/// `cuEventCreate(CU_EVENT_DISABLE_TIMING)`.
+pub(super) fn event_create(dev: u32) -> Result<RawEvent> {
+    let mut e: sys::CUevent = std::ptr::null_mut();
+    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+    // SAFETY: valid out-pointer to a local.
+    check("cuEventCreate", dev, unsafe {
+        sys::cuEventCreate(&mut e, flags)
+    })?;
+    Ok(e as usize as RawEvent)
+}
+
+/// `cuEventDestroy`.
+pub(super) fn event_destroy(dev: u32, event: RawEvent) -> Result<()> {
+    // SAFETY: the driver validates the handle; the caller uses it no more.
+    check("cuEventDestroy_v2", dev, unsafe {
+        sys::cuEventDestroy_v2(event_handle(event))
+    })
+}
+
+/// `cuEventRecord` of `stream`'s queued work.
+pub(super) fn event_record(dev: u32, event: RawEvent, stream: RawStream) -> Result<()> {
+    // SAFETY: the driver validates both handles.
+    check("cuEventRecord", dev, unsafe {
+        sys::cuEventRecord(event_handle(event), stream_handle(stream))
+    })
+}
+
+/// `cuEventQuery`: true when the recorded work has completed.
+pub(super) fn event_query(dev: u32, event: RawEvent) -> Result<bool> {
+    // SAFETY: the driver validates the handle.
+    let r = unsafe { sys::cuEventQuery(event_handle(event)) };
+    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    check("cuEventQuery", dev, r).map(|_| true)
+}
+
+/// `cuEventSynchronize`.
+pub(super) fn event_synchronize(dev: u32, event: RawEvent) -> Result<()> {
+    // SAFETY: the driver validates the handle.
+    check("cuEventSynchronize", dev, unsafe {
+        sys::cuEventSynchronize(event_handle(event))
+    })
+}
