@@ -5,7 +5,7 @@
 //! and [`HostMemoryResource`](resource::HostMemoryResource) traits and their implementations,
 //! RMM's `rmm::mr`) and the per-device current resource ([`per_device`]), as RAPIDS RMM has
 //! them, and the [`adaptor`]s that stack on any resource (statistics, limits, tracking, event
-//! logs and replay, memory hooks, failure callbacks).
+//! logs, memory hooks, failure callbacks).
 //!
 //! # Layout
 //!
@@ -78,11 +78,11 @@ pub mod backend;
 mod container;
 mod device;
 mod error;
+pub mod event_log;
 mod free_ranges;
 pub mod ipc;
 pub mod per_device;
 mod pool_usage;
-pub mod replay;
 pub mod resource;
 pub mod spill;
 mod stream;

@@ -1,6 +1,6 @@
-//! The log side of replay: RMM's CSV parsed into an [`EventLog`] (each free tied to the
-//! allocation it frees), by the line parser that a [`LogReader`](super::LogReader) runs on
-//! every line (`reader.rs` reads whole logs into an [`EventLog`]).
+//! RMM's CSV parsed into an [`EventLog`] (each free tied to the allocation it frees), by the
+//! line parser that a [`LogReader`](super::LogReader) runs on every line (`reader.rs` reads
+//! whole logs into an [`EventLog`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -134,12 +134,12 @@ fn parse_time(text: &str) -> Time {
 const MAX_COLUMNS: usize = 16;
 
 /// The allocation a free line frees.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Freed {
-    /// Index of the allocation's event.
-    pub(crate) event: usize,
-    /// Its size.
-    pub(crate) size: usize,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Freed {
+    /// Index of the allocation's event, counted from the log's first event.
+    pub event: usize,
+    /// Its size in bytes.
+    pub size: usize,
 }
 
 /// A live allocation while parsing.

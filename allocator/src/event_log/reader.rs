@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use super::event_log::{EventLog, Freed, LineParser, LogEvent};
+use super::parser::{EventLog, Freed, LineParser, LogEvent};
 use super::lines::Lines;
 use crate::error::{Error, Result};
 
@@ -15,19 +15,19 @@ use crate::error::{Error, Result};
 pub struct LogLine {
     /// The event (its thread is an index into the threads read so far).
     pub event: LogEvent,
-    /// For a free of an allocation the log made, that allocation's size.
-    pub freed_bytes: Option<usize>,
+    /// For a free of an allocation the log made, that allocation.
+    pub freed: Option<Freed>,
 }
 
 /// A log read line by line from one input (a file, standard input, a decompressor's output),
 /// each line checked as [`EventLog::parse`](super::EventLog::parse) checks it. Its memory grows
 /// with the threads and the allocations live at once, not with the length of the log.
 ///
-/// [`replay_streamed`](super::replay_streamed) replays one; [`LogReader::inspect`] sees every
-/// event it reads on the way.
+/// `rmm replay` replays one as it reads it; [`LogReader::inspect`] sees every event it reads
+/// on the way.
 pub struct LogReader<'a> {
     lines: Lines<Box<dyn BufRead + 'a>>,
-    pub(crate) parser: LineParser,
+    parser: LineParser,
     observer: Option<Observer<'a>>,
 }
 
@@ -103,28 +103,48 @@ impl<'a> LogReader<'a> {
     /// # Errors
     /// [`Error::EventLog`] naming the line when it cannot be read or does not parse.
     pub fn next_event(&mut self) -> Result<Option<LogLine>> {
-        Ok(self.next_parsed()?.map(|(event, freed)| LogLine {
-            event,
-            freed_bytes: freed.map(|f| f.size),
-        }))
-    }
-
-    /// The next event and, for a free of an allocation the log made, that allocation.
-    pub(crate) fn next_parsed(&mut self) -> Result<Option<(LogEvent, Option<Freed>)>> {
         let Some((n, line)) = self.lines.next_line()? else {
             return Ok(None);
         };
         let (event, freed) = self.parser.line(n, line)?;
-        let Some(observe) = &mut self.observer else {
-            return Ok(Some((event, freed)));
-        };
-        let line = LogLine {
-            event,
-            freed_bytes: freed.map(|f| f.size),
-        };
-        observe(&line);
-        Ok(Some((line.event, freed)))
+        let line = LogLine { event, freed };
+        if let Some(observe) = &mut self.observer {
+            observe(&line);
+        }
+        Ok(Some(line))
     }
+
+    /// The figures of the lines read so far.
+    pub fn figures(&self) -> LogFigures {
+        LogFigures {
+            events: self.parser.events,
+            peak_bytes: self.parser.peak_bytes,
+            unmatched_frees: self.parser.unmatched_frees,
+            logged_failures: self.parser.logged_failures,
+            unfreed: self.parser.live_allocations(),
+        }
+    }
+
+    /// The logged thread ids read so far, in order of first appearance ([`LogEvent::thread`]
+    /// indexes them).
+    pub fn threads(&self) -> &[String] {
+        &self.parser.threads
+    }
+}
+
+/// What a [`LogReader`] counted in the lines it read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogFigures {
+    /// Events read.
+    pub events: usize,
+    /// Peak of the bytes live in log order.
+    pub peak_bytes: u64,
+    /// Frees of pointers the log never allocated.
+    pub unmatched_frees: usize,
+    /// `allocate failure` lines.
+    pub logged_failures: usize,
+    /// Allocations not freed by the last line read.
+    pub unfreed: usize,
 }
 
 /// Whole logs read into memory, through a [`LogReader`].
@@ -152,7 +172,7 @@ impl EventLog {
     fn read_all(mut log: LogReader<'_>) -> Result<EventLog> {
         let mut events = Vec::new();
         let mut freed_allocation = Vec::new();
-        while let Some((event, freed)) = log.next_parsed()? {
+        while let Some(LogLine { event, freed }) = log.next_event()? {
             events.push(event);
             freed_allocation.push(freed.map(|f| f.event));
         }
