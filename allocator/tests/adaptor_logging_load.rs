@@ -16,7 +16,7 @@ use rmm_allocator::adaptor::LogAction;
 use rmm_allocator::adaptor::log_thread_id;
 use rmm_allocator::adaptor::{LOG_HEADER, LoggingResourceAdaptor};
 use rmm_allocator::backend::DevicePtr;
-use rmm_allocator::replay::EventLog;
+use rmm_allocator::event_log::EventLog;
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};

@@ -294,53 +294,6 @@ fn an_overhead_that_is_no_share_is_refused_naming_the_setting() {
     }
 }
 
-/// The allocation log of a real training loop, replayed: a GPT-2-size decoder in PyTorch
-/// 2.11 on rmm-rs (AdamW, bf16 autocast, batch 8, a new sequence length in [64, 1024] each
-/// step), recorded on an H200 through rmm-rs's logging adaptor: its first 30 000 events (10
-/// steps, two threads: forward and PyTorch's autograd thread). Replayed in logged order on a
-/// simulated device of the H200's size, from a 1 GiB pool as in that run.
-#[test]
-fn a_recorded_pytorch_training_log_replays_within_the_overhead() {
-    use rmm_allocator::replay::{EventLog, ReplayOptions, ReplayOrder, replay};
-
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/gpt2_training_log.csv"
-    );
-    let log = EventLog::read(path).unwrap();
-    let (_, d) = common::unbacked_sim(141 * GIB);
-    let options = ReplayOptions {
-        order: ReplayOrder::Logged,
-        ..ReplayOptions::default()
-    };
-    let mut reserved = Vec::new();
-    for limit in [None, Some(OVERHEAD)] {
-        let mut builder = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
-            .initial_size(GIB as u64)
-            .virtual_memory(VirtualMemory::On);
-        if let Some(f) = limit {
-            builder = builder.max_overhead(f);
-        }
-        let pool = builder.build().unwrap();
-        let report = replay(&log, &pool, &options).unwrap();
-        assert!(report.failure.is_none(), "{:?}", report.failure);
-        assert_eq!(report.peak_bytes, report.logged_peak_bytes);
-        reserved.push((report.peak_bytes, pool.peak_pool_size()));
-    }
-    let bound = |peak: u64| (peak as f64 * (1.0 + OVERHEAD)) as u64 + SLACK;
-    let (peak, without) = reserved[0];
-    assert!(
-        without > bound(peak),
-        "without a limit {without} for a peak of {peak}: the log no longer shows the problem"
-    );
-    let (peak, with) = reserved[1];
-    assert!(
-        with <= bound(peak),
-        "with max_overhead {OVERHEAD}: {with} reserved for a peak of {peak} ({:.3}×)",
-        with as f64 / peak as f64
-    );
-}
-
 use common::unbacked_sim as sim_of;
 
 fn limited(d: Device, initial: u64) -> PoolMemoryResource {

@@ -18,12 +18,11 @@
 use std::sync::{Arc, Barrier};
 
 use rmm::allocator::adaptor::LoggingResourceAdaptor;
-use rmm::allocator::replay::{
-    LogReader, ReplayOptions, ReplayOrder, ReplayReport, replay_streamed,
-};
+use rmm::allocator::event_log::LogReader;
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{CudaMemoryResource, PoolMemoryResource};
 use rmm::allocator::{Device, Stream};
+use rmm_cli::replay::{ReplayOptions, ReplayOrder, ReplayReport, replay_streamed};
 
 mod common;
 

@@ -16,6 +16,7 @@ pub mod atomic_file;
 pub mod bench;
 pub mod demo;
 pub mod plural;
+pub mod replay;
 pub mod table;
 pub mod timeline;
 pub mod units;

@@ -191,7 +191,7 @@ fn a_malformed_log_names_the_file_and_line() {
 /// The sample log shipped with the allocator's tests, found at run time.
 fn sample_log() -> PathBuf {
     let root = std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR at run time");
-    PathBuf::from(root).join("../allocator/tests/data/rmm_log_sample.csv")
+    PathBuf::from(root).join("tests/data/rmm_log_sample.csv")
 }
 
 fn pickle_dict(path: &std::path::Path) -> serde_pickle::Value {

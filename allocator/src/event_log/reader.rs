@@ -6,8 +6,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 
-use super::parser::{EventLog, Freed, LineParser, LogEvent};
 use super::lines::Lines;
+use super::parser::{EventLog, Freed, LineParser, LogEvent};
 use crate::error::{Error, Result};
 
 /// One event as a [`LogReader`] reads it.

@@ -1,6 +1,6 @@
 //! Replaying memory event logs, a tool over any resource (as RMM's replay benchmark is, not
 //! an adaptor): parse a log in RMM's CSV format (RMM's own, or one written by
-//! [`LoggingResourceAdaptor`](crate::adaptor::LoggingResourceAdaptor)) and play it against any
+//! [`LoggingResourceAdaptor`](rmm::allocator::adaptor::LoggingResourceAdaptor)) and play it against any
 //! resource, each logged thread's
 //! events in order on one replay thread, reporting the wall time, the peak bytes in use and
 //! whether every allocation succeeded. On the unbacked simulated device this answers "would
@@ -40,24 +40,17 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::adaptor::LogAction;
-use crate::adaptor::{chain_names, find_in_chain};
-use crate::backend::DevicePtr;
-use crate::error::{Error, Result, fmt_bytes};
-use crate::resource::{DeviceMemoryResource, PoolMemoryResource};
-use crate::stream::Stream;
-use crate::stream_view::StreamView;
 use assign::Assignment;
+use rmm::allocator::adaptor::{LogAction, chain_names, find_in_chain};
+use rmm::allocator::backend::DevicePtr;
+use rmm::allocator::event_log::EventLog;
+use rmm::allocator::resource::{DeviceMemoryResource, PoolMemoryResource};
+use rmm::allocator::{Error, Result, Stream, StreamView, fmt_bytes};
 
 mod assign;
-mod event_log;
-mod lines;
-mod reader;
-mod stream;
+mod streamed;
 
-pub use event_log::{EventLog, LogEvent};
-pub use reader::{LogLine, LogReader};
-pub use stream::replay_streamed;
+pub use streamed::replay_streamed;
 
 /// In which order threads replay their events (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,6 +1,6 @@
 //! Replaying a log as it is read, once: memory grows with the allocations live at once and
 //! the logged threads, never with the length of the log (an in-memory
-//! [`EventLog`](super::EventLog) of a 4 M-line log takes hundreds of MB), and the log may come
+//! [`EventLog`](rmm::allocator::event_log::EventLog) of a 4 M-line log takes hundreds of MB), and the log may come
 //! from a pipe.
 //!
 //! [`replay_streamed`] plays each event of a [`LogReader`] as it is read:
@@ -27,17 +27,14 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
+use rmm::allocator::adaptor::{LogAction, chain_names, find_in_chain};
+use rmm::allocator::backend::DevicePtr;
+use rmm::allocator::event_log::{Freed, LogEvent, LogLine, LogReader};
+use rmm::allocator::resource::{DeviceMemoryResource, PoolMemoryResource};
+use rmm::allocator::{Device, Error, Result, Stream, StreamView};
+
 use super::assign::Assignment;
-use super::event_log::{Freed, LogEvent};
-use super::{LogReader, ReplayFailure, ReplayOptions, ReplayOrder, ReplayReport};
-use crate::Device;
-use crate::adaptor::LogAction;
-use crate::adaptor::{chain_names, find_in_chain};
-use crate::backend::DevicePtr;
-use crate::error::{Error, Result};
-use crate::resource::{DeviceMemoryResource, PoolMemoryResource};
-use crate::stream::Stream;
-use crate::stream_view::StreamView;
+use super::{ReplayFailure, ReplayOptions, ReplayOrder, ReplayReport};
 
 /// Operations handed to a replay thread at once (one channel message), and batches queued
 /// ahead of it.
@@ -374,7 +371,7 @@ impl<'scope, 'r: 'scope> Workers<'scope, '_, 'r> {
 
 /// Replays `log` on the calling thread, in log order, until its end or a failure.
 fn replay_logged(log: &mut LogReader<'_>, feed: &mut Feed, state: &State<'_>) -> Result<()> {
-    while let Some((e, freed)) = log.next_parsed()? {
+    while let Some(LogLine { event: e, freed }) = log.next_event()? {
         if let Some(op) = feed.op(&e, freed)? {
             state.run(op);
         }
@@ -402,7 +399,7 @@ fn replay_concurrent(
             pending: Vec::new(),
         };
         let read = (|| -> Result<()> {
-            while let Some((e, freed)) = log.next_parsed()? {
+            while let Some(LogLine { event: e, freed }) = log.next_event()? {
                 if let Some(op) = feed.op(&e, freed)? {
                     workers.push(op)?;
                 }
@@ -485,12 +482,12 @@ pub fn replay_streamed(
     let threads = replayed?;
     if state.stopped() {
         // The rest of the log, for its figures (and whoever inspects it): not replayed.
-        while log.next_parsed()?.is_some() {}
+        while log.next_event()?.is_some() {}
     }
-    let parser = &log.parser;
+    let figures = log.figures();
     let failure = state.failure.into_inner().map(|f| ReplayFailure {
         line: f.line,
-        thread: parser.threads.get(f.thread).cloned().unwrap_or_default(),
+        thread: log.threads().get(f.thread).cloned().unwrap_or_default(),
         time_us: f.time_us,
         action: f.action,
         bytes: f.bytes,
@@ -502,7 +499,7 @@ pub fn replay_streamed(
         resource: chain_names(resource),
         device: device.ordinal(),
         order: options.order,
-        events: parser.events,
+        events: figures.events,
         allocations: feed.allocations,
         frees: feed.frees,
         threads,
@@ -511,11 +508,11 @@ pub fn replay_streamed(
         elapsed,
         peak_bytes: state.peak_bytes.load(Ordering::Relaxed).max(0) as u64,
         peak_allocations: state.peak_count.load(Ordering::Relaxed).max(0) as u64,
-        logged_peak_bytes: parser.peak_bytes,
+        logged_peak_bytes: figures.peak_bytes,
         reserved_bytes,
-        skipped_frees: parser.unmatched_frees,
-        logged_failures: parser.logged_failures,
-        unfreed: parser.live_allocations(),
+        skipped_frees: figures.unmatched_frees,
+        logged_failures: figures.logged_failures,
+        unfreed: figures.unfreed,
         failure,
     })
 }

@@ -3,7 +3,7 @@
 //!
 //! During the replay, the pool's hook events go to a [`Hooked`] (the sink of a streaming
 //! [`Recorder`](rmm_cli::timeline::Recorder)), and the log's own events, as the replay reads
-//! them, to a [`LogPass`] ([`LogReader::inspect`](rmm::allocator::replay::LogReader::inspect)).
+//! them, to a [`LogPass`] ([`LogReader::inspect`](rmm::allocator::event_log::LogReader::inspect)).
 //!
 //! The plot is on the log's own clock when the log has times: the bytes in use are the log's
 //! (its allocations and frees at the times it recorded them); the bytes the pool reserved
@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rmm::allocator::adaptor::LogAction;
-use rmm::allocator::replay::{LogLine, ReplayFailure, ReplayReport};
+use rmm::allocator::event_log::LogLine;
+use rmm_cli::replay::{ReplayFailure, ReplayReport};
 use rmm_cli::timeline::{
     Action, DeviceTimeline, Downsampler, Mark, MarkKind, MemoryEvent, Sample, Timeline, TorchTrace,
 };
@@ -39,7 +40,7 @@ const SETTLE_EVERY: usize = 256;
 /// failures as out-of-memory.
 fn memory_event(line: &LogLine, t: f64) -> Option<MemoryEvent> {
     let e = &line.event;
-    let (action, addr, size) = match (e.action, line.freed_bytes) {
+    let (action, addr, size) = match (e.action, line.freed.map(|f| f.size)) {
         (LogAction::Allocate, _) if e.ptr != 0 && e.size != 0 => (Action::Alloc, e.ptr, e.size),
         (LogAction::Free, Some(size)) => (Action::FreeCompleted, e.ptr, size),
         (LogAction::AllocateFailure, _) => (Action::Oom, 0, e.size),
@@ -428,7 +429,7 @@ pub fn plot_timeline(
 
 #[cfg(test)]
 mod tests {
-    use rmm::allocator::replay::LogReader;
+    use rmm::allocator::event_log::LogReader;
 
     use super::*;
 

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use rmm::allocator::adaptor::find_in_chain;
 use rmm::allocator::backend::DevicePtr;
 use rmm::allocator::backend::{self, MemInfo, SimBackend, SimConfig, SimMemoryMode};
-use rmm::allocator::replay::{LogReader, ReplayOptions, ReplayOrder, replay_streamed};
+use rmm::allocator::event_log::LogReader;
 use rmm::allocator::resource::DeviceMemoryResource;
 use rmm::allocator::resource::SharedResource;
 use rmm::allocator::resource::{
@@ -23,6 +23,7 @@ use rmm::allocator::resource::{
 };
 use rmm::allocator::{Device, StreamView};
 use rmm::config::Size;
+use rmm_cli::replay::{ReplayOptions, ReplayOrder, replay_streamed};
 use rmm_cli::timeline::{
     Action, DEFAULT_TRACE_ENTRIES, MemoryEvent, PlotFormat, Recorder, TorchTrace, render,
     torch_snapshot_of,

@@ -1,8 +1,8 @@
 //! What `rmm replay` prints: its figures as a two-column table (binary units), or as JSON
 //! (bytes and seconds).
 
-use rmm::allocator::replay::{ReplayOrder, ReplayReport};
 use rmm_cli::plural::count;
+use rmm_cli::replay::{ReplayOrder, ReplayReport};
 use rmm_cli::table::{Align, Table};
 use rmm_cli::units::bytes;
 use serde_json::{Value, json};

@@ -10,11 +10,12 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use rmm_allocator::Device;
-use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-use rmm_allocator::replay::{EventLog, LogReader, ReplayOptions, ReplayOrder, replay};
-use rmm_allocator::resource::CudaMemoryResource;
-use rmm_allocator::{Error, replay::replay_streamed};
+use rmm::allocator::Device;
+use rmm::allocator::Error;
+use rmm::allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm::allocator::event_log::{EventLog, LogReader};
+use rmm::allocator::resource::CudaMemoryResource;
+use rmm_cli::replay::{ReplayOptions, ReplayOrder, replay, replay_streamed};
 
 /// The longest one input may take (parsing, scanning and replaying), far above what any
 /// takes: a hang or a blow-up fails the test instead of stalling CI.

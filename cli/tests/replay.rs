@@ -1,18 +1,39 @@
 //! Replay of RMM-format logs: a hand-written RMM log, malformed logs, and "would this fit on
 //! a 40 GiB GPU" on the unbacked simulated device.
 
-mod common;
-
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use common::{GIB, MIB, device};
-use rmm_allocator::adaptor::LogAction;
-use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
-use rmm_allocator::replay::{EventLog, ReplayOptions, ReplayOrder, replay};
-use rmm_allocator::resource::SharedResource;
-use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-use rmm_allocator::{Device, Error};
+use rmm::allocator::adaptor::LogAction;
+use rmm::allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
+use rmm::allocator::event_log::EventLog;
+use rmm::allocator::resource::{
+    CudaMemoryResource, PoolMemoryResource, SharedResource, VirtualMemory,
+};
+use rmm::allocator::{Device, Error};
+use rmm_cli::replay::{ReplayOptions, ReplayOrder, replay};
+
+const MIB: usize = 1 << 20;
+const GIB: usize = 1 << 30;
+
+/// Device 0 of the process-wide backend (`RMM_BACKEND` picks it: sim in CI, cuda on a GPU).
+fn device() -> Device {
+    Device::new(0).expect("device 0 of the process-wide backend")
+}
+
+/// A simulated device of its own, of `capacity` bytes, whose memory is addresses only.
+fn unbacked_sim(capacity: usize) -> (&'static SimBackend, Device) {
+    let b = SimBackend::leak(SimConfig {
+        devices: 1,
+        capacity,
+        mode: SimMemoryMode::Unbacked,
+    })
+    .expect("a simulated device");
+    (
+        b,
+        Device::on(b, 0).expect("device 0 of the simulated backend"),
+    )
+}
 
 /// tests/data/rmm_log_sample.csv, embedded so the test binary can run from anywhere.
 const SAMPLE_TEXT: &str = include_str!("data/rmm_log_sample.csv");
@@ -317,7 +338,8 @@ fn write_mixed_log(
 
 #[test]
 fn a_streamed_replay_matches_the_in_memory_one() {
-    use rmm_allocator::replay::{LogReader, replay_streamed};
+    use rmm::allocator::event_log::LogReader;
+    use rmm_cli::replay::replay_streamed;
     let scratch = scratch();
     let path = write_mixed_log(scratch.path(), "mixed.csv", 4, 3000);
     let log = EventLog::read(&path).unwrap();
@@ -368,7 +390,8 @@ fn a_streamed_replay_matches_the_in_memory_one() {
 
 #[test]
 fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
-    use rmm_allocator::replay::{LogReader, replay_streamed};
+    use rmm::allocator::event_log::LogReader;
+    use rmm_cli::replay::replay_streamed;
     let b = SimBackend::leak(SimConfig {
         devices: 1,
         capacity: 40 * GIB,
@@ -446,7 +469,8 @@ fn peak_rss_kib() -> u64 {
 
 #[test]
 fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
-    use rmm_allocator::replay::{LogReader, replay_streamed};
+    use rmm::allocator::event_log::LogReader;
+    use rmm_cli::replay::replay_streamed;
     let b = SimBackend::leak(SimConfig {
         devices: 1,
         capacity: 40 * GIB,
@@ -541,7 +565,7 @@ fn a_line_past_the_limit_is_an_error_naming_it_and_the_limit() {
 
 #[test]
 fn an_endless_input_is_an_error_at_the_limit_not_a_read_that_never_ends() {
-    use rmm_allocator::replay::LogReader;
+    use rmm::allocator::event_log::LogReader;
     // An input without line ends, and without an end at all: stops at the limit.
     let zeros = std::io::BufReader::new(std::io::repeat(0));
     let e = LogReader::new(zeros, "zeros").unwrap_err().to_string();
@@ -583,22 +607,22 @@ impl ThreadCounting {
     }
 }
 
-impl rmm_allocator::resource::DeviceMemoryResource for ThreadCounting {
+impl rmm::allocator::resource::DeviceMemoryResource for ThreadCounting {
     fn allocate(
         &self,
         bytes: usize,
-        stream: rmm_allocator::StreamView,
-    ) -> rmm_allocator::Result<rmm_allocator::backend::DevicePtr> {
+        stream: rmm::allocator::StreamView,
+    ) -> rmm::allocator::Result<rmm::allocator::backend::DevicePtr> {
         self.saw();
         self.inner.allocate(bytes, stream)
     }
 
     fn deallocate(
         &self,
-        ptr: rmm_allocator::backend::DevicePtr,
+        ptr: rmm::allocator::backend::DevicePtr,
         bytes: usize,
-        stream: rmm_allocator::StreamView,
-    ) -> rmm_allocator::Result<()> {
+        stream: rmm::allocator::StreamView,
+    ) -> rmm::allocator::Result<()> {
         self.saw();
         self.inner.deallocate(ptr, bytes, stream)
     }
@@ -673,7 +697,8 @@ fn a_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
 
 #[test]
 fn logged_threads_sharing_replay_threads_keep_their_order_and_cross_thread_frees() {
-    use rmm_allocator::replay::{LogReader, replay_streamed};
+    use rmm::allocator::event_log::LogReader;
+    use rmm_cli::replay::replay_streamed;
     // Every free waits for another logged thread's allocation, whichever replay thread it is
     // on; three replay threads for 600 logged threads.
     let text = many_threads_log(600, true);
@@ -723,7 +748,8 @@ fn logged_threads_sharing_replay_threads_keep_their_order_and_cross_thread_frees
 
 #[test]
 fn a_streamed_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
-    use rmm_allocator::replay::{LogReader, replay_streamed};
+    use rmm::allocator::event_log::LogReader;
+    use rmm_cli::replay::replay_streamed;
     let text = many_threads_log(50_000, false);
     let resource = ThreadCounting::new(device());
     let options = ReplayOptions {
@@ -741,5 +767,54 @@ fn a_streamed_log_of_50_000_threads_replays_on_a_bounded_number_of_threads() {
     assert!(
         used <= default_thread_limit() && used == r.threads,
         "{used}: {r}"
+    );
+}
+
+/// The allocation log of a real training loop, replayed: a GPT-2-size decoder in PyTorch
+/// 2.11 on rmm-rs (AdamW, bf16 autocast, batch 8, a new sequence length in [64, 1024] each
+/// step), recorded on an H200 through rmm-rs's logging adaptor: its first 30 000 events (10
+/// steps, two threads: forward and PyTorch's autograd thread). Replayed in logged order on a
+/// simulated device of the H200's size, from a 1 GiB pool as in that run.
+#[test]
+fn a_recorded_pytorch_training_log_replays_within_the_overhead() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/gpt2_training_log.csv"
+    );
+    let log = EventLog::read(path).unwrap();
+    let (_, d) = unbacked_sim(141 * GIB);
+    let options = ReplayOptions {
+        order: ReplayOrder::Logged,
+        ..ReplayOptions::default()
+    };
+    let mut reserved = Vec::new();
+    // The limit under test and the slack of whole chunks it may leave (as in the allocator's
+    // pool_footprint tests).
+    const OVERHEAD: f64 = 0.05;
+    const SLACK: u64 = 18 * MIB as u64;
+    for limit in [None, Some(OVERHEAD)] {
+        let mut builder = PoolMemoryResource::builder(Arc::new(CudaMemoryResource::new(d)))
+            .initial_size(GIB as u64)
+            .virtual_memory(VirtualMemory::On);
+        if let Some(f) = limit {
+            builder = builder.max_overhead(f);
+        }
+        let pool = builder.build().unwrap();
+        let report = replay(&log, &pool, &options).unwrap();
+        assert!(report.failure.is_none(), "{:?}", report.failure);
+        assert_eq!(report.peak_bytes, report.logged_peak_bytes);
+        reserved.push((report.peak_bytes, pool.peak_pool_size()));
+    }
+    let bound = |peak: u64| (peak as f64 * (1.0 + OVERHEAD)) as u64 + SLACK;
+    let (peak, without) = reserved[0];
+    assert!(
+        without > bound(peak),
+        "without a limit {without} for a peak of {peak}: the log no longer shows the problem"
+    );
+    let (peak, with) = reserved[1];
+    assert!(
+        with <= bound(peak),
+        "with max_overhead {OVERHEAD}: {with} reserved for a peak of {peak} ({:.3}×)",
+        with as f64 / peak as f64
     );
 }
