@@ -71,13 +71,12 @@ pub struct EffectiveValue {
 }
 
 impl Config {
-    /// Reads `text` as a complete configuration file, with no environment: the inverse of
+    /// Reads `text` as a complete configuration file, without environment: the inverse of
     /// [`Config::to_toml`].
     ///
     /// # Errors
-    /// As [`ConfigLoader::load`]: [`Error::Parse`] when `text` is not TOML, [`Error::UnknownKey`]
-    /// or [`Error::InvalidValue`] for a bad key or value ([`Error::Several`] when there are more),
-    /// or a conflict between keys.
+    /// As [`ConfigLoader::load`]: [`Error::Parse`], [`Error::UnknownKey`], [`Error::InvalidValue`]
+    /// ([`Error::Several`] for more), or a conflict between keys.
     pub fn from_toml_str(text: &str) -> Result<Config> {
         ConfigLoader::new()
             .no_env()
@@ -85,11 +84,11 @@ impl Config {
             .load()
     }
 
-    /// The configuration as a TOML document with every key; [`Config::from_toml_str`] reads
-    /// it back to an equal value. Fails only for a path that is not UTF-8.
+    /// The configuration as a TOML document with every key, read back equal by
+    /// [`Config::from_toml_str`].
     ///
     /// # Errors
-    /// [`Error::Serialize`] when a value cannot be written as TOML (a path that is not UTF-8).
+    /// [`Error::Serialize`] for a path that is not UTF-8.
     pub fn to_toml(&self) -> Result<String> {
         toml::to_string(self).map_err(|e| Error::Serialize(e.to_string()))
     }
@@ -99,9 +98,9 @@ impl Config {
         self.sources.0.get(key).cloned().unwrap_or(Source::Default)
     }
 
-    /// Every key with its effective value and source, in the order of the example
-    /// `rmm.toml`, followed by the `[device.N]` overrides that are set. Sources are those
-    /// recorded by the loader: a field changed in code afterwards keeps its loaded source.
+    /// Every key with its effective value and source, in the example `rmm.toml`'s order, then the
+    /// `[device.N]` overrides set. Sources are the loader's: a field changed in code afterwards
+    /// keeps its loaded source.
     pub fn effective_values(&self) -> Vec<EffectiveValue> {
         let row = |key: String, value: String| EffectiveValue {
             source: self.source(&key),
@@ -159,12 +158,12 @@ impl Config {
         }
     }
 
-    /// The checks that need no device facts: conflicts between keys. [`ConfigLoader::load`]
-    /// and [`Config::resolve`] call it; call it after changing fields in code.
+    /// The checks needing no device facts: conflicts between keys. [`ConfigLoader::load`] and
+    /// [`Config::resolve`] call it; call it after changing fields in code.
     ///
     /// # Errors
     /// [`Error::InvalidValue`], [`Error::AsyncWithManaged`], [`Error::InitialAboveMaximum`] or
-    /// [`Error::InitialAboveLimit`] for a conflict; [`Error::Several`] when there is more than one.
+    /// [`Error::InitialAboveLimit`]; [`Error::Several`] for more than one.
     pub fn validate(&self) -> Result<()> {
         let mut errors = Vec::new();
         // Loaded values are checked by the loader; this catches a field set in code.

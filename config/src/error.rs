@@ -48,10 +48,7 @@ impl fmt::Display for Setting {
     }
 }
 
-/// Everything that can go wrong while loading, checking or resolving a configuration.
-///
-/// Each message names the file or environment variable, the key and the value, and says
-/// what would be accepted or what to change.
+/// Errors loading, checking or resolving a configuration, each naming where, key, value and fix.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The configuration file exists (or was named explicitly) but cannot be read.
@@ -137,8 +134,7 @@ pub enum Error {
         /// The maximum size.
         maximum: Box<Setting>,
     },
-    /// The pool's default initial size (half the free memory) was asked for, but the device's
-    /// facts do not say how much memory is free.
+    /// The default initial size (half the free memory) needs the device's free memory, not given.
     #[error(
         "device {device}: the pool's default initial size is half the device's free memory, \
          and its DeviceFacts have no free_memory; read it when Config::needs_free_memory is \
@@ -262,8 +258,7 @@ pub enum Error {
         /// The size.
         setting: Box<Setting>,
     },
-    /// A value nests tables or arrays deeper than [`crate::MAX_NESTING`] levels (or contains
-    /// itself, which a caller reports as this too).
+    /// A value nests deeper than [`crate::MAX_NESTING`] levels (or contains itself).
     #[error(
         "{origin}: {key} nests tables or arrays deeper than {limit} levels (the limit); a \
          configuration value needs at most a few (e.g. device.1.pool.initial_size): flatten it"

@@ -21,16 +21,13 @@
 //!
 //! # Layers
 //!
-//! Later layers win key by key ([`ConfigLoader`]): built-in defaults; the file named in code,
-//! else by `RMM_CONFIG` (an error if missing), else `./rmm.toml` (skipped if missing); the
-//! environment; overrides in code. [`Config::effective_values`] tells, for every key, which
-//! layer its value came from ([`Source`]).
+//! Defaults, file, environment, code: later layers win key by key ([`ConfigLoader`]).
+//! [`Config::effective_values`] tells each key's layer ([`Source`]).
 //!
 //! # Keys and environment variables
 //!
-//! A key `section.name` is set by `RMM_SECTION__NAME` (double underscore between parts).
-//! Environment text is read as TOML would read the value, plus: booleans also as `1`/`0`,
-//! `yes`/`no`, `on`/`off`; `devices` as a comma-separated list (`0,1` or `GPU-…`).
+//! `RMM_SECTION__NAME` sets key `section.name`. Environment text is read as TOML, plus:
+//! booleans also as `1`/`0`, `yes`/`no`, `on`/`off`; `devices` as a comma-separated list.
 //!
 //! | key | environment | default | accepts |
 //! |---|---|---|---|
@@ -63,33 +60,30 @@
 //! | `tracking.backtraces` | `RMM_TRACKING__BACKTRACES` | `false` | bool |
 //! | `device.N.<size key>` | `RMM_DEVICE__N__POOL__INITIAL_SIZE`, … | (global value) | as the key |
 //!
-//! A `[device.N]` table overrides, for device N only, the size keys: `pool.initial_size`,
+//! A `[device.N]` table overrides for device N the size keys `pool.initial_size`,
 //! `pool.maximum_size`, `pool.release_threshold`, `pool.growth`,
-//! `limits.device_memory_limit`, `spill.device_memory_limit`, `spill.host_pool_size`.
+//! `limits.device_memory_limit`, `spill.device_memory_limit` and `spill.host_pool_size`.
 //!
-//! Not keys, and left alone ([`ENV_NOT_KEYS`]): `RMM_CONFIG` (the file), `RMM_SIM_*` (the
-//! simulated device, read by `rmm-allocator`), `RMM_LOG` (the CLI's log filter),
-//! `RMM_BENCH_*` (benchmarks). RAPIDS RMM's own variables ([`ENV_RAPIDS_IGNORED`]:
-//! `RMM_DEBUG_LOG_FILE`, `RMM_LOG_FILE`, …) are ignored with a warning (through `tracing`).
-//! Any other `RMM_*` variable is an error, with a suggestion when it looks like a misspelt
-//! key.
+//! Not keys, left alone ([`ENV_NOT_KEYS`]): `RMM_CONFIG` (the file), `RMM_SIM_*` (the
+//! simulated device), `RMM_LOG` (the CLI's log filter), `RMM_BENCH_*` (benchmarks). RAPIDS
+//! RMM's own variables ([`ENV_RAPIDS_IGNORED`]: `RMM_LOG_FILE`, …) are ignored with a
+//! `tracing` warning. Any other `RMM_*` variable is an error, with a suggestion for a
+//! misspelt key.
 //!
 //! # Sizes
 //!
-//! See [`Size`]: bytes, `"2GiB"`, `"512MB"`, `"1.5 GB"`, or a fraction of the device's total
-//! memory (`"50%"`, `0.5`). Resolved sizes are rounded **down** to a multiple of 256 bytes.
+//! See [`Size`]: bytes, `"2GiB"`, `"1.5 GB"`, or a fraction of the device's total memory
+//! (`"50%"`, `0.5`). Resolved sizes are rounded **down** to a multiple of 256 bytes.
 //!
 //! # Errors
 //!
-//! One [`Error`] type. Loading reports every bad key and value together, each naming its
-//! file or variable, key, value and the accepted forms, e.g.
-//! `rmm.toml: pool.initial_size = "2GB0": expected bytes, "2GiB", "50%" or "auto"` or
-//! `rmm.toml: unknown key pool.intial_size; did you mean pool.initial_size?`.
+//! One [`Error`] type. Loading reports every bad key and value together, each naming its file
+//! or variable, key, value and accepted forms, e.g.
+//! `rmm.toml: pool.initial_size = "2GB0": expected bytes, "2GiB", "50%" or "auto"`.
 
-/// The most worker threads per device `workers_per_device` accepts: each worker is a thread
-/// with its own stream, and a GPU's work is done by a handful per device (Dask runs one);
-/// 256 leaves ample room while a typo (`100000`) is an error naming the key instead of
-/// thousands of threads that the system may refuse to start.
+/// The most `workers_per_device` accepts. Each worker is a thread with its own stream and a
+/// handful per device suffices (Dask runs one); a typo (`100000`) is then an error naming the
+/// key, not thousands of threads the system may refuse to start.
 pub const MAX_WORKERS_PER_DEVICE: u32 = 256;
 
 mod config;

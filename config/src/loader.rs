@@ -1,8 +1,6 @@
-//! Layering: built-in defaults, then the file, then the environment, then code overrides.
-//!
-//! Each layer is checked key by key against the schema (so that an error can name its file or
-//! variable, key and value), merged into one flat `key → value` map, and the map is then
-//! deserialized into [`Config`].
+//! Layering ([`ConfigLoader`]): each layer is checked key by key against the schema (so an
+//! error names its file or variable, key and value), merged into one flat `key → value` map,
+//! then deserialized into [`Config`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,13 +12,12 @@ use crate::types::{Config, Provenance};
 /// Builds a [`Config`] from layers, later layers winning key by key:
 ///
 /// 1. built-in defaults ([`Config::default`]);
-/// 2. a TOML file: the one given to [`file`](Self::file) / [`optional_file`](Self::optional_file)
-///    / [`toml_str`](Self::toml_str), else the path in `RMM_CONFIG` (must exist), else
-///    `./rmm.toml` (skipped when missing);
-/// 3. environment variables `RMM_<SECTION>__<KEY>` (see [`crate::env_var_name`]), from the
-///    process or from [`env_from`](Self::env_from);
-/// 4. overrides in code, in call order: [`set`](Self::set) (a TOML value) and
-///    [`set_str`](Self::set_str) (text, read as an environment value would be).
+/// 2. a TOML file: [`file`](Self::file), [`optional_file`](Self::optional_file) or
+///    [`toml_str`](Self::toml_str), else `RMM_CONFIG` (must exist), else `./rmm.toml` (if any);
+/// 3. environment variables `RMM_<SECTION>__<KEY>` ([`crate::env_var_name`]), from the process
+///    or [`env_from`](Self::env_from);
+/// 4. code overrides in call order: [`set`](Self::set) (a TOML value), [`set_str`](Self::set_str)
+///    (text, read as an environment value).
 ///
 /// ```
 /// # mod rmm { pub use rmm_config as config; }
@@ -51,8 +48,7 @@ enum FileChoice {
     Text {
         name: PathBuf,
         text: String,
-        /// A whole configuration written out ([`Config::to_toml`]): read as a running
-        /// configuration is, its sizes carried over whatever is on.
+        /// A whole written configuration ([`Config::to_toml`]): sizes kept whatever is on.
         complete: bool,
     },
     Skip,
@@ -66,17 +62,14 @@ enum Override {
     Text(String),
 }
 
-/// How deeply a configuration value may nest tables and arrays (the value of a top-level
-/// key counts as level 1). The schema needs four levels (`device.1.pool.initial_size`), so
-/// 32 leaves ample room; anything deeper is refused with [`Error::TooDeep`] before any
-/// recursive walk of it, so that hostile or cyclic input (from Python, say) cannot
-/// overflow the stack.
+/// How deeply a value may nest tables and arrays (a top-level key's value is level 1; the
+/// schema needs 4). Deeper is refused with [`Error::TooDeep`] before any recursive walk, so
+/// hostile or cyclic input (from Python, say) cannot overflow the stack.
 pub const MAX_NESTING: usize = 32;
 
-/// The path (`key`, `key.name`, `key[0]`) of the first table or array in `value` that lies
-/// deeper than `limit` levels, if any. Iterative: the depth of `value` is not trusted.
+/// Path (`key.name`, `key[0]`) of the first table or array deeper than `limit`; iterative.
 pub(crate) fn too_deep(key: &str, value: &toml::Value, limit: usize) -> Option<String> {
-    // Most values are plain: nothing to walk, nothing to allocate.
+    // Plain values: nothing to walk or allocate.
     if !matches!(value, toml::Value::Table(_) | toml::Value::Array(_)) {
         return None;
     }
@@ -105,7 +98,7 @@ pub(crate) fn too_deep(key: &str, value: &toml::Value, limit: usize) -> Option<S
     None
 }
 
-/// The name of the variable that names the configuration file.
+/// The variable naming the configuration file.
 pub const CONFIG_PATH_VAR: &str = "RMM_CONFIG";
 
 /// The file read when neither code nor `RMM_CONFIG` names one.
@@ -127,10 +120,8 @@ impl ConfigLoader {
         }
     }
 
-    /// Starts from `config` (every key of it, with the source each value had) instead of
-    /// the defaults and a file, and reads no environment (`config` took it into account when
-    /// it was loaded): [`set`](Self::set) then changes what it names and nothing else.
-    /// "The running configuration with one change":
+    /// Starts from `config` (every key, with its source) instead of defaults, file and
+    /// environment: [`set`](Self::set) then changes only what it names.
     ///
     /// ```
     /// # mod rmm { pub use rmm_config as config; }
@@ -174,9 +165,8 @@ impl ConfigLoader {
         self
     }
 
-    /// As [`toml_str`](Self::toml_str), for the text of a whole configuration
-    /// ([`Config::to_toml`]): like a running configuration ([`from_config`](Self::from_config)),
-    /// its sizes are taken as they are, also those of a feature that is off.
+    /// As [`toml_str`](Self::toml_str), for a whole configuration ([`Config::to_toml`]): as with
+    /// [`from_config`](Self::from_config), its sizes are kept, even a disabled feature's.
     pub(crate) fn complete_toml_str(
         mut self,
         name: impl Into<PathBuf>,
@@ -196,9 +186,7 @@ impl ConfigLoader {
         self
     }
 
-    /// Uses these variables instead of the process environment (also for `RMM_CONFIG`), so
-    /// that tests never change the process environment. Names without the `RMM_` prefix are
-    /// ignored, as in the process environment.
+    /// Uses these variables, not the process environment's (also for `RMM_CONFIG`): for tests.
     pub fn env_from<I, K, V>(mut self, vars: I) -> Self
     where
         I: IntoIterator<Item = (K, V)>,
@@ -218,31 +206,26 @@ impl ConfigLoader {
         self.env_from(std::iter::empty::<(String, String)>())
     }
 
-    /// Overrides a key (`"pool.enabled"`, `"device.1.pool.initial_size"`) or a whole table
-    /// (`"pool"`) with a TOML value: `true`, `2`, `"2GiB"`, `0.5`, an array or a table.
-    /// Checked, like every layer, by [`load`](Self::load).
+    /// Overrides a key (`"device.1.pool.initial_size"`) or table (`"pool"`) with a TOML value.
     pub fn set(mut self, key: impl Into<String>, value: impl Into<toml::Value>) -> Self {
         self.overrides
             .push((key.into(), Override::Toml(value.into())));
         self
     }
 
-    /// Overrides a key with text read as an environment value would be (`"true"`, `"0,1"`,
-    /// `"2GiB"`): for a CLI's `--set key=value`.
+    /// Overrides a key with text read as an environment value (a CLI's `--set key=value`).
     pub fn set_str(mut self, key: impl Into<String>, text: impl Into<String>) -> Self {
         self.overrides
             .push((key.into(), Override::Text(text.into())));
         self
     }
 
-    /// Reads and checks every layer. Reports every bad key and value at once
-    /// ([`Error::Several`] when there is more than one), then conflicts between keys.
+    /// Reads and checks every layer, reporting all bad keys and values at once, then conflicts.
     ///
     /// # Errors
-    /// [`Error::ReadFile`] or [`Error::ConfigFileMissing`] when the configuration file cannot be
-    /// read; [`Error::Parse`], [`Error::UnknownKey`], [`Error::InvalidValue`] or [`Error::TooDeep`]
-    /// for a bad layer ([`Error::Several`] when there are more); then the conflicts
-    /// [`Config::validate`] finds.
+    /// [`Error::ReadFile`] or [`Error::ConfigFileMissing`] for the file; [`Error::Parse`],
+    /// [`Error::UnknownKey`], [`Error::InvalidValue`] or [`Error::TooDeep`] for a bad layer
+    /// ([`Error::Several`] when more than one); then what [`Config::validate`] finds.
     pub fn load(&self) -> Result<Config> {
         let env = self.env_vars();
         let mut layers = Layers::default();
@@ -276,7 +259,7 @@ impl ConfigLoader {
         Ok(config)
     }
 
-    /// The `RMM_*` variables, sorted by name so that errors come in a stable order.
+    /// The `RMM_*` variables, sorted by name for a stable error order.
     fn env_vars(&self) -> Vec<(String, String)> {
         let mut vars: Vec<(String, String)> = match &self.env {
             Some(vars) => vars.clone(),
@@ -326,11 +309,10 @@ impl ConfigLoader {
     }
 }
 
-/// When a key was last set: its layer and, within the code layer, the order of overrides (a
-/// file, or the environment, is one statement: its entries rank alike).
+/// When a key was last set: its layer and, in the code layer, the override's order (a file
+/// or the environment is one statement: its entries rank alike).
 pub(crate) type SetAt = (Layer, usize);
 
-/// When each key was last set.
 pub(crate) fn last_layers(entries: &[Entry]) -> BTreeMap<String, SetAt> {
     entries
         .iter()
@@ -342,7 +324,6 @@ pub(crate) fn last_layers(entries: &[Entry]) -> BTreeMap<String, SetAt> {
         .collect()
 }
 
-/// A checked value and where it came from.
 pub(crate) struct Entry {
     pub(crate) key: String,
     pub(crate) value: toml::Value,
@@ -356,12 +337,9 @@ pub(crate) struct Entry {
 pub(crate) enum Layer {
     /// The running configuration a loader starts from ([`ConfigLoader::from_config`]).
     Base,
-    /// The file.
     #[default]
     File,
-    /// The environment.
     Env,
-    /// Overrides in code.
     Code,
 }
 
@@ -369,7 +347,6 @@ pub(crate) enum Layer {
 struct Layers {
     entries: Vec<Entry>,
     errors: Vec<Error>,
-    /// The layer being read.
     layer: Layer,
 }
 
@@ -424,8 +401,7 @@ impl Layers {
         }
     }
 
-    /// The value at `path` (canonical, dotted): a key's value is checked, a section's table
-    /// walked.
+    /// The value at canonical dotted `path`: a key's value is checked, a section's table walked.
     fn walk_value(&mut self, path: String, value: &toml::Value, origin: &Source) {
         match schema::lookup(&path) {
             Lookup::Leaf(spec) => {
@@ -478,8 +454,7 @@ impl Layers {
         }
     }
 
-    /// Keeps `value` for `key` if the schema accepts it; else records the error, showing the
-    /// value as `shown` spells it (made only then).
+    /// Keeps `value` for `key` if the schema accepts it, else records the error (value as `shown`).
     fn check(
         &mut self,
         spec: &KeySpec,
@@ -527,10 +502,7 @@ fn read_env(env: &[(String, String)], layers: &mut Layers) {
     }
 }
 
-/// Defaults overlaid with the entries in order (a later entry for a key replaces an earlier
-/// one), deserialized into a [`Config`]. Only the keys given are in the table: every section
-/// deserializes with `#[serde(default)]`, so a key left out takes its default, and a load
-/// touches only what it sets.
+/// Defaults overlaid with the entries in order; `#[serde(default)]` fills keys not given.
 fn merge(entries: Vec<Entry>) -> Result<Config> {
     let mut root = toml::Table::new();
     let mut sources = BTreeMap::new();

@@ -4,8 +4,8 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// `pool.max_overhead`: how far above the peak of its bytes in use a pool may grow, as a
-/// share of that peak (`"5%"`, or the fraction `0.05`), or `"none"` for no limit.
+/// `pool.max_overhead`: how far above its peak in use a pool may grow, as a share of that
+/// peak (`"5%"`, `0.05`), or `"none"` for no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Overhead {
     /// `"none"`: the pool keeps what it grew to.
@@ -19,8 +19,7 @@ pub enum Overhead {
 impl Eq for Overhead {}
 
 impl Overhead {
-    /// From TOML: `"none"`, a percentage string (`"5%"`) or a number (a fraction of at most
-    /// 1, `0.05`); `None` for anything else, negative or not finite.
+    /// From TOML: `"none"`, `"5%"` or a fraction of at most 1 (`0.05`); else (or negative) `None`.
     pub(crate) fn from_toml(value: &toml::Value) -> Option<Overhead> {
         let share = match value {
             toml::Value::String(s) => {
@@ -30,8 +29,7 @@ impl Overhead {
                 }
                 s.strip_suffix('%')?.trim().parse::<f64>().ok()? / 100.0
             }
-            // A bare number is a fraction; above 1 it is more likely a percentage without its
-            // sign ("5" for 5 %), which a share written "500%" states without doubt.
+            // Above 1, more likely a percentage without its sign ("5"); "500%" is unambiguous.
             toml::Value::Float(f) if *f <= 1.0 => *f,
             toml::Value::Integer(i) if *i <= 1 => *i as f64,
             _ => return None,

@@ -1,6 +1,5 @@
-//! The memory resource one device gets, as resolution decides it: where its memory comes from
-//! ([`UpstreamPlan`]) and the pool over it ([`PoolPlan`]), in bytes. The runtime builds the
-//! stack from these as they are (`rmm_runtime::StackPlan`), and `rmm info` describes them.
+//! The memory resource resolution gives one device, in bytes: its upstream ([`UpstreamPlan`])
+//! and pool ([`PoolPlan`]), built as they are (`rmm_runtime::StackPlan`) and shown by `rmm info`.
 
 use serde::Serialize;
 
@@ -26,13 +25,11 @@ pub enum UpstreamPlan {
 /// The `PoolMemoryResource` over the upstream (`pool.enabled`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PoolPlan {
-    /// Bytes taken at construction (`pool.initial_size`; by default half the free memory,
-    /// within the maximum and the hard limit).
+    /// Bytes taken at construction (`pool.initial_size`).
     pub initial_size: u64,
     /// The most the pool may hold (`None`: the device's total memory).
     pub maximum_size: Option<u64>,
-    /// The growth step (`pool.growth`): the pool grows by what a request needs rounded up
-    /// to a multiple of this.
+    /// The growth step (`pool.growth`): requests are rounded up to a multiple of it to grow.
     pub growth: u64,
     /// Whether the pool maps its chunks through CUDA's virtual memory API (`pool.vmm`).
     pub vmm: Switch,

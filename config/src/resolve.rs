@@ -13,8 +13,7 @@ use rmm_allocator::resource::default_initial_size;
 use crate::plan::{PoolPlan, UpstreamPlan};
 use crate::types::{Config, DeviceSelector, Devices, LogLevel, PinAhead};
 
-/// What the backend reports about one device; the runtime fills this in (this crate does not
-/// talk to devices).
+/// What the backend reports of one device; the runtime fills it in (this crate talks to none).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeviceFacts {
     /// The CUDA ordinal.
@@ -23,18 +22,16 @@ pub struct DeviceFacts {
     pub uuid: String,
     /// Total device memory in bytes.
     pub total_memory: u64,
-    /// Free device memory in bytes, now; `None` where it was not read because no size depends
-    /// on it ([`Config::needs_free_memory`] is false).
+    /// Free device memory in bytes now; `None` if not read ([`Config::needs_free_memory`] false).
     pub free_memory: Option<u64>,
-    /// Host memory the process may use, in bytes (physical memory, or its cgroup's limit if
-    /// lower): pinned host memory is checked against it and `spill.pin_ahead = "auto"`
-    /// derives from it. `None` where unknown: nothing is checked, and `"auto"` pins at most
-    /// [`PIN_AHEAD_WITHOUT_HOST_FACTS`] ahead.
+    /// Host memory the process may use, in bytes (physical, or its cgroup's lower limit): pinned
+    /// host memory is checked against it and `spill.pin_ahead = "auto"` derives from it. `None`:
+    /// unknown; nothing checked, `"auto"` pins at most [`PIN_AHEAD_WITHOUT_HOST_FACTS`] ahead.
     pub host_memory: Option<u64>,
 }
 
-/// Host memory pinned ahead of demand by default is at most the host memory the process may
-/// use divided by this: one worker per GPU on an 8-GPU host then keeps under half of it.
+/// `spill.pin_ahead = "auto"` pins at most the process's host memory divided by this, so an
+/// 8-GPU host's workers keep under half of it pinned ahead.
 pub const PIN_AHEAD_HOST_SHARE: u64 = 16;
 
 /// What `spill.pin_ahead = "auto"` pins ahead at most when the host's memory is not known.
@@ -78,8 +75,7 @@ pub struct ResolvedDevice {
     pub memory_limit: Option<u64>,
     /// Spilling, when enabled.
     pub spill: Option<ResolvedSpill>,
-    /// The CSV allocation log, when logging is enabled: `<directory>/<file name with .devN>`
-    /// ([`crate::device_log_file_name`]).
+    /// The CSV allocation log with logging on: [`crate::device_log_file_name`] in the directory.
     pub log_file: Option<PathBuf>,
 }
 
@@ -90,9 +86,7 @@ pub struct ResolvedSpill {
     pub threshold: u64,
     /// Size of the pinned host pool; `None`: pin as needed.
     pub host_pool_size: Option<u64>,
-    /// With a host pool pinned as needed: the most pinned host memory kept free ahead of
-    /// demand once spilling has started (it keeps the spill limit's worth, up to this); 0:
-    /// none.
+    /// `spill.pin_ahead` in bytes (0: none).
     pub pin_ahead: u64,
     /// Spill and retry on out-of-memory.
     pub on_demand: bool,
@@ -103,9 +97,8 @@ pub struct ResolvedSpill {
 }
 
 impl Config {
-    /// Whether resolving needs each device's free memory. Only a pool's default initial size
-    /// depends on it (`pool.initial_size = "auto"`: half the free memory, as RMM); elsewhere
-    /// [`DeviceFacts::free_memory`] may be `None`, and the runtime does not ask the driver.
+    /// Whether resolving needs each device's free memory: only for a pool's default initial size
+    /// (`"auto"`: half the free memory, as RMM); else the runtime does not ask the driver.
     pub fn needs_free_memory(&self) -> bool {
         self.pool.enabled
             && (self.pool.initial_size.is_none()
@@ -115,26 +108,20 @@ impl Config {
                     .any(|o| matches!(o.pool.initial_size, Some(None))))
     }
 
-    /// Whether resolving uses the host's memory ([`DeviceFacts::host_memory`]): only
-    /// spilling's pinned host memory depends on it.
+    /// Whether resolving uses [`DeviceFacts::host_memory`] (only spilling's pinned memory does).
     pub fn needs_host_memory(&self) -> bool {
         self.spill.enabled
     }
 
     /// Chooses the devices and turns every size into bytes for each, checking what needs the
-    /// device facts: devices that are not present, sizes larger than a device, sizes that
-    /// round to zero, an initial pool size above the maximum or the hard limit.
-    ///
-    /// Sizes of features that are off are ignored (e.g. pool sizes with the pool off), so that
-    /// turning a feature off from the environment needs no other change.
+    /// device facts. Sizes of features that are off are ignored, so turning a feature off from
+    /// the environment needs no other change.
     ///
     /// # Errors
-    /// As [`Config::validate`] for conflicts between keys; [`Error::DeviceNotPresent`],
-    /// [`Error::DeviceSelectedTwice`], [`Error::NoDevices`], [`Error::LargerThanDevice`],
-    /// [`Error::RoundsToZero`], [`Error::InitialAboveMaximum`] or [`Error::InitialAboveLimit`] for
-    /// what needs the device facts; [`Error::FreeMemoryNotGiven`] when a default initial pool
-    /// size needs a device's free memory and its facts lack it; [`Error::Several`] when there
-    /// is more than one.
+    /// As [`Config::validate`]; [`Error::DeviceNotPresent`], [`Error::DeviceSelectedTwice`],
+    /// [`Error::NoDevices`], [`Error::LargerThanDevice`], [`Error::RoundsToZero`],
+    /// [`Error::InitialAboveMaximum`], [`Error::InitialAboveLimit`], or
+    /// [`Error::FreeMemoryNotGiven`] (a default initial size); [`Error::Several`] for more.
     pub fn resolve(&self, present: &[DeviceFacts]) -> Result<ResolvedConfig> {
         self.validate()?;
         let selected = self.select(present)?;
@@ -217,8 +204,7 @@ impl Config {
         let ordinal = facts.ordinal;
         let mut bytes = |key: SizeKey| -> Option<u64> {
             let effective = self.effective_size(Some(ordinal), key);
-            // The host pool is host memory; a growth step above the device's memory only
-            // means "grow by what is needed, up to the maximum".
+            // Not bound by the device: the host pool (host memory), growth (just grows as needed).
             let device_bound = !matches!(key, SizeKey::HostPool | SizeKey::PoolGrowth);
             match self.to_bytes(facts, &effective, device_bound) {
                 Ok(n) => n,
@@ -239,9 +225,8 @@ impl Config {
             .then(|| bytes(SizeKey::ReleaseThreshold))
             .flatten();
         let spill = self.spill.enabled.then(|| {
-            // A fraction is of the memory rmm-rs may use on the device: the hard limit where
-            // one is set (80% of it by default, so that spilling starts before allocations
-            // fail). Only `None` after an error, which `errors` holds.
+            // A fraction is of the memory rmm-rs may use: the hard limit if set (80% of it by
+            // default: spill before allocations fail). `None` only after an error, in `errors`.
             let threshold = match (
                 self.effective_size(Some(ordinal), SizeKey::SpillThreshold)
                     .size,
@@ -351,8 +336,7 @@ impl Config {
                 vmm: pool.vmm,
                 max_overhead: pool.max_overhead,
             }),
-            // Both are set for an enabled pool (the default initial size above, the growth
-            // from the defaults); a failure to resolve them returned its error before.
+            // Unreachable: both are set for an enabled pool, or resolving them returned an error.
             (true, ..) => {
                 return Err(vec![Error::Internal(format!(
                     "device {ordinal}: an enabled pool without an initial size or growth step"
@@ -406,12 +390,10 @@ impl Config {
 }
 
 impl Size {
-    /// The bytes this size stands for on device `device`, of `total_memory` bytes, checked as
-    /// every device size of a configuration is: the one rule for rmm.toml, the environment
-    /// and sizes given in code (a Dask device store's limit, say). A size larger than the
-    /// device's memory is refused when `within_device` (sizes of host memory, or a pool's
-    /// growth step, are not bound by it); a size that rounds down to zero is refused always.
-    /// `setting` names the size in the error (`key = value (source)`).
+    /// The bytes this size stands for on `device` of `total_memory` bytes, by the one rule for
+    /// rmm.toml, the environment and code (a Dask device store's limit): larger than the device
+    /// is refused when `within_device` (not for host memory or a pool's growth step), rounding
+    /// to zero always. `setting` names the size in the error (`key = value (source)`).
     ///
     /// # Errors
     /// [`Error::LargerThanDevice`] or [`Error::RoundsToZero`].

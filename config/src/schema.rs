@@ -8,15 +8,11 @@ use crate::types::{Devices, LogLevel, parse_opt_size, parse_ordinal};
 /// The prefix of every environment variable the loader reads.
 pub const ENV_PREFIX: &str = "RMM_";
 
-/// `RMM_*` variables that are not configuration keys and are left alone: the file path, the
-/// simulated device's settings (read by `rmm-allocator`), the CLI's log filter and the
-/// benchmarks' knobs. A crate that reads a new `RMM_*` variable of its own adds it here.
+/// `RMM_*` variables that are not keys, left alone: the file path, the simulated device's
+/// settings, the CLI's log filter, the benchmarks' knobs. Add other crates' variables here.
 pub const ENV_NOT_KEYS: &[&str] = &["RMM_CONFIG", "RMM_SIM_*", "RMM_LOG", "RMM_BENCH_*"];
 
-/// RAPIDS RMM's own `RMM_*` environment variables (its debug log's file and level), which a
-/// RAPIDS environment may carry: rmm-rs does not read them and, rather than refusing to start
-/// with "unknown setting", notes once per load that it ignores them. Any other unknown
-/// `RMM_*` variable is still an error.
+/// RAPIDS RMM's own `RMM_*` variables (its debug log): ignored with a note, not refused.
 pub const ENV_RAPIDS_IGNORED: &[&str] = &[
     "RMM_DEBUG_LOG_FILE",
     "RMM_LOG_FILE",
@@ -47,7 +43,6 @@ pub(crate) enum Kind {
     Level,
 }
 
-/// One key of the configuration.
 #[derive(Debug)]
 pub(crate) struct KeySpec {
     /// The dotted TOML key, e.g. `pool.initial_size`.
@@ -104,8 +99,7 @@ pub(crate) const KEYS: &[KeySpec] = &[
     key("tracking.backtraces", Kind::Bool),
 ];
 
-/// Every configuration key (dotted TOML form), in listing order. Keys marked per-device may
-/// also appear as `device.N.<key>`.
+/// Every key (dotted), in listing order; per-device ones may also appear as `device.N.<key>`.
 pub fn keys() -> impl Iterator<Item = &'static str> {
     KEYS.iter().map(|k| k.key)
 }
@@ -124,7 +118,7 @@ pub fn env_var_name(key: &str) -> String {
     )
 }
 
-/// Whether an `RMM_*` variable is one of [`ENV_NOT_KEYS`].
+/// Whether `name` is one of [`ENV_NOT_KEYS`] (a trailing `*` matches a prefix).
 pub(crate) fn env_is_not_a_key(name: &str) -> bool {
     ENV_NOT_KEYS
         .iter()
@@ -134,7 +128,7 @@ pub(crate) fn env_is_not_a_key(name: &str) -> bool {
         })
 }
 
-/// Whether an `RMM_*` variable is one of RAPIDS RMM's, [`ENV_RAPIDS_IGNORED`].
+/// Whether `name` is one of [`ENV_RAPIDS_IGNORED`].
 pub(crate) fn env_is_rapids(name: &str) -> bool {
     ENV_RAPIDS_IGNORED.contains(&name)
 }

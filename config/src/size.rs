@@ -30,16 +30,11 @@ const UNITS: &[(&str, u64)] = &[
     ("pib", PIB),
 ];
 
-/// A memory size as written in the configuration.
-///
-/// Accepted forms (TOML value or environment text):
-/// - an integer: bytes (`1073741824`);
-/// - a number with a unit: `"2GiB"`, `"512MB"`, `"1.5 GB"` (units B, kB/MB/GB/TB/PB = powers of
-///   1000, KiB/MiB/GiB/TiB/PiB = powers of 1024, case-insensitive);
-/// - a percentage or a float: a fraction of the device's **total** memory (`"50%"`, `0.5`,
-///   and in text `"0.5"`, since a number with a decimal point cannot be a byte count).
-///
-/// Sizes are positive: zero, negative values and fractions above 100 % are rejected when parsed.
+/// A memory size as written: an integer of bytes (`1073741824`); a number with a unit
+/// (`"2GiB"`, `"1.5 GB"`; B, kB…PB powers of 1000, KiB…PiB powers of 1024, case-insensitive);
+/// or a percentage or float, a fraction of the device's **total** memory (`"50%"`, `0.5`, and
+/// as text `"0.5"`, as a decimal point cannot be a byte count). Zero, negative values and
+/// fractions above 100 % are rejected.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Size {
     /// An absolute number of bytes.
@@ -63,9 +58,7 @@ pub enum ParseSizeError {
     /// A fraction above 1 or a percentage above 100 %.
     #[error("a fraction of device memory cannot exceed 100%")]
     FractionAboveWhole,
-    /// A float that is a whole number above 1 (`8e9`, or a byte count that went through a
-    /// float): floats are fractions of device memory, so it is most likely bytes written as
-    /// a float.
+    /// A whole float above 1 (`8e9`): floats are fractions, so it is most likely bytes.
     #[error(
         "a float is a fraction of device memory (at most 1.0), and this one is a whole number \
          above 1: write a byte count as an integer or as text such as \"8GB\""
@@ -76,8 +69,7 @@ pub enum ParseSizeError {
     Overflow,
 }
 
-/// Bytes for messages: `40GiB` when that is short and exact, else
-/// `85520809984 bytes (79.6 GiB)`.
+/// Bytes for messages: `40GiB` when short and exact, else `85520809984 bytes (79.6 GiB)`.
 pub(crate) fn human(bytes: u64) -> String {
     match unit_parts(bytes) {
         Some((count, name)) if count < 10_000 => format!("{count}{name}"),
@@ -91,12 +83,9 @@ pub fn align_down(bytes: u64) -> u64 {
 }
 
 impl Size {
-    /// The number of bytes this size stands for on a device with `total_memory` bytes.
-    ///
-    /// The result is rounded **down** to a multiple of 256 bytes, as RMM does for pool sizes
-    /// (`percent_of_free_device_memory` aligns down, and a pool size must be aligned): rounding
-    /// down never asks for more than was written. It may therefore be 0 for sizes below 256
-    /// bytes; [`crate::Config::resolve`] reports that as an error.
+    /// The bytes this size stands for on a device of `total_memory` bytes, rounded **down** to a
+    /// multiple of 256 as RMM aligns pool sizes (never more than written): 0 below 256 bytes,
+    /// which [`crate::Config::resolve`] reports.
     pub fn resolve(&self, total_memory: u64) -> u64 {
         align_down(self.unaligned(total_memory))
     }

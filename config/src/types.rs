@@ -10,13 +10,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::Source;
 use crate::size::Size;
 
-/// `spill.pin_ahead`: how much pinned host memory spilling keeps free ahead of demand, once it
-/// has started (a growable host pool only: `spill.host_pool_size = "none"`).
+/// `spill.pin_ahead`: pinned host memory kept free for spilling (with `host_pool_size = "none"`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum PinAhead {
-    /// `"auto"`: the spill limit's worth, at most a sixteenth of the host memory the process
-    /// may use ([`crate::PIN_AHEAD_HOST_SHARE`]), so that one worker per GPU on an 8-GPU
-    /// host keeps under half of it pinned ahead.
+    /// `"auto"`: the spill limit, at most host memory / [`crate::PIN_AHEAD_HOST_SHARE`].
     #[default]
     Auto,
     /// `"none"`: nothing is pinned ahead; spills pin as they go.
@@ -147,8 +144,7 @@ pub enum Switch {
 }
 
 impl Switch {
-    /// A switch from TOML: a bool or the string `"auto"` (or `"true"`/`"false"`),
-    /// case-insensitive.
+    /// A bool, or `"auto"`, `"true"` or `"false"` (case-insensitive).
     pub(crate) fn from_toml(value: &toml::Value) -> Option<Switch> {
         match value {
             toml::Value::Boolean(true) => Some(Switch::On),
@@ -200,8 +196,7 @@ keyword_serde!(LogLevel, LogLevel::parse, "a log level");
 pub enum DeviceSelector {
     /// A CUDA device ordinal (`0`).
     Ordinal(u32),
-    /// A UUID as `nvidia-smi -L` prints it (`"GPU-8932f937-…"` or `"MIG-…"`), matched
-    /// case-insensitively.
+    /// A UUID as `nvidia-smi -L` prints it (`"GPU-8932f937-…"`, `"MIG-…"`), case-insensitive.
     Uuid(String),
 }
 
@@ -231,8 +226,7 @@ impl Default for Devices {
 }
 
 impl Devices {
-    /// Parses `"all"`, an ordinal, a UUID string or a non-empty array of ordinals and UUIDs.
-    /// The error is the reason, when there is one more precise than the expected form.
+    /// Parses `"all"`, an ordinal, a UUID or a non-empty array of those; `Err`: a precise reason.
     pub(crate) fn from_toml(value: &toml::Value) -> Result<Devices, Option<String>> {
         if let toml::Value::String(s) = value
             && s.trim().eq_ignore_ascii_case("all")
@@ -321,39 +315,34 @@ impl<'de> Deserialize<'de> for Devices {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolConfig {
-    /// `pool.enabled` (default `false`): suballocate from a pool instead of calling the
-    /// driver for every allocation.
+    /// `pool.enabled` (default `false`): suballocate from a pool instead of the driver.
     pub enabled: bool,
     /// `pool.managed` (default `false`): the memory comes from `cuMemAllocManaged`.
     pub managed: bool,
-    /// `pool.async` (default `false`): the memory comes from CUDA's stream-ordered allocator
-    /// (`cuMemAllocAsync`); conflicts with `managed`.
+    /// `pool.async` (default `false`): memory from `cuMemAllocAsync`; conflicts with `managed`.
     #[serde(rename = "async")]
     pub use_async: bool,
-    /// `pool.initial_size` (default `"auto"` = `None`: half of the device's free memory when
-    /// the pool starts, as RMM; with only `async`, the driver's default).
+    /// `pool.initial_size` (default `"auto"` = `None`: half the free memory at start, as RMM;
+    /// with only `async`, the driver's default).
     #[serde(with = "auto_size")]
     pub initial_size: Option<Size>,
     /// `pool.maximum_size` (default `"none"` = `None`: grow while the device has memory).
     #[serde(with = "none_size")]
     pub maximum_size: Option<Size>,
-    /// `pool.release_threshold` (default `"none"`): memory the async pool keeps when
-    /// synchronizing; used only with `async`.
+    /// `pool.release_threshold` (default `"none"`, with `async`): what the pool keeps on
+    /// synchronize.
     #[serde(with = "none_size")]
     pub release_threshold: Option<Size>,
-    /// `pool.growth` (default `"1GiB"`): when nothing the pool holds can serve a request, it
-    /// grows by what the request needs rounded up to a multiple of this, never past the
-    /// maximum size. Used only with `enabled`.
+    /// `pool.growth` (default `"1GiB"`, with `enabled`): the pool grows by requests rounded up
+    /// to a multiple of it, never past the maximum size.
     pub growth: Size,
-    /// `pool.vmm` (default `"auto"`): map the pool's chunks through CUDA's virtual memory
-    /// API into one address range per device, so free space stays in one piece as the pool
-    /// grows and entirely free chunks go back to the device one by one; `"auto"` does where
-    /// the memory is plain device memory and the device supports it, else takes `cuMemAlloc`
-    /// chunks. Used only with `enabled`.
+    /// `pool.vmm` (default `"auto"`, with `enabled`): map the pool's chunks into one virtual
+    /// address range per device, so free space stays in one piece and wholly free chunks go
+    /// back one by one; `"auto"`: where the device supports it for plain device memory, else
+    /// `cuMemAlloc` chunks.
     pub vmm: Switch,
-    /// `pool.max_overhead` (default `"none"`): the most the pool holds above the peak of its
-    /// bytes in use, as a share of it; before growing past that it gives entirely free
-    /// memory back. Used only with `enabled`.
+    /// `pool.max_overhead` (default `"none"`, with `enabled`): the most the pool holds above its
+    /// peak in use, as a share of it; before growing past that it gives wholly free memory back.
     pub max_overhead: crate::overhead::Overhead,
 }
 
@@ -382,20 +371,18 @@ impl Default for PoolConfig {
 pub struct LoggingConfig {
     /// `logging.enabled` (default `false`).
     pub enabled: bool,
-    /// `logging.directory` (default `"."`, relative to the working directory): where the
-    /// logs go.
+    /// `logging.directory` (default `"."`, relative to the working directory): where logs go.
     pub directory: PathBuf,
-    /// `logging.file_name` (default `"rmm_log.csv"`): device N logs to this name with `.devN`
-    /// before its extension ([`device_log_file_name`]: `rmm_log.dev0.csv`), as RAPIDS RMM
-    /// names its logs. A file name only: the directory is `logging.directory`.
+    /// `logging.file_name` (default `"rmm_log.csv"`): device N logs to it with `.devN` before the
+    /// extension ([`device_log_file_name`]), as RAPIDS RMM does. A file name only: the
+    /// directory is `logging.directory`.
     pub file_name: String,
     /// `logging.level` (default `"info"`).
     pub level: LogLevel,
 }
 
-/// RAPIDS RMM's per-device log file name: `.dev<ordinal>` before the extension, the
-/// extension being what Python's `os.path.splitext` takes (`mylog.csv` → `mylog.dev0.csv`,
-/// `mylog` → `mylog.dev0`, `.log` → `.log.dev0`).
+/// RAPIDS RMM's per-device log name: `.dev<ordinal>` before the extension as Python's
+/// `os.path.splitext` finds it (`mylog.csv` → `mylog.dev0.csv`, `.log` → `.log.dev0`).
 pub fn device_log_file_name(file_name: &str, ordinal: u32) -> String {
     let (stem, ext) = match file_name.rfind('.') {
         Some(i) if file_name[..i].chars().any(|c| c != '.') => file_name.split_at(i),
@@ -415,12 +402,11 @@ impl Default for LoggingConfig {
     }
 }
 
-/// `[limits]`: hard caps.
+/// `[limits]`: hard caps (RMM's limiting adaptor).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
-    /// `limits.device_memory_limit` (default `"none"`): allocations beyond this many bytes on
-    /// one device fail (RMM's limiting adaptor).
+    /// `limits.device_memory_limit` (default `"none"`): allocations past this on one device fail.
     #[serde(with = "none_size")]
     pub device_memory_limit: Option<Size>,
 }
@@ -431,21 +417,17 @@ pub struct LimitsConfig {
 pub struct SpillConfig {
     /// `spill.enabled` (default `false`).
     pub enabled: bool,
-    /// `spill.device_memory_limit` (default `"80%"`): start spilling when a device holds more
-    /// than this (dask-cuda's default threshold). A fraction is of the device's memory, or of
-    /// `limits.device_memory_limit` where that is set.
+    /// `spill.device_memory_limit` (default `"80%"`, dask-cuda's): spill when a device holds more;
+    /// a fraction is of the device's memory, or of `limits.device_memory_limit` if set.
     pub device_memory_limit: Size,
-    /// `spill.host_pool_size` (default `"none"`: pinned host memory is allocated as needed).
-    /// A fraction is taken of the *device's* total memory, since the pool serves that device.
+    /// `spill.host_pool_size` (default `"none"`: pin as needed); a fraction is of *device* memory.
     #[serde(with = "none_size")]
     pub host_pool_size: Option<Size>,
-    /// `spill.pin_ahead` (default `"auto"`): with `host_pool_size = "none"`, the most pinned
-    /// host memory kept free ahead of demand once spilling has started.
+    /// `spill.pin_ahead` (default `"auto"`): see [`PinAhead`].
     pub pin_ahead: PinAhead,
     /// `spill.on_demand` (default `true`): on an out-of-memory error, spill and retry.
     pub on_demand: bool,
-    /// `spill.eager_unspill` (default `false`): move data back as soon as memory allows,
-    /// instead of when it is next used.
+    /// `spill.eager_unspill` (default `false`): move data back once memory allows, not on use.
     pub eager_unspill: bool,
     /// `spill.disk_directory` (default `"none"` = no disk tier): where host memory spills to.
     #[serde(with = "none_path")]
@@ -480,13 +462,11 @@ pub struct StatsConfig {
 pub struct TrackingConfig {
     /// `tracking.enabled` (default `false`).
     pub enabled: bool,
-    /// `tracking.backtraces` (default `false`): record a backtrace per allocation (slow);
-    /// used only when tracking is enabled.
+    /// `tracking.backtraces` (default `false`, with `enabled`): a backtrace per allocation (slow).
     pub backtraces: bool,
 }
 
-/// `[device.N.pool]`: per-device pool sizes. `None` = not overridden; `Some(None)` = set to
-/// `"auto"`/`"none"` for this device.
+/// `[device.N.pool]`. `None`: not overridden; `Some(None)`: `"auto"`/`"none"` on this device.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PoolOverride {
@@ -564,12 +544,9 @@ impl DeviceOverride {
     }
 }
 
-/// The whole runtime configuration, as read by [`crate::ConfigLoader`].
-///
-/// `Default` is RMM's Python `reinitialize()` default: no pool, no managed memory, device 0,
-/// no logging; plus one worker per device and every optional feature off.
-///
-/// Equality compares the values only, not where they came from.
+/// The whole configuration ([`crate::ConfigLoader`]). `Default` is RMM's Python
+/// `reinitialize()` default (no pool, device 0, no logging), one worker per device, features
+/// off. Equality ignores where values came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -577,8 +554,7 @@ pub struct Config {
     pub backend: BackendChoice,
     /// `devices` (default `[0]`): `"all"`, ordinals, UUIDs.
     pub devices: Devices,
-    /// `workers_per_device` (default `1`): worker threads per device, from 1 to
-    /// [`MAX_WORKERS_PER_DEVICE`](crate::MAX_WORKERS_PER_DEVICE).
+    /// `workers_per_device` (default `1`): up to [`crate::MAX_WORKERS_PER_DEVICE`].
     pub workers_per_device: u32,
     /// `[pool]`.
     pub pool: PoolConfig,
@@ -628,7 +604,6 @@ impl PartialEq for Provenance {
     }
 }
 
-/// `keyword` (case-insensitive) → `None`, anything else → a size.
 /// An ordinal written as decimal digits only (so `+1` or `1.0` are not ordinals).
 pub(crate) fn parse_ordinal(text: &str) -> Option<u32> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
@@ -637,6 +612,7 @@ pub(crate) fn parse_ordinal(text: &str) -> Option<u32> {
     text.parse().ok()
 }
 
+/// `keyword` (case-insensitive) → `None`, anything else → a size.
 pub(crate) fn parse_opt_size(
     value: &toml::Value,
     keyword: &str,
@@ -666,8 +642,8 @@ fn deserialize_opt_size<'de, D: Deserializer<'de>>(
     parse_opt_size(&value, keyword).map_err(serde::de::Error::custom)
 }
 
-/// Serde helpers for `Option<Size>` written as a size or a keyword, and for the per-device
-/// `Option<Option<Size>>` (outer `None` = key absent, skipped when serializing).
+/// Serde for `Option<Size>` as a size or a keyword, and per-device `Option<Option<Size>>`
+/// (outer `None`: key absent, not serialized).
 macro_rules! opt_size_modules {
     ($plain:ident, $overridden:ident, $keyword:literal) => {
         mod $plain {

@@ -1,7 +1,6 @@
-//! Sizes set for a feature that is off: a contradiction, unless the feature was turned off
-//! after the size was set (by a later layer: the environment over the file, code over both; by
-//! a later override in code; or in a change to a running configuration), which is how a
-//! feature is turned off without editing its sizes.
+//! Sizes set for a feature that is off: an error, unless a later layer, override or change
+//! to a running configuration turned the feature off, which is how a feature is turned off
+//! without editing its sizes.
 
 use std::collections::BTreeMap;
 
@@ -35,8 +34,7 @@ const SPILL: Feature = Feature {
     name: "spilling",
 };
 
-/// The feature a size belongs to; `None` for `limits.device_memory_limit`, which applies
-/// whatever else is on.
+/// The feature a size belongs to; `None` for `limits.device_memory_limit` (always applies).
 fn feature(key: SizeKey) -> Option<&'static Feature> {
     match key {
         SizeKey::PoolInitial | SizeKey::PoolMaximum => Some(&POOL),
@@ -47,7 +45,6 @@ fn feature(key: SizeKey) -> Option<&'static Feature> {
     }
 }
 
-/// Whether a switch is on in `config`.
 fn on(config: &Config, switch: &str) -> bool {
     match switch {
         "pool.enabled" => config.pool.enabled,
@@ -58,9 +55,8 @@ fn on(config: &Config, switch: &str) -> bool {
 }
 
 impl Config {
-    /// Fails when a size is set (to other than its default) for a feature that is off, and that
-    /// feature was not turned off after the size was set (`last`: when each key was last set,
-    /// as the loader read it).
+    /// Fails when a size is set (off its default) for a feature that is off and was not turned
+    /// off after the size was set (`last`: when the loader last saw each key set).
     ///
     /// # Errors
     /// [`Error::UnusedSize`] for each such size ([`Error::Several`] when there are more).

@@ -10,15 +10,14 @@ use crate::worker_id::WorkerId;
 /// Result of runtime operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Errors of the runtime (start-up, reinitialize, shutdown). Task failures are
-/// [`TaskError`]s, delivered through their handles.
+/// Runtime errors (start-up, reinitialize, shutdown); task failures are [`TaskError`]s.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The configuration did not load or resolve against the devices present.
     #[error(transparent)]
     Config(#[from] rmm_config::Error),
 
-    /// The device layer failed outside any one device's set-up (e.g. opening the backend).
+    /// The device layer failed outside one device's set-up (opening the backend, say).
     #[error(transparent)]
     Allocator(#[from] rmm_allocator::Error),
 
@@ -32,8 +31,7 @@ pub enum Error {
         source: rmm_allocator::Error,
     },
 
-    /// reinitialize could not make the new configuration's spill tiers (a host pool of the
-    /// new `spill.host_pool_size`, a disk tier under the new `spill.disk_directory`).
+    /// reinitialize could not make the new spill tiers (`spill.host_pool_size`, `disk_directory`).
     #[error(
         "reinitialize refused, nothing changed: making device {device}'s new spill tiers \
          (spill.host_pool_size, spill.disk_directory): {source}"
@@ -46,8 +44,7 @@ pub enum Error {
         source: rmm_allocator::Error,
     },
 
-    /// reinitialize could not move a device's spillable data off the device (into the
-    /// spill tiers of the new configuration, which apply before this step).
+    /// reinitialize could not move a device's spillable data off it (into the new spill tiers).
     #[error(
         "reinitialize refused, nothing changed: device {device}'s spillable data could not \
          all be moved off the device before the switch (into the spill tiers of the new \
@@ -61,9 +58,8 @@ pub enum Error {
         source: rmm_allocator::Error,
     },
 
-    /// reinitialize would take a device away from the runtime while a device store (a Dask
-    /// worker's data, [`SpillManager::fix_limit`](crate::SpillManager::fix_limit)) spills on
-    /// it.
+    /// reinitialize would remove a device a device store (a Dask worker's data,
+    /// [`SpillManager::fix_limit`](crate::SpillManager::fix_limit)) spills on.
     #[error(
         "reinitialize refused, nothing changed: device {device} would leave the runtime, but a \
          device store spills on it (its limit was set with set_device_memory_limit, as a Dask \
@@ -75,8 +71,7 @@ pub enum Error {
         device: u32,
     },
 
-    /// reinitialize would have to spill a device's data into a host tier that cannot take it
-    /// (a fixed `spill.host_pool_size` without a disk tier).
+    /// reinitialize must spill more than a fixed host tier without disk tier can take.
     #[error(
         "reinitialize refused, nothing changed: device {device}'s spillable data on the \
          device ({}) must be spilled before the switch, and its host tier has {} free with no \
@@ -94,7 +89,7 @@ pub enum Error {
         room: u64,
     },
 
-    /// The configuration names a backend other than the one this process already uses.
+    /// The configuration names a backend other than the one this process uses.
     #[error(
         "backend = \"{requested}\" but this process already uses the {active} backend \
          (chosen by RMM_BACKEND or an earlier start); set backend = \"auto\" or \"{active}\""
@@ -116,13 +111,11 @@ pub enum Error {
         device: u32,
     },
 
-    /// reinitialize found allocations it cannot move off a device (RMM leaves using them
-    /// undefined; the runtime refuses and keeps the old stacks).
+    /// reinitialize found allocations it cannot move (RMM leaves using them undefined).
     #[error("{}", LiveList(.0))]
     LiveAllocations(Vec<LiveMemory>),
 
-    /// reinitialize or shutdown was called from one of the runtime's own workers, which
-    /// would wait for itself.
+    /// reinitialize or shutdown was called from a worker of the runtime (it would wait for itself).
     #[error(
         "{what} called from inside a task on worker {worker}: it waits for every task to \
          finish, its own included; call it from outside the runtime's workers"
@@ -241,8 +234,7 @@ pub enum TaskError {
     /// The task was submitted after shutdown.
     #[error("the runtime has been shut down; the task was not run")]
     ShutDown,
-    /// [`TaskHandle::wait_timeout`](crate::TaskHandle::wait_timeout) ran out; the task
-    /// goes on and the handle can be waited on again.
+    /// [`TaskHandle::wait_timeout`](crate::TaskHandle::wait_timeout) ran out; the task goes on.
     #[error(
         "the task did not finish within {0:?}; it is still queued or running: wait on the \
          handle again (or with a longer timeout)"

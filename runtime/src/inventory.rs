@@ -28,8 +28,7 @@ impl DeviceSummary {
     /// What device `ordinal` of `backend` reports now.
     ///
     /// # Errors
-    /// [`Error::Driver`](rmm_allocator::Error::Driver) when its properties or memory cannot be
-    /// read.
+    /// [`Error::Driver`](rmm_allocator::Error::Driver): properties or memory unreadable.
     pub(crate) fn of(backend: &'static dyn Backend, ordinal: u32) -> Result<DeviceSummary> {
         let dev = Device::on(backend, ordinal)?;
         let p = dev.properties()?;
@@ -60,9 +59,8 @@ impl Inventory {
     /// Takes the inventory of the process-wide backend.
     ///
     /// # Errors
-    /// The process-wide backend's error (e.g. [`Error::NoDriver`](rmm_allocator::Error::NoDriver))
-    /// when it cannot be opened; [`Error::Driver`](rmm_allocator::Error::Driver) when a device's
-    /// properties or memory cannot be read.
+    /// The backend's opening error ([`Error::NoDriver`](rmm_allocator::Error::NoDriver), …); else
+    /// as [`Inventory::of`].
     pub fn collect() -> Result<Inventory> {
         Inventory::of(backend::global()?)
     }
@@ -70,8 +68,7 @@ impl Inventory {
     /// Takes the inventory of `backend`.
     ///
     /// # Errors
-    /// [`Error::Driver`](rmm_allocator::Error::Driver) when a device's properties or memory cannot
-    /// be read.
+    /// [`Error::Driver`](rmm_allocator::Error::Driver): a device's properties or memory unreadable.
     pub fn of(backend: &'static dyn Backend) -> Result<Inventory> {
         let devices = (0..backend.device_count())
             .map(|d| DeviceSummary::of(backend, d))

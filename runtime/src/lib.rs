@@ -1,12 +1,12 @@
 //! rmm-rs runtime: workers on every configured device, each with its device's resource stack
 //! current; task submission; `reinitialize` between workloads; shutdown with leak reports.
 //!
-//! Programs use this crate through the `rmm` facade, as `rmm::runtime` (its crate page has
-//! the quick start, and `rmm::prelude` the everyday types); the paths below are the facade's.
+//! Programs use it through the `rmm` facade as `rmm::runtime` (quick start on its crate page,
+//! everyday types in `rmm::prelude`); the paths below are the facade's.
 //!
-//! The data path: `rmm.toml` → [`rmm_config`] (`rmm::config`, resolved per device) →
-//! [`StackPlan`] / [`DeviceStack`] (one device's resource, built as configured) → [`Runtime`]
-//! (device stacks installed, workers started) → tasks allocate through their device's stack.
+//! Data path: `rmm.toml` → [`rmm_config`] (`rmm::config`, resolved per device) → [`StackPlan`]
+//! / [`DeviceStack`] (one device's resource) → [`Runtime`] (stacks installed, workers started)
+//! → tasks allocate through their device's stack.
 //!
 //! ```no_run
 //! # mod rmm {

@@ -1,5 +1,4 @@
-//! What the runtime reports: per worker, per device, per reinitialize and at shutdown. Each
-//! prints as a table and serializes to JSON (durations in seconds).
+//! Runtime reports (worker, device, reinitialize, shutdown), as tables or JSON (in seconds).
 
 use std::fmt;
 use std::time::Duration;
@@ -36,8 +35,7 @@ pub struct WorkerReport {
     pub panics: u64,
 }
 
-/// A pool's figures at one moment: what it reserves against what is in use, and how its free
-/// memory is split.
+/// A pool's figures at one moment: reserved against in use, and how its free memory is split.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PoolFigures {
     /// Bytes the pool holds from the device.
@@ -54,8 +52,7 @@ pub struct PoolFigures {
     pub fragmentation: f64,
     /// Arenas (streams × thread lanes) the pool has.
     pub arenas: usize,
-    /// The most it holds above the peak of its bytes in use, as a share of it
-    /// (`pool.max_overhead`); `None` without a limit.
+    /// `pool.max_overhead`: the most it holds above its peak in use, as a share; `None`: no limit.
     pub max_overhead: Option<f64>,
 }
 
@@ -84,11 +81,9 @@ impl fmt::Display for PoolFigures {
     }
 }
 
-/// One device's allocation figures over one phase: from the start (phase 0) or the n-th
-/// reinitialize (phase n) to the next reinitialize, or to now for the current phase. Each
-/// phase has its own stack, whose statistics start at zero: the ended phases' figures are
-/// kept by the runtime so that a report made right after a reinitialize still shows the
-/// phase that just ran.
+/// One device's allocation figures over a phase: from the start (phase 0) or the n-th
+/// reinitialize (phase n) to the next one, or now. Each phase's stack starts its statistics
+/// at zero, so the runtime keeps ended phases' figures for reports made after a reinitialize.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct PhaseStatistics {
     /// The phase: 0 from the start, n after the n-th reinitialize (for totals: the current).
@@ -106,8 +101,7 @@ pub struct PhaseStatistics {
 }
 
 impl PhaseStatistics {
-    /// The figures over all of `phases`: the highest peaks, the sums of the totals; `phase`
-    /// is the last one's.
+    /// The figures over all `phases`: highest peaks, summed totals, the last `phase`.
     pub fn combined(phases: &[PhaseStatistics]) -> PhaseStatistics {
         phases
             .iter()
@@ -155,8 +149,7 @@ pub struct DeviceReport {
     pub statistics: Option<MemoryReport>,
     /// Spill figures, with `spill.enabled`.
     pub spill: Option<SpillStatistics>,
-    /// Allocation figures per phase, oldest first: the phases that reinitializes ended on
-    /// this device, then the current one.
+    /// Allocation figures per phase, oldest first: those reinitializes ended, then the current.
     pub phases: Vec<PhaseStatistics>,
     /// The figures over all of `phases` (highest peaks, summed totals).
     pub totals: PhaseStatistics,
@@ -178,8 +171,7 @@ pub struct ReinitReport {
     pub spill: Duration,
     /// Device bytes spilled for the switch.
     pub spilled_bytes: u64,
-    /// Device bytes of idle spillable data kept where it was: the new pools took their
-    /// blocks over in place (pool → pool on one device), no copy.
+    /// Device bytes of idle spillable data the new pools took over in place, without a copy.
     pub kept_in_place_bytes: u64,
     /// Device bytes brought back after it (`spill.eager_unspill`).
     pub unspilled_bytes: u64,
@@ -189,8 +181,7 @@ pub struct ReinitReport {
     /// Looking for live allocations.
     #[serde(serialize_with = "secs")]
     pub check: Duration,
-    /// Replacing the stacks, all devices in parallel: the old ones give their cached memory
-    /// back (or hand it to the new pools), the new ones are built.
+    /// Replacing the stacks (devices in parallel): releasing or handing over memory, building.
     #[serde(serialize_with = "secs")]
     pub build: Duration,
     /// Installing them (and re-spawning workers when the layout changed).
@@ -205,9 +196,8 @@ pub struct ReinitReport {
     pub adopted_bytes: u64,
     /// True when the workers were re-spawned (devices or workers per device changed).
     pub respawned: bool,
-    /// What changed for data still alive: a device left the runtime, or stopped spilling,
-    /// while spillable data of it was alive (where that data now goes); spilled data that
-    /// `spill.eager_unspill` could not bring back (it comes back on use).
+    /// What changed for data still alive: a device left or stopped spilling with spillable data
+    /// alive (where it goes now); data `spill.eager_unspill` could not bring back (back on use).
     pub notes: Vec<String>,
 }
 

@@ -1,10 +1,9 @@
 //! Device stacks: one device's memory resource, built exactly as `rmm.toml` configures it.
 //!
-//! A [`StackPlan`] is what one [`ResolvedDevice`] asks for, layer by layer (its upstream and
-//! pool as resolution made them: [`UpstreamPlan`], [`PoolPlan`]); [`StackPlan::build`]
-//! turns it into a [`DeviceStack`]; [`DeviceStack::install`] makes it the device's current
-//! resource. The runtime, `rmm info` and the Python package all go through these, so the stack
-//! a worker gets is the one `rmm info` describes.
+//! A [`StackPlan`] is what one [`ResolvedDevice`] asks for, layer by layer ([`UpstreamPlan`],
+//! [`PoolPlan`]); [`StackPlan::build`] makes it a [`DeviceStack`]; [`DeviceStack::install`]
+//! makes that the device's current resource. The runtime, `rmm info` and the Python package
+//! all go through these, so a worker gets the stack `rmm info` describes.
 //!
 //! Layers, bottom to top:
 //!
@@ -19,9 +18,8 @@
 //! | `StatisticsResourceAdaptor` | always |
 //!
 //! The statistics adaptor is always on top: it counts the live allocations that make a
-//! reinitialize refuse and a shutdown report leaks, at a few nanoseconds per operation.
-//! `stats.enabled` decides whether its full report (peaks, totals, reserved bytes) is part
-//! of the runtime report.
+//! reinitialize refuse and a shutdown report leaks. `stats.enabled` decides whether its full
+//! report (peaks, totals, reserved bytes) is in the runtime report.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -45,9 +43,7 @@ use serde::Serialize;
 use crate::error::LiveMemory;
 use crate::report::{PhaseStatistics, PoolFigures};
 
-/// The resource stack one device is configured for, layer by layer, before anything is
-/// allocated. Display gives the chain top first, as [`DeviceStack::describe`] does for a
-/// built one.
+/// One device's configured stack; Display: top first, like [`DeviceStack::describe`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StackPlan {
     /// The device ordinal.
@@ -62,15 +58,13 @@ pub struct StackPlan {
     pub tracking: Option<bool>,
     /// The CSV event log.
     pub log_file: Option<PathBuf>,
-    /// The statistics report is part of the runtime report (the adaptor is always there).
+    /// The statistics report is in the runtime report (the adaptor is always there).
     pub report_statistics: bool,
-    /// An allocation that runs out of memory spills and retries (`spill.on_demand`); the
-    /// device's spill manager provides the handler ([`StackPlan::build_with`]).
+    /// Spill and retry on out-of-memory (`spill.on_demand`; see [`StackPlan::build_with`]).
     pub spill_on_demand: bool,
 }
 
-/// What the stack calls when an allocation runs out of memory: frees device memory for
-/// `bytes` (the spill manager spills) and says whether retrying may succeed.
+/// Out-of-memory handler: frees `bytes` of device memory by spilling; true if worth a retry.
 pub type OomHandler = Arc<dyn Fn(usize) -> bool + Send + Sync>;
 
 impl StackPlan {
@@ -112,8 +106,7 @@ impl StackPlan {
             ));
         }
         if let Some(pool) = &self.pool {
-            // `pool.vmm` shows when set; "auto" is the default (the built pool's
-            // `chunk_source` says what it chose).
+            // `pool.vmm` shows unless "auto", the default (`chunk_source` says what it chose).
             let vmm = match pool.vmm {
                 Switch::Auto => String::new(),
                 set => format!(", vmm {set}"),
@@ -146,33 +139,28 @@ impl StackPlan {
         out
     }
 
-    /// Builds the stack on device `self.device` of the process-wide backend. Nothing is
-    /// installed; on error everything built so far is freed. A plan that spills on demand
-    /// needs its handler: use [`StackPlan::build_with`].
+    /// Builds the stack on `self.device` without installing it; on error all built so far is
+    /// freed. Spilling on demand needs [`StackPlan::build_with`].
     ///
     /// # Errors
-    /// The allocator's error of the layer that failed:
-    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the pool cannot take its
-    /// initial memory, [`Error::Unsupported`](rmm_allocator::Error::Unsupported) when the device
-    /// lacks what the plan needs, [`Error::EventLog`](rmm_allocator::Error::EventLog) when the log
-    /// file cannot be created; [`Error::InvalidArgument`](rmm_allocator::Error::InvalidArgument)
-    /// for a plan that spills on demand (use `build_with`).
+    /// The failing layer's: [`OutOfMemory`](rmm_allocator::Error::OutOfMemory),
+    /// [`Unsupported`](rmm_allocator::Error::Unsupported),
+    /// [`EventLog`](rmm_allocator::Error::EventLog); with spilling on demand,
+    /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument).
     pub fn build(&self) -> rmm_allocator::Result<DeviceStack> {
         self.build_replacing(None, None, &[])
     }
 
-    /// As [`StackPlan::build`], with the out-of-memory handler of the device's spill manager.
+    /// As [`StackPlan::build`], with the spill manager's out-of-memory handler.
     ///
     /// # Errors
-    /// As [`StackPlan::build`]: the allocator's error of the layer that failed (e.g.
-    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory)).
+    /// As [`StackPlan::build`].
     pub fn build_with(&self, on_oom: Option<OomHandler>) -> rmm_allocator::Result<DeviceStack> {
         self.build_replacing(None, on_oom, &[])
     }
 
-    /// Bytes of `previous`'s pool this plan's pool can take over (its initial size, when both
-    /// pools take memory from `cuMemAlloc` and both map it, or neither); 0 when nothing can
-    /// move.
+    /// Bytes of `previous`'s pool this plan's pool can take over: its initial size when both use
+    /// `cuMemAlloc` and both map it or neither do, else 0.
     pub fn adoptable_from(&self, previous: &DeviceStack) -> u64 {
         match (&self.pool, &previous.pool) {
             (Some(plan), Some(old))
@@ -189,23 +177,15 @@ impl StackPlan {
         }
     }
 
-    /// Builds the stack that replaces `previous` on its device (a reinitialize): `previous`
-    /// first gives back what the new stack cannot take over, the new pool then adopts the
-    /// previous pool's free memory ([`StackPlan::adoptable_from`]) instead of allocating it
-    /// again, and `previous` gives back the rest. Returns the stack and the bytes `previous`
-    /// gave back to the driver. On error `previous` is still a working stack (its pool grows
-    /// again on demand).
-    ///
-    /// `live`: allocations of `previous` (idle spillable data) the new pool should take
-    /// over with their chunks, data in place ([`PoolBuilder::adopt_live`](rmm_allocator::resource::PoolBuilder::adopt_live)),
-    /// provisionally: until [`DeviceStack::commit_live`], dropping the new stack gives them
-    /// back to `previous`. [`DeviceStack::adopted_live`] lists those it took; the others are
-    /// still `previous`'s.
+    /// Builds the stack replacing `previous` (a reinitialize): `previous` gives back what the new
+    /// pool cannot adopt ([`StackPlan::adoptable_from`]), the new pool adopts the rest of its free
+    /// memory, and `previous` gives back what is left. Returns the stack and the bytes released.
+    /// The new pool also takes over `live` (idle spillable data) with its chunks, in place and
+    /// provisionally ([`PoolBuilder::adopt_live`]): until [`DeviceStack::commit_live`], dropping
+    /// the new stack gives them back. [`DeviceStack::adopted_live`] lists those taken.
     ///
     /// # Errors
-    /// The allocator's error when `previous` cannot give its memory back or the new stack cannot be
-    /// built (e.g. [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory)); `previous` is then
-    /// still usable.
+    /// Releasing or building failed; `previous` still works (its pool grows again on demand).
     pub fn replace(
         &self,
         previous: &DeviceStack,
@@ -218,8 +198,7 @@ impl StackPlan {
         Ok((stack, released))
     }
 
-    /// True when a stack of this plan replacing `previous` can take over live allocations
-    /// of `previous` in place (both have a pool over `cuMemAlloc` on the same device).
+    /// True when this plan replacing `previous` can take over its live allocations in place.
     pub fn can_keep_live_from(&self, previous: &DeviceStack) -> bool {
         self.device == previous.plan.device && self.adoptable_from(previous) > 0
     }
@@ -332,8 +311,7 @@ impl fmt::Display for StackPlan {
     }
 }
 
-/// One device's built resource stack: the resource its workers allocate from, with handles
-/// on the layers the runtime reads (statistics, tracking, pool).
+/// One device's built stack, with handles on the layers the runtime reads.
 pub struct DeviceStack {
     device: Device,
     plan: StackPlan,
@@ -355,13 +333,11 @@ impl fmt::Debug for DeviceStack {
     }
 }
 
-/// Builds the stack `config` asks for on `device` (see [`StackPlan`]); nothing is installed.
-/// This is the entry point for code that sets up a device without the runtime (the Python
-/// package's Dask plugin).
+/// Builds `config`'s stack for `device` without installing it, for use without the runtime
+/// (the Python package's Dask plugin).
 ///
 /// # Errors
-/// As [`StackPlan::build`]: the allocator's error of the layer that failed (e.g.
-/// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory)).
+/// As [`StackPlan::build`].
 pub fn build_device_stack(
     config: &ResolvedConfig,
     device: &ResolvedDevice,
@@ -370,7 +346,7 @@ pub fn build_device_stack(
 }
 
 impl DeviceStack {
-    /// This stack's figures so far, as phase `phase` of the runtime's report.
+    /// This stack's figures so far, as phase `phase` of the runtime report.
     pub(crate) fn phase_statistics(&self, phase: u64) -> PhaseStatistics {
         let s = self.statistics();
         let (bytes, count) = (s.lifetime_bytes(), s.lifetime_allocations());
@@ -395,7 +371,7 @@ impl DeviceStack {
         &self.plan
     }
 
-    /// The top of the stack: what the device's workers allocate from.
+    /// The top: what the device's workers allocate from.
     pub fn resource(&self) -> &SharedResource {
         &self.top
     }
@@ -415,8 +391,7 @@ impl DeviceStack {
         self.pool.as_deref()
     }
 
-    /// The chain as built, top first (e.g. `StatisticsResourceAdaptor > PoolMemoryResource
-    /// > CudaMemoryResource`).
+    /// The chain as built, top first (`StatisticsResourceAdaptor > … > CudaMemoryResource`).
     pub fn describe(&self) -> String {
         chain_names(&*self.top)
     }
@@ -426,13 +401,12 @@ impl DeviceStack {
         self.statistics.report()
     }
 
-    /// Allocations made through the stack and not freed; with tracking on, each is listed.
+    /// Allocations made through the stack and not freed (each listed with tracking on).
     pub fn live(&self) -> LiveMemory {
         self.live_except(&[])
     }
 
-    /// As [`DeviceStack::live`], not counting `kept` (allocations of this stack a
-    /// replacement takes over in place).
+    /// As [`DeviceStack::live`], not counting `kept` (taken over in place by a replacement).
     pub fn live_except(&self, kept: &[LiveBlock]) -> LiveMemory {
         let kept_bytes: u64 = kept.iter().map(|b| b.bytes as u64).sum();
         let count = (self.statistics.lifetime_allocations().value.max(0) as u64)
@@ -459,16 +433,14 @@ impl DeviceStack {
         }
     }
 
-    /// The live allocations of the stack it replaced that this stack's pool took over in
-    /// place when it was built ([`StackPlan::replace`]); empty without a pool.
+    /// The replaced stack's allocations this pool took over ([`StackPlan::replace`]).
     pub fn adopted_live(&self) -> &[LiveBlock] {
         self.pool.as_ref().map_or(&[], |p| p.adopted_blocks())
     }
 
-    /// Makes what this stack took over in place from the stack it replaced its own for
-    /// good, once it is installed: its pool keeps the memory even if dropped, and every
-    /// layer (statistics, limit, tracking, log) counts the allocations as made through it,
-    /// while `previous` no longer counts them. Returns the bytes taken over.
+    /// Once installed, makes what it took over in place its own for good: its pool keeps the
+    /// memory even if dropped, and every layer counts the allocations instead of `previous`'s.
+    /// Returns the bytes.
     pub fn commit_live(&self, previous: &DeviceStack) -> u64 {
         let blocks = self.adopted_live();
         if let Some(p) = &self.pool {
@@ -510,12 +482,11 @@ impl DeviceStack {
         }
     }
 
-    /// Makes this stack device `self.device()`'s current resource; returns the previous one.
+    /// Makes this stack the device's current resource; returns the previous one.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](rmm_allocator::Error::InvalidArgument) when the stack is not on a
-    /// device of the process-wide backend;
-    /// [`Error::NoSuchDevice`](rmm_allocator::Error::NoSuchDevice) when its device is not one.
+    /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument): not a device of the
+    /// process-wide backend; [`NoSuchDevice`](rmm_allocator::Error::NoSuchDevice).
     pub fn install(&self) -> rmm_allocator::Result<SharedResource> {
         per_device::set_per_device_resource(self.device.ordinal(), Arc::clone(&self.top))
     }
@@ -526,12 +497,10 @@ impl DeviceStack {
             .is_ok_and(|r| Arc::ptr_eq(&r, &self.top))
     }
 
-    /// Puts the device back on a plain `CudaMemoryResource` if this stack is its current
-    /// resource.
+    /// Puts the device back on a plain `CudaMemoryResource` if this stack is current.
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](rmm_allocator::Error::NoSuchDevice) (or the backend's error) when a
-    /// fresh `CudaMemoryResource` cannot be made.
+    /// [`NoSuchDevice`](rmm_allocator::Error::NoSuchDevice) or the backend's error.
     pub fn uninstall(&self) -> rmm_allocator::Result<()> {
         if self.is_installed() {
             per_device::reset_per_device_resource(self.device.ordinal())?;
@@ -539,25 +508,19 @@ impl DeviceStack {
         Ok(())
     }
 
-    /// Gives every cached, unused byte back to the driver (the pool's free chunks, the async
-    /// pool's cache) and flushes the event log. The stack keeps working: a pool grows again
-    /// on demand. Returns the bytes the pool released.
+    /// Gives every cached unused byte back (the pool's free chunks, the async pool's cache) and
+    /// flushes the event log; returns the bytes the pool released.
     ///
     /// # Errors
-    /// [`Error::Driver`](rmm_allocator::Error::Driver) when the pool or the async pool cannot give
-    /// memory back; [`Error::EventLog`](rmm_allocator::Error::EventLog) when flushing the event log
-    /// fails.
+    /// [`Driver`](rmm_allocator::Error::Driver) or [`EventLog`](rmm_allocator::Error::EventLog).
     pub fn release(&self) -> rmm_allocator::Result<u64> {
         self.release_keeping(0)
     }
 
-    /// As [`DeviceStack::release`], keeping the free chunks a new pool of initial size
-    /// `keep` would adopt from this one.
+    /// As [`DeviceStack::release`], keeping what a new pool of initial size `keep` would adopt.
     ///
     /// # Errors
-    /// As [`DeviceStack::release`]: [`Error::Driver`](rmm_allocator::Error::Driver) when memory
-    /// cannot be given back, [`Error::EventLog`](rmm_allocator::Error::EventLog) when the flush
-    /// fails.
+    /// As [`DeviceStack::release`].
     pub fn release_keeping(&self, keep: u64) -> rmm_allocator::Result<u64> {
         let mut released = 0;
         if let Some(pool) = &self.pool {
@@ -572,8 +535,7 @@ impl DeviceStack {
         Ok(released)
     }
 
-    /// The pool's figures (reserved, in use, free, largest free block, fragmentation), when
-    /// the stack has a pool. Takes the pool's locks in turn: not for hot paths.
+    /// The pool's figures, if any. Takes the pool's locks in turn: not for hot paths.
     pub fn pool_figures(&self) -> Option<PoolFigures> {
         let pool = self.pool.as_ref()?;
         let u = pool.usage();
@@ -589,8 +551,7 @@ impl DeviceStack {
         })
     }
 
-    /// Bytes held from the device: the pool's size, else the async pool's reservation, else
-    /// the bytes in use.
+    /// Bytes held from the device: the pool's size, else the async reservation, else bytes in use.
     pub fn reserved_bytes(&self) -> u64 {
         if let Some(p) = &self.pool {
             return p.pool_size();
@@ -604,7 +565,6 @@ impl DeviceStack {
     }
 }
 
-/// The builder of `plan`'s pool over `upstream`.
 fn pool_builder(plan: &PoolPlan, upstream: SharedResource) -> PoolBuilder {
     let mut builder = PoolMemoryResource::builder(upstream)
         .initial_size(plan.initial_size)

@@ -1,11 +1,8 @@
-//! Worker streams: taken from a process-wide cache per device and given back when a worker
-//! stops, never destroyed.
-//!
-//! A pool keeps an arena per stream and may later synchronize a stream it has seen (a block
-//! freed on it, memory moved between arenas), and a buffer can outlive the worker whose
-//! stream it was allocated on. On CUDA a destroyed stream handle dangles, so the runtime never
-//! destroys one: a stopped worker's stream waits here for the next worker of its device (as
-//! PyTorch keeps a fixed pool of streams for the life of the process).
+//! Worker streams: taken from a process-wide cache per device, given back when a worker stops,
+//! never destroyed: a pool keeps an arena per stream and may later synchronize one it has seen,
+//! and a buffer can outlive its worker, so a destroyed CUDA stream handle would dangle. A
+//! stopped worker's stream waits for the next worker of its device (PyTorch likewise keeps its
+//! streams for the life of the process).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -32,7 +29,6 @@ impl WorkerStream {
         })))
     }
 
-    /// The view tasks use.
     pub(crate) fn view(&self) -> StreamView {
         self.0.as_ref().map_or(StreamView::DEFAULT, Stream::view)
     }

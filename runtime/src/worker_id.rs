@@ -1,12 +1,10 @@
-//! [`WorkerId`]: which worker, by device and index; named by errors and reports as well as
-//! by the workers themselves.
+//! [`WorkerId`]: a worker, by device and index, as errors, reports and workers name it.
 
 use std::fmt;
 
 use serde::Serialize;
 
-/// A worker: device ordinal and index among that device's workers (`0.1` is device 0's
-/// second worker).
+/// A worker: device ordinal and index among its workers (`0.1`: device 0's second worker).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct WorkerId {
     /// The device ordinal.

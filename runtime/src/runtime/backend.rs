@@ -1,5 +1,4 @@
-//! Backend choice: the process-wide backend a configuration asks for, and the facts of its
-//! devices that a configuration resolves against.
+//! Backend choice: the process-wide backend a configuration asks for, and its device facts.
 
 use rmm_allocator::backend::{self, Backend, BackendChoice, BackendKind};
 use rmm_config::{Config, DeviceFacts, ResolvedConfig};
@@ -8,13 +7,12 @@ use super::Generation;
 use crate::error::{Error, Result};
 use rmm_allocator::Device;
 
-/// Opens the backend `choice` names as the process-wide one, or checks that the one already
-/// in use agrees with it (`auto` accepts any).
+/// Opens the backend `choice` names as the process-wide one, or checks that the one in use
+/// agrees (`auto` accepts any).
 ///
 /// # Errors
-/// [`Error::BackendMismatch`](crate::Error::BackendMismatch) when another backend is already in
-/// use; [`Error::Allocator`](crate::Error::Allocator) when the backend cannot be opened (e.g.
-/// [`Error::NoDriver`](rmm_allocator::Error::NoDriver) for `cuda` without a driver).
+/// [`Error::BackendMismatch`]: another backend is in use; [`Error::Allocator`]: it cannot be
+/// opened (e.g. [`NoDriver`](rmm_allocator::Error::NoDriver) for `cuda` without a driver).
 pub fn open_backend(choice: BackendChoice) -> Result<&'static dyn Backend> {
     let wanted = match choice {
         BackendChoice::Auto => None,
@@ -42,14 +40,12 @@ pub fn open_backend(choice: BackendChoice) -> Result<&'static dyn Backend> {
     }
 }
 
-/// What the devices of `backend` report, for resolving `config`: each device's free memory
-/// only where a size depends on it (a driver call per device; [`Config::needs_free_memory`]),
-/// and the host memory the process may use only with spilling on
-/// ([`Config::needs_host_memory`]).
+/// What `backend`'s devices report, for resolving `config`: free memory only where a size
+/// depends on it ([`Config::needs_free_memory`]: a driver call per device), host memory only
+/// with spilling ([`Config::needs_host_memory`]).
 ///
 /// # Errors
-/// [`Error::Allocator`](crate::Error::Allocator) ([`Error::Driver`](rmm_allocator::Error::Driver))
-/// when a device's properties or memory cannot be read.
+/// [`Error::Allocator`] ([`Driver`](rmm_allocator::Error::Driver)): unreadable device facts.
 pub fn device_facts(backend: &'static dyn Backend, config: &Config) -> Result<Vec<DeviceFacts>> {
     let free_memory = config.needs_free_memory();
     let host_memory = config
@@ -75,8 +71,8 @@ pub fn device_facts(backend: &'static dyn Backend, config: &Config) -> Result<Ve
         .collect()
 }
 
-/// Resolves `config` against the devices present; with `held`, a device's free memory counts
-/// what the stack in `held` would give back, so `"auto"` sizes see the device as it will be.
+/// Resolves `config` against the devices present; with `held`, free memory counts what its
+/// stacks would give back, so `"auto"` sizes see the device as it will be.
 pub(super) fn resolve(
     backend: &'static dyn Backend,
     config: &Config,

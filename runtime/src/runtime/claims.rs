@@ -1,6 +1,5 @@
-//! Device claims: each device is managed by at most one runtime of the process. A runtime
-//! claims its devices when it starts, holds old and new ones while a reinitialize decides,
-//! and gives them up when it shuts down.
+//! Device claims: at most one runtime of the process manages a device; claimed at start, old
+//! and new ones held while a reinitialize decides, given up at shutdown.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;

@@ -1,16 +1,14 @@
 //! Generations and task dispatch.
 //!
-//! A [`Generation`] is one configuration's devices, stacks and workers; the runtime publishes
-//! a new one when it starts and at every reinitialize, and submitters read the current one
-//! without a lock.
+//! A [`Generation`] is one configuration's devices, stacks and workers, published at start and
+//! at every reinitialize; submitters read the current one without a lock.
 //!
-//! Every worker has two queues (top-level tasks, and children of running tasks, served
-//! first) and a load count (queued + running). A task goes to the
-//! least-loaded worker overall ([`RuntimeHandle::submit`]) or of one device
-//! ([`RuntimeHandle::submit_to_device`]), to one worker, or to every worker
-//! ([`RuntimeHandle::run_on_all`]). While a reinitialize is in progress, submissions from
-//! outside the runtime are held and sent on afterwards; submissions from inside a task go
-//! straight through, since the task that makes them may wait for them.
+//! Each worker has two queues (top-level tasks; children of running tasks, served first) and a
+//! load count (queued + running). A task goes to the least-loaded worker overall
+//! ([`RuntimeHandle::submit`]) or of one device ([`RuntimeHandle::submit_to_device`]), to one
+//! worker, or to all ([`RuntimeHandle::run_on_all`]). During a reinitialize, outside
+//! submissions are held and sent on afterwards; those from inside a task go straight through,
+//! as the task may wait for them.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -107,8 +105,7 @@ impl Generation {
             .sum()
     }
 
-    /// Tasks running, and children of running tasks queued, on every worker (one counter
-    /// shared by all of them).
+    /// Tasks running plus queued children on every worker (one counter shared by all).
     pub(super) fn active(&self) -> usize {
         self.workers
             .first()
@@ -202,9 +199,8 @@ impl Shared {
         }
     }
 
-    /// Waits until no outside submitter is mid-send and `busy(generation)` is 0: for
-    /// reinitialize, the running tasks and their queued children ([`Generation::active`]);
-    /// for shutdown, everything queued too ([`Generation::queued`]).
+    /// Waits until no outside submitter is mid-send and `busy(generation)` is 0:
+    /// [`Generation::active`] for reinitialize, [`Generation::queued`] for shutdown.
     pub(super) fn drain(
         &self,
         what: &'static str,
@@ -269,8 +265,7 @@ impl RuntimeHandle {
         handle
     }
 
-    /// Runs `f` once on every worker (Dask's `client.run`); the handles are in the order of
-    /// [`RuntimeHandle::workers`].
+    /// Runs `f` once on every worker (Dask's `client.run`); handles in `workers()` order.
     pub fn run_on_all<F, T>(&self, f: F) -> Vec<TaskHandle<T>>
     where
         F: Fn(&TaskContext<'_>) -> T + Send + Sync + 'static,
@@ -286,8 +281,7 @@ impl RuntimeHandle {
             .collect()
     }
 
-    /// Runs `f` on each item, each as its own task on the least-loaded worker; the handles
-    /// are in the items' order.
+    /// Runs `f` on each item as its own task on the least-loaded worker; handles in item order.
     pub fn map<I, F, T>(&self, items: impl IntoIterator<Item = I>, f: F) -> Vec<TaskHandle<T>>
     where
         I: Send + 'static,

@@ -1,25 +1,15 @@
-//! Keeping idle spillable data where it is across a reinitialize from pool to pool (steps
-//! 4 to 7 of a reinitialize, `reinitialize.rs`): instead of copying it to the host and
-//! back, the new pool takes its blocks over with the chunks that hold them, and each buffer
-//! is repointed to the new stack when that is installed.
+//! Keeping idle spillable data in place across a pool-to-pool reinitialize (steps 4 to 7 in
+//! `reinitialize.rs`): instead of a copy to the host and back, the new pool takes its blocks
+//! over with their chunks, and each buffer is repointed to the new stack once installed.
 //!
-//! * [`Candidates::find`]: per device that keeps a pool (`cuMemAlloc` chunks on both sides)
-//!   and keeps spilling, its spill manager's buffers that are idle on the device in memory
-//!   of the old stack, most recently used first (blocks of 64 KiB or less never move: they
-//!   are spilled as before);
-//! * [`Candidates::hold`]: locks as many as fit under the new device limit, the new hard
-//!   limit and the new pool's initial size ([`Kept`]); while held they are not used, moved
-//!   or freed, and step 4's spill passes them by;
-//! * the new stacks are built taking them over provisionally
-//!   ([`StackPlan::replace`](crate::stack::StackPlan::replace)); those a new pool could not
-//!   take ([`Kept::spill_refused`]), or all of them when the build ran out of device memory
-//!   ([`Kept::spill_all`]), are spilled as before, still before the switch;
-//! * [`Kept::commit`], once the new stacks are installed: each new stack makes the blocks
-//!   its own (the old stack's statistics, limit, tracking and log forget them, the new
-//!   one's count them) and each buffer frees to the new stack from then on.
-//!
-//! A failure before the commit drops the new stacks, whose pools give the blocks back to
-//! the old ones, data in place; the buffers were never repointed: nothing is lost.
+//! [`Candidates::find`] picks, per device keeping a pool (`cuMemAlloc` chunks both sides) and
+//! spilling, its manager's buffers idle in the old stack's memory (blocks of 64 KiB or less
+//! never move); [`Candidates::hold`] locks those that fit ([`Kept`]); the new stacks take them
+//! over provisionally ([`StackPlan::replace`](crate::stack::StackPlan::replace)), the rest
+//! being spilled before the switch ([`Kept::spill_refused`], [`Kept::spill_all`]);
+//! [`Kept::commit`] makes them the new stacks' once installed. A failure before the commit
+//! drops the new stacks, whose pools give the blocks back in place; the buffers were never
+//! repointed, so nothing is lost.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -51,7 +41,7 @@ struct DeviceCandidates {
 }
 
 impl Candidates {
-    /// The candidates of switching from `old` to `resolved`, from the spill managers.
+    /// Per device that can keep data in place under `resolved`, its manager's idle buffers.
     pub(super) fn find(
         managers: &BTreeMap<u32, Arc<SpillManager>>,
         old: &Generation,
@@ -97,9 +87,9 @@ impl Candidates {
         Candidates { devices }
     }
 
-    /// Holds, per device, the candidates that fit in its room, most recently used first;
-    /// those busy or in use meanwhile, or no longer in the old stack's memory, are left to
-    /// step 4's spill.
+    /// Holds, per device, the candidates fitting its room, most recent first; held, they are not
+    /// used, moved or freed. Those busy, in use or out of the old stack's memory are left to step
+    /// 4's spill.
     pub(super) fn hold(&self) -> Kept<'_> {
         let devices = self
             .devices
@@ -140,7 +130,6 @@ pub(super) struct Kept<'a> {
 }
 
 impl Kept<'_> {
-    /// Bytes held in place on `device`.
     pub(super) fn bytes_on(&self, device: u32) -> u64 {
         self.devices
             .iter()
@@ -149,7 +138,6 @@ impl Kept<'_> {
             .sum()
     }
 
-    /// True when no buffer is held.
     pub(super) fn is_empty(&self) -> bool {
         self.devices.iter().all(|(_, h)| h.is_empty())
     }
@@ -168,8 +156,7 @@ impl Kept<'_> {
             .collect()
     }
 
-    /// Step 5: what is still live in `old`'s stacks apart from the held buffers, per device
-    /// where something is.
+    /// Step 5: what is live in `old`'s stacks apart from held buffers, per device with any.
     pub(super) fn live_elsewhere(&self, old: &Generation) -> Vec<LiveMemory> {
         let held: Vec<(u32, Vec<LiveBlock>)> =
             self.devices.iter().map(|(d, h)| (*d, blocks(h))).collect();
@@ -186,19 +173,18 @@ impl Kept<'_> {
         .collect()
     }
 
-    /// Spills every held buffer (the new stacks could not be built taking them over);
-    /// returns the device bytes freed.
+    /// Spills every held buffer (the new stacks could not be built with them); returns the
+    /// device bytes freed.
     ///
     /// # Errors
-    /// [`Error::SpillBeforeSwitch`]: a buffer could not be spilled (it stays where it was,
-    /// valid, in the old stack, which is still in force).
+    /// [`Error::SpillBeforeSwitch`]: a buffer could not be spilled (it stays valid in the old
+    /// stack, still in force).
     pub(super) fn spill_all(&mut self) -> Result<u64> {
         self.spill_where(|_, _| true)
     }
 
-    /// Spills the held buffers whose new pool did not take them over (they are still the
-    /// old pool's), then has each old stack that lost some give back what they freed.
-    /// Returns (device bytes spilled, bytes the old stacks gave back to the driver).
+    /// Spills the held buffers no new pool took over (still the old pool's), then has each old
+    /// stack that lost some give back what they freed. Returns (bytes spilled, bytes released).
     ///
     /// # Errors
     /// [`Error::SpillBeforeSwitch`] as [`spill_all`](Self::spill_all);
@@ -241,8 +227,7 @@ impl Kept<'_> {
         Ok((spilled, released))
     }
 
-    /// Spills the held buffers `which` picks (by device), all devices' copies batched;
-    /// returns the device bytes freed. The others stay held.
+    /// Spills the held buffers `which` picks (by device), copies batched; returns the bytes.
     fn spill_where(&mut self, which: impl Fn(u32, &HeldInPlace<'_>) -> bool) -> Result<u64> {
         let mut freed = 0;
         for (device, held) in &mut self.devices {
@@ -268,9 +253,9 @@ impl Kept<'_> {
         Ok(freed)
     }
 
-    /// Step 7, once `new` (the stacks that replace `old`) are installed: each new stack
-    /// makes what it took over its own, and every held buffer it took frees to it from now
-    /// on. Returns the device bytes kept in place. Cannot fail.
+    /// Step 7, once `new` (replacing `old`) is installed: each new stack makes the blocks its own
+    /// (moving them from the old stack's statistics, limit, tracking and log) and the held buffers
+    /// it took free to it. Returns the bytes kept. Cannot fail.
     pub(super) fn commit(self, old: &[Arc<DeviceStack>], new: &[Arc<DeviceStack>]) -> u64 {
         let mut kept = 0;
         for (device, held) in self.devices {
@@ -286,7 +271,7 @@ impl Kept<'_> {
             kept += new.commit_live(&old);
             let taken: HashSet<u64> = new.adopted_live().iter().map(|b| b.ptr.addr()).collect();
             for h in held {
-                // Those the pool did not take were spilled before: none is left here.
+                // Those not taken were spilled before.
                 if taken.contains(&h.ptr().addr()) {
                     h.move_to(Arc::clone(new.resource()));
                 }

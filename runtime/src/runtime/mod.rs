@@ -2,25 +2,16 @@
 //!
 //! # Life of a runtime
 //! [`Runtime::start`] resolves the configuration against the devices present, builds every
-//! device's [`DeviceStack`] in parallel (rayon) with its workers' streams, installs each stack
-//! as its device's current resource and starts `workers_per_device` threads per device. If any
-//! device fails, everything built is freed and no worker starts. Tasks are then submitted
-//! ([`dispatch`]); [`RuntimeHandle::reinitialize`] switches every device to a new
-//! configuration between workloads ([`reinitialize`]); [`Runtime::shutdown`] (or dropping the
-//! runtime) drains, reports leaks and gives the memory back ([`shutdown`]).
+//! device's [`DeviceStack`] with its workers' streams in parallel (rayon), installs each as its
+//! device's current resource and starts `workers_per_device` threads per device; if a device
+//! fails, all built is freed and no worker starts. Then tasks are submitted ([`dispatch`]);
+//! [`RuntimeHandle::reinitialize`] switches configurations between workloads
+//! ([`reinitialize`], [`keep`]); [`Runtime::shutdown`] (or drop) drains, reports leaks and
+//! gives the memory back ([`shutdown`]).
 //!
 //! This module holds the public types ([`Runtime`], [`RuntimeHandle`], [`RuntimeBuilder`]),
-//! the state they share, starting, and the queries and report; one idea per submodule:
-//!
-//! * [`backend`]: choosing the process-wide backend, and resolving a configuration against
-//!   its devices;
-//! * [`claims`]: which runtime manages which device (one runtime per device per process);
-//! * [`dispatch`]: generations (one configuration's stacks and workers) and task submission;
-//! * [`setup`]: building, installing and replacing device stacks, starting and stopping
-//!   workers;
-//! * [`reinitialize`]: the switch to a new configuration, step by step;
-//! * [`keep`]: keeping idle spillable data in place across a reinitialize from pool to pool;
-//! * [`shutdown`]: draining, leak reports, giving the memory back.
+//! their shared state, starting, queries and the report. Also: [`backend`] (backend choice,
+//! resolution), [`claims`] (one runtime per device), [`setup`] (stacks and workers).
 
 mod backend;
 mod claims;
@@ -71,20 +62,18 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Held by reinitialize and shutdown for their whole run (they exclude each other).
 struct Control {
     threads: Vec<JoinHandle<Option<Queued>>>,
-    /// The configuration in force, as loaded (before it was resolved against the devices):
-    /// what [`RuntimeHandle::reconfigure`] starts from.
+    /// The configuration in force as loaded: what [`RuntimeHandle::reconfigure`] starts from.
     config: Config,
 }
 
-/// What the report tells of past reinitializes. Apart from [`Control`] so that a task can
-/// ask for a report while a reinitialize waits for it to finish.
+/// Past reinitializes, for the report; apart from [`Control`] so a task can ask for a report
+/// while a reinitialize waits for it.
 #[derive(Default)]
 struct History {
     start: StartReport,
     reinitializations: u64,
     last_reinitialize: Option<ReinitReport>,
-    /// Per device, the allocation figures of the phases reinitializes ended (their stacks
-    /// are gone, and with them their statistics).
+    /// Per device, allocation figures of phases ended by reinitializes (their stacks are gone).
     phases: BTreeMap<u32, Vec<PhaseStatistics>>,
 }
 
@@ -98,7 +87,7 @@ pub(crate) struct Shared {
     paused: AtomicBool,
     /// Outside submitters between their checks and their send.
     entering: AtomicUsize,
-    /// Running tasks plus queued children, all workers (see [`WorkerShared::active`](worker::WorkerShared::active)).
+    /// Running tasks plus queued children ([`WorkerShared::active`](worker::WorkerShared::active)).
     active: Arc<AtomicUsize>,
     held: Mutex<Vec<(Target, Box<dyn Job>)>>,
     shut_down: AtomicBool,
@@ -127,8 +116,8 @@ impl Shared {
     }
 }
 
-/// Starts a runtime from code: the configuration comes from a [`ConfigLoader`] (by default
-/// `./rmm.toml` or `RMM_CONFIG`, then `RMM_*` variables) or a ready [`Config`], with overrides.
+/// Starts a runtime from code, configured by a [`ConfigLoader`] (by default `./rmm.toml` or
+/// `RMM_CONFIG`, then `RMM_*` variables) or a ready [`Config`], with overrides.
 ///
 /// ```no_run
 /// # mod rmm { pub use rmm_runtime as runtime; }
@@ -169,7 +158,7 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Overrides one key in code (e.g. `"pool.initial_size"`, `"8GiB"`).
+    /// Overrides one key in code (`"pool.initial_size"`, `"8GiB"`).
     pub fn set(mut self, key: impl Into<String>, value: impl Into<toml::Value>) -> Self {
         self.loader = self.loader.set(key, value);
         self
@@ -184,11 +173,8 @@ impl RuntimeBuilder {
     /// Loads the configuration and starts the runtime.
     ///
     /// # Errors
-    /// [`Error::Config`](crate::Error::Config) when the configuration does not load or resolve;
-    /// [`Error::BackendMismatch`](crate::Error::BackendMismatch),
-    /// [`Error::DeviceInUse`](crate::Error::DeviceInUse),
-    /// [`Error::DeviceSetup`](crate::Error::DeviceSetup) or [`Error::Spawn`](crate::Error::Spawn)
-    /// as [`Runtime::start`].
+    /// [`Error::Config`] when the configuration does not load or resolve; else as
+    /// [`Runtime::start`].
     pub fn start(self) -> Result<Runtime> {
         let config = match self.config {
             Some(c) => c,
@@ -199,16 +185,15 @@ impl RuntimeBuilder {
 }
 
 /// The runtime: workers on every configured device, each with its device's stack current.
-/// Dropping it shuts it down ([`Runtime::shutdown`]). Submission and reinitialize are on
-/// [`RuntimeHandle`], which it dereferences to and which tasks receive.
+/// Dropping it shuts it down ([`Runtime::shutdown`]); it dereferences to [`RuntimeHandle`].
 #[derive(Debug)]
 pub struct Runtime {
     handle: RuntimeHandle,
 }
 
-/// A cheap, clonable handle for submitting tasks to a runtime and reinitializing it. Tasks get
-/// one through [`TaskContext::runtime`](crate::TaskContext::runtime). After shutdown, submissions fail with
-/// [`TaskError::ShutDown`](crate::TaskError::ShutDown).
+/// A cheap clonable handle for submitting tasks and reinitializing; tasks get one through
+/// [`TaskContext::runtime`](crate::TaskContext::runtime). After shutdown, submissions fail
+/// with [`TaskError::ShutDown`](crate::TaskError::ShutDown).
 #[derive(Clone)]
 pub struct RuntimeHandle {
     shared: Arc<Shared>,
@@ -231,8 +216,7 @@ impl Deref for Runtime {
 }
 
 impl Runtime {
-    /// A builder (configuration from `./rmm.toml` / `RMM_CONFIG` and the environment unless
-    /// told otherwise).
+    /// A builder (configuration from `./rmm.toml` / `RMM_CONFIG` and the environment by default).
     pub fn builder() -> RuntimeBuilder {
         RuntimeBuilder::default()
     }
@@ -240,11 +224,9 @@ impl Runtime {
     /// Starts the runtime `config` describes.
     ///
     /// # Errors
-    /// [`Error::Config`](crate::Error::Config) when `config` does not resolve;
-    /// [`Error::BackendMismatch`](crate::Error::BackendMismatch) when another backend is in use;
-    /// [`Error::DeviceInUse`](crate::Error::DeviceInUse) when another runtime holds a device;
-    /// [`Error::DeviceSetup`](crate::Error::DeviceSetup) when a device's stack cannot be built;
-    /// [`Error::Spawn`](crate::Error::Spawn) when a worker thread cannot start.
+    /// [`Error::Config`]: `config` does not resolve; [`Error::BackendMismatch`]: another backend
+    /// is in use; [`Error::DeviceInUse`]: another runtime holds a device; [`Error::DeviceSetup`]:
+    /// a stack cannot be built; [`Error::Spawn`]: a worker thread cannot start.
     pub fn start(config: &Config) -> Result<Runtime> {
         Runtime::start_with(config, DEFAULT_DRAIN_TIMEOUT)
     }
@@ -356,8 +338,8 @@ impl RuntimeHandle {
             .cloned()
     }
 
-    /// Tasks run, busy time and queue length per worker; per device the stack and its
-    /// live, reserved and (with `stats.enabled`) statistics figures.
+    /// Tasks run, busy time and queue length per worker; per device the stack and its live,
+    /// reserved and (with `stats.enabled`) statistics figures.
     pub fn report(&self) -> RuntimeReport {
         let shared = &*self.shared;
         let generation = shared.generation();
@@ -422,12 +404,11 @@ impl RuntimeHandle {
         self.shared.managers.lock().get(&device).cloned()
     }
 
-    /// Spills every spillable buffer of device `device` that is not in use; returns the
-    /// device bytes freed (0 when the device does not spill).
+    /// Spills every spillable buffer of `device` not in use; returns the bytes freed (0 when the
+    /// device does not spill).
     ///
     /// # Errors
-    /// [`Error::DeviceSetup`](crate::Error::DeviceSetup) when a buffer cannot be spilled (a full
-    /// host tier, a failed copy or write).
+    /// [`Error::DeviceSetup`]: a buffer cannot be spilled (full host tier, failed copy or write).
     pub fn spill_all(&self, device: u32) -> Result<u64> {
         match self.spill_manager(device) {
             Some(m) => m
@@ -445,9 +426,7 @@ impl RuntimeHandle {
     /// Device `ordinal` of the runtime's backend.
     ///
     /// # Errors
-    /// [`Error::Allocator`](crate::Error::Allocator)
-    /// ([`Error::NoSuchDevice`](rmm_allocator::Error::NoSuchDevice)) when the backend has no device
-    /// `ordinal`.
+    /// [`Error::Allocator`] ([`NoSuchDevice`](rmm_allocator::Error::NoSuchDevice)).
     pub fn device(&self, ordinal: u32) -> Result<Device> {
         Ok(Device::on(self.shared.backend, ordinal)?)
     }

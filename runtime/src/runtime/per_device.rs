@@ -1,9 +1,6 @@
-//! Work done once per device during a switch, in parallel when there are several devices.
-//!
-//! Several devices' steps run at once on rayon's pool (their pools allocate, their data
-//! spills, at the same time). One device's step runs on the calling thread without touching
-//! the pool: its first use starts a thread per CPU (after reading the cgroup's CPU quota),
-//! which a process with one device (a Dask worker, say) never needs.
+//! Per-device work of a switch: several devices' steps run at once on rayon's pool (their
+//! pools allocate, their data spills, together); a single device's runs on the calling thread,
+//! sparing a one-device process (a Dask worker) rayon's thread per CPU.
 
 use rayon::prelude::*;
 

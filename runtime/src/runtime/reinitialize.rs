@@ -1,50 +1,33 @@
 //! Reinitialize: switching every device to a new configuration while the runtime runs.
 //!
-//! [`RuntimeHandle::reinitialize`] is a transaction over all devices, in these steps:
+//! [`RuntimeHandle::reinitialize`] is a transaction over all devices:
 //!
-//! 1. Resolve the new configuration against the devices present (a device's free memory
-//!    counts what its current stack would give back). A configuration that does not resolve
-//!    changes nothing. Old and new devices are both claimed until the switch is decided.
-//! 2. Hold new submissions from outside the runtime and pause the workers: no queued
-//!    top-level task starts.
-//! 3. Let running tasks, and the children they submit, finish (up to the drain timeout).
-//! 4. Make each spilling device's new host pool and disk tier (where `spill.host_pool_size`
-//!    or `spill.disk_directory` change) the tiers new spills go to. Where a device goes from
-//!    a pool to a pool (`cuMemAlloc` chunks on both sides: a new maximum, logging or
-//!    tracking turned on, a limit changed) and keeps spilling, hold its idle spillable
-//!    buffers in the old pool where they are, most recently used first, up to the new
-//!    device limit, hard limit and pool initial size (see [`keep`](super::keep)): nobody
-//!    uses, moves or frees them until the switch is decided. Then spill every spill
-//!    manager's other data not in use into the tiers: it survives the switch and comes
-//!    back, into the new stacks, on next use (data spilled before stays in the old tiers
-//!    until used). A failure before the new stacks are installed puts the old tiers back.
-//! 5. Refuse if allocations other than the held buffers are still live (listing them),
-//!    changing nothing.
-//! 6. Per device, in parallel: the old stack gives back what the new one cannot take over,
-//!    the new stack is built (its pool adopting the old pool's free memory, and the held
-//!    buffers' blocks with the chunks that hold them, data in place, provisionally, without
-//!    a driver call), and the old one gives back the rest; devices that leave the runtime
-//!    give everything back. Held buffers a new pool could not take (their chunks do not fit
-//!    its initial size) are spilled now, as in step 4; if building with held buffers runs
-//!    out of device memory, they are all spilled and the stacks built again without. A failure keeps the old
-//!    stacks installed (they grow again on demand); new stacks dropped give what they took
-//!    over back to the old pools, data in place.
-//! 7. Install the new stacks as their devices' current resources; at once, each new stack
-//!    makes the blocks it took over its own (the old stack's statistics, limit, tracking
-//!    and log forget them, the new one's count them) and each held buffer is repointed to
-//!    free to the new stack. The report says how many bytes stayed in place
-//!    ([`ReinitReport::kept_in_place_bytes`]) and how many were spilled.
-//! 8. Re-spawn the workers if the device list or `workers_per_device` changed (the tasks
-//!    queued for the old workers move to the new ones by the rule they were sent with);
-//!    otherwise the workers stay and only the stacks change.
-//! 9. With `spill.eager_unspill`, bring spilled data back now (up to each limit); what
-//!    cannot come back stays spilled, and the report's notes say so.
-//! 10. Resume: workers start tasks again and what was held is sent on; queued tasks then run
-//!     on the new stacks. The devices of the configuration now in force stay claimed.
+//! 1. Resolve the configuration (free memory counts what the current stack would give back);
+//!    failing changes nothing. Old and new devices stay claimed until the switch is decided.
+//! 2. Hold outside submissions and pause the workers: no queued top-level task starts.
+//! 3. Let running tasks and their children finish (up to the drain timeout).
+//! 4. Send new spills to the new host pools and disk tiers. Where a device goes pool to pool
+//!    (`cuMemAlloc` chunks both sides) and keeps spilling, hold its idle spillable buffers in
+//!    place, most recent first, within the new limits and initial size ([`keep`](super::keep)).
+//!    Spill the rest not in use, to come back on use. A failure before installing restores
+//!    the old tiers.
+//! 5. Refuse, changing nothing, if allocations other than held buffers are live.
+//! 6. Per device, in parallel: the old stack gives back what the new one cannot take over, the
+//!    new one is built (its pool adopting, without a driver call, the old pool's free memory
+//!    and, provisionally, the held buffers' chunks), the old one gives back the rest (leaving
+//!    devices: all). Held buffers a new pool refuses are spilled; if building runs out of
+//!    device memory, all are, and the stacks are rebuilt. On failure the old stacks stay.
+//! 7. Install the new stacks; each takes the held blocks over from the old stack's statistics,
+//!    limit, tracking and log, and held buffers free to it
+//!    ([`ReinitReport::kept_in_place_bytes`]).
+//! 8. Re-spawn the workers if the device list or `workers_per_device` changed (queued tasks
+//!    move by the rule they were sent with).
+//! 9. With `spill.eager_unspill`, bring spilled data back (up to each limit); failures are
+//!    noted in the report and the data stays spilled.
+//! 10. Resume, sending on held submissions. The devices in force stay claimed.
 //!
-//! A running task that waits for a queued top-level task (one submitted from outside, or
-//! from a thread the task started) cannot finish while the runtime is paused: reinitialize
-//! then fails with [`Error::DrainTimeout`] after the drain timeout and changes nothing.
+//! A running task waiting for a queued top-level task cannot finish while paused:
+//! reinitialize then fails with [`Error::DrainTimeout`], changing nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -66,9 +49,8 @@ use crate::stack::DeviceStack;
 use rmm_allocator::backend::BackendChoice;
 use rmm_allocator::fmt_bytes;
 
-/// How many times the switch looks again for live memory it cannot move before it refuses,
-/// [`SETTLE_PAUSE`] apart: threads outside the runtime (a Dask worker's tasks) allocate and
-/// free while it runs, and what they hold for a moment must not fail the switch.
+/// Looks for unmovable live memory before refusing, [`SETTLE_PAUSE`] apart: threads outside
+/// the runtime (a Dask worker's tasks) allocate and free meanwhile, which must not fail it.
 const SETTLE_ATTEMPTS: u32 = 25;
 
 /// The pause between two looks ([`SETTLE_ATTEMPTS`]).
@@ -81,15 +63,13 @@ fn out_of_device_memory(e: &Error) -> bool {
 }
 
 impl RuntimeHandle {
-    /// The configuration in force, as loaded (before it was resolved against the devices:
-    /// `devices = "all"` stays `"all"`). [`config`](Self::config) gives it resolved.
+    /// The configuration in force, unresolved (`"all"` stays); [`config`](Self::config) resolves.
     pub fn loaded_config(&self) -> Config {
         self.shared.control.lock().config.clone()
     }
 
-    /// Reinitializes to the configuration in force changed by `change`, which gets a loader
-    /// that starts from it ([`ConfigLoader::from_config`]: every key as it runs, no file, no
-    /// environment) and sets what should differ:
+    /// Reinitializes to the configuration in force as `change` alters it, given a loader starting
+    /// from it ([`ConfigLoader::from_config`]: every key as it runs, no file, no environment):
     ///
     /// ```no_run
     /// # mod rmm { pub use rmm_runtime as runtime; }
@@ -99,12 +79,11 @@ impl RuntimeHandle {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
-    /// Reading the configuration in force and switching are one step: two calls at once
-    /// each see the other's change, never lose it.
+    /// Reading the configuration in force and switching are one step: concurrent calls never lose
+    /// each other's change.
     ///
     /// # Errors
-    /// As [`reinitialize`](Self::reinitialize); a change that does not load (an unknown key,
-    /// a bad value) changes nothing.
+    /// As [`reinitialize`](Self::reinitialize); a change that does not load changes nothing.
     pub fn reconfigure(
         &self,
         change: impl FnOnce(ConfigLoader) -> ConfigLoader,
@@ -116,27 +95,15 @@ impl RuntimeHandle {
         self.reinitialize_locked(&mut control, &config)
     }
 
-    /// Switches every device to the stack `config` describes, keeping the runtime running:
-    /// resolve the configuration, hold outside submissions and pause the workers, let running
-    /// tasks finish, spill what can be spilled (idle spillable data that a new pool can take
-    /// over stays where it is instead: pool → pool on one device), refuse live allocations,
-    /// build the new stacks (all devices in parallel, each adopting its old pool's memory and
-    /// the data kept in place), install them, re-spawn
-    /// the workers if the device list or `workers_per_device` changed, and resume, sending on
-    /// what was held. A configuration that does not resolve,
-    /// live allocations, or a device whose new stack cannot be built leave the runtime as it
-    /// was (old stacks installed and working) and return the error.
+    /// Switches every device to the stack `config` describes while the runtime runs: hold
+    /// submissions, drain, spill idle data (or keep it in place), build the new stacks in
+    /// parallel, install them, re-spawn workers if the layout changed, resume. An unresolvable
+    /// configuration, live allocations or an unbuildable stack leave the runtime as it was.
     ///
     /// # Errors
-    /// [`Error::InsideWorker`](crate::Error::InsideWorker) when called from a worker;
-    /// [`Error::ShutDown`](crate::Error::ShutDown) after shutdown;
-    /// [`Error::Config`](crate::Error::Config) when `config` does not resolve;
-    /// [`Error::DrainTimeout`](crate::Error::DrainTimeout) when running tasks do not finish;
-    /// [`Error::SpillBeforeSwitch`](crate::Error::SpillBeforeSwitch) or
-    /// [`Error::LiveAllocations`](crate::Error::LiveAllocations) when memory stays in use;
-    /// [`Error::DeviceSetup`](crate::Error::DeviceSetup) or
-    /// [`Error::SpillTiers`](crate::Error::SpillTiers) when a new stack or tier cannot be built.
-    /// The runtime is then as it was.
+    /// [`Error::InsideWorker`], [`Error::ShutDown`], [`Error::Config`] (does not resolve),
+    /// [`Error::DrainTimeout`], [`Error::SpillBeforeSwitch`] or [`Error::LiveAllocations`] (memory
+    /// in use), [`Error::DeviceSetup`] or [`Error::SpillTiers`] (a stack or tier cannot be built).
     pub fn reinitialize(&self, config: &Config) -> Result<ReinitReport> {
         let shared = &*self.shared;
         shared.check_outside("reinitialize")?;
@@ -162,7 +129,6 @@ impl RuntimeHandle {
         let store_notes = self.keep_store_spilling(&old, &mut resolved)?;
         let ordinals: Vec<u32> = resolved.devices.iter().map(|d| d.ordinal).collect();
         let old_ordinals: Vec<u32> = old.stacks.iter().map(|s| s.device().ordinal()).collect();
-        // Old and new devices both belong to this runtime until the switch is decided.
         let both: Vec<u32> = old_ordinals
             .iter()
             .chain(&ordinals)
@@ -178,8 +144,7 @@ impl RuntimeHandle {
         report.notes = store_notes;
         let result = self.switch(control, &old, resolved, &mut report, t);
         shared.resume();
-        // Keep the devices of the configuration now in force (a subset of what is claimed,
-        // so this cannot conflict).
+        // Keep the new configuration's devices (a subset of those claimed: no conflict).
         let keep = if result.is_ok() {
             &ordinals
         } else {
@@ -225,15 +190,13 @@ impl RuntimeHandle {
         shared.drain("reinitialize", shared.drain_timeout, Generation::active)?;
         report.drain = drain_start.elapsed();
 
-        // The new configuration's host pools and disk tiers take new spills from here on, so
-        // that the spill below can use them (a larger host pool, a disk tier added).
+        // New spills go to the new tiers from here, so the spill below can use them.
         let t = Instant::now();
         let undo = self.replace_tiers(&resolved)?;
         let mut installed = false;
         let result = self.spill_and_switch(control, old, resolved, report, t, &mut installed);
         if result.is_err() && !installed {
-            // The old configuration stays in force, its tiers included (data spilled into
-            // the new ones stays there until used).
+            // The old tiers are back (data spilled into the new ones stays until used).
             for (m, u) in undo.into_iter().rev() {
                 m.restore_tiers(u);
             }
@@ -245,8 +208,7 @@ impl RuntimeHandle {
         result
     }
 
-    /// Makes each spilling device's new host pool and disk tier (where they change) the
-    /// tiers new spills go to; all or nothing.
+    /// Sends each spilling device's new spills to its changed tiers; all or nothing.
     fn replace_tiers(
         &self,
         resolved: &ResolvedConfig,
@@ -274,10 +236,8 @@ impl RuntimeHandle {
         Ok(undo)
     }
 
-    /// A device store (a Dask worker's data: its manager's limit is fixed) relies on its
-    /// device's spilling: where `resolved` turns spilling off on such a device, it stays on
-    /// with the settings in force, and a note says so; a configuration that takes such a
-    /// device away is refused.
+    /// A device store (a Dask worker's data; its limit is fixed) relies on spilling: where
+    /// `resolved` turns it off there, it stays on with the settings in force, and a note says so.
     ///
     /// # Errors
     /// [`Error::StoreDeviceLeaves`] when `resolved` leaves out a device a store spills on.
@@ -322,9 +282,8 @@ impl RuntimeHandle {
         Ok(notes)
     }
 
-    /// What the switch to `resolved` means for spillable data alive on devices that leave
-    /// the runtime or stop spilling (it stays reachable, but outside the runtime's pools or
-    /// limits); each note is also logged as a warning once the switch is done.
+    /// Notes on spillable data alive on devices that leave or stop spilling (still reachable,
+    /// but outside the runtime's pools or limits); logged as warnings after the switch.
     fn orphan_notes(&self, resolved: &ResolvedConfig) -> Vec<String> {
         let managers = self.shared.managers.lock().clone();
         let mut notes = Vec::new();
@@ -357,8 +316,7 @@ impl RuntimeHandle {
         notes
     }
 
-    /// Steps 4 to 9 of reinitialize; sets `installed` once the new stacks are in force
-    /// (a failure after that does not bring the old configuration back).
+    /// Steps 4 to 9; sets `installed` once the new stacks are in force (no rollback after that).
     fn spill_and_switch(
         &self,
         control: &mut Control,
@@ -370,10 +328,8 @@ impl RuntimeHandle {
     ) -> Result<()> {
         let shared = &*self.shared;
         report.notes.extend(self.orphan_notes(&resolved));
-        // Idle spillable data that a new pool can take over stays where it is, held (no one
-        // uses, moves or frees it until the switch is decided; the spill below passes it by).
-        // Declared before the new stacks: on failure they are dropped first, their pools
-        // giving the data back to the old ones, and only then is it let go.
+        // Held idle data stays in place (the spill below passes it by). Declared before the
+        // new stacks, so on failure they drop first, giving the data back, before it is let go.
         let all_managers = shared.managers.lock().clone();
         let candidates = Candidates::find(&all_managers, old, &resolved);
         let mut kept = candidates.hold();
@@ -385,9 +341,7 @@ impl RuntimeHandle {
         let mut check = std::time::Duration::ZERO;
         let mut attempts = 0;
         loop {
-            // Memory that cannot be spilled refuses the switch before anything moves (a
-            // refused switch then costs nothing); what other threads hold for a moment is
-            // waited for.
+            // Refuse unspillable memory before anything moves; wait out brief holds elsewhere.
             let t = Instant::now();
             let stuck = unspillable(old, &all_managers, &kept);
             check += t.elapsed();
@@ -399,8 +353,7 @@ impl RuntimeHandle {
                 std::thread::sleep(SETTLE_PAUSE);
                 continue;
             }
-            // The rest moves off the device: it survives the switch and comes back, into
-            // the new stacks, on next use. A buffer in use stays, and counts as live below.
+            // The rest moves off, back into the new stacks on use; a buffer in use stays (live).
             let spilled: Vec<rmm_allocator::Result<u64>> =
                 map_devices(managers.len(), |i| managers[i].spill_all());
             for (m, r) in managers.iter().zip(spilled) {
@@ -424,9 +377,6 @@ impl RuntimeHandle {
         report.spill = t.elapsed().saturating_sub(check);
         report.check = check;
 
-        // Per device, in parallel: the old stack gives back what the new one cannot take
-        // over, the new pool adopts the rest of the old pool's memory (no driver call), the
-        // old stack gives back what is left.
         let t = Instant::now();
         let respawn = old.layout()
             != (
@@ -451,8 +401,7 @@ impl RuntimeHandle {
         let keep = kept.blocks(&resolved);
         let setups = match set_up_devices(&resolved, streams, Some(old), &managers, &keep) {
             Ok(setups) => setups,
-            // The device ran short while the held data still took room in the old pools
-            // (where it is again, in place): it goes the usual way, and the room with it.
+            // Short of memory with held data in the old pools: spill it too and rebuild.
             Err(e) if !kept.is_empty() && out_of_device_memory(&e) => {
                 tracing::warn!(
                     "building the new stacks keeping live spillable data in place failed \
@@ -463,13 +412,10 @@ impl RuntimeHandle {
             }
             Err(e) => return Err(e),
         };
-        // Held data a new pool could not take over is still the old pool's: it is spilled
-        // now, as it would have been in step 4.
         let (spilled, released) = kept.spill_refused(&setups, old)?;
         report.spilled_bytes += spilled;
         report.released_bytes += released;
-        // The new spill settings apply once the new stacks exist: a failed reinitialize leaves
-        // the runtime as it was, limits included.
+        // New spill settings apply once the new stacks exist (a failure keeps the old limits).
         for (d, m) in resolved.devices.iter().zip(&managers) {
             if let (Some(spill), Some(m)) = (&d.spill, m) {
                 m.reconfigure(spill);
@@ -532,15 +478,13 @@ impl RuntimeHandle {
         }
         report.install = t.elapsed();
 
-        // Devices that stopped spilling (or left) keep only the pinned memory their spilled
-        // data holds.
+        // Devices no longer spilling keep only the pinned memory their spilled data holds.
         for (device, m) in shared.managers.lock().iter() {
             if !resolved_spilling.contains(device) {
                 m.stand_down();
             }
         }
 
-        // With `spill.eager_unspill`, spilled data comes back now (up to each limit).
         let t = Instant::now();
         let generation = shared.generation();
         let eager: Vec<&Arc<SpillManager>> = generation
@@ -551,8 +495,7 @@ impl RuntimeHandle {
             .collect();
         let back: Vec<rmm_allocator::Result<u64>> =
             map_devices(eager.len(), |i| eager[i].unspill_all(StreamView::DEFAULT));
-        // The switch is done: data that cannot come back now stays spilled and comes back
-        // on use, which reports its own failure.
+        // The switch is done: what cannot come back stays spilled and comes back on use.
         for (m, r) in eager.iter().zip(back) {
             match r {
                 Ok(bytes) => report.unspilled_bytes += bytes,
@@ -568,8 +511,7 @@ impl RuntimeHandle {
     }
 }
 
-/// Devices whose old stack holds live memory that spilling cannot move: more bytes live than
-/// the spill manager's data on the device (the data held in place aside).
+/// Devices whose old stack has more live bytes than the manager's device data (held aside).
 fn unspillable(
     old: &Generation,
     managers: &std::collections::BTreeMap<u32, Arc<SpillManager>>,
@@ -589,9 +531,8 @@ fn unspillable(
         .collect()
 }
 
-/// Refuses, before anything moves, a switch whose spill cannot fit: `m`'s data on the device
-/// (but what is held in place) must go to its host tier, a pool of fixed size without a disk
-/// tier behind it, which has less room.
+/// Refuses, before anything moves, a spill that cannot fit: `m`'s device data (held data
+/// aside) must fit its host tier when that is a fixed-size pool with no disk tier.
 ///
 /// # Errors
 /// [`Error::HostTierTooSmall`].
@@ -606,8 +547,7 @@ fn check_host_room(m: &SpillManager, kept: &super::keep::Kept<'_>) -> Result<()>
         .statistics()
         .tracked_bytes
         .saturating_sub(kept.bytes_on(device));
-    // Data on the device that keeps a host copy spills into it, and a kept copy can be
-    // dropped to make room for others: kept copies are room.
+    // Kept host copies are room: data with one spills into it; others can be dropped.
     let room = (host.capacity().saturating_sub(host.used()) + host.reclaimable()) as u64;
     if to_move > room {
         return Err(Error::HostTierTooSmall {

@@ -1,6 +1,5 @@
-//! Setting devices up: building every device's stack (replacing the previous one's, when
-//! there is one) and its workers' streams, installing the stacks as their devices' current
-//! resources, publishing a generation with fresh workers, and stopping workers.
+//! Device set-up: building each device's stack (replacing any previous one) and its workers'
+//! streams, installing the stacks, publishing a generation with fresh workers, stopping them.
 
 use std::sync::Arc;
 
@@ -16,20 +15,18 @@ use crate::stack::{DeviceStack, StackPlan};
 use crate::streams::WorkerStream;
 use crate::worker_id::WorkerId;
 
-/// One device set up: its stack, its workers' streams, and what the stack it replaced gave
-/// back to the driver.
+/// One device set up: stack, workers' streams, bytes the replaced stack released.
 pub(super) struct DeviceSetup {
     pub(super) stack: Arc<DeviceStack>,
     pub(super) streams: Vec<WorkerStream>,
     pub(super) released: u64,
 }
 
-/// Builds every device's stack (and `streams_per_device` streams) in parallel, each
-/// replacing its device's stack in `previous` if there is one, and taking over the live
-/// allocations `keep[i]` of it (device `i` of `config`) in place where its pool can
-/// ([`StackPlan::replace`]). All or nothing: on any failure everything built is dropped
-/// (freed, live allocations given back to the stacks they came from) and the first failing
-/// device is named.
+/// Builds every device's stack and `streams_per_device` streams in parallel, each replacing
+/// its device's stack in `previous`, if any, and taking over `keep[i]` (device `i`'s live
+/// allocations) in place where its pool can ([`StackPlan::replace`]). All or nothing: on a
+/// failure all built is dropped (live allocations given back) and the first failing device
+/// named.
 pub(super) fn set_up_devices(
     config: &ResolvedConfig,
     streams_per_device: u32,
@@ -75,8 +72,7 @@ pub(super) fn set_up_devices(
 }
 
 impl RuntimeHandle {
-    /// Each device's spill manager under `resolved` (made, and its host memory pinned, the
-    /// first time a device spills; reconfigured after).
+    /// Each device's spill manager under `resolved`, made when a device first spills.
     pub(super) fn managers_for(
         &self,
         resolved: &ResolvedConfig,
@@ -116,8 +112,8 @@ impl RuntimeHandle {
         self.install_and_spawn_locked(&mut control, resolved, setups, managers, |_| {})
     }
 
-    /// Installs the stacks, calls `installed` with them (nothing can fail between the two),
-    /// publishes a generation with fresh workers and starts them.
+    /// Installs the stacks, calls `installed` with them (nothing can fail in between), publishes
+    /// a generation with fresh workers and starts them.
     pub(super) fn install_and_spawn_locked(
         &self,
         control: &mut Control,
@@ -186,9 +182,9 @@ impl RuntimeHandle {
         Ok(())
     }
 
-    /// Stops and joins every worker; returns the top-level tasks they had not started, or
-    /// with `cancel`, cancels them (with `why`) before joining, so that a running task
-    /// waiting for one of them finishes instead of waiting for a worker that has stopped.
+    /// Stops and joins every worker; returns the top-level tasks they had not started, or with
+    /// `cancel`, cancels them (with `why`) before joining, so no running task waits on a stopped
+    /// worker.
     pub(super) fn stop_workers(&self, control: &mut Control, cancel: Option<&str>) -> Vec<Queued> {
         let generation = self.shared.generation();
         for w in &generation.workers {
@@ -218,8 +214,7 @@ impl RuntimeHandle {
 }
 
 /// Installs every stack as its device's current resource. On failure the devices already
-/// switched get back their stack from `previous` (or their initial resource), so no device is
-/// left with a stack the runtime does not use.
+/// switched get `previous`'s stack (or their initial resource) back.
 pub(super) fn install(stacks: &[Arc<DeviceStack>], previous: &[Arc<DeviceStack>]) -> Result<()> {
     for (i, s) in stacks.iter().enumerate() {
         if let Err(source) = s.install() {

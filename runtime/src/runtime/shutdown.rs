@@ -1,6 +1,5 @@
-//! Shutdown: drain with a timeout (then cancel what is queued), stop and join the workers,
-//! spill live spillable data to host memory, report live allocations as leaks, give every
-//! pool back and put each device back on its initial resource.
+//! Shutdown: drain with a timeout (then cancel the queue), stop the workers, spill live
+//! spillable data, report live allocations as leaks, give every pool back and reset devices.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,13 +12,13 @@ use crate::report::ShutdownReport;
 use crate::spill::SpillManager;
 
 impl Runtime {
-    /// stops and joins the workers, reports live allocations as leaks (through `tracing`,
-    /// with their sites when tracking is on), gives every pool's memory back and puts each
-    /// device back on a plain `CudaMemoryResource`.
+    /// Drains (up to the drain timeout, then cancels what is queued), stops and joins the
+    /// workers, reports live allocations as leaks (through `tracing`, with their sites when
+    /// tracking is on), gives every pool back and puts each device back on a plain
+    /// `CudaMemoryResource`.
     ///
     /// # Errors
-    /// [`Error::InsideWorker`](crate::Error::InsideWorker) when called from a worker;
-    /// [`Error::ShutDown`](crate::Error::ShutDown) when the runtime was already shut down.
+    /// [`Error::InsideWorker`] from a worker; [`Error::ShutDown`] if already shut down.
     pub fn shutdown(self) -> Result<ShutdownReport> {
         let timeout = self.handle.shared.drain_timeout;
         self.handle.shutdown_inner(timeout)
@@ -28,8 +27,7 @@ impl Runtime {
     /// As [`Runtime::shutdown`] with a drain timeout of its own.
     ///
     /// # Errors
-    /// As [`Runtime::shutdown`]: [`Error::InsideWorker`](crate::Error::InsideWorker) or
-    /// [`Error::ShutDown`](crate::Error::ShutDown).
+    /// As [`Runtime::shutdown`].
     pub fn shutdown_timeout(self, timeout: Duration) -> Result<ShutdownReport> {
         self.handle.shutdown_inner(timeout)
     }
@@ -63,9 +61,8 @@ impl RuntimeHandle {
         for (_, job) in self.stop_workers(&mut control, Some(why)) {
             job.cancel(TaskError::Cancelled { reason: why.into() });
         }
-        // Live spillable data moves to host memory first: it stays valid, and does not keep
-        // the old stacks' pools alive (it comes back into whatever the device's resource is
-        // when next used).
+        // Live spillable data moves to host memory first: it stays valid without keeping the old
+        // pools alive, and comes back into the device's resource of the time when used.
         let managers: Vec<Arc<SpillManager>> = shared.managers.lock().values().cloned().collect();
         for m in managers {
             if let Err(e) = m.spill_all() {
@@ -74,8 +71,7 @@ impl RuntimeHandle {
                     "spilling before shutdown: {e}; unspilled buffers keep their pool alive"
                 );
             }
-            // Pinned host memory goes back but for what the spilled data holds, and that
-            // as the data goes.
+            // Pinned host memory goes back but for spilled data, which frees it as it goes.
             m.stand_down();
         }
         let generation = shared.generation();

@@ -18,12 +18,10 @@ use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
 use crate::worker_id::WorkerId;
 
-/// What a task sees while it runs: its worker, device, stream and the device's resource.
-///
-/// The worker's device is the thread's current device, so
+/// What a task sees while it runs: its worker, device, stream and the device's resource. The
+/// worker's device is the thread's current one, so
 /// [`get_current_device_resource`](rmm_allocator::per_device::get_current_device_resource)
-/// (`rmm::allocator::per_device`) returns [`TaskContext::resource`] too, and containers built
-/// without an explicit resource use it.
+/// returns [`TaskContext::resource`] too, as do containers built without a resource.
 pub struct TaskContext<'a> {
     pub(crate) worker: WorkerId,
     pub(crate) stream: StreamView,
@@ -59,7 +57,7 @@ impl<'a> TaskContext<'a> {
         self.stream
     }
 
-    /// The device's resource stack (its top is what the device's workers allocate from).
+    /// The device's resource stack (its top is what the workers allocate from).
     pub fn stack(&self) -> &'a DeviceStack {
         self.stack
     }
@@ -74,8 +72,7 @@ impl<'a> TaskContext<'a> {
         self.stack.statistics()
     }
 
-    /// The device's spill manager, when it spills (`spill.enabled`): spillable buffers
-    /// made through it stay under the device limit and survive a reinitialize.
+    /// The spill manager (`spill.enabled`): its buffers stay under the limit, survive reinitialize.
     pub fn spill_manager(&self) -> Option<&'a SpillManager> {
         self.spill
     }
@@ -146,8 +143,8 @@ impl<T> Slot<T> {
     }
 }
 
-/// How a [`TaskHandle`] waits: until `done()` or the deadline (true when done), parking
-/// with `park(until)`. The runtime gives its workers' way, which runs queued tasks meanwhile.
+/// How a [`TaskHandle`] waits until `done()` or the deadline (true when done), parking with
+/// `park(until)`; the workers' way runs queued tasks meanwhile.
 pub(crate) type Wait = fn(&dyn Fn() -> bool, &dyn Fn(Instant) -> bool, Option<Instant>) -> bool;
 
 /// A queued unit of work, type-erased.
@@ -223,13 +220,10 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-/// The result of a submitted task, to wait for.
-///
-/// Waiting from inside one of the runtime's workers does not block the worker: while it waits,
-/// the worker runs the tasks queued for it (the awaited one among them, if it was sent
-/// there), so tasks can wait on tasks they submit. Exceptions: while a reinitialize has the
-/// runtime paused, queued top-level tasks do not start (children of running tasks do); and
-/// past 1 024 nested waits on one worker, a wait only waits.
+/// The result of a submitted task, to wait for. Waiting inside a worker does not block it: it
+/// runs its queued tasks meanwhile (the awaited one too, if sent there), so tasks can wait on
+/// tasks they submit. But while a reinitialize pauses the runtime, queued top-level tasks do
+/// not start, and past 1 024 nested waits on one worker a wait only waits.
 #[must_use = "a task's result (and its panic, if any) is only seen through its handle"]
 pub struct TaskHandle<T> {
     slot: Arc<Slot<T>>,
@@ -253,24 +247,20 @@ impl<T> TaskHandle<T> {
     /// Waits for the task and returns its value, or why there is none.
     ///
     /// # Errors
-    /// [`TaskError::Panicked`](crate::TaskError::Panicked) when the task panicked;
-    /// [`TaskError::Cancelled`](crate::TaskError::Cancelled) or
-    /// [`TaskError::ShutDown`](crate::TaskError::ShutDown) when it never ran (the runtime shut
-    /// down); [`TaskError::NoSuchTarget`](crate::TaskError::NoSuchTarget) when its device or
-    /// worker does not exist; [`TaskError::AlreadyTaken`](crate::TaskError::AlreadyTaken) when a
-    /// wait already took the result.
+    /// [`TaskError::Panicked`]; [`TaskError::Cancelled`] or [`TaskError::ShutDown`] when it never
+    /// ran; [`TaskError::NoSuchTarget`] when its device or worker does not exist;
+    /// [`TaskError::AlreadyTaken`] when a wait already took the result.
     pub fn wait(self) -> Result<T, TaskError> {
         self.wait_until(None);
         self.slot.take()
     }
 
-    /// Waits at most `timeout` (inside a worker, plus the rest of a task it ran meanwhile).
-    /// On [`TaskError::Timeout`] the task goes on and the handle can be waited on again; after a value or another error, later waits return
-    /// [`TaskError::AlreadyTaken`].
+    /// Waits at most `timeout` (inside a worker, plus the rest of a task it ran meanwhile). After
+    /// [`TaskError::Timeout`] the task goes on and can be waited on again; after a value or
+    /// another error, later waits return [`TaskError::AlreadyTaken`].
     ///
     /// # Errors
-    /// [`TaskError::Timeout`](crate::TaskError::Timeout) when the task has not finished in time;
-    /// otherwise as [`TaskHandle::wait`].
+    /// [`TaskError::Timeout`] when not finished in time; else as [`TaskHandle::wait`].
     pub fn wait_timeout(&self, timeout: Duration) -> Result<T, TaskError> {
         if self.wait_until(Some(Instant::now() + timeout)) {
             self.slot.take()

@@ -1,17 +1,15 @@
 //! Worker threads: one device each, its own stream, two queues.
 //!
-//! A worker makes its device the thread's current device, so the device's stack is what
-//! `get_current_device_resource()` returns there (and its context the thread's current
-//! context, for its tasks' own CUDA calls). Tasks submitted from outside the runtime go
-//! to its *top* queue; tasks submitted by a running task (its children) go to its *nested*
-//! queue, which it always serves first. While a reinitialize has the runtime paused, workers
-//! start no top-level task (one they take meanwhile is kept aside until the runtime resumes)
-//! but still run children, so a running task that waits for its children can finish.
+//! A worker makes its device the thread's current one, so `get_current_device_resource()`
+//! returns the device's stack there (and its context is current for tasks' own CUDA calls).
+//! Tasks from outside go to its *top* queue, children of running tasks to its *nested* queue,
+//! served first. While a reinitialize pauses the runtime, workers start no top-level task (one
+//! taken meanwhile is set aside until resume) but still run children, so a task waiting for
+//! its children can finish.
 //!
-//! After a task a worker spins briefly before blocking, so a stream of small tasks does not
-//! pay a thread wake-up each. A task waiting on a handle runs the worker's queued tasks while
-//! it waits ([`TaskHandle::wait`](crate::TaskHandle::wait)), so tasks may wait on tasks they
-//! submitted.
+//! After a task a worker spins briefly before blocking, sparing small tasks a wake-up each. A
+//! task waiting on a handle runs the worker's queued tasks meanwhile
+//! ([`TaskHandle::wait`](crate::TaskHandle::wait)), so tasks may wait on tasks they submitted.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -33,17 +31,14 @@ use crate::worker_id::WorkerId;
 const SPIN: Duration = Duration::from_micros(20);
 /// How long a waiting or paused worker blocks on its queues before it looks around again.
 const POLL: Duration = Duration::from_micros(100);
-/// Waits nested deeper than this inside one worker block instead of running more tasks, so
-/// that chains of tasks waiting on tasks cannot exhaust the thread's stack. A task at that
-/// depth waiting for a task queued on its own worker then waits until the chain unwinds
-/// elsewhere: chains that deep need several workers.
+/// Waits nested deeper than this in one worker block instead of running more tasks, so chains
+/// of waiting tasks cannot exhaust the stack; chains that deep need other workers to unwind.
 const MAX_HELP_DEPTH: u32 = 1024;
-/// Stack of a worker thread: room for [`MAX_HELP_DEPTH`] nested tasks (only the pages used
-/// are committed).
+/// A worker thread's stack: room for [`MAX_HELP_DEPTH`] nested tasks (used pages committed only).
 const WORKER_STACK: usize = 256 << 20;
 
-/// Where a task was sent; kept with it so a task queued for a worker that goes away (its
-/// device left the configuration) can be sent on, or refused, by the same rule.
+/// Where a task was sent, kept so a task queued for a worker that goes away (its device left)
+/// is re-sent, or refused, by the same rule.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Target {
     Any,
@@ -68,13 +63,11 @@ pub(crate) struct WorkerShared {
     nested: Sender<Msg>,
     /// A second receiver of the top queue: what is still queued when the worker goes away.
     top_rx: Receiver<Msg>,
-    /// Tasks queued for it (both queues, set aside included) plus the ones it runs: the
-    /// routing load, and what shutdown waits for.
+    /// Tasks queued for it (set aside included) plus running: routing load, what shutdown awaits.
     pub(crate) load: AtomicUsize,
-    /// Tasks running plus children queued, over every worker of the runtime: what
-    /// reinitialize waits for. One counter for all workers: a child is counted before the
-    /// parent that sent it is counted out, so it never reads 0 while work remains (a sum of
-    /// per-worker counters read one by one could).
+    /// Running tasks plus queued children over all workers: what reinitialize waits for. One
+    /// shared counter: a child is counted before its parent is counted out, so it never reads 0
+    /// while work remains (per-worker counters read in turn could).
     pub(crate) active: Arc<AtomicUsize>,
     pub(crate) tasks_run: AtomicU64,
     pub(crate) busy_ns: AtomicU64,
@@ -188,8 +181,7 @@ pub(crate) fn current() -> Option<(u64, WorkerId)> {
     })
 }
 
-/// Starts the thread of worker `me`, which uses `stream` on its device. The thread returns
-/// the top-level task it had set aside, if any, when it stops.
+/// Starts worker `me`'s thread, using `stream`; it returns its set-aside task when it stops.
 pub(crate) fn spawn(
     runtime: RuntimeHandle,
     me: Arc<WorkerShared>,
@@ -251,7 +243,6 @@ impl Local {
         if let Some((target, job)) = aside {
             return self.start_top(target, job);
         }
-        // Spin briefly, then block on both queues.
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
@@ -281,7 +272,6 @@ impl Local {
         }
     }
 
-    /// Runs a queued child, if there is one.
     fn run_nested(&self) -> bool {
         match self.queues.nested.try_recv() {
             Ok(msg) => {
@@ -328,8 +318,7 @@ impl Local {
     /// Runs a task counted active, then counts it out.
     fn run(&self, job: Box<dyn Job>) {
         let start = Instant::now();
-        // Counted before the result is delivered, so a report made by whoever waited for it
-        // includes it.
+        // Counted before the result is delivered, so the waiter's report includes it.
         self.me.tasks_run.fetch_add(1, Ordering::Relaxed);
         {
             let generation = self.runtime.shared().generation();
@@ -378,9 +367,8 @@ impl Local {
 }
 
 /// Waits until `done()` or `deadline`; true when done. Outside a worker it spins briefly,
-/// then `park(until)` blocks. Inside a worker it runs the worker's queued tasks meanwhile
-/// (children always; top-level ones unless the runtime is paused), so a task can wait for
-/// tasks queued behind it.
+/// then blocks in `park(until)`; inside one it runs the worker's queued tasks meanwhile
+/// (children always, top-level ones unless paused), so a task can wait for those behind it.
 pub(crate) fn wait_for(
     done: &dyn Fn() -> bool,
     park: &dyn Fn(Instant) -> bool,
@@ -390,8 +378,7 @@ pub(crate) fn wait_for(
         return true;
     }
     let local = LOCAL.with(|l| l.borrow().clone());
-    // Deep inside nested waits, only wait: the tasks below finish on their own workers or,
-    // once this chain unwinds, on this one.
+    // Deep in nested waits, only wait: tasks below finish elsewhere, or here once this unwinds.
     let helping = local.is_some() && HELP_DEPTH.with(Cell::get) < MAX_HELP_DEPTH;
     struct Depth;
     impl Drop for Depth {

@@ -1,23 +1,20 @@
-//! Making room off the caller's thread: a device's limit enforced by a thread of its own
-//! after values are adopted, so that the thread that adopts (a Dask worker's event loop,
-//! storing a task's result) goes on while the least recently used values are copied off the
-//! device.
+//! Making room off the caller's thread: a thread of its own enforces a device's limit after
+//! adoptions, so the adopting thread (a Dask worker's event loop storing a result) goes on
+//! while the least recently used values are copied off.
 //!
-//! Requests are counted; [`Background::settle`] waits until every request made before it
-//! has been served, which is how observers (statistics, a value's tier) see a settled state.
-//! The thread starts on the first request and ends when what it serves is dropped.
+//! Requests are counted; [`Background::settle`] waits until all earlier ones are served, so
+//! observers (statistics, a value's tier) see a settled state. The thread starts on the first
+//! request and ends when what it serves is dropped.
 
 use std::sync::{Arc, Weak};
 
 use parking_lot::{Condvar, Mutex};
 
-/// What the background thread serves: a device's limit, enforced (the spill tracker).
+/// What the background thread serves: a device's limit (the spill tracker).
 pub(crate) trait EnforceLimit: Send + Sync + 'static {
-    /// Spills until the device is under its limit.
     fn enforce_limit_now(&self);
 }
 
-/// The background enforcement of one tracker's limit.
 #[derive(Default)]
 pub(crate) struct Background {
     shared: Arc<Shared>,
@@ -28,7 +25,6 @@ struct Shared {
     state: Mutex<State>,
     /// A request was made (or the thread must stop).
     wake: Condvar,
-    /// A request was served.
     served: Condvar,
 }
 
@@ -43,8 +39,7 @@ struct State {
 }
 
 impl Background {
-    /// Asks for `tracker`'s limit to be enforced soon, on the background thread (started now
-    /// if it is not running; served here if it cannot be started).
+    /// Has the background thread enforce `tracker`'s limit soon (here, if it cannot start).
     pub(crate) fn request<T: EnforceLimit>(&self, tracker: &Arc<T>) {
         let mut s = self.shared.state.lock();
         if s.inline {

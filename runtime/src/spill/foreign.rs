@@ -1,18 +1,13 @@
-//! Adopted values: device memory that another library owns (a CuPy array, a PyTorch tensor,
-//! a task result of a Dask worker) kept under the spill manager's limit.
+//! Adopted values: device memory another library owns (a CuPy array, a PyTorch tensor, a Dask
+//! task result) kept under the spill manager's limit.
 //!
-//! An adopted value stays as it is, counted in its device bytes (an allocation several values
-//! view counted once), in the same least-recently-used order as the manager's own buffers.
-//! Spilling it copies each of its allocations into a [`SpillableBuffer`] in the host tier (or
-//! on disk), then drops its [`ForeignOwner`], which gives the memory back to the library that
-//! owns it. From then on it is spilled data like any other: its buffers come back into the
-//! device's current resource when used, and move on to disk or back like the manager's own,
-//! except that a stored value does not change: brought back, its buffers keep their host
-//! copies, so that spilling it again frees its device memory and copies nothing (as a page
-//! brought back from swap keeps its swap slot). A task that wrote into a value it was given
-//! would see the write lost at the next spill (Dask's values are never written in place).
-//! A value whose owner says it is in use is never spilled; a failed copy leaves it on the
-//! device, as it was.
+//! An adopted value stays put, counted once per allocation, in the manager's
+//! least-recently-used order. Spilling copies each allocation into a [`SpillableBuffer`] off
+//! the device, then drops its [`ForeignOwner`], freeing the memory. It is then spilled data
+//! like any other, but never changes: brought back, its buffers keep their host copies, so
+//! spilling again copies nothing (like a swap slot). A task writing into a value it was given
+//! would lose the write at the next spill (Dask never writes values in place). A value in use
+//! is never spilled; a failed copy leaves it as it was.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,11 +20,9 @@ use rmm_allocator::spill::{SharedDeviceGuard, SpillObserver, SpillableBuffer, Ti
 use super::statistics::clock_ns;
 use super::tracker::{Spillable, Tracker};
 
-/// What keeps an adopted value's device memory alive; dropping it gives the memory back to
-/// its owner.
+/// Keeps an adopted value's device memory alive; dropping it gives the memory back.
 pub trait ForeignOwner: Send + Sync {
-    /// True while something besides the spill manager uses the memory (a running task holds
-    /// the value, say): the value is not spilled then.
+    /// True while something besides the spill manager uses the memory (a running task): no spill.
     fn is_in_use(&self) -> bool;
 }
 
@@ -40,12 +33,10 @@ enum State<O> {
     Spilled(Vec<Arc<SpillableBuffer>>),
 }
 
-/// Adopted ids have the top bit set, so they never meet the ids of buffers in the order.
+/// Adopted ids have the top bit set, so they never meet buffer ids in the order.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// An adopted value: see the module documentation. Made by
-/// [`SpillManager::adopt`](super::SpillManager::adopt); dropping it drops the owner (or the
-/// spilled copies).
+/// An adopted value ([`SpillManager::adopt`](super::SpillManager::adopt)); drop drops its owner.
 pub struct ForeignData<O: ForeignOwner> {
     id: u64,
     allocations: Vec<(DevicePtr, usize)>,
@@ -59,9 +50,9 @@ pub struct ForeignData<O: ForeignOwner> {
 /// What [`ForeignData::owner`] found.
 #[derive(Debug)]
 pub enum OwnerAccess<R> {
-    /// The value is on the device, in its owner's memory: what the closure returned.
+    /// On the device, in its owner's memory: what the closure returned.
     Device(R),
-    /// The value was spilled: its data is in its buffers ([`ForeignData::device_views`]).
+    /// Spilled: its data is in buffers ([`ForeignData::device_views`]).
     Spilled,
     /// A move is in progress; wait ([`ForeignData::wait`]) and ask again.
     Busy,
@@ -99,16 +90,16 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         data
     }
 
-    /// A value that arrived already off its owner: its data is `buffers` (see
-    /// [`SpillManager::receive`](super::SpillManager::receive)). Its allocations are the
-    /// buffers' sizes at address 0: it never had device memory of its own.
+    /// A value that arrived already off its owner as `buffers`
+    /// ([`SpillManager::receive`](super::SpillManager::receive)); its allocations are the
+    /// buffers' sizes at address 0.
     pub(crate) fn received(
         tracker: &Arc<Tracker>,
         store: &Arc<rmm_allocator::spill::SpillStore>,
         buffers: Vec<Arc<SpillableBuffer>>,
         stream: StreamView,
     ) -> Arc<ForeignData<O>> {
-        // Written once, as it arrived: only read from now on (see `spill`).
+        // Written once on arrival, only read from now on (see `spill`).
         buffers.iter().for_each(|b| b.set_read_only());
         Arc::new(ForeignData {
             id: (1 << 63) | NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -131,9 +122,8 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         &self.allocations
     }
 
-    /// Where each allocation's data is on the device now, without waiting or pinning: the
-    /// adopted allocation while the owner holds it, the buffer's address once spilled and
-    /// back on the device; `None` for data off the device or moving.
+    /// Each allocation's device address now, without waiting or pinning (the owner's, or a
+    /// buffer's back on the device); `None` off the device or moving.
     pub fn device_allocations(&self) -> Vec<Option<(DevicePtr, usize)>> {
         let Some(state) = self.state.try_lock() else {
             return vec![None; self.allocations.len()];
@@ -147,11 +137,11 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         }
     }
 
-    /// Where the data is now: the device while the owner holds it (or every spilled buffer is
-    /// back on the device), disk when every buffer is there, else the host.
+    /// The device while the owner holds the data (or every buffer is back), disk when every
+    /// buffer is there, else the host.
     pub fn tier(&self) -> Tier {
         let Some(state) = self.state.try_lock() else {
-            // Moving: still on the device until the move ends.
+            // Moving: on the device until the move ends.
             return Tier::Device;
         };
         match &*state {
@@ -160,20 +150,17 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         }
     }
 
-    /// Waits until the spilling asked for in the background so far is done (see
-    /// [`SpillManager::settle`](super::SpillManager::settle)): a tier read after it is
-    /// settled.
+    /// Waits for background spilling ([`SpillManager::settle`](super::SpillManager::settle)).
     pub fn settle(&self) {
         self.tracker.background.settle();
     }
 
-    /// True once the value was spilled (its owner is gone; its data lives in buffers).
+    /// True once spilled (the owner is gone; the data lives in buffers).
     pub fn is_spilled(&self) -> bool {
         matches!(self.owner(|_| ()), OwnerAccess::Spilled)
     }
 
-    /// Runs `f` with the owner while the value is on the device in the owner's memory,
-    /// without waiting for a move in progress (see [`OwnerAccess`]).
+    /// Runs `f` with the owner while in its memory, not waiting for a move ([`OwnerAccess`]).
     pub fn owner<R>(&self, f: impl FnOnce(&O) -> R) -> OwnerAccess<R> {
         match self.state.try_lock() {
             None => OwnerAccess::Busy,
@@ -199,14 +186,12 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         }
     }
 
-    /// Device views of a spilled value's buffers, one per allocation in the order of
-    /// [`allocations`](Self::allocations), each bringing its data back into the device's
-    /// current resource first (for `stream`). Each buffer stays on the device while its
-    /// view lives. `None` while the value is still in its owner's memory.
+    /// Device views of a spilled value's buffers in [`allocations`](Self::allocations) order,
+    /// each brought back (for `stream`) and kept there while its view lives; `None` while in the
+    /// owner's memory.
     ///
     /// # Errors
-    /// Bringing data back failed (the device is full even after spilling, a copy failed); the
-    /// data stays where it was.
+    /// Bringing data back failed; the data stays where it was.
     pub fn device_views(
         &self,
         stream: StreamView,
@@ -222,10 +207,9 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
             .map(Some)
     }
 
-    /// [`device_views`](Self::device_views) for sending the value elsewhere: the bytes this
-    /// brings back to the device count as brought back only to be sent
-    /// ([`SpillStatistics::unspilled_to_send_bytes`](super::SpillStatistics)), which sending
-    /// spilled data from its tier ([`spilled_bytes`](Self::spilled_bytes)) avoids.
+    /// [`device_views`](Self::device_views) for sending: bytes brought back count as
+    /// [`SpillStatistics::unspilled_to_send_bytes`](super::SpillStatistics), which sending
+    /// from the tier ([`spilled_bytes`](Self::spilled_bytes)) avoids.
     ///
     /// # Errors
     /// As [`device_views`](Self::device_views).
@@ -249,9 +233,8 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         Ok(views)
     }
 
-    /// Runs `f` with the value's allocations `(address, bytes)` while it is on the device in
-    /// its owner's memory, which stays there meanwhile (no spill of it starts until `f`
-    /// returns); `None` once it was spilled.
+    /// Runs `f` with the allocations `(address, bytes)` while in the owner's memory, keeping the
+    /// value there until `f` returns; `None` once spilled.
     pub fn with_own_memory<R>(&self, f: impl FnOnce(&[(DevicePtr, usize)]) -> R) -> Option<R> {
         match &*self.state.lock() {
             State::Device(_) => Some(f(&self.allocations)),
@@ -259,9 +242,8 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         }
     }
 
-    /// The spilled data's buffers, one per allocation (each read with
-    /// [`SpillableBuffer::read_into`] without moving it); `None` while the value is in its
-    /// owner's memory.
+    /// The spilled data's buffers, one per allocation (readable with
+    /// [`SpillableBuffer::read_into`] without moving); `None` while in the owner's memory.
     pub fn spilled_buffers(&self) -> Option<Vec<Arc<SpillableBuffer>>> {
         match &*self.state.lock() {
             State::Device(_) => None,
@@ -269,8 +251,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         }
     }
 
-    /// Copies of the spilled data (one per allocation), wherever it is; `None` while the
-    /// value is in its owner's memory.
+    /// Copies of the spilled data, one per allocation; `None` while in the owner's memory.
     ///
     /// # Errors
     /// A failed copy or file read.
@@ -286,14 +267,12 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
             .map(Some)
     }
 
-    /// Moves the value off the device: copies its allocations into buffers in the host tier
-    /// (or on disk), then drops the owner; once spilled, spills those of its buffers that came
-    /// back and are not in use. Returns the device bytes no value holds any more (0 when in
-    /// use, busy or already off the device).
+    /// Copies the allocations off the device, then drops the owner; once spilled, spills its
+    /// buffers that came back and are idle. Returns the device bytes no value holds any more (0
+    /// when in use, busy or off the device).
     ///
     /// # Errors
-    /// A copy failed, or the host tier is full and there is no disk tier: the value stays on
-    /// the device, as it was, and nothing is kept of the copies.
+    /// A failed copy, or a full host tier without disk: the value stays as it was.
     pub fn spill(&self) -> rmm_allocator::Result<usize> {
         let Some(mut state) = self.state.try_lock() else {
             return Ok(0);
@@ -321,10 +300,9 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
                 SpillableBuffer::from_device(&self.store, ptr, size, self.stream, observer.clone())
             })
             .collect::<rmm_allocator::Result<Vec<_>>>()?;
-        // Every allocation is copied: the copies' moves count from now on (a spill that
-        // failed part way dropped its copies, and moved nothing).
+        // All copied: the moves count now (a failed spill dropped its copies, moving nothing).
         staged.commit();
-        // A stored value is only read from now on: brought back, it keeps its host copy.
+        // Only read from now on: brought back, it keeps its host copy.
         buffers.iter().for_each(|b| b.set_read_only());
         {
             // The buffers take the value's place in the order.
@@ -338,8 +316,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         }
         let old = std::mem::replace(&mut *state, State::Spilled(buffers));
         let freed = self.tracker.release_foreign(&self.allocations);
-        // The owner goes without the lock held: dropping it may need other locks (a
-        // language's interpreter lock, the owner's allocator).
+        // Drop the owner without the lock: it may take others (an interpreter lock, its allocator).
         drop(state);
         drop(old);
         tracing::debug!(
@@ -353,12 +330,11 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     }
 }
 
-/// Moves off the device, held back: (from, to, bytes, nanos, end on `clock_ns`'s clock).
+/// Held-back moves off the device: (from, to, bytes, nanos, end on `clock_ns`'s clock).
 type HeldMoves = Vec<(Tier, Tier, usize, u64, u64)>;
 
-/// The observer of a spilled value's buffers: the tracker, except that the moves of the
-/// spill that makes them are held back until every allocation is copied, so that a spill
-/// failing part way (whose copies are dropped) is not counted as moves off the device.
+/// The spilled value's buffers' observer: the tracker, but the spill's moves are held back
+/// until all is copied, so a spill failing part way counts none.
 struct Staged {
     tracker: Arc<Tracker>,
     /// Moves reported while the spill runs; `None` once it completed.

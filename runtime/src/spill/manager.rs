@@ -1,4 +1,4 @@
-//! [`SpillManager`]: one device's spilling policy (see the module documentation of `spill`).
+//! [`SpillManager`]: one device's spilling policy (see the `spill` module documentation).
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -39,19 +39,17 @@ impl TierSettings {
     }
 }
 
-/// What fills a received value's pinned memory in [`SpillManager::receive`]: called
-/// with the part, the offset in it, and a piece of memory to fill.
+/// Fills a received value's pinned memory ([`SpillManager::receive`]): `(part, offset, memory)`.
 pub type PartFill<'a> = dyn FnMut(usize, usize, &mut [u8]) -> rmm_allocator::Result<()> + 'a;
 
-/// What [`SpillManager::replace_tiers`] replaced, to put back with
-/// [`SpillManager::restore_tiers`].
+/// What [`SpillManager::replace_tiers`] replaced, for [`SpillManager::restore_tiers`].
 #[derive(Debug)]
 pub struct TierUndo {
     tiers: Arc<SpillTiers>,
     settings: TierSettings,
 }
 
-/// A pinned host pool of `bytes`, pinned now, or (`None`) one that pins as needed.
+/// A host pool of `bytes` pinned now, or (`None`) one that pins as needed.
 fn host_pool(device: Device, bytes: Option<u64>) -> rmm_allocator::Result<PinnedHostPool> {
     Ok(match bytes {
         Some(bytes) => PinnedHostPool::on(device.backend(), bytes as usize)?,
@@ -70,8 +68,7 @@ pub struct SpillManager {
     limit_fixed: std::sync::atomic::AtomicBool,
     /// Set by [`fix_disk_directory`](Self::fix_disk_directory): a reinitialize keeps it.
     disk_fixed: Mutex<Option<std::path::PathBuf>>,
-    /// `spill.pin_ahead`: the most pinned host memory kept free ahead of demand (it keeps
-    /// the limit's worth, up to this).
+    /// `spill.pin_ahead`: cap on the pinned host memory kept free ahead of demand.
     pin_ahead: std::sync::atomic::AtomicU64,
 }
 
@@ -85,15 +82,12 @@ impl std::fmt::Debug for SpillManager {
 }
 
 impl SpillManager {
-    /// A manager for `device` as `spill` configures it: a pinned host pool of
-    /// `spill.host_pool_size`, pinned now (or, with `"none"`, pinned as needed), and a disk
-    /// tier under `spill.disk_directory`.
+    /// A manager for `device` as `spill` configures it (host pool pinned now unless `"none"`).
     ///
     /// # Errors
-    /// [`Error::HostOutOfMemory`](rmm_allocator::Error::HostOutOfMemory) or
-    /// [`Error::Driver`](rmm_allocator::Error::Driver) when the host pool cannot be pinned;
-    /// [`Error::InvalidArgument`](rmm_allocator::Error::InvalidArgument) when the disk directory
-    /// cannot be used.
+    /// [`HostOutOfMemory`](rmm_allocator::Error::HostOutOfMemory) or
+    /// [`Driver`](rmm_allocator::Error::Driver): the host pool cannot be pinned;
+    /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument): the disk directory is unusable.
     pub fn new(device: Device, spill: &ResolvedSpill) -> rmm_allocator::Result<SpillManager> {
         let host = host_pool(device, spill.host_pool_size)?;
         let store = SpillStore::new(device, host, spill.disk_directory.as_deref())?;
@@ -115,15 +109,11 @@ impl SpillManager {
         Ok(manager)
     }
 
-    /// Makes the host pool and disk tier of `spill` the tiers new spills go to, where they
-    /// differ from the current ones (a new host pool is pinned now; a new disk directory is
-    /// checked). Data already spilled stays where it is, keeping its old tier alive until it
-    /// comes back or is dropped. Returns what to hand to [`restore_tiers`](Self::restore_tiers)
-    /// to undo it (`None` when nothing changed).
+    /// Sends new spills to `spill`'s host pool and disk tier where they differ (spilled data stays
+    /// in its old tier); returns the undo for [`restore_tiers`](Self::restore_tiers), if any.
     ///
     /// # Errors
-    /// The new host pool cannot be pinned or the new disk directory cannot be used; nothing
-    /// changed then.
+    /// The host pool cannot be pinned or the disk directory is unusable; nothing changed.
     pub fn replace_tiers(&self, spill: &ResolvedSpill) -> rmm_allocator::Result<Option<TierUndo>> {
         let mut new = TierSettings::of(spill);
         if let Some(dir) = &*self.disk_fixed.lock() {
@@ -144,8 +134,7 @@ impl SpillManager {
             .then_some(new.disk_directory.as_deref());
         let previous = self.store.replace_tiers(host.clone(), disk)?;
         if let Some(host) = &host {
-            // The old pool pins no more ahead; it keeps what it holds until the switch is
-            // decided (a failed one puts it back: `restore_tiers`; else `commit_tiers`).
+            // The old pool stops pinning ahead but keeps its memory until the switch is decided.
             previous.host().keep_free(0);
             host.keep_free(self.ahead());
         }
@@ -162,18 +151,16 @@ impl SpillManager {
         }))
     }
 
-    /// Keeps what [`replace_tiers`](Self::replace_tiers) did: the old host pool holds no more
-    /// than the data spilled into it, which stays there until used or dropped.
+    /// Keeps [`replace_tiers`](Self::replace_tiers)' switch: the old host pool shrinks to its data.
     pub fn commit_tiers(&self, undo: TierUndo) {
         if !undo.tiers.host().same_pool(&self.store.host()) {
             undo.tiers.host().release_idle(true);
-            // Copies kept of data on the device would hold the old pool's memory.
+            // Kept copies of device data would hold the old pool's memory.
             self.tracker.drop_all_kept_copies();
         }
     }
 
-    /// Undoes [`replace_tiers`](Self::replace_tiers): new spills go to the old tiers again
-    /// (data spilled meanwhile stays where it went).
+    /// Undoes [`replace_tiers`](Self::replace_tiers) (data spilled meanwhile stays where it went).
     pub fn restore_tiers(&self, undo: TierUndo) {
         let mut made_with = self.tiers_made_with.lock();
         let replaced = self.store.tiers();
@@ -186,9 +173,7 @@ impl SpillManager {
         *made_with = undo.settings;
     }
 
-    /// Takes the limit, pinning ahead and eager unspilling of a new configuration (the tiers
-    /// change with [`replace_tiers`](Self::replace_tiers)); spilling resumes if it had stood
-    /// down ([`stand_down`](Self::stand_down)).
+    /// Takes `spill`'s limit, pin-ahead and eager unspill; ends [`stand_down`](Self::stand_down).
     pub fn reconfigure(&self, spill: &ResolvedSpill) {
         self.pin_ahead.store(spill.pin_ahead, Ordering::Relaxed);
         self.store.host().release_idle(false);
@@ -202,20 +187,15 @@ impl SpillManager {
             .store(spill.eager_unspill, Ordering::Relaxed);
     }
 
-    /// Spilling stops on this device (a reinitialize turned it off, or the runtime shut
-    /// down): the host pool pins nothing more ahead, gives back what it holds free and the
-    /// copies kept of data on the device, and gives back the rest as spilled data comes back
-    /// or is dropped. Data stays where it is; a later [`reconfigure`](Self::reconfigure)
-    /// resumes.
+    /// Stops spilling here (reinitialized off, or shutdown): nothing pinned ahead, idle host memory
+    /// and kept copies freed; data stays. [`reconfigure`](Self::reconfigure) resumes.
     pub fn stand_down(&self) {
         self.tracker.drop_all_kept_copies();
         self.store.host().release_idle(true);
     }
 
-    /// Sets the device limit to `bytes` and keeps it across reinitializations (whose
-    /// `spill.device_memory_limit` then no longer applies to this device): what a Dask
-    /// worker's device store does with its `device_memory_limit`. Spills at once if the
-    /// device now holds more.
+    /// Sets the limit to `bytes` for good, over reinitializations' `spill.device_memory_limit`
+    /// (a Dask device store's `device_memory_limit`); spills at once if over.
     ///
     /// # Errors
     /// As [`enforce_limit`](Self::enforce_limit); the limit is set regardless.
@@ -225,14 +205,11 @@ impl SpillManager {
         self.enforce_limit()
     }
 
-    /// Makes `directory` (created if missing) this device's disk tier and keeps it across
-    /// reinitializations (whose `spill.disk_directory` then no longer applies to this
-    /// device): what a Dask worker's device store does with its worker's directory. Data
-    /// already on disk elsewhere stays there until used.
+    /// Makes `directory` (created if missing) the disk tier for good, over reinitializations'
+    /// `spill.disk_directory` (a Dask worker's directory); data on disk elsewhere stays.
     ///
     /// # Errors
-    /// The directory cannot be used (not writable, not a directory) or the disk tier's
-    /// staging memory cannot be pinned; nothing changed then.
+    /// The directory is unusable or the staging memory cannot be pinned; nothing changed.
     pub fn fix_disk_directory(&self, directory: &std::path::Path) -> rmm_allocator::Result<()> {
         let mut fixed = self.disk_fixed.lock();
         let host_pool_size = self.tiers_made_with.lock().host_pool_size;
@@ -244,14 +221,12 @@ impl SpillManager {
         Ok(())
     }
 
-    /// True when the limit was fixed ([`fix_limit`](Self::fix_limit)): a device store relies
-    /// on this device's spilling.
+    /// True after [`fix_limit`](Self::fix_limit): a device store relies on this device.
     pub fn is_fixed(&self) -> bool {
         self.limit_fixed.load(Ordering::Relaxed)
     }
 
-    /// The device limit once [`reconfigure`](Self::reconfigure)d to `spill` (the limit now
-    /// when it is fixed).
+    /// The limit after [`reconfigure`](Self::reconfigure) to `spill` (the current one if fixed).
     pub(crate) fn limit_under(&self, spill: &ResolvedSpill) -> u64 {
         if self.limit_fixed.load(Ordering::Relaxed) {
             self.tracker.limit.load(Ordering::Relaxed)
@@ -260,8 +235,7 @@ impl SpillManager {
         }
     }
 
-    /// The manager's own buffers whose data is on the device and not in use now, most
-    /// recently used first (those a reinitialize may keep in place).
+    /// Own buffers on the device and not in use, most recent first (a reinitialize may keep them).
     pub(crate) fn idle_on_device(&self) -> Vec<Arc<SpillableBuffer>> {
         let mut all = self.tracker.oldest_first(None);
         all.reverse();
@@ -271,14 +245,13 @@ impl SpillManager {
             .collect()
     }
 
-    /// The limit, and the host memory pinned ahead of demand that goes with it.
+    /// Sets the limit, and the host memory pinned ahead to match.
     fn set_limit(&self, bytes: u64) {
         self.tracker.limit.store(bytes, Ordering::Relaxed);
         self.store.host().keep_free(self.ahead());
     }
 
-    /// Pinned host memory to keep free ahead of demand: the limit's worth, up to
-    /// `spill.pin_ahead`.
+    /// Pinned host memory kept free ahead of demand: the limit, up to `spill.pin_ahead`.
     fn ahead(&self) -> usize {
         let limit = self.tracker.limit.load(Ordering::Relaxed);
         usize::try_from(limit.min(self.pin_ahead.load(Ordering::Relaxed))).unwrap_or(usize::MAX)
@@ -298,12 +271,10 @@ impl SpillManager {
         Some(Arc::clone(&self.tracker) as Arc<dyn SpillObserver>)
     }
 
-    /// `size` uninitialized bytes on the device, spillable, used on `stream`; older buffers
-    /// are spilled first if the limit requires.
+    /// `size` uninitialized spillable bytes used on `stream`, spilling older data if needed.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the device cannot provide
-    /// `size` bytes, even after spilling.
+    /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory): no room even after spilling.
     pub fn buffer(
         &self,
         size: usize,
@@ -317,8 +288,8 @@ impl SpillManager {
     /// A spillable copy of `bytes`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the device cannot provide the
-    /// memory; [`Error::Driver`](rmm_allocator::Error::Driver) when the copy fails.
+    /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory) or
+    /// [`Driver`](rmm_allocator::Error::Driver).
     pub fn from_host(
         &self,
         bytes: &[u8],
@@ -329,12 +300,11 @@ impl SpillManager {
         Ok(b)
     }
 
-    /// `len` uninitialized elements on the device, spillable, used on `stream`.
+    /// `len` uninitialized spillable elements, used on `stream`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](rmm_allocator::Error::InvalidArgument) when `len` elements
-    /// overflow `usize` bytes; [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the
-    /// device cannot provide them.
+    /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument): bytes overflow `usize`;
+    /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory).
     pub fn vector<T: Pod>(
         &self,
         len: usize,
@@ -348,8 +318,8 @@ impl SpillManager {
     /// A spillable copy of `data`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the device cannot provide the
-    /// memory; [`Error::Driver`](rmm_allocator::Error::Driver) when the copy fails.
+    /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory) or
+    /// [`Driver`](rmm_allocator::Error::Driver).
     pub fn vector_from_slice<T: Pod>(
         &self,
         data: &[T],
@@ -366,11 +336,8 @@ impl SpillManager {
         self.tracker.lru.lock().insert(b.id(), weak, None);
     }
 
-    /// Adopts a value whose device memory `owner` holds (another library's allocations,
-    /// `allocations` as (address, bytes), used on `stream`): the manager counts it in its
-    /// device bytes, and may spill it when it is the least recently used and the owner says
-    /// it is not in use (see [`ForeignData`]). Least recently used data is spilled at once
-    /// if the device now holds more than the limit.
+    /// Adopts a value whose device memory `owner` holds (`allocations`: (address, bytes), used on
+    /// `stream`), counted against the limit and spillable ([`ForeignData`]); spills if over.
     pub fn adopt<O: ForeignOwner + 'static>(
         &self,
         allocations: &[(DevicePtr, usize)],
@@ -382,11 +349,8 @@ impl SpillManager {
         data
     }
 
-    /// [`adopt`](Self::adopt), with the least recently used data spilled on the manager's
-    /// background thread rather than before this returns: the caller goes on while the
-    /// copies run (the device may hold more than the limit meanwhile; an allocation that
-    /// fails for it spills at once through the out-of-memory handler). [`settle`](Self::settle)
-    /// waits for that spilling.
+    /// [`adopt`](Self::adopt), spilling on the background thread (the limit may be exceeded
+    /// meanwhile; a failing allocation spills at once); [`settle`](Self::settle) waits for it.
     pub fn adopt_in_background<O: ForeignOwner + 'static>(
         &self,
         allocations: &[(DevicePtr, usize)],
@@ -400,25 +364,18 @@ impl SpillManager {
         data
     }
 
-    /// True when `bytes` more fit on the device under the limit now (nothing would have to
-    /// be spilled for them).
+    /// True when `bytes` more fit under the limit now without spilling.
     pub fn has_room(&self, bytes: usize) -> bool {
         self.tracker.has_room(bytes)
     }
 
-    /// A value that arrives from elsewhere (a peer worker), kept as an adopted value whose
-    /// owner is already gone: parts (one per allocation) of `sizes` bytes, which `fill` writes
-    /// straight into pinned host memory (called with the part, the offset in it, and a piece
-    /// of memory to fill), so that data held elsewhere (another language's buffer) is copied
-    /// once. The value then moves on to the device at the copy engine's rate when all of it
-    /// fits under the limit now (the move counts as unspilled bytes), else it stays in the
-    /// host tier, or goes on to disk past it, without touching the device. Either way it is
-    /// spilled data from then on: it comes back to the device on use and moves off it under
-    /// pressure like any other.
+    /// A value arriving from elsewhere (a peer worker), adopted with no owner: `fill(part, offset,
+    /// memory)` writes its parts (of `sizes` bytes) straight into pinned host memory, one copy. If
+    /// all fits under the limit it moves to the device (counted as unspilled), else stays in the
+    /// host tier or goes to disk; from then on it is spilled data like any other.
     ///
     /// # Errors
-    /// As [`SpillableBuffer::off_device_with`]; bringing the value to the device failed; what
-    /// `fill` returns. Nothing is kept then.
+    /// As [`SpillableBuffer::off_device_with`]; moving to the device or `fill` failed. Keeps none.
     pub fn receive<O: ForeignOwner + 'static>(
         &self,
         sizes: &[usize],
@@ -435,11 +392,8 @@ impl SpillManager {
         })
     }
 
-    /// [`receive`](Self::receive) of parts that are in device memory this process can read
-    /// but does not own (`(address, bytes)` each: another process's exported memory, mapped
-    /// here). When all of it fits under the limit now it is copied device to device (NVLink or
-    /// PCIe between GPUs), never through host memory; else into the host tier at the copy
-    /// engine's rate.
+    /// [`receive`](Self::receive) of `(address, bytes)` parts mapped here but not owned (another
+    /// process's export): copied device to device if all fits under the limit, else to the host.
     ///
     /// # Errors
     /// As [`receive`](Self::receive); a failed copy. Nothing is kept then.
@@ -457,8 +411,7 @@ impl SpillManager {
                     {
                         let view = b.device_view(stream)?;
                         let device = b.device();
-                        // On the buffer's stream, after its allocation; only that stream
-                        // is waited for (not the device's other work, spills in flight).
+                        // Waits for this stream only, not for spills in flight.
                         device.copy_device_to_device_async(view.ptr(), src, size, stream)?;
                         rmm_allocator::synchronize_stream(device, stream)?;
                     }
@@ -479,8 +432,7 @@ impl SpillManager {
         })
     }
 
-    /// The parts of `sizes` bytes made off the device by `make` (given the part and its size),
-    /// kept as [`receive`](Self::receive) says.
+    /// Parts of `sizes` made by `make(part, size)`, kept as in [`receive`](Self::receive).
     fn receive_parts<O: ForeignOwner + 'static>(
         &self,
         sizes: &[usize],
@@ -496,7 +448,7 @@ impl SpillManager {
             .collect::<rmm_allocator::Result<Vec<_>>>()?;
         buffers.iter().for_each(|b| {
             self.register(b);
-            // Only read from now on: brought to the device now, it keeps its host copy.
+            // Read-only: brought to the device, it keeps its host copy.
             b.set_read_only();
         });
         if on_device {
@@ -513,31 +465,24 @@ impl SpillManager {
         ))
     }
 
-    /// With `on`, room under the limit is made off the callers' threads from now on: data
-    /// brought back to the device (and buffers made there) go ahead at once, and the least
-    /// recently used data is spilled by the manager's background thread right after, so
-    /// that a copy back and the spill it causes run at the same time, one copy engine each
-    /// way. The device may hold more than the limit while that spill runs (an allocation
-    /// that fails for it spills at once through the out-of-memory handler). A store of task
-    /// results, whose limit is a target rather than a bound, wants this; `false` (the
-    /// default) makes room before.
+    /// With `on`, room is made off the callers' threads: data brought back and new buffers go ahead
+    /// and the background thread spills right after, one copy engine each way (a failing
+    /// allocation spills at once). For a task-result store, whose limit is a target; `false` (the
+    /// default) makes room first.
     pub fn make_room_in_background(&self, on: bool) {
         self.tracker.room_in_background.store(on, Ordering::Relaxed);
     }
 
-    /// Waits until the spilling that [`adopt_in_background`](Self::adopt_in_background)
-    /// (or [`make_room_in_background`](Self::make_room_in_background)) asked for so far is
-    /// done (what statistics and tiers are read after).
+    /// Waits for spilling requested so far by [`adopt_in_background`](Self::adopt_in_background)
+    /// or [`make_room_in_background`](Self::make_room_in_background).
     pub fn settle(&self) {
         self.tracker.background.settle();
     }
 
-    /// Spills least recently used data not in use until the device holds no more than the
-    /// limit; returns the device bytes freed.
+    /// Spills least recently used data not in use down to the limit; returns the bytes freed.
     ///
     /// # Errors
-    /// Nothing could be spilled for lack of room on the host without a disk tier, or a copy
-    /// failed (what could move has moved).
+    /// No room on the host and no disk tier, or a copy failed (what could move has moved).
     pub fn enforce_limit(&self) -> rmm_allocator::Result<u64> {
         let over = self.tracker.tracked.load(Ordering::Relaxed)
             - self.tracker.limit.load(Ordering::Relaxed) as i64;
@@ -547,9 +492,8 @@ impl SpillManager {
         self.tracker.spill_oldest(over as u64, None)
     }
 
-    /// The out-of-memory handler for the device's stack (`spill.on_demand`): spills least
-    /// recently used buffers not in use for the request, and asks for a retry if it freed
-    /// anything; not for allocations made in [`without_spilling`](Self::without_spilling).
+    /// The stack's out-of-memory handler (`spill.on_demand`): spills least recently used buffers,
+    /// asking for a retry if any freed; off in [`without_spilling`](Self::without_spilling).
     pub fn oom_handler(&self) -> crate::stack::OomHandler {
         let tracker = Arc::clone(&self.tracker);
         Arc::new(move |bytes| {
@@ -566,9 +510,8 @@ impl SpillManager {
         })
     }
 
-    /// Runs `f` with this thread's allocations out of memory failing at once rather than
-    /// spilling values to make room: for memory that is worth making only where the device
-    /// has room already (a transient copy that another way of doing the job does without).
+    /// Runs `f` with this thread's out-of-memory failures not spilling: for memory worth making
+    /// only where the device has room (a transient copy another approach avoids).
     pub fn without_spilling<R>(f: impl FnOnce() -> R) -> R {
         struct Restore(bool);
         impl Drop for Restore {
@@ -583,20 +526,17 @@ impl SpillManager {
     /// Spills every buffer not in use; returns the device bytes freed.
     ///
     /// # Errors
-    /// [`Error::HostOutOfMemory`](rmm_allocator::Error::HostOutOfMemory) when the host tier is full
-    /// and there is no disk tier; [`Error::Driver`](rmm_allocator::Error::Driver) or
-    /// [`Error::SpillFile`](rmm_allocator::Error::SpillFile) when a copy or file write fails.
+    /// [`HostOutOfMemory`](rmm_allocator::Error::HostOutOfMemory): host full, no disk tier;
+    /// [`Driver`](rmm_allocator::Error::Driver) or [`SpillFile`](rmm_allocator::Error::SpillFile).
     pub fn spill_all(&self) -> rmm_allocator::Result<u64> {
         self.tracker.spill_oldest(u64::MAX, None)
     }
 
-    /// Brings spilled buffers back (up to the limit, most recently used first) on `stream`;
-    /// returns the bytes brought back.
+    /// Brings spilled buffers back on `stream`, most recent first, up to the limit; returns bytes.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](rmm_allocator::Error::OutOfMemory) when the device cannot take a
-    /// buffer back; [`Error::Driver`](rmm_allocator::Error::Driver) or
-    /// [`Error::SpillFile`](rmm_allocator::Error::SpillFile) when a copy or file read fails.
+    /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory); [`Driver`](rmm_allocator::Error::Driver)
+    /// or [`SpillFile`](rmm_allocator::Error::SpillFile).
     pub fn unspill_all(&self, stream: StreamView) -> rmm_allocator::Result<u64> {
         let mut buffers = self.tracker.oldest_first(None);
         buffers.reverse();
@@ -612,8 +552,7 @@ impl SpillManager {
         Ok(back)
     }
 
-    /// The spillable values alive (buffers and adopted values, wherever their data is):
-    /// how many, and their bytes.
+    /// The live spillable values (buffers and adopted values, on any tier): count and bytes.
     pub fn spillable(&self) -> (u64, u64) {
         let all = self.tracker.oldest_first(None);
         (all.len() as u64, all.iter().map(|e| e.size() as u64).sum())

@@ -10,17 +10,17 @@ use serde::Serialize;
 /// Moves into and out of one lower tier (host or disk).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TierStatistics {
-    /// Moves into the tier (from the device, or from the host into disk), and their bytes.
+    /// Moves into the tier (from the device, or host to disk); with `spilled_bytes`.
     pub spilled_count: u64,
     /// See `spilled_count`.
     pub spilled_bytes: u64,
-    /// Wall time during which they ran (overlapping moves counted once).
+    /// Wall time they ran (overlaps counted once).
     pub spill_seconds: f64,
-    /// Moves out of the tier (back to the device, or from disk to the host), and their bytes.
+    /// Moves out of the tier (to the device, or disk to host); with `unspilled_bytes`.
     pub unspilled_count: u64,
     /// See `unspilled_count`.
     pub unspilled_bytes: u64,
-    /// Wall time during which they ran (overlapping moves counted once).
+    /// Wall time they ran (overlaps counted once).
     pub unspill_seconds: f64,
     /// Bytes of spilled data the tier holds now.
     pub held_bytes: u64,
@@ -45,44 +45,41 @@ impl TierStatistics {
 pub struct SpillStatistics {
     /// The device.
     pub device: u32,
-    /// Device bytes the manager keeps its buffers under.
+    /// Device bytes the manager keeps its data under.
     pub limit: u64,
-    /// Device bytes of tracked buffers now, and the most at once.
+    /// Device bytes tracked now; with `peak_tracked_bytes`, the most at once.
     pub tracked_bytes: u64,
     /// See `tracked_bytes`.
     pub peak_tracked_bytes: u64,
     /// Buffers and adopted values whose data is on the device now.
     pub tracked_count: u64,
-    /// Buffers copied off the device (to host or disk), and their bytes.
+    /// Buffers copied off the device (to host or disk); with `spilled_bytes`.
     pub spilled_count: u64,
     /// See `spilled_count`.
     pub spilled_bytes: u64,
-    /// Wall time during which data moved off the device (overlapping moves counted once).
+    /// Wall time data moved off the device (overlaps counted once).
     pub spill_seconds: f64,
-    /// Moves off the device that copied nothing, and their bytes: the data had been
-    /// brought back from the host tier, which kept its copy (stored values do not change),
-    /// so only its device memory was freed. Not counted in `spilled_count` nor in the host
-    /// tier's moves.
+    /// Moves off the device that copied nothing, as the host tier kept the copy of data brought
+    /// back (stored values do not change); not in `spilled_count` nor the host tier's moves.
     pub spilled_without_copy_count: u64,
     /// See `spilled_without_copy_count`.
     pub spilled_without_copy_bytes: u64,
-    /// Buffers brought back to the device, and their bytes.
+    /// Buffers brought back to the device; with `unspilled_bytes`.
     pub unspilled_count: u64,
     /// See `unspilled_count`.
     pub unspilled_bytes: u64,
-    /// Wall time during which data came back (overlapping moves counted once).
+    /// Wall time data came back (overlaps counted once).
     pub unspill_seconds: f64,
-    /// Pinned host bytes holding spilled data, and the pool's size now.
+    /// Pinned host bytes holding spilled data; with `host_pool_bytes`, the pool's size now.
     pub host_bytes: u64,
-    /// Pinned host bytes holding copies of data that is on the device (kept from when it
-    /// came back: spilling it again copies nothing); given back first when room is needed.
+    /// Pinned host bytes holding copies of data back on the device (spilling it again copies
+    /// nothing); given back first when room is needed.
     pub host_kept_bytes: u64,
     /// See `host_bytes`.
     pub host_pool_bytes: u64,
     /// Time spent pinning the host pool (at start, or as it grew).
     pub host_pinning_seconds: f64,
-    /// The part of `host_pinning_seconds` spent registering the memory with the driver (the
-    /// rest went to faulting its pages in).
+    /// The part of `host_pinning_seconds` spent registering with the driver (vs. faulting pages).
     pub host_registering_seconds: f64,
     /// Bytes held in spill files.
     pub disk_bytes: u64,
@@ -90,14 +87,12 @@ pub struct SpillStatistics {
     pub host: TierStatistics,
     /// The disk tier's moves (all zero without `spill.disk_directory`).
     pub disk: TierStatistics,
-    /// Bytes of values received from elsewhere (a peer worker) that went straight to the
-    /// host tier or disk, the device untouched (they did not fit under the limit).
+    /// Received bytes (from a peer worker) that did not fit under the limit: off the device.
     pub received_off_device_bytes: u64,
     /// Bytes of values received from elsewhere that were put on the device (they fit).
     pub received_on_device_bytes: u64,
-    /// Bytes brought back to the device only to be sent elsewhere (a value a peer asked for
-    /// rebuilt on the device to be serialized): 0 while spilled values are sent from the tier
-    /// they are in.
+    /// Bytes brought back to the device only to be sent elsewhere (rebuilt there to serialize
+    /// for a peer); 0 while spilled values are sent from their tier.
     pub unspilled_to_send_bytes: u64,
 }
 
@@ -166,11 +161,9 @@ fn rate(bytes: u64, secs: f64) -> f64 {
     }
 }
 
-/// Count, bytes and time of one kind of move.
-///
-/// The time is wall time during which at least one such move was copying (the union of the
-/// moves' intervals): moves that overlap share the copy engines and wait for one another, so
-/// adding their own durations would count the same seconds several times.
+/// Count, bytes and time of one kind of move. The time is wall time with at least one such
+/// move copying (the union of their intervals): overlapping moves share the copy engines, so
+/// adding their durations would count the same seconds several times.
 #[derive(Default)]
 pub(crate) struct Moves {
     count: AtomicU64,
@@ -180,21 +173,20 @@ pub(crate) struct Moves {
     busy: Mutex<Busy>,
 }
 
-/// Disjoint intervals (start, end), in ns since the process's epoch, oldest first: the
-/// latest [`Busy::KEPT`] stretches of time during which moves ran.
+/// Disjoint intervals (start, end) in ns on [`clock_ns`]'s clock, oldest first: the latest
+/// [`Busy::KEPT`] stretches during which moves ran.
 #[derive(Default)]
 struct Busy(std::collections::VecDeque<(u64, u64)>);
 
 impl Busy {
-    /// Intervals kept to merge later moves with: a move reported after this many disjoint
-    /// stretches ended, and overlapping one of the dropped ones, is counted in full.
+    /// Intervals kept for merging: a move overlapping one already dropped counts in full.
     const KEPT: usize = 64;
 
     /// Adds `[start, end)`; the nanoseconds it adds to the union.
     fn add(&mut self, start: u64, end: u64) -> u64 {
         let (mut from, mut until) = (start, end);
         let mut covered = 0;
-        // Every kept interval that overlaps or touches the new one is merged into it.
+        // Merge every kept interval overlapping or touching the new one.
         let i = self.0.partition_point(|&(_, e)| e < start);
         while i < self.0.len() && self.0[i].0 <= end {
             let (s, e) = self.0[i];
@@ -211,7 +203,7 @@ impl Busy {
     }
 }
 
-/// Nanoseconds since the first call (a monotonic clock for the intervals above).
+/// Nanoseconds since the first call (a monotonic clock for the intervals).
 pub(crate) fn clock_ns() -> u64 {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     EPOCH

@@ -1,9 +1,6 @@
-//! The bookkeeping a device's spillable data reports to: least-recently-used order, device
-//! bytes against the limit, moves per tier, and making room.
-//!
-//! Two kinds of entry share one order: the spill manager's own [`SpillableBuffer`]s, and
-//! adopted values ([`ForeignData`](super::ForeignData): device memory that another library
-//! owns). Both are [`Spillable`].
+//! What a device's spillable data reports to: least-recently-used order, device bytes against
+//! the limit, moves per tier, and making room. The manager's [`SpillableBuffer`]s and adopted
+//! values ([`ForeignData`](super::ForeignData)) share one order as [`Spillable`]s.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -21,19 +18,18 @@ use rmm_allocator::spill::{
 use super::background::{Background, EnforceLimit};
 use super::statistics::Moves;
 
-/// An entry of the least-recently-used order: something whose device bytes can move off the
-/// device.
+/// An entry of the least-recently-used order: something whose device bytes can move off.
 pub(crate) trait Spillable: Send + Sync {
     /// Device bytes it frees when spilled (its size).
     fn size(&self) -> usize;
     /// Where its data is now (without waiting for a move in progress).
     fn tier(&self) -> Tier;
-    /// True while it is in use on the device (a cheap check; `spill` may find more).
+    /// True while in use on the device (a cheap check; `spill` may find more).
     fn is_in_use(&self) -> bool;
     /// Moves it off the device; the device bytes freed (0 when in use, busy or spilled).
     fn spill(&self) -> rmm_allocator::Result<usize>;
-    /// Starts moving it off the device, so that the copies of several entries run at once
-    /// (see [`SpillableBuffer::begin_spill`]); by default the whole move, at once.
+    /// Starts moving it off so several entries' copies overlap
+    /// ([`SpillableBuffer::begin_spill`]); by default the whole move at once.
     fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>> {
         self.spill().map(|n| {
             if n > 0 {
@@ -45,14 +41,12 @@ pub(crate) trait Spillable: Send + Sync {
     }
     /// Moves host data on to disk; the bytes moved.
     fn spill_to_disk(&self) -> rmm_allocator::Result<usize>;
-    /// Brings spilled data back to the device on `stream`.
     fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()>;
     /// The entry as a [`SpillableBuffer`] of the manager's own, if it is one.
     fn into_buffer(self: Arc<Self>) -> Option<Arc<SpillableBuffer>> {
         None
     }
-    /// Gives back a host copy kept of data on the device (see
-    /// [`SpillableBuffer::drop_kept_copy`]); the host bytes given back.
+    /// Drops a kept host copy of device data ([`SpillableBuffer::drop_kept_copy`]); the bytes.
     fn drop_kept_copy(&self) -> usize {
         0
     }
@@ -88,8 +82,7 @@ impl Spillable for SpillableBuffer {
     }
 }
 
-/// Least-recently-used order: (tick, id) pairs, oldest first. Entries that took the place of
-/// another (the buffers of a spilled adopted value) share its tick.
+/// Least-recently-used (tick, id), oldest first; a spilled value's buffers share its tick.
 #[derive(Default)]
 pub(crate) struct Lru {
     next: u64,
@@ -99,7 +92,6 @@ pub(crate) struct Lru {
 }
 
 impl Lru {
-    /// A new tick (the most recent use).
     fn tick(&mut self) -> u64 {
         let t = self.next;
         self.next += 1;
@@ -122,7 +114,6 @@ impl Lru {
         Some(tick)
     }
 
-    /// Marks `id` as used now.
     fn touch(&mut self, id: u64) {
         let tick = self.tick();
         if let Some(e) = self.entries.get_mut(&id) {
@@ -133,7 +124,6 @@ impl Lru {
     }
 }
 
-/// The bookkeeping buffers and adopted values report to.
 #[derive(Default)]
 pub(crate) struct Tracker {
     pub(crate) lru: Mutex<Lru>,
@@ -142,61 +132,51 @@ pub(crate) struct Tracker {
     pub(crate) peak: AtomicI64,
     /// Moves by (from, to) tier: `moves[from as usize][to as usize]`.
     pub(crate) moves: [[Moves; 3]; 3],
-    /// The store whose tiers the data spills to (its host tier's data moves on to disk when
-    /// it has a disk tier; else nothing is ever moved off the host).
+    /// The store whose tiers data spills to (host data moves on to disk if it has a disk tier).
     pub(crate) store: Option<Arc<SpillStore>>,
-    /// Adopted device allocations on the device: address → (bytes, values holding it). An
-    /// allocation that several values view is counted once.
+    /// Adopted allocations on the device: address → (bytes, values holding it), counted once.
     pub(crate) foreign: Mutex<HashMap<u64, (usize, usize)>>,
     /// The limit enforced off the adopting thread.
     pub(crate) background: Background,
-    /// True when room is made on [`background`](Self::background) only: data that comes
-    /// back to the device (or is made there) goes ahead, and the least recently used data is
-    /// spilled after, off the caller's thread (see
-    /// [`SpillManager::make_room_in_background`](super::SpillManager::make_room_in_background)).
+    /// Room is made on [`background`](Self::background) only, after data arrives
+    /// ([`SpillManager::make_room_in_background`](super::SpillManager::make_room_in_background)).
     pub(crate) room_in_background: AtomicBool,
-    /// This tracker, for the background thread (set when it is made in an `Arc`).
+    /// This tracker, for the background thread (set when made in an `Arc`).
     pub(crate) me: Weak<Tracker>,
     /// Received values' bytes: `[put on the device, kept off it]`.
     pub(crate) received: [AtomicU64; 2],
     /// Bytes brought back to the device only to be sent elsewhere.
     pub(crate) unspilled_to_send: AtomicU64,
-    /// Moves off the device that copied nothing (a kept host copy became the data again):
-    /// `[count, bytes]`.
+    /// Moves off the device that copied nothing (a kept copy became the data): `[count, bytes]`.
     pub(crate) without_copy: [AtomicU64; 2],
 }
 
-/// The most spills whose copies are in flight at once when making room.
+/// The most spills with copies in flight at once when making room.
 pub(crate) const BATCH_ENTRIES: usize = 64;
-/// The most bytes a batch keeps enqueued at once (each copy counted for at most the
-/// [`COPY_WINDOW`] it enqueues ahead): enough to keep the copy engine busy while the thread
-/// making room pins host memory for the next entries, and a bound on what a task's own
-/// copies wait behind.
+/// The most bytes a batch keeps enqueued (each copy counting at most [`COPY_WINDOW`]): enough
+/// to keep the copy engine busy while host memory is pinned for the next entries, and a bound
+/// on what a task's own copies wait behind.
 pub(crate) const BATCH_ENQUEUED: u64 = 8 * COPY_WINDOW as u64;
-/// The most that keeping to the limit spills beyond the excess.
+/// The most that enforcing the limit spills beyond the excess.
 pub(crate) const SLACK_MAX: u64 = 1 << 30;
 
 /// What enforcing the limit spills beyond the excess: 1/32 of the limit, at most
-/// [`SLACK_MAX`]. Spilled one buffer at a time, a device making data stops for each spill's
-/// copy and for the copy engine's start-up, and a growing host pool pins between them; a
-/// few at once run at the copy engine's rate.
+/// [`SLACK_MAX`]. One buffer at a time, a device making data stalls on each copy's start-up
+/// (and host pinning in between); a few at once run at the copy engine's rate.
 pub(crate) fn limit_slack(limit: i64) -> i64 {
     (limit / 32).clamp(0, SLACK_MAX as i64)
 }
 
-/// Spills whose copies run at once, rolling: entries are started while fewer than
-/// [`BATCH_ENTRIES`] are in flight with less than [`BATCH_ENQUEUED`] enqueued, and the oldest
-/// is finished to make way, so many small buffers move at the copy engine's rate instead of
-/// one round trip each, and the queue neither grows past that bound nor runs dry between
-/// batches.
+/// Rolling batch of spills: entries start while under [`BATCH_ENTRIES`] in flight and
+/// [`BATCH_ENQUEUED`] enqueued, the oldest finishing to make way, so small buffers move at the
+/// copy engine's rate, not a round trip each, and the queue never runs dry between batches.
 #[derive(Default)]
 pub(crate) struct SpillBatch<'a> {
     pending: VecDeque<Box<PendingSpill<'a>>>,
     pending_bytes: u64,
     /// Bytes of the pending entries' copies enqueued (each at most [`COPY_WINDOW`]).
     enqueued: u64,
-    /// When the last finished entry ended, and the time entries started since then waited
-    /// for host memory (pinning is not copying: not charged to the moves).
+    /// End of the last finished entry, and host-memory waits since (pinning is not copying).
     last_end: Option<Instant>,
     host_waits: Duration,
     /// Device bytes freed so far.
@@ -211,8 +191,7 @@ impl<'a> SpillBatch<'a> {
         self.freed + self.pending_bytes
     }
 
-    /// Adds what starting one entry's spill gave; finishes the oldest entries while too much
-    /// is in flight.
+    /// Adds one entry's started spill; finishes the oldest while too much is in flight.
     pub(crate) fn add(&mut self, step: rmm_allocator::Result<SpillStep<'a>>, size: usize) {
         match step {
             Ok(SpillStep::Skipped) => {}
@@ -236,9 +215,8 @@ impl<'a> SpillBatch<'a> {
         }
     }
 
-    /// Finishes the oldest spill in flight. Each move's time runs from the end of the one
-    /// before, so a batch's moves add up to its wall time, less the time entries waited for
-    /// host memory meanwhile.
+    /// Finishes the oldest spill in flight. Each move's time runs from the previous one's end,
+    /// so a batch's moves add up to its wall time, less host-memory waits.
     fn finish_oldest(&mut self) {
         let Some(p) = self.pending.pop_front() else {
             return;
@@ -258,7 +236,6 @@ impl<'a> SpillBatch<'a> {
         self.last_end = Some(Instant::now());
     }
 
-    /// Finishes every spill in flight, in order.
     pub(crate) fn complete(&mut self) {
         while !self.pending.is_empty() {
             self.finish_oldest();
@@ -267,9 +244,8 @@ impl<'a> SpillBatch<'a> {
 }
 
 impl Tracker {
-    /// Live entries in least-recently-used order (not `except`), taken under the lock and
-    /// looked at after it (an entry may be moving: its owner holds its lock while it asks
-    /// for room).
+    /// Live entries, least recently used first (not `except`), collected under the lock and
+    /// examined after (a moving entry's owner holds its lock while asking for room).
     pub(crate) fn oldest_first(&self, except: Option<u64>) -> Vec<Arc<dyn Spillable>> {
         let lru = self.lru.lock();
         lru.order
@@ -279,12 +255,8 @@ impl Tracker {
             .collect()
     }
 
-    /// Spills least recently used entries (not `except`) until `need` device bytes are freed
-    /// or nothing more can go; returns the bytes freed.
-    ///
-    /// Copies are batched: the copies of up to [`BATCH_ENTRIES`] entries ([`BATCH_BYTES`])
-    /// are enqueued before the first is waited for, so many small buffers move at the copy
-    /// engine's rate instead of one round trip each.
+    /// Spills least recently used entries (not `except`) in a [`SpillBatch`] until `need` bytes
+    /// are freed or nothing can go; returns the bytes freed.
     pub(crate) fn spill_oldest(
         &self,
         need: u64,
@@ -296,8 +268,7 @@ impl Tracker {
             if batch.bytes() >= need {
                 break;
             }
-            // Entries in use, busy or already spilled are skipped without waiting. One that
-            // cannot move (e.g. larger than a full host pool) does not stop the others.
+            // Skip entries in use, busy or spilled without waiting; a failure skips one entry.
             if b.tier() != Tier::Device || b.is_in_use() {
                 continue;
             }
@@ -310,23 +281,18 @@ impl Tracker {
         }
     }
 
-    /// True when `bytes` more fit on the device under the limit now.
     pub(crate) fn has_room(&self, bytes: usize) -> bool {
         let limit = self.limit.load(Ordering::Relaxed) as i64;
         self.tracked.load(Ordering::Relaxed) + bytes as i64 <= limit
     }
 
-    /// True while the device holds more than the limit.
     pub(crate) fn is_over_limit(&self) -> bool {
         self.tracked.load(Ordering::Relaxed) > self.limit.load(Ordering::Relaxed) as i64
     }
 
-    /// Spills least recently used entries (not `except`) while the device holds more than
-    /// the limit plus `bytes` allows, and then [`limit_slack`] more when the room is made on
-    /// the caller's thread: a device that keeps making data spills in batches rather than one
-    /// buffer per new one, as Dask's workers spill down to a target below their threshold.
-    /// (In the background mode the thread making room takes many values' requests at once
-    /// already, off the callers' path.)
+    /// Spills least recently used entries (not `except`) while over the limit with `bytes` more,
+    /// plus [`limit_slack`] when room is made on the caller's thread, so a device making data
+    /// spills in batches, as Dask workers spill to a target below their threshold.
     pub(crate) fn enforce_limit(&self, except: Option<u64>, bytes: usize) {
         let limit = self.limit.load(Ordering::Relaxed) as i64;
         let over = self.tracked.load(Ordering::Relaxed) + bytes as i64 - limit;
@@ -352,7 +318,6 @@ impl Tracker {
         host.capacity().saturating_sub(host.used()) >= need && host.largest_free() >= contiguous
     }
 
-    /// Gives back every host copy kept of data on the device.
     pub(crate) fn drop_all_kept_copies(&self) {
         for b in self.oldest_first(None) {
             if b.tier() == Tier::Device {
@@ -361,8 +326,8 @@ impl Tracker {
         }
     }
 
-    /// Gives back the host copies kept of data on the device, least recently used first (not
-    /// `except`'s), until `host` can hand out `need` bytes; true when it can.
+    /// Drops kept host copies of device data, oldest first (not `except`'s), until `host` can
+    /// hand out `need` bytes; true when it can.
     fn drop_kept_copies(&self, host: &PinnedHostPool, need: usize, except: u64) -> bool {
         if Self::host_fits(host, need) {
             return true;
@@ -378,10 +343,8 @@ impl Tracker {
         Self::host_fits(host, need)
     }
 
-    /// Moves least recently used host data (not `except`'s) to disk until `host` can hand
-    /// out `need` bytes (in slices of at most its largest); returns the bytes moved. An entry
-    /// that cannot be written does not stop the others; its error is returned only when
-    /// `host` still cannot hand out `need` bytes.
+    /// Moves the oldest host data (not `except`'s) to disk until `host` can hand out `need`
+    /// bytes; returns the bytes moved. A failed write's error counts only if that falls short.
     fn demote_oldest(
         &self,
         host: &PinnedHostPool,
@@ -409,8 +372,7 @@ impl Tracker {
         }
     }
 
-    /// Counts adopted `allocations` as on the device (each once, however many values view
-    /// it); returns the bytes newly counted.
+    /// Counts adopted `allocations` as on the device, each once; returns the bytes newly counted.
     pub(crate) fn hold_foreign(&self, allocations: &[(DevicePtr, usize)]) -> usize {
         let mut foreign = self.foreign.lock();
         let mut added = 0;
@@ -426,8 +388,8 @@ impl Tracker {
         added
     }
 
-    /// Undoes [`hold_foreign`](Self::hold_foreign) for one value whose data left the device
-    /// (or was dropped); returns the bytes no value holds any more.
+    /// Undoes [`hold_foreign`](Self::hold_foreign) for a value whose data left or was dropped;
+    /// returns the bytes no value holds any more.
     pub(crate) fn release_foreign(&self, allocations: &[(DevicePtr, usize)]) -> usize {
         let mut foreign = self.foreign.lock();
         let mut freed = 0;
@@ -445,7 +407,7 @@ impl Tracker {
         freed
     }
 
-    /// Entries whose data is on the device, on the host and on disk now.
+    /// Entries with data on the device, host and disk now.
     pub(crate) fn counts(&self) -> [u64; 3] {
         let mut counts = [0; 3];
         for e in self.oldest_first(None) {
@@ -467,9 +429,8 @@ impl SpillObserver for Tracker {
     }
 
     fn make_room(&self, id: u64, bytes: usize) {
-        // In the background mode the room is made after the bytes arrive (see `resident`):
-        // the copy back and the spill of the least recently used data then run at once, one
-        // copy engine each way.
+        // In background mode room is made after the bytes arrive (`resident`), so the copy back
+        // and the spill overlap, one copy engine each way.
         if !self.room_in_background.load(Ordering::Relaxed) {
             self.enforce_limit(Some(id), bytes);
         }
@@ -484,7 +445,7 @@ impl SpillObserver for Tracker {
         if !host.is_growable() && bytes > host.capacity() {
             return Ok(());
         }
-        // Copies kept of data that is on the device go first: dropping one moves nothing.
+        // Dropping kept copies of device data first moves nothing.
         if self.drop_kept_copies(host, bytes, id) || !tiers.has_disk() {
             return Ok(());
         }
@@ -527,8 +488,7 @@ impl SpillObserver for Tracker {
     }
 
     fn released(&self, _id: u64) {
-        // Data held over the limit while in use may go now: in the background mode on the
-        // manager's thread, like all of that mode's room-making.
+        // Data held over the limit while in use may go now (background mode: on its thread).
         if self.room_in_background.load(Ordering::Relaxed) {
             if self.is_over_limit()
                 && let Some(me) = self.me.upgrade()
