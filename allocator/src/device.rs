@@ -18,9 +18,7 @@ impl Device {
     /// Device `ordinal` of the process-wide backend ([`backend::global`]).
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `ordinal` is not a device; the
-    /// process-wide backend's error (e.g. [`Error::NoDriver`](crate::Error::NoDriver)) when it
-    /// cannot be opened.
+    /// [`Error::NoSuchDevice`]; the process-wide backend's error (e.g. [`Error::NoDriver`]).
     pub fn new(ordinal: u32) -> Result<Device> {
         Device::on(backend::global()?, ordinal)
     }
@@ -28,7 +26,7 @@ impl Device {
     /// Device `ordinal` of `backend`.
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `backend` has no device `ordinal`.
+    /// [`Error::NoSuchDevice`] when `backend` has no device `ordinal`.
     pub fn on(backend: &'static dyn Backend, ordinal: u32) -> Result<Device> {
         let count = backend.device_count();
         if ordinal >= count {
@@ -41,12 +39,10 @@ impl Device {
         Ok(Device { backend, ordinal })
     }
 
-    /// The calling thread's current device of the process-wide backend (device 0 unless
-    /// [`set_current_device`] said otherwise).
+    /// The thread's current device of the process-wide backend (0 unless [`set_current_device`]).
     ///
     /// # Errors
-    /// As [`Device::new`]: [`Error::NoSuchDevice`](crate::Error::NoSuchDevice), or the process-wide
-    /// backend's error.
+    /// As [`Device::new`].
     pub fn current() -> Result<Device> {
         Device::new(current_device())
     }
@@ -54,8 +50,7 @@ impl Device {
     /// Every device of the process-wide backend.
     ///
     /// # Errors
-    /// The process-wide backend's error (e.g. [`Error::NoDriver`](crate::Error::NoDriver)) when it
-    /// cannot be opened.
+    /// The process-wide backend's error when it cannot be opened.
     pub fn all() -> Result<Vec<Device>> {
         let b = backend::global()?;
         (0..b.device_count()).map(|d| Device::on(b, d)).collect()
@@ -74,7 +69,7 @@ impl Device {
     /// Name, memory, UUID and capabilities.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the driver cannot report them.
+    /// [`Error::Driver`] when the driver cannot report them.
     pub fn properties(self) -> Result<DeviceProperties> {
         self.backend.properties(self.ordinal)
     }
@@ -82,7 +77,7 @@ impl Device {
     /// Free and total memory.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the driver cannot report them.
+    /// [`Error::Driver`] when the driver cannot report them.
     pub fn mem_info(self) -> Result<MemInfo> {
         self.backend.mem_info(self.ordinal)
     }
@@ -90,18 +85,15 @@ impl Device {
     /// Waits for all work on the device.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the device reports a failure.
+    /// [`Error::Driver`] when the device reports a failure.
     pub fn synchronize(self) -> Result<()> {
         self.backend.device_synchronize(self.ordinal)
     }
 
-    /// Makes this device's context current on the calling thread when the thread has none,
-    /// as CUDA's runtime does on a thread's first call; checked once per thread (see
-    /// [`Backend::bind_thread`](crate::backend::Backend::bind_thread)).
+    /// Makes this device's context current on a thread without one; see [`Backend::bind_thread`].
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the driver cannot read or set the thread's
-    /// context.
+    /// [`Error::Driver`] when the thread's context cannot be read or set.
     pub fn bind_thread(self) -> Result<()> {
         self.backend.bind_thread(self.ordinal)
     }
@@ -109,9 +101,7 @@ impl Device {
     /// Copies `src` to device memory at `dst` and waits.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the copy fails
-    /// ([`Error::InjectedFault`](crate::Error::InjectedFault) when the simulated device is told to
-    /// fail it).
+    /// [`Error::Driver`] (or the simulator's [`Error::InjectedFault`]) when the copy fails.
     pub fn copy_to_device(self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         if src.is_empty() {
             return Ok(());
@@ -122,9 +112,7 @@ impl Device {
     /// Copies device memory at `src` into `dst` and waits.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the copy fails
-    /// ([`Error::InjectedFault`](crate::Error::InjectedFault) when the simulated device is told to
-    /// fail it).
+    /// [`Error::Driver`] (or the simulator's [`Error::InjectedFault`]) when the copy fails.
     pub fn copy_to_host(self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
@@ -135,9 +123,7 @@ impl Device {
     /// Copies `bytes` between device ranges and waits.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the copy fails
-    /// ([`Error::InjectedFault`](crate::Error::InjectedFault) when the simulated device is told to
-    /// fail it).
+    /// [`Error::Driver`] (or the simulator's [`Error::InjectedFault`]) when the copy fails.
     pub fn copy_device_to_device(self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -148,7 +134,7 @@ impl Device {
     /// Enqueues a device → device copy on `stream`.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued.
+    /// [`Error::Driver`] when the copy cannot be enqueued.
     pub fn copy_device_to_device_async(
         self,
         dst: DevicePtr,
@@ -166,7 +152,7 @@ impl Device {
     /// Sets `bytes` of device memory to `value` and waits.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the memset fails.
+    /// [`Error::Driver`] when the memset fails.
     pub fn memset(self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -177,7 +163,7 @@ impl Device {
     /// Enqueues a memset on `stream`.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the memset cannot be enqueued.
+    /// [`Error::Driver`] when the memset cannot be enqueued.
     pub fn memset_async(
         self,
         dst: DevicePtr,
@@ -227,10 +213,9 @@ pub fn current_device() -> u32 {
     CURRENT_DEVICE.with(Cell::get)
 }
 
-/// The device the calling thread works on, for a caller that names none (RAPIDS RMM's
-/// `DeviceBuffer(size)`): the device of the thread's current CUDA context (`cudaSetDevice`,
-/// CuPy's `Device.use()`, `torch.cuda.set_device`), else [`current_device`]. A driver call:
-/// not for hot paths.
+/// The device the calling thread works on when the caller names none (RMM's `DeviceBuffer(size)`):
+/// that of the thread's current CUDA context (`cudaSetDevice`, CuPy's `Device.use()`,
+/// `torch.cuda.set_device`), else [`current_device`]. A driver call: not for hot paths.
 pub fn thread_device() -> u32 {
     backend::global()
         .ok()
@@ -241,8 +226,7 @@ pub fn thread_device() -> u32 {
 /// Makes `ordinal` the calling thread's current device; returns the previous one.
 ///
 /// # Errors
-/// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `ordinal` is not a device; the
-/// process-wide backend's error when it cannot be opened.
+/// [`Error::NoSuchDevice`]; the process-wide backend's error when it cannot be opened.
 pub fn set_current_device(ordinal: u32) -> Result<u32> {
     let b = backend::global()?;
     if ordinal >= b.device_count() {
@@ -258,8 +242,7 @@ pub fn set_current_device(ordinal: u32) -> Result<u32> {
 /// Runs `f` with `ordinal` as the thread's current device, restoring the previous one after.
 ///
 /// # Errors
-/// As [`set_current_device`]: [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `ordinal` is
-/// not a device.
+/// As [`set_current_device`].
 pub fn with_device<R>(ordinal: u32, f: impl FnOnce() -> R) -> Result<R> {
     struct Restore(u32);
     impl Drop for Restore {

@@ -1,6 +1,4 @@
-//! The error type of the allocator crate.
-//!
-//! Every message says what failed, with which value, and what the user can do about it.
+//! The allocator's error type; every message says what failed, with which value, and what to do.
 
 use std::fmt;
 
@@ -31,8 +29,7 @@ pub enum Error {
         total: usize,
         /// The resource that failed (e.g. `CudaMemoryResource`).
         resource: &'static str,
-        /// Pool figures when the failing resource is a pool (boxed: they are many, and the
-        /// error travels in every allocation's `Result`).
+        /// A failing pool's figures (boxed: every allocation's `Result` carries the error).
         pool: Option<Box<PoolUsage>>,
     },
 
@@ -49,9 +46,8 @@ pub enum Error {
         resource: &'static str,
     },
 
-    /// Pinning host memory was refused before it started: it would take more than the
-    /// process may use (its cgroup's limit, or the memory the system has available).
-    /// Pinned pages cannot be paged out: going ahead would get the process killed.
+    /// Pinning refused up front: it would exceed what the process may use (cgroup limit or
+    /// available memory), and pinned pages cannot be paged out, so it would get the process killed.
     #[error(
         "pinning {} of host memory ({requested} bytes) for {resource} would take more than \
          this process may use: {host}. Pin less (spill.host_pool_size, spill.pin_ahead), add \
@@ -63,8 +59,7 @@ pub enum Error {
         requested: usize,
         /// What was to pin them.
         resource: &'static str,
-        /// The host's memory as read then (`backend::host_memory::HostMemory`'s
-        /// description).
+        /// The host's memory as read then (`HostMemory`'s description).
         host: String,
     },
 
@@ -198,8 +193,7 @@ pub enum Error {
         element_type: &'static str,
     },
 
-    /// A limiting adaptor refused an allocation that would take the bytes in use past its
-    /// limit (an out-of-memory condition: [`Error::is_out_of_memory`] is true).
+    /// A limiting adaptor refused an allocation exceeding its limit (an out-of-memory error).
     #[error(
         "out of memory on device {device}: {resource} refused {} ({requested} bytes): {} in use \
          + this request would exceed its limit of {} ({limit_source}). Raise the limit, free or \
@@ -235,8 +229,7 @@ pub enum Error {
         problem: String,
     },
 
-    /// A spillable buffer's data was lost: a copy of it could not be waited for after a driver
-    /// error, so its host memory had to be abandoned to the copy.
+    /// A spillable buffer's data was lost: a copy could not be waited for after a driver error.
     #[error(
         "the data of spillable buffer {id} ({bytes} bytes) was lost: {detail}. The CUDA \
          context is likely unusable; restart the process"
@@ -326,8 +319,7 @@ fn no_such_device(count: u32, backend: &str) -> String {
     }
 }
 
-/// What to do about an [`Error::HostOutOfMemory`] of `resource`: a full pinned host pool
-/// needs more room, anything else (pinning or allocating host memory failed) less.
+/// Advice for [`Error::HostOutOfMemory`]: a full pinned host pool needs more room, else use less.
 fn host_advice(resource: &str) -> &'static str {
     if resource == "PinnedHostPool" {
         "The pinned host pool is full: make it larger (spill.host_pool_size, or \"none\" to \
@@ -339,8 +331,8 @@ fn host_advice(resource: &str) -> &'static str {
 }
 
 impl Error {
-    /// True for [`Error::OutOfMemory`], [`Error::HostOutOfMemory`],
-    /// [`Error::HostMemoryLimit`] and [`Error::LimitExceeded`].
+    /// True for [`Error::OutOfMemory`], [`Error::HostOutOfMemory`], [`Error::HostMemoryLimit`] and
+    /// [`Error::LimitExceeded`].
     pub fn is_out_of_memory(&self) -> bool {
         matches!(
             self,
@@ -351,7 +343,7 @@ impl Error {
         )
     }
 
-    /// True when the error is a driver error carrying `CUDA_ERROR_OUT_OF_MEMORY`.
+    /// True for a driver error carrying `CUDA_ERROR_OUT_OF_MEMORY`.
     pub fn is_driver_out_of_memory(&self) -> bool {
         matches!(self, Error::Driver { name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY")
     }

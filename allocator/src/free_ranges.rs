@@ -1,10 +1,8 @@
-//! Free stretches of a region kept as `offset → length` in a `BTreeMap`: one stretch given
-//! back and merged with its neighbours (the pinned host pool's chunks, the export arenas).
+//! Free stretches as a `BTreeMap` of `offset → length` (pinned host pool, export arenas).
 
 use std::collections::BTreeMap;
 
-/// Adds the free stretch `[start, start + len)` to `free`, merged with the stretch that ends
-/// where it starts and the one that starts where it ends.
+/// Adds the free stretch `[start, start + len)` to `free`, merged with adjacent stretches.
 pub(crate) fn give_back(free: &mut BTreeMap<usize, usize>, start: usize, len: usize) {
     let (mut start, mut size) = (start, len);
     if let Some((&o, &l)) = free.range(..start).next_back()

@@ -1,9 +1,7 @@
 //! The current resource of each device, as RMM's `get/set_current_device_resource` and
-//! `get/set_per_device_resource`.
-//!
-//! The table is process-wide and keyed by device ordinal of the process-wide backend. Reads
-//! are lock-free (`arc-swap`), so containers can look the resource up on every construction.
-//! The initial resource of each device is a [`CudaMemoryResource`].
+//! `get/set_per_device_resource`: a process-wide table keyed by device ordinal of the process-wide
+//! backend, with lock-free reads (`arc-swap`) so containers can look the resource up on every
+//! construction. Each device starts with a [`CudaMemoryResource`].
 
 use std::sync::{Arc, OnceLock};
 
@@ -13,8 +11,6 @@ use crate::backend;
 use crate::device::{Device, current_device};
 use crate::error::{Error, Result};
 use crate::resource::CudaMemoryResource;
-/// Re-exported for the current-resource functions' callers (containers, spilling, the
-/// runtime); defined in [`crate::resource`].
 use crate::resource::SharedResource;
 
 // `ArcSwap` needs a sized payload, hence the inner Arc.
@@ -47,8 +43,7 @@ fn initial(device_id: u32) -> Result<SharedResource> {
 /// The resource of device `device_id` (its initial [`CudaMemoryResource`] until one is set).
 ///
 /// # Errors
-/// [`Error::NoSuchDevice`] when `device_id` is not a device; the process-wide backend's error when
-/// it cannot be opened.
+/// [`Error::NoSuchDevice`] for an unknown device; the process-wide backend's error.
 pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
     let slot = slot(device_id)?;
     if let Some(r) = slot.load().as_deref() {
@@ -63,12 +58,11 @@ pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
     })
 }
 
-/// Runs `f` with the resource of device `device_id` (as [`get_per_device_resource`]) without
-/// taking a reference to it: no reference count is touched, which is what a path that only
-/// allocates or frees through the resource, from many threads at once, wants.
+/// Runs `f` with device `device_id`'s resource (as [`get_per_device_resource`]) without touching
+/// its reference count, for paths that only allocate or free through it from many threads at once.
 ///
 /// # Errors
-/// As [`get_per_device_resource`]: [`Error::NoSuchDevice`] when `device_id` is not a device.
+/// As [`get_per_device_resource`].
 pub fn with_per_device_resource<R>(
     device_id: u32,
     f: impl FnOnce(&SharedResource) -> R,
@@ -81,14 +75,12 @@ pub fn with_per_device_resource<R>(
     Ok(f(&r))
 }
 
-/// Makes `resource` the resource of device `device_id`; returns the previous one.
-///
-/// The resource must allocate on that device. The caller keeps memory allocated from the
-/// previous resource valid by keeping the returned `Arc` (or its owners) alive.
+/// Makes `resource`, which must allocate on device `device_id`, that device's resource; returns the
+/// previous one, which the caller keeps alive while memory allocated from it is in use.
 ///
 /// # Errors
-/// [`Error::NoSuchDevice`] when `device_id` is not a device; [`Error::InvalidArgument`] when
-/// `resource` is not on device `device_id` of the process-wide backend.
+/// [`Error::NoSuchDevice`] for an unknown device; [`Error::InvalidArgument`] when `resource` is not
+/// on device `device_id` of the process-wide backend.
 pub fn set_per_device_resource(device_id: u32, resource: SharedResource) -> Result<SharedResource> {
     let slot = slot(device_id)?;
     let on = resource.device();
@@ -107,8 +99,7 @@ pub fn set_per_device_resource(device_id: u32, resource: SharedResource) -> Resu
 /// Puts device `device_id` back on a fresh [`CudaMemoryResource`]; returns the previous one.
 ///
 /// # Errors
-/// [`Error::NoSuchDevice`] when `device_id` is not a device; the process-wide backend's error when
-/// it cannot be opened.
+/// As [`get_per_device_resource`].
 pub fn reset_per_device_resource(device_id: u32) -> Result<SharedResource> {
     set_per_device_resource(device_id, initial(device_id)?)
 }
@@ -116,8 +107,7 @@ pub fn reset_per_device_resource(device_id: u32) -> Result<SharedResource> {
 /// The resource of the calling thread's current device.
 ///
 /// # Errors
-/// [`Error::NoSuchDevice`] when the current device is not one; the process-wide backend's error
-/// when it cannot be opened.
+/// As [`get_per_device_resource`].
 pub fn get_current_device_resource() -> Result<SharedResource> {
     get_per_device_resource(current_device())
 }
@@ -125,8 +115,7 @@ pub fn get_current_device_resource() -> Result<SharedResource> {
 /// Sets the resource of the calling thread's current device; returns the previous one.
 ///
 /// # Errors
-/// As [`set_per_device_resource`]: [`Error::InvalidArgument`] when `resource` is not on the current
-/// device.
+/// As [`set_per_device_resource`].
 pub fn set_current_device_resource(resource: SharedResource) -> Result<SharedResource> {
     set_per_device_resource(current_device(), resource)
 }

@@ -1,6 +1,6 @@
-//! [`PoolUsage`]: a pool's figures at one moment, for people. An out-of-memory error of a pool
-//! carries them, and the statistics adaptor's report reads them; the pool fills them in
-//! (`resource/pool_memory_resource/oom_report.rs`, which also writes the explanation).
+//! [`PoolUsage`]: a pool's figures at one moment, for people, carried by a pool's out-of-memory
+//! error and read by the statistics adaptor's report; filled in by
+//! `resource/pool_memory_resource/oom_report.rs`, which also writes the explanation.
 
 /// Streams listed by name in [`PoolUsage::streams`] (the ones holding the most free memory).
 pub const LISTED_STREAMS: usize = 8;
@@ -8,8 +8,8 @@ pub const LISTED_STREAMS: usize = 8;
 /// Free memory one stream's arenas hold (all its thread lanes together).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StreamUsage {
-    /// The stream: its raw handle (a backend `RawStream`; 0 is the default stream). Plain
-    /// `u64` here so that errors, which carry these figures, sit below the backend.
+    /// The stream's raw handle (a backend `RawStream`, 0 the default stream), a plain `u64` so
+    /// errors, which carry these figures, sit below the backend.
     pub stream: u64,
     /// The stream's arenas (one per thread lane that used it).
     pub arenas: usize,
@@ -23,14 +23,12 @@ pub struct StreamUsage {
     pub largest_free: usize,
 }
 
-/// Usage figures of a pool: attached to an out-of-memory error raised by a pool resource,
-/// and read by the statistics adaptor's report.
+/// Usage figures of a pool (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PoolUsage {
     /// Bytes the pool holds from its upstream (reserved).
     pub pool_size: usize,
-    /// The most [`PoolUsage::pool_size`] came to since the pool was made or its peak was
-    /// reset (the pool's `reset_peak_pool_size`).
+    /// The peak of [`PoolUsage::pool_size`] since the pool was made or `reset_peak_pool_size`.
     pub peak_pool_size: usize,
     /// Bytes handed out and not yet freed.
     pub in_use: usize,
@@ -48,8 +46,7 @@ pub struct PoolUsage {
     pub pending: usize,
     /// Arenas (streams × thread lanes) the pool has.
     pub arenas: usize,
-    /// The streams whose arenas hold the most free memory, most first (at most
-    /// [`LISTED_STREAMS`]; streams holding none are left out).
+    /// The (at most [`LISTED_STREAMS`]) streams whose arenas hold the most free memory, most first.
     pub streams: Vec<StreamUsage>,
     /// Streams holding free memory that [`PoolUsage::streams`] leaves out.
     pub more_streams: usize,

@@ -1,5 +1,4 @@
-//! Owned streams and events, as RMM's `cuda_stream` and CUDA events (views of a stream are
-//! [`StreamView`]s).
+//! Owned streams and events, as RMM's `cuda_stream` and CUDA events (views: [`StreamView`]).
 
 use crate::backend::{RawEvent, RawStream};
 use crate::device::Device;
@@ -36,7 +35,7 @@ impl Stream {
     /// Waits for all work queued so far.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the stream's work failed or the wait fails.
+    /// [`Error::Driver`](crate::Error::Driver) when the stream's work or the wait fails.
     pub fn synchronize(&self) -> Result<()> {
         synchronize_stream(self.device, self.view())
     }
@@ -81,9 +80,8 @@ impl Drop for Stream {
 /// Waits for all work queued on `stream` of `device`.
 ///
 /// # Errors
-/// [`Error::Driver`](crate::Error::Driver) when the stream's work failed or the wait fails
-/// ([`Error::InvalidArgument`](crate::Error::InvalidArgument) on the simulated device for a stream
-/// already destroyed).
+/// [`Error::Driver`](crate::Error::Driver) when the stream's work or the wait fails; the simulated
+/// device's [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a destroyed stream.
 pub fn synchronize_stream(device: Device, stream: StreamView) -> Result<()> {
     device
         .backend()
@@ -135,7 +133,7 @@ impl Event {
     /// Waits for the captured work.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the captured work failed or the wait fails.
+    /// [`Error::Driver`](crate::Error::Driver) when the captured work or the wait fails.
     pub fn synchronize(&self) -> Result<()> {
         self.device
             .backend()

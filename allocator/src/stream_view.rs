@@ -1,13 +1,11 @@
-//! [`StreamView`]: a stream named by its handle, as RMM's `cuda_stream_view`; what every
-//! stream-ordered call takes. It owns nothing and knows no device, so the device and memory
-//! types below the streams can name it.
+//! [`StreamView`]: a stream named by its handle (RMM's `cuda_stream_view`), taken by stream-ordered
+//! calls; it owns nothing and knows no device, so types below streams can name it.
 
 use std::fmt;
 
 use crate::backend::RawStream;
 
-/// A non-owning, copyable view of a stream (RMM's `cuda_stream_view`). The default is the
-/// device's default stream.
+/// A non-owning, copyable stream view (RMM's `cuda_stream_view`); defaults to the default stream.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct StreamView(RawStream);
 

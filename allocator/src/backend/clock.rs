@@ -1,9 +1,7 @@
-//! The kernel's coarse clocks: the time of the last timer tick (every 1 to 10 ms), cheaper to
-//! read than the precise clocks. This is the system call only; the allocator reads its clocks
-//! through the `sync` module's clock, which calls these.
+//! The kernel's coarse clocks (the last timer tick, every 1 to 10 ms; cheaper than precise ones):
+//! the system call only, read through the `sync` module's clock.
 
-/// Nanoseconds since the Unix epoch, from `CLOCK_REALTIME_COARSE` (elsewhere than Linux, the
-/// precise system clock).
+/// Nanoseconds since the Unix epoch from `CLOCK_REALTIME_COARSE` (off Linux, the precise clock).
 pub fn coarse_realtime_ns() -> u64 {
     #[cfg(target_os = "linux")]
     {
@@ -17,8 +15,7 @@ pub fn coarse_realtime_ns() -> u64 {
     }
 }
 
-/// Nanoseconds of `CLOCK_MONOTONIC_COARSE`, the clock `Instant` reads precisely (elsewhere
-/// than Linux, nanoseconds since the first call).
+/// Nanoseconds of `CLOCK_MONOTONIC_COARSE`, `Instant`'s clock (off Linux, since the first call).
 pub fn coarse_monotonic_ns() -> u64 {
     #[cfg(target_os = "linux")]
     {
@@ -40,9 +37,9 @@ fn read(clock: libc::clockid_t) -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `clock_gettime` writes one `timespec` through the pointer, which points to a
-    // live, writable local; the coarse clocks exist on every supported Linux. On an error
-    // `ts` stays zeroed (a time of 0, which callers treat as "unknown, read precisely").
+    // SAFETY: `clock_gettime` writes one `timespec` through a pointer to a live, writable local;
+    // the coarse clocks exist on every supported Linux. On error `ts` stays zeroed (time 0, which
+    // callers treat as "unknown, read precisely").
     unsafe { libc::clock_gettime(clock, &mut ts) };
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)

@@ -1,7 +1,5 @@
-//! Host memory blocks: pageable (the system allocator) or page-locked (the backend).
-//!
-//! A [`HostBlock`] records how it was made, so freeing it can never use the wrong
-//! deallocator: host resources hand blocks out and take them back without `unsafe`.
+//! Host memory blocks, pageable (system allocator) or page-locked (backend). A [`HostBlock`]
+//! records its origin, so the right deallocator frees it and host resources need no `unsafe`.
 
 use std::alloc::Layout;
 use std::fmt;
@@ -22,8 +20,7 @@ enum Origin {
     Pinned(&'static dyn Backend),
 }
 
-/// An owned block of host memory. Dropping it leaks the memory; give it back to the resource
-/// that made it.
+/// An owned block of host memory; give it back to the resource that made it (dropping it leaks).
 pub struct HostBlock {
     ptr: NonNull<u8>,
     len: usize,
@@ -118,9 +115,8 @@ pub fn alloc_pageable(bytes: usize, alignment: usize) -> Result<HostBlock> {
     })
 }
 
-/// Refuses to pin `bytes` for `resource` when the process may not take that much more host
-/// memory: pinned pages cannot be paged out, so faulting in more than that gets the process
-/// killed rather than an error.
+/// Refuses to pin `bytes` for `resource` beyond the host memory the process may still take: pinned
+/// pages cannot be paged out, so overcommitting gets the process killed instead of an error.
 ///
 /// # Errors
 /// [`Error::HostMemoryLimit`].
@@ -148,7 +144,7 @@ pub fn alloc_pinned(backend: &'static dyn Backend, bytes: usize) -> Result<HostB
     if bytes == 0 {
         return Ok(empty(4096));
     }
-    // Reading the limits costs tens of microseconds, far less than pinning this much takes.
+    // Reading the limits is cheap next to pinning this much.
     if bytes >= CHECKED_PIN {
         check_pinnable(backend, bytes, "PinnedHostMemoryResource")?;
     }
@@ -186,32 +182,28 @@ pub fn free(block: HostBlock) -> Result<()> {
     }
 }
 
-/// Host memory pinned once for reuse: an anonymous mapping (huge pages advised), faulted in on
-/// several threads, then page-locked in chunks with `cuMemHostRegister`, one chunk at a time
-/// (far faster than `cuMemHostAlloc`, which faults and locks page by page inside the
-/// driver). Each chunk is one registration: a copy must not cross from one
-/// chunk into the next (the driver would not see it as one pinned range), so users carve
-/// slices inside a chunk ([`PinnedRegion::chunks`]).
+/// Host memory pinned once for reuse: an anonymous mapping (huge pages advised) faulted in on
+/// several threads, then registered chunk by chunk (`cuMemHostRegister`, far faster than
+/// `cuMemHostAlloc`, which faults and locks page by page in the driver). A copy must not cross
+/// chunks (separate pinned ranges to the driver), so users carve slices inside one
+/// ([`PinnedRegion::chunks`]).
 pub struct PinnedRegion {
     backend: &'static dyn Backend,
     ptr: NonNull<u8>,
     len: usize,
     /// (offset, length) of each registered chunk, in order, covering the region.
     chunks: Vec<(usize, usize)>,
-    /// Live slices of each chunk, or [`RELEASED`] once the chunk went back to the system
-    /// ([`PinnedRegion::release_chunk`]): a chunk goes back only with no slice alive, and no
-    /// slice is carved from it after.
+    /// Live slices per chunk, or [`RELEASED`] once it went back to the system
+    /// ([`PinnedRegion::release_chunk`]), which only a chunk without live slices does.
     live: Vec<AtomicUsize>,
-    /// How long registering its chunks with the driver took (the rest of pinning it was
-    /// mapping and faulting the pages in).
+    /// Time spent registering chunks with the driver (the rest of pinning is mapping and faulting).
     registering: std::time::Duration,
 }
 
 /// [`PinnedRegion::live`] of a chunk given back.
 const RELEASED: usize = usize::MAX;
 
-// SAFETY: the region owns its bytes; shared access goes through `PinnedSlice`s of disjoint
-// ranges, each owned by one holder.
+// SAFETY: the region owns its bytes; shared access is via disjoint, singly held `PinnedSlice`s.
 unsafe impl Send for PinnedRegion {}
 // SAFETY: as above.
 unsafe impl Sync for PinnedRegion {}
@@ -229,9 +221,8 @@ impl PinnedRegion {
     /// Regions are whole multiples of this (2 MiB, a huge page).
     pub const ALIGNMENT: usize = 2 << 20;
 
-    /// Pins `bytes` (rounded up to 2 MiB): faulted in on `threads` threads, then registered
-    /// in chunks of `min_chunk` bytes (rounded up to 2 MiB; one registration each, the last
-    /// chunk possibly shorter).
+    /// Pins `bytes` (rounded up to 2 MiB): faulted in on `threads` threads, then registered in
+    /// chunks of `min_chunk` bytes (rounded up to 2 MiB; the last possibly shorter).
     pub fn new(
         backend: &'static dyn Backend,
         bytes: usize,
@@ -241,9 +232,8 @@ impl PinnedRegion {
         const HUGE: usize = PinnedRegion::ALIGNMENT;
         let len = bytes.max(1).next_multiple_of(HUGE);
         check_pinnable(backend, len, "a pinned host pool")?;
-        // Straight from the kernel: an anonymous mapping is zero-filled by contract, so one
-        // touch per page (below) backs it without writing every byte, and 2 MiB alignment with
-        // MADV_HUGEPAGE lets the kernel back it with huge pages (512× fewer faults).
+        // An anonymous mapping is zero-filled, so one touch per page (below) backs it; 2 MiB
+        // alignment and MADV_HUGEPAGE let the kernel use huge pages (far fewer faults).
         let mapped = len + HUGE;
         // SAFETY: a private anonymous mapping of our own; the kernel chooses the address.
         let base = unsafe {
@@ -265,8 +255,8 @@ impl PinnedRegion {
         let start = (base as usize).next_multiple_of(HUGE);
         let head = start - base as usize;
         let tail = mapped - head - len;
-        // SAFETY: the unaligned head and tail lie inside the mapping just made and nothing
-        // refers to them; a failure would only leave them mapped.
+        // SAFETY: the unaligned head and tail lie inside the mapping just made and nothing refers
+        // to them; a failure only leaves them mapped.
         unsafe {
             if head > 0 {
                 libc::munmap(base, head);
@@ -284,16 +274,14 @@ impl PinnedRegion {
             });
         };
         let base = ptr.as_ptr() as usize;
-        // Fault every page in, one thread per part, before the driver locks them: one write
-        // of a zero per 4 KiB page (the pages are zero already, so nothing changes). Faulting
-        // scales with threads and leaves the driver alone. A thread that cannot be started
-        // leaves its part to this one: slower, never a panic.
+        // Fault every page in, one thread per part, before the driver locks them: a zero written
+        // per 4 KiB page (already zero, so nothing changes). Faulting scales with threads and keeps
+        // the driver out. A thread that cannot start leaves its part to this one.
         let threads = threads.max(1);
         let part = len.div_ceil(threads).next_multiple_of(HUGE).min(len);
         let touch = move |o: usize, l: usize| {
             for page in (o..o + l).step_by(4096) {
-                // SAFETY: each thread writes inside its own disjoint part of the mapping;
-                // volatile so that the write is not elided.
+                // SAFETY: each thread writes its own part of the mapping; volatile, so not elided.
                 unsafe { std::ptr::write_volatile((base + page) as *mut u8, 0) };
             }
         };
@@ -308,18 +296,16 @@ impl PinnedRegion {
                 }
             }
         });
-        // Register in chunks of `min_chunk`, one after another on this thread: the driver
-        // holds a lock that stalls the process's other driver calls (copies, launches) for
-        // as long as one registration runs, so registrations in parallel or of large chunks
-        // stall them for longer, and gain nothing once the pages are faulted in.
+        // Register chunks one after another on this thread: while a registration runs, a driver
+        // lock stalls the process's other driver calls (copies, launches), so parallel or larger
+        // registrations stall them longer and gain nothing once the pages are faulted in.
         let chunk = min_chunk.max(HUGE).next_multiple_of(HUGE).min(len);
         let registering = std::time::Instant::now();
         let mut registered = Vec::new();
         let mut first_error = None;
         for o in (0..len).step_by(chunk) {
             let l = chunk.min(len - o);
-            // SAFETY: the chunk lies inside the live allocation, which outlives the
-            // registration (unregistered in drop, before deallocation).
+            // SAFETY: in the live mapping, which outlives the registration (undone first in drop).
             match unsafe { backend.host_register((base + o) as *mut u8, l) } {
                 Ok(()) => registered.push((o, l)),
                 Err(e) => {
@@ -348,7 +334,7 @@ impl PinnedRegion {
         self.len
     }
 
-    /// How long registering it with the driver took, of the time pinning it took.
+    /// Time spent registering with the driver, part of the time pinning took.
     pub fn registering_time(&self) -> std::time::Duration {
         self.registering
     }
@@ -370,8 +356,8 @@ impl PinnedRegion {
             .min(self.chunks.len().saturating_sub(1))
     }
 
-    /// Gives chunk `index` back to the system now (unregistered and unmapped), unless a slice
-    /// of it is alive: true when it went back. No slice can be carved from it afterwards.
+    /// Gives chunk `index` back to the system now (unregistered and unmapped) unless a slice of it
+    /// is alive; true when it went back. No slice can be carved from it afterwards.
     pub fn release_chunk(&self, index: usize) -> bool {
         let Some(live) = self.live.get(index) else {
             return false;
@@ -383,8 +369,8 @@ impl PinnedRegion {
             return false;
         }
         let (o, l) = self.chunks[index];
-        // SAFETY: the chunk was registered by `new` and has no live slice (checked above),
-        // and none can be carved from it now: nothing refers to its bytes.
+        // SAFETY: the chunk was registered by `new`, has no live slice (checked above) and none can
+        // be carved now: nothing refers to its bytes.
         if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
             tracing::error!("unregistering pinned host memory: {e}");
         }
@@ -405,12 +391,10 @@ impl PinnedRegion {
 
 impl Drop for PinnedRegion {
     fn drop(&mut self) {
-        // Only what is still ours is unmapped: a chunk released earlier went back to the
-        // system, and the kernel may have mapped something else at its addresses since (a
+        // Unmap only what is still ours: the kernel may have reused a released chunk's addresses (a
         // thread's stack, another region), which unmapping the whole region would destroy.
         let unmap = |o: usize, l: usize| {
-            // SAFETY: `o..o + l` lies inside the mapping made in `new` and was not unmapped
-            // before (released chunks are skipped); nothing uses it now.
+            // SAFETY: in `new`'s mapping, not yet unmapped (released chunks are skipped), unused.
             if unsafe { libc::munmap(self.addr(o).cast(), l) } != 0 {
                 tracing::error!("unmapping {l} bytes of pinned host memory failed");
             }
@@ -419,8 +403,7 @@ impl Drop for PinnedRegion {
             if self.is_released(i) {
                 continue;
             }
-            // SAFETY: this chunk was registered by `new`; no slice outlives the region (each
-            // holds an `Arc` of it), so no copy uses it.
+            // SAFETY: registered by `new`; slices hold the region's `Arc`, so no copy uses it now.
             if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
                 tracing::error!("unregistering pinned host memory: {e}");
             }
@@ -438,8 +421,8 @@ impl Drop for PinnedRegion {
 pub trait SliceOwner: Send + Sync {
     /// `offset..offset + len` of `region` is free again.
     fn give_back(&self, region: &PinnedRegion, offset: usize, len: usize);
-    /// `delta` more (or, negative, fewer) bytes of its slices are reclaimable: held as a
-    /// copy that can be dropped rather than as data ([`PinnedSlice::set_reclaimable`]).
+    /// `delta` more (negative: fewer) bytes of its slices hold a droppable copy rather than data
+    /// ([`PinnedSlice::set_reclaimable`]).
     fn reclaimable(&self, _delta: isize) {}
 }
 
@@ -465,8 +448,8 @@ impl fmt::Debug for PinnedSlice {
 }
 
 impl PinnedSlice {
-    /// A slice of `region`; `owner` must hand each range of it to one slice at a time, inside
-    /// one chunk. `None` when that chunk went back to the system.
+    /// A slice of `region`; `owner` hands each range to one slice at a time, inside one chunk.
+    /// `None` when that chunk went back to the system.
     pub(crate) fn carve(
         region: std::sync::Arc<PinnedRegion>,
         owner: std::sync::Arc<dyn SliceOwner>,
@@ -490,9 +473,8 @@ impl PinnedSlice {
         })
     }
 
-    /// Tells its owner whether the slice holds a copy that can be dropped to make room
-    /// (`true`) or data (`false`): a pool counts reclaimable bytes as room when deciding to
-    /// pin more.
+    /// Tells its owner whether the slice holds a droppable copy (`true`) or data (`false`); a pool
+    /// counts reclaimable bytes as room when deciding to pin more.
     pub fn set_reclaimable(&mut self, on: bool) {
         if self.reclaimable != on {
             self.reclaimable = on;
@@ -523,8 +505,7 @@ impl PinnedSlice {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the range lies in the live region (held by the Arc), was zeroed or written,
-        // and belongs to this slice alone.
+        // SAFETY: the range is in the live region (the Arc), initialized, and this slice's alone.
         unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
     }
 
@@ -559,10 +540,8 @@ mod tests {
         let (o, l) = region.chunks()[1];
         let at = region.addr(o);
         assert!(region.release_chunk(1));
-        // The kernel may map something else there once the chunk went back (a thread's
-        // stack, another region); here that mapping is made on purpose.
-        // SAFETY: a new private anonymous mapping at addresses nothing maps now (the chunk
-        // was unmapped; MAP_FIXED_NOREPLACE refuses to replace anything).
+        // The kernel may reuse a released chunk's addresses; map something there on purpose.
+        // SAFETY: a new private anonymous mapping; MAP_FIXED_NOREPLACE replaces nothing.
         let other = unsafe {
             libc::mmap(
                 at.cast(),

@@ -1,9 +1,8 @@
-//! [`HostMemory`]: how much host memory this process may use. Pinned memory cannot be paged
-//! out, so pinning more than the process may use does not fail where it is asked for: the
-//! kernel's out-of-memory killer ends the process while the pages are faulted in. A
-//! container or batch job bounds the process by its cgroup's memory limit (cgroup v2
-//! `memory.max`, v1 `memory.limit_in_bytes`), often far below the machine's physical memory;
-//! both bounds are read here, so that pinning can be refused with an error instead.
+//! [`HostMemory`]: how much host memory this process may use. Pinned memory cannot be paged out, so
+//! over-pinning does not fail where asked: the OOM killer ends the process while the pages are
+//! faulted in. A container or batch job bounds the process by its cgroup's memory limit (v2
+//! `memory.max`, v1 `memory.limit_in_bytes`), often far below physical memory; both bounds are read
+//! here so pinning can be refused with an error instead.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -17,8 +16,8 @@ pub struct CgroupMemory {
     pub limit_file: PathBuf,
     /// The limit in bytes.
     pub limit: u64,
-    /// Bytes the cgroup uses now that cannot be reclaimed at once (its usage less its inactive
-    /// file cache, as container runtimes count a working set).
+    /// Bytes the cgroup uses that cannot be reclaimed at once (usage less inactive file cache, as
+    /// container runtimes count a working set).
     pub used: u64,
 }
 
@@ -29,15 +28,14 @@ pub struct HostMemory {
     pub physical: u64,
     /// Memory the system could give now without swapping (`MemAvailable`).
     pub available_now: u64,
-    /// The tightest memory limit among the process's cgroup and its ancestors, where one is
-    /// set below physical memory.
+    /// The tightest limit of the process's cgroup and its ancestors, if below physical memory.
     pub cgroup: Option<CgroupMemory>,
 }
 
 impl HostMemory {
     /// Reads `/proc/meminfo`, `/proc/self/cgroup` and the cgroup file systems under
-    /// `/sys/fs/cgroup`. What cannot be read is left out (no cgroup limit; physical and
-    /// available memory as `u64::MAX`, so nothing is refused on a system that hides them).
+    /// `/sys/fs/cgroup`. What cannot be read is left out (no cgroup limit; physical and available
+    /// memory `u64::MAX`, so nothing is refused on a system that hides them).
     pub fn read() -> HostMemory {
         Self::read_from(Path::new("/proc"), Path::new("/sys/fs/cgroup"))
     }
@@ -116,8 +114,8 @@ struct Hierarchy {
     inactive_file: &'static str,
 }
 
-/// The tightest memory limit over the process's cgroup and its ancestors, in the v2 unified
-/// hierarchy or the v1 memory hierarchy, as `groups` (`/proc/self/cgroup`) names them.
+/// The tightest memory limit over the process's cgroup and its ancestors, in the v2 unified or v1
+/// memory hierarchy, as `groups` (`/proc/self/cgroup`) names them.
 fn cgroup_limit(groups: &str, root: &Path) -> Option<CgroupMemory> {
     let mut hierarchies = Vec::new();
     for line in groups.lines() {
@@ -149,9 +147,8 @@ fn cgroup_limit(groups: &str, root: &Path) -> Option<CgroupMemory> {
         .min_by_key(|c| c.limit)
 }
 
-/// The lowest limit from `h.dir` up to `root` (inside a container, the process's own cgroup is
-/// the root of the mounted hierarchy, and the path named in `/proc/self/cgroup` may not exist
-/// under it: then the mounted root's files are read).
+/// The lowest limit from `h.dir` up to `root`. In a container the mount's root is the process's
+/// cgroup, and the path `/proc/self/cgroup` names may not exist: then the root's files are read.
 fn tightest(h: &Hierarchy, root: &Path) -> Option<CgroupMemory> {
     let mut best: Option<CgroupMemory> = None;
     let mut dir = Some(h.dir.as_path());

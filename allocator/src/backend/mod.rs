@@ -1,14 +1,10 @@
-//! The device seam: a real NVIDIA GPU through the CUDA driver API ([`CudaBackend`]) or a
-//! simulated device ([`SimBackend`]).
+//! The device seam: a real NVIDIA GPU through the CUDA driver API ([`CudaBackend`]) or a simulated
+//! device ([`SimBackend`]); code above talks to a `&'static dyn Backend`. The process-wide backend
+//! is picked on first use from `RMM_BACKEND` (`cuda`, `sim`, or the default `auto`: the GPU or an
+//! error, never the simulated device unless asked); see [`global`].
 //!
-//! Everything above this module talks to a `&'static dyn Backend` and never learns which one
-//! it is. The process-wide backend is picked on first use from `RMM_BACKEND`
-//! (`cuda`, `sim` or `auto`, the default: the GPU, or an error; the simulated device only
-//! when asked for); see [`global`].
-//!
-//! Device pointers are plain `u64` addresses ([`DevicePtr`]); streams, events and
-//! stream-ordered memory pools are opaque `u64` handles whose meaning belongs to the backend.
-//! Handle `0` is the device's default stream, as in CUDA.
+//! Device pointers are `u64` addresses ([`DevicePtr`]); streams, events and stream-ordered pools
+//! are opaque `u64` backend handles. Handle `0` is the default stream, as in CUDA.
 
 pub(crate) mod clock;
 mod cuda;
@@ -73,9 +69,8 @@ pub type RawMemPool = u64;
 /// Opaque handle of physical device memory made by [`Backend::mem_create`] (`cuMemCreate`).
 pub type RawPhysical = u64;
 
-/// Names device memory that another process of this host may map
-/// ([`Backend::ipc_alloc`], [`Backend::ipc_open`]): CUDA's 64-byte `CUipcMemHandle`, or the
-/// name of the shared file that backs the simulated device's exported memory.
+/// Names device memory another process of this host may map ([`Backend::ipc_alloc`],
+/// [`Backend::ipc_open`]): CUDA's 64-byte `CUipcMemHandle`, or the simulated device's shared file.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpcHandle(pub [u8; 64]);
 
@@ -132,8 +127,7 @@ pub struct DeviceProperties {
     /// Whether the device supports managed memory.
     pub supports_managed_memory: bool,
     /// Whether the device supports CUDA's virtual memory management API
-    /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`: [`Backend::mem_create`],
-    /// [`Backend::mem_map`] and the calls beside them).
+    /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`: [`Backend::mem_create`] etc.).
     pub supports_virtual_memory: bool,
 }
 
@@ -146,21 +140,23 @@ pub struct MemInfo {
     pub total: usize,
 }
 
-/// What every backend provides. All methods name the device explicitly; the backend makes it
-/// current where the driver needs that.
+/// What every backend provides. Methods name the device; the backend makes it current as needed.
 ///
-/// Methods that read or write host memory through raw pointers are `unsafe`: the caller
-/// guarantees the host range is valid for the whole operation (for the `_async` forms, until
-/// the stream reaches the copy). Device pointers are checked by the driver (or the simulator).
+/// Methods reading or writing host memory through raw pointers are `unsafe`: the caller keeps the
+/// host range valid for the operation (for `_async` forms, until the stream reaches it). The driver
+/// (or simulator) checks device pointers.
+///
+/// Errors: a failed driver call is [`Error::Driver`] (`CUDA_ERROR_OUT_OF_MEMORY` for an allocation
+/// that does not fit). The simulated device fails alike, plus [`Error::NoSuchDevice`] or
+/// [`Error::InvalidArgument`] for an unknown device, handle or range, and [`Error::InjectedFault`]
+/// where told to.
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
     /// A one-line description, e.g. `cuda (driver 13.0)` or `sim (2 devices × 24.00 GiB, backed)`.
     fn describe(&self) -> String;
-    /// Whether device memory holds the bytes written to it: true for a GPU and the backed
-    /// simulated device; false for the unbacked simulated device, whose memory is addresses
-    /// only (for "would it fit" questions), so that work that reads its data back can say so
-    /// up front instead of reporting wrong bytes.
+    /// Whether device memory holds written bytes: false only for the unbacked simulated device
+    /// (addresses only, for "would it fit"), so work reading data back can refuse up front.
     fn holds_data(&self) -> bool {
         true
     }
@@ -169,110 +165,88 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Static properties of device `dev`.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn properties(&self, dev: u32) -> Result<DeviceProperties>;
     /// Free and total memory of device `dev`.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_info(&self, dev: u32) -> Result<MemInfo>;
 
-    /// The granularity of [`Backend::mem_create`] and [`Backend::mem_map`] on `dev`: sizes
-    /// and mapping addresses are multiples of it (`cuMemGetAllocationGranularity`, minimum
-    /// granularity, pinned device memory).
+    /// Granularity of [`Backend::mem_create`] sizes and [`Backend::mem_map`] addresses on `dev`
+    /// (`cuMemGetAllocationGranularity`, minimum, pinned device memory).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_granularity(&self, dev: u32) -> Result<usize>;
-    /// Reserves `bytes` (a multiple of the granularity) of virtual address space for `dev`,
-    /// backed by nothing until [`Backend::mem_map`] (`cuMemAddressReserve`).
+    /// Reserves `bytes` (a granularity multiple) of address space on `dev`, unbacked until
+    /// [`Backend::mem_map`] (`cuMemAddressReserve`).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_address_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
-    /// Gives back a range [`Backend::mem_address_reserve`] returned, whole, once nothing in
-    /// it is mapped (`cuMemAddressFree`).
+    /// Frees a whole [`Backend::mem_address_reserve`] range, all unmapped (`cuMemAddressFree`).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
-    /// Allocates `bytes` (a multiple of the granularity) of physical memory on `dev`, not yet
-    /// addressable (`cuMemCreate`, pinned device memory). Counts as device memory in use.
+    /// Allocates `bytes` (a granularity multiple) of unmapped physical memory on `dev`
+    /// (`cuMemCreate`, pinned device memory); counts as device memory in use.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails (`CUDA_ERROR_OUT_OF_MEMORY` when the memory is
-    /// not there; the simulated device reports the same, and [`Error::NoSuchDevice`] for an unknown
-    /// device).
+    /// [`Error::Driver`] (out of memory); see [`Backend`].
     fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical>;
-    /// Releases a handle from [`Backend::mem_create`] (`cuMemRelease`); the memory goes
-    /// back to the device once no mapping of it is left.
+    /// Releases a [`Backend::mem_create`] handle (`cuMemRelease`); freed once unmapped.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()>;
-    /// Maps all of `handle`'s `bytes` at `ptr`, inside a reserved range (`cuMemMap`). The
-    /// range is not accessible until [`Backend::mem_set_access`].
+    /// Maps all `bytes` of `handle` at `ptr` in a reservation (`cuMemMap`); inaccessible until
+    /// [`Backend::mem_set_access`].
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_map(&self, dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()>;
-    /// Unmaps `[ptr, ptr + bytes)`, which covers whole mappings (`cuMemUnmap`). The caller
-    /// makes sure no queued work still uses the range.
+    /// Unmaps `[ptr, ptr + bytes)`, whole mappings (`cuMemUnmap`), once no queued work uses it.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_unmap(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
-    /// Makes the mapped range `[ptr, ptr + bytes)` readable and writable from `dev`
-    /// (`cuMemSetAccess`); the range may span several mappings.
+    /// Makes mapped `[ptr, ptr + bytes)` (maybe several mappings) readable and writable from `dev`
+    /// (`cuMemSetAccess`).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_set_access(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
 
     /// Synchronous device allocation (`cuMemAlloc`). `bytes` > 0.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails (`CUDA_ERROR_OUT_OF_MEMORY` when the memory is
-    /// not there; the simulated device reports the same, and [`Error::NoSuchDevice`] for an unknown
-    /// device).
+    /// [`Error::Driver`] (out of memory); see [`Backend`].
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
     /// Frees what [`Backend::malloc`] or [`Backend::malloc_managed`] returned (`cuMemFree`).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
-    /// Allocates `bytes` of device memory on `dev` that other processes of this host may map
-    /// (`cuMemAlloc` and `cuIpcGetMemHandle`): its address here and the handle that names it.
-    /// Freed with [`ipc_free`](Self::ipc_free) only.
+    /// Allocates `bytes` on `dev` that other processes of this host may map (`cuMemAlloc`,
+    /// `cuIpcGetMemHandle`): address and handle. Free only with [`ipc_free`](Self::ipc_free).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver refuses either call (nothing is kept then); the
-    /// simulated device fails as its allocations do, or when it cannot make the shared file.
+    /// [`Error::Driver`] if either call fails (nothing kept); see [`Backend`].
     fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)>;
-    /// Frees memory from [`ipc_alloc`](Self::ipc_alloc). Processes that mapped it must have
-    /// closed it (their copies from it done) first.
+    /// Frees memory from [`ipc_alloc`](Self::ipc_alloc); importers must have closed it first.
     ///
     /// # Errors
     /// [`Error::Driver`], or [`Error::InvalidPointer`] for memory `ipc_alloc` did not give.
     fn ipc_free(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
-    /// Maps memory that another process exported as `handle` into device `dev`'s context
-    /// (`cuIpcOpenMemHandle`, peer access enabled as needed): its address here and its bytes
-    /// (what the exporter allocated), valid for copies until [`ipc_close`](Self::ipc_close). A
-    /// process cannot open its own handles on a GPU.
+    /// Maps memory another process exported as `handle` into `dev`'s context (`cuIpcOpenMemHandle`,
+    /// with peer access as needed): address and size, valid until [`ipc_close`](Self::ipc_close).
+    /// On a GPU a process cannot open its own handles.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver cannot map it (another host, a GPU this process does
-    /// not see, memory already freed); the simulated device when the shared file is gone.
+    /// [`Error::Driver`] if it cannot be mapped (another host, an invisible GPU, freed memory);
+    /// simulated: the shared file is gone.
     fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)>;
     /// Unmaps memory [`ipc_open`](Self::ipc_open) mapped (`cuIpcCloseMemHandle`).
     ///
@@ -282,43 +256,34 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Managed (unified) allocation attached globally (`cuMemAllocManaged`). `bytes` > 0.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails (`CUDA_ERROR_OUT_OF_MEMORY` when the memory is
-    /// not there; the simulated device reports the same, and [`Error::NoSuchDevice`] for an unknown
-    /// device).
+    /// [`Error::Driver`] (out of memory); see [`Backend`].
     fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
 
-    /// Creates a stream-ordered memory pool on `dev` (`cuMemPoolCreate`), keeping up to
-    /// `release_threshold` bytes cached across synchronizations.
+    /// Creates a stream-ordered pool on `dev` (`cuMemPoolCreate`) caching up to `release_threshold`
+    /// bytes across synchronizations.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails (`CUDA_ERROR_OUT_OF_MEMORY` when the memory is
-    /// not there; the simulated device reports the same, and [`Error::NoSuchDevice`] for an unknown
-    /// device).
+    /// [`Error::Driver`] (out of memory); see [`Backend`].
     fn mem_pool_create(&self, dev: u32, release_threshold: u64) -> Result<RawMemPool>;
     /// Destroys a pool made by [`Backend::mem_pool_create`].
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()>;
     /// Releases cached memory of the pool down to `keep_bytes` (`cuMemPoolTrimTo`).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, keep_bytes: usize) -> Result<()>;
     /// Bytes the pool currently holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64>;
     /// Stream-ordered allocation from `pool` (`cuMemAllocFromPoolAsync`). `bytes` > 0.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails (`CUDA_ERROR_OUT_OF_MEMORY` when the memory is
-    /// not there; the simulated device reports the same, and [`Error::NoSuchDevice`] for an unknown
-    /// device).
+    /// [`Error::Driver`] (out of memory); see [`Backend`].
     fn malloc_async(
         &self,
         dev: u32,
@@ -329,16 +294,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Stream-ordered free (`cuMemFreeAsync`).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()>;
 
-    /// Page-locked host allocation, portable across devices, not write-combined
-    /// (`cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE)`). `bytes` > 0.
+    /// Portable, not write-combined pinned host allocation (`cuMemHostAlloc`). `bytes` > 0.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver cannot pin the memory; the simulated device returns
-    /// [`Error::HostOutOfMemory`] when the host has none.
+    /// [`Error::Driver`]; the simulated device's [`Error::HostOutOfMemory`] when the host has none.
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8>;
     /// Frees what [`Backend::malloc_host`] returned.
     ///
@@ -354,8 +316,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// `[ptr, ptr + bytes)` is a live host allocation that outlives the registration.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver cannot page-lock the range (the simulated device fails the
-    /// same way when a pin is told to fail).
+    /// [`Error::Driver`] when the range cannot be page-locked (or a simulated pin is told to fail).
     unsafe fn host_register(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
     /// Undoes [`Backend::host_register`].
     ///
@@ -363,37 +324,28 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// `ptr` was registered with `host_register` and no copy using it is in flight.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()>;
 
     /// Copies `src` to device memory at `dst` and waits for the copy.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
-    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
-    /// bad range.
+    /// [`Error::Driver`]; see [`Backend`].
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()>;
     /// Copies device memory at `src` into `dst` and waits for the copy.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
-    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
-    /// bad range.
+    /// [`Error::Driver`]; see [`Backend`].
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()>;
     /// Copies `bytes` between device ranges (same or different devices) and waits.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
-    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
-    /// bad range.
+    /// [`Error::Driver`]; see [`Backend`].
     fn memcpy_dtod(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
     /// Sets `bytes` of device memory to `value` and waits.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
-    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
-    /// bad range.
+    /// [`Error::Driver`]; see [`Backend`].
     fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
     /// Enqueues a host → device copy on `stream`.
     ///
@@ -401,9 +353,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// `[src, src + bytes)` stays valid and unchanged until the stream has run the copy.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
-    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
-    /// bad range.
+    /// [`Error::Driver`]; see [`Backend`].
     unsafe fn memcpy_htod_async(
         &self,
         dev: u32,
@@ -415,13 +365,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Enqueues a device → host copy on `stream`.
     ///
     /// # Safety
-    /// `[dst, dst + bytes)` stays valid, and is neither read nor written by the host, until
-    /// the stream has run the copy.
+    /// `[dst, dst + bytes)` stays valid and untouched by the host until the stream ran the copy.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
-    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
-    /// bad range.
+    /// [`Error::Driver`]; see [`Backend`].
     unsafe fn memcpy_dtoh_async(
         &self,
         dev: u32,
@@ -433,9 +380,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Enqueues a device → device copy on `stream`.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
-    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
-    /// bad range.
+    /// [`Error::Driver`]; see [`Backend`].
     fn memcpy_dtod_async(
         &self,
         dev: u32,
@@ -447,9 +392,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Enqueues a memset on `stream`.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; on the simulated device, also
-    /// [`Error::InjectedFault`] when a copy is told to fail, and [`Error::InvalidArgument`] for a
-    /// bad range.
+    /// [`Error::Driver`]; see [`Backend`].
     fn memset_async(
         &self,
         dev: u32,
@@ -459,10 +402,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         stream: RawStream,
     ) -> Result<()>;
 
-    /// The device of the calling thread's current context, where one is current: what
-    /// `cudaGetDevice` reports after `cudaSetDevice` (CuPy's `Device.use()`,
-    /// `torch.cuda.set_device`, Numba's `select_device`). None where no context is current,
-    /// and on the simulated device, which has no contexts.
+    /// The device of the thread's current context (`cudaGetDevice` after `cudaSetDevice`, CuPy's
+    /// `Device.use()`, `torch.cuda.set_device`, ...); None without one, and on the simulated
+    /// device.
     ///
     /// # Errors
     /// [`Error::Driver`] when the driver cannot read the thread's context. None by default.
@@ -473,124 +415,103 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Creates a non-blocking stream on `dev`.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn stream_create(&self, dev: u32) -> Result<RawStream>;
     /// Destroys a stream made by [`Backend::stream_create`] (work already queued completes).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()>;
-    /// Waits until all work queued on `stream` has completed. For the stream's owner: a
-    /// stream this backend already destroyed is an error, never a driver call on its
-    /// dangling handle.
+    /// Waits for all work queued on `stream`. For its owner: a stream this backend destroyed is an
+    /// error, never a driver call on a dangling handle.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()>;
-    /// True when all work queued on `stream` has completed. For the stream's owner; a
-    /// destroyed stream is an error, as for [`Backend::stream_synchronize`].
+    /// True when all work queued on `stream` has completed. For its owner, as
+    /// [`Backend::stream_synchronize`].
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool>;
-    /// As [`Backend::stream_query`], for a caller that does not own `stream` (a pool asking
-    /// about another thread's arena): `None`, without touching the handle, unless the
-    /// backend knows the stream is alive (a default stream, or one it made and has not
-    /// destroyed), and no destroy runs while the query does. A library's own stream (CuPy's,
-    /// PyTorch's) is `None`: it may be gone without the backend knowing.
+    /// As [`Backend::stream_query`], for a caller not owning `stream` (a pool asking about another
+    /// thread's arena): `None`, without touching the handle, unless the backend knows it alive (a
+    /// default stream, or one it made and has not destroyed), with no destroy during the query. A
+    /// library's own stream (CuPy's, PyTorch's) is `None`: it may be gone unknown to the backend.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>>;
-    /// As [`Backend::stream_synchronize`], for a caller that does not own `stream`: false,
-    /// without waiting or touching the handle, unless the backend knows the stream is alive
-    /// (see [`Backend::stream_query_if_alive`]); the caller then waits for the whole device.
+    /// As [`Backend::stream_synchronize`], for a caller not owning `stream`: false, without waiting
+    /// or touching the handle, unless the backend knows it alive (see
+    /// [`Backend::stream_query_if_alive`]); the caller then waits for the whole device.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool>;
     /// Makes later work on `stream` wait until `event` has completed.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()>;
     /// Creates an event without timing.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn event_create(&self, dev: u32) -> Result<RawEvent>;
     /// Destroys an event.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn event_destroy(&self, dev: u32, event: RawEvent) -> Result<()>;
     /// Records `event` at the current end of `stream`.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn event_record(&self, dev: u32, event: RawEvent, stream: RawStream) -> Result<()>;
     /// True when the work captured by the last record of `event` has completed.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn event_query(&self, dev: u32, event: RawEvent) -> Result<bool>;
     /// Waits until the work captured by the last record of `event` has completed.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn event_synchronize(&self, dev: u32, event: RawEvent) -> Result<()>;
     /// Waits until all work on `dev` has completed.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver call fails; the simulated device fails the same way, and
-    /// with [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device or handle.
+    /// [`Error::Driver`]; see [`Backend`].
     fn device_synchronize(&self, dev: u32) -> Result<()>;
-    /// Makes device `dev`'s context current on the calling thread when the thread has none,
-    /// as CUDA's runtime does on a thread's first call. For threads that reach rmm-rs from
-    /// another library without having made a CUDA call: there, a runtime that asks for the
-    /// current device (librmm's `device_buffer` does, for every buffer) takes a slow path on
-    /// each call while no context is current. A thread that has a context keeps it. Checked
-    /// once per thread; nothing on the simulated device.
+    /// Makes `dev`'s context current on a thread without one, as CUDA's runtime does on a thread's
+    /// first call. For threads reaching rmm-rs from another library before any CUDA call: with no
+    /// current context, a runtime asking for the current device (librmm's `device_buffer`, per
+    /// buffer) takes a slow path each time. Checked once per thread; a no-op on the simulated
+    /// device.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver cannot read or set the thread's context;
-    /// [`Error::NoSuchDevice`] for an unknown device. None by default.
+    /// [`Error::Driver`] if the thread's context cannot be read or set; [`Error::NoSuchDevice`].
     fn bind_thread(&self, dev: u32) -> Result<()> {
         let _ = dev;
         Ok(())
     }
-    /// Host memory this process may use ([`HostMemory::read`] by default): what pinning is
-    /// checked against before it starts. The simulated device can be given a smaller host
-    /// ([`SimBackend::limit_host_memory`], `RMM_SIM_HOST_MEMORY`).
+    /// Host memory this process may use ([`HostMemory::read`] by default), checked before pinning;
+    /// the simulated device's can be limited ([`SimBackend::limit_host_memory`]).
     fn host_memory(&self) -> HostMemory {
         HostMemory::read()
     }
-    /// Called before each write to a spill file of device `dev`: a fault-injection point
-    /// (the simulated device fails the N-th write when told to,
-    /// `SimBackend::fail_nth_file_write`); every other backend lets it through.
+    /// Called before each spill-file write of device `dev`: a fault-injection point
+    /// (`SimBackend::fail_nth_file_write`).
     ///
     /// # Errors
-    /// None by default; the simulated device returns [`Error::InjectedFault`] for the write it was
-    /// told to fail.
+    /// None by default; the simulated device's [`Error::InjectedFault`] for the chosen write.
     fn before_file_write(&self, dev: u32) -> Result<()> {
         let _ = dev;
         Ok(())
     }
-    /// The simulated device this backend is, for fault injection at a chosen moment
-    /// ([`SimBackend::fail_nth_allocation`] and the calls beside it); `None` for every other
-    /// backend.
+    /// The simulated device this backend is, for fault injection
+    /// ([`SimBackend::fail_nth_allocation`] etc.); else `None`.
     fn as_sim(&self) -> Option<&SimBackend> {
         None
     }
@@ -601,11 +522,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 pub enum BackendChoice {
     /// The CUDA driver; fails if there is none.
     Cuda,
-    /// The simulated device, configured from the environment ([`SimConfig::from_env`]), with
-    /// the faults the environment asks for ([`SimFaults::from_env`]).
+    /// The simulated device, set up by [`SimConfig::from_env`] and [`SimFaults::from_env`].
     Sim,
     /// Nothing asked for: the GPU, or an error naming what is missing and how to ask for the
-    /// simulated device. A library never serves host memory as device memory unless asked.
+    /// simulated device (host memory never serves as device memory unless asked).
     #[default]
     Auto,
 }
@@ -646,9 +566,8 @@ impl BackendChoice {
         }
     }
 
-    /// The backend a name selects: `cuda` (or `gpu`), `sim` (or `simulated`), `auto` (or
-    /// empty), case-insensitive, surrounding white space ignored; `None` for anything else.
-    /// The one parser of backend names: `RMM_BACKEND` and rmm-config's `backend` key use it.
+    /// The backend a name selects: `cuda` (or `gpu`), `sim` (or `simulated`), `auto` (or empty),
+    /// case-insensitive, trimmed; else `None`. The one parser of backend names.
     pub fn from_name(text: &str) -> Option<Self> {
         match text.trim().to_ascii_lowercase().as_str() {
             "cuda" | "gpu" => Some(BackendChoice::Cuda),
@@ -681,16 +600,12 @@ impl BackendChoice {
     }
 }
 
-/// Builds a backend for `choice`. Each call makes a new one; most code wants [`global`].
-/// `Cuda` and `Auto` both give the GPU; without a driver or a visible device, `Auto` fails
-/// with an error that says how to ask for the simulated device ([`Error::NoDriver`],
-/// [`Error::NoDevice`]): the simulated device is never chosen silently.
+/// Builds a new backend for `choice`; most code wants [`global`]. `Cuda` and `Auto` both give the
+/// GPU; `Auto` without one fails saying how to ask for the simulated device.
 ///
 /// # Errors
-/// [`Error::NoDriver`] (or [`Error::Driver`]) when the driver cannot be loaded;
-/// [`Error::NoDevice`] when `Auto` finds a driver but no device; [`Error::InvalidArgument`]
-/// when the simulated device's `RMM_SIM_*` settings are invalid (its fault injection
-/// included: [`SimFaults::from_env`]).
+/// [`Error::NoDriver`] (or [`Error::Driver`]) if the driver cannot load; [`Error::NoDevice`] if
+/// `Auto` finds no device; [`Error::InvalidArgument`] for bad `RMM_SIM_*` settings.
 pub fn open(choice: BackendChoice) -> Result<&'static dyn Backend> {
     match choice {
         BackendChoice::Cuda => Ok(CudaBackend::load()?),
@@ -725,27 +640,22 @@ pub fn open(choice: BackendChoice) -> Result<&'static dyn Backend> {
 
 static GLOBAL: OnceLock<std::result::Result<&'static dyn Backend, Error>> = OnceLock::new();
 
-/// The process-wide backend, chosen on first use from `RMM_BACKEND`.
-///
-/// The choice is made once; a failure (e.g. `RMM_BACKEND=cuda` with no driver) is returned
-/// to every caller.
+/// The process-wide backend, chosen once, on first use, from `RMM_BACKEND`.
 ///
 /// # Errors
-/// As [`open`]: the error of the first choice, returned to every caller.
+/// As [`open`]: the first choice's error, returned to every caller.
 pub fn global() -> Result<&'static dyn Backend> {
     GLOBAL
         .get_or_init(|| BackendChoice::from_env().and_then(open))
         .clone()
 }
 
-/// The process-wide backend if one has been chosen (by [`global`] or [`install_global`]);
-/// unlike [`global`], never chooses one.
+/// The process-wide backend if one was chosen ([`global`], [`install_global`]); never chooses.
 pub fn installed() -> Option<&'static dyn Backend> {
     GLOBAL.get().and_then(|r| r.as_ref().ok().copied())
 }
 
-/// Installs `backend` as the process-wide backend. Returns the backend already installed
-/// (as an error) if one was chosen before.
+/// Installs `backend` as the process-wide backend.
 ///
 /// # Errors
 /// The backend already installed when one was chosen before (by [`global`] or an earlier call).

@@ -1,22 +1,15 @@
-//! [`PinnedCopy`]: asynchronous copies between device memory and pinned host memory that own
-//! the host memory while they run.
+//! [`PinnedCopy`]: async copies between device and pinned host memory that own the host memory.
 //!
-//! `cuMemcpyDtoHAsync` writes its destination, and `cuMemcpyHtoDAsync` reads its source, when
-//! the stream reaches the copy, not when it is enqueued. The backend's `memcpy_*_async` leave
-//! that to the caller (they are `unsafe`); this type makes it a matter of ownership: the host
-//! memory moves into the copy, an event owned by the copy is recorded behind it, and the
-//! memory comes back only from [`wait`](PinnedCopy::wait), once that event (or, after an error,
-//! the whole stream) has completed. When neither can be established the memory is leaked, so
-//! no copy can ever touch memory that safe code reads, writes or frees. Spilling, the disk
-//! tier and the containers' staging slots all copy through it.
+//! An async copy uses its host memory when the stream reaches it, not when enqueued; the backend's
+//! `unsafe` `memcpy_*_async` leave that to the caller. Here the host memory moves into the copy, an
+//! event is recorded behind it, and [`wait`](PinnedCopy::wait) returns the memory only once that
+//! event (after an error, the whole stream) has completed, else leaks it: no copy ever touches
+//! memory safe code uses. Spilling, the disk tier and container staging copy through it.
 //!
-//! A large copy is not enqueued at once. A copy engine runs the copies queued to it one after
-//! another, whatever their stream, so a small device → host read that a task makes (a
-//! scalar for `bool()` or `.item()`) would wait behind every byte of a spill enqueued before
-//! it. A copy larger than [`WINDOW`] instead keeps at most that much enqueued, in pieces of
-//! [`PIECE`] bytes, and [`wait`](PinnedCopy::wait) enqueues the next piece as each one ends:
-//! the engine stays busy, and other work's copies wait for a window, not for the whole spill.
-//! A smaller copy is enqueued whole, one copy per piece of host memory, as before.
+//! A copy engine runs queued copies in order, whatever their stream, so a small device → host read
+//! (`bool()`, `.item()`) would wait behind a whole spill. A copy larger than [`WINDOW`] keeps at
+//! most that much enqueued, in [`PIECE`]-byte pieces, and [`wait`](PinnedCopy::wait) enqueues more
+//! as pieces end; a smaller one is enqueued whole.
 
 use std::collections::VecDeque;
 
@@ -31,12 +24,10 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// Page-locked host memory at a fixed address for as long as it is owned: what a
-/// [`PinnedCopy`] may copy into or out of. Implemented for the crate's pinned types only.
+/// Page-locked host memory at a fixed address while owned, which a [`PinnedCopy`] may copy into or
+/// out of; sealed to the crate's pinned types.
 pub(crate) trait PinnedMemory: sealed::Sealed + Send {
-    /// Bytes.
     fn byte_len(&self) -> usize;
-    /// The first byte.
     fn start(&mut self) -> *mut u8;
 }
 
@@ -60,25 +51,22 @@ impl PinnedMemory for HostBlock {
     }
 }
 
-/// A failed copy. `memory` and `event` come back when no copy can touch the memory any more;
-/// `None` when that could not be established (the memory was leaked, the event kept with it).
+/// A failed copy. `memory` and `event` come back once no copy can touch the memory; `None` when
+/// that could not be established (the memory leaked, the event with it).
 pub(crate) struct CopyFailed<M> {
-    /// What failed.
     pub(crate) error: Error,
-    /// The host memory, safe to use again; `None` when leaked.
+    /// The host memory, safe to reuse; `None` when leaked.
     pub(crate) memory: Option<Vec<M>>,
-    /// The event, when it is free again.
+    /// The event, when free again.
     pub(crate) event: Option<Event>,
 }
 
-/// The most bytes one copy keeps enqueued ahead of the copy engine (a few milliseconds of
-/// copying at PCIe 5 rates): enough to keep the engine busy through a stall of the enqueuing
-/// thread (the driver is busy pinning, say), little for other work's copies to wait behind.
+/// The most bytes a copy keeps enqueued: enough to keep the engine busy through a stall of the
+/// enqueuing thread (e.g. the driver pinning), little for other copies to wait behind.
 pub const WINDOW: usize = 128 << 20;
 /// The bytes of one enqueued piece of a copy larger than [`WINDOW`].
 pub(crate) const PIECE: usize = 16 << 20;
 
-/// Which way a copy goes.
 #[derive(Clone, Copy)]
 enum Toward {
     Host,
@@ -90,30 +78,27 @@ enum Toward {
 pub(crate) struct PinnedCopy<M: PinnedMemory> {
     device: Device,
     stream: RawStream,
-    /// Recorded behind the last piece once every piece is enqueued (`None` only while being
-    /// taken apart).
+    /// Recorded behind the last piece once all are enqueued (`None` only while taken apart).
     event: Option<Event>,
     memory: Option<Vec<M>>,
     /// The device side and the bytes to copy.
     at: DevicePtr,
     bytes: usize,
     toward: Toward,
-    /// Bytes enqueued so far, and where the next piece starts: (piece of memory, offset in it).
+    /// Bytes enqueued so far; where the next piece starts (piece of memory, offset in it).
     enqueued: usize,
     next: (usize, usize),
-    /// Events recorded behind pieces in flight, with the bytes enqueued up to each (oldest
-    /// first), and events free for reuse.
+    /// Events behind pieces in flight with the bytes enqueued up to each (oldest first); spares.
     marks: VecDeque<(Event, usize)>,
     spare: Vec<Event>,
 }
 
 impl<M: PinnedMemory> PinnedCopy<M> {
-    /// Enqueues copies of the `bytes` device bytes at `src` into `memory` (filled in order) on
-    /// `stream`, and records `event` behind them.
+    /// Enqueues `bytes` device bytes at `src` into `memory` (in order), then records `event`.
     ///
     /// # Errors
-    /// `memory` holds fewer than `bytes` (nothing enqueued), or a driver call failed (the
-    /// memory comes back once the stream is idle).
+    /// `memory` holds fewer than `bytes` (nothing enqueued), or a driver call failed (the memory
+    /// comes back once the stream is idle).
     pub(crate) fn to_host(
         device: Device,
         stream: RawStream,
@@ -125,8 +110,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         PinnedCopy::enqueue(device, stream, event, memory, src, bytes, Toward::Host)
     }
 
-    /// Enqueues copies of the first `bytes` of `memory` (taken in order) to the device bytes
-    /// at `dst` on `stream`, and records `event` behind them.
+    /// Enqueues the first `bytes` of `memory` (in order) to `dst`, then records `event`.
     ///
     /// # Errors
     /// As [`to_host`](Self::to_host).
@@ -141,8 +125,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         PinnedCopy::enqueue(device, stream, event, memory, dst, bytes, Toward::Device)
     }
 
-    /// Enqueues the first [`WINDOW`] bytes of the copies between `memory` and the `bytes`
-    /// device bytes at `at` (all of them, and the event behind them, when they fit).
+    /// Enqueues up to [`WINDOW`] bytes of the copies (all, and the event, when they fit).
     fn enqueue(
         device: Device,
         stream: RawStream,
@@ -179,24 +162,23 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         }
     }
 
-    /// True for a copy larger than the window: enqueued in pieces as earlier ones end.
+    /// A copy larger than the window is enqueued in pieces as earlier ones end.
     fn is_windowed(&self) -> bool {
         self.bytes > WINDOW
     }
 
-    /// True once every piece is enqueued and the event recorded behind the last.
+    /// Every piece enqueued, and the event recorded behind the last.
     fn all_enqueued(&self) -> bool {
         self.enqueued == self.bytes
     }
 
-    /// Enqueues pieces until `through` bytes (or all) are enqueued. The copy's own event is
-    /// recorded behind the last piece, and for a copy larger than the window a mark behind
-    /// each of the others.
+    /// Enqueues pieces through byte `through` (or all), recording the copy's event behind the last
+    /// piece and, for a windowed copy, a mark behind each other.
     fn enqueue_through(&mut self, through: usize) -> Result<()> {
         let (b, d) = (self.device.backend(), self.device.ordinal());
         let stream = self.stream;
         let through = through.min(self.bytes);
-        // A copy that fits in the window goes whole, a copy per piece of memory.
+        // A copy that fits the window goes whole, one copy per piece of memory.
         let piece = if self.is_windowed() {
             PIECE
         } else {
@@ -208,7 +190,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         }
         while self.enqueued < through {
             let Some(memory) = self.memory.as_mut() else {
-                // Only a copy being taken apart has no memory: nothing more can be enqueued.
+                // Only a copy being taken apart has no memory.
                 return Err(Error::invalid_argument(
                     "pinned copy",
                     "without its host memory",
@@ -232,12 +214,10 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                 continue;
             }
             let device_side = self.at.offset(self.enqueued);
-            // SAFETY: `m` is pinned memory of at least `off + n` bytes that stays at its
-            // address while owned. It is owned by this `PinnedCopy` (or the `CopyFailed`),
-            // which hands it back only after the events recorded behind its pieces, or the
-            // whole stream, have completed, and leaks it when neither can be established;
-            // until then no host code can reach it, so the copy alone reads or writes it. The
-            // device range is the caller's.
+            // SAFETY: `m` is pinned memory of at least `off + n` bytes, at a fixed address while
+            // owned. This `PinnedCopy` (or the `CopyFailed`) owns it and hands it back only after
+            // the events behind its pieces, or the whole stream, have completed, leaking it
+            // otherwise; until then only the copy accesses it. The device range is the caller's.
             unsafe {
                 let host = m.start().add(off);
                 match self.toward {
@@ -265,7 +245,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                 None => Ok(()),
             };
         }
-        // A copy within the window is enqueued whole at once: nothing waits for its pieces.
+        // A copy within the window is enqueued whole: nothing waits for its pieces.
         if !self.is_windowed() {
             return Ok(());
         }
@@ -300,8 +280,8 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         }
     }
 
-    /// Makes later work on `stream` wait for the copies (on the device; the host does not
-    /// block). For copies enqueued whole: of at most [`WINDOW`] bytes.
+    /// Makes later work on `stream` wait for the copies on the device, without blocking the host;
+    /// only for copies enqueued whole (at most [`WINDOW`] bytes).
     ///
     /// # Errors
     /// The driver call failed, or part of the copy is not enqueued yet.
@@ -319,12 +299,11 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         }
     }
 
-    /// Waits for the copies, enqueuing the rest of a large one as its pieces end; the host
-    /// memory and the event come back.
+    /// Waits for the copies (enqueuing the rest as pieces end); returns the memory and the event.
     ///
     /// # Errors
-    /// Enqueuing or waiting failed: the memory comes back if the stream could be waited for
-    /// instead, and is leaked otherwise (see [`CopyFailed`]).
+    /// Enqueuing or waiting failed: the memory comes back if the whole stream could be waited for
+    /// instead, else it is leaked (see [`CopyFailed`]).
     pub(crate) fn wait(mut self) -> std::result::Result<(Vec<M>, Event), Box<CopyFailed<M>>> {
         let mut waited = Ok(());
         while waited.is_ok() && !self.all_enqueued() {
@@ -354,8 +333,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         }
     }
 
-    /// After `error`, waits for the whole stream; gives the memory back if that worked, leaks
-    /// it otherwise.
+    /// After `error`, waits for the stream: gives the memory back if that works, else leaks it.
     fn settle_after(mut self, error: Error) -> Box<CopyFailed<M>> {
         let (b, d) = (self.device.backend(), self.device.ordinal());
         match b.stream_synchronize(d, self.stream) {
@@ -385,7 +363,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         if let Some(m) = self.memory.take() {
             std::mem::forget(m);
         }
-        // The events may still be pending on the stream: they go with the memory.
+        // Pending events go with the memory.
         if let Some(e) = self.event.take() {
             std::mem::forget(e);
         }
@@ -455,8 +433,8 @@ mod tests {
             .unwrap()
     }
 
-    /// Drops `copy` while another thread opens `gate` 30 ms later, and checks the drop
-    /// returned (its memory freed) only after the gate opened and the copies could run.
+    /// Drops `copy` while another thread opens `gate` 30 ms later; checks the drop returned (memory
+    /// freed) only after the gate opened and the copies ran.
     fn drop_opening_the_gate_later(copy: PinnedCopy<HostBlock>, gate: crate::backend::StreamGate) {
         let opened = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = std::sync::Arc::clone(&opened);

@@ -1,13 +1,11 @@
-//! Which stream handles a backend made, and which of those it has destroyed.
+//! Which stream handles a backend made, and which of those it destroyed.
 //!
-//! A stream handle is a pointer into the driver: once the stream is destroyed, querying or
-//! waiting on it makes the driver read freed memory (a SIGSEGV, seen on an H200 when a pool
-//! queried the stream of a thread that had just finished). Pools keep an arena per stream
-//! and, on their slow paths, wait for or query streams of *other* threads, which may be
-//! destroyed at that very moment, or may be a library's own stream (CuPy's, PyTorch's) that
-//! the backend never saw. The registry makes the check and the driver call one step:
-//! destroying takes the write lock, asking about a stream the read lock, so no stream is
-//! destroyed between "it is alive" and the call that relies on it.
+//! A stream handle points into the driver: querying or waiting on a destroyed stream makes the
+//! driver read freed memory (a SIGSEGV). Pools keep an arena per stream and on slow paths query or
+//! wait for *other* threads' streams, which may be being destroyed, or be a library's own (CuPy's,
+//! PyTorch's) the backend never saw. The registry makes the check and the driver call one step:
+//! destroying takes the write lock, asking about a stream the read lock, so no stream is destroyed
+//! between "it is alive" and the call relying on it.
 
 use std::collections::HashSet;
 
@@ -16,13 +14,11 @@ use parking_lot::RwLock;
 use super::RawStream;
 use crate::error::{Error, Result};
 
-/// Handles below this are the driver's default streams (0: the context's default stream,
-/// 1: the legacy default stream, 2: the per-thread default stream), which are never
-/// destroyed.
+/// Handles below this are the driver's never-destroyed default streams (0: the context's, 1: the
+/// legacy, 2: the per-thread default stream).
 const DEFAULT_STREAMS: RawStream = 3;
 
-/// Streams a backend made (and has not destroyed) and streams it destroyed (whose handles
-/// the driver has not handed out again).
+/// Streams a backend made and has not destroyed, and destroyed ones whose handles are not reused.
 #[derive(Debug, Default)]
 pub(crate) struct StreamRegistry {
     sets: RwLock<Sets>,
@@ -42,8 +38,8 @@ impl StreamRegistry {
         sets.live.insert(stream);
     }
 
-    /// Runs `destroy` (the driver call) with every other use of streams through this
-    /// registry held off, and records the stream as destroyed when it succeeds.
+    /// Runs `destroy` (the driver call) with every other use of streams through this registry held
+    /// off, recording the stream as destroyed on success.
     pub(crate) fn destroy(
         &self,
         stream: RawStream,
@@ -56,9 +52,8 @@ impl StreamRegistry {
         Ok(())
     }
 
-    /// Runs `call` on `stream` unless this backend destroyed it (then an error naming the
-    /// handle, and no driver call). For the stream's owner: a stream the backend did not
-    /// make is the caller's to keep alive.
+    /// Runs `call` on `stream` unless this backend destroyed it (then an error naming the handle,
+    /// no driver call). For the stream's owner, who keeps streams the backend did not make alive.
     pub(crate) fn unless_destroyed<T>(
         &self,
         stream: RawStream,
@@ -75,10 +70,10 @@ impl StreamRegistry {
         call()
     }
 
-    /// Runs `call` on `stream` only when the registry can vouch that it is alive: a default
-    /// stream, or one this backend made and has not destroyed. `None` otherwise (a destroyed
-    /// stream, or a library's own stream, which may be gone without the backend knowing).
-    /// For callers that do not own the stream; `call` must not block (the read lock is held).
+    /// Runs `call` on `stream` only when the registry can vouch it is alive (a default stream, or
+    /// one this backend made and has not destroyed); `None` otherwise (destroyed, or a library's
+    /// own stream, which may be gone unknown to the backend). For callers not owning the stream;
+    /// `call` must not block (the read lock is held).
     pub(crate) fn if_alive<T>(
         &self,
         stream: RawStream,

@@ -12,17 +12,12 @@ use crate::resource::SharedResource;
 use crate::stream::{self, Event};
 use crate::stream_view::StreamView;
 
-/// An owned, untyped, uninitialized device allocation with a size and a capacity
-/// (RMM's `device_buffer`).
+/// An owned, untyped, uninitialized device allocation (RMM's `device_buffer`).
 ///
-/// The memory comes from a [`DeviceMemoryResource`] (by default the current device's) and goes
-/// back to it on drop, on the stream most recently set by [`set_stream`](Self::set_stream),
-/// [`resize`](Self::resize), [`reserve`](Self::reserve) or
-/// [`shrink_to_fit`](Self::shrink_to_fit), with the device that was current at construction
-/// made current again (RMM's rule; see [`construction_device`](Self::construction_device)).
-/// The bytes are
-/// uninitialized until written; the host reads them only by copying them out
-/// ([`to_vec`](Self::to_vec), [`copy_to_host`](Self::copy_to_host)).
+/// The memory comes from a [`DeviceMemoryResource`] (by default the current device's) and goes back
+/// on drop, on the stream last set ([`set_stream`](Self::set_stream) or a reallocating call), with
+/// the [`construction_device`](Self::construction_device) current (RMM's rule). The host reads the
+/// bytes only by copying them out.
 ///
 /// ```
 /// # mod rmm { pub use rmm_allocator as allocator; }
@@ -37,16 +32,14 @@ use crate::stream_view::StreamView;
 /// ```
 ///
 /// # Resource handle
-/// `R` is how the buffer holds its resource (see [`ResourceHandle`]): by default an owning
-/// [`SharedResource`]; `&'a dyn DeviceMemoryResource` (or `&'a ConcreteResource`) borrows it
-/// for the buffer's lifetime and saves the reference counting.
+/// `R` is how the buffer holds its resource ([`ResourceHandle`]): an owning [`SharedResource`] by
+/// default, or a borrow (`&'a dyn DeviceMemoryResource`, `&'a ConcreteResource`) without reference
+/// counting.
 ///
 /// # Threads
-/// `DeviceBuffer` is `Send` and `Sync` whenever its handle is (always for the owning default
-/// and for borrows, since resources are `Send + Sync` by the trait's contract): it owns its
-/// allocation exclusively (like a `Box`) and its other fields are plain values. Shared (`&`)
-/// access only reads the device bytes (copying them out, or into a new buffer); everything
-/// that changes the allocation takes `&mut self`.
+/// `Send` and `Sync` when its handle is (always for the default and borrows, resources being
+/// `Send + Sync`): it owns its allocation like a `Box`, other fields are plain values, and `&self`
+/// only reads device bytes.
 pub struct DeviceBuffer<R: ResourceHandle = SharedResource> {
     ptr: DevicePtr,
     size: usize,
@@ -58,54 +51,38 @@ pub struct DeviceBuffer<R: ResourceHandle = SharedResource> {
 }
 
 impl DeviceBuffer {
-    /// Allocates `size` uninitialized bytes from the current device's resource, in stream
-    /// order on `stream`.
+    /// Allocates `size` uninitialized bytes from the current device's resource, on `stream`.
     ///
     /// # Errors
-    /// Fails with [`Error::OutOfMemory`] when the resource cannot allocate, or with the
-    /// backend's error when no device is available.
+    /// [`Error::OutOfMemory`]; the backend's error when no device is available.
     pub fn new(size: usize, stream: StreamView) -> Result<DeviceBuffer> {
         Self::new_in(size, stream, get_current_device_resource()?)
     }
 
-    /// A buffer holding a copy of `src`, from the current device's resource.
-    ///
-    /// The copy is ordered after the work already queued on `stream`, and has completed when
-    /// this returns, so `src` is borrowed only for the call.
+    /// A copy of `src` from the current device's resource, after `stream`'s queued work.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy fails; the backend's error when the
-    /// current device has no resource.
+    /// [`Error::OutOfMemory`]; [`Error::Driver`] when the copy fails; the backend's error.
     pub fn from_host(src: &[u8], stream: StreamView) -> Result<DeviceBuffer> {
         Self::from_host_in(src, stream, get_current_device_resource()?)
     }
 
-    /// A buffer holding a copy of `size` device bytes at `src`, from the current device's
-    /// resource. The copy is enqueued on `stream` and not waited for.
-    ///
-    /// As in RMM, the caller keeps `src` valid (not freed, not written by other streams)
-    /// until `stream` has run the copy.
+    /// A copy of `size` device bytes at `src` from the current device's resource, enqueued on
+    /// `stream`; as in RMM, `src` stays valid and unwritten until the copy ran.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued; the backend's
-    /// error when the current device has no resource.
+    /// [`Error::OutOfMemory`]; [`Error::Driver`] if enqueuing fails; the backend's error.
     pub fn from_device(src: DevicePtr, size: usize, stream: StreamView) -> Result<DeviceBuffer> {
         Self::from_device_in(src, size, stream, get_current_device_resource()?)
     }
 }
 
 impl<R: ResourceHandle> DeviceBuffer<R> {
-    /// Allocates `size` uninitialized bytes from `resource`, in stream order on `stream`.
-    ///
-    /// Zero bytes allocate nothing (the pointer is null). The deallocation stream is `stream`;
-    /// the thread's current device is recorded, to be made current again when the memory is
-    /// given back.
+    /// Allocates `size` uninitialized bytes (0: a null pointer) from `resource` on `stream`, also
+    /// the deallocation stream, recording the current device to free them on.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) (or the resource's own error) when
-    /// `resource` cannot allocate `size` bytes.
+    /// [`Error::OutOfMemory`] (or the resource's own error).
     #[inline]
     pub fn new_in(size: usize, stream: StreamView, resource: R) -> Result<Self> {
         let construction_device = current_device();
@@ -124,24 +101,20 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         })
     }
 
-    /// A buffer holding a copy of `src`, from `resource`; see
-    /// [`from_host`](DeviceBuffer::from_host).
+    /// As [`from_host`](DeviceBuffer::from_host), from `resource`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy fails.
+    /// [`Error::OutOfMemory`]; [`Error::Driver`] when the copy fails.
     pub fn from_host_in(src: &[u8], stream: StreamView, resource: R) -> Result<Self> {
         let mut buf = Self::new_in(src.len(), stream, resource)?;
         buf.copy_from_host(src, stream)?;
         Ok(buf)
     }
 
-    /// A buffer holding a copy of `size` device bytes at `src`, from `resource`; see
-    /// [`from_device`](DeviceBuffer::from_device).
+    /// As [`from_device`](DeviceBuffer::from_device), from `resource`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued.
+    /// [`Error::OutOfMemory`]; [`Error::Driver`] when the copy cannot be enqueued.
     pub fn from_device_in(
         src: DevicePtr,
         size: usize,
@@ -154,32 +127,22 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         Ok(buf)
     }
 
-    /// A deep copy of the first [`size`](Self::size) bytes (capacity = size), allocated from
-    /// the current device's resource and copied on `stream` (RMM's copy constructor with a
-    /// stream).
-    ///
-    /// See [`deep_copy_in`](Self::deep_copy_in) for the ordering guarantees.
+    /// A deep copy from the current device's resource on `stream` (RMM's copy constructor).
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued; the backend's
-    /// error when the current device has no resource.
+    /// As [`deep_copy_in`](Self::deep_copy_in), or the backend's error.
     pub fn deep_copy(&self, stream: StreamView) -> Result<DeviceBuffer> {
         self.deep_copy_in(stream, get_current_device_resource()?)
     }
 
-    /// A deep copy of the first [`size`](Self::size) bytes (capacity = size), allocated from
-    /// `resource` and copied on `stream`, which must belong to `resource`'s device.
+    /// A deep copy (capacity = size) from `resource` on `stream` (of `resource`'s device).
     ///
-    /// The copy is enqueued, not waited for. It reads this buffer in `stream`'s order: work on
-    /// other streams that writes this buffer must be ordered before it by the caller, as in
-    /// RMM. Unlike RMM, this buffer may be dropped at once: when its deallocation stream is
-    /// not `stream`, that stream is made to wait for the copy first.
+    /// The copy is enqueued and reads in `stream`'s order: as in RMM, the caller orders other
+    /// streams' writes before it. Unlike RMM, this buffer may be dropped at once (its deallocation
+    /// stream waits for the copy).
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy, or the event that orders the
-    /// deallocation stream after it, cannot be enqueued.
+    /// [`Error::OutOfMemory`]; [`Error::Driver`] if the copy or its event cannot be enqueued.
     pub fn deep_copy_in<R2: ResourceHandle>(
         &self,
         stream: StreamView,
@@ -194,8 +157,7 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         Ok(copy)
     }
 
-    /// Makes this buffer's deallocation stream wait for the work queued on `user` so far, so
-    /// that memory a pending copy on `user` reads cannot be given back before it has run.
+    /// Orders deallocation after `user`'s queued work, so no pending copy reads freed memory.
     fn release_after(&self, user: StreamView) -> Result<()> {
         if user == self.stream {
             return Ok(());
@@ -223,10 +185,8 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         self.size == 0
     }
 
-    /// The device address of the first byte (null when nothing is allocated).
-    ///
-    /// Using it on a stream other than [`stream`](Self::stream) needs the usual
-    /// inter-stream ordering (an event), as in RMM.
+    /// The device address of the first byte (null when unallocated); other streams than
+    /// [`stream`](Self::stream) need ordering (an event), as in RMM.
     #[inline]
     pub fn data(&self) -> DevicePtr {
         self.ptr
@@ -238,8 +198,7 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         self.stream
     }
 
-    /// Sets the stream the memory is given back on (until another reallocating call names
-    /// another stream).
+    /// Sets the stream the memory is given back on (until a reallocating call names another).
     #[inline]
     pub fn set_stream(&mut self, stream: StreamView) {
         self.stream = stream;
@@ -251,31 +210,25 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         &self.resource
     }
 
-    /// The device the memory lives on (its resource's device). Copies and events of the
-    /// buffer are issued to it; streams passed to the buffer must belong to it.
+    /// The device the memory is on (its resource's); streams passed to the buffer must be too.
     pub fn device(&self) -> Device {
         self.resource.resource().device()
     }
 
-    /// The ordinal of the device that was the thread's current device when the buffer was
-    /// made; it is made current again while the memory is given back (RMM records the same).
-    /// With the current device's resource (the default) this is [`device`](Self::device).
+    /// The thread's current device at construction (as RMM), current again to free the memory.
     #[inline]
     pub fn construction_device(&self) -> u32 {
         self.construction_device
     }
 
-    /// Sets the size to `new_size` bytes, on `stream` (which also becomes the deallocation
-    /// stream).
+    /// Sets the size to `new_size` bytes on `stream`, which becomes the deallocation stream.
     ///
-    /// Within the capacity only the size changes: nothing is allocated or copied. Beyond it, a
-    /// new allocation of exactly `new_size` bytes is made on `stream`, the old contents are
-    /// copied to it on `stream`, and the old allocation is given back on `stream`. Bytes past
-    /// the old size are uninitialized. On error the buffer is unchanged (apart from its stream).
+    /// Within capacity only the size changes; beyond it, exactly `new_size` bytes are allocated,
+    /// the contents copied and the old allocation freed, all on `stream`. New bytes are
+    /// uninitialized. On error only the stream changes.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when growing past the capacity cannot
-    /// allocate; [`Error::Driver`](crate::Error::Driver) when the copy fails.
+    /// [`Error::OutOfMemory`] when growing cannot allocate; [`Error::Driver`] when the copy fails.
     pub fn resize(&mut self, new_size: usize, stream: StreamView) -> Result<()> {
         self.set_stream(stream);
         if new_size > self.capacity {
@@ -285,13 +238,11 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         Ok(())
     }
 
-    /// Makes the capacity at least `new_capacity` bytes, on `stream` (which also becomes the
-    /// deallocation stream). The size and contents are kept; see [`resize`](Self::resize)
-    /// for how growing works. A capacity already large enough is left alone.
+    /// Makes the capacity at least `new_capacity` bytes on `stream` (the new deallocation stream),
+    /// growing as [`resize`](Self::resize).
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the new allocation fails;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy fails.
+    /// As [`resize`](Self::resize).
     pub fn reserve(&mut self, new_capacity: usize, stream: StreamView) -> Result<()> {
         self.set_stream(stream);
         if new_capacity > self.capacity {
@@ -300,13 +251,11 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         Ok(())
     }
 
-    /// Reallocates to exactly [`size`](Self::size) bytes and copies the contents, on `stream`
-    /// (which also becomes the deallocation stream). Nothing happens when size equals
-    /// capacity. A size of zero gives the allocation back and leaves a null pointer.
+    /// Reallocates to exactly [`size`](Self::size) bytes on `stream`, the new deallocation stream
+    /// (a no-op at capacity; size 0 frees it).
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the new allocation fails;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy fails.
+    /// As [`resize`](Self::resize).
     pub fn shrink_to_fit(&mut self, stream: StreamView) -> Result<()> {
         self.set_stream(stream);
         if self.size != self.capacity {
@@ -315,8 +264,7 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         Ok(())
     }
 
-    /// Moves the first `min(size, new_capacity)` bytes into a fresh allocation of exactly
-    /// `new_capacity` bytes, all on `stream`. On error nothing changes.
+    /// Moves the bytes into a new `new_capacity`-byte allocation on `stream`; unchanged on error.
     fn reallocate(&mut self, new_capacity: usize, stream: StreamView) -> Result<()> {
         let _span = tracing::debug_span!(
             "DeviceBuffer::reallocate",
@@ -350,8 +298,7 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
             return Err(e);
         }
         let (old_ptr, old_capacity) = (self.ptr, self.capacity);
-        // The old allocation goes back on `stream`, behind the copy that reads it. If that
-        // fails the memory is leaked; the resize itself has succeeded.
+        // Old allocation: freed on `stream` behind the copy; a failure leaks it, the resize stands.
         if old_capacity > 0
             && let Err(e) =
                 deallocate_on(self.construction_device, mr, old_ptr, old_capacity, stream)
@@ -371,12 +318,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         Ok(())
     }
 
-    /// Copies `src` into the buffer, ordered after the work queued on `stream`; the copy has
-    /// completed when this returns. `src.len()` must equal [`size`](Self::size).
+    /// Copies `src` into the buffer after the work queued on `stream`; complete on return.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `src.len() != size()`;
-    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
+    /// [`Error::InvalidArgument`] if the lengths differ; [`Error::Driver`] if a sync or copy fails.
     pub fn copy_from_host(&mut self, src: &[u8], stream: StreamView) -> Result<()> {
         self.check_host_len("src.len()", src.len())?;
         if src.is_empty() {
@@ -388,12 +333,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         device.copy_to_device(self.ptr, src)
     }
 
-    /// Copies the buffer into `dst`, ordered after the work queued on `stream`; the copy has
-    /// completed when this returns. `dst.len()` must equal [`size`](Self::size).
+    /// Copies the buffer into `dst` after the work queued on `stream`; complete on return.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `dst.len() != size()`;
-    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
+    /// [`Error::InvalidArgument`] if the lengths differ; [`Error::Driver`] if a sync or copy fails.
     pub fn copy_to_host(&self, dst: &mut [u8], stream: StreamView) -> Result<()> {
         self.check_host_len("dst.len()", dst.len())?;
         if dst.is_empty() {
@@ -407,7 +350,7 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     /// The buffer's bytes, copied to the host after the work queued on `stream`.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when synchronizing `stream` or the copy fails.
+    /// [`Error::Driver`] when synchronizing or the copy fails.
     pub fn to_vec(&self, stream: StreamView) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.size];
         self.copy_to_host(&mut out, stream)?;

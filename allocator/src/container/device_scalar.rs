@@ -12,8 +12,7 @@ use crate::per_device::get_current_device_resource;
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
-/// A single `T` in device memory (RMM's `device_scalar<T>`), stored as a one-element
-/// [`DeviceUVector`], whose rules it follows.
+/// One `T` in device memory (RMM's `device_scalar<T>`), a one-element [`DeviceUVector`].
 ///
 /// ```
 /// # mod rmm { pub use rmm_allocator as allocator; }
@@ -29,11 +28,11 @@ use crate::stream_view::StreamView;
 /// # Ok::<(), rmm::allocator::Error>(())
 /// ```
 ///
-/// `R` is how the scalar holds its resource, as for [`DeviceBuffer`]: an owning
-/// [`SharedResource`] by default, or a borrow (see [`ResourceHandle`]).
+/// `R` is how the scalar holds its resource, as for [`DeviceBuffer`]: an owning [`SharedResource`]
+/// by default, or a borrow (see [`ResourceHandle`]).
 ///
 /// # Threads
-/// `Send` and `Sync` for every `T: Pod`, for the reasons given on [`DeviceUVector`].
+/// `Send` and `Sync` for every `T: Pod`, as [`DeviceUVector`].
 pub struct DeviceScalar<T: Pod, R: ResourceHandle = SharedResource> {
     storage: DeviceUVector<T, R>,
 }
@@ -42,20 +41,15 @@ impl<T: Pod> DeviceScalar<T> {
     /// An uninitialized scalar from the current device's resource, allocated on `stream`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate; the
-    /// backend's error (e.g. [`Error::NoSuchDevice`](crate::Error::NoSuchDevice)) when the current
-    /// device has no resource.
+    /// As [`DeviceUVector::new`].
     pub fn new(stream: StreamView) -> Result<Self> {
         Self::new_in(stream, get_current_device_resource()?)
     }
 
-    /// A scalar from the current device's resource, set to `value` on `stream` without
-    /// waiting (see [`set_value_async`](Self::set_value_async)).
+    /// A scalar from the current device's resource, set to `value` on `stream` without waiting.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the write cannot be enqueued; the backend's
-    /// error when the current device has no resource.
+    /// As [`new`](DeviceScalar::new), or [`set_value_async`](Self::set_value_async).
     pub fn with_value(value: T, stream: StreamView) -> Result<Self> {
         Self::with_value_in(value, stream, get_current_device_resource()?)
     }
@@ -76,30 +70,25 @@ impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
     /// A scalar from `resource`, set to `value` on `stream` without waiting.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the write cannot be enqueued.
+    /// As [`new_in`](Self::new_in), or [`set_value_async`](Self::set_value_async).
     pub fn with_value_in(value: T, stream: StreamView, resource: R) -> Result<Self> {
         let mut scalar = Self::new_in(stream, resource)?;
         scalar.set_value_async(value, stream)?;
         Ok(scalar)
     }
 
-    /// A deep copy from the current device's resource, copied on `stream`; see
-    /// [`DeviceBuffer::deep_copy_in`] for the ordering guarantees.
+    /// A deep copy from the current device's resource, on `stream`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued; the backend's
-    /// error when the current device has no resource.
+    /// As [`DeviceUVector::deep_copy`].
     pub fn deep_copy(&self, stream: StreamView) -> Result<DeviceScalar<T>> {
         self.deep_copy_in(stream, get_current_device_resource()?)
     }
 
-    /// A deep copy from `resource`, copied on `stream` after this scalar's own pending set.
+    /// A deep copy from `resource`, on `stream` after this scalar's pending set.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued.
+    /// As [`DeviceUVector::deep_copy_in`].
     pub fn deep_copy_in<R2: ResourceHandle>(
         &self,
         stream: StreamView,
@@ -110,8 +99,7 @@ impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
         })
     }
 
-    /// The value, copied to the host after the work queued on `stream` (and after this
-    /// scalar's own asynchronous sets). Synchronizes `stream`.
+    /// The value, read after `stream`'s queued work and pending sets (synchronizes `stream`).
     ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when synchronizing `stream` or the copy fails.
@@ -119,22 +107,16 @@ impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
         self.storage.element(0, stream)
     }
 
-    /// Enqueues a write of `value` on `stream` and returns without waiting.
-    ///
-    /// The value is staged in a page-locked slot the scalar owns, so the caller's copy of it
-    /// may be dropped or changed at once (RMM requires it to live until the stream has run the
-    /// copy). All-zero values take the memset fast path. See
-    /// [`DeviceUVector::set_element_async`] for the cost of staging.
+    /// Enqueues a write of `value` on `stream` without waiting, staged as by
+    /// [`DeviceUVector::set_element_async`]: unlike in RMM, the caller's value may change at once.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the copy or memset cannot be enqueued, or the
-    /// staging slot cannot be made.
+    /// [`Error::Driver`](crate::Error::Driver) if the copy, memset or staging slot fails.
     pub fn set_value_async(&mut self, value: T, stream: StreamView) -> Result<()> {
         self.storage.set_element_async(0, value, stream)
     }
 
-    /// Writes `value` after the work queued on `stream`; the write has completed when this
-    /// returns.
+    /// Writes `value` after the work queued on `stream`; complete on return.
     ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when synchronizing `stream` or the copy fails.
@@ -142,7 +124,7 @@ impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
         self.storage.set_element(0, value, stream)
     }
 
-    /// Enqueues a memset of the value to zero bytes on `stream` and returns without waiting.
+    /// Enqueues a memset of the value to zero on `stream` without waiting.
     ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the memset cannot be enqueued.
@@ -180,8 +162,7 @@ impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
         self.storage.device()
     }
 
-    /// Gives up the storage as an untyped one-element [`DeviceBuffer`]; a pending
-    /// asynchronous set is waited for first.
+    /// The storage as an untyped [`DeviceBuffer`], after any pending asynchronous set.
     pub fn release(self) -> DeviceBuffer<R> {
         self.storage.release()
     }

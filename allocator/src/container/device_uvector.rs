@@ -1,5 +1,4 @@
-//! [`DeviceUVector`]: an uninitialized vector of plain-old-data elements, RMM's
-//! `device_uvector<T>`.
+//! [`DeviceUVector`]: an uninitialized vector of plain-old-data values (RMM's `device_uvector<T>`).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -18,11 +17,9 @@ use crate::stream_view::StreamView;
 
 /// An uninitialized vector of `T` in device memory (RMM's `device_uvector<T>`).
 ///
-/// `T` is plain old data ([`bytemuck::Pod`]: `Copy`, no padding, every bit pattern valid), the
-/// Rust counterpart of C++'s "trivially copyable": elements move as bytes. Elements are not
-/// initialized; every operation that allocates, copies or sets takes a stream. Storage is a
-/// [`DeviceBuffer`], so allocation, growth and deallocation follow its rules (the deallocation
-/// stream is the one most recently set; see [`DeviceBuffer`]).
+/// `T` is [`bytemuck::Pod`] (`Copy`, no padding, any bit pattern valid: C++'s "trivially
+/// copyable"), so elements move as bytes. Storage is a [`DeviceBuffer`], with its rules (e.g.
+/// memory goes back on the stream last set).
 ///
 /// ```
 /// # mod rmm { pub use rmm_allocator as allocator; }
@@ -40,46 +37,36 @@ use crate::stream_view::StreamView;
 /// # Ok::<(), rmm::allocator::Error>(())
 /// ```
 ///
-/// `R` is how the vector holds its resource, as for [`DeviceBuffer`]: an owning
-/// [`SharedResource`] by default, or a borrow (see [`ResourceHandle`]).
+/// `R` is how the vector holds its resource, as for [`DeviceBuffer`]: an owning [`SharedResource`]
+/// by default, or a borrow (see [`ResourceHandle`]).
 ///
 /// # Threads
-/// `DeviceUVector<T>` is `Send` and `Sync` for every `T: Pod` (with the default or a borrowed
-/// handle). It never holds a `T` on the host: values are copied in and out as bytes, and a
-/// `Pod` value may be made from bytes on any thread. Its storage is a [`DeviceBuffer`]
-/// (`Send + Sync`), and its staging slot is owned memory plus an event handle, changed only
-/// through `&mut self`; shared access only reads.
+/// `Send` and `Sync` for every `T: Pod`: it holds no `T` on the host (values move as bytes, and a
+/// `Pod` may be made from bytes on any thread), its [`DeviceBuffer`] is `Send + Sync`, and its
+/// staging slot (owned memory, an event) changes only through `&mut self`.
 pub struct DeviceUVector<T: Pod, R: ResourceHandle = SharedResource> {
-    // Declared (and so dropped) before `storage`: dropping the slot waits for a pending
-    // staged copy, so the copy never writes to memory already given back. Boxed: the slot is
-    // made on the first staged set only, and a pointer keeps the vector small to move.
+    // Dropped before `storage`: dropping the slot waits for a pending staged copy, so none writes
+    // to freed memory. Boxed to keep the vector small; made on the first staged set.
     staging: Option<Box<Staging>>,
     storage: DeviceBuffer<R>,
-    // The vector holds no `T` on the host; `fn() -> T` keeps it Send + Sync for any `T`.
+    // `fn() -> T`: no `T` is held on the host, so the vector is Send + Sync for any `T`.
     _element: PhantomData<fn() -> T>,
 }
 
 impl<T: Pod> DeviceUVector<T> {
-    /// Room for `len` uninitialized elements from the current device's resource, allocated
-    /// on `stream`.
+    /// Room for `len` uninitialized elements from the current device's resource, on `stream`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `len` elements overflow
-    /// `usize` bytes; the backend's error (e.g.
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice)) when the current device has no
-    /// resource.
+    /// [`Error::OutOfMemory`]; [`Error::InvalidArgument`] if the bytes overflow; the backend's
+    /// error.
     pub fn new(len: usize, stream: StreamView) -> Result<Self> {
         Self::new_in(len, stream, get_current_device_resource()?)
     }
 
-    /// A vector holding a copy of `src`, from the current device's resource. The copy is
-    /// ordered after the work queued on `stream` and has completed when this returns.
+    /// A copy of `src` from the current device's resource, after `stream`'s queued work.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy fails; the backend's error when the
-    /// current device has no resource.
+    /// [`Error::OutOfMemory`]; [`Error::Driver`] when the copy fails; the backend's error.
     pub fn from_host(src: &[T], stream: StreamView) -> Result<Self> {
         Self::from_host_in(src, stream, get_current_device_resource()?)
     }
@@ -98,19 +85,17 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     /// Room for `len` uninitialized elements from `resource`, allocated on `stream`.
     ///
     /// # Errors
-    /// Fails with [`Error::InvalidArgument`] when `len` elements do not fit in `usize` bytes.
+    /// [`Error::InvalidArgument`] when `len` elements overflow `usize` bytes.
     #[inline]
     pub fn new_in(len: usize, stream: StreamView, resource: R) -> Result<Self> {
         let bytes = Self::bytes_for("len", len)?;
         Ok(Self::wrap(DeviceBuffer::new_in(bytes, stream, resource)?))
     }
 
-    /// A vector holding a copy of `src`, from `resource`; see
-    /// [`from_host`](DeviceUVector::from_host).
+    /// As [`from_host`](DeviceUVector::from_host), from `resource`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy fails.
+    /// [`Error::OutOfMemory`]; [`Error::Driver`] when the copy fails.
     pub fn from_host_in(src: &[T], stream: StreamView, resource: R) -> Result<Self> {
         let storage = DeviceBuffer::from_host_in(bytemuck::cast_slice(src), stream, resource)?;
         Ok(Self::wrap(storage))
@@ -119,8 +104,8 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     /// Takes over `buffer` as a vector of `T` (the inverse of [`release`](Self::release)).
     ///
     /// # Errors
-    /// Fails with [`Error::InvalidArgument`] when the buffer's size or capacity is not a whole
-    /// number of elements; the buffer is then dropped (given back).
+    /// [`Error::InvalidArgument`] when the buffer's size or capacity is not a whole number of
+    /// elements (the buffer is then dropped).
     pub fn from_buffer(buffer: DeviceBuffer<R>) -> Result<Self> {
         for (what, bytes) in [
             ("buffer size", buffer.size()),
@@ -150,23 +135,18 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         }
     }
 
-    /// A deep copy of the elements (capacity = len) from the current device's resource,
-    /// copied on `stream`; see [`DeviceBuffer::deep_copy_in`] for the ordering guarantees.
+    /// A deep copy (capacity = len) from the current device's resource, on `stream`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the resource cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy cannot be enqueued; the backend's
-    /// error when the current device has no resource.
+    /// As [`deep_copy_in`](Self::deep_copy_in), or the backend's error.
     pub fn deep_copy(&self, stream: StreamView) -> Result<DeviceUVector<T>> {
         self.deep_copy_in(stream, get_current_device_resource()?)
     }
 
-    /// A deep copy of the elements (capacity = len) from `resource`, copied on `stream`
-    /// after this vector's own pending asynchronous sets.
+    /// A deep copy (capacity = len) from `resource` on `stream`, after pending asynchronous sets.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when `resource` cannot allocate;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy or its ordering cannot be enqueued.
+    /// [`Error::OutOfMemory`]; [`Error::Driver`] when the copy or its ordering cannot be enqueued.
     pub fn deep_copy_in<R2: ResourceHandle>(
         &self,
         stream: StreamView,
@@ -178,8 +158,7 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         ))
     }
 
-    /// Gives up the storage as an untyped [`DeviceBuffer`] holding the same allocation, size
-    /// and stream (RMM's `release`). A pending asynchronous set is waited for first.
+    /// The storage as an untyped [`DeviceBuffer`] (RMM's `release`), after any pending set.
     pub fn release(mut self) -> DeviceBuffer<R> {
         // Dropping the slot waits for the last staged copy (or leaks the slot if it cannot).
         self.staging = None;
@@ -210,11 +189,10 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         self.storage.data()
     }
 
-    /// The device address of element `index`; [`Error::IndexOutOfRange`] unless
-    /// `index < len()`.
+    /// The device address of element `index`.
     ///
     /// # Errors
-    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when `index >= len()`.
+    /// [`Error::IndexOutOfRange`] when `index >= len()`.
     pub fn element_ptr(&self, index: usize) -> Result<DevicePtr> {
         self.check_index(index)?;
         Ok(self.storage.data().offset(index * Self::ELEMENT))
@@ -226,8 +204,7 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         self.storage.stream()
     }
 
-    /// Sets the stream the memory is given back on (until another reallocating call names
-    /// another stream).
+    /// Sets the stream the memory is given back on (until a reallocating call names another).
     #[inline]
     pub fn set_stream(&mut self, stream: StreamView) {
         self.storage.set_stream(stream);
@@ -245,12 +222,10 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         self.storage.device()
     }
 
-    /// Element `index`, copied to the host after the work queued on `stream` (and after this
-    /// vector's own asynchronous sets). Synchronizes `stream`.
+    /// Element `index`, read after `stream`'s queued work and pending sets (synchronizes `stream`).
     ///
     /// # Errors
-    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when `index >= len()`;
-    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
+    /// [`Error::IndexOutOfRange`] if `index >= len()`; [`Error::Driver`] if a sync or copy fails.
     pub fn element(&self, index: usize, stream: StreamView) -> Result<T> {
         let at = self.element_ptr(index)?;
         self.order_after_sets(stream)?;
@@ -261,30 +236,26 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         Ok(value)
     }
 
-    /// The first element; [`Error::IndexOutOfRange`] when empty. Synchronizes `stream`.
+    /// The first element. Synchronizes `stream`.
     ///
     /// # Errors
-    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when the vector is empty;
-    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
+    /// As [`element`](Self::element) (out of range when empty).
     pub fn front_element(&self, stream: StreamView) -> Result<T> {
         self.element(0, stream)
     }
 
-    /// The last element; [`Error::IndexOutOfRange`] when empty. Synchronizes `stream`.
+    /// The last element. Synchronizes `stream`.
     ///
     /// # Errors
-    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when the vector is empty;
-    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
+    /// As [`element`](Self::element) (out of range when empty).
     pub fn back_element(&self, stream: StreamView) -> Result<T> {
         self.element(self.len().saturating_sub(1), stream)
     }
 
-    /// Writes `value` to element `index` after the work queued on `stream`; the write has
-    /// completed when this returns.
+    /// Writes `value` to element `index` after the work queued on `stream`; complete on return.
     ///
     /// # Errors
-    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when `index >= len()`;
-    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
+    /// As [`element`](Self::element).
     pub fn set_element(&mut self, index: usize, value: T, stream: StreamView) -> Result<()> {
         let at = self.element_ptr(index)?;
         self.order_after_sets(stream)?;
@@ -292,18 +263,15 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         self.device().copy_to_device(at, bytemuck::bytes_of(&value))
     }
 
-    /// Enqueues a write of `value` to element `index` on `stream` and returns without waiting.
+    /// Enqueues a write of `value` to element `index` on `stream` without waiting.
     ///
-    /// Unlike RMM, the value is taken by value and staged in a page-locked slot that the
-    /// vector owns, so nothing the caller holds needs to outlive the copy. An all-zero value
-    /// takes the memset fast path (no staging). The slot holds one value: a second staged set
-    /// waits (on the host) until the first copy has run. The first staged set makes the slot
-    /// (a pinned allocation and an event), which is slow; later ones reuse it.
+    /// Unlike RMM, `value` is taken by value and staged in a page-locked slot the vector owns, so
+    /// nothing of the caller's must outlive the copy. An all-zero value is a memset instead. The
+    /// slot holds one value: a second staged set waits on the host for the first copy. The first
+    /// staged set makes the slot (pinned memory and an event), which is slow.
     ///
     /// # Errors
-    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when `index >= len()`;
-    /// [`Error::Driver`](crate::Error::Driver) when the copy or memset cannot be enqueued, or the
-    /// staging slot (pinned memory and an event) cannot be made.
+    /// [`Error::IndexOutOfRange`] if `index >= len()`; [`Error::Driver`] if enqueuing fails.
     pub fn set_element_async(&mut self, index: usize, value: T, stream: StreamView) -> Result<()> {
         let at = self.element_ptr(index)?;
         let bytes = bytemuck::bytes_of(&value);
@@ -319,61 +287,50 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         staging.upload(bytes, at, stream)
     }
 
-    /// Enqueues a memset of element `index` to zero bytes on `stream` and returns without
-    /// waiting.
+    /// Enqueues a memset of element `index` to zero on `stream` without waiting.
     ///
     /// # Errors
-    /// [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange) when `index >= len()`;
-    /// [`Error::Driver`](crate::Error::Driver) when the memset cannot be enqueued.
+    /// [`Error::IndexOutOfRange`] unless `index < len()`; [`Error::Driver`] if the memset fails.
     pub fn set_element_to_zero_async(&mut self, index: usize, stream: StreamView) -> Result<()> {
         let at = self.element_ptr(index)?;
         self.order_after_sets(stream)?;
         self.device().memset_async(at, 0, Self::ELEMENT, stream)
     }
 
-    /// Sets the length to `new_len` elements on `stream`; see [`DeviceBuffer::resize`]
-    /// (within capacity nothing is allocated or copied; new elements are uninitialized).
+    /// Sets the length to `new_len` elements on `stream`, as [`DeviceBuffer::resize`] (within
+    /// capacity nothing is allocated or copied; new elements are uninitialized).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `new_len` elements overflow
-    /// `usize` bytes; otherwise as [`DeviceBuffer::resize`]
-    /// ([`Error::OutOfMemory`](crate::Error::OutOfMemory) when growing cannot allocate).
+    /// [`Error::InvalidArgument`] if the bytes overflow `usize`; else as [`DeviceBuffer::resize`].
     pub fn resize(&mut self, new_len: usize, stream: StreamView) -> Result<()> {
         let bytes = Self::bytes_for("new_len", new_len)?;
         self.order_after_sets(stream)?;
         self.storage.resize(bytes, stream)
     }
 
-    /// Makes the capacity at least `new_capacity` elements on `stream`; see
-    /// [`DeviceBuffer::reserve`].
+    /// Makes the capacity at least `new_capacity` elements, as [`DeviceBuffer::reserve`].
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `new_capacity` elements
-    /// overflow `usize` bytes; otherwise as [`DeviceBuffer::reserve`]
-    /// ([`Error::OutOfMemory`](crate::Error::OutOfMemory) when growing cannot allocate).
+    /// [`Error::InvalidArgument`] if the bytes overflow `usize`; else as [`DeviceBuffer::reserve`].
     pub fn reserve(&mut self, new_capacity: usize, stream: StreamView) -> Result<()> {
         let bytes = Self::bytes_for("new_capacity", new_capacity)?;
         self.order_after_sets(stream)?;
         self.storage.reserve(bytes, stream)
     }
 
-    /// Reallocates to exactly `len()` elements and copies them on `stream`; see
-    /// [`DeviceBuffer::shrink_to_fit`].
+    /// Reallocates to exactly `len()` elements, as [`DeviceBuffer::shrink_to_fit`].
     ///
     /// # Errors
-    /// As [`DeviceBuffer::shrink_to_fit`]: [`Error::OutOfMemory`](crate::Error::OutOfMemory) when
-    /// the new allocation fails, [`Error::Driver`](crate::Error::Driver) when the copy fails.
+    /// As [`DeviceBuffer::shrink_to_fit`].
     pub fn shrink_to_fit(&mut self, stream: StreamView) -> Result<()> {
         self.order_after_sets(stream)?;
         self.storage.shrink_to_fit(stream)
     }
 
-    /// Copies `src` into the vector after the work queued on `stream`; the copy has completed
-    /// when this returns. `src.len()` must equal [`len`](Self::len).
+    /// Copies `src` into the vector after the work queued on `stream`; complete on return.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `src.len() != len()`;
-    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
+    /// [`Error::InvalidArgument`] if the lengths differ; [`Error::Driver`] if a sync or copy fails.
     pub fn copy_from_host(&mut self, src: &[T], stream: StreamView) -> Result<()> {
         self.check_host_len("src.len()", src.len())?;
         self.order_after_sets(stream)?;
@@ -381,12 +338,10 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
             .copy_from_host(bytemuck::cast_slice(src), stream)
     }
 
-    /// Copies the vector into `dst` after the work queued on `stream`; the copy has completed
-    /// when this returns. `dst.len()` must equal [`len`](Self::len).
+    /// Copies the vector into `dst` after the work queued on `stream`; complete on return.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `dst.len() != len()`;
-    /// [`Error::Driver`](crate::Error::Driver) when synchronizing or the copy fails.
+    /// [`Error::InvalidArgument`] if the lengths differ; [`Error::Driver`] if a sync or copy fails.
     pub fn copy_to_host(&self, dst: &mut [T], stream: StreamView) -> Result<()> {
         self.check_host_len("dst.len()", dst.len())?;
         self.order_after_sets(stream)?;
@@ -397,7 +352,7 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     /// The elements, copied to the host after the work queued on `stream`.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when synchronizing `stream` or the copy fails.
+    /// [`Error::Driver`] when synchronizing or the copy fails.
     pub fn to_vec(&self, stream: StreamView) -> Result<Vec<T>> {
         let mut out = vec![T::zeroed(); self.len()];
         self.copy_to_host(&mut out, stream)?;

@@ -1,5 +1,5 @@
-//! RAII device containers, as RMM's `device_buffer`, `device_uvector<T>` and `device_scalar<T>`:
-//! their semantics and costs are on the crate page (`# Containers`), where they are exported.
+//! RAII device containers, as RMM's `device_buffer`, `device_uvector<T>` and `device_scalar<T>`;
+//! their semantics are on the crate page (`# Containers`).
 
 mod device_buffer;
 mod device_scalar;
@@ -20,13 +20,12 @@ use crate::stream_view::StreamView;
 
 /// How a container holds its memory resource.
 ///
-/// * [`SharedResource`](crate::resource::SharedResource) (`Arc<dyn DeviceMemoryResource>`,
-///   the default type parameter): the container owns a reference, so the resource lives at
-///   least as long as the container. Costs one reference-count increment and decrement per
-///   container (two atomic operations).
-/// * `&'a R` or `&'a dyn DeviceMemoryResource`: the container borrows the resource, as RMM's
-///   non-owning `device_async_resource_ref` does, but with the lifetime checked by the
-///   compiler. No reference counting; with a concrete `R`, calls are statically dispatched.
+/// * [`SharedResource`](crate::resource::SharedResource) (`Arc<dyn DeviceMemoryResource>`, the
+///   default): owning, so the resource lives at least as long as the container; one reference-count
+///   increment and decrement (two atomic operations) per container.
+/// * `&'a R` or `&'a dyn DeviceMemoryResource`: a borrow, like RMM's non-owning
+///   `device_async_resource_ref` but with the lifetime checked by the compiler; no reference
+///   counting, and static dispatch with a concrete `R`.
 /// * `Arc<R>` for a concrete `R`: owning, statically dispatched.
 pub trait ResourceHandle {
     /// The resource type the handle leads to.
@@ -54,10 +53,8 @@ impl<R: DeviceMemoryResource + ?Sized> ResourceHandle for &R {
     }
 }
 
-/// Gives `ptr` back to `resource` on `stream` with device `ordinal` made the thread's current
-/// device (RMM's `cuda_set_device_raii` around the deallocation).
-///
-/// The fast path, where `ordinal` is already current, is one thread-local read.
+/// Gives `ptr` back to `resource` on `stream` with device `ordinal` current (RMM's
+/// `cuda_set_device_raii` around the deallocation); one thread-local read when it already is.
 #[inline]
 pub(crate) fn deallocate_on<M: DeviceMemoryResource + ?Sized>(
     ordinal: u32,
@@ -82,8 +79,8 @@ fn deallocate_switching<M: DeviceMemoryResource + ?Sized>(
 ) -> Result<()> {
     match with_device(ordinal, || resource.deallocate(ptr, bytes, stream)) {
         Ok(result) => result,
-        // The device cannot be made current (the process-wide backend failed to start): give
-        // the memory back without switching. `with_device` did not run the closure.
+        // The device cannot be made current (the process-wide backend failed to start) and the
+        // closure did not run: give the memory back without switching.
         Err(_) => resource.deallocate(ptr, bytes, stream),
     }
 }

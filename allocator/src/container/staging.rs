@@ -1,11 +1,6 @@
-//! A page-locked staging slot for asynchronous host → device copies of small values.
-//!
-//! `cuMemcpyHtoDAsync` reads its source when the stream reaches the copy, not when it is
-//! enqueued. RMM leaves the source's lifetime to the caller; here the container owns the
-//! source: the value is copied into a pinned slot, and the slot moves into a
-//! [`PinnedCopy`], which holds it until the copy is known to be complete (and leaks it when
-//! that cannot be established), so a queued copy can never read memory that is rewritten or
-//! freed.
+//! A page-locked staging slot for asynchronous host → device copies of small values. RMM leaves the
+//! source's lifetime to the caller; here the value is copied into a pinned slot that moves into a
+//! [`PinnedCopy`], which holds it until the copy is known complete (leaking it otherwise).
 
 use crate::backend::DevicePtr;
 use crate::backend::host::HostBlock;
@@ -17,14 +12,13 @@ use crate::resource::PinnedHostMemoryResource;
 use crate::stream::Event;
 use crate::stream_view::StreamView;
 
-/// The slot and what may use it.
 #[derive(Default)]
 enum Slot {
     /// No copy reads the slot.
     Idle(HostBlock, Event),
     /// The last copy from the slot may still be running.
     InFlight(PinnedCopy<HostBlock>),
-    /// No slot (a copy that could not be waited for kept the last one): made anew on use.
+    /// No slot (a copy that could not be waited for kept it): made anew on use.
     #[default]
     Empty,
 }
@@ -47,8 +41,8 @@ impl std::fmt::Debug for Staging {
 }
 
 impl Staging {
-    /// A slot of `bytes` (at least 1) for copies to `device`. Slow: creates an event and
-    /// allocates page-locked memory; containers make it on first use only.
+    /// A slot of `bytes` (at least 1) for copies to `device`. Slow (an event and a pinned
+    /// allocation): containers make it on first use.
     #[cold]
     pub(crate) fn new(device: Device, bytes: usize) -> Result<Staging> {
         let bytes = bytes.max(1);
@@ -67,14 +61,13 @@ impl Staging {
         Ok((block, event))
     }
 
-    /// True when a copy out of the slot may not have run yet (not asking the device: until
-    /// the slot is next used).
+    /// True when a copy out of the slot may still run (the device is asked only on next use).
     pub(crate) fn is_pending(&self) -> bool {
         matches!(self.slot, Slot::InFlight(_))
     }
 
-    /// Makes later work on `stream` wait for the last copy out of the slot (device-side; the
-    /// host does not block). A no-op when no copy is pending.
+    /// Makes later work on `stream` wait for the last copy out of the slot, without blocking the
+    /// host; a no-op when none is pending.
     pub(crate) fn order_before(&self, stream: StreamView) -> Result<()> {
         match &self.slot {
             Slot::InFlight(copy) => copy.order_before(stream),
@@ -82,8 +75,8 @@ impl Staging {
         }
     }
 
-    /// Copies `value` (at most the slot's size) into the slot and enqueues its copy to `dst`
-    /// on `stream`. Waits first for the previous copy out of the slot, if one is pending.
+    /// Copies `value` (at most the slot's size) into the slot and enqueues its copy to `dst` on
+    /// `stream`, after waiting for a pending copy out of the slot.
     pub(crate) fn upload(
         &mut self,
         value: &[u8],
@@ -122,8 +115,8 @@ impl Staging {
         }
     }
 
-    /// The slot and its event, once no copy reads the slot (waiting for the last one if
-    /// needed); a new slot when the last one was lost to a copy.
+    /// The slot and its event once no copy reads the slot (waiting for the last if needed); a new
+    /// slot when a copy kept the last one.
     fn ready(&mut self) -> Result<(HostBlock, Event)> {
         match std::mem::take(&mut self.slot) {
             Slot::Idle(block, event) => Ok((block, event)),

@@ -1,12 +1,12 @@
-//! What names a stretch of another process's exported device memory: the handle of its
-//! arena, the exporter's process, and the stretch.
+//! What names a stretch of another process's exported device memory: its arena's handle, the
+//! exporting process, and the stretch.
 
 use crate::backend::IpcHandle;
 use crate::error::{Error, Result};
 
-/// A stretch of `len` bytes at `offset` into the exported arena `handle` of process `pid`,
-/// on the device whose UUID is `device_uuid` (as [`DeviceProperties::uuid`] spells it, so
-/// a receiver can tell whether it sees that GPU).
+/// A stretch of `len` bytes at `offset` into process `pid`'s exported arena `handle`, on the
+/// device with UUID `device_uuid` (as [`DeviceProperties::uuid`] spells it, so a receiver can
+/// tell whether it sees that GPU).
 ///
 /// [`DeviceProperties::uuid`]: crate::backend::DeviceProperties::uuid
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,8 +27,7 @@ pub struct IpcDescriptor {
 const FIXED: usize = 4 + 64 + 8 + 8 + 2;
 
 impl IpcDescriptor {
-    /// The descriptor as bytes, to travel in a message ([`from_bytes`](Self::from_bytes)
-    /// reads them back).
+    /// The descriptor as bytes for a message, read back by [`from_bytes`](Self::from_bytes).
     pub fn to_bytes(&self) -> Vec<u8> {
         let uuid = self.device_uuid.as_bytes();
         let mut out = Vec::with_capacity(FIXED + uuid.len());
@@ -44,8 +43,7 @@ impl IpcDescriptor {
     /// Reads what [`to_bytes`](Self::to_bytes) wrote.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for bytes of another length or shape (a message cut or
-    /// garbled in transit).
+    /// [`Error::InvalidArgument`] for bytes of another length or shape (a message cut or garbled).
     pub fn from_bytes(bytes: &[u8]) -> Result<IpcDescriptor> {
         let bad = |why: &str| {
             Error::invalid_argument(

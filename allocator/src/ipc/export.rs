@@ -1,5 +1,5 @@
-//! The sending side: an arena of exportable device memory per device, handed out in slots
-//! that a value's bytes are staged into while a peer copies them.
+//! The sending side: a per-device arena of exportable memory, lent in slots to stage values for
+//! peers.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -14,13 +14,11 @@ use crate::error::{Error, Result};
 
 /// Alignment of every slot (as device allocations).
 const ALIGNMENT: usize = 256;
-/// The size of a device's arena ([`export_arena`]): room for the values of several
-/// concurrent sends of Dask's usual chunks.
+/// A device's arena size ([`export_arena`]): room for several concurrent sends of Dask chunks.
 pub const DEFAULT_ARENA_BYTES: usize = 2 << 30;
 
-/// Exportable device memory of one device, made once and mapped once by each peer, from which
-/// [`ExportSlot`]s are handed out first fit. Freed (`ipc_free`) when the last slot and the
-/// last reference go.
+/// Exportable device memory of one device, made once and mapped once by each peer, handed out first
+/// fit as [`ExportSlot`]s. Freed (`ipc_free`) when the last slot and reference go.
 #[derive(Debug)]
 pub struct ExportArena {
     device: Device,
@@ -36,8 +34,8 @@ impl ExportArena {
     /// `bytes` (rounded up to the slot alignment) of exportable memory on `device`.
     ///
     /// # Errors
-    /// What [`Backend::ipc_alloc`](crate::backend::Backend::ipc_alloc) returns (out of
-    /// memory, a driver that cannot export), or reading the device's properties fails.
+    /// As [`Backend::ipc_alloc`](crate::backend::Backend::ipc_alloc), or the device's properties
+    /// fail.
     pub fn new(device: Device, bytes: usize) -> Result<Arc<ExportArena>> {
         let len = bytes.max(1).next_multiple_of(ALIGNMENT);
         let uuid = device.properties()?.uuid;
@@ -82,8 +80,7 @@ impl ExportArena {
         self.free.lock().values().sum()
     }
 
-    /// A slot of `bytes`, or `None` while the arena has no free stretch that large (the
-    /// caller sends another way).
+    /// A slot of `bytes`, or `None` while no free stretch fits (the caller sends another way).
     pub fn reserve(self: &Arc<Self>, bytes: usize) -> Option<ExportSlot> {
         let len = bytes.max(1).next_multiple_of(ALIGNMENT);
         let mut free = self.free.lock();
@@ -119,8 +116,7 @@ impl Drop for ExportArena {
     }
 }
 
-/// A stretch of an [`ExportArena`] held for one send: given back when dropped (once the peer
-/// has copied from it).
+/// A stretch of an [`ExportArena`] held for one send, given back on drop (once the peer copied it).
 #[derive(Debug)]
 pub struct ExportSlot {
     arena: Arc<ExportArena>,
@@ -129,7 +125,7 @@ pub struct ExportSlot {
 }
 
 impl ExportSlot {
-    /// Where the slot starts, in this process's device memory (to stage bytes into).
+    /// Where the slot starts in this process's device memory (to stage bytes into).
     pub fn ptr(&self) -> DevicePtr {
         self.arena.base.offset(self.offset)
     }
@@ -177,8 +173,8 @@ impl Drop for ExportSlot {
     }
 }
 
-/// A device's arena in this process: not made yet, made, or refused (the error and when the
-/// device's free memory was last looked at, so that a send does not ask the driver each time).
+/// A device's arena in this process: not made yet, made, or refused (with the error and when the
+/// device's free memory was last read, so a send does not ask the driver each time).
 #[derive(Debug)]
 enum ArenaState {
     Unmade,
@@ -186,11 +182,10 @@ enum ArenaState {
     Refused(Error, Instant),
 }
 
-/// How often a refused arena's device is looked at again: once it has the arena's bytes free,
-/// the arena is asked for again.
+/// How often a refused arena's device is checked; the arena is retried once its bytes are free.
 const RETRY_REFUSED: Duration = Duration::from_secs(1);
 
-/// The arenas of this process, one per device, each made on first use.
+/// This process's arenas, one per device, each made on first use.
 fn arenas(backend_devices: u32) -> &'static [Mutex<ArenaState>] {
     static ARENAS: OnceLock<Vec<Mutex<ArenaState>>> = OnceLock::new();
     ARENAS.get_or_init(|| {
@@ -200,13 +195,12 @@ fn arenas(backend_devices: u32) -> &'static [Mutex<ArenaState>] {
     })
 }
 
-/// The process's arena on `device` (an ordinal of the process-wide backend), made on first
-/// use with [`DEFAULT_ARENA_BYTES`], at most an eighth of the device's memory.
+/// The process's arena on `device` (of the process-wide backend), made on first use with
+/// [`DEFAULT_ARENA_BYTES`], at most an eighth of the device's memory.
 ///
 /// # Errors
-/// As [`ExportArena::new`]; after a refusal for lack of memory, the same error until the
-/// device has the arena's bytes free (looked at once a second at most); after any other
-/// refusal, that error for good; [`Device::new`] for an unknown device.
+/// As [`ExportArena::new`]; a refusal for lack of memory repeats until the arena's bytes are free
+/// (checked at most once a second), any other is for good. [`Device::new`]'s error.
 pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
     let d = Device::new(device)?;
     let mut state = arenas(d.backend().device_count())
@@ -272,8 +266,7 @@ fn arena_bytes_for(total: usize) -> usize {
     DEFAULT_ARENA_BYTES.min(total / 8)
 }
 
-/// Bytes of the process's arena on `device` (device memory outside every pool and limit);
-/// 0 before it is made or while it is refused.
+/// Bytes of the process's arena on `device` (outside every pool and limit); 0 if not made.
 ///
 /// # Errors
 /// [`Device::new`]'s for an unknown device.

@@ -1,7 +1,7 @@
 //! The receiving side: other processes' arenas, each mapped once per device and kept while its
-//! process lives (a worker copies from the same few peers again and again). A peer that is gone
-//! (a restarted worker) has its arenas unmapped when a new one is mapped, once no copy uses
-//! them, so that its memory is not held here for the rest of the process.
+//! process lives (a worker copies from the same few peers again and again). A gone peer's (a
+//! restarted worker's) arenas are unmapped, once no copy uses them, when a new arena is mapped, so
+//! its memory is not held here for good.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,8 +20,7 @@ struct Mapping {
     base: DevicePtr,
     /// Bytes mapped (the peer's whole arena).
     len: usize,
-    /// The process that exported it, and when that process started (to tell it from a later
-    /// process given the same ID).
+    /// The exporting process, with its start time to tell it from a later one with the same ID.
     peer: Peer,
     /// Copies using the mapping now ([`Located`] values alive).
     users: AtomicUsize,
@@ -33,8 +32,7 @@ pub struct Imports {
     mapped: Mutex<HashMap<(u32, IpcHandle), Arc<Mapping>>>,
 }
 
-/// Where a stretch of a peer's exported memory is in this process, for as long as this value
-/// lives: its mapping is not unmapped meanwhile. Drop it once the copies from it are done.
+/// Where a stretch of a peer's memory is here; keeps its mapping, so drop it once copies are done.
 #[derive(Debug)]
 pub struct Located {
     ptr: DevicePtr,
@@ -64,14 +62,11 @@ impl Imports {
         IMPORTS.get_or_init(Imports::default)
     }
 
-    /// Where the stretch `desc` names is, in `device`'s address space: the peer's arena is
-    /// mapped on first use (and arenas of peers that are gone are unmapped then). A
-    /// descriptor of this process's own arena is its memory here. The mapping stays while
-    /// the returned value lives.
+    /// Where the stretch `desc` names is in `device`'s address space. The peer's arena is mapped on
+    /// first use (unmapping gone peers' arenas then); this process's own arena is its memory here.
     ///
     /// # Errors
-    /// What [`Backend::ipc_open`](crate::backend::Backend::ipc_open) returns (another host,
-    /// a GPU this process does not see, an arena already freed).
+    /// As [`Backend::ipc_open`](crate::backend::Backend::ipc_open).
     pub fn locate(&self, device: Device, desc: &IpcDescriptor) -> Result<Located> {
         if desc.pid == std::process::id() {
             return Ok(Located {
@@ -81,8 +76,8 @@ impl Imports {
         }
         let mut mapped = self.mapped.lock();
         let key = (device.ordinal(), desc.handle);
-        // The same handle from another process (the first one gone, its handle's bytes made
-        // again): the old mapping is not that process's memory.
+        // The same handle from another process (the first gone, its handle's bytes reused): the old
+        // mapping is not this process's memory.
         if let Some(m) = mapped.get(&key)
             && m.peer.pid != desc.pid
         {
@@ -128,8 +123,8 @@ impl Imports {
                 m
             }
         };
-        // A stretch past the peer's arena would have the copies read memory the peer does not
-        // own (and fault this process's context): refused, whatever the peer sent.
+        // A stretch past the peer's arena would read memory the peer does not own (and fault this
+        // process's context): refused, whatever the peer sent.
         if desc.offset.saturating_add(desc.len) > mapping.len as u64 {
             return Err(Error::invalid_argument(
                 "a peer's exported memory descriptor",
@@ -149,8 +144,7 @@ impl Imports {
         })
     }
 
-    /// Unmaps the arenas of peers that are gone and that no copy uses now; returns how many.
-    /// Done whenever a new arena is mapped; for a caller that learns of a peer leaving.
+    /// Unmaps unused arenas of gone peers (also done on every new mapping); returns how many.
     pub fn forget_gone_peers(&self) -> usize {
         forget_gone(&mut self.mapped.lock())
     }
@@ -160,12 +154,10 @@ impl Imports {
         self.mapped.lock().len()
     }
 
-    /// Copies `out.len()` bytes at `offset` into the stretch `desc` names into host memory
-    /// (pinned memory at the copy engine's rate).
+    /// Copies `out.len()` bytes at `offset` of the stretch `desc` names into host memory `out`.
     ///
     /// # Errors
-    /// As [`locate`](Self::locate); [`Error::InvalidArgument`] when the range runs past the
-    /// stretch; the copy's error.
+    /// As [`locate`](Self::locate); [`Error::InvalidArgument`] past the stretch; the copy's error.
     pub fn copy_to_host(
         &self,
         device: Device,
@@ -178,7 +170,7 @@ impl Imports {
         device.copy_to_host(out, src.ptr().offset(offset))
     }
 
-    /// Copies the whole stretch `desc` names to `dst`, memory on `device`.
+    /// Copies the whole stretch `desc` names to `dst` on `device`.
     ///
     /// # Errors
     /// As [`copy_to_host`](Self::copy_to_host).
@@ -192,8 +184,7 @@ impl Imports {
         device.copy_device_to_device(dst, src.ptr(), desc.len as usize)
     }
 
-    /// Unmaps every mapped arena that no copy uses now (at the end of the process's work);
-    /// later copies map again.
+    /// Unmaps every arena no copy uses (at the end of the process's work); later copies map again.
     ///
     /// # Errors
     /// The first failure to unmap; the others are still unmapped.
@@ -216,8 +207,7 @@ impl Imports {
     }
 }
 
-/// Unmaps the arenas in `mapped` of peers that are gone and that no copy uses; how many were
-/// unmapped (one that fails to unmap is dropped all the same, with a warning).
+/// Unmaps unused arenas of gone peers in `mapped`; returns how many (failures warn, still drop).
 fn forget_gone(mapped: &mut HashMap<(u32, IpcHandle), Arc<Mapping>>) -> usize {
     let gone: Vec<_> = mapped
         .iter()
@@ -252,8 +242,7 @@ fn unmap(device: u32, m: &Mapping) -> Result<()> {
     Device::new(device).and_then(|d| d.backend().ipc_close(device, m.base))
 }
 
-/// A process of this host (same PID namespace), told apart from a later one with its ID by
-/// when it started.
+/// A process of this host (same PID namespace), told from a later one with its ID by start time.
 #[derive(Debug, Clone, Copy)]
 struct Peer {
     pid: u32,
@@ -282,8 +271,7 @@ impl Peer {
     }
 }
 
-/// Field 22 of `/proc/PID/stat`: when the process started; None when it is gone, or has
-/// exited and waits to be reaped (state `Z` or `X`, field 3).
+/// The start time (field 22 of `/proc/PID/stat`); None when gone or a zombie (field 3 `Z`/`X`).
 fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces: count after it.
@@ -308,7 +296,7 @@ fn check_range(desc: &IpcDescriptor, offset: usize, len: usize) -> Result<()> {
     Ok(())
 }
 
-/// This process's own arena that `desc` names (on whichever device), its stretch here.
+/// The stretch here of this process's own arena that `desc` names (on whichever device).
 fn own(device: Device, desc: &IpcDescriptor) -> Result<DevicePtr> {
     let arena = super::export::own_arena(desc.handle).ok_or_else(|| {
         Error::invalid_argument(

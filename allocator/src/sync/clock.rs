@@ -1,9 +1,8 @@
-//! The one clock of the allocator's records: the kernel's coarse clocks (the time of the last
-//! timer tick, a few ns to read where the precise clocks take tens; read through
-//! [`crate::backend`], which makes the system call), the precise real-time clock, and a
-//! *ticking* coarse monotonic clock: while a user ([`Ticker`]) lives, a background thread
-//! (`rmm-tracking-clock`) stores the coarse time every [`TICK`], so that a hot path reads one
-//! atomic instead of calling the clock. Where that thread could not be started, the clock is
+//! The one clock of the allocator's records: the kernel's coarse clocks (the time of the last timer
+//! tick, far cheaper to read than the precise clocks; read through [`crate::backend`], which makes
+//! the system call), the precise real-time clock, and a *ticking* coarse monotonic clock: while a
+//! [`Ticker`] lives, a background thread (`rmm-tracking-clock`) stores the coarse time every
+//! [`TICK`], so a hot path reads one atomic instead of the clock. Without that thread the clock is
 //! read directly.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,22 +20,19 @@ pub(crate) fn realtime_ns() -> u64 {
         .wrapping_add(u64::from(d.subsec_nanos()))
 }
 
-/// Nanoseconds since the Unix epoch, from the kernel's coarse real-time clock (the last timer
-/// tick, 1 to 10 ms old).
+/// Nanoseconds since the Unix epoch, coarse real-time (the last timer tick, 1 to 10 ms old).
 #[inline]
 pub(crate) fn coarse_realtime_ns() -> u64 {
     crate::backend::clock::coarse_realtime_ns()
 }
 
-/// Nanoseconds of the coarse monotonic clock (the clock [`std::time::Instant`] reads
-/// precisely), at the kernel's last tick.
+/// Nanoseconds of the coarse monotonic clock ([`std::time::Instant`]'s) at the last tick.
 #[inline]
 pub(crate) fn coarse_monotonic_ns() -> u64 {
     crate::backend::clock::coarse_monotonic_ns()
 }
 
-/// How often the clock thread stores the time (the coarse clock itself moves every 1 to
-/// 10 ms, with the kernel's tick).
+/// How often the clock thread stores the time (the coarse clock moves every 1 to 10 ms).
 pub(crate) const TICK: Duration = Duration::from_millis(1);
 
 static NOW_NS: AtomicU64 = AtomicU64::new(0);

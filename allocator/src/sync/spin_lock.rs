@@ -1,12 +1,10 @@
-//! [`SpinLock`]: a lock for short, bounded critical sections on hot paths (a few stores or one
-//! map operation; no allocation, no system call, no driver wait): one compare-and-swap to take
-//! it and a plain store to release it, where a parking mutex releases with a second
-//! read-modify-write. Waiters must not be parked and woken (microseconds each, which pile up
-//! into convoys under several threads), so a waiter spins a few dozen rounds (`SPINS`) and
-//! then yields the processor between looks, should the holder have been descheduled. A lock
-//! that many threads contend for at once (the pool's arena shared by one stream's threads)
-//! yields at once (`SPINS = 0`): with as many threads as cores, spinning waiters slow the
-//! holder that shares their core.
+//! [`SpinLock`]: a lock for short, bounded hot-path critical sections (a few stores or one map
+//! operation; no allocation, system call or driver wait). Taking it is one compare-and-swap,
+//! releasing it a plain store (a parking mutex needs a second read-modify-write). Parking and
+//! waking is slow and convoys under several threads, so a waiter spins `SPINS` rounds, then yields
+//! between looks in case the holder was descheduled. A lock many threads contend for (one stream's
+//! shared pool arena) yields at once (`SPINS = 0`): with as many threads as cores, spinners slow
+//! the holder.
 
 use std::fmt;
 
@@ -15,8 +13,7 @@ use spin::mutex::{SpinMutex, SpinMutexGuard};
 /// Busy-wait rounds before a waiter yields the processor between looks, unless a lock says.
 const DEFAULT_SPINS: u32 = 64;
 
-/// A spin-then-yield lock around `T`, whose waiters spin `SPINS` rounds before they yield
-/// (see the module documentation).
+/// A spin-then-yield lock around `T` whose waiters spin `SPINS` rounds before yielding.
 #[derive(Default)]
 pub(crate) struct SpinLock<T, const SPINS: u32 = DEFAULT_SPINS>(SpinMutex<T, spin::relax::Loop>);
 

@@ -1,7 +1,6 @@
-//! The calling thread's current context: which device it belongs to (the CUDA runtime's
-//! current device, which other libraries set with `cudaSetDevice`), and making a device's
-//! context current for one call of the backend ([`Bound`]), after which the thread's own
-//! context is current again: rmm-rs never changes the caller's current device.
+//! The calling thread's current context: its device (the CUDA runtime's current device, which other
+//! libraries set with `cudaSetDevice`), and a device's context made current for one backend call
+//! ([`Bound`]), the thread's own restored after: rmm-rs never changes the caller's current device.
 
 use cudarc::driver::sys;
 
@@ -9,8 +8,7 @@ use super::CudaDevice;
 use super::context;
 use crate::error::Result;
 
-/// The ordinal of the device whose context is current on the calling thread; None when no
-/// context is current (or it belongs to no device this process sees).
+/// The device of the calling thread's current context; None without one (or if not ours).
 pub(super) fn current_device(devices: &[CudaDevice]) -> Result<Option<u32>> {
     if context::current(0)?.is_null() {
         return Ok(None);
@@ -22,8 +20,8 @@ pub(super) fn current_device(devices: &[CudaDevice]) -> Result<Option<u32>> {
         .map(|i| i as u32))
 }
 
-/// A device's context made current for one call of the backend; the context the thread had
-/// before (another library's device, or none) is made current again when this goes.
+/// A device's context made current for one backend call; the thread's previous context (another
+/// library's device, or none) is restored when this goes.
 pub(super) struct Bound {
     /// The thread's context before, when it was another; `None` when nothing changed.
     previous: Option<sys::CUcontext>,
@@ -31,8 +29,7 @@ pub(super) struct Bound {
 }
 
 impl Bound {
-    /// Makes `ctx` (device `dev`'s retained primary context) current on the calling thread,
-    /// unless it already is.
+    /// Makes `ctx` (`dev`'s retained primary context) current on this thread unless it is.
     pub(super) fn to(ctx: sys::CUcontext, dev: u32) -> Result<Bound> {
         let current = context::current(dev)?;
         if current == ctx {
@@ -58,9 +55,9 @@ impl Bound {
 impl Drop for Bound {
     fn drop(&mut self) {
         if let Some(previous) = self.previous {
-            // SAFETY: `previous` was current on this thread when this backend call began (or
-            // is null, which leaves no context current); a library that destroys the context
-            // current on a thread does so from that thread, which is inside this call.
+            // SAFETY: `previous` was current on this thread when this call began (or is null,
+            // leaving no context current); a library destroying a thread's current context does so
+            // from that thread, which is inside this call.
             if let Err(e) = unsafe { context::set_current(self.dev, previous) } {
                 tracing::warn!("making the thread's own context current again: {e}");
             }

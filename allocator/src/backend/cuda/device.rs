@@ -1,5 +1,4 @@
-//! The driver's initialization and device queries. Thin functions; `ordinal` names the
-//! device in errors.
+//! The driver's init and device queries, as thin functions; `ordinal` names the device in errors.
 
 use std::ffi::CStr;
 

@@ -1,8 +1,7 @@
-//! CUDA's legacy interprocess memory API: device memory from `cuMemAlloc` exported as a
-//! 64-byte handle (`cuIpcGetMemHandle`) that another process of the host maps into its own
-//! context (`cuIpcOpenMemHandle`) and copies from over NVLink or PCIe. Memory from the
-//! virtual memory API cannot be exported this way, so exported memory is always a plain
-//! allocation of its own.
+//! CUDA's legacy interprocess memory API: `cuMemAlloc` memory exported as a 64-byte handle
+//! (`cuIpcGetMemHandle`) that another process of the host maps into its context
+//! (`cuIpcOpenMemHandle`) and copies from over NVLink or PCIe. Virtual memory API memory cannot be
+//! exported this way, so exported memory is always a plain allocation of its own.
 
 use cudarc::driver::sys;
 
@@ -21,8 +20,8 @@ pub(super) fn export(dev: u32, ptr: DevicePtr) -> Result<IpcHandle> {
     Ok(IpcHandle(h.reserved.map(|b| b as u8)))
 }
 
-/// `cuIpcOpenMemHandle` of `handle` into the current context (`dev`'s), with peer access
-/// enabled lazily for memory on another GPU: the mapping's address and its bytes.
+/// `cuIpcOpenMemHandle` of `handle` into the current context (`dev`'s), enabling peer access lazily
+/// for another GPU's memory: the mapping's address and size.
 pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
     let h = sys::CUipcMemHandle {
         reserved: handle.0.map(|b| b as std::ffi::c_char),

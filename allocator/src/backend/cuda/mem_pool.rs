@@ -1,6 +1,5 @@
-//! The driver's stream-ordered allocator: memory pools (`cuMemPoolCreate` …) and
-//! `cuMemAllocFromPoolAsync` / `cuMemFreeAsync`. Thin functions; the caller has made `dev`'s
-//! context current.
+//! The driver's stream-ordered allocator (`cuMemPoolCreate` …, `cuMemAllocFromPoolAsync`,
+//! `cuMemFreeAsync`) as thin functions; the caller made `dev`'s context current.
 
 use cudarc::driver::sys;
 
@@ -8,8 +7,8 @@ use super::result::{check, pool_handle, stream_handle};
 use crate::backend::{DevicePtr, RawMemPool, RawStream};
 use crate::error::Result;
 
-/// `cuMemPoolCreate` of a pool of device memory on `dev`, keeping up to `release_threshold`
-/// bytes across synchronizations (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`).
+/// `cuMemPoolCreate` of device memory on `dev`, keeping up to `release_threshold` bytes across
+/// synchronizations (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`).
 pub(super) fn create(dev: u32, release_threshold: u64) -> Result<RawMemPool> {
     // SAFETY: an all-zero CUmemPoolProps is the documented default; fields set below.
     let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
@@ -33,7 +32,7 @@ pub(super) fn create(dev: u32, release_threshold: u64) -> Result<RawMemPool> {
         )
     });
     if let Err(e) = set {
-        // Nothing was allocated from it: it goes, and the caller keeps no half-made pool.
+        // Nothing was allocated from it: destroy it, so the caller keeps no half-made pool.
         let _ = destroy(dev, raw);
         return Err(e);
     }

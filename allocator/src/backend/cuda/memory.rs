@@ -1,6 +1,5 @@
-//! The driver's memory calls: device, managed and pinned host allocations, synchronous and
-//! stream-ordered copies and fills. Thin functions: each makes one call and checks it; the
-//! caller has made `dev`'s context current (the backend's `bind`) and `dev` names it in errors.
+//! The driver's memory calls: allocations, copies and fills. Each thin function makes and checks
+//! one call; the caller made `dev`'s context current (`bind`), and `dev` names it in errors.
 
 use std::ffi::c_void;
 
@@ -47,8 +46,7 @@ pub(super) fn free(dev: u32, ptr: DevicePtr) -> Result<()> {
     check("cuMemFree_v2", dev, unsafe { sys::cuMemFree_v2(ptr.0) })
 }
 
-/// `cuMemHostAlloc` of pinned host memory. `portable`: usable from every context. Never
-/// write-combined, which would make host reads very slow.
+/// `cuMemHostAlloc`; `portable`: usable from every context. Never write-combined (slow host reads).
 pub(super) fn alloc_host(dev: u32, bytes: usize, portable: bool) -> Result<*mut u8> {
     let mut p: *mut c_void = std::ptr::null_mut();
     let flags = if portable {
@@ -114,8 +112,7 @@ pub(super) fn copy_dtoh(dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> 
 
 /// `cuMemcpyDtoD` (queued on the legacy default stream).
 pub(super) fn copy_dtod(dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
-    // SAFETY: the driver validates the device ranges; unified addressing lets them live on
-    // different devices.
+    // SAFETY: the driver validates the device ranges (on any devices, with unified addressing).
     check("cuMemcpyDtoD_v2", dev, unsafe {
         sys::cuMemcpyDtoD_v2(dst.0, src.0, bytes)
     })

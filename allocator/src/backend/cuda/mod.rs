@@ -1,15 +1,13 @@
-//! The real GPU: CUDA driver API through cudarc's `sys` bindings, loaded at run time.
+//! The real GPU: the CUDA driver API through cudarc's `sys` bindings, loaded at run time.
 //!
-//! Nothing links against `libcuda`; the library is opened on first use, every entry point
-//! this backend calls is looked up before the first call (so a too-old driver is an error,
-//! not a panic), and a device's primary context is retained on its first use (never for a
-//! device the process does not use: a context holds device memory, and a Dask worker that
-//! sees every GPU uses one) and kept for the life of the process.
+//! Nothing links against `libcuda`: it is opened on first use, and every entry point this backend
+//! calls is looked up first (a too-old driver is an error, not a panic). A device's primary context
+//! is retained on its first use and kept for the process's life, never for a device the process
+//! does not use (a context holds device memory, and a Dask worker sees every GPU but uses one).
 //!
-//! Every raw driver call is a thin function in the file of its API family (`device`,
-//! `context`, `memory`, `mem_pool`, `stream`, `vmm`, `ipc`); this file keeps the backend's
-//! bookkeeping above them: which context is current, the streams it made, the staging
-//! buffers and the lock for large allocations.
+//! Raw driver calls are thin functions in their API family's file (`device`, `context`, `memory`,
+//! `mem_pool`, `stream`, `vmm`, `ipc`); this file keeps the bookkeeping: the current context, the
+//! streams made, the staging buffers and the large-allocation lock.
 
 mod context;
 mod current;
@@ -45,8 +43,7 @@ struct CudaDevice {
     props: DeviceProperties,
 }
 
-/// Held while a primary context is retained, so that two threads using a device for the
-/// first time retain it once.
+/// Held while a primary context is retained, so two threads first using a device retain it once.
 static RETAINING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 impl CudaDevice {
@@ -66,7 +63,7 @@ impl CudaDevice {
         Ok(ctx)
     }
 
-    /// Opens device `ordinal` (the driver is initialized): its handle and properties.
+    /// Opens device `ordinal` (driver initialized): its handle and properties.
     fn open(ordinal: u32) -> Result<CudaDevice> {
         use sys::CUdevice_attribute::*;
         let handle = device::get(ordinal)?;
@@ -98,8 +95,7 @@ impl CudaDevice {
 pub struct CudaBackend {
     devices: Vec<CudaDevice>,
     driver_version: i32,
-    /// Streams this backend made and destroyed: a destroyed handle dangles, and the pools ask
-    /// about other threads' streams (see [`StreamRegistry`]).
+    /// Streams made and destroyed: pools ask about others' streams, whose handles may dangle.
     streams: StreamRegistry,
     /// Pinned staging for large synchronous copies into pageable memory.
     stagers: staged_copy::Stagers,
@@ -122,8 +118,7 @@ impl CudaBackend {
     /// Loads the driver (once per process) and opens every visible device.
     ///
     /// # Errors
-    /// Fails with [`Error::NoDriver`] when `libcuda` cannot be loaded, lacks an entry point,
-    /// or does not initialize.
+    /// [`Error::NoDriver`] if `libcuda` cannot load, lacks an entry point, or does not initialize.
     pub fn load() -> Result<&'static CudaBackend> {
         LOADED
             .get_or_init(|| CudaBackend::open().map(|b| &*Box::leak(Box::new(b))))
@@ -194,10 +189,9 @@ impl CudaBackend {
             .is_some_and(|d| d.ctx.load(Ordering::Acquire) != 0)
     }
 
-    /// Makes `dev`'s primary context current on this thread for as long as the returned
-    /// guard lives (retaining it on the device's first use); the thread's own context is
-    /// current again after. Checked on every call: another library (CuPy's
-    /// `Device(n).use()`, say) may have switched the thread's device since.
+    /// Makes `dev`'s primary context current on this thread while the guard lives (retaining it on
+    /// first use), restoring the thread's own after. Checked every call: another library (e.g.
+    /// CuPy's `Device(n).use()`) may have switched the thread's device.
     fn bind(&self, dev: u32) -> Result<current::Bound> {
         let d = self.devices.get(dev as usize).ok_or(Error::NoSuchDevice {
             requested: dev,
@@ -287,11 +281,9 @@ impl Backend for CudaBackend {
 
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
         let _bound = self.bind(dev)?;
-        // Large allocations on several devices at once contend inside the driver: two
-        // concurrent large cuMemAlloc calls take longer than one after the other. Every
-        // allocation of 1 GiB or more (pool chunks, large plain allocations: slow paths, slow
-        // in the driver anyway) therefore goes to the driver one at a time; smaller ones
-        // never wait here.
+        // Concurrent large cuMemAlloc calls on several devices contend inside the driver, taking
+        // longer than serial ones; so allocations of 1 GiB or more (pool chunks, large plain
+        // allocations: slow paths anyway) go one at a time, and smaller ones never wait here.
         let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
         memory::alloc(dev, bytes)
     }
@@ -394,9 +386,9 @@ impl Backend for CudaBackend {
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
         let _bound = self.bind(dev)?;
         memory::copy_htod(dev, dst, src)?;
-        // From pageable memory the call returns once the bytes are staged, before the DMA to
-        // the device has finished on the legacy stream, which non-blocking streams do not wait
-        // for: wait for it, so that a synchronous copy means the bytes are on the device.
+        // From pageable memory the call returns once the bytes are staged, before the DMA finishes
+        // on the legacy stream, which non-blocking streams do not wait for: wait, so a synchronous
+        // copy means the bytes are on the device.
         stream::synchronize(dev, 0)
     }
 
@@ -480,16 +472,15 @@ impl Backend for CudaBackend {
 
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // No other call through the registry is using the handle (it holds them off).
+        // The registry holds off other calls using the handle.
         self.streams
             .destroy(stream, || stream::destroy(dev, stream))
     }
 
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // The handle is a default stream, a live stream of this backend, or the caller's own
-        // stream (not one this backend destroyed: the registry checks, and holds destruction
-        // off until the call returns).
+        // The handle is a default stream, a live one of ours or the caller's, never one we
+        // destroyed (the registry checks, and holds destruction off during the call).
         self.streams
             .unless_destroyed(stream, || stream::synchronize(dev, stream))
     }
@@ -507,8 +498,8 @@ impl Backend for CudaBackend {
 
     fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool> {
         let _bound = self.bind(dev)?;
-        // Record an event of our own while the registry vouches for the stream, then wait on
-        // the event with the registry released: a long wait never holds a destroy off.
+        // Record our own event while the registry vouches for the stream, then wait on it with the
+        // registry released, so a long wait never holds a destroy off.
         let event = stream::event_create(dev)?;
         let recorded = self
             .streams

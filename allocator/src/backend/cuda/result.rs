@@ -1,6 +1,5 @@
-//! The driver's result layer: the entry points the backend needs (checked at load time),
-//! [`check`] (a `CUresult` as a [`Result`]) and the conversions between this crate's raw
-//! handles and the driver's.
+//! The driver's result layer: the entry points the backend needs (checked at load), [`check`] (a
+//! `CUresult` as a [`Result`]) and conversions between this crate's raw handles and the driver's.
 
 use std::ffi::CStr;
 

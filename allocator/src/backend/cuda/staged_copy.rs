@@ -1,13 +1,10 @@
 //! Synchronous device → pageable host copies through pinned staging buffers.
 //!
-//! `cuMemcpyDtoH` into pageable memory stages the data inside the driver and holds the
-//! driver's lock while it does: every other thread's driver calls (the spill manager's
-//! copies, kernel launches, event records) wait for the whole copy. With several worker
-//! threads checking results on the host, spills and unspills spent most of their time
-//! waiting to enqueue. Here the copy runs on a stream of our own into two pinned buffers
-//! in turn, and the host copies each filled buffer into the destination while the device
-//! fills the other: every driver call is short, and the copy keeps the ordering
-//! `cuMemcpyDtoH` has (after all work queued on the legacy default stream).
+//! `cuMemcpyDtoH` into pageable memory stages the data inside the driver while holding the driver's
+//! lock, so every other thread's driver calls (spill copies, kernel launches, event records) wait
+//! for the whole copy. Here the copy runs on our own stream into two pinned buffers in turn, the
+//! host draining one while the device fills the other: every driver call is short, and the copy
+//! keeps `cuMemcpyDtoH`'s ordering (after all work queued on the legacy default stream).
 
 use parking_lot::Mutex;
 
@@ -17,14 +14,13 @@ use crate::error::Result;
 
 /// Bytes per staging buffer.
 pub(super) const STAGE: usize = 8 << 20;
-/// Copies shorter than this go straight through `cuMemcpyDtoH` (the lock is held briefly).
+/// Shorter copies go straight through `cuMemcpyDtoH` (holding the lock briefly).
 pub(super) const STAGED_FROM: usize = 2 << 20;
 
 /// The legacy default stream (the backend uses the non-per-thread entry points).
 const LEGACY_STREAM: RawStream = 0;
 
-/// One thread's staging set on one device: a stream, two pinned buffers and their events.
-/// Handles are 0 until made.
+/// One thread's staging set on a device: a stream, two pinned buffers, their events (0 until made).
 struct Stager {
     dev: u32,
     stream: RawStream,
@@ -34,8 +30,8 @@ struct Stager {
     ordered: RawEvent,
 }
 
-// SAFETY: the handles and pinned buffers are owned by the stager, which one thread uses at a
-// time (taken from and returned to a mutex-guarded list).
+// SAFETY: the stager owns its handles and pinned buffers, and one thread at a time uses it (taken
+// from and returned to a mutex-guarded list).
 unsafe impl Send for Stager {}
 
 /// Stagers per device, reused across copies (one per thread copying at once).
@@ -111,8 +107,8 @@ impl Stager {
             let n = (len - off).min(STAGE);
             let slot = i % 2;
             let from = DevicePtr(src.0 + off as u64);
-            // SAFETY: the buffer is the stager's own pinned memory of STAGE bytes, not read
-            // by the host until `filled[slot]` completes; the device range lies in `src`.
+            // SAFETY: the stager's own pinned buffer of STAGE bytes, not read by the host until
+            // `filled[slot]` completes; the device range lies in `src`.
             unsafe { memory::copy_dtoh_async(dev, self.buffers[slot], from, n, self.stream) }?;
             stream::event_record(dev, self.filled[slot], self.stream)
         };
@@ -126,8 +122,8 @@ impl Stager {
             stream::event_synchronize(dev, self.filled[slot])?;
             let off = i * STAGE;
             let n = (len - off).min(STAGE);
-            // SAFETY: the copy into this buffer has completed (waited for above) and nothing
-            // writes it until the next enqueue below; `dst` has room for `n` bytes at `off`.
+            // SAFETY: the copy into this buffer has completed (waited for above) and nothing writes
+            // it before the next enqueue; `dst` has room for `n` bytes at `off`.
             let filled = unsafe { std::slice::from_raw_parts(self.buffers[slot], n) };
             dst[off..off + n].copy_from_slice(filled);
             if i + 2 < chunks {
@@ -143,8 +139,7 @@ impl Drop for Stager {
         // Errors are ignored: the handles are the stager's own, and nothing else could be done.
         for i in 0..2 {
             if !self.buffers[i].is_null() {
-                // SAFETY: a buffer the stager made; no copy runs into it any more (every copy
-                // is waited for before the stager is reused or dropped).
+                // SAFETY: the stager's buffer; copies into it are waited for before reuse or drop.
                 let _ = unsafe { memory::free_host(self.dev, self.buffers[i]) };
             }
             if self.filled[i] != 0 {

@@ -1,6 +1,6 @@
-//! The driver's stream and event calls. Thin functions; the caller has made `dev`'s context
-//! current and vouches that a handle it passes was not destroyed (the backend's stream
-//! registry for streams it made; events are the caller's own).
+//! The driver's stream and event calls, as thin functions. The caller made `dev`'s context current
+//! and vouches that no handle it passes was destroyed (the stream registry for the backend's
+//! streams; events are the caller's own).
 
 use cudarc::driver::sys;
 
@@ -8,8 +8,7 @@ use super::result::{check, event_handle, stream_handle};
 use crate::backend::{RawEvent, RawStream};
 use crate::error::Result;
 
-/// `cuStreamCreate(CU_STREAM_NON_BLOCKING)`: a stream that does not wait for the legacy
-/// default stream.
+/// `cuStreamCreate(CU_STREAM_NON_BLOCKING)`: does not wait for the legacy default stream.
 pub(super) fn create(dev: u32) -> Result<RawStream> {
     let mut s: sys::CUstream = std::ptr::null_mut();
     let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;

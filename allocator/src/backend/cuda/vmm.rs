@@ -1,7 +1,6 @@
-//! CUDA's virtual memory management API: reserve an address range, create physical memory,
-//! map it into the range, make it accessible, and undo each step. The pool maps chunks of
-//! its growth size into one reserved range per device, so its free space stays contiguous
-//! across growth and entirely free chunks go back to the device one by one.
+//! CUDA's virtual memory management API: reserve addresses, create physical memory, map it, make it
+//! accessible, and undo each. The pool maps growth-sized chunks into one reservation per device:
+//! its free space stays contiguous across growth, and wholly free chunks go back one by one.
 
 use cudarc::driver::sys;
 
@@ -11,8 +10,7 @@ use crate::error::Result;
 
 /// Pinned device memory on `dev`: the allocation properties of every chunk.
 fn device_memory(dev: u32) -> sys::CUmemAllocationProp {
-    // SAFETY: an all-zero CUmemAllocationProp is valid (no handle types, no flags); the
-    // fields that matter are set below.
+    // SAFETY: an all-zero CUmemAllocationProp is valid (no handle types or flags); set below.
     let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
@@ -73,8 +71,7 @@ pub(super) fn release(dev: u32, handle: RawPhysical) -> Result<()> {
 
 /// `cuMemMap` of all of `handle` at `ptr`.
 pub(super) fn map(dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()> {
-    // SAFETY: the driver validates the range (inside a reservation, unmapped) and the
-    // handle; offset and flags must be 0.
+    // SAFETY: the driver validates range (reserved, unmapped) and handle; offset, flags are 0.
     check("cuMemMap", dev, unsafe {
         sys::cuMemMap(ptr.0, bytes, 0, handle, 0)
     })

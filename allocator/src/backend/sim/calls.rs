@@ -1,5 +1,4 @@
-//! The [`Backend`] calls, answered by the simulated device: memory, copies, stream-ordered
-//! pools, streams and events.
+//! The simulated device's [`Backend`] calls: memory, copies, stream-ordered pools, streams, events.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,8 +13,8 @@ use crate::backend::{
 };
 use crate::error::{Error, Result, fmt_bytes};
 
-/// Copies between two ranges given as pieces (host address, or `None` where unbacked, and
-/// length; both add up to the same length). An unbacked source reads as zeros.
+/// Copies between ranges given as (host address, `None` if unbacked; length) pieces of equal total
+/// length. An unbacked source reads as zeros.
 ///
 /// # Safety
 /// Host addresses, when given, are valid for their pieces' lengths.
@@ -429,8 +428,7 @@ impl Backend for SimBackend {
             .resolve(dst, bytes, "simulated cuMemcpyHtoDAsync")?;
         let src = src as usize;
         s.submit(move || {
-            // SAFETY: the caller keeps `src` valid until the stream runs this job; `d` keeps
-            // the destination's backing alive.
+            // SAFETY: the caller keeps `src` valid until this job runs; `d` keeps its backing.
             unsafe { move_bytes(&d.pieces(), &[(Some(src as *const u8), bytes)]) }
         });
         Ok(())
@@ -452,8 +450,8 @@ impl Backend for SimBackend {
             .resolve(src, bytes, "simulated cuMemcpyDtoHAsync")?;
         let dst = dst as usize;
         s.submit(move || {
-            // SAFETY: the caller keeps `dst` valid and untouched until the stream runs this
-            // job; `r` keeps the source's backing alive.
+            // SAFETY: the caller keeps `dst` valid, untouched, until this job runs; `r` keeps the
+            // source.
             unsafe { move_bytes(&[(Some(dst as *mut u8), bytes)], &sources(&r)) }
         });
         Ok(())

@@ -1,5 +1,4 @@
-//! The simulated device's configuration: how many devices, how large, backed or not, and
-//! its `RMM_SIM_*` environment variables.
+//! The simulated device's configuration (count, size, backed or not) and `RMM_SIM_*` variables.
 
 use crate::error::{Error, Result};
 
@@ -34,12 +33,11 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
-    /// The default configuration overridden by `RMM_SIM_DEVICES` (a count),
-    /// `RMM_SIM_MEMORY` (bytes or e.g. `80GiB`) and `RMM_SIM_MODE` (`backed` or `unbacked`).
+    /// The default configuration overridden by `RMM_SIM_DEVICES` (a count), `RMM_SIM_MEMORY` (bytes
+    /// or e.g. `80GiB`) and `RMM_SIM_MODE` (`backed` or `unbacked`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `RMM_SIM_DEVICES`,
-    /// `RMM_SIM_MEMORY` or `RMM_SIM_MODE` holds a value it does not accept.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an invalid value.
     pub fn from_env() -> Result<Self> {
         let mut cfg = SimConfig::default();
         if let Ok(v) = std::env::var("RMM_SIM_DEVICES") {

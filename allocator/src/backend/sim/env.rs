@@ -1,7 +1,6 @@
-//! The simulated device's fault injection from the environment: the `RMM_SIM_FAIL_*`
-//! variables and `RMM_SIM_HOST_MEMORY`, applied when the simulated backend is opened from the
-//! environment ([`open`](crate::backend::open)), so that a process that cannot reach
-//! [`SimBackend`] (a Python program, a Dask worker) can be fault-tested.
+//! Fault injection from `RMM_SIM_FAIL_*` and `RMM_SIM_HOST_MEMORY`, applied when
+//! [`open`](crate::backend::open) makes the simulated backend, for processes that cannot reach
+//! [`SimBackend`] (Python programs, Dask workers).
 //!
 //! | Variable | Value | Effect |
 //! |---|---|---|
@@ -12,11 +11,10 @@
 //! | `RMM_SIM_FAIL_FILE_WRITE` | `N`, `D:N`, comma-separated | the `N`-th spill-file write fails |
 //! | `RMM_SIM_HOST_MEMORY` | `SIZE` | the host looks as if the process may use only `SIZE` |
 //!
-//! `N` counts from the backend's start (1: the first); `0` injects nothing. A size is bytes
-//! or has a unit (`64MiB`, `1.5GB`). `3` and `0:3` are the same; `0:3,1:5` fails device 0's
-//! third and device 1's fifth. Each fault fires once, as [`SimBackend::fail_nth_allocation`]
-//! and the calls beside it do. Any other `RMM_SIM_FAIL_*` name is an error (a misspelt
-//! fault would otherwise inject nothing, silently).
+//! `N` counts from the backend's start (1: the first); `0` injects nothing. A size is bytes or has
+//! a unit (`64MiB`, `1.5GB`). `3` means `0:3`; `0:3,1:5` fails device 0's third and device 1's
+//! fifth. Each fault fires once, as with [`SimBackend::fail_nth_allocation`]. Any other
+//! `RMM_SIM_FAIL_*` name is an error, lest a misspelt fault silently inject nothing.
 
 use std::ffi::OsString;
 
@@ -30,7 +28,6 @@ const COPY: &str = "RMM_SIM_FAIL_COPY";
 const PIN: &str = "RMM_SIM_FAIL_PIN";
 const FILE_WRITE: &str = "RMM_SIM_FAIL_FILE_WRITE";
 const HOST_MEMORY: &str = "RMM_SIM_HOST_MEMORY";
-/// The prefix of the fault variables.
 const FAIL_PREFIX: &str = "RMM_SIM_FAIL_";
 const FAIL_NAMES: [&str; 5] = [ALLOCATION, ALLOCATIONS_ABOVE, COPY, PIN, FILE_WRITE];
 
@@ -42,38 +39,33 @@ const PIN_FORM: &str = "a count N (the N-th pin of host memory fails, on any dev
                         DEVICE: part; 0: none), e.g. 3";
 const HOST_FORM: &str = "a positive size in bytes or with a unit, e.g. 8GiB or 512MB";
 
-/// Faults to inject into a simulated backend, and the host memory it reports, as the
-/// `RMM_SIM_FAIL_*` variables and `RMM_SIM_HOST_MEMORY` ask (see the module documentation
-/// for their syntax). Made by [`SimFaults::from_vars`] or [`SimFaults::from_env`]; put in
-/// force by [`SimFaults::apply`].
+/// Faults to inject into a simulated backend and the host memory it reports, as `RMM_SIM_FAIL_*`
+/// and `RMM_SIM_HOST_MEMORY` ask (syntax in the module documentation). Made by
+/// [`SimFaults::from_vars`] or [`SimFaults::from_env`], put in force by [`SimFaults::apply`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SimFaults {
-    /// `RMM_SIM_FAIL_ALLOCATION`: `(device, n)`, the device's `n`-th device allocation fails.
+    /// `RMM_SIM_FAIL_ALLOCATION`: `(device, n)`: the device's `n`-th allocation fails.
     pub allocation: Vec<(u32, u64)>,
-    /// `RMM_SIM_FAIL_ALLOCATIONS_ABOVE`: `(device, bytes)`, the device's allocations larger
-    /// than `bytes` fail.
+    /// `RMM_SIM_FAIL_ALLOCATIONS_ABOVE`: `(device, bytes)`: its allocations above `bytes` fail.
     pub allocations_above: Vec<(u32, usize)>,
-    /// `RMM_SIM_FAIL_COPY`: `(device, n)`, the device's `n`-th copy or memset fails.
+    /// `RMM_SIM_FAIL_COPY`: `(device, n)`: the device's `n`-th copy or memset fails.
     pub copy: Vec<(u32, u64)>,
-    /// `RMM_SIM_FAIL_PIN`: the `n`-th pin of host memory fails (pins belong to no device).
+    /// `RMM_SIM_FAIL_PIN`: the `n`-th host pin fails (pins belong to no device).
     pub pin: Option<u64>,
-    /// `RMM_SIM_FAIL_FILE_WRITE`: `(device, n)`, the `n`-th write to one of the device's
-    /// spill files fails.
+    /// `RMM_SIM_FAIL_FILE_WRITE`: `(device, n)`: the `n`-th write to its spill files fails.
     pub file_write: Vec<(u32, u64)>,
     /// `RMM_SIM_HOST_MEMORY`: the host memory the process may use, in bytes.
     pub host_memory: Option<u64>,
 }
 
 impl SimFaults {
-    /// The faults `vars` ask for on a simulated backend of `devices` devices. `vars` are
-    /// `(name, value)` pairs, as the process environment holds them; names other than
-    /// `RMM_SIM_FAIL_*` and `RMM_SIM_HOST_MEMORY` are ignored.
+    /// The faults `vars` (`(name, value)` pairs) ask for on a simulated backend of `devices`
+    /// devices; names other than `RMM_SIM_FAIL_*` and `RMM_SIM_HOST_MEMORY` are ignored.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the variable, its value
-    /// and the form expected: a value that does not parse, a device that is not one of the
-    /// `devices`, a device named twice in one variable, or an `RMM_SIM_FAIL_*` variable that
-    /// names no fault.
+    /// [`Error::InvalidArgument`] naming the variable, its value and the form expected: an
+    /// unparsable value, an unknown device, a device named twice in one variable, or an
+    /// `RMM_SIM_FAIL_*` name that names no fault.
     pub fn from_vars<I, K, V>(vars: I, devices: u32) -> Result<SimFaults>
     where
         I: IntoIterator<Item = (K, V)>,
@@ -120,9 +112,8 @@ impl SimFaults {
         Ok(faults)
     }
 
-    /// The faults the process environment asks for on a simulated backend of `devices`
-    /// devices ([`SimFaults::from_vars`] over the `RMM_SIM_*` variables; a value that is not
-    /// valid UTF-8 is read with its bad bytes replaced, and refused as any bad value is).
+    /// [`SimFaults::from_vars`] over the environment's `RMM_SIM_*` variables (bad UTF-8 is
+    /// refused).
     ///
     /// # Errors
     /// As [`SimFaults::from_vars`].
@@ -140,15 +131,12 @@ impl SimFaults {
         *self == SimFaults::default()
     }
 
-    /// Puts the faults in force on `sim`: each `n`-th counts from `sim`'s operations so far
-    /// ([`SimBackend::fail_nth_allocation`] and the calls beside it), an `n` of 0 clears that
-    /// fault, and the host memory limit replaces any set before
-    /// ([`SimBackend::limit_host_memory`]).
+    /// Puts the faults in force on `sim`: each `n` counts from `sim`'s operations so far (as
+    /// [`SimBackend::fail_nth_allocation`]), 0 clears that fault, and the host memory limit
+    /// replaces any earlier one ([`SimBackend::limit_host_memory`]).
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when a fault names a device `sim`
-    /// does not have (not for faults made by [`SimFaults::from_vars`] with `sim`'s device
-    /// count).
+    /// [`Error::NoSuchDevice`] when a fault names a device `sim` lacks.
     pub fn apply(&self, sim: &SimBackend) -> Result<()> {
         for &(dev, n) in &self.allocation {
             sim.fail_nth_allocation(dev, n)?;
@@ -181,8 +169,8 @@ fn count(text: &str) -> Option<u64> {
     t.parse().ok()
 }
 
-/// Parses `variable`'s `value`: comma-separated entries `X` (device 0) or `D:X`, each `X` read
-/// by `parse`, each device below `devices` and named once.
+/// Parses `variable`'s `value`: comma-separated entries `X` (device 0) or `D:X`, each `X` read by
+/// `parse`, each device below `devices` and named once.
 fn per_device<T>(
     variable: &'static str,
     value: &str,

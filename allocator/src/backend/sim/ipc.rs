@@ -1,10 +1,9 @@
-//! Interprocess memory on the simulated device: exported memory is an anonymous memory file
-//! (`memfd_create`) that the exporter keeps open and another process of the host maps through
-//! `/proc/<pid>/fd/<fd>`, the pair its handle carries, so Dask workers in separate processes
-//! move data through it as GPUs do through CUDA IPC. Nothing is ever written to a directory:
-//! the memory goes with the exporter's free, or with its process. Exported memory counts as
-//! device memory in use, fails with the same injected faults as `cuMemAlloc`, and needs
-//! backed mode (unbacked devices have no bytes to share).
+//! Interprocess memory on the simulated device. Exported memory is an anonymous memory file
+//! (`memfd_create`) the exporter keeps open; another process of the host maps it through
+//! `/proc/<pid>/fd/<fd>`, the pair its handle carries, so Dask workers in separate processes share
+//! data as GPUs do through CUDA IPC. Nothing is written to a directory: the memory goes with the
+//! exporter's free or process. Exported memory counts as device memory in use, fails with the same
+//! injected faults as `cuMemAlloc`, and needs backed mode.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -17,8 +16,8 @@ use super::{SimBackend, SimMemoryMode};
 use crate::backend::{DevicePtr, IpcHandle};
 use crate::error::{Error, Result};
 
-/// What every simulated handle starts with; "<pid>:<fd>:<inode>" follows (the inode tells
-/// the exporter's file from another that a later process holds at the same number).
+/// The prefix of every simulated handle, followed by "<pid>:<fd>:<inode>" (the inode tells the
+/// exporter's file from one a later process holds at the same number).
 const PREFIX: &str = "rmm-rs-sim:";
 
 fn driver_error(call: &'static str, dev: u32, description: String) -> Error {
@@ -31,8 +30,7 @@ fn driver_error(call: &'static str, dev: u32, description: String) -> Error {
     }
 }
 
-/// The path through which another process opens the memory file a handle names, and the
-/// file's inode.
+/// The path through which another process opens the memory file `handle` names, and its inode.
 fn path_of(handle: &IpcHandle) -> Option<(String, u64)> {
     let end = handle
         .0
@@ -62,8 +60,7 @@ fn memory_file(len: usize) -> std::io::Result<File> {
 
 /// Maps all `len` bytes of `file` shared, read and write.
 fn map(file: &File, len: usize) -> std::io::Result<*mut u8> {
-    // SAFETY: a fresh shared mapping of an open file of at least `len` bytes; the kernel
-    // picks the address.
+    // SAFETY: a fresh shared mapping of an open file of at least `len` bytes.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -183,8 +180,8 @@ impl SimBackend {
                 return Err(std::io::Error::other("the memory file is empty"));
             }
             let ptr = map(&file, len)?;
-            // SAFETY: `ptr` is a fresh shared mapping of exactly `len` bytes, owned from now on;
-            // the mapping keeps the memory after the file closes.
+            // SAFETY: `ptr` is a fresh shared mapping of exactly `len` bytes, owned from now on; it
+            // keeps the memory after the file closes.
             Ok(unsafe { Backing::shared(ptr, len, None) })
         })();
         let backing = opened.map_err(|e| {

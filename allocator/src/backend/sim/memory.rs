@@ -1,5 +1,4 @@
-//! Memory of the simulated device: an allocation table over all devices, host backing in
-//! *backed* mode, and a reserved address range per device in *unbacked* mode.
+//! Simulated device memory: the allocation table, and host backing or unbacked address ranges.
 
 use std::alloc::Layout;
 use std::collections::BTreeMap;
@@ -17,42 +16,37 @@ const UNBACKED_REGION: u64 = 1 << 44;
 /// Start of device 0's unbacked address range.
 const UNBACKED_BASE: u64 = 1 << 46;
 
-/// Host memory standing in for device memory in backed mode. Freed when the last reference
-/// (the allocation table or a queued copy) goes away, so a copy queued before a free never
-/// writes into released host memory.
+/// Host memory backing device memory. Freed with the last reference (the table or a queued copy),
+/// so a copy queued before a free never writes into released memory.
 #[derive(Debug)]
 pub(crate) struct Backing {
-    /// The start of the block, aligned as asked.
+    /// Aligned as asked.
     ptr: *mut u8,
     len: usize,
     storage: Storage,
 }
 
-/// Where a [`Backing`]'s bytes live.
 #[derive(Debug)]
 pub(crate) enum Storage {
-    /// A heap block: what was allocated, `len + align` bytes at the allocator's minimum
-    /// alignment.
+    /// A heap block: `len + align` bytes at the allocator's minimum alignment.
     Heap { base: *mut u8, layout: Layout },
-    /// A shared mapping of a memory file (memory exported to other processes, or mapped from
-    /// one): unmapped when the backing goes; the exporter's file (which peers open) closed
-    /// then.
+    /// A shared mapping of a memory file (memory exported to or imported from another process),
+    /// unmapped on drop; the exporter's file, which peers open, is closed then.
     Shared { _file: Option<std::fs::File> },
 }
 
-// SAFETY: `Backing` owns a heap block or a shared mapping; access to its bytes goes through raw pointers whose
-// ordering the stream model provides, exactly as device memory is shared between streams.
+// SAFETY: `Backing` owns a heap block or a shared mapping; its bytes are accessed through raw
+// pointers ordered by the stream model, as device memory is shared between streams.
 unsafe impl Send for Backing {}
-// SAFETY: as above; `Backing` itself has no interior state besides the block it owns.
+// SAFETY: as above; `Backing` has no interior state besides the block it owns.
 unsafe impl Sync for Backing {}
 
 impl Backing {
     /// Allocates `bytes` (> 0) of zeroed host memory aligned to `align` (a power of two).
     ///
-    /// The block is over-allocated at the allocator's minimum alignment and aligned by hand:
-    /// that keeps large blocks on `calloc`'s fresh, lazily zeroed mappings (an aligned
-    /// `alloc_zeroed` would write every byte), so a 1 GiB simulated allocation costs nothing
-    /// until it is touched.
+    /// Over-allocated at the allocator's minimum alignment and aligned by hand, so large blocks
+    /// stay on `calloc`'s lazily zeroed mappings (an aligned `alloc_zeroed` writes every byte): a
+    /// simulated allocation costs nothing until touched.
     pub(crate) fn new(bytes: usize, align: usize) -> Option<Backing> {
         let len = bytes.max(1);
         let layout = Layout::from_size_align(len.checked_add(align)?, 16).ok()?;
@@ -72,11 +66,10 @@ impl Backing {
     }
 
     /// A backing over `len` bytes of a shared mapping at `ptr` (page-aligned, from `mmap`),
-    /// unmapped on drop; `file` is kept open until then (the exporter's, which peers open).
+    /// unmapped on drop; `file` (the exporter's, which peers open) stays open until then.
     ///
     /// # Safety
-    /// `ptr` must be the start of a live shared mapping of exactly `len` bytes, owned by the
-    /// backing from now on.
+    /// `ptr` starts a live shared mapping of exactly `len` bytes, owned by the backing from now on.
     pub(crate) unsafe fn shared(ptr: *mut u8, len: usize, file: Option<std::fs::File>) -> Backing {
         Backing {
             ptr,
@@ -112,15 +105,13 @@ impl Drop for Backing {
     }
 }
 
-/// What kind of allocation a table entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AllocKind {
     Device,
     Managed,
     /// From a stream-ordered pool (the pool's handle).
     Pool(u64),
-    /// Physical memory (`handle`) mapped into a reserved address range; readable and
-    /// writable once `accessible` (`cuMemSetAccess`).
+    /// Physical memory `handle` mapped in a reservation; usable once `accessible`.
     Mapped {
         handle: u64,
         accessible: bool,
@@ -139,7 +130,7 @@ pub(crate) struct Allocation {
     pub(crate) backing: Option<Arc<Backing>>,
 }
 
-/// One piece of a validated device range: inside one allocation.
+/// One piece of a validated device range, inside one allocation.
 #[derive(Debug, Clone)]
 struct Part {
     backing: Option<Arc<Backing>>,
@@ -148,17 +139,15 @@ struct Part {
     len: usize,
 }
 
-/// A validated device range: where to read or write, if anywhere (unbacked mode has no
-/// bytes). One piece, or several when the range crosses side-by-side mappings of a reserved
-/// address range (as on a GPU, where a virtual range may span several physical chunks).
+/// A validated device range: where to read or write, if anywhere (unbacked mode has no bytes);
+/// several pieces where it crosses adjacent mappings (as a GPU virtual range may).
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {
     parts: Vec<Part>,
 }
 
 impl Resolved {
-    /// The range as (host address of the piece's first byte when backed, length) pieces.
-    /// The addresses stay valid while `self` lives.
+    /// The pieces as (host address when backed, length), valid while `self` lives.
     pub(crate) fn pieces(&self) -> Vec<(Option<*mut u8>, usize)> {
         self.parts
             .iter()
@@ -166,8 +155,7 @@ impl Resolved {
                 let host = p
                     .backing
                     .as_ref()
-                    // SAFETY: `offset + len` was checked against the allocation's length in
-                    // `resolve`.
+                    // SAFETY: `resolve` checked `offset + len` against the allocation's length.
                     .map(|b| unsafe { b.ptr().add(p.offset) });
                 (host, p.len)
             })
@@ -175,7 +163,6 @@ impl Resolved {
     }
 }
 
-/// The allocation table of all simulated devices.
 #[derive(Debug, Default)]
 pub(crate) struct AllocationTable {
     live: BTreeMap<u64, Allocation>,
@@ -203,8 +190,7 @@ impl AllocationTable {
         }
         let mut cursor = *self.cursors.get(device as usize)?;
         let mut wrapped = false;
-        // Bump allocation with wrap-around; skips over live allocations. The region is far
-        // larger than any simulated capacity, so the loop ends after a few steps.
+        // Bump allocation, wrapping around, past live ones (few steps: the region dwarfs capacity).
         for _ in 0..=self.live.len() + 1 {
             if cursor + len > region_end {
                 if wrapped {
@@ -244,8 +230,7 @@ impl AllocationTable {
         self.live.get(&addr)
     }
 
-    /// Checks that `[ptr, ptr + len)` lies inside one live allocation, or inside mappings
-    /// of a reserved range that follow each other without a gap, all accessible.
+    /// Checks that `[ptr, ptr + len)` lies in one live allocation or gapless, accessible mappings.
     pub(crate) fn resolve(
         &self,
         ptr: DevicePtr,
@@ -284,8 +269,7 @@ impl AllocationTable {
             if piece_end == end {
                 return Ok(Resolved { parts });
             }
-            // The range goes on past this allocation: only into the next mapping of the same
-            // reserved range, right after it.
+            // Past this allocation, only into the adjacent mapping of the same reservation.
             let next = self.live.get(&a_end).filter(|n| {
                 matches!(a.kind, AllocKind::Mapped { .. })
                     && matches!(n.kind, AllocKind::Mapped { .. })
@@ -319,8 +303,8 @@ impl AllocationTable {
             .is_some_and(|(s, a)| s + a.len as u64 > addr)
     }
 
-    /// Live allocations of `device` (for leak reports in tests), mappings not counted (their
-    /// physical memory is counted where it is kept).
+    /// Live allocations of `device` for leak reports, except mappings (their memory is counted
+    /// apart).
     pub(crate) fn count_on(&self, device: u32) -> usize {
         self.live
             .values()

@@ -1,18 +1,16 @@
 //! The simulated device: N devices of a configured capacity, for machines without a GPU.
 //!
-//! * *Backed* mode keeps every byte in host memory, so data round-trips exactly (containers,
-//!   spilling). Device addresses are the host addresses of the backing blocks.
-//! * *Unbacked* mode hands out addresses from a reserved range and touches nothing, so an
-//!   80 GiB device can be simulated on a small machine (allocator benchmarks, "would this fit").
+//! * *Backed* mode keeps every byte in host memory, so data round-trips exactly; device addresses
+//!   are the host addresses of the backing blocks.
+//! * *Unbacked* mode hands out addresses from a reserved range and touches nothing, so an 80 GiB
+//!   device fits on a small machine (allocator benchmarks, "would this fit").
 //!
-//! Streams are worker threads that keep stream order; events capture stream progress. Fault
-//! injection fails the N-th device allocation, allocations above a size, the N-th copy, the
-//! N-th pin of host memory (`cuMemHostAlloc`, `cuMemHostRegister`) or the N-th write to a
-//! spill file; each counter is there to read, so that a test can count a step's operations
-//! and then fail each in turn. A process that cannot reach the backend asks for the same
-//! faults with the `RMM_SIM_FAIL_*` variables ([`SimFaults`]).
-//! Stream-ordered pools (`cuMemAllocAsync`) are modelled without the driver's caching: memory
-//! is taken at allocation and given back when the stream reaches the free.
+//! Streams are worker threads keeping stream order; events capture stream progress. Fault injection
+//! fails the N-th allocation, copy, host pin (`cuMemHostAlloc`, `cuMemHostRegister`) or spill-file
+//! write, or allocations above a size; readable counters let a test count a step's operations and
+//! fail each in turn (other processes: `RMM_SIM_FAIL_*`, [`SimFaults`]). Stream-ordered pools
+//! (`cuMemAllocAsync`) do not cache: memory is taken at allocation and returned when the stream
+//! reaches the free.
 
 mod calls;
 mod config;
@@ -121,8 +119,7 @@ pub struct SimBackend {
     vmm_supported: AtomicBool,
     next_handle: AtomicU64,
     pin_faults: PinFaults,
-    /// Host memory the process may use, as [`Backend::host_memory`] reports it (`u64::MAX`:
-    /// the real host's): [`SimBackend::limit_host_memory`], `RMM_SIM_HOST_MEMORY`.
+    /// Host memory the process may use ([`Backend::host_memory`]; `u64::MAX`: the real host's).
     host_limit: AtomicU64,
 }
 
@@ -136,8 +133,7 @@ impl SimBackend {
     /// Builds a simulated backend.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `config` has no device, more
-    /// than 64, or a capacity of zero.
+    /// [`Error::InvalidArgument`] when `config` has no device, more than 64, or zero capacity.
     pub fn new(config: SimConfig) -> Result<SimBackend> {
         if config.devices == 0 || config.devices > 64 {
             return Err(Error::invalid_argument(
@@ -182,8 +178,7 @@ impl SimBackend {
     /// Builds a simulated backend that lives for the rest of the process, as backends do.
     ///
     /// # Errors
-    /// As [`SimBackend::new`]: [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an
-    /// invalid `config`.
+    /// As [`SimBackend::new`].
     pub fn leak(config: SimConfig) -> Result<&'static SimBackend> {
         Ok(Box::leak(Box::new(SimBackend::new(config)?)))
     }
@@ -193,9 +188,8 @@ impl SimBackend {
         &self.config
     }
 
-    /// Makes the host look as if the process may use only `bytes` of memory, as under a
-    /// cgroup limit (`None`: the real host's memory): pinning more than what is left of it
-    /// then fails as it would there. What the simulated device has pinned counts against it.
+    /// Limits the host memory the process may use to `bytes` (`None`: the real host's), as a cgroup
+    /// would, counting what the simulated device pinned; also `RMM_SIM_HOST_MEMORY`.
     pub fn limit_host_memory(&self, bytes: Option<u64>) {
         self.host_limit
             .store(bytes.unwrap_or(u64::MAX), Ordering::SeqCst);
@@ -206,11 +200,10 @@ impl SimBackend {
         Some(self.host_limit.load(Ordering::SeqCst)).filter(|&l| l != u64::MAX)
     }
 
-    /// Makes the `n`-th device allocation from now on `dev` fail with out-of-memory
-    /// (`n` = 1: the next one). `n` = 0 clears it.
+    /// Makes the `n`-th allocation on `dev` from now (1: the next) fail out of memory; 0 clears it.
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_allocation(&self, dev: u32, n: u64) -> Result<()> {
         let f = &self.device(dev)?.faults;
         let base = f.allocs.load(Ordering::SeqCst);
@@ -224,7 +217,7 @@ impl SimBackend {
     /// Makes every device allocation on `dev` larger than `bytes` fail with out-of-memory.
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_allocations_above(&self, dev: u32, bytes: usize) -> Result<()> {
         self.device(dev)?
             .faults
@@ -236,7 +229,7 @@ impl SimBackend {
     /// Makes the `n`-th copy or memset from now on `dev` fail (`n` = 0 clears it).
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_copy(&self, dev: u32, n: u64) -> Result<()> {
         let f = &self.device(dev)?.faults;
         let base = f.copies.load(Ordering::SeqCst);
@@ -247,8 +240,8 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Makes the `n`-th pin of host memory from now on (`cuMemHostAlloc` or one chunk's
-    /// `cuMemHostRegister`, any device) fail with out-of-memory (`n` = 0 clears it).
+    /// Makes the `n`-th host pin from now (`cuMemHostAlloc` or one chunk's `cuMemHostRegister`, any
+    /// device) fail with out-of-memory; 0 clears it.
     pub fn fail_nth_pin(&self, n: u64) {
         let f = &self.pin_faults;
         let base = f.pins.load(Ordering::SeqCst);
@@ -258,10 +251,10 @@ impl SimBackend {
         );
     }
 
-    /// Makes the `n`-th write to a spill file of `dev` from now on fail (`n` = 0 clears it).
+    /// Makes the `n`-th spill-file write of `dev` from now fail; 0 clears it.
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_file_write(&self, dev: u32, n: u64) -> Result<()> {
         let f = &self.device(dev)?.faults;
         let base = f.file_writes.load(Ordering::SeqCst);
@@ -272,11 +265,10 @@ impl SimBackend {
         Ok(())
     }
 
-    /// The operations fault injection counts on `dev` so far (pins: all devices'): take it
-    /// before and after a step to learn how many of each the step does.
+    /// The operations counted on `dev` (pins: all devices'); compare before and after a step.
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn counts(&self, dev: u32) -> Result<SimCounts> {
         let f = &self.device(dev)?.faults;
         Ok(SimCounts {
@@ -291,7 +283,7 @@ impl SimBackend {
     /// Removes every injected fault on `dev` (and the pin fault).
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device.
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn clear_faults(&self, dev: u32) -> Result<()> {
         let f = &self.device(dev)?.faults;
         f.fail_alloc_at.store(0, Ordering::SeqCst);
@@ -302,13 +294,11 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Holds `stream` back: work queued on it from now on waits until the gate is opened.
+    /// Holds `stream` back: work queued on it from now waits until the gate opens.
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device;
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `stream` is not a live stream
-    /// of it; [`Error::Driver`](crate::Error::Driver) when the default stream's worker thread
-    /// cannot start.
+    /// [`Error::NoSuchDevice`] for an unknown `dev`; [`Error::InvalidArgument`] for a stream not
+    /// live on it; [`Error::Driver`] when the default stream's worker cannot start.
     pub fn hold_stream(&self, dev: u32, stream: RawStream) -> Result<StreamGate> {
         let s = self.stream(dev, stream)?;
         let (gate, job) = StreamGate::new();
@@ -319,10 +309,7 @@ impl SimBackend {
     /// Queues a delay of `duration` on `stream`, standing in for a long-running kernel.
     ///
     /// # Errors
-    /// [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) when `dev` is not a simulated device;
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `stream` is not a live stream
-    /// of it; [`Error::Driver`](crate::Error::Driver) when the default stream's worker thread
-    /// cannot start.
+    /// As [`hold_stream`](Self::hold_stream).
     pub fn delay_stream(&self, dev: u32, stream: RawStream, duration: Duration) -> Result<()> {
         let s = self.stream(dev, stream)?;
         s.submit(move || std::thread::sleep(duration));
@@ -341,16 +328,14 @@ impl SimBackend {
             .sum()
     }
 
-    /// Number of live device, managed and pool allocations on `dev`, physical memory of the
-    /// virtual memory API not yet released included.
+    /// Live device, managed, pool and unreleased physical (VMM) allocations on `dev`.
     pub fn live_allocations(&self, dev: u32) -> usize {
         self.table.lock().count_on(dev) + self.vmm.lock().physical_on(dev)
     }
 
-    /// Makes the devices report virtual memory management as supported or not
-    /// ([`DeviceProperties::supports_virtual_memory`](crate::backend::DeviceProperties)), as
-    /// a GPU without it would (the calls themselves keep working): for testing the fallback
-    /// of resources that use it when they can.
+    /// Makes devices report VMM (un)supported
+    /// ([`DeviceProperties::supports_virtual_memory`](crate::backend::DeviceProperties)), calls
+    /// still working, to test fallbacks.
     pub fn set_virtual_memory_supported(&self, supported: bool) {
         self.vmm_supported.store(supported, Ordering::SeqCst);
     }
@@ -468,8 +453,8 @@ impl SimBackend {
         }
     }
 
-    /// Counts one device allocation of `bytes` on `dev` (injected faults, then capacity) and
-    /// takes its rounded length from the free memory. Returns that length.
+    /// Counts one device allocation of `bytes` on `dev` (injected faults, then capacity) and takes
+    /// its rounded length, which it returns, from the free memory.
     fn charge(&self, dev: u32, bytes: usize, call: &'static str) -> Result<usize> {
         let d = self.device(dev)?;
         let n = d.faults.allocs.fetch_add(1, Ordering::SeqCst) + 1;
@@ -533,7 +518,7 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Counts a pin of host memory by `call`; fails it when it is the one to fail.
+    /// Counts a host pin by `call`; fails the one chosen to fail.
     fn count_pin(&self, call: &'static str, bytes: usize) -> Result<()> {
         let f = &self.pin_faults;
         let n = f.pins.fetch_add(1, Ordering::SeqCst) + 1;
@@ -543,7 +528,7 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Counts a spill-file write on `dev`; fails it when it is the one to fail.
+    /// Counts a spill-file write on `dev`; fails the one chosen to fail.
     fn count_file_write(&self, dev: u32) -> Result<()> {
         let f = &self.device(dev)?.faults;
         let n = f.file_writes.fetch_add(1, Ordering::SeqCst) + 1;

@@ -1,9 +1,7 @@
-//! Streams and events of the simulated device.
-//!
-//! Each stream is a worker thread that runs its queued jobs in order, so work really is
-//! asynchronous to the host: a test can hold a stream back ([`StreamGate`]) or delay it and
-//! observe that nothing queued behind runs early. An event captures how much work its stream
-//! had been given when it was recorded, exactly as `cuEventRecord` does.
+//! Streams and events of the simulated device. Each stream is a worker thread running its queued
+//! jobs in order, so work is truly asynchronous to the host: a test can hold a stream back
+//! ([`StreamGate`]) or delay it and see nothing queued behind run early. An event captures how much
+//! work its stream had been given when recorded, as `cuEventRecord` does.
 
 use std::sync::Arc;
 use std::thread;
@@ -43,7 +41,6 @@ impl Progress {
     }
 }
 
-/// One simulated stream.
 #[derive(Debug)]
 pub(crate) struct SimStream {
     pub(crate) device: u32,
@@ -52,10 +49,9 @@ pub(crate) struct SimStream {
 }
 
 impl SimStream {
-    /// Starts the stream's worker thread, and returns once it runs: a thread that is yet to
-    /// start needs memory of its own as it does (its signal stack), which must not be left to
-    /// whatever else is started meanwhile (under an address-space limit, a late start aborts
-    /// the process).
+    /// Starts the stream's worker thread and returns once it runs: a starting thread needs memory
+    /// of its own (its signal stack), which must not be left to whatever else starts meanwhile
+    /// (under an address-space limit, a late start aborts the process).
     pub(crate) fn spawn(device: u32, label: String) -> std::io::Result<Arc<SimStream>> {
         let (tx, rx) = unbounded::<(u64, Job)>();
         let progress = Arc::new(Progress::default());
@@ -153,8 +149,8 @@ impl SimEvent {
     }
 }
 
-/// Holds a simulated stream back: work queued after the gate waits until it is opened (or
-/// dropped). Made by [`super::SimBackend::hold_stream`].
+/// Holds a simulated stream back: work queued after the gate waits until it is opened or dropped.
+/// Made by [`super::SimBackend::hold_stream`].
 #[derive(Debug)]
 pub struct StreamGate {
     open: Arc<(Mutex<bool>, Condvar)>,

@@ -1,8 +1,7 @@
-//! The virtual memory API on the simulated device: reserved address ranges, physical memory
-//! handles, mappings and access, with CUDA's rules (sizes and addresses in granules, a
-//! mapping needs a reservation and `cuMemSetAccess` before use, memory goes back once
-//! released and unmapped). Physical memory counts as device memory in use, as `cuMemAlloc`'s
-//! does, and fails with the same injected faults.
+//! The virtual memory API on the simulated device: reservations, physical memory handles, mappings
+//! and access, with CUDA's rules (sizes and addresses in granules; a mapping needs a reservation
+//! and `cuMemSetAccess` before use; memory goes back once released and unmapped). Physical memory
+//! counts as device memory in use and fails with `cuMemAlloc`'s injected faults.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -15,9 +14,8 @@ use crate::error::{Error, Result};
 
 /// The granularity of physical memory and mappings (2 MiB, as on current GPUs).
 pub(super) const GRANULARITY: usize = 2 << 20;
-/// Start of device 0's region of reservable addresses: above every host address (user space
-/// ends below 2^47 unless a program asks for more), so reservations never meet backed
-/// memory, and far from the unbacked allocations.
+/// Start of device 0's reservable addresses: above all host addresses (user space ends below 2^47
+/// unless asked), so never meeting backed memory, and far from unbacked ones.
 const VMM_BASE: u64 = 1 << 52;
 /// Size of each device's region of reservable addresses (64 TiB).
 const VMM_REGION: u64 = 1 << 46;
