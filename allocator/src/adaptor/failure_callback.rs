@@ -1,11 +1,10 @@
-//! [`FailureCallbackResourceAdaptor`]: on out-of-memory, ask a callback whether to retry
-//! (RMM's `failure_callback_resource_adaptor`). Spilling plugs in here: the callback frees
-//! device memory (spills buffers to the host) and answers [`FailureAction::Retry`].
+//! [`FailureCallbackResourceAdaptor`]: on out-of-memory, asks a callback whether to retry (RMM's
+//! `failure_callback_resource_adaptor`). Spilling plugs in here: the callback frees device memory
+//! (spills buffers) and answers [`FailureAction::Retry`].
 //!
-//! How many times to retry is the callback's decision: the adaptor retries for as long as it
-//! answers `Retry`, so a callback that cannot free anything more must answer
-//! [`FailureAction::Fail`] (use [`AllocationFailure::attempt`] to bound the retries). Errors
-//! other than out-of-memory go straight back to the caller, without the callback.
+//! The adaptor retries as long as the callback answers `Retry`, so one that cannot free more must
+//! answer [`FailureAction::Fail`] ([`AllocationFailure::attempt`] helps bound retries). Other
+//! errors go straight to the caller.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,8 +52,7 @@ pub struct AllocationFailure<'a> {
 
 type Callback = dyn Fn(&AllocationFailure<'_>) -> FailureAction + Send + Sync;
 
-/// Calls a callback when the upstream runs out of memory and retries while it answers
-/// [`FailureAction::Retry`] (see the module documentation).
+/// Calls a callback on upstream out-of-memory, retrying while it answers [`FailureAction::Retry`].
 pub struct FailureCallbackResourceAdaptor {
     upstream: SharedResource,
     callback: Box<Callback>,

@@ -9,9 +9,9 @@ use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
-/// Fires `malloc_*` and `free_*` around any upstream, for resources without built-in hooks
-/// (every resource but [`crate::resource::PoolMemoryResource`], which fires them itself: do
-/// not wrap a pool, or each event fires twice). Sizes are reported rounded to 256 bytes.
+/// Fires `malloc_*` and `free_*` around resources without built-in hooks (all but
+/// [`crate::resource::PoolMemoryResource`]: wrapping a pool fires each event twice). Sizes are
+/// reported rounded to 256 bytes.
 #[derive(Debug)]
 pub struct HookedResourceAdaptor {
     upstream: SharedResource,

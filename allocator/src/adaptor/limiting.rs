@@ -1,14 +1,13 @@
 //! [`LimitingResourceAdaptor`]: a hard cap on the bytes in use through it (RMM's
 //! `limiting_resource_adaptor`).
 //!
-//! The cap counts bytes *in use* (handed out and not freed, each rounded up to 256 bytes as
-//! the allocation alignment makes them), never bytes a pool below merely caches: a pool that
-//! keeps freed blocks does not eat into the limit (CuPy users hit that with its pool limit,
-//! cupy#7678). Put the limit above the pool to cap use, or between the pool and the device to
-//! cap what the pool may reserve.
+//! The cap counts bytes *in use* (handed out, not freed, each rounded up to 256 bytes), never bytes
+//! a pool below merely caches, so a pool keeping freed blocks does not eat into it (CuPy's
+//! pool-limit problem, cupy#7678). Put it above the pool to cap use, or between pool and device to
+//! cap the pool's reservation.
 //!
-//! A hard cap needs one figure every thread agrees on: each allocation and free is one atomic
-//! add on a shared counter (unlike the statistics adaptor's per-thread shards).
+//! A hard cap needs one figure all threads agree on: each allocation and free is one atomic add on
+//! a shared counter (unlike the statistics adaptor's per-thread shards).
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,8 +28,7 @@ pub enum MemoryLimit {
     Fraction(f64),
 }
 
-/// Refuses allocations that would take the bytes in use past a limit, with
-/// [`Error::LimitExceeded`] (an out-of-memory error).
+/// Refuses allocations taking bytes in use past a limit with [`Error::LimitExceeded`] (an OOM).
 pub struct LimitingResourceAdaptor {
     upstream: SharedResource,
     limit: usize,
@@ -53,13 +51,11 @@ fn rounded(bytes: usize) -> Option<usize> {
 }
 
 impl LimitingResourceAdaptor {
-    /// Caps the bytes in use through `upstream` at `limit`. A fraction is taken of the total
-    /// memory of the upstream's device.
+    /// Caps the bytes in use through `upstream` at `limit` (a fraction: of device memory).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a fraction `limit` is not in
-    /// (0, 1]; [`Error::Driver`](crate::Error::Driver) when the device cannot report its total
-    /// memory.
+    /// [`Error::InvalidArgument`] for a fraction outside (0, 1]; [`Error::Driver`] if the device
+    /// cannot report its memory.
     pub fn new(upstream: SharedResource, limit: MemoryLimit) -> Result<Self> {
         let (limit, limit_source) = match limit {
             MemoryLimit::Bytes(b) => (b, format!("{} bytes", b)),
@@ -106,8 +102,7 @@ impl LimitingResourceAdaptor {
         self.limit
     }
 
-    /// Bytes in use through the adaptor, each allocation rounded up to 256 bytes (RMM's
-    /// `get_allocated_bytes`).
+    /// Bytes in use, each allocation rounded up to 256 bytes (RMM's `get_allocated_bytes`).
     pub fn used_bytes(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
@@ -117,11 +112,9 @@ impl LimitingResourceAdaptor {
         self.limit.saturating_sub(self.used_bytes())
     }
 
-    /// Counts `blocks`, live allocations made through another stack whose memory this
-    /// stack's resource now owns (a reinitialize that keeps data in place), as in use
-    /// through this adaptor, each rounded up to 256 bytes. They are not refused: the bytes
-    /// in use may then be above the limit, and allocations are refused until enough is
-    /// freed. Slow path.
+    /// Counts `blocks`, live allocations of another stack now owned by this stack's resource (a
+    /// reinitialize keeping data in place), as in use here, each rounded up to 256 bytes. Never
+    /// refused: use may exceed the limit, refusing allocations until enough is freed.
     pub fn take_over_live(&self, blocks: &[LiveBlock]) {
         let bytes: usize = blocks
             .iter()
@@ -131,8 +124,7 @@ impl LimitingResourceAdaptor {
         self.used.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// No longer counts `blocks`, live allocations made through this adaptor that another
-    /// stack has taken over, as in use here. Slow path.
+    /// Stops counting `blocks`, live allocations of this adaptor taken over by another stack.
     pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
         let bytes: usize = blocks
             .iter()
@@ -198,8 +190,7 @@ impl DeviceMemoryResource for LimitingResourceAdaptor {
         Ok(())
     }
 
-    /// What may still be allocated before the limit (at most what the upstream reports
-    /// free), of the limit.
+    /// Bytes still allocatable before the limit (at most the upstream's free memory), of the limit.
     fn memory_info(&self) -> Result<MemInfo> {
         let up = self.upstream.memory_info()?;
         Ok(MemInfo {

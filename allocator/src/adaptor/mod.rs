@@ -1,24 +1,21 @@
-//! Resource adaptors: each wraps an upstream
-//! [`SharedResource`](crate::resource::SharedResource) and is itself a
-//! [`DeviceMemoryResource`], so they stack in any order (RMM's `*_resource_adaptor`s).
+//! Resource adaptors: each wraps an upstream [`SharedResource`](crate::resource::SharedResource)
+//! and is a [`DeviceMemoryResource`], so they stack in any order (RMM's `*_resource_adaptor`s).
 //!
 //! | adaptor | what it adds |
 //! |---|---|
 //! | [`StatisticsResourceAdaptor`] | current / peak / total bytes and counts, counter scopes, a PyTorch-style report |
 //! | [`LimitingResourceAdaptor`] | a hard cap on bytes in use |
 //! | [`TrackingResourceAdaptor`] | every outstanding allocation (optionally with a backtrace), leak reports |
-//! | [`LoggingResourceAdaptor`] | an RMM-format CSV event log, which the replay (`rmm_allocator::replay`) plays back |
+//! | [`LoggingResourceAdaptor`] | an RMM-format CSV event log, which [`crate::event_log`] reads and `rmm replay` plays back |
 //! | [`FailureCallbackResourceAdaptor`] | a callback on out-of-memory that decides retry or fail |
 //! | [`HookedResourceAdaptor`] | CuPy-style memory [`hooks`] around any resource |
 //!
-//! Order matters the way it does in RMM: an adaptor sees what reaches it. A limit under
-//! statistics makes the statistics count the refusals as out-of-memory; statistics under a
-//! limit count only what the limit let through. A failure callback should sit above the
-//! resource whose memory it can free (e.g. above the pool, so spilling frees pool blocks).
+//! Order matters as in RMM: an adaptor sees what reaches it. Statistics above a limit count its
+//! refusals as out-of-memory; below it, only what it let through. A failure callback belongs above
+//! the resource whose memory it can free (e.g. above the pool, so spilling frees pool blocks).
 //!
-//! Hot paths: no adaptor takes a global lock, allocates or emits a `tracing` event on a
-//! successful allocation or deallocation. The logging adaptor appends a binary record to the
-//! calling thread's buffer (a background thread writes RMM's CSV); the tracking adaptor does
+//! Hot paths: no adaptor takes a global lock, allocates or emits a `tracing` event on a successful
+//! allocation or deallocation; logging appends a binary record to a thread buffer, tracking does
 //! one sharded map insert.
 
 mod failure_callback;
@@ -60,10 +57,9 @@ impl Upstream for dyn DeviceMemoryResource {
     }
 }
 
-/// The part of an adaptor's [`DeviceMemoryResource`] implementation that every adaptor shares,
-/// written once: `device`, `is_equal` ([`same_adaptor`]), `memory_info` (unless the adaptor says
-/// `own memory_info`), `as_any` and `upstream` all go to the `upstream` field; `name` is the
-/// given name.
+/// The [`DeviceMemoryResource`] methods every adaptor shares: `device`, `is_equal`
+/// ([`same_adaptor`]), `memory_info` (unless `own memory_info`), `as_any` and `upstream` go to the
+/// `upstream` field; `name` is the given name.
 macro_rules! upstream_tail {
     ($name:literal) => {
         fn memory_info(&self) -> $crate::error::Result<$crate::backend::MemInfo> {
@@ -96,8 +92,7 @@ macro_rules! upstream_tail {
 }
 pub(crate) use upstream_tail;
 
-/// RMM's adaptor equality: the same object, or an adaptor of the same type over an equal
-/// upstream.
+/// RMM's adaptor equality: the same object, or the same adaptor type over an equal upstream.
 pub(crate) fn same_adaptor<A: DeviceMemoryResource, U: Upstream + ?Sized>(
     this: &A,
     other: &dyn DeviceMemoryResource,

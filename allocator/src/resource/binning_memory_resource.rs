@@ -1,5 +1,4 @@
-//! [`BinningMemoryResource`]: size-class bins in front of an upstream, RMM's
-//! `binning_memory_resource`.
+//! [`BinningMemoryResource`]: size-class bins before an upstream (RMM's `binning_memory_resource`).
 
 use std::any::Any;
 use std::sync::Arc;
@@ -11,10 +10,9 @@ use crate::error::{Error, Result};
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
-/// Routes each request to the smallest bin that holds it; larger requests go to the
-/// upstream. Bins are [`FixedSizeMemoryResource`]s of powers of two by default, or any
-/// resource added with [`BinningMemoryResource::add_bin`]. Deallocation routes by the size
-/// given, so it must be the size that was allocated.
+/// Routes each request to the smallest bin holding it, larger ones to the upstream. Bins are
+/// power-of-two [`FixedSizeMemoryResource`]s by default, or any resource from
+/// [`BinningMemoryResource::add_bin`]. Deallocate with the allocated size: it routes by size.
 #[derive(Debug)]
 pub struct BinningMemoryResource {
     upstream: SharedResource,
@@ -31,13 +29,11 @@ impl BinningMemoryResource {
         }
     }
 
-    /// Power-of-two bins from `2^min_exp` to `2^max_exp` bytes, each a
-    /// [`FixedSizeMemoryResource`] over `upstream`.
+    /// [`FixedSizeMemoryResource`] bins over `upstream` of `2^min_exp` to `2^max_exp` bytes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `min_exp > max_exp` or
-    /// `max_exp > 40`; [`Error::OutOfMemory`](crate::Error::OutOfMemory) when a bin cannot take its
-    /// first chunk from `upstream`.
+    /// [`Error::InvalidArgument`] if `min_exp > max_exp` or `max_exp > 40`; [`Error::OutOfMemory`]
+    /// if a bin's first chunk fails.
     pub fn with_bins(upstream: SharedResource, min_exp: u32, max_exp: u32) -> Result<Self> {
         if min_exp > max_exp || max_exp > 40 {
             return Err(Error::invalid_argument(
@@ -53,13 +49,12 @@ impl BinningMemoryResource {
         Ok(r)
     }
 
-    /// Adds a bin serving sizes up to `size` (above the next smaller bin). With no
-    /// `resource`, a [`FixedSizeMemoryResource`] of blocks of `size` over the upstream.
+    /// Adds a bin for sizes up to `size` (above the next smaller bin): `resource`, or a
+    /// [`FixedSizeMemoryResource`] of `size` blocks over the upstream.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `resource` is on another
-    /// device than the upstream; [`Error::OutOfMemory`](crate::Error::OutOfMemory) when a new bin
-    /// cannot take its first chunk from the upstream.
+    /// [`Error::InvalidArgument`] if `resource` is on another device; [`Error::OutOfMemory`] if a
+    /// new bin's first chunk fails.
     pub fn add_bin(&mut self, size: usize, resource: Option<SharedResource>) -> Result<()> {
         let resource = match resource {
             Some(r) => r,

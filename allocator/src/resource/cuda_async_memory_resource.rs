@@ -1,5 +1,4 @@
-//! [`CudaAsyncMemoryResource`]: `cuMemAllocFromPoolAsync` on a pool of its own, RMM's
-//! `cuda_async_memory_resource`.
+//! [`CudaAsyncMemoryResource`] (RMM's `cuda_async_memory_resource`): `cuMemAllocFromPoolAsync`.
 
 use std::any::Any;
 
@@ -9,10 +8,9 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stream_view::StreamView;
 
-/// Stream-ordered allocation from a driver memory pool (`cuMemPoolCreate`) owned by this
-/// resource. By default the pool keeps everything it has taken (release threshold
-/// `u64::MAX`), as RMM does, so steady-state allocation never goes back to the driver's
-/// slow path; [`CudaAsyncMemoryResource::release`] gives the cache back.
+/// Stream-ordered allocation from a driver memory pool (`cuMemPoolCreate`) it owns. As in RMM, the
+/// pool keeps all it takes by default (release threshold `u64::MAX`), so steady-state allocation
+/// avoids the driver's slow path; [`CudaAsyncMemoryResource::release`] returns the cache.
 #[derive(Debug)]
 pub struct CudaAsyncMemoryResource {
     device: Device,
@@ -29,12 +27,10 @@ impl CudaAsyncMemoryResource {
         Self::with_release_threshold(device, u64::MAX)
     }
 
-    /// A resource whose pool releases cached memory above `release_threshold` bytes at each
-    /// synchronization.
+    /// A resource whose pool releases cached memory above `release_threshold` bytes at each sync.
     ///
     /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) when `device` has no memory pool support;
-    /// [`Error::Driver`](crate::Error::Driver) when the pool cannot be created.
+    /// [`Error::Unsupported`] without pool support; [`Error::Driver`] if pool creation fails.
     pub fn with_release_threshold(device: Device, release_threshold: u64) -> Result<Self> {
         if !device.properties()?.supports_memory_pools {
             return Err(Error::Unsupported {
@@ -60,13 +56,11 @@ impl CudaAsyncMemoryResource {
         })
     }
 
-    /// Primes the driver pool with `bytes` (RMM's `initial_pool_size`): allocates and frees
-    /// them on the default stream and waits, so the pool holds them while the release
-    /// threshold allows.
+    /// Primes the pool with `bytes` (RMM's `initial_pool_size`): allocates and frees them on the
+    /// default stream and waits, so the pool holds them as the release threshold allows.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the pool cannot provide `bytes`;
-    /// [`Error::Driver`](crate::Error::Driver) when the free or the wait fails.
+    /// [`Error::OutOfMemory`]; [`Error::Driver`] when the free or the wait fails.
     pub fn reserve(&self, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -84,18 +78,17 @@ impl CudaAsyncMemoryResource {
     /// Bytes the driver pool currently holds (in use plus cached).
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the driver query fails.
+    /// [`Error::Driver`] when the query fails.
     pub fn reserved_bytes(&self) -> Result<u64> {
         self.device
             .backend()
             .mem_pool_reserved(self.device.ordinal(), self.pool)
     }
 
-    /// Waits for the device, then gives every cached, unused byte back to the driver.
+    /// Waits for the device, then gives every cached unused byte back to the driver.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when waiting for the device or trimming the pool
-    /// fails.
+    /// [`Error::Driver`] when waiting or trimming fails.
     pub fn release(&self) -> Result<()> {
         let _span = tracing::debug_span!(
             "CudaAsyncMemoryResource::release",

@@ -1,7 +1,6 @@
 //! Memory straight from the driver, freed with `cuMemFree`: RMM's `cuda_memory_resource`
-//! ([`CudaMemoryResource`], `cuMemAlloc`) and `managed_memory_resource`
-//! ([`ManagedMemoryResource`], `cuMemAllocManaged`). One type serves both; which memory it
-//! allocates is its parameter.
+//! ([`CudaMemoryResource`], `cuMemAlloc`) and `managed_memory_resource` ([`ManagedMemoryResource`],
+//! `cuMemAllocManaged`), one type parameterized by the kind of memory.
 
 use std::any::Any;
 use std::fmt;
@@ -31,8 +30,7 @@ pub trait DriverMemory: sealed::Sealed + Send + Sync + 'static {
 #[derive(Debug, Clone, Copy)]
 pub struct Plain;
 
-/// Unified memory, accessible from host and device and migrated on demand
-/// (`cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)`).
+/// Unified memory, migrated on demand (`cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)`).
 #[derive(Debug, Clone, Copy)]
 pub struct Managed;
 
@@ -53,17 +51,14 @@ impl DriverMemory for Managed {
     }
 }
 
-/// Allocates with `cuMemAlloc` and frees with `cuMemFree`. Both are synchronous and slow
-/// (tens of microseconds); wrap it in a pool for anything on a hot path. This is the initial
-/// resource of every device.
+/// `cuMemAlloc`/`cuMemFree`, synchronous and slow: pool it on hot paths. Devices start with it.
 pub type CudaMemoryResource = DriverMemoryResource<Plain>;
 
-/// Allocates unified memory with `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)` and frees it with
-/// `cuMemFree`.
+/// Unified memory from `cuMemAllocManaged(CU_MEM_ATTACH_GLOBAL)`, freed with `cuMemFree`.
 pub type ManagedMemoryResource = DriverMemoryResource<Managed>;
 
-/// Memory of kind `M` straight from the driver, one call per allocation; see
-/// [`CudaMemoryResource`] and [`ManagedMemoryResource`].
+/// Memory of kind `M` from the driver, one call per allocation; see [`CudaMemoryResource`],
+/// [`ManagedMemoryResource`].
 pub struct DriverMemoryResource<M: DriverMemory> {
     device: Device,
     memory: PhantomData<M>,
@@ -80,11 +75,10 @@ impl CudaMemoryResource {
 }
 
 impl ManagedMemoryResource {
-    /// A resource for `device`; fails if the device has no managed memory support.
+    /// A resource for `device`.
     ///
     /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) when `device` has no managed memory
-    /// support; [`Error::Driver`](crate::Error::Driver) when its properties cannot be read.
+    /// [`Error::Unsupported`] without managed memory; [`Error::Driver`] reading properties.
     pub fn new(device: Device) -> Result<Self> {
         if !device.properties()?.supports_managed_memory {
             return Err(Error::Unsupported {
@@ -111,7 +105,9 @@ impl<M: DriverMemory> Clone for DriverMemoryResource<M> {
 
 impl<M: DriverMemory> fmt::Debug for DriverMemoryResource<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct(M::NAME).field("device", &self.device).finish()
+        f.debug_struct(M::NAME)
+            .field("device", &self.device)
+            .finish()
     }
 }
 

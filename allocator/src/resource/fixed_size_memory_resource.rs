@@ -34,10 +34,8 @@ struct BlockStock {
     chunks: Vec<(u64, usize)>,
 }
 
-/// Serves requests of up to `block_size` bytes with whole blocks of that size. Blocks freed
-/// on a stream are reused by that stream at once; blocks move to another stream only after
-/// the first stream's work has completed. Memory is returned to the upstream when the
-/// resource is dropped.
+/// Serves requests of up to `block_size` bytes with whole blocks. A stream reuses its freed blocks
+/// at once; other streams only after its work completes. Memory returns to the upstream on drop.
 pub struct FixedSizeMemoryResource {
     upstream: SharedResource,
     device: Device,
@@ -59,12 +57,10 @@ impl std::fmt::Debug for FixedSizeMemoryResource {
 
 impl FixedSizeMemoryResource {
     /// Blocks of `block_size` bytes (rounded up to 256), taken from `upstream`
-    /// `blocks_to_preallocate` at a time; one chunk is taken at construction.
+    /// `blocks_to_preallocate` at a time, one chunk at construction.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `block_size` or
-    /// `blocks_to_preallocate` is zero; [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the
-    /// first chunk cannot be taken from `upstream`.
+    /// [`Error::InvalidArgument`] for a zero size; [`Error::OutOfMemory`] if the first chunk fails.
     pub fn new(
         upstream: SharedResource,
         block_size: usize,
@@ -93,8 +89,7 @@ impl FixedSizeMemoryResource {
     /// A resource with RMM's defaults: 1 MiB blocks, 128 at a time.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the first chunk cannot be taken from
-    /// `upstream`.
+    /// [`Error::OutOfMemory`] if the first chunk cannot be taken.
     pub fn with_defaults(upstream: SharedResource) -> Result<Self> {
         Self::new(upstream, DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE)
     }

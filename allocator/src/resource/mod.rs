@@ -1,9 +1,9 @@
-//! Memory resources: the [`DeviceMemoryResource`] and [`HostMemoryResource`] interfaces and
-//! the resources that talk to the device directly.
+//! Memory resources: the [`DeviceMemoryResource`] and [`HostMemoryResource`] interfaces and the
+//! resources that talk to the device directly.
 //!
-//! As in RMM, every device allocation is aligned to at least 256 bytes, every allocation and
-//! deallocation names a stream, and memory freed on a stream may be reused on that stream at
-//! once, on another only after the freeing stream's earlier work has completed.
+//! As in RMM, device allocations are aligned to at least 256 bytes, every allocation and
+//! deallocation names a stream, and memory freed on a stream is reusable on it at once, on another
+//! only after the freeing stream's earlier work completes.
 
 mod binning_memory_resource;
 mod cuda_async_memory_resource;
@@ -43,23 +43,21 @@ use crate::stream_view::StreamView;
 
 /// A source of device memory (RMM's `device_memory_resource`).
 ///
-/// Implementations are shared between threads (`Send + Sync`), hand out pointers aligned to
-/// at least [`crate::ALLOCATION_ALIGNMENT`], return [`DevicePtr::NULL`] for zero bytes, and
-/// report exhaustion as [`Error::OutOfMemory`].
+/// Implementations are `Send + Sync`, align pointers to at least [`crate::ALLOCATION_ALIGNMENT`],
+/// return [`DevicePtr::NULL`] for zero bytes, and report exhaustion as [`Error::OutOfMemory`].
 pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes`, usable in stream order on `stream`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`] when the resource cannot provide `bytes`; [`Error::Driver`] when a
-    /// driver call fails; adaptors add their own (e.g. [`Error::LimitExceeded`]).
+    /// [`Error::OutOfMemory`], [`Error::Driver`], or an adaptor's own (e.g.
+    /// [`Error::LimitExceeded`]).
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr>;
 
-    /// Gives back `ptr`, which `allocate(bytes, _)` of this resource returned, in stream
-    /// order on `stream`: the memory may be reused once the stream's earlier work completes.
+    /// Frees `ptr`, returned by this resource's `allocate(bytes, _)`, in stream order on `stream`:
+    /// reusable once the stream's earlier work completes.
     ///
     /// # Errors
-    /// [`Error::InvalidPointer`] when `ptr` is not a live allocation of this resource (where the
-    /// resource can tell); [`Error::Driver`] when the driver call fails.
+    /// [`Error::InvalidPointer`] if `ptr` is not live here (where detectable); [`Error::Driver`].
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()>;
 
     /// The device the memory lives on.
@@ -68,8 +66,7 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// The resource's type name, for errors and reports (e.g. `"CudaMemoryResource"`).
     fn name(&self) -> &'static str;
 
-    /// True when memory allocated by `self` can be deallocated by `other` and vice versa.
-    /// By default only the same object is equal to itself.
+    /// True when `other` can deallocate memory `self` allocated and vice versa (default: identity).
     fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
         std::ptr::addr_eq(
             self as *const Self,
@@ -88,16 +85,14 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Lets [`DeviceMemoryResource::is_equal`] implementations look at the concrete type.
     fn as_any(&self) -> &dyn Any;
 
-    /// The resource this one passes requests to: `Some` for the adaptors and the pool, `None`
-    /// (the default) for resources that talk to the device or have several upstreams (like
-    /// binning). The adaptors' `chain` follows it.
+    /// The resource requests pass to: `Some` for adaptors and the pool, `None` (default) for device
+    /// resources and several upstreams (binning). Adaptors' `chain` follows it.
     fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
         None
     }
 }
 
-/// A shared device memory resource: what adaptors, pools and containers hold, and what the
-/// per-device table keeps for each device.
+/// A shared device memory resource, as held by adaptors, pools, containers and the device table.
 pub type SharedResource = Arc<dyn DeviceMemoryResource>;
 
 /// A source of host memory (RMM's `host_memory_resource`).
@@ -105,14 +100,12 @@ pub trait HostMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes` aligned to `alignment` (a power of two).
     ///
     /// # Errors
-    /// [`Error::HostOutOfMemory`] when the host memory cannot be had; [`Error::InvalidArgument`]
-    /// for an invalid `alignment`; [`Error::Driver`] when pinning fails.
+    /// [`Error::HostOutOfMemory`]; [`Error::InvalidArgument`] (bad `alignment`); [`Error::Driver`].
     fn allocate(&self, bytes: usize, alignment: usize) -> Result<HostBlock>;
     /// Gives a block back.
     ///
     /// # Errors
-    /// [`Error::InvalidPointer`] when `block` is not a live block of this resource;
-    /// [`Error::Driver`] when unpinning fails.
+    /// [`Error::InvalidPointer`] for a block not live here; [`Error::Driver`] when unpinning fails.
     fn deallocate(&self, block: HostBlock) -> Result<()>;
     /// The resource's type name.
     fn name(&self) -> &'static str;

@@ -1,5 +1,4 @@
-//! [`NewDeleteResource`]: pageable host memory from the system allocator, RMM's
-//! `new_delete_resource`.
+//! [`NewDeleteResource`]: system-allocator pageable host memory (RMM's `new_delete_resource`).
 
 use crate::backend::host;
 use crate::error::Result;

@@ -5,9 +5,8 @@ use crate::error::{Error, Result};
 
 use super::{HostBlock, HostMemoryResource};
 
-/// Page-locked host memory from `cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE)`: usable by every
-/// device for fast asynchronous copies, and not write-combined, so the host reads it at full
-/// speed. Allocation is slow (the driver pins page by page); reuse blocks.
+/// `cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE)` memory: fast async copies on any device, not
+/// write-combined (fast host reads). Slow to allocate (pins page by page): reuse blocks.
 #[derive(Debug, Clone, Copy)]
 pub struct PinnedHostMemoryResource {
     backend: &'static dyn Backend,
@@ -17,8 +16,7 @@ impl PinnedHostMemoryResource {
     /// A resource on the process-wide backend.
     ///
     /// # Errors
-    /// The process-wide backend's error (e.g. [`Error::NoDriver`](crate::Error::NoDriver)) when it
-    /// cannot be opened.
+    /// The process-wide backend's error (e.g. [`Error::NoDriver`]) when it cannot be opened.
     pub fn new() -> Result<Self> {
         Ok(Self::on(crate::backend::global()?))
     }

@@ -1,28 +1,22 @@
-//! [`PinnedHostPool`]: a pool of page-locked host memory, pinned once and reused: the host
-//! side of spilling.
+//! [`PinnedHostPool`]: page-locked host memory, pinned once and reused: the host side of spilling.
 //!
-//! `cuMemHostAlloc` pins page by page inside the driver (slow, and slower still from several
-//! threads at once). The pool instead maps anonymous memory, faults
-//! it in on several threads and registers it with `cuMemHostRegister` in chunks, also on
-//! several threads ([`PinnedRegion`]), which is far faster, then hands out
-//! [`PinnedSlice`]s of it: a first-fit free list per chunk, neighbours merged on return. A
-//! slice never crosses a chunk (each chunk is one registration), so the largest slice is
-//! [`PinnedHostPool::max_slice`]; larger data is stored as several slices.
+//! Instead of `cuMemHostAlloc`, which pins page by page inside the driver (slow, worse from several
+//! threads), the pool maps anonymous memory, faults it in and registers it (`cuMemHostRegister`) in
+//! chunks, on several threads ([`PinnedRegion`]), then hands out [`PinnedSlice`]s: a first-fit free
+//! list per chunk, neighbours merged on return. A slice never crosses a chunk (one registration):
+//! data larger than [`PinnedHostPool::max_slice`] takes several.
 //!
-//! A pool is either fixed ([`PinnedHostPool::new`]: everything pinned up front, the
-//! `spill.host_pool_size` case) or growable ([`PinnedHostPool::growable`]: pins another
-//! region when a request does not fit, up to an optional maximum; `host_pool_size = "none"`).
-//! A growable pool can also keep some memory pinned ahead of demand
-//! ([`PinnedHostPool::keep_free`]): a background thread pins more whenever less is free, so
-//! that a large spill does not wait for pinning. It pins in steps of at most 256 MiB,
-//! registered in chunks of 32 MiB: a registration holds the driver while it runs, and the
-//! copies that spills enqueue meanwhile wait for it, so small chunks keep each wait short
-//! while the pool grows during a spill-heavy phase. A request that finds nothing free pins
-//! just what it needs, in one chunk of at least 32 MiB.
+//! A pool is fixed ([`PinnedHostPool::new`]: all pinned up front, `spill.host_pool_size`) or
+//! growable ([`PinnedHostPool::growable`]: pins another region when a request does not fit, up to
+//! an optional maximum; `host_pool_size = "none"`). A growable pool can keep memory pinned ahead of
+//! demand ([`PinnedHostPool::keep_free`]): a background thread pins more whenever less is free, so
+//! a large spill does not wait for pinning. It pins steps of at most 256 MiB in 32 MiB chunks: a
+//! registration holds the driver, stalling spill copies enqueued meanwhile, so small chunks keep
+//! each stall short. A miss pins just its need, in one chunk of at least 32 MiB.
 //!
-//! Nothing is pinned ahead before a request has needed pinned memory, and
-//! [`PinnedHostPool::release_idle`] makes a pool hold no more than its slices: what is free
-//! goes back to the system at once, and each chunk as its last slice goes.
+//! Nothing is pinned ahead until a request has needed pinned memory.
+//! [`PinnedHostPool::release_idle`] makes a pool hold only what its slices need: free memory goes
+//! back at once, each chunk as its last slice goes.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -38,22 +32,18 @@ use crate::error::{Error, Result, fmt_bytes};
 
 /// Slices are multiples of this many bytes (and so aligned to it).
 pub const PINNED_ALIGNMENT: usize = 256;
-/// Smallest registered chunk of a region pinned for a request (or up front, for a fixed
-/// pool): larger chunks allow larger slices, so large data takes fewer copies.
+/// Smallest chunk pinned for a request or a fixed pool: larger chunks, larger slices, fewer copies.
 const MIN_CHUNK: usize = 256 << 20;
-/// The registered chunk of what a growable pool pins ahead of demand, in the background,
-/// while spills run: one registration of this size holds the driver for well under a
-/// millisecond, so the copies spills enqueue meanwhile hardly wait.
+/// Chunk size when pinning ahead: small, so copies enqueued during a registration hardly wait.
 const AHEAD_CHUNK: usize = 32 << 20;
 /// Threads that pre-fault and register at most.
 const MAX_THREADS: usize = 8;
-/// A growable pool pins at least this much at a time, and at most [`MAX_GROWTH_STEP`] (unless
-/// one request needs more): each step is the pool's capacity so far, so the pool doubles.
+/// A growable pool pins at least this much at a time and at most [`MAX_GROWTH_STEP`] (unless one
+/// request needs more): each step is the capacity so far, so the pool doubles.
 pub const GROWTH_STEP: usize = 32 << 20;
 /// See [`GROWTH_STEP`].
 pub const MAX_GROWTH_STEP: usize = 4 << 30;
-/// Pinning ahead pins at most this much at a time (a step's region is added when all of it
-/// is pinned, so smaller steps are usable sooner).
+/// Most pinned ahead per step; a step is usable once fully pinned, so smaller ones help sooner.
 const AHEAD_STEP: usize = 256 << 20;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
@@ -62,8 +52,7 @@ pub struct PinnedHostPool {
     inner: Arc<Inner>,
 }
 
-/// A handle on a [`PinnedHostPool`] that does not keep it alive (its memory goes back once
-/// the last pool handle and slice are gone): [`PinnedHostPool::downgrade`].
+/// A handle on a [`PinnedHostPool`] that does not keep it alive ([`PinnedHostPool::downgrade`]).
 #[derive(Clone, Debug)]
 pub struct WeakPinnedHostPool {
     inner: std::sync::Weak<Inner>,
@@ -114,15 +103,13 @@ struct Inner {
     pinning_ns: AtomicU64,
     /// The part of `pinning_ns` spent registering memory with the driver.
     registering_ns: AtomicU64,
-    /// Bytes of slices that hold copies their holders can drop (see
-    /// [`PinnedSlice::set_reclaimable`]): room, when deciding to pin ahead.
+    /// Slice bytes with droppable copies ([`PinnedSlice::set_reclaimable`]): room, to pin ahead.
     reclaimable: AtomicUsize,
     /// Free bytes a growable pool keeps pinned ahead of demand (0: none).
     headroom: AtomicUsize,
     /// True while a background thread pins ahead.
     pinning_ahead: AtomicBool,
-    /// Set by [`PinnedHostPool::release_idle`]: chunks go back to the system as soon as
-    /// nothing of them is handed out, and nothing is pinned ahead.
+    /// Set by [`PinnedHostPool::release_idle`]: emptied chunks go back at once; no pinning ahead.
     release_idle: AtomicBool,
 }
 
@@ -143,13 +130,10 @@ fn pinning_threads() -> usize {
 }
 
 impl PinnedHostPool {
-    /// Pins `bytes` (rounded up to 2 MiB) through the process-wide backend; the pool never
-    /// grows.
+    /// Pins `bytes` (rounded up to 2 MiB) through the process-wide backend; the pool never grows.
     ///
     /// # Errors
-    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) or
-    /// [`Error::Driver`](crate::Error::Driver) when the memory cannot be pinned; the process-wide
-    /// backend's error when it cannot be opened.
+    /// [`Error::HostOutOfMemory`] or [`Error::Driver`] if pinning fails; the backend's open error.
     pub fn new(bytes: usize) -> Result<PinnedHostPool> {
         Self::on(backend::global()?, bytes)
     }
@@ -157,17 +141,14 @@ impl PinnedHostPool {
     /// Pins `bytes` (rounded up to 2 MiB) through `backend`; the pool never grows.
     ///
     /// # Errors
-    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) or
-    /// [`Error::Driver`](crate::Error::Driver) when the memory cannot be pinned.
+    /// [`Error::HostOutOfMemory`] or [`Error::Driver`] when pinning fails.
     pub fn on(backend: &'static dyn Backend, bytes: usize) -> Result<PinnedHostPool> {
         let pool = Self::empty(backend, None);
         pool.inner.grow(bytes, MIN_CHUNK)?;
         Ok(pool)
     }
 
-    /// A pool that starts empty and pins another region (at least `GROWTH_STEP`) whenever a
-    /// request does not fit, while its capacity stays within `maximum` bytes (`None`: no
-    /// maximum; pinning then fails only when the host runs out of memory).
+    /// Empty pool pinning a region (at least `GROWTH_STEP`) per miss, up to `maximum` bytes.
     pub fn growable(backend: &'static dyn Backend, maximum: Option<usize>) -> PinnedHostPool {
         Self::empty(backend, Some(maximum.unwrap_or(usize::MAX)))
     }
@@ -221,8 +202,7 @@ impl PinnedHostPool {
         self.inner.used.load(Ordering::Relaxed)
     }
 
-    /// Bytes of live slices that hold copies their holders can drop to make room
-    /// ([`PinnedSlice::set_reclaimable`]): the pool pins ahead only past them.
+    /// Bytes of live droppable copies ([`PinnedSlice::set_reclaimable`]): free for pinning ahead.
     pub fn reclaimable(&self) -> usize {
         self.inner.reclaimable.load(Ordering::Relaxed)
     }
@@ -232,8 +212,7 @@ impl PinnedHostPool {
         self.inner.peak.load(Ordering::Relaxed)
     }
 
-    /// The largest slice the pool can hand out without growing (one registered chunk); a
-    /// growable pool registers chunks of at least 32 MiB (`GROWTH_STEP`).
+    /// The largest slice without growing (one chunk; at least 32 MiB in a growable pool).
     pub fn max_slice(&self) -> usize {
         let m = self.inner.max_slice.load(Ordering::Relaxed);
         if self.is_growable() {
@@ -255,11 +234,9 @@ impl PinnedHostPool {
             .unwrap_or(0)
     }
 
-    /// Keeps at least `bytes` free and pinned ahead of demand (within the maximum; a growable
-    /// pool only, a fixed one ignores it), once the pool has pinned for a request: nothing is
-    /// pinned ahead before something needs pinned memory. From then on a background thread
-    /// pins more whenever slices handed out leave less free. 0 stops pinning ahead (memory
-    /// pinned stays; [`trim`](Self::trim) gives it back).
+    /// Keeps at least `bytes` free and pinned ahead of demand, within the maximum, once a request
+    /// has needed pinned memory: a background thread pins more when less is free. Growable pools
+    /// only. 0 stops it; what is pinned stays until [`trim`](Self::trim).
     pub fn keep_free(&self, bytes: usize) {
         if !self.is_growable() {
             return;
@@ -270,17 +247,14 @@ impl PinnedHostPool {
         }
     }
 
-    /// Gives every chunk with nothing handed out back to the system (unregistered and
-    /// unmapped); returns the bytes given back. A growable pool pins again when a request
-    /// needs it; a fixed pool stays smaller.
+    /// Unregisters and unmaps every chunk with nothing handed out; returns the bytes given back.
     pub fn trim(&self) -> usize {
         self.inner.trim()
     }
 
-    /// With `on`, the pool holds no more pinned memory than its slices: it stops pinning
-    /// ahead, gives back what is free now ([`trim`](Self::trim)), and gives each chunk back
-    /// as soon as its last slice goes. What spilling that has stopped (or a runtime that
-    /// shut down) leaves behind. `false` lets the pool keep what it pinned again.
+    /// With `on`, the pool holds no more pinned memory than its slices (for when spilling stopped
+    /// or the runtime shut down): no pinning ahead, free memory back now ([`trim`](Self::trim)),
+    /// each chunk back with its last slice. `false` lets it keep what it pins again.
     pub fn release_idle(&self, on: bool) {
         self.inner.release_idle.store(on, Ordering::Release);
         if on {
@@ -304,19 +278,15 @@ impl PinnedHostPool {
         Duration::from_nanos(self.inner.pinning_ns.load(Ordering::Relaxed))
     }
 
-    /// The part of [`pinning_time`](Self::pinning_time) spent registering memory with the
-    /// driver (the rest went to mapping and faulting pages in).
+    /// The part of [`pinning_time`](Self::pinning_time) spent registering (not mapping, faulting).
     pub fn registering_time(&self) -> Duration {
         Duration::from_nanos(self.inner.registering_ns.load(Ordering::Relaxed))
     }
 
-    /// A slice of `bytes` (rounded up to [`PINNED_ALIGNMENT`]), first fit; a growable pool
-    /// pins more when nothing fits. Fails with [`Error::HostOutOfMemory`] when no free range
-    /// is large enough and the pool cannot grow.
+    /// First-fit slice of `bytes` (rounded to [`PINNED_ALIGNMENT`]); growable pools grow to fit.
     ///
     /// # Errors
-    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when no free range is large enough
-    /// and the pool cannot grow.
+    /// [`Error::HostOutOfMemory`] when nothing fits and the pool cannot grow.
     pub fn allocate(&self, bytes: usize) -> Result<PinnedSlice> {
         let len = bytes.max(1).next_multiple_of(PINNED_ALIGNMENT);
         if let Some(s) = self.try_allocate(len) {
@@ -333,10 +303,9 @@ impl PinnedHostPool {
                     Inner::pin_ahead(&self.inner);
                     return Ok(s);
                 }
-                // Double (within the step bounds), but never past the maximum when the
-                // request still fits below it. A pool that pins ahead pins only what this
-                // request needs here (in a chunk of its own, at least as large as those
-                // pinned ahead): the rest is pinned ahead in the background.
+                // Double (within the step bounds) but stay under the maximum if the request fits
+                // below it. When pinning ahead, pin only this request's need, in its own chunk no
+                // smaller than ahead chunks; the background pins the rest.
                 let (step, chunk) = if self.headroom() > 0 {
                     (len.max(AHEAD_CHUNK), len.max(AHEAD_CHUNK))
                 } else {
@@ -347,9 +316,8 @@ impl PinnedHostPool {
                 };
                 let step = step.min(self.inner.room());
                 if step >= len {
-                    // Chunks at least as large as the request, so that it fits in one.
-                    // Failing to pin more is running out of host memory, whatever the driver
-                    // said: callers fall back (to disk) on that.
+                    // At least the request's size, so it fits one chunk. Failing to pin means out
+                    // of host memory, whatever the driver said: callers fall back to disk on that.
                     match self.inner.grow(step, chunk) {
                         Ok(true) => continue,
                         Ok(false) => {}
@@ -392,8 +360,7 @@ impl PinnedHostPool {
             }
             Some((Arc::clone(&c.region), offset))
         })?;
-        // Carved under the lock: a chunk listed here has not gone back to the system (chunks
-        // are taken off the list, under the lock, before they go), so carving succeeds.
+        // Carved under the lock: chunks leave this list under it before going back, so it succeeds.
         let slice = PinnedSlice::carve(
             region,
             Arc::clone(&self.inner) as Arc<dyn SliceOwner>,
@@ -430,10 +397,8 @@ impl Inner {
             .then(|| (want - free).clamp(GROWTH_STEP, MAX_GROWTH_STEP).min(room))
     }
 
-    /// Starts a background thread pinning toward the headroom, unless one runs or none is
-    /// needed. A failure to pin is logged and ends it: a request then pins (or fails) itself.
-    /// The thread holds the pool only while it pins a step: a pool dropped meanwhile goes
-    /// once that step ends.
+    /// Starts a background thread pinning toward the headroom unless one runs or none is needed. A
+    /// failure is logged and ends it (requests then pin themselves); it holds the pool per step.
     fn pin_ahead(self: &Arc<Self>) {
         if self.ahead_step().is_none() || self.pinning_ahead.swap(true, Ordering::AcqRel) {
             return;
@@ -442,8 +407,7 @@ impl Inner {
         let spawned = std::thread::Builder::new()
             .name("rmm-pin-ahead".into())
             .spawn(move || {
-                // Without the requests' `growing` lock: a request short of memory pins what
-                // it needs itself rather than wait for a step pinned for later.
+                // Without the `growing` lock: a short request pins its need, not waiting for this.
                 while let Some(inner) = pool.upgrade() {
                     let Some(step) = inner.ahead_step() else {
                         inner.pinning_ahead.store(false, Ordering::Release);
@@ -501,11 +465,9 @@ impl Inner {
         )
     }
 
-    /// Pins a region of `bytes` in chunks of at least `min_chunk` and adds them; false (and
-    /// nothing pinned) when `bytes` no longer fit under the maximum.
+    /// Pins and adds `bytes` in chunks of at least `min_chunk`; false (nothing pinned) if over max.
     fn grow(&self, bytes: usize, min_chunk: usize) -> Result<bool> {
-        // Reserve the bytes (as the region rounds them) against the maximum first, so that a
-        // request and the thread pinning ahead never pin past it together.
+        // Reserve against the maximum first: a request and the ahead thread never both pin past it.
         let bytes = bytes.max(1).next_multiple_of(PinnedRegion::ALIGNMENT);
         let reserved = self
             .pinning

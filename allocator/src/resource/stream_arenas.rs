@@ -1,20 +1,16 @@
 //! Per-stream state for stream-ordered resources, found without a global lock.
 //!
-//! Each resource keeps its arenas in an append-only table, one per (stream, *lane*): every
-//! thread has a lane (threads are numbered round-robin over [`LANES`] lanes), so threads that
-//! share one stream (as Dask's threads share the default stream) still get arenas of their
-//! own and do not contend on one lock. Work on one stream is ordered, so any of the stream's
-//! arenas may serve it: a block one lane freed is reusable by the stream at once, and a block
-//! freed by another lane of the same stream goes straight back to its arena, with no event.
-//! Every thread caches the (resource, stream) → slot pairs it used last, so the allocation
-//! fast path is a thread-local lookup and an index. Arenas live as long as their resource;
+//! A resource keeps its arenas in an append-only table, one per (stream, *lane*): threads get lanes
+//! round-robin over [`LANES`], so threads sharing a stream (as Dask's share the default stream)
+//! still get arenas of their own and do not contend. A stream's work is ordered, so any of its
+//! arenas may serve it: a block freed by another lane of the stream goes straight back to its
+//! arena, without an event. Each thread caches the (resource, stream) → slot pairs it used last, so
+//! the fast path is a thread-local lookup and an index. Arenas live as long as their resource;
 //! nothing is reference-counted on the fast path.
 //!
-//! The table is small until it needs to be large: its first [`FIRST`] slots are inline (one
-//! load on the fast path, as for a flat table), and the rest come in segments of [`FIRST`]
-//! made when the first arena in them is ([`GroupedSlots`]). A resource, and so every pool a
-//! reinitialize builds, starts with a few kilobytes to set up and walk at drop, not the whole
-//! [`MAX_ARENAS`].
+//! The first [`FIRST`] slots are inline (one load on the fast path); the rest come in segments of
+//! [`FIRST`], made with their first arena ([`GroupedSlots`]). So a resource (every pool a
+//! reinitialize builds) sets up and drops a few kilobytes, not all [`MAX_ARENAS`].
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -86,16 +82,15 @@ impl<A> StreamArenas<A> {
         self.get_in(self.id, stream, None, make)
     }
 
-    /// The arena of `stream` that every thread shares (the stream's first lane), made with
-    /// `make` on first use: for memory whose placement matters more than a lock of its own
-    /// (large blocks, which threads of one stream then share rather than split).
+    /// `stream`'s arena shared by all threads (its first lane), made with `make` on first use: for
+    /// memory whose placement matters more than contention (large blocks, which a stream's threads
+    /// share rather than split).
     #[inline]
     pub(crate) fn shared(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
         self.get_in(self.id | SHARED_KEY, stream, Some(0), make)
     }
 
-    /// The arena of `stream` in `lane` (`None`: the calling thread's own), through the
-    /// thread's cache under `key` (one key per way of choosing the lane).
+    /// `stream`'s arena in `lane` (`None`: the thread's own), via the thread cache under `key`.
     #[inline]
     fn get_in(
         &self,
@@ -122,8 +117,7 @@ impl<A> StreamArenas<A> {
         }
     }
 
-    /// Slot `i` past the inline ones: `None` when its segment has not been made or `i` is
-    /// past the table.
+    /// Slot `i` past the inline ones; `None` if its segment is not made or `i` is past the table.
     #[cold]
     fn rest_slot(&self, i: usize) -> Option<&Slot<A>> {
         self.rest.get(i - FIRST)
@@ -163,8 +157,7 @@ impl<A> StreamArenas<A> {
                             ),
                         ));
                     }
-                    // `next < MAX_ARENAS`, so the slot exists; were it not to, the stream
-                    // is refused rather than indexed to an empty slot.
+                    // `next < MAX_ARENAS`, so the slot exists; else refuse the stream.
                     let Some(slot) = self.slot_made(next) else {
                         return Err(Error::invalid_argument(
                             "stream",

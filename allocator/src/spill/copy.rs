@@ -1,15 +1,14 @@
 //! [`CopyStreams`]: the streams a device's spills and unspills copy on.
 //!
-//! Copies run on streams of their own per device, [`LANES`] per direction (device → host and
-//! host → device, so a spill and an unspill use both copy engines at once), each ordered
-//! after the work already queued on the buffer's stream by an event, and waited for through
-//! another event. Work queued on the buffer's stream afterwards does not queue behind the
-//! copy, and a copy does not wait for unrelated work queued later.
+//! Each device has [`LANES`] copy streams per direction (so a spill and an unspill use both copy
+//! engines at once). A copy is ordered by an event after the work already queued on its buffer's
+//! stream and waited for through another: later work on the buffer's stream does not queue behind
+//! the copy, nor the copy behind unrelated later work.
 //!
-//! A copy waits (on the device) for its buffer's stream; on one shared copy stream, every
-//! copy queued behind it would wait too, for work on a stream that is not theirs. So the
-//! lane is picked by the buffer's stream: copies after the same stream share a lane (they would wait for the same
-//! work anyway), and each of the last [`LANES`] buffer streams seen has a lane of its own.
+//! A copy waits (on the device) for its buffer's stream, and on a shared copy stream every copy
+//! queued behind it would wait too. So the lane is picked by buffer stream: copies after the same
+//! stream share a lane (they would wait for the same work anyway), and each of the last [`LANES`]
+//! buffer streams seen has its own.
 
 use parking_lot::Mutex;
 
@@ -36,8 +35,7 @@ pub(crate) struct CopyStreams {
     device: Device,
     to_host: [RawStream; LANES],
     to_device: [RawStream; LANES],
-    /// The buffer stream each lane serves and when it was last picked (a counter from 1; 0:
-    /// never).
+    /// The buffer stream each lane serves and when it was last picked (a counter from 1; 0: never).
     assigned: Mutex<[(RawStream, u64); LANES]>,
     /// The counter of `assigned`.
     picks: std::sync::atomic::AtomicU64,
@@ -88,8 +86,7 @@ impl CopyStreams {
         self.device
     }
 
-    /// The copy stream for copies in `direction` after work on `after`: the lane that serves
-    /// `after`, or else the least recently picked one, which then serves `after`.
+    /// The `direction` lane serving `after`, else the least recently picked, which then serves it.
     fn lane(&self, direction: Direction, after: StreamView) -> RawStream {
         let now = self
             .picks
@@ -110,8 +107,7 @@ impl CopyStreams {
         }
     }
 
-    /// An event for one copy (a free one when there is one); give it back with
-    /// [`recycle`](Self::recycle).
+    /// An event for one copy (reused if free); give it back with [`recycle`](Self::recycle).
     pub(crate) fn event(&self) -> Result<Event> {
         match self.events.lock().pop() {
             Some(e) => Ok(e),
@@ -124,8 +120,7 @@ impl CopyStreams {
         self.events.lock().push(event);
     }
 
-    /// The copy stream for a copy in `direction` of a buffer used on `after`, ordered after
-    /// the work queued on `after` so far.
+    /// The `direction` copy stream for a buffer used on `after`, after `after`'s queued work.
     pub(crate) fn ordered_after(
         &self,
         direction: Direction,
@@ -144,9 +139,8 @@ impl CopyStreams {
 }
 
 impl CopyStreams {
-    /// The copy stream for a copy in `direction` of a buffer used on `after`, ordered after
-    /// `events` (recorded where the buffer's users let it go) rather than after everything
-    /// queued on `after` so far; [`ordered_after`](Self::ordered_after) when there are none.
+    /// As [`ordered_after`](Self::ordered_after), but ordered after `events` (recorded where the
+    /// buffer's users let go) instead of all of `after`'s queued work, if there are any.
     pub(crate) fn ordered_after_events(
         &self,
         direction: Direction,

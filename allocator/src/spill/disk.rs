@@ -1,22 +1,18 @@
 //! The disk tier: one file per spilled buffer under `spill.disk_directory`.
 //!
-//! Data reaches a file from the host tier (pinned slices written out) or straight from the
-//! device when the host tier is full. Device traffic goes through two pinned staging slots
-//! the store pinned when it was made (so the disk tier works exactly when host memory is
-//! short), in a pipeline: while one slot's bytes are written to (or read from) the file, the
-//! next chunk is copied into (or out of) the other slot on the copy stream.
+//! Data reaches a file from the host tier (pinned slices written out) or straight from the device
+//! when the host tier is full. Device traffic goes through two staging slots pinned with the store
+//! (so the tier works when host memory is short), pipelined: one slot's bytes go to (or from) the
+//! file while the next chunk is copied into (or out of) the other on the copy stream.
 //!
-//! A spill file has no name: it is made unnamed in the directory (`O_TMPFILE`, mode 0600), or,
-//! where the file system cannot do that, created new (`O_EXCL`, mode 0600, never following a
-//! planted link) and unlinked at once. The buffer holds the open file; its data goes when the
-//! buffer leaves the disk tier or is dropped (a failed write drops it too), and in any case
-//! when the process ends, however it ends: SIGTERM, SIGKILL or a crash leave no file behind.
+//! Spill files have no name: made with `O_TMPFILE` (mode 0600) or, where unsupported, created with
+//! `O_EXCL` (mode 0600, never following a planted link) and unlinked at once. The buffer holds the
+//! open file; the data goes when the buffer leaves the disk tier or drops, and when the process
+//! ends however it ends (SIGKILL, a crash): no file is left behind.
 //!
-//! Only a process killed in the moment between creating a named file and unlinking it (where
-//! `O_TMPFILE` is not available) can leave one. The next disk tier that starts in that
-//! directory removes it: every named file is `rmm-spill-<pid>-…`, and the files of a pid that
-//! is no longer alive are swept. [`remove_files_for_exit`] removes this process's named files
-//! (none but one in that moment) and stops new ones, for a process about to exit.
+//! Only a process killed between creating and unlinking a named file can leave one: named files are
+//! `rmm-spill-<pid>-…`, and the next disk tier in that directory sweeps those of dead pids. See
+//! also [`remove_files_for_exit`].
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -40,9 +36,8 @@ use crate::stream_view::StreamView;
 /// The prefix of every spill file's name: `rmm-spill-<pid>-…`.
 const FILE_PREFIX: &str = "rmm-spill-";
 
-/// The directories disk tiers of this process use, and whether new files may still be
-/// created there (not once [`remove_files_for_exit`] ran). A file is created under the read
-/// lock, so that the removal at exit (under the write lock) sees every file.
+/// Directories in use by this process's disk tiers, and whether files may still be made there.
+/// Files are created under the read lock, so the exit removal (write lock) sees them all.
 static DIRECTORIES: RwLock<Directories> = RwLock::new(Directories {
     closed: false,
     list: Vec::new(),
@@ -69,9 +64,8 @@ fn alive(pid: u32) -> Option<bool> {
     Some(proc.join(pid.to_string()).exists())
 }
 
-/// Removes the spill files in `directory` of processes that are no longer alive (and, with
-/// `own`, of this process's pid: files left by an earlier process that had it). Returns how
-/// many were removed. Failures are logged: sweeping is best effort.
+/// Removes dead processes' spill files in `directory` (with `own`, this pid's too: a former
+/// process's); returns how many. Best effort: failures are logged.
 fn sweep(directory: &Path, own: bool) -> usize {
     let Ok(entries) = std::fs::read_dir(directory) else {
         return 0;
@@ -109,13 +103,11 @@ fn sweep(directory: &Path, own: bool) -> usize {
     removed
 }
 
-/// Registers `directory` as used by a disk tier of this process, sweeping the files that
-/// processes no longer alive left there first.
+/// Registers `directory` for this process's disk tiers, first sweeping dead processes' files.
 fn register(directory: &Path) {
     let key = std::fs::canonicalize(directory).unwrap_or_else(|_| directory.to_path_buf());
     let mut dirs = DIRECTORIES.write();
-    // The first store of this process here: no file of this process can be in it yet, so
-    // one with this pid is an earlier process's (pids are reused).
+    // First store here: files with this pid are an earlier process's (pids are reused).
     let first = !dirs.list.contains(&key);
     sweep(directory, first);
     if first {
@@ -123,12 +115,9 @@ fn register(directory: &Path) {
     }
 }
 
-/// Removes every named spill file this process has in the directories its disk tiers use, and
-/// makes later attempts to create one fail: for a process about to exit without unwinding
-/// (on SIGINT or SIGTERM, from a signal-handling thread). Spill files have no name once made
-/// (see the module documentation), so this finds none but a file being made; the data of
-/// buffers already on disk stays readable. Returns how many files were removed. Spilling to
-/// disk fails from then on: call it only on the way out.
+/// For a process about to exit without unwinding (on SIGINT/SIGTERM, from a signal thread): removes
+/// this process's named spill files (at most one, being made) and makes spilling to disk fail from
+/// then on; data already on disk stays readable. Returns how many were removed.
 pub fn remove_files_for_exit() -> usize {
     let mut dirs = DIRECTORIES.write();
     dirs.closed = true;
@@ -179,8 +168,7 @@ impl std::fmt::Debug for DiskStore {
     }
 }
 
-/// One buffer's bytes in an unnamed file, open while this lives; closing it on drop gives the
-/// space back.
+/// One buffer's bytes in an unnamed file, open while this lives; dropping it frees the space.
 pub(crate) struct DiskFile {
     file: File,
     /// The file's name in messages (it has none on disk): the directory and the buffer.
@@ -203,9 +191,8 @@ fn io_error(path: &Path, operation: &'static str, e: std::io::Error) -> Error {
     }
 }
 
-/// Checks at start-up that `directory` is (or can be made) a directory this process can
-/// create files in, by creating and removing a probe file: a bad `spill.disk_directory`
-/// (`/proc`, a file, a read-only mount) fails here, not at the first spill.
+/// Checks at start-up with a probe file that this process can create files in `directory` (made if
+/// missing), so a bad `spill.disk_directory` fails here, not at the first spill.
 fn check_directory(directory: &Path) -> Result<()> {
     let bad = |problem: String| {
         Error::invalid_argument(
@@ -241,8 +228,7 @@ fn check_directory(directory: &Path) -> Result<()> {
 }
 
 impl DiskStore {
-    /// Spill files of `device` under `directory` (created if missing); pins the staging
-    /// slots through `device`'s backend.
+    /// Spill files of `device` under `directory`; pins staging slots through `device`'s backend.
     pub(crate) fn new(device: Device, directory: &Path) -> Result<DiskStore> {
         check_directory(directory)?;
         register(directory);
@@ -284,8 +270,7 @@ impl DiskStore {
         self.held.load(Ordering::Relaxed)
     }
 
-    /// A new, empty, unnamed file for `len` bytes of buffer `id` (its space goes when the
-    /// [`DiskFile`] is dropped: when the caller fails, or the process ends).
+    /// A new empty unnamed file for `len` bytes of buffer `id`, freed when the [`DiskFile`] drops.
     fn create(&self, id: u64, len: usize) -> Result<DiskFile> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let path = self.directory.join(format!("{}-{id}-{n}.bin", self.prefix));
@@ -379,8 +364,7 @@ impl DiskStore {
             .map_err(|e| io_error(&disk.path, "read", e))
     }
 
-    /// Writes `len` device bytes at `src` of `device` to a new file for buffer `id`, after
-    /// the work queued on `after`; returns when the file holds them.
+    /// Writes `len` device bytes at `src` to a new file for `id` after `after`'s work; synchronous.
     pub(crate) fn write_from_device(
         &self,
         copies: &CopyStreams,
@@ -440,8 +424,7 @@ impl DiskStore {
         Ok(disk)
     }
 
-    /// Copies `disk` to `len` device bytes at `dst` of `device`, after the work queued on
-    /// `after`; returns when the device holds them.
+    /// Copies `disk` to `len` device bytes at `dst` after `after`'s work; synchronous.
     pub(crate) fn read_to_device(
         &self,
         copies: &CopyStreams,
@@ -503,8 +486,7 @@ impl DiskStore {
         result
     }
 
-    /// The staging slots, out of the store for one pipeline (a slot lost to a copy that could
-    /// not be waited for is replaced first, if the staging pool still can).
+    /// Takes the staging slots for a pipeline, replacing one lost to an unwaitable copy if it can.
     fn take_slots(&self, staging: &mut Vec<PinnedSlice>) -> Result<Vec<PinnedSlice>> {
         while staging.len() < 2 {
             staging.push(self.staging_pool.allocate(STAGING)?);
@@ -512,8 +494,7 @@ impl DiskStore {
         Ok(std::mem::take(staging))
     }
 
-    /// Puts a pipeline's slots back, waiting first for the copies still in flight (after an
-    /// error); a slot a copy may still use is leaked by its copy, not put back.
+    /// Returns the slots once in-flight copies finish; one a copy may still use leaks instead.
     fn put_back(
         &self,
         copies: &CopyStreams,
@@ -540,8 +521,7 @@ impl DiskStore {
     }
 }
 
-/// A failed copy's memory back among `free` and its event back in the pool, when they came
-/// back; its error.
+/// Puts a failed copy's memory in `free` and event in the pool, if they came back; its error.
 fn reclaim(
     copies: &CopyStreams,
     free: &mut Vec<PinnedSlice>,
@@ -556,14 +536,13 @@ fn reclaim(
     failed.error
 }
 
-/// Flushes `file` to the operating system (not to stable storage: spill files do not outlive
-/// the process).
+/// Flushes `file` to the OS, not to stable storage: spill files do not outlive the process.
 fn finish(mut file: &File, disk: &DiskFile) -> Result<()> {
     file.flush().map_err(|e| io_error(&disk.path, "write", e))
 }
 
-/// `e`, with what to do when it is the limit of open files (`file_limit`, as read before:
-/// there is no file left to read it with now): each buffer on disk keeps its file open.
+/// `e`, with a remedy if it is the open-file limit (each buffer on disk keeps a file open);
+/// `file_limit` was read earlier, as no file is left now.
 fn with_remedy(e: std::io::Error, file_limit: Option<u64>) -> std::io::Error {
     if !matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
         return e;
@@ -590,9 +569,7 @@ fn open_file_limit() -> Option<u64> {
         .ok()
 }
 
-/// A new unnamed file in `directory`, open for reading and writing (`O_TMPFILE`, mode 0600);
-/// `None` where this system or the directory's file system cannot make one (the caller makes
-/// a named file and unlinks it instead).
+/// A new unnamed read-write file in `directory` (`O_TMPFILE`, mode 0600); `None` where unsupported.
 #[cfg(target_os = "linux")]
 fn unnamed(directory: &Path) -> Option<std::io::Result<File>> {
     let made = OpenOptions::new()
@@ -603,8 +580,7 @@ fn unnamed(directory: &Path) -> Option<std::io::Result<File>> {
         .open(directory);
     match made {
         Ok(file) => Some(Ok(file)),
-        // The file system has no unnamed files (EOPNOTSUPP), or the kernel does not know the
-        // flag (it reads it as O_DIRECTORY: EISDIR, or EINVAL).
+        // Unsupported here (EOPNOTSUPP), or an old kernel took it for O_DIRECTORY (EISDIR, EINVAL).
         Err(e)
             if matches!(
                 e.raw_os_error(),
@@ -617,15 +593,13 @@ fn unnamed(directory: &Path) -> Option<std::io::Result<File>> {
     }
 }
 
-/// Unnamed files need `O_TMPFILE` (Linux): elsewhere the caller makes a named file and
-/// unlinks it.
+/// Unnamed files need `O_TMPFILE` (Linux); elsewhere the caller names and unlinks a file.
 #[cfg(not(target_os = "linux"))]
 fn unnamed(_directory: &Path) -> Option<std::io::Result<File>> {
     None
 }
 
-/// Creates `path` new (`O_EXCL`, mode 0600, never following a planted link) and unlinks it at
-/// once, keeping it open: a file without a name, as [`unnamed`] makes.
+/// Creates `path` (`O_EXCL`, mode 0600, never following a link), unlinked at once but kept open.
 fn named_then_unlinked(path: &Path, file_limit: Option<u64>) -> Result<File> {
     let file = OpenOptions::new()
         .read(true)
@@ -705,8 +679,8 @@ mod tests {
         assert_eq!(dir.entries(), Vec::<String>::new());
     }
 
-    /// Not a test of its own: run by [`reaching_the_open_file_limit_says_how_to_raise_it`]
-    /// under a low limit of open files, it spills until that stops it and prints the error.
+    /// Child of [`reaching_the_open_file_limit_says_how_to_raise_it`]: spills under a low open-file
+    /// limit until stopped, then prints the error.
     #[test]
     #[ignore = "run as the child process of the open-file limit test"]
     fn spilling_child_of_the_open_file_limit_test() {

@@ -1,15 +1,13 @@
-//! Spillable containers and the tiers their data moves through: device memory, a pinned
-//! host pool, and files on disk.
+//! Spillable containers and their data's tiers: device memory, a pinned host pool, disk files.
 //!
-//! * [`SpillableBuffer`]: untyped bytes; [`SpillableVector`]: typed plain-old-data elements.
-//!   Device access through a [`DeviceGuard`], host access through a [`HostGuard`]; either
-//!   brings the data to its tier and holds it there while the guard lives.
-//! * [`SpillStore`]: one device's lower tiers and the copy streams that move data.
-//! * [`SpillObserver`]: the policy hook (the runtime's spill manager): least-recently-used
-//!   order, the device limit, making room, statistics.
+//! * [`SpillableBuffer`]: untyped bytes; [`SpillableVector`]: typed plain-old-data elements. A
+//!   [`DeviceGuard`] or [`HostGuard`] brings the data to its tier and holds it there meanwhile.
+//! * [`SpillStore`]: one device's lower tiers and the copy streams moving data.
+//! * [`SpillObserver`]: the policy hook (the runtime's spill manager: LRU, device limit, making
+//!   room, statistics).
 //!
-//! The policy (when to spill what) lives in the runtime; this module only moves data,
-//! correctly: a buffer in use is never moved, and a failed move leaves it where it was.
+//! The policy (when to spill what) lives in the runtime; this module only moves data, correctly: a
+//! buffer in use never moves, and a failed move leaves it where it was.
 
 mod buffer;
 mod copy;
@@ -17,9 +15,8 @@ mod disk;
 mod store;
 mod vector;
 
-/// The most bytes one spill or unspill copy keeps enqueued ahead of the copy engine: a larger
-/// one is enqueued in pieces as earlier pieces end, so that other work's copies (a task
-/// reading a scalar back, say) wait for at most this much rather than the whole spill.
+/// The most bytes a spill or unspill copy keeps enqueued ahead of the copy engine; larger copies
+/// are enqueued in pieces, so other copies (reading a scalar back) wait behind at most this much.
 pub const COPY_WINDOW: usize = crate::backend::pinned_copy::WINDOW;
 
 pub use buffer::{

@@ -1,12 +1,10 @@
-//! [`SpillStore`]: where one device's spilled data goes: a pinned host pool, optionally a
-//! directory of files behind it ([`SpillTiers`]), and the copy streams that move data
-//! between the tiers.
+//! [`SpillStore`]: where one device's spilled data goes: a pinned host pool, optionally files
+//! behind it ([`SpillTiers`]), and the copy streams between the tiers.
 //!
-//! The tiers can be replaced while buffers live ([`SpillStore::replace_tiers`], what a
-//! reinitialize with a new `spill.host_pool_size` or `spill.disk_directory` does): new spills
-//! go to the new tiers; data already spilled stays where it is, its pinned slices keeping
-//! the old host pool alive and its file keeping the old disk tier alive, and comes back from
-//! there on use. An old tier is given back once nothing is left in it.
+//! The tiers can be replaced while buffers live ([`SpillStore::replace_tiers`], as a reinitialize
+//! with a new `spill.host_pool_size` or `spill.disk_directory` does): new spills go to the new
+//! tiers; spilled data stays put, its slices or file keeping the old tier alive, and comes back
+//! from there. An old tier goes once empty.
 
 use std::path::Path;
 use std::sync::{Arc, Weak};
@@ -19,8 +17,7 @@ use crate::device::Device;
 use crate::error::Result;
 use crate::resource::{PinnedHostPool, WeakPinnedHostPool};
 
-/// The lower tiers new spills of one device go to: a pinned host pool and, optionally, a
-/// disk tier behind it.
+/// The tiers new spills of one device go to: a pinned host pool and optionally a disk tier.
 #[derive(Debug)]
 pub struct SpillTiers {
     host: PinnedHostPool,
@@ -48,8 +45,7 @@ impl SpillTiers {
     }
 }
 
-/// Tiers replaced while data was still in them: watched (without keeping them alive) so
-/// that the figures count what they hold until it is gone.
+/// Replaced tiers still holding data, watched (not kept alive) so the figures count it until gone.
 #[derive(Debug, Default)]
 struct Retired {
     hosts: Vec<WeakPinnedHostPool>,
@@ -74,15 +70,12 @@ pub struct SpillStore {
 }
 
 impl SpillStore {
-    /// A store for `device` spilling to `host`, and on to files under `disk_directory`
-    /// (created if missing) when `host` is full.
+    /// A store for `device` spilling to `host`, then to files under `disk_directory` (created if
+    /// missing) when `host` is full.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `disk_directory` cannot be
-    /// created or is not a writable directory;
-    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) or
-    /// [`Error::Driver`](crate::Error::Driver) when the disk tier's staging memory cannot be
-    /// pinned; [`Error::Driver`](crate::Error::Driver) when the copy streams cannot be created.
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an unusable `disk_directory`;
+    /// else pinning staging memory or creating copy streams failed.
     pub fn new(
         device: Device,
         host: PinnedHostPool,
@@ -108,15 +101,13 @@ impl SpillStore {
         Ok(Arc::new(SpillTiers { host, disk }))
     }
 
-    /// Changes the tiers new spills go to: `host` replaces the host pool (`None` keeps it),
-    /// `disk` replaces the disk tier (`None` keeps it; `Some(None)` removes it;
-    /// `Some(Some(directory))`: files under `directory`, created if missing). Returns the
-    /// tiers replaced (hand them to [`restore_tiers`](Self::restore_tiers) to undo). Data
-    /// already spilled stays where it is and comes back from there.
+    /// Changes the tiers new spills go to: `host` replaces the host pool, `disk` the disk tier
+    /// (`None` keeps either; `Some(None)` removes the disk tier; `Some(Some(dir))` uses files under
+    /// `dir`, created if missing). Returns the replaced tiers for
+    /// [`restore_tiers`](Self::restore_tiers). Spilled data stays and comes back from where it is.
     ///
     /// # Errors
-    /// The disk tier cannot be made (the directory is not writable, its staging memory cannot
-    /// be pinned); the tiers are then unchanged.
+    /// Making the disk tier failed (unwritable directory, unpinnable staging); no change.
     pub fn replace_tiers(
         &self,
         host: Option<PinnedHostPool>,
@@ -132,8 +123,7 @@ impl SpillStore {
         Ok(self.install(Arc::new(SpillTiers { host, disk })))
     }
 
-    /// Puts `tiers` (from [`replace_tiers`](Self::replace_tiers)) back as the tiers new
-    /// spills go to; data spilled meanwhile stays where it went.
+    /// Restores `tiers` from [`replace_tiers`](Self::replace_tiers); spilled data stays.
     pub fn restore_tiers(&self, tiers: Arc<SpillTiers>) {
         self.install(tiers);
     }
@@ -184,15 +174,13 @@ impl SpillStore {
             .map(std::path::Path::to_path_buf)
     }
 
-    /// Bytes of spilled data held in pinned host memory now, in the current host pool and in
-    /// pools that tiers replaced before their data was gone (copies kept of data on the
-    /// device are [`host_kept_bytes`](Self::host_kept_bytes), not counted here).
+    /// Bytes of spilled data in pinned host memory now, in the current and replaced-but-alive pools
+    /// (kept copies: [`host_kept_bytes`](Self::host_kept_bytes)).
     pub fn host_bytes(&self) -> u64 {
         self.over_host_pools(|h| h.used().saturating_sub(h.reclaimable()))
     }
 
-    /// Bytes of pinned host memory holding copies of data that is on the device (kept from
-    /// when the data came back, so that spilling it again copies nothing).
+    /// Bytes of pinned host memory holding copies of data back on the device (re-spilling is free).
     pub fn host_kept_bytes(&self) -> u64 {
         self.over_host_pools(PinnedHostPool::reclaimable)
     }

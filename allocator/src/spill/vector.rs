@@ -11,8 +11,7 @@ use super::store::SpillStore;
 use crate::error::{Error, Result};
 use crate::stream_view::StreamView;
 
-/// `len` elements of `T` that may be spilled like a [`SpillableBuffer`] (which it wraps).
-/// Cloning shares the data.
+/// `len` elements of `T`, spillable like the [`SpillableBuffer`] it wraps. Clones share data.
 pub struct SpillableVector<T: Pod> {
     buffer: Arc<SpillableBuffer>,
     len: usize,
@@ -49,10 +48,8 @@ impl<T: Pod> SpillableVector<T> {
     /// `len` uninitialized elements on the store's device, used on `stream`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `len` elements overflow
-    /// `usize` bytes; otherwise as [`SpillableBuffer::new`]
-    /// ([`Error::OutOfMemory`](crate::Error::OutOfMemory) when the device resource cannot
-    /// allocate).
+    /// [`Error::InvalidArgument`] when `len` elements overflow `usize` bytes; else as
+    /// [`SpillableBuffer::new`].
     pub fn new(
         store: &Arc<SpillStore>,
         len: usize,
@@ -66,9 +63,7 @@ impl<T: Pod> SpillableVector<T> {
     /// A vector holding a copy of `data` (complete when this returns).
     ///
     /// # Errors
-    /// As [`SpillableBuffer::from_host`]: [`Error::OutOfMemory`](crate::Error::OutOfMemory) when
-    /// the device resource cannot allocate, [`Error::Driver`](crate::Error::Driver) when the copy
-    /// fails.
+    /// As [`SpillableBuffer::from_host`].
     pub fn from_slice(
         store: &Arc<SpillStore>,
         data: &[T],
@@ -80,12 +75,10 @@ impl<T: Pod> SpillableVector<T> {
         Ok(Self::from_buffer_unchecked(buffer, data.len()))
     }
 
-    /// Views `buffer` as elements of `T`; fails when its size is not a multiple of the
-    /// element size.
+    /// Views `buffer` as elements of `T`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the buffer's size is not a
-    /// multiple of the element size.
+    /// [`Error::InvalidArgument`] when its size is not a multiple of the element size.
     pub fn from_buffer(buffer: Arc<SpillableBuffer>) -> Result<SpillableVector<T>> {
         let size = size_of::<T>().max(1);
         if !buffer.size().is_multiple_of(size) {
@@ -134,21 +127,18 @@ impl<T: Pod> SpillableVector<T> {
         self.buffer.tier()
     }
 
-    /// The elements on the device for use on `stream` (see
-    /// [`SpillableBuffer::device_view`]); the guard's pointer is to the first element.
+    /// The elements on the device for `stream`; see [`SpillableBuffer::device_view`].
     ///
     /// # Errors
-    /// As [`SpillableBuffer::device_view`]: the errors of bringing spilled data back.
+    /// As [`SpillableBuffer::device_view`].
     pub fn device_view(&self, stream: StreamView) -> Result<DeviceGuard<'_>> {
         self.buffer.device_view(stream)
     }
 
-    /// The bytes in pinned host memory (see [`SpillableBuffer::host_view`]).
+    /// The bytes in pinned host memory ([`SpillableBuffer::host_view`]).
     ///
     /// # Errors
-    /// As [`SpillableBuffer::host_view`]: [`Error::InvalidArgument`](crate::Error::InvalidArgument)
-    /// when a device guard is alive, [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when
-    /// the host tier is full.
+    /// As [`SpillableBuffer::host_view`].
     pub fn host_view(&self) -> Result<HostGuard<'_>> {
         self.buffer.host_view()
     }
@@ -156,8 +146,7 @@ impl<T: Pod> SpillableVector<T> {
     /// A copy of the elements, wherever they are.
     ///
     /// # Errors
-    /// As [`SpillableBuffer::to_vec`]: [`Error::Driver`](crate::Error::Driver) when a copy fails,
-    /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the disk tier fails.
+    /// As [`SpillableBuffer::to_vec`].
     pub fn to_vec(&self) -> Result<Vec<T>> {
         let bytes = self.buffer.to_vec()?;
         // The byte vector's alignment is 1; copy into a vector of T rather than cast.
@@ -169,10 +158,7 @@ impl<T: Pod> SpillableVector<T> {
     /// Moves the elements off the device (see [`SpillableBuffer::spill`]).
     ///
     /// # Errors
-    /// As [`SpillableBuffer::spill`]: [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory)
-    /// when the host tier is full and there is no disk tier,
-    /// [`Error::Driver`](crate::Error::Driver) or [`Error::SpillFile`](crate::Error::SpillFile)
-    /// when a copy or write fails.
+    /// As [`SpillableBuffer::spill`].
     pub fn spill(&self) -> Result<usize> {
         self.buffer.spill()
     }

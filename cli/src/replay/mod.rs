@@ -25,7 +25,7 @@
 //! are started as logged threads first need one; later ones are shared out in turn.
 //!
 //! [`replay`] holds the whole [`EventLog`] in memory; [`replay_streamed`] replays a
-//! [`LogReader`] as it reads it, once (memory independent of the log's length; a pipe works
+//! [`LogReader`](rmm::allocator::event_log::LogReader) as it reads it, once (memory independent of the log's length; a pipe works
 //! as well as a file; in logged order on the calling thread), which is what `rmm replay` uses.
 //!
 //! Logged streams are mapped to streams created for the replay (the default stream stays the

@@ -1,5 +1,5 @@
-//! Memory hooks, as CuPy's `cupy.cuda.MemoryHook`: callbacks before and after memory is
-//! taken from the device, served by a pool, and given back to a pool.
+//! Memory hooks, as CuPy's `cupy.cuda.MemoryHook`: callbacks before and after memory is taken from
+//! the device, served by a pool, and given back to a pool.
 //!
 //! # Events and their order
 //! | event | fires | fields |
@@ -11,32 +11,26 @@
 //! | `free_preprocess` | before a block goes back to the pool | `size`, `mem_size`, `ptr` |
 //! | `free_postprocess` | after it went back | `size`, `mem_size`, `ptr` |
 //!
-//! So a request the pool serves from its cache fires `malloc_pre, malloc_post`; one that makes
-//! the pool grow fires `malloc_pre, alloc_pre, alloc_post, malloc_post` (one `alloc` pair per
-//! upstream attempt: the pool halves its try when the upstream refuses). As in CuPy, giving
-//! cached chunks back to the device ([`PoolMemoryResource::release`] / `trim`) is not an
-//! event, and neither is the chunk a pool takes at construction. Every event carries the
-//! device ordinal, the stream, and the name and identity ([`resource_id`]) of the resource
-//! that fired it.
+//! A cache hit fires `malloc_pre, malloc_post`; growth fires `malloc_pre, alloc_pre, alloc_post,
+//! malloc_post` (an `alloc` pair per upstream try: the pool halves its try when refused). As in
+//! CuPy, returning cached chunks ([`PoolMemoryResource::release`] / `trim`) and a pool's initial
+//! chunk are not events. Every event carries the device ordinal, the stream, and the firing
+//! resource's name and identity ([`resource_id`]).
 //!
-//! [`PoolMemoryResource`] fires all six. For other resources wrap them in a
-//! [`HookedResourceAdaptor`](crate::adaptor::HookedResourceAdaptor), which fires `malloc_*` and `free_*` around its upstream.
+//! [`PoolMemoryResource`] fires all six; wrap other resources in a
+//! [`HookedResourceAdaptor`](crate::adaptor::HookedResourceAdaptor) for `malloc_*` and `free_*`.
 //!
 //! # Registration
-//! A hook is registered for the calling thread ([`register_thread_hook`], or
-//! [`with_thread_hook`] for a closure, as CuPy's `with hook:`) or for the whole process
-//! ([`register_process_hook`]); it stays registered until its guard drops. Process-wide hooks
-//! run first, then the thread's, each in registration order, for pre and post events alike.
+//! A hook is registered for the calling thread ([`register_thread_hook`], or [`with_thread_hook`]
+//! as CuPy's `with hook:`) or the process ([`register_process_hook`]) until its guard drops.
+//! Process-wide hooks run first, then the thread's, each in registration order.
 //!
 //! # Cost
-//! With no hook registered for the process or the calling thread, a hooked operation costs one
-//! relaxed atomic load and one thread-local load ([`active`]); dispatch is out of line
-//! (`#[cold]`), so a hook registered on another thread leaves this thread's operations at the
-//! bare pool's cost. A registered hook costs two events per operation, each a dynamic call per
-//! hook, plus the bookkeeping that keeps hooks from recursing (cli/benches/adaptors.rs measures
-//! both). Hooks run on the allocating thread, inside the allocation: keep them short, do not
-//! panic, and do not allocate from a hooked pool inside a hook (events raised while a
-//! hook runs are not dispatched, so there is no recursion, but the pool may hold a lock).
+//! Without hooks for the process or thread, a hooked operation costs a relaxed atomic load and a
+//! thread-local load ([`active`]); dispatch is `#[cold]`, so other threads' hooks cost nothing
+//! here. Each hook adds a dynamic call per event, two events per operation. Hooks run on the
+//! allocating thread inside the allocation: keep them short, never panic, and never allocate from a
+//! hooked pool in a hook (not dispatched, so no recursion, but the pool may hold a lock).
 //!
 //! [`PoolMemoryResource`]: crate::resource::PoolMemoryResource
 //! [`PoolMemoryResource::release`]: crate::resource::PoolMemoryResource::release
@@ -108,18 +102,15 @@ pub struct HookEvent {
     pub device: u32,
     /// Bytes requested by the caller (`malloc_*`, `free_*`); for `alloc_*`, the chunk size.
     pub size: usize,
-    /// Bytes after rounding (CuPy's `mem_size`): the block the pool hands out or takes back,
-    /// or the chunk taken from the upstream.
+    /// Bytes after rounding (CuPy's `mem_size`): the block handed out or taken back, or the chunk.
     pub mem_size: usize,
-    /// The pointer (CuPy's `mem_ptr`): null in pre events other than `free_preprocess`, and
-    /// in post events whose operation failed.
+    /// The pointer (CuPy's `mem_ptr`); null in pre events but `free_preprocess`, and failed posts.
     pub ptr: DevicePtr,
     /// The stream of the operation.
     pub stream: StreamView,
     /// Name of the resource that fired the event, e.g. `"PoolMemoryResource"`.
     pub resource: &'static str,
-    /// Identity of the resource that fired the event (see [`resource_id`]), so a hook can tell
-    /// two pools apart (CuPy's `pmem_id` plays a similar role).
+    /// The firing resource's identity ([`resource_id`]), to tell pools apart (as CuPy's `pmem_id`).
     pub resource_id: usize,
 }
 
@@ -167,23 +158,21 @@ thread_local! {
     static THREAD_HOOKS: RefCell<Option<Rc<HookList>>> = const { RefCell::new(None) };
     /// True while a hook runs on this thread: events raised meanwhile are not dispatched.
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
-    /// The resource whose allocate/deallocate is being dispatched on this thread: its inner
-    /// call runs the plain path.
+    /// The resource dispatching allocate/deallocate on this thread: its inner call runs plainly.
     static SERVING: Cell<usize> = const { Cell::new(0) };
-    /// The call site set by [`allocate_here`](crate::adaptor::hooks::allocate_here) / [`at_call_site`].
+    /// The call site set by [`allocate_here`] / [`at_call_site`].
     static CALL_SITE: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };
 }
 
-/// True when any hook is registered for the process or for the calling thread. This is the
-/// whole cost of hooks on a hot path when none is: one relaxed atomic load and one
-/// thread-local load.
+/// True when any hook is registered for the process or the calling thread. With none, this is the
+/// whole hot-path cost of hooks: a relaxed atomic load and a thread-local load.
 #[inline(always)]
 pub fn active() -> bool {
     PROCESS_HOOK_COUNT.load(Ordering::Relaxed) != 0 || THREAD_HOOK_COUNT.with(Cell::get) != 0
 }
 
-/// The identity of a resource as hook events carry it ([`HookEvent::resource_id`]): its
-/// address. For a resource in an `Arc`, `resource_id(&*arc)`.
+/// A resource's identity in hook events ([`HookEvent::resource_id`]): its address
+/// (`resource_id(&*arc)` for an `Arc`).
 pub fn resource_id<R: ?Sized>(resource: &R) -> usize {
     (resource as *const R).cast::<()>() as usize
 }
@@ -241,8 +230,7 @@ impl fmt::Debug for ThreadHookGuard {
     }
 }
 
-/// Registers `hook` for the calling thread until the guard drops (CuPy registers hooks per
-/// thread, too).
+/// Registers `hook` for the calling thread until the guard drops (per thread, as in CuPy).
 pub fn register_thread_hook(hook: Arc<dyn MemoryHook>) -> ThreadHookGuard {
     let id = NEXT_HOOK_ID.fetch_add(1, Ordering::Relaxed);
     THREAD_HOOKS.with(|l| {
@@ -347,8 +335,7 @@ fn rounded(bytes: usize, granule: usize) -> usize {
     }
 }
 
-/// The resource an event comes from: its device, its name and its identity
-/// ([`resource_id`]). This module sits below the resources: it knows them only by this.
+/// An event's resource: device, name and identity ([`resource_id`]); all this module knows of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Source {
     /// Device ordinal.
@@ -360,8 +347,7 @@ pub struct Source {
 }
 
 impl Source {
-    /// The source `resource` (any value: its address is its identity) of `device`, named
-    /// `name`.
+    /// The source `resource` (its address is its identity) of `device`, named `name`.
     pub fn of<R: ?Sized>(resource: &R, device: u32, name: &'static str) -> Source {
         Source {
             device,
@@ -371,10 +357,9 @@ impl Source {
     }
 }
 
-/// For resources with built-in hooks: fires `malloc_preprocess`, runs `allocate` (the
-/// resource's own `allocate`, whose nested call takes the plain path), fires
-/// `malloc_postprocess`. Returns `None` when the plain path should run instead: inside that
-/// nested call, inside a hook, or for zero bytes. Call it only when [`active`] is true:
+/// For resources with built-in hooks: fires `malloc_preprocess`, runs `allocate` (the resource's
+/// own; its nested call takes the plain path), fires `malloc_postprocess`. `None` means run the
+/// plain path: inside that nested call, inside a hook, or for zero bytes. Call when [`active`]:
 ///
 /// ```ignore
 /// if hooks::active()
@@ -421,10 +406,7 @@ pub fn dispatch_malloc(
     Some(result)
 }
 
-/// For resources with built-in hooks: fires `free_preprocess`, runs `deallocate` (the
-/// resource's own, whose nested call takes the plain path), fires `free_postprocess`. Returns
-/// `None` when the plain path should run instead (see [`dispatch_malloc`]), or for a null
-/// pointer.
+/// As [`dispatch_malloc`] for `free_*` around `deallocate`; also `None` for a null pointer.
 #[cold]
 #[inline(never)]
 pub fn dispatch_free(
@@ -461,12 +443,11 @@ pub fn dispatch_free(
     Some(result)
 }
 
-/// For pools: wraps the upstream allocation `allocate` of a `mem_size`-byte chunk in
-/// `alloc_preprocess` / `alloc_postprocess` events when hooks are [`active`].
+/// For pools: wraps the upstream allocation `allocate` of a `mem_size`-byte chunk in `alloc_*`
+/// events when [`active`].
 ///
 /// # Errors
-/// Whatever `allocate` returns (e.g. [`Error::OutOfMemory`](crate::Error::OutOfMemory) from the
-/// upstream).
+/// Whatever `allocate` returns.
 #[inline]
 pub fn alloc_from_upstream(
     source: Source,

@@ -60,15 +60,15 @@ impl MemoryHook for TracingHook {
     }
 }
 
-/// Runs `f` with the caller's source line as the call site of every allocation inside it
-/// (the innermost `at_call_site` or [`allocate_here`](crate::adaptor::hooks::allocate_here) wins).
+/// Runs `f` with the caller's source line as the call site of every allocation inside it (the
+/// innermost `at_call_site` or [`allocate_here`] wins).
 #[track_caller]
 pub fn at_call_site<R>(f: impl FnOnce() -> R) -> R {
     let _site = set_local(&CALL_SITE, Some(Location::caller()));
     f()
 }
 
-/// The call site set by [`allocate_here`](crate::adaptor::hooks::allocate_here) / [`at_call_site`] on this thread, if any.
+/// This thread's call site set by [`allocate_here`] / [`at_call_site`], if any.
 pub fn current_call_site() -> Option<&'static Location<'static>> {
     CALL_SITE.with(Cell::get)
 }
@@ -76,8 +76,7 @@ pub fn current_call_site() -> Option<&'static Location<'static>> {
 /// What one call site allocated, as CuPy's `LineProfileHook` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SiteProfile {
-    /// `file:line:column`, or `<unattributed>` for allocations made outside
-    /// [`allocate_here`](crate::adaptor::hooks::allocate_here) / [`at_call_site`].
+    /// `file:line:column`, or `<unattributed>` outside [`allocate_here`] / [`at_call_site`].
     pub site: String,
     /// Requests a pool served (`malloc_postprocess` with a pointer).
     pub malloc_count: u64,
@@ -91,10 +90,9 @@ pub struct SiteProfile {
 
 /// Aggregates bytes and counts by call site (CuPy's `LineProfileHook`).
 ///
-/// The call site is the source line given by [`allocate_here`](crate::adaptor::hooks::allocate_here) or [`at_call_site`]
-/// (`#[track_caller]`: free at run time). Capturing a backtrace per event instead would
-/// attribute every allocation but costs microseconds each, so it is not done here; use a
-/// [`crate::adaptor::TrackingResourceAdaptor`] with backtraces for that.
+/// The site is the source line given by [`allocate_here`] or [`at_call_site`] (`#[track_caller]`:
+/// free at run time). Per-event backtraces would cost microseconds each; for those, use a
+/// [`crate::adaptor::TrackingResourceAdaptor`] with backtraces.
 #[derive(Debug, Default)]
 pub struct LineProfileHook {
     sites: Mutex<HashMap<Option<&'static Location<'static>>, SiteProfile>>,
@@ -182,12 +180,11 @@ impl fmt::Display for LineProfileHook {
     }
 }
 
-/// Allocates from `resource` with the caller's source line as the call site that
-/// [`LineProfileHook`] (and [`current_call_site`]) sees. `#[track_caller]` makes the site a
-/// compile-time constant: this costs two thread-local stores.
+/// Allocates from `resource` with the caller's line as the call site [`LineProfileHook`] and
+/// [`current_call_site`] see; `#[track_caller]` makes it a constant: two thread-local stores.
 ///
 /// # Errors
-/// What `resource.allocate` returns (e.g. [`Error::OutOfMemory`](crate::Error::OutOfMemory)).
+/// What `resource.allocate` returns.
 #[track_caller]
 pub fn allocate_here(
     resource: &dyn DeviceMemoryResource,

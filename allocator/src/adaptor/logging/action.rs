@@ -1,5 +1,4 @@
-//! What a line of RMM's CSV log records, and its text there: written by the logging adaptor
-//! and read back by the replay, from this one definition.
+//! A log line's action and its text, shared by the logging adaptor and the replay.
 
 use std::fmt;
 

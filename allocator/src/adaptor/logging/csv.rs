@@ -79,8 +79,7 @@ impl Line {
         }
     }
 
-    /// `HH:MM:SS.ffffff` (UTC) of `ns` nanoseconds since the epoch; `second` caches the
-    /// `HH:MM:SS.` of the last second formatted.
+    /// `HH:MM:SS.ffffff` (UTC) of `ns` since the epoch; `second` caches the last `HH:MM:SS.`.
     #[inline]
     pub(super) fn time(&mut self, second: &mut (u64, [u8; 9]), ns: u64) {
         let secs = ns / 1_000_000_000;

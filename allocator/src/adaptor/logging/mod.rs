@@ -1,6 +1,5 @@
-//! [`LoggingResourceAdaptor`]: a CSV log of every allocation and free in RMM's format, which
-//! the replay (`rmm_allocator::replay`, and RMM's own replay benchmark) can play
-//! back.
+//! [`LoggingResourceAdaptor`]: a CSV log of every allocation and free in RMM's format, which the
+//! replay (`rmm replay`, and RMM's replay benchmark) can play back; [`crate::event_log`] reads it.
 //!
 //! The format is RMM's `logging_resource_adaptor`:
 //! ```text
@@ -9,65 +8,48 @@
 //! 140204,14:03:22.123502,free,0x7f5a2c000000,1048576,0x0
 //! 140207,14:03:22.124010,allocate failure,0x0,85899345920,0x5581e2c0
 //! ```
-//! * `Thread`: the OS thread id (what spdlog's `%t` prints; on systems without
-//!   `/proc/thread-self`, a process-unique thread number);
-//! * `Time`: `HH:MM:SS.ffffff`, microseconds (spdlog's `%H:%M:%S.%f`), in UTC where spdlog
-//!   uses local time (see *Times* below for how precise);
+//! * `Thread`: OS thread id (spdlog's `%t`); without `/proc/thread-self`, a process-unique number;
+//! * `Time`: `HH:MM:SS.ffffff` (spdlog's `%H:%M:%S.%f`) in UTC, not local time (see *Times*);
 //! * `Action`: `allocate`, `free` or `allocate failure`;
-//! * `Pointer` and `Stream`: hexadecimal with `0x` (fmt's pointer format; a null pointer or the
-//!   default stream is `0x0`);
+//! * `Pointer`, `Stream`: `0x` hex (fmt's pointer format; null and the default stream: `0x0`);
 //! * `Size`: bytes requested, in decimal.
 //!
-//! As in RMM, a free is logged before the upstream sees it and an allocation after it
-//! returned, so the log's line order is an order in which every pointer is freed before it
-//! is handed out again, whatever the threads did (the replay's parser relies on it).
+//! As in RMM, a free is logged before the upstream sees it and an allocation after it returned, so
+//! in line order every pointer is freed before it is handed out again, whatever the threads did
+//! (the replay's parser relies on it).
 //!
 //! # Design: binary records on the hot path, CSV on a writer thread
 //!
-//! * **Records.** An allocation or free appends one fixed-size binary record (sequence
-//!   number, action and whether the time is precise; time in nanoseconds; pointer; size;
-//!   stream: 40 bytes) to a *chunk* of 1024 records owned by the calling thread for this
-//!   adaptor. The chunk lives in a thread-local list keyed by the adaptor's id (several
-//!   adaptors, e.g. one per device, each get their own chunks). The hot path takes no lock,
-//!   allocates nothing and makes no system call: one atomic increment of the adaptor's
-//!   sequence counter, a read of the coarse clock, five plain stores and one release store of
-//!   the chunk's length, which *publishes* the record.
-//! * **Order.** The sequence number is taken where RMM takes its lock (before the upstream
-//!   frees, after it allocated), so sequence order is an order in which every pointer is freed
-//!   before it is handed out again. The numbers are dense: the writer emits records in exactly
-//!   that order, merging the threads' chunks (each thread's records are already in order).
-//!   The file therefore has the same guarantee as RMM's (and the previous, synchronous
-//!   version's) line order. Nothing depends on the times.
-//! * **Times.** Reading the precise clock on every record would alone cost more than this
-//!   adaptor's budget. So a record carries the kernel's coarse clock (`CLOCK_REALTIME_COARSE`:
-//!   the time of the last timer tick, 1–10 ms old, a few ns to read), and reads the precise
-//!   clock only when its sequence number is a multiple of 16 or its thread's coarse time has
-//!   changed since that thread's last precise record. The writer gives a record without a
-//!   precise time the later of its coarse time and the time of the last precise record
-//!   before it (in sequence order): a lower bound, off by at most the time since that record
-//!   (at most 15 records back) and never by more than a tick. Every 16th record, and a
-//!   thread's first record in each tick (every record of a thread that logs less often), is
-//!   exact; under load the others are within microseconds.
-//! * **Writer thread.** Each adaptor has one writer thread. A thread announces every chunk it
-//!   starts to the writer over a channel (that message also says its previous chunk is full)
-//!   *before* it writes a record into it, so the writer holds every chunk and reads published
-//!   records directly, including those of partly filled chunks and of threads that have
-//!   exited: nothing depends on a thread handing its buffer over. The writer formats the CSV
-//!   into a 64 KiB buffer and writes it to the sink when the buffer fills, every 100 ms while
-//!   records trickle in, and on [`LoggingResourceAdaptor::flush`]. Consumed chunks go back to
-//!   a free list, so a busy thread reuses chunks rather than allocating them.
-//! * **Flush and drop.** `flush()` asks the writer to write every record whose sequence number
-//!   was taken before the call (so everything every thread logged before it, in whatever
-//!   chunk), to flush the sink and to answer; dropping the adaptor flushes, stops the writer
-//!   and joins it, so a normal end of the process loses nothing.
-//! * **Bounds.** At most 1024 chunks (40 MiB, about a million records) may wait for the
-//!   writer; a thread that needs a chunk beyond that waits for the writer to catch up (rather
-//!   than memory growing without bound). A thread that logs while its thread-local storage is
-//!   being torn down (a thread-local buffer freed at thread exit) logs through a one-record
-//!   chunk of its own: slower, but not lost.
-//! * **Errors.** A write error is reported through `tracing` once, stops the writing (records
-//!   are still consumed, so allocations go on at full speed) and is returned by every later
-//!   `flush()`; a failing flush of the sink is returned by that `flush()`.
+//! * **Records.** An allocation or free appends a 40-byte binary record (sequence number, action,
+//!   whether the time is precise; time in ns; pointer; size; stream) to a *chunk* of 1024 records
+//!   that the calling thread owns for this adaptor, in a thread-local list keyed by adaptor id. The
+//!   hot path takes no lock, allocates nothing and makes no system call: an atomic increment of the
+//!   sequence counter, a coarse clock read, five plain stores and a release store of the chunk's
+//!   length, which *publishes* the record.
+//! * **Order.** The sequence number is taken where RMM takes its lock (before the upstream frees,
+//!   after it allocated), so in sequence order every pointer is freed before it is handed out
+//!   again. The numbers are dense and the writer emits records in exactly that order, merging the
+//!   threads' ordered chunks: RMM's line-order guarantee. Nothing depends on the times.
+//! * **Times.** A record carries the coarse clock (`CLOCK_REALTIME_COARSE`: the last tick, 1–10 ms
+//!   old; a precise read per record would exceed the budget), reading the precise clock only when
+//!   its sequence number is a multiple of 16 or its thread's coarse time changed since its last
+//!   precise record. The writer gives other records the later of their coarse time and the last
+//!   precise time before them in sequence order: a lower bound, off by at most the time since that
+//!   record (≤ 15 records back) and under a tick.
+//! * **Writer thread.** One per adaptor. A thread announces each chunk it starts over a channel (so
+//!   its previous one is full) *before* writing to it, so the writer reads all published records
+//!   directly, even in partly filled chunks or of exited threads. It formats CSV into a 64 KiB
+//!   buffer, written when full, every 100 ms while records trickle in, and on
+//!   [`LoggingResourceAdaptor::flush`]; consumed chunks are reused.
+//! * **Flush and drop.** `flush()` makes the writer write every record numbered before the call,
+//!   flush the sink and answer; dropping the adaptor flushes, stops and joins the writer, so a
+//!   normal exit loses nothing.
+//! * **Bounds.** At most 1024 chunks (40 MiB, ~1M records) wait for the writer; a thread needing
+//!   more waits for it. A thread logging during its thread-local teardown uses a one-record chunk:
+//!   slower, not lost.
+//! * **Errors.** A write error is reported once via `tracing`, stops writing (records are still
+//!   consumed, so allocations go on at full speed) and is returned by every later `flush()`; a
+//!   failing sink flush is returned by that `flush()`.
 
 mod action;
 mod csv;
@@ -108,10 +90,7 @@ pub fn log_file_path(dir: impl AsRef<Path>, device: u32) -> PathBuf {
 }
 
 /// Logs every allocation and free through it to a CSV file in RMM's format (see the module
-/// documentation). The calling thread appends a binary record to a buffer of its own; a writer
-/// thread formats and writes the lines. [`LoggingResourceAdaptor::flush`] writes out
-/// everything logged so far, and dropping the adaptor flushes. A write error stops the logging
-/// (allocations go on) and is returned by the next `flush`.
+/// documentation). [`LoggingResourceAdaptor::flush`] writes out all logged so far, as does a drop.
 pub struct LoggingResourceAdaptor {
     upstream: SharedResource,
     path: Option<PathBuf>,
@@ -145,8 +124,7 @@ impl LoggingResourceAdaptor {
     /// Logs to the file at `path`, created or truncated, starting with the header.
     ///
     /// # Errors
-    /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be created or the header
-    /// cannot be written.
+    /// [`Error::EventLog`] when the file cannot be created or the header written.
     pub fn new(upstream: SharedResource, path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let file = File::create(path).map_err(|e| io_error(path, "creating the log", e))?;
@@ -156,19 +134,17 @@ impl LoggingResourceAdaptor {
     /// Logs to `<dir>/rmm_log.dev<N>.csv`, N being the upstream's device ([`log_file_path`]).
     ///
     /// # Errors
-    /// [`Error::EventLog`](crate::Error::EventLog) when the file cannot be created or the header
-    /// cannot be written.
+    /// [`Error::EventLog`] when the file cannot be created or the header written.
     pub fn in_dir(upstream: SharedResource, dir: impl AsRef<Path>) -> Result<Self> {
         let path = log_file_path(dir, upstream.device().ordinal());
         Self::new(upstream, path)
     }
 
-    /// Logs to `writer`, starting with the header. The adaptor buffers what it writes (64 KiB
-    /// at a time), so `writer` needs no buffer of its own; it is written from the adaptor's
-    /// writer thread.
+    /// Logs to `writer` from the writer thread, starting with the header. Output is buffered
+    /// (64 KiB), so `writer` needs no buffer.
     ///
     /// # Errors
-    /// [`Error::EventLog`](crate::Error::EventLog) when the header cannot be written.
+    /// [`Error::EventLog`] when the header cannot be written.
     pub fn to_writer(
         upstream: SharedResource,
         writer: impl Write + Send + 'static,
@@ -227,8 +203,8 @@ impl LoggingResourceAdaptor {
         })
     }
 
-    /// When `on`, every allocation and free waits until its line is written and the sink
-    /// flushed (slow: as RMM's `auto_flush`, the log is complete even if the process dies).
+    /// When `on`, each allocation and free waits until its line is written and flushed (slow; as
+    /// RMM's `auto_flush`, the log survives the process dying).
     pub fn auto_flush(mut self, on: bool) -> Self {
         self.auto_flush = on;
         self.queue.auto_flush.store(on, Ordering::Relaxed);
@@ -245,13 +221,10 @@ impl LoggingResourceAdaptor {
         self.path.as_deref()
     }
 
-    /// Writes out everything logged so far, by every thread (those that have exited too), and
-    /// flushes the file. Returns the first write error, if logging stopped, or the error of
-    /// flushing.
+    /// Writes out everything any thread (exited ones too) logged so far and flushes the file.
     ///
     /// # Errors
-    /// [`Error::EventLog`](crate::Error::EventLog) when a write failed (logging then stopped), the
-    /// writer thread is gone, or the flush fails.
+    /// [`Error::EventLog`]: the first write error (logging stopped), a lost writer, a failed flush.
     pub fn flush(&self) -> Result<()> {
         self.flush_to(self.queue.seq.0.load(Ordering::SeqCst))
     }
@@ -283,19 +256,17 @@ impl LoggingResourceAdaptor {
         }
     }
 
-    /// Logs `blocks`, live allocations made through another stack whose memory this
-    /// stack's resource now owns (a reinitialize that keeps data in place), as allocated now
-    /// (one `allocate` line each), so that this log's later `free` lines of them replay.
-    /// Slow path.
+    /// Logs `blocks`, live allocations of another stack now owned by this stack's resource (a
+    /// reinitialize keeping data in place), as allocated now (an `allocate` line each), so their
+    /// later `free` lines replay.
     pub fn take_over_live(&self, blocks: &[LiveBlock]) {
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
             self.log(ACTION_ALLOCATE, b.ptr, b.bytes, b.stream);
         }
     }
 
-    /// Logs `blocks`, live allocations made through this adaptor that another stack has
-    /// taken over, as freed now (one `free` line each): they leave this log, which then
-    /// replays with nothing outstanding. Slow path.
+    /// Logs `blocks`, live allocations of this adaptor taken over by another stack, as freed now (a
+    /// `free` line each), so this log replays with nothing outstanding.
     pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
             self.log(ACTION_FREE, b.ptr, b.bytes, b.stream);
@@ -323,8 +294,7 @@ impl LoggingResourceAdaptor {
         }
     }
 
-    /// Adds this adaptor's chunk to the calling thread's list (dropping those of adaptors
-    /// that are gone). Returns its index.
+    /// Adds this adaptor's chunk to the thread's list (dropping gone adaptors'); returns its index.
     #[cold]
     #[inline(never)]
     fn register(&self, locals: &mut Vec<Local>) -> usize {

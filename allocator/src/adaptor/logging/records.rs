@@ -53,10 +53,9 @@ pub(super) const ACTION_FAILURE: u64 = 2;
 pub(super) static NEXT_ADAPTOR_ID: AtomicU64 = AtomicU64::new(1);
 pub(super) static NEXT_PRODUCER_ID: AtomicU64 = AtomicU64::new(1);
 
-/// One record: `[tag (sequence number, precise, action), time (ns since the epoch), pointer,
-/// size, stream]`.
-/// Atomics only so that the writer may read a chunk the owner is still filling; the owner's
-/// stores are plain (relaxed) stores, published by the release store of [`Chunk::len`].
+/// One record: `[tag (sequence, precise, action), time (ns since the epoch), pointer, size,
+/// stream]`. Atomic only so the writer may read a chunk being filled; the owner's relaxed stores
+/// are published by [`Chunk::len`]'s release store.
 pub(super) type Record = [AtomicU64; 5];
 
 /// A run of records of one thread for one adaptor.
@@ -148,8 +147,7 @@ impl RecordQueue {
         seq
     }
 
-    /// A chunk for `producer`: a free one, a new one, or (past [`MAX_CHUNKS`]) the next one
-    /// the writer frees.
+    /// A chunk for `producer`: a free or new one, or past [`MAX_CHUNKS`] the next the writer frees.
     pub(super) fn take_chunk(&self, producer: u64, thread: u64) -> Arc<Chunk> {
         loop {
             let recycled = match self.free_rx.try_recv() {
@@ -193,8 +191,7 @@ impl RecordQueue {
         local.chunk = chunk;
     }
 
-    /// Logs one record through a one-record chunk of its own (the thread-local list is not
-    /// available: the thread is tearing it down, or logging re-entered itself).
+    /// Logs one record via its own one-record chunk (thread-local list torn down, or re-entered).
     #[cold]
     #[inline(never)]
     pub(super) fn push_alone(&self, action: u64, ptr: u64, size: u64, stream: u64) -> u64 {

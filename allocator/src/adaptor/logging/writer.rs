@@ -1,5 +1,4 @@
-//! The writer thread: merges the producers' chunks in sequence order, formats the CSV and
-//! writes it to the sink; answers flushes.
+//! The writer thread: merges producers' chunks in sequence order, writes the CSV, answers flushes.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -22,17 +21,15 @@ pub(super) const OUT_BUFFER: usize = 1 << 16;
 pub(super) const POLL: Duration = Duration::from_millis(100);
 /// How often a writer looks again while a flush waits for a record still being written.
 pub(super) const SHORT_WAIT: Duration = Duration::from_micros(50);
-/// How long the writer waits for a record whose sequence number was taken but which was
-/// never published (a thread that died in the middle of logging: does not happen in safe
-/// code) before it goes on without it.
+/// How long the writer waits for a record numbered but never published (a thread dying mid-log,
+/// impossible in safe code) before skipping it.
 pub(super) const GAP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The writer's view of one producer's chunks.
 pub(super) struct Producer {
     /// `<thread id>,`: how its lines start.
     pub(super) prefix: Vec<u8>,
-    /// Announced chunks, oldest first; the front one is being read. All but the last are
-    /// full.
+    /// Announced chunks, oldest first; the front one is being read; all but the last are full.
     pub(super) chunks: VecDeque<Arc<Chunk>>,
     /// Records of the front chunk already written.
     pub(super) consumed: usize,
@@ -43,9 +40,8 @@ pub(super) struct Producer {
 }
 
 impl Producer {
-    /// The sequence number of the next published record, dropping consumed full chunks
-    /// (into `done`). With `full_only`, the last chunk (which its owner may be filling) is not
-    /// looked at: reading it while the owner writes it costs the owner cache misses.
+    /// The next published record's sequence number, moving spent chunks to `done`. `full_only`
+    /// skips the last chunk, maybe being filled (reading it costs its owner cache misses).
     pub(super) fn head(&mut self, done: &mut Vec<Arc<Chunk>>, full_only: bool) -> Option<u64> {
         loop {
             let front = self.chunks.front()?;
@@ -62,8 +58,7 @@ impl Producer {
                 continue;
             }
             let abandoned = Arc::strong_count(front) == 1 && {
-                // The owner dropped its handle (it moved on or exited): after this fence
-                // `len` is final.
+                // Owner dropped its handle (moved on or exited): after this fence `len` is final.
                 std::sync::atomic::fence(Ordering::Acquire);
                 self.published = front.len.load(Ordering::Acquire);
                 self.consumed == self.published
@@ -132,8 +127,7 @@ impl Writer {
                     TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
                 })
             } else {
-                // Woken by the next full chunk, a flush or the shutdown; meanwhile look at
-                // partly filled chunks now and then.
+                // Wakes on a full chunk, flush or shutdown; polls partly filled chunks meanwhile.
                 self.rx
                     .recv_timeout(if waiting { SHORT_WAIT } else { POLL })
             };
@@ -191,11 +185,9 @@ impl Writer {
         }
     }
 
-    /// Writes every record that is next in sequence order. Returns whether it wrote any.
-    ///
-    /// Normally only full chunks are read; partly filled ones when `read_all` is set (a
-    /// flush, the shutdown, a thread waiting for a chunk, the periodic look) or when a record
-    /// that comes next may be in one (another thread's full chunk has later records).
+    /// Writes every record next in sequence order; returns whether it wrote any. Partly filled
+    /// chunks are read only with `read_all` (flush, shutdown, a thread waiting for a chunk, the
+    /// periodic poll) or when the next record may be in one (a full chunk has later records).
     pub(super) fn pump(&mut self) -> bool {
         let mut wrote = self.merge(!self.read_all);
         if !self.read_all && !self.heap.is_empty() {
@@ -262,8 +254,7 @@ impl Writer {
                 if record[0] & TAG_PRECISE != 0 {
                     self.precise = self.precise.max(record[1]);
                 } else {
-                    // At least the time of the last precise record before it, and of its
-                    // tick.
+                    // At least the last precise record's time before it, and its tick's.
                     record[1] = record[1].max(self.precise);
                 }
                 format_line(&mut self.out, &mut self.second, &p.prefix, &record);
@@ -356,8 +347,7 @@ impl Writer {
     }
 }
 
-/// Writes `out` to `sink` (unless writing stopped) and clears it; a failure stops the
-/// writing.
+/// Writes `out` to `sink` (unless writing stopped) and clears it; a failure stops writing.
 pub(super) fn write_to(
     sink: &mut Box<dyn Write + Send>,
     out: &mut Vec<u8>,

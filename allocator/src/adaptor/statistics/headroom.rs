@@ -1,44 +1,36 @@
 //! The exact peak (the default, as in RMM): headroom split between the threads and a reserve.
 //!
-//! A peak is the maximum of a sum that no shard sees alone. Rather than one shared counter
-//! (one contended cache line written by every operation of every thread), the adaptor keeps
-//! the *headroom* `peak − current`, split between the threads and a reserve:
+//! A peak is the maximum of a sum no shard sees alone. Instead of one shared counter (one contended
+//! cache line written by every operation), the adaptor keeps the *headroom* `peak − current`, split
+//! between the threads and a reserve:
 //!
-//! * each shard holds a headroom word (bytes and allocations, packed in one `u64`). An
-//!   allocation takes its bytes and one allocation from its thread's word, a free gives them
-//!   back: one compare-and-swap on the thread's own cache line, nothing shared.
-//! * the rest of the headroom sits in a reserve behind a spin lock. A thread whose headroom is
-//!   short (or that holds more than 4 times its last share, and over 16 MiB or 256
-//!   allocations, after frees) takes the lock, puts its word into the reserve and draws a new
-//!   share: the reserve divided by the number of threads (16 at most).
-//! * when the reserve is short as well, the thread *freezes* every shard's word: swapping a
-//!   marker in collects the headroom into the reserve and makes each owner's next operation wait
-//!   for the lock. The reserve then holds all of the headroom, so the current value is exactly
-//!   `peak − reserve`; if the allocation still does not fit, the peak is raised by the shortfall,
-//!   to exactly the current value after the allocation. The words are thawed (empty) before
-//!   the lock is released.
+//! * each shard holds a headroom word (bytes and allocations packed in a `u64`). An allocation
+//!   takes its bytes and one allocation from its thread's word, a free gives them back: one
+//!   compare-and-swap on the thread's own cache line.
+//! * the rest sits in a reserve behind a spin lock. A thread whose headroom runs short (or, after
+//!   frees, exceeds 4 times its last share and 16 MiB or 256 allocations) takes the lock, puts its
+//!   word into the reserve and draws a new share: the reserve over the number of threads (≤ 16).
+//! * when the reserve is short too, the thread *freezes* every shard's word: swapping in a marker
+//!   collects the headroom into the reserve and makes each owner's next operation wait for the
+//!   lock. The reserve then holds all the headroom, so the current value is exactly `peak −
+//!   reserve`; if the allocation still does not fit, the peak is raised by the shortfall, to
+//!   exactly the current value after it. The words are thawed (empty) before the lock is released.
 //!
-//! Invariant, for bytes and for allocations alike: current + headroom held by the threads +
-//! reserve = peak, with every term non-negative.
+//! Invariant (for bytes and allocations): current + threads' headroom + reserve = peak, all ≥ 0.
 //!
-//! **Guarantee.** Every allocation and free takes effect at one instant inside the adaptor's
-//! call (after the upstream returned): its compare-and-swap, or a point under the lock. These
-//! instants order the operations consistently with real time (one that returned before another
-//! was called takes effect first; an owner that meets a frozen word waits, so no operation
-//! that takes effect after a freeze is counted before one that took effect before it). The
-//! peak is the maximum of the live sum over that order: never lower than the sum at any
-//! instant (a sum above the peak would need negative headroom), and never higher than a sum
-//! that held at one instant (a raise sets the peak to the exact current value, with every
-//! thread's headroom collected). This is RMM's exact peak, whose order is that of its mutex.
-//! A peak read while other threads allocate is the peak at some instant during the read.
+//! **Guarantee.** Every allocation and free takes effect at one instant inside the adaptor's call
+//! (after the upstream returned): its compare-and-swap, or a point under the lock. These instants
+//! order operations consistently with real time (one that returned before another was called takes
+//! effect first; an owner meeting a frozen word waits, so nothing taking effect after a freeze is
+//! counted before something that took effect before it). The peak is the maximum of the live sum
+//! over that order: never below the sum at any instant (that would need negative headroom), never
+//! above a sum that held at one instant (a raise sets it to the exact current value with all
+//! headroom collected). This is RMM's exact peak, ordered by its mutex instead. A peak read while
+//! other threads allocate is the peak at some instant during the read.
 //!
-//! **Cost.** One uncontended compare-and-swap per operation on the thread's own line besides
-//! the counting; the lock only when a thread's share runs out. How often depends on how close
-//! the live sum runs to its peak: a workload that hovers near its peak takes the lock more
-//! often, and freezes now and then. A freeze touches every shard (one cache line per thread
-//! that used the adaptor) twice. Under several threads this is far cheaper than the one shared
-//! counter it replaced, and single-threaded close to the approximate peak
-//! (`cli/benches/adaptors.rs` measures both).
+//! **Cost.** One uncontended compare-and-swap per operation on the thread's own line; the lock only
+//! when a share runs out, more often (with occasional freezes touching every used shard twice) when
+//! the live sum hovers near its peak.
 
 use std::sync::atomic::Ordering;
 
@@ -47,8 +39,8 @@ use crate::adaptor::Upstream;
 #[cfg(doc)]
 use crate::sync::SpinLock;
 
-// A shard's headroom word (exact peak): bytes in bits 0..48, allocations in bits 48..63 and
-// `FROZEN` in bit 63. A frozen word holds no headroom and fails both fast paths.
+// Headroom word: bytes in bits 0..48, allocations in 48..63, `FROZEN` in bit 63. A frozen word
+// holds no headroom and fails both fast paths.
 pub(super) const HR_BYTES: u64 = (1 << 48) - 1;
 pub(super) const HR_ONE: u64 = 1 << 48;
 pub(super) const HR_COUNT_MAX: u64 = (1 << 15) - 1;
@@ -58,8 +50,8 @@ pub(super) const SHARES_MAX: i64 = 16;
 /// ...and at most this large (so that `KEEP_FACTOR` times it fits its field).
 pub(super) const GRANT_BYTES_MAX: i64 = 1 << 44;
 pub(super) const GRANT_COUNT_MAX: i64 = 4095;
-/// A thread returns headroom to the reserve when frees take it past this many times its last
-/// share, or past the floors below, whichever is more.
+/// A thread returns headroom to the reserve when frees take it past this many times its last share
+/// or the floors below, whichever is more.
 pub(super) const KEEP_FACTOR: i64 = 4;
 pub(super) const KEEP_FLOOR_BYTES: i64 = 16 << 20;
 pub(super) const KEEP_FLOOR_COUNT: i64 = 256;
@@ -68,8 +60,8 @@ pub(super) const fn hr_pack(bytes: i64, count: i64) -> u64 {
     ((count as u64) << 48) | bytes as u64
 }
 
-/// Exact peak: the headroom no thread holds. It sits behind a [`SpinLock`] (every critical
-/// section is short and bounded: at most two stores per shard, no allocation, no system call).
+/// Exact peak: the headroom no thread holds, behind a [`SpinLock`] (critical sections are short and
+/// bounded: at most two stores per shard, no allocation or system call).
 #[derive(Debug, Default)]
 pub(super) struct Reserve {
     pub(super) bytes: i64,
@@ -87,8 +79,7 @@ impl Reserve {
 }
 
 impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
-    /// Exact peak: takes `bytes` and one allocation from this thread's headroom, or trades
-    /// with the reserve when it holds too little (or is frozen).
+    /// Takes `bytes` and one allocation from the thread's headroom, or trades with the reserve.
     #[inline(always)]
     pub(super) fn take_headroom(&self, s: &Shard, bytes: i64) {
         let b = bytes as u64;
@@ -110,8 +101,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// Exact peak: gives `bytes` and one allocation back to this thread's headroom, or trades
-    /// with the reserve when that would take it past its keep limit (or it is frozen).
+    /// Returns `bytes` and an allocation to the headroom; trades past the keep limit or if frozen.
     #[inline(always)]
     pub(super) fn give_headroom(&self, s: &Shard, bytes: i64) {
         let b = bytes as u64;
@@ -134,10 +124,9 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// Exact peak, under the reserve's lock: puts this thread's headroom into the reserve, applies
-    /// the operation to the reserve (freezing every shard and raising the peak when an
-    /// allocation does not fit), and draws a new share. `shard` is `None` for the overflow
-    /// shard, which holds no headroom.
+    /// Under the reserve's lock: puts the thread's headroom into the reserve, applies the operation
+    /// there (freezing all shards and raising the peak when an allocation does not fit) and draws a
+    /// new share. `shard` is `None` for the overflow shard (no headroom).
     #[cold]
     #[inline(never)]
     pub(super) fn trade(&self, shard: Option<&Shard>, bytes: i64, alloc: bool) {
@@ -163,10 +152,9 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// Freezes every shard's headroom word, moving what the words held into the reserve, and
-    /// returns how many shards it froze (the first ones). The reserve then holds all the
-    /// headroom: peak − reserve is the exact current value. An owner that meets its frozen word
-    /// waits for the lock; [`Self::thaw`] empties the words before the lock is released.
+    /// Freezes every shard's word, moving its headroom into the reserve; returns how many (first)
+    /// shards it froze. Then peak − reserve is the exact current value. An owner meeting its frozen
+    /// word waits for the lock; [`Self::thaw`] empties the words before it is released.
     pub(super) fn freeze_all(&self, reserve: &mut Reserve) -> usize {
         // Registration takes the reserve's lock too: no shard appears during the freeze.
         let n = self.threads.load(Ordering::Relaxed).min(MAX_SHARDS);
@@ -176,16 +164,15 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         n
     }
 
-    /// Thaws the first `n` shards' words, empty: their owners' frees go on without the lock,
-    /// their allocations draw a new share.
+    /// Thaws the first `n` shards' words, empty: frees go on lock-free, allocations draw a share.
     pub(super) fn thaw(&self, n: usize) {
         for s in self.shards.first(n) {
             s.headroom.store(0, Ordering::Relaxed);
         }
     }
 
-    /// With every shard frozen, raises the peak just enough for the reserve to hold `bytes`
-    /// and `count` more: to exactly the current value after the allocation.
+    /// With all shards frozen, raises the peak just enough for the reserve to hold `bytes` and
+    /// `count` more: to exactly the current value after the allocation.
     pub(super) fn raise_to_fit(&self, reserve: &mut Reserve, bytes: i64, count: i64) {
         if reserve.bytes < bytes {
             let peak = self.run_peak_bytes.load(Ordering::Relaxed) + (bytes - reserve.bytes);

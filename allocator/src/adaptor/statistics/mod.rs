@@ -1,32 +1,28 @@
-//! [`StatisticsResourceAdaptor`]: current, peak and total bytes and allocation counts, with
-//! RMM's counter scopes and a report in the shape PyTorch's `memory_stats` has.
+//! [`StatisticsResourceAdaptor`]: current, peak and total bytes and allocation counts, with RMM's
+//! counter scopes and a report shaped like PyTorch's `memory_stats`.
 //!
 //! # Current and total figures
-//! Every thread that uses an adaptor gets its own cache-line-sized *shard*, found through a
-//! small thread-local cache; shards are made 32 at a time as threads first use the adaptor,
-//! so a new adaptor writes none. Only that thread writes the shard's counters (bytes and
-//! allocations handed out and given back: plain loads and stores, no read-modify-write).
-//! Current and total figures are the sums of the shards, read when asked for: they are exact.
+//! Each thread using an adaptor gets its own cache-line-sized *shard*, found through a small
+//! thread-local cache; shards are made 32 at a time as threads arrive, so a new adaptor writes
+//! none. Only the owning thread writes a shard's counters (bytes and allocations handed out and
+//! given back: plain loads and stores, no read-modify-write). Current and total figures are the
+//! shards' sums, read on demand: exact.
 //!
 //! # The exact peak (the default, as in RMM)
-//! The adaptor keeps the headroom `peak − current`, split between the threads' shards and a
-//! reserve behind a spin lock; `headroom.rs` describes the scheme, its invariant and the
-//! peak's guarantee.
-//!
+//! The adaptor keeps the headroom `peak − current`, split between the shards and a spin-locked
+//! reserve; `headroom.rs` describes the scheme, its invariant and the peak's guarantee.
 //!
 //! # The approximate peak
-//! [`StatisticsResourceAdaptor::with_peak_tolerance`] with a non-zero tolerance keeps no
-//! headroom: each shard adds what changed since it last published (its *pending* delta) to one
-//! shared figure, then raises the shared peak with `fetch_max` when the figure passed it:
-//! * while a single thread uses the adaptor, only on an allocation that takes the figure past
-//!   the current peak (exact);
-//! * once several threads use it, when a shard's pending delta reaches the tolerance (or 64
-//!   allocations) either way. The shared figure is then within `threads × tolerance` of the
-//!   true sum, so the peak may read that much low or high (never above the sum of each
-//!   thread's own peak).
+//! [`StatisticsResourceAdaptor::with_peak_tolerance`] with a non-zero tolerance keeps no headroom:
+//! a shard adds its change since it last published (its *pending* delta) to one shared figure, then
+//! raises the shared peak with `fetch_max` if the figure passed it:
+//! * with one thread, only on an allocation taking the figure past the peak (exact);
+//! * with several, when a shard's pending delta reaches the tolerance (or 64 allocations) either
+//!   way. The shared figure is then within `threads × tolerance` of the true sum, so the peak may
+//!   read that much low or high (never above the sum of each thread's own peak).
 //!
-//! Threads beyond [`MAX_SHARDS`] share one overflow shard with atomic adds and trade with the
-//! reserve (or publish) at every operation: still exact, slower.
+//! Threads beyond [`MAX_SHARDS`] share an overflow shard with atomic adds, trading with the reserve
+//! (or publishing) on every operation: still exact, slower.
 
 mod headroom;
 mod report;
@@ -52,13 +48,11 @@ use crate::sync::{GroupedSlots, SlotCache, SpinLock};
 
 /// Threads with a shard of their own; more share an overflow shard.
 pub const MAX_SHARDS: usize = SHARD_GROUP * SHARD_GROUPS;
-/// Shards are made this many at a time, as threads come: an adaptor used by one thread
-/// holds one group (4 KiB), not the whole table.
+/// Shards are made this many at a time: an adaptor used by one thread holds one group (4 KiB).
 const SHARD_GROUP: usize = 32;
 const SHARD_GROUPS: usize = 4;
 type Shards = GroupedSlots<Shard, SHARD_GROUP, SHARD_GROUPS>;
-/// A peak tolerance for [`StatisticsResourceAdaptor::with_peak_tolerance`] when an
-/// approximate peak is enough (it was the default before the exact peak was cheap).
+/// A tolerance for [`StatisticsResourceAdaptor::with_peak_tolerance`] when approximate peaks do.
 pub const DEFAULT_PEAK_TOLERANCE: usize = 16 << 20;
 /// Pending allocation-count delta that makes a shard publish, with a non-zero tolerance.
 const COUNT_TOLERANCE: i64 = 64;
@@ -78,8 +72,8 @@ pub struct Counter {
 #[derive(Default)]
 #[repr(align(128))]
 struct Shard {
-    /// Bytes and allocations handed out, and given back, through this thread. Each
-    /// operation stores two of the four; current = handed out - given back.
+    /// Bytes and allocations handed out and given back through this thread; current = out − back.
+    /// Each operation stores two of the four.
     alloc_bytes: AtomicI64,
     alloc_count: AtomicI64,
     freed_bytes: AtomicI64,
@@ -87,11 +81,11 @@ struct Shard {
     /// Approximate peak: the current figures as last added to the shared ones.
     published_bytes: AtomicI64,
     published_count: AtomicI64,
-    /// Exact peak: this thread's headroom word. The owner changes it with compare-and-swap
-    /// (never when frozen); the holder of the reserve's lock swaps or stores it.
+    /// Exact peak: this thread's headroom word; the owner CASes it (never when frozen), the
+    /// reserve's lock holder swaps or stores it.
     headroom: AtomicU64,
-    /// Exact peak: the headroom (same packing) past which a free trades with the reserve.
-    /// Written by the owner under the reserve's lock, read by the owner.
+    /// Exact peak: the headroom (same packing) past which a free trades with the reserve; the owner
+    /// writes it under the reserve's lock.
     keep: AtomicU64,
 }
 
@@ -142,13 +136,10 @@ thread_local! {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Counts bytes and allocations through it (RMM's `statistics_resource_adaptor`). See the
-/// module documentation for the counting scheme and the peak's guarantee.
+/// Counts bytes and allocations through it (RMM's `statistics_resource_adaptor`); see module docs.
 ///
-/// The upstream is usually a [`SharedResource`](crate::resource::SharedResource)
-/// (`Arc<dyn DeviceMemoryResource>`, the default type parameter). Given an `Arc` of a concrete
-/// resource, e.g. `Arc<PoolMemoryResource>`, the adaptor calls it without dynamic dispatch,
-/// which saves the cost of one adaptor layer on the hot path.
+/// The upstream is usually a [`SharedResource`](crate::resource::SharedResource) (the default); an
+/// `Arc` of a concrete resource (`Arc<PoolMemoryResource>`) skips dynamic dispatch.
 #[repr(C, align(128))]
 pub struct StatisticsResourceAdaptor<U: Upstream + ?Sized = dyn DeviceMemoryResource> {
     // Read by every operation: kept together, in the first 128 bytes.
@@ -160,8 +151,8 @@ pub struct StatisticsResourceAdaptor<U: Upstream + ?Sized = dyn DeviceMemoryReso
     /// 0: exact peak.
     tolerance_bytes: i64,
     tolerance_count: i64,
-    /// Peak since the innermost scope was pushed (absolute units). With the exact peak,
-    /// written only under the reserve's lock.
+    /// Peak since the innermost scope was pushed (absolute units); with the exact peak, written
+    /// only under the reserve's lock.
     run_peak_bytes: AtomicI64,
     run_peak_count: AtomicI64,
     // Written when shards publish or trade: a block of its own.
@@ -198,15 +189,12 @@ impl<U: Upstream + ?Sized> fmt::Debug for StatisticsResourceAdaptor<U> {
 }
 
 impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
-    /// Counts what goes through to `upstream`, with an exact peak (see the module
-    /// documentation).
+    /// Counts what goes through to `upstream`, with an exact peak.
     pub fn new(upstream: Arc<U>) -> Self {
         Self::with_peak_tolerance(upstream, 0)
     }
 
-    /// As [`StatisticsResourceAdaptor::new`], with a peak that may be off by up to `bytes`
-    /// per thread once several threads use the adaptor (0: the exact peak of
-    /// [`StatisticsResourceAdaptor::new`]). See the module documentation.
+    /// As [`new`](Self::new), with peaks off by up to `bytes` per thread under multithreaded use.
     pub fn with_peak_tolerance(upstream: Arc<U>, bytes: usize) -> Self {
         let tolerance_bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
         StatisticsResourceAdaptor {
@@ -256,9 +244,8 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.shards.get(slot as usize)
     }
 
-    /// Counts an allocation: with the exact peak, one compare-and-swap on this thread's
-    /// headroom and two plain stores; else two plain stores and a shared write only when the
-    /// figures must be published (see the module documentation).
+    /// Counts an allocation: with the exact peak, one CAS on the thread's headroom and two plain
+    /// stores; else two plain stores and a shared write only to publish.
     #[inline(always)]
     fn record_alloc(&self, bytes: i64) {
         let Some(s) = self.shard() else {
@@ -285,8 +272,8 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// Counts a free: two plain stores, and with the exact peak one compare-and-swap on this
-    /// thread's headroom; nothing shared while one thread uses an approximate adaptor.
+    /// Counts a free: two plain stores, plus a headroom CAS with the exact peak; nothing shared
+    /// while one thread uses an approximate adaptor.
     #[inline(always)]
     fn record_free(&self, bytes: i64) {
         let Some(s) = self.shard() else {
@@ -343,8 +330,8 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// Threads beyond [`MAX_SHARDS`] share one shard: atomic adds, and a trade with the reserve
-    /// (or a publication) at every operation. `count` is 1 for an allocation, -1 for a free.
+    /// The overflow shard of threads beyond [`MAX_SHARDS`]: atomic adds and a reserve trade (or
+    /// publication) per operation. `count`: 1 to allocate, -1 to free.
     #[cold]
     #[inline(never)]
     fn update_overflow(&self, bytes: i64, count: i64) {
@@ -378,8 +365,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             let mut reg = self.registry.lock();
             let n = reg.len();
             *reg.entry(me).or_insert_with(|| {
-                // The shard exists before the thread is counted: readers walk the first
-                // `threads` shards.
+                // Shard before count: readers walk the first `threads` shards.
                 let slot = if self.shards.make(n).is_some() {
                     n as u32
                 } else {
@@ -434,8 +420,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.counters_of(&frame, &self.sums())
     }
 
-    /// Bytes of the innermost counter scope: current, peak and total (RMM's
-    /// `get_bytes_counter`). Sizes are the requested ones, not rounded.
+    /// Innermost scope's bytes, as requested (not rounded): RMM's `get_bytes_counter`.
     pub fn bytes_counter(&self) -> Counter {
         self.top().0
     }
@@ -445,8 +430,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.top().1
     }
 
-    /// The peak since the adaptor was made, from its two figures (`now`: the current value,
-    /// which only the approximate peak may lag).
+    /// Lifetime peak from both figures and `now` (current value; only approximate peaks lag it).
     fn life_peak(&self, life: &AtomicI64, run: &AtomicI64, now: i64) -> i64 {
         let peak = life
             .load(Ordering::Relaxed)
@@ -474,11 +458,9 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// Starts a new innermost scope of zeroed counters; returns the (bytes, allocations)
-    /// counters of the scope that was innermost before (RMM's `push_counters`).
-    ///
-    /// With the exact peak this freezes every thread's headroom (see the module
-    /// documentation), so that the scope starts from the exact current value.
+    /// Starts a new innermost scope of zeroed counters; returns the previous innermost (bytes,
+    /// allocations) counters (RMM's `push_counters`). The exact peak freezes all headroom so the
+    /// scope starts from the exact current value.
     pub fn push_counters(&self) -> (Counter, Counter) {
         let mut scopes = self.scopes.lock();
         let frame = scopes.last().copied().unwrap_or_default();
@@ -518,9 +500,9 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         before
     }
 
-    /// Makes every peak the current value, as PyTorch's `reset_peak_memory_stats` does: the
-    /// peaks since the adaptor was made and the innermost scope's, and the reserved peak of
-    /// the first pool below (enclosing scopes keep theirs, to take back when it is popped).
+    /// Makes the peaks current values (PyTorch's `reset_peak_memory_stats`): the lifetime and
+    /// innermost scope's peaks and the first pool below's reserved peak. Enclosing scopes keep
+    /// theirs for when it is popped.
     pub fn reset_peaks(&self) {
         let _scopes = self.scopes.lock();
         if self.exact() {
@@ -549,12 +531,11 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.figures.life_peak_count.store(count, Ordering::Relaxed);
     }
 
-    /// Ends the innermost scope and returns its (bytes, allocations) counters; the enclosing
-    /// scope takes its figures over (RMM's `pop_counters`). Fails when no scope was pushed.
+    /// Ends the innermost scope, returning its (bytes, allocations) counters; the enclosing scope
+    /// takes its figures over (RMM's `pop_counters`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when no scope was pushed (only the
-    /// outermost one is left).
+    /// [`Error::InvalidArgument`] when only the outermost scope is left.
     pub fn pop_counters(&self) -> Result<(Counter, Counter)> {
         let mut scopes = self.scopes.lock();
         if scopes.len() < 2 {
@@ -589,8 +570,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         Ok(popped)
     }
 
-    /// Runs `f` in a scope of its own and returns its result with that scope's (bytes,
-    /// allocations) counters.
+    /// Runs `f` in its own scope; returns its result and the scope's (bytes, allocations) counters.
     pub fn measure<R>(&self, f: impl FnOnce() -> R) -> (R, Counter, Counter) {
         self.push_counters();
         let r = f();
@@ -603,19 +583,16 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.scopes.lock().len()
     }
 
-    /// Counts `blocks`, live allocations made through another stack whose memory this
-    /// stack's resource now owns (a reinitialize that keeps data in place), as allocated
-    /// through this adaptor now: current, peak and total figures include them, and their
-    /// later frees through this adaptor are counted as usual. Slow path.
+    /// Counts `blocks`, live allocations of another stack now owned by this stack's resource (a
+    /// reinitialize keeping data in place), as allocated here; later frees count as usual.
     pub fn take_over_live(&self, blocks: &[LiveBlock]) {
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
             self.record_alloc(b.bytes as i64);
         }
     }
 
-    /// Counts `blocks`, live allocations made through this adaptor that another stack has
-    /// taken over ([`take_over_live`](Self::take_over_live) there), as freed: they are no
-    /// longer this adaptor's, and their frees will not come through it. Slow path.
+    /// Counts `blocks`, live allocations of this adaptor taken over by another stack
+    /// ([`take_over_live`](Self::take_over_live)), as freed: their frees won't come here.
     pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
             self.record_free(b.bytes as i64);

@@ -14,9 +14,8 @@ use crate::error::fmt_bytes;
 use crate::resource::PoolMemoryResource;
 
 impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
-    /// A report in the shape PyTorch users know: allocated vs reserved bytes (reserved from
-    /// the first pool in the upstream chain), retries (by failure-callback adaptors in the
-    /// chain) and out-of-memory errors.
+    /// A PyTorch-style report: allocated vs reserved bytes (reserved from the chain's first pool),
+    /// retries (by the chain's failure-callback adaptors) and OOM errors.
     pub fn report(&self) -> MemoryReport {
         let pool =
             find_in_chain::<PoolMemoryResource>((*self.upstream).as_dyn()).map(|p| p.usage());
@@ -53,8 +52,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     }
 }
 
-/// Memory figures of one statistics adaptor, in the shape of PyTorch's
-/// `torch.cuda.memory_stats()` (see [`MemoryReport::memory_stats`] for its key names).
+/// A statistics adaptor's figures, PyTorch-style ([`MemoryReport::memory_stats`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryReport {
     /// Device ordinal.
@@ -67,8 +65,7 @@ pub struct MemoryReport {
     pub allocations: Counter,
     /// Bytes the first pool in the chain holds from its upstream (PyTorch's reserved bytes).
     pub reserved_bytes: Option<u64>,
-    /// The most `reserved_bytes` came to since the pool was made or the peaks were reset
-    /// ([`StatisticsResourceAdaptor::reset_peaks`]).
+    /// Peak `reserved_bytes` since creation or [`StatisticsResourceAdaptor::reset_peaks`].
     pub reserved_peak_bytes: Option<u64>,
     /// That pool's maximum size.
     pub reserved_maximum_bytes: Option<u64>,
@@ -76,18 +73,15 @@ pub struct MemoryReport {
     pub pool_in_use_bytes: Option<u64>,
     /// Reserved but not in use: cached by the pool.
     pub cached_free_bytes: Option<u64>,
-    /// Bytes free in that pool, ready for requests (reserved − in use − blocks waiting for
-    /// another stream's work).
+    /// That pool's free bytes: reserved − in use − those awaiting other streams.
     #[serde(default)]
     pub pool_free_bytes: Option<u64>,
     /// The largest free block of that pool: the largest request it can serve without growing.
     pub largest_free_block: Option<u64>,
-    /// That pool's fragmentation in thousandths: 1000 × (1 − largest free block / free
-    /// bytes); 0 when its free memory is one block ([`MemoryReport::fragmentation`]).
+    /// That pool's fragmentation in thousandths ([`MemoryReport::fragmentation`] × 1000).
     #[serde(default)]
     pub fragmentation_permille: Option<u64>,
-    /// Chunks that pool took from the device since it was made (PyTorch's
-    /// `num_device_alloc`: its segments' `cudaMalloc` calls).
+    /// Chunks that pool took from the device (PyTorch's `num_device_alloc`: segment `cudaMalloc`s).
     #[serde(default)]
     pub num_device_alloc: Option<u64>,
     /// Chunks it gave back (PyTorch's `num_device_free`).
@@ -106,8 +100,7 @@ pub struct MemoryReport {
 }
 
 impl MemoryReport {
-    /// The pool's fragmentation, 1 − largest free block / free bytes, from 0 (all free
-    /// memory in one block) toward 1 (many small pieces); `None` without a pool.
+    /// 1 − largest free block / free bytes of the pool (0: one block; near 1: many pieces), if any.
     pub fn fragmentation(&self) -> Option<f64> {
         self.fragmentation_permille.map(|f| f as f64 / 1000.0)
     }

@@ -1,37 +1,28 @@
-//! [`TrackingResourceAdaptor`]: every outstanding allocation with its size, stream, thread,
-//! time and (when enabled) a backtrace, and leak reports (RMM's `tracking_resource_adaptor`).
-//!
-//! Use it to find what is still allocated before a reinitialize, or at shutdown: dropping the
-//! adaptor with allocations outstanding logs a leak report with `tracing::warn!`.
+//! [`TrackingResourceAdaptor`]: every outstanding allocation with its size, stream, thread, time
+//! and (optionally) a backtrace, and leak reports (RMM's `tracking_resource_adaptor`). Use it to
+//! find what is still allocated before a reinitialize or at shutdown: dropping it with allocations
+//! outstanding logs a leak report with `tracing::warn!`.
 //!
 //! # How it stays cheap
-//! * **Sharded by pointer.** Records live in 64 maps, each behind its own lock on a cache line
-//!   of its own, picked by a multiplicative hash of the address: an allocation and its free
-//!   (from any thread) take one uncontended lock each, and threads working on different blocks
-//!   rarely meet. No global lock, no shared counter: the outstanding bytes are kept per shard.
-//!   The lock is a spin lock (one compare-and-swap to take, a plain store to release) around a
-//!   map insert or remove.
-//! * **Small records, no allocation.** The maps hash addresses with a multiplicative hash (not
-//!   SipHash) and keep their capacity, so a steady workload never allocates. A record is 24
-//!   bytes: size, stream, and a timestamp (to about a millisecond) packed with the allocating
-//!   thread as an index into the adaptor's table of threads (a thread registers once; records
-//!   never clone a `Thread`). Backtraces, when captured, sit in a map of their own.
-//! * **A coarse clock, read once per tick.** While a tracking adaptor exists, a background
-//!   thread (`rmm-tracking-clock`) stores the coarse monotonic time every millisecond; an
-//!   allocation reads that one atomic (where `Instant::now()` takes tens of ns) and reports turn
-//!   it into an [`Instant`]. Times are as exact as the kernel's coarse clock (1–10 ms) plus the
-//!   clock thread's scheduling delay.
-//! * **The record goes before the memory.** A free removes the record, then calls the
-//!   upstream (and puts the record back if that fails): a thread handed the same address right
-//!   after the upstream took it back records its own allocation, which the free can't remove.
+//! * **Sharded by pointer.** Records live in 64 maps, each behind its own spin lock on its own
+//!   cache line, picked by a multiplicative hash of the address: an allocation and its free (from
+//!   any thread) take one uncontended lock each around a map insert or remove. No global lock or
+//!   shared counter: outstanding bytes are kept per shard.
+//! * **Small records, no allocation.** The maps hash addresses multiplicatively (not SipHash) and
+//!   keep their capacity, so a steady workload never allocates. A record is 24 bytes: size, stream,
+//!   and a timestamp (~1 ms) packed with the allocating thread's index in the adaptor's thread
+//!   table (threads register once). Backtraces, when captured, sit in a map of their own.
+//! * **A coarse clock, read once per tick.** While a tracking adaptor exists, a background thread
+//!   (`rmm-tracking-clock`) stores the coarse monotonic time every millisecond; an allocation reads
+//!   that one atomic and reports turn it into an [`Instant`]. Times are as exact as the kernel's
+//!   coarse clock (1–10 ms) plus the clock thread's scheduling delay.
+//! * **The record goes before the memory.** A free removes the record, then calls the upstream
+//!   (putting the record back if that fails): a thread handed the same address right after records
+//!   its own allocation, which the free can't remove.
 //!
-//! Cost (cli/benches/adaptors.rs measures it): one lock, one map insert or remove and the
-//! bookkeeping around them. With backtraces, capture dominates.
-//!
-//! The thread table keeps one handle per thread that allocated through the adaptor; handles of
-//! threads that have exited and own no outstanding allocation are dropped (and their slots
-//! reused) when they outnumber the others, so a program that starts many short-lived threads
-//! does not grow the table without bound.
+//! The thread table keeps a handle per thread that allocated; handles of exited threads owning no
+//! outstanding allocation are dropped (slots reused) when they outnumber the others, so many
+//! short-lived threads do not grow it without bound.
 
 mod shards;
 mod threads;
@@ -142,16 +133,14 @@ impl fmt::Display for LeakReport {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Records every allocation until it is freed. See the module documentation for the design
-/// and its cost.
+/// Records every allocation until it is freed; see the module documentation.
 pub struct TrackingResourceAdaptor {
     upstream: SharedResource,
     backtraces: AtomicBool,
     shards: Box<[Shard]>,
     threads: Arc<ThreadTable>,
     id: u64,
-    /// [`ticking_monotonic_ns`] and [`Instant::now`] read together when the adaptor was made: the
-    /// clock's origin for reports.
+    /// [`ticking_monotonic_ns`] and [`Instant::now`] read together at creation: the time origin.
     base_ns: u64,
     base: Instant,
     _clock: Ticker,
@@ -187,8 +176,7 @@ impl TrackingResourceAdaptor {
         }
     }
 
-    /// Tracks with a backtrace captured at every allocation (microseconds each: for
-    /// debugging).
+    /// Tracks with a backtrace captured at every allocation (slow: for debugging).
     pub fn with_backtraces(upstream: SharedResource) -> Self {
         let t = Self::new(upstream);
         t.set_capture_backtraces(true);
@@ -212,8 +200,8 @@ impl TrackingResourceAdaptor {
         &self.shards[h as usize]
     }
 
-    /// The calling thread, as a slot of this adaptor's thread table, and whether the thread is
-    /// being torn down (then the slot is its own: mark it exited once the record is in).
+    /// The calling thread's slot in the thread table, and whether the thread is being torn down
+    /// (then the slot is its own: mark it exited once the record is in).
     #[inline(always)]
     fn who(&self) -> (u32, bool) {
         let id = self.id;
@@ -324,9 +312,8 @@ impl TrackingResourceAdaptor {
         }
     }
 
-    /// Records `blocks`, live allocations made through another stack whose memory this
-    /// stack's resource now owns (a reinitialize that keeps data in place), as outstanding
-    /// here: allocated by the calling thread, now, without a backtrace. Slow path.
+    /// Records `blocks`, live allocations of another stack now owned by this stack's resource (a
+    /// reinitialize keeping data in place), as outstanding here, allocated now by this thread.
     pub fn take_over_live(&self, blocks: &[LiveBlock]) {
         let (slot, teardown) = self.who();
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
@@ -346,8 +333,7 @@ impl TrackingResourceAdaptor {
         }
     }
 
-    /// Forgets `blocks`, live allocations made through this adaptor that another stack has
-    /// taken over: they are no longer outstanding here (nor in its leak reports). Slow path.
+    /// Forgets `blocks`, live allocations of this adaptor taken over by another stack.
     pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
             let shard = self.shard(b.ptr);
@@ -432,8 +418,7 @@ impl DeviceMemoryResource for TrackingResourceAdaptor {
         if ptr.is_null() {
             return self.upstream.deallocate(ptr, bytes, stream);
         }
-        // The record goes before the memory does: once the upstream has it back, another
-        // thread may be handed the same address and record it.
+        // Record first: once the upstream has the memory back, another thread may record it.
         let shard = self.shard(ptr);
         let (removed, bt) = {
             let mut maps = shard.map.lock();

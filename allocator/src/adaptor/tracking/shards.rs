@@ -45,14 +45,13 @@ impl BuildHasher for BuildPtrHasher {
     }
 }
 
-/// A record as stored (24 bytes; the pointer is the key, the backtrace if any is in a map of
-/// its own).
+/// A record as stored: 24 bytes; the pointer is the key, a backtrace lives in its own map.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Rec {
     pub(super) size: usize,
     pub(super) stream: StreamView,
-    /// The time ([`ticking_monotonic_ns`](crate::sync::clock::ticking_monotonic_ns) in units of 2^20 ns, about 1 ms) in bits 24..64 and the
-    /// allocating thread's slot in the adaptor's thread table in bits 0..24.
+    /// Bits 24..64: the time ([`ticking_monotonic_ns`](crate::sync::clock::ticking_monotonic_ns) in
+    /// units of 2^20 ns, ~1 ms); bits 0..24: the allocating thread's slot in the thread table.
     pub(super) tag: u64,
 }
 

@@ -60,9 +60,8 @@ impl ThreadTable {
         }
     }
 
-    /// Drops the handles of exited threads that no record refers to. A slot is marked exited
-    /// only after the last record naming it was inserted, so a slot found unreferenced here
-    /// stays so.
+    /// Drops handles of exited threads no record refers to. A slot is marked exited only after the
+    /// last record naming it went in, so one found unreferenced stays so.
     pub(super) fn prune(slots: &mut Slots, shards: &[Shard]) {
         let mut referenced = vec![false; slots.entries.len()];
         for shard in shards {
@@ -80,8 +79,7 @@ impl ThreadTable {
                 slots.exited -= 1;
             }
         }
-        // Exited threads still owning allocations stay: prune again only when as many more
-        // have exited.
+        // Exited threads still owning allocations stay: prune again once as many more have exited.
         slots.prune_at = 2 * slots.exited;
     }
 
@@ -103,9 +101,8 @@ impl Slots {
     }
 }
 
-/// This thread's registrations with tracking adaptors; dropped when the thread exits, which
-/// marks its slots exited. Allocations made later in the thread's teardown register a slot
-/// each, marked exited once their record is in.
+/// This thread's tracking-adaptor registrations; dropping them at thread exit marks its slots
+/// exited. Allocations later in teardown register a slot each, marked exited once recorded.
 pub(super) struct Registrations(pub(super) Vec<(u64, u32, Weak<ThreadTable>)>);
 
 impl Drop for Registrations {

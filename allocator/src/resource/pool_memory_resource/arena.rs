@@ -15,8 +15,7 @@ pub(crate) const SMALL_LIMIT: u64 = 1 << 20;
 /// Tag bit of a live block that lives in the small heap.
 const SMALL_TAG: u32 = 1 << 31;
 
-/// A block freed on another stream: reusable once `event` (recorded on that stream at the
-/// free) has completed.
+/// A block freed on another stream, reusable once `event` (recorded there at the free) completes.
 #[derive(Debug)]
 struct Pending {
     addr: u64,
@@ -41,13 +40,11 @@ pub(crate) struct ArenaState {
     pub(crate) pending_bytes: u64,
 }
 
-/// The lock of an arena's bookkeeping: a [`SpinLock`], whose release is a plain store, so one
-/// atomic read-modify-write per operation instead of parking_lot's two. Contention is rare by
-/// design (an arena is one thread's on one stream; threads beyond 16 on one stream share
-/// lanes), and nothing waits for the device while holding it: the only driver calls under it
-/// are the event create/record/query of frees across streams. Its waiters yield at once
-/// rather than spin: when it is contended, it is by many threads of one stream at once, as
-/// many as there are cores.
+/// An arena's lock: a [`SpinLock`], whose release is a plain store (one atomic RMW per operation
+/// instead of parking_lot's two). Contention is rare by design (an arena is one thread's on one
+/// stream; threads beyond 16 on a stream share lanes), and nothing waits for the device under it:
+/// the only driver calls are event create/record/query for cross-stream frees. Waiters yield at
+/// once rather than spin: contention means many threads of one stream, as many as cores.
 pub(crate) type ArenaLock<T> = SpinLock<T, 0>;
 
 /// One stream's arena.
@@ -143,8 +140,7 @@ impl ArenaState {
         }
     }
 
-    /// Frees the live block at `addr`, which this arena's stream is done with. Returns false
-    /// when the block is not this arena's.
+    /// Frees the live block at `addr` (its stream is done with it); false if not this arena's.
     #[inline]
     pub(crate) fn free_local(&mut self, addr: u64) -> bool {
         match self.live.remove(addr) {
@@ -156,8 +152,7 @@ impl ArenaState {
         }
     }
 
-    /// Takes a live heap block out of use: into the cache, whose oldest block (or this one,
-    /// when too large to cache) goes back to the heap.
+    /// Caches a retired live heap block, evicting the oldest (or itself, if too large) to the heap.
     #[inline]
     fn release(&mut self, tag: u32) {
         let idx = tag & !SMALL_TAG;
@@ -172,8 +167,7 @@ impl ArenaState {
         }
     }
 
-    /// Takes the live block at `addr` out of service until work queued on `stream` (another
-    /// stream) completes. Returns false when the block is not this arena's.
+    /// Retires block `addr` until `stream`'s queued work completes; false if not this arena's.
     pub(crate) fn free_deferred(
         &mut self,
         backend: &dyn Backend,
@@ -228,17 +222,15 @@ impl ArenaState {
         self.pending.iter().map(|p| (p.addr, p.event)).collect()
     }
 
-    /// Whether the block at `addr` still waits for `event` (an event settled meanwhile may
-    /// have been recorded again for another free, which need not be waited for).
+    /// Whether the block at `addr` still waits for `event` (a settled event may be re-recorded for
+    /// another free, which need not be waited for).
     pub(crate) fn still_pending(&self, addr: u64, event: RawEvent) -> bool {
         self.pending
             .iter()
             .any(|p| p.addr == addr && p.event == event)
     }
 
-    /// Returns blocks whose events have completed to the heaps. With `idle` (the caller has
-    /// waited for the pending events), also gives empty bin slabs and cached blocks back to
-    /// their heap.
+    /// Settles completed cross-stream frees; with `idle` (waited for), also empty slabs, cache.
     pub(crate) fn settle_pending(
         &mut self,
         backend: &dyn Backend,
@@ -276,9 +268,8 @@ impl ArenaState {
         !self.pending.is_empty()
     }
 
-    /// Adds a granted range to the heap that serves requests of `size`; a range for large
-    /// requests joins the large heap's regions beside it within `within` (memory contiguous
-    /// with it), the small heap's ranges stay regions of their own.
+    /// Adds a granted range to the heap serving `size`: a large-request range joins adjacent
+    /// large-heap regions within `within` (contiguous memory); small-heap ranges stay apart.
     pub(crate) fn add_grant(&mut self, for_size: u64, addr: u64, len: u64, within: (u64, u64)) {
         if for_size <= SMALL_LIMIT {
             self.small.add_region(addr, len);
@@ -287,8 +278,7 @@ impl ArenaState {
         }
     }
 
-    /// Takes `[addr, addr + size)` over as a live block of a region of its own (a block of
-    /// another pool that this one adopts with its data): freed here later like any block.
+    /// Adopts `[addr, addr + size)` (another pool's block) as a live block in its own region.
     pub(crate) fn adopt_live(&mut self, addr: u64, size: u64) {
         let tag_bit = if size <= SMALL_LIMIT { SMALL_TAG } else { 0 };
         let idx = self.heap_of(tag_bit).add_live_region(addr, size);
@@ -304,8 +294,8 @@ impl ArenaState {
         self.large.take_free_regions(out);
     }
 
-    /// As [`ArenaState::take_free_regions`], keeping the small heap's regions apart from the
-    /// large heap's, so that [`ArenaState::give_back_regions`] can undo it.
+    /// As [`ArenaState::take_free_regions`], keeping small- and large-heap regions apart for
+    /// [`ArenaState::give_back_regions`] to undo.
     pub(crate) fn take_free_regions_by_heap(
         &mut self,
         small: &mut Vec<(u64, u64)>,
@@ -334,8 +324,7 @@ impl ArenaState {
         self.large.steal(size).or_else(|| self.small.steal(size))
     }
 
-    /// Takes every free block out of both heaps (after flushing the cache and the empty bin
-    /// slabs), for the pool to merge with free neighbours of other arenas.
+    /// All free blocks of both heaps (after flushing cache and slabs), for cross-arena merging.
     pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
         self.flush_cache();
         self.bins.release_empty(&mut self.small);
@@ -376,7 +365,7 @@ impl ArenaState {
                 + self.bins.free_bytes
                 + self.cache.bytes(),
             cached_bytes: self.cache.bytes(),
-            // The bins' slabs are allocated heap blocks; count their handed-out blocks, not them.
+            // Bin slabs are allocated heap blocks; count their handed-out blocks instead.
             in_use: self.in_use + self.bins.live_bytes - self.pending_bin_bytes(),
             pending_bytes: self.pending_bytes,
             largest_free: self.small.largest_free().max(self.large.largest_free()),

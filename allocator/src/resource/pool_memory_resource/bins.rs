@@ -1,12 +1,11 @@
 //! Size-class bins for requests up to 64 KiB: the pool's small-object path.
 //!
-//! Each class (every 256 B up to 4 KiB, then four classes per power of two up to 64 KiB,
-//! so at most 25 % rounding) keeps a LIFO stack of free blocks cut from *slabs* of up to
-//! 1 MiB taken from the arena's small heap. Allocation pops, free pushes: the most recently
-//! freed block is reused first, while it is still in the CPU's cache, and small objects never
-//! split or fragment the heaps. A per-slab bitmap validates every free (a pointer the bins
-//! never handed out, or a double free, is refused), and a slab whose blocks are all free goes
-//! back to the heap on the pool's slow paths.
+//! Each class (every 256 B up to 4 KiB, then four per power of two up to 64 KiB: at most 25 %
+//! rounding) keeps a LIFO stack of free blocks cut from *slabs* of up to 1 MiB from the arena's
+//! small heap. Allocation pops and free pushes, so the latest freed block, still in CPU cache, is
+//! reused first, and small objects never split or fragment the heaps. A per-slab bitmap validates
+//! every free (refusing foreign pointers and double frees); a wholly free slab goes back to the
+//! heap on the pool's slow paths.
 
 use super::tlsf::{GRANULE, Heap};
 
@@ -72,8 +71,7 @@ impl Bins {
         }
     }
 
-    /// Hands out a block for `size` bytes (≤ [`BIN_LIMIT`]); takes a new slab from `heap`
-    /// when the class is empty. Returns (address, block size).
+    /// A block for `size` ≤ [`BIN_LIMIT`] (new slab from `heap` if needed): (address, block size).
     #[inline]
     pub(crate) fn alloc(&mut self, size: u64, heap: &mut Heap) -> Option<(u64, u64)> {
         let (class, block) = class_of(size);

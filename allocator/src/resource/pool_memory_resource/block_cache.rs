@@ -1,24 +1,20 @@
 //! A small cache of freed heap blocks in front of an arena's heaps (deferred coalescing).
 //!
-//! An arena belongs to one stream and, through its lane, to one thread (up to 16 threads
-//! per stream). A block freed on that stream may be handed out again at once to the next
-//! request of the same size on the stream (the stream's work is ordered), so the arena keeps
-//! its most recently freed blocks whole instead of merging them into the heap, as tcmalloc's
-//! and mimalloc's thread caches do for CPU memory: an allocate + free pair of one size then
-//! costs a lookup and a pointer-map update instead of a split and a merge.
+//! An arena belongs to one stream and, through its lane, one thread (up to 16 per stream). A block
+//! freed on that stream may go at once to the stream's next request of that size (its work is
+//! ordered), so the arena keeps its latest freed blocks whole rather than merging them, as
+//! tcmalloc's and mimalloc's thread caches do: an allocate + free pair of one size costs a lookup
+//! and a pointer-map update, not a split and a merge.
 //!
-//! The cache lives under the arena's lock, so every free is still checked against the
-//! arena's live blocks (a double free or a foreign pointer is an error, never a cached
-//! block). It is bounded ([`SLOTS`] blocks of at most [`MAX_BLOCK`] bytes); a full cache
-//! gives its oldest block back to the heap. The arena flushes it when its heaps cannot serve
-//! a request, and the pool flushes every arena's cache on `trim`, `release`, `synchronize`
-//! and before it grows or fails for lack of memory (`validate` checks the cached blocks in
-//! place).
+//! The cache lives under the arena's lock, so every free is still checked against live blocks (a
+//! double free or foreign pointer is an error, never cached). It holds [`SLOTS`] blocks of at most
+//! [`MAX_BLOCK`] bytes; when full, its oldest goes back to the heap. The arena flushes it when its
+//! heaps cannot serve a request; the pool flushes all on `trim`, `release`, `synchronize` and
+//! before growing or failing (`validate` checks cached blocks in place).
 
 /// Blocks one cache holds.
 pub(crate) const SLOTS: usize = 4;
-/// The largest block a cache holds: larger ones go back to the heap at once, where they can
-/// merge with their neighbours.
+/// The largest block cached; larger ones go back to the heap at once to merge with neighbours.
 pub(crate) const MAX_BLOCK: u64 = 16 << 20;
 
 /// A freed heap block: where, how large, and its heap tag.

@@ -1,5 +1,4 @@
-//! Building a pool: the builder ([`PoolBuilder`]) that takes its initial memory, from the
-//! upstream or from a pool it replaces.
+//! The [`PoolBuilder`]: takes the pool's initial memory from the upstream or a pool it replaces.
 
 use std::sync::Arc;
 
@@ -15,9 +14,8 @@ use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
 use crate::resource::stream_arenas::StreamArenas;
 
-/// RAPIDS RMM's default initial pool size on a device with `free` bytes free: half of them,
-/// rounded down to 256 bytes. The one place this rule lives: the builder applies it when no
-/// size is given, and rmm-config when `pool.initial_size = "auto"`.
+/// RMM's default initial pool size with `free` bytes free: half, rounded down to 256 bytes. Used by
+/// the builder without a size and by rmm-config for `pool.initial_size = "auto"`.
 pub fn default_initial_size(free: u64) -> u64 {
     free / 2 / GRANULE * GRANULE
 }
@@ -37,8 +35,7 @@ pub struct PoolBuilder {
 }
 
 impl PoolBuilder {
-    /// A builder over `upstream` with every setting at its default
-    /// ([`PoolMemoryResource::builder`]).
+    /// A builder over `upstream` with default settings ([`PoolMemoryResource::builder`]).
     pub(super) fn over(upstream: SharedResource) -> PoolBuilder {
         PoolBuilder {
             upstream,
@@ -55,99 +52,86 @@ impl PoolBuilder {
 
     /// Whether chunks are mapped through CUDA's virtual memory API (default
     /// [`VirtualMemory::Auto`]: over a [`CudaMemoryResource`](crate::resource::CudaMemoryResource)
-    /// on a device that supports it, with a maximum size of at least 64 granules). Mapped
-    /// chunks lie side by side in one address range per device, so free space stays in one
-    /// piece across growth and entirely free chunks go back to the device one by one; sizes
-    /// are then multiples of the device's granularity (2 MiB on current GPUs).
+    /// on a supporting device, with a maximum of at least 64 granules). Mapped chunks lie side by
+    /// side in one address range per device, so free space stays in one piece across growth and
+    /// free chunks go back one by one; sizes are then granule multiples (e.g. 2 MiB).
     pub fn virtual_memory(mut self, mode: VirtualMemory) -> Self {
         self.virtual_memory = mode;
         self
     }
 
-    /// Bytes taken from the upstream at construction, rounded down to 256 (default: half of
-    /// the device's free memory, as RMM's Python `reinitialize` does); 0 starts empty.
-    /// (Fractions of the device are the configuration's to resolve: `rmm_config::Size`.)
+    /// Bytes taken from the upstream at construction, rounded down to 256 (default: half the
+    /// device's free memory, as RMM's Python `reinitialize`); 0 starts empty. Fractions of the
+    /// device are resolved by `rmm_config::Size`.
     pub fn initial_size(mut self, bytes: u64) -> Self {
         self.initial = Some(bytes);
         self
     }
 
-    /// The most bytes the pool may hold, rounded down to 256 (default: the device's total
-    /// memory).
+    /// The most bytes the pool may hold, rounded down to 256 (default: the device's total memory).
     pub fn maximum_size(mut self, bytes: u64) -> Self {
         self.maximum = Some(bytes);
         self
     }
 
-    /// The growth step (default [`DEFAULT_GROWTH`], 1 GiB): when nothing the pool holds can
-    /// serve a request, it grows by what the request needs rounded up to a multiple of this,
-    /// never past the maximum size. Smaller steps keep the pool closer to what is in use at
-    /// the price of more upstream allocations; 0 is refused by [`PoolBuilder::build`].
+    /// The growth step (default [`DEFAULT_GROWTH`], 1 GiB): a pool that cannot serve a request
+    /// grows by its need rounded up to this, never past the maximum. Smaller steps track use closer
+    /// for more upstream allocations; [`PoolBuilder::build`] refuses 0.
     pub fn growth(mut self, bytes: u64) -> Self {
         self.growth = bytes;
         self
     }
 
-    /// Keeps the pool within `fraction` above the peak of its bytes in use (default: no
-    /// limit). Before the pool grows past `peak × (1 + fraction)`, it gathers every arena's
-    /// free blocks (the request may fit among them, merged) and gives entirely free chunks
-    /// back to the device, so that new memory replaces free memory instead of adding to it:
-    /// what a training loop whose tensor sizes change every step needs to hold no more than
-    /// its live peak. Never below the initial size. Needs mapped memory
-    /// ([`PoolBuilder::virtual_memory`], which `Auto` then chooses whatever the sizes): the
-    /// pool maps chunks of the device's granularity (2 MiB) and gives free memory back in
-    /// those pieces; [`PoolBuilder::build`] refuses a pool over the upstream's allocations,
-    /// whose free pieces never merge. Costs a wait for the streams that freed the memory when
-    /// the limit is reached, and mapping again what was given back. `0.05` is PyTorch's
-    /// expandable segments' footprint or better; negative or non-finite values are refused.
+    /// Keeps the pool within `fraction` above its peak in use (default: no limit). Before growing
+    /// past `peak × (1 + fraction)`, the pool gathers every arena's free blocks (the request may
+    /// fit among them, merged) and gives entirely free chunks back, so new memory replaces free
+    /// memory instead of adding to it; never below the initial size. Needs mapped memory
+    /// ([`PoolBuilder::virtual_memory`]; `Auto` then chooses it), given back in granules (2 MiB);
+    /// [`PoolBuilder::build`] refuses a pool over upstream allocations, whose free pieces never
+    /// merge. Costs, at the limit, a wait for the freeing streams and remapping. `0.05` matches or
+    /// beats PyTorch's expandable segments; negative or non-finite values are refused.
     pub fn max_overhead(mut self, fraction: f64) -> Self {
         self.max_overhead = Some(fraction);
         self
     }
 
-    /// Takes the initial memory from `donor`'s entirely free upstream chunks where it can,
-    /// instead of from the upstream: a pool replacing another one of the same device (a
-    /// `reinitialize` from pool to pool) then makes no driver call for the memory both want.
-    /// Chunks move only when `donor`'s upstream and this one can free each other's memory
-    /// ([`DeviceMemoryResource::is_equal`]), and only as many as fit in the initial size;
-    /// the donor keeps working and grows again on demand.
+    /// Takes the initial memory from `donor`'s entirely free chunks where it can, so a pool
+    /// replacing another on the same device (`reinitialize` pool to pool) makes no driver call for
+    /// memory both want. Chunks move only if the upstreams can free each other's memory
+    /// ([`DeviceMemoryResource::is_equal`]) and fit the initial size; the donor keeps working.
     pub fn adopt_from(mut self, donor: Arc<PoolMemoryResource>) -> Self {
         self.donor = Some(donor);
         self
     }
 
-    /// With [`PoolBuilder::adopt_from`]: also takes over these live allocations of the donor
-    /// with the chunks that hold them, data in place, as allocations of the new pool (freed
-    /// to it, on their stream). A block moves only when every chunk it lies in holds nothing
-    /// else live and fits in the initial size (chunks holding blocks go first); blocks of 64
-    /// KiB or less never move (they share slabs). [`PoolMemoryResource::adopted_blocks`]
-    /// lists those that moved; the others stay the donor's. The caller must not free a moved
-    /// block to the donor.
+    /// With [`PoolBuilder::adopt_from`]: also takes over these live donor allocations, data in
+    /// place, with their chunks, as the new pool's (freed to it, on their stream). A block moves
+    /// only if every chunk it lies in holds nothing else live and fits the initial size (chunks
+    /// with blocks first); blocks of 64 KiB or less never move (they share slabs).
+    /// [`PoolMemoryResource::adopted_blocks`] lists those moved; never free them to the donor.
     pub fn adopt_live(mut self, blocks: Vec<LiveBlock>) -> Self {
         self.live = blocks;
         self
     }
 
-    /// With [`PoolBuilder::adopt_from`]: what the pool takes over stays the donor's to take
-    /// back until [`PoolMemoryResource::commit_adoption`]; dropping the pool before that gives
-    /// the chunks and live blocks back to the donor, data in place, instead of to the
-    /// upstream. Commit once the pool is in service; until then, allocate nothing from it.
+    /// With [`PoolBuilder::adopt_from`]: the donor may take back what was taken over until
+    /// [`PoolMemoryResource::commit_adoption`]; dropping the pool before that returns chunks and
+    /// live blocks to the donor, data in place. Commit once the pool is in service; allocate
+    /// nothing from it before.
     pub fn adopt_provisionally(mut self) -> Self {
         self.provisional = true;
         self
     }
 
-    /// [`PoolBuilder::virtual_memory`] as it applies to a pool of these sizes: `Auto`
-    /// decided.
+    /// [`PoolBuilder::virtual_memory`] with `Auto` decided for a pool of these sizes.
     fn mode(&self, initial: u64, maximum: u64) -> VirtualMemory {
         // A footprint limit gives memory back in chunks, which only mapped memory can.
         let limited = self.max_overhead.is_some();
         match self.virtual_memory {
-            // A pool too small for whole granules is better served by the upstream. A pool
-            // that takes a large initial size at once (RMM's `initial_pool_size` use) is
-            // built faster from the upstream: mapping physical memory is paid for up front,
-            // per byte, where one `cuMemAlloc` reserves lazily. Virtual memory serves the
-            // pools that start small and grow on demand (and give memory back in pieces).
+            // Too small for whole granules: the upstream serves better. A large initial size (RMM's
+            // `initial_pool_size` use) is faster from the upstream: mapping physical memory costs
+            // per byte up front, where `cuMemAlloc` reserves lazily. Virtual memory serves pools
+            // that start small and grow (and give memory back in pieces).
             VirtualMemory::Auto
                 if !limited
                     && (maximum < vmm::AUTO_MINIMUM || initial > vmm::AUTO_MAXIMUM_INITIAL) =>
@@ -158,12 +142,12 @@ impl PoolBuilder {
         }
     }
 
-    /// Whether the pool this builder builds maps its memory through CUDA's virtual memory API
-    /// (else it takes the upstream's allocations), as [`PoolBuilder::build`] decides: a pool
-    /// adopts another's free chunks only where both do the same.
+    /// Whether the built pool maps memory through CUDA's virtual memory API (else it takes the
+    /// upstream's allocations), as [`PoolBuilder::build`] decides; a pool adopts another's free
+    /// chunks only if both do the same.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the device cannot report its memory.
+    /// [`Error::Driver`] when the device cannot report its memory.
     pub fn maps_memory(&self) -> Result<bool> {
         let device = self.upstream.device();
         let total = device.properties()?.total_memory as u64;
@@ -179,12 +163,9 @@ impl PoolBuilder {
     /// Takes the initial memory and builds the pool.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the initial size exceeds
-    /// the maximum, the growth is zero, or a footprint limit is asked of a pool that cannot
-    /// map its memory;
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the upstream cannot provide the
-    /// initial memory; [`Error::Driver`](crate::Error::Driver) when the device cannot report its
-    /// memory.
+    /// [`Error::InvalidArgument`] if initial > maximum, the growth is zero, or a footprint limit is
+    /// set on a pool that cannot map memory; [`Error::OutOfMemory`] if the upstream cannot provide
+    /// the initial memory; [`Error::Driver`] if the device cannot report its memory.
     pub fn build(self) -> Result<PoolMemoryResource> {
         let device = self.upstream.device();
         // The device's size is known; free memory is asked of the driver only when needed.

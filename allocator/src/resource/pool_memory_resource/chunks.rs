@@ -1,7 +1,6 @@
-//! Where the pool's chunks come from and where they go back: the upstream resource
-//! (`cuMemAlloc` chunks, one allocation each), or physical memory mapped side by side into
-//! the device's reserved address range (CUDA's virtual memory API, see `vmm.rs`), chosen
-//! when the pool is built ([`VirtualMemory`]). Slow paths only.
+//! Where the pool's chunks come from and go back to: the upstream (`cuMemAlloc` chunks, one
+//! allocation each) or physical memory mapped side by side into the device's reserved address range
+//! (CUDA's virtual memory API, `vmm.rs`), chosen at build ([`VirtualMemory`]). Slow paths only.
 
 use std::sync::Arc;
 
@@ -19,14 +18,12 @@ use crate::stream_view::StreamView;
 pub enum VirtualMemory {
     /// Chunks are allocations of the upstream resource.
     Off,
-    /// Chunks are mapped into one reserved address range per device; building the pool
-    /// fails where that is impossible (an upstream other than [`CudaMemoryResource`], or a
-    /// device without virtual memory management).
+    /// Chunks are mapped into one reserved address range per device; building fails where
+    /// impossible (an upstream other than [`CudaMemoryResource`], or no virtual memory management).
     On,
-    /// As [`VirtualMemory::On`] for a pool that starts with at most 2 GiB and grows on
-    /// demand, where possible; else as [`VirtualMemory::Off`] (a pool that takes more at
-    /// once is built faster from the upstream, which reserves lazily). The pool's
-    /// description says which: [`PoolMemoryResource::chunk_source`].
+    /// [`VirtualMemory::On`] where possible for a pool starting at most 2 GiB and growing on
+    /// demand, else [`VirtualMemory::Off`] (a larger start is built faster from the lazily
+    /// reserving upstream). [`PoolMemoryResource::chunk_source`] says which.
     #[default]
     Auto,
 }
@@ -38,8 +35,7 @@ pub(super) enum ChunkSource {
     Upstream,
     /// Mapped into the device's reserved address range.
     Mapped(Arc<AddressSpace>),
-    /// The upstream, because the device does not support virtual memory management although
-    /// the pool would have used it.
+    /// The upstream, as the device lacks virtual memory management the pool would have used.
     UpstreamNoVmm,
 }
 
@@ -79,8 +75,7 @@ impl ChunkSource {
         }
     }
 
-    /// Whether memory over `upstream` can be mapped: plain device memory on a device with
-    /// virtual memory management.
+    /// Whether memory over `upstream` can be mapped: plain device memory, VMM-capable device.
     pub(super) fn can_map(upstream: &SharedResource) -> Result<bool> {
         let plain = upstream
             .as_any()
@@ -128,10 +123,9 @@ impl PoolMemoryResource {
         matches!(self.source, ChunkSource::Mapped(_))
     }
 
-    /// Takes `size` bytes of new chunks and adds them to `g` (through the upstream hooks
-    /// when `hooked`). Mapped chunks go at `at` when given (returning false, with nothing
-    /// taken, when those addresses are not free), else wherever the address range has room;
-    /// `size` is split in chunks of the growth step (smaller with a footprint limit).
+    /// Adds `size` bytes of new chunks to `g` (through the upstream hooks if `hooked`), split by
+    /// the growth step (smaller with a footprint limit). Mapped chunks go at `at` if given (false,
+    /// nothing taken, if those addresses are not free), else wherever there is room.
     pub(super) fn add_memory(
         &self,
         g: &mut FreeSpace,
@@ -179,8 +173,7 @@ impl PoolMemoryResource {
         }
     }
 
-    /// `size` rounded up to what the source can take, within `room` (rounded down there):
-    /// `None` when that leaves less than `need`.
+    /// `size` rounded up to the source's unit within `room` (rounded down); `None` if < `need`.
     pub(super) fn chunk_round(&self, size: u64, need: u64, room: u64) -> Option<u64> {
         let g = match &self.source {
             ChunkSource::Mapped(space) => space.granularity(),
@@ -190,9 +183,8 @@ impl PoolMemoryResource {
         (size >= need && size > 0).then_some(size)
     }
 
-    /// Gives `chunks`, already out of `g`, back to where they came from; returns their bytes.
-    /// When one cannot go back, those not tried yet return to `g`, free, and its error is
-    /// returned (the one that failed may be half gone: it is not used again).
+    /// Returns `chunks` (out of `g`) to their source and their bytes. On failure the untried ones
+    /// return to `g` free and the error is returned (the failed one, maybe half gone, is dropped).
     pub(super) fn return_chunks(&self, g: &mut FreeSpace, chunks: &[(u64, u64)]) -> Result<u64> {
         let mut released = 0;
         for (i, &(addr, size)) in chunks.iter().enumerate() {

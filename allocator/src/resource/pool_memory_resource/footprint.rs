@@ -1,15 +1,13 @@
 //! Keeping a pool's footprint near what is in use ([`PoolBuilder::max_overhead`]).
 //!
-//! A pool that grows on demand holds, at the end of a training step, the free pieces left
-//! between the blocks of every size that step used; when the next step asks for a size no
-//! piece fits (a sequence length, an image size that changes every step), the pool grows
-//! again, and its reserved memory drifts above the most it ever had in use. With a limit,
-//! growing past `peak in use × (1 + overhead)` first gathers every arena's free blocks
-//! (where the request may now fit, merged), then gives entirely free chunks back to the
-//! device, so that the new memory replaces free memory instead of adding to it. Chunks of a
-//! mapped pool are then small ([`LIMITED_CHUNK`]), so free memory goes back in pieces the
-//! size of the holes that steps leave. Everything here is a slow path: it runs only when an
-//! arena cannot serve a request from what it holds.
+//! A pool growing on demand holds, after a training step, the free pieces left between that step's
+//! blocks; when the next step asks for a size no piece fits (a sequence length or image size
+//! changing every step), it grows again, and its reserved memory drifts above its peak in use. With
+//! a limit, growing past `peak in use × (1 + overhead)` first gathers every arena's free blocks
+//! (the request may fit there, merged), then gives entirely free chunks back, so new memory
+//! replaces free memory instead of adding to it. A mapped pool's chunks are then small
+//! ([`LIMITED_CHUNK`]), so memory goes back in pieces the size of the holes steps leave. All slow
+//! path: it runs only when an arena cannot serve a request.
 //!
 //! [`PoolBuilder::max_overhead`]: super::PoolBuilder::max_overhead
 
@@ -20,10 +18,9 @@ use super::global::FreeSpace;
 use super::tlsf::GRANULE;
 use crate::error::Result;
 
-/// The chunk size of a mapped pool with a footprint limit (rounded up to the device's
-/// granularity, which it is on current GPUs): the unit in which free memory goes back to the
-/// device, and in which the pool maps its memory. Larger chunks are fewer driver calls, but
-/// the free pieces that sizes changing every step leave are rarely whole chunks of 16 MiB.
+/// Chunk size of a mapped pool with a footprint limit (a multiple of current GPUs' granularity):
+/// the unit in which memory is mapped and given back. Larger chunks mean fewer driver calls, but
+/// the holes left by sizes changing every step are rarely whole 16 MiB chunks.
 pub(super) const LIMITED_CHUNK: u64 = 2 << 20;
 
 /// The most a pool holds beyond the peak of its bytes in use.
@@ -33,8 +30,7 @@ pub(super) struct FootprintLimit {
     overhead: f64,
     /// Never given back below this: the initial size the pool was asked to hold.
     floor: u64,
-    /// The most bytes in use at once (with the request that made the pool grow), as seen
-    /// when the pool had to find memory.
+    /// Peak bytes in use (with the request that grew the pool), as seen when finding memory.
     peak_in_use: AtomicU64,
 }
 
@@ -82,11 +78,9 @@ impl PoolMemoryResource {
             .sum()
     }
 
-    /// Before the pool grows for a request of `need` bytes: when growing would take it past
-    /// `limit`, gathers every arena's free blocks (the request may fit among them, merged)
-    /// and gives entirely free chunks back, so that growing by `need` stays within the
-    /// limit where the free memory allows. Returns a range that serves the request, or how
-    /// much the pool may grow by within the limit.
+    /// Before growing for `need` bytes past `limit`: gathers every arena's free blocks (the request
+    /// may fit among them, merged) and gives free chunks back, so growth stays within the limit
+    /// where free memory allows. Returns a serving range, or how much the pool may grow.
     pub(super) fn keep_within(
         &self,
         g: &mut FreeSpace,
@@ -94,8 +88,7 @@ impl PoolMemoryResource {
         need: u64,
     ) -> Result<Within> {
         let budget = limit.budget(self.in_use_bytes().saturating_add(need));
-        // Chunks can go right after a free range that ends at a gap (a pool with a limit maps
-        // its memory): growth then adds only what that range lacks.
+        // Chunks may follow a free range ending at a gap: growth then adds only what it lacks.
         let beside = |g: &FreeSpace| g.ranges_before_gaps(need, 1).first().copied();
         let over = |g: &FreeSpace| {
             let lacks = need - beside(g).map_or(0, |r| r.1);
@@ -108,9 +101,8 @@ impl PoolMemoryResource {
             }
         }
         if over(g) {
-            // The memory in the free space came there through `reclaim` or `scavenge`, after
-            // the streams that freed it finished their work: it can go back at once.
-            // Only what growing beside that range needs goes back, and never the range itself.
+            // Free-space memory came via `reclaim`/`scavenge` after its streams finished: it can go
+            // back at once. Only what growing beside the range needs goes, never the range.
             let range = beside(g);
             let lacks = need - range.map_or(0, |r| r.1);
             let freed = g.take_free_chunks_outside(budget.saturating_sub(lacks), range);

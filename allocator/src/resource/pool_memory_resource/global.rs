@@ -1,10 +1,7 @@
-//! Memory the pool holds from its upstream but has not granted to any stream's arena.
-//!
-//! Free ranges are kept by address (to merge neighbours) and by size (best fit in
-//! O(log n)). Over an upstream's allocations ranges never merge across the start of a
-//! chunk, so every range handed out lies inside one upstream allocation; over chunks mapped
-//! side by side in a reserved address range ([`FreeSpace::contiguous`]) they do, so free
-//! space stays in one piece across growth. Everything here is a slow path.
+//! Pool memory not granted to any stream's arena: free ranges by address (to merge neighbours) and
+//! by size (best fit in O(log n)). Over upstream allocations, ranges never merge across a chunk
+//! start, so each range lies in one allocation; over chunks mapped side by side
+//! ([`FreeSpace::contiguous`]) they do, so free space stays whole across growth. All slow path.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,22 +11,20 @@ pub(crate) struct FreeSpace {
     by_size: BTreeSet<(u64, u64)>,
     /// Upstream chunks: start → size.
     chunks: BTreeMap<u64, u64>,
-    /// The chunks' bytes (kept, as a pool with a footprint limit has thousands of chunks).
+    /// The chunks' bytes (cached: a footprint-limited pool has thousands of chunks).
     pool_bytes: u64,
     free_bytes: u64,
     /// Free ranges merge across chunk starts (chunks mapped into one address range).
     merge_across_chunks: bool,
     /// The most the chunks came to since the pool was made or the peak was reset.
     peak_pool_size: u64,
-    /// Chunks taken from the device (or upstream) and given back to it, since the pool was
-    /// made (PyTorch's `num_device_alloc` and `num_device_free`).
+    /// Chunks taken from and returned to the upstream (PyTorch's `num_device_alloc`/`_free`).
     pub(crate) device_allocations: u64,
     pub(crate) device_frees: u64,
 }
 
 impl FreeSpace {
-    /// Free space over chunks that lie side by side in one address range: free ranges merge
-    /// across chunk boundaries.
+    /// Free space over chunks mapped side by side in one range: ranges merge across chunks.
     pub(crate) fn contiguous() -> Self {
         FreeSpace {
             merge_across_chunks: true,
@@ -51,10 +46,9 @@ impl FreeSpace {
             .map(|(a, s)| (*a, *s))
     }
 
-    /// Free ranges shorter than `need` that end where this pool maps nothing, in a gap wide
-    /// enough for the rest of `need` before its next chunk (or at its top), largest first
-    /// (the highest of equal ones), at most `n`: memory mapped right after one of them serves
-    /// `need` with only the difference.
+    /// At most `n` free ranges shorter than `need` ending where the pool maps nothing, in a gap
+    /// wide enough for the rest of `need` (or at the top), largest (then highest) first: mapping
+    /// right after one serves `need` with just the difference.
     pub(crate) fn ranges_before_gaps(&self, need: u64, n: usize) -> Vec<(u64, u64)> {
         self.by_size
             .range(..(need, 0))
@@ -163,8 +157,7 @@ impl FreeSpace {
         self.put(addr, size);
     }
 
-    /// Takes exactly `[addr, addr + size)`, which is free, out of the free space (the free
-    /// range around it stays free). Returns false when it is not all free.
+    /// Takes exactly free `[addr, addr + size)` (the rest stays free); false if not all free.
     pub(crate) fn take_exact(&mut self, addr: u64, size: u64) -> bool {
         let Some((fa, fs)) = self.free_range_holding(addr, size) else {
             return false;
@@ -193,8 +186,8 @@ impl FreeSpace {
         out
     }
 
-    /// Takes a range of `want` bytes if one fits, else of at least `need` bytes (all of the
-    /// best-fitting range, up to `want`). Returns (address, size).
+    /// Takes `want` bytes if a range fits, else at least `need` (the whole best-fitting range, up
+    /// to `want`). Returns (address, size).
     pub(crate) fn take(&mut self, need: u64, want: u64) -> Option<(u64, u64)> {
         let (size, addr) = self
             .by_size
@@ -227,8 +220,7 @@ impl FreeSpace {
         free
     }
 
-    /// The entirely free chunks another pool would adopt within `budget` bytes: largest
-    /// first, each that still fits.
+    /// Free chunks another pool would adopt within `budget`: largest first, each that fits.
     pub(crate) fn adoptable_chunks(&self, budget: u64) -> Vec<(u64, u64)> {
         let mut left = budget;
         self.free_chunks()
@@ -243,9 +235,8 @@ impl FreeSpace {
             .collect()
     }
 
-    /// Forgets a chunk handed back (to the pool it came from) with whatever part of it is
-    /// free here: [`FreeSpace::take_chunks`] for a chunk that may hold live blocks of the
-    /// other pool.
+    /// [`FreeSpace::take_chunks`] for a chunk handed back to its pool that may hold its live
+    /// blocks: forgets it with whatever part is free here.
     pub(crate) fn forget_chunk(&mut self, addr: u64, size: u64) {
         let free: Vec<(u64, u64)> = self
             .by_addr
@@ -282,8 +273,7 @@ impl FreeSpace {
         }
     }
 
-    /// Removes `chunks` (entirely free ones) and returns them; the free space around each
-    /// stays free.
+    /// Removes and returns `chunks` (entirely free); the free space around each stays free.
     pub(crate) fn take_chunks(&mut self, chunks: &[(u64, u64)]) -> Vec<(u64, u64)> {
         for &(a, s) in chunks {
             if let Some((fa, fs)) = self.free_range_holding(a, s) {
@@ -311,8 +301,7 @@ impl FreeSpace {
         self.take_chunks(&others)
     }
 
-    /// Removes and returns the chunks that are entirely free, largest first, until the pool
-    /// would be no larger than `target` bytes.
+    /// Removes and returns entirely free chunks, largest first, until the pool is at most `target`.
     pub(crate) fn take_free_chunks(&mut self, target: u64) -> Vec<(u64, u64)> {
         self.take_free_chunks_outside(target, None)
     }
@@ -384,8 +373,7 @@ mod tests {
         assert_eq!(f.fragments(), 2);
         assert_eq!(f.chunk_of(2500), Some((2000, 1000)));
         assert_eq!(f.chunk_of(1500), None);
-        // The range below the chunk given back ends at a gap of 1000 bytes; the one above
-        // at the top.
+        // Below the returned chunk a range ends at a 1000-byte gap; above, at the top.
         assert_eq!(f.ranges_before_gaps(2000, 4), vec![(2000, 1000), (0, 1000)]);
         assert_eq!(f.ranges_before_gaps(2000, 1), vec![(2000, 1000)]);
         assert_eq!(

@@ -1,23 +1,18 @@
-//! Where an arena's new range comes from when its own heaps cannot serve a request, and how
-//! much the pool grows when nothing it holds can.
+//! Where an arena's new range comes from when its heaps cannot serve a request, and how much the
+//! pool grows when nothing it holds can. Each step runs only if those before found nothing:
+//! 1. the pool's free space (memory granted to no arena);
+//! 2. every arena's idle memory (free regions, cached blocks, empty bin slabs, settled cross-stream
+//!    frees): first from idle streams' arenas without waiting
+//!    ([`PoolMemoryResource::reclaim_idle`]), then from all after the owning stream's queued work
+//!    ([`PoolMemoryResource::reclaim`]);
+//! 3. growth by the need rounded up to the growth step, never past the maximum ([`growth_size`]);
+//! 4. one large enough free block taken from some arena's partly used region;
+//! 5. every arena's free blocks, so adjacent pieces of different arenas merge in the free space;
+//! 6. entirely free chunks returned upstream, then growth again (the upstream may have one large
+//!    range where the pool had small ones).
 //!
-//! Order (each step only when the ones before found nothing):
-//! 1. the pool's free space (memory not granted to any arena);
-//! 2. every arena's idle memory: entirely free regions, cached blocks, empty bin slabs and
-//!    blocks freed on other streams whose work is done: first from arenas whose streams are
-//!    idle, without waiting ([`PoolMemoryResource::reclaim_idle`]), then from all, after the
-//!    owning stream's queued work ([`PoolMemoryResource::reclaim`]);
-//! 3. growth by what the request needs, rounded up to the pool's growth step and never past
-//!    the maximum size ([`growth_size`]);
-//! 4. one free block large enough, taken out of some arena's partly used region;
-//! 5. every free block of every arena, so that free pieces of different arenas that lie side
-//!    by side merge in the free space;
-//! 6. entirely free chunks given back to the upstream, then growth again (the upstream may
-//!    have one large range where the pool had several small ones).
-//!
-//! A pool that starts empty therefore holds about what its streams use at their peak, not
-//! a doubling of it per stream that ever ran: memory idle on one stream serves the next.
-//! Everything here is a slow path (a span, never on the allocate or free fast path).
+//! So a pool that starts empty holds about its streams' peak use, not a doubling per stream that
+//! ever ran: memory idle on one stream serves the next. All slow path.
 
 use super::PoolMemoryResource;
 use super::footprint::Within;
@@ -45,8 +40,7 @@ pub(crate) fn growth_size(need: u64, want: u64, step: u64, room: u64) -> Option<
 }
 
 impl PoolMemoryResource {
-    /// Finds a range of at least `need` bytes (preferably `want`) for an arena, in the order
-    /// of the module documentation.
+    /// Finds at least `need` bytes (ideally `want`) for an arena, in the module doc's order.
     pub(super) fn grant(
         &self,
         need: u64,
@@ -102,11 +96,11 @@ impl PoolMemoryResource {
         Ok(None)
     }
 
-    /// Takes new chunks: `max(need, want)` rounded up to the growth step (see
-    /// [`growth_size`]), halving toward `need` when the device refuses. With mapped chunks,
-    /// a free range that ends at a gap (the top of the pool, or memory given back) counts
-    /// toward the need when the new chunks can go right after it. Adds at most `cap` bytes where that is enough for the request (else what
-    /// it needs). Returns false when the pool cannot grow.
+    /// Takes new chunks of `max(need, want)` rounded up to the growth step ([`growth_size`]),
+    /// halving toward `need` when the device refuses. With mapped chunks, a free range ending at a
+    /// gap (the pool's top, or memory given back) counts toward the need if new chunks can follow
+    /// it. Adds at most `cap` bytes where that suffices (else what the request needs). Returns
+    /// false if the pool cannot grow.
     pub(super) fn grow(
         &self,
         g: &mut FreeSpace,
@@ -117,8 +111,8 @@ impl PoolMemoryResource {
     ) -> Result<bool> {
         let pool = g.pool_size();
         let left = self.maximum.saturating_sub(pool);
-        // The room for growth that adds `least`: within the cap where it allows that much
-        // (in whole granules of mapped memory, else of 256 bytes), never past the maximum.
+        // Room for growth adding `least`: within the cap where it allows that (whole granules if
+        // mapped, else 256 bytes), never past the maximum.
         let room_for = |least: u64| {
             let cap = cap.max(least);
             let unit = self.granularity().unwrap_or(GRANULE);
@@ -126,8 +120,7 @@ impl PoolMemoryResource {
             left.min(cap)
         };
         if self.uses_virtual_memory() {
-            // A free range that ends at a gap (the top, or memory given back) serves the
-            // request with only what it lacks mapped right after it.
+            // A free range ending at a gap (top, or given back) needs only its shortfall mapped.
             for (addr, free) in g.ranges_before_gaps(need, GAPS_TRIED) {
                 let (n, w) = (need - free, want.saturating_sub(free));
                 let room = room_for(n);

@@ -1,20 +1,19 @@
-//! Live blocks that a replacing pool takes over with their chunks, data in place: a
-//! reinitialize from pool to pool keeps spillable buffers on the device instead of copying
-//! them to host memory and back ([`PoolBuilder::adopt_live`](super::PoolBuilder::adopt_live)).
+//! Live blocks a replacing pool takes over with their chunks, data in place, so a reinitialize from
+//! pool to pool keeps spillable buffers on the device instead of copying them to host and back
+//! ([`PoolBuilder::adopt_live`](super::PoolBuilder::adopt_live)).
 //!
-//! The old pool stops owning the blocks (as if freed, without anyone reusing the memory),
-//! gathers all its free memory, and hands over every chunk that holds only free memory and
-//! handed-over blocks, within the new pool's initial size: first the chunks the blocks need
-//! (a block is taken only when all of its chunks can go), then other entirely free chunks.
-//! The new pool adds the chunks and makes each block a live allocation of its own, in the
-//! arena of the block's stream, so that its deallocation goes to the new pool. Blocks that
-//! cannot move stay live in the old pool (the caller spills them as before). Slow path.
+//! The old pool disowns the blocks (as if freed, without reuse), gathers its free memory, and hands
+//! over, within the new pool's initial size, every chunk holding only free memory and handed-over
+//! blocks: first those the blocks need (a block goes only if all its chunks can), then other free
+//! chunks. The new pool adds the chunks and makes each block a live allocation in its stream's
+//! arena, so it is freed to the new pool. Blocks that cannot move stay live in the old pool (the
+//! caller spills them). Slow path.
 //!
-//! A provisional hand-over ([`PoolBuilder::adopt_provisionally`](super::PoolBuilder::adopt_provisionally))
-//! stays undoable until [`PoolMemoryResource::commit_adoption`]: dropping the new pool before
-//! that gives the chunks and blocks back to the old one, data in place, so that a replacement
-//! that fails before it is put in service (another layer of its stack, another device) loses
-//! nothing.
+//! A provisional hand-over
+//! ([`PoolBuilder::adopt_provisionally`](super::PoolBuilder::adopt_provisionally)) is undoable
+//! until [`PoolMemoryResource::commit_adoption`]: dropping the new pool before that returns chunks
+//! and blocks to the old one, data in place, so a replacement failing before service (another
+//! layer, another device) loses nothing.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -26,8 +25,7 @@ use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
 use crate::stream_view::StreamView;
 
-/// A live allocation a replacing pool may take over: where, how many bytes (as asked for at
-/// allocation) and the stream it will be freed on.
+/// A live allocation a replacing pool may take over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LiveBlock {
     /// The allocation's address.
@@ -43,9 +41,8 @@ impl LiveBlock {
         (self.bytes as u64).next_multiple_of(GRANULE)
     }
 
-    /// Whether a live allocation of `bytes` can ever move to another pool: blocks of 64 KiB
-    /// or less share slabs with other blocks and never move (and keep their chunk from
-    /// moving: free or spill them first).
+    /// Whether a live allocation of `bytes` can ever move pools: blocks of 64 KiB or less share
+    /// slabs and never move, nor let their chunk move (free or spill them first).
     pub fn movable(bytes: usize) -> bool {
         (bytes as u64).next_multiple_of(GRANULE) > BIN_LIMIT
     }
@@ -57,8 +54,8 @@ pub(super) struct Handover {
     pub(super) blocks: Vec<LiveBlock>,
 }
 
-/// A provisional hand-over: the donor and what it gave, to give back if the pool that took
-/// it is dropped before [`PoolMemoryResource::commit_adoption`].
+/// A provisional hand-over: the donor and what it gave, returned if the taking pool drops before
+/// [`PoolMemoryResource::commit_adoption`].
 pub(super) struct Pending {
     donor: Arc<PoolMemoryResource>,
     handover: Handover,
@@ -70,9 +67,8 @@ impl Pending {
         self.handover.blocks.iter().map(LiveBlock::size).sum()
     }
 
-    /// Drop side: removes from `g` the chunks taken over that `g` still holds (a chunk given
-    /// upstream meanwhile is gone for both) and gives them back to the donor, with the blocks
-    /// in them, as they were before the hand-over.
+    /// Drop side: removes the taken-over chunks `g` still holds (one given upstream meanwhile is
+    /// gone for both) and returns them with their blocks to the donor, as before.
     pub(super) fn give_back(mut self, g: &mut super::global::FreeSpace) {
         let held: HashSet<(u64, u64)> = g.chunks().collect();
         self.handover.chunks.retain(|c| held.contains(c));
@@ -193,8 +189,7 @@ impl PoolMemoryResource {
         Ok(())
     }
 
-    /// Undoes a hand-over whose new pool could not be built: the chunks and blocks are this
-    /// pool's again.
+    /// Undoes a hand-over whose new pool failed to build: chunks and blocks return to this pool.
     pub(super) fn take_back(&self, h: &Handover) -> Result<()> {
         let mut g = self.global.lock();
         for &(a, s) in &h.chunks {
@@ -206,24 +201,22 @@ impl PoolMemoryResource {
         Ok(())
     }
 
-    /// The live blocks this pool took over from the pool it replaced when it was built
-    /// ([`PoolBuilder::adopt_live`](super::PoolBuilder::adopt_live)): they are its
-    /// allocations now, to be freed to it.
+    /// The live blocks taken over from the replaced pool
+    /// ([`PoolBuilder::adopt_live`](super::PoolBuilder::adopt_live)), now this pool's allocations.
     pub fn adopted_blocks(&self) -> &[LiveBlock] {
         &self.adopted
     }
 
-    /// Makes a provisional adoption ([`PoolBuilder::adopt_provisionally`](super::PoolBuilder::adopt_provisionally))
-    /// final: what this pool took over is its own, and dropping it gives that memory to the
-    /// upstream like the rest. Returns false when nothing was provisional.
+    /// Makes a provisional adoption
+    /// ([`PoolBuilder::adopt_provisionally`](super::PoolBuilder::adopt_provisionally)) final, so
+    /// dropping this pool gives that memory upstream; false if nothing was provisional.
     pub fn commit_adoption(&self) -> bool {
         self.pending.lock().take().is_some()
     }
 
-    /// Builder side: takes over `donor`'s free chunks (and, with `live`, the live blocks it
-    /// can hand over, with their chunks) within `initial` bytes, then takes the rest of
-    /// `initial` from the upstream. On error the donor has back what it gave, data in place.
-    /// Returns the bytes of chunks taken over.
+    /// Builder side: takes over `donor`'s free chunks (with `live`, also the live blocks it can
+    /// hand over) within `initial` bytes, the rest from the upstream; returns the bytes taken over.
+    /// On error the donor has back what it gave, data in place.
     pub(super) fn take_over(
         &mut self,
         donor: Option<Arc<PoolMemoryResource>>,
@@ -265,8 +258,7 @@ impl PoolMemoryResource {
             None => Ok(()),
         });
         if let Err(e) = made {
-            // The donor gets its chunks and blocks back, data in place; this pool gives back
-            // only what it took itself.
+            // The donor gets back its chunks and blocks in place; we return only what we took.
             if let Some((donor, h)) = &handed {
                 let g = self.global.get_mut();
                 for &(a, s) in &h.chunks {

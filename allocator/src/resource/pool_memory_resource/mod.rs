@@ -1,40 +1,33 @@
-//! [`PoolMemoryResource`]: a stream-ordered, coalescing, multi-thread-scalable pool
-//! sub-allocator over any upstream resource (RMM's `pool_memory_resource`, rebuilt for
-//! many workers).
+//! [`PoolMemoryResource`]: a stream-ordered, coalescing pool sub-allocator over any upstream
+//! resource, scaling across many threads (RMM's `pool_memory_resource`, rebuilt for many workers).
 //!
 //! # Design
-//! * Memory comes from the upstream in large *chunks* (the initial size, then growth by what
-//!   requests need, falling back to smaller tries when the upstream refuses).
-//! * Each stream has an *arena* that owns the ranges granted to it: a TLSF heap for requests
-//!   above 1 MiB and one for small requests (so small objects never fragment large regions).
-//!   Blocks split on allocation and merge with free neighbours on free, in O(1). A range
-//!   granted next to one the arena holds joins it where the memory is contiguous (the same
-//!   upstream chunk, or chunks mapped side by side), so memory granted piece by piece serves
-//!   a larger request once it is free again.
-//! * A thread finds its stream's arena in a thread-local cache; workers on their own streams
-//!   never share a lock, a cache line or a driver call on the fast path. Threads sharing one
-//!   stream get one arena each (up to 16 per stream): the stream's work is ordered, so any of
-//!   its arenas may serve it, and a block freed by another thread of the same stream goes
-//!   straight back to its owner. Blocks larger than 16 MiB come from one arena the stream's
-//!   threads share, so that one thread's free large blocks serve the other's requests (a
+//! * Memory comes from the upstream in large *chunks*: the initial size, then growth by what
+//!   requests need, trying smaller sizes when the upstream refuses.
+//! * Each stream has an *arena* owning the ranges granted to it: one TLSF heap for requests over
+//!   1 MiB, one for small ones (so these never fragment large regions). Blocks split on allocation
+//!   and merge with free neighbours on free, in O(1). A grant joins an adjacent range of the arena
+//!   where memory is contiguous (one chunk, or chunks mapped side by side), so piecewise grants
+//!   serve a larger request once free.
+//! * A thread finds its stream's arena in a thread-local cache: threads on their own streams share
+//!   no lock, cache line or driver call on the fast path. Threads of one stream get an arena each
+//!   (up to 16): the stream's work is ordered, so any of its arenas may serve it, and a block freed
+//!   by another of its threads goes straight back to its owner. Blocks over 16 MiB come from an
+//!   arena the stream's threads share, so one thread's freed large blocks serve the other's (a
 //!   framework's forward and backward threads).
-//! * Each arena keeps its four most recently freed blocks (up to 16 MiB each) whole, for the
-//!   next request of the same size on its stream (a thread cache, as in tcmalloc): a thread
-//!   that frees and allocates one size again and again costs a lookup, not a split and a
-//!   merge. Cached blocks go back to their heap when it cannot serve a request, and from
-//!   every arena on `trim`, `release`, `synchronize` and before the pool grows or fails
-//!   for lack of memory.
-//! * Stream order: a block freed on the stream that owns it is reusable by that stream at
-//!   once. A block freed on another stream waits for an event recorded on the freeing stream.
-//!   Memory moves between streams only through the pool's slow path, after the giving
-//!   stream's queued work has completed.
-//! * A request an arena cannot serve takes, in order: the pool's free space; every arena's
-//!   idle memory (whole free regions, cached blocks, settled cross-stream frees, after the
-//!   owning stream's queued work); growth by the request's need rounded up to the growth
-//!   step (`pool.growth`, 1 GiB by default), never past the maximum; one large enough free
-//!   block of some arena; every arena's free blocks, merged across arenas; entirely free
-//!   chunks given back and growth again (see `growth.rs`). Only then does it fail, with the
-//!   pool's figures and what to try in the error (see `oom_report.rs`).
+//! * Each arena keeps its four most recently freed blocks (up to 16 MiB each) whole for the next
+//!   same-size request on its stream (a thread cache, as in tcmalloc): a lookup instead of a split
+//!   and merge. Cached blocks go back to their heap when it cannot serve a request, and from every
+//!   arena on `trim`, `release`, `synchronize` and before the pool grows or runs out.
+//! * Stream order: a block freed on its owning stream is reusable by that stream at once; one freed
+//!   on another stream waits for an event recorded on the freeing stream. Memory moves between
+//!   streams only through the slow path, after the giving stream's queued work has completed.
+//! * A request its arena cannot serve tries, in order: the pool's free space; every arena's idle
+//!   memory (whole free regions, cached blocks, settled cross-stream frees, after the owning
+//!   stream's queued work); growth by the need rounded up to the growth step (`pool.growth`, 1 GiB
+//!   by default), never past the maximum; a large enough free block of any arena; all arenas' free
+//!   blocks merged; returning entirely free chunks and growing again (`growth.rs`). Then it fails,
+//!   the error giving the pool's figures and what to try (`oom_report.rs`).
 
 mod arena;
 mod bins;
@@ -74,12 +67,10 @@ pub use crate::pool_usage::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
-/// Blocks larger than this (the largest an arena's cache keeps) come from the arena that the
-/// threads of a stream share: held per thread, the free memory of one thread's large blocks
-/// (a framework's activations, freed by its backward thread) would be out of the other's
-/// reach and the pool would grow for it. Blocks this large are few per second (filling one
-/// takes the device far longer than the lock), so sharing costs the many threads of one
-/// stream nothing where they allocate most.
+/// Blocks above this (the largest an arena caches) come from the arena a stream's threads share:
+/// held per thread, one thread's freed large blocks (activations freed by a framework's backward
+/// thread) would be out of the other's reach and the pool would grow. Such blocks are few per
+/// second, so the shared lock costs little.
 const SHARED_ABOVE: u64 = block_cache::MAX_BLOCK;
 
 /// Smallest range granted to an arena for large requests.
@@ -110,8 +101,7 @@ pub struct PoolSnapshot {
     pub live_blocks: usize,
     /// Free blocks in arenas plus free ranges not granted to any arena.
     pub free_blocks: usize,
-    /// True when nothing is in use or cached and every granted region is one free block
-    /// (empty bin slabs and cached blocks go back to their heap in
+    /// True when nothing is in use or cached and every granted region is one free block (as after
     /// [`PoolMemoryResource::synchronize`]).
     pub fully_coalesced: bool,
 }
@@ -122,8 +112,7 @@ impl PoolSnapshot {
         self.pool_size
     }
 
-    /// 1 − largest free block / free bytes: 0 when the free memory is one block, toward 1
-    /// when it is in many small pieces (0 when nothing is free).
+    /// 1 − largest free / free bytes: 0 for one free block (or none), near 1 for many small pieces.
     pub fn fragmentation(&self) -> f64 {
         oom_report::fragmentation(self.largest_free, self.free)
     }
@@ -136,8 +125,7 @@ pub struct PoolMemoryResource {
     maximum: u64,
     /// The growth step in bytes (a multiple of 256).
     growth: u64,
-    /// The size of the chunks a mapped pool maps (the growth step, or smaller with a
-    /// footprint limit).
+    /// Chunk size of a mapped pool (the growth step, or smaller with a footprint limit).
     chunk: u64,
     /// The most the pool holds beyond its peak in use ([`PoolBuilder::max_overhead`]).
     footprint: Option<footprint::FootprintLimit>,
@@ -171,9 +159,7 @@ impl PoolMemoryResource {
     /// A pool over `upstream` with the given initial and maximum sizes in bytes.
     ///
     /// # Errors
-    /// As [`PoolBuilder::build`]: [`Error::InvalidArgument`](crate::Error::InvalidArgument) when
-    /// `initial` exceeds `maximum`, [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the
-    /// upstream cannot provide the initial memory.
+    /// As [`PoolBuilder::build`].
     pub fn new(upstream: SharedResource, initial: usize, maximum: Option<usize>) -> Result<Self> {
         let mut b = Self::builder(upstream).initial_size(initial as u64);
         if let Some(m) = maximum {
@@ -197,8 +183,7 @@ impl PoolMemoryResource {
         self.growth
     }
 
-    /// The most the pool holds beyond the peak of its bytes in use, as a fraction of that
-    /// peak ([`PoolBuilder::max_overhead`]); `None` without a limit.
+    /// Allowed holding above peak in use, as a fraction of it ([`PoolBuilder::max_overhead`]).
     pub fn max_overhead(&self) -> Option<f64> {
         self.footprint
             .as_ref()
@@ -210,7 +195,7 @@ impl PoolMemoryResource {
         self.global.lock().pool_size()
     }
 
-    /// The most [`pool_size`](Self::pool_size) came to since the pool was made or
+    /// The most [`pool_size`](Self::pool_size) reached since creation or
     /// [`reset_peak_pool_size`](Self::reset_peak_pool_size) (PyTorch's peak reserved bytes).
     pub fn peak_pool_size(&self) -> u64 {
         self.global.lock().peak_pool_size()
@@ -231,9 +216,8 @@ impl PoolMemoryResource {
         self.arenas.get(stream.raw(), || Arena::new(stream.raw()))
     }
 
-    /// The arena that serves a request of `size` bytes (a multiple of [`GRANULE`]) on
-    /// `stream`: the calling thread's own, or for blocks larger than [`SHARED_ABOVE`] the
-    /// one the stream's threads share.
+    /// The arena for `size` on `stream`: the thread's own, or the shared one above
+    /// [`SHARED_ABOVE`].
     #[inline]
     fn arena_for(&self, size: u64, stream: StreamView) -> Result<&Arena> {
         if size > SHARED_ABOVE {
@@ -244,9 +228,8 @@ impl PoolMemoryResource {
         }
     }
 
-    /// The memory contiguous with the granted `[addr, addr + len)`, within which an arena's
-    /// regions may join: the whole address range where the pool maps its chunks side by
-    /// side, else the upstream allocation (chunk) that holds it.
+    /// The contiguous memory around granted `[addr, addr + len)` in which arena regions may join:
+    /// the whole mapped range if the pool maps chunks side by side, else the upstream chunk.
     fn contiguous_around(&self, addr: u64, len: u64) -> (u64, u64) {
         let g = self.global.lock();
         if g.merges_across_chunks() {
@@ -283,8 +266,7 @@ impl PoolMemoryResource {
         } else {
             (size, size.max(LARGE_GRANT))
         };
-        // A grant can be raced away by nothing (the arena is this stream's), but the slow path
-        // of another thread on the same stream may use it first: try a few times.
+        // Another thread's slow path on this stream may take the grant first: try a few times.
         for _ in 0..4 {
             match self.grant(need, want, stream)? {
                 Some((addr, len)) => {
@@ -318,12 +300,11 @@ impl PoolMemoryResource {
         ))
     }
 
-    /// Waits for every block freed on a foreign stream and returns it to its arena, and gives
-    /// every arena's cached blocks back to its heaps, so that
-    /// [`PoolMemoryResource::validate`] sees the pool as it is once all streams are idle.
+    /// Returns foreign-stream frees to their arenas after those streams' work, and cached blocks to
+    /// their heaps, so [`PoolMemoryResource::validate`] sees it as with all streams idle.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when waiting for a foreign stream fails.
+    /// [`Error::Driver`] when waiting for a foreign stream fails.
     pub fn synchronize(&self) -> Result<()> {
         for arena in self.arenas.all() {
             self.settle_idle(arena)?;
@@ -331,13 +312,11 @@ impl PoolMemoryResource {
         Ok(())
     }
 
-    /// Gives unused memory back to the upstream until the pool holds at most `to_bytes`
-    /// (never less than what is in use). Returns the bytes released.
+    /// Gives unused memory back to the upstream until the pool holds at most `to_bytes` (never
+    /// below in use); returns the bytes released.
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when waiting for pending frees fails, or the
-    /// upstream ([`Error::InvalidPointer`](crate::Error::InvalidPointer)) rejects a chunk given
-    /// back.
+    /// [`Error::Driver`] waiting for pending frees, or the upstream's error returning a chunk.
     pub fn trim(&self, to_bytes: u64) -> Result<u64> {
         let _span =
             tracing::debug_span!("pool trim", device = self.device.ordinal(), to_bytes).entered();
@@ -354,8 +333,7 @@ impl PoolMemoryResource {
         Ok(released)
     }
 
-    /// Removes entirely free chunks adding up to at most `budget` bytes (after waiting for
-    /// the streams that freed into them) and hands them over to an adopting pool.
+    /// Removes free chunks up to `budget` bytes (after their freeing streams) for an adopting pool.
     fn give_chunks(&self, budget: u64) -> Result<Vec<(u64, u64)>> {
         let mut g = self.global.lock();
         self.reclaim(&mut g)?;
@@ -363,14 +341,12 @@ impl PoolMemoryResource {
         Ok(g.take_chunks(&chunks))
     }
 
-    /// Gives back to the upstream every unused chunk except those a pool of initial size
-    /// `budget` would adopt from this one ([`PoolBuilder::adopt_from`]): the step before a
-    /// replacement pool is built, so that the device has room for what it must allocate
-    /// anew while the memory it can take over stays. Returns the bytes released.
+    /// Gives back every unused chunk except those a pool of initial size `budget` would adopt
+    /// ([`PoolBuilder::adopt_from`]): before a replacement pool is built, this makes room for its
+    /// new allocations and keeps what it can take over. Returns the bytes released.
     ///
     /// # Errors
-    /// As [`PoolMemoryResource::trim`]: [`Error::Driver`](crate::Error::Driver) or the upstream's
-    /// error when giving a chunk back fails.
+    /// As [`PoolMemoryResource::trim`].
     pub fn release_except_adoptable(&self, budget: u64) -> Result<u64> {
         let mut g = self.global.lock();
         self.reclaim(&mut g)?;
@@ -379,11 +355,10 @@ impl PoolMemoryResource {
         self.return_chunks(&mut g, &freed)
     }
 
-    /// Gives every unused chunk back to the upstream. Returns the bytes released.
+    /// Gives every unused chunk back to the upstream; returns the bytes released.
     ///
     /// # Errors
-    /// As [`PoolMemoryResource::trim`]: [`Error::Driver`](crate::Error::Driver) or the upstream's
-    /// error when giving a chunk back fails.
+    /// As [`PoolMemoryResource::trim`].
     pub fn release(&self) -> Result<u64> {
         self.trim(0)
     }
@@ -415,15 +390,12 @@ impl PoolMemoryResource {
         s
     }
 
-    /// Checks the pool's structure and accounting: every heap's lists and bitmaps, the
-    /// cached blocks, live blocks aligned to 256 bytes and disjoint, and pool size = in use +
-    /// pending + free. Takes every lock in turn: for tests and diagnostics, not for hot
-    /// paths. Cached blocks are checked, not flushed: [`PoolMemoryResource::synchronize`]
-    /// flushes them.
+    /// Checks structure and accounting: heap lists and bitmaps, cached blocks (checked, not flushed
+    /// as by [`PoolMemoryResource::synchronize`]), live blocks 256-aligned and disjoint, and pool
+    /// size = in use + pending + free. Takes every lock in turn: for tests and diagnostics only.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) (`pool state`) naming the first
-    /// inconsistency found; it means a bug in rmm-rs.
+    /// [`Error::InvalidArgument`] (`pool state`) naming the first inconsistency (a bug in rmm-rs).
     pub fn validate(&self) -> Result<PoolSnapshot> {
         let fail = |what: String| {
             Error::invalid_argument(
@@ -579,9 +551,9 @@ impl DeviceMemoryResource for PoolMemoryResource {
 }
 
 impl PoolMemoryResource {
-    /// A block this thread's arena of `stream` does not own: another thread's arena of the
-    /// same stream (freed at once: the stream's work is ordered), or another stream's (reused
-    /// once an event recorded on `stream` has completed).
+    /// A block this thread's arena of `stream` does not own: another thread's arena on the same
+    /// stream (freed at once, the stream being ordered) or another stream's (reused once an event
+    /// recorded on `stream` completes).
     #[cold]
     #[inline(never)]
     fn deallocate_foreign(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {

@@ -1,15 +1,12 @@
-//! The pool's figures for people: [`PoolUsage`] (attached to an out-of-memory error and read
-//! by the statistics adaptor's report) and the message that explains a failure and says what
-//! to try.
+//! The pool's figures for people: [`PoolUsage`] (attached to out-of-memory errors, read by the
+//! statistics report) and the message explaining a failure and what to try.
 //!
-//! An out-of-memory error of the pool names the request, the pool's size and maximum, the
-//! bytes in use and free, the largest free block and the fragmentation (1 − largest free /
-//! free), where the free bytes are (the pool's unassigned free space, the streams' arenas and
-//! their block caches, blocks waiting for another stream), and then what to try: a larger
-//! `pool.maximum_size`, `trim` of idle pools, fewer streams or threads per stream. The
-//! figures are taken after the pool's own attempts (reclaim, stealing, gathering free blocks),
-//! so free memory an arena still holds is what those could not move: bin slots of partly used
-//! slabs, blocks waiting for another stream.
+//! A pool's out-of-memory error names the request, the pool's size and maximum, bytes in use and
+//! free, the largest free block, fragmentation (1 − largest free / free), where free bytes are
+//! (unassigned, arenas, caches, awaiting other streams), and what to try: a larger
+//! `pool.maximum_size`, `trim` of idle pools, fewer streams or threads per stream. Figures are
+//! taken after the pool's own attempts, so free memory left in arenas is what those could not move:
+//! bin slots of partly used slabs, blocks awaiting another stream.
 
 use std::fmt::Write as _;
 
@@ -18,8 +15,7 @@ use crate::error::fmt_bytes;
 use crate::pool_usage::{LISTED_STREAMS, PoolUsage, StreamUsage};
 
 impl PoolUsage {
-    /// 1 − largest free block / free bytes: 0 when all free memory is one block, near 1 when
-    /// it is in many small pieces (0 when nothing is free).
+    /// 1 − largest free block / free bytes: 0 for one free block (or none), near 1 for many pieces.
     pub fn fragmentation(&self) -> f64 {
         fragmentation(self.largest_free as u64, self.free as u64)
     }
@@ -43,8 +39,7 @@ impl PoolUsage {
         )
     }
 
-    /// The pool figures and the advice of an out-of-memory error for a request of
-    /// `requested` bytes (the text after the device figures).
+    /// An OOM error's pool figures and advice for `requested` bytes (after the device figures).
     pub fn explain(&self, requested: usize) -> String {
         let mut s = format!(
             "; pool holds {}{} with {} in use and {} free (largest free block {}, \

@@ -1,10 +1,9 @@
-//! How memory idle in one stream's arena goes back to the pool's free space for another
-//! stream: whole free regions ([`PoolMemoryResource::reclaim`]), one free block
-//! ([`PoolMemoryResource::steal`]) or every free block ([`PoolMemoryResource::scavenge`]),
-//! each after the owning stream's work queued before the frees has completed (a wait on that
-//! stream, never on the whole device unless the stream is gone). Slow paths only: they take
-//! the pool's lock and each arena's lock in turn, so other threads' fast paths wait at most
-//! for one arena's bookkeeping, never for the device.
+//! How memory idle in one stream's arena returns to the pool's free space for another stream: whole
+//! free regions ([`PoolMemoryResource::reclaim`]), one free block ([`PoolMemoryResource::steal`])
+//! or all free blocks ([`PoolMemoryResource::scavenge`]), each after the owning stream completes
+//! the work queued before the frees (a wait on that stream; on the whole device only if the stream
+//! is gone). Slow paths only: they take the pool's lock and each arena's lock in turn, so other
+//! threads' fast paths wait at most for one arena's bookkeeping, never for the device.
 
 use super::PoolMemoryResource;
 use super::arena::Arena;
@@ -12,12 +11,11 @@ use super::global::FreeSpace;
 use crate::error::Result;
 
 impl PoolMemoryResource {
-    /// Moves the entirely free regions of every arena whose stream is idle to the pool's free
-    /// space, without waiting for anything: blocks freed on other streams are settled only
-    /// when their events have completed, and an arena whose stream still has work queued
-    /// (checked after its regions were taken, so no work queued before their frees can be
-    /// pending) keeps them. Returns the bytes moved. The first step before the pool grows:
-    /// cheap when idle streams hold enough, and it never stalls behind a busy stream.
+    /// Moves the entirely free regions of every idle-stream arena to the free space without
+    /// waiting: cross-stream frees settle only if their events completed, and an arena whose stream
+    /// still has work (checked after taking its regions, so no work queued before their frees is
+    /// pending) keeps them. Returns the bytes moved. The first step before growing: cheap when idle
+    /// streams hold enough, never stalled by a busy stream.
     pub(super) fn reclaim_idle(&self, g: &mut FreeSpace) -> Result<u64> {
         let backend = self.device.backend();
         let dev = self.device.ordinal();
@@ -36,8 +34,7 @@ impl PoolMemoryResource {
             if small.is_empty() && large.is_empty() {
                 continue;
             }
-            // A stream the backend cannot vouch for (destroyed, or a library's own stream),
-            // or one that fails the query, counts as busy: the blocking reclaim deals with it.
+            // Unverifiable or failing streams count as busy; the blocking reclaim handles them.
             if let Ok(Some(true)) = backend.stream_query_if_alive(dev, arena.stream) {
                 for &(addr, size) in small.iter().chain(&large) {
                     g.insert(addr, size);
@@ -50,8 +47,7 @@ impl PoolMemoryResource {
         Ok(moved)
     }
 
-    /// Moves every arena's entirely free regions back to the pool's free space, after the
-    /// arena's stream has finished the work queued before those frees.
+    /// Moves all arenas' free regions to the free space once their streams finish prior work.
     pub(super) fn reclaim(&self, g: &mut FreeSpace) -> Result<()> {
         let backend = self.device.backend();
         let dev = self.device.ordinal();
@@ -84,8 +80,7 @@ impl PoolMemoryResource {
         arena.state.lock().settle_pending(backend, dev, true)
     }
 
-    /// Moves one free block of at least `need` bytes from some arena to the free space, after
-    /// that arena's stream has finished the work queued before the block was freed.
+    /// Moves one free block of at least `need` to the free space after its stream's prior work.
     pub(super) fn steal(&self, g: &mut FreeSpace, need: u64) -> Result<bool> {
         let backend = self.device.backend();
         let dev = self.device.ordinal();
@@ -100,11 +95,9 @@ impl PoolMemoryResource {
         Ok(false)
     }
 
-    /// Moves every free block of every arena to the free space (after each arena's stream has
-    /// finished the work queued before the frees), where free pieces of different arenas
-    /// that lie side by side merge. Returns the bytes moved. The last resort before the pool
-    /// gives chunks back to the upstream or fails: arenas lose the free space inside their
-    /// partly used regions and take it back through the pool's slow path.
+    /// Moves every arena's free blocks to the free space (after each stream's prior work), where
+    /// adjacent pieces of different arenas merge; returns the bytes moved. The last resort before
+    /// returning chunks or failing (arenas lose free space in partly used regions).
     pub(super) fn scavenge(&self, g: &mut FreeSpace) -> Result<u64> {
         let backend = self.device.backend();
         let dev = self.device.ordinal();
@@ -126,9 +119,8 @@ impl PoolMemoryResource {
     }
 }
 
-/// Waits for `stream`, which may be another thread's; when the backend cannot vouch that it
-/// still exists (destroyed by its owner after it last used the pool, or a library's own
-/// stream), waits for the whole device instead, which covers its work too.
+/// Waits for `stream` (maybe another thread's); if the backend cannot vouch it exists (destroyed
+/// after last using the pool, or a library's own), waits for the whole device, covering its work.
 pub(super) fn sync_stream_or_device(
     backend: &dyn crate::backend::Backend,
     dev: u32,

@@ -1,16 +1,14 @@
 //! A two-level segregated-fit heap over device addresses (TLSF, Masmano et al. 2004).
 //!
-//! Free blocks sit in size classes: the first level is the power of two of the size, the
-//! second splits each power of two into 32 linear classes. Two bitmaps find the smallest
-//! non-empty class that fits in O(1); the head of the request's own class is tried first, so
-//! the choice is within 1/32 of best fit. Blocks split on allocation and merge with free
-//! physical neighbours on free. Regions (memory handed to the heap in one piece) merge with
-//! the regions beside them only within the bounds the caller gives
-//! ([`Heap::add_region_within`]: one upstream allocation, or a whole address range that the
-//! pool maps side by side), so a block never spans memory that is not contiguous.
+//! Free blocks sit in size classes: the power of two of the size, split into 32 linear classes. Two
+//! bitmaps find the smallest fitting non-empty class in O(1); the head of the request's own class
+//! is tried first, so the choice is within 1/32 of best fit. Blocks split on allocation and merge
+//! with free physical neighbours on free. Regions (memory handed over in one piece) merge with
+//! adjacent regions only within caller-given bounds ([`Heap::add_region_within`]: one upstream
+//! allocation, or the pool's side-by-side mapped range), so no block spans non-contiguous memory.
 //!
-//! Block descriptors live in a slab indexed by `u32`; nothing here touches device memory and
-//! nothing allocates on the host except when the slab grows.
+//! Block descriptors live in a slab indexed by `u32`; nothing here touches device memory, and the
+//! host allocates only when the slab grows.
 
 /// "No block".
 pub(crate) const NIL: u32 = u32::MAX;
@@ -140,8 +138,7 @@ impl Heap {
         self.spare.push(idx);
     }
 
-    /// The block in use by the heap that satisfies `at`, if any (a scan of the slab: for
-    /// the slow path that adds regions).
+    /// A heap block satisfying `at` (a slab scan, for the slow path adding regions).
     fn find_block(&self, at: impl Fn(&Block) -> bool) -> Option<u32> {
         self.blocks
             .iter()
@@ -205,12 +202,9 @@ impl Heap {
         self.link(idx);
     }
 
-    /// Hands `[addr, addr + size)` to the heap as free memory that joins the regions right
-    /// before and after it, where they lie within `[lo, hi)` (memory contiguous with it: the
-    /// same upstream allocation, or chunks mapped side by side): a block may then span what
-    /// were several grants, so that memory granted piece by piece serves a larger request
-    /// once it is free again. Outside those bounds, or with no neighbour, it is a region of
-    /// its own.
+    /// Hands `[addr, addr + size)` to the heap as free memory joining the adjacent regions within
+    /// `[lo, hi)` (contiguous memory: one upstream allocation, or chunks mapped side by side), so
+    /// memory granted piecewise serves a larger request once free. Otherwise it stands alone.
     pub(crate) fn add_region_within(&mut self, addr: u64, size: u64, lo: u64, hi: u64) {
         debug_assert!(addr.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
         debug_assert!(lo <= addr && addr + size <= hi);
@@ -243,8 +237,7 @@ impl Heap {
         self.free(idx);
     }
 
-    /// Hands `[addr, addr + size)` to the heap as a new region of one live block (memory
-    /// already in use, taken over from another pool); returns the block.
+    /// Adds `[addr, addr + size)`, adopted memory, as a one-live-block region; returns the block.
     pub(crate) fn add_live_region(&mut self, addr: u64, size: u64) -> u32 {
         debug_assert!(addr.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
         let idx = self.new_block(Block {
@@ -382,8 +375,8 @@ impl Heap {
         }
     }
 
-    /// Takes a free block of at least `size` bytes out of the heap, splitting its region
-    /// around it; returns its range. Used to move memory between arenas under pressure.
+    /// Takes a free block of at least `size` bytes out, splitting its region; returns its range.
+    /// Moves memory between arenas under pressure.
     pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
         let idx = self.find(size);
         if idx == NIL {
@@ -392,9 +385,8 @@ impl Heap {
         Some(self.remove_free(idx))
     }
 
-    /// Takes every free block out of the heap, splitting regions around them; pushes their
-    /// ranges to `out`. Used when free memory is scattered over arenas and only merging
-    /// neighbours of different arenas can serve a request.
+    /// Takes every free block out into `out`, splitting regions: for when only merging free
+    /// neighbours across arenas can serve a request.
     pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
         let mut all = Vec::with_capacity(self.free_blocks);
         for fl in 0..FL_COUNT {

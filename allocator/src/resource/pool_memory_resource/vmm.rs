@@ -1,13 +1,10 @@
-//! The pool's memory through CUDA's virtual memory API: one address range per device,
-//! reserved once and shared by the pools of that device, into which each pool maps physical
-//! chunks of its growth step as it grows.
+//! The pool's memory through CUDA's virtual memory API: one address range per device, reserved once
+//! and shared by its pools, each mapping physical chunks of its growth step as it grows.
 //!
-//! Chunks a pool maps side by side form one contiguous range, so its free space stays in one
-//! piece across growth (a request larger than any one chunk fits in neighbouring free
-//! chunks), and each chunk goes back to the device on its own once it is entirely free
-//! (`trim`, `release`, reinitialize). Chunks keep their addresses when a replacing pool adopts
-//! them: the range belongs to the device, not to one pool, and is given back when the last
-//! pool using it is gone. Everything here is a slow path (growth, trim, release, drop).
+//! A pool's side-by-side chunks form one contiguous range, so free space stays whole across growth
+//! (a request larger than a chunk fits in neighbouring free chunks), and each entirely free chunk
+//! goes back on its own (`trim`, `release`, reinitialize). Adopted chunks keep their addresses: the
+//! range belongs to the device and goes when its last pool does. All slow path.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
@@ -19,16 +16,14 @@ use crate::device::Device;
 use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::{map_oom, out_of_memory};
 
-/// The address range reserved per device, as a multiple of its total memory: room for a
-/// pool at the device's size and one replacing it, side by side.
+/// Reserved range per device, × its memory: room for a full-size pool and its replacement.
 const RESERVE_FACTOR: u64 = 2;
 
 /// The smallest maximum size for which [`VirtualMemory::Auto`](super::VirtualMemory::Auto)
 /// maps chunks (64 granules of 2 MiB): smaller pools keep the upstream's exact sizes.
 pub(crate) const AUTO_MINIMUM: u64 = 128 << 20;
 
-/// The largest initial size for which [`VirtualMemory::Auto`](super::VirtualMemory::Auto)
-/// maps chunks: a pool that takes more at once is built from the upstream.
+/// Largest initial size at which [`VirtualMemory::Auto`](super::VirtualMemory::Auto) maps.
 pub(crate) const AUTO_MAXIMUM_INITIAL: u64 = 2 << 30;
 
 /// Name in errors and hooks for memory mapped through the virtual memory API.
@@ -60,8 +55,7 @@ impl std::fmt::Debug for AddressSpace {
 }
 
 impl AddressSpace {
-    /// The address space of `device`, reserving it on first use (twice the device's memory,
-    /// rounded up to the granularity).
+    /// `device`'s address space, reserved on first use (twice its memory, granularity-aligned).
     pub(crate) fn of(device: Device) -> Result<Arc<AddressSpace>> {
         let mut spaces = SPACES.lock();
         spaces.retain(|w| w.strong_count() > 0);
@@ -130,11 +124,9 @@ impl AddressSpace {
         (at + len <= end).then_some(at)
     }
 
-    /// Maps `total` bytes (a multiple of the granularity) in chunks of `chunk` bytes (the
-    /// last one smaller if need be), side by side, at `at` (`None` when those addresses are
-    /// taken) or, without `at`, at the lowest free addresses, and makes them accessible.
-    /// Returns the chunks (start, length). All or nothing: on failure whatever was mapped is
-    /// undone.
+    /// Maps `total` bytes (a granularity multiple) side by side in chunks of `chunk` bytes (the
+    /// last maybe smaller), at `at` (`None` if taken) or else the lowest free addresses, and makes
+    /// them accessible. Returns the chunks (start, length). All or nothing.
     pub(crate) fn map(
         &self,
         total: u64,

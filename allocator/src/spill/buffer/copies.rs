@@ -1,7 +1,7 @@
-//! Moving a buffer's data to and from pinned host memory: the copies on the store's copy
-//! streams through [`PinnedCopy`], which owns the host memory while they run, spills whose
-//! copies stay in flight ([`SpillableBuffer::begin_spill`], [`PendingSpill`]) so that a
-//! caller making room for many buffers waits once, and bringing data back to the device.
+//! Moving a buffer's data to and from pinned host memory: copies on the store's copy streams
+//! through [`PinnedCopy`] (which owns the host memory meanwhile), spills whose copies stay in
+//! flight ([`SpillableBuffer::begin_spill`], [`PendingSpill`]) so a caller making room for many
+//! buffers waits once, and bringing data back.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -21,8 +21,8 @@ use crate::spill::copy::Direction;
 use crate::stream_view::StreamView;
 
 impl SpillableBuffer {
-    /// Takes pinned slices for the data and enqueues its copy into them, after the work
-    /// queued on the buffer's stream; `None` when the data is not on the device.
+    /// Takes pinned slices and enqueues the data's copy into them after the buffer stream's queued
+    /// work; `None` if the data is not on the device.
     pub(super) fn start_to_host(&self, state: &State) -> Result<Option<Outbound>> {
         let State::Device { ptr, stream, .. } = state else {
             return Ok(None);
@@ -49,8 +49,8 @@ impl SpillableBuffer {
         }))
     }
 
-    /// Waits for the copy `out` started, frees the device memory and records the move (its
-    /// time counted from `since` when that is later than the copy's start).
+    /// Waits for the copy `out` started, frees the device memory and records the move (timed from
+    /// `since` if later than the copy's start).
     pub(super) fn complete_to_host(
         &self,
         state: &mut State,
@@ -76,9 +76,8 @@ impl SpillableBuffer {
         Ok(())
     }
 
-    /// Starts a copy in `direction` on a copy stream ordered after the work queued on
-    /// `after` (or, when given, after the events `released` only: see `released_at`), through
-    /// `enqueue` (given the device, the copy stream and an event).
+    /// Starts a copy in `direction` via `enqueue` (given device, copy stream, event) on a copy
+    /// stream after `after`'s queued work, or only after the `released` events if given.
     pub(super) fn start_copy(
         &self,
         direction: Direction,
@@ -105,7 +104,7 @@ impl SpillableBuffer {
         enqueue(self.device(), lane, event).map_err(|f| self.settle(*f))
     }
 
-    /// Waits for `copy`; its memory back, or the error and the memory when it came back.
+    /// Waits for `copy`: its memory back, or the error and the memory if it came back.
     pub(super) fn finish_copy(
         &self,
         direction: Direction,
@@ -132,7 +131,7 @@ impl SpillableBuffer {
         }
     }
 
-    /// A failed copy's event back in the pool; its error and memory (when it came back).
+    /// Returns a failed copy's event to the pool; its error and memory (if it came back).
     pub(super) fn settle(&self, f: CopyFailed<PinnedSlice>) -> (Error, Option<Vec<PinnedSlice>>) {
         if let Some(event) = f.event {
             self.store.copies().recycle(event);
@@ -140,10 +139,9 @@ impl SpillableBuffer {
         (f.error, f.memory)
     }
 
-    /// Copies `slices` to the device bytes at `ptr` on a copy stream, after the work queued
-    /// on `after` (which covers the allocation of `ptr`), and waits; the slices come back.
-    /// On error they come back too unless a copy may still read them: the data is then lost
-    /// ([`Error::DataLost`]).
+    /// Copies `slices` to the device bytes at `ptr` on a copy stream after `after`'s work (which
+    /// covers `ptr`'s allocation) and waits; the slices come back, also on error unless a copy may
+    /// still read them: then the data is lost ([`Error::DataLost`]).
     pub(super) fn copy_in(
         &self,
         ptr: DevicePtr,
@@ -166,8 +164,7 @@ impl SpillableBuffer {
             .map_err(|(e, memory)| self.lost_unless(e, memory))
     }
 
-    /// `error` with the memory when it came back; [`Error::DataLost`] (and the buffer marked
-    /// lost) when it did not.
+    /// `error` with the memory if it came back, else [`Error::DataLost`] (marking the buffer lost).
     pub(super) fn lost_unless(
         &self,
         error: Error,
@@ -188,13 +185,12 @@ impl SpillableBuffer {
         )
     }
 
-    /// Starts moving the data to the pinned host pool: its copies are enqueued and the move
-    /// completes with [`PendingSpill::finish`], so that a caller making room can have the
-    /// copies of many buffers in flight at once and wait once. When the host tier has no room
-    /// and there is a disk tier, the data goes to disk now ([`SpillStep::Done`]).
+    /// Starts moving the data to the pinned host pool: copies are enqueued and
+    /// [`PendingSpill::finish`] completes the move, so a caller making room waits once for many
+    /// buffers' copies. Without host room, data goes to a disk tier now ([`SpillStep::Done`]).
     ///
     /// # Errors
-    /// As [`spill`](Self::spill); the buffer stays on the device, valid.
+    /// As [`spill`](Self::spill); the buffer stays valid on the device.
     pub fn begin_spill(&self) -> Result<SpillStep<'_>> {
         let Some(state) = self.lock_idle() else {
             return Ok(SpillStep::Skipped);
@@ -226,8 +222,7 @@ impl SpillableBuffer {
     }
 }
 
-/// A copy to the host in flight, with when it started and was enqueued, and how long getting
-/// its host memory took before.
+/// A host copy in flight: when it started and was enqueued, and how long getting host memory took.
 pub(super) struct Outbound {
     copy: PinnedCopy<PinnedSlice>,
     start: Instant,
@@ -245,9 +240,8 @@ pub enum SpillStep<'a> {
     Pending(Box<PendingSpill<'a>>),
 }
 
-/// A spill whose copies are in flight; the buffer is locked (not used, moved or dropped)
-/// until it completes. Dropping it without [`finish`](Self::finish) waits for the copies and
-/// leaves the data on the device.
+/// A spill with copies in flight; the buffer stays locked until it completes. Dropping it without
+/// [`finish`](Self::finish) waits for the copies and leaves the data on the device.
 pub struct PendingSpill<'a> {
     buffer: &'a SpillableBuffer,
     state: MutexGuard<'a, State>,
@@ -265,19 +259,17 @@ impl PendingSpill<'_> {
         self.out.start
     }
 
-    /// How long getting its host memory took (pinning more, making room on the host): time
-    /// a batch does not charge to its moves.
+    /// Time getting host memory (pinning, making room), which a batch does not charge to its moves.
     pub fn host_wait(&self) -> std::time::Duration {
         self.out.host_wait
     }
 
-    /// Waits for the copies, frees the device memory and records the move; the device bytes
-    /// freed. `since`: the moment from which the move's time is counted when it is later
-    /// than the copies' start (the end of the previous move of a batch, so that the moves
-    /// of a batch add up to its wall time, not to more).
+    /// Waits for the copies, frees the device memory and records the move; returns the bytes freed.
+    /// The move's time counts from `since` if later than the copies' start (the previous move's
+    /// end, so a batch's moves add up to its wall time).
     ///
     /// # Errors
-    /// A copy failed: the buffer stays on the device, valid.
+    /// A copy failed: the buffer stays valid on the device.
     pub fn finish(mut self, since: Option<Instant>) -> Result<usize> {
         let buffer = self.buffer;
         buffer.complete_to_host(&mut self.state, self.out, since)?;
@@ -334,8 +326,8 @@ impl SpillableBuffer {
         Ok(())
     }
 
-    /// The error of an unspill whose copy into `ptr` failed, after freeing `ptr` (unless
-    /// the data was lost: a copy may still write there, so it stays allocated).
+    /// An unspill's error after its copy into `ptr` failed, freeing `ptr` unless the data was lost
+    /// (a copy may still write there).
     fn failed_unspill(
         &self,
         e: Error,

@@ -1,6 +1,6 @@
-//! Data that comes from elsewhere or goes elsewhere without the buffer moving: a buffer made
-//! off the device from another's bytes (a value a peer sends), and ranges of a buffer's data
-//! read where it is, to the host or into device memory (a value sent to a peer).
+//! Data moving without the buffer moving: a buffer made off the device from another's bytes (a
+//! value a peer sends), and ranges of a buffer's data read where they are, to the host or device
+//! memory (a value sent to a peer).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -25,17 +25,14 @@ enum Incoming<'a> {
 }
 
 impl SpillableBuffer {
-    /// A buffer of `size` bytes off the device, which `fill` writes (called with each piece
-    /// of the buffer's memory in order: its offset, and the piece): in the store's host tier,
-    /// straight into pinned memory, or in a file of its disk tier when the host tier is full
-    /// even after the observer made room. The device is not touched; the data comes back into
-    /// the device's current resource on first use, like any spilled buffer's. For data that
-    /// arrives from elsewhere (a value a peer sends) and is not needed on the device yet.
+    /// A buffer of `size` bytes made off the device, for data from elsewhere (a peer's value) not
+    /// yet needed there: in the host tier's pinned memory, or in a disk-tier file when the host
+    /// tier is full even after the observer made room. `fill` writes each piece of its memory in
+    /// order (offset, piece). The data comes back into the device's current resource on first use.
     ///
     /// # Errors
-    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when the host tier is full
-    /// and there is no disk tier; [`Error::SpillFile`](crate::Error::SpillFile) when writing
-    /// the file fails; what `fill` returns. Nothing is kept then.
+    /// [`Error::HostOutOfMemory`] with the host tier full and no disk tier; [`Error::SpillFile`] on
+    /// a failed write; what `fill` returns. Nothing is kept then.
     pub fn off_device_with(
         store: &Arc<SpillStore>,
         size: usize,
@@ -45,12 +42,10 @@ impl SpillableBuffer {
         Self::made_off_device(store, size, observer, Incoming::Filled(fill))
     }
 
-    /// A buffer of `size` bytes off the device, copied from `src`: device memory the store's
-    /// device can read that the buffer does not own (another process's exported memory,
-    /// mapped here), after the work queued on the default stream. Like
-    /// [`off_device_with`](Self::off_device_with), but the bytes go straight into the host
-    /// tier's pinned memory on the store's copy streams, at the copy engine's rate (to disk
-    /// past a full host tier); the device's own memory is not touched.
+    /// As [`off_device_with`](Self::off_device_with), copying from `src` after the default stream's
+    /// queued work: device memory the store's device can read but the buffer does not own (another
+    /// process's exported memory, mapped here). The bytes go straight into pinned memory on the
+    /// copy streams (to disk past a full host tier).
     ///
     /// # Errors
     /// As [`off_device_with`](Self::off_device_with); a failed copy.
@@ -63,8 +58,8 @@ impl SpillableBuffer {
         Self::made_off_device(store, size, observer, Incoming::Device(src))
     }
 
-    /// A buffer of `size` bytes off the device holding `incoming`: in the host tier's pinned
-    /// memory, or past a full host tier (with a disk tier) in a file, written from a host copy.
+    /// A buffer of `size` bytes off the device holding `incoming`: in pinned host memory, or past a
+    /// full host tier in a file written from a host copy.
     fn made_off_device(
         store: &Arc<SpillStore>,
         size: usize,
@@ -125,8 +120,7 @@ impl SpillableBuffer {
         Ok(buffer)
     }
 
-    /// Copies the data into `out` (exactly [`size`](Self::size) bytes), wherever it is: it
-    /// does not move.
+    /// Copies all the data ([`size`](Self::size) bytes) into `out` without moving it.
     ///
     /// # Errors
     /// As [`read_range_into`](Self::read_range_into).
@@ -141,14 +135,12 @@ impl SpillableBuffer {
         self.read_range_into(0, out)
     }
 
-    /// Copies `out.len()` bytes of the data from `offset` into `out`, wherever the data is: it
-    /// does not move. Sending spilled data elsewhere reads it this way, straight into the
-    /// message's memory.
+    /// Copies `out.len()` bytes from `offset` into `out` without moving the data (how spilled data
+    /// is sent elsewhere, straight into the message's memory).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the range runs past the
-    /// buffer's end; [`Error::Driver`](crate::Error::Driver) when the copy from the device
-    /// fails; [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
+    /// [`Error::InvalidArgument`] past the buffer's end; [`Error::Driver`] or [`Error::SpillFile`]
+    /// when the copy or read fails.
     pub fn read_range_into(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
         let state = self.state.lock();
@@ -180,15 +172,12 @@ impl SpillableBuffer {
         }
     }
 
-    /// Copies `len` bytes of the data from `offset` into `dst`, device memory on the buffer's
-    /// device, wherever the data is: it does not move (from the host tier the copy runs at the
-    /// pinned copy rate). Sending spilled data as device memory reads it this way into memory
-    /// that goes with the message.
+    /// Copies `len` bytes from `offset` into `dst`, device memory on the buffer's device, without
+    /// moving the data (how spilled data is sent as device memory).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the range runs past the
-    /// buffer's end; [`Error::Driver`](crate::Error::Driver) when a copy fails;
-    /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
+    /// [`Error::InvalidArgument`] past the buffer's end; [`Error::Driver`] or [`Error::SpillFile`]
+    /// when a copy or read fails.
     pub fn copy_range_to_device(&self, offset: usize, len: usize, dst: DevicePtr) -> Result<()> {
         self.check_range(offset, len)?;
         let device = self.device();
@@ -221,10 +210,9 @@ impl SpillableBuffer {
     }
 }
 
-/// Copies `src` into `dst` (of the same length) on the rayon pool, in stretches of
-/// [`COPY_STRETCH`] bytes: a message's memory is fresh, and first touching it (the page
-/// faults) costs more than the copy, so one thread would read a spilled value out at a
-/// fraction of the rate the host's cores give together.
+/// Copies `src` into equal-length `dst` on the rayon pool in [`COPY_STRETCH`]-byte stretches: first
+/// touching a message's fresh memory (page faults) costs more than the copy, so one thread would be
+/// far slower than all cores.
 fn copy_in_parallel(dst: &mut [u8], src: &[u8]) {
     use rayon::prelude::*;
     if dst.len() <= COPY_STRETCH {
@@ -239,8 +227,8 @@ fn copy_in_parallel(dst: &mut [u8], src: &[u8]) {
 /// Bytes one thread copies at a time in [`copy_in_parallel`].
 const COPY_STRETCH: usize = 4 << 20;
 
-/// Calls `f` with each piece of `len` bytes from `offset` of the data held in `slices` (in
-/// order), and where the piece starts within the range.
+/// Calls `f` with each piece, in order, of `len` bytes from `offset` of the data in `slices`, and
+/// the piece's start within the range.
 fn for_each_piece(
     slices: &[PinnedSlice],
     offset: usize,

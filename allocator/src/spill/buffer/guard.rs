@@ -42,9 +42,9 @@ impl Drop for DeviceGuard<'_> {
     }
 }
 
-/// A [`DeviceGuard`] that holds its buffer (`Arc`) instead of borrowing it, for holders whose
-/// lifetime no borrow can describe: a Python object wrapping the device memory, say. The
-/// buffer stays on the device, at [`ptr`](Self::ptr), while the guard lives.
+/// A [`DeviceGuard`] owning its buffer (`Arc`) instead of borrowing it, for holders no borrow can
+/// describe (e.g. a Python object wrapping the memory). The buffer stays on the device at
+/// [`ptr`](Self::ptr) while it lives.
 pub struct SharedDeviceGuard {
     pub(super) buffer: Arc<SpillableBuffer>,
     pub(super) ptr: DevicePtr,
@@ -89,9 +89,8 @@ impl fmt::Debug for SharedDeviceGuard {
     }
 }
 
-/// Access to a buffer's bytes in pinned host memory. The buffer stays on the host while it
-/// lives, and every other access to the buffer waits: do not take a device view of the same
-/// buffer on the same thread while holding one.
+/// Access to a buffer's bytes in pinned host memory; the buffer stays there and all other access
+/// waits while it lives, so do not take a device view of it on the same thread meanwhile.
 pub struct HostGuard<'a> {
     pub(super) size: usize,
     pub(super) state: MutexGuard<'a, State>,

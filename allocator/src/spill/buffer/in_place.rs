@@ -1,7 +1,6 @@
-//! Holding a buffer where it is on the device while the stack its memory came from is
-//! replaced ([`SpillableBuffer::hold_in_place`], [`HeldInPlace`]): a reinitialize from pool
-//! to pool hands the buffer's block to the new pool with its data in place, then repoints
-//! the buffer to the new stack, instead of spilling it and bringing it back.
+//! Holding a buffer in place on the device while its memory's stack is replaced
+//! ([`SpillableBuffer::hold_in_place`], [`HeldInPlace`]): a pool-to-pool reinitialize hands its
+//! block, data in place, to the new pool and repoints the buffer instead of spilling it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,10 +13,9 @@ use crate::error::Result;
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
-/// A buffer locked on the device where it is, its memory from one resource: while this
-/// lives, nobody uses, moves or drops the buffer (they wait, or skip it as busy). Ends in
-/// [`move_to`](Self::move_to) (the memory changed owners), in
-/// [`begin_spill`](Self::begin_spill), or by being dropped (nothing changed).
+/// A buffer locked in place on the device, its memory from one resource: meanwhile nobody uses,
+/// moves or drops it (they wait, or skip it as busy). Ends in [`move_to`](Self::move_to) (new
+/// memory owner), [`begin_spill`](Self::begin_spill), or a drop (no change).
 pub struct HeldInPlace<'a> {
     buffer: &'a SpillableBuffer,
     state: MutexGuard<'a, State>,
@@ -34,10 +32,9 @@ impl std::fmt::Debug for HeldInPlace<'_> {
 }
 
 impl SpillableBuffer {
-    /// The buffer held where it is ([`HeldInPlace`]) when it is idle on the device in memory
-    /// that `resource` (this very object, as `Arc::ptr_eq` would say) allocated; `None` when
-    /// it is in use, busy, spilled, empty, its data was lost, or its memory is another
-    /// resource's or borrowed ([`from_device`](Self::from_device)).
+    /// Holds the buffer in place ([`HeldInPlace`]) if it is idle on the device in memory allocated
+    /// by this very `resource` (`Arc::ptr_eq`); `None` if in use, busy, spilled, empty, lost, or in
+    /// another resource's or borrowed memory ([`from_device`](Self::from_device)).
     pub fn hold_in_place(&self, resource: &SharedResource) -> Option<HeldInPlace<'_>> {
         let state = self.lock_idle()?;
         if self.lost.load(Ordering::Acquire) {
@@ -82,21 +79,18 @@ impl<'a> HeldInPlace<'a> {
         }
     }
 
-    /// Records that `resource` owns the buffer's memory now (it took the allocation over
-    /// from the resource that made it, data in place): the buffer frees it there. Nothing
-    /// moves and nothing is copied; the observer hears nothing (the device bytes are the
-    /// same). Releases the buffer.
+    /// Records that `resource` now owns the buffer's memory (taken over with its data in place),
+    /// where the buffer frees it, and releases the buffer. No copy; the observer hears nothing.
     pub fn move_to(mut self, resource: SharedResource) {
         if let State::Device { resource: r, .. } = &mut *self.state {
             *r = Some(resource);
         }
     }
 
-    /// Starts spilling the buffer as [`SpillableBuffer::begin_spill`] does, without letting
-    /// go of it in between.
+    /// [`SpillableBuffer::begin_spill`] without releasing the buffer in between.
     ///
     /// # Errors
-    /// As `begin_spill`; the buffer stays on the device, valid, and is released.
+    /// As `begin_spill`; the buffer stays valid on the device and is released.
     pub fn begin_spill(self) -> Result<SpillStep<'a>> {
         self.buffer.begin_spill_locked(self.state)
     }

@@ -1,8 +1,7 @@
-//! Copies kept of data that no longer changes: a read-only buffer brought back to the
-//! device keeps its host copy ([`SpillableBuffer::set_read_only`]), so that spilling it again
-//! frees the device memory and copies nothing, like a page brought back from swap keeping its
-//! swap slot. The copy's slices are reclaimable: the host pool counts them as room, and they
-//! are given back ([`SpillableBuffer::drop_kept_copy`]) before more is pinned.
+//! Copies kept of data that no longer changes: a read-only buffer back on the device keeps its host
+//! copy ([`SpillableBuffer::set_read_only`]), so spilling it again only frees device memory, like a
+//! swapped-in page keeping its swap slot. The copy's slices are reclaimable: the host pool counts
+//! them as room and drops them ([`SpillableBuffer::drop_kept_copy`]) before pinning more.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -18,10 +17,9 @@ pub(super) fn reclaimable(mut slices: Vec<PinnedSlice>, on: bool) -> Vec<PinnedS
 }
 
 impl SpillableBuffer {
-    /// Marks the data as no longer changing (a stored value, which its users only read):
-    /// from now on, coming back to the device keeps its host copy, and spilling it again
-    /// frees the device memory without copying anything. Writing through a device view
-    /// afterwards is an error that goes unnoticed: the next spill keeps the old bytes.
+    /// Marks the data as no longer changing (a stored value its users only read): coming back to
+    /// the device then keeps the host copy, so spilling again copies nothing. Writing through a
+    /// device view afterwards is an unnoticed error: the next spill keeps the old bytes.
     pub fn set_read_only(&self) {
         self.read_only.store(true, Ordering::Release);
     }
@@ -31,9 +29,8 @@ impl SpillableBuffer {
         self.read_only.load(Ordering::Acquire)
     }
 
-    /// Gives the host copy of data that is on the device back to the host tier; the host
-    /// bytes given back (0 when there is none or the buffer is busy). The data stays on the
-    /// device; spilling it again copies it. What making room in the host tier does first.
+    /// Drops the host copy of device-resident data (the first step of making host-tier room);
+    /// returns the bytes freed (0 if none or busy). A later spill copies again.
     pub fn drop_kept_copy(&self) -> usize {
         let Some(mut state) = self.state.try_lock() else {
             return 0;
@@ -49,10 +46,9 @@ impl SpillableBuffer {
         }
     }
 
-    /// Spills data whose host copy was kept ([`set_read_only`](Self::set_read_only)): its
-    /// device memory is freed (on its stream, after the work of every stream that used it)
-    /// and the copy is its data again; nothing is copied. False, and nothing done, when
-    /// there is no kept copy.
+    /// Spills data with a kept host copy ([`set_read_only`](Self::set_read_only)) without copying:
+    /// the device memory is freed (on its stream, after every using stream's work) and the copy
+    /// becomes its data. False (nothing done) without a kept copy.
     pub(super) fn spill_to_kept(&self, state: &mut State) -> Result<bool> {
         let State::Device {
             ptr,

@@ -1,23 +1,18 @@
-//! [`SpillableBuffer`]: device bytes that may move to pinned host memory, and on to disk,
-//! while nobody uses them, and come back on the next use.
+//! [`SpillableBuffer`]: device bytes that move to pinned host memory, then disk, while unused, and
+//! come back on the next use.
 //!
-//! Device access goes through a [`DeviceGuard`]: getting one brings the data back if it was
-//! spilled (into the device's *current* resource, which after a `reinitialize` is the new
-//! stack), and while a guard lives the buffer is never spilled. Host access goes through a
-//! [`HostGuard`], which brings the data to the host tier and holds it there. A
-//! [`SpillObserver`] (the runtime's spill manager) hears of every use and every move, and is
-//! asked to make room before data comes back or lands on the host.
+//! A [`DeviceGuard`] brings spilled data back into the device's *current* resource (after a
+//! `reinitialize`, the new stack) and blocks spilling while it lives; a [`HostGuard`] brings the
+//! data to the host tier and holds it there. A [`SpillObserver`] (the runtime's spill manager)
+//! hears of every use and move and makes room before data comes back or lands on the host.
 //!
-//! Copies run on the store's copy streams, ordered after the work queued on the buffer's
-//! stream, in chunks of at most one pinned slice, and are waited for before the source is
-//! given back: a spill returns with the data safe in its new tier and the old memory freed;
-//! a failed move leaves the buffer where it was, valid, and frees what the move took.
+//! Copies run on the store's copy streams after the work queued on the buffer's stream, one pinned
+//! slice per chunk at most, and finish before the source is freed; a failed move leaves the buffer
+//! valid where it was and frees what it took.
 //!
-//! A buffer whose data no longer changes ([`SpillableBuffer::set_read_only`]: a stored value
-//! of a Dask worker, say) keeps its host copy when it comes back to the device, like a page
-//! that swapping brought back keeps its swap slot: spilling it again frees its device memory
-//! and copies nothing. The copy goes first when the host tier needs room
-//! ([`SpillableBuffer::drop_kept_copy`]).
+//! A read-only buffer ([`SpillableBuffer::set_read_only`]) keeps its host copy when it comes back,
+//! like a swap slot, so spilling it again only frees device memory; the host tier drops such copies
+//! first ([`SpillableBuffer::drop_kept_copy`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -89,51 +84,42 @@ impl fmt::Display for Tier {
 pub trait SpillObserver: Send + Sync {
     /// Buffer `id` was used (least-recently-used order).
     fn touched(&self, id: u64);
-    /// `bytes` are about to be allocated on the device for buffer `id`: spill others (not
-    /// `id`) if that would take the tracked bytes over the limit.
+    /// About to allocate `bytes` on the device for `id`: spill others if over the limit.
     fn make_room(&self, id: u64, bytes: usize);
-    /// The host tier has no room for `bytes` of buffer `id`: move other buffers' host data
-    /// on to disk if there is a disk tier. Called with `id`'s own lock held.
+    /// No host-tier room for `bytes` of `id` (its lock held): move others' host data to disk.
     ///
     /// # Errors
-    /// The failure that left no room: moving data on to disk failed (a full disk, say).
+    /// Moving data to disk failed.
     fn make_host_room(&self, id: u64, bytes: usize) -> Result<()> {
         let _ = (id, bytes);
         Ok(())
     }
-    /// Buffer `id` now holds `bytes` more (or, negative, fewer) bytes on the device.
+    /// Buffer `id` holds `delta` bytes more (negative: fewer) on the device.
     fn resident(&self, id: u64, delta: i64);
-    /// Buffer `id` moved `bytes` from `from` to `to`; the copy (and file I/O) took `nanos`,
-    /// not counting getting the destination memory (making room, pinning more host memory).
+    /// `id` moved `bytes` from `from` to `to`; `nanos` is copy and I/O time, excluding allocation.
     fn moved(&self, id: u64, from: Tier, to: Tier, bytes: usize, nanos: u64);
-    /// Buffer `id` needs `bytes` of the host tier: give back copies kept of data on the
-    /// device ([`SpillableBuffer::drop_kept_copy`]) until they fit in memory already pinned,
-    /// if that can be done. None by default.
+    /// Free pinned room for `id`'s `bytes` by dropping kept copies
+    /// ([`SpillableBuffer::drop_kept_copy`]).
     fn reclaim_host(&self, _id: u64, _bytes: usize) {}
-    /// Buffer `id` left the device for the host tier without a copy, after `nanos`: its host
-    /// copy was kept when it came back ([`SpillableBuffer::set_read_only`]).
+    /// `id` went to the host tier in `nanos` without copying: its host copy was kept.
     fn spilled_without_copy(&self, _id: u64, _bytes: usize, _nanos: u64) {}
     /// Buffer `id` is gone.
     fn dropped(&self, id: u64);
-    /// The last device guard of buffer `id` is gone: it may be spilled again (data held over
-    /// the limit while in use can go now).
+    /// `id`'s last device guard is gone: it may spill again (if held over the limit while in use).
     fn released(&self, _id: u64) {}
 }
 
 pub(super) enum State {
-    /// On the device. `resource` made the memory and takes it back; `None` for memory the
-    /// buffer only borrows while it copies it off the device ([`SpillableBuffer::from_device`]).
+    /// On the device; `resource` is `None` for memory borrowed by [`SpillableBuffer::from_device`].
     Device {
         ptr: DevicePtr,
         resource: Option<SharedResource>,
         stream: StreamView,
-        /// The same bytes in the host tier, kept from when a read-only buffer came back:
-        /// spilling again only frees the device memory.
+        /// Host-tier copy kept by a read-only buffer: spilling again only frees device memory.
         kept: Option<Vec<PinnedSlice>>,
     },
     Host(Vec<PinnedSlice>),
-    /// In a file of a disk tier, kept alive by the buffer (the store may have moved on to
-    /// other tiers since).
+    /// In a disk tier's file, kept alive by the buffer (the store may use other tiers since).
     Disk(DiskFile, Arc<DiskStore>),
 }
 
@@ -149,8 +135,7 @@ impl State {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Device bytes that can be spilled to pinned host memory and disk. Share it with `Arc`; see
-/// the module documentation.
+/// Device bytes spillable to pinned host memory and disk; share with `Arc`. See the module docs.
 pub struct SpillableBuffer {
     id: u64,
     pub(super) size: usize,
@@ -161,10 +146,9 @@ pub struct SpillableBuffer {
     tier: AtomicU8,
     /// Live device guards.
     pub(super) pins: AtomicUsize,
-    /// Per stream the buffer was used on through a device guard, an event recorded as the
-    /// guard let go: everything that used the data is ordered before these, so a spill's
-    /// copy waits for them rather than for all the work queued on the stream since (a
-    /// worker's next task). Empty until a guard lets go, and once the data leaves the device.
+    /// Per stream used through a device guard, an event recorded as the guard let go. A spill's
+    /// copy waits on these, not on later work on the stream (a worker's next task). Empty until a
+    /// guard lets go and after the data leaves the device.
     pub(super) released_at: Mutex<Vec<(RawStream, Event)>>,
     /// Set when the data was lost to a copy that could not be waited for.
     lost: AtomicBool,
@@ -188,13 +172,10 @@ fn nanos_since(start: Instant) -> u64 {
 }
 
 impl SpillableBuffer {
-    /// `size` uninitialized bytes on the store's device, from the device's current resource,
-    /// used on `stream`; spilled data goes to `store`.
+    /// `size` uninitialized bytes of the current resource for `stream`; spills to `store`.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the device's resource cannot allocate
-    /// `size` bytes; [`Error::NoSuchDevice`](crate::Error::NoSuchDevice) (or the backend's error)
-    /// when the device has no resource.
+    /// [`Error::OutOfMemory`]; [`Error::NoSuchDevice`] (or the backend's error) without a resource.
     pub fn new(
         store: &Arc<SpillStore>,
         size: usize,
@@ -225,16 +206,12 @@ impl SpillableBuffer {
         ))
     }
 
-    /// A spilled copy of `size` device bytes at `ptr`, memory this buffer does not own (another
-    /// library's allocation, say): the bytes are copied, after the work queued on `stream`, to
-    /// the store's host tier (or to disk when the host tier is full and there is a disk tier),
-    /// as a spill moves them, and the copy is complete when this returns. `ptr` must stay
-    /// valid until then; the buffer never frees it. On use the data comes back into the
-    /// device's current resource like any spilled buffer's.
+    /// Copies `size` device bytes at `ptr` that the buffer does not own (another library's
+    /// allocation, say) to the host tier (or disk when it is full) after `stream`'s queued work,
+    /// like a spill, complete on return. `ptr` must stay valid until then and is never freed.
     ///
     /// # Errors
-    /// As [`spill`](Self::spill): a full host pool without a disk tier
-    /// ([`Error::HostOutOfMemory`]), a failed copy or file write. Nothing is kept then.
+    /// As [`spill`](Self::spill); nothing is kept then.
     pub fn from_device(
         store: &Arc<SpillStore>,
         ptr: DevicePtr,
@@ -261,10 +238,10 @@ impl SpillableBuffer {
         Ok(buffer)
     }
 
-    /// A buffer holding a copy of `bytes` (the copy is complete when this returns).
+    /// A buffer holding a copy of `bytes`, complete on return.
     ///
     /// # Errors
-    /// As [`SpillableBuffer::new`]; [`Error::Driver`](crate::Error::Driver) when the copy fails.
+    /// As [`SpillableBuffer::new`]; [`Error::Driver`] when the copy fails.
     pub fn from_host(
         store: &Arc<SpillStore>,
         bytes: &[u8],
@@ -332,8 +309,7 @@ impl SpillableBuffer {
         self.tier() != Tier::Device
     }
 
-    /// The data's device address while it is on the device and not moving (without waiting
-    /// or pinning it: it may move once this returns, unless a guard holds it).
+    /// The device address if resident and not moving; without a guard it may move at any time.
     pub fn device_ptr(&self) -> Option<DevicePtr> {
         match &*self.state.try_lock()? {
             State::Device { ptr, .. } => Some(*ptr),
@@ -341,13 +317,10 @@ impl SpillableBuffer {
         }
     }
 
-    /// Drops one device guard's pin, after recording where the work of `stream` that used the
-    /// data ends (see `released_at`); the last pin tells the observer the buffer may move
-    /// again.
+    /// Drops a device guard's pin, recording where `stream`'s use of the data ends (`released_at`).
     pub(super) fn unpin(&self, stream: StreamView) {
-        // Recorded before the pin goes: once the pins are gone a spill may start and read
-        // the list. A failure empties the list, so the spill orders its copy after the whole
-        // stream the buffer was last used on, as without it.
+        // Record before unpinning: once no pins remain a spill may read the list. On failure the
+        // list is emptied and a spill waits for the whole stream.
         let copies = self.store.copies();
         let mut released = self.released_at.lock();
         let replaced = released
@@ -376,16 +349,14 @@ impl SpillableBuffer {
         }
     }
 
-    /// Gives the events of `released_at` back (the data leaves the device, or the buffer
-    /// goes).
+    /// Gives back the `released_at` events (the data leaves the device, or the buffer drops).
     fn forget_releases(&self) {
         let copies = self.store.copies();
         let events: Vec<Event> = self.released_at.lock().drain(..).map(|(_, e)| e).collect();
         events.into_iter().for_each(|e| copies.recycle(e));
     }
 
-    /// The events a spill's copy of the data waits for instead of the buffer's whole stream
-    /// (see `released_at`); empty when there are none.
+    /// The events a spill's copy waits for instead of the whole stream (see `released_at`).
     pub(super) fn release_events(&self) -> Vec<crate::backend::RawEvent> {
         self.released_at
             .lock()
@@ -399,14 +370,10 @@ impl SpillableBuffer {
         self.pins.load(Ordering::Acquire) > 0
     }
 
-    /// The data on the device for use on `stream`, brought back first if it was spilled
-    /// (into the device's current resource). The buffer is not spilled while the guard lives.
+    /// The data on the device for `stream`, brought back if spilled; not spilled while guarded.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when bringing spilled data back cannot
-    /// allocate; [`Error::Driver`](crate::Error::Driver) or
-    /// [`Error::SpillFile`](crate::Error::SpillFile) when the copy or file read fails;
-    /// [`Error::DataLost`](crate::Error::DataLost) when a copy failed in a way that lost the data.
+    /// [`Error::OutOfMemory`], [`Error::Driver`], [`Error::SpillFile`], [`Error::DataLost`].
     pub fn device_view(&self, stream: StreamView) -> Result<DeviceGuard<'_>> {
         let mut state = self.state.lock();
         if !matches!(*state, State::Device { .. }) {
@@ -436,7 +403,7 @@ impl SpillableBuffer {
     /// [`device_view`](Self::device_view) as a guard that holds the buffer.
     ///
     /// # Errors
-    /// As `device_view`: bringing the data back failed (the device is full, a copy failed).
+    /// As `device_view`.
     pub fn shared_device_view(self: &Arc<Self>, stream: StreamView) -> Result<SharedDeviceGuard> {
         let guard = self.device_view(stream)?;
         let ptr = guard.ptr();
@@ -449,15 +416,11 @@ impl SpillableBuffer {
         })
     }
 
-    /// The data in pinned host memory, moved there first (from the device, after the work
-    /// queued on its stream, or from disk). Fails when a device guard is alive (the data is
-    /// in use there; [`to_vec`](Self::to_vec) copies instead) or the host tier is full.
+    /// The data in pinned host memory, moved there first from the device or disk.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a device guard is alive;
-    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when the host tier is full;
-    /// [`Error::Driver`](crate::Error::Driver) or [`Error::SpillFile`](crate::Error::SpillFile)
-    /// when the copy or file read fails.
+    /// [`Error::InvalidArgument`] while a device guard lives (use [`to_vec`](Self::to_vec));
+    /// [`Error::HostOutOfMemory`]; [`Error::Driver`] or [`Error::SpillFile`].
     pub fn host_view(&self) -> Result<HostGuard<'_>> {
         let mut state = self.state.lock();
         match &*state {
@@ -489,25 +452,19 @@ impl SpillableBuffer {
     /// A copy of the data, wherever it is (it does not move).
     ///
     /// # Errors
-    /// [`Error::Driver`](crate::Error::Driver) when the copy from the device fails;
-    /// [`Error::SpillFile`](crate::Error::SpillFile) when reading the file fails.
+    /// [`Error::Driver`] or [`Error::SpillFile`] when the copy or file read fails.
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         let mut out = vec![0u8; self.size];
         self.read_into(&mut out)?;
         Ok(out)
     }
 
-    /// Moves the data off the device: to the pinned host pool, or to disk when the host tier
-    /// is full and there is a disk tier. Returns the device bytes freed (0 when the buffer is
-    /// in use, busy, already spilled, or empty). On error (a full host pool without a disk
-    /// tier, a failed copy or write) the buffer stays on the device, valid.
+    /// Moves the data to the host pool, or to disk when that is full; returns device bytes freed (0
+    /// when in use, busy, spilled or empty). On error the buffer stays valid on the device.
     ///
     /// # Errors
-    /// [`Error::HostOutOfMemory`](crate::Error::HostOutOfMemory) when the host pool is full and
-    /// there is no disk tier; [`Error::Driver`](crate::Error::Driver) or
-    /// [`Error::SpillFile`](crate::Error::SpillFile) when the copy or file write fails
-    /// ([`Error::InjectedFault`](crate::Error::InjectedFault) on the simulated device when told
-    /// to).
+    /// [`Error::HostOutOfMemory`] with no disk tier; else [`Error::Driver`] or
+    /// [`Error::SpillFile`].
     pub fn spill(&self) -> Result<usize> {
         let Some(mut state) = self.lock_idle() else {
             return Ok(0);
@@ -533,23 +490,20 @@ impl SpillableBuffer {
         }
     }
 
-    /// Moves the data to the disk tier from the host or the device; returns the bytes moved
-    /// (0 when in use, busy, already on disk, or empty). Fails without a disk tier; on error
-    /// the buffer stays where it was, valid.
+    /// Moves the data from host or device to disk; returns bytes moved (0 when in use, busy, on
+    /// disk or empty). On error the buffer stays valid where it was.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the store has no disk tier;
-    /// [`Error::Driver`](crate::Error::Driver) or [`Error::SpillFile`](crate::Error::SpillFile)
-    /// when the copy or file write fails ([`Error::InjectedFault`](crate::Error::InjectedFault) on
-    /// the simulated device when told to).
+    /// [`Error::InvalidArgument`] with no disk tier; else [`Error::Driver`] or
+    /// [`Error::SpillFile`].
     pub fn spill_to_disk(&self) -> Result<usize> {
         self.disk()?;
         let Some(mut state) = self.lock_idle() else {
             return Ok(0);
         };
         if self.spill_to_kept(&mut state)? {
-            // Its host copy goes on to disk: the device is not read again. The device memory
-            // is free either way; data that could not be written stays on the host, valid.
+            // The host copy goes to disk, not the device data. Device memory is freed either way;
+            // unwritten data stays valid on the host.
             if let Err(e) = self.host_to_disk(&mut state) {
                 tracing::warn!("buffer {} stays in the host tier: {e}", self.id);
             }
@@ -563,10 +517,8 @@ impl SpillableBuffer {
         Ok(self.size)
     }
 
-    /// The state, locked, when the buffer is non-empty, not in use and not busy.
-    ///
-    /// Busy (being read, brought back or spilled by another thread) is not waited for:
-    /// waiting could deadlock two threads that each make room by spilling the other's buffer.
+    /// The locked state if the buffer is non-empty, unused and not busy. Busy is not waited for:
+    /// two threads spilling each other's buffer to make room would deadlock.
     fn lock_idle(&self) -> Option<MutexGuard<'_, State>> {
         if self.size == 0 || self.is_in_use() {
             return None;
@@ -618,10 +570,8 @@ impl SpillableBuffer {
         );
     }
 
-    /// Pinned slices for the whole buffer; asks the observer for room once if the host tier
-    /// is full. Before a growable pool pins more for them, the observer gives back copies
-    /// kept of data on the device, if there are any: they are a cache in memory already
-    /// pinned, never a reason to pin more.
+    /// Pinned slices for the whole buffer, asking the observer for room once if the host tier is
+    /// full. Kept copies go before a growable pool pins more: they never justify pinning.
     fn host_slices(&self) -> Result<Vec<PinnedSlice>> {
         let host = self.store.host();
         if let Some(o) = &self.observer
@@ -634,8 +584,7 @@ impl SpillableBuffer {
             (Err(Error::HostOutOfMemory { .. }), Some(o)) => {
                 let room = o.make_host_room(self.id, self.size);
                 match (self.try_host_slices(), room) {
-                    // Still full because the data that would have made room could not go to
-                    // disk: that failure is the cause, not the pool's size.
+                    // Full because making room failed to write to disk: report that failure.
                     (Err(Error::HostOutOfMemory { .. }), Err(cause)) => Err(cause),
                     (slices, _) => slices,
                 }
@@ -707,7 +656,7 @@ impl SpillableBuffer {
         Ok(())
     }
 
-    /// An error when the data was lost to a failed copy (see [`Error::DataLost`]).
+    /// An error when a failed copy lost the data (see [`Error::DataLost`]).
     fn check_not_lost(&self) -> Result<()> {
         if self.lost.load(Ordering::Acquire) {
             return Err(Error::DataLost {
