@@ -6,7 +6,7 @@
 //! | [`StatisticsResourceAdaptor`] | current / peak / total bytes and counts, counter scopes, a PyTorch-style report |
 //! | [`LimitingResourceAdaptor`] | a hard cap on bytes in use |
 //! | [`TrackingResourceAdaptor`] | every outstanding allocation (optionally with a backtrace), leak reports |
-//! | [`LoggingResourceAdaptor`] | an RMM-format CSV event log, which [`crate::event_log`] reads and `rmm replay` plays back |
+//! | [`LoggingResourceAdaptor`] | an RMM-format CSV event log, which `rmm_allocator::event_log` reads and `rmm replay` plays back |
 //! | [`FailureCallbackResourceAdaptor`] | a callback on out-of-memory that decides retry or fail |
 //! | [`HookedResourceAdaptor`] | CuPy-style memory [`hooks`] around any resource |
 //!

@@ -1,5 +1,5 @@
 //! [`LoggingResourceAdaptor`]: a CSV log of every allocation and free in RMM's format, which the
-//! replay (`rmm replay`, and RMM's replay benchmark) can play back; [`crate::event_log`] reads it.
+//! replay (`rmm replay`, and RMM's replay benchmark) can play back; `rmm_allocator::event_log` reads it.
 //!
 //! The format is RMM's `logging_resource_adaptor`:
 //! ```text
