@@ -424,10 +424,7 @@ impl RuntimeHandle {
         // Devices that leave the runtime give everything back.
         for s in &old.stacks {
             if !setups.iter().any(|n| n.stack.device() == s.device()) {
-                report.released_bytes += s.release().map_err(|source| Error::DeviceSetup {
-                    device: s.device().ordinal(),
-                    source,
-                })?;
+                report.released_bytes += s.release().map_err(Error::setup(s.device().ordinal()))?;
             }
         }
         report.released_bytes += setups.iter().map(|s| s.released).sum::<u64>();
