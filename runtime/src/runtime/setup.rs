@@ -91,16 +91,6 @@ impl RuntimeHandle {
             .collect()
     }
 
-    pub(super) fn install_and_spawn(
-        &self,
-        resolved: ResolvedConfig,
-        setups: Vec<DeviceSetup>,
-        managers: Vec<Option<Arc<SpillManager>>>,
-    ) -> Result<()> {
-        let mut control = self.shared.control.lock();
-        self.install_and_spawn_locked(&mut control, resolved, setups, managers, |_| {})
-    }
-
     /// Installs the stacks, calls `installed` with them (nothing can fail in between), publishes
     /// a generation with fresh workers and starts them.
     pub(super) fn install_and_spawn_locked(
