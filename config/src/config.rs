@@ -189,26 +189,22 @@ impl Config {
         // A footprint limit gives memory back in mapped chunks: it needs a pool that maps.
         if self.pool.enabled && self.pool.max_overhead != Overhead::Unlimited {
             // (An async upstream is refused when the pool is built, as pool.vmm = true is.)
+            // The key, whether it is set so, its value then, a value that maps.
+            let vmm_off = self.pool.vmm == Switch::Off;
             let unmapped = [
-                ("pool.vmm", self.pool.vmm == Switch::Off),
-                ("pool.managed", self.pool.managed),
+                ("pool.vmm", vmm_off, "false", "\"auto\""),
+                ("pool.managed", self.pool.managed, "true", "false"),
             ];
-            if let Some((key, _)) = unmapped.into_iter().find(|(_, on)| *on) {
+            if let Some((key, _, value, mapping)) = unmapped.into_iter().find(|&(_, on, _, _)| on) {
                 errors.push(Error::InvalidValue {
                     origin: self.source("pool.max_overhead"),
                     key: "pool.max_overhead".into(),
                     value: self.pool.max_overhead.to_string(),
                     problem: format!(
                         "a pool that maps its memory through CUDA's virtual memory API, which \
-                         {key} = {} ({}) rules out: set pool.max_overhead = \"none\", or \
-                         {key} = {}",
-                        if key == "pool.vmm" { "false" } else { "true" },
+                         {key} = {value} ({}) rules out: set pool.max_overhead = \"none\", or \
+                         {key} = {mapping}",
                         self.source(key),
-                        if key == "pool.vmm" {
-                            "\"auto\""
-                        } else {
-                            "false"
-                        },
                     ),
                 });
             }

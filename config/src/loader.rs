@@ -75,23 +75,21 @@ pub(crate) fn too_deep(key: &str, value: &toml::Value, limit: usize) -> Option<S
     }
     let mut stack: Vec<(String, &toml::Value, usize)> = vec![(key.to_string(), value, 1)];
     while let Some((path, value, depth)) = stack.pop() {
+        if depth > limit && matches!(value, toml::Value::Table(_) | toml::Value::Array(_)) {
+            return Some(path);
+        }
         match value {
-            toml::Value::Table(table) => {
-                if depth > limit {
-                    return Some(path);
-                }
-                for (name, inner) in table {
-                    stack.push((format!("{path}.{name}"), inner, depth + 1));
-                }
-            }
-            toml::Value::Array(items) => {
-                if depth > limit {
-                    return Some(path);
-                }
-                for (i, inner) in items.iter().enumerate() {
-                    stack.push((format!("{path}[{i}]"), inner, depth + 1));
-                }
-            }
+            toml::Value::Table(table) => stack.extend(
+                table
+                    .iter()
+                    .map(|(name, inner)| (format!("{path}.{name}"), inner, depth + 1)),
+            ),
+            toml::Value::Array(items) => stack.extend(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, inner)| (format!("{path}[{i}]"), inner, depth + 1)),
+            ),
             _ => {}
         }
     }
@@ -156,26 +154,25 @@ impl ConfigLoader {
     }
 
     /// Uses `text` as the file; `name` stands for it in messages and sources.
-    pub fn toml_str(mut self, name: impl Into<PathBuf>, text: impl Into<String>) -> Self {
-        self.file = FileChoice::Text {
-            name: name.into(),
-            text: text.into(),
-            complete: false,
-        };
-        self
+    pub fn toml_str(self, name: impl Into<PathBuf>, text: impl Into<String>) -> Self {
+        self.text_file(name.into(), text.into(), false)
     }
 
     /// As [`toml_str`](Self::toml_str), for a whole configuration ([`Config::to_toml`]): as with
     /// [`from_config`](Self::from_config), its sizes are kept, even a disabled feature's.
     pub(crate) fn complete_toml_str(
-        mut self,
+        self,
         name: impl Into<PathBuf>,
         text: impl Into<String>,
     ) -> Self {
+        self.text_file(name.into(), text.into(), true)
+    }
+
+    fn text_file(mut self, name: PathBuf, text: String, complete: bool) -> Self {
         self.file = FileChoice::Text {
-            name: name.into(),
-            text: text.into(),
-            complete: true,
+            name,
+            text,
+            complete,
         };
         self
     }

@@ -2,11 +2,12 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// `pool.max_overhead`: how far above its peak in use a pool may grow, as a share of that
 /// peak (`"5%"`, `0.05`), or `"none"` for no limit.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(try_from = "toml::Value", into = "toml::Value")]
 pub enum Overhead {
     /// `"none"`: the pool keeps what it grew to.
     #[default]
@@ -56,19 +57,18 @@ impl fmt::Display for Overhead {
     }
 }
 
-impl Serialize for Overhead {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.to_string())
+impl TryFrom<toml::Value> for Overhead {
+    type Error = String;
+
+    fn try_from(value: toml::Value) -> Result<Overhead, String> {
+        Overhead::from_toml(&value).ok_or_else(|| {
+            format!("{value} is not a share of the peak in use such as \"5%\", or \"none\"")
+        })
     }
 }
 
-impl<'de> Deserialize<'de> for Overhead {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Overhead, D::Error> {
-        let value = toml::Value::deserialize(deserializer)?;
-        Overhead::from_toml(&value).ok_or_else(|| {
-            serde::de::Error::custom(format!(
-                "{value} is not a share of the peak in use such as \"5%\", or \"none\""
-            ))
-        })
+impl From<Overhead> for toml::Value {
+    fn from(overhead: Overhead) -> toml::Value {
+        toml::Value::String(overhead.to_string())
     }
 }

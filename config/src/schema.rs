@@ -145,15 +145,20 @@ pub(crate) fn lookup(path: &str) -> Lookup {
     if path == "device" {
         return Lookup::Section;
     }
-    if let Some(rest) = path.strip_prefix("device.") {
-        let (ordinal, tail) = rest.split_once('.').unwrap_or((rest, ""));
-        return match (parse_ordinal(ordinal), tail) {
-            (None, _) => Lookup::Unknown,
-            (Some(_), "") => Lookup::Section,
-            (Some(_), tail) => lookup_in(tail, true),
-        };
+    match device_scope(path) {
+        Some((None, _)) => Lookup::Unknown,
+        Some((Some(_), "")) => Lookup::Section,
+        Some((Some(_), tail)) => lookup_in(tail, true),
+        None => lookup_in(path, false),
     }
-    lookup_in(path, false)
+}
+
+/// For a path under `device.`: the ordinal after it (`None`: not an ordinal) and the rest of
+/// the path (`""` if none).
+fn device_scope(path: &str) -> Option<(Option<u32>, &str)> {
+    let rest = path.strip_prefix("device.")?;
+    let (ordinal, tail) = rest.split_once('.').unwrap_or((rest, ""));
+    Some((parse_ordinal(ordinal), tail))
 }
 
 fn lookup_in(path: &str, per_device: bool) -> Lookup {
@@ -175,16 +180,17 @@ fn lookup_in(path: &str, per_device: bool) -> Lookup {
 
 /// Rewrites `device.01.x` as `device.1.x` so that one device has one spelling.
 pub(crate) fn canonical_path(path: &str) -> String {
-    if let Some(rest) = path.strip_prefix("device.") {
-        let (ordinal, tail) = rest.split_once('.').unwrap_or((rest, ""));
-        if let Some(n) = parse_ordinal(ordinal) {
-            return match tail {
-                "" => format!("device.{n}"),
-                tail => format!("device.{n}.{tail}"),
-            };
-        }
+    match device_scope(path) {
+        Some((Some(n), "")) => format!("device.{n}"),
+        Some((Some(n), tail)) => format!("device.{n}.{tail}"),
+        _ => path.to_string(),
     }
-    path.to_string()
+}
+
+/// The ordinal of a path inside a `[device.N]` table (`device.N.…`).
+fn inside_device(path: &str) -> Option<u32> {
+    let (ordinal, _) = path.strip_prefix("device.")?.split_once('.')?;
+    parse_ordinal(ordinal)
 }
 
 /// Valid dotted names near `path` (leaves and tables), for "did you mean".
@@ -199,10 +205,7 @@ fn candidates(path: &str) -> Vec<String> {
     }
     names.push("device".into());
     // Inside `device.N`, offer that device's keys.
-    if let Some(rest) = path.strip_prefix("device.")
-        && let Some((ordinal, _)) = rest.split_once('.')
-        && let Some(n) = parse_ordinal(ordinal)
-    {
+    if let Some(n) = inside_device(path) {
         names.extend(per_device_keys().map(|k| format!("device.{n}.{k}")));
     }
     names.sort();
@@ -213,16 +216,13 @@ fn candidates(path: &str) -> Vec<String> {
 /// Suggestions for an unknown dotted key: the keys with the same last component when there
 /// are one or two (`pool.device_memory_limit` → limits.… and spill.…), else the closest name.
 pub(crate) fn suggest(path: &str) -> Vec<String> {
-    let mut scope_prefix = String::new();
-    if let Some(rest) = path.strip_prefix("device.") {
-        let (ordinal, tail) = rest.split_once('.').unwrap_or((rest, ""));
-        match parse_ordinal(ordinal) {
-            // A global-only key or a bad ordinal: the hint says more than a guess.
-            Some(_) if KEYS.iter().any(|k| k.key == tail) => return Vec::new(),
-            None => return Vec::new(),
-            Some(n) => scope_prefix = format!("device.{n}."),
-        }
-    }
+    let scope_prefix = match device_scope(path) {
+        // A global-only key or a bad ordinal: the hint says more than a guess.
+        Some((Some(_), tail)) if KEYS.iter().any(|k| k.key == tail) => return Vec::new(),
+        Some((None, _)) => return Vec::new(),
+        Some((Some(n), _)) => format!("device.{n}."),
+        None => String::new(),
+    };
     let leaf = path.rsplit('.').next().unwrap_or(path);
     let same_leaf: Vec<String> = KEYS
         .iter()
@@ -233,21 +233,23 @@ pub(crate) fn suggest(path: &str) -> Vec<String> {
     if (1..=2).contains(&same_leaf.len()) {
         return same_leaf;
     }
-    candidates(path)
+    closest(path, candidates(path)).into_iter().collect()
+}
+
+/// The name most like `name` among `names`, if one is at least 70 % alike.
+fn closest(name: &str, names: Vec<String>) -> Option<String> {
+    names
         .into_iter()
-        .map(|name| (strsim::normalized_damerau_levenshtein(path, &name), name))
+        .map(|other| (strsim::normalized_damerau_levenshtein(name, &other), other))
         .filter(|(score, _)| *score >= 0.7)
         .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, name)| name)
-        .into_iter()
-        .collect()
+        .map(|(_, other)| other)
 }
 
 /// A hint for an unknown key when there is no suggestion.
 pub(crate) fn hint(path: &str) -> String {
-    if let Some(rest) = path.strip_prefix("device.") {
-        let (ordinal, tail) = rest.split_once('.').unwrap_or((rest, ""));
-        if parse_ordinal(ordinal).is_none() {
+    if let Some((ordinal, tail)) = device_scope(path) {
+        if ordinal.is_none() {
             return "per-device tables are keyed by ordinal, e.g. [device.1]".into();
         }
         let settable = per_device_keys().collect::<Vec<_>>().join(", ");
@@ -279,21 +281,10 @@ pub(crate) fn hint(path: &str) -> String {
 /// Environment names near `name` (an unknown `RMM_*` variable).
 pub(crate) fn suggest_env(name: &str, path: &str) -> Option<String> {
     let mut names: Vec<String> = KEYS.iter().map(|k| env_var_name(k.key)).collect();
-    if let Some(rest) = path.strip_prefix("device.")
-        && let Some((ordinal, _)) = rest.split_once('.')
-        && let Some(n) = parse_ordinal(ordinal)
-    {
+    if let Some(n) = inside_device(path) {
         names.extend(per_device_keys().map(|k| env_var_name(&format!("device.{n}.{k}"))));
     }
-    names
-        .into_iter()
-        .map(|candidate| {
-            let score = strsim::normalized_damerau_levenshtein(name, &candidate);
-            (score, candidate)
-        })
-        .filter(|(score, _)| *score >= 0.7)
-        .max_by(|a, b| a.0.total_cmp(&b.0))
-        .map(|(_, candidate)| candidate)
+    closest(name, names)
 }
 
 impl Kind {

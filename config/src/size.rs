@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// Every resolved size is a multiple of this many bytes (RMM's allocation alignment).
 pub const ALIGNMENT: u64 = 256;
@@ -35,7 +35,9 @@ const UNITS: &[(&str, u64)] = &[
 /// or a percentage or float, a fraction of the device's **total** memory (`"50%"`, `0.5`, and
 /// as text `"0.5"`, as a decimal point cannot be a byte count). Zero, negative values and
 /// fractions above 100 % are rejected.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+// Through `toml::Value` so that serde and the loader share one parser.
+#[serde(try_from = "toml::Value", into = "toml::Value")]
 pub enum Size {
     /// An absolute number of bytes.
     Bytes(u64),
@@ -270,17 +272,17 @@ impl fmt::Display for Size {
     }
 }
 
-impl Serialize for Size {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.to_toml().serialize(serializer)
+impl TryFrom<toml::Value> for Size {
+    type Error = ParseSizeError;
+
+    fn try_from(value: toml::Value) -> Result<Size, ParseSizeError> {
+        Size::from_toml(&value)
     }
 }
 
-impl<'de> Deserialize<'de> for Size {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Size, D::Error> {
-        // Through `toml::Value` so that serde and the loader share one parser.
-        let value = toml::Value::deserialize(deserializer)?;
-        Size::from_toml(&value).map_err(serde::de::Error::custom)
+impl From<Size> for toml::Value {
+    fn from(size: Size) -> toml::Value {
+        size.to_toml()
     }
 }
 

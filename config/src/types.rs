@@ -8,10 +8,11 @@ use rmm_allocator::backend::BackendChoice;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::Source;
-use crate::size::Size;
+use crate::size::{ParseSizeError, Size};
 
 /// `spill.pin_ahead`: pinned host memory kept free for spilling (with `host_pool_size = "none"`).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(try_from = "toml::Value", into = "toml::Value")]
 pub enum PinAhead {
     /// `"auto"`: the spill limit, at most host memory / [`crate::PIN_AHEAD_HOST_SHARE`].
     #[default]
@@ -27,7 +28,7 @@ impl PinAhead {
     ///
     /// # Errors
     /// The size's error for anything else.
-    pub(crate) fn from_toml(value: &toml::Value) -> Result<PinAhead, crate::size::ParseSizeError> {
+    pub(crate) fn from_toml(value: &toml::Value) -> Result<PinAhead, ParseSizeError> {
         match value {
             toml::Value::String(s) if s.trim().eq_ignore_ascii_case("auto") => Ok(PinAhead::Auto),
             toml::Value::String(s) if s.trim().eq_ignore_ascii_case("none") => Ok(PinAhead::Off),
@@ -47,24 +48,26 @@ impl fmt::Display for PinAhead {
     }
 }
 
-impl Serialize for PinAhead {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            PinAhead::Up(size) => size.serialize(serializer),
-            other => serializer.serialize_str(&other.to_string()),
+impl TryFrom<toml::Value> for PinAhead {
+    type Error = ParseSizeError;
+
+    fn try_from(value: toml::Value) -> Result<PinAhead, ParseSizeError> {
+        PinAhead::from_toml(&value)
+    }
+}
+
+impl From<PinAhead> for toml::Value {
+    fn from(pin_ahead: PinAhead) -> toml::Value {
+        match pin_ahead {
+            PinAhead::Up(size) => size.to_toml(),
+            other => toml::Value::String(other.to_string()),
         }
     }
 }
 
-impl<'de> Deserialize<'de> for PinAhead {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = toml::Value::deserialize(deserializer)?;
-        PinAhead::from_toml(&value).map_err(serde::de::Error::custom)
-    }
-}
-
 /// Level of the allocation log (`logging.level`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum LogLevel {
     /// Everything.
     Trace,
@@ -82,16 +85,13 @@ pub enum LogLevel {
 }
 
 impl LogLevel {
+    /// The level named `text` ([`LogLevel::as_str`]'s names, case-insensitive).
     pub(crate) fn parse(text: &str) -> Option<LogLevel> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "trace" => Some(LogLevel::Trace),
-            "debug" => Some(LogLevel::Debug),
-            "info" => Some(LogLevel::Info),
-            "warn" => Some(LogLevel::Warn),
-            "error" => Some(LogLevel::Error),
-            "off" => Some(LogLevel::Off),
-            _ => None,
-        }
+        use LogLevel::*;
+        let text = text.trim().to_ascii_lowercase();
+        [Trace, Debug, Info, Warn, Error, Off]
+            .into_iter()
+            .find(|level| level.as_str() == text)
     }
 
     /// The canonical lower-case name.
@@ -107,32 +107,29 @@ impl LogLevel {
     }
 }
 
-macro_rules! keyword_serde {
-    ($ty:ty, $parse:path, $what:literal) => {
-        impl Serialize for $ty {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.serialize_str(self.as_str())
-            }
-        }
+impl TryFrom<String> for LogLevel {
+    type Error = String;
 
-        impl<'de> Deserialize<'de> for $ty {
-            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                let text = String::deserialize(deserializer)?;
-                $parse(&text)
-                    .ok_or_else(|| serde::de::Error::custom(format!("{text:?} is not {}", $what)))
-            }
-        }
+    fn try_from(text: String) -> Result<LogLevel, String> {
+        LogLevel::parse(&text).ok_or_else(|| format!("{text:?} is not a log level"))
+    }
+}
 
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
+impl From<LogLevel> for String {
+    fn from(level: LogLevel) -> String {
+        level.as_str().into()
+    }
+}
+
+impl fmt::Display for LogLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A switch that may also be left to rmm-rs (`pool.vmm`): `true`, `false` or `"auto"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "toml::Value", into = "toml::Value")]
 pub enum Switch {
     /// `false`.
     Off,
@@ -170,26 +167,23 @@ impl fmt::Display for Switch {
     }
 }
 
-impl Serialize for Switch {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Switch::Off => serializer.serialize_bool(false),
-            Switch::On => serializer.serialize_bool(true),
-            Switch::Auto => serializer.serialize_str("auto"),
+impl TryFrom<toml::Value> for Switch {
+    type Error = String;
+
+    fn try_from(value: toml::Value) -> Result<Switch, String> {
+        Switch::from_toml(&value).ok_or_else(|| format!("{value} is not true, false or \"auto\""))
+    }
+}
+
+impl From<Switch> for toml::Value {
+    fn from(switch: Switch) -> toml::Value {
+        match switch {
+            Switch::Off => toml::Value::Boolean(false),
+            Switch::On => toml::Value::Boolean(true),
+            Switch::Auto => toml::Value::String("auto".into()),
         }
     }
 }
-
-impl<'de> Deserialize<'de> for Switch {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Switch, D::Error> {
-        let value = toml::Value::deserialize(deserializer)?;
-        Switch::from_toml(&value).ok_or_else(|| {
-            serde::de::Error::custom(format!("{value} is not true, false or \"auto\""))
-        })
-    }
-}
-
-keyword_serde!(LogLevel, LogLevel::parse, "a log level");
 
 /// One entry of `devices`: an ordinal or a device UUID.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -210,7 +204,8 @@ impl fmt::Display for DeviceSelector {
 }
 
 /// The devices the runtime uses (`devices`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "toml::Value", into = "toml::Value")]
 pub enum Devices {
     /// Every device the backend reports (`"all"`).
     All,
@@ -296,18 +291,18 @@ impl fmt::Display for Devices {
     }
 }
 
-impl Serialize for Devices {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.to_toml().serialize(serializer)
+impl TryFrom<toml::Value> for Devices {
+    type Error = String;
+
+    fn try_from(value: toml::Value) -> Result<Devices, String> {
+        Devices::from_toml(&value)
+            .map_err(|reason| reason.unwrap_or_else(|| "not a device list".into()))
     }
 }
 
-impl<'de> Deserialize<'de> for Devices {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Devices, D::Error> {
-        let value = toml::Value::deserialize(deserializer)?;
-        Devices::from_toml(&value).map_err(|reason| {
-            serde::de::Error::custom(reason.unwrap_or_else(|| "not a device list".into()))
-        })
+impl From<Devices> for toml::Value {
+    fn from(devices: Devices) -> toml::Value {
+        devices.to_toml()
     }
 }
 
@@ -510,38 +505,19 @@ pub struct SpillOverride {
 #[serde(default, deny_unknown_fields)]
 pub struct DeviceOverride {
     /// Pool sizes for this device.
-    #[serde(skip_serializing_if = "PoolOverride::is_empty")]
+    #[serde(skip_serializing_if = "is_default")]
     pub pool: PoolOverride,
     /// Hard cap for this device.
-    #[serde(skip_serializing_if = "LimitsOverride::is_empty")]
+    #[serde(skip_serializing_if = "is_default")]
     pub limits: LimitsOverride,
     /// Spill sizes for this device.
-    #[serde(skip_serializing_if = "SpillOverride::is_empty")]
+    #[serde(skip_serializing_if = "is_default")]
     pub spill: SpillOverride,
 }
 
-impl PoolOverride {
-    fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-}
-
-impl LimitsOverride {
-    fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-}
-
-impl SpillOverride {
-    fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-}
-
-impl DeviceOverride {
-    fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
+/// Whether `value` is its type's default: an override that overrides nothing.
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 /// The whole configuration ([`crate::ConfigLoader`]). `Default` is RMM's Python
@@ -713,7 +689,7 @@ mod ordinal_map {
     ) -> Result<S::Ok, S::Error> {
         s.collect_map(
             map.iter()
-                .filter(|(_, o)| !o.is_empty())
+                .filter(|(_, o)| !is_default(*o))
                 .map(|(n, o)| (n.to_string(), o)),
         )
     }

@@ -160,6 +160,13 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// For `map_err`: device `device`'s set-up failed ([`Error::DeviceSetup`]).
+    pub(crate) fn setup(device: u32) -> impl Fn(rmm_allocator::Error) -> Error + Copy {
+        move |source| Error::DeviceSetup { device, source }
+    }
+}
+
 /// Live memory of one device that blocks a reinitialize.
 #[derive(Debug, Clone)]
 pub struct LiveMemory {

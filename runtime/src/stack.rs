@@ -239,42 +239,34 @@ impl StackPlan {
         };
         let mut pool = None;
         if let Some(plan) = &self.pool {
-            let mut builder = pool_builder(plan, resource);
+            let mut builder = pool_builder(plan, Arc::clone(&resource));
             if let Some(donor) = previous.and_then(|p| p.pool.clone()) {
                 builder = builder.adopt_from(donor);
                 if !live.is_empty() {
                     builder = builder.adopt_live(live.to_vec()).adopt_provisionally();
                 }
             }
-            let p = Arc::new(builder.build()?);
-            pool = Some(Arc::clone(&p));
-            resource = p;
+            pool = Some(on_top(builder.build()?, &mut resource));
         }
-        let mut limiting = None;
-        if let Some(limit) = self.limit {
-            let l = Arc::new(LimitingResourceAdaptor::with_bytes(
-                resource,
-                limit as usize,
-            ));
-            limiting = Some(Arc::clone(&l));
-            resource = l;
-        }
+        let limiting = self.limit.map(|limit| {
+            let l = LimitingResourceAdaptor::with_bytes(Arc::clone(&resource), limit as usize);
+            on_top(l, &mut resource)
+        });
         if let Some(handler) = on_oom.filter(|_| self.spill_on_demand) {
             resource = Arc::new(FailureCallbackResourceAdaptor::from_bytes_fn(
                 resource,
                 move |bytes| handler(bytes),
             ));
         }
-        let mut tracking = None;
-        if let Some(backtraces) = self.tracking {
-            let t = Arc::new(if backtraces {
-                TrackingResourceAdaptor::with_backtraces(resource)
+        let tracking = self.tracking.map(|backtraces| {
+            let below = Arc::clone(&resource);
+            let t = if backtraces {
+                TrackingResourceAdaptor::with_backtraces(below)
             } else {
-                TrackingResourceAdaptor::new(resource)
-            });
-            tracking = Some(Arc::clone(&t));
-            resource = t;
-        }
+                TrackingResourceAdaptor::new(below)
+            };
+            on_top(t, &mut resource)
+        });
         let mut logging = None;
         if let Some(path) = &self.log_file {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -286,9 +278,8 @@ impl StackPlan {
                     )
                 })?;
             }
-            let l = Arc::new(LoggingResourceAdaptor::new(resource, path)?);
-            logging = Some(Arc::clone(&l));
-            resource = l;
+            let log = LoggingResourceAdaptor::new(Arc::clone(&resource), path)?;
+            logging = Some(on_top(log, &mut resource));
         }
         let statistics = Arc::new(StatisticsResourceAdaptor::new(resource));
         Ok(DeviceStack {
@@ -457,29 +448,17 @@ impl DeviceStack {
     /// Every accounting layer forgets `blocks` (another stack took them over).
     fn hand_over_live(&self, blocks: &[LiveBlock]) {
         self.statistics.hand_over_live(blocks);
-        if let Some(l) = &self.limiting {
-            l.hand_over_live(blocks);
-        }
-        if let Some(t) = &self.tracking {
-            t.hand_over_live(blocks);
-        }
-        if let Some(l) = &self.logging {
-            l.hand_over_live(blocks);
-        }
+        self.limiting.iter().for_each(|l| l.hand_over_live(blocks));
+        self.tracking.iter().for_each(|t| t.hand_over_live(blocks));
+        self.logging.iter().for_each(|l| l.hand_over_live(blocks));
     }
 
     /// Every accounting layer counts `blocks` as allocated through it.
     fn take_over_live(&self, blocks: &[LiveBlock]) {
         self.statistics.take_over_live(blocks);
-        if let Some(l) = &self.limiting {
-            l.take_over_live(blocks);
-        }
-        if let Some(t) = &self.tracking {
-            t.take_over_live(blocks);
-        }
-        if let Some(l) = &self.logging {
-            l.take_over_live(blocks);
-        }
+        self.limiting.iter().for_each(|l| l.take_over_live(blocks));
+        self.tracking.iter().for_each(|t| t.take_over_live(blocks));
+        self.logging.iter().for_each(|l| l.take_over_live(blocks));
     }
 
     /// Makes this stack the device's current resource; returns the previous one.
@@ -563,6 +542,16 @@ impl DeviceStack {
         }
         self.statistics.lifetime_bytes().value.max(0) as u64
     }
+}
+
+/// Makes `layer` (built over `top`) the stack's new top; returns the stack's handle on it.
+fn on_top<T: rmm_allocator::resource::DeviceMemoryResource>(
+    layer: T,
+    top: &mut SharedResource,
+) -> Arc<T> {
+    let layer = Arc::new(layer);
+    *top = Arc::clone(&layer) as SharedResource;
+    layer
 }
 
 fn pool_builder(plan: &PoolPlan, upstream: SharedResource) -> PoolBuilder {

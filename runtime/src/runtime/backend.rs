@@ -3,7 +3,7 @@
 use rmm_allocator::backend::{self, Backend, BackendChoice, BackendKind};
 use rmm_config::{Config, DeviceFacts, ResolvedConfig};
 
-use super::Generation;
+use super::{Generation, stack_on};
 use crate::error::{Error, Result};
 use rmm_allocator::Device;
 
@@ -84,11 +84,7 @@ pub(super) fn resolve(
             let Some(free) = f.free_memory else {
                 continue;
             };
-            if let Some(s) = generation
-                .stacks
-                .iter()
-                .find(|s| s.device().ordinal() == f.ordinal)
-            {
+            if let Some(s) = stack_on(&generation.stacks, f.ordinal) {
                 let live = s.live().bytes;
                 let held_back = s.reserved_bytes().saturating_sub(live);
                 f.free_memory = Some((free + held_back).min(f.total_memory));

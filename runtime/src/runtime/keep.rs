@@ -19,8 +19,8 @@ use rmm_allocator::resource::{LiveBlock, SharedResource};
 use rmm_allocator::spill::{HeldInPlace, SpillableBuffer};
 use rmm_config::ResolvedConfig;
 
-use super::Generation;
 use super::setup::DeviceSetup;
+use super::{Generation, stack_on};
 use crate::error::{Error, LiveMemory, Result};
 use crate::spill::{SpillBatch, SpillManager};
 use crate::stack::{DeviceStack, StackPlan};
@@ -52,11 +52,7 @@ impl Candidates {
             let (Some(spill), Some(m)) = (&d.spill, managers.get(&d.ordinal)) else {
                 continue;
             };
-            let Some(previous) = old
-                .stacks
-                .iter()
-                .find(|s| s.device().ordinal() == d.ordinal)
-            else {
+            let Some(previous) = stack_on(&old.stacks, d.ordinal) else {
                 continue;
             };
             let plan = StackPlan::new(resolved, d);
@@ -219,10 +215,7 @@ impl Kept<'_> {
             .iter()
             .filter(|s| refused.contains(&s.device().ordinal()))
         {
-            released += s.release().map_err(|source| Error::DeviceSetup {
-                device: s.device().ordinal(),
-                source,
-            })?;
+            released += s.release().map_err(Error::setup(s.device().ordinal()))?;
         }
         Ok((spilled, released))
     }
@@ -259,16 +252,10 @@ impl Kept<'_> {
     pub(super) fn commit(self, old: &[Arc<DeviceStack>], new: &[Arc<DeviceStack>]) -> u64 {
         let mut kept = 0;
         for (device, held) in self.devices {
-            let of = |stacks: &[Arc<DeviceStack>]| {
-                stacks
-                    .iter()
-                    .find(|s| s.device().ordinal() == device)
-                    .cloned()
-            };
-            let (Some(old), Some(new)) = (of(old), of(new)) else {
+            let (Some(old), Some(new)) = (stack_on(old, device), stack_on(new, device)) else {
                 continue;
             };
-            kept += new.commit_live(&old);
+            kept += new.commit_live(old);
             let taken: HashSet<u64> = new.adopted_live().iter().map(|b| b.ptr.addr()).collect();
             for h in held {
                 // Those not taken were spilled before.

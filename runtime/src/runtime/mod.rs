@@ -268,7 +268,8 @@ impl Runtime {
             let s = set_up_devices(&resolved, resolved.workers_per_device, None, &managers, &[])?;
             start.build = t.elapsed();
             let t = Instant::now();
-            handle.install_and_spawn(resolved, s, managers)?;
+            let control = &mut handle.shared.control.lock();
+            handle.install_and_spawn_locked(control, resolved, s, managers, |_| {})?;
             start.install = t.elapsed();
             Ok(())
         });
@@ -330,12 +331,7 @@ impl RuntimeHandle {
 
     /// The stack of device `device`, if the runtime uses that device.
     pub fn stack(&self, device: u32) -> Option<Arc<DeviceStack>> {
-        self.shared
-            .generation()
-            .stacks
-            .iter()
-            .find(|s| s.device().ordinal() == device)
-            .cloned()
+        stack_on(&self.shared.generation().stacks, device).cloned()
     }
 
     /// Tasks run, busy time and queue length per worker; per device the stack and its live,
@@ -411,9 +407,7 @@ impl RuntimeHandle {
     /// [`Error::DeviceSetup`]: a buffer cannot be spilled (full host tier, failed copy or write).
     pub fn spill_all(&self, device: u32) -> Result<u64> {
         match self.spill_manager(device) {
-            Some(m) => m
-                .spill_all()
-                .map_err(|source| Error::DeviceSetup { device, source }),
+            Some(m) => m.spill_all().map_err(Error::setup(device)),
             None => Ok(0),
         }
     }
@@ -430,4 +424,9 @@ impl RuntimeHandle {
     pub fn device(&self, ordinal: u32) -> Result<Device> {
         Ok(Device::on(self.shared.backend, ordinal)?)
     }
+}
+
+/// The stack of device `device` among `stacks`.
+fn stack_on(stacks: &[Arc<DeviceStack>], device: u32) -> Option<&Arc<DeviceStack>> {
+    stacks.iter().find(|s| s.device().ordinal() == device)
 }

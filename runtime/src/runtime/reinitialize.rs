@@ -197,9 +197,7 @@ impl RuntimeHandle {
         let result = self.spill_and_switch(control, old, resolved, report, t, &mut installed);
         if result.is_err() && !installed {
             // The old tiers are back (data spilled into the new ones stays until used).
-            for (m, u) in undo.into_iter().rev() {
-                m.restore_tiers(u);
-            }
+            undo.into_iter().rev().for_each(|(m, u)| m.restore_tiers(u));
         } else {
             for (m, u) in undo {
                 m.commit_tiers(u);
@@ -223,9 +221,7 @@ impl RuntimeHandle {
                 Ok(Some(u)) => undo.push((Arc::clone(m), u)),
                 Ok(None) => {}
                 Err(source) => {
-                    for (m, u) in undo.into_iter().rev() {
-                        m.restore_tiers(u);
-                    }
+                    undo.into_iter().rev().for_each(|(m, u)| m.restore_tiers(u));
                     return Err(Error::SpillTiers {
                         device: d.ordinal,
                         source,
@@ -424,10 +420,7 @@ impl RuntimeHandle {
         // Devices that leave the runtime give everything back.
         for s in &old.stacks {
             if !setups.iter().any(|n| n.stack.device() == s.device()) {
-                report.released_bytes += s.release().map_err(|source| Error::DeviceSetup {
-                    device: s.device().ordinal(),
-                    source,
-                })?;
+                report.released_bytes += s.release().map_err(Error::setup(s.device().ordinal()))?;
             }
         }
         report.released_bytes += setups.iter().map(|s| s.released).sum::<u64>();

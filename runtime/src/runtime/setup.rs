@@ -8,7 +8,7 @@ use rmm_allocator::resource::LiveBlock;
 use rmm_config::ResolvedConfig;
 
 use super::worker::{self, Queued, WorkerShared};
-use super::{Control, Generation, RuntimeHandle};
+use super::{Control, Generation, RuntimeHandle, stack_on};
 use crate::error::{Error, Result, TaskError};
 use crate::spill::SpillManager;
 use crate::stack::{DeviceStack, StackPlan};
@@ -39,15 +39,8 @@ pub(super) fn set_up_devices(
             let device = &config.devices[i];
             let manager = managers.get(i).and_then(Option::as_ref);
             let on_oom = manager.map(|m| m.oom_handler());
-            let fail = |source| Error::DeviceSetup {
-                device: device.ordinal,
-                source,
-            };
-            let replaced = previous.and_then(|g| {
-                g.stacks
-                    .iter()
-                    .find(|s| s.device().ordinal() == device.ordinal)
-            });
+            let fail = Error::setup(device.ordinal);
+            let replaced = previous.and_then(|g| stack_on(&g.stacks, device.ordinal));
             let plan = StackPlan::new(config, device);
             let (stack, released) = match replaced {
                 Some(previous) => {
@@ -90,26 +83,12 @@ impl RuntimeHandle {
                     return Ok(Some(Arc::clone(m)));
                 }
                 let device = Device::on(self.shared.backend, d.ordinal)?;
-                let m = Arc::new(SpillManager::new(device, spill).map_err(|source| {
-                    Error::DeviceSetup {
-                        device: d.ordinal,
-                        source,
-                    }
-                })?);
+                let m =
+                    Arc::new(SpillManager::new(device, spill).map_err(Error::setup(d.ordinal))?);
                 map.insert(d.ordinal, Arc::clone(&m));
                 Ok(Some(m))
             })
             .collect()
-    }
-
-    pub(super) fn install_and_spawn(
-        &self,
-        resolved: ResolvedConfig,
-        setups: Vec<DeviceSetup>,
-        managers: Vec<Option<Arc<SpillManager>>>,
-    ) -> Result<()> {
-        let mut control = self.shared.control.lock();
-        self.install_and_spawn_locked(&mut control, resolved, setups, managers, |_| {})
     }
 
     /// Installs the stacks, calls `installed` with them (nothing can fail in between), publishes
