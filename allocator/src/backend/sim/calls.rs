@@ -1,11 +1,12 @@
 //! The simulated device's [`Backend`] calls: memory, copies, stream-ordered pools, streams, events.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::memory::{AllocKind, Backing, DEVICE_ALIGNMENT, HOST_ALIGNMENT, Resolved};
 use super::stream::{SimEvent, SimStream};
-use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, spawn_error};
+use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, at_least_one_byte, spawn_error};
 use crate::backend::host_memory::HostMemory;
 use crate::backend::{
     Backend, BackendKind, DeviceProperties, DevicePtr, IpcHandle, MemInfo, RawEvent, RawMemPool,
@@ -62,6 +63,22 @@ unsafe fn fill(r: &Resolved, value: u8) {
             // SAFETY: validated for `n` bytes; `r` keeps the backing alive.
             unsafe { std::ptr::write_bytes(p, value, n) };
         }
+    }
+}
+
+/// `pool` from `pools` if it is a live pool of `dev`.
+fn live_pool(
+    pools: &HashMap<u64, Arc<SimPool>>,
+    dev: u32,
+    pool: RawMemPool,
+) -> Result<&Arc<SimPool>> {
+    match pools.get(&pool) {
+        Some(p) if p.device == dev => Ok(p),
+        _ => Err(Error::invalid_argument(
+            "memory pool",
+            format!("{pool:#x}"),
+            "a live pool of this device",
+        )),
     }
 }
 
@@ -191,17 +208,9 @@ impl Backend for SimBackend {
 
     fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()> {
         let mut pools = self.pools.write();
-        match pools.get(&pool) {
-            Some(p) if p.device == dev => {
-                pools.remove(&pool);
-                Ok(())
-            }
-            _ => Err(Error::invalid_argument(
-                "memory pool",
-                format!("{pool:#x}"),
-                "a live pool of this device",
-            )),
-        }
+        live_pool(&pools, dev, pool)?;
+        pools.remove(&pool);
+        Ok(())
     }
 
     fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, _keep_bytes: usize) -> Result<()> {
@@ -210,14 +219,10 @@ impl Backend for SimBackend {
     }
 
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64> {
-        match self.pools.read().get(&pool) {
-            Some(p) if p.device == dev => Ok(p.reserved.load(Ordering::SeqCst)),
-            _ => Err(Error::invalid_argument(
-                "memory pool",
-                format!("{pool:#x}"),
-                "a live pool of this device",
-            )),
-        }
+        let pools = self.pools.read();
+        Ok(live_pool(&pools, dev, pool)?
+            .reserved
+            .load(Ordering::SeqCst))
     }
 
     fn malloc_async(
@@ -228,16 +233,7 @@ impl Backend for SimBackend {
         stream: RawStream,
     ) -> Result<DevicePtr> {
         self.stream(dev, stream)?;
-        let p = match self.pools.read().get(&pool) {
-            Some(p) if p.device == dev => Arc::clone(p),
-            _ => {
-                return Err(Error::invalid_argument(
-                    "memory pool",
-                    format!("{pool:#x}"),
-                    "a live pool of this device",
-                ));
-            }
-        };
+        let p = Arc::clone(live_pool(&self.pools.read(), dev, pool)?);
         let ptr = self.allocate(dev, bytes, AllocKind::Pool(pool), "cuMemAllocFromPoolAsync")?;
         p.reserved.fetch_add(
             bytes.next_multiple_of(DEVICE_ALIGNMENT) as u64,
@@ -255,13 +251,11 @@ impl Backend for SimBackend {
             },
             _ => None,
         };
-        let Some(pool) = pool else {
-            return Err(Error::InvalidPointer {
-                ptr: ptr.addr(),
-                bytes: 0,
-                resource: "simulated cuMemFreeAsync",
-            });
-        };
+        let pool = pool.ok_or(Error::InvalidPointer {
+            ptr: ptr.addr(),
+            bytes: 0,
+            resource: "simulated cuMemFreeAsync",
+        })?;
         let table = Arc::clone(&self.table);
         let used = Arc::clone(&self.device(dev)?.used);
         let release = move || {
@@ -291,13 +285,7 @@ impl Backend for SimBackend {
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {
-        if bytes == 0 {
-            return Err(Error::invalid_argument(
-                "bytes",
-                0,
-                "a size of at least one byte",
-            ));
-        }
+        at_least_one_byte(bytes)?;
         self.count_pin("cuMemHostAlloc", bytes)?;
         let b = Backing::new(bytes, HOST_ALIGNMENT).ok_or(Error::HostOutOfMemory {
             requested: bytes,

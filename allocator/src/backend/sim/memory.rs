@@ -230,6 +230,30 @@ impl AllocationTable {
         self.live.get(&addr)
     }
 
+    /// Removes the allocation at `ptr` if it is on `device` and `accept` takes its kind; else
+    /// [`Error::InvalidPointer`] naming `resource`.
+    pub(crate) fn take(
+        &mut self,
+        ptr: DevicePtr,
+        device: u32,
+        accept: impl Fn(AllocKind) -> bool,
+        resource: &'static str,
+    ) -> Result<Allocation> {
+        let addr = ptr.addr();
+        let found = self
+            .live
+            .get(&addr)
+            .is_some_and(|a| a.device == device && accept(a.kind));
+        found
+            .then(|| self.live.remove(&addr))
+            .flatten()
+            .ok_or(Error::InvalidPointer {
+                ptr: addr,
+                bytes: 0,
+                resource,
+            })
+    }
+
     /// Checks that `[ptr, ptr + len)` lies in one live allocation or gapless, accessible mappings.
     pub(crate) fn resolve(
         &self,
