@@ -177,21 +177,12 @@ pub(crate) struct LineParser {
 impl LineParser {
     /// The error for a log without a header.
     pub(crate) fn empty(source: &str) -> Error {
-        Error::EventLog {
-            path: source.to_string(),
-            line: None,
-            problem: "the log is empty".to_string(),
-            hint: format!("A log starts with the header `{LOG_HEADER}`"),
-        }
+        let hint = format!("A log starts with the header `{LOG_HEADER}`");
+        Error::event_log(source, None, "the log is empty", hint)
     }
 
     fn err(&self, line: usize, problem: String, hint: &str) -> Error {
-        Error::EventLog {
-            path: self.source.clone(),
-            line: Some(line),
-            problem,
-            hint: hint.to_string(),
-        }
+        Error::event_log(&self.source, Some(line), problem, hint)
     }
 
     /// A parser for the log whose header (at `header_line`) is `header`.
@@ -433,12 +424,8 @@ impl EventLog {
     /// [`Error::EventLog`] naming the first disagreement (e.g. a thread or
     /// allocation index out of range).
     pub fn check(&self) -> Result<()> {
-        let bad = |problem: String| Error::EventLog {
-            path: self.source.clone(),
-            line: None,
-            problem,
-            hint: "Build logs with EventLog::parse or EventLog::read".to_string(),
-        };
+        let hint = "Build logs with EventLog::parse or EventLog::read";
+        let bad = |problem: String| Error::event_log(&self.source, None, problem, hint);
         if self.freed_allocation.len() != self.events.len() {
             return Err(bad(format!(
                 "found {} freed_allocation entries for {} events, expected one per event",

@@ -449,10 +449,8 @@ impl DiskStore {
                     free.extend(slots);
                 }
                 let Some(mut slot) = free.pop() else {
-                    return Err(Error::HostOutOfMemory {
-                        requested: STAGING,
-                        resource: "the disk tier's staging slots",
-                    });
+                    let resource = "the disk tier's staging slots";
+                    return Err(Error::host_out_of_memory(STAGING, resource));
                 };
                 let off = i * STAGING;
                 let n = (len - off).min(STAGING);

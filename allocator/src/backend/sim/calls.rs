@@ -251,11 +251,11 @@ impl Backend for SimBackend {
             },
             _ => None,
         };
-        let pool = pool.ok_or(Error::InvalidPointer {
-            ptr: ptr.addr(),
-            bytes: 0,
-            resource: "simulated cuMemFreeAsync",
-        })?;
+        let pool = pool.ok_or(Error::invalid_pointer(
+            ptr.addr(),
+            0,
+            "simulated cuMemFreeAsync",
+        ))?;
         let table = Arc::clone(&self.table);
         let used = Arc::clone(&self.device(dev)?.used);
         let release = move || {
@@ -287,10 +287,8 @@ impl Backend for SimBackend {
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {
         at_least_one_byte(bytes)?;
         self.count_pin("cuMemHostAlloc", bytes)?;
-        let b = Backing::new(bytes, HOST_ALIGNMENT).ok_or(Error::HostOutOfMemory {
-            requested: bytes,
-            resource: "simulated cuMemHostAlloc",
-        })?;
+        let b = Backing::new(bytes, HOST_ALIGNMENT)
+            .ok_or(Error::host_out_of_memory(bytes, "simulated cuMemHostAlloc"))?;
         let ptr = b.ptr();
         self.host.lock().insert(ptr as u64, HostBlock::Pinned(b));
         Ok(ptr)
@@ -303,11 +301,11 @@ impl Backend for SimBackend {
                 host.remove(&(ptr as u64));
                 Ok(())
             }
-            _ => Err(Error::InvalidPointer {
-                ptr: ptr as u64,
-                bytes: 0,
-                resource: "simulated cuMemFreeHost",
-            }),
+            _ => Err(Error::invalid_pointer(
+                ptr as u64,
+                0,
+                "simulated cuMemFreeHost",
+            )),
         }
     }
 
@@ -339,11 +337,11 @@ impl Backend for SimBackend {
                 host.remove(&(ptr as u64));
                 Ok(())
             }
-            _ => Err(Error::InvalidPointer {
-                ptr: ptr as u64,
-                bytes: 0,
-                resource: "simulated cuMemHostUnregister",
-            }),
+            _ => Err(Error::invalid_pointer(
+                ptr as u64,
+                0,
+                "simulated cuMemHostUnregister",
+            )),
         }
     }
 

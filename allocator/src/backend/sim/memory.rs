@@ -247,11 +247,7 @@ impl AllocationTable {
         found
             .then(|| self.live.remove(&addr))
             .flatten()
-            .ok_or(Error::InvalidPointer {
-                ptr: addr,
-                bytes: 0,
-                resource,
-            })
+            .ok_or(Error::invalid_pointer(addr, 0, resource))
     }
 
     /// Checks that `[ptr, ptr + len)` lies in one live allocation or gapless, accessible mappings.
@@ -261,11 +257,7 @@ impl AllocationTable {
         len: usize,
         what: &'static str,
     ) -> Result<Resolved> {
-        let invalid = || Error::InvalidPointer {
-            ptr: ptr.addr(),
-            bytes: len,
-            resource: what,
-        };
+        let invalid = || Error::invalid_pointer(ptr.addr(), len, what);
         let addr = ptr.addr();
         let end = addr.checked_add(len as u64).ok_or_else(invalid)?;
         let (start, first) = self.live.range(..=addr).next_back().ok_or_else(invalid)?;

@@ -335,11 +335,8 @@ impl SimBackend {
     }
 
     fn device(&self, dev: u32) -> Result<&SimDevice> {
-        self.devices.get(dev as usize).ok_or(Error::NoSuchDevice {
-            requested: dev,
-            count: self.config.devices,
-            backend: "sim",
-        })
+        let missing = Error::no_such_device(dev, self.config.devices, "sim");
+        self.devices.get(dev as usize).ok_or(missing)
     }
 
     fn stream(&self, dev: u32, stream: RawStream) -> Result<Arc<SimStream>> {
