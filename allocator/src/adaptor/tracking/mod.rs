@@ -38,12 +38,12 @@ use shards::{Maps, Rec, Shard};
 use threads::{REGISTRATIONS, SLOTS, ThreadTable};
 
 use crate::backend::DevicePtr;
+use crate::backend::clock::{Ticker, ticking_monotonic_ns};
 use crate::error::{Result, fmt_bytes};
 use crate::resource::SharedResource;
 use crate::resource::{DeviceMemoryResource, LiveBlock};
 use crate::stream_view::StreamView;
 use crate::sync::SpinLock;
-use crate::sync::clock::{Ticker, ticking_monotonic_ns};
 
 // Independently locked maps the records are spread over.
 const SHARDS: usize = 64;

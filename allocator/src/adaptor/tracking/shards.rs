@@ -50,8 +50,9 @@ impl BuildHasher for BuildPtrHasher {
 pub(super) struct Rec {
     pub(super) size: usize,
     pub(super) stream: StreamView,
-    /// Bits 24..64: the time ([`ticking_monotonic_ns`](crate::sync::clock::ticking_monotonic_ns) in
-    /// units of 2^20 ns, ~1 ms); bits 0..24: the allocating thread's slot in the thread table.
+    /// Bits 24..64: the time
+    /// ([`ticking_monotonic_ns`](crate::backend::clock::ticking_monotonic_ns) in units of 2^20 ns,
+    /// ~1 ms); bits 0..24: the allocating thread's slot in the thread table.
     pub(super) tag: u64,
 }
 
