@@ -220,9 +220,8 @@ impl Backend for SimBackend {
 
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64> {
         let pools = self.pools.read();
-        Ok(live_pool(&pools, dev, pool)?
-            .reserved
-            .load(Ordering::SeqCst))
+        let p = live_pool(&pools, dev, pool)?;
+        Ok(p.reserved.load(Ordering::SeqCst))
     }
 
     fn malloc_async(
@@ -251,11 +250,8 @@ impl Backend for SimBackend {
             },
             _ => None,
         };
-        let pool = pool.ok_or(Error::invalid_pointer(
-            ptr.addr(),
-            0,
-            "simulated cuMemFreeAsync",
-        ))?;
+        let resource = "simulated cuMemFreeAsync";
+        let pool = pool.ok_or(Error::invalid_pointer(ptr.addr(), 0, resource))?;
         let table = Arc::clone(&self.table);
         let used = Arc::clone(&self.device(dev)?.used);
         let release = move || {
@@ -349,10 +345,7 @@ impl Backend for SimBackend {
         // As in CUDA: ordered after the work queued on the (legacy) default stream.
         self.stream(dev, 0)?.synchronize();
         self.count_copy(dev)?;
-        let d = self
-            .table
-            .lock()
-            .resolve(dst, src.len(), "simulated cuMemcpyHtoD")?;
+        let d = self.resolve(dst, src.len(), "simulated cuMemcpyHtoD")?;
         // SAFETY: `d` was validated for `src.len()` bytes and its backing is kept alive by `d`.
         unsafe { move_bytes(&d.pieces(), &[(Some(src.as_ptr()), src.len())]) };
         Ok(())
@@ -362,10 +355,7 @@ impl Backend for SimBackend {
         // As in CUDA: ordered after the work queued on the (legacy) default stream.
         self.stream(dev, 0)?.synchronize();
         self.count_copy(dev)?;
-        let s = self
-            .table
-            .lock()
-            .resolve(src, dst.len(), "simulated cuMemcpyDtoH")?;
+        let s = self.resolve(src, dst.len(), "simulated cuMemcpyDtoH")?;
         // SAFETY: `s` was validated for `dst.len()` bytes; `dst` is an exclusive slice.
         unsafe { move_bytes(&[(Some(dst.as_mut_ptr()), dst.len())], &sources(&s)) };
         Ok(())
@@ -389,10 +379,7 @@ impl Backend for SimBackend {
 
     fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         self.count_copy(dev)?;
-        let d = self
-            .table
-            .lock()
-            .resolve(dst, bytes, "simulated cuMemsetD8")?;
+        let d = self.resolve(dst, bytes, "simulated cuMemsetD8")?;
         // SAFETY: validated for `bytes`; `d` keeps the backings alive.
         unsafe { fill(&d, value) };
         Ok(())
@@ -408,10 +395,7 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let s = self.stream(dev, stream)?;
         self.count_copy(dev)?;
-        let d = self
-            .table
-            .lock()
-            .resolve(dst, bytes, "simulated cuMemcpyHtoDAsync")?;
+        let d = self.resolve(dst, bytes, "simulated cuMemcpyHtoDAsync")?;
         let src = src as usize;
         s.submit(move || {
             // SAFETY: the caller keeps `src` valid until this job runs; `d` keeps its backing.
@@ -430,10 +414,7 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let s = self.stream(dev, stream)?;
         self.count_copy(dev)?;
-        let r = self
-            .table
-            .lock()
-            .resolve(src, bytes, "simulated cuMemcpyDtoHAsync")?;
+        let r = self.resolve(src, bytes, "simulated cuMemcpyDtoHAsync")?;
         let dst = dst as usize;
         s.submit(move || {
             // SAFETY: the caller keeps `dst` valid, untouched, until this job runs; `r` keeps the
@@ -477,10 +458,7 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let s = self.stream(dev, stream)?;
         self.count_copy(dev)?;
-        let d = self
-            .table
-            .lock()
-            .resolve(dst, bytes, "simulated cuMemsetD8Async")?;
+        let d = self.resolve(dst, bytes, "simulated cuMemsetD8Async")?;
         s.submit(move || {
             // SAFETY: validated for `bytes`; `d` keeps the backings alive.
             unsafe { fill(&d, value) }

@@ -30,7 +30,7 @@ use parking_lot::{Mutex, RwLock};
 
 pub use self::config::{SimConfig, SimMemoryMode};
 pub use self::env::SimFaults;
-use self::memory::{AllocKind, Allocation, AllocationTable, Backing, DEVICE_ALIGNMENT};
+use self::memory::{AllocKind, Allocation, AllocationTable, Backing, DEVICE_ALIGNMENT, Resolved};
 pub use self::stream::StreamGate;
 use self::stream::{SimEvent, SimStream};
 use super::{DevicePtr, RawEvent, RawStream};
@@ -368,6 +368,11 @@ impl SimBackend {
                 "an event created on this device and not yet destroyed",
             )),
         }
+    }
+
+    /// `len` bytes at `ptr` checked against the allocation table ([`AllocationTable::resolve`]).
+    fn resolve(&self, ptr: DevicePtr, len: usize, what: &'static str) -> Result<Resolved> {
+        self.table.lock().resolve(ptr, len, what)
     }
 
     fn handle(&self) -> u64 {
