@@ -30,11 +30,7 @@ impl Device {
     pub fn on(backend: &'static dyn Backend, ordinal: u32) -> Result<Device> {
         let count = backend.device_count();
         if ordinal >= count {
-            return Err(Error::NoSuchDevice {
-                requested: ordinal,
-                count,
-                backend: backend.kind().name(),
-            });
+            return Err(Error::no_such_device(ordinal, count, backend.kind().name()));
         }
         Ok(Device { backend, ordinal })
     }
@@ -230,11 +226,11 @@ pub fn thread_device() -> u32 {
 pub fn set_current_device(ordinal: u32) -> Result<u32> {
     let b = backend::global()?;
     if ordinal >= b.device_count() {
-        return Err(Error::NoSuchDevice {
-            requested: ordinal,
-            count: b.device_count(),
-            backend: b.kind().name(),
-        });
+        return Err(Error::no_such_device(
+            ordinal,
+            b.device_count(),
+            b.kind().name(),
+        ));
     }
     Ok(CURRENT_DEVICE.with(|c| c.replace(ordinal)))
 }

@@ -360,6 +360,47 @@ impl Error {
             expected: expected.into(),
         }
     }
+
+    /// Shorthand for [`Error::InvalidPointer`].
+    pub(crate) fn invalid_pointer(ptr: u64, bytes: usize, resource: &'static str) -> Self {
+        Error::InvalidPointer {
+            ptr,
+            bytes,
+            resource,
+        }
+    }
+
+    /// Shorthand for [`Error::HostOutOfMemory`].
+    pub(crate) fn host_out_of_memory(requested: usize, resource: &'static str) -> Self {
+        Error::HostOutOfMemory {
+            requested,
+            resource,
+        }
+    }
+
+    /// Shorthand for [`Error::NoSuchDevice`].
+    pub(crate) fn no_such_device(requested: u32, count: u32, backend: &'static str) -> Self {
+        Error::NoSuchDevice {
+            requested,
+            count,
+            backend,
+        }
+    }
+
+    /// Shorthand for [`Error::EventLog`].
+    pub(crate) fn event_log(
+        path: impl Into<String>,
+        line: Option<usize>,
+        problem: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        Error::EventLog {
+            path: path.into(),
+            line,
+            problem: problem.into(),
+            hint: hint.into(),
+        }
+    }
 }
 
 /// Formats a byte count for people: `1.50 GiB (1610612736 B)` style, without the raw count.

@@ -28,11 +28,7 @@ fn slot(device_id: u32) -> Result<&'static ArcSwapOption<SharedResource>> {
         let b = backend::global()
             .map(|b| b.kind().name())
             .unwrap_or("unknown");
-        Error::NoSuchDevice {
-            requested: device_id,
-            count: table.len() as u32,
-            backend: b,
-        }
+        Error::no_such_device(device_id, table.len() as u32, b)
     })
 }
 

@@ -1,8 +1,85 @@
-//! The kernel's coarse clocks (the last timer tick, every 1 to 10 ms; cheaper than precise ones):
-//! the system call only, read through the `sync` module's clock.
+//! The one clock of the allocator's records: the kernel's coarse clocks (the time of the last timer
+//! tick, far cheaper to read than the precise clocks), the precise real-time clock, and a *ticking*
+//! coarse monotonic clock: while a [`Ticker`] lives, a background thread (`rmm-tracking-clock`)
+//! stores the coarse time every [`TICK`], so a hot path reads one atomic instead of the clock.
+//! Without that thread the clock is read directly.
 
-/// Nanoseconds since the Unix epoch from `CLOCK_REALTIME_COARSE` (off Linux, the precise clock).
-pub fn coarse_realtime_ns() -> u64 {
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+
+/// Nanoseconds since the Unix epoch, from the precise system clock.
+pub(crate) fn realtime_ns() -> u64 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    d.as_secs()
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(u64::from(d.subsec_nanos()))
+}
+
+/// How often the clock thread stores the time (the coarse clock moves every 1 to 10 ms).
+pub(crate) const TICK: Duration = Duration::from_millis(1);
+
+static NOW_NS: AtomicU64 = AtomicU64::new(0);
+static TICKING: AtomicBool = AtomicBool::new(false);
+/// (adaptors alive, clock thread running).
+static STATE: Mutex<(usize, bool)> = Mutex::new((0, false));
+
+/// The coarse time in nanoseconds, as recently as [`TICK`] (plus scheduling delays).
+#[inline(always)]
+pub(crate) fn ticking_monotonic_ns() -> u64 {
+    if TICKING.load(Ordering::Relaxed) {
+        NOW_NS.load(Ordering::Relaxed)
+    } else {
+        coarse_monotonic_ns()
+    }
+}
+
+/// Keeps the clock thread running while it lives (one per tracking adaptor).
+pub(crate) struct Ticker(());
+
+impl Ticker {
+    /// Starts the clock thread, unless one runs.
+    pub(crate) fn start() -> Ticker {
+        let mut state = STATE.lock();
+        state.0 += 1;
+        if !state.1 {
+            NOW_NS.store(coarse_monotonic_ns(), Ordering::Relaxed);
+            let spawned = std::thread::Builder::new()
+                .name("rmm-tracking-clock".into())
+                .spawn(tick);
+            state.1 = spawned.is_ok();
+            TICKING.store(state.1, Ordering::Relaxed);
+        }
+        Ticker(())
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        STATE.lock().0 -= 1;
+    }
+}
+
+fn tick() {
+    loop {
+        NOW_NS.store(coarse_monotonic_ns(), Ordering::Relaxed);
+        std::thread::sleep(TICK);
+        let mut state = STATE.lock();
+        if state.0 == 0 {
+            // The last adaptor is gone; the next one starts a new thread.
+            state.1 = false;
+            TICKING.store(false, Ordering::Relaxed);
+            return;
+        }
+    }
+}
+
+/// Nanoseconds since the Unix epoch from `CLOCK_REALTIME_COARSE` (the last timer tick, 1 to 10 ms
+/// old; off Linux, the precise clock).
+pub(crate) fn coarse_realtime_ns() -> u64 {
     #[cfg(target_os = "linux")]
     {
         read(libc::CLOCK_REALTIME_COARSE)
@@ -16,7 +93,7 @@ pub fn coarse_realtime_ns() -> u64 {
 }
 
 /// Nanoseconds of `CLOCK_MONOTONIC_COARSE`, `Instant`'s clock (off Linux, since the first call).
-pub fn coarse_monotonic_ns() -> u64 {
+pub(crate) fn coarse_monotonic_ns() -> u64 {
     #[cfg(target_os = "linux")]
     {
         read(libc::CLOCK_MONOTONIC_COARSE)

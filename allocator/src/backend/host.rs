@@ -104,10 +104,7 @@ pub fn alloc_pageable(bytes: usize, alignment: usize) -> Result<HostBlock> {
     }
     // SAFETY: the layout has a non-zero size.
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-    let ptr = NonNull::new(ptr).ok_or(Error::HostOutOfMemory {
-        requested: bytes,
-        resource: "NewDeleteResource",
-    })?;
+    let ptr = NonNull::new(ptr).ok_or(Error::host_out_of_memory(bytes, "NewDeleteResource"))?;
     Ok(HostBlock {
         ptr,
         len: bytes,
@@ -148,19 +145,12 @@ pub fn alloc_pinned(backend: &'static dyn Backend, bytes: usize) -> Result<HostB
     if bytes >= CHECKED_PIN {
         check_pinnable(backend, bytes, "PinnedHostMemoryResource")?;
     }
+    let out_of_memory = || Error::host_out_of_memory(bytes, "PinnedHostMemoryResource");
     let p = backend.malloc_host(bytes).map_err(|e| match e {
-        Error::Driver { ref name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY" => {
-            Error::HostOutOfMemory {
-                requested: bytes,
-                resource: "PinnedHostMemoryResource",
-            }
-        }
+        Error::Driver { ref name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY" => out_of_memory(),
         other => other,
     })?;
-    let ptr = NonNull::new(p).ok_or(Error::HostOutOfMemory {
-        requested: bytes,
-        resource: "PinnedHostMemoryResource",
-    })?;
+    let ptr = NonNull::new(p).ok_or_else(out_of_memory)?;
     Ok(HostBlock {
         ptr,
         len: bytes,
@@ -247,10 +237,7 @@ impl PinnedRegion {
             )
         };
         if base == libc::MAP_FAILED {
-            return Err(Error::HostOutOfMemory {
-                requested: len,
-                resource: "PinnedRegion (mmap)",
-            });
+            return Err(Error::host_out_of_memory(len, "PinnedRegion (mmap)"));
         }
         let start = (base as usize).next_multiple_of(HUGE);
         let head = start - base as usize;
@@ -268,10 +255,7 @@ impl PinnedRegion {
             libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
         }
         let Some(ptr) = NonNull::new(start as *mut u8) else {
-            return Err(Error::HostOutOfMemory {
-                requested: len,
-                resource: "PinnedRegion (mmap)",
-            });
+            return Err(Error::host_out_of_memory(len, "PinnedRegion (mmap)"));
         };
         let base = ptr.as_ptr() as usize;
         // Fault every page in, one thread per part, before the driver locks them: a zero written

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{ResourceHandle, deallocate_on, log_deallocation_error};
+use super::{ResourceHandle, deallocate_or_log};
 use crate::backend::DevicePtr;
 use crate::device::{Device, current_device};
 use crate::error::{Error, Result};
@@ -272,7 +272,7 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
             to = new_capacity
         )
         .entered();
-        let mr = self.resource.resource();
+        let (mr, ordinal) = (self.resource.resource(), self.construction_device);
         let device = mr.device();
         let new_ptr = if new_capacity == 0 {
             DevicePtr::NULL
@@ -281,37 +281,17 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         };
         let keep = self.size.min(new_capacity);
         if let Err(e) = device.copy_device_to_device_async(new_ptr, self.ptr, keep, stream) {
-            if new_capacity > 0
-                && let Err(free_error) =
-                    deallocate_on(self.construction_device, mr, new_ptr, new_capacity, stream)
-            {
-                log_deallocation_error(
-                    "DeviceBuffer reallocation (after a failed copy)",
-                    new_ptr,
-                    new_capacity,
-                    stream,
-                    mr.name(),
-                    device,
-                    &free_error,
-                );
+            if new_capacity > 0 {
+                let what = "DeviceBuffer reallocation (after a failed copy)";
+                deallocate_or_log(what, ordinal, mr, new_ptr, new_capacity, stream);
             }
             return Err(e);
         }
         let (old_ptr, old_capacity) = (self.ptr, self.capacity);
         // Old allocation: freed on `stream` behind the copy; a failure leaks it, the resize stands.
-        if old_capacity > 0
-            && let Err(e) =
-                deallocate_on(self.construction_device, mr, old_ptr, old_capacity, stream)
-        {
-            log_deallocation_error(
-                "DeviceBuffer reallocation",
-                old_ptr,
-                old_capacity,
-                stream,
-                mr.name(),
-                device,
-                &e,
-            );
+        if old_capacity > 0 {
+            let what = "DeviceBuffer reallocation";
+            deallocate_or_log(what, ordinal, mr, old_ptr, old_capacity, stream);
         }
         self.ptr = new_ptr;
         self.capacity = new_capacity;
@@ -379,24 +359,14 @@ impl<R: ResourceHandle> Drop for DeviceBuffer<R> {
         if self.capacity == 0 {
             return;
         }
-        let mr = self.resource.resource();
-        if let Err(e) = deallocate_on(
+        deallocate_or_log(
+            "dropping a DeviceBuffer",
             self.construction_device,
-            mr,
+            self.resource.resource(),
             self.ptr,
             self.capacity,
             self.stream,
-        ) {
-            log_deallocation_error(
-                "dropping a DeviceBuffer",
-                self.ptr,
-                self.capacity,
-                self.stream,
-                mr.name(),
-                mr.device(),
-                &e,
-            );
-        }
+        );
     }
 }
 

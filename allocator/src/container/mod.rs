@@ -85,6 +85,23 @@ fn deallocate_switching<M: DeviceMemoryResource + ?Sized>(
     }
 }
 
+/// [`deallocate_on`], logging a failure with [`log_deallocation_error`] (from `Drop` or cleanup,
+/// where it cannot be returned); `what` says what was being done.
+#[inline]
+pub(crate) fn deallocate_or_log<M: DeviceMemoryResource + ?Sized>(
+    what: &str,
+    ordinal: u32,
+    resource: &M,
+    ptr: DevicePtr,
+    bytes: usize,
+    stream: StreamView,
+) {
+    if let Err(e) = deallocate_on(ordinal, resource, ptr, bytes, stream) {
+        let (name, device) = (resource.name(), resource.device());
+        log_deallocation_error(what, ptr, bytes, stream, name, device, &e);
+    }
+}
+
 /// Logs a failure to give memory back (from `Drop`, where it cannot be returned).
 #[cold]
 #[inline(never)]

@@ -177,21 +177,12 @@ pub(crate) struct LineParser {
 impl LineParser {
     /// The error for a log without a header.
     pub(crate) fn empty(source: &str) -> Error {
-        Error::EventLog {
-            path: source.to_string(),
-            line: None,
-            problem: "the log is empty".to_string(),
-            hint: format!("A log starts with the header `{LOG_HEADER}`"),
-        }
+        let hint = format!("A log starts with the header `{LOG_HEADER}`");
+        Error::event_log(source, None, "the log is empty", hint)
     }
 
     fn err(&self, line: usize, problem: String, hint: &str) -> Error {
-        Error::EventLog {
-            path: self.source.clone(),
-            line: Some(line),
-            problem,
-            hint: hint.to_string(),
-        }
+        Error::event_log(&self.source, Some(line), problem, hint)
     }
 
     /// A parser for the log whose header (at `header_line`) is `header`.
@@ -211,29 +202,18 @@ impl LineParser {
             unmatched_frees: 0,
             logged_failures: 0,
         };
-        let (
-            Some(c_thread),
-            Some(c_time),
-            Some(c_action),
-            Some(c_ptr),
-            Some(c_size),
-            Some(c_stream),
-        ) = (
-            column("Thread"),
-            column("Time"),
-            column("Action"),
-            column("Pointer"),
-            column("Size"),
-            column("Stream"),
-        )
-        else {
-            return Err(parser.err(
-                header_line,
-                format!("found header `{header}`, expected `{LOG_HEADER}`"),
-                "Give a log written by RMM's logging_resource_adaptor or rmm-rs's \
-                 LoggingResourceAdaptor",
-            ));
-        };
+        let found = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"].map(column);
+        let mut columns = [0; 6];
+        for (slot, index) in columns.iter_mut().zip(found) {
+            *slot = index.ok_or_else(|| {
+                parser.err(
+                    header_line,
+                    format!("found header `{header}`, expected `{LOG_HEADER}`"),
+                    "Give a log written by RMM's logging_resource_adaptor or rmm-rs's \
+                     LoggingResourceAdaptor",
+                )
+            })?;
+        }
         if names.len() > MAX_COLUMNS {
             return Err(parser.err(
                 header_line,
@@ -244,7 +224,7 @@ impl LineParser {
                 FORMAT_HINT,
             ));
         }
-        parser.columns = [c_thread, c_time, c_action, c_ptr, c_size, c_stream];
+        parser.columns = columns;
         parser.names = names;
         Ok(parser)
     }
@@ -272,50 +252,31 @@ impl LineParser {
             }
             count += 1;
         }
+        // A field that does not parse: what was found and what was expected.
+        let bad = |problem: String| self.err(line_no, problem, FORMAT_HINT);
         if count != self.names.len() {
-            return Err(self.err(
-                line_no,
-                format!(
-                    "found {} field(s) in `{line}`, expected {} ({})",
-                    count,
-                    self.names.len(),
-                    self.names.join(",")
-                ),
-                FORMAT_HINT,
-            ));
+            let (expected, names) = (self.names.len(), self.names.join(","));
+            return Err(bad(format!(
+                "found {count} field(s) in `{line}`, expected {expected} ({names})"
+            )));
         }
         let thread_text = fields[c_thread];
         if thread_text.is_empty() {
-            return Err(self.err(
-                line_no,
-                format!("found an empty Thread field in `{line}`, expected a thread id"),
-                FORMAT_HINT,
-            ));
+            return Err(bad(format!(
+                "found an empty Thread field in `{line}`, expected a thread id"
+            )));
         }
-        let action = match LogAction::parse(fields[c_action]) {
-            Some(action) => action,
-            None => {
-                let other = fields[c_action];
-                return Err(self.err(
-                    line_no,
-                    format!(
-                        "found action `{other}`, expected `allocate`, `free` or \
-                         `allocate failure`"
-                    ),
-                    FORMAT_HINT,
-                ));
-            }
-        };
+        let action = LogAction::parse(fields[c_action]).ok_or_else(|| {
+            bad(format!(
+                "found action `{}`, expected `allocate`, `free` or `allocate failure`",
+                fields[c_action]
+            ))
+        })?;
         let ptr = parse_hex(fields[c_ptr]).ok_or_else(|| {
-            self.err(
-                line_no,
-                format!(
-                    "found pointer `{}`, expected a hexadecimal address such as \
-                     0x7f5a2c000000",
-                    fields[c_ptr]
-                ),
-                FORMAT_HINT,
-            )
+            bad(format!(
+                "found pointer `{}`, expected a hexadecimal address such as 0x7f5a2c000000",
+                fields[c_ptr]
+            ))
         })?;
         // Sizes beyond i64::MAX bytes exist on no device; replays count bytes in i64.
         let size: usize = fields[c_size]
@@ -323,39 +284,26 @@ impl LineParser {
             .ok()
             .filter(|&s: &usize| i64::try_from(s).is_ok())
             .ok_or_else(|| {
-                self.err(
-                    line_no,
-                    format!(
-                        "found size `{}`, expected a byte count in decimal (below 2^63)",
-                        fields[c_size]
-                    ),
-                    FORMAT_HINT,
-                )
+                bad(format!(
+                    "found size `{}`, expected a byte count in decimal (below 2^63)",
+                    fields[c_size]
+                ))
             })?;
         let stream = parse_hex(fields[c_stream]).ok_or_else(|| {
-            self.err(
-                line_no,
-                format!(
-                    "found stream `{}`, expected a hexadecimal stream handle such as 0x0",
-                    fields[c_stream]
-                ),
-                FORMAT_HINT,
-            )
+            bad(format!(
+                "found stream `{}`, expected a hexadecimal stream handle such as 0x0",
+                fields[c_stream]
+            ))
         })?;
         let time_us = match parse_time(fields[c_time]) {
             Time::Absent => None,
             Time::At(us) => Some(us),
             Time::Impossible => {
-                return Err(self.err(
-                    line_no,
-                    format!(
-                        "found time `{}`, expected a time of day HH:MM:SS.ffffff (hours below \
-                         24, minutes below 60, seconds below 61), or no `:` in a log without \
-                         times",
-                        fields[c_time]
-                    ),
-                    FORMAT_HINT,
-                ));
+                return Err(bad(format!(
+                    "found time `{}`, expected a time of day HH:MM:SS.ffffff (hours below 24, \
+                     minutes below 60, seconds below 61), or no `:` in a log without times",
+                    fields[c_time]
+                )));
             }
         };
         let thread = match self.thread_index.get(thread_text) {
@@ -433,12 +381,8 @@ impl EventLog {
     /// [`Error::EventLog`] naming the first disagreement (e.g. a thread or
     /// allocation index out of range).
     pub fn check(&self) -> Result<()> {
-        let bad = |problem: String| Error::EventLog {
-            path: self.source.clone(),
-            line: None,
-            problem,
-            hint: "Build logs with EventLog::parse or EventLog::read".to_string(),
-        };
+        let hint = "Build logs with EventLog::parse or EventLog::read";
+        let bad = |problem: String| Error::event_log(&self.source, None, problem, hint);
         if self.freed_allocation.len() != self.events.len() {
             return Err(bad(format!(
                 "found {} freed_allocation entries for {} events, expected one per event",

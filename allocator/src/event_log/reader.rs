@@ -53,11 +53,9 @@ impl LogReader<'static> {
     pub fn open(path: impl AsRef<Path>) -> Result<LogReader<'static>> {
         let path = path.as_ref();
         let source = path.display().to_string();
-        let file = File::open(path).map_err(|e| Error::EventLog {
-            path: source.clone(),
-            line: None,
-            problem: format!("opening the log failed: {e}"),
-            hint: "Check the path; logs are text files such as rmm_log.dev0.csv".to_string(),
+        let file = File::open(path).map_err(|e| {
+            let hint = "Check the path; logs are text files such as rmm_log.dev0.csv";
+            Error::event_log(&source, None, format!("opening the log failed: {e}"), hint)
         })?;
         LogReader::new(BufReader::with_capacity(1 << 20, file), source)
     }

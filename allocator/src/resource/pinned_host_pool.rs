@@ -344,10 +344,7 @@ impl PinnedHostPool {
             capacity = self.capacity(),
             "pinned host pool full"
         );
-        Err(Error::HostOutOfMemory {
-            requested: len,
-            resource: "PinnedHostPool",
-        })
+        Err(Error::host_out_of_memory(len, "PinnedHostPool"))
     }
 
     fn try_allocate(&self, len: usize) -> Option<PinnedSlice> {

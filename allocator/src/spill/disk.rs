@@ -406,8 +406,7 @@ impl DiskStore {
                 let Some((n, copy)) = pending.pop_front() else {
                     return Ok(());
                 };
-                let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, *f))?;
-                copies.recycle(event);
+                let slots = wait_for(copies, &mut free, copy)?;
                 let written = self.before_write().and_then(|()| {
                     slots.first().map_or(Ok(()), |slot| {
                         file.write_all(&slot.as_slice()[..n])
@@ -444,15 +443,12 @@ impl DiskStore {
                 if free.is_empty()
                     && let Some((_, copy)) = pending.pop_front()
                 {
-                    let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, *f))?;
-                    copies.recycle(event);
+                    let slots = wait_for(copies, &mut free, copy)?;
                     free.extend(slots);
                 }
                 let Some(mut slot) = free.pop() else {
-                    return Err(Error::HostOutOfMemory {
-                        requested: STAGING,
-                        resource: "the disk tier's staging slots",
-                    });
+                    let resource = "the disk tier's staging slots";
+                    return Err(Error::host_out_of_memory(STAGING, resource));
                 };
                 let off = i * STAGING;
                 let n = (len - off).min(STAGING);
@@ -476,8 +472,7 @@ impl DiskStore {
                 pending.push_back((n, copy));
             }
             while let Some((_, copy)) = pending.pop_front() {
-                let (slots, event) = copy.wait().map_err(|f| reclaim(copies, &mut free, *f))?;
-                copies.recycle(event);
+                let slots = wait_for(copies, &mut free, copy)?;
                 free.extend(slots);
             }
             Ok(())
@@ -503,22 +498,27 @@ impl DiskStore {
         pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)>,
     ) {
         for (_, copy) in pending {
-            match copy.wait() {
-                Ok((slots, event)) => {
-                    copies.recycle(event);
-                    free.extend(slots);
-                }
-                Err(f) => {
-                    let e = reclaim(copies, &mut free, *f);
-                    tracing::error!(
-                        "waiting for the disk tier's copies on {}: {e}",
-                        copies.device()
-                    );
-                }
+            match wait_for(copies, &mut free, copy) {
+                Ok(slots) => free.extend(slots),
+                Err(e) => tracing::error!(
+                    "waiting for the disk tier's copies on {}: {e}",
+                    copies.device()
+                ),
             }
         }
         *staging = free;
     }
+}
+
+/// Waits for `copy` and recycles its event: its slots, or the error with what came back in `free`.
+fn wait_for(
+    copies: &CopyStreams,
+    free: &mut Vec<PinnedSlice>,
+    copy: PinnedCopy<PinnedSlice>,
+) -> Result<Vec<PinnedSlice>> {
+    let (slots, event) = copy.wait().map_err(|f| reclaim(copies, free, *f))?;
+    copies.recycle(event);
+    Ok(slots)
 }
 
 /// Puts a failed copy's memory in `free` and event in the pool, if they came back; its error.

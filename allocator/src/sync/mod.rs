@@ -1,9 +1,8 @@
 //! The synchronisation the hot paths share: a spin-then-yield lock ([`SpinLock`]), a per-thread
 //! cache of a thread's slots ([`SlotCache`]), a table of slots made a group at a time
-//! ([`GroupedSlots`]) and the clocks stamping records ([`clock`]). None allocates, calls the
-//! driver, takes a global lock or logs on its fast path.
+//! ([`GroupedSlots`]); the clocks stamping records are [`crate::backend::clock`]. None allocates,
+//! calls the driver, takes a global lock or logs on its fast path.
 
-pub(crate) mod clock;
 mod grouped_slots;
 mod slot_cache;
 mod spin_lock;

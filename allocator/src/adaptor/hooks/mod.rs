@@ -203,18 +203,21 @@ pub fn register_process_hook(hook: Arc<dyn MemoryHook>) -> ProcessHookGuard {
 impl Drop for ProcessHookGuard {
     fn drop(&mut self) {
         let mut list = PROCESS_HOOKS.write();
-        let mut next: HookList = list.as_deref().cloned().unwrap_or_default();
-        let before = next.len();
-        next.retain(|(id, _)| *id != self.id);
-        if next.len() < before {
+        let (next, removed) = without_hook(list.as_deref(), self.id);
+        if removed {
             PROCESS_HOOK_COUNT.fetch_sub(1, Ordering::Release);
         }
-        *list = if next.is_empty() {
-            None
-        } else {
-            Some(Arc::new(next))
-        };
+        *list = next.map(Arc::new);
     }
+}
+
+/// `list` without the hook `id` (`None` when no hook is left), and whether `id` was in it.
+fn without_hook(list: Option<&HookList>, id: u64) -> (Option<HookList>, bool) {
+    let mut next: HookList = list.cloned().unwrap_or_default();
+    let before = next.len();
+    next.retain(|(h, _)| *h != id);
+    let removed = next.len() < before;
+    ((!next.is_empty()).then_some(next), removed)
 }
 
 /// Removes a thread hook when dropped; it cannot leave its thread.
@@ -253,17 +256,11 @@ impl Drop for ThreadHookGuard {
             let Ok(mut l) = l.try_borrow_mut() else {
                 return;
             };
-            let mut next: HookList = l.as_deref().cloned().unwrap_or_default();
-            let before = next.len();
-            next.retain(|(id, _)| *id != self.id);
-            if next.len() < before {
+            let (next, removed) = without_hook(l.as_deref(), self.id);
+            if removed {
                 THREAD_HOOK_COUNT.with(|c| c.set(c.get().saturating_sub(1)));
             }
-            *l = if next.is_empty() {
-                None
-            } else {
-                Some(Rc::new(next))
-            };
+            *l = next.map(Rc::new);
         });
     }
 }
@@ -324,15 +321,9 @@ pub fn fire(event: &HookEvent) {
 
 #[inline]
 fn rounded(bytes: usize, granule: usize) -> usize {
-    if granule.is_power_of_two() {
-        bytes
-            .checked_add(granule - 1)
-            .map_or(bytes, |b| b & !(granule - 1))
-    } else {
-        bytes
-            .checked_next_multiple_of(granule.max(1))
-            .unwrap_or(bytes)
-    }
+    bytes
+        .checked_next_multiple_of(granule.max(1))
+        .unwrap_or(bytes)
 }
 
 /// An event's resource: device, name and identity ([`resource_id`]); all this module knows of it.

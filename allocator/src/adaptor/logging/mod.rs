@@ -112,12 +112,12 @@ impl fmt::Debug for LoggingResourceAdaptor {
 }
 
 fn io_error(path: &Path, what: &str, e: std::io::Error) -> Error {
-    Error::EventLog {
-        path: path.display().to_string(),
-        line: None,
-        problem: format!("{what} failed: {e}"),
-        hint: "Check that the directory exists and is writable, or log to another path".to_string(),
-    }
+    Error::event_log(
+        path.display().to_string(),
+        None,
+        format!("{what} failed: {e}"),
+        "Check that the directory exists and is writable, or log to another path",
+    )
 }
 
 impl LoggingResourceAdaptor {
@@ -232,11 +232,12 @@ impl LoggingResourceAdaptor {
     /// Writes out the records with sequence numbers below `target` and flushes.
     fn flush_to(&self, target: u64) -> Result<()> {
         let path = self.path.as_deref().unwrap_or(Path::new("<writer>"));
-        let gone = || Error::EventLog {
-            path: path.display().to_string(),
-            line: None,
-            problem: "the log's writer thread has stopped".to_string(),
-            hint: "See the error logged before this one".to_string(),
+        let log_error = |problem: String, hint| {
+            Error::event_log(path.display().to_string(), None, problem, hint)
+        };
+        let gone = || {
+            let problem = "the log's writer thread has stopped".to_string();
+            log_error(problem, "See the error logged before this one")
         };
         let (reply, answer) = crossbeam_channel::bounded(1);
         self.queue
@@ -245,12 +246,10 @@ impl LoggingResourceAdaptor {
             .map_err(|_| gone())?;
         match answer.recv() {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(FlushError::Stopped(e))) => Err(Error::EventLog {
-                path: path.display().to_string(),
-                line: None,
-                problem: format!("a write failed and logging stopped: {e}"),
-                hint: "Free space on the log's file system or log to another path".to_string(),
-            }),
+            Ok(Err(FlushError::Stopped(e))) => Err(log_error(
+                format!("a write failed and logging stopped: {e}"),
+                "Free space on the log's file system or log to another path",
+            )),
             Ok(Err(FlushError::Flush(e))) => Err(io_error(path, "flushing the log", e)),
             Err(_) => Err(gone()),
         }

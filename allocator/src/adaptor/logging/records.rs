@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::sync::clock::{coarse_realtime_ns, realtime_ns};
+use crate::backend::clock::{coarse_realtime_ns, realtime_ns};
 
 thread_local! {
     static LOG_THREAD_ID: Cell<u64> = const { Cell::new(0) };

@@ -38,12 +38,12 @@ use shards::{Maps, Rec, Shard};
 use threads::{REGISTRATIONS, SLOTS, ThreadTable};
 
 use crate::backend::DevicePtr;
+use crate::backend::clock::{Ticker, ticking_monotonic_ns};
 use crate::error::{Result, fmt_bytes};
 use crate::resource::SharedResource;
 use crate::resource::{DeviceMemoryResource, LiveBlock};
 use crate::stream_view::StreamView;
 use crate::sync::SpinLock;
-use crate::sync::clock::{Ticker, ticking_monotonic_ns};
 
 // Independently locked maps the records are spread over.
 const SHARDS: usize = 64;
@@ -318,15 +318,7 @@ impl TrackingResourceAdaptor {
         let (slot, teardown) = self.who();
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
             let rec = Rec::new(b.bytes, b.stream, ticking_monotonic_ns(), slot);
-            let shard = self.shard(b.ptr);
-            let mut maps = shard.map.lock();
-            let (old, _) = maps.insert(b.ptr.addr(), rec, None);
-            let freed = old.as_ref().map_or(0, |o| o.size);
-            let n = shard.bytes.load(Ordering::Relaxed);
-            shard.bytes.store(
-                n.wrapping_add(b.bytes).wrapping_sub(freed),
-                Ordering::Relaxed,
-            );
+            self.shard(b.ptr).insert(b.ptr.addr(), rec, None);
         }
         if teardown {
             self.threads.exited(slot);
@@ -336,15 +328,7 @@ impl TrackingResourceAdaptor {
     /// Forgets `blocks`, live allocations of this adaptor taken over by another stack.
     pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
-            let shard = self.shard(b.ptr);
-            let mut maps = shard.map.lock();
-            let (removed, _) = maps.remove(b.ptr.addr());
-            if let Some(rec) = removed {
-                let n = shard.bytes.load(Ordering::Relaxed);
-                shard
-                    .bytes
-                    .store(n.wrapping_sub(rec.size), Ordering::Relaxed);
-            }
+            self.shard(b.ptr).remove(b.ptr.addr());
         }
     }
 
@@ -392,18 +376,8 @@ impl DeviceMemoryResource for TrackingResourceAdaptor {
             .then(|| Arc::new(Backtrace::force_capture()));
         let (slot, teardown) = self.who();
         let rec = Rec::new(bytes, stream, ticking_monotonic_ns(), slot);
-        let shard = self.shard(ptr);
-        let (old, old_bt) = {
-            let mut maps = shard.map.lock();
-            let old = maps.insert(ptr.addr(), rec, backtrace);
-            // The upstream handed out a pointer we think is live: keep the figures honest.
-            let freed = old.0.as_ref().map_or(0, |o| o.size);
-            let b = shard.bytes.load(Ordering::Relaxed);
-            shard
-                .bytes
-                .store(b.wrapping_add(bytes).wrapping_sub(freed), Ordering::Relaxed);
-            old
-        };
+        // A replaced record (the upstream handed out a pointer we think is live) leaves the count.
+        let (old, old_bt) = self.shard(ptr).insert(ptr.addr(), rec, backtrace);
         drop(old_bt);
         if teardown {
             self.threads.exited(slot);
@@ -420,17 +394,7 @@ impl DeviceMemoryResource for TrackingResourceAdaptor {
         }
         // Record first: once the upstream has the memory back, another thread may record it.
         let shard = self.shard(ptr);
-        let (removed, bt) = {
-            let mut maps = shard.map.lock();
-            let removed = maps.remove(ptr.addr());
-            if let Some(rec) = &removed.0 {
-                let b = shard.bytes.load(Ordering::Relaxed);
-                shard
-                    .bytes
-                    .store(b.wrapping_sub(rec.size), Ordering::Relaxed);
-            }
-            removed
-        };
+        let (removed, bt) = shard.remove(ptr.addr());
         if let Err(e) = self.upstream.deallocate(ptr, bytes, stream) {
             // Still allocated: put the record back.
             if let Some(rec) = removed {

@@ -5,7 +5,7 @@ use std::backtrace::Backtrace;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::stream_view::StreamView;
 use crate::sync::SpinLock;
@@ -50,8 +50,9 @@ impl BuildHasher for BuildPtrHasher {
 pub(super) struct Rec {
     pub(super) size: usize,
     pub(super) stream: StreamView,
-    /// Bits 24..64: the time ([`ticking_monotonic_ns`](crate::sync::clock::ticking_monotonic_ns) in
-    /// units of 2^20 ns, ~1 ms); bits 0..24: the allocating thread's slot in the thread table.
+    /// Bits 24..64: the time
+    /// ([`ticking_monotonic_ns`](crate::backend::clock::ticking_monotonic_ns) in units of 2^20 ns,
+    /// ~1 ms); bits 0..24: the allocating thread's slot in the thread table.
     pub(super) tag: u64,
 }
 
@@ -128,4 +129,35 @@ pub(super) struct Shard {
     pub(super) map: SpinLock<Maps>,
     /// Bytes outstanding in this shard (written under the lock, read without it).
     pub(super) bytes: AtomicUsize,
+}
+
+/// What an insert replaced or a remove took out: the record and its backtrace.
+type Taken = (Option<Rec>, Option<Arc<Backtrace>>);
+
+impl Shard {
+    /// Records `addr` and counts its bytes, less those of the record it replaces; returns what it
+    /// replaces.
+    #[inline(always)]
+    pub(super) fn insert(&self, addr: u64, rec: Rec, bt: Option<Arc<Backtrace>>) -> Taken {
+        let mut maps = self.map.lock();
+        let old = maps.insert(addr, rec, bt);
+        let freed = old.0.as_ref().map_or(0, |o| o.size);
+        let b = self.bytes.load(Ordering::Relaxed);
+        let b = b.wrapping_add(rec.size).wrapping_sub(freed);
+        self.bytes.store(b, Ordering::Relaxed);
+        old
+    }
+
+    /// Removes `addr`'s record and backtrace, and its bytes from the count.
+    #[inline(always)]
+    pub(super) fn remove(&self, addr: u64) -> Taken {
+        let mut maps = self.map.lock();
+        let removed = maps.remove(addr);
+        if let Some(rec) = &removed.0 {
+            let b = self.bytes.load(Ordering::Relaxed);
+            self.bytes
+                .store(b.wrapping_sub(rec.size), Ordering::Relaxed);
+        }
+        removed
+    }
 }

@@ -193,11 +193,8 @@ impl CudaBackend {
     /// first use), restoring the thread's own after. Checked every call: another library (e.g.
     /// CuPy's `Device(n).use()`) may have switched the thread's device.
     fn bind(&self, dev: u32) -> Result<current::Bound> {
-        let d = self.devices.get(dev as usize).ok_or(Error::NoSuchDevice {
-            requested: dev,
-            count: self.devices.len() as u32,
-            backend: "cuda",
-        })?;
+        let missing = Error::no_such_device(dev, self.devices.len() as u32, "cuda");
+        let d = self.devices.get(dev as usize).ok_or(missing)?;
         current::Bound::to(d.context()?, dev)
     }
 }
@@ -225,11 +222,11 @@ impl Backend for CudaBackend {
         self.devices
             .get(dev as usize)
             .map(|d| d.props.clone())
-            .ok_or(Error::NoSuchDevice {
-                requested: dev,
-                count: self.devices.len() as u32,
-                backend: "cuda",
-            })
+            .ok_or(Error::no_such_device(
+                dev,
+                self.devices.len() as u32,
+                "cuda",
+            ))
     }
 
     fn mem_info(&self, dev: u32) -> Result<MemInfo> {

@@ -1,11 +1,12 @@
 //! The simulated device's [`Backend`] calls: memory, copies, stream-ordered pools, streams, events.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::memory::{AllocKind, Backing, DEVICE_ALIGNMENT, HOST_ALIGNMENT, Resolved};
 use super::stream::{SimEvent, SimStream};
-use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, spawn_error};
+use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, at_least_one_byte, spawn_error};
 use crate::backend::host_memory::HostMemory;
 use crate::backend::{
     Backend, BackendKind, DeviceProperties, DevicePtr, IpcHandle, MemInfo, RawEvent, RawMemPool,
@@ -62,6 +63,22 @@ unsafe fn fill(r: &Resolved, value: u8) {
             // SAFETY: validated for `n` bytes; `r` keeps the backing alive.
             unsafe { std::ptr::write_bytes(p, value, n) };
         }
+    }
+}
+
+/// `pool` from `pools` if it is a live pool of `dev`.
+fn live_pool(
+    pools: &HashMap<u64, Arc<SimPool>>,
+    dev: u32,
+    pool: RawMemPool,
+) -> Result<&Arc<SimPool>> {
+    match pools.get(&pool) {
+        Some(p) if p.device == dev => Ok(p),
+        _ => Err(Error::invalid_argument(
+            "memory pool",
+            format!("{pool:#x}"),
+            "a live pool of this device",
+        )),
     }
 }
 
@@ -191,17 +208,9 @@ impl Backend for SimBackend {
 
     fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()> {
         let mut pools = self.pools.write();
-        match pools.get(&pool) {
-            Some(p) if p.device == dev => {
-                pools.remove(&pool);
-                Ok(())
-            }
-            _ => Err(Error::invalid_argument(
-                "memory pool",
-                format!("{pool:#x}"),
-                "a live pool of this device",
-            )),
-        }
+        live_pool(&pools, dev, pool)?;
+        pools.remove(&pool);
+        Ok(())
     }
 
     fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, _keep_bytes: usize) -> Result<()> {
@@ -210,14 +219,9 @@ impl Backend for SimBackend {
     }
 
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64> {
-        match self.pools.read().get(&pool) {
-            Some(p) if p.device == dev => Ok(p.reserved.load(Ordering::SeqCst)),
-            _ => Err(Error::invalid_argument(
-                "memory pool",
-                format!("{pool:#x}"),
-                "a live pool of this device",
-            )),
-        }
+        let pools = self.pools.read();
+        let p = live_pool(&pools, dev, pool)?;
+        Ok(p.reserved.load(Ordering::SeqCst))
     }
 
     fn malloc_async(
@@ -228,16 +232,7 @@ impl Backend for SimBackend {
         stream: RawStream,
     ) -> Result<DevicePtr> {
         self.stream(dev, stream)?;
-        let p = match self.pools.read().get(&pool) {
-            Some(p) if p.device == dev => Arc::clone(p),
-            _ => {
-                return Err(Error::invalid_argument(
-                    "memory pool",
-                    format!("{pool:#x}"),
-                    "a live pool of this device",
-                ));
-            }
-        };
+        let p = Arc::clone(live_pool(&self.pools.read(), dev, pool)?);
         let ptr = self.allocate(dev, bytes, AllocKind::Pool(pool), "cuMemAllocFromPoolAsync")?;
         p.reserved.fetch_add(
             bytes.next_multiple_of(DEVICE_ALIGNMENT) as u64,
@@ -255,13 +250,8 @@ impl Backend for SimBackend {
             },
             _ => None,
         };
-        let Some(pool) = pool else {
-            return Err(Error::InvalidPointer {
-                ptr: ptr.addr(),
-                bytes: 0,
-                resource: "simulated cuMemFreeAsync",
-            });
-        };
+        let resource = "simulated cuMemFreeAsync";
+        let pool = pool.ok_or(Error::invalid_pointer(ptr.addr(), 0, resource))?;
         let table = Arc::clone(&self.table);
         let used = Arc::clone(&self.device(dev)?.used);
         let release = move || {
@@ -291,18 +281,10 @@ impl Backend for SimBackend {
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {
-        if bytes == 0 {
-            return Err(Error::invalid_argument(
-                "bytes",
-                0,
-                "a size of at least one byte",
-            ));
-        }
+        at_least_one_byte(bytes)?;
         self.count_pin("cuMemHostAlloc", bytes)?;
-        let b = Backing::new(bytes, HOST_ALIGNMENT).ok_or(Error::HostOutOfMemory {
-            requested: bytes,
-            resource: "simulated cuMemHostAlloc",
-        })?;
+        let b = Backing::new(bytes, HOST_ALIGNMENT)
+            .ok_or(Error::host_out_of_memory(bytes, "simulated cuMemHostAlloc"))?;
         let ptr = b.ptr();
         self.host.lock().insert(ptr as u64, HostBlock::Pinned(b));
         Ok(ptr)
@@ -315,11 +297,11 @@ impl Backend for SimBackend {
                 host.remove(&(ptr as u64));
                 Ok(())
             }
-            _ => Err(Error::InvalidPointer {
-                ptr: ptr as u64,
-                bytes: 0,
-                resource: "simulated cuMemFreeHost",
-            }),
+            _ => Err(Error::invalid_pointer(
+                ptr as u64,
+                0,
+                "simulated cuMemFreeHost",
+            )),
         }
     }
 
@@ -351,11 +333,11 @@ impl Backend for SimBackend {
                 host.remove(&(ptr as u64));
                 Ok(())
             }
-            _ => Err(Error::InvalidPointer {
-                ptr: ptr as u64,
-                bytes: 0,
-                resource: "simulated cuMemHostUnregister",
-            }),
+            _ => Err(Error::invalid_pointer(
+                ptr as u64,
+                0,
+                "simulated cuMemHostUnregister",
+            )),
         }
     }
 
@@ -363,10 +345,7 @@ impl Backend for SimBackend {
         // As in CUDA: ordered after the work queued on the (legacy) default stream.
         self.stream(dev, 0)?.synchronize();
         self.count_copy(dev)?;
-        let d = self
-            .table
-            .lock()
-            .resolve(dst, src.len(), "simulated cuMemcpyHtoD")?;
+        let d = self.resolve(dst, src.len(), "simulated cuMemcpyHtoD")?;
         // SAFETY: `d` was validated for `src.len()` bytes and its backing is kept alive by `d`.
         unsafe { move_bytes(&d.pieces(), &[(Some(src.as_ptr()), src.len())]) };
         Ok(())
@@ -376,10 +355,7 @@ impl Backend for SimBackend {
         // As in CUDA: ordered after the work queued on the (legacy) default stream.
         self.stream(dev, 0)?.synchronize();
         self.count_copy(dev)?;
-        let s = self
-            .table
-            .lock()
-            .resolve(src, dst.len(), "simulated cuMemcpyDtoH")?;
+        let s = self.resolve(src, dst.len(), "simulated cuMemcpyDtoH")?;
         // SAFETY: `s` was validated for `dst.len()` bytes; `dst` is an exclusive slice.
         unsafe { move_bytes(&[(Some(dst.as_mut_ptr()), dst.len())], &sources(&s)) };
         Ok(())
@@ -403,10 +379,7 @@ impl Backend for SimBackend {
 
     fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         self.count_copy(dev)?;
-        let d = self
-            .table
-            .lock()
-            .resolve(dst, bytes, "simulated cuMemsetD8")?;
+        let d = self.resolve(dst, bytes, "simulated cuMemsetD8")?;
         // SAFETY: validated for `bytes`; `d` keeps the backings alive.
         unsafe { fill(&d, value) };
         Ok(())
@@ -422,10 +395,7 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let s = self.stream(dev, stream)?;
         self.count_copy(dev)?;
-        let d = self
-            .table
-            .lock()
-            .resolve(dst, bytes, "simulated cuMemcpyHtoDAsync")?;
+        let d = self.resolve(dst, bytes, "simulated cuMemcpyHtoDAsync")?;
         let src = src as usize;
         s.submit(move || {
             // SAFETY: the caller keeps `src` valid until this job runs; `d` keeps its backing.
@@ -444,10 +414,7 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let s = self.stream(dev, stream)?;
         self.count_copy(dev)?;
-        let r = self
-            .table
-            .lock()
-            .resolve(src, bytes, "simulated cuMemcpyDtoHAsync")?;
+        let r = self.resolve(src, bytes, "simulated cuMemcpyDtoHAsync")?;
         let dst = dst as usize;
         s.submit(move || {
             // SAFETY: the caller keeps `dst` valid, untouched, until this job runs; `r` keeps the
@@ -491,10 +458,7 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let s = self.stream(dev, stream)?;
         self.count_copy(dev)?;
-        let d = self
-            .table
-            .lock()
-            .resolve(dst, bytes, "simulated cuMemsetD8Async")?;
+        let d = self.resolve(dst, bytes, "simulated cuMemsetD8Async")?;
         s.submit(move || {
             // SAFETY: validated for `bytes`; `d` keeps the backings alive.
             unsafe { fill(&d, value) }

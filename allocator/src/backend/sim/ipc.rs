@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::memory::{AllocKind, Allocation, Backing};
-use super::{SimBackend, SimMemoryMode};
+use super::{SimBackend, SimMemoryMode, at_least_one_byte};
 use crate::backend::{DevicePtr, IpcHandle};
 use crate::error::{Error, Result};
 
@@ -81,13 +81,7 @@ impl SimBackend {
     pub(super) fn sim_ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)> {
         const CALL: &str = "cuIpcGetMemHandle";
         let d = self.device(dev)?;
-        if bytes == 0 {
-            return Err(Error::invalid_argument(
-                "bytes",
-                0,
-                "a size of at least one byte",
-            ));
-        }
+        at_least_one_byte(bytes)?;
         if self.config.mode != SimMemoryMode::Backed {
             return Err(driver_error(
                 CALL,
@@ -142,19 +136,9 @@ impl SimBackend {
     pub(super) fn sim_ipc_free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
         let d = self.device(dev)?;
         let mut table = self.table.lock();
-        let ok = table
-            .get(ptr.addr())
-            .is_some_and(|a| a.device == dev && a.kind == AllocKind::Exported);
-        if !ok {
-            return Err(Error::InvalidPointer {
-                ptr: ptr.addr(),
-                bytes: 0,
-                resource: "the simulated device's exported memory",
-            });
-        }
-        if let Some(a) = table.remove(ptr.addr()) {
-            d.used.fetch_sub(a.len, Ordering::SeqCst);
-        }
+        let exported = |kind| kind == AllocKind::Exported;
+        let a = table.take(ptr, dev, exported, "the simulated device's exported memory")?;
+        d.used.fetch_sub(a.len, Ordering::SeqCst);
         Ok(())
     }
 
@@ -209,18 +193,9 @@ impl SimBackend {
 
     pub(super) fn sim_ipc_close(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
         self.device(dev)?;
-        let mut table = self.table.lock();
-        let ok = table
-            .get(ptr.addr())
-            .is_some_and(|a| a.device == dev && a.kind == AllocKind::Imported);
-        if !ok {
-            return Err(Error::InvalidPointer {
-                ptr: ptr.addr(),
-                bytes: 0,
-                resource: "memory the simulated device mapped from another process",
-            });
-        }
-        table.remove(ptr.addr());
+        let imported = |kind| kind == AllocKind::Imported;
+        let resource = "memory the simulated device mapped from another process";
+        self.table.lock().take(ptr, dev, imported, resource)?;
         Ok(())
     }
 }

@@ -230,6 +230,26 @@ impl AllocationTable {
         self.live.get(&addr)
     }
 
+    /// Removes the allocation at `ptr` if it is on `device` and `accept` takes its kind; else
+    /// [`Error::InvalidPointer`] naming `resource`.
+    pub(crate) fn take(
+        &mut self,
+        ptr: DevicePtr,
+        device: u32,
+        accept: impl Fn(AllocKind) -> bool,
+        resource: &'static str,
+    ) -> Result<Allocation> {
+        let addr = ptr.addr();
+        let found = self
+            .live
+            .get(&addr)
+            .is_some_and(|a| a.device == device && accept(a.kind));
+        found
+            .then(|| self.live.remove(&addr))
+            .flatten()
+            .ok_or(Error::invalid_pointer(addr, 0, resource))
+    }
+
     /// Checks that `[ptr, ptr + len)` lies in one live allocation or gapless, accessible mappings.
     pub(crate) fn resolve(
         &self,
@@ -237,11 +257,7 @@ impl AllocationTable {
         len: usize,
         what: &'static str,
     ) -> Result<Resolved> {
-        let invalid = || Error::InvalidPointer {
-            ptr: ptr.addr(),
-            bytes: len,
-            resource: what,
-        };
+        let invalid = || Error::invalid_pointer(ptr.addr(), len, what);
         let addr = ptr.addr();
         let end = addr.checked_add(len as u64).ok_or_else(invalid)?;
         let (start, first) = self.live.range(..=addr).next_back().ok_or_else(invalid)?;

@@ -30,36 +30,49 @@ use parking_lot::{Mutex, RwLock};
 
 pub use self::config::{SimConfig, SimMemoryMode};
 pub use self::env::SimFaults;
-use self::memory::{AllocKind, Allocation, AllocationTable, Backing, DEVICE_ALIGNMENT};
+use self::memory::{AllocKind, Allocation, AllocationTable, Backing, DEVICE_ALIGNMENT, Resolved};
 pub use self::stream::StreamGate;
 use self::stream::{SimEvent, SimStream};
 use super::{DevicePtr, RawEvent, RawStream};
 use crate::error::{Error, Result, fmt_bytes};
 
+/// Fails the `at`-th operation of a kind, counting the `seen` ones (1-based; `at` 0: none).
+#[derive(Debug, Default)]
+struct NthFault {
+    at: AtomicU64,
+    seen: AtomicU64,
+}
+
+impl NthFault {
+    /// Makes the `n`-th operation from now (1: the next) fail; 0 clears it.
+    fn arm(&self, n: u64) {
+        let base = self.seen.load(Ordering::SeqCst);
+        let at = if n == 0 { 0 } else { base.saturating_add(n) };
+        self.at.store(at, Ordering::SeqCst);
+    }
+
+    /// Counts one operation; true for the one to fail.
+    fn hit(&self) -> bool {
+        let n = self.seen.fetch_add(1, Ordering::SeqCst) + 1;
+        self.at.load(Ordering::SeqCst) == n
+    }
+
+    fn seen(&self) -> u64 {
+        self.seen.load(Ordering::SeqCst)
+    }
+}
+
 /// Faults to inject on one device.
 #[derive(Debug, Default)]
 struct Faults {
-    /// Fail the device allocation with this 1-based number (0: none).
-    fail_alloc_at: AtomicU64,
+    alloc: NthFault,
     /// Fail device allocations larger than this (usize::MAX: none).
     fail_alloc_above: AtomicUsize,
-    /// Fail the copy with this 1-based number (0: none).
-    fail_copy_at: AtomicU64,
-    /// Fail the spill-file write with this 1-based number (0: none).
-    fail_file_write_at: AtomicU64,
-    allocs: AtomicU64,
-    copies: AtomicU64,
-    file_writes: AtomicU64,
+    copy: NthFault,
+    /// Spill-file writes.
+    file_write: NthFault,
     /// Free-memory queries (`cuMemGetInfo`): counted only, never failed.
     memory_queries: AtomicU64,
-}
-
-/// Faults to inject on host memory pinning (not tied to a device).
-#[derive(Debug, Default)]
-struct PinFaults {
-    /// Fail the pin with this 1-based number (0: none).
-    fail_at: AtomicU64,
-    pins: AtomicU64,
 }
 
 /// Counts of the operations fault injection numbers, on one device (pins: the backend's).
@@ -118,7 +131,8 @@ pub struct SimBackend {
     /// Whether the devices report virtual memory management support.
     vmm_supported: AtomicBool,
     next_handle: AtomicU64,
-    pin_faults: PinFaults,
+    /// Host pins, on any device.
+    pin_fault: NthFault,
     /// Host memory the process may use ([`Backend::host_memory`]; `u64::MAX`: the real host's).
     host_limit: AtomicU64,
 }
@@ -170,7 +184,7 @@ impl SimBackend {
             pools: RwLock::new(HashMap::new()),
             vmm_supported: AtomicBool::new(true),
             next_handle: AtomicU64::new(0x1000),
-            pin_faults: PinFaults::default(),
+            pin_fault: NthFault::default(),
             host_limit: AtomicU64::new(u64::MAX),
         })
     }
@@ -205,12 +219,7 @@ impl SimBackend {
     /// # Errors
     /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_allocation(&self, dev: u32, n: u64) -> Result<()> {
-        let f = &self.device(dev)?.faults;
-        let base = f.allocs.load(Ordering::SeqCst);
-        f.fail_alloc_at.store(
-            if n == 0 { 0 } else { base.saturating_add(n) },
-            Ordering::SeqCst,
-        );
+        self.device(dev)?.faults.alloc.arm(n);
         Ok(())
     }
 
@@ -231,24 +240,14 @@ impl SimBackend {
     /// # Errors
     /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_copy(&self, dev: u32, n: u64) -> Result<()> {
-        let f = &self.device(dev)?.faults;
-        let base = f.copies.load(Ordering::SeqCst);
-        f.fail_copy_at.store(
-            if n == 0 { 0 } else { base.saturating_add(n) },
-            Ordering::SeqCst,
-        );
+        self.device(dev)?.faults.copy.arm(n);
         Ok(())
     }
 
     /// Makes the `n`-th host pin from now (`cuMemHostAlloc` or one chunk's `cuMemHostRegister`, any
     /// device) fail with out-of-memory; 0 clears it.
     pub fn fail_nth_pin(&self, n: u64) {
-        let f = &self.pin_faults;
-        let base = f.pins.load(Ordering::SeqCst);
-        f.fail_at.store(
-            if n == 0 { 0 } else { base.saturating_add(n) },
-            Ordering::SeqCst,
-        );
+        self.pin_fault.arm(n);
     }
 
     /// Makes the `n`-th spill-file write of `dev` from now fail; 0 clears it.
@@ -256,12 +255,7 @@ impl SimBackend {
     /// # Errors
     /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_file_write(&self, dev: u32, n: u64) -> Result<()> {
-        let f = &self.device(dev)?.faults;
-        let base = f.file_writes.load(Ordering::SeqCst);
-        f.fail_file_write_at.store(
-            if n == 0 { 0 } else { base.saturating_add(n) },
-            Ordering::SeqCst,
-        );
+        self.device(dev)?.faults.file_write.arm(n);
         Ok(())
     }
 
@@ -272,10 +266,10 @@ impl SimBackend {
     pub fn counts(&self, dev: u32) -> Result<SimCounts> {
         let f = &self.device(dev)?.faults;
         Ok(SimCounts {
-            allocations: f.allocs.load(Ordering::SeqCst),
-            copies: f.copies.load(Ordering::SeqCst),
-            pins: self.pin_faults.pins.load(Ordering::SeqCst),
-            file_writes: f.file_writes.load(Ordering::SeqCst),
+            allocations: f.alloc.seen(),
+            copies: f.copy.seen(),
+            pins: self.pin_fault.seen(),
+            file_writes: f.file_write.seen(),
             memory_queries: f.memory_queries.load(Ordering::SeqCst),
         })
     }
@@ -286,11 +280,11 @@ impl SimBackend {
     /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn clear_faults(&self, dev: u32) -> Result<()> {
         let f = &self.device(dev)?.faults;
-        f.fail_alloc_at.store(0, Ordering::SeqCst);
-        f.fail_copy_at.store(0, Ordering::SeqCst);
-        f.fail_file_write_at.store(0, Ordering::SeqCst);
+        f.alloc.arm(0);
+        f.copy.arm(0);
+        f.file_write.arm(0);
         f.fail_alloc_above.store(usize::MAX, Ordering::SeqCst);
-        self.pin_faults.fail_at.store(0, Ordering::SeqCst);
+        self.pin_fault.arm(0);
         Ok(())
     }
 
@@ -341,11 +335,8 @@ impl SimBackend {
     }
 
     fn device(&self, dev: u32) -> Result<&SimDevice> {
-        self.devices.get(dev as usize).ok_or(Error::NoSuchDevice {
-            requested: dev,
-            count: self.config.devices,
-            backend: "sim",
-        })
+        let missing = Error::no_such_device(dev, self.config.devices, "sim");
+        self.devices.get(dev as usize).ok_or(missing)
     }
 
     fn stream(&self, dev: u32, stream: RawStream) -> Result<Arc<SimStream>> {
@@ -379,6 +370,11 @@ impl SimBackend {
         }
     }
 
+    /// `len` bytes at `ptr` checked against the allocation table ([`AllocationTable::resolve`]).
+    fn resolve(&self, ptr: DevicePtr, len: usize, what: &'static str) -> Result<Resolved> {
+        self.table.lock().resolve(ptr, len, what)
+    }
+
     fn handle(&self) -> u64 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
@@ -404,44 +400,27 @@ impl SimBackend {
         call: &'static str,
     ) -> Result<DevicePtr> {
         let d = self.device(dev)?;
-        if bytes == 0 {
-            return Err(Error::invalid_argument(
-                "bytes",
-                0,
-                "a size of at least one byte",
-            ));
-        }
+        at_least_one_byte(bytes)?;
         let len = self.charge(dev, bytes, call)?;
+        let allocation = |backing| Allocation {
+            device: dev,
+            len,
+            kind,
+            backing,
+        };
         let result = match self.config.mode {
-            SimMemoryMode::Backed => match Backing::new(len, DEVICE_ALIGNMENT) {
-                Some(b) => {
-                    let addr = b.addr();
-                    self.table.lock().insert(
-                        addr,
-                        Allocation {
-                            device: dev,
-                            len,
-                            kind,
-                            backing: Some(Arc::new(b)),
-                        },
-                    );
-                    Some(addr)
-                }
-                None => None,
-            },
+            SimMemoryMode::Backed => Backing::new(len, DEVICE_ALIGNMENT).map(|b| {
+                let addr = b.addr();
+                self.table
+                    .lock()
+                    .insert(addr, allocation(Some(Arc::new(b))));
+                addr
+            }),
             SimMemoryMode::Unbacked => {
                 let mut table = self.table.lock();
-                table.reserve_unbacked(dev, len).inspect(|&addr| {
-                    table.insert(
-                        addr,
-                        Allocation {
-                            device: dev,
-                            len,
-                            kind,
-                            backing: None,
-                        },
-                    );
-                })
+                table
+                    .reserve_unbacked(dev, len)
+                    .inspect(|&addr| table.insert(addr, allocation(None)))
             }
         };
         match result {
@@ -457,8 +436,7 @@ impl SimBackend {
     /// its rounded length, which it returns, from the free memory.
     fn charge(&self, dev: u32, bytes: usize, call: &'static str) -> Result<usize> {
         let d = self.device(dev)?;
-        let n = d.faults.allocs.fetch_add(1, Ordering::SeqCst) + 1;
-        if d.faults.fail_alloc_at.load(Ordering::SeqCst) == n {
+        if d.faults.alloc.hit() {
             return Err(Self::oom(
                 dev,
                 call,
@@ -492,37 +470,24 @@ impl SimBackend {
     fn release(&self, dev: u32, ptr: DevicePtr, expect_pool: bool) -> Result<()> {
         let d = self.device(dev)?;
         let mut table = self.table.lock();
-        let ok = table.get(ptr.addr()).is_some_and(|a| {
-            a.device == dev
-                && match a.kind {
-                    AllocKind::Pool(_) => expect_pool,
-                    AllocKind::Device | AllocKind::Managed => !expect_pool,
-                    AllocKind::Mapped { .. } | AllocKind::Exported | AllocKind::Imported => false,
-                }
-        });
-        if !ok {
-            return Err(Error::InvalidPointer {
-                ptr: ptr.addr(),
-                bytes: 0,
-                resource: "the simulated device",
-            });
-        }
-        if let Some(a) = table.remove(ptr.addr()) {
-            d.used.fetch_sub(a.len, Ordering::SeqCst);
-            if let AllocKind::Pool(p) = a.kind
-                && let Some(pool) = self.pools.read().get(&p)
-            {
-                pool.reserved.fetch_sub(a.len as u64, Ordering::SeqCst);
-            }
+        let accept = |kind| match kind {
+            AllocKind::Pool(_) => expect_pool,
+            AllocKind::Device | AllocKind::Managed => !expect_pool,
+            AllocKind::Mapped { .. } | AllocKind::Exported | AllocKind::Imported => false,
+        };
+        let a = table.take(ptr, dev, accept, "the simulated device")?;
+        d.used.fetch_sub(a.len, Ordering::SeqCst);
+        if let AllocKind::Pool(p) = a.kind
+            && let Some(pool) = self.pools.read().get(&p)
+        {
+            pool.reserved.fetch_sub(a.len as u64, Ordering::SeqCst);
         }
         Ok(())
     }
 
     /// Counts a host pin by `call`; fails the one chosen to fail.
     fn count_pin(&self, call: &'static str, bytes: usize) -> Result<()> {
-        let f = &self.pin_faults;
-        let n = f.pins.fetch_add(1, Ordering::SeqCst) + 1;
-        if f.fail_at.load(Ordering::SeqCst) == n {
+        if self.pin_fault.hit() {
             return Err(Self::oom(0, call, bytes, "injected failure of this pin"));
         }
         Ok(())
@@ -530,9 +495,7 @@ impl SimBackend {
 
     /// Counts a spill-file write on `dev`; fails the one chosen to fail.
     fn count_file_write(&self, dev: u32) -> Result<()> {
-        let f = &self.device(dev)?.faults;
-        let n = f.file_writes.fetch_add(1, Ordering::SeqCst) + 1;
-        if f.fail_file_write_at.load(Ordering::SeqCst) == n {
+        if self.device(dev)?.faults.file_write.hit() {
             return Err(Error::InjectedFault {
                 what: "spill file write",
                 device: dev,
@@ -542,9 +505,7 @@ impl SimBackend {
     }
 
     fn count_copy(&self, dev: u32) -> Result<()> {
-        let f = &self.device(dev)?.faults;
-        let n = f.copies.fetch_add(1, Ordering::SeqCst) + 1;
-        if f.fail_copy_at.load(Ordering::SeqCst) == n {
+        if self.device(dev)?.faults.copy.hit() {
             return Err(Error::InjectedFault {
                 what: "copy",
                 device: dev,
@@ -552,6 +513,18 @@ impl SimBackend {
         }
         Ok(())
     }
+}
+
+/// [`Error::InvalidArgument`] for a zero `bytes`: allocations take at least one byte.
+fn at_least_one_byte(bytes: usize) -> Result<()> {
+    if bytes == 0 {
+        return Err(Error::invalid_argument(
+            "bytes",
+            0,
+            "a size of at least one byte",
+        ));
+    }
+    Ok(())
 }
 
 fn spawn_error(dev: u32, e: std::io::Error) -> Error {

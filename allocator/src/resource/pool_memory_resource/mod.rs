@@ -573,11 +573,11 @@ impl PoolMemoryResource {
                 return Ok(());
             }
         }
-        Err(Error::InvalidPointer {
-            ptr: ptr.addr(),
+        Err(Error::invalid_pointer(
+            ptr.addr(),
             bytes,
-            resource: "PoolMemoryResource",
-        })
+            "PoolMemoryResource",
+        ))
     }
 }
 
