@@ -38,8 +38,8 @@ pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
         sys::cuMemGetAddressRange_v2(&mut base, &mut len, p)
     });
     if let Err(e) = sized {
-        // SAFETY: `p` is the mapping just made, not handed out.
-        let _ = unsafe { sys::cuIpcCloseMemHandle(p) };
+        // The mapping just made, not handed out: it goes.
+        let _ = close(dev, DevicePtr(p));
         return Err(e);
     }
     Ok((DevicePtr(p), len))

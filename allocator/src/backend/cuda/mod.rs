@@ -291,6 +291,8 @@ impl Backend for CudaBackend {
     }
 
     fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)> {
+        // The export, too, needs the device's context current.
+        let _bound = self.bind(dev)?;
         let ptr = self.malloc(dev, bytes)?;
         match ipc::export(dev, ptr) {
             Ok(handle) => Ok((ptr, handle)),
@@ -386,7 +388,8 @@ impl Backend for CudaBackend {
         // From pageable memory the call returns once the bytes are staged, before the DMA finishes
         // on the legacy stream, which non-blocking streams do not wait for: wait, so a synchronous
         // copy means the bytes are on the device.
-        stream::synchronize(dev, 0)
+        // SAFETY: 0 is the legacy default stream, always valid.
+        unsafe { stream::synchronize(dev, 0) }
     }
 
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
@@ -471,7 +474,9 @@ impl Backend for CudaBackend {
         let _bound = self.bind(dev)?;
         // The registry holds off other calls using the handle.
         self.streams
-            .destroy(stream, || stream::destroy(dev, stream))
+            // SAFETY: the registry runs this once, for a live stream of this backend, with every
+            // other call on the handle held off.
+            .destroy(stream, || unsafe { stream::destroy(dev, stream) })
     }
 
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()> {
@@ -479,18 +484,23 @@ impl Backend for CudaBackend {
         // The handle is a default stream, a live one of ours or the caller's, never one we
         // destroyed (the registry checks, and holds destruction off during the call).
         self.streams
-            .unless_destroyed(stream, || stream::synchronize(dev, stream))
+            // SAFETY: the registry refuses a stream it destroyed and holds destruction off
+            // until the call returns.
+            .unless_destroyed(stream, || unsafe { stream::synchronize(dev, stream) })
     }
 
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool> {
         let _bound = self.bind(dev)?;
         self.streams
-            .unless_destroyed(stream, || stream::query(dev, stream))
+            // SAFETY: as in `stream_synchronize`.
+            .unless_destroyed(stream, || unsafe { stream::query(dev, stream) })
     }
 
     fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>> {
         let _bound = self.bind(dev)?;
-        self.streams.if_alive(stream, || stream::query(dev, stream))
+        // SAFETY: `if_alive` runs the call only for a stream it vouches for, destruction held off.
+        self.streams
+            .if_alive(stream, || unsafe { stream::query(dev, stream) })
     }
 
     fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool> {

@@ -62,10 +62,9 @@ impl Stagers {
             None => Stager::new(dev)?,
         };
         let result = stager.copy(dst, src);
-        if result.is_ok() {
-            self.free.lock().push(stager);
-        } else if stream::synchronize(dev, stager.stream).is_ok() {
-            // Its copies may still have run into the buffers: waited for, it can be reused.
+        // After a failure its copies may still run into the buffers: waited for, it is reused.
+        // SAFETY: the stager's own stream, live until the stager drops.
+        if result.is_ok() || unsafe { stream::synchronize(dev, stager.stream) }.is_ok() {
             self.free.lock().push(stager);
         } else {
             tracing::error!(
@@ -150,7 +149,8 @@ impl Drop for Stager {
             let _ = stream::event_destroy(self.dev, self.ordered);
         }
         if self.stream != 0 {
-            let _ = stream::destroy(self.dev, self.stream);
+            // SAFETY: the stager's own stream; nothing uses it after this.
+            let _ = unsafe { stream::destroy(self.dev, self.stream) };
         }
     }
 }

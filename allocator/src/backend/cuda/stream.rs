@@ -1,6 +1,7 @@
-//! The driver's stream and event calls, as thin functions. The caller made `dev`'s context current
-//! and vouches that no handle it passes was destroyed (the stream registry for the backend's
-//! streams; events are the caller's own).
+//! The driver's stream and event calls, as thin functions. The caller made `dev`'s context
+//! current. The driver does not detect a destroyed stream, so the calls that take any thread's
+//! stream are `unsafe`: the backend's stream registry vouches for those handles. Events are the
+//! caller's own.
 
 use cudarc::driver::sys;
 
@@ -20,24 +21,33 @@ pub(super) fn create(dev: u32) -> Result<RawStream> {
 }
 
 /// `cuStreamDestroy`: queued work still completes.
-pub(super) fn destroy(dev: u32, stream: RawStream) -> Result<()> {
-    // SAFETY: the driver validates the handle; the caller uses it no more.
+///
+/// # Safety
+/// `stream` is a live stream that no call uses during or after this one.
+pub(super) unsafe fn destroy(dev: u32, stream: RawStream) -> Result<()> {
+    // SAFETY: the caller's guarantee.
     check("cuStreamDestroy_v2", dev, unsafe {
         sys::cuStreamDestroy_v2(stream_handle(stream))
     })
 }
 
 /// `cuStreamSynchronize` (the null handle: the legacy default stream).
-pub(super) fn synchronize(dev: u32, stream: RawStream) -> Result<()> {
-    // SAFETY: the caller vouches for the handle (see the module's doc).
+///
+/// # Safety
+/// `stream` is 0, a default stream, or a live stream not destroyed during the call.
+pub(super) unsafe fn synchronize(dev: u32, stream: RawStream) -> Result<()> {
+    // SAFETY: the caller's guarantee.
     check("cuStreamSynchronize", dev, unsafe {
         sys::cuStreamSynchronize(stream_handle(stream))
     })
 }
 
 /// `cuStreamQuery`: true when `stream`'s queued work has completed.
-pub(super) fn query(dev: u32, stream: RawStream) -> Result<bool> {
-    // SAFETY: the caller vouches for the handle (see the module's doc).
+///
+/// # Safety
+/// As for [`synchronize`].
+pub(super) unsafe fn query(dev: u32, stream: RawStream) -> Result<bool> {
+    // SAFETY: the caller's guarantee.
     let r = unsafe { sys::cuStreamQuery(stream_handle(stream)) };
     if r == sys::CUresult::CUDA_ERROR_NOT_READY {
         return Ok(false);
