@@ -87,11 +87,17 @@ pub enum LogLevel {
 impl LogLevel {
     /// The level named `text` ([`LogLevel::as_str`]'s names, case-insensitive).
     pub(crate) fn parse(text: &str) -> Option<LogLevel> {
-        use LogLevel::*;
         let text = text.trim().to_ascii_lowercase();
-        [Trace, Debug, Info, Warn, Error, Off]
-            .into_iter()
-            .find(|level| level.as_str() == text)
+        [
+            LogLevel::Trace,
+            LogLevel::Debug,
+            LogLevel::Info,
+            LogLevel::Warn,
+            LogLevel::Error,
+            LogLevel::Off,
+        ]
+        .into_iter()
+        .find(|level| level.as_str() == text)
     }
 
     /// The canonical lower-case name.

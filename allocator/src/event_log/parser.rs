@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 pub struct LogEvent {
     /// 1-based line number in the file.
     pub line: usize,
-    /// Index into [`EventLog::threads`].
+    /// Index into [`EventLog::threads`] (or, read a line at a time,
+    /// [`LogReader::threads`](super::LogReader::threads)).
     pub thread: usize,
     /// Microseconds since midnight; `None` when the `Time` field holds no time (no `:`: a
     /// log written without times).

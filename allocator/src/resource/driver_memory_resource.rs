@@ -13,17 +13,21 @@ use crate::error::{Error, Result};
 use crate::stream_view::StreamView;
 
 mod sealed {
-    /// Only this file's kinds of memory.
-    pub trait Sealed {}
+    use crate::backend::DevicePtr;
+    use crate::device::Device;
+    use crate::error::Result;
+
+    /// Only this file's kinds of memory; the driver call is not callable from outside.
+    pub trait Sealed {
+        /// The driver call that allocates `bytes` on `device`.
+        fn malloc(device: Device, bytes: usize) -> Result<DevicePtr>;
+    }
 }
 
 /// Which memory a [`DriverMemoryResource`] allocates: [`Plain`] or [`Managed`].
 pub trait DriverMemory: sealed::Sealed + Send + Sync + 'static {
     /// The resource's type name, for errors and reports.
     const NAME: &'static str;
-    /// The driver call that allocates `bytes` on `device`.
-    #[doc(hidden)]
-    fn malloc(device: Device, bytes: usize) -> Result<DevicePtr>;
 }
 
 /// Device memory (`cuMemAlloc`).
@@ -34,21 +38,24 @@ pub struct Plain;
 #[derive(Debug, Clone, Copy)]
 pub struct Managed;
 
-impl sealed::Sealed for Plain {}
-impl sealed::Sealed for Managed {}
-
-impl DriverMemory for Plain {
-    const NAME: &'static str = "CudaMemoryResource";
+impl sealed::Sealed for Plain {
     fn malloc(device: Device, bytes: usize) -> Result<DevicePtr> {
         device.backend().malloc(device.ordinal(), bytes)
     }
 }
 
-impl DriverMemory for Managed {
-    const NAME: &'static str = "ManagedMemoryResource";
+impl sealed::Sealed for Managed {
     fn malloc(device: Device, bytes: usize) -> Result<DevicePtr> {
         device.backend().malloc_managed(device.ordinal(), bytes)
     }
+}
+
+impl DriverMemory for Plain {
+    const NAME: &'static str = "CudaMemoryResource";
+}
+
+impl DriverMemory for Managed {
+    const NAME: &'static str = "ManagedMemoryResource";
 }
 
 /// `cuMemAlloc`/`cuMemFree`, synchronous and slow: pool it on hot paths. Devices start with it.

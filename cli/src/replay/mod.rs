@@ -1,8 +1,7 @@
 //! Replaying memory event logs, a tool over any resource (as RMM's replay benchmark is, not
-//! an adaptor): parse a log in RMM's CSV format (RMM's own, or one written by
-//! [`LoggingResourceAdaptor`](rmm::allocator::adaptor::LoggingResourceAdaptor)) and play it against any
-//! resource, each logged thread's
-//! events in order on one replay thread, reporting the wall time, the peak bytes in use and
+//! an adaptor): a log in RMM's CSV format (RMM's own, or one written by
+//! [`LoggingResourceAdaptor`](rmm::allocator::adaptor::LoggingResourceAdaptor)) played against
+//! any resource, each logged thread's events in order on one replay thread, reporting the wall time, the peak bytes in use and
 //! whether every allocation succeeded. On the unbacked simulated device this answers "would
 //! this workload fit on a 40 GiB GPU with this pool?" on any machine, as RMM's replay
 //! benchmark does.
@@ -25,8 +24,9 @@
 //! are started as logged threads first need one; later ones are shared out in turn.
 //!
 //! [`replay`] holds the whole [`EventLog`] in memory; [`replay_streamed`] replays a
-//! [`LogReader`](rmm::allocator::event_log::LogReader) as it reads it, once (memory independent of the log's length; a pipe works
-//! as well as a file; in logged order on the calling thread), which is what `rmm replay` uses.
+//! [`LogReader`](rmm::allocator::event_log::LogReader) as it reads it, once (memory independent
+//! of the log's length; a pipe works as well as a file; in logged order on the calling thread),
+//! which is what `rmm replay` uses.
 //!
 //! Logged streams are mapped to streams created for the replay (the default stream stays the
 //! default stream), so cross-stream frees stay cross-stream. `allocate failure` lines are

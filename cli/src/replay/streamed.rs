@@ -1,7 +1,7 @@
 //! Replaying a log as it is read, once: memory grows with the allocations live at once and
 //! the logged threads, never with the length of the log (an in-memory
-//! [`EventLog`](rmm::allocator::event_log::EventLog) of a 4 M-line log takes hundreds of MB), and the log may come
-//! from a pipe.
+//! [`EventLog`](rmm::allocator::event_log::EventLog) of a 4 M-line log takes hundreds of MB),
+//! and the log may come from a pipe.
 //!
 //! [`replay_streamed`] plays each event of a [`LogReader`] as it is read:
 //!

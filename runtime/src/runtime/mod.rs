@@ -268,8 +268,8 @@ impl Runtime {
             let s = set_up_devices(&resolved, resolved.workers_per_device, None, &managers, &[])?;
             start.build = t.elapsed();
             let t = Instant::now();
-            let control = &mut handle.shared.control.lock();
-            handle.install_and_spawn_locked(control, resolved, s, managers, |_| {})?;
+            let mut control = handle.shared.control.lock();
+            handle.install_and_spawn_locked(&mut control, resolved, s, managers, |_| {})?;
             start.install = t.elapsed();
             Ok(())
         });
