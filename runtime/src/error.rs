@@ -185,6 +185,14 @@ struct LiveList<'a>(&'a [LiveMemory]);
 impl fmt::Display for LiveList<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "reinitialize refused, nothing changed: ")?;
+        if self.0.is_empty() {
+            return write!(
+                f,
+                "memory of the old stacks kept being allocated or freed outside spillable \
+                 buffers while it waited. Retry, or pause the threads allocating during \
+                 reinitialize"
+            );
+        }
         for (i, live) in self.0.iter().enumerate() {
             if i > 0 {
                 write!(f, "; ")?;
@@ -287,5 +295,26 @@ mod tests {
         .to_string();
         assert!(s.contains("worker 0.1 has stopped"), "{s}");
         assert!(s.contains("submit it again to a running runtime"), "{s}");
+    }
+
+    #[test]
+    fn a_refusal_names_each_device_or_says_the_memory_was_in_flight() {
+        let one = Error::LiveAllocations(vec![LiveMemory {
+            device: 1,
+            count: 2,
+            bytes: 3 << 20,
+            allocations: vec!["a".into()],
+        }])
+        .to_string();
+        assert!(
+            one.contains("device 1 has 2 allocation(s) of 3.00 MiB still live")
+                && one.contains("\n  a"),
+            "{one}"
+        );
+        let none = Error::LiveAllocations(Vec::new()).to_string();
+        assert!(
+            none.contains("kept being allocated or freed") && !none.contains(": ."),
+            "{none}"
+        );
     }
 }

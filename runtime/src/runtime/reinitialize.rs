@@ -56,6 +56,11 @@ const SETTLE_ATTEMPTS: u32 = 25;
 /// The pause between two looks ([`SETTLE_ATTEMPTS`]).
 const SETTLE_PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
 
+/// Looks at most, while the quick check sees memory that cannot move but the full one finds
+/// none live: memory in flight (a buffer allocated and not yet spillable, or the reverse) on a
+/// thread that the machine's load keeps from running on.
+const SETTLE_ATTEMPTS_IN_FLIGHT: u32 = 4 * SETTLE_ATTEMPTS;
+
 /// True when `e` is a device running out of memory while a new stack was built.
 fn out_of_device_memory(e: &Error) -> bool {
     matches!(e, Error::DeviceSetup { source, .. }
@@ -344,7 +349,10 @@ impl RuntimeHandle {
             if !stuck.is_empty() {
                 attempts += 1;
                 if attempts >= SETTLE_ATTEMPTS {
-                    return Err(Error::LiveAllocations(kept.live_elsewhere(old)));
+                    let live = kept.live_elsewhere(old);
+                    if !live.is_empty() || attempts >= SETTLE_ATTEMPTS_IN_FLIGHT {
+                        return Err(Error::LiveAllocations(live));
+                    }
                 }
                 std::thread::sleep(SETTLE_PAUSE);
                 continue;
