@@ -18,6 +18,17 @@ pub(crate) fn give_back(free: &mut BTreeMap<usize, usize>, start: usize, len: us
     free.insert(start, size);
 }
 
+/// Takes `len` bytes from the start of the first (lowest) stretch in `free` that holds them (the
+/// rest of it stays free); returns their offset, or `None` while no stretch is long enough.
+pub(crate) fn take_first_fit(free: &mut BTreeMap<usize, usize>, len: usize) -> Option<usize> {
+    let (&offset, &size) = free.iter().find(|&(_, &size)| size >= len)?;
+    free.remove(&offset);
+    if size > len {
+        free.insert(offset + len, size - len);
+    }
+    Some(offset)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -29,5 +40,15 @@ mod tests {
         assert_eq!(free, BTreeMap::from([(0, 768), (1024, 256)]));
         give_back(&mut free, 2048, 256);
         assert_eq!(free, BTreeMap::from([(0, 768), (1024, 256), (2048, 256)]));
+    }
+
+    #[test]
+    fn first_fit_takes_from_the_lowest_stretch_long_enough() {
+        let mut free = BTreeMap::from([(0, 256), (512, 1024), (2048, 4096)]);
+        assert_eq!(take_first_fit(&mut free, 512), Some(512));
+        assert_eq!(take_first_fit(&mut free, 512), Some(1024));
+        assert_eq!(free, BTreeMap::from([(0, 256), (2048, 4096)]));
+        assert_eq!(take_first_fit(&mut free, 8192), None);
+        assert_eq!(free, BTreeMap::from([(0, 256), (2048, 4096)]));
     }
 }

@@ -2,7 +2,7 @@
 //! (`/dev/zero`, a compressed file) is an error once a line passes [`MAX_LINE_BYTES`], not a
 //! line that grows until memory runs out.
 
-use std::io::{BufRead, ErrorKind};
+use std::io::{BufRead, Read};
 
 use crate::error::{Error, Result};
 
@@ -71,44 +71,31 @@ impl<R: BufRead> Lines<R> {
         }
     }
 
-    /// Appends the next line (with its line end) to `line`; false at the end of the input.
+    /// Appends the next line (with its line end) to `line`; false at the end of the input. Reads
+    /// at most one byte past [`MAX_LINE_BYTES`] (an input without line ends is not read on).
     fn read_line(&mut self, line: &mut Vec<u8>) -> Result<bool> {
-        loop {
-            let available = match self.input.fill_buf() {
-                Ok(b) => b,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    return Err(self.error(
-                        None,
-                        format!("reading the log failed: {e}"),
-                        "Check the path; logs are text files such as rmm_log.dev0.csv",
-                    ));
-                }
-            };
-            if available.is_empty() {
-                return Ok(!line.is_empty());
-            }
-            let (take, ended) = match available.iter().position(|&b| b == b'\n') {
-                Some(i) => (i + 1, true),
-                None => (available.len(), false),
-            };
-            if line.len() + take > MAX_LINE_BYTES {
-                return Err(self.error(
-                    Some(self.number + 1),
-                    format!(
-                        "found a line longer than {MAX_LINE_BYTES} bytes, the most a log line \
-                         may have (RMM's are about 100)"
-                    ),
-                    "Give a log in RMM's CSV format, one event per line, as text (a \
-                     compressed log decompressed first, e.g. zcat log.csv.gz | rmm replay -)",
-                ));
-            }
-            line.extend_from_slice(&available[..take]);
-            self.input.consume(take);
-            if ended {
-                return Ok(true);
-            }
+        let read = (&mut self.input)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', line)
+            .map_err(|e| {
+                self.error(
+                    None,
+                    format!("reading the log failed: {e}"),
+                    "Check the path; logs are text files such as rmm_log.dev0.csv",
+                )
+            })?;
+        if line.len() > MAX_LINE_BYTES {
+            return Err(self.error(
+                Some(self.number + 1),
+                format!(
+                    "found a line longer than {MAX_LINE_BYTES} bytes, the most a log line \
+                     may have (RMM's are about 100)"
+                ),
+                "Give a log in RMM's CSV format, one event per line, as text (a \
+                 compressed log decompressed first, e.g. zcat log.csv.gz | rmm replay -)",
+            ));
         }
+        Ok(read > 0)
     }
 
     fn error(&self, line: Option<usize>, problem: String, hint: &str) -> Error {

@@ -83,12 +83,7 @@ impl ExportArena {
     /// A slot of `bytes`, or `None` while no free stretch fits (the caller sends another way).
     pub fn reserve(self: &Arc<Self>, bytes: usize) -> Option<ExportSlot> {
         let len = bytes.max(1).next_multiple_of(ALIGNMENT);
-        let mut free = self.free.lock();
-        let (&offset, &have) = free.iter().find(|&(_, &l)| l >= len)?;
-        free.remove(&offset);
-        if have > len {
-            free.insert(offset + len, have - len);
-        }
+        let offset = crate::free_ranges::take_first_fit(&mut self.free.lock(), len)?;
         Some(ExportSlot {
             arena: Arc::clone(self),
             offset,
@@ -271,11 +266,16 @@ fn arena_bytes_for(total: usize) -> usize {
 /// # Errors
 /// [`Device::new`]'s for an unknown device.
 pub fn arena_bytes(device: u32) -> Result<usize> {
+    made_arena_figure(device, ExportArena::len)
+}
+
+/// `figure` of the process's arena on `device` (under its state's lock); 0 if not made.
+fn made_arena_figure(device: u32, figure: impl FnOnce(&ExportArena) -> usize) -> Result<usize> {
     let d = Device::new(device)?;
     Ok(arenas(d.backend().device_count())
         .get(device as usize)
         .map_or(0, |a| match &*a.lock() {
-            ArenaState::Made(a) => a.len(),
+            ArenaState::Made(a) => figure(a),
             _ => 0,
         }))
 }
@@ -294,11 +294,5 @@ pub(crate) fn own_arena(handle: IpcHandle) -> Option<Arc<ExportArena>> {
 /// # Errors
 /// [`Device::new`]'s for an unknown device.
 pub fn exported_bytes(device: u32) -> Result<usize> {
-    let d = Device::new(device)?;
-    Ok(arenas(d.backend().device_count())
-        .get(device as usize)
-        .map_or(0, |a| match &*a.lock() {
-            ArenaState::Made(a) => a.len() - a.available(),
-            _ => 0,
-        }))
+    made_arena_figure(device, |a| a.len() - a.available())
 }

@@ -350,11 +350,7 @@ impl PinnedHostPool {
     fn try_allocate(&self, len: usize) -> Option<PinnedSlice> {
         let mut chunks = self.inner.chunks.lock();
         let (region, offset) = chunks.iter_mut().find_map(|c| {
-            let (&offset, &size) = c.free.iter().find(|(_, s)| **s >= len)?;
-            c.free.remove(&offset);
-            if size > len {
-                c.free.insert(offset + len, size - len);
-            }
+            let offset = crate::free_ranges::take_first_fit(&mut c.free, len)?;
             Some((Arc::clone(&c.region), offset))
         })?;
         // Carved under the lock: chunks leave this list under it before going back, so it succeeds.

@@ -114,42 +114,36 @@ impl MemoryReport {
     /// The figures under PyTorch's `memory_stats()` key names (`allocated_bytes.all.current`,
     /// `reserved_bytes.all.current`, `num_ooms`, ...); pool figures only when there is a pool.
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
-        let mut m = BTreeMap::new();
-        let b = self.allocated_bytes;
-        let a = self.allocations;
-        m.insert("allocated_bytes.all.current".into(), b.value);
-        m.insert("allocated_bytes.all.peak".into(), b.peak);
-        m.insert("allocated_bytes.all.allocated".into(), b.total);
-        m.insert("allocated_bytes.all.freed".into(), b.total - b.value);
-        m.insert("allocation.all.current".into(), a.value);
-        m.insert("allocation.all.peak".into(), a.peak);
-        m.insert("allocation.all.allocated".into(), a.total);
-        m.insert("allocation.all.freed".into(), a.total - a.value);
-        m.insert("num_alloc_retries".into(), self.num_alloc_retries as i64);
-        m.insert("num_ooms".into(), self.num_ooms as i64);
-        if let Some(r) = self.reserved_bytes {
-            m.insert("reserved_bytes.all.current".into(), r as i64);
-        }
-        if let Some(r) = self.reserved_peak_bytes {
-            m.insert("reserved_bytes.all.peak".into(), r as i64);
-        }
-        if let Some(c) = self.cached_free_bytes {
-            m.insert("inactive_split_bytes.all.current".into(), c as i64);
-        }
-        if let Some(l) = self.largest_free_block {
-            m.insert("largest_free_block".into(), l as i64);
-        }
-        if let Some(f) = self.pool_free_bytes {
-            m.insert("pool_free_bytes".into(), f as i64);
-        }
-        if let Some(f) = self.fragmentation_permille {
-            m.insert("fragmentation_permille".into(), f as i64);
-        }
-        if let Some(n) = self.num_device_alloc {
-            m.insert("num_device_alloc".into(), n as i64);
-        }
-        if let Some(n) = self.num_device_free {
-            m.insert("num_device_free".into(), n as i64);
+        let (b, a) = (self.allocated_bytes, self.allocations);
+        let mut m: BTreeMap<String, i64> = [
+            ("allocated_bytes.all.current", b.value),
+            ("allocated_bytes.all.peak", b.peak),
+            ("allocated_bytes.all.allocated", b.total),
+            ("allocated_bytes.all.freed", b.total - b.value),
+            ("allocation.all.current", a.value),
+            ("allocation.all.peak", a.peak),
+            ("allocation.all.allocated", a.total),
+            ("allocation.all.freed", a.total - a.value),
+            ("num_alloc_retries", self.num_alloc_retries as i64),
+            ("num_ooms", self.num_ooms as i64),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value))
+        .collect();
+        let pool_figures = [
+            ("reserved_bytes.all.current", self.reserved_bytes),
+            ("reserved_bytes.all.peak", self.reserved_peak_bytes),
+            ("inactive_split_bytes.all.current", self.cached_free_bytes),
+            ("largest_free_block", self.largest_free_block),
+            ("pool_free_bytes", self.pool_free_bytes),
+            ("fragmentation_permille", self.fragmentation_permille),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+        ];
+        for (key, value) in pool_figures {
+            if let Some(value) = value {
+                m.insert(key.to_string(), value as i64);
+            }
         }
         m
     }

@@ -162,6 +162,13 @@ impl FreeSpace {
         let Some((fa, fs)) = self.free_range_holding(addr, size) else {
             return false;
         };
+        self.carve((fa, fs), addr, size);
+        true
+    }
+
+    /// Takes `[addr, addr + size)` out of the free range `(fa, fs)` it overlaps: what lies before
+    /// `addr` or past `addr + size` stays free.
+    fn carve(&mut self, (fa, fs): (u64, u64), addr: u64, size: u64) {
         self.remove(fa, fs);
         if addr > fa {
             self.put(fa, addr - fa);
@@ -169,7 +176,6 @@ impl FreeSpace {
         if fa + fs > addr + size {
             self.put(addr + size, fa + fs - (addr + size));
         }
-        true
     }
 
     /// The chunks `[addr, addr + size)` overlaps, in address order.
@@ -243,12 +249,8 @@ impl FreeSpace {
             .range(addr..addr + size)
             .map(|(a, s)| (*a, *s))
             .collect();
-        for (a, s) in free {
-            self.remove(a, s);
-            let end = (a + s).min(addr + size);
-            if a + s > end {
-                self.put(end, a + s - end);
-            }
+        for range in free {
+            self.carve(range, addr, size);
         }
         if let Some((a, s)) = self
             .by_addr
@@ -257,11 +259,7 @@ impl FreeSpace {
             .map(|(a, s)| (*a, *s))
             && a + s > addr
         {
-            self.remove(a, s);
-            self.put(a, addr - a);
-            if a + s > addr + size {
-                self.put(addr + size, a + s - (addr + size));
-            }
+            self.carve((a, s), addr, size);
         }
         self.drop_chunk(addr);
     }
@@ -276,14 +274,8 @@ impl FreeSpace {
     /// Removes and returns `chunks` (entirely free); the free space around each stays free.
     pub(crate) fn take_chunks(&mut self, chunks: &[(u64, u64)]) -> Vec<(u64, u64)> {
         for &(a, s) in chunks {
-            if let Some((fa, fs)) = self.free_range_holding(a, s) {
-                self.remove(fa, fs);
-                if a > fa {
-                    self.put(fa, a - fa);
-                }
-                if fa + fs > a + s {
-                    self.put(a + s, fa + fs - (a + s));
-                }
+            if let Some(range) = self.free_range_holding(a, s) {
+                self.carve(range, a, s);
             }
             self.drop_chunk(a);
         }

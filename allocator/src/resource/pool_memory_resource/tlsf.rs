@@ -188,17 +188,7 @@ impl Heap {
 
     /// Hands `[addr, addr + size)` to the heap as a new region of one free block.
     pub(crate) fn add_region(&mut self, addr: u64, size: u64) {
-        debug_assert!(addr.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
-        let idx = self.new_block(Block {
-            addr,
-            size,
-            prev_phys: NIL,
-            next_phys: NIL,
-            prev_free: NIL,
-            next_free: USED,
-        });
-        self.regions += 1;
-        self.region_bytes += size;
+        let idx = self.add_live_region(addr, size);
         self.link(idx);
     }
 
