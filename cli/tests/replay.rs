@@ -229,13 +229,7 @@ fn climbing_log(peak_gib: usize) -> String {
 
 #[test]
 fn would_it_fit_on_a_40_gib_gpu() {
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 40 * GIB,
-        mode: SimMemoryMode::Unbacked,
-    })
-    .unwrap();
-    let d = Device::on(b, 0).unwrap();
+    let (_, d) = unbacked_sim(40 * GIB);
     // 30 GiB live at the peak: fits in a pool that grows toward the device's 40 GiB.
     let fits = EventLog::parse(&climbing_log(30), "30GiB").unwrap();
     let pool = pool_on(d, 0);
@@ -392,13 +386,7 @@ fn a_streamed_replay_matches_the_in_memory_one() {
 fn a_streamed_replay_that_does_not_fit_reports_it_and_gives_everything_back() {
     use rmm::allocator::event_log::LogReader;
     use rmm_cli::replay::replay_streamed;
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 40 * GIB,
-        mode: SimMemoryMode::Unbacked,
-    })
-    .unwrap();
-    let d = Device::on(b, 0).unwrap();
+    let (_, d) = unbacked_sim(40 * GIB);
     let scratch = scratch();
     let dir = scratch.path();
     let path = dir.join("climb50.csv");
@@ -471,13 +459,7 @@ fn peak_rss_kib() -> u64 {
 fn a_streamed_replay_holds_memory_independent_of_the_log_length() {
     use rmm::allocator::event_log::LogReader;
     use rmm_cli::replay::replay_streamed;
-    let b = SimBackend::leak(SimConfig {
-        devices: 1,
-        capacity: 40 * GIB,
-        mode: SimMemoryMode::Unbacked,
-    })
-    .unwrap();
-    let d = Device::on(b, 0).unwrap();
+    let (_, d) = unbacked_sim(40 * GIB);
     // 600 000 lines (about 30 MB of text); at most 17 allocations live at once. The replay's
     // own memory (queues, thread stacks and their malloc arenas) does not depend on that.
     let scratch = scratch();
