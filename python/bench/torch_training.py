@@ -20,8 +20,9 @@ over ``--repeats``:
   (5 % unless given; the setting itself defaults to "none").
 * ``rmm-rs-mempool``: model, optimizer and loop inside
   ``with rmm_rs.allocators.torch.use_mem_pool():`` (PyTorch's ``use_mem_pool`` over
-  ``mem_pool()``, backward on the calling thread so that it allocates from rmm-rs too), the
-  same pool.
+  ``mem_pool()``, backward on the calling thread so that it allocates from rmm-rs too), over a
+  pool that starts at and grows by ``--rmm-rs-mempool-growth`` (2 MiB): PyTorch caches its
+  segments itself, so rmm-rs's pool only follows them (what the README advises for this route).
 
 Both rmm-rs modes start rmm-rs (``rmm_rs.initialize({"devices": [d], "pool": {"enabled": True,
 "initial_size": ..., "max_overhead": ...}})``) after the baseline below is read, so the pool
@@ -203,10 +204,13 @@ def child(args: argparse.Namespace) -> int:
             return 0
     import torch
 
-    rmm_config: Dict[str, Any] = {
-        "devices": [device],
-        "pool": {"enabled": True, "initial_size": args.rmm_rs_pool_initial,
-                 "max_overhead": args.rmm_rs_max_overhead}}
+    pool_settings: Dict[str, Any] = {"enabled": True, "initial_size": args.rmm_rs_pool_initial,
+                                     "max_overhead": args.rmm_rs_max_overhead}
+    if mode == "rmm-rs-mempool":
+        # PyTorch's caching allocator keeps its segments: rmm-rs's pool only follows them.
+        step = args.rmm_rs_mempool_growth
+        pool_settings.update(initial_size=step, growth=step)
+    rmm_config: Dict[str, Any] = {"devices": [device], "pool": pool_settings}
     if args.log:
         os.makedirs(args.log, exist_ok=True)
         rmm_config["logging"] = {"enabled": True, "directory": os.path.abspath(args.log)}
@@ -399,6 +403,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--rmm-rs-pool-initial", default="1GiB", help="rmm-rs's pool.initial_size")
     p.add_argument("--rmm-rs-max-overhead", default="5%",
                    help='rmm-rs\'s pool.max_overhead ("none": no footprint limit)')
+    p.add_argument("--rmm-rs-mempool-growth", default="2MiB",
+                   help="rmm-rs's pool.initial_size and pool.growth under the MemPool")
     p.add_argument("--log", default=None, metavar="DIR",
                    help="also run rmm-rs once with its allocation log written under DIR")
     p.add_argument("--log-steps", type=int, default=30, help="steps of the logged run")

@@ -7,7 +7,9 @@
   PyTorch's own ``torch.OutOfMemoryError``. PyTorch's pool holds for the thread that enters
   it only, and backward runs on PyTorch's autograd thread (PyTorch issue 167353): enter it
   through :func:`use_mem_pool`, which runs backward on the calling thread, so that backward's
-  allocations come from rmm-rs too instead of a second cache.
+  allocations come from rmm-rs too instead of a second cache. PyTorch keeps the segments it
+  took: give rmm-rs's pool a ``"2MiB"`` ``initial_size`` and ``growth`` so that it follows
+  them rather than caching a second time.
 * ``install()`` (for training): rmm-rs as PyTorch's process-wide allocator
   (``torch.cuda.memory.CUDAPluggableAllocator``), before PyTorch's first CUDA allocation, as
   ``change_current_allocator`` requires. PyTorch then has no statistics or snapshots. It does
