@@ -24,15 +24,7 @@
 //!
 //! Run: `cargo bench --bench containers`.
 //!
-//! Measured (Δ of `buffer` / `uvector` / `buf+arc` / `new`, ns):
-//!
-//! * H200 host, `RMM_BACKEND=cuda`: null +4.1 / +2.8 / +16.9 / +44.6; async (cuMemAllocAsync,
-//!   ~590 ns) +2 to +4 / +5 to +8 / +16 to +22 / +40 to +48; pool (~71 ns) +3.6 to +4.2 /
-//!   +4.2 to +5.1 / +16 / +43 to +48; cuda (cuMemAlloc, ~57 µs) within its jitter. One `Arc`
-//!   clone + drop: 16 ns. Goal met for the containers themselves.
-//! * The 2-core development VM (unbacked sim): null +12 / +16 / +22 / +61; sim resources +16
-//!   to +30; `Arc` 12 to 16 ns. Calls and atomics cost several times more there; the goal is
-//!   not met on that machine.
+//! Figures: `docs/benchmarks.md`.
 
 use std::any::Any;
 use std::hint::black_box;

@@ -9,11 +9,6 @@
 //! or auto with a driver) it measures the real thing; otherwise an unbacked simulated device
 //! (whose driver pool keeps nothing once freed: `async` then reads 0 after every phase).
 //!
-//! Simulated device (80 GiB, unbacked, 2 cores), this build: `pool` reserves 9, 10, then
-//! 11 GiB from the first 16-stream phase on, for phase peaks of 7.8–8.0 GiB (worst reserved /
-//! peak 1.38); with growth before reclaim (the old order), `tests/pool_footprint.rs`'s pool
-//! reached 120 GiB (15×) on the same workload.
-//!
 //! `RMM_BENCH_SCALE` (default 1.0) scales the trace steps; `RMM_BENCH_ONLY` limits the run to
 //! a comma-separated list of `pool`, `async`.
 
