@@ -123,27 +123,19 @@ impl FailureCallbackResourceAdaptor {
                 stream,
                 error: &error,
             });
-            match action {
-                FailureAction::Fail => {
-                    self.failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(
-                        device,
-                        requested = bytes,
-                        attempt,
-                        "failure callback: giving up"
-                    );
-                    return Err(error);
-                }
-                FailureAction::Retry => {
-                    self.retries.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(
-                        device,
-                        requested = bytes,
-                        attempt,
-                        "failure callback: retrying"
-                    );
-                }
+            let retry = action == FailureAction::Retry;
+            let what = if retry { "retrying" } else { "giving up" };
+            tracing::debug!(
+                device,
+                requested = bytes,
+                attempt,
+                "failure callback: {what}"
+            );
+            if !retry {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                return Err(error);
             }
+            self.retries.fetch_add(1, Ordering::Relaxed);
             match self.upstream.allocate(bytes, stream) {
                 Ok(p) => return Ok(p),
                 Err(e) if e.is_out_of_memory() || e.is_driver_out_of_memory() => {

@@ -50,6 +50,12 @@ fn rounded(bytes: usize) -> Option<usize> {
     bytes.checked_next_multiple_of(ALLOCATION_ALIGNMENT)
 }
 
+/// The bytes `blocks` use here, each rounded as an allocation is.
+fn live_bytes(blocks: &[LiveBlock]) -> usize {
+    let live = blocks.iter().filter(|b| !b.ptr.is_null());
+    live.filter_map(|b| rounded(b.bytes)).sum()
+}
+
 impl LimitingResourceAdaptor {
     /// Caps the bytes in use through `upstream` at `limit` (a fraction: of device memory).
     ///
@@ -116,21 +122,12 @@ impl LimitingResourceAdaptor {
     /// reinitialize keeping data in place), as in use here, each rounded up to 256 bytes. Never
     /// refused: use may exceed the limit, refusing allocations until enough is freed.
     pub fn take_over_live(&self, blocks: &[LiveBlock]) {
-        let bytes: usize = blocks
-            .iter()
-            .filter(|b| !b.ptr.is_null())
-            .filter_map(|b| rounded(b.bytes))
-            .sum();
-        self.used.fetch_add(bytes, Ordering::Relaxed);
+        self.used.fetch_add(live_bytes(blocks), Ordering::Relaxed);
     }
 
     /// Stops counting `blocks`, live allocations of this adaptor taken over by another stack.
     pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
-        let bytes: usize = blocks
-            .iter()
-            .filter(|b| !b.ptr.is_null())
-            .filter_map(|b| rounded(b.bytes))
-            .sum();
+        let bytes = live_bytes(blocks);
         // Never below zero, whatever the caller passed.
         let _ = self
             .used

@@ -107,19 +107,10 @@ pub(crate) fn same_adaptor<A: DeviceMemoryResource, U: Upstream + ?Sized>(
 
 /// `resource` and its upstreams, top first, following [`DeviceMemoryResource::upstream`].
 pub fn chain(resource: &dyn DeviceMemoryResource) -> Vec<&dyn DeviceMemoryResource> {
-    let mut out = vec![resource];
-    let mut cur = resource;
     // Bounded: a chain is a handful of adaptors; the bound guards against cycles.
-    while out.len() < 64 {
-        match cur.upstream() {
-            Some(up) => {
-                cur = up;
-                out.push(cur);
-            }
-            None => break,
-        }
-    }
-    out
+    std::iter::successors(Some(resource), |r| r.upstream())
+        .take(64)
+        .collect()
 }
 
 /// The first resource of type `T` in `resource`'s chain (itself included).

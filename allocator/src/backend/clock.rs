@@ -86,9 +86,7 @@ pub(crate) fn coarse_realtime_ns() -> u64 {
     }
     #[cfg(not(target_os = "linux"))]
     {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
+        realtime_ns()
     }
 }
 

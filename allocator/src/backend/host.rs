@@ -112,11 +112,9 @@ pub fn alloc_pageable(bytes: usize, alignment: usize) -> Result<HostBlock> {
     })
 }
 
-/// Refuses to pin `bytes` for `resource` beyond the host memory the process may still take: pinned
-/// pages cannot be paged out, so overcommitting gets the process killed instead of an error.
-///
-/// # Errors
-/// [`Error::HostMemoryLimit`].
+/// Refuses to pin `bytes` for `resource` beyond the host memory the process may still take
+/// ([`Error::HostMemoryLimit`]): pinned pages cannot be paged out, so overcommitting gets the
+/// process killed instead of an error.
 fn check_pinnable(
     backend: &'static dyn Backend,
     bytes: usize,

@@ -146,10 +146,15 @@ pub struct MemInfo {
 /// host range valid for the operation (for `_async` forms, until the stream reaches it). The driver
 /// (or simulator) checks device pointers.
 ///
-/// Errors: a failed driver call is [`Error::Driver`] (`CUDA_ERROR_OUT_OF_MEMORY` for an allocation
-/// that does not fit). The simulated device fails alike, plus [`Error::NoSuchDevice`] or
-/// [`Error::InvalidArgument`] for an unknown device, handle or range, and [`Error::InjectedFault`]
-/// where told to.
+/// # Errors
+/// Unless a method says more: a failed driver call is [`Error::Driver`] (`CUDA_ERROR_OUT_OF_MEMORY`
+/// for an allocation that does not fit). The simulated device fails alike, plus
+/// [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device, handle or range, and
+/// [`Error::InjectedFault`] where told to.
+#[allow(
+    clippy::missing_errors_doc,
+    reason = "the trait's `# Errors` covers the methods that add nothing to it"
+)]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Which backend this is.
     fn kind(&self) -> BackendKind;
@@ -163,77 +168,39 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Number of devices.
     fn device_count(&self) -> u32;
     /// Static properties of device `dev`.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn properties(&self, dev: u32) -> Result<DeviceProperties>;
     /// Free and total memory of device `dev`.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_info(&self, dev: u32) -> Result<MemInfo>;
 
     /// Granularity of [`Backend::mem_create`] sizes and [`Backend::mem_map`] addresses on `dev`
     /// (`cuMemGetAllocationGranularity`, minimum, pinned device memory).
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_granularity(&self, dev: u32) -> Result<usize>;
     /// Reserves `bytes` (a granularity multiple) of address space on `dev`, unbacked until
     /// [`Backend::mem_map`] (`cuMemAddressReserve`).
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_address_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
     /// Frees a whole [`Backend::mem_address_reserve`] range, all unmapped (`cuMemAddressFree`).
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
     /// Allocates `bytes` (a granularity multiple) of unmapped physical memory on `dev`
     /// (`cuMemCreate`, pinned device memory); counts as device memory in use.
-    ///
-    /// # Errors
-    /// [`Error::Driver`] (out of memory); see [`Backend`].
     fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical>;
     /// Releases a [`Backend::mem_create`] handle (`cuMemRelease`); freed once unmapped.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()>;
     /// Maps all `bytes` of `handle` at `ptr` in a reservation (`cuMemMap`); inaccessible until
     /// [`Backend::mem_set_access`].
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_map(&self, dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()>;
     /// Unmaps `[ptr, ptr + bytes)`, whole mappings (`cuMemUnmap`), once no queued work uses it.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_unmap(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
     /// Makes mapped `[ptr, ptr + bytes)` (maybe several mappings) readable and writable from `dev`
     /// (`cuMemSetAccess`).
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_set_access(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
 
     /// Synchronous device allocation (`cuMemAlloc`). `bytes` > 0.
-    ///
-    /// # Errors
-    /// [`Error::Driver`] (out of memory); see [`Backend`].
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
     /// Frees what [`Backend::malloc`] or [`Backend::malloc_managed`] returned (`cuMemFree`).
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
     /// Allocates `bytes` on `dev` that other processes of this host may map (`cuMemAlloc`,
-    /// `cuIpcGetMemHandle`): address and handle. Free only with [`ipc_free`](Self::ipc_free).
-    ///
-    /// # Errors
-    /// [`Error::Driver`] if either call fails (nothing kept); see [`Backend`].
+    /// `cuIpcGetMemHandle`): address and handle, nothing kept if either call fails. Free only with
+    /// [`ipc_free`](Self::ipc_free).
     fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)>;
     /// Frees memory from [`ipc_alloc`](Self::ipc_alloc); importers must have closed it first.
     ///
@@ -254,36 +221,18 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// [`Error::Driver`], or [`Error::InvalidPointer`] for an address `ipc_open` did not give.
     fn ipc_close(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
     /// Managed (unified) allocation attached globally (`cuMemAllocManaged`). `bytes` > 0.
-    ///
-    /// # Errors
-    /// [`Error::Driver`] (out of memory); see [`Backend`].
     fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
 
     /// Creates a stream-ordered pool on `dev` (`cuMemPoolCreate`) caching up to `release_threshold`
     /// bytes across synchronizations.
-    ///
-    /// # Errors
-    /// [`Error::Driver`] (out of memory); see [`Backend`].
     fn mem_pool_create(&self, dev: u32, release_threshold: u64) -> Result<RawMemPool>;
     /// Destroys a pool made by [`Backend::mem_pool_create`].
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()>;
     /// Releases cached memory of the pool down to `keep_bytes` (`cuMemPoolTrimTo`).
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, keep_bytes: usize) -> Result<()>;
     /// Bytes the pool currently holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64>;
     /// Stream-ordered allocation from `pool` (`cuMemAllocFromPoolAsync`). `bytes` > 0.
-    ///
-    /// # Errors
-    /// [`Error::Driver`] (out of memory); see [`Backend`].
     fn malloc_async(
         &self,
         dev: u32,
@@ -292,9 +241,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         stream: RawStream,
     ) -> Result<DevicePtr>;
     /// Stream-ordered free (`cuMemFreeAsync`).
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()>;
 
     /// Portable, not write-combined pinned host allocation (`cuMemHostAlloc`). `bytes` > 0.
@@ -306,9 +252,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Safety
     /// `ptr` came from `malloc_host` of this backend and is not used afterwards.
-    ///
-    /// # Errors
-    /// [`Error::Driver`] when the driver call fails.
     unsafe fn free_host(&self, ptr: *mut u8) -> Result<()>;
     /// Page-locks an existing host range (`cuMemHostRegister(PORTABLE)`).
     ///
@@ -322,38 +265,20 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Safety
     /// `ptr` was registered with `host_register` and no copy using it is in flight.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()>;
 
     /// Copies `src` to device memory at `dst` and waits for the copy.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()>;
     /// Copies device memory at `src` into `dst` and waits for the copy.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()>;
     /// Copies `bytes` between device ranges (same or different devices) and waits.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn memcpy_dtod(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
     /// Sets `bytes` of device memory to `value` and waits.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn memset(&self, dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
     /// Enqueues a host → device copy on `stream`.
     ///
     /// # Safety
     /// `[src, src + bytes)` stays valid and unchanged until the stream has run the copy.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     unsafe fn memcpy_htod_async(
         &self,
         dev: u32,
@@ -366,9 +291,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Safety
     /// `[dst, dst + bytes)` stays valid and untouched by the host until the stream ran the copy.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     unsafe fn memcpy_dtoh_async(
         &self,
         dev: u32,
@@ -378,9 +300,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         stream: RawStream,
     ) -> Result<()>;
     /// Enqueues a device → device copy on `stream`.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn memcpy_dtod_async(
         &self,
         dev: u32,
@@ -390,9 +309,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         stream: RawStream,
     ) -> Result<()>;
     /// Enqueues a memset on `stream`.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn memset_async(
         &self,
         dev: u32,
@@ -413,76 +329,37 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Creates a non-blocking stream on `dev`.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn stream_create(&self, dev: u32) -> Result<RawStream>;
     /// Destroys a stream made by [`Backend::stream_create`] (work already queued completes).
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()>;
     /// Waits for all work queued on `stream`. For its owner: a stream this backend destroyed is an
     /// error, never a driver call on a dangling handle.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()>;
     /// True when all work queued on `stream` has completed. For its owner, as
     /// [`Backend::stream_synchronize`].
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool>;
     /// As [`Backend::stream_query`], for a caller not owning `stream` (a pool asking about another
     /// thread's arena): `None`, without touching the handle, unless the backend knows it alive (a
     /// default stream, or one it made and has not destroyed), with no destroy during the query. A
     /// library's own stream (CuPy's, PyTorch's) is `None`: it may be gone unknown to the backend.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>>;
     /// As [`Backend::stream_synchronize`], for a caller not owning `stream`: false, without waiting
     /// or touching the handle, unless the backend knows it alive (see
     /// [`Backend::stream_query_if_alive`]); the caller then waits for the whole device.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool>;
     /// Makes later work on `stream` wait until `event` has completed.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()>;
     /// Creates an event without timing.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn event_create(&self, dev: u32) -> Result<RawEvent>;
     /// Destroys an event.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn event_destroy(&self, dev: u32, event: RawEvent) -> Result<()>;
     /// Records `event` at the current end of `stream`.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn event_record(&self, dev: u32, event: RawEvent, stream: RawStream) -> Result<()>;
     /// True when the work captured by the last record of `event` has completed.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn event_query(&self, dev: u32, event: RawEvent) -> Result<bool>;
     /// Waits until the work captured by the last record of `event` has completed.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn event_synchronize(&self, dev: u32, event: RawEvent) -> Result<()>;
     /// Waits until all work on `dev` has completed.
-    ///
-    /// # Errors
-    /// [`Error::Driver`]; see [`Backend`].
     fn device_synchronize(&self, dev: u32) -> Result<()>;
     /// Makes `dev`'s context current on a thread without one, as CUDA's runtime does on a thread's
     /// first call. For threads reaching rmm-rs from another library before any CUDA call: with no

@@ -20,8 +20,11 @@ use crate::stream_view::StreamView;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TracingHook;
 
-impl TracingHook {
-    fn log(e: &HookEvent) {
+impl MemoryHook for TracingHook {
+    fn name(&self) -> &str {
+        "TracingHook"
+    }
+    fn on_event(&self, e: &HookEvent) {
         tracing::debug!(
             target: "rmm_allocator::hooks",
             event = e.point.name(),
@@ -33,30 +36,6 @@ impl TracingHook {
             resource = e.resource,
             "memory hook"
         );
-    }
-}
-
-impl MemoryHook for TracingHook {
-    fn name(&self) -> &str {
-        "TracingHook"
-    }
-    fn alloc_preprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn alloc_postprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn malloc_preprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn malloc_postprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn free_preprocess(&self, e: &HookEvent) {
-        Self::log(e)
-    }
-    fn free_postprocess(&self, e: &HookEvent) {
-        Self::log(e)
     }
 }
 
@@ -74,7 +53,7 @@ pub fn current_call_site() -> Option<&'static Location<'static>> {
 }
 
 /// What one call site allocated, as CuPy's `LineProfileHook` reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SiteProfile {
     /// `file:line:column`, or `<unattributed>` outside [`allocate_here`] / [`at_call_site`].
     pub site: String,
@@ -111,10 +90,7 @@ impl LineProfileHook {
         let mut sites = self.sites.lock();
         let entry = sites.entry(site).or_insert_with(|| SiteProfile {
             site: site.map_or_else(|| UNATTRIBUTED.to_string(), |l| l.to_string()),
-            malloc_count: 0,
-            used_bytes: 0,
-            alloc_count: 0,
-            acquired_bytes: 0,
+            ..SiteProfile::default()
         });
         f(entry);
     }

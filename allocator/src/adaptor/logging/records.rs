@@ -58,6 +58,14 @@ pub(super) static NEXT_PRODUCER_ID: AtomicU64 = AtomicU64::new(1);
 /// are published by [`Chunk::len`]'s release store.
 pub(super) type Record = [AtomicU64; 5];
 
+/// Writes a record's words, to be published by the chunk's `len`.
+#[inline(always)]
+fn store(r: &Record, words: [u64; 5]) {
+    for (a, w) in r.iter().zip(words) {
+        a.store(w, Ordering::Relaxed);
+    }
+}
+
 /// A run of records of one thread for one adaptor.
 pub(super) struct Chunk {
     /// The (thread, adaptor) pair that fills it.
@@ -133,12 +141,11 @@ impl RecordQueue {
         } else {
             (coarse, 0)
         };
-        let r = &local.chunk.records[local.len];
-        r[0].store(seq << TAG_SEQ_SHIFT | precise | action, Ordering::Relaxed);
-        r[1].store(time, Ordering::Relaxed);
-        r[2].store(ptr, Ordering::Relaxed);
-        r[3].store(size, Ordering::Relaxed);
-        r[4].store(stream, Ordering::Relaxed);
+        let tag = seq << TAG_SEQ_SHIFT | precise | action;
+        store(
+            &local.chunk.records[local.len],
+            [tag, time, ptr, size, stream],
+        );
         local.len += 1;
         local.chunk.len.store(local.len, Ordering::Release);
         if local.len == local.chunk.records.len() {
@@ -199,15 +206,8 @@ impl RecordQueue {
         let chunk = Arc::new(Chunk::new(1, producer, log_thread_id()));
         let _ = self.tx.send(Msg::Chunk(Arc::clone(&chunk)));
         let seq = self.seq.0.fetch_add(1, Ordering::Relaxed);
-        let r = &chunk.records[0];
-        r[0].store(
-            seq << TAG_SEQ_SHIFT | TAG_PRECISE | action,
-            Ordering::Relaxed,
-        );
-        r[1].store(realtime_ns(), Ordering::Relaxed);
-        r[2].store(ptr, Ordering::Relaxed);
-        r[3].store(size, Ordering::Relaxed);
-        r[4].store(stream, Ordering::Relaxed);
+        let tag = seq << TAG_SEQ_SHIFT | TAG_PRECISE | action;
+        store(&chunk.records[0], [tag, realtime_ns(), ptr, size, stream]);
         chunk.len.store(1, Ordering::Release);
         seq
     }

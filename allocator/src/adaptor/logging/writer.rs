@@ -240,17 +240,10 @@ impl Writer {
                     break;
                 };
                 let r = &chunk.records[p.consumed];
-                let record = [
-                    r[0].load(Ordering::Relaxed),
-                    r[1].load(Ordering::Relaxed),
-                    r[2].load(Ordering::Relaxed),
-                    r[3].load(Ordering::Relaxed),
-                    r[4].load(Ordering::Relaxed),
-                ];
+                let mut record = r.each_ref().map(|w| w.load(Ordering::Relaxed));
                 p.consumed += 1;
                 self.next_seq = self.next_seq.max(seq + 1);
                 wrote = true;
-                let mut record = record;
                 if record[0] & TAG_PRECISE != 0 {
                     self.precise = self.precise.max(record[1]);
                 } else {
@@ -327,23 +320,20 @@ impl Writer {
         self.write_out();
         let result = self.flush_sink();
         let next = self.next_seq;
-        let mut i = 0;
-        while i < self.flushes.len() {
-            if self.flushes[i].0 <= next {
-                let (_, reply) = self.flushes.swap_remove(i);
-                let answer = match &result {
-                    Ok(()) => Ok(()),
-                    Err(FlushError::Stopped(e)) => Err(FlushError::Stopped(e.clone())),
-                    Err(FlushError::Flush(e)) => Err(FlushError::Flush(std::io::Error::new(
-                        e.kind(),
-                        e.to_string(),
-                    ))),
-                };
-                let _ = reply.send(answer);
-            } else {
-                i += 1;
+        self.flushes.retain(|(target, reply)| {
+            if *target > next {
+                return true;
             }
-        }
+            let _ = reply.send(match &result {
+                Ok(()) => Ok(()),
+                Err(FlushError::Stopped(e)) => Err(FlushError::Stopped(e.clone())),
+                Err(FlushError::Flush(e)) => Err(FlushError::Flush(std::io::Error::new(
+                    e.kind(),
+                    e.to_string(),
+                ))),
+            });
+            false
+        });
     }
 }
 

@@ -174,20 +174,17 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     /// With all shards frozen, raises the peak just enough for the reserve to hold `bytes` and
     /// `count` more: to exactly the current value after the allocation.
     pub(super) fn raise_to_fit(&self, reserve: &mut Reserve, bytes: i64, count: i64) {
+        let f = &self.figures;
         if reserve.bytes < bytes {
             let peak = self.run_peak_bytes.load(Ordering::Relaxed) + (bytes - reserve.bytes);
             self.run_peak_bytes.store(peak, Ordering::Relaxed);
-            self.figures
-                .life_peak_bytes
-                .fetch_max(peak, Ordering::Relaxed);
+            f.life_peak_bytes.fetch_max(peak, Ordering::Relaxed);
             reserve.bytes = bytes;
         }
         if reserve.count < count {
             let peak = self.run_peak_count.load(Ordering::Relaxed) + (count - reserve.count);
             self.run_peak_count.store(peak, Ordering::Relaxed);
-            self.figures
-                .life_peak_count
-                .fetch_max(peak, Ordering::Relaxed);
+            f.life_peak_count.fetch_max(peak, Ordering::Relaxed);
             reserve.count = count;
         }
     }

@@ -310,23 +310,16 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     }
 
     fn publish_delta(&self, db: i64, dc: i64) {
-        let b = self
-            .figures
-            .published_bytes
-            .fetch_add(db, Ordering::Relaxed)
-            + db;
-        let c = self
-            .figures
-            .published_count
-            .fetch_add(dc, Ordering::Relaxed)
-            + dc;
+        let f = &self.figures;
+        let b = f.published_bytes.fetch_add(db, Ordering::Relaxed) + db;
+        let c = f.published_count.fetch_add(dc, Ordering::Relaxed) + dc;
         if b > self.run_peak_bytes.load(Ordering::Relaxed) {
             self.run_peak_bytes.fetch_max(b, Ordering::Relaxed);
-            self.figures.life_peak_bytes.fetch_max(b, Ordering::Relaxed);
+            f.life_peak_bytes.fetch_max(b, Ordering::Relaxed);
         }
         if c > self.run_peak_count.load(Ordering::Relaxed) {
             self.run_peak_count.fetch_max(c, Ordering::Relaxed);
-            self.figures.life_peak_count.fetch_max(c, Ordering::Relaxed);
+            f.life_peak_count.fetch_max(c, Ordering::Relaxed);
         }
     }
 
@@ -483,12 +476,9 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             before = self.counters_of(&frame, &now);
             saved_peak_bytes = self.run_peak_bytes.load(Ordering::Relaxed).max(now.bytes);
             saved_peak_count = self.run_peak_count.load(Ordering::Relaxed).max(now.count);
-            self.figures
-                .life_peak_bytes
-                .fetch_max(now.bytes, Ordering::Relaxed);
-            self.figures
-                .life_peak_count
-                .fetch_max(now.count, Ordering::Relaxed);
+            let f = &self.figures;
+            f.life_peak_bytes.fetch_max(now.bytes, Ordering::Relaxed);
+            f.life_peak_count.fetch_max(now.count, Ordering::Relaxed);
             self.run_peak_bytes.store(now.bytes, Ordering::Relaxed);
             self.run_peak_count.store(now.count, Ordering::Relaxed);
         }

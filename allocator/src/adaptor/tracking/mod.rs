@@ -349,16 +349,11 @@ impl TrackingResourceAdaptor {
     fn warn_free(&self, ptr: DevicePtr, bytes: usize, allocated: Option<usize>) {
         match allocated {
             Some(size) => tracing::warn!(
-                "TrackingResourceAdaptor: {} freed with size {} but allocated with {}",
-                ptr,
-                bytes,
-                size
+                "TrackingResourceAdaptor: {ptr} freed with size {bytes} but allocated with {size}"
             ),
             None => tracing::warn!(
-                "TrackingResourceAdaptor: {} ({} bytes) freed but not allocated through this \
-                 adaptor",
-                ptr,
-                bytes
+                "TrackingResourceAdaptor: {ptr} ({bytes} bytes) freed but not allocated through \
+                 this adaptor"
             ),
         }
     }
@@ -398,12 +393,7 @@ impl DeviceMemoryResource for TrackingResourceAdaptor {
         if let Err(e) = self.upstream.deallocate(ptr, bytes, stream) {
             // Still allocated: put the record back.
             if let Some(rec) = removed {
-                let mut maps = shard.map.lock();
-                let b = shard.bytes.load(Ordering::Relaxed);
-                shard
-                    .bytes
-                    .store(b.wrapping_add(rec.size), Ordering::Relaxed);
-                maps.insert(ptr.addr(), rec, bt);
+                shard.insert(ptr.addr(), rec, bt);
             }
             return Err(e);
         }

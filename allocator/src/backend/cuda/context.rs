@@ -10,9 +10,8 @@ use crate::error::Result;
 pub(super) fn retain_primary(dev: u32, handle: sys::CUdevice) -> Result<sys::CUcontext> {
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer to a local; the driver validates the device handle.
-    check("cuDevicePrimaryCtxRetain", dev, unsafe {
-        sys::cuDevicePrimaryCtxRetain(&mut ctx, handle)
-    })?;
+    let r = unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, handle) };
+    check("cuDevicePrimaryCtxRetain", dev, r)?;
     Ok(ctx)
 }
 
@@ -20,9 +19,8 @@ pub(super) fn retain_primary(dev: u32, handle: sys::CUdevice) -> Result<sys::CUc
 pub(super) fn current(dev: u32) -> Result<sys::CUcontext> {
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: the driver writes the calling thread's current context (or null) into a local.
-    check("cuCtxGetCurrent", dev, unsafe {
-        sys::cuCtxGetCurrent(&mut ctx)
-    })?;
+    let r = unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+    check("cuCtxGetCurrent", dev, r)?;
     Ok(ctx)
 }
 
@@ -40,9 +38,8 @@ pub(super) unsafe fn set_current(dev: u32, ctx: sys::CUcontext) -> Result<()> {
 pub(super) fn current_device_handle(dev: u32) -> Result<sys::CUdevice> {
     let mut handle: sys::CUdevice = 0;
     // SAFETY: the driver writes the current context's device into a local.
-    check("cuCtxGetDevice", dev, unsafe {
-        sys::cuCtxGetDevice(&mut handle)
-    })?;
+    let r = unsafe { sys::cuCtxGetDevice(&mut handle) };
+    check("cuCtxGetDevice", dev, r)?;
     Ok(handle)
 }
 

@@ -17,9 +17,8 @@ pub(super) fn init() -> Result<()> {
 pub(super) fn driver_version() -> Result<i32> {
     let mut version = 0;
     // SAFETY: valid out-pointer to a local.
-    check("cuDriverGetVersion", 0, unsafe {
-        sys::cuDriverGetVersion(&mut version)
-    })?;
+    let r = unsafe { sys::cuDriverGetVersion(&mut version) };
+    check("cuDriverGetVersion", 0, r)?;
     Ok(version)
 }
 
@@ -27,9 +26,8 @@ pub(super) fn driver_version() -> Result<i32> {
 pub(super) fn count() -> Result<u32> {
     let mut count = 0;
     // SAFETY: valid out-pointer to a local.
-    check("cuDeviceGetCount", 0, unsafe {
-        sys::cuDeviceGetCount(&mut count)
-    })?;
+    let r = unsafe { sys::cuDeviceGetCount(&mut count) };
+    check("cuDeviceGetCount", 0, r)?;
     Ok(count.max(0) as u32)
 }
 
@@ -37,9 +35,8 @@ pub(super) fn count() -> Result<u32> {
 pub(super) fn get(ordinal: u32) -> Result<sys::CUdevice> {
     let mut handle: sys::CUdevice = 0;
     // SAFETY: valid out-pointer to a local; the driver validates the ordinal.
-    check("cuDeviceGet", ordinal, unsafe {
-        sys::cuDeviceGet(&mut handle, ordinal as i32)
-    })?;
+    let r = unsafe { sys::cuDeviceGet(&mut handle, ordinal as i32) };
+    check("cuDeviceGet", ordinal, r)?;
     Ok(handle)
 }
 
@@ -47,9 +44,8 @@ pub(super) fn get(ordinal: u32) -> Result<sys::CUdevice> {
 pub(super) fn name(ordinal: u32, handle: sys::CUdevice) -> Result<String> {
     let mut name = [0 as std::ffi::c_char; 256];
     // SAFETY: the buffer and its length are valid; the driver validates the handle.
-    check("cuDeviceGetName", ordinal, unsafe {
-        sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, handle)
-    })?;
+    let r = unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, handle) };
+    check("cuDeviceGetName", ordinal, r)?;
     // SAFETY: the driver wrote a NUL-terminated name into the buffer.
     Ok(unsafe { CStr::from_ptr(name.as_ptr()) }
         .to_string_lossy()
@@ -60,9 +56,8 @@ pub(super) fn name(ordinal: u32, handle: sys::CUdevice) -> Result<String> {
 pub(super) fn uuid(ordinal: u32, handle: sys::CUdevice) -> Result<[u8; 16]> {
     let mut uuid = sys::CUuuid { bytes: [0; 16] };
     // SAFETY: valid out-pointer to a local; the driver validates the handle.
-    check("cuDeviceGetUuid", ordinal, unsafe {
-        sys::cuDeviceGetUuid(&mut uuid, handle)
-    })?;
+    let r = unsafe { sys::cuDeviceGetUuid(&mut uuid, handle) };
+    check("cuDeviceGetUuid", ordinal, r)?;
     Ok(uuid.bytes.map(|b| b as u8))
 }
 
@@ -70,9 +65,8 @@ pub(super) fn uuid(ordinal: u32, handle: sys::CUdevice) -> Result<[u8; 16]> {
 pub(super) fn total_memory(ordinal: u32, handle: sys::CUdevice) -> Result<usize> {
     let mut total = 0usize;
     // SAFETY: valid out-pointer to a local; the driver validates the handle.
-    check("cuDeviceTotalMem_v2", ordinal, unsafe {
-        sys::cuDeviceTotalMem_v2(&mut total, handle)
-    })?;
+    let r = unsafe { sys::cuDeviceTotalMem_v2(&mut total, handle) };
+    check("cuDeviceTotalMem_v2", ordinal, r)?;
     Ok(total)
 }
 
@@ -84,8 +78,7 @@ pub(super) fn attribute(
 ) -> Result<i32> {
     let mut v = 0;
     // SAFETY: valid out-pointer to a local; the driver validates handle and attribute.
-    check("cuDeviceGetAttribute", ordinal, unsafe {
-        sys::cuDeviceGetAttribute(&mut v, attribute, handle)
-    })?;
+    let r = unsafe { sys::cuDeviceGetAttribute(&mut v, attribute, handle) };
+    check("cuDeviceGetAttribute", ordinal, r)?;
     Ok(v)
 }

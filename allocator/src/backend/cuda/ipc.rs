@@ -14,9 +14,8 @@ pub(super) fn export(dev: u32, ptr: DevicePtr) -> Result<IpcHandle> {
     // SAFETY: an all-zero handle is a valid out-parameter.
     let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointer; the driver validates the address.
-    check("cuIpcGetMemHandle", dev, unsafe {
-        sys::cuIpcGetMemHandle(&mut h, ptr.0)
-    })?;
+    let r = unsafe { sys::cuIpcGetMemHandle(&mut h, ptr.0) };
+    check("cuIpcGetMemHandle", dev, r)?;
     Ok(IpcHandle(h.reserved.map(|b| b as u8)))
 }
 
@@ -29,14 +28,12 @@ pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
     let mut p = 0;
     let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
     // SAFETY: valid out-pointer; the driver validates the handle.
-    check("cuIpcOpenMemHandle", dev, unsafe {
-        sys::cuIpcOpenMemHandle_v2(&mut p, h, flags)
-    })?;
+    let r = unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, h, flags) };
+    check("cuIpcOpenMemHandle", dev, r)?;
     let (mut base, mut len) = (0, 0usize);
     // SAFETY: valid out-pointers; `p` is the mapping just made.
-    let sized = check("cuMemGetAddressRange", dev, unsafe {
-        sys::cuMemGetAddressRange_v2(&mut base, &mut len, p)
-    });
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, p) };
+    let sized = check("cuMemGetAddressRange", dev, r);
     if let Err(e) = sized {
         // The mapping just made, not handed out: it goes.
         let _ = close(dev, DevicePtr(p));
@@ -48,7 +45,6 @@ pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
 /// `cuIpcCloseMemHandle` of an address [`open`] returned.
 pub(super) fn close(dev: u32, ptr: DevicePtr) -> Result<()> {
     // SAFETY: the driver validates the address against its mappings.
-    check("cuIpcCloseMemHandle", dev, unsafe {
-        sys::cuIpcCloseMemHandle(ptr.0)
-    })
+    let r = unsafe { sys::cuIpcCloseMemHandle(ptr.0) };
+    check("cuIpcCloseMemHandle", dev, r)
 }

@@ -18,9 +18,8 @@ pub(super) fn create(dev: u32, release_threshold: u64) -> Result<RawMemPool> {
     props.location.id = dev as i32;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: valid pointers to initialized locals.
-    check("cuMemPoolCreate", dev, unsafe {
-        sys::cuMemPoolCreate(&mut pool, &props)
-    })?;
+    let r = unsafe { sys::cuMemPoolCreate(&mut pool, &props) };
+    check("cuMemPoolCreate", dev, r)?;
     let raw = pool as usize as RawMemPool;
     let mut threshold = release_threshold;
     // SAFETY: the attribute is a cuuint64_t read from a local; the pool was just made.
@@ -42,17 +41,15 @@ pub(super) fn create(dev: u32, release_threshold: u64) -> Result<RawMemPool> {
 /// `cuMemPoolDestroy`.
 pub(super) fn destroy(dev: u32, pool: RawMemPool) -> Result<()> {
     // SAFETY: the driver validates the handle.
-    check("cuMemPoolDestroy", dev, unsafe {
-        sys::cuMemPoolDestroy(pool_handle(pool))
-    })
+    let r = unsafe { sys::cuMemPoolDestroy(pool_handle(pool)) };
+    check("cuMemPoolDestroy", dev, r)
 }
 
 /// `cuMemPoolTrimTo`: releases unused memory down to `keep_bytes`.
 pub(super) fn trim(dev: u32, pool: RawMemPool, keep_bytes: usize) -> Result<()> {
     // SAFETY: the driver validates the handle.
-    check("cuMemPoolTrimTo", dev, unsafe {
-        sys::cuMemPoolTrimTo(pool_handle(pool), keep_bytes)
-    })
+    let r = unsafe { sys::cuMemPoolTrimTo(pool_handle(pool), keep_bytes) };
+    check("cuMemPoolTrimTo", dev, r)
 }
 
 /// The pool's `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
@@ -87,7 +84,6 @@ pub(super) fn alloc_async(
 /// `cuMemFreeAsync` on `stream`.
 pub(super) fn free_async(dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()> {
     // SAFETY: the driver validates pointer and stream.
-    check("cuMemFreeAsync", dev, unsafe {
-        sys::cuMemFreeAsync(ptr.0, stream_handle(stream))
-    })
+    let r = unsafe { sys::cuMemFreeAsync(ptr.0, stream_handle(stream)) };
+    check("cuMemFreeAsync", dev, r)
 }

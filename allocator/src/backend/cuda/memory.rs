@@ -13,9 +13,8 @@ use crate::error::Result;
 pub(super) fn info(dev: u32) -> Result<MemInfo> {
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: valid out-pointers to locals.
-    check("cuMemGetInfo_v2", dev, unsafe {
-        sys::cuMemGetInfo_v2(&mut free, &mut total)
-    })?;
+    let r = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+    check("cuMemGetInfo_v2", dev, r)?;
     Ok(MemInfo { free, total })
 }
 
@@ -23,9 +22,8 @@ pub(super) fn info(dev: u32) -> Result<MemInfo> {
 pub(super) fn alloc(dev: u32, bytes: usize) -> Result<DevicePtr> {
     let mut p = 0;
     // SAFETY: valid out-pointer to a local.
-    check("cuMemAlloc_v2", dev, unsafe {
-        sys::cuMemAlloc_v2(&mut p, bytes)
-    })?;
+    let r = unsafe { sys::cuMemAlloc_v2(&mut p, bytes) };
+    check("cuMemAlloc_v2", dev, r)?;
     Ok(DevicePtr(p))
 }
 
@@ -34,9 +32,8 @@ pub(super) fn alloc_managed(dev: u32, bytes: usize) -> Result<DevicePtr> {
     let mut p = 0;
     let flags = sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32;
     // SAFETY: valid out-pointer to a local.
-    check("cuMemAllocManaged", dev, unsafe {
-        sys::cuMemAllocManaged(&mut p, bytes, flags)
-    })?;
+    let r = unsafe { sys::cuMemAllocManaged(&mut p, bytes, flags) };
+    check("cuMemAllocManaged", dev, r)?;
     Ok(DevicePtr(p))
 }
 
@@ -55,9 +52,8 @@ pub(super) fn alloc_host(dev: u32, bytes: usize, portable: bool) -> Result<*mut 
         0
     };
     // SAFETY: valid out-pointer to a local.
-    check("cuMemHostAlloc", dev, unsafe {
-        sys::cuMemHostAlloc(&mut p, bytes, flags)
-    })?;
+    let r = unsafe { sys::cuMemHostAlloc(&mut p, bytes, flags) };
+    check("cuMemHostAlloc", dev, r)?;
     Ok(p.cast())
 }
 
@@ -67,9 +63,8 @@ pub(super) fn alloc_host(dev: u32, bytes: usize, portable: bool) -> Result<*mut 
 /// `ptr` came from [`alloc_host`] and no copy uses it any more.
 pub(super) unsafe fn free_host(dev: u32, ptr: *mut u8) -> Result<()> {
     // SAFETY: the caller's guarantee.
-    check("cuMemFreeHost", dev, unsafe {
-        sys::cuMemFreeHost(ptr.cast())
-    })
+    let r = unsafe { sys::cuMemFreeHost(ptr.cast()) };
+    check("cuMemFreeHost", dev, r)
 }
 
 /// `cuMemHostRegister(PORTABLE)`: pins a host range for every context.
@@ -89,41 +84,36 @@ pub(super) unsafe fn host_register(dev: u32, ptr: *mut u8, bytes: usize) -> Resu
 /// `ptr` was registered with [`host_register`] and no copy uses it any more.
 pub(super) unsafe fn host_unregister(dev: u32, ptr: *mut u8) -> Result<()> {
     // SAFETY: the caller's guarantee.
-    check("cuMemHostUnregister", dev, unsafe {
-        sys::cuMemHostUnregister(ptr.cast())
-    })
+    let r = unsafe { sys::cuMemHostUnregister(ptr.cast()) };
+    check("cuMemHostUnregister", dev, r)
 }
 
 /// `cuMemcpyHtoD`: returns once `src` may be reused (not yet when the bytes are on the device).
 pub(super) fn copy_htod(dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
     // SAFETY: `src` is a live slice for the duration of this synchronous call.
-    check("cuMemcpyHtoD_v2", dev, unsafe {
-        sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len())
-    })
+    let r = unsafe { sys::cuMemcpyHtoD_v2(dst.0, src.as_ptr().cast(), src.len()) };
+    check("cuMemcpyHtoD_v2", dev, r)
 }
 
 /// `cuMemcpyDtoH`.
 pub(super) fn copy_dtoh(dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
     // SAFETY: `dst` is an exclusive live slice for the duration of this synchronous copy.
-    check("cuMemcpyDtoH_v2", dev, unsafe {
-        sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len())
-    })
+    let r = unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len()) };
+    check("cuMemcpyDtoH_v2", dev, r)
 }
 
 /// `cuMemcpyDtoD` (queued on the legacy default stream).
 pub(super) fn copy_dtod(dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
     // SAFETY: the driver validates the device ranges (on any devices, with unified addressing).
-    check("cuMemcpyDtoD_v2", dev, unsafe {
-        sys::cuMemcpyDtoD_v2(dst.0, src.0, bytes)
-    })
+    let r = unsafe { sys::cuMemcpyDtoD_v2(dst.0, src.0, bytes) };
+    check("cuMemcpyDtoD_v2", dev, r)
 }
 
 /// `cuMemsetD8` (queued on the legacy default stream).
 pub(super) fn set(dev: u32, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
     // SAFETY: the driver validates the device range.
-    check("cuMemsetD8_v2", dev, unsafe {
-        sys::cuMemsetD8_v2(dst.0, value, bytes)
-    })
+    let r = unsafe { sys::cuMemsetD8_v2(dst.0, value, bytes) };
+    check("cuMemsetD8_v2", dev, r)
 }
 
 /// `cuMemcpyHtoDAsync` on `stream`.
@@ -138,9 +128,8 @@ pub(super) unsafe fn copy_htod_async(
     stream: RawStream,
 ) -> Result<()> {
     // SAFETY: the caller's guarantee; the driver validates the device range and stream.
-    check("cuMemcpyHtoDAsync_v2", dev, unsafe {
-        sys::cuMemcpyHtoDAsync_v2(dst.0, src.cast(), bytes, stream_handle(stream))
-    })
+    let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst.0, src.cast(), bytes, stream_handle(stream)) };
+    check("cuMemcpyHtoDAsync_v2", dev, r)
 }
 
 /// `cuMemcpyDtoHAsync` on `stream`.
@@ -155,9 +144,8 @@ pub(super) unsafe fn copy_dtoh_async(
     stream: RawStream,
 ) -> Result<()> {
     // SAFETY: the caller's guarantee; the driver validates the device range and stream.
-    check("cuMemcpyDtoHAsync_v2", dev, unsafe {
-        sys::cuMemcpyDtoHAsync_v2(dst.cast(), src.0, bytes, stream_handle(stream))
-    })
+    let r = unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src.0, bytes, stream_handle(stream)) };
+    check("cuMemcpyDtoHAsync_v2", dev, r)
 }
 
 /// `cuMemcpyDtoDAsync` on `stream`.
@@ -169,9 +157,8 @@ pub(super) fn copy_dtod_async(
     stream: RawStream,
 ) -> Result<()> {
     // SAFETY: the driver validates the device ranges and the stream.
-    check("cuMemcpyDtoDAsync_v2", dev, unsafe {
-        sys::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, stream_handle(stream))
-    })
+    let r = unsafe { sys::cuMemcpyDtoDAsync_v2(dst.0, src.0, bytes, stream_handle(stream)) };
+    check("cuMemcpyDtoDAsync_v2", dev, r)
 }
 
 /// `cuMemsetD8Async` on `stream`.
@@ -183,7 +170,6 @@ pub(super) fn set_async(
     stream: RawStream,
 ) -> Result<()> {
     // SAFETY: the driver validates the device range and the stream.
-    check("cuMemsetD8Async", dev, unsafe {
-        sys::cuMemsetD8Async(dst.0, value, bytes, stream_handle(stream))
-    })
+    let r = unsafe { sys::cuMemsetD8Async(dst.0, value, bytes, stream_handle(stream)) };
+    check("cuMemsetD8Async", dev, r)
 }

@@ -142,8 +142,7 @@ impl CudaBackend {
         // SAFETY: the library is present (checked above), so `culib` does not panic.
         let lib = unsafe { sys::culib() };
         let missing: Vec<&str> = REQUIRED_SYMBOLS
-            .iter()
-            .copied()
+            .split_whitespace()
             // SAFETY: looking a symbol up does not call it.
             .filter(|name| unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err())
             .collect();
@@ -189,13 +188,22 @@ impl CudaBackend {
             .is_some_and(|d| d.ctx.load(Ordering::Acquire) != 0)
     }
 
+    /// Runs `f` with `dev`'s primary context current ([`bind`](Self::bind)).
+    fn on<T>(&self, dev: u32, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let _bound = self.bind(dev)?;
+        f()
+    }
+
     /// Makes `dev`'s primary context current on this thread while the guard lives (retaining it on
     /// first use), restoring the thread's own after. Checked every call: another library (e.g.
     /// CuPy's `Device(n).use()`) may have switched the thread's device.
     fn bind(&self, dev: u32) -> Result<current::Bound> {
-        let missing = Error::no_such_device(dev, self.devices.len() as u32, "cuda");
-        let d = self.devices.get(dev as usize).ok_or(missing)?;
-        current::Bound::to(d.context()?, dev)
+        current::Bound::to(self.device(dev)?.context()?, dev)
+    }
+
+    fn device(&self, dev: u32) -> Result<&CudaDevice> {
+        let missing = || Error::no_such_device(dev, self.devices.len() as u32, "cuda");
+        self.devices.get(dev as usize).ok_or_else(missing)
     }
 }
 
@@ -219,34 +227,23 @@ impl Backend for CudaBackend {
     }
 
     fn properties(&self, dev: u32) -> Result<DeviceProperties> {
-        self.devices
-            .get(dev as usize)
-            .map(|d| d.props.clone())
-            .ok_or(Error::no_such_device(
-                dev,
-                self.devices.len() as u32,
-                "cuda",
-            ))
+        Ok(self.device(dev)?.props.clone())
     }
 
     fn mem_info(&self, dev: u32) -> Result<MemInfo> {
-        let _bound = self.bind(dev)?;
-        memory::info(dev)
+        self.on(dev, || memory::info(dev))
     }
 
     fn mem_granularity(&self, dev: u32) -> Result<usize> {
-        let _bound = self.bind(dev)?;
-        vmm::granularity(dev)
+        self.on(dev, || vmm::granularity(dev))
     }
 
     fn mem_address_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
-        let _bound = self.bind(dev)?;
-        vmm::address_reserve(dev, bytes)
+        self.on(dev, || vmm::address_reserve(dev, bytes))
     }
 
     fn mem_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        vmm::address_free(dev, ptr, bytes)
+        self.on(dev, || vmm::address_free(dev, ptr, bytes))
     }
 
     fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical> {
@@ -257,23 +254,19 @@ impl Backend for CudaBackend {
     }
 
     fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        vmm::release(dev, handle)
+        self.on(dev, || vmm::release(dev, handle))
     }
 
     fn mem_map(&self, dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        vmm::map(dev, ptr, bytes, handle)
+        self.on(dev, || vmm::map(dev, ptr, bytes, handle))
     }
 
     fn mem_unmap(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        vmm::unmap(dev, ptr, bytes)
+        self.on(dev, || vmm::unmap(dev, ptr, bytes))
     }
 
     fn mem_set_access(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        vmm::set_access(dev, ptr, bytes)
+        self.on(dev, || vmm::set_access(dev, ptr, bytes))
     }
 
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
@@ -286,8 +279,7 @@ impl Backend for CudaBackend {
     }
 
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        memory::free(dev, ptr)
+        self.on(dev, || memory::free(dev, ptr))
     }
 
     fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)> {
@@ -309,38 +301,31 @@ impl Backend for CudaBackend {
     }
 
     fn ipc_open(&self, dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
-        let _bound = self.bind(dev)?;
-        ipc::open(dev, handle)
+        self.on(dev, || ipc::open(dev, handle))
     }
 
     fn ipc_close(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        ipc::close(dev, ptr)
+        self.on(dev, || ipc::close(dev, ptr))
     }
 
     fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
-        let _bound = self.bind(dev)?;
-        memory::alloc_managed(dev, bytes)
+        self.on(dev, || memory::alloc_managed(dev, bytes))
     }
 
     fn mem_pool_create(&self, dev: u32, release_threshold: u64) -> Result<RawMemPool> {
-        let _bound = self.bind(dev)?;
-        mem_pool::create(dev, release_threshold)
+        self.on(dev, || mem_pool::create(dev, release_threshold))
     }
 
     fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        mem_pool::destroy(dev, pool)
+        self.on(dev, || mem_pool::destroy(dev, pool))
     }
 
     fn mem_pool_trim(&self, dev: u32, pool: RawMemPool, keep_bytes: usize) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        mem_pool::trim(dev, pool, keep_bytes)
+        self.on(dev, || mem_pool::trim(dev, pool, keep_bytes))
     }
 
     fn mem_pool_reserved(&self, dev: u32, pool: RawMemPool) -> Result<u64> {
-        let _bound = self.bind(dev)?;
-        mem_pool::reserved(dev, pool)
+        self.on(dev, || mem_pool::reserved(dev, pool))
     }
 
     fn malloc_async(
@@ -350,36 +335,30 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: RawStream,
     ) -> Result<DevicePtr> {
-        let _bound = self.bind(dev)?;
-        mem_pool::alloc_async(dev, pool, bytes, stream)
+        self.on(dev, || mem_pool::alloc_async(dev, pool, bytes, stream))
     }
 
     fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        mem_pool::free_async(dev, ptr, stream)
+        self.on(dev, || mem_pool::free_async(dev, ptr, stream))
     }
 
     fn malloc_host(&self, bytes: usize) -> Result<*mut u8> {
-        let _bound = self.bind(0)?;
-        memory::alloc_host(0, bytes, true)
+        self.on(0, || memory::alloc_host(0, bytes, true))
     }
 
     unsafe fn free_host(&self, ptr: *mut u8) -> Result<()> {
-        let _bound = self.bind(0)?;
         // SAFETY: the caller passes a pointer from `malloc_host` that no copy uses.
-        unsafe { memory::free_host(0, ptr) }
+        self.on(0, || unsafe { memory::free_host(0, ptr) })
     }
 
     unsafe fn host_register(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
-        let _bound = self.bind(0)?;
         // SAFETY: the caller guarantees the range is a live host allocation.
-        unsafe { memory::host_register(0, ptr, bytes) }
+        self.on(0, || unsafe { memory::host_register(0, ptr, bytes) })
     }
 
     unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()> {
-        let _bound = self.bind(0)?;
         // SAFETY: the caller guarantees `ptr` was registered and no copy uses it.
-        unsafe { memory::host_unregister(0, ptr) }
+        self.on(0, || unsafe { memory::host_unregister(0, ptr) })
     }
 
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
@@ -421,9 +400,10 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: RawStream,
     ) -> Result<()> {
-        let _bound = self.bind(dev)?;
         // SAFETY: the caller keeps the host range valid until the stream runs the copy.
-        unsafe { memory::copy_htod_async(dev, dst, src, bytes, stream) }
+        self.on(dev, || unsafe {
+            memory::copy_htod_async(dev, dst, src, bytes, stream)
+        })
     }
 
     unsafe fn memcpy_dtoh_async(
@@ -434,9 +414,10 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: RawStream,
     ) -> Result<()> {
-        let _bound = self.bind(dev)?;
         // SAFETY: the caller keeps the host range valid and untouched until the copy runs.
-        unsafe { memory::copy_dtoh_async(dev, dst, src, bytes, stream) }
+        self.on(dev, || unsafe {
+            memory::copy_dtoh_async(dev, dst, src, bytes, stream)
+        })
     }
 
     fn memcpy_dtod_async(
@@ -447,8 +428,9 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: RawStream,
     ) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        memory::copy_dtod_async(dev, dst, src, bytes, stream)
+        self.on(dev, || {
+            memory::copy_dtod_async(dev, dst, src, bytes, stream)
+        })
     }
 
     fn memset_async(
@@ -459,8 +441,7 @@ impl Backend for CudaBackend {
         bytes: usize,
         stream: RawStream,
     ) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        memory::set_async(dev, dst, value, bytes, stream)
+        self.on(dev, || memory::set_async(dev, dst, value, bytes, stream))
     }
 
     fn stream_create(&self, dev: u32) -> Result<RawStream> {
@@ -472,7 +453,6 @@ impl Backend for CudaBackend {
 
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // The registry holds off other calls using the handle.
         self.streams
             // SAFETY: the registry runs this once, for a live stream of this backend, with every
             // other call on the handle held off.
@@ -481,8 +461,6 @@ impl Backend for CudaBackend {
 
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()> {
         let _bound = self.bind(dev)?;
-        // The handle is a default stream, a live one of ours or the caller's, never one we
-        // destroyed (the registry checks, and holds destruction off during the call).
         self.streams
             // SAFETY: the registry refuses a stream it destroyed and holds destruction off
             // until the call returns.
@@ -523,38 +501,31 @@ impl Backend for CudaBackend {
     }
 
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        stream::wait_event(dev, stream, event)
+        self.on(dev, || stream::wait_event(dev, stream, event))
     }
 
     fn event_create(&self, dev: u32) -> Result<RawEvent> {
-        let _bound = self.bind(dev)?;
-        stream::event_create(dev)
+        self.on(dev, || stream::event_create(dev))
     }
 
     fn event_destroy(&self, dev: u32, event: RawEvent) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        stream::event_destroy(dev, event)
+        self.on(dev, || stream::event_destroy(dev, event))
     }
 
     fn event_record(&self, dev: u32, event: RawEvent, stream: RawStream) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        stream::event_record(dev, event, stream)
+        self.on(dev, || stream::event_record(dev, event, stream))
     }
 
     fn event_query(&self, dev: u32, event: RawEvent) -> Result<bool> {
-        let _bound = self.bind(dev)?;
-        stream::event_query(dev, event)
+        self.on(dev, || stream::event_query(dev, event))
     }
 
     fn event_synchronize(&self, dev: u32, event: RawEvent) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        stream::event_synchronize(dev, event)
+        self.on(dev, || stream::event_synchronize(dev, event))
     }
 
     fn device_synchronize(&self, dev: u32) -> Result<()> {
-        let _bound = self.bind(dev)?;
-        context::synchronize(dev)
+        self.on(dev, || context::synchronize(dev))
     }
 
     fn context_device(&self) -> Result<Option<u32>> {

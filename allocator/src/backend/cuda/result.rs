@@ -8,69 +8,20 @@ use cudarc::driver::sys;
 use crate::backend::{RawEvent, RawMemPool, RawStream};
 use crate::error::{Error, Result};
 
-/// Every driver entry point the backend uses; checked at load time.
-pub(super) const REQUIRED_SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuDriverGetVersion",
-    "cuDeviceGetCount",
-    "cuDeviceGet",
-    "cuDeviceGetName",
-    "cuDeviceGetUuid",
-    "cuDeviceTotalMem_v2",
-    "cuDeviceGetAttribute",
-    "cuDevicePrimaryCtxRetain",
-    "cuCtxSetCurrent",
-    "cuCtxGetCurrent",
-    "cuCtxGetDevice",
-    "cuMemGetAddressRange_v2",
-    "cuCtxSynchronize",
-    "cuGetErrorName",
-    "cuGetErrorString",
-    "cuMemGetInfo_v2",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemAllocManaged",
-    "cuIpcGetMemHandle",
-    "cuIpcOpenMemHandle_v2",
-    "cuIpcCloseMemHandle",
-    "cuMemGetAllocationGranularity",
-    "cuMemAddressReserve",
-    "cuMemAddressFree",
-    "cuMemCreate",
-    "cuMemRelease",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuMemSetAccess",
-    "cuMemHostAlloc",
-    "cuMemFreeHost",
-    "cuMemHostRegister_v2",
-    "cuMemHostUnregister",
-    "cuMemPoolCreate",
-    "cuMemPoolDestroy",
-    "cuMemPoolSetAttribute",
-    "cuMemPoolGetAttribute",
-    "cuMemPoolTrimTo",
-    "cuMemAllocFromPoolAsync",
-    "cuMemFreeAsync",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemcpyDtoD_v2",
-    "cuMemcpyHtoDAsync_v2",
-    "cuMemcpyDtoHAsync_v2",
-    "cuMemcpyDtoDAsync_v2",
-    "cuMemsetD8_v2",
-    "cuMemsetD8Async",
-    "cuStreamCreate",
-    "cuStreamDestroy_v2",
-    "cuStreamSynchronize",
-    "cuStreamQuery",
-    "cuStreamWaitEvent",
-    "cuEventCreate",
-    "cuEventDestroy_v2",
-    "cuEventRecord",
-    "cuEventQuery",
-    "cuEventSynchronize",
-];
+/// Every driver entry point the backend uses, separated by white space; checked at load time.
+pub(super) const REQUIRED_SYMBOLS: &str = "
+    cuInit cuDriverGetVersion cuDeviceGetCount cuDeviceGet cuDeviceGetName cuDeviceGetUuid
+    cuDeviceTotalMem_v2 cuDeviceGetAttribute cuDevicePrimaryCtxRetain cuCtxSetCurrent
+    cuCtxGetCurrent cuCtxGetDevice cuMemGetAddressRange_v2 cuCtxSynchronize cuGetErrorName
+    cuGetErrorString cuMemGetInfo_v2 cuMemAlloc_v2 cuMemFree_v2 cuMemAllocManaged cuIpcGetMemHandle
+    cuIpcOpenMemHandle_v2 cuIpcCloseMemHandle cuMemGetAllocationGranularity cuMemAddressReserve
+    cuMemAddressFree cuMemCreate cuMemRelease cuMemMap cuMemUnmap cuMemSetAccess cuMemHostAlloc
+    cuMemFreeHost cuMemHostRegister_v2 cuMemHostUnregister cuMemPoolCreate cuMemPoolDestroy
+    cuMemPoolSetAttribute cuMemPoolGetAttribute cuMemPoolTrimTo cuMemAllocFromPoolAsync
+    cuMemFreeAsync cuMemcpyHtoD_v2 cuMemcpyDtoH_v2 cuMemcpyDtoD_v2 cuMemcpyHtoDAsync_v2
+    cuMemcpyDtoHAsync_v2 cuMemcpyDtoDAsync_v2 cuMemsetD8_v2 cuMemsetD8Async cuStreamCreate
+    cuStreamDestroy_v2 cuStreamSynchronize cuStreamQuery cuStreamWaitEvent cuEventCreate
+    cuEventDestroy_v2 cuEventRecord cuEventQuery cuEventSynchronize";
 
 /// Turns a `CUresult` into a `Result`, with the error's name and description.
 pub(super) fn check(call: &'static str, device: u32, r: sys::CUresult) -> Result<()> {

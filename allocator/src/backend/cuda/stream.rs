@@ -14,9 +14,8 @@ pub(super) fn create(dev: u32) -> Result<RawStream> {
     let mut s: sys::CUstream = std::ptr::null_mut();
     let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
     // SAFETY: valid out-pointer to a local.
-    check("cuStreamCreate", dev, unsafe {
-        sys::cuStreamCreate(&mut s, flags)
-    })?;
+    let r = unsafe { sys::cuStreamCreate(&mut s, flags) };
+    check("cuStreamCreate", dev, r)?;
     Ok(s as usize as RawStream)
 }
 
@@ -26,9 +25,8 @@ pub(super) fn create(dev: u32) -> Result<RawStream> {
 /// `stream` is a live stream that no call uses during or after this one.
 pub(super) unsafe fn destroy(dev: u32, stream: RawStream) -> Result<()> {
     // SAFETY: the caller's guarantee.
-    check("cuStreamDestroy_v2", dev, unsafe {
-        sys::cuStreamDestroy_v2(stream_handle(stream))
-    })
+    let r = unsafe { sys::cuStreamDestroy_v2(stream_handle(stream)) };
+    check("cuStreamDestroy_v2", dev, r)
 }
 
 /// `cuStreamSynchronize` (the null handle: the legacy default stream).
@@ -37,9 +35,8 @@ pub(super) unsafe fn destroy(dev: u32, stream: RawStream) -> Result<()> {
 /// `stream` is 0, a default stream, or a live stream not destroyed during the call.
 pub(super) unsafe fn synchronize(dev: u32, stream: RawStream) -> Result<()> {
     // SAFETY: the caller's guarantee.
-    check("cuStreamSynchronize", dev, unsafe {
-        sys::cuStreamSynchronize(stream_handle(stream))
-    })
+    let r = unsafe { sys::cuStreamSynchronize(stream_handle(stream)) };
+    check("cuStreamSynchronize", dev, r)
 }
 
 /// `cuStreamQuery`: true when `stream`'s queued work has completed.
@@ -58,9 +55,8 @@ pub(super) unsafe fn query(dev: u32, stream: RawStream) -> Result<bool> {
 /// `cuStreamWaitEvent`: work queued on `stream` later waits for `event`.
 pub(super) fn wait_event(dev: u32, stream: RawStream, event: RawEvent) -> Result<()> {
     // SAFETY: the driver validates both handles.
-    check("cuStreamWaitEvent", dev, unsafe {
-        sys::cuStreamWaitEvent(stream_handle(stream), event_handle(event), 0)
-    })
+    let r = unsafe { sys::cuStreamWaitEvent(stream_handle(stream), event_handle(event), 0) };
+    check("cuStreamWaitEvent", dev, r)
 }
 
 /// `cuEventCreate(CU_EVENT_DISABLE_TIMING)`.
@@ -68,26 +64,23 @@ pub(super) fn event_create(dev: u32) -> Result<RawEvent> {
     let mut e: sys::CUevent = std::ptr::null_mut();
     let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
     // SAFETY: valid out-pointer to a local.
-    check("cuEventCreate", dev, unsafe {
-        sys::cuEventCreate(&mut e, flags)
-    })?;
+    let r = unsafe { sys::cuEventCreate(&mut e, flags) };
+    check("cuEventCreate", dev, r)?;
     Ok(e as usize as RawEvent)
 }
 
 /// `cuEventDestroy`.
 pub(super) fn event_destroy(dev: u32, event: RawEvent) -> Result<()> {
     // SAFETY: the driver validates the handle; the caller uses it no more.
-    check("cuEventDestroy_v2", dev, unsafe {
-        sys::cuEventDestroy_v2(event_handle(event))
-    })
+    let r = unsafe { sys::cuEventDestroy_v2(event_handle(event)) };
+    check("cuEventDestroy_v2", dev, r)
 }
 
 /// `cuEventRecord` of `stream`'s queued work.
 pub(super) fn event_record(dev: u32, event: RawEvent, stream: RawStream) -> Result<()> {
     // SAFETY: the driver validates both handles.
-    check("cuEventRecord", dev, unsafe {
-        sys::cuEventRecord(event_handle(event), stream_handle(stream))
-    })
+    let r = unsafe { sys::cuEventRecord(event_handle(event), stream_handle(stream)) };
+    check("cuEventRecord", dev, r)
 }
 
 /// `cuEventQuery`: true when the recorded work has completed.
@@ -103,7 +96,6 @@ pub(super) fn event_query(dev: u32, event: RawEvent) -> Result<bool> {
 /// `cuEventSynchronize`.
 pub(super) fn event_synchronize(dev: u32, event: RawEvent) -> Result<()> {
     // SAFETY: the driver validates the handle.
-    check("cuEventSynchronize", dev, unsafe {
-        sys::cuEventSynchronize(event_handle(event))
-    })
+    let r = unsafe { sys::cuEventSynchronize(event_handle(event)) };
+    check("cuEventSynchronize", dev, r)
 }

@@ -38,18 +38,16 @@ pub(super) fn granularity(dev: u32) -> Result<usize> {
 pub(super) fn address_reserve(dev: u32, bytes: usize) -> Result<DevicePtr> {
     let mut p = 0;
     // SAFETY: valid out-pointer; alignment 0 is the granularity; no fixed address.
-    check("cuMemAddressReserve", dev, unsafe {
-        sys::cuMemAddressReserve(&mut p, bytes, 0, 0, 0)
-    })?;
+    let r = unsafe { sys::cuMemAddressReserve(&mut p, bytes, 0, 0, 0) };
+    check("cuMemAddressReserve", dev, r)?;
     Ok(DevicePtr(p))
 }
 
 /// `cuMemAddressFree`.
 pub(super) fn address_free(dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
     // SAFETY: the driver validates the range against its reservations.
-    check("cuMemAddressFree", dev, unsafe {
-        sys::cuMemAddressFree(ptr.0, bytes)
-    })
+    let r = unsafe { sys::cuMemAddressFree(ptr.0, bytes) };
+    check("cuMemAddressFree", dev, r)
 }
 
 /// `cuMemCreate` of `bytes` of pinned memory on `dev`.
@@ -57,9 +55,8 @@ pub(super) fn create(dev: u32, bytes: usize) -> Result<RawPhysical> {
     let prop = device_memory(dev);
     let mut h: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: valid out-pointer and properties; flags must be 0.
-    check("cuMemCreate", dev, unsafe {
-        sys::cuMemCreate(&mut h, bytes, &prop, 0)
-    })?;
+    let r = unsafe { sys::cuMemCreate(&mut h, bytes, &prop, 0) };
+    check("cuMemCreate", dev, r)?;
     Ok(h as RawPhysical)
 }
 
@@ -72,9 +69,8 @@ pub(super) fn release(dev: u32, handle: RawPhysical) -> Result<()> {
 /// `cuMemMap` of all of `handle` at `ptr`.
 pub(super) fn map(dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()> {
     // SAFETY: the driver validates range (reserved, unmapped) and handle; offset, flags are 0.
-    check("cuMemMap", dev, unsafe {
-        sys::cuMemMap(ptr.0, bytes, 0, handle, 0)
-    })
+    let r = unsafe { sys::cuMemMap(ptr.0, bytes, 0, handle, 0) };
+    check("cuMemMap", dev, r)
 }
 
 /// `cuMemUnmap`.
@@ -91,7 +87,6 @@ pub(super) fn set_access(dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
     desc.location.id = dev as i32;
     desc.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     // SAFETY: one valid descriptor; the driver validates the range.
-    check("cuMemSetAccess", dev, unsafe {
-        sys::cuMemSetAccess(ptr.0, bytes, &desc, 1)
-    })
+    let r = unsafe { sys::cuMemSetAccess(ptr.0, bytes, &desc, 1) };
+    check("cuMemSetAccess", dev, r)
 }

@@ -82,6 +82,39 @@ fn live_pool(
     }
 }
 
+impl SimBackend {
+    /// Forgets the host block at `ptr`: pinned by `malloc_host` if `pinned`, else registered.
+    fn forget_host(&self, ptr: *mut u8, pinned: bool, call: &'static str) -> Result<()> {
+        let mut host = self.host.lock();
+        match host.get(&(ptr as u64)) {
+            Some(b) if matches!(b, HostBlock::Pinned(_)) == pinned => {
+                host.remove(&(ptr as u64));
+                Ok(())
+            }
+            _ => Err(Error::invalid_pointer(ptr as u64, 0, call)),
+        }
+    }
+
+    /// Counts a synchronous copy, ordered after the work queued on the (legacy) default stream as
+    /// in CUDA.
+    fn start_sync_copy(&self, dev: u32) -> Result<()> {
+        self.stream(dev, 0)?.synchronize();
+        self.count_copy(dev)
+    }
+
+    /// Both ranges of a device → device copy, resolved under one lock.
+    fn resolve_pair(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        call: &'static str,
+    ) -> Result<(Resolved, Resolved)> {
+        let t = self.table.lock();
+        Ok((t.resolve(dst, bytes, call)?, t.resolve(src, bytes, call)?))
+    }
+}
+
 impl Backend for SimBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Sim
@@ -243,15 +276,19 @@ impl Backend for SimBackend {
 
     fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()> {
         let s = self.stream(dev, stream)?;
-        let pool = match self.table.lock().get(ptr.addr()) {
-            Some(a) if a.device == dev => match a.kind {
-                AllocKind::Pool(p) => self.pools.read().get(&p).cloned(),
+        let pool = self
+            .table
+            .lock()
+            .get(ptr.addr())
+            .and_then(|a| match a.kind {
+                AllocKind::Pool(p) if a.device == dev => self.pools.read().get(&p).cloned(),
                 _ => None,
-            },
-            _ => None,
-        };
-        let resource = "simulated cuMemFreeAsync";
-        let pool = pool.ok_or(Error::invalid_pointer(ptr.addr(), 0, resource))?;
+            });
+        let pool = pool.ok_or(Error::invalid_pointer(
+            ptr.addr(),
+            0,
+            "simulated cuMemFreeAsync",
+        ))?;
         let table = Arc::clone(&self.table);
         let used = Arc::clone(&self.device(dev)?.used);
         let release = move || {
@@ -291,18 +328,7 @@ impl Backend for SimBackend {
     }
 
     unsafe fn free_host(&self, ptr: *mut u8) -> Result<()> {
-        let mut host = self.host.lock();
-        match host.get(&(ptr as u64)) {
-            Some(HostBlock::Pinned(_)) => {
-                host.remove(&(ptr as u64));
-                Ok(())
-            }
-            _ => Err(Error::invalid_pointer(
-                ptr as u64,
-                0,
-                "simulated cuMemFreeHost",
-            )),
-        }
+        self.forget_host(ptr, true, "simulated cuMemFreeHost")
     }
 
     unsafe fn host_register(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
@@ -327,24 +353,11 @@ impl Backend for SimBackend {
     }
 
     unsafe fn host_unregister(&self, ptr: *mut u8) -> Result<()> {
-        let mut host = self.host.lock();
-        match host.get(&(ptr as u64)) {
-            Some(HostBlock::Registered { .. }) => {
-                host.remove(&(ptr as u64));
-                Ok(())
-            }
-            _ => Err(Error::invalid_pointer(
-                ptr as u64,
-                0,
-                "simulated cuMemHostUnregister",
-            )),
-        }
+        self.forget_host(ptr, false, "simulated cuMemHostUnregister")
     }
 
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        // As in CUDA: ordered after the work queued on the (legacy) default stream.
-        self.stream(dev, 0)?.synchronize();
-        self.count_copy(dev)?;
+        self.start_sync_copy(dev)?;
         let d = self.resolve(dst, src.len(), "simulated cuMemcpyHtoD")?;
         // SAFETY: `d` was validated for `src.len()` bytes and its backing is kept alive by `d`.
         unsafe { move_bytes(&d.pieces(), &[(Some(src.as_ptr()), src.len())]) };
@@ -352,9 +365,7 @@ impl Backend for SimBackend {
     }
 
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
-        // As in CUDA: ordered after the work queued on the (legacy) default stream.
-        self.stream(dev, 0)?.synchronize();
-        self.count_copy(dev)?;
+        self.start_sync_copy(dev)?;
         let s = self.resolve(src, dst.len(), "simulated cuMemcpyDtoH")?;
         // SAFETY: `s` was validated for `dst.len()` bytes; `dst` is an exclusive slice.
         unsafe { move_bytes(&[(Some(dst.as_mut_ptr()), dst.len())], &sources(&s)) };
@@ -362,16 +373,8 @@ impl Backend for SimBackend {
     }
 
     fn memcpy_dtod(&self, dev: u32, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
-        // As in CUDA: ordered after the work queued on the (legacy) default stream.
-        self.stream(dev, 0)?.synchronize();
-        self.count_copy(dev)?;
-        let (d, s) = {
-            let t = self.table.lock();
-            (
-                t.resolve(dst, bytes, "simulated cuMemcpyDtoD")?,
-                t.resolve(src, bytes, "simulated cuMemcpyDtoD")?,
-            )
-        };
+        self.start_sync_copy(dev)?;
+        let (d, s) = self.resolve_pair(dst, src, bytes, "simulated cuMemcpyDtoD")?;
         // SAFETY: both ranges were validated for `bytes` and their backings are alive.
         unsafe { move_bytes(&d.pieces(), &sources(&s)) };
         Ok(())
@@ -434,13 +437,7 @@ impl Backend for SimBackend {
     ) -> Result<()> {
         let s = self.stream(dev, stream)?;
         self.count_copy(dev)?;
-        let (d, r) = {
-            let t = self.table.lock();
-            (
-                t.resolve(dst, bytes, "simulated cuMemcpyDtoDAsync")?,
-                t.resolve(src, bytes, "simulated cuMemcpyDtoDAsync")?,
-            )
-        };
+        let (d, r) = self.resolve_pair(dst, src, bytes, "simulated cuMemcpyDtoDAsync")?;
         s.submit(move || {
             // SAFETY: both ranges were validated and their backings are kept alive by `d`, `r`.
             unsafe { move_bytes(&d.pieces(), &sources(&r)) }
@@ -504,13 +501,7 @@ impl Backend for SimBackend {
     }
 
     fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool> {
-        match self.stream(dev, stream) {
-            Ok(s) => {
-                s.synchronize();
-                Ok(true)
-            }
-            Err(_) => Ok(false),
-        }
+        Ok(self.stream(dev, stream).map(|s| s.synchronize()).is_ok())
     }
 
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()> {
@@ -566,7 +557,7 @@ impl Backend for SimBackend {
     }
 
     fn before_file_write(&self, dev: u32) -> Result<()> {
-        self.count_file_write(dev)
+        self.count(dev, "spill file write", |f| &f.file_write)
     }
 
     fn as_sim(&self) -> Option<&SimBackend> {

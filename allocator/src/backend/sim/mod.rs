@@ -402,31 +402,47 @@ impl SimBackend {
         let d = self.device(dev)?;
         at_least_one_byte(bytes)?;
         let len = self.charge(dev, bytes, call)?;
-        let allocation = |backing| Allocation {
+        let backing = self.back(dev, len, bytes, call)?;
+        let mut table = self.table.lock();
+        let addr = match &backing {
+            Some(b) => Some(b.addr()),
+            None => table.reserve_unbacked(dev, len),
+        };
+        let Some(addr) = addr else {
+            d.used.fetch_sub(len, Ordering::SeqCst);
+            return Err(Self::oom(
+                dev,
+                call,
+                bytes,
+                "no unbacked address range left",
+            ));
+        };
+        let allocation = Allocation {
             device: dev,
             len,
             kind,
             backing,
         };
-        let result = match self.config.mode {
-            SimMemoryMode::Backed => Backing::new(len, DEVICE_ALIGNMENT).map(|b| {
-                let addr = b.addr();
-                self.table
-                    .lock()
-                    .insert(addr, allocation(Some(Arc::new(b))));
-                addr
-            }),
-            SimMemoryMode::Unbacked => {
-                let mut table = self.table.lock();
-                table
-                    .reserve_unbacked(dev, len)
-                    .inspect(|&addr| table.insert(addr, allocation(None)))
-            }
-        };
-        match result {
-            Some(addr) => Ok(DevicePtr(addr)),
+        table.insert(addr, allocation);
+        Ok(DevicePtr(addr))
+    }
+
+    /// Host memory for `len` charged bytes in backed mode (`None` unbacked); refunds them if the
+    /// host has none.
+    fn back(
+        &self,
+        dev: u32,
+        len: usize,
+        bytes: usize,
+        call: &'static str,
+    ) -> Result<Option<Arc<Backing>>> {
+        if self.config.mode == SimMemoryMode::Unbacked {
+            return Ok(None);
+        }
+        match Backing::new(len, DEVICE_ALIGNMENT) {
+            Some(b) => Ok(Some(Arc::new(b))),
             None => {
-                d.used.fetch_sub(len, Ordering::SeqCst);
+                self.device(dev)?.used.fetch_sub(len, Ordering::SeqCst);
                 Err(Self::oom(dev, call, bytes, "the host could not back it"))
             }
         }
@@ -493,25 +509,16 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Counts a spill-file write on `dev`; fails the one chosen to fail.
-    fn count_file_write(&self, dev: u32) -> Result<()> {
-        if self.device(dev)?.faults.file_write.hit() {
-            return Err(Error::InjectedFault {
-                what: "spill file write",
-                device: dev,
-            });
+    /// Counts a copy or a spill-file write (`what`, `fault`) on `dev`; fails the one chosen to fail.
+    fn count(&self, dev: u32, what: &'static str, fault: fn(&Faults) -> &NthFault) -> Result<()> {
+        if fault(&self.device(dev)?.faults).hit() {
+            return Err(Error::InjectedFault { what, device: dev });
         }
         Ok(())
     }
 
     fn count_copy(&self, dev: u32) -> Result<()> {
-        if self.device(dev)?.faults.copy.hit() {
-            return Err(Error::InjectedFault {
-                what: "copy",
-                device: dev,
-            });
-        }
-        Ok(())
+        self.count(dev, "copy", |f| &f.copy)
     }
 }
 

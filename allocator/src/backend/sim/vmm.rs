@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::memory::{AllocKind, Allocation, Backing, DEVICE_ALIGNMENT};
-use super::{SimBackend, SimMemoryMode};
+use super::SimBackend;
+use super::memory::{AllocKind, Allocation, Backing};
 use crate::backend::{DevicePtr, RawPhysical};
 use crate::error::{Error, Result};
 
@@ -139,21 +139,7 @@ impl SimBackend {
         self.device(dev)?;
         check_granule("physical allocation size", bytes as u64)?;
         let len = self.charge(dev, bytes, "cuMemCreate")?;
-        let backing = match self.config.mode {
-            SimMemoryMode::Backed => match Backing::new(len, DEVICE_ALIGNMENT) {
-                Some(b) => Some(Arc::new(b)),
-                None => {
-                    self.device(dev)?.used.fetch_sub(len, Ordering::SeqCst);
-                    return Err(Self::oom(
-                        dev,
-                        "cuMemCreate",
-                        bytes,
-                        "the host could not back it",
-                    ));
-                }
-            },
-            SimMemoryMode::Unbacked => None,
-        };
+        let backing = self.back(dev, len, bytes, "cuMemCreate")?;
         let h = self.handle();
         self.vmm.lock().physical.insert(
             h,
