@@ -99,7 +99,13 @@ impl Lru {
     }
 
     /// Adds `entry` as used at `tick` (now, when `None`).
-    pub(crate) fn insert(&mut self, id: u64, entry: Weak<dyn Spillable>, tick: Option<u64>) {
+    pub(crate) fn insert<S: Spillable + 'static>(
+        &mut self,
+        id: u64,
+        entry: &Arc<S>,
+        tick: Option<u64>,
+    ) {
+        let entry: Weak<dyn Spillable> = Arc::<S>::downgrade(entry);
         let tick = tick.unwrap_or_else(|| self.tick());
         if let Some((old, _)) = self.entries.insert(id, (tick, entry)) {
             self.order.remove(&(old, id));
