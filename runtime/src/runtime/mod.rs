@@ -108,6 +108,11 @@ impl Shared {
         self.paused.load(Ordering::SeqCst)
     }
 
+    /// Publishes a generation of `config` without stacks or workers: its tasks are refused.
+    fn clear_generation(&self, config: ResolvedConfig) {
+        self.generation.store(Arc::new(Generation::empty(config)));
+    }
+
     fn check_outside(&self, what: &'static str) -> Result<()> {
         match worker::current() {
             Some((id, worker)) if id == self.id => Err(Error::InsideWorker { what, worker }),
