@@ -109,29 +109,29 @@ impl Candidates {
     }
 }
 
-/// The live allocations `held` stand for.
-fn blocks(held: &[HeldInPlace<'_>]) -> Vec<LiveBlock> {
-    held.iter()
-        .map(|h| LiveBlock {
-            ptr: h.ptr(),
-            bytes: h.size(),
-            stream: h.stream(),
-        })
-        .collect()
-}
-
 /// The buffers held in place, per device (see the module documentation).
 pub(super) struct Kept<'a> {
     devices: Vec<(u32, Vec<HeldInPlace<'a>>)>,
 }
 
 impl Kept<'_> {
+    fn held_on(&self, device: u32) -> &[HeldInPlace<'_>] {
+        let on = self.devices.iter().find(|(d, _)| *d == device);
+        on.map_or(&[], |(_, held)| held.as_slice())
+    }
+
     pub(super) fn bytes_on(&self, device: u32) -> u64 {
-        self.devices
-            .iter()
-            .filter(|(d, _)| *d == device)
-            .flat_map(|(_, h)| h.iter().map(|b| b.size() as u64))
-            .sum()
+        self.held_on(device).iter().map(|h| h.size() as u64).sum()
+    }
+
+    /// The live allocations held on `device`.
+    fn blocks_on(&self, device: u32) -> Vec<LiveBlock> {
+        let block = |h: &HeldInPlace<'_>| LiveBlock {
+            ptr: h.ptr(),
+            bytes: h.size(),
+            stream: h.stream(),
+        };
+        self.held_on(device).iter().map(block).collect()
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -143,30 +143,21 @@ impl Kept<'_> {
         resolved
             .devices
             .iter()
-            .map(|d| {
-                self.devices
-                    .iter()
-                    .find(|(device, _)| *device == d.ordinal)
-                    .map_or_else(Vec::new, |(_, h)| blocks(h))
-            })
+            .map(|d| self.blocks_on(d.ordinal))
             .collect()
     }
 
     /// Step 5: what is live in `old`'s stacks apart from held buffers, per device with any.
     pub(super) fn live_elsewhere(&self, old: &Generation) -> Vec<LiveMemory> {
-        let held: Vec<(u32, Vec<LiveBlock>)> =
-            self.devices.iter().map(|(d, h)| (*d, blocks(h))).collect();
-        map_devices(old.stacks.len(), |i| {
-            let s = &old.stacks[i];
-            let kept = held
-                .iter()
-                .find(|(d, _)| *d == s.device().ordinal())
-                .map_or(&[][..], |(_, b)| b.as_slice());
-            s.live_except(kept)
-        })
-        .into_iter()
-        .filter(|l| l.count > 0)
-        .collect()
+        let stacks = &old.stacks;
+        let held: Vec<_> = stacks
+            .iter()
+            .map(|s| self.blocks_on(s.device().ordinal()))
+            .collect();
+        map_devices(stacks.len(), |i| stacks[i].live_except(&held[i]))
+            .into_iter()
+            .filter(|l| l.count > 0)
+            .collect()
     }
 
     /// Spills every held buffer (the new stacks could not be built with them); returns the
