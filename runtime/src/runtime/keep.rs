@@ -1,15 +1,9 @@
 //! Keeping idle spillable data in place across a pool-to-pool reinitialize (steps 4 to 7 in
 //! `reinitialize.rs`): instead of a copy to the host and back, the new pool takes its blocks
-//! over with their chunks, and each buffer is repointed to the new stack once installed.
-//!
-//! [`Candidates::find`] picks, per device keeping a pool (`cuMemAlloc` chunks both sides) and
-//! spilling, its manager's buffers idle in the old stack's memory (blocks of 64 KiB or less
-//! never move); [`Candidates::hold`] locks those that fit ([`Kept`]); the new stacks take them
-//! over provisionally ([`StackPlan::replace`](crate::stack::StackPlan::replace)), the rest
-//! being spilled before the switch ([`Kept::spill_refused`], [`Kept::spill_all`]);
-//! [`Kept::commit`] makes them the new stacks' once installed. A failure before the commit
-//! drops the new stacks, whose pools give the blocks back in place; the buffers were never
-//! repointed, so nothing is lost.
+//! over provisionally with their chunks ([`StackPlan::replace`](crate::stack::StackPlan::replace)),
+//! and each buffer is repointed to the new stack once installed ([`Kept::commit`]). A failure
+//! before that drops the new stacks, whose pools give the blocks back in place; the buffers
+//! were never repointed, so nothing is lost.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -160,22 +154,15 @@ impl Kept<'_> {
             .collect()
     }
 
-    /// Spills every held buffer (the new stacks could not be built with them); returns the
-    /// device bytes freed.
-    ///
-    /// # Errors
-    /// [`Error::SpillBeforeSwitch`]: a buffer could not be spilled (it stays valid in the old
-    /// stack, still in force).
+    /// Spills every held buffer (the new stacks could not be built with them): the device bytes
+    /// freed, or [`Error::SpillBeforeSwitch`] (that buffer stays valid in the old stack).
     pub(super) fn spill_all(&mut self) -> Result<u64> {
         self.spill_where(|_, _| true)
     }
 
     /// Spills the held buffers no new pool took over (still the old pool's), then has each old
-    /// stack that lost some give back what they freed. Returns (bytes spilled, bytes released).
-    ///
-    /// # Errors
-    /// [`Error::SpillBeforeSwitch`] as [`spill_all`](Self::spill_all);
-    /// [`Error::DeviceSetup`] when an old pool could not give memory back.
+    /// stack that lost some give back what they freed. Returns (bytes spilled, bytes released),
+    /// or as [`spill_all`](Self::spill_all), or [`Error::DeviceSetup`] (an old pool kept it).
     pub(super) fn spill_refused(
         &mut self,
         setups: &[DeviceSetup],

@@ -134,13 +134,7 @@ impl RuntimeHandle {
         let store_notes = self.keep_store_spilling(&old, &mut resolved)?;
         let ordinals: Vec<u32> = resolved.devices.iter().map(|d| d.ordinal).collect();
         let old_ordinals: Vec<u32> = old.stacks.iter().map(|s| s.device().ordinal()).collect();
-        let both: Vec<u32> = old_ordinals
-            .iter()
-            .chain(&ordinals)
-            .copied()
-            .collect::<std::collections::BTreeSet<u32>>()
-            .into_iter()
-            .collect();
+        let both: Vec<u32> = old_ordinals.iter().chain(&ordinals).copied().collect();
         claim(shared.id, &both)?;
         report.resolve = t.elapsed();
 
@@ -238,10 +232,8 @@ impl RuntimeHandle {
     }
 
     /// A device store (a Dask worker's data; its limit is fixed) relies on spilling: where
-    /// `resolved` turns it off there, it stays on with the settings in force, and a note says so.
-    ///
-    /// # Errors
-    /// [`Error::StoreDeviceLeaves`] when `resolved` leaves out a device a store spills on.
+    /// `resolved` turns it off, it stays on as it is, with a note; a device it leaves out is
+    /// refused ([`Error::StoreDeviceLeaves`]).
     fn keep_store_spilling(
         &self,
         old: &Generation,
@@ -532,11 +524,9 @@ fn unspillable(
         .collect()
 }
 
-/// Refuses, before anything moves, a spill that cannot fit: `m`'s device data (held data
-/// aside) must fit its host tier when that is a fixed-size pool with no disk tier.
-///
-/// # Errors
-/// [`Error::HostTierTooSmall`].
+/// Refuses ([`Error::HostTierTooSmall`]), before anything moves, a spill that cannot fit: `m`'s
+/// device data (held data aside) must fit its host tier when that is a fixed-size pool with no
+/// disk tier.
 fn check_host_room(m: &SpillManager, kept: &super::keep::Kept<'_>) -> Result<()> {
     let store = m.store();
     let host = store.host();
