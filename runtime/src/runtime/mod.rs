@@ -348,15 +348,12 @@ impl RuntimeHandle {
         let workers = generation
             .workers
             .iter()
-            .map(|w| {
-                let load = w.load.load(Ordering::Relaxed);
-                WorkerReport {
-                    id: w.id,
-                    tasks_run: w.tasks_run.load(Ordering::Relaxed),
-                    busy: Duration::from_nanos(w.busy_ns.load(Ordering::Relaxed)),
-                    queued: load,
-                    panics: w.panics.load(Ordering::Relaxed),
-                }
+            .map(|w| WorkerReport {
+                id: w.id,
+                tasks_run: w.tasks_run.load(Ordering::Relaxed),
+                busy: Duration::from_nanos(w.busy_ns.load(Ordering::Relaxed)),
+                queued: w.load.load(Ordering::Relaxed),
+                panics: w.panics.load(Ordering::Relaxed),
             })
             .collect();
         let devices = generation

@@ -387,12 +387,6 @@ impl RuntimeHandle {
             0
         };
         let held_before: u64 = old.stacks.iter().map(|s| s.reserved_bytes()).sum();
-        let resolved_spilling: std::collections::BTreeSet<u32> = resolved
-            .devices
-            .iter()
-            .filter(|d| d.spill.is_some())
-            .map(|d| d.ordinal)
-            .collect();
         let managers = self.managers_for(&resolved)?;
         let keep = kept.blocks(&resolved);
         let setups = match set_up_devices(&resolved, streams, Some(old), &managers, &keep) {
@@ -471,21 +465,18 @@ impl RuntimeHandle {
         }
         report.install = t.elapsed();
 
-        // Devices no longer spilling keep only the pinned memory their spilled data holds.
-        for (device, m) in shared.managers.lock().iter() {
-            if !resolved_spilling.contains(device) {
+        // Managers the new generation does not use (devices no longer spilling) keep only the
+        // pinned memory their spilled data holds.
+        let generation = shared.generation();
+        let spilling: Vec<&Arc<SpillManager>> = generation.managers.iter().flatten().collect();
+        for m in shared.managers.lock().values() {
+            if !spilling.iter().any(|s| Arc::ptr_eq(s, m)) {
                 m.stand_down();
             }
         }
 
         let t = Instant::now();
-        let generation = shared.generation();
-        let eager: Vec<&Arc<SpillManager>> = generation
-            .managers
-            .iter()
-            .flatten()
-            .filter(|m| m.eager_unspill())
-            .collect();
+        let eager: Vec<_> = spilling.into_iter().filter(|m| m.eager_unspill()).collect();
         let back: Vec<rmm_allocator::Result<u64>> =
             map_devices(eager.len(), |i| eager[i].unspill_all(StreamView::DEFAULT));
         // The switch is done: what cannot come back stays spilled and comes back on use.
