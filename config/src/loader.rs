@@ -31,7 +31,7 @@ use crate::types::{Config, Provenance};
 /// assert!(config.pool.enabled);
 /// # Ok::<(), rmm::config::Error>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ConfigLoader {
     file: FileChoice,
     /// `None`: the process environment, read by `load`.
@@ -39,9 +39,10 @@ pub struct ConfigLoader {
     overrides: Vec<(String, Override)>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 enum FileChoice {
     /// `RMM_CONFIG`, else `./rmm.toml` if present.
+    #[default]
     Auto,
     Required(PathBuf),
     Optional(PathBuf),
@@ -67,16 +68,22 @@ enum Override {
 /// hostile or cyclic input (from Python, say) cannot overflow the stack.
 pub const MAX_NESTING: usize = 32;
 
-/// Path (`key.name`, `key[0]`) of the first table or array deeper than `limit`; iterative.
-pub(crate) fn too_deep(key: &str, value: &toml::Value, limit: usize) -> Option<String> {
+/// [`Error::TooDeep`], naming the path (`key.name`, `key[0]`) of the first table or array
+/// deeper than [`MAX_NESTING`]; iterative.
+fn check_depth(origin: &Source, key: &str, value: &toml::Value) -> Result<()> {
+    let nests = |v: &toml::Value| matches!(v, toml::Value::Table(_) | toml::Value::Array(_));
     // Plain values: nothing to walk or allocate.
-    if !matches!(value, toml::Value::Table(_) | toml::Value::Array(_)) {
-        return None;
+    if !nests(value) {
+        return Ok(());
     }
     let mut stack: Vec<(String, &toml::Value, usize)> = vec![(key.to_string(), value, 1)];
     while let Some((path, value, depth)) = stack.pop() {
-        if depth > limit && matches!(value, toml::Value::Table(_) | toml::Value::Array(_)) {
-            return Some(path);
+        if depth > MAX_NESTING && nests(value) {
+            return Err(Error::TooDeep {
+                origin: origin.clone(),
+                key: path,
+                limit: MAX_NESTING,
+            });
         }
         match value {
             toml::Value::Table(table) => stack.extend(
@@ -93,7 +100,7 @@ pub(crate) fn too_deep(key: &str, value: &toml::Value, limit: usize) -> Option<S
             _ => {}
         }
     }
-    None
+    Ok(())
 }
 
 /// The variable naming the configuration file.
@@ -102,20 +109,10 @@ pub const CONFIG_PATH_VAR: &str = "RMM_CONFIG";
 /// The file read when neither code nor `RMM_CONFIG` names one.
 pub const DEFAULT_FILE: &str = "rmm.toml";
 
-impl Default for ConfigLoader {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl ConfigLoader {
     /// Defaults + (`RMM_CONFIG` or `./rmm.toml`) + the process environment.
     pub fn new() -> Self {
-        ConfigLoader {
-            file: FileChoice::Auto,
-            env: None,
-            overrides: Vec::new(),
-        }
+        Self::default()
     }
 
     /// Starts from `config` (every key, with its source) instead of defaults, file and
@@ -232,17 +229,10 @@ impl ConfigLoader {
         layers.layer = Layer::Code;
         for (key, value) in &self.overrides {
             match value {
-                Override::Toml(value) => {
-                    if let Some(path) = too_deep(key, value, MAX_NESTING) {
-                        layers.errors.push(Error::TooDeep {
-                            origin: Source::Code,
-                            key: path,
-                            limit: MAX_NESTING,
-                        });
-                        continue;
-                    }
-                    layers.walk_value(schema::canonical_path(key), value, &Source::Code);
-                }
+                Override::Toml(value) => match check_depth(&Source::Code, key, value) {
+                    Ok(()) => layers.walk_value(schema::canonical_path(key), value, &Source::Code),
+                    Err(e) => layers.errors.push(e),
+                },
                 Override::Text(text) => {
                     layers.text(&schema::canonical_path(key), text, Source::Code);
                 }
@@ -375,13 +365,7 @@ impl Layers {
         let origin = Source::File(path.to_path_buf());
         // The TOML parser stops at its own depth (80); the schema's walk stays shallower.
         for (key, value) in &table {
-            if let Some(deep) = too_deep(key, value, MAX_NESTING) {
-                return Err(Error::TooDeep {
-                    origin,
-                    key: deep,
-                    limit: MAX_NESTING,
-                });
-            }
+            check_depth(&origin, key, value)?;
         }
         self.walk(&table, "", &origin);
         Ok(())

@@ -255,8 +255,8 @@ impl Config {
                 disk_directory: self.spill.disk_directory.clone(),
             }
         });
+        let shown = |key: SizeKey, n: u64| Box::new(self.resolved_setting(ordinal, key, n));
         if let Some(spill) = &spill {
-            let shown = |key: SizeKey, n: u64| Box::new(self.resolved_setting(ordinal, key, n));
             if let Some(limit) = limit.filter(|&l| spill.threshold > l) {
                 errors.push(Error::SpillAboveLimit {
                     device: ordinal,
@@ -283,7 +283,6 @@ impl Config {
         }
 
         if let Some(initial) = initial {
-            let shown = |key: SizeKey, n: u64| Box::new(self.resolved_setting(ordinal, key, n));
             if let Some(maximum) = maximum.filter(|&m| initial > m) {
                 errors.push(Error::InitialAboveMaximum {
                     device: Some(ordinal),

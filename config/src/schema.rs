@@ -3,6 +3,7 @@
 use crate::size::{ParseSizeError, Size};
 use rmm_allocator::backend::BackendChoice;
 
+use crate::MAX_WORKERS_PER_DEVICE as MAX_WORKERS;
 use crate::types::{Devices, LogLevel, parse_opt_size, parse_ordinal};
 
 /// The prefix of every environment variable the loader reads.
@@ -291,33 +292,29 @@ impl Kind {
     /// The accepted forms, for "expected …" in errors. `env` selects the text forms.
     pub(crate) fn expected(self, env: bool) -> String {
         let forms = match self {
-            Kind::Backend => r#""auto", "cuda" or "sim""#.to_string(),
+            Kind::Backend => r#""auto", "cuda" or "sim""#,
             Kind::Devices if env => {
                 r#""all" or ordinals and UUIDs separated by commas, e.g. "0,1" or "GPU-8932f937-…""#
-                    .to_string()
             }
             Kind::Devices => {
                 r#""all", an ordinal, or a list of ordinals and UUIDs, e.g. [0, 1] or ["GPU-8932f937-…"]"#
-                    .to_string()
             }
-            Kind::Count => format!(
-                "a whole number from 1 to {}",
-                crate::MAX_WORKERS_PER_DEVICE
-            ),
-            Kind::Bool if env => "true or false (or 1/0, yes/no, on/off)".to_string(),
-            Kind::Bool => "true or false".to_string(),
-            Kind::Switch if env => "true, false or auto (or 1/0, yes/no, on/off)".to_string(),
-            Kind::Switch => r#"true, false or "auto""#.to_string(),
-            Kind::Size => r#"bytes, "2GiB" or "50%""#.to_string(),
-            Kind::OptSize(keyword) => format!(r#"bytes, "2GiB", "50%" or "{keyword}""#),
-            Kind::PinAhead => r#"bytes, "2GiB", "50%", "auto" or "none""#.to_string(),
+            Kind::Count => return format!("expected a whole number from 1 to {MAX_WORKERS}"),
+            Kind::Bool if env => "true or false (or 1/0, yes/no, on/off)",
+            Kind::Bool => "true or false",
+            Kind::Switch if env => "true, false or auto (or 1/0, yes/no, on/off)",
+            Kind::Switch => r#"true, false or "auto""#,
+            Kind::Size => r#"bytes, "2GiB" or "50%""#,
+            Kind::OptSize(keyword) => {
+                return format!(r#"expected bytes, "2GiB", "50%" or "{keyword}""#);
+            }
+            Kind::PinAhead => r#"bytes, "2GiB", "50%", "auto" or "none""#,
             Kind::Overhead => {
                 r#"a share of the peak in use such as "5%" (or the fraction 0.05, at most 1), or "none""#
-                    .to_string()
             }
-            Kind::Path => "a directory path".to_string(),
-            Kind::OptPath => r#"a directory path or "none""#.to_string(),
-            Kind::Level => r#""trace", "debug", "info", "warn", "error" or "off""#.to_string(),
+            Kind::Path => "a directory path",
+            Kind::OptPath => r#"a directory path or "none""#,
+            Kind::Level => r#""trace", "debug", "info", "warn", "error" or "off""#,
         };
         format!("expected {forms}")
     }
@@ -335,7 +332,7 @@ impl Kind {
             Kind::Count => valid(
                 value
                     .as_integer()
-                    .is_some_and(|n| n >= 1 && n <= i64::from(crate::MAX_WORKERS_PER_DEVICE)),
+                    .is_some_and(|n| n >= 1 && n <= i64::from(MAX_WORKERS)),
             ),
             Kind::Path | Kind::OptPath => valid(string.is_some_and(|s| !s.trim().is_empty())),
             Kind::Devices => Devices::from_toml(value).map(drop),

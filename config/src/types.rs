@@ -24,10 +24,7 @@ pub enum PinAhead {
 }
 
 impl PinAhead {
-    /// Reads `"auto"`, `"none"` or a size.
-    ///
-    /// # Errors
-    /// The size's error for anything else.
+    /// Reads `"auto"`, `"none"` or a size (else the size's error).
     pub(crate) fn from_toml(value: &toml::Value) -> Result<PinAhead, ParseSizeError> {
         match value {
             toml::Value::String(s) if s.trim().eq_ignore_ascii_case("auto") => Ok(PinAhead::Auto),
@@ -87,17 +84,11 @@ pub enum LogLevel {
 impl LogLevel {
     /// The level named `text` ([`LogLevel::as_str`]'s names, case-insensitive).
     pub(crate) fn parse(text: &str) -> Option<LogLevel> {
+        use LogLevel::*;
         let text = text.trim().to_ascii_lowercase();
-        [
-            LogLevel::Trace,
-            LogLevel::Debug,
-            LogLevel::Info,
-            LogLevel::Warn,
-            LogLevel::Error,
-            LogLevel::Off,
-        ]
-        .into_iter()
-        .find(|level| level.as_str() == text)
+        [Trace, Debug, Info, Warn, Error, Off]
+            .into_iter()
+            .find(|level| level.as_str() == text)
     }
 
     /// The canonical lower-case name.

@@ -351,15 +351,10 @@ impl fmt::Display for RuntimeReport {
                 }
                 writeln!(f, "         all phases: {}", d.totals)?;
             }
-            if let Some(s) = &d.statistics {
-                for line in s.to_string().lines() {
-                    writeln!(f, "         {line}")?;
-                }
-            }
-            if let Some(s) = &d.spill {
-                for line in s.to_string().lines() {
-                    writeln!(f, "         {line}")?;
-                }
+            let statistics = d.statistics.as_ref().map(ToString::to_string);
+            let spill = d.spill.as_ref().map(ToString::to_string);
+            for line in statistics.iter().chain(&spill).flat_map(|s| s.lines()) {
+                writeln!(f, "         {line}")?;
             }
         }
         writeln!(f, "{}", self.start)?;

@@ -31,8 +31,7 @@ pub fn open_backend(choice: BackendChoice) -> Result<&'static dyn Backend> {
     }
     let b = match wanted {
         None => return Ok(backend::global()?),
-        Some(BackendKind::Cuda) => backend::open(BackendChoice::Cuda)?,
-        Some(BackendKind::Sim) => backend::open(BackendChoice::Sim)?,
+        Some(_) => backend::open(choice)?,
     };
     match backend::install_global(b) {
         Ok(()) => Ok(b),
@@ -47,7 +46,7 @@ pub fn open_backend(choice: BackendChoice) -> Result<&'static dyn Backend> {
 /// # Errors
 /// [`Error::Allocator`] ([`Driver`](rmm_allocator::Error::Driver)): unreadable device facts.
 pub fn device_facts(backend: &'static dyn Backend, config: &Config) -> Result<Vec<DeviceFacts>> {
-    let free_memory = config.needs_free_memory();
+    let read_free = config.needs_free_memory();
     let host_memory = config
         .needs_host_memory()
         .then(|| backend.host_memory().usable());
@@ -55,16 +54,12 @@ pub fn device_facts(backend: &'static dyn Backend, config: &Config) -> Result<Ve
         .map(|ordinal| {
             let device = Device::on(backend, ordinal)?;
             let properties = device.properties()?;
-            let free_memory = if free_memory {
-                Some(device.mem_info()?.free as u64)
-            } else {
-                None
-            };
+            let free = read_free.then(|| device.mem_info()).transpose()?;
             Ok(DeviceFacts {
                 ordinal,
                 uuid: properties.uuid,
                 total_memory: properties.total_memory as u64,
-                free_memory,
+                free_memory: free.map(|m| m.free as u64),
                 host_memory,
             })
         })

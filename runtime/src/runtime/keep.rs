@@ -1,15 +1,9 @@
 //! Keeping idle spillable data in place across a pool-to-pool reinitialize (steps 4 to 7 in
 //! `reinitialize.rs`): instead of a copy to the host and back, the new pool takes its blocks
-//! over with their chunks, and each buffer is repointed to the new stack once installed.
-//!
-//! [`Candidates::find`] picks, per device keeping a pool (`cuMemAlloc` chunks both sides) and
-//! spilling, its manager's buffers idle in the old stack's memory (blocks of 64 KiB or less
-//! never move); [`Candidates::hold`] locks those that fit ([`Kept`]); the new stacks take them
-//! over provisionally ([`StackPlan::replace`](crate::stack::StackPlan::replace)), the rest
-//! being spilled before the switch ([`Kept::spill_refused`], [`Kept::spill_all`]);
-//! [`Kept::commit`] makes them the new stacks' once installed. A failure before the commit
-//! drops the new stacks, whose pools give the blocks back in place; the buffers were never
-//! repointed, so nothing is lost.
+//! over provisionally with their chunks ([`StackPlan::replace`](crate::stack::StackPlan::replace)),
+//! and each buffer is repointed to the new stack once installed ([`Kept::commit`]). A failure
+//! before that drops the new stacks, whose pools give the blocks back in place; the buffers
+//! were never repointed, so nothing is lost.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -109,29 +103,29 @@ impl Candidates {
     }
 }
 
-/// The live allocations `held` stand for.
-fn blocks(held: &[HeldInPlace<'_>]) -> Vec<LiveBlock> {
-    held.iter()
-        .map(|h| LiveBlock {
-            ptr: h.ptr(),
-            bytes: h.size(),
-            stream: h.stream(),
-        })
-        .collect()
-}
-
 /// The buffers held in place, per device (see the module documentation).
 pub(super) struct Kept<'a> {
     devices: Vec<(u32, Vec<HeldInPlace<'a>>)>,
 }
 
 impl Kept<'_> {
+    fn held_on(&self, device: u32) -> &[HeldInPlace<'_>] {
+        let on = self.devices.iter().find(|(d, _)| *d == device);
+        on.map_or(&[], |(_, held)| held.as_slice())
+    }
+
     pub(super) fn bytes_on(&self, device: u32) -> u64 {
-        self.devices
-            .iter()
-            .filter(|(d, _)| *d == device)
-            .flat_map(|(_, h)| h.iter().map(|b| b.size() as u64))
-            .sum()
+        self.held_on(device).iter().map(|h| h.size() as u64).sum()
+    }
+
+    /// The live allocations held on `device`.
+    fn blocks_on(&self, device: u32) -> Vec<LiveBlock> {
+        let block = |h: &HeldInPlace<'_>| LiveBlock {
+            ptr: h.ptr(),
+            bytes: h.size(),
+            stream: h.stream(),
+        };
+        self.held_on(device).iter().map(block).collect()
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -143,48 +137,32 @@ impl Kept<'_> {
         resolved
             .devices
             .iter()
-            .map(|d| {
-                self.devices
-                    .iter()
-                    .find(|(device, _)| *device == d.ordinal)
-                    .map_or_else(Vec::new, |(_, h)| blocks(h))
-            })
+            .map(|d| self.blocks_on(d.ordinal))
             .collect()
     }
 
     /// Step 5: what is live in `old`'s stacks apart from held buffers, per device with any.
     pub(super) fn live_elsewhere(&self, old: &Generation) -> Vec<LiveMemory> {
-        let held: Vec<(u32, Vec<LiveBlock>)> =
-            self.devices.iter().map(|(d, h)| (*d, blocks(h))).collect();
-        map_devices(old.stacks.len(), |i| {
-            let s = &old.stacks[i];
-            let kept = held
-                .iter()
-                .find(|(d, _)| *d == s.device().ordinal())
-                .map_or(&[][..], |(_, b)| b.as_slice());
-            s.live_except(kept)
-        })
-        .into_iter()
-        .filter(|l| l.count > 0)
-        .collect()
+        let stacks = &old.stacks;
+        let held: Vec<_> = stacks
+            .iter()
+            .map(|s| self.blocks_on(s.device().ordinal()))
+            .collect();
+        map_devices(stacks.len(), |i| stacks[i].live_except(&held[i]))
+            .into_iter()
+            .filter(|l| l.count > 0)
+            .collect()
     }
 
-    /// Spills every held buffer (the new stacks could not be built with them); returns the
-    /// device bytes freed.
-    ///
-    /// # Errors
-    /// [`Error::SpillBeforeSwitch`]: a buffer could not be spilled (it stays valid in the old
-    /// stack, still in force).
+    /// Spills every held buffer (the new stacks could not be built with them): the device bytes
+    /// freed, or [`Error::SpillBeforeSwitch`] (that buffer stays valid in the old stack).
     pub(super) fn spill_all(&mut self) -> Result<u64> {
         self.spill_where(|_, _| true)
     }
 
     /// Spills the held buffers no new pool took over (still the old pool's), then has each old
-    /// stack that lost some give back what they freed. Returns (bytes spilled, bytes released).
-    ///
-    /// # Errors
-    /// [`Error::SpillBeforeSwitch`] as [`spill_all`](Self::spill_all);
-    /// [`Error::DeviceSetup`] when an old pool could not give memory back.
+    /// stack that lost some give back what they freed. Returns (bytes spilled, bytes released),
+    /// or as [`spill_all`](Self::spill_all), or [`Error::DeviceSetup`] (an old pool kept it).
     pub(super) fn spill_refused(
         &mut self,
         setups: &[DeviceSetup],

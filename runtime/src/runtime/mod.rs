@@ -108,6 +108,11 @@ impl Shared {
         self.paused.load(Ordering::SeqCst)
     }
 
+    /// Publishes a generation of `config` without stacks or workers: its tasks are refused.
+    fn clear_generation(&self, config: ResolvedConfig) {
+        self.generation.store(Arc::new(Generation::empty(config)));
+    }
+
     fn check_outside(&self, what: &'static str) -> Result<()> {
         match worker::current() {
             Some((id, worker)) if id == self.id => Err(Error::InsideWorker { what, worker }),
@@ -343,15 +348,12 @@ impl RuntimeHandle {
         let workers = generation
             .workers
             .iter()
-            .map(|w| {
-                let load = w.load.load(Ordering::Relaxed);
-                WorkerReport {
-                    id: w.id,
-                    tasks_run: w.tasks_run.load(Ordering::Relaxed),
-                    busy: Duration::from_nanos(w.busy_ns.load(Ordering::Relaxed)),
-                    queued: load,
-                    panics: w.panics.load(Ordering::Relaxed),
-                }
+            .map(|w| WorkerReport {
+                id: w.id,
+                tasks_run: w.tasks_run.load(Ordering::Relaxed),
+                busy: Duration::from_nanos(w.busy_ns.load(Ordering::Relaxed)),
+                queued: w.load.load(Ordering::Relaxed),
+                panics: w.panics.load(Ordering::Relaxed),
             })
             .collect();
         let devices = generation

@@ -134,13 +134,7 @@ impl RuntimeHandle {
         let store_notes = self.keep_store_spilling(&old, &mut resolved)?;
         let ordinals: Vec<u32> = resolved.devices.iter().map(|d| d.ordinal).collect();
         let old_ordinals: Vec<u32> = old.stacks.iter().map(|s| s.device().ordinal()).collect();
-        let both: Vec<u32> = old_ordinals
-            .iter()
-            .chain(&ordinals)
-            .copied()
-            .collect::<std::collections::BTreeSet<u32>>()
-            .into_iter()
-            .collect();
+        let both: Vec<u32> = old_ordinals.iter().chain(&ordinals).copied().collect();
         claim(shared.id, &both)?;
         report.resolve = t.elapsed();
 
@@ -238,10 +232,8 @@ impl RuntimeHandle {
     }
 
     /// A device store (a Dask worker's data; its limit is fixed) relies on spilling: where
-    /// `resolved` turns it off there, it stays on with the settings in force, and a note says so.
-    ///
-    /// # Errors
-    /// [`Error::StoreDeviceLeaves`] when `resolved` leaves out a device a store spills on.
+    /// `resolved` turns it off, it stays on as it is, with a note; a device it leaves out is
+    /// refused ([`Error::StoreDeviceLeaves`]).
     fn keep_store_spilling(
         &self,
         old: &Generation,
@@ -395,12 +387,6 @@ impl RuntimeHandle {
             0
         };
         let held_before: u64 = old.stacks.iter().map(|s| s.reserved_bytes()).sum();
-        let resolved_spilling: std::collections::BTreeSet<u32> = resolved
-            .devices
-            .iter()
-            .filter(|d| d.spill.is_some())
-            .map(|d| d.ordinal)
-            .collect();
         let managers = self.managers_for(&resolved)?;
         let keep = kept.blocks(&resolved);
         let setups = match set_up_devices(&resolved, streams, Some(old), &managers, &keep) {
@@ -479,21 +465,18 @@ impl RuntimeHandle {
         }
         report.install = t.elapsed();
 
-        // Devices no longer spilling keep only the pinned memory their spilled data holds.
-        for (device, m) in shared.managers.lock().iter() {
-            if !resolved_spilling.contains(device) {
+        // Managers the new generation does not use (devices no longer spilling) keep only the
+        // pinned memory their spilled data holds.
+        let generation = shared.generation();
+        let spilling: Vec<&Arc<SpillManager>> = generation.managers.iter().flatten().collect();
+        for m in shared.managers.lock().values() {
+            if !spilling.iter().any(|s| Arc::ptr_eq(s, m)) {
                 m.stand_down();
             }
         }
 
         let t = Instant::now();
-        let generation = shared.generation();
-        let eager: Vec<&Arc<SpillManager>> = generation
-            .managers
-            .iter()
-            .flatten()
-            .filter(|m| m.eager_unspill())
-            .collect();
+        let eager: Vec<_> = spilling.into_iter().filter(|m| m.eager_unspill()).collect();
         let back: Vec<rmm_allocator::Result<u64>> =
             map_devices(eager.len(), |i| eager[i].unspill_all(StreamView::DEFAULT));
         // The switch is done: what cannot come back stays spilled and comes back on use.
@@ -532,11 +515,9 @@ fn unspillable(
         .collect()
 }
 
-/// Refuses, before anything moves, a spill that cannot fit: `m`'s device data (held data
-/// aside) must fit its host tier when that is a fixed-size pool with no disk tier.
-///
-/// # Errors
-/// [`Error::HostTierTooSmall`].
+/// Refuses ([`Error::HostTierTooSmall`]), before anything moves, a spill that cannot fit: `m`'s
+/// device data (held data aside) must fit its host tier when that is a fixed-size pool with no
+/// disk tier.
 fn check_host_room(m: &SpillManager, kept: &super::keep::Kept<'_>) -> Result<()> {
     let store = m.store();
     let host = store.host();

@@ -121,10 +121,7 @@ impl RuntimeHandle {
             stacks.push(setup.stack);
         }
         if let Err(e) = install(&stacks, &[]) {
-            let config = resolved.clone();
-            self.shared
-                .generation
-                .store(Arc::new(Generation::empty(config)));
+            self.shared.clear_generation(resolved);
             return Err(e);
         }
         installed(&stacks);
@@ -150,10 +147,7 @@ impl RuntimeHandle {
                     for s in &generation.stacks {
                         let _ = s.uninstall();
                     }
-                    let config = generation.config.clone();
-                    self.shared
-                        .generation
-                        .store(Arc::new(Generation::empty(config)));
+                    self.shared.clear_generation(generation.config.clone());
                     return Err(Error::Spawn { worker: id, source });
                 }
             }

@@ -99,7 +99,7 @@ impl RuntimeHandle {
         let config = generation.config.clone();
         drop(generation);
         // Dropping the last reference to each stack frees its pool.
-        shared.generation.store(Arc::new(Generation::empty(config)));
+        shared.clear_generation(config);
         // Their pinned host pools go once the last spillable buffer using them does.
         shared.managers.lock().clear();
         unclaim(shared.id);

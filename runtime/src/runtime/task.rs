@@ -211,13 +211,10 @@ where
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(a panic payload that is not a string)".into()
-    }
+    let text = payload.downcast_ref::<&str>().copied();
+    let text = text.or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    text.unwrap_or("(a panic payload that is not a string)")
+        .to_string()
 }
 
 /// The result of a submitted task, to wait for. Waiting inside a worker does not block it: it

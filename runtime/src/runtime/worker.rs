@@ -227,48 +227,32 @@ pub(crate) fn spawn(
 impl Local {
     /// Runs one task (or waits for one), children first, no top-level task while paused.
     fn step(&self) {
-        if self.run_nested() {
-            return;
-        }
-        let paused = self.runtime.shared().paused();
-        if paused {
-            match self.queues.nested.recv_timeout(POLL) {
-                Ok(msg) => self.handle_nested(msg),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => self.stop_seen.set(true),
-            }
-            return;
-        }
-        let aside = self.aside.borrow_mut().take();
-        if let Some((target, job)) = aside {
-            return self.start_top(target, job);
-        }
         let start = Instant::now();
         let mut spins = 0u32;
-        loop {
-            if self.run_nested() {
+        while !self.help() {
+            if self.runtime.shared().paused() {
+                match self.queues.nested.recv_timeout(POLL) {
+                    Ok(msg) => self.handle_nested(msg),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => self.stop_seen.set(true),
+                }
                 return;
-            }
-            match self.queues.top.try_recv() {
-                Ok(msg) => return self.handle_top(msg),
-                Err(TryRecvError::Disconnected) => return self.stop_seen.set(true),
-                Err(TryRecvError::Empty) => {}
             }
             spins += 1;
             if spins.is_multiple_of(64) && start.elapsed() > SPIN {
-                break;
+                crossbeam_channel::select! {
+                    recv(self.queues.nested) -> msg => match msg {
+                        Ok(msg) => self.handle_nested(msg),
+                        Err(_) => self.stop_seen.set(true),
+                    },
+                    recv(self.queues.top) -> msg => match msg {
+                        Ok(msg) => self.handle_top(msg),
+                        Err(_) => self.stop_seen.set(true),
+                    },
+                }
+                return;
             }
             std::hint::spin_loop();
-        }
-        crossbeam_channel::select! {
-            recv(self.queues.nested) -> msg => match msg {
-                Ok(msg) => self.handle_nested(msg),
-                Err(_) => self.stop_seen.set(true),
-            },
-            recv(self.queues.top) -> msg => match msg {
-                Ok(msg) => self.handle_top(msg),
-                Err(_) => self.stop_seen.set(true),
-            },
         }
     }
 
@@ -417,30 +401,25 @@ pub(crate) fn wait_for(
         if now < spin_until {
             continue;
         }
-        match &local {
-            None => {
-                if park(deadline.unwrap_or(now + Duration::from_secs(3600))) {
-                    return true;
-                }
-            }
-            Some(_) if !helping => {
-                if park(deadline.map_or(now + POLL, |d| d.min(now + POLL))) {
-                    return true;
-                }
-            }
+        let whole_wait = deadline.unwrap_or(now + Duration::from_secs(3600));
+        let until = match &local {
+            None => whole_wait,
+            Some(_) if !helping => deadline.map_or(now + POLL, |d| d.min(now + POLL)),
+            // Wake for a child at once; look at the awaited task every POLL.
             Some(local) => {
-                // Wake for a child at once; look at the awaited task every POLL.
                 let slice = deadline.map_or(POLL, |d| (d - now).min(POLL));
                 match local.queues.nested.recv_timeout(slice) {
-                    Ok(msg) => local.handle_nested(msg),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => {
-                        if park(deadline.unwrap_or(now + Duration::from_secs(3600))) {
-                            return true;
-                        }
+                    Ok(msg) => {
+                        local.handle_nested(msg);
+                        continue;
                     }
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => whole_wait,
                 }
             }
+        };
+        if park(until) {
+            return true;
         }
     }
 }

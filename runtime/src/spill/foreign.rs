@@ -74,19 +74,9 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
                 None => distinct.push((ptr, size)),
             }
         }
-        let data = Arc::new(ForeignData {
-            id: (1 << 63) | NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            size: distinct.iter().map(|a| a.1).sum(),
-            allocations: distinct,
-            stream,
-            tracker: Arc::clone(tracker),
-            store: Arc::clone(store),
-            state: Mutex::new(State::Device(owner)),
-        });
+        let data = Self::new(tracker, store, distinct, stream, State::Device(owner));
         tracker.hold_foreign(&data.allocations);
-        let weak: std::sync::Weak<dyn Spillable> =
-            Arc::downgrade(&(Arc::clone(&data) as Arc<dyn Spillable>));
-        tracker.lru.lock().insert(data.id, weak, None);
+        tracker.lru.lock().insert(data.id, &data, None);
         data
     }
 
@@ -101,14 +91,25 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     ) -> Arc<ForeignData<O>> {
         // Written once on arrival, only read from now on (see `spill`).
         buffers.iter().for_each(|b| b.set_read_only());
+        let allocations = buffers.iter().map(|b| (DevicePtr(0), b.size())).collect();
+        Self::new(tracker, store, allocations, stream, State::Spilled(buffers))
+    }
+
+    fn new(
+        tracker: &Arc<Tracker>,
+        store: &Arc<rmm_allocator::spill::SpillStore>,
+        allocations: Vec<(DevicePtr, usize)>,
+        stream: StreamView,
+        state: State<O>,
+    ) -> Arc<ForeignData<O>> {
         Arc::new(ForeignData {
             id: (1 << 63) | NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            size: buffers.iter().map(|b| b.size()).sum(),
-            allocations: buffers.iter().map(|b| (DevicePtr(0), b.size())).collect(),
+            size: allocations.iter().map(|a| a.1).sum(),
+            allocations,
             stream,
             tracker: Arc::clone(tracker),
             store: Arc::clone(store),
-            state: Mutex::new(State::Spilled(buffers)),
+            state: Mutex::new(state),
         })
     }
 
@@ -196,15 +197,10 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         &self,
         stream: StreamView,
     ) -> rmm_allocator::Result<Option<Vec<SharedDeviceGuard>>> {
-        let buffers = match &*self.state.lock() {
-            State::Device(_) => return Ok(None),
-            State::Spilled(buffers) => buffers.clone(),
-        };
+        let buffers = self.spilled_buffers();
         buffers
-            .iter()
-            .map(|b| b.shared_device_view(stream))
-            .collect::<rmm_allocator::Result<Vec<_>>>()
-            .map(Some)
+            .map(|b| b.iter().map(|b| b.shared_device_view(stream)).collect())
+            .transpose()
     }
 
     /// [`device_views`](Self::device_views) for sending: bytes brought back count as
@@ -256,15 +252,10 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     /// # Errors
     /// A failed copy or file read.
     pub fn spilled_bytes(&self) -> rmm_allocator::Result<Option<Vec<Vec<u8>>>> {
-        let buffers = match &*self.state.lock() {
-            State::Device(_) => return Ok(None),
-            State::Spilled(buffers) => buffers.clone(),
-        };
+        let buffers = self.spilled_buffers();
         buffers
-            .iter()
-            .map(|b| b.to_vec())
-            .collect::<rmm_allocator::Result<Vec<_>>>()
-            .map(Some)
+            .map(|b| b.iter().map(|b| b.to_vec()).collect())
+            .transpose()
     }
 
     /// Copies the allocations off the device, then drops the owner; once spilled, spills its
@@ -309,9 +300,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
             let mut lru = self.tracker.lru.lock();
             let tick = lru.remove(self.id);
             for b in &buffers {
-                let weak: std::sync::Weak<dyn Spillable> =
-                    Arc::downgrade(&(Arc::clone(b) as Arc<dyn Spillable>));
-                lru.insert(b.id(), weak, tick);
+                lru.insert(b.id(), b, tick);
             }
         }
         let old = std::mem::replace(&mut *state, State::Spilled(buffers));

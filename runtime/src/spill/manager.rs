@@ -177,12 +177,7 @@ impl SpillManager {
     pub fn reconfigure(&self, spill: &ResolvedSpill) {
         self.pin_ahead.store(spill.pin_ahead, Ordering::Relaxed);
         self.store.host().release_idle(false);
-        let limit = if self.limit_fixed.load(Ordering::Relaxed) {
-            self.tracker.limit.load(Ordering::Relaxed)
-        } else {
-            spill.threshold
-        };
-        self.set_limit(limit);
+        self.set_limit(self.limit_under(spill));
         self.eager_unspill
             .store(spill.eager_unspill, Ordering::Relaxed);
     }
@@ -331,9 +326,7 @@ impl SpillManager {
     }
 
     fn register(&self, b: &Arc<SpillableBuffer>) {
-        let weak: std::sync::Weak<dyn Spillable> =
-            Arc::downgrade(&(Arc::clone(b) as Arc<dyn Spillable>));
-        self.tracker.lru.lock().insert(b.id(), weak, None);
+        self.tracker.lru.lock().insert(b.id(), b, None);
     }
 
     /// Adopts a value whose device memory `owner` holds (`allocations`: (address, bytes), used on

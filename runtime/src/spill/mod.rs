@@ -4,12 +4,6 @@
 //! not in use to its pinned host pool (and, when full, the oldest host data to
 //! `spill.disk_directory`). Before a reinitialize it spills everything, so live data survives
 //! the switch and comes back into the new stack on next use.
-//!
-//! * `manager`: the [`SpillManager`] (buffers, adoption, out-of-memory handler, statistics);
-//! * `tracker`: the least-recently-used order and the device bytes against the limit;
-//! * `background`: the limit enforced on a thread of its own after adoptions;
-//! * `foreign`: adopted values ([`ForeignData`], [`ForeignOwner`]);
-//! * `statistics`: the figures ([`SpillStatistics`], [`TierStatistics`]).
 
 mod background;
 mod foreign;

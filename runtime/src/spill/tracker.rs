@@ -99,7 +99,13 @@ impl Lru {
     }
 
     /// Adds `entry` as used at `tick` (now, when `None`).
-    pub(crate) fn insert(&mut self, id: u64, entry: Weak<dyn Spillable>, tick: Option<u64>) {
+    pub(crate) fn insert<S: Spillable + 'static>(
+        &mut self,
+        id: u64,
+        entry: &Arc<S>,
+        tick: Option<u64>,
+    ) {
+        let entry: Weak<dyn Spillable> = Arc::<S>::downgrade(entry);
         let tick = tick.unwrap_or_else(|| self.tick());
         if let Some((old, _)) = self.entries.insert(id, (tick, entry)) {
             self.order.remove(&(old, id));
@@ -195,7 +201,7 @@ impl<'a> SpillBatch<'a> {
     pub(crate) fn add(&mut self, step: rmm_allocator::Result<SpillStep<'a>>, size: usize) {
         match step {
             Ok(SpillStep::Skipped) => {}
-            Ok(SpillStep::Done(n)) => self.freed += n as u64,
+            Ok(SpillStep::Done(n)) => self.record(Ok(n), size),
             Ok(SpillStep::Pending(p)) => {
                 // The first entry's own wait came before its copy started.
                 if !self.pending.is_empty() || self.last_end.is_some() {
@@ -208,6 +214,14 @@ impl<'a> SpillBatch<'a> {
                     self.finish_oldest();
                 }
             }
+            Err(e) => self.record(Err(e), size),
+        }
+    }
+
+    /// Counts an entry's freed bytes, or keeps its error if the first (the others go on).
+    fn record(&mut self, freed: rmm_allocator::Result<usize>, size: usize) {
+        match freed {
+            Ok(n) => self.freed += n as u64,
             Err(e) => {
                 tracing::debug!("an entry of {size} bytes could not be spilled: {e}");
                 self.first_error.get_or_insert(e);
@@ -226,13 +240,7 @@ impl<'a> SpillBatch<'a> {
         let size = p.size();
         self.pending_bytes -= size as u64;
         self.enqueued -= size.min(COPY_WINDOW) as u64;
-        match p.finish(Some(since)) {
-            Ok(n) => self.freed += n as u64,
-            Err(e) => {
-                tracing::debug!("an entry of {size} bytes could not be spilled: {e}");
-                self.first_error.get_or_insert(e);
-            }
-        }
+        self.record(p.finish(Some(since)), size);
         self.last_end = Some(Instant::now());
     }
 
