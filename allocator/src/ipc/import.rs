@@ -299,14 +299,12 @@ fn check_range(desc: &IpcDescriptor, offset: usize, len: usize) -> Result<()> {
 /// The stretch here of this process's own arena that `desc` names (on whichever device).
 fn own(device: Device, desc: &IpcDescriptor) -> Result<DevicePtr> {
     let arena = super::export::own_arena(desc.handle).ok_or_else(|| {
-        Error::invalid_argument(
-            "an exported memory descriptor of this process",
-            format!("{:?}", desc.handle),
-            format!(
-                "the handle of one of this process's arenas (device {} reads it)",
-                device.ordinal()
-            ),
-        )
+        let expected = format!(
+            "the handle of one of this process's arenas (device {} reads it)",
+            device.ordinal()
+        );
+        let what = "an exported memory descriptor of this process";
+        Error::invalid_argument(what, format!("{:?}", desc.handle), expected)
     })?;
     if desc.offset.saturating_add(desc.len) > arena.len() as u64 {
         return Err(Error::invalid_argument(

@@ -41,7 +41,7 @@ use crate::per_device::get_per_device_resource;
 use crate::resource::SharedResource;
 use crate::stream::{Event, synchronize_stream};
 use crate::stream_view::StreamView;
-pub use guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
+pub use guard::{DeviceAccess, DeviceGuard, HostGuard, SharedDeviceGuard};
 
 /// Where a buffer's data is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -393,7 +393,7 @@ impl SpillableBuffer {
         if let Some(o) = &self.observer {
             o.touched(self.id);
         }
-        Ok(DeviceGuard {
+        Ok(DeviceAccess {
             buffer: self,
             ptr,
             stream,
@@ -409,7 +409,7 @@ impl SpillableBuffer {
         let ptr = guard.ptr();
         // The pin the guard took now belongs to the shared guard, which gives it back.
         std::mem::forget(guard);
-        Ok(SharedDeviceGuard {
+        Ok(DeviceAccess {
             buffer: Arc::clone(self),
             ptr,
             stream,
@@ -659,13 +659,15 @@ impl SpillableBuffer {
     /// An error when a failed copy lost the data (see [`Error::DataLost`]).
     fn check_not_lost(&self) -> Result<()> {
         if self.lost.load(Ordering::Acquire) {
-            return Err(Error::DataLost {
-                id: self.id,
-                bytes: self.size,
-                detail: "an earlier unspill could not wait for its copy".into(),
-            });
+            return Err(self.data_lost("an earlier unspill could not wait for its copy".into()));
         }
         Ok(())
+    }
+
+    /// [`Error::DataLost`] for this buffer, lost to `detail`.
+    fn data_lost(&self, detail: String) -> Error {
+        let (id, bytes) = (self.id, self.size);
+        Error::DataLost { id, bytes, detail }
     }
 }
 
