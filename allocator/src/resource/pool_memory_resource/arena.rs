@@ -59,7 +59,7 @@ impl Arena {
         Arena {
             stream,
             state: ArenaLock::new(ArenaState {
-                bins: Bins::new(),
+                bins: Bins::default(),
                 small: Heap::new(),
                 large: Heap::new(),
                 live: PtrMap::with_capacity(4096),
