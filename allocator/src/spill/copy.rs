@@ -33,6 +33,7 @@ pub(crate) enum Direction {
 pub(crate) const LANES: usize = 4;
 
 /// The copy streams of one device and a few reusable events.
+#[derive(Debug)]
 pub(crate) struct CopyStreams {
     device: Device,
     to_host: [RawStream; LANES],
@@ -43,14 +44,6 @@ pub(crate) struct CopyStreams {
     picks: AtomicU64,
     /// Events free for the next copy.
     events: Mutex<Vec<Event>>,
-}
-
-impl std::fmt::Debug for CopyStreams {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CopyStreams")
-            .field("device", &self.device)
-            .finish()
-    }
 }
 
 impl CopyStreams {

@@ -59,18 +59,10 @@ impl SpillableBuffer {
     ) -> Result<()> {
         let slices = self.finish_copy(Direction::ToHost, out.copy, out.enqueued, out.start);
         let slices = slices.map_err(|(error, _)| error)?;
-        let State::Device {
-            ptr,
-            resource,
-            stream,
-            ..
-        } = &*state
-        else {
+        if !matches!(state, State::Device { .. }) {
             return Ok(());
-        };
-        if let Some(resource) = resource {
-            resource.deallocate(*ptr, self.size, *stream)?;
         }
+        self.free_device_memory(state)?;
         let start = since.map_or(out.start, |s| s.max(out.start));
         self.moved(state, State::Host(slices), start);
         Ok(())

@@ -615,22 +615,28 @@ impl SpillableBuffer {
 
     fn device_to_disk(&self, state: &mut State) -> Result<()> {
         let start = Instant::now();
-        let State::Device {
-            ptr,
-            resource,
-            stream,
-            ..
-        } = &*state
-        else {
+        let State::Device { ptr, stream, .. } = &*state else {
             return Ok(());
         };
-        let (ptr, stream) = (*ptr, *stream);
         let disk = self.disk()?;
-        let file = disk.write_from_device(self.store.copies(), self.id, ptr, self.size, stream)?;
-        if let Some(resource) = resource {
-            resource.deallocate(ptr, self.size, stream)?;
-        }
+        let file =
+            disk.write_from_device(self.store.copies(), self.id, *ptr, self.size, *stream)?;
+        self.free_device_memory(state)?;
         self.moved(state, State::Disk(file, disk), start);
+        Ok(())
+    }
+
+    /// Frees the device memory `state` holds, if the buffer owns it (not borrowed, not moved off).
+    fn free_device_memory(&self, state: &State) -> Result<()> {
+        if let State::Device {
+            ptr,
+            resource: Some(resource),
+            stream,
+            ..
+        } = state
+        {
+            resource.deallocate(*ptr, self.size, *stream)?;
+        }
         Ok(())
     }
 
