@@ -177,11 +177,7 @@ impl Device {
 
 impl PartialEq for Device {
     fn eq(&self, other: &Self) -> bool {
-        self.ordinal == other.ordinal
-            && std::ptr::addr_eq(
-                self.backend as *const dyn Backend,
-                other.backend as *const dyn Backend,
-            )
+        self.ordinal == other.ordinal && std::ptr::addr_eq(self.backend, other.backend)
     }
 }
 
@@ -224,14 +220,7 @@ pub fn thread_device() -> u32 {
 /// # Errors
 /// [`Error::NoSuchDevice`]; the process-wide backend's error when it cannot be opened.
 pub fn set_current_device(ordinal: u32) -> Result<u32> {
-    let b = backend::global()?;
-    if ordinal >= b.device_count() {
-        return Err(Error::no_such_device(
-            ordinal,
-            b.device_count(),
-            b.kind().name(),
-        ));
-    }
+    Device::on(backend::global()?, ordinal)?;
     Ok(CURRENT_DEVICE.with(|c| c.replace(ordinal)))
 }
 

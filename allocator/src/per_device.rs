@@ -48,10 +48,7 @@ pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
     let fresh = Arc::new(initial(device_id)?);
     // Install the initial resource unless another thread got there first.
     let prev = slot.compare_and_swap(&None::<Arc<SharedResource>>, Some(Arc::clone(&fresh)));
-    Ok(match prev.as_deref() {
-        Some(existing) => Arc::clone(existing),
-        None => Arc::clone(&fresh),
-    })
+    Ok(Arc::clone(prev.as_deref().unwrap_or(&fresh)))
 }
 
 /// Runs `f` with device `device_id`'s resource (as [`get_per_device_resource`]) without touching

@@ -45,9 +45,8 @@ impl Stream {
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the driver query fails.
     pub fn is_idle(&self) -> Result<bool> {
-        self.device
-            .backend()
-            .stream_query(self.device.ordinal(), self.raw)
+        let d = self.device;
+        d.backend().stream_query(d.ordinal(), self.raw)
     }
 
     /// Makes later work on this stream wait for `event`.
@@ -67,11 +66,8 @@ impl From<&Stream> for StreamView {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if let Err(e) = self
-            .device
-            .backend()
-            .stream_destroy(self.device.ordinal(), self.raw)
-        {
+        let d = self.device;
+        if let Err(e) = d.backend().stream_destroy(d.ordinal(), self.raw) {
             tracing::error!("destroying stream {:#x} on {}: {e}", self.raw, self.device);
         }
     }
@@ -125,9 +121,8 @@ impl Event {
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the driver query fails.
     pub fn is_complete(&self) -> Result<bool> {
-        self.device
-            .backend()
-            .event_query(self.device.ordinal(), self.raw)
+        let d = self.device;
+        d.backend().event_query(d.ordinal(), self.raw)
     }
 
     /// Waits for the captured work.
@@ -135,9 +130,8 @@ impl Event {
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the captured work or the wait fails.
     pub fn synchronize(&self) -> Result<()> {
-        self.device
-            .backend()
-            .event_synchronize(self.device.ordinal(), self.raw)
+        let d = self.device;
+        d.backend().event_synchronize(d.ordinal(), self.raw)
     }
 
     /// Makes later work on `stream` wait for the captured work.
@@ -153,11 +147,8 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        if let Err(e) = self
-            .device
-            .backend()
-            .event_destroy(self.device.ordinal(), self.raw)
-        {
+        let d = self.device;
+        if let Err(e) = d.backend().event_destroy(d.ordinal(), self.raw) {
             tracing::error!("destroying event {:#x} on {}: {e}", self.raw, self.device);
         }
     }

@@ -91,15 +91,9 @@ impl Staging {
             ));
         }
         let (mut block, event) = self.ready()?;
-        block.as_mut_slice()[..value.len()].copy_from_slice(value);
-        match PinnedCopy::to_device(
-            self.device,
-            stream.raw(),
-            event,
-            vec![block],
-            dst,
-            value.len(),
-        ) {
+        let (device, len) = (self.device, value.len());
+        block.as_mut_slice()[..len].copy_from_slice(value);
+        match PinnedCopy::to_device(device, stream.raw(), event, vec![block], dst, len) {
             Ok(copy) => {
                 self.slot = Slot::InFlight(copy);
                 Ok(())

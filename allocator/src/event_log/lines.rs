@@ -99,12 +99,7 @@ impl<R: BufRead> Lines<R> {
     }
 
     fn error(&self, line: Option<usize>, problem: String, hint: &str) -> Error {
-        Error::EventLog {
-            path: self.source.clone(),
-            line,
-            problem,
-            hint: hint.to_string(),
-        }
+        Error::event_log(&self.source, line, problem, hint)
     }
 }
 

@@ -154,7 +154,7 @@ struct LiveAllocation {
 /// Reads a log one line at a time, checking each as [`EventLog::parse`] does, and keeps only
 /// what it needs to (the threads, the live allocations, the counts): its memory grows with
 /// the live allocations, not with the length of the log.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct LineParser {
     source: String,
     /// Columns of Thread, Time, Action, Pointer, Size, Stream.
@@ -192,16 +192,7 @@ impl LineParser {
         let column = |name: &str| names.iter().position(|n| n == name);
         let mut parser = LineParser {
             source: source.to_string(),
-            columns: [0; 6],
-            names: Vec::new(),
-            thread_index: HashMap::new(),
-            threads: Vec::new(),
-            live: HashMap::new(),
-            live_bytes: 0,
-            events: 0,
-            peak_bytes: 0,
-            unmatched_frees: 0,
-            logged_failures: 0,
+            ..LineParser::default()
         };
         let found = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"].map(column);
         let mut columns = [0; 6];
@@ -255,6 +246,9 @@ impl LineParser {
         }
         // A field that does not parse: what was found and what was expected.
         let bad = |problem: String| self.err(line_no, problem, FORMAT_HINT);
+        let found = |c: usize, what: &str, expected: &str| {
+            bad(format!("found {what} `{}`, expected {expected}", fields[c]))
+        };
         if count != self.names.len() {
             let (expected, names) = (self.names.len(), self.names.join(","));
             return Err(bad(format!(
@@ -268,43 +262,30 @@ impl LineParser {
             )));
         }
         let action = LogAction::parse(fields[c_action]).ok_or_else(|| {
-            bad(format!(
-                "found action `{}`, expected `allocate`, `free` or `allocate failure`",
-                fields[c_action]
-            ))
+            let expected = "`allocate`, `free` or `allocate failure`";
+            found(c_action, "action", expected)
         })?;
         let ptr = parse_hex(fields[c_ptr]).ok_or_else(|| {
-            bad(format!(
-                "found pointer `{}`, expected a hexadecimal address such as 0x7f5a2c000000",
-                fields[c_ptr]
-            ))
+            let expected = "a hexadecimal address such as 0x7f5a2c000000";
+            found(c_ptr, "pointer", expected)
         })?;
         // Sizes beyond i64::MAX bytes exist on no device; replays count bytes in i64.
         let size: usize = fields[c_size]
             .parse()
             .ok()
             .filter(|&s: &usize| i64::try_from(s).is_ok())
-            .ok_or_else(|| {
-                bad(format!(
-                    "found size `{}`, expected a byte count in decimal (below 2^63)",
-                    fields[c_size]
-                ))
-            })?;
+            .ok_or_else(|| found(c_size, "size", "a byte count in decimal (below 2^63)"))?;
         let stream = parse_hex(fields[c_stream]).ok_or_else(|| {
-            bad(format!(
-                "found stream `{}`, expected a hexadecimal stream handle such as 0x0",
-                fields[c_stream]
-            ))
+            let expected = "a hexadecimal stream handle such as 0x0";
+            found(c_stream, "stream", expected)
         })?;
         let time_us = match parse_time(fields[c_time]) {
             Time::Absent => None,
             Time::At(us) => Some(us),
             Time::Impossible => {
-                return Err(bad(format!(
-                    "found time `{}`, expected a time of day HH:MM:SS.ffffff (hours below 24, \
-                     minutes below 60, seconds below 61), or no `:` in a log without times",
-                    fields[c_time]
-                )));
+                let expected = "a time of day HH:MM:SS.ffffff (hours below 24, minutes below 60, \
+                                seconds below 61), or no `:` in a log without times";
+                return Err(found(c_time, "time", expected));
             }
         };
         let thread = match self.thread_index.get(thread_text) {

@@ -98,15 +98,9 @@ impl ExportArena {
 
 impl Drop for ExportArena {
     fn drop(&mut self) {
-        if let Err(e) = self
-            .device
-            .backend()
-            .ipc_free(self.device.ordinal(), self.base)
-        {
-            tracing::warn!(
-                device = self.device.ordinal(),
-                "freeing exportable memory failed: {e}"
-            );
+        let device = self.device.ordinal();
+        if let Err(e) = self.device.backend().ipc_free(device, self.base) {
+            tracing::warn!(device, "freeing exportable memory failed: {e}");
         }
     }
 }
@@ -234,11 +228,8 @@ pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
         }
         Err(e) => {
             if !was_refused {
-                let until = if for_lack_of_memory(&e) {
-                    " until the device has room"
-                } else {
-                    ""
-                };
+                let room = for_lack_of_memory(&e).then_some(" until the device has room");
+                let until = room.unwrap_or_default();
                 tracing::warn!(
                     device,
                     "no exportable device memory: values go to peers of this host through \

@@ -189,53 +189,52 @@ impl Imports {
     /// # Errors
     /// The first failure to unmap; the others are still unmapped.
     pub fn close_all(&self) -> Result<()> {
-        let mut mapped = self.mapped.lock();
-        let idle: Vec<_> = mapped
-            .iter()
-            .filter(|(_, m)| m.users.load(Ordering::Acquire) == 0)
-            .map(|(k, _)| *k)
-            .collect();
-        let mut first = None;
-        for key in idle {
-            if let Some(m) = mapped.remove(&key)
-                && let Err(e) = unmap(key.0, &m)
-            {
-                first.get_or_insert(e);
-            }
-        }
-        first.map_or(Ok(()), Err)
+        let unmapped = unmap_idle(&mut self.mapped.lock(), |_| true);
+        unmapped
+            .into_iter()
+            .find_map(|(_, r)| r.err())
+            .map_or(Ok(()), Err)
     }
 }
 
 /// Unmaps unused arenas of gone peers in `mapped`; returns how many (failures warn, still drop).
 fn forget_gone(mapped: &mut HashMap<(u32, IpcHandle), Arc<Mapping>>) -> usize {
-    let gone: Vec<_> = mapped
-        .iter()
-        .filter(|(_, m)| m.users.load(Ordering::Acquire) == 0 && !m.peer.is_alive())
-        .map(|(k, _)| *k)
-        .collect();
     let mut unmapped = 0;
-    for key in &gone {
-        if let Some(m) = mapped.remove(key) {
-            match unmap(key.0, &m) {
-                Ok(()) => {
-                    unmapped += 1;
-                    tracing::debug!(
-                        device = key.0,
-                        peer = m.peer.pid,
-                        "a gone peer's exported device memory unmapped"
-                    );
-                }
-                Err(e) => tracing::warn!(
-                    "unmapping the exported memory of process {}, which is gone, on device {}: \
-                     {e}",
-                    m.peer.pid,
-                    key.0
-                ),
+    for ((device, peer), result) in unmap_idle(mapped, |m| !m.peer.is_alive()) {
+        match result {
+            Ok(()) => {
+                unmapped += 1;
+                tracing::debug!(
+                    device,
+                    peer,
+                    "a gone peer's exported device memory unmapped"
+                );
             }
+            Err(e) => tracing::warn!(
+                "unmapping the exported memory of process {peer}, which is gone, on device \
+                 {device}: {e}"
+            ),
         }
     }
     unmapped
+}
+
+/// Removes and unmaps the mappings no copy uses that `pick` chooses: each one's device and peer
+/// process, and how unmapping went (a failed one is dropped all the same).
+fn unmap_idle(
+    mapped: &mut HashMap<(u32, IpcHandle), Arc<Mapping>>,
+    pick: impl Fn(&Mapping) -> bool,
+) -> Vec<((u32, u32), Result<()>)> {
+    let idle: Vec<_> = mapped
+        .iter()
+        .filter(|(_, m)| m.users.load(Ordering::Acquire) == 0 && pick(m))
+        .map(|(k, _)| *k)
+        .collect();
+    let unmap_one = |key: (u32, IpcHandle)| {
+        let m = mapped.remove(&key)?;
+        Some(((key.0, m.peer.pid), unmap(key.0, &m)))
+    };
+    idle.into_iter().filter_map(unmap_one).collect()
 }
 
 fn unmap(device: u32, m: &Mapping) -> Result<()> {
@@ -299,14 +298,12 @@ fn check_range(desc: &IpcDescriptor, offset: usize, len: usize) -> Result<()> {
 /// The stretch here of this process's own arena that `desc` names (on whichever device).
 fn own(device: Device, desc: &IpcDescriptor) -> Result<DevicePtr> {
     let arena = super::export::own_arena(desc.handle).ok_or_else(|| {
-        Error::invalid_argument(
-            "an exported memory descriptor of this process",
-            format!("{:?}", desc.handle),
-            format!(
-                "the handle of one of this process's arenas (device {} reads it)",
-                device.ordinal()
-            ),
-        )
+        let expected = format!(
+            "the handle of one of this process's arenas (device {} reads it)",
+            device.ordinal()
+        );
+        let what = "an exported memory descriptor of this process";
+        Error::invalid_argument(what, format!("{:?}", desc.handle), expected)
     })?;
     if desc.offset.saturating_add(desc.len) > arena.len() as u64 {
         return Err(Error::invalid_argument(

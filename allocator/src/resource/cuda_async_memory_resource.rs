@@ -3,7 +3,7 @@
 use std::any::Any;
 
 use super::{DeviceMemoryResource, map_oom};
-use crate::backend::{DevicePtr, MemInfo, RawMemPool};
+use crate::backend::{DevicePtr, RawMemPool};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stream_view::StreamView;
@@ -80,9 +80,8 @@ impl CudaAsyncMemoryResource {
     /// # Errors
     /// [`Error::Driver`] when the query fails.
     pub fn reserved_bytes(&self) -> Result<u64> {
-        self.device
-            .backend()
-            .mem_pool_reserved(self.device.ordinal(), self.pool)
+        let dev = self.device.ordinal();
+        self.device.backend().mem_pool_reserved(dev, self.pool)
     }
 
     /// Waits for the device, then gives every cached unused byte back to the driver.
@@ -96,9 +95,8 @@ impl CudaAsyncMemoryResource {
         )
         .entered();
         self.device.synchronize()?;
-        self.device
-            .backend()
-            .mem_pool_trim(self.device.ordinal(), self.pool, 0)
+        let dev = self.device.ordinal();
+        self.device.backend().mem_pool_trim(dev, self.pool, 0)
     }
 }
 
@@ -117,9 +115,8 @@ impl DeviceMemoryResource for CudaAsyncMemoryResource {
         if ptr.is_null() {
             return Ok(());
         }
-        self.device
-            .backend()
-            .free_async(self.device.ordinal(), ptr, stream.raw())
+        let dev = self.device.ordinal();
+        self.device.backend().free_async(dev, ptr, stream.raw())
     }
 
     fn device(&self) -> Device {
@@ -130,10 +127,6 @@ impl DeviceMemoryResource for CudaAsyncMemoryResource {
         "CudaAsyncMemoryResource"
     }
 
-    fn memory_info(&self) -> Result<MemInfo> {
-        self.device.mem_info()
-    }
-
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -142,15 +135,9 @@ impl DeviceMemoryResource for CudaAsyncMemoryResource {
 impl Drop for CudaAsyncMemoryResource {
     fn drop(&mut self) {
         // The driver frees the pool once its outstanding allocations are freed.
-        if let Err(e) = self
-            .device
-            .backend()
-            .mem_pool_destroy(self.device.ordinal(), self.pool)
-        {
-            tracing::error!(
-                "destroying the CUDA async memory pool of {}: {e}",
-                self.device
-            );
+        let (device, backend) = (self.device, self.device.backend());
+        if let Err(e) = backend.mem_pool_destroy(device.ordinal(), self.pool) {
+            tracing::error!("destroying the CUDA async memory pool of {device}: {e}");
         }
     }
 }

@@ -66,6 +66,7 @@ pub type ManagedMemoryResource = DriverMemoryResource<Managed>;
 
 /// Memory of kind `M` from the driver, one call per allocation; see [`CudaMemoryResource`],
 /// [`ManagedMemoryResource`].
+#[derive(Clone)]
 pub struct DriverMemoryResource<M: DriverMemory> {
     device: Device,
     memory: PhantomData<M>,
@@ -98,15 +99,6 @@ impl ManagedMemoryResource {
             device,
             memory: PhantomData,
         })
-    }
-}
-
-impl<M: DriverMemory> Clone for DriverMemoryResource<M> {
-    fn clone(&self) -> Self {
-        DriverMemoryResource {
-            device: self.device,
-            memory: PhantomData,
-        }
     }
 }
 

@@ -18,6 +18,7 @@ pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
 pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// Blocks moved from the stock list to a stream's list at a time.
 const REFILL: usize = 32;
+const NAME: &str = "FixedSizeMemoryResource";
 
 #[derive(Debug)]
 struct FixedArena {
@@ -47,7 +48,7 @@ pub struct FixedSizeMemoryResource {
 
 impl std::fmt::Debug for FixedSizeMemoryResource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FixedSizeMemoryResource")
+        f.debug_struct(NAME)
             .field("device", &self.device)
             .field("block_size", &self.block_size)
             .field("blocks_per_chunk", &self.blocks_per_chunk)
@@ -116,11 +117,8 @@ impl FixedSizeMemoryResource {
                 .rev()
                 .map(|i| p.addr() + (i * self.block_size) as u64),
         );
-        tracing::debug!(
-            device = self.device.ordinal(),
-            bytes,
-            "fixed-size resource grew"
-        );
+        let device = self.device.ordinal();
+        tracing::debug!(device, bytes, "fixed-size resource grew");
         Ok(())
     }
 
@@ -155,12 +153,7 @@ impl FixedSizeMemoryResource {
                     }
                 }
                 if stock.free.is_empty() {
-                    return Err(out_of_memory(
-                        self.device,
-                        bytes,
-                        "FixedSizeMemoryResource",
-                        None,
-                    ));
+                    return Err(out_of_memory(self.device, bytes, NAME, None));
                 }
             }
         }
@@ -170,7 +163,7 @@ impl FixedSizeMemoryResource {
         list.extend(stock.free.drain(at..));
         list.pop()
             .map(DevicePtr)
-            .ok_or_else(|| out_of_memory(self.device, bytes, "FixedSizeMemoryResource", None))
+            .ok_or_else(|| out_of_memory(self.device, bytes, NAME, None))
     }
 }
 
@@ -211,7 +204,7 @@ impl DeviceMemoryResource for FixedSizeMemoryResource {
     }
 
     fn name(&self) -> &'static str {
-        "FixedSizeMemoryResource"
+        NAME
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -68,10 +68,7 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
 
     /// True when `other` can deallocate memory `self` allocated and vice versa (default: identity).
     fn is_equal(&self, other: &dyn DeviceMemoryResource) -> bool {
-        std::ptr::addr_eq(
-            self as *const Self,
-            other as *const dyn DeviceMemoryResource,
-        )
+        std::ptr::addr_eq(self, other)
     }
 
     /// Free and total memory as this resource sees it (by default, the device's).

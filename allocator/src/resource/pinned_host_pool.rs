@@ -481,13 +481,11 @@ impl Inner {
                 return Err(e);
             }
         };
-        let took = start.elapsed();
-        self.pinning_ns
-            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
-        self.registering_ns.fetch_add(
-            region.registering_time().as_nanos() as u64,
-            Ordering::Relaxed,
-        );
+        let (took, registering) = (start.elapsed(), region.registering_time());
+        let nanos = |d: Duration| d.as_nanos() as u64;
+        self.pinning_ns.fetch_add(nanos(took), Ordering::Relaxed);
+        self.registering_ns
+            .fetch_add(nanos(registering), Ordering::Relaxed);
         let mut chunks = self.chunks.lock();
         for (index, &(o, l)) in region.chunks().iter().enumerate() {
             chunks.push(Chunk {
@@ -527,13 +525,9 @@ impl fmt::Display for PinnedHostPool {
 
 impl SliceOwner for Inner {
     fn reclaimable(&self, delta: isize) {
-        if delta >= 0 {
-            self.reclaimable
-                .fetch_add(delta as usize, Ordering::Relaxed);
-        } else {
-            self.reclaimable
-                .fetch_sub(delta.unsigned_abs(), Ordering::Relaxed);
-        }
+        // Atomic adds wrap: adding a negative delta's two's complement subtracts it.
+        self.reclaimable
+            .fetch_add(delta as usize, Ordering::Relaxed);
     }
 
     fn give_back(&self, region: &PinnedRegion, offset: usize, len: usize) {

@@ -147,7 +147,9 @@ impl<A> StreamArenas<A> {
             match index.get(&(stream, lane)) {
                 Some(&s) => s,
                 None => {
-                    if next >= MAX_ARENAS {
+                    // Every slot below `MAX_ARENAS` exists (its segment made here).
+                    let made = (next < MAX_ARENAS).then(|| self.slot_made(next)).flatten();
+                    let Some(slot) = made else {
                         return Err(Error::invalid_argument(
                             "stream",
                             format!("{stream:#x} (arena number {})", next + 1),
@@ -155,14 +157,6 @@ impl<A> StreamArenas<A> {
                                 "at most {MAX_ARENAS} arenas (distinct streams × up to {LANES} \
                                  threads each) per resource"
                             ),
-                        ));
-                    }
-                    // `next < MAX_ARENAS`, so the slot exists; else refuse the stream.
-                    let Some(slot) = self.slot_made(next) else {
-                        return Err(Error::invalid_argument(
-                            "stream",
-                            format!("{stream:#x} (arena number {})", next + 1),
-                            "an arena slot within the table",
                         ));
                     };
                     let _ = slot.set(Box::new(make()));

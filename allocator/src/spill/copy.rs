@@ -10,6 +10,8 @@
 //! stream share a lane (they would wait for the same work anyway), and each of the last [`LANES`]
 //! buffer streams seen has its own.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parking_lot::Mutex;
 
 use crate::backend::{RawEvent, RawStream};
@@ -31,6 +33,7 @@ pub(crate) enum Direction {
 pub(crate) const LANES: usize = 4;
 
 /// The copy streams of one device and a few reusable events.
+#[derive(Debug)]
 pub(crate) struct CopyStreams {
     device: Device,
     to_host: [RawStream; LANES],
@@ -38,17 +41,9 @@ pub(crate) struct CopyStreams {
     /// The buffer stream each lane serves and when it was last picked (a counter from 1; 0: never).
     assigned: Mutex<[(RawStream, u64); LANES]>,
     /// The counter of `assigned`.
-    picks: std::sync::atomic::AtomicU64,
+    picks: AtomicU64,
     /// Events free for the next copy.
     events: Mutex<Vec<Event>>,
-}
-
-impl std::fmt::Debug for CopyStreams {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CopyStreams")
-            .field("device", &self.device)
-            .finish()
-    }
 }
 
 impl CopyStreams {
@@ -88,10 +83,7 @@ impl CopyStreams {
 
     /// The `direction` lane serving `after`, else the least recently picked, which then serves it.
     fn lane(&self, direction: Direction, after: StreamView) -> RawStream {
-        let now = self
-            .picks
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
+        let now = self.picks.fetch_add(1, Ordering::Relaxed) + 1;
         let lane = {
             let mut assigned = self.assigned.lock();
             let lane = assigned
@@ -109,10 +101,10 @@ impl CopyStreams {
 
     /// An event for one copy (reused if free); give it back with [`recycle`](Self::recycle).
     pub(crate) fn event(&self) -> Result<Event> {
-        match self.events.lock().pop() {
-            Some(e) => Ok(e),
-            None => Event::new(self.device),
-        }
+        self.events
+            .lock()
+            .pop()
+            .map_or_else(|| Event::new(self.device), Ok)
     }
 
     /// Takes back an event no copy waits on any more.
@@ -126,19 +118,9 @@ impl CopyStreams {
         direction: Direction,
         after: StreamView,
     ) -> Result<RawStream> {
-        let stream = self.lane(direction, after);
-        let e = self.event()?;
-        e.record(after)?;
-        self.device
-            .backend()
-            .stream_wait_event(self.device.ordinal(), stream, e.raw())?;
-        // The event may go back to the pool at once: the wait captured its state.
-        self.recycle(e);
-        Ok(stream)
+        self.ordered_after_events(direction, after, &[])
     }
-}
 
-impl CopyStreams {
     /// As [`ordered_after`](Self::ordered_after), but ordered after `events` (recorded where the
     /// buffer's users let go) instead of all of `after`'s queued work, if there are any.
     pub(crate) fn ordered_after_events(
@@ -147,14 +129,17 @@ impl CopyStreams {
         after: StreamView,
         events: &[RawEvent],
     ) -> Result<RawStream> {
-        if events.is_empty() {
-            return self.ordered_after(direction, after);
-        }
         let stream = self.lane(direction, after);
+        let (b, dev) = (self.device.backend(), self.device.ordinal());
+        if events.is_empty() {
+            let e = self.event()?;
+            e.record(after)?;
+            b.stream_wait_event(dev, stream, e.raw())?;
+            // The event may go back to the pool at once: the wait captured its state.
+            self.recycle(e);
+        }
         for &e in events {
-            self.device
-                .backend()
-                .stream_wait_event(self.device.ordinal(), stream, e)?;
+            b.stream_wait_event(dev, stream, e)?;
         }
         Ok(stream)
     }

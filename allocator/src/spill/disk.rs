@@ -145,6 +145,7 @@ pub fn remove_files_for_exit() -> usize {
 pub(crate) const STAGING: usize = 32 << 20;
 
 /// Spill files of one device.
+#[derive(Debug)]
 pub(crate) struct DiskStore {
     device: Device,
     directory: PathBuf,
@@ -157,15 +158,6 @@ pub(crate) struct DiskStore {
     next: AtomicU64,
     /// The process's limit of open files when the store was made, for messages.
     file_limit: Option<u64>,
-}
-
-impl std::fmt::Debug for DiskStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DiskStore")
-            .field("directory", &self.directory)
-            .field("held", &self.held.load(Ordering::Relaxed))
-            .finish()
-    }
 }
 
 /// One buffer's bytes in an unnamed file, open while this lives; dropping it frees the space.
@@ -452,14 +444,11 @@ impl DiskStore {
                 };
                 let off = i * STAGING;
                 let n = (len - off).min(STAGING);
-                if let Err(e) = disk
+                let read = disk
                     .file
-                    .read_exact_at(&mut slot.as_mut_slice()[..n], off as u64)
-                {
-                    free.push(slot);
-                    return Err(io_error(&disk.path, "read", e));
-                }
-                let event = match copies.event() {
+                    .read_exact_at(&mut slot.as_mut_slice()[..n], off as u64);
+                let read = read.map_err(|e| io_error(&disk.path, "read", e));
+                let event = match read.and_then(|()| copies.event()) {
                     Ok(e) => e,
                     Err(e) => {
                         free.push(slot);

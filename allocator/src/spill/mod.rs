@@ -20,8 +20,8 @@ mod vector;
 pub const COPY_WINDOW: usize = crate::backend::pinned_copy::WINDOW;
 
 pub use buffer::{
-    DeviceGuard, HeldInPlace, HostGuard, PendingSpill, SharedDeviceGuard, SpillObserver, SpillStep,
-    SpillableBuffer, Tier,
+    DeviceAccess, DeviceGuard, HeldInPlace, HostGuard, PendingSpill, SharedDeviceGuard,
+    SpillObserver, SpillStep, SpillableBuffer, Tier,
 };
 pub use disk::remove_files_for_exit;
 pub use store::{SpillStore, SpillTiers};

@@ -12,20 +12,11 @@ use crate::error::{Error, Result};
 use crate::stream_view::StreamView;
 
 /// `len` elements of `T`, spillable like the [`SpillableBuffer`] it wraps. Clones share data.
+#[derive(Clone)]
 pub struct SpillableVector<T: Pod> {
     buffer: Arc<SpillableBuffer>,
     len: usize,
     _element: PhantomData<fn() -> T>,
-}
-
-impl<T: Pod> Clone for SpillableVector<T> {
-    fn clone(&self) -> Self {
-        SpillableVector {
-            buffer: Arc::clone(&self.buffer),
-            len: self.len,
-            _element: PhantomData,
-        }
-    }
 }
 
 impl<T: Pod> std::fmt::Debug for SpillableVector<T> {
@@ -91,11 +82,7 @@ impl<T: Pod> SpillableVector<T> {
                 ),
             ));
         }
-        let len = if size_of::<T>() == 0 {
-            0
-        } else {
-            buffer.size() / size
-        };
+        let len = buffer.size().checked_div(size_of::<T>()).unwrap_or(0);
         Ok(Self::from_buffer_unchecked(buffer, len))
     }
 

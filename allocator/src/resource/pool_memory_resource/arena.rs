@@ -59,7 +59,7 @@ impl Arena {
         Arena {
             stream,
             state: ArenaLock::new(ArenaState {
-                bins: Bins::new(),
+                bins: Bins::default(),
                 small: Heap::new(),
                 large: Heap::new(),
                 live: PtrMap::with_capacity(4096),
@@ -140,6 +140,16 @@ impl ArenaState {
         }
     }
 
+    /// The size of the heap block `tag` names.
+    fn block_size(&self, tag: u32) -> u64 {
+        let heap = if tag & SMALL_TAG != 0 {
+            &self.small
+        } else {
+            &self.large
+        };
+        heap.block(tag & !SMALL_TAG).size
+    }
+
     /// Frees the live block at `addr` (its stream is done with it); false if not this arena's.
     #[inline]
     pub(crate) fn free_local(&mut self, addr: u64) -> bool {
@@ -176,11 +186,7 @@ impl ArenaState {
         stream: RawStream,
     ) -> Result<bool> {
         let tag = self.live.get(addr);
-        let bin_size = if tag.is_none() {
-            self.bins.block_size(addr)
-        } else {
-            None
-        };
+        let bin_size = tag.map_or_else(|| self.bins.block_size(addr), |_| None);
         if tag.is_none() && bin_size.is_none() {
             return Ok(false);
         }
@@ -195,12 +201,7 @@ impl ArenaState {
         let size = match tag {
             Some(tag) => {
                 self.live.remove(addr);
-                let heap = if tag & SMALL_TAG != 0 {
-                    &self.small
-                } else {
-                    &self.large
-                };
-                let size = heap.block(tag & !SMALL_TAG).size;
+                let size = self.block_size(tag);
                 self.in_use -= size;
                 size
             }
@@ -342,14 +343,7 @@ impl ArenaState {
             .collect();
         self.live
             .iter()
-            .map(|(addr, tag)| {
-                let heap = if tag & SMALL_TAG != 0 {
-                    &self.small
-                } else {
-                    &self.large
-                };
-                (addr, heap.block(tag & !SMALL_TAG).size)
-            })
+            .map(|(addr, tag)| (addr, self.block_size(tag)))
             .chain(
                 self.bins
                     .live_blocks()

@@ -46,7 +46,7 @@ struct Slab {
 }
 
 /// The bins of one arena.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Bins {
     free: [Vec<(u64, u32)>; CLASSES],
     slabs: Vec<Slab>,
@@ -59,18 +59,6 @@ pub(crate) struct Bins {
 }
 
 impl Bins {
-    pub(crate) fn new() -> Bins {
-        Bins {
-            free: std::array::from_fn(|_| Vec::new()),
-            slabs: Vec::new(),
-            spare_ids: Vec::new(),
-            order: Vec::new(),
-            live_bytes: 0,
-            free_bytes: 0,
-            live_count: 0,
-        }
-    }
-
     /// A block for `size` ≤ [`BIN_LIMIT`] (new slab from `heap` if needed): (address, block size).
     #[inline]
     pub(crate) fn alloc(&mut self, size: u64, heap: &mut Heap) -> Option<(u64, u64)> {
@@ -277,7 +265,7 @@ mod tests {
     fn blocks_come_and_go_and_empty_slabs_return() {
         let mut heap = Heap::new();
         heap.add_region(1 << 20, 16 << 20);
-        let mut bins = Bins::new();
+        let mut bins = Bins::default();
         let a = bins.alloc(100, &mut heap).unwrap();
         let b = bins.alloc(100, &mut heap).unwrap();
         assert_eq!(b.0, a.0 + 256);

@@ -46,42 +46,27 @@ impl ChunkSource {
             return Ok(ChunkSource::Upstream);
         }
         let device = upstream.device();
-        let plain = upstream
-            .as_any()
-            .downcast_ref::<CudaMemoryResource>()
-            .is_some();
         let supported = device.properties()?.supports_virtual_memory;
-        match (plain, supported, mode) {
+        let refused = |expected: String| Err(Error::invalid_argument("pool.vmm", "true", expected));
+        match (over_plain_memory(upstream), supported, mode) {
             (true, true, _) => Ok(ChunkSource::Mapped(AddressSpace::of(device)?)),
             (true, false, VirtualMemory::Auto) => Ok(ChunkSource::UpstreamNoVmm),
             (false, _, VirtualMemory::Auto) => Ok(ChunkSource::Upstream),
-            (false, _, _) => Err(Error::invalid_argument(
-                "pool.vmm",
-                "true",
-                format!(
-                    "a pool over CudaMemoryResource for virtual memory (this one is over {}); \
-                     set pool.vmm = \"auto\" or false",
-                    upstream.name()
-                ),
+            (false, _, _) => refused(format!(
+                "a pool over CudaMemoryResource for virtual memory (this one is over {}); set \
+                 pool.vmm = \"auto\" or false",
+                upstream.name()
             )),
-            (true, false, _) => Err(Error::invalid_argument(
-                "pool.vmm",
-                "true",
-                format!(
-                    "a device with virtual memory management ({device} reports none); set \
-                     pool.vmm = \"auto\" or false"
-                ),
+            (true, false, _) => refused(format!(
+                "a device with virtual memory management ({device} reports none); set pool.vmm = \
+                 \"auto\" or false"
             )),
         }
     }
 
     /// Whether memory over `upstream` can be mapped: plain device memory, VMM-capable device.
     pub(super) fn can_map(upstream: &SharedResource) -> Result<bool> {
-        let plain = upstream
-            .as_any()
-            .downcast_ref::<CudaMemoryResource>()
-            .is_some();
-        Ok(plain && upstream.device().properties()?.supports_virtual_memory)
+        Ok(over_plain_memory(upstream) && upstream.device().properties()?.supports_virtual_memory)
     }
 
     /// The free space this source's chunks need.
@@ -105,6 +90,11 @@ impl ChunkSource {
             _ => mine.is_equal(&**theirs),
         }
     }
+}
+
+/// Whether `upstream` hands out plain device memory (a [`CudaMemoryResource`]), which can be mapped.
+fn over_plain_memory(upstream: &SharedResource) -> bool {
+    upstream.as_any().is::<CudaMemoryResource>()
 }
 
 impl PoolMemoryResource {

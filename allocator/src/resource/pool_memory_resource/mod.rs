@@ -78,6 +78,8 @@ const LARGE_GRANT: u64 = 64 << 20;
 /// Range granted to an arena for small requests.
 const SMALL_GRANT: u64 = 16 << 20;
 
+const NAME: &str = "PoolMemoryResource";
+
 /// Figures of a pool at one moment, with the result of its structural checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PoolSnapshot {
@@ -141,7 +143,7 @@ pub struct PoolMemoryResource {
 
 impl std::fmt::Debug for PoolMemoryResource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PoolMemoryResource")
+        f.debug_struct(NAME)
             .field("device", &self.device)
             .field("upstream", &self.upstream.name())
             .field("maximum", &self.maximum)
@@ -208,7 +210,7 @@ impl PoolMemoryResource {
 
     /// This pool as the source of hook events.
     fn hook_source(&self) -> hooks::Source {
-        hooks::Source::of(self, self.device.ordinal(), "PoolMemoryResource")
+        hooks::Source::of(self, self.device.ordinal(), NAME)
     }
 
     #[inline]
@@ -292,12 +294,7 @@ impl PoolMemoryResource {
             arenas = usage.arenas,
             "pool out of memory"
         );
-        Err(out_of_memory(
-            self.device,
-            bytes,
-            "PoolMemoryResource",
-            Some(usage),
-        ))
+        Err(out_of_memory(self.device, bytes, NAME, Some(usage)))
     }
 
     /// Returns foreign-stream frees to their arenas after those streams' work, and cached blocks to
@@ -398,11 +395,8 @@ impl PoolMemoryResource {
     /// [`Error::InvalidArgument`] (`pool state`) naming the first inconsistency (a bug in rmm-rs).
     pub fn validate(&self) -> Result<PoolSnapshot> {
         let fail = |what: String| {
-            Error::invalid_argument(
-                "pool state",
-                what,
-                "a consistent pool (this is a bug in rmm-rs)",
-            )
+            let expected = "a consistent pool (this is a bug in rmm-rs)";
+            Error::invalid_argument("pool state", what, expected)
         };
         let g = self.global.lock();
         let mut live: Vec<(u64, u64)> = Vec::new();
@@ -430,10 +424,9 @@ impl PoolMemoryResource {
         }
         live.sort_unstable();
         for &(addr, size) in &live {
+            let block = format!("live block {addr:#x}+{size}");
             if addr % GRANULE != 0 || size % GRANULE != 0 {
-                return Err(fail(format!(
-                    "live block {addr:#x}+{size} is not 256-byte aligned"
-                )));
+                return Err(fail(format!("{block} is not 256-byte aligned")));
             }
             // Inside one chunk, or (mapped side by side) chunks that follow each other.
             let mut at = addr;
@@ -443,11 +436,8 @@ impl PoolMemoryResource {
                     break;
                 }
             }
-            let inside = at >= addr + size;
-            if !inside {
-                return Err(fail(format!(
-                    "live block {addr:#x}+{size} lies outside every chunk"
-                )));
+            if at < addr + size {
+                return Err(fail(format!("{block} lies outside every chunk")));
             }
         }
         for w in live.windows(2) {
@@ -478,24 +468,14 @@ impl DeviceMemoryResource for PoolMemoryResource {
             return Ok(DevicePtr::NULL);
         }
         let Some(size) = (bytes as u64).checked_next_multiple_of(GRANULE) else {
-            return Err(out_of_memory(
-                self.device,
-                bytes,
-                "PoolMemoryResource",
-                None,
-            ));
+            return Err(out_of_memory(self.device, bytes, NAME, None));
         };
         let arena = self.arena_for(size, stream)?;
         if let Some(addr) = arena.state.lock().try_alloc(size) {
             return Ok(DevicePtr(addr));
         }
         if size > self.maximum {
-            return Err(out_of_memory(
-                self.device,
-                bytes,
-                "PoolMemoryResource",
-                Some(self.usage()),
-            ));
+            return Err(out_of_memory(self.device, bytes, NAME, Some(self.usage())));
         }
         self.allocate_slow(arena, size, bytes, stream)
     }
@@ -530,7 +510,7 @@ impl DeviceMemoryResource for PoolMemoryResource {
     }
 
     fn name(&self) -> &'static str {
-        "PoolMemoryResource"
+        NAME
     }
 
     fn memory_info(&self) -> Result<MemInfo> {
@@ -573,11 +553,7 @@ impl PoolMemoryResource {
                 return Ok(());
             }
         }
-        Err(Error::invalid_pointer(
-            ptr.addr(),
-            bytes,
-            "PoolMemoryResource",
-        ))
+        Err(Error::invalid_pointer(ptr.addr(), bytes, NAME))
     }
 }
 

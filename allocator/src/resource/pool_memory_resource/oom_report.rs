@@ -27,16 +27,19 @@ impl PoolUsage {
             "reserved {}{}, in use {}, free {} (largest block {}, fragmentation {:.1}%), \
              {} arenas",
             fmt_bytes(self.pool_size),
-            match self.maximum_size {
-                Some(m) => format!(" of maximum {}", fmt_bytes(m)),
-                None => String::new(),
-            },
+            self.of_maximum(),
             fmt_bytes(self.in_use),
             fmt_bytes(self.free),
             fmt_bytes(self.largest_free),
             self.fragmentation() * 100.0,
             self.arenas
         )
+    }
+
+    /// " of maximum <size>" when the pool has a maximum.
+    fn of_maximum(&self) -> String {
+        let maximum = self.maximum_size.map(fmt_bytes);
+        maximum.map_or_else(String::new, |m| format!(" of maximum {m}"))
     }
 
     /// An OOM error's pool figures and advice for `requested` bytes (after the device figures).
@@ -46,10 +49,7 @@ impl PoolUsage {
              fragmentation {:.0}%): {} unassigned, {} in {} arenas' heaps of which {} cached, \
              {} waiting for other streams",
             fmt_bytes(self.pool_size),
-            match self.maximum_size {
-                Some(m) => format!(" of maximum {}", fmt_bytes(m)),
-                None => String::new(),
-            },
+            self.of_maximum(),
             fmt_bytes(self.in_use),
             fmt_bytes(self.free),
             fmt_bytes(self.largest_free),

@@ -6,7 +6,7 @@
 //! threads' fast paths wait at most for one arena's bookkeeping, never for the device.
 
 use super::PoolMemoryResource;
-use super::arena::Arena;
+use super::arena::{Arena, ArenaState};
 use super::global::FreeSpace;
 use crate::error::Result;
 
@@ -49,21 +49,26 @@ impl PoolMemoryResource {
 
     /// Moves all arenas' free regions to the free space once their streams finish prior work.
     pub(super) fn reclaim(&self, g: &mut FreeSpace) -> Result<()> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
-        let mut regions = Vec::new();
-        for arena in self.arenas.all() {
-            self.settle_idle(arena)?;
-            let before = regions.len();
-            arena.state.lock().take_free_regions(&mut regions);
-            if regions.len() > before {
-                sync_stream_or_device(backend, dev, arena.stream)?;
-            }
-        }
-        for (addr, size) in regions {
+        for (addr, size) in self.gather(ArenaState::take_free_regions)? {
             g.insert(addr, size);
         }
         Ok(())
+    }
+
+    /// What `take` moves out of each settled arena, after that arena's stream's prior work.
+    fn gather(&self, take: fn(&mut ArenaState, &mut Vec<(u64, u64)>)) -> Result<Vec<(u64, u64)>> {
+        let backend = self.device.backend();
+        let dev = self.device.ordinal();
+        let mut out = Vec::new();
+        for arena in self.arenas.all() {
+            self.settle_idle(arena)?;
+            let before = out.len();
+            take(&mut arena.state.lock(), &mut out);
+            if out.len() > before {
+                sync_stream_or_device(backend, dev, arena.stream)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Waits (without the arena's lock) for the events of `arena`'s blocks freed on other
@@ -99,19 +104,8 @@ impl PoolMemoryResource {
     /// adjacent pieces of different arenas merge; returns the bytes moved. The last resort before
     /// returning chunks or failing (arenas lose free space in partly used regions).
     pub(super) fn scavenge(&self, g: &mut FreeSpace) -> Result<u64> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
-        let mut blocks = Vec::new();
-        for arena in self.arenas.all() {
-            self.settle_idle(arena)?;
-            let before = blocks.len();
-            arena.state.lock().take_free_blocks(&mut blocks);
-            if blocks.len() > before {
-                sync_stream_or_device(backend, dev, arena.stream)?;
-            }
-        }
         let mut moved = 0;
-        for (addr, size) in blocks {
+        for (addr, size) in self.gather(ArenaState::take_free_blocks)? {
             g.insert(addr, size);
             moved += size;
         }
@@ -126,23 +120,11 @@ pub(super) fn sync_stream_or_device(
     dev: u32,
     stream: crate::backend::RawStream,
 ) -> Result<()> {
-    match backend.stream_synchronize_if_alive(dev, stream) {
-        Ok(true) => Ok(()),
-        Ok(false) => {
-            tracing::debug!(
-                device = dev,
-                stream,
-                "stream not known alive; synchronizing the device"
-            );
-            backend.device_synchronize(dev)
-        }
-        Err(e) => {
-            tracing::debug!(
-                device = dev,
-                stream,
-                "stream wait failed ({e}); synchronizing the device"
-            );
-            backend.device_synchronize(dev)
-        }
-    }
+    let why = match backend.stream_synchronize_if_alive(dev, stream) {
+        Ok(true) => return Ok(()),
+        Ok(false) => "stream not known alive".to_string(),
+        Err(e) => format!("stream wait failed ({e})"),
+    };
+    tracing::debug!(device = dev, stream, "{why}; synchronizing the device");
+    backend.device_synchronize(dev)
 }

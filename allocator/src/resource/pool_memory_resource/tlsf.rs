@@ -340,21 +340,24 @@ impl Heap {
         idx
     }
 
+    /// The free blocks of class `(fl, sl)`, in list order.
+    fn class_list(&self, fl: usize, sl: usize) -> impl Iterator<Item = u32> + '_ {
+        let next = |&i: &u32| Some(self.blocks[i as usize].next_free).filter(|&n| n != NIL);
+        std::iter::successors(Some(self.heads[fl][sl]).filter(|&i| i != NIL), next)
+    }
+
+    /// Every free block, class by class.
+    fn free_list(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..FL_COUNT).flat_map(move |fl| (0..SL_COUNT).flat_map(move |sl| self.class_list(fl, sl)))
+    }
+
     /// Removes every region that is one whole free block; returns their ranges.
     pub(crate) fn take_free_regions(&mut self, out: &mut Vec<(u64, u64)>) {
-        let mut candidates = Vec::new();
-        for fl in 0..FL_COUNT {
-            for sl in 0..SL_COUNT {
-                let mut i = self.heads[fl][sl];
-                while i != NIL {
-                    let b = &self.blocks[i as usize];
-                    if b.prev_phys == NIL && b.next_phys == NIL {
-                        candidates.push(i);
-                    }
-                    i = b.next_free;
-                }
-            }
-        }
+        let whole = |&i: &u32| {
+            let b = &self.blocks[i as usize];
+            b.prev_phys == NIL && b.next_phys == NIL
+        };
+        let candidates: Vec<u32> = self.free_list().filter(whole).collect();
         for i in candidates {
             self.unlink(i);
             let b = self.blocks[i as usize];
@@ -378,16 +381,7 @@ impl Heap {
     /// Takes every free block out into `out`, splitting regions: for when only merging free
     /// neighbours across arenas can serve a request.
     pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
-        let mut all = Vec::with_capacity(self.free_blocks);
-        for fl in 0..FL_COUNT {
-            for sl in 0..SL_COUNT {
-                let mut i = self.heads[fl][sl];
-                while i != NIL {
-                    all.push(i);
-                    i = self.blocks[i as usize].next_free;
-                }
-            }
-        }
+        let all: Vec<u32> = self.free_list().collect();
         for i in all {
             out.push(self.remove_free(i));
         }
@@ -420,13 +414,10 @@ impl Heap {
         }
         let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
         let sl = 31 - self.sl_bitmap[fl].leading_zeros() as usize;
-        let mut i = self.heads[fl][sl];
-        let mut best = 0;
-        while i != NIL {
-            best = best.max(self.blocks[i as usize].size);
-            i = self.blocks[i as usize].next_free;
-        }
-        best
+        let sizes = self
+            .class_list(fl, sl)
+            .map(|i| self.blocks[i as usize].size);
+        sizes.max().unwrap_or(0)
     }
 
     /// Checks the heap's structure; returns a description of the first fault found.
@@ -435,12 +426,11 @@ impl Heap {
         let mut free_blocks = 0;
         for fl in 0..FL_COUNT {
             for sl in 0..SL_COUNT {
-                let mut i = self.heads[fl][sl];
-                let nonempty = i != NIL;
+                let nonempty = self.heads[fl][sl] != NIL;
                 if nonempty != (self.sl_bitmap[fl] & (1 << sl) != 0) {
                     return Err(format!("bitmap disagrees with class ({fl}, {sl})"));
                 }
-                while i != NIL {
+                for i in self.class_list(fl, sl) {
                     let b = &self.blocks[i as usize];
                     if !b.is_free() {
                         return Err(format!("block {i} on a free list is not free"));
@@ -461,7 +451,6 @@ impl Heap {
                     }
                     free_bytes += b.size;
                     free_blocks += 1;
-                    i = b.next_free;
                 }
             }
         }

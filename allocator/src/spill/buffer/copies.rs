@@ -10,15 +10,21 @@ use parking_lot::MutexGuard;
 
 use super::kept::reclaimable;
 use super::{SpillableBuffer, State};
-use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
 use crate::backend::pinned_copy::{CopyFailed, PinnedCopy};
+use crate::backend::{DevicePtr, RawEvent, RawStream};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::per_device::get_per_device_resource;
 use crate::resource::SharedResource;
 use crate::spill::copy::Direction;
+use crate::stream::Event;
 use crate::stream_view::StreamView;
+
+/// A copy's result, or its error with the pinned memory if that came back.
+pub(super) type Copied<T> = std::result::Result<T, (Error, Option<Vec<PinnedSlice>>)>;
+/// An enqueued copy, or why it failed.
+type Enqueued = std::result::Result<PinnedCopy<PinnedSlice>, Box<CopyFailed<PinnedSlice>>>;
 
 impl SpillableBuffer {
     /// Takes pinned slices and enqueues the data's copy into them after the buffer stream's queued
@@ -31,16 +37,10 @@ impl SpillableBuffer {
         let slices = self.host_slices()?;
         let start = Instant::now();
         let released = self.release_events();
-        let copy = self
-            .start_copy(
-                Direction::ToHost,
-                *stream,
-                &released,
-                |device, lane, event| {
-                    PinnedCopy::to_host(device, lane, event, *ptr, self.size, slices)
-                },
-            )
-            .map_err(|(error, _)| error)?;
+        let enqueue =
+            |device, lane, event| PinnedCopy::to_host(device, lane, event, *ptr, self.size, slices);
+        let copy = self.start_copy(Direction::ToHost, *stream, &released, enqueue);
+        let copy = copy.map_err(|(error, _)| error)?;
         Ok(Some(Outbound {
             copy,
             start,
@@ -59,18 +59,10 @@ impl SpillableBuffer {
     ) -> Result<()> {
         let slices = self.finish_copy(Direction::ToHost, out.copy, out.enqueued, out.start);
         let slices = slices.map_err(|(error, _)| error)?;
-        let State::Device {
-            ptr,
-            resource,
-            stream,
-            ..
-        } = &*state
-        else {
+        if !matches!(state, State::Device { .. }) {
             return Ok(());
-        };
-        if let Some(resource) = resource {
-            resource.deallocate(*ptr, self.size, *stream)?;
         }
+        self.free_device_memory(state)?;
         let start = since.map_or(out.start, |s| s.max(out.start));
         self.moved(state, State::Host(slices), start);
         Ok(())
@@ -82,16 +74,9 @@ impl SpillableBuffer {
         &self,
         direction: Direction,
         after: StreamView,
-        released: &[crate::backend::RawEvent],
-        enqueue: impl FnOnce(
-            Device,
-            crate::backend::RawStream,
-            crate::stream::Event,
-        ) -> std::result::Result<
-            PinnedCopy<PinnedSlice>,
-            Box<CopyFailed<PinnedSlice>>,
-        >,
-    ) -> std::result::Result<PinnedCopy<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
+        released: &[RawEvent],
+        enqueue: impl FnOnce(Device, RawStream, Event) -> Enqueued,
+    ) -> Copied<PinnedCopy<PinnedSlice>> {
         let copies = self.store.copies();
         let prepared = copies
             .ordered_after_events(direction, after, released)
@@ -111,7 +96,7 @@ impl SpillableBuffer {
         copy: PinnedCopy<PinnedSlice>,
         enqueued: Instant,
         start: Instant,
-    ) -> std::result::Result<Vec<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
+    ) -> Copied<Vec<PinnedSlice>> {
         let waited = copy.wait();
         tracing::trace!(
             target: "rmm::spill::copy",
@@ -147,7 +132,7 @@ impl SpillableBuffer {
         ptr: DevicePtr,
         slices: Vec<PinnedSlice>,
         after: StreamView,
-    ) -> std::result::Result<Vec<PinnedSlice>, (Error, Option<Vec<PinnedSlice>>)> {
+    ) -> Copied<Vec<PinnedSlice>> {
         let start = Instant::now();
         // Kept aside: a copy that fails before it starts drops what it owns.
         let mut kept = Some(slices);
@@ -175,14 +160,7 @@ impl SpillableBuffer {
         }
         self.lost.store(true, Ordering::Release);
         tracing::error!("unspilling buffer {}: {error}; its data is lost", self.id);
-        (
-            Error::DataLost {
-                id: self.id,
-                bytes: self.size,
-                detail: error.to_string(),
-            },
-            None,
-        )
+        (self.data_lost(error.to_string()), None)
     }
 
     /// Starts moving the data to the pinned host pool: copies are enqueued and

@@ -86,19 +86,12 @@ impl SpillableBuffer {
             (Ok(slices), Incoming::Device(_)) if size == 0 => State::Host(slices),
             (Ok(slices), Incoming::Device(src)) => {
                 let start = Instant::now();
-                let copy = buffer
-                    .start_copy(
-                        Direction::ToHost,
-                        StreamView::DEFAULT,
-                        &[],
-                        |d, lane, event| PinnedCopy::to_host(d, lane, event, src, size, slices),
-                    )
-                    .map_err(|(e, _)| e)?;
-                let enqueued = Instant::now();
-                let slices = buffer
-                    .finish_copy(Direction::ToHost, copy, enqueued, start)
-                    .map_err(|(e, _)| e)?;
-                State::Host(slices)
+                let enqueue =
+                    |d, lane, event| PinnedCopy::to_host(d, lane, event, src, size, slices);
+                let copy = buffer.start_copy(Direction::ToHost, StreamView::DEFAULT, &[], enqueue);
+                let copy = copy.map_err(|(e, _)| e)?;
+                let done = buffer.finish_copy(Direction::ToHost, copy, Instant::now(), start);
+                State::Host(done.map_err(|(e, _)| e)?)
             }
             (Err(Error::HostOutOfMemory { .. }), incoming) if store.has_disk() => {
                 let mut bytes = vec![0u8; size];

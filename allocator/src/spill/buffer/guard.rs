@@ -2,6 +2,7 @@
 //! on the device, [`HostGuard`] in pinned host memory, for as long as they live.
 
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
 
 use parking_lot::MutexGuard;
@@ -11,48 +12,24 @@ use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
 use crate::stream_view::StreamView;
 
-/// Access to a buffer's device memory; the buffer stays on the device while it lives.
-pub struct DeviceGuard<'a> {
-    pub(super) buffer: &'a SpillableBuffer,
+/// Access to a buffer's device memory; the buffer stays on the device while it lives. `B` holds the
+/// buffer: a borrow ([`DeviceGuard`]) or an `Arc` ([`SharedDeviceGuard`]).
+pub struct DeviceAccess<B: Deref<Target = SpillableBuffer>> {
+    pub(super) buffer: B,
     pub(super) ptr: DevicePtr,
     /// The stream the data is used on while the guard lives.
     pub(super) stream: StreamView,
 }
 
-impl DeviceGuard<'_> {
-    /// The device address of the first byte.
-    pub fn ptr(&self) -> DevicePtr {
-        self.ptr
-    }
-
-    /// Bytes.
-    pub fn len(&self) -> usize {
-        self.buffer.size
-    }
-
-    /// True for a zero-byte buffer.
-    pub fn is_empty(&self) -> bool {
-        self.buffer.size == 0
-    }
-}
-
-impl Drop for DeviceGuard<'_> {
-    fn drop(&mut self) {
-        self.buffer.unpin(self.stream);
-    }
-}
+/// Access to a borrowed buffer's device memory; the buffer stays on the device while it lives.
+pub type DeviceGuard<'a> = DeviceAccess<&'a SpillableBuffer>;
 
 /// A [`DeviceGuard`] owning its buffer (`Arc`) instead of borrowing it, for holders no borrow can
 /// describe (e.g. a Python object wrapping the memory). The buffer stays on the device at
-/// [`ptr`](Self::ptr) while it lives.
-pub struct SharedDeviceGuard {
-    pub(super) buffer: Arc<SpillableBuffer>,
-    pub(super) ptr: DevicePtr,
-    /// The stream the data is used on while the guard lives.
-    pub(super) stream: StreamView,
-}
+/// [`ptr`](DeviceAccess::ptr) while it lives.
+pub type SharedDeviceGuard = DeviceAccess<Arc<SpillableBuffer>>;
 
-impl SharedDeviceGuard {
+impl<B: Deref<Target = SpillableBuffer>> DeviceAccess<B> {
     /// The device address of the first byte.
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
@@ -69,20 +46,20 @@ impl SharedDeviceGuard {
     }
 
     /// The buffer.
-    pub fn buffer(&self) -> &Arc<SpillableBuffer> {
+    pub fn buffer(&self) -> &B {
         &self.buffer
     }
 }
 
-impl Drop for SharedDeviceGuard {
+impl<B: Deref<Target = SpillableBuffer>> Drop for DeviceAccess<B> {
     fn drop(&mut self) {
         self.buffer.unpin(self.stream);
     }
 }
 
-impl fmt::Debug for SharedDeviceGuard {
+impl<B: Deref<Target = SpillableBuffer>> fmt::Debug for DeviceAccess<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedDeviceGuard")
+        f.debug_struct("DeviceAccess")
             .field("buffer", &self.buffer.id())
             .field("ptr", &self.ptr)
             .finish()

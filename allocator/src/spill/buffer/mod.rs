@@ -41,7 +41,7 @@ use crate::per_device::get_per_device_resource;
 use crate::resource::SharedResource;
 use crate::stream::{Event, synchronize_stream};
 use crate::stream_view::StreamView;
-pub use guard::{DeviceGuard, HostGuard, SharedDeviceGuard};
+pub use guard::{DeviceAccess, DeviceGuard, HostGuard, SharedDeviceGuard};
 
 /// Where a buffer's data is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -393,7 +393,7 @@ impl SpillableBuffer {
         if let Some(o) = &self.observer {
             o.touched(self.id);
         }
-        Ok(DeviceGuard {
+        Ok(DeviceAccess {
             buffer: self,
             ptr,
             stream,
@@ -409,7 +409,7 @@ impl SpillableBuffer {
         let ptr = guard.ptr();
         // The pin the guard took now belongs to the shared guard, which gives it back.
         std::mem::forget(guard);
-        Ok(SharedDeviceGuard {
+        Ok(DeviceAccess {
             buffer: Arc::clone(self),
             ptr,
             stream,
@@ -615,22 +615,28 @@ impl SpillableBuffer {
 
     fn device_to_disk(&self, state: &mut State) -> Result<()> {
         let start = Instant::now();
-        let State::Device {
-            ptr,
-            resource,
-            stream,
-            ..
-        } = &*state
-        else {
+        let State::Device { ptr, stream, .. } = &*state else {
             return Ok(());
         };
-        let (ptr, stream) = (*ptr, *stream);
         let disk = self.disk()?;
-        let file = disk.write_from_device(self.store.copies(), self.id, ptr, self.size, stream)?;
-        if let Some(resource) = resource {
-            resource.deallocate(ptr, self.size, stream)?;
-        }
+        let file =
+            disk.write_from_device(self.store.copies(), self.id, *ptr, self.size, *stream)?;
+        self.free_device_memory(state)?;
         self.moved(state, State::Disk(file, disk), start);
+        Ok(())
+    }
+
+    /// Frees the device memory `state` holds, if the buffer owns it (not borrowed, not moved off).
+    fn free_device_memory(&self, state: &State) -> Result<()> {
+        if let State::Device {
+            ptr,
+            resource: Some(resource),
+            stream,
+            ..
+        } = state
+        {
+            resource.deallocate(*ptr, self.size, *stream)?;
+        }
         Ok(())
     }
 
@@ -659,13 +665,15 @@ impl SpillableBuffer {
     /// An error when a failed copy lost the data (see [`Error::DataLost`]).
     fn check_not_lost(&self) -> Result<()> {
         if self.lost.load(Ordering::Acquire) {
-            return Err(Error::DataLost {
-                id: self.id,
-                bytes: self.size,
-                detail: "an earlier unspill could not wait for its copy".into(),
-            });
+            return Err(self.data_lost("an earlier unspill could not wait for its copy".into()));
         }
         Ok(())
+    }
+
+    /// [`Error::DataLost`] for this buffer, lost to `detail`.
+    fn data_lost(&self, detail: String) -> Error {
+        let (id, bytes) = (self.id, self.size);
+        Error::DataLost { id, bytes, detail }
     }
 }
 
