@@ -25,8 +25,8 @@ over ``--repeats``:
   segments itself, so rmm-rs's pool only follows them (what the README advises for this route).
 
 Both rmm-rs modes start rmm-rs (``rmm_rs.initialize({"devices": [d], "pool": {"enabled": True,
-"initial_size": ..., "max_overhead": ...}})``) after the baseline below is read, so the pool
-counts as used memory.
+"initial_size": ..., "max_overhead": ...}})``, with ``growth`` too under the MemPool) after the
+baseline below is read, so the pool counts as used memory.
 
 After every step (synchronized) the device's used memory is read from NVML (``pynvml``;
 without it ``torch.cuda.mem_get_info``); its maximum less the used memory measured once the
