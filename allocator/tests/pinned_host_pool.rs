@@ -202,28 +202,80 @@ fn a_growable_pool_keeps_memory_pinned_ahead_of_demand_within_its_maximum() {
 }
 
 #[test]
-fn a_growable_pool_pins_ahead_in_small_chunks_and_for_a_request_a_chunk_of_its_size() {
+fn a_growable_pool_pins_ahead_in_small_chunks_and_a_request_it_cannot_serve_gets_pageable_memory() {
     let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(512 * MIB));
     pool.keep_free(100 * MIB);
-    drop(pool.allocate(MIB).unwrap());
+    // The first request finds nothing pinned: it does not wait for pinning but gets pageable
+    // memory, and the pool starts pinning ahead.
+    let first = pool.allocate(MIB).unwrap();
+    assert!(!first.is_pinned());
+    assert_eq!(pool.pageable(), 2 * MIB, "whole 2 MiB pages");
+    drop(first);
+    assert_eq!((pool.pageable(), pool.used()), (0, 0));
     assert!(settled(&pool) >= 100 * MIB);
     // Registrations hold the driver while spills enqueue copies: a growable pool's are small.
     assert_eq!(pool.max_slice(), 32 * MIB, "pinned ahead in 32 MiB chunks");
-    // A request larger than a chunk pins a chunk of its own, just its size (slices never
-    // cross chunks)...
-    let big = pool.allocate(40 * MIB).unwrap();
-    assert_eq!(pool.max_slice(), 40 * MIB);
-    // ... and data in pieces of a chunk is served from what was pinned ahead, which is
-    // pinned again behind it.
+    // A request larger than a chunk (slices never cross chunks) gets pageable memory of its own
+    // size rather than pinning a chunk for it...
+    let mut big = pool.allocate(40 * MIB).unwrap();
+    assert!(!big.is_pinned() && big.len() == 40 * MIB);
+    assert_eq!((pool.pageable(), pool.max_slice()), (40 * MIB, 32 * MIB));
+    big.as_mut_slice().copy_from_slice(&pattern(40 * MIB, 3));
+    assert!(big.as_slice() == pattern(40 * MIB, 3).as_slice());
+    // ... and data in pieces of a chunk is served from what was pinned ahead, which is pinned
+    // again behind it.
     let before = settled(&pool);
-    let free = before - pool.used();
+    let free = pool.free();
     let pieces: Vec<_> = (0..3).map(|_| pool.allocate(32 * MIB).unwrap()).collect();
-    assert!(free >= 96 * MIB, "{free} free before");
+    assert!(pieces.iter().all(|p| p.is_pinned()));
+    assert!(free >= 96 * MIB, "{free} free before, {before} pinned");
     let after = settled(&pool);
-    assert!(after - pool.used() >= 100 * MIB, "{after} pinned");
+    assert!(pool.free() >= 100 * MIB, "{after} pinned");
+    // Pageable memory is never registered, and goes back to the system with its slice.
+    assert_eq!(sim.pinned_host_bytes(), pool.capacity());
     drop((big, pieces));
-    assert_eq!(pool.used(), 0);
+    assert_eq!((pool.used(), pool.pageable()), (0, 0));
+    assert_eq!(pool.pageable_total() as usize, 42 * MIB);
+}
+
+#[test]
+fn pageable_slices_count_against_the_maximum() {
+    let sim = backed_sim();
+    let pool = PinnedHostPool::growable(sim, Some(64 * MIB));
+    pool.keep_free(32 * MIB);
+    let first = pool.allocate(MIB).unwrap();
+    assert_eq!(settled(&pool), 32 * MIB);
+    // Taking the pinned chunk, the pool pins ahead what the maximum leaves: 64 - 32 - 2 MiB.
+    let pinned = pool.allocate(32 * MIB).unwrap();
+    assert_eq!(settled(&pool), 62 * MIB);
+    // No room is left: a request that fits no pinned chunk is refused, neither pageable nor
+    // pinned past the maximum.
+    let err = pool.allocate(40 * MIB).unwrap_err();
+    assert!(matches!(err, Error::HostOutOfMemory { .. }), "{err}");
+    assert_eq!(
+        (pool.pageable(), sim.pinned_host_bytes()),
+        (2 * MIB, 62 * MIB)
+    );
+    let rest = pool.allocate(30 * MIB).unwrap();
+    assert!(rest.is_pinned());
+    // Pageable memory given back is room again.
+    drop(first);
+    let again = pool.allocate(2 * MIB).unwrap();
+    assert!(!again.is_pinned());
+    assert_eq!(settled(&pool), 62 * MIB);
+    drop((pinned, rest, again));
+    assert_eq!((pool.used(), pool.pageable()), (0, 0));
+}
+
+#[test]
+fn without_pinning_ahead_a_request_pins_a_chunk_of_its_size() {
+    let sim = backed_sim();
+    let pool = PinnedHostPool::growable(sim, Some(512 * MIB));
+    let big = pool.allocate(40 * MIB).unwrap();
+    assert!(big.is_pinned());
+    assert_eq!((pool.pageable(), pool.max_slice()), (0, 40 * MIB));
+    assert_eq!(sim.pinned_host_bytes(), pool.capacity());
 }
 
 #[test]
@@ -319,7 +371,11 @@ fn a_pool_releasing_idle_memory_holds_no_more_than_its_slices() {
     let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, None);
     pool.keep_free(64 * MIB);
+    // (The first request, served pageable, starts the pinning ahead.)
+    drop(pool.allocate(MIB).unwrap());
+    settled(&pool);
     let held: Vec<_> = (0..3).map(|_| pool.allocate(16 * MIB).unwrap()).collect();
+    assert!(held.iter().all(|h| h.is_pinned()));
     settled(&pool);
     assert!(pool.capacity() >= 48 * MIB + 64 * MIB, "pinned ahead");
     pool.release_idle(true);

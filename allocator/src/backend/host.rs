@@ -186,6 +186,8 @@ pub struct PinnedRegion {
     live: Vec<AtomicUsize>,
     /// Time spent registering chunks with the driver (the rest of pinning is mapping and faulting).
     registering: std::time::Duration,
+    /// False for a region of [`PinnedRegion::pageable`]: nothing to unregister.
+    pinned: bool,
 }
 
 /// [`PinnedRegion::live`] of a chunk given back.
@@ -218,8 +220,73 @@ impl PinnedRegion {
         min_chunk: usize,
     ) -> Result<PinnedRegion> {
         const HUGE: usize = PinnedRegion::ALIGNMENT;
+        let (ptr, len) = Self::map_faulted(backend, bytes, threads, "a pinned host pool")?;
+        let base = ptr.as_ptr() as usize;
+        // Register chunks one after another on this thread: while a registration runs, a driver
+        // lock stalls the process's other driver calls (copies, launches), so parallel or larger
+        // registrations stall them longer and gain nothing once the pages are faulted in.
+        let chunk = min_chunk.max(HUGE).next_multiple_of(HUGE).min(len);
+        let registering = std::time::Instant::now();
+        let mut registered = Vec::new();
+        let mut first_error = None;
+        for o in (0..len).step_by(chunk) {
+            let l = chunk.min(len - o);
+            // SAFETY: in the live mapping, which outlives the registration (undone first in drop).
+            match unsafe { backend.host_register((base + o) as *mut u8, l) } {
+                Ok(()) => registered.push((o, l)),
+                Err(e) => {
+                    first_error = Some(e);
+                    break;
+                }
+            }
+        }
+        let region = PinnedRegion {
+            backend,
+            ptr,
+            len,
+            live: registered.iter().map(|_| AtomicUsize::new(0)).collect(),
+            chunks: registered,
+            registering: registering.elapsed(),
+            pinned: true,
+        };
+        match first_error {
+            // Dropping the region unregisters what was registered and frees the memory.
+            Some(e) => Err(e),
+            None => Ok(region),
+        }
+    }
+
+    /// `bytes` (rounded up to 2 MiB) of pageable host memory, faulted in on `threads` threads and
+    /// not registered with the driver: one chunk, for a pool's spills that must not wait for
+    /// pinning. Copies to and from it run at the driver's pageable rate.
+    pub fn pageable(
+        backend: &'static dyn Backend,
+        bytes: usize,
+        threads: usize,
+    ) -> Result<PinnedRegion> {
+        let (ptr, len) = Self::map_faulted(backend, bytes, threads, "pageable spill memory")?;
+        Ok(PinnedRegion {
+            backend,
+            ptr,
+            len,
+            chunks: vec![(0, len)],
+            live: vec![AtomicUsize::new(0)],
+            registering: std::time::Duration::ZERO,
+            pinned: false,
+        })
+    }
+
+    /// Maps `bytes` (rounded up to 2 MiB, 2 MiB aligned, huge pages advised) and faults every
+    /// page in on `threads` threads; `what` names the memory in errors.
+    fn map_faulted(
+        backend: &'static dyn Backend,
+        bytes: usize,
+        threads: usize,
+        what: &'static str,
+    ) -> Result<(NonNull<u8>, usize)> {
+        const HUGE: usize = PinnedRegion::ALIGNMENT;
         let len = bytes.max(1).next_multiple_of(HUGE);
-        check_pinnable(backend, len, "a pinned host pool")?;
+        check_pinnable(backend, len, what)?;
         // An anonymous mapping is zero-filled, so one touch per page (below) backs it; 2 MiB
         // alignment and MADV_HUGEPAGE let the kernel use huge pages (far fewer faults).
         let mapped = len + HUGE;
@@ -278,37 +345,7 @@ impl PinnedRegion {
                 }
             }
         });
-        // Register chunks one after another on this thread: while a registration runs, a driver
-        // lock stalls the process's other driver calls (copies, launches), so parallel or larger
-        // registrations stall them longer and gain nothing once the pages are faulted in.
-        let chunk = min_chunk.max(HUGE).next_multiple_of(HUGE).min(len);
-        let registering = std::time::Instant::now();
-        let mut registered = Vec::new();
-        let mut first_error = None;
-        for o in (0..len).step_by(chunk) {
-            let l = chunk.min(len - o);
-            // SAFETY: in the live mapping, which outlives the registration (undone first in drop).
-            match unsafe { backend.host_register((base + o) as *mut u8, l) } {
-                Ok(()) => registered.push((o, l)),
-                Err(e) => {
-                    first_error = Some(e);
-                    break;
-                }
-            }
-        }
-        let region = PinnedRegion {
-            backend,
-            ptr,
-            len,
-            live: registered.iter().map(|_| AtomicUsize::new(0)).collect(),
-            chunks: registered,
-            registering: registering.elapsed(),
-        };
-        match first_error {
-            // Dropping the region unregisters what was registered and frees the memory.
-            Some(e) => Err(e),
-            None => Ok(region),
-        }
+        Ok((ptr, len))
     }
 
     /// Bytes in the region.
@@ -351,10 +388,12 @@ impl PinnedRegion {
             return false;
         }
         let (o, l) = self.chunks[index];
-        // SAFETY: the chunk was registered by `new`, has no live slice (checked above) and none can
-        // be carved now: nothing refers to its bytes.
-        if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
-            tracing::error!("unregistering pinned host memory: {e}");
+        if self.pinned {
+            // SAFETY: the chunk was registered by `new`, has no live slice (checked above) and
+            // none can be carved now: nothing refers to its bytes.
+            if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
+                tracing::error!("unregistering pinned host memory: {e}");
+            }
         }
         // SAFETY: the chunk lies inside the mapping made in `new`; nothing uses it (above).
         if unsafe { libc::munmap(self.addr(o).cast(), l) } != 0 {
@@ -385,9 +424,11 @@ impl Drop for PinnedRegion {
             if self.is_released(i) {
                 continue;
             }
-            // SAFETY: registered by `new`; slices hold the region's `Arc`, so no copy uses it now.
-            if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
-                tracing::error!("unregistering pinned host memory: {e}");
+            if self.pinned {
+                // SAFETY: registered by `new`; slices hold the region's `Arc`, so no copy uses it.
+                if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
+                    tracing::error!("unregistering pinned host memory: {e}");
+                }
             }
             unmap(o, l);
         }
@@ -473,6 +514,11 @@ impl PinnedSlice {
     /// True for a zero-byte slice.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// False when it lies in pageable memory ([`PinnedRegion::pageable`]).
+    pub fn is_pinned(&self) -> bool {
+        self.region.pinned
     }
 
     /// The first byte (for asynchronous copies).

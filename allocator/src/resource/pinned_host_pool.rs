@@ -12,7 +12,11 @@
 //! demand ([`PinnedHostPool::keep_free`]): a background thread pins more whenever less is free, so
 //! a large spill does not wait for pinning. It pins steps of at most 256 MiB in 32 MiB chunks: a
 //! registration holds the driver, stalling spill copies enqueued meanwhile, so small chunks keep
-//! each stall short. A miss pins just its need, in one chunk of at least 32 MiB.
+//! each stall short. A miss meanwhile does not wait for pinning: its slice is pageable memory of
+//! its own ([`PinnedRegion::pageable`]; the driver copies it at its pageable rate, which on its own
+//! beats pinning then copying, and one process pins for all its devices through one driver lock
+//! while pageable copies run on every device at once), unmapped when the slice goes. Without
+//! pinning ahead, a miss pins its need, in one chunk of at least 32 MiB.
 //!
 //! Nothing is pinned ahead until a request has needed pinned memory.
 //! [`PinnedHostPool::release_idle`] makes a pool hold only what its slices need: free memory goes
@@ -98,7 +102,12 @@ struct Inner {
     /// Bytes being pinned now (by requests or ahead of demand), counted against the maximum.
     pinning: AtomicUsize,
     max_slice: AtomicUsize,
+    /// Bytes in live slices, pageable ones included.
     used: AtomicUsize,
+    /// The part of `used` in pageable slices (pinned memory was short while pinning ahead).
+    pageable: AtomicUsize,
+    /// Bytes ever handed out in pageable slices.
+    pageable_total: AtomicU64,
     peak: AtomicUsize,
     pinning_ns: AtomicU64,
     /// The part of `pinning_ns` spent registering memory with the driver.
@@ -164,6 +173,8 @@ impl PinnedHostPool {
                 pinning: 0.into(),
                 max_slice: 0.into(),
                 used: 0.into(),
+                pageable: 0.into(),
+                pageable_total: 0.into(),
                 peak: 0.into(),
                 pinning_ns: 0.into(),
                 registering_ns: 0.into(),
@@ -197,9 +208,25 @@ impl PinnedHostPool {
         self.inner.grow_limit.is_some()
     }
 
-    /// Bytes handed out in live slices.
+    /// Bytes handed out in live slices, pageable ones included.
     pub fn used(&self) -> usize {
         self.inner.used.load(Ordering::Relaxed)
+    }
+
+    /// Pinned bytes not handed out.
+    pub fn free(&self) -> usize {
+        self.inner.free()
+    }
+
+    /// The part of [`used`](Self::used) in pageable memory: slices handed out while pinned memory
+    /// was short and the pool was pinning ahead.
+    pub fn pageable(&self) -> usize {
+        self.inner.pageable.load(Ordering::Relaxed)
+    }
+
+    /// Bytes ever handed out in pageable slices.
+    pub fn pageable_total(&self) -> u64 {
+        self.inner.pageable_total.load(Ordering::Relaxed)
     }
 
     /// Bytes of live droppable copies ([`PinnedSlice::set_reclaimable`]): free for pinning ahead.
@@ -283,13 +310,21 @@ impl PinnedHostPool {
         Duration::from_nanos(self.inner.registering_ns.load(Ordering::Relaxed))
     }
 
-    /// First-fit slice of `bytes` (rounded to [`PINNED_ALIGNMENT`]); growable pools grow to fit.
+    /// First-fit slice of `bytes` (rounded to [`PINNED_ALIGNMENT`]); growable pools grow to fit,
+    /// or while pinning ahead hand out pageable memory rather than wait (see the module docs).
     ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] when nothing fits and the pool cannot grow.
     pub fn allocate(&self, bytes: usize) -> Result<PinnedSlice> {
         let len = bytes.max(1).next_multiple_of(PINNED_ALIGNMENT);
         if let Some(s) = self.try_allocate(len) {
+            Inner::pin_ahead(&self.inner);
+            return Ok(s);
+        }
+        if self.headroom() > 0
+            && !self.inner.release_idle.load(Ordering::Acquire)
+            && let Some(s) = self.allocate_pageable(len)
+        {
             Inner::pin_ahead(&self.inner);
             return Ok(s);
         }
@@ -347,6 +382,37 @@ impl PinnedHostPool {
         Err(Error::host_out_of_memory(len, "PinnedHostPool"))
     }
 
+    /// A slice of pageable memory of its own, within the maximum; `None` when over it or when the
+    /// memory cannot be had (the caller then pins as it would have).
+    fn allocate_pageable(&self, len: usize) -> Option<PinnedSlice> {
+        let bytes = len.next_multiple_of(PinnedRegion::ALIGNMENT);
+        let inner = &self.inner;
+        inner
+            .pageable
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
+                (inner.room() >= bytes).then_some(p + bytes)
+            })
+            .ok()?;
+        let region = match PinnedRegion::pageable(inner.backend, bytes, pinning_threads()) {
+            Ok(r) => Arc::new(r),
+            Err(e) => {
+                inner.pageable.fetch_sub(bytes, Ordering::AcqRel);
+                tracing::debug!(bytes, "no pageable memory for a spill: {e}");
+                return None;
+            }
+        };
+        let owner = Arc::new(PageableOwner(Arc::clone(inner)));
+        // A region of its own, never handed to anyone else: carving cannot fail.
+        let slice = PinnedSlice::carve(region, owner, 0, len)?;
+        // Counted whole (2 MiB multiples) in `used` too, so `used - pageable` is what is pinned.
+        inner
+            .pageable_total
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        let used = inner.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        inner.peak.fetch_max(used, Ordering::Relaxed);
+        Some(slice)
+    }
+
     fn try_allocate(&self, len: usize) -> Option<PinnedSlice> {
         let mut chunks = self.inner.chunks.lock();
         let (region, offset) = chunks.iter_mut().find_map(|c| {
@@ -371,9 +437,13 @@ impl PinnedHostPool {
 impl Inner {
     /// Bytes pinned and not handed out.
     fn free(&self) -> usize {
+        let pinned_used = self
+            .used
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.pageable.load(Ordering::Relaxed));
         self.capacity
             .load(Ordering::Relaxed)
-            .saturating_sub(self.used.load(Ordering::Relaxed))
+            .saturating_sub(pinned_used)
     }
 
     /// What to pin ahead now: the step toward the headroom within the maximum, or `None`.
@@ -451,10 +521,13 @@ impl Inner {
         released
     }
 
-    /// Bytes the pool may still pin under its maximum (those being pinned counted).
+    /// Bytes the pool may still pin under its maximum (those being pinned and pageable slices
+    /// counted).
     fn room(&self) -> usize {
         self.grow_limit.unwrap_or(usize::MAX).saturating_sub(
-            self.capacity.load(Ordering::Acquire) + self.pinning.load(Ordering::Acquire),
+            self.capacity.load(Ordering::Acquire)
+                + self.pinning.load(Ordering::Acquire)
+                + self.pageable.load(Ordering::Acquire),
         )
     }
 
@@ -515,11 +588,31 @@ impl fmt::Display for PinnedHostPool {
         write!(
             f,
             "pinned host pool: {} of {} in use (peak {}), pinned in {:.1} ms",
-            fmt_bytes(self.used()),
+            fmt_bytes(self.used() - self.pageable().min(self.used())),
             fmt_bytes(self.capacity()),
             fmt_bytes(self.peak()),
             self.pinning_time().as_secs_f64() * 1e3
-        )
+        )?;
+        if self.pageable() > 0 {
+            write!(f, "; {} in pageable memory", fmt_bytes(self.pageable()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Takes back a pageable slice: its region goes back to the system with it.
+struct PageableOwner(Arc<Inner>);
+
+impl SliceOwner for PageableOwner {
+    fn reclaimable(&self, delta: isize) {
+        self.0.reclaimable(delta);
+    }
+
+    fn give_back(&self, region: &PinnedRegion, _offset: usize, _len: usize) {
+        // The region's one slice is gone, so its one chunk has none alive.
+        region.release_chunk(0);
+        self.0.used.fetch_sub(region.len(), Ordering::Relaxed);
+        self.0.pageable.fetch_sub(region.len(), Ordering::AcqRel);
     }
 }
 

@@ -185,6 +185,11 @@ impl SpillStore {
         self.over_host_pools(PinnedHostPool::reclaimable)
     }
 
+    /// The part of [`host_bytes`](Self::host_bytes) in pageable memory.
+    pub fn host_pageable_bytes(&self) -> u64 {
+        self.over_host_pools(PinnedHostPool::pageable)
+    }
+
     /// `bytes` summed over the current host pool and the replaced ones still alive.
     fn over_host_pools(&self, bytes: impl Fn(&PinnedHostPool) -> usize) -> u64 {
         let current = self.tiers.read().host.clone();

@@ -65,13 +65,15 @@ impl DemoReport {
         t
     }
 
-    /// Each device's spill tiers over the whole run: the pinned host pool, what moved off
-    /// the device and back (copy bandwidth), and the disk tier.
+    /// Each device's spill tiers over the whole run: the pinned host pool, what went to pageable
+    /// memory while pinning could not keep up, what moved off the device and back (copy
+    /// bandwidth), and the disk tier.
     pub fn spill_table(&self) -> Table {
         let mut t = Table::new([
             ("device", Align::Right),
             ("host pool", Align::Right),
             ("pinned in", Align::Right),
+            ("pageable", Align::Right),
             ("spilled", Align::Right),
             ("unspilled", Align::Right),
             ("on disk at the end", Align::Right),
@@ -85,6 +87,7 @@ impl DemoReport {
                 } else {
                     NONE.into()
                 },
+                bytes_or_none(s.host_pageable_total_bytes),
                 bytes_at_rate(s.spilled_bytes, s.spill_seconds),
                 bytes_at_rate(s.unspilled_bytes, s.unspill_seconds),
                 bytes_or_none(s.disk_bytes),

@@ -530,7 +530,7 @@ fn check_host_room(m: &SpillManager, kept: &super::keep::Kept<'_>) -> Result<()>
         .tracked_bytes
         .saturating_sub(kept.bytes_on(device));
     // Kept host copies are room: data with one spills into it; others can be dropped.
-    let room = (host.capacity().saturating_sub(host.used()) + host.reclaimable()) as u64;
+    let room = (host.free() + host.reclaimable()) as u64;
     if to_move > room {
         return Err(Error::HostTierTooSmall {
             device,

@@ -70,8 +70,13 @@ pub struct SpillStatistics {
     pub unspilled_bytes: u64,
     /// Wall time data came back (overlaps counted once).
     pub unspill_seconds: f64,
-    /// Pinned host bytes holding spilled data; with `host_pool_bytes`, the pool's size now.
+    /// Host bytes holding spilled data; with `host_pool_bytes`, the pinned pool's size now.
     pub host_bytes: u64,
+    /// The part of `host_bytes` in pageable memory: spills that found no pinned room while the
+    /// pool was pinning ahead went there rather than wait (copied at the driver's pageable rate).
+    pub host_pageable_bytes: u64,
+    /// Bytes ever spilled into pageable memory (see `host_pageable_bytes`).
+    pub host_pageable_total_bytes: u64,
     /// Pinned host bytes holding copies of data back on the device (spilling it again copies
     /// nothing); given back first when room is needed.
     pub host_kept_bytes: u64,
@@ -130,9 +135,10 @@ impl std::fmt::Display for SpillStatistics {
                 "host",
                 &self.host,
                 format!(
-                    " (and {} of copies kept) of a {} pool",
+                    " (and {} of copies kept) of a {} pool, {} pageable",
                     b(self.host_kept_bytes),
-                    b(self.host_pool_bytes)
+                    b(self.host_pool_bytes),
+                    b(self.host_pageable_bytes)
                 ),
             ),
             ("disk", &self.disk, String::new()),

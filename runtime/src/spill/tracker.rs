@@ -323,7 +323,7 @@ impl Tracker {
     /// True when `host` can hand out `need` bytes (in slices of at most its largest).
     fn host_fits(host: &PinnedHostPool, need: usize) -> bool {
         let contiguous = need.min(host.max_slice());
-        host.capacity().saturating_sub(host.used()) >= need && host.largest_free() >= contiguous
+        host.free() >= need && host.largest_free() >= contiguous
     }
 
     pub(crate) fn drop_all_kept_copies(&self) {
