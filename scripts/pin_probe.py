@@ -88,18 +88,19 @@ def fault(start, nbytes, threads=8):
         t.join()
 
 
-def copy_rate(d, host):
-    """Device → host copy of 1 GiB into `host`, GB/s."""
+def copy_rate(d, host, size=GIB):
+    """Device → host copies of `size` bytes (within one pinned range) into `host`, GB/s."""
     ck(cu.cuCtxSetCurrent(ctxs[d]), "set")
     dp = C.c_uint64()
-    ck(cu.cuMemAlloc_v2(C.byref(dp), C.c_size_t(GIB)), "alloc")
-    ck(cu.cuMemcpyDtoH_v2(C.c_void_p(host), dp, C.c_size_t(GIB)), "warm copy")
+    ck(cu.cuMemAlloc_v2(C.byref(dp), C.c_size_t(size)), "alloc")
+    ck(cu.cuMemcpyDtoH_v2(C.c_void_p(host), dp, C.c_size_t(size)), "warm copy")
+    reps = max(3, (3 * GIB) // size)
     t = time.perf_counter()
-    for _ in range(3):
-        ck(cu.cuMemcpyDtoH_v2(C.c_void_p(host), dp, C.c_size_t(GIB)), "copy")
+    for _ in range(reps):
+        ck(cu.cuMemcpyDtoH_v2(C.c_void_p(host), dp, C.c_size_t(size)), "copy")
     dt = time.perf_counter() - t
     ck(cu.cuMemFree_v2(dp), "free")
-    return 3 * GIB / dt / 1e9
+    return reps * size / dt / 1e9
 
 
 def register(d, flags, chunk):
@@ -112,7 +113,7 @@ def register(d, flags, chunk):
         ck(cu.cuMemHostRegister_v2(C.c_void_p(start + o), C.c_size_t(min(chunk, BYTES - o)),
                                    flags), "register")
     t2 = time.perf_counter()
-    rate = copy_rate(d, start)
+    rate = copy_rate(d, start, min(chunk, GIB))
 
     def undo():
         for o in range(0, BYTES, chunk):
@@ -130,7 +131,7 @@ def hostalloc(d, chunk):
         ck(cu.cuMemHostAlloc(C.byref(p), C.c_size_t(min(chunk, BYTES - o)), 1), "hostalloc")
         ps.append(p)
     t1 = time.perf_counter()
-    rate = copy_rate(d, ps[0].value)
+    rate = copy_rate(d, ps[0].value, min(chunk, GIB))
 
     def undo():
         for p in ps:
@@ -267,7 +268,6 @@ for devs in ([0], alld) if NDEV > 1 else ([0],):
     trial("register flags 0, 32 MiB chunks", lambda d: register(d, 0, 32 * MIB), devs)
     trial("cuMemHostAlloc PORTABLE, 256 MiB", lambda d: hostalloc(d, 256 * MIB), devs)
     trial("cuMemCreate HOST_NUMA, 256 MiB", lambda d: vmm_host(d, 256 * MIB, 3), devs)
-    trial("cuMemCreate HOST_NUMA, 2 MiB", lambda d: vmm_host(d, 2 * MIB, 3), devs)
     trial("cuMemCreate HOST, 256 MiB", lambda d: vmm_host(d, 256 * MIB, 2), devs)
     pageable(devs)
 for th in (1, 4, 16):
