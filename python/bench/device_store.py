@@ -181,7 +181,9 @@ def main():
         results.append(r)
         sp = r["spill"].get("spill", {})
         pinning = (f"   host pool {format_bytes(sp['host_pool_bytes'])} pinned in "
-                   f"{sp['host_pinning_seconds']:.2f} s; storing values took "
+                   f"{sp['host_pinning_seconds']:.2f} s "
+                   f"({format_bytes(sp.get('host_pageable_total_bytes', 0))} to pageable memory); "
+                   f"storing values took "
                    f"{r['spill'].get('setitem_seconds', 0):.2f} s, spilling "
                    f"{sp['spill_seconds']:.2f} s ({format_bytes(sp['spilled_bytes'])})"
                    if sp else "")

@@ -312,7 +312,8 @@ def print_spill(per_worker):
     pinning = [
         f"{sp.get('host_pinning_seconds', 0.0):.2f} s "
         f"({sp.get('host_registering_seconds', 0.0):.2f} s registering) for "
-        f"{format_bytes(int(sp.get('host_pool_bytes', 0)))}"
+        f"{format_bytes(int(sp.get('host_pool_bytes', 0)))}, "
+        f"{format_bytes(int(sp.get('host_pageable_total_bytes', 0)))} spilled to pageable memory"
         for sp in (stats.get("spill", {}) for _, stats in sorted(per_worker.items()))
     ]
     print(f"    host memory pinned per worker: {', '.join(pinning)}", flush=True)
