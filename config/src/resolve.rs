@@ -30,8 +30,8 @@ pub struct DeviceFacts {
     pub host_memory: Option<u64>,
 }
 
-/// `spill.pin_ahead = "auto"` pins at most the process's host memory divided by this, so an
-/// 8-GPU host's workers keep under half of it pinned ahead.
+/// `spill.pin_ahead = "auto"` pins at most the process's host memory divided by this (shared by
+/// its devices), so an 8-GPU host's workers keep under half of it pinned ahead.
 pub const PIN_AHEAD_HOST_SHARE: u64 = 16;
 
 /// What `spill.pin_ahead = "auto"` pins ahead at most when the host's memory is not known.
@@ -146,8 +146,9 @@ impl Config {
             }
         }
         let mut devices = Vec::with_capacity(selected.len());
+        let in_process = selected.len() as u64;
         for facts in selected {
-            match self.resolve_device(facts) {
+            match self.resolve_device(facts, in_process) {
                 Ok(device) => devices.push(device),
                 Err(mut more) => errors.append(&mut more),
             }
@@ -199,7 +200,12 @@ impl Config {
         Ok(selected)
     }
 
-    fn resolve_device(&self, facts: &DeviceFacts) -> Result<ResolvedDevice, Vec<Error>> {
+    /// One device's settings; `in_process` devices share the process (and its pinning).
+    fn resolve_device(
+        &self,
+        facts: &DeviceFacts,
+        in_process: u64,
+    ) -> Result<ResolvedDevice, Vec<Error>> {
         let mut errors = Vec::new();
         let ordinal = facts.ordinal;
         let mut bytes = |key: SizeKey| -> Option<u64> {
@@ -240,11 +246,13 @@ impl Config {
             let pin_ahead = match self.spill.pin_ahead {
                 PinAhead::Up(size) => size.resolve(facts.total_memory),
                 PinAhead::Off => 0,
-                PinAhead::Auto => {
+                // Shared by the process's devices: a process pins through one driver lock at
+                // one rate whatever its devices, and its CUDA calls wait while it pins.
+                PinAhead::Auto => align_down(
                     threshold.min(facts.host_memory.map_or(PIN_AHEAD_WITHOUT_HOST_FACTS, |h| {
-                        align_down(h / PIN_AHEAD_HOST_SHARE)
-                    }))
-                }
+                        h / PIN_AHEAD_HOST_SHARE
+                    })) / in_process.max(1),
+                ),
             };
             ResolvedSpill {
                 threshold,

@@ -14,7 +14,8 @@ use crate::size::{ParseSizeError, Size};
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 #[serde(try_from = "toml::Value", into = "toml::Value")]
 pub enum PinAhead {
-    /// `"auto"`: the spill limit, at most host memory / [`crate::PIN_AHEAD_HOST_SHARE`].
+    /// `"auto"`: the spill limit, at most host memory / [`crate::PIN_AHEAD_HOST_SHARE`], divided
+    /// between the devices of the process (it pins for all of them at one rate).
     #[default]
     Auto,
     /// `"none"`: nothing is pinned ahead; spills pin as they go.

@@ -189,24 +189,33 @@ fn pinned_host_memory_beyond_the_hosts_is_an_error() {
 #[test]
 fn pinning_ahead_keeps_the_spill_limit_within_a_sixteenth_of_the_host_by_default() {
     let pin_ahead = |text: &str, facts: &[DeviceFacts]| {
-        load(text).unwrap().resolve(facts).unwrap().devices[0]
-            .spill
-            .as_ref()
-            .unwrap()
-            .pin_ahead
+        let resolved = load(text).unwrap().resolve(facts).unwrap();
+        let each: Vec<u64> = resolved
+            .devices
+            .iter()
+            .map(|d| d.spill.as_ref().unwrap().pin_ahead)
+            .collect();
+        assert!(each.iter().all(|&p| p == each[0]), "{each:?}");
+        each[0]
     };
     let facts = two_devices();
+    let one = "devices = [0]\n[spill]\nenabled = true";
+    let both = "devices = [0, 1]\n[spill]\nenabled = true";
     // 80% of 80 GiB is 64 GiB; a sixteenth of 256 GiB is 16 GiB.
-    assert_eq!(pin_ahead("[spill]\nenabled = true", &facts), 16 * GIB);
+    assert_eq!(pin_ahead(one, &facts), 16 * GIB);
     assert_eq!(
-        pin_ahead(
-            "[spill]\nenabled = true\ndevice_memory_limit = \"2GiB\"",
-            &facts
-        ),
+        pin_ahead(&format!("{one}\ndevice_memory_limit = \"2GiB\""), &facts),
         2 * GIB
     );
+    // A process pins for all its devices at one rate: "auto" is shared between them.
+    assert_eq!(pin_ahead(both, &facts), 8 * GIB);
     assert_eq!(
-        pin_ahead("[spill]\nenabled = true\npin_ahead = \"4GiB\"", &facts),
+        pin_ahead(&format!("{both}\ndevice_memory_limit = \"2GiB\""), &facts),
+        GIB
+    );
+    // A size is per device, as written.
+    assert_eq!(
+        pin_ahead(&format!("{both}\npin_ahead = \"4GiB\""), &facts),
         4 * GIB
     );
     assert_eq!(
@@ -220,8 +229,5 @@ fn pinning_ahead_keeps_the_spill_limit_within_a_sixteenth_of_the_host_by_default
             ..f
         })
         .collect();
-    assert_eq!(
-        pin_ahead("[spill]\nenabled = true", &unknown),
-        PIN_AHEAD_WITHOUT_HOST_FACTS
-    );
+    assert_eq!(pin_ahead(one, &unknown), PIN_AHEAD_WITHOUT_HOST_FACTS);
 }
