@@ -249,9 +249,11 @@ impl Config {
                 // Shared by the process's devices: a process pins through one driver lock at
                 // one rate whatever its devices, and its CUDA calls wait while it pins.
                 PinAhead::Auto => align_down(
-                    threshold.min(facts.host_memory.map_or(PIN_AHEAD_WITHOUT_HOST_FACTS, |h| {
-                        h / PIN_AHEAD_HOST_SHARE
-                    })) / in_process.max(1),
+                    threshold.min(
+                        facts
+                            .host_memory
+                            .map_or(PIN_AHEAD_WITHOUT_HOST_FACTS, |h| h / PIN_AHEAD_HOST_SHARE),
+                    ) / in_process.max(1),
                 ),
             };
             ResolvedSpill {

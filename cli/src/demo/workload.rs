@@ -5,13 +5,14 @@
 //! the driver API): rotate the bytes left by `k`, then fill a stripe with one value. The host
 //! computes the same result from the same seed and compares 64-bit XXH3 hashes.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use rmm::allocator::DeviceBuffer;
 use rmm::allocator::spill::SpillableBuffer;
 use rmm::allocator::synchronize_stream;
 use rmm::runtime::TaskContext;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 use super::DemoError;
 use crate::bench::Rng;
@@ -57,7 +58,9 @@ impl Transform {
         }
     }
 
-    /// The transform applied on the host.
+    /// The transform applied on the host: the reference [`hash_applied`](Self::hash_applied)
+    /// is tested against.
+    #[cfg(test)]
     pub(crate) fn apply(&self, data: &mut [u8]) {
         if data.is_empty() {
             return;
@@ -65,6 +68,39 @@ impl Transform {
         data.rotate_left(self.rotate);
         let (a, n) = self.stripe;
         data[a..a + n].fill(self.value);
+    }
+
+    /// The hash of `data` transformed ([`apply`](Self::apply)), without transforming it: the
+    /// bytes are hashed in the order the transform puts them, the stripe as its value. This
+    /// spares the host a pass that reads and writes every byte of every result.
+    pub(crate) fn hash_applied(&self, data: &[u8]) -> u64 {
+        let len = data.len();
+        if len == 0 {
+            return xxh3_64(data);
+        }
+        let mut h = Xxh3::new();
+        // Output bytes p..q are input bytes (p + rotate)..(q + rotate), wrapping at the end.
+        let copied = |h: &mut Xxh3, p: usize, q: usize| {
+            let start = (p + self.rotate) % len;
+            let n = q - p;
+            if start + n <= len {
+                h.update(&data[start..start + n]);
+            } else {
+                h.update(&data[start..]);
+                h.update(&data[..n - (len - start)]);
+            }
+        };
+        let (a, n) = self.stripe;
+        copied(&mut h, 0, a);
+        let fill = [self.value; 4096];
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(fill.len());
+            h.update(&fill[..k]);
+            left -= k;
+        }
+        copied(&mut h, a + n, len);
+        h.digest()
     }
 
     /// The transform from `src` into `dst` (both `len` bytes) on `stream`.
@@ -127,7 +163,7 @@ pub(crate) fn produce(
         .spill_manager()
         .ok_or(DemoError::Check("spilling is off on a device".into()))?;
     let stream = ctx.stream();
-    let mut host = pattern(size, seed);
+    let host = pattern(size, seed);
     let input = DeviceBuffer::from_host(&host, stream)?;
     let out = manager.buffer(size, stream)?;
     let t = Transform::from_seed(size, seed ^ 0x5151);
@@ -138,34 +174,46 @@ pub(crate) fn produce(
     }
     let temps = temporaries(ctx, seed)?;
     drop(input);
-    t.apply(&mut host);
     Ok((
         Kept {
             buffer: out,
-            hash: xxh3_64(&host),
+            hash: t.hash_applied(&host),
             seed,
         },
         2 + temps as u64,
     ))
 }
 
+thread_local! {
+    /// A worker's host buffer for reading results back, reused from task to task: a fresh
+    /// buffer per result would have the kernel fault in and zero every page first.
+    static READ_BACK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Reads a buffer through the device (bringing it back into the current stack if it was
-/// spilled) and checks its hash; returns its bytes.
-fn read_checked(ctx: &TaskContext<'_>, kept: &Kept) -> Result<Vec<u8>, DemoError> {
+/// spilled), checks its hash and returns `then` of its bytes.
+fn read_checked<R>(
+    ctx: &TaskContext<'_>,
+    kept: &Kept,
+    then: impl FnOnce(&[u8]) -> R,
+) -> Result<R, DemoError> {
     let stream = ctx.stream();
     let guard = kept.buffer.device_view(stream)?;
     synchronize_stream(ctx.device(), stream)?;
-    let mut bytes = vec![0u8; kept.buffer.size()];
-    ctx.device().copy_to_host(&mut bytes, guard.ptr())?;
-    if xxh3_64(&bytes) != kept.hash {
-        return Err(DemoError::Check(format!(
-            "buffer {} (seed {}, {} bytes) changed between phases",
-            kept.buffer.id(),
-            kept.seed,
-            kept.buffer.size()
-        )));
-    }
-    Ok(bytes)
+    READ_BACK.with_borrow_mut(|buffer| {
+        buffer.resize(kept.buffer.size(), 0);
+        let bytes = buffer.as_mut_slice();
+        ctx.device().copy_to_host(bytes, guard.ptr())?;
+        if xxh3_64(bytes) != kept.hash {
+            return Err(DemoError::Check(format!(
+                "buffer {} (seed {}, {} bytes) changed between phases",
+                kept.buffer.id(),
+                kept.seed,
+                kept.buffer.size()
+            )));
+        }
+        Ok(then(bytes))
+    })
 }
 
 /// Phase 3: checks a kept result (on the device, in the new stack) and transforms it again
@@ -178,10 +226,11 @@ pub(crate) fn transform_again(
         .spill_manager()
         .ok_or(DemoError::Check("spilling is off on a device".into()))?;
     let stream = ctx.stream();
-    let mut host = read_checked(ctx, kept)?;
-    let size = host.len();
-    let out = manager.buffer(size, stream)?;
+    let size = kept.buffer.size();
     let t = Transform::from_seed(size, kept.seed ^ 0xA7A7);
+    // The hash the result must have, from the checked bytes as they are now.
+    let hash = read_checked(ctx, kept, |bytes| t.hash_applied(bytes))?;
+    let out = manager.buffer(size, stream)?;
     {
         let src = kept.buffer.device_view(stream)?;
         let dst = out.device_view(stream)?;
@@ -189,11 +238,10 @@ pub(crate) fn transform_again(
         synchronize_stream(ctx.device(), stream)?;
     }
     let temps = temporaries(ctx, kept.seed.rotate_left(7))?;
-    t.apply(&mut host);
     Ok((
         Kept {
             buffer: out,
-            hash: xxh3_64(&host),
+            hash,
             seed: kept.seed,
         },
         2 + temps as u64,
@@ -274,6 +322,23 @@ mod tests {
             }
         }
         assert_eq!(pattern(17, 3), pattern(17, 3));
+    }
+
+    #[test]
+    fn hashing_a_transform_unapplied_equals_hashing_its_result() {
+        for len in [0usize, 1, 2, 7, 4096, 4097, 100_003] {
+            for seed in 0..40 {
+                let t = Transform::from_seed(len, seed);
+                let data = pattern(len, seed + 1);
+                let mut applied = data.clone();
+                t.apply(&mut applied);
+                assert_eq!(
+                    t.hash_applied(&data),
+                    xxh3_64(&applied),
+                    "len {len}, seed {seed}"
+                );
+            }
+        }
         assert_ne!(pattern(64, 3), pattern(64, 4));
     }
 }
