@@ -185,7 +185,7 @@ pub(crate) fn produce(
 }
 
 thread_local! {
-    /// A worker's host buffer for reading results back, reused from task to task: a fresh
+    /// A thread's host buffer for reading results back, reused from task to task: a fresh
     /// buffer per result would have the kernel fault in and zero every page first.
     static READ_BACK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
@@ -250,8 +250,11 @@ pub(crate) fn transform_again(
 
 /// The final check of a result, wherever it is (device, host or disk).
 pub(crate) fn check(kept: &Kept) -> Result<(), DemoError> {
-    let bytes = kept.buffer.to_vec()?;
-    if xxh3_64(&bytes) == kept.hash {
+    let hash = READ_BACK.with_borrow_mut(|buffer| {
+        buffer.resize(kept.buffer.size(), 0);
+        kept.buffer.read_into(buffer).map(|()| xxh3_64(buffer))
+    })?;
+    if hash == kept.hash {
         Ok(())
     } else {
         Err(DemoError::Check(format!(
