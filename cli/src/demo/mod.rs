@@ -475,7 +475,9 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
     progress.phase("checking", results.len() as u64, "results");
     results
         .par_iter()
-        .try_for_each(|k| workload::check(k).map(|()| progress.step()))?;
+        .try_for_each_init(Vec::new, |buffer, k| {
+            workload::check(k, buffer).map(|()| progress.step())
+        })?;
     phases.push(phase.end(&rt, "pooled again", &sampler));
     progress.finish(&phase_line(phases.last()));
     drop(results);

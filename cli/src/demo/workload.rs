@@ -248,13 +248,12 @@ pub(crate) fn transform_again(
     ))
 }
 
-/// The final check of a result, wherever it is (device, host or disk).
-pub(crate) fn check(kept: &Kept) -> Result<(), DemoError> {
-    let hash = READ_BACK.with_borrow_mut(|buffer| {
-        buffer.resize(kept.buffer.size(), 0);
-        kept.buffer.read_into(buffer).map(|()| xxh3_64(buffer))
-    })?;
-    if hash == kept.hash {
+/// The final check of a result, wherever it is (device, host or disk), read into `buffer`
+/// (reused from one result to the next).
+pub(crate) fn check(kept: &Kept, buffer: &mut Vec<u8>) -> Result<(), DemoError> {
+    buffer.resize(kept.buffer.size(), 0);
+    kept.buffer.read_into(buffer)?;
+    if xxh3_64(buffer) == kept.hash {
         Ok(())
     } else {
         Err(DemoError::Check(format!(
