@@ -208,9 +208,9 @@ fn a_growable_pool_pins_ahead_in_small_chunks_and_a_request_it_cannot_serve_gets
     pool.keep_free(100 * MIB);
     // The first request finds nothing pinned: it does not wait for pinning but gets pageable
     // memory, and the pool starts pinning ahead.
-    let first = pool.allocate(MIB).unwrap();
+    let first = pool.allocate(8 * MIB - 100).unwrap();
     assert!(!first.is_pinned());
-    assert_eq!(pool.pageable(), 2 * MIB, "whole 2 MiB pages");
+    assert_eq!(pool.pageable(), 8 * MIB, "whole 2 MiB pages");
     drop(first);
     assert_eq!((pool.pageable(), pool.used()), (0, 0));
     assert!(settled(&pool) >= 100 * MIB);
@@ -236,7 +236,21 @@ fn a_growable_pool_pins_ahead_in_small_chunks_and_a_request_it_cannot_serve_gets
     assert_eq!(sim.pinned_host_bytes(), pool.capacity());
     drop((big, pieces));
     assert_eq!((pool.used(), pool.pageable()), (0, 0));
-    assert_eq!(pool.pageable_total() as usize, 42 * MIB);
+    assert_eq!(pool.pageable_total() as usize, 48 * MIB);
+}
+
+#[test]
+fn a_small_request_pins_a_chunk_rather_than_take_pageable_memory() {
+    let sim = backed_sim();
+    let pool = PinnedHostPool::growable(sim, Some(512 * MIB));
+    pool.keep_free(100 * MIB);
+    // Each pageable slice is a mapping of its own in whole 2 MiB pages: under 8 MiB the
+    // request pins a chunk (at least 32 MiB) that serves the next ones too.
+    let small: Vec<_> = (0..8).map(|_| pool.allocate(MIB).unwrap()).collect();
+    assert!(small.iter().all(|s| s.is_pinned()));
+    assert_eq!((pool.pageable(), pool.pageable_total()), (0, 0));
+    drop(small);
+    settled(&pool);
 }
 
 #[test]
@@ -244,26 +258,27 @@ fn pageable_slices_count_against_the_maximum() {
     let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, Some(64 * MIB));
     pool.keep_free(32 * MIB);
-    let first = pool.allocate(MIB).unwrap();
+    let first = pool.allocate(8 * MIB).unwrap();
+    assert!(!first.is_pinned());
     assert_eq!(settled(&pool), 32 * MIB);
-    // Taking the pinned chunk, the pool pins ahead what the maximum leaves: 64 - 32 - 2 MiB.
+    // Taking the pinned chunk, the pool pins ahead what the maximum leaves: 64 - 32 - 8 MiB.
     let pinned = pool.allocate(32 * MIB).unwrap();
-    assert_eq!(settled(&pool), 62 * MIB);
+    assert_eq!(settled(&pool), 56 * MIB);
     // No room is left: a request that fits no pinned chunk is refused, neither pageable nor
     // pinned past the maximum.
     let err = pool.allocate(40 * MIB).unwrap_err();
     assert!(matches!(err, Error::HostOutOfMemory { .. }), "{err}");
     assert_eq!(
         (pool.pageable(), sim.pinned_host_bytes()),
-        (2 * MIB, 62 * MIB)
+        (8 * MIB, 56 * MIB)
     );
-    let rest = pool.allocate(30 * MIB).unwrap();
+    let rest = pool.allocate(24 * MIB).unwrap();
     assert!(rest.is_pinned());
     // Pageable memory given back is room again.
     drop(first);
-    let again = pool.allocate(2 * MIB).unwrap();
+    let again = pool.allocate(8 * MIB).unwrap();
     assert!(!again.is_pinned());
-    assert_eq!(settled(&pool), 62 * MIB);
+    assert_eq!(settled(&pool), 56 * MIB);
     drop((pinned, rest, again));
     assert_eq!((pool.used(), pool.pageable()), (0, 0));
 }
@@ -371,7 +386,7 @@ fn a_pool_releasing_idle_memory_holds_no_more_than_its_slices() {
     let sim = backed_sim();
     let pool = PinnedHostPool::growable(sim, None);
     pool.keep_free(64 * MIB);
-    // (The first request, served pageable, starts the pinning ahead.)
+    // (The first request pins a chunk and starts the pinning ahead.)
     drop(pool.allocate(MIB).unwrap());
     settled(&pool);
     let held: Vec<_> = (0..3).map(|_| pool.allocate(16 * MIB).unwrap()).collect();

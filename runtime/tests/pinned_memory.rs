@@ -246,10 +246,10 @@ fn spills_that_find_nothing_pinned_go_to_pageable_memory_and_come_back_intact() 
     // wait for pinning.
     let rt = Runtime::start(&spilling("16MiB", &[])).unwrap();
     let m = rt.spill_manager(0).unwrap();
-    let values = fill(&rt, 12, 4 * MIB);
+    let values = fill(&rt, 12, 16 * MIB);
     settled(&m);
     let s = m.statistics();
-    assert!(s.host_pageable_total_bytes >= 4 * MIB as u64, "{s:?}");
+    assert!(s.host_pageable_total_bytes >= 16 * MIB as u64, "{s:?}");
     assert!(s.host_bytes >= 32 * MIB as u64, "{s:?}");
     // The pageable memory is not pinned: what is pinned is the pool's.
     if let Some(sim) = sim() {
@@ -257,7 +257,7 @@ fn spills_that_find_nothing_pinned_go_to_pageable_memory_and_come_back_intact() 
     }
     for (i, v) in values.iter().enumerate() {
         assert!(
-            v.to_vec().unwrap() == pattern(4 * MIB, i as u64),
+            v.to_vec().unwrap() == pattern(16 * MIB, i as u64),
             "value {i}"
         );
     }

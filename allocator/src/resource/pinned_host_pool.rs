@@ -12,11 +12,11 @@
 //! demand ([`PinnedHostPool::keep_free`]): a background thread pins more whenever less is free, so
 //! a large spill does not wait for pinning. It pins steps of at most 256 MiB in 32 MiB chunks: a
 //! registration holds the driver, stalling spill copies enqueued meanwhile, so small chunks keep
-//! each stall short. A miss meanwhile does not wait for pinning: its slice is pageable memory of
-//! its own ([`PinnedRegion::pageable`]; the driver copies it at its pageable rate, which on its own
-//! beats pinning then copying, and one process pins for all its devices through one driver lock
-//! while pageable copies run on every device at once), unmapped when the slice goes. Without
-//! pinning ahead, a miss pins its need, in one chunk of at least 32 MiB.
+//! each stall short. A miss of 8 MiB or more meanwhile does not wait for pinning: its slice is
+//! pageable memory of its own ([`PinnedRegion::pageable`]; the driver copies it at its pageable
+//! rate, which on its own beats pinning then copying, and one process pins for all its devices
+//! through one driver lock while pageable copies run on every device at once), unmapped when
+//! the slice goes. Other misses pin their need, in one chunk of at least 32 MiB.
 //!
 //! Nothing is pinned ahead until a request has needed pinned memory.
 //! [`PinnedHostPool::release_idle`] makes a pool hold only what its slices need: free memory goes
@@ -49,6 +49,10 @@ pub const GROWTH_STEP: usize = 32 << 20;
 pub const MAX_GROWTH_STEP: usize = 4 << 30;
 /// Most pinned ahead per step; a step is usable once fully pinned, so smaller ones help sooner.
 const AHEAD_STEP: usize = 256 << 20;
+/// Smallest request served from pageable memory while pinning ahead: each pageable slice is a
+/// mapping of its own in whole 2 MiB pages, so smaller ones would waste most of theirs; they
+/// pin a chunk instead, which serves many of them.
+const PAGEABLE_MIN: usize = 8 << 20;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
 #[derive(Clone)]
@@ -321,7 +325,8 @@ impl PinnedHostPool {
             Inner::pin_ahead(&self.inner);
             return Ok(s);
         }
-        if self.headroom() > 0
+        if len >= PAGEABLE_MIN
+            && self.headroom() > 0
             && !self.inner.release_idle.load(Ordering::Acquire)
             && let Some(s) = self.allocate_pageable(len)
         {
