@@ -516,7 +516,8 @@ impl PinnedSlice {
         self.len == 0
     }
 
-    /// False when it lies in pageable memory ([`PinnedRegion::pageable`]).
+    /// False when it lies in pageable memory (a pool hands such slices out while pinning cannot
+    /// keep up).
     pub fn is_pinned(&self) -> bool {
         self.region.pinned
     }
