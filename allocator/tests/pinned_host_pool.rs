@@ -218,8 +218,10 @@ fn a_growable_pool_pins_ahead_in_small_chunks_and_a_request_it_cannot_serve_gets
     assert_eq!(pool.max_slice(), 32 * MIB, "pinned ahead in 32 MiB chunks");
     // A request larger than a chunk (slices never cross chunks) gets pageable memory of its own
     // size rather than pinning a chunk for it...
+    let free = pool.free();
     let mut big = pool.allocate(40 * MIB).unwrap();
     assert!(!big.is_pinned() && big.len() == 40 * MIB);
+    assert_eq!(pool.free(), free, "pinned memory free as before");
     assert_eq!((pool.pageable(), pool.max_slice()), (40 * MIB, 32 * MIB));
     big.as_mut_slice().copy_from_slice(&pattern(40 * MIB, 3));
     assert!(big.as_slice() == pattern(40 * MIB, 3).as_slice());
@@ -333,6 +335,10 @@ fn requests_and_pinning_ahead_together_never_pin_past_the_maximum() {
                         if let Ok(slice) = pool.allocate(20 * MIB) {
                             held.push(slice);
                         }
+                        // Pinned and pageable memory together (nothing is trimmed here, so
+                        // the two reads cannot cross a give-back).
+                        let all = pool.capacity() + pool.pageable();
+                        assert!(all <= 256 * MIB, "{all} pinned and pageable");
                     }
                     held.len()
                 })

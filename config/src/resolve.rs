@@ -146,9 +146,17 @@ impl Config {
             }
         }
         let mut devices = Vec::with_capacity(selected.len());
-        let in_process = selected.len() as u64;
+        // The devices that pin ahead of demand (a host pool pinned as needed) share "auto".
+        let pinning_ahead = selected
+            .iter()
+            .filter(|f| {
+                self.effective_size(Some(f.ordinal), SizeKey::HostPool)
+                    .size
+                    .is_none()
+            })
+            .count() as u64;
         for facts in selected {
-            match self.resolve_device(facts, in_process) {
+            match self.resolve_device(facts, pinning_ahead) {
                 Ok(device) => devices.push(device),
                 Err(mut more) => errors.append(&mut more),
             }
@@ -200,11 +208,12 @@ impl Config {
         Ok(selected)
     }
 
-    /// One device's settings; `in_process` devices share the process (and its pinning).
+    /// One device's settings; `pinning_ahead` devices of the process pin ahead of demand and
+    /// share its pinning.
     fn resolve_device(
         &self,
         facts: &DeviceFacts,
-        in_process: u64,
+        pinning_ahead: u64,
     ) -> Result<ResolvedDevice, Vec<Error>> {
         let mut errors = Vec::new();
         let ordinal = facts.ordinal;
@@ -253,7 +262,7 @@ impl Config {
                         facts
                             .host_memory
                             .map_or(PIN_AHEAD_WITHOUT_HOST_FACTS, |h| h / PIN_AHEAD_HOST_SHARE),
-                    ) / in_process.max(1),
+                    ) / pinning_ahead.max(1),
                 ),
             };
             ResolvedSpill {

@@ -213,6 +213,21 @@ fn pinning_ahead_keeps_the_spill_limit_within_a_sixteenth_of_the_host_by_default
         pin_ahead(&format!("{both}\ndevice_memory_limit = \"2GiB\""), &facts),
         GIB
     );
+    // A device with a pool pinned at start does not pin ahead: it takes no share.
+    assert_eq!(
+        load(&format!(
+            "{both}\n[device.1]\nspill.host_pool_size = \"8GiB\""
+        ))
+        .unwrap()
+        .resolve(&facts)
+        .unwrap()
+        .devices[0]
+            .spill
+            .as_ref()
+            .unwrap()
+            .pin_ahead,
+        16 * GIB
+    );
     // A size is per device, as written.
     assert_eq!(
         pin_ahead(&format!("{both}\npin_ahead = \"4GiB\""), &facts),

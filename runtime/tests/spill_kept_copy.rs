@@ -201,3 +201,34 @@ fn a_growable_host_pool_gives_back_kept_copies_rather_than_pin_more() {
         assert_eq!(read_back(v), vec![d.clone()]);
     }
 }
+
+#[test]
+fn a_value_spilled_to_pageable_memory_keeps_no_copy_when_it_comes_back() {
+    let _s = serial();
+    sim();
+    // Pinned as needed and ahead of demand: the first spill finds nothing pinned and goes to
+    // pageable memory rather than wait.
+    let (_rt, m) = start("16MiB", "none");
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let data: Vec<Vec<u8>> = (0..2).map(|i| pattern(12 * MIB, 70 + i)).collect();
+    let values: Vec<Value> = data
+        .iter()
+        .map(|d| {
+            let o = LibraryOwner::holding(0, &[d], &dropped);
+            m.adopt(&[o.allocations[0]], S, o)
+        })
+        .collect();
+    assert_eq!(values[0].tier(), Tier::Host);
+    let s = m.statistics();
+    assert_eq!(s.host_pageable_bytes, 12 * MIB as u64, "{s:?}");
+    // Back on the device, intact; its pageable copy went back rather than being kept.
+    assert!(read_back(&values[0]) == vec![data[0].clone()]);
+    assert_eq!(values[0].tier(), Tier::Device);
+    // (From pinned memory the copy is kept: the first test.)
+    let s = m.statistics();
+    assert_eq!(s.host_kept_bytes, 0, "{s:?}");
+    assert!(read_back(&values[1]) == vec![data[1].clone()]);
+    drop(values);
+    let s = m.statistics();
+    assert_eq!((s.host_bytes, s.host_pageable_bytes), (0, 0), "{s:?}");
+}

@@ -24,8 +24,10 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// Page-locked host memory at a fixed address while owned, which a [`PinnedCopy`] may copy into or
-/// out of; sealed to the crate's pinned types.
+/// Host memory at a fixed address while owned, which a [`PinnedCopy`] may copy into or out of;
+/// sealed to the crate's pinned types. Page-locked, except a pinned host pool's pageable slices
+/// (spills that could not wait for pinning): the driver copies those synchronously, staging them
+/// itself, so their copies do not overlap the caller.
 pub(crate) trait PinnedMemory: sealed::Sealed + Send {
     fn byte_len(&self) -> usize;
     fn start(&mut self) -> *mut u8;

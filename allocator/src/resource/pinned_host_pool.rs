@@ -103,11 +103,16 @@ struct Inner {
     /// `None`: fixed size. `Some(max)`: grows up to `max` bytes (`usize::MAX`: no maximum).
     grow_limit: Option<usize>,
     capacity: AtomicUsize,
-    /// Bytes being pinned now (by requests or ahead of demand), counted against the maximum.
+    /// Bytes being pinned now (by requests or ahead of demand).
     pinning: AtomicUsize,
+    /// Bytes counted against the maximum: pinned, being pinned, and in pageable slices; taken
+    /// in one atomic step, so that requests and pinning ahead never pass the maximum together.
+    committed: AtomicUsize,
     max_slice: AtomicUsize,
     /// Bytes in live slices, pageable ones included.
     used: AtomicUsize,
+    /// Bytes in live pinned slices.
+    pinned_used: AtomicUsize,
     /// The part of `used` in pageable slices (pinned memory was short while pinning ahead).
     pageable: AtomicUsize,
     /// Bytes ever handed out in pageable slices.
@@ -175,8 +180,10 @@ impl PinnedHostPool {
                 grow_limit,
                 capacity: 0.into(),
                 pinning: 0.into(),
+                committed: 0.into(),
                 max_slice: 0.into(),
                 used: 0.into(),
+                pinned_used: 0.into(),
                 pageable: 0.into(),
                 pageable_total: 0.into(),
                 peak: 0.into(),
@@ -392,24 +399,25 @@ impl PinnedHostPool {
     fn allocate_pageable(&self, len: usize) -> Option<PinnedSlice> {
         let bytes = len.next_multiple_of(PinnedRegion::ALIGNMENT);
         let inner = &self.inner;
-        inner
-            .pageable
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
-                (inner.room() >= bytes).then_some(p + bytes)
-            })
-            .ok()?;
+        if !inner.commit(bytes) {
+            return None;
+        }
         let region = match PinnedRegion::pageable(inner.backend, bytes, pinning_threads()) {
             Ok(r) => Arc::new(r),
             Err(e) => {
-                inner.pageable.fetch_sub(bytes, Ordering::AcqRel);
+                inner.committed.fetch_sub(bytes, Ordering::AcqRel);
                 tracing::debug!(bytes, "no pageable memory for a spill: {e}");
                 return None;
             }
         };
         let owner = Arc::new(PageableOwner(Arc::clone(inner)));
-        // A region of its own, never handed to anyone else: carving cannot fail.
-        let slice = PinnedSlice::carve(region, owner, 0, len)?;
-        // Counted whole (2 MiB multiples) in `used` too, so `used - pageable` is what is pinned.
+        // A region of its own, never handed to anyone else: carving does not fail.
+        let Some(slice) = PinnedSlice::carve(region, owner, 0, len) else {
+            inner.committed.fetch_sub(bytes, Ordering::AcqRel);
+            return None;
+        };
+        // Counted whole (2 MiB multiples), as the give-back subtracts them.
+        inner.pageable.fetch_add(bytes, Ordering::AcqRel);
         inner
             .pageable_total
             .fetch_add(bytes as u64, Ordering::Relaxed);
@@ -433,6 +441,7 @@ impl PinnedHostPool {
         );
         drop(chunks);
         let slice = slice?;
+        self.inner.pinned_used.fetch_add(len, Ordering::Relaxed);
         let used = self.inner.used.fetch_add(len, Ordering::Relaxed) + len;
         self.inner.peak.fetch_max(used, Ordering::Relaxed);
         Some(slice)
@@ -442,13 +451,9 @@ impl PinnedHostPool {
 impl Inner {
     /// Bytes pinned and not handed out.
     fn free(&self) -> usize {
-        let pinned_used = self
-            .used
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.pageable.load(Ordering::Relaxed));
         self.capacity
             .load(Ordering::Relaxed)
-            .saturating_sub(pinned_used)
+            .saturating_sub(self.pinned_used.load(Ordering::Relaxed))
     }
 
     /// What to pin ahead now: the step toward the headroom within the maximum, or `None`.
@@ -520,42 +525,46 @@ impl Inner {
         });
         drop(chunks);
         self.capacity.fetch_sub(released, Ordering::AcqRel);
+        self.committed.fetch_sub(released, Ordering::AcqRel);
         if released > 0 {
             tracing::debug!(bytes = released, "pinned host memory given back");
         }
         released
     }
 
-    /// Bytes the pool may still pin under its maximum (those being pinned and pageable slices
-    /// counted).
+    /// Bytes the pool may still pin or hand out pageable under its maximum.
     fn room(&self) -> usize {
-        self.grow_limit.unwrap_or(usize::MAX).saturating_sub(
-            self.capacity.load(Ordering::Acquire)
-                + self.pinning.load(Ordering::Acquire)
-                + self.pageable.load(Ordering::Acquire),
-        )
+        self.grow_limit
+            .unwrap_or(usize::MAX)
+            .saturating_sub(self.committed.load(Ordering::Acquire))
+    }
+
+    /// Counts `bytes` more against the maximum; false (nothing counted) if they do not fit.
+    fn commit(&self, bytes: usize) -> bool {
+        let limit = self.grow_limit.unwrap_or(usize::MAX);
+        self.committed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                (c.saturating_add(bytes) <= limit).then_some(c + bytes)
+            })
+            .is_ok()
     }
 
     /// Pins and adds `bytes` in chunks of at least `min_chunk`; false (nothing pinned) if over max.
     fn grow(&self, bytes: usize, min_chunk: usize) -> Result<bool> {
-        // Reserve against the maximum first: a request and the ahead thread never both pin past it.
+        // Reserve against the maximum first: requests, pageable slices and the ahead thread
+        // never pass it together.
         let bytes = bytes.max(1).next_multiple_of(PinnedRegion::ALIGNMENT);
-        let reserved = self
-            .pinning
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |p| {
-                let capacity = self.capacity.load(Ordering::Acquire);
-                let limit = self.grow_limit.unwrap_or(usize::MAX);
-                (capacity.saturating_add(p).saturating_add(bytes) <= limit).then_some(p + bytes)
-            });
-        if reserved.is_err() {
+        if !self.commit(bytes) {
             return Ok(false);
         }
+        self.pinning.fetch_add(bytes, Ordering::AcqRel);
         let start = Instant::now();
         let region = PinnedRegion::new(self.backend, bytes, pinning_threads(), min_chunk);
         let region = match region {
             Ok(r) => Arc::new(r),
             Err(e) => {
                 self.pinning.fetch_sub(bytes, Ordering::AcqRel);
+                self.committed.fetch_sub(bytes, Ordering::AcqRel);
                 return Err(e);
             }
         };
@@ -576,6 +585,7 @@ impl Inner {
             self.max_slice.fetch_max(l, Ordering::Relaxed);
         }
         drop(chunks);
+        // `bytes` is a whole number of 2 MiB pages: the region is exactly that long, as committed.
         self.capacity.fetch_add(region.len(), Ordering::AcqRel);
         self.pinning.fetch_sub(bytes, Ordering::AcqRel);
         tracing::debug!(
@@ -593,7 +603,7 @@ impl fmt::Display for PinnedHostPool {
         write!(
             f,
             "pinned host pool: {} of {} in use (peak {}), pinned in {:.1} ms",
-            fmt_bytes(self.used() - self.pageable().min(self.used())),
+            fmt_bytes(self.inner.pinned_used.load(Ordering::Relaxed)),
             fmt_bytes(self.capacity()),
             fmt_bytes(self.peak()),
             self.pinning_time().as_secs_f64() * 1e3
@@ -608,16 +618,16 @@ impl fmt::Display for PinnedHostPool {
 /// Takes back a pageable slice: its region goes back to the system with it.
 struct PageableOwner(Arc<Inner>);
 
+// Not `reclaimable`: spilled data keeps no copy in pageable memory (see the spill buffer's
+// `to_device`), and dropping one would free no pinned room.
 impl SliceOwner for PageableOwner {
-    fn reclaimable(&self, delta: isize) {
-        self.0.reclaimable(delta);
-    }
-
     fn give_back(&self, region: &PinnedRegion, _offset: usize, _len: usize) {
         // The region's one slice is gone, so its one chunk has none alive.
         region.release_chunk(0);
-        self.0.used.fetch_sub(region.len(), Ordering::Relaxed);
-        self.0.pageable.fetch_sub(region.len(), Ordering::AcqRel);
+        let bytes = region.len();
+        self.0.used.fetch_sub(bytes, Ordering::Relaxed);
+        self.0.pageable.fetch_sub(bytes, Ordering::AcqRel);
+        self.0.committed.fetch_sub(bytes, Ordering::AcqRel);
     }
 }
 
@@ -651,9 +661,11 @@ impl SliceOwner for Inner {
             && chunk.region.release_chunk(chunk.index))
         .then(|| chunks.swap_remove(at).len);
         drop(chunks);
+        self.pinned_used.fetch_sub(len, Ordering::Relaxed);
         self.used.fetch_sub(len, Ordering::Relaxed);
         if let Some(bytes) = released {
             self.capacity.fetch_sub(bytes, Ordering::AcqRel);
+            self.committed.fetch_sub(bytes, Ordering::AcqRel);
         }
     }
 }

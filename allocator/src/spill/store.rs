@@ -185,9 +185,15 @@ impl SpillStore {
         self.over_host_pools(PinnedHostPool::reclaimable)
     }
 
-    /// The part of [`host_bytes`](Self::host_bytes) in pageable memory.
+    /// The part of [`host_bytes`](Self::host_bytes) in pageable memory (whole 2 MiB pages).
     pub fn host_pageable_bytes(&self) -> u64 {
         self.over_host_pools(PinnedHostPool::pageable)
+    }
+
+    /// Bytes ever spilled into pageable memory, by the current host pool and the replaced ones
+    /// still alive.
+    pub fn host_pageable_total_bytes(&self) -> u64 {
+        self.over_host_pools(|h| h.pageable_total() as usize)
     }
 
     /// `bytes` summed over the current host pool and the replaced ones still alive.

@@ -452,12 +452,14 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
     sampler.phase("pooled again");
     let mut phase = PhaseRun::begin(&rt, &devices);
     progress.phase("pooled again", kept.len() as u64, "tasks");
+    let buffers = workload::ReadBuffers::default();
     let handles: Vec<(u32, Produced)> = kept
         .into_iter()
         .map(|(d, k)| {
             let p = Arc::clone(progress);
+            let buffers = buffers.clone();
             let h = rt.submit_to_device(d, move |ctx| {
-                let r = workload::transform_again(ctx, &k);
+                let r = workload::transform_again(ctx, &k, &buffers);
                 p.step();
                 r
             });
@@ -470,6 +472,8 @@ pub fn run(options: DemoOptions) -> Result<DemoReport, DemoError> {
         phase.task(d, allocations);
         results.push(k);
     }
+    // The tasks are done: their read buffers go before the final check takes its own.
+    drop(buffers);
     let checked_in_phase = results.len() as u64;
     // Every result, wherever it is now (device, host or disk), on all cores.
     progress.phase("checking", results.len() as u64, "results");

@@ -5,8 +5,9 @@
 //! the driver API): rotate the bytes left by `k`, then fill a stripe with one value. The host
 //! computes the same result from the same seed and compares 64-bit XXH3 hashes.
 
-use std::cell::RefCell;
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use rmm::allocator::DeviceBuffer;
 use rmm::allocator::spill::SpillableBuffer;
@@ -184,25 +185,35 @@ pub(crate) fn produce(
     ))
 }
 
-thread_local! {
-    /// A thread's host buffer for reading results back, reused from task to task: a fresh
-    /// buffer per result would have the kernel fault in and zero every page first.
-    static READ_BACK: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+/// Host buffers for reading results back, reused from task to task (a fresh buffer per result
+/// would have the kernel fault in and zero every page first); they go when the last clone
+/// does.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ReadBuffers(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl ReadBuffers {
+    /// `f` of a buffer of `len` bytes (contents unspecified), which goes back afterwards.
+    fn with<R>(&self, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let mut buffer = self.0.lock().pop().unwrap_or_default();
+        buffer.resize(len, 0);
+        let r = f(&mut buffer);
+        self.0.lock().push(buffer);
+        r
+    }
 }
 
 /// Reads a buffer through the device (bringing it back into the current stack if it was
-/// spilled), checks its hash and returns `then` of its bytes.
+/// spilled) into one of `buffers`, checks its hash and returns `then` of its bytes.
 fn read_checked<R>(
     ctx: &TaskContext<'_>,
     kept: &Kept,
+    buffers: &ReadBuffers,
     then: impl FnOnce(&[u8]) -> R,
 ) -> Result<R, DemoError> {
     let stream = ctx.stream();
     let guard = kept.buffer.device_view(stream)?;
     synchronize_stream(ctx.device(), stream)?;
-    READ_BACK.with_borrow_mut(|buffer| {
-        buffer.resize(kept.buffer.size(), 0);
-        let bytes = buffer.as_mut_slice();
+    buffers.with(kept.buffer.size(), |bytes| {
         ctx.device().copy_to_host(bytes, guard.ptr())?;
         if xxh3_64(bytes) != kept.hash {
             return Err(DemoError::Check(format!(
@@ -221,6 +232,7 @@ fn read_checked<R>(
 pub(crate) fn transform_again(
     ctx: &TaskContext<'_>,
     kept: &Kept,
+    buffers: &ReadBuffers,
 ) -> Result<(Kept, u64), DemoError> {
     let manager = ctx
         .spill_manager()
@@ -229,7 +241,7 @@ pub(crate) fn transform_again(
     let size = kept.buffer.size();
     let t = Transform::from_seed(size, kept.seed ^ 0xA7A7);
     // The hash the result must have, from the checked bytes as they are now.
-    let hash = read_checked(ctx, kept, |bytes| t.hash_applied(bytes))?;
+    let hash = read_checked(ctx, kept, buffers, |bytes| t.hash_applied(bytes))?;
     let out = manager.buffer(size, stream)?;
     {
         let src = kept.buffer.device_view(stream)?;
@@ -324,6 +336,7 @@ mod tests {
             }
         }
         assert_eq!(pattern(17, 3), pattern(17, 3));
+        assert_ne!(pattern(64, 3), pattern(64, 4));
     }
 
     #[test]
@@ -341,6 +354,5 @@ mod tests {
                 );
             }
         }
-        assert_ne!(pattern(64, 3), pattern(64, 4));
     }
 }

@@ -597,7 +597,7 @@ impl SpillManager {
             host_bytes,
             host_kept_bytes: self.store.host_kept_bytes(),
             host_pageable_bytes: self.store.host_pageable_bytes(),
-            host_pageable_total_bytes: self.store.host().pageable_total(),
+            host_pageable_total_bytes: self.store.host_pageable_total_bytes(),
             host_pool_bytes: self.store.host().capacity() as u64,
             host_pinning_seconds: self.store.host().pinning_time().as_secs_f64(),
             host_registering_seconds: self.store.host().registering_time().as_secs_f64(),

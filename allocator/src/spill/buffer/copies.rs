@@ -268,7 +268,12 @@ impl SpillableBuffer {
         let copied = match std::mem::replace(state, State::Host(Vec::new())) {
             State::Host(slices) => {
                 self.copy_in(ptr, slices, stream)
-                    .map(|slices| self.is_read_only().then(|| reclaimable(slices, true)))
+                    // A copy is kept in pinned memory only: pageable memory is the overflow
+                    // of spills that could not wait for pinning, and goes back at once.
+                    .map(|slices| {
+                        (self.is_read_only() && slices.iter().all(PinnedSlice::is_pinned))
+                            .then(|| reclaimable(slices, true))
+                    })
                     .map_err(|(e, slices)| {
                         // The data stays on the host when the copy's memory came back.
                         if let Some(slices) = slices {
