@@ -326,3 +326,25 @@ fn a_fixed_disk_directory_stays_across_a_reinitialize_that_names_none() {
     drop(buffers);
     assert_eq!(files_in(dir.path()), 0);
 }
+
+#[test]
+fn spilling_off_then_on_again_pins_a_fixed_host_pool_again() {
+    let _s = serial();
+    let rt = Runtime::start(&small_host(&[])).unwrap();
+    let (buffers, data) = ten_buffers(&manager(&rt));
+    assert_intact(&buffers, &data);
+    drop(buffers);
+    rt.reconfigure(|running| running.set("spill.enabled", false))
+        .unwrap();
+    rt.reconfigure(|running| running.set("spill.enabled", true))
+        .unwrap();
+    let m = manager(&rt);
+    assert_eq!(m.statistics().host_pool_bytes, 16 * MIB as u64);
+    let (buffers, data) = ten_buffers(&m);
+    assert_eq!(
+        buffers.iter().filter(|b| b.tier() == Tier::Host).count(),
+        4,
+        "the fixed host pool takes spills again"
+    );
+    assert_intact(&buffers, &data);
+}

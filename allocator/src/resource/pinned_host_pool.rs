@@ -102,6 +102,8 @@ struct Inner {
     growing: Mutex<()>,
     /// `None`: fixed size. `Some(max)`: grows up to `max` bytes (`usize::MAX`: no maximum).
     grow_limit: Option<usize>,
+    /// A fixed pool's size (0 for a growable one), to pin again after [`PinnedHostPool::release_idle`].
+    fixed_size: AtomicUsize,
     capacity: AtomicUsize,
     /// Bytes being pinned now (by requests or ahead of demand).
     pinning: AtomicUsize,
@@ -163,12 +165,18 @@ impl PinnedHostPool {
     pub fn on(backend: &'static dyn Backend, bytes: usize) -> Result<PinnedHostPool> {
         let pool = Self::empty(backend, None);
         pool.inner.grow(bytes, MIN_CHUNK)?;
+        pool.inner
+            .fixed_size
+            .store(pool.capacity(), Ordering::Relaxed);
         Ok(pool)
     }
 
-    /// Empty pool pinning a region (at least `GROWTH_STEP`) per miss, up to `maximum` bytes.
+    /// Empty pool pinning a region (at least `GROWTH_STEP`) per miss, up to `maximum` bytes
+    /// (rounded down to 2 MiB).
     pub fn growable(backend: &'static dyn Backend, maximum: Option<usize>) -> PinnedHostPool {
-        Self::empty(backend, Some(maximum.unwrap_or(usize::MAX)))
+        // Whole 2 MiB pages, as the pool pins them: room below one page is never usable.
+        let limit = maximum.map_or(usize::MAX, |m| m - m % PinnedRegion::ALIGNMENT);
+        Self::empty(backend, Some(limit))
     }
 
     fn empty(backend: &'static dyn Backend, grow_limit: Option<usize>) -> PinnedHostPool {
@@ -178,6 +186,7 @@ impl PinnedHostPool {
                 chunks: Mutex::new(Vec::new()),
                 growing: Mutex::new(()),
                 grow_limit,
+                fixed_size: 0.into(),
                 capacity: 0.into(),
                 pinning: 0.into(),
                 committed: 0.into(),
@@ -301,6 +310,22 @@ impl PinnedHostPool {
         }
     }
 
+    /// Pins a fixed pool back to its size after [`release_idle`](Self::release_idle) gave its
+    /// memory back (spilling resumes); nothing for a growable pool or one at its size.
+    ///
+    /// # Errors
+    /// [`Error::HostOutOfMemory`] or [`Error::Driver`] when pinning fails: the pool keeps what
+    /// it has.
+    pub fn pin_again(&self) -> Result<()> {
+        let size = self.inner.fixed_size.load(Ordering::Relaxed);
+        let _one_grower = self.inner.growing.lock();
+        let missing = size.saturating_sub(self.capacity());
+        if missing > 0 {
+            self.inner.grow(missing, MIN_CHUNK)?;
+        }
+        Ok(())
+    }
+
     /// The free bytes kept pinned ahead of demand ([`keep_free`](Self::keep_free)).
     pub fn headroom(&self) -> usize {
         self.inner.headroom.load(Ordering::Relaxed)
@@ -343,6 +368,8 @@ impl PinnedHostPool {
         if self.inner.grow_limit.is_some() {
             let one_grower = self.inner.growing.lock();
             loop {
+                // Read before looking for room: a grow that ends after the look is seen below.
+                let was_pinning = self.inner.pinning.load(Ordering::Acquire) > 0;
                 // Another thread may have grown the pool (or freed memory) meanwhile.
                 if let Some(s) = self.try_allocate(len) {
                     drop(one_grower);
@@ -378,7 +405,7 @@ impl PinnedHostPool {
                         }
                     }
                 }
-                if self.inner.pinning.load(Ordering::Acquire) == 0 {
+                if !was_pinning && self.inner.pinning.load(Ordering::Acquire) == 0 {
                     break;
                 }
                 // The room left is being pinned ahead of demand: it is ours once pinned.
@@ -524,8 +551,9 @@ impl Inner {
             }
         });
         drop(chunks);
-        self.capacity.fetch_sub(released, Ordering::AcqRel);
+        // Room first: the memory is gone already.
         self.committed.fetch_sub(released, Ordering::AcqRel);
+        self.capacity.fetch_sub(released, Ordering::AcqRel);
         if released > 0 {
             tracing::debug!(bytes = released, "pinned host memory given back");
         }
@@ -544,7 +572,7 @@ impl Inner {
         let limit = self.grow_limit.unwrap_or(usize::MAX);
         self.committed
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
-                (c.saturating_add(bytes) <= limit).then_some(c + bytes)
+                c.checked_add(bytes).filter(|&n| n <= limit)
             })
             .is_ok()
     }
@@ -554,17 +582,20 @@ impl Inner {
         // Reserve against the maximum first: requests, pageable slices and the ahead thread
         // never pass it together.
         let bytes = bytes.max(1).next_multiple_of(PinnedRegion::ALIGNMENT);
+        // Counted as being pinned before it is committed, so that a request finding no room
+        // meanwhile waits for it rather than give up.
+        self.pinning.fetch_add(bytes, Ordering::AcqRel);
         if !self.commit(bytes) {
+            self.pinning.fetch_sub(bytes, Ordering::AcqRel);
             return Ok(false);
         }
-        self.pinning.fetch_add(bytes, Ordering::AcqRel);
         let start = Instant::now();
         let region = PinnedRegion::new(self.backend, bytes, pinning_threads(), min_chunk);
         let region = match region {
             Ok(r) => Arc::new(r),
             Err(e) => {
-                self.pinning.fetch_sub(bytes, Ordering::AcqRel);
                 self.committed.fetch_sub(bytes, Ordering::AcqRel);
+                self.pinning.fetch_sub(bytes, Ordering::AcqRel);
                 return Err(e);
             }
         };
@@ -574,6 +605,8 @@ impl Inner {
         self.registering_ns
             .fetch_add(nanos(registering), Ordering::Relaxed);
         let mut chunks = self.chunks.lock();
+        // Counted before its chunks can be seen: a trim that gives them back subtracts after.
+        self.capacity.fetch_add(region.len(), Ordering::AcqRel);
         for (index, &(o, l)) in region.chunks().iter().enumerate() {
             chunks.push(Chunk {
                 region: Arc::clone(&region),
@@ -586,7 +619,6 @@ impl Inner {
         }
         drop(chunks);
         // `bytes` is a whole number of 2 MiB pages: the region is exactly that long, as committed.
-        self.capacity.fetch_add(region.len(), Ordering::AcqRel);
         self.pinning.fetch_sub(bytes, Ordering::AcqRel);
         tracing::debug!(
             bytes = region.len(),
@@ -664,8 +696,8 @@ impl SliceOwner for Inner {
         self.pinned_used.fetch_sub(len, Ordering::Relaxed);
         self.used.fetch_sub(len, Ordering::Relaxed);
         if let Some(bytes) = released {
-            self.capacity.fetch_sub(bytes, Ordering::AcqRel);
             self.committed.fetch_sub(bytes, Ordering::AcqRel);
+            self.capacity.fetch_sub(bytes, Ordering::AcqRel);
         }
     }
 }

@@ -176,7 +176,17 @@ impl SpillManager {
     /// Takes `spill`'s limit, pin-ahead and eager unspill; ends [`stand_down`](Self::stand_down).
     pub fn reconfigure(&self, spill: &ResolvedSpill) {
         self.pin_ahead.store(spill.pin_ahead, Ordering::Relaxed);
-        self.store.host().release_idle(false);
+        let host = self.store.host();
+        host.release_idle(false);
+        // A fixed pool gave its memory back when spilling stood down.
+        if let Err(e) = host.pin_again() {
+            tracing::warn!(
+                device = self.device().ordinal(),
+                "the host pool could not pin its spill.host_pool_size again ({e}); spills that \
+                 do not fit what it holds go to disk, or fail without spill.disk_directory: \
+                 lower spill.host_pool_size or free host memory"
+            );
+        }
         self.set_limit(self.limit_under(spill));
         self.eager_unspill
             .store(spill.eager_unspill, Ordering::Relaxed);
