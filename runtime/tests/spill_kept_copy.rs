@@ -27,7 +27,18 @@ fn start(limit: &str, host: &str) -> (Runtime, Arc<SpillManager>) {
 
 /// Three values of 3 MiB adopted by `m`, and their bytes.
 fn three_values(m: &SpillManager, dropped: &Arc<AtomicUsize>) -> (Vec<Value>, Vec<Vec<u8>>) {
-    let data: Vec<Vec<u8>> = (0..3).map(|i| pattern(3 * MIB, 40 + i)).collect();
+    adopted(m, 3, 3 * MIB, 40, dropped)
+}
+
+/// `n` values of `size` bytes (seeds from `seed`) adopted by `m`, and their bytes.
+fn adopted(
+    m: &SpillManager,
+    n: u64,
+    size: usize,
+    seed: u64,
+    dropped: &Arc<AtomicUsize>,
+) -> (Vec<Value>, Vec<Vec<u8>>) {
+    let data: Vec<Vec<u8>> = (0..n).map(|i| pattern(size, seed + i)).collect();
     let values = data
         .iter()
         .map(|d| {
@@ -210,14 +221,7 @@ fn a_value_spilled_to_pageable_memory_keeps_no_copy_when_it_comes_back() {
     // pageable memory rather than wait.
     let (_rt, m) = start("16MiB", "none");
     let dropped = Arc::new(AtomicUsize::new(0));
-    let data: Vec<Vec<u8>> = (0..2).map(|i| pattern(12 * MIB, 70 + i)).collect();
-    let values: Vec<Value> = data
-        .iter()
-        .map(|d| {
-            let o = LibraryOwner::holding(0, &[d], &dropped);
-            m.adopt(&[o.allocations[0]], S, o)
-        })
-        .collect();
+    let (values, data) = adopted(&m, 2, 12 * MIB, 70, &dropped);
     assert_eq!(values[0].tier(), Tier::Host);
     let s = m.statistics();
     assert_eq!(s.host_pageable_bytes, 12 * MIB as u64, "{s:?}");
