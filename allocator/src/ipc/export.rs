@@ -14,8 +14,11 @@ use crate::error::{Error, Result};
 
 /// Alignment of every slot (as device allocations).
 const ALIGNMENT: usize = 256;
-/// A device's arena size ([`export_arena`]): room for several concurrent sends of Dask chunks.
-pub const DEFAULT_ARENA_BYTES: usize = 2 << 30;
+/// A device's arena size ([`export_arena`]): room for the messages that three peers ask a
+/// worker for at once (Dask's workers sharing memory ask for 1 GB per message), with the one
+/// value each may carry past that bound. A send that finds the arena full goes another, slower
+/// way.
+pub const DEFAULT_ARENA_BYTES: usize = 4 << 30;
 
 /// Exportable device memory of one device, made once and mapped once by each peer, handed out first
 /// fit as [`ExportSlot`]s. Freed (`ipc_free`) when the last slot and reference go.

@@ -626,8 +626,10 @@ def attach(worker: Any, store: Any) -> bool:
 _DASK_MESSAGE_BYTES = 50_000_000
 # The bound a worker sharing memory with its peers asks for instead: those values cross as
 # descriptors, their bytes copied peer to peer, so each message costs a round trip and not
-# its bytes; one message then takes every value a peer has ready for this worker at once.
-SHARED_MESSAGE_BYTES = 4_000_000_000
+# its bytes; one message then takes up to this many bytes of the values a peer has ready.
+# A quarter of the sender's export arena (4 GiB): three peers' messages at once fit there; a
+# value past a full arena goes as device copies or host frames, several times slower.
+SHARED_MESSAGE_BYTES = 1_000_000_000
 
 
 def _batch_transfers(worker: Any, store: Any) -> None:
