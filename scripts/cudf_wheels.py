@@ -81,8 +81,12 @@ SETS = {
                  "rmm-cu13", "librmm-cu13", "rapids-logger", "nvtx"},
 }
 # Carried although the image has them: cuDF 26.10 pins pandas>=3.0,<3.1, the image's version
-# is not known here, and pandas 3.1 is out. CUDF_CARRY_ANYWAY="" carries none.
-CARRY_ANYWAY = set(os.environ.get("CUDF_CARRY_ANYWAY", "pandas").split())
+# is not known here, and pandas 3.1 is out; libcudf asks for nvidia-nvjitlink>=13.3, the image
+# has 13.0 (read 2026-11-28); the image's NumPy (2.5) lacks np.row_stack, which numba-cuda
+# (every version cuDF accepts) calls as cuDF imports it. CUDF_CARRY_ANYWAY="" carries none.
+CARRY_ANYWAY = set(os.environ.get("CUDF_CARRY_ANYWAY", "pandas nvidia-nvjitlink numpy").split())
+# Bounds beyond the wheels' own Requires-Dist, for what is carried: NumPy before 2.5 (above).
+CONSTRAINTS = {"numpy": SpecifierSet("<2.5")}
 SLICE = "55M"  # split -b: the largest piece
 DIR_MAX = 60 * MIB  # a slice directory at most; with the tree, a call stays under 64 MiB
 MANIFEST = "MANIFEST"
@@ -160,7 +164,8 @@ def download(dest):
                 continue
             extras[name] |= set(req.extras)
             if name not in have:
-                fetch[name] = fetch.get(name, SpecifierSet()) & req.specifier
+                fetch[name] = (fetch.get(name, SpecifierSet()) & req.specifier
+                               & CONSTRAINTS.get(name, SpecifierSet()))
         pending = []
         if fetch:
             specs = [name + str(spec) for name, spec in sorted(fetch.items())]

@@ -52,7 +52,7 @@ def test_cudf_allocates_through_rmm_rs():
     rr.install()
     host = frame(1 << 20, 0)
     before, in_use = statistic("total_allocations"), statistic("bytes_in_use")
-    df = cudf.DataFrame.from_pandas(host)
+    df = cudf.from_pandas(host)
     assert statistic("total_allocations") > before
     assert statistic("bytes_in_use") - in_use >= 16 * (1 << 20)
     sums = df.groupby("key").x.sum().sort_index().to_pandas()
@@ -70,7 +70,7 @@ def test_cudf_frames_in_the_store_spill_and_come_back_as_frames():
     store = DeviceStore(device_memory_limit="64MiB")
     frames = {i: frame(1 << 20, i) for i in range(8)}  # 16 MiB each
     for i, f in frames.items():
-        store[i] = cudf.DataFrame.from_pandas(f)
+        store[i] = cudf.from_pandas(f)
     stats = store.statistics()
     assert stats["device_bytes"] <= 64 * MIB and stats["host_count"] >= 4, stats
     for i, f in frames.items():
@@ -81,7 +81,7 @@ def test_cudf_frames_in_the_store_spill_and_come_back_as_frames():
     # A column of a stored frame shares its memory: counted once.
     for i in frames:
         del store[i]
-    df = cudf.DataFrame.from_pandas(frame(1 << 20, 99))
+    df = cudf.from_pandas(frame(1 << 20, 99))
     store["frame"], store["column"] = df, df["x"]
     del df
     assert store.statistics()["spill"]["tracked_bytes"] <= 17 * MIB
@@ -99,7 +99,7 @@ def test_a_cudf_allocation_that_runs_out_spills_the_store_first():
     rr.install()
     frames = {i: frame(4 << 20, i) for i in range(12)}  # 64 MiB each, 768 MiB in all
     for i, f in frames.items():
-        store[i] = cudf.DataFrame.from_pandas(f)
+        store[i] = cudf.from_pandas(f)
     assert all(store.tier(i) == "device" for i in frames)
     big = cudf.Series(np.ones(512 * MIB, dtype=np.uint8))
     assert int(big.sum()) == 512 * MIB
