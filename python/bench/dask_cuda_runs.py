@@ -214,6 +214,7 @@ def cluster_for(side, devices, protocol, s):
             )
         with cluster, Client(cluster) as client:
             client.wait_for_workers(len(devices), timeout=s.timeout)
+            watch_failed_tasks(client)
             if side.kind == "rmm-rs":
                 from rmm_rs.dask import RMMRsPlugin
 
@@ -232,6 +233,54 @@ def cluster_for(side, devices, protocol, s):
                 import cudf
 
                 cudf.set_option("spill", False)
+
+
+# The scheduler plugin that records the tasks that fail on a cluster (see failed_tasks).
+_FAILED_TASKS_PLUGIN = "rmm-rs-bench-failed-tasks"
+
+
+def watch_failed_tasks(client):
+    """Has the scheduler of `client`'s cluster record every task that fails from now on: a
+    benchmark that only waits for its futures reports a wall clock even when its tasks failed,
+    so each run is checked with failed_tasks."""
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class FailedTasks(SchedulerPlugin):
+        name = _FAILED_TASKS_PLUGIN
+
+        def __init__(self):
+            self.failed = []
+
+        async def start(self, scheduler):
+            self.scheduler = scheduler
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            if finish == "erred":
+                ts = self.scheduler.tasks.get(key)
+                self.failed.append((str(key), str(getattr(ts, "exception_text", "") or "")))
+
+    client.register_plugin(FailedTasks())
+
+
+def failed_tasks(client):
+    """(key, exception text) of every task that failed on `client`'s cluster since
+    watch_failed_tasks, and forgets them."""
+
+    def take(dask_scheduler):
+        plugin = dask_scheduler.plugins.get(_FAILED_TASKS_PLUGIN)
+        if plugin is None:
+            return []
+        failed, plugin.failed = plugin.failed, []
+        return failed
+
+    return [tuple(f) for f in client.run_on_scheduler(take)]
+
+
+def failure_note(failed):
+    """What a run whose tasks failed reports as its error."""
+    key, text = failed[0]
+    return (f"{len(failed)} task(s) failed on the cluster, so its figure is not of a finished "
+            f"computation; the first: {key}: {text[:300]}")
 
 
 # dask-cuda's own benchmarks against a running cluster.

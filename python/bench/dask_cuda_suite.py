@@ -61,6 +61,8 @@ from dask_cuda_runs import (
     benchmark_command,
     cluster_for,
     device_total_memory,
+    failed_tasks,
+    failure_note,
     median,
     pool_setting,
     protocol_problem,
@@ -287,6 +289,9 @@ def run_one(bench, side, devices, protocol, args, s, tmp, ends_at):
                 reason = " (--deadline)"
             env = {**os.environ, **bench.env} if bench.env else None
             r.update(run_benchmark(cmd, os.path.join(base, "out"), timeout, env, reason))
+            failed = failed_tasks(client)
+            if failed and not r["error"]:
+                r["error"] = failure_note(failed)
             stage = "close"
     except Exception as e:  # noqa: BLE001 - recorded, reported, and the suite goes on
         if stage == "close" and not r["error"]:

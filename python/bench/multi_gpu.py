@@ -65,6 +65,8 @@ from dask_cuda_runs import (
     Side,
     benchmark_command,
     cluster_for,
+    failed_tasks,
+    failure_note,
     pool_setting,
     protocol_problem,
     run_benchmark,
@@ -469,6 +471,9 @@ def run_suite(side, devices, protocol, args, s, tmp):
                 )
                 r: dict[str, Any] = {"protocol": protocol, "side": side.name, "operation": op,
                                      **run_benchmark(cmd, base, args.suite_timeout)}
+                failed = failed_tasks(client)
+                if failed and not r["error"]:
+                    r["error"] = failure_note(failed)
                 status = (f"median {r['median_s']:.3f} s of {len(r['wallclocks'])} runs"
                           if r["median_s"] is not None else "")
                 print(f"[{protocol}] local_cupy {op} on {side.name}: "

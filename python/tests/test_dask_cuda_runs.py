@@ -227,3 +227,28 @@ def test_choosing_benchmarks():
         "local_cupy:transpose_sum", "local_cupy:dot", "read_parquet"]
     with pytest.raises(SystemExit, match="unknown nope"):
         suite.select(benches, "local_cupy,nope")
+
+
+def test_a_run_whose_tasks_failed_is_reported_as_failed():
+    # dask-cuda's benchmarks wait for their futures and print a wall clock even when tasks
+    # failed (seen with a merge whose tasks raised MemoryError): the cluster's failures count.
+    from distributed import Client, LocalCluster
+
+    def boom(x):
+        raise ValueError(f"bad partition {x}")
+
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        with Client(cluster) as client:
+            runs.watch_failed_tasks(client)
+            assert client.submit(sum, [1, 2]).result() == 3
+            assert runs.failed_tasks(client) == []
+            futures = client.map(boom, [1, 2])
+            for f in futures:
+                with pytest.raises(ValueError):
+                    f.result()
+            failed = runs.failed_tasks(client)
+            assert len(failed) == 2
+            assert all("bad partition" in text for _, text in failed)
+            assert runs.failed_tasks(client) == [], "taken once"
+            note = runs.failure_note(failed)
+            assert note.startswith("2 task(s) failed") and "bad partition" in note
