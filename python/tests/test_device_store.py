@@ -178,6 +178,69 @@ def test_two_objects_viewing_one_allocation_are_counted_once_and_freed_with_the_
         assert isinstance(v, Whole) and v.buf.to_bytes() == data(4 * MIB, 4)
 
 
+class Piece:
+    """A stretch of a larger DeviceBuffer whose serializer copies it out, as cuDF serializes a
+    sliced column (a shuffle's pieces) as a compact copy: the frames are temporaries."""
+
+    def __init__(self, base, offset, nbytes):
+        self.base, self.offset, self.nbytes = base, offset, nbytes
+
+    @property
+    def __cuda_array_interface__(self):
+        ptr = self.base.__cuda_array_interface__["data"][0] + self.offset
+        return {"data": (ptr, False), "shape": (self.nbytes,), "typestr": "|u1",
+                "strides": None, "version": 3}
+
+    def to_bytes(self):
+        return self.base.to_bytes()[self.offset : self.offset + self.nbytes]
+
+
+def _serialize_piece(x):
+    ptr = x.base.__cuda_array_interface__["data"][0] + x.offset
+    return {"nbytes": x.nbytes}, [rmm_rs.DeviceBuffer.copy_of_device(ptr, x.nbytes)]
+
+
+def _deserialize_piece(header, frames):
+    (f,) = frames
+    buf = f if isinstance(f, rmm_rs.DeviceBuffer) else rmm_rs.DeviceBuffer.over_view(f)
+    return Piece(buf, 0, header["nbytes"])
+
+
+cuda_serialize.register(Piece)(_serialize_piece)
+cuda_deserialize.register(Piece)(_deserialize_piece)
+
+
+def test_a_value_whose_serializer_copies_spills_its_own_data():
+    # The store once counted and spilled the serializer's temporary copy: freed at once, its
+    # memory reused, and the spill copied the new contents (a cuDF merge's keys came back as
+    # garbage). It now keeps the value rebuilt over that copy.
+    store = store_with("64MiB", pool={"enabled": True, "initial_size": "128MiB"})
+    want = data(4 * MIB, 5)
+    base = rmm_rs.DeviceBuffer.from_bytes(want + data(4 * MIB, 6))
+    store["piece"] = Piece(base, 0, 4 * MIB)
+    assert store.statistics()["spill"]["tracked_bytes"] == 4 * MIB
+    del base
+    # Work after it reuses whatever memory is free, as the merge's allocations did.
+    junk = [rmm_rs.DeviceBuffer.from_bytes(bytes([7]) * (4 * MIB)) for _ in range(4)]
+    assert store.spill("piece") == 4 * MIB
+    assert store.tier("piece") == "host"
+    assert store["piece"].to_bytes() == want
+    del junk
+    # The value kept is the one rebuilt over the copy (the original's memory is not the store's).
+    base = rmm_rs.DeviceBuffer.from_bytes(want)
+    piece = Piece(base, 0, 4 * MIB)
+    store["again"] = piece
+    assert store["again"] is not piece and store["again"].to_bytes() == want
+
+
+def test_a_value_serialized_as_its_own_memory_is_kept_as_it_is():
+    store = store_with("64MiB")
+    b = rmm_rs.DeviceBuffer.from_bytes(data(4 * MIB, 7))
+    w = Whole(b)
+    store["w"] = w
+    assert store["w"] is w
+
+
 def test_host_values_go_to_the_host_store():
     store = store_with()
     store["h"] = b"on the host"

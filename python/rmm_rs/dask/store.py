@@ -115,6 +115,32 @@ def _allocation_of(frame: Any) -> Tuple[int, int]:
     return device_extent(frame)
 
 
+def _device_pointers(frames: List[Any]) -> List[int]:
+    return [device_extent(f)[0] for f in frames if hasattr(f, "__cuda_array_interface__")]
+
+
+def _own_serialization(value: Any) -> Tuple[Any, Dict[str, Any], List[Any]]:
+    """``value``'s Dask "cuda" serialization, and the value the store keeps: ``value`` itself
+    when its device frames are its own memory, else the value rebuilt over the frames.
+
+    A serializer may copy: cuDF serializes a sliced column (a shuffle's pieces) as a compact
+    copy, CuPy and PyTorch a non-contiguous array as a contiguous one. Such frames are
+    temporaries, and the memory the value lives in is not theirs: a spill that read from
+    their addresses once they were freed would copy whatever took their place. Serialized
+    twice, frames that are the value's memory come back at the same addresses; copies (the
+    first still alive) at new ones. The value then kept is the one rebuilt over the first
+    copies, which is all the store counts, spills and frees."""
+    header, frames = serialize(value, serializers=("cuda",), on_error="raise")
+    first = _device_pointers(frames)
+    if first:
+        _, again = serialize(value, serializers=("cuda",), on_error="raise")
+        copied = _device_pointers(again) != first
+        del again
+        if copied:
+            value = deserialize(header, frames, deserializers=("cuda",))
+    return value, header, frames
+
+
 class _DeviceEntry:
     """A device value in the store: its serialization header, its frames (host frames as
     they are, device frames as ``(allocation, offset, nbytes)``), and the adopted value."""
@@ -347,7 +373,7 @@ class DeviceStore(MutableMapping[Key, Any]):
         if prior is not None and prior.adopted.value() is value:
             return prior
         try:
-            header, frames = serialize(value, serializers=("cuda",), on_error="raise")
+            value, header, frames = _own_serialization(value)
         except Exception as e:  # noqa: BLE001 - any failure means "cannot spill"
             self.unspillable[key] = f"{type(value).__name__}: {e}"
             return None
