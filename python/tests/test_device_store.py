@@ -241,6 +241,38 @@ def test_a_value_serialized_as_its_own_memory_is_kept_as_it_is():
     assert store["w"] is w
 
 
+def test_collections_of_device_values_are_counted_spilled_and_rebuilt():
+    # A shuffle's groups are a dict of frames; a task may return a tuple or list of arrays.
+    store = store_with("64MiB", pool={"enabled": True, "initial_size": "128MiB"})
+    groups = {i: rmm_rs.DeviceBuffer.from_bytes(data(2 * MIB, 10 + i)) for i in range(3)}
+    base = rmm_rs.DeviceBuffer.from_bytes(data(4 * MIB, 20))
+    pieces = (Piece(base, 0, MIB), Piece(base, MIB, 2 * MIB))
+    store["groups"] = groups
+    store["pieces"] = pieces
+    store["list"] = [rmm_rs.DeviceBuffer.from_bytes(data(MIB, 30))]
+    del groups, pieces, base
+    assert store.statistics()["device_count"] == 3
+    assert store.statistics()["spill"]["tracked_bytes"] == (6 + 3 + 1) * MIB
+    for key in ("groups", "pieces", "list"):
+        assert store.spill(key) > 0 and store.tier(key) == "host", key
+    groups = store["groups"]
+    assert sorted(groups) == [0, 1, 2]
+    assert all(groups[i].to_bytes() == data(2 * MIB, 10 + i) for i in range(3))
+    pieces = store["pieces"]
+    assert type(pieces) is tuple
+    whole = data(4 * MIB, 20)
+    assert [p.to_bytes() for p in pieces] == [whole[:MIB], whole[MIB : 3 * MIB]]
+    assert [b.to_bytes() for b in store["list"]] == [data(MIB, 30)]
+
+
+def test_a_collection_with_a_host_item_stays_in_the_host_store():
+    store = store_with("64MiB")
+    store["mixed"] = {"a": rmm_rs.DeviceBuffer.from_bytes(data(MIB, 40)), "n": 5}
+    store["empty"] = {}
+    assert store.tier("mixed") == store.tier("empty") == "host-store"
+    assert store.statistics()["device_count"] == 0
+
+
 def test_host_values_go_to_the_host_store():
     store = store_with()
     store["h"] = b"on the host"

@@ -90,8 +90,12 @@ _KINDS = ("device", "host", "disk")
 
 def is_device_object(obj: Any) -> bool:
     """True for values the store keeps under the spill manager: objects exposing
-    ``__cuda_array_interface__``, and the device types Dask's "cuda" family serializes (cuDF
-    frames expose ``__cuda_array_interface__`` on their columns, not themselves)."""
+    ``__cuda_array_interface__``, the device types Dask's "cuda" family serializes (cuDF
+    frames expose ``__cuda_array_interface__`` on their columns, not themselves), and lists,
+    tuples and dicts whose every item is one (a shuffle's groups: a dict of cuDF frames)."""
+    if type(obj) in (list, tuple, dict):
+        items = list(obj.values()) if type(obj) is dict else obj
+        return bool(items) and all(is_device_object(x) for x in items)
     if hasattr(obj, "__cuda_array_interface__"):
         return True
     module = type(obj).__module__.partition(".")[0]
@@ -130,10 +134,17 @@ def _own_serialization(value: Any) -> Tuple[Any, Dict[str, Any], List[Any]]:
     twice, frames that are the value's memory come back at the same addresses; copies (the
     first still alive) at new ones. The value then kept is the one rebuilt over the first
     copies, which is all the store counts, spills and frees."""
-    header, frames = serialize(value, serializers=("cuda",), on_error="raise")
+    # A collection is serialized item by item (Dask does so by itself only when its first
+    # item has a "dask" serializer).
+    collection = type(value) in (list, tuple, dict)
+    header, frames = serialize(
+        value, serializers=("cuda",), on_error="raise", iterate_collection=collection
+    )
     first = _device_pointers(frames)
     if first:
-        _, again = serialize(value, serializers=("cuda",), on_error="raise")
+        _, again = serialize(
+            value, serializers=("cuda",), on_error="raise", iterate_collection=collection
+        )
         copied = _device_pointers(again) != first
         del again
         if copied:
