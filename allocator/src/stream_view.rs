@@ -13,6 +13,11 @@ impl StreamView {
     /// The default stream.
     pub const DEFAULT: StreamView = StreamView(0);
 
+    /// The per-thread default stream (CUDA's `cudaStreamPerThread`, RMM's
+    /// `cuda_stream_per_thread`): one handle that names a different stream on each thread, so
+    /// its work on two threads is not ordered.
+    pub const PER_THREAD: StreamView = StreamView(2);
+
     /// Wraps a backend stream handle.
     pub const fn from_raw(raw: RawStream) -> StreamView {
         StreamView(raw)
@@ -27,12 +32,20 @@ impl StreamView {
     pub const fn is_default(self) -> bool {
         self.0 == 0
     }
+
+    /// True for the per-thread default stream ([`StreamView::PER_THREAD`]): the calling thread's
+    /// own stream, which no other thread can name.
+    pub const fn is_per_thread(self) -> bool {
+        self.0 == Self::PER_THREAD.0
+    }
 }
 
 impl fmt::Debug for StreamView {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.0 == 0 {
             f.write_str("StreamView(default)")
+        } else if self.is_per_thread() {
+            f.write_str("StreamView(per-thread)")
         } else {
             write!(f, "StreamView({:#x})", self.0)
         }

@@ -11,7 +11,7 @@ use common::{MIB, device, on_sim};
 use rmm_allocator::backend::{SimBackend, SimConfig, SimMemoryMode};
 use rmm_allocator::resource::DeviceMemoryResource;
 use rmm_allocator::resource::{CudaMemoryResource, PoolMemoryResource};
-use rmm_allocator::{Device, Stream};
+use rmm_allocator::{Device, Stream, StreamView};
 
 /// A simulated device of 1 GiB (its streams can be held back) and a pool of 64 MiB on it that
 /// cannot grow.
@@ -217,4 +217,105 @@ fn idle_first_reclaim_never_queries_a_destroyed_stream_on_the_process_backend() 
     let snap = pool.validate().unwrap();
     assert_eq!(snap.pool_size, (STREAMS * 64 * MIB) as u64, "{snap:?}");
     assert!(snap.fully_coalesced, "{snap:?}");
+}
+
+// The per-thread default stream: one handle, a different stream on each thread (cuDF with
+// CUDF_PER_THREAD_STREAM=1, CuPy's Stream.ptds, RMM's cuda_stream_per_thread).
+
+#[test]
+fn each_thread_has_its_own_per_thread_default_stream_on_the_simulated_device() {
+    let (b, d, _pool) = fixed_sim_pool(SimMemoryMode::Backed);
+    let gate = b.hold_stream(0, StreamView::PER_THREAD.raw()).unwrap();
+    let mine = d
+        .backend()
+        .stream_query(0, StreamView::PER_THREAD.raw())
+        .unwrap();
+    let theirs = std::thread::spawn(move || {
+        d.backend()
+            .stream_query(0, StreamView::PER_THREAD.raw())
+            .unwrap()
+    })
+    .join()
+    .unwrap();
+    assert!(!mine && theirs, "held here, idle on another thread");
+    let synced = std::thread::spawn(move || d.synchronize().unwrap());
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !synced.is_finished(),
+        "a device-wide wait covers every thread's stream"
+    );
+    gate.open();
+    synced.join().unwrap();
+}
+
+#[test]
+fn a_large_block_freed_on_one_threads_per_thread_stream_waits_before_another_thread_gets_it() {
+    // Blocks over 16 MiB come from one arena all threads of a stream share; another thread's
+    // per-thread stream is not ordered after this one's, so it must not share it.
+    let (b, d, pool) = fixed_sim_pool(SimMemoryMode::Backed);
+    let pool = Arc::new(pool);
+    let ptds = StreamView::PER_THREAD;
+    let p = pool.allocate(60 * MIB, ptds).unwrap();
+    let gate = b.hold_stream(0, ptds.raw()).unwrap();
+    d.memset_async(p, 7, 60 * MIB, ptds).unwrap();
+    pool.deallocate(p, 60 * MIB, ptds).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let (pool2, done2) = (Arc::clone(&pool), Arc::clone(&done));
+    let taker = std::thread::spawn(move || {
+        let q = pool2.allocate(60 * MIB, ptds).unwrap();
+        done2.store(true, Ordering::SeqCst);
+        let mut back = vec![0u8; 8];
+        d.copy_to_host(&mut back, q).unwrap();
+        pool2.deallocate(q, 60 * MIB, ptds).unwrap();
+        (q, back)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "another thread got the block while this thread's per-thread stream still used it"
+    );
+    gate.open();
+    let (q, back) = taker.join().unwrap();
+    assert_eq!(
+        q, p,
+        "the other thread gets the block once the work is done"
+    );
+    assert_eq!(
+        back,
+        vec![7u8; 8],
+        "the work queued before the free ran first"
+    );
+    pool.synchronize().unwrap();
+    pool.validate().unwrap();
+}
+
+#[test]
+fn a_block_another_thread_frees_on_its_per_thread_stream_waits_for_that_stream() {
+    let (b, _d, pool) = fixed_sim_pool(SimMemoryMode::Backed);
+    let pool = Arc::new(pool);
+    let ptds = StreamView::PER_THREAD;
+    let p = pool.allocate(8 * MIB, ptds).unwrap();
+    // Another thread frees it on its own per-thread stream, which still has work queued.
+    let (pool2, (gate_tx, gate_rx)) = (Arc::clone(&pool), std::sync::mpsc::channel());
+    std::thread::spawn(move || {
+        let gate = b.hold_stream(0, ptds.raw()).unwrap();
+        pool2.deallocate(p, 8 * MIB, ptds).unwrap();
+        gate_tx.send(gate).unwrap();
+    })
+    .join()
+    .unwrap();
+    let gate = gate_rx.recv().unwrap();
+    let snap = pool.validate().unwrap();
+    assert_eq!(
+        snap.pending,
+        8 * MIB as u64,
+        "pending on the freeing thread's stream: {snap:?}"
+    );
+    let q = pool.allocate(8 * MIB, ptds).unwrap();
+    assert_ne!(q, p, "reused before the freeing thread's stream caught up");
+    gate.open();
+    pool.synchronize().unwrap();
+    pool.deallocate(q, 8 * MIB, ptds).unwrap();
+    pool.synchronize().unwrap();
+    pool.validate().unwrap();
 }

@@ -145,8 +145,10 @@ impl FixedSizeMemoryResource {
                     let mut list = other.free.lock();
                     if !list.is_empty() {
                         let dev = self.device.ordinal();
-                        // Another thread's stream: it may be gone (then the whole device).
-                        if !backend.stream_synchronize_if_alive(dev, other.stream)? {
+                        // Another thread's stream: it may be gone, or be a per-thread default
+                        // stream this thread cannot name (then the whole device).
+                        let named = other.stream != StreamView::PER_THREAD.raw();
+                        if !(named && backend.stream_synchronize_if_alive(dev, other.stream)?) {
                             backend.device_synchronize(dev)?;
                         }
                         stock.free.append(&mut list);

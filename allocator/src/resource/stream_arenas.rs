@@ -8,6 +8,9 @@
 //! the fast path is a thread-local lookup and an index. Arenas live as long as their resource;
 //! nothing is reference-counted on the fast path.
 //!
+//! The per-thread default stream is one handle for a different stream on each thread: its arenas
+//! are one per thread, never a lane shared by two threads nor one arena shared by all.
+//!
 //! The first [`FIRST`] slots are inline (one load on the fast path); the rest come in segments of
 //! [`FIRST`], made with their first arena ([`GroupedSlots`]). So a resource (every pool a
 //! reinitialize builds) sets up and drops a few kilobytes, not all [`MAX_ARENAS`].
@@ -20,6 +23,7 @@ use parking_lot::Mutex;
 
 use crate::backend::RawStream;
 use crate::error::{Error, Result};
+use crate::stream_view::StreamView;
 use crate::sync::{GroupedSlots, SlotCache};
 
 /// Most arenas (streams × lanes in use) one resource has.
@@ -30,12 +34,17 @@ pub(crate) const FIRST: usize = 256;
 const SEGMENTS: usize = MAX_ARENAS / FIRST - 1;
 /// Lanes per stream: threads beyond this many on one stream share arenas.
 pub(crate) const LANES: u32 = 16;
+/// The per-thread default stream's handle.
+const PER_THREAD: RawStream = StreamView::PER_THREAD.raw();
 
 static NEXT_LANE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static NEXT_THREAD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 thread_local! {
     /// This thread's lane.
     static LANE: u32 = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES;
+    /// This thread's lane of the per-thread default stream: its own, past the shared lanes.
+    static OWN_LANE: u32 = LANES.saturating_add(NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
     /// ((resource's arenas, stream), slot) of the streams this thread used last.
     static CACHE: SlotCache<(u64, RawStream), 8> = const { SlotCache::new() };
 }
@@ -84,9 +93,12 @@ impl<A> StreamArenas<A> {
 
     /// `stream`'s arena shared by all threads (its first lane), made with `make` on first use: for
     /// memory whose placement matters more than contention (large blocks, which a stream's threads
-    /// share rather than split).
+    /// share rather than split). The per-thread default stream's is the thread's own.
     #[inline]
     pub(crate) fn shared(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
+        if stream == PER_THREAD {
+            return self.get(stream, make);
+        }
         self.get_in(self.id | SHARED_KEY, stream, Some(0), make)
     }
 
@@ -140,7 +152,11 @@ impl<A> StreamArenas<A> {
         lane: Option<u32>,
         make: impl FnOnce() -> A,
     ) -> Result<&A> {
-        let lane = lane.unwrap_or_else(|| LANE.with(|l| *l));
+        let lane = match lane {
+            Some(lane) => lane,
+            None if stream == PER_THREAD => OWN_LANE.with(|l| *l),
+            None => LANE.with(|l| *l),
+        };
         let slot = {
             let mut index = self.index.lock();
             let next = index.len();

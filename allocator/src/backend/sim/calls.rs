@@ -550,6 +550,7 @@ impl Backend for SimBackend {
             .cloned()
             .collect();
         all.push(self.stream(dev, 0)?);
+        all.extend(self.per_thread_streams(dev)?);
         for s in all {
             s.synchronize();
         }

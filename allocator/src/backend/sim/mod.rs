@@ -36,6 +36,17 @@ use self::stream::{SimEvent, SimStream};
 use super::{DevicePtr, RawEvent, RawStream};
 use crate::error::{Error, Result, fmt_bytes};
 
+/// The legacy default stream's handle: the same stream as 0 here.
+const LEGACY_STREAM: RawStream = 1;
+/// The per-thread default stream's handle: each thread's own stream.
+const PER_THREAD_STREAM: RawStream = 2;
+
+thread_local! {
+    /// This thread's per-thread default streams, by backend and device.
+    static PER_THREAD_STREAMS: std::cell::RefCell<HashMap<(usize, u32), Arc<SimStream>>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
 /// Fails the `at`-th operation of a kind, counting the `seen` ones (1-based; `at` 0: none).
 #[derive(Debug, Default)]
 struct NthFault {
@@ -107,6 +118,8 @@ impl SimCounts {
 struct SimDevice {
     used: Arc<AtomicUsize>,
     default_stream: OnceLock<Arc<SimStream>>,
+    /// Threads' per-thread default streams, for a device-wide synchronize.
+    per_thread_streams: Mutex<Vec<std::sync::Weak<SimStream>>>,
     faults: Faults,
 }
 
@@ -167,6 +180,7 @@ impl SimBackend {
             .map(|_| SimDevice {
                 used: Arc::new(AtomicUsize::new(0)),
                 default_stream: OnceLock::new(),
+                per_thread_streams: Mutex::new(Vec::new()),
                 faults: Faults {
                     fail_alloc_above: AtomicUsize::new(usize::MAX),
                     ..Faults::default()
@@ -341,7 +355,10 @@ impl SimBackend {
 
     fn stream(&self, dev: u32, stream: RawStream) -> Result<Arc<SimStream>> {
         let d = self.device(dev)?;
-        if stream == 0 {
+        if stream == PER_THREAD_STREAM {
+            return self.per_thread_stream(dev);
+        }
+        if stream == 0 || stream == LEGACY_STREAM {
             if let Some(s) = d.default_stream.get() {
                 return Ok(Arc::clone(s));
             }
@@ -357,6 +374,31 @@ impl SimBackend {
                 "a stream created on this device and not yet destroyed",
             )),
         }
+    }
+
+    /// The calling thread's own stream on `dev`, which the handle [`PER_THREAD_STREAM`] names
+    /// there (as CUDA's per-thread default stream: its work on two threads is not ordered).
+    fn per_thread_stream(&self, dev: u32) -> Result<Arc<SimStream>> {
+        let key = (std::ptr::from_ref(self) as usize, dev);
+        let known = PER_THREAD_STREAMS.try_with(|m| m.borrow().get(&key).cloned());
+        if let Ok(Some(s)) = known {
+            return Ok(s);
+        }
+        let s = SimStream::spawn(dev, format!("sim-dev{dev}-per-thread"))
+            .map_err(|e| spawn_error(dev, e))?;
+        let mut all = self.device(dev)?.per_thread_streams.lock();
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&s));
+        drop(all);
+        // A thread that is exiting gets a stream of its own for this call only.
+        let _ = PER_THREAD_STREAMS.try_with(|m| m.borrow_mut().insert(key, Arc::clone(&s)));
+        Ok(s)
+    }
+
+    /// The per-thread default streams of `dev` that threads still hold.
+    fn per_thread_streams(&self, dev: u32) -> Result<Vec<Arc<SimStream>>> {
+        let all = self.device(dev)?.per_thread_streams.lock();
+        Ok(all.iter().filter_map(std::sync::Weak::upgrade).collect())
     }
 
     fn event(&self, dev: u32, event: RawEvent) -> Result<Arc<SimEvent>> {

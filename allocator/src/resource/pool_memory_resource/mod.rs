@@ -533,19 +533,22 @@ impl DeviceMemoryResource for PoolMemoryResource {
 impl PoolMemoryResource {
     /// A block this thread's arena of `stream` does not own: another thread's arena on the same
     /// stream (freed at once, the stream being ordered) or another stream's (reused once an event
-    /// recorded on `stream` completes).
+    /// recorded on `stream` completes). Another thread's per-thread default stream is another
+    /// stream, though its handle is the same.
     #[cold]
     #[inline(never)]
     fn deallocate_foreign(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
         let backend = self.device.backend();
         let dev = self.device.ordinal();
+        let ordered = !stream.is_per_thread();
         for arena in self.arenas.all() {
-            if arena.stream == stream.raw() && arena.state.lock().free_local(ptr.addr()) {
+            if ordered && arena.stream == stream.raw() && arena.state.lock().free_local(ptr.addr())
+            {
                 return Ok(());
             }
         }
         for arena in self.arenas.all() {
-            if arena.stream == stream.raw() {
+            if ordered && arena.stream == stream.raw() {
                 continue;
             }
             let mut st = arena.state.lock();

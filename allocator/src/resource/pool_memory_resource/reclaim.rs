@@ -9,6 +9,7 @@ use super::PoolMemoryResource;
 use super::arena::{Arena, ArenaState};
 use super::global::FreeSpace;
 use crate::error::Result;
+use crate::stream_view::StreamView;
 
 impl PoolMemoryResource {
     /// Moves the entirely free regions of every idle-stream arena to the free space without
@@ -34,8 +35,14 @@ impl PoolMemoryResource {
             if small.is_empty() && large.is_empty() {
                 continue;
             }
-            // Unverifiable or failing streams count as busy; the blocking reclaim handles them.
-            if let Ok(Some(true)) = backend.stream_query_if_alive(dev, arena.stream) {
+            // Unverifiable or failing streams count as busy, as does a per-thread default stream
+            // (this thread's handle names its own): the blocking reclaim handles them.
+            let idle = arena.stream != StreamView::PER_THREAD.raw()
+                && matches!(
+                    backend.stream_query_if_alive(dev, arena.stream),
+                    Ok(Some(true))
+                );
+            if idle {
                 for &(addr, size) in small.iter().chain(&large) {
                     g.insert(addr, size);
                     moved += size;
@@ -114,12 +121,16 @@ impl PoolMemoryResource {
 }
 
 /// Waits for `stream` (maybe another thread's); if the backend cannot vouch it exists (destroyed
-/// after last using the pool, or a library's own), waits for the whole device, covering its work.
+/// after last using the pool, or a library's own), or it is a per-thread default stream (which
+/// this thread cannot name for another), waits for the whole device, covering its work.
 pub(super) fn sync_stream_or_device(
     backend: &dyn crate::backend::Backend,
     dev: u32,
     stream: crate::backend::RawStream,
 ) -> Result<()> {
+    if stream == StreamView::PER_THREAD.raw() {
+        return backend.device_synchronize(dev);
+    }
     let why = match backend.stream_synchronize_if_alive(dev, stream) {
         Ok(true) => return Ok(()),
         Ok(false) => "stream not known alive".to_string(),
