@@ -23,6 +23,7 @@ rebuilds it.
 """
 
 import atexit
+import copy
 import importlib
 import importlib.util
 import logging
@@ -148,7 +149,7 @@ def _own_serialization(value: Any) -> Tuple[Any, Dict[str, Any], List[Any]]:
         copied = _device_pointers(again) != first
         del again
         if copied:
-            value = deserialize(header, frames, deserializers=("cuda",))
+            value = deserialize(copy.deepcopy(header), frames, deserializers=("cuda",))
     return value, header, frames
 
 
@@ -177,7 +178,8 @@ class _DeviceEntry:
             homes[v.allocation[0]] = self.adopted
         views = iter(views)
         frames = [next(views) if isinstance(f, tuple) else f for f in self.frames]
-        return deserialize(self.header, frames, deserializers=("cuda",))
+        # Dask's deserialize takes keys out of a collection's header: each rebuild gets a copy.
+        return deserialize(copy.deepcopy(self.header), frames, deserializers=("cuda",))
 
     def to_send(self, homes: "weakref.WeakValueDictionary[int, Any]") -> Any:
         """What to hand a peer that asked for the value: for an rmm-rs peer of this host,

@@ -28,6 +28,7 @@ same backend, its GPU visible there).
 
 import asyncio
 import contextvars
+import copy
 import logging
 import sys
 import threading
@@ -241,7 +242,8 @@ class HostFrames:
             else f
             for f in self.frames
         ]
-        return deserialize(self.header, frames, deserializers=("cuda",))
+        # Dask's deserialize takes keys out of a collection's header: the value keeps its own.
+        return deserialize(copy.deepcopy(self.header), frames, deserializers=("cuda",))
 
     def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         frames = [f if isinstance(f, tuple) else bytes(f) for f in self.frames]
