@@ -319,3 +319,63 @@ fn a_block_another_thread_frees_on_its_per_thread_stream_waits_for_that_stream()
     pool.synchronize().unwrap();
     pool.validate().unwrap();
 }
+
+#[test]
+fn threads_that_come_and_go_reuse_per_thread_arenas() {
+    let (_b, _d, pool) = fixed_sim_pool(SimMemoryMode::Backed);
+    let pool = Arc::new(pool);
+    for _ in 0..200 {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            let p = pool.allocate(256, StreamView::PER_THREAD).unwrap();
+            pool.deallocate(p, 256, StreamView::PER_THREAD).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+    let arenas = pool.validate().unwrap().arenas;
+    assert!(
+        arenas <= 2,
+        "{arenas} arenas for threads that ran one at a time"
+    );
+}
+
+#[test]
+fn a_thread_on_an_exited_threads_per_thread_arena_waits_for_that_threads_work() {
+    // The exited thread freed its block on its own stream, which still has work queued: the next
+    // thread to take its arena must not get the block before that work is done.
+    let (b, d, pool) = fixed_sim_pool(SimMemoryMode::Backed);
+    let pool = Arc::new(pool);
+    let ptds = StreamView::PER_THREAD;
+    let pool1 = Arc::clone(&pool);
+    let (p, gate) = std::thread::spawn(move || {
+        let p = pool1.allocate(60 * MIB, ptds).unwrap();
+        let gate = b.hold_stream(0, ptds.raw()).unwrap();
+        d.memset_async(p, 9, 60 * MIB, ptds).unwrap();
+        pool1.deallocate(p, 60 * MIB, ptds).unwrap();
+        (p, gate)
+    })
+    .join()
+    .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let (pool2, done2) = (Arc::clone(&pool), Arc::clone(&done));
+    let taker = std::thread::spawn(move || {
+        let q = pool2.allocate(60 * MIB, ptds).unwrap();
+        done2.store(true, Ordering::SeqCst);
+        let mut back = vec![0u8; 8];
+        d.copy_to_host(&mut back, q).unwrap();
+        pool2.deallocate(q, 60 * MIB, ptds).unwrap();
+        (q, back)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "got the block while the exited thread's work was queued"
+    );
+    gate.open();
+    let (q, back) = taker.join().unwrap();
+    assert_eq!(q, p);
+    assert_eq!(back, vec![9u8; 8], "the exited thread's work ran first");
+    pool.synchronize().unwrap();
+    pool.validate().unwrap();
+}

@@ -488,3 +488,55 @@ fn making_room_in_the_background_spills_the_excess_only() {
     );
     drop(live);
 }
+
+#[test]
+fn a_spill_waits_for_every_threads_per_thread_stream_that_used_the_buffer() {
+    // The per-thread default stream is one handle for each thread's own stream: one thread
+    // letting go on it must not stand for another thread's use.
+    let _s = serial();
+    let Some(sim) = common::sim() else {
+        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
+        return;
+    };
+    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
+    let d = rt.devices()[0];
+    let m = rt.spill_manager(d).unwrap();
+    let ptds = StreamView::PER_THREAD;
+    let data = pattern(4 * MIB, 13);
+    let b = m.buffer(data.len(), ptds).unwrap();
+    {
+        let g = b.device_view(ptds).unwrap();
+        b.device().copy_to_device(g.ptr(), &data).unwrap();
+    }
+    // Thread A uses it with work queued (held back) on its stream, then lets go.
+    let gate = {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || {
+            let guard = b.device_view(ptds).unwrap();
+            let gate = sim.hold_stream(d, ptds.raw()).unwrap();
+            drop(guard);
+            gate
+        })
+        .join()
+        .unwrap()
+    };
+    // Thread B uses it too, its stream idle.
+    {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || drop(b.device_view(ptds).unwrap()))
+            .join()
+            .unwrap();
+    }
+    let spiller = {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || b.spill())
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !spiller.is_finished(),
+        "the spill copied the data while thread A's work that used it was still queued"
+    );
+    gate.open();
+    assert_eq!(spiller.join().unwrap().unwrap(), 4 * MIB);
+    assert!(b.to_vec().unwrap() == data);
+}

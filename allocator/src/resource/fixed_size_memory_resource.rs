@@ -139,7 +139,11 @@ impl FixedSizeMemoryResource {
                 // Take back blocks other streams are not using, once their work is done.
                 let backend = self.device.backend();
                 for other in self.arenas.all() {
-                    if other.stream == arena.stream {
+                    // The same stream's other lanes are its own work, except for the per-thread
+                    // default stream: there each is another thread's stream.
+                    let same = other.stream == arena.stream
+                        && !StreamView::from_raw(arena.stream).is_per_thread();
+                    if same || std::ptr::eq(other, arena) {
                         continue;
                     }
                     let mut list = other.free.lock();
@@ -174,6 +178,9 @@ impl DeviceMemoryResource for FixedSizeMemoryResource {
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
+        }
+        if stream.is_per_thread() {
+            super::stream_arenas::settle_own_lane(self.device)?;
         }
         if bytes > self.block_size {
             return Err(Error::invalid_argument(

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::backend::RawStream;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stream_view::StreamView;
 use crate::sync::{GroupedSlots, SlotCache};
@@ -39,12 +40,49 @@ const PER_THREAD: RawStream = StreamView::PER_THREAD.raw();
 
 static NEXT_LANE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 static NEXT_THREAD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Per-thread default stream lanes of threads that have exited, for new threads: the arenas of a
+/// lane live as long as their resource, so threads that come and go reuse them.
+static FREE_OWN_LANES: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// A thread's lane of the per-thread default stream, given back when the thread exits.
+struct OwnLane {
+    lane: u32,
+    /// An exited thread's: blocks it freed on its stream may still be used by its queued work.
+    recycled: bool,
+    /// Devices (bit per ordinal below 64) waited for since this thread took a recycled lane.
+    settled: std::cell::Cell<u64>,
+}
+
+impl OwnLane {
+    fn take() -> OwnLane {
+        let (lane, recycled) = match FREE_OWN_LANES.lock().pop() {
+            Some(lane) => (lane, true),
+            None => (fresh_own_lane(), false),
+        };
+        OwnLane {
+            lane,
+            recycled,
+            settled: std::cell::Cell::new(0),
+        }
+    }
+}
+
+impl Drop for OwnLane {
+    fn drop(&mut self) {
+        FREE_OWN_LANES.lock().push(self.lane);
+    }
+}
+
+/// A per-thread lane no thread had: past the shared lanes.
+fn fresh_own_lane() -> u32 {
+    LANES.saturating_add(NEXT_THREAD.fetch_add(1, Ordering::Relaxed))
+}
 
 thread_local! {
     /// This thread's lane.
     static LANE: u32 = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES;
     /// This thread's lane of the per-thread default stream: its own, past the shared lanes.
-    static OWN_LANE: u32 = LANES.saturating_add(NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
+    static OWN_LANE: OwnLane = OwnLane::take();
     /// ((resource's arenas, stream), slot) of the streams this thread used last.
     static CACHE: SlotCache<(u64, RawStream), 8> = const { SlotCache::new() };
 }
@@ -65,6 +103,22 @@ pub(crate) struct StreamArenas<A> {
     rest: GroupedSlots<Slot<A>, FIRST, SEGMENTS>,
     /// (stream, lane) → slot.
     index: Mutex<HashMap<(RawStream, u32), u32>>,
+}
+
+/// Before a thread's first allocation on `device` through its per-thread default stream: if its
+/// lane was an exited thread's, waits for the device, so that blocks that thread freed on its
+/// stream (reused at once by the lane's arenas, as a stream's own) are no longer in use.
+pub(crate) fn settle_own_lane(device: Device) -> Result<()> {
+    let Ok((recycled, settled)) = OWN_LANE.try_with(|l| (l.recycled, l.settled.get())) else {
+        return Ok(());
+    };
+    let bit = 1u64.checked_shl(device.ordinal()).unwrap_or(0);
+    if !recycled || settled & bit != 0 {
+        return Ok(());
+    }
+    device.synchronize()?;
+    let _ = OWN_LANE.try_with(|l| l.settled.set(settled | bit));
+    Ok(())
 }
 
 impl<A> std::fmt::Debug for StreamArenas<A> {
@@ -154,7 +208,10 @@ impl<A> StreamArenas<A> {
     ) -> Result<&A> {
         let lane = match lane {
             Some(lane) => lane,
-            None if stream == PER_THREAD => OWN_LANE.with(|l| *l),
+            // A thread that is exiting (its lane given back) gets a lane no other thread has.
+            None if stream == PER_THREAD => OWN_LANE
+                .try_with(|l| l.lane)
+                .unwrap_or_else(|_| fresh_own_lane()),
             None => LANE.with(|l| *l),
         };
         let slot = {

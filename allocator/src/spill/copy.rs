@@ -131,7 +131,11 @@ impl CopyStreams {
     ) -> Result<RawStream> {
         let stream = self.lane(direction, after);
         let (b, dev) = (self.device.backend(), self.device.ordinal());
-        if events.is_empty() {
+        if after.is_per_thread() {
+            // Another thread's per-thread default stream cannot be named from this thread: the
+            // data's work is done once the whole device's is.
+            b.device_synchronize(dev)?;
+        } else if events.is_empty() {
             let e = self.event()?;
             e.record(after)?;
             b.stream_wait_event(dev, stream, e.raw())?;

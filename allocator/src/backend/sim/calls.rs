@@ -473,11 +473,12 @@ impl Backend for SimBackend {
     }
 
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()> {
-        if stream == 0 {
+        if stream < 3 {
             return Err(Error::invalid_argument(
                 "stream",
-                0,
-                "a stream made by stream_create (the default stream cannot be destroyed)",
+                stream,
+                "a stream made by stream_create (the default, legacy and per-thread default \
+                 streams cannot be destroyed)",
             ));
         }
         let s = self.stream(dev, stream)?;

@@ -118,8 +118,9 @@ impl SimCounts {
 struct SimDevice {
     used: Arc<AtomicUsize>,
     default_stream: OnceLock<Arc<SimStream>>,
-    /// Threads' per-thread default streams, for a device-wide synchronize.
-    per_thread_streams: Mutex<Vec<std::sync::Weak<SimStream>>>,
+    /// Threads' per-thread default streams, for a device-wide synchronize (kept until idle once
+    /// their thread is gone: its queued work still runs).
+    per_thread_streams: Mutex<Vec<Arc<SimStream>>>,
     faults: Faults,
 }
 
@@ -387,8 +388,8 @@ impl SimBackend {
         let s = SimStream::spawn(dev, format!("sim-dev{dev}-per-thread"))
             .map_err(|e| spawn_error(dev, e))?;
         let mut all = self.device(dev)?.per_thread_streams.lock();
-        all.retain(|w| w.strong_count() > 0);
-        all.push(Arc::downgrade(&s));
+        all.retain(|t| Arc::strong_count(t) > 1 || !t.is_idle());
+        all.push(Arc::clone(&s));
         drop(all);
         // A thread that is exiting gets a stream of its own for this call only.
         let _ = PER_THREAD_STREAMS.try_with(|m| m.borrow_mut().insert(key, Arc::clone(&s)));
@@ -397,8 +398,7 @@ impl SimBackend {
 
     /// The per-thread default streams of `dev` that threads still hold.
     fn per_thread_streams(&self, dev: u32) -> Result<Vec<Arc<SimStream>>> {
-        let all = self.device(dev)?.per_thread_streams.lock();
-        Ok(all.iter().filter_map(std::sync::Weak::upgrade).collect())
+        Ok(self.device(dev)?.per_thread_streams.lock().clone())
     }
 
     fn event(&self, dev: u32, event: RawEvent) -> Result<Arc<SimEvent>> {

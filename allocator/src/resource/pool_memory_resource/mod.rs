@@ -57,7 +57,7 @@ use self::global::FreeSpace;
 pub use self::growth::DEFAULT_GROWTH;
 pub use self::handover::LiveBlock;
 use self::tlsf::GRANULE;
-use super::stream_arenas::StreamArenas;
+use super::stream_arenas::{self, StreamArenas};
 use super::{DeviceMemoryResource, out_of_memory};
 use crate::adaptor::hooks;
 use crate::backend::{DevicePtr, MemInfo};
@@ -466,6 +466,9 @@ impl DeviceMemoryResource for PoolMemoryResource {
         }
         if bytes == 0 {
             return Ok(DevicePtr::NULL);
+        }
+        if stream.is_per_thread() {
+            stream_arenas::settle_own_lane(self.device)?;
         }
         let Some(size) = (bytes as u64).checked_next_multiple_of(GRANULE) else {
             return Err(out_of_memory(self.device, bytes, NAME, None));

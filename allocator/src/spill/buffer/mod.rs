@@ -33,7 +33,6 @@ pub use in_place::HeldInPlace;
 use super::disk::{DiskFile, DiskStore};
 use super::store::SpillStore;
 use crate::backend::DevicePtr;
-use crate::backend::RawStream;
 use crate::backend::host::PinnedSlice;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -146,10 +145,10 @@ pub struct SpillableBuffer {
     tier: AtomicU8,
     /// Live device guards.
     pub(super) pins: AtomicUsize,
-    /// Per stream used through a device guard, an event recorded as the guard let go. A spill's
-    /// copy waits on these, not on later work on the stream (a worker's next task). Empty until a
-    /// guard lets go and after the data leaves the device.
-    pub(super) released_at: Mutex<Vec<(RawStream, Event)>>,
+    /// Per stream used through a device guard (see `release_key`), an event recorded as the guard
+    /// let go. A spill's copy waits on these, not on later work on the stream (a worker's next
+    /// task). Empty until a guard lets go and after the data leaves the device.
+    pub(super) released_at: Mutex<Vec<(u64, Event)>>,
     /// Set when the data was lost to a copy that could not be waited for.
     lost: AtomicBool,
     /// Set once the data no longer changes: coming back keeps the host copy.
@@ -322,14 +321,15 @@ impl SpillableBuffer {
         // Record before unpinning: once no pins remain a spill may read the list. On failure the
         // list is emptied and a spill waits for the whole stream.
         let copies = self.store.copies();
+        let key = release_key(stream);
         let mut released = self.released_at.lock();
         let replaced = released
             .iter()
-            .position(|(s, _)| *s == stream.raw())
+            .position(|(s, _)| *s == key)
             .map(|i| released.swap_remove(i).1);
         let failed: Vec<Event> = match copies.event().and_then(|e| e.record(stream).map(|()| e)) {
             Ok(e) => {
-                released.push((stream.raw(), e));
+                released.push((key, e));
                 Vec::new()
             }
             Err(e) => {
@@ -699,5 +699,20 @@ impl Drop for SpillableBuffer {
         if let Some(o) = &self.observer {
             o.dropped(self.id);
         }
+    }
+}
+
+/// Which of `released_at`'s entries a guard's release replaces: the stream's own, or for the
+/// per-thread default stream, this thread's (each thread's is another stream under one handle).
+fn release_key(stream: StreamView) -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static THREAD: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    if stream.is_per_thread() {
+        // Above every handle a driver hands out (addresses of user space).
+        (1 << 63) | THREAD.with(|t| *t)
+    } else {
+        stream.raw()
     }
 }
