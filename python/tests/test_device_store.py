@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 from typing import List, Tuple, Union
 
 import pytest
@@ -277,6 +278,30 @@ def test_a_collection_with_a_host_item_stays_in_the_host_store():
     store["empty"] = {}
     assert store.tier("mixed") == store.tier("empty") == "host-store"
     assert store.statistics()["device_count"] == 0
+
+
+def test_cudf_frames_are_left_to_cudfs_own_spilling_when_it_is_on(monkeypatch):
+    # A stand-in for cuDF (absent here): its frames' module, and its "spill" option.
+    store = store_with("64MiB")
+    options = {"spill": True}
+    monkeypatch.setitem(sys.modules, "cudf", SimpleNamespace(get_option=options.__getitem__))
+    frame = type("DataFrame", (Whole,), {"__module__": "cudf.core.dataframe"})
+    cuda_serialize.register(frame)(lambda x: ({}, [x]))
+    cuda_deserialize.register(frame)(
+        lambda header, frames: frame(rmm_rs.DeviceBuffer.over_view(frames[0]))
+    )
+    store["df"] = frame(rmm_rs.DeviceBuffer.from_bytes(data(MIB, 50)))
+    store["groups"] = {0: frame(rmm_rs.DeviceBuffer.from_bytes(data(MIB, 51)))}
+    store["buffer"] = rmm_rs.DeviceBuffer.from_bytes(data(MIB, 52))
+    assert [store.tier(k) for k in ("df", "groups", "buffer")] == [
+        "host-store", "host-store", "device"
+    ]
+    assert "cuDF's own spilling is on" in store.unspillable["df"]
+    assert store.statistics()["spill"]["tracked_bytes"] == MIB, "cuDF's frames counted once, by cuDF"
+    options["spill"] = False
+    store["df2"] = frame(rmm_rs.DeviceBuffer.from_bytes(data(MIB, 53)))
+    assert store.tier("df2") == "device"
+    assert store["df2"].buf.to_bytes() == data(MIB, 53)
 
 
 def test_host_values_go_to_the_host_store():

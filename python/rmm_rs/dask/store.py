@@ -103,6 +103,40 @@ def is_device_object(obj: Any) -> bool:
     return module in ("cudf", "dask_cudf", "rmm")
 
 
+_CUDF_SPILLS = (
+    "cuDF spills it: cuDF's own spilling is on (dask-cuda's enable_cudf_spill, or "
+    "cudf.set_option('spill', True)); its frames are left to it, not counted by the store"
+)
+_told_cudf_spills = False
+
+
+def _cudf_spills(value: Any) -> Optional[str]:
+    """Why the store leaves ``value`` to cuDF's own spilling (a cuDF frame, or a collection of
+    them, while cuDF's "spill" option is on: cuDF counts and spills those buffers itself, and
+    the store counting them too would spill them twice), or None."""
+    global _told_cudf_spills
+    cudf = sys.modules.get("cudf")
+    if cudf is None or not _holds_cudf(value):
+        return None
+    try:
+        on = bool(cudf.get_option("spill"))
+    except Exception:  # noqa: BLE001 - a cuDF without the option spills nothing itself
+        return None
+    if not on:
+        return None
+    if not _told_cudf_spills:
+        _told_cudf_spills = True
+        logger.info("rmm-rs: %s", _CUDF_SPILLS)
+    return _CUDF_SPILLS
+
+
+def _holds_cudf(value: Any) -> bool:
+    if type(value) in (list, tuple, dict):
+        items = value.values() if type(value) is dict else value
+        return any(_holds_cudf(x) for x in items)
+    return type(value).__module__.partition(".")[0] in ("cudf", "dask_cudf")
+
+
 def _allocation_of(frame: Any) -> Tuple[int, int]:
     """``(address, bytes)`` of the allocation a device frame lies in: the whole memory of a
     CuPy array, a PyTorch tensor's storage, a rebuilt view's buffer; the frame's own extent
@@ -338,7 +372,13 @@ class DeviceStore(MutableMapping[Key, Any]):
                 kept = value.kept
                 self._device[key] = _DeviceEntry(value.header, value.frames, kept, kept.size)
                 return
-            entry = self._adopt(key, value) if is_device_object(value) else None
+            entry = None
+            if is_device_object(value):
+                spilled_by = _cudf_spills(value)
+                if spilled_by is None:
+                    entry = self._adopt(key, value)
+                else:
+                    self.unspillable[key] = spilled_by
             if entry is not None:
                 self._device[key] = entry
             else:
