@@ -259,34 +259,7 @@ fn a_large_block_freed_on_one_threads_per_thread_stream_waits_before_another_thr
     let gate = b.hold_stream(0, ptds.raw()).unwrap();
     d.memset_async(p, 7, 60 * MIB, ptds).unwrap();
     pool.deallocate(p, 60 * MIB, ptds).unwrap();
-    let done = Arc::new(AtomicBool::new(false));
-    let (pool2, done2) = (Arc::clone(&pool), Arc::clone(&done));
-    let taker = std::thread::spawn(move || {
-        let q = pool2.allocate(60 * MIB, ptds).unwrap();
-        done2.store(true, Ordering::SeqCst);
-        let mut back = vec![0u8; 8];
-        d.copy_to_host(&mut back, q).unwrap();
-        pool2.deallocate(q, 60 * MIB, ptds).unwrap();
-        (q, back)
-    });
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(
-        !done.load(Ordering::SeqCst),
-        "another thread got the block while this thread's per-thread stream still used it"
-    );
-    gate.open();
-    let (q, back) = taker.join().unwrap();
-    assert_eq!(
-        q, p,
-        "the other thread gets the block once the work is done"
-    );
-    assert_eq!(
-        back,
-        vec![7u8; 8],
-        "the work queued before the free ran first"
-    );
-    pool.synchronize().unwrap();
-    pool.validate().unwrap();
+    taken_once_the_work_is_done(&pool, d, p, gate, 7);
 }
 
 #[test]
@@ -357,8 +330,22 @@ fn a_thread_on_an_exited_threads_per_thread_arena_waits_for_that_threads_work() 
     })
     .join()
     .unwrap();
+    taken_once_the_work_is_done(&pool, d, p, gate, 9);
+}
+
+/// A new thread asks the fixed pool for the 60 MiB block `p`, freed on another thread's held
+/// per-thread stream after a memset to `fill`: it gets the block only once `gate` opens, with the
+/// memset done.
+fn taken_once_the_work_is_done(
+    pool: &Arc<PoolMemoryResource>,
+    d: Device,
+    p: rmm_allocator::backend::DevicePtr,
+    gate: rmm_allocator::backend::StreamGate,
+    fill: u8,
+) {
+    let ptds = StreamView::PER_THREAD;
     let done = Arc::new(AtomicBool::new(false));
-    let (pool2, done2) = (Arc::clone(&pool), Arc::clone(&done));
+    let (pool2, done2) = (Arc::clone(pool), Arc::clone(&done));
     let taker = std::thread::spawn(move || {
         let q = pool2.allocate(60 * MIB, ptds).unwrap();
         done2.store(true, Ordering::SeqCst);
@@ -370,12 +357,19 @@ fn a_thread_on_an_exited_threads_per_thread_arena_waits_for_that_threads_work() 
     std::thread::sleep(Duration::from_millis(100));
     assert!(
         !done.load(Ordering::SeqCst),
-        "got the block while the exited thread's work was queued"
+        "another thread got the block while the freeing thread's stream still used it"
     );
     gate.open();
     let (q, back) = taker.join().unwrap();
-    assert_eq!(q, p);
-    assert_eq!(back, vec![9u8; 8], "the exited thread's work ran first");
+    assert_eq!(
+        q, p,
+        "the other thread gets the block once the work is done"
+    );
+    assert_eq!(
+        back,
+        vec![fill; 8],
+        "the work queued before the free ran first"
+    );
     pool.synchronize().unwrap();
     pool.validate().unwrap();
 }

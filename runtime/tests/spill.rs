@@ -421,18 +421,7 @@ fn a_spill_still_waits_for_the_work_queued_while_the_buffer_was_in_use() {
     let guard = b.device_view(view).unwrap();
     let gate = sim.hold_stream(d, stream).unwrap();
     drop(guard);
-    let spiller = {
-        let b = Arc::clone(&b);
-        std::thread::spawn(move || b.spill())
-    };
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(
-        !spiller.is_finished(),
-        "the spill copied the data while work that used it was still queued"
-    );
-    gate.open();
-    assert_eq!(spiller.join().unwrap().unwrap(), 4 * MIB);
-    assert!(b.to_vec().unwrap() == data);
+    spill_waits_for_the_gate(&b, gate, &data, "work that used it");
     drop(b);
     rmm_allocator::backend::Backend::stream_destroy(sim, d, stream).unwrap();
 }
@@ -527,14 +516,25 @@ fn a_spill_waits_for_every_threads_per_thread_stream_that_used_the_buffer() {
             .join()
             .unwrap();
     }
+    spill_waits_for_the_gate(&b, gate, &data, "thread A's work that used it");
+}
+
+/// Spills the 4 MiB buffer `b` on another thread: the spill must wait while `gate` holds back
+/// `work` (work queued while `b` was in use), and once it opens, spill and keep `data`.
+fn spill_waits_for_the_gate(
+    b: &Arc<SpillableBuffer>,
+    gate: rmm_allocator::backend::StreamGate,
+    data: &[u8],
+    work: &str,
+) {
     let spiller = {
-        let b = Arc::clone(&b);
+        let b = Arc::clone(b);
         std::thread::spawn(move || b.spill())
     };
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         !spiller.is_finished(),
-        "the spill copied the data while thread A's work that used it was still queued"
+        "the spill copied the data while {work} was still queued"
     );
     gate.open();
     assert_eq!(spiller.join().unwrap().unwrap(), 4 * MIB);
