@@ -4,7 +4,7 @@
 use parking_lot::Mutex;
 use std::any::Any;
 
-use super::stream_arenas::StreamArenas;
+use super::stream_arenas::{StreamArenas, sync_stream_or_device};
 use super::{DeviceMemoryResource, out_of_memory};
 use crate::backend::{DevicePtr, RawStream};
 use crate::device::Device;
@@ -148,13 +148,9 @@ impl FixedSizeMemoryResource {
                     }
                     let mut list = other.free.lock();
                     if !list.is_empty() {
-                        let dev = self.device.ordinal();
                         // Another thread's stream: it may be gone, or be a per-thread default
                         // stream this thread cannot name (then the whole device).
-                        let named = other.stream != StreamView::PER_THREAD.raw();
-                        if !(named && backend.stream_synchronize_if_alive(dev, other.stream)?) {
-                            backend.device_synchronize(dev)?;
-                        }
+                        sync_stream_or_device(backend, self.device.ordinal(), other.stream)?;
                         stock.free.append(&mut list);
                     }
                 }

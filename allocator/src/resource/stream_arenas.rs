@@ -121,6 +121,26 @@ pub(crate) fn settle_own_lane(device: Device) -> Result<()> {
     Ok(())
 }
 
+/// Waits for `stream` (maybe another thread's); if the backend cannot vouch it exists (destroyed
+/// after last using the pool, or a library's own), or it is a per-thread default stream (which
+/// this thread cannot name for another), waits for the whole device, covering its work.
+pub(crate) fn sync_stream_or_device(
+    backend: &dyn crate::backend::Backend,
+    dev: u32,
+    stream: crate::backend::RawStream,
+) -> Result<()> {
+    if stream == StreamView::PER_THREAD.raw() {
+        return backend.device_synchronize(dev);
+    }
+    let why = match backend.stream_synchronize_if_alive(dev, stream) {
+        Ok(true) => return Ok(()),
+        Ok(false) => "stream not known alive".to_string(),
+        Err(e) => format!("stream wait failed ({e})"),
+    };
+    tracing::debug!(device = dev, stream, "{why}; synchronizing the device");
+    backend.device_synchronize(dev)
+}
+
 impl<A> std::fmt::Debug for StreamArenas<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StreamArenas")
