@@ -172,14 +172,20 @@ def _own_serialization(value: Any) -> Tuple[Any, Dict[str, Any], List[Any]]:
     # A collection is serialized item by item (Dask does so by itself only when its first
     # item has a "dask" serializer).
     collection = type(value) in (list, tuple, dict)
-    header, frames = serialize(
-        value, serializers=("cuda",), on_error="raise", iterate_collection=collection
-    )
+    original = value
+
+    def serialized() -> Tuple[Dict[str, Any], List[Any]]:
+        return cast(
+            Tuple[Dict[str, Any], List[Any]],
+            serialize(
+                original, serializers=("cuda",), on_error="raise", iterate_collection=collection
+            ),
+        )
+
+    header, frames = serialized()
     first = _device_pointers(frames)
     if first:
-        _, again = serialize(
-            value, serializers=("cuda",), on_error="raise", iterate_collection=collection
-        )
+        _, again = serialized()
         copied = _device_pointers(again) != first
         del again
         if copied:
