@@ -26,27 +26,29 @@ use rmm_runtime::{ForeignData, ForeignOwner, OwnerAccess, SpillManager};
 
 use crate::error;
 
-/// A Python value's reference, held by the spill manager while the value is on the device.
-struct PyOwner(Option<Py<PyAny>>);
+/// A Python value's reference, held by the spill manager while the value is on the device,
+/// with what keeps the memory it was adopted at allocated (`keep`: see `adopt`).
+struct PyOwner {
+    value: Option<Py<PyAny>>,
+    keep: Option<Py<PyAny>>,
+}
 
 impl ForeignOwner for PyOwner {
     fn is_in_use(&self) -> bool {
         // Anything besides this reference (a running task, a view of it) means in use. While
         // the interpreter shuts down nothing is spilled.
-        Python::try_attach(|py| self.0.as_ref().is_some_and(|v| v.get_refcnt(py) > 1))
+        Python::try_attach(|py| self.value.as_ref().is_some_and(|v| v.get_refcnt(py) > 1))
             .unwrap_or(true)
     }
 }
 
 impl Drop for PyOwner {
     fn drop(&mut self) {
-        // The reference goes with the interpreter attached, so the memory is freed now (not
-        // when some thread next attaches). During shutdown it is left to the interpreter.
-        let mut value = self.0.take();
-        Python::try_attach(|_py| drop(value.take()));
-        if let Some(v) = value {
-            std::mem::forget(v);
-        }
+        // The references go with the interpreter attached, so the memory is freed now (not
+        // when some thread next attaches). During shutdown they are left to the interpreter.
+        let mut refs = [self.value.take(), self.keep.take()];
+        Python::try_attach(|_py| refs.iter_mut().for_each(|r| drop(r.take())));
+        refs.into_iter().flatten().for_each(std::mem::forget);
     }
 }
 
@@ -76,7 +78,10 @@ impl AdoptedValue {
     fn value(&self, py: Python<'_>) -> Option<Py<PyAny>> {
         self.inner.touch();
         loop {
-            match self.inner.owner(|o| o.0.as_ref().map(|v| v.clone_ref(py))) {
+            match self
+                .inner
+                .owner(|o| o.value.as_ref().map(|v| v.clone_ref(py)))
+            {
                 OwnerAccess::Device(v) => return v,
                 OwnerAccess::Spilled => return None,
                 // Being spilled right now: wait without the GIL (the move needs it at its end).
@@ -479,18 +484,28 @@ fn tier_name(t: Tier) -> &'static str {
 
 /// Hands `value`, whose device memory is `allocations` (`(address, bytes)` of each
 /// allocation it holds), to `device`'s spill manager; returns the `AdoptedValue` to keep in
-/// its place. If the device now holds more than the limit, least recently used data is
-/// spilled on the manager's background thread (this returns at once; `tier`, the store's
-/// statistics and `spill_statistics` wait for it).
+/// its place. `keep`, held with the value and dropped with it, keeps those allocations
+/// allocated should the value's own objects move elsewhere (a copy-on-write buffer written
+/// through moves to a copy of its own). If the device now holds more than the limit, least
+/// recently used data is spilled on the manager's background thread (this returns at once;
+/// `tier`, the store's statistics and `spill_statistics` wait for it).
 #[pyfunction]
-#[pyo3(signature = (value, allocations, device=0))]
-fn adopt(value: Py<PyAny>, allocations: Vec<(u64, usize)>, device: u32) -> PyResult<AdoptedValue> {
+#[pyo3(signature = (value, allocations, device=0, keep=None))]
+fn adopt(
+    value: Py<PyAny>,
+    allocations: Vec<(u64, usize)>,
+    device: u32,
+    keep: Option<Py<PyAny>>,
+) -> PyResult<AdoptedValue> {
     let m = crate::buffers::spill_manager(device)?;
     let allocations: Vec<(DevicePtr, usize)> = allocations
         .into_iter()
         .map(|(p, n)| (DevicePtr(p), n))
         .collect();
-    let owner = PyOwner(Some(value));
+    let owner = PyOwner {
+        value: Some(value),
+        keep,
+    };
     // A store's limit is a target: values read back go ahead and the spills they cause run
     // beside their copies, on the manager's thread.
     m.make_room_in_background(true);

@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+import weakref
 from types import SimpleNamespace
 from typing import List, Tuple, Union
 
@@ -302,6 +303,117 @@ def test_cudf_frames_are_left_to_cudfs_own_spilling_when_it_is_on(monkeypatch):
     store["df2"] = frame(rmm_rs.DeviceBuffer.from_bytes(data(MIB, 53)))
     assert store.tier("df2") == "device"
     assert store["df2"].buf.to_bytes() == data(MIB, 53)
+
+
+class CowOwner:
+    """Stands for cuDF's ``BufferOwner``: device memory, and the slices (buffers) viewing it."""
+
+    def __init__(self, mem):
+        self.mem = mem
+        self.slices: "weakref.WeakSet[CowBuffer]" = weakref.WeakSet()
+
+    @property
+    def ptr(self):
+        if isinstance(self.mem, rmm_rs.DeviceBuffer):
+            return self.mem.ptr
+        return self.mem.__cuda_array_interface__["data"][0]
+
+
+class CowBuffer:
+    """Stands for cuDF 26's ``Buffer``, copy-on-write as cuDF makes it: a slice of its owner's
+    memory; reading ``__cuda_array_interface__`` is a write access, which first moves a buffer
+    whose owner other slices share to a copy of its own; ``ptr`` is a read access."""
+
+    def __init__(self, owner, offset=0, size=None):
+        self.owner, self.offset = owner, offset
+        self.size = owner.mem.nbytes - offset if size is None else size
+        owner.slices.add(self)
+
+    @property
+    def ptr(self):
+        return self.owner.ptr + self.offset
+
+    @property
+    def nbytes(self):
+        return self.size
+
+    def copy(self, deep=True):
+        if deep:
+            return CowBuffer(CowOwner(rmm_rs.DeviceBuffer.copy_of_device(self.ptr, self.size)))
+        return CowBuffer(self.owner, self.offset, self.size)
+
+    @property
+    def __cuda_array_interface__(self):
+        if len(self.owner.slices) > 1:
+            moved = CowOwner(rmm_rs.DeviceBuffer.copy_of_device(self.ptr, self.size))
+            self.owner.slices.discard(self)
+            self.owner, self.offset = moved, 0
+            moved.slices.add(self)
+        return {"data": (self.ptr, False), "shape": (self.size,), "typestr": "|u1",
+                "strides": None, "version": 3}
+
+    def to_bytes(self):
+        return rmm_rs.DeviceBuffer.copy_of_device(self.ptr, self.size).to_bytes()
+
+
+class CowFrame:
+    """Stands for a cuDF frame: one column's copy-on-write buffer, serialized as it is."""
+
+    __module__ = "cudf.core.dataframe"
+
+    def __init__(self, buf):
+        self.buf = buf
+
+
+@cuda_serialize.register(CowFrame)
+def _serialize_cow_frame(x):
+    return {}, [x.buf]
+
+
+@cuda_deserialize.register(CowFrame)
+def _deserialize_cow_frame(header, frames):
+    (f,) = frames
+    return CowFrame(f if isinstance(f, CowBuffer) else CowBuffer(CowOwner(f)))
+
+
+@pytest.fixture
+def copy_on_write(monkeypatch):
+    """cuDF's buffer type, as the store finds it (cuDF itself is absent here)."""
+    monkeypatch.setitem(sys.modules, "cudf.core.buffer", SimpleNamespace(Buffer=CowBuffer))
+
+
+def test_storing_a_copy_on_write_buffer_does_not_copy_it(copy_on_write):
+    # A write access by the store would move a buffer that other slices share (Dask's and
+    # cuDF's shallow copies) to a copy: memory and time for nothing, and a stored value's
+    # buffer moved under it.
+    store = store_with("64MiB")
+    frame = CowFrame(CowBuffer(CowOwner(rmm_rs.DeviceBuffer.from_bytes(data(MIB, 60)))))
+    shallow = frame.buf.copy(deep=False)
+    at = frame.buf.ptr
+    store["f"] = frame
+    assert frame.buf.ptr == at and store.tier("f") == "device"
+    assert store.statistics()["spill"]["tracked_bytes"] == MIB
+    del shallow
+
+
+def test_a_stored_buffer_moved_by_copy_on_write_spills_its_stored_bytes(copy_on_write):
+    # A task wrote through a stored frame's buffer while a shallow slice of it lived: cuDF moved
+    # the buffer to a copy, and the memory the store adopted went free with the slice. A spill
+    # then copied whatever reused it (a cuDF merge's keys came back as garbage).
+    store = store_with("64MiB", pool={"enabled": True, "initial_size": "128MiB"})
+    want = data(4 * MIB, 61)
+    frame = CowFrame(CowBuffer(CowOwner(rmm_rs.DeviceBuffer.from_bytes(want))))
+    store["f"] = frame
+    at = frame.buf.ptr
+    shallow = frame.buf.copy(deep=False)
+    frame.buf.__cuda_array_interface__  # the task's write access
+    assert frame.buf.ptr != at, "copy-on-write moved the frame's buffer"
+    del shallow, frame
+    gc.collect()
+    junk = [rmm_rs.DeviceBuffer.from_bytes(bytes([7]) * (4 * MIB)) for _ in range(4)]
+    assert store.spill("f") == 4 * MIB and store.tier("f") == "host"
+    assert store["f"].buf.to_bytes() == want
+    del junk
 
 
 def test_host_values_go_to_the_host_store():

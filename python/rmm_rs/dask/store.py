@@ -10,7 +10,10 @@ on to ``spill.disk_directory`` past the host pool), and the value is let go, whi
 device memory. On access a spilled value is rebuilt over its data brought back into the
 current rmm-rs stack, without a device copy, and its host copy is kept (Dask's values are
 never written in place), so that spilling it again only frees its device memory; a value in
-use by a running task is never spilled. Host values go to Dask's usual host store. Values survive
+use by a running task is never spilled. cuDF's buffers are copy-on-write (one written through
+moves to a copy of its own while other slices share its memory): the store reads them without
+writing, and holds a slice of the memory it adopted, so that it stays allocated and unchanged
+until the value is spilled. Host values go to Dask's usual host store. Values survive
 ``client.run(rmm_rs.reinitialize, …)``.
 
 Between workers, a spilled value a peer asks for is sent from the tier it is in (pinned host
@@ -97,10 +100,9 @@ def is_device_object(obj: Any) -> bool:
     if type(obj) in (list, tuple, dict):
         items = list(obj.values()) if type(obj) is dict else obj
         return bool(items) and all(is_device_object(x) for x in items)
-    if hasattr(obj, "__cuda_array_interface__"):
-        return True
+    # The module first: reading a cuDF object's __cuda_array_interface__ may copy it (below).
     module = type(obj).__module__.partition(".")[0]
-    return module in ("cudf", "dask_cudf", "rmm")
+    return module in ("cudf", "dask_cudf", "rmm") or hasattr(obj, "__cuda_array_interface__")
 
 
 _CUDF_SPILLS = (
@@ -137,10 +139,43 @@ def _holds_cudf(value: Any) -> bool:
     return type(value).__module__.partition(".")[0] in ("cudf", "dask_cudf")
 
 
+def _copy_on_write(frame: Any) -> bool:
+    """True for a cuDF ``Buffer``. cuDF's buffers are copy-on-write: a write access (and
+    reading ``__cuda_array_interface__`` is one) moves a buffer that shares its memory with
+    other slices to a copy of its own. So the store reads their extent as a read access
+    (``ptr``), and holds a slice of the memory a value was adopted at (:func:`_hold`)."""
+    buffer_type = getattr(sys.modules.get("cudf.core.buffer"), "Buffer", None)
+    return buffer_type is not None and isinstance(frame, buffer_type)
+
+
+def _is_device_frame(frame: Any) -> bool:
+    return _copy_on_write(frame) or hasattr(frame, "__cuda_array_interface__")
+
+
+def _frame_extent(frame: Any) -> Tuple[int, int]:
+    """``(address, nbytes)`` of a device frame, without moving a copy-on-write one."""
+    if _copy_on_write(frame):
+        return int(frame.ptr), int(frame.size)
+    return device_extent(frame)
+
+
+def _hold(frames: List[Any]) -> Optional[List[Any]]:
+    """What keeps the memory of ``frames`` allocated and unchanged while their value is in the
+    store: a slice of each copy-on-write buffer (were the value's own buffer written through
+    by a task, it would move to a copy, and the memory adopted would be freed once nothing
+    else viewed it: a spill would then copy whatever took its place; a slice held here also
+    makes any write through the others copy first). None when no frame is copy-on-write:
+    other device objects never move, and the value alone keeps their memory."""
+    held = [f.copy(deep=False) for f in frames if _copy_on_write(f)]
+    return held or None
+
+
 def _allocation_of(frame: Any) -> Tuple[int, int]:
     """``(address, bytes)`` of the allocation a device frame lies in: the whole memory of a
     CuPy array, a PyTorch tensor's storage, a rebuilt view's buffer; the frame's own extent
     for other objects."""
+    if _copy_on_write(frame):
+        return _frame_extent(frame)
     if isinstance(frame, _rmm_rs.DeviceView):
         base, size = frame.allocation
         return int(base), int(size)
@@ -155,7 +190,7 @@ def _allocation_of(frame: Any) -> Tuple[int, int]:
 
 
 def _device_pointers(frames: List[Any]) -> List[int]:
-    return [device_extent(f)[0] for f in frames if hasattr(f, "__cuda_array_interface__")]
+    return [_frame_extent(f)[0] for f in frames if _is_device_frame(f)]
 
 
 def _own_serialization(value: Any) -> Tuple[Any, Dict[str, Any], List[Any]]:
@@ -440,10 +475,10 @@ class DeviceStore(MutableMapping[Key, Any]):
         specs: List[Any] = []
         extents: List[Tuple[int, int, int]] = []
         for f in frames:
-            if not hasattr(f, "__cuda_array_interface__"):
+            if not _is_device_frame(f):
                 specs.append(f)
                 continue
-            ptr, nbytes = device_extent(f)
+            ptr, nbytes = _frame_extent(f)
             base, size = _allocation_of(f)
             if not (base <= ptr and ptr + nbytes <= base + size):
                 base, size = ptr, nbytes
@@ -455,12 +490,14 @@ class DeviceStore(MutableMapping[Key, Any]):
                 i = len(allocations)
                 allocations.append((base, size))
             specs.append((i, ptr - base, nbytes))
-        # The frames view the value's memory: only the value may keep it alive.
-        del frames
+        # The frames view the value's memory: only the value (and what holds the memory it
+        # was adopted at) may keep it alive.
         shared = self._shared_entry(header, specs, extents)
         if shared is not None:
             return shared
-        adopted = _rmm_rs.adopt(value, allocations, self.device_id)
+        keep = _hold(frames)
+        del frames
+        adopted = _rmm_rs.adopt(value, allocations, self.device_id, keep=keep)
         entry = _DeviceEntry(header, specs, adopted, sum(n for _, n in allocations))
         self._by_object[id(value)] = entry
         return entry
