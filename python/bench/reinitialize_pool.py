@@ -2,7 +2,7 @@
 RMM's ``rmm.reinitialize``, each in a process of its own, alternating (ABBA), on one GPU.
 
     python3 python/bench/reinitialize_pool.py [--gib 64 | --mib 2] [--rounds 4]
-        [--vmm auto|true|false]
+        [--vmm auto|true|false] [--sequence]
 
 Each child starts on managed memory (``reinitialize(managed_memory=True)``), allocates and
 frees one 1 GiB buffer there (so the managed stack has been used), then times
@@ -14,6 +14,13 @@ install, unspill) and the pool's chunk source. ``--vmm`` sets ``pool.vmm`` for r
 does), to tell the virtual memory API's share of the time from the rest. ``--mib 2 --vmm
 false`` makes the pool that small, so that the driver's share is small and each side's own
 overhead shows. Prints every round, and each side's median and mean.
+
+``--sequence`` instead runs, in one process per side (``--rounds`` processes, ABBA), a user's
+sequence three times over: plain device memory → pool of half ``--gib`` → pool of half
+``--gib`` again → managed → pool of ``--gib`` → plain, each stack used once (1 GiB allocated and
+freed) before the next switch. A process that has switched many times is what a notebook or a
+long-lived worker is; a fresh process per switch hides what earlier stacks leave behind. It
+prints each switch's median on both sides.
 
 RMM's side needs its wheels (``rmm-cu13``, ``librmm-cu13``) and CuPy or nothing else; a side
 whose package is missing is reported as skipped.
@@ -61,9 +68,66 @@ def rmm_child(size):
     return {"wall_ms": wall * 1e3}
 
 
-def run_child(side, size, vmm):
+def sequence_steps(size):
+    """The switches of ``--sequence``: (name, RMM's ``reinitialize`` keywords)."""
+    half = size // 2
+    return [
+        ("cuda", {}),
+        ("pool half", {"pool_allocator": True, "initial_pool_size": half}),
+        ("pool half again", {"pool_allocator": True, "initial_pool_size": half}),
+        ("managed", {"managed_memory": True}),
+        ("pool", {"pool_allocator": True, "initial_pool_size": size}),
+        ("cuda again", {}),
+    ]
+
+
+def sequence_child(side, size):
+    """Times every switch of three rounds of the sequence, in this process; ms per switch."""
+    if side == "rmm-rs":
+        import rmm_rs as lib
+    else:
+        import rmm as lib
+    times = {name: [] for name, _ in sequence_steps(size)}
+    for _ in range(3):
+        for name, kwargs in sequence_steps(size):
+            start = time.perf_counter()
+            lib.reinitialize(**kwargs)
+            times[name].append((time.perf_counter() - start) * 1e3)
+            buf = lib.DeviceBuffer(size=GIB)
+            del buf
+    if side == "rmm-rs":
+        lib.finalize()
+    return {"switches": times}
+
+
+def run_sequence(a, size, shown):
+    per_side = {"rmm-rs": {}, "rmm": {}}
+    for r in range(a.rounds):
+        for side in ("rmm-rs", "rmm") if r % 2 == 0 else ("rmm", "rmm-rs"):
+            res = run_child(side, size, a.vmm, sequence=True)
+            if "error" in res:
+                print(f"process {r + 1} {side}: skipped ({res['error']})")
+                continue
+            for name, v in res["switches"].items():
+                per_side[side].setdefault(name, []).extend(v)
+            shown_times = "; ".join(
+                f"{n} " + "/".join(f"{t:.2f}" for t in v) for n, v in res["switches"].items()
+            )
+            print(f"process {r + 1} {side}: {shown_times} ms")
+    print(f"\nThe sequence in one process ({shown} pool), median ms per switch:")
+    print(f"  {'switch':18} {'rmm-rs':>9} {'rmm':>9}")
+    for name, _ in sequence_steps(size):
+        cells = []
+        for side in ("rmm-rs", "rmm"):
+            v = per_side[side].get(name)
+            cells.append(f"{statistics.median(v):9.2f}" if v else f"{'skipped':>9}")
+        print(f"  {name:18} {cells[0]} {cells[1]}")
+
+
+def run_child(side, size, vmm, sequence=False):
     out = subprocess.run(
-        [sys.executable, __file__, "--child", side, "--bytes", str(size), "--vmm", vmm],
+        [sys.executable, __file__, "--child", side, "--bytes", str(size), "--vmm", vmm]
+        + (["--sequence"] if sequence else []),
         capture_output=True,
         text=True,
     )
@@ -81,11 +145,22 @@ def main():
     p.add_argument("--bytes", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=4, help="processes per side (4; even: ABBA)")
     p.add_argument("--vmm", default="auto", choices=["auto", "true", "false"])
+    p.add_argument(
+        "--sequence",
+        action="store_true",
+        help="time a sequence of switches in one process (see above) instead of one switch",
+    )
     p.add_argument("--child", choices=["rmm-rs", "rmm"], help=argparse.SUPPRESS)
     a = p.parse_args()
     vmm = {"auto": "auto", "true": True, "false": False}[a.vmm]
     size = a.bytes or (a.mib << 20 if a.mib else a.gib * GIB)
     shown = f"{a.mib} MiB" if a.mib else f"{a.gib} GiB"
+    if a.child and a.sequence:
+        print(json.dumps(sequence_child(a.child, size)))
+        return
+    if a.sequence:
+        run_sequence(a, size, shown)
+        return
     if a.child == "rmm-rs":
         print(json.dumps(rmm_rs_child(size, vmm)))
         return
