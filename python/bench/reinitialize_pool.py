@@ -15,7 +15,7 @@ does), to tell the virtual memory API's share of the time from the rest. ``--mib
 false`` makes the pool that small, so that the driver's share is small and each side's own
 overhead shows. Prints every round, and each side's median and mean.
 
-``--sequence`` instead runs, in one process per side (``--rounds`` processes, ABBA), a user's
+``--sequence`` (with ``--vmm`` and ``--rmm-rs-growth`` for rmm-rs's pool) instead runs, in one process per side (``--rounds`` processes, ABBA), a user's
 sequence three times over: plain device memory → pool of half ``--gib`` → pool of half
 ``--gib`` again → managed → pool of ``--gib`` → plain, each stack used once (1 GiB allocated and
 freed) before the next switch. A process that has switched many times is what a notebook or a
@@ -72,16 +72,29 @@ def sequence_steps(size):
     """The switches of ``--sequence``: (name, RMM's ``reinitialize`` keywords)."""
     half = size // 2
     return [
-        ("cuda", {}),
+        ("cuda", {"pool_allocator": False}),
         ("pool half", {"pool_allocator": True, "initial_pool_size": half}),
         ("pool half again", {"pool_allocator": True, "initial_pool_size": half}),
         ("managed", {"managed_memory": True}),
         ("pool", {"pool_allocator": True, "initial_pool_size": size}),
-        ("cuda again", {}),
+        ("cuda again", {"pool_allocator": False}),
     ]
 
 
-def sequence_child(side, size):
+def as_settings(kwargs, vmm, growth):
+    """rmm-rs's settings for RMM's ``reinitialize`` keywords, with ``pool.vmm`` and
+    ``pool.growth`` as given (RMM's keywords have neither)."""
+    pool = {"enabled": bool(kwargs.get("pool_allocator")),
+            "managed": bool(kwargs.get("managed_memory"))}
+    if pool["enabled"]:
+        pool["initial_size"] = kwargs["initial_pool_size"]
+        pool["vmm"] = vmm
+        if growth:
+            pool["growth"] = growth
+    return {"pool": pool}
+
+
+def sequence_child(side, size, vmm, growth):
     """Times every switch of three rounds of the sequence, in this process; ms per switch."""
     if side == "rmm-rs":
         import rmm_rs as lib
@@ -91,7 +104,10 @@ def sequence_child(side, size):
     for _ in range(3):
         for name, kwargs in sequence_steps(size):
             start = time.perf_counter()
-            lib.reinitialize(**kwargs)
+            if side == "rmm-rs" and (vmm != "auto" or growth):
+                lib.reinitialize(as_settings(kwargs, vmm, growth))
+            else:
+                lib.reinitialize(**kwargs)
             times[name].append((time.perf_counter() - start) * 1e3)
             buf = lib.DeviceBuffer(size=GIB)
             del buf
@@ -104,7 +120,7 @@ def run_sequence(a, size, shown):
     per_side = {"rmm-rs": {}, "rmm": {}}
     for r in range(a.rounds):
         for side in ("rmm-rs", "rmm") if r % 2 == 0 else ("rmm", "rmm-rs"):
-            res = run_child(side, size, a.vmm, sequence=True)
+            res = run_child(side, size, a.vmm, sequence=True, growth=a.rmm_rs_growth)
             if "error" in res:
                 print(f"process {r + 1} {side}: skipped ({res['error']})")
                 continue
@@ -124,10 +140,11 @@ def run_sequence(a, size, shown):
         print(f"  {name:18} {cells[0]} {cells[1]}")
 
 
-def run_child(side, size, vmm, sequence=False):
+def run_child(side, size, vmm, sequence=False, growth=None):
     out = subprocess.run(
         [sys.executable, __file__, "--child", side, "--bytes", str(size), "--vmm", vmm]
-        + (["--sequence"] if sequence else []),
+        + (["--sequence"] if sequence else [])
+        + (["--rmm-rs-growth", growth] if growth else []),
         capture_output=True,
         text=True,
     )
@@ -150,13 +167,19 @@ def main():
         action="store_true",
         help="time a sequence of switches in one process (see above) instead of one switch",
     )
+    p.add_argument(
+        "--rmm-rs-growth",
+        default=None,
+        help="with --sequence, rmm-rs's pool.growth (the size of the chunks a pool maps, its "
+        "initial size included), e.g. 64GiB to map it in one",
+    )
     p.add_argument("--child", choices=["rmm-rs", "rmm"], help=argparse.SUPPRESS)
     a = p.parse_args()
     vmm = {"auto": "auto", "true": True, "false": False}[a.vmm]
     size = a.bytes or (a.mib << 20 if a.mib else a.gib * GIB)
     shown = f"{a.mib} MiB" if a.mib else f"{a.gib} GiB"
     if a.child and a.sequence:
-        print(json.dumps(sequence_child(a.child, size)))
+        print(json.dumps(sequence_child(a.child, size, vmm, a.rmm_rs_growth)))
         return
     if a.sequence:
         run_sequence(a, size, shown)
