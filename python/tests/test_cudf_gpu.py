@@ -1,6 +1,7 @@
 """cuDF on rmm-rs, on a GPU (RMM_BACKEND=cuda): cuDF allocating through the librmm bridge,
 cuDF frames in the device store, an allocation that runs out served by spilling the store, and
-a dask-cudf merge on a ``LocalCUDACluster`` with the store and the bridge against pandas.
+dask-cudf merges on a ``LocalCUDACluster`` with the store and the bridge against pandas (one
+larger than the device limit and the pinned host pool, spilled to disk).
 Skipped, saying so, where a GPU, cuDF or the bridge is absent (as in CI); scripts/gpu.sh
 cudf-wheels and cudf-join bring cuDF to a GPU machine, scripts/gpu_bridge.sh builds the bridge."""
 
@@ -150,3 +151,50 @@ def test_a_dask_cudf_merge_on_a_local_cuda_cluster_with_the_store_and_the_bridge
         assert sum(client.run(worker_allocations).values()) > before
     got = got.sort_values(["key", "x"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(got[expected.columns], expected)
+
+
+def test_a_merge_larger_than_the_device_limit_and_the_host_pool_spills_to_disk_and_is_right(
+    tmp_path,
+):
+    # Shaped like dask-cuda's local_cudf_merge: both sides in many partitions, shuffled by key,
+    # their pieces (sliced, copy-on-write cuDF buffers) stored, spilled and read back many
+    # times over. The merged result is 12x the device limit and 6x the pinned host pool: most of
+    # it goes to disk. Checked against pandas by the result's size and sums.
+    dask_cuda = pytest.importorskip("dask_cuda")
+    pytest.importorskip("dask_cudf", reason="dask-cudf is not installed")
+    import dask.dataframe as dd
+    from distributed import wait
+
+    rows = 8 << 20  # 128 MiB a side (an int64 key and a float64 value a row), 768 MiB merged
+    left = frame(rows, 3)
+    rng = np.random.default_rng(4)
+    right = pd.DataFrame({"key": rng.permutation(rows // 4), "y": rng.random(rows // 4)})
+    right = pd.concat([right, right.assign(y=right.y + 1.0)], ignore_index=True)
+    right = pd.concat([right, right.assign(y=right.y + 2.0)], ignore_index=True)  # rows
+    expected = left.merge(right, on="key")
+    config = {"spill": {"host_pool_size": "128MiB", "disk_directory": str(tmp_path)}}
+    with dask_cuda.LocalCUDACluster(
+        n_workers=1,
+        dashboard_address=None,
+        data=DeviceStore.factory(device_memory_limit="64MiB", config=config),
+    ) as cluster, Client(cluster) as client:
+        client.register_plugin(
+            RMMRsPlugin(config, rmm_pool_size="4GiB", rmm_allocator_external_lib_list=["rmm"])
+        )
+        lhs = dd.from_pandas(left, npartitions=32).to_backend("cudf").persist()
+        rhs = dd.from_pandas(right, npartitions=32).to_backend("cudf").persist()
+        wait([lhs, rhs])
+        merged = lhs.merge(rhs, on="key", shuffle_method="tasks").persist()
+        wait(merged)
+        got = merged.map_partitions(
+            lambda df: cudf.DataFrame(
+                {"n": [len(df)], "key": [df.key.sum()], "x": [df.x.sum()], "y": [df.y.sum()]}
+            )
+        ).compute().to_pandas()
+        stores = list(client.run(lambda dask_worker: dask_worker.data.statistics()).values())
+        del merged, lhs, rhs
+    assert sum(s["disk_count"] for s in stores) > 0, f"nothing went to disk: {stores}"
+    assert int(got.n.sum()) == len(expected)
+    assert int(got.key.sum()) == int(expected.key.sum())
+    assert np.isclose(got.x.sum(), expected.x.sum(), rtol=1e-9)
+    assert np.isclose(got.y.sum(), expected.y.sum(), rtol=1e-9)
