@@ -357,7 +357,10 @@ class CowBuffer:
 
 
 class CowFrame:
-    """Stands for a cuDF frame: one column's copy-on-write buffer, serialized as it is."""
+    """Stands for a cuDF frame: one column's copy-on-write buffer. Serialized as cuDF 26 does:
+    the buffer itself, and ``hasattr(f, "__cuda_array_interface__")`` on it (a write access,
+    which moves a shared buffer); rebuilt over a shallow copy of each frame, as cuDF's
+    ``ColumnBase.create`` wraps them."""
 
     __module__ = "cudf.core.dataframe"
 
@@ -365,15 +368,37 @@ class CowFrame:
         self.buf = buf
 
 
+class SlicedCowFrame(CowFrame):
+    """Stands for a sliced cuDF column: serialized as a compact copy each time."""
+
+    __module__ = "cudf.core.column"
+
+
+def _cow_frames(frames):
+    return {"is-cuda": [hasattr(f, "__cuda_array_interface__") for f in frames]}, frames
+
+
 @cuda_serialize.register(CowFrame)
 def _serialize_cow_frame(x):
-    return {}, [x.buf]
+    return _cow_frames([x.buf])
 
 
-@cuda_deserialize.register(CowFrame)
-def _deserialize_cow_frame(header, frames):
-    (f,) = frames
-    return CowFrame(f if isinstance(f, CowBuffer) else CowBuffer(CowOwner(f)))
+@cuda_serialize.register(SlicedCowFrame)
+def _serialize_sliced_cow_frame(x):
+    return _cow_frames([x.buf.copy(deep=True)])
+
+
+def _deserialize_cow(kind):
+    def rebuild(header, frames):
+        (f,) = frames
+        buf = f if isinstance(f, CowBuffer) else CowBuffer(CowOwner(f))
+        return kind(buf.copy(deep=False))
+
+    return rebuild
+
+
+cuda_deserialize.register(CowFrame)(_deserialize_cow(CowFrame))
+cuda_deserialize.register(SlicedCowFrame)(_deserialize_cow(SlicedCowFrame))
 
 
 @pytest.fixture
@@ -382,18 +407,39 @@ def copy_on_write(monkeypatch):
     monkeypatch.setitem(sys.modules, "cudf.core.buffer", SimpleNamespace(Buffer=CowBuffer))
 
 
-def test_storing_a_copy_on_write_buffer_does_not_copy_it(copy_on_write):
-    # A write access by the store would move a buffer that other slices share (Dask's and
-    # cuDF's shallow copies) to a copy: memory and time for nothing, and a stored value's
-    # buffer moved under it.
+def cow_frame(n, seed, kind=CowFrame):
+    return kind(CowBuffer(CowOwner(rmm_rs.DeviceBuffer.from_bytes(data(n, seed)))))
+
+
+def test_a_sliced_cudf_column_kept_over_its_compact_copy_spills_its_own_bytes(copy_on_write):
+    # The value is kept rebuilt over its serializer's compact copy, whose buffers then share
+    # their memory with the rebuilt value's slices: reading their __cuda_array_interface__
+    # moved them to temporaries, whose addresses the store adopted and which were freed at
+    # once (the likely cause of a cuDF merge's garbage keys).
+    store = store_with("64MiB", pool={"enabled": True, "initial_size": "128MiB"})
+    store["s"] = cow_frame(4 * MIB, 62, SlicedCowFrame)
+    gc.collect()
+    junk = [rmm_rs.DeviceBuffer.from_bytes(bytes([7]) * (4 * MIB)) for _ in range(4)]
+    assert store.spill("s") == 4 * MIB
+    assert store["s"].buf.to_bytes() == data(4 * MIB, 62)
+    del junk
+
+
+def test_a_stored_cudf_value_sent_or_stored_again_is_not_copied(copy_on_write):
+    # What holds the adopted memory must not make cuDF's serializer move the value's buffers
+    # (a send serializes the value; a shuffle stores a stored dict's item again).
     store = store_with("64MiB")
-    frame = CowFrame(CowBuffer(CowOwner(rmm_rs.DeviceBuffer.from_bytes(data(MIB, 60)))))
-    shallow = frame.buf.copy(deep=False)
-    at = frame.buf.ptr
-    store["f"] = frame
-    assert frame.buf.ptr == at and store.tier("f") == "device"
-    assert store.statistics()["spill"]["tracked_bytes"] == MIB
-    del shallow
+    store["f"] = cow_frame(4 * MIB, 63)
+    store["g"] = {i: cow_frame(4 * MIB, 64 + i) for i in range(2)}
+    gc.collect()
+    before = rmm_rs.device_statistics()[0]["bytes_in_use"]
+    value = store["f"]
+    serialize(value, serializers=("cuda",))
+    store["g0"] = store["g"][0]
+    del value
+    gc.collect()
+    assert rmm_rs.device_statistics()[0]["bytes_in_use"] == before, "a buffer was copied"
+    assert store.spill("f") == 4 * MIB and store["f"].buf.to_bytes() == data(4 * MIB, 63)
 
 
 def test_a_stored_buffer_moved_by_copy_on_write_spills_its_stored_bytes(copy_on_write):
@@ -402,7 +448,7 @@ def test_a_stored_buffer_moved_by_copy_on_write_spills_its_stored_bytes(copy_on_
     # then copied whatever reused it (a cuDF merge's keys came back as garbage).
     store = store_with("64MiB", pool={"enabled": True, "initial_size": "128MiB"})
     want = data(4 * MIB, 61)
-    frame = CowFrame(CowBuffer(CowOwner(rmm_rs.DeviceBuffer.from_bytes(want))))
+    frame = cow_frame(4 * MIB, 61)
     store["f"] = frame
     at = frame.buf.ptr
     shallow = frame.buf.copy(deep=False)

@@ -11,9 +11,9 @@ device memory. On access a spilled value is rebuilt over its data brought back i
 current rmm-rs stack, without a device copy, and its host copy is kept (Dask's values are
 never written in place), so that spilling it again only frees its device memory; a value in
 use by a running task is never spilled. cuDF's buffers are copy-on-write (one written through
-moves to a copy of its own while other slices share its memory): the store reads them without
-writing, and holds a slice of the memory it adopted, so that it stays allocated and unchanged
-until the value is spilled. Host values go to Dask's usual host store. Values survive
+moves to a copy of its own while other slices share its memory): the store reads their address
+without a write access, and holds the memory each value was adopted at until the value is
+spilled. Host values go to Dask's usual host store. Values survive
 ``client.run(rmm_rs.reinitialize, …)``.
 
 Between workers, a spilled value a peer asks for is sent from the tier it is in (pinned host
@@ -140,10 +140,11 @@ def _holds_cudf(value: Any) -> bool:
 
 
 def _copy_on_write(frame: Any) -> bool:
-    """True for a cuDF ``Buffer``. cuDF's buffers are copy-on-write: a write access (and
-    reading ``__cuda_array_interface__`` is one) moves a buffer that shares its memory with
-    other slices to a copy of its own. So the store reads their extent as a read access
-    (``ptr``), and holds a slice of the memory a value was adopted at (:func:`_hold`)."""
+    """True for a cuDF ``Buffer``. cuDF's buffers are copy-on-write: a write access (reading
+    ``__cuda_array_interface__`` is one, and cuDF's own serializer makes it) moves a buffer
+    that shares its memory with other slices to a copy of its own. So the store reads their
+    address as a read access (``ptr``) and holds the memory a value was adopted at
+    (:func:`_hold`)."""
     buffer_type = getattr(sys.modules.get("cudf.core.buffer"), "Buffer", None)
     return buffer_type is not None and isinstance(frame, buffer_type)
 
@@ -160,13 +161,14 @@ def _frame_extent(frame: Any) -> Tuple[int, int]:
 
 
 def _hold(frames: List[Any]) -> Optional[List[Any]]:
-    """What keeps the memory of ``frames`` allocated and unchanged while their value is in the
-    store: a slice of each copy-on-write buffer (were the value's own buffer written through
-    by a task, it would move to a copy, and the memory adopted would be freed once nothing
-    else viewed it: a spill would then copy whatever took its place; a slice held here also
-    makes any write through the others copy first). None when no frame is copy-on-write:
-    other device objects never move, and the value alone keeps their memory."""
-    held = [f.copy(deep=False) for f in frames if _copy_on_write(f)]
+    """What keeps the memory of ``frames`` allocated while their value is in the store: the
+    owner of each copy-on-write buffer. Were the value's buffer moved to a copy (written
+    through while a task's slice shared it), the memory adopted would otherwise be freed
+    once nothing else viewed it, and a spill would copy whatever took its place. The owner,
+    not a slice of it: a slice would make every later serialization of the value (a send, a
+    collection's item stored again) move its buffers to copies. None when no frame is
+    copy-on-write: other device objects never move, and the value alone keeps their memory."""
+    held = [f.owner for f in frames if _copy_on_write(f)]
     return held or None
 
 
