@@ -41,14 +41,14 @@ DISTRIBUTIONS = (
 
 
 class Side(NamedTuple):
-    """One way of running the workload: dask-cuda's cluster (with cuDF's own spilling on when
-    ``cudf_spill``), or rmm-rs's with the device store's send_from_tier left as it is (None)
-    or off (False)."""
+    """One way of running the workload: dask-cuda's cluster, or rmm-rs's with the device
+    store's send_from_tier left as it is (None) or off (False); either with cuDF's own
+    spilling on when ``cudf_spill`` (on rmm-rs the store then leaves cuDF's frames to cuDF)."""
 
     name: str
     kind: str  # "dask-cuda" or "rmm-rs"
     send_from_tier: bool | None = None
-    cudf_spill: bool = False  # dask-cuda only: LocalCUDACluster(enable_cudf_spill=True)
+    cudf_spill: bool = False  # LocalCUDACluster(enable_cudf_spill=True)
 
 
 class Settings(NamedTuple):
@@ -184,11 +184,11 @@ def cluster_for(side, devices, protocol, s):
         "dashboard_address": None,
     }
     try:
+        if side.cudf_spill:
+            # LocalCUDACluster also sets cuDF's spill option in this process (the
+            # scheduler's): put back when the cluster is closed.
+            kwargs["enable_cudf_spill"] = True
         if side.kind == "dask-cuda":
-            if side.cudf_spill:
-                # LocalCUDACluster also sets cuDF's spill option in this process (the
-                # scheduler's): put back when the cluster is closed.
-                kwargs["enable_cudf_spill"] = True
             cluster = LocalCUDACluster(
                 device_memory_limit=s.limit,
                 rmm_pool_size=s.pool,

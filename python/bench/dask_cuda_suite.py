@@ -13,7 +13,9 @@ scheduler file (``--scheduler-file``), each started fresh for every benchmark ru
 * rmm-rs: ``LocalCUDACluster(data=DeviceStore.factory(device_memory_limit=LIMIT),
   rmm_pool_size=None)`` and ``RMMRsPlugin(config, rmm_pool_size=POOL,
   device_memory_limit=LIMIT, rmm_allocator_external_lib_list=["cupy", "rmm"])`` (cuDF
-  allocates from rmm-rs through the librmm bridge); the benchmark gets ``--disable-rmm``.
+  allocates from rmm-rs through the librmm bridge); the benchmark gets ``--disable-rmm``;
+* with ``--rmm-rs-cudf-spill``, also rmm-rs + enable_cudf_spill: the same with
+  ``enable_cudf_spill=True``, where the store leaves cuDF's frames to cuDF's own spilling.
 
 Each benchmark is sized from --limit, the number of GPUs and --scale: at --scale 1 the data it
 reports processing is at least twice the limit per worker (``--dry-run`` prints the arguments
@@ -78,6 +80,8 @@ SIDES = (
     Side("dask-cuda + enable_cudf_spill", "dask-cuda", cudf_spill=True),
     Side("rmm-rs", "rmm-rs"),
 )
+# With --rmm-rs-cudf-spill: rmm-rs's cluster with cuDF's own spilling on, beside the store.
+RMM_RS_CUDF_SPILL = Side("rmm-rs + enable_cudf_spill", "rmm-rs", cudf_spill=True)
 CUDF = ("cudf", "dask_cudf", "cupy")
 EXTRA_DISTRIBUTIONS = ("rmm-rs-librmm", "cudf-cu13", "dask-cudf-cu13", "libcudf-cu13",
                        "pylibcudf-cu13", "cudf-cu12", "dask-cudf-cu12", "pandas", "pyarrow",
@@ -327,18 +331,18 @@ def cell(runs, skipped, notes):
     return f"SKIPPED {note(skipped or 'not run')}", None
 
 
-def print_table(benches, results, skipped, header, limit_all):
+def print_table(benches, results, skipped, header, limit_all, sides=SIDES):
     """The Markdown table, with its notes; returns both as data. `limit_all`: the limit per
-    worker times the workers."""
+    worker times the workers; `sides`: SIDES, then any more."""
     notes: list[str] = []
     rows = []
     print("\n" + "\n".join(header) + "\n")
-    print("| benchmark | arguments | " + " | ".join(f"{x.name} (s)" for x in SIDES)
+    print("| benchmark | arguments | " + " | ".join(f"{x.name} (s)" for x in sides)
           + " | dask-cuda's best ÷ rmm-rs |")
-    print("|---|---|---|---|---|---|")
+    print("|---" * (len(sides) + 3) + "|")
     for b in benches:
         cells, medians = [], []
-        for side in SIDES:
+        for side in sides:
             runs = [r for r in results if r["benchmark"] == b.name and r["side"] == side.name]
             text, m = cell(runs, skipped.get((b.name, side.name)), notes)
             cells.append(text)
@@ -352,7 +356,7 @@ def print_table(benches, results, skipped, header, limit_all):
         print(f"| {b.name} | `{argv}` ({format_bytes(b.data)}, {b.data / limit_all:.1f}× the "
               f"limit per worker) | {' | '.join(cells)} | {ratio} |")
         rows.append({"benchmark": b.name, "arguments": b.args, "data_bytes": b.data,
-                     "median_s": dict(zip((x.name for x in SIDES), medians)), "cells": cells,
+                     "median_s": dict(zip((x.name for x in sides), medians)), "cells": cells,
                      "ratio": ratio})
     for i, text in enumerate(notes, 1):
         print(f"\n[{i}] {text}")
@@ -400,6 +404,9 @@ def parse_args(argv=None):
     p.add_argument("--rmm-rs-host-pool", default=None,
                    help="rmm-rs's spill.host_pool_size: a size pins that much at each "
                         "worker's start (default: the runtime's, pinned as spills need it)")
+    p.add_argument("--rmm-rs-cudf-spill", action="store_true",
+                   help="also run rmm-rs's cluster with cuDF's own spilling on "
+                        "(enable_cudf_spill=True; the store leaves cuDF's frames to cuDF)")
     p.add_argument("--json", default=None, help="write every figure to this file")
     p.add_argument("--dry-run", action="store_true",
                    help="print the benchmarks' arguments and command lines; run nothing")
@@ -459,21 +466,25 @@ def main(argv=None):
     s = Settings(limit=args.limit, pool=pool, host_limit=host_limit, threads=1,
                  rmm_rs_config={"spill": spill}, rmm_rs_libs=libs,
                  timeout=args.cluster_timeout)
+    sides = SIDES + ((RMM_RS_CUDF_SPILL,) if args.rmm_rs_cudf_spill else ())
     side_problem: dict[str, str] = {}
     if "rmm" in missing and pool is not None:
         for x in SIDES[:2]:
             side_problem[x.name] = (f"dask-cuda's rmm_pool_size needs RAPIDS RMM: rmm is not "
                                     f"importable ({missing['rmm']})")
-    if "cudf" in missing:
-        side_problem.setdefault(SIDES[1].name, f"enable_cudf_spill needs cudf, which is not "
-                                f"importable ({missing['cudf']})")
     if "rmm_rs" in missing:
-        side_problem[SIDES[2].name] = f"rmm_rs is not importable ({missing['rmm_rs']})"
+        for x in sides[2:]:
+            side_problem[x.name] = f"rmm_rs is not importable ({missing['rmm_rs']})"
+    if "cudf" in missing:
+        for x in sides:
+            if x.cudf_spill:
+                side_problem.setdefault(x.name, f"enable_cudf_spill needs cudf, which is not "
+                                        f"importable ({missing['cudf']})")
     why_proto = protocol_problem(args.protocol)
     skipped: dict[tuple[str, str], str] = {}
     for b in benches:
         lacking = [m for m in (*b.needs, f"dask_cuda.benchmarks.{b.module}") if m in missing]
-        for side in SIDES:
+        for side in sides:
             if why_proto:
                 skipped[(b.name, side.name)] = f"protocol {args.protocol}: {why_proto}"
             elif lacking:
@@ -495,7 +506,7 @@ def main(argv=None):
         "benchmark's own beside --scheduler-file, --protocol, --devs, --runs, --warmup-runs, "
         "--output-basename (and --disable-rmm on rmm-rs), with the data it reports processing.",
     ]
-    print(f"{len(benches)} benchmark(s) x {len(SIDES)} clusters x {args.repeats} repeat(s) on "
+    print(f"{len(benches)} benchmark(s) x {len(sides)} clusters x {args.repeats} repeat(s) on "
           f"{len(devices)} GPU, {args.protocol}; {header[1]}", flush=True)
     results: list[dict[str, Any]] = []
     broken: dict[str, str] = {}
@@ -510,7 +521,7 @@ def main(argv=None):
     try:
         for b in benches:
             for repeat in range(args.repeats):
-                order = SIDES if repeat % 2 == 0 else SIDES[::-1]
+                order = sides if repeat % 2 == 0 else sides[::-1]
                 for side in order:
                     what = (b.name, side.name)
                     if what in skipped:
@@ -539,7 +550,7 @@ def main(argv=None):
                           f"{status}", flush=True)
                     if r["stage"] == "start":
                         broken[side.name] = r["error"]
-        table = print_table(benches, results, skipped, header, limit * len(devices))
+        table = print_table(benches, results, skipped, header, limit * len(devices), sides)
         # Repeats not run where others did (the table's notes give the rest).
         ran = {(r["benchmark"], r["side"]) for r in results}
         for (name, side_name), why in skipped.items():

@@ -252,3 +252,20 @@ def test_a_run_whose_tasks_failed_is_reported_as_failed():
             assert runs.failed_tasks(client) == [], "taken once"
             note = runs.failure_note(failed)
             assert note.startswith("2 task(s) failed") and "bad partition" in note
+
+
+def test_the_table_with_rmm_rs_beside_cudfs_own_spilling(capsys):
+    benches = suite.select(suite.plan(6_000_000_000, 1, 1.0, "/data"), "local_cudf_merge")
+    sides = suite.SIDES + (suite.RMM_RS_CUDF_SPILL,)
+    times = {"dask-cuda": 9.0, "dask-cuda + enable_cudf_spill": 4.0, "rmm-rs": 2.0,
+             "rmm-rs + enable_cudf_spill": 3.0}
+    results = [{"benchmark": "local_cudf_merge", "side": name, "error": None, "wallclocks": [t]}
+               for name, t in times.items()]
+    table = suite.print_table(benches, results, {}, ["header"], 6_000_000_000, sides)
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| benchmark"))
+    assert lines[head].count("|") == lines[head + 1].count("|") == len(sides) + 4
+    assert "rmm-rs + enable_cudf_spill (s)" in lines[head]
+    (row,) = table["rows"]
+    assert row["median_s"]["rmm-rs + enable_cudf_spill"] == 3.0
+    assert row["ratio"] == "2.00×", "dask-cuda's best against rmm-rs with its own store"
