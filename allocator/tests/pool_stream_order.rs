@@ -373,3 +373,181 @@ fn taken_once_the_work_is_done(
     pool.synchronize().unwrap();
     pool.validate().unwrap();
 }
+
+#[test]
+fn a_deep_copy_on_another_threads_per_thread_stream_survives_dropping_the_source() {
+    // The source goes back on its owner's per-thread stream, which the copying thread cannot
+    // name: dropped at once and its block reused there, the queued copy would read new data.
+    let (b, d, pool) = fixed_sim_pool(SimMemoryMode::Backed);
+    let pool = Arc::new(pool);
+    let ptds = StreamView::PER_THREAD;
+    let src = rmm_allocator::DeviceBuffer::new_in(MIB, ptds, Arc::clone(&pool)).unwrap();
+    d.memset(src.data(), 7, MIB).unwrap();
+    let (copy, opener) = std::thread::scope(|s| {
+        s.spawn(|| {
+            // This thread's stream is held for a while: its copy stays queued meanwhile.
+            let gate = b.hold_stream(0, ptds.raw()).unwrap();
+            let opener = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                gate.open();
+            });
+            (src.deep_copy_in(ptds, Arc::clone(&pool)).unwrap(), opener)
+        })
+        .join()
+        .unwrap()
+    });
+    drop(src);
+    let q = pool.allocate(MIB, ptds).unwrap();
+    d.memset_async(q, 0xEE, MIB, ptds).unwrap();
+    opener.join().unwrap();
+    d.synchronize().unwrap();
+    let mut back = vec![0u8; 16];
+    d.copy_to_host(&mut back, copy.data()).unwrap();
+    assert_eq!(
+        back,
+        vec![7u8; 16],
+        "the copy read the source's memory after its reuse"
+    );
+    pool.deallocate(q, MIB, ptds).unwrap();
+}
+
+thread_local! {
+    /// Made before the pool's per-thread lane on its thread, so dropped after it.
+    static LATE_FREE: std::cell::RefCell<Option<LateFree>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Frees `p` on its thread's held per-thread stream as that thread exits, once the main thread
+/// has taken the lane the exiting thread gave back.
+struct LateFree {
+    b: &'static SimBackend,
+    d: Device,
+    pool: Arc<PoolMemoryResource>,
+    p: rmm_allocator::backend::DevicePtr,
+    lane_taken: std::sync::mpsc::Receiver<()>,
+    opened: std::sync::mpsc::Sender<std::thread::JoinHandle<std::time::Instant>>,
+}
+
+impl Drop for LateFree {
+    fn drop(&mut self) {
+        let ptds = StreamView::PER_THREAD;
+        self.lane_taken.recv().unwrap();
+        let gate = self.b.hold_stream(0, ptds.raw()).unwrap();
+        self.d.memset_async(self.p, 9, 60 * MIB, ptds).unwrap();
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            // Before opening: what waited for the gate returns after this instant.
+            let opening = std::time::Instant::now();
+            gate.open();
+            opening
+        });
+        self.opened.send(opener).unwrap();
+        self.pool.deallocate(self.p, 60 * MIB, ptds).unwrap();
+    }
+}
+
+#[test]
+fn an_exiting_threads_late_free_does_not_reach_the_lane_another_thread_took() {
+    // A thread-local dropped after the thread gave its per-thread lane back frees a block whose
+    // work is still queued: the thread that took the lane must not get it before that work.
+    let (b, d, pool) = fixed_sim_pool(SimMemoryMode::Backed);
+    let pool = Arc::new(pool);
+    let ptds = StreamView::PER_THREAD;
+    let (lane_tx, lane_rx) = std::sync::mpsc::channel();
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+    let (p_tx, p_rx) = std::sync::mpsc::channel();
+    let pool1 = Arc::clone(&pool);
+    let exiting = std::thread::spawn(move || {
+        d.backend().stream_query(0, ptds.raw()).unwrap();
+        LATE_FREE.with(|_| {});
+        let p = pool1.allocate(60 * MIB, ptds).unwrap();
+        p_tx.send(p).unwrap();
+        LATE_FREE.with(|l| {
+            *l.borrow_mut() = Some(LateFree {
+                b,
+                d,
+                pool: pool1,
+                p,
+                lane_taken: lane_rx,
+                opened: opened_tx,
+            })
+        });
+    });
+    let p = p_rx.recv().unwrap();
+    // Once the exiting thread gave its lane back, this thread's first allocation takes it.
+    std::thread::sleep(Duration::from_millis(100));
+    let small = pool.allocate(256, ptds).unwrap();
+    lane_tx.send(()).unwrap();
+    let opener = opened_rx.recv().unwrap();
+    let got = pool.allocate(60 * MIB, ptds);
+    let at = std::time::Instant::now();
+    let opened = opener.join().unwrap();
+    exiting.join().unwrap();
+    assert!(
+        !(matches!(got, Ok(q) if q == p) && at < opened),
+        "got the exiting thread's block {p:?} while its work on its stream was held"
+    );
+    if let Ok(q) = got {
+        pool.deallocate(q, 60 * MIB, ptds).unwrap();
+    }
+    pool.deallocate(small, 256, ptds).unwrap();
+}
+
+#[test]
+fn fixed_size_blocks_of_another_threads_per_thread_stream_move_only_after_its_work() {
+    // The fixed-size resource, its upstream full, takes another thread's per-thread blocks (that
+    // thread alive, or exited and its lane reused) only once that thread's queued work is done.
+    use rmm_allocator::resource::FixedSizeMemoryResource;
+    let ptds = StreamView::PER_THREAD;
+    for exit_first in [false, true] {
+        let b = SimBackend::leak(SimConfig {
+            devices: 1,
+            capacity: 4 * MIB,
+            mode: SimMemoryMode::Backed,
+        })
+        .unwrap();
+        let d = Device::on(b, 0).unwrap();
+        let fixed = Arc::new(
+            FixedSizeMemoryResource::new(Arc::new(CudaMemoryResource::new(d)), MIB, 4).unwrap(),
+        );
+        let f1 = Arc::clone(&fixed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let owner = std::thread::spawn(move || {
+            let ps: Vec<_> = (0..4).map(|_| f1.allocate(MIB, ptds).unwrap()).collect();
+            let gate = b.hold_stream(0, ptds.raw()).unwrap();
+            for &p in &ps {
+                d.memset_async(p, 9, MIB, ptds).unwrap();
+                f1.deallocate(p, MIB, ptds).unwrap();
+            }
+            tx.send(gate).unwrap();
+            if !exit_first {
+                let _ = stop_rx.recv();
+            }
+        });
+        let gate = rx.recv().unwrap();
+        if exit_first {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            // Before opening: what waited for the gate returns after this instant.
+            let opening = std::time::Instant::now();
+            gate.open();
+            opening
+        });
+        let q = fixed.allocate(MIB, ptds).unwrap();
+        let at = std::time::Instant::now();
+        let mut back = vec![0u8; 8];
+        d.copy_to_host(&mut back, q).unwrap();
+        let opened = opener.join().unwrap();
+        assert!(
+            at >= opened,
+            "exit_first={exit_first}: taken before the owner's work"
+        );
+        assert_eq!(back, vec![9u8; 8], "exit_first={exit_first}");
+        fixed.deallocate(q, MIB, ptds).unwrap();
+        drop(stop_tx);
+        owner.join().unwrap();
+    }
+}

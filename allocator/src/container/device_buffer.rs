@@ -139,7 +139,7 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     ///
     /// The copy is enqueued and reads in `stream`'s order: as in RMM, the caller orders other
     /// streams' writes before it. Unlike RMM, this buffer may be dropped at once (its deallocation
-    /// stream waits for the copy).
+    /// stream waits for the copy; a buffer on the per-thread default stream waits here instead).
     ///
     /// # Errors
     /// [`Error::OutOfMemory`]; [`Error::Driver`] if the copy or its event cannot be enqueued.
@@ -159,6 +159,11 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
 
     /// Orders deallocation after `user`'s queued work, so no pending copy reads freed memory.
     fn release_after(&self, user: StreamView) -> Result<()> {
+        if self.stream.is_per_thread() {
+            // The memory goes back on its owner thread's per-thread default stream, which this
+            // thread cannot name (nor tell from its own): the copy completes first.
+            return stream::synchronize_stream(self.device(), user);
+        }
         if user == self.stream {
             return Ok(());
         }

@@ -200,6 +200,9 @@ impl DeviceMemoryResource for FixedSizeMemoryResource {
         if ptr.is_null() {
             return Ok(());
         }
+        if stream.is_per_thread() {
+            super::stream_arenas::settle_late_free(self.device)?;
+        }
         self.arena(stream)?.free.lock().push(ptr.addr());
         Ok(())
     }

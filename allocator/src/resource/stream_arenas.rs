@@ -69,6 +69,10 @@ impl OwnLane {
 
 impl Drop for OwnLane {
     fn drop(&mut self) {
+        // Thread-locals dropped after this one may still free on the per-thread stream: from
+        // here on they take the exiting lane (see `settle_late_free`), never the lane given back.
+        let _ = GAVE_BACK.try_with(|g| g.set(true));
+        let _ = CACHE.try_with(SlotCache::clear);
         FREE_OWN_LANES.lock().push(self.lane);
     }
 }
@@ -78,7 +82,13 @@ fn fresh_own_lane() -> u32 {
     LANES.saturating_add(NEXT_THREAD.fetch_add(1, Ordering::Relaxed))
 }
 
+/// The per-thread default stream's lane of threads whose own lane was given back as they exit,
+/// shared by them: every block freed into it was waited for first (`settle_late_free`).
+const EXITING_LANE: u32 = u32::MAX;
+
 thread_local! {
+    /// Set once this thread's per-thread lane was given back (no destructor: readable to the end).
+    static GAVE_BACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// This thread's lane.
     static LANE: u32 = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES;
     /// This thread's lane of the per-thread default stream: its own, past the shared lanes.
@@ -109,6 +119,9 @@ pub(crate) struct StreamArenas<A> {
 /// lane was an exited thread's, waits for the device, so that blocks that thread freed on its
 /// stream (reused at once by the lane's arenas, as a stream's own) are no longer in use.
 pub(crate) fn settle_own_lane(device: Device) -> Result<()> {
+    if gave_back() {
+        return Ok(());
+    }
     let Ok((recycled, settled)) = OWN_LANE.try_with(|l| (l.recycled, l.settled.get())) else {
         return Ok(());
     };
@@ -119,6 +132,22 @@ pub(crate) fn settle_own_lane(device: Device) -> Result<()> {
     device.synchronize()?;
     let _ = OWN_LANE.try_with(|l| l.settled.set(settled | bit));
     Ok(())
+}
+
+/// Before a free on the per-thread default stream by a thread that gave its lane back (a
+/// thread-local dropped late as the thread exits): waits for the thread's own stream, so that
+/// the block, freed into the exiting lane other exiting threads share, is no longer in use.
+pub(crate) fn settle_late_free(device: Device) -> Result<()> {
+    if !gave_back() {
+        return Ok(());
+    }
+    device
+        .backend()
+        .stream_synchronize(device.ordinal(), PER_THREAD)
+}
+
+fn gave_back() -> bool {
+    GAVE_BACK.with(std::cell::Cell::get)
 }
 
 /// Waits for `stream` (maybe another thread's); if the backend cannot vouch it exists (destroyed
@@ -228,10 +257,14 @@ impl<A> StreamArenas<A> {
     ) -> Result<&A> {
         let lane = match lane {
             Some(lane) => lane,
-            // A thread that is exiting (its lane given back) gets a lane no other thread has.
-            None if stream == PER_THREAD => OWN_LANE
-                .try_with(|l| l.lane)
-                .unwrap_or_else(|_| fresh_own_lane()),
+            // A thread that is exiting (its lane given back) takes the exiting lane.
+            None if stream == PER_THREAD => {
+                if gave_back() {
+                    EXITING_LANE
+                } else {
+                    OWN_LANE.try_with(|l| l.lane).unwrap_or(EXITING_LANE)
+                }
+            }
             None => LANE.with(|l| *l),
         };
         let slot = {

@@ -500,6 +500,9 @@ impl DeviceMemoryResource for PoolMemoryResource {
         if ptr.is_null() {
             return Ok(());
         }
+        if stream.is_per_thread() {
+            stream_arenas::settle_late_free(self.device)?;
+        }
         let size = (bytes as u64).next_multiple_of(GRANULE);
         let arena = self.arena_for(size, stream)?;
         if arena.state.lock().free_local(ptr.addr()) {

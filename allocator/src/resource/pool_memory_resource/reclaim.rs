@@ -68,13 +68,23 @@ impl PoolMemoryResource {
         let backend = self.device.backend();
         let dev = self.device.ordinal();
         let mut out = Vec::new();
+        let mut per_thread = false;
         for arena in self.arenas.all() {
             self.settle_idle(arena)?;
             let before = out.len();
             take(&mut arena.state.lock(), &mut out);
             if out.len() > before {
-                sync_stream_or_device(backend, dev, arena.stream)?;
+                if arena.stream == StreamView::PER_THREAD.raw() {
+                    // Threads' own streams, which this thread cannot name: one wait for the
+                    // device, once every arena gave its part, covers them all.
+                    per_thread = true;
+                } else {
+                    sync_stream_or_device(backend, dev, arena.stream)?;
+                }
             }
+        }
+        if per_thread {
+            backend.device_synchronize(dev)?;
         }
         Ok(out)
     }

@@ -65,6 +65,11 @@ impl SpillableBuffer {
         let start = Instant::now();
         if let Some(resource) = resource {
             let device = self.device();
+            if stream.is_per_thread() {
+                // The threads that used the data each had their own per-thread stream, which
+                // this thread cannot name: their work is done once the device's is.
+                device.synchronize()?;
+            }
             for e in self.release_events() {
                 device
                     .backend()
