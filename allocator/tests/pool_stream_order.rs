@@ -424,6 +424,7 @@ struct LateFree {
     d: Device,
     pool: Arc<PoolMemoryResource>,
     p: rmm_allocator::backend::DevicePtr,
+    gave_back: std::sync::mpsc::Sender<()>,
     lane_taken: std::sync::mpsc::Receiver<()>,
     opened: std::sync::mpsc::Sender<std::thread::JoinHandle<std::time::Instant>>,
 }
@@ -431,6 +432,8 @@ struct LateFree {
 impl Drop for LateFree {
     fn drop(&mut self) {
         let ptds = StreamView::PER_THREAD;
+        // The pool's lane of this thread was dropped before this (made after it).
+        self.gave_back.send(()).unwrap();
         self.lane_taken.recv().unwrap();
         let gate = self.b.hold_stream(0, ptds.raw()).unwrap();
         self.d.memset_async(self.p, 9, 60 * MIB, ptds).unwrap();
@@ -454,6 +457,7 @@ fn an_exiting_threads_late_free_does_not_reach_the_lane_another_thread_took() {
     let pool = Arc::new(pool);
     let ptds = StreamView::PER_THREAD;
     let (lane_tx, lane_rx) = std::sync::mpsc::channel();
+    let (gave_back_tx, gave_back_rx) = std::sync::mpsc::channel();
     let (opened_tx, opened_rx) = std::sync::mpsc::channel();
     let (p_tx, p_rx) = std::sync::mpsc::channel();
     let pool1 = Arc::clone(&pool);
@@ -468,14 +472,15 @@ fn an_exiting_threads_late_free_does_not_reach_the_lane_another_thread_took() {
                 d,
                 pool: pool1,
                 p,
+                gave_back: gave_back_tx,
                 lane_taken: lane_rx,
                 opened: opened_tx,
             })
         });
     });
     let p = p_rx.recv().unwrap();
-    // Once the exiting thread gave its lane back, this thread's first allocation takes it.
-    std::thread::sleep(Duration::from_millis(100));
+    // The exiting thread gave its lane back: this thread's first allocation takes it.
+    gave_back_rx.recv().unwrap();
     let small = pool.allocate(256, ptds).unwrap();
     lane_tx.send(()).unwrap();
     let opener = opened_rx.recv().unwrap();

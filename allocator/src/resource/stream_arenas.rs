@@ -135,15 +135,15 @@ pub(crate) fn settle_own_lane(device: Device) -> Result<()> {
 }
 
 /// Before a free on the per-thread default stream by a thread that gave its lane back (a
-/// thread-local dropped late as the thread exits): waits for the thread's own stream, so that
-/// the block, freed into the exiting lane other exiting threads share, is no longer in use.
+/// thread-local dropped late as the thread exits): waits for the device, so that the block,
+/// freed into the exiting lane other exiting threads share, is no longer in use. (The device,
+/// not the thread's own stream: that stream's state as the thread's locals go is the
+/// backend's, and this runs once as a thread exits.)
 pub(crate) fn settle_late_free(device: Device) -> Result<()> {
     if !gave_back() {
         return Ok(());
     }
-    device
-        .backend()
-        .stream_synchronize(device.ordinal(), PER_THREAD)
+    device.synchronize()
 }
 
 fn gave_back() -> bool {
