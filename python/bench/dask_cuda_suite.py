@@ -1,8 +1,8 @@
 """dask-cuda's own benchmark suite against dask-cuda's clusters and an rmm-rs cluster.
 
 Every benchmark that the dask-cuda wheel ships (``python -m dask_cuda.benchmarks.NAME``:
-local_cudf_merge, local_cudf_shuffle, local_cudf_groupby, local_cupy (transpose_sum and dot),
-local_cupy_map_overlap, read_parquet) runs with the same arguments against three clusters of
+local_cudf_merge, local_cudf_shuffle, local_cudf_groupby, local_cupy (each of its ten
+operations), local_cupy_map_overlap, read_parquet) runs with the same arguments against three clusters of
 one worker per GPU under the same device memory limit and pool, each reached through its
 scheduler file (``--scheduler-file``), each started fresh for every benchmark run:
 
@@ -148,6 +148,31 @@ def plan(limit, devices, scale, parquet_dir):
     out.append(Bench("local_cupy:dot", "local_cupy",
                      ["--operation", "dot", "--size", str(n2), "--chunk-size", str(chunk)],
                      2 * n2 * n2 * 8, ("cupy", "nvtx")))
+    # The other operations of local_cupy. On the square array: reductions and a strided slice;
+    # fft along whole columns, in blocks of as many columns as `part` holds.
+    for op in ("sum", "mean", "slice"):
+        out.append(Bench(f"local_cupy:{op}", "local_cupy",
+                         ["--operation", op, "--size", str(n), "--chunk-size", str(chunk)],
+                         n * n * 8, ("cupy", "nvtx")))
+    cols = max(1, part // (8 * n))
+    out.append(Bench("local_cupy:fft", "local_cupy",
+                     ["--operation", "fft", "--size", str(n), "--chunk-size", str(cols)],
+                     n * n * 8, ("cupy", "nvtx")))
+    # svd: a tall array of the benchmark's 1000 columns, in blocks of whole rows.
+    width = 1000
+    block_rows = max(100, part // (8 * width) // 100 * 100)
+    tall = block_rows * math.ceil(target / (8 * width) / block_rows)
+    out.append(Bench("local_cupy:svd", "local_cupy",
+                     ["--operation", "svd", "--size", str(tall), "--second-size", str(width),
+                      "--chunk-size", str(block_rows)], tall * width * 8, ("cupy", "nvtx")))
+    # Columns: two 1-D arrays (x and y; x and as many gather indices for col_gather).
+    per_block = max(100, part // 8 // 100 * 100)
+    length = per_block * math.ceil(target / 16 / per_block)
+    for op in ("col_sum", "col_mask", "col_gather"):
+        extra = ["--second-size", str(length)] if op == "col_gather" else []
+        out.append(Bench(f"local_cupy:{op}", "local_cupy",
+                         ["--operation", op, "--size", str(length), *extra,
+                          "--chunk-size", str(per_block)], 2 * length * 8, ("cupy", "nvtx")))
     out.append(Bench("local_cupy_map_overlap", "local_cupy_map_overlap",
                      ["--size", str(n), "--chunk-size", f"{min(128, part_mib)}MiB"],
                      n * n * 8, ("cupy", "cupyx.scipy.ndimage", "scipy.ndimage"), compat=True))
