@@ -519,6 +519,44 @@ fn a_spill_waits_for_every_threads_per_thread_stream_that_used_the_buffer() {
     spill_waits_for_the_gate(&b, gate, &data, "thread A's work that used it");
 }
 
+#[test]
+fn a_spill_to_a_kept_copy_waits_for_the_per_thread_stream_that_used_the_data() {
+    // Data with a kept host copy goes without a copy: its device memory is freed. Thread A
+    // queued work on its own per-thread stream, and thread B let go of the view A used (as a
+    // Python object is dropped on whichever thread): B's stream does not stand for A's.
+    let _s = serial();
+    let Some(sim) = common::sim() else {
+        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
+        return;
+    };
+    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
+    let d = rt.devices()[0];
+    let m = rt.spill_manager(d).unwrap();
+    let ptds = StreamView::PER_THREAD;
+    let data = pattern(4 * MIB, 14);
+    let b = m.buffer(data.len(), ptds).unwrap();
+    {
+        let g = b.device_view(ptds).unwrap();
+        b.device().copy_to_device(g.ptr(), &data).unwrap();
+    }
+    // Read-only and spilled once, then back: its host copy is kept.
+    b.set_read_only();
+    assert_eq!(b.spill().unwrap(), 4 * MIB);
+    drop(b.device_view(ptds).unwrap());
+    let (guard, gate) = {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || {
+            let guard = b.shared_device_view(ptds).unwrap();
+            let gate = sim.hold_stream(d, ptds.raw()).unwrap();
+            (guard, gate)
+        })
+        .join()
+        .unwrap()
+    };
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    spill_waits_for_the_gate(&b, gate, &data, "thread A's work on its stream");
+}
+
 /// Spills the 4 MiB buffer `b` on another thread: the spill must wait while `gate` holds back
 /// `work` (work queued while `b` was in use), and once it opens, spill and keep `data`.
 fn spill_waits_for_the_gate(
