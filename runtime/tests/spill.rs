@@ -483,20 +483,10 @@ fn a_spill_waits_for_every_threads_per_thread_stream_that_used_the_buffer() {
     // The per-thread default stream is one handle for each thread's own stream: one thread
     // letting go on it must not stand for another thread's use.
     let _s = serial();
-    let Some(sim) = common::sim() else {
-        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
+    let Some((sim, _rt, d, b, data)) = per_thread_buffer(13) else {
         return;
     };
-    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
-    let d = rt.devices()[0];
-    let m = rt.spill_manager(d).unwrap();
     let ptds = StreamView::PER_THREAD;
-    let data = pattern(4 * MIB, 13);
-    let b = m.buffer(data.len(), ptds).unwrap();
-    {
-        let g = b.device_view(ptds).unwrap();
-        b.device().copy_to_device(g.ptr(), &data).unwrap();
-    }
     // Thread A uses it with work queued (held back) on its stream, then lets go.
     let gate = {
         let b = Arc::clone(&b);
@@ -525,20 +515,10 @@ fn a_spill_to_a_kept_copy_waits_for_the_per_thread_stream_that_used_the_data() {
     // queued work on its own per-thread stream, and thread B let go of the view A used (as a
     // Python object is dropped on whichever thread): B's stream does not stand for A's.
     let _s = serial();
-    let Some(sim) = common::sim() else {
-        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
+    let Some((sim, _rt, d, b, data)) = per_thread_buffer(14) else {
         return;
     };
-    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
-    let d = rt.devices()[0];
-    let m = rt.spill_manager(d).unwrap();
     let ptds = StreamView::PER_THREAD;
-    let data = pattern(4 * MIB, 14);
-    let b = m.buffer(data.len(), ptds).unwrap();
-    {
-        let g = b.device_view(ptds).unwrap();
-        b.device().copy_to_device(g.ptr(), &data).unwrap();
-    }
     // Read-only and spilled once, then back: its host copy is kept.
     b.set_read_only();
     assert_eq!(b.spill().unwrap(), 4 * MIB);
@@ -555,6 +535,39 @@ fn a_spill_to_a_kept_copy_waits_for_the_per_thread_stream_that_used_the_data() {
     };
     std::thread::spawn(move || drop(guard)).join().unwrap();
     spill_waits_for_the_gate(&b, gate, &data, "thread A's work on its stream");
+}
+
+/// What [`per_thread_buffer`] makes: (simulator, runtime, device, buffer, its data).
+type PerThreadBuffer = (
+    &'static rmm_allocator::backend::SimBackend,
+    Runtime,
+    u32,
+    Arc<SpillableBuffer>,
+    Vec<u8>,
+);
+
+/// A runtime spilling on the simulated device and a 4 MiB buffer of `pattern(4 MiB, seed)` on
+/// the per-thread default stream: (simulator, runtime, device, buffer, data); `None`, saying
+/// so, on a GPU (a stream is held back on the simulated device only).
+fn per_thread_buffer(seed: u64) -> Option<PerThreadBuffer> {
+    let Some(sim) = common::sim() else {
+        eprintln!("SKIPPED: holding a stream back needs the simulated device (RMM_BACKEND=cuda)");
+        return None;
+    };
+    let rt = Runtime::start(&spilling(&[("spill.device_memory_limit", "1GiB".into())])).unwrap();
+    let d = rt.devices()[0];
+    let ptds = StreamView::PER_THREAD;
+    let data = pattern(4 * MIB, seed);
+    let b = rt
+        .spill_manager(d)
+        .unwrap()
+        .buffer(data.len(), ptds)
+        .unwrap();
+    {
+        let g = b.device_view(ptds).unwrap();
+        b.device().copy_to_device(g.ptr(), &data).unwrap();
+    }
+    Some((sim, rt, d, b, data))
 }
 
 /// Spills the 4 MiB buffer `b` on another thread: the spill must wait while `gate` holds back
