@@ -153,13 +153,15 @@ def test_a_dask_cudf_merge_on_a_local_cuda_cluster_with_the_store_and_the_bridge
     pd.testing.assert_frame_equal(got[expected.columns], expected)
 
 
+@pytest.mark.parametrize("limit", ["64MiB", "100GiB"])
 def test_a_merge_larger_than_the_device_limit_and_the_host_pool_spills_to_disk_and_is_right(
-    tmp_path,
+    tmp_path, limit
 ):
     # Shaped like dask-cuda's local_cudf_merge: both sides in many partitions, shuffled by key,
     # their pieces (sliced, copy-on-write cuDF buffers) stored, spilled and read back many
-    # times over. The merged result is 12x the device limit and 6x the pinned host pool: most of
-    # it goes to disk. Checked against pandas by the result's size and sums.
+    # times over. Under 64 MiB the merged result is 12x the device limit and 6x the pinned host
+    # pool: most of it goes to disk. Checked against pandas by the result's size and sums. The
+    # same merge under 100 GiB spills nothing: a failure there is not the store's spilling.
     dask_cuda = pytest.importorskip("dask_cuda")
     pytest.importorskip("dask_cudf", reason="dask-cudf is not installed")
     import dask.dataframe as dd
@@ -176,7 +178,7 @@ def test_a_merge_larger_than_the_device_limit_and_the_host_pool_spills_to_disk_a
     with dask_cuda.LocalCUDACluster(
         n_workers=1,
         dashboard_address=None,
-        data=DeviceStore.factory(device_memory_limit="64MiB", config=config),
+        data=DeviceStore.factory(device_memory_limit=limit, config=config),
     ) as cluster, Client(cluster) as client:
         client.register_plugin(
             RMMRsPlugin(config, rmm_pool_size="4GiB", rmm_allocator_external_lib_list=["rmm"])
@@ -193,7 +195,8 @@ def test_a_merge_larger_than_the_device_limit_and_the_host_pool_spills_to_disk_a
         ).compute().to_pandas()
         stores = list(client.run(lambda dask_worker: dask_worker.data.statistics()).values())
         del merged, lhs, rhs
-    assert sum(s["disk_count"] for s in stores) > 0, f"nothing went to disk: {stores}"
+    on_disk = sum(s["disk_count"] for s in stores)
+    assert (on_disk > 0) == (limit == "64MiB"), f"{on_disk} values on disk under {limit}: {stores}"
     assert int(got.n.sum()) == len(expected)
     assert int(got.key.sum()) == int(expected.key.sum())
     assert np.isclose(got.x.sum(), expected.x.sum(), rtol=1e-9)
