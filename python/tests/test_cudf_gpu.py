@@ -175,7 +175,9 @@ def test_a_merge_larger_than_the_device_limit_and_the_host_pool_spills_to_disk_a
     right = pd.concat([right, right.assign(y=right.y + 1.0)], ignore_index=True)
     right = pd.concat([right, right.assign(y=right.y + 2.0)], ignore_index=True)  # rows
     expected = left.merge(right, on="key")
-    config = {"spill": {"host_pool_size": "128MiB", "disk_directory": str(tmp_path)}}
+    config = {
+        "spill": {"enabled": True, "host_pool_size": "128MiB", "disk_directory": str(tmp_path)}
+    }
     with dask_cuda.LocalCUDACluster(
         n_workers=1,
         dashboard_address=None,
