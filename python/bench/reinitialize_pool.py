@@ -94,6 +94,10 @@ def as_settings(kwargs, vmm, growth):
     return {"pool": pool}
 
 
+# The steps of rmm-rs's reinitialize report, in seconds there (see ``rmm_rs.reinitialize``).
+REPORT_PHASES = ("resolve", "drain", "spill", "unspill", "check", "build", "install", "total")
+
+
 def sequence_child(side, size, vmm, growth):
     """Times every switch of three rounds of the sequence, in this process; ms per switch."""
     if side == "rmm-rs":
@@ -101,23 +105,28 @@ def sequence_child(side, size, vmm, growth):
     else:
         import rmm as lib
     times = {name: [] for name, _ in sequence_steps(size)}
+    phases = {name: [] for name, _ in sequence_steps(size)}
     for _ in range(3):
         for name, kwargs in sequence_steps(size):
             start = time.perf_counter()
             if side == "rmm-rs" and (vmm != "auto" or growth):
-                lib.reinitialize(as_settings(kwargs, vmm, growth))
+                report = lib.reinitialize(as_settings(kwargs, vmm, growth))
             else:
-                lib.reinitialize(**kwargs)
+                report = lib.reinitialize(**kwargs)
             times[name].append((time.perf_counter() - start) * 1e3)
+            if side == "rmm-rs":
+                phases[name].append({k: report.get(k, 0.0) * 1e3 for k in REPORT_PHASES})
             buf = lib.DeviceBuffer(size=GIB)
             del buf
     if side == "rmm-rs":
         lib.finalize()
+        return {"switches": times, "phases": phases}
     return {"switches": times}
 
 
 def run_sequence(a, size, shown):
     per_side = {"rmm-rs": {}, "rmm": {}}
+    phases = {}
     for r in range(a.rounds):
         for side in ("rmm-rs", "rmm") if r % 2 == 0 else ("rmm", "rmm-rs"):
             res = run_child(side, size, a.vmm, sequence=True, growth=a.rmm_rs_growth)
@@ -126,6 +135,8 @@ def run_sequence(a, size, shown):
                 continue
             for name, v in res["switches"].items():
                 per_side[side].setdefault(name, []).extend(v)
+            for name, v in res.get("phases", {}).items():
+                phases.setdefault(name, []).extend(v)
             shown_times = "; ".join(
                 f"{n} " + "/".join(f"{t:.2f}" for t in v) for n, v in res["switches"].items()
             )
@@ -138,6 +149,18 @@ def run_sequence(a, size, shown):
             v = per_side[side].get(name)
             cells.append(f"{statistics.median(v):9.2f}" if v else f"{'skipped':>9}")
         print(f"  {name:18} {cells[0]} {cells[1]}")
+    if phases:
+        # Where rmm-rs's time goes: its report's steps (the old stack is given back in
+        # "build", before the new one is made), median ms per switch.
+        print("\nrmm-rs's reinitialize report, median ms per switch:")
+        print(f"  {'switch':18} " + " ".join(f"{k:>8}" for k in REPORT_PHASES))
+        for name, _ in sequence_steps(size):
+            rows = phases.get(name) or []
+            if rows:
+                cells = " ".join(
+                    f"{statistics.median(r[k] for r in rows):8.2f}" for k in REPORT_PHASES
+                )
+                print(f"  {name:18} {cells}")
 
 
 def run_child(side, size, vmm, sequence=False, growth=None):
