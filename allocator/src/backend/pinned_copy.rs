@@ -1,15 +1,10 @@
-//! [`PinnedCopy`]: async copies between device and pinned host memory that own the host memory.
+//! [`PinnedCopy`]: async copies between device and pinned host memory that own the host memory:
+//! [`wait`](PinnedCopy::wait) returns it only once the event behind the copy (after an error, the
+//! whole stream) has completed, else leaks it, so no copy touches memory safe code uses.
 //!
-//! An async copy uses its host memory when the stream reaches it, not when enqueued; the backend's
-//! `unsafe` `memcpy_*_async` leave that to the caller. Here the host memory moves into the copy, an
-//! event is recorded behind it, and [`wait`](PinnedCopy::wait) returns the memory only once that
-//! event (after an error, the whole stream) has completed, else leaks it: no copy ever touches
-//! memory safe code uses. Spilling, the disk tier and container staging copy through it.
-//!
-//! A copy engine runs queued copies in order, whatever their stream, so a small device → host read
-//! (`bool()`, `.item()`) would wait behind a whole spill. A copy larger than [`WINDOW`] keeps at
-//! most that much enqueued, in [`PIECE`]-byte pieces, and [`wait`](PinnedCopy::wait) enqueues more
-//! as pieces end; a smaller one is enqueued whole.
+//! A copy engine runs queued copies in order, whatever their stream, so a small read would wait
+//! behind a whole spill: a copy larger than [`WINDOW`] keeps at most that much enqueued, in
+//! [`PIECE`]-byte pieces, and `wait` enqueues more as pieces end.
 
 use std::collections::VecDeque;
 
@@ -25,9 +20,7 @@ mod sealed {
 }
 
 /// Host memory at a fixed address while owned, which a [`PinnedCopy`] may copy into or out of;
-/// sealed to the crate's pinned types. Page-locked, except a pinned host pool's pageable slices
-/// (spills that could not wait for pinning): the driver copies those synchronously, staging them
-/// itself, so their copies do not overlap the caller.
+/// page-locked except a pool's pageable slices (which the driver copies synchronously).
 pub(crate) trait PinnedMemory: sealed::Sealed + Send {
     fn byte_len(&self) -> usize;
     fn start(&mut self) -> *mut u8;
@@ -64,7 +57,7 @@ pub(crate) struct CopyFailed<M> {
 }
 
 /// The most bytes a copy keeps enqueued: enough to keep the engine busy through a stall of the
-/// enqueuing thread (e.g. the driver pinning), little for other copies to wait behind.
+/// enqueuing thread, little for other copies to wait behind.
 pub const WINDOW: usize = 128 << 20;
 /// The bytes of one enqueued piece of a copy larger than [`WINDOW`].
 pub(crate) const PIECE: usize = 16 << 20;
@@ -75,8 +68,7 @@ enum Toward {
     Device,
 }
 
-/// Copies between `bytes` of device memory and a run of pinned host memory, in flight on one
-/// stream; see the module documentation.
+/// Copies between `bytes` of device memory and a run of pinned host memory, on one stream.
 pub(crate) struct PinnedCopy<M: PinnedMemory> {
     device: Device,
     stream: RawStream,
@@ -99,8 +91,8 @@ impl<M: PinnedMemory> PinnedCopy<M> {
     /// Enqueues `bytes` device bytes at `src` into `memory` (in order), then records `event`.
     ///
     /// # Errors
-    /// `memory` holds fewer than `bytes` (nothing enqueued), or a driver call failed (the memory
-    /// comes back once the stream is idle).
+    /// `memory` holds fewer than `bytes`, or a driver call failed (the memory comes back once the
+    /// stream is idle).
     pub(crate) fn to_host(
         device: Device,
         stream: RawStream,
@@ -174,8 +166,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         self.enqueued == self.bytes
     }
 
-    /// Enqueues pieces through byte `through` (or all), recording the copy's event behind the last
-    /// piece and, for a windowed copy, a mark behind each other.
+    /// Enqueues pieces through byte `through`, recording the event (or a mark) behind each.
     fn enqueue_through(&mut self, through: usize) -> Result<()> {
         let (b, d) = (self.device.backend(), self.device.ordinal());
         let stream = self.stream;
@@ -191,17 +182,10 @@ impl<M: PinnedMemory> PinnedCopy<M> {
             return self.record_behind(0);
         }
         while self.enqueued < through {
-            let Some(memory) = self.memory.as_mut() else {
-                // Only a copy being taken apart has no memory.
-                return Err(Error::invalid_argument(
-                    "pinned copy",
-                    "without its host memory",
-                    "a copy made by PinnedCopy::to_host or to_device",
-                ));
-            };
             let (i, off) = self.next;
-            let Some(m) = memory.get_mut(i) else {
-                // `check_room` made sure the memory holds `bytes`.
+            // Unreachable: only a copy taken apart has no memory, and `check_room` made sure the
+            // memory holds `bytes`.
+            let Some(m) = self.memory.as_mut().and_then(|m| m.get_mut(i)) else {
                 return Err(Error::invalid_argument(
                     "pinned copy",
                     format!("{} bytes", self.bytes),
@@ -216,10 +200,9 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                 continue;
             }
             let device_side = self.at.offset(self.enqueued);
-            // SAFETY: `m` is pinned memory of at least `off + n` bytes, at a fixed address while
-            // owned. This `PinnedCopy` (or the `CopyFailed`) owns it and hands it back only after
-            // the events behind its pieces, or the whole stream, have completed, leaking it
-            // otherwise; until then only the copy accesses it. The device range is the caller's.
+            // SAFETY: `m` holds `off + n` bytes at a fixed address, owned by this copy (or its
+            // `CopyFailed`), which hands it back only once its events or the whole stream have
+            // completed, else leaks it. The device range is the caller's.
             unsafe {
                 let host = m.start().add(off);
                 match self.toward {

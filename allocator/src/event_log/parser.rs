@@ -1,6 +1,4 @@
-//! RMM's CSV parsed into an [`EventLog`] (each free tied to the allocation it frees), by the
-//! line parser that a [`LogReader`](super::LogReader) runs on every line (`reader.rs` reads
-//! whole logs into an [`EventLog`]).
+//! [`EventLog`] and the line parser a [`LogReader`](super::LogReader) runs on every line.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -13,11 +11,9 @@ use crate::error::{Error, Result};
 pub struct LogEvent {
     /// 1-based line number in the file.
     pub line: usize,
-    /// Index into [`EventLog::threads`] (or, read a line at a time,
-    /// [`LogReader::threads`](super::LogReader::threads)).
+    /// Index into [`EventLog::threads`] (or [`LogReader::threads`](super::LogReader::threads)).
     pub thread: usize,
-    /// Microseconds since midnight; `None` when the `Time` field holds no time (no `:`: a
-    /// log written without times).
+    /// Microseconds since midnight; `None` when the `Time` field holds no time (no `:`).
     pub time_us: Option<u64>,
     /// What happened.
     pub action: LogAction,
@@ -38,8 +34,7 @@ pub struct EventLog {
     pub events: Vec<LogEvent>,
     /// The logged thread ids, in order of first appearance.
     pub threads: Vec<String>,
-    /// For each event: for a free, the index of the allocation it frees (`None` when the log
-    /// never allocated that pointer); for other events, `None`.
+    /// For each event: for a free of a logged allocation, that allocation's index; else `None`.
     pub freed_allocation: Vec<Option<usize>>,
     /// Peak of the bytes live in log order.
     pub peak_bytes: u64,
@@ -84,10 +79,9 @@ fn clock_digits(text: &str) -> Option<u64> {
     ok.then(|| text.parse().ok()).flatten()
 }
 
-/// `HH:MM:SS.ffffff` (or `HH:MM:SS:ffffff`, or without fraction; up to six digits of the
-/// fraction count, more are allowed) → microseconds since midnight. A field without `:` is
-/// [`Time::Absent`]; one with `:` must be a time of day (a second of 60 allowed: a leap
-/// second), or it is [`Time::Impossible`].
+/// `HH:MM:SS.ffffff` (or `HH:MM:SS:ffffff`, or no fraction; digits past six ignored) →
+/// microseconds since midnight. Without `:`, [`Time::Absent`]; else a time of day (a leap second
+/// allowed) or [`Time::Impossible`].
 fn parse_time(text: &str) -> Time {
     let t = text.trim();
     if !t.contains(':') {
@@ -113,8 +107,7 @@ fn parse_time(text: &str) -> Time {
     if h > 23 || m > 59 || s > 60 {
         return Time::Impossible;
     }
-    // Up to six digits of the fraction (microseconds), without allocating: logs have
-    // millions of lines.
+    // Up to six digits of the fraction (microseconds), without allocating.
     let us = match fraction {
         None => 0,
         Some(f) if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) => {
@@ -151,9 +144,7 @@ struct LiveAllocation {
     size: usize,
 }
 
-/// Reads a log one line at a time, checking each as [`EventLog::parse`] does, and keeps only
-/// what it needs to (the threads, the live allocations, the counts): its memory grows with
-/// the live allocations, not with the length of the log.
+/// Checks a log one line at a time, keeping only the threads, the live allocations and counts.
 #[derive(Debug, Default)]
 pub(crate) struct LineParser {
     source: String,
@@ -231,8 +222,8 @@ impl LineParser {
         self.live.len()
     }
 
-    /// Parses and checks line `line_no` (not blank, without its line end): the event, and
-    /// for a free of an allocation the log made, that allocation.
+    /// Parses and checks line `line_no` (not blank, no line end): the event, and for a free of a
+    /// logged allocation, that allocation.
     pub(crate) fn line(&mut self, line_no: usize, line: &str) -> Result<(LogEvent, Option<Freed>)> {
         let [c_thread, c_time, c_action, c_ptr, c_size, c_stream] = self.columns;
         // The fields, without allocating (the header has at most MAX_COLUMNS).
@@ -356,12 +347,11 @@ impl LineParser {
 }
 
 impl EventLog {
-    /// Checks that the public fields agree with each other (as [`EventLog::parse`] makes
-    /// them), so that a log assembled or edited by hand cannot make a replay go wrong.
+    /// Checks that the public fields agree (as [`EventLog::parse`] makes them), so that a log
+    /// edited by hand cannot make a replay go wrong.
     ///
     /// # Errors
-    /// [`Error::EventLog`] naming the first disagreement (e.g. a thread or
-    /// allocation index out of range).
+    /// [`Error::EventLog`] naming the first disagreement (e.g. an index out of range).
     pub fn check(&self) -> Result<()> {
         let hint = "Build logs with EventLog::parse or EventLog::read";
         let bad = |problem: String| Error::event_log(&self.source, None, problem, hint);
@@ -397,8 +387,7 @@ impl EventLog {
         Ok(())
     }
 
-    /// Time from the first to the last logged event, when the times parse (and the log does
-    /// not cross midnight).
+    /// Time from the first to the last event, when both have times (and not across midnight).
     pub fn logged_duration(&self) -> Option<Duration> {
         let first = self.events.first()?.time_us?;
         let last = self.events.last()?.time_us?;

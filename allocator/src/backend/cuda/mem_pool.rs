@@ -1,5 +1,4 @@
-//! The driver's stream-ordered allocator (`cuMemPoolCreate` …, `cuMemAllocFromPoolAsync`,
-//! `cuMemFreeAsync`) as thin functions; the caller made `dev`'s context current.
+//! The driver's stream-ordered allocator, as thin functions; the caller made `dev`'s context current.
 
 use cudarc::driver::sys;
 
@@ -38,7 +37,6 @@ pub(super) fn create(dev: u32, release_threshold: u64) -> Result<RawMemPool> {
     Ok(raw)
 }
 
-/// `cuMemPoolDestroy`.
 pub(super) fn destroy(dev: u32, pool: RawMemPool) -> Result<()> {
     // SAFETY: the driver validates the handle.
     let r = unsafe { sys::cuMemPoolDestroy(pool_handle(pool)) };

@@ -1,13 +1,8 @@
-//! The real GPU: the CUDA driver API through cudarc's `sys` bindings, loaded at run time.
-//!
-//! Nothing links against `libcuda`: it is opened on first use, and every entry point this backend
-//! calls is looked up first (a too-old driver is an error, not a panic). A device's primary context
-//! is retained on its first use and kept for the process's life, never for a device the process
-//! does not use (a context holds device memory, and a Dask worker sees every GPU but uses one).
-//!
-//! Raw driver calls are thin functions in their API family's file (`device`, `context`, `memory`,
-//! `mem_pool`, `stream`, `vmm`, `ipc`); this file keeps the bookkeeping: the current context, the
-//! streams made, the staging buffers and the large-allocation lock.
+//! The real GPU: the CUDA driver API through cudarc's `sys` bindings. `libcuda` is opened on first
+//! use and every entry point is looked up first (a too-old driver is an error, not a panic). A
+//! device's primary context is retained on its first use only (a context holds device memory, and
+//! a Dask worker sees every GPU but uses one). Raw driver calls are thin functions per API family;
+//! this file keeps the bookkeeping: current context, streams, staging buffers, large allocations.
 
 mod context;
 mod current;
@@ -102,13 +97,11 @@ pub struct CudaBackend {
 }
 
 thread_local! {
-    /// Non-zero once `bind_thread` made a context current on this thread for good.
-    static BOUND_CONTEXT: Cell<usize> = const { Cell::new(0) };
     /// True once `bind_thread` has looked at this thread's context.
     static THREAD_CHECKED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Allocations of at least this many bytes take [`LARGE_ALLOCATIONS`] (see `malloc`).
+/// Allocations of at least this many bytes take [`LARGE_ALLOCATIONS`] (see `allocate`).
 const LARGE_ALLOCATION: usize = 1 << 30;
 static LARGE_ALLOCATIONS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
@@ -194,11 +187,19 @@ impl CudaBackend {
         f()
     }
 
-    /// Makes `dev`'s primary context current on this thread while the guard lives (retaining it on
-    /// first use), restoring the thread's own after. Checked every call: another library (e.g.
-    /// CuPy's `Device(n).use()`) may have switched the thread's device.
+    /// Makes `dev`'s primary context current while the guard lives, restoring the thread's own
+    /// after. Checked every call: another library (CuPy's `Device(n).use()`) may have switched it.
     fn bind(&self, dev: u32) -> Result<current::Bound> {
         current::Bound::to(self.device(dev)?.context()?, dev)
+    }
+
+    /// Runs the allocation `f` of `bytes` on `dev`: concurrent large `cuMemAlloc` calls on several
+    /// devices contend inside the driver, slower than serial ones, so from 1 GiB (pool chunks,
+    /// slow paths anyway) they go one at a time; smaller ones never wait here.
+    fn allocate<T>(&self, dev: u32, bytes: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let _bound = self.bind(dev)?;
+        let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
+        f()
     }
 
     fn device(&self, dev: u32) -> Result<&CudaDevice> {
@@ -247,10 +248,7 @@ impl Backend for CudaBackend {
     }
 
     fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical> {
-        let _bound = self.bind(dev)?;
-        // As for cuMemAlloc: large physical allocations go to the driver one at a time.
-        let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
-        vmm::create(dev, bytes)
+        self.allocate(dev, bytes, || vmm::create(dev, bytes))
     }
 
     fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()> {
@@ -270,12 +268,7 @@ impl Backend for CudaBackend {
     }
 
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
-        let _bound = self.bind(dev)?;
-        // Concurrent large cuMemAlloc calls on several devices contend inside the driver, taking
-        // longer than serial ones; so allocations of 1 GiB or more (pool chunks, large plain
-        // allocations: slow paths anyway) go one at a time, and smaller ones never wait here.
-        let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
-        memory::alloc(dev, bytes)
+        self.allocate(dev, bytes, || memory::alloc(dev, bytes))
     }
 
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
@@ -364,9 +357,8 @@ impl Backend for CudaBackend {
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
         let _bound = self.bind(dev)?;
         memory::copy_htod(dev, dst, src)?;
-        // From pageable memory the call returns once the bytes are staged, before the DMA finishes
-        // on the legacy stream, which non-blocking streams do not wait for: wait, so a synchronous
-        // copy means the bytes are on the device.
+        // From pageable memory the call returns once the bytes are staged, before the DMA on the
+        // legacy stream (which non-blocking streams do not wait for) finishes: wait for it.
         // SAFETY: 0 is the legacy default stream, always valid.
         unsafe { stream::synchronize(dev, 0) }
     }
@@ -533,14 +525,13 @@ impl Backend for CudaBackend {
     }
 
     fn bind_thread(&self, dev: u32) -> Result<()> {
-        if THREAD_CHECKED.with(Cell::get) || BOUND_CONTEXT.with(Cell::get) != 0 {
+        if THREAD_CHECKED.with(Cell::get) {
             return Ok(());
         }
         // Once per thread, whatever the outcome: a failure is not retried on every call.
         THREAD_CHECKED.with(|c| c.set(true));
         if context::current(dev)?.is_null() {
             self.bind(dev)?.keep();
-            BOUND_CONTEXT.with(|c| c.set(1));
         }
         Ok(())
     }

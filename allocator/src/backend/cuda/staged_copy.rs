@@ -1,10 +1,7 @@
-//! Synchronous device → pageable host copies through pinned staging buffers.
-//!
-//! `cuMemcpyDtoH` into pageable memory stages the data inside the driver while holding the driver's
-//! lock, so every other thread's driver calls (spill copies, kernel launches, event records) wait
-//! for the whole copy. Here the copy runs on our own stream into two pinned buffers in turn, the
-//! host draining one while the device fills the other: every driver call is short, and the copy
-//! keeps `cuMemcpyDtoH`'s ordering (after all work queued on the legacy default stream).
+//! Synchronous device → pageable host copies through pinned staging buffers. `cuMemcpyDtoH` into
+//! pageable memory holds the driver's lock throughout, stalling every other thread's driver calls;
+//! here the copy runs on our own stream into two pinned buffers in turn (every call short), still
+//! ordered after the legacy default stream's work.
 
 use parking_lot::Mutex;
 
@@ -30,8 +27,7 @@ struct Stager {
     ordered: RawEvent,
 }
 
-// SAFETY: the stager owns its handles and pinned buffers, and one thread at a time uses it (taken
-// from and returned to a mutex-guarded list).
+// SAFETY: the stager owns its handles and buffers; one thread at a time uses it (a mutex's list).
 unsafe impl Send for Stager {}
 
 /// Stagers per device, reused across copies (one per thread copying at once).

@@ -14,8 +14,8 @@ use crate::backend::{
 };
 use crate::error::{Error, Result, fmt_bytes};
 
-/// Copies between ranges given as (host address, `None` if unbacked; length) pieces of equal total
-/// length. An unbacked source reads as zeros.
+/// Copies between ranges of (host address, `None` if unbacked; length) pieces of equal total
+/// length; an unbacked source reads as zeros.
 ///
 /// # Safety
 /// Host addresses, when given, are valid for their pieces' lengths.
@@ -95,8 +95,7 @@ impl SimBackend {
         }
     }
 
-    /// Counts a synchronous copy, ordered after the work queued on the (legacy) default stream as
-    /// in CUDA.
+    /// Counts a synchronous copy, ordered after the default stream's work as in CUDA.
     fn start_sync_copy(&self, dev: u32) -> Result<()> {
         self.stream(dev, 0)?.synchronize();
         self.count_copy(dev)
@@ -420,8 +419,7 @@ impl Backend for SimBackend {
         let r = self.resolve(src, bytes, "simulated cuMemcpyDtoHAsync")?;
         let dst = dst as usize;
         s.submit(move || {
-            // SAFETY: the caller keeps `dst` valid, untouched, until this job runs; `r` keeps the
-            // source.
+            // SAFETY: the caller keeps `dst` valid, untouched, until this job runs; `r` the source.
             unsafe { move_bytes(&[(Some(dst as *mut u8), bytes)], &sources(&r)) }
         });
         Ok(())

@@ -1,9 +1,7 @@
-//! Interprocess memory on the simulated device. Exported memory is an anonymous memory file
-//! (`memfd_create`) the exporter keeps open; another process of the host maps it through
-//! `/proc/<pid>/fd/<fd>`, the pair its handle carries, so Dask workers in separate processes share
-//! data as GPUs do through CUDA IPC. Nothing is written to a directory: the memory goes with the
-//! exporter's free or process. Exported memory counts as device memory in use, fails with the same
-//! injected faults as `cuMemAlloc`, and needs backed mode.
+//! Interprocess memory on the simulated device: an anonymous memory file (`memfd_create`) the
+//! exporter keeps open, which another process maps through the `/proc/<pid>/fd/<fd>` its handle
+//! names. It goes with the exporter's free or process, counts as device memory in use, fails with
+//! `cuMemAlloc`'s injected faults, and needs backed mode.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -17,7 +15,7 @@ use crate::backend::{DevicePtr, IpcHandle};
 use crate::error::{Error, Result};
 
 /// The prefix of every simulated handle, followed by "<pid>:<fd>:<inode>" (the inode tells the
-/// exporter's file from one a later process holds at the same number).
+/// exporter's file from a later one at the same number).
 const PREFIX: &str = "rmm-rs-sim:";
 
 fn driver_error(call: &'static str, dev: u32, description: String) -> Error {
@@ -164,8 +162,7 @@ impl SimBackend {
                 return Err(std::io::Error::other("the memory file is empty"));
             }
             let ptr = map(&file, len)?;
-            // SAFETY: `ptr` is a fresh shared mapping of exactly `len` bytes, owned from now on; it
-            // keeps the memory after the file closes.
+            // SAFETY: `ptr` is a fresh shared mapping of exactly `len` bytes, owned from now on.
             Ok(unsafe { Backing::shared(ptr, len, None) })
         })();
         let backing = opened.map_err(|e| {

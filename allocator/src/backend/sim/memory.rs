@@ -30,8 +30,8 @@ pub(crate) struct Backing {
 pub(crate) enum Storage {
     /// A heap block: `len + align` bytes at the allocator's minimum alignment.
     Heap { base: *mut u8, layout: Layout },
-    /// A shared mapping of a memory file (memory exported to or imported from another process),
-    /// unmapped on drop; the exporter's file, which peers open, is closed then.
+    /// A shared mapping of a memory file (exported or imported), unmapped on drop; the
+    /// exporter's file closes then.
     Shared { _file: Option<std::fs::File> },
 }
 
@@ -42,11 +42,8 @@ unsafe impl Send for Backing {}
 unsafe impl Sync for Backing {}
 
 impl Backing {
-    /// Allocates `bytes` (> 0) of zeroed host memory aligned to `align` (a power of two).
-    ///
-    /// Over-allocated at the allocator's minimum alignment and aligned by hand, so large blocks
-    /// stay on `calloc`'s lazily zeroed mappings (an aligned `alloc_zeroed` writes every byte): a
-    /// simulated allocation costs nothing until touched.
+    /// Allocates `bytes` (> 0) of zeroed host memory aligned to `align` (a power of two), aligned
+    /// by hand so large blocks stay on `calloc`'s lazily zeroed mappings (free until touched).
     pub(crate) fn new(bytes: usize, align: usize) -> Option<Backing> {
         let len = bytes.max(1);
         let layout = Layout::from_size_align(len.checked_add(align)?, 16).ok()?;
@@ -65,8 +62,8 @@ impl Backing {
         })
     }
 
-    /// A backing over `len` bytes of a shared mapping at `ptr` (page-aligned, from `mmap`),
-    /// unmapped on drop; `file` (the exporter's, which peers open) stays open until then.
+    /// A backing over a shared mapping, unmapped on drop; `file` (the exporter's) stays open until
+    /// then.
     ///
     /// # Safety
     /// `ptr` starts a live shared mapping of exactly `len` bytes, owned by the backing from now on.
@@ -139,8 +136,8 @@ struct Part {
     len: usize,
 }
 
-/// A validated device range: where to read or write, if anywhere (unbacked mode has no bytes);
-/// several pieces where it crosses adjacent mappings (as a GPU virtual range may).
+/// A validated device range: where to read or write (nowhere if unbacked), in several pieces
+/// where it crosses adjacent mappings.
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {
     parts: Vec<Part>,
@@ -319,8 +316,7 @@ impl AllocationTable {
             .is_some_and(|(s, a)| s + a.len as u64 > addr)
     }
 
-    /// Live allocations of `device` for leak reports, except mappings (their memory is counted
-    /// apart).
+    /// Live allocations of `device` for leak reports, except mappings (counted apart).
     pub(crate) fn count_on(&self, device: u32) -> usize {
         self.live
             .values()

@@ -1,16 +1,11 @@
-//! The simulated device: N devices of a configured capacity, for machines without a GPU.
+//! The simulated device: N devices of a configured capacity, for machines without a GPU. *Backed*
+//! mode keeps every byte in host memory (device addresses are the backing blocks' host addresses);
+//! *unbacked* mode hands out addresses and touches nothing, so an 80 GiB device fits anywhere.
 //!
-//! * *Backed* mode keeps every byte in host memory, so data round-trips exactly; device addresses
-//!   are the host addresses of the backing blocks.
-//! * *Unbacked* mode hands out addresses from a reserved range and touches nothing, so an 80 GiB
-//!   device fits on a small machine (allocator benchmarks, "would this fit").
-//!
-//! Streams are worker threads keeping stream order; events capture stream progress. Fault injection
-//! fails the N-th allocation, copy, host pin (`cuMemHostAlloc`, `cuMemHostRegister`) or spill-file
-//! write, or allocations above a size; readable counters let a test count a step's operations and
-//! fail each in turn (other processes: `RMM_SIM_FAIL_*`, [`SimFaults`]). Stream-ordered pools
-//! (`cuMemAllocAsync`) do not cache: memory is taken at allocation and returned when the stream
-//! reaches the free.
+//! Streams are worker threads; events capture stream progress. Fault injection fails the N-th
+//! allocation, copy, host pin or spill-file write, or allocations above a size; counters let a test
+//! fail each operation of a step in turn (other processes: [`SimFaults`]). Stream-ordered pools do
+//! not cache: memory returns when the stream reaches the free.
 
 mod calls;
 mod config;
@@ -118,8 +113,7 @@ impl SimCounts {
 struct SimDevice {
     used: Arc<AtomicUsize>,
     default_stream: OnceLock<Arc<SimStream>>,
-    /// Threads' per-thread default streams, for a device-wide synchronize (kept until idle once
-    /// their thread is gone: its queued work still runs).
+    /// Threads' per-thread default streams, for a device-wide synchronize (kept until idle).
     per_thread_streams: Mutex<Vec<Arc<SimStream>>>,
     faults: Faults,
 }
@@ -218,7 +212,7 @@ impl SimBackend {
     }
 
     /// Limits the host memory the process may use to `bytes` (`None`: the real host's), as a cgroup
-    /// would, counting what the simulated device pinned; also `RMM_SIM_HOST_MEMORY`.
+    /// would, counting what the simulated device pinned.
     pub fn limit_host_memory(&self, bytes: Option<u64>) {
         self.host_limit
             .store(bytes.unwrap_or(u64::MAX), Ordering::SeqCst);
@@ -259,8 +253,7 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Makes the `n`-th host pin from now (`cuMemHostAlloc` or one chunk's `cuMemHostRegister`, any
-    /// device) fail with out-of-memory; 0 clears it.
+    /// Makes the `n`-th host pin from now (any device) fail with out-of-memory; 0 clears it.
     pub fn fail_nth_pin(&self, n: u64) {
         self.pin_fault.arm(n);
     }
@@ -342,9 +335,7 @@ impl SimBackend {
         self.table.lock().count_on(dev) + self.vmm.lock().physical_on(dev)
     }
 
-    /// Makes devices report VMM (un)supported
-    /// ([`DeviceProperties::supports_virtual_memory`](crate::backend::DeviceProperties)), calls
-    /// still working, to test fallbacks.
+    /// Makes devices report virtual memory management (un)supported, to test fallbacks.
     pub fn set_virtual_memory_supported(&self, supported: bool) {
         self.vmm_supported.store(supported, Ordering::SeqCst);
     }
@@ -377,8 +368,7 @@ impl SimBackend {
         }
     }
 
-    /// The calling thread's own stream on `dev`, which the handle [`PER_THREAD_STREAM`] names
-    /// there (as CUDA's per-thread default stream: its work on two threads is not ordered).
+    /// The calling thread's own stream on `dev`, which [`PER_THREAD_STREAM`] names there.
     fn per_thread_stream(&self, dev: u32) -> Result<Arc<SimStream>> {
         let key = (std::ptr::from_ref(self) as usize, dev);
         let known = PER_THREAD_STREAMS.try_with(|m| m.borrow().get(&key).cloned());
@@ -469,8 +459,7 @@ impl SimBackend {
         Ok(DevicePtr(addr))
     }
 
-    /// Host memory for `len` charged bytes in backed mode (`None` unbacked); refunds them if the
-    /// host has none.
+    /// Host memory for `len` charged bytes (`None` unbacked); refunds them if the host has none.
     fn back(
         &self,
         dev: u32,
@@ -490,8 +479,7 @@ impl SimBackend {
         }
     }
 
-    /// Counts one device allocation of `bytes` on `dev` (injected faults, then capacity) and takes
-    /// its rounded length, which it returns, from the free memory.
+    /// Counts an allocation of `bytes` on `dev` (faults, then capacity); charges its rounded length.
     fn charge(&self, dev: u32, bytes: usize, call: &'static str) -> Result<usize> {
         let d = self.device(dev)?;
         if d.faults.alloc.hit() {

@@ -1,7 +1,6 @@
-//! The virtual memory API on the simulated device: reservations, physical memory handles, mappings
-//! and access, with CUDA's rules (sizes and addresses in granules; a mapping needs a reservation
-//! and `cuMemSetAccess` before use; memory goes back once released and unmapped). Physical memory
-//! counts as device memory in use and fails with `cuMemAlloc`'s injected faults.
+//! The virtual memory API on the simulated device, with CUDA's rules: sizes and addresses in
+//! granules; a mapping needs a reservation and `cuMemSetAccess`; memory goes back once released and
+//! unmapped. Physical memory counts as device memory and fails with `cuMemAlloc`'s faults.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -14,8 +13,7 @@ use crate::error::{Error, Result};
 
 /// The granularity of physical memory and mappings (2 MiB, as on current GPUs).
 pub(super) const GRANULARITY: usize = 2 << 20;
-/// Start of device 0's reservable addresses: above all host addresses (user space ends below 2^47
-/// unless asked), so never meeting backed memory, and far from unbacked ones.
+/// Start of device 0's reservable addresses: above all host (user space) and unbacked addresses.
 const VMM_BASE: u64 = 1 << 52;
 /// Size of each device's region of reservable addresses (64 TiB).
 const VMM_REGION: u64 = 1 << 46;
