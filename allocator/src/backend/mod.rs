@@ -519,14 +519,8 @@ pub fn installed() -> Option<&'static dyn Backend> {
 pub fn install_global(
     backend: &'static dyn Backend,
 ) -> std::result::Result<(), &'static dyn Backend> {
-    let mut installed = false;
-    let current = GLOBAL.get_or_init(|| {
-        installed = true;
-        Ok(backend)
-    });
-    match (installed, current) {
-        (true, _) => Ok(()),
-        (false, Ok(existing)) => Err(*existing),
-        (false, Err(_)) => Err(backend),
-    }
+    // A failed choice (its error) is no backend: then `backend` comes back.
+    GLOBAL
+        .set(Ok(backend))
+        .map_err(|_| installed().unwrap_or(backend))
 }

@@ -278,7 +278,8 @@ impl Backend for SimBackend {
         let pool = self
             .table
             .lock()
-            .get(ptr.addr())
+            .live
+            .get(&ptr.addr())
             .and_then(|a| match a.kind {
                 AllocKind::Pool(p) if a.device == dev => self.pools.read().get(&p).cloned(),
                 _ => None,
@@ -291,7 +292,7 @@ impl Backend for SimBackend {
         let table = Arc::clone(&self.table);
         let used = Arc::clone(&self.device(dev)?.used);
         let release = move || {
-            if let Some(a) = table.lock().remove(ptr.addr()) {
+            if let Some(a) = table.lock().live.remove(&ptr.addr()) {
                 used.fetch_sub(a.len, Ordering::SeqCst);
                 pool.reserved.fetch_sub(a.len as u64, Ordering::SeqCst);
             }

@@ -119,7 +119,7 @@ impl SimBackend {
             }
         };
         let addr = backing.addr();
-        self.table.lock().insert(
+        self.table.lock().live.insert(
             addr,
             Allocation {
                 device: dev,
@@ -176,7 +176,7 @@ impl SimBackend {
             )
         })?;
         let (addr, len) = (backing.addr(), backing.len());
-        self.table.lock().insert(
+        self.table.lock().live.insert(
             addr,
             Allocation {
                 device: dev,

@@ -162,7 +162,8 @@ impl Resolved {
 
 #[derive(Debug, Default)]
 pub(crate) struct AllocationTable {
-    live: BTreeMap<u64, Allocation>,
+    /// Live allocations by start address.
+    pub(super) live: BTreeMap<u64, Allocation>,
     /// Next candidate address of each device's unbacked range.
     cursors: Vec<u64>,
 }
@@ -212,19 +213,6 @@ impl AllocationTable {
             }
         }
         None
-    }
-
-    pub(crate) fn insert(&mut self, addr: u64, allocation: Allocation) {
-        self.live.insert(addr, allocation);
-    }
-
-    /// Removes the allocation that starts exactly at `addr`.
-    pub(crate) fn remove(&mut self, addr: u64) -> Option<Allocation> {
-        self.live.remove(&addr)
-    }
-
-    pub(crate) fn get(&self, addr: u64) -> Option<&Allocation> {
-        self.live.get(&addr)
     }
 
     /// Removes the allocation at `ptr` if it is on `device` and `accept` takes its kind; else
@@ -301,11 +289,6 @@ impl AllocationTable {
             .range(addr..addr.saturating_add(len))
             .map(|(a, x)| (*a, x))
             .collect()
-    }
-
-    /// The allocation that starts exactly at `addr`, to change.
-    pub(crate) fn get_mut(&mut self, addr: u64) -> Option<&mut Allocation> {
-        self.live.get_mut(&addr)
     }
 
     /// Whether any allocation overlaps `[addr, addr + len)`.

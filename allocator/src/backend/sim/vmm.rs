@@ -215,7 +215,7 @@ impl SimBackend {
                 "a range not mapped yet (cuMemUnmap first)",
             ));
         }
-        table.insert(
+        table.live.insert(
             ptr.addr(),
             Allocation {
                 device: dev,
@@ -269,7 +269,7 @@ impl SimBackend {
         let mut table = self.table.lock();
         let found = self.mappings_covering(&table, dev, ptr, bytes, "cuMemUnmap")?;
         for (start, handle) in found {
-            table.remove(start);
+            table.live.remove(&start);
             if let Some(p) = v.physical.get_mut(&handle) {
                 p.mappings -= 1;
             }
@@ -282,7 +282,7 @@ impl SimBackend {
         let mut table = self.table.lock();
         let found = self.mappings_covering(&table, dev, ptr, bytes, "cuMemSetAccess")?;
         for (start, handle) in found {
-            if let Some(a) = table.get_mut(start) {
+            if let Some(a) = table.live.get_mut(&start) {
                 a.kind = AllocKind::Mapped {
                     handle,
                     accessible: true,
