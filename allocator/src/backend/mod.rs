@@ -66,8 +66,7 @@ pub type RawMemPool = u64;
 /// Opaque handle of physical device memory made by [`Backend::mem_create`] (`cuMemCreate`).
 pub type RawPhysical = u64;
 
-/// Names device memory another process of this host may map ([`Backend::ipc_alloc`],
-/// [`Backend::ipc_open`]): CUDA's 64-byte `CUipcMemHandle`, or the simulated device's shared file.
+/// Names device memory another process of this host may map: CUDA's 64-byte `CUipcMemHandle`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpcHandle(pub [u8; 64]);
 
@@ -170,8 +169,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn mem_address_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
     /// Frees a whole [`Backend::mem_address_reserve`] range, all unmapped (`cuMemAddressFree`).
     fn mem_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
-    /// Allocates `bytes` (a granularity multiple) of unmapped physical memory on `dev`
-    /// (`cuMemCreate`, pinned device memory); counts as device memory in use.
+    /// Allocates `bytes` (a granularity multiple) of unmapped physical memory (`cuMemCreate`).
     fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical>;
     /// Releases a [`Backend::mem_create`] handle (`cuMemRelease`); freed once unmapped.
     fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()>;
@@ -319,16 +317,14 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Waits for all work queued on `stream`. For its owner: a stream this backend destroyed is an
     /// error, not a driver call on a dangling handle.
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()>;
-    /// True when all work queued on `stream` has completed. For its owner, as
-    /// [`Backend::stream_synchronize`].
+    /// True when all work queued on `stream` has completed. For its owner.
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool>;
     /// As [`Backend::stream_query`], for a caller not owning `stream`: `None`, without touching the
     /// handle, unless the backend knows it alive (a default stream, or one it made and has not
     /// destroyed), held so during the query. A library's own stream (CuPy's) is `None`.
     fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>>;
-    /// As [`Backend::stream_synchronize`], for a caller not owning `stream`: false, without waiting
-    /// or touching the handle, unless the backend knows it alive (see
-    /// [`Backend::stream_query_if_alive`]); the caller then waits for the whole device.
+    /// As [`Backend::stream_synchronize`], for a caller not owning `stream`: false, without waiting,
+    /// unless the backend knows it alive (as [`Backend::stream_query_if_alive`]).
     fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool>;
     /// Makes later work on `stream` wait until `event` has completed.
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()>;
@@ -354,13 +350,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = dev;
         Ok(())
     }
-    /// Host memory this process may use ([`HostMemory::read`] by default), checked before pinning;
-    /// the simulated device's can be limited ([`SimBackend::limit_host_memory`]).
+    /// Host memory this process may use ([`HostMemory::read`] by default), checked before pinning.
     fn host_memory(&self) -> HostMemory {
         HostMemory::read()
     }
-    /// Called before each spill-file write of device `dev`: a fault-injection point
-    /// (`SimBackend::fail_nth_file_write`).
+    /// Called before each spill-file write of device `dev`: a fault-injection point.
     ///
     /// # Errors
     /// None by default; the simulated device's [`Error::InjectedFault`] for the chosen write.
@@ -368,8 +362,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = dev;
         Ok(())
     }
-    /// The simulated device this backend is, for fault injection
-    /// ([`SimBackend::fail_nth_allocation`] etc.); else `None`.
+    /// The simulated device this backend is, for fault injection; else `None`.
     fn as_sim(&self) -> Option<&SimBackend> {
         None
     }
@@ -424,7 +417,7 @@ impl BackendChoice {
     }
 
     /// The backend a name selects: `cuda` (or `gpu`), `sim` (or `simulated`), `auto` (or empty),
-    /// case-insensitive, trimmed; else `None`. The one parser of backend names.
+    /// case-insensitive, trimmed; else `None`.
     pub fn from_name(text: &str) -> Option<Self> {
         match text.trim().to_ascii_lowercase().as_str() {
             "cuda" | "gpu" => Some(BackendChoice::Cuda),
@@ -457,8 +450,7 @@ impl BackendChoice {
     }
 }
 
-/// Builds a new backend for `choice`; most code wants [`global`]. `Cuda` and `Auto` both give the
-/// GPU; `Auto` without one fails saying how to ask for the simulated device.
+/// Builds a new backend for `choice`; most code wants [`global`].
 ///
 /// # Errors
 /// [`Error::NoDriver`] (or [`Error::Driver`]) if the driver cannot load; [`Error::NoDevice`] if

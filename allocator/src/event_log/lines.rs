@@ -28,7 +28,7 @@ impl<R> std::fmt::Debug for Lines<R> {
 }
 
 impl<R: BufRead> Lines<R> {
-    /// The lines of `input`; `source` names it in errors.
+    /// `source` names `input` in errors.
     pub(crate) fn new(input: R, source: &str) -> Self {
         Lines {
             input,

@@ -136,7 +136,6 @@ pub struct Freed {
     pub size: usize,
 }
 
-/// A live allocation while parsing.
 #[derive(Debug, Clone, Copy)]
 struct LiveAllocation {
     event: usize,
@@ -152,17 +151,13 @@ pub(crate) struct LineParser {
     columns: [usize; 6],
     names: Vec<String>,
     thread_index: HashMap<String, usize>,
-    /// The logged thread ids, in order of first appearance.
     pub(crate) threads: Vec<String>,
     live: HashMap<u64, LiveAllocation>,
     live_bytes: u64,
-    /// Events read so far.
+    // The counts of `LogFigures`.
     pub(crate) events: usize,
-    /// Peak of the bytes live in log order.
     pub(crate) peak_bytes: u64,
-    /// Frees of pointers the log never allocated.
     pub(crate) unmatched_frees: usize,
-    /// `allocate failure` lines.
     pub(crate) logged_failures: usize,
 }
 
@@ -212,12 +207,10 @@ impl LineParser {
         Ok(parser)
     }
 
-    /// What errors call the log.
     pub(crate) fn source(&self) -> &str {
         &self.source
     }
 
-    /// Allocations live at this point of the log.
     pub(crate) fn live_allocations(&self) -> usize {
         self.live.len()
     }

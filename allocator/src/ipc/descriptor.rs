@@ -1,14 +1,10 @@
-//! What names a stretch of another process's exported device memory: its arena's handle, the
-//! exporting process, and the stretch.
+//! What names a stretch of another process's exported device memory.
 
 use crate::backend::IpcHandle;
 use crate::error::{Error, Result};
 
 /// A stretch of `len` bytes at `offset` into process `pid`'s exported arena `handle`, on the
-/// device with UUID `device_uuid` (as [`DeviceProperties::uuid`] spells it, so a receiver can
-/// tell whether it sees that GPU).
-///
-/// [`DeviceProperties::uuid`]: crate::backend::DeviceProperties::uuid
+/// device with UUID `device_uuid` (so a receiver can tell whether it sees that GPU).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpcDescriptor {
     /// The exporting process.

@@ -45,7 +45,7 @@ impl std::fmt::Debug for Stagers {
 }
 
 impl Stagers {
-    /// Copies `src` into `dst` through pinned staging. `dev`'s context is current.
+    /// Copies `src` into `dst` through pinned staging; `dev`'s context is current.
     pub(super) fn copy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         let taken = {
             let mut free = self.free.lock();

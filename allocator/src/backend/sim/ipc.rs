@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::memory::{AllocKind, Allocation, Backing};
+use super::memory::{AllocKind, Backing};
 use super::{SimBackend, SimMemoryMode, at_least_one_byte};
 use crate::backend::{DevicePtr, IpcHandle};
 use crate::error::{Error, Result};
@@ -119,15 +119,9 @@ impl SimBackend {
             }
         };
         let addr = backing.addr();
-        self.table.lock().live.insert(
-            addr,
-            Allocation {
-                device: dev,
-                len,
-                kind: AllocKind::Exported,
-                backing: Some(Arc::new(backing)),
-            },
-        );
+        self.table
+            .lock()
+            .add(addr, dev, len, AllocKind::Exported, Some(Arc::new(backing)));
         Ok((DevicePtr(addr), handle))
     }
 
@@ -176,15 +170,9 @@ impl SimBackend {
             )
         })?;
         let (addr, len) = (backing.addr(), backing.len());
-        self.table.lock().live.insert(
-            addr,
-            Allocation {
-                device: dev,
-                len,
-                kind: AllocKind::Imported,
-                backing: Some(Arc::new(backing)),
-            },
-        );
+        self.table
+            .lock()
+            .add(addr, dev, len, AllocKind::Imported, Some(Arc::new(backing)));
         Ok((DevicePtr(addr), len))
     }
 

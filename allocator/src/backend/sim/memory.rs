@@ -178,6 +178,24 @@ impl AllocationTable {
         }
     }
 
+    /// Enters an allocation of `len` bytes at `addr`.
+    pub(crate) fn add(
+        &mut self,
+        addr: u64,
+        device: u32,
+        len: usize,
+        kind: AllocKind,
+        backing: Option<Arc<Backing>>,
+    ) {
+        let allocation = Allocation {
+            device,
+            len,
+            kind,
+            backing,
+        };
+        self.live.insert(addr, allocation);
+    }
+
     /// Picks an unused, 256-byte aligned address range of `len` bytes in `device`'s region.
     pub(crate) fn reserve_unbacked(&mut self, device: u32, len: usize) -> Option<u64> {
         let region_start = UNBACKED_BASE + device as u64 * UNBACKED_REGION;

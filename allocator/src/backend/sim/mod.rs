@@ -25,7 +25,7 @@ use parking_lot::{Mutex, RwLock};
 
 pub use self::config::{SimConfig, SimMemoryMode};
 pub use self::env::SimFaults;
-use self::memory::{AllocKind, Allocation, AllocationTable, Backing, DEVICE_ALIGNMENT, Resolved};
+use self::memory::{AllocKind, AllocationTable, Backing, DEVICE_ALIGNMENT, Resolved};
 pub use self::stream::StreamGate;
 use self::stream::{SimEvent, SimStream};
 use super::{DevicePtr, RawEvent, RawStream};
@@ -438,13 +438,7 @@ impl SimBackend {
                 "no unbacked address range left",
             ));
         };
-        let allocation = Allocation {
-            device: dev,
-            len,
-            kind,
-            backing,
-        };
-        table.live.insert(addr, allocation);
+        table.add(addr, dev, len, kind, backing);
         Ok(DevicePtr(addr))
     }
 

@@ -83,7 +83,6 @@ impl SimStream {
         tx.send((seq, Box::new(job))).is_ok()
     }
 
-    /// Waits for everything queued so far.
     pub(crate) fn synchronize(&self) {
         let target = self.progress.submitted();
         self.progress.wait_for(target);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::SimBackend;
-use super::memory::{AllocKind, Allocation, Backing};
+use super::memory::{AllocKind, Backing};
 use crate::backend::{DevicePtr, RawPhysical};
 use crate::error::{Error, Result};
 
@@ -215,18 +215,11 @@ impl SimBackend {
                 "a range not mapped yet (cuMemUnmap first)",
             ));
         }
-        table.live.insert(
-            ptr.addr(),
-            Allocation {
-                device: dev,
-                len: bytes,
-                kind: AllocKind::Mapped {
-                    handle,
-                    accessible: false,
-                },
-                backing,
-            },
-        );
+        let kind = AllocKind::Mapped {
+            handle,
+            accessible: false,
+        };
+        table.add(ptr.addr(), dev, bytes, kind, backing);
         if let Some(p) = v.physical.get_mut(&handle) {
             p.mappings += 1;
         }
