@@ -1,18 +1,7 @@
 //! Fault injection from `RMM_SIM_*` variables when [`open`](crate::backend::open) makes the
-//! simulated backend, for processes that cannot reach [`SimBackend`] (Python, Dask workers).
-//!
-//! | Variable | Value | Effect |
-//! |---|---|---|
-//! | `RMM_SIM_FAIL_ALLOCATION` | `N`, `D:N`, comma-separated | device `D`'s (0's) `N`-th device allocation fails (out of memory) |
-//! | `RMM_SIM_FAIL_ALLOCATIONS_ABOVE` | `SIZE`, `D:SIZE`, comma-separated | device allocations larger than `SIZE` fail |
-//! | `RMM_SIM_FAIL_COPY` | `N`, `D:N`, comma-separated | the `N`-th copy or memset fails |
-//! | `RMM_SIM_FAIL_PIN` | `N` | the `N`-th pin of host memory fails (any device) |
-//! | `RMM_SIM_FAIL_FILE_WRITE` | `N`, `D:N`, comma-separated | the `N`-th spill-file write fails |
-//! | `RMM_SIM_HOST_MEMORY` | `SIZE` | the host looks as if the process may use only `SIZE` |
-//!
-//! `N` counts from 1 at the backend's start; `0` injects nothing; each fault fires once. A size may
-//! have a unit (`64MiB`). `0:3,1:5` fails device 0's third and device 1's fifth. Any other
-//! `RMM_SIM_FAIL_*` name is an error, lest a misspelt fault silently inject nothing.
+//! simulated backend, for processes that cannot reach [`SimBackend`] (Python, Dask workers). The
+//! variables and their syntax are in `docs/guide.md` (the simulated device's fault injection); any
+//! other `RMM_SIM_FAIL_*` name is an error, lest a misspelt fault silently inject nothing.
 
 use std::ffi::OsString;
 

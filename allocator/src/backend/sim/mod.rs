@@ -1,11 +1,6 @@
-//! The simulated device: N devices of a configured capacity, for machines without a GPU. *Backed*
-//! mode keeps every byte in host memory (device addresses are the backing blocks' host addresses);
-//! *unbacked* mode hands out addresses and touches nothing, so an 80 GiB device fits anywhere.
-//!
-//! Streams are worker threads; events capture stream progress. Fault injection fails the N-th
-//! allocation, copy, host pin or spill-file write, or allocations above a size; counters let a test
-//! fail each operation of a step in turn (other processes: [`SimFaults`]). Stream-ordered pools do
-//! not cache: memory returns when the stream reaches the free.
+//! The simulated device for machines without a GPU (`docs/guide.md` describes it): backed (host
+//! memory holds the bytes, at the device addresses) or unbacked (addresses only), with fault
+//! injection. Stream-ordered pools do not cache: memory returns when the stream reaches the free.
 
 mod calls;
 mod config;
