@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::LogFigures;
 use crate::adaptor::{LOG_HEADER, LogAction};
 use crate::error::{Error, Result};
 
@@ -154,11 +155,8 @@ pub(crate) struct LineParser {
     pub(crate) threads: Vec<String>,
     live: HashMap<u64, LiveAllocation>,
     live_bytes: u64,
-    // The counts of `LogFigures`.
-    pub(crate) events: usize,
-    pub(crate) peak_bytes: u64,
-    pub(crate) unmatched_frees: usize,
-    pub(crate) logged_failures: usize,
+    /// What the lines so far counted.
+    pub(crate) figures: LogFigures,
 }
 
 impl LineParser {
@@ -209,10 +207,6 @@ impl LineParser {
 
     pub(crate) fn source(&self) -> &str {
         &self.source
-    }
-
-    pub(crate) fn live_allocations(&self) -> usize {
-        self.live.len()
     }
 
     /// Parses and checks line `line_no` (not blank, no line end): the event, and for a free of a
@@ -281,7 +275,7 @@ impl LineParser {
                 t
             }
         };
-        let index = self.events;
+        let index = self.figures.events;
         let mut freed = None;
         match action {
             LogAction::Allocate if ptr != 0 => {
@@ -307,7 +301,7 @@ impl LineParser {
                     },
                 );
                 self.live_bytes = self.live_bytes.saturating_add(size as u64);
-                self.peak_bytes = self.peak_bytes.max(self.live_bytes);
+                self.figures.peak_bytes = self.figures.peak_bytes.max(self.live_bytes);
             }
             LogAction::Allocate => {}
             LogAction::Free => match self.live.remove(&ptr) {
@@ -319,11 +313,12 @@ impl LineParser {
                     });
                 }
                 None if ptr == 0 => {}
-                None => self.unmatched_frees += 1,
+                None => self.figures.unmatched_frees += 1,
             },
-            LogAction::AllocateFailure => self.logged_failures += 1,
+            LogAction::AllocateFailure => self.figures.logged_failures += 1,
         }
-        self.events += 1;
+        self.figures.events += 1;
+        self.figures.unfreed = self.live.len();
         Ok((
             LogEvent {
                 line: line_no,

@@ -104,13 +104,7 @@ impl<'a> LogReader<'a> {
 
     /// The figures of the lines read so far.
     pub fn figures(&self) -> LogFigures {
-        LogFigures {
-            events: self.parser.events,
-            peak_bytes: self.parser.peak_bytes,
-            unmatched_frees: self.parser.unmatched_frees,
-            logged_failures: self.parser.logged_failures,
-            unfreed: self.parser.live_allocations(),
-        }
+        self.parser.figures
     }
 
     /// The logged thread ids read so far, in order of first appearance ([`LogEvent::thread`]).
@@ -120,7 +114,7 @@ impl<'a> LogReader<'a> {
 }
 
 /// What a [`LogReader`] counted in the lines it read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogFigures {
     /// Events read.
     pub events: usize,
@@ -165,10 +159,10 @@ impl EventLog {
             source: parser.source().to_string(),
             events,
             freed_allocation,
-            peak_bytes: parser.peak_bytes,
-            unmatched_frees: parser.unmatched_frees,
-            logged_failures: parser.logged_failures,
-            unfreed: parser.live_allocations(),
+            peak_bytes: parser.figures.peak_bytes,
+            unmatched_frees: parser.figures.unmatched_frees,
+            logged_failures: parser.figures.logged_failures,
+            unfreed: parser.figures.unfreed,
             threads: parser.threads,
         })
     }
