@@ -150,7 +150,7 @@ impl Backend for SimBackend {
             compute_capability: (9, 0),
             supports_memory_pools: true,
             supports_managed_memory: true,
-            supports_virtual_memory: self.vmm_supported(),
+            supports_virtual_memory: self.vmm_supported.load(Ordering::SeqCst),
         })
     }
 

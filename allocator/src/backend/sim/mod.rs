@@ -186,7 +186,7 @@ impl SimBackend {
             .collect();
         Ok(SimBackend {
             table: Arc::new(Mutex::new(AllocationTable::new(config.devices))),
-            vmm: Mutex::new(vmm::VmmState::new(config.devices)),
+            vmm: Mutex::default(),
             config,
             devices,
             host: Mutex::new(HashMap::new()),

@@ -28,23 +28,14 @@ struct Physical {
 }
 
 /// Reservations and physical memory of every simulated device.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct VmmState {
     /// Reserved ranges: start → (device, length).
     reservations: BTreeMap<u64, (u32, u64)>,
     physical: HashMap<RawPhysical, Physical>,
-    devices: u32,
 }
 
 impl VmmState {
-    pub(super) fn new(devices: u32) -> Self {
-        VmmState {
-            reservations: BTreeMap::new(),
-            physical: HashMap::new(),
-            devices,
-        }
-    }
-
     /// Physical allocations of `dev` not yet given back.
     pub(super) fn physical_on(&self, dev: u32) -> usize {
         self.physical.values().filter(|p| p.device == dev).count()
@@ -73,13 +64,9 @@ impl VmmState {
     }
 }
 
-fn bad(what: &'static str, value: impl std::fmt::Display, expected: &str) -> Error {
-    Error::invalid_argument(what, value, expected)
-}
-
 fn check_granule(what: &'static str, value: u64) -> Result<()> {
     if value == 0 || !value.is_multiple_of(GRANULARITY as u64) {
-        return Err(bad(
+        return Err(Error::invalid_argument(
             what,
             value,
             "a non-zero multiple of the allocation granularity (2 MiB on the simulated device)",
@@ -89,15 +76,10 @@ fn check_granule(what: &'static str, value: u64) -> Result<()> {
 }
 
 impl SimBackend {
-    pub(super) fn vmm_supported(&self) -> bool {
-        self.vmm_supported.load(Ordering::SeqCst)
-    }
-
     pub(super) fn vmm_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
         self.device(dev)?;
         check_granule("reserved range size", bytes as u64)?;
         let mut v = self.vmm.lock();
-        debug_assert!(dev < v.devices);
         let Some(addr) = v.place(dev, bytes as u64) else {
             return Err(Self::oom(
                 dev,
@@ -115,7 +97,7 @@ impl SimBackend {
         match v.reservations.get(&ptr.addr()) {
             Some(&(d, l)) if d == dev && l == bytes as u64 => {}
             _ => {
-                return Err(bad(
+                return Err(Error::invalid_argument(
                     "reserved range",
                     format!("{ptr}+{bytes} on device {dev}"),
                     "a whole range from cuMemAddressReserve on this device",
@@ -123,7 +105,7 @@ impl SimBackend {
             }
         }
         if self.table.lock().overlaps(ptr.addr(), bytes as u64) {
-            return Err(bad(
+            return Err(Error::invalid_argument(
                 "reserved range",
                 format!("{ptr}+{bytes}"),
                 "a range with nothing mapped in it (cuMemUnmap first)",
@@ -171,7 +153,7 @@ impl SimBackend {
         match v.physical.get_mut(&handle) {
             Some(p) if p.device == dev && !p.released => p.released = true,
             _ => {
-                return Err(bad(
+                return Err(Error::invalid_argument(
                     "physical memory handle",
                     format!("{handle:#x} on device {dev}"),
                     "a handle from cuMemCreate on this device, not yet released",
@@ -193,7 +175,7 @@ impl SimBackend {
         let backing = match v.physical.get(&handle) {
             Some(p) if p.device == dev && !p.released && p.len == bytes => p.backing.clone(),
             _ => {
-                return Err(bad(
+                return Err(Error::invalid_argument(
                     "physical memory handle",
                     format!("{handle:#x} ({bytes} bytes) on device {dev}"),
                     "a live handle of this device, mapped whole",
@@ -201,7 +183,7 @@ impl SimBackend {
             }
         };
         if !v.reserved(dev, ptr.addr(), bytes as u64) {
-            return Err(bad(
+            return Err(Error::invalid_argument(
                 "mapping",
                 format!("{ptr}+{bytes}"),
                 "a range inside one cuMemAddressReserve range of this device",
@@ -209,7 +191,7 @@ impl SimBackend {
         }
         let mut table = self.table.lock();
         if table.overlaps(ptr.addr(), bytes as u64) {
-            return Err(bad(
+            return Err(Error::invalid_argument(
                 "mapping",
                 format!("{ptr}+{bytes}"),
                 "a range not mapped yet (cuMemUnmap first)",
@@ -248,7 +230,7 @@ impl SimBackend {
             }
         }
         if at != end || found.is_empty() {
-            return Err(bad(
+            return Err(Error::invalid_argument(
                 call,
                 format!("{ptr}+{bytes} on device {dev}"),
                 "a range made of whole mappings, without gaps",
