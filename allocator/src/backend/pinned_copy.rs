@@ -1,10 +1,6 @@
-//! [`PinnedCopy`]: async copies between device and pinned host memory that own the host memory:
-//! [`wait`](PinnedCopy::wait) returns it only once the event behind the copy (after an error, the
-//! whole stream) has completed, else leaks it, so no copy touches memory safe code uses.
-//!
-//! A copy engine runs queued copies in order, whatever their stream, so a small read would wait
-//! behind a whole spill: a copy larger than [`WINDOW`] keeps at most that much enqueued, in
-//! [`PIECE`]-byte pieces, and `wait` enqueues more as pieces end.
+//! [`PinnedCopy`]: async copies that own their pinned host memory, returned only once the copy
+//! (after an error, the whole stream) has completed, else leaked. A copy engine runs copies in
+//! order, so a copy larger than [`WINDOW`] keeps at most that much enqueued, in [`PIECE`]s.
 
 use std::collections::VecDeque;
 
@@ -46,8 +42,7 @@ impl PinnedMemory for HostBlock {
     }
 }
 
-/// A failed copy. `memory` and `event` come back once no copy can touch the memory; `None` when
-/// that could not be established (the memory leaked, the event with it).
+/// A failed copy: `memory` and `event` come back once no copy can touch them, else `None` (leaked).
 pub(crate) struct CopyFailed<M> {
     pub(crate) error: Error,
     /// The host memory, safe to reuse; `None` when leaked.
@@ -56,8 +51,7 @@ pub(crate) struct CopyFailed<M> {
     pub(crate) event: Option<Event>,
 }
 
-/// The most bytes a copy keeps enqueued: enough to keep the engine busy through a stall of the
-/// enqueuing thread, little for other copies to wait behind.
+/// The most bytes a copy keeps enqueued: enough to keep the engine busy, little to wait behind.
 pub const WINDOW: usize = 128 << 20;
 /// The bytes of one enqueued piece of a copy larger than [`WINDOW`].
 pub(crate) const PIECE: usize = 16 << 20;
@@ -91,8 +85,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
     /// Enqueues `bytes` device bytes at `src` into `memory` (in order), then records `event`.
     ///
     /// # Errors
-    /// `memory` holds fewer than `bytes`, or a driver call failed (the memory comes back once the
-    /// stream is idle).
+    /// `memory` holds fewer than `bytes`, or a driver call failed (see [`CopyFailed`]).
     pub(crate) fn to_host(
         device: Device,
         stream: RawStream,
@@ -183,8 +176,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         }
         while self.enqueued < through {
             let (i, off) = self.next;
-            // Unreachable: only a copy taken apart has no memory, and `check_room` made sure the
-            // memory holds `bytes`.
+            // Unreachable: only a copy taken apart has no memory, and `check_room` checked `bytes`.
             let Some(m) = self.memory.as_mut().and_then(|m| m.get_mut(i)) else {
                 return Err(Error::invalid_argument(
                     "pinned copy",

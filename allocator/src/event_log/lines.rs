@@ -38,8 +38,7 @@ impl<R: BufRead> Lines<R> {
         }
     }
 
-    /// The next line that is not blank, without its line end, and its 1-based number; `None` at
-    /// the end.
+    /// The next non-blank line, without its line end, and its 1-based number; `None` at the end.
     ///
     /// # Errors
     /// [`Error::EventLog`]: the input cannot be read, or a line is too long or not UTF-8.
@@ -68,8 +67,7 @@ impl<R: BufRead> Lines<R> {
         }
     }
 
-    /// Appends the next line (with its line end) to `line`; false at the end of the input. Reads
-    /// at most one byte past [`MAX_LINE_BYTES`].
+    /// Appends the next line (line end included) to `line`, reading at most [`MAX_LINE_BYTES`] + 1.
     fn read_line(&mut self, line: &mut Vec<u8>) -> Result<bool> {
         let read = (&mut self.input)
             .take(MAX_LINE_BYTES as u64 + 1)

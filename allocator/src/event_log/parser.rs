@@ -81,8 +81,7 @@ fn clock_digits(text: &str) -> Option<u64> {
 }
 
 /// `HH:MM:SS.ffffff` (or `HH:MM:SS:ffffff`, or no fraction; digits past six ignored) →
-/// microseconds since midnight. Without `:`, [`Time::Absent`]; else a time of day (a leap second
-/// allowed) or [`Time::Impossible`].
+/// microseconds since midnight; a leap second is allowed.
 fn parse_time(text: &str) -> Time {
     let t = text.trim();
     if !t.contains(':') {
@@ -209,8 +208,7 @@ impl LineParser {
         &self.source
     }
 
-    /// Parses and checks line `line_no` (not blank, no line end): the event, and for a free of a
-    /// logged allocation, that allocation.
+    /// Parses and checks line `line_no`: the event, and the allocation a free frees.
     pub(crate) fn line(&mut self, line_no: usize, line: &str) -> Result<(LogEvent, Option<Freed>)> {
         let [c_thread, c_time, c_action, c_ptr, c_size, c_stream] = self.columns;
         // The fields, without allocating (the header has at most MAX_COLUMNS).
@@ -335,8 +333,7 @@ impl LineParser {
 }
 
 impl EventLog {
-    /// Checks that the public fields agree (as [`EventLog::parse`] makes them), so that a log
-    /// edited by hand cannot make a replay go wrong.
+    /// Checks that the public fields agree, so that a log edited by hand cannot derail a replay.
     ///
     /// # Errors
     /// [`Error::EventLog`] naming the first disagreement (e.g. an index out of range).

@@ -1,5 +1,4 @@
-//! [`LogReader`]: a log read once, a line at a time, every line checked as it comes; a pipe works
-//! as well as a file (`zcat log.csv.gz | rmm replay -`).
+//! [`LogReader`]: a log read once, a line at a time (a pipe works as well as a file).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -18,8 +17,8 @@ pub struct LogLine {
     pub freed: Option<Freed>,
 }
 
-/// A log read line by line from one input, each line checked as [`EventLog::parse`] checks it. Its
-/// memory grows with the threads and live allocations, not with the log's length.
+/// A log read line by line, checked as [`EventLog::parse`] checks it, in memory that grows with
+/// the threads and live allocations, not with the log's length.
 pub struct LogReader<'a> {
     lines: Lines<Box<dyn BufRead + 'a>>,
     parser: LineParser,
@@ -79,8 +78,7 @@ impl<'a> LogReader<'a> {
         self.parser.source()
     }
 
-    /// Calls `observer` with every event read from now on, in order (replacing an earlier one):
-    /// e.g. to draw the log while it is replayed.
+    /// Calls `observer` with every event read from now on (replacing an earlier observer).
     pub fn inspect(mut self, observer: impl FnMut(&LogLine) + 'a) -> LogReader<'a> {
         self.observer = Some(Box::new(observer));
         self

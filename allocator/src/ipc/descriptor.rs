@@ -3,8 +3,8 @@
 use crate::backend::IpcHandle;
 use crate::error::{Error, Result};
 
-/// A stretch of `len` bytes at `offset` into process `pid`'s exported arena `handle`, on the
-/// device with UUID `device_uuid` (so a receiver can tell whether it sees that GPU).
+/// A stretch of `len` bytes at `offset` into process `pid`'s exported arena `handle`, on device
+/// `device_uuid`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpcDescriptor {
     /// The exporting process.

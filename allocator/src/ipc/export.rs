@@ -13,13 +13,11 @@ use crate::error::{Error, Result};
 
 /// Alignment of every slot (as device allocations).
 const ALIGNMENT: usize = 256;
-/// A device's arena size ([`export_arena`]): room for what three peers ask a worker for at once
-/// (Dask asks for 1 GB per message, plus one value past that). A send that finds it full goes
-/// another, slower way.
+/// A device's arena size: room for what three peers ask a worker for at once (Dask asks for 1 GB
+/// per message, plus one value past that); a send that finds it full goes a slower way.
 pub const DEFAULT_ARENA_BYTES: usize = 4 << 30;
 
-/// Exportable device memory of one device, mapped once by each peer, handed out first fit as
-/// [`ExportSlot`]s; freed when the last slot and reference go.
+/// Exportable device memory of one device, mapped once by each peer, lent as [`ExportSlot`]s.
 #[derive(Debug)]
 pub struct ExportArena {
     device: Device,
@@ -162,8 +160,7 @@ impl Drop for ExportSlot {
     }
 }
 
-/// A device's arena in this process: not made yet, made, or refused (the error, and when the
-/// device's free memory was last read).
+/// A device's arena: unmade, made, or refused (and when the device's free memory was last read).
 #[derive(Debug)]
 enum ArenaState {
     Unmade,
@@ -184,8 +181,7 @@ fn arenas(backend_devices: u32) -> &'static [Mutex<ArenaState>] {
     })
 }
 
-/// The process's arena on `device`, made on first use with [`DEFAULT_ARENA_BYTES`], at most an
-/// eighth of the device's memory.
+/// The process's arena on `device`, made on first use: [`DEFAULT_ARENA_BYTES`], at most 1/8 of it.
 ///
 /// # Errors
 /// As [`ExportArena::new`] or [`Device::new`]; a refusal for lack of memory lasts until the arena's

@@ -59,8 +59,7 @@ impl Imports {
         IMPORTS.get_or_init(Imports::default)
     }
 
-    /// Where the stretch `desc` names is in `device`'s address space, mapping the peer's arena on
-    /// first use.
+    /// Where the stretch `desc` names is on `device`, mapping the peer's arena on first use.
     ///
     /// # Errors
     /// As [`Backend::ipc_open`](crate::backend::Backend::ipc_open).
@@ -73,8 +72,7 @@ impl Imports {
         }
         let mut mapped = self.mapped.lock();
         let key = (device.ordinal(), desc.handle);
-        // The same handle from another process (the first gone, its bytes reused): the old
-        // mapping is not that process's memory.
+        // The same handle from another process (the first gone): the old mapping is not its memory.
         if let Some(m) = mapped.get(&key)
             && m.peer.pid != desc.pid
         {

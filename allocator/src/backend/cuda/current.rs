@@ -1,5 +1,4 @@
-//! The calling thread's current context: its device (as `cudaSetDevice` sets it), and a device's
-//! context made current for one backend call ([`Bound`]), the thread's own restored after.
+//! The calling thread's current context: its device, and [`Bound`].
 
 use cudarc::driver::sys;
 
@@ -19,8 +18,7 @@ pub(super) fn current_device(devices: &[CudaDevice]) -> Result<Option<u32>> {
         .map(|i| i as u32))
 }
 
-/// A device's context made current for one backend call; the thread's previous one is restored
-/// when this goes.
+/// A device's context made current for one backend call, the thread's previous one restored after.
 pub(super) struct Bound {
     /// The thread's context before, when it was another; `None` when nothing changed.
     previous: Option<sys::CUcontext>,

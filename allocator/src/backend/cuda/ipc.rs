@@ -1,5 +1,4 @@
-//! CUDA's legacy interprocess memory API: `cuMemAlloc` memory exported as a 64-byte handle that
-//! another process maps (virtual memory API memory cannot be exported this way).
+//! CUDA's legacy interprocess memory API (which cannot export virtual memory API memory).
 
 use cudarc::driver::sys;
 
@@ -17,8 +16,7 @@ pub(super) fn export(dev: u32, ptr: DevicePtr) -> Result<IpcHandle> {
     Ok(IpcHandle(h.reserved.map(|b| b as u8)))
 }
 
-/// `cuIpcOpenMemHandle` of `handle` into the current context (peer access enabled lazily): the
-/// mapping's address and size.
+/// `cuIpcOpenMemHandle` of `handle` into the current context: the mapping's address and size.
 pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
     let h = sys::CUipcMemHandle {
         reserved: handle.0.map(|b| b as std::ffi::c_char),

@@ -6,8 +6,7 @@ use super::result::{check, pool_handle, stream_handle};
 use crate::backend::{DevicePtr, RawMemPool, RawStream};
 use crate::error::Result;
 
-/// `cuMemPoolCreate` of device memory on `dev`, keeping up to `release_threshold` bytes across
-/// synchronizations (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`).
+/// `cuMemPoolCreate` on `dev`, keeping up to `release_threshold` bytes across synchronizations.
 pub(super) fn create(dev: u32, release_threshold: u64) -> Result<RawMemPool> {
     // SAFETY: an all-zero CUmemPoolProps is the documented default; fields set below.
     let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };

@@ -1,8 +1,6 @@
-//! The real GPU: the CUDA driver API through cudarc's `sys` bindings. `libcuda` is opened on first
-//! use and every entry point is looked up first (a too-old driver is an error, not a panic). A
-//! device's primary context is retained on its first use only (a context holds device memory, and
-//! a Dask worker sees every GPU but uses one). Raw driver calls are thin functions per API family;
-//! this file keeps the bookkeeping: current context, streams, staging buffers, large allocations.
+//! The real GPU: the CUDA driver API through cudarc's `sys` bindings, every entry point looked up
+//! at load (a too-old driver is an error). A device's primary context is retained on its first use
+//! only: a context holds device memory, and a Dask worker sees every GPU but uses one.
 
 mod context;
 mod current;
@@ -187,15 +185,14 @@ impl CudaBackend {
         f()
     }
 
-    /// Makes `dev`'s primary context current while the guard lives, restoring the thread's own
-    /// after. Checked every call: another library (CuPy's `Device(n).use()`) may have switched it.
+    /// Makes `dev`'s primary context current while the guard lives (checked every call: another
+    /// library may have switched it), restoring the thread's own after.
     fn bind(&self, dev: u32) -> Result<current::Bound> {
         current::Bound::to(self.device(dev)?.context()?, dev)
     }
 
-    /// Runs the allocation `f` of `bytes` on `dev`: concurrent large `cuMemAlloc` calls on several
-    /// devices contend inside the driver, slower than serial ones, so from 1 GiB (pool chunks,
-    /// slow paths anyway) they go one at a time; smaller ones never wait here.
+    /// Runs the allocation `f` of `bytes` on `dev`: concurrent large allocations contend inside the
+    /// driver, slower than serial ones, so from 1 GiB (slow paths anyway) they go one at a time.
     fn allocate<T>(&self, dev: u32, bytes: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let _bound = self.bind(dev)?;
         let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());

@@ -1,7 +1,6 @@
-//! Synchronous device → pageable host copies through pinned staging buffers. `cuMemcpyDtoH` into
-//! pageable memory holds the driver's lock throughout, stalling every other thread's driver calls;
-//! here the copy runs on our own stream into two pinned buffers in turn (every call short), still
-//! ordered after the legacy default stream's work.
+//! Synchronous device → pageable host copies through two pinned staging buffers in turn, on our
+//! own stream: `cuMemcpyDtoH` into pageable memory holds the driver's lock (stalling every other
+//! thread's driver calls) throughout. Still ordered after the legacy default stream's work.
 
 use parking_lot::Mutex;
 

@@ -1,5 +1,4 @@
-//! CUDA's virtual memory management API: reserve addresses, create physical memory, map it, make it
-//! accessible, and undo each.
+//! CUDA's virtual memory management API, as thin functions.
 
 use cudarc::driver::sys;
 
