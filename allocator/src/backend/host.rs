@@ -227,13 +227,11 @@ impl PinnedRegion {
         for o in (0..len).step_by(chunk) {
             let l = chunk.min(len - o);
             // SAFETY: in the live mapping, which outlives the registration (undone first in drop).
-            match unsafe { backend.host_register((base + o) as *mut u8, l) } {
-                Ok(()) => registered.push((o, l)),
-                Err(e) => {
-                    first_error = Some(e);
-                    break;
-                }
+            if let Err(e) = unsafe { backend.host_register((base + o) as *mut u8, l) } {
+                first_error = Some(e);
+                break;
             }
+            registered.push((o, l));
         }
         let region = PinnedRegion {
             backend,
@@ -244,11 +242,8 @@ impl PinnedRegion {
             registering: registering.elapsed(),
             pinned: true,
         };
-        match first_error {
-            // Dropping the region unregisters what was registered and frees the memory.
-            Some(e) => Err(e),
-            None => Ok(region),
-        }
+        // On an error, dropping the region unregisters what was registered and frees the memory.
+        first_error.map_or(Ok(region), Err)
     }
 
     /// `bytes` (rounded up to 2 MiB) of pageable host memory faulted in on `threads` threads, not

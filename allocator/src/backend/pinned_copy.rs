@@ -217,10 +217,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
     fn record_behind(&mut self, enqueued: usize) -> Result<()> {
         let on = StreamView::from_raw(self.stream);
         if enqueued == self.bytes {
-            return match &self.event {
-                Some(e) => e.record(on),
-                None => Ok(()),
-            };
+            return self.event.as_ref().map_or(Ok(()), |e| e.record(on));
         }
         // A copy within the window is enqueued whole: nothing waits for its pieces.
         if !self.is_windowed() {

@@ -478,11 +478,10 @@ impl Backend for CudaBackend {
         let recorded = self
             .streams
             .if_alive(stream, || stream::event_record(dev, event, stream));
-        let waited = match recorded {
-            Ok(Some(())) => stream::event_synchronize(dev, event).map(|()| true),
-            Ok(None) => Ok(false),
-            Err(e) => Err(e),
-        };
+        let waited = recorded.and_then(|r| match r {
+            Some(()) => stream::event_synchronize(dev, event).map(|()| true),
+            None => Ok(false),
+        });
         let destroyed = stream::event_destroy(dev, event);
         let waited = waited?;
         destroyed?;
