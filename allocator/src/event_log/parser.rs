@@ -220,7 +220,6 @@ impl LineParser {
             }
             count += 1;
         }
-        // A field that does not parse: what was found and what was expected.
         let bad = |problem: String| self.err(line_no, problem, FORMAT_HINT);
         let found = |c: usize, what: &str, expected: &str| {
             bad(format!("found {what} `{}`, expected {expected}", fields[c]))

@@ -31,7 +31,6 @@ pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
     let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, p) };
     let sized = check("cuMemGetAddressRange", dev, r);
     if let Err(e) = sized {
-        // The mapping just made, not handed out: it goes.
         let _ = close(dev, DevicePtr(p));
         return Err(e);
     }

@@ -279,7 +279,6 @@ impl Backend for CudaBackend {
         match ipc::export(dev, ptr) {
             Ok(handle) => Ok((ptr, handle)),
             Err(e) => {
-                // Not exportable: nothing is kept.
                 let _ = self.free(dev, ptr);
                 Err(e)
             }
@@ -363,7 +362,6 @@ impl Backend for CudaBackend {
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         let _bound = self.bind(dev)?;
         if dst.len() >= staged_copy::STAGED_FROM {
-            // Large copies: through pinned staging, not holding the driver's lock throughout.
             return self.stagers.copy_dtoh(dev, dst, src);
         }
         memory::copy_dtoh(dev, dst, src)
