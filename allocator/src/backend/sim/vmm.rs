@@ -94,15 +94,12 @@ impl SimBackend {
 
     pub(super) fn vmm_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
         let mut v = self.vmm.lock();
-        match v.reservations.get(&ptr.addr()) {
-            Some(&(d, l)) if d == dev && l == bytes as u64 => {}
-            _ => {
-                return Err(Error::invalid_argument(
-                    "reserved range",
-                    format!("{ptr}+{bytes} on device {dev}"),
-                    "a whole range from cuMemAddressReserve on this device",
-                ));
-            }
+        if v.reservations.get(&ptr.addr()) != Some(&(dev, bytes as u64)) {
+            return Err(Error::invalid_argument(
+                "reserved range",
+                format!("{ptr}+{bytes} on device {dev}"),
+                "a whole range from cuMemAddressReserve on this device",
+            ));
         }
         if self.table.lock().overlaps(ptr.addr(), bytes as u64) {
             return Err(Error::invalid_argument(
