@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::memory::{AllocKind, Backing, DEVICE_ALIGNMENT, HOST_ALIGNMENT, Resolved};
 use super::stream::{SimEvent, SimStream};
-use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, at_least_one_byte, spawn_error};
+use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, at_least_one_byte, spawn_stream};
 use crate::backend::host_memory::HostMemory;
 use crate::backend::{
     Backend, BackendKind, DeviceProperties, DevicePtr, IpcHandle, MemInfo, RawEvent, RawMemPool,
@@ -465,8 +465,7 @@ impl Backend for SimBackend {
     fn stream_create(&self, dev: u32) -> Result<RawStream> {
         self.device(dev)?;
         let h = self.handle();
-        let s = SimStream::spawn(dev, format!("sim-dev{dev}-stream{h:x}"))
-            .map_err(|e| spawn_error(dev, e))?;
+        let s = spawn_stream(dev, format!("sim-dev{dev}-stream{h:x}"))?;
         self.streams.write().insert(h, s);
         Ok(h)
     }
@@ -550,7 +549,7 @@ impl Backend for SimBackend {
             .cloned()
             .collect();
         all.push(self.stream(dev, 0)?);
-        all.extend(self.per_thread_streams(dev)?);
+        all.extend(self.device(dev)?.per_thread_streams.lock().clone());
         for s in all {
             s.synchronize();
         }

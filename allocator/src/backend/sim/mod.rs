@@ -338,8 +338,7 @@ impl SimBackend {
             if let Some(s) = d.default_stream.get() {
                 return Ok(Arc::clone(s));
             }
-            let s = SimStream::spawn(dev, format!("sim-dev{dev}-default"))
-                .map_err(|e| spawn_error(dev, e))?;
+            let s = spawn_stream(dev, format!("sim-dev{dev}-default"))?;
             return Ok(Arc::clone(d.default_stream.get_or_init(|| s)));
         }
         match self.streams.read().get(&stream) {
@@ -359,8 +358,7 @@ impl SimBackend {
         if let Ok(Some(s)) = known {
             return Ok(s);
         }
-        let s = SimStream::spawn(dev, format!("sim-dev{dev}-per-thread"))
-            .map_err(|e| spawn_error(dev, e))?;
+        let s = spawn_stream(dev, format!("sim-dev{dev}-per-thread"))?;
         let mut all = self.device(dev)?.per_thread_streams.lock();
         all.retain(|t| Arc::strong_count(t) > 1 || !t.is_idle());
         all.push(Arc::clone(&s));
@@ -368,11 +366,6 @@ impl SimBackend {
         // A thread that is exiting gets a stream of its own for this call only.
         let _ = PER_THREAD_STREAMS.try_with(|m| m.borrow_mut().insert(key, Arc::clone(&s)));
         Ok(s)
-    }
-
-    /// The per-thread default streams of `dev` that threads still hold.
-    fn per_thread_streams(&self, dev: u32) -> Result<Vec<Arc<SimStream>>> {
-        Ok(self.device(dev)?.per_thread_streams.lock().clone())
     }
 
     fn event(&self, dev: u32, event: RawEvent) -> Result<Arc<SimEvent>> {
@@ -542,12 +535,13 @@ fn at_least_one_byte(bytes: usize) -> Result<()> {
     Ok(())
 }
 
-fn spawn_error(dev: u32, e: std::io::Error) -> Error {
-    Error::Driver {
+/// A new stream on `dev` named `label`; a worker thread that cannot start is a driver error.
+fn spawn_stream(dev: u32, label: String) -> Result<Arc<SimStream>> {
+    SimStream::spawn(dev, label).map_err(|e| Error::Driver {
         call: "cuStreamCreate",
         device: dev,
         name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
         code: 2,
         description: format!("the simulated stream's worker thread could not start: {e}"),
-    }
+    })
 }
