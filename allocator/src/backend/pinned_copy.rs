@@ -223,10 +223,10 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         if !self.is_windowed() {
             return Ok(());
         }
-        let mark = match self.spare.pop() {
-            Some(e) => e,
-            None => Event::new(self.device)?,
-        };
+        let mark = self
+            .spare
+            .pop()
+            .map_or_else(|| Event::new(self.device), Ok)?;
         mark.record(on)?;
         self.marks.push_back((mark, enqueued));
         Ok(())

@@ -87,10 +87,7 @@ fn parse_time(text: &str) -> Time {
     if !t.contains(':') {
         return Time::Absent;
     }
-    let (clock, dotted) = match t.split_once('.') {
-        Some((c, f)) => (c, Some(f)),
-        None => (t, None),
-    };
+    let (clock, dotted) = t.split_once('.').map_or((t, None), |(c, f)| (c, Some(f)));
     let mut parts = clock.split(':');
     let (Some(h), Some(m), Some(s)) = (
         parts.next().and_then(clock_digits),

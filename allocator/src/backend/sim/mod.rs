@@ -413,10 +413,8 @@ impl SimBackend {
         let len = self.charge(dev, bytes, call)?;
         let backing = self.back(dev, len, bytes, call)?;
         let mut table = self.table.lock();
-        let addr = match &backing {
-            Some(b) => Some(b.addr()),
-            None => table.reserve_unbacked(dev, len),
-        };
+        let addr = backing.as_ref().map(|b| b.addr());
+        let addr = addr.or_else(|| table.reserve_unbacked(dev, len));
         let Some(addr) = addr else {
             d.used.fetch_sub(len, Ordering::SeqCst);
             return Err(Self::oom(
