@@ -275,24 +275,21 @@ impl Backend for SimBackend {
 
     fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()> {
         let s = self.stream(dev, stream)?;
+        let addr = ptr.addr();
         let pool = self
             .table
             .lock()
             .live
-            .get(&ptr.addr())
+            .get(&addr)
             .and_then(|a| match a.kind {
                 AllocKind::Pool(p) if a.device == dev => self.pools.read().get(&p).cloned(),
                 _ => None,
             });
-        let pool = pool.ok_or(Error::invalid_pointer(
-            ptr.addr(),
-            0,
-            "simulated cuMemFreeAsync",
-        ))?;
+        let pool = pool.ok_or(Error::invalid_pointer(addr, 0, "simulated cuMemFreeAsync"))?;
         let table = Arc::clone(&self.table);
         let used = Arc::clone(&self.device(dev)?.used);
         let release = move || {
-            if let Some(a) = table.lock().live.remove(&ptr.addr()) {
+            if let Some(a) = table.lock().live.remove(&addr) {
                 used.fetch_sub(a.len, Ordering::SeqCst);
                 pool.reserved.fetch_sub(a.len as u64, Ordering::SeqCst);
             }

@@ -388,19 +388,6 @@ impl SimBackend {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn oom(dev: u32, call: &'static str, bytes: usize, reason: &str) -> Error {
-        Error::Driver {
-            call,
-            device: dev,
-            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
-            code: 2,
-            description: format!(
-                "out of memory (simulated: {} requested, {reason})",
-                fmt_bytes(bytes)
-            ),
-        }
-    }
-
     fn allocate(
         &self,
         dev: u32,
@@ -417,12 +404,7 @@ impl SimBackend {
         let addr = addr.or_else(|| table.reserve_unbacked(dev, len));
         let Some(addr) = addr else {
             d.used.fetch_sub(len, Ordering::SeqCst);
-            return Err(Self::oom(
-                dev,
-                call,
-                bytes,
-                "no unbacked address range left",
-            ));
+            return Err(oom(dev, call, bytes, "no unbacked address range left"));
         };
         table.add(addr, dev, len, kind, backing);
         Ok(DevicePtr(addr))
@@ -443,7 +425,7 @@ impl SimBackend {
             Some(b) => Ok(Some(Arc::new(b))),
             None => {
                 self.device(dev)?.used.fetch_sub(len, Ordering::SeqCst);
-                Err(Self::oom(dev, call, bytes, "the host could not back it"))
+                Err(oom(dev, call, bytes, "the host could not back it"))
             }
         }
     }
@@ -452,15 +434,10 @@ impl SimBackend {
     fn charge(&self, dev: u32, bytes: usize, call: &'static str) -> Result<usize> {
         let d = self.device(dev)?;
         if d.faults.alloc.hit() {
-            return Err(Self::oom(
-                dev,
-                call,
-                bytes,
-                "injected failure of this allocation",
-            ));
+            return Err(oom(dev, call, bytes, "injected failure of this allocation"));
         }
         if bytes > d.faults.fail_alloc_above.load(Ordering::SeqCst) {
-            return Err(Self::oom(dev, call, bytes, "injected failure above a size"));
+            return Err(oom(dev, call, bytes, "injected failure above a size"));
         }
         let len = bytes.next_multiple_of(DEVICE_ALIGNMENT);
         // Reserve capacity first so concurrent allocations cannot overshoot it.
@@ -472,12 +449,7 @@ impl SimBackend {
         if reserved.is_err() {
             let free =
                 self.config.capacity - d.used.load(Ordering::SeqCst).min(self.config.capacity);
-            return Err(Self::oom(
-                dev,
-                call,
-                bytes,
-                &format!("{} free", fmt_bytes(free)),
-            ));
+            return Err(oom(dev, call, bytes, &format!("{} free", fmt_bytes(free))));
         }
         Ok(len)
     }
@@ -503,7 +475,7 @@ impl SimBackend {
     /// Counts a host pin by `call`; fails the one chosen to fail.
     fn count_pin(&self, call: &'static str, bytes: usize) -> Result<()> {
         if self.pin_fault.hit() {
-            return Err(Self::oom(0, call, bytes, "injected failure of this pin"));
+            return Err(oom(0, call, bytes, "injected failure of this pin"));
         }
         Ok(())
     }
@@ -518,6 +490,20 @@ impl SimBackend {
 
     fn count_copy(&self, dev: u32) -> Result<()> {
         self.count(dev, "copy", |f| &f.copy)
+    }
+}
+
+/// The driver's out-of-memory error for `bytes` asked of `call` on `dev`, failed for `reason`.
+fn oom(dev: u32, call: &'static str, bytes: usize, reason: &str) -> Error {
+    Error::Driver {
+        call,
+        device: dev,
+        name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+        code: 2,
+        description: format!(
+            "out of memory (simulated: {} requested, {reason})",
+            fmt_bytes(bytes)
+        ),
     }
 }
 

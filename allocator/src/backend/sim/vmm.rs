@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::SimBackend;
 use super::memory::{AllocKind, Backing};
+use super::{SimBackend, oom};
 use crate::backend::{DevicePtr, RawPhysical};
 use crate::error::{Error, Result};
 
@@ -81,7 +81,7 @@ impl SimBackend {
         check_granule("reserved range size", bytes as u64)?;
         let mut v = self.vmm.lock();
         let Some(addr) = v.place(dev, bytes as u64) else {
-            return Err(Self::oom(
+            return Err(oom(
                 dev,
                 "cuMemAddressReserve",
                 bytes,
