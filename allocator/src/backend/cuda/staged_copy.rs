@@ -52,10 +52,7 @@ impl Stagers {
                 .position(|s| s.dev == dev)
                 .map(|i| free.swap_remove(i))
         };
-        let stager = match taken {
-            Some(s) => s,
-            None => Stager::new(dev)?,
-        };
+        let stager = taken.map_or_else(|| Stager::new(dev), Ok)?;
         let result = stager.copy(dst, src);
         // After a failure its copies may still run into the buffers: waited for, it is reused.
         // SAFETY: the stager's own stream, live until the stager drops.
@@ -96,9 +93,10 @@ impl Stager {
         let dev = self.dev;
         let len = dst.len();
         let chunks = len.div_ceil(STAGE);
+        // The offset and length of piece `i`.
+        let piece = |i: usize| (i * STAGE, (len - i * STAGE).min(STAGE));
         let enqueue = |i: usize| -> Result<()> {
-            let off = i * STAGE;
-            let n = (len - off).min(STAGE);
+            let (off, n) = piece(i);
             let slot = i % 2;
             let from = DevicePtr(src.0 + off as u64);
             // SAFETY: the stager's own pinned buffer of STAGE bytes, not read by the host until
@@ -114,8 +112,7 @@ impl Stager {
         for i in 0..chunks {
             let slot = i % 2;
             stream::event_synchronize(dev, self.filled[slot])?;
-            let off = i * STAGE;
-            let n = (len - off).min(STAGE);
+            let (off, n) = piece(i);
             // SAFETY: the copy into this buffer has completed (waited for above) and nothing writes
             // it before the next enqueue; `dst` has room for `n` bytes at `off`.
             let filled = unsafe { std::slice::from_raw_parts(self.buffers[slot], n) };
