@@ -202,7 +202,12 @@ impl Backend for SimBackend {
     }
 
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
-        self.release(dev, ptr, false)
+        let d = self.device(dev)?;
+        let mut table = self.table.lock();
+        let device_memory = |kind| matches!(kind, AllocKind::Device | AllocKind::Managed);
+        let a = table.take(ptr, dev, device_memory, "the simulated device")?;
+        d.used.fetch_sub(a.len, Ordering::SeqCst);
+        Ok(())
     }
 
     fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)> {

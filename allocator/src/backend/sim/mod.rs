@@ -454,24 +454,6 @@ impl SimBackend {
         Ok(len)
     }
 
-    fn release(&self, dev: u32, ptr: DevicePtr, expect_pool: bool) -> Result<()> {
-        let d = self.device(dev)?;
-        let mut table = self.table.lock();
-        let accept = |kind| match kind {
-            AllocKind::Pool(_) => expect_pool,
-            AllocKind::Device | AllocKind::Managed => !expect_pool,
-            AllocKind::Mapped { .. } | AllocKind::Exported | AllocKind::Imported => false,
-        };
-        let a = table.take(ptr, dev, accept, "the simulated device")?;
-        d.used.fetch_sub(a.len, Ordering::SeqCst);
-        if let AllocKind::Pool(p) = a.kind
-            && let Some(pool) = self.pools.read().get(&p)
-        {
-            pool.reserved.fetch_sub(a.len as u64, Ordering::SeqCst);
-        }
-        Ok(())
-    }
-
     /// Counts a host pin by `call`; fails the one chosen to fail.
     fn count_pin(&self, call: &'static str, bytes: usize) -> Result<()> {
         if self.pin_fault.hit() {
