@@ -83,9 +83,7 @@ pub(crate) struct PinnedCopy<M: PinnedMemory> {
 
 impl<M: PinnedMemory> PinnedCopy<M> {
     /// Enqueues `bytes` device bytes at `src` into `memory` (in order), then records `event`.
-    ///
-    /// # Errors
-    /// `memory` holds fewer than `bytes`, or a driver call failed (see [`CopyFailed`]).
+    /// Fails when `memory` holds fewer than `bytes`, or a driver call fails (see [`CopyFailed`]).
     pub(crate) fn to_host(
         device: Device,
         stream: RawStream,
@@ -97,10 +95,8 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         PinnedCopy::enqueue(device, stream, event, memory, src, bytes, Toward::Host)
     }
 
-    /// Enqueues the first `bytes` of `memory` (in order) to `dst`, then records `event`.
-    ///
-    /// # Errors
-    /// As [`to_host`](Self::to_host).
+    /// Enqueues the first `bytes` of `memory` (in order) to `dst`, then records `event`; fails as
+    /// [`to_host`](Self::to_host).
     pub(crate) fn to_device(
         device: Device,
         stream: RawStream,

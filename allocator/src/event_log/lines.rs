@@ -39,9 +39,7 @@ impl<R: BufRead> Lines<R> {
     }
 
     /// The next non-blank line, without its line end, and its 1-based number; `None` at the end.
-    ///
-    /// # Errors
-    /// [`Error::EventLog`]: the input cannot be read, or a line is too long or not UTF-8.
+    /// [`Error::EventLog`] when the input cannot be read, or a line is too long or not UTF-8.
     pub(crate) fn next_line(&mut self) -> Result<Option<(usize, &str)>> {
         loop {
             let mut bytes = std::mem::take(&mut self.text).into_bytes();
