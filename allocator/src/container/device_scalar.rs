@@ -28,11 +28,8 @@ use crate::stream_view::StreamView;
 /// # Ok::<(), rmm::allocator::Error>(())
 /// ```
 ///
-/// `R` is how the scalar holds its resource, as for [`DeviceBuffer`]: an owning [`SharedResource`]
-/// by default, or a borrow (see [`ResourceHandle`]).
-///
-/// # Threads
-/// `Send` and `Sync` for every `T: Pod`, as [`DeviceUVector`].
+/// `R` is how the scalar holds its resource, as for [`DeviceBuffer`] ([`ResourceHandle`]); `Send`
+/// and `Sync` as [`DeviceUVector`].
 pub struct DeviceScalar<T: Pod, R: ResourceHandle = SharedResource> {
     storage: DeviceUVector<T, R>,
 }

@@ -18,15 +18,11 @@ use crate::error::Result;
 use crate::resource::DeviceMemoryResource;
 use crate::stream_view::StreamView;
 
-/// How a container holds its memory resource.
+/// How a container holds its memory resource: an owning `Arc` ([`SharedResource`], the default,
+/// or `Arc<R>` for static dispatch), or a borrow `&'a R` (RMM's non-owning
+/// `device_async_resource_ref`, with the lifetime checked by the compiler).
 ///
-/// * [`SharedResource`](crate::resource::SharedResource) (`Arc<dyn DeviceMemoryResource>`, the
-///   default): owning, so the resource lives at least as long as the container; one reference-count
-///   increment and decrement (two atomic operations) per container.
-/// * `&'a R` or `&'a dyn DeviceMemoryResource`: a borrow, like RMM's non-owning
-///   `device_async_resource_ref` but with the lifetime checked by the compiler; no reference
-///   counting, and static dispatch with a concrete `R`.
-/// * `Arc<R>` for a concrete `R`: owning, statically dispatched.
+/// [`SharedResource`]: crate::resource::SharedResource
 pub trait ResourceHandle {
     /// The resource type the handle leads to.
     type Resource: DeviceMemoryResource + ?Sized;
@@ -54,7 +50,7 @@ impl<R: DeviceMemoryResource + ?Sized> ResourceHandle for &R {
 }
 
 /// Gives `ptr` back to `resource` on `stream` with device `ordinal` current (RMM's
-/// `cuda_set_device_raii` around the deallocation); one thread-local read when it already is.
+/// `cuda_set_device_raii` around the deallocation).
 #[inline]
 pub(crate) fn deallocate_on<M: DeviceMemoryResource + ?Sized>(
     ordinal: u32,

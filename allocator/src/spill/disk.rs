@@ -1,18 +1,12 @@
 //! The disk tier: one file per spilled buffer under `spill.disk_directory`.
 //!
-//! Data reaches a file from the host tier (pinned slices written out) or straight from the device
-//! when the host tier is full. Device traffic goes through two staging slots pinned with the store
-//! (so the tier works when host memory is short), pipelined: one slot's bytes go to (or from) the
-//! file while the next chunk is copied into (or out of) the other on the copy stream.
+//! Data reaches a file from the host tier or straight from the device, through two pinned staging
+//! slots (so the tier works when host memory is short), pipelined with the file I/O.
 //!
-//! Spill files have no name: made with `O_TMPFILE` (mode 0600) or, where unsupported, created with
-//! `O_EXCL` (mode 0600, never following a planted link) and unlinked at once. The buffer holds the
-//! open file; the data goes when the buffer leaves the disk tier or drops, and when the process
-//! ends however it ends (SIGKILL, a crash): no file is left behind.
-//!
-//! Only a process killed between creating and unlinking a named file can leave one: named files are
-//! `rmm-spill-<pid>-…`, and the next disk tier in that directory sweeps those of dead pids. See
-//! also [`remove_files_for_exit`].
+//! Spill files have no name (`O_TMPFILE`, or `O_EXCL` and unlinked at once; mode 0600), so none
+//! is left behind however the process ends. Only a process killed between creating and unlinking
+//! a named file (`rmm-spill-<pid>-…`) can leave one; the next disk tier in that directory sweeps
+//! those of dead pids. See also [`remove_files_for_exit`].
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};

@@ -1,10 +1,6 @@
 //! [`SpillStore`]: where one device's spilled data goes: a pinned host pool, optionally files
-//! behind it ([`SpillTiers`]), and the copy streams between the tiers.
-//!
-//! The tiers can be replaced while buffers live ([`SpillStore::replace_tiers`], as a reinitialize
-//! with a new `spill.host_pool_size` or `spill.disk_directory` does): new spills go to the new
-//! tiers; spilled data stays put, its slices or file keeping the old tier alive, and comes back
-//! from there. An old tier goes once empty.
+//! behind it ([`SpillTiers`]), and the copy streams between the tiers. Replaced tiers
+//! ([`SpillStore::replace_tiers`]) live on while spilled data is in them.
 
 use std::path::Path;
 use std::sync::{Arc, Weak};
@@ -101,10 +97,8 @@ impl SpillStore {
         Ok(Arc::new(SpillTiers { host, disk }))
     }
 
-    /// Changes the tiers new spills go to: `host` replaces the host pool, `disk` the disk tier
-    /// (`None` keeps either; `Some(None)` removes the disk tier; `Some(Some(dir))` uses files under
-    /// `dir`, created if missing). Returns the replaced tiers for
-    /// [`restore_tiers`](Self::restore_tiers). Spilled data stays and comes back from where it is.
+    /// Changes the tiers new spills go to (`None` keeps either; `Some(None)` removes the disk tier);
+    /// returns the replaced ones for [`restore_tiers`](Self::restore_tiers). Spilled data stays.
     ///
     /// # Errors
     /// Making the disk tier failed (unwritable directory, unpinnable staging); no change.

@@ -300,16 +300,13 @@ impl Writer {
         }
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.sink.flush()))
             .unwrap_or_else(|_| Err(std::io::Error::other("the writer panicked while flushing")));
-        match r {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if self.queue.auto_flush.load(Ordering::Relaxed) {
-                    tracing::error!("memory event log: flushing failed, logging stops: {e}");
-                    self.error = Some(e.to_string());
-                }
-                Err(FlushError::Flush(e))
+        r.map_err(|e| {
+            if self.queue.auto_flush.load(Ordering::Relaxed) {
+                tracing::error!("memory event log: flushing failed, logging stops: {e}");
+                self.error = Some(e.to_string());
             }
-        }
+            FlushError::Flush(e)
+        })
     }
 
     /// Answers the flushes whose records are all written.

@@ -91,37 +91,6 @@ pub(super) struct Maps {
     pub(super) backtraces: HashMap<u64, Arc<Backtrace>, BuildPtrHasher>,
 }
 
-impl Maps {
-    /// Removes `addr`'s record and backtrace.
-    #[inline(always)]
-    pub(super) fn remove(&mut self, addr: u64) -> (Option<Rec>, Option<Arc<Backtrace>>) {
-        let rec = self.records.remove(&addr);
-        let bt = if self.backtraces.is_empty() {
-            None
-        } else {
-            self.backtraces.remove(&addr)
-        };
-        (rec, bt)
-    }
-
-    /// Records `addr`; returns what it replaces.
-    #[inline(always)]
-    pub(super) fn insert(
-        &mut self,
-        addr: u64,
-        rec: Rec,
-        bt: Option<Arc<Backtrace>>,
-    ) -> (Option<Rec>, Option<Arc<Backtrace>>) {
-        let old = self.records.insert(addr, rec);
-        let old_bt = match bt {
-            Some(bt) => self.backtraces.insert(addr, bt),
-            None if self.backtraces.is_empty() => None,
-            None => self.backtraces.remove(&addr),
-        };
-        (old, old_bt)
-    }
-}
-
 /// One lock, its map and its share of the outstanding bytes, on cache lines of their own.
 #[repr(align(128))]
 pub(super) struct Shard {
@@ -140,24 +109,34 @@ impl Shard {
     #[inline(always)]
     pub(super) fn insert(&self, addr: u64, rec: Rec, bt: Option<Arc<Backtrace>>) -> Taken {
         let mut maps = self.map.lock();
-        let old = maps.insert(addr, rec, bt);
-        let freed = old.0.as_ref().map_or(0, |o| o.size);
+        let old = maps.records.insert(addr, rec);
+        let old_bt = match bt {
+            Some(bt) => maps.backtraces.insert(addr, bt),
+            None if maps.backtraces.is_empty() => None,
+            None => maps.backtraces.remove(&addr),
+        };
+        let freed = old.as_ref().map_or(0, |o| o.size);
         let b = self.bytes.load(Ordering::Relaxed);
         let b = b.wrapping_add(rec.size).wrapping_sub(freed);
         self.bytes.store(b, Ordering::Relaxed);
-        old
+        (old, old_bt)
     }
 
     /// Removes `addr`'s record and backtrace, and its bytes from the count.
     #[inline(always)]
     pub(super) fn remove(&self, addr: u64) -> Taken {
         let mut maps = self.map.lock();
-        let removed = maps.remove(addr);
-        if let Some(rec) = &removed.0 {
+        let rec = maps.records.remove(&addr);
+        let bt = if maps.backtraces.is_empty() {
+            None
+        } else {
+            maps.backtraces.remove(&addr)
+        };
+        if let Some(rec) = &rec {
             let b = self.bytes.load(Ordering::Relaxed);
             self.bytes
                 .store(b.wrapping_sub(rec.size), Ordering::Relaxed);
         }
-        removed
+        (rec, bt)
     }
 }

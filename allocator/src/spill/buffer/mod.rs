@@ -2,17 +2,10 @@
 //! come back on the next use.
 //!
 //! A [`DeviceGuard`] brings spilled data back into the device's *current* resource (after a
-//! `reinitialize`, the new stack) and blocks spilling while it lives; a [`HostGuard`] brings the
-//! data to the host tier and holds it there. A [`SpillObserver`] (the runtime's spill manager)
-//! hears of every use and move and makes room before data comes back or lands on the host.
-//!
-//! Copies run on the store's copy streams after the work queued on the buffer's stream, one pinned
-//! slice per chunk at most, and finish before the source is freed; a failed move leaves the buffer
-//! valid where it was and frees what it took.
-//!
-//! A read-only buffer ([`SpillableBuffer::set_read_only`]) keeps its host copy when it comes back,
-//! like a swap slot, so spilling it again only frees device memory; the host tier drops such copies
-//! first ([`SpillableBuffer::drop_kept_copy`]).
+//! `reinitialize`, the new stack) and blocks spilling while it lives; a [`HostGuard`] holds the
+//! data in the host tier. A [`SpillObserver`] (the runtime's spill manager) hears of every use and
+//! move. Copies run on the store's copy streams and finish before the source is freed; a failed
+//! move leaves the buffer valid where it was.
 
 use std::fmt;
 use std::sync::Arc;
@@ -165,7 +158,6 @@ impl fmt::Debug for SpillableBuffer {
     }
 }
 
-/// Time since `start` in nanoseconds.
 fn nanos_since(start: Instant) -> u64 {
     start.elapsed().as_nanos() as u64
 }
@@ -256,7 +248,6 @@ impl SpillableBuffer {
         Ok(buffer)
     }
 
-    /// A buffer `id` of `size` bytes in `state`, not yet used.
     fn with_state(
         id: u64,
         store: &Arc<SpillStore>,
@@ -318,8 +309,8 @@ impl SpillableBuffer {
 
     /// Drops a device guard's pin, recording where `stream`'s use of the data ends (`released_at`).
     pub(super) fn unpin(&self, stream: StreamView) {
-        // Record before unpinning: once no pins remain a spill may read the list. On failure the
-        // list is emptied and a spill waits for the whole stream.
+        // Record before unpinning: once no pins remain a spill may read the list. On failure it is
+        // emptied, and a spill waits for the whole stream.
         let copies = self.store.copies();
         let key = release_key(stream);
         let mut released = self.released_at.lock();
@@ -472,7 +463,6 @@ impl SpillableBuffer {
         self.spill_locked(&mut state)
     }
 
-    /// [`spill`](Self::spill) with the state locked.
     fn spill_locked(&self, state: &mut State) -> Result<usize> {
         if !matches!(*state, State::Device { .. }) {
             return Ok(0);
@@ -539,7 +529,6 @@ impl SpillableBuffer {
         })
     }
 
-    /// Records a move: new state, observer, trace event.
     fn moved(&self, state: &mut State, new: State, start: Instant) {
         let from = state.tier();
         let to = new.tier();
@@ -626,7 +615,7 @@ impl SpillableBuffer {
         Ok(())
     }
 
-    /// Frees the device memory `state` holds, if the buffer owns it (not borrowed, not moved off).
+    /// Frees the device memory `state` holds, if the buffer owns it (not borrowed).
     fn free_device_memory(&self, state: &State) -> Result<()> {
         if let State::Device {
             ptr,
@@ -662,15 +651,6 @@ impl SpillableBuffer {
         Ok(())
     }
 
-    /// An error when a failed copy lost the data (see [`Error::DataLost`]).
-    fn check_not_lost(&self) -> Result<()> {
-        if self.lost.load(Ordering::Acquire) {
-            return Err(self.data_lost("an earlier unspill could not wait for its copy".into()));
-        }
-        Ok(())
-    }
-
-    /// [`Error::DataLost`] for this buffer, lost to `detail`.
     fn data_lost(&self, detail: String) -> Error {
         let (id, bytes) = (self.id, self.size);
         Error::DataLost { id, bytes, detail }
