@@ -293,13 +293,7 @@ impl DiskStore {
         slices: &[PinnedSlice],
         len: usize,
     ) -> Result<DiskFile> {
-        let mut left = len;
-        let chunks = slices.iter().map(|s| {
-            let n = left.min(s.len());
-            left -= n;
-            &s.as_slice()[..n]
-        });
-        self.write_chunks(id, chunks, len)
+        self.write_chunks(id, data_in(slices, len), len)
     }
 
     /// Writes `bytes` to a new file for buffer `id`.
@@ -491,6 +485,16 @@ impl DiskStore {
         }
         *staging = free;
     }
+}
+
+/// The first `len` bytes held in `slices`, in order, a piece per slice.
+pub(super) fn data_in(slices: &[PinnedSlice], len: usize) -> impl Iterator<Item = &[u8]> {
+    let mut left = len;
+    slices.iter().map(move |s| {
+        let n = left.min(s.len());
+        left -= n;
+        &s.as_slice()[..n]
+    })
 }
 
 /// Waits for `copy` and recycles its event: its slots, or the error with what came back in `free`.

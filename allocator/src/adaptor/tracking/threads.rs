@@ -1,5 +1,4 @@
-//! The threads that allocated through an adaptor: a table of slots that records point into,
-//! pruned of exited threads, and each thread's cache of its slots.
+//! The threads that allocated through an adaptor: a table of slots records point into.
 
 use std::cell::RefCell;
 use std::sync::Weak;

@@ -139,8 +139,7 @@ pub struct SpillableBuffer {
     /// Live device guards.
     pub(super) pins: AtomicUsize,
     /// Per stream used through a device guard (see `release_key`), an event recorded as the guard
-    /// let go. A spill's copy waits on these, not on later work on the stream (a worker's next
-    /// task). Empty until a guard lets go and after the data leaves the device.
+    /// let go: a spill's copy waits on these, not on later work on the stream.
     pub(super) released_at: Mutex<Vec<(u64, Event)>>,
     /// Set when the data was lost to a copy that could not be waited for.
     lost: AtomicBool,
@@ -197,9 +196,8 @@ impl SpillableBuffer {
         ))
     }
 
-    /// Copies `size` device bytes at `ptr` that the buffer does not own (another library's
-    /// allocation, say) to the host tier (or disk when it is full) after `stream`'s queued work,
-    /// like a spill, complete on return. `ptr` must stay valid until then and is never freed.
+    /// Copies `size` device bytes at `ptr` that the buffer does not own to the host tier (or disk)
+    /// after `stream`'s queued work, like a spill, complete on return; `ptr` is never freed.
     ///
     /// # Errors
     /// As [`spill`](Self::spill); nothing is kept then.
@@ -222,10 +220,7 @@ impl SpillableBuffer {
                 kept: None,
             },
         );
-        {
-            let mut state = buffer.state.lock();
-            buffer.spill_locked(&mut state)?;
-        }
+        buffer.spill_locked(buffer.state.lock())?;
         Ok(buffer)
     }
 
@@ -457,26 +452,17 @@ impl SpillableBuffer {
     /// [`Error::HostOutOfMemory`] with no disk tier; else [`Error::Driver`] or
     /// [`Error::SpillFile`].
     pub fn spill(&self) -> Result<usize> {
-        let Some(mut state) = self.lock_idle() else {
+        let Some(state) = self.lock_idle() else {
             return Ok(0);
         };
-        self.spill_locked(&mut state)
+        self.spill_locked(state)
     }
 
-    fn spill_locked(&self, state: &mut State) -> Result<usize> {
-        if !matches!(*state, State::Device { .. }) {
-            return Ok(0);
-        }
-        if self.spill_to_kept(state)? {
-            return Ok(self.size);
-        }
-        match self.device_to_host(state) {
-            Ok(()) => Ok(self.size),
-            Err(Error::HostOutOfMemory { .. }) if self.store.has_disk() => {
-                self.device_to_disk(state)?;
-                Ok(self.size)
-            }
-            Err(e) => Err(e),
+    fn spill_locked(&self, state: MutexGuard<'_, State>) -> Result<usize> {
+        match self.begin_spill_locked(state)? {
+            SpillStep::Skipped => Ok(0),
+            SpillStep::Done(bytes) => Ok(bytes),
+            SpillStep::Pending(pending) => pending.finish(None),
         }
     }
 
@@ -507,8 +493,8 @@ impl SpillableBuffer {
         Ok(self.size)
     }
 
-    /// The locked state if the buffer is non-empty, unused and not busy. Busy is not waited for:
-    /// two threads spilling each other's buffer to make room would deadlock.
+    /// The locked state if the buffer is non-empty, unused and not busy (not waited for: two
+    /// threads spilling each other's buffer to make room would deadlock).
     fn lock_idle(&self) -> Option<MutexGuard<'_, State>> {
         if self.size == 0 || self.is_in_use() {
             return None;
@@ -560,7 +546,7 @@ impl SpillableBuffer {
     }
 
     /// Pinned slices for the whole buffer, asking the observer for room once if the host tier is
-    /// full. Kept copies go before a growable pool pins more: they never justify pinning.
+    /// full (and to drop kept copies before a growable pool pins more).
     fn host_slices(&self) -> Result<Vec<PinnedSlice>> {
         let host = self.store.host();
         if let Some(o) = &self.observer
