@@ -81,8 +81,8 @@ fn deallocate_switching<M: DeviceMemoryResource + ?Sized>(
     }
 }
 
-/// [`deallocate_on`], logging a failure with [`log_deallocation_error`] (from `Drop` or cleanup,
-/// where it cannot be returned); `what` says what was being done.
+/// [`deallocate_on`], logging a failure (from `Drop` or cleanup, where it cannot be returned);
+/// `what` says what was being done.
 #[inline]
 pub(crate) fn deallocate_or_log<M: DeviceMemoryResource + ?Sized>(
     what: &str,
@@ -98,10 +98,9 @@ pub(crate) fn deallocate_or_log<M: DeviceMemoryResource + ?Sized>(
     }
 }
 
-/// Logs a failure to give memory back (from `Drop`, where it cannot be returned).
 #[cold]
 #[inline(never)]
-pub(crate) fn log_deallocation_error(
+fn log_deallocation_error(
     what: &str,
     ptr: DevicePtr,
     bytes: usize,
