@@ -52,10 +52,7 @@ fn owner_of(name: &str) -> Option<u32> {
 /// Whether process `pid` is alive; `None` when this system cannot tell (no `/proc`).
 fn alive(pid: u32) -> Option<bool> {
     let proc = Path::new("/proc");
-    if !proc.join("self").exists() {
-        return None;
-    }
-    Some(proc.join(pid.to_string()).exists())
+    (proc.join("self").exists()).then(|| proc.join(pid.to_string()).exists())
 }
 
 /// Removes dead processes' spill files in `directory` (with `own`, this pid's too: a former

@@ -77,24 +77,15 @@ impl SpillStore {
         host: PinnedHostPool,
         disk_directory: Option<&Path>,
     ) -> Result<Arc<SpillStore>> {
-        let tiers = Self::make_tiers(device, host, disk_directory)?;
-        Ok(Arc::new(SpillStore {
-            device,
-            tiers: RwLock::new(tiers),
-            retired: Mutex::new(Retired::default()),
-            copies: CopyStreams::new(device)?,
-        }))
-    }
-
-    fn make_tiers(
-        device: Device,
-        host: PinnedHostPool,
-        disk_directory: Option<&Path>,
-    ) -> Result<Arc<SpillTiers>> {
         let disk = disk_directory
             .map(|dir| DiskStore::new(device, dir).map(Arc::new))
             .transpose()?;
-        Ok(Arc::new(SpillTiers { host, disk }))
+        Ok(Arc::new(SpillStore {
+            device,
+            tiers: RwLock::new(Arc::new(SpillTiers { host, disk })),
+            retired: Mutex::new(Retired::default()),
+            copies: CopyStreams::new(device)?,
+        }))
     }
 
     /// Changes the tiers new spills go to (`None` keeps either; `Some(None)` removes the disk tier);

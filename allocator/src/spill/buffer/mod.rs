@@ -235,11 +235,10 @@ impl SpillableBuffer {
         observer: Option<Arc<dyn SpillObserver>>,
     ) -> Result<Arc<SpillableBuffer>> {
         let buffer = Self::new(store, bytes.len(), stream, observer)?;
-        {
-            let guard = buffer.device_view(stream)?;
-            synchronize_stream(buffer.device(), stream)?;
-            buffer.device().copy_to_device(guard.ptr(), bytes)?;
-        }
+        let guard = buffer.device_view(stream)?;
+        synchronize_stream(buffer.device(), stream)?;
+        buffer.device().copy_to_device(guard.ptr(), bytes)?;
+        drop(guard);
         Ok(buffer)
     }
 
