@@ -164,44 +164,37 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     }
 
     /// The number of bytes.
-    #[inline]
     pub fn size(&self) -> usize {
         self.size
     }
 
     /// The size of the allocation in bytes (at least [`size`](Self::size)).
-    #[inline]
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// True when the size is zero (the buffer may still hold an allocation).
-    #[inline]
     pub fn is_empty(&self) -> bool {
         self.size == 0
     }
 
     /// The device address of the first byte (null when unallocated); other streams than
     /// [`stream`](Self::stream) need ordering (an event), as in RMM.
-    #[inline]
     pub fn data(&self) -> DevicePtr {
         self.ptr
     }
 
     /// The stream most recently set; the one the memory is given back on.
-    #[inline]
     pub fn stream(&self) -> StreamView {
         self.stream
     }
 
     /// Sets the stream the memory is given back on (until a reallocating call names another).
-    #[inline]
     pub fn set_stream(&mut self, stream: StreamView) {
         self.stream = stream;
     }
 
     /// The handle of the resource that allocated the memory and will take it back.
-    #[inline]
     pub fn memory_resource(&self) -> &R {
         &self.resource
     }
@@ -212,7 +205,6 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     }
 
     /// The thread's current device at construction (as RMM), current again to free the memory.
-    #[inline]
     pub fn construction_device(&self) -> u32 {
         self.construction_device
     }

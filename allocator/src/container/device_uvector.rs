@@ -119,7 +119,6 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         Ok(Self::wrap(buffer))
     }
 
-    #[inline]
     fn wrap(storage: DeviceBuffer<R>) -> Self {
         DeviceUVector {
             staging: None,
@@ -159,25 +158,21 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     }
 
     /// Number of elements.
-    #[inline]
     pub fn len(&self) -> usize {
         self.storage.size() / Self::ELEMENT
     }
 
     /// True when there are no elements.
-    #[inline]
     pub fn is_empty(&self) -> bool {
         self.storage.is_empty()
     }
 
     /// Number of elements the current allocation can hold.
-    #[inline]
     pub fn capacity(&self) -> usize {
         self.storage.capacity() / Self::ELEMENT
     }
 
     /// The device address of the first element (null when nothing is allocated).
-    #[inline]
     pub fn data(&self) -> DevicePtr {
         self.storage.data()
     }
@@ -200,25 +195,21 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     }
 
     /// The stream most recently set; the one the memory is given back on.
-    #[inline]
     pub fn stream(&self) -> StreamView {
         self.storage.stream()
     }
 
     /// Sets the stream the memory is given back on (until a reallocating call names another).
-    #[inline]
     pub fn set_stream(&mut self, stream: StreamView) {
         self.storage.set_stream(stream);
     }
 
     /// The handle of the resource that allocated the memory and will take it back.
-    #[inline]
     pub fn memory_resource(&self) -> &R {
         self.storage.memory_resource()
     }
 
     /// The device the elements live on.
-    #[inline]
     pub fn device(&self) -> Device {
         self.storage.device()
     }

@@ -34,7 +34,6 @@ pub trait ResourceHandle {
 impl<R: DeviceMemoryResource + ?Sized> ResourceHandle for Arc<R> {
     type Resource = R;
 
-    #[inline]
     fn resource(&self) -> &R {
         self
     }
@@ -43,7 +42,6 @@ impl<R: DeviceMemoryResource + ?Sized> ResourceHandle for Arc<R> {
 impl<R: DeviceMemoryResource + ?Sized> ResourceHandle for &R {
     type Resource = R;
 
-    #[inline]
     fn resource(&self) -> &R {
         self
     }
