@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::resource::DeviceMemoryResource;
-use crate::resource::SharedResource;
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_view::StreamView;
 
 /// What the callback wants done after an out-of-memory failure.

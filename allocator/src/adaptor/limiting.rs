@@ -12,8 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::ALLOCATION_ALIGNMENT;
 use crate::backend::{DevicePtr, MemInfo};
 use crate::error::{Error, Result, fmt_bytes};
-use crate::resource::SharedResource;
-use crate::resource::{DeviceMemoryResource, LiveBlock};
+use crate::resource::{DeviceMemoryResource, LiveBlock, SharedResource};
 use crate::stream_view::StreamView;
 
 /// A limit in bytes or as a fraction of the device's total memory.

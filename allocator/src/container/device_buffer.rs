@@ -7,8 +7,7 @@ use crate::backend::DevicePtr;
 use crate::device::{Device, current_device};
 use crate::error::{Error, Result};
 use crate::per_device::get_current_device_resource;
-use crate::resource::DeviceMemoryResource;
-use crate::resource::SharedResource;
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream::{self, Event};
 use crate::stream_view::StreamView;
 

@@ -6,8 +6,7 @@ use crate::backend::host::HostBlock;
 use crate::backend::pinned_copy::PinnedCopy;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::resource::HostMemoryResource;
-use crate::resource::PinnedHostMemoryResource;
+use crate::resource::{HostMemoryResource, PinnedHostMemoryResource};
 use crate::stream::Event;
 use crate::stream_view::StreamView;
 

@@ -64,8 +64,7 @@ use writer::{OUT_BUFFER, Writer};
 
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::resource::SharedResource;
-use crate::resource::{DeviceMemoryResource, LiveBlock};
+use crate::resource::{DeviceMemoryResource, LiveBlock, SharedResource};
 use crate::stream_view::StreamView;
 
 /// The first line of every log, RMM's header.

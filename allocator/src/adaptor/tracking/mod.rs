@@ -27,8 +27,7 @@ use threads::{REGISTRATIONS, SLOTS, ThreadTable};
 use crate::backend::DevicePtr;
 use crate::backend::clock::{Ticker, ticking_monotonic_ns};
 use crate::error::{Result, fmt_bytes};
-use crate::resource::SharedResource;
-use crate::resource::{DeviceMemoryResource, LiveBlock};
+use crate::resource::{DeviceMemoryResource, LiveBlock, SharedResource};
 use crate::stream_view::StreamView;
 use crate::sync::SpinLock;
 
