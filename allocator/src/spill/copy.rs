@@ -101,18 +101,9 @@ impl CopyStreams {
         self.events.lock().push(event);
     }
 
-    /// The `direction` copy stream for a buffer used on `after`, after `after`'s queued work.
+    /// The `direction` copy stream for a buffer used on `after`, after `after`'s queued work, or
+    /// only after `events` (recorded where the buffer's users let go) if there are any.
     pub(crate) fn ordered_after(
-        &self,
-        direction: Direction,
-        after: StreamView,
-    ) -> Result<RawStream> {
-        self.ordered_after_events(direction, after, &[])
-    }
-
-    /// As [`ordered_after`](Self::ordered_after), but ordered after `events` (recorded where the
-    /// buffer's users let go) instead of all of `after`'s queued work, if there are any.
-    pub(crate) fn ordered_after_events(
         &self,
         direction: Direction,
         after: StreamView,

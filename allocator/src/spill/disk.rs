@@ -358,7 +358,7 @@ impl DiskStore {
         let mut pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)> = VecDeque::new();
         // Chunks are copied into the free slots while the oldest copied chunk is written out.
         let result = (|| -> Result<()> {
-            let stream = copies.ordered_after(Direction::ToHost, after)?;
+            let stream = copies.ordered_after(Direction::ToHost, after, &[])?;
             let chunks = len.div_ceil(STAGING);
             let mut next = 0;
             loop {
@@ -415,7 +415,7 @@ impl DiskStore {
         let mut pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)> = VecDeque::new();
         // Each chunk is read into a free slot while the slots read before are copied out.
         let result = (|| -> Result<()> {
-            let stream = copies.ordered_after(Direction::ToDevice, after)?;
+            let stream = copies.ordered_after(Direction::ToDevice, after, &[])?;
             for i in 0..len.div_ceil(STAGING) {
                 if free.is_empty()
                     && let Some((_, copy)) = pending.pop_front()

@@ -77,7 +77,7 @@ impl SpillableBuffer {
     ) -> Copied<PinnedCopy<PinnedSlice>> {
         let copies = self.store.copies();
         let prepared = copies
-            .ordered_after_events(direction, after, released)
+            .ordered_after(direction, after, released)
             .and_then(|lane| copies.event().map(|event| (lane, event)));
         let (lane, event) = match prepared {
             Ok(p) => p,
