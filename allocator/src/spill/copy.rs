@@ -65,7 +65,6 @@ impl CopyStreams {
         })
     }
 
-    /// The device.
     pub(crate) fn device(&self) -> Device {
         self.device
     }

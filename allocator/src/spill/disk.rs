@@ -243,7 +243,6 @@ impl DiskStore {
             .before_file_write(self.device.ordinal())
     }
 
-    /// The directory.
     pub(crate) fn directory(&self) -> &Path {
         &self.directory
     }

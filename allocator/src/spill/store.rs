@@ -49,7 +49,6 @@ struct Retired {
 }
 
 impl Retired {
-    /// Forgets the tiers that are gone.
     fn prune(&mut self) {
         self.hosts.retain(|h| h.upgrade().is_some());
         self.disks.retain(|d| d.strong_count() > 0);

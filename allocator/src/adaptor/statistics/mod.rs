@@ -230,7 +230,6 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.shards.get(slot as usize)
     }
 
-    /// Counts an allocation.
     #[inline(always)]
     fn record_alloc(&self, bytes: i64) {
         let Some(s) = self.shard() else {
@@ -257,7 +256,6 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// Counts a free.
     #[inline(always)]
     fn record_free(&self, bytes: i64) {
         let Some(s) = self.shard() else {
