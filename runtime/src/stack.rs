@@ -30,13 +30,13 @@ use rmm_allocator::adaptor::{
     FailureCallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor, MemoryReport,
     StatisticsResourceAdaptor, TrackingResourceAdaptor, chain_names,
 };
-use rmm_allocator::fmt_bytes;
 use rmm_allocator::per_device;
 use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, LiveBlock, ManagedMemoryResource, PoolBuilder,
     PoolMemoryResource, VirtualMemory,
 };
+use rmm_allocator::{Result, fmt_bytes};
 use rmm_config::{LogLevel, PoolPlan, ResolvedConfig, ResolvedDevice, Switch, UpstreamPlan};
 use serde::Serialize;
 
@@ -147,7 +147,7 @@ impl StackPlan {
     /// [`Unsupported`](rmm_allocator::Error::Unsupported),
     /// [`EventLog`](rmm_allocator::Error::EventLog); with spilling on demand,
     /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument).
-    pub fn build(&self) -> rmm_allocator::Result<DeviceStack> {
+    pub fn build(&self) -> Result<DeviceStack> {
         self.build_replacing(None, None, &[])
     }
 
@@ -155,7 +155,7 @@ impl StackPlan {
     ///
     /// # Errors
     /// As [`StackPlan::build`].
-    pub fn build_with(&self, on_oom: Option<OomHandler>) -> rmm_allocator::Result<DeviceStack> {
+    pub fn build_with(&self, on_oom: Option<OomHandler>) -> Result<DeviceStack> {
         self.build_replacing(None, on_oom, &[])
     }
 
@@ -191,7 +191,7 @@ impl StackPlan {
         previous: &DeviceStack,
         on_oom: Option<OomHandler>,
         live: &[LiveBlock],
-    ) -> rmm_allocator::Result<(DeviceStack, u64)> {
+    ) -> Result<(DeviceStack, u64)> {
         let mut released = previous.release_keeping(self.adoptable_from(previous))?;
         let stack = self.build_replacing(Some(previous), on_oom, live)?;
         released += previous.release()?;
@@ -208,7 +208,7 @@ impl StackPlan {
         previous: Option<&DeviceStack>,
         on_oom: Option<OomHandler>,
         live: &[LiveBlock],
-    ) -> rmm_allocator::Result<DeviceStack> {
+    ) -> Result<DeviceStack> {
         if self.spill_on_demand && on_oom.is_none() {
             return Err(rmm_allocator::Error::invalid_argument(
                 "on_oom",
@@ -329,10 +329,7 @@ impl fmt::Debug for DeviceStack {
 ///
 /// # Errors
 /// As [`StackPlan::build`].
-pub fn build_device_stack(
-    config: &ResolvedConfig,
-    device: &ResolvedDevice,
-) -> rmm_allocator::Result<DeviceStack> {
+pub fn build_device_stack(config: &ResolvedConfig, device: &ResolvedDevice) -> Result<DeviceStack> {
     StackPlan::new(config, device).build()
 }
 
@@ -466,7 +463,7 @@ impl DeviceStack {
     /// # Errors
     /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument): not a device of the
     /// process-wide backend; [`NoSuchDevice`](rmm_allocator::Error::NoSuchDevice).
-    pub fn install(&self) -> rmm_allocator::Result<SharedResource> {
+    pub fn install(&self) -> Result<SharedResource> {
         per_device::set_per_device_resource(self.device.ordinal(), Arc::clone(&self.top))
     }
 
@@ -480,7 +477,7 @@ impl DeviceStack {
     ///
     /// # Errors
     /// [`NoSuchDevice`](rmm_allocator::Error::NoSuchDevice) or the backend's error.
-    pub fn uninstall(&self) -> rmm_allocator::Result<()> {
+    pub fn uninstall(&self) -> Result<()> {
         if self.is_installed() {
             per_device::reset_per_device_resource(self.device.ordinal())?;
         }
@@ -492,7 +489,7 @@ impl DeviceStack {
     ///
     /// # Errors
     /// [`Driver`](rmm_allocator::Error::Driver) or [`EventLog`](rmm_allocator::Error::EventLog).
-    pub fn release(&self) -> rmm_allocator::Result<u64> {
+    pub fn release(&self) -> Result<u64> {
         self.release_keeping(0)
     }
 
@@ -500,7 +497,7 @@ impl DeviceStack {
     ///
     /// # Errors
     /// As [`DeviceStack::release`].
-    pub fn release_keeping(&self, keep: u64) -> rmm_allocator::Result<u64> {
+    pub fn release_keeping(&self, keep: u64) -> Result<u64> {
         let mut released = 0;
         if let Some(pool) = &self.pool {
             released = pool.release_except_adoptable(keep)?;
