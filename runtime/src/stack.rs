@@ -162,19 +162,15 @@ impl StackPlan {
     /// Bytes of `previous`'s pool this plan's pool can take over: its initial size when both use
     /// `cuMemAlloc` and both map it or neither do, else 0.
     pub fn adoptable_from(&self, previous: &DeviceStack) -> u64 {
-        match (&self.pool, &previous.pool) {
-            (Some(plan), Some(old))
-                if self.upstream == UpstreamPlan::Cuda
-                    && previous.plan.upstream == UpstreamPlan::Cuda =>
-            {
-                let builder = pool_builder(plan, Arc::clone(old.upstream()));
-                match builder.maps_memory() {
-                    Ok(maps) if maps == old.uses_virtual_memory() => plan.initial_size,
-                    _ => 0,
-                }
-            }
-            _ => 0,
-        }
+        let (Some(plan), Some(old)) = (&self.pool, &previous.pool) else {
+            return 0;
+        };
+        let adoptable = self.upstream == UpstreamPlan::Cuda
+            && previous.plan.upstream == UpstreamPlan::Cuda
+            && pool_builder(plan, Arc::clone(old.upstream()))
+                .maps_memory()
+                .is_ok_and(|maps| maps == old.uses_virtual_memory());
+        if adoptable { plan.initial_size } else { 0 }
     }
 
     /// Builds the stack replacing `previous` (a reinitialize): `previous` gives back what the new

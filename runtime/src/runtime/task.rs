@@ -97,14 +97,6 @@ pub(crate) struct Slot<T> {
 }
 
 impl<T> Slot<T> {
-    fn new() -> Arc<Slot<T>> {
-        Arc::new(Slot {
-            done: AtomicBool::new(false),
-            state: Mutex::new(State::Pending),
-            ready: Condvar::new(),
-        })
-    }
-
     fn complete(&self, result: Result<T, TaskError>) {
         let mut s = self.state.lock();
         if matches!(*s, State::Pending) {
@@ -198,7 +190,11 @@ where
     F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
     T: Send + 'static,
 {
-    let slot = Slot::new();
+    let slot = Arc::new(Slot {
+        done: AtomicBool::new(false),
+        state: Mutex::new(State::Pending),
+        ready: Condvar::new(),
+    });
     let handle = TaskHandle {
         slot: Arc::clone(&slot),
     };
