@@ -25,18 +25,15 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use rmm_allocator::Device;
 use rmm_allocator::adaptor::{
     FailureCallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor, MemoryReport,
     StatisticsResourceAdaptor, TrackingResourceAdaptor, chain_names,
 };
-use rmm_allocator::per_device;
-use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, LiveBlock, ManagedMemoryResource, PoolBuilder,
-    PoolMemoryResource, VirtualMemory,
+    PoolMemoryResource, SharedResource, VirtualMemory,
 };
-use rmm_allocator::{Result, fmt_bytes};
+use rmm_allocator::{Device, Result, fmt_bytes, per_device};
 use rmm_config::{LogLevel, PoolPlan, ResolvedConfig, ResolvedDevice, Switch, UpstreamPlan};
 use serde::Serialize;
 
