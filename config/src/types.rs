@@ -339,9 +339,6 @@ pub struct PoolConfig {
     pub max_overhead: crate::overhead::Overhead,
 }
 
-/// The default of `pool.growth`: 1 GiB.
-pub const DEFAULT_POOL_GROWTH: u64 = 1 << 30;
-
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
@@ -351,7 +348,7 @@ impl Default for PoolConfig {
             initial_size: None,
             maximum_size: None,
             release_threshold: None,
-            growth: Size::Bytes(DEFAULT_POOL_GROWTH),
+            growth: Size::Bytes(1 << 30),
             vmm: Switch::Auto,
             max_overhead: crate::overhead::Overhead::Unlimited,
         }

@@ -25,18 +25,15 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use rmm_allocator::Device;
 use rmm_allocator::adaptor::{
     FailureCallbackResourceAdaptor, LimitingResourceAdaptor, LoggingResourceAdaptor, MemoryReport,
     StatisticsResourceAdaptor, TrackingResourceAdaptor, chain_names,
 };
-use rmm_allocator::fmt_bytes;
-use rmm_allocator::per_device;
-use rmm_allocator::resource::SharedResource;
 use rmm_allocator::resource::{
     CudaAsyncMemoryResource, CudaMemoryResource, LiveBlock, ManagedMemoryResource, PoolBuilder,
-    PoolMemoryResource, VirtualMemory,
+    PoolMemoryResource, SharedResource, VirtualMemory,
 };
+use rmm_allocator::{Device, Result, fmt_bytes, per_device};
 use rmm_config::{LogLevel, PoolPlan, ResolvedConfig, ResolvedDevice, Switch, UpstreamPlan};
 use serde::Serialize;
 
@@ -147,7 +144,7 @@ impl StackPlan {
     /// [`Unsupported`](rmm_allocator::Error::Unsupported),
     /// [`EventLog`](rmm_allocator::Error::EventLog); with spilling on demand,
     /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument).
-    pub fn build(&self) -> rmm_allocator::Result<DeviceStack> {
+    pub fn build(&self) -> Result<DeviceStack> {
         self.build_replacing(None, None, &[])
     }
 
@@ -155,26 +152,22 @@ impl StackPlan {
     ///
     /// # Errors
     /// As [`StackPlan::build`].
-    pub fn build_with(&self, on_oom: Option<OomHandler>) -> rmm_allocator::Result<DeviceStack> {
+    pub fn build_with(&self, on_oom: Option<OomHandler>) -> Result<DeviceStack> {
         self.build_replacing(None, on_oom, &[])
     }
 
     /// Bytes of `previous`'s pool this plan's pool can take over: its initial size when both use
     /// `cuMemAlloc` and both map it or neither do, else 0.
     pub fn adoptable_from(&self, previous: &DeviceStack) -> u64 {
-        match (&self.pool, &previous.pool) {
-            (Some(plan), Some(old))
-                if self.upstream == UpstreamPlan::Cuda
-                    && previous.plan.upstream == UpstreamPlan::Cuda =>
-            {
-                let builder = pool_builder(plan, Arc::clone(old.upstream()));
-                match builder.maps_memory() {
-                    Ok(maps) if maps == old.uses_virtual_memory() => plan.initial_size,
-                    _ => 0,
-                }
-            }
-            _ => 0,
-        }
+        let (Some(plan), Some(old)) = (&self.pool, &previous.pool) else {
+            return 0;
+        };
+        let adoptable = self.upstream == UpstreamPlan::Cuda
+            && previous.plan.upstream == UpstreamPlan::Cuda
+            && pool_builder(plan, Arc::clone(old.upstream()))
+                .maps_memory()
+                .is_ok_and(|maps| maps == old.uses_virtual_memory());
+        if adoptable { plan.initial_size } else { 0 }
     }
 
     /// Builds the stack replacing `previous` (a reinitialize): `previous` gives back what the new
@@ -191,7 +184,7 @@ impl StackPlan {
         previous: &DeviceStack,
         on_oom: Option<OomHandler>,
         live: &[LiveBlock],
-    ) -> rmm_allocator::Result<(DeviceStack, u64)> {
+    ) -> Result<(DeviceStack, u64)> {
         let mut released = previous.release_keeping(self.adoptable_from(previous))?;
         let stack = self.build_replacing(Some(previous), on_oom, live)?;
         released += previous.release()?;
@@ -208,7 +201,7 @@ impl StackPlan {
         previous: Option<&DeviceStack>,
         on_oom: Option<OomHandler>,
         live: &[LiveBlock],
-    ) -> rmm_allocator::Result<DeviceStack> {
+    ) -> Result<DeviceStack> {
         if self.spill_on_demand && on_oom.is_none() {
             return Err(rmm_allocator::Error::invalid_argument(
                 "on_oom",
@@ -329,10 +322,7 @@ impl fmt::Debug for DeviceStack {
 ///
 /// # Errors
 /// As [`StackPlan::build`].
-pub fn build_device_stack(
-    config: &ResolvedConfig,
-    device: &ResolvedDevice,
-) -> rmm_allocator::Result<DeviceStack> {
+pub fn build_device_stack(config: &ResolvedConfig, device: &ResolvedDevice) -> Result<DeviceStack> {
     StackPlan::new(config, device).build()
 }
 
@@ -466,7 +456,7 @@ impl DeviceStack {
     /// # Errors
     /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument): not a device of the
     /// process-wide backend; [`NoSuchDevice`](rmm_allocator::Error::NoSuchDevice).
-    pub fn install(&self) -> rmm_allocator::Result<SharedResource> {
+    pub fn install(&self) -> Result<SharedResource> {
         per_device::set_per_device_resource(self.device.ordinal(), Arc::clone(&self.top))
     }
 
@@ -480,7 +470,7 @@ impl DeviceStack {
     ///
     /// # Errors
     /// [`NoSuchDevice`](rmm_allocator::Error::NoSuchDevice) or the backend's error.
-    pub fn uninstall(&self) -> rmm_allocator::Result<()> {
+    pub fn uninstall(&self) -> Result<()> {
         if self.is_installed() {
             per_device::reset_per_device_resource(self.device.ordinal())?;
         }
@@ -492,7 +482,7 @@ impl DeviceStack {
     ///
     /// # Errors
     /// [`Driver`](rmm_allocator::Error::Driver) or [`EventLog`](rmm_allocator::Error::EventLog).
-    pub fn release(&self) -> rmm_allocator::Result<u64> {
+    pub fn release(&self) -> Result<u64> {
         self.release_keeping(0)
     }
 
@@ -500,7 +490,7 @@ impl DeviceStack {
     ///
     /// # Errors
     /// As [`DeviceStack::release`].
-    pub fn release_keeping(&self, keep: u64) -> rmm_allocator::Result<u64> {
+    pub fn release_keeping(&self, keep: u64) -> Result<u64> {
         let mut released = 0;
         if let Some(pool) = &self.pool {
             released = pool.release_except_adoptable(keep)?;

@@ -23,10 +23,9 @@ impl WorkerStream {
             let i = v.iter().position(|s| s.device() == device)?;
             Some(v.swap_remove(i))
         });
-        Ok(WorkerStream(Some(match spare {
-            Some(s) => s,
-            None => Stream::new(device)?,
-        })))
+        Ok(WorkerStream(Some(
+            spare.map_or_else(|| Stream::new(device), Ok)?,
+        )))
     }
 
     pub(crate) fn view(&self) -> StreamView {

@@ -1,18 +1,14 @@
 //! [`FailureCallbackResourceAdaptor`]: on out-of-memory, asks a callback whether to retry (RMM's
-//! `failure_callback_resource_adaptor`). Spilling plugs in here: the callback frees device memory
-//! (spills buffers) and answers [`FailureAction::Retry`].
-//!
-//! The adaptor retries as long as the callback answers `Retry`, so one that cannot free more must
-//! answer [`FailureAction::Fail`] ([`AllocationFailure::attempt`] helps bound retries). Other
-//! errors go straight to the caller.
+//! `failure_callback_resource_adaptor`); spilling plugs in here. The adaptor retries as long as
+//! the callback answers [`FailureAction::Retry`] ([`AllocationFailure::attempt`] helps bound
+//! retries). Other errors go straight to the caller.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::resource::DeviceMemoryResource;
-use crate::resource::SharedResource;
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_view::StreamView;
 
 /// What the callback wants done after an out-of-memory failure.

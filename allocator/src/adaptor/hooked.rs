@@ -5,8 +5,7 @@ use super::hooks::{Source, active, dispatch_free, dispatch_malloc};
 
 use crate::backend::DevicePtr;
 use crate::error::Result;
-use crate::resource::DeviceMemoryResource;
-use crate::resource::SharedResource;
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream_view::StreamView;
 
 /// Fires `malloc_*` and `free_*` around resources without built-in hooks (all but

@@ -2,12 +2,9 @@
 //! `limiting_resource_adaptor`).
 //!
 //! The cap counts bytes *in use* (handed out, not freed, each rounded up to 256 bytes), never bytes
-//! a pool below merely caches, so a pool keeping freed blocks does not eat into it (CuPy's
-//! pool-limit problem, cupy#7678). Put it above the pool to cap use, or between pool and device to
-//! cap the pool's reservation.
-//!
-//! A hard cap needs one figure all threads agree on: each allocation and free is one atomic add on
-//! a shared counter (unlike the statistics adaptor's per-thread shards).
+//! a pool below merely caches (CuPy's pool-limit problem, cupy#7678). Put it above the pool to cap
+//! use, or between pool and device to cap the pool's reservation. A hard cap needs one figure all
+//! threads agree on: one shared atomic counter.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,8 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::ALLOCATION_ALIGNMENT;
 use crate::backend::{DevicePtr, MemInfo};
 use crate::error::{Error, Result, fmt_bytes};
-use crate::resource::SharedResource;
-use crate::resource::{DeviceMemoryResource, LiveBlock};
+use crate::resource::{DeviceMemoryResource, LiveBlock, SharedResource};
 use crate::stream_view::StreamView;
 
 /// A limit in bytes or as a fraction of the device's total memory.
@@ -64,7 +60,7 @@ impl LimitingResourceAdaptor {
     /// cannot report its memory.
     pub fn new(upstream: SharedResource, limit: MemoryLimit) -> Result<Self> {
         let (limit, limit_source) = match limit {
-            MemoryLimit::Bytes(b) => (b, format!("{} bytes", b)),
+            MemoryLimit::Bytes(b) => return Ok(Self::with_bytes(upstream, b)),
             MemoryLimit::Fraction(f) if f > 0.0 && f <= 1.0 => {
                 let total = upstream.device().mem_info()?.total;
                 (
@@ -80,20 +76,19 @@ impl LimitingResourceAdaptor {
                 ));
             }
         };
-        Ok(LimitingResourceAdaptor {
-            upstream,
-            limit,
-            limit_source,
-            used: AtomicUsize::new(0),
-        })
+        Ok(Self::with_source(upstream, limit, limit_source))
     }
 
     /// Caps the bytes in use through `upstream` at `bytes`.
     pub fn with_bytes(upstream: SharedResource, bytes: usize) -> Self {
+        Self::with_source(upstream, bytes, format!("{bytes} bytes"))
+    }
+
+    fn with_source(upstream: SharedResource, limit: usize, limit_source: String) -> Self {
         LimitingResourceAdaptor {
             upstream,
-            limit: bytes,
-            limit_source: format!("{bytes} bytes"),
+            limit,
+            limit_source,
             used: AtomicUsize::new(0),
         }
     }

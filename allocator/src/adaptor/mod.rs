@@ -10,13 +10,9 @@
 //! | [`FailureCallbackResourceAdaptor`] | a callback on out-of-memory that decides retry or fail |
 //! | [`HookedResourceAdaptor`] | CuPy-style memory [`hooks`] around any resource |
 //!
-//! Order matters as in RMM: an adaptor sees what reaches it. Statistics above a limit count its
-//! refusals as out-of-memory; below it, only what it let through. A failure callback belongs above
-//! the resource whose memory it can free (e.g. above the pool, so spilling frees pool blocks).
-//!
-//! Hot paths: no adaptor takes a global lock, allocates or emits a `tracing` event on a successful
-//! allocation or deallocation; logging appends a binary record to a thread buffer, tracking does
-//! one sharded map insert.
+//! Order matters as in RMM: an adaptor sees what reaches it (statistics above a limit count its
+//! refusals). A failure callback belongs above the resource whose memory it can free (the pool).
+//! No adaptor takes a global lock, allocates or traces on a successful allocation or free.
 
 mod failure_callback;
 mod hooked;
@@ -57,9 +53,8 @@ impl Upstream for dyn DeviceMemoryResource {
     }
 }
 
-/// The [`DeviceMemoryResource`] methods every adaptor shares: `device`, `is_equal`
-/// ([`same_adaptor`]), `memory_info` (unless `own memory_info`), `as_any` and `upstream` go to the
-/// `upstream` field; `name` is the given name.
+/// The [`DeviceMemoryResource`] methods every adaptor shares, forwarded to its `upstream` field
+/// (`memory_info` too unless `own memory_info`); `name` is the given name.
 macro_rules! upstream_tail {
     ($name:literal) => {
         fn memory_info(&self) -> $crate::error::Result<$crate::backend::MemInfo> {
@@ -107,7 +102,7 @@ pub(crate) fn same_adaptor<A: DeviceMemoryResource, U: Upstream + ?Sized>(
 
 /// `resource` and its upstreams, top first, following [`DeviceMemoryResource::upstream`].
 pub fn chain(resource: &dyn DeviceMemoryResource) -> Vec<&dyn DeviceMemoryResource> {
-    // Bounded: a chain is a handful of adaptors; the bound guards against cycles.
+    // The bound guards against cycles.
     std::iter::successors(Some(resource), |r| r.upstream())
         .take(64)
         .collect()

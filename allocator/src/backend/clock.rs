@@ -1,8 +1,6 @@
-//! The one clock of the allocator's records: the kernel's coarse clocks (the time of the last timer
-//! tick, far cheaper to read than the precise clocks), the precise real-time clock, and a *ticking*
-//! coarse monotonic clock: while a [`Ticker`] lives, a background thread (`rmm-tracking-clock`)
-//! stores the coarse time every [`TICK`], so a hot path reads one atomic instead of the clock.
-//! Without that thread the clock is read directly.
+//! The allocator's clocks: the kernel's coarse clocks (the last timer tick, far cheaper than the
+//! precise ones), the precise real-time clock, and a *ticking* coarse clock: while a [`Ticker`]
+//! lives, a thread stores the coarse time every [`TICK`], so a hot path reads one atomic.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -77,8 +75,7 @@ fn tick() {
     }
 }
 
-/// Nanoseconds since the Unix epoch from `CLOCK_REALTIME_COARSE` (the last timer tick, 1 to 10 ms
-/// old; off Linux, the precise clock).
+/// Nanoseconds since the Unix epoch from `CLOCK_REALTIME_COARSE` (off Linux, the precise clock).
 pub(crate) fn coarse_realtime_ns() -> u64 {
     #[cfg(target_os = "linux")]
     {
@@ -112,9 +109,8 @@ fn read(clock: libc::clockid_t) -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `clock_gettime` writes one `timespec` through a pointer to a live, writable local;
-    // the coarse clocks exist on every supported Linux. On error `ts` stays zeroed (time 0, which
-    // callers treat as "unknown, read precisely").
+    // SAFETY: `clock_gettime` writes one `timespec` into a live local; on error it stays zeroed
+    // (time 0, which callers treat as "unknown, read precisely").
     unsafe { libc::clock_gettime(clock, &mut ts) };
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)

@@ -112,9 +112,8 @@ pub fn alloc_pageable(bytes: usize, alignment: usize) -> Result<HostBlock> {
     })
 }
 
-/// Refuses to pin `bytes` for `resource` beyond the host memory the process may still take
-/// ([`Error::HostMemoryLimit`]): pinned pages cannot be paged out, so overcommitting gets the
-/// process killed instead of an error.
+/// Refuses to pin `bytes` for `resource` beyond the host memory the process may still take:
+/// pinned pages cannot be paged out, so overcommitting gets the process killed.
 fn check_pinnable(
     backend: &'static dyn Backend,
     bytes: usize,
@@ -170,21 +169,18 @@ pub fn free(block: HostBlock) -> Result<()> {
     }
 }
 
-/// Host memory pinned once for reuse: an anonymous mapping (huge pages advised) faulted in on
-/// several threads, then registered chunk by chunk (`cuMemHostRegister`, far faster than
-/// `cuMemHostAlloc`, which faults and locks page by page in the driver). A copy must not cross
-/// chunks (separate pinned ranges to the driver), so users carve slices inside one
-/// ([`PinnedRegion::chunks`]).
+/// Host memory pinned once for reuse: an anonymous mapping faulted in on several threads, then
+/// registered chunk by chunk (`cuMemHostRegister`; `cuMemHostAlloc` faults page by page in the
+/// driver). A copy must not cross chunks, so users carve slices inside one.
 pub struct PinnedRegion {
     backend: &'static dyn Backend,
     ptr: NonNull<u8>,
     len: usize,
     /// (offset, length) of each registered chunk, in order, covering the region.
     chunks: Vec<(usize, usize)>,
-    /// Live slices per chunk, or [`RELEASED`] once it went back to the system
-    /// ([`PinnedRegion::release_chunk`]), which only a chunk without live slices does.
+    /// Live slices per chunk, or [`RELEASED`] once it went back to the system.
     live: Vec<AtomicUsize>,
-    /// Time spent registering chunks with the driver (the rest of pinning is mapping and faulting).
+    /// Time spent registering chunks with the driver.
     registering: std::time::Duration,
     /// False for a region of [`PinnedRegion::pageable`]: nothing to unregister.
     pinned: bool,
@@ -222,9 +218,8 @@ impl PinnedRegion {
         const HUGE: usize = PinnedRegion::ALIGNMENT;
         let (ptr, len) = Self::map_faulted(backend, bytes, threads, "a pinned host pool")?;
         let base = ptr.as_ptr() as usize;
-        // Register chunks one after another on this thread: while a registration runs, a driver
-        // lock stalls the process's other driver calls (copies, launches), so parallel or larger
-        // registrations stall them longer and gain nothing once the pages are faulted in.
+        // One chunk at a time: a registration holds a driver lock that stalls the process's other
+        // driver calls, so parallel or larger ones stall them longer and gain nothing.
         let chunk = min_chunk.max(HUGE).next_multiple_of(HUGE).min(len);
         let registering = std::time::Instant::now();
         let mut registered = Vec::new();
@@ -232,13 +227,11 @@ impl PinnedRegion {
         for o in (0..len).step_by(chunk) {
             let l = chunk.min(len - o);
             // SAFETY: in the live mapping, which outlives the registration (undone first in drop).
-            match unsafe { backend.host_register((base + o) as *mut u8, l) } {
-                Ok(()) => registered.push((o, l)),
-                Err(e) => {
-                    first_error = Some(e);
-                    break;
-                }
+            if let Err(e) = unsafe { backend.host_register((base + o) as *mut u8, l) } {
+                first_error = Some(e);
+                break;
             }
+            registered.push((o, l));
         }
         let region = PinnedRegion {
             backend,
@@ -249,16 +242,12 @@ impl PinnedRegion {
             registering: registering.elapsed(),
             pinned: true,
         };
-        match first_error {
-            // Dropping the region unregisters what was registered and frees the memory.
-            Some(e) => Err(e),
-            None => Ok(region),
-        }
+        // On an error, dropping the region unregisters what was registered and frees the memory.
+        first_error.map_or(Ok(region), Err)
     }
 
-    /// `bytes` (rounded up to 2 MiB) of pageable host memory, faulted in on `threads` threads and
-    /// not registered with the driver: one chunk, for a pool's spills that must not wait for
-    /// pinning. Copies to and from it run at the driver's pageable rate.
+    /// `bytes` (rounded up to 2 MiB) of pageable host memory faulted in on `threads` threads, not
+    /// registered: one chunk, for a pool's spills that must not wait for pinning.
     pub fn pageable(
         backend: &'static dyn Backend,
         bytes: usize,
@@ -276,8 +265,8 @@ impl PinnedRegion {
         })
     }
 
-    /// Maps `bytes` (rounded up to 2 MiB, 2 MiB aligned, huge pages advised) and faults every
-    /// page in on `threads` threads; `what` names the memory in errors.
+    /// Maps `bytes` (2 MiB aligned and rounded) and faults it in on `threads` threads; `what` names
+    /// the memory in errors.
     fn map_faulted(
         backend: &'static dyn Backend,
         bytes: usize,
@@ -323,9 +312,8 @@ impl PinnedRegion {
             return Err(Error::host_out_of_memory(len, "PinnedRegion (mmap)"));
         };
         let base = ptr.as_ptr() as usize;
-        // Fault every page in, one thread per part, before the driver locks them: a zero written
-        // per 4 KiB page (already zero, so nothing changes). Faulting scales with threads and keeps
-        // the driver out. A thread that cannot start leaves its part to this one.
+        // Fault every page in (a zero written per page), one thread per part, before the driver
+        // locks them; a thread that cannot start leaves its part to this one.
         let threads = threads.max(1);
         let part = len.div_ceil(threads).next_multiple_of(HUGE).min(len);
         let touch = move |o: usize, l: usize| {
@@ -375,8 +363,7 @@ impl PinnedRegion {
             .min(self.chunks.len().saturating_sub(1))
     }
 
-    /// Gives chunk `index` back to the system now (unregistered and unmapped) unless a slice of it
-    /// is alive; true when it went back. No slice can be carved from it afterwards.
+    /// Gives chunk `index` back to the system now unless a slice of it is alive; true when it went.
     pub fn release_chunk(&self, index: usize) -> bool {
         let Some(live) = self.live.get(index) else {
             return false;
@@ -388,18 +375,26 @@ impl PinnedRegion {
             return false;
         }
         let (o, l) = self.chunks[index];
-        if self.pinned {
-            // SAFETY: the chunk was registered by `new`, has no live slice (checked above) and
-            // none can be carved now: nothing refers to its bytes.
-            if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
-                tracing::error!("unregistering pinned host memory: {e}");
-            }
+        // SAFETY: a chunk of `new`'s mapping, not released before (the exchange above), with no
+        // live slice and none to be carved now: nothing refers to its bytes.
+        unsafe { self.unmap(o, l, self.pinned) };
+        true
+    }
+
+    /// Unregisters `[o, o + l)` if `registered`, then unmaps it.
+    ///
+    /// # Safety
+    /// The range lies in `new`'s mapping, is still mapped (and registered if `registered`), and
+    /// nothing uses its bytes any more.
+    unsafe fn unmap(&self, o: usize, l: usize, registered: bool) {
+        // SAFETY: registered by `new` and unused (the caller's guarantee).
+        if registered && let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
+            tracing::error!("unregistering pinned host memory: {e}");
         }
-        // SAFETY: the chunk lies inside the mapping made in `new`; nothing uses it (above).
+        // SAFETY: mapped and unused (the caller's guarantee).
         if unsafe { libc::munmap(self.addr(o).cast(), l) } != 0 {
             tracing::error!("unmapping {l} bytes of pinned host memory failed");
         }
-        true
     }
 
     /// True when chunk `index` went back to the system.
@@ -414,28 +409,18 @@ impl Drop for PinnedRegion {
     fn drop(&mut self) {
         // Unmap only what is still ours: the kernel may have reused a released chunk's addresses (a
         // thread's stack, another region), which unmapping the whole region would destroy.
-        let unmap = |o: usize, l: usize| {
-            // SAFETY: in `new`'s mapping, not yet unmapped (released chunks are skipped), unused.
-            if unsafe { libc::munmap(self.addr(o).cast(), l) } != 0 {
-                tracing::error!("unmapping {l} bytes of pinned host memory failed");
-            }
-        };
         for (i, &(o, l)) in self.chunks.iter().enumerate() {
-            if self.is_released(i) {
-                continue;
+            if !self.is_released(i) {
+                // SAFETY: a chunk of `new`'s mapping not released; slices hold the region's `Arc`,
+                // so none is alive and no copy uses it.
+                unsafe { self.unmap(o, l, self.pinned) };
             }
-            if self.pinned {
-                // SAFETY: registered by `new`; slices hold the region's `Arc`, so no copy uses it.
-                if let Err(e) = unsafe { self.backend.host_unregister(self.addr(o)) } {
-                    tracing::error!("unregistering pinned host memory: {e}");
-                }
-            }
-            unmap(o, l);
         }
         // What a failed registration left unregistered after the last chunk.
         let covered = self.chunks.last().map_or(0, |&(o, l)| o + l);
         if covered < self.len {
-            unmap(covered, self.len - covered);
+            // SAFETY: the mapped, unregistered rest of `new`'s mapping, which nothing uses.
+            unsafe { self.unmap(covered, self.len - covered, false) };
         }
     }
 }
@@ -444,8 +429,7 @@ impl Drop for PinnedRegion {
 pub trait SliceOwner: Send + Sync {
     /// `offset..offset + len` of `region` is free again.
     fn give_back(&self, region: &PinnedRegion, offset: usize, len: usize);
-    /// `delta` more (negative: fewer) bytes of its slices hold a droppable copy rather than data
-    /// ([`PinnedSlice::set_reclaimable`]).
+    /// `delta` more (negative: fewer) bytes of its slices hold a droppable copy rather than data.
     fn reclaimable(&self, _delta: isize) {}
 }
 
@@ -471,8 +455,8 @@ impl fmt::Debug for PinnedSlice {
 }
 
 impl PinnedSlice {
-    /// A slice of `region`; `owner` hands each range to one slice at a time, inside one chunk.
-    /// `None` when that chunk went back to the system.
+    /// A slice of `region`, inside one chunk and held by one slice at a time; `None` when that
+    /// chunk went back to the system.
     pub(crate) fn carve(
         region: std::sync::Arc<PinnedRegion>,
         owner: std::sync::Arc<dyn SliceOwner>,
@@ -496,8 +480,7 @@ impl PinnedSlice {
         })
     }
 
-    /// Tells its owner whether the slice holds a droppable copy (`true`) or data (`false`); a pool
-    /// counts reclaimable bytes as room when deciding to pin more.
+    /// Tells its owner whether the slice holds a droppable copy (`true`) or data (`false`).
     pub fn set_reclaimable(&mut self, on: bool) {
         if self.reclaimable != on {
             self.reclaimable = on;
@@ -516,8 +499,7 @@ impl PinnedSlice {
         self.len == 0
     }
 
-    /// False when it lies in pageable memory (a pool hands such slices out while pinning cannot
-    /// keep up).
+    /// False when it lies in pageable memory.
     pub fn is_pinned(&self) -> bool {
         self.region.pinned
     }

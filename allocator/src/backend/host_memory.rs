@@ -1,8 +1,5 @@
-//! [`HostMemory`]: how much host memory this process may use. Pinned memory cannot be paged out, so
-//! over-pinning does not fail where asked: the OOM killer ends the process while the pages are
-//! faulted in. A container or batch job bounds the process by its cgroup's memory limit (v2
-//! `memory.max`, v1 `memory.limit_in_bytes`), often far below physical memory; both bounds are read
-//! here so pinning can be refused with an error instead.
+//! [`HostMemory`]: how much host memory this process may use, physical memory or its cgroup's
+//! limit, so over-pinning is refused with an error instead of the OOM killer ending the process.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -16,8 +13,7 @@ pub struct CgroupMemory {
     pub limit_file: PathBuf,
     /// The limit in bytes.
     pub limit: u64,
-    /// Bytes the cgroup uses that cannot be reclaimed at once (usage less inactive file cache, as
-    /// container runtimes count a working set).
+    /// Bytes the cgroup uses less inactive file cache (its working set).
     pub used: u64,
 }
 
@@ -33,9 +29,7 @@ pub struct HostMemory {
 }
 
 impl HostMemory {
-    /// Reads `/proc/meminfo`, `/proc/self/cgroup` and the cgroup file systems under
-    /// `/sys/fs/cgroup`. What cannot be read is left out (no cgroup limit; physical and available
-    /// memory `u64::MAX`, so nothing is refused on a system that hides them).
+    /// Reads `/proc` and `/sys/fs/cgroup`; what cannot be read is no limit (`u64::MAX`).
     pub fn read() -> HostMemory {
         Self::read_from(Path::new("/proc"), Path::new("/sys/fs/cgroup"))
     }
@@ -114,8 +108,7 @@ struct Hierarchy {
     inactive_file: &'static str,
 }
 
-/// The tightest memory limit over the process's cgroup and its ancestors, in the v2 unified or v1
-/// memory hierarchy, as `groups` (`/proc/self/cgroup`) names them.
+/// The tightest memory limit over the process's cgroups (`groups`) and their ancestors, v1 or v2.
 fn cgroup_limit(groups: &str, root: &Path) -> Option<CgroupMemory> {
     let mut hierarchies = Vec::new();
     for line in groups.lines() {
@@ -147,8 +140,8 @@ fn cgroup_limit(groups: &str, root: &Path) -> Option<CgroupMemory> {
         .min_by_key(|c| c.limit)
 }
 
-/// The lowest limit from `h.dir` up to `root`. In a container the mount's root is the process's
-/// cgroup, and the path `/proc/self/cgroup` names may not exist: then the root's files are read.
+/// The lowest limit from `h.dir` up to `root` (in a container `h.dir` may not exist: then the
+/// root's, which is the process's cgroup).
 fn tightest(h: &Hierarchy, root: &Path) -> Option<CgroupMemory> {
     let mut best: Option<CgroupMemory> = None;
     let mut dir = Some(h.dir.as_path());

@@ -1,10 +1,7 @@
-//! The device seam: a real NVIDIA GPU through the CUDA driver API ([`CudaBackend`]) or a simulated
-//! device ([`SimBackend`]); code above talks to a `&'static dyn Backend`. The process-wide backend
-//! is picked on first use from `RMM_BACKEND` (`cuda`, `sim`, or the default `auto`: the GPU or an
-//! error, never the simulated device unless asked); see [`global`].
-//!
-//! Device pointers are `u64` addresses ([`DevicePtr`]); streams, events and stream-ordered pools
-//! are opaque `u64` backend handles. Handle `0` is the default stream, as in CUDA.
+//! The device seam: a real GPU through the CUDA driver API ([`CudaBackend`]) or a simulated device
+//! ([`SimBackend`]) behind a `&'static dyn Backend`, picked on first use from `RMM_BACKEND`
+//! ([`global`]). Device pointers are `u64` addresses; streams, events and stream-ordered pools are
+//! opaque `u64` handles, `0` being the default stream as in CUDA.
 
 pub(crate) mod clock;
 mod cuda;
@@ -69,8 +66,7 @@ pub type RawMemPool = u64;
 /// Opaque handle of physical device memory made by [`Backend::mem_create`] (`cuMemCreate`).
 pub type RawPhysical = u64;
 
-/// Names device memory another process of this host may map ([`Backend::ipc_alloc`],
-/// [`Backend::ipc_open`]): CUDA's 64-byte `CUipcMemHandle`, or the simulated device's shared file.
+/// Names device memory another process of this host may map: CUDA's 64-byte `CUipcMemHandle`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IpcHandle(pub [u8; 64]);
 
@@ -126,8 +122,7 @@ pub struct DeviceProperties {
     pub supports_memory_pools: bool,
     /// Whether the device supports managed memory.
     pub supports_managed_memory: bool,
-    /// Whether the device supports CUDA's virtual memory management API
-    /// (`CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`: [`Backend::mem_create`] etc.).
+    /// Whether the device supports CUDA's virtual memory management API ([`Backend::mem_create`]).
     pub supports_virtual_memory: bool,
 }
 
@@ -141,16 +136,13 @@ pub struct MemInfo {
 }
 
 /// What every backend provides. Methods name the device; the backend makes it current as needed.
-///
-/// Methods reading or writing host memory through raw pointers are `unsafe`: the caller keeps the
-/// host range valid for the operation (for `_async` forms, until the stream reaches it). The driver
-/// (or simulator) checks device pointers.
+/// Methods taking raw host pointers are `unsafe`: the caller keeps the range valid (for `_async`
+/// forms, until the stream reaches it); the driver (or simulator) checks device pointers.
 ///
 /// # Errors
-/// Unless a method says more: a failed driver call is [`Error::Driver`] (`CUDA_ERROR_OUT_OF_MEMORY`
-/// for an allocation that does not fit). The simulated device fails alike, plus
-/// [`Error::NoSuchDevice`] or [`Error::InvalidArgument`] for an unknown device, handle or range, and
-/// [`Error::InjectedFault`] where told to.
+/// Unless a method says more: [`Error::Driver`] (`CUDA_ERROR_OUT_OF_MEMORY` for an allocation that
+/// does not fit); the simulated device also [`Error::NoSuchDevice`] or [`Error::InvalidArgument`]
+/// for an unknown device, handle or range, and [`Error::InjectedFault`] where told to.
 #[allow(
     clippy::missing_errors_doc,
     reason = "the trait's `# Errors` covers the methods that add nothing to it"
@@ -160,8 +152,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn kind(&self) -> BackendKind;
     /// A one-line description, e.g. `cuda (driver 13.0)` or `sim (2 devices × 24.00 GiB, backed)`.
     fn describe(&self) -> String;
-    /// Whether device memory holds written bytes: false only for the unbacked simulated device
-    /// (addresses only, for "would it fit"), so work reading data back can refuse up front.
+    /// Whether device memory holds written bytes: false only for the unbacked simulated device.
     fn holds_data(&self) -> bool {
         true
     }
@@ -172,26 +163,21 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Free and total memory of device `dev`.
     fn mem_info(&self, dev: u32) -> Result<MemInfo>;
 
-    /// Granularity of [`Backend::mem_create`] sizes and [`Backend::mem_map`] addresses on `dev`
-    /// (`cuMemGetAllocationGranularity`, minimum, pinned device memory).
+    /// Granularity of `mem_create` sizes and `mem_map` addresses (`cuMemGetAllocationGranularity`).
     fn mem_granularity(&self, dev: u32) -> Result<usize>;
-    /// Reserves `bytes` (a granularity multiple) of address space on `dev`, unbacked until
-    /// [`Backend::mem_map`] (`cuMemAddressReserve`).
+    /// Reserves `bytes` (a granularity multiple) of address space on `dev` (`cuMemAddressReserve`).
     fn mem_address_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
     /// Frees a whole [`Backend::mem_address_reserve`] range, all unmapped (`cuMemAddressFree`).
     fn mem_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
-    /// Allocates `bytes` (a granularity multiple) of unmapped physical memory on `dev`
-    /// (`cuMemCreate`, pinned device memory); counts as device memory in use.
+    /// Allocates `bytes` (a granularity multiple) of unmapped physical memory (`cuMemCreate`).
     fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical>;
     /// Releases a [`Backend::mem_create`] handle (`cuMemRelease`); freed once unmapped.
     fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()>;
-    /// Maps all `bytes` of `handle` at `ptr` in a reservation (`cuMemMap`); inaccessible until
-    /// [`Backend::mem_set_access`].
+    /// Maps all `bytes` of `handle` at `ptr` in a reservation (`cuMemMap`), not yet accessible.
     fn mem_map(&self, dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -> Result<()>;
     /// Unmaps `[ptr, ptr + bytes)`, whole mappings (`cuMemUnmap`), once no queued work uses it.
     fn mem_unmap(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
-    /// Makes mapped `[ptr, ptr + bytes)` (maybe several mappings) readable and writable from `dev`
-    /// (`cuMemSetAccess`).
+    /// Makes mapped `[ptr, ptr + bytes)` readable and writable from `dev` (`cuMemSetAccess`).
     fn mem_set_access(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()>;
 
     /// Synchronous device allocation (`cuMemAlloc`). `bytes` > 0.
@@ -199,17 +185,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Frees what [`Backend::malloc`] or [`Backend::malloc_managed`] returned (`cuMemFree`).
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
     /// Allocates `bytes` on `dev` that other processes of this host may map (`cuMemAlloc`,
-    /// `cuIpcGetMemHandle`): address and handle, nothing kept if either call fails. Free only with
-    /// [`ipc_free`](Self::ipc_free).
+    /// `cuIpcGetMemHandle`); nothing kept if either call fails. Free with `ipc_free`.
     fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)>;
     /// Frees memory from [`ipc_alloc`](Self::ipc_alloc); importers must have closed it first.
     ///
     /// # Errors
     /// [`Error::Driver`], or [`Error::InvalidPointer`] for memory `ipc_alloc` did not give.
     fn ipc_free(&self, dev: u32, ptr: DevicePtr) -> Result<()>;
-    /// Maps memory another process exported as `handle` into `dev`'s context (`cuIpcOpenMemHandle`,
-    /// with peer access as needed): address and size, valid until [`ipc_close`](Self::ipc_close).
-    /// On a GPU a process cannot open its own handles.
+    /// Maps memory another process exported as `handle` into `dev`'s context (`cuIpcOpenMemHandle`):
+    /// address and size, until `ipc_close`. On a GPU a process cannot open its own handles.
     ///
     /// # Errors
     /// [`Error::Driver`] if it cannot be mapped (another host, an invisible GPU, freed memory);
@@ -223,8 +207,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Managed (unified) allocation attached globally (`cuMemAllocManaged`). `bytes` > 0.
     fn malloc_managed(&self, dev: u32, bytes: usize) -> Result<DevicePtr>;
 
-    /// Creates a stream-ordered pool on `dev` (`cuMemPoolCreate`) caching up to `release_threshold`
-    /// bytes across synchronizations.
+    /// Creates a stream-ordered pool (`cuMemPoolCreate`) caching up to `release_threshold` bytes.
     fn mem_pool_create(&self, dev: u32, release_threshold: u64) -> Result<RawMemPool>;
     /// Destroys a pool made by [`Backend::mem_pool_create`].
     fn mem_pool_destroy(&self, dev: u32, pool: RawMemPool) -> Result<()>;
@@ -318,9 +301,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         stream: RawStream,
     ) -> Result<()>;
 
-    /// The device of the thread's current context (`cudaGetDevice` after `cudaSetDevice`, CuPy's
-    /// `Device.use()`, `torch.cuda.set_device`, ...); None without one, and on the simulated
-    /// device.
+    /// The device of the thread's current context (as `cudaSetDevice`, CuPy's `Device.use()` or
+    /// `torch.cuda.set_device` set it); None without one, and on the simulated device.
     ///
     /// # Errors
     /// [`Error::Driver`] when the driver cannot read the thread's context. None by default.
@@ -333,19 +315,16 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Destroys a stream made by [`Backend::stream_create`] (work already queued completes).
     fn stream_destroy(&self, dev: u32, stream: RawStream) -> Result<()>;
     /// Waits for all work queued on `stream`. For its owner: a stream this backend destroyed is an
-    /// error, never a driver call on a dangling handle.
+    /// error, not a driver call on a dangling handle.
     fn stream_synchronize(&self, dev: u32, stream: RawStream) -> Result<()>;
-    /// True when all work queued on `stream` has completed. For its owner, as
-    /// [`Backend::stream_synchronize`].
+    /// True when all work queued on `stream` has completed. For its owner.
     fn stream_query(&self, dev: u32, stream: RawStream) -> Result<bool>;
-    /// As [`Backend::stream_query`], for a caller not owning `stream` (a pool asking about another
-    /// thread's arena): `None`, without touching the handle, unless the backend knows it alive (a
-    /// default stream, or one it made and has not destroyed), with no destroy during the query. A
-    /// library's own stream (CuPy's, PyTorch's) is `None`: it may be gone unknown to the backend.
+    /// As [`Backend::stream_query`], for a caller not owning `stream`: `None`, without touching the
+    /// handle, unless the backend knows it alive (a default stream, or one it made and has not
+    /// destroyed), held so during the query. A library's own stream (CuPy's) is `None`.
     fn stream_query_if_alive(&self, dev: u32, stream: RawStream) -> Result<Option<bool>>;
-    /// As [`Backend::stream_synchronize`], for a caller not owning `stream`: false, without waiting
-    /// or touching the handle, unless the backend knows it alive (see
-    /// [`Backend::stream_query_if_alive`]); the caller then waits for the whole device.
+    /// As [`Backend::stream_synchronize`], for a caller not owning `stream`: false, without waiting,
+    /// unless the backend knows it alive (as [`Backend::stream_query_if_alive`]).
     fn stream_synchronize_if_alive(&self, dev: u32, stream: RawStream) -> Result<bool>;
     /// Makes later work on `stream` wait until `event` has completed.
     fn stream_wait_event(&self, dev: u32, stream: RawStream, event: RawEvent) -> Result<()>;
@@ -362,10 +341,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Waits until all work on `dev` has completed.
     fn device_synchronize(&self, dev: u32) -> Result<()>;
     /// Makes `dev`'s context current on a thread without one, as CUDA's runtime does on a thread's
-    /// first call. For threads reaching rmm-rs from another library before any CUDA call: with no
-    /// current context, a runtime asking for the current device (librmm's `device_buffer`, per
-    /// buffer) takes a slow path each time. Checked once per thread; a no-op on the simulated
-    /// device.
+    /// first call (else a runtime asking for the current device, e.g. librmm per buffer, takes a
+    /// slow path each time). Checked once per thread; a no-op on the simulated device.
     ///
     /// # Errors
     /// [`Error::Driver`] if the thread's context cannot be read or set; [`Error::NoSuchDevice`].
@@ -373,13 +350,11 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = dev;
         Ok(())
     }
-    /// Host memory this process may use ([`HostMemory::read`] by default), checked before pinning;
-    /// the simulated device's can be limited ([`SimBackend::limit_host_memory`]).
+    /// Host memory this process may use ([`HostMemory::read`] by default), checked before pinning.
     fn host_memory(&self) -> HostMemory {
         HostMemory::read()
     }
-    /// Called before each spill-file write of device `dev`: a fault-injection point
-    /// (`SimBackend::fail_nth_file_write`).
+    /// Called before each spill-file write of device `dev`: a fault-injection point.
     ///
     /// # Errors
     /// None by default; the simulated device's [`Error::InjectedFault`] for the chosen write.
@@ -387,8 +362,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = dev;
         Ok(())
     }
-    /// The simulated device this backend is, for fault injection
-    /// ([`SimBackend::fail_nth_allocation`] etc.); else `None`.
+    /// The simulated device this backend is, for fault injection; else `None`.
     fn as_sim(&self) -> Option<&SimBackend> {
         None
     }
@@ -401,8 +375,7 @@ pub enum BackendChoice {
     Cuda,
     /// The simulated device, set up by [`SimConfig::from_env`] and [`SimFaults::from_env`].
     Sim,
-    /// Nothing asked for: the GPU, or an error naming what is missing and how to ask for the
-    /// simulated device (host memory never serves as device memory unless asked).
+    /// Nothing asked for: the GPU, or an error saying how to ask for the simulated device.
     #[default]
     Auto,
 }
@@ -444,7 +417,7 @@ impl BackendChoice {
     }
 
     /// The backend a name selects: `cuda` (or `gpu`), `sim` (or `simulated`), `auto` (or empty),
-    /// case-insensitive, trimmed; else `None`. The one parser of backend names.
+    /// case-insensitive, trimmed; else `None`.
     pub fn from_name(text: &str) -> Option<Self> {
         match text.trim().to_ascii_lowercase().as_str() {
             "cuda" | "gpu" => Some(BackendChoice::Cuda),
@@ -477,8 +450,7 @@ impl BackendChoice {
     }
 }
 
-/// Builds a new backend for `choice`; most code wants [`global`]. `Cuda` and `Auto` both give the
-/// GPU; `Auto` without one fails saying how to ask for the simulated device.
+/// Builds a new backend for `choice`; most code wants [`global`].
 ///
 /// # Errors
 /// [`Error::NoDriver`] (or [`Error::Driver`]) if the driver cannot load; [`Error::NoDevice`] if
@@ -539,14 +511,8 @@ pub fn installed() -> Option<&'static dyn Backend> {
 pub fn install_global(
     backend: &'static dyn Backend,
 ) -> std::result::Result<(), &'static dyn Backend> {
-    let mut installed = false;
-    let current = GLOBAL.get_or_init(|| {
-        installed = true;
-        Ok(backend)
-    });
-    match (installed, current) {
-        (true, _) => Ok(()),
-        (false, Ok(existing)) => Err(*existing),
-        (false, Err(_)) => Err(backend),
-    }
+    // A failed choice (its error) is no backend: then `backend` comes back.
+    GLOBAL
+        .set(Ok(backend))
+        .map_err(|_| installed().unwrap_or(backend))
 }

@@ -1,15 +1,6 @@
-//! [`PinnedCopy`]: async copies between device and pinned host memory that own the host memory.
-//!
-//! An async copy uses its host memory when the stream reaches it, not when enqueued; the backend's
-//! `unsafe` `memcpy_*_async` leave that to the caller. Here the host memory moves into the copy, an
-//! event is recorded behind it, and [`wait`](PinnedCopy::wait) returns the memory only once that
-//! event (after an error, the whole stream) has completed, else leaks it: no copy ever touches
-//! memory safe code uses. Spilling, the disk tier and container staging copy through it.
-//!
-//! A copy engine runs queued copies in order, whatever their stream, so a small device → host read
-//! (`bool()`, `.item()`) would wait behind a whole spill. A copy larger than [`WINDOW`] keeps at
-//! most that much enqueued, in [`PIECE`]-byte pieces, and [`wait`](PinnedCopy::wait) enqueues more
-//! as pieces end; a smaller one is enqueued whole.
+//! [`PinnedCopy`]: async copies that own their pinned host memory, returned only once the copy
+//! (after an error, the whole stream) has completed, else leaked. A copy engine runs copies in
+//! order, so a copy larger than [`WINDOW`] keeps at most that much enqueued, in [`PIECE`]s.
 
 use std::collections::VecDeque;
 
@@ -25,9 +16,7 @@ mod sealed {
 }
 
 /// Host memory at a fixed address while owned, which a [`PinnedCopy`] may copy into or out of;
-/// sealed to the crate's pinned types. Page-locked, except a pinned host pool's pageable slices
-/// (spills that could not wait for pinning): the driver copies those synchronously, staging them
-/// itself, so their copies do not overlap the caller.
+/// page-locked except a pool's pageable slices (which the driver copies synchronously).
 pub(crate) trait PinnedMemory: sealed::Sealed + Send {
     fn byte_len(&self) -> usize;
     fn start(&mut self) -> *mut u8;
@@ -53,8 +42,7 @@ impl PinnedMemory for HostBlock {
     }
 }
 
-/// A failed copy. `memory` and `event` come back once no copy can touch the memory; `None` when
-/// that could not be established (the memory leaked, the event with it).
+/// A failed copy: `memory` and `event` come back once no copy can touch them, else `None` (leaked).
 pub(crate) struct CopyFailed<M> {
     pub(crate) error: Error,
     /// The host memory, safe to reuse; `None` when leaked.
@@ -63,8 +51,7 @@ pub(crate) struct CopyFailed<M> {
     pub(crate) event: Option<Event>,
 }
 
-/// The most bytes a copy keeps enqueued: enough to keep the engine busy through a stall of the
-/// enqueuing thread (e.g. the driver pinning), little for other copies to wait behind.
+/// The most bytes a copy keeps enqueued: enough to keep the engine busy, little to wait behind.
 pub const WINDOW: usize = 128 << 20;
 /// The bytes of one enqueued piece of a copy larger than [`WINDOW`].
 pub(crate) const PIECE: usize = 16 << 20;
@@ -75,8 +62,7 @@ enum Toward {
     Device,
 }
 
-/// Copies between `bytes` of device memory and a run of pinned host memory, in flight on one
-/// stream; see the module documentation.
+/// Copies between `bytes` of device memory and a run of pinned host memory, on one stream.
 pub(crate) struct PinnedCopy<M: PinnedMemory> {
     device: Device,
     stream: RawStream,
@@ -97,10 +83,7 @@ pub(crate) struct PinnedCopy<M: PinnedMemory> {
 
 impl<M: PinnedMemory> PinnedCopy<M> {
     /// Enqueues `bytes` device bytes at `src` into `memory` (in order), then records `event`.
-    ///
-    /// # Errors
-    /// `memory` holds fewer than `bytes` (nothing enqueued), or a driver call failed (the memory
-    /// comes back once the stream is idle).
+    /// Fails when `memory` holds fewer than `bytes`, or a driver call fails (see [`CopyFailed`]).
     pub(crate) fn to_host(
         device: Device,
         stream: RawStream,
@@ -112,10 +95,8 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         PinnedCopy::enqueue(device, stream, event, memory, src, bytes, Toward::Host)
     }
 
-    /// Enqueues the first `bytes` of `memory` (in order) to `dst`, then records `event`.
-    ///
-    /// # Errors
-    /// As [`to_host`](Self::to_host).
+    /// Enqueues the first `bytes` of `memory` (in order) to `dst`, then records `event`; fails as
+    /// [`to_host`](Self::to_host).
     pub(crate) fn to_device(
         device: Device,
         stream: RawStream,
@@ -174,8 +155,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         self.enqueued == self.bytes
     }
 
-    /// Enqueues pieces through byte `through` (or all), recording the copy's event behind the last
-    /// piece and, for a windowed copy, a mark behind each other.
+    /// Enqueues pieces through byte `through`, recording the event (or a mark) behind each.
     fn enqueue_through(&mut self, through: usize) -> Result<()> {
         let (b, d) = (self.device.backend(), self.device.ordinal());
         let stream = self.stream;
@@ -191,17 +171,9 @@ impl<M: PinnedMemory> PinnedCopy<M> {
             return self.record_behind(0);
         }
         while self.enqueued < through {
-            let Some(memory) = self.memory.as_mut() else {
-                // Only a copy being taken apart has no memory.
-                return Err(Error::invalid_argument(
-                    "pinned copy",
-                    "without its host memory",
-                    "a copy made by PinnedCopy::to_host or to_device",
-                ));
-            };
             let (i, off) = self.next;
-            let Some(m) = memory.get_mut(i) else {
-                // `check_room` made sure the memory holds `bytes`.
+            // Unreachable: only a copy taken apart has no memory, and `check_room` checked `bytes`.
+            let Some(m) = self.memory.as_mut().and_then(|m| m.get_mut(i)) else {
                 return Err(Error::invalid_argument(
                     "pinned copy",
                     format!("{} bytes", self.bytes),
@@ -216,10 +188,9 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                 continue;
             }
             let device_side = self.at.offset(self.enqueued);
-            // SAFETY: `m` is pinned memory of at least `off + n` bytes, at a fixed address while
-            // owned. This `PinnedCopy` (or the `CopyFailed`) owns it and hands it back only after
-            // the events behind its pieces, or the whole stream, have completed, leaking it
-            // otherwise; until then only the copy accesses it. The device range is the caller's.
+            // SAFETY: `m` holds `off + n` bytes at a fixed address, owned by this copy (or its
+            // `CopyFailed`), which hands it back only once its events or the whole stream have
+            // completed, else leaks it. The device range is the caller's.
             unsafe {
                 let host = m.start().add(off);
                 match self.toward {
@@ -242,19 +213,16 @@ impl<M: PinnedMemory> PinnedCopy<M> {
     fn record_behind(&mut self, enqueued: usize) -> Result<()> {
         let on = StreamView::from_raw(self.stream);
         if enqueued == self.bytes {
-            return match &self.event {
-                Some(e) => e.record(on),
-                None => Ok(()),
-            };
+            return self.event.as_ref().map_or(Ok(()), |e| e.record(on));
         }
         // A copy within the window is enqueued whole: nothing waits for its pieces.
         if !self.is_windowed() {
             return Ok(());
         }
-        let mark = match self.spare.pop() {
-            Some(e) => e,
-            None => Event::new(self.device)?,
-        };
+        let mark = self
+            .spare
+            .pop()
+            .map_or_else(|| Event::new(self.device), Ok)?;
         mark.record(on)?;
         self.marks.push_back((mark, enqueued));
         Ok(())

@@ -1,11 +1,6 @@
-//! Which stream handles a backend made, and which of those it destroyed.
-//!
-//! A stream handle points into the driver: querying or waiting on a destroyed stream makes the
-//! driver read freed memory (a SIGSEGV). Pools keep an arena per stream and on slow paths query or
-//! wait for *other* threads' streams, which may be being destroyed, or be a library's own (CuPy's,
-//! PyTorch's) the backend never saw. The registry makes the check and the driver call one step:
-//! destroying takes the write lock, asking about a stream the read lock, so no stream is destroyed
-//! between "it is alive" and the call relying on it.
+//! Which stream handles a backend made, and which it destroyed. Querying a destroyed stream makes
+//! the driver read freed memory (a SIGSEGV), and pools ask about other threads' streams: destroying
+//! takes the write lock, asking the read lock, so none is destroyed between check and call.
 
 use std::collections::HashSet;
 
@@ -14,8 +9,7 @@ use parking_lot::RwLock;
 use super::RawStream;
 use crate::error::{Error, Result};
 
-/// Handles below this are the driver's never-destroyed default streams (0: the context's, 1: the
-/// legacy, 2: the per-thread default stream).
+/// Handles below this are the driver's default streams (0, legacy 1, per-thread 2).
 const DEFAULT_STREAMS: RawStream = 3;
 
 /// Streams a backend made and has not destroyed, and destroyed ones whose handles are not reused.
@@ -38,8 +32,7 @@ impl StreamRegistry {
         sets.live.insert(stream);
     }
 
-    /// Runs `destroy` (the driver call) with every other use of streams through this registry held
-    /// off, recording the stream as destroyed on success.
+    /// Runs `destroy` (the driver call) with every other use held off; records it on success.
     pub(crate) fn destroy(
         &self,
         stream: RawStream,
@@ -52,8 +45,7 @@ impl StreamRegistry {
         Ok(())
     }
 
-    /// Runs `call` on `stream` unless this backend destroyed it (then an error naming the handle,
-    /// no driver call). For the stream's owner, who keeps streams the backend did not make alive.
+    /// Runs `call` on `stream` unless this backend destroyed it (then an error). For its owner.
     pub(crate) fn unless_destroyed<T>(
         &self,
         stream: RawStream,
@@ -70,10 +62,8 @@ impl StreamRegistry {
         call()
     }
 
-    /// Runs `call` on `stream` only when the registry can vouch it is alive (a default stream, or
-    /// one this backend made and has not destroyed); `None` otherwise (destroyed, or a library's
-    /// own stream, which may be gone unknown to the backend). For callers not owning the stream;
-    /// `call` must not block (the read lock is held).
+    /// Runs `call` on `stream` only when it is a default stream or one made here and not
+    /// destroyed; else `None`. For callers not owning it; `call` must not block.
     pub(crate) fn if_alive<T>(
         &self,
         stream: RawStream,

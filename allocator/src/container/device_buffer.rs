@@ -7,8 +7,7 @@ use crate::backend::DevicePtr;
 use crate::device::{Device, current_device};
 use crate::error::{Error, Result};
 use crate::per_device::get_current_device_resource;
-use crate::resource::DeviceMemoryResource;
-use crate::resource::SharedResource;
+use crate::resource::{DeviceMemoryResource, SharedResource};
 use crate::stream::{self, Event};
 use crate::stream_view::StreamView;
 
@@ -31,15 +30,8 @@ use crate::stream_view::StreamView;
 /// # Ok::<(), rmm::allocator::Error>(())
 /// ```
 ///
-/// # Resource handle
 /// `R` is how the buffer holds its resource ([`ResourceHandle`]): an owning [`SharedResource`] by
-/// default, or a borrow (`&'a dyn DeviceMemoryResource`, `&'a ConcreteResource`) without reference
-/// counting.
-///
-/// # Threads
-/// `Send` and `Sync` when its handle is (always for the default and borrows, resources being
-/// `Send + Sync`): it owns its allocation like a `Box`, other fields are plain values, and `&self`
-/// only reads device bytes.
+/// default, or a borrow. The buffer is `Send` and `Sync` when its handle is.
 pub struct DeviceBuffer<R: ResourceHandle = SharedResource> {
     ptr: DevicePtr,
     size: usize,
@@ -79,7 +71,7 @@ impl DeviceBuffer {
 
 impl<R: ResourceHandle> DeviceBuffer<R> {
     /// Allocates `size` uninitialized bytes (0: a null pointer) from `resource` on `stream`, also
-    /// the deallocation stream, recording the current device to free them on.
+    /// the deallocation stream.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] (or the resource's own error).
@@ -135,11 +127,9 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         self.deep_copy_in(stream, get_current_device_resource()?)
     }
 
-    /// A deep copy (capacity = size) from `resource` on `stream` (of `resource`'s device).
-    ///
-    /// The copy is enqueued and reads in `stream`'s order: as in RMM, the caller orders other
-    /// streams' writes before it. Unlike RMM, this buffer may be dropped at once (its deallocation
-    /// stream waits for the copy; a buffer on the per-thread default stream waits here instead).
+    /// A deep copy (capacity = size) from `resource` on `stream`, enqueued in `stream`'s order (as
+    /// in RMM, the caller orders other streams' writes before it). Unlike RMM, this buffer may be
+    /// dropped at once: its deallocation waits for the copy.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`]; [`Error::Driver`] if the copy or its event cannot be enqueued.
@@ -173,44 +163,37 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     }
 
     /// The number of bytes.
-    #[inline]
     pub fn size(&self) -> usize {
         self.size
     }
 
     /// The size of the allocation in bytes (at least [`size`](Self::size)).
-    #[inline]
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// True when the size is zero (the buffer may still hold an allocation).
-    #[inline]
     pub fn is_empty(&self) -> bool {
         self.size == 0
     }
 
     /// The device address of the first byte (null when unallocated); other streams than
     /// [`stream`](Self::stream) need ordering (an event), as in RMM.
-    #[inline]
     pub fn data(&self) -> DevicePtr {
         self.ptr
     }
 
     /// The stream most recently set; the one the memory is given back on.
-    #[inline]
     pub fn stream(&self) -> StreamView {
         self.stream
     }
 
     /// Sets the stream the memory is given back on (until a reallocating call names another).
-    #[inline]
     pub fn set_stream(&mut self, stream: StreamView) {
         self.stream = stream;
     }
 
     /// The handle of the resource that allocated the memory and will take it back.
-    #[inline]
     pub fn memory_resource(&self) -> &R {
         &self.resource
     }
@@ -221,24 +204,18 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     }
 
     /// The thread's current device at construction (as RMM), current again to free the memory.
-    #[inline]
     pub fn construction_device(&self) -> u32 {
         self.construction_device
     }
 
-    /// Sets the size to `new_size` bytes on `stream`, which becomes the deallocation stream.
-    ///
-    /// Within capacity only the size changes; beyond it, exactly `new_size` bytes are allocated,
-    /// the contents copied and the old allocation freed, all on `stream`. New bytes are
-    /// uninitialized. On error only the stream changes.
+    /// Sets the size to `new_size` bytes on `stream`, which becomes the deallocation stream. Beyond
+    /// capacity, exactly `new_size` bytes are allocated and the contents copied, on `stream`; new
+    /// bytes are uninitialized. On error only the stream changes.
     ///
     /// # Errors
     /// [`Error::OutOfMemory`] when growing cannot allocate; [`Error::Driver`] when the copy fails.
     pub fn resize(&mut self, new_size: usize, stream: StreamView) -> Result<()> {
-        self.set_stream(stream);
-        if new_size > self.capacity {
-            self.reallocate(new_size, stream)?;
-        }
+        self.reserve(new_size, stream)?;
         self.size = new_size;
         Ok(())
     }
@@ -293,7 +270,7 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
             return Err(e);
         }
         let (old_ptr, old_capacity) = (self.ptr, self.capacity);
-        // Old allocation: freed on `stream` behind the copy; a failure leaks it, the resize stands.
+        // Freed on `stream` behind the copy; a failure leaks it, the resize stands.
         if old_capacity > 0 {
             let what = "DeviceBuffer reallocation";
             deallocate_or_log(what, ordinal, mr, old_ptr, old_capacity, stream);
@@ -308,14 +285,12 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     /// # Errors
     /// [`Error::InvalidArgument`] if the lengths differ; [`Error::Driver`] if a sync or copy fails.
     pub fn copy_from_host(&mut self, src: &[u8], stream: StreamView) -> Result<()> {
-        self.check_host_len("src.len()", src.len())?;
-        if src.is_empty() {
-            return Ok(());
-        }
         // Synchronous copies are not ordered with a non-default stream: wait for it first.
-        let device = self.device();
-        stream::synchronize_stream(device, stream)?;
-        device.copy_to_device(self.ptr, src)
+        if self.check_host_len("src.len()", src.len())? {
+            stream::synchronize_stream(self.device(), stream)?;
+            self.device().copy_to_device(self.ptr, src)?;
+        }
+        Ok(())
     }
 
     /// Copies the buffer into `dst` after the work queued on `stream`; complete on return.
@@ -323,13 +298,11 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
     /// # Errors
     /// [`Error::InvalidArgument`] if the lengths differ; [`Error::Driver`] if a sync or copy fails.
     pub fn copy_to_host(&self, dst: &mut [u8], stream: StreamView) -> Result<()> {
-        self.check_host_len("dst.len()", dst.len())?;
-        if dst.is_empty() {
-            return Ok(());
+        if self.check_host_len("dst.len()", dst.len())? {
+            stream::synchronize_stream(self.device(), stream)?;
+            self.device().copy_to_host(dst, self.ptr)?;
         }
-        let device = self.device();
-        stream::synchronize_stream(device, stream)?;
-        device.copy_to_host(dst, self.ptr)
+        Ok(())
     }
 
     /// The buffer's bytes, copied to the host after the work queued on `stream`.
@@ -342,9 +315,10 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
         Ok(out)
     }
 
-    fn check_host_len(&self, what: &'static str, len: usize) -> Result<()> {
+    /// Whether there is anything to copy: an error unless `len` is the buffer's size.
+    fn check_host_len(&self, what: &'static str, len: usize) -> Result<bool> {
         if len == self.size {
-            Ok(())
+            Ok(len > 0)
         } else {
             Err(Error::invalid_argument(
                 what,

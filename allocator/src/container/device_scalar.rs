@@ -28,11 +28,8 @@ use crate::stream_view::StreamView;
 /// # Ok::<(), rmm::allocator::Error>(())
 /// ```
 ///
-/// `R` is how the scalar holds its resource, as for [`DeviceBuffer`]: an owning [`SharedResource`]
-/// by default, or a borrow (see [`ResourceHandle`]).
-///
-/// # Threads
-/// `Send` and `Sync` for every `T: Pod`, as [`DeviceUVector`].
+/// `R` is how the scalar holds its resource, as for [`DeviceBuffer`] ([`ResourceHandle`]); `Send`
+/// and `Sync` as [`DeviceUVector`].
 pub struct DeviceScalar<T: Pod, R: ResourceHandle = SharedResource> {
     storage: DeviceUVector<T, R>,
 }
@@ -133,31 +130,26 @@ impl<T: Pod, R: ResourceHandle> DeviceScalar<T, R> {
     }
 
     /// The device address of the value.
-    #[inline]
     pub fn data(&self) -> DevicePtr {
         self.storage.data()
     }
 
     /// The stream most recently set; the one the memory is given back on.
-    #[inline]
     pub fn stream(&self) -> StreamView {
         self.storage.stream()
     }
 
     /// Sets the stream the memory is given back on.
-    #[inline]
     pub fn set_stream(&mut self, stream: StreamView) {
         self.storage.set_stream(stream);
     }
 
     /// The handle of the resource that allocated the memory and will take it back.
-    #[inline]
     pub fn memory_resource(&self) -> &R {
         self.storage.memory_resource()
     }
 
     /// The device the value lives on.
-    #[inline]
     pub fn device(&self) -> Device {
         self.storage.device()
     }

@@ -17,9 +17,8 @@ use crate::stream_view::StreamView;
 
 /// An uninitialized vector of `T` in device memory (RMM's `device_uvector<T>`).
 ///
-/// `T` is [`bytemuck::Pod`] (`Copy`, no padding, any bit pattern valid: C++'s "trivially
-/// copyable"), so elements move as bytes. Storage is a [`DeviceBuffer`], with its rules (e.g.
-/// memory goes back on the stream last set).
+/// `T` is [`bytemuck::Pod`] (C++'s "trivially copyable"), so elements move as bytes. Storage is a
+/// [`DeviceBuffer`], with its rules (e.g. memory goes back on the stream last set).
 ///
 /// ```
 /// # mod rmm { pub use rmm_allocator as allocator; }
@@ -37,19 +36,13 @@ use crate::stream_view::StreamView;
 /// # Ok::<(), rmm::allocator::Error>(())
 /// ```
 ///
-/// `R` is how the vector holds its resource, as for [`DeviceBuffer`]: an owning [`SharedResource`]
-/// by default, or a borrow (see [`ResourceHandle`]).
-///
-/// # Threads
-/// `Send` and `Sync` for every `T: Pod`: it holds no `T` on the host (values move as bytes, and a
-/// `Pod` may be made from bytes on any thread), its [`DeviceBuffer`] is `Send + Sync`, and its
-/// staging slot (owned memory, an event) changes only through `&mut self`.
+/// `R` is how the vector holds its resource, as for [`DeviceBuffer`] ([`ResourceHandle`]). The
+/// vector is `Send` and `Sync` for every `T: Pod` (it holds no `T` on the host) when `R` is.
 pub struct DeviceUVector<T: Pod, R: ResourceHandle = SharedResource> {
-    // Dropped before `storage`: dropping the slot waits for a pending staged copy, so none writes
-    // to freed memory. Boxed to keep the vector small; made on the first staged set.
+    // Dropped before `storage`: dropping the slot waits for a pending staged copy. Made on the
+    // first staged set.
     staging: Option<Box<Staging>>,
     storage: DeviceBuffer<R>,
-    // `fn() -> T`: no `T` is held on the host, so the vector is Send + Sync for any `T`.
     _element: PhantomData<fn() -> T>,
 }
 
@@ -126,7 +119,6 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         Ok(Self::wrap(buffer))
     }
 
-    #[inline]
     fn wrap(storage: DeviceBuffer<R>) -> Self {
         DeviceUVector {
             staging: None,
@@ -166,25 +158,21 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     }
 
     /// Number of elements.
-    #[inline]
     pub fn len(&self) -> usize {
         self.storage.size() / Self::ELEMENT
     }
 
     /// True when there are no elements.
-    #[inline]
     pub fn is_empty(&self) -> bool {
         self.storage.is_empty()
     }
 
     /// Number of elements the current allocation can hold.
-    #[inline]
     pub fn capacity(&self) -> usize {
         self.storage.capacity() / Self::ELEMENT
     }
 
     /// The device address of the first element (null when nothing is allocated).
-    #[inline]
     pub fn data(&self) -> DevicePtr {
         self.storage.data()
     }
@@ -194,30 +182,34 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
     /// # Errors
     /// [`Error::IndexOutOfRange`] when `index >= len()`.
     pub fn element_ptr(&self, index: usize) -> Result<DevicePtr> {
-        self.check_index(index)?;
+        let len = self.len();
+        if index >= len {
+            return Err(Error::IndexOutOfRange {
+                index,
+                len,
+                container: "DeviceUVector",
+                element_type: std::any::type_name::<T>(),
+            });
+        }
         Ok(self.storage.data().offset(index * Self::ELEMENT))
     }
 
     /// The stream most recently set; the one the memory is given back on.
-    #[inline]
     pub fn stream(&self) -> StreamView {
         self.storage.stream()
     }
 
     /// Sets the stream the memory is given back on (until a reallocating call names another).
-    #[inline]
     pub fn set_stream(&mut self, stream: StreamView) {
         self.storage.set_stream(stream);
     }
 
     /// The handle of the resource that allocated the memory and will take it back.
-    #[inline]
     pub fn memory_resource(&self) -> &R {
         self.storage.memory_resource()
     }
 
     /// The device the elements live on.
-    #[inline]
     pub fn device(&self) -> Device {
         self.storage.device()
     }
@@ -263,12 +255,10 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         self.device().copy_to_device(at, bytemuck::bytes_of(&value))
     }
 
-    /// Enqueues a write of `value` to element `index` on `stream` without waiting.
-    ///
-    /// Unlike RMM, `value` is taken by value and staged in a page-locked slot the vector owns, so
-    /// nothing of the caller's must outlive the copy. An all-zero value is a memset instead. The
-    /// slot holds one value: a second staged set waits on the host for the first copy. The first
-    /// staged set makes the slot (pinned memory and an event), which is slow.
+    /// Enqueues a write of `value` to element `index` on `stream` without waiting. Unlike RMM,
+    /// `value` is staged in a pinned slot the vector owns (made on first use), so nothing of the
+    /// caller's must outlive the copy; a second staged set waits for the first copy. An all-zero
+    /// value is a memset instead.
     ///
     /// # Errors
     /// [`Error::IndexOutOfRange`] if `index >= len()`; [`Error::Driver`] if enqueuing fails.
@@ -365,20 +355,6 @@ impl<T: Pod, R: ResourceHandle> DeviceUVector<T, R> {
         match &self.staging {
             Some(staging) if staging.is_pending() => staging.order_before(stream),
             _ => Ok(()),
-        }
-    }
-
-    fn check_index(&self, index: usize) -> Result<()> {
-        let len = self.len();
-        if index < len {
-            Ok(())
-        } else {
-            Err(Error::IndexOutOfRange {
-                index,
-                len,
-                container: "DeviceUVector",
-                element_type: std::any::type_name::<T>(),
-            })
         }
     }
 

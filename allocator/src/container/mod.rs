@@ -18,15 +18,11 @@ use crate::error::Result;
 use crate::resource::DeviceMemoryResource;
 use crate::stream_view::StreamView;
 
-/// How a container holds its memory resource.
+/// How a container holds its memory resource: an owning `Arc` ([`SharedResource`], the default,
+/// or `Arc<R>` for static dispatch), or a borrow `&'a R` (RMM's non-owning
+/// `device_async_resource_ref`, with the lifetime checked by the compiler).
 ///
-/// * [`SharedResource`](crate::resource::SharedResource) (`Arc<dyn DeviceMemoryResource>`, the
-///   default): owning, so the resource lives at least as long as the container; one reference-count
-///   increment and decrement (two atomic operations) per container.
-/// * `&'a R` or `&'a dyn DeviceMemoryResource`: a borrow, like RMM's non-owning
-///   `device_async_resource_ref` but with the lifetime checked by the compiler; no reference
-///   counting, and static dispatch with a concrete `R`.
-/// * `Arc<R>` for a concrete `R`: owning, statically dispatched.
+/// [`SharedResource`]: crate::resource::SharedResource
 pub trait ResourceHandle {
     /// The resource type the handle leads to.
     type Resource: DeviceMemoryResource + ?Sized;
@@ -38,7 +34,6 @@ pub trait ResourceHandle {
 impl<R: DeviceMemoryResource + ?Sized> ResourceHandle for Arc<R> {
     type Resource = R;
 
-    #[inline]
     fn resource(&self) -> &R {
         self
     }
@@ -47,14 +42,13 @@ impl<R: DeviceMemoryResource + ?Sized> ResourceHandle for Arc<R> {
 impl<R: DeviceMemoryResource + ?Sized> ResourceHandle for &R {
     type Resource = R;
 
-    #[inline]
     fn resource(&self) -> &R {
         self
     }
 }
 
 /// Gives `ptr` back to `resource` on `stream` with device `ordinal` current (RMM's
-/// `cuda_set_device_raii` around the deallocation); one thread-local read when it already is.
+/// `cuda_set_device_raii` around the deallocation).
 #[inline]
 pub(crate) fn deallocate_on<M: DeviceMemoryResource + ?Sized>(
     ordinal: u32,
@@ -85,8 +79,8 @@ fn deallocate_switching<M: DeviceMemoryResource + ?Sized>(
     }
 }
 
-/// [`deallocate_on`], logging a failure with [`log_deallocation_error`] (from `Drop` or cleanup,
-/// where it cannot be returned); `what` says what was being done.
+/// [`deallocate_on`], logging a failure (from `Drop` or cleanup, where it cannot be returned);
+/// `what` says what was being done.
 #[inline]
 pub(crate) fn deallocate_or_log<M: DeviceMemoryResource + ?Sized>(
     what: &str,
@@ -102,10 +96,9 @@ pub(crate) fn deallocate_or_log<M: DeviceMemoryResource + ?Sized>(
     }
 }
 
-/// Logs a failure to give memory back (from `Drop`, where it cannot be returned).
 #[cold]
 #[inline(never)]
-pub(crate) fn log_deallocation_error(
+fn log_deallocation_error(
     what: &str,
     ptr: DevicePtr,
     bytes: usize,

@@ -1,14 +1,12 @@
-//! A page-locked staging slot for asynchronous host → device copies of small values. RMM leaves the
-//! source's lifetime to the caller; here the value is copied into a pinned slot that moves into a
-//! [`PinnedCopy`], which holds it until the copy is known complete (leaking it otherwise).
+//! A pinned staging slot for asynchronous host → device copies of small values: the value is
+//! copied into a slot that a [`PinnedCopy`] holds until the copy is known complete.
 
 use crate::backend::DevicePtr;
 use crate::backend::host::HostBlock;
 use crate::backend::pinned_copy::PinnedCopy;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::resource::HostMemoryResource;
-use crate::resource::PinnedHostMemoryResource;
+use crate::resource::{HostMemoryResource, PinnedHostMemoryResource};
 use crate::stream::Event;
 use crate::stream_view::StreamView;
 
@@ -41,8 +39,7 @@ impl std::fmt::Debug for Staging {
 }
 
 impl Staging {
-    /// A slot of `bytes` (at least 1) for copies to `device`. Slow (an event and a pinned
-    /// allocation): containers make it on first use.
+    /// A slot of `bytes` (at least 1) for copies to `device`; slow, so made on first use.
     #[cold]
     pub(crate) fn new(device: Device, bytes: usize) -> Result<Staging> {
         let bytes = bytes.max(1);
@@ -66,8 +63,7 @@ impl Staging {
         matches!(self.slot, Slot::InFlight(_))
     }
 
-    /// Makes later work on `stream` wait for the last copy out of the slot, without blocking the
-    /// host; a no-op when none is pending.
+    /// Makes later work on `stream` wait for the last copy out of the slot, if any.
     pub(crate) fn order_before(&self, stream: StreamView) -> Result<()> {
         match &self.slot {
             Slot::InFlight(copy) => copy.order_before(stream),
@@ -109,8 +105,7 @@ impl Staging {
         }
     }
 
-    /// The slot and its event once no copy reads the slot (waiting for the last if needed); a new
-    /// slot when a copy kept the last one.
+    /// The slot and its event once no copy reads it (waiting if needed); a new one if a copy kept it.
     fn ready(&mut self) -> Result<(HostBlock, Event)> {
         match std::mem::take(&mut self.slot) {
             Slot::Idle(block, event) => Ok((block, event)),

@@ -1,13 +1,11 @@
-//! A log's lines, read from one input with a bounded buffer: an input without line ends
-//! (`/dev/zero`, a compressed file) is an error once a line passes [`MAX_LINE_BYTES`], not a
-//! line that grows until memory runs out.
+//! A log's lines, read with a bounded buffer: an input without line ends (`/dev/zero`, a
+//! compressed file) is an error once a line passes [`MAX_LINE_BYTES`], not unbounded growth.
 
 use std::io::{BufRead, Read};
 
 use crate::error::{Error, Result};
 
-/// The longest line a log may have, in bytes, its line end included. RMM's lines are about
-/// 100 bytes; a header of the most columns a log may have fits many times over.
+/// The longest line a log may have, in bytes, its line end included (RMM's are about 100).
 pub(crate) const MAX_LINE_BYTES: usize = 4096;
 
 /// The lines of one input, one at a time, in a buffer of at most [`MAX_LINE_BYTES`].
@@ -30,7 +28,7 @@ impl<R> std::fmt::Debug for Lines<R> {
 }
 
 impl<R: BufRead> Lines<R> {
-    /// The lines of `input`; `source` names it in errors.
+    /// `source` names `input` in errors.
     pub(crate) fn new(input: R, source: &str) -> Self {
         Lines {
             input,
@@ -40,12 +38,8 @@ impl<R: BufRead> Lines<R> {
         }
     }
 
-    /// The next line that is not blank, without its line end, and its number (1-based, blank
-    /// lines counted); `None` at the end of the input.
-    ///
-    /// # Errors
-    /// [`Error::EventLog`] when the input cannot be read, a line is longer than
-    /// [`MAX_LINE_BYTES`], or a line is not UTF-8.
+    /// The next non-blank line, without its line end, and its 1-based number; `None` at the end.
+    /// [`Error::EventLog`] when the input cannot be read, or a line is too long or not UTF-8.
     pub(crate) fn next_line(&mut self) -> Result<Option<(usize, &str)>> {
         loop {
             let mut bytes = std::mem::take(&mut self.text).into_bytes();
@@ -71,8 +65,7 @@ impl<R: BufRead> Lines<R> {
         }
     }
 
-    /// Appends the next line (with its line end) to `line`; false at the end of the input. Reads
-    /// at most one byte past [`MAX_LINE_BYTES`] (an input without line ends is not read on).
+    /// Appends the next line (line end included) to `line`, reading at most [`MAX_LINE_BYTES`] + 1.
     fn read_line(&mut self, line: &mut Vec<u8>) -> Result<bool> {
         let read = (&mut self.input)
             .take(MAX_LINE_BYTES as u64 + 1)

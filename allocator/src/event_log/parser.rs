@@ -1,10 +1,9 @@
-//! RMM's CSV parsed into an [`EventLog`] (each free tied to the allocation it frees), by the
-//! line parser that a [`LogReader`](super::LogReader) runs on every line (`reader.rs` reads
-//! whole logs into an [`EventLog`]).
+//! [`EventLog`] and the line parser a [`LogReader`](super::LogReader) runs on every line.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::LogFigures;
 use crate::adaptor::{LOG_HEADER, LogAction};
 use crate::error::{Error, Result};
 
@@ -13,11 +12,9 @@ use crate::error::{Error, Result};
 pub struct LogEvent {
     /// 1-based line number in the file.
     pub line: usize,
-    /// Index into [`EventLog::threads`] (or, read a line at a time,
-    /// [`LogReader::threads`](super::LogReader::threads)).
+    /// Index into [`EventLog::threads`] (or [`LogReader::threads`](super::LogReader::threads)).
     pub thread: usize,
-    /// Microseconds since midnight; `None` when the `Time` field holds no time (no `:`: a
-    /// log written without times).
+    /// Microseconds since midnight; `None` when the `Time` field holds no time (no `:`).
     pub time_us: Option<u64>,
     /// What happened.
     pub action: LogAction,
@@ -38,8 +35,7 @@ pub struct EventLog {
     pub events: Vec<LogEvent>,
     /// The logged thread ids, in order of first appearance.
     pub threads: Vec<String>,
-    /// For each event: for a free, the index of the allocation it frees (`None` when the log
-    /// never allocated that pointer); for other events, `None`.
+    /// For each event: for a free of a logged allocation, that allocation's index; else `None`.
     pub freed_allocation: Vec<Option<usize>>,
     /// Peak of the bytes live in log order.
     pub peak_bytes: u64,
@@ -84,19 +80,14 @@ fn clock_digits(text: &str) -> Option<u64> {
     ok.then(|| text.parse().ok()).flatten()
 }
 
-/// `HH:MM:SS.ffffff` (or `HH:MM:SS:ffffff`, or without fraction; up to six digits of the
-/// fraction count, more are allowed) → microseconds since midnight. A field without `:` is
-/// [`Time::Absent`]; one with `:` must be a time of day (a second of 60 allowed: a leap
-/// second), or it is [`Time::Impossible`].
+/// `HH:MM:SS.ffffff` (or `HH:MM:SS:ffffff`, or no fraction; digits past six ignored) →
+/// microseconds since midnight; a leap second is allowed.
 fn parse_time(text: &str) -> Time {
     let t = text.trim();
     if !t.contains(':') {
         return Time::Absent;
     }
-    let (clock, dotted) = match t.split_once('.') {
-        Some((c, f)) => (c, Some(f)),
-        None => (t, None),
-    };
+    let (clock, dotted) = t.split_once('.').map_or((t, None), |(c, f)| (c, Some(f)));
     let mut parts = clock.split(':');
     let (Some(h), Some(m), Some(s)) = (
         parts.next().and_then(clock_digits),
@@ -113,8 +104,7 @@ fn parse_time(text: &str) -> Time {
     if h > 23 || m > 59 || s > 60 {
         return Time::Impossible;
     }
-    // Up to six digits of the fraction (microseconds), without allocating: logs have
-    // millions of lines.
+    // Up to six digits of the fraction (microseconds), without allocating.
     let us = match fraction {
         None => 0,
         Some(f) if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) => {
@@ -143,7 +133,6 @@ pub struct Freed {
     pub size: usize,
 }
 
-/// A live allocation while parsing.
 #[derive(Debug, Clone, Copy)]
 struct LiveAllocation {
     event: usize,
@@ -151,9 +140,7 @@ struct LiveAllocation {
     size: usize,
 }
 
-/// Reads a log one line at a time, checking each as [`EventLog::parse`] does, and keeps only
-/// what it needs to (the threads, the live allocations, the counts): its memory grows with
-/// the live allocations, not with the length of the log.
+/// Checks a log one line at a time, keeping only the threads, the live allocations and counts.
 #[derive(Debug, Default)]
 pub(crate) struct LineParser {
     source: String,
@@ -161,18 +148,11 @@ pub(crate) struct LineParser {
     columns: [usize; 6],
     names: Vec<String>,
     thread_index: HashMap<String, usize>,
-    /// The logged thread ids, in order of first appearance.
     pub(crate) threads: Vec<String>,
     live: HashMap<u64, LiveAllocation>,
     live_bytes: u64,
-    /// Events read so far.
-    pub(crate) events: usize,
-    /// Peak of the bytes live in log order.
-    pub(crate) peak_bytes: u64,
-    /// Frees of pointers the log never allocated.
-    pub(crate) unmatched_frees: usize,
-    /// `allocate failure` lines.
-    pub(crate) logged_failures: usize,
+    /// What the lines so far counted.
+    pub(crate) figures: LogFigures,
 }
 
 impl LineParser {
@@ -221,18 +201,11 @@ impl LineParser {
         Ok(parser)
     }
 
-    /// What errors call the log.
     pub(crate) fn source(&self) -> &str {
         &self.source
     }
 
-    /// Allocations live at this point of the log.
-    pub(crate) fn live_allocations(&self) -> usize {
-        self.live.len()
-    }
-
-    /// Parses and checks line `line_no` (not blank, without its line end): the event, and
-    /// for a free of an allocation the log made, that allocation.
+    /// Parses and checks line `line_no`: the event, and the allocation a free frees.
     pub(crate) fn line(&mut self, line_no: usize, line: &str) -> Result<(LogEvent, Option<Freed>)> {
         let [c_thread, c_time, c_action, c_ptr, c_size, c_stream] = self.columns;
         // The fields, without allocating (the header has at most MAX_COLUMNS).
@@ -244,7 +217,6 @@ impl LineParser {
             }
             count += 1;
         }
-        // A field that does not parse: what was found and what was expected.
         let bad = |problem: String| self.err(line_no, problem, FORMAT_HINT);
         let found = |c: usize, what: &str, expected: &str| {
             bad(format!("found {what} `{}`, expected {expected}", fields[c]))
@@ -297,7 +269,7 @@ impl LineParser {
                 t
             }
         };
-        let index = self.events;
+        let index = self.figures.events;
         let mut freed = None;
         match action {
             LogAction::Allocate if ptr != 0 => {
@@ -323,7 +295,7 @@ impl LineParser {
                     },
                 );
                 self.live_bytes = self.live_bytes.saturating_add(size as u64);
-                self.peak_bytes = self.peak_bytes.max(self.live_bytes);
+                self.figures.peak_bytes = self.figures.peak_bytes.max(self.live_bytes);
             }
             LogAction::Allocate => {}
             LogAction::Free => match self.live.remove(&ptr) {
@@ -335,11 +307,12 @@ impl LineParser {
                     });
                 }
                 None if ptr == 0 => {}
-                None => self.unmatched_frees += 1,
+                None => self.figures.unmatched_frees += 1,
             },
-            LogAction::AllocateFailure => self.logged_failures += 1,
+            LogAction::AllocateFailure => self.figures.logged_failures += 1,
         }
-        self.events += 1;
+        self.figures.events += 1;
+        self.figures.unfreed = self.live.len();
         Ok((
             LogEvent {
                 line: line_no,
@@ -356,12 +329,10 @@ impl LineParser {
 }
 
 impl EventLog {
-    /// Checks that the public fields agree with each other (as [`EventLog::parse`] makes
-    /// them), so that a log assembled or edited by hand cannot make a replay go wrong.
+    /// Checks that the public fields agree, so that a log edited by hand cannot derail a replay.
     ///
     /// # Errors
-    /// [`Error::EventLog`] naming the first disagreement (e.g. a thread or
-    /// allocation index out of range).
+    /// [`Error::EventLog`] naming the first disagreement (e.g. an index out of range).
     pub fn check(&self) -> Result<()> {
         let hint = "Build logs with EventLog::parse or EventLog::read";
         let bad = |problem: String| Error::event_log(&self.source, None, problem, hint);
@@ -397,8 +368,7 @@ impl EventLog {
         Ok(())
     }
 
-    /// Time from the first to the last logged event, when the times parse (and the log does
-    /// not cross midnight).
+    /// Time from the first to the last event, when both have times (and not across midnight).
     pub fn logged_duration(&self) -> Option<Duration> {
         let first = self.events.first()?.time_us?;
         let last = self.events.last()?.time_us?;

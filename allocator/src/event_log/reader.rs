@@ -1,6 +1,4 @@
-//! [`LogReader`]: a log read from one input, once, a line at a time, every line checked as it
-//! comes. A pipe or a FIFO works as well as a file (`zcat log.csv.gz | rmm replay -`): nothing
-//! opens the input again or reads it twice.
+//! [`LogReader`]: a log read once, a line at a time (a pipe works as well as a file).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -19,12 +17,8 @@ pub struct LogLine {
     pub freed: Option<Freed>,
 }
 
-/// A log read line by line from one input (a file, standard input, a decompressor's output),
-/// each line checked as [`EventLog::parse`](super::EventLog::parse) checks it. Its memory grows
-/// with the threads and the allocations live at once, not with the length of the log.
-///
-/// `rmm replay` replays one as it reads it; [`LogReader::inspect`] sees every event it reads
-/// on the way.
+/// A log read line by line, checked as [`EventLog::parse`] checks it, in memory that grows with
+/// the threads and live allocations, not with the log's length.
 pub struct LogReader<'a> {
     lines: Lines<Box<dyn BufRead + 'a>>,
     parser: LineParser,
@@ -48,8 +42,7 @@ impl LogReader<'static> {
     /// Opens the log at `path` (once: a FIFO or `/dev/stdin` works) and reads its header.
     ///
     /// # Errors
-    /// [`Error::EventLog`] when the file cannot be opened or read, or its header is not
-    /// RMM's.
+    /// [`Error::EventLog`] when the file cannot be opened or read, or its header is not RMM's.
     pub fn open(path: impl AsRef<Path>) -> Result<LogReader<'static>> {
         let path = path.as_ref();
         let source = path.display().to_string();
@@ -62,12 +55,10 @@ impl LogReader<'static> {
 }
 
 impl<'a> LogReader<'a> {
-    /// Reads the log from `input` (e.g. standard input, locked); `source` names it in errors.
-    /// Reads the header now.
+    /// Reads the log's header from `input` (e.g. standard input); `source` names it in errors.
     ///
     /// # Errors
-    /// [`Error::EventLog`] when `input` cannot be read, holds no header or a header that is
-    /// not RMM's.
+    /// [`Error::EventLog`] when `input` cannot be read, or holds no header or not RMM's.
     pub fn new(input: impl BufRead + 'a, source: impl Into<String>) -> Result<LogReader<'a>> {
         let source = source.into();
         let mut lines = Lines::new(Box::new(input) as Box<dyn BufRead + 'a>, &source);
@@ -82,15 +73,12 @@ impl<'a> LogReader<'a> {
         })
     }
 
-    /// What errors and reports call the log (its path, or the name given to
-    /// [`LogReader::new`]).
+    /// What errors and reports call the log (its path, or the name given to [`LogReader::new`]).
     pub fn source(&self) -> &str {
         self.parser.source()
     }
 
-    /// Calls `observer` with every event read from now on, in log order, as it is read
-    /// (replacing an earlier observer): e.g. to draw the log while it is replayed, without
-    /// reading it again.
+    /// Calls `observer` with every event read from now on (replacing an earlier observer).
     pub fn inspect(mut self, observer: impl FnMut(&LogLine) + 'a) -> LogReader<'a> {
         self.observer = Some(Box::new(observer));
         self
@@ -114,24 +102,17 @@ impl<'a> LogReader<'a> {
 
     /// The figures of the lines read so far.
     pub fn figures(&self) -> LogFigures {
-        LogFigures {
-            events: self.parser.events,
-            peak_bytes: self.parser.peak_bytes,
-            unmatched_frees: self.parser.unmatched_frees,
-            logged_failures: self.parser.logged_failures,
-            unfreed: self.parser.live_allocations(),
-        }
+        self.parser.figures
     }
 
-    /// The logged thread ids read so far, in order of first appearance ([`LogEvent::thread`]
-    /// indexes them).
+    /// The logged thread ids read so far, in order of first appearance ([`LogEvent::thread`]).
     pub fn threads(&self) -> &[String] {
         &self.parser.threads
     }
 }
 
 /// What a [`LogReader`] counted in the lines it read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogFigures {
     /// Events read.
     pub events: usize,
@@ -147,12 +128,10 @@ pub struct LogFigures {
 
 /// Whole logs read into memory, through a [`LogReader`].
 impl EventLog {
-    /// Reads and parses the log at `path` (a line at a time: a line longer than a log's
-    /// lines may be is an error, not a read that grows until memory runs out).
+    /// Reads and parses the log at `path`.
     ///
     /// # Errors
-    /// [`Error::EventLog`] when the file cannot be read or a line does not
-    /// parse.
+    /// [`Error::EventLog`] when the file cannot be read or a line does not parse.
     pub fn read(path: impl AsRef<Path>) -> Result<EventLog> {
         Self::read_all(LogReader::open(path)?)
     }
@@ -160,8 +139,7 @@ impl EventLog {
     /// Parses `text`; `source` names it in errors.
     ///
     /// # Errors
-    /// [`Error::EventLog`] when `text` is empty, the header is not RMM's,
-    /// or a line does not parse (the error names the line).
+    /// [`Error::EventLog`] when `text` is empty, the header is not RMM's, or a line does not parse.
     pub fn parse(text: &str, source: impl Into<String>) -> Result<EventLog> {
         Self::read_all(LogReader::new(text.as_bytes(), source)?)
     }
@@ -179,10 +157,10 @@ impl EventLog {
             source: parser.source().to_string(),
             events,
             freed_allocation,
-            peak_bytes: parser.peak_bytes,
-            unmatched_frees: parser.unmatched_frees,
-            logged_failures: parser.logged_failures,
-            unfreed: parser.live_allocations(),
+            peak_bytes: parser.figures.peak_bytes,
+            unmatched_frees: parser.figures.unmatched_frees,
+            logged_failures: parser.figures.logged_failures,
+            unfreed: parser.figures.unfreed,
             threads: parser.threads,
         })
     }

@@ -1,14 +1,10 @@
-//! What names a stretch of another process's exported device memory: its arena's handle, the
-//! exporting process, and the stretch.
+//! What names a stretch of another process's exported device memory.
 
 use crate::backend::IpcHandle;
 use crate::error::{Error, Result};
 
-/// A stretch of `len` bytes at `offset` into process `pid`'s exported arena `handle`, on the
-/// device with UUID `device_uuid` (as [`DeviceProperties::uuid`] spells it, so a receiver can
-/// tell whether it sees that GPU).
-///
-/// [`DeviceProperties::uuid`]: crate::backend::DeviceProperties::uuid
+/// A stretch of `len` bytes at `offset` into process `pid`'s exported arena `handle`, on device
+/// `device_uuid`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpcDescriptor {
     /// The exporting process.
@@ -55,15 +51,10 @@ impl IpcDescriptor {
         if bytes.len() < FIXED {
             return Err(bad("too short"));
         }
-        let u64_at = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        let mut pid = [0u8; 4];
-        pid.copy_from_slice(&bytes[..4]);
-        let mut handle = [0u8; 64];
-        handle.copy_from_slice(&bytes[4..68]);
+        let u64_at =
+            |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default());
+        let pid = u32::from_le_bytes(bytes[..4].try_into().unwrap_or_default());
+        let handle = bytes[4..68].try_into().map_err(|_| bad("too short"))?;
         let uuid_len = usize::from(u16::from_le_bytes([bytes[84], bytes[85]]));
         if bytes.len() != FIXED + uuid_len {
             return Err(bad("a length that does not match the device UUID's"));
@@ -72,7 +63,7 @@ impl IpcDescriptor {
             .map_err(|_| bad("a device UUID that is not text"))?
             .to_owned();
         Ok(IpcDescriptor {
-            pid: u32::from_le_bytes(pid),
+            pid,
             handle: IpcHandle(handle),
             offset: u64_at(68),
             len: u64_at(76),

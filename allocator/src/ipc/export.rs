@@ -1,5 +1,4 @@
-//! The sending side: a per-device arena of exportable memory, lent in slots to stage values for
-//! peers.
+//! The sending side: a per-device arena of exportable memory, lent in slots.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -14,14 +13,11 @@ use crate::error::{Error, Result};
 
 /// Alignment of every slot (as device allocations).
 const ALIGNMENT: usize = 256;
-/// A device's arena size ([`export_arena`]): room for the messages that three peers ask a
-/// worker for at once (Dask's workers sharing memory ask for 1 GB per message), with the one
-/// value each may carry past that bound. A send that finds the arena full goes another, slower
-/// way.
+/// A device's arena size: room for what three peers ask a worker for at once (Dask asks for 1 GB
+/// per message, plus one value past that); a send that finds it full goes a slower way.
 pub const DEFAULT_ARENA_BYTES: usize = 4 << 30;
 
-/// Exportable device memory of one device, made once and mapped once by each peer, handed out first
-/// fit as [`ExportSlot`]s. Freed (`ipc_free`) when the last slot and reference go.
+/// Exportable device memory of one device, mapped once by each peer, lent as [`ExportSlot`]s.
 #[derive(Debug)]
 pub struct ExportArena {
     device: Device,
@@ -37,8 +33,7 @@ impl ExportArena {
     /// `bytes` (rounded up to the slot alignment) of exportable memory on `device`.
     ///
     /// # Errors
-    /// As [`Backend::ipc_alloc`](crate::backend::Backend::ipc_alloc), or the device's properties
-    /// fail.
+    /// As [`Backend::ipc_alloc`](crate::backend::Backend::ipc_alloc) or [`Device::properties`].
     pub fn new(device: Device, bytes: usize) -> Result<Arc<ExportArena>> {
         let len = bytes.max(1).next_multiple_of(ALIGNMENT);
         let uuid = device.properties()?.uuid;
@@ -165,8 +160,7 @@ impl Drop for ExportSlot {
     }
 }
 
-/// A device's arena in this process: not made yet, made, or refused (with the error and when the
-/// device's free memory was last read, so a send does not ask the driver each time).
+/// A device's arena: unmade, made, or refused (and when the device's free memory was last read).
 #[derive(Debug)]
 enum ArenaState {
     Unmade,
@@ -187,12 +181,11 @@ fn arenas(backend_devices: u32) -> &'static [Mutex<ArenaState>] {
     })
 }
 
-/// The process's arena on `device` (of the process-wide backend), made on first use with
-/// [`DEFAULT_ARENA_BYTES`], at most an eighth of the device's memory.
+/// The process's arena on `device`, made on first use: [`DEFAULT_ARENA_BYTES`], at most 1/8 of it.
 ///
 /// # Errors
-/// As [`ExportArena::new`]; a refusal for lack of memory repeats until the arena's bytes are free
-/// (checked at most once a second), any other is for good. [`Device::new`]'s error.
+/// As [`ExportArena::new`] or [`Device::new`]; a refusal for lack of memory lasts until the arena's
+/// bytes are free (checked at most once a second), any other for good.
 pub fn export_arena(device: u32) -> Result<Arc<ExportArena>> {
     let d = Device::new(device)?;
     let mut state = arenas(d.backend().device_count())

@@ -1,7 +1,5 @@
 //! The receiving side: other processes' arenas, each mapped once per device and kept while its
-//! process lives (a worker copies from the same few peers again and again). A gone peer's (a
-//! restarted worker's) arenas are unmapped, once no copy uses them, when a new arena is mapped, so
-//! its memory is not held here for good.
+//! process lives; a gone peer's arenas are unmapped, once unused, when a new one is mapped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,7 +16,6 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 struct Mapping {
     base: DevicePtr,
-    /// Bytes mapped (the peer's whole arena).
     len: usize,
     /// The exporting process, with its start time to tell it from a later one with the same ID.
     peer: Peer,
@@ -62,8 +59,7 @@ impl Imports {
         IMPORTS.get_or_init(Imports::default)
     }
 
-    /// Where the stretch `desc` names is in `device`'s address space. The peer's arena is mapped on
-    /// first use (unmapping gone peers' arenas then); this process's own arena is its memory here.
+    /// Where the stretch `desc` names is on `device`, mapping the peer's arena on first use.
     ///
     /// # Errors
     /// As [`Backend::ipc_open`](crate::backend::Backend::ipc_open).
@@ -76,8 +72,7 @@ impl Imports {
         }
         let mut mapped = self.mapped.lock();
         let key = (device.ordinal(), desc.handle);
-        // The same handle from another process (the first gone, its handle's bytes reused): the old
-        // mapping is not this process's memory.
+        // The same handle from another process (the first gone): the old mapping is not its memory.
         if let Some(m) = mapped.get(&key)
             && m.peer.pid != desc.pid
         {
@@ -123,8 +118,7 @@ impl Imports {
                 m
             }
         };
-        // A stretch past the peer's arena would read memory the peer does not own (and fault this
-        // process's context): refused, whatever the peer sent.
+        // A stretch past the peer's arena would fault this process's context: refused.
         if desc.offset.saturating_add(desc.len) > mapping.len as u64 {
             return Err(Error::invalid_argument(
                 "a peer's exported memory descriptor",
@@ -184,7 +178,7 @@ impl Imports {
         device.copy_device_to_device(dst, src.ptr(), desc.len as usize)
     }
 
-    /// Unmaps every arena no copy uses (at the end of the process's work); later copies map again.
+    /// Unmaps every arena no copy uses; later copies map again.
     ///
     /// # Errors
     /// The first failure to unmap; the others are still unmapped.
@@ -219,8 +213,7 @@ fn forget_gone(mapped: &mut HashMap<(u32, IpcHandle), Arc<Mapping>>) -> usize {
     unmapped
 }
 
-/// Removes and unmaps the mappings no copy uses that `pick` chooses: each one's device and peer
-/// process, and how unmapping went (a failed one is dropped all the same).
+/// Removes and unmaps the unused mappings `pick` chooses: each one's device, peer and outcome.
 fn unmap_idle(
     mapped: &mut HashMap<(u32, IpcHandle), Arc<Mapping>>,
     pick: impl Fn(&Mapping) -> bool,

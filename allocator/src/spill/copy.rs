@@ -2,13 +2,9 @@
 //!
 //! Each device has [`LANES`] copy streams per direction (so a spill and an unspill use both copy
 //! engines at once). A copy is ordered by an event after the work already queued on its buffer's
-//! stream and waited for through another: later work on the buffer's stream does not queue behind
-//! the copy, nor the copy behind unrelated later work.
-//!
-//! A copy waits (on the device) for its buffer's stream, and on a shared copy stream every copy
-//! queued behind it would wait too. So the lane is picked by buffer stream: copies after the same
-//! stream share a lane (they would wait for the same work anyway), and each of the last [`LANES`]
-//! buffer streams seen has its own.
+//! stream, so later work there does not queue behind it. As every copy queued behind one on a copy
+//! stream would wait for that one's buffer stream too, lanes are picked by buffer stream: copies
+//! after the same stream share one, and each of the last [`LANES`] buffer streams seen has its own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,12 +16,10 @@ use crate::error::Result;
 use crate::stream::Event;
 use crate::stream_view::StreamView;
 
-/// Direction of a copy.
+/// Direction of a copy: to the host (spill) or the device (unspill).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Direction {
-    /// Device to host (spill).
     ToHost,
-    /// Host to device (unspill).
     ToDevice,
 }
 
@@ -40,7 +34,6 @@ pub(crate) struct CopyStreams {
     to_device: [RawStream; LANES],
     /// The buffer stream each lane serves and when it was last picked (a counter from 1; 0: never).
     assigned: Mutex<[(RawStream, u64); LANES]>,
-    /// The counter of `assigned`.
     picks: AtomicU64,
     /// Events free for the next copy.
     events: Mutex<Vec<Event>>,
@@ -62,21 +55,16 @@ impl CopyStreams {
                 }
             }
         }
-        let mut to_host = [0; LANES];
-        let mut to_device = [0; LANES];
-        to_host.copy_from_slice(&made[..LANES]);
-        to_device.copy_from_slice(&made[LANES..]);
         Ok(CopyStreams {
             device,
-            to_host,
-            to_device,
+            to_host: std::array::from_fn(|i| made[i]),
+            to_device: std::array::from_fn(|i| made[LANES + i]),
             assigned: Mutex::new([(RawStream::MAX, 0); LANES]),
             picks: 0.into(),
             events: Mutex::new(Vec::new()),
         })
     }
 
-    /// The device.
     pub(crate) fn device(&self) -> Device {
         self.device
     }
@@ -112,18 +100,9 @@ impl CopyStreams {
         self.events.lock().push(event);
     }
 
-    /// The `direction` copy stream for a buffer used on `after`, after `after`'s queued work.
+    /// The `direction` copy stream for a buffer used on `after`, after `after`'s queued work, or
+    /// only after `events` (recorded where the buffer's users let go) if there are any.
     pub(crate) fn ordered_after(
-        &self,
-        direction: Direction,
-        after: StreamView,
-    ) -> Result<RawStream> {
-        self.ordered_after_events(direction, after, &[])
-    }
-
-    /// As [`ordered_after`](Self::ordered_after), but ordered after `events` (recorded where the
-    /// buffer's users let go) instead of all of `after`'s queued work, if there are any.
-    pub(crate) fn ordered_after_events(
         &self,
         direction: Direction,
         after: StreamView,
@@ -161,7 +140,6 @@ impl Drop for CopyStreams {
                 tracing::error!("destroying a spill copy stream on device {d}: {e}");
             }
         }
-        // The events are destroyed as they drop.
     }
 }
 

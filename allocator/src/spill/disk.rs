@@ -1,18 +1,12 @@
 //! The disk tier: one file per spilled buffer under `spill.disk_directory`.
 //!
-//! Data reaches a file from the host tier (pinned slices written out) or straight from the device
-//! when the host tier is full. Device traffic goes through two staging slots pinned with the store
-//! (so the tier works when host memory is short), pipelined: one slot's bytes go to (or from) the
-//! file while the next chunk is copied into (or out of) the other on the copy stream.
+//! Data reaches a file from the host tier or straight from the device, through two pinned staging
+//! slots (so the tier works when host memory is short), pipelined with the file I/O.
 //!
-//! Spill files have no name: made with `O_TMPFILE` (mode 0600) or, where unsupported, created with
-//! `O_EXCL` (mode 0600, never following a planted link) and unlinked at once. The buffer holds the
-//! open file; the data goes when the buffer leaves the disk tier or drops, and when the process
-//! ends however it ends (SIGKILL, a crash): no file is left behind.
-//!
-//! Only a process killed between creating and unlinking a named file can leave one: named files are
-//! `rmm-spill-<pid>-…`, and the next disk tier in that directory sweeps those of dead pids. See
-//! also [`remove_files_for_exit`].
+//! Spill files have no name (`O_TMPFILE`, or `O_EXCL` and unlinked at once; mode 0600), so none
+//! is left behind however the process ends. Only a process killed between creating and unlinking
+//! a named file (`rmm-spill-<pid>-…`) can leave one; the next disk tier in that directory sweeps
+//! those of dead pids. See also [`remove_files_for_exit`].
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -58,10 +52,7 @@ fn owner_of(name: &str) -> Option<u32> {
 /// Whether process `pid` is alive; `None` when this system cannot tell (no `/proc`).
 fn alive(pid: u32) -> Option<bool> {
     let proc = Path::new("/proc");
-    if !proc.join("self").exists() {
-        return None;
-    }
-    Some(proc.join(pid.to_string()).exists())
+    (proc.join("self").exists()).then(|| proc.join(pid.to_string()).exists())
 }
 
 /// Removes dead processes' spill files in `directory` (with `own`, this pid's too: a former
@@ -252,7 +243,6 @@ impl DiskStore {
             .before_file_write(self.device.ordinal())
     }
 
-    /// The directory.
     pub(crate) fn directory(&self) -> &Path {
         &self.directory
     }
@@ -299,13 +289,7 @@ impl DiskStore {
         slices: &[PinnedSlice],
         len: usize,
     ) -> Result<DiskFile> {
-        let mut left = len;
-        let chunks = slices.iter().map(|s| {
-            let n = left.min(s.len());
-            left -= n;
-            &s.as_slice()[..n]
-        });
-        self.write_chunks(id, chunks, len)
+        self.write_chunks(id, data_in(slices, len), len)
     }
 
     /// Writes `bytes` to a new file for buffer `id`.
@@ -373,7 +357,7 @@ impl DiskStore {
         let mut pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)> = VecDeque::new();
         // Chunks are copied into the free slots while the oldest copied chunk is written out.
         let result = (|| -> Result<()> {
-            let stream = copies.ordered_after(Direction::ToHost, after)?;
+            let stream = copies.ordered_after(Direction::ToHost, after, &[])?;
             let chunks = len.div_ceil(STAGING);
             let mut next = 0;
             loop {
@@ -430,7 +414,7 @@ impl DiskStore {
         let mut pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)> = VecDeque::new();
         // Each chunk is read into a free slot while the slots read before are copied out.
         let result = (|| -> Result<()> {
-            let stream = copies.ordered_after(Direction::ToDevice, after)?;
+            let stream = copies.ordered_after(Direction::ToDevice, after, &[])?;
             for i in 0..len.div_ceil(STAGING) {
                 if free.is_empty()
                     && let Some((_, copy)) = pending.pop_front()
@@ -497,6 +481,16 @@ impl DiskStore {
         }
         *staging = free;
     }
+}
+
+/// The first `len` bytes held in `slices`, in order, a piece per slice.
+pub(super) fn data_in(slices: &[PinnedSlice], len: usize) -> impl Iterator<Item = &[u8]> {
+    let mut left = len;
+    slices.iter().map(move |s| {
+        let n = left.min(s.len());
+        left -= n;
+        &s.as_slice()[..n]
+    })
 }
 
 /// Waits for `copy` and recycles its event: its slots, or the error with what came back in `free`.

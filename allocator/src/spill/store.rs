@@ -1,10 +1,6 @@
 //! [`SpillStore`]: where one device's spilled data goes: a pinned host pool, optionally files
-//! behind it ([`SpillTiers`]), and the copy streams between the tiers.
-//!
-//! The tiers can be replaced while buffers live ([`SpillStore::replace_tiers`], as a reinitialize
-//! with a new `spill.host_pool_size` or `spill.disk_directory` does): new spills go to the new
-//! tiers; spilled data stays put, its slices or file keeping the old tier alive, and comes back
-//! from there. An old tier goes once empty.
+//! behind it ([`SpillTiers`]), and the copy streams between the tiers. Replaced tiers
+//! ([`SpillStore::replace_tiers`]) live on while spilled data is in them.
 
 use std::path::Path;
 use std::sync::{Arc, Weak};
@@ -53,7 +49,6 @@ struct Retired {
 }
 
 impl Retired {
-    /// Forgets the tiers that are gone.
     fn prune(&mut self) {
         self.hosts.retain(|h| h.upgrade().is_some());
         self.disks.retain(|d| d.strong_count() > 0);
@@ -81,30 +76,19 @@ impl SpillStore {
         host: PinnedHostPool,
         disk_directory: Option<&Path>,
     ) -> Result<Arc<SpillStore>> {
-        let tiers = Self::make_tiers(device, host, disk_directory)?;
+        let disk = disk_directory
+            .map(|dir| DiskStore::new(device, dir).map(Arc::new))
+            .transpose()?;
         Ok(Arc::new(SpillStore {
             device,
-            tiers: RwLock::new(tiers),
+            tiers: RwLock::new(Arc::new(SpillTiers { host, disk })),
             retired: Mutex::new(Retired::default()),
             copies: CopyStreams::new(device)?,
         }))
     }
 
-    fn make_tiers(
-        device: Device,
-        host: PinnedHostPool,
-        disk_directory: Option<&Path>,
-    ) -> Result<Arc<SpillTiers>> {
-        let disk = disk_directory
-            .map(|dir| DiskStore::new(device, dir).map(Arc::new))
-            .transpose()?;
-        Ok(Arc::new(SpillTiers { host, disk }))
-    }
-
-    /// Changes the tiers new spills go to: `host` replaces the host pool, `disk` the disk tier
-    /// (`None` keeps either; `Some(None)` removes the disk tier; `Some(Some(dir))` uses files under
-    /// `dir`, created if missing). Returns the replaced tiers for
-    /// [`restore_tiers`](Self::restore_tiers). Spilled data stays and comes back from where it is.
+    /// Changes the tiers new spills go to (`None` keeps either; `Some(None)` removes the disk tier);
+    /// returns the replaced ones for [`restore_tiers`](Self::restore_tiers). Spilled data stays.
     ///
     /// # Errors
     /// Making the disk tier failed (unwritable directory, unpinnable staging); no change.

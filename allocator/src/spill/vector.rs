@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use bytemuck::Pod;
 
-use super::buffer::{DeviceGuard, HostGuard};
-use super::buffer::{SpillObserver, SpillableBuffer, Tier};
+use super::buffer::{DeviceGuard, HostGuard, SpillObserver, SpillableBuffer, Tier};
 use super::store::SpillStore;
 use crate::error::{Error, Result};
 use crate::stream_view::StreamView;

@@ -1,11 +1,11 @@
 //! Backend choice: the process-wide backend a configuration asks for, and its device facts.
 
+use rmm_allocator::Device;
 use rmm_allocator::backend::{self, Backend, BackendChoice, BackendKind};
 use rmm_config::{Config, DeviceFacts, ResolvedConfig};
 
 use super::{Generation, stack_on};
 use crate::error::{Error, Result};
-use rmm_allocator::Device;
 
 /// Opens the backend `choice` names as the process-wide one, or checks that the one in use
 /// agrees (`auto` accepts any).

@@ -33,21 +33,20 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::per_device::map_devices;
-use rmm_allocator::StreamView;
+use rmm_allocator::backend::BackendChoice;
+use rmm_allocator::{StreamView, fmt_bytes};
 use rmm_config::{Config, ConfigLoader, ResolvedConfig};
 
 use super::backend::{open_backend, resolve};
 use super::claims::claim;
-use super::keep::Candidates;
+use super::keep::{Candidates, Kept};
+use super::per_device::map_devices;
 use super::setup::{install, set_up_devices};
 use super::{Control, Generation, RuntimeHandle};
 use crate::error::{Error, Result};
 use crate::report::ReinitReport;
-use crate::spill::SpillManager;
+use crate::spill::{SpillManager, TierUndo};
 use crate::stack::DeviceStack;
-use rmm_allocator::backend::BackendChoice;
-use rmm_allocator::fmt_bytes;
 
 /// Looks for unmovable live memory before refusing, [`SETTLE_PAUSE`] apart: threads outside
 /// the runtime (a Dask worker's tasks) allocate and free meanwhile, which must not fail it.
@@ -198,9 +197,7 @@ impl RuntimeHandle {
             // The old tiers are back (data spilled into the new ones stays until used).
             undo.into_iter().rev().for_each(|(m, u)| m.restore_tiers(u));
         } else {
-            for (m, u) in undo {
-                m.commit_tiers(u);
-            }
+            undo.into_iter().for_each(|(m, u)| m.commit_tiers(u));
         }
         result
     }
@@ -209,7 +206,7 @@ impl RuntimeHandle {
     fn replace_tiers(
         &self,
         resolved: &ResolvedConfig,
-    ) -> Result<Vec<(Arc<SpillManager>, crate::spill::TierUndo)>> {
+    ) -> Result<Vec<(Arc<SpillManager>, TierUndo)>> {
         let managers = self.shared.managers.lock().clone();
         let mut undo = Vec::new();
         for d in &resolved.devices {
@@ -499,7 +496,7 @@ impl RuntimeHandle {
 fn unspillable(
     old: &Generation,
     managers: &std::collections::BTreeMap<u32, Arc<SpillManager>>,
-    kept: &super::keep::Kept<'_>,
+    kept: &Kept<'_>,
 ) -> Vec<u32> {
     old.stacks
         .iter()
@@ -518,7 +515,7 @@ fn unspillable(
 /// Refuses ([`Error::HostTierTooSmall`]), before anything moves, a spill that cannot fit: `m`'s
 /// device data (held data aside) must fit its host tier when that is a fixed-size pool with no
 /// disk tier.
-fn check_host_room(m: &SpillManager, kept: &super::keep::Kept<'_>) -> Result<()> {
+fn check_host_room(m: &SpillManager, kept: &Kept<'_>) -> Result<()> {
     let store = m.store();
     let host = store.host();
     if host.is_growable() || store.has_disk() {

@@ -97,14 +97,6 @@ pub(crate) struct Slot<T> {
 }
 
 impl<T> Slot<T> {
-    fn new() -> Arc<Slot<T>> {
-        Arc::new(Slot {
-            done: AtomicBool::new(false),
-            state: Mutex::new(State::Pending),
-            ready: Condvar::new(),
-        })
-    }
-
     fn complete(&self, result: Result<T, TaskError>) {
         let mut s = self.state.lock();
         if matches!(*s, State::Pending) {
@@ -142,10 +134,6 @@ impl<T> Slot<T> {
         }
     }
 }
-
-/// How a [`TaskHandle`] waits until `done()` or the deadline (true when done), parking with
-/// `park(until)`; the workers' way runs queued tasks meanwhile.
-pub(crate) type Wait = fn(&dyn Fn() -> bool, &dyn Fn(Instant) -> bool, Option<Instant>) -> bool;
 
 /// A queued unit of work, type-erased.
 pub(crate) trait Job: Send {
@@ -196,16 +184,19 @@ impl<F, T> Drop for TaskJob<F, T> {
     }
 }
 
-/// A job and the handle that waits for it the `wait` way.
-pub(crate) fn job<F, T>(f: F, wait: Wait) -> (Box<dyn Job>, TaskHandle<T>)
+/// A job and the handle that waits for it.
+pub(crate) fn job<F, T>(f: F) -> (Box<dyn Job>, TaskHandle<T>)
 where
     F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
     T: Send + 'static,
 {
-    let slot = Slot::new();
+    let slot = Arc::new(Slot {
+        done: AtomicBool::new(false),
+        state: Mutex::new(State::Pending),
+        ready: Condvar::new(),
+    });
     let handle = TaskHandle {
         slot: Arc::clone(&slot),
-        wait,
     };
     (Box::new(TaskJob { f: Some(f), slot }), handle)
 }
@@ -224,7 +215,6 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 #[must_use = "a task's result (and its panic, if any) is only seen through its handle"]
 pub struct TaskHandle<T> {
     slot: Arc<Slot<T>>,
-    wait: Wait,
 }
 
 impl<T> fmt::Debug for TaskHandle<T> {
@@ -278,7 +268,7 @@ impl<T> TaskHandle<T> {
 
     fn wait_until(&self, deadline: Option<Instant>) -> bool {
         let slot = &*self.slot;
-        (self.wait)(
+        super::worker::wait_for(
             &|| slot.is_done(),
             &|until| slot.park_until(until),
             deadline,

@@ -10,10 +10,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::{Condvar, Mutex};
 
-/// What the background thread serves: a device's limit (the spill tracker).
-pub(crate) trait EnforceLimit: Send + Sync + 'static {
-    fn enforce_limit_now(&self);
-}
+use super::tracker::Tracker;
 
 #[derive(Default)]
 pub(crate) struct Background {
@@ -40,11 +37,11 @@ struct State {
 
 impl Background {
     /// Has the background thread enforce `tracker`'s limit soon (here, if it cannot start).
-    pub(crate) fn request<T: EnforceLimit>(&self, tracker: &Arc<T>) {
+    pub(crate) fn request(&self, tracker: &Arc<Tracker>) {
         let mut s = self.shared.state.lock();
         if s.inline {
             drop(s);
-            tracker.enforce_limit_now();
+            tracker.enforce_limit(None, 0);
             return;
         }
         s.requested += 1;
@@ -60,7 +57,7 @@ impl Background {
                 s.inline = true;
                 s.served = s.requested;
                 drop(s);
-                tracker.enforce_limit_now();
+                tracker.enforce_limit(None, 0);
                 return;
             }
         }
@@ -87,7 +84,7 @@ impl Drop for Background {
 }
 
 /// The thread: serves requests until the tracker is gone.
-fn run<T: EnforceLimit>(shared: &Shared, tracker: &Weak<T>) {
+fn run(shared: &Shared, tracker: &Weak<Tracker>) {
     loop {
         let target = {
             let mut s = shared.state.lock();
@@ -101,7 +98,7 @@ fn run<T: EnforceLimit>(shared: &Shared, tracker: &Weak<T>) {
         };
         // Requests that arrive while this runs are served by the next round.
         match tracker.upgrade() {
-            Some(t) => t.enforce_limit_now(),
+            Some(t) => t.enforce_limit(None, 0),
             None => return,
         }
         let mut s = shared.state.lock();

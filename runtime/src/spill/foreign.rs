@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use rmm_allocator::StreamView;
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::spill::{SharedDeviceGuard, SpillObserver, SpillableBuffer, Tier};
+use rmm_allocator::{Result, StreamView};
 
 use super::statistics::clock_ns;
 use super::tracker::{Spillable, Tracker};
@@ -193,10 +193,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     ///
     /// # Errors
     /// Bringing data back failed; the data stays where it was.
-    pub fn device_views(
-        &self,
-        stream: StreamView,
-    ) -> rmm_allocator::Result<Option<Vec<SharedDeviceGuard>>> {
+    pub fn device_views(&self, stream: StreamView) -> Result<Option<Vec<SharedDeviceGuard>>> {
         let buffers = self.spilled_buffers();
         buffers
             .map(|b| b.iter().map(|b| b.shared_device_view(stream)).collect())
@@ -212,7 +209,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     pub fn device_views_to_send(
         &self,
         stream: StreamView,
-    ) -> rmm_allocator::Result<Option<Vec<SharedDeviceGuard>>> {
+    ) -> Result<Option<Vec<SharedDeviceGuard>>> {
         let off_device: usize = self
             .device_allocations()
             .iter()
@@ -251,7 +248,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     ///
     /// # Errors
     /// A failed copy or file read.
-    pub fn spilled_bytes(&self) -> rmm_allocator::Result<Option<Vec<Vec<u8>>>> {
+    pub fn spilled_bytes(&self) -> Result<Option<Vec<Vec<u8>>>> {
         let buffers = self.spilled_buffers();
         buffers
             .map(|b| b.iter().map(|b| b.to_vec()).collect())
@@ -264,7 +261,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     ///
     /// # Errors
     /// A failed copy, or a full host tier without disk: the value stays as it was.
-    pub fn spill(&self) -> rmm_allocator::Result<usize> {
+    pub fn spill(&self) -> Result<usize> {
         let Some(mut state) = self.state.try_lock() else {
             return Ok(0);
         };
@@ -290,7 +287,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
             .map(|&(ptr, size)| {
                 SpillableBuffer::from_device(&self.store, ptr, size, self.stream, observer.clone())
             })
-            .collect::<rmm_allocator::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?;
         // All copied: the moves count now (a failed spill dropped its copies, moving nothing).
         staged.commit();
         // Only read from now on: brought back, it keeps its host copy.
@@ -347,7 +344,7 @@ impl SpillObserver for Staged {
     fn make_room(&self, id: u64, bytes: usize) {
         self.tracker.make_room(id, bytes);
     }
-    fn make_host_room(&self, id: u64, bytes: usize) -> rmm_allocator::Result<()> {
+    fn make_host_room(&self, id: u64, bytes: usize) -> Result<()> {
         self.tracker.make_host_room(id, bytes)
     }
     fn resident(&self, id: u64, delta: i64) {
@@ -396,13 +393,13 @@ impl<O: ForeignOwner + 'static> Spillable for ForeignData<O> {
     fn is_in_use(&self) -> bool {
         false
     }
-    fn spill(&self) -> rmm_allocator::Result<usize> {
+    fn spill(&self) -> Result<usize> {
         ForeignData::spill(self)
     }
-    fn spill_to_disk(&self) -> rmm_allocator::Result<usize> {
+    fn spill_to_disk(&self) -> Result<usize> {
         Ok(0)
     }
-    fn unspill(&self, _stream: StreamView) -> rmm_allocator::Result<()> {
+    fn unspill(&self, _stream: StreamView) -> Result<()> {
         Ok(())
     }
 }

@@ -11,7 +11,7 @@ use rmm_allocator::resource::PinnedHostPool;
 use rmm_allocator::spill::{
     SpillObserver, SpillStore, SpillTiers, SpillableBuffer, SpillableVector, Tier,
 };
-use rmm_allocator::{Device, StreamView};
+use rmm_allocator::{Device, Result, StreamView};
 use rmm_config::ResolvedSpill;
 
 use super::foreign::{ForeignData, ForeignOwner};
@@ -40,7 +40,7 @@ impl TierSettings {
 }
 
 /// Fills a received value's pinned memory ([`SpillManager::receive`]): `(part, offset, memory)`.
-pub type PartFill<'a> = dyn FnMut(usize, usize, &mut [u8]) -> rmm_allocator::Result<()> + 'a;
+pub type PartFill<'a> = dyn FnMut(usize, usize, &mut [u8]) -> Result<()> + 'a;
 
 /// What [`SpillManager::replace_tiers`] replaced, for [`SpillManager::restore_tiers`].
 #[derive(Debug)]
@@ -50,7 +50,7 @@ pub struct TierUndo {
 }
 
 /// A host pool of `bytes` pinned now, or (`None`) one that pins as needed.
-fn host_pool(device: Device, bytes: Option<u64>) -> rmm_allocator::Result<PinnedHostPool> {
+fn host_pool(device: Device, bytes: Option<u64>) -> Result<PinnedHostPool> {
     Ok(match bytes {
         Some(bytes) => PinnedHostPool::on(device.backend(), bytes as usize)?,
         None => PinnedHostPool::growable(device.backend(), None),
@@ -88,7 +88,7 @@ impl SpillManager {
     /// [`HostOutOfMemory`](rmm_allocator::Error::HostOutOfMemory) or
     /// [`Driver`](rmm_allocator::Error::Driver): the host pool cannot be pinned;
     /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument): the disk directory is unusable.
-    pub fn new(device: Device, spill: &ResolvedSpill) -> rmm_allocator::Result<SpillManager> {
+    pub fn new(device: Device, spill: &ResolvedSpill) -> Result<SpillManager> {
         let host = host_pool(device, spill.host_pool_size)?;
         let store = SpillStore::new(device, host, spill.disk_directory.as_deref())?;
         let tracker = Arc::new_cyclic(|me| Tracker {
@@ -114,7 +114,7 @@ impl SpillManager {
     ///
     /// # Errors
     /// The host pool cannot be pinned or the disk directory is unusable; nothing changed.
-    pub fn replace_tiers(&self, spill: &ResolvedSpill) -> rmm_allocator::Result<Option<TierUndo>> {
+    pub fn replace_tiers(&self, spill: &ResolvedSpill) -> Result<Option<TierUndo>> {
         let mut new = TierSettings::of(spill);
         if let Some(dir) = &*self.disk_fixed.lock() {
             new.disk_directory = Some(dir.clone());
@@ -122,7 +122,7 @@ impl SpillManager {
         self.replace_tiers_with(new)
     }
 
-    fn replace_tiers_with(&self, new: TierSettings) -> rmm_allocator::Result<Option<TierUndo>> {
+    fn replace_tiers_with(&self, new: TierSettings) -> Result<Option<TierUndo>> {
         let mut made_with = self.tiers_made_with.lock();
         if new == *made_with {
             return Ok(None);
@@ -204,7 +204,7 @@ impl SpillManager {
     ///
     /// # Errors
     /// As [`enforce_limit`](Self::enforce_limit); the limit is set regardless.
-    pub fn fix_limit(&self, bytes: u64) -> rmm_allocator::Result<u64> {
+    pub fn fix_limit(&self, bytes: u64) -> Result<u64> {
         self.set_limit(bytes);
         self.limit_fixed.store(true, Ordering::Relaxed);
         self.enforce_limit()
@@ -215,7 +215,7 @@ impl SpillManager {
     ///
     /// # Errors
     /// The directory is unusable or the staging memory cannot be pinned; nothing changed.
-    pub fn fix_disk_directory(&self, directory: &std::path::Path) -> rmm_allocator::Result<()> {
+    pub fn fix_disk_directory(&self, directory: &std::path::Path) -> Result<()> {
         let mut fixed = self.disk_fixed.lock();
         let host_pool_size = self.tiers_made_with.lock().host_pool_size;
         self.replace_tiers_with(TierSettings {
@@ -280,11 +280,7 @@ impl SpillManager {
     ///
     /// # Errors
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory): no room even after spilling.
-    pub fn buffer(
-        &self,
-        size: usize,
-        stream: StreamView,
-    ) -> rmm_allocator::Result<Arc<SpillableBuffer>> {
+    pub fn buffer(&self, size: usize, stream: StreamView) -> Result<Arc<SpillableBuffer>> {
         let b = SpillableBuffer::new(&self.store, size, stream, self.observer())?;
         self.register(&b);
         Ok(b)
@@ -295,11 +291,7 @@ impl SpillManager {
     /// # Errors
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory) or
     /// [`Driver`](rmm_allocator::Error::Driver).
-    pub fn from_host(
-        &self,
-        bytes: &[u8],
-        stream: StreamView,
-    ) -> rmm_allocator::Result<Arc<SpillableBuffer>> {
+    pub fn from_host(&self, bytes: &[u8], stream: StreamView) -> Result<Arc<SpillableBuffer>> {
         let b = SpillableBuffer::from_host(&self.store, bytes, stream, self.observer())?;
         self.register(&b);
         Ok(b)
@@ -310,11 +302,7 @@ impl SpillManager {
     /// # Errors
     /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument): bytes overflow `usize`;
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory).
-    pub fn vector<T: Pod>(
-        &self,
-        len: usize,
-        stream: StreamView,
-    ) -> rmm_allocator::Result<SpillableVector<T>> {
+    pub fn vector<T: Pod>(&self, len: usize, stream: StreamView) -> Result<SpillableVector<T>> {
         let v = SpillableVector::new(&self.store, len, stream, self.observer())?;
         self.register(v.buffer());
         Ok(v)
@@ -329,7 +317,7 @@ impl SpillManager {
         &self,
         data: &[T],
         stream: StreamView,
-    ) -> rmm_allocator::Result<SpillableVector<T>> {
+    ) -> Result<SpillableVector<T>> {
         let v = SpillableVector::from_slice(&self.store, data, stream, self.observer())?;
         self.register(v.buffer());
         Ok(v)
@@ -367,11 +355,6 @@ impl SpillManager {
         data
     }
 
-    /// True when `bytes` more fit under the limit now without spilling.
-    pub fn has_room(&self, bytes: usize) -> bool {
-        self.tracker.has_room(bytes)
-    }
-
     /// A value arriving from elsewhere (a peer worker), adopted with no owner: `fill(part, offset,
     /// memory)` writes its parts (of `sizes` bytes) straight into pinned host memory, one copy. If
     /// all fits under the limit it moves to the device (counted as unspilled), else stays in the
@@ -384,7 +367,7 @@ impl SpillManager {
         sizes: &[usize],
         stream: StreamView,
         fill: &mut PartFill<'_>,
-    ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
+    ) -> Result<Arc<ForeignData<O>>> {
         self.receive_parts(sizes, stream, &mut |i, size| {
             SpillableBuffer::off_device_with(
                 &self.store,
@@ -404,7 +387,7 @@ impl SpillManager {
         &self,
         parts: &[(DevicePtr, usize)],
         stream: StreamView,
-    ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
+    ) -> Result<Arc<ForeignData<O>>> {
         let bytes: usize = parts.iter().map(|p| p.1).sum();
         if self.tracker.has_room(bytes) {
             let buffers = parts
@@ -420,7 +403,7 @@ impl SpillManager {
                     }
                     Ok(b)
                 })
-                .collect::<rmm_allocator::Result<Vec<_>>>()?;
+                .collect::<Result<Vec<_>>>()?;
             self.tracker.received[0].fetch_add(bytes as u64, Ordering::Relaxed);
             return Ok(ForeignData::received(
                 &self.tracker,
@@ -440,15 +423,15 @@ impl SpillManager {
         &self,
         sizes: &[usize],
         stream: StreamView,
-        make: &mut dyn FnMut(usize, usize) -> rmm_allocator::Result<Arc<SpillableBuffer>>,
-    ) -> rmm_allocator::Result<Arc<ForeignData<O>>> {
+        make: &mut dyn FnMut(usize, usize) -> Result<Arc<SpillableBuffer>>,
+    ) -> Result<Arc<ForeignData<O>>> {
         let bytes: usize = sizes.iter().sum();
         let on_device = self.tracker.has_room(bytes);
         let buffers = sizes
             .iter()
             .enumerate()
             .map(|(i, &size)| make(i, size))
-            .collect::<rmm_allocator::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?;
         buffers.iter().for_each(|b| {
             self.register(b);
             // Read-only: brought to the device, it keeps its host copy.
@@ -486,7 +469,7 @@ impl SpillManager {
     ///
     /// # Errors
     /// No room on the host and no disk tier, or a copy failed (what could move has moved).
-    pub fn enforce_limit(&self) -> rmm_allocator::Result<u64> {
+    pub fn enforce_limit(&self) -> Result<u64> {
         let over = self.tracker.tracked.load(Ordering::Relaxed)
             - self.tracker.limit.load(Ordering::Relaxed) as i64;
         if over <= 0 {
@@ -531,7 +514,7 @@ impl SpillManager {
     /// # Errors
     /// [`HostOutOfMemory`](rmm_allocator::Error::HostOutOfMemory): host full, no disk tier;
     /// [`Driver`](rmm_allocator::Error::Driver) or [`SpillFile`](rmm_allocator::Error::SpillFile).
-    pub fn spill_all(&self) -> rmm_allocator::Result<u64> {
+    pub fn spill_all(&self) -> Result<u64> {
         self.tracker.spill_oldest(u64::MAX, None)
     }
 
@@ -540,7 +523,7 @@ impl SpillManager {
     /// # Errors
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory); [`Driver`](rmm_allocator::Error::Driver)
     /// or [`SpillFile`](rmm_allocator::Error::SpillFile).
-    pub fn unspill_all(&self, stream: StreamView) -> rmm_allocator::Result<u64> {
+    pub fn unspill_all(&self, stream: StreamView) -> Result<u64> {
         let mut buffers = self.tracker.oldest_first(None);
         buffers.reverse();
         let mut back = 0;

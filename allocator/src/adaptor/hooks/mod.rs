@@ -25,12 +25,9 @@
 //! as CuPy's `with hook:`) or the process ([`register_process_hook`]) until its guard drops.
 //! Process-wide hooks run first, then the thread's, each in registration order.
 //!
-//! # Cost
-//! Without hooks for the process or thread, a hooked operation costs a relaxed atomic load and a
-//! thread-local load ([`active`]); dispatch is `#[cold]`, so other threads' hooks cost nothing
-//! here. Each hook adds a dynamic call per event, two events per operation. Hooks run on the
-//! allocating thread inside the allocation: keep them short, never panic, and never allocate from a
-//! hooked pool in a hook (not dispatched, so no recursion, but the pool may hold a lock).
+//! Without hooks, a hooked operation costs only the check [`active`]. Hooks run on the allocating
+//! thread inside the allocation: keep them short, never panic, and never allocate from a hooked
+//! pool in a hook (not dispatched, so no recursion, but the pool may hold a lock).
 //!
 //! [`PoolMemoryResource`]: crate::resource::PoolMemoryResource
 //! [`PoolMemoryResource::release`]: crate::resource::PoolMemoryResource::release
@@ -164,8 +161,8 @@ thread_local! {
     static CALL_SITE: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };
 }
 
-/// True when any hook is registered for the process or the calling thread. With none, this is the
-/// whole hot-path cost of hooks: a relaxed atomic load and a thread-local load.
+/// True when any hook is registered for the process or the calling thread: the whole hot-path
+/// cost of hooks when none is.
 #[inline(always)]
 pub fn active() -> bool {
     PROCESS_HOOK_COUNT.load(Ordering::Relaxed) != 0 || THREAD_HOOK_COUNT.with(Cell::get) != 0
@@ -346,6 +343,51 @@ impl Source {
             id: resource_id(resource),
         }
     }
+
+    /// Whether an operation of this resource dispatches: not nested in its own, nor in a hook.
+    fn dispatches(self) -> bool {
+        SERVING.with(Cell::get) != self.id && !IN_HOOK.with(Cell::get)
+    }
+
+    /// Fires `pre` (an event of `size`, `mem_size`, `ptr` on `stream`), runs `run`, then fires
+    /// `post` with the pointer `post_ptr` gives for the result. With `serve`, the resource's
+    /// nested call inside `run` takes the plain path.
+    fn around<T>(
+        self,
+        (pre, post): (HookPoint, HookPoint),
+        (size, mem_size, ptr, stream): (usize, usize, DevicePtr, StreamView),
+        serve: bool,
+        run: impl FnOnce() -> T,
+        post_ptr: impl FnOnce(&T) -> DevicePtr,
+    ) -> T {
+        let event = HookEvent {
+            point: pre,
+            device: self.device,
+            size,
+            mem_size,
+            ptr,
+            stream,
+            resource: self.name,
+            resource_id: self.id,
+        };
+        fire(&event);
+        let result = {
+            let _serving = serve.then(|| set_local(&SERVING, self.id));
+            run()
+        };
+        let ptr = post_ptr(&result);
+        fire(&HookEvent {
+            point: post,
+            ptr,
+            ..event
+        });
+        result
+    }
+}
+
+/// The pointer an allocation's result carries (null on failure).
+fn result_ptr(result: &Result<DevicePtr>) -> DevicePtr {
+    result.as_ref().map_or(DevicePtr::NULL, |p| *p)
 }
 
 /// For resources with built-in hooks: fires `malloc_preprocess`, runs `allocate` (the resource's
@@ -370,31 +412,10 @@ pub fn dispatch_malloc(
     stream: StreamView,
     allocate: impl FnOnce() -> Result<DevicePtr>,
 ) -> Option<Result<DevicePtr>> {
-    let id = source.id;
-    if bytes == 0 || SERVING.with(Cell::get) == id || IN_HOOK.with(Cell::get) {
-        return None;
-    }
-    let event = HookEvent {
-        point: HookPoint::MallocPre,
-        device: source.device,
-        size: bytes,
-        mem_size: rounded(bytes, granule),
-        ptr: DevicePtr::NULL,
-        stream,
-        resource: source.name,
-        resource_id: id,
-    };
-    fire(&event);
-    let result = {
-        let _serving = set_local(&SERVING, id);
-        allocate()
-    };
-    fire(&HookEvent {
-        point: HookPoint::MallocPost,
-        ptr: result.as_ref().map_or(DevicePtr::NULL, |p| *p),
-        ..event
-    });
-    Some(result)
+    let points = (HookPoint::MallocPre, HookPoint::MallocPost);
+    let event = (bytes, rounded(bytes, granule), DevicePtr::NULL, stream);
+    (bytes != 0 && source.dispatches())
+        .then(|| source.around(points, event, true, allocate, result_ptr))
 }
 
 /// As [`dispatch_malloc`] for `free_*` around `deallocate`; also `None` for a null pointer.
@@ -408,30 +429,10 @@ pub fn dispatch_free(
     stream: StreamView,
     deallocate: impl FnOnce() -> Result<()>,
 ) -> Option<Result<()>> {
-    let id = source.id;
-    if ptr.is_null() || SERVING.with(Cell::get) == id || IN_HOOK.with(Cell::get) {
-        return None;
-    }
-    let event = HookEvent {
-        point: HookPoint::FreePre,
-        device: source.device,
-        size: bytes,
-        mem_size: rounded(bytes, granule),
-        ptr,
-        stream,
-        resource: source.name,
-        resource_id: id,
-    };
-    fire(&event);
-    let result = {
-        let _serving = set_local(&SERVING, id);
-        deallocate()
-    };
-    fire(&HookEvent {
-        point: HookPoint::FreePost,
-        ..event
-    });
-    Some(result)
+    let points = (HookPoint::FreePre, HookPoint::FreePost);
+    let event = (bytes, rounded(bytes, granule), ptr, stream);
+    (!ptr.is_null() && source.dispatches())
+        .then(|| source.around(points, event, true, deallocate, |_| ptr))
 }
 
 /// For pools: wraps the upstream allocation `allocate` of a `mem_size`-byte chunk in `alloc_*`
@@ -461,22 +462,7 @@ fn alloc_hooked(
     stream: StreamView,
     allocate: impl FnOnce() -> Result<DevicePtr>,
 ) -> Result<DevicePtr> {
-    let event = HookEvent {
-        point: HookPoint::AllocPre,
-        device: source.device,
-        size: mem_size,
-        mem_size,
-        ptr: DevicePtr::NULL,
-        stream,
-        resource: source.name,
-        resource_id: source.id,
-    };
-    fire(&event);
-    let result = allocate();
-    fire(&HookEvent {
-        point: HookPoint::AllocPost,
-        ptr: result.as_ref().map_or(DevicePtr::NULL, |p| *p),
-        ..event
-    });
-    result
+    let points = (HookPoint::AllocPre, HookPoint::AllocPost);
+    let event = (mem_size, mem_size, DevicePtr::NULL, stream);
+    source.around(points, event, false, allocate, result_ptr)
 }

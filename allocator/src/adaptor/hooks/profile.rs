@@ -67,11 +67,9 @@ pub struct SiteProfile {
     pub acquired_bytes: u64,
 }
 
-/// Aggregates bytes and counts by call site (CuPy's `LineProfileHook`).
-///
-/// The site is the source line given by [`allocate_here`] or [`at_call_site`] (`#[track_caller]`:
-/// free at run time). Per-event backtraces would cost microseconds each; for those, use a
-/// [`crate::adaptor::TrackingResourceAdaptor`] with backtraces.
+/// Aggregates bytes and counts by call site (CuPy's `LineProfileHook`): the source line given by
+/// [`allocate_here`] or [`at_call_site`]. For backtraces, use a
+/// [`crate::adaptor::TrackingResourceAdaptor`].
 #[derive(Debug, Default)]
 pub struct LineProfileHook {
     sites: Mutex<HashMap<Option<&'static Location<'static>>, SiteProfile>>,
@@ -157,7 +155,7 @@ impl fmt::Display for LineProfileHook {
 }
 
 /// Allocates from `resource` with the caller's line as the call site [`LineProfileHook`] and
-/// [`current_call_site`] see; `#[track_caller]` makes it a constant: two thread-local stores.
+/// [`current_call_site`] see.
 ///
 /// # Errors
 /// What `resource.allocate` returns.

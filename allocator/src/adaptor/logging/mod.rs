@@ -20,36 +20,23 @@
 //!
 //! # Design: binary records on the hot path, CSV on a writer thread
 //!
-//! * **Records.** An allocation or free appends a 40-byte binary record (sequence number, action,
-//!   whether the time is precise; time in ns; pointer; size; stream) to a *chunk* of 1024 records
-//!   that the calling thread owns for this adaptor, in a thread-local list keyed by adaptor id. The
-//!   hot path takes no lock, allocates nothing and makes no system call: an atomic increment of the
-//!   sequence counter, a coarse clock read, five plain stores and a release store of the chunk's
-//!   length, which *publishes* the record.
-//! * **Order.** The sequence number is taken where RMM takes its lock (before the upstream frees,
-//!   after it allocated), so in sequence order every pointer is freed before it is handed out
-//!   again. The numbers are dense and the writer emits records in exactly that order, merging the
-//!   threads' ordered chunks: RMM's line-order guarantee. Nothing depends on the times.
-//! * **Times.** A record carries the coarse clock (`CLOCK_REALTIME_COARSE`: the last tick, 1–10 ms
-//!   old; a precise read per record would exceed the budget), reading the precise clock only when
-//!   its sequence number is a multiple of 16 or its thread's coarse time changed since its last
-//!   precise record. The writer gives other records the later of their coarse time and the last
-//!   precise time before them in sequence order: a lower bound, off by at most the time since that
-//!   record (≤ 15 records back) and under a tick.
-//! * **Writer thread.** One per adaptor. A thread announces each chunk it starts over a channel (so
-//!   its previous one is full) *before* writing to it, so the writer reads all published records
-//!   directly, even in partly filled chunks or of exited threads. It formats CSV into a 64 KiB
-//!   buffer, written when full, every 100 ms while records trickle in, and on
-//!   [`LoggingResourceAdaptor::flush`]; consumed chunks are reused.
-//! * **Flush and drop.** `flush()` makes the writer write every record numbered before the call,
-//!   flush the sink and answer; dropping the adaptor flushes, stops and joins the writer, so a
-//!   normal exit loses nothing.
-//! * **Bounds.** At most 1024 chunks (40 MiB, ~1M records) wait for the writer; a thread needing
-//!   more waits for it. A thread logging during its thread-local teardown uses a one-record chunk:
-//!   slower, not lost.
+//! * **Records.** An allocation or free appends a binary record to a chunk the calling thread owns
+//!   for this adaptor: no lock, allocation or system call; a release store of the chunk's length
+//!   publishes it.
+//! * **Order.** Each record takes a sequence number where RMM takes its lock (before the upstream
+//!   frees, after it allocated); the writer merges the threads' chunks in exactly that order, which
+//!   gives RMM's line-order guarantee. Nothing depends on the times.
+//! * **Times.** Records carry the coarse clock (`CLOCK_REALTIME_COARSE`), reading the precise one
+//!   every 16th record or when the thread's coarse time changed; the writer raises each time to the
+//!   last precise time before it, a lower bound off by under a tick.
+//! * **Writer thread.** One per adaptor. A thread announces each chunk before writing to it, so
+//!   the writer reads every published record, even of partly filled chunks or exited threads. CSV
+//!   is buffered and written when full, every 100 ms while records trickle in, and on
+//!   [`LoggingResourceAdaptor::flush`]; dropping the adaptor flushes and joins the writer.
+//! * **Bounds.** At most 1024 chunks wait for the writer; a thread needing more waits for it. A
+//!   thread logging during its thread-local teardown uses a one-record chunk.
 //! * **Errors.** A write error is reported once via `tracing`, stops writing (records are still
-//!   consumed, so allocations go on at full speed) and is returned by every later `flush()`; a
-//!   failing sink flush is returned by that `flush()`.
+//!   consumed) and is returned by every later `flush()`.
 
 mod action;
 mod csv;
@@ -77,8 +64,7 @@ use writer::{OUT_BUFFER, Writer};
 
 use crate::backend::DevicePtr;
 use crate::error::{Error, Result};
-use crate::resource::SharedResource;
-use crate::resource::{DeviceMemoryResource, LiveBlock};
+use crate::resource::{DeviceMemoryResource, LiveBlock, SharedResource};
 use crate::stream_view::StreamView;
 
 /// The first line of every log, RMM's header.

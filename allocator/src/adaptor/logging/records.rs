@@ -1,5 +1,4 @@
-//! The hot path's side of the log: per-thread chunks of fixed-size binary records, the
-//! sequence counter that orders them, and the clocks a record's time comes from.
+//! The hot path's side of the log: per-thread chunks of binary records and their sequence counter.
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -53,12 +52,10 @@ pub(super) const ACTION_FAILURE: u64 = 2;
 pub(super) static NEXT_ADAPTOR_ID: AtomicU64 = AtomicU64::new(1);
 pub(super) static NEXT_PRODUCER_ID: AtomicU64 = AtomicU64::new(1);
 
-/// One record: `[tag (sequence, precise, action), time (ns since the epoch), pointer, size,
-/// stream]`. Atomic only so the writer may read a chunk being filled; the owner's relaxed stores
-/// are published by [`Chunk::len`]'s release store.
+/// `[tag, time (ns since the epoch), pointer, size, stream]`; atomic only so the writer may read a
+/// chunk being filled (the owner's stores are published by [`Chunk::len`]'s release store).
 pub(super) type Record = [AtomicU64; 5];
 
-/// Writes a record's words, to be published by the chunk's `len`.
 #[inline(always)]
 fn store(r: &Record, words: [u64; 5]) {
     for (a, w) in r.iter().zip(words) {

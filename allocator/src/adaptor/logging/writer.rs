@@ -21,8 +21,7 @@ pub(super) const OUT_BUFFER: usize = 1 << 16;
 pub(super) const POLL: Duration = Duration::from_millis(100);
 /// How often a writer looks again while a flush waits for a record still being written.
 pub(super) const SHORT_WAIT: Duration = Duration::from_micros(50);
-/// How long the writer waits for a record numbered but never published (a thread dying mid-log,
-/// impossible in safe code) before skipping it.
+/// How long the writer waits for a record numbered but never published before skipping it.
 pub(super) const GAP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The writer's view of one producer's chunks.
@@ -41,7 +40,7 @@ pub(super) struct Producer {
 
 impl Producer {
     /// The next published record's sequence number, moving spent chunks to `done`. `full_only`
-    /// skips the last chunk, maybe being filled (reading it costs its owner cache misses).
+    /// skips the last chunk, which may be being filled.
     pub(super) fn head(&mut self, done: &mut Vec<Arc<Chunk>>, full_only: bool) -> Option<u64> {
         loop {
             let front = self.chunks.front()?;
@@ -186,8 +185,7 @@ impl Writer {
     }
 
     /// Writes every record next in sequence order; returns whether it wrote any. Partly filled
-    /// chunks are read only with `read_all` (flush, shutdown, a thread waiting for a chunk, the
-    /// periodic poll) or when the next record may be in one (a full chunk has later records).
+    /// chunks are read only with `read_all` or when the next record may be in one.
     pub(super) fn pump(&mut self) -> bool {
         let mut wrote = self.merge(!self.read_all);
         if !self.read_all && !self.heap.is_empty() {
@@ -300,16 +298,13 @@ impl Writer {
         }
         let r = std::panic::catch_unwind(AssertUnwindSafe(|| self.sink.flush()))
             .unwrap_or_else(|_| Err(std::io::Error::other("the writer panicked while flushing")));
-        match r {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if self.queue.auto_flush.load(Ordering::Relaxed) {
-                    tracing::error!("memory event log: flushing failed, logging stops: {e}");
-                    self.error = Some(e.to_string());
-                }
-                Err(FlushError::Flush(e))
+        r.map_err(|e| {
+            if self.queue.auto_flush.load(Ordering::Relaxed) {
+                tracing::error!("memory event log: flushing failed, logging stops: {e}");
+                self.error = Some(e.to_string());
             }
-        }
+            FlushError::Flush(e)
+        })
     }
 
     /// Answers the flushes whose records are all written.

@@ -1,36 +1,26 @@
 //! The exact peak (the default, as in RMM): headroom split between the threads and a reserve.
 //!
-//! A peak is the maximum of a sum no shard sees alone. Instead of one shared counter (one contended
-//! cache line written by every operation), the adaptor keeps the *headroom* `peak − current`, split
-//! between the threads and a reserve:
+//! A peak is the maximum of a sum no shard sees alone. Instead of one shared counter written by
+//! every operation, the adaptor keeps the *headroom* `peak − current`:
 //!
-//! * each shard holds a headroom word (bytes and allocations packed in a `u64`). An allocation
-//!   takes its bytes and one allocation from its thread's word, a free gives them back: one
-//!   compare-and-swap on the thread's own cache line.
-//! * the rest sits in a reserve behind a spin lock. A thread whose headroom runs short (or, after
-//!   frees, exceeds 4 times its last share and 16 MiB or 256 allocations) takes the lock, puts its
-//!   word into the reserve and draws a new share: the reserve over the number of threads (≤ 16).
-//! * when the reserve is short too, the thread *freezes* every shard's word: swapping in a marker
-//!   collects the headroom into the reserve and makes each owner's next operation wait for the
-//!   lock. The reserve then holds all the headroom, so the current value is exactly `peak −
-//!   reserve`; if the allocation still does not fit, the peak is raised by the shortfall, to
-//!   exactly the current value after it. The words are thawed (empty) before the lock is released.
+//! * each shard holds a headroom word (bytes and allocations packed in a `u64`); an allocation
+//!   takes from its thread's word and a free gives back, with one compare-and-swap on the thread's
+//!   own cache line.
+//! * the rest sits in a spin-locked reserve. A thread whose headroom runs short (or grows past its
+//!   keep limit after frees) trades: its word goes into the reserve and it draws a new share.
+//! * when the reserve is short too, the thread *freezes* every shard's word, collecting all the
+//!   headroom into the reserve: the current value is then exactly `peak − reserve`, and the peak
+//!   is raised by any shortfall. Owners meeting a frozen word wait for the lock; the words are
+//!   thawed (empty) before it is released.
 //!
 //! Invariant (for bytes and allocations): current + threads' headroom + reserve = peak, all ≥ 0.
 //!
-//! **Guarantee.** Every allocation and free takes effect at one instant inside the adaptor's call
-//! (after the upstream returned): its compare-and-swap, or a point under the lock. These instants
-//! order operations consistently with real time (one that returned before another was called takes
-//! effect first; an owner meeting a frozen word waits, so nothing taking effect after a freeze is
-//! counted before something that took effect before it). The peak is the maximum of the live sum
-//! over that order: never below the sum at any instant (that would need negative headroom), never
-//! above a sum that held at one instant (a raise sets it to the exact current value with all
-//! headroom collected). This is RMM's exact peak, ordered by its mutex instead. A peak read while
-//! other threads allocate is the peak at some instant during the read.
-//!
-//! **Cost.** One uncontended compare-and-swap per operation on the thread's own line; the lock only
-//! when a share runs out, more often (with occasional freezes touching every used shard twice) when
-//! the live sum hovers near its peak.
+//! **Guarantee.** Each operation takes effect at one instant inside the adaptor's call (its
+//! compare-and-swap, or a point under the lock), in an order consistent with real time (a frozen
+//! word makes its owner wait). The peak is the maximum of the live sum over that order: never below
+//! the sum at any instant (headroom is never negative), never above a sum that held at one instant
+//! (a raise sets it to the exact current value). This is RMM's exact peak, ordered by its mutex
+//! instead.
 
 use std::sync::atomic::Ordering;
 

@@ -1,28 +1,17 @@
 //! [`StatisticsResourceAdaptor`]: current, peak and total bytes and allocation counts, with RMM's
 //! counter scopes and a report shaped like PyTorch's `memory_stats`.
 //!
-//! # Current and total figures
-//! Each thread using an adaptor gets its own cache-line-sized *shard*, found through a small
-//! thread-local cache; shards are made 32 at a time as threads arrive, so a new adaptor writes
-//! none. Only the owning thread writes a shard's counters (bytes and allocations handed out and
-//! given back: plain loads and stores, no read-modify-write). Current and total figures are the
-//! shards' sums, read on demand: exact.
+//! Each thread using an adaptor gets its own cache-line-sized *shard* (made 32 at a time as threads
+//! arrive), which only it writes. Current and total figures are the shards' sums, read on demand:
+//! exact. Threads beyond [`MAX_SHARDS`] share an overflow shard with atomic adds: exact, slower.
 //!
-//! # The exact peak (the default, as in RMM)
-//! The adaptor keeps the headroom `peak − current`, split between the shards and a spin-locked
-//! reserve; `headroom.rs` describes the scheme, its invariant and the peak's guarantee.
-//!
-//! # The approximate peak
-//! [`StatisticsResourceAdaptor::with_peak_tolerance`] with a non-zero tolerance keeps no headroom:
-//! a shard adds its change since it last published (its *pending* delta) to one shared figure, then
-//! raises the shared peak with `fetch_max` if the figure passed it:
-//! * with one thread, only on an allocation taking the figure past the peak (exact);
-//! * with several, when a shard's pending delta reaches the tolerance (or 64 allocations) either
-//!   way. The shared figure is then within `threads × tolerance` of the true sum, so the peak may
-//!   read that much low or high (never above the sum of each thread's own peak).
-//!
-//! Threads beyond [`MAX_SHARDS`] share an overflow shard with atomic adds, trading with the reserve
-//! (or publishing) on every operation: still exact, slower.
+//! * **The exact peak** (the default, as in RMM): the adaptor keeps the headroom `peak − current`,
+//!   split between the shards and a spin-locked reserve (see `headroom.rs`).
+//! * **The approximate peak** ([`StatisticsResourceAdaptor::with_peak_tolerance`], non-zero): a
+//!   shard adds its change since it last published to one shared figure, raising the shared peak
+//!   if it passed it; with one thread on each new peak (exact), with several when the change
+//!   reaches the tolerance (or 64 allocations). The peak may then be off by `threads × tolerance`
+//!   (never above the sum of each thread's own peak).
 
 mod headroom;
 mod report;
@@ -73,7 +62,6 @@ pub struct Counter {
 #[repr(align(128))]
 struct Shard {
     /// Bytes and allocations handed out and given back through this thread; current = out − back.
-    /// Each operation stores two of the four.
     alloc_bytes: AtomicI64,
     alloc_count: AtomicI64,
     freed_bytes: AtomicI64,
@@ -137,9 +125,7 @@ thread_local! {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Counts bytes and allocations through it (RMM's `statistics_resource_adaptor`); see module docs.
-///
-/// The upstream is usually a [`SharedResource`](crate::resource::SharedResource) (the default); an
-/// `Arc` of a concrete resource (`Arc<PoolMemoryResource>`) skips dynamic dispatch.
+/// An `Arc` of a concrete upstream (`Arc<PoolMemoryResource>`) skips dynamic dispatch.
 #[repr(C, align(128))]
 pub struct StatisticsResourceAdaptor<U: Upstream + ?Sized = dyn DeviceMemoryResource> {
     // Read by every operation: kept together, in the first 128 bytes.
@@ -244,8 +230,6 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.shards.get(slot as usize)
     }
 
-    /// Counts an allocation: with the exact peak, one CAS on the thread's headroom and two plain
-    /// stores; else two plain stores and a shared write only to publish.
     #[inline(always)]
     fn record_alloc(&self, bytes: i64) {
         let Some(s) = self.shard() else {
@@ -272,8 +256,6 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// Counts a free: two plain stores, plus a headroom CAS with the exact peak; nothing shared
-    /// while one thread uses an approximate adaptor.
     #[inline(always)]
     fn record_free(&self, bytes: i64) {
         let Some(s) = self.shard() else {
@@ -323,8 +305,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         }
     }
 
-    /// The overflow shard of threads beyond [`MAX_SHARDS`]: atomic adds and a reserve trade (or
-    /// publication) per operation. `count`: 1 to allocate, -1 to free.
+    /// The overflow shard of threads beyond [`MAX_SHARDS`]. `count`: 1 to allocate, -1 to free.
     #[cold]
     #[inline(never)]
     fn update_overflow(&self, bytes: i64, count: i64) {

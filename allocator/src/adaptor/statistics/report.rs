@@ -152,11 +152,8 @@ impl MemoryReport {
 impl fmt::Display for MemoryReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let bytes = |v: i64| {
-            if v < 0 {
-                format!("-{}", fmt_bytes(v.unsigned_abs() as usize))
-            } else {
-                fmt_bytes(v as usize)
-            }
+            let sign = if v < 0 { "-" } else { "" };
+            format!("{sign}{}", fmt_bytes(v.unsigned_abs() as usize))
         };
         let opt = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |v| fmt_bytes(v as usize));
         writeln!(

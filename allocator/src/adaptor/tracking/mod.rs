@@ -1,28 +1,15 @@
 //! [`TrackingResourceAdaptor`]: every outstanding allocation with its size, stream, thread, time
-//! and (optionally) a backtrace, and leak reports (RMM's `tracking_resource_adaptor`). Use it to
-//! find what is still allocated before a reinitialize or at shutdown: dropping it with allocations
-//! outstanding logs a leak report with `tracing::warn!`.
+//! and (optionally) a backtrace, and leak reports (RMM's `tracking_resource_adaptor`). Dropping it
+//! with allocations outstanding logs a leak report with `tracing::warn!`.
 //!
-//! # How it stays cheap
-//! * **Sharded by pointer.** Records live in 64 maps, each behind its own spin lock on its own
-//!   cache line, picked by a multiplicative hash of the address: an allocation and its free (from
-//!   any thread) take one uncontended lock each around a map insert or remove. No global lock or
-//!   shared counter: outstanding bytes are kept per shard.
-//! * **Small records, no allocation.** The maps hash addresses multiplicatively (not SipHash) and
-//!   keep their capacity, so a steady workload never allocates. A record is 24 bytes: size, stream,
-//!   and a timestamp (~1 ms) packed with the allocating thread's index in the adaptor's thread
-//!   table (threads register once). Backtraces, when captured, sit in a map of their own.
-//! * **A coarse clock, read once per tick.** While a tracking adaptor exists, a background thread
-//!   (`rmm-tracking-clock`) stores the coarse monotonic time every millisecond; an allocation reads
-//!   that one atomic and reports turn it into an [`Instant`]. Times are as exact as the kernel's
-//!   coarse clock (1–10 ms) plus the clock thread's scheduling delay.
-//! * **The record goes before the memory.** A free removes the record, then calls the upstream
-//!   (putting the record back if that fails): a thread handed the same address right after records
-//!   its own allocation, which the free can't remove.
-//!
-//! The thread table keeps a handle per thread that allocated; handles of exited threads owning no
-//! outstanding allocation are dropped (slots reused) when they outnumber the others, so many
-//! short-lived threads do not grow it without bound.
+//! Records live in 64 maps, each behind its own spin lock, picked by a hash of the address: an
+//! allocation and its free take one uncontended lock each, and no counter is shared. A record is
+//! 24 bytes (size, stream, and a coarse timestamp packed with the thread's slot in the adaptor's
+//! thread table); backtraces sit in a map of their own. Times come from a clock thread ticking
+//! every millisecond ([`ticking_monotonic_ns`]). A free removes the record before calling the
+//! upstream (putting it back if that fails): a thread handed the same address right after records
+//! its own allocation, which the free can't remove. Exited threads owning no outstanding
+//! allocation leave the thread table once they outnumber the others.
 
 mod shards;
 mod threads;
@@ -40,12 +27,10 @@ use threads::{REGISTRATIONS, SLOTS, ThreadTable};
 use crate::backend::DevicePtr;
 use crate::backend::clock::{Ticker, ticking_monotonic_ns};
 use crate::error::{Result, fmt_bytes};
-use crate::resource::SharedResource;
-use crate::resource::{DeviceMemoryResource, LiveBlock};
+use crate::resource::{DeviceMemoryResource, LiveBlock, SharedResource};
 use crate::stream_view::StreamView;
 use crate::sync::SpinLock;
 
-// Independently locked maps the records are spread over.
 const SHARDS: usize = 64;
 const SHARD_BITS: u32 = SHARDS.trailing_zeros();
 
@@ -249,48 +234,33 @@ impl TrackingResourceAdaptor {
 
     /// Every outstanding allocation, by address.
     pub fn outstanding(&self) -> Vec<AllocationRecord> {
-        // Copy what the records hold shard by shard (each lock briefly), then name threads.
-        struct Raw {
-            ptr: u64,
-            size: usize,
-            stream: StreamView,
-            at_ns: u64,
-            slot: u32,
-            backtrace: Option<Arc<Backtrace>>,
-        }
-        let mut raw = Vec::new();
+        let now = Instant::now();
+        // The thread table's lock before the shards', as a prune takes them.
+        let slots = self.threads.slots.lock();
+        let mut all = Vec::new();
         for shard in self.shards.iter() {
             let maps = shard.map.lock();
-            raw.extend(maps.records.iter().map(|(&ptr, r)| Raw {
-                ptr,
-                size: r.size,
-                stream: r.stream,
-                at_ns: r.at_ns(),
-                slot: r.slot(),
-                backtrace: maps.backtraces.get(&ptr).cloned(),
+            all.extend(maps.records.iter().map(|(&ptr, r)| {
+                AllocationRecord {
+                    ptr: DevicePtr(ptr),
+                    size: r.size,
+                    stream: r.stream,
+                    // A slot named by a record is never pruned: only SLOT_UNKNOWN falls back.
+                    thread: slots
+                        .entries
+                        .get(r.slot() as usize)
+                        .and_then(Option::as_ref)
+                        .map_or_else(std::thread::current, |e| e.thread.clone()),
+                    at: self
+                        .base
+                        .checked_add(Duration::from_nanos(r.at_ns().saturating_sub(self.base_ns)))
+                        .map_or(now, |at| at.min(now)),
+                    backtrace: maps.backtraces.get(&ptr).cloned(),
+                }
             }));
         }
-        raw.sort_unstable_by_key(|r| r.ptr);
-        let now = Instant::now();
-        let slots = self.threads.slots.lock();
-        raw.into_iter()
-            .map(|r| AllocationRecord {
-                ptr: DevicePtr(r.ptr),
-                size: r.size,
-                stream: r.stream,
-                // A slot named by a record is never pruned: only SLOT_UNKNOWN falls back.
-                thread: slots
-                    .entries
-                    .get(r.slot as usize)
-                    .and_then(Option::as_ref)
-                    .map_or_else(std::thread::current, |e| e.thread.clone()),
-                at: self
-                    .base
-                    .checked_add(Duration::from_nanos(r.at_ns.saturating_sub(self.base_ns)))
-                    .map_or(now, |at| at.min(now)),
-                backtrace: r.backtrace,
-            })
-            .collect()
+        all.sort_unstable_by_key(|a| a.ptr.addr());
+        all
     }
 
     /// What is outstanding now.

@@ -10,8 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::stream_view::StreamView;
 use crate::sync::SpinLock;
 
-/// Hashes a pointer for the shard maps: multiplicative, with the high half folded into the
-/// low bits the map indexes with (aligned pointers have zero low bits).
+/// Hashes a pointer: multiplicative, the high half folded into the low bits (aligned pointers').
 #[derive(Default, Clone, Copy)]
 pub(super) struct PtrHasher(u64);
 
@@ -50,16 +49,13 @@ impl BuildHasher for BuildPtrHasher {
 pub(super) struct Rec {
     pub(super) size: usize,
     pub(super) stream: StreamView,
-    /// Bits 24..64: the time
-    /// ([`ticking_monotonic_ns`](crate::backend::clock::ticking_monotonic_ns) in units of 2^20 ns,
-    /// ~1 ms); bits 0..24: the allocating thread's slot in the thread table.
+    /// Bits 24..64: the time (ticking monotonic ns >> 20); bits 0..24: the thread's slot.
     pub(super) tag: u64,
 }
 
 /// Slots a thread table can hold; [`SLOT_UNKNOWN`] is the last.
 pub(super) const SLOTS_MAX: usize = 1 << 24;
-/// The slot of allocations made when the table is full of threads that have exited leaving
-/// allocations (16 million of them): reported as made by the reporting thread.
+/// The slot of allocations made when the table is full: reported as made by the reporting thread.
 pub(super) const SLOT_UNKNOWN: u32 = (SLOTS_MAX - 1) as u32;
 pub(super) const TIME_SHIFT: u32 = 20;
 
@@ -91,37 +87,6 @@ pub(super) struct Maps {
     pub(super) backtraces: HashMap<u64, Arc<Backtrace>, BuildPtrHasher>,
 }
 
-impl Maps {
-    /// Removes `addr`'s record and backtrace.
-    #[inline(always)]
-    pub(super) fn remove(&mut self, addr: u64) -> (Option<Rec>, Option<Arc<Backtrace>>) {
-        let rec = self.records.remove(&addr);
-        let bt = if self.backtraces.is_empty() {
-            None
-        } else {
-            self.backtraces.remove(&addr)
-        };
-        (rec, bt)
-    }
-
-    /// Records `addr`; returns what it replaces.
-    #[inline(always)]
-    pub(super) fn insert(
-        &mut self,
-        addr: u64,
-        rec: Rec,
-        bt: Option<Arc<Backtrace>>,
-    ) -> (Option<Rec>, Option<Arc<Backtrace>>) {
-        let old = self.records.insert(addr, rec);
-        let old_bt = match bt {
-            Some(bt) => self.backtraces.insert(addr, bt),
-            None if self.backtraces.is_empty() => None,
-            None => self.backtraces.remove(&addr),
-        };
-        (old, old_bt)
-    }
-}
-
 /// One lock, its map and its share of the outstanding bytes, on cache lines of their own.
 #[repr(align(128))]
 pub(super) struct Shard {
@@ -135,29 +100,38 @@ pub(super) struct Shard {
 type Taken = (Option<Rec>, Option<Arc<Backtrace>>);
 
 impl Shard {
-    /// Records `addr` and counts its bytes, less those of the record it replaces; returns what it
-    /// replaces.
+    /// Records `addr` and counts its bytes (less the replaced record's); returns what it replaces.
     #[inline(always)]
     pub(super) fn insert(&self, addr: u64, rec: Rec, bt: Option<Arc<Backtrace>>) -> Taken {
         let mut maps = self.map.lock();
-        let old = maps.insert(addr, rec, bt);
-        let freed = old.0.as_ref().map_or(0, |o| o.size);
+        let old = maps.records.insert(addr, rec);
+        let old_bt = match bt {
+            Some(bt) => maps.backtraces.insert(addr, bt),
+            None if maps.backtraces.is_empty() => None,
+            None => maps.backtraces.remove(&addr),
+        };
+        let freed = old.as_ref().map_or(0, |o| o.size);
         let b = self.bytes.load(Ordering::Relaxed);
         let b = b.wrapping_add(rec.size).wrapping_sub(freed);
         self.bytes.store(b, Ordering::Relaxed);
-        old
+        (old, old_bt)
     }
 
     /// Removes `addr`'s record and backtrace, and its bytes from the count.
     #[inline(always)]
     pub(super) fn remove(&self, addr: u64) -> Taken {
         let mut maps = self.map.lock();
-        let removed = maps.remove(addr);
-        if let Some(rec) = &removed.0 {
+        let rec = maps.records.remove(&addr);
+        let bt = if maps.backtraces.is_empty() {
+            None
+        } else {
+            maps.backtraces.remove(&addr)
+        };
+        if let Some(rec) = &rec {
             let b = self.bytes.load(Ordering::Relaxed);
             self.bytes
                 .store(b.wrapping_sub(rec.size), Ordering::Relaxed);
         }
-        removed
+        (rec, bt)
     }
 }

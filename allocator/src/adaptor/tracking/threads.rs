@@ -1,5 +1,4 @@
-//! The threads that allocated through an adaptor: a table of slots that records point into,
-//! pruned of exited threads, and each thread's cache of its slots.
+//! The threads that allocated through an adaptor: a table of slots records point into.
 
 use std::cell::RefCell;
 use std::sync::Weak;
@@ -37,8 +36,8 @@ impl ThreadTable {
     pub(super) fn register(&self, thread: Thread, shards: &[Shard]) -> u32 {
         let mut slots = self.slots.lock();
         let full = slots.free.is_empty() && slots.entries.len() >= SLOTS_MAX - 1;
-        if full || slots.exited >= slots.prune_at.max(PRUNE_MIN) && 2 * slots.exited >= slots.live()
-        {
+        let live = slots.entries.len() - slots.free.len();
+        if full || slots.exited >= slots.prune_at.max(PRUNE_MIN) && 2 * slots.exited >= live {
             Self::prune(&mut slots, shards);
             if slots.free.is_empty() && slots.entries.len() >= SLOTS_MAX - 1 {
                 return SLOT_UNKNOWN;
@@ -92,12 +91,6 @@ impl ThreadTable {
             e.exited = true;
             slots.exited += 1;
         }
-    }
-}
-
-impl Slots {
-    pub(super) fn live(&self) -> usize {
-        self.entries.len() - self.free.len()
     }
 }
 

@@ -1,5 +1,4 @@
-//! The driver's context calls: primary contexts, the thread's current context, and waiting for a
-//! context's work. Thin functions; `dev` names the device in errors.
+//! The driver's context calls, as thin functions; `dev` names the device in errors.
 
 use cudarc::driver::sys;
 
@@ -27,8 +26,8 @@ pub(super) fn current(dev: u32) -> Result<sys::CUcontext> {
 /// `cuCtxSetCurrent` (null leaves no context current).
 ///
 /// # Safety
-/// `ctx` is null or stays alive while current (a retained primary context, or one that was current
-/// on this thread and only this thread could destroy).
+/// `ctx` is null or stays alive while current (a retained primary context, or one only this thread
+/// could destroy).
 pub(super) unsafe fn set_current(dev: u32, ctx: sys::CUcontext) -> Result<()> {
     // SAFETY: the caller's guarantee.
     check("cuCtxSetCurrent", dev, unsafe { sys::cuCtxSetCurrent(ctx) })

@@ -1,6 +1,4 @@
-//! The calling thread's current context: its device (the CUDA runtime's current device, which other
-//! libraries set with `cudaSetDevice`), and a device's context made current for one backend call
-//! ([`Bound`]), the thread's own restored after: rmm-rs never changes the caller's current device.
+//! The calling thread's current context: its device, and [`Bound`].
 
 use cudarc::driver::sys;
 
@@ -20,8 +18,7 @@ pub(super) fn current_device(devices: &[CudaDevice]) -> Result<Option<u32>> {
         .map(|i| i as u32))
 }
 
-/// A device's context made current for one backend call; the thread's previous context (another
-/// library's device, or none) is restored when this goes.
+/// A device's context made current for one backend call, the thread's previous one restored after.
 pub(super) struct Bound {
     /// The thread's context before, when it was another; `None` when nothing changed.
     previous: Option<sys::CUcontext>,
@@ -55,9 +52,8 @@ impl Bound {
 impl Drop for Bound {
     fn drop(&mut self) {
         if let Some(previous) = self.previous {
-            // SAFETY: `previous` was current on this thread when this call began (or is null,
-            // leaving no context current); a library destroying a thread's current context does so
-            // from that thread, which is inside this call.
+            // SAFETY: `previous` was current (or null) when this call began; only this thread,
+            // inside this call, could have destroyed it.
             if let Err(e) = unsafe { context::set_current(self.dev, previous) } {
                 tracing::warn!("making the thread's own context current again: {e}");
             }

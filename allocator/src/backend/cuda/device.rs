@@ -22,7 +22,6 @@ pub(super) fn driver_version() -> Result<i32> {
     Ok(version)
 }
 
-/// `cuDeviceGetCount`.
 pub(super) fn count() -> Result<u32> {
     let mut count = 0;
     // SAFETY: valid out-pointer to a local.
@@ -40,7 +39,6 @@ pub(super) fn get(ordinal: u32) -> Result<sys::CUdevice> {
     Ok(handle)
 }
 
-/// `cuDeviceGetName`.
 pub(super) fn name(ordinal: u32, handle: sys::CUdevice) -> Result<String> {
     let mut name = [0 as std::ffi::c_char; 256];
     // SAFETY: the buffer and its length are valid; the driver validates the handle.
@@ -61,7 +59,6 @@ pub(super) fn uuid(ordinal: u32, handle: sys::CUdevice) -> Result<[u8; 16]> {
     Ok(uuid.bytes.map(|b| b as u8))
 }
 
-/// `cuDeviceTotalMem`.
 pub(super) fn total_memory(ordinal: u32, handle: sys::CUdevice) -> Result<usize> {
     let mut total = 0usize;
     // SAFETY: valid out-pointer to a local; the driver validates the handle.
@@ -70,7 +67,6 @@ pub(super) fn total_memory(ordinal: u32, handle: sys::CUdevice) -> Result<usize>
     Ok(total)
 }
 
-/// `cuDeviceGetAttribute`.
 pub(super) fn attribute(
     ordinal: u32,
     handle: sys::CUdevice,

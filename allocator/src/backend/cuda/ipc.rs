@@ -1,7 +1,4 @@
-//! CUDA's legacy interprocess memory API: `cuMemAlloc` memory exported as a 64-byte handle
-//! (`cuIpcGetMemHandle`) that another process of the host maps into its context
-//! (`cuIpcOpenMemHandle`) and copies from over NVLink or PCIe. Virtual memory API memory cannot be
-//! exported this way, so exported memory is always a plain allocation of its own.
+//! CUDA's legacy interprocess memory API (which cannot export virtual memory API memory).
 
 use cudarc::driver::sys;
 
@@ -19,8 +16,7 @@ pub(super) fn export(dev: u32, ptr: DevicePtr) -> Result<IpcHandle> {
     Ok(IpcHandle(h.reserved.map(|b| b as u8)))
 }
 
-/// `cuIpcOpenMemHandle` of `handle` into the current context (`dev`'s), enabling peer access lazily
-/// for another GPU's memory: the mapping's address and size.
+/// `cuIpcOpenMemHandle` of `handle` into the current context: the mapping's address and size.
 pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
     let h = sys::CUipcMemHandle {
         reserved: handle.0.map(|b| b as std::ffi::c_char),
@@ -35,7 +31,6 @@ pub(super) fn open(dev: u32, handle: &IpcHandle) -> Result<(DevicePtr, usize)> {
     let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, p) };
     let sized = check("cuMemGetAddressRange", dev, r);
     if let Err(e) = sized {
-        // The mapping just made, not handed out: it goes.
         let _ = close(dev, DevicePtr(p));
         return Err(e);
     }

@@ -1,5 +1,4 @@
-//! The driver's stream-ordered allocator (`cuMemPoolCreate` …, `cuMemAllocFromPoolAsync`,
-//! `cuMemFreeAsync`) as thin functions; the caller made `dev`'s context current.
+//! The driver's stream-ordered allocator, as thin functions; the caller made `dev`'s context current.
 
 use cudarc::driver::sys;
 
@@ -7,8 +6,7 @@ use super::result::{check, pool_handle, stream_handle};
 use crate::backend::{DevicePtr, RawMemPool, RawStream};
 use crate::error::Result;
 
-/// `cuMemPoolCreate` of device memory on `dev`, keeping up to `release_threshold` bytes across
-/// synchronizations (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`).
+/// `cuMemPoolCreate` on `dev`, keeping up to `release_threshold` bytes across synchronizations.
 pub(super) fn create(dev: u32, release_threshold: u64) -> Result<RawMemPool> {
     // SAFETY: an all-zero CUmemPoolProps is the documented default; fields set below.
     let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
@@ -38,7 +36,6 @@ pub(super) fn create(dev: u32, release_threshold: u64) -> Result<RawMemPool> {
     Ok(raw)
 }
 
-/// `cuMemPoolDestroy`.
 pub(super) fn destroy(dev: u32, pool: RawMemPool) -> Result<()> {
     // SAFETY: the driver validates the handle.
     let r = unsafe { sys::cuMemPoolDestroy(pool_handle(pool)) };

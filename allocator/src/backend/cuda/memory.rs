@@ -1,5 +1,4 @@
-//! The driver's memory calls: allocations, copies and fills. Each thin function makes and checks
-//! one call; the caller made `dev`'s context current (`bind`), and `dev` names it in errors.
+//! The driver's memory calls, as thin functions; the caller made `dev`'s context current.
 
 use std::ffi::c_void;
 
@@ -18,7 +17,6 @@ pub(super) fn info(dev: u32) -> Result<MemInfo> {
     Ok(MemInfo { free, total })
 }
 
-/// `cuMemAlloc`.
 pub(super) fn alloc(dev: u32, bytes: usize) -> Result<DevicePtr> {
     let mut p = 0;
     // SAFETY: valid out-pointer to a local.
@@ -37,7 +35,6 @@ pub(super) fn alloc_managed(dev: u32, bytes: usize) -> Result<DevicePtr> {
     Ok(DevicePtr(p))
 }
 
-/// `cuMemFree`.
 pub(super) fn free(dev: u32, ptr: DevicePtr) -> Result<()> {
     // SAFETY: the driver validates the pointer and reports an error for a foreign one.
     check("cuMemFree_v2", dev, unsafe { sys::cuMemFree_v2(ptr.0) })
@@ -95,7 +92,6 @@ pub(super) fn copy_htod(dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
     check("cuMemcpyHtoD_v2", dev, r)
 }
 
-/// `cuMemcpyDtoH`.
 pub(super) fn copy_dtoh(dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
     // SAFETY: `dst` is an exclusive live slice for the duration of this synchronous copy.
     let r = unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src.0, dst.len()) };

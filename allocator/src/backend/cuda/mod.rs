@@ -1,13 +1,6 @@
-//! The real GPU: the CUDA driver API through cudarc's `sys` bindings, loaded at run time.
-//!
-//! Nothing links against `libcuda`: it is opened on first use, and every entry point this backend
-//! calls is looked up first (a too-old driver is an error, not a panic). A device's primary context
-//! is retained on its first use and kept for the process's life, never for a device the process
-//! does not use (a context holds device memory, and a Dask worker sees every GPU but uses one).
-//!
-//! Raw driver calls are thin functions in their API family's file (`device`, `context`, `memory`,
-//! `mem_pool`, `stream`, `vmm`, `ipc`); this file keeps the bookkeeping: the current context, the
-//! streams made, the staging buffers and the large-allocation lock.
+//! The real GPU: the CUDA driver API through cudarc's `sys` bindings, every entry point looked up
+//! at load (a too-old driver is an error). A device's primary context is retained on its first use
+//! only: a context holds device memory, and a Dask worker sees every GPU but uses one.
 
 mod context;
 mod current;
@@ -102,13 +95,11 @@ pub struct CudaBackend {
 }
 
 thread_local! {
-    /// Non-zero once `bind_thread` made a context current on this thread for good.
-    static BOUND_CONTEXT: Cell<usize> = const { Cell::new(0) };
     /// True once `bind_thread` has looked at this thread's context.
     static THREAD_CHECKED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Allocations of at least this many bytes take [`LARGE_ALLOCATIONS`] (see `malloc`).
+/// Allocations of at least this many bytes take [`LARGE_ALLOCATIONS`] (see `allocate`).
 const LARGE_ALLOCATION: usize = 1 << 30;
 static LARGE_ALLOCATIONS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
@@ -194,11 +185,18 @@ impl CudaBackend {
         f()
     }
 
-    /// Makes `dev`'s primary context current on this thread while the guard lives (retaining it on
-    /// first use), restoring the thread's own after. Checked every call: another library (e.g.
-    /// CuPy's `Device(n).use()`) may have switched the thread's device.
+    /// Makes `dev`'s primary context current while the guard lives (checked every call: another
+    /// library may have switched it), restoring the thread's own after.
     fn bind(&self, dev: u32) -> Result<current::Bound> {
         current::Bound::to(self.device(dev)?.context()?, dev)
+    }
+
+    /// Runs the allocation `f` of `bytes` on `dev`: concurrent large allocations contend inside the
+    /// driver, slower than serial ones, so from 1 GiB (slow paths anyway) they go one at a time.
+    fn allocate<T>(&self, dev: u32, bytes: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let _bound = self.bind(dev)?;
+        let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
+        f()
     }
 
     fn device(&self, dev: u32) -> Result<&CudaDevice> {
@@ -247,10 +245,7 @@ impl Backend for CudaBackend {
     }
 
     fn mem_create(&self, dev: u32, bytes: usize) -> Result<RawPhysical> {
-        let _bound = self.bind(dev)?;
-        // As for cuMemAlloc: large physical allocations go to the driver one at a time.
-        let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
-        vmm::create(dev, bytes)
+        self.allocate(dev, bytes, || vmm::create(dev, bytes))
     }
 
     fn mem_release(&self, dev: u32, handle: RawPhysical) -> Result<()> {
@@ -270,12 +265,7 @@ impl Backend for CudaBackend {
     }
 
     fn malloc(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
-        let _bound = self.bind(dev)?;
-        // Concurrent large cuMemAlloc calls on several devices contend inside the driver, taking
-        // longer than serial ones; so allocations of 1 GiB or more (pool chunks, large plain
-        // allocations: slow paths anyway) go one at a time, and smaller ones never wait here.
-        let _one_at_a_time = (bytes >= LARGE_ALLOCATION).then(|| LARGE_ALLOCATIONS.lock());
-        memory::alloc(dev, bytes)
+        self.allocate(dev, bytes, || memory::alloc(dev, bytes))
     }
 
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
@@ -289,7 +279,6 @@ impl Backend for CudaBackend {
         match ipc::export(dev, ptr) {
             Ok(handle) => Ok((ptr, handle)),
             Err(e) => {
-                // Not exportable: nothing is kept.
                 let _ = self.free(dev, ptr);
                 Err(e)
             }
@@ -364,9 +353,8 @@ impl Backend for CudaBackend {
     fn memcpy_htod(&self, dev: u32, dst: DevicePtr, src: &[u8]) -> Result<()> {
         let _bound = self.bind(dev)?;
         memory::copy_htod(dev, dst, src)?;
-        // From pageable memory the call returns once the bytes are staged, before the DMA finishes
-        // on the legacy stream, which non-blocking streams do not wait for: wait, so a synchronous
-        // copy means the bytes are on the device.
+        // From pageable memory the call returns once the bytes are staged, before the DMA on the
+        // legacy stream (which non-blocking streams do not wait for) finishes: wait for it.
         // SAFETY: 0 is the legacy default stream, always valid.
         unsafe { stream::synchronize(dev, 0) }
     }
@@ -374,7 +362,6 @@ impl Backend for CudaBackend {
     fn memcpy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         let _bound = self.bind(dev)?;
         if dst.len() >= staged_copy::STAGED_FROM {
-            // Large copies: through pinned staging, not holding the driver's lock throughout.
             return self.stagers.copy_dtoh(dev, dst, src);
         }
         memory::copy_dtoh(dev, dst, src)
@@ -489,11 +476,10 @@ impl Backend for CudaBackend {
         let recorded = self
             .streams
             .if_alive(stream, || stream::event_record(dev, event, stream));
-        let waited = match recorded {
-            Ok(Some(())) => stream::event_synchronize(dev, event).map(|()| true),
-            Ok(None) => Ok(false),
-            Err(e) => Err(e),
-        };
+        let waited = recorded.and_then(|r| match r {
+            Some(()) => stream::event_synchronize(dev, event).map(|()| true),
+            None => Ok(false),
+        });
         let destroyed = stream::event_destroy(dev, event);
         let waited = waited?;
         destroyed?;
@@ -533,14 +519,13 @@ impl Backend for CudaBackend {
     }
 
     fn bind_thread(&self, dev: u32) -> Result<()> {
-        if THREAD_CHECKED.with(Cell::get) || BOUND_CONTEXT.with(Cell::get) != 0 {
+        if THREAD_CHECKED.with(Cell::get) {
             return Ok(());
         }
         // Once per thread, whatever the outcome: a failure is not retried on every call.
         THREAD_CHECKED.with(|c| c.set(true));
         if context::current(dev)?.is_null() {
             self.bind(dev)?.keep();
-            BOUND_CONTEXT.with(|c| c.set(1));
         }
         Ok(())
     }

@@ -1,5 +1,4 @@
-//! The driver's result layer: the entry points the backend needs (checked at load), [`check`] (a
-//! `CUresult` as a [`Result`]) and conversions between this crate's raw handles and the driver's.
+//! The entry points the backend needs, [`check`] (a `CUresult` as a [`Result`]) and handle casts.
 
 use std::ffi::CStr;
 

@@ -1,10 +1,6 @@
-//! Synchronous device → pageable host copies through pinned staging buffers.
-//!
-//! `cuMemcpyDtoH` into pageable memory stages the data inside the driver while holding the driver's
-//! lock, so every other thread's driver calls (spill copies, kernel launches, event records) wait
-//! for the whole copy. Here the copy runs on our own stream into two pinned buffers in turn, the
-//! host draining one while the device fills the other: every driver call is short, and the copy
-//! keeps `cuMemcpyDtoH`'s ordering (after all work queued on the legacy default stream).
+//! Synchronous device → pageable host copies through two pinned staging buffers in turn, on our
+//! own stream: `cuMemcpyDtoH` into pageable memory holds the driver's lock (stalling every other
+//! thread's driver calls) throughout. Still ordered after the legacy default stream's work.
 
 use parking_lot::Mutex;
 
@@ -30,8 +26,7 @@ struct Stager {
     ordered: RawEvent,
 }
 
-// SAFETY: the stager owns its handles and pinned buffers, and one thread at a time uses it (taken
-// from and returned to a mutex-guarded list).
+// SAFETY: the stager owns its handles and buffers; one thread at a time uses it (a mutex's list).
 unsafe impl Send for Stager {}
 
 /// Stagers per device, reused across copies (one per thread copying at once).
@@ -49,7 +44,7 @@ impl std::fmt::Debug for Stagers {
 }
 
 impl Stagers {
-    /// Copies `src` into `dst` through pinned staging. `dev`'s context is current.
+    /// Copies `src` into `dst` through pinned staging; `dev`'s context is current.
     pub(super) fn copy_dtoh(&self, dev: u32, dst: &mut [u8], src: DevicePtr) -> Result<()> {
         let taken = {
             let mut free = self.free.lock();
@@ -57,10 +52,7 @@ impl Stagers {
                 .position(|s| s.dev == dev)
                 .map(|i| free.swap_remove(i))
         };
-        let stager = match taken {
-            Some(s) => s,
-            None => Stager::new(dev)?,
-        };
+        let stager = taken.map_or_else(|| Stager::new(dev), Ok)?;
         let result = stager.copy(dst, src);
         // After a failure its copies may still run into the buffers: waited for, it is reused.
         // SAFETY: the stager's own stream, live until the stager drops.
@@ -101,9 +93,10 @@ impl Stager {
         let dev = self.dev;
         let len = dst.len();
         let chunks = len.div_ceil(STAGE);
+        // The offset and length of piece `i`.
+        let piece = |i: usize| (i * STAGE, (len - i * STAGE).min(STAGE));
         let enqueue = |i: usize| -> Result<()> {
-            let off = i * STAGE;
-            let n = (len - off).min(STAGE);
+            let (off, n) = piece(i);
             let slot = i % 2;
             let from = DevicePtr(src.0 + off as u64);
             // SAFETY: the stager's own pinned buffer of STAGE bytes, not read by the host until
@@ -119,8 +112,7 @@ impl Stager {
         for i in 0..chunks {
             let slot = i % 2;
             stream::event_synchronize(dev, self.filled[slot])?;
-            let off = i * STAGE;
-            let n = (len - off).min(STAGE);
+            let (off, n) = piece(i);
             // SAFETY: the copy into this buffer has completed (waited for above) and nothing writes
             // it before the next enqueue; `dst` has room for `n` bytes at `off`.
             let filled = unsafe { std::slice::from_raw_parts(self.buffers[slot], n) };

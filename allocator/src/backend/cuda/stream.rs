@@ -1,7 +1,5 @@
-//! The driver's stream and event calls, as thin functions. The caller made `dev`'s context
-//! current. The driver does not detect a destroyed stream, so the calls that take any thread's
-//! stream are `unsafe`: the backend's stream registry vouches for those handles. Events are the
-//! caller's own.
+//! The driver's stream and event calls, as thin functions; the caller made `dev`'s context current.
+//! The driver does not detect a destroyed stream, so calls on any thread's stream are `unsafe`.
 
 use cudarc::driver::sys;
 
@@ -69,7 +67,6 @@ pub(super) fn event_create(dev: u32) -> Result<RawEvent> {
     Ok(e as usize as RawEvent)
 }
 
-/// `cuEventDestroy`.
 pub(super) fn event_destroy(dev: u32, event: RawEvent) -> Result<()> {
     // SAFETY: the driver validates the handle; the caller uses it no more.
     let r = unsafe { sys::cuEventDestroy_v2(event_handle(event)) };
@@ -93,7 +90,6 @@ pub(super) fn event_query(dev: u32, event: RawEvent) -> Result<bool> {
     check("cuEventQuery", dev, r).map(|_| true)
 }
 
-/// `cuEventSynchronize`.
 pub(super) fn event_synchronize(dev: u32, event: RawEvent) -> Result<()> {
     // SAFETY: the driver validates the handle.
     let r = unsafe { sys::cuEventSynchronize(event_handle(event)) };

@@ -1,6 +1,4 @@
-//! CUDA's virtual memory management API: reserve addresses, create physical memory, map it, make it
-//! accessible, and undo each. The pool maps growth-sized chunks into one reservation per device:
-//! its free space stays contiguous across growth, and wholly free chunks go back one by one.
+//! CUDA's virtual memory management API, as thin functions.
 
 use cudarc::driver::sys;
 
@@ -43,7 +41,6 @@ pub(super) fn address_reserve(dev: u32, bytes: usize) -> Result<DevicePtr> {
     Ok(DevicePtr(p))
 }
 
-/// `cuMemAddressFree`.
 pub(super) fn address_free(dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
     // SAFETY: the driver validates the range against its reservations.
     let r = unsafe { sys::cuMemAddressFree(ptr.0, bytes) };
@@ -60,7 +57,6 @@ pub(super) fn create(dev: u32, bytes: usize) -> Result<RawPhysical> {
     Ok(h as RawPhysical)
 }
 
-/// `cuMemRelease`.
 pub(super) fn release(dev: u32, handle: RawPhysical) -> Result<()> {
     // SAFETY: the driver validates the handle.
     check("cuMemRelease", dev, unsafe { sys::cuMemRelease(handle) })
@@ -73,7 +69,6 @@ pub(super) fn map(dev: u32, ptr: DevicePtr, bytes: usize, handle: RawPhysical) -
     check("cuMemMap", dev, r)
 }
 
-/// `cuMemUnmap`.
 pub(super) fn unmap(dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
     // SAFETY: the driver validates the range; the caller guarantees no queued work uses it.
     check("cuMemUnmap", dev, unsafe { sys::cuMemUnmap(ptr.0, bytes) })

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::memory::{AllocKind, Backing, DEVICE_ALIGNMENT, HOST_ALIGNMENT, Resolved};
 use super::stream::{SimEvent, SimStream};
-use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, at_least_one_byte, spawn_error};
+use super::{HostBlock, SimBackend, SimMemoryMode, SimPool, at_least_one_byte, spawn_stream};
 use crate::backend::host_memory::HostMemory;
 use crate::backend::{
     Backend, BackendKind, DeviceProperties, DevicePtr, IpcHandle, MemInfo, RawEvent, RawMemPool,
@@ -14,8 +14,8 @@ use crate::backend::{
 };
 use crate::error::{Error, Result, fmt_bytes};
 
-/// Copies between ranges given as (host address, `None` if unbacked; length) pieces of equal total
-/// length. An unbacked source reads as zeros.
+/// Copies between ranges of (host address, `None` if unbacked; length) pieces of equal total
+/// length; an unbacked source reads as zeros.
 ///
 /// # Safety
 /// Host addresses, when given, are valid for their pieces' lengths.
@@ -95,8 +95,7 @@ impl SimBackend {
         }
     }
 
-    /// Counts a synchronous copy, ordered after the work queued on the (legacy) default stream as
-    /// in CUDA.
+    /// Counts a synchronous copy, ordered after the default stream's work as in CUDA.
     fn start_sync_copy(&self, dev: u32) -> Result<()> {
         self.stream(dev, 0)?.synchronize();
         self.count_copy(dev)
@@ -151,7 +150,7 @@ impl Backend for SimBackend {
             compute_capability: (9, 0),
             supports_memory_pools: true,
             supports_managed_memory: true,
-            supports_virtual_memory: self.vmm_supported(),
+            supports_virtual_memory: self.vmm_supported.load(Ordering::SeqCst),
         })
     }
 
@@ -203,7 +202,12 @@ impl Backend for SimBackend {
     }
 
     fn free(&self, dev: u32, ptr: DevicePtr) -> Result<()> {
-        self.release(dev, ptr, false)
+        let d = self.device(dev)?;
+        let mut table = self.table.lock();
+        let device_memory = |kind| matches!(kind, AllocKind::Device | AllocKind::Managed);
+        let a = table.take(ptr, dev, device_memory, "the simulated device")?;
+        d.used.fetch_sub(a.len, Ordering::SeqCst);
+        Ok(())
     }
 
     fn ipc_alloc(&self, dev: u32, bytes: usize) -> Result<(DevicePtr, IpcHandle)> {
@@ -276,23 +280,21 @@ impl Backend for SimBackend {
 
     fn free_async(&self, dev: u32, ptr: DevicePtr, stream: RawStream) -> Result<()> {
         let s = self.stream(dev, stream)?;
+        let addr = ptr.addr();
         let pool = self
             .table
             .lock()
-            .get(ptr.addr())
+            .live
+            .get(&addr)
             .and_then(|a| match a.kind {
                 AllocKind::Pool(p) if a.device == dev => self.pools.read().get(&p).cloned(),
                 _ => None,
             });
-        let pool = pool.ok_or(Error::invalid_pointer(
-            ptr.addr(),
-            0,
-            "simulated cuMemFreeAsync",
-        ))?;
+        let pool = pool.ok_or(Error::invalid_pointer(addr, 0, "simulated cuMemFreeAsync"))?;
         let table = Arc::clone(&self.table);
         let used = Arc::clone(&self.device(dev)?.used);
         let release = move || {
-            if let Some(a) = table.lock().remove(ptr.addr()) {
+            if let Some(a) = table.lock().live.remove(&addr) {
                 used.fetch_sub(a.len, Ordering::SeqCst);
                 pool.reserved.fetch_sub(a.len as u64, Ordering::SeqCst);
             }
@@ -420,8 +422,7 @@ impl Backend for SimBackend {
         let r = self.resolve(src, bytes, "simulated cuMemcpyDtoHAsync")?;
         let dst = dst as usize;
         s.submit(move || {
-            // SAFETY: the caller keeps `dst` valid, untouched, until this job runs; `r` keeps the
-            // source.
+            // SAFETY: the caller keeps `dst` valid, untouched, until this job runs; `r` the source.
             unsafe { move_bytes(&[(Some(dst as *mut u8), bytes)], &sources(&r)) }
         });
         Ok(())
@@ -466,8 +467,7 @@ impl Backend for SimBackend {
     fn stream_create(&self, dev: u32) -> Result<RawStream> {
         self.device(dev)?;
         let h = self.handle();
-        let s = SimStream::spawn(dev, format!("sim-dev{dev}-stream{h:x}"))
-            .map_err(|e| spawn_error(dev, e))?;
+        let s = spawn_stream(dev, format!("sim-dev{dev}-stream{h:x}"))?;
         self.streams.write().insert(h, s);
         Ok(h)
     }
@@ -551,7 +551,7 @@ impl Backend for SimBackend {
             .cloned()
             .collect();
         all.push(self.stream(dev, 0)?);
-        all.extend(self.per_thread_streams(dev)?);
+        all.extend(self.device(dev)?.per_thread_streams.lock().clone());
         for s in all {
             s.synchronize();
         }

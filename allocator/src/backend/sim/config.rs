@@ -33,8 +33,7 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
-    /// The default configuration overridden by `RMM_SIM_DEVICES` (a count), `RMM_SIM_MEMORY` (bytes
-    /// or e.g. `80GiB`) and `RMM_SIM_MODE` (`backed` or `unbacked`).
+    /// The default overridden by `RMM_SIM_DEVICES`, `RMM_SIM_MEMORY` (e.g. `80GiB`), `RMM_SIM_MODE`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an invalid value.

@@ -1,20 +1,7 @@
-//! Fault injection from `RMM_SIM_FAIL_*` and `RMM_SIM_HOST_MEMORY`, applied when
-//! [`open`](crate::backend::open) makes the simulated backend, for processes that cannot reach
-//! [`SimBackend`] (Python programs, Dask workers).
-//!
-//! | Variable | Value | Effect |
-//! |---|---|---|
-//! | `RMM_SIM_FAIL_ALLOCATION` | `N`, `D:N`, comma-separated | device `D`'s (0's) `N`-th device allocation fails (out of memory) |
-//! | `RMM_SIM_FAIL_ALLOCATIONS_ABOVE` | `SIZE`, `D:SIZE`, comma-separated | device allocations larger than `SIZE` fail |
-//! | `RMM_SIM_FAIL_COPY` | `N`, `D:N`, comma-separated | the `N`-th copy or memset fails |
-//! | `RMM_SIM_FAIL_PIN` | `N` | the `N`-th pin of host memory fails (any device) |
-//! | `RMM_SIM_FAIL_FILE_WRITE` | `N`, `D:N`, comma-separated | the `N`-th spill-file write fails |
-//! | `RMM_SIM_HOST_MEMORY` | `SIZE` | the host looks as if the process may use only `SIZE` |
-//!
-//! `N` counts from the backend's start (1: the first); `0` injects nothing. A size is bytes or has
-//! a unit (`64MiB`, `1.5GB`). `3` means `0:3`; `0:3,1:5` fails device 0's third and device 1's
-//! fifth. Each fault fires once, as with [`SimBackend::fail_nth_allocation`]. Any other
-//! `RMM_SIM_FAIL_*` name is an error, lest a misspelt fault silently inject nothing.
+//! Fault injection from `RMM_SIM_*` variables when [`open`](crate::backend::open) makes the
+//! simulated backend, for processes that cannot reach [`SimBackend`] (Python, Dask workers). The
+//! variables and their syntax are in `docs/guide.md` (the simulated device's fault injection); any
+//! other `RMM_SIM_FAIL_*` name is an error, lest a misspelt fault silently inject nothing.
 
 use std::ffi::OsString;
 
@@ -39,9 +26,8 @@ const PIN_FORM: &str = "a count N (the N-th pin of host memory fails, on any dev
                         DEVICE: part; 0: none), e.g. 3";
 const HOST_FORM: &str = "a positive size in bytes or with a unit, e.g. 8GiB or 512MB";
 
-/// Faults to inject into a simulated backend and the host memory it reports, as `RMM_SIM_FAIL_*`
-/// and `RMM_SIM_HOST_MEMORY` ask (syntax in the module documentation). Made by
-/// [`SimFaults::from_vars`] or [`SimFaults::from_env`], put in force by [`SimFaults::apply`].
+/// Faults to inject into a simulated backend, as `RMM_SIM_*` variables ask; put in force by
+/// [`SimFaults::apply`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SimFaults {
     /// `RMM_SIM_FAIL_ALLOCATION`: `(device, n)`: the device's `n`-th allocation fails.
@@ -59,13 +45,11 @@ pub struct SimFaults {
 }
 
 impl SimFaults {
-    /// The faults `vars` (`(name, value)` pairs) ask for on a simulated backend of `devices`
-    /// devices; names other than `RMM_SIM_FAIL_*` and `RMM_SIM_HOST_MEMORY` are ignored.
+    /// The faults `(name, value)` pairs ask for on `devices` devices; other names are ignored.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the variable, its value and the form expected: an
-    /// unparsable value, an unknown device, a device named twice in one variable, or an
-    /// `RMM_SIM_FAIL_*` name that names no fault.
+    /// [`Error::InvalidArgument`]: an unparsable value, an unknown device, a device named twice in
+    /// one variable, or an `RMM_SIM_FAIL_*` name that names no fault.
     pub fn from_vars<I, K, V>(vars: I, devices: u32) -> Result<SimFaults>
     where
         I: IntoIterator<Item = (K, V)>,
@@ -112,8 +96,7 @@ impl SimFaults {
         Ok(faults)
     }
 
-    /// [`SimFaults::from_vars`] over the environment's `RMM_SIM_*` variables (bad UTF-8 is
-    /// refused).
+    /// [`SimFaults::from_vars`] over the environment's `RMM_SIM_*` variables.
     ///
     /// # Errors
     /// As [`SimFaults::from_vars`].
@@ -131,9 +114,8 @@ impl SimFaults {
         *self == SimFaults::default()
     }
 
-    /// Puts the faults in force on `sim`: each `n` counts from `sim`'s operations so far (as
-    /// [`SimBackend::fail_nth_allocation`]), 0 clears that fault, and the host memory limit
-    /// replaces any earlier one ([`SimBackend::limit_host_memory`]).
+    /// Puts the faults in force on `sim`, each `n` counting from its operations so far (as
+    /// [`SimBackend::fail_nth_allocation`]); the host memory limit replaces any earlier one.
     ///
     /// # Errors
     /// [`Error::NoSuchDevice`] when a fault names a device `sim` lacks.
@@ -169,8 +151,7 @@ fn count(text: &str) -> Option<u64> {
     t.parse().ok()
 }
 
-/// Parses `variable`'s `value`: comma-separated entries `X` (device 0) or `D:X`, each `X` read by
-/// `parse`, each device below `devices` and named once.
+/// Parses `variable`'s `value`: comma-separated `X` (device 0) or `D:X`, each device named once.
 fn per_device<T>(
     variable: &'static str,
     value: &str,

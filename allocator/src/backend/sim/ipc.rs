@@ -1,9 +1,7 @@
-//! Interprocess memory on the simulated device. Exported memory is an anonymous memory file
-//! (`memfd_create`) the exporter keeps open; another process of the host maps it through
-//! `/proc/<pid>/fd/<fd>`, the pair its handle carries, so Dask workers in separate processes share
-//! data as GPUs do through CUDA IPC. Nothing is written to a directory: the memory goes with the
-//! exporter's free or process. Exported memory counts as device memory in use, fails with the same
-//! injected faults as `cuMemAlloc`, and needs backed mode.
+//! Interprocess memory on the simulated device: an anonymous memory file (`memfd_create`) the
+//! exporter keeps open, which another process maps through the `/proc/<pid>/fd/<fd>` its handle
+//! names. It goes with the exporter's free or process, counts as device memory in use, fails with
+//! `cuMemAlloc`'s injected faults, and needs backed mode.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -11,13 +9,13 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::memory::{AllocKind, Allocation, Backing};
+use super::memory::{AllocKind, Backing};
 use super::{SimBackend, SimMemoryMode, at_least_one_byte};
 use crate::backend::{DevicePtr, IpcHandle};
 use crate::error::{Error, Result};
 
 /// The prefix of every simulated handle, followed by "<pid>:<fd>:<inode>" (the inode tells the
-/// exporter's file from one a later process holds at the same number).
+/// exporter's file from a later one at the same number).
 const PREFIX: &str = "rmm-rs-sim:";
 
 fn driver_error(call: &'static str, dev: u32, description: String) -> Error {
@@ -121,15 +119,9 @@ impl SimBackend {
             }
         };
         let addr = backing.addr();
-        self.table.lock().insert(
-            addr,
-            Allocation {
-                device: dev,
-                len,
-                kind: AllocKind::Exported,
-                backing: Some(Arc::new(backing)),
-            },
-        );
+        self.table
+            .lock()
+            .add(addr, dev, len, AllocKind::Exported, Some(Arc::new(backing)));
         Ok((DevicePtr(addr), handle))
     }
 
@@ -164,8 +156,7 @@ impl SimBackend {
                 return Err(std::io::Error::other("the memory file is empty"));
             }
             let ptr = map(&file, len)?;
-            // SAFETY: `ptr` is a fresh shared mapping of exactly `len` bytes, owned from now on; it
-            // keeps the memory after the file closes.
+            // SAFETY: `ptr` is a fresh shared mapping of exactly `len` bytes, owned from now on.
             Ok(unsafe { Backing::shared(ptr, len, None) })
         })();
         let backing = opened.map_err(|e| {
@@ -179,15 +170,9 @@ impl SimBackend {
             )
         })?;
         let (addr, len) = (backing.addr(), backing.len());
-        self.table.lock().insert(
-            addr,
-            Allocation {
-                device: dev,
-                len,
-                kind: AllocKind::Imported,
-                backing: Some(Arc::new(backing)),
-            },
-        );
+        self.table
+            .lock()
+            .add(addr, dev, len, AllocKind::Imported, Some(Arc::new(backing)));
         Ok((DevicePtr(addr), len))
     }
 

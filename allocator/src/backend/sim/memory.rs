@@ -30,8 +30,8 @@ pub(crate) struct Backing {
 pub(crate) enum Storage {
     /// A heap block: `len + align` bytes at the allocator's minimum alignment.
     Heap { base: *mut u8, layout: Layout },
-    /// A shared mapping of a memory file (memory exported to or imported from another process),
-    /// unmapped on drop; the exporter's file, which peers open, is closed then.
+    /// A shared mapping of a memory file (exported or imported), unmapped on drop; the
+    /// exporter's file closes then.
     Shared { _file: Option<std::fs::File> },
 }
 
@@ -42,11 +42,8 @@ unsafe impl Send for Backing {}
 unsafe impl Sync for Backing {}
 
 impl Backing {
-    /// Allocates `bytes` (> 0) of zeroed host memory aligned to `align` (a power of two).
-    ///
-    /// Over-allocated at the allocator's minimum alignment and aligned by hand, so large blocks
-    /// stay on `calloc`'s lazily zeroed mappings (an aligned `alloc_zeroed` writes every byte): a
-    /// simulated allocation costs nothing until touched.
+    /// Allocates `bytes` (> 0) of zeroed host memory aligned to `align` (a power of two), aligned
+    /// by hand so large blocks stay on `calloc`'s lazily zeroed mappings (free until touched).
     pub(crate) fn new(bytes: usize, align: usize) -> Option<Backing> {
         let len = bytes.max(1);
         let layout = Layout::from_size_align(len.checked_add(align)?, 16).ok()?;
@@ -65,8 +62,8 @@ impl Backing {
         })
     }
 
-    /// A backing over `len` bytes of a shared mapping at `ptr` (page-aligned, from `mmap`),
-    /// unmapped on drop; `file` (the exporter's, which peers open) stays open until then.
+    /// A backing over a shared mapping, unmapped on drop; `file` (the exporter's) stays open until
+    /// then.
     ///
     /// # Safety
     /// `ptr` starts a live shared mapping of exactly `len` bytes, owned by the backing from now on.
@@ -139,8 +136,8 @@ struct Part {
     len: usize,
 }
 
-/// A validated device range: where to read or write, if anywhere (unbacked mode has no bytes);
-/// several pieces where it crosses adjacent mappings (as a GPU virtual range may).
+/// A validated device range: where to read or write (nowhere if unbacked), in several pieces
+/// where it crosses adjacent mappings.
 #[derive(Debug, Clone)]
 pub(crate) struct Resolved {
     parts: Vec<Part>,
@@ -165,7 +162,8 @@ impl Resolved {
 
 #[derive(Debug, Default)]
 pub(crate) struct AllocationTable {
-    live: BTreeMap<u64, Allocation>,
+    /// Live allocations by start address.
+    pub(super) live: BTreeMap<u64, Allocation>,
     /// Next candidate address of each device's unbacked range.
     cursors: Vec<u64>,
 }
@@ -178,6 +176,24 @@ impl AllocationTable {
                 .map(|d| UNBACKED_BASE + d * UNBACKED_REGION)
                 .collect(),
         }
+    }
+
+    /// Enters an allocation of `len` bytes at `addr`.
+    pub(crate) fn add(
+        &mut self,
+        addr: u64,
+        device: u32,
+        len: usize,
+        kind: AllocKind,
+        backing: Option<Arc<Backing>>,
+    ) {
+        let allocation = Allocation {
+            device,
+            len,
+            kind,
+            backing,
+        };
+        self.live.insert(addr, allocation);
     }
 
     /// Picks an unused, 256-byte aligned address range of `len` bytes in `device`'s region.
@@ -215,19 +231,6 @@ impl AllocationTable {
             }
         }
         None
-    }
-
-    pub(crate) fn insert(&mut self, addr: u64, allocation: Allocation) {
-        self.live.insert(addr, allocation);
-    }
-
-    /// Removes the allocation that starts exactly at `addr`.
-    pub(crate) fn remove(&mut self, addr: u64) -> Option<Allocation> {
-        self.live.remove(&addr)
-    }
-
-    pub(crate) fn get(&self, addr: u64) -> Option<&Allocation> {
-        self.live.get(&addr)
     }
 
     /// Removes the allocation at `ptr` if it is on `device` and `accept` takes its kind; else
@@ -306,11 +309,6 @@ impl AllocationTable {
             .collect()
     }
 
-    /// The allocation that starts exactly at `addr`, to change.
-    pub(crate) fn get_mut(&mut self, addr: u64) -> Option<&mut Allocation> {
-        self.live.get_mut(&addr)
-    }
-
     /// Whether any allocation overlaps `[addr, addr + len)`.
     pub(crate) fn overlaps(&self, addr: u64, len: u64) -> bool {
         self.live
@@ -319,8 +317,7 @@ impl AllocationTable {
             .is_some_and(|(s, a)| s + a.len as u64 > addr)
     }
 
-    /// Live allocations of `device` for leak reports, except mappings (their memory is counted
-    /// apart).
+    /// Live allocations of `device` for leak reports, except mappings (counted apart).
     pub(crate) fn count_on(&self, device: u32) -> usize {
         self.live
             .values()

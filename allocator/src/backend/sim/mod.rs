@@ -1,16 +1,6 @@
-//! The simulated device: N devices of a configured capacity, for machines without a GPU.
-//!
-//! * *Backed* mode keeps every byte in host memory, so data round-trips exactly; device addresses
-//!   are the host addresses of the backing blocks.
-//! * *Unbacked* mode hands out addresses from a reserved range and touches nothing, so an 80 GiB
-//!   device fits on a small machine (allocator benchmarks, "would this fit").
-//!
-//! Streams are worker threads keeping stream order; events capture stream progress. Fault injection
-//! fails the N-th allocation, copy, host pin (`cuMemHostAlloc`, `cuMemHostRegister`) or spill-file
-//! write, or allocations above a size; readable counters let a test count a step's operations and
-//! fail each in turn (other processes: `RMM_SIM_FAIL_*`, [`SimFaults`]). Stream-ordered pools
-//! (`cuMemAllocAsync`) do not cache: memory is taken at allocation and returned when the stream
-//! reaches the free.
+//! The simulated device for machines without a GPU (`docs/guide.md` describes it): backed (host
+//! memory holds the bytes, at the device addresses) or unbacked (addresses only), with fault
+//! injection. Stream-ordered pools do not cache: memory returns when the stream reaches the free.
 
 mod calls;
 mod config;
@@ -21,16 +11,15 @@ mod stream;
 mod vmm;
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
 pub use self::config::{SimConfig, SimMemoryMode};
 pub use self::env::SimFaults;
-use self::memory::{AllocKind, Allocation, AllocationTable, Backing, DEVICE_ALIGNMENT, Resolved};
+use self::memory::{AllocKind, AllocationTable, Backing, DEVICE_ALIGNMENT, Resolved};
 pub use self::stream::StreamGate;
 use self::stream::{SimEvent, SimStream};
 use super::{DevicePtr, RawEvent, RawStream};
@@ -118,8 +107,7 @@ impl SimCounts {
 struct SimDevice {
     used: Arc<AtomicUsize>,
     default_stream: OnceLock<Arc<SimStream>>,
-    /// Threads' per-thread default streams, for a device-wide synchronize (kept until idle once
-    /// their thread is gone: its queued work still runs).
+    /// Threads' per-thread default streams, for a device-wide synchronize (kept until idle).
     per_thread_streams: Mutex<Vec<Arc<SimStream>>>,
     faults: Faults,
 }
@@ -131,6 +119,9 @@ struct SimPool {
 }
 
 /// The simulated backend. Make one with [`SimBackend::new`] or [`SimBackend::leak`].
+///
+/// # Errors
+/// Methods naming a device fail with [`Error::NoSuchDevice`] for an unknown one.
 #[derive(Debug)]
 pub struct SimBackend {
     config: SimConfig,
@@ -157,6 +148,10 @@ enum HostBlock {
     Registered { bytes: usize },
 }
 
+#[allow(
+    clippy::missing_errors_doc,
+    reason = "SimBackend's `# Errors` covers the methods that add nothing to it"
+)]
 impl SimBackend {
     /// Builds a simulated backend.
     ///
@@ -190,7 +185,7 @@ impl SimBackend {
             .collect();
         Ok(SimBackend {
             table: Arc::new(Mutex::new(AllocationTable::new(config.devices))),
-            vmm: Mutex::new(vmm::VmmState::new(config.devices)),
+            vmm: Mutex::default(),
             config,
             devices,
             host: Mutex::new(HashMap::new()),
@@ -218,7 +213,7 @@ impl SimBackend {
     }
 
     /// Limits the host memory the process may use to `bytes` (`None`: the real host's), as a cgroup
-    /// would, counting what the simulated device pinned; also `RMM_SIM_HOST_MEMORY`.
+    /// would, counting what the simulated device pinned.
     pub fn limit_host_memory(&self, bytes: Option<u64>) {
         self.host_limit
             .store(bytes.unwrap_or(u64::MAX), Ordering::SeqCst);
@@ -230,18 +225,12 @@ impl SimBackend {
     }
 
     /// Makes the `n`-th allocation on `dev` from now (1: the next) fail out of memory; 0 clears it.
-    ///
-    /// # Errors
-    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_allocation(&self, dev: u32, n: u64) -> Result<()> {
         self.device(dev)?.faults.alloc.arm(n);
         Ok(())
     }
 
     /// Makes every device allocation on `dev` larger than `bytes` fail with out-of-memory.
-    ///
-    /// # Errors
-    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_allocations_above(&self, dev: u32, bytes: usize) -> Result<()> {
         self.device(dev)?
             .faults
@@ -251,33 +240,23 @@ impl SimBackend {
     }
 
     /// Makes the `n`-th copy or memset from now on `dev` fail (`n` = 0 clears it).
-    ///
-    /// # Errors
-    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_copy(&self, dev: u32, n: u64) -> Result<()> {
         self.device(dev)?.faults.copy.arm(n);
         Ok(())
     }
 
-    /// Makes the `n`-th host pin from now (`cuMemHostAlloc` or one chunk's `cuMemHostRegister`, any
-    /// device) fail with out-of-memory; 0 clears it.
+    /// Makes the `n`-th host pin from now (any device) fail with out-of-memory; 0 clears it.
     pub fn fail_nth_pin(&self, n: u64) {
         self.pin_fault.arm(n);
     }
 
     /// Makes the `n`-th spill-file write of `dev` from now fail; 0 clears it.
-    ///
-    /// # Errors
-    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_file_write(&self, dev: u32, n: u64) -> Result<()> {
         self.device(dev)?.faults.file_write.arm(n);
         Ok(())
     }
 
     /// The operations counted on `dev` (pins: all devices'); compare before and after a step.
-    ///
-    /// # Errors
-    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn counts(&self, dev: u32) -> Result<SimCounts> {
         let f = &self.device(dev)?.faults;
         Ok(SimCounts {
@@ -290,9 +269,6 @@ impl SimBackend {
     }
 
     /// Removes every injected fault on `dev` (and the pin fault).
-    ///
-    /// # Errors
-    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn clear_faults(&self, dev: u32) -> Result<()> {
         let f = &self.device(dev)?.faults;
         f.alloc.arm(0);
@@ -342,9 +318,7 @@ impl SimBackend {
         self.table.lock().count_on(dev) + self.vmm.lock().physical_on(dev)
     }
 
-    /// Makes devices report VMM (un)supported
-    /// ([`DeviceProperties::supports_virtual_memory`](crate::backend::DeviceProperties)), calls
-    /// still working, to test fallbacks.
+    /// Makes devices report virtual memory management (un)supported, to test fallbacks.
     pub fn set_virtual_memory_supported(&self, supported: bool) {
         self.vmm_supported.store(supported, Ordering::SeqCst);
     }
@@ -363,8 +337,7 @@ impl SimBackend {
             if let Some(s) = d.default_stream.get() {
                 return Ok(Arc::clone(s));
             }
-            let s = SimStream::spawn(dev, format!("sim-dev{dev}-default"))
-                .map_err(|e| spawn_error(dev, e))?;
+            let s = spawn_stream(dev, format!("sim-dev{dev}-default"))?;
             return Ok(Arc::clone(d.default_stream.get_or_init(|| s)));
         }
         match self.streams.read().get(&stream) {
@@ -377,16 +350,14 @@ impl SimBackend {
         }
     }
 
-    /// The calling thread's own stream on `dev`, which the handle [`PER_THREAD_STREAM`] names
-    /// there (as CUDA's per-thread default stream: its work on two threads is not ordered).
+    /// The calling thread's own stream on `dev`, which [`PER_THREAD_STREAM`] names there.
     fn per_thread_stream(&self, dev: u32) -> Result<Arc<SimStream>> {
         let key = (std::ptr::from_ref(self) as usize, dev);
         let known = PER_THREAD_STREAMS.try_with(|m| m.borrow().get(&key).cloned());
         if let Ok(Some(s)) = known {
             return Ok(s);
         }
-        let s = SimStream::spawn(dev, format!("sim-dev{dev}-per-thread"))
-            .map_err(|e| spawn_error(dev, e))?;
+        let s = spawn_stream(dev, format!("sim-dev{dev}-per-thread"))?;
         let mut all = self.device(dev)?.per_thread_streams.lock();
         all.retain(|t| Arc::strong_count(t) > 1 || !t.is_idle());
         all.push(Arc::clone(&s));
@@ -394,11 +365,6 @@ impl SimBackend {
         // A thread that is exiting gets a stream of its own for this call only.
         let _ = PER_THREAD_STREAMS.try_with(|m| m.borrow_mut().insert(key, Arc::clone(&s)));
         Ok(s)
-    }
-
-    /// The per-thread default streams of `dev` that threads still hold.
-    fn per_thread_streams(&self, dev: u32) -> Result<Vec<Arc<SimStream>>> {
-        Ok(self.device(dev)?.per_thread_streams.lock().clone())
     }
 
     fn event(&self, dev: u32, event: RawEvent) -> Result<Arc<SimEvent>> {
@@ -421,19 +387,6 @@ impl SimBackend {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn oom(dev: u32, call: &'static str, bytes: usize, reason: &str) -> Error {
-        Error::Driver {
-            call,
-            device: dev,
-            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
-            code: 2,
-            description: format!(
-                "out of memory (simulated: {} requested, {reason})",
-                fmt_bytes(bytes)
-            ),
-        }
-    }
-
     fn allocate(
         &self,
         dev: u32,
@@ -446,31 +399,17 @@ impl SimBackend {
         let len = self.charge(dev, bytes, call)?;
         let backing = self.back(dev, len, bytes, call)?;
         let mut table = self.table.lock();
-        let addr = match &backing {
-            Some(b) => Some(b.addr()),
-            None => table.reserve_unbacked(dev, len),
-        };
+        let addr = backing.as_ref().map(|b| b.addr());
+        let addr = addr.or_else(|| table.reserve_unbacked(dev, len));
         let Some(addr) = addr else {
             d.used.fetch_sub(len, Ordering::SeqCst);
-            return Err(Self::oom(
-                dev,
-                call,
-                bytes,
-                "no unbacked address range left",
-            ));
+            return Err(oom(dev, call, bytes, "no unbacked address range left"));
         };
-        let allocation = Allocation {
-            device: dev,
-            len,
-            kind,
-            backing,
-        };
-        table.insert(addr, allocation);
+        table.add(addr, dev, len, kind, backing);
         Ok(DevicePtr(addr))
     }
 
-    /// Host memory for `len` charged bytes in backed mode (`None` unbacked); refunds them if the
-    /// host has none.
+    /// Host memory for `len` charged bytes (`None` unbacked); refunds them if the host has none.
     fn back(
         &self,
         dev: u32,
@@ -485,25 +424,19 @@ impl SimBackend {
             Some(b) => Ok(Some(Arc::new(b))),
             None => {
                 self.device(dev)?.used.fetch_sub(len, Ordering::SeqCst);
-                Err(Self::oom(dev, call, bytes, "the host could not back it"))
+                Err(oom(dev, call, bytes, "the host could not back it"))
             }
         }
     }
 
-    /// Counts one device allocation of `bytes` on `dev` (injected faults, then capacity) and takes
-    /// its rounded length, which it returns, from the free memory.
+    /// Counts an allocation of `bytes` on `dev` (faults, then capacity); charges its rounded length.
     fn charge(&self, dev: u32, bytes: usize, call: &'static str) -> Result<usize> {
         let d = self.device(dev)?;
         if d.faults.alloc.hit() {
-            return Err(Self::oom(
-                dev,
-                call,
-                bytes,
-                "injected failure of this allocation",
-            ));
+            return Err(oom(dev, call, bytes, "injected failure of this allocation"));
         }
         if bytes > d.faults.fail_alloc_above.load(Ordering::SeqCst) {
-            return Err(Self::oom(dev, call, bytes, "injected failure above a size"));
+            return Err(oom(dev, call, bytes, "injected failure above a size"));
         }
         let len = bytes.next_multiple_of(DEVICE_ALIGNMENT);
         // Reserve capacity first so concurrent allocations cannot overshoot it.
@@ -515,38 +448,15 @@ impl SimBackend {
         if reserved.is_err() {
             let free =
                 self.config.capacity - d.used.load(Ordering::SeqCst).min(self.config.capacity);
-            return Err(Self::oom(
-                dev,
-                call,
-                bytes,
-                &format!("{} free", fmt_bytes(free)),
-            ));
+            return Err(oom(dev, call, bytes, &format!("{} free", fmt_bytes(free))));
         }
         Ok(len)
-    }
-
-    fn release(&self, dev: u32, ptr: DevicePtr, expect_pool: bool) -> Result<()> {
-        let d = self.device(dev)?;
-        let mut table = self.table.lock();
-        let accept = |kind| match kind {
-            AllocKind::Pool(_) => expect_pool,
-            AllocKind::Device | AllocKind::Managed => !expect_pool,
-            AllocKind::Mapped { .. } | AllocKind::Exported | AllocKind::Imported => false,
-        };
-        let a = table.take(ptr, dev, accept, "the simulated device")?;
-        d.used.fetch_sub(a.len, Ordering::SeqCst);
-        if let AllocKind::Pool(p) = a.kind
-            && let Some(pool) = self.pools.read().get(&p)
-        {
-            pool.reserved.fetch_sub(a.len as u64, Ordering::SeqCst);
-        }
-        Ok(())
     }
 
     /// Counts a host pin by `call`; fails the one chosen to fail.
     fn count_pin(&self, call: &'static str, bytes: usize) -> Result<()> {
         if self.pin_fault.hit() {
-            return Err(Self::oom(0, call, bytes, "injected failure of this pin"));
+            return Err(oom(0, call, bytes, "injected failure of this pin"));
         }
         Ok(())
     }
@@ -564,6 +474,20 @@ impl SimBackend {
     }
 }
 
+/// The driver's out-of-memory error for `bytes` asked of `call` on `dev`, failed for `reason`.
+fn oom(dev: u32, call: &'static str, bytes: usize, reason: &str) -> Error {
+    Error::Driver {
+        call,
+        device: dev,
+        name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+        code: 2,
+        description: format!(
+            "out of memory (simulated: {} requested, {reason})",
+            fmt_bytes(bytes)
+        ),
+    }
+}
+
 /// [`Error::InvalidArgument`] for a zero `bytes`: allocations take at least one byte.
 fn at_least_one_byte(bytes: usize) -> Result<()> {
     if bytes == 0 {
@@ -576,12 +500,13 @@ fn at_least_one_byte(bytes: usize) -> Result<()> {
     Ok(())
 }
 
-fn spawn_error(dev: u32, e: std::io::Error) -> Error {
-    Error::Driver {
+/// A new stream on `dev` named `label`; a worker thread that cannot start is a driver error.
+fn spawn_stream(dev: u32, label: String) -> Result<Arc<SimStream>> {
+    SimStream::spawn(dev, label).map_err(|e| Error::Driver {
         call: "cuStreamCreate",
         device: dev,
         name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
         code: 2,
         description: format!("the simulated stream's worker thread could not start: {e}"),
-    }
+    })
 }

@@ -1,7 +1,5 @@
-//! Streams and events of the simulated device. Each stream is a worker thread running its queued
-//! jobs in order, so work is truly asynchronous to the host: a test can hold a stream back
-//! ([`StreamGate`]) or delay it and see nothing queued behind run early. An event captures how much
-//! work its stream had been given when recorded, as `cuEventRecord` does.
+//! Streams and events of the simulated device. Each stream is a worker thread running its jobs in
+//! order, truly asynchronous to the host; an event captures how much work its stream had been given.
 
 use std::sync::Arc;
 use std::thread;
@@ -49,9 +47,8 @@ pub(crate) struct SimStream {
 }
 
 impl SimStream {
-    /// Starts the stream's worker thread and returns once it runs: a starting thread needs memory
-    /// of its own (its signal stack), which must not be left to whatever else starts meanwhile
-    /// (under an address-space limit, a late start aborts the process).
+    /// Starts the stream's worker thread and returns once it runs (under an address-space limit, a
+    /// thread that starts late, its signal stack unallocatable, aborts the process).
     pub(crate) fn spawn(device: u32, label: String) -> std::io::Result<Arc<SimStream>> {
         let (tx, rx) = unbounded::<(u64, Job)>();
         let progress = Arc::new(Progress::default());
@@ -86,7 +83,6 @@ impl SimStream {
         tx.send((seq, Box::new(job))).is_ok()
     }
 
-    /// Waits for everything queued so far.
     pub(crate) fn synchronize(&self) {
         let target = self.progress.submitted();
         self.progress.wait_for(target);
@@ -149,8 +145,7 @@ impl SimEvent {
     }
 }
 
-/// Holds a simulated stream back: work queued after the gate waits until it is opened or dropped.
-/// Made by [`super::SimBackend::hold_stream`].
+/// Holds a simulated stream back ([`super::SimBackend::hold_stream`]) until opened or dropped.
 #[derive(Debug)]
 pub struct StreamGate {
     open: Arc<(Mutex<bool>, Condvar)>,

@@ -1,21 +1,19 @@
-//! The virtual memory API on the simulated device: reservations, physical memory handles, mappings
-//! and access, with CUDA's rules (sizes and addresses in granules; a mapping needs a reservation
-//! and `cuMemSetAccess` before use; memory goes back once released and unmapped). Physical memory
-//! counts as device memory in use and fails with `cuMemAlloc`'s injected faults.
+//! The virtual memory API on the simulated device, with CUDA's rules: sizes and addresses in
+//! granules; a mapping needs a reservation and `cuMemSetAccess`; memory goes back once released and
+//! unmapped. Physical memory counts as device memory and fails with `cuMemAlloc`'s faults.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::SimBackend;
-use super::memory::{AllocKind, Allocation, Backing};
+use super::memory::{AllocKind, Backing};
+use super::{SimBackend, oom};
 use crate::backend::{DevicePtr, RawPhysical};
 use crate::error::{Error, Result};
 
 /// The granularity of physical memory and mappings (2 MiB, as on current GPUs).
 pub(super) const GRANULARITY: usize = 2 << 20;
-/// Start of device 0's reservable addresses: above all host addresses (user space ends below 2^47
-/// unless asked), so never meeting backed memory, and far from unbacked ones.
+/// Start of device 0's reservable addresses: above all host (user space) and unbacked addresses.
 const VMM_BASE: u64 = 1 << 52;
 /// Size of each device's region of reservable addresses (64 TiB).
 const VMM_REGION: u64 = 1 << 46;
@@ -30,23 +28,14 @@ struct Physical {
 }
 
 /// Reservations and physical memory of every simulated device.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct VmmState {
     /// Reserved ranges: start → (device, length).
     reservations: BTreeMap<u64, (u32, u64)>,
     physical: HashMap<RawPhysical, Physical>,
-    devices: u32,
 }
 
 impl VmmState {
-    pub(super) fn new(devices: u32) -> Self {
-        VmmState {
-            reservations: BTreeMap::new(),
-            physical: HashMap::new(),
-            devices,
-        }
-    }
-
     /// Physical allocations of `dev` not yet given back.
     pub(super) fn physical_on(&self, dev: u32) -> usize {
         self.physical.values().filter(|p| p.device == dev).count()
@@ -75,13 +64,9 @@ impl VmmState {
     }
 }
 
-fn bad(what: &'static str, value: impl std::fmt::Display, expected: &str) -> Error {
-    Error::invalid_argument(what, value, expected)
-}
-
 fn check_granule(what: &'static str, value: u64) -> Result<()> {
     if value == 0 || !value.is_multiple_of(GRANULARITY as u64) {
-        return Err(bad(
+        return Err(Error::invalid_argument(
             what,
             value,
             "a non-zero multiple of the allocation granularity (2 MiB on the simulated device)",
@@ -91,17 +76,12 @@ fn check_granule(what: &'static str, value: u64) -> Result<()> {
 }
 
 impl SimBackend {
-    pub(super) fn vmm_supported(&self) -> bool {
-        self.vmm_supported.load(Ordering::SeqCst)
-    }
-
     pub(super) fn vmm_reserve(&self, dev: u32, bytes: usize) -> Result<DevicePtr> {
         self.device(dev)?;
         check_granule("reserved range size", bytes as u64)?;
         let mut v = self.vmm.lock();
-        debug_assert!(dev < v.devices);
         let Some(addr) = v.place(dev, bytes as u64) else {
-            return Err(Self::oom(
+            return Err(oom(
                 dev,
                 "cuMemAddressReserve",
                 bytes,
@@ -114,18 +94,15 @@ impl SimBackend {
 
     pub(super) fn vmm_address_free(&self, dev: u32, ptr: DevicePtr, bytes: usize) -> Result<()> {
         let mut v = self.vmm.lock();
-        match v.reservations.get(&ptr.addr()) {
-            Some(&(d, l)) if d == dev && l == bytes as u64 => {}
-            _ => {
-                return Err(bad(
-                    "reserved range",
-                    format!("{ptr}+{bytes} on device {dev}"),
-                    "a whole range from cuMemAddressReserve on this device",
-                ));
-            }
+        if v.reservations.get(&ptr.addr()) != Some(&(dev, bytes as u64)) {
+            return Err(Error::invalid_argument(
+                "reserved range",
+                format!("{ptr}+{bytes} on device {dev}"),
+                "a whole range from cuMemAddressReserve on this device",
+            ));
         }
         if self.table.lock().overlaps(ptr.addr(), bytes as u64) {
-            return Err(bad(
+            return Err(Error::invalid_argument(
                 "reserved range",
                 format!("{ptr}+{bytes}"),
                 "a range with nothing mapped in it (cuMemUnmap first)",
@@ -173,7 +150,7 @@ impl SimBackend {
         match v.physical.get_mut(&handle) {
             Some(p) if p.device == dev && !p.released => p.released = true,
             _ => {
-                return Err(bad(
+                return Err(Error::invalid_argument(
                     "physical memory handle",
                     format!("{handle:#x} on device {dev}"),
                     "a handle from cuMemCreate on this device, not yet released",
@@ -195,7 +172,7 @@ impl SimBackend {
         let backing = match v.physical.get(&handle) {
             Some(p) if p.device == dev && !p.released && p.len == bytes => p.backing.clone(),
             _ => {
-                return Err(bad(
+                return Err(Error::invalid_argument(
                     "physical memory handle",
                     format!("{handle:#x} ({bytes} bytes) on device {dev}"),
                     "a live handle of this device, mapped whole",
@@ -203,7 +180,7 @@ impl SimBackend {
             }
         };
         if !v.reserved(dev, ptr.addr(), bytes as u64) {
-            return Err(bad(
+            return Err(Error::invalid_argument(
                 "mapping",
                 format!("{ptr}+{bytes}"),
                 "a range inside one cuMemAddressReserve range of this device",
@@ -211,24 +188,17 @@ impl SimBackend {
         }
         let mut table = self.table.lock();
         if table.overlaps(ptr.addr(), bytes as u64) {
-            return Err(bad(
+            return Err(Error::invalid_argument(
                 "mapping",
                 format!("{ptr}+{bytes}"),
                 "a range not mapped yet (cuMemUnmap first)",
             ));
         }
-        table.insert(
-            ptr.addr(),
-            Allocation {
-                device: dev,
-                len: bytes,
-                kind: AllocKind::Mapped {
-                    handle,
-                    accessible: false,
-                },
-                backing,
-            },
-        );
+        let kind = AllocKind::Mapped {
+            handle,
+            accessible: false,
+        };
+        table.add(ptr.addr(), dev, bytes, kind, backing);
         if let Some(p) = v.physical.get_mut(&handle) {
             p.mappings += 1;
         }
@@ -257,7 +227,7 @@ impl SimBackend {
             }
         }
         if at != end || found.is_empty() {
-            return Err(bad(
+            return Err(Error::invalid_argument(
                 call,
                 format!("{ptr}+{bytes} on device {dev}"),
                 "a range made of whole mappings, without gaps",
@@ -271,7 +241,7 @@ impl SimBackend {
         let mut table = self.table.lock();
         let found = self.mappings_covering(&table, dev, ptr, bytes, "cuMemUnmap")?;
         for (start, handle) in found {
-            table.remove(start);
+            table.live.remove(&start);
             if let Some(p) = v.physical.get_mut(&handle) {
                 p.mappings -= 1;
             }
@@ -284,7 +254,7 @@ impl SimBackend {
         let mut table = self.table.lock();
         let found = self.mappings_covering(&table, dev, ptr, bytes, "cuMemSetAccess")?;
         for (start, handle) in found {
-            if let Some(a) = table.get_mut(start) {
+            if let Some(a) = table.live.get_mut(&start) {
                 a.kind = AllocKind::Mapped {
                     handle,
                     accessible: true,

@@ -1,7 +1,5 @@
-//! Moving a buffer's data to and from pinned host memory: copies on the store's copy streams
-//! through [`PinnedCopy`] (which owns the host memory meanwhile), spills whose copies stay in
-//! flight ([`SpillableBuffer::begin_spill`], [`PendingSpill`]) so a caller making room for many
-//! buffers waits once, and bringing data back.
+//! Moving a buffer's data to and from pinned host memory through [`PinnedCopy`] (which owns the
+//! host memory meanwhile), including spills whose copies stay in flight ([`PendingSpill`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -79,7 +77,7 @@ impl SpillableBuffer {
     ) -> Copied<PinnedCopy<PinnedSlice>> {
         let copies = self.store.copies();
         let prepared = copies
-            .ordered_after_events(direction, after, released)
+            .ordered_after(direction, after, released)
             .and_then(|lane| copies.event().map(|event| (lane, event)));
         let (lane, event) = match prepared {
             Ok(p) => p,
@@ -163,9 +161,8 @@ impl SpillableBuffer {
         (self.data_lost(error.to_string()), None)
     }
 
-    /// Starts moving the data to the pinned host pool: copies are enqueued and
-    /// [`PendingSpill::finish`] completes the move, so a caller making room waits once for many
-    /// buffers' copies. Without host room, data goes to a disk tier now ([`SpillStep::Done`]).
+    /// Starts moving the data to the pinned host pool: [`PendingSpill::finish`] completes the move,
+    /// so a caller spilling many buffers waits once. Without host room, data goes to disk now.
     ///
     /// # Errors
     /// As [`spill`](Self::spill); the buffer stays valid on the device.
@@ -176,7 +173,6 @@ impl SpillableBuffer {
         self.begin_spill_locked(state)
     }
 
-    /// [`begin_spill`](Self::begin_spill) with the state locked.
     pub(super) fn begin_spill_locked<'a>(
         &'a self,
         mut state: MutexGuard<'a, State>,
@@ -243,8 +239,8 @@ impl PendingSpill<'_> {
     }
 
     /// Waits for the copies, frees the device memory and records the move; returns the bytes freed.
-    /// The move's time counts from `since` if later than the copies' start (the previous move's
-    /// end, so a batch's moves add up to its wall time).
+    /// The move's time counts from `since` if later than the copies' start (so a batch's moves add
+    /// up to its wall time).
     ///
     /// # Errors
     /// A copy failed: the buffer stays valid on the device.
@@ -258,7 +254,9 @@ impl PendingSpill<'_> {
 impl SpillableBuffer {
     /// Brings host or disk data back into the device's current resource, for `stream`.
     pub(super) fn to_device(&self, state: &mut State, stream: StreamView) -> Result<()> {
-        self.check_not_lost()?;
+        if self.lost.load(Ordering::Acquire) {
+            return Err(self.data_lost("an earlier unspill could not wait for its copy".into()));
+        }
         if let Some(o) = &self.observer {
             o.make_room(self.id, self.size);
         }

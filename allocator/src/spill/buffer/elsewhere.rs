@@ -1,6 +1,5 @@
-//! Data moving without the buffer moving: a buffer made off the device from another's bytes (a
-//! value a peer sends), and ranges of a buffer's data read where they are, to the host or device
-//! memory (a value sent to a peer).
+//! Data moving without the buffer moving: a buffer made off the device from a peer's bytes, and
+//! ranges of a buffer's data read where they are (a value sent to a peer).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -25,10 +24,9 @@ enum Incoming<'a> {
 }
 
 impl SpillableBuffer {
-    /// A buffer of `size` bytes made off the device, for data from elsewhere (a peer's value) not
-    /// yet needed there: in the host tier's pinned memory, or in a disk-tier file when the host
-    /// tier is full even after the observer made room. `fill` writes each piece of its memory in
-    /// order (offset, piece). The data comes back into the device's current resource on first use.
+    /// A buffer of `size` bytes made off the device (in the host tier, or on disk past a full host
+    /// tier) for data not yet needed there: `fill` writes each piece of its memory in order
+    /// (offset, piece). The data comes to the device on first use.
     ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] with the host tier full and no disk tier; [`Error::SpillFile`] on
@@ -43,9 +41,7 @@ impl SpillableBuffer {
     }
 
     /// As [`off_device_with`](Self::off_device_with), copying from `src` after the default stream's
-    /// queued work: device memory the store's device can read but the buffer does not own (another
-    /// process's exported memory, mapped here). The bytes go straight into pinned memory on the
-    /// copy streams (to disk past a full host tier).
+    /// queued work: device memory the buffer does not own (another process's, mapped here).
     ///
     /// # Errors
     /// As [`off_device_with`](Self::off_device_with); a failed copy.
@@ -58,8 +54,6 @@ impl SpillableBuffer {
         Self::made_off_device(store, size, observer, Incoming::Device(src))
     }
 
-    /// A buffer of `size` bytes off the device holding `incoming`: in pinned host memory, or past a
-    /// full host tier in a file written from a host copy.
     fn made_off_device(
         store: &Arc<SpillStore>,
         size: usize,
@@ -203,9 +197,8 @@ impl SpillableBuffer {
     }
 }
 
-/// Copies `src` into equal-length `dst` on the rayon pool in [`COPY_STRETCH`]-byte stretches: first
-/// touching a message's fresh memory (page faults) costs more than the copy, so one thread would be
-/// far slower than all cores.
+/// Copies `src` into equal-length `dst` on the rayon pool: first touching fresh memory (page
+/// faults) costs more than the copy, which one thread would do far slower than all cores.
 fn copy_in_parallel(dst: &mut [u8], src: &[u8]) {
     use rayon::prelude::*;
     if dst.len() <= COPY_STRETCH {
@@ -217,7 +210,6 @@ fn copy_in_parallel(dst: &mut [u8], src: &[u8]) {
         .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
-/// Bytes one thread copies at a time in [`copy_in_parallel`].
 const COPY_STRETCH: usize = 4 << 20;
 
 /// Calls `f` with each piece, in order, of `len` bytes from `offset` of the data in `slices`, and

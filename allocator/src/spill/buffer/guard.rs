@@ -10,6 +10,7 @@ use parking_lot::MutexGuard;
 use super::{SpillableBuffer, State};
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
+use crate::spill::disk::data_in;
 use crate::stream_view::StreamView;
 
 /// Access to a buffer's device memory; the buffer stays on the device while it lives. `B` holds the
@@ -74,21 +75,13 @@ pub struct HostGuard<'a> {
 }
 
 impl HostGuard<'_> {
-    fn slices(&self) -> &[PinnedSlice] {
-        match &*self.state {
-            State::Host(s) => s,
-            _ => &[],
-        }
-    }
-
     /// The bytes, in order, as one or more contiguous pieces (one per pinned slice).
     pub fn chunks(&self) -> impl Iterator<Item = &[u8]> {
-        let mut left = self.size;
-        self.slices().iter().map(move |s| {
-            let n = left.min(s.len());
-            left -= n;
-            &s.as_slice()[..n]
-        })
+        let slices: &[PinnedSlice] = match &*self.state {
+            State::Host(s) => s,
+            _ => &[],
+        };
+        data_in(slices, self.size)
     }
 
     /// The bytes, writable, in order (changes stay with the buffer).

@@ -1,6 +1,5 @@
-//! Holding a buffer in place on the device while its memory's stack is replaced
-//! ([`SpillableBuffer::hold_in_place`], [`HeldInPlace`]): a pool-to-pool reinitialize hands its
-//! block, data in place, to the new pool and repoints the buffer instead of spilling it.
+//! Holding a buffer in place on the device while its memory's stack is replaced ([`HeldInPlace`]):
+//! a pool-to-pool reinitialize hands the block to the new pool instead of spilling it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -33,8 +32,7 @@ impl std::fmt::Debug for HeldInPlace<'_> {
 
 impl SpillableBuffer {
     /// Holds the buffer in place ([`HeldInPlace`]) if it is idle on the device in memory allocated
-    /// by this very `resource` (`Arc::ptr_eq`); `None` if in use, busy, spilled, empty, lost, or in
-    /// another resource's or borrowed memory ([`from_device`](Self::from_device)).
+    /// by this very `resource`; `None` if in use, busy, spilled, empty, lost, or in other memory.
     pub fn hold_in_place(&self, resource: &SharedResource) -> Option<HeldInPlace<'_>> {
         let state = self.lock_idle()?;
         if self.lost.load(Ordering::Acquire) {

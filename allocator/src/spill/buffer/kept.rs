@@ -1,7 +1,6 @@
 //! Copies kept of data that no longer changes: a read-only buffer back on the device keeps its host
 //! copy ([`SpillableBuffer::set_read_only`]), so spilling it again only frees device memory, like a
-//! swapped-in page keeping its swap slot. The copy's slices are reclaimable: the host pool counts
-//! them as room and drops them ([`SpillableBuffer::drop_kept_copy`]) before pinning more.
+//! swapped-in page keeping its swap slot. The host pool counts kept copies as reclaimable room.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -46,9 +45,8 @@ impl SpillableBuffer {
         }
     }
 
-    /// Spills data with a kept host copy ([`set_read_only`](Self::set_read_only)) without copying:
-    /// the device memory is freed (on its stream, after every using stream's work) and the copy
-    /// becomes its data. False (nothing done) without a kept copy.
+    /// Spills data with a kept host copy without copying: the device memory is freed (after every
+    /// using stream's work) and the copy becomes its data. False (nothing done) without one.
     pub(super) fn spill_to_kept(&self, state: &mut State) -> Result<bool> {
         let State::Device {
             ptr,

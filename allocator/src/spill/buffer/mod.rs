@@ -2,17 +2,10 @@
 //! come back on the next use.
 //!
 //! A [`DeviceGuard`] brings spilled data back into the device's *current* resource (after a
-//! `reinitialize`, the new stack) and blocks spilling while it lives; a [`HostGuard`] brings the
-//! data to the host tier and holds it there. A [`SpillObserver`] (the runtime's spill manager)
-//! hears of every use and move and makes room before data comes back or lands on the host.
-//!
-//! Copies run on the store's copy streams after the work queued on the buffer's stream, one pinned
-//! slice per chunk at most, and finish before the source is freed; a failed move leaves the buffer
-//! valid where it was and frees what it took.
-//!
-//! A read-only buffer ([`SpillableBuffer::set_read_only`]) keeps its host copy when it comes back,
-//! like a swap slot, so spilling it again only frees device memory; the host tier drops such copies
-//! first ([`SpillableBuffer::drop_kept_copy`]).
+//! `reinitialize`, the new stack) and blocks spilling while it lives; a [`HostGuard`] holds the
+//! data in the host tier. A [`SpillObserver`] (the runtime's spill manager) hears of every use and
+//! move. Copies run on the store's copy streams and finish before the source is freed; a failed
+//! move leaves the buffer valid where it was.
 
 use std::fmt;
 use std::sync::Arc;
@@ -146,8 +139,7 @@ pub struct SpillableBuffer {
     /// Live device guards.
     pub(super) pins: AtomicUsize,
     /// Per stream used through a device guard (see `release_key`), an event recorded as the guard
-    /// let go. A spill's copy waits on these, not on later work on the stream (a worker's next
-    /// task). Empty until a guard lets go and after the data leaves the device.
+    /// let go: a spill's copy waits on these, not on later work on the stream.
     pub(super) released_at: Mutex<Vec<(u64, Event)>>,
     /// Set when the data was lost to a copy that could not be waited for.
     lost: AtomicBool,
@@ -165,7 +157,6 @@ impl fmt::Debug for SpillableBuffer {
     }
 }
 
-/// Time since `start` in nanoseconds.
 fn nanos_since(start: Instant) -> u64 {
     start.elapsed().as_nanos() as u64
 }
@@ -205,9 +196,8 @@ impl SpillableBuffer {
         ))
     }
 
-    /// Copies `size` device bytes at `ptr` that the buffer does not own (another library's
-    /// allocation, say) to the host tier (or disk when it is full) after `stream`'s queued work,
-    /// like a spill, complete on return. `ptr` must stay valid until then and is never freed.
+    /// Copies `size` device bytes at `ptr` that the buffer does not own to the host tier (or disk)
+    /// after `stream`'s queued work, like a spill, complete on return; `ptr` is never freed.
     ///
     /// # Errors
     /// As [`spill`](Self::spill); nothing is kept then.
@@ -230,10 +220,7 @@ impl SpillableBuffer {
                 kept: None,
             },
         );
-        {
-            let mut state = buffer.state.lock();
-            buffer.spill_locked(&mut state)?;
-        }
+        buffer.spill_locked(buffer.state.lock())?;
         Ok(buffer)
     }
 
@@ -248,15 +235,13 @@ impl SpillableBuffer {
         observer: Option<Arc<dyn SpillObserver>>,
     ) -> Result<Arc<SpillableBuffer>> {
         let buffer = Self::new(store, bytes.len(), stream, observer)?;
-        {
-            let guard = buffer.device_view(stream)?;
-            synchronize_stream(buffer.device(), stream)?;
-            buffer.device().copy_to_device(guard.ptr(), bytes)?;
-        }
+        let guard = buffer.device_view(stream)?;
+        synchronize_stream(buffer.device(), stream)?;
+        buffer.device().copy_to_device(guard.ptr(), bytes)?;
+        drop(guard);
         Ok(buffer)
     }
 
-    /// A buffer `id` of `size` bytes in `state`, not yet used.
     fn with_state(
         id: u64,
         store: &Arc<SpillStore>,
@@ -318,8 +303,8 @@ impl SpillableBuffer {
 
     /// Drops a device guard's pin, recording where `stream`'s use of the data ends (`released_at`).
     pub(super) fn unpin(&self, stream: StreamView) {
-        // Record before unpinning: once no pins remain a spill may read the list. On failure the
-        // list is emptied and a spill waits for the whole stream.
+        // Record before unpinning: once no pins remain a spill may read the list. On failure it is
+        // emptied, and a spill waits for the whole stream.
         let copies = self.store.copies();
         let key = release_key(stream);
         let mut released = self.released_at.lock();
@@ -466,27 +451,17 @@ impl SpillableBuffer {
     /// [`Error::HostOutOfMemory`] with no disk tier; else [`Error::Driver`] or
     /// [`Error::SpillFile`].
     pub fn spill(&self) -> Result<usize> {
-        let Some(mut state) = self.lock_idle() else {
+        let Some(state) = self.lock_idle() else {
             return Ok(0);
         };
-        self.spill_locked(&mut state)
+        self.spill_locked(state)
     }
 
-    /// [`spill`](Self::spill) with the state locked.
-    fn spill_locked(&self, state: &mut State) -> Result<usize> {
-        if !matches!(*state, State::Device { .. }) {
-            return Ok(0);
-        }
-        if self.spill_to_kept(state)? {
-            return Ok(self.size);
-        }
-        match self.device_to_host(state) {
-            Ok(()) => Ok(self.size),
-            Err(Error::HostOutOfMemory { .. }) if self.store.has_disk() => {
-                self.device_to_disk(state)?;
-                Ok(self.size)
-            }
-            Err(e) => Err(e),
+    fn spill_locked(&self, state: MutexGuard<'_, State>) -> Result<usize> {
+        match self.begin_spill_locked(state)? {
+            SpillStep::Skipped => Ok(0),
+            SpillStep::Done(bytes) => Ok(bytes),
+            SpillStep::Pending(pending) => pending.finish(None),
         }
     }
 
@@ -517,8 +492,8 @@ impl SpillableBuffer {
         Ok(self.size)
     }
 
-    /// The locked state if the buffer is non-empty, unused and not busy. Busy is not waited for:
-    /// two threads spilling each other's buffer to make room would deadlock.
+    /// The locked state if the buffer is non-empty, unused and not busy (not waited for: two
+    /// threads spilling each other's buffer to make room would deadlock).
     fn lock_idle(&self) -> Option<MutexGuard<'_, State>> {
         if self.size == 0 || self.is_in_use() {
             return None;
@@ -539,7 +514,6 @@ impl SpillableBuffer {
         })
     }
 
-    /// Records a move: new state, observer, trace event.
     fn moved(&self, state: &mut State, new: State, start: Instant) {
         let from = state.tier();
         let to = new.tier();
@@ -571,7 +545,7 @@ impl SpillableBuffer {
     }
 
     /// Pinned slices for the whole buffer, asking the observer for room once if the host tier is
-    /// full. Kept copies go before a growable pool pins more: they never justify pinning.
+    /// full (and to drop kept copies before a growable pool pins more).
     fn host_slices(&self) -> Result<Vec<PinnedSlice>> {
         let host = self.store.host();
         if let Some(o) = &self.observer
@@ -626,7 +600,7 @@ impl SpillableBuffer {
         Ok(())
     }
 
-    /// Frees the device memory `state` holds, if the buffer owns it (not borrowed, not moved off).
+    /// Frees the device memory `state` holds, if the buffer owns it (not borrowed).
     fn free_device_memory(&self, state: &State) -> Result<()> {
         if let State::Device {
             ptr,
@@ -662,15 +636,6 @@ impl SpillableBuffer {
         Ok(())
     }
 
-    /// An error when a failed copy lost the data (see [`Error::DataLost`]).
-    fn check_not_lost(&self) -> Result<()> {
-        if self.lost.load(Ordering::Acquire) {
-            return Err(self.data_lost("an earlier unspill could not wait for its copy".into()));
-        }
-        Ok(())
-    }
-
-    /// [`Error::DataLost`] for this buffer, lost to `detail`.
     fn data_lost(&self, detail: String) -> Error {
         let (id, bytes) = (self.id, self.size);
         Error::DataLost { id, bytes, detail }
