@@ -238,7 +238,7 @@ impl RuntimeHandle {
         F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
         T: Send + 'static,
     {
-        let (job, handle) = task::job(f);
+        let (job, handle) = task::job(f, worker::wait_for);
         self.shared.dispatch(Target::Any, job);
         handle
     }
@@ -249,7 +249,7 @@ impl RuntimeHandle {
         F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
         T: Send + 'static,
     {
-        let (job, handle) = task::job(f);
+        let (job, handle) = task::job(f, worker::wait_for);
         self.shared.dispatch(Target::Device(device), job);
         handle
     }
@@ -260,7 +260,7 @@ impl RuntimeHandle {
         F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
         T: Send + 'static,
     {
-        let (job, handle) = task::job(f);
+        let (job, handle) = task::job(f, worker::wait_for);
         self.shared.dispatch(Target::Worker(worker), job);
         handle
     }

@@ -135,6 +135,10 @@ impl<T> Slot<T> {
     }
 }
 
+/// How a [`TaskHandle`] waits until `done()` or the deadline (true when done), parking with
+/// `park(until)`; the workers' way runs queued tasks meanwhile.
+pub(crate) type Wait = fn(&dyn Fn() -> bool, &dyn Fn(Instant) -> bool, Option<Instant>) -> bool;
+
 /// A queued unit of work, type-erased.
 pub(crate) trait Job: Send {
     /// Runs the task and delivers its result.
@@ -184,8 +188,8 @@ impl<F, T> Drop for TaskJob<F, T> {
     }
 }
 
-/// A job and the handle that waits for it.
-pub(crate) fn job<F, T>(f: F) -> (Box<dyn Job>, TaskHandle<T>)
+/// A job and the handle that waits for it the `wait` way.
+pub(crate) fn job<F, T>(f: F, wait: Wait) -> (Box<dyn Job>, TaskHandle<T>)
 where
     F: FnOnce(&TaskContext<'_>) -> T + Send + 'static,
     T: Send + 'static,
@@ -197,6 +201,7 @@ where
     });
     let handle = TaskHandle {
         slot: Arc::clone(&slot),
+        wait,
     };
     (Box::new(TaskJob { f: Some(f), slot }), handle)
 }
@@ -215,6 +220,7 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 #[must_use = "a task's result (and its panic, if any) is only seen through its handle"]
 pub struct TaskHandle<T> {
     slot: Arc<Slot<T>>,
+    wait: Wait,
 }
 
 impl<T> fmt::Debug for TaskHandle<T> {
@@ -268,7 +274,7 @@ impl<T> TaskHandle<T> {
 
     fn wait_until(&self, deadline: Option<Instant>) -> bool {
         let slot = &*self.slot;
-        super::worker::wait_for(
+        (self.wait)(
             &|| slot.is_done(),
             &|until| slot.park_until(until),
             deadline,
