@@ -10,7 +10,10 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::tracker::Tracker;
+/// What the background thread serves: a device's limit (the spill tracker).
+pub(crate) trait EnforceLimit: Send + Sync + 'static {
+    fn enforce_limit_now(&self);
+}
 
 #[derive(Default)]
 pub(crate) struct Background {
@@ -37,11 +40,11 @@ struct State {
 
 impl Background {
     /// Has the background thread enforce `tracker`'s limit soon (here, if it cannot start).
-    pub(crate) fn request(&self, tracker: &Arc<Tracker>) {
+    pub(crate) fn request<T: EnforceLimit>(&self, tracker: &Arc<T>) {
         let mut s = self.shared.state.lock();
         if s.inline {
             drop(s);
-            tracker.enforce_limit(None, 0);
+            tracker.enforce_limit_now();
             return;
         }
         s.requested += 1;
@@ -57,7 +60,7 @@ impl Background {
                 s.inline = true;
                 s.served = s.requested;
                 drop(s);
-                tracker.enforce_limit(None, 0);
+                tracker.enforce_limit_now();
                 return;
             }
         }
@@ -84,7 +87,7 @@ impl Drop for Background {
 }
 
 /// The thread: serves requests until the tracker is gone.
-fn run(shared: &Shared, tracker: &Weak<Tracker>) {
+fn run<T: EnforceLimit>(shared: &Shared, tracker: &Weak<T>) {
     loop {
         let target = {
             let mut s = shared.state.lock();
@@ -98,7 +101,7 @@ fn run(shared: &Shared, tracker: &Weak<Tracker>) {
         };
         // Requests that arrive while this runs are served by the next round.
         match tracker.upgrade() {
-            Some(t) => t.enforce_limit(None, 0),
+            Some(t) => t.enforce_limit_now(),
             None => return,
         }
         let mut s = shared.state.lock();

@@ -8,14 +8,14 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use rmm_allocator::StreamView;
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::resource::PinnedHostPool;
 use rmm_allocator::spill::{
     COPY_WINDOW, PendingSpill, SpillObserver, SpillStep, SpillStore, SpillableBuffer, Tier,
 };
-use rmm_allocator::{Result, StreamView};
 
-use super::background::Background;
+use super::background::{Background, EnforceLimit};
 use super::statistics::Moves;
 
 /// An entry of the least-recently-used order: something whose device bytes can move off.
@@ -27,10 +27,10 @@ pub(crate) trait Spillable: Send + Sync {
     /// True while in use on the device (a cheap check; `spill` may find more).
     fn is_in_use(&self) -> bool;
     /// Moves it off the device; the device bytes freed (0 when in use, busy or spilled).
-    fn spill(&self) -> Result<usize>;
+    fn spill(&self) -> rmm_allocator::Result<usize>;
     /// Starts moving it off so several entries' copies overlap
     /// ([`SpillableBuffer::begin_spill`]); by default the whole move at once.
-    fn begin_spill(&self) -> Result<SpillStep<'_>> {
+    fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>> {
         self.spill().map(|n| {
             if n > 0 {
                 SpillStep::Done(n)
@@ -40,8 +40,8 @@ pub(crate) trait Spillable: Send + Sync {
         })
     }
     /// Moves host data on to disk; the bytes moved.
-    fn spill_to_disk(&self) -> Result<usize>;
-    fn unspill(&self, stream: StreamView) -> Result<()>;
+    fn spill_to_disk(&self) -> rmm_allocator::Result<usize>;
+    fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()>;
     /// The entry as a [`SpillableBuffer`] of the manager's own, if it is one.
     fn into_buffer(self: Arc<Self>) -> Option<Arc<SpillableBuffer>> {
         None
@@ -62,16 +62,16 @@ impl Spillable for SpillableBuffer {
     fn is_in_use(&self) -> bool {
         SpillableBuffer::is_in_use(self)
     }
-    fn spill(&self) -> Result<usize> {
+    fn spill(&self) -> rmm_allocator::Result<usize> {
         SpillableBuffer::spill(self)
     }
-    fn begin_spill(&self) -> Result<SpillStep<'_>> {
+    fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>> {
         SpillableBuffer::begin_spill(self)
     }
-    fn spill_to_disk(&self) -> Result<usize> {
+    fn spill_to_disk(&self) -> rmm_allocator::Result<usize> {
         SpillableBuffer::spill_to_disk(self)
     }
-    fn unspill(&self, stream: StreamView) -> Result<()> {
+    fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()> {
         self.device_view(stream).map(drop)
     }
     fn into_buffer(self: Arc<Self>) -> Option<Arc<SpillableBuffer>> {
@@ -198,7 +198,7 @@ impl<'a> SpillBatch<'a> {
     }
 
     /// Adds one entry's started spill; finishes the oldest while too much is in flight.
-    pub(crate) fn add(&mut self, step: Result<SpillStep<'a>>, size: usize) {
+    pub(crate) fn add(&mut self, step: rmm_allocator::Result<SpillStep<'a>>, size: usize) {
         match step {
             Ok(SpillStep::Skipped) => {}
             Ok(SpillStep::Done(n)) => self.record(Ok(n), size),
@@ -219,7 +219,7 @@ impl<'a> SpillBatch<'a> {
     }
 
     /// Counts an entry's freed bytes, or keeps its error if the first (the others go on).
-    fn record(&mut self, freed: Result<usize>, size: usize) {
+    fn record(&mut self, freed: rmm_allocator::Result<usize>, size: usize) {
         match freed {
             Ok(n) => self.freed += n as u64,
             Err(e) => {
@@ -265,7 +265,11 @@ impl Tracker {
 
     /// Spills least recently used entries (not `except`) in a [`SpillBatch`] until `need` bytes
     /// are freed or nothing can go; returns the bytes freed.
-    pub(crate) fn spill_oldest(&self, need: u64, except: Option<u64>) -> Result<u64> {
+    pub(crate) fn spill_oldest(
+        &self,
+        need: u64,
+        except: Option<u64>,
+    ) -> rmm_allocator::Result<u64> {
         let entries = self.oldest_first(except);
         let mut batch = SpillBatch::default();
         for b in &entries {
@@ -349,7 +353,12 @@ impl Tracker {
 
     /// Moves the oldest host data (not `except`'s) to disk until `host` can hand out `need`
     /// bytes; returns the bytes moved. A failed write's error counts only if that falls short.
-    fn demote_oldest(&self, host: &PinnedHostPool, need: usize, except: u64) -> Result<u64> {
+    fn demote_oldest(
+        &self,
+        host: &PinnedHostPool,
+        need: usize,
+        except: u64,
+    ) -> rmm_allocator::Result<u64> {
         let mut moved = 0;
         let mut first_error = None;
         for b in self.oldest_first(Some(except)) {
@@ -416,6 +425,12 @@ impl Tracker {
     }
 }
 
+impl EnforceLimit for Tracker {
+    fn enforce_limit_now(&self) {
+        self.enforce_limit(None, 0);
+    }
+}
+
 impl SpillObserver for Tracker {
     fn touched(&self, id: u64) {
         self.lru.lock().touch(id);
@@ -429,7 +444,7 @@ impl SpillObserver for Tracker {
         }
     }
 
-    fn make_host_room(&self, id: u64, bytes: usize) -> Result<()> {
+    fn make_host_room(&self, id: u64, bytes: usize) -> rmm_allocator::Result<()> {
         let Some(tiers) = self.store.as_ref().map(|s| s.tiers()) else {
             return Ok(());
         };
