@@ -40,11 +40,8 @@ pub(crate) struct ArenaState {
     pub(crate) pending_bytes: u64,
 }
 
-/// An arena's lock: a [`SpinLock`], whose release is a plain store (one atomic RMW per operation
-/// instead of parking_lot's two). Contention is rare by design (an arena is one thread's on one
-/// stream; threads beyond 16 on a stream share lanes), and nothing waits for the device under it:
-/// the only driver calls are event create/record/query for cross-stream frees. Waiters yield at
-/// once rather than spin: contention means many threads of one stream, as many as cores.
+/// An arena's lock: contention is rare (an arena is one thread lane's) and nothing waits for the
+/// device under it. Waiters yield at once: contention means as many threads of one stream as cores.
 pub(crate) type ArenaLock<T> = SpinLock<T, 0>;
 
 /// One stream's arena.
@@ -124,8 +121,14 @@ impl ArenaState {
         Some(addr)
     }
 
+    /// Gives cached blocks, then empty bin slabs, back to the heaps, before taking memory out.
+    fn flush_all(&mut self) {
+        self.flush_cache();
+        self.bins.release_empty(&mut self.small);
+    }
+
     /// Gives every cached block back to its heap, where it merges with its free neighbours.
-    pub(crate) fn flush_cache(&mut self) {
+    fn flush_cache(&mut self) {
         for b in self.cache.drain() {
             self.heap_of(b.tag).free(b.tag & !SMALL_TAG);
         }
@@ -140,14 +143,17 @@ impl ArenaState {
         }
     }
 
-    /// The size of the heap block `tag` names.
-    fn block_size(&self, tag: u32) -> u64 {
-        let heap = if tag & SMALL_TAG != 0 {
+    fn heap(&self, tag: u32) -> &Heap {
+        if tag & SMALL_TAG != 0 {
             &self.small
         } else {
             &self.large
-        };
-        heap.block(tag & !SMALL_TAG).size
+        }
+    }
+
+    /// The size of the heap block `tag` names.
+    fn block_size(&self, tag: u32) -> u64 {
+        self.heap(tag).block(tag & !SMALL_TAG).size
     }
 
     /// Frees the live block at `addr` (its stream is done with it); false if not this arena's.
@@ -289,8 +295,7 @@ impl ArenaState {
 
     /// Removes every region that is entirely free, for the pool to reuse elsewhere.
     pub(crate) fn take_free_regions(&mut self, out: &mut Vec<(u64, u64)>) {
-        self.flush_cache();
-        self.bins.release_empty(&mut self.small);
+        self.flush_all();
         self.small.take_free_regions(out);
         self.large.take_free_regions(out);
     }
@@ -302,8 +307,7 @@ impl ArenaState {
         small: &mut Vec<(u64, u64)>,
         large: &mut Vec<(u64, u64)>,
     ) {
-        self.flush_cache();
-        self.bins.release_empty(&mut self.small);
+        self.flush_all();
         self.small.take_free_regions(small);
         self.large.take_free_regions(large);
     }
@@ -320,15 +324,13 @@ impl ArenaState {
 
     /// Takes one free block of at least `size` bytes out of either heap (see [`Heap::steal`]).
     pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
-        self.flush_cache();
-        self.bins.release_empty(&mut self.small);
+        self.flush_all();
         self.large.steal(size).or_else(|| self.small.steal(size))
     }
 
     /// All free blocks of both heaps (after flushing cache and slabs), for cross-arena merging.
     pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
-        self.flush_cache();
-        self.bins.release_empty(&mut self.small);
+        self.flush_all();
         self.small.take_free_blocks(out);
         self.large.take_free_blocks(out);
     }
@@ -381,14 +383,12 @@ impl ArenaState {
     pub(crate) fn check(&self) -> std::result::Result<(), String> {
         let mut cached = 0;
         for b in self.cache.iter() {
-            let heap = if b.tag & SMALL_TAG != 0 {
-                &self.small
-            } else {
-                &self.large
-            };
-            let fine = heap.get_block(b.tag & !SMALL_TAG).is_some_and(|block| {
-                !block.is_free() && block.addr == b.addr && block.size == b.size
-            });
+            let fine = self
+                .heap(b.tag)
+                .get_block(b.tag & !SMALL_TAG)
+                .is_some_and(|block| {
+                    !block.is_free() && block.addr == b.addr && block.size == b.size
+                });
             if !fine || self.live.get(b.addr).is_some() {
                 return Err(format!(
                     "cached block {:#x}+{} is not its heap's allocated block of that size, \
