@@ -1,19 +1,14 @@
 //! Per-stream state for stream-ordered resources, found without a global lock.
 //!
 //! A resource keeps its arenas in an append-only table, one per (stream, *lane*): threads get lanes
-//! round-robin over [`LANES`], so threads sharing a stream (as Dask's share the default stream)
-//! still get arenas of their own and do not contend. A stream's work is ordered, so any of its
-//! arenas may serve it: a block freed by another lane of the stream goes straight back to its
-//! arena, without an event. Each thread caches the (resource, stream) → slot pairs it used last, so
-//! the fast path is a thread-local lookup and an index. Arenas live as long as their resource;
-//! nothing is reference-counted on the fast path.
+//! round-robin over [`LANES`], so threads sharing a stream still get arenas of their own. A
+//! stream's work is ordered, so any of its arenas may serve it and take back blocks another lane
+//! freed. Each thread caches the (resource, stream) → slot pairs it used last, so the fast path is
+//! a thread-local lookup and an index. The per-thread default stream names a different stream on
+//! each thread: its arenas are one per thread.
 //!
-//! The per-thread default stream is one handle for a different stream on each thread: its arenas
-//! are one per thread, never a lane shared by two threads nor one arena shared by all.
-//!
-//! The first [`FIRST`] slots are inline (one load on the fast path); the rest come in segments of
-//! [`FIRST`], made with their first arena ([`GroupedSlots`]). So a resource (every pool a
-//! reinitialize builds) sets up and drops a few kilobytes, not all [`MAX_ARENAS`].
+//! The first [`FIRST`] slots are inline; the rest come in segments of [`FIRST`], made with their
+//! first arena ([`GroupedSlots`]), so building a resource does not touch all [`MAX_ARENAS`].
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -40,8 +35,7 @@ const PER_THREAD: RawStream = StreamView::PER_THREAD.raw();
 
 static NEXT_LANE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 static NEXT_THREAD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-/// Per-thread default stream lanes of threads that have exited, for new threads: the arenas of a
-/// lane live as long as their resource, so threads that come and go reuse them.
+/// Per-thread default stream lanes of exited threads, for new threads to reuse with their arenas.
 static FREE_OWN_LANES: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 /// A thread's lane of the per-thread default stream, given back when the thread exits.
@@ -69,8 +63,8 @@ impl OwnLane {
 
 impl Drop for OwnLane {
     fn drop(&mut self) {
-        // Thread-locals dropped after this one may still free on the per-thread stream: from
-        // here on they take the exiting lane (see `settle_late_free`), never the lane given back.
+        // Thread-locals dropped after this one may still free on the per-thread stream: they take
+        // the exiting lane (see `settle_late_free`), never the lane given back.
         let _ = GAVE_BACK.try_with(|g| g.set(true));
         let _ = CACHE.try_with(SlotCache::clear);
         FREE_OWN_LANES.lock().push(self.lane);
@@ -135,10 +129,8 @@ pub(crate) fn settle_own_lane(device: Device) -> Result<()> {
 }
 
 /// Before a free on the per-thread default stream by a thread that gave its lane back (a
-/// thread-local dropped late as the thread exits): waits for the device, so that the block,
-/// freed into the exiting lane other exiting threads share, is no longer in use. (The device,
-/// not the thread's own stream: that stream's state as the thread's locals go is the
-/// backend's, and this runs once as a thread exits.)
+/// thread-local dropped late as the thread exits): waits for the device, so that the block, freed
+/// into the exiting lane other exiting threads share, is no longer in use.
 pub(crate) fn settle_late_free(device: Device) -> Result<()> {
     if !gave_back() {
         return Ok(());
@@ -150,9 +142,8 @@ fn gave_back() -> bool {
     GAVE_BACK.with(std::cell::Cell::get)
 }
 
-/// Waits for `stream` (maybe another thread's); if the backend cannot vouch it exists (destroyed
-/// after last using the pool, or a library's own), or it is a per-thread default stream (which
-/// this thread cannot name for another), waits for the whole device, covering its work.
+/// Waits for `stream`, or for the whole device if the backend cannot vouch the stream exists or it
+/// is a per-thread default stream (which this thread cannot name for another).
 pub(crate) fn sync_stream_or_device(
     backend: &dyn crate::backend::Backend,
     dev: u32,
@@ -194,9 +185,8 @@ impl<A> StreamArenas<A> {
         self.get_in(self.id, stream, None, make)
     }
 
-    /// `stream`'s arena shared by all threads (its first lane), made with `make` on first use: for
-    /// memory whose placement matters more than contention (large blocks, which a stream's threads
-    /// share rather than split). The per-thread default stream's is the thread's own.
+    /// `stream`'s arena shared by all threads (its first lane), made with `make` on first use (the
+    /// per-thread default stream's is the thread's own).
     #[inline]
     pub(crate) fn shared(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
         if stream == PER_THREAD {
@@ -232,7 +222,6 @@ impl<A> StreamArenas<A> {
         }
     }
 
-    /// Slot `i` past the inline ones; `None` if its segment is not made or `i` is past the table.
     #[cold]
     fn rest_slot(&self, i: usize) -> Option<&Slot<A>> {
         self.rest.get(i - FIRST)

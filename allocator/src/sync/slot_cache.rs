@@ -1,8 +1,6 @@
-//! [`SlotCache`]: a thread's memory of the slots it was given by the objects it used last (a
-//! statistics shard, a tracking thread slot, a stream's arena), so a hot path finds its slot by a
-//! thread-local scan of a few entries instead of a lock and a map. A miss (a new object, or one
-//! pushed out) goes to the object's registration, which then [`insert`](SlotCache::insert)s the
-//! answer, replacing entries round-robin.
+//! [`SlotCache`]: a thread's memory of the slots the objects it used last gave it (a statistics
+//! shard, a stream's arena), found by a thread-local scan instead of a lock and a map. A miss goes
+//! to the object's registration, which then [`insert`](SlotCache::insert)s the answer.
 
 use std::cell::Cell;
 

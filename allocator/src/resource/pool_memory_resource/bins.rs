@@ -1,11 +1,9 @@
 //! Size-class bins for requests up to 64 KiB: the pool's small-object path.
 //!
-//! Each class (every 256 B up to 4 KiB, then four per power of two up to 64 KiB: at most 25 %
-//! rounding) keeps a LIFO stack of free blocks cut from *slabs* of up to 1 MiB from the arena's
-//! small heap. Allocation pops and free pushes, so the latest freed block, still in CPU cache, is
-//! reused first, and small objects never split or fragment the heaps. A per-slab bitmap validates
-//! every free (refusing foreign pointers and double frees); a wholly free slab goes back to the
-//! heap on the pool's slow paths.
+//! Each class (every 256 B up to 4 KiB, then four per power of two: at most 25 % rounding) keeps a
+//! LIFO stack of free blocks cut from *slabs* of the arena's small heap, so the latest freed block
+//! is reused first and small objects never fragment the heaps. A per-slab bitmap validates every
+//! free; a wholly free slab goes back to the heap on the pool's slow paths.
 
 use super::tlsf::{GRANULE, Heap};
 

@@ -1,16 +1,10 @@
 //! A small cache of freed heap blocks in front of an arena's heaps (deferred coalescing).
 //!
-//! An arena belongs to one stream and, through its lane, one thread (up to 16 per stream). A block
-//! freed on that stream may go at once to the stream's next request of that size (its work is
-//! ordered), so the arena keeps its latest freed blocks whole rather than merging them, as
-//! tcmalloc's and mimalloc's thread caches do: an allocate + free pair of one size costs a lookup
-//! and a pointer-map update, not a split and a merge.
-//!
-//! The cache lives under the arena's lock, so every free is still checked against live blocks (a
-//! double free or foreign pointer is an error, never cached). It holds [`SLOTS`] blocks of at most
-//! [`MAX_BLOCK`] bytes; when full, its oldest goes back to the heap. The arena flushes it when its
-//! heaps cannot serve a request; the pool flushes all on `trim`, `release`, `synchronize` and
-//! before growing or failing (`validate` checks cached blocks in place).
+//! A block freed on an arena's stream may go at once to the stream's next request of that size, so
+//! the arena keeps its latest freed blocks whole rather than merging them, as tcmalloc's thread
+//! caches do: an allocate + free pair of one size costs a lookup, not a split and a merge. The
+//! cache lives under the arena's lock, so every free is still checked against live blocks. The
+//! arena flushes it when its heaps cannot serve a request, the pool on its slow paths.
 
 /// Blocks one cache holds.
 pub(crate) const SLOTS: usize = 4;
@@ -25,7 +19,7 @@ pub(crate) struct Cached {
     pub(crate) tag: u32,
 }
 
-/// See the module documentation. Oldest block first.
+/// Up to [`SLOTS`] cached blocks, oldest first.
 #[derive(Debug, Default)]
 pub(crate) struct BlockCache {
     blocks: [Cached; SLOTS],
@@ -34,8 +28,8 @@ pub(crate) struct BlockCache {
 }
 
 impl BlockCache {
-    /// Keeps `block`; returns the block it evicted when it was full, which the caller gives
-    /// back to its heap. A block larger than [`MAX_BLOCK`] is returned as it came.
+    /// Keeps `block`; returns the block to give back to the heap instead: the oldest when full, or
+    /// `block` itself when larger than [`MAX_BLOCK`].
     #[inline]
     pub(crate) fn put(&mut self, block: Cached) -> Option<Cached> {
         if block.size > MAX_BLOCK {

@@ -51,10 +51,8 @@ impl PoolBuilder {
     }
 
     /// Whether chunks are mapped through CUDA's virtual memory API (default
-    /// [`VirtualMemory::Auto`]: over a [`CudaMemoryResource`](crate::resource::CudaMemoryResource)
-    /// on a supporting device, with a maximum of at least 64 granules). Mapped chunks lie side by
-    /// side in one address range per device, so free space stays in one piece across growth and
-    /// free chunks go back one by one; sizes are then granule multiples (e.g. 2 MiB).
+    /// [`VirtualMemory::Auto`]). Mapped chunks lie side by side, so free space stays in one piece
+    /// across growth; sizes are then granule multiples (e.g. 2 MiB).
     pub fn virtual_memory(mut self, mode: VirtualMemory) -> Self {
         self.virtual_memory = mode;
         self
@@ -74,50 +72,42 @@ impl PoolBuilder {
         self
     }
 
-    /// The growth step (default [`DEFAULT_GROWTH`], 1 GiB): a pool that cannot serve a request
-    /// grows by its need rounded up to this, never past the maximum. Smaller steps track use closer
-    /// for more upstream allocations; [`PoolBuilder::build`] refuses 0.
+    /// The growth step (default [`DEFAULT_GROWTH`]): a pool grows by a request's need rounded up to
+    /// this, never past the maximum; [`PoolBuilder::build`] refuses 0.
     pub fn growth(mut self, bytes: u64) -> Self {
         self.growth = bytes;
         self
     }
 
-    /// Keeps the pool within `fraction` above its peak in use (default: no limit). Before growing
-    /// past `peak × (1 + fraction)`, the pool gathers every arena's free blocks (the request may
-    /// fit among them, merged) and gives entirely free chunks back, so new memory replaces free
-    /// memory instead of adding to it; never below the initial size. Needs mapped memory
-    /// ([`PoolBuilder::virtual_memory`]; `Auto` then chooses it), given back in granules (2 MiB);
-    /// [`PoolBuilder::build`] refuses a pool over upstream allocations, whose free pieces never
-    /// merge. Costs, at the limit, a wait for the freeing streams and remapping. `0.05` matches or
-    /// beats PyTorch's expandable segments; negative or non-finite values are refused.
+    /// Keeps the pool within `fraction` above its peak in use (default: no limit), never below the
+    /// initial size: before growing past `peak × (1 + fraction)`, it gathers the arenas' free
+    /// blocks and gives entirely free chunks back. Needs mapped memory
+    /// ([`PoolBuilder::virtual_memory`]; `Auto` then chooses it); [`PoolBuilder::build`] refuses
+    /// other pools and negative or non-finite values.
     pub fn max_overhead(mut self, fraction: f64) -> Self {
         self.max_overhead = Some(fraction);
         self
     }
 
-    /// Takes the initial memory from `donor`'s entirely free chunks where it can, so a pool
-    /// replacing another on the same device (`reinitialize` pool to pool) makes no driver call for
-    /// memory both want. Chunks move only if the upstreams can free each other's memory
-    /// ([`DeviceMemoryResource::is_equal`]) and fit the initial size; the donor keeps working.
+    /// Takes the initial memory from `donor`'s entirely free chunks where it can (a pool replacing
+    /// another on the same device), if the upstreams can free each other's memory
+    /// ([`DeviceMemoryResource::is_equal`]); the donor keeps working.
     pub fn adopt_from(mut self, donor: Arc<PoolMemoryResource>) -> Self {
         self.donor = Some(donor);
         self
     }
 
     /// With [`PoolBuilder::adopt_from`]: also takes over these live donor allocations, data in
-    /// place, with their chunks, as the new pool's (freed to it, on their stream). A block moves
-    /// only if every chunk it lies in holds nothing else live and fits the initial size (chunks
-    /// with blocks first); blocks of 64 KiB or less never move (they share slabs).
+    /// place, where their chunks hold nothing else live and fit ([`LiveBlock::movable`]).
     /// [`PoolMemoryResource::adopted_blocks`] lists those moved; never free them to the donor.
     pub fn adopt_live(mut self, blocks: Vec<LiveBlock>) -> Self {
         self.live = blocks;
         self
     }
 
-    /// With [`PoolBuilder::adopt_from`]: the donor may take back what was taken over until
-    /// [`PoolMemoryResource::commit_adoption`]; dropping the pool before that returns chunks and
-    /// live blocks to the donor, data in place. Commit once the pool is in service; allocate
-    /// nothing from it before.
+    /// With [`PoolBuilder::adopt_from`]: dropping the pool before
+    /// [`PoolMemoryResource::commit_adoption`] returns what it took over to the donor, data in
+    /// place. Allocate nothing from it before the commit.
     pub fn adopt_provisionally(mut self) -> Self {
         self.provisional = true;
         self
@@ -128,10 +118,8 @@ impl PoolBuilder {
         // A footprint limit gives memory back in chunks, which only mapped memory can.
         let limited = self.max_overhead.is_some();
         match self.virtual_memory {
-            // Too small for whole granules: the upstream serves better. A large initial size (RMM's
-            // `initial_pool_size` use) is faster from the upstream: mapping physical memory costs
-            // per byte up front, where `cuMemAlloc` reserves lazily. Virtual memory serves pools
-            // that start small and grow (and give memory back in pieces).
+            // Too small for whole granules, or a large start, which the upstream reserves lazily
+            // where mapping costs per byte up front.
             VirtualMemory::Auto
                 if !limited
                     && (maximum < vmm::AUTO_MINIMUM || initial > vmm::AUTO_MAXIMUM_INITIAL) =>
@@ -142,9 +130,8 @@ impl PoolBuilder {
         }
     }
 
-    /// Whether the built pool maps memory through CUDA's virtual memory API (else it takes the
-    /// upstream's allocations), as [`PoolBuilder::build`] decides; a pool adopts another's free
-    /// chunks only if both do the same.
+    /// Whether the built pool will map memory through CUDA's virtual memory API (a pool adopts
+    /// another's free chunks only if both do the same).
     ///
     /// # Errors
     /// [`Error::Driver`] when the device cannot report its memory.
@@ -163,12 +150,10 @@ impl PoolBuilder {
     /// Takes the initial memory and builds the pool.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if initial > maximum, the growth is zero, or a footprint limit is
-    /// set on a pool that cannot map memory; [`Error::OutOfMemory`] if the upstream cannot provide
-    /// the initial memory; [`Error::Driver`] if the device cannot report its memory.
+    /// [`Error::InvalidArgument`] for inconsistent settings; [`Error::OutOfMemory`] if the upstream
+    /// cannot provide the initial memory; [`Error::Driver`] if the device cannot report its memory.
     pub fn build(self) -> Result<PoolMemoryResource> {
         let device = self.upstream.device();
-        // The device's size is known; free memory is asked of the driver only when needed.
         let total = device.properties()?.total_memory;
         let maximum = self.maximum.unwrap_or(total as u64) / GRANULE * GRANULE;
         let initial = match self.initial {

@@ -1,13 +1,10 @@
 //! Keeping a pool's footprint near what is in use ([`PoolBuilder::max_overhead`]).
 //!
-//! A pool growing on demand holds, after a training step, the free pieces left between that step's
-//! blocks; when the next step asks for a size no piece fits (a sequence length or image size
-//! changing every step), it grows again, and its reserved memory drifts above its peak in use. With
-//! a limit, growing past `peak in use × (1 + overhead)` first gathers every arena's free blocks
-//! (the request may fit there, merged), then gives entirely free chunks back, so new memory
-//! replaces free memory instead of adding to it. A mapped pool's chunks are then small
-//! ([`LIMITED_CHUNK`]), so memory goes back in pieces the size of the holes steps leave. All slow
-//! path: it runs only when an arena cannot serve a request.
+//! A pool growing on demand keeps the free pieces left between one training step's blocks; when the
+//! next step asks for sizes no piece fits, it grows again and drifts above its peak in use. With a
+//! limit, growing past `peak in use × (1 + overhead)` first gathers every arena's free blocks (the
+//! request may fit there, merged), then gives entirely free chunks back, so new memory replaces
+//! free memory. A mapped pool's chunks are then small ([`LIMITED_CHUNK`]). Slow path only.
 //!
 //! [`PoolBuilder::max_overhead`]: super::PoolBuilder::max_overhead
 
@@ -19,8 +16,7 @@ use super::tlsf::GRANULE;
 use crate::error::Result;
 
 /// Chunk size of a mapped pool with a footprint limit (a multiple of current GPUs' granularity):
-/// the unit in which memory is mapped and given back. Larger chunks mean fewer driver calls, but
-/// the holes left by sizes changing every step are rarely whole 16 MiB chunks.
+/// small, as the holes that changing sizes leave are rarely whole large chunks.
 pub(super) const LIMITED_CHUNK: u64 = 2 << 20;
 
 /// The most a pool holds beyond the peak of its bytes in use.
@@ -78,9 +74,8 @@ impl PoolMemoryResource {
             .sum()
     }
 
-    /// Before growing for `need` bytes past `limit`: gathers every arena's free blocks (the request
-    /// may fit among them, merged) and gives free chunks back, so growth stays within the limit
-    /// where free memory allows. Returns a serving range, or how much the pool may grow.
+    /// Before growing for `need` bytes past `limit`: gathers every arena's free blocks and gives
+    /// free chunks back. Returns a serving range, or how much the pool may grow.
     pub(super) fn keep_within(
         &self,
         g: &mut FreeSpace,
@@ -101,8 +96,8 @@ impl PoolMemoryResource {
             }
         }
         if over(g) {
-            // Free-space memory came via `reclaim`/`scavenge` after its streams finished: it can go
-            // back at once. Only what growing beside the range needs goes, never the range.
+            // The free space's memory is past its streams' work: it can go back at once. Never
+            // the range growth extends.
             let range = beside(g);
             let lacks = need - range.map_or(0, |r| r.1);
             let freed = g.take_free_chunks_outside(budget.saturating_sub(lacks), range);

@@ -1,7 +1,6 @@
 //! Pool memory not granted to any stream's arena: free ranges by address (to merge neighbours) and
-//! by size (best fit in O(log n)). Over upstream allocations, ranges never merge across a chunk
-//! start, so each range lies in one allocation; over chunks mapped side by side
-//! ([`FreeSpace::contiguous`]) they do, so free space stays whole across growth. All slow path.
+//! by size (best fit in O(log n)). Ranges merge across chunk starts only over chunks mapped side by
+//! side ([`FreeSpace::contiguous`]). All slow path.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -11,7 +10,7 @@ pub(crate) struct FreeSpace {
     by_size: BTreeSet<(u64, u64)>,
     /// Upstream chunks: start → size.
     chunks: BTreeMap<u64, u64>,
-    /// The chunks' bytes (cached: a footprint-limited pool has thousands of chunks).
+    /// The chunks' bytes (a footprint-limited pool has thousands of chunks).
     pool_bytes: u64,
     free_bytes: u64,
     /// Free ranges merge across chunk starts (chunks mapped into one address range).
@@ -46,9 +45,8 @@ impl FreeSpace {
             .map(|(a, s)| (*a, *s))
     }
 
-    /// At most `n` free ranges shorter than `need` ending where the pool maps nothing, in a gap
-    /// wide enough for the rest of `need` (or at the top), largest (then highest) first: mapping
-    /// right after one serves `need` with just the difference.
+    /// At most `n` free ranges shorter than `need`, largest first, each ending in a gap wide enough
+    /// for the rest of `need`: mapping right after one serves `need` with just the difference.
     pub(crate) fn ranges_before_gaps(&self, need: u64, n: usize) -> Vec<(u64, u64)> {
         self.by_size
             .range(..(need, 0))
@@ -241,8 +239,7 @@ impl FreeSpace {
             .collect()
     }
 
-    /// [`FreeSpace::take_chunks`] for a chunk handed back to its pool that may hold its live
-    /// blocks: forgets it with whatever part is free here.
+    /// Forgets the chunk at `addr` with whatever part of it is free (it may hold live blocks).
     pub(crate) fn forget_chunk(&mut self, addr: u64, size: u64) {
         let free: Vec<(u64, u64)> = self
             .by_addr

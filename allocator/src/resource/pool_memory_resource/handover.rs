@@ -1,19 +1,12 @@
 //! Live blocks a replacing pool takes over with their chunks, data in place, so a reinitialize from
-//! pool to pool keeps spillable buffers on the device instead of copying them to host and back
+//! pool to pool keeps spillable buffers on the device
 //! ([`PoolBuilder::adopt_live`](super::PoolBuilder::adopt_live)).
 //!
-//! The old pool disowns the blocks (as if freed, without reuse), gathers its free memory, and hands
-//! over, within the new pool's initial size, every chunk holding only free memory and handed-over
-//! blocks: first those the blocks need (a block goes only if all its chunks can), then other free
-//! chunks. The new pool adds the chunks and makes each block a live allocation in its stream's
-//! arena, so it is freed to the new pool. Blocks that cannot move stay live in the old pool (the
-//! caller spills them). Slow path.
-//!
-//! A provisional hand-over
-//! ([`PoolBuilder::adopt_provisionally`](super::PoolBuilder::adopt_provisionally)) is undoable
-//! until [`PoolMemoryResource::commit_adoption`]: dropping the new pool before that returns chunks
-//! and blocks to the old one, data in place, so a replacement failing before service (another
-//! layer, another device) loses nothing.
+//! The old pool disowns the blocks and hands over, within the new pool's initial size, the chunks
+//! holding only free memory and handed-over blocks (a block goes only if all its chunks can), then
+//! other free chunks. The new pool makes each block a live allocation in its stream's arena; blocks
+//! that cannot move stay live in the old pool. A provisional hand-over is undone if the new pool
+//! drops before [`PoolMemoryResource::commit_adoption`]. Slow path.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -67,8 +60,7 @@ impl Pending {
         self.handover.blocks.iter().map(LiveBlock::size).sum()
     }
 
-    /// Drop side: removes the taken-over chunks `g` still holds (one given upstream meanwhile is
-    /// gone for both) and returns them with their blocks to the donor, as before.
+    /// Drop side: returns the taken-over chunks `g` still holds, with their blocks, to the donor.
     pub(super) fn give_back(mut self, g: &mut super::global::FreeSpace) {
         let held: HashSet<(u64, u64)> = g.chunks().collect();
         self.handover.chunks.retain(|c| held.contains(c));
@@ -126,7 +118,7 @@ impl PoolMemoryResource {
         self.scavenge(&mut g)?;
         let free = g.free_chunks();
         let free_set: HashSet<(u64, u64)> = free.iter().copied().collect();
-        // In the order taken, and as a set: a pool with a footprint limit has thousands.
+        // A list in order and a set: a pool with a footprint limit has thousands of chunks.
         let mut take: Vec<(u64, u64)> = Vec::new();
         let mut taken: HashSet<(u64, u64)> = HashSet::new();
         let mut left = budget;
@@ -201,22 +193,20 @@ impl PoolMemoryResource {
         Ok(())
     }
 
-    /// The live blocks taken over from the replaced pool
-    /// ([`PoolBuilder::adopt_live`](super::PoolBuilder::adopt_live)), now this pool's allocations.
+    /// The live blocks taken over from the replaced pool, now this pool's allocations.
     pub fn adopted_blocks(&self) -> &[LiveBlock] {
         &self.adopted
     }
 
-    /// Makes a provisional adoption
-    /// ([`PoolBuilder::adopt_provisionally`](super::PoolBuilder::adopt_provisionally)) final, so
-    /// dropping this pool gives that memory upstream; false if nothing was provisional.
+    /// Makes a provisional adoption final, so dropping this pool gives that memory upstream; false
+    /// if nothing was provisional.
     pub fn commit_adoption(&self) -> bool {
         self.pending.lock().take().is_some()
     }
 
-    /// Builder side: takes over `donor`'s free chunks (with `live`, also the live blocks it can
-    /// hand over) within `initial` bytes, the rest from the upstream; returns the bytes taken over.
-    /// On error the donor has back what it gave, data in place.
+    /// Builder side: takes `donor`'s free chunks (and the `live` blocks it can hand over) within
+    /// `initial` bytes, the rest from the upstream; returns the bytes taken over. On error the
+    /// donor has back what it gave.
     pub(super) fn take_over(
         &mut self,
         donor: Option<Arc<PoolMemoryResource>>,

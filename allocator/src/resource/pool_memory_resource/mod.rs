@@ -2,32 +2,22 @@
 //! resource, scaling across many threads (RMM's `pool_memory_resource`, rebuilt for many workers).
 //!
 //! # Design
-//! * Memory comes from the upstream in large *chunks*: the initial size, then growth by what
-//!   requests need, trying smaller sizes when the upstream refuses.
-//! * Each stream has an *arena* owning the ranges granted to it: one TLSF heap for requests over
-//!   1 MiB, one for small ones (so these never fragment large regions). Blocks split on allocation
-//!   and merge with free neighbours on free, in O(1). A grant joins an adjacent range of the arena
-//!   where memory is contiguous (one chunk, or chunks mapped side by side), so piecewise grants
-//!   serve a larger request once free.
-//! * A thread finds its stream's arena in a thread-local cache: threads on their own streams share
-//!   no lock, cache line or driver call on the fast path. Threads of one stream get an arena each
-//!   (up to 16): the stream's work is ordered, so any of its arenas may serve it, and a block freed
-//!   by another of its threads goes straight back to its owner. Blocks over 16 MiB come from an
-//!   arena the stream's threads share, so one thread's freed large blocks serve the other's (a
-//!   framework's forward and backward threads).
-//! * Each arena keeps its four most recently freed blocks (up to 16 MiB each) whole for the next
-//!   same-size request on its stream (a thread cache, as in tcmalloc): a lookup instead of a split
-//!   and merge. Cached blocks go back to their heap when it cannot serve a request, and from every
-//!   arena on `trim`, `release`, `synchronize` and before the pool grows or runs out.
+//! * Memory comes from the upstream in large *chunks* (`chunks.rs`, `vmm.rs`): the initial size,
+//!   then growth by what requests need.
+//! * Each stream has an *arena* (`arena.rs`) owning the ranges granted to it: a TLSF heap for
+//!   requests over 1 MiB, one for small ones, and size-class bins up to 64 KiB. Blocks split on
+//!   allocation and merge with free neighbours on free, in O(1).
+//! * A thread finds its stream's arena in a thread-local cache (`stream_arenas.rs`): threads on
+//!   their own streams share no lock on the fast path. Threads of one stream get an arena each (up
+//!   to 16); blocks over 16 MiB come from an arena the stream's threads share, so one thread's
+//!   freed large blocks serve the other's (a framework's forward and backward threads).
+//! * Each arena keeps its latest freed blocks whole for the next same-size request
+//!   (`block_cache.rs`).
 //! * Stream order: a block freed on its owning stream is reusable by that stream at once; one freed
 //!   on another stream waits for an event recorded on the freeing stream. Memory moves between
-//!   streams only through the slow path, after the giving stream's queued work has completed.
-//! * A request its arena cannot serve tries, in order: the pool's free space; every arena's idle
-//!   memory (whole free regions, cached blocks, settled cross-stream frees, after the owning
-//!   stream's queued work); growth by the need rounded up to the growth step (`pool.growth`, 1 GiB
-//!   by default), never past the maximum; a large enough free block of any arena; all arenas' free
-//!   blocks merged; returning entirely free chunks and growing again (`growth.rs`). Then it fails,
-//!   the error giving the pool's figures and what to try (`oom_report.rs`).
+//!   streams only through the slow path (`growth.rs`, `reclaim.rs`), after the giving stream's
+//!   queued work has completed; failing that, the error explains the pool's state
+//!   (`oom_report.rs`).
 
 mod arena;
 mod bins;
@@ -67,10 +57,8 @@ pub use crate::pool_usage::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
-/// Blocks above this (the largest an arena caches) come from the arena a stream's threads share:
-/// held per thread, one thread's freed large blocks (activations freed by a framework's backward
-/// thread) would be out of the other's reach and the pool would grow. Such blocks are few per
-/// second, so the shared lock costs little.
+/// Blocks above this (the largest an arena caches) come from the arena a stream's threads share,
+/// so that one thread's freed large blocks serve another's; they are few, so the lock costs little.
 const SHARED_ABOVE: u64 = block_cache::MAX_BLOCK;
 
 /// Smallest range granted to an arena for large requests.
@@ -87,7 +75,7 @@ pub struct PoolSnapshot {
     pub pool_size: u64,
     /// Bytes handed out and not freed.
     pub in_use: u64,
-    /// Bytes free in the pool (arenas and unassigned), `cached` included.
+    /// Bytes free in the pool (arenas and unassigned), cached ones included.
     pub free: u64,
     /// Bytes of freed blocks the arenas' caches keep whole for their next requests.
     pub cached: u64,
@@ -103,8 +91,7 @@ pub struct PoolSnapshot {
     pub live_blocks: usize,
     /// Free blocks in arenas plus free ranges not granted to any arena.
     pub free_blocks: usize,
-    /// True when nothing is in use or cached and every granted region is one free block (as after
-    /// [`PoolMemoryResource::synchronize`]).
+    /// True when nothing is in use or cached and every granted region is one free block.
     pub fully_coalesced: bool,
 }
 
@@ -192,8 +179,7 @@ impl PoolMemoryResource {
         self.global.lock().pool_size()
     }
 
-    /// The most [`pool_size`](Self::pool_size) reached since creation or
-    /// [`reset_peak_pool_size`](Self::reset_peak_pool_size) (PyTorch's peak reserved bytes).
+    /// The most [`pool_size`](Self::pool_size) reached since creation or the last reset.
     pub fn peak_pool_size(&self) -> u64 {
         self.global.lock().peak_pool_size()
     }
@@ -213,8 +199,7 @@ impl PoolMemoryResource {
         self.arenas.get(stream.raw(), || Arena::new(stream.raw()))
     }
 
-    /// The arena for `size` on `stream`: the thread's own, or the shared one above
-    /// [`SHARED_ABOVE`].
+    /// The arena for `size` on `stream`: the thread's own, or the shared one for large sizes.
     #[inline]
     fn arena_for(&self, size: u64, stream: StreamView) -> Result<&Arena> {
         if size > SHARED_ABOVE {
@@ -263,7 +248,7 @@ impl PoolMemoryResource {
         } else {
             (size, size.max(LARGE_GRANT))
         };
-        // Another thread's slow path on this stream may take the grant first: try a few times.
+        // Another thread of this stream may take the grant first: try a few times.
         for _ in 0..4 {
             match self.grant(need, want, stream)? {
                 Some((addr, len)) => {
@@ -292,8 +277,8 @@ impl PoolMemoryResource {
         Err(out_of_memory(self.device, bytes, NAME, Some(usage)))
     }
 
-    /// Returns foreign-stream frees to their arenas after those streams' work, and cached blocks to
-    /// their heaps, so [`PoolMemoryResource::validate`] sees it as with all streams idle.
+    /// Settles cross-stream frees (after those streams' work) and flushes cached blocks, as if
+    /// every stream were idle.
     ///
     /// # Errors
     /// [`Error::Driver`] when waiting for a foreign stream fails.
@@ -333,9 +318,8 @@ impl PoolMemoryResource {
         Ok(g.take_chunks(&chunks))
     }
 
-    /// Gives back every unused chunk except those a pool of initial size `budget` would adopt
-    /// ([`PoolBuilder::adopt_from`]): before a replacement pool is built, this makes room for its
-    /// new allocations and keeps what it can take over. Returns the bytes released.
+    /// Gives back every unused chunk except those a replacement pool of initial size `budget` would
+    /// adopt ([`PoolBuilder::adopt_from`]); returns the bytes released.
     ///
     /// # Errors
     /// As [`PoolMemoryResource::trim`].
@@ -382,9 +366,8 @@ impl PoolMemoryResource {
         s
     }
 
-    /// Checks structure and accounting: heap lists and bitmaps, cached blocks (checked, not flushed
-    /// as by [`PoolMemoryResource::synchronize`]), live blocks 256-aligned and disjoint, and pool
-    /// size = in use + pending + free. Takes every lock in turn: for tests and diagnostics only.
+    /// Checks structure and accounting (heaps, cached blocks, live blocks 256-aligned and disjoint,
+    /// pool size = in use + pending + free). Takes every lock in turn: for tests and diagnostics.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] (`pool state`) naming the first inconsistency (a bug in rmm-rs).
@@ -532,10 +515,9 @@ impl DeviceMemoryResource for PoolMemoryResource {
 }
 
 impl PoolMemoryResource {
-    /// A block this thread's arena of `stream` does not own: another thread's arena on the same
-    /// stream (freed at once, the stream being ordered) or another stream's (reused once an event
-    /// recorded on `stream` completes). Another thread's per-thread default stream is another
-    /// stream, though its handle is the same.
+    /// A block this thread's arena of `stream` does not own: another lane's of the same stream
+    /// (freed at once) or another stream's (reused once an event recorded on `stream` completes).
+    /// Another thread's per-thread default stream is another stream, though its handle is the same.
     #[cold]
     #[inline(never)]
     fn deallocate_foreign(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {

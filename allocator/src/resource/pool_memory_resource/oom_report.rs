@@ -1,12 +1,6 @@
 //! The pool's figures for people: [`PoolUsage`] (attached to out-of-memory errors, read by the
-//! statistics report) and the message explaining a failure and what to try.
-//!
-//! A pool's out-of-memory error names the request, the pool's size and maximum, bytes in use and
-//! free, the largest free block, fragmentation (1 − largest free / free), where free bytes are
-//! (unassigned, arenas, caches, awaiting other streams), and what to try: a larger
-//! `pool.maximum_size`, `trim` of idle pools, fewer streams or threads per stream. Figures are
-//! taken after the pool's own attempts, so free memory left in arenas is what those could not move:
-//! bin slots of partly used slabs, blocks awaiting another stream.
+//! statistics report) and the message explaining a failure and what to try. Figures are taken after
+//! the pool's own attempts, so free memory left in arenas is what those could not move.
 
 use std::fmt::Write as _;
 

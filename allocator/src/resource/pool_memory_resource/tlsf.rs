@@ -1,14 +1,11 @@
 //! A two-level segregated-fit heap over device addresses (TLSF, Masmano et al. 2004).
 //!
-//! Free blocks sit in size classes: the power of two of the size, split into 32 linear classes. Two
-//! bitmaps find the smallest fitting non-empty class in O(1); the head of the request's own class
-//! is tried first, so the choice is within 1/32 of best fit. Blocks split on allocation and merge
-//! with free physical neighbours on free. Regions (memory handed over in one piece) merge with
-//! adjacent regions only within caller-given bounds ([`Heap::add_region_within`]: one upstream
-//! allocation, or the pool's side-by-side mapped range), so no block spans non-contiguous memory.
-//!
-//! Block descriptors live in a slab indexed by `u32`; nothing here touches device memory, and the
-//! host allocates only when the slab grows.
+//! Free blocks sit in size classes (the power of two of the size, split into 32 linear classes);
+//! two bitmaps find the smallest fitting non-empty class in O(1), the head of the request's own
+//! class tried first. Blocks split on allocation and merge with free physical neighbours on free.
+//! Regions merge with adjacent regions only within caller-given bounds
+//! ([`Heap::add_region_within`]), so no block spans non-contiguous memory. Block descriptors live
+//! in a slab indexed by `u32`; nothing here touches device memory.
 
 /// "No block".
 pub(crate) const NIL: u32 = u32::MAX;

@@ -1,10 +1,7 @@
 //! The pool's memory through CUDA's virtual memory API: one address range per device, reserved once
-//! and shared by its pools, each mapping physical chunks of its growth step as it grows.
-//!
-//! A pool's side-by-side chunks form one contiguous range, so free space stays whole across growth
-//! (a request larger than a chunk fits in neighbouring free chunks), and each entirely free chunk
-//! goes back on its own (`trim`, `release`, reinitialize). Adopted chunks keep their addresses: the
-//! range belongs to the device and goes when its last pool does. All slow path.
+//! and shared by its pools, each mapping physical chunks side by side as it grows, so free space
+//! stays whole across growth and each entirely free chunk goes back on its own. The range goes
+//! with the device's last pool. All slow path.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
