@@ -131,8 +131,6 @@ impl FixedSizeMemoryResource {
                     }
                     let mut list = other.free.lock();
                     if !list.is_empty() {
-                        // Another thread's stream: it may be gone, or be a per-thread default
-                        // stream this thread cannot name (then the whole device).
                         sync_stream_or_device(backend, self.device.ordinal(), other.stream)?;
                         stock.free.append(&mut list);
                     }

@@ -76,7 +76,6 @@ struct Chunk {
 }
 
 impl Chunk {
-    /// True when nothing of it is handed out.
     fn is_free(&self) -> bool {
         self.free.get(&self.start) == Some(&self.len)
     }
@@ -452,7 +451,6 @@ impl PinnedHostPool {
 }
 
 impl Inner {
-    /// Bytes pinned and not handed out.
     fn free(&self) -> usize {
         self.capacity
             .load(Ordering::Relaxed)

@@ -26,11 +26,9 @@ use crate::sync::{GroupedSlots, SlotCache};
 pub(crate) const MAX_ARENAS: usize = 4096;
 /// Slots held inline, and the size of each segment made later.
 pub(crate) const FIRST: usize = 256;
-/// Segments beyond the inline slots.
 const SEGMENTS: usize = MAX_ARENAS / FIRST - 1;
 /// Lanes per stream: threads beyond this many on one stream share arenas.
 pub(crate) const LANES: u32 = 16;
-/// The per-thread default stream's handle.
 const PER_THREAD: RawStream = StreamView::PER_THREAD.raw();
 
 static NEXT_LANE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -83,7 +81,6 @@ const EXITING_LANE: u32 = u32::MAX;
 thread_local! {
     /// Set once this thread's per-thread lane was given back (no destructor: readable to the end).
     static GAVE_BACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// This thread's lane.
     static LANE: u32 = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES;
     /// This thread's lane of the per-thread default stream: its own, past the shared lanes.
     static OWN_LANE: OwnLane = OwnLane::take();

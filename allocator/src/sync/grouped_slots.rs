@@ -10,7 +10,6 @@ pub(crate) struct GroupedSlots<T, const GROUP: usize, const GROUPS: usize> {
 }
 
 impl<T: Default, const GROUP: usize, const GROUPS: usize> GroupedSlots<T, GROUP, GROUPS> {
-    /// A table with no group made.
     pub(crate) const fn new() -> Self {
         GroupedSlots {
             groups: [const { OnceLock::new() }; GROUPS],
@@ -42,7 +41,6 @@ impl<T: Default, const GROUP: usize, const GROUPS: usize> GroupedSlots<T, GROUP,
             .take(n)
     }
 
-    /// Groups made so far.
     #[cfg(test)]
     pub(crate) fn made(&self) -> usize {
         self.groups.iter().filter(|g| g.get().is_some()).count()

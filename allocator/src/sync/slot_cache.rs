@@ -26,7 +26,6 @@ pub(crate) struct SlotCache<K: SlotKey, const N: usize> {
 }
 
 impl<K: SlotKey, const N: usize> SlotCache<K, N> {
-    /// An empty cache.
     pub(crate) const fn new() -> Self {
         SlotCache {
             entries: [const { Cell::new((K::EMPTY, 0)) }; N],
@@ -34,7 +33,6 @@ impl<K: SlotKey, const N: usize> SlotCache<K, N> {
         }
     }
 
-    /// The slot cached for `key`, if any.
     #[inline(always)]
     pub(crate) fn get(&self, key: K) -> Option<u32> {
         self.entries.iter().find_map(|e| {
@@ -50,7 +48,6 @@ impl<K: SlotKey, const N: usize> SlotCache<K, N> {
         self.entries[i].set((key, slot));
     }
 
-    /// Forgets every entry.
     pub(crate) fn clear(&self) {
         self.entries.iter().for_each(|e| e.set((K::EMPTY, 0)));
     }

@@ -14,7 +14,6 @@ const DEFAULT_SPINS: u32 = 64;
 pub(crate) struct SpinLock<T, const SPINS: u32 = DEFAULT_SPINS>(SpinMutex<T, spin::relax::Loop>);
 
 impl<T, const SPINS: u32> SpinLock<T, SPINS> {
-    /// A lock around `value`.
     pub(crate) const fn new(value: T) -> Self {
         SpinLock(SpinMutex::new(value))
     }

@@ -63,23 +63,19 @@ impl BlockCache {
         Some(block)
     }
 
-    /// Whether no block is cached.
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    /// Bytes cached.
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 
-    /// Cached blocks, oldest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = Cached> + '_ {
         self.blocks[..self.len].iter().copied()
     }
 
-    /// Takes every cached block out.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = Cached> + use<> {
         let (blocks, len) = (self.blocks, self.len);
         self.len = 0;

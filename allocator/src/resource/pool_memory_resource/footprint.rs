@@ -100,7 +100,7 @@ impl PoolMemoryResource {
             // the range growth extends.
             let range = beside(g);
             let lacks = need - range.map_or(0, |r| r.1);
-            let freed = g.take_free_chunks_outside(budget.saturating_sub(lacks), range);
+            let freed = g.take_free_chunks(budget.saturating_sub(lacks), range);
             let released = self.return_chunks(g, &freed)?;
             tracing::debug!(
                 device = self.device.ordinal(),

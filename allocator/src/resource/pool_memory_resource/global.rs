@@ -4,6 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+/// The range of `ranges` (start → length) that holds all of `[start, start + len)`.
+fn holding(ranges: &BTreeMap<u64, u64>, start: u64, len: u64) -> Option<(u64, u64)> {
+    let (&a, &s) = ranges.range(..=start).next_back()?;
+    (start - a + len <= s).then_some((a, s))
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct FreeSpace {
     by_addr: BTreeMap<u64, u64>,
@@ -38,11 +44,7 @@ impl FreeSpace {
 
     /// The chunk that holds `addr`: (start, size).
     pub(crate) fn chunk_of(&self, addr: u64) -> Option<(u64, u64)> {
-        self.chunks
-            .range(..=addr)
-            .next_back()
-            .filter(|(a, s)| addr < **a + **s)
-            .map(|(a, s)| (*a, *s))
+        holding(&self.chunks, addr, 1)
     }
 
     /// At most `n` free ranges shorter than `need`, largest first, each ending in a gap wide enough
@@ -67,11 +69,7 @@ impl FreeSpace {
 
     /// The free range that holds all of `[addr, addr + size)`: (start, size).
     fn free_range_holding(&self, addr: u64, size: u64) -> Option<(u64, u64)> {
-        self.by_addr
-            .range(..=addr)
-            .next_back()
-            .filter(|(a, s)| addr + size <= **a + **s)
-            .map(|(a, s)| (*a, *s))
+        holding(&self.by_addr, addr, size)
     }
 
     pub(crate) fn free_bytes(&self) -> u64 {
@@ -178,16 +176,9 @@ impl FreeSpace {
 
     /// The chunks `[addr, addr + size)` overlaps, in address order.
     pub(crate) fn chunks_under(&self, addr: u64, size: u64) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
-        if let Some(c) = self.chunk_of(addr) {
-            out.push(c);
-        }
-        out.extend(
-            self.chunks
-                .range(addr + 1..addr + size)
-                .map(|(a, s)| (*a, *s)),
-        );
-        out
+        let rest = self.chunks.range(addr + 1..addr + size);
+        let rest = rest.map(|(a, s)| (*a, *s));
+        self.chunk_of(addr).into_iter().chain(rest).collect()
     }
 
     /// Takes `want` bytes if a range fits, else at least `need` (the whole best-fitting range, up
@@ -290,13 +281,9 @@ impl FreeSpace {
         self.take_chunks(&others)
     }
 
-    /// Removes and returns entirely free chunks, largest first, until the pool is at most `target`.
-    pub(crate) fn take_free_chunks(&mut self, target: u64) -> Vec<(u64, u64)> {
-        self.take_free_chunks_outside(target, None)
-    }
-
-    /// As [`FreeSpace::take_free_chunks`], leaving the chunks inside `keep` (a range).
-    pub(crate) fn take_free_chunks_outside(
+    /// Removes and returns entirely free chunks, largest first, until the pool is at most `target`,
+    /// leaving those inside `keep` (a range).
+    pub(crate) fn take_free_chunks(
         &mut self,
         target: u64,
         keep: Option<(u64, u64)>,
@@ -334,7 +321,7 @@ mod tests {
         f.insert(a, s);
         assert_eq!(f.fragments(), 2, "merged back within chunk 0 only");
         assert_eq!(f.take(1500, 1500), None);
-        assert_eq!(f.take_free_chunks(0).len(), 2);
+        assert_eq!(f.take_free_chunks(0, None).len(), 2);
         assert_eq!(f.pool_size(), 0);
     }
 
@@ -375,7 +362,7 @@ mod tests {
             vec![],
             "only ranges shorter than the need"
         );
-        assert_eq!(f.take_free_chunks(0).len(), 2);
+        assert_eq!(f.take_free_chunks(0, None).len(), 2);
         assert_eq!((f.pool_size(), f.free_bytes(), f.fragments()), (0, 0, 0));
     }
 

@@ -74,7 +74,7 @@ impl PoolMemoryResource {
             return Ok(Some(r));
         }
         // Give entirely free chunks back so the upstream can hand out one large enough.
-        let freed = g.take_free_chunks(0);
+        let freed = g.take_free_chunks(0, None);
         if !freed.is_empty() {
             self.device.synchronize()?;
             self.return_chunks(&mut g, &freed)?;

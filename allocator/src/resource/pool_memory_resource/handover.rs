@@ -233,20 +233,14 @@ impl PoolMemoryResource {
             handed = Some((donor, h));
         }
         let rest = initial.saturating_sub(adopted);
-        let made = if rest > 0 {
+        let made = (|| {
             let mut g = self.global.lock();
-            self.add_memory(&mut g, rest, None, StreamView::DEFAULT, false)
-                .map(drop)
-        } else {
-            Ok(())
-        };
-        let made = made.and_then(|()| match &handed {
-            Some((_, h)) => {
-                let mut g = self.global.lock();
-                h.blocks.iter().try_for_each(|b| self.relive(&mut g, b))
+            if rest > 0 {
+                self.add_memory(&mut g, rest, None, StreamView::DEFAULT, false)?;
             }
-            None => Ok(()),
-        });
+            let mut blocks = handed.iter().flat_map(|(_, h)| &h.blocks);
+            blocks.try_for_each(|b| self.relive(&mut g, b))
+        })();
         if let Err(e) = made {
             // The donor gets back its chunks and blocks in place; we return only what we took.
             if let Some((donor, h)) = &handed {

@@ -299,7 +299,7 @@ impl PoolMemoryResource {
             tracing::debug_span!("pool trim", device = self.device.ordinal(), to_bytes).entered();
         let mut g = self.global.lock();
         self.reclaim(&mut g)?;
-        let freed = g.take_free_chunks(to_bytes);
+        let freed = g.take_free_chunks(to_bytes, None);
         let released = self.return_chunks(&mut g, &freed)?;
         tracing::debug!(
             device = self.device.ordinal(),

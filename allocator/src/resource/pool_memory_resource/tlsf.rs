@@ -29,17 +29,28 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// A block on no free list, between physical neighbours `prev_phys` and `next_phys`.
+    #[inline]
+    fn used(addr: u64, size: u64, prev_phys: u32, next_phys: u32) -> Block {
+        Block {
+            addr,
+            size,
+            prev_phys,
+            next_phys,
+            prev_free: NIL,
+            next_free: USED,
+        }
+    }
+
     #[inline]
     pub(crate) fn is_free(&self) -> bool {
         self.next_free != USED
     }
 }
 
-/// One TLSF heap.
 #[derive(Debug)]
 pub(crate) struct Heap {
     blocks: Vec<Block>,
-    /// Recycled descriptor slots.
     spare: Vec<u32>,
     fl_bitmap: u64,
     sl_bitmap: [u32; FL_COUNT],
@@ -111,7 +122,6 @@ impl Heap {
         self.regions
     }
 
-    /// Bytes of all regions, free or not.
     pub(crate) fn region_bytes(&self) -> u64 {
         self.region_bytes
     }
@@ -202,14 +212,12 @@ impl Heap {
         let after = (end < hi)
             .then(|| self.find_block(|b| b.prev_phys == NIL && b.addr == end))
             .flatten();
-        let idx = self.new_block(Block {
+        let idx = self.new_block(Block::used(
             addr,
             size,
-            prev_phys: before.unwrap_or(NIL),
-            next_phys: after.unwrap_or(NIL),
-            prev_free: NIL,
-            next_free: USED,
-        });
+            before.unwrap_or(NIL),
+            after.unwrap_or(NIL),
+        ));
         if let Some(b) = before {
             self.blocks[b as usize].next_phys = idx;
         }
@@ -227,14 +235,7 @@ impl Heap {
     /// Adds `[addr, addr + size)`, adopted memory, as a one-live-block region; returns the block.
     pub(crate) fn add_live_region(&mut self, addr: u64, size: u64) -> u32 {
         debug_assert!(addr.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
-        let idx = self.new_block(Block {
-            addr,
-            size,
-            prev_phys: NIL,
-            next_phys: NIL,
-            prev_free: NIL,
-            next_free: USED,
-        });
+        let idx = self.new_block(Block::used(addr, size, NIL, NIL));
         self.regions += 1;
         self.region_bytes += size;
         idx
@@ -283,14 +284,7 @@ impl Heap {
         let b = self.blocks[idx as usize];
         if b.size > size {
             // Split: the tail stays free.
-            let rest = self.new_block(Block {
-                addr: b.addr + size,
-                size: b.size - size,
-                prev_phys: idx,
-                next_phys: b.next_phys,
-                prev_free: NIL,
-                next_free: USED,
-            });
+            let rest = self.new_block(Block::used(b.addr + size, b.size - size, idx, b.next_phys));
             if b.next_phys != NIL {
                 self.blocks[b.next_phys as usize].prev_phys = rest;
             }
@@ -343,7 +337,6 @@ impl Heap {
         std::iter::successors(Some(self.heads[fl][sl]).filter(|&i| i != NIL), next)
     }
 
-    /// Every free block, class by class.
     fn free_list(&self) -> impl Iterator<Item = u32> + '_ {
         (0..FL_COUNT).flat_map(move |fl| (0..SL_COUNT).flat_map(move |sl| self.class_list(fl, sl)))
     }

@@ -87,7 +87,6 @@ impl AddressSpace {
         Ok(space)
     }
 
-    /// The granularity of chunk sizes and addresses.
     pub(crate) fn granularity(&self) -> u64 {
         self.granularity
     }
