@@ -1,7 +1,6 @@
-//! The current resource of each device, as RMM's `get/set_current_device_resource` and
-//! `get/set_per_device_resource`: a process-wide table keyed by device ordinal of the process-wide
-//! backend, with lock-free reads (`arc-swap`) so containers can look the resource up on every
-//! construction. Each device starts with a [`CudaMemoryResource`].
+//! The current resource of each device of the process-wide backend, as RMM's
+//! `get/set_per_device_resource`, with lock-free reads (`arc-swap`) for containers. Each device
+//! starts with a [`CudaMemoryResource`].
 
 use std::sync::{Arc, OnceLock};
 
@@ -46,13 +45,12 @@ pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
         return Ok(Arc::clone(r));
     }
     let fresh = Arc::new(initial(device_id)?);
-    // Install the initial resource unless another thread got there first.
     let prev = slot.compare_and_swap(&None::<Arc<SharedResource>>, Some(Arc::clone(&fresh)));
     Ok(Arc::clone(prev.as_deref().unwrap_or(&fresh)))
 }
 
 /// Runs `f` with device `device_id`'s resource (as [`get_per_device_resource`]) without touching
-/// its reference count, for paths that only allocate or free through it from many threads at once.
+/// its reference count.
 ///
 /// # Errors
 /// As [`get_per_device_resource`].

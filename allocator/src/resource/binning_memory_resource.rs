@@ -10,9 +10,8 @@ use crate::error::{Error, Result};
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
-/// Routes each request to the smallest bin holding it, larger ones to the upstream. Bins are
-/// power-of-two [`FixedSizeMemoryResource`]s by default, or any resource from
-/// [`BinningMemoryResource::add_bin`]. Deallocate with the allocated size: it routes by size.
+/// Routes each request to the smallest bin holding it, larger ones to the upstream (bins from
+/// [`BinningMemoryResource::add_bin`]). Deallocate with the allocated size: it routes by size.
 #[derive(Debug)]
 pub struct BinningMemoryResource {
     upstream: SharedResource,

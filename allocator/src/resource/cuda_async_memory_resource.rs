@@ -8,9 +8,8 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stream_view::StreamView;
 
-/// Stream-ordered allocation from a driver memory pool (`cuMemPoolCreate`) it owns. As in RMM, the
-/// pool keeps all it takes by default (release threshold `u64::MAX`), so steady-state allocation
-/// avoids the driver's slow path; [`CudaAsyncMemoryResource::release`] returns the cache.
+/// Stream-ordered allocation from a driver memory pool (`cuMemPoolCreate`) it owns, which by
+/// default keeps all it takes, as in RMM; [`CudaAsyncMemoryResource::release`] returns the cache.
 #[derive(Debug)]
 pub struct CudaAsyncMemoryResource {
     device: Device,

@@ -22,12 +22,10 @@ struct FixedArena {
     free: Mutex<Vec<u64>>,
 }
 
-/// The blocks no stream owns and the upstream chunks all blocks were cut from.
+/// The blocks no stream owns, and the upstream chunks (address, bytes) all blocks were cut from.
 #[derive(Debug, Default)]
 struct BlockStock {
-    /// Blocks not owned by any stream (fresh, or reclaimed after their stream finished).
     free: Vec<u64>,
-    /// Upstream chunks (address, bytes).
     chunks: Vec<(u64, usize)>,
 }
 
@@ -54,7 +52,7 @@ impl std::fmt::Debug for FixedSizeMemoryResource {
 
 impl FixedSizeMemoryResource {
     /// Blocks of `block_size` bytes (rounded up to 256), taken from `upstream`
-    /// `blocks_to_preallocate` at a time, one chunk at construction.
+    /// `blocks_to_preallocate` at a time, starting with one such chunk.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero size; [`Error::OutOfMemory`] if the first chunk fails.
@@ -114,8 +112,7 @@ impl FixedSizeMemoryResource {
     ) -> Result<DevicePtr> {
         let mut stock = self.stock.lock();
         if stock.free.is_empty() {
-            let grown = self.grow(&mut stock, stream);
-            if let Err(e) = grown {
+            if let Err(e) = self.grow(&mut stock, stream) {
                 if !e.is_out_of_memory() {
                     return Err(e);
                 }

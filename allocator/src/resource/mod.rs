@@ -81,7 +81,7 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     fn as_any(&self) -> &dyn Any;
 
     /// The resource requests pass to: `Some` for adaptors and the pool, `None` (default) for device
-    /// resources and several upstreams (binning). Adaptors' `chain` follows it.
+    /// resources and those with several upstreams.
     fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
         None
     }

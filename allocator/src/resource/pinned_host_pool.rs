@@ -512,17 +512,13 @@ impl Inner {
         }
     }
 
-    /// [`PinnedHostPool::trim`].
     fn trim(&self) -> usize {
         let mut chunks = self.chunks.lock();
         let mut released = 0;
         chunks.retain(|c| {
-            if c.is_free() && c.region.release_chunk(c.index) {
-                released += c.len;
-                false
-            } else {
-                true
-            }
+            let gone = c.is_free() && c.region.release_chunk(c.index);
+            released += if gone { c.len } else { 0 };
+            !gone
         });
         drop(chunks);
         // Room first: the memory is gone already.

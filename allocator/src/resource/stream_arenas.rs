@@ -213,10 +213,7 @@ impl<A> StreamArenas<A> {
     /// Slot `i`, `None` when its segment has not been made (or `i` is past the table).
     #[inline]
     fn slot(&self, i: usize) -> Option<&Slot<A>> {
-        match self.first.get(i) {
-            Some(slot) => Some(slot),
-            None => self.rest_slot(i),
-        }
+        self.first.get(i).or_else(|| self.rest_slot(i))
     }
 
     #[cold]
@@ -226,10 +223,7 @@ impl<A> StreamArenas<A> {
 
     /// Slot `i`, making its segment if need be; `i < MAX_ARENAS`.
     fn slot_made(&self, i: usize) -> Option<&Slot<A>> {
-        match self.first.get(i) {
-            Some(slot) => Some(slot),
-            None => self.rest.make(i - FIRST),
-        }
+        self.first.get(i).or_else(|| self.rest.make(i - FIRST))
     }
 
     /// [`Self::get_in`] past the thread's cache: the index, making the arena on first use.

@@ -250,14 +250,11 @@ impl ArenaState {
             if backend.event_query(dev, event)? {
                 let p = self.pending.swap_remove(i);
                 self.pending_bytes -= p.size;
-                match p.tag {
-                    Some(tag) => {
-                        self.in_use += p.size;
-                        self.release(tag);
-                    }
-                    None => {
-                        self.bins.free(p.addr);
-                    }
+                if let Some(tag) = p.tag {
+                    self.in_use += p.size;
+                    self.release(tag);
+                } else {
+                    self.bins.free(p.addr);
                 }
                 self.spare_events.push(p.event);
             } else {

@@ -101,19 +101,16 @@ impl PoolMemoryResource {
         .entered();
         let mut g = self.global.lock();
         // Blocks of the size-class bins share slabs with other blocks: they stay.
-        let mut released = Vec::new();
-        for b in blocks
+        let disown = |b: &&LiveBlock| {
+            let mut arenas = self.arenas.all();
+            arenas.any(|a| a.state.lock().free_local(b.ptr.addr()))
+        };
+        let released: Vec<LiveBlock> = blocks
             .iter()
             .filter(|b| b.size() > BIN_LIMIT && !b.ptr.is_null())
-        {
-            if self
-                .arenas
-                .all()
-                .any(|a| a.state.lock().free_local(b.ptr.addr()))
-            {
-                released.push(*b);
-            }
-        }
+            .filter(disown)
+            .copied()
+            .collect();
         self.reclaim(&mut g)?;
         self.scavenge(&mut g)?;
         let free = g.free_chunks();

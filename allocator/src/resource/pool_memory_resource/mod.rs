@@ -230,8 +230,7 @@ impl PoolMemoryResource {
         bytes: usize,
         stream: StreamView,
     ) -> Result<DevicePtr> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         {
             let mut st = arena.state.lock();
             if st.has_pending() {
@@ -250,16 +249,14 @@ impl PoolMemoryResource {
         };
         // Another thread of this stream may take the grant first: try a few times.
         for _ in 0..4 {
-            match self.grant(need, want, stream)? {
-                Some((addr, len)) => {
-                    let within = self.contiguous_around(addr, len);
-                    let mut st = arena.state.lock();
-                    st.add_grant(size, addr, len, within);
-                    if let Some(addr) = st.try_alloc(size) {
-                        return Ok(DevicePtr(addr));
-                    }
-                }
-                None => break,
+            let Some((addr, len)) = self.grant(need, want, stream)? else {
+                break;
+            };
+            let within = self.contiguous_around(addr, len);
+            let mut st = arena.state.lock();
+            st.add_grant(size, addr, len, within);
+            if let Some(addr) = st.try_alloc(size) {
+                return Ok(DevicePtr(addr));
             }
         }
         let usage = self.usage();
@@ -429,6 +426,32 @@ impl PoolMemoryResource {
         drop(g);
         Ok(self.snapshot_figures())
     }
+
+    /// A block this thread's arena of `stream` does not own: another lane's of the same stream
+    /// (freed at once) or another stream's (reused once an event recorded on `stream` completes).
+    /// Another thread's per-thread default stream is another stream, though its handle is the same.
+    #[cold]
+    #[inline(never)]
+    fn deallocate_foreign(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
+        let ordered = !stream.is_per_thread();
+        for arena in self.arenas.all() {
+            if ordered && arena.stream == stream.raw() && arena.state.lock().free_local(ptr.addr())
+            {
+                return Ok(());
+            }
+        }
+        for arena in self.arenas.all() {
+            if ordered && arena.stream == stream.raw() {
+                continue;
+            }
+            let mut st = arena.state.lock();
+            if st.free_deferred(backend, dev, ptr.addr(), stream.raw())? {
+                return Ok(());
+            }
+        }
+        Err(Error::invalid_pointer(ptr.addr(), bytes, NAME))
+    }
 }
 
 impl DeviceMemoryResource for PoolMemoryResource {
@@ -514,39 +537,9 @@ impl DeviceMemoryResource for PoolMemoryResource {
     }
 }
 
-impl PoolMemoryResource {
-    /// A block this thread's arena of `stream` does not own: another lane's of the same stream
-    /// (freed at once) or another stream's (reused once an event recorded on `stream` completes).
-    /// Another thread's per-thread default stream is another stream, though its handle is the same.
-    #[cold]
-    #[inline(never)]
-    fn deallocate_foreign(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
-        let ordered = !stream.is_per_thread();
-        for arena in self.arenas.all() {
-            if ordered && arena.stream == stream.raw() && arena.state.lock().free_local(ptr.addr())
-            {
-                return Ok(());
-            }
-        }
-        for arena in self.arenas.all() {
-            if ordered && arena.stream == stream.raw() {
-                continue;
-            }
-            let mut st = arena.state.lock();
-            if st.free_deferred(backend, dev, ptr.addr(), stream.raw())? {
-                return Ok(());
-            }
-        }
-        Err(Error::invalid_pointer(ptr.addr(), bytes, NAME))
-    }
-}
-
 impl Drop for PoolMemoryResource {
     fn drop(&mut self) {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let pending = self.pending.get_mut().take();
         let s = self.snapshot_figures();
         if s.in_use > pending.as_ref().map_or(0, |p| p.live_bytes()) {

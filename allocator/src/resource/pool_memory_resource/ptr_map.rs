@@ -54,9 +54,7 @@ impl PtrMap {
         loop {
             let k = self.slots[i].key;
             if k == EMPTY || k == key {
-                if k == EMPTY {
-                    self.len += 1;
-                }
+                self.len += usize::from(k == EMPTY);
                 self.slots[i] = Slot { key, value };
                 return;
             }

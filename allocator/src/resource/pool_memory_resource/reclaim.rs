@@ -15,8 +15,7 @@ impl PoolMemoryResource {
     /// waiting; a stream is checked idle after its regions are taken, so no work queued before
     /// their frees is pending. Returns the bytes moved.
     pub(super) fn reclaim_idle(&self, g: &mut FreeSpace) -> Result<u64> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let (mut small, mut large) = (Vec::new(), Vec::new());
         let mut moved = 0;
         for arena in self.arenas.all() {
@@ -61,8 +60,7 @@ impl PoolMemoryResource {
 
     /// What `take` moves out of each settled arena, after that arena's stream's prior work.
     fn gather(&self, take: fn(&mut ArenaState, &mut Vec<(u64, u64)>)) -> Result<Vec<(u64, u64)>> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let mut out = Vec::new();
         let mut per_thread = false;
         for arena in self.arenas.all() {
@@ -88,8 +86,7 @@ impl PoolMemoryResource {
     /// Waits (without the arena's lock) for the events of `arena`'s blocks freed on other
     /// streams, then returns those blocks, empty bin slabs and cached blocks to the heaps.
     pub(super) fn settle_idle(&self, arena: &Arena) -> Result<()> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let events = arena.state.lock().pending_events();
         for (addr, event) in events {
             if arena.state.lock().still_pending(addr, event) {
@@ -101,8 +98,7 @@ impl PoolMemoryResource {
 
     /// Moves one free block of at least `need` to the free space after its stream's prior work.
     pub(super) fn steal(&self, g: &mut FreeSpace, need: u64) -> Result<bool> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         for arena in self.arenas.all() {
             let stolen = arena.state.lock().steal(need);
             if let Some((addr, size)) = stolen {

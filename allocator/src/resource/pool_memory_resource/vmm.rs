@@ -129,8 +129,7 @@ impl AddressSpace {
         chunk: u64,
         at: Option<u64>,
     ) -> Result<Option<Vec<(u64, u64)>>> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let mut mapped = self.mapped.lock();
         let end = self.base + self.size;
         let placed = Self::place(&mapped, self.base, end, total, at);
@@ -207,8 +206,7 @@ fn unmap_one(device: Device, addr: u64, len: u64, handle: RawPhysical) -> Result
 
 impl Drop for AddressSpace {
     fn drop(&mut self) {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let left: Vec<(u64, (u64, RawPhysical))> =
             self.mapped.lock().iter().map(|(a, v)| (*a, *v)).collect();
         for (addr, (len, h)) in left {
