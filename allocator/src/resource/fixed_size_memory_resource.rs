@@ -111,30 +111,30 @@ impl FixedSizeMemoryResource {
         stream: StreamView,
     ) -> Result<DevicePtr> {
         let mut stock = self.stock.lock();
-        if stock.free.is_empty() {
-            if let Err(e) = self.grow(&mut stock, stream) {
-                if !e.is_out_of_memory() {
-                    return Err(e);
+        if stock.free.is_empty()
+            && let Err(e) = self.grow(&mut stock, stream)
+        {
+            if !e.is_out_of_memory() {
+                return Err(e);
+            }
+            // Take back blocks other streams are not using, once their work is done.
+            let backend = self.device.backend();
+            for other in self.arenas.all() {
+                // The same stream's other lanes are its own work, except for the per-thread
+                // default stream: there each is another thread's stream.
+                let same = other.stream == arena.stream
+                    && !StreamView::from_raw(arena.stream).is_per_thread();
+                if same || std::ptr::eq(other, arena) {
+                    continue;
                 }
-                // Take back blocks other streams are not using, once their work is done.
-                let backend = self.device.backend();
-                for other in self.arenas.all() {
-                    // The same stream's other lanes are its own work, except for the per-thread
-                    // default stream: there each is another thread's stream.
-                    let same = other.stream == arena.stream
-                        && !StreamView::from_raw(arena.stream).is_per_thread();
-                    if same || std::ptr::eq(other, arena) {
-                        continue;
-                    }
-                    let mut list = other.free.lock();
-                    if !list.is_empty() {
-                        sync_stream_or_device(backend, self.device.ordinal(), other.stream)?;
-                        stock.free.append(&mut list);
-                    }
+                let mut list = other.free.lock();
+                if !list.is_empty() {
+                    sync_stream_or_device(backend, self.device.ordinal(), other.stream)?;
+                    stock.free.append(&mut list);
                 }
-                if stock.free.is_empty() {
-                    return Err(out_of_memory(self.device, bytes, NAME, None));
-                }
+            }
+            if stock.free.is_empty() {
+                return Err(out_of_memory(self.device, bytes, NAME, None));
             }
         }
         let take = stock.free.len().min(REFILL);

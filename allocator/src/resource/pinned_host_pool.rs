@@ -240,12 +240,8 @@ impl PinnedHostPool {
 
     /// The largest slice without growing (one chunk; at least 32 MiB in a growable pool).
     pub fn max_slice(&self) -> usize {
-        let m = self.inner.max_slice.load(Ordering::Relaxed);
-        if self.is_growable() {
-            m.max(GROWTH_STEP)
-        } else {
-            m
-        }
+        let least = if self.is_growable() { GROWTH_STEP } else { 0 };
+        self.inner.max_slice.load(Ordering::Relaxed).max(least)
     }
 
     /// The largest slice it can hand out now without growing.

@@ -238,13 +238,8 @@ impl<A> StreamArenas<A> {
         let lane = match lane {
             Some(lane) => lane,
             // A thread that is exiting (its lane given back) takes the exiting lane.
-            None if stream == PER_THREAD => {
-                if gave_back() {
-                    EXITING_LANE
-                } else {
-                    OWN_LANE.try_with(|l| l.lane).unwrap_or(EXITING_LANE)
-                }
-            }
+            None if stream == PER_THREAD && gave_back() => EXITING_LANE,
+            None if stream == PER_THREAD => OWN_LANE.try_with(|l| l.lane).unwrap_or(EXITING_LANE),
             None => LANE.with(|l| *l),
         };
         let slot = {

@@ -297,8 +297,7 @@ impl ArenaState {
         self.large.take_free_regions(out);
     }
 
-    /// As [`ArenaState::take_free_regions`], keeping small- and large-heap regions apart for
-    /// [`ArenaState::give_back_regions`] to undo.
+    /// [`ArenaState::take_free_regions`], small- and large-heap regions apart (to give back).
     pub(crate) fn take_free_regions_by_heap(
         &mut self,
         small: &mut Vec<(u64, u64)>,

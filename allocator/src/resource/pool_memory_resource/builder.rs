@@ -59,8 +59,7 @@ impl PoolBuilder {
     }
 
     /// Bytes taken from the upstream at construction, rounded down to 256 (default: half the
-    /// device's free memory, as RMM's Python `reinitialize`); 0 starts empty. Fractions of the
-    /// device are resolved by `rmm_config::Size`.
+    /// device's free memory, as RMM's Python `reinitialize`); 0 starts empty.
     pub fn initial_size(mut self, bytes: u64) -> Self {
         self.initial = Some(bytes);
         self

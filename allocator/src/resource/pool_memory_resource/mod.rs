@@ -210,8 +210,7 @@ impl PoolMemoryResource {
         }
     }
 
-    /// The contiguous memory around granted `[addr, addr + len)` in which arena regions may join:
-    /// the whole mapped range if the pool maps chunks side by side, else the upstream chunk.
+    /// Where regions around granted `[addr, addr + len)` may join: its chunk, or all mapped memory.
     fn contiguous_around(&self, addr: u64, len: u64) -> (u64, u64) {
         let g = self.global.lock();
         if g.merges_across_chunks() {
@@ -389,12 +388,10 @@ impl PoolMemoryResource {
             granted += f.region_bytes;
             live.extend(st.live_blocks());
         }
-        if g.pool_size() != g.free_bytes() + granted {
+        let (size, unassigned) = (g.pool_size(), g.free_bytes());
+        if size != unassigned + granted {
             return Err(fail(format!(
-                "pool size {} != unassigned {} + granted {}",
-                g.pool_size(),
-                g.free_bytes(),
-                granted
+                "pool size {size} != unassigned {unassigned} + granted {granted}"
             )));
         }
         live.sort_unstable();
@@ -416,11 +413,9 @@ impl PoolMemoryResource {
             }
         }
         for w in live.windows(2) {
-            if w[0].0 + w[0].1 > w[1].0 {
-                return Err(fail(format!(
-                    "live blocks {:#x}+{} and {:#x} overlap",
-                    w[0].0, w[0].1, w[1].0
-                )));
+            let ((a, s), b) = (w[0], w[1].0);
+            if a + s > b {
+                return Err(fail(format!("live blocks {a:#x}+{s} and {b:#x} overlap")));
             }
         }
         drop(g);
@@ -428,8 +423,8 @@ impl PoolMemoryResource {
     }
 
     /// A block this thread's arena of `stream` does not own: another lane's of the same stream
-    /// (freed at once) or another stream's (reused once an event recorded on `stream` completes).
-    /// Another thread's per-thread default stream is another stream, though its handle is the same.
+    /// (freed at once) or another stream's, such as another thread's per-thread default stream
+    /// (reused once an event recorded on `stream` completes).
     #[cold]
     #[inline(never)]
     fn deallocate_foreign(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {

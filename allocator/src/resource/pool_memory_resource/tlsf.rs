@@ -200,8 +200,7 @@ impl Heap {
     }
 
     /// Hands `[addr, addr + size)` to the heap as free memory joining the adjacent regions within
-    /// `[lo, hi)` (contiguous memory: one upstream allocation, or chunks mapped side by side), so
-    /// memory granted piecewise serves a larger request once free. Otherwise it stands alone.
+    /// `[lo, hi)` (contiguous memory), so memory granted piecewise serves larger requests once free.
     pub(crate) fn add_region_within(&mut self, addr: u64, size: u64, lo: u64, hi: u64) {
         debug_assert!(addr.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
         debug_assert!(lo <= addr && addr + size <= hi);
@@ -359,7 +358,6 @@ impl Heap {
     }
 
     /// Takes a free block of at least `size` bytes out, splitting its region; returns its range.
-    /// Moves memory between arenas under pressure.
     pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
         let idx = self.find(size);
         if idx == NIL {
@@ -368,8 +366,7 @@ impl Heap {
         Some(self.remove_free(idx))
     }
 
-    /// Takes every free block out into `out`, splitting regions: for when only merging free
-    /// neighbours across arenas can serve a request.
+    /// Takes every free block out into `out`, splitting regions.
     pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
         let all: Vec<u32> = self.free_list().collect();
         for i in all {
