@@ -352,15 +352,14 @@ impl PinnedHostPool {
                 }
                 // Double, within the step bounds and the maximum. While pinning ahead, pin only
                 // this request's need; the background pins the rest.
-                let (step, chunk) = if self.headroom() > 0 {
-                    (len.max(AHEAD_CHUNK), len.max(AHEAD_CHUNK))
-                } else {
-                    (
-                        len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP)),
-                        len.max(MIN_CHUNK),
-                    )
+                let (step, chunk) = match self.headroom() {
+                    0 => (
+                        self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP),
+                        MIN_CHUNK,
+                    ),
+                    _ => (AHEAD_CHUNK, AHEAD_CHUNK),
                 };
-                let step = step.min(self.inner.room());
+                let (step, chunk) = (len.max(step).min(self.inner.room()), len.max(chunk));
                 if step >= len {
                     // Failing to pin is out of host memory, whatever the driver said: callers
                     // fall back to disk on that.

@@ -2,22 +2,17 @@
 //! resource, scaling across many threads (RMM's `pool_memory_resource`, rebuilt for many workers).
 //!
 //! # Design
-//! * Memory comes from the upstream in large *chunks* (`chunks.rs`, `vmm.rs`): the initial size,
-//!   then growth by what requests need.
-//! * Each stream has an *arena* (`arena.rs`) owning the ranges granted to it: a TLSF heap for
-//!   requests over 1 MiB, one for small ones, and size-class bins up to 64 KiB. Blocks split on
-//!   allocation and merge with free neighbours on free, in O(1).
-//! * A thread finds its stream's arena in a thread-local cache (`stream_arenas.rs`): threads on
-//!   their own streams share no lock on the fast path. Threads of one stream get an arena each (up
-//!   to 16); blocks over 16 MiB come from an arena the stream's threads share, so one thread's
-//!   freed large blocks serve the other's (a framework's forward and backward threads).
-//! * Each arena keeps its latest freed blocks whole for the next same-size request
-//!   (`block_cache.rs`).
-//! * Stream order: a block freed on its owning stream is reusable by that stream at once; one freed
-//!   on another stream waits for an event recorded on the freeing stream. Memory moves between
-//!   streams only through the slow path (`growth.rs`, `reclaim.rs`), after the giving stream's
-//!   queued work has completed; failing that, the error explains the pool's state
-//!   (`oom_report.rs`).
+//! Memory comes from the upstream in large *chunks* (`chunks.rs`, `vmm.rs`). Each stream has an
+//! *arena* (`arena.rs`) owning the ranges granted to it: TLSF heaps for small and large requests,
+//! size-class bins up to 64 KiB, and a cache of its latest freed blocks (`block_cache.rs`).
+//! Threads find their stream's arena without a shared lock (`stream_arenas.rs`); threads of one
+//! stream get an arena each (up to 16), except for blocks over 16 MiB, which one arena of the
+//! stream serves so that one thread's freed large blocks serve another's.
+//!
+//! A block freed on its owning stream is reusable by that stream at once; one freed on another
+//! stream once an event recorded there completes. Memory moves between streams only through the
+//! slow path (`growth.rs`, `reclaim.rs`); failing that, the error explains the pool's state
+//! (`oom_report.rs`).
 
 mod arena;
 mod bins;
