@@ -132,7 +132,6 @@ fn pinning_threads() -> usize {
 
 impl PinnedHostPool {
     /// Pins `bytes` (rounded up to 2 MiB) through the process-wide backend; the pool never grows.
-    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] or [`Error::Driver`] if pinning fails; the backend's open error.
     pub fn new(bytes: usize) -> Result<PinnedHostPool> {
@@ -140,7 +139,6 @@ impl PinnedHostPool {
     }
 
     /// As [`PinnedHostPool::new`], through `backend`.
-    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] or [`Error::Driver`] when pinning fails.
     pub fn on(backend: &'static dyn Backend, bytes: usize) -> Result<PinnedHostPool> {
@@ -286,7 +284,6 @@ impl PinnedHostPool {
 
     /// Pins a fixed pool back to its size after [`release_idle`](Self::release_idle) (spilling
     /// resumes); nothing for a growable pool or one at its size.
-    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] or [`Error::Driver`] when pinning fails (it keeps what it has).
     pub fn pin_again(&self) -> Result<()> {
@@ -321,7 +318,6 @@ impl PinnedHostPool {
 
     /// First-fit slice of `bytes` (rounded to [`PINNED_ALIGNMENT`]); growable pools grow to fit
     /// (see the module docs).
-    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] when nothing fits and the pool cannot grow.
     pub fn allocate(&self, bytes: usize) -> Result<PinnedSlice> {
