@@ -351,19 +351,19 @@ impl ArenaState {
 
     pub(crate) fn figures(&self) -> ArenaFigures {
         ArenaFigures {
-            region_bytes: self.small.region_bytes() + self.large.region_bytes(),
-            free_bytes: self.small.free_bytes()
-                + self.large.free_bytes()
+            region_bytes: self.small.region_bytes + self.large.region_bytes,
+            free_bytes: self.small.free_bytes
+                + self.large.free_bytes
                 + self.bins.free_bytes
-                + self.cache.bytes(),
-            cached_bytes: self.cache.bytes(),
+                + self.cache.bytes,
+            cached_bytes: self.cache.bytes,
             // Bin slabs are allocated heap blocks; count their handed-out blocks instead.
             in_use: self.in_use + self.bins.live_bytes - self.pending_bin_bytes(),
             pending_bytes: self.pending_bytes,
             largest_free: self.small.largest_free().max(self.large.largest_free()),
-            regions: self.small.regions() + self.large.regions(),
-            free_blocks: self.small.free_blocks() + self.large.free_blocks(),
-            live_blocks: self.live.len() + self.bins.live_count
+            regions: self.small.regions + self.large.regions,
+            free_blocks: self.small.free_blocks + self.large.free_blocks,
+            live_blocks: self.live.len + self.bins.live_count
                 - self.pending.iter().filter(|p| p.tag.is_none()).count(),
         }
     }
@@ -394,10 +394,10 @@ impl ArenaState {
             }
             cached += b.size;
         }
-        if cached != self.cache.bytes() {
+        if cached != self.cache.bytes {
             return Err(format!(
                 "cached blocks add up to {cached} B, the cache counts {} B",
-                self.cache.bytes()
+                self.cache.bytes
             ));
         }
         self.bins.check().map_err(|e| format!("bins: {e}"))?;

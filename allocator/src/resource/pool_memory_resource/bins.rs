@@ -280,6 +280,6 @@ mod tests {
         bins.release_empty(&mut heap);
         bins.check().unwrap();
         assert_eq!(bins.free_bytes, 0);
-        assert_eq!(heap.free_bytes(), 16 << 20);
+        assert_eq!(heap.free_bytes, 16 << 20);
     }
 }

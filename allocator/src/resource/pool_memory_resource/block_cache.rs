@@ -24,7 +24,7 @@ pub(crate) struct Cached {
 pub(crate) struct BlockCache {
     blocks: [Cached; SLOTS],
     len: usize,
-    bytes: u64,
+    pub(crate) bytes: u64,
 }
 
 impl BlockCache {
@@ -68,10 +68,6 @@ impl BlockCache {
         self.len == 0
     }
 
-    pub(crate) fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
     pub(crate) fn iter(&self) -> impl Iterator<Item = Cached> + '_ {
         self.blocks[..self.len].iter().copied()
     }
@@ -102,13 +98,13 @@ mod tests {
         assert_eq!(c.put(block(0x100, 1 << 20)), None);
         assert_eq!(c.put(block(0x200, 2 << 20)), None);
         assert_eq!(c.put(block(0x300, 1 << 20)), None);
-        assert_eq!(c.bytes(), 4 << 20);
+        assert_eq!(c.bytes, 4 << 20);
         assert_eq!(c.take(3 << 20), None);
         assert_eq!(c.take(1 << 20).map(|b| b.addr), Some(0x300));
         assert_eq!(c.take(1 << 20).map(|b| b.addr), Some(0x100));
         assert_eq!(c.take(1 << 20), None);
         assert_eq!(c.iter().map(|b| b.addr).collect::<Vec<_>>(), vec![0x200]);
-        assert_eq!(c.bytes(), 2 << 20);
+        assert_eq!(c.bytes, 2 << 20);
     }
 
     #[test]
@@ -118,7 +114,7 @@ mod tests {
             assert_eq!(c.put(block(0x1000 * (i + 1), 4096)), None);
         }
         assert_eq!(c.put(block(0x9000, 512)).map(|b| b.addr), Some(0x1000));
-        assert_eq!(c.bytes(), (SLOTS as u64 - 1) * 4096 + 512);
+        assert_eq!(c.bytes, (SLOTS as u64 - 1) * 4096 + 512);
         let big = block(0xA000, MAX_BLOCK + 256);
         assert_eq!(c.put(big), Some(big));
         assert!(c.put(block(0xB000, MAX_BLOCK)).is_some(), "full: evicts");
@@ -132,7 +128,7 @@ mod tests {
         let got: Vec<_> = c.drain().map(|b| (b.addr, b.size)).collect();
         assert_eq!(got, vec![(0x100, 256), (0x200, 512)]);
         assert!(c.is_empty());
-        assert_eq!(c.bytes(), 0);
+        assert_eq!(c.bytes, 0);
         assert_eq!(c.drain().count(), 0);
     }
 }

@@ -18,9 +18,9 @@ pub(crate) struct FreeSpace {
     chunks: BTreeMap<u64, u64>,
     /// The chunks' bytes (a footprint-limited pool has thousands of chunks).
     pool_bytes: u64,
-    free_bytes: u64,
+    pub(crate) free_bytes: u64,
     /// Free ranges merge across chunk starts (chunks mapped into one address range).
-    merge_across_chunks: bool,
+    pub(crate) merge_across_chunks: bool,
     /// The most the chunks came to since the pool was made or the peak was reset.
     peak_pool_size: u64,
     /// Chunks taken from and returned to the upstream (PyTorch's `num_device_alloc`/`_free`).
@@ -35,11 +35,6 @@ impl FreeSpace {
             merge_across_chunks: true,
             ..FreeSpace::default()
         }
-    }
-
-    /// True when free ranges merge across chunk boundaries (chunks mapped side by side).
-    pub(crate) fn merges_across_chunks(&self) -> bool {
-        self.merge_across_chunks
     }
 
     /// The chunk that holds `addr`: (start, size).
@@ -70,10 +65,6 @@ impl FreeSpace {
     /// The free range that holds all of `[addr, addr + size)`: (start, size).
     fn free_range_holding(&self, addr: u64, size: u64) -> Option<(u64, u64)> {
         holding(&self.by_addr, addr, size)
-    }
-
-    pub(crate) fn free_bytes(&self) -> u64 {
-        self.free_bytes
     }
 
     pub(crate) fn pool_size(&self) -> u64 {
@@ -345,7 +336,7 @@ mod tests {
         // Give the middle chunk back: the free space either side stays.
         assert_eq!(f.take_chunks(&[(1000, 1000)]), vec![(1000, 1000)]);
         assert_eq!(f.pool_size(), 2000);
-        assert_eq!(f.free_bytes(), 2000);
+        assert_eq!(f.free_bytes, 2000);
         assert_eq!(f.fragments(), 2);
         assert_eq!(f.chunk_of(2500), Some((2000, 1000)));
         assert_eq!(f.chunk_of(1500), None);
@@ -363,7 +354,7 @@ mod tests {
             "only ranges shorter than the need"
         );
         assert_eq!(f.take_free_chunks(0, None).len(), 2);
-        assert_eq!((f.pool_size(), f.free_bytes(), f.fragments()), (0, 0, 0));
+        assert_eq!((f.pool_size(), f.free_bytes, f.fragments()), (0, 0, 0));
     }
 
     #[test]

@@ -207,7 +207,7 @@ impl PoolMemoryResource {
     /// Where regions around granted `[addr, addr + len)` may join: its chunk, or all mapped memory.
     fn contiguous_around(&self, addr: u64, len: u64) -> (u64, u64) {
         let g = self.global.lock();
-        if g.merges_across_chunks() {
+        if g.merge_across_chunks {
             return (0, u64::MAX);
         }
         g.chunk_of(addr)
@@ -329,7 +329,7 @@ impl PoolMemoryResource {
         let g = self.global.lock();
         let mut s = PoolSnapshot {
             pool_size: g.pool_size(),
-            free: g.free_bytes(),
+            free: g.free_bytes,
             largest_free: g.largest_free(),
             chunks: g.chunk_count(),
             free_blocks: g.fragments(),
@@ -377,7 +377,7 @@ impl PoolMemoryResource {
             granted += f.region_bytes;
             live.extend(st.live_blocks());
         }
-        let (size, unassigned) = (g.pool_size(), g.free_bytes());
+        let (size, unassigned) = (g.pool_size(), g.free_bytes);
         if size != unassigned + granted {
             return Err(fail(format!(
                 "pool size {size} != unassigned {unassigned} + granted {granted}"

@@ -132,7 +132,7 @@ impl PoolMemoryResource {
     /// Takes the pool's lock and every arena's in turn (not for hot paths).
     pub fn usage(&self) -> PoolUsage {
         let g = self.global.lock();
-        let unassigned = g.free_bytes();
+        let unassigned = g.free_bytes;
         let mut u = PoolUsage {
             pool_size: g.pool_size() as usize,
             peak_pool_size: g.peak_pool_size() as usize,

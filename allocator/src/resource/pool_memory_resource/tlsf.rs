@@ -55,10 +55,11 @@ pub(crate) struct Heap {
     fl_bitmap: u64,
     sl_bitmap: [u32; FL_COUNT],
     heads: [[u32; SL_COUNT]; FL_COUNT],
-    free_bytes: u64,
-    free_blocks: usize,
-    regions: usize,
-    region_bytes: u64,
+    pub(crate) free_bytes: u64,
+    pub(crate) free_blocks: usize,
+    pub(crate) regions: usize,
+    /// Bytes of all regions, free or not.
+    pub(crate) region_bytes: u64,
 }
 
 /// (first level, second level) of a size in granules.
@@ -108,22 +109,6 @@ impl Heap {
     /// The block at `idx`, if there is one (for checks of indices kept elsewhere).
     pub(crate) fn get_block(&self, idx: u32) -> Option<&Block> {
         self.blocks.get(idx as usize)
-    }
-
-    pub(crate) fn free_bytes(&self) -> u64 {
-        self.free_bytes
-    }
-
-    pub(crate) fn free_blocks(&self) -> usize {
-        self.free_blocks
-    }
-
-    pub(crate) fn regions(&self) -> usize {
-        self.regions
-    }
-
-    pub(crate) fn region_bytes(&self) -> u64 {
-        self.region_bytes
     }
 
     fn new_block(&mut self, b: Block) -> u32 {
@@ -482,18 +467,18 @@ mod tests {
         let c = h.alloc(768).unwrap();
         assert_eq!(h.block(a).addr, 1 << 20);
         assert_eq!(h.block(b).addr, (1 << 20) + 256);
-        assert_eq!(h.free_bytes(), (64 << 20) - 256 - (1 << 20) - 768);
+        assert_eq!(h.free_bytes, (64 << 20) - 256 - (1 << 20) - 768);
         h.free(b);
         h.free(a);
         h.check().unwrap();
         h.free(c);
         h.check().unwrap();
-        assert_eq!(h.free_blocks(), 1);
-        assert_eq!(h.free_bytes(), 64 << 20);
+        assert_eq!(h.free_blocks, 1);
+        assert_eq!(h.free_bytes, 64 << 20);
         let mut out = Vec::new();
         h.take_free_regions(&mut out);
         assert_eq!(out, vec![(1 << 20, 64 << 20)]);
-        assert_eq!(h.regions(), 0);
+        assert_eq!(h.regions, 0);
     }
 
     #[test]
@@ -504,17 +489,17 @@ mod tests {
         // Three grants side by side, the middle one last: it joins both neighbours.
         h.add_region_within(base, R, base, base + 3 * R);
         h.add_region_within(base + 2 * R, R, base, base + 3 * R);
-        assert_eq!(h.regions(), 2, "not adjacent yet");
+        assert_eq!(h.regions, 2, "not adjacent yet");
         h.add_region_within(base + R, R, base, base + 3 * R);
         h.check().unwrap();
-        assert_eq!((h.regions(), h.free_blocks()), (1, 1));
+        assert_eq!((h.regions, h.free_blocks), (1, 1));
         let a = h.alloc(3 * R).expect("a block spanning the three grants");
         assert_eq!(h.block(a).addr, base);
         h.free(a);
         // A grant beside a region in use joins it, and is served on its own.
         let a = h.alloc(3 * R).unwrap();
         h.add_region_within(base + 3 * R, R, base, base + 5 * R);
-        assert_eq!(h.regions(), 1);
+        assert_eq!(h.regions, 1);
         let b = h.alloc(R).unwrap();
         assert_eq!(h.block(b).addr, base + 3 * R);
         h.free(a);
@@ -523,11 +508,11 @@ mod tests {
         let mut out = Vec::new();
         h.take_free_regions(&mut out);
         assert_eq!(out, vec![(base, 4 * R)], "one region, returned whole");
-        assert_eq!((h.regions(), h.region_bytes()), (0, 0));
+        assert_eq!((h.regions, h.region_bytes), (0, 0));
         // Outside the bounds (another upstream allocation begins at the boundary): apart.
         h.add_region_within(base, R, base, base + R);
         h.add_region_within(base + R, R, base + R, base + 2 * R);
-        assert_eq!(h.regions(), 2);
+        assert_eq!(h.regions, 2);
         assert!(h.alloc(2 * R).is_none(), "a block across the boundary");
         h.check().unwrap();
     }
@@ -542,7 +527,7 @@ mod tests {
         let b = h.alloc(4096).unwrap();
         h.free(a);
         h.free(b);
-        assert_eq!(h.free_blocks(), 2);
+        assert_eq!(h.free_blocks, 2);
         h.check().unwrap();
     }
 
@@ -569,12 +554,12 @@ mod tests {
         let c = h.alloc(10 * 256).unwrap();
         h.free(b);
         assert_eq!(h.steal(5 * 256), Some((10 * 256, 10 * 256)));
-        assert_eq!(h.regions(), 2);
-        assert_eq!(h.region_bytes(), 20 * 256);
+        assert_eq!(h.regions, 2);
+        assert_eq!(h.region_bytes, 20 * 256);
         h.free(a);
         h.free(c);
         h.check().unwrap();
-        assert_eq!(h.free_blocks(), 2, "the two halves no longer merge");
+        assert_eq!(h.free_blocks, 2, "the two halves no longer merge");
         let mut out = Vec::new();
         h.take_free_regions(&mut out);
         out.sort();
@@ -594,16 +579,16 @@ mod tests {
         h.take_free_blocks(&mut out);
         out.sort();
         assert_eq!(out, vec![(0, 10 * 256), (20 * 256, 20 * 256)]);
-        assert_eq!(h.free_bytes(), 0);
-        assert_eq!(h.free_blocks(), 0);
+        assert_eq!(h.free_bytes, 0);
+        assert_eq!(h.free_blocks, 0);
         assert_eq!(
-            h.region_bytes(),
+            h.region_bytes,
             10 * 256,
             "only the live block's region is left"
         );
         h.check().unwrap();
         h.free(b);
         h.check().unwrap();
-        assert_eq!(h.free_blocks(), 1);
+        assert_eq!(h.free_blocks, 1);
     }
 }
