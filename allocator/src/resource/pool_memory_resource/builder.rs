@@ -199,7 +199,7 @@ impl PoolBuilder {
         }
         let (maximum, initial) = match &source {
             ChunkSource::Mapped(space) => {
-                let g = space.granularity();
+                let g = space.granularity;
                 let rounded = maximum / g * g;
                 if rounded == 0 {
                     return Err(Error::invalid_argument(
@@ -218,7 +218,7 @@ impl PoolBuilder {
         let chunk = match (&source, self.max_overhead) {
             (ChunkSource::Mapped(space), Some(_)) => growth
                 .min(footprint::LIMITED_CHUNK)
-                .next_multiple_of(space.granularity()),
+                .next_multiple_of(space.granularity),
             _ => growth,
         };
         let mut pool = PoolMemoryResource {

@@ -155,7 +155,7 @@ impl PoolMemoryResource {
     /// The size unit of mapped memory; `None` for the upstream's chunks (any size).
     pub(super) fn granularity(&self) -> Option<u64> {
         match &self.source {
-            ChunkSource::Mapped(space) => Some(space.granularity()),
+            ChunkSource::Mapped(space) => Some(space.granularity),
             _ => None,
         }
     }
@@ -163,7 +163,7 @@ impl PoolMemoryResource {
     /// `size` rounded up to the source's unit within `room` (rounded down); `None` if < `need`.
     pub(super) fn chunk_round(&self, size: u64, need: u64, room: u64) -> Option<u64> {
         let g = match &self.source {
-            ChunkSource::Mapped(space) => space.granularity(),
+            ChunkSource::Mapped(space) => space.granularity,
             _ => return (size >= need && size <= room).then_some(size),
         };
         let size = size.next_multiple_of(g).min(room / g * g);

@@ -23,7 +23,7 @@ pub(super) const LIMITED_CHUNK: u64 = 2 << 20;
 #[derive(Debug)]
 pub(super) struct FootprintLimit {
     /// Allowed memory beyond the peak in use, as a fraction of it.
-    overhead: f64,
+    pub(super) overhead: f64,
     /// Never given back below this: the initial size the pool was asked to hold.
     floor: u64,
     /// Peak bytes in use (with the request that grew the pool), as seen when finding memory.
@@ -45,11 +45,6 @@ impl FootprintLimit {
             floor,
             peak_in_use: AtomicU64::new(0),
         }
-    }
-
-    /// The allowed overhead, as a fraction of the peak in use.
-    pub(super) fn overhead(&self) -> f64 {
-        self.overhead
     }
 
     /// The most the pool may hold once `in_use` bytes are in use: the peak in use (raised to

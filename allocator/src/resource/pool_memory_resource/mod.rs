@@ -163,9 +163,7 @@ impl PoolMemoryResource {
 
     /// Allowed holding above peak in use, as a fraction of it ([`PoolBuilder::max_overhead`]).
     pub fn max_overhead(&self) -> Option<f64> {
-        self.footprint
-            .as_ref()
-            .map(footprint::FootprintLimit::overhead)
+        self.footprint.as_ref().map(|f| f.overhead)
     }
 
     /// Bytes currently held from the upstream.

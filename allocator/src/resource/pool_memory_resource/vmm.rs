@@ -36,7 +36,8 @@ pub(crate) struct AddressSpace {
     device: Device,
     base: u64,
     size: u64,
-    granularity: u64,
+    /// The unit of chunk sizes and addresses.
+    pub(crate) granularity: u64,
     /// Mapped chunks: start → (length, physical handle).
     mapped: Mutex<BTreeMap<u64, (u64, RawPhysical)>>,
 }
@@ -85,10 +86,6 @@ impl AddressSpace {
         });
         spaces.push(Arc::downgrade(&space));
         Ok(space)
-    }
-
-    pub(crate) fn granularity(&self) -> u64 {
-        self.granularity
     }
 
     /// The lowest start of `len` free bytes of the range, or `hint` when that is free.
