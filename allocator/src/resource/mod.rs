@@ -77,8 +77,7 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Lets [`DeviceMemoryResource::is_equal`] implementations look at the concrete type.
     fn as_any(&self) -> &dyn Any;
 
-    /// The resource requests pass to: `Some` for adaptors and the pool, `None` (default) for device
-    /// resources and those with several upstreams.
+    /// The resource requests pass to: `Some` for adaptors and the pool, `None` (default) otherwise.
     fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
         None
     }

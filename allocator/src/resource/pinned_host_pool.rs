@@ -37,8 +37,7 @@ const GROWTH_STEP: usize = 32 << 20;
 const MAX_GROWTH_STEP: usize = 4 << 30;
 /// Most pinned ahead per step; a step is usable once fully pinned, so smaller ones help sooner.
 const AHEAD_STEP: usize = 256 << 20;
-/// Smallest request served from pageable memory while pinning ahead: each is a mapping of its own
-/// in whole 2 MiB pages, which smaller ones would mostly waste.
+/// Smallest pageable request while pinning ahead: each is a mapping of its own, in 2 MiB pages.
 const PAGEABLE_MIN: usize = 8 << 20;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
@@ -462,8 +461,7 @@ impl Inner {
             .then(|| (want - free).clamp(GROWTH_STEP, MAX_GROWTH_STEP).min(room))
     }
 
-    /// Starts a background thread pinning toward the headroom unless one runs or none is needed; a
-    /// failure is logged and ends it.
+    /// Starts a thread pinning toward the headroom unless one runs or none is needed.
     fn pin_ahead(self: &Arc<Self>) {
         if self.ahead_step().is_none() || self.pinning_ahead.swap(true, Ordering::AcqRel) {
             return;

@@ -182,8 +182,7 @@ impl<A> StreamArenas<A> {
         self.get_in(self.id, stream, None, make)
     }
 
-    /// `stream`'s arena shared by all threads (its first lane), made with `make` on first use (the
-    /// per-thread default stream's is the thread's own).
+    /// `stream`'s arena shared by all its threads (for the per-thread default stream, its own).
     #[inline]
     pub(crate) fn shared(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
         if stream == PER_THREAD {

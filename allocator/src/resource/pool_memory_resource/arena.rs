@@ -272,8 +272,7 @@ impl ArenaState {
         !self.pending.is_empty()
     }
 
-    /// Adds a granted range to the heap serving `size`: a large-request range joins adjacent
-    /// large-heap regions within `within` (contiguous memory); small-heap ranges stay apart.
+    /// Adds a granted range to the heap for `size`; large ranges join neighbours within `within`.
     pub(crate) fn add_grant(&mut self, for_size: u64, addr: u64, len: u64, within: (u64, u64)) {
         if for_size <= SMALL_LIMIT {
             self.small.add_region(addr, len);

@@ -15,8 +15,7 @@ use super::global::FreeSpace;
 use super::tlsf::GRANULE;
 use crate::error::Result;
 
-/// Chunk size of a mapped pool with a footprint limit (a multiple of current GPUs' granularity):
-/// small, as the holes that changing sizes leave are rarely whole large chunks.
+/// Chunk size of a mapped pool with a footprint limit: small, as holes rarely free large chunks.
 pub(super) const LIMITED_CHUNK: u64 = 2 << 20;
 
 /// The most a pool holds beyond the peak of its bytes in use.

@@ -153,8 +153,7 @@ impl FreeSpace {
         true
     }
 
-    /// Takes `[addr, addr + size)` out of the free range `(fa, fs)` it overlaps: what lies before
-    /// `addr` or past `addr + size` stays free.
+    /// Takes `[addr, addr + size)` out of the free range `(fa, fs)`; the rest of it stays free.
     fn carve(&mut self, (fa, fs): (u64, u64), addr: u64, size: u64) {
         self.remove(fa, fs);
         if addr > fa {

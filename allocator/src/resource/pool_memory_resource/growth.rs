@@ -28,8 +28,7 @@ pub(crate) fn growth_size(need: u64, want: u64, step: u64, room: u64) -> Option<
 }
 
 impl PoolMemoryResource {
-    /// Finds at least `need` bytes (ideally `want`) for an arena, each step only if those before
-    /// found nothing.
+    /// Finds at least `need` bytes (ideally `want`) for an arena, each step if those before fail.
     pub(super) fn grant(
         &self,
         need: u64,
@@ -85,9 +84,8 @@ impl PoolMemoryResource {
         Ok(None)
     }
 
-    /// Grows the pool ([`Self::grow_by`]), by at most `cap` bytes where that suffices; with mapped
-    /// chunks, first right after a free range ending at a gap, which then counts toward the need.
-    /// False if the pool cannot grow.
+    /// Grows the pool by at most `cap` bytes where that suffices, first right after a free range
+    /// ending at a gap (mapped chunks), which then counts toward the need; false if it cannot.
     pub(super) fn grow(
         &self,
         g: &mut FreeSpace,
@@ -97,8 +95,7 @@ impl PoolMemoryResource {
         stream: StreamView,
     ) -> Result<bool> {
         let left = self.maximum.saturating_sub(g.pool_size());
-        // Room for growth adding `least`: within the cap (in the source's unit), never past the
-        // maximum.
+        // Room for growth of at least `least`: within the cap (in the source's unit) and maximum.
         let room_for = |least: u64| {
             let cap = cap.max(least);
             let unit = self.granularity().unwrap_or(GRANULE);

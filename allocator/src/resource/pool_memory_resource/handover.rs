@@ -47,8 +47,7 @@ pub(super) struct Handover {
     pub(super) blocks: Vec<LiveBlock>,
 }
 
-/// A provisional hand-over: the donor and what it gave, returned if the taking pool drops before
-/// [`PoolMemoryResource::commit_adoption`].
+/// A provisional hand-over, returned to the donor if the taking pool drops before the commit.
 pub(super) struct Pending {
     donor: Arc<PoolMemoryResource>,
     handover: Handover,
@@ -202,8 +201,7 @@ impl PoolMemoryResource {
     }
 
     /// Builder side: takes `donor`'s free chunks (and the `live` blocks it can hand over) within
-    /// `initial` bytes, the rest from the upstream; returns the bytes taken over. On error the
-    /// donor has back what it gave.
+    /// `initial` bytes, the rest from the upstream; returns the bytes taken over.
     pub(super) fn take_over(
         &mut self,
         donor: Option<Arc<PoolMemoryResource>>,

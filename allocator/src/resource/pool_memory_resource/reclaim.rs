@@ -110,8 +110,7 @@ impl PoolMemoryResource {
         Ok(false)
     }
 
-    /// Moves every arena's free blocks to the free space (after each stream's prior work), where
-    /// adjacent pieces of different arenas merge; returns the bytes moved.
+    /// Moves all arenas' free blocks to the free space, where neighbours merge; returns the bytes.
     pub(super) fn scavenge(&self, g: &mut FreeSpace) -> Result<u64> {
         let mut moved = 0;
         for (addr, size) in self.gather(ArenaState::take_free_blocks)? {

@@ -16,8 +16,7 @@ use crate::resource::{map_oom, out_of_memory};
 /// Reserved range per device, × its memory: room for a full-size pool and its replacement.
 const RESERVE_FACTOR: u64 = 2;
 
-/// The smallest maximum size for which [`VirtualMemory::Auto`](super::VirtualMemory::Auto)
-/// maps chunks (64 granules of 2 MiB): smaller pools keep the upstream's exact sizes.
+/// The smallest maximum size for which `VirtualMemory::Auto` maps chunks (64 granules of 2 MiB).
 pub(crate) const AUTO_MINIMUM: u64 = 128 << 20;
 
 /// Largest initial size at which [`VirtualMemory::Auto`](super::VirtualMemory::Auto) maps.
