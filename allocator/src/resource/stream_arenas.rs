@@ -158,14 +158,6 @@ pub(crate) fn sync_stream_or_device(
     backend.device_synchronize(dev)
 }
 
-impl<A> std::fmt::Debug for StreamArenas<A> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamArenas")
-            .field("streams", &self.index.lock().len())
-            .finish()
-    }
-}
-
 impl<A> StreamArenas<A> {
     pub(crate) fn new() -> Self {
         StreamArenas {

@@ -27,7 +27,6 @@ pub enum VirtualMemory {
 }
 
 /// Where one pool's chunks come from.
-#[derive(Debug)]
 pub(super) enum ChunkSource {
     /// The upstream resource's allocations.
     Upstream,

@@ -41,16 +41,6 @@ pub(crate) struct AddressSpace {
     mapped: Mutex<BTreeMap<u64, (u64, RawPhysical)>>,
 }
 
-impl std::fmt::Debug for AddressSpace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AddressSpace")
-            .field("device", &self.device)
-            .field("base", &format_args!("{:#x}", self.base))
-            .field("size", &self.size)
-            .finish_non_exhaustive()
-    }
-}
-
 impl AddressSpace {
     /// `device`'s address space, reserved on first use (twice its memory, granularity-aligned).
     pub(crate) fn of(device: Device) -> Result<Arc<AddressSpace>> {
