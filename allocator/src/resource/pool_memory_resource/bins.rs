@@ -5,7 +5,7 @@
 //! is reused first and small objects never fragment the heaps. A per-slab bitmap validates every
 //! free; a wholly free slab goes back to the heap on the pool's slow paths.
 
-use super::tlsf::{GRANULE, Heap};
+use super::tlsf::{GRANULE, Heap, store};
 
 /// Largest request served by the bins.
 pub(crate) const BIN_LIMIT: u64 = 64 << 10;
@@ -103,16 +103,7 @@ impl Bins {
             bits: vec![0; (count as usize).div_ceil(64)],
             active: true,
         };
-        let sid = match self.spare_ids.pop() {
-            Some(id) => {
-                self.slabs[id as usize] = slab;
-                id
-            }
-            None => {
-                self.slabs.push(slab);
-                (self.slabs.len() - 1) as u32
-            }
-        };
+        let sid = store(&mut self.slabs, &mut self.spare_ids, slab);
         let at = self.order.partition_point(|(b, _)| *b < base);
         self.order.insert(at, (base, sid));
         // Lowest address on top of the stack.

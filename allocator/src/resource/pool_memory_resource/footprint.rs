@@ -81,7 +81,7 @@ impl PoolMemoryResource {
         let beside = |g: &FreeSpace| g.ranges_before_gaps(need, 1).first().copied();
         let over = |g: &FreeSpace| {
             let lacks = need - beside(g).map_or(0, |r| r.1);
-            g.pool_size().saturating_add(lacks) > budget
+            g.pool_size.saturating_add(lacks) > budget
         };
         if over(g) {
             self.scavenge(g)?;
@@ -101,11 +101,11 @@ impl PoolMemoryResource {
                 need,
                 budget,
                 released,
-                pool_size = g.pool_size(),
+                pool_size = g.pool_size,
                 "pool gave free chunks back before growing, to keep to its footprint limit"
             );
         }
-        Ok(Within::Grow(budget.saturating_sub(g.pool_size())))
+        Ok(Within::Grow(budget.saturating_sub(g.pool_size)))
     }
 }
 

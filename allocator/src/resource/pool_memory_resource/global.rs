@@ -17,7 +17,7 @@ pub(crate) struct FreeSpace {
     /// Upstream chunks: start → size.
     chunks: BTreeMap<u64, u64>,
     /// The chunks' bytes (a footprint-limited pool has thousands of chunks).
-    pool_bytes: u64,
+    pub(crate) pool_size: u64,
     pub(crate) free_bytes: u64,
     /// Free ranges merge across chunk starts (chunks mapped into one address range).
     pub(crate) merge_across_chunks: bool,
@@ -67,10 +67,6 @@ impl FreeSpace {
         holding(&self.by_addr, addr, size)
     }
 
-    pub(crate) fn pool_size(&self) -> u64 {
-        self.pool_bytes
-    }
-
     pub(crate) fn chunk_count(&self) -> usize {
         self.chunks.len()
     }
@@ -90,21 +86,21 @@ impl FreeSpace {
     /// Adds a new upstream chunk, all free.
     pub(crate) fn add_chunk(&mut self, addr: u64, size: u64) {
         if let Some(old) = self.chunks.insert(addr, size) {
-            self.pool_bytes -= old;
+            self.pool_size -= old;
         }
-        self.pool_bytes += size;
+        self.pool_size += size;
         self.insert(addr, size);
-        self.peak_pool_size = self.peak_pool_size.max(self.pool_size());
+        self.peak_pool_size = self.peak_pool_size.max(self.pool_size);
     }
 
     /// The most the chunks came to since the pool was made or [`Self::reset_peak`].
     pub(crate) fn peak_pool_size(&self) -> u64 {
-        self.peak_pool_size.max(self.pool_size())
+        self.peak_pool_size.max(self.pool_size)
     }
 
     /// Makes the peak the chunks' size now.
     pub(crate) fn reset_peak(&mut self) {
-        self.peak_pool_size = self.pool_size();
+        self.peak_pool_size = self.pool_size;
     }
 
     /// Whether free ranges must not merge across `addr`.
@@ -245,7 +241,7 @@ impl FreeSpace {
     /// Drops the chunk at `addr` from the list (its bytes from the pool's size).
     fn drop_chunk(&mut self, addr: u64) {
         if let Some(size) = self.chunks.remove(&addr) {
-            self.pool_bytes -= size;
+            self.pool_size -= size;
         }
     }
 
@@ -279,7 +275,7 @@ impl FreeSpace {
         keep: Option<(u64, u64)>,
     ) -> Vec<(u64, u64)> {
         let inside = |&(a, s): &(u64, u64)| keep.is_some_and(|(k, l)| a >= k && a + s <= k + l);
-        let mut pool = self.pool_size();
+        let mut pool = self.pool_size;
         let taken: Vec<(u64, u64)> = self
             .free_chunks()
             .into_iter()
@@ -312,7 +308,7 @@ mod tests {
         assert_eq!(f.fragments(), 2, "merged back within chunk 0 only");
         assert_eq!(f.take(1500, 1500), None);
         assert_eq!(f.take_free_chunks(0, None).len(), 2);
-        assert_eq!(f.pool_size(), 0);
+        assert_eq!(f.pool_size, 0);
     }
 
     #[test]
@@ -334,7 +330,7 @@ mod tests {
         f.insert(0, 1500);
         // Give the middle chunk back: the free space either side stays.
         assert_eq!(f.take_chunks(&[(1000, 1000)]), vec![(1000, 1000)]);
-        assert_eq!(f.pool_size(), 2000);
+        assert_eq!(f.pool_size, 2000);
         assert_eq!(f.free_bytes, 2000);
         assert_eq!(f.fragments(), 2);
         assert_eq!(f.chunk_of(2500), Some((2000, 1000)));
@@ -353,7 +349,7 @@ mod tests {
             "only ranges shorter than the need"
         );
         assert_eq!(f.take_free_chunks(0, None).len(), 2);
-        assert_eq!((f.pool_size(), f.free_bytes, f.fragments()), (0, 0, 0));
+        assert_eq!((f.pool_size, f.free_bytes, f.fragments()), (0, 0, 0));
     }
 
     #[test]

@@ -94,7 +94,7 @@ impl PoolMemoryResource {
         cap: u64,
         stream: StreamView,
     ) -> Result<bool> {
-        let left = self.maximum.saturating_sub(g.pool_size());
+        let left = self.maximum.saturating_sub(g.pool_size);
         // Room for growth of at least `least`: within the cap (in the source's unit) and maximum.
         let room_for = |least: u64| {
             let cap = cap.max(least);
@@ -130,7 +130,7 @@ impl PoolMemoryResource {
             return Ok(false);
         };
         loop {
-            let pool = g.pool_size();
+            let pool = g.pool_size;
             match self.add_memory(g, size, at, stream, true) {
                 Ok(added) => {
                     if added {

@@ -168,7 +168,7 @@ impl PoolMemoryResource {
 
     /// Bytes currently held from the upstream.
     pub fn pool_size(&self) -> u64 {
-        self.global.lock().pool_size()
+        self.global.lock().pool_size
     }
 
     /// The most [`pool_size`](Self::pool_size) reached since creation or the last reset.
@@ -290,7 +290,7 @@ impl PoolMemoryResource {
         tracing::debug!(
             device = self.device.ordinal(),
             released,
-            pool_size = g.pool_size(),
+            pool_size = g.pool_size,
             "pool trimmed"
         );
         Ok(released)
@@ -326,7 +326,7 @@ impl PoolMemoryResource {
     fn snapshot_figures(&self) -> PoolSnapshot {
         let g = self.global.lock();
         let mut s = PoolSnapshot {
-            pool_size: g.pool_size(),
+            pool_size: g.pool_size,
             free: g.free_bytes,
             largest_free: g.largest_free(),
             chunks: g.chunk_count(),
@@ -375,7 +375,7 @@ impl PoolMemoryResource {
             granted += f.region_bytes;
             live.extend(st.live_blocks());
         }
-        let (size, unassigned) = (g.pool_size(), g.free_bytes);
+        let (size, unassigned) = (g.pool_size, g.free_bytes);
         if size != unassigned + granted {
             return Err(fail(format!(
                 "pool size {size} != unassigned {unassigned} + granted {granted}"

@@ -134,7 +134,7 @@ impl PoolMemoryResource {
         let g = self.global.lock();
         let unassigned = g.free_bytes;
         let mut u = PoolUsage {
-            pool_size: g.pool_size() as usize,
+            pool_size: g.pool_size as usize,
             peak_pool_size: g.peak_pool_size() as usize,
             largest_free: g.largest_free() as usize,
             maximum_size: Some(self.maximum as usize),

@@ -87,6 +87,21 @@ fn class_fitting(granules: u64) -> (usize, usize) {
     }
 }
 
+/// Puts `item` in a spare slot of `slab` (else at its end); returns its index.
+#[inline]
+pub(crate) fn store<T>(slab: &mut Vec<T>, spare: &mut Vec<u32>, item: T) -> u32 {
+    match spare.pop() {
+        Some(i) => {
+            slab[i as usize] = item;
+            i
+        }
+        None => {
+            slab.push(item);
+            (slab.len() - 1) as u32
+        }
+    }
+}
+
 impl Heap {
     pub(crate) fn new() -> Heap {
         Heap {
@@ -112,16 +127,7 @@ impl Heap {
     }
 
     fn new_block(&mut self, b: Block) -> u32 {
-        match self.spare.pop() {
-            Some(i) => {
-                self.blocks[i as usize] = b;
-                i
-            }
-            None => {
-                self.blocks.push(b);
-                (self.blocks.len() - 1) as u32
-            }
-        }
+        store(&mut self.blocks, &mut self.spare, b)
     }
 
     /// Returns descriptor `idx` to the slab's spare slots; a size of 0 marks it unused.
