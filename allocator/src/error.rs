@@ -46,8 +46,7 @@ pub enum Error {
         resource: &'static str,
     },
 
-    /// Pinning refused up front: it would exceed what the process may use (cgroup limit or
-    /// available memory), and pinned pages cannot be paged out, so it would get the process killed.
+    /// Pinning refused: unpageable memory would exceed what the process may use (cgroup, free).
     #[error(
         "pinning {} of host memory ({requested} bytes) for {resource} would take more than \
          this process may use: {host}. Pin less (spill.host_pool_size, spill.pin_ahead), add \

@@ -630,8 +630,7 @@ impl SliceOwner for Inner {
         let mut chunks = self.chunks.lock();
         let Some(at) = chunks.iter().position(|c| {
             std::ptr::eq(Arc::as_ptr(&c.region), region)
-                && offset >= c.start
-                && offset < c.start + c.len
+                && (c.start..c.start + c.len).contains(&offset)
         }) else {
             drop(chunks);
             tracing::error!(

@@ -208,9 +208,7 @@ impl FreeSpace {
             .into_iter()
             .filter(|&(_, s)| {
                 let fits = s <= left;
-                if fits {
-                    left -= s;
-                }
+                left -= if fits { s } else { 0 };
                 fits
             })
             .collect()
@@ -282,9 +280,7 @@ impl FreeSpace {
             .filter(|c| !inside(c))
             .take_while(|&(_, s)| {
                 let over = pool > target;
-                if over {
-                    pool -= s;
-                }
+                pool -= if over { s } else { 0 };
                 over
             })
             .collect();
