@@ -216,22 +216,17 @@ impl FreeSpace {
 
     /// Forgets the chunk at `addr` with whatever part of it is free (it may hold live blocks).
     pub(crate) fn forget_chunk(&mut self, addr: u64, size: u64) {
-        let free: Vec<(u64, u64)> = self
-            .by_addr
-            .range(addr..addr + size)
-            .map(|(a, s)| (*a, *s))
+        // The free ranges overlapping it: maybe one starting before it, and those inside it.
+        let before = self.by_addr.range(..addr).next_back();
+        let before = before.filter(|&(a, s)| a + s > addr);
+        let inside = self.by_addr.range(addr..addr + size);
+        let free: Vec<(u64, u64)> = before
+            .into_iter()
+            .chain(inside)
+            .map(|(&a, &s)| (a, s))
             .collect();
         for range in free {
             self.carve(range, addr, size);
-        }
-        if let Some((a, s)) = self
-            .by_addr
-            .range(..addr)
-            .next_back()
-            .map(|(a, s)| (*a, *s))
-            && a + s > addr
-        {
-            self.carve((a, s), addr, size);
         }
         self.drop_chunk(addr);
     }
