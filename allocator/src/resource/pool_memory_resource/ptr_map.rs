@@ -50,7 +50,9 @@ impl PtrMap {
         loop {
             let k = self.slots[i].key;
             if k == EMPTY || k == key {
-                self.len += usize::from(k == EMPTY);
+                if k == EMPTY {
+                    self.len += 1;
+                }
                 self.slots[i] = Slot { key, value };
                 return;
             }
