@@ -68,10 +68,9 @@ impl ChunkSource {
 
     /// The free space this source's chunks need.
     pub(super) fn free_space(&self) -> FreeSpace {
-        match self {
-            ChunkSource::Mapped(_) => FreeSpace::contiguous(),
-            _ => FreeSpace::default(),
-        }
+        let mut space = FreeSpace::default();
+        space.merge_across_chunks = matches!(self, ChunkSource::Mapped(_));
+        space
     }
 
     /// Whether chunks of `self` and `other` can move between their pools.

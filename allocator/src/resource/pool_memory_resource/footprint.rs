@@ -60,14 +60,6 @@ impl FootprintLimit {
 }
 
 impl PoolMemoryResource {
-    /// Bytes handed out and not freed, over every arena.
-    fn in_use_bytes(&self) -> u64 {
-        self.arenas
-            .all()
-            .map(|arena| arena.state.lock().figures().in_use)
-            .sum()
-    }
-
     /// Before growing for `need` bytes past `limit`: gathers every arena's free blocks and gives
     /// free chunks back. Returns a serving range, or how much the pool may grow.
     pub(super) fn keep_within(
@@ -76,7 +68,12 @@ impl PoolMemoryResource {
         limit: &FootprintLimit,
         need: u64,
     ) -> Result<Within> {
-        let budget = limit.budget(self.in_use_bytes().saturating_add(need));
+        let in_use: u64 = self
+            .arenas
+            .all()
+            .map(|a| a.state.lock().figures().in_use)
+            .sum();
+        let budget = limit.budget(in_use.saturating_add(need));
         // Chunks may follow a free range ending at a gap: growth then adds only what it lacks.
         let beside = |g: &FreeSpace| g.ranges_before_gaps(need, 1).first().copied();
         let over = |g: &FreeSpace| {

@@ -1,6 +1,6 @@
 //! Pool memory not granted to any stream's arena: free ranges by address (to merge neighbours) and
 //! by size (best fit in O(log n)). Ranges merge across chunk starts only over chunks mapped side by
-//! side ([`FreeSpace::contiguous`]). All slow path.
+//! side (`merge_across_chunks`). All slow path.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -29,14 +29,6 @@ pub(crate) struct FreeSpace {
 }
 
 impl FreeSpace {
-    /// Free space over chunks mapped side by side in one range: ranges merge across chunks.
-    pub(crate) fn contiguous() -> Self {
-        FreeSpace {
-            merge_across_chunks: true,
-            ..FreeSpace::default()
-        }
-    }
-
     /// The chunk that holds `addr`: (start, size).
     pub(crate) fn chunk_of(&self, addr: u64) -> Option<(u64, u64)> {
         holding(&self.chunks, addr, 1)
@@ -304,7 +296,10 @@ mod tests {
 
     #[test]
     fn contiguous_chunks_merge_and_go_back_one_by_one() {
-        let mut f = FreeSpace::contiguous();
+        let mut f = FreeSpace {
+            merge_across_chunks: true,
+            ..FreeSpace::default()
+        };
         f.add_chunk(0, 1000);
         f.add_chunk(1000, 1000);
         f.add_chunk(2000, 1000);
