@@ -215,11 +215,6 @@ impl<A> StreamArenas<A> {
         self.rest.get(i - FIRST)
     }
 
-    /// Slot `i`, making its segment if need be; `i < MAX_ARENAS`.
-    fn slot_made(&self, i: usize) -> Option<&Slot<A>> {
-        self.first.get(i).or_else(|| self.rest.make(i - FIRST))
-    }
-
     /// [`Self::get_in`] past the thread's cache: the index, making the arena on first use.
     #[cold]
     fn get_slow(
@@ -243,7 +238,13 @@ impl<A> StreamArenas<A> {
                 Some(&s) => s,
                 None => {
                     // Every slot below `MAX_ARENAS` exists (its segment made here).
-                    let made = (next < MAX_ARENAS).then(|| self.slot_made(next)).flatten();
+                    let made = (next < MAX_ARENAS)
+                        .then(|| {
+                            self.first
+                                .get(next)
+                                .or_else(|| self.rest.make(next - FIRST))
+                        })
+                        .flatten();
                     let Some(slot) = made else {
                         return Err(Error::invalid_argument(
                             "stream",

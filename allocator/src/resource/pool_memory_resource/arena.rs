@@ -349,6 +349,10 @@ impl ArenaState {
     }
 
     pub(crate) fn figures(&self) -> ArenaFigures {
+        // Bin slabs are allocated heap blocks: count their handed-out blocks, less those pending.
+        let binned = self.pending.iter().filter(|p| p.tag.is_none());
+        let (pending_bins, pending_bin_bytes) =
+            binned.fold((0, 0), |(n, bytes), p| (n + 1, bytes + p.size));
         ArenaFigures {
             region_bytes: self.small.region_bytes + self.large.region_bytes,
             free_bytes: self.small.free_bytes
@@ -356,23 +360,13 @@ impl ArenaState {
                 + self.bins.free_bytes
                 + self.cache.bytes,
             cached_bytes: self.cache.bytes,
-            // Bin slabs are allocated heap blocks; count their handed-out blocks instead.
-            in_use: self.in_use + self.bins.live_bytes - self.pending_bin_bytes(),
+            in_use: self.in_use + self.bins.live_bytes - pending_bin_bytes,
             pending_bytes: self.pending_bytes,
             largest_free: self.small.largest_free().max(self.large.largest_free()),
             regions: self.small.regions + self.large.regions,
             free_blocks: self.small.free_blocks + self.large.free_blocks,
-            live_blocks: self.live.len + self.bins.live_count
-                - self.pending.iter().filter(|p| p.tag.is_none()).count(),
+            live_blocks: self.live.len + self.bins.live_count - pending_bins,
         }
-    }
-
-    fn pending_bin_bytes(&self) -> u64 {
-        self.pending
-            .iter()
-            .filter(|p| p.tag.is_none())
-            .map(|p| p.size)
-            .sum()
     }
 
     pub(crate) fn check(&self) -> std::result::Result<(), String> {
