@@ -53,8 +53,7 @@ impl AddressSpace {
         {
             return Ok(s);
         }
-        let backend = device.backend();
-        let dev = device.ordinal();
+        let (backend, dev) = (device.backend(), device.ordinal());
         let granularity = backend.mem_granularity(dev)? as u64;
         let total = backend.properties(dev)?.total_memory as u64;
         let size = (total.max(granularity) * RESERVE_FACTOR).next_multiple_of(granularity);
@@ -184,8 +183,7 @@ impl AddressSpace {
 
 /// Unmaps one chunk and releases its physical memory.
 fn unmap_one(device: Device, addr: u64, len: u64, handle: RawPhysical) -> Result<()> {
-    let backend = device.backend();
-    let dev = device.ordinal();
+    let (backend, dev) = (device.backend(), device.ordinal());
     backend.mem_unmap(dev, DevicePtr(addr), len as usize)?;
     backend.mem_release(dev, handle)
 }
