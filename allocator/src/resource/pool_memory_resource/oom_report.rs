@@ -132,14 +132,13 @@ impl PoolMemoryResource {
     /// Takes the pool's lock and every arena's in turn (not for hot paths).
     pub fn usage(&self) -> PoolUsage {
         let g = self.global.lock();
-        let unassigned = g.free_bytes;
         let mut u = PoolUsage {
             pool_size: g.pool_size as usize,
             peak_pool_size: g.peak_pool_size() as usize,
             largest_free: g.largest_free() as usize,
             maximum_size: Some(self.maximum as usize),
-            free: unassigned as usize,
-            unassigned: unassigned as usize,
+            free: g.free_bytes as usize,
+            unassigned: g.free_bytes as usize,
             growth: self.growth as usize,
             device_allocations: g.device_allocations,
             device_frees: g.device_frees,
@@ -154,16 +153,14 @@ impl PoolMemoryResource {
             u.cached += f.cached_bytes as usize;
             u.pending += f.pending_bytes as usize;
             u.largest_free = u.largest_free.max(f.largest_free as usize);
-            let i = match streams.iter().position(|s| s.stream == arena.stream) {
-                Some(i) => i,
-                None => {
-                    streams.push(StreamUsage {
-                        stream: arena.stream,
-                        ..StreamUsage::default()
-                    });
-                    streams.len() - 1
-                }
-            };
+            let i = streams.iter().position(|s| s.stream == arena.stream);
+            let i = i.unwrap_or_else(|| {
+                streams.push(StreamUsage {
+                    stream: arena.stream,
+                    ..StreamUsage::default()
+                });
+                streams.len() - 1
+            });
             let s = &mut streams[i];
             s.arenas += 1;
             s.in_use += f.in_use as usize;
