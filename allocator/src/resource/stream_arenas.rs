@@ -1,11 +1,9 @@
 //! Per-stream state for stream-ordered resources, found without a global lock.
 //!
 //! A resource keeps its arenas in an append-only table, one per (stream, *lane*): threads get lanes
-//! round-robin over [`LANES`], so threads sharing a stream still get arenas of their own. A
-//! stream's work is ordered, so any of its arenas may serve it and take back blocks another lane
-//! freed. Each thread caches the (resource, stream) → slot pairs it used last, so the fast path is
-//! a thread-local lookup and an index. The per-thread default stream names a different stream on
-//! each thread: its arenas are one per thread.
+//! round-robin over [`LANES`], so threads sharing a stream get arenas of their own, any of which
+//! may serve the stream's ordered work. Each thread caches the (resource, stream) → slot pairs it
+//! used last. The per-thread default stream's arenas are one per thread.
 //!
 //! The first [`FIRST`] slots are inline; the rest come in segments of [`FIRST`], made with their
 //! first arena ([`GroupedSlots`]), so building a resource does not touch all [`MAX_ARENAS`].

@@ -1,10 +1,9 @@
 //! Keeping a pool's footprint near what is in use ([`PoolBuilder::max_overhead`]).
 //!
-//! A pool growing on demand keeps the free pieces left between one training step's blocks; when the
-//! next step asks for sizes no piece fits, it grows again and drifts above its peak in use. With a
-//! limit, growing past `peak in use × (1 + overhead)` first gathers every arena's free blocks (the
-//! request may fit there, merged), then gives entirely free chunks back, so new memory replaces
-//! free memory. A mapped pool's chunks are then small ([`LIMITED_CHUNK`]). Slow path only.
+//! A pool growing on demand drifts above its peak in use when sizes change from step to step and no
+//! free piece fits. With a limit, growing past `peak in use × (1 + overhead)` first gathers every
+//! arena's free blocks, then gives entirely free chunks back, so new memory replaces free memory.
+//! A mapped pool's chunks are then small ([`LIMITED_CHUNK`]). Slow path only.
 //!
 //! [`PoolBuilder::max_overhead`]: super::PoolBuilder::max_overhead
 

@@ -1,5 +1,4 @@
-//! Live blocks a replacing pool takes over with their chunks, data in place, so a reinitialize from
-//! pool to pool keeps spillable buffers on the device
+//! Live blocks a replacing pool takes over with their chunks, data in place
 //! ([`PoolBuilder::adopt_live`](super::PoolBuilder::adopt_live)).
 //!
 //! The old pool disowns the blocks and hands over, within the new pool's initial size, the chunks

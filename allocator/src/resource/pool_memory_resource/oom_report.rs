@@ -80,18 +80,16 @@ impl PoolUsage {
 
     /// What to try, most useful first.
     fn advice(&self, requested: usize) -> Vec<String> {
+        if let Some(m) = self.maximum_size.filter(|&m| requested > m) {
+            return vec![format!(
+                "the request is larger than the pool's maximum size {}: raise pool.maximum_size",
+                fmt_bytes(m)
+            )];
+        }
         let mut tips = Vec::new();
         let at_maximum = self
             .maximum_size
             .is_some_and(|m| self.pool_size.saturating_add(requested) > m);
-        if let Some(m) = self.maximum_size.filter(|&m| requested > m) {
-            tips.push(format!(
-                "the request is larger than the pool's maximum size {}: raise \
-                 pool.maximum_size",
-                fmt_bytes(m)
-            ));
-            return tips;
-        }
         if self.free >= requested {
             tips.push(format!(
                 "{} is free but no block is large enough: use fewer streams (or threads per \
