@@ -163,14 +163,9 @@ impl Bins {
         for &sid in &empty {
             let slab = &mut self.slabs[sid as usize];
             slab.active = false;
-            let (class, bytes, heap_block) = (
-                slab.class as usize,
-                slab.block * slab.count as u64,
-                slab.heap_block,
-            );
-            self.free[class].retain(|(_, s)| *s != sid);
-            self.free_bytes -= bytes;
-            heap.free(heap_block);
+            self.free_bytes -= slab.block * slab.count as u64;
+            heap.free(slab.heap_block);
+            self.free[slab.class as usize].retain(|(_, s)| *s != sid);
             self.spare_ids.push(sid);
         }
         let slabs = &self.slabs;

@@ -191,9 +191,7 @@ fn unmap_one(device: Device, addr: u64, len: u64, handle: RawPhysical) -> Result
 impl Drop for AddressSpace {
     fn drop(&mut self) {
         let (backend, dev) = (self.device.backend(), self.device.ordinal());
-        let left: Vec<(u64, (u64, RawPhysical))> =
-            self.mapped.lock().iter().map(|(a, v)| (*a, *v)).collect();
-        for (addr, (len, h)) in left {
+        for (addr, (len, h)) in std::mem::take(self.mapped.get_mut()) {
             tracing::warn!(
                 device = dev,
                 addr,
