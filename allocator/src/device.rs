@@ -183,9 +183,8 @@ pub fn current_device() -> u32 {
     CURRENT_DEVICE.with(Cell::get)
 }
 
-/// The device the calling thread works on when the caller names none (RMM's `DeviceBuffer(size)`):
-/// that of the thread's current CUDA context (`cudaSetDevice`, CuPy's `Device.use()`,
-/// `torch.cuda.set_device`), else [`current_device`]. A driver call: not for hot paths.
+/// The device the calling thread works on when the caller names none: that of the thread's CUDA
+/// context (`cudaSetDevice`, `torch.cuda.set_device`), else [`current_device`]. A driver call.
 pub fn thread_device() -> u32 {
     backend::global()
         .ok()
