@@ -7,8 +7,8 @@
 //! A pool is fixed ([`PinnedHostPool::new`]) or growable up to an optional maximum
 //! ([`PinnedHostPool::growable`]). A growable pool may pin ahead of demand on a background thread
 //! ([`PinnedHostPool::keep_free`]), once a request has needed pinned memory, in small chunks: a
-//! registration holds the driver, stalling copies enqueued meanwhile. While it does, a miss of 8
-//! MiB or more takes pageable memory of its own rather than wait (the driver copies it on every
+//! registration holds the driver, stalling copies enqueued meanwhile. While it does, a miss of
+//! 8 MiB or more takes pageable memory of its own rather than wait (the driver copies it on every
 //! device at once, where pinning serializes on one driver lock); smaller misses pin what they need.
 //! [`PinnedHostPool::release_idle`] makes a pool hold only what its slices need.
 
