@@ -203,11 +203,8 @@ impl Bins {
         let stacked: u64 = self
             .free
             .iter()
-            .map(|v| {
-                v.iter()
-                    .map(|(_, sid)| self.slabs[*sid as usize].block)
-                    .sum::<u64>()
-            })
+            .flatten()
+            .map(|(_, sid)| self.slabs[*sid as usize].block)
             .sum();
         if live != self.live_count || live_bytes != self.live_bytes || stacked != self.free_bytes {
             return Err(format!(
