@@ -235,14 +235,9 @@ impl<A> StreamArenas<A> {
             match index.get(&(stream, lane)) {
                 Some(&s) => s,
                 None => {
-                    // Every slot below `MAX_ARENAS` exists (its segment made here).
-                    let made = (next < MAX_ARENAS)
-                        .then(|| {
-                            self.first
-                                .get(next)
-                                .or_else(|| self.rest.make(next - FIRST))
-                        })
-                        .flatten();
+                    // Every slot below `MAX_ARENAS` exists (its segment made here); none past it.
+                    let (first, rest) = (&self.first, &self.rest);
+                    let made = first.get(next).or_else(|| rest.make(next - FIRST));
                     let Some(slot) = made else {
                         return Err(Error::invalid_argument(
                             "stream",
