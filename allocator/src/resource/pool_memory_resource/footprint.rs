@@ -67,12 +67,8 @@ impl PoolMemoryResource {
         limit: &FootprintLimit,
         need: u64,
     ) -> Result<Within> {
-        let in_use: u64 = self
-            .arenas
-            .all()
-            .map(|a| a.state.lock().figures().in_use)
-            .sum();
-        let budget = limit.budget(in_use.saturating_add(need));
+        let in_use = self.arenas.all().map(|a| a.state.lock().figures().in_use);
+        let budget = limit.budget(in_use.sum::<u64>().saturating_add(need));
         // Chunks may follow a free range ending at a gap: growth then adds only what it lacks.
         let beside = |g: &FreeSpace| g.ranges_before_gaps(need, 1).first().copied();
         let over = |g: &FreeSpace| {

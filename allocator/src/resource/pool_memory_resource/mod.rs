@@ -541,12 +541,11 @@ impl Drop for PoolMemoryResource {
         for arena in self.arenas.all() {
             arena.state.lock().destroy_events(backend, dev);
         }
-        let mut g = self.global.lock();
+        let g = self.global.get_mut();
         if let Some(p) = pending {
-            p.give_back(&mut g);
+            p.give_back(g);
         }
         let chunks: Vec<(u64, u64)> = g.chunks().collect();
-        drop(g);
         for (addr, size) in chunks {
             if let Err(e) = self.return_chunk(addr, size) {
                 tracing::error!(

@@ -116,8 +116,7 @@ impl AddressSpace {
     ) -> Result<Option<Vec<(u64, u64)>>> {
         let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let mut mapped = self.mapped.lock();
-        let end = self.base + self.size;
-        let placed = Self::place(&mapped, self.base, end, total, at);
+        let placed = Self::place(&mapped, self.base, self.base + self.size, total, at);
         if at.is_some() && placed != at {
             return Ok(None);
         }
