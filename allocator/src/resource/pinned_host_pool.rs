@@ -143,9 +143,8 @@ impl PinnedHostPool {
     pub fn on(backend: &'static dyn Backend, bytes: usize) -> Result<PinnedHostPool> {
         let pool = Self::empty(backend, None);
         pool.inner.grow(bytes, MIN_CHUNK)?;
-        pool.inner
-            .fixed_size
-            .store(pool.capacity(), Ordering::Relaxed);
+        let size = pool.capacity();
+        pool.inner.fixed_size.store(size, Ordering::Relaxed);
         Ok(pool)
     }
 
@@ -253,9 +252,8 @@ impl PinnedHostPool {
             .unwrap_or(0)
     }
 
-    /// Keeps at least `bytes` free and pinned ahead of demand (within the maximum, growable pools
-    /// only) once a request has needed pinned memory. 0 stops it; what is pinned stays until
-    /// [`trim`](Self::trim).
+    /// Keeps at least `bytes` pinned ahead of demand (growable pools, within the maximum) once a
+    /// request has needed pinned memory. 0 stops it; what is pinned stays until [`Self::trim`].
     pub fn keep_free(&self, bytes: usize) {
         if !self.is_growable() {
             return;

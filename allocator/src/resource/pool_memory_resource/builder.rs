@@ -50,9 +50,8 @@ impl PoolBuilder {
         }
     }
 
-    /// Whether chunks are mapped through CUDA's virtual memory API (default
-    /// [`VirtualMemory::Auto`]). Mapped chunks lie side by side, so free space stays in one piece
-    /// across growth; sizes are then granule multiples (e.g. 2 MiB).
+    /// Whether chunks are mapped side by side through CUDA's virtual memory API, so free space
+    /// stays whole (default [`VirtualMemory::Auto`]); sizes are then granule multiples (2 MiB).
     pub fn virtual_memory(mut self, mode: VirtualMemory) -> Self {
         self.virtual_memory = mode;
         self
@@ -79,10 +78,9 @@ impl PoolBuilder {
     }
 
     /// Keeps the pool within `fraction` above its peak in use (default: no limit), never below the
-    /// initial size: before growing past `peak × (1 + fraction)`, it gathers the arenas' free
-    /// blocks and gives entirely free chunks back. Needs mapped memory
-    /// ([`PoolBuilder::virtual_memory`]; `Auto` then chooses it); [`PoolBuilder::build`] refuses
-    /// other pools and negative or non-finite values.
+    /// initial size, by giving free memory back before growing past `peak × (1 + fraction)`. Needs
+    /// mapped memory ([`PoolBuilder::virtual_memory`]; `Auto` then chooses it); [`Self::build`]
+    /// refuses other pools and negative or non-finite values.
     pub fn max_overhead(mut self, fraction: f64) -> Self {
         self.max_overhead = Some(fraction);
         self
@@ -104,9 +102,8 @@ impl PoolBuilder {
         self
     }
 
-    /// With [`PoolBuilder::adopt_from`]: dropping the pool before
-    /// [`PoolMemoryResource::commit_adoption`] returns what it took over to the donor, data in
-    /// place. Allocate nothing from it before the commit.
+    /// With [`PoolBuilder::adopt_from`]: until [`PoolMemoryResource::commit_adoption`], dropping
+    /// the pool returns what it took over to the donor; allocate nothing from it before.
     pub fn adopt_provisionally(mut self) -> Self {
         self.provisional = true;
         self

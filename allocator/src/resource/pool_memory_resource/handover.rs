@@ -169,10 +169,8 @@ impl PoolMemoryResource {
                 "a block inside the chunks handed over (this is a bug in rmm-rs)",
             ));
         }
-        self.arena(b.stream)?
-            .state
-            .lock()
-            .adopt_live(b.ptr.addr(), b.size());
+        let arena = self.arena(b.stream)?;
+        arena.state.lock().adopt_live(b.ptr.addr(), b.size());
         Ok(())
     }
 

@@ -105,9 +105,8 @@ impl AddressSpace {
         (at + len <= end).then_some(at)
     }
 
-    /// Maps `total` bytes (a granularity multiple) side by side in chunks of `chunk` bytes (the
-    /// last maybe smaller), at `at` (`None` if taken) or else the lowest free addresses, and makes
-    /// them accessible. Returns the chunks (start, length). All or nothing.
+    /// Maps `total` bytes side by side in chunks of `chunk` bytes at `at` (`None` if taken) or the
+    /// lowest free addresses, and makes them accessible; returns the chunks. All or nothing.
     pub(crate) fn map(
         &self,
         total: u64,
