@@ -360,7 +360,6 @@ impl Error {
         }
     }
 
-    /// Shorthand for [`Error::InvalidPointer`].
     pub(crate) fn invalid_pointer(ptr: u64, bytes: usize, resource: &'static str) -> Self {
         Error::InvalidPointer {
             ptr,
@@ -369,7 +368,6 @@ impl Error {
         }
     }
 
-    /// Shorthand for [`Error::HostOutOfMemory`].
     pub(crate) fn host_out_of_memory(requested: usize, resource: &'static str) -> Self {
         Error::HostOutOfMemory {
             requested,
@@ -377,7 +375,6 @@ impl Error {
         }
     }
 
-    /// Shorthand for [`Error::NoSuchDevice`].
     pub(crate) fn no_such_device(requested: u32, count: u32, backend: &'static str) -> Self {
         Error::NoSuchDevice {
             requested,
@@ -386,7 +383,6 @@ impl Error {
         }
     }
 
-    /// Shorthand for [`Error::EventLog`].
     pub(crate) fn event_log(
         path: impl Into<String>,
         line: Option<usize>,

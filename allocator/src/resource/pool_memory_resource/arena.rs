@@ -44,7 +44,6 @@ pub(crate) struct ArenaState {
 /// device under it. Waiters yield at once: contention means as many threads of one stream as cores.
 pub(crate) type ArenaLock<T> = SpinLock<T, 0>;
 
-/// One stream's arena.
 #[derive(Debug)]
 pub(crate) struct Arena {
     pub(crate) stream: RawStream,
