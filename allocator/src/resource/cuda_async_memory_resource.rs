@@ -37,11 +37,10 @@ impl CudaAsyncMemoryResource {
                 ),
             });
         }
-        let pool = device
-            .backend()
-            .mem_pool_create(device.ordinal(), release_threshold)?;
+        let (backend, dev) = (device.backend(), device.ordinal());
+        let pool = backend.mem_pool_create(dev, release_threshold)?;
         tracing::debug!(
-            device = device.ordinal(),
+            device = dev,
             release_threshold,
             "created CUDA async memory pool"
         );

@@ -205,11 +205,9 @@ impl Drop for FixedSizeMemoryResource {
                 self.device
             );
         }
+        let upstream = &self.upstream;
         for (addr, bytes) in std::mem::take(&mut self.stock.lock().chunks) {
-            if let Err(e) = self
-                .upstream
-                .deallocate(DevicePtr(addr), bytes, StreamView::DEFAULT)
-            {
+            if let Err(e) = upstream.deallocate(DevicePtr(addr), bytes, StreamView::DEFAULT) {
                 tracing::error!("returning {bytes} bytes at {addr:#x} upstream: {e}");
             }
         }

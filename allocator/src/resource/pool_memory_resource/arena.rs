@@ -371,12 +371,8 @@ impl ArenaState {
     pub(crate) fn check(&self) -> std::result::Result<(), String> {
         let mut cached = 0;
         for b in self.cache.iter() {
-            let fine = self
-                .heap(b.tag)
-                .get_block(b.tag & !SMALL_TAG)
-                .is_some_and(|block| {
-                    !block.is_free() && block.addr == b.addr && block.size == b.size
-                });
+            let block = self.heap(b.tag).get_block(b.tag & !SMALL_TAG);
+            let fine = block.is_some_and(|k| !k.is_free() && k.addr == b.addr && k.size == b.size);
             if !fine || self.live.get(b.addr).is_some() {
                 return Err(format!(
                     "cached block {:#x}+{} is not its heap's allocated block of that size, \

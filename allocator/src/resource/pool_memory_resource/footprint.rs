@@ -48,10 +48,8 @@ impl FootprintLimit {
     /// The most the pool may hold once `in_use` bytes are in use: the peak in use (raised to
     /// `in_use`) plus the overhead, never below the floor, rounded down to 256 bytes.
     fn budget(&self, in_use: u64) -> u64 {
-        let peak = self
-            .peak_in_use
-            .fetch_max(in_use, Ordering::Relaxed)
-            .max(in_use);
+        let peak = self.peak_in_use.fetch_max(in_use, Ordering::Relaxed);
+        let peak = peak.max(in_use);
         let allowed = peak.saturating_add((peak as f64 * self.overhead) as u64);
         // Grants and chunks are whole granules: so is what they are cut to.
         (allowed.max(self.floor) / GRANULE) * GRANULE

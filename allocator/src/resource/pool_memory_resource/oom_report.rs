@@ -87,9 +87,8 @@ impl PoolUsage {
             )];
         }
         let mut tips = Vec::new();
-        let at_maximum = self
-            .maximum_size
-            .is_some_and(|m| self.pool_size.saturating_add(requested) > m);
+        let grown = self.pool_size.saturating_add(requested);
+        let at_maximum = self.maximum_size.is_some_and(|m| grown > m);
         if self.free >= requested {
             tips.push(format!(
                 "{} is free but no block is large enough: use fewer streams (or threads per \

@@ -129,9 +129,8 @@ impl AddressSpace {
             );
             return Err(out_of_memory(self.device, total as usize, VMM_FULL, None));
         };
-        let chunk = chunk
-            .max(self.granularity)
-            .next_multiple_of(self.granularity);
+        let g = self.granularity;
+        let chunk = chunk.max(g).next_multiple_of(g);
         let mut made: Vec<(u64, u64, RawPhysical)> = Vec::new();
         let mut at = start;
         let result = (|| {
