@@ -104,9 +104,9 @@ impl Event {
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the record cannot be enqueued.
     pub fn record(&self, stream: StreamView) -> Result<()> {
-        self.device
-            .backend()
-            .event_record(self.device.ordinal(), self.raw, stream.raw())
+        let d = self.device;
+        d.backend()
+            .event_record(d.ordinal(), self.raw, stream.raw())
     }
 
     /// True when the captured work has completed (or the event was never recorded).

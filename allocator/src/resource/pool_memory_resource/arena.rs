@@ -331,12 +331,8 @@ impl ArenaState {
 
     /// Live blocks as (address, size).
     pub(crate) fn live_blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let pending_bins: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|p| p.tag.is_none())
-            .map(|p| p.addr)
-            .collect();
+        let binned = self.pending.iter().filter(|p| p.tag.is_none());
+        let pending_bins: Vec<u64> = binned.map(|p| p.addr).collect();
         self.live
             .iter()
             .map(|(addr, tag)| (addr, self.block_size(tag)))

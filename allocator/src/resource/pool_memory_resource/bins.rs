@@ -151,11 +151,9 @@ impl Bins {
 
     /// Gives every slab with no live block back to `heap`.
     pub(crate) fn release_empty(&mut self, heap: &mut Heap) {
-        let empty: Vec<u32> = self
-            .order
-            .iter()
-            .map(|(_, sid)| *sid)
-            .filter(|sid| self.slabs[*sid as usize].live == 0)
+        let sids = self.order.iter().map(|(_, sid)| *sid);
+        let empty: Vec<u32> = sids
+            .filter(|&sid| self.slabs[sid as usize].live == 0)
             .collect();
         if empty.is_empty() {
             return;

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::chunks::{ChunkSource, VirtualMemory};
+use super::footprint::{FootprintLimit, LIMITED_CHUNK};
 use super::growth::DEFAULT_GROWTH;
 use super::handover::LiveBlock;
 use super::tlsf::GRANULE;
-use super::{PoolMemoryResource, footprint, vmm};
+use super::{PoolMemoryResource, vmm};
 use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
@@ -214,7 +215,7 @@ impl PoolBuilder {
         };
         let chunk = match (&source, self.max_overhead) {
             (ChunkSource::Mapped(space), Some(_)) => growth
-                .min(footprint::LIMITED_CHUNK)
+                .min(LIMITED_CHUNK)
                 .next_multiple_of(space.granularity),
             _ => growth,
         };
@@ -224,9 +225,7 @@ impl PoolBuilder {
             maximum,
             growth,
             chunk,
-            footprint: self
-                .max_overhead
-                .map(|f| footprint::FootprintLimit::new(f, initial)),
+            footprint: self.max_overhead.map(|f| FootprintLimit::new(f, initial)),
             arenas: StreamArenas::new(),
             global: Mutex::new(source.free_space()),
             source,

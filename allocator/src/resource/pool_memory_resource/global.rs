@@ -244,11 +244,8 @@ impl FreeSpace {
     /// Removes and returns the entirely free chunks not in `keep`.
     pub(crate) fn take_free_chunks_except(&mut self, keep: &[(u64, u64)]) -> Vec<(u64, u64)> {
         let keep: std::collections::HashSet<&(u64, u64)> = keep.iter().collect();
-        let others: Vec<(u64, u64)> = self
-            .free_chunks()
-            .into_iter()
-            .filter(|c| !keep.contains(c))
-            .collect();
+        let mut others = self.free_chunks();
+        others.retain(|c| !keep.contains(c));
         self.take_chunks(&others)
     }
 

@@ -120,11 +120,8 @@ impl PoolMemoryResource {
         let (mut moved, mut kept) = (Vec::new(), Vec::new());
         for b in released {
             let under = g.chunks_under(b.ptr.addr(), b.size());
-            let new: Vec<(u64, u64)> = under
-                .iter()
-                .filter(|c| !taken.contains(c))
-                .copied()
-                .collect();
+            let mut new = under.clone();
+            new.retain(|c| !taken.contains(c));
             let cost: u64 = new.iter().map(|c| c.1).sum();
             if !under.is_empty() && under.iter().all(|c| free_set.contains(c)) && cost <= left {
                 left -= cost;
