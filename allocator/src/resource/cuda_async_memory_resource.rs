@@ -72,13 +72,10 @@ impl CudaAsyncMemoryResource {
     /// # Errors
     /// [`Error::Driver`] when waiting or trimming fails.
     pub fn release(&self) -> Result<()> {
-        let _span = tracing::debug_span!(
-            "CudaAsyncMemoryResource::release",
-            device = self.device.ordinal()
-        )
-        .entered();
-        self.device.synchronize()?;
         let dev = self.device.ordinal();
+        let _span =
+            tracing::debug_span!("CudaAsyncMemoryResource::release", device = dev).entered();
+        self.device.synchronize()?;
         self.device.backend().mem_pool_trim(dev, self.pool, 0)
     }
 }

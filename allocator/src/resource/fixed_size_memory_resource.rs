@@ -92,11 +92,10 @@ impl FixedSizeMemoryResource {
         let bytes = self.block_size * self.blocks_per_chunk;
         let p = self.upstream.allocate(bytes, stream)?;
         stock.chunks.push((p.addr(), bytes));
-        stock.free.extend(
-            (0..self.blocks_per_chunk)
-                .rev()
-                .map(|i| p.addr() + (i * self.block_size) as u64),
-        );
+        let blocks = (0..self.blocks_per_chunk).rev();
+        stock
+            .free
+            .extend(blocks.map(|i| p.addr() + (i * self.block_size) as u64));
         let device = self.device.ordinal();
         tracing::debug!(device, bytes, "fixed-size resource grew");
         Ok(())

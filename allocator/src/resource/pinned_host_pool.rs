@@ -242,14 +242,9 @@ impl PinnedHostPool {
 
     /// The largest slice it can hand out now without growing.
     pub fn largest_free(&self) -> usize {
-        self.inner
-            .chunks
-            .lock()
-            .iter()
-            .flat_map(|c| c.free.values())
-            .copied()
-            .max()
-            .unwrap_or(0)
+        let chunks = self.inner.chunks.lock();
+        let sizes = chunks.iter().flat_map(|c| c.free.values());
+        sizes.copied().max().unwrap_or(0)
     }
 
     /// Keeps at least `bytes` pinned ahead of demand (growable pools, within the maximum) once a

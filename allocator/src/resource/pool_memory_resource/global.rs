@@ -179,16 +179,13 @@ impl FreeSpace {
     /// The chunks that are entirely free, largest first.
     pub(crate) fn free_chunks(&self) -> Vec<(u64, u64)> {
         // The chunks inside each free range: the free ranges are fewer than the chunks.
-        let mut free: Vec<(u64, u64)> = self
-            .by_addr
-            .iter()
-            .flat_map(|(&start, &len)| {
-                self.chunks
-                    .range(start..start + len)
-                    .filter(move |(a, s)| **a + **s <= start + len)
-                    .map(|(a, s)| (*a, *s))
-            })
-            .collect();
+        let inside = |(&start, &len): (&u64, &u64)| {
+            let chunks = self.chunks.range(start..start + len);
+            chunks
+                .filter(move |(a, s)| **a + **s <= start + len)
+                .map(|(&a, &s)| (a, s))
+        };
+        let mut free: Vec<(u64, u64)> = self.by_addr.iter().flat_map(inside).collect();
         free.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
         free
     }

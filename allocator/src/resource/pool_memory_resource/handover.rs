@@ -90,13 +90,8 @@ impl Pending {
 impl PoolMemoryResource {
     /// Donor side: see the module documentation. `budget` bounds the bytes of chunks given.
     pub(super) fn hand_over(&self, blocks: &[LiveBlock], budget: u64) -> Result<Handover> {
-        let _span = tracing::debug_span!(
-            "pool hand-over",
-            device = self.device.ordinal(),
-            blocks = blocks.len(),
-            budget
-        )
-        .entered();
+        let (device, n) = (self.device.ordinal(), blocks.len());
+        let _span = tracing::debug_span!("pool hand-over", device, blocks = n, budget).entered();
         let mut g = self.global.lock();
         // Blocks of the size-class bins share slabs with other blocks: they stay.
         let disown = |b: &&LiveBlock| {
