@@ -16,7 +16,6 @@ pub struct Device {
 
 impl Device {
     /// Device `ordinal` of the process-wide backend ([`backend::global`]).
-    ///
     /// # Errors
     /// [`Error::NoSuchDevice`]; the process-wide backend's error (e.g. [`Error::NoDriver`]).
     pub fn new(ordinal: u32) -> Result<Device> {
@@ -24,7 +23,6 @@ impl Device {
     }
 
     /// Device `ordinal` of `backend`.
-    ///
     /// # Errors
     /// [`Error::NoSuchDevice`] when `backend` has no device `ordinal`.
     pub fn on(backend: &'static dyn Backend, ordinal: u32) -> Result<Device> {
@@ -36,20 +34,10 @@ impl Device {
     }
 
     /// The thread's current device of the process-wide backend (0 unless [`set_current_device`]).
-    ///
     /// # Errors
     /// As [`Device::new`].
     pub fn current() -> Result<Device> {
         Device::new(current_device())
-    }
-
-    /// Every device of the process-wide backend.
-    ///
-    /// # Errors
-    /// The process-wide backend's error when it cannot be opened.
-    pub fn all() -> Result<Vec<Device>> {
-        let b = backend::global()?;
-        (0..b.device_count()).map(|d| Device::on(b, d)).collect()
     }
 
     /// The device's ordinal.
@@ -63,7 +51,6 @@ impl Device {
     }
 
     /// Name, memory, UUID and capabilities.
-    ///
     /// # Errors
     /// [`Error::Driver`] when the driver cannot report them.
     pub fn properties(self) -> Result<DeviceProperties> {
@@ -71,7 +58,6 @@ impl Device {
     }
 
     /// Free and total memory.
-    ///
     /// # Errors
     /// [`Error::Driver`] when the driver cannot report them.
     pub fn mem_info(self) -> Result<MemInfo> {
@@ -79,7 +65,6 @@ impl Device {
     }
 
     /// Waits for all work on the device.
-    ///
     /// # Errors
     /// [`Error::Driver`] when the device reports a failure.
     pub fn synchronize(self) -> Result<()> {
@@ -87,7 +72,6 @@ impl Device {
     }
 
     /// Makes this device's context current on a thread without one; see [`Backend::bind_thread`].
-    ///
     /// # Errors
     /// [`Error::Driver`] when the thread's context cannot be read or set.
     pub fn bind_thread(self) -> Result<()> {
@@ -95,7 +79,6 @@ impl Device {
     }
 
     /// Copies `src` to device memory at `dst` and waits.
-    ///
     /// # Errors
     /// [`Error::Driver`] (or the simulator's [`Error::InjectedFault`]) when the copy fails.
     pub fn copy_to_device(self, dst: DevicePtr, src: &[u8]) -> Result<()> {
@@ -106,7 +89,6 @@ impl Device {
     }
 
     /// Copies device memory at `src` into `dst` and waits.
-    ///
     /// # Errors
     /// [`Error::Driver`] (or the simulator's [`Error::InjectedFault`]) when the copy fails.
     pub fn copy_to_host(self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
@@ -117,7 +99,6 @@ impl Device {
     }
 
     /// Copies `bytes` between device ranges and waits.
-    ///
     /// # Errors
     /// [`Error::Driver`] (or the simulator's [`Error::InjectedFault`]) when the copy fails.
     pub fn copy_device_to_device(self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
@@ -128,7 +109,6 @@ impl Device {
     }
 
     /// Enqueues a device → device copy on `stream`.
-    ///
     /// # Errors
     /// [`Error::Driver`] when the copy cannot be enqueued.
     pub fn copy_device_to_device_async(
@@ -146,7 +126,6 @@ impl Device {
     }
 
     /// Sets `bytes` of device memory to `value` and waits.
-    ///
     /// # Errors
     /// [`Error::Driver`] when the memset fails.
     pub fn memset(self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
@@ -157,7 +136,6 @@ impl Device {
     }
 
     /// Enqueues a memset on `stream`.
-    ///
     /// # Errors
     /// [`Error::Driver`] when the memset cannot be enqueued.
     pub fn memset_async(
@@ -205,9 +183,8 @@ pub fn current_device() -> u32 {
     CURRENT_DEVICE.with(Cell::get)
 }
 
-/// The device the calling thread works on when the caller names none (RMM's `DeviceBuffer(size)`):
-/// that of the thread's current CUDA context (`cudaSetDevice`, CuPy's `Device.use()`,
-/// `torch.cuda.set_device`), else [`current_device`]. A driver call: not for hot paths.
+/// The device the calling thread works on when the caller names none: that of the thread's CUDA
+/// context (`cudaSetDevice`, `torch.cuda.set_device`), else [`current_device`]. A driver call.
 pub fn thread_device() -> u32 {
     backend::global()
         .ok()
@@ -216,7 +193,6 @@ pub fn thread_device() -> u32 {
 }
 
 /// Makes `ordinal` the calling thread's current device; returns the previous one.
-///
 /// # Errors
 /// [`Error::NoSuchDevice`]; the process-wide backend's error when it cannot be opened.
 pub fn set_current_device(ordinal: u32) -> Result<u32> {
@@ -225,7 +201,6 @@ pub fn set_current_device(ordinal: u32) -> Result<u32> {
 }
 
 /// Runs `f` with `ordinal` as the thread's current device, restoring the previous one after.
-///
 /// # Errors
 /// As [`set_current_device`].
 pub fn with_device<R>(ordinal: u32, f: impl FnOnce() -> R) -> Result<R> {

@@ -46,8 +46,7 @@ pub enum Error {
         resource: &'static str,
     },
 
-    /// Pinning refused up front: it would exceed what the process may use (cgroup limit or
-    /// available memory), and pinned pages cannot be paged out, so it would get the process killed.
+    /// Pinning refused: unpageable memory would exceed what the process may use (cgroup, free).
     #[error(
         "pinning {} of host memory ({requested} bytes) for {resource} would take more than \
          this process may use: {host}. Pin less (spill.host_pool_size, spill.pin_ahead), add \
@@ -361,7 +360,6 @@ impl Error {
         }
     }
 
-    /// Shorthand for [`Error::InvalidPointer`].
     pub(crate) fn invalid_pointer(ptr: u64, bytes: usize, resource: &'static str) -> Self {
         Error::InvalidPointer {
             ptr,
@@ -370,7 +368,6 @@ impl Error {
         }
     }
 
-    /// Shorthand for [`Error::HostOutOfMemory`].
     pub(crate) fn host_out_of_memory(requested: usize, resource: &'static str) -> Self {
         Error::HostOutOfMemory {
             requested,
@@ -378,7 +375,6 @@ impl Error {
         }
     }
 
-    /// Shorthand for [`Error::NoSuchDevice`].
     pub(crate) fn no_such_device(requested: u32, count: u32, backend: &'static str) -> Self {
         Error::NoSuchDevice {
             requested,
@@ -387,7 +383,6 @@ impl Error {
         }
     }
 
-    /// Shorthand for [`Error::EventLog`].
     pub(crate) fn event_log(
         path: impl Into<String>,
         line: Option<usize>,

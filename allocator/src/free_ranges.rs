@@ -18,8 +18,7 @@ pub(crate) fn give_back(free: &mut BTreeMap<usize, usize>, start: usize, len: us
     free.insert(start, size);
 }
 
-/// Takes `len` bytes from the start of the first (lowest) stretch in `free` that holds them (the
-/// rest of it stays free); returns their offset, or `None` while no stretch is long enough.
+/// Takes `len` bytes from the start of the lowest stretch of `free` that holds them; the offset.
 pub(crate) fn take_first_fit(free: &mut BTreeMap<usize, usize>, len: usize) -> Option<usize> {
     let (&offset, &size) = free.iter().find(|&(_, &size)| size >= len)?;
     free.remove(&offset);

@@ -19,24 +19,21 @@
 //! | [`spill`] | spillable data and its tiers |
 //! | [`ipc`] | device memory shared with other processes of the host (a peer worker copies a value's bytes from it) |
 //!
-//! Elements of a [`DeviceUVector`] or [`DeviceScalar`] are [`bytemuck::Pod`]:
-//! `#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]`.
-//!
 //! # Containers
 //!
 //! RAII device containers, as RMM's `device_buffer`, `device_uvector<T>` and `device_scalar<T>`:
 //! [`DeviceBuffer`] (untyped, uninitialized bytes with a size and a capacity), [`DeviceUVector`]
-//! (an uninitialized vector of [`bytemuck::Pod`] elements) and [`DeviceScalar`] (one such value).
+//! (an uninitialized vector of [`bytemuck::Pod`] elements: `#[derive(Clone, Copy, bytemuck::Pod,
+//! bytemuck::Zeroable)]`) and [`DeviceScalar`] (one such value).
 //!
 //! ## Semantics kept from RMM
 //!
 //! * Memory comes from a [`DeviceMemoryResource`](resource::DeviceMemoryResource), the current
-//!   device's unless a `*_in` constructor names one, owned
-//!   ([`SharedResource`](resource::SharedResource)) or borrowed: see [`ResourceHandle`].
+//!   device's unless a `*_in` constructor names one, owned or borrowed ([`ResourceHandle`]).
 //! * Contents are uninitialized. Every operation that allocates or copies takes a stream.
-//! * Memory is given back on the stream most recently passed to [`DeviceBuffer::set_stream`] or a
-//!   reallocating operation (`resize`, `reserve`, `shrink_to_fit`), with the device current at
-//!   construction made current again (RMM records it too).
+//! * Memory is given back on the stream last passed to [`DeviceBuffer::set_stream`] or a
+//!   reallocating operation (`resize`, `reserve`, `shrink_to_fit`), with the construction's device
+//!   current again.
 //! * Growing past capacity allocates exactly the new size and copies on the given stream; shrinking
 //!   the size never reallocates (`shrink_to_fit` does).
 //!
@@ -45,15 +42,14 @@
 //! * Device bytes are never exposed as host memory: reading copies them out (`to_vec`,
 //!   `copy_to_host`, `element`, `value`).
 //! * Operations that borrow host data return only when the device is done with it. The asynchronous
-//!   setters (`set_element_async`, `set_value_async`) take the value by value and copy it through a
-//!   page-locked staging slot the container owns, reused or freed only after the copy's event has
-//!   completed, so the caller's value may change as soon as the call returns.
-//! * Reads, reallocations and zeroing through a container are ordered after its own earlier
-//!   asynchronous sets, whatever their stream.
-//! * Bad indices are [`Error::IndexOutOfRange`], overflowing sizes [`Error::InvalidArgument`].
-//! * Errors giving memory back in `Drop` are logged (`tracing::error!`), never panicked on.
-//! * Construction and drop add no heap allocation, driver call or log event to the resource's own
-//!   `allocate`/`deallocate`; the staging slot is made on the first asynchronous set that needs it.
+//!   setters (`set_element_async`, `set_value_async`) take the value and copy it through a
+//!   page-locked slot the container owns, reused only after that copy completes.
+//! * Reads, reallocations and zeroing are ordered after the container's earlier asynchronous sets,
+//!   whatever their stream.
+//! * Bad indices are [`Error::IndexOutOfRange`], overflowing sizes [`Error::InvalidArgument`];
+//!   errors giving memory back in `Drop` are logged, never panicked on.
+//! * Construction and drop add no heap allocation, driver call or log event to the resource's own;
+//!   the staging slot is made on the first asynchronous set that needs it.
 
 pub mod adaptor;
 pub mod backend;

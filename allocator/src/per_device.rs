@@ -1,7 +1,6 @@
-//! The current resource of each device, as RMM's `get/set_current_device_resource` and
-//! `get/set_per_device_resource`: a process-wide table keyed by device ordinal of the process-wide
-//! backend, with lock-free reads (`arc-swap`) so containers can look the resource up on every
-//! construction. Each device starts with a [`CudaMemoryResource`].
+//! The current resource of each device of the process-wide backend, as RMM's
+//! `get/set_per_device_resource`, with lock-free reads (`arc-swap`) for containers. Each device
+//! starts with a [`CudaMemoryResource`].
 
 use std::sync::{Arc, OnceLock};
 
@@ -37,7 +36,6 @@ fn initial(device_id: u32) -> Result<SharedResource> {
 }
 
 /// The resource of device `device_id` (its initial [`CudaMemoryResource`] until one is set).
-///
 /// # Errors
 /// [`Error::NoSuchDevice`] for an unknown device; the process-wide backend's error.
 pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
@@ -46,14 +44,12 @@ pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
         return Ok(Arc::clone(r));
     }
     let fresh = Arc::new(initial(device_id)?);
-    // Install the initial resource unless another thread got there first.
     let prev = slot.compare_and_swap(&None::<Arc<SharedResource>>, Some(Arc::clone(&fresh)));
     Ok(Arc::clone(prev.as_deref().unwrap_or(&fresh)))
 }
 
 /// Runs `f` with device `device_id`'s resource (as [`get_per_device_resource`]) without touching
-/// its reference count, for paths that only allocate or free through it from many threads at once.
-///
+/// its reference count.
 /// # Errors
 /// As [`get_per_device_resource`].
 pub fn with_per_device_resource<R>(
@@ -70,7 +66,6 @@ pub fn with_per_device_resource<R>(
 
 /// Makes `resource`, which must allocate on device `device_id`, that device's resource; returns the
 /// previous one, which the caller keeps alive while memory allocated from it is in use.
-///
 /// # Errors
 /// [`Error::NoSuchDevice`] for an unknown device; [`Error::InvalidArgument`] when `resource` is not
 /// on device `device_id` of the process-wide backend.
@@ -90,7 +85,6 @@ pub fn set_per_device_resource(device_id: u32, resource: SharedResource) -> Resu
 }
 
 /// Puts device `device_id` back on a fresh [`CudaMemoryResource`]; returns the previous one.
-///
 /// # Errors
 /// As [`get_per_device_resource`].
 pub fn reset_per_device_resource(device_id: u32) -> Result<SharedResource> {
@@ -98,7 +92,6 @@ pub fn reset_per_device_resource(device_id: u32) -> Result<SharedResource> {
 }
 
 /// The resource of the calling thread's current device.
-///
 /// # Errors
 /// As [`get_per_device_resource`].
 pub fn get_current_device_resource() -> Result<SharedResource> {
@@ -106,7 +99,6 @@ pub fn get_current_device_resource() -> Result<SharedResource> {
 }
 
 /// Sets the resource of the calling thread's current device; returns the previous one.
-///
 /// # Errors
 /// As [`set_per_device_resource`].
 pub fn set_current_device_resource(resource: SharedResource) -> Result<SharedResource> {

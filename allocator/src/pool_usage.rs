@@ -1,6 +1,5 @@
-//! [`PoolUsage`]: a pool's figures at one moment, for people, carried by a pool's out-of-memory
-//! error and read by the statistics adaptor's report; filled in by
-//! `resource/pool_memory_resource/oom_report.rs`, which also writes the explanation.
+//! [`PoolUsage`]: a pool's figures at one moment, carried by its out-of-memory errors and read by
+//! the statistics report (filled in and explained by the pool's `oom_report.rs`).
 
 /// Streams listed by name in [`PoolUsage::streams`] (the ones holding the most free memory).
 pub const LISTED_STREAMS: usize = 8;
@@ -8,8 +7,7 @@ pub const LISTED_STREAMS: usize = 8;
 /// Free memory one stream's arenas hold (all its thread lanes together).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StreamUsage {
-    /// The stream's raw handle (a backend `RawStream`, 0 the default stream), a plain `u64` so
-    /// errors, which carry these figures, sit below the backend.
+    /// The stream's raw handle (a backend `RawStream`; 0 the default stream).
     pub stream: u64,
     /// The stream's arenas (one per thread lane that used it).
     pub arenas: usize,

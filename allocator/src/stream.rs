@@ -14,7 +14,6 @@ pub struct Stream {
 
 impl Stream {
     /// Creates a stream on `device`.
-    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the driver cannot create the stream.
     pub fn new(device: Device) -> Result<Stream> {
@@ -33,7 +32,6 @@ impl Stream {
     }
 
     /// Waits for all work queued so far.
-    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the stream's work or the wait fails.
     pub fn synchronize(&self) -> Result<()> {
@@ -41,7 +39,6 @@ impl Stream {
     }
 
     /// True when all queued work has completed.
-    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the driver query fails.
     pub fn is_idle(&self) -> Result<bool> {
@@ -50,7 +47,6 @@ impl Stream {
     }
 
     /// Makes later work on this stream wait for `event`.
-    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the wait cannot be enqueued.
     pub fn wait(&self, event: &Event) -> Result<()> {
@@ -74,7 +70,6 @@ impl Drop for Stream {
 }
 
 /// Waits for all work queued on `stream` of `device`.
-///
 /// # Errors
 /// [`Error::Driver`](crate::Error::Driver) when the stream's work or the wait fails; the simulated
 /// device's [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a destroyed stream.
@@ -93,7 +88,6 @@ pub struct Event {
 
 impl Event {
     /// Creates an event on `device`.
-    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the driver cannot create the event.
     pub fn new(device: Device) -> Result<Event> {
@@ -107,17 +101,15 @@ impl Event {
     }
 
     /// Captures the work queued on `stream` so far.
-    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the record cannot be enqueued.
     pub fn record(&self, stream: StreamView) -> Result<()> {
-        self.device
-            .backend()
-            .event_record(self.device.ordinal(), self.raw, stream.raw())
+        let d = self.device;
+        d.backend()
+            .event_record(d.ordinal(), self.raw, stream.raw())
     }
 
     /// True when the captured work has completed (or the event was never recorded).
-    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the driver query fails.
     pub fn is_complete(&self) -> Result<bool> {
@@ -126,7 +118,6 @@ impl Event {
     }
 
     /// Waits for the captured work.
-    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the captured work or the wait fails.
     pub fn synchronize(&self) -> Result<()> {
@@ -135,7 +126,6 @@ impl Event {
     }
 
     /// Makes later work on `stream` wait for the captured work.
-    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the wait cannot be enqueued.
     pub fn wait_on(&self, stream: StreamView) -> Result<()> {

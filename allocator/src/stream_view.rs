@@ -13,9 +13,8 @@ impl StreamView {
     /// The default stream.
     pub const DEFAULT: StreamView = StreamView(0);
 
-    /// The per-thread default stream (CUDA's `cudaStreamPerThread`, RMM's
-    /// `cuda_stream_per_thread`): one handle that names a different stream on each thread, so
-    /// its work on two threads is not ordered.
+    /// The per-thread default stream (CUDA's `cudaStreamPerThread`): one handle that names a
+    /// different stream on each thread.
     pub const PER_THREAD: StreamView = StreamView(2);
 
     /// Wraps a backend stream handle.
@@ -33,8 +32,7 @@ impl StreamView {
         self.0 == 0
     }
 
-    /// True for the per-thread default stream ([`StreamView::PER_THREAD`]): the calling thread's
-    /// own stream, which no other thread can name.
+    /// True for the per-thread default stream ([`StreamView::PER_THREAD`]).
     pub const fn is_per_thread(self) -> bool {
         self.0 == Self::PER_THREAD.0
     }

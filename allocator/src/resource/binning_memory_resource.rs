@@ -10,9 +10,8 @@ use crate::error::{Error, Result};
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
-/// Routes each request to the smallest bin holding it, larger ones to the upstream. Bins are
-/// power-of-two [`FixedSizeMemoryResource`]s by default, or any resource from
-/// [`BinningMemoryResource::add_bin`]. Deallocate with the allocated size: it routes by size.
+/// Routes each request to the smallest bin holding it, larger ones to the upstream (bins from
+/// [`BinningMemoryResource::add_bin`]). Deallocate with the allocated size: it routes by size.
 #[derive(Debug)]
 pub struct BinningMemoryResource {
     upstream: SharedResource,
@@ -30,7 +29,6 @@ impl BinningMemoryResource {
     }
 
     /// [`FixedSizeMemoryResource`] bins over `upstream` of `2^min_exp` to `2^max_exp` bytes.
-    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `min_exp > max_exp` or `max_exp > 40`; [`Error::OutOfMemory`]
     /// if a bin's first chunk fails.
@@ -51,7 +49,6 @@ impl BinningMemoryResource {
 
     /// Adds a bin for sizes up to `size` (above the next smaller bin): `resource`, or a
     /// [`FixedSizeMemoryResource`] of `size` blocks over the upstream.
-    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `resource` is on another device; [`Error::OutOfMemory`] if a
     /// new bin's first chunk fails.
@@ -79,11 +76,6 @@ impl BinningMemoryResource {
             Err(i) => self.bins.insert(i, (size, resource)),
         }
         Ok(())
-    }
-
-    /// The bin sizes.
-    pub fn bin_sizes(&self) -> Vec<usize> {
-        self.bins.iter().map(|(s, _)| *s).collect()
     }
 
     #[inline]

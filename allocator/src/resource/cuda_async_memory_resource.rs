@@ -8,19 +8,16 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stream_view::StreamView;
 
-/// Stream-ordered allocation from a driver memory pool (`cuMemPoolCreate`) it owns. As in RMM, the
-/// pool keeps all it takes by default (release threshold `u64::MAX`), so steady-state allocation
-/// avoids the driver's slow path; [`CudaAsyncMemoryResource::release`] returns the cache.
+/// Stream-ordered allocation from a driver memory pool (`cuMemPoolCreate`) it owns, which by
+/// default keeps all it takes, as in RMM; [`CudaAsyncMemoryResource::release`] returns the cache.
 #[derive(Debug)]
 pub struct CudaAsyncMemoryResource {
     device: Device,
     pool: RawMemPool,
-    release_threshold: u64,
 }
 
 impl CudaAsyncMemoryResource {
     /// A resource with its own pool on `device` that keeps all memory it takes.
-    ///
     /// # Errors
     /// As [`CudaAsyncMemoryResource::with_release_threshold`].
     pub fn new(device: Device) -> Result<Self> {
@@ -28,7 +25,6 @@ impl CudaAsyncMemoryResource {
     }
 
     /// A resource whose pool releases cached memory above `release_threshold` bytes at each sync.
-    ///
     /// # Errors
     /// [`Error::Unsupported`] without pool support; [`Error::Driver`] if pool creation fails.
     pub fn with_release_threshold(device: Device, release_threshold: u64) -> Result<Self> {
@@ -41,24 +37,18 @@ impl CudaAsyncMemoryResource {
                 ),
             });
         }
-        let pool = device
-            .backend()
-            .mem_pool_create(device.ordinal(), release_threshold)?;
+        let (backend, dev) = (device.backend(), device.ordinal());
+        let pool = backend.mem_pool_create(dev, release_threshold)?;
         tracing::debug!(
-            device = device.ordinal(),
+            device = dev,
             release_threshold,
             "created CUDA async memory pool"
         );
-        Ok(CudaAsyncMemoryResource {
-            device,
-            pool,
-            release_threshold,
-        })
+        Ok(CudaAsyncMemoryResource { device, pool })
     }
 
     /// Primes the pool with `bytes` (RMM's `initial_pool_size`): allocates and frees them on the
     /// default stream and waits, so the pool holds them as the release threshold allows.
-    ///
     /// # Errors
     /// [`Error::OutOfMemory`]; [`Error::Driver`] when the free or the wait fails.
     pub fn reserve(&self, bytes: usize) -> Result<()> {
@@ -70,13 +60,7 @@ impl CudaAsyncMemoryResource {
         crate::stream::synchronize_stream(self.device, StreamView::DEFAULT)
     }
 
-    /// The configured release threshold in bytes.
-    pub fn release_threshold(&self) -> u64 {
-        self.release_threshold
-    }
-
     /// Bytes the driver pool currently holds (in use plus cached).
-    ///
     /// # Errors
     /// [`Error::Driver`] when the query fails.
     pub fn reserved_bytes(&self) -> Result<u64> {
@@ -85,17 +69,13 @@ impl CudaAsyncMemoryResource {
     }
 
     /// Waits for the device, then gives every cached unused byte back to the driver.
-    ///
     /// # Errors
     /// [`Error::Driver`] when waiting or trimming fails.
     pub fn release(&self) -> Result<()> {
-        let _span = tracing::debug_span!(
-            "CudaAsyncMemoryResource::release",
-            device = self.device.ordinal()
-        )
-        .entered();
-        self.device.synchronize()?;
         let dev = self.device.ordinal();
+        let _span =
+            tracing::debug_span!("CudaAsyncMemoryResource::release", device = dev).entered();
+        self.device.synchronize()?;
         self.device.backend().mem_pool_trim(dev, self.pool, 0)
     }
 }

@@ -12,10 +12,6 @@ use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
-/// Default block size (1 MiB), as RMM.
-pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
-/// Default number of blocks taken from the upstream at a time, as RMM.
-pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// Blocks moved from the stock list to a stream's list at a time.
 const REFILL: usize = 32;
 const NAME: &str = "FixedSizeMemoryResource";
@@ -26,12 +22,10 @@ struct FixedArena {
     free: Mutex<Vec<u64>>,
 }
 
-/// The blocks no stream owns and the upstream chunks all blocks were cut from.
+/// The blocks no stream owns, and the upstream chunks (address, bytes) all blocks were cut from.
 #[derive(Debug, Default)]
 struct BlockStock {
-    /// Blocks not owned by any stream (fresh, or reclaimed after their stream finished).
     free: Vec<u64>,
-    /// Upstream chunks (address, bytes).
     chunks: Vec<(u64, usize)>,
 }
 
@@ -58,8 +52,7 @@ impl std::fmt::Debug for FixedSizeMemoryResource {
 
 impl FixedSizeMemoryResource {
     /// Blocks of `block_size` bytes (rounded up to 256), taken from `upstream`
-    /// `blocks_to_preallocate` at a time, one chunk at construction.
-    ///
+    /// `blocks_to_preallocate` at a time, starting with one such chunk.
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero size; [`Error::OutOfMemory`] if the first chunk fails.
     pub fn new(
@@ -87,19 +80,6 @@ impl FixedSizeMemoryResource {
         Ok(r)
     }
 
-    /// A resource with RMM's defaults: 1 MiB blocks, 128 at a time.
-    ///
-    /// # Errors
-    /// [`Error::OutOfMemory`] if the first chunk cannot be taken.
-    pub fn with_defaults(upstream: SharedResource) -> Result<Self> {
-        Self::new(upstream, DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE)
-    }
-
-    /// The size of every block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
     #[inline]
     fn arena(&self, stream: StreamView) -> Result<&FixedArena> {
         self.arenas.get(stream.raw(), || FixedArena {
@@ -112,11 +92,10 @@ impl FixedSizeMemoryResource {
         let bytes = self.block_size * self.blocks_per_chunk;
         let p = self.upstream.allocate(bytes, stream)?;
         stock.chunks.push((p.addr(), bytes));
-        stock.free.extend(
-            (0..self.blocks_per_chunk)
-                .rev()
-                .map(|i| p.addr() + (i * self.block_size) as u64),
-        );
+        let blocks = (0..self.blocks_per_chunk).rev();
+        stock
+            .free
+            .extend(blocks.map(|i| p.addr() + (i * self.block_size) as u64));
         let device = self.device.ordinal();
         tracing::debug!(device, bytes, "fixed-size resource grew");
         Ok(())
@@ -130,33 +109,30 @@ impl FixedSizeMemoryResource {
         stream: StreamView,
     ) -> Result<DevicePtr> {
         let mut stock = self.stock.lock();
-        if stock.free.is_empty() {
-            let grown = self.grow(&mut stock, stream);
-            if let Err(e) = grown {
-                if !e.is_out_of_memory() {
-                    return Err(e);
+        if stock.free.is_empty()
+            && let Err(e) = self.grow(&mut stock, stream)
+        {
+            if !e.is_out_of_memory() {
+                return Err(e);
+            }
+            // Take back blocks other streams are not using, once their work is done.
+            let backend = self.device.backend();
+            for other in self.arenas.all() {
+                // The same stream's other lanes are its own work, except for the per-thread
+                // default stream: there each is another thread's stream.
+                let same = other.stream == arena.stream
+                    && !StreamView::from_raw(arena.stream).is_per_thread();
+                if same || std::ptr::eq(other, arena) {
+                    continue;
                 }
-                // Take back blocks other streams are not using, once their work is done.
-                let backend = self.device.backend();
-                for other in self.arenas.all() {
-                    // The same stream's other lanes are its own work, except for the per-thread
-                    // default stream: there each is another thread's stream.
-                    let same = other.stream == arena.stream
-                        && !StreamView::from_raw(arena.stream).is_per_thread();
-                    if same || std::ptr::eq(other, arena) {
-                        continue;
-                    }
-                    let mut list = other.free.lock();
-                    if !list.is_empty() {
-                        // Another thread's stream: it may be gone, or be a per-thread default
-                        // stream this thread cannot name (then the whole device).
-                        sync_stream_or_device(backend, self.device.ordinal(), other.stream)?;
-                        stock.free.append(&mut list);
-                    }
+                let mut list = other.free.lock();
+                if !list.is_empty() {
+                    sync_stream_or_device(backend, self.device.ordinal(), other.stream)?;
+                    stock.free.append(&mut list);
                 }
-                if stock.free.is_empty() {
-                    return Err(out_of_memory(self.device, bytes, NAME, None));
-                }
+            }
+            if stock.free.is_empty() {
+                return Err(out_of_memory(self.device, bytes, NAME, None));
             }
         }
         let take = stock.free.len().min(REFILL);
@@ -228,11 +204,9 @@ impl Drop for FixedSizeMemoryResource {
                 self.device
             );
         }
+        let upstream = &self.upstream;
         for (addr, bytes) in std::mem::take(&mut self.stock.lock().chunks) {
-            if let Err(e) = self
-                .upstream
-                .deallocate(DevicePtr(addr), bytes, StreamView::DEFAULT)
-            {
+            if let Err(e) = upstream.deallocate(DevicePtr(addr), bytes, StreamView::DEFAULT) {
                 tracing::error!("returning {bytes} bytes at {addr:#x} upstream: {e}");
             }
         }

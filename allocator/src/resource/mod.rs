@@ -24,9 +24,7 @@ pub use cuda_async_memory_resource::CudaAsyncMemoryResource;
 pub use driver_memory_resource::{
     CudaMemoryResource, DriverMemory, DriverMemoryResource, Managed, ManagedMemoryResource, Plain,
 };
-pub use fixed_size_memory_resource::{
-    DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE, FixedSizeMemoryResource,
-};
+pub use fixed_size_memory_resource::FixedSizeMemoryResource;
 pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;
 pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool, WeakPinnedHostPool};
@@ -47,7 +45,6 @@ use crate::stream_view::StreamView;
 /// return [`DevicePtr::NULL`] for zero bytes, and report exhaustion as [`Error::OutOfMemory`].
 pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes`, usable in stream order on `stream`.
-    ///
     /// # Errors
     /// [`Error::OutOfMemory`], [`Error::Driver`], or an adaptor's own (e.g.
     /// [`Error::LimitExceeded`]).
@@ -55,7 +52,6 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
 
     /// Frees `ptr`, returned by this resource's `allocate(bytes, _)`, in stream order on `stream`:
     /// reusable once the stream's earlier work completes.
-    ///
     /// # Errors
     /// [`Error::InvalidPointer`] if `ptr` is not live here (where detectable); [`Error::Driver`].
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()>;
@@ -72,7 +68,6 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Free and total memory as this resource sees it (by default, the device's).
-    ///
     /// # Errors
     /// [`Error::Driver`] when the driver cannot report the memory.
     fn memory_info(&self) -> Result<MemInfo> {
@@ -82,8 +77,7 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Lets [`DeviceMemoryResource::is_equal`] implementations look at the concrete type.
     fn as_any(&self) -> &dyn Any;
 
-    /// The resource requests pass to: `Some` for adaptors and the pool, `None` (default) for device
-    /// resources and several upstreams (binning). Adaptors' `chain` follows it.
+    /// The resource requests pass to: `Some` for adaptors and the pool, `None` (default) otherwise.
     fn upstream(&self) -> Option<&dyn DeviceMemoryResource> {
         None
     }
@@ -95,12 +89,10 @@ pub type SharedResource = Arc<dyn DeviceMemoryResource>;
 /// A source of host memory (RMM's `host_memory_resource`).
 pub trait HostMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes` aligned to `alignment` (a power of two).
-    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`]; [`Error::InvalidArgument`] (bad `alignment`); [`Error::Driver`].
     fn allocate(&self, bytes: usize, alignment: usize) -> Result<HostBlock>;
     /// Gives a block back.
-    ///
     /// # Errors
     /// [`Error::InvalidPointer`] for a block not live here; [`Error::Driver`] when unpinning fails.
     fn deallocate(&self, block: HostBlock) -> Result<()>;

@@ -1,26 +1,16 @@
 //! [`PinnedHostPool`]: page-locked host memory, pinned once and reused: the host side of spilling.
 //!
-//! Instead of `cuMemHostAlloc`, which pins page by page inside the driver (slow, worse from several
-//! threads), the pool maps anonymous memory, faults it in and registers it (`cuMemHostRegister`) in
-//! chunks, on several threads ([`PinnedRegion`]), then hands out [`PinnedSlice`]s: a first-fit free
-//! list per chunk, neighbours merged on return. A slice never crosses a chunk (one registration):
-//! data larger than [`PinnedHostPool::max_slice`] takes several.
+//! The pool maps anonymous memory and registers it (`cuMemHostRegister`) in chunks on several
+//! threads ([`PinnedRegion`]), faster than `cuMemHostAlloc`'s page-by-page pinning, then hands out
+//! [`PinnedSlice`]s first-fit in a chunk: data over [`PinnedHostPool::max_slice`] takes several.
 //!
-//! A pool is fixed ([`PinnedHostPool::new`]: all pinned up front, `spill.host_pool_size`) or
-//! growable ([`PinnedHostPool::growable`]: pins another region when a request does not fit, up to
-//! an optional maximum; `host_pool_size = "none"`). A growable pool can keep memory pinned ahead of
-//! demand ([`PinnedHostPool::keep_free`]): a background thread pins more whenever less is free, so
-//! a large spill does not wait for pinning. It pins steps of at most 256 MiB in 32 MiB chunks: a
-//! registration holds the driver, stalling spill copies enqueued meanwhile, so small chunks keep
-//! each stall short. A miss of 8 MiB or more meanwhile does not wait for pinning: its slice is
-//! pageable memory of its own ([`PinnedRegion::pageable`]; the driver copies it at its pageable
-//! rate, which on its own beats pinning then copying, and one process pins for all its devices
-//! through one driver lock while pageable copies run on every device at once), unmapped when
-//! the slice goes. Other misses pin their need, in one chunk of at least 32 MiB.
-//!
-//! Nothing is pinned ahead until a request has needed pinned memory.
-//! [`PinnedHostPool::release_idle`] makes a pool hold only what its slices need: free memory goes
-//! back at once, each chunk as its last slice goes.
+//! A pool is fixed ([`PinnedHostPool::new`]) or growable up to an optional maximum
+//! ([`PinnedHostPool::growable`]). A growable pool may pin ahead of demand on a background thread
+//! ([`PinnedHostPool::keep_free`]), once a request has needed pinned memory, in small chunks: a
+//! registration holds the driver, stalling copies enqueued meanwhile. While it does, a miss of
+//! 8 MiB or more takes pageable memory of its own rather than wait (the driver copies it on every
+//! device at once, where pinning serializes on one driver lock); smaller misses pin what they need.
+//! [`PinnedHostPool::release_idle`] makes a pool hold only what its slices need.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -42,16 +32,12 @@ const MIN_CHUNK: usize = 256 << 20;
 const AHEAD_CHUNK: usize = 32 << 20;
 /// Threads that pre-fault and register at most.
 const MAX_THREADS: usize = 8;
-/// A growable pool pins at least this much at a time and at most [`MAX_GROWTH_STEP`] (unless one
-/// request needs more): each step is the capacity so far, so the pool doubles.
-pub const GROWTH_STEP: usize = 32 << 20;
-/// See [`GROWTH_STEP`].
-pub const MAX_GROWTH_STEP: usize = 4 << 30;
+/// Bounds of a growable pool's step, its capacity so far (so it doubles), unless one needs more.
+const GROWTH_STEP: usize = 32 << 20;
+const MAX_GROWTH_STEP: usize = 4 << 30;
 /// Most pinned ahead per step; a step is usable once fully pinned, so smaller ones help sooner.
 const AHEAD_STEP: usize = 256 << 20;
-/// Smallest request served from pageable memory while pinning ahead: each pageable slice is a
-/// mapping of its own in whole 2 MiB pages, so smaller ones would waste most of theirs; they
-/// pin a chunk instead, which serves many of them.
+/// Smallest pageable request while pinning ahead: each is a mapping of its own, in 2 MiB pages.
 const PAGEABLE_MIN: usize = 8 << 20;
 
 /// A pool of pinned host memory. Cheap to clone (shared).
@@ -89,12 +75,12 @@ struct Chunk {
 }
 
 impl Chunk {
-    /// True when nothing of it is handed out.
     fn is_free(&self) -> bool {
         self.free.get(&self.start) == Some(&self.len)
     }
 }
 
+/// The pool's state; the public accessors of [`PinnedHostPool`] document the counters.
 struct Inner {
     backend: &'static dyn Backend,
     chunks: Mutex<Vec<Chunk>>,
@@ -102,32 +88,26 @@ struct Inner {
     growing: Mutex<()>,
     /// `None`: fixed size. `Some(max)`: grows up to `max` bytes (`usize::MAX`: no maximum).
     grow_limit: Option<usize>,
-    /// A fixed pool's size (0 for a growable one), to pin again after [`PinnedHostPool::release_idle`].
+    /// A fixed pool's size (0 if growable), to pin again after [`PinnedHostPool::release_idle`].
     fixed_size: AtomicUsize,
     capacity: AtomicUsize,
     /// Bytes being pinned now (by requests or ahead of demand).
     pinning: AtomicUsize,
-    /// Bytes counted against the maximum: pinned, being pinned, and in pageable slices; taken
-    /// in one atomic step, so that requests and pinning ahead never pass the maximum together.
+    /// Bytes counted against the maximum (pinned, being pinned, pageable), taken in one atomic step
+    /// so that requests and pinning ahead never pass it together.
     committed: AtomicUsize,
     max_slice: AtomicUsize,
-    /// Bytes in live slices, pageable ones included.
     used: AtomicUsize,
     /// Bytes in live pinned slices.
     pinned_used: AtomicUsize,
-    /// The part of `used` in pageable slices (pinned memory was short while pinning ahead).
     pageable: AtomicUsize,
-    /// Bytes ever handed out in pageable slices.
     pageable_total: AtomicU64,
     peak: AtomicUsize,
     pinning_ns: AtomicU64,
     /// The part of `pinning_ns` spent registering memory with the driver.
     registering_ns: AtomicU64,
-    /// Slice bytes with droppable copies ([`PinnedSlice::set_reclaimable`]): room, to pin ahead.
     reclaimable: AtomicUsize,
-    /// Free bytes a growable pool keeps pinned ahead of demand (0: none).
     headroom: AtomicUsize,
-    /// True while a background thread pins ahead.
     pinning_ahead: AtomicBool,
     /// Set by [`PinnedHostPool::release_idle`]: emptied chunks go back at once; no pinning ahead.
     release_idle: AtomicBool,
@@ -151,30 +131,26 @@ fn pinning_threads() -> usize {
 
 impl PinnedHostPool {
     /// Pins `bytes` (rounded up to 2 MiB) through the process-wide backend; the pool never grows.
-    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] or [`Error::Driver`] if pinning fails; the backend's open error.
     pub fn new(bytes: usize) -> Result<PinnedHostPool> {
         Self::on(backend::global()?, bytes)
     }
 
-    /// Pins `bytes` (rounded up to 2 MiB) through `backend`; the pool never grows.
-    ///
+    /// As [`PinnedHostPool::new`], through `backend`.
     /// # Errors
     /// [`Error::HostOutOfMemory`] or [`Error::Driver`] when pinning fails.
     pub fn on(backend: &'static dyn Backend, bytes: usize) -> Result<PinnedHostPool> {
         let pool = Self::empty(backend, None);
         pool.inner.grow(bytes, MIN_CHUNK)?;
-        pool.inner
-            .fixed_size
-            .store(pool.capacity(), Ordering::Relaxed);
+        let size = pool.capacity();
+        pool.inner.fixed_size.store(size, Ordering::Relaxed);
         Ok(pool)
     }
 
-    /// Empty pool pinning a region (at least `GROWTH_STEP`) per miss, up to `maximum` bytes
-    /// (rounded down to 2 MiB).
+    /// Empty pool pinning a region (at least 32 MiB) per miss, up to `maximum` bytes (rounded down
+    /// to the 2 MiB pages it pins).
     pub fn growable(backend: &'static dyn Backend, maximum: Option<usize>) -> PinnedHostPool {
-        // Whole 2 MiB pages, as the pool pins them: room below one page is never usable.
         let limit = maximum.map_or(usize::MAX, |m| m - m % PinnedRegion::ALIGNMENT);
         Self::empty(backend, Some(limit))
     }
@@ -238,8 +214,7 @@ impl PinnedHostPool {
         self.inner.free()
     }
 
-    /// The part of [`used`](Self::used) in pageable memory: slices handed out while pinned memory
-    /// was short and the pool was pinning ahead.
+    /// The part of [`used`](Self::used) in pageable slices (handed out while pinning ahead).
     pub fn pageable(&self) -> usize {
         self.inner.pageable.load(Ordering::Relaxed)
     }
@@ -261,29 +236,19 @@ impl PinnedHostPool {
 
     /// The largest slice without growing (one chunk; at least 32 MiB in a growable pool).
     pub fn max_slice(&self) -> usize {
-        let m = self.inner.max_slice.load(Ordering::Relaxed);
-        if self.is_growable() {
-            m.max(GROWTH_STEP)
-        } else {
-            m
-        }
+        let least = if self.is_growable() { GROWTH_STEP } else { 0 };
+        self.inner.max_slice.load(Ordering::Relaxed).max(least)
     }
 
     /// The largest slice it can hand out now without growing.
     pub fn largest_free(&self) -> usize {
-        self.inner
-            .chunks
-            .lock()
-            .iter()
-            .flat_map(|c| c.free.values())
-            .copied()
-            .max()
-            .unwrap_or(0)
+        let chunks = self.inner.chunks.lock();
+        let sizes = chunks.iter().flat_map(|c| c.free.values());
+        sizes.copied().max().unwrap_or(0)
     }
 
-    /// Keeps at least `bytes` free and pinned ahead of demand, within the maximum, once a request
-    /// has needed pinned memory: a background thread pins more when less is free. Growable pools
-    /// only. 0 stops it; what is pinned stays until [`trim`](Self::trim).
+    /// Keeps at least `bytes` pinned ahead of demand (growable pools, within the maximum) once a
+    /// request has needed pinned memory. 0 stops it; what is pinned stays until [`Self::trim`].
     pub fn keep_free(&self, bytes: usize) {
         if !self.is_growable() {
             return;
@@ -299,9 +264,8 @@ impl PinnedHostPool {
         self.inner.trim()
     }
 
-    /// With `on`, the pool holds no more pinned memory than its slices (for when spilling stopped
-    /// or the runtime shut down): no pinning ahead, free memory back now ([`trim`](Self::trim)),
-    /// each chunk back with its last slice. `false` lets it keep what it pins again.
+    /// With `on`, the pool holds no more pinned memory than its slices (spilling stopped): no
+    /// pinning ahead, free memory back now, each chunk back with its last slice. `false` undoes it.
     pub fn release_idle(&self, on: bool) {
         self.inner.release_idle.store(on, Ordering::Release);
         if on {
@@ -310,12 +274,10 @@ impl PinnedHostPool {
         }
     }
 
-    /// Pins a fixed pool back to its size after [`release_idle`](Self::release_idle) gave its
-    /// memory back (spilling resumes); nothing for a growable pool or one at its size.
-    ///
+    /// Pins a fixed pool back to its size after [`release_idle`](Self::release_idle) (spilling
+    /// resumes); nothing for a growable pool or one at its size.
     /// # Errors
-    /// [`Error::HostOutOfMemory`] or [`Error::Driver`] when pinning fails: the pool keeps what
-    /// it has.
+    /// [`Error::HostOutOfMemory`] or [`Error::Driver`] when pinning fails (it keeps what it has).
     pub fn pin_again(&self) -> Result<()> {
         let size = self.inner.fixed_size.load(Ordering::Relaxed);
         let _one_grower = self.inner.growing.lock();
@@ -346,9 +308,8 @@ impl PinnedHostPool {
         Duration::from_nanos(self.inner.registering_ns.load(Ordering::Relaxed))
     }
 
-    /// First-fit slice of `bytes` (rounded to [`PINNED_ALIGNMENT`]); growable pools grow to fit,
-    /// or while pinning ahead hand out pageable memory rather than wait (see the module docs).
-    ///
+    /// First-fit slice of `bytes` (rounded to [`PINNED_ALIGNMENT`]); growable pools grow to fit
+    /// (see the module docs).
     /// # Errors
     /// [`Error::HostOutOfMemory`] when nothing fits and the pool cannot grow.
     pub fn allocate(&self, bytes: usize) -> Result<PinnedSlice> {
@@ -377,21 +338,19 @@ impl PinnedHostPool {
                     Inner::pin_ahead(&self.inner);
                     return Ok(s);
                 }
-                // Double (within the step bounds) but stay under the maximum if the request fits
-                // below it. When pinning ahead, pin only this request's need, in its own chunk no
-                // smaller than ahead chunks; the background pins the rest.
-                let (step, chunk) = if self.headroom() > 0 {
-                    (len.max(AHEAD_CHUNK), len.max(AHEAD_CHUNK))
-                } else {
-                    (
-                        len.max(self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP)),
-                        len.max(MIN_CHUNK),
-                    )
+                // Double, within the step bounds and the maximum. While pinning ahead, pin only
+                // this request's need; the background pins the rest.
+                let (step, chunk) = match self.headroom() {
+                    0 => (
+                        self.capacity().clamp(GROWTH_STEP, MAX_GROWTH_STEP),
+                        MIN_CHUNK,
+                    ),
+                    _ => (AHEAD_CHUNK, AHEAD_CHUNK),
                 };
-                let step = step.min(self.inner.room());
+                let (step, chunk) = (len.max(step).min(self.inner.room()), len.max(chunk));
                 if step >= len {
-                    // At least the request's size, so it fits one chunk. Failing to pin means out
-                    // of host memory, whatever the driver said: callers fall back to disk on that.
+                    // Failing to pin is out of host memory, whatever the driver said: callers
+                    // fall back to disk on that.
                     match self.inner.grow(step, chunk) {
                         Ok(true) => continue,
                         Ok(false) => {}
@@ -421,8 +380,7 @@ impl PinnedHostPool {
         Err(Error::host_out_of_memory(len, "PinnedHostPool"))
     }
 
-    /// A slice of pageable memory of its own, within the maximum; `None` when over it or when the
-    /// memory cannot be had (the caller then pins as it would have).
+    /// A slice of pageable memory of its own, within the maximum; `None` if over it or unavailable.
     fn allocate_pageable(&self, len: usize) -> Option<PinnedSlice> {
         let bytes = len.next_multiple_of(PinnedRegion::ALIGNMENT);
         let inner = &self.inner;
@@ -476,7 +434,6 @@ impl PinnedHostPool {
 }
 
 impl Inner {
-    /// Bytes pinned and not handed out.
     fn free(&self) -> usize {
         self.capacity
             .load(Ordering::Relaxed)
@@ -497,8 +454,7 @@ impl Inner {
             .then(|| (want - free).clamp(GROWTH_STEP, MAX_GROWTH_STEP).min(room))
     }
 
-    /// Starts a background thread pinning toward the headroom unless one runs or none is needed. A
-    /// failure is logged and ends it (requests then pin themselves); it holds the pool per step.
+    /// Starts a thread pinning toward the headroom unless one runs or none is needed.
     fn pin_ahead(self: &Arc<Self>) {
         if self.ahead_step().is_none() || self.pinning_ahead.swap(true, Ordering::AcqRel) {
             return;
@@ -538,17 +494,13 @@ impl Inner {
         }
     }
 
-    /// [`PinnedHostPool::trim`].
     fn trim(&self) -> usize {
         let mut chunks = self.chunks.lock();
         let mut released = 0;
         chunks.retain(|c| {
-            if c.is_free() && c.region.release_chunk(c.index) {
-                released += c.len;
-                false
-            } else {
-                true
-            }
+            let gone = c.is_free() && c.region.release_chunk(c.index);
+            released += if gone { c.len } else { 0 };
+            !gone
         });
         drop(chunks);
         // Room first: the memory is gone already.
@@ -579,8 +531,6 @@ impl Inner {
 
     /// Pins and adds `bytes` in chunks of at least `min_chunk`; false (nothing pinned) if over max.
     fn grow(&self, bytes: usize, min_chunk: usize) -> Result<bool> {
-        // Reserve against the maximum first: requests, pageable slices and the ahead thread
-        // never pass it together.
         let bytes = bytes.max(1).next_multiple_of(PinnedRegion::ALIGNMENT);
         // Counted as being pinned before it is committed, so that a request finding no room
         // meanwhile waits for it rather than give up.
@@ -618,7 +568,6 @@ impl Inner {
             self.max_slice.fetch_max(l, Ordering::Relaxed);
         }
         drop(chunks);
-        // `bytes` is a whole number of 2 MiB pages: the region is exactly that long, as committed.
         self.pinning.fetch_sub(bytes, Ordering::AcqRel);
         tracing::debug!(
             bytes = region.len(),
@@ -674,8 +623,7 @@ impl SliceOwner for Inner {
         let mut chunks = self.chunks.lock();
         let Some(at) = chunks.iter().position(|c| {
             std::ptr::eq(Arc::as_ptr(&c.region), region)
-                && offset >= c.start
-                && offset < c.start + c.len
+                && (c.start..c.start + c.len).contains(&offset)
         }) else {
             drop(chunks);
             tracing::error!(

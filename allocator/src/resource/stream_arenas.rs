@@ -1,19 +1,12 @@
 //! Per-stream state for stream-ordered resources, found without a global lock.
 //!
 //! A resource keeps its arenas in an append-only table, one per (stream, *lane*): threads get lanes
-//! round-robin over [`LANES`], so threads sharing a stream (as Dask's share the default stream)
-//! still get arenas of their own and do not contend. A stream's work is ordered, so any of its
-//! arenas may serve it: a block freed by another lane of the stream goes straight back to its
-//! arena, without an event. Each thread caches the (resource, stream) → slot pairs it used last, so
-//! the fast path is a thread-local lookup and an index. Arenas live as long as their resource;
-//! nothing is reference-counted on the fast path.
+//! round-robin over [`LANES`], so threads sharing a stream get arenas of their own, any of which
+//! may serve the stream's ordered work. Each thread caches the (resource, stream) → slot pairs it
+//! used last. The per-thread default stream's arenas are one per thread.
 //!
-//! The per-thread default stream is one handle for a different stream on each thread: its arenas
-//! are one per thread, never a lane shared by two threads nor one arena shared by all.
-//!
-//! The first [`FIRST`] slots are inline (one load on the fast path); the rest come in segments of
-//! [`FIRST`], made with their first arena ([`GroupedSlots`]). So a resource (every pool a
-//! reinitialize builds) sets up and drops a few kilobytes, not all [`MAX_ARENAS`].
+//! The first [`FIRST`] slots are inline; the rest come in segments of [`FIRST`], made with their
+//! first arena ([`GroupedSlots`]), so building a resource does not touch all [`MAX_ARENAS`].
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -31,17 +24,14 @@ use crate::sync::{GroupedSlots, SlotCache};
 pub(crate) const MAX_ARENAS: usize = 4096;
 /// Slots held inline, and the size of each segment made later.
 pub(crate) const FIRST: usize = 256;
-/// Segments beyond the inline slots.
 const SEGMENTS: usize = MAX_ARENAS / FIRST - 1;
 /// Lanes per stream: threads beyond this many on one stream share arenas.
 pub(crate) const LANES: u32 = 16;
-/// The per-thread default stream's handle.
 const PER_THREAD: RawStream = StreamView::PER_THREAD.raw();
 
 static NEXT_LANE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 static NEXT_THREAD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-/// Per-thread default stream lanes of threads that have exited, for new threads: the arenas of a
-/// lane live as long as their resource, so threads that come and go reuse them.
+/// Per-thread default stream lanes of exited threads, for new threads to reuse with their arenas.
 static FREE_OWN_LANES: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 /// A thread's lane of the per-thread default stream, given back when the thread exits.
@@ -69,8 +59,8 @@ impl OwnLane {
 
 impl Drop for OwnLane {
     fn drop(&mut self) {
-        // Thread-locals dropped after this one may still free on the per-thread stream: from
-        // here on they take the exiting lane (see `settle_late_free`), never the lane given back.
+        // Thread-locals dropped after this one may still free on the per-thread stream: they take
+        // the exiting lane (see `settle_late_free`), never the lane given back.
         let _ = GAVE_BACK.try_with(|g| g.set(true));
         let _ = CACHE.try_with(SlotCache::clear);
         FREE_OWN_LANES.lock().push(self.lane);
@@ -89,7 +79,6 @@ const EXITING_LANE: u32 = u32::MAX;
 thread_local! {
     /// Set once this thread's per-thread lane was given back (no destructor: readable to the end).
     static GAVE_BACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// This thread's lane.
     static LANE: u32 = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES;
     /// This thread's lane of the per-thread default stream: its own, past the shared lanes.
     static OWN_LANE: OwnLane = OwnLane::take();
@@ -135,10 +124,8 @@ pub(crate) fn settle_own_lane(device: Device) -> Result<()> {
 }
 
 /// Before a free on the per-thread default stream by a thread that gave its lane back (a
-/// thread-local dropped late as the thread exits): waits for the device, so that the block,
-/// freed into the exiting lane other exiting threads share, is no longer in use. (The device,
-/// not the thread's own stream: that stream's state as the thread's locals go is the
-/// backend's, and this runs once as a thread exits.)
+/// thread-local dropped late as the thread exits): waits for the device, so that the block, freed
+/// into the exiting lane other exiting threads share, is no longer in use.
 pub(crate) fn settle_late_free(device: Device) -> Result<()> {
     if !gave_back() {
         return Ok(());
@@ -150,9 +137,8 @@ fn gave_back() -> bool {
     GAVE_BACK.with(std::cell::Cell::get)
 }
 
-/// Waits for `stream` (maybe another thread's); if the backend cannot vouch it exists (destroyed
-/// after last using the pool, or a library's own), or it is a per-thread default stream (which
-/// this thread cannot name for another), waits for the whole device, covering its work.
+/// Waits for `stream`, or for the whole device if the backend cannot vouch the stream exists or it
+/// is a per-thread default stream (which this thread cannot name for another).
 pub(crate) fn sync_stream_or_device(
     backend: &dyn crate::backend::Backend,
     dev: u32,
@@ -168,14 +154,6 @@ pub(crate) fn sync_stream_or_device(
     };
     tracing::debug!(device = dev, stream, "{why}; synchronizing the device");
     backend.device_synchronize(dev)
-}
-
-impl<A> std::fmt::Debug for StreamArenas<A> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamArenas")
-            .field("streams", &self.index.lock().len())
-            .finish()
-    }
 }
 
 impl<A> StreamArenas<A> {
@@ -194,9 +172,7 @@ impl<A> StreamArenas<A> {
         self.get_in(self.id, stream, None, make)
     }
 
-    /// `stream`'s arena shared by all threads (its first lane), made with `make` on first use: for
-    /// memory whose placement matters more than contention (large blocks, which a stream's threads
-    /// share rather than split). The per-thread default stream's is the thread's own.
+    /// `stream`'s arena shared by all its threads (for the per-thread default stream, its own).
     #[inline]
     pub(crate) fn shared(&self, stream: RawStream, make: impl FnOnce() -> A) -> Result<&A> {
         if stream == PER_THREAD {
@@ -232,18 +208,9 @@ impl<A> StreamArenas<A> {
         }
     }
 
-    /// Slot `i` past the inline ones; `None` if its segment is not made or `i` is past the table.
     #[cold]
     fn rest_slot(&self, i: usize) -> Option<&Slot<A>> {
         self.rest.get(i - FIRST)
-    }
-
-    /// Slot `i`, making its segment if need be; `i < MAX_ARENAS`.
-    fn slot_made(&self, i: usize) -> Option<&Slot<A>> {
-        match self.first.get(i) {
-            Some(slot) => Some(slot),
-            None => self.rest.make(i - FIRST),
-        }
     }
 
     /// [`Self::get_in`] past the thread's cache: the index, making the arena on first use.
@@ -258,13 +225,8 @@ impl<A> StreamArenas<A> {
         let lane = match lane {
             Some(lane) => lane,
             // A thread that is exiting (its lane given back) takes the exiting lane.
-            None if stream == PER_THREAD => {
-                if gave_back() {
-                    EXITING_LANE
-                } else {
-                    OWN_LANE.try_with(|l| l.lane).unwrap_or(EXITING_LANE)
-                }
-            }
+            None if stream == PER_THREAD && gave_back() => EXITING_LANE,
+            None if stream == PER_THREAD => OWN_LANE.try_with(|l| l.lane).unwrap_or(EXITING_LANE),
             None => LANE.with(|l| *l),
         };
         let slot = {
@@ -273,8 +235,9 @@ impl<A> StreamArenas<A> {
             match index.get(&(stream, lane)) {
                 Some(&s) => s,
                 None => {
-                    // Every slot below `MAX_ARENAS` exists (its segment made here).
-                    let made = (next < MAX_ARENAS).then(|| self.slot_made(next)).flatten();
+                    // Every slot below `MAX_ARENAS` exists (its segment made here); none past it.
+                    let (first, rest) = (&self.first, &self.rest);
+                    let made = first.get(next).or_else(|| rest.make(next - FIRST));
                     let Some(slot) = made else {
                         return Err(Error::invalid_argument(
                             "stream",

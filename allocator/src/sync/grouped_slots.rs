@@ -1,26 +1,22 @@
-//! A table of slots made a group at a time, on first use: a table sized for many threads (the
-//! statistics adaptor's shards) or streams (a pool's arenas past its inline ones) costs nothing
-//! until they come, where writing it up front would touch fresh pages in every stack built.
+//! A table of slots made a group at a time, on first use, so a table sized for many threads or
+//! streams costs nothing until they come.
 
 use std::sync::OnceLock;
 
-/// `GROUPS × GROUP` slots of `T`. A group's slots are made together (as `T::default()`) by the
-/// first [`make`](Self::make) of one; [`get`](Self::get) of a slot not made yet is `None`.
-/// [`first`](Self::first) relies on groups being made in order (slots handed out 0, 1, 2, …).
+/// `GROUPS × GROUP` slots of `T`, a group made (as `T::default()`) by its first
+/// [`make`](Self::make). [`first`](Self::first) relies on groups being made in order.
 pub(crate) struct GroupedSlots<T, const GROUP: usize, const GROUPS: usize> {
     groups: [OnceLock<Box<[T; GROUP]>>; GROUPS],
 }
 
 impl<T: Default, const GROUP: usize, const GROUPS: usize> GroupedSlots<T, GROUP, GROUPS> {
-    /// A table with no group made.
     pub(crate) const fn new() -> Self {
         GroupedSlots {
             groups: [const { OnceLock::new() }; GROUPS],
         }
     }
 
-    /// Slot `i` if its group is made (`None` past the end too). The fast path: a bounds check
-    /// against a constant, the group's state and its pointer.
+    /// Slot `i` if its group is made (`None` past the end too).
     #[inline(always)]
     pub(crate) fn get(&self, i: usize) -> Option<&T> {
         let group = self.groups.get(i / GROUP)?.get()?;
@@ -45,7 +41,6 @@ impl<T: Default, const GROUP: usize, const GROUPS: usize> GroupedSlots<T, GROUP,
             .take(n)
     }
 
-    /// Groups made so far.
     #[cfg(test)]
     pub(crate) fn made(&self) -> usize {
         self.groups.iter().filter(|g| g.get().is_some()).count()

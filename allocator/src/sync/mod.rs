@@ -1,7 +1,5 @@
-//! The synchronisation the hot paths share: a spin-then-yield lock ([`SpinLock`]), a per-thread
-//! cache of a thread's slots ([`SlotCache`]), a table of slots made a group at a time
-//! ([`GroupedSlots`]); the clocks stamping records are [`crate::backend::clock`]. None allocates,
-//! calls the driver, takes a global lock or logs on its fast path.
+//! The synchronisation the hot paths share: a spin-then-yield lock, a per-thread slot cache and a
+//! table of slots made a group at a time. None allocates, calls the driver or logs when fast.
 
 mod grouped_slots;
 mod slot_cache;

@@ -1,8 +1,6 @@
-//! [`SlotCache`]: a thread's memory of the slots it was given by the objects it used last (a
-//! statistics shard, a tracking thread slot, a stream's arena), so a hot path finds its slot by a
-//! thread-local scan of a few entries instead of a lock and a map. A miss (a new object, or one
-//! pushed out) goes to the object's registration, which then [`insert`](SlotCache::insert)s the
-//! answer, replacing entries round-robin.
+//! [`SlotCache`]: a thread's memory of the slots the objects it used last gave it (a statistics
+//! shard, a stream's arena), found by a thread-local scan instead of a lock and a map. A miss goes
+//! to the object's registration, which then [`insert`](SlotCache::insert)s the answer.
 
 use std::cell::Cell;
 
@@ -28,7 +26,6 @@ pub(crate) struct SlotCache<K: SlotKey, const N: usize> {
 }
 
 impl<K: SlotKey, const N: usize> SlotCache<K, N> {
-    /// An empty cache.
     pub(crate) const fn new() -> Self {
         SlotCache {
             entries: [const { Cell::new((K::EMPTY, 0)) }; N],
@@ -36,7 +33,6 @@ impl<K: SlotKey, const N: usize> SlotCache<K, N> {
         }
     }
 
-    /// The slot cached for `key`, if any.
     #[inline(always)]
     pub(crate) fn get(&self, key: K) -> Option<u32> {
         self.entries.iter().find_map(|e| {
@@ -52,7 +48,6 @@ impl<K: SlotKey, const N: usize> SlotCache<K, N> {
         self.entries[i].set((key, slot));
     }
 
-    /// Forgets every entry.
     pub(crate) fn clear(&self) {
         self.entries.iter().for_each(|e| e.set((K::EMPTY, 0)));
     }

@@ -1,10 +1,6 @@
-//! [`SpinLock`]: a lock for short, bounded hot-path critical sections (a few stores or one map
-//! operation; no allocation, system call or driver wait). Taking it is one compare-and-swap,
-//! releasing it a plain store (a parking mutex needs a second read-modify-write). Parking and
-//! waking is slow and convoys under several threads, so a waiter spins `SPINS` rounds, then yields
-//! between looks in case the holder was descheduled. A lock many threads contend for (one stream's
-//! shared pool arena) yields at once (`SPINS = 0`): with as many threads as cores, spinners slow
-//! the holder.
+//! [`SpinLock`]: a lock for short, bounded hot-path critical sections. Taking it is one
+//! compare-and-swap, releasing it a plain store; a waiter spins `SPINS` rounds, then yields between
+//! looks in case the holder was descheduled (parking convoys under several threads).
 
 use std::fmt;
 
@@ -18,7 +14,6 @@ const DEFAULT_SPINS: u32 = 64;
 pub(crate) struct SpinLock<T, const SPINS: u32 = DEFAULT_SPINS>(SpinMutex<T, spin::relax::Loop>);
 
 impl<T, const SPINS: u32> SpinLock<T, SPINS> {
-    /// A lock around `value`.
     pub(crate) const fn new(value: T) -> Self {
         SpinLock(SpinMutex::new(value))
     }

@@ -40,14 +40,10 @@ pub(crate) struct ArenaState {
     pub(crate) pending_bytes: u64,
 }
 
-/// An arena's lock: a [`SpinLock`], whose release is a plain store (one atomic RMW per operation
-/// instead of parking_lot's two). Contention is rare by design (an arena is one thread's on one
-/// stream; threads beyond 16 on a stream share lanes), and nothing waits for the device under it:
-/// the only driver calls are event create/record/query for cross-stream frees. Waiters yield at
-/// once rather than spin: contention means many threads of one stream, as many as cores.
+/// An arena's lock: contention is rare (an arena is one thread lane's) and nothing waits for the
+/// device under it. Waiters yield at once: contention means as many threads of one stream as cores.
 pub(crate) type ArenaLock<T> = SpinLock<T, 0>;
 
-/// One stream's arena.
 #[derive(Debug)]
 pub(crate) struct Arena {
     pub(crate) stream: RawStream,
@@ -124,8 +120,14 @@ impl ArenaState {
         Some(addr)
     }
 
+    /// Gives cached blocks, then empty bin slabs, back to the heaps, before taking memory out.
+    fn flush_all(&mut self) {
+        self.flush_cache();
+        self.bins.release_empty(&mut self.small);
+    }
+
     /// Gives every cached block back to its heap, where it merges with its free neighbours.
-    pub(crate) fn flush_cache(&mut self) {
+    fn flush_cache(&mut self) {
         for b in self.cache.drain() {
             self.heap_of(b.tag).free(b.tag & !SMALL_TAG);
         }
@@ -140,14 +142,17 @@ impl ArenaState {
         }
     }
 
-    /// The size of the heap block `tag` names.
-    fn block_size(&self, tag: u32) -> u64 {
-        let heap = if tag & SMALL_TAG != 0 {
+    fn heap(&self, tag: u32) -> &Heap {
+        if tag & SMALL_TAG != 0 {
             &self.small
         } else {
             &self.large
-        };
-        heap.block(tag & !SMALL_TAG).size
+        }
+    }
+
+    /// The size of the heap block `tag` names.
+    fn block_size(&self, tag: u32) -> u64 {
+        self.heap(tag).block(tag & !SMALL_TAG).size
     }
 
     /// Frees the live block at `addr` (its stream is done with it); false if not this arena's.
@@ -244,14 +249,11 @@ impl ArenaState {
             if backend.event_query(dev, event)? {
                 let p = self.pending.swap_remove(i);
                 self.pending_bytes -= p.size;
-                match p.tag {
-                    Some(tag) => {
-                        self.in_use += p.size;
-                        self.release(tag);
-                    }
-                    None => {
-                        self.bins.free(p.addr);
-                    }
+                if let Some(tag) = p.tag {
+                    self.in_use += p.size;
+                    self.release(tag);
+                } else {
+                    self.bins.free(p.addr);
                 }
                 self.spare_events.push(p.event);
             } else {
@@ -269,8 +271,7 @@ impl ArenaState {
         !self.pending.is_empty()
     }
 
-    /// Adds a granted range to the heap serving `size`: a large-request range joins adjacent
-    /// large-heap regions within `within` (contiguous memory); small-heap ranges stay apart.
+    /// Adds a granted range to the heap for `size`; large ranges join neighbours within `within`.
     pub(crate) fn add_grant(&mut self, for_size: u64, addr: u64, len: u64, within: (u64, u64)) {
         if for_size <= SMALL_LIMIT {
             self.small.add_region(addr, len);
@@ -289,21 +290,18 @@ impl ArenaState {
 
     /// Removes every region that is entirely free, for the pool to reuse elsewhere.
     pub(crate) fn take_free_regions(&mut self, out: &mut Vec<(u64, u64)>) {
-        self.flush_cache();
-        self.bins.release_empty(&mut self.small);
+        self.flush_all();
         self.small.take_free_regions(out);
         self.large.take_free_regions(out);
     }
 
-    /// As [`ArenaState::take_free_regions`], keeping small- and large-heap regions apart for
-    /// [`ArenaState::give_back_regions`] to undo.
+    /// [`ArenaState::take_free_regions`], small- and large-heap regions apart (to give back).
     pub(crate) fn take_free_regions_by_heap(
         &mut self,
         small: &mut Vec<(u64, u64)>,
         large: &mut Vec<(u64, u64)>,
     ) {
-        self.flush_cache();
-        self.bins.release_empty(&mut self.small);
+        self.flush_all();
         self.small.take_free_regions(small);
         self.large.take_free_regions(large);
     }
@@ -320,27 +318,21 @@ impl ArenaState {
 
     /// Takes one free block of at least `size` bytes out of either heap (see [`Heap::steal`]).
     pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
-        self.flush_cache();
-        self.bins.release_empty(&mut self.small);
+        self.flush_all();
         self.large.steal(size).or_else(|| self.small.steal(size))
     }
 
     /// All free blocks of both heaps (after flushing cache and slabs), for cross-arena merging.
     pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
-        self.flush_cache();
-        self.bins.release_empty(&mut self.small);
+        self.flush_all();
         self.small.take_free_blocks(out);
         self.large.take_free_blocks(out);
     }
 
     /// Live blocks as (address, size).
     pub(crate) fn live_blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let pending_bins: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|p| p.tag.is_none())
-            .map(|p| p.addr)
-            .collect();
+        let binned = self.pending.iter().filter(|p| p.tag.is_none());
+        let pending_bins: Vec<u64> = binned.map(|p| p.addr).collect();
         self.live
             .iter()
             .map(|(addr, tag)| (addr, self.block_size(tag)))
@@ -352,43 +344,31 @@ impl ArenaState {
     }
 
     pub(crate) fn figures(&self) -> ArenaFigures {
+        // Bin slabs are allocated heap blocks: count their handed-out blocks, less those pending.
+        let binned = self.pending.iter().filter(|p| p.tag.is_none());
+        let (pending_bins, pending_bin_bytes) =
+            binned.fold((0, 0), |(n, bytes), p| (n + 1, bytes + p.size));
         ArenaFigures {
-            region_bytes: self.small.region_bytes() + self.large.region_bytes(),
-            free_bytes: self.small.free_bytes()
-                + self.large.free_bytes()
+            region_bytes: self.small.region_bytes + self.large.region_bytes,
+            free_bytes: self.small.free_bytes
+                + self.large.free_bytes
                 + self.bins.free_bytes
-                + self.cache.bytes(),
-            cached_bytes: self.cache.bytes(),
-            // Bin slabs are allocated heap blocks; count their handed-out blocks instead.
-            in_use: self.in_use + self.bins.live_bytes - self.pending_bin_bytes(),
+                + self.cache.bytes,
+            cached_bytes: self.cache.bytes,
+            in_use: self.in_use + self.bins.live_bytes - pending_bin_bytes,
             pending_bytes: self.pending_bytes,
             largest_free: self.small.largest_free().max(self.large.largest_free()),
-            regions: self.small.regions() + self.large.regions(),
-            free_blocks: self.small.free_blocks() + self.large.free_blocks(),
-            live_blocks: self.live.len() + self.bins.live_count
-                - self.pending.iter().filter(|p| p.tag.is_none()).count(),
+            regions: self.small.regions + self.large.regions,
+            free_blocks: self.small.free_blocks + self.large.free_blocks,
+            live_blocks: self.live.len + self.bins.live_count - pending_bins,
         }
-    }
-
-    fn pending_bin_bytes(&self) -> u64 {
-        self.pending
-            .iter()
-            .filter(|p| p.tag.is_none())
-            .map(|p| p.size)
-            .sum()
     }
 
     pub(crate) fn check(&self) -> std::result::Result<(), String> {
         let mut cached = 0;
         for b in self.cache.iter() {
-            let heap = if b.tag & SMALL_TAG != 0 {
-                &self.small
-            } else {
-                &self.large
-            };
-            let fine = heap.get_block(b.tag & !SMALL_TAG).is_some_and(|block| {
-                !block.is_free() && block.addr == b.addr && block.size == b.size
-            });
+            let block = self.heap(b.tag).get_block(b.tag & !SMALL_TAG);
+            let fine = block.is_some_and(|k| !k.is_free() && k.addr == b.addr && k.size == b.size);
             if !fine || self.live.get(b.addr).is_some() {
                 return Err(format!(
                     "cached block {:#x}+{} is not its heap's allocated block of that size, \
@@ -398,10 +378,10 @@ impl ArenaState {
             }
             cached += b.size;
         }
-        if cached != self.cache.bytes() {
+        if cached != self.cache.bytes {
             return Err(format!(
                 "cached blocks add up to {cached} B, the cache counts {} B",
-                self.cache.bytes()
+                self.cache.bytes
             ));
         }
         self.bins.check().map_err(|e| format!("bins: {e}"))?;

@@ -1,13 +1,11 @@
 //! Size-class bins for requests up to 64 KiB: the pool's small-object path.
 //!
-//! Each class (every 256 B up to 4 KiB, then four per power of two up to 64 KiB: at most 25 %
-//! rounding) keeps a LIFO stack of free blocks cut from *slabs* of up to 1 MiB from the arena's
-//! small heap. Allocation pops and free pushes, so the latest freed block, still in CPU cache, is
-//! reused first, and small objects never split or fragment the heaps. A per-slab bitmap validates
-//! every free (refusing foreign pointers and double frees); a wholly free slab goes back to the
-//! heap on the pool's slow paths.
+//! Each class (every 256 B up to 4 KiB, then four per power of two: at most 25 % rounding) keeps a
+//! LIFO stack of free blocks cut from *slabs* of the arena's small heap, so the latest freed block
+//! is reused first and small objects never fragment the heaps. A per-slab bitmap validates every
+//! free; a wholly free slab goes back to the heap on the pool's slow paths.
 
-use super::tlsf::{GRANULE, Heap};
+use super::tlsf::{GRANULE, Heap, store};
 
 /// Largest request served by the bins.
 pub(crate) const BIN_LIMIT: u64 = 64 << 10;
@@ -105,16 +103,7 @@ impl Bins {
             bits: vec![0; (count as usize).div_ceil(64)],
             active: true,
         };
-        let sid = match self.spare_ids.pop() {
-            Some(id) => {
-                self.slabs[id as usize] = slab;
-                id
-            }
-            None => {
-                self.slabs.push(slab);
-                (self.slabs.len() - 1) as u32
-            }
-        };
+        let sid = store(&mut self.slabs, &mut self.spare_ids, slab);
         let at = self.order.partition_point(|(b, _)| *b < base);
         self.order.insert(at, (base, sid));
         // Lowest address on top of the stack.
@@ -162,11 +151,9 @@ impl Bins {
 
     /// Gives every slab with no live block back to `heap`.
     pub(crate) fn release_empty(&mut self, heap: &mut Heap) {
-        let empty: Vec<u32> = self
-            .order
-            .iter()
-            .map(|(_, sid)| *sid)
-            .filter(|sid| self.slabs[*sid as usize].live == 0)
+        let sids = self.order.iter().map(|(_, sid)| *sid);
+        let empty: Vec<u32> = sids
+            .filter(|&sid| self.slabs[sid as usize].live == 0)
             .collect();
         if empty.is_empty() {
             return;
@@ -174,14 +161,9 @@ impl Bins {
         for &sid in &empty {
             let slab = &mut self.slabs[sid as usize];
             slab.active = false;
-            let (class, bytes, heap_block) = (
-                slab.class as usize,
-                slab.block * slab.count as u64,
-                slab.heap_block,
-            );
-            self.free[class].retain(|(_, s)| *s != sid);
-            self.free_bytes -= bytes;
-            heap.free(heap_block);
+            self.free_bytes -= slab.block * slab.count as u64;
+            heap.free(slab.heap_block);
+            self.free[slab.class as usize].retain(|(_, s)| *s != sid);
             self.spare_ids.push(sid);
         }
         let slabs = &self.slabs;
@@ -219,11 +201,8 @@ impl Bins {
         let stacked: u64 = self
             .free
             .iter()
-            .map(|v| {
-                v.iter()
-                    .map(|(_, sid)| self.slabs[*sid as usize].block)
-                    .sum::<u64>()
-            })
+            .flatten()
+            .map(|(_, sid)| self.slabs[*sid as usize].block)
             .sum();
         if live != self.live_count || live_bytes != self.live_bytes || stacked != self.free_bytes {
             return Err(format!(
@@ -282,6 +261,6 @@ mod tests {
         bins.release_empty(&mut heap);
         bins.check().unwrap();
         assert_eq!(bins.free_bytes, 0);
-        assert_eq!(heap.free_bytes(), 16 << 20);
+        assert_eq!(heap.free_bytes, 16 << 20);
     }
 }

@@ -1,16 +1,10 @@
 //! A small cache of freed heap blocks in front of an arena's heaps (deferred coalescing).
 //!
-//! An arena belongs to one stream and, through its lane, one thread (up to 16 per stream). A block
-//! freed on that stream may go at once to the stream's next request of that size (its work is
-//! ordered), so the arena keeps its latest freed blocks whole rather than merging them, as
-//! tcmalloc's and mimalloc's thread caches do: an allocate + free pair of one size costs a lookup
-//! and a pointer-map update, not a split and a merge.
-//!
-//! The cache lives under the arena's lock, so every free is still checked against live blocks (a
-//! double free or foreign pointer is an error, never cached). It holds [`SLOTS`] blocks of at most
-//! [`MAX_BLOCK`] bytes; when full, its oldest goes back to the heap. The arena flushes it when its
-//! heaps cannot serve a request; the pool flushes all on `trim`, `release`, `synchronize` and
-//! before growing or failing (`validate` checks cached blocks in place).
+//! A block freed on an arena's stream may go at once to the stream's next request of that size, so
+//! the arena keeps its latest freed blocks whole rather than merging them, as tcmalloc's thread
+//! caches do: an allocate + free pair of one size costs a lookup, not a split and a merge. The
+//! cache lives under the arena's lock, so every free is still checked against live blocks. The
+//! arena flushes it when its heaps cannot serve a request, the pool on its slow paths.
 
 /// Blocks one cache holds.
 pub(crate) const SLOTS: usize = 4;
@@ -25,17 +19,17 @@ pub(crate) struct Cached {
     pub(crate) tag: u32,
 }
 
-/// See the module documentation. Oldest block first.
+/// Up to [`SLOTS`] cached blocks, oldest first.
 #[derive(Debug, Default)]
 pub(crate) struct BlockCache {
     blocks: [Cached; SLOTS],
     len: usize,
-    bytes: u64,
+    pub(crate) bytes: u64,
 }
 
 impl BlockCache {
-    /// Keeps `block`; returns the block it evicted when it was full, which the caller gives
-    /// back to its heap. A block larger than [`MAX_BLOCK`] is returned as it came.
+    /// Keeps `block`; returns the block to give back to the heap instead: the oldest when full, or
+    /// `block` itself when larger than [`MAX_BLOCK`].
     #[inline]
     pub(crate) fn put(&mut self, block: Cached) -> Option<Cached> {
         if block.size > MAX_BLOCK {
@@ -69,23 +63,15 @@ impl BlockCache {
         Some(block)
     }
 
-    /// Whether no block is cached.
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    /// Bytes cached.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Cached blocks, oldest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = Cached> + '_ {
         self.blocks[..self.len].iter().copied()
     }
 
-    /// Takes every cached block out.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = Cached> + use<> {
         let (blocks, len) = (self.blocks, self.len);
         self.len = 0;
@@ -112,13 +98,13 @@ mod tests {
         assert_eq!(c.put(block(0x100, 1 << 20)), None);
         assert_eq!(c.put(block(0x200, 2 << 20)), None);
         assert_eq!(c.put(block(0x300, 1 << 20)), None);
-        assert_eq!(c.bytes(), 4 << 20);
+        assert_eq!(c.bytes, 4 << 20);
         assert_eq!(c.take(3 << 20), None);
         assert_eq!(c.take(1 << 20).map(|b| b.addr), Some(0x300));
         assert_eq!(c.take(1 << 20).map(|b| b.addr), Some(0x100));
         assert_eq!(c.take(1 << 20), None);
         assert_eq!(c.iter().map(|b| b.addr).collect::<Vec<_>>(), vec![0x200]);
-        assert_eq!(c.bytes(), 2 << 20);
+        assert_eq!(c.bytes, 2 << 20);
     }
 
     #[test]
@@ -128,7 +114,7 @@ mod tests {
             assert_eq!(c.put(block(0x1000 * (i + 1), 4096)), None);
         }
         assert_eq!(c.put(block(0x9000, 512)).map(|b| b.addr), Some(0x1000));
-        assert_eq!(c.bytes(), (SLOTS as u64 - 1) * 4096 + 512);
+        assert_eq!(c.bytes, (SLOTS as u64 - 1) * 4096 + 512);
         let big = block(0xA000, MAX_BLOCK + 256);
         assert_eq!(c.put(big), Some(big));
         assert!(c.put(block(0xB000, MAX_BLOCK)).is_some(), "full: evicts");
@@ -142,7 +128,7 @@ mod tests {
         let got: Vec<_> = c.drain().map(|b| (b.addr, b.size)).collect();
         assert_eq!(got, vec![(0x100, 256), (0x200, 512)]);
         assert!(c.is_empty());
-        assert_eq!(c.bytes(), 0);
+        assert_eq!(c.bytes, 0);
         assert_eq!(c.drain().count(), 0);
     }
 }

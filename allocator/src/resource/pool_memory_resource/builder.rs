@@ -5,10 +5,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::chunks::{ChunkSource, VirtualMemory};
+use super::footprint::{FootprintLimit, LIMITED_CHUNK};
 use super::growth::DEFAULT_GROWTH;
 use super::handover::LiveBlock;
 use super::tlsf::GRANULE;
-use super::{PoolMemoryResource, footprint, vmm};
+use super::{PoolMemoryResource, vmm};
 use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
@@ -50,19 +51,15 @@ impl PoolBuilder {
         }
     }
 
-    /// Whether chunks are mapped through CUDA's virtual memory API (default
-    /// [`VirtualMemory::Auto`]: over a [`CudaMemoryResource`](crate::resource::CudaMemoryResource)
-    /// on a supporting device, with a maximum of at least 64 granules). Mapped chunks lie side by
-    /// side in one address range per device, so free space stays in one piece across growth and
-    /// free chunks go back one by one; sizes are then granule multiples (e.g. 2 MiB).
+    /// Whether chunks are mapped side by side through CUDA's virtual memory API, so free space
+    /// stays whole (default [`VirtualMemory::Auto`]); sizes are then granule multiples (2 MiB).
     pub fn virtual_memory(mut self, mode: VirtualMemory) -> Self {
         self.virtual_memory = mode;
         self
     }
 
     /// Bytes taken from the upstream at construction, rounded down to 256 (default: half the
-    /// device's free memory, as RMM's Python `reinitialize`); 0 starts empty. Fractions of the
-    /// device are resolved by `rmm_config::Size`.
+    /// device's free memory, as RMM's Python `reinitialize`); 0 starts empty.
     pub fn initial_size(mut self, bytes: u64) -> Self {
         self.initial = Some(bytes);
         self
@@ -74,50 +71,40 @@ impl PoolBuilder {
         self
     }
 
-    /// The growth step (default [`DEFAULT_GROWTH`], 1 GiB): a pool that cannot serve a request
-    /// grows by its need rounded up to this, never past the maximum. Smaller steps track use closer
-    /// for more upstream allocations; [`PoolBuilder::build`] refuses 0.
+    /// The growth step (default [`DEFAULT_GROWTH`]): a pool grows by a request's need rounded up to
+    /// this, never past the maximum; [`PoolBuilder::build`] refuses 0.
     pub fn growth(mut self, bytes: u64) -> Self {
         self.growth = bytes;
         self
     }
 
-    /// Keeps the pool within `fraction` above its peak in use (default: no limit). Before growing
-    /// past `peak × (1 + fraction)`, the pool gathers every arena's free blocks (the request may
-    /// fit among them, merged) and gives entirely free chunks back, so new memory replaces free
-    /// memory instead of adding to it; never below the initial size. Needs mapped memory
-    /// ([`PoolBuilder::virtual_memory`]; `Auto` then chooses it), given back in granules (2 MiB);
-    /// [`PoolBuilder::build`] refuses a pool over upstream allocations, whose free pieces never
-    /// merge. Costs, at the limit, a wait for the freeing streams and remapping. `0.05` matches or
-    /// beats PyTorch's expandable segments; negative or non-finite values are refused.
+    /// Keeps the pool within `fraction` above its peak in use (default: no limit), never below the
+    /// initial size, by giving free memory back before growing past `peak × (1 + fraction)`. Needs
+    /// mapped memory ([`PoolBuilder::virtual_memory`]; `Auto` then chooses it); [`Self::build`]
+    /// refuses other pools and negative or non-finite values.
     pub fn max_overhead(mut self, fraction: f64) -> Self {
         self.max_overhead = Some(fraction);
         self
     }
 
-    /// Takes the initial memory from `donor`'s entirely free chunks where it can, so a pool
-    /// replacing another on the same device (`reinitialize` pool to pool) makes no driver call for
-    /// memory both want. Chunks move only if the upstreams can free each other's memory
-    /// ([`DeviceMemoryResource::is_equal`]) and fit the initial size; the donor keeps working.
+    /// Takes the initial memory from `donor`'s entirely free chunks where it can (a pool replacing
+    /// another on the same device), if the upstreams can free each other's memory
+    /// ([`DeviceMemoryResource::is_equal`]); the donor keeps working.
     pub fn adopt_from(mut self, donor: Arc<PoolMemoryResource>) -> Self {
         self.donor = Some(donor);
         self
     }
 
     /// With [`PoolBuilder::adopt_from`]: also takes over these live donor allocations, data in
-    /// place, with their chunks, as the new pool's (freed to it, on their stream). A block moves
-    /// only if every chunk it lies in holds nothing else live and fits the initial size (chunks
-    /// with blocks first); blocks of 64 KiB or less never move (they share slabs).
+    /// place, where their chunks hold nothing else live and fit ([`LiveBlock::movable`]).
     /// [`PoolMemoryResource::adopted_blocks`] lists those moved; never free them to the donor.
     pub fn adopt_live(mut self, blocks: Vec<LiveBlock>) -> Self {
         self.live = blocks;
         self
     }
 
-    /// With [`PoolBuilder::adopt_from`]: the donor may take back what was taken over until
-    /// [`PoolMemoryResource::commit_adoption`]; dropping the pool before that returns chunks and
-    /// live blocks to the donor, data in place. Commit once the pool is in service; allocate
-    /// nothing from it before.
+    /// With [`PoolBuilder::adopt_from`]: until [`PoolMemoryResource::commit_adoption`], dropping
+    /// the pool returns what it took over to the donor; allocate nothing from it before.
     pub fn adopt_provisionally(mut self) -> Self {
         self.provisional = true;
         self
@@ -128,10 +115,8 @@ impl PoolBuilder {
         // A footprint limit gives memory back in chunks, which only mapped memory can.
         let limited = self.max_overhead.is_some();
         match self.virtual_memory {
-            // Too small for whole granules: the upstream serves better. A large initial size (RMM's
-            // `initial_pool_size` use) is faster from the upstream: mapping physical memory costs
-            // per byte up front, where `cuMemAlloc` reserves lazily. Virtual memory serves pools
-            // that start small and grow (and give memory back in pieces).
+            // Too small for whole granules, or a large start, which the upstream reserves lazily
+            // where mapping costs per byte up front.
             VirtualMemory::Auto
                 if !limited
                     && (maximum < vmm::AUTO_MINIMUM || initial > vmm::AUTO_MAXIMUM_INITIAL) =>
@@ -142,10 +127,8 @@ impl PoolBuilder {
         }
     }
 
-    /// Whether the built pool maps memory through CUDA's virtual memory API (else it takes the
-    /// upstream's allocations), as [`PoolBuilder::build`] decides; a pool adopts another's free
-    /// chunks only if both do the same.
-    ///
+    /// Whether the built pool will map memory through CUDA's virtual memory API (a pool adopts
+    /// another's free chunks only if both do the same).
     /// # Errors
     /// [`Error::Driver`] when the device cannot report its memory.
     pub fn maps_memory(&self) -> Result<bool> {
@@ -161,14 +144,11 @@ impl PoolBuilder {
     }
 
     /// Takes the initial memory and builds the pool.
-    ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if initial > maximum, the growth is zero, or a footprint limit is
-    /// set on a pool that cannot map memory; [`Error::OutOfMemory`] if the upstream cannot provide
-    /// the initial memory; [`Error::Driver`] if the device cannot report its memory.
+    /// [`Error::InvalidArgument`] for inconsistent settings; [`Error::OutOfMemory`] if the upstream
+    /// cannot provide the initial memory; [`Error::Driver`] if the device cannot report its memory.
     pub fn build(self) -> Result<PoolMemoryResource> {
         let device = self.upstream.device();
-        // The device's size is known; free memory is asked of the driver only when needed.
         let total = device.properties()?.total_memory;
         let maximum = self.maximum.unwrap_or(total as u64) / GRANULE * GRANULE;
         let initial = match self.initial {
@@ -217,7 +197,7 @@ impl PoolBuilder {
         }
         let (maximum, initial) = match &source {
             ChunkSource::Mapped(space) => {
-                let g = space.granularity();
+                let g = space.granularity;
                 let rounded = maximum / g * g;
                 if rounded == 0 {
                     return Err(Error::invalid_argument(
@@ -235,8 +215,8 @@ impl PoolBuilder {
         };
         let chunk = match (&source, self.max_overhead) {
             (ChunkSource::Mapped(space), Some(_)) => growth
-                .min(footprint::LIMITED_CHUNK)
-                .next_multiple_of(space.granularity()),
+                .min(LIMITED_CHUNK)
+                .next_multiple_of(space.granularity),
             _ => growth,
         };
         let mut pool = PoolMemoryResource {
@@ -245,9 +225,7 @@ impl PoolBuilder {
             maximum,
             growth,
             chunk,
-            footprint: self
-                .max_overhead
-                .map(|f| footprint::FootprintLimit::new(f, initial)),
+            footprint: self.max_overhead.map(|f| FootprintLimit::new(f, initial)),
             arenas: StreamArenas::new(),
             global: Mutex::new(source.free_space()),
             source,

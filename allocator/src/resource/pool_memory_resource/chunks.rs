@@ -1,6 +1,5 @@
-//! Where the pool's chunks come from and go back to: the upstream (`cuMemAlloc` chunks, one
-//! allocation each) or physical memory mapped side by side into the device's reserved address range
-//! (CUDA's virtual memory API, `vmm.rs`), chosen at build ([`VirtualMemory`]). Slow paths only.
+//! Where the pool's chunks come from and go back to: the upstream's allocations, or physical memory
+//! mapped side by side through CUDA's virtual memory API (`vmm.rs`), chosen at build. Slow paths.
 
 use std::sync::Arc;
 
@@ -21,15 +20,13 @@ pub enum VirtualMemory {
     /// Chunks are mapped into one reserved address range per device; building fails where
     /// impossible (an upstream other than [`CudaMemoryResource`], or no virtual memory management).
     On,
-    /// [`VirtualMemory::On`] where possible for a pool starting at most 2 GiB and growing on
-    /// demand, else [`VirtualMemory::Off`] (a larger start is built faster from the lazily
-    /// reserving upstream). [`PoolMemoryResource::chunk_source`] says which.
+    /// [`VirtualMemory::On`] where possible for a pool starting at most 2 GiB, else
+    /// [`VirtualMemory::Off`]; [`PoolMemoryResource::chunk_source`] says which.
     #[default]
     Auto,
 }
 
 /// Where one pool's chunks come from.
-#[derive(Debug)]
 pub(super) enum ChunkSource {
     /// The upstream resource's allocations.
     Upstream,
@@ -71,10 +68,9 @@ impl ChunkSource {
 
     /// The free space this source's chunks need.
     pub(super) fn free_space(&self) -> FreeSpace {
-        match self {
-            ChunkSource::Mapped(_) => FreeSpace::contiguous(),
-            _ => FreeSpace::default(),
-        }
+        let mut space = FreeSpace::default();
+        space.merge_across_chunks = matches!(self, ChunkSource::Mapped(_));
+        space
     }
 
     /// Whether chunks of `self` and `other` can move between their pools.
@@ -92,14 +88,14 @@ impl ChunkSource {
     }
 }
 
-/// Whether `upstream` hands out plain device memory (a [`CudaMemoryResource`]), which can be mapped.
+/// Whether `upstream` hands out plain device memory ([`CudaMemoryResource`]), which can be mapped.
 fn over_plain_memory(upstream: &SharedResource) -> bool {
     upstream.as_any().is::<CudaMemoryResource>()
 }
 
 impl PoolMemoryResource {
-    /// Where this pool's chunks come from, for its description: `"virtual memory"`,
-    /// `"upstream"`, or `"upstream (no virtual memory on this device)"`.
+    /// Where this pool's chunks come from: `"virtual memory"`, `"upstream"`, or
+    /// `"upstream (no virtual memory on this device)"`.
     pub fn chunk_source(&self) -> &'static str {
         match &self.source {
             ChunkSource::Mapped(_) => "virtual memory",
@@ -113,9 +109,8 @@ impl PoolMemoryResource {
         matches!(self.source, ChunkSource::Mapped(_))
     }
 
-    /// Adds `size` bytes of new chunks to `g` (through the upstream hooks if `hooked`), split by
-    /// the growth step (smaller with a footprint limit). Mapped chunks go at `at` if given (false,
-    /// nothing taken, if those addresses are not free), else wherever there is room.
+    /// Adds `size` bytes of new chunks to `g` (through the upstream hooks if `hooked`). Mapped
+    /// chunks go at `at` if given (false, nothing taken, if it is not free), else where they fit.
     pub(super) fn add_memory(
         &self,
         g: &mut FreeSpace,
@@ -158,7 +153,7 @@ impl PoolMemoryResource {
     /// The size unit of mapped memory; `None` for the upstream's chunks (any size).
     pub(super) fn granularity(&self) -> Option<u64> {
         match &self.source {
-            ChunkSource::Mapped(space) => Some(space.granularity()),
+            ChunkSource::Mapped(space) => Some(space.granularity),
             _ => None,
         }
     }
@@ -166,15 +161,15 @@ impl PoolMemoryResource {
     /// `size` rounded up to the source's unit within `room` (rounded down); `None` if < `need`.
     pub(super) fn chunk_round(&self, size: u64, need: u64, room: u64) -> Option<u64> {
         let g = match &self.source {
-            ChunkSource::Mapped(space) => space.granularity(),
+            ChunkSource::Mapped(space) => space.granularity,
             _ => return (size >= need && size <= room).then_some(size),
         };
         let size = size.next_multiple_of(g).min(room / g * g);
         (size >= need && size > 0).then_some(size)
     }
 
-    /// Returns `chunks` (out of `g`) to their source and their bytes. On failure the untried ones
-    /// return to `g` free and the error is returned (the failed one, maybe half gone, is dropped).
+    /// Returns `chunks` (out of `g`) to their source; returns their bytes. On failure the untried
+    /// ones return to `g` (the failed one, maybe half gone, is dropped).
     pub(super) fn return_chunks(&self, g: &mut FreeSpace, chunks: &[(u64, u64)]) -> Result<u64> {
         let mut released = 0;
         for (i, &(addr, size)) in chunks.iter().enumerate() {

@@ -1,13 +1,9 @@
 //! Keeping a pool's footprint near what is in use ([`PoolBuilder::max_overhead`]).
 //!
-//! A pool growing on demand holds, after a training step, the free pieces left between that step's
-//! blocks; when the next step asks for a size no piece fits (a sequence length or image size
-//! changing every step), it grows again, and its reserved memory drifts above its peak in use. With
-//! a limit, growing past `peak in use × (1 + overhead)` first gathers every arena's free blocks
-//! (the request may fit there, merged), then gives entirely free chunks back, so new memory
-//! replaces free memory instead of adding to it. A mapped pool's chunks are then small
-//! ([`LIMITED_CHUNK`]), so memory goes back in pieces the size of the holes steps leave. All slow
-//! path: it runs only when an arena cannot serve a request.
+//! A pool growing on demand drifts above its peak in use when sizes change from step to step and no
+//! free piece fits. With a limit, growing past `peak in use × (1 + overhead)` first gathers every
+//! arena's free blocks, then gives entirely free chunks back, so new memory replaces free memory.
+//! A mapped pool's chunks are then small ([`LIMITED_CHUNK`]). Slow path only.
 //!
 //! [`PoolBuilder::max_overhead`]: super::PoolBuilder::max_overhead
 
@@ -18,16 +14,14 @@ use super::global::FreeSpace;
 use super::tlsf::GRANULE;
 use crate::error::Result;
 
-/// Chunk size of a mapped pool with a footprint limit (a multiple of current GPUs' granularity):
-/// the unit in which memory is mapped and given back. Larger chunks mean fewer driver calls, but
-/// the holes left by sizes changing every step are rarely whole 16 MiB chunks.
+/// Chunk size of a mapped pool with a footprint limit: small, as holes rarely free large chunks.
 pub(super) const LIMITED_CHUNK: u64 = 2 << 20;
 
 /// The most a pool holds beyond the peak of its bytes in use.
 #[derive(Debug)]
 pub(super) struct FootprintLimit {
     /// Allowed memory beyond the peak in use, as a fraction of it.
-    overhead: f64,
+    pub(super) overhead: f64,
     /// Never given back below this: the initial size the pool was asked to hold.
     floor: u64,
     /// Peak bytes in use (with the request that grew the pool), as seen when finding memory.
@@ -51,18 +45,11 @@ impl FootprintLimit {
         }
     }
 
-    /// The allowed overhead, as a fraction of the peak in use.
-    pub(super) fn overhead(&self) -> f64 {
-        self.overhead
-    }
-
     /// The most the pool may hold once `in_use` bytes are in use: the peak in use (raised to
     /// `in_use`) plus the overhead, never below the floor, rounded down to 256 bytes.
     fn budget(&self, in_use: u64) -> u64 {
-        let peak = self
-            .peak_in_use
-            .fetch_max(in_use, Ordering::Relaxed)
-            .max(in_use);
+        let peak = self.peak_in_use.fetch_max(in_use, Ordering::Relaxed);
+        let peak = peak.max(in_use);
         let allowed = peak.saturating_add((peak as f64 * self.overhead) as u64);
         // Grants and chunks are whole granules: so is what they are cut to.
         (allowed.max(self.floor) / GRANULE) * GRANULE
@@ -70,29 +57,21 @@ impl FootprintLimit {
 }
 
 impl PoolMemoryResource {
-    /// Bytes handed out and not freed, over every arena.
-    fn in_use_bytes(&self) -> u64 {
-        self.arenas
-            .all()
-            .map(|arena| arena.state.lock().figures().in_use)
-            .sum()
-    }
-
-    /// Before growing for `need` bytes past `limit`: gathers every arena's free blocks (the request
-    /// may fit among them, merged) and gives free chunks back, so growth stays within the limit
-    /// where free memory allows. Returns a serving range, or how much the pool may grow.
+    /// Before growing for `need` bytes past `limit`: gathers every arena's free blocks and gives
+    /// free chunks back. Returns a serving range, or how much the pool may grow.
     pub(super) fn keep_within(
         &self,
         g: &mut FreeSpace,
         limit: &FootprintLimit,
         need: u64,
     ) -> Result<Within> {
-        let budget = limit.budget(self.in_use_bytes().saturating_add(need));
+        let in_use = self.arenas.all().map(|a| a.state.lock().figures().in_use);
+        let budget = limit.budget(in_use.sum::<u64>().saturating_add(need));
         // Chunks may follow a free range ending at a gap: growth then adds only what it lacks.
         let beside = |g: &FreeSpace| g.ranges_before_gaps(need, 1).first().copied();
         let over = |g: &FreeSpace| {
             let lacks = need - beside(g).map_or(0, |r| r.1);
-            g.pool_size().saturating_add(lacks) > budget
+            g.pool_size.saturating_add(lacks) > budget
         };
         if over(g) {
             self.scavenge(g)?;
@@ -101,22 +80,22 @@ impl PoolMemoryResource {
             }
         }
         if over(g) {
-            // Free-space memory came via `reclaim`/`scavenge` after its streams finished: it can go
-            // back at once. Only what growing beside the range needs goes, never the range.
+            // The free space's memory is past its streams' work: it can go back at once. Never
+            // the range growth extends.
             let range = beside(g);
             let lacks = need - range.map_or(0, |r| r.1);
-            let freed = g.take_free_chunks_outside(budget.saturating_sub(lacks), range);
+            let freed = g.take_free_chunks(budget.saturating_sub(lacks), range);
             let released = self.return_chunks(g, &freed)?;
             tracing::debug!(
                 device = self.device.ordinal(),
                 need,
                 budget,
                 released,
-                pool_size = g.pool_size(),
+                pool_size = g.pool_size,
                 "pool gave free chunks back before growing, to keep to its footprint limit"
             );
         }
-        Ok(Within::Grow(budget.saturating_sub(g.pool_size())))
+        Ok(Within::Grow(budget.saturating_sub(g.pool_size)))
     }
 }
 

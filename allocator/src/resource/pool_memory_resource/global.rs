@@ -1,9 +1,14 @@
 //! Pool memory not granted to any stream's arena: free ranges by address (to merge neighbours) and
-//! by size (best fit in O(log n)). Over upstream allocations, ranges never merge across a chunk
-//! start, so each range lies in one allocation; over chunks mapped side by side
-//! ([`FreeSpace::contiguous`]) they do, so free space stays whole across growth. All slow path.
+//! by size (best fit in O(log n)). Ranges merge across chunk starts only over chunks mapped side by
+//! side (`merge_across_chunks`). All slow path.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+/// The range of `ranges` (start → length) that holds all of `[start, start + len)`.
+fn holding(ranges: &BTreeMap<u64, u64>, start: u64, len: u64) -> Option<(u64, u64)> {
+    let (&a, &s) = ranges.range(..=start).next_back()?;
+    (start - a + len <= s).then_some((a, s))
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct FreeSpace {
@@ -11,11 +16,11 @@ pub(crate) struct FreeSpace {
     by_size: BTreeSet<(u64, u64)>,
     /// Upstream chunks: start → size.
     chunks: BTreeMap<u64, u64>,
-    /// The chunks' bytes (cached: a footprint-limited pool has thousands of chunks).
-    pool_bytes: u64,
-    free_bytes: u64,
+    /// The chunks' bytes (a footprint-limited pool has thousands of chunks).
+    pub(crate) pool_size: u64,
+    pub(crate) free_bytes: u64,
     /// Free ranges merge across chunk starts (chunks mapped into one address range).
-    merge_across_chunks: bool,
+    pub(crate) merge_across_chunks: bool,
     /// The most the chunks came to since the pool was made or the peak was reset.
     peak_pool_size: u64,
     /// Chunks taken from and returned to the upstream (PyTorch's `num_device_alloc`/`_free`).
@@ -24,31 +29,13 @@ pub(crate) struct FreeSpace {
 }
 
 impl FreeSpace {
-    /// Free space over chunks mapped side by side in one range: ranges merge across chunks.
-    pub(crate) fn contiguous() -> Self {
-        FreeSpace {
-            merge_across_chunks: true,
-            ..FreeSpace::default()
-        }
-    }
-
-    /// True when free ranges merge across chunk boundaries (chunks mapped side by side).
-    pub(crate) fn merges_across_chunks(&self) -> bool {
-        self.merge_across_chunks
-    }
-
     /// The chunk that holds `addr`: (start, size).
     pub(crate) fn chunk_of(&self, addr: u64) -> Option<(u64, u64)> {
-        self.chunks
-            .range(..=addr)
-            .next_back()
-            .filter(|(a, s)| addr < **a + **s)
-            .map(|(a, s)| (*a, *s))
+        holding(&self.chunks, addr, 1)
     }
 
-    /// At most `n` free ranges shorter than `need` ending where the pool maps nothing, in a gap
-    /// wide enough for the rest of `need` (or at the top), largest (then highest) first: mapping
-    /// right after one serves `need` with just the difference.
+    /// At most `n` free ranges shorter than `need`, largest first, each ending in a gap wide enough
+    /// for the rest of `need`: mapping right after one serves `need` with just the difference.
     pub(crate) fn ranges_before_gaps(&self, need: u64, n: usize) -> Vec<(u64, u64)> {
         self.by_size
             .range(..(need, 0))
@@ -69,19 +56,7 @@ impl FreeSpace {
 
     /// The free range that holds all of `[addr, addr + size)`: (start, size).
     fn free_range_holding(&self, addr: u64, size: u64) -> Option<(u64, u64)> {
-        self.by_addr
-            .range(..=addr)
-            .next_back()
-            .filter(|(a, s)| addr + size <= **a + **s)
-            .map(|(a, s)| (*a, *s))
-    }
-
-    pub(crate) fn free_bytes(&self) -> u64 {
-        self.free_bytes
-    }
-
-    pub(crate) fn pool_size(&self) -> u64 {
-        self.pool_bytes
+        holding(&self.by_addr, addr, size)
     }
 
     pub(crate) fn chunk_count(&self) -> usize {
@@ -103,21 +78,21 @@ impl FreeSpace {
     /// Adds a new upstream chunk, all free.
     pub(crate) fn add_chunk(&mut self, addr: u64, size: u64) {
         if let Some(old) = self.chunks.insert(addr, size) {
-            self.pool_bytes -= old;
+            self.pool_size -= old;
         }
-        self.pool_bytes += size;
+        self.pool_size += size;
         self.insert(addr, size);
-        self.peak_pool_size = self.peak_pool_size.max(self.pool_size());
+        self.peak_pool_size = self.peak_pool_size.max(self.pool_size);
     }
 
     /// The most the chunks came to since the pool was made or [`Self::reset_peak`].
     pub(crate) fn peak_pool_size(&self) -> u64 {
-        self.peak_pool_size.max(self.pool_size())
+        self.peak_pool_size.max(self.pool_size)
     }
 
     /// Makes the peak the chunks' size now.
     pub(crate) fn reset_peak(&mut self) {
-        self.peak_pool_size = self.pool_size();
+        self.peak_pool_size = self.pool_size;
     }
 
     /// Whether free ranges must not merge across `addr`.
@@ -166,8 +141,7 @@ impl FreeSpace {
         true
     }
 
-    /// Takes `[addr, addr + size)` out of the free range `(fa, fs)` it overlaps: what lies before
-    /// `addr` or past `addr + size` stays free.
+    /// Takes `[addr, addr + size)` out of the free range `(fa, fs)`; the rest of it stays free.
     fn carve(&mut self, (fa, fs): (u64, u64), addr: u64, size: u64) {
         self.remove(fa, fs);
         if addr > fa {
@@ -180,16 +154,9 @@ impl FreeSpace {
 
     /// The chunks `[addr, addr + size)` overlaps, in address order.
     pub(crate) fn chunks_under(&self, addr: u64, size: u64) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
-        if let Some(c) = self.chunk_of(addr) {
-            out.push(c);
-        }
-        out.extend(
-            self.chunks
-                .range(addr + 1..addr + size)
-                .map(|(a, s)| (*a, *s)),
-        );
-        out
+        let rest = self.chunks.range(addr + 1..addr + size);
+        let rest = rest.map(|(a, s)| (*a, *s));
+        self.chunk_of(addr).into_iter().chain(rest).collect()
     }
 
     /// Takes `want` bytes if a range fits, else at least `need` (the whole best-fitting range, up
@@ -212,16 +179,13 @@ impl FreeSpace {
     /// The chunks that are entirely free, largest first.
     pub(crate) fn free_chunks(&self) -> Vec<(u64, u64)> {
         // The chunks inside each free range: the free ranges are fewer than the chunks.
-        let mut free: Vec<(u64, u64)> = self
-            .by_addr
-            .iter()
-            .flat_map(|(&start, &len)| {
-                self.chunks
-                    .range(start..start + len)
-                    .filter(move |(a, s)| **a + **s <= start + len)
-                    .map(|(a, s)| (*a, *s))
-            })
-            .collect();
+        let inside = |(&start, &len): (&u64, &u64)| {
+            let chunks = self.chunks.range(start..start + len);
+            chunks
+                .filter(move |(a, s)| **a + **s <= start + len)
+                .map(|(&a, &s)| (a, s))
+        };
+        let mut free: Vec<(u64, u64)> = self.by_addr.iter().flat_map(inside).collect();
         free.sort_by_key(|(_, s)| std::cmp::Reverse(*s));
         free
     }
@@ -233,33 +197,25 @@ impl FreeSpace {
             .into_iter()
             .filter(|&(_, s)| {
                 let fits = s <= left;
-                if fits {
-                    left -= s;
-                }
+                left -= if fits { s } else { 0 };
                 fits
             })
             .collect()
     }
 
-    /// [`FreeSpace::take_chunks`] for a chunk handed back to its pool that may hold its live
-    /// blocks: forgets it with whatever part is free here.
+    /// Forgets the chunk at `addr` with whatever part of it is free (it may hold live blocks).
     pub(crate) fn forget_chunk(&mut self, addr: u64, size: u64) {
-        let free: Vec<(u64, u64)> = self
-            .by_addr
-            .range(addr..addr + size)
-            .map(|(a, s)| (*a, *s))
+        // The free ranges overlapping it: maybe one starting before it, and those inside it.
+        let before = self.by_addr.range(..addr).next_back();
+        let before = before.filter(|&(a, s)| a + s > addr);
+        let inside = self.by_addr.range(addr..addr + size);
+        let free: Vec<(u64, u64)> = before
+            .into_iter()
+            .chain(inside)
+            .map(|(&a, &s)| (a, s))
             .collect();
         for range in free {
             self.carve(range, addr, size);
-        }
-        if let Some((a, s)) = self
-            .by_addr
-            .range(..addr)
-            .next_back()
-            .map(|(a, s)| (*a, *s))
-            && a + s > addr
-        {
-            self.carve((a, s), addr, size);
         }
         self.drop_chunk(addr);
     }
@@ -267,7 +223,7 @@ impl FreeSpace {
     /// Drops the chunk at `addr` from the list (its bytes from the pool's size).
     fn drop_chunk(&mut self, addr: u64) {
         if let Some(size) = self.chunks.remove(&addr) {
-            self.pool_bytes -= size;
+            self.pool_size -= size;
         }
     }
 
@@ -285,36 +241,27 @@ impl FreeSpace {
     /// Removes and returns the entirely free chunks not in `keep`.
     pub(crate) fn take_free_chunks_except(&mut self, keep: &[(u64, u64)]) -> Vec<(u64, u64)> {
         let keep: std::collections::HashSet<&(u64, u64)> = keep.iter().collect();
-        let others: Vec<(u64, u64)> = self
-            .free_chunks()
-            .into_iter()
-            .filter(|c| !keep.contains(c))
-            .collect();
+        let mut others = self.free_chunks();
+        others.retain(|c| !keep.contains(c));
         self.take_chunks(&others)
     }
 
-    /// Removes and returns entirely free chunks, largest first, until the pool is at most `target`.
-    pub(crate) fn take_free_chunks(&mut self, target: u64) -> Vec<(u64, u64)> {
-        self.take_free_chunks_outside(target, None)
-    }
-
-    /// As [`FreeSpace::take_free_chunks`], leaving the chunks inside `keep` (a range).
-    pub(crate) fn take_free_chunks_outside(
+    /// Removes and returns entirely free chunks, largest first, until the pool is at most `target`,
+    /// leaving those inside `keep` (a range).
+    pub(crate) fn take_free_chunks(
         &mut self,
         target: u64,
         keep: Option<(u64, u64)>,
     ) -> Vec<(u64, u64)> {
         let inside = |&(a, s): &(u64, u64)| keep.is_some_and(|(k, l)| a >= k && a + s <= k + l);
-        let mut pool = self.pool_size();
+        let mut pool = self.pool_size;
         let taken: Vec<(u64, u64)> = self
             .free_chunks()
             .into_iter()
             .filter(|c| !inside(c))
             .take_while(|&(_, s)| {
                 let over = pool > target;
-                if over {
-                    pool -= s;
-                }
+                pool -= if over { s } else { 0 };
                 over
             })
             .collect();
@@ -337,13 +284,16 @@ mod tests {
         f.insert(a, s);
         assert_eq!(f.fragments(), 2, "merged back within chunk 0 only");
         assert_eq!(f.take(1500, 1500), None);
-        assert_eq!(f.take_free_chunks(0).len(), 2);
-        assert_eq!(f.pool_size(), 0);
+        assert_eq!(f.take_free_chunks(0, None).len(), 2);
+        assert_eq!(f.pool_size, 0);
     }
 
     #[test]
     fn contiguous_chunks_merge_and_go_back_one_by_one() {
-        let mut f = FreeSpace::contiguous();
+        let mut f = FreeSpace {
+            merge_across_chunks: true,
+            ..FreeSpace::default()
+        };
         f.add_chunk(0, 1000);
         f.add_chunk(1000, 1000);
         f.add_chunk(2000, 1000);
@@ -360,8 +310,8 @@ mod tests {
         f.insert(0, 1500);
         // Give the middle chunk back: the free space either side stays.
         assert_eq!(f.take_chunks(&[(1000, 1000)]), vec![(1000, 1000)]);
-        assert_eq!(f.pool_size(), 2000);
-        assert_eq!(f.free_bytes(), 2000);
+        assert_eq!(f.pool_size, 2000);
+        assert_eq!(f.free_bytes, 2000);
         assert_eq!(f.fragments(), 2);
         assert_eq!(f.chunk_of(2500), Some((2000, 1000)));
         assert_eq!(f.chunk_of(1500), None);
@@ -378,8 +328,8 @@ mod tests {
             vec![],
             "only ranges shorter than the need"
         );
-        assert_eq!(f.take_free_chunks(0).len(), 2);
-        assert_eq!((f.pool_size(), f.free_bytes(), f.fragments()), (0, 0, 0));
+        assert_eq!(f.take_free_chunks(0, None).len(), 2);
+        assert_eq!((f.pool_size, f.free_bytes, f.fragments()), (0, 0, 0));
     }
 
     #[test]

@@ -1,18 +1,6 @@
 //! Where an arena's new range comes from when its heaps cannot serve a request, and how much the
-//! pool grows when nothing it holds can. Each step runs only if those before found nothing:
-//! 1. the pool's free space (memory granted to no arena);
-//! 2. every arena's idle memory (free regions, cached blocks, empty bin slabs, settled cross-stream
-//!    frees): first from idle streams' arenas without waiting
-//!    ([`PoolMemoryResource::reclaim_idle`]), then from all after the owning stream's queued work
-//!    ([`PoolMemoryResource::reclaim`]);
-//! 3. growth by the need rounded up to the growth step, never past the maximum ([`growth_size`]);
-//! 4. one large enough free block taken from some arena's partly used region;
-//! 5. every arena's free blocks, so adjacent pieces of different arenas merge in the free space;
-//! 6. entirely free chunks returned upstream, then growth again (the upstream may have one large
-//!    range where the pool had small ones).
-//!
-//! So a pool that starts empty holds about its streams' peak use, not a doubling per stream that
-//! ever ran: memory idle on one stream serves the next. All slow path.
+//! pool grows when nothing it holds can ([`PoolMemoryResource::grant`] lists the steps), so that a
+//! pool holds about its streams' peak use: memory idle on one stream serves the next. Slow path.
 
 use super::PoolMemoryResource;
 use super::footprint::Within;
@@ -40,7 +28,7 @@ pub(crate) fn growth_size(need: u64, want: u64, step: u64, room: u64) -> Option<
 }
 
 impl PoolMemoryResource {
-    /// Finds at least `need` bytes (ideally `want`) for an arena, in the module doc's order.
+    /// Finds at least `need` bytes (ideally `want`) for an arena, each step if those before fail.
     pub(super) fn grant(
         &self,
         need: u64,
@@ -85,7 +73,7 @@ impl PoolMemoryResource {
             return Ok(Some(r));
         }
         // Give entirely free chunks back so the upstream can hand out one large enough.
-        let freed = g.take_free_chunks(0);
+        let freed = g.take_free_chunks(0, None);
         if !freed.is_empty() {
             self.device.synchronize()?;
             self.return_chunks(&mut g, &freed)?;
@@ -96,11 +84,8 @@ impl PoolMemoryResource {
         Ok(None)
     }
 
-    /// Takes new chunks of `max(need, want)` rounded up to the growth step ([`growth_size`]),
-    /// halving toward `need` when the device refuses. With mapped chunks, a free range ending at a
-    /// gap (the pool's top, or memory given back) counts toward the need if new chunks can follow
-    /// it. Adds at most `cap` bytes where that suffices (else what the request needs). Returns
-    /// false if the pool cannot grow.
+    /// Grows the pool by at most `cap` bytes where that suffices, first right after a free range
+    /// ending at a gap (mapped chunks), which then counts toward the need; false if it cannot.
     pub(super) fn grow(
         &self,
         g: &mut FreeSpace,
@@ -109,10 +94,8 @@ impl PoolMemoryResource {
         cap: u64,
         stream: StreamView,
     ) -> Result<bool> {
-        let pool = g.pool_size();
-        let left = self.maximum.saturating_sub(pool);
-        // Room for growth adding `least`: within the cap where it allows that (whole granules if
-        // mapped, else 256 bytes), never past the maximum.
+        let left = self.maximum.saturating_sub(g.pool_size);
+        // Room for growth of at least `least`: within the cap (in the source's unit) and maximum.
         let room_for = |least: u64| {
             let cap = cap.max(least);
             let unit = self.granularity().unwrap_or(GRANULE);
@@ -120,39 +103,48 @@ impl PoolMemoryResource {
             left.min(cap)
         };
         if self.uses_virtual_memory() {
-            // A free range ending at a gap (top, or given back) needs only its shortfall mapped.
             for (addr, free) in g.ranges_before_gaps(need, GAPS_TRIED) {
                 let (n, w) = (need - free, want.saturating_sub(free));
-                let room = room_for(n);
-                let Some(mut size) =
-                    growth_size(n, w, self.growth, room).and_then(|s| self.chunk_round(s, n, room))
-                else {
-                    continue;
-                };
-                loop {
-                    match self.try_add(g, size, n, Some(addr + free), stream) {
-                        Ok(true) => return Ok(true),
-                        Ok(false) => break,
-                        Err(e) if e.is_out_of_memory() => {
-                            match self.chunk_round((size / 2).max(n), n, room) {
-                                Some(s) if s < size => size = s,
-                                _ => break,
-                            }
-                        }
-                        Err(e) => return Err(e),
-                    }
+                if self.grow_by(g, n, w, room_for(n), Some(addr + free), stream)? {
+                    return Ok(true);
                 }
             }
         }
-        let room = room_for(need);
+        self.grow_by(g, need, want, room_for(need), None, stream)
+    }
+
+    /// Adds [`growth_size`] bytes rounded to the source's unit within `room` (at `at` if given),
+    /// halving toward `need` while the device refuses; false if nothing was added.
+    fn grow_by(
+        &self,
+        g: &mut FreeSpace,
+        need: u64,
+        want: u64,
+        room: u64,
+        at: Option<u64>,
+        stream: StreamView,
+    ) -> Result<bool> {
         let Some(mut size) = growth_size(need, want, self.growth, room)
             .and_then(|s| self.chunk_round(s, need, room))
         else {
             return Ok(false);
         };
         loop {
-            match self.try_add(g, size, need, None, stream) {
-                Ok(added) => return Ok(added),
+            let pool = g.pool_size;
+            match self.add_memory(g, size, at, stream, true) {
+                Ok(added) => {
+                    if added {
+                        tracing::debug!(
+                            device = self.device.ordinal(),
+                            need,
+                            grew_by = size,
+                            pool_size = pool + size,
+                            chunks = self.chunk_source(),
+                            "pool grew"
+                        );
+                    }
+                    return Ok(added);
+                }
                 Err(e) if e.is_out_of_memory() => {
                     let half = (size / 2 / GRANULE * GRANULE).max(need);
                     match self.chunk_round(half, need, room) {
@@ -163,30 +155,6 @@ impl PoolMemoryResource {
                 Err(e) => return Err(e),
             }
         }
-    }
-
-    /// Adds `size` bytes of chunks (at `at` for mapped chunks, when given); logs the growth.
-    fn try_add(
-        &self,
-        g: &mut FreeSpace,
-        size: u64,
-        need: u64,
-        at: Option<u64>,
-        stream: StreamView,
-    ) -> Result<bool> {
-        let pool = g.pool_size();
-        let added = self.add_memory(g, size, at, stream, true)?;
-        if added {
-            tracing::debug!(
-                device = self.device.ordinal(),
-                need,
-                grew_by = size,
-                pool_size = pool + size,
-                chunks = self.chunk_source(),
-                "pool grew"
-            );
-        }
-        Ok(added)
     }
 }
 

@@ -1,19 +1,11 @@
-//! Live blocks a replacing pool takes over with their chunks, data in place, so a reinitialize from
-//! pool to pool keeps spillable buffers on the device instead of copying them to host and back
+//! Live blocks a replacing pool takes over with their chunks, data in place
 //! ([`PoolBuilder::adopt_live`](super::PoolBuilder::adopt_live)).
 //!
-//! The old pool disowns the blocks (as if freed, without reuse), gathers its free memory, and hands
-//! over, within the new pool's initial size, every chunk holding only free memory and handed-over
-//! blocks: first those the blocks need (a block goes only if all its chunks can), then other free
-//! chunks. The new pool adds the chunks and makes each block a live allocation in its stream's
-//! arena, so it is freed to the new pool. Blocks that cannot move stay live in the old pool (the
-//! caller spills them). Slow path.
-//!
-//! A provisional hand-over
-//! ([`PoolBuilder::adopt_provisionally`](super::PoolBuilder::adopt_provisionally)) is undoable
-//! until [`PoolMemoryResource::commit_adoption`]: dropping the new pool before that returns chunks
-//! and blocks to the old one, data in place, so a replacement failing before service (another
-//! layer, another device) loses nothing.
+//! The old pool disowns the blocks and hands over, within the new pool's initial size, the chunks
+//! holding only free memory and handed-over blocks (a block goes only if all its chunks can), then
+//! other free chunks. The new pool makes each block a live allocation in its stream's arena; blocks
+//! that cannot move stay live in the old pool. A provisional hand-over is undone if the new pool
+//! drops before [`PoolMemoryResource::commit_adoption`]. Slow path.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -54,8 +46,7 @@ pub(super) struct Handover {
     pub(super) blocks: Vec<LiveBlock>,
 }
 
-/// A provisional hand-over: the donor and what it gave, returned if the taking pool drops before
-/// [`PoolMemoryResource::commit_adoption`].
+/// A provisional hand-over, returned to the donor if the taking pool drops before the commit.
 pub(super) struct Pending {
     donor: Arc<PoolMemoryResource>,
     handover: Handover,
@@ -67,8 +58,7 @@ impl Pending {
         self.handover.blocks.iter().map(LiveBlock::size).sum()
     }
 
-    /// Drop side: removes the taken-over chunks `g` still holds (one given upstream meanwhile is
-    /// gone for both) and returns them with their blocks to the donor, as before.
+    /// Drop side: returns the taken-over chunks `g` still holds, with their blocks, to the donor.
     pub(super) fn give_back(mut self, g: &mut super::global::FreeSpace) {
         let held: HashSet<(u64, u64)> = g.chunks().collect();
         self.handover.chunks.retain(|c| held.contains(c));
@@ -100,44 +90,33 @@ impl Pending {
 impl PoolMemoryResource {
     /// Donor side: see the module documentation. `budget` bounds the bytes of chunks given.
     pub(super) fn hand_over(&self, blocks: &[LiveBlock], budget: u64) -> Result<Handover> {
-        let _span = tracing::debug_span!(
-            "pool hand-over",
-            device = self.device.ordinal(),
-            blocks = blocks.len(),
-            budget
-        )
-        .entered();
+        let (device, n) = (self.device.ordinal(), blocks.len());
+        let _span = tracing::debug_span!("pool hand-over", device, blocks = n, budget).entered();
         let mut g = self.global.lock();
         // Blocks of the size-class bins share slabs with other blocks: they stay.
-        let mut released = Vec::new();
-        for b in blocks
+        let disown = |b: &&LiveBlock| {
+            let mut arenas = self.arenas.all();
+            arenas.any(|a| a.state.lock().free_local(b.ptr.addr()))
+        };
+        let released: Vec<LiveBlock> = blocks
             .iter()
             .filter(|b| b.size() > BIN_LIMIT && !b.ptr.is_null())
-        {
-            if self
-                .arenas
-                .all()
-                .any(|a| a.state.lock().free_local(b.ptr.addr()))
-            {
-                released.push(*b);
-            }
-        }
+            .filter(disown)
+            .copied()
+            .collect();
         self.reclaim(&mut g)?;
         self.scavenge(&mut g)?;
         let free = g.free_chunks();
         let free_set: HashSet<(u64, u64)> = free.iter().copied().collect();
-        // In the order taken, and as a set: a pool with a footprint limit has thousands.
+        // A list in order and a set: a pool with a footprint limit has thousands of chunks.
         let mut take: Vec<(u64, u64)> = Vec::new();
         let mut taken: HashSet<(u64, u64)> = HashSet::new();
         let mut left = budget;
         let (mut moved, mut kept) = (Vec::new(), Vec::new());
         for b in released {
             let under = g.chunks_under(b.ptr.addr(), b.size());
-            let new: Vec<(u64, u64)> = under
-                .iter()
-                .filter(|c| !taken.contains(c))
-                .copied()
-                .collect();
+            let mut new = under.clone();
+            new.retain(|c| !taken.contains(c));
             let cost: u64 = new.iter().map(|c| c.1).sum();
             if !under.is_empty() && under.iter().all(|c| free_set.contains(c)) && cost <= left {
                 left -= cost;
@@ -182,10 +161,8 @@ impl PoolMemoryResource {
                 "a block inside the chunks handed over (this is a bug in rmm-rs)",
             ));
         }
-        self.arena(b.stream)?
-            .state
-            .lock()
-            .adopt_live(b.ptr.addr(), b.size());
+        let arena = self.arena(b.stream)?;
+        arena.state.lock().adopt_live(b.ptr.addr(), b.size());
         Ok(())
     }
 
@@ -201,22 +178,19 @@ impl PoolMemoryResource {
         Ok(())
     }
 
-    /// The live blocks taken over from the replaced pool
-    /// ([`PoolBuilder::adopt_live`](super::PoolBuilder::adopt_live)), now this pool's allocations.
+    /// The live blocks taken over from the replaced pool, now this pool's allocations.
     pub fn adopted_blocks(&self) -> &[LiveBlock] {
         &self.adopted
     }
 
-    /// Makes a provisional adoption
-    /// ([`PoolBuilder::adopt_provisionally`](super::PoolBuilder::adopt_provisionally)) final, so
-    /// dropping this pool gives that memory upstream; false if nothing was provisional.
+    /// Makes a provisional adoption final, so dropping this pool gives that memory upstream; false
+    /// if nothing was provisional.
     pub fn commit_adoption(&self) -> bool {
         self.pending.lock().take().is_some()
     }
 
-    /// Builder side: takes over `donor`'s free chunks (with `live`, also the live blocks it can
-    /// hand over) within `initial` bytes, the rest from the upstream; returns the bytes taken over.
-    /// On error the donor has back what it gave, data in place.
+    /// Builder side: takes `donor`'s free chunks (and the `live` blocks it can hand over) within
+    /// `initial` bytes, the rest from the upstream; returns the bytes taken over.
     pub(super) fn take_over(
         &mut self,
         donor: Option<Arc<PoolMemoryResource>>,
@@ -243,20 +217,14 @@ impl PoolMemoryResource {
             handed = Some((donor, h));
         }
         let rest = initial.saturating_sub(adopted);
-        let made = if rest > 0 {
+        let made = (|| {
             let mut g = self.global.lock();
-            self.add_memory(&mut g, rest, None, StreamView::DEFAULT, false)
-                .map(drop)
-        } else {
-            Ok(())
-        };
-        let made = made.and_then(|()| match &handed {
-            Some((_, h)) => {
-                let mut g = self.global.lock();
-                h.blocks.iter().try_for_each(|b| self.relive(&mut g, b))
+            if rest > 0 {
+                self.add_memory(&mut g, rest, None, StreamView::DEFAULT, false)?;
             }
-            None => Ok(()),
-        });
+            let mut blocks = handed.iter().flat_map(|(_, h)| &h.blocks);
+            blocks.try_for_each(|b| self.relive(&mut g, b))
+        })();
         if let Err(e) = made {
             // The donor gets back its chunks and blocks in place; we return only what we took.
             if let Some((donor, h)) = &handed {

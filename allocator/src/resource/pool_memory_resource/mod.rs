@@ -2,32 +2,17 @@
 //! resource, scaling across many threads (RMM's `pool_memory_resource`, rebuilt for many workers).
 //!
 //! # Design
-//! * Memory comes from the upstream in large *chunks*: the initial size, then growth by what
-//!   requests need, trying smaller sizes when the upstream refuses.
-//! * Each stream has an *arena* owning the ranges granted to it: one TLSF heap for requests over
-//!   1 MiB, one for small ones (so these never fragment large regions). Blocks split on allocation
-//!   and merge with free neighbours on free, in O(1). A grant joins an adjacent range of the arena
-//!   where memory is contiguous (one chunk, or chunks mapped side by side), so piecewise grants
-//!   serve a larger request once free.
-//! * A thread finds its stream's arena in a thread-local cache: threads on their own streams share
-//!   no lock, cache line or driver call on the fast path. Threads of one stream get an arena each
-//!   (up to 16): the stream's work is ordered, so any of its arenas may serve it, and a block freed
-//!   by another of its threads goes straight back to its owner. Blocks over 16 MiB come from an
-//!   arena the stream's threads share, so one thread's freed large blocks serve the other's (a
-//!   framework's forward and backward threads).
-//! * Each arena keeps its four most recently freed blocks (up to 16 MiB each) whole for the next
-//!   same-size request on its stream (a thread cache, as in tcmalloc): a lookup instead of a split
-//!   and merge. Cached blocks go back to their heap when it cannot serve a request, and from every
-//!   arena on `trim`, `release`, `synchronize` and before the pool grows or runs out.
-//! * Stream order: a block freed on its owning stream is reusable by that stream at once; one freed
-//!   on another stream waits for an event recorded on the freeing stream. Memory moves between
-//!   streams only through the slow path, after the giving stream's queued work has completed.
-//! * A request its arena cannot serve tries, in order: the pool's free space; every arena's idle
-//!   memory (whole free regions, cached blocks, settled cross-stream frees, after the owning
-//!   stream's queued work); growth by the need rounded up to the growth step (`pool.growth`, 1 GiB
-//!   by default), never past the maximum; a large enough free block of any arena; all arenas' free
-//!   blocks merged; returning entirely free chunks and growing again (`growth.rs`). Then it fails,
-//!   the error giving the pool's figures and what to try (`oom_report.rs`).
+//! Memory comes from the upstream in large *chunks* (`chunks.rs`, `vmm.rs`). Each stream has an
+//! *arena* (`arena.rs`) owning the ranges granted to it: TLSF heaps for small and large requests,
+//! size-class bins up to 64 KiB, and a cache of its latest freed blocks (`block_cache.rs`).
+//! Threads find their stream's arena without a shared lock (`stream_arenas.rs`); threads of one
+//! stream get an arena each (up to 16), except for blocks over 16 MiB, which one arena of the
+//! stream serves so that one thread's freed large blocks serve another's.
+//!
+//! A block freed on its owning stream is reusable by that stream at once; one freed on another
+//! stream once an event recorded there completes. Memory moves between streams only through the
+//! slow path (`growth.rs`, `reclaim.rs`); failing that, the error explains the pool's state
+//! (`oom_report.rs`).
 
 mod arena;
 mod bins;
@@ -67,10 +52,8 @@ pub use crate::pool_usage::{LISTED_STREAMS, PoolUsage, StreamUsage};
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
-/// Blocks above this (the largest an arena caches) come from the arena a stream's threads share:
-/// held per thread, one thread's freed large blocks (activations freed by a framework's backward
-/// thread) would be out of the other's reach and the pool would grow. Such blocks are few per
-/// second, so the shared lock costs little.
+/// Blocks above this (the largest an arena caches) come from the arena a stream's threads share,
+/// so that one thread's freed large blocks serve another's; they are few, so the lock costs little.
 const SHARED_ABOVE: u64 = block_cache::MAX_BLOCK;
 
 /// Smallest range granted to an arena for large requests.
@@ -87,7 +70,7 @@ pub struct PoolSnapshot {
     pub pool_size: u64,
     /// Bytes handed out and not freed.
     pub in_use: u64,
-    /// Bytes free in the pool (arenas and unassigned), `cached` included.
+    /// Bytes free in the pool (arenas and unassigned), cached ones included.
     pub free: u64,
     /// Bytes of freed blocks the arenas' caches keep whole for their next requests.
     pub cached: u64,
@@ -103,17 +86,11 @@ pub struct PoolSnapshot {
     pub live_blocks: usize,
     /// Free blocks in arenas plus free ranges not granted to any arena.
     pub free_blocks: usize,
-    /// True when nothing is in use or cached and every granted region is one free block (as after
-    /// [`PoolMemoryResource::synchronize`]).
+    /// True when nothing is in use or cached and every granted region is one free block.
     pub fully_coalesced: bool,
 }
 
 impl PoolSnapshot {
-    /// Bytes reserved from the upstream (the pool's size).
-    pub fn reserved(&self) -> u64 {
-        self.pool_size
-    }
-
     /// 1 − largest free / free bytes: 0 for one free block (or none), near 1 for many small pieces.
     pub fn fragmentation(&self) -> f64 {
         oom_report::fragmentation(self.largest_free, self.free)
@@ -159,7 +136,6 @@ impl PoolMemoryResource {
     }
 
     /// A pool over `upstream` with the given initial and maximum sizes in bytes.
-    ///
     /// # Errors
     /// As [`PoolBuilder::build`].
     pub fn new(upstream: SharedResource, initial: usize, maximum: Option<usize>) -> Result<Self> {
@@ -187,18 +163,15 @@ impl PoolMemoryResource {
 
     /// Allowed holding above peak in use, as a fraction of it ([`PoolBuilder::max_overhead`]).
     pub fn max_overhead(&self) -> Option<f64> {
-        self.footprint
-            .as_ref()
-            .map(footprint::FootprintLimit::overhead)
+        self.footprint.as_ref().map(|f| f.overhead)
     }
 
     /// Bytes currently held from the upstream.
     pub fn pool_size(&self) -> u64 {
-        self.global.lock().pool_size()
+        self.global.lock().pool_size
     }
 
-    /// The most [`pool_size`](Self::pool_size) reached since creation or
-    /// [`reset_peak_pool_size`](Self::reset_peak_pool_size) (PyTorch's peak reserved bytes).
+    /// The most [`pool_size`](Self::pool_size) reached since creation or the last reset.
     pub fn peak_pool_size(&self) -> u64 {
         self.global.lock().peak_pool_size()
     }
@@ -218,8 +191,7 @@ impl PoolMemoryResource {
         self.arenas.get(stream.raw(), || Arena::new(stream.raw()))
     }
 
-    /// The arena for `size` on `stream`: the thread's own, or the shared one above
-    /// [`SHARED_ABOVE`].
+    /// The arena for `size` on `stream`: the thread's own, or the shared one for large sizes.
     #[inline]
     fn arena_for(&self, size: u64, stream: StreamView) -> Result<&Arena> {
         if size > SHARED_ABOVE {
@@ -230,11 +202,10 @@ impl PoolMemoryResource {
         }
     }
 
-    /// The contiguous memory around granted `[addr, addr + len)` in which arena regions may join:
-    /// the whole mapped range if the pool maps chunks side by side, else the upstream chunk.
+    /// Where regions around granted `[addr, addr + len)` may join: its chunk, or all mapped memory.
     fn contiguous_around(&self, addr: u64, len: u64) -> (u64, u64) {
         let g = self.global.lock();
-        if g.merges_across_chunks() {
+        if g.merge_across_chunks {
             return (0, u64::MAX);
         }
         g.chunk_of(addr)
@@ -250,8 +221,7 @@ impl PoolMemoryResource {
         bytes: usize,
         stream: StreamView,
     ) -> Result<DevicePtr> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         {
             let mut st = arena.state.lock();
             if st.has_pending() {
@@ -268,18 +238,16 @@ impl PoolMemoryResource {
         } else {
             (size, size.max(LARGE_GRANT))
         };
-        // Another thread's slow path on this stream may take the grant first: try a few times.
+        // Another thread of this stream may take the grant first: try a few times.
         for _ in 0..4 {
-            match self.grant(need, want, stream)? {
-                Some((addr, len)) => {
-                    let within = self.contiguous_around(addr, len);
-                    let mut st = arena.state.lock();
-                    st.add_grant(size, addr, len, within);
-                    if let Some(addr) = st.try_alloc(size) {
-                        return Ok(DevicePtr(addr));
-                    }
-                }
-                None => break,
+            let Some((addr, len)) = self.grant(need, want, stream)? else {
+                break;
+            };
+            let within = self.contiguous_around(addr, len);
+            let mut st = arena.state.lock();
+            st.add_grant(size, addr, len, within);
+            if let Some(addr) = st.try_alloc(size) {
+                return Ok(DevicePtr(addr));
             }
         }
         let usage = self.usage();
@@ -297,9 +265,8 @@ impl PoolMemoryResource {
         Err(out_of_memory(self.device, bytes, NAME, Some(usage)))
     }
 
-    /// Returns foreign-stream frees to their arenas after those streams' work, and cached blocks to
-    /// their heaps, so [`PoolMemoryResource::validate`] sees it as with all streams idle.
-    ///
+    /// Settles cross-stream frees (after those streams' work) and flushes cached blocks, as if
+    /// every stream were idle.
     /// # Errors
     /// [`Error::Driver`] when waiting for a foreign stream fails.
     pub fn synchronize(&self) -> Result<()> {
@@ -311,7 +278,6 @@ impl PoolMemoryResource {
 
     /// Gives unused memory back to the upstream until the pool holds at most `to_bytes` (never
     /// below in use); returns the bytes released.
-    ///
     /// # Errors
     /// [`Error::Driver`] waiting for pending frees, or the upstream's error returning a chunk.
     pub fn trim(&self, to_bytes: u64) -> Result<u64> {
@@ -319,12 +285,12 @@ impl PoolMemoryResource {
             tracing::debug_span!("pool trim", device = self.device.ordinal(), to_bytes).entered();
         let mut g = self.global.lock();
         self.reclaim(&mut g)?;
-        let freed = g.take_free_chunks(to_bytes);
+        let freed = g.take_free_chunks(to_bytes, None);
         let released = self.return_chunks(&mut g, &freed)?;
         tracing::debug!(
             device = self.device.ordinal(),
             released,
-            pool_size = g.pool_size(),
+            pool_size = g.pool_size,
             "pool trimmed"
         );
         Ok(released)
@@ -338,10 +304,8 @@ impl PoolMemoryResource {
         Ok(g.take_chunks(&chunks))
     }
 
-    /// Gives back every unused chunk except those a pool of initial size `budget` would adopt
-    /// ([`PoolBuilder::adopt_from`]): before a replacement pool is built, this makes room for its
-    /// new allocations and keeps what it can take over. Returns the bytes released.
-    ///
+    /// Gives back every unused chunk except those a replacement pool of initial size `budget` would
+    /// adopt ([`PoolBuilder::adopt_from`]); returns the bytes released.
     /// # Errors
     /// As [`PoolMemoryResource::trim`].
     pub fn release_except_adoptable(&self, budget: u64) -> Result<u64> {
@@ -353,7 +317,6 @@ impl PoolMemoryResource {
     }
 
     /// Gives every unused chunk back to the upstream; returns the bytes released.
-    ///
     /// # Errors
     /// As [`PoolMemoryResource::trim`].
     pub fn release(&self) -> Result<u64> {
@@ -363,8 +326,8 @@ impl PoolMemoryResource {
     fn snapshot_figures(&self) -> PoolSnapshot {
         let g = self.global.lock();
         let mut s = PoolSnapshot {
-            pool_size: g.pool_size(),
-            free: g.free_bytes(),
+            pool_size: g.pool_size,
+            free: g.free_bytes,
             largest_free: g.largest_free(),
             chunks: g.chunk_count(),
             free_blocks: g.fragments(),
@@ -387,10 +350,8 @@ impl PoolMemoryResource {
         s
     }
 
-    /// Checks structure and accounting: heap lists and bitmaps, cached blocks (checked, not flushed
-    /// as by [`PoolMemoryResource::synchronize`]), live blocks 256-aligned and disjoint, and pool
-    /// size = in use + pending + free. Takes every lock in turn: for tests and diagnostics only.
-    ///
+    /// Checks structure and accounting (heaps, cached blocks, live blocks 256-aligned and disjoint,
+    /// pool size = in use + pending + free). Takes every lock in turn: for tests and diagnostics.
     /// # Errors
     /// [`Error::InvalidArgument`] (`pool state`) naming the first inconsistency (a bug in rmm-rs).
     pub fn validate(&self) -> Result<PoolSnapshot> {
@@ -414,12 +375,10 @@ impl PoolMemoryResource {
             granted += f.region_bytes;
             live.extend(st.live_blocks());
         }
-        if g.pool_size() != g.free_bytes() + granted {
+        let (size, unassigned) = (g.pool_size, g.free_bytes);
+        if size != unassigned + granted {
             return Err(fail(format!(
-                "pool size {} != unassigned {} + granted {}",
-                g.pool_size(),
-                g.free_bytes(),
-                granted
+                "pool size {size} != unassigned {unassigned} + granted {granted}"
             )));
         }
         live.sort_unstable();
@@ -441,15 +400,39 @@ impl PoolMemoryResource {
             }
         }
         for w in live.windows(2) {
-            if w[0].0 + w[0].1 > w[1].0 {
-                return Err(fail(format!(
-                    "live blocks {:#x}+{} and {:#x} overlap",
-                    w[0].0, w[0].1, w[1].0
-                )));
+            let ((a, s), b) = (w[0], w[1].0);
+            if a + s > b {
+                return Err(fail(format!("live blocks {a:#x}+{s} and {b:#x} overlap")));
             }
         }
         drop(g);
         Ok(self.snapshot_figures())
+    }
+
+    /// A block this thread's arena of `stream` does not own: another lane's of the same stream
+    /// (freed at once) or another stream's, such as another thread's per-thread default stream
+    /// (reused once an event recorded on `stream` completes).
+    #[cold]
+    #[inline(never)]
+    fn deallocate_foreign(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
+        let ordered = !stream.is_per_thread();
+        for arena in self.arenas.all() {
+            if ordered && arena.stream == stream.raw() && arena.state.lock().free_local(ptr.addr())
+            {
+                return Ok(());
+            }
+        }
+        for arena in self.arenas.all() {
+            if ordered && arena.stream == stream.raw() {
+                continue;
+            }
+            let mut st = arena.state.lock();
+            if st.free_deferred(backend, dev, ptr.addr(), stream.raw())? {
+                return Ok(());
+            }
+        }
+        Err(Error::invalid_pointer(ptr.addr(), bytes, NAME))
     }
 }
 
@@ -536,40 +519,9 @@ impl DeviceMemoryResource for PoolMemoryResource {
     }
 }
 
-impl PoolMemoryResource {
-    /// A block this thread's arena of `stream` does not own: another thread's arena on the same
-    /// stream (freed at once, the stream being ordered) or another stream's (reused once an event
-    /// recorded on `stream` completes). Another thread's per-thread default stream is another
-    /// stream, though its handle is the same.
-    #[cold]
-    #[inline(never)]
-    fn deallocate_foreign(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
-        let ordered = !stream.is_per_thread();
-        for arena in self.arenas.all() {
-            if ordered && arena.stream == stream.raw() && arena.state.lock().free_local(ptr.addr())
-            {
-                return Ok(());
-            }
-        }
-        for arena in self.arenas.all() {
-            if ordered && arena.stream == stream.raw() {
-                continue;
-            }
-            let mut st = arena.state.lock();
-            if st.free_deferred(backend, dev, ptr.addr(), stream.raw())? {
-                return Ok(());
-            }
-        }
-        Err(Error::invalid_pointer(ptr.addr(), bytes, NAME))
-    }
-}
-
 impl Drop for PoolMemoryResource {
     fn drop(&mut self) {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let pending = self.pending.get_mut().take();
         let s = self.snapshot_figures();
         if s.in_use > pending.as_ref().map_or(0, |p| p.live_bytes()) {
@@ -589,12 +541,11 @@ impl Drop for PoolMemoryResource {
         for arena in self.arenas.all() {
             arena.state.lock().destroy_events(backend, dev);
         }
-        let mut g = self.global.lock();
+        let g = self.global.get_mut();
         if let Some(p) = pending {
-            p.give_back(&mut g);
+            p.give_back(g);
         }
         let chunks: Vec<(u64, u64)> = g.chunks().collect();
-        drop(g);
         for (addr, size) in chunks {
             if let Err(e) = self.return_chunk(addr, size) {
                 tracing::error!(

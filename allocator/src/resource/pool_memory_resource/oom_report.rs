@@ -1,12 +1,6 @@
 //! The pool's figures for people: [`PoolUsage`] (attached to out-of-memory errors, read by the
-//! statistics report) and the message explaining a failure and what to try.
-//!
-//! A pool's out-of-memory error names the request, the pool's size and maximum, bytes in use and
-//! free, the largest free block, fragmentation (1 − largest free / free), where free bytes are
-//! (unassigned, arenas, caches, awaiting other streams), and what to try: a larger
-//! `pool.maximum_size`, `trim` of idle pools, fewer streams or threads per stream. Figures are
-//! taken after the pool's own attempts, so free memory left in arenas is what those could not move:
-//! bin slots of partly used slabs, blocks awaiting another stream.
+//! statistics report) and the message explaining a failure and what to try. Figures are taken after
+//! the pool's own attempts, so free memory left in arenas is what those could not move.
 
 use std::fmt::Write as _;
 
@@ -86,18 +80,15 @@ impl PoolUsage {
 
     /// What to try, most useful first.
     fn advice(&self, requested: usize) -> Vec<String> {
-        let mut tips = Vec::new();
-        let at_maximum = self
-            .maximum_size
-            .is_some_and(|m| self.pool_size.saturating_add(requested) > m);
         if let Some(m) = self.maximum_size.filter(|&m| requested > m) {
-            tips.push(format!(
-                "the request is larger than the pool's maximum size {}: raise \
-                 pool.maximum_size",
+            return vec![format!(
+                "the request is larger than the pool's maximum size {}: raise pool.maximum_size",
                 fmt_bytes(m)
-            ));
-            return tips;
+            )];
         }
+        let mut tips = Vec::new();
+        let grown = self.pool_size.saturating_add(requested);
+        let at_maximum = self.maximum_size.is_some_and(|m| grown > m);
         if self.free >= requested {
             tips.push(format!(
                 "{} is free but no block is large enough: use fewer streams (or threads per \
@@ -138,14 +129,13 @@ impl PoolMemoryResource {
     /// Takes the pool's lock and every arena's in turn (not for hot paths).
     pub fn usage(&self) -> PoolUsage {
         let g = self.global.lock();
-        let unassigned = g.free_bytes();
         let mut u = PoolUsage {
-            pool_size: g.pool_size() as usize,
+            pool_size: g.pool_size as usize,
             peak_pool_size: g.peak_pool_size() as usize,
             largest_free: g.largest_free() as usize,
             maximum_size: Some(self.maximum as usize),
-            free: unassigned as usize,
-            unassigned: unassigned as usize,
+            free: g.free_bytes as usize,
+            unassigned: g.free_bytes as usize,
             growth: self.growth as usize,
             device_allocations: g.device_allocations,
             device_frees: g.device_frees,
@@ -160,16 +150,14 @@ impl PoolMemoryResource {
             u.cached += f.cached_bytes as usize;
             u.pending += f.pending_bytes as usize;
             u.largest_free = u.largest_free.max(f.largest_free as usize);
-            let i = match streams.iter().position(|s| s.stream == arena.stream) {
-                Some(i) => i,
-                None => {
-                    streams.push(StreamUsage {
-                        stream: arena.stream,
-                        ..StreamUsage::default()
-                    });
-                    streams.len() - 1
-                }
-            };
+            let i = streams.iter().position(|s| s.stream == arena.stream);
+            let i = i.unwrap_or_else(|| {
+                streams.push(StreamUsage {
+                    stream: arena.stream,
+                    ..StreamUsage::default()
+                });
+                streams.len() - 1
+            });
             let s = &mut streams[i];
             s.arenas += 1;
             s.in_use += f.in_use as usize;

@@ -20,7 +20,7 @@ const EMPTY_SLOT: Slot = Slot {
 #[derive(Debug)]
 pub(crate) struct PtrMap {
     slots: Vec<Slot>,
-    len: usize,
+    pub(crate) len: usize,
     mask: usize,
 }
 
@@ -38,10 +38,6 @@ impl PtrMap {
             len: 0,
             mask: slots - 1,
         }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
     }
 
     #[inline]
@@ -168,7 +164,7 @@ mod tests {
                 for (k, v) in &reference {
                     assert_eq!(m.get(*k), Some(*v));
                 }
-                assert_eq!(m.len(), reference.len());
+                assert_eq!(m.len, reference.len());
             }
         }
         assert_eq!(m.iter().count(), reference.len());

@@ -1,9 +1,7 @@
 //! How memory idle in one stream's arena returns to the pool's free space for another stream: whole
-//! free regions ([`PoolMemoryResource::reclaim`]), one free block ([`PoolMemoryResource::steal`])
-//! or all free blocks ([`PoolMemoryResource::scavenge`]), each after the owning stream completes
-//! the work queued before the frees (a wait on that stream; on the whole device only if the stream
-//! is gone). Slow paths only: they take the pool's lock and each arena's lock in turn, so other
-//! threads' fast paths wait at most for one arena's bookkeeping, never for the device.
+//! free regions, one free block or all free blocks, each after the owning stream completes the work
+//! queued before the frees. Slow paths only: they take each arena's lock in turn, never waiting for
+//! the device under it.
 
 use super::PoolMemoryResource;
 use super::arena::{Arena, ArenaState};
@@ -14,13 +12,10 @@ use crate::stream_view::StreamView;
 
 impl PoolMemoryResource {
     /// Moves the entirely free regions of every idle-stream arena to the free space without
-    /// waiting: cross-stream frees settle only if their events completed, and an arena whose stream
-    /// still has work (checked after taking its regions, so no work queued before their frees is
-    /// pending) keeps them. Returns the bytes moved. The first step before growing: cheap when idle
-    /// streams hold enough, never stalled by a busy stream.
+    /// waiting; a stream is checked idle after its regions are taken, so no work queued before
+    /// their frees is pending. Returns the bytes moved.
     pub(super) fn reclaim_idle(&self, g: &mut FreeSpace) -> Result<u64> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let (mut small, mut large) = (Vec::new(), Vec::new());
         let mut moved = 0;
         for arena in self.arenas.all() {
@@ -65,8 +60,7 @@ impl PoolMemoryResource {
 
     /// What `take` moves out of each settled arena, after that arena's stream's prior work.
     fn gather(&self, take: fn(&mut ArenaState, &mut Vec<(u64, u64)>)) -> Result<Vec<(u64, u64)>> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let mut out = Vec::new();
         let mut per_thread = false;
         for arena in self.arenas.all() {
@@ -92,8 +86,7 @@ impl PoolMemoryResource {
     /// Waits (without the arena's lock) for the events of `arena`'s blocks freed on other
     /// streams, then returns those blocks, empty bin slabs and cached blocks to the heaps.
     pub(super) fn settle_idle(&self, arena: &Arena) -> Result<()> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let events = arena.state.lock().pending_events();
         for (addr, event) in events {
             if arena.state.lock().still_pending(addr, event) {
@@ -105,8 +98,7 @@ impl PoolMemoryResource {
 
     /// Moves one free block of at least `need` to the free space after its stream's prior work.
     pub(super) fn steal(&self, g: &mut FreeSpace, need: u64) -> Result<bool> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         for arena in self.arenas.all() {
             let stolen = arena.state.lock().steal(need);
             if let Some((addr, size)) = stolen {
@@ -118,9 +110,7 @@ impl PoolMemoryResource {
         Ok(false)
     }
 
-    /// Moves every arena's free blocks to the free space (after each stream's prior work), where
-    /// adjacent pieces of different arenas merge; returns the bytes moved. The last resort before
-    /// returning chunks or failing (arenas lose free space in partly used regions).
+    /// Moves all arenas' free blocks to the free space, where neighbours merge; returns the bytes.
     pub(super) fn scavenge(&self, g: &mut FreeSpace) -> Result<u64> {
         let mut moved = 0;
         for (addr, size) in self.gather(ArenaState::take_free_blocks)? {

@@ -1,14 +1,11 @@
 //! A two-level segregated-fit heap over device addresses (TLSF, Masmano et al. 2004).
 //!
-//! Free blocks sit in size classes: the power of two of the size, split into 32 linear classes. Two
-//! bitmaps find the smallest fitting non-empty class in O(1); the head of the request's own class
-//! is tried first, so the choice is within 1/32 of best fit. Blocks split on allocation and merge
-//! with free physical neighbours on free. Regions (memory handed over in one piece) merge with
-//! adjacent regions only within caller-given bounds ([`Heap::add_region_within`]: one upstream
-//! allocation, or the pool's side-by-side mapped range), so no block spans non-contiguous memory.
-//!
-//! Block descriptors live in a slab indexed by `u32`; nothing here touches device memory, and the
-//! host allocates only when the slab grows.
+//! Free blocks sit in size classes (the power of two of the size, split into 32 linear classes);
+//! two bitmaps find the smallest fitting non-empty class in O(1), the head of the request's own
+//! class tried first. Blocks split on allocation and merge with free physical neighbours on free.
+//! Regions merge with adjacent regions only within caller-given bounds
+//! ([`Heap::add_region_within`]), so no block spans non-contiguous memory. Block descriptors live
+//! in a slab indexed by `u32`; nothing here touches device memory.
 
 /// "No block".
 pub(crate) const NIL: u32 = u32::MAX;
@@ -32,25 +29,37 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// A block on no free list, between physical neighbours `prev_phys` and `next_phys`.
+    #[inline]
+    fn used(addr: u64, size: u64, prev_phys: u32, next_phys: u32) -> Block {
+        Block {
+            addr,
+            size,
+            prev_phys,
+            next_phys,
+            prev_free: NIL,
+            next_free: USED,
+        }
+    }
+
     #[inline]
     pub(crate) fn is_free(&self) -> bool {
         self.next_free != USED
     }
 }
 
-/// One TLSF heap.
 #[derive(Debug)]
 pub(crate) struct Heap {
     blocks: Vec<Block>,
-    /// Recycled descriptor slots.
     spare: Vec<u32>,
     fl_bitmap: u64,
     sl_bitmap: [u32; FL_COUNT],
     heads: [[u32; SL_COUNT]; FL_COUNT],
-    free_bytes: u64,
-    free_blocks: usize,
-    regions: usize,
-    region_bytes: u64,
+    pub(crate) free_bytes: u64,
+    pub(crate) free_blocks: usize,
+    pub(crate) regions: usize,
+    /// Bytes of all regions, free or not.
+    pub(crate) region_bytes: u64,
 }
 
 /// (first level, second level) of a size in granules.
@@ -78,6 +87,21 @@ fn class_fitting(granules: u64) -> (usize, usize) {
     }
 }
 
+/// Puts `item` in a spare slot of `slab` (else at its end); returns its index.
+#[inline]
+pub(crate) fn store<T>(slab: &mut Vec<T>, spare: &mut Vec<u32>, item: T) -> u32 {
+    match spare.pop() {
+        Some(i) => {
+            slab[i as usize] = item;
+            i
+        }
+        None => {
+            slab.push(item);
+            (slab.len() - 1) as u32
+        }
+    }
+}
+
 impl Heap {
     pub(crate) fn new() -> Heap {
         Heap {
@@ -102,34 +126,8 @@ impl Heap {
         self.blocks.get(idx as usize)
     }
 
-    pub(crate) fn free_bytes(&self) -> u64 {
-        self.free_bytes
-    }
-
-    pub(crate) fn free_blocks(&self) -> usize {
-        self.free_blocks
-    }
-
-    pub(crate) fn regions(&self) -> usize {
-        self.regions
-    }
-
-    /// Bytes of all regions, free or not.
-    pub(crate) fn region_bytes(&self) -> u64 {
-        self.region_bytes
-    }
-
     fn new_block(&mut self, b: Block) -> u32 {
-        match self.spare.pop() {
-            Some(i) => {
-                self.blocks[i as usize] = b;
-                i
-            }
-            None => {
-                self.blocks.push(b);
-                (self.blocks.len() - 1) as u32
-            }
-        }
+        store(&mut self.blocks, &mut self.spare, b)
     }
 
     /// Returns descriptor `idx` to the slab's spare slots; a size of 0 marks it unused.
@@ -193,8 +191,7 @@ impl Heap {
     }
 
     /// Hands `[addr, addr + size)` to the heap as free memory joining the adjacent regions within
-    /// `[lo, hi)` (contiguous memory: one upstream allocation, or chunks mapped side by side), so
-    /// memory granted piecewise serves a larger request once free. Otherwise it stands alone.
+    /// `[lo, hi)` (contiguous memory), so memory granted piecewise serves larger requests once free.
     pub(crate) fn add_region_within(&mut self, addr: u64, size: u64, lo: u64, hi: u64) {
         debug_assert!(addr.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
         debug_assert!(lo <= addr && addr + size <= hi);
@@ -205,14 +202,12 @@ impl Heap {
         let after = (end < hi)
             .then(|| self.find_block(|b| b.prev_phys == NIL && b.addr == end))
             .flatten();
-        let idx = self.new_block(Block {
+        let idx = self.new_block(Block::used(
             addr,
             size,
-            prev_phys: before.unwrap_or(NIL),
-            next_phys: after.unwrap_or(NIL),
-            prev_free: NIL,
-            next_free: USED,
-        });
+            before.unwrap_or(NIL),
+            after.unwrap_or(NIL),
+        ));
         if let Some(b) = before {
             self.blocks[b as usize].next_phys = idx;
         }
@@ -230,14 +225,7 @@ impl Heap {
     /// Adds `[addr, addr + size)`, adopted memory, as a one-live-block region; returns the block.
     pub(crate) fn add_live_region(&mut self, addr: u64, size: u64) -> u32 {
         debug_assert!(addr.is_multiple_of(GRANULE) && size.is_multiple_of(GRANULE) && size > 0);
-        let idx = self.new_block(Block {
-            addr,
-            size,
-            prev_phys: NIL,
-            next_phys: NIL,
-            prev_free: NIL,
-            next_free: USED,
-        });
+        let idx = self.new_block(Block::used(addr, size, NIL, NIL));
         self.regions += 1;
         self.region_bytes += size;
         idx
@@ -286,14 +274,7 @@ impl Heap {
         let b = self.blocks[idx as usize];
         if b.size > size {
             // Split: the tail stays free.
-            let rest = self.new_block(Block {
-                addr: b.addr + size,
-                size: b.size - size,
-                prev_phys: idx,
-                next_phys: b.next_phys,
-                prev_free: NIL,
-                next_free: USED,
-            });
+            let rest = self.new_block(Block::used(b.addr + size, b.size - size, idx, b.next_phys));
             if b.next_phys != NIL {
                 self.blocks[b.next_phys as usize].prev_phys = rest;
             }
@@ -346,7 +327,6 @@ impl Heap {
         std::iter::successors(Some(self.heads[fl][sl]).filter(|&i| i != NIL), next)
     }
 
-    /// Every free block, class by class.
     fn free_list(&self) -> impl Iterator<Item = u32> + '_ {
         (0..FL_COUNT).flat_map(move |fl| (0..SL_COUNT).flat_map(move |sl| self.class_list(fl, sl)))
     }
@@ -369,7 +349,6 @@ impl Heap {
     }
 
     /// Takes a free block of at least `size` bytes out, splitting its region; returns its range.
-    /// Moves memory between arenas under pressure.
     pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
         let idx = self.find(size);
         if idx == NIL {
@@ -378,8 +357,7 @@ impl Heap {
         Some(self.remove_free(idx))
     }
 
-    /// Takes every free block out into `out`, splitting regions: for when only merging free
-    /// neighbours across arenas can serve a request.
+    /// Takes every free block out into `out`, splitting regions.
     pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
         let all: Vec<u32> = self.free_list().collect();
         for i in all {
@@ -495,18 +473,18 @@ mod tests {
         let c = h.alloc(768).unwrap();
         assert_eq!(h.block(a).addr, 1 << 20);
         assert_eq!(h.block(b).addr, (1 << 20) + 256);
-        assert_eq!(h.free_bytes(), (64 << 20) - 256 - (1 << 20) - 768);
+        assert_eq!(h.free_bytes, (64 << 20) - 256 - (1 << 20) - 768);
         h.free(b);
         h.free(a);
         h.check().unwrap();
         h.free(c);
         h.check().unwrap();
-        assert_eq!(h.free_blocks(), 1);
-        assert_eq!(h.free_bytes(), 64 << 20);
+        assert_eq!(h.free_blocks, 1);
+        assert_eq!(h.free_bytes, 64 << 20);
         let mut out = Vec::new();
         h.take_free_regions(&mut out);
         assert_eq!(out, vec![(1 << 20, 64 << 20)]);
-        assert_eq!(h.regions(), 0);
+        assert_eq!(h.regions, 0);
     }
 
     #[test]
@@ -517,17 +495,17 @@ mod tests {
         // Three grants side by side, the middle one last: it joins both neighbours.
         h.add_region_within(base, R, base, base + 3 * R);
         h.add_region_within(base + 2 * R, R, base, base + 3 * R);
-        assert_eq!(h.regions(), 2, "not adjacent yet");
+        assert_eq!(h.regions, 2, "not adjacent yet");
         h.add_region_within(base + R, R, base, base + 3 * R);
         h.check().unwrap();
-        assert_eq!((h.regions(), h.free_blocks()), (1, 1));
+        assert_eq!((h.regions, h.free_blocks), (1, 1));
         let a = h.alloc(3 * R).expect("a block spanning the three grants");
         assert_eq!(h.block(a).addr, base);
         h.free(a);
         // A grant beside a region in use joins it, and is served on its own.
         let a = h.alloc(3 * R).unwrap();
         h.add_region_within(base + 3 * R, R, base, base + 5 * R);
-        assert_eq!(h.regions(), 1);
+        assert_eq!(h.regions, 1);
         let b = h.alloc(R).unwrap();
         assert_eq!(h.block(b).addr, base + 3 * R);
         h.free(a);
@@ -536,11 +514,11 @@ mod tests {
         let mut out = Vec::new();
         h.take_free_regions(&mut out);
         assert_eq!(out, vec![(base, 4 * R)], "one region, returned whole");
-        assert_eq!((h.regions(), h.region_bytes()), (0, 0));
+        assert_eq!((h.regions, h.region_bytes), (0, 0));
         // Outside the bounds (another upstream allocation begins at the boundary): apart.
         h.add_region_within(base, R, base, base + R);
         h.add_region_within(base + R, R, base + R, base + 2 * R);
-        assert_eq!(h.regions(), 2);
+        assert_eq!(h.regions, 2);
         assert!(h.alloc(2 * R).is_none(), "a block across the boundary");
         h.check().unwrap();
     }
@@ -555,7 +533,7 @@ mod tests {
         let b = h.alloc(4096).unwrap();
         h.free(a);
         h.free(b);
-        assert_eq!(h.free_blocks(), 2);
+        assert_eq!(h.free_blocks, 2);
         h.check().unwrap();
     }
 
@@ -582,12 +560,12 @@ mod tests {
         let c = h.alloc(10 * 256).unwrap();
         h.free(b);
         assert_eq!(h.steal(5 * 256), Some((10 * 256, 10 * 256)));
-        assert_eq!(h.regions(), 2);
-        assert_eq!(h.region_bytes(), 20 * 256);
+        assert_eq!(h.regions, 2);
+        assert_eq!(h.region_bytes, 20 * 256);
         h.free(a);
         h.free(c);
         h.check().unwrap();
-        assert_eq!(h.free_blocks(), 2, "the two halves no longer merge");
+        assert_eq!(h.free_blocks, 2, "the two halves no longer merge");
         let mut out = Vec::new();
         h.take_free_regions(&mut out);
         out.sort();
@@ -607,16 +585,16 @@ mod tests {
         h.take_free_blocks(&mut out);
         out.sort();
         assert_eq!(out, vec![(0, 10 * 256), (20 * 256, 20 * 256)]);
-        assert_eq!(h.free_bytes(), 0);
-        assert_eq!(h.free_blocks(), 0);
+        assert_eq!(h.free_bytes, 0);
+        assert_eq!(h.free_blocks, 0);
         assert_eq!(
-            h.region_bytes(),
+            h.region_bytes,
             10 * 256,
             "only the live block's region is left"
         );
         h.check().unwrap();
         h.free(b);
         h.check().unwrap();
-        assert_eq!(h.free_blocks(), 1);
+        assert_eq!(h.free_blocks, 1);
     }
 }

@@ -1,10 +1,7 @@
 //! The pool's memory through CUDA's virtual memory API: one address range per device, reserved once
-//! and shared by its pools, each mapping physical chunks of its growth step as it grows.
-//!
-//! A pool's side-by-side chunks form one contiguous range, so free space stays whole across growth
-//! (a request larger than a chunk fits in neighbouring free chunks), and each entirely free chunk
-//! goes back on its own (`trim`, `release`, reinitialize). Adopted chunks keep their addresses: the
-//! range belongs to the device and goes when its last pool does. All slow path.
+//! and shared by its pools, each mapping physical chunks side by side as it grows, so free space
+//! stays whole across growth and each entirely free chunk goes back on its own. The range goes
+//! with the device's last pool. All slow path.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
@@ -19,8 +16,7 @@ use crate::resource::{map_oom, out_of_memory};
 /// Reserved range per device, × its memory: room for a full-size pool and its replacement.
 const RESERVE_FACTOR: u64 = 2;
 
-/// The smallest maximum size for which [`VirtualMemory::Auto`](super::VirtualMemory::Auto)
-/// maps chunks (64 granules of 2 MiB): smaller pools keep the upstream's exact sizes.
+/// The smallest maximum size for which `VirtualMemory::Auto` maps chunks (64 granules of 2 MiB).
 pub(crate) const AUTO_MINIMUM: u64 = 128 << 20;
 
 /// Largest initial size at which [`VirtualMemory::Auto`](super::VirtualMemory::Auto) maps.
@@ -39,19 +35,10 @@ pub(crate) struct AddressSpace {
     device: Device,
     base: u64,
     size: u64,
-    granularity: u64,
+    /// The unit of chunk sizes and addresses.
+    pub(crate) granularity: u64,
     /// Mapped chunks: start → (length, physical handle).
     mapped: Mutex<BTreeMap<u64, (u64, RawPhysical)>>,
-}
-
-impl std::fmt::Debug for AddressSpace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AddressSpace")
-            .field("device", &self.device)
-            .field("base", &format_args!("{:#x}", self.base))
-            .field("size", &self.size)
-            .finish_non_exhaustive()
-    }
 }
 
 impl AddressSpace {
@@ -66,8 +53,7 @@ impl AddressSpace {
         {
             return Ok(s);
         }
-        let backend = device.backend();
-        let dev = device.ordinal();
+        let (backend, dev) = (device.backend(), device.ordinal());
         let granularity = backend.mem_granularity(dev)? as u64;
         let total = backend.properties(dev)?.total_memory as u64;
         let size = (total.max(granularity) * RESERVE_FACTOR).next_multiple_of(granularity);
@@ -88,11 +74,6 @@ impl AddressSpace {
         });
         spaces.push(Arc::downgrade(&space));
         Ok(space)
-    }
-
-    /// The granularity of chunk sizes and addresses.
-    pub(crate) fn granularity(&self) -> u64 {
-        self.granularity
     }
 
     /// The lowest start of `len` free bytes of the range, or `hint` when that is free.
@@ -124,20 +105,17 @@ impl AddressSpace {
         (at + len <= end).then_some(at)
     }
 
-    /// Maps `total` bytes (a granularity multiple) side by side in chunks of `chunk` bytes (the
-    /// last maybe smaller), at `at` (`None` if taken) or else the lowest free addresses, and makes
-    /// them accessible. Returns the chunks (start, length). All or nothing.
+    /// Maps `total` bytes side by side in chunks of `chunk` bytes at `at` (`None` if taken) or the
+    /// lowest free addresses, and makes them accessible; returns the chunks. All or nothing.
     pub(crate) fn map(
         &self,
         total: u64,
         chunk: u64,
         at: Option<u64>,
     ) -> Result<Option<Vec<(u64, u64)>>> {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let mut mapped = self.mapped.lock();
-        let end = self.base + self.size;
-        let placed = Self::place(&mapped, self.base, end, total, at);
+        let placed = Self::place(&mapped, self.base, self.base + self.size, total, at);
         if at.is_some() && placed != at {
             return Ok(None);
         }
@@ -151,9 +129,8 @@ impl AddressSpace {
             );
             return Err(out_of_memory(self.device, total as usize, VMM_FULL, None));
         };
-        let chunk = chunk
-            .max(self.granularity)
-            .next_multiple_of(self.granularity);
+        let g = self.granularity;
+        let chunk = chunk.max(g).next_multiple_of(g);
         let mut made: Vec<(u64, u64, RawPhysical)> = Vec::new();
         let mut at = start;
         let result = (|| {
@@ -203,19 +180,15 @@ impl AddressSpace {
 
 /// Unmaps one chunk and releases its physical memory.
 fn unmap_one(device: Device, addr: u64, len: u64, handle: RawPhysical) -> Result<()> {
-    let backend = device.backend();
-    let dev = device.ordinal();
+    let (backend, dev) = (device.backend(), device.ordinal());
     backend.mem_unmap(dev, DevicePtr(addr), len as usize)?;
     backend.mem_release(dev, handle)
 }
 
 impl Drop for AddressSpace {
     fn drop(&mut self) {
-        let backend = self.device.backend();
-        let dev = self.device.ordinal();
-        let left: Vec<(u64, (u64, RawPhysical))> =
-            self.mapped.lock().iter().map(|(a, v)| (*a, *v)).collect();
-        for (addr, (len, h)) in left {
+        let (backend, dev) = (self.device.backend(), self.device.ordinal());
+        for (addr, (len, h)) in std::mem::take(self.mapped.get_mut()) {
             tracing::warn!(
                 device = dev,
                 addr,
