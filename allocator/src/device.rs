@@ -16,6 +16,7 @@ pub struct Device {
 
 impl Device {
     /// Device `ordinal` of the process-wide backend ([`backend::global`]).
+    ///
     /// # Errors
     /// [`Error::NoSuchDevice`]; the process-wide backend's error (e.g. [`Error::NoDriver`]).
     pub fn new(ordinal: u32) -> Result<Device> {
@@ -23,6 +24,7 @@ impl Device {
     }
 
     /// Device `ordinal` of `backend`.
+    ///
     /// # Errors
     /// [`Error::NoSuchDevice`] when `backend` has no device `ordinal`.
     pub fn on(backend: &'static dyn Backend, ordinal: u32) -> Result<Device> {
@@ -34,6 +36,7 @@ impl Device {
     }
 
     /// The thread's current device of the process-wide backend (0 unless [`set_current_device`]).
+    ///
     /// # Errors
     /// As [`Device::new`].
     pub fn current() -> Result<Device> {
@@ -51,6 +54,7 @@ impl Device {
     }
 
     /// Name, memory, UUID and capabilities.
+    ///
     /// # Errors
     /// [`Error::Driver`] when the driver cannot report them.
     pub fn properties(self) -> Result<DeviceProperties> {
@@ -58,6 +62,7 @@ impl Device {
     }
 
     /// Free and total memory.
+    ///
     /// # Errors
     /// [`Error::Driver`] when the driver cannot report them.
     pub fn mem_info(self) -> Result<MemInfo> {
@@ -65,6 +70,7 @@ impl Device {
     }
 
     /// Waits for all work on the device.
+    ///
     /// # Errors
     /// [`Error::Driver`] when the device reports a failure.
     pub fn synchronize(self) -> Result<()> {
@@ -72,6 +78,7 @@ impl Device {
     }
 
     /// Makes this device's context current on a thread without one; see [`Backend::bind_thread`].
+    ///
     /// # Errors
     /// [`Error::Driver`] when the thread's context cannot be read or set.
     pub fn bind_thread(self) -> Result<()> {
@@ -79,6 +86,7 @@ impl Device {
     }
 
     /// Copies `src` to device memory at `dst` and waits.
+    ///
     /// # Errors
     /// [`Error::Driver`] (or the simulator's [`Error::InjectedFault`]) when the copy fails.
     pub fn copy_to_device(self, dst: DevicePtr, src: &[u8]) -> Result<()> {
@@ -89,6 +97,7 @@ impl Device {
     }
 
     /// Copies device memory at `src` into `dst` and waits.
+    ///
     /// # Errors
     /// [`Error::Driver`] (or the simulator's [`Error::InjectedFault`]) when the copy fails.
     pub fn copy_to_host(self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
@@ -99,6 +108,7 @@ impl Device {
     }
 
     /// Copies `bytes` between device ranges and waits.
+    ///
     /// # Errors
     /// [`Error::Driver`] (or the simulator's [`Error::InjectedFault`]) when the copy fails.
     pub fn copy_device_to_device(self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
@@ -109,6 +119,7 @@ impl Device {
     }
 
     /// Enqueues a device → device copy on `stream`.
+    ///
     /// # Errors
     /// [`Error::Driver`] when the copy cannot be enqueued.
     pub fn copy_device_to_device_async(
@@ -126,6 +137,7 @@ impl Device {
     }
 
     /// Sets `bytes` of device memory to `value` and waits.
+    ///
     /// # Errors
     /// [`Error::Driver`] when the memset fails.
     pub fn memset(self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
@@ -136,6 +148,7 @@ impl Device {
     }
 
     /// Enqueues a memset on `stream`.
+    ///
     /// # Errors
     /// [`Error::Driver`] when the memset cannot be enqueued.
     pub fn memset_async(
@@ -193,6 +206,7 @@ pub fn thread_device() -> u32 {
 }
 
 /// Makes `ordinal` the calling thread's current device; returns the previous one.
+///
 /// # Errors
 /// [`Error::NoSuchDevice`]; the process-wide backend's error when it cannot be opened.
 pub fn set_current_device(ordinal: u32) -> Result<u32> {
@@ -201,6 +215,7 @@ pub fn set_current_device(ordinal: u32) -> Result<u32> {
 }
 
 /// Runs `f` with `ordinal` as the thread's current device, restoring the previous one after.
+///
 /// # Errors
 /// As [`set_current_device`].
 pub fn with_device<R>(ordinal: u32, f: impl FnOnce() -> R) -> Result<R> {

@@ -36,6 +36,7 @@ fn initial(device_id: u32) -> Result<SharedResource> {
 }
 
 /// The resource of device `device_id` (its initial [`CudaMemoryResource`] until one is set).
+///
 /// # Errors
 /// [`Error::NoSuchDevice`] for an unknown device; the process-wide backend's error.
 pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
@@ -50,6 +51,7 @@ pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
 
 /// Runs `f` with device `device_id`'s resource (as [`get_per_device_resource`]) without touching
 /// its reference count.
+///
 /// # Errors
 /// As [`get_per_device_resource`].
 pub fn with_per_device_resource<R>(
@@ -66,6 +68,7 @@ pub fn with_per_device_resource<R>(
 
 /// Makes `resource`, which must allocate on device `device_id`, that device's resource; returns the
 /// previous one, which the caller keeps alive while memory allocated from it is in use.
+///
 /// # Errors
 /// [`Error::NoSuchDevice`] for an unknown device; [`Error::InvalidArgument`] when `resource` is not
 /// on device `device_id` of the process-wide backend.
@@ -85,6 +88,7 @@ pub fn set_per_device_resource(device_id: u32, resource: SharedResource) -> Resu
 }
 
 /// Puts device `device_id` back on a fresh [`CudaMemoryResource`]; returns the previous one.
+///
 /// # Errors
 /// As [`get_per_device_resource`].
 pub fn reset_per_device_resource(device_id: u32) -> Result<SharedResource> {
@@ -92,6 +96,7 @@ pub fn reset_per_device_resource(device_id: u32) -> Result<SharedResource> {
 }
 
 /// The resource of the calling thread's current device.
+///
 /// # Errors
 /// As [`get_per_device_resource`].
 pub fn get_current_device_resource() -> Result<SharedResource> {
@@ -99,6 +104,7 @@ pub fn get_current_device_resource() -> Result<SharedResource> {
 }
 
 /// Sets the resource of the calling thread's current device; returns the previous one.
+///
 /// # Errors
 /// As [`set_per_device_resource`].
 pub fn set_current_device_resource(resource: SharedResource) -> Result<SharedResource> {

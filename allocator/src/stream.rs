@@ -14,6 +14,7 @@ pub struct Stream {
 
 impl Stream {
     /// Creates a stream on `device`.
+    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the driver cannot create the stream.
     pub fn new(device: Device) -> Result<Stream> {
@@ -32,6 +33,7 @@ impl Stream {
     }
 
     /// Waits for all work queued so far.
+    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the stream's work or the wait fails.
     pub fn synchronize(&self) -> Result<()> {
@@ -39,6 +41,7 @@ impl Stream {
     }
 
     /// True when all queued work has completed.
+    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the driver query fails.
     pub fn is_idle(&self) -> Result<bool> {
@@ -47,6 +50,7 @@ impl Stream {
     }
 
     /// Makes later work on this stream wait for `event`.
+    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the wait cannot be enqueued.
     pub fn wait(&self, event: &Event) -> Result<()> {
@@ -70,6 +74,7 @@ impl Drop for Stream {
 }
 
 /// Waits for all work queued on `stream` of `device`.
+///
 /// # Errors
 /// [`Error::Driver`](crate::Error::Driver) when the stream's work or the wait fails; the simulated
 /// device's [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a destroyed stream.
@@ -88,6 +93,7 @@ pub struct Event {
 
 impl Event {
     /// Creates an event on `device`.
+    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the driver cannot create the event.
     pub fn new(device: Device) -> Result<Event> {
@@ -101,6 +107,7 @@ impl Event {
     }
 
     /// Captures the work queued on `stream` so far.
+    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the record cannot be enqueued.
     pub fn record(&self, stream: StreamView) -> Result<()> {
@@ -110,6 +117,7 @@ impl Event {
     }
 
     /// True when the captured work has completed (or the event was never recorded).
+    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the driver query fails.
     pub fn is_complete(&self) -> Result<bool> {
@@ -118,6 +126,7 @@ impl Event {
     }
 
     /// Waits for the captured work.
+    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the captured work or the wait fails.
     pub fn synchronize(&self) -> Result<()> {
@@ -126,6 +135,7 @@ impl Event {
     }
 
     /// Makes later work on `stream` wait for the captured work.
+    ///
     /// # Errors
     /// [`Error::Driver`](crate::Error::Driver) when the wait cannot be enqueued.
     pub fn wait_on(&self, stream: StreamView) -> Result<()> {

@@ -29,6 +29,7 @@ impl BinningMemoryResource {
     }
 
     /// [`FixedSizeMemoryResource`] bins over `upstream` of `2^min_exp` to `2^max_exp` bytes.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `min_exp > max_exp` or `max_exp > 40`; [`Error::OutOfMemory`]
     /// if a bin's first chunk fails.
@@ -49,6 +50,7 @@ impl BinningMemoryResource {
 
     /// Adds a bin for sizes up to `size` (above the next smaller bin): `resource`, or a
     /// [`FixedSizeMemoryResource`] of `size` blocks over the upstream.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `resource` is on another device; [`Error::OutOfMemory`] if a
     /// new bin's first chunk fails.

@@ -18,6 +18,7 @@ pub struct CudaAsyncMemoryResource {
 
 impl CudaAsyncMemoryResource {
     /// A resource with its own pool on `device` that keeps all memory it takes.
+    ///
     /// # Errors
     /// As [`CudaAsyncMemoryResource::with_release_threshold`].
     pub fn new(device: Device) -> Result<Self> {
@@ -25,6 +26,7 @@ impl CudaAsyncMemoryResource {
     }
 
     /// A resource whose pool releases cached memory above `release_threshold` bytes at each sync.
+    ///
     /// # Errors
     /// [`Error::Unsupported`] without pool support; [`Error::Driver`] if pool creation fails.
     pub fn with_release_threshold(device: Device, release_threshold: u64) -> Result<Self> {
@@ -49,6 +51,7 @@ impl CudaAsyncMemoryResource {
 
     /// Primes the pool with `bytes` (RMM's `initial_pool_size`): allocates and frees them on the
     /// default stream and waits, so the pool holds them as the release threshold allows.
+    ///
     /// # Errors
     /// [`Error::OutOfMemory`]; [`Error::Driver`] when the free or the wait fails.
     pub fn reserve(&self, bytes: usize) -> Result<()> {
@@ -61,6 +64,7 @@ impl CudaAsyncMemoryResource {
     }
 
     /// Bytes the driver pool currently holds (in use plus cached).
+    ///
     /// # Errors
     /// [`Error::Driver`] when the query fails.
     pub fn reserved_bytes(&self) -> Result<u64> {
@@ -69,6 +73,7 @@ impl CudaAsyncMemoryResource {
     }
 
     /// Waits for the device, then gives every cached unused byte back to the driver.
+    ///
     /// # Errors
     /// [`Error::Driver`] when waiting or trimming fails.
     pub fn release(&self) -> Result<()> {

@@ -84,6 +84,7 @@ impl CudaMemoryResource {
 
 impl ManagedMemoryResource {
     /// A resource for `device`.
+    ///
     /// # Errors
     /// [`Error::Unsupported`] without managed memory; [`Error::Driver`] reading properties.
     pub fn new(device: Device) -> Result<Self> {

@@ -53,6 +53,7 @@ impl std::fmt::Debug for FixedSizeMemoryResource {
 impl FixedSizeMemoryResource {
     /// Blocks of `block_size` bytes (rounded up to 256), taken from `upstream`
     /// `blocks_to_preallocate` at a time, starting with one such chunk.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero size; [`Error::OutOfMemory`] if the first chunk fails.
     pub fn new(

@@ -45,6 +45,7 @@ use crate::stream_view::StreamView;
 /// return [`DevicePtr::NULL`] for zero bytes, and report exhaustion as [`Error::OutOfMemory`].
 pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes`, usable in stream order on `stream`.
+    ///
     /// # Errors
     /// [`Error::OutOfMemory`], [`Error::Driver`], or an adaptor's own (e.g.
     /// [`Error::LimitExceeded`]).
@@ -52,6 +53,7 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
 
     /// Frees `ptr`, returned by this resource's `allocate(bytes, _)`, in stream order on `stream`:
     /// reusable once the stream's earlier work completes.
+    ///
     /// # Errors
     /// [`Error::InvalidPointer`] if `ptr` is not live here (where detectable); [`Error::Driver`].
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()>;
@@ -68,6 +70,7 @@ pub trait DeviceMemoryResource: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Free and total memory as this resource sees it (by default, the device's).
+    ///
     /// # Errors
     /// [`Error::Driver`] when the driver cannot report the memory.
     fn memory_info(&self) -> Result<MemInfo> {
@@ -89,10 +92,12 @@ pub type SharedResource = Arc<dyn DeviceMemoryResource>;
 /// A source of host memory (RMM's `host_memory_resource`).
 pub trait HostMemoryResource: Send + Sync + fmt::Debug + 'static {
     /// Allocates at least `bytes` aligned to `alignment` (a power of two).
+    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`]; [`Error::InvalidArgument`] (bad `alignment`); [`Error::Driver`].
     fn allocate(&self, bytes: usize, alignment: usize) -> Result<HostBlock>;
     /// Gives a block back.
+    ///
     /// # Errors
     /// [`Error::InvalidPointer`] for a block not live here; [`Error::Driver`] when unpinning fails.
     fn deallocate(&self, block: HostBlock) -> Result<()>;

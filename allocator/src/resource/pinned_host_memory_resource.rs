@@ -14,6 +14,7 @@ pub struct PinnedHostMemoryResource {
 
 impl PinnedHostMemoryResource {
     /// A resource on the process-wide backend.
+    ///
     /// # Errors
     /// The process-wide backend's error (e.g. [`Error::NoDriver`]) when it cannot be opened.
     pub fn new() -> Result<Self> {

@@ -131,6 +131,7 @@ fn pinning_threads() -> usize {
 
 impl PinnedHostPool {
     /// Pins `bytes` (rounded up to 2 MiB) through the process-wide backend; the pool never grows.
+    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] or [`Error::Driver`] if pinning fails; the backend's open error.
     pub fn new(bytes: usize) -> Result<PinnedHostPool> {
@@ -138,6 +139,7 @@ impl PinnedHostPool {
     }
 
     /// As [`PinnedHostPool::new`], through `backend`.
+    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] or [`Error::Driver`] when pinning fails.
     pub fn on(backend: &'static dyn Backend, bytes: usize) -> Result<PinnedHostPool> {
@@ -276,6 +278,7 @@ impl PinnedHostPool {
 
     /// Pins a fixed pool back to its size after [`release_idle`](Self::release_idle) (spilling
     /// resumes); nothing for a growable pool or one at its size.
+    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] or [`Error::Driver`] when pinning fails (it keeps what it has).
     pub fn pin_again(&self) -> Result<()> {
@@ -310,6 +313,7 @@ impl PinnedHostPool {
 
     /// First-fit slice of `bytes` (rounded to [`PINNED_ALIGNMENT`]); growable pools grow to fit
     /// (see the module docs).
+    ///
     /// # Errors
     /// [`Error::HostOutOfMemory`] when nothing fits and the pool cannot grow.
     pub fn allocate(&self, bytes: usize) -> Result<PinnedSlice> {

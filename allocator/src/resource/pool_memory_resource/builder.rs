@@ -129,6 +129,7 @@ impl PoolBuilder {
 
     /// Whether the built pool will map memory through CUDA's virtual memory API (a pool adopts
     /// another's free chunks only if both do the same).
+    ///
     /// # Errors
     /// [`Error::Driver`] when the device cannot report its memory.
     pub fn maps_memory(&self) -> Result<bool> {
@@ -144,6 +145,7 @@ impl PoolBuilder {
     }
 
     /// Takes the initial memory and builds the pool.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for inconsistent settings; [`Error::OutOfMemory`] if the upstream
     /// cannot provide the initial memory; [`Error::Driver`] if the device cannot report its memory.

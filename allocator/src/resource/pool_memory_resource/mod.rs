@@ -136,6 +136,7 @@ impl PoolMemoryResource {
     }
 
     /// A pool over `upstream` with the given initial and maximum sizes in bytes.
+    ///
     /// # Errors
     /// As [`PoolBuilder::build`].
     pub fn new(upstream: SharedResource, initial: usize, maximum: Option<usize>) -> Result<Self> {
@@ -267,6 +268,7 @@ impl PoolMemoryResource {
 
     /// Settles cross-stream frees (after those streams' work) and flushes cached blocks, as if
     /// every stream were idle.
+    ///
     /// # Errors
     /// [`Error::Driver`] when waiting for a foreign stream fails.
     pub fn synchronize(&self) -> Result<()> {
@@ -278,6 +280,7 @@ impl PoolMemoryResource {
 
     /// Gives unused memory back to the upstream until the pool holds at most `to_bytes` (never
     /// below in use); returns the bytes released.
+    ///
     /// # Errors
     /// [`Error::Driver`] waiting for pending frees, or the upstream's error returning a chunk.
     pub fn trim(&self, to_bytes: u64) -> Result<u64> {
@@ -306,6 +309,7 @@ impl PoolMemoryResource {
 
     /// Gives back every unused chunk except those a replacement pool of initial size `budget` would
     /// adopt ([`PoolBuilder::adopt_from`]); returns the bytes released.
+    ///
     /// # Errors
     /// As [`PoolMemoryResource::trim`].
     pub fn release_except_adoptable(&self, budget: u64) -> Result<u64> {
@@ -317,6 +321,7 @@ impl PoolMemoryResource {
     }
 
     /// Gives every unused chunk back to the upstream; returns the bytes released.
+    ///
     /// # Errors
     /// As [`PoolMemoryResource::trim`].
     pub fn release(&self) -> Result<u64> {
@@ -352,6 +357,7 @@ impl PoolMemoryResource {
 
     /// Checks structure and accounting (heaps, cached blocks, live blocks 256-aligned and disjoint,
     /// pool size = in use + pending + free). Takes every lock in turn: for tests and diagnostics.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] (`pool state`) naming the first inconsistency (a bug in rmm-rs).
     pub fn validate(&self) -> Result<PoolSnapshot> {
