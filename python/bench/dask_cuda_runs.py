@@ -283,6 +283,40 @@ def failure_note(failed):
             f"computation; the first: {key}: {text[:300]}")
 
 
+# The device store's figures a run leaves: what the store spilled and brought back, summed over
+# the workers (warm-up runs included), beside the data the benchmark says it processes.
+STORE_FIGURES = ("spilled_bytes", "spilled_without_copy_bytes", "unspilled_bytes",
+                 "unspilled_to_send_bytes", "disk_bytes", "peak_tracked_bytes")
+
+
+def store_figures(client):
+    """The device store's spill figures summed over `client`'s workers (STORE_FIGURES), with
+    the values each tier holds now; {} on a cluster whose workers have no device store."""
+
+    def figures(dask_worker):
+        stats = getattr(dask_worker.data, "statistics", None)
+        if stats is None:
+            return {}
+        s = stats()
+        spill = s.get("spill", {})
+        out = {k: int(spill.get(k, 0)) for k in STORE_FIGURES}
+        out.update({k: int(s.get(k, 0)) for k in ("device_count", "host_count", "disk_count")})
+        return out
+
+    total: dict[str, int] = {}
+    for per_worker in client.run(figures).values():
+        for k, v in per_worker.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def store_line(figures):
+    """One line of store_figures' numbers."""
+    return ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} "
+                     f"{format_bytes(v) if k.endswith('_bytes') else v}"
+                     for k, v in figures.items())
+
+
 # dask-cuda's own benchmarks against a running cluster.
 
 _TIME = re.compile(r"^\s*([\d.]+)\s*(us|ms|s|m|hr|d)\b")

@@ -70,6 +70,8 @@ from dask_cuda_runs import (
     protocol_problem,
     run_benchmark,
     size_in_bytes,
+    store_figures,
+    store_line,
     versions,
     visible_devices,
 )
@@ -321,6 +323,12 @@ def run_one(bench, side, devices, protocol, args, s, tmp, ends_at):
             failed = failed_tasks(client)
             if failed and not r["error"]:
                 r["error"] = failure_note(failed)
+            if side.kind == "rmm-rs":
+                # How much the store moved for it: bytes brought back far beyond the data are
+                # values read whole (a shuffle's dict of pieces) for one piece each.
+                r["store"] = store_figures(client)
+                print(f"    {side.name} store after {bench.name}: {store_line(r['store'])}",
+                      flush=True)
             stage = "close"
     except Exception as e:  # noqa: BLE001 - recorded, reported, and the suite goes on
         if stage == "close" and not r["error"]:

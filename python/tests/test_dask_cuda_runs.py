@@ -258,6 +258,39 @@ def test_a_run_whose_tasks_failed_is_reported_as_failed():
             assert note.startswith("2 task(s) failed") and "bad partition" in note
 
 
+def _stored(i):
+    import rmm_rs
+
+    return rmm_rs.DeviceBuffer.from_bytes(bytes([i]) * (1 << 20))
+
+
+def test_the_store_s_figures_after_a_run():
+    # What each rmm-rs run of the suite reports beside its wall clock: the store's spills and
+    # unspills summed over the workers, and {} where the workers have no device store.
+    from distributed import Client, LocalCluster, wait
+
+    pytest.importorskip("rmm_rs")
+    from rmm_rs.dask import DeviceStore
+
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        with Client(cluster) as client:
+            assert runs.store_figures(client) == {}
+    config = {"spill": {"enabled": True, "host_pool_size": "16MiB"}}
+    store = DeviceStore.factory(device_memory_limit="2MiB", config=config)
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None, data=store) as c:
+        with Client(c) as client:
+            futures = client.map(_stored, range(5))
+            wait(futures)
+            assert client.submit(lambda b: b.size, futures[0]).result() == 1 << 20
+            figures = runs.store_figures(client)
+            del futures
+    assert figures["device_count"] + figures["host_count"] == 5
+    assert figures["spilled_bytes"] >= 3 << 20, figures
+    assert figures["unspilled_bytes"] >= 1 << 20, figures
+    line = runs.store_line(figures)
+    assert line.startswith("spilled ") and "unspilled" in line and "device count" in line, line
+
+
 def test_the_table_with_rmm_rs_beside_cudfs_own_spilling(capsys):
     benches = suite.select(suite.plan(6_000_000_000, 1, 1.0, "/data"), "local_cudf_merge")
     sides = suite.SIDES + (suite.RMM_RS_CUDF_SPILL,)
