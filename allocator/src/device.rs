@@ -43,6 +43,15 @@ impl Device {
         Device::new(current_device())
     }
 
+    /// Every device of the process-wide backend.
+    ///
+    /// # Errors
+    /// The process-wide backend's error when it cannot be opened.
+    pub fn all() -> Result<Vec<Device>> {
+        let b = backend::global()?;
+        (0..b.device_count()).map(|d| Device::on(b, d)).collect()
+    }
+
     /// The device's ordinal.
     pub fn ordinal(self) -> u32 {
         self.ordinal

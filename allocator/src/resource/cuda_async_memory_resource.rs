@@ -14,6 +14,7 @@ use crate::stream_view::StreamView;
 pub struct CudaAsyncMemoryResource {
     device: Device,
     pool: RawMemPool,
+    release_threshold: u64,
 }
 
 impl CudaAsyncMemoryResource {
@@ -46,7 +47,11 @@ impl CudaAsyncMemoryResource {
             release_threshold,
             "created CUDA async memory pool"
         );
-        Ok(CudaAsyncMemoryResource { device, pool })
+        Ok(CudaAsyncMemoryResource {
+            device,
+            pool,
+            release_threshold,
+        })
     }
 
     /// Primes the pool with `bytes` (RMM's `initial_pool_size`): allocates and frees them on the
@@ -61,6 +66,11 @@ impl CudaAsyncMemoryResource {
         let ptr = self.allocate(bytes, StreamView::DEFAULT)?;
         self.deallocate(ptr, bytes, StreamView::DEFAULT)?;
         crate::stream::synchronize_stream(self.device, StreamView::DEFAULT)
+    }
+
+    /// The configured release threshold in bytes.
+    pub fn release_threshold(&self) -> u64 {
+        self.release_threshold
     }
 
     /// Bytes the driver pool currently holds (in use plus cached).

@@ -12,6 +12,10 @@ use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::SharedResource;
 use crate::stream_view::StreamView;
 
+/// Default block size (1 MiB), as RMM.
+pub const DEFAULT_BLOCK_SIZE: usize = 1 << 20;
+/// Default number of blocks taken from the upstream at a time, as RMM.
+pub const DEFAULT_BLOCKS_TO_PREALLOCATE: usize = 128;
 /// Blocks moved from the stock list to a stream's list at a time.
 const REFILL: usize = 32;
 const NAME: &str = "FixedSizeMemoryResource";
@@ -79,6 +83,19 @@ impl FixedSizeMemoryResource {
         };
         r.grow(&mut r.stock.lock(), StreamView::DEFAULT)?;
         Ok(r)
+    }
+
+    /// A resource with RMM's defaults: 1 MiB blocks, 128 at a time.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] if the first chunk cannot be taken.
+    pub fn with_defaults(upstream: SharedResource) -> Result<Self> {
+        Self::new(upstream, DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE)
+    }
+
+    /// The size of every block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
     }
 
     #[inline]

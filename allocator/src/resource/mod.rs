@@ -24,7 +24,9 @@ pub use cuda_async_memory_resource::CudaAsyncMemoryResource;
 pub use driver_memory_resource::{
     CudaMemoryResource, DriverMemory, DriverMemoryResource, Managed, ManagedMemoryResource, Plain,
 };
-pub use fixed_size_memory_resource::FixedSizeMemoryResource;
+pub use fixed_size_memory_resource::{
+    DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE, FixedSizeMemoryResource,
+};
 pub use new_delete_resource::NewDeleteResource;
 pub use pinned_host_memory_resource::PinnedHostMemoryResource;
 pub use pinned_host_pool::{PINNED_ALIGNMENT, PinnedHostPool, WeakPinnedHostPool};
