@@ -1,6 +1,6 @@
 //! The inventory of the process: which backend runs and what each device has.
 
-use rmm_allocator::backend::Backend;
+use rmm_allocator::backend::{self, Backend};
 use rmm_allocator::{Device, Result};
 
 /// One device as `rmm info` and configuration resolution see it.
@@ -56,6 +56,15 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// Takes the inventory of the process-wide backend.
+    ///
+    /// # Errors
+    /// The backend's opening error ([`Error::NoDriver`](rmm_allocator::Error::NoDriver), …); else
+    /// as [`Inventory::of`].
+    pub fn collect() -> Result<Inventory> {
+        Inventory::of(backend::global()?)
+    }
+
     /// Takes the inventory of `backend`.
     ///
     /// # Errors

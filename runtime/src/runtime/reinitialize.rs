@@ -33,20 +33,21 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use rmm_allocator::backend::BackendChoice;
-use rmm_allocator::{StreamView, fmt_bytes};
+use super::per_device::map_devices;
+use rmm_allocator::StreamView;
 use rmm_config::{Config, ConfigLoader, ResolvedConfig};
 
 use super::backend::{open_backend, resolve};
 use super::claims::claim;
-use super::keep::{Candidates, Kept};
-use super::per_device::map_devices;
+use super::keep::Candidates;
 use super::setup::{install, set_up_devices};
 use super::{Control, Generation, RuntimeHandle};
 use crate::error::{Error, Result};
 use crate::report::ReinitReport;
-use crate::spill::{SpillManager, TierUndo};
+use crate::spill::SpillManager;
 use crate::stack::DeviceStack;
+use rmm_allocator::backend::BackendChoice;
+use rmm_allocator::fmt_bytes;
 
 /// Looks for unmovable live memory before refusing, [`SETTLE_PAUSE`] apart: threads outside
 /// the runtime (a Dask worker's tasks) allocate and free meanwhile, which must not fail it.
@@ -197,7 +198,9 @@ impl RuntimeHandle {
             // The old tiers are back (data spilled into the new ones stays until used).
             undo.into_iter().rev().for_each(|(m, u)| m.restore_tiers(u));
         } else {
-            undo.into_iter().for_each(|(m, u)| m.commit_tiers(u));
+            for (m, u) in undo {
+                m.commit_tiers(u);
+            }
         }
         result
     }
@@ -206,7 +209,7 @@ impl RuntimeHandle {
     fn replace_tiers(
         &self,
         resolved: &ResolvedConfig,
-    ) -> Result<Vec<(Arc<SpillManager>, TierUndo)>> {
+    ) -> Result<Vec<(Arc<SpillManager>, crate::spill::TierUndo)>> {
         let managers = self.shared.managers.lock().clone();
         let mut undo = Vec::new();
         for d in &resolved.devices {
@@ -496,7 +499,7 @@ impl RuntimeHandle {
 fn unspillable(
     old: &Generation,
     managers: &std::collections::BTreeMap<u32, Arc<SpillManager>>,
-    kept: &Kept<'_>,
+    kept: &super::keep::Kept<'_>,
 ) -> Vec<u32> {
     old.stacks
         .iter()
@@ -515,7 +518,7 @@ fn unspillable(
 /// Refuses ([`Error::HostTierTooSmall`]), before anything moves, a spill that cannot fit: `m`'s
 /// device data (held data aside) must fit its host tier when that is a fixed-size pool with no
 /// disk tier.
-fn check_host_room(m: &SpillManager, kept: &Kept<'_>) -> Result<()> {
+fn check_host_room(m: &SpillManager, kept: &super::keep::Kept<'_>) -> Result<()> {
     let store = m.store();
     let host = store.host();
     if host.is_growable() || store.has_disk() {

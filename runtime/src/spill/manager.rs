@@ -355,6 +355,11 @@ impl SpillManager {
         data
     }
 
+    /// True when `bytes` more fit under the limit now without spilling.
+    pub fn has_room(&self, bytes: usize) -> bool {
+        self.tracker.has_room(bytes)
+    }
+
     /// A value arriving from elsewhere (a peer worker), adopted with no owner: `fill(part, offset,
     /// memory)` writes its parts (of `sizes` bytes) straight into pinned host memory, one copy. If
     /// all fits under the limit it moves to the device (counted as unspilled), else stays in the
