@@ -3,6 +3,18 @@
 use super::action::LogAction;
 use super::records::{ACTION_ALLOCATE, ACTION_FREE};
 
+/// `"00"` to `"99"`.
+pub(super) const DIGIT_PAIRS: [u8; 200] = {
+    let mut t = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        t[2 * i] = b'0' + (i / 10) as u8;
+        t[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    t
+};
+
 /// A CSV line built on the stack: at most 21 (thread and comma) + 15 (time) + 18 (action and
 /// commas) + 18 (pointer) + 21 (size and comma) + 19 (stream and newline) = 112 bytes.
 pub(super) struct Line {
@@ -28,21 +40,29 @@ impl Line {
         self.len += b.len();
     }
 
-    /// `v` in decimal.
     #[inline]
-    pub(super) fn dec(&mut self, v: u64) {
-        self.dec_padded(v, 1);
+    pub(super) fn pair(&mut self, v: u64) {
+        let i = 2 * v as usize;
+        self.bytes(&DIGIT_PAIRS[i..i + 2]);
     }
 
-    /// `v` in decimal, zero-padded to at least `width` digits (at most 20).
+    /// `v` in decimal.
     #[inline]
-    fn dec_padded(&mut self, mut v: u64, width: usize) {
-        let mut tmp = [b'0'; 20];
+    pub(super) fn dec(&mut self, mut v: u64) {
+        let mut tmp = [0u8; 20];
         let mut i = tmp.len();
-        while v > 0 || tmp.len() - i < width {
+        while v >= 100 {
+            let r = 2 * (v % 100) as usize;
+            v /= 100;
+            i -= 2;
+            tmp[i..i + 2].copy_from_slice(&DIGIT_PAIRS[r..r + 2]);
+        }
+        if v >= 10 {
+            i -= 2;
+            tmp[i..i + 2].copy_from_slice(&DIGIT_PAIRS[2 * v as usize..2 * v as usize + 2]);
+        } else {
             i -= 1;
-            tmp[i] = b'0' + (v % 10) as u8;
-            v /= 10;
+            tmp[i] = b'0' + v as u8;
         }
         self.bytes(&tmp[i..]);
     }
@@ -73,7 +93,10 @@ impl Line {
             );
         }
         self.bytes(&second.1);
-        self.dec_padded((ns % 1_000_000_000) / 1000, 6);
+        let us = (ns % 1_000_000_000) / 1000;
+        self.pair(us / 10_000);
+        self.pair(us / 100 % 100);
+        self.pair(us % 100);
     }
 }
 
