@@ -339,6 +339,9 @@ pub struct PoolConfig {
     pub max_overhead: crate::overhead::Overhead,
 }
 
+/// The default of `pool.growth`: 1 GiB.
+pub const DEFAULT_POOL_GROWTH: u64 = 1 << 30;
+
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
@@ -348,7 +351,7 @@ impl Default for PoolConfig {
             initial_size: None,
             maximum_size: None,
             release_threshold: None,
-            growth: Size::Bytes(1 << 30),
+            growth: Size::Bytes(DEFAULT_POOL_GROWTH),
             vmm: Switch::Auto,
             max_overhead: crate::overhead::Overhead::Unlimited,
         }

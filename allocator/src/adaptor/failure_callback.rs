@@ -1,7 +1,8 @@
 //! [`FailureCallbackResourceAdaptor`]: on out-of-memory, asks a callback whether to retry (RMM's
 //! `failure_callback_resource_adaptor`); spilling plugs in here. The adaptor retries as long as
-//! the callback answers [`FailureAction::Retry`] ([`AllocationFailure::attempt`] helps bound
-//! retries). Other errors go straight to the caller.
+//! the callback answers [`FailureAction::Retry`], so one that cannot free more must answer
+//! [`FailureAction::Fail`] ([`AllocationFailure::attempt`] helps bound retries). Other errors go
+//! straight to the caller.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

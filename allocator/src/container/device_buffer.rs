@@ -129,7 +129,8 @@ impl<R: ResourceHandle> DeviceBuffer<R> {
 
     /// A deep copy (capacity = size) from `resource` on `stream`, enqueued in `stream`'s order (as
     /// in RMM, the caller orders other streams' writes before it). Unlike RMM, this buffer may be
-    /// dropped at once: its deallocation waits for the copy.
+    /// dropped at once: its deallocation waits for the copy (a buffer on the per-thread default
+    /// stream waits here instead).
     ///
     /// # Errors
     /// [`Error::OutOfMemory`]; [`Error::Driver`] if the copy or its event cannot be enqueued.

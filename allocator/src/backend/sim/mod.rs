@@ -119,9 +119,6 @@ struct SimPool {
 }
 
 /// The simulated backend. Make one with [`SimBackend::new`] or [`SimBackend::leak`].
-///
-/// # Errors
-/// Methods naming a device fail with [`Error::NoSuchDevice`] for an unknown one.
 #[derive(Debug)]
 pub struct SimBackend {
     config: SimConfig,
@@ -148,10 +145,6 @@ enum HostBlock {
     Registered { bytes: usize },
 }
 
-#[allow(
-    clippy::missing_errors_doc,
-    reason = "SimBackend's `# Errors` covers the methods that add nothing to it"
-)]
 impl SimBackend {
     /// Builds a simulated backend.
     ///
@@ -213,7 +206,7 @@ impl SimBackend {
     }
 
     /// Limits the host memory the process may use to `bytes` (`None`: the real host's), as a cgroup
-    /// would, counting what the simulated device pinned.
+    /// would, counting what the simulated device pinned; also `RMM_SIM_HOST_MEMORY`.
     pub fn limit_host_memory(&self, bytes: Option<u64>) {
         self.host_limit
             .store(bytes.unwrap_or(u64::MAX), Ordering::SeqCst);
@@ -225,12 +218,18 @@ impl SimBackend {
     }
 
     /// Makes the `n`-th allocation on `dev` from now (1: the next) fail out of memory; 0 clears it.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_allocation(&self, dev: u32, n: u64) -> Result<()> {
         self.device(dev)?.faults.alloc.arm(n);
         Ok(())
     }
 
     /// Makes every device allocation on `dev` larger than `bytes` fail with out-of-memory.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_allocations_above(&self, dev: u32, bytes: usize) -> Result<()> {
         self.device(dev)?
             .faults
@@ -240,6 +239,9 @@ impl SimBackend {
     }
 
     /// Makes the `n`-th copy or memset from now on `dev` fail (`n` = 0 clears it).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_copy(&self, dev: u32, n: u64) -> Result<()> {
         self.device(dev)?.faults.copy.arm(n);
         Ok(())
@@ -251,12 +253,18 @@ impl SimBackend {
     }
 
     /// Makes the `n`-th spill-file write of `dev` from now fail; 0 clears it.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn fail_nth_file_write(&self, dev: u32, n: u64) -> Result<()> {
         self.device(dev)?.faults.file_write.arm(n);
         Ok(())
     }
 
     /// The operations counted on `dev` (pins: all devices'); compare before and after a step.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn counts(&self, dev: u32) -> Result<SimCounts> {
         let f = &self.device(dev)?.faults;
         Ok(SimCounts {
@@ -269,6 +277,9 @@ impl SimBackend {
     }
 
     /// Removes every injected fault on `dev` (and the pin fault).
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`] for an unknown `dev`.
     pub fn clear_faults(&self, dev: u32) -> Result<()> {
         let f = &self.device(dev)?.faults;
         f.alloc.arm(0);

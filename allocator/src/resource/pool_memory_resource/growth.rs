@@ -1,6 +1,18 @@
 //! Where an arena's new range comes from when its heaps cannot serve a request, and how much the
-//! pool grows when nothing it holds can ([`PoolMemoryResource::grant`] lists the steps), so that a
-//! pool holds about its streams' peak use: memory idle on one stream serves the next. Slow path.
+//! pool grows when nothing it holds can. Each step runs only if those before found nothing:
+//! 1. the pool's free space (memory granted to no arena);
+//! 2. every arena's idle memory (free regions, cached blocks, empty bin slabs, settled cross-stream
+//!    frees): first from idle streams' arenas without waiting
+//!    ([`PoolMemoryResource::reclaim_idle`]), then from all after the owning stream's queued work
+//!    ([`PoolMemoryResource::reclaim`]);
+//! 3. growth by the need rounded up to the growth step, never past the maximum ([`growth_size`]);
+//! 4. one large enough free block taken from some arena's partly used region;
+//! 5. every arena's free blocks, so adjacent pieces of different arenas merge in the free space;
+//! 6. entirely free chunks returned upstream, then growth again (the upstream may have one large
+//!    range where the pool had small ones).
+//!
+//! So a pool that starts empty holds about its streams' peak use, not a doubling per stream that
+//! ever ran: memory idle on one stream serves the next. All slow path.
 
 use super::PoolMemoryResource;
 use super::footprint::Within;
@@ -28,7 +40,7 @@ pub(crate) fn growth_size(need: u64, want: u64, step: u64, room: u64) -> Option<
 }
 
 impl PoolMemoryResource {
-    /// Finds at least `need` bytes (ideally `want`) for an arena, each step if those before fail.
+    /// Finds at least `need` bytes (ideally `want`) for an arena, in the module doc's order.
     pub(super) fn grant(
         &self,
         need: u64,
