@@ -291,7 +291,8 @@ STORE_FIGURES = ("spilled_bytes", "spilled_without_copy_bytes", "unspilled_bytes
 
 def store_figures(client):
     """The device store's spill figures summed over `client`'s workers (STORE_FIGURES), with
-    the values each tier holds now; {} on a cluster whose workers have no device store."""
+    the values each tier holds now and what the store's own work cost (values adopted and
+    rebuilt: counts and seconds); {} on a cluster whose workers have no device store."""
 
     def figures(dask_worker):
         stats = getattr(dask_worker.data, "statistics", None)
@@ -299,11 +300,12 @@ def store_figures(client):
             return {}
         s = stats()
         spill = s.get("spill", {})
-        out = {k: int(spill.get(k, 0)) for k in STORE_FIGURES}
+        out: dict[str, float] = {k: int(spill.get(k, 0)) for k in STORE_FIGURES}
         out.update({k: int(s.get(k, 0)) for k in ("device_count", "host_count", "disk_count")})
+        out.update(s.get("costs", {}))
         return out
 
-    total: dict[str, int] = {}
+    total: dict[str, float] = {}
     for per_worker in client.run(figures).values():
         for k, v in per_worker.items():
             total[k] = total.get(k, 0) + v
@@ -312,8 +314,14 @@ def store_figures(client):
 
 def store_line(figures):
     """One line of store_figures' numbers."""
-    return ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} "
-                     f"{format_bytes(v) if k.endswith('_bytes') else v}"
+    def shown(k, v):
+        if k.endswith("_bytes"):
+            return format_bytes(v)
+        if k.endswith("_seconds"):
+            return f"{v:.2f} s"
+        return str(v)
+
+    return ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} {shown(k, v)}"
                      for k, v in figures.items())
 
 

@@ -287,8 +287,11 @@ def test_the_store_s_figures_after_a_run():
     assert figures["device_count"] + figures["host_count"] == 5
     assert figures["spilled_bytes"] >= 3 << 20, figures
     assert figures["unspilled_bytes"] >= 1 << 20, figures
+    assert figures["adopted_count"] + figures["copied_on_adopt_count"] == 5, figures
+    assert figures["rebuilt_count"] >= 1 and figures["rebuilt_seconds"] > 0, figures
     line = runs.store_line(figures)
     assert line.startswith("spilled ") and "unspilled" in line and "device count" in line, line
+    assert " s," in line or line.endswith(" s"), line
 
 
 def test_the_table_with_rmm_rs_beside_cudfs_own_spilling(capsys):

@@ -65,6 +65,25 @@ def test_values_over_the_limit_spill_and_come_back_byte_for_byte():
     assert len(store) == 10 and set(store) == set(expected)
 
 
+def test_the_store_counts_what_adopting_and_rebuilding_values_cost():
+    # statistics()["costs"]: each value stored is adopted once (serialized as it is); each
+    # read of a spilled one rebuilds it; a read of one on the device rebuilds nothing.
+    store = store_with("8MiB")
+    put(store, 10)
+    costs = store.statistics()["costs"]
+    assert costs["adopted_count"] == 10 and costs["copied_on_adopt_count"] == 0
+    assert costs["adopted_seconds"] > 0 and costs["rebuilt_count"] == 0
+    assert store.tier("x9") == "device"
+    on_device = store["x9"]  # on the device: nothing rebuilt
+    assert store.statistics()["costs"]["rebuilt_count"] == 0
+    del on_device
+    assert store.tier("x0") == "host"
+    v = store["x0"]
+    costs = store.statistics()["costs"]
+    assert costs["rebuilt_count"] == 1 and costs["rebuilt_seconds"] > 0
+    del v
+
+
 def test_a_value_read_back_spills_again_without_a_copy():
     store = store_with("8MiB")
     expected = put(store, 10)

@@ -33,6 +33,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Hashable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, cast
@@ -90,6 +91,30 @@ def register_device_serializers() -> List[str]:
 
 
 _KINDS = ("device", "host", "disk")
+
+
+class _Costs:
+    """What a store's own work on its values costs (the Python side of keeping them):
+    adopting a device value (serializing it, twice where the first may be copies, and
+    rebuilding it over copies) and rebuilding a spilled value on use, as counts and seconds."""
+
+    NAMES = ("adopted", "copied_on_adopt", "rebuilt")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: Dict[str, float] = {}
+        for name in self.NAMES:
+            self._values[f"{name}_count"] = 0
+            self._values[f"{name}_seconds"] = 0.0
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self._values[f"{name}_count"] += 1
+            self._values[f"{name}_seconds"] += seconds
+
+    def snapshot(self) -> Dict[str, float]:
+        with self._lock:
+            return dict(self._values)
 
 
 def is_device_object(obj: Any) -> bool:
@@ -195,7 +220,7 @@ def _device_pointers(frames: List[Any]) -> List[int]:
     return [_frame_extent(f)[0] for f in frames if _is_device_frame(f)]
 
 
-def _own_serialization(value: Any) -> Tuple[Any, Dict[str, Any], List[Any]]:
+def _own_serialization(value: Any) -> Tuple[Any, Dict[str, Any], List[Any], bool]:
     """``value``'s Dask "cuda" serialization, and the value the store keeps: ``value`` itself
     when its device frames are its own memory, else the value rebuilt over the frames.
 
@@ -205,7 +230,8 @@ def _own_serialization(value: Any) -> Tuple[Any, Dict[str, Any], List[Any]]:
     their addresses once they were freed would copy whatever took their place. Serialized
     twice, frames that are the value's memory come back at the same addresses; copies (the
     first still alive) at new ones. The value then kept is the one rebuilt over the first
-    copies, which is all the store counts, spills and frees."""
+    copies, which is all the store counts, spills and frees (the last item returned: True
+    then)."""
     # A collection is serialized item by item (Dask does so by itself only when its first
     # item has a "dask" serializer).
     collection = type(value) in (list, tuple, dict)
@@ -221,13 +247,14 @@ def _own_serialization(value: Any) -> Tuple[Any, Dict[str, Any], List[Any]]:
 
     header, frames = serialized()
     first = _device_pointers(frames)
+    copied = False
     if first:
         _, again = serialized()
         copied = _device_pointers(again) != first
         del again
         if copied:
             value = deserialize(copy.deepcopy(header), frames, deserializers=("cuda",))
-    return value, header, frames
+    return value, header, frames, copied
 
 
 class _DeviceEntry:
@@ -244,10 +271,16 @@ class _DeviceEntry:
         self.adopted = adopted
         self.nbytes = nbytes
 
-    def get(self, homes: "weakref.WeakValueDictionary[int, Any]", to_send: bool = False) -> Any:
+    def get(
+        self,
+        homes: "weakref.WeakValueDictionary[int, Any]",
+        to_send: bool = False,
+        costs: Optional[_Costs] = None,
+    ) -> Any:
         value = self.adopted.value()
         if value is not None:
             return value
+        start = time.perf_counter()
         specs = [f for f in self.frames if isinstance(f, tuple)]
         views = self.adopted.device_frames(specs, to_send)
         for v in views:
@@ -256,7 +289,10 @@ class _DeviceEntry:
         views = iter(views)
         frames = [next(views) if isinstance(f, tuple) else f for f in self.frames]
         # Dask's deserialize takes keys out of a collection's header: each rebuild gets a copy.
-        return deserialize(copy.deepcopy(self.header), frames, deserializers=("cuda",))
+        value = deserialize(copy.deepcopy(self.header), frames, deserializers=("cuda",))
+        if costs is not None:
+            costs.add("rebuilt", time.perf_counter() - start)
+        return value
 
     def to_send(self, homes: "weakref.WeakValueDictionary[int, Any]") -> Any:
         """What to hand a peer that asked for the value: for an rmm-rs peer of this host,
@@ -356,6 +392,7 @@ class DeviceStore(MutableMapping[Key, Any]):
         self._host = self._host_store(memory_limit, worker_local_directory)
         self._lock = threading.RLock()
         self.unspillable: Dict[Key, str] = {}
+        self._costs = _Costs()
         register_device_serializers()
         _LIVE.append(weakref.ref(self))
         # Made inside a Dask worker's constructor: attach to it once it exists.
@@ -434,8 +471,8 @@ class DeviceStore(MutableMapping[Key, Any]):
         if transfer.sending():
             if self.send_from_tier:
                 return entry.to_send(self._homes)
-            return entry.get(self._homes, to_send=True)
-        return entry.get(self._homes)
+            return entry.get(self._homes, to_send=True, costs=self._costs)
+        return entry.get(self._homes, costs=self._costs)
 
     def __delitem__(self, key: Key) -> None:
         with self._lock:
@@ -468,11 +505,13 @@ class DeviceStore(MutableMapping[Key, Any]):
         prior: Optional[_DeviceEntry] = self._by_object.get(id(value))
         if prior is not None and prior.adopted.value() is value:
             return prior
+        start = time.perf_counter()
         try:
-            value, header, frames = _own_serialization(value)
+            value, header, frames, copied = _own_serialization(value)
         except Exception as e:  # noqa: BLE001 - any failure means "cannot spill"
             self.unspillable[key] = f"{type(value).__name__}: {e}"
             return None
+        self._costs.add("copied_on_adopt" if copied else "adopted", time.perf_counter() - start)
         allocations: List[Tuple[int, int]] = []
         specs: List[Any] = []
         extents: List[Tuple[int, int, int]] = []
@@ -556,8 +595,10 @@ class DeviceStore(MutableMapping[Key, Any]):
         return int(self._device[key].adopted.spill())
 
     def statistics(self) -> Dict[str, Any]:
-        """Values and bytes per tier (this store's), the device's spill figures, and this
-        worker's transfer figures (``rmm_rs.dask.transfer.figures``)."""
+        """Values and bytes per tier (this store's), the device's spill figures, this
+        worker's transfer figures (``rmm_rs.dask.transfer.figures``), and what the store's own
+        work cost (``costs``: values adopted as they were, adopted over copies their serializer
+        made, and rebuilt from spilled data on use; a count and seconds each)."""
         out: Dict[str, Any] = {f"{k}_count": 0 for k in _KINDS}
         out.update({f"{k}_bytes": 0 for k in _KINDS})
         for entry in {id(e.adopted): e for e in list(self._device.values())}.values():
@@ -567,6 +608,7 @@ class DeviceStore(MutableMapping[Key, Any]):
         out["host_store_count"] = len(self._host)
         out["spill"] = rmm_rs.spill_statistics().get(int(self.device_id), {})
         out["transfer"] = transfer.figures()
+        out["costs"] = self._costs.snapshot()
         return out
 
     def clear(self) -> None:
