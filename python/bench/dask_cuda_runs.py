@@ -321,8 +321,8 @@ def store_line(figures):
             return f"{v:.2f} s"
         return str(v)
 
-    return ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} {shown(k, v)}"
-                     for k, v in figures.items())
+    return ", ".join(f"{k.removesuffix('_bytes').removesuffix('_seconds').replace('_', ' ')} "
+                     f"{shown(k, v)}" for k, v in figures.items())
 
 
 # dask-cuda's own benchmarks against a running cluster.

@@ -324,8 +324,8 @@ def run_one(bench, side, devices, protocol, args, s, tmp, ends_at):
             if failed and not r["error"]:
                 r["error"] = failure_note(failed)
             if side.kind == "rmm-rs":
-                # How much the store moved for it: bytes brought back far beyond the data are
-                # values read whole (a shuffle's dict of pieces) for one piece each.
+                # What the store moved for it and what its own work cost: where an rmm-rs
+                # run's time goes beyond the benchmark's own.
                 r["store"] = store_figures(client)
                 print(f"    {side.name} store after {bench.name}: {store_line(r['store'])}",
                       flush=True)

@@ -73,6 +73,7 @@ def test_the_store_counts_what_adopting_and_rebuilding_values_cost():
     costs = store.statistics()["costs"]
     assert costs["adopted_count"] == 10 and costs["copied_on_adopt_count"] == 0
     assert costs["adopted_seconds"] > 0 and costs["rebuilt_count"] == 0
+    assert costs["adopted_bytes"] == 10 * 2 * MIB
     assert store.tier("x9") == "device"
     on_device = store["x9"]  # on the device: nothing rebuilt
     assert store.statistics()["costs"]["rebuilt_count"] == 0
@@ -81,6 +82,7 @@ def test_the_store_counts_what_adopting_and_rebuilding_values_cost():
     v = store["x0"]
     costs = store.statistics()["costs"]
     assert costs["rebuilt_count"] == 1 and costs["rebuilt_seconds"] > 0
+    assert costs["rebuilt_bytes"] == 2 * MIB
     del v
 
 

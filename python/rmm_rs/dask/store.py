@@ -46,7 +46,12 @@ from .. import _rmm_rs
 from . import transfer
 from .prefetch import DEPTH
 from .serialize import device_extent
-from .transfer import HostFrames
+from .transfer import HostFrames, Tally
+
+# What a store's own work on its values costs (the Python side of keeping them): adopting a
+# device value (serializing it twice: the second tells whether the first made copies; where
+# it did, rebuilding it over them) and rebuilding a spilled value on use.
+_COSTS = ("adopted", "copied_on_adopt", "rebuilt")
 
 if TYPE_CHECKING:
     from .._rmm_rs import _Size
@@ -92,29 +97,6 @@ def register_device_serializers() -> List[str]:
 
 _KINDS = ("device", "host", "disk")
 
-
-class _Costs:
-    """What a store's own work on its values costs (the Python side of keeping them):
-    adopting a device value (serializing it, twice where the first may be copies, and
-    rebuilding it over copies) and rebuilding a spilled value on use, as counts and seconds."""
-
-    NAMES = ("adopted", "copied_on_adopt", "rebuilt")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: Dict[str, float] = {}
-        for name in self.NAMES:
-            self._values[f"{name}_count"] = 0
-            self._values[f"{name}_seconds"] = 0.0
-
-    def add(self, name: str, seconds: float) -> None:
-        with self._lock:
-            self._values[f"{name}_count"] += 1
-            self._values[f"{name}_seconds"] += seconds
-
-    def snapshot(self) -> Dict[str, float]:
-        with self._lock:
-            return dict(self._values)
 
 
 def is_device_object(obj: Any) -> bool:
@@ -275,7 +257,7 @@ class _DeviceEntry:
         self,
         homes: "weakref.WeakValueDictionary[int, Any]",
         to_send: bool = False,
-        costs: Optional[_Costs] = None,
+        costs: Optional[Tally] = None,
     ) -> Any:
         value = self.adopted.value()
         if value is not None:
@@ -291,7 +273,7 @@ class _DeviceEntry:
         # Dask's deserialize takes keys out of a collection's header: each rebuild gets a copy.
         value = deserialize(copy.deepcopy(self.header), frames, deserializers=("cuda",))
         if costs is not None:
-            costs.add("rebuilt", time.perf_counter() - start)
+            costs.add("rebuilt", self.nbytes, time.perf_counter() - start)
         return value
 
     def to_send(self, homes: "weakref.WeakValueDictionary[int, Any]") -> Any:
@@ -392,7 +374,7 @@ class DeviceStore(MutableMapping[Key, Any]):
         self._host = self._host_store(memory_limit, worker_local_directory)
         self._lock = threading.RLock()
         self.unspillable: Dict[Key, str] = {}
-        self._costs = _Costs()
+        self._costs = Tally(_COSTS)
         register_device_serializers()
         _LIVE.append(weakref.ref(self))
         # Made inside a Dask worker's constructor: attach to it once it exists.
@@ -511,7 +493,6 @@ class DeviceStore(MutableMapping[Key, Any]):
         except Exception as e:  # noqa: BLE001 - any failure means "cannot spill"
             self.unspillable[key] = f"{type(value).__name__}: {e}"
             return None
-        self._costs.add("copied_on_adopt" if copied else "adopted", time.perf_counter() - start)
         allocations: List[Tuple[int, int]] = []
         specs: List[Any] = []
         extents: List[Tuple[int, int, int]] = []
@@ -531,6 +512,11 @@ class DeviceStore(MutableMapping[Key, Any]):
                 i = len(allocations)
                 allocations.append((base, size))
             specs.append((i, ptr - base, nbytes))
+        self._costs.add(
+            "copied_on_adopt" if copied else "adopted",
+            sum(n for _, n, _ in extents),
+            time.perf_counter() - start,
+        )
         # The frames view the value's memory: only the value (and what holds the memory it
         # was adopted at) may keep it alive.
         shared = self._shared_entry(header, specs, extents)
@@ -598,7 +584,7 @@ class DeviceStore(MutableMapping[Key, Any]):
         """Values and bytes per tier (this store's), the device's spill figures, this
         worker's transfer figures (``rmm_rs.dask.transfer.figures``), and what the store's own
         work cost (``costs``: values adopted as they were, adopted over copies their serializer
-        made, and rebuilt from spilled data on use; a count and seconds each)."""
+        made, and rebuilt from spilled data on use; a count, device bytes and seconds each)."""
         out: Dict[str, Any] = {f"{k}_count": 0 for k in _KINDS}
         out.update({f"{k}_bytes": 0 for k in _KINDS})
         for entry in {id(e.adopted): e for e in list(self._device.values())}.values():

@@ -106,27 +106,20 @@ def sending() -> bool:
     return _SENDING.get()
 
 
-class _Figures:
-    """What this process's sends from a tier and receives cost: counts, bytes and the time
-    spent reading spilled data for a message, making device copies of it, and keeping
-    received data (the parts of a transfer rmm-rs does; the wire is Dask's)."""
+class Tally:
+    """Counts, bytes and seconds of named kinds of work, shared by threads: what this
+    process's sends and receives cost here, and a device store's own work (see
+    ``DeviceStore.statistics``)."""
 
-    _NAMES = (
-        "sent_host_frames",
-        "sent_device_copies",
-        "sent_exported",
-        "received_host_frames",
-        "received_exported",
-    )
-
-    def __init__(self) -> None:
+    def __init__(self, names: Sequence[str]) -> None:
+        self._names = tuple(names)
         self._lock = threading.Lock()
         self._values: Dict[str, float] = {}
         self.reset()
 
     def reset(self) -> None:
         with self._lock:
-            for name in self._NAMES:
+            for name in self._names:
                 self._values[f"{name}_count"] = 0
                 self._values[f"{name}_bytes"] = 0
                 self._values[f"{name}_seconds"] = 0.0
@@ -142,7 +135,18 @@ class _Figures:
             return dict(self._values)
 
 
-FIGURES = _Figures()
+# What this process's sends from a tier and receives cost: the parts of a transfer rmm-rs
+# does (reading spilled data for a message, device copies of it, keeping received data); the
+# wire is Dask's.
+FIGURES = Tally(
+    (
+        "sent_host_frames",
+        "sent_device_copies",
+        "sent_exported",
+        "received_host_frames",
+        "received_exported",
+    )
+)
 
 
 def figures() -> Dict[str, float]:
