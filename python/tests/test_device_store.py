@@ -168,6 +168,39 @@ def test_a_rebuilt_value_stored_again_shares_its_data_and_still_spills():
     assert store["v2"].to_bytes() == store["b"].to_bytes() == data(4 * MIB, 3)
 
 
+class Half:
+    """The first half of another object's memory, serialized as a view of it (no copy)."""
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    @property
+    def __cuda_array_interface__(self):
+        whole = self.buf.__cuda_array_interface__
+        return dict(whole, shape=(whole["shape"][0] // 2,))
+
+
+cuda_serialize.register(Half)(lambda x: ({}, [x]))
+cuda_deserialize.register(Half)(lambda header, frames: frames[0])  # the half itself
+
+
+def test_a_piece_of_a_spilled_value_counts_its_own_bytes_when_rebuilt():
+    # A task's piece of a rebuilt value shares its data: reading the piece back rebuilds (and
+    # counts) the piece's bytes, not the whole value's.
+    store = store_with("64MiB")
+    store["b"] = rmm_rs.DeviceBuffer.from_bytes(data(4 * MIB, 5))
+    assert store.spill("b") == 4 * MIB
+    store["h"] = Half(store["b"])
+    assert store.statistics()["device_count"] == 1
+    assert store.spill("h") == 4 * MIB
+    before = store.statistics()["costs"]
+    half = store["h"]
+    costs = store.statistics()["costs"]
+    assert costs["rebuilt_count"] == before["rebuilt_count"] + 1
+    assert costs["rebuilt_bytes"] - before["rebuilt_bytes"] == 2 * MIB
+    assert half.__cuda_array_interface__["shape"] == (2 * MIB,)
+
+
 class Whole:
     """Another object over a DeviceBuffer's memory (as two CuPy views of one array are)."""
 
