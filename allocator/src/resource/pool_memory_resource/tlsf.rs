@@ -351,18 +351,13 @@ impl Heap {
     /// Takes a free block of at least `size` bytes out, splitting its region; returns its range.
     pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
         let idx = self.find(size);
-        if idx == NIL {
-            return None;
-        }
-        Some(self.remove_free(idx))
+        (idx != NIL).then(|| self.remove_free(idx))
     }
 
     /// Takes every free block out into `out`, splitting regions.
     pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
         let all: Vec<u32> = self.free_list().collect();
-        for i in all {
-            out.push(self.remove_free(i));
-        }
+        out.extend(all.into_iter().map(|i| self.remove_free(i)));
     }
 
     /// Removes the free block `idx` from the heap (its region splits around it).
