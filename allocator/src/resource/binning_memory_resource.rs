@@ -80,6 +80,11 @@ impl BinningMemoryResource {
         Ok(())
     }
 
+    /// The bin sizes.
+    pub fn bin_sizes(&self) -> Vec<usize> {
+        self.bins.iter().map(|(s, _)| *s).collect()
+    }
+
     #[inline]
     fn route(&self, bytes: usize) -> &SharedResource {
         let i = self.bins.partition_point(|(s, _)| *s < bytes);

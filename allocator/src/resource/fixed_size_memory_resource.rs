@@ -85,6 +85,14 @@ impl FixedSizeMemoryResource {
         Ok(r)
     }
 
+    /// A resource with RMM's defaults: 1 MiB blocks, 128 at a time.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] if the first chunk cannot be taken.
+    pub fn with_defaults(upstream: SharedResource) -> Result<Self> {
+        Self::new(upstream, DEFAULT_BLOCK_SIZE, DEFAULT_BLOCKS_TO_PREALLOCATE)
+    }
+
     /// The size of every block.
     pub fn block_size(&self) -> usize {
         self.block_size
