@@ -95,9 +95,8 @@ impl Staging {
                 Ok(())
             }
             Err(failed) => {
-                if let (Some(block), Some(event)) =
-                    (failed.memory.and_then(|mut m| m.pop()), failed.event)
-                {
+                let slot = failed.memory.and_then(|mut m| m.pop()).zip(failed.event);
+                if let Some((block, event)) = slot {
                     self.slot = Slot::Idle(block, event);
                 }
                 Err(failed.error)
@@ -115,10 +114,9 @@ impl Staging {
                     None => Self::make(self.device, self.bytes),
                 },
                 Err(failed) => {
-                    if let (Some(block), Some(event)) =
-                        (failed.memory.and_then(|mut m| m.pop()), failed.event)
-                    {
-                        return Ok((block, event));
+                    let slot = failed.memory.and_then(|mut m| m.pop()).zip(failed.event);
+                    if let Some(slot) = slot {
+                        return Ok(slot);
                     }
                     tracing::warn!(
                         "abandoning a {}-byte pinned staging slot whose last copy to {} could \

@@ -88,10 +88,6 @@ impl ExportArena {
             len,
         })
     }
-
-    fn give_back(&self, offset: usize, len: usize) {
-        crate::free_ranges::give_back(&mut self.free.lock(), offset, len);
-    }
 }
 
 impl Drop for ExportArena {
@@ -156,7 +152,7 @@ impl ExportSlot {
 
 impl Drop for ExportSlot {
     fn drop(&mut self) {
-        self.arena.give_back(self.offset, self.len);
+        crate::free_ranges::give_back(&mut self.arena.free.lock(), self.offset, self.len);
     }
 }
 

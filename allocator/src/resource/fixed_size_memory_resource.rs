@@ -153,8 +153,7 @@ impl FixedSizeMemoryResource {
                 return Err(out_of_memory(self.device, bytes, NAME, None));
             }
         }
-        let take = stock.free.len().min(REFILL);
-        let at = stock.free.len() - take;
+        let at = stock.free.len().saturating_sub(REFILL);
         let mut list = arena.free.lock();
         list.extend(stock.free.drain(at..));
         list.pop()

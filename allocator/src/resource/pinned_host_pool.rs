@@ -391,17 +391,14 @@ impl PinnedHostPool {
         if !inner.commit(bytes) {
             return None;
         }
-        let region = match PinnedRegion::pageable(inner.backend, bytes, pinning_threads()) {
-            Ok(r) => Arc::new(r),
-            Err(e) => {
-                inner.committed.fetch_sub(bytes, Ordering::AcqRel);
-                tracing::debug!(bytes, "no pageable memory for a spill: {e}");
-                return None;
-            }
-        };
-        let owner = Arc::new(PageableOwner(Arc::clone(inner)));
+        let region = PinnedRegion::pageable(inner.backend, bytes, pinning_threads())
+            .inspect_err(|e| tracing::debug!(bytes, "no pageable memory for a spill: {e}"));
         // A region of its own, never handed to anyone else: carving does not fail.
-        let Some(slice) = PinnedSlice::carve(region, owner, 0, len) else {
+        let slice = region.ok().and_then(|r| {
+            let owner = Arc::new(PageableOwner(Arc::clone(inner)));
+            PinnedSlice::carve(Arc::new(r), owner, 0, len)
+        });
+        let Some(slice) = slice else {
             inner.committed.fetch_sub(bytes, Ordering::AcqRel);
             return None;
         };

@@ -202,10 +202,7 @@ impl<A> StreamArenas<A> {
     /// Slot `i`, `None` when its segment has not been made (or `i` is past the table).
     #[inline]
     fn slot(&self, i: usize) -> Option<&Slot<A>> {
-        match self.first.get(i) {
-            Some(slot) => Some(slot),
-            None => self.rest_slot(i),
-        }
+        self.first.get(i).or_else(|| self.rest_slot(i))
     }
 
     #[cold]

@@ -35,15 +35,13 @@ impl BlockCache {
         if block.size > MAX_BLOCK {
             return Some(block);
         }
-        let evicted = if self.len == SLOTS {
+        let evicted = (self.len == SLOTS).then(|| {
             let oldest = self.blocks[0];
             self.blocks.copy_within(1.., 0);
             self.len -= 1;
             self.bytes -= oldest.size;
-            Some(oldest)
-        } else {
-            None
-        };
+            oldest
+        });
         self.blocks[self.len] = block;
         self.len += 1;
         self.bytes += block.size;

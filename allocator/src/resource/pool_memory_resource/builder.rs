@@ -10,6 +10,7 @@ use super::growth::DEFAULT_GROWTH;
 use super::handover::LiveBlock;
 use super::tlsf::GRANULE;
 use super::{PoolMemoryResource, vmm};
+use crate::device::Device;
 use crate::error::{Error, Result, fmt_bytes};
 use crate::resource::DeviceMemoryResource;
 use crate::resource::SharedResource;
@@ -133,15 +134,21 @@ impl PoolBuilder {
     /// # Errors
     /// [`Error::Driver`] when the device cannot report its memory.
     pub fn maps_memory(&self) -> Result<bool> {
-        let device = self.upstream.device();
-        let total = device.properties()?.total_memory as u64;
-        let maximum = self.maximum.unwrap_or(total);
-        let initial = match self.initial {
-            Some(bytes) => bytes,
-            None => default_initial_size(device.mem_info()?.free as u64).min(maximum),
-        };
+        let (_, maximum, initial) = self.sizes()?;
         let mode = self.mode(initial, maximum);
         Ok(mode != VirtualMemory::Off && ChunkSource::can_map(&self.upstream)?)
+    }
+
+    /// The device, and the maximum and initial sizes (defaults filled in) rounded down to 256.
+    fn sizes(&self) -> Result<(Device, u64, u64)> {
+        let device = self.upstream.device();
+        let total = device.properties()?.total_memory as u64;
+        let maximum = self.maximum.unwrap_or(total) / GRANULE * GRANULE;
+        let initial = match self.initial {
+            Some(bytes) => bytes / GRANULE * GRANULE,
+            None => default_initial_size(device.mem_info()?.free as u64).min(maximum),
+        };
+        Ok((device, maximum, initial))
     }
 
     /// Takes the initial memory and builds the pool.
@@ -150,13 +157,7 @@ impl PoolBuilder {
     /// [`Error::InvalidArgument`] for inconsistent settings; [`Error::OutOfMemory`] if the upstream
     /// cannot provide the initial memory; [`Error::Driver`] if the device cannot report its memory.
     pub fn build(self) -> Result<PoolMemoryResource> {
-        let device = self.upstream.device();
-        let total = device.properties()?.total_memory;
-        let maximum = self.maximum.unwrap_or(total as u64) / GRANULE * GRANULE;
-        let initial = match self.initial {
-            Some(bytes) => bytes / GRANULE * GRANULE,
-            None => default_initial_size(device.mem_info()?.free as u64).min(maximum),
-        };
+        let (device, maximum, initial) = self.sizes()?;
         if initial > maximum {
             return Err(Error::invalid_argument(
                 "initial_size",
@@ -197,7 +198,7 @@ impl PoolBuilder {
                 ),
             ));
         }
-        let (maximum, initial) = match &source {
+        let (maximum, initial, chunk) = match &source {
             ChunkSource::Mapped(space) => {
                 let g = space.granularity;
                 let rounded = maximum / g * g;
@@ -211,15 +212,12 @@ impl PoolBuilder {
                         ),
                     ));
                 }
-                (rounded, initial.next_multiple_of(g).min(rounded))
+                // With a footprint limit, small chunks (see `footprint.rs`).
+                let limited = self.max_overhead.map(|_| growth.min(LIMITED_CHUNK));
+                let chunk = limited.map_or(growth, |c| c.next_multiple_of(g));
+                (rounded, initial.next_multiple_of(g).min(rounded), chunk)
             }
-            _ => (maximum, initial),
-        };
-        let chunk = match (&source, self.max_overhead) {
-            (ChunkSource::Mapped(space), Some(_)) => growth
-                .min(LIMITED_CHUNK)
-                .next_multiple_of(space.granularity),
-            _ => growth,
+            _ => (maximum, initial, growth),
         };
         let mut pool = PoolMemoryResource {
             upstream: self.upstream,

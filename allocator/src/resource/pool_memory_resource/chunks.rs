@@ -160,9 +160,8 @@ impl PoolMemoryResource {
 
     /// `size` rounded up to the source's unit within `room` (rounded down); `None` if < `need`.
     pub(super) fn chunk_round(&self, size: u64, need: u64, room: u64) -> Option<u64> {
-        let g = match &self.source {
-            ChunkSource::Mapped(space) => space.granularity,
-            _ => return (size >= need && size <= room).then_some(size),
+        let Some(g) = self.granularity() else {
+            return (size >= need && size <= room).then_some(size);
         };
         let size = size.next_multiple_of(g).min(room / g * g);
         (size >= need && size > 0).then_some(size)

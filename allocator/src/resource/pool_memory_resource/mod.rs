@@ -91,11 +91,6 @@ pub struct PoolSnapshot {
 }
 
 impl PoolSnapshot {
-    /// Bytes reserved from the upstream (the pool's size).
-    pub fn reserved(&self) -> u64 {
-        self.pool_size
-    }
-
     /// 1 − largest free / free bytes: 0 for one free block (or none), near 1 for many small pieces.
     pub fn fragmentation(&self) -> f64 {
         oom_report::fragmentation(self.largest_free, self.free)

@@ -50,9 +50,7 @@ impl PtrMap {
         loop {
             let k = self.slots[i].key;
             if k == EMPTY || k == key {
-                if k == EMPTY {
-                    self.len += 1;
-                }
+                self.len += usize::from(k == EMPTY);
                 self.slots[i] = Slot { key, value };
                 return;
             }
@@ -131,10 +129,8 @@ impl PtrMap {
         self.slots = vec![EMPTY_SLOT; slots];
         self.mask = slots - 1;
         self.len = 0;
-        for s in old {
-            if s.key != EMPTY {
-                self.insert(s.key, s.value);
-            }
+        for s in old.into_iter().filter(|s| s.key != EMPTY) {
+            self.insert(s.key, s.value);
         }
     }
 }

@@ -51,15 +51,17 @@ impl PoolMemoryResource {
     }
 
     /// Moves all arenas' free regions to the free space once their streams finish prior work.
-    pub(super) fn reclaim(&self, g: &mut FreeSpace) -> Result<()> {
-        for (addr, size) in self.gather(ArenaState::take_free_regions)? {
-            g.insert(addr, size);
-        }
-        Ok(())
+    pub(super) fn reclaim(&self, g: &mut FreeSpace) -> Result<u64> {
+        self.gather(g, ArenaState::take_free_regions)
     }
 
-    /// What `take` moves out of each settled arena, after that arena's stream's prior work.
-    fn gather(&self, take: fn(&mut ArenaState, &mut Vec<(u64, u64)>)) -> Result<Vec<(u64, u64)>> {
+    /// Moves what `take` takes out of each settled arena to the free space, after that arena's
+    /// stream's prior work; returns the bytes.
+    fn gather(
+        &self,
+        g: &mut FreeSpace,
+        take: fn(&mut ArenaState, &mut Vec<(u64, u64)>),
+    ) -> Result<u64> {
         let (backend, dev) = (self.device.backend(), self.device.ordinal());
         let mut out = Vec::new();
         let mut per_thread = false;
@@ -80,7 +82,10 @@ impl PoolMemoryResource {
         if per_thread {
             backend.device_synchronize(dev)?;
         }
-        Ok(out)
+        for &(addr, size) in &out {
+            g.insert(addr, size);
+        }
+        Ok(out.iter().map(|r| r.1).sum())
     }
 
     /// Waits (without the arena's lock) for the events of `arena`'s blocks freed on other
@@ -112,11 +117,6 @@ impl PoolMemoryResource {
 
     /// Moves all arenas' free blocks to the free space, where neighbours merge; returns the bytes.
     pub(super) fn scavenge(&self, g: &mut FreeSpace) -> Result<u64> {
-        let mut moved = 0;
-        for (addr, size) in self.gather(ArenaState::take_free_blocks)? {
-            g.insert(addr, size);
-            moved += size;
-        }
-        Ok(moved)
+        self.gather(g, ArenaState::take_free_blocks)
     }
 }

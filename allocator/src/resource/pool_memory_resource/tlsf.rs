@@ -293,32 +293,31 @@ impl Heap {
         let b = self.blocks[idx as usize];
         debug_assert!(!b.is_free(), "double free of block {idx}");
         if b.next_phys != NIL && self.blocks[b.next_phys as usize].is_free() {
-            let n = b.next_phys;
-            self.unlink(n);
-            let nb = self.blocks[n as usize];
-            let blk = &mut self.blocks[idx as usize];
-            blk.size += nb.size;
-            blk.next_phys = nb.next_phys;
-            if nb.next_phys != NIL {
-                self.blocks[nb.next_phys as usize].prev_phys = idx;
-            }
-            self.retire(n);
+            self.unlink(b.next_phys);
+            self.absorb_next(idx);
         }
-        let b = self.blocks[idx as usize];
-        if b.prev_phys != NIL && self.blocks[b.prev_phys as usize].is_free() {
-            let p = b.prev_phys;
+        let p = self.blocks[idx as usize].prev_phys;
+        if p != NIL && self.blocks[p as usize].is_free() {
             self.unlink(p);
-            let blk = &mut self.blocks[p as usize];
-            blk.size += b.size;
-            blk.next_phys = b.next_phys;
-            if b.next_phys != NIL {
-                self.blocks[b.next_phys as usize].prev_phys = p;
-            }
-            self.retire(idx);
+            self.absorb_next(p);
             idx = p;
         }
         self.link(idx);
         idx
+    }
+
+    /// Merges the next physical neighbour of `left` (on no free list) into `left`.
+    #[inline]
+    fn absorb_next(&mut self, left: u32) {
+        let right = self.blocks[left as usize].next_phys;
+        let r = self.blocks[right as usize];
+        let blk = &mut self.blocks[left as usize];
+        blk.size += r.size;
+        blk.next_phys = r.next_phys;
+        if r.next_phys != NIL {
+            self.blocks[r.next_phys as usize].prev_phys = left;
+        }
+        self.retire(right);
     }
 
     /// The free blocks of class `(fl, sl)`, in list order.
@@ -338,31 +337,19 @@ impl Heap {
             b.prev_phys == NIL && b.next_phys == NIL
         };
         let candidates: Vec<u32> = self.free_list().filter(whole).collect();
-        for i in candidates {
-            self.unlink(i);
-            let b = self.blocks[i as usize];
-            self.retire(i);
-            self.regions -= 1;
-            self.region_bytes -= b.size;
-            out.push((b.addr, b.size));
-        }
+        out.extend(candidates.into_iter().map(|i| self.remove_free(i)));
     }
 
     /// Takes a free block of at least `size` bytes out, splitting its region; returns its range.
     pub(crate) fn steal(&mut self, size: u64) -> Option<(u64, u64)> {
         let idx = self.find(size);
-        if idx == NIL {
-            return None;
-        }
-        Some(self.remove_free(idx))
+        (idx != NIL).then(|| self.remove_free(idx))
     }
 
     /// Takes every free block out into `out`, splitting regions.
     pub(crate) fn take_free_blocks(&mut self, out: &mut Vec<(u64, u64)>) {
         let all: Vec<u32> = self.free_list().collect();
-        for i in all {
-            out.push(self.remove_free(i));
-        }
+        out.extend(all.into_iter().map(|i| self.remove_free(i)));
     }
 
     /// Removes the free block `idx` from the heap (its region splits around it).
