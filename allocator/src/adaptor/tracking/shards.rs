@@ -3,7 +3,7 @@
 
 use std::backtrace::Backtrace;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -33,16 +33,7 @@ impl Hasher for PtrHasher {
     }
 }
 
-#[derive(Default, Clone, Copy)]
-pub(super) struct BuildPtrHasher;
-
-impl BuildHasher for BuildPtrHasher {
-    type Hasher = PtrHasher;
-
-    fn build_hasher(&self) -> PtrHasher {
-        PtrHasher(0)
-    }
-}
+type BuildPtrHasher = BuildHasherDefault<PtrHasher>;
 
 /// A record as stored: 24 bytes; the pointer is the key, a backtrace lives in its own map.
 #[derive(Debug, Clone, Copy)]
