@@ -97,7 +97,7 @@ impl fmt::Debug for LoggingResourceAdaptor {
     }
 }
 
-fn io_error(path: &Path, what: &str, e: std::io::Error) -> Error {
+fn io_error(path: &Path, what: &str, e: impl fmt::Display) -> Error {
     Error::event_log(
         path.display().to_string(),
         None,

@@ -225,10 +225,11 @@ pub(super) enum Msg {
     Shutdown { target: u64 },
 }
 
-/// Why a flush failed, as the writer reports it.
+/// Why a flush failed, as the writer reports it (each error as text).
+#[derive(Clone)]
 pub(super) enum FlushError {
     /// An earlier write failed and the writing stopped.
     Stopped(String),
     /// Flushing the sink failed.
-    Flush(std::io::Error),
+    Flush(String),
 }

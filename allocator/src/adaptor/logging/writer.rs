@@ -303,7 +303,7 @@ impl Writer {
                 tracing::error!("memory event log: flushing failed, logging stops: {e}");
                 self.error = Some(e.to_string());
             }
-            FlushError::Flush(e)
+            FlushError::Flush(e.to_string())
         })
     }
 
@@ -319,14 +319,7 @@ impl Writer {
             if *target > next {
                 return true;
             }
-            let _ = reply.send(match &result {
-                Ok(()) => Ok(()),
-                Err(FlushError::Stopped(e)) => Err(FlushError::Stopped(e.clone())),
-                Err(FlushError::Flush(e)) => Err(FlushError::Flush(std::io::Error::new(
-                    e.kind(),
-                    e.to_string(),
-                ))),
-            });
+            let _ = reply.send(result.clone());
             false
         });
     }
