@@ -25,6 +25,7 @@ pub(super) const SHORT_WAIT: Duration = Duration::from_micros(50);
 pub(super) const GAP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The writer's view of one producer's chunks.
+#[derive(Default)]
 pub(super) struct Producer {
     /// `<thread id>,`: how its lines start.
     pub(super) prefix: Vec<u8>,
@@ -170,10 +171,7 @@ impl Writer {
                     .entry(c.producer)
                     .or_insert_with(|| Producer {
                         prefix: line_prefix(c.thread),
-                        chunks: VecDeque::new(),
-                        consumed: 0,
-                        published: 0,
-                        in_heap: false,
+                        ..Producer::default()
                     })
                     .chunks
                     .push_back(c);
