@@ -51,20 +51,17 @@ impl Line {
     pub(super) fn dec(&mut self, mut v: u64) {
         let mut tmp = [0u8; 20];
         let mut i = tmp.len();
-        while v >= 100 {
+        loop {
             let r = 2 * (v % 100) as usize;
             v /= 100;
             i -= 2;
             tmp[i..i + 2].copy_from_slice(&DIGIT_PAIRS[r..r + 2]);
+            if v == 0 {
+                break;
+            }
         }
-        if v >= 10 {
-            i -= 2;
-            tmp[i..i + 2].copy_from_slice(&DIGIT_PAIRS[2 * v as usize..2 * v as usize + 2]);
-        } else {
-            i -= 1;
-            tmp[i] = b'0' + v as u8;
-        }
-        self.bytes(&tmp[i..]);
+        // Without the first pair's leading zero (`05` of 105, one `0` of 0).
+        self.bytes(&tmp[i + usize::from(tmp[i] == b'0')..]);
     }
 
     /// `v` as `{:#x}` writes it: `0x` and lower-case digits.
