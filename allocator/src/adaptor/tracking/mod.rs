@@ -189,11 +189,8 @@ impl TrackingResourceAdaptor {
     /// (then the slot is its own: mark it exited once the record is in).
     #[inline(always)]
     fn who(&self) -> (u32, bool) {
-        let id = self.id;
-        match SLOTS.with(|c| c.get(id)) {
-            Some(slot) => (slot, false),
-            None => self.register_thread(),
-        }
+        let slot = SLOTS.with(|c| c.get(self.id));
+        slot.map_or_else(|| self.register_thread(), |slot| (slot, false))
     }
 
     #[cold]
@@ -370,10 +367,9 @@ impl DeviceMemoryResource for TrackingResourceAdaptor {
         }
         // The backtrace, if any, is dropped outside the lock.
         drop(bt);
-        match removed {
-            Some(rec) if rec.size == bytes => {}
-            Some(rec) => self.warn_free(ptr, bytes, Some(rec.size)),
-            None => self.warn_free(ptr, bytes, None),
+        let allocated = removed.map(|rec| rec.size);
+        if allocated != Some(bytes) {
+            self.warn_free(ptr, bytes, allocated);
         }
         Ok(())
     }

@@ -113,15 +113,12 @@ impl Shard {
     pub(super) fn remove(&self, addr: u64) -> Taken {
         let mut maps = self.map.lock();
         let rec = maps.records.remove(&addr);
-        let bt = if maps.backtraces.is_empty() {
-            None
-        } else {
-            maps.backtraces.remove(&addr)
-        };
+        let bt = (!maps.backtraces.is_empty())
+            .then(|| maps.backtraces.remove(&addr))
+            .flatten();
         if let Some(rec) = &rec {
-            let b = self.bytes.load(Ordering::Relaxed);
-            self.bytes
-                .store(b.wrapping_sub(rec.size), Ordering::Relaxed);
+            let b = self.bytes.load(Ordering::Relaxed).wrapping_sub(rec.size);
+            self.bytes.store(b, Ordering::Relaxed);
         }
         (rec, bt)
     }
