@@ -264,10 +264,8 @@ impl LoggingResourceAdaptor {
         let seq = LOCALS
             .try_with(|locals| {
                 let mut locals = locals.try_borrow_mut().ok()?;
-                let i = match locals.iter().position(|l| l.adaptor == self.id) {
-                    Some(i) => i,
-                    None => self.register(&mut locals),
-                };
+                let i = locals.iter().position(|l| l.adaptor == self.id);
+                let i = i.unwrap_or_else(|| self.register(&mut locals));
                 Some(self.queue.push(&mut locals[i], action, ptr, size, stream))
             })
             .ok()
@@ -300,16 +298,13 @@ impl LoggingResourceAdaptor {
 
 impl DeviceMemoryResource for LoggingResourceAdaptor {
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
-        match self.upstream.allocate(bytes, stream) {
-            Ok(p) => {
-                self.log(ACTION_ALLOCATE, p, bytes, stream);
-                Ok(p)
-            }
-            Err(e) => {
-                self.log(ACTION_FAILURE, DevicePtr::NULL, bytes, stream);
-                Err(e)
-            }
-        }
+        let r = self.upstream.allocate(bytes, stream);
+        let (action, ptr) = match r {
+            Ok(p) => (ACTION_ALLOCATE, p),
+            Err(_) => (ACTION_FAILURE, DevicePtr::NULL),
+        };
+        self.log(action, ptr, bytes, stream);
+        r
     }
 
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
