@@ -1,7 +1,6 @@
 //! RMM's CSV line, formatted without allocating: `Thread,Time,Action,Pointer,Size,Stream`.
 
 use super::action::LogAction;
-use super::records::{ACTION_ALLOCATE, ACTION_FREE};
 
 /// `"00"` to `"99"`.
 pub(super) const DIGIT_PAIRS: [u8; 200] = {
@@ -117,11 +116,7 @@ pub(super) fn format_line(
     let mut line = Line::new();
     line.bytes(prefix);
     line.time(second, time);
-    let action = match tag & 3 {
-        ACTION_ALLOCATE => LogAction::Allocate,
-        ACTION_FREE => LogAction::Free,
-        _ => LogAction::AllocateFailure,
-    };
+    let action = LogAction::ALL[(tag & 3).min(2) as usize];
     line.bytes(b",");
     line.bytes(action.as_str().as_bytes());
     line.bytes(b",");
@@ -136,7 +131,6 @@ pub(super) fn format_line(
 
 #[cfg(test)]
 pub(super) mod tests {
-    use super::super::records::ACTION_FAILURE;
     use super::*;
 
     #[test]
@@ -149,14 +143,20 @@ pub(super) mod tests {
             &mut out,
             &mut second,
             &line_prefix(140204),
-            &[5 << 2 | ACTION_ALLOCATE, ns, 0x7f5a2c000000, 1048576, 0],
+            &[
+                5 << 2 | LogAction::Allocate as u64,
+                ns,
+                0x7f5a2c000000,
+                1048576,
+                0,
+            ],
         );
         format_line(
             &mut out,
             &mut second,
             &line_prefix(7),
             &[
-                6 << 2 | ACTION_FAILURE,
+                6 << 2 | LogAction::AllocateFailure as u64,
                 ns + 1_000,
                 0,
                 85899345920,
@@ -167,7 +167,7 @@ pub(super) mod tests {
             &mut out,
             &mut second,
             &line_prefix(0),
-            &[7 << 2 | ACTION_FREE, 59, u64::MAX, 0, 1],
+            &[7 << 2 | LogAction::Free as u64, 59, u64::MAX, 0, 1],
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),

@@ -57,8 +57,8 @@ use std::collections::{BinaryHeap, HashMap};
 pub use action::LogAction;
 pub use records::log_thread_id;
 use records::{
-    ACTION_ALLOCATE, ACTION_FAILURE, ACTION_FREE, FREE_CHUNKS, FlushError, LOCALS, Local, Msg,
-    NEXT_ADAPTOR_ID, NEXT_PRODUCER_ID, RecordQueue, SeqCounter,
+    FREE_CHUNKS, FlushError, LOCALS, Local, Msg, NEXT_ADAPTOR_ID, NEXT_PRODUCER_ID, RecordQueue,
+    SeqCounter,
 };
 use writer::{OUT_BUFFER, Writer};
 
@@ -246,7 +246,7 @@ impl LoggingResourceAdaptor {
     /// later `free` lines replay.
     pub fn take_over_live(&self, blocks: &[LiveBlock]) {
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
-            self.log(ACTION_ALLOCATE, b.ptr, b.bytes, b.stream);
+            self.log(LogAction::Allocate, b.ptr, b.bytes, b.stream);
         }
     }
 
@@ -254,13 +254,13 @@ impl LoggingResourceAdaptor {
     /// `free` line each), so this log replays with nothing outstanding.
     pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
-            self.log(ACTION_FREE, b.ptr, b.bytes, b.stream);
+            self.log(LogAction::Free, b.ptr, b.bytes, b.stream);
         }
     }
 
     #[inline]
-    fn log(&self, action: u64, ptr: DevicePtr, size: usize, stream: StreamView) {
-        let (ptr, size, stream) = (ptr.addr(), size as u64, stream.raw());
+    fn log(&self, action: LogAction, ptr: DevicePtr, size: usize, stream: StreamView) {
+        let (action, ptr, size, stream) = (action as u64, ptr.addr(), size as u64, stream.raw());
         let seq = LOCALS
             .try_with(|locals| {
                 let mut locals = locals.try_borrow_mut().ok()?;
@@ -300,15 +300,15 @@ impl DeviceMemoryResource for LoggingResourceAdaptor {
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
         let r = self.upstream.allocate(bytes, stream);
         let (action, ptr) = match r {
-            Ok(p) => (ACTION_ALLOCATE, p),
-            Err(_) => (ACTION_FAILURE, DevicePtr::NULL),
+            Ok(p) => (LogAction::Allocate, p),
+            Err(_) => (LogAction::AllocateFailure, DevicePtr::NULL),
         };
         self.log(action, ptr, bytes, stream);
         r
     }
 
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
-        self.log(ACTION_FREE, ptr, bytes, stream);
+        self.log(LogAction::Free, ptr, bytes, stream);
         self.upstream.deallocate(ptr, bytes, stream)
     }
 

@@ -41,13 +41,10 @@ pub(super) const FREE_CHUNKS: usize = 64;
 /// Every this many records (by sequence number) read the precise clock.
 pub(super) const PRECISE_EVERY: u64 = 16;
 
-/// A record's first word: `sequence << TAG_SEQ_SHIFT | TAG_PRECISE? | action`.
+/// A record's first word: `sequence << TAG_SEQ_SHIFT | TAG_PRECISE? | action` (`LogAction as u64`).
 pub(super) const TAG_SEQ_SHIFT: u32 = 3;
 /// The time is the precise clock's (else the coarse clock's).
 pub(super) const TAG_PRECISE: u64 = 4;
-pub(super) const ACTION_ALLOCATE: u64 = 0;
-pub(super) const ACTION_FREE: u64 = 1;
-pub(super) const ACTION_FAILURE: u64 = 2;
 
 pub(super) static NEXT_ADAPTOR_ID: AtomicU64 = AtomicU64::new(1);
 pub(super) static NEXT_PRODUCER_ID: AtomicU64 = AtomicU64::new(1);
