@@ -143,10 +143,7 @@ impl LoggingResourceAdaptor {
         mut sink: Box<dyn Write + Send>,
         path: Option<PathBuf>,
     ) -> Result<Self> {
-        let name = path
-            .as_deref()
-            .unwrap_or(Path::new("<writer>"))
-            .to_path_buf();
+        let name = path.clone().unwrap_or_else(|| "<writer>".into());
         writeln!(sink, "{LOG_HEADER}").map_err(|e| io_error(&name, "writing the header", e))?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let (free_tx, free_rx) = crossbeam_channel::bounded(FREE_CHUNKS);
