@@ -199,13 +199,10 @@ impl LineParser {
         let [c_thread, c_time, c_action, c_ptr, c_size, c_stream] = self.columns;
         // The fields, without allocating (the header has at most MAX_COLUMNS).
         let mut fields = [""; MAX_COLUMNS];
-        let mut count = 0;
-        for field in line.split(',') {
-            if let Some(slot) = fields.get_mut(count) {
-                *slot = field.trim();
-            }
-            count += 1;
+        for (slot, field) in fields.iter_mut().zip(line.split(',')) {
+            *slot = field.trim();
         }
+        let count = line.split(',').count();
         let bad = |problem: String| self.err(line_no, problem, FORMAT_HINT);
         let found = |c: usize, what: &str, expected: &str| {
             bad(format!("found {what} `{}`, expected {expected}", fields[c]))
