@@ -357,14 +357,16 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         s
     }
 
+    /// The innermost scope's peak from `run` and `now` (current value; only approximate peaks,
+    /// published by the shards, lag it).
+    fn run_peak(&self, run: &AtomicI64, now: i64) -> i64 {
+        let peak = run.load(Ordering::Relaxed);
+        if self.exact() { peak } else { peak.max(now) }
+    }
+
     fn counters_of(&self, frame: &Frame, now: &Sums) -> (Counter, Counter) {
-        let mut peak_bytes = self.run_peak_bytes.load(Ordering::Relaxed);
-        let mut peak_count = self.run_peak_count.load(Ordering::Relaxed);
-        if !self.exact() {
-            // The published figure may lag the shards.
-            peak_bytes = peak_bytes.max(now.bytes);
-            peak_count = peak_count.max(now.count);
-        }
+        let peak_bytes = self.run_peak(&self.run_peak_bytes, now.bytes);
+        let peak_count = self.run_peak(&self.run_peak_count, now.count);
         (
             Counter {
                 value: now.bytes - frame.base.bytes,
@@ -395,20 +397,13 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.top().1
     }
 
-    /// Lifetime peak from both figures and `now` (current value; only approximate peaks lag it).
-    fn life_peak(&self, life: &AtomicI64, run: &AtomicI64, now: i64) -> i64 {
-        let peak = life
-            .load(Ordering::Relaxed)
-            .max(run.load(Ordering::Relaxed));
-        if self.exact() { peak } else { peak.max(now) }
-    }
-
     /// Bytes since the adaptor was made, whatever scopes were pushed.
     pub fn lifetime_bytes(&self) -> Counter {
         let s = self.sums();
+        let life = self.figures.life_peak_bytes.load(Ordering::Relaxed);
         Counter {
             value: s.bytes,
-            peak: self.life_peak(&self.figures.life_peak_bytes, &self.run_peak_bytes, s.bytes),
+            peak: life.max(self.run_peak(&self.run_peak_bytes, s.bytes)),
             total: s.total_bytes,
         }
     }
@@ -416,9 +411,10 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     /// Allocations since the adaptor was made, whatever scopes were pushed.
     pub fn lifetime_allocations(&self) -> Counter {
         let s = self.sums();
+        let life = self.figures.life_peak_count.load(Ordering::Relaxed);
         Counter {
             value: s.count,
-            peak: self.life_peak(&self.figures.life_peak_count, &self.run_peak_count, s.count),
+            peak: life.max(self.run_peak(&self.run_peak_count, s.count)),
             total: s.total_count,
         }
     }
