@@ -196,23 +196,16 @@ impl Writer {
     /// [`Writer::pump`]'s work, reading only full chunks with `full_only`.
     pub(super) fn merge(&mut self, full_only: bool) -> bool {
         let mut done = Vec::new();
-        let mut empty = Vec::new();
-        for (&id, p) in &mut self.producers {
-            if p.in_heap {
-                continue;
+        // A producer out of the heap enters it with its next record, or leaves if it has no chunk.
+        self.producers.retain(|&id, p| {
+            if !p.in_heap
+                && let Some(seq) = p.head(&mut done, full_only)
+            {
+                self.heap.push(Reverse((seq, id)));
+                p.in_heap = true;
             }
-            match p.head(&mut done, full_only) {
-                Some(seq) => {
-                    self.heap.push(Reverse((seq, id)));
-                    p.in_heap = true;
-                }
-                None if p.chunks.is_empty() => empty.push(id),
-                None => {}
-            }
-        }
-        for id in empty {
-            self.producers.remove(&id);
-        }
+            p.in_heap || !p.chunks.is_empty()
+        });
         let mut wrote = false;
         while let Some(&Reverse((mut seq, id))) = self.heap.peek() {
             if seq > self.next_seq {
