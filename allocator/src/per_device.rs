@@ -40,13 +40,7 @@ fn initial(device_id: u32) -> Result<SharedResource> {
 /// # Errors
 /// [`Error::NoSuchDevice`] for an unknown device; the process-wide backend's error.
 pub fn get_per_device_resource(device_id: u32) -> Result<SharedResource> {
-    let slot = slot(device_id)?;
-    if let Some(r) = slot.load().as_deref() {
-        return Ok(Arc::clone(r));
-    }
-    let fresh = Arc::new(initial(device_id)?);
-    let prev = slot.compare_and_swap(&None::<Arc<SharedResource>>, Some(Arc::clone(&fresh)));
-    Ok(Arc::clone(prev.as_deref().unwrap_or(&fresh)))
+    with_per_device_resource(device_id, Arc::clone)
 }
 
 /// Runs `f` with device `device_id`'s resource (as [`get_per_device_resource`]) without touching
@@ -62,8 +56,9 @@ pub fn with_per_device_resource<R>(
     if let Some(r) = slot.load().as_deref() {
         return Ok(f(r));
     }
-    let r = get_per_device_resource(device_id)?;
-    Ok(f(&r))
+    let fresh = Arc::new(initial(device_id)?);
+    let prev = slot.compare_and_swap(&None::<Arc<SharedResource>>, Some(Arc::clone(&fresh)));
+    Ok(f(prev.as_deref().unwrap_or(&fresh)))
 }
 
 /// Makes `resource`, which must allocate on device `device_id`, that device's resource; returns the

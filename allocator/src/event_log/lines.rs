@@ -58,8 +58,7 @@ impl<R: BufRead> Lines<R> {
             })?;
             let line = self.text.trim_end_matches(['\n', '\r']);
             if !line.trim().is_empty() {
-                let len = line.len();
-                self.text.truncate(len);
+                self.text.truncate(line.len());
                 return Ok(Some((self.number, self.text.as_str())));
             }
         }

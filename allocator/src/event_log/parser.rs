@@ -57,9 +57,6 @@ fn parse_hex(text: &str) -> Option<u64> {
         .strip_prefix("0x")
         .or_else(|| t.strip_prefix("0X"))
         .unwrap_or(t);
-    if digits.is_empty() {
-        return None;
-    }
     u64::from_str_radix(digits, 16).ok()
 }
 
@@ -107,16 +104,11 @@ fn parse_time(text: &str) -> Time {
     // Up to six digits of the fraction (microseconds), without allocating.
     let us = match fraction {
         None => 0,
-        Some(f) if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) => {
-            return Time::Impossible;
+        Some(f) if !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()) => {
+            let digits = f.bytes().chain(std::iter::repeat(b'0')).take(6);
+            digits.fold(0, |us, d| us * 10 + u64::from(d - b'0'))
         }
-        Some(f) => {
-            let digits = &f[..f.len().min(6)];
-            match digits.parse::<u64>() {
-                Ok(v) => v * 10u64.pow(6 - digits.len() as u32),
-                Err(_) => return Time::Impossible,
-            }
-        }
+        Some(_) => return Time::Impossible,
     };
     Time::At(((h * 60 + m) * 60 + s) * 1_000_000 + us)
 }
@@ -175,16 +167,13 @@ impl LineParser {
             ..LineParser::default()
         };
         let found = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"].map(column);
-        let mut columns = [0; 6];
-        for (slot, index) in columns.iter_mut().zip(found) {
-            *slot = index.ok_or_else(|| {
-                parser.err(
-                    header_line,
-                    format!("found header `{header}`, expected `{LOG_HEADER}`"),
-                    "Give a log written by RMM's logging_resource_adaptor or rmm-rs's \
-                     LoggingResourceAdaptor",
-                )
-            })?;
+        if found.contains(&None) {
+            return Err(parser.err(
+                header_line,
+                format!("found header `{header}`, expected `{LOG_HEADER}`"),
+                "Give a log written by RMM's logging_resource_adaptor or rmm-rs's \
+                 LoggingResourceAdaptor",
+            ));
         }
         if names.len() > MAX_COLUMNS {
             return Err(parser.err(
@@ -196,7 +185,7 @@ impl LineParser {
                 FORMAT_HINT,
             ));
         }
-        parser.columns = columns;
+        parser.columns = found.map(Option::unwrap_or_default);
         parser.names = names;
         Ok(parser)
     }
@@ -210,13 +199,10 @@ impl LineParser {
         let [c_thread, c_time, c_action, c_ptr, c_size, c_stream] = self.columns;
         // The fields, without allocating (the header has at most MAX_COLUMNS).
         let mut fields = [""; MAX_COLUMNS];
-        let mut count = 0;
-        for field in line.split(',') {
-            if let Some(slot) = fields.get_mut(count) {
-                *slot = field.trim();
-            }
-            count += 1;
+        for (slot, field) in fields.iter_mut().zip(line.split(',')) {
+            *slot = field.trim();
         }
+        let count = line.split(',').count();
         let bad = |problem: String| self.err(line_no, problem, FORMAT_HINT);
         let found = |c: usize, what: &str, expected: &str| {
             bad(format!("found {what} `{}`, expected {expected}", fields[c]))

@@ -38,7 +38,7 @@ impl std::fmt::Debug for LogReader<'_> {
     }
 }
 
-impl LogReader<'static> {
+impl<'a> LogReader<'a> {
     /// Opens the log at `path` (once: a FIFO or `/dev/stdin` works) and reads its header.
     ///
     /// # Errors
@@ -52,9 +52,7 @@ impl LogReader<'static> {
         })?;
         LogReader::new(BufReader::with_capacity(1 << 20, file), source)
     }
-}
 
-impl<'a> LogReader<'a> {
     /// Reads the log's header from `input` (e.g. standard input); `source` names it in errors.
     ///
     /// # Errors

@@ -175,15 +175,10 @@ pub fn resource_id<R: ?Sized>(resource: &R) -> usize {
 }
 
 /// Removes a process-wide hook when dropped. Keep it alive as long as the hook should run.
+#[derive(Debug)]
 #[must_use = "the hook is removed when the guard drops"]
 pub struct ProcessHookGuard {
     id: u64,
-}
-
-impl fmt::Debug for ProcessHookGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ProcessHookGuard({})", self.id)
-    }
 }
 
 /// Registers `hook` for every thread of the process until the guard drops.
@@ -218,16 +213,11 @@ fn without_hook(list: Option<&HookList>, id: u64) -> (Option<HookList>, bool) {
 }
 
 /// Removes a thread hook when dropped; it cannot leave its thread.
+#[derive(Debug)]
 #[must_use = "the hook is removed when the guard drops"]
 pub struct ThreadHookGuard {
     id: u64,
     _not_send: PhantomData<*const ()>,
-}
-
-impl fmt::Debug for ThreadHookGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ThreadHookGuard({})", self.id)
-    }
 }
 
 /// Registers `hook` for the calling thread until the guard drops (per thread, as in CuPy).

@@ -6,15 +6,15 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogAction {
     /// A successful allocation.
-    Allocate,
+    Allocate = 0,
     /// A free.
-    Free,
+    Free = 1,
     /// A failed allocation (`allocate failure`).
-    AllocateFailure,
+    AllocateFailure = 2,
 }
 
 impl LogAction {
-    /// Every action, in the order the log's format lists them.
+    /// Every action, in the order the log's format lists them (`ALL[a as usize]` is `a`).
     pub const ALL: [LogAction; 3] = [
         LogAction::Allocate,
         LogAction::Free,

@@ -1,7 +1,6 @@
 //! RMM's CSV line, formatted without allocating: `Thread,Time,Action,Pointer,Size,Stream`.
 
 use super::action::LogAction;
-use super::records::{ACTION_ALLOCATE, ACTION_FREE};
 
 /// `"00"` to `"99"`.
 pub(super) const DIGIT_PAIRS: [u8; 200] = {
@@ -51,20 +50,17 @@ impl Line {
     pub(super) fn dec(&mut self, mut v: u64) {
         let mut tmp = [0u8; 20];
         let mut i = tmp.len();
-        while v >= 100 {
+        loop {
             let r = 2 * (v % 100) as usize;
             v /= 100;
             i -= 2;
             tmp[i..i + 2].copy_from_slice(&DIGIT_PAIRS[r..r + 2]);
+            if v == 0 {
+                break;
+            }
         }
-        if v >= 10 {
-            i -= 2;
-            tmp[i..i + 2].copy_from_slice(&DIGIT_PAIRS[2 * v as usize..2 * v as usize + 2]);
-        } else {
-            i -= 1;
-            tmp[i] = b'0' + v as u8;
-        }
-        self.bytes(&tmp[i..]);
+        // Without the first pair's leading zero (`05` of 105, one `0` of 0).
+        self.bytes(&tmp[i + usize::from(tmp[i] == b'0')..]);
     }
 
     /// `v` as `{:#x}` writes it: `0x` and lower-case digits.
@@ -120,11 +116,7 @@ pub(super) fn format_line(
     let mut line = Line::new();
     line.bytes(prefix);
     line.time(second, time);
-    let action = match tag & 3 {
-        ACTION_ALLOCATE => LogAction::Allocate,
-        ACTION_FREE => LogAction::Free,
-        _ => LogAction::AllocateFailure,
-    };
+    let action = LogAction::ALL[(tag & 3).min(2) as usize];
     line.bytes(b",");
     line.bytes(action.as_str().as_bytes());
     line.bytes(b",");
@@ -139,7 +131,6 @@ pub(super) fn format_line(
 
 #[cfg(test)]
 pub(super) mod tests {
-    use super::super::records::ACTION_FAILURE;
     use super::*;
 
     #[test]
@@ -152,14 +143,20 @@ pub(super) mod tests {
             &mut out,
             &mut second,
             &line_prefix(140204),
-            &[5 << 2 | ACTION_ALLOCATE, ns, 0x7f5a2c000000, 1048576, 0],
+            &[
+                5 << 2 | LogAction::Allocate as u64,
+                ns,
+                0x7f5a2c000000,
+                1048576,
+                0,
+            ],
         );
         format_line(
             &mut out,
             &mut second,
             &line_prefix(7),
             &[
-                6 << 2 | ACTION_FAILURE,
+                6 << 2 | LogAction::AllocateFailure as u64,
                 ns + 1_000,
                 0,
                 85899345920,
@@ -170,7 +167,7 @@ pub(super) mod tests {
             &mut out,
             &mut second,
             &line_prefix(0),
-            &[7 << 2 | ACTION_FREE, 59, u64::MAX, 0, 1],
+            &[7 << 2 | LogAction::Free as u64, 59, u64::MAX, 0, 1],
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),

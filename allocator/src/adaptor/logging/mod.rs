@@ -57,8 +57,8 @@ use std::collections::{BinaryHeap, HashMap};
 pub use action::LogAction;
 pub use records::log_thread_id;
 use records::{
-    ACTION_ALLOCATE, ACTION_FAILURE, ACTION_FREE, FREE_CHUNKS, FlushError, LOCALS, Local, Msg,
-    NEXT_ADAPTOR_ID, NEXT_PRODUCER_ID, RecordQueue, SeqCounter,
+    FREE_CHUNKS, FlushError, LOCALS, Local, Msg, NEXT_ADAPTOR_ID, NEXT_PRODUCER_ID, RecordQueue,
+    SeqCounter,
 };
 use writer::{OUT_BUFFER, Writer};
 
@@ -97,7 +97,7 @@ impl fmt::Debug for LoggingResourceAdaptor {
     }
 }
 
-fn io_error(path: &Path, what: &str, e: std::io::Error) -> Error {
+fn io_error(path: &Path, what: &str, e: impl fmt::Display) -> Error {
     Error::event_log(
         path.display().to_string(),
         None,
@@ -143,10 +143,7 @@ impl LoggingResourceAdaptor {
         mut sink: Box<dyn Write + Send>,
         path: Option<PathBuf>,
     ) -> Result<Self> {
-        let name = path
-            .as_deref()
-            .unwrap_or(Path::new("<writer>"))
-            .to_path_buf();
+        let name = path.clone().unwrap_or_else(|| "<writer>".into());
         writeln!(sink, "{LOG_HEADER}").map_err(|e| io_error(&name, "writing the header", e))?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let (free_tx, free_rx) = crossbeam_channel::bounded(FREE_CHUNKS);
@@ -246,7 +243,7 @@ impl LoggingResourceAdaptor {
     /// later `free` lines replay.
     pub fn take_over_live(&self, blocks: &[LiveBlock]) {
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
-            self.log(ACTION_ALLOCATE, b.ptr, b.bytes, b.stream);
+            self.log(LogAction::Allocate, b.ptr, b.bytes, b.stream);
         }
     }
 
@@ -254,20 +251,18 @@ impl LoggingResourceAdaptor {
     /// `free` line each), so this log replays with nothing outstanding.
     pub fn hand_over_live(&self, blocks: &[LiveBlock]) {
         for b in blocks.iter().filter(|b| !b.ptr.is_null()) {
-            self.log(ACTION_FREE, b.ptr, b.bytes, b.stream);
+            self.log(LogAction::Free, b.ptr, b.bytes, b.stream);
         }
     }
 
     #[inline]
-    fn log(&self, action: u64, ptr: DevicePtr, size: usize, stream: StreamView) {
-        let (ptr, size, stream) = (ptr.addr(), size as u64, stream.raw());
+    fn log(&self, action: LogAction, ptr: DevicePtr, size: usize, stream: StreamView) {
+        let (action, ptr, size, stream) = (action as u64, ptr.addr(), size as u64, stream.raw());
         let seq = LOCALS
             .try_with(|locals| {
                 let mut locals = locals.try_borrow_mut().ok()?;
-                let i = match locals.iter().position(|l| l.adaptor == self.id) {
-                    Some(i) => i,
-                    None => self.register(&mut locals),
-                };
+                let i = locals.iter().position(|l| l.adaptor == self.id);
+                let i = i.unwrap_or_else(|| self.register(&mut locals));
                 Some(self.queue.push(&mut locals[i], action, ptr, size, stream))
             })
             .ok()
@@ -300,20 +295,17 @@ impl LoggingResourceAdaptor {
 
 impl DeviceMemoryResource for LoggingResourceAdaptor {
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
-        match self.upstream.allocate(bytes, stream) {
-            Ok(p) => {
-                self.log(ACTION_ALLOCATE, p, bytes, stream);
-                Ok(p)
-            }
-            Err(e) => {
-                self.log(ACTION_FAILURE, DevicePtr::NULL, bytes, stream);
-                Err(e)
-            }
-        }
+        let r = self.upstream.allocate(bytes, stream);
+        let (action, ptr) = match r {
+            Ok(p) => (LogAction::Allocate, p),
+            Err(_) => (LogAction::AllocateFailure, DevicePtr::NULL),
+        };
+        self.log(action, ptr, bytes, stream);
+        r
     }
 
     fn deallocate(&self, ptr: DevicePtr, bytes: usize, stream: StreamView) -> Result<()> {
-        self.log(ACTION_FREE, ptr, bytes, stream);
+        self.log(LogAction::Free, ptr, bytes, stream);
         self.upstream.deallocate(ptr, bytes, stream)
     }
 

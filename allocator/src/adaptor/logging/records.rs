@@ -41,13 +41,10 @@ pub(super) const FREE_CHUNKS: usize = 64;
 /// Every this many records (by sequence number) read the precise clock.
 pub(super) const PRECISE_EVERY: u64 = 16;
 
-/// A record's first word: `sequence << TAG_SEQ_SHIFT | TAG_PRECISE? | action`.
+/// A record's first word: `sequence << TAG_SEQ_SHIFT | TAG_PRECISE? | action` (`LogAction as u64`).
 pub(super) const TAG_SEQ_SHIFT: u32 = 3;
 /// The time is the precise clock's (else the coarse clock's).
 pub(super) const TAG_PRECISE: u64 = 4;
-pub(super) const ACTION_ALLOCATE: u64 = 0;
-pub(super) const ACTION_FREE: u64 = 1;
-pub(super) const ACTION_FAILURE: u64 = 2;
 
 pub(super) static NEXT_ADAPTOR_ID: AtomicU64 = AtomicU64::new(1);
 pub(super) static NEXT_PRODUCER_ID: AtomicU64 = AtomicU64::new(1);
@@ -225,10 +222,11 @@ pub(super) enum Msg {
     Shutdown { target: u64 },
 }
 
-/// Why a flush failed, as the writer reports it.
+/// Why a flush failed, as the writer reports it (each error as text).
+#[derive(Clone)]
 pub(super) enum FlushError {
     /// An earlier write failed and the writing stopped.
     Stopped(String),
     /// Flushing the sink failed.
-    Flush(std::io::Error),
+    Flush(String),
 }

@@ -25,6 +25,7 @@ pub(super) const SHORT_WAIT: Duration = Duration::from_micros(50);
 pub(super) const GAP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The writer's view of one producer's chunks.
+#[derive(Default)]
 pub(super) struct Producer {
     /// `<thread id>,`: how its lines start.
     pub(super) prefix: Vec<u8>,
@@ -170,10 +171,7 @@ impl Writer {
                     .entry(c.producer)
                     .or_insert_with(|| Producer {
                         prefix: line_prefix(c.thread),
-                        chunks: VecDeque::new(),
-                        consumed: 0,
-                        published: 0,
-                        in_heap: false,
+                        ..Producer::default()
                     })
                     .chunks
                     .push_back(c);
@@ -198,23 +196,16 @@ impl Writer {
     /// [`Writer::pump`]'s work, reading only full chunks with `full_only`.
     pub(super) fn merge(&mut self, full_only: bool) -> bool {
         let mut done = Vec::new();
-        let mut empty = Vec::new();
-        for (&id, p) in &mut self.producers {
-            if p.in_heap {
-                continue;
+        // A producer out of the heap enters it with its next record, or leaves if it has no chunk.
+        self.producers.retain(|&id, p| {
+            if !p.in_heap
+                && let Some(seq) = p.head(&mut done, full_only)
+            {
+                self.heap.push(Reverse((seq, id)));
+                p.in_heap = true;
             }
-            match p.head(&mut done, full_only) {
-                Some(seq) => {
-                    self.heap.push(Reverse((seq, id)));
-                    p.in_heap = true;
-                }
-                None if p.chunks.is_empty() => empty.push(id),
-                None => {}
-            }
-        }
-        for id in empty {
-            self.producers.remove(&id);
-        }
+            p.in_heap || !p.chunks.is_empty()
+        });
         let mut wrote = false;
         while let Some(&Reverse((mut seq, id))) = self.heap.peek() {
             if seq > self.next_seq {
@@ -303,7 +294,7 @@ impl Writer {
                 tracing::error!("memory event log: flushing failed, logging stops: {e}");
                 self.error = Some(e.to_string());
             }
-            FlushError::Flush(e)
+            FlushError::Flush(e.to_string())
         })
     }
 
@@ -319,14 +310,7 @@ impl Writer {
             if *target > next {
                 return true;
             }
-            let _ = reply.send(match &result {
-                Ok(()) => Ok(()),
-                Err(FlushError::Stopped(e)) => Err(FlushError::Stopped(e.clone())),
-                Err(FlushError::Flush(e)) => Err(FlushError::Flush(std::io::Error::new(
-                    e.kind(),
-                    e.to_string(),
-                ))),
-            });
+            let _ = reply.send(result.clone());
             false
         });
     }

@@ -73,21 +73,15 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     #[inline(always)]
     pub(super) fn take_headroom(&self, s: &Shard, bytes: i64) {
         let b = bytes as u64;
-        let mut w = s.headroom.load(Ordering::Relaxed);
-        loop {
-            // The count field must be in 1..=HR_COUNT_MAX: not empty, not frozen.
-            if (w >> 48).wrapping_sub(1) >= HR_COUNT_MAX || (w & HR_BYTES) < b {
-                return self.trade(Some(s), bytes, true);
-            }
-            match s.headroom.compare_exchange_weak(
-                w,
-                w - b - HR_ONE,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(now) => w = now,
-            }
+        let taken = s
+            .headroom
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                // The count field must be in 1..=HR_COUNT_MAX: not empty, not frozen.
+                let fits = (w >> 48).wrapping_sub(1) < HR_COUNT_MAX && (w & HR_BYTES) >= b;
+                fits.then(|| w - b - HR_ONE)
+            });
+        if taken.is_err() {
+            self.trade(Some(s), bytes, true);
         }
     }
 
@@ -96,21 +90,15 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     pub(super) fn give_headroom(&self, s: &Shard, bytes: i64) {
         let b = bytes as u64;
         let keep = s.keep.load(Ordering::Relaxed);
-        let mut w = s.headroom.load(Ordering::Relaxed);
-        loop {
-            // A frozen word's count field is above any keep limit.
-            if (w & HR_BYTES) + b > (keep & HR_BYTES) || (w >> 48) >= (keep >> 48) {
-                return self.trade(Some(s), bytes, false);
-            }
-            match s.headroom.compare_exchange_weak(
-                w,
-                w + b + HR_ONE,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(now) => w = now,
-            }
+        let given = s
+            .headroom
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                // A frozen word's count field is above any keep limit.
+                let fits = (w & HR_BYTES) + b <= (keep & HR_BYTES) && (w >> 48) < (keep >> 48);
+                fits.then(|| w + b + HR_ONE)
+            });
+        if given.is_err() {
+            self.trade(Some(s), bytes, false);
         }
     }
 

@@ -187,11 +187,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             upstream,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             tolerance_bytes,
-            tolerance_count: if tolerance_bytes == 0 {
-                0
-            } else {
-                COUNT_TOLERANCE
-            },
+            tolerance_count: COUNT_TOLERANCE * i64::from(tolerance_bytes != 0),
             shards: Shards::new(),
             overflow: Shard::default(),
             threads: AtomicUsize::new(0),
@@ -223,10 +219,9 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     /// This thread's shard (`None`: the overflow shard).
     #[inline(always)]
     fn shard(&self) -> Option<&Shard> {
-        let slot = match SLOTS.with(|c| c.get(self.id)) {
-            Some(s) => s,
-            None => self.register_thread(),
-        };
+        let slot = SLOTS
+            .with(|c| c.get(self.id))
+            .unwrap_or_else(|| self.register_thread());
         self.shards.get(slot as usize)
     }
 
@@ -340,11 +335,7 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             let n = reg.len();
             *reg.entry(me).or_insert_with(|| {
                 // Shard before count: readers walk the first `threads` shards.
-                let slot = if self.shards.make(n).is_some() {
-                    n as u32
-                } else {
-                    OVERFLOW
-                };
+                let slot = self.shards.make(n).map_or(OVERFLOW, |_| n as u32);
                 self.threads.fetch_add(1, Ordering::Release);
                 slot
             })
@@ -366,14 +357,16 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         s
     }
 
+    /// The innermost scope's peak from `run` and `now` (current value; only approximate peaks,
+    /// published by the shards, lag it).
+    fn run_peak(&self, run: &AtomicI64, now: i64) -> i64 {
+        let peak = run.load(Ordering::Relaxed);
+        if self.exact() { peak } else { peak.max(now) }
+    }
+
     fn counters_of(&self, frame: &Frame, now: &Sums) -> (Counter, Counter) {
-        let mut peak_bytes = self.run_peak_bytes.load(Ordering::Relaxed);
-        let mut peak_count = self.run_peak_count.load(Ordering::Relaxed);
-        if !self.exact() {
-            // The published figure may lag the shards.
-            peak_bytes = peak_bytes.max(now.bytes);
-            peak_count = peak_count.max(now.count);
-        }
+        let peak_bytes = self.run_peak(&self.run_peak_bytes, now.bytes);
+        let peak_count = self.run_peak(&self.run_peak_count, now.count);
         (
             Counter {
                 value: now.bytes - frame.base.bytes,
@@ -404,20 +397,13 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
         self.top().1
     }
 
-    /// Lifetime peak from both figures and `now` (current value; only approximate peaks lag it).
-    fn life_peak(&self, life: &AtomicI64, run: &AtomicI64, now: i64) -> i64 {
-        let peak = life
-            .load(Ordering::Relaxed)
-            .max(run.load(Ordering::Relaxed));
-        if self.exact() { peak } else { peak.max(now) }
-    }
-
     /// Bytes since the adaptor was made, whatever scopes were pushed.
     pub fn lifetime_bytes(&self) -> Counter {
         let s = self.sums();
+        let life = self.figures.life_peak_bytes.load(Ordering::Relaxed);
         Counter {
             value: s.bytes,
-            peak: self.life_peak(&self.figures.life_peak_bytes, &self.run_peak_bytes, s.bytes),
+            peak: life.max(self.run_peak(&self.run_peak_bytes, s.bytes)),
             total: s.total_bytes,
         }
     }
@@ -425,9 +411,10 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     /// Allocations since the adaptor was made, whatever scopes were pushed.
     pub fn lifetime_allocations(&self) -> Counter {
         let s = self.sums();
+        let life = self.figures.life_peak_count.load(Ordering::Relaxed);
         Counter {
             value: s.count,
-            peak: self.life_peak(&self.figures.life_peak_count, &self.run_peak_count, s.count),
+            peak: life.max(self.run_peak(&self.run_peak_count, s.count)),
             total: s.total_count,
         }
     }
@@ -524,10 +511,8 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             let mut reserve = self.figures.reserve.lock();
             let bytes = self.run_peak_bytes.load(Ordering::Relaxed);
             let count = self.run_peak_count.load(Ordering::Relaxed);
-            let (new_bytes, new_count) = (
-                bytes.max(frame.saved_peak_bytes),
-                count.max(frame.saved_peak_count),
-            );
+            let new_bytes = bytes.max(frame.saved_peak_bytes);
+            let new_count = count.max(frame.saved_peak_count);
             reserve.bytes += new_bytes - bytes;
             reserve.count += new_count - count;
             self.run_peak_bytes.store(new_bytes, Ordering::Relaxed);
@@ -599,18 +584,13 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
 impl<U: Upstream + ?Sized> DeviceMemoryResource for StatisticsResourceAdaptor<U> {
     #[inline]
     fn allocate(&self, bytes: usize, stream: StreamView) -> Result<DevicePtr> {
-        match self.upstream.allocate(bytes, stream) {
-            Ok(p) => {
-                if !p.is_null() {
-                    self.record_alloc(bytes as i64);
-                }
-                Ok(p)
-            }
-            Err(e) => {
-                self.count_failure(&e, bytes);
-                Err(e)
-            }
+        let r = self.upstream.allocate(bytes, stream);
+        match &r {
+            Ok(p) if !p.is_null() => self.record_alloc(bytes as i64),
+            Ok(_) => {}
+            Err(e) => self.count_failure(e, bytes),
         }
+        r
     }
 
     #[inline]

@@ -17,8 +17,9 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
     /// A PyTorch-style report: allocated vs reserved bytes (reserved from the chain's first pool),
     /// retries (by the chain's failure-callback adaptors) and OOM errors.
     pub fn report(&self) -> MemoryReport {
-        let pool =
+        let usage =
             find_in_chain::<PoolMemoryResource>((*self.upstream).as_dyn()).map(|p| p.usage());
+        let pool = usage.as_ref();
         let retries = chain((*self.upstream).as_dyn())
             .into_iter()
             .filter_map(|r| r.as_any().downcast_ref::<FailureCallbackResourceAdaptor>())
@@ -29,20 +30,16 @@ impl<U: Upstream + ?Sized> StatisticsResourceAdaptor<U> {
             resource: chain_names(self),
             allocated_bytes: self.lifetime_bytes(),
             allocations: self.lifetime_allocations(),
-            reserved_bytes: pool.as_ref().map(|p| p.pool_size as u64),
-            reserved_peak_bytes: pool.as_ref().map(|p| p.peak_pool_size as u64),
-            reserved_maximum_bytes: pool.as_ref().and_then(|p| p.maximum_size.map(|m| m as u64)),
-            pool_in_use_bytes: pool.as_ref().map(|p| p.in_use as u64),
-            cached_free_bytes: pool
-                .as_ref()
-                .map(|p| p.pool_size.saturating_sub(p.in_use) as u64),
-            pool_free_bytes: pool.as_ref().map(|p| p.free as u64),
-            largest_free_block: pool.as_ref().map(|p| p.largest_free as u64),
-            fragmentation_permille: pool
-                .as_ref()
-                .map(|p| (p.fragmentation() * 1000.0).round() as u64),
-            num_device_alloc: pool.as_ref().map(|p| p.device_allocations),
-            num_device_free: pool.as_ref().map(|p| p.device_frees),
+            reserved_bytes: pool.map(|p| p.pool_size as u64),
+            reserved_peak_bytes: pool.map(|p| p.peak_pool_size as u64),
+            reserved_maximum_bytes: pool.and_then(|p| p.maximum_size.map(|m| m as u64)),
+            pool_in_use_bytes: pool.map(|p| p.in_use as u64),
+            cached_free_bytes: pool.map(|p| p.pool_size.saturating_sub(p.in_use) as u64),
+            pool_free_bytes: pool.map(|p| p.free as u64),
+            largest_free_block: pool.map(|p| p.largest_free as u64),
+            fragmentation_permille: pool.map(|p| (p.fragmentation() * 1000.0).round() as u64),
+            num_device_alloc: pool.map(|p| p.device_allocations),
+            num_device_free: pool.map(|p| p.device_frees),
             num_alloc_retries: retries,
             num_ooms: self.out_of_memory_count(),
             num_failed_allocations: self.failed_allocation_count(),
@@ -141,9 +138,7 @@ impl MemoryReport {
             ("num_device_free", self.num_device_free),
         ];
         for (key, value) in pool_figures {
-            if let Some(value) = value {
-                m.insert(key.to_string(), value as i64);
-            }
+            m.extend(value.map(|v| (key.to_string(), v as i64)));
         }
         m
     }

@@ -189,11 +189,8 @@ impl TrackingResourceAdaptor {
     /// (then the slot is its own: mark it exited once the record is in).
     #[inline(always)]
     fn who(&self) -> (u32, bool) {
-        let id = self.id;
-        match SLOTS.with(|c| c.get(id)) {
-            Some(slot) => (slot, false),
-            None => self.register_thread(),
-        }
+        let slot = SLOTS.with(|c| c.get(self.id));
+        slot.map_or_else(|| self.register_thread(), |slot| (slot, false))
     }
 
     #[cold]
@@ -234,46 +231,32 @@ impl TrackingResourceAdaptor {
 
     /// Every outstanding allocation, by address.
     pub fn outstanding(&self) -> Vec<AllocationRecord> {
-        // Copy what the records hold shard by shard (each lock briefly), then name threads.
-        struct Raw {
-            ptr: u64,
-            size: usize,
-            stream: StreamView,
-            at_ns: u64,
-            slot: u32,
-            backtrace: Option<Arc<Backtrace>>,
-        }
+        // Copy the records shard by shard (each lock briefly), then name threads.
         let mut raw = Vec::new();
         for shard in self.shards.iter() {
             let maps = shard.map.lock();
-            raw.extend(maps.records.iter().map(|(&ptr, r)| Raw {
-                ptr,
-                size: r.size,
-                stream: r.stream,
-                at_ns: r.at_ns(),
-                slot: r.slot(),
-                backtrace: maps.backtraces.get(&ptr).cloned(),
-            }));
+            let bt = |ptr: &u64| maps.backtraces.get(ptr).cloned();
+            raw.extend(maps.records.iter().map(|(&ptr, &r)| (ptr, r, bt(&ptr))));
         }
-        raw.sort_unstable_by_key(|r| r.ptr);
+        raw.sort_unstable_by_key(|r| r.0);
         let now = Instant::now();
         let slots = self.threads.slots.lock();
         raw.into_iter()
-            .map(|r| AllocationRecord {
-                ptr: DevicePtr(r.ptr),
+            .map(|(ptr, r, backtrace)| AllocationRecord {
+                ptr: DevicePtr(ptr),
                 size: r.size,
                 stream: r.stream,
                 // A slot named by a record is never pruned: only SLOT_UNKNOWN falls back.
                 thread: slots
                     .entries
-                    .get(r.slot as usize)
+                    .get(r.slot() as usize)
                     .and_then(Option::as_ref)
                     .map_or_else(std::thread::current, |e| e.thread.clone()),
                 at: self
                     .base
-                    .checked_add(Duration::from_nanos(r.at_ns.saturating_sub(self.base_ns)))
+                    .checked_add(Duration::from_nanos(r.at_ns().saturating_sub(self.base_ns)))
                     .map_or(now, |at| at.min(now)),
-                backtrace: r.backtrace,
+                backtrace,
             })
             .collect()
     }
@@ -384,10 +367,9 @@ impl DeviceMemoryResource for TrackingResourceAdaptor {
         }
         // The backtrace, if any, is dropped outside the lock.
         drop(bt);
-        match removed {
-            Some(rec) if rec.size == bytes => {}
-            Some(rec) => self.warn_free(ptr, bytes, Some(rec.size)),
-            None => self.warn_free(ptr, bytes, None),
+        let allocated = removed.map(|rec| rec.size);
+        if allocated != Some(bytes) {
+            self.warn_free(ptr, bytes, allocated);
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 
 use std::backtrace::Backtrace;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -33,16 +33,7 @@ impl Hasher for PtrHasher {
     }
 }
 
-#[derive(Default, Clone, Copy)]
-pub(super) struct BuildPtrHasher;
-
-impl BuildHasher for BuildPtrHasher {
-    type Hasher = PtrHasher;
-
-    fn build_hasher(&self) -> PtrHasher {
-        PtrHasher(0)
-    }
-}
+type BuildPtrHasher = BuildHasherDefault<PtrHasher>;
 
 /// A record as stored: 24 bytes; the pointer is the key, a backtrace lives in its own map.
 #[derive(Debug, Clone, Copy)]
@@ -122,15 +113,12 @@ impl Shard {
     pub(super) fn remove(&self, addr: u64) -> Taken {
         let mut maps = self.map.lock();
         let rec = maps.records.remove(&addr);
-        let bt = if maps.backtraces.is_empty() {
-            None
-        } else {
-            maps.backtraces.remove(&addr)
-        };
+        let bt = (!maps.backtraces.is_empty())
+            .then(|| maps.backtraces.remove(&addr))
+            .flatten();
         if let Some(rec) = &rec {
-            let b = self.bytes.load(Ordering::Relaxed);
-            self.bytes
-                .store(b.wrapping_sub(rec.size), Ordering::Relaxed);
+            let b = self.bytes.load(Ordering::Relaxed).wrapping_sub(rec.size);
+            self.bytes.store(b, Ordering::Relaxed);
         }
         (rec, bt)
     }
