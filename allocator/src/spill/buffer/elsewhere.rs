@@ -11,6 +11,7 @@ use crate::backend::host::PinnedSlice;
 use crate::backend::pinned_copy::PinnedCopy;
 use crate::error::{Error, Result};
 use crate::spill::copy::Direction;
+use crate::spill::disk::data_in_mut;
 use crate::spill::store::SpillStore;
 use crate::stream::synchronize_stream;
 use crate::stream_view::StreamView;
@@ -70,10 +71,9 @@ impl SpillableBuffer {
         let state = match (buffer.host_slices(), incoming) {
             (Ok(mut slices), Incoming::Filled(fill)) => {
                 let mut offset = 0;
-                for s in &mut slices {
-                    let n = (size - offset).min(s.len());
-                    fill(offset, &mut s.as_mut_slice()[..n])?;
-                    offset += n;
+                for piece in data_in_mut(&mut slices, size) {
+                    fill(offset, piece)?;
+                    offset += piece.len();
                 }
                 State::Host(slices)
             }
