@@ -194,8 +194,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     /// # Errors
     /// Bringing data back failed; the data stays where it was.
     pub fn device_views(&self, stream: StreamView) -> Result<Option<Vec<SharedDeviceGuard>>> {
-        let buffers = self.spilled_buffers();
-        buffers
+        self.spilled_buffers()
             .map(|b| b.iter().map(|b| b.shared_device_view(stream)).collect())
             .transpose()
     }
@@ -249,8 +248,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     /// # Errors
     /// A failed copy or file read.
     pub fn spilled_bytes(&self) -> Result<Option<Vec<Vec<u8>>>> {
-        let buffers = self.spilled_buffers();
-        buffers
+        self.spilled_buffers()
             .map(|b| b.iter().map(|b| b.to_vec()).collect())
             .transpose()
     }

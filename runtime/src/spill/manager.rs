@@ -281,9 +281,8 @@ impl SpillManager {
     /// # Errors
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory): no room even after spilling.
     pub fn buffer(&self, size: usize, stream: StreamView) -> Result<Arc<SpillableBuffer>> {
-        let b = SpillableBuffer::new(&self.store, size, stream, self.observer())?;
-        self.register(&b);
-        Ok(b)
+        SpillableBuffer::new(&self.store, size, stream, self.observer())
+            .inspect(|b| self.register(b))
     }
 
     /// A spillable copy of `bytes`.
@@ -292,9 +291,8 @@ impl SpillManager {
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory) or
     /// [`Driver`](rmm_allocator::Error::Driver).
     pub fn from_host(&self, bytes: &[u8], stream: StreamView) -> Result<Arc<SpillableBuffer>> {
-        let b = SpillableBuffer::from_host(&self.store, bytes, stream, self.observer())?;
-        self.register(&b);
-        Ok(b)
+        SpillableBuffer::from_host(&self.store, bytes, stream, self.observer())
+            .inspect(|b| self.register(b))
     }
 
     /// `len` uninitialized spillable elements, used on `stream`.
@@ -303,9 +301,8 @@ impl SpillManager {
     /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument): bytes overflow `usize`;
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory).
     pub fn vector<T: Pod>(&self, len: usize, stream: StreamView) -> Result<SpillableVector<T>> {
-        let v = SpillableVector::new(&self.store, len, stream, self.observer())?;
-        self.register(v.buffer());
-        Ok(v)
+        SpillableVector::new(&self.store, len, stream, self.observer())
+            .inspect(|v| self.register(v.buffer()))
     }
 
     /// A spillable copy of `data`.
@@ -318,9 +315,8 @@ impl SpillManager {
         data: &[T],
         stream: StreamView,
     ) -> Result<SpillableVector<T>> {
-        let v = SpillableVector::from_slice(&self.store, data, stream, self.observer())?;
-        self.register(v.buffer());
-        Ok(v)
+        SpillableVector::from_slice(&self.store, data, stream, self.observer())
+            .inspect(|v| self.register(v.buffer()))
     }
 
     fn register(&self, b: &Arc<SpillableBuffer>) {
@@ -373,7 +369,7 @@ impl SpillManager {
         stream: StreamView,
         fill: &mut PartFill<'_>,
     ) -> Result<Arc<ForeignData<O>>> {
-        self.receive_parts(sizes, stream, &mut |i, size| {
+        self.receive_parts(sizes, stream, &mut |i, size, _| {
             SpillableBuffer::off_device_with(
                 &self.store,
                 size,
@@ -393,49 +389,37 @@ impl SpillManager {
         parts: &[(DevicePtr, usize)],
         stream: StreamView,
     ) -> Result<Arc<ForeignData<O>>> {
-        let bytes: usize = parts.iter().map(|p| p.1).sum();
-        if self.tracker.has_room(bytes) {
-            let buffers = parts
-                .iter()
-                .map(|&(src, size)| {
-                    let b = self.buffer(size, stream)?;
-                    {
-                        let view = b.device_view(stream)?;
-                        let device = b.device();
-                        // Waits for this stream only, not for spills in flight.
-                        device.copy_device_to_device_async(view.ptr(), src, size, stream)?;
-                        rmm_allocator::synchronize_stream(device, stream)?;
-                    }
-                    Ok(b)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            self.tracker.received[0].fetch_add(bytes as u64, Ordering::Relaxed);
-            return Ok(ForeignData::received(
-                &self.tracker,
-                &self.store,
-                buffers,
-                stream,
-            ));
-        }
         let sizes: Vec<usize> = parts.iter().map(|p| p.1).collect();
-        self.receive_parts(&sizes, stream, &mut |i, size| {
-            SpillableBuffer::off_device_from(&self.store, size, self.observer(), parts[i].0)
+        self.receive_parts(&sizes, stream, &mut |i, size, on_device| {
+            let src = parts[i].0;
+            if !on_device {
+                return SpillableBuffer::off_device_from(&self.store, size, self.observer(), src);
+            }
+            let b = self.buffer(size, stream)?;
+            let view = b.device_view(stream)?;
+            // Waits for this stream only, not for spills in flight.
+            b.device()
+                .copy_device_to_device_async(view.ptr(), src, size, stream)?;
+            rmm_allocator::synchronize_stream(b.device(), stream)?;
+            drop(view);
+            Ok(b)
         })
     }
 
-    /// Parts of `sizes` made by `make(part, size)`, kept as in [`receive`](Self::receive).
+    /// Parts of `sizes` made by `make(part, size, whether all fit on the device)`, kept as in
+    /// [`receive`](Self::receive).
     fn receive_parts<O: ForeignOwner + 'static>(
         &self,
         sizes: &[usize],
         stream: StreamView,
-        make: &mut dyn FnMut(usize, usize) -> Result<Arc<SpillableBuffer>>,
+        make: &mut dyn FnMut(usize, usize, bool) -> Result<Arc<SpillableBuffer>>,
     ) -> Result<Arc<ForeignData<O>>> {
         let bytes: usize = sizes.iter().sum();
         let on_device = self.tracker.has_room(bytes);
         let buffers = sizes
             .iter()
             .enumerate()
-            .map(|(i, &size)| make(i, size))
+            .map(|(i, &size)| make(i, size, on_device))
             .collect::<Result<Vec<_>>>()?;
         buffers.iter().for_each(|b| {
             self.register(b);
@@ -475,8 +459,7 @@ impl SpillManager {
     /// # Errors
     /// No room on the host and no disk tier, or a copy failed (what could move has moved).
     pub fn enforce_limit(&self) -> Result<u64> {
-        let over = self.tracker.tracked.load(Ordering::Relaxed)
-            - self.tracker.limit.load(Ordering::Relaxed) as i64;
+        let over = self.tracker.excess();
         if over <= 0 {
             return Ok(0);
         }
@@ -533,9 +516,7 @@ impl SpillManager {
         buffers.reverse();
         let mut back = 0;
         for b in buffers {
-            let room = self.tracker.limit.load(Ordering::Relaxed) as i64
-                - self.tracker.tracked.load(Ordering::Relaxed);
-            if b.tier() != Tier::Device && (b.size() as i64) <= room {
+            if b.tier() != Tier::Device && self.tracker.has_room(b.size()) {
                 b.unspill(stream)?;
                 back += b.size() as u64;
             }

@@ -289,25 +289,28 @@ impl Tracker {
         }
     }
 
+    /// Device bytes tracked beyond the limit (negative: the room left).
+    pub(crate) fn excess(&self) -> i64 {
+        self.tracked.load(Ordering::Relaxed) - self.limit.load(Ordering::Relaxed) as i64
+    }
+
     pub(crate) fn has_room(&self, bytes: usize) -> bool {
-        let limit = self.limit.load(Ordering::Relaxed) as i64;
-        self.tracked.load(Ordering::Relaxed) + bytes as i64 <= limit
+        self.excess() + bytes as i64 <= 0
     }
 
     pub(crate) fn is_over_limit(&self) -> bool {
-        self.tracked.load(Ordering::Relaxed) > self.limit.load(Ordering::Relaxed) as i64
+        self.excess() > 0
     }
 
     /// Spills least recently used entries (not `except`) while over the limit with `bytes` more,
     /// plus [`limit_slack`] when room is made on the caller's thread, so a device making data
     /// spills in batches, as Dask workers spill to a target below their threshold.
     pub(crate) fn enforce_limit(&self, except: Option<u64>, bytes: usize) {
-        let limit = self.limit.load(Ordering::Relaxed) as i64;
-        let over = self.tracked.load(Ordering::Relaxed) + bytes as i64 - limit;
+        let over = self.excess() + bytes as i64;
         let slack = if self.room_in_background.load(Ordering::Relaxed) {
             0
         } else {
-            limit_slack(limit)
+            limit_slack(self.limit.load(Ordering::Relaxed) as i64)
         };
         if over > 0
             && let Err(e) = self.spill_oldest((over + slack) as u64, except)
@@ -327,10 +330,9 @@ impl Tracker {
     }
 
     pub(crate) fn drop_all_kept_copies(&self) {
+        // Entries off the device have no kept copy: dropping one gives back 0.
         for b in self.oldest_first(None) {
-            if b.tier() == Tier::Device {
-                b.drop_kept_copy();
-            }
+            b.drop_kept_copy();
         }
     }
 

@@ -146,15 +146,10 @@ impl SpillableBuffer {
             State::Host(slices)
             | State::Device {
                 kept: Some(slices), ..
-            } => {
-                let mut rest = &mut *out;
-                for_each_piece(slices, offset, rest.len(), |_, piece| {
-                    let (here, after) = std::mem::take(&mut rest).split_at_mut(piece.len());
-                    copy_in_parallel(here, piece);
-                    rest = after;
-                    Ok(())
-                })
-            }
+            } => for_each_piece(slices, offset, out.len(), |at, piece| {
+                copy_in_parallel(&mut out[at..at + piece.len()], piece);
+                Ok(())
+            }),
             State::Disk(file, disk) => disk.read_range_into(file, offset, out),
         }
     }

@@ -419,8 +419,10 @@ impl SpillableBuffer {
                          copy it with to_vec)",
                     ));
                 }
-                if !self.spill_to_kept(&mut state)? {
-                    self.device_to_host(&mut state)?;
+                if !self.spill_to_kept(&mut state)?
+                    && let Some(out) = self.start_to_host(&state)?
+                {
+                    self.complete_to_host(&mut state, out, None)?;
                 }
             }
             State::Disk(..) => self.disk_to_host(&mut state)?,
@@ -570,21 +572,10 @@ impl SpillableBuffer {
     fn try_host_slices(&self) -> Result<Vec<PinnedSlice>> {
         let host = self.store.host();
         let chunk = host.max_slice().max(1);
-        let mut slices = Vec::with_capacity(self.size.div_ceil(chunk));
-        let mut left = self.size;
-        while left > 0 {
-            let n = left.min(chunk);
-            slices.push(host.allocate(n)?);
-            left -= n;
-        }
-        Ok(slices)
-    }
-
-    fn device_to_host(&self, state: &mut State) -> Result<()> {
-        match self.start_to_host(state)? {
-            Some(out) => self.complete_to_host(state, out, None),
-            None => Ok(()),
-        }
+        (0..self.size)
+            .step_by(chunk)
+            .map(|at| host.allocate(chunk.min(self.size - at)))
+            .collect()
     }
 
     fn device_to_disk(&self, state: &mut State) -> Result<()> {
