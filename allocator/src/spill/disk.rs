@@ -282,26 +282,12 @@ impl DiskStore {
         })
     }
 
-    /// Writes the first `len` bytes held in `slices` to a new file for buffer `id`.
-    pub(crate) fn write_slices(
+    /// Writes `chunks` (`len` bytes in all: host slices' [`data_in`], or one piece) to a new file
+    /// for buffer `id`.
+    pub(crate) fn write_chunks<'a>(
         &self,
         id: u64,
-        slices: &[PinnedSlice],
-        len: usize,
-    ) -> Result<DiskFile> {
-        self.write_chunks(id, data_in(slices, len), len)
-    }
-
-    /// Writes `bytes` to a new file for buffer `id`.
-    pub(crate) fn write_bytes(&self, id: u64, bytes: &[u8]) -> Result<DiskFile> {
-        self.write_chunks(id, std::iter::once(bytes), bytes.len())
-    }
-
-    /// Writes `chunks` (`len` bytes in all) to a new file for buffer `id`.
-    fn write_chunks<'a>(
-        &self,
-        id: u64,
-        chunks: impl Iterator<Item = &'a [u8]>,
+        chunks: impl IntoIterator<Item = &'a [u8]>,
         len: usize,
     ) -> Result<DiskFile> {
         let disk = self.create(id, len)?;
@@ -628,7 +614,9 @@ mod tests {
         ];
         slices[0].as_mut_slice()[..1 << 20].copy_from_slice(&data[..1 << 20]);
         slices[1].as_mut_slice()[..77].copy_from_slice(&data[1 << 20..]);
-        let file = store.write_slices(7, &slices, data.len()).unwrap();
+        let file = store
+            .write_chunks(7, data_in(&slices, data.len()), data.len())
+            .unwrap();
         // Nothing in the directory that a killed process could leave behind.
         assert_eq!(dir.entries(), Vec::<String>::new());
         assert_eq!(store.held(), data.len() as u64);
@@ -660,7 +648,7 @@ mod tests {
         let slices = vec![pool.allocate(4096).unwrap()];
         let mut kept = Vec::new();
         while kept.len() < 100_000 {
-            match store.write_slices(1, &slices, 4096) {
+            match store.write_chunks(1, data_in(&slices, 4096), 4096) {
                 Ok(file) => kept.push(file),
                 Err(e) => {
                     println!("after {} files: {e}", kept.len());

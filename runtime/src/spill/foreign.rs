@@ -147,7 +147,10 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         };
         match &*state {
             State::Device(_) => Tier::Device,
-            State::Spilled(buffers) => tier_of(buffers),
+            State::Spilled(buffers) => [Tier::Device, Tier::Disk]
+                .into_iter()
+                .find(|&t| buffers.iter().all(|b| b.tier() == t))
+                .unwrap_or(Tier::Host),
         }
     }
 
@@ -365,18 +368,6 @@ impl SpillObserver for Staged {
     }
     fn released(&self, id: u64) {
         self.tracker.released(id);
-    }
-}
-
-/// The tier of a spilled value's data: see [`ForeignData::tier`].
-fn tier_of(buffers: &[Arc<SpillableBuffer>]) -> Tier {
-    let tiers = || buffers.iter().map(|b| b.tier());
-    if tiers().all(|t| t == Tier::Device) {
-        Tier::Device
-    } else if tiers().all(|t| t == Tier::Disk) {
-        Tier::Disk
-    } else {
-        Tier::Host
     }
 }
 

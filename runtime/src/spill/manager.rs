@@ -242,9 +242,10 @@ impl SpillManager {
 
     /// Own buffers on the device and not in use, most recent first (a reinitialize may keep them).
     pub(crate) fn idle_on_device(&self) -> Vec<Arc<SpillableBuffer>> {
-        let mut all = self.tracker.oldest_first(None);
-        all.reverse();
-        all.into_iter()
+        self.tracker
+            .oldest_first(None)
+            .into_iter()
+            .rev()
             .filter(|e| e.tier() == Tier::Device && !e.is_in_use())
             .filter_map(Spillable::into_buffer)
             .collect()
@@ -512,10 +513,8 @@ impl SpillManager {
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory); [`Driver`](rmm_allocator::Error::Driver)
     /// or [`SpillFile`](rmm_allocator::Error::SpillFile).
     pub fn unspill_all(&self, stream: StreamView) -> Result<u64> {
-        let mut buffers = self.tracker.oldest_first(None);
-        buffers.reverse();
         let mut back = 0;
-        for b in buffers {
+        for b in self.tracker.oldest_first(None).into_iter().rev() {
             if b.tier() != Tier::Device && self.tracker.has_room(b.size()) {
                 b.unspill(stream)?;
                 back += b.size() as u64;

@@ -142,8 +142,7 @@ impl SpillableBuffer {
             Ok(c) => c,
             Err((e, memory)) => return Err(self.lost_unless(e, memory.or(kept))),
         };
-        let enqueued = Instant::now();
-        self.finish_copy(Direction::ToDevice, copy, enqueued, start)
+        self.finish_copy(Direction::ToDevice, copy, Instant::now(), start)
             .map_err(|(e, memory)| self.lost_unless(e, memory))
     }
 
@@ -263,9 +262,9 @@ impl SpillableBuffer {
         let resource = get_per_device_resource(self.device().ordinal())?;
         let ptr = resource.allocate(self.size, stream)?;
         let start = Instant::now();
-        let copied = match std::mem::replace(state, State::Host(Vec::new())) {
+        let copied = match state {
             State::Host(slices) => {
-                self.copy_in(ptr, slices, stream)
+                self.copy_in(ptr, std::mem::take(slices), stream)
                     // A copy is kept in pinned memory only: pageable memory is the overflow
                     // of spills that could not wait for pinning, and goes back at once.
                     .map(|slices| {
@@ -280,15 +279,10 @@ impl SpillableBuffer {
                         e
                     })
             }
-            State::Disk(file, disk) => {
-                let read = disk.read_to_device(self.store.copies(), &file, ptr, stream);
-                *state = State::Disk(file, disk);
-                read.map(|()| None)
-            }
-            device @ State::Device { .. } => {
-                *state = device;
-                Ok(None)
-            }
+            State::Disk(file, disk) => disk
+                .read_to_device(self.store.copies(), file, ptr, stream)
+                .map(|()| None),
+            State::Device { .. } => Ok(None),
         };
         let kept = match copied {
             Ok(kept) => kept,

@@ -94,7 +94,7 @@ impl SpillableBuffer {
                     Incoming::Device(src) => buffer.device().copy_to_host(&mut bytes, src)?,
                 }
                 let disk = buffer.disk()?;
-                let file = disk.write_bytes(buffer.id, &bytes)?;
+                let file = disk.write_chunks(buffer.id, [&bytes[..]], size)?;
                 State::Disk(file, disk)
             }
             (Err(e), _) => return Err(e),

@@ -23,7 +23,7 @@ mod kept;
 pub use copies::{PendingSpill, SpillStep};
 pub use in_place::HeldInPlace;
 
-use super::disk::{DiskFile, DiskStore};
+use super::disk::{DiskFile, DiskStore, data_in};
 use super::store::SpillStore;
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
@@ -82,8 +82,7 @@ pub trait SpillObserver: Send + Sync {
     ///
     /// # Errors
     /// Moving data to disk failed.
-    fn make_host_room(&self, id: u64, bytes: usize) -> Result<()> {
-        let _ = (id, bytes);
+    fn make_host_room(&self, _id: u64, _bytes: usize) -> Result<()> {
         Ok(())
     }
     /// Buffer `id` holds `delta` bytes more (negative: fewer) on the device.
@@ -611,7 +610,7 @@ impl SpillableBuffer {
             return Ok(());
         };
         let disk = self.disk()?;
-        let file = disk.write_slices(self.id, slices, self.size)?;
+        let file = disk.write_chunks(self.id, data_in(slices, self.size), self.size)?;
         self.moved(state, State::Disk(file, disk), start);
         Ok(())
     }
