@@ -382,8 +382,8 @@ impl Tracker {
         }
     }
 
-    /// Counts adopted `allocations` as on the device, each once; returns the bytes newly counted.
-    pub(crate) fn hold_foreign(&self, allocations: &[(DevicePtr, usize)]) -> usize {
+    /// Counts adopted `allocations` as on the device, each once.
+    pub(crate) fn hold_foreign(&self, allocations: &[(DevicePtr, usize)]) {
         let mut foreign = self.foreign.lock();
         let mut added = 0;
         for &(ptr, size) in allocations {
@@ -395,7 +395,6 @@ impl Tracker {
         }
         drop(foreign);
         self.resident(0, added as i64);
-        added
     }
 
     /// Undoes [`hold_foreign`](Self::hold_foreign) for a value whose data left or was dropped;

@@ -76,14 +76,11 @@ impl SpillableBuffer {
         enqueue: impl FnOnce(Device, RawStream, Event) -> Enqueued,
     ) -> Copied<PinnedCopy<PinnedSlice>> {
         let copies = self.store.copies();
-        let prepared = copies
+        // On failure nothing was enqueued: `enqueue` (and the memory it owns) is dropped unused.
+        let lane = copies
             .ordered_after(direction, after, released)
-            .and_then(|lane| copies.event().map(|event| (lane, event)));
-        let (lane, event) = match prepared {
-            Ok(p) => p,
-            // Nothing was enqueued: `enqueue` (and the memory it owns) is dropped unused.
-            Err(e) => return Err((e, None)),
-        };
+            .map_err(|e| (e, None))?;
+        let event = copies.event().map_err(|e| (e, None))?;
         enqueue(self.device(), lane, event).map_err(|f| self.settle(*f))
     }
 
@@ -105,13 +102,9 @@ impl SpillableBuffer {
             wait_us = enqueued.elapsed().as_micros() as u64,
             "copy"
         );
-        match waited {
-            Ok((memory, event)) => {
-                self.store.copies().recycle(event);
-                Ok(memory)
-            }
-            Err(f) => Err(self.settle(*f)),
-        }
+        let (memory, event) = waited.map_err(|f| self.settle(*f))?;
+        self.store.copies().recycle(event);
+        Ok(memory)
     }
 
     /// Returns a failed copy's event to the pool; its error and memory (if it came back).
