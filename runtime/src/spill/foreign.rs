@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use rmm_allocator::backend::DevicePtr;
-use rmm_allocator::spill::{SharedDeviceGuard, SpillObserver, SpillableBuffer, Tier};
+use rmm_allocator::spill::{SharedDeviceGuard, SpillObserver, SpillStep, SpillableBuffer, Tier};
 use rmm_allocator::{Result, StreamView};
 
 use super::statistics::clock_ns;
@@ -382,8 +382,12 @@ impl<O: ForeignOwner + 'static> Spillable for ForeignData<O> {
     fn is_in_use(&self) -> bool {
         false
     }
-    fn spill(&self) -> Result<usize> {
-        ForeignData::spill(self)
+    fn begin_spill(&self) -> Result<SpillStep<'_>> {
+        // The whole move at once.
+        Ok(match ForeignData::spill(self)? {
+            0 => SpillStep::Skipped,
+            n => SpillStep::Done(n),
+        })
     }
     fn spill_to_disk(&self) -> Result<usize> {
         Ok(0)

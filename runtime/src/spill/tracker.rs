@@ -24,21 +24,11 @@ pub(crate) trait Spillable: Send + Sync {
     fn size(&self) -> usize;
     /// Where its data is now (without waiting for a move in progress).
     fn tier(&self) -> Tier;
-    /// True while in use on the device (a cheap check; `spill` may find more).
+    /// True while in use on the device (a cheap check; `begin_spill` may find more).
     fn is_in_use(&self) -> bool;
-    /// Moves it off the device; the device bytes freed (0 when in use, busy or spilled).
-    fn spill(&self) -> rmm_allocator::Result<usize>;
-    /// Starts moving it off so several entries' copies overlap
-    /// ([`SpillableBuffer::begin_spill`]); by default the whole move at once.
-    fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>> {
-        self.spill().map(|n| {
-            if n > 0 {
-                SpillStep::Done(n)
-            } else {
-                SpillStep::Skipped
-            }
-        })
-    }
+    /// Starts moving it off the device so several entries' copies overlap
+    /// ([`SpillableBuffer::begin_spill`]); skipped when in use, busy or spilled.
+    fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>>;
     /// Moves host data on to disk; the bytes moved.
     fn spill_to_disk(&self) -> rmm_allocator::Result<usize>;
     fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()>;
@@ -61,9 +51,6 @@ impl Spillable for SpillableBuffer {
     }
     fn is_in_use(&self) -> bool {
         SpillableBuffer::is_in_use(self)
-    }
-    fn spill(&self) -> rmm_allocator::Result<usize> {
-        SpillableBuffer::spill(self)
     }
     fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>> {
         SpillableBuffer::begin_spill(self)
