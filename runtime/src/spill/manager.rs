@@ -370,7 +370,7 @@ impl SpillManager {
         stream: StreamView,
         fill: &mut PartFill<'_>,
     ) -> Result<Arc<ForeignData<O>>> {
-        self.receive_parts(sizes, stream, &mut |i, size, _| {
+        self.receive_parts(sizes, stream, &mut |i, size| {
             SpillableBuffer::off_device_with(
                 &self.store,
                 size,
@@ -390,37 +390,49 @@ impl SpillManager {
         parts: &[(DevicePtr, usize)],
         stream: StreamView,
     ) -> Result<Arc<ForeignData<O>>> {
+        let bytes: usize = parts.iter().map(|p| p.1).sum();
+        if self.tracker.has_room(bytes) {
+            let buffers = parts
+                .iter()
+                .map(|&(src, size)| {
+                    let b = self.buffer(size, stream)?;
+                    {
+                        let view = b.device_view(stream)?;
+                        let device = b.device();
+                        // Waits for this stream only, not for spills in flight.
+                        device.copy_device_to_device_async(view.ptr(), src, size, stream)?;
+                        rmm_allocator::synchronize_stream(device, stream)?;
+                    }
+                    Ok(b)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.tracker.received[0].fetch_add(bytes as u64, Ordering::Relaxed);
+            return Ok(ForeignData::received(
+                &self.tracker,
+                &self.store,
+                buffers,
+                stream,
+            ));
+        }
         let sizes: Vec<usize> = parts.iter().map(|p| p.1).collect();
-        self.receive_parts(&sizes, stream, &mut |i, size, on_device| {
-            let src = parts[i].0;
-            if !on_device {
-                return SpillableBuffer::off_device_from(&self.store, size, self.observer(), src);
-            }
-            let b = self.buffer(size, stream)?;
-            let view = b.device_view(stream)?;
-            // Waits for this stream only, not for spills in flight.
-            b.device()
-                .copy_device_to_device_async(view.ptr(), src, size, stream)?;
-            rmm_allocator::synchronize_stream(b.device(), stream)?;
-            drop(view);
-            Ok(b)
+        self.receive_parts(&sizes, stream, &mut |i, size| {
+            SpillableBuffer::off_device_from(&self.store, size, self.observer(), parts[i].0)
         })
     }
 
-    /// Parts of `sizes` made by `make(part, size, whether all fit on the device)`, kept as in
-    /// [`receive`](Self::receive).
+    /// Parts of `sizes` made by `make(part, size)`, kept as in [`receive`](Self::receive).
     fn receive_parts<O: ForeignOwner + 'static>(
         &self,
         sizes: &[usize],
         stream: StreamView,
-        make: &mut dyn FnMut(usize, usize, bool) -> Result<Arc<SpillableBuffer>>,
+        make: &mut dyn FnMut(usize, usize) -> Result<Arc<SpillableBuffer>>,
     ) -> Result<Arc<ForeignData<O>>> {
         let bytes: usize = sizes.iter().sum();
         let on_device = self.tracker.has_room(bytes);
         let buffers = sizes
             .iter()
             .enumerate()
-            .map(|(i, &size)| make(i, size, on_device))
+            .map(|(i, &size)| make(i, size))
             .collect::<Result<Vec<_>>>()?;
         buffers.iter().for_each(|b| {
             self.register(b);
