@@ -282,26 +282,12 @@ impl DiskStore {
         })
     }
 
-    /// Writes the first `len` bytes held in `slices` to a new file for buffer `id`.
-    pub(crate) fn write_slices(
+    /// Writes `chunks` (`len` bytes in all: host slices' [`data_in`], or one piece) to a new file
+    /// for buffer `id`.
+    pub(crate) fn write_chunks<'a>(
         &self,
         id: u64,
-        slices: &[PinnedSlice],
-        len: usize,
-    ) -> Result<DiskFile> {
-        self.write_chunks(id, data_in(slices, len), len)
-    }
-
-    /// Writes `bytes` to a new file for buffer `id`.
-    pub(crate) fn write_bytes(&self, id: u64, bytes: &[u8]) -> Result<DiskFile> {
-        self.write_chunks(id, std::iter::once(bytes), bytes.len())
-    }
-
-    /// Writes `chunks` (`len` bytes in all) to a new file for buffer `id`.
-    fn write_chunks<'a>(
-        &self,
-        id: u64,
-        chunks: impl Iterator<Item = &'a [u8]>,
+        chunks: impl IntoIterator<Item = &'a [u8]>,
         len: usize,
     ) -> Result<DiskFile> {
         let disk = self.create(id, len)?;
@@ -318,12 +304,9 @@ impl DiskStore {
     /// Reads `disk` into `slices` (which hold at least its length).
     pub(crate) fn read_slices(&self, disk: &DiskFile, slices: &mut [PinnedSlice]) -> Result<()> {
         let mut offset = 0;
-        for s in slices {
-            let n = (disk.len - offset).min(s.len());
-            disk.file
-                .read_exact_at(&mut s.as_mut_slice()[..n], offset as u64)
-                .map_err(|e| io_error(&disk.path, "read", e))?;
-            offset += n;
+        for piece in data_in_mut(slices, disk.len) {
+            self.read_range_into(disk, offset, piece)?;
+            offset += piece.len();
         }
         Ok(())
     }
@@ -352,37 +335,26 @@ impl DiskStore {
         let device = copies.device();
         let disk = self.create(id, len)?;
         let mut file = &disk.file;
-        let mut staging = self.staging.lock();
-        let mut free = self.take_slots(&mut staging)?;
-        let mut pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)> = VecDeque::new();
         // Chunks are copied into the free slots while the oldest copied chunk is written out.
-        let result = (|| -> Result<()> {
+        self.with_slots(copies, |free, pending| {
             let stream = copies.ordered_after(Direction::ToHost, after, &[])?;
             let chunks = len.div_ceil(STAGING);
             let mut next = 0;
             loop {
-                while next < chunks
-                    && let Some(slot) = free.pop()
-                {
+                while next < chunks && !free.is_empty() {
                     let off = next * STAGING;
                     let n = (len - off).min(STAGING);
-                    let event = match copies.event() {
-                        Ok(e) => e,
-                        Err(e) => {
-                            free.push(slot);
-                            return Err(e);
-                        }
-                    };
-                    let copy =
-                        PinnedCopy::to_host(device, stream, event, src.offset(off), n, vec![slot])
-                            .map_err(|f| reclaim(copies, &mut free, *f))?;
+                    let event = copies.event()?;
+                    let slot = free.split_off(free.len() - 1);
+                    let copy = PinnedCopy::to_host(device, stream, event, src.offset(off), n, slot)
+                        .map_err(|f| reclaim(copies, free, *f))?;
                     pending.push_back((n, copy));
                     next += 1;
                 }
                 let Some((n, copy)) = pending.pop_front() else {
                     return Ok(());
                 };
-                let slots = wait_for(copies, &mut free, copy)?;
+                let slots = wait_for(copies, free, copy)?;
                 let written = self.before_write().and_then(|()| {
                     slots.first().map_or(Ok(()), |slot| {
                         file.write_all(&slot.as_slice()[..n])
@@ -392,9 +364,7 @@ impl DiskStore {
                 free.extend(slots);
                 written?;
             }
-        })();
-        self.put_back(copies, &mut staging, free, pending);
-        result?;
+        })?;
         finish(file, &disk)?;
         Ok(disk)
     }
@@ -409,67 +379,52 @@ impl DiskStore {
     ) -> Result<()> {
         let device = copies.device();
         let len = disk.len;
-        let mut staging = self.staging.lock();
-        let mut free = self.take_slots(&mut staging)?;
-        let mut pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)> = VecDeque::new();
         // Each chunk is read into a free slot while the slots read before are copied out.
-        let result = (|| -> Result<()> {
+        self.with_slots(copies, |free, pending| {
             let stream = copies.ordered_after(Direction::ToDevice, after, &[])?;
             for i in 0..len.div_ceil(STAGING) {
                 if free.is_empty()
                     && let Some((_, copy)) = pending.pop_front()
                 {
-                    let slots = wait_for(copies, &mut free, copy)?;
+                    let slots = wait_for(copies, free, copy)?;
                     free.extend(slots);
                 }
-                let Some(mut slot) = free.pop() else {
+                let Some(slot) = free.last_mut() else {
                     let resource = "the disk tier's staging slots";
                     return Err(Error::host_out_of_memory(STAGING, resource));
                 };
                 let off = i * STAGING;
                 let n = (len - off).min(STAGING);
-                let read = disk
-                    .file
-                    .read_exact_at(&mut slot.as_mut_slice()[..n], off as u64);
-                let read = read.map_err(|e| io_error(&disk.path, "read", e));
-                let event = match read.and_then(|()| copies.event()) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        free.push(slot);
-                        return Err(e);
-                    }
-                };
-                let copy =
-                    PinnedCopy::to_device(device, stream, event, vec![slot], dst.offset(off), n)
-                        .map_err(|f| reclaim(copies, &mut free, *f))?;
+                self.read_range_into(disk, off, &mut slot.as_mut_slice()[..n])?;
+                let event = copies.event()?;
+                let slot = free.split_off(free.len() - 1);
+                let copy = PinnedCopy::to_device(device, stream, event, slot, dst.offset(off), n)
+                    .map_err(|f| reclaim(copies, free, *f))?;
                 pending.push_back((n, copy));
             }
             while let Some((_, copy)) = pending.pop_front() {
-                let slots = wait_for(copies, &mut free, copy)?;
+                let slots = wait_for(copies, free, copy)?;
                 free.extend(slots);
             }
             Ok(())
-        })();
-        self.put_back(copies, &mut staging, free, pending);
-        result
+        })
     }
 
-    /// Takes the staging slots for a pipeline, replacing one lost to an unwaitable copy if it can.
-    fn take_slots(&self, staging: &mut Vec<PinnedSlice>) -> Result<Vec<PinnedSlice>> {
+    /// Runs a pipeline over the staging slots (`run(free slots, copies in flight)`), replacing one
+    /// lost to an unwaitable copy first if it can; the slots go back once in-flight copies finish
+    /// (one a copy may still use leaks instead).
+    fn with_slots<R>(
+        &self,
+        copies: &CopyStreams,
+        run: impl FnOnce(&mut Vec<PinnedSlice>, &mut InFlight) -> Result<R>,
+    ) -> Result<R> {
+        let mut staging = self.staging.lock();
         while staging.len() < 2 {
             staging.push(self.staging_pool.allocate(STAGING)?);
         }
-        Ok(std::mem::take(staging))
-    }
-
-    /// Returns the slots once in-flight copies finish; one a copy may still use leaks instead.
-    fn put_back(
-        &self,
-        copies: &CopyStreams,
-        staging: &mut Vec<PinnedSlice>,
-        mut free: Vec<PinnedSlice>,
-        pending: VecDeque<(usize, PinnedCopy<PinnedSlice>)>,
-    ) {
+        let mut free = std::mem::take(&mut *staging);
+        let mut pending = InFlight::new();
+        let result = run(&mut free, &mut pending);
         for (_, copy) in pending {
             match wait_for(copies, &mut free, copy) {
                 Ok(slots) => free.extend(slots),
@@ -480,8 +435,12 @@ impl DiskStore {
             }
         }
         *staging = free;
+        result
     }
 }
+
+/// A pipeline's copies in flight, oldest first, with their bytes.
+type InFlight = VecDeque<(usize, PinnedCopy<PinnedSlice>)>;
 
 /// The first `len` bytes held in `slices`, in order, a piece per slice.
 pub(super) fn data_in(slices: &[PinnedSlice], len: usize) -> impl Iterator<Item = &[u8]> {
@@ -490,6 +449,19 @@ pub(super) fn data_in(slices: &[PinnedSlice], len: usize) -> impl Iterator<Item 
         let n = left.min(s.len());
         left -= n;
         &s.as_slice()[..n]
+    })
+}
+
+/// [`data_in`], writable.
+pub(super) fn data_in_mut(
+    slices: &mut [PinnedSlice],
+    len: usize,
+) -> impl Iterator<Item = &mut [u8]> {
+    let mut left = len;
+    slices.iter_mut().map(move |s| {
+        let n = left.min(s.len());
+        left -= n;
+        &mut s.as_mut_slice()[..n]
     })
 }
 
@@ -642,7 +614,9 @@ mod tests {
         ];
         slices[0].as_mut_slice()[..1 << 20].copy_from_slice(&data[..1 << 20]);
         slices[1].as_mut_slice()[..77].copy_from_slice(&data[1 << 20..]);
-        let file = store.write_slices(7, &slices, data.len()).unwrap();
+        let file = store
+            .write_chunks(7, data_in(&slices, data.len()), data.len())
+            .unwrap();
         // Nothing in the directory that a killed process could leave behind.
         assert_eq!(dir.entries(), Vec::<String>::new());
         assert_eq!(store.held(), data.len() as u64);
@@ -674,7 +648,7 @@ mod tests {
         let slices = vec![pool.allocate(4096).unwrap()];
         let mut kept = Vec::new();
         while kept.len() < 100_000 {
-            match store.write_slices(1, &slices, 4096) {
+            match store.write_chunks(1, data_in(&slices, 4096), 4096) {
                 Ok(file) => kept.push(file),
                 Err(e) => {
                     println!("after {} files: {e}", kept.len());

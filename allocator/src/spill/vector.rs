@@ -28,12 +28,6 @@ impl<T: Pod> std::fmt::Debug for SpillableVector<T> {
     }
 }
 
-fn bytes_for<T>(len: usize) -> Result<usize> {
-    len.checked_mul(size_of::<T>()).ok_or_else(|| {
-        Error::invalid_argument("len", len, "a length whose size in bytes fits in usize")
-    })
-}
-
 impl<T: Pod> SpillableVector<T> {
     /// `len` uninitialized elements on the store's device, used on `stream`.
     ///
@@ -46,7 +40,10 @@ impl<T: Pod> SpillableVector<T> {
         stream: StreamView,
         observer: Option<Arc<dyn SpillObserver>>,
     ) -> Result<SpillableVector<T>> {
-        let buffer = SpillableBuffer::new(store, bytes_for::<T>(len)?, stream, observer)?;
+        let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| {
+            Error::invalid_argument("len", len, "a length whose size in bytes fits in usize")
+        })?;
+        let buffer = SpillableBuffer::new(store, bytes, stream, observer)?;
         Ok(Self::from_buffer_unchecked(buffer, len))
     }
 

@@ -42,12 +42,6 @@ impl Background {
     /// Has the background thread enforce `tracker`'s limit soon (here, if it cannot start).
     pub(crate) fn request<T: EnforceLimit>(&self, tracker: &Arc<T>) {
         let mut s = self.shared.state.lock();
-        if s.inline {
-            drop(s);
-            tracker.enforce_limit_now();
-            return;
-        }
-        s.requested += 1;
         if !s.started {
             s.started = true;
             let shared = Arc::clone(&self.shared);
@@ -58,12 +52,14 @@ impl Background {
             if let Err(e) = spawned {
                 tracing::warn!("starting the spill-limit thread: {e}; spilling inline instead");
                 s.inline = true;
-                s.served = s.requested;
-                drop(s);
-                tracker.enforce_limit_now();
-                return;
             }
         }
+        if s.inline {
+            drop(s);
+            tracker.enforce_limit_now();
+            return;
+        }
+        s.requested += 1;
         self.shared.wake.notify_one();
     }
 

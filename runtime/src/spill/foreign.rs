@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use rmm_allocator::backend::DevicePtr;
-use rmm_allocator::spill::{SharedDeviceGuard, SpillObserver, SpillableBuffer, Tier};
+use rmm_allocator::spill::{SharedDeviceGuard, SpillObserver, SpillStep, SpillableBuffer, Tier};
 use rmm_allocator::{Result, StreamView};
 
 use super::statistics::clock_ns;
@@ -147,7 +147,10 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         };
         match &*state {
             State::Device(_) => Tier::Device,
-            State::Spilled(buffers) => tier_of(buffers),
+            State::Spilled(buffers) => [Tier::Device, Tier::Disk]
+                .into_iter()
+                .find(|&t| buffers.iter().all(|b| b.tier() == t))
+                .unwrap_or(Tier::Host),
         }
     }
 
@@ -194,8 +197,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     /// # Errors
     /// Bringing data back failed; the data stays where it was.
     pub fn device_views(&self, stream: StreamView) -> Result<Option<Vec<SharedDeviceGuard>>> {
-        let buffers = self.spilled_buffers();
-        buffers
+        self.spilled_buffers()
             .map(|b| b.iter().map(|b| b.shared_device_view(stream)).collect())
             .transpose()
     }
@@ -249,8 +251,7 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
     /// # Errors
     /// A failed copy or file read.
     pub fn spilled_bytes(&self) -> Result<Option<Vec<Vec<u8>>>> {
-        let buffers = self.spilled_buffers();
-        buffers
+        self.spilled_buffers()
             .map(|b| b.iter().map(|b| b.to_vec()).collect())
             .transpose()
     }
@@ -370,18 +371,6 @@ impl SpillObserver for Staged {
     }
 }
 
-/// The tier of a spilled value's data: see [`ForeignData::tier`].
-fn tier_of(buffers: &[Arc<SpillableBuffer>]) -> Tier {
-    let tiers = || buffers.iter().map(|b| b.tier());
-    if tiers().all(|t| t == Tier::Device) {
-        Tier::Device
-    } else if tiers().all(|t| t == Tier::Disk) {
-        Tier::Disk
-    } else {
-        Tier::Host
-    }
-}
-
 impl<O: ForeignOwner + 'static> Spillable for ForeignData<O> {
     fn size(&self) -> usize {
         self.size
@@ -393,8 +382,12 @@ impl<O: ForeignOwner + 'static> Spillable for ForeignData<O> {
     fn is_in_use(&self) -> bool {
         false
     }
-    fn spill(&self) -> Result<usize> {
-        ForeignData::spill(self)
+    fn begin_spill(&self) -> Result<SpillStep<'_>> {
+        // The whole move at once.
+        Ok(match ForeignData::spill(self)? {
+            0 => SpillStep::Skipped,
+            n => SpillStep::Done(n),
+        })
     }
     fn spill_to_disk(&self) -> Result<usize> {
         Ok(0)

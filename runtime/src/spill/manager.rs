@@ -242,9 +242,10 @@ impl SpillManager {
 
     /// Own buffers on the device and not in use, most recent first (a reinitialize may keep them).
     pub(crate) fn idle_on_device(&self) -> Vec<Arc<SpillableBuffer>> {
-        let mut all = self.tracker.oldest_first(None);
-        all.reverse();
-        all.into_iter()
+        self.tracker
+            .oldest_first(None)
+            .into_iter()
+            .rev()
             .filter(|e| e.tier() == Tier::Device && !e.is_in_use())
             .filter_map(Spillable::into_buffer)
             .collect()
@@ -281,9 +282,8 @@ impl SpillManager {
     /// # Errors
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory): no room even after spilling.
     pub fn buffer(&self, size: usize, stream: StreamView) -> Result<Arc<SpillableBuffer>> {
-        let b = SpillableBuffer::new(&self.store, size, stream, self.observer())?;
-        self.register(&b);
-        Ok(b)
+        SpillableBuffer::new(&self.store, size, stream, self.observer())
+            .inspect(|b| self.register(b))
     }
 
     /// A spillable copy of `bytes`.
@@ -292,9 +292,8 @@ impl SpillManager {
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory) or
     /// [`Driver`](rmm_allocator::Error::Driver).
     pub fn from_host(&self, bytes: &[u8], stream: StreamView) -> Result<Arc<SpillableBuffer>> {
-        let b = SpillableBuffer::from_host(&self.store, bytes, stream, self.observer())?;
-        self.register(&b);
-        Ok(b)
+        SpillableBuffer::from_host(&self.store, bytes, stream, self.observer())
+            .inspect(|b| self.register(b))
     }
 
     /// `len` uninitialized spillable elements, used on `stream`.
@@ -303,9 +302,8 @@ impl SpillManager {
     /// [`InvalidArgument`](rmm_allocator::Error::InvalidArgument): bytes overflow `usize`;
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory).
     pub fn vector<T: Pod>(&self, len: usize, stream: StreamView) -> Result<SpillableVector<T>> {
-        let v = SpillableVector::new(&self.store, len, stream, self.observer())?;
-        self.register(v.buffer());
-        Ok(v)
+        SpillableVector::new(&self.store, len, stream, self.observer())
+            .inspect(|v| self.register(v.buffer()))
     }
 
     /// A spillable copy of `data`.
@@ -318,9 +316,8 @@ impl SpillManager {
         data: &[T],
         stream: StreamView,
     ) -> Result<SpillableVector<T>> {
-        let v = SpillableVector::from_slice(&self.store, data, stream, self.observer())?;
-        self.register(v.buffer());
-        Ok(v)
+        SpillableVector::from_slice(&self.store, data, stream, self.observer())
+            .inspect(|v| self.register(v.buffer()))
     }
 
     fn register(&self, b: &Arc<SpillableBuffer>) {
@@ -475,8 +472,7 @@ impl SpillManager {
     /// # Errors
     /// No room on the host and no disk tier, or a copy failed (what could move has moved).
     pub fn enforce_limit(&self) -> Result<u64> {
-        let over = self.tracker.tracked.load(Ordering::Relaxed)
-            - self.tracker.limit.load(Ordering::Relaxed) as i64;
+        let over = self.tracker.excess();
         if over <= 0 {
             return Ok(0);
         }
@@ -529,13 +525,9 @@ impl SpillManager {
     /// [`OutOfMemory`](rmm_allocator::Error::OutOfMemory); [`Driver`](rmm_allocator::Error::Driver)
     /// or [`SpillFile`](rmm_allocator::Error::SpillFile).
     pub fn unspill_all(&self, stream: StreamView) -> Result<u64> {
-        let mut buffers = self.tracker.oldest_first(None);
-        buffers.reverse();
         let mut back = 0;
-        for b in buffers {
-            let room = self.tracker.limit.load(Ordering::Relaxed) as i64
-                - self.tracker.tracked.load(Ordering::Relaxed);
-            if b.tier() != Tier::Device && (b.size() as i64) <= room {
+        for b in self.tracker.oldest_first(None).into_iter().rev() {
+            if b.tier() != Tier::Device && self.tracker.has_room(b.size()) {
                 b.unspill(stream)?;
                 back += b.size() as u64;
             }

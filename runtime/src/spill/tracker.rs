@@ -24,21 +24,11 @@ pub(crate) trait Spillable: Send + Sync {
     fn size(&self) -> usize;
     /// Where its data is now (without waiting for a move in progress).
     fn tier(&self) -> Tier;
-    /// True while in use on the device (a cheap check; `spill` may find more).
+    /// True while in use on the device (a cheap check; `begin_spill` may find more).
     fn is_in_use(&self) -> bool;
-    /// Moves it off the device; the device bytes freed (0 when in use, busy or spilled).
-    fn spill(&self) -> rmm_allocator::Result<usize>;
-    /// Starts moving it off so several entries' copies overlap
-    /// ([`SpillableBuffer::begin_spill`]); by default the whole move at once.
-    fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>> {
-        self.spill().map(|n| {
-            if n > 0 {
-                SpillStep::Done(n)
-            } else {
-                SpillStep::Skipped
-            }
-        })
-    }
+    /// Starts moving it off the device so several entries' copies overlap
+    /// ([`SpillableBuffer::begin_spill`]); skipped when in use, busy or spilled.
+    fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>>;
     /// Moves host data on to disk; the bytes moved.
     fn spill_to_disk(&self) -> rmm_allocator::Result<usize>;
     fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()>;
@@ -61,9 +51,6 @@ impl Spillable for SpillableBuffer {
     }
     fn is_in_use(&self) -> bool {
         SpillableBuffer::is_in_use(self)
-    }
-    fn spill(&self) -> rmm_allocator::Result<usize> {
-        SpillableBuffer::spill(self)
     }
     fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>> {
         SpillableBuffer::begin_spill(self)
@@ -289,25 +276,28 @@ impl Tracker {
         }
     }
 
+    /// Device bytes tracked beyond the limit (negative: the room left).
+    pub(crate) fn excess(&self) -> i64 {
+        self.tracked.load(Ordering::Relaxed) - self.limit.load(Ordering::Relaxed) as i64
+    }
+
     pub(crate) fn has_room(&self, bytes: usize) -> bool {
-        let limit = self.limit.load(Ordering::Relaxed) as i64;
-        self.tracked.load(Ordering::Relaxed) + bytes as i64 <= limit
+        self.excess() + bytes as i64 <= 0
     }
 
     pub(crate) fn is_over_limit(&self) -> bool {
-        self.tracked.load(Ordering::Relaxed) > self.limit.load(Ordering::Relaxed) as i64
+        self.excess() > 0
     }
 
     /// Spills least recently used entries (not `except`) while over the limit with `bytes` more,
     /// plus [`limit_slack`] when room is made on the caller's thread, so a device making data
     /// spills in batches, as Dask workers spill to a target below their threshold.
     pub(crate) fn enforce_limit(&self, except: Option<u64>, bytes: usize) {
-        let limit = self.limit.load(Ordering::Relaxed) as i64;
-        let over = self.tracked.load(Ordering::Relaxed) + bytes as i64 - limit;
+        let over = self.excess() + bytes as i64;
         let slack = if self.room_in_background.load(Ordering::Relaxed) {
             0
         } else {
-            limit_slack(limit)
+            limit_slack(self.limit.load(Ordering::Relaxed) as i64)
         };
         if over > 0
             && let Err(e) = self.spill_oldest((over + slack) as u64, except)
@@ -327,10 +317,9 @@ impl Tracker {
     }
 
     pub(crate) fn drop_all_kept_copies(&self) {
+        // Entries off the device have no kept copy: dropping one gives back 0.
         for b in self.oldest_first(None) {
-            if b.tier() == Tier::Device {
-                b.drop_kept_copy();
-            }
+            b.drop_kept_copy();
         }
     }
 
@@ -380,8 +369,8 @@ impl Tracker {
         }
     }
 
-    /// Counts adopted `allocations` as on the device, each once; returns the bytes newly counted.
-    pub(crate) fn hold_foreign(&self, allocations: &[(DevicePtr, usize)]) -> usize {
+    /// Counts adopted `allocations` as on the device, each once.
+    pub(crate) fn hold_foreign(&self, allocations: &[(DevicePtr, usize)]) {
         let mut foreign = self.foreign.lock();
         let mut added = 0;
         for &(ptr, size) in allocations {
@@ -393,7 +382,6 @@ impl Tracker {
         }
         drop(foreign);
         self.resident(0, added as i64);
-        added
     }
 
     /// Undoes [`hold_foreign`](Self::hold_foreign) for a value whose data left or was dropped;

@@ -76,14 +76,11 @@ impl SpillableBuffer {
         enqueue: impl FnOnce(Device, RawStream, Event) -> Enqueued,
     ) -> Copied<PinnedCopy<PinnedSlice>> {
         let copies = self.store.copies();
-        let prepared = copies
+        // On failure nothing was enqueued: `enqueue` (and the memory it owns) is dropped unused.
+        let lane = copies
             .ordered_after(direction, after, released)
-            .and_then(|lane| copies.event().map(|event| (lane, event)));
-        let (lane, event) = match prepared {
-            Ok(p) => p,
-            // Nothing was enqueued: `enqueue` (and the memory it owns) is dropped unused.
-            Err(e) => return Err((e, None)),
-        };
+            .map_err(|e| (e, None))?;
+        let event = copies.event().map_err(|e| (e, None))?;
         enqueue(self.device(), lane, event).map_err(|f| self.settle(*f))
     }
 
@@ -105,13 +102,9 @@ impl SpillableBuffer {
             wait_us = enqueued.elapsed().as_micros() as u64,
             "copy"
         );
-        match waited {
-            Ok((memory, event)) => {
-                self.store.copies().recycle(event);
-                Ok(memory)
-            }
-            Err(f) => Err(self.settle(*f)),
-        }
+        let (memory, event) = waited.map_err(|f| self.settle(*f))?;
+        self.store.copies().recycle(event);
+        Ok(memory)
     }
 
     /// Returns a failed copy's event to the pool; its error and memory (if it came back).
@@ -142,8 +135,7 @@ impl SpillableBuffer {
             Ok(c) => c,
             Err((e, memory)) => return Err(self.lost_unless(e, memory.or(kept))),
         };
-        let enqueued = Instant::now();
-        self.finish_copy(Direction::ToDevice, copy, enqueued, start)
+        self.finish_copy(Direction::ToDevice, copy, Instant::now(), start)
             .map_err(|(e, memory)| self.lost_unless(e, memory))
     }
 
@@ -263,9 +255,9 @@ impl SpillableBuffer {
         let resource = get_per_device_resource(self.device().ordinal())?;
         let ptr = resource.allocate(self.size, stream)?;
         let start = Instant::now();
-        let copied = match std::mem::replace(state, State::Host(Vec::new())) {
+        let copied = match state {
             State::Host(slices) => {
-                self.copy_in(ptr, slices, stream)
+                self.copy_in(ptr, std::mem::take(slices), stream)
                     // A copy is kept in pinned memory only: pageable memory is the overflow
                     // of spills that could not wait for pinning, and goes back at once.
                     .map(|slices| {
@@ -280,15 +272,10 @@ impl SpillableBuffer {
                         e
                     })
             }
-            State::Disk(file, disk) => {
-                let read = disk.read_to_device(self.store.copies(), &file, ptr, stream);
-                *state = State::Disk(file, disk);
-                read.map(|()| None)
-            }
-            device @ State::Device { .. } => {
-                *state = device;
-                Ok(None)
-            }
+            State::Disk(file, disk) => disk
+                .read_to_device(self.store.copies(), file, ptr, stream)
+                .map(|()| None),
+            State::Device { .. } => Ok(None),
         };
         let kept = match copied {
             Ok(kept) => kept,

@@ -11,6 +11,7 @@ use crate::backend::host::PinnedSlice;
 use crate::backend::pinned_copy::PinnedCopy;
 use crate::error::{Error, Result};
 use crate::spill::copy::Direction;
+use crate::spill::disk::data_in_mut;
 use crate::spill::store::SpillStore;
 use crate::stream::synchronize_stream;
 use crate::stream_view::StreamView;
@@ -70,10 +71,9 @@ impl SpillableBuffer {
         let state = match (buffer.host_slices(), incoming) {
             (Ok(mut slices), Incoming::Filled(fill)) => {
                 let mut offset = 0;
-                for s in &mut slices {
-                    let n = (size - offset).min(s.len());
-                    fill(offset, &mut s.as_mut_slice()[..n])?;
-                    offset += n;
+                for piece in data_in_mut(&mut slices, size) {
+                    fill(offset, piece)?;
+                    offset += piece.len();
                 }
                 State::Host(slices)
             }
@@ -94,7 +94,7 @@ impl SpillableBuffer {
                     Incoming::Device(src) => buffer.device().copy_to_host(&mut bytes, src)?,
                 }
                 let disk = buffer.disk()?;
-                let file = disk.write_bytes(buffer.id, &bytes)?;
+                let file = disk.write_chunks(buffer.id, [&bytes[..]], size)?;
                 State::Disk(file, disk)
             }
             (Err(e), _) => return Err(e),
@@ -146,15 +146,10 @@ impl SpillableBuffer {
             State::Host(slices)
             | State::Device {
                 kept: Some(slices), ..
-            } => {
-                let mut rest = &mut *out;
-                for_each_piece(slices, offset, rest.len(), |_, piece| {
-                    let (here, after) = std::mem::take(&mut rest).split_at_mut(piece.len());
-                    copy_in_parallel(here, piece);
-                    rest = after;
-                    Ok(())
-                })
-            }
+            } => for_each_piece(slices, offset, out.len(), |at, piece| {
+                copy_in_parallel(&mut out[at..at + piece.len()], piece);
+                Ok(())
+            }),
             State::Disk(file, disk) => disk.read_range_into(file, offset, out),
         }
     }

@@ -10,7 +10,7 @@ use parking_lot::MutexGuard;
 use super::{SpillableBuffer, State};
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
-use crate::spill::disk::data_in;
+use crate::spill::disk::{data_in, data_in_mut};
 use crate::stream_view::StreamView;
 
 /// Access to a buffer's device memory; the buffer stays on the device while it lives. `B` holds the
@@ -86,16 +86,11 @@ impl HostGuard<'_> {
 
     /// The bytes, writable, in order (changes stay with the buffer).
     pub fn chunks_mut(&mut self) -> impl Iterator<Item = &mut [u8]> {
-        let mut left = self.size;
         let slices: &mut [PinnedSlice] = match &mut *self.state {
             State::Host(s) => s,
             _ => &mut [],
         };
-        slices.iter_mut().map(move |s| {
-            let n = left.min(s.len());
-            left -= n;
-            &mut s.as_mut_slice()[..n]
-        })
+        data_in_mut(slices, self.size)
     }
 
     /// Bytes.

@@ -23,7 +23,7 @@ mod kept;
 pub use copies::{PendingSpill, SpillStep};
 pub use in_place::HeldInPlace;
 
-use super::disk::{DiskFile, DiskStore};
+use super::disk::{DiskFile, DiskStore, data_in};
 use super::store::SpillStore;
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
@@ -82,8 +82,7 @@ pub trait SpillObserver: Send + Sync {
     ///
     /// # Errors
     /// Moving data to disk failed.
-    fn make_host_room(&self, id: u64, bytes: usize) -> Result<()> {
-        let _ = (id, bytes);
+    fn make_host_room(&self, _id: u64, _bytes: usize) -> Result<()> {
         Ok(())
     }
     /// Buffer `id` holds `delta` bytes more (negative: fewer) on the device.
@@ -419,8 +418,10 @@ impl SpillableBuffer {
                          copy it with to_vec)",
                     ));
                 }
-                if !self.spill_to_kept(&mut state)? {
-                    self.device_to_host(&mut state)?;
+                if !self.spill_to_kept(&mut state)?
+                    && let Some(out) = self.start_to_host(&state)?
+                {
+                    self.complete_to_host(&mut state, out, None)?;
                 }
             }
             State::Disk(..) => self.disk_to_host(&mut state)?,
@@ -570,21 +571,10 @@ impl SpillableBuffer {
     fn try_host_slices(&self) -> Result<Vec<PinnedSlice>> {
         let host = self.store.host();
         let chunk = host.max_slice().max(1);
-        let mut slices = Vec::with_capacity(self.size.div_ceil(chunk));
-        let mut left = self.size;
-        while left > 0 {
-            let n = left.min(chunk);
-            slices.push(host.allocate(n)?);
-            left -= n;
-        }
-        Ok(slices)
-    }
-
-    fn device_to_host(&self, state: &mut State) -> Result<()> {
-        match self.start_to_host(state)? {
-            Some(out) => self.complete_to_host(state, out, None),
-            None => Ok(()),
-        }
+        (0..self.size)
+            .step_by(chunk)
+            .map(|at| host.allocate(chunk.min(self.size - at)))
+            .collect()
     }
 
     fn device_to_disk(&self, state: &mut State) -> Result<()> {
@@ -620,7 +610,7 @@ impl SpillableBuffer {
             return Ok(());
         };
         let disk = self.disk()?;
-        let file = disk.write_slices(self.id, slices, self.size)?;
+        let file = disk.write_chunks(self.id, data_in(slices, self.size), self.size)?;
         self.moved(state, State::Disk(file, disk), start);
         Ok(())
     }
