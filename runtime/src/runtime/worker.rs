@@ -86,27 +86,21 @@ impl WorkerShared {
         slot: usize,
         active: Arc<AtomicUsize>,
     ) -> (Arc<WorkerShared>, Queues) {
-        let (top, top_rx) = crossbeam_channel::unbounded();
-        let (nested, nested_rx) = crossbeam_channel::unbounded();
+        let (top_tx, top) = crossbeam_channel::unbounded();
+        let (nested_tx, nested) = crossbeam_channel::unbounded();
         let w = Arc::new(WorkerShared {
             id,
             slot,
-            top,
-            nested,
-            top_rx: top_rx.clone(),
+            top: top_tx,
+            nested: nested_tx,
+            top_rx: top.clone(),
             load: AtomicUsize::new(0),
             active,
             tasks_run: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             panics: AtomicU64::new(0),
         });
-        (
-            w,
-            Queues {
-                top: top_rx,
-                nested: nested_rx,
-            },
-        )
+        (w, Queues { top, nested })
     }
 
     /// Queues a top-level task.
@@ -340,13 +334,11 @@ impl Local {
             self.start_top(target, job);
             return true;
         }
-        match self.queues.top.try_recv() {
-            Ok(msg) => {
-                self.handle_top(msg);
-                true
-            }
-            Err(_) => false,
-        }
+        self.queues
+            .top
+            .try_recv()
+            .map(|msg| self.handle_top(msg))
+            .is_ok()
     }
 }
 
