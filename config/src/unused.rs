@@ -17,22 +17,14 @@ struct Feature {
     name: &'static str,
 }
 
-const POOL: Feature = Feature {
-    switches: &["pool.enabled", "pool.async"],
-    name: "the pool",
-};
-const POOL_ENABLED: Feature = Feature {
-    switches: &["pool.enabled"],
-    name: "rmm-rs's pool",
-};
-const POOL_ASYNC: Feature = Feature {
-    switches: &["pool.async"],
-    name: "the async pool",
-};
-const SPILL: Feature = Feature {
-    switches: &["spill.enabled"],
-    name: "spilling",
-};
+const fn feature_of(switches: &'static [&'static str], name: &'static str) -> Feature {
+    Feature { switches, name }
+}
+
+const POOL: Feature = feature_of(&["pool.enabled", "pool.async"], "the pool");
+const POOL_ENABLED: Feature = feature_of(&["pool.enabled"], "rmm-rs's pool");
+const POOL_ASYNC: Feature = feature_of(&["pool.async"], "the async pool");
+const SPILL: Feature = feature_of(&["spill.enabled"], "spilling");
 
 /// The feature a size belongs to; `None` for `limits.device_memory_limit` (always applies).
 fn feature(key: SizeKey) -> Option<&'static Feature> {
