@@ -301,14 +301,6 @@ impl Runtime {
 }
 
 impl RuntimeHandle {
-    pub(crate) fn id(&self) -> u64 {
-        self.shared.id
-    }
-
-    pub(crate) fn shared(&self) -> &Shared {
-        &self.shared
-    }
-
     /// Every worker, device by device.
     pub fn workers(&self) -> Vec<WorkerId> {
         self.shared

@@ -171,7 +171,7 @@ pub(crate) fn current() -> Option<(u64, WorkerId)> {
     LOCAL.with(|l| {
         l.borrow()
             .as_ref()
-            .map(|local| (local.runtime.id(), local.me.id))
+            .map(|local| (local.runtime.shared.id, local.me.id))
     })
 }
 
@@ -224,7 +224,7 @@ impl Local {
         let start = Instant::now();
         let mut spins = 0u32;
         while !self.help() {
-            if self.runtime.shared().paused() {
+            if self.runtime.shared.paused() {
                 match self.queues.nested.recv_timeout(POLL) {
                     Ok(msg) => self.handle_nested(msg),
                     Err(RecvTimeoutError::Timeout) => {}
@@ -281,11 +281,10 @@ impl Local {
 
     /// Runs a top-level task unless the runtime is paused; then sets it aside.
     fn start_top(&self, target: Target, job: Box<dyn Job>) {
-        let shared = self.runtime.shared();
         // Active before the check: a reinitialize either sees this task running and waits
         // for it, or this worker sees the pause (both SeqCst).
         self.me.active.fetch_add(1, Ordering::SeqCst);
-        if shared.paused() {
+        if self.runtime.shared.paused() {
             self.me.active.fetch_sub(1, Ordering::SeqCst);
             *self.aside.borrow_mut() = Some((target, job));
             return;
@@ -299,7 +298,7 @@ impl Local {
         // Counted before the result is delivered, so the waiter's report includes it.
         self.me.tasks_run.fetch_add(1, Ordering::Relaxed);
         {
-            let generation = self.runtime.shared().generation();
+            let generation = self.runtime.shared.generation();
             let ctx = TaskContext {
                 worker: self.me.id,
                 stream: self.stream.view(),
@@ -325,7 +324,7 @@ impl Local {
         if self.run_nested() {
             return true;
         }
-        if self.runtime.shared().paused() {
+        if self.runtime.shared.paused() {
             return false;
         }
         // A task set aside during a pause that has ended comes first.
