@@ -74,13 +74,6 @@ impl Generation {
         })
     }
 
-    pub(super) fn layout(&self) -> (Vec<u32>, u32) {
-        (
-            self.config.devices.iter().map(|d| d.ordinal).collect(),
-            self.config.workers_per_device,
-        )
-    }
-
     /// Tasks queued or running on every worker.
     pub(super) fn queued(&self) -> usize {
         self.workers
@@ -95,6 +88,12 @@ impl Generation {
             .first()
             .map_or(0, |w| w.active.load(Ordering::SeqCst))
     }
+}
+
+/// What workers are laid out by: `config`'s devices and workers per device.
+pub(super) fn layout(config: &ResolvedConfig) -> (Vec<u32>, u32) {
+    let devices = config.devices.iter().map(|d| d.ordinal).collect();
+    (devices, config.workers_per_device)
 }
 
 /// `what` and the items, e.g. `devices 0, 1`.

@@ -39,6 +39,7 @@ use rmm_config::{Config, ConfigLoader, ResolvedConfig};
 
 use super::backend::{open_backend, resolve};
 use super::claims::claim;
+use super::dispatch::layout;
 use super::keep::Candidates;
 use super::setup::{install, set_up_devices};
 use super::{Control, Generation, RuntimeHandle};
@@ -374,11 +375,7 @@ impl RuntimeHandle {
         report.check = check;
 
         let t = Instant::now();
-        let respawn = old.layout()
-            != (
-                resolved.devices.iter().map(|d| d.ordinal).collect(),
-                resolved.workers_per_device,
-            )
+        let respawn = layout(&old.config) != layout(&resolved)
             // A generation left without workers by a failed start of its threads.
             || old.workers.len() != old.stacks.len() * old.config.workers_per_device as usize;
         let streams = if respawn {
