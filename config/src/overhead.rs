@@ -62,8 +62,8 @@ impl fmt::Display for Overhead {
 toml_value_conversions!(
     Overhead,
     String,
-    |v| Overhead::from_toml(&v).ok_or_else(|| format!(
+    |v| Overhead::from_toml(v).ok_or_else(|| format!(
         "{v} is not a share of the peak in use such as \"5%\", or \"none\""
     )),
-    |o: Overhead| toml::Value::String(o.to_string())
+    |o: &Overhead| toml::Value::String(o.to_string())
 );

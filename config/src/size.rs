@@ -272,29 +272,28 @@ impl fmt::Display for Size {
     }
 }
 
-/// `TryFrom<toml::Value>` (by `parse`) and `From<$ty> for toml::Value` (by `write`), which
-/// `#[serde(try_from = "toml::Value", into = "toml::Value")]` needs.
+/// `TryFrom<toml::Value>` (by `parse`) and `From<$ty> for toml::Value` (by `write`), each
+/// given a reference, which `#[serde(try_from = "toml::Value", into = "toml::Value")]` needs.
 macro_rules! toml_value_conversions {
     ($ty:ty, $error:ty, $parse:expr, $write:expr) => {
         impl TryFrom<toml::Value> for $ty {
             type Error = $error;
 
             fn try_from(value: toml::Value) -> Result<$ty, $error> {
-                ($parse)(value)
+                ($parse)(&value)
             }
         }
 
         impl From<$ty> for toml::Value {
             fn from(value: $ty) -> toml::Value {
-                ($write)(value)
+                ($write)(&value)
             }
         }
     };
 }
 pub(crate) use toml_value_conversions;
 
-toml_value_conversions!(Size, ParseSizeError, |v| Size::from_toml(&v), |s: Size| s
-    .to_toml());
+toml_value_conversions!(Size, ParseSizeError, Size::from_toml, Size::to_toml);
 
 #[cfg(test)]
 mod tests {

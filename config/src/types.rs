@@ -49,8 +49,8 @@ impl fmt::Display for PinAhead {
 toml_value_conversions!(
     PinAhead,
     ParseSizeError,
-    |v| PinAhead::from_toml(&v),
-    |p| match p {
+    PinAhead::from_toml,
+    |p: &PinAhead| match p {
         PinAhead::Up(size) => size.to_toml(),
         other => toml::Value::String(other.to_string()),
     }
@@ -161,10 +161,10 @@ impl fmt::Display for Switch {
 toml_value_conversions!(
     Switch,
     String,
-    |v| Switch::from_toml(&v).ok_or_else(|| format!("{v} is not true, false or \"auto\"")),
-    |s| match s {
+    |v| Switch::from_toml(v).ok_or_else(|| format!("{v} is not true, false or \"auto\"")),
+    |s: &Switch| match s {
         Switch::Auto => toml::Value::String("auto".into()),
-        on_or_off => toml::Value::Boolean(on_or_off == Switch::On),
+        on_or_off => toml::Value::Boolean(*on_or_off == Switch::On),
     }
 );
 
@@ -277,8 +277,8 @@ impl fmt::Display for Devices {
 toml_value_conversions!(
     Devices,
     String,
-    |v| Devices::from_toml(&v).map_err(|why| why.unwrap_or_else(|| "not a device list".into())),
-    |d: Devices| d.to_toml()
+    |v| Devices::from_toml(v).map_err(|why| why.unwrap_or_else(|| "not a device list".into())),
+    Devices::to_toml
 );
 
 /// `[pool]`: the device memory pool (RMM's `pool_allocator`, `managed_memory`, …).
