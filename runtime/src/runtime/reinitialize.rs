@@ -94,9 +94,8 @@ impl RuntimeHandle {
         &self,
         change: impl FnOnce(ConfigLoader) -> ConfigLoader,
     ) -> Result<ReinitReport> {
-        let shared = &*self.shared;
-        shared.check_outside("reinitialize")?;
-        let mut control = shared.control.lock();
+        self.shared.check_outside("reinitialize")?;
+        let mut control = self.shared.control.lock();
         let config = change(ConfigLoader::from_config(&control.config)).load()?;
         self.reinitialize_locked(&mut control, &config)
     }
@@ -111,9 +110,8 @@ impl RuntimeHandle {
     /// [`Error::DrainTimeout`], [`Error::SpillBeforeSwitch`] or [`Error::LiveAllocations`] (memory
     /// in use), [`Error::DeviceSetup`] or [`Error::SpillTiers`] (a stack or tier cannot be built).
     pub fn reinitialize(&self, config: &Config) -> Result<ReinitReport> {
-        let shared = &*self.shared;
-        shared.check_outside("reinitialize")?;
-        let mut control = shared.control.lock();
+        self.shared.check_outside("reinitialize")?;
+        let mut control = self.shared.control.lock();
         self.reinitialize_locked(&mut control, config)
     }
 

@@ -182,9 +182,8 @@ pub(crate) fn spawn(
     queues: Queues,
     stream: WorkerStream,
 ) -> std::io::Result<JoinHandle<Option<Queued>>> {
-    let name = format!("rmm-worker-{}", me.id);
     std::thread::Builder::new()
-        .name(name)
+        .name(format!("rmm-worker-{}", me.id))
         .stack_size(WORKER_STACK)
         .spawn(move || {
             let device = me.id.device;
