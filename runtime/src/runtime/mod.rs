@@ -181,10 +181,7 @@ impl RuntimeBuilder {
     /// [`Error::Config`] when the configuration does not load or resolve; else as
     /// [`Runtime::start`].
     pub fn start(self) -> Result<Runtime> {
-        let config = match self.config {
-            Some(c) => c,
-            None => self.loader.load()?,
-        };
+        let config = self.config.map_or_else(|| self.loader.load(), Ok)?;
         Runtime::start_with(&config, self.drain_timeout)
     }
 }
