@@ -53,7 +53,6 @@ impl Config {
     /// # Errors
     /// [`Error::UnusedSize`] for each such size ([`Error::Several`] when there are more).
     pub(crate) fn check_unused_sizes(&self, last: &BTreeMap<String, SetAt>) -> Result<()> {
-        let config = self;
         let defaults = Config::default();
         let mut found: Vec<(String, Option<Size>, &'static Feature)> = Vec::new();
         for key in SizeKey::ALL {
@@ -62,23 +61,23 @@ impl Config {
             };
             // A size at its default (or keyword) sets nothing: rmm.toml lists every key so.
             let default = defaults.effective_size(None, key).size;
-            let value = config.effective_size(None, key).size;
+            let value = self.effective_size(None, key).size;
             if value.is_some() && value != default {
                 found.push((key.key().to_string(), value, f));
             }
-            for &ordinal in config.device.keys() {
-                let e = config.effective_size(Some(ordinal), key);
+            for &ordinal in self.device.keys() {
+                let e = self.effective_size(Some(ordinal), key);
                 if e.key.starts_with("device.") && e.size.is_some() && e.size != default {
                     found.push((e.key, e.size, f));
                 }
             }
         }
-        if let PinAhead::Up(size) = config.spill.pin_ahead {
+        if let PinAhead::Up(size) = self.spill.pin_ahead {
             found.push(("spill.pin_ahead".into(), Some(size), &SPILL));
         }
         let mut errors = Vec::new();
         for (key, value, f) in found {
-            if f.switches.iter().any(|s| on(config, s)) {
+            if f.switches.iter().any(|s| on(self, s)) {
                 continue;
             }
             let Some(&size_set) = last.get(&key) else {
@@ -95,12 +94,12 @@ impl Config {
             }
             let shown = value.map_or_else(String::new, |v| v.to_string());
             errors.push(Error::UnusedSize {
-                setting: Box::new(config.setting(&key, shown)),
+                setting: Box::new(self.setting(&key, shown)),
                 feature: f.name,
                 switches: f
                     .switches
                     .iter()
-                    .map(|s| config.setting(s, "false".into()))
+                    .map(|s| self.setting(s, "false".into()))
                     .collect::<Vec<Setting>>(),
             });
         }
