@@ -470,7 +470,7 @@ fn read_env(env: &[(String, String)], layers: &mut Layers) {
         if schema::env_is_not_a_key(name) {
             continue;
         }
-        if schema::env_is_rapids(name) {
+        if schema::ENV_RAPIDS_IGNORED.contains(&name.as_str()) {
             tracing::warn!(
                 "environment {name} is RAPIDS RMM's, not an rmm-rs setting: ignored (rmm-rs \
                  logs allocations with logging.enabled and logging.directory)"

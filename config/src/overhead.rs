@@ -4,6 +4,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::size::toml_value_conversions;
+
 /// `pool.max_overhead`: how far above its peak in use a pool may grow, as a share of that
 /// peak (`"5%"`, `0.05`), or `"none"` for no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -57,18 +59,11 @@ impl fmt::Display for Overhead {
     }
 }
 
-impl TryFrom<toml::Value> for Overhead {
-    type Error = String;
-
-    fn try_from(value: toml::Value) -> Result<Overhead, String> {
-        Overhead::from_toml(&value).ok_or_else(|| {
-            format!("{value} is not a share of the peak in use such as \"5%\", or \"none\"")
-        })
-    }
-}
-
-impl From<Overhead> for toml::Value {
-    fn from(overhead: Overhead) -> toml::Value {
-        toml::Value::String(overhead.to_string())
-    }
-}
+toml_value_conversions!(
+    Overhead,
+    String,
+    |v| Overhead::from_toml(v).ok_or_else(|| format!(
+        "{v} is not a share of the peak in use such as \"5%\", or \"none\""
+    )),
+    |o: &Overhead| toml::Value::String(o.to_string())
+);

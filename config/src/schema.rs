@@ -129,11 +129,6 @@ pub(crate) fn env_is_not_a_key(name: &str) -> bool {
         })
 }
 
-/// Whether `name` is one of [`ENV_RAPIDS_IGNORED`].
-pub(crate) fn env_is_rapids(name: &str) -> bool {
-    ENV_RAPIDS_IGNORED.contains(&name)
-}
-
 /// What a dotted path names.
 pub(crate) enum Lookup {
     Leaf(&'static KeySpec),

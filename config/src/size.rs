@@ -272,19 +272,28 @@ impl fmt::Display for Size {
     }
 }
 
-impl TryFrom<toml::Value> for Size {
-    type Error = ParseSizeError;
+/// `TryFrom<toml::Value>` (by `parse`) and `From<$ty> for toml::Value` (by `write`), each
+/// given a reference, which `#[serde(try_from = "toml::Value", into = "toml::Value")]` needs.
+macro_rules! toml_value_conversions {
+    ($ty:ty, $error:ty, $parse:expr, $write:expr) => {
+        impl TryFrom<toml::Value> for $ty {
+            type Error = $error;
 
-    fn try_from(value: toml::Value) -> Result<Size, ParseSizeError> {
-        Size::from_toml(&value)
-    }
-}
+            fn try_from(value: toml::Value) -> Result<$ty, $error> {
+                ($parse)(&value)
+            }
+        }
 
-impl From<Size> for toml::Value {
-    fn from(size: Size) -> toml::Value {
-        size.to_toml()
-    }
+        impl From<$ty> for toml::Value {
+            fn from(value: $ty) -> toml::Value {
+                ($write)(&value)
+            }
+        }
+    };
 }
+pub(crate) use toml_value_conversions;
+
+toml_value_conversions!(Size, ParseSizeError, Size::from_toml, Size::to_toml);
 
 #[cfg(test)]
 mod tests {

@@ -8,7 +8,7 @@ use rmm_allocator::backend::BackendChoice;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::Source;
-use crate::size::{ParseSizeError, Size};
+use crate::size::{ParseSizeError, Size, toml_value_conversions};
 
 /// `spill.pin_ahead`: pinned host memory kept free for spilling (with `host_pool_size = "none"`).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -46,22 +46,15 @@ impl fmt::Display for PinAhead {
     }
 }
 
-impl TryFrom<toml::Value> for PinAhead {
-    type Error = ParseSizeError;
-
-    fn try_from(value: toml::Value) -> Result<PinAhead, ParseSizeError> {
-        PinAhead::from_toml(&value)
+toml_value_conversions!(
+    PinAhead,
+    ParseSizeError,
+    PinAhead::from_toml,
+    |p: &PinAhead| match p {
+        PinAhead::Up(size) => size.to_toml(),
+        other => toml::Value::String(other.to_string()),
     }
-}
-
-impl From<PinAhead> for toml::Value {
-    fn from(pin_ahead: PinAhead) -> toml::Value {
-        match pin_ahead {
-            PinAhead::Up(size) => size.to_toml(),
-            other => toml::Value::String(other.to_string()),
-        }
-    }
-}
+);
 
 /// Level of the allocation log (`logging.level`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
@@ -165,23 +158,15 @@ impl fmt::Display for Switch {
     }
 }
 
-impl TryFrom<toml::Value> for Switch {
-    type Error = String;
-
-    fn try_from(value: toml::Value) -> Result<Switch, String> {
-        Switch::from_toml(&value).ok_or_else(|| format!("{value} is not true, false or \"auto\""))
+toml_value_conversions!(
+    Switch,
+    String,
+    |v| Switch::from_toml(v).ok_or_else(|| format!("{v} is not true, false or \"auto\"")),
+    |s: &Switch| match s {
+        Switch::Auto => toml::Value::String("auto".into()),
+        on_or_off => toml::Value::Boolean(*on_or_off == Switch::On),
     }
-}
-
-impl From<Switch> for toml::Value {
-    fn from(switch: Switch) -> toml::Value {
-        match switch {
-            Switch::Off => toml::Value::Boolean(false),
-            Switch::On => toml::Value::Boolean(true),
-            Switch::Auto => toml::Value::String("auto".into()),
-        }
-    }
-}
+);
 
 /// One entry of `devices`: an ordinal or a device UUID.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -289,20 +274,12 @@ impl fmt::Display for Devices {
     }
 }
 
-impl TryFrom<toml::Value> for Devices {
-    type Error = String;
-
-    fn try_from(value: toml::Value) -> Result<Devices, String> {
-        Devices::from_toml(&value)
-            .map_err(|reason| reason.unwrap_or_else(|| "not a device list".into()))
-    }
-}
-
-impl From<Devices> for toml::Value {
-    fn from(devices: Devices) -> toml::Value {
-        devices.to_toml()
-    }
-}
+toml_value_conversions!(
+    Devices,
+    String,
+    |v| Devices::from_toml(v).map_err(|why| why.unwrap_or_else(|| "not a device list".into())),
+    Devices::to_toml
+);
 
 /// `[pool]`: the device memory pool (RMM's `pool_allocator`, `managed_memory`, …).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -339,9 +316,6 @@ pub struct PoolConfig {
     pub max_overhead: crate::overhead::Overhead,
 }
 
-/// The default of `pool.growth`: 1 GiB.
-pub const DEFAULT_POOL_GROWTH: u64 = 1 << 30;
-
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
@@ -351,7 +325,7 @@ impl Default for PoolConfig {
             initial_size: None,
             maximum_size: None,
             release_threshold: None,
-            growth: Size::Bytes(DEFAULT_POOL_GROWTH),
+            growth: Size::Bytes(1 << 30),
             vmm: Switch::Auto,
             max_overhead: crate::overhead::Overhead::Unlimited,
         }

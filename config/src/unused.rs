@@ -17,22 +17,14 @@ struct Feature {
     name: &'static str,
 }
 
-const POOL: Feature = Feature {
-    switches: &["pool.enabled", "pool.async"],
-    name: "the pool",
-};
-const POOL_ENABLED: Feature = Feature {
-    switches: &["pool.enabled"],
-    name: "rmm-rs's pool",
-};
-const POOL_ASYNC: Feature = Feature {
-    switches: &["pool.async"],
-    name: "the async pool",
-};
-const SPILL: Feature = Feature {
-    switches: &["spill.enabled"],
-    name: "spilling",
-};
+const fn feature_of(switches: &'static [&'static str], name: &'static str) -> Feature {
+    Feature { switches, name }
+}
+
+const POOL: Feature = feature_of(&["pool.enabled", "pool.async"], "the pool");
+const POOL_ENABLED: Feature = feature_of(&["pool.enabled"], "rmm-rs's pool");
+const POOL_ASYNC: Feature = feature_of(&["pool.async"], "the async pool");
+const SPILL: Feature = feature_of(&["spill.enabled"], "spilling");
 
 /// The feature a size belongs to; `None` for `limits.device_memory_limit` (always applies).
 fn feature(key: SizeKey) -> Option<&'static Feature> {
@@ -61,7 +53,6 @@ impl Config {
     /// # Errors
     /// [`Error::UnusedSize`] for each such size ([`Error::Several`] when there are more).
     pub(crate) fn check_unused_sizes(&self, last: &BTreeMap<String, SetAt>) -> Result<()> {
-        let config = self;
         let defaults = Config::default();
         let mut found: Vec<(String, Option<Size>, &'static Feature)> = Vec::new();
         for key in SizeKey::ALL {
@@ -70,23 +61,23 @@ impl Config {
             };
             // A size at its default (or keyword) sets nothing: rmm.toml lists every key so.
             let default = defaults.effective_size(None, key).size;
-            let value = config.effective_size(None, key).size;
+            let value = self.effective_size(None, key).size;
             if value.is_some() && value != default {
                 found.push((key.key().to_string(), value, f));
             }
-            for &ordinal in config.device.keys() {
-                let e = config.effective_size(Some(ordinal), key);
+            for &ordinal in self.device.keys() {
+                let e = self.effective_size(Some(ordinal), key);
                 if e.key.starts_with("device.") && e.size.is_some() && e.size != default {
                     found.push((e.key, e.size, f));
                 }
             }
         }
-        if let PinAhead::Up(size) = config.spill.pin_ahead {
+        if let PinAhead::Up(size) = self.spill.pin_ahead {
             found.push(("spill.pin_ahead".into(), Some(size), &SPILL));
         }
         let mut errors = Vec::new();
         for (key, value, f) in found {
-            if f.switches.iter().any(|s| on(config, s)) {
+            if f.switches.iter().any(|s| on(self, s)) {
                 continue;
             }
             let Some(&size_set) = last.get(&key) else {
@@ -103,12 +94,12 @@ impl Config {
             }
             let shown = value.map_or_else(String::new, |v| v.to_string());
             errors.push(Error::UnusedSize {
-                setting: Box::new(config.setting(&key, shown)),
+                setting: Box::new(self.setting(&key, shown)),
                 feature: f.name,
                 switches: f
                     .switches
                     .iter()
-                    .map(|s| config.setting(s, "false".into()))
+                    .map(|s| self.setting(s, "false".into()))
                     .collect::<Vec<Setting>>(),
             });
         }

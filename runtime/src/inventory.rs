@@ -24,28 +24,6 @@ pub struct DeviceSummary {
     pub supports_managed_memory: bool,
 }
 
-impl DeviceSummary {
-    /// What device `ordinal` of `backend` reports now.
-    ///
-    /// # Errors
-    /// [`Error::Driver`](rmm_allocator::Error::Driver): properties or memory unreadable.
-    pub(crate) fn of(backend: &'static dyn Backend, ordinal: u32) -> Result<DeviceSummary> {
-        let dev = Device::on(backend, ordinal)?;
-        let p = dev.properties()?;
-        let m = dev.mem_info()?;
-        Ok(DeviceSummary {
-            ordinal,
-            name: p.name,
-            uuid: p.uuid,
-            compute_capability: p.compute_capability,
-            total_memory: p.total_memory,
-            free_memory: m.free,
-            supports_memory_pools: p.supports_memory_pools,
-            supports_managed_memory: p.supports_managed_memory,
-        })
-    }
-}
-
 /// The backend and its devices.
 #[derive(Debug, Clone)]
 pub struct Inventory {
@@ -70,8 +48,23 @@ impl Inventory {
     /// # Errors
     /// [`Error::Driver`](rmm_allocator::Error::Driver): a device's properties or memory unreadable.
     pub fn of(backend: &'static dyn Backend) -> Result<Inventory> {
+        let summary = |ordinal| -> Result<DeviceSummary> {
+            let dev = Device::on(backend, ordinal)?;
+            let p = dev.properties()?;
+            let m = dev.mem_info()?;
+            Ok(DeviceSummary {
+                ordinal,
+                name: p.name,
+                uuid: p.uuid,
+                compute_capability: p.compute_capability,
+                total_memory: p.total_memory,
+                free_memory: m.free,
+                supports_memory_pools: p.supports_memory_pools,
+                supports_managed_memory: p.supports_managed_memory,
+            })
+        };
         let devices = (0..backend.device_count())
-            .map(|d| DeviceSummary::of(backend, d))
+            .map(summary)
             .collect::<Result<Vec<_>>>()?;
         Ok(Inventory {
             backend: backend.describe(),

@@ -76,10 +76,8 @@ pub(super) fn resolve(
     let mut facts = device_facts(backend, config)?;
     if let Some(generation) = held {
         for f in &mut facts {
-            let Some(free) = f.free_memory else {
-                continue;
-            };
-            if let Some(s) = stack_on(&generation.stacks, f.ordinal) {
+            if let (Some(free), Some(s)) = (f.free_memory, stack_on(&generation.stacks, f.ordinal))
+            {
                 let live = s.live().bytes;
                 let held_back = s.reserved_bytes().saturating_sub(live);
                 f.free_memory = Some((free + held_back).min(f.total_memory));

@@ -57,20 +57,13 @@ impl Generation {
                 .map(|i| self.by_device[i].clone())
                 .ok_or_else(|| TaskError::NoSuchTarget {
                     target: format!("device {d}"),
-                    have: self.describe_devices(),
+                    have: listed("devices", self.stacks.iter().map(|s| s.device().ordinal())),
                 })?,
             Target::Worker(id) => {
                 return self.workers.iter().find(|w| w.id == id).ok_or_else(|| {
                     TaskError::NoSuchTarget {
                         target: format!("worker {id}"),
-                        have: format!(
-                            "workers {}",
-                            self.workers
-                                .iter()
-                                .map(|w| w.id.to_string())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
+                        have: listed("workers", self.workers.iter().map(|w| w.id)),
                     }
                 });
             }
@@ -79,22 +72,6 @@ impl Generation {
             target: "worker".into(),
             have: "no workers".into(),
         })
-    }
-
-    fn describe_devices(&self) -> String {
-        let list: Vec<String> = self
-            .stacks
-            .iter()
-            .map(|s| s.device().ordinal().to_string())
-            .collect();
-        format!("devices {}", list.join(", "))
-    }
-
-    pub(super) fn layout(&self) -> (Vec<u32>, u32) {
-        (
-            self.config.devices.iter().map(|d| d.ordinal).collect(),
-            self.config.workers_per_device,
-        )
     }
 
     /// Tasks queued or running on every worker.
@@ -111,6 +88,18 @@ impl Generation {
             .first()
             .map_or(0, |w| w.active.load(Ordering::SeqCst))
     }
+}
+
+/// What workers are laid out by: `config`'s devices and workers per device.
+pub(super) fn layout(config: &ResolvedConfig) -> (Vec<u32>, u32) {
+    let devices = config.devices.iter().map(|d| d.ordinal).collect();
+    (devices, config.workers_per_device)
+}
+
+/// `what` and the items, e.g. `devices 0, 1`.
+fn listed<T: ToString>(what: &str, items: impl Iterator<Item = T>) -> String {
+    let items: Vec<String> = items.map(|i| i.to_string()).collect();
+    format!("{what} {}", items.join(", "))
 }
 
 thread_local! {

@@ -181,10 +181,7 @@ impl RuntimeBuilder {
     /// [`Error::Config`] when the configuration does not load or resolve; else as
     /// [`Runtime::start`].
     pub fn start(self) -> Result<Runtime> {
-        let config = match self.config {
-            Some(c) => c,
-            None => self.loader.load()?,
-        };
+        let config = self.config.map_or_else(|| self.loader.load(), Ok)?;
         Runtime::start_with(&config, self.drain_timeout)
     }
 }
@@ -301,14 +298,6 @@ impl Runtime {
 }
 
 impl RuntimeHandle {
-    pub(crate) fn id(&self) -> u64 {
-        self.shared.id
-    }
-
-    pub(crate) fn shared(&self) -> &Shared {
-        &self.shared
-    }
-
     /// Every worker, device by device.
     pub fn workers(&self) -> Vec<WorkerId> {
         self.shared

@@ -39,6 +39,7 @@ use rmm_config::{Config, ConfigLoader, ResolvedConfig};
 
 use super::backend::{open_backend, resolve};
 use super::claims::claim;
+use super::dispatch::layout;
 use super::keep::Candidates;
 use super::setup::{install, set_up_devices};
 use super::{Control, Generation, RuntimeHandle};
@@ -93,9 +94,8 @@ impl RuntimeHandle {
         &self,
         change: impl FnOnce(ConfigLoader) -> ConfigLoader,
     ) -> Result<ReinitReport> {
-        let shared = &*self.shared;
-        shared.check_outside("reinitialize")?;
-        let mut control = shared.control.lock();
+        self.shared.check_outside("reinitialize")?;
+        let mut control = self.shared.control.lock();
         let config = change(ConfigLoader::from_config(&control.config)).load()?;
         self.reinitialize_locked(&mut control, &config)
     }
@@ -110,9 +110,8 @@ impl RuntimeHandle {
     /// [`Error::DrainTimeout`], [`Error::SpillBeforeSwitch`] or [`Error::LiveAllocations`] (memory
     /// in use), [`Error::DeviceSetup`] or [`Error::SpillTiers`] (a stack or tier cannot be built).
     pub fn reinitialize(&self, config: &Config) -> Result<ReinitReport> {
-        let shared = &*self.shared;
-        shared.check_outside("reinitialize")?;
-        let mut control = shared.control.lock();
+        self.shared.check_outside("reinitialize")?;
+        let mut control = self.shared.control.lock();
         self.reinitialize_locked(&mut control, config)
     }
 
@@ -374,11 +373,7 @@ impl RuntimeHandle {
         report.check = check;
 
         let t = Instant::now();
-        let respawn = old.layout()
-            != (
-                resolved.devices.iter().map(|d| d.ordinal).collect(),
-                resolved.workers_per_device,
-            )
+        let respawn = layout(&old.config) != layout(&resolved)
             // A generation left without workers by a failed start of its threads.
             || old.workers.len() != old.stacks.len() * old.config.workers_per_device as usize;
         let streams = if respawn {

@@ -49,9 +49,8 @@ pub(super) fn set_up_devices(
                 }
                 None => (plan.build_with(on_oom).map_err(fail)?, 0),
             };
-            let dev = stack.device();
             let streams = (0..streams_per_device)
-                .map(|_| WorkerStream::take(dev))
+                .map(|_| WorkerStream::take(stack.device()))
                 .collect::<rmm_allocator::Result<Vec<_>>>()
                 .map_err(fail)?;
             Ok(DeviceSetup {

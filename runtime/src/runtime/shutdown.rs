@@ -20,8 +20,7 @@ impl Runtime {
     /// # Errors
     /// [`Error::InsideWorker`] from a worker; [`Error::ShutDown`] if already shut down.
     pub fn shutdown(self) -> Result<ShutdownReport> {
-        let timeout = self.handle.shared.drain_timeout;
-        self.handle.shutdown_inner(timeout)
+        self.handle.shutdown_inner(self.handle.shared.drain_timeout)
     }
 
     /// As [`Runtime::shutdown`] with a drain timeout of its own.

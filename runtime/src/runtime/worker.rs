@@ -86,27 +86,21 @@ impl WorkerShared {
         slot: usize,
         active: Arc<AtomicUsize>,
     ) -> (Arc<WorkerShared>, Queues) {
-        let (top, top_rx) = crossbeam_channel::unbounded();
-        let (nested, nested_rx) = crossbeam_channel::unbounded();
+        let (top_tx, top) = crossbeam_channel::unbounded();
+        let (nested_tx, nested) = crossbeam_channel::unbounded();
         let w = Arc::new(WorkerShared {
             id,
             slot,
-            top,
-            nested,
-            top_rx: top_rx.clone(),
+            top: top_tx,
+            nested: nested_tx,
+            top_rx: top.clone(),
             load: AtomicUsize::new(0),
             active,
             tasks_run: AtomicU64::new(0),
             busy_ns: AtomicU64::new(0),
             panics: AtomicU64::new(0),
         });
-        (
-            w,
-            Queues {
-                top: top_rx,
-                nested: nested_rx,
-            },
-        )
+        (w, Queues { top, nested })
     }
 
     /// Queues a top-level task.
@@ -177,7 +171,7 @@ pub(crate) fn current() -> Option<(u64, WorkerId)> {
     LOCAL.with(|l| {
         l.borrow()
             .as_ref()
-            .map(|local| (local.runtime.id(), local.me.id))
+            .map(|local| (local.runtime.shared.id, local.me.id))
     })
 }
 
@@ -188,9 +182,8 @@ pub(crate) fn spawn(
     queues: Queues,
     stream: WorkerStream,
 ) -> std::io::Result<JoinHandle<Option<Queued>>> {
-    let name = format!("rmm-worker-{}", me.id);
     std::thread::Builder::new()
-        .name(name)
+        .name(format!("rmm-worker-{}", me.id))
         .stack_size(WORKER_STACK)
         .spawn(move || {
             let device = me.id.device;
@@ -230,7 +223,7 @@ impl Local {
         let start = Instant::now();
         let mut spins = 0u32;
         while !self.help() {
-            if self.runtime.shared().paused() {
+            if self.runtime.shared.paused() {
                 match self.queues.nested.recv_timeout(POLL) {
                     Ok(msg) => self.handle_nested(msg),
                     Err(RecvTimeoutError::Timeout) => {}
@@ -287,11 +280,10 @@ impl Local {
 
     /// Runs a top-level task unless the runtime is paused; then sets it aside.
     fn start_top(&self, target: Target, job: Box<dyn Job>) {
-        let shared = self.runtime.shared();
         // Active before the check: a reinitialize either sees this task running and waits
         // for it, or this worker sees the pause (both SeqCst).
         self.me.active.fetch_add(1, Ordering::SeqCst);
-        if shared.paused() {
+        if self.runtime.shared.paused() {
             self.me.active.fetch_sub(1, Ordering::SeqCst);
             *self.aside.borrow_mut() = Some((target, job));
             return;
@@ -305,7 +297,7 @@ impl Local {
         // Counted before the result is delivered, so the waiter's report includes it.
         self.me.tasks_run.fetch_add(1, Ordering::Relaxed);
         {
-            let generation = self.runtime.shared().generation();
+            let generation = self.runtime.shared.generation();
             let ctx = TaskContext {
                 worker: self.me.id,
                 stream: self.stream.view(),
@@ -331,7 +323,7 @@ impl Local {
         if self.run_nested() {
             return true;
         }
-        if self.runtime.shared().paused() {
+        if self.runtime.shared.paused() {
             return false;
         }
         // A task set aside during a pause that has ended comes first.
@@ -340,13 +332,11 @@ impl Local {
             self.start_top(target, job);
             return true;
         }
-        match self.queues.top.try_recv() {
-            Ok(msg) => {
-                self.handle_top(msg);
-                true
-            }
-            Err(_) => false,
-        }
+        self.queues
+            .top
+            .try_recv()
+            .map(|msg| self.handle_top(msg))
+            .is_ok()
     }
 }
 
