@@ -244,10 +244,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         if !self.all_enqueued() {
             return Ok(false);
         }
-        match &self.event {
-            Some(e) => e.is_complete(),
-            None => Ok(true),
-        }
+        self.event.as_ref().map_or(Ok(true), Event::is_complete)
     }
 
     /// Makes later work on `stream` wait for the copies on the device, without blocking the host;
@@ -263,10 +260,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
                 format!("a copy of at most {WINDOW} bytes (larger ones are waited for)"),
             ));
         }
-        match &self.event {
-            Some(e) => e.wait_on(stream),
-            None => Ok(()),
-        }
+        self.event.as_ref().map_or(Ok(()), |e| e.wait_on(stream))
     }
 
     /// Waits for the copies (enqueuing the rest as pieces end); returns the memory and the event.
@@ -279,10 +273,7 @@ impl<M: PinnedMemory> PinnedCopy<M> {
         while waited.is_ok() && !self.all_enqueued() {
             waited = self.advance();
         }
-        let waited = waited.and_then(|()| match &self.event {
-            Some(e) => e.synchronize(),
-            None => Ok(()),
-        });
+        let waited = waited.and_then(|()| self.event.as_ref().map_or(Ok(()), Event::synchronize));
         match waited {
             Ok(()) => {
                 let memory = self.memory.take().unwrap_or_default();
@@ -330,13 +321,9 @@ impl<M: PinnedMemory> PinnedCopy<M> {
     }
 
     fn leak(&mut self) {
-        if let Some(m) = self.memory.take() {
-            std::mem::forget(m);
-        }
+        std::mem::forget(self.memory.take());
         // Pending events go with the memory.
-        if let Some(e) = self.event.take() {
-            std::mem::forget(e);
-        }
+        std::mem::forget(self.event.take());
         for (mark, _) in self.marks.drain(..) {
             std::mem::forget(mark);
         }
