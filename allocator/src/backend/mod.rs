@@ -369,7 +369,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 }
 
 /// How the process-wide backend is chosen: `RMM_BACKEND`, and rmm.toml's `backend` key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum BackendChoice {
     /// The CUDA driver; fails if there is none.
     Cuda,
@@ -386,23 +387,11 @@ impl fmt::Display for BackendChoice {
     }
 }
 
-impl serde::Serialize for BackendChoice {
-    fn serialize<S: serde::Serializer>(
-        &self,
-        serializer: S,
-    ) -> std::result::Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for BackendChoice {
-    fn deserialize<D: serde::Deserializer<'de>>(
-        deserializer: D,
-    ) -> std::result::Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        Self::from_name(&text).ok_or_else(|| {
-            serde::de::Error::custom(format!("{text:?} is not a backend (auto, cuda or sim)"))
-        })
+impl TryFrom<String> for BackendChoice {
+    type Error = String;
+    fn try_from(text: String) -> std::result::Result<Self, String> {
+        Self::from_name(&text)
+            .ok_or_else(|| format!("{text:?} is not a backend (auto, cuda or sim)"))
     }
 }
 
