@@ -15,11 +15,11 @@ use crate::backend::{
 use crate::error::{Error, Result, fmt_bytes};
 
 /// Copies between ranges of (host address, `None` if unbacked; length) pieces of equal total
-/// length; an unbacked source reads as zeros.
+/// length; an unbacked source reads as zeros. `src` is only read.
 ///
 /// # Safety
 /// Host addresses, when given, are valid for their pieces' lengths.
-unsafe fn move_bytes(dst: &[(Option<*mut u8>, usize)], src: &[(Option<*const u8>, usize)]) {
+unsafe fn move_bytes(dst: &[(Option<*mut u8>, usize)], src: &[(Option<*mut u8>, usize)]) {
     let (mut i, mut j, mut di, mut sj) = (0, 0, 0, 0);
     while i < dst.len() && j < src.len() {
         let (d, dl) = dst[i];
@@ -43,14 +43,6 @@ unsafe fn move_bytes(dst: &[(Option<*mut u8>, usize)], src: &[(Option<*const u8>
             (j, sj) = (j + 1, 0);
         }
     }
-}
-
-/// A resolved range's pieces as sources.
-fn sources(r: &Resolved) -> Vec<(Option<*const u8>, usize)> {
-    r.pieces()
-        .into_iter()
-        .map(|(p, n)| (p.map(|p| p as *const u8), n))
-        .collect()
 }
 
 /// Sets every byte of a resolved range to `value` (nothing where unbacked).
@@ -362,7 +354,7 @@ impl Backend for SimBackend {
         self.start_sync_copy(dev)?;
         let d = self.resolve(dst, src.len(), "simulated cuMemcpyHtoD")?;
         // SAFETY: `d` was validated for `src.len()` bytes and its backing is kept alive by `d`.
-        unsafe { move_bytes(&d.pieces(), &[(Some(src.as_ptr()), src.len())]) };
+        unsafe { move_bytes(&d.pieces(), &[(Some(src.as_ptr().cast_mut()), src.len())]) };
         Ok(())
     }
 
@@ -370,7 +362,7 @@ impl Backend for SimBackend {
         self.start_sync_copy(dev)?;
         let s = self.resolve(src, dst.len(), "simulated cuMemcpyDtoH")?;
         // SAFETY: `s` was validated for `dst.len()` bytes; `dst` is an exclusive slice.
-        unsafe { move_bytes(&[(Some(dst.as_mut_ptr()), dst.len())], &sources(&s)) };
+        unsafe { move_bytes(&[(Some(dst.as_mut_ptr()), dst.len())], &s.pieces()) };
         Ok(())
     }
 
@@ -378,7 +370,7 @@ impl Backend for SimBackend {
         self.start_sync_copy(dev)?;
         let (d, s) = self.resolve_pair(dst, src, bytes, "simulated cuMemcpyDtoD")?;
         // SAFETY: both ranges were validated for `bytes` and their backings are alive.
-        unsafe { move_bytes(&d.pieces(), &sources(&s)) };
+        unsafe { move_bytes(&d.pieces(), &s.pieces()) };
         Ok(())
     }
 
@@ -404,7 +396,7 @@ impl Backend for SimBackend {
         let src = src as usize;
         s.submit(move || {
             // SAFETY: the caller keeps `src` valid until this job runs; `d` keeps its backing.
-            unsafe { move_bytes(&d.pieces(), &[(Some(src as *const u8), bytes)]) }
+            unsafe { move_bytes(&d.pieces(), &[(Some(src as *mut u8), bytes)]) }
         });
         Ok(())
     }
@@ -423,7 +415,7 @@ impl Backend for SimBackend {
         let dst = dst as usize;
         s.submit(move || {
             // SAFETY: the caller keeps `dst` valid, untouched, until this job runs; `r` the source.
-            unsafe { move_bytes(&[(Some(dst as *mut u8), bytes)], &sources(&r)) }
+            unsafe { move_bytes(&[(Some(dst as *mut u8), bytes)], &r.pieces()) }
         });
         Ok(())
     }
@@ -441,7 +433,7 @@ impl Backend for SimBackend {
         let (d, r) = self.resolve_pair(dst, src, bytes, "simulated cuMemcpyDtoDAsync")?;
         s.submit(move || {
             // SAFETY: both ranges were validated and their backings are kept alive by `d`, `r`.
-            unsafe { move_bytes(&d.pieces(), &sources(&r)) }
+            unsafe { move_bytes(&d.pieces(), &r.pieces()) }
         });
         Ok(())
     }
