@@ -43,12 +43,17 @@ DISTRIBUTIONS = (
 class Side(NamedTuple):
     """One way of running the workload: dask-cuda's cluster, or rmm-rs's with the device
     store's send_from_tier left as it is (None) or off (False); either with cuDF's own
-    spilling on when ``cudf_spill`` (on rmm-rs the store then leaves cuDF's frames to cuDF)."""
+    spilling on when ``cudf_spill`` (on rmm-rs the store then leaves cuDF's frames to cuDF).
+    dask-cuda under enable_cudf_spill leaves cuDF's objects to cuDF, which spills only when an
+    allocation fails: ``limit_at_pool`` gives rmm-rs's store the same room."""
 
     name: str
     kind: str  # "dask-cuda" or "rmm-rs"
     send_from_tier: bool | None = None
     cudf_spill: bool = False  # LocalCUDACluster(enable_cudf_spill=True)
+    # rmm-rs: the store's device limit at the pool's size rather than the run's limit, so that it
+    # spills when the pool runs short (spill.on_demand), as cuDF's own spilling does.
+    limit_at_pool: bool = False
 
 
 class Settings(NamedTuple):
@@ -169,6 +174,12 @@ def versions(names=DISTRIBUTIONS):
     return out
 
 
+def store_limit(side, s):
+    """The device memory limit of `side`'s workers: the run's, or for a ``limit_at_pool``
+    side of rmm-rs the pool's size (when there is a pool)."""
+    return s.pool if side.limit_at_pool and s.pool is not None else s.limit
+
+
 @contextlib.contextmanager
 def cluster_for(side, devices, protocol, s):
     """A client of a running cluster of `side` on `devices` (one worker each), rmm-rs set
@@ -188,6 +199,7 @@ def cluster_for(side, devices, protocol, s):
             # LocalCUDACluster also sets cuDF's spill option in this process (the
             # scheduler's): put back when the cluster is closed.
             kwargs["enable_cudf_spill"] = True
+        limit = store_limit(side, s)
         if side.kind == "dask-cuda":
             cluster = LocalCUDACluster(
                 device_memory_limit=s.limit,
@@ -206,7 +218,7 @@ def cluster_for(side, devices, protocol, s):
             # worker): the store's default device.
             cluster = LocalCUDACluster(
                 data=DeviceStore.factory(
-                    device_memory_limit=s.limit, memory_limit=host, config=s.rmm_rs_config,
+                    device_memory_limit=limit, memory_limit=host, config=s.rmm_rs_config,
                     **store,
                 ),
                 rmm_pool_size=None,
@@ -222,7 +234,7 @@ def cluster_for(side, devices, protocol, s):
                     RMMRsPlugin(
                         s.rmm_rs_config,
                         rmm_pool_size=s.pool,
-                        device_memory_limit=s.limit,
+                        device_memory_limit=limit,
                         rmm_allocator_external_lib_list=s.rmm_rs_libs,
                     )
                 )

@@ -2,7 +2,7 @@
 
 Every benchmark that the dask-cuda wheel ships (``python -m dask_cuda.benchmarks.NAME``:
 local_cudf_merge, local_cudf_shuffle, local_cudf_groupby, local_cupy (each of its ten
-operations), local_cupy_map_overlap, read_parquet) runs with the same arguments against three clusters of
+operations), local_cupy_map_overlap, read_parquet) runs with the same arguments against these clusters of
 one worker per GPU under the same device memory limit and pool, each reached through its
 scheduler file (``--scheduler-file``), each started fresh for every benchmark run:
 
@@ -16,6 +16,9 @@ scheduler file (``--scheduler-file``), each started fresh for every benchmark ru
   allocates from rmm-rs through the librmm bridge); the benchmark gets ``--disable-rmm``;
 * with ``--rmm-rs-cudf-spill``, also rmm-rs + enable_cudf_spill: the same with
   ``enable_cudf_spill=True``, where the store leaves cuDF's frames to cuDF's own spilling.
+* with ``--rmm-rs-limit-at-pool``, also rmm-rs with the store's device limit at the pool size:
+  it then spills when an allocation would fail, the room cuDF's own spilling has under
+  ``enable_cudf_spill`` (dask-cuda then leaves cuDF's objects out of its limit).
 
 Each benchmark is sized from --limit, the number of GPUs and --scale: at --scale 1 the data it
 reports processing is at least twice the limit per worker (``--dry-run`` prints the arguments
@@ -84,6 +87,9 @@ SIDES = (
 )
 # With --rmm-rs-cudf-spill: rmm-rs's cluster with cuDF's own spilling on, beside the store.
 RMM_RS_CUDF_SPILL = Side("rmm-rs + enable_cudf_spill", "rmm-rs", cudf_spill=True)
+# With --rmm-rs-limit-at-pool: rmm-rs's store limited by the pool alone (it spills when an
+# allocation would fail), the room cuDF's own spilling has under enable_cudf_spill.
+RMM_RS_AT_POOL = Side("rmm-rs, store limit = pool", "rmm-rs", limit_at_pool=True)
 CUDF = ("cudf", "dask_cudf", "cupy")
 EXTRA_DISTRIBUTIONS = ("rmm-rs-librmm", "cudf-cu13", "dask-cudf-cu13", "libcudf-cu13",
                        "pylibcudf-cu13", "cudf-cu12", "dask-cudf-cu12", "pandas", "pyarrow",
@@ -440,6 +446,11 @@ def parse_args(argv=None):
     p.add_argument("--rmm-rs-cudf-spill", action="store_true",
                    help="also run rmm-rs's cluster with cuDF's own spilling on "
                         "(enable_cudf_spill=True; the store leaves cuDF's frames to cuDF)")
+    p.add_argument("--rmm-rs-limit-at-pool", action="store_true",
+                   help="also run rmm-rs's cluster with the store's device limit at the pool "
+                        "size: it spills when the pool runs short, as cuDF's own spilling "
+                        "does under enable_cudf_spill (which leaves cuDF's objects out of the "
+                        "limit)")
     p.add_argument("--json", default=None, help="write every figure to this file")
     p.add_argument("--dry-run", action="store_true",
                    help="print the benchmarks' arguments and command lines; run nothing")
@@ -500,6 +511,10 @@ def main(argv=None):
                  rmm_rs_config={"spill": spill}, rmm_rs_libs=libs,
                  timeout=args.cluster_timeout)
     sides = SIDES + ((RMM_RS_CUDF_SPILL,) if args.rmm_rs_cudf_spill else ())
+    if args.rmm_rs_limit_at_pool:
+        if pool is None:
+            raise SystemExit("--rmm-rs-limit-at-pool needs a pool: pass --pool SIZE, not none")
+        sides += (RMM_RS_AT_POOL,)
     side_problem: dict[str, str] = {}
     if "rmm" in missing and pool is not None:
         for x in SIDES[:2]:

@@ -309,3 +309,13 @@ def test_the_table_with_rmm_rs_beside_cudfs_own_spilling(capsys):
     (row,) = table["rows"]
     assert row["median_s"]["rmm-rs + enable_cudf_spill"] == 3.0
     assert row["ratio"] == "2.00×", "dask-cuda's best against rmm-rs with its own store"
+
+
+def test_the_store_limited_by_the_pool_alone():
+    from dask_cuda_runs import Settings, Side, store_limit
+
+    s = Settings(limit="6GB", pool="12GB", host_limit=0, threads=1, rmm_rs_config={},
+                 rmm_rs_libs=[], timeout=60)
+    assert store_limit(Side("rmm-rs", "rmm-rs"), s) == "6GB"
+    assert store_limit(Side("rmm-rs, store limit = pool", "rmm-rs", limit_at_pool=True), s) == "12GB"
+    assert store_limit(Side("x", "rmm-rs", limit_at_pool=True), s._replace(pool=None)) == "6GB"
