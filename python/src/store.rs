@@ -281,6 +281,14 @@ impl AdoptedValue {
         self.inner.touch();
     }
 
+    /// When the value is next read (a position: smaller is sooner), or None when nothing is
+    /// known to read it again: those spill first, then values read furthest ahead, then values
+    /// never told (each group least recently used first).
+    #[pyo3(signature = (next))]
+    fn set_next_use(&self, next: Option<u64>) {
+        self.inner.set_next_use(next);
+    }
+
     /// Where the data is: "device", "host" or "disk" (once the spilling under way in the
     /// background is done).
     #[getter]

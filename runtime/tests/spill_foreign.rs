@@ -78,6 +78,68 @@ fn the_least_recently_used_value_spills_over_the_limit_and_comes_back_intact() {
 }
 
 #[test]
+fn values_spill_by_next_use_when_it_is_told() {
+    let _s = serial();
+    sim();
+    let rt = Runtime::start(&spilling("13MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let data: Vec<Vec<u8>> = (0..7).map(|i| pattern(3 * MIB, i)).collect();
+    let mut values: Vec<_> = data[..4]
+        .iter()
+        .map(|d| adopt_bytes(&m, d, &dropped))
+        .collect();
+    let tiers = |v: &[Arc<rmm_runtime::ForeignData<LibraryOwner>>]| {
+        v.iter().map(|v| v.tier()).collect::<Vec<_>>()
+    };
+    // Least recently used, 0 would go first. Told next uses, the furthest (2) goes; a value
+    // never told (3) goes after those; a use does not move a value whose next use is known.
+    values[0].set_next_use(Some(10));
+    values[1].set_next_use(Some(20));
+    values[2].set_next_use(Some(30));
+    values[2].touch();
+    values.push(adopt_bytes(&m, &data[4], &dropped));
+    assert_eq!(
+        tiers(&values),
+        [
+            Tier::Device,
+            Tier::Device,
+            Tier::Host,
+            Tier::Device,
+            Tier::Device
+        ]
+    );
+    // Nothing reads 3 again: it goes before any value with a next use.
+    values[3].set_next_use(None);
+    values.push(adopt_bytes(&m, &data[5], &dropped));
+    assert_eq!(
+        tiers(&values)[..4],
+        [Tier::Device, Tier::Device, Tier::Host, Tier::Host]
+    );
+    // 0 is now read furthest ahead.
+    values[0].set_next_use(Some(40));
+    values.push(adopt_bytes(&m, &data[6], &dropped));
+    assert_eq!(
+        tiers(&values),
+        [
+            Tier::Host,
+            Tier::Device,
+            Tier::Host,
+            Tier::Host,
+            Tier::Device,
+            Tier::Device,
+            Tier::Device
+        ]
+    );
+    for i in [0, 2, 3] {
+        assert_eq!(
+            values[i].spilled_bytes().unwrap().unwrap(),
+            vec![data[i].clone()]
+        );
+    }
+}
+
+#[test]
 fn a_value_in_use_is_never_spilled() {
     let _s = serial();
     sim();

@@ -3,9 +3,11 @@
 A value that lives on the device (anything Dask serializes with its "cuda" family: CuPy,
 Numba, PyTorch, RAPIDS RMM and rmm-rs buffers, cuDF; collections of them too) is kept as it
 is and handed to the device's spill manager, which counts its real device bytes (views of one
-allocation once) in the same least-recently-used order as rmm-rs's own spillable buffers.
-Over ``device_memory_limit`` the least recently used values nothing else holds are spilled:
-their device frames are copied into the pinned host pool on the manager's copy streams (and
+allocation once) beside rmm-rs's own spillable buffers. Over ``device_memory_limit`` values
+nothing else holds are spilled in the order the worker's tasks need them: first those no task
+will read again (least recently used first), then those read furthest ahead
+(``rmm_rs.dask.next_use``), then those not yet placed (least recently used first): their
+device frames are copied into the pinned host pool on the manager's copy streams (and
 on to ``spill.disk_directory`` past the host pool), and the value is let go, which frees its
 device memory. On access a spilled value is rebuilt over its data brought back into the
 current rmm-rs stack, without a device copy, and its host copy is kept (Dask's values are

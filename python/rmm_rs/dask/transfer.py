@@ -44,6 +44,7 @@ from distributed.protocol.serialize import dask_deserialize, dask_serialize
 import rmm_rs
 
 from .. import _rmm_rs
+from .next_use import NextUse
 from .prefetch import Prefetcher
 
 logger = logging.getLogger(__name__)
@@ -620,6 +621,7 @@ def attach(worker: Any, store: Any) -> bool:
     _copy_received_off_the_loop(worker)
     _forget_peers_that_leave(worker)
     _install_prefetcher(worker, store)
+    _install_next_use(worker, store)
     worker._rmm_rs_originals = originals
     worker._rmm_rs_store = store
     metrics = getattr(worker, "metrics", None)
@@ -764,6 +766,16 @@ def _install_prefetcher(worker: Any, store: Any) -> None:
         prefetcher.setup(worker)
         plugins[Prefetcher.name] = prefetcher
         store._prefetcher = prefetcher
+
+
+def _install_next_use(worker: Any, store: Any) -> None:
+    """Has ``store`` spill the values ``worker``'s tasks read furthest ahead first
+    (``rmm_rs.dask.next_use``), replacing an earlier store's."""
+    plugins = getattr(worker, "plugins", None)
+    if isinstance(plugins, dict):
+        plugin = NextUse(store)
+        plugin.setup(worker)
+        plugins[NextUse.name] = plugin
 
 
 # The handler a peer calls to learn whether this worker can map its exportable memory.

@@ -190,6 +190,21 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         }
     }
 
+    /// Tells when the value is next read: `next` is a position (smaller: sooner; a Dask task's
+    /// priority, say), `None` when nothing is known to read it again. Values nothing reads again
+    /// spill first (least recently used first), then those read furthest ahead, then values
+    /// never told (least recently used first).
+    pub fn set_next_use(&self, next: Option<u64>) {
+        let mut ids = vec![self.id];
+        if let Some(state) = self.state.try_lock()
+            && let State::Spilled(buffers) = &*state
+        {
+            ids.extend(buffers.iter().map(|b| b.id()));
+        }
+        let mut lru = self.tracker.lru.lock();
+        ids.into_iter().for_each(|id| lru.set_next_use(id, next));
+    }
+
     /// Device views of a spilled value's buffers in [`allocations`](Self::allocations) order,
     /// each brought back (for `stream`) and kept there while its view lives; `None` while in the
     /// owner's memory.
@@ -296,9 +311,9 @@ impl<O: ForeignOwner + 'static> ForeignData<O> {
         {
             // The buffers take the value's place in the order.
             let mut lru = self.tracker.lru.lock();
-            let tick = lru.remove(self.id);
+            let place = lru.remove(self.id);
             for b in &buffers {
-                lru.insert(b.id(), b, tick);
+                lru.insert(b.id(), b, place);
             }
         }
         let old = std::mem::replace(&mut *state, State::Spilled(buffers));

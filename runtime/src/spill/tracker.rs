@@ -2,6 +2,7 @@
 //! the limit, moves per tier, and making room. The manager's [`SpillableBuffer`]s and adopted
 //! values ([`ForeignData`](super::ForeignData)) share one order as [`Spillable`]s.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -69,13 +70,28 @@ impl Spillable for SpillableBuffer {
     }
 }
 
-/// Least-recently-used (tick, id), oldest first; a spilled value's buffers share its tick.
+/// Where an entry stands in the spill order, first to spill first: entries nothing is known to
+/// read again, least recently used first; then entries whose next use is known (a task that will
+/// read them), furthest first; then the rest, least recently used first (all entries, unless
+/// their owner tells next uses). Under a limit smaller than what a shuffle reads in turn, least
+/// recently used alone spills just what is read next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Place {
+    /// Nothing is known to read it again; last used at this tick.
+    Done(u64),
+    /// Next read at this position (smaller: sooner).
+    NextUse(Reverse<u64>),
+    /// Last used at this tick, no next use told.
+    Used(u64),
+}
+
+/// The spill order of entries, first to spill first; a spilled value's buffers share its place.
 #[derive(Default)]
 pub(crate) struct Lru {
     next: u64,
-    order: BTreeSet<(u64, u64)>,
-    /// Id → (tick, entry).
-    entries: HashMap<u64, (u64, Weak<dyn Spillable>)>,
+    order: BTreeSet<(Place, u64)>,
+    /// Id → (place, entry).
+    entries: HashMap<u64, (Place, Weak<dyn Spillable>)>,
 }
 
 impl Lru {
@@ -85,35 +101,62 @@ impl Lru {
         t
     }
 
-    /// Adds `entry` as used at `tick` (now, when `None`).
+    /// Adds `entry` at `place` (used now, when `None`).
     pub(crate) fn insert<S: Spillable + 'static>(
         &mut self,
         id: u64,
         entry: &Arc<S>,
-        tick: Option<u64>,
+        place: Option<Place>,
     ) {
         let entry: Weak<dyn Spillable> = Arc::<S>::downgrade(entry);
-        let tick = tick.unwrap_or_else(|| self.tick());
-        if let Some((old, _)) = self.entries.insert(id, (tick, entry)) {
+        let place = place.unwrap_or_else(|| Place::Used(self.tick()));
+        if let Some((old, _)) = self.entries.insert(id, (place, entry)) {
             self.order.remove(&(old, id));
         }
-        self.order.insert((tick, id));
+        self.order.insert((place, id));
     }
 
-    /// Removes `id`; its tick, if it was there.
-    pub(crate) fn remove(&mut self, id: u64) -> Option<u64> {
-        let (tick, _) = self.entries.remove(&id)?;
-        self.order.remove(&(tick, id));
-        Some(tick)
+    /// Removes `id`; its place, if it was there.
+    pub(crate) fn remove(&mut self, id: u64) -> Option<Place> {
+        let (place, _) = self.entries.remove(&id)?;
+        self.order.remove(&(place, id));
+        Some(place)
     }
 
-    fn touch(&mut self, id: u64) {
-        let tick = self.tick();
+    /// Moves `id` to `place`.
+    fn place(&mut self, id: u64, place: Place) {
         if let Some(e) = self.entries.get_mut(&id) {
-            let old = std::mem::replace(&mut e.0, tick);
+            let old = std::mem::replace(&mut e.0, place);
             self.order.remove(&(old, id));
-            self.order.insert((tick, id));
+            self.order.insert((place, id));
         }
+    }
+
+    /// `id` was used now (an entry whose next use is known stays where that puts it).
+    fn touch(&mut self, id: u64) {
+        let done = match self.entries.get(&id).map(|e| e.0) {
+            Some(Place::Used(_)) => false,
+            Some(Place::Done(_)) => true,
+            _ => return,
+        };
+        let tick = self.tick();
+        self.place(
+            id,
+            if done {
+                Place::Done(tick)
+            } else {
+                Place::Used(tick)
+            },
+        );
+    }
+
+    /// `id` is next read at position `next` (smaller: sooner), or by nothing known (`None`).
+    pub(crate) fn set_next_use(&mut self, id: u64, next: Option<u64>) {
+        let place = match next {
+            Some(n) => Place::NextUse(Reverse(n)),
+            None => Place::Done(self.tick()),
+        };
+        self.place(id, place);
     }
 }
 
