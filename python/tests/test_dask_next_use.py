@@ -26,7 +26,9 @@ def data(i, size=2 * MIB):
 
 def test_a_tasks_position_follows_dasks_order():
     # (-user priority, generation, dask.order's position, ...), compared as Dask compares them.
-    priorities = [(-1, 0, 5), (0, 1, 0, 0), (0, 1, 2, -4), (0, 1, 10, -9), (0, 2, 0, -10), (3, 0, 0)]
+    priorities = [
+        (-1, 0, 5), (0, 1, 0, 0), (0, 1, 2, -4), (0, 1, 10, -9), (0, 2, 0, -10), (3, 0, 0)
+    ]
     positions = [position(p) for p in priorities]
     known = [p for p in positions if p is not None]
     assert known == sorted(known) and len(set(known)) == len(positions)
@@ -62,6 +64,29 @@ def test_a_finished_task_ranks_its_value_and_its_inputs_by_their_next_reader():
     assert [store.tier(k) for k in "abcdef"] == ["device", "host", "host", "device", "device",
                                                  "device"]
     assert store["b"].to_bytes() == data(ord("b"))
+    store.close()
+
+
+def test_a_value_stored_under_two_keys_is_placed_by_the_sooner_next_use():
+    rmm_rs.initialize(None, {"spill": {"enabled": True}})
+    store = DeviceStore(device_memory_limit="9MiB", prefetch=0)
+    store["b"] = rmm_rs.DeviceBuffer.from_bytes(data(1))
+    assert store.spill("b") == 2 * MIB
+    store["v"] = store["b"]  # a task returning its input: one value, two keys
+    store["x"] = rmm_rs.DeviceBuffer.from_bytes(data(2))
+    store["y"] = rmm_rs.DeviceBuffer.from_bytes(data(3))
+    soon, mid, late = (_task(f"r{i}", "waiting") for i in range(3))
+    soon.priority, mid.priority, late.priority = (0, 1, 1), (0, 1, 5), (0, 1, 9)
+    b, v = _task("b", dependents=[soon]), _task("v")  # nothing reads v, b is read soon
+    x, y = _task("x", dependents=[mid]), _task("y", dependents=[late])
+    plugin = NextUse(store)
+    plugin.setup(SimpleNamespace(state=SimpleNamespace(tasks={})))
+    plugin.rank([b, v, x, y])
+    # v's "no next use" does not make b's data spill first: y (read furthest ahead) goes.
+    store["z"] = rmm_rs.DeviceBuffer.from_bytes(data(4))
+    store["w"] = rmm_rs.DeviceBuffer.from_bytes(data(5))
+    assert [store.tier(k) for k in ("b", "v", "x", "y")] == ["device", "device", "device", "host"]
+    assert store["v"].to_bytes() == data(1)
     store.close()
 
 

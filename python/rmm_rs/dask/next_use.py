@@ -1,15 +1,16 @@
 """Spilling the values a worker's tasks read furthest ahead first.
 
-A worker's device store spills its least recently used values first. Dask runs a shuffle
-output by output, each output reading a piece of every input in turn: under a limit smaller
-than the inputs, the value read longest ago is the one read next, and each read brings back
-what was just spilled. :class:`NextUse` (a worker plugin the device store installs) tells the
+Dask runs a shuffle output by output, each output reading a piece of every input in turn:
+under a limit smaller than the inputs, the value read longest ago is the one read next, and
+spilling the least recently used value first makes each read bring back what was just
+spilled. :class:`NextUse` (a worker plugin the device store installs) tells the
 store when each value will next be read: the position, in Dask's order, of the first of its
 dependents still to run. The store then spills the values with no task left to read them
 first (least recently used first), then those read furthest ahead."""
 
 import logging
-from typing import Any, Iterable, Optional
+import weakref
+from typing import Any, Dict, Iterable, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,11 @@ class NextUse:
     def __init__(self, store: Any):
         self.store = store
         self.worker: Optional[Any] = None
+        # Per stored value, the next use of each key it is stored under (a task's view of its
+        # input shares the input's data): the value is placed by the soonest.
+        self._keys: "weakref.WeakKeyDictionary[Any, Dict[Any, Optional[int]]]" = (
+            weakref.WeakKeyDictionary()
+        )
 
     def setup(self, worker: Any) -> None:
         """Serves ``worker`` from now on."""
@@ -70,4 +76,14 @@ class NextUse:
                 for d in ts.dependents
                 if d.state in _PENDING and (p := position(d.priority)) is not None
             ]
-            entry.adopted.set_next_use(min(upcoming) if upcoming else None)
+            adopted = entry.adopted
+            # The keys still stored as this value (a key deleted or stored again is dropped).
+            keys = {
+                k: p
+                for k, p in self._keys.get(adopted, {}).items()
+                if getattr(device.get(k), "adopted", None) is adopted
+            }
+            keys[ts.key] = min(upcoming) if upcoming else None
+            self._keys[adopted] = keys
+            known = [p for p in keys.values() if p is not None]
+            adopted.set_next_use(min(known) if known else None)

@@ -1,4 +1,4 @@
-//! What a device's spillable data reports to: least-recently-used order, device bytes against
+//! What a device's spillable data reports to: the spill order (`Place`), device bytes against
 //! the limit, moves per tier, and making room. The manager's [`SpillableBuffer`]s and adopted
 //! values ([`ForeignData`](super::ForeignData)) share one order as [`Spillable`]s.
 
@@ -9,17 +9,17 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rmm_allocator::StreamView;
 use rmm_allocator::backend::DevicePtr;
 use rmm_allocator::resource::PinnedHostPool;
 use rmm_allocator::spill::{
     COPY_WINDOW, PendingSpill, SpillObserver, SpillStep, SpillStore, SpillableBuffer, Tier,
 };
+use rmm_allocator::{Result, StreamView};
 
 use super::background::{Background, EnforceLimit};
 use super::statistics::Moves;
 
-/// An entry of the least-recently-used order: something whose device bytes can move off.
+/// An entry of the spill order: something whose device bytes can move off.
 pub(crate) trait Spillable: Send + Sync {
     /// Device bytes it frees when spilled (its size).
     fn size(&self) -> usize;
@@ -29,10 +29,10 @@ pub(crate) trait Spillable: Send + Sync {
     fn is_in_use(&self) -> bool;
     /// Starts moving it off the device so several entries' copies overlap
     /// ([`SpillableBuffer::begin_spill`]); skipped when in use, busy or spilled.
-    fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>>;
+    fn begin_spill(&self) -> Result<SpillStep<'_>>;
     /// Moves host data on to disk; the bytes moved.
-    fn spill_to_disk(&self) -> rmm_allocator::Result<usize>;
-    fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()>;
+    fn spill_to_disk(&self) -> Result<usize>;
+    fn unspill(&self, stream: StreamView) -> Result<()>;
     /// The entry as a [`SpillableBuffer`] of the manager's own, if it is one.
     fn into_buffer(self: Arc<Self>) -> Option<Arc<SpillableBuffer>> {
         None
@@ -53,13 +53,13 @@ impl Spillable for SpillableBuffer {
     fn is_in_use(&self) -> bool {
         SpillableBuffer::is_in_use(self)
     }
-    fn begin_spill(&self) -> rmm_allocator::Result<SpillStep<'_>> {
+    fn begin_spill(&self) -> Result<SpillStep<'_>> {
         SpillableBuffer::begin_spill(self)
     }
-    fn spill_to_disk(&self) -> rmm_allocator::Result<usize> {
+    fn spill_to_disk(&self) -> Result<usize> {
         SpillableBuffer::spill_to_disk(self)
     }
-    fn unspill(&self, stream: StreamView) -> rmm_allocator::Result<()> {
+    fn unspill(&self, stream: StreamView) -> Result<()> {
         self.device_view(stream).map(drop)
     }
     fn into_buffer(self: Arc<Self>) -> Option<Arc<SpillableBuffer>> {
@@ -228,7 +228,7 @@ impl<'a> SpillBatch<'a> {
     }
 
     /// Adds one entry's started spill; finishes the oldest while too much is in flight.
-    pub(crate) fn add(&mut self, step: rmm_allocator::Result<SpillStep<'a>>, size: usize) {
+    pub(crate) fn add(&mut self, step: Result<SpillStep<'a>>, size: usize) {
         match step {
             Ok(SpillStep::Skipped) => {}
             Ok(SpillStep::Done(n)) => self.record(Ok(n), size),
@@ -249,7 +249,7 @@ impl<'a> SpillBatch<'a> {
     }
 
     /// Counts an entry's freed bytes, or keeps its error if the first (the others go on).
-    fn record(&mut self, freed: rmm_allocator::Result<usize>, size: usize) {
+    fn record(&mut self, freed: Result<usize>, size: usize) {
         match freed {
             Ok(n) => self.freed += n as u64,
             Err(e) => {
@@ -282,7 +282,7 @@ impl<'a> SpillBatch<'a> {
 }
 
 impl Tracker {
-    /// Live entries, least recently used first (not `except`), collected under the lock and
+    /// Live entries in spill order, first to go first (not `except`), collected under the lock and
     /// examined after (a moving entry's owner holds its lock while asking for room).
     pub(crate) fn oldest_first(&self, except: Option<u64>) -> Vec<Arc<dyn Spillable>> {
         let lru = self.lru.lock();
@@ -293,13 +293,9 @@ impl Tracker {
             .collect()
     }
 
-    /// Spills least recently used entries (not `except`) in a [`SpillBatch`] until `need` bytes
+    /// Spills entries in spill order (not `except`) in a [`SpillBatch`] until `need` bytes
     /// are freed or nothing can go; returns the bytes freed.
-    pub(crate) fn spill_oldest(
-        &self,
-        need: u64,
-        except: Option<u64>,
-    ) -> rmm_allocator::Result<u64> {
+    pub(crate) fn spill_oldest(&self, need: u64, except: Option<u64>) -> Result<u64> {
         let entries = self.oldest_first(except);
         let mut batch = SpillBatch::default();
         for b in &entries {
@@ -332,7 +328,7 @@ impl Tracker {
         self.excess() > 0
     }
 
-    /// Spills least recently used entries (not `except`) while over the limit with `bytes` more,
+    /// Spills entries in spill order (not `except`) while over the limit with `bytes` more,
     /// plus [`limit_slack`] when room is made on the caller's thread, so a device making data
     /// spills in batches, as Dask workers spill to a target below their threshold.
     pub(crate) fn enforce_limit(&self, except: Option<u64>, bytes: usize) {
@@ -385,12 +381,7 @@ impl Tracker {
 
     /// Moves the oldest host data (not `except`'s) to disk until `host` can hand out `need`
     /// bytes; returns the bytes moved. A failed write's error counts only if that falls short.
-    fn demote_oldest(
-        &self,
-        host: &PinnedHostPool,
-        need: usize,
-        except: u64,
-    ) -> rmm_allocator::Result<u64> {
+    fn demote_oldest(&self, host: &PinnedHostPool, need: usize, except: u64) -> Result<u64> {
         let mut moved = 0;
         let mut first_error = None;
         for b in self.oldest_first(Some(except)) {
@@ -475,7 +466,7 @@ impl SpillObserver for Tracker {
         }
     }
 
-    fn make_host_room(&self, id: u64, bytes: usize) -> rmm_allocator::Result<()> {
+    fn make_host_room(&self, id: u64, bytes: usize) -> Result<()> {
         let Some(tiers) = self.store.as_ref().map(|s| s.tiers()) else {
             return Ok(());
         };
