@@ -76,7 +76,13 @@ from dask_cuda_runs import (
 )
 from copy_bounds import measure_bounds, print_bounds
 import phase_metrics
-from phase_metrics import difference, loop_hotspots, summary_lines, worker_phase_figures
+from phase_metrics import (
+    busy_lines,
+    difference,
+    loop_hotspots,
+    summary_lines,
+    worker_phase_figures,
+)
 
 # Functions run on the workers travel by value: the workers need not see this directory.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -199,12 +205,15 @@ def run_once(side, devices, protocol, n, args, s, repeat):
         with cluster_for(side, devices, protocol, s) as client:
             stage = "warm-up"
             warm_up(client, s.timeout)
+            client.get_task_stream()  # has the scheduler record tasks from now on
             stage = "persist"
             x = make_array(n, args.chunk, args.seed)
             t = time.perf_counter()
+            wall = time.time()
             x = client.persist(x)
             wait(x, timeout=s.timeout)
             r["persist_s"] = time.perf_counter() - t
+            r["persist_busy"] = busy_lines(client.get_task_stream(start=wall), wall, time.time())
             stage = "placement"
             r["crossing_bytes"], r["crossing_blocks"], r["unplaced_blocks"] = crossing_bytes(
                 client, x
@@ -217,6 +226,7 @@ def run_once(side, devices, protocol, n, args, s, repeat):
             r["transpose_sum"] = scalar(client, (x + x.T).sum(), s.timeout)
             r["transpose_sum_s"] = time.perf_counter() - t
             r["transpose_loop"] = loop_profile(client, wall, time.time())
+            r["transpose_busy"] = busy_lines(client.get_task_stream(start=wall), wall, time.time())
             mid = sent_bytes(client)
             figures_mid = client.run(worker_phase_figures)
             r["transpose_metrics"] = difference(figures_mid, figures)
@@ -226,6 +236,7 @@ def run_once(side, devices, protocol, n, args, s, repeat):
             r["std_sum"] = scalar(client, x.std(axis=0).sum(), s.timeout)
             r["std_s"] = time.perf_counter() - t
             r["std_loop"] = loop_profile(client, wall, time.time())
+            r["std_busy"] = busy_lines(client.get_task_stream(start=wall), wall, time.time())
             r["std_metrics"] = difference(client.run(worker_phase_figures), figures_mid)
             after = sent_bytes(client)
             r["total_s"] = r["persist_s"] + r["transpose_sum_s"] + r["std_s"]
@@ -280,7 +291,9 @@ def print_run(r):
         print(f"    transpose phase, {line}", flush=True)
     for line in summary_lines(r.get("std_metrics", {}), top=5):
         print(f"    std phase, {line}", flush=True)
-    for phase in ("transpose", "std"):
+    for phase in ("persist", "transpose", "std"):
+        for line in r.get(f"{phase}_busy", []):
+            print(f"    {phase} phase, {line}", flush=True)
         for line in r.get(f"{phase}_loop", []):
             print(f"    {phase} phase, {line}", flush=True)
     if any(r["spill"].values()):

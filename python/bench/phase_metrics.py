@@ -96,3 +96,37 @@ def loop_hotspots(profile: Dict[str, Any], interval: float, top: int = 10) -> Li
     for name, n in rows:
         lines.append(f"{n * interval:8.2f} s {100 * n / total:5.1f} %  {name}")
     return lines
+
+
+def busy_lines(records: List[Dict[str, Any]], start: float, stop: float) -> List[str]:
+    """How the phase ``[start, stop]`` (wall-clock seconds) kept each worker's task threads
+    busy, from Dask's task stream (``client.get_task_stream(start=…)``): per worker, the
+    seconds its tasks computed and their share of the phase, then that share in each quarter
+    of the phase (a worker waiting for its inputs idles early; a straggler, late), and the
+    seconds its tasks' inputs spent in transfer to it."""
+    span = stop - start
+    if span <= 0 or not records:
+        return []
+    quarters = [(start + span * q / 4, start + span * (q + 1) / 4) for q in range(4)]
+    per: Dict[str, Dict[str, Any]] = {}
+    for r in records:
+        w = per.setdefault(str(r.get("worker")), {"compute": 0.0, "transfer": 0.0,
+                                                  "tasks": 0, "q": [0.0] * 4})
+        for s in r.get("startstops", ()):
+            a, b = float(s["start"]), float(s["stop"])
+            if s.get("action") == "compute":
+                w["compute"] += b - a
+                w["tasks"] += 1
+                for i, (lo, hi) in enumerate(quarters):
+                    w["q"][i] += max(0.0, min(b, hi) - max(a, lo))
+            elif s.get("action") == "transfer":
+                w["transfer"] += b - a
+    lines = []
+    for name, w in sorted(per.items()):
+        q = " / ".join(f"{100 * x / (span / 4):.0f}" for x in w["q"])
+        lines.append(
+            f"{name}: {w['tasks']} tasks computed {w['compute']:.2f} s "
+            f"({100 * w['compute'] / span:.0f} % of the phase; by quarter {q} %), "
+            f"inputs in transfer {w['transfer']:.2f} s"
+        )
+    return lines

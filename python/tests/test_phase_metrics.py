@@ -95,3 +95,30 @@ def test_the_loop_hotspots_are_the_lines_samples_were_taken_in_busiest_first():
     assert lines[3].split()[:5] == ["0.10", "s", "10.0", "%", "run_once"]
     assert len(lines) == 4
     assert pm.loop_hotspots({"count": 0}, interval=0.01) == []
+
+
+def test_busy_lines_give_each_workers_compute_share_per_quarter_and_its_transfers():
+    # A 4 s phase from t=100: worker a computes 1 s in the first quarter and 0.5 s across the
+    # second and third; worker b's one task waited 2 s for its input, then computed 1 s last.
+    records = [
+        {"worker": "a", "startstops": [{"action": "compute", "start": 100.0, "stop": 101.0}]},
+        {"worker": "a", "startstops": [{"action": "compute", "start": 101.75, "stop": 102.25}]},
+        {
+            "worker": "b",
+            "startstops": [
+                {"action": "transfer", "start": 101.0, "stop": 103.0},
+                {"action": "compute", "start": 103.0, "stop": 104.0},
+            ],
+        },
+        # Outside the phase's workers: a record with no startstops counts nothing.
+        {"worker": "a", "startstops": []},
+    ]
+    lines = pm.busy_lines(records, 100.0, 104.0)
+    assert lines == [
+        "a: 2 tasks computed 1.50 s (38 % of the phase; by quarter 100 / 25 / 25 / 0 %), "
+        "inputs in transfer 0.00 s",
+        "b: 1 tasks computed 1.00 s (25 % of the phase; by quarter 0 / 0 / 0 / 100 %), "
+        "inputs in transfer 2.00 s",
+    ]
+    assert pm.busy_lines(records, 104.0, 104.0) == []
+    assert pm.busy_lines([], 100.0, 104.0) == []
