@@ -8,12 +8,15 @@ import os
 from typing import Any, Dict, List
 
 GiB = 1 << 30
+# Transfers of at least this many bytes carry data blocks (not a reduction's partial results).
+LARGE = 1 << 20
 
 
 def worker_phase_figures(dask_worker: Any) -> Dict[str, float]:
     """This worker's cumulative figures: ``ACTIVITY/LABEL`` seconds (summed over task
     prefixes and spans), and ``incoming transfers`` / ``incoming bytes`` / ``incoming
-    seconds`` from its transfer log."""
+    seconds`` from its transfer log, with the count of transfers of ``LARGE`` bytes or more
+    and the keys they carried (``incoming large transfers`` / ``incoming large keys``)."""
     out: Dict[str, float] = {}
     for key, value in list(getattr(dask_worker, "digests_total", {}).items()):
         if isinstance(key, tuple) and len(key) >= 3 and key[-1] == "seconds":
@@ -23,6 +26,9 @@ def worker_phase_figures(dask_worker: Any) -> Dict[str, float]:
     out["incoming transfers"] = float(len(log))
     out["incoming bytes"] = float(sum(e.get("total", 0) for e in log))
     out["incoming seconds"] = float(sum(e.get("duration", 0.0) for e in log))
+    large = [e for e in log if e.get("total", 0) >= LARGE]
+    out["incoming large transfers"] = float(len(large))
+    out["incoming large keys"] = float(sum(len(e.get("keys", ())) for e in large))
     return out
 
 
@@ -51,6 +57,12 @@ def summary_lines(per_worker: Dict[str, Dict[str, float]], top: int = 8) -> List
         f"incoming transfers: {int(count)} carrying {nbytes / GiB:.2f} GiB over "
         f"{seconds:.2f} s summed{rate}"
     ]
+    large = sum(f.get("incoming large transfers", 0.0) for f in per_worker.values())
+    if large:
+        keys = sum(f.get("incoming large keys", 0.0) for f in per_worker.values())
+        lines.append(
+            f"incoming transfers of 1 MiB or more: {int(large)}, {keys / large:.1f} keys each"
+        )
     names = {
         k for f in per_worker.values() for k in f if not k.startswith("incoming ")
     }

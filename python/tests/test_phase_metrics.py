@@ -32,13 +32,20 @@ def test_seconds_are_summed_per_activity_and_label_over_prefixes_and_spans():
             ("gather-dep", "network", "seconds"): 2.0,
             "latency": 0.25,  # not a tuple
         },
-        [{"total": 100, "duration": 0.5}, {"total": 300, "duration": 1.5}],
+        [
+            {"total": 100, "duration": 0.5, "keys": {"a": 100}},
+            {"total": 300, "duration": 1.5, "keys": {"b": 100, "c": 200}},
+            {"total": 3 << 20, "duration": 0.1, "keys": {"d": 1 << 20, "e": 2 << 20}},
+        ],
     )
     f = pm.worker_phase_figures(w)
     assert f["execute/thread-cpu"] == 2.0
     assert f["gather-dep/network"] == 2.0
     assert "latency" not in f and not any("bytes" in k for k in f if "/" in k)
-    assert (f["incoming transfers"], f["incoming bytes"], f["incoming seconds"]) == (2, 400, 2)
+    assert (f["incoming transfers"], f["incoming bytes"]) == (3, 400 + (3 << 20))
+    assert f["incoming seconds"] == 2.1
+    # Only the transfer of 1 MiB or more is a large one: 2 keys.
+    assert (f["incoming large transfers"], f["incoming large keys"]) == (1, 2)
 
 
 def test_a_phase_is_the_difference_of_two_snapshots_per_worker():
@@ -56,9 +63,11 @@ def test_the_summary_names_the_transfers_and_the_busiest_activities_first():
         "w1": {"gather-dep/network": 4.0, "execute/other": 1.0, "tiny/x": 0.001,
                "incoming transfers": 10, "incoming bytes": 10 * 2**30, "incoming seconds": 5},
         "w2": {"gather-dep/network": 2.0, "execute/other": 3.0,
-               "incoming transfers": 6, "incoming bytes": 6 * 2**30, "incoming seconds": 3},
+               "incoming transfers": 6, "incoming bytes": 6 * 2**30, "incoming seconds": 3,
+               "incoming large transfers": 4, "incoming large keys": 10},
     }
     lines = pm.summary_lines(per_worker)
+    assert lines.pop(1) == "incoming transfers of 1 MiB or more: 4, 2.5 keys each"
     assert lines[0].startswith("incoming transfers: 16 carrying 16.00 GiB over 8.00 s summed")
     assert "2.15 GB/s per transfer" in lines[0]
     assert lines[1].startswith("gather-dep/network") and "3.00 s per worker (most 4.00 s)" in lines[1]
