@@ -169,9 +169,10 @@ pub fn free(block: HostBlock) -> Result<()> {
     }
 }
 
-/// Host memory pinned once for reuse: an anonymous mapping faulted in on several threads, then
-/// registered chunk by chunk (`cuMemHostRegister`; `cuMemHostAlloc` faults page by page in the
-/// driver). A copy must not cross chunks, so users carve slices inside one.
+/// Host memory pinned once for reuse: an anonymous mapping faulted in on several threads and
+/// registered chunk by chunk as the faulting runs ahead (`cuMemHostRegister`; `cuMemHostAlloc`
+/// faults page by page in the driver). A copy must not cross chunks, so users carve slices
+/// inside one.
 pub struct PinnedRegion {
     backend: &'static dyn Backend,
     ptr: NonNull<u8>,
@@ -207,8 +208,9 @@ impl PinnedRegion {
     /// Regions are whole multiples of this (2 MiB, a huge page).
     pub const ALIGNMENT: usize = 2 << 20;
 
-    /// Pins `bytes` (rounded up to 2 MiB): faulted in on `threads` threads, then registered in
-    /// chunks of `min_chunk` bytes (rounded up to 2 MiB; the last possibly shorter).
+    /// Pins `bytes` (rounded up to 2 MiB): faulted in on `threads` threads and registered in
+    /// chunks of `min_chunk` bytes (rounded up to 2 MiB; the last possibly shorter), the faulting
+    /// of each chunk overlapping the registering of the one before.
     pub fn new(
         backend: &'static dyn Backend,
         bytes: usize,
@@ -216,30 +218,60 @@ impl PinnedRegion {
         min_chunk: usize,
     ) -> Result<PinnedRegion> {
         const HUGE: usize = PinnedRegion::ALIGNMENT;
-        let (ptr, len) = Self::map_faulted(backend, bytes, threads, "a pinned host pool")?;
+        let (ptr, len) = Self::map(backend, bytes, "a pinned host pool")?;
         let base = ptr.as_ptr() as usize;
         // One chunk at a time: a registration holds a driver lock that stalls the process's other
         // driver calls, so parallel or larger ones stall them longer and gain nothing.
         let chunk = min_chunk.max(HUGE).next_multiple_of(HUGE).min(len);
-        let registering = std::time::Instant::now();
+        let spans: Vec<(usize, usize)> = (0..len)
+            .step_by(chunk)
+            .map(|o| (o, chunk.min(len - o)))
+            .collect();
+        let mut registering = std::time::Duration::ZERO;
         let mut registered = Vec::new();
         let mut first_error = None;
-        for o in (0..len).step_by(chunk) {
-            let l = chunk.min(len - o);
-            // SAFETY: in the live mapping, which outlives the registration (undone first in drop).
-            if let Err(e) = unsafe { backend.host_register((base + o) as *mut u8, l) } {
-                first_error = Some(e);
-                break;
+        std::thread::scope(|s| {
+            // Faulting (the kernel zeroing pages) runs ahead of registering (the driver locking
+            // them), so that the two overlap rather than add. A chunk is registered only once
+            // faulted: the driver would otherwise fault it in under its lock.
+            let (faulted, ready) = std::sync::mpsc::sync_channel::<()>(1);
+            let spans = &spans;
+            let faulter = std::thread::Builder::new().spawn_scoped(s, move || {
+                for &(o, l) in spans {
+                    fault_in(base + o, l, threads);
+                    // Registering stopped (an error): fault no more.
+                    if faulted.send(()).is_err() {
+                        return;
+                    }
+                }
+            });
+            // Without the faulting thread (it could not start), each chunk is faulted here.
+            let ready = faulter.ok().map(|_| ready);
+            for &(o, l) in spans {
+                if ready.as_ref().is_none_or(|r| r.recv().is_err()) {
+                    fault_in(base + o, l, threads);
+                }
+                let t = std::time::Instant::now();
+                // SAFETY: in the live mapping, which outlives the registration (undone first in
+                // drop).
+                let r = unsafe { backend.host_register((base + o) as *mut u8, l) };
+                registering += t.elapsed();
+                if let Err(e) = r {
+                    first_error = Some(e);
+                    break;
+                }
+                registered.push((o, l));
             }
-            registered.push((o, l));
-        }
+            // Stops a faulting thread waiting to hand over a chunk not to be registered.
+            drop(ready);
+        });
         let region = PinnedRegion {
             backend,
             ptr,
             len,
             live: registered.iter().map(|_| AtomicUsize::new(0)).collect(),
             chunks: registered,
-            registering: registering.elapsed(),
+            registering,
             pinned: true,
         };
         // On an error, dropping the region unregisters what was registered and frees the memory.
@@ -273,10 +305,21 @@ impl PinnedRegion {
         threads: usize,
         what: &'static str,
     ) -> Result<(NonNull<u8>, usize)> {
+        let (ptr, len) = Self::map(backend, bytes, what)?;
+        fault_in(ptr.as_ptr() as usize, len, threads);
+        Ok((ptr, len))
+    }
+
+    /// Maps `bytes` (2 MiB aligned and rounded), not yet backed; `what` names the memory in errors.
+    fn map(
+        backend: &'static dyn Backend,
+        bytes: usize,
+        what: &'static str,
+    ) -> Result<(NonNull<u8>, usize)> {
         const HUGE: usize = PinnedRegion::ALIGNMENT;
         let len = bytes.max(1).next_multiple_of(HUGE);
         check_pinnable(backend, len, what)?;
-        // An anonymous mapping is zero-filled, so one touch per page (below) backs it; 2 MiB
+        // An anonymous mapping is zero-filled, so one touch per page (`fault_in`) backs it; 2 MiB
         // alignment and MADV_HUGEPAGE let the kernel use huge pages (far fewer faults).
         let mapped = len + HUGE;
         // SAFETY: a private anonymous mapping of our own; the kernel chooses the address.
@@ -311,28 +354,6 @@ impl PinnedRegion {
         let Some(ptr) = NonNull::new(start as *mut u8) else {
             return Err(Error::host_out_of_memory(len, "PinnedRegion (mmap)"));
         };
-        let base = ptr.as_ptr() as usize;
-        // Fault every page in (a zero written per page), one thread per part, before the driver
-        // locks them; a thread that cannot start leaves its part to this one.
-        let threads = threads.max(1);
-        let part = len.div_ceil(threads).next_multiple_of(HUGE).min(len);
-        let touch = move |o: usize, l: usize| {
-            for page in (o..o + l).step_by(4096) {
-                // SAFETY: each thread writes its own part of the mapping; volatile, so not elided.
-                unsafe { std::ptr::write_volatile((base + page) as *mut u8, 0) };
-            }
-        };
-        std::thread::scope(|s| {
-            for o in (0..len).step_by(part) {
-                let l = part.min(len - o);
-                if std::thread::Builder::new()
-                    .spawn_scoped(s, move || touch(o, l))
-                    .is_err()
-                {
-                    touch(o, l);
-                }
-            }
-        });
         Ok((ptr, len))
     }
 
@@ -403,6 +424,36 @@ impl PinnedRegion {
             .get(index)
             .is_some_and(|l| l.load(Ordering::Acquire) == RELEASED)
     }
+}
+
+/// Faults in `[addr, addr + len)` of a mapping made by [`PinnedRegion::map`] (a zero written per
+/// page), one thread per part (2 MiB multiples); a thread that cannot start leaves its part to
+/// the caller.
+fn fault_in(addr: usize, len: usize, threads: usize) {
+    const HUGE: usize = PinnedRegion::ALIGNMENT;
+    let part = len
+        .div_ceil(threads.max(1))
+        .next_multiple_of(HUGE)
+        .min(len)
+        .max(1);
+    let touch = move |o: usize, l: usize| {
+        for page in (o..o + l).step_by(4096) {
+            // SAFETY: in a live mapping of ours; each thread writes its own part; volatile, so
+            // not elided.
+            unsafe { std::ptr::write_volatile((addr + page) as *mut u8, 0) };
+        }
+    };
+    std::thread::scope(|s| {
+        for o in (0..len).step_by(part) {
+            let l = part.min(len - o);
+            if std::thread::Builder::new()
+                .spawn_scoped(s, move || touch(o, l))
+                .is_err()
+            {
+                touch(o, l);
+            }
+        }
+    });
 }
 
 impl Drop for PinnedRegion {
@@ -542,6 +593,32 @@ mod tests {
     use crate::backend::{SimBackend, SimConfig};
 
     const MIB: usize = 1 << 20;
+
+    #[test]
+    fn a_region_registers_every_chunk_once_faulted_in_and_in_order() {
+        let sim = SimBackend::leak(SimConfig::default()).unwrap();
+        let before = sim.counts(0).unwrap();
+        let region = PinnedRegion::new(sim, 64 * MIB, 2, 2 * MIB).unwrap();
+        let counts = sim.counts(0).unwrap().since(&before);
+        assert_eq!(counts.pins, 32);
+        // The driver would fault an unbacked chunk in under its lock, stalling the process.
+        assert_eq!(counts.unbacked_registrations, 0);
+        let expected: Vec<_> = (0..32).map(|i| (i * 2 * MIB, 2 * MIB)).collect();
+        assert_eq!(region.chunks(), &expected[..]);
+    }
+
+    #[test]
+    fn a_failed_registration_stops_the_faulting_and_pins_nothing() {
+        let sim = SimBackend::leak(SimConfig::default()).unwrap();
+        // The fourth chunk's registration fails: the faulting thread, a chunk or two ahead,
+        // stops instead of faulting the other 60 (and the call returns).
+        sim.fail_nth_pin(4);
+        let err = PinnedRegion::new(sim, 128 * MIB, 2, 2 * MIB).unwrap_err();
+        assert!(err.to_string().contains("injected failure"), "{err}");
+        // What was registered went back with the region: a new one pins afresh.
+        let region = PinnedRegion::new(sim, 8 * MIB, 1, 2 * MIB).unwrap();
+        assert_eq!(region.chunks().len(), 4);
+    }
 
     #[test]
     fn dropping_a_region_leaves_what_was_mapped_where_a_released_chunk_was() {

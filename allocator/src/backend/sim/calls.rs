@@ -334,6 +334,10 @@ impl Backend for SimBackend {
             ));
         }
         self.count_pin("cuMemHostRegister", bytes)?;
+        // SAFETY: the caller's range, mapped (the call's contract).
+        if !unsafe { resident(ptr, bytes) } {
+            self.unbacked_registrations.fetch_add(1, Ordering::SeqCst);
+        }
         let mut host = self.host.lock();
         if host.contains_key(&(ptr as u64)) {
             return Err(Error::invalid_argument(
@@ -557,4 +561,20 @@ impl Backend for SimBackend {
     fn as_sim(&self) -> Option<&SimBackend> {
         Some(self)
     }
+}
+
+/// Whether every page of `[ptr, ptr + bytes)` is backed by memory (`mincore`); false when that
+/// cannot be told (an unaligned start, a failed call).
+///
+/// # Safety
+/// The range is mapped.
+unsafe fn resident(ptr: *mut u8, bytes: usize) -> bool {
+    const PAGE: usize = 4096;
+    if !(ptr as usize).is_multiple_of(PAGE) {
+        return false;
+    }
+    let mut pages = vec![0u8; bytes.div_ceil(PAGE)];
+    // SAFETY: a mapped range (the caller's guarantee) and one status byte per page of it.
+    let r = unsafe { libc::mincore(ptr.cast(), bytes, pages.as_mut_ptr()) };
+    r == 0 && pages.iter().all(|p| p & 1 == 1)
 }

@@ -88,6 +88,9 @@ pub struct SimCounts {
     pub file_writes: u64,
     /// Free-memory queries (`cuMemGetInfo`).
     pub memory_queries: u64,
+    /// Host registrations (`cuMemHostRegister`, all devices) of memory with pages not yet
+    /// faulted in, which the driver would fault in while holding its lock.
+    pub unbacked_registrations: u64,
 }
 
 impl SimCounts {
@@ -99,6 +102,7 @@ impl SimCounts {
             pins: self.pins - earlier.pins,
             file_writes: self.file_writes - earlier.file_writes,
             memory_queries: self.memory_queries - earlier.memory_queries,
+            unbacked_registrations: self.unbacked_registrations - earlier.unbacked_registrations,
         }
     }
 }
@@ -135,6 +139,8 @@ pub struct SimBackend {
     next_handle: AtomicU64,
     /// Host pins, on any device.
     pin_fault: NthFault,
+    /// See [`SimCounts::unbacked_registrations`].
+    unbacked_registrations: AtomicU64,
     /// Host memory the process may use ([`Backend::host_memory`]; `u64::MAX`: the real host's).
     host_limit: AtomicU64,
 }
@@ -188,6 +194,7 @@ impl SimBackend {
             vmm_supported: AtomicBool::new(true),
             next_handle: AtomicU64::new(0x1000),
             pin_fault: NthFault::default(),
+            unbacked_registrations: AtomicU64::new(0),
             host_limit: AtomicU64::new(u64::MAX),
         })
     }
@@ -273,6 +280,7 @@ impl SimBackend {
             pins: self.pin_fault.seen(),
             file_writes: f.file_write.seen(),
             memory_queries: f.memory_queries.load(Ordering::SeqCst),
+            unbacked_registrations: self.unbacked_registrations.load(Ordering::SeqCst),
         })
     }
 
