@@ -334,8 +334,7 @@ impl Backend for SimBackend {
             ));
         }
         self.count_pin("cuMemHostRegister", bytes)?;
-        // SAFETY: the caller's range, mapped (the call's contract).
-        if !unsafe { resident(ptr, bytes) } {
+        if !resident(ptr, bytes) {
             self.unbacked_registrations.fetch_add(1, Ordering::SeqCst);
         }
         let mut host = self.host.lock();
@@ -563,18 +562,16 @@ impl Backend for SimBackend {
     }
 }
 
-/// Whether every page of `[ptr, ptr + bytes)` is backed by memory (`mincore`); false when that
-/// cannot be told (an unaligned start, a failed call).
-///
-/// # Safety
-/// The range is mapped.
-unsafe fn resident(ptr: *mut u8, bytes: usize) -> bool {
-    const PAGE: usize = 4096;
-    if !(ptr as usize).is_multiple_of(PAGE) {
-        return false;
-    }
-    let mut pages = vec![0u8; bytes.div_ceil(PAGE)];
-    // SAFETY: a mapped range (the caller's guarantee) and one status byte per page of it.
-    let r = unsafe { libc::mincore(ptr.cast(), bytes, pages.as_mut_ptr()) };
+/// Whether every page of `[ptr, ptr + bytes)` is backed by memory (`mincore`, from the start's
+/// page on); false when that cannot be told (an unmapped range).
+fn resident(ptr: *mut u8, bytes: usize) -> bool {
+    // SAFETY: takes no pointer.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let start = (ptr as usize) & !(page - 1);
+    let len = ptr as usize + bytes - start;
+    let mut pages = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a page-aligned start and one status byte per page; on an unmapped range mincore
+    // fails with ENOMEM, reading and writing nothing else.
+    let r = unsafe { libc::mincore(start as *mut libc::c_void, len, pages.as_mut_ptr()) };
     r == 0 && pages.iter().all(|p| p & 1 == 1)
 }
