@@ -104,7 +104,7 @@ pub(crate) fn export_spilled(
     let staged = py
         .detach(|| {
             stage(device, ranges, |(i, offset, n), dst| {
-                buffers[i].copy_range_to_device(offset, n, dst)
+                buffers[i].copy_range_for_peer(offset, n, dst)
             })
         })
         .map_err(error)?;

@@ -8,6 +8,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
 
 use common::foreign::{LibraryOwner, read_back};
 use common::{pattern, serial, sim};
@@ -333,4 +334,50 @@ fn a_value_from_memory_it_does_not_own_that_fits_nowhere_keeps_nothing() {
         (s.host_bytes, s.tracked_bytes, s.received_off_device_bytes),
         (0, 0, 0)
     );
+}
+
+#[test]
+fn values_move_to_and_from_peers_without_waiting_for_this_process_default_stream() {
+    let _s = serial();
+    let Some(sim) = common::sim() else {
+        return common::skip(
+            "values_move_to_and_from_peers_without_waiting_for_this_process_default_stream",
+            "holding a stream back needs the simulated device",
+        );
+    };
+    let rt = Runtime::start(&spilling("1MiB", "64MiB", None)).unwrap();
+    let m = manager(&rt);
+    let data = pattern(6 * MIB, 60);
+    let dev = rmm_allocator::Device::new(0).unwrap();
+    // A peer's staged value, and an export slot of this process's for staging it again.
+    let peer = rmm_allocator::ipc::ExportArena::new(dev, data.len()).unwrap();
+    let staged = peer.reserve(data.len()).unwrap();
+    dev.copy_to_device(staged.ptr(), &data).unwrap();
+    let ours = rmm_allocator::ipc::ExportArena::new(dev, data.len()).unwrap();
+    let slot = ours.reserve(data.len()).unwrap();
+    // The default stream has work queued that has not run (a task's kernels, held back here).
+    let gate = sim.hold_stream(0, S.raw()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mover = {
+        let (m, src, dst) = (Arc::clone(&m), staged.ptr(), slot.ptr());
+        std::thread::spawn(move || {
+            // Received past the 1 MiB limit: into the host tier; then staged for another peer.
+            let v = m.receive_from_device::<LibraryOwner>(&[(src, data.len())], S)?;
+            let b = &v.spilled_buffers().expect("received values have no owner")[0];
+            b.copy_range_for_peer(0, b.size(), dst)?;
+            tx.send(()).ok();
+            Ok::<_, AllocError>((v, data))
+        })
+    };
+    let moved = rx.recv_timeout(Duration::from_secs(5));
+    drop(gate);
+    let (v, data) = mover.join().unwrap().unwrap();
+    assert!(
+        moved.is_ok(),
+        "receiving and staging waited for the default stream's held work"
+    );
+    assert_eq!(v.tier(), Tier::Host);
+    let mut back = vec![0u8; data.len()];
+    dev.copy_to_host(&mut back, slot.ptr()).unwrap();
+    assert!(back == data, "the staged bytes differ from the peer's");
 }

@@ -356,6 +356,38 @@ impl<M: PinnedMemory> Drop for PinnedCopy<M> {
     }
 }
 
+/// Copies each `(dst, bytes)` of `pieces` (host memory, pinned or not) to the device on `stream`
+/// and waits for that stream alone: not for the legacy default stream, as the driver's
+/// synchronous copies do, nor for work queued anywhere else. For bytes nothing on the device is
+/// about to use (a value staged for a peer).
+///
+/// # Errors
+/// [`Error::Driver`] (or the simulator's injected faults) when a copy cannot be enqueued or the
+/// stream fails; the copies enqueued are waited for first.
+pub(crate) fn copy_to_device_and_wait(
+    device: Device,
+    stream: RawStream,
+    pieces: &[(DevicePtr, &[u8])],
+) -> Result<()> {
+    let (b, d) = (device.backend(), device.ordinal());
+    let mut enqueued = Ok(());
+    for &(dst, bytes) in pieces {
+        if bytes.is_empty() {
+            continue;
+        }
+        // SAFETY: `bytes` stays borrowed until this function returns, after the stream has run
+        // every copy enqueued here (the synchronize below). Should that synchronize fail, the
+        // device may still read the host memory afterwards: it only reads it, so host memory is
+        // never written, and the caller has the error for the destination's bytes.
+        enqueued = unsafe { b.memcpy_htod_async(d, dst, bytes.as_ptr(), bytes.len(), stream) };
+        if enqueued.is_err() {
+            break;
+        }
+    }
+    let waited = b.stream_synchronize(d, stream);
+    enqueued.and(waited)
+}
+
 fn check_room<M: PinnedMemory>(memory: &[M], bytes: usize) -> Result<()> {
     let room: usize = memory.iter().map(PinnedMemory::byte_len).sum();
     if room < bytes {

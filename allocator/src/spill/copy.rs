@@ -5,6 +5,9 @@
 //! stream, so later work there does not queue behind it. As every copy queued behind one on a copy
 //! stream would wait for that one's buffer stream too, lanes are picked by buffer stream: copies
 //! after the same stream share one, and each of the last [`LANES`] buffer streams seen has its own.
+//! Copies between this process and a peer's memory are ordered after [`CopyStreams::transfers`],
+//! a stream with no work of its own: they wait for nothing and take a lane apart from the spills
+//! of buffers used on the default stream.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -32,6 +35,8 @@ pub(crate) struct CopyStreams {
     device: Device,
     to_host: [RawStream; LANES],
     to_device: [RawStream; LANES],
+    /// See [`CopyStreams::transfers`].
+    transfers: RawStream,
     /// The buffer stream each lane serves and when it was last picked (a counter from 1; 0: never).
     assigned: Mutex<[(RawStream, u64); LANES]>,
     picks: AtomicU64,
@@ -44,7 +49,7 @@ impl CopyStreams {
     pub(crate) fn new(device: Device) -> Result<CopyStreams> {
         let (b, d) = (device.backend(), device.ordinal());
         let mut made = Vec::with_capacity(2 * LANES);
-        for _ in 0..2 * LANES {
+        for _ in 0..2 * LANES + 1 {
             match b.stream_create(d) {
                 Ok(s) => made.push(s),
                 Err(e) => {
@@ -59,6 +64,7 @@ impl CopyStreams {
             device,
             to_host: std::array::from_fn(|i| made[i]),
             to_device: std::array::from_fn(|i| made[LANES + i]),
+            transfers: made[2 * LANES],
             assigned: Mutex::new([(RawStream::MAX, 0); LANES]),
             picks: 0.into(),
             events: Mutex::new(Vec::new()),
@@ -67,6 +73,15 @@ impl CopyStreams {
 
     pub(crate) fn device(&self) -> Device {
         self.device
+    }
+
+    /// A stream on which nothing runs: copies ordered after it ([`ordered_after`]) wait for
+    /// nothing. For data moving between this process and a peer worker's memory, which no work
+    /// of this process is writing.
+    ///
+    /// [`ordered_after`]: Self::ordered_after
+    pub(crate) fn transfers(&self) -> StreamView {
+        StreamView::from_raw(self.transfers)
     }
 
     /// The `direction` lane serving `after`, else the least recently picked, which then serves it.
@@ -131,7 +146,12 @@ impl CopyStreams {
 impl Drop for CopyStreams {
     fn drop(&mut self) {
         let (b, d) = (self.device.backend(), self.device.ordinal());
-        for &s in self.to_host.iter().chain(&self.to_device) {
+        for &s in self
+            .to_host
+            .iter()
+            .chain(&self.to_device)
+            .chain([&self.transfers])
+        {
             // Every copy is waited for before its call returns; this only makes sure.
             if let Err(e) = b
                 .stream_synchronize(d, s)

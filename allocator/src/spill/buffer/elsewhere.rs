@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::{NEXT_ID, SpillObserver, SpillableBuffer, State};
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
-use crate::backend::pinned_copy::PinnedCopy;
+use crate::backend::pinned_copy::{PinnedCopy, copy_to_device_and_wait};
 use crate::error::{Error, Result};
 use crate::spill::copy::Direction;
 use crate::spill::disk::data_in_mut;
@@ -41,8 +41,9 @@ impl SpillableBuffer {
         Self::made_off_device(store, size, observer, Incoming::Filled(fill))
     }
 
-    /// As [`off_device_with`](Self::off_device_with), copying from `src` after the default stream's
-    /// queued work: device memory the buffer does not own (another process's, mapped here).
+    /// As [`off_device_with`](Self::off_device_with), copying from `src`: device memory the buffer
+    /// does not own (another process's, mapped here, ready to read), waiting for nothing queued in
+    /// this process.
     ///
     /// # Errors
     /// As [`off_device_with`](Self::off_device_with); a failed copy.
@@ -82,7 +83,10 @@ impl SpillableBuffer {
                 let start = Instant::now();
                 let enqueue =
                     |d, lane, event| PinnedCopy::to_host(d, lane, event, src, size, slices);
-                let copy = buffer.start_copy(Direction::ToHost, StreamView::DEFAULT, &[], enqueue);
+                // The peer's memory is ready (it waited for its copies before sending), and no work
+                // here uses the new memory: after nothing, in a lane apart from spills.
+                let after = store.copies().transfers();
+                let copy = buffer.start_copy(Direction::ToHost, after, &[], enqueue);
                 let copy = copy.map_err(|(e, _)| e)?;
                 let done = buffer.finish_copy(Direction::ToHost, copy, Instant::now(), start);
                 State::Host(done.map_err(|(e, _)| e)?)
@@ -154,28 +158,65 @@ impl SpillableBuffer {
         }
     }
 
-    /// Copies `len` bytes from `offset` into `dst`, device memory on the buffer's device, without
-    /// moving the data (how spilled data is sent as device memory).
+    /// Copies `len` bytes from `offset` into `dst`, device memory on the buffer's device used on
+    /// the default stream, without moving the data (how spilled data is sent as device memory):
+    /// after the default stream's queued work, and waiting for this copy alone.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] past the buffer's end; [`Error::Driver`] or [`Error::SpillFile`]
     /// when a copy or read fails.
     pub fn copy_range_to_device(&self, offset: usize, len: usize, dst: DevicePtr) -> Result<()> {
+        self.copy_range_after(offset, len, dst, StreamView::DEFAULT)
+    }
+
+    /// [`copy_range_to_device`](Self::copy_range_to_device) into device memory only a peer reads
+    /// (an export slot, staged for another process): after nothing this process queued, so
+    /// neither waiting for its tasks' work nor queued behind its spills and unspills.
+    ///
+    /// # Errors
+    /// As [`copy_range_to_device`](Self::copy_range_to_device).
+    pub fn copy_range_for_peer(&self, offset: usize, len: usize, dst: DevicePtr) -> Result<()> {
+        self.copy_range_after(offset, len, dst, self.store.copies().transfers())
+    }
+
+    fn copy_range_after(
+        &self,
+        offset: usize,
+        len: usize,
+        dst: DevicePtr,
+        after: StreamView,
+    ) -> Result<()> {
         self.check_range(offset, len)?;
         let device = self.device();
         let state = self.state.lock();
+        let lane = || {
+            let raw = self
+                .store
+                .copies()
+                .ordered_after(Direction::ToDevice, after, &[])?;
+            Ok::<_, Error>((raw, StreamView::from_raw(raw)))
+        };
         match &*state {
             State::Device { ptr, stream, .. } => {
+                // After the work that made the data, too.
                 synchronize_stream(device, *stream)?;
-                device.copy_device_to_device(dst, DevicePtr(ptr.addr() + offset as u64), len)
+                let (_, lane) = lane()?;
+                let src = DevicePtr(ptr.addr() + offset as u64);
+                device.copy_device_to_device_async(dst, src, len, lane)?;
+                synchronize_stream(device, lane)
             }
-            State::Host(slices) => for_each_piece(slices, offset, len, |at, piece| {
-                device.copy_to_device(DevicePtr(dst.addr() + at as u64), piece)
-            }),
+            State::Host(slices) => {
+                let mut pieces = Vec::new();
+                for_each_piece(slices, offset, len, |at, piece| {
+                    pieces.push((DevicePtr(dst.addr() + at as u64), piece));
+                    Ok(())
+                })?;
+                copy_to_device_and_wait(device, lane()?.0, &pieces)
+            }
             State::Disk(file, disk) => {
                 let mut bytes = vec![0u8; len];
                 disk.read_range_into(file, offset, &mut bytes)?;
-                device.copy_to_device(dst, &bytes)
+                copy_to_device_and_wait(device, lane()?.0, &[(dst, &bytes[..])])
             }
         }
     }
@@ -209,11 +250,11 @@ const COPY_STRETCH: usize = 4 << 20;
 
 /// Calls `f` with each piece, in order, of `len` bytes from `offset` of the data in `slices`, and
 /// the piece's start within the range.
-fn for_each_piece(
-    slices: &[PinnedSlice],
+fn for_each_piece<'a>(
+    slices: &'a [PinnedSlice],
     offset: usize,
     len: usize,
-    mut f: impl FnMut(usize, &[u8]) -> Result<()>,
+    mut f: impl FnMut(usize, &'a [u8]) -> Result<()>,
 ) -> Result<()> {
     let (mut skip, mut at) = (offset, 0);
     for s in slices {
