@@ -80,6 +80,7 @@ from phase_metrics import (
     busy_lines,
     difference,
     loop_hotspots,
+    steal_lines,
     summary_lines,
     worker_phase_figures,
 )
@@ -227,6 +228,7 @@ def run_once(side, devices, protocol, n, args, s, repeat):
             r["transpose_sum_s"] = time.perf_counter() - t
             r["transpose_loop"] = loop_profile(client, wall, time.time())
             r["transpose_busy"] = busy_lines(client.get_task_stream(start=wall), wall, time.time())
+            r["transpose_busy"] += steal_lines(client.get_events("stealing"), wall, time.time())
             mid = sent_bytes(client)
             figures_mid = client.run(worker_phase_figures)
             r["transpose_metrics"] = difference(figures_mid, figures)
@@ -237,6 +239,7 @@ def run_once(side, devices, protocol, n, args, s, repeat):
             r["std_s"] = time.perf_counter() - t
             r["std_loop"] = loop_profile(client, wall, time.time())
             r["std_busy"] = busy_lines(client.get_task_stream(start=wall), wall, time.time())
+            r["std_busy"] += steal_lines(client.get_events("stealing"), wall, time.time())
             r["std_metrics"] = difference(client.run(worker_phase_figures), figures_mid)
             after = sent_bytes(client)
             r["total_s"] = r["persist_s"] + r["transpose_sum_s"] + r["std_s"]

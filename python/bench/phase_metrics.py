@@ -142,3 +142,19 @@ def busy_lines(records: List[Dict[str, Any]], start: float, stop: float) -> List
             f"inputs in transfer {w['transfer']:.2f} s"
         )
     return lines
+
+
+def steal_lines(events: List[Any], start: float, stop: float) -> List[str]:
+    """What Dask's work stealing did in the phase ``[start, stop]``, from the scheduler's
+    ``stealing`` events (``client.get_events("stealing")``: ``(time, (kind, key, …))``): the
+    count of each kind (``confirm``: a task moved to another worker, whose inputs then travel
+    there and whose gathers on the first worker are cancelled; ``already-computing``: too late
+    to move). Empty when nothing was stolen."""
+    counts: Dict[str, int] = {}
+    for when, msg in events:
+        if start <= float(when) <= stop and isinstance(msg, (tuple, list)) and msg:
+            counts[str(msg[0])] = counts.get(str(msg[0]), 0) + 1
+    if not counts:
+        return []
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return [f"work stealing: {kinds}"]

@@ -131,3 +131,17 @@ def test_busy_lines_give_each_workers_compute_share_per_quarter_and_its_transfer
     ]
     assert pm.busy_lines(records, 104.0, 104.0) == []
     assert pm.busy_lines([], 100.0, 104.0) == []
+
+
+def test_steal_lines_count_the_phases_stealing_events_by_kind():
+    events = [
+        (99.0, ("confirm", "k0", "processing", "a", "b", "s0")),  # before the phase
+        (100.5, ("confirm", "k1", "processing", "a", "b", "s1")),
+        (101.0, ("already-computing", "k2", "executing", "a", "b", "s2")),
+        (102.0, ("confirm", "k3", "processing", "b", "c", "s3")),
+        (103.0, "not a stealing event"),
+    ]
+    assert pm.steal_lines(events, 100.0, 104.0) == [
+        "work stealing: confirm 2, already-computing 1"
+    ]
+    assert pm.steal_lines(events, 104.0, 105.0) == []
