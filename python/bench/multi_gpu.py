@@ -587,6 +587,9 @@ def parse_args(argv=None):
     p.add_argument("--weak-scaling", action="store_true",
                    help="also run each side on one GPU (the first of --devices) with "
                    "--per-worker bytes")
+    p.add_argument("--work-stealing", action=argparse.BooleanOptionalAction, default=None,
+                   help="Dask's work stealing on or off for every cluster (default: Dask's "
+                   "setting, on)")
     p.add_argument("--suite", action="store_true",
                    help="also run dask-cuda's local_cupy (transpose_sum, dot) against each "
                    "cluster")
@@ -648,6 +651,11 @@ def main(argv=None):
             "or pass --pool none"
         )
     host_limit: Any = 0 if args.host_limit.strip().lower() in ("0", "none") else args.host_limit
+    if args.work_stealing is not None:
+        # Each cluster's scheduler runs in this process and reads it as it starts.
+        import dask
+
+        dask.config.set({"distributed.scheduler.work-stealing": args.work_stealing})
     config: dict[str, Any] = {"spill": {"enabled": True}}
     if args.rmm_rs_host_pool:
         config["spill"]["host_pool_size"] = args.rmm_rs_host_pool
@@ -680,9 +688,10 @@ def main(argv=None):
           f"{host_limit or 'none'}, {args.threads} thread(s) per worker", flush=True)
     host_pool = (f"{args.rmm_rs_host_pool} per worker, pinned at start" if args.rmm_rs_host_pool
                  else "pinned as spills need it")
+    stealing = {None: "Dask's default", True: "on", False: "off"}[args.work_stealing]
     print(f"sides: {', '.join(x.name for x in sides)}; rmm-rs allocators for "
           f"{', '.join(s.rmm_rs_libs)}, rmm-rs host pool {host_pool}; protocols: "
-          f"{', '.join(protocols)}", flush=True)
+          f"{', '.join(protocols)}; work stealing {stealing}", flush=True)
     installed = versions()
     print("versions: " + ", ".join(f"{k} {v}" for k, v in installed.items()), flush=True)
 

@@ -319,3 +319,11 @@ def test_the_store_limited_by_the_pool_alone():
     assert store_limit(Side("rmm-rs", "rmm-rs"), s) == "6GB"
     assert store_limit(Side("rmm-rs, store limit = pool", "rmm-rs", limit_at_pool=True), s) == "12GB"
     assert store_limit(Side("x", "rmm-rs", limit_at_pool=True), s._replace(pool=None)) == "6GB"
+
+
+def test_multi_gpu_turns_work_stealing_on_or_off_only_when_asked():
+    # Imported by name: the script registers its module with cloudpickle as it loads.
+    multi = importlib.import_module("multi_gpu")
+    assert multi.parse_args([]).work_stealing is None
+    assert multi.parse_args(["--no-work-stealing"]).work_stealing is False
+    assert multi.parse_args(["--work-stealing"]).work_stealing is True
