@@ -381,3 +381,79 @@ fn values_move_to_and_from_peers_without_waiting_for_this_process_default_stream
     dev.copy_to_host(&mut back, slot.ptr()).unwrap();
     assert!(back == data, "the staged bytes differ from the peer's");
 }
+
+/// Runs `work` on another thread while the default stream of device 0 has work held back (a
+/// task's kernels): its result, and whether it finished within 5 s, before the work ran.
+fn while_the_default_stream_is_held<T: Send + 'static>(
+    sim: &rmm_allocator::backend::SimBackend,
+    work: impl FnOnce() -> rmm_allocator::Result<T> + Send + 'static,
+) -> (T, bool) {
+    let gate = sim.hold_stream(0, S.raw()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mover = std::thread::spawn(move || {
+        let out = work();
+        tx.send(()).ok();
+        out
+    });
+    let in_time = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+    drop(gate);
+    (mover.join().unwrap().unwrap(), in_time)
+}
+
+#[test]
+fn a_value_kept_on_the_device_or_received_to_disk_moves_without_waiting_for_the_default_stream() {
+    let _s = serial();
+    let Some(sim) = common::sim() else {
+        return common::skip(
+            "a_value_kept_on_the_device_or_received_to_disk_moves_without_waiting_for_the_default_stream",
+            "holding a stream back needs the simulated device",
+        );
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // A 6 MiB pinned host tier: a 16 MiB value from a peer goes to disk.
+    let rt = Runtime::start(&spilling("8MiB", "6MiB", Some(dir.path()))).unwrap();
+    let m = manager(&rt);
+    let dev = rmm_allocator::Device::new(0).unwrap();
+    // Received as bytes under the limit: on the device, its host copy kept (read-only), and
+    // staged for a peer from that copy.
+    let kept_data = pattern(4 * MIB, 70);
+    let kept = receive(&m, &[&kept_data]);
+    assert_eq!(kept.tier(), Tier::Device);
+    let ours = rmm_allocator::ipc::ExportArena::new(dev, kept_data.len()).unwrap();
+    let slot = ours.reserve(kept_data.len()).unwrap();
+    let (_, in_time) = while_the_default_stream_is_held(sim, {
+        let (kept, dst) = (Arc::clone(&kept), slot.ptr());
+        move || {
+            let b = &kept
+                .spilled_buffers()
+                .expect("received values have no owner")[0];
+            b.copy_range_for_peer(0, b.size(), dst)
+        }
+    });
+    assert!(
+        in_time,
+        "staging a kept value waited for the default stream's held work"
+    );
+    let mut back = vec![0u8; kept_data.len()];
+    dev.copy_to_host(&mut back, slot.ptr()).unwrap();
+    assert!(
+        back == kept_data,
+        "the staged bytes differ from the kept value's"
+    );
+    drop(kept);
+    // Received past the limit and the host tier: to disk, copied from the peer's memory.
+    let far_data = pattern(16 * MIB, 71);
+    let peer = rmm_allocator::ipc::ExportArena::new(dev, far_data.len()).unwrap();
+    let staged = peer.reserve(far_data.len()).unwrap();
+    dev.copy_to_device(staged.ptr(), &far_data).unwrap();
+    let (far, in_time) = while_the_default_stream_is_held(sim, {
+        let (m, src, n) = (Arc::clone(&m), staged.ptr(), far_data.len());
+        move || m.receive_from_device::<LibraryOwner>(&[(src, n)], S)
+    });
+    assert!(
+        in_time,
+        "receiving to disk waited for the default stream's held work"
+    );
+    assert_eq!(far.tier(), Tier::Disk);
+    assert_eq!(read_back(&far), vec![far_data]);
+}

@@ -357,35 +357,68 @@ impl<M: PinnedMemory> Drop for PinnedCopy<M> {
 }
 
 /// Copies each `(dst, bytes)` of `pieces` (host memory, pinned or not) to the device on `stream`
-/// and waits for that stream alone: not for the legacy default stream, as the driver's
-/// synchronous copies do, nor for work queued anywhere else. For bytes nothing on the device is
-/// about to use (a value staged for a peer).
+/// and waits for that stream: not for the legacy default stream, as the driver's synchronous
+/// copies do, nor for work queued anywhere else. For bytes nothing on the device is about to
+/// use (a value staged for a peer).
 ///
 /// # Errors
 /// [`Error::Driver`] (or the simulator's injected faults) when a copy cannot be enqueued or the
-/// stream fails; the copies enqueued are waited for first.
+/// stream fails, with `true` when the stream was waited for (the pieces and destinations are
+/// free again), `false` when it could not be: copies may then still read the pieces and write
+/// the destinations, and the caller must not reuse either (leak them, as [`PinnedCopy`] does).
 pub(crate) fn copy_to_device_and_wait(
     device: Device,
     stream: RawStream,
     pieces: &[(DevicePtr, &[u8])],
-) -> Result<()> {
+) -> std::result::Result<(), (Error, bool)> {
     let (b, d) = (device.backend(), device.ordinal());
     let mut enqueued = Ok(());
     for &(dst, bytes) in pieces {
         if bytes.is_empty() {
             continue;
         }
-        // SAFETY: `bytes` stays borrowed until this function returns, after the stream has run
-        // every copy enqueued here (the synchronize below). Should that synchronize fail, the
-        // device may still read the host memory afterwards: it only reads it, so host memory is
-        // never written, and the caller has the error for the destination's bytes.
+        // SAFETY: `bytes` stays borrowed until this function returns. It returns after the
+        // stream has run every copy enqueued here (the synchronize below), or, when that fails,
+        // with `false`, on which the caller leaks the memory rather than reuse it.
         enqueued = unsafe { b.memcpy_htod_async(d, dst, bytes.as_ptr(), bytes.len(), stream) };
         if enqueued.is_err() {
             break;
         }
     }
-    let waited = b.stream_synchronize(d, stream);
-    enqueued.and(waited)
+    match b.stream_synchronize(d, stream) {
+        Ok(()) => enqueued.map_err(|e| (e, true)),
+        Err(e) => Err((e, false)),
+    }
+}
+
+/// `bytes` bytes of device memory at `src` copied into new host memory on `stream`, waiting
+/// for that stream alone (not for the legacy default stream, as the driver's synchronous copies
+/// do). For device memory no work of this process writes (a peer's, mapped here).
+///
+/// # Errors
+/// [`Error::Driver`] (or the simulator's injected faults) when the copy cannot be enqueued or the
+/// stream fails; the host memory is leaked when the stream could not be waited for.
+pub(crate) fn copy_to_host_and_wait(
+    device: Device,
+    stream: RawStream,
+    src: DevicePtr,
+    bytes: usize,
+) -> Result<Vec<u8>> {
+    let (b, d) = (device.backend(), device.ordinal());
+    let mut out = vec![0u8; bytes];
+    if bytes == 0 {
+        return Ok(out);
+    }
+    // SAFETY: `out` is ours and outlives the copy: it is returned only after the stream has run
+    // it (the synchronize below), and leaked, never freed, when that fails.
+    let enqueued = unsafe { b.memcpy_dtoh_async(d, out.as_mut_ptr(), src, bytes, stream) };
+    match b.stream_synchronize(d, stream) {
+        Ok(()) => enqueued.map(|()| out),
+        Err(e) => {
+            std::mem::forget(out);
+            Err(e)
+        }
+    }
 }
 
 fn check_room<M: PinnedMemory>(memory: &[M], bytes: usize) -> Result<()> {

@@ -6,8 +6,8 @@
 //! stream would wait for that one's buffer stream too, lanes are picked by buffer stream: copies
 //! after the same stream share one, and each of the last [`LANES`] buffer streams seen has its own.
 //! Copies between this process and a peer's memory are ordered after [`CopyStreams::transfers`],
-//! a stream with no work of its own: they wait for nothing and take a lane apart from the spills
-//! of buffers used on the default stream.
+//! a stream with no work of its own: they wait for nothing and run on a lane per direction of
+//! their own, outside the lanes the buffer streams share.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -37,6 +37,9 @@ pub(crate) struct CopyStreams {
     to_device: [RawStream; LANES],
     /// See [`CopyStreams::transfers`].
     transfers: RawStream,
+    /// The lanes of copies ordered after [`CopyStreams::transfers`], to the host and the device.
+    peer_to_host: RawStream,
+    peer_to_device: RawStream,
     /// The buffer stream each lane serves and when it was last picked (a counter from 1; 0: never).
     assigned: Mutex<[(RawStream, u64); LANES]>,
     picks: AtomicU64,
@@ -48,8 +51,8 @@ impl CopyStreams {
     /// Creates the copy streams of `device` (none is left behind on failure).
     pub(crate) fn new(device: Device) -> Result<CopyStreams> {
         let (b, d) = (device.backend(), device.ordinal());
-        let mut made = Vec::with_capacity(2 * LANES);
-        for _ in 0..2 * LANES + 1 {
+        let mut made = Vec::with_capacity(2 * LANES + 3);
+        for _ in 0..2 * LANES + 3 {
             match b.stream_create(d) {
                 Ok(s) => made.push(s),
                 Err(e) => {
@@ -65,6 +68,8 @@ impl CopyStreams {
             to_host: std::array::from_fn(|i| made[i]),
             to_device: std::array::from_fn(|i| made[LANES + i]),
             transfers: made[2 * LANES],
+            peer_to_host: made[2 * LANES + 1],
+            peer_to_device: made[2 * LANES + 2],
             assigned: Mutex::new([(RawStream::MAX, 0); LANES]),
             picks: 0.into(),
             events: Mutex::new(Vec::new()),
@@ -76,8 +81,8 @@ impl CopyStreams {
     }
 
     /// A stream on which nothing runs: copies ordered after it ([`ordered_after`]) wait for
-    /// nothing. For data moving between this process and a peer worker's memory, which no work
-    /// of this process is writing.
+    /// nothing, on lanes of their own. For data moving between this process and a peer
+    /// worker's memory, which no work of this process is writing.
     ///
     /// [`ordered_after`]: Self::ordered_after
     pub(crate) fn transfers(&self) -> StreamView {
@@ -123,6 +128,12 @@ impl CopyStreams {
         after: StreamView,
         events: &[RawEvent],
     ) -> Result<RawStream> {
+        if after.raw() == self.transfers && events.is_empty() {
+            return Ok(match direction {
+                Direction::ToHost => self.peer_to_host,
+                Direction::ToDevice => self.peer_to_device,
+            });
+        }
         let stream = self.lane(direction, after);
         let (b, dev) = (self.device.backend(), self.device.ordinal());
         if after.is_per_thread() {
@@ -184,5 +195,15 @@ mod tests {
         assert!(copies.to_device.contains(&down));
         // A new stream takes the least recently picked lane (stream 32's, the second).
         assert_eq!(copies.lane(Direction::ToHost, view(999)), lanes[1]);
+        // Copies after the transfers stream run on lanes of their own, whatever was picked.
+        let peer = copies
+            .ordered_after(Direction::ToHost, copies.transfers(), &[])
+            .unwrap();
+        let peer_down = copies
+            .ordered_after(Direction::ToDevice, copies.transfers(), &[])
+            .unwrap();
+        assert!(!copies.to_host.contains(&peer) && !copies.to_device.contains(&peer_down));
+        assert_ne!(peer, peer_down);
+        assert_eq!(copies.lane(Direction::ToHost, view(16)), lanes[0]);
     }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::{NEXT_ID, SpillObserver, SpillableBuffer, State};
 use crate::backend::DevicePtr;
 use crate::backend::host::PinnedSlice;
-use crate::backend::pinned_copy::{PinnedCopy, copy_to_device_and_wait};
+use crate::backend::pinned_copy::{PinnedCopy, copy_to_device_and_wait, copy_to_host_and_wait};
 use crate::error::{Error, Result};
 use crate::spill::copy::Direction;
 use crate::spill::disk::data_in_mut;
@@ -92,11 +92,20 @@ impl SpillableBuffer {
                 State::Host(done.map_err(|(e, _)| e)?)
             }
             (Err(Error::HostOutOfMemory { .. }), incoming) if store.has_disk() => {
-                let mut bytes = vec![0u8; size];
-                match incoming {
-                    Incoming::Filled(fill) => fill(0, &mut bytes)?,
-                    Incoming::Device(src) => buffer.device().copy_to_host(&mut bytes, src)?,
-                }
+                let bytes = match incoming {
+                    Incoming::Filled(fill) => {
+                        let mut bytes = vec![0u8; size];
+                        fill(0, &mut bytes)?;
+                        bytes
+                    }
+                    // As to the host tier: after nothing queued here.
+                    Incoming::Device(src) => {
+                        let copies = store.copies();
+                        let lane =
+                            copies.ordered_after(Direction::ToHost, copies.transfers(), &[])?;
+                        copy_to_host_and_wait(buffer.device(), lane, src, size)?
+                    }
+                };
                 let disk = buffer.disk()?;
                 let file = disk.write_chunks(buffer.id, [&bytes[..]], size)?;
                 State::Disk(file, disk)
@@ -160,7 +169,7 @@ impl SpillableBuffer {
 
     /// Copies `len` bytes from `offset` into `dst`, device memory on the buffer's device used on
     /// the default stream, without moving the data (how spilled data is sent as device memory):
-    /// after the default stream's queued work, and waiting for this copy alone.
+    /// after the default stream's queued work, waiting for its copy lane, not the device.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] past the buffer's end; [`Error::Driver`] or [`Error::SpillFile`]
@@ -188,7 +197,7 @@ impl SpillableBuffer {
     ) -> Result<()> {
         self.check_range(offset, len)?;
         let device = self.device();
-        let state = self.state.lock();
+        let mut state = self.state.lock();
         let lane = || {
             let raw = self
                 .store
@@ -196,16 +205,12 @@ impl SpillableBuffer {
                 .ordered_after(Direction::ToDevice, after, &[])?;
             Ok::<_, Error>((raw, StreamView::from_raw(raw)))
         };
-        match &*state {
-            State::Device { ptr, stream, .. } => {
-                // After the work that made the data, too.
-                synchronize_stream(device, *stream)?;
-                let (_, lane) = lane()?;
-                let src = DevicePtr(ptr.addr() + offset as u64);
-                device.copy_device_to_device_async(dst, src, len, lane)?;
-                synchronize_stream(device, lane)
+        let copied = match &*state {
+            // A read-only buffer's kept host copy holds the same bytes: read from there.
+            State::Device {
+                kept: Some(slices), ..
             }
-            State::Host(slices) => {
+            | State::Host(slices) => {
                 let mut pieces = Vec::new();
                 for_each_piece(slices, offset, len, |at, piece| {
                     pieces.push((DevicePtr(dst.addr() + at as u64), piece));
@@ -213,10 +218,32 @@ impl SpillableBuffer {
                 })?;
                 copy_to_device_and_wait(device, lane()?.0, &pieces)
             }
+            State::Device { ptr, stream, .. } => {
+                // After the work that made the data, too, and that of guards on other streams.
+                synchronize_stream(device, *stream)?;
+                for e in self.release_events() {
+                    device.backend().event_synchronize(device.ordinal(), e)?;
+                }
+                let (_, lane) = lane()?;
+                let src = DevicePtr(ptr.addr() + offset as u64);
+                device.copy_device_to_device_async(dst, src, len, lane)?;
+                return synchronize_stream(device, lane);
+            }
             State::Disk(file, disk) => {
                 let mut bytes = vec![0u8; len];
                 disk.read_range_into(file, offset, &mut bytes)?;
-                copy_to_device_and_wait(device, lane()?.0, &[(dst, &bytes[..])])
+                // Pageable: the driver has taken the bytes when the copy is enqueued.
+                return copy_to_device_and_wait(device, lane()?.0, &[(dst, &bytes[..])])
+                    .map_err(|(e, _)| e);
+            }
+        };
+        match copied {
+            Ok(()) => Ok(()),
+            Err((e, true)) => Err(e),
+            // A copy may still read the host memory: it is never handed out again.
+            Err((e, false)) => {
+                std::mem::forget(std::mem::replace(&mut *state, State::Host(Vec::new())));
+                Err(self.lost_unless(e, None).0)
             }
         }
     }
