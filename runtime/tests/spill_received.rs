@@ -355,25 +355,18 @@ fn values_move_to_and_from_peers_without_waiting_for_this_process_default_stream
     dev.copy_to_device(staged.ptr(), &data).unwrap();
     let ours = rmm_allocator::ipc::ExportArena::new(dev, data.len()).unwrap();
     let slot = ours.reserve(data.len()).unwrap();
-    // The default stream has work queued that has not run (a task's kernels, held back here).
-    let gate = sim.hold_stream(0, S.raw()).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mover = {
-        let (m, src, dst) = (Arc::clone(&m), staged.ptr(), slot.ptr());
-        std::thread::spawn(move || {
+    let (v, in_time) = while_the_default_stream_is_held(sim, {
+        let (m, src, dst, n) = (Arc::clone(&m), staged.ptr(), slot.ptr(), data.len());
+        move || {
             // Received past the 1 MiB limit: into the host tier; then staged for another peer.
-            let v = m.receive_from_device::<LibraryOwner>(&[(src, data.len())], S)?;
+            let v = m.receive_from_device::<LibraryOwner>(&[(src, n)], S)?;
             let b = &v.spilled_buffers().expect("received values have no owner")[0];
             b.copy_range_for_peer(0, b.size(), dst)?;
-            tx.send(()).ok();
-            Ok::<_, AllocError>((v, data))
-        })
-    };
-    let moved = rx.recv_timeout(Duration::from_secs(5));
-    drop(gate);
-    let (v, data) = mover.join().unwrap().unwrap();
+            Ok(v)
+        }
+    });
     assert!(
-        moved.is_ok(),
+        in_time,
         "receiving and staging waited for the default stream's held work"
     );
     assert_eq!(v.tier(), Tier::Host);
